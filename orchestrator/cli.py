@@ -1,0 +1,40 @@
+"""The `dflash` command line. Parsing and printing only: the work lives in library modules."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+from rich.console import Console
+
+from orchestrator.errors import DflashError
+
+app = typer.Typer(
+    name="dflash",
+    help="Relay, probe and evaluate DFlash drafters across a trainer and eval hosts over SSH.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+COMMAND_MODULES = (
+    "orchestrator.commands.hosts",
+)
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def main() -> None:
+    """Run the CLI; a `DflashError` becomes one red line on stderr and its exit code."""
+    try:
+        app()
+    except DflashError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/]")
+        sys.exit(130)

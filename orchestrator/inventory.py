@@ -1,0 +1,324 @@
+"""The inventory: which hosts exist, how to reach them, and what each is for.
+
+Found via ``--inventory``, then ``$DFLASH_INVENTORY``, then ``./inventory.yaml``. Validation
+reports the file, the line, the key and what was expected, so a typo costs one read.
+
+The schema is a set of small tables (`HOST_KEYS`, `ROLE_KEYS`, `DEFAULT_KEYS`): adding a
+setting is one line there and one field on the dataclass.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from orchestrator.errors import DflashError
+
+ENV_VAR = "DFLASH_INVENTORY"
+DEFAULT_FILE = "inventory.yaml"
+
+
+class InventoryError(DflashError):
+    """The inventory file is missing or malformed; the message names file, line and key."""
+
+
+@dataclass
+class TrainerRole:
+    checkpoints: str
+    # How to tell that the trainer finished writing a checkpoint: "marker" (a file named
+    # `marker` inside it), "stable" (sizes unchanged across two looks `stable_seconds`
+    # apart) or "auto" (marker when present, otherwise stable sizes).
+    complete_rule: str = "auto"
+    marker: str = "COMPLETE"
+    stable_seconds: float = 2.0
+
+
+@dataclass
+class EvalRole:
+    drafters: str
+    target_model: str | None = None
+    ground_truth: str | None = None  # URL of an SGLang/OpenAI server, "local", or a file
+    ground_truth_kind: str = "sglang"  # sglang | openai | openai-text | file | local
+    prompts: str | None = None
+    threads: int | None = None
+    dtype: str = "bfloat16"
+
+
+@dataclass
+class HostSpec:
+    name: str
+    transport: str = "ssh"
+    hostname: str | None = None
+    user: str | None = None
+    port: int | None = None
+    jump: str | None = None
+    python: str = "python3"
+    workdir: str = "~/.dflash"
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    accept_new_host_key: bool = False
+    connect_timeout: float = 10.0
+    trainer: TrainerRole | None = None
+    eval: EvalRole | None = None
+
+
+@dataclass
+class Defaults:
+    relay_from: str | None = None
+    relay_to: str | None = None
+    eval_host: str | None = None
+    keep: int | None = None
+    results_dir: str = "results"
+
+
+@dataclass
+class Inventory:
+    path: Path
+    hosts: dict[str, HostSpec]
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    defaults: Defaults = field(default_factory=Defaults)
+
+    def host(self, name: str) -> HostSpec:
+        """The host called `name`, or an error listing the names that exist."""
+        if name not in self.hosts:
+            known = ", ".join(sorted(self.hosts)) or "none"
+            raise InventoryError(f"unknown host {name!r} in {self.path} (known hosts: {known})")
+        return self.hosts[name]
+
+    def expand(self, names: list[str]) -> list[HostSpec]:
+        """Host specs for names that may also be group names, in order, without repeats."""
+        out: list[HostSpec] = []
+        for name in names:
+            members = self.groups.get(name, [name]) if name not in self.hosts else [name]
+            for member in members:
+                spec = self.host(member)
+                if spec not in out:
+                    out.append(spec)
+        return out
+
+
+# ---- schema ---------------------------------------------------------------------------
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str) and v != ""
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _port(v: Any) -> bool:
+    return _int(v) and 1 <= v <= 65535
+
+
+def _pos_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
+def _bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _one_of(*choices: str) -> Callable[[Any], bool]:
+    def check(v: Any) -> bool:
+        return v in choices
+    check.__doc__ = "one of " + ", ".join(choices)
+    return check
+
+
+_str.__doc__ = "a non-empty string"
+_int.__doc__ = "an integer"
+_port.__doc__ = "a port number (1-65535)"
+_pos_number.__doc__ = "a positive number"
+_bool.__doc__ = "true or false"
+
+HOST_KEYS: dict[str, Callable[[Any], bool]] = {
+    "transport": _one_of("ssh", "local"),
+    "hostname": _str,
+    "user": _str,
+    "port": _port,
+    "jump": _str,
+    "python": _str,
+    "workdir": _str,
+    "identity_file": _str,
+    "known_hosts": _str,
+    "accept_new_host_key": _bool,
+    "connect_timeout": _pos_number,
+}
+ROLE_KEYS: dict[str, tuple[type, dict[str, Callable[[Any], bool]], tuple[str, ...]]] = {
+    "trainer": (TrainerRole, {
+        "checkpoints": _str,
+        "complete_rule": _one_of("auto", "marker", "stable"),
+        "marker": _str,
+        "stable_seconds": _pos_number,
+    }, ("checkpoints",)),
+    "eval": (EvalRole, {
+        "drafters": _str,
+        "target_model": _str,
+        "ground_truth": _str,
+        "ground_truth_kind": _one_of("sglang", "openai", "openai-text", "file", "local"),
+        "prompts": _str,
+        "threads": _int,
+        "dtype": _one_of("bfloat16", "float32", "float16"),
+    }, ("drafters",)),
+}
+DEFAULT_KEYS: dict[str, Callable[[Any], bool]] = {
+    "relay_from": _str,
+    "relay_to": _str,
+    "eval_host": _str,
+    "keep": _int,
+    "results_dir": _str,
+}
+HOST_REFERENCES = ("relay_from", "relay_to", "eval_host")
+
+
+# ---- loading --------------------------------------------------------------------------
+
+def find_inventory_path(explicit: str | os.PathLike | None = None) -> Path:
+    """``--inventory``, then ``$DFLASH_INVENTORY``, then ``./inventory.yaml``."""
+    if explicit:
+        path = Path(explicit)
+        source = "--inventory"
+    elif os.environ.get(ENV_VAR):
+        path = Path(os.environ[ENV_VAR])
+        source = f"${ENV_VAR}"
+    else:
+        path = Path(DEFAULT_FILE)
+        source = "the current folder"
+    if not path.is_file():
+        raise InventoryError(
+            f"no inventory at {path} (from {source}); pass --inventory FILE or set ${ENV_VAR}"
+        )
+    return path
+
+
+def load_inventory(explicit: str | os.PathLike | None = None) -> Inventory:
+    """Find, parse and validate the inventory."""
+    path = find_inventory_path(explicit)
+    return parse_inventory(path.read_text(), path)
+
+
+def parse_inventory(text: str, path: Path) -> Inventory:
+    """Validate YAML text against the schema; every error names file, line and key."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InventoryError(f"{where}: not valid YAML: {problem}") from None
+    return _Validator(path).inventory(root)
+
+
+class _Validator:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, node: yaml.Node | None, message: str) -> InventoryError:
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        return InventoryError(f"{self.path}{line}: {message}")
+
+    def mapping(self, node: yaml.Node, what: str) -> list[tuple[yaml.Node, yaml.Node]]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, f"{what}: expected a mapping of keys to values")
+        seen: set[str] = set()
+        for key, _ in node.value:
+            if key.value in seen:
+                raise self.fail(key, f"{what}: key {key.value!r} appears twice")
+            seen.add(key.value)
+        return node.value
+
+    def scalar(self, node: yaml.Node) -> Any:
+        return yaml.safe_load(yaml.serialize(node)) if node is not None else None
+
+    def fields(self, node: yaml.Node, what: str, schema: dict[str, Callable[[Any], bool]],
+               skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in self.mapping(node, what):
+            name = key.value
+            if name in skip:
+                continue
+            if name not in schema:
+                allowed = ", ".join(sorted(set(schema) | set(skip)))
+                raise self.fail(key, f"{what}: unknown key {name!r} (allowed: {allowed})")
+            check = schema[name]
+            parsed = self.scalar(value) if isinstance(value, yaml.ScalarNode) else None
+            if not isinstance(value, yaml.ScalarNode) or not check(parsed):
+                raise self.fail(value, f"{what}.{name}: expected {check.__doc__}, got "
+                                       f"{_describe(value, parsed)}")
+            out[name] = parsed
+        return out
+
+    def inventory(self, root: yaml.Node | None) -> Inventory:
+        if root is None:
+            raise self.fail(None, "the file is empty; it needs a 'hosts:' mapping")
+        top = dict((k.value, (k, v)) for k, v in self.mapping(root, "top level"))
+        for name, (key, _) in top.items():
+            if name not in ("hosts", "groups", "defaults"):
+                raise self.fail(key, f"top level: unknown key {name!r} "
+                                     "(allowed: defaults, groups, hosts)")
+        if "hosts" not in top:
+            raise self.fail(root, "top level: missing required key 'hosts'")
+        hosts: dict[str, HostSpec] = {}
+        for key, value in self.mapping(top["hosts"][1], "hosts"):
+            hosts[str(key.value)] = self.host(str(key.value), value)
+        groups: dict[str, list[str]] = {}
+        if "groups" in top:
+            for key, value in self.mapping(top["groups"][1], "groups"):
+                groups[key.value] = self.group(key.value, value, hosts)
+        defaults = Defaults()
+        if "defaults" in top:
+            node = top["defaults"][1]
+            values = self.fields(node, "defaults", DEFAULT_KEYS)
+            for ref in HOST_REFERENCES:
+                if ref in values and values[ref] not in hosts and values[ref] not in groups:
+                    raise self.fail(node, f"defaults.{ref}: unknown host {values[ref]!r} "
+                                          f"(known: {', '.join(sorted(hosts))})")
+            defaults = Defaults(**values)
+        return Inventory(path=self.path, hosts=hosts, groups=groups, defaults=defaults)
+
+    def host(self, name: str, node: yaml.Node) -> HostSpec:
+        what = f"hosts.{name}"
+        values = self.fields(node, what, HOST_KEYS, skip=("roles",))
+        spec = HostSpec(name=name, **values)
+        for key, value in self.mapping(node, what):
+            if key.value == "roles":
+                for role_key, role_node in self.mapping(value, f"{what}.roles"):
+                    self.role(spec, role_key, role_node)
+        if spec.jump and spec.transport == "local":
+            raise self.fail(node, f"{what}.jump: a local host cannot have a jump host")
+        return spec
+
+    def role(self, spec: HostSpec, key: yaml.Node, node: yaml.Node) -> None:
+        what = f"hosts.{spec.name}.roles.{key.value}"
+        if key.value not in ROLE_KEYS:
+            raise self.fail(key, f"{what}: unknown role (allowed: {', '.join(ROLE_KEYS)})")
+        cls, schema, required = ROLE_KEYS[key.value]
+        values = self.fields(node, what, schema)
+        for req in required:
+            if req not in values:
+                raise self.fail(node, f"{what}: missing required key {req!r}")
+        setattr(spec, key.value, cls(**values))
+
+    def group(self, name: str, node: yaml.Node, hosts: dict[str, HostSpec]) -> list[str]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, f"groups.{name}: expected a list of host names")
+        members = []
+        for item in node.value:
+            if item.value not in hosts:
+                raise self.fail(item, f"groups.{name}: unknown host {item.value!r} "
+                                      f"(known: {', '.join(sorted(hosts))})")
+            members.append(item.value)
+        return members
+
+
+def _describe(node: yaml.Node, parsed: Any) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return f"{type(parsed).__name__} {parsed!r}"
