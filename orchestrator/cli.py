@@ -28,6 +28,15 @@ for _name in COMMAND_MODULES:
 err_console = Console(stderr=True, highlight=False)
 
 
+@app.callback()
+def _root(accept_new_host_keys: bool = typer.Option(
+        False, "--accept-new-host-keys",
+        help="Trust and remember SSH host keys seen for the first time (like OpenSSH's "
+             "accept-new). Changed keys are always refused.")) -> None:
+    from orchestrator import hosts
+    hosts.ACCEPT_NEW_HOST_KEYS = accept_new_host_keys
+
+
 def main() -> None:
     """Run the CLI; a `DflashError` becomes one red line on stderr and its exit code."""
     try:

@@ -274,10 +274,11 @@ class _Validator:
         if "defaults" in top:
             node = top["defaults"][1]
             values = self.fields(node, "defaults", DEFAULT_KEYS)
-            for ref in HOST_REFERENCES:
-                if ref in values and values[ref] not in hosts and values[ref] not in groups:
-                    raise self.fail(node, f"defaults.{ref}: unknown host {values[ref]!r} "
-                                          f"(known: {', '.join(sorted(hosts))})")
+            for key, value in node.value:
+                if key.value in HOST_REFERENCES and value.value not in hosts \
+                        and value.value not in groups:
+                    raise self.fail(value, f"defaults.{key.value}: unknown host "
+                                           f"{value.value!r} (known: {', '.join(sorted(hosts))})")
             defaults = Defaults(**values)
         return Inventory(path=self.path, hosts=hosts, groups=groups, defaults=defaults)
 

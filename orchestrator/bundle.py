@@ -1,0 +1,111 @@
+"""The remote bundle: `remote/` packed as ONE zipapp named by its content hash.
+
+A host gets ``<workdir>/bundles/dflash-remote-<hash>.pyz`` only when it lacks that exact
+file, so an unchanged bundle costs one ``test -f``. The host's own python runs it:
+``python bundle.pyz COMMAND ...``. The archive is deterministic (sorted entries, fixed
+timestamps), so the same source always has the same name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+from orchestrator.errors import RemoteCommandError
+from orchestrator.hosts import Host, HostError, Result, command_line, last_line, quote
+
+REMOTE_PACKAGE = Path(__file__).resolve().parent.parent / "remote"
+ERROR_PREFIX = "dflash-remote: error: "
+EXIT_USER_ERROR = 3
+MAIN = b"import sys\nfrom remote.cli import main\nsys.exit(main())\n"
+
+
+@lru_cache(maxsize=1)
+def build() -> tuple[str, bytes]:
+    """(file name, zipapp bytes) for the current `remote/` sources."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        files = sorted(p for p in REMOTE_PACKAGE.rglob("*")
+                       if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+        for path in files:
+            arc = "remote/" + path.relative_to(REMOTE_PACKAGE).as_posix()
+            _add(zf, arc, path.read_bytes())
+        _add(zf, "__main__.py", MAIN)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    return f"dflash-remote-{digest}.pyz", data
+
+
+def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
+    info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16
+    zf.writestr(info, data)
+
+
+_pushed: dict[tuple[int, str], bool] = {}
+_push_lock = threading.Lock()
+
+
+def ensure(host: Host) -> tuple[str, bool]:
+    """Make sure `host` has the current bundle; returns (remote path, whether pushed now)."""
+    name, data = build()
+    path = f"{host.workdir}/bundles/{name}"
+    key = (id(host), name)
+    with _push_lock:
+        if _pushed.get(key):
+            return path, False
+    pushed = False
+    if not host.exists(path):
+        host.put_bytes(data, path)
+        pushed = True
+    with _push_lock:
+        _pushed[key] = True
+    return path, pushed
+
+
+def remote_command(host: Host, argv: Sequence[str]) -> str:
+    """The shell line that runs the bundle with `argv` on `host` (pushing it if needed)."""
+    path, _ = ensure(host)
+    return command_line([host.spec.python, path, *argv])
+
+
+def run_remote(host: Host, argv: Sequence[str], *, timeout: float | None = None,
+               stdin: bytes | None = None) -> Result:
+    """Run a bundle command; a remote user error or a missing python becomes one line."""
+    result = host.run(remote_command(host, argv), check=False, timeout=timeout, stdin=stdin)
+    check_result(host, result, argv)
+    return result
+
+
+def check_result(host: Host, result: Result, argv: Sequence[str]) -> None:
+    """Raise the one-line error a failed bundle command deserves."""
+    if result.ok:
+        return
+    if result.exit_code == 127 or (result.exit_code == 126 and "python" in result.stderr):
+        raise HostError(f"{host.name}: python {host.spec.python!r} not found or not "
+                        "executable there; set 'python:' for this host in the inventory")
+    for line in reversed(result.stderr.splitlines()):
+        if line.startswith(ERROR_PREFIX):
+            raise RemoteCommandError(f"{host.name}: {line[len(ERROR_PREFIX):]}")
+    raise RemoteCommandError(f"{host.name}: remote {argv[0] if argv else 'command'} failed "
+                             f"(exit {result.exit_code}): {last_line(result.stderr)}")
+
+
+def run_remote_json(host: Host, argv: Sequence[str], *, timeout: float | None = None) -> dict:
+    """Run a bundle command that prints one JSON document and return it parsed."""
+    result = run_remote(host, argv, timeout=timeout)
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RemoteCommandError(f"{host.name}: remote {argv[0]} printed no JSON "
+                                 f"({last_line(result.stdout + result.stderr)[:200]})") from None
+
+
+__all__ = ["build", "ensure", "remote_command", "run_remote", "run_remote_json", "quote"]

@@ -1,0 +1,41 @@
+"""Options and printing helpers shared by the command modules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from orchestrator.inventory import Inventory, load_inventory
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+InventoryOption = Annotated[
+    Optional[Path],
+    typer.Option("--inventory", "-i", help="Inventory file (default: $DFLASH_INVENTORY, "
+                 "then ./inventory.yaml).", show_default=False),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def inventory(path: Optional[Path]) -> Inventory:
+    return load_inventory(path)
+
+
+def print_json(obj: Any) -> None:
+    """JSON on stdout, nothing else, so scripts can pipe it."""
+    typer.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+def human_bytes(n: float | int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

@@ -1,0 +1,122 @@
+"""Real OpenSSH servers on loopback for tests: generated keys, random ports, own folders.
+
+`SSHServer.start(base, name)` generates a host key, writes an sshd_config that accepts only
+the test user key, starts ``sshd -D`` on 127.0.0.1 at a free port and waits until it
+answers. `stop()` ends only the processes this server started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path, kind: str = "ed25519") -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path)], check=True)
+    return path
+
+
+@dataclass
+class SSHServer:
+    name: str
+    port: int
+    root: Path          # the host's own folder: its workdir, checkpoints, models live here
+    host_key: Path
+    proc: subprocess.Popen
+
+    @classmethod
+    def start(cls, base: Path, name: str, authorized_keys: Path) -> "SSHServer":
+        conf_dir = base / f"sshd-{name}"
+        conf_dir.mkdir(parents=True)
+        root = base / name
+        root.mkdir()
+        host_key = keygen(conf_dir / "host_key")
+        port = free_port()
+        Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation folder sshd insists on
+        config = conf_dir / "sshd_config"
+        config.write_text("\n".join([
+            f"Port {port}",
+            "ListenAddress 127.0.0.1",
+            f"HostKey {host_key}",
+            f"PidFile {conf_dir / 'sshd.pid'}",
+            f"AuthorizedKeysFile {authorized_keys}",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PubkeyAuthentication yes",
+            "PermitRootLogin prohibit-password",
+            "UsePAM no",
+            "StrictModes no",
+            "MaxStartups 100",
+            "MaxSessions 100",
+            "AllowTcpForwarding yes",
+            "Subsystem sftp internal-sftp",
+            "LogLevel ERROR",
+            "",
+        ]))
+        log = open(conf_dir / "sshd.log", "wb")
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log,
+                                stderr=subprocess.STDOUT)
+        server = cls(name=name, port=port, root=root, host_key=host_key, proc=proc)
+        server.wait_ready()
+        return server
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd {self.name} exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"sshd {self.name} did not answer on port {self.port}")
+
+    def known_hosts_line(self) -> str:
+        kind, b64 = (self.host_key.with_suffix(".pub").read_text().split()[:2])
+        return f"[127.0.0.1]:{self.port} {kind} {b64}\n"
+
+    def sessions(self) -> list[psutil.Process]:
+        """The per-connection sshd processes (and their children) serving clients now."""
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill_sessions(self) -> int:
+        """Kill every connection this server is serving (the listener stays up)."""
+        victims = self.sessions()
+        for p in victims:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(victims, timeout=5)
+        return len(victims)
+
+    def stop(self) -> None:
+        self.kill_sessions()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

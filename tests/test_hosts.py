@@ -1,0 +1,222 @@
+"""The host layer and `dflash hosts` over real loopback sshd servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import bundle
+from orchestrator.hosts import HostError, open_host
+from orchestrator.inventory import load_inventory
+from tests.conftest import ROOT, ssh_host_entry
+
+
+def dflash(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the real CLI in a child process, as a user would."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True,
+                          text=True, env=full_env, timeout=timeout, cwd=ROOT)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_hosts_check_reports_facts_for_both_hosts(two_hosts):
+    proc = dflash("hosts", "check", "trainer", "evalhost", "--inventory", str(two_hosts), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["host"] for r in rows] == ["trainer", "evalhost"]
+    for r in rows:
+        assert r["reachable"] is True
+        assert r["cpus"] == os.cpu_count()
+        assert r["memory"]["total"] > r["memory"]["available"] > 0
+        assert r["disk_free"] > 0
+        assert r["python"] == ".".join(map(str, sys.version_info[:3]))
+        assert r["packages"]["torch"].startswith("2.")
+        assert r["packages"]["fla"] is None  # not installed here: reported missing
+    table = dflash("hosts", "check", "--inventory", str(two_hosts))
+    assert table.returncode == 0
+    assert "trainer" in table.stdout and "evalhost" in table.stdout and "yes" in table.stdout
+
+
+def test_hosts_lists_inventory(two_hosts):
+    proc = dflash("hosts", "--inventory", str(two_hosts), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert {h["name"]: h["roles"] for h in data["hosts"]} == {"trainer": ["trainer"],
+                                                             "evalhost": ["eval"]}
+
+
+def test_unknown_host_key_is_refused_then_accepted_on_opt_in(trainer_sshd, ssh_base,
+                                                             make_inventory, tmp_path):
+    empty_known = tmp_path / "known_hosts"
+    empty_known.write_text("")
+    inv = make_inventory({"t": ssh_host_entry(trainer_sshd, ssh_base,
+                                              known_hosts=str(empty_known))})
+    proc = dflash("hosts", "check", "t", "--inventory", str(inv))
+    assert proc.returncode != 0
+    line = one_error_line(proc)
+    assert "unknown host key" in line and "--accept-new-host-keys" in line
+    assert empty_known.read_text() == ""
+
+    ok = dflash("--accept-new-host-keys", "hosts", "check", "t", "--inventory", str(inv))
+    assert ok.returncode == 0, ok.stderr
+    assert f"[127.0.0.1]:{trainer_sshd.port}" in empty_known.read_text()
+    # Now known: accepted without the flag.
+    assert dflash("hosts", "check", "t", "--inventory", str(inv)).returncode == 0
+
+
+def test_changed_host_key_is_always_refused(trainer_sshd, eval_sshd, ssh_base, make_inventory,
+                                            tmp_path):
+    # Record the EVAL host's key under the trainer's address: the trainer now "changed" key.
+    wrong = tmp_path / "known_hosts"
+    line = eval_sshd.known_hosts_line().split(" ", 1)[1]
+    wrong.write_text(f"[127.0.0.1]:{trainer_sshd.port} {line}")
+    inv = make_inventory({"t": ssh_host_entry(trainer_sshd, ssh_base, known_hosts=str(wrong),
+                                              accept_new_host_key=True)})
+    proc = dflash("--accept-new-host-keys", "hosts", "check", "t", "--inventory", str(inv))
+    assert proc.returncode != 0
+    assert "host key CHANGED" in one_error_line(proc)
+
+
+def test_closed_port_bad_key_and_missing_python_are_one_line_each(trainer_sshd, ssh_base,
+                                                                  make_inventory, tmp_path):
+    from tests.sshd import free_port, keygen
+
+    stranger = keygen(tmp_path / "id_stranger")
+    inv = make_inventory({
+        "closed": {**ssh_host_entry(trainer_sshd, ssh_base), "port": free_port()},
+        "badkey": ssh_host_entry(trainer_sshd, ssh_base, identity_file=str(stranger)),
+        "nopython": ssh_host_entry(trainer_sshd, ssh_base, python="/no/such/python3"),
+    })
+    expected = {"closed": "connection refused", "badkey": "authentication failed",
+                "nopython": "not found"}
+    for name, words in expected.items():
+        proc = dflash("hosts", "check", name, "--inventory", str(inv))
+        assert proc.returncode != 0
+        line = one_error_line(proc)
+        assert words in line and name in line, line
+
+
+def test_arguments_are_shell_quoted_on_ssh_and_local(two_hosts, tmp_path):
+    inv = load_inventory(two_hosts)
+    marker = tmp_path / "pwned"
+    nasty = f"a b;touch {marker};$(touch {marker}) `touch {marker}` 'q\" -x"
+    local = open_host(inv.hosts["trainer"].__class__(name="l", transport="local"))
+    for host in (open_host(inv.hosts["trainer"]), local):
+        with host:
+            out = host.run(["printf", "%s", nasty]).stdout
+            assert out == nasty
+            path = f"{tmp_path}/-dash {host.name} $(x);'.bin"
+            host.put_bytes(b"\x00\x01payload", path)
+            assert host.get_bytes(path) == b"\x00\x01payload"
+            assert Path(path).read_bytes() == b"\x00\x01payload"
+    assert not marker.exists()
+
+
+def test_bundle_is_pushed_once_and_named_by_content(two_hosts):
+    inv = load_inventory(two_hosts)
+    with open_host(inv.hosts["evalhost"]) as host:
+        host.run(["rm", "-rf", f"{host.workdir}/bundles"])
+        bundle._pushed.clear()
+        path, pushed = bundle.ensure(host)
+        assert pushed and host.exists(path)
+        bundle._pushed.clear()  # a new process would re-check: the file is there, no push
+        assert bundle.ensure(host) == (path, False)
+    name, data = bundle.build()
+    assert Path(path).name == name and Path(path).read_bytes() == data
+
+
+def test_remote_user_error_is_relayed_as_one_line(two_hosts):
+    inv = load_inventory(two_hosts)
+    with open_host(inv.hosts["evalhost"]) as host:
+        with pytest.raises(HostError) as info:
+            host.run(["false"])
+        assert "exit 1" in str(info.value)
+
+
+def test_help_works_without_torch():
+    """The controller must start where torch and transformers are not installed."""
+    blocker = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'transformers', 'safetensors'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "sys.argv = ['dflash', '--help']\n"
+        "from orchestrator.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+        "from orchestrator.cli import app\n"
+        "import typer.main\n"
+        "cmd = typer.main.get_command(app)\n"
+        "names = sorted(cmd.commands)\n"
+        "for n in names:\n"
+        "    sys.argv = ['dflash', n, '--help']\n"
+        "    try:\n        main()\n    except SystemExit as e:\n        assert e.code in (0, None), (n, e.code)\n"
+        "assert 'torch' not in sys.modules\n"
+        "print('COMMANDS', ' '.join(names))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert "COMMANDS" in proc.stdout and "hosts" in proc.stdout
+
+
+def test_unresolvable_name_and_silent_port_are_one_line_each(ssh_base, trainer_sshd,
+                                                             make_inventory):
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)  # accepts TCP, never says a word
+    try:
+        inv = make_inventory({
+            "nowhere": ssh_host_entry(trainer_sshd, ssh_base, hostname="no-such-host.invalid"),
+            "silent": {**ssh_host_entry(trainer_sshd, ssh_base), "connect_timeout": 1,
+                       "port": silent.getsockname()[1]},
+        })
+        for name, words in {"nowhere": "does not resolve", "silent": "timed out"}.items():
+            proc = dflash("hosts", "check", name, "--inventory", str(inv))
+            assert proc.returncode != 0
+            assert words in one_error_line(proc)
+    finally:
+        silent.close()
+
+
+def test_jump_host_reaches_eval_host_through_trainer(trainer_sshd, eval_sshd, ssh_base,
+                                                    make_inventory):
+    inv = make_inventory({
+        "trainer": ssh_host_entry(trainer_sshd, ssh_base),
+        "behind": ssh_host_entry(eval_sshd, ssh_base, jump="trainer"),
+    })
+    before = len(trainer_sshd.sessions())
+    with open_host(load_inventory(inv).hosts["behind"], load_inventory(inv)) as host:
+        assert host.run(["printf", "%s", "hello"]).stdout == "hello"
+        # The tunnel runs through a session on the trainer's sshd.
+        assert len(trainer_sshd.sessions()) > before
+
+
+def test_ssh_config_alias_is_honoured(eval_sshd, ssh_base, make_inventory, tmp_path,
+                                      monkeypatch):
+    """A host named only by an ~/.ssh/config alias resolves as OpenSSH would."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host ct-alias\n  HostName 127.0.0.1\n  Port {eval_sshd.port}\n"
+        f"  IdentityFile {ssh_base / 'id_test'}\n"
+        f"  UserKnownHostsFile {ssh_base / 'known_hosts'}\n")
+    inv = make_inventory({"ct-alias": {"python": sys.executable}})
+    proc = dflash("hosts", "check", "ct-alias", "--inventory", str(inv), "--json",
+                  env={"HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["reachable"] is True

@@ -1,0 +1,96 @@
+"""Inventory validation: each malformed file gives one line naming file, line and key."""
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.inventory import InventoryError, load_inventory, parse_inventory
+
+GOOD = """\
+defaults:
+  relay_from: kpro6
+  relay_to: ct129
+hosts:
+  kpro6:
+    user: root
+    jump: bastion
+    python: /opt/venv/bin/python
+    roles:
+      trainer: {checkpoints: /data/ckpt, complete_rule: marker}
+  ct129:
+    hostname: 10.0.0.5
+    port: 2222
+    roles:
+      eval: {drafters: /root/drafters, target_model: /root/models/t, threads: 8}
+  demo:
+    transport: local
+groups:
+  evals: [ct129, demo]
+"""
+
+
+def test_good_inventory_parses():
+    inv = parse_inventory(GOOD, Path("inv.yaml"))
+    assert inv.hosts["kpro6"].trainer.checkpoints == "/data/ckpt"
+    assert inv.hosts["kpro6"].trainer.complete_rule == "marker"
+    assert inv.hosts["ct129"].port == 2222
+    assert inv.hosts["ct129"].eval.threads == 8
+    assert inv.hosts["demo"].transport == "local"
+    assert inv.defaults.relay_to == "ct129"
+    assert [h.name for h in inv.expand(["evals", "kpro6"])] == ["ct129", "demo", "kpro6"]
+
+
+BAD = [
+    # (text, expected line, words the message must contain)
+    ("hosts:\n  a:\n    port: abc\n", 3, ["hosts.a.port", "port number"]),
+    ("hosts:\n  a:\n    prot: 22\n", 3, ["hosts.a", "unknown key 'prot'"]),
+    ("hosts:\n  a:\n    transport: telnet\n", 3, ["hosts.a.transport", "one of ssh, local"]),
+    ("hostz: {}\n", 1, ["unknown key 'hostz'"]),
+    ("defaults: {}\n", 1, ["missing required key 'hosts'"]),
+    ("hosts:\n  a: {}\ndefaults:\n  relay_to: b\n", 4, ["defaults.relay_to", "unknown host 'b'"]),
+    ("hosts:\n  a:\n    roles:\n      trainer: {}\n", 4, ["roles.trainer", "missing required key 'checkpoints'"]),
+    ("hosts:\n  a:\n    roles:\n      painter: {x: 1}\n", 4, ["unknown role"]),
+    ("hosts:\n  a: {}\ngroups:\n  g: [a, zz]\n", 4, ["groups.g", "unknown host 'zz'"]),
+    ("hosts:\n  a:\n    port: 70000\n", 3, ["hosts.a.port"]),
+    ("hosts:\n  a:\n    user: [root]\n", 3, ["hosts.a.user", "got a list"]),
+    ("hosts:\n  a:\n    port: 1\n    port: 2\n", 4, ["appears twice"]),
+    ("hosts: [\n", 2, ["not valid YAML"]),
+    ("hosts:\n  a:\n    transport: local\n    jump: b\n", 3, ["local host cannot have a jump"]),
+    ("hosts:\n  a:\n    accept_new_host_key: maybe\n", 3, ["true or false"]),
+    ("", None, ["empty"]),
+]
+
+
+@pytest.mark.parametrize("text,line,words", BAD)
+def test_malformed_inventory_is_one_clear_line(text, line, words):
+    with pytest.raises(InventoryError) as info:
+        parse_inventory(text, Path("bad.yaml"))
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"bad.yaml:{line}:" if line else "bad.yaml")
+    for w in words:
+        assert w in msg, msg
+
+
+def test_inventory_search_order(tmp_path, monkeypatch):
+    a = tmp_path / "a.yaml"
+    a.write_text("hosts:\n  from_flag: {}\n")
+    b = tmp_path / "b.yaml"
+    b.write_text("hosts:\n  from_env: {}\n")
+    (tmp_path / "inventory.yaml").write_text("hosts:\n  from_cwd: {}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DFLASH_INVENTORY", str(b))
+    assert list(load_inventory(a).hosts) == ["from_flag"]
+    assert list(load_inventory(None).hosts) == ["from_env"]
+    monkeypatch.delenv("DFLASH_INVENTORY")
+    assert list(load_inventory(None).hosts) == ["from_cwd"]
+    (tmp_path / "inventory.yaml").unlink()
+    with pytest.raises(InventoryError, match="no inventory"):
+        load_inventory(None)
+
+
+def test_shipped_inventory_is_valid():
+    inv = load_inventory(Path(__file__).resolve().parent.parent / "inventory.yaml")
+    assert inv.hosts["kpro6"].trainer is not None
+    assert inv.hosts["ct129"].eval is not None
+    assert inv.defaults.relay_from == "kpro6" and inv.defaults.relay_to == "ct129"
