@@ -20,6 +20,8 @@ app = typer.Typer(
 
 COMMAND_MODULES = (
     "orchestrator.commands.hosts",
+    "orchestrator.commands.remote_eval",
+    "orchestrator.commands.results",
 )
 
 for _name in COMMAND_MODULES:

@@ -331,6 +331,8 @@ def finish_local(run_dir: Path) -> Path:
 
         run = results.load_run(run_dir)
         plots.plot_run(run, run_dir)
+        plots.plot_tau_by_step(results.list_runs(run_dir.parent),
+                               run_dir.parent / "tau_by_step.png")
     except Exception as exc:  # plots are a convenience; the JSON is the result
         (run_dir / "plots-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
     return run_dir
