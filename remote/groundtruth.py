@@ -235,8 +235,9 @@ def sglang_generate(url: str, prompt_ids: list[int], sampling: dict, timeout: fl
     return ids
 
 
-def openai_model_name(url: str, model: str | None, timeout: float) -> str:
-    """The served model name: given, else the first one /v1/models lists."""
+def openai_model_name(url: str, model: str | None, timeout: float) -> str | None:
+    """The served model name: given, else the first one /v1/models lists, else None (the
+    request then names no model and a single-model server uses its own)."""
     if model:
         return model
     base = endpoint(url, "openai").rsplit("/completions", 1)[0]
@@ -244,15 +245,20 @@ def openai_model_name(url: str, model: str | None, timeout: float) -> str:
         listing = http_json(base + "/models", None, min(timeout, 30.0))
         return str(listing["data"][0]["id"])
     except (UserError, KeyError, IndexError, TypeError):
-        return "default"
+        return None
 
 
-def openai_completion_ids(url: str, model: str, prompt_ids: list[int], sampling: dict,
+def _with_model(payload: dict, model: str | None) -> dict:
+    return {"model": model, **payload} if model else payload
+
+
+def openai_completion_ids(url: str, model: str | None, prompt_ids: list[int], sampling: dict,
                           timeout: float) -> list[int]:
     ep = endpoint(url, "openai")
-    answer = http_json(ep, {"model": model, "prompt": prompt_ids,
-                            "max_tokens": sampling["max_new_tokens"], "temperature": 0.0,
-                            "return_token_ids": True}, timeout)
+    answer = http_json(ep, _with_model({"prompt": prompt_ids,
+                                        "max_tokens": sampling["max_new_tokens"],
+                                        "temperature": 0.0, "return_token_ids": True}, model),
+                       timeout)
     try:
         choice = answer["choices"][0]
     except (KeyError, IndexError, TypeError):
@@ -271,12 +277,13 @@ def openai_completion_ids(url: str, model: str, prompt_ids: list[int], sampling:
     return ids
 
 
-def openai_completion_text(url: str, model: str, prompt_text: str, sampling: dict,
-                           timeout: float) -> str:
+def openai_completion_text(url: str, model: str | None, prompt_text: str, sampling: dict,
+                           timeout: float) -> tuple[str, int | None]:
+    """(completion text, the server's own count of completion tokens if it reports one)."""
     ep = endpoint(url, "openai")
-    answer = http_json(ep, {"model": model, "prompt": prompt_text,
-                            "max_tokens": sampling["max_new_tokens"], "temperature": 0.0},
-                       timeout)
+    answer = http_json(ep, _with_model({"prompt": prompt_text,
+                                        "max_tokens": sampling["max_new_tokens"],
+                                        "temperature": 0.0}, model), timeout)
     try:
         text = answer["choices"][0]["text"]
     except (KeyError, IndexError, TypeError):
@@ -284,14 +291,24 @@ def openai_completion_text(url: str, model: str, prompt_text: str, sampling: dic
     if not isinstance(text, str):
         raise UserError(f"ground truth server {ep} answered without choices[0].text; is it "
                         "an OpenAI-compatible completions endpoint?")
-    return text
+    count = (answer.get("usage") or {}).get("completion_tokens")
+    return text, count if isinstance(count, int) else None
 
 
 def retokenisation_check(tokenizer, prompt_text: str, prompt_ids: list[int],
-                         completion_text: str, completion_ids: list[int]) -> bool:
-    """True when text-to-ids is unambiguous for this sample: the completion's ids decode
-    back to the same text, and encoding prompt and completion TOGETHER gives the prompt's
-    ids followed by the completion's (no token merges across the boundary)."""
+                         completion_text: str, completion_ids: list[int],
+                         server_count: int | None = None) -> bool:
+    """False when the retokenised ids cannot be what the server generated: the text holds
+    U+FFFD (the server decoded a partial UTF-8 sequence: bytes were lost), the server
+    counted another number of completion tokens, the ids do not decode back to the text,
+    or encoding prompt and completion TOGETHER does not give the prompt's ids followed by
+    the completion's (a merge across the boundary). Passing is necessary, not sufficient:
+    a model may emit a non-canonical split of the same text, which only the eval's target
+    agreement rate reveals."""
+    if "\ufffd" in completion_text:
+        return False
+    if server_count is not None and server_count != len(completion_ids):
+        return False
     if tokenizer.decode(completion_ids) != completion_text:
         return False
     joint = tokenizer(prompt_text + completion_text, add_special_tokens=False)["input_ids"]
@@ -440,9 +457,10 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
         elif kind == "openai":
             completion = openai_completion_ids(gt["url"], model_name, ids, sampling, timeout)
         elif kind == "openai-text":
-            ctext = openai_completion_text(gt["url"], model_name, text, sampling, timeout)
+            ctext, count = openai_completion_text(gt["url"], model_name, text, sampling,
+                                                  timeout)
             completion = list(tokenizer(ctext, add_special_tokens=False)["input_ids"])
-            if not retokenisation_check(tokenizer, text, ids, ctext, completion):
+            if not retokenisation_check(tokenizer, text, ids, ctext, completion, count):
                 mismatched += 1
         else:
             completion = generator.generate(ids, sampling)
@@ -456,8 +474,9 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
         info["retokenisation"] = {
             "samples": len(records), "mismatched": mismatched,
             "mismatch_rate": mismatched / len(records),
-            "check": "completion ids decode to the server's text, and prompt+completion text "
-                     "encodes to prompt ids + completion ids"}
+            "check": "no U+FFFD in the text, server's token count matches, ids decode to the "
+                     "text, prompt+completion encodes to prompt ids + completion ids; a lower "
+                     "bound: compare the target agreement rate"}
         if mismatched:
             warning = (f"retokenisation mismatch in {mismatched} of {len(records)} samples "
                        f"({mismatched / len(records):.0%}): their ground-truth ids may differ "
