@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "remote.facts",
     "remote.jobs",
     "remote.preflight",
+    "remote.evaluate",
 )
 
 
