@@ -327,22 +327,29 @@ def run_eval_job(path: Path, spec: dict, events: EventLog) -> int:
     return code
 
 
+# The engine (remote/evaluate.py) refuses unknown spec keys; these are the ones it takes.
+ENGINE_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
+
+
 def build_eval_spec(path: Path, spec: dict, gt_path: str, gt_info: dict) -> dict:
     """The engine's spec: what to evaluate, against which ground truth, written where."""
+    dtype = spec.get("dtype", "bfloat16")
+    if dtype not in ENGINE_DTYPES:
+        raise UserError(f"the eval engine runs in bfloat16 or float32, not {dtype}")
     ev = spec.get("eval") or {}
-    return {
+    out = {
         "target": spec["target"],
         "drafter": spec["drafter"],
         "ground_truth": gt_path,
-        "out_dir": str(path),
-        "result": str(path / "result.json"),
-        "samples_out": str(path / "samples.jsonl"),
-        "dtype": spec.get("dtype", "bfloat16"),
+        "output_dir": str(path),
+        "dtype": ENGINE_DTYPES[dtype],
         "threads": spec.get("threads"),
-        **ev,
-        "inputs": {"ground_truth_source": gt_info, "prompts": spec.get("prompts"),
-                   "checkpoint": spec.get("checkpoint"), "job_id": path.name},
+        "ddtree_budgets": sorted(set(ev.get("budgets") or [])),
+        "ddtree_topk": ev.get("topk"),
     }
+    if ev.get("block_chunk"):
+        out["block_chunk"] = ev["block_chunk"]
+    return out
 
 
 def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
@@ -353,6 +360,8 @@ def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
         return
     inputs = result.setdefault("inputs", {})
     inputs.setdefault("ground_truth_source", gt_info)
+    inputs.setdefault("eval_engine", {"name": "dflash offline walk (remote.evaluate)",
+                                      "bundle": Path(self_command()[-1]).name})
     inputs.setdefault("checkpoint", spec.get("checkpoint"))
     inputs.setdefault("prompts", spec.get("prompts"))
     result.setdefault("job", {"job_id": result_path.parent.name, "host": spec.get("host"),

@@ -22,7 +22,7 @@ from remote.facts import meminfo, package_version
 MIN_PYTHON = (3, 10)
 REQUIRED = {"torch": ("torch",), "transformers": ("transformers",),
             "safetensors": ("safetensors",)}
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # what the eval engine runs in
 ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2,
                   "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 # Vision towers are never loaded for a text-only evaluation.
