@@ -367,7 +367,9 @@ def attach(inventory: Inventory, host_name: str | None, job_id: str, *,
     own = host is None
     host = host or open_host(inventory.host(name), inventory)
     try:
-        end = watch(host, job_id, on_event)
+        status = job_status(host, job_id)
+        end = status if status["state"] in ("failed", "cancelled", "lost") else \
+            watch(host, job_id, on_event)
         if end["state"] != "done":
             err = (end.get("exit") or {}).get("error")
             raise JobError(f"job {job_id} on {name} {end['state']}"

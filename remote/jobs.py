@@ -235,10 +235,20 @@ class EventLog:
         self._fh.flush()
 
     def write_line(self, line: str) -> None:
+        """Copy one line of the engine's output; JSON events get the time they arrived,
+        so a watcher replaying them later can still compute rates."""
         line = line.strip()
-        if line:
-            self._fh.write(line + "\n")
-            self._fh.flush()
+        if not line:
+            return
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            obj.setdefault("time", round(time.time(), 3))
+            line = json.dumps(obj, default=str)
+        self._fh.write(line + "\n")
+        self._fh.flush()
 
 
 def run(path: Path) -> int:

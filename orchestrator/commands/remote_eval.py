@@ -29,7 +29,7 @@ class LiveProgress:
         self.gt_task: TaskID | None = None
         self.eval_task: TaskID | None = None
         self.tokens = 0
-        self.eval_started: float | None = None
+        self.eval_started: float | None = None  # the job's clock (event times), not ours
         self.last: dict = {}
 
     def __enter__(self) -> "LiveProgress":
@@ -57,11 +57,14 @@ class LiveProgress:
         elif kind in ("start", "sample"):
             total = ev.get("total") or ev.get("samples")
             if self.eval_task is None:
-                self.eval_started = time.monotonic()
+                self.eval_started = ev.get("time") or time.time()
                 self.eval_task = self.progress.add_task("eval", total=total, info="")
             if kind == "sample":
                 self.tokens += int(ev.get("tokens") or 0)
-                elapsed = max(1e-6, time.monotonic() - (self.eval_started or time.monotonic()))
+                # Rates from the job's own timestamps: right even when --attach replays
+                # events that happened while nobody was watching.
+                now = ev.get("time") or time.time()
+                elapsed = max(1e-3, now - (self.eval_started or now))
                 tau = ev.get("tau")
                 info = f"{self.tokens / elapsed:,.0f} tok/s"
                 if isinstance(tau, (int, float)):
