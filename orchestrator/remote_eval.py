@@ -61,7 +61,7 @@ class EvalOptions:
     prompts: str | None = None
     samples: int | None = None
     seed: int = 0
-    max_new_tokens: int = 256
+    max_new_tokens: int | None = None
     thinking: bool = False
     temperature: float = 0.0
     ground_truth: str | None = None
@@ -167,7 +167,7 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
         raise DflashError(f"temperature {options.temperature} refused: ground truth must be "
                           "greedy (temperature 0) for acceptance to mean anything")
     gt = {"kind": kind, "timeout": options.ground_truth_timeout,
-          "model": options.ground_truth_model}
+          "model": options.ground_truth_model or (role.ground_truth_model if role else None)}
     if kind == "file":
         gt["path"] = host.expand(source)
     elif kind != "local":
@@ -182,10 +182,11 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
         "target": host.expand(target),
         "dtype": options.dtype or (role.dtype if role else "bfloat16"),
         "threads": options.threads or (role.threads if role else None),
-        "samples": options.samples,
+        "samples": options.samples or (role.samples if role else None),
         "seed": options.seed,
         "thinking": options.thinking,
-        "sampling": {"temperature": 0.0, "max_new_tokens": options.max_new_tokens},
+        "sampling": {"temperature": 0.0, "max_new_tokens": options.max_new_tokens
+                     or (role.max_new_tokens if role else 256)},
         "ground_truth": gt,
         "eval": {"budgets": list(options.budgets), "topk": options.topk, **options.extra},
         "stop_after": options.stop_after,

@@ -272,3 +272,16 @@ def test_preflight_failures_are_one_line_and_start_nothing(inventory, eval_sshd,
     assert "not enough free RAM" in line and "GiB is available" in line
 
     assert job_dirs(eval_sshd) == before
+
+
+def test_wrong_python_on_the_host_is_one_line(eval_sshd, ssh_base, make_inventory,
+                                              eval_models):
+    inv = make_inventory(hosts={"evalhost": ssh_host_entry(
+        eval_sshd, ssh_base, python="/nonexistent/bin/python3", roles={"eval": {
+            "drafters": str(eval_models["drafters"]),
+            "target_model": str(eval_models["target"]), "ground_truth_kind": "local"}})},
+        defaults={"eval_host": "evalhost"})
+    proc = dflash("remote-eval", "--checkpoint", "step-0", "-i", str(inv))
+    assert proc.returncode != 0
+    line = one_error_line(proc)
+    assert "/nonexistent/bin/python3" in line and "not found" in line

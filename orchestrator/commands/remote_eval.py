@@ -109,10 +109,11 @@ def remote_eval_cmd(
     samples: Annotated[Optional[int], typer.Option(
         help="Evaluate this many prompts (seeded choice).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the prompt choice.")] = 0,
-    max_new_tokens: Annotated[int, typer.Option(
-        help="Ground-truth completion length.")] = 256,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        help="Ground-truth completion length (default: the inventory's, else 256).")] = None,
     thinking: Annotated[bool, typer.Option(
-        "--thinking/--no-thinking", help="Chat template with thinking on or off.")] = False,
+        "--thinking/--no-thinking", help="Chat template with thinking on or off "
+        "(enable_thinking).")] = False,
     temperature: Annotated[float, typer.Option(
         help="Must be 0: only greedy ground truth is accepted.")] = 0.0,
     ground_truth: Annotated[Optional[str], typer.Option(
@@ -125,7 +126,7 @@ def remote_eval_cmd(
     target: Annotated[Optional[str], typer.Option(
         help="Target model folder on the host (default: the inventory's).")] = None,
     dtype: Annotated[Optional[str], typer.Option(
-        help="bfloat16 | float32 | float16 (default: the inventory's).")] = None,
+        help="bfloat16 | float32 (default: the inventory's).")] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads on the host.")] = None,
     budgets: Annotated[Optional[str], typer.Option(
         help="DDTree node budgets, comma-separated (default 8,16,32,64).")] = None,
