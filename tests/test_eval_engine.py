@@ -115,6 +115,18 @@ def test_ddtree_chain_limit_and_budget_bound():
         assert sum(wide["ddtree"]["64"]) == sum(wide["rounds"]) == len(row["completion_ids"]) - 1
 
 
+def test_walk_mode_gives_the_same_walks_with_less_drafting():
+    k = kit("qwen3")
+    drafter, _ = load_drafter(k.steps[-1], torch.float32)
+    target = load_target(k.target, torch.float32)
+    for row in k.rows[:3]:
+        full = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[3, 8]))
+        lazy = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[3, 8], positions="walk"))
+        assert lazy["rounds"] == full["rounds"] and lazy["ddtree"] == full["ddtree"]
+        assert full["positions_drafted"] == len(row["completion_ids"]) - 1
+        assert lazy["positions_drafted"] < full["positions_drafted"]
+
+
 def test_per_position_over_all_positions_and_summary():
     k = kit("qwen3")
     drafter, _ = load_drafter(k.steps[-1], torch.float32)
