@@ -14,6 +14,9 @@ Spec (JSON object; unknown keys are an error, so a typo never silently changes a
     ddtree_topk       per-depth candidates for DDTree (default null = the budget)
     max_samples       evaluate only the first N samples (default all)
     block_chunk       blocks per batched drafter call (default 64)
+    positions         "all" (default): draft at every completion position, so per-position
+                      acceptance covers all of them; "walk": draft only where the walks go
+                      (about tau times less drafter work; per-position covers walk positions)
 
 Every check that can fail on the inputs (paths, drafter vs target compatibility, token ids,
 empty completions, memory) runs BEFORE any weights are loaded. Progress goes to stdout as JSON
@@ -35,7 +38,7 @@ from remote.facts import meminfo, package_version
 SCHEMA = "dflash.eval/1"
 SPEC_KEYS = {
     "target", "drafter", "ground_truth", "output_dir", "dtype", "threads",
-    "ddtree_budgets", "ddtree_topk", "max_samples", "block_chunk",
+    "ddtree_budgets", "ddtree_topk", "max_samples", "block_chunk", "positions",
 }
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
 
@@ -67,7 +70,11 @@ def read_spec(path: str) -> dict[str, Any]:
         v = spec.get(key)
         if v is not None and (not isinstance(v, int) or v <= 0):
             raise UserError(f"spec {key} must be a positive integer or null")
+    positions = spec.get("positions", "all")
+    if positions not in ("all", "walk"):
+        raise UserError(f"spec positions {positions!r} is not supported; use \"all\" or \"walk\"")
     return {
+        "positions": positions,
         "target": spec["target"], "drafter": spec["drafter"], "ground_truth": spec["ground_truth"],
         "output_dir": spec["output_dir"], "dtype": DTYPES[dtype], "threads": spec.get("threads"),
         "ddtree_budgets": sorted(set(budgets)), "ddtree_topk": spec.get("ddtree_topk"),
@@ -219,7 +226,8 @@ def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
     drafter, report = drafter_mod.load_drafter(spec["drafter"], dtype, tinfo.num_layers)
     t_drafter_load = time.perf_counter() - t0
 
-    opts = WalkOptions(budgets=spec["ddtree_budgets"], topk=spec["ddtree_topk"], block_chunk=spec["block_chunk"])
+    opts = WalkOptions(budgets=spec["ddtree_budgets"], topk=spec["ddtree_topk"], block_chunk=spec["block_chunk"],
+                       positions=spec.get("positions", "all"))
     records, lines = [], []
     t_eval = time.perf_counter()
     for i, row in enumerate(rows, 1):
@@ -245,7 +253,7 @@ def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
         "inputs": {
             "target": os.path.abspath(spec["target"]), "drafter": os.path.abspath(spec["drafter"]),
             "ground_truth": os.path.abspath(spec["ground_truth"]), "samples": len(rows),
-            "max_samples": spec["max_samples"], "dtype": spec["dtype"],
+            "max_samples": spec["max_samples"], "dtype": spec["dtype"], "positions": spec.get("positions", "all"),
             "block_size": dcfg.block_size, "target_layer_ids": dcfg.target_layer_ids,
             "mask_token_id": dcfg.mask_token_id,
             "ddtree": {"budgets": spec["ddtree_budgets"], "topk": spec["ddtree_topk"]},

@@ -5,9 +5,10 @@ Per sequence ``g = prompt + completion`` (``P`` prompt tokens, last index ``L``)
 1. ONE target forward over ``g``: context features of every position (hooks) and the
    target's own greedy argmax (for the agreement rate).
 2. Drafter context K/V once; then a drafted block at EVERY completion position
-   ``s = P..L-1`` (blocks batched), giving ``a_s`` = leading draft tokens equal to
-   ``g[s+1..]`` (capped at ``L``). Head rows are computed depth by depth only for blocks
-   still matching, so a large vocabulary is paid for where it matters.
+   ``s = P..L-1`` (blocks batched; or, with ``positions="walk"``, only where the walks go),
+   giving ``a_s`` = leading draft tokens equal to ``g[s+1..]`` (capped at ``L``). Head rows
+   are computed depth by depth only for blocks still matching, so a large vocabulary is paid
+   for where it matters.
 3. The walk, exactly as greedy online decoding: ``s = P``; round length
    ``min(a_s + 1, L - s)``; ``s += length``; stop at ``L``. (The first completion token
    comes from the target's prefill, as in z-lab's loop, and is not a round.) Blocks are
@@ -29,16 +30,62 @@ from remote.ddtree import ddtree_accept
 @dataclass
 class WalkOptions:
     """``budgets``: DDTree node budgets; ``topk``: per-depth candidates (None = the budget);
-    ``block_chunk``: blocks per batched drafter call (memory vs speed)."""
+    ``block_chunk``: blocks per batched drafter call (memory vs speed); ``positions``:
+    ``"all"`` drafts a block at every completion position (per-position acceptance over all
+    of them, as dflash-eval.md asks) or ``"walk"`` drafts only where the walks go (cheaper by
+    about tau; per-position acceptance then covers walk positions only)."""
 
     budgets: list[int] = field(default_factory=list)
     topk: int | None = None
     block_chunk: int = 64
+    positions: str = "all"
 
 
 def ddtree_k(budget: int, topk: int | None, vocab: int) -> int:
     """Per-depth candidates actually used by DDTree-``budget``."""
     return max(1, min(budget, vocab, topk if topk else budget))
+
+
+class Drafts:
+    """Drafted blocks of one sequence, computed on demand in batches and kept by start.
+
+    For each start ``s`` it records ``a_s`` (leading draft tokens equal to ``g[s+1..]``,
+    capped at ``L``) and, when DDTree needs them, the final hidden rows 1..B-1.
+    """
+
+    def __init__(self, drafter, target, kv, g: torch.Tensor, P: int, keep_hidden: bool, chunk: int):
+        self.drafter, self.target, self.kv, self.g = drafter, target, kv, g
+        self.P, self.L, self.B = P, len(g) - 1, drafter.block_size
+        self.keep_hidden, self.chunk = keep_hidden, chunk
+        self.accept: dict[int, int] = {}
+        self.hidden: dict[int, torch.Tensor] = {}
+
+    def ensure(self, starts: list[int]) -> None:
+        todo = [s for s in starts if s not in self.accept]
+        for c in range(0, len(todo), self.chunk):
+            st = torch.tensor(todo[c:c + self.chunk])
+            h = self.drafter.forward_blocks(self.kv, st, self.drafter.block_inputs(self.target.embed, self.g[st]))
+            acc = torch.zeros(len(st), dtype=torch.long)
+            alive = torch.arange(len(st))
+            for j in range(1, self.B):  # head rows only for blocks still matching
+                alive = alive[st[alive] + j <= self.L]
+                if len(alive) == 0:
+                    break
+                pred = torch.argmax(self.drafter.logits(h[alive, j], self.target.lm_head).float(), dim=-1)
+                alive = alive[pred == self.g[st[alive] + j]]
+                acc[alive] += 1
+            for i, s in enumerate(st.tolist()):
+                self.accept[s] = int(acc[i])
+                if self.keep_hidden:
+                    self.hidden[s] = h[i, 1:]
+
+    def topk(self, s: int, k: int) -> tuple[list, list]:
+        """Per-depth top-``k`` (log-probs, tokens) of the block at ``s``, depths 1..min(B-1, L-s)."""
+        self.ensure([s])
+        depth = min(self.B - 1, self.L - s)
+        logits = self.drafter.logits(self.hidden[s][:depth], self.target.lm_head).float()
+        v, i = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
+        return v.tolist(), i.tolist()
 
 
 @torch.inference_mode()
@@ -56,69 +103,44 @@ def eval_sequence(target, drafter, prompt: list[int], completion: list[int], opt
     agree = int((greedy[: L - P + 1] == gt[P:]).sum())
 
     t1 = time.perf_counter()
-    feats = feats.to(drafter.fc.weight.dtype)
-    kv = drafter.context_kv(feats)
+    kv = drafter.context_kv(feats.to(drafter.fc.weight.dtype))
     del feats
-    lm_head = target.lm_head
-    starts_all = torch.arange(P, L)  # positions with something left to predict
-    accept = torch.zeros(len(starts_all), dtype=torch.long)
-    keep_hidden = bool(opts.budgets)
-    hidden_store: list[torch.Tensor] = []
-    for c in range(0, len(starts_all), opts.block_chunk):
-        starts = starts_all[c:c + opts.block_chunk]
-        blocks = drafter.block_inputs(target.embed, gt[starts])
-        h = drafter.forward_blocks(kv, starts, blocks)
-        if keep_hidden:
-            hidden_store.append(h[:, 1:])
-        alive = torch.arange(len(starts))
-        for j in range(1, B):
-            alive = alive[starts[alive] + j <= L]
-            if len(alive) == 0:
-                break
-            pred = torch.argmax(drafter.logits(h[alive, j], lm_head).float(), dim=-1)
-            alive = alive[pred == gt[starts[alive] + j]]
-            accept[c + alive] += 1
-    t_draft = time.perf_counter() - t1
-
-    # Per-position: depth j attempted when the first j-1 were right and s+j <= L.
-    attempts, hits = [0] * (B - 1), [0] * (B - 1)
-    s_rel = L - starts_all
-    for j in range(1, B):
-        tried = (accept >= j - 1) & (s_rel >= j)
-        attempts[j - 1] = int(tried.sum())
-        hits[j - 1] = int((accept >= j).sum())
+    drafts = Drafts(drafter, target, kv, gt, P, bool(opts.budgets), opts.block_chunk)
+    if opts.positions == "all":
+        drafts.ensure(list(range(P, L)))
 
     rounds, s = [], P
     while s < L:
-        n = min(int(accept[s - P]) + 1, L - s)
+        drafts.ensure([s])
+        n = min(drafts.accept[s] + 1, L - s)
         rounds.append(n)
         s += n
+    t_draft = time.perf_counter() - t1
 
     t2 = time.perf_counter()
     ddtree: dict[str, list[int]] = {}
-    if keep_hidden:
-        hidden = torch.cat(hidden_store) if hidden_store else None
-        k_max = max(ddtree_k(n, opts.topk, lm_head.shape[0]) for n in opts.budgets)
+    if opts.budgets:
+        k_max = max(ddtree_k(n, opts.topk, target.info.vocab_size) for n in opts.budgets)
         cache: dict[int, tuple[list, list]] = {}
-
-        def topk_at(pos: int) -> tuple[list, list]:
-            if pos not in cache:
-                depth = min(B - 1, L - pos)
-                logits = drafter.logits(hidden[pos - P, :depth], lm_head).float()
-                v, i = torch.topk(torch.log_softmax(logits, dim=-1), k_max, dim=-1)
-                cache[pos] = (v.tolist(), i.tolist())
-            return cache[pos]
-
         for n in opts.budgets:
-            k = ddtree_k(n, opts.topk, lm_head.shape[0])
+            k = ddtree_k(n, opts.topk, target.info.vocab_size)
             out, s = [], P
             while s < L:
-                v, i = topk_at(s)
+                if s not in cache:
+                    cache[s] = drafts.topk(s, k_max)
+                v, i = cache[s]
                 a = ddtree_accept([r[:k] for r in v], [r[:k] for r in i], g[s + 1: s + 1 + len(v)], n)
                 out.append(min(a + 1, L - s))
                 s += out[-1]
             ddtree[str(n)] = out
     t_tree = time.perf_counter() - t2
+
+    # Per-position: depth j attempted at s when the first j-1 were right and s+j <= L.
+    attempts, hits = [0] * (B - 1), [0] * (B - 1)
+    for s, a in drafts.accept.items():
+        for j in range(1, min(a + 1, B - 1, L - s) + 1):
+            attempts[j - 1] += 1
+            hits[j - 1] += j <= a
 
     return {
         "prompt_tokens": P,
@@ -127,6 +149,7 @@ def eval_sequence(target, drafter, prompt: list[int], completion: list[int], opt
         "tau": (sum(rounds) / len(rounds)) if rounds else None,
         "position_attempts": attempts,
         "position_hits": hits,
+        "positions_drafted": len(drafts.accept),
         "agreement": {"match": agree, "total": L - P + 1},
         "ddtree": ddtree,
         "seconds": {"target": t_target, "drafter": t_draft, "ddtree": t_tree, "total": time.perf_counter() - t0},

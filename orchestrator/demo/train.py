@@ -81,10 +81,12 @@ def train_drafter(
     batch_samples: int = 4,
     lr: float = 3e-3,
     seed: int = 0,
+    rows: list[dict[str, Any]] | None = None,
 ) -> list[str]:
     """Train and save checkpoints ``out_dir/step-{N}`` for each N in ``save_steps``; returns
     their paths in step order. ``target_layer_ids`` default: ``[1, n-2]`` of an ``n``-layer
-    target (two middle layers, leaving the final-normed last layer out)."""
+    target (two middle layers, leaving the final-normed last layer out). ``rows``: training
+    samples (as from `make_ground_truth`) instead of ``samples`` freshly generated ones."""
     import torch
     import torch.nn.functional as F
 
@@ -98,7 +100,8 @@ def train_drafter(
     mask_id = _mask_token_id(target_dir, info.vocab_size)
     cfg = DrafterConfig.from_dict(drafter_config(info, mask_token_id=mask_id, block_size=block_size,
                                                  num_layers=num_layers, target_layer_ids=layer_ids))
-    rows = make_ground_truth(target_dir, samples, prompt_len=prompt_len, completion_len=completion_len, seed=seed + 1)
+    if rows is None:
+        rows = make_ground_truth(target_dir, samples, prompt_len=prompt_len, completion_len=completion_len, seed=seed + 1)
     data = []
     for r in rows:
         g = r["prompt_ids"] + r["completion_ids"]
@@ -117,7 +120,7 @@ def train_drafter(
         if step == last:
             break
         loss = 0.0
-        for feats, g, P in rng.sample(data, batch_samples):
+        for feats, g, P in rng.sample(data, min(batch_samples, len(data))):
             L = len(g) - 1
             starts = torch.tensor(sorted(rng.sample(range(P, L), min(blocks_per_sample, L - P))))
             kv = model.context_kv(feats)
@@ -127,7 +130,7 @@ def train_drafter(
             labels = torch.where(tgt_pos <= L, g[tgt_pos.clamp(max=L)], torch.full_like(tgt_pos, -100))
             loss = loss + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
         opt.zero_grad()
-        (loss / batch_samples).backward()
+        (loss / min(batch_samples, len(data))).backward()
         opt.step()
     return paths
 
