@@ -235,7 +235,9 @@ def jobs_cmd(
               "lost": "red"}
     for r in rows:
         p = r.get("progress") or {}
-        if p.get("event") == "sample":
+        if r["state"] == "done":
+            prog = "result ready" if r.get("has_result") else "finished"
+        elif p.get("event") == "sample":
             prog = f"eval {p.get('done')}/{p.get('total')}"
         elif p.get("event") == "ground_truth":
             prog = f"ground truth {p.get('done')}/{p.get('total')}"
