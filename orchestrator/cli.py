@@ -21,6 +21,8 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "orchestrator.commands.hosts",
     "orchestrator.commands.probe",
+    "orchestrator.commands.remote_eval",
+    "orchestrator.commands.results",
 )
 
 for _name in COMMAND_MODULES:

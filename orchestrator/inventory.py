@@ -46,6 +46,9 @@ class EvalRole:
     prompts: str | None = None
     threads: int | None = None
     dtype: str = "bfloat16"
+    ground_truth_model: str | None = None  # served model name for OpenAI-compatible servers
+    max_new_tokens: int = 256  # ground-truth completion length
+    samples: int | None = None  # prompts per eval (seeded choice); None = all
 
 
 @dataclass
@@ -163,7 +166,10 @@ ROLE_KEYS: dict[str, tuple[type, dict[str, Callable[[Any], bool]], tuple[str, ..
         "ground_truth_kind": _one_of("sglang", "openai", "openai-text", "file", "local"),
         "prompts": _str,
         "threads": _int,
-        "dtype": _one_of("bfloat16", "float32", "float16"),
+        "dtype": _one_of("bfloat16", "float32"),
+        "ground_truth_model": _str,
+        "max_new_tokens": _int,
+        "samples": _int,
     }, ("drafters",)),
 }
 DEFAULT_KEYS: dict[str, Callable[[Any], bool]] = {

@@ -17,6 +17,9 @@ from remote.errors import ERROR_PREFIX, EXIT_USER_ERROR, UserError
 COMMAND_MODULES = (
     "remote.facts",
     "remote.probe",
+    "remote.jobs",
+    "remote.preflight",
+    "remote.evaluate",
 )
 
 

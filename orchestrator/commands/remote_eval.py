@@ -1,0 +1,254 @@
+"""`dflash remote-eval` (start, --attach, --cancel) and `dflash jobs`."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn,
+                           TimeElapsedColumn)
+from rich.table import Table
+
+from orchestrator import remote_eval
+from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
+                                          inventory, print_json)
+from orchestrator.errors import DflashError
+from orchestrator.hosts import open_host
+
+
+class LiveProgress:
+    """Turns job events into rich progress bars: ground truth, then the eval with samples,
+    tokens/s and the running tau. Warnings are printed above the bars as they come."""
+
+    def __init__(self, enabled: bool = True):
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                                 TimeElapsedColumn(), console=err_console,
+                                 disable=not enabled, transient=False)
+        self.gt_task: TaskID | None = None
+        self.eval_task: TaskID | None = None
+        self.tokens = 0
+        self.eval_started: float | None = None  # the job's clock (event times), not ours
+        self.last: dict = {}
+
+    def __enter__(self) -> "LiveProgress":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def __call__(self, ev: dict) -> None:
+        kind = ev.get("event")
+        self.last = ev
+        if kind == "warning":
+            self.progress.console.print(f"[bold yellow]warning:[/] {ev.get('message')}",
+                                        soft_wrap=True)
+        elif kind == "phase" and ev.get("phase") == "ground_truth" and self.gt_task is None:
+            self.gt_task = self.progress.add_task(
+                f"ground truth ({ev.get('source')})", total=None, info="")
+        elif kind == "ground_truth":
+            if self.gt_task is None:
+                self.gt_task = self.progress.add_task("ground truth", total=None, info="")
+            self.progress.update(self.gt_task, completed=ev.get("done", 0),
+                                 total=ev.get("total"),
+                                 info="cached on host" if ev.get("cached") else "")
+        elif kind in ("start", "sample"):
+            total = ev.get("total") or ev.get("samples")
+            if self.eval_task is None:
+                self.eval_started = ev.get("time") or time.time()
+                self.eval_task = self.progress.add_task("eval", total=total, info="")
+            if kind == "sample":
+                self.tokens += int(ev.get("tokens") or 0)
+                # Rates from the job's own timestamps: right even when --attach replays
+                # events that happened while nobody was watching.
+                now = ev.get("time") or time.time()
+                elapsed = max(1e-3, now - (self.eval_started or now))
+                tau = ev.get("tau")
+                info = f"{self.tokens / elapsed:,.0f} tok/s"
+                if isinstance(tau, (int, float)):
+                    info += f"  tau {tau:.3f}"
+                self.progress.update(self.eval_task, completed=ev.get("done", 0), total=total,
+                                     info=info)
+            elif total:
+                self.progress.update(self.eval_task, total=total)
+        elif kind == "done" and self.eval_task is not None:
+            task = self.progress.tasks[self.eval_task]
+            if task.total:
+                self.progress.update(self.eval_task, completed=task.total)
+
+
+def _budgets(text: Optional[str]) -> list[int]:
+    if not text:
+        return [8, 16, 32, 64]
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DflashError(f"--budgets expects comma-separated integers, got {text!r}")
+    if any(b < 1 for b in out):
+        raise DflashError("--budgets must be positive")
+    return out
+
+
+def remote_eval_cmd(
+    checkpoint: Annotated[Optional[str], typer.Option(
+        "--checkpoint", "-c", help="Drafter checkpoint: a name under the eval host's "
+        "'drafters' folder, or an absolute path there.")] = None,
+    host: Annotated[Optional[str], typer.Option(
+        "--host", "-H", help="Eval host (default: defaults.eval_host).")] = None,
+    attach: Annotated[Optional[str], typer.Option(
+        "--attach", help="Resume watching job JOB, then pull its results.",
+        metavar="JOB")] = None,
+    cancel: Annotated[Optional[str], typer.Option(
+        "--cancel", help="Stop job JOB and every process it started.", metavar="JOB")] = None,
+    detach: Annotated[bool, typer.Option(
+        "--detach", help="Start the job and return; watch later with --attach.")] = False,
+    prompts: Annotated[Optional[str], typer.Option(
+        help="Built-in set (math, code, chat), a local JSONL file, or host:/path.")] = None,
+    samples: Annotated[Optional[int], typer.Option(
+        help="Evaluate this many prompts (seeded choice).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the prompt choice.")] = 0,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        help="Ground-truth completion length (default: the inventory's, else 256).")] = None,
+    thinking: Annotated[bool, typer.Option(
+        "--thinking/--no-thinking", help="Chat template with thinking on or off "
+        "(enable_thinking).")] = False,
+    temperature: Annotated[float, typer.Option(
+        help="Must be 0: only greedy ground truth is accepted.")] = 0.0,
+    ground_truth: Annotated[Optional[str], typer.Option(
+        help="Ground-truth server URL (as seen from the eval host), or a file there for "
+        "kind 'file' (default: the inventory's).")] = None,
+    ground_truth_kind: Annotated[Optional[str], typer.Option(
+        help="sglang | openai | openai-text | file | local.")] = None,
+    ground_truth_model: Annotated[Optional[str], typer.Option(
+        help="Model name for OpenAI-compatible servers (default: the first served).")] = None,
+    target: Annotated[Optional[str], typer.Option(
+        help="Target model folder on the host (default: the inventory's).")] = None,
+    dtype: Annotated[Optional[str], typer.Option(
+        help="bfloat16 | float32 (default: the inventory's).")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads on the host.")] = None,
+    budgets: Annotated[Optional[str], typer.Option(
+        help="DDTree node budgets, comma-separated (default 8,16,32,64).")] = None,
+    topk: Annotated[Optional[int], typer.Option(
+        help="DDTree per-depth candidates (default: the budget).")] = None,
+    positions: Annotated[Optional[str], typer.Option(
+        help="Draft at 'all' completion positions (default; exact per-position acceptance) "
+        "or only at the 'walk' positions (about tau times less drafter work).")] = None,
+    results: Annotated[Optional[str], typer.Option(
+        "--results-dir", help="Local results folder (default: defaults.results_dir).")] = None,
+    inventory_path: InventoryOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Evaluate a drafter checkpoint ON the eval host, detached; watch it; pull the results.
+
+    The job survives a dropped connection or a killed dflash: resume with --attach JOB.
+    """
+    inv = inventory(inventory_path)
+    if sum(bool(x) for x in (checkpoint, attach, cancel)) != 1:
+        raise DflashError("give exactly one of --checkpoint NAME, --attach JOB, --cancel JOB")
+    name = remote_eval.eval_host_name(inv, host)
+    if cancel:
+        with open_host(inv.host(name), inv) as h:
+            out = remote_eval.cancel(h, cancel)
+        if json_out:
+            print_json(out)
+        else:
+            console.print(f"job {cancel} on {name}: {out['state']} (was {out['was']}; "
+                          f"{out['killed']} process(es) stopped)")
+        return
+    if positions not in (None, "all", "walk"):
+        raise DflashError(f"--positions must be 'all' or 'walk', got {positions!r}")
+    show = not json_out
+    if attach:
+        with LiveProgress(show) as live:
+            run_dir = remote_eval.attach(inv, name, attach, on_event=live, dest=results)
+        _report(run_dir, json_out)
+        return
+    options = remote_eval.EvalOptions(
+        prompts=prompts, samples=samples, seed=seed, max_new_tokens=max_new_tokens,
+        thinking=thinking, temperature=temperature, ground_truth=ground_truth,
+        ground_truth_kind=ground_truth_kind, ground_truth_model=ground_truth_model,
+        target=target, dtype=dtype, threads=threads, budgets=_budgets(budgets), topk=topk,
+        extra={"positions": positions} if positions else {})
+    if detach:
+        spec = inv.host(name)
+        with open_host(spec, inv) as h:
+            job = remote_eval.build_spec(h, spec, checkpoint, options)
+            remote_eval.preflight(h, job)
+            ref = remote_eval.start_job(h, job)
+        if json_out:
+            print_json(ref.to_json())
+        else:
+            console.print(f"started job {ref.job_id} on {name} (pid {ref.pid}); watch with: "
+                          f"dflash remote-eval --attach {ref.job_id}")
+        return
+
+    def started(ref: remote_eval.JobRef) -> None:
+        # Printed at once (and flushed) so the job id is known even if dflash dies later.
+        line = (f"started job {ref.job_id} on {name}"
+                f"{' (bundle pushed)' if ref.bundle_pushed else ''}")
+        err_console.print(line)
+        err_console.file.flush()
+
+    with LiveProgress(show) as live:
+        run_dir = remote_eval.run_eval(inv, name, checkpoint, options, on_event=live,
+                                       dest=results, on_start=started)
+    _report(run_dir, json_out)
+
+
+def _report(run_dir, json_out: bool) -> None:
+    from orchestrator import results as results_mod
+
+    run = results_mod.load_run(run_dir)
+    if json_out:
+        print_json({"run_dir": str(run_dir), "run_id": run.run_id,
+                    "summary": results_mod.summary(run)})
+        return
+    from orchestrator.commands.results import render_summary
+
+    render_summary(run)
+    console.print(f"results: {run_dir}")
+
+
+def jobs_cmd(
+    host: Annotated[Optional[list[str]], typer.Option(
+        "--host", "-H", help="Host(s) to ask (default: every host with an eval role).")] = None,
+    inventory_path: InventoryOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """List the jobs on eval hosts with their state and progress."""
+    inv = inventory(inventory_path)
+    specs = inv.expand(host) if host else [h for h in inv.hosts.values() if h.eval]
+    rows = []
+    for spec in specs:
+        with open_host(spec, inv) as h:
+            for job in remote_eval.list_jobs(h):
+                rows.append({"host": spec.name, **job})
+    if json_out:
+        print_json(rows)
+        return
+    table = Table(title="jobs")
+    for col in ("host", "job", "state", "checkpoint", "progress", "error"):
+        table.add_column(col)
+    colors = {"running": "cyan", "done": "green", "failed": "red", "cancelled": "yellow",
+              "lost": "red"}
+    for r in rows:
+        p = r.get("progress") or {}
+        if r["state"] == "done":
+            prog = "result ready" if r.get("has_result") else "finished"
+        elif p.get("event") == "sample":
+            prog = f"eval {p.get('done')}/{p.get('total')}"
+        elif p.get("event") == "ground_truth":
+            prog = f"ground truth {p.get('done')}/{p.get('total')}"
+        else:
+            prog = p.get("phase") or p.get("event") or "-"
+        c = colors.get(r["state"], "white")
+        table.add_row(r["host"], r["job_id"], f"[{c}]{r['state']}[/]", r.get("checkpoint") or "-",
+                      prog, ((r.get("exit") or {}).get("error") or "")[:80])
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("remote-eval")(remote_eval_cmd)
+    app.command("jobs")(jobs_cmd)

@@ -1,0 +1,503 @@
+"""``job``: long-running work on a host, detached from the SSH session that started it.
+
+A job lives in ``<workdir>/jobs/<job-id>/``::
+
+    spec.json        what to do (written once, by ``job start``)
+    pid.json         {pid, pgid, starttime, started}: the runner, its process group
+    log.txt          the runner's (and its children's) stdout/stderr, for people
+    events.jsonl     progress events, one JSON object a line, appended as they happen
+    ground_truth.json  where the ground truth came from (kind, url, cache key, warnings)
+    eval_spec.json   the spec handed to the eval engine
+    result.json      the engine's result (schema dflash.eval/1), when it finished
+    samples.jsonl    the engine's per-sample records
+    exit.json        {state: done|failed|cancelled, code, error, finished}: written last
+
+``job start`` creates the folder, spawns ``job run`` in a NEW SESSION (``setsid``: its own
+process group, no controlling terminal, stdin from /dev/null, output to ``log.txt``) and
+returns at once, so a dropped connection or a killed controller never reaches the job.
+``job watch`` follows ``events.jsonl`` from a byte offset and ends with one ``end`` event;
+``job cancel`` signals the whole process group (TERM, then KILL) and waits until no member
+is left; ``job list`` and ``job status`` report state: ``running`` (the recorded runner
+is alive: same pid AND same start time, so a reused pid is not mistaken for it), ``done``,
+``failed``, ``cancelled`` or ``lost`` (the runner died without writing ``exit.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from remote.errors import UserError
+
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+TERMINAL_STATES = ("done", "failed", "cancelled", "lost")
+HEARTBEAT_SECONDS = 5.0
+CANCEL_GRACE_SECONDS = 10.0
+
+
+# ---- small helpers ----------------------------------------------------------------------
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON through a temp file and a rename: readers never see half a document."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: str | os.PathLike) -> Any | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def jobs_root(workdir: str) -> Path:
+    return Path(os.path.expanduser(workdir)) / "jobs"
+
+
+def job_dir(workdir: str, job_id: str) -> Path:
+    if not JOB_ID_RE.match(job_id or ""):
+        raise UserError(f"invalid job id {job_id!r} (letters, digits, '.', '_', '-')")
+    return jobs_root(workdir) / job_id
+
+
+def existing_job_dir(workdir: str, job_id: str) -> Path:
+    path = job_dir(workdir, job_id)
+    if not (path / "spec.json").is_file():
+        known = sorted(p.name for p in jobs_root(workdir).glob("*") if (p / "spec.json").is_file())
+        hint = f" (jobs there: {', '.join(known[-5:])})" if known else " (no jobs there)"
+        raise UserError(f"no job {job_id!r} in {jobs_root(workdir)}{hint}")
+    return path
+
+
+def self_command() -> list[str]:
+    """The argv prefix that runs this very bundle again with the same python.
+
+    Inside a zipapp ``remote`` lives at ``<bundle>.pyz/remote``; run from a source tree it
+    is a package importable with ``-m remote``.
+    """
+    pkg = Path(__file__).resolve().parent
+    bundle = pkg.parent
+    if bundle.is_file():
+        return [sys.executable, str(bundle)]
+    return [sys.executable, "-m", "remote"]
+
+
+def _source_env() -> dict[str, str]:
+    """Environment for child processes; from a source tree, keep `remote` importable."""
+    env = dict(os.environ)
+    root = Path(__file__).resolve().parent.parent
+    if root.is_dir():
+        env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"]
+                                          if env.get("PYTHONPATH") else "")
+    return env
+
+
+def proc_starttime(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot), or None if it is gone.
+
+    Together with the pid it identifies one process for good: a recycled pid has a
+    different start time.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 2 (comm) may contain spaces and parentheses; fields after the last ')' are fixed.
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":  # a zombie has finished; only its parent has not reaped it yet
+        return None
+    return int(fields[19])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is `pgid`."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
+
+
+def runner_alive(pid_info: dict | None) -> bool:
+    if not pid_info:
+        return False
+    return proc_starttime(int(pid_info["pid"])) == pid_info.get("starttime")
+
+
+def job_state(path: Path) -> dict:
+    """State of the job in `path` (see the module docstring) plus its last progress."""
+    spec = read_json(path / "spec.json") or {}
+    pid_info = read_json(path / "pid.json")
+    exit_info = read_json(path / "exit.json")
+    if exit_info:
+        state = exit_info.get("state", "failed")
+    elif pid_info is None:
+        state = "starting"
+    elif runner_alive(pid_info):
+        state = "running"
+    else:
+        state = "lost"
+    out = {"job_id": path.name, "state": state, "dir": str(path),
+           "created": spec.get("created"), "checkpoint": spec.get("checkpoint"),
+           "drafter": spec.get("drafter"), "kind": spec.get("kind"),
+           "pid": (pid_info or {}).get("pid"), "pgid": (pid_info or {}).get("pgid"),
+           "exit": exit_info, "progress": last_progress(path / "events.jsonl"),
+           "has_result": (path / "result.json").is_file()}
+    return out
+
+
+def last_progress(events: Path) -> dict | None:
+    """The newest progress-like event (reads only the file's tail)."""
+    try:
+        with open(events, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 65536))
+            lines = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict) and ev.get("event") in ("sample", "ground_truth", "phase",
+                                                         "start", "done"):
+            return ev
+    return None
+
+
+# ---- start ------------------------------------------------------------------------------
+
+def start(workdir: str, job_id: str, spec: dict) -> dict:
+    """Create the job folder, spawn the detached runner, return {job_id, dir, pid, pgid}."""
+    path = job_dir(workdir, job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        raise UserError(f"job {job_id!r} already exists in {path.parent}; pick another id")
+    spec = dict(spec, job_id=job_id, workdir=str(Path(os.path.expanduser(workdir))))
+    write_json_atomic(path / "spec.json", spec)
+    log = open(path / "log.txt", "ab")
+    proc = subprocess.Popen([*self_command(), "job", "run", "--dir", str(path)],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, close_fds=True, cwd=str(path),
+                            env=_source_env())
+    log.close()
+    starttime = None
+    for _ in range(100):  # /proc entry appears with the fork; a few ms at most
+        starttime = proc_starttime(proc.pid)
+        if starttime is not None or proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    info = {"pid": proc.pid, "pgid": proc.pid, "starttime": starttime, "started": time.time()}
+    write_json_atomic(path / "pid.json", info)
+    # The runner may have died already (bad python, import error): say so now.
+    time.sleep(0.05)
+    if proc.poll() not in (None, 0) and not (path / "exit.json").exists():
+        tail = (path / "log.txt").read_text(errors="replace").strip().splitlines()[-1:]
+        raise UserError(f"job runner exited at once with code {proc.returncode}: "
+                        f"{tail[0] if tail else 'no output'}")
+    return {"job_id": job_id, "dir": str(path), **info}
+
+
+# ---- run (inside the detached process) ----------------------------------------------------
+
+class EventLog:
+    """Appends JSON events to ``events.jsonl``, one line each, flushed as written."""
+
+    def __init__(self, path: Path):
+        self._fh = open(path, "a", buffering=1)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.write({"event": event, "time": round(time.time(), 3), **fields})
+
+    def write(self, obj: dict) -> None:
+        self._fh.write(json.dumps(obj, default=str) + "\n")
+        self._fh.flush()
+
+    def write_line(self, line: str) -> None:
+        """Copy one line of the engine's output; JSON events get the time they arrived,
+        so a watcher replaying them later can still compute rates."""
+        line = line.strip()
+        if not line:
+            return
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            obj.setdefault("time", round(time.time(), 3))
+            line = json.dumps(obj, default=str)
+        self._fh.write(line + "\n")
+        self._fh.flush()
+
+
+def run(path: Path) -> int:
+    """The job itself: ground truth, then the eval engine; always ends with ``exit.json``."""
+    spec = read_json(path / "spec.json")
+    events = EventLog(path / "events.jsonl")
+    cancelled = {"flag": False}
+
+    def on_term(signum, _frame):
+        # `job cancel` signals the whole group; children get the same signal. Record the
+        # cancellation here so the state is exact even if nobody waits for us.
+        cancelled["flag"] = True
+        finish(path, events, "cancelled", 128 + signum, "cancelled by request")
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal; never die with a session
+    events.emit("job", state="running", job_id=path.name, pid=os.getpid())
+    try:
+        if spec is None:
+            raise UserError(f"{path}/spec.json is missing or not JSON")
+        kind = spec.get("kind", "eval")
+        if kind != "eval":
+            raise UserError(f"unknown job kind {kind!r}")
+        code = run_eval_job(path, spec, events)
+        finish(path, events, "done" if code == 0 else "failed", code,
+               None if code == 0 else _engine_error(path, code))
+        return code
+    except UserError as exc:
+        finish(path, events, "failed", 3, str(exc))
+        return 3
+    except Exception as exc:  # a bug: keep the traceback in the log, one line in exit.json
+        traceback.print_exc()
+        finish(path, events, "failed", 1, f"{type(exc).__name__}: {exc}")
+        return 1
+
+
+def finish(path: Path, events: EventLog, state: str, code: int, error: str | None) -> None:
+    if (path / "exit.json").exists():
+        return
+    info = {"state": state, "code": code, "error": error, "finished": time.time()}
+    events.emit("end", **info)
+    write_json_atomic(path / "exit.json", info)
+
+
+def _engine_error(path: Path, code: int) -> str:
+    """The engine's own one-line error from the log, or its exit code."""
+    from remote.errors import ERROR_PREFIX
+
+    try:
+        lines = (path / "log.txt").read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in reversed(lines):
+        if line.startswith(ERROR_PREFIX):
+            return line[len(ERROR_PREFIX):]
+    tail = [ln for ln in lines if ln.strip()][-1:]
+    return f"eval engine exited with code {code}" + (f": {tail[0]}" if tail else "")
+
+
+def run_eval_job(path: Path, spec: dict, events: EventLog) -> int:
+    """Phase 1: ground truth (cached on the host). Phase 2: the eval engine as a child
+    process in this job's process group, its stdout events copied into ``events.jsonl``."""
+    from remote import groundtruth
+
+    events.emit("phase", phase="ground_truth", source=spec.get("ground_truth", {}).get("kind"))
+    gt_path, gt_info = groundtruth.prepare(spec, emit=events.emit)
+    write_json_atomic(path / "ground_truth.json", gt_info)
+    if spec.get("stop_after") == "ground_truth":
+        return 0
+    eval_spec = build_eval_spec(path, spec, gt_path, gt_info)
+    write_json_atomic(path / "eval_spec.json", eval_spec)
+    events.emit("phase", phase="eval")
+    env = _source_env()
+    if spec.get("threads"):
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = str(spec["threads"])
+    proc = subprocess.Popen([*self_command(), "eval", "--spec", str(path / "eval_spec.json")],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
+                            cwd=str(path), env=env, text=True, bufsize=1)
+    for line in proc.stdout:
+        events.write_line(line)
+    code = proc.wait()
+    if code == 0:
+        annotate_result(path / "result.json", gt_info, spec)
+    return code
+
+
+# The engine (remote/evaluate.py) refuses unknown spec keys; these are the ones it takes.
+ENGINE_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
+
+
+def build_eval_spec(path: Path, spec: dict, gt_path: str, gt_info: dict) -> dict:
+    """The engine's spec: what to evaluate, against which ground truth, written where."""
+    dtype = spec.get("dtype", "bfloat16")
+    if dtype not in ENGINE_DTYPES:
+        raise UserError(f"the eval engine runs in bfloat16 or float32, not {dtype}")
+    ev = spec.get("eval") or {}
+    out = {
+        "target": spec["target"],
+        "drafter": spec["drafter"],
+        "ground_truth": gt_path,
+        "output_dir": str(path),
+        "dtype": ENGINE_DTYPES[dtype],
+        "threads": spec.get("threads"),
+        "ddtree_budgets": sorted(set(ev.get("budgets") or [])),
+        "ddtree_topk": ev.get("topk"),
+    }
+    for key in ("block_chunk", "positions"):
+        if ev.get(key):
+            out[key] = ev[key]
+    return out
+
+
+def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
+    """Make sure the result names its ground-truth source and the job that produced it,
+    whatever the engine recorded itself."""
+    result = read_json(result_path)
+    if not isinstance(result, dict):
+        return
+    inputs = result.setdefault("inputs", {})
+    inputs.setdefault("ground_truth_source", gt_info)
+    inputs.setdefault("eval_engine", {"name": "dflash offline walk (remote.evaluate)",
+                                      "bundle": Path(self_command()[-1]).name})
+    inputs.setdefault("checkpoint", spec.get("checkpoint"))
+    inputs.setdefault("prompts", spec.get("prompts"))
+    result.setdefault("job", {"job_id": result_path.parent.name, "host": spec.get("host"),
+                              "created": spec.get("created")})
+    write_json_atomic(result_path, result)
+
+
+# ---- watch / cancel / list --------------------------------------------------------------
+
+def watch(path: Path, offset: int, out: Callable[[str], None], poll: float = 0.2) -> dict:
+    """Print events from byte `offset` on as they are appended; end with an ``end`` event
+    carrying the final state. A heartbeat every few seconds makes a watcher whose
+    controller went away die on the broken pipe instead of lingering."""
+    events = path / "events.jsonl"
+    buf = b""
+    last_beat = time.monotonic()
+
+    def drain() -> None:
+        nonlocal offset, buf
+        try:
+            with open(events, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        offset += len(data)
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                out(line.decode(errors="replace"))
+
+    while True:
+        drain()
+        state = job_state(path)
+        if state["state"] in TERMINAL_STATES:
+            drain()
+            end = {"event": "watch_end", "state": state["state"], "offset": offset,
+                   "exit": state["exit"], "has_result": state["has_result"]}
+            out(json.dumps(end))
+            return end
+        if time.monotonic() - last_beat > HEARTBEAT_SECONDS:
+            out(json.dumps({"event": "heartbeat", "offset": offset}))
+            last_beat = time.monotonic()
+        time.sleep(poll)
+
+
+def cancel(path: Path) -> dict:
+    """Stop the job and every process in its group: TERM, a grace period, then KILL."""
+    state = job_state(path)
+    pid_info = read_json(path / "pid.json")
+    if state["state"] in TERMINAL_STATES and not (pid_info and group_members(pid_info["pgid"])):
+        return {"job_id": path.name, "state": state["state"], "was": state["state"],
+                "killed": 0}
+    pgid = int(pid_info["pgid"])
+    victims = group_members(pgid)
+    if runner_alive(pid_info) or victims:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + CANCEL_GRACE_SECONDS
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if group_members(pgid):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            while group_members(pgid):
+                time.sleep(0.05)
+    if not (path / "exit.json").exists():
+        write_json_atomic(path / "exit.json", {"state": "cancelled", "code": -signal.SIGKILL,
+                                               "error": "cancelled by request",
+                                               "finished": time.time()})
+    return {"job_id": path.name, "state": job_state(path)["state"], "was": state["state"],
+            "killed": len(victims), "pgid": pgid}
+
+
+def list_jobs(workdir: str) -> list[dict]:
+    root = jobs_root(workdir)
+    if not root.is_dir():
+        return []
+    rows = [job_state(p) for p in root.iterdir() if (p / "spec.json").is_file()]
+    return sorted(rows, key=lambda r: (r.get("created") or 0, r["job_id"]))
+
+
+# ---- command line -----------------------------------------------------------------------
+
+def _print(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    action = args.action
+    if action == "start":
+        data = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+        try:
+            spec = json.loads(data)
+        except ValueError as exc:
+            raise UserError(f"job spec is not JSON: {exc}")
+        _print(json.dumps(start(args.workdir, args.job_id, spec)))
+    elif action == "run":
+        return run(Path(args.dir))
+    elif action == "watch":
+        try:
+            watch(existing_job_dir(args.workdir, args.job_id), args.offset, _print)
+        except BrokenPipeError:  # the controller went away; the job is unaffected
+            os._exit(0)
+    elif action == "status":
+        _print(json.dumps(job_state(existing_job_dir(args.workdir, args.job_id))))
+    elif action == "cancel":
+        _print(json.dumps(cancel(existing_job_dir(args.workdir, args.job_id))))
+    elif action == "list":
+        _print(json.dumps(list_jobs(args.workdir)))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("job", help="start, watch, cancel and list detached jobs")
+    p.add_argument("action", choices=["start", "run", "watch", "status", "cancel", "list"])
+    p.add_argument("--workdir", default="~/.dflash")
+    p.add_argument("--job-id")
+    p.add_argument("--spec", default="-", help="job spec JSON file, or - for stdin")
+    p.add_argument("--dir", help="job folder (run only)")
+    p.add_argument("--offset", type=int, default=0, help="byte offset into events (watch)")
+    p.set_defaults(func=_cmd)

@@ -1,0 +1,161 @@
+"""``preflight``: can this host run this eval job? Answered before anything is loaded.
+
+Checks, in order, each failure one line (a `UserError`): the python version; torch,
+transformers and safetensors installed (from package metadata, nothing imported); the
+target and drafter folders; the prompts or ground-truth file; free RAM against the bytes
+the target's text part and the drafter will take in the job's dtype (read from the
+safetensors headers, a few KiB each, never the tensors); and the ground-truth server
+reachable FROM this host. Success prints one JSON document with what was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+from pathlib import Path
+
+from remote.errors import UserError
+from remote.facts import meminfo, package_version
+
+MIN_PYTHON = (3, 10)
+REQUIRED = {"torch": ("torch",), "transformers": ("transformers",),
+            "safetensors": ("safetensors",)}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # what the eval engine runs in
+ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2,
+                  "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+# Vision towers are never loaded for a text-only evaluation.
+VISION_MARKERS = ("visual.", "vision_tower.", "vision_model.", "multi_modal_projector.",
+                  "vision_embed", "image_newline")
+# Activations, the one-sequence forward, tokenizer and python itself.
+OVERHEAD_FRACTION = 0.10
+OVERHEAD_BYTES = 512 * 1024 * 1024
+
+
+def safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) != 8:
+            raise UserError(f"{path} is not a safetensors file (too short)")
+        (size,) = struct.unpack("<Q", raw)
+        if size > 100 * 1024 * 1024:
+            raise UserError(f"{path} has an implausible safetensors header ({size} bytes)")
+        try:
+            return json.loads(fh.read(size))
+        except ValueError:
+            raise UserError(f"{path} has a corrupt safetensors header")
+
+
+def weight_bytes(folder: Path, dtype: str, text_only: bool) -> int:
+    """Bytes the folder's weights take once loaded in `dtype` (floating tensors converted,
+    others as stored); vision weights skipped when `text_only`. Non-safetensors weights
+    count by file size."""
+    per = DTYPE_BYTES[dtype]
+    total = 0
+    for f in sorted(folder.iterdir()):
+        if f.suffix == ".safetensors":
+            for name, meta in safetensors_header(f).items():
+                if name == "__metadata__" or (text_only and any(m in name
+                                                                for m in VISION_MARKERS)):
+                    continue
+                n = 1
+                for d in meta.get("shape", []):
+                    n *= int(d)
+                kind = meta.get("dtype", "F32")
+                total += n * (per if kind.startswith(("F", "BF")) else
+                              ST_DTYPE_BYTES.get(kind, 4))
+        elif f.suffix in (".bin", ".pt", ".pth"):
+            total += f.stat().st_size
+    return total
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _model_folder(path: str | None, what: str) -> Path:
+    if not path:
+        raise UserError(f"no {what} given; set it in the inventory's eval role or pass it")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"{what} folder {path} does not exist on this host")
+    if not (folder / "config.json").is_file():
+        raise UserError(f"{what} folder {path} has no config.json")
+    if not any(f.suffix in (".safetensors", ".bin", ".pt", ".pth") for f in folder.iterdir()):
+        raise UserError(f"{what} folder {path} holds no weight files (*.safetensors, *.bin, "
+                        "*.pt)")
+    return folder
+
+
+def check(spec: dict) -> dict:
+    """Run every check; raise the first failure, else return what was found."""
+    from remote import groundtruth
+
+    report: dict = {"python": ".".join(map(str, sys.version_info[:3])),
+                    "python_executable": sys.executable}
+    if sys.version_info[:2] < MIN_PYTHON:
+        raise UserError(f"python {report['python']} at {sys.executable} is too old; dflash "
+                        f"needs {'.'.join(map(str, MIN_PYTHON))}+ (set 'python:' for the host)")
+    versions = {name: package_version(name, dists) for name, dists in REQUIRED.items()}
+    missing = [n for n, v in versions.items() if v is None]
+    if missing:
+        raise UserError(f"{', '.join(missing)} not installed for {sys.executable}; install "
+                        "them there (pip install 'dflash[eval]' deps) or point 'python:' at "
+                        "the right environment")
+    report["packages"] = versions
+    dtype = spec.get("dtype", "bfloat16")
+    if dtype not in DTYPE_BYTES:
+        raise UserError(f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_BYTES)})")
+    target = _model_folder(spec.get("target"), "target model")
+    drafter = _model_folder(spec.get("drafter"), "drafter checkpoint")
+    gt = spec.get("ground_truth") or {}
+    kind = gt.get("kind", "sglang")
+    if kind not in groundtruth.KINDS:
+        raise UserError(f"unknown ground truth kind {kind!r} (one of "
+                        f"{', '.join(groundtruth.KINDS)})")
+    groundtruth.check_greedy(spec.get("sampling") or {})
+    if kind == "file":
+        if not gt.get("path") or not Path(gt["path"]).is_file():
+            raise UserError(f"ground truth file {gt.get('path')} does not exist on this host")
+    else:
+        prompts = (spec.get("prompts") or {}).get("path")
+        if not prompts or not Path(prompts).is_file():
+            raise UserError(f"prompts file {prompts} does not exist on this host")
+    need_target = weight_bytes(target, dtype, text_only=True)
+    need_drafter = weight_bytes(drafter, dtype, text_only=False)
+    need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
+    mem = meminfo()
+    report["memory"] = {"target_bytes": need_target, "drafter_bytes": need_drafter,
+                        "needed_bytes": need, "available_bytes": mem["available"],
+                        "total_bytes": mem["total"]}
+    if mem["available"] and need > mem["available"]:
+        raise UserError(f"not enough free RAM: the target's text weights ({_gib(need_target)})"
+                        f" and the drafter ({_gib(need_drafter)}) in {dtype} need about "
+                        f"{_gib(need)}, and {_gib(mem['available'])} is available")
+    if kind in ("sglang", "openai", "openai-text"):
+        if not gt.get("url"):
+            raise UserError(f"ground truth kind {kind!r} needs a server URL (inventory "
+                            "'ground_truth:' or --ground-truth)")
+        problem = groundtruth.reachable(gt["url"], 5.0)
+        if problem:
+            raise UserError(problem)
+    report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
+    report["ok"] = True
+    return report
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    data = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+    try:
+        spec = json.loads(data)
+    except ValueError as exc:
+        raise UserError(f"preflight spec is not JSON: {exc}")
+    print(json.dumps(check(spec)), flush=True)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("preflight", help="check a host can run an eval job, loading nothing")
+    p.add_argument("--spec", default="-", help="job spec JSON file, or - for stdin")
+    p.set_defaults(func=_cmd)

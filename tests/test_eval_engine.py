@@ -1,0 +1,325 @@
+"""The offline walk equals online greedy speculative decoding, round by round.
+
+The oracle below is written independently of the engine: it drives the HF model classes
+(full wrapper for the VLM) with ``output_hidden_states`` and, for Qwen3, a real KV cache
+cropped after each verification; for the hybrid Qwen3.5 target (recurrent state cannot be
+cropped) it re-runs the target over the whole accepted prefix every round. The drafter is
+called one block at a time with its context grown by the accepted tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from evalkit import kit
+from remote.drafter import load_drafter
+from remote.errors import UserError
+from remote.evaluate import read_spec, run_eval
+from remote.target import load_target
+from remote.walk import WalkOptions, eval_sequence, summarize
+
+
+def hf_model(path: str):
+    from transformers import AutoConfig
+    import transformers
+
+    arch = AutoConfig.from_pretrained(path).architectures[0]
+    return getattr(transformers, arch).from_pretrained(path, dtype=torch.float32).eval()
+
+
+def features(hidden_states, layer_ids):
+    # output_hidden_states index i+1 = output of layer i (ids here exclude the last layer)
+    return torch.cat([hidden_states[i + 1][0] for i in layer_ids], dim=-1)
+
+
+@torch.inference_mode()
+def online_rounds(model, drafter, prompt: list[int], new_tokens: int, recompute: bool) -> tuple[list[int], list[int]]:
+    """Greedy speculative decoding; returns (acceptance length per round, completion)."""
+    from transformers import DynamicCache
+
+    ids = drafter.cfg.target_layer_ids
+    assert max(ids) < model.config.get_text_config().num_hidden_layers - 1
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    B = drafter.block_size
+    cache = None if recompute else DynamicCache(config=model.config)
+    out = model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=not recompute, output_hidden_states=True)
+    g = list(prompt) + [int(out.logits[0, -1].argmax())]
+    ctx = features(out.hidden_states, ids)
+    end = len(prompt) + new_tokens - 1  # last index to produce
+    s, rounds = len(prompt), []
+    while s < end:
+        block_in = drafter.block_inputs(embed, torch.tensor([g[s]]))[0]
+        h = drafter.forward_block(ctx[:s], block_in, s)
+        draft = drafter.logits(h[1:], head).argmax(-1).tolist()
+        block = [g[s]] + draft
+        if recompute:
+            full = model(input_ids=torch.tensor([g[:s] + block]), use_cache=False, output_hidden_states=True)
+            post = full.logits[0, s:].argmax(-1).tolist()
+        else:
+            full = model(input_ids=torch.tensor([block]), past_key_values=cache, use_cache=True, output_hidden_states=True)
+            post = full.logits[0].argmax(-1).tolist()
+        a = 0
+        while a < B - 1 and draft[a] == post[a]:
+            a += 1
+        produced = min(a + 1, end - s)
+        g += (draft[:a] + [post[a]])[:produced]
+        if recompute:
+            ctx = features(full.hidden_states, ids)[: s + produced]
+        else:
+            ctx = torch.cat([ctx, features(full.hidden_states, ids)[:produced]])
+            remove = cache.get_seq_length() - (s + produced)
+            if remove:  # transformers 5.23: a NEGATIVE count removes that many tokens
+                cache.crop(-remove)
+        rounds.append(produced)
+        s += produced
+    return rounds, g[len(prompt):]
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen35"])
+def test_offline_walk_equals_online_decoding(kind):
+    k = kit(kind)
+    model = hf_model(k.target)
+    drafter, _ = load_drafter(k.steps[-1], torch.float32)
+    target = load_target(k.target, torch.float32)
+    all_online = []
+    for row in k.rows[:6]:
+        rounds, completion = online_rounds(model, drafter, row["prompt_ids"], len(row["completion_ids"]), recompute=(kind == "qwen35"))
+        # speculative greedy decoding reproduces the target's greedy completion
+        assert completion == row["completion_ids"]
+        rec = eval_sequence(target, drafter, row["prompt_ids"], completion, WalkOptions())
+        assert rec["rounds"] == rounds
+        assert rec["agreement"]["match"] == rec["agreement"]["total"]
+        all_online.append(rounds)
+    mean_len = sum(map(sum, all_online)) / sum(map(len, all_online))
+    assert mean_len >= 1.5, f"drafter accepts too little to make the comparison meaningful: {mean_len}"
+
+
+def test_ddtree_chain_limit_and_budget_bound():
+    k = kit("qwen3")
+    drafter, _ = load_drafter(k.steps[-1], torch.float32)
+    target = load_target(k.target, torch.float32)
+    B = drafter.block_size
+    for row in k.rows[:4]:
+        chain = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[B - 1], topk=1))
+        # top-1 per depth with B-1 nodes is exactly the greedy chain
+        assert chain["ddtree"][str(B - 1)] == chain["rounds"]
+        wide = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[1, 2, 64]))
+        assert max(wide["ddtree"]["1"]) <= 2 and max(wide["ddtree"]["2"]) <= 3
+        assert sum(wide["ddtree"]["64"]) == sum(wide["rounds"]) == len(row["completion_ids"]) - 1
+
+
+def test_walk_mode_gives_the_same_walks_with_less_drafting():
+    k = kit("qwen3")
+    drafter, _ = load_drafter(k.steps[-1], torch.float32)
+    target = load_target(k.target, torch.float32)
+    for row in k.rows[:3]:
+        full = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[3, 8]))
+        lazy = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[3, 8], positions="walk"))
+        assert lazy["rounds"] == full["rounds"] and lazy["ddtree"] == full["ddtree"]
+        assert full["positions_drafted"] == len(row["completion_ids"]) - 1
+        assert lazy["positions_drafted"] < full["positions_drafted"]
+
+
+def test_per_position_over_all_positions_and_summary():
+    k = kit("qwen3")
+    drafter, _ = load_drafter(k.steps[-1], torch.float32)
+    target = load_target(k.target, torch.float32)
+    row = k.rows[0]
+    rec = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions())
+    C = len(row["completion_ids"])
+    assert rec["position_attempts"][0] == C - 1  # every completion position is drafted
+    # brute force a_s for every s with single-block drafting
+    g = row["prompt_ids"] + row["completion_ids"]
+    P, L, B = len(row["prompt_ids"]), len(g) - 1, drafter.block_size
+    feats, _ = target.forward(g, drafter.cfg.target_layer_ids)
+    hits = [0] * (B - 1)
+    for s in range(P, L):
+        h = drafter.forward_block(feats[:s], drafter.block_inputs(target.embed, torch.tensor([g[s]]))[0], s)
+        d = drafter.logits(h[1:], target.lm_head).argmax(-1).tolist()
+        a = 0
+        while a < B - 1 and s + a + 1 <= L and d[a] == g[s + a + 1]:
+            a += 1
+        for j in range(a):
+            hits[j] += 1
+    assert rec["position_hits"] == hits
+    summary = summarize([rec], B, [], None, target.info.vocab_size)
+    assert sum(summary["acceptance_histogram"].values()) == len(rec["rounds"])
+    assert summary["tau_token_weighted"] == pytest.approx((C - 1) / len(rec["rounds"]))
+
+
+def test_target_hooks_give_raw_layer_outputs_and_skip_vision():
+    k = kit("qwen35")
+    target = load_target(k.target, torch.float32)
+    model = hf_model(k.target)
+    g = k.rows[0]["prompt_ids"] + k.rows[0]["completion_ids"]
+    n = target.info.num_layers
+    feats, greedy = target.forward(g, [1, n - 1])
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([g]), output_hidden_states=True)
+    H = target.info.hidden_size
+    torch.testing.assert_close(feats[:, :H], out.hidden_states[2][0])
+    # the last entry of output_hidden_states is final-normed; the hook gives the raw output
+    assert not torch.allclose(feats[:, H:], out.hidden_states[n][0], atol=1e-3)
+    torch.testing.assert_close(target.backbone.norm(feats[:, H:]), out.hidden_states[n][0])
+    assert greedy.tolist() == out.logits[0].argmax(-1).tolist()
+    loaded = [name for name, p in target.model.named_parameters() if not p.is_meta]
+    assert loaded and not any("visual" in name for name in loaded)
+    assert any("visual" in name for name, _ in target.model.named_parameters())
+
+
+def run_cli(spec: dict, tmp_path) -> subprocess.CompletedProcess:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    return subprocess.run([sys.executable, "-m", "remote", "eval", "--spec", str(path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def write_gt(rows, path) -> str:
+    with open(path, "w") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+    return str(path)
+
+
+def test_eval_command_end_to_end_and_acceptance_rises_with_step(tmp_path):
+    k = kit("qwen3")
+    gt = write_gt(k.rows[:5], tmp_path / "gt.jsonl")
+    taus = []
+    for i, step in enumerate((k.steps[0], k.steps[-1])):
+        out = tmp_path / f"out{i}"
+        proc = run_cli({"target": k.target, "drafter": step, "ground_truth": gt, "output_dir": str(out),
+                        "dtype": "fp32", "threads": 1, "ddtree_budgets": [4, 16], "max_samples": 4}, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        events = [json.loads(line) for line in proc.stdout.splitlines()]
+        assert [e["event"] for e in events] == ["start"] + ["sample"] * 4 + ["done"]
+        assert [e["done"] for e in events[1:-1]] == [1, 2, 3, 4] and events[1]["total"] == 4
+        result = json.loads(open(events[-1]["result"]).read())
+        assert result["schema"] == "dflash.eval/1"
+        assert set(result) >= {"inputs", "environment", "metrics", "timings"}
+        assert result["environment"]["dtype"] == "float32" and result["environment"]["threads"] == 1
+        assert result["inputs"]["ddtree"] == {"budgets": [4, 16], "topk": None}
+        m = result["metrics"]
+        assert set(m["ddtree"]) == {"4", "16"} and m["ddtree"]["4"]["topk"] == 4
+        assert len(m["per_position_acceptance"]) == 3 and len(m["acceptance_histogram"]) == 4
+        samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+        assert len(samples) == 4 and all(s["rounds"] for s in samples)
+        assert events[-2]["tau"] == pytest.approx(m["tau_per_sample_mean"])
+        assert not [p for p in os.listdir(out) if ".tmp" in p]
+        taus.append(m["tau_per_sample_mean"])
+    assert taus[1] > taus[0] + 0.3
+
+
+def edited_drafter(src: str, dst, **changes) -> str:
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for key, value in changes.items():
+        if key in ("target_layer_ids", "mask_token_id"):
+            cfg["dflash_config"][key] = value
+        else:
+            cfg[key] = value
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
+@pytest.mark.parametrize("case,expect", [
+    ("layer_ids", "outside the target's 4 layers"),
+    ("vocab", "vocab_size"),
+    ("hidden", "hidden_size"),
+    ("token", "outside the target vocabulary"),
+    ("empty", "empty completion_ids"),
+])
+def test_user_errors_before_any_weight_is_loaded(tmp_path, case, expect):
+    import shutil
+
+    k = kit("qwen3")
+    # a target folder WITHOUT weights: every error below must come before loading them
+    target = tmp_path / "target"
+    target.mkdir()
+    shutil.copy(os.path.join(k.target, "config.json"), target / "config.json")
+    rows = [dict(r) for r in k.rows[:2]]
+    drafter = k.steps[-1]
+    if case == "layer_ids":
+        drafter = edited_drafter(drafter, tmp_path / "d", target_layer_ids=[1, 7])
+    elif case == "vocab":
+        drafter = edited_drafter(drafter, tmp_path / "d", vocab_size=999)
+    elif case == "hidden":
+        drafter = edited_drafter(drafter, tmp_path / "d", hidden_size=32)
+    elif case == "token":
+        rows[1]["completion_ids"] = rows[1]["completion_ids"][:-1] + [10**6]
+    elif case == "empty":
+        rows[1]["completion_ids"] = []
+    gt = write_gt(rows, tmp_path / "gt.jsonl")
+    spec = {"target": str(target), "drafter": drafter, "ground_truth": gt, "output_dir": str(tmp_path / "o")}
+    events = []
+    with pytest.raises(UserError, match=expect) as err:
+        run_eval(spec_of(spec, tmp_path), on_event=events.append)
+    assert "\n" not in str(err.value)
+    assert events == []  # not even a start event: nothing was loaded
+
+
+def test_cli_prints_one_error_line_and_exits_3(tmp_path):
+    k = kit("qwen3")
+    rows = [dict(k.rows[0], completion_ids=[])]
+    gt = write_gt(rows, tmp_path / "gt.jsonl")
+    proc = run_cli({"target": k.target, "drafter": k.steps[-1], "ground_truth": gt, "output_dir": str(tmp_path / "o")}, tmp_path)
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dflash-remote: error: ") and "empty completion_ids" in lines[0]
+    assert proc.stdout == ""
+
+
+def spec_of(spec: dict, tmp_path) -> dict:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(spec))
+    return read_spec(str(path))
+
+
+def test_memory_check_refuses_before_loading(tmp_path):
+    from remote.drafter import read_config
+    from remote.evaluate import estimate_bytes
+
+    k = kit("qwen3")
+    cfg = read_config(k.steps[-1])
+    small = estimate_bytes(10**6, cfg, 100, 4, 64)
+    big = estimate_bytes(10**6, cfg, 100_000, 4, 64)
+    assert small > 10**6 and big > small
+    # a target whose text weights cannot fit: scale the config up, keep no weights
+    cfg_json = json.loads(open(os.path.join(k.target, "config.json")).read())
+    cfg_json.pop("layer_types", None)
+    cfg_json.update(hidden_size=8192, intermediate_size=65536, num_hidden_layers=64, vocab_size=320, head_dim=128,
+                    num_attention_heads=64, num_key_value_heads=8)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text(json.dumps(cfg_json))
+    d = edited_drafter(k.steps[-1], tmp_path / "d", hidden_size=8192, target_layer_ids=[1, 2])
+    # no safetensors header to read the fc width from: only the memory check can refuse
+    os.remove(os.path.join(d, "model.safetensors"))
+    torch.save({}, os.path.join(d, "model.pt"))
+    gt = write_gt(k.rows[:1], tmp_path / "gt.jsonl")
+    events = []
+    with pytest.raises(UserError, match="GiB is available"):
+        run_eval(spec_of({"target": str(tmp_path / "t"), "drafter": d, "ground_truth": gt, "output_dir": str(tmp_path / "o")}, tmp_path),
+                 on_event=events.append)
+    assert events == []
+
+
+def test_spec_errors(tmp_path):
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o", "dtype": "fp16"}))
+    with pytest.raises(UserError, match="dtype"):
+        read_spec(str(p))
+    p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o", "ddtree_budgets": [0]}))
+    with pytest.raises(UserError, match="ddtree_budgets"):
+        read_spec(str(p))
+    p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o"}))
+    spec = read_spec(str(p))
+    assert spec["dtype"] == "bfloat16" and spec["ddtree_budgets"] == [] and spec["block_chunk"] == 64

@@ -1,0 +1,269 @@
+"""Ground truth over real HTTP on loopback: SGLang /generate, OpenAI /v1/completions with
+token ids, a text-only server (ours, and `transformers serve` when it can run), the cache,
+and every failure as one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from remote import groundtruth
+from remote.errors import UserError
+from tests.reval_fixtures import gt_server, prompts_file, server, tiny_target  # noqa: F401
+
+MAX_NEW = 10
+
+
+def make_spec(tmp_path: Path, target: Path, prompts: Path, kind: str, url: str | None = None,
+              **extra) -> dict:
+    spec = {"target": str(target), "workdir": str(tmp_path / "wd"), "dtype": "float32",
+            "prompts": {"path": str(prompts)}, "samples": 3, "seed": 0,
+            "sampling": {"temperature": 0, "max_new_tokens": MAX_NEW},
+            "ground_truth": {"kind": kind, "url": url, "timeout": 20}}
+    spec.update(extra)
+    return spec
+
+
+def read(path: str) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def uncached_greedy(target: Path, prompt_ids: list[int], n: int) -> list[int]:
+    """An independent oracle: argmax of a full forward per step, no KV cache."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    ids = list(prompt_ids)
+    with torch.inference_mode():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt_ids):]
+
+
+def test_prompts_both_forms_chat_template_and_seeded_choice(tiny_target, prompts_file):
+    every = groundtruth.load_prompts(str(prompts_file))
+    assert [p["text"] for p in every][:3] == ["What is two plus two?",
+                                             "Write a haiku about rain.", "Name three colours."]
+    assert every[2]["id"] == "custom"
+    picked = groundtruth.load_prompts(str(prompts_file), samples=3, seed=7)
+    assert picked == groundtruth.load_prompts(str(prompts_file), samples=3, seed=7)
+    assert len(picked) == 3 and all(p in every for p in picked)
+    assert [every.index(p) for p in picked] == sorted(every.index(p) for p in picked)
+    tok = groundtruth.load_tokenizer(str(tiny_target))
+    text, ids = groundtruth.render_prompt(tok, "hello there", thinking=False)
+    assert text.startswith("<|im_start|>user\nhello there") and text.endswith("assistant\n")
+    assert ids == tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_bad_prompt_line_is_one_line_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"question": "no"}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:2: expected"):
+        groundtruth.load_prompts(str(bad))
+
+
+def test_sglang_generate_gives_greedy_ids_and_is_cached(tmp_path, tiny_target, prompts_file,
+                                                        server):
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
+    path, info = groundtruth.prepare(spec)
+    records = read(path)
+    assert len(records) == 3 and info["cached"] is False and info["kind"] == "sglang"
+    for r in records:
+        assert len(r["completion_ids"]) == MAX_NEW
+        assert r["completion_ids"] == uncached_greedy(tiny_target, r["prompt_ids"], MAX_NEW)
+    sent = [body for p, body in server.requests if p == "/generate"]
+    assert len(sent) == 3
+    assert sent[0]["sampling_params"] == {"temperature": 0.0, "max_new_tokens": MAX_NEW}
+    assert sent[0]["input_ids"] == records[0]["prompt_ids"]
+
+    # A second checkpoint evaluated on the same prompts: no request at all.
+    path2, info2 = groundtruth.prepare(spec)
+    assert info2["cached"] is True and path2 == path and len(server.requests) == 3
+    # Other sampling parameters are another ground truth.
+    spec["sampling"]["max_new_tokens"] = MAX_NEW + 2
+    _, info3 = groundtruth.prepare(spec)
+    assert info3["cached"] is False and info3["cache_key"] != info["cache_key"]
+
+
+def test_openai_completions_with_token_ids(tmp_path, tiny_target, prompts_file, server):
+    ids_path, _ = groundtruth.prepare(
+        make_spec(tmp_path / "a", tiny_target, prompts_file, "sglang", server.url))
+    path, info = groundtruth.prepare(
+        make_spec(tmp_path / "b", tiny_target, prompts_file, "openai", server.url + "/v1"))
+    assert read(path) == read(ids_path)
+    assert info["model"] == server.model_name  # found through /v1/models
+    body = [b for p, b in server.requests if p == "/v1/completions"][0]
+    assert body["return_token_ids"] is True and body["temperature"] == 0.0
+    assert all(isinstance(x, int) for x in body["prompt"])
+
+
+def test_openai_server_without_token_ids_is_refused_clearly(tmp_path, tiny_target,
+                                                           prompts_file, server):
+    server.mode = "text_only"
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "openai", server.url)
+    with pytest.raises(UserError, match=r"returned no token ids.*openai-text") as err:
+        groundtruth.prepare(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_text_only_server_warns_and_records_retokenisation(tmp_path, tiny_target,
+                                                           prompts_file, server):
+    events = []
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "openai-text", server.url, samples=5)
+    path, info = groundtruth.prepare(spec, emit=lambda ev, **kw: events.append((ev, kw)))
+    records = read(path)
+    assert any(ev == "warning" and "TEXT-only" in kw["message"] for ev, kw in events)
+    retok = info["retokenisation"]
+    assert retok["samples"] == 5
+    tok = groundtruth.load_tokenizer(str(tiny_target))
+    texts = [b["prompt"] for p, b in server.requests if p == "/v1/completions"]
+    expected = 0
+    for r, text in zip(records, texts):
+        true_ids = server.greedy(r["prompt_ids"], MAX_NEW)
+        ctext = tok.decode(true_ids, skip_special_tokens=True)
+        assert r["completion_ids"] == tok(ctext, add_special_tokens=False)["input_ids"]
+        expected += not groundtruth.retokenisation_check(tok, text, r["prompt_ids"], ctext,
+                                                         r["completion_ids"], len(true_ids))
+    assert retok["mismatched"] == expected
+    assert retok["mismatch_rate"] == pytest.approx(expected / 5)
+    # The cached copy still carries the warning and the rate.
+    _, again = groundtruth.prepare(spec)
+    assert again["cached"] and again["retokenisation"] == retok and again["warnings"]
+
+
+def test_retokenisation_check_catches_lossy_text(tiny_target):
+    tok = groundtruth.load_tokenizer(str(tiny_target))
+    prompt_text, prompt_ids = groundtruth.render_prompt(tok, "hi", thinking=False)
+    # One byte of a multi-byte character: a text server returns U+FFFD for it, which
+    # retokenises to other ids than the model produced.
+    lossy_ids = tok("é", add_special_tokens=False)["input_ids"][:1]
+    lossy_text = tok.decode(lossy_ids)
+    retok = tok(lossy_text, add_special_tokens=False)["input_ids"]
+    assert retok != lossy_ids
+    assert groundtruth.retokenisation_check(tok, prompt_text, prompt_ids, "hello", 
+                                            tok("hello", add_special_tokens=False)["input_ids"])
+    assert "\ufffd" in lossy_text
+    assert not groundtruth.retokenisation_check(tok, prompt_text, prompt_ids, lossy_text, retok)
+    # A server that counted other tokens than the retokenised ones: a mismatch.
+    hello = tok("hello", add_special_tokens=False)["input_ids"]
+    assert not groundtruth.retokenisation_check(tok, prompt_text, prompt_ids, "hello", hello,
+                                                server_count=len(hello) + 1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("mode,pattern", [
+    ("500", r"answered HTTP 500 Internal Server Error: \{\"error\": \"CUDA out of memory\"\}"),
+    ("malformed", r"returned malformed JSON: '<html>upstream proxy error</html>'"),
+    ("slow", r"did not answer within 1s \(timed out\)"),
+])
+def test_server_failures_are_one_line(tmp_path, tiny_target, prompts_file, server, mode,
+                                      pattern):
+    server.mode = mode
+    server.delay = 3.0
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
+    spec["ground_truth"]["timeout"] = 1
+    with pytest.raises(UserError, match=pattern) as err:
+        groundtruth.prepare(spec)
+    assert "\n" not in str(err.value)
+    assert not list((tmp_path / "wd" / "groundtruth").glob("*.json*"))  # nothing half-written
+
+
+def test_server_down_is_one_line(tmp_path, tiny_target, prompts_file):
+    url = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(UserError, match=r"refused the connection.*is it running") as err:
+        groundtruth.prepare(make_spec(tmp_path, tiny_target, prompts_file, "sglang", url))
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match="refused the connection"):
+        groundtruth.http_json(url + "/generate", {"input_ids": [1]}, 5)
+
+
+def test_non_greedy_is_refused(tmp_path, tiny_target, prompts_file, server):
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
+    spec["sampling"]["temperature"] = 0.7
+    with pytest.raises(UserError, match="must be greedy"):
+        groundtruth.prepare(spec)
+    assert server.requests == []
+
+
+def test_local_generation_and_file_source(tmp_path, tiny_target, prompts_file, server):
+    path, info = groundtruth.prepare(make_spec(tmp_path / "l", tiny_target, prompts_file,
+                                               "local"))
+    local = read(path)
+    served, _ = groundtruth.prepare(make_spec(tmp_path / "s", tiny_target, prompts_file,
+                                              "sglang", server.url))
+    assert local == read(served)  # float32, same target: the same greedy ids
+    spec = make_spec(tmp_path / "f", tiny_target, prompts_file, "file", samples=2,
+                     job_id="j")
+    spec["ground_truth"]["path"] = path
+    fpath, finfo = groundtruth.prepare(spec)
+    assert len(read(fpath)) == 2 and all(r in local for r in read(fpath))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1, "prompt_ids": "text"}\n')
+    spec["ground_truth"]["path"] = str(bad)
+    with pytest.raises(UserError, match=r"bad.jsonl:1: expected"):
+        groundtruth.prepare(spec)
+
+
+@pytest.fixture(scope="module")
+def transformers_serve(tiny_target, tmp_path_factory):
+    """`transformers serve` pinned to the tiny target, offline, on a loopback port."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("serve") / "serve.log", "wb")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+    exe = Path(sys.executable).parent / "transformers"
+    proc = subprocess.Popen([str(exe), "serve", str(tiny_target), "--host", "127.0.0.1",
+                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if proc.poll() is not None:
+                pytest.skip("transformers serve exited at start (see its log)")
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.skip("transformers serve did not come up")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_transformers_serve_text_only_path(tmp_path, tiny_target, prompts_file,
+                                           transformers_serve):
+    events = []
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "openai-text", transformers_serve,
+                     samples=4)
+    path, info = groundtruth.prepare(spec, emit=lambda ev, **kw: events.append((ev, kw)))
+    records = read(path)
+    assert len(records) == 4 and all(r["completion_ids"] for r in records)
+    assert info["retokenisation"]["samples"] == 4
+    assert 0.0 <= info["retokenisation"]["mismatch_rate"] <= 1.0
+    assert any(ev == "warning" for ev, _ in events)
+    # The tiny model's byte-level output decodes lossily: the check must notice some of it.
+    tok = groundtruth.load_tokenizer(str(tiny_target))
+    truth = [uncached_greedy(tiny_target, r["prompt_ids"], MAX_NEW) for r in records]
+    differ = sum(r["completion_ids"] != t for r, t in zip(records, truth))
+    # Every flagged sample really differs, and the check misses none of the lossy ones
+    # this tiny byte-level model produces (all its differences here are lossy decodes).
+    assert info["retokenisation"]["mismatched"] == differ
+    assert info["retokenisation"]["mismatch_rate"] == pytest.approx(differ / 4)

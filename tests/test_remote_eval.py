@@ -1,0 +1,289 @@
+"""`dflash remote-eval`, `dflash jobs` and `dflash results` end to end over a real loopback
+sshd eval host, with a tiny real target, tiny trained drafter checkpoints and a real
+ground-truth HTTP server answering with the target's greedy ids."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT, ssh_host_entry
+from tests.reval_fixtures import gt_server, server, tiny_target  # noqa: F401
+from tests.test_hosts import dflash, one_error_line
+
+pytestmark = pytest.mark.slow
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def eval_models(eval_sshd, tiny_target):
+    """Two checkpoints of a tiny drafter trained for real, in the eval host's drafters
+    folder (the host's files live under the sshd's root)."""
+    from orchestrator.demo.train import train_drafter
+
+    drafters = eval_sshd.root / "reval-drafters"
+    train_drafter(str(tiny_target), str(drafters), save_steps=(0, 12), samples=6,
+                  batch_samples=3, completion_len=24)
+    return {"target": tiny_target, "drafters": drafters}
+
+
+@pytest.fixture
+def inventory(eval_sshd, ssh_base, make_inventory, eval_models, gt_server, tmp_path):
+    results = tmp_path / "results"
+    path = make_inventory(
+        hosts={"evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": {
+            "drafters": str(eval_models["drafters"]),
+            "target_model": str(eval_models["target"]),
+            "ground_truth": gt_server.url,
+            "ground_truth_kind": "sglang",
+            "dtype": "float32",
+        }})},
+        defaults={"eval_host": "evalhost", "results_dir": str(results)},
+    )
+    return path
+
+
+def workdir(eval_sshd) -> Path:
+    return eval_sshd.root / "dflash"
+
+
+def job_dirs(eval_sshd) -> set[str]:
+    jobs = workdir(eval_sshd) / "jobs"
+    return {p.name for p in jobs.iterdir()} if jobs.is_dir() else set()
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, path
+    assert data[12:16] == b"IHDR", path
+    return struct.unpack(">II", data[16:24])
+
+
+def test_remote_eval_pulls_results_second_run_reuses_bundle_and_ground_truth(
+        inventory, eval_sshd, server, tmp_path):
+    import shutil
+
+    shutil.rmtree(workdir(eval_sshd) / "bundles", ignore_errors=True)
+    first = dflash("remote-eval", "--checkpoint", "step-0", "--samples", "3",
+                   "--max-new-tokens", "16", "--budgets", "4,8", "-i", str(inventory),
+                   timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "(bundle pushed)" in first.stderr
+    assert "tau (z-lab" in first.stdout and "results:" in first.stdout
+    bundles = list((workdir(eval_sshd) / "bundles").iterdir())
+    assert len(bundles) == 1
+    stamp = bundles[0].stat().st_mtime_ns
+    asked = len(server.requests)
+    assert asked == 3  # one /generate per prompt
+
+    second = dflash("remote-eval", "--checkpoint", "step-12", "--samples", "3",
+                    "--max-new-tokens", "16", "--budgets", "4,8", "-i", str(inventory),
+                    "--json", timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "bundle pushed" not in second.stderr
+    assert bundles[0].stat().st_mtime_ns == stamp
+    assert len(server.requests) == asked  # ground truth came from the host's cache
+    out = json.loads(second.stdout)
+    run_dir = Path(out["run_dir"])
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["schema"] == "dflash.eval/1"
+    assert result["metrics"]["samples"] == 3
+    src = result["inputs"]["ground_truth_source"]
+    assert src["kind"] == "sglang" and src["url"] == server.url and src["cached"] is True
+    assert result["inputs"]["dtype"] == "float32" and result["inputs"]["eval_engine"]
+    assert out["summary"]["checkpoint"] == "step-12" and out["summary"]["step"] == 12
+    for name in ("samples.jsonl", "spec.json", "ground_truth.json", "exit.json"):
+        assert (run_dir / name).is_file(), name
+    for name in ("acceptance_histogram.png", "per_position_acceptance.png"):
+        w, h = png_size(run_dir / name)
+        assert w >= 300 and h >= 200
+    w, _ = png_size(run_dir.parent / "tau_by_step.png")
+    assert w >= 300
+
+    listed = dflash("results", "list", "-i", str(inventory), "--json")
+    runs = json.loads(listed.stdout)
+    assert [r["checkpoint"] for r in runs] == ["step-0", "step-12"]
+    a, b = runs[0]["run_id"], runs[1]["run_id"]
+    compare = dflash("results", "compare", a, b, "-i", str(inventory))
+    assert compare.returncode == 0, compare.stderr
+    assert a in compare.stdout and b in compare.stdout
+    tau_row = next(ln for ln in compare.stdout.splitlines() if "tau (z-lab" in ln)
+    assert f"{runs[0]['tau']:.3f}" in tau_row and f"{runs[1]['tau']:.3f}" in tau_row
+    assert "DDTree-8 tau" in compare.stdout
+    compare_json = json.loads(dflash("results", "compare", a, b, "-i", str(inventory),
+                                     "--json").stdout)
+    assert compare_json["runs"] == [a, b]
+    png_size(run_dir.parent / "compare_tau_by_step.png")
+    show = dflash("results", "show", b, "-i", str(inventory))
+    assert show.returncode == 0, show.stderr
+    for section in ("DDTree budgets", "acceptance histogram", "per-position acceptance",
+                    "target agreement", "timings", "environment", "ground truth source"):
+        assert section in show.stdout, section
+
+
+def _wait_for(predicate, what: str, limit: float = 240.0):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def _events(eval_sshd, job: str) -> list[dict]:
+    path = workdir(eval_sshd) / "jobs" / job / "events.jsonl"
+    try:
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def test_killed_cli_leaves_job_running_and_attach_pulls_it(inventory, eval_sshd, server):
+    before = job_dirs(eval_sshd)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    cli = subprocess.Popen([sys.executable, "-m", "orchestrator", "remote-eval", "--checkpoint",
+                            "step-12", "--samples", "8", "--max-new-tokens", "40",
+                            "--prompts", "code", "--positions", "walk", "-i", str(inventory)],
+                           cwd=ROOT, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = _wait_for(lambda: next(iter(job_dirs(eval_sshd) - before), None), "the job folder")
+    _wait_for(lambda: any(e["event"] == "ground_truth" for e in _events(eval_sshd, job)),
+              "ground-truth progress")
+    cli.send_signal(signal.SIGKILL)
+    cli.wait()
+    assert not (workdir(eval_sshd) / "jobs" / job / "exit.json").exists()  # killed mid-run
+
+    attached = dflash("remote-eval", "--attach", job, "-i", str(inventory), "--json",
+                      timeout=300)
+    assert attached.returncode == 0, attached.stderr
+    out = json.loads(attached.stdout)
+    assert out["run_id"] == job
+    result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
+    assert result["metrics"]["samples"] == 8
+    assert result["inputs"]["positions"] == "walk"
+    events = [e["event"] for e in _events(eval_sshd, job)]
+    assert events.count("sample") == 8 and events[-1] == "end"
+    state = json.loads((workdir(eval_sshd) / "jobs" / job / "exit.json").read_text())
+    assert state["state"] == "done"
+
+    jobs = json.loads(dflash("jobs", "-i", str(inventory), "--json").stdout)
+    assert {"host": "evalhost", "job_id": job, "state": "done"}.items() <= \
+        next(j for j in jobs if j["job_id"] == job).items()
+
+
+def _long_ground_truth(path: Path, n: int = 60, length: int = 300) -> None:
+    """A valid ground-truth file whose eval takes a while (ids within the tiny vocab)."""
+    import random
+
+    rng = random.Random(0)
+    with open(path, "w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"id": f"long-{i}",
+                                 "prompt_ids": [rng.randrange(8, 300) for _ in range(16)],
+                                 "completion_ids": [rng.randrange(8, 300)
+                                                    for _ in range(length)]}) + "\n")
+
+
+def test_cancel_stops_every_process_of_the_job(inventory, eval_sshd, tmp_path):
+    gt = eval_sshd.root / "long-ground-truth.jsonl"
+    _long_ground_truth(gt)
+    started = dflash("remote-eval", "--checkpoint", "step-12", "--ground-truth-kind", "file",
+                     "--ground-truth", str(gt), "--budgets", "8,16,32", "--detach", "--json",
+                     "-i", str(inventory))
+    assert started.returncode == 0, started.stderr
+    ref = json.loads(started.stdout)
+    job, pgid = ref["job_id"], ref["pgid"]
+    _wait_for(lambda: any(e["event"] == "sample" for e in _events(eval_sshd, job)),
+              "the first evaluated sample")
+    runner = psutil.Process(ref["pid"])
+    family = [runner, *runner.children(recursive=True)]
+    assert len(family) >= 2  # the runner and the eval engine it started
+    assert all(p.pid == pgid or os.getpgid(p.pid) == pgid for p in family)
+
+    cancelled = dflash("remote-eval", "--cancel", job, "-i", str(inventory), "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    out = json.loads(cancelled.stdout)
+    assert out["state"] == "cancelled" and out["was"] == "running"
+
+    def gone(p: psutil.Process) -> bool:
+        try:
+            return p.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    assert all(gone(p) for p in family)
+    alive = [p for p in psutil.process_iter(["pid"]) if not gone(p)
+             and _pgid(p.pid) == pgid]
+    assert alive == []
+    jobs = json.loads(dflash("jobs", "--host", "evalhost", "-i", str(inventory),
+                             "--json").stdout)
+    assert next(j for j in jobs if j["job_id"] == job)["state"] == "cancelled"
+    # Attaching to a cancelled job says so in one line.
+    again = dflash("remote-eval", "--attach", job, "-i", str(inventory))
+    assert again.returncode != 0
+    assert f"job {job} on evalhost cancelled" in one_error_line(again)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def test_preflight_failures_are_one_line_and_start_nothing(inventory, eval_sshd, tmp_path,
+                                                          tiny_target):
+    before = job_dirs(eval_sshd)
+    missing = dflash("remote-eval", "--checkpoint", "step-999", "-i", str(inventory))
+    assert missing.returncode != 0
+    assert "drafter checkpoint folder" in one_error_line(missing)
+    assert "step-999 does not exist" in one_error_line(missing)
+
+    down = dflash("remote-eval", "--checkpoint", "step-0", "--ground-truth",
+                  "http://127.0.0.1:9", "-i", str(inventory))
+    assert down.returncode != 0
+    assert "refused the connection" in one_error_line(down)
+
+    greedy = dflash("remote-eval", "--checkpoint", "step-0", "--temperature", "0.8",
+                    "-i", str(inventory))
+    assert greedy.returncode != 0 and "greedy" in one_error_line(greedy)
+
+    # A target whose weights need far more RAM than any host has: only its safetensors
+    # header exists, which is all preflight reads.
+    huge = eval_sshd.root / "huge-target"
+    huge.mkdir(exist_ok=True)
+    (huge / "config.json").write_text((tiny_target / "config.json").read_text())
+    header = json.dumps({"model.embed_tokens.weight": {
+        "dtype": "BF16", "shape": [4_000_000, 100_000], "data_offsets": [0, 8 * 10**11]}}).encode()
+    (huge / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    ram = dflash("remote-eval", "--checkpoint", "step-0", "--target", str(huge),
+                 "-i", str(inventory))
+    assert ram.returncode != 0
+    line = one_error_line(ram)
+    assert "not enough free RAM" in line and "GiB is available" in line
+
+    assert job_dirs(eval_sshd) == before
+
+
+def test_wrong_python_on_the_host_is_one_line(eval_sshd, ssh_base, make_inventory,
+                                              eval_models):
+    inv = make_inventory(hosts={"evalhost": ssh_host_entry(
+        eval_sshd, ssh_base, python="/nonexistent/bin/python3", roles={"eval": {
+            "drafters": str(eval_models["drafters"]),
+            "target_model": str(eval_models["target"]), "ground_truth_kind": "local"}})},
+        defaults={"eval_host": "evalhost"})
+    proc = dflash("remote-eval", "--checkpoint", "step-0", "-i", str(inv))
+    assert proc.returncode != 0
+    line = one_error_line(proc)
+    assert "/nonexistent/bin/python3" in line and "not found" in line

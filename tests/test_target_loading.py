@@ -1,0 +1,65 @@
+"""The text-only target loader on real checkpoint layouts: legacy VLM key names and shards,
+tied heads. Each variant must give the same features and greedy tokens as the original."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from evalkit import kit
+from remote.target import load_target
+
+
+def test_legacy_vlm_keys_in_shards_load_like_the_original(tmp_path):
+    k = kit("qwen35")
+    ref = load_target(k.target, torch.float32)
+    g = k.rows[0]["prompt_ids"] + k.rows[0]["completion_ids"]
+    n = ref.info.num_layers
+    want_f, want_g = ref.forward(g, [0, n - 1])
+    state = load_file(os.path.join(k.target, "model.safetensors"))
+    legacy = {}
+    for key, t in state.items():
+        if key.startswith("model.language_model."):
+            key = "language_model.model." + key[len("model.language_model."):]
+        elif key == "lm_head.weight":
+            key = "language_model.lm_head.weight"
+        legacy[key] = t
+    d = tmp_path / "legacy"
+    d.mkdir()
+    for name in os.listdir(k.target):
+        if not name.endswith(".safetensors"):
+            shutil.copy(os.path.join(k.target, name), d / name)
+    keys = sorted(legacy)
+    shards = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2], "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+    for shard, ks in shards.items():
+        save_file({kk: legacy[kk] for kk in ks}, str(d / shard))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {kk: s for s, ks in shards.items() for kk in ks}}))
+    got = load_target(str(d), torch.float32)
+    assert got.info.backbone_path == "model.language_model" and got.info.head_path == "lm_head"
+    f, gr = got.forward(g, [0, n - 1])
+    assert torch.equal(f, want_f) and torch.equal(gr, want_g)
+
+
+def test_tied_head_target(tmp_path):
+    from orchestrator.demo.models import build_qwen3_target
+    from transformers import AutoModelForCausalLM
+
+    path = str(tmp_path / "tied")
+    build_qwen3_target(path, hidden_size=32, num_layers=2)
+    cfg = json.loads(open(os.path.join(path, "config.json")).read())
+    cfg["tie_word_embeddings"] = True
+    open(os.path.join(path, "config.json"), "w").write(json.dumps(cfg))
+    state = load_file(os.path.join(path, "model.safetensors"))
+    del state["lm_head.weight"]  # a tied checkpoint stores the embedding only
+    save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    t = load_target(path, torch.float32)
+    assert t.info.tied_head and t.lm_head.data_ptr() == t.embed.data_ptr()
+    ids = list(range(5, 30))
+    _f, greedy = t.forward(ids, [0])
+    with torch.inference_mode():
+        assert greedy.tolist() == hf(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
