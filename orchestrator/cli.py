@@ -20,6 +20,7 @@ app = typer.Typer(
 
 COMMAND_MODULES = (
     "orchestrator.commands.hosts",
+    "orchestrator.commands.relay",
 )
 
 for _name in COMMAND_MODULES:

@@ -46,6 +46,8 @@ class EvalRole:
     prompts: str | None = None
     threads: int | None = None
     dtype: str = "bfloat16"
+    # Bytes the relay leaves free on the drafters' filesystem: an int or "50G", "1.5TiB".
+    reserve: int | str | None = None
 
 
 @dataclass
@@ -136,6 +138,15 @@ _port.__doc__ = "a port number (1-65535)"
 _pos_number.__doc__ = "a positive number"
 _bool.__doc__ = "true or false"
 
+
+def _size(v: Any) -> bool:
+    import re
+    return (_int(v) and v >= 0) or (isinstance(v, str) and re.fullmatch(
+        r"\s*\d+(\.\d+)?\s*[kmgtpKMGTP]?(i?[bB])?\s*", v) is not None)
+
+
+_size.__doc__ = "a size in bytes or like 500M, 10G, 1.5TiB"
+
 HOST_KEYS: dict[str, Callable[[Any], bool]] = {
     "transport": _one_of("ssh", "local"),
     "hostname": _str,
@@ -164,6 +175,7 @@ ROLE_KEYS: dict[str, tuple[type, dict[str, Callable[[Any], bool]], tuple[str, ..
         "prompts": _str,
         "threads": _int,
         "dtype": _one_of("bfloat16", "float32", "float16"),
+        "reserve": _size,
     }, ("drafters",)),
 }
 DEFAULT_KEYS: dict[str, Callable[[Any], bool]] = {

@@ -16,6 +16,7 @@ from remote.errors import ERROR_PREFIX, EXIT_USER_ERROR, UserError
 
 COMMAND_MODULES = (
     "remote.facts",
+    "remote.relay",
 )
 
 
