@@ -29,12 +29,17 @@ from orchestrator.hosts import Host
 from orchestrator.inventory import TrainerRole
 
 _NUMBER = re.compile(r"\d+")
+_NAMED = re.compile(r"(?:step|checkpoint|ckpt|iter|global_step)[-_ ]?(\d+)", re.I)
 
 
 def parse_step(name: str) -> int | None:
-    """The step number of a checkpoint name: the last run of digits (``step_12000`` ->
-    12000, ``checkpoint-8000`` -> 8000, ``step_500.pt`` -> 500); None without digits."""
+    """The step number of a checkpoint name: the number after ``step``/``checkpoint``/
+    ``ckpt``/``iter`` (``step_12000`` -> 12000, ``checkpoint-8000`` -> 8000,
+    ``step_500.pt`` -> 500), else the last run of digits; None without digits."""
     stem = re.sub(r"\.(pt|pth|bin|safetensors|ckpt|tar|gz|zip)$", "", name)
+    named = _NAMED.findall(stem)
+    if named:
+        return int(named[-1])
     numbers = _NUMBER.findall(stem)
     return int(numbers[-1]) if numbers else None
 

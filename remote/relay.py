@@ -12,6 +12,7 @@ enough to halve the relay's throughput.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -152,8 +153,12 @@ def recv(args) -> int:
     """
     os.makedirs(os.path.dirname(args.path) or ".", exist_ok=True)
     h = hashlib.sha256()
-    flags = os.O_RDWR | os.O_CREAT | (0 if args.offset else os.O_TRUNC)
-    fd = os.open(args.path, flags, 0o644)
+    fd = os.open(args.path, os.O_RDWR | os.O_CREAT, 0o644)
+    # A writer from a dropped connection may still be draining its pipe into this file:
+    # wait for it, so the truncate below cannot be overtaken by its late bytes.
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    if not args.offset:
+        os.ftruncate(fd, 0)
     if args.offset:
         got = _hash_prefix(fd, args.offset, h)
         if got != args.offset:
