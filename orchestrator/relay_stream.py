@@ -126,7 +126,9 @@ class Stream:
             stdout=subprocess.PIPE if stdout else subprocess.DEVNULL, stderr=self._err,
             bufsize=0, start_new_session=True)  # Ctrl-C reaches us; we end them ourselves
         self.failed: str | None = None
-        self._out: bytes | None = None
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                widen_pipe(pipe.fileno())
 
     @property
     def stdin_fd(self) -> int:
@@ -162,6 +164,16 @@ class Stream:
                 self.proc.kill()
             except OSError:
                 pass
+
+
+def widen_pipe(fd: int, size: int = 1024 * 1024) -> None:
+    """Grow a pipe to 1 MiB (Linux): with the default 64 KiB every splice or read moves
+    64 KiB and the per-call costs dominate."""
+    try:
+        import fcntl
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
+    except (OSError, ImportError):
+        pass
 
 
 def summary_json(text: str) -> dict | None:
