@@ -83,7 +83,7 @@ class Scan:
 def scan(host: Host, root: str) -> Scan:
     """List `root` on `host`: checkpoints with file sizes and mtimes, partial folders,
     manifests of relayed checkpoints, and free bytes on its filesystem."""
-    data = run_remote_json(host, ["relay-scan", root])
+    data = run_remote_json(host, ["relay-scan", root], python_flags=("-I", "-S"))
     out = Scan(root=root, now=data["now"], exists=data["exists"], free=data["free"],
                manifests={k: v for k, v in data["manifests"].items() if isinstance(v, dict)})
     for entry in data["entries"]:

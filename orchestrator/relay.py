@@ -45,11 +45,15 @@ from orchestrator.checkpoints import Checkpoint, Scan, SourceFile, judge_complet
 from orchestrator.errors import DflashError
 from orchestrator.hosts import Host, open_host, quote
 from orchestrator.inventory import HostSpec, Inventory
-from orchestrator.relay_stream import (Stream, describe_failure, pump, summary_json)
+from orchestrator.relay_stream import (Multiplexer, Stream, describe_failure, pump,
+                                       summary_json)
 
 PARTIAL_PREFIX = ".partial-"
 MANIFEST = ".dflash-manifest.json"
 MANIFEST_FORMAT = "dflash-manifest/1"
+# The host-side relay commands are stdlib only: skip site-packages and environment
+# (-I -S), which halves the interpreter's start on a host with many packages.
+RELAY_PYTHON_FLAGS = ("-I", "-S")
 
 
 class RelayError(DflashError):
@@ -243,7 +247,8 @@ def _hash_many(host: Host, requests: list[dict]) -> dict[tuple[str, int | None],
     """sha256 of files or prefixes on a host, one remote call: {(path, length): result}."""
     if not requests:
         return {}
-    result = bundle.run_remote(host, ["relay-hash"], stdin=json.dumps(requests).encode())
+    result = bundle.run_remote(host, ["relay-hash"], stdin=json.dumps(requests).encode(),
+                               python_flags=RELAY_PYTHON_FLAGS)
     answers = json.loads(result.stdout.strip().splitlines()[-1])
     return {(req["path"], req.get("length")): ans for req, ans in zip(requests, answers)}
 
@@ -275,6 +280,8 @@ class _Relay:
         self.src: Host | None = None
         self.dests: list[Dest] = []
         self.cancelled = threading.Event()
+        self.use_mux = os.environ.get("DFLASH_RELAY_MUX", "1") != "0"
+        self.mux: Multiplexer | None = None
         self._streams: set[Stream] = set()
         self._lock = threading.Lock()
         self.bytes_read = 0
@@ -305,18 +312,36 @@ class _Relay:
         return 0
 
     # -- connections -------------------------------------------------------------------------
-    def open(self) -> None:
+    def open(self) -> Scan:
+        """Connect everywhere at once; scan the destinations and judge the source's
+        checkpoints in parallel. Returns the source's scan."""
         self.src = open_host(self.src_spec, self.inv)
         dest_hosts = [open_host(spec, self.inv) for spec, _ in self.dest_cfg]
-        # Connect and push the bundle everywhere at once.
-        _parallel([lambda h=h: bundle.ensure(h) for h in [self.src, *dest_hosts]])
-        self.src_dir = self.src.expand(self.src_dir_cfg).rstrip("/") or "/"
-        roots = [h.expand(d).rstrip("/") or "/" for h, (_, d) in zip(dest_hosts, self.dest_cfg)]
-        scans = _parallel([lambda h=h, r=r: scan(h, r) for h, r in zip(dest_hosts, roots)])
-        self.dests = [Dest(h, r, s, self._reserve(spec)) for h, r, s, (spec, _) in
-                      zip(dest_hosts, roots, scans, self.dest_cfg)]
+        if self.use_mux and not self.opts.dry_run:
+            self.mux = Multiplexer(self.inv)
+
+        def source() -> Scan:
+            bundle.ensure(self.src)
+            self.src_dir = self.src.expand(self.src_dir_cfg).rstrip("/") or "/"
+            return self.look()
+
+        def dest(h: Host, d: str) -> tuple[str, Scan]:
+            bundle.ensure(h)
+            root = h.expand(d).rstrip("/") or "/"
+            return root, scan(h, root)
+
+        if self.mux is not None:
+            for h in [self.src, *dest_hosts]:
+                self.mux.start(h)
+        results = _parallel([source] + [lambda h=h, d=d: dest(h, d) for h, (_, d) in
+                                        zip(dest_hosts, self.dest_cfg)])
+        self.dests = [Dest(h, root, sc, self._reserve(spec)) for h, (root, sc), (spec, _) in
+                      zip(dest_hosts, results[1:1 + len(dest_hosts)], self.dest_cfg)]
+        return results[0]
 
     def close(self) -> None:
+        if self.mux is not None:
+            self.mux.close()
         for h in [self.src, *[d.host for d in self.dests]]:
             if h is not None:
                 try:
@@ -472,8 +497,8 @@ class _Relay:
 
     # -- transfer ----------------------------------------------------------------------------
     def _start(self, host: Host, argv: list[str], *, stdin: bool, stdout: bool) -> Stream:
-        line = bundle.remote_command(host, argv)
-        s = Stream(host, line, self.inv, stdin=stdin, stdout=stdout)
+        line = bundle.remote_command(host, argv, python_flags=RELAY_PYTHON_FLAGS)
+        s = Stream(host, line, self.inv, stdin=stdin, stdout=stdout, mux=self.mux)
         with self._lock:
             self._streams.add(s)
         return s
@@ -629,7 +654,8 @@ class _Relay:
                                "mtime": f.mtime} for f in ckpt.files],
                 }
                 bundle.run_remote(d.host, ["relay-publish", d.root, ckpt.name, "--kind",
-                                           ckpt.kind], stdin=json.dumps(manifest).encode())
+                                           ckpt.kind], stdin=json.dumps(manifest).encode(),
+                                  python_flags=RELAY_PYTHON_FLAGS)
                 st.status = "relayed"
             except Exception as exc:  # one destination failing must not stop the others
                 st.status = "failed"
@@ -672,10 +698,10 @@ def relay(inventory: Inventory, source: str, destinations: list[str],
     t0 = time.monotonic()
     r = _Relay(inventory, source, destinations, options, progress)
     try:
-        r.open()
+        src_scan = r.open()
         report = RelayReport(r.src.name, r.src_dir, {d.host.name: d.root for d in r.dests},
                              dry_run=options.dry_run)
-        ckpts = r.select(r.look(), report)
+        ckpts = r.select(src_scan, report)
         plans = r.plan(ckpts, report)
         r.check_space()
         if not options.dry_run:
@@ -700,9 +726,9 @@ def list_checkpoints(inventory: Inventory, source: str, destinations: list[str],
     ``partial`` (bytes there of the total) or ``no``."""
     options = options or RelayOptions()
     r = _Relay(inventory, source, destinations, options, None)
+    r.use_mux = False  # nothing to stream
     try:
-        r.open()
-        src_scan = r.look()
+        src_scan = r.open()
         rows = []
         for c in sorted(src_scan.checkpoints.values(), key=_order):
             row = {"name": c.name, "step": c.step, "kind": c.kind, "files": len(c.files),

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from typing import Callable, Sequence
 
 from orchestrator import hosts as hosts_mod
@@ -105,23 +106,72 @@ def openssh_options(spec: HostSpec, inventory: Inventory | None) -> list[str]:
     return opts
 
 
-def stream_argv(host: Host, line: str, inventory: Inventory | None) -> list[str]:
+def stream_argv(host: Host, line: str, inventory: Inventory | None,
+                mux: "Multiplexer | None" = None) -> list[str]:
     """The local argv that runs shell command `line` on `host` with binary pipes."""
     if isinstance(host, hosts_mod.LocalHost):
         return ["bash", "-c", line]
     spec = host.spec
-    return ["ssh", *openssh_options(spec, inventory), spec.hostname or spec.name, line]
+    extra = mux.options(host) if mux is not None else []
+    return ["ssh", *openssh_options(spec, inventory), *extra, spec.hostname or spec.name, line]
+
+
+class Multiplexer:
+    """One OpenSSH master connection per host for the relay's streams (ControlMaster).
+
+    A stream then costs a channel, not a TCP connection, key exchange and authentication.
+    When a master is not (or no longer) there, ssh quietly makes its own connection, so
+    the master only ever saves time. Masters end with `close`.
+    """
+
+    def __init__(self, inventory: Inventory | None):
+        self.inventory = inventory
+        self.dir = tempfile.mkdtemp(prefix="dfr-")  # short: unix socket paths are limited
+        self.masters: dict[str, subprocess.Popen] = {}
+        self.paths: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def options(self, host: Host) -> list[str]:
+        path = self.paths.get(id(host))
+        if path is None or not os.path.exists(path) or self.masters[path].poll() is not None:
+            return []  # not up (yet): this stream connects on its own
+        return ["-o", f"ControlPath={path}", "-o", "ControlMaster=no"]
+
+    def start(self, host: Host) -> None:
+        """Start the master for `host` in the background; streams use it once it is up."""
+        if isinstance(host, hosts_mod.LocalHost):
+            return
+        with self._lock:
+            path = os.path.join(self.dir, str(len(self.masters)))
+            spec = host.spec
+            self.masters[path] = subprocess.Popen(
+                ["ssh", *openssh_options(spec, self.inventory), "-M", "-N",
+                 "-o", f"ControlPath={path}", "-o", "ControlPersist=no",
+                 spec.hostname or spec.name],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True)
+            self.paths[id(host)] = path
+
+    def close(self) -> None:
+        for proc in self.masters.values():
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Stream:
     """One running ``ssh`` (or local bash) command with raw pipe file descriptors."""
 
     def __init__(self, host: Host, line: str, inventory: Inventory | None, *,
-                 stdin: bool, stdout: bool):
+                 stdin: bool, stdout: bool, mux: Multiplexer | None = None):
         self.host = host
         self._err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            stream_argv(host, line, inventory),
+            stream_argv(host, line, inventory, mux),
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE if stdout else subprocess.DEVNULL, stderr=self._err,
             bufsize=0, start_new_session=True)  # Ctrl-C reaches us; we end them ourselves
