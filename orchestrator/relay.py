@@ -321,12 +321,10 @@ class _Relay:
             self.mux = Multiplexer(self.inv)
 
         def source() -> Scan:
-            bundle.ensure(self.src)
             self.src_dir = self.src.expand(self.src_dir_cfg).rstrip("/") or "/"
             return self.look()
 
         def dest(h: Host, d: str) -> tuple[str, Scan]:
-            bundle.ensure(h)
             root = h.expand(d).rstrip("/") or "/"
             return root, scan(h, root)
 

@@ -370,3 +370,51 @@ def test_keep_list_and_dry_run(env):
     assert states == {"step_100": "no", "step_200": "relayed", "step_300": "relayed"}
     table = dflash("relay", "--list", "--inventory", str(env.inventory_path))
     assert table.returncode == 0 and "step_300" in table.stdout and "relayed" in table.stdout
+
+
+def test_openssh_streams_honour_the_inventory(env, trainer_sshd, eval_sshd, ssh_base,
+                                              make_inventory, tmp_path):
+    """The ssh processes that carry the bytes refuse unknown host keys like the paramiko
+    connections do, accept-new only on opt-in, and reach a host through an inventory jump."""
+    import subprocess
+
+    from orchestrator.hosts import open_host
+    from orchestrator.relay_stream import stream_argv
+
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    inv = load_inventory(make_inventory({
+        "strict": ssh_host_entry(eval_sshd, ssh_base, known_hosts=str(empty)),
+        "trusting": ssh_host_entry(eval_sshd, ssh_base, known_hosts=str(empty),
+                                   accept_new_host_key=True),
+        "trainer": ssh_host_entry(trainer_sshd, ssh_base),
+        "behind": ssh_host_entry(eval_sshd, ssh_base, jump="trainer"),
+    }))
+
+    def argv(name: str, line: str = "printf %s \"$SSH_CONNECTION\"") -> list[str]:
+        return stream_argv(open_host(inv.hosts[name], inv), line, inv)
+
+    home = {**os.environ, "HOME": str(tmp_path)}  # no ~/.ssh/known_hosts to fall back on
+
+    def run(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run(argv(name), capture_output=True, text=True, env=home, timeout=30)
+
+    refused = run("strict")
+    assert refused.returncode == 255 and "Host key verification failed" in refused.stderr
+    assert empty.read_text() == ""
+    assert run("trusting").returncode == 0
+    key_b64 = eval_sshd.known_hosts_line().split()[2]
+    assert key_b64 in empty.read_text()  # remembered, like accept-new (maybe name-hashed)
+    assert run("strict").returncode == 0  # now known
+
+    # Through the jump host: while the command runs, the trainer serves the tunnel.
+    before = len(trainer_sshd.sessions())
+    proc = subprocess.Popen(argv("behind", "sleep 2; printf ok"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    most = before
+    while proc.poll() is None:
+        most = max(most, len(trainer_sshd.sessions()))
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    assert proc.returncode == 0 and out == "ok", err
+    assert most > before
