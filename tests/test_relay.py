@@ -418,3 +418,30 @@ def test_openssh_streams_honour_the_inventory(env, trainer_sshd, eval_sshd, ssh_
     out, err = proc.communicate()
     assert proc.returncode == 0 and out == "ok", err
     assert most > before
+
+
+def test_ctrl_c_keeps_what_arrived_and_the_next_relay_resumes(env):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    files = make_checkpoint(env.ckpt, "step_42", {"big.bin": 48 * MiB})
+    partial = env.dst / ".partial-step_42" / "big.bin"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "relay", "--json", "--inventory",
+         str(env.inventory_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    while proc.poll() is None and not (partial.exists() and partial.stat().st_size > 4 * MiB):
+        time.sleep(0.01)
+    assert proc.poll() is None, "the relay finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert not (env.dst / "step_42").exists()
+    have = settled_size(partial)
+    assert 0 < have < 48 * MiB and partial.read_bytes() == files["big.bin"][:have]
+    again = env.relay()
+    assert again.ok and tree(env.dst / "step_42") == files
+    assert again.bytes_sent == 48 * MiB - have

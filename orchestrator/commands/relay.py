@@ -132,6 +132,13 @@ def relay(
     bar = None if json_out else _RichProgress()
     try:
         report = relay_lib.relay(inv, src, dests, options, bar)
+    except KeyboardInterrupt:
+        # Click would swallow it silently; say what happened and what to do.
+        if bar:
+            bar.stop()
+        err_console.print("[yellow]interrupted[/]: what arrived is kept in the partial "
+                          "folder; rerun the same relay to resume")
+        raise typer.Exit(130) from None
     finally:
         if bar:
             bar.stop()
