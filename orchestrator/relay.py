@@ -98,6 +98,7 @@ class Progress:
 class DestStatus:
     host: str
     status: str = "pending"  # relayed | unchanged | verified | repaired | failed | planned
+    bytes_planned: int = 0  # payload this relay means to send (what --dry-run reports)
     bytes_sent: int = 0
     bytes_skipped: int = 0
     files_sent: int = 0
@@ -152,6 +153,8 @@ class RelayReport:
             "source": self.source, "source_dir": self.source_dir,
             "destinations": self.destinations, "dry_run": self.dry_run, "ok": self.ok,
             "bytes_read": self.bytes_read, "bytes_sent": self.bytes_sent,
+            "bytes_planned": sum(d.bytes_planned for c in self.checkpoints
+                                 for d in c.destinations.values()),
             "bytes_skipped": self.bytes_skipped, "files_sent": self.files_sent,
             "seconds": round(self.seconds, 3),
             "mib_per_s": round(self.bytes_read / self.seconds / 2**20, 1)
@@ -465,6 +468,7 @@ class _Relay:
                 st.bytes_skipped += offset
                 target = Target(d, _partial_path(d.root, ckpt, f), offset)
             d.need += f.size - target.offset
+            st.bytes_planned += f.size - target.offset
             task = tasks.get(key)
             if task is None:
                 task = tasks[key] = FileTask(ckpt, f, _src_path(self.src_dir, ckpt, f), [])

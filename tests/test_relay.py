@@ -360,7 +360,9 @@ def test_keep_list_and_dry_run(env):
     plan = dflash("relay", "--all", "--dry-run", "--json", "--inventory",
                   str(env.inventory_path))
     assert plan.returncode == 0, plan.stderr
-    assert json.loads(plan.stdout)["bytes_sent"] == 0 and sorted(
+    planned = json.loads(plan.stdout)
+    assert planned["bytes_planned"] == 3 * 100_000
+    assert planned["bytes_sent"] == 0 and sorted(
         p.name for p in env.dst.iterdir()) == ["mine"]
     report = env.relay(all=True, keep=2)
     assert report.pruned["evalhost"] == ["step_100"]
