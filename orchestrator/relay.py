@@ -216,6 +216,7 @@ class Dest:
     scan: Scan
     reserve: int
     need: int = 0
+    stale: list[str] = field(default_factory=list)  # partial files the source no longer has
 
 
 def _src_path(root: str, ckpt: Checkpoint, f: SourceFile) -> str:
@@ -401,7 +402,7 @@ class _Relay:
         plans = []
         src_req: dict[tuple[str, int | None], dict] = {}
         dest_req: list[dict[tuple[str, int | None], dict]] = [{} for _ in self.dests]
-        pending = []  # (ckpt, di, kind, file, key_src, key_dest)
+        pending = []  # (ckpt, dest index, kind, file, src hash key, dest hash key, sha)
         for ckpt in ckpts:
             crep = CheckpointReport(ckpt.name, ckpt.step, ckpt.size, len(ckpt.files))
             for di, d in enumerate(self.dests):
@@ -423,6 +424,9 @@ class _Relay:
                                      "relayed by dflash (no manifest); move it away, then "
                                      "relay again")
                 partial = {f.path: f.size for f in d.scan.partials.get(ckpt.name, [])}
+                names = {f.path for f in ckpt.files}
+                d.stale += [_partial_path(d.root, ckpt, SourceFile(p, 0, 0))
+                            for p in partial if p not in names]
                 for f in ckpt.files:
                     have = partial.get(f.path, 0)
                     if 0 < have <= f.size:
@@ -606,6 +610,9 @@ class _Relay:
         total = sum(t.file.size - min(x.offset for x in t.targets)
                     for _, _, tasks in plans for t in tasks)
         self.progress.start(total, sum(len(tasks) for _, _, tasks in plans))
+        for d in self.dests:
+            if d.stale:  # else they would be published with the checkpoint
+                d.host.run(["rm", "-f", "--", *d.stale])
         for crep, ckpt, tasks in plans:
             if tasks:
                 self._run_tasks(tasks, crep.destinations)

@@ -219,6 +219,8 @@ def test_interrupted_multi_file_keeps_finished_files(env, eval_sshd):
     assert not env.relay(progress=killer, jobs=2).ok
     kept = sum(settled_size(p) for p in (env.dst / ".partial-step_20").rglob("*.bin"))
     assert kept >= 8 * MiB
+    stray = env.dst / ".partial-step_20" / "gone-from-source.bin"
+    stray.write_bytes(b"old")  # e.g. a file the trainer has since deleted
     again = env.relay()
     assert again.ok and tree(env.dst / "step_20") == files
     assert again.bytes_sent == sum(map(len, files.values())) - kept
