@@ -70,16 +70,42 @@ def ensure(host: Host) -> tuple[str, bool]:
     return path, pushed
 
 
-def remote_command(host: Host, argv: Sequence[str]) -> str:
-    """The shell line that runs the bundle with `argv` on `host` (pushing it if needed)."""
+def remote_command(host: Host, argv: Sequence[str], python_flags: Sequence[str] = ()) -> str:
+    """The shell line that runs the bundle with `argv` on `host` (pushing it if needed);
+    `python_flags` go to the interpreter (``-I -S`` for stdlib-only commands)."""
     path, _ = ensure(host)
-    return command_line([host.spec.python, path, *argv])
+    return command_line([host.spec.python, *python_flags, path, *argv])
+
+
+_MISSING = "dflash-bundle-missing"
+_EXIT_MISSING = 97
 
 
 def run_remote(host: Host, argv: Sequence[str], *, timeout: float | None = None,
-               stdin: bytes | None = None) -> Result:
-    """Run a bundle command; a remote user error or a missing python becomes one line."""
-    result = host.run(remote_command(host, argv), check=False, timeout=timeout, stdin=stdin)
+               stdin: bytes | None = None, python_flags: Sequence[str] = ()) -> Result:
+    """Run a bundle command; a remote user error or a missing python becomes one line.
+
+    The first call on a host runs the command only if the bundle is there and pushes it
+    otherwise, so a host that has it costs no separate check (one round trip, not two).
+    """
+    name, _ = build()
+    with _push_lock:
+        known = _pushed.get((id(host), name))
+    result = None
+    if not known:
+        path = f"{host.workdir}/bundles/{name}"
+        line = command_line([host.spec.python, *python_flags, path, *argv])
+        guarded = (f"if [ -f {quote(path)} ]; then exec {line}; else echo {_MISSING} >&2; "
+                   f"exit {_EXIT_MISSING}; fi")
+        result = host.run(guarded, check=False, timeout=timeout, stdin=stdin)
+        if result.exit_code == _EXIT_MISSING and _MISSING in result.stderr:
+            result = None  # not there: push it below, then run
+        else:
+            with _push_lock:
+                _pushed[(id(host), name)] = True
+    if result is None:
+        result = host.run(remote_command(host, argv, python_flags), check=False,
+                          timeout=timeout, stdin=stdin)
     check_result(host, result, argv)
     return result
 
@@ -98,9 +124,10 @@ def check_result(host: Host, result: Result, argv: Sequence[str]) -> None:
                              f"(exit {result.exit_code}): {last_line(result.stderr)}")
 
 
-def run_remote_json(host: Host, argv: Sequence[str], *, timeout: float | None = None) -> dict:
+def run_remote_json(host: Host, argv: Sequence[str], *, timeout: float | None = None,
+                    python_flags: Sequence[str] = ()) -> dict:
     """Run a bundle command that prints one JSON document and return it parsed."""
-    result = run_remote(host, argv, timeout=timeout)
+    result = run_remote(host, argv, timeout=timeout, python_flags=python_flags)
     try:
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "orchestrator.commands.probe",
     "orchestrator.commands.remote_eval",
     "orchestrator.commands.results",
+    "orchestrator.commands.relay",
 )
 
 for _name in COMMAND_MODULES:

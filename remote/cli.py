@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "remote.jobs",
     "remote.preflight",
     "remote.evaluate",
+    "remote.relay",
 )
 
 
