@@ -18,7 +18,9 @@ The everyday path is one call::
    count: largest first onto the least-loaded host. Each shard keeps ground-truth order.
 3. **Run.** One detached job per host (`remote_eval.start_job`), all watched at once in a
    `concurrent.futures` thread pool over our `Host` objects; events go to ``on_event(host,
-   event)`` (the CLI draws one progress row per host and a total). The engine's sample
+   event)`` (the CLI draws one progress row per host and a total). Besides the jobs' own
+   events: ``plan`` (samples, shards), ``shard`` (a job started: job_id, samples, tokens)
+   and ``shard_failed`` (error, kept, unfinished). The engine's sample
    events carry each sample's record, so the records a host finished are here even if the
    host is lost afterwards.
 4. **Failures.** A shard whose job fails, is lost, or whose connection drops keeps the
@@ -297,6 +299,8 @@ class _Sharded:
                 gt, gt_info, gt_job = self.ground_truth()
                 max_new = int((gt_job.get("sampling") or {}).get("max_new_tokens") or 256)
                 plan = plan_shards(gt, names, max_new)
+                self.emit(names[0], {"event": "plan", "samples": len(gt),
+                                     "shards": [s.to_json(gt) for s in plan]})
                 records: dict[int, dict] = {}
                 outcomes: list[_Outcome] = []
                 reassigned: list[dict] = []

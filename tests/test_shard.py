@@ -18,6 +18,7 @@ from orchestrator.inventory import load_inventory
 from remote.metrics import summarize
 from tests.conftest import _start, ssh_host_entry
 from tests.reval_fixtures import gt_server, server, tiny_target  # noqa: F401
+from tests.test_hosts import dflash, one_error_line
 
 HOSTS = ("sa", "sb", "sc")
 
@@ -69,6 +70,13 @@ def test_metrics_of_concatenated_records_equal_engine_summary_of_the_whole():
     whole = summarize(recs, B, [8], None, 320)
     again = summarize(recs[:3] + recs[3:], B, [8], None, 320)
     assert whole == again and whole["samples"] == 7 and whole["ddtree"]["8"]["topk"] == 8
+
+
+def test_hosts_refuses_attach_in_one_line(tmp_path, make_inventory):
+    inv = make_inventory(hosts={"a": {"transport": "local"}, "b": {"transport": "local"}})
+    out = dflash("remote-eval", "--hosts", "a,b", "--attach", "job-1", "-i", str(inv))
+    assert out.returncode == 2
+    assert "--hosts" in one_error_line(out) and "--attach" in one_error_line(out)
 
 
 # ---- end to end -------------------------------------------------------------------------
@@ -137,9 +145,16 @@ def test_three_hosts_merge_equals_one_host_and_ground_truth_is_fetched_once(
         inventory_path, server, prompts, three_sshd):
     inv = load_inventory(inventory_path)
     options = remote_eval.EvalOptions(prompts=str(prompts), max_new_tokens=20, budgets=[4, 8])
-    events: list[tuple[str, dict]] = []
-    merged = shard.run_sharded(inv, ["evals"], "step-12", options,
-                               on_event=lambda h, ev: events.append((h, ev)))
+    cli = dflash("remote-eval", "--hosts", "evals", "--checkpoint", "step-12", "--prompts",
+                 str(prompts), "--max-new-tokens", "20", "--budgets", "4,8", "-i",
+                 str(inventory_path), timeout=600)
+    assert cli.returncode == 0, cli.stderr
+    # One progress view: a row per host and a total, all complete.
+    rows = {ln.split()[0]: ln for ln in cli.stderr.splitlines() if ln.strip()}
+    assert {"sa", "sb", "sc", "total"} <= set(rows), cli.stderr
+    assert "8/8" in rows["total"] and "tok/s" in rows["total"]
+    assert "sharded across sa, sb, sc" in cli.stdout
+    merged = Path(cli.stdout.split("results:")[-1].strip())
     # Ground truth: one request per prompt, made once for all three hosts.
     assert len(server.requests) == 8
     result = _result(merged)
@@ -152,7 +167,11 @@ def test_three_hosts_merge_equals_one_host_and_ground_truth_is_fetched_once(
     assert all(p["samples"] for p in shards["plan"])  # all three hosts had work
     assert sorted(j["host"] for j in shards["jobs"]) == list(HOSTS)
     assert all(j["state"] == "done" for j in shards["jobs"])
-    assert {h for h, ev in events if ev.get("event") == "sample"} == set(HOSTS)
+    for name in HOSTS:  # each host evaluated what the plan gave it
+        job = next(j for j in shards["jobs"] if j["host"] == name)
+        planned_here = next(p["samples"] for p in shards["plan"] if p["host"] == name)
+        assert job["samples"] == len(planned_here) == job["records_received"]
+        assert f"{len(planned_here)}/{len(planned_here)}" in rows[name]
     for job in shards["jobs"]:
         assert (merged / job["run_dir"] / "result.json").is_file()
     # Each shard host was handed its slice of one file, not the server.
