@@ -105,8 +105,8 @@ def plan_shards(records: list[dict], hosts: list[str], max_new_tokens: int = 256
 
 # ---- merge ------------------------------------------------------------------------------
 
-def merge_result(shard_results: list[dict], records: list[dict], *, ground_truth: dict,
-                 shards: dict, job: dict, wall_s: float) -> dict:
+def merge_result(shard_results: list[dict], records: list[dict], *,
+                 ground_truth_source: dict, shards: dict, job: dict, wall_s: float) -> dict:
     """One ``dflash.eval/1`` result from the shards' results and all per-sample records
     (in ground-truth order): metrics recomputed from the records by the engine's own
     `summarize`; inputs from the shards (which must agree on everything that changes the
@@ -133,7 +133,7 @@ def merge_result(shard_results: list[dict], records: list[dict], *, ground_truth
     timings = [r.get("timings") or {} for r in shard_results]
     result = copy.deepcopy(base)
     result["inputs"].update(samples=len(records), max_samples=None, ground_truth=None,
-                            ground_truth_source=ground_truth.get("source"))
+                            ground_truth_source=ground_truth_source)
     result["metrics"] = metrics
     result["timings"] = {
         "load_target_s": max(t.get("load_target_s") or 0.0 for t in timings),
@@ -372,7 +372,7 @@ class _Sharded:
                              "of that file (kind 'file'), so all shards share one ground truth"},
         }
         result = merge_result([o.result for o in outcomes if o.ok and o.result], ordered,
-                              ground_truth={"source": gt_info}, shards=shards,
+                              ground_truth_source=gt_info, shards=shards,
                               job={"job_id": self.run_id, "hosts": names, "created": t0},
                               wall_s=time.time() - t0)
         result["inputs"]["checkpoint"] = gt_job.get("checkpoint")
