@@ -48,10 +48,7 @@ class LiveProgress:
         elif kind == "phase" and ev.get("phase") == "ground_truth" and self.gt_task is None:
             self.gt_task = self.progress.add_task(
                 f"ground truth ({ev.get('source')})", total=None, info="")
-        elif kind == "plan":
-            self.planned = True
-            self.set_total(int(ev.get("samples") or 0))
-        elif kind == "ground_truth" and not self.planned:  # shard jobs' slices: not news
+        elif kind == "ground_truth":
             if self.gt_task is None:
                 self.gt_task = self.progress.add_task("ground truth", total=None, info="")
             self.progress.update(self.gt_task, completed=ev.get("done", 0),
