@@ -88,6 +88,10 @@ def main() -> int:
             return [{k: v for k, v in json.loads(x).items() if k != "seconds"}
                     for x in (run / "samples.jsonl").read_text().splitlines()]
 
+        def busy(run: Path) -> float:
+            return sum(json.loads(x)["seconds"]["total"]
+                       for x in (run / "samples.jsonl").read_text().splitlines())
+
         same = samples(one) == samples(two)
         plan = json.loads((two / "result.json").read_text())["shards"]["plan"]
         print(f"target: Qwen3 hidden {args.hidden}, {args.layers} layers; {args.samples} samples "
@@ -96,6 +100,10 @@ def main() -> int:
         print(f"plan: {[(p['host'], len(p['samples']), p['expected_tokens']) for p in plan]}")
         print(f"1 host : {t_one:7.1f} s  {tokens / t_one:8.1f} tok/s")
         print(f"2 hosts: {t_two:7.1f} s  {tokens / t_two:8.1f} tok/s")
+        # On a shared box other work can take a core: then the 2 hosts' summed per-sample
+        # seconds grow against the 1 host's, and the ratio says more about the box than us.
+        print(f"per-sample compute, summed: 1 host {busy(one):.1f} s, 2 hosts {busy(two):.1f} s "
+              "(about equal when each host had a core to itself)")
         print(f"throughput ratio 2 hosts / 1 host: {t_one / t_two:.2f}  (goal >= 1.7); "
               f"merged samples equal single-host: {same}")
         return 0 if same else 1
