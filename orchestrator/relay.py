@@ -536,7 +536,7 @@ class _Relay:
                 with self._lock:
                     st.status = "failed"
                     st.error = st.error or (f"{task.ckpt.name}/{task.file.path}: "
-                                            + (f"sha256 differs twice" if outcome == "mismatch"
+                                            + ("sha256 differs twice" if outcome == "mismatch"
                                                else outcome))
             if not retry:
                 break

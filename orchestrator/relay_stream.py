@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 from typing import Callable, Sequence
 
 from orchestrator import hosts as hosts_mod

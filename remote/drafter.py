@@ -30,21 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from remote.drafter_format import default_target_layer_ids, normalise_key  # noqa: F401 (re-exported)
 from remote.errors import UserError
 
-# Prefixes training code wraps drafter keys in (DDP, torch.compile, HF wrappers, trainers).
-KEY_PREFIXES = ("module.", "_orig_mod.", "model.", "draft_model.", "drafter.")
 # Keys some trainers save beside the drafter that are not drafter weights: the borrowed
 # target embedding / head and derived rotary buffers. They are skipped, and reported.
 IGNORABLE_KEYS = ("embed_tokens.weight", "lm_head.weight", "rotary_emb.inv_freq")
-
-
-def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """The layer ids z-lab uses when a config names none (see dflash-eval.md)."""
-    n, k = num_target_layers, num_draft_layers
-    if k == 1:
-        return [n // 2]
-    return [int(round(1 + i * (n - 4) / (k - 1))) for i in range(k)]
 
 
 @dataclass
@@ -431,17 +422,6 @@ def _read_state(file: str) -> dict[str, torch.Tensor]:
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise UserError(f"{file} does not hold a flat state dict of tensors")
     return obj
-
-
-def normalise_key(key: str) -> str:
-    """Strip any stack of training wrapper prefixes (``module._orig_mod.model.x`` -> ``x``)."""
-    changed = True
-    while changed:
-        changed = False
-        for p in KEY_PREFIXES:
-            if key.startswith(p):
-                key, changed = key[len(p):], True
-    return key
 
 
 @dataclass

@@ -29,6 +29,7 @@ from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
 
+from remote.drafter_format import default_target_layer_ids, normalise_key
 from remote.errors import UserError
 from remote.facts import disk_free, meminfo
 
@@ -41,7 +42,6 @@ LIST_LIMIT = 40
 # Module names that mark the non-text part of a VLM. Used only to split parameter counts
 # into vision vs other once the text backbone has been found by inspection.
 VISION_NAME = re.compile(r"vis|image|img|multi_modal|mm_|patch|projector|merger", re.I)
-DRAFTER_KEY_PREFIXES = ("module.", "_orig_mod.", "draft_model.", "model.")
 
 
 # ---- reading the folder -----------------------------------------------------------------
@@ -545,13 +545,6 @@ def host_report(folder: Path, text_bytes: int) -> dict:
 
 # ---- drafter --------------------------------------------------------------------------
 
-def default_target_layer_ids(n: int, k: int) -> list[int]:
-    """z-lab's default layer choice for `k` drafter layers over `n` target layers."""
-    if k == 1:
-        return [n // 2]
-    return [round(1 + i * (n - 4) / (k - 1)) for i in range(k)]
-
-
 def rope_summary(cfg: dict) -> dict:
     """rope theta, type and scaling factor, whichever spelling the config uses."""
     params = cfg.get("rope_parameters") or {}
@@ -624,14 +617,7 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
         scan, keys = None, {}
     stripped = {}
     for k, v in keys.items():
-        s = k
-        changed = True
-        while changed:
-            changed = False
-            for p in DRAFTER_KEY_PREFIXES:
-                if s.startswith(p):
-                    s, changed = s[len(p):], True
-        stripped[s] = v
+        stripped[normalise_key(k)] = v
     prefixes = sorted({key_prefix(k) for k in keys} - {key_prefix(k) for k in stripped})
     if prefixes:
         warnings.append(f"weight keys carry training prefixes ({', '.join(prefixes)}): "
