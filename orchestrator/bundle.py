@@ -70,16 +70,18 @@ def ensure(host: Host) -> tuple[str, bool]:
     return path, pushed
 
 
-def remote_command(host: Host, argv: Sequence[str]) -> str:
-    """The shell line that runs the bundle with `argv` on `host` (pushing it if needed)."""
+def remote_command(host: Host, argv: Sequence[str], python_flags: Sequence[str] = ()) -> str:
+    """The shell line that runs the bundle with `argv` on `host` (pushing it if needed);
+    `python_flags` go to the interpreter (``-I -S`` for stdlib-only commands)."""
     path, _ = ensure(host)
-    return command_line([host.spec.python, path, *argv])
+    return command_line([host.spec.python, *python_flags, path, *argv])
 
 
 def run_remote(host: Host, argv: Sequence[str], *, timeout: float | None = None,
-               stdin: bytes | None = None) -> Result:
+               stdin: bytes | None = None, python_flags: Sequence[str] = ()) -> Result:
     """Run a bundle command; a remote user error or a missing python becomes one line."""
-    result = host.run(remote_command(host, argv), check=False, timeout=timeout, stdin=stdin)
+    result = host.run(remote_command(host, argv, python_flags), check=False, timeout=timeout,
+                      stdin=stdin)
     check_result(host, result, argv)
     return result
 
@@ -98,9 +100,10 @@ def check_result(host: Host, result: Result, argv: Sequence[str]) -> None:
                              f"(exit {result.exit_code}): {last_line(result.stderr)}")
 
 
-def run_remote_json(host: Host, argv: Sequence[str], *, timeout: float | None = None) -> dict:
+def run_remote_json(host: Host, argv: Sequence[str], *, timeout: float | None = None,
+                    python_flags: Sequence[str] = ()) -> dict:
     """Run a bundle command that prints one JSON document and return it parsed."""
-    result = run_remote(host, argv, timeout=timeout)
+    result = run_remote(host, argv, timeout=timeout, python_flags=python_flags)
     try:
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "orchestrator.commands.hosts",
     "orchestrator.commands.remote_eval",
     "orchestrator.commands.results",
+    "orchestrator.commands.relay",
 )
 
 for _name in COMMAND_MODULES:

@@ -49,6 +49,8 @@ class EvalRole:
     ground_truth_model: str | None = None  # served model name for OpenAI-compatible servers
     max_new_tokens: int = 256  # ground-truth completion length
     samples: int | None = None  # prompts per eval (seeded choice); None = all
+    # Bytes the relay leaves free on the drafters' filesystem: an int or "50G", "1.5TiB".
+    reserve: int | str | None = None
 
 
 @dataclass
@@ -139,6 +141,15 @@ _port.__doc__ = "a port number (1-65535)"
 _pos_number.__doc__ = "a positive number"
 _bool.__doc__ = "true or false"
 
+
+def _size(v: Any) -> bool:
+    import re
+    return (_int(v) and v >= 0) or (isinstance(v, str) and re.fullmatch(
+        r"\s*\d+(\.\d+)?\s*[kmgtpKMGTP]?(i?[bB])?\s*", v) is not None)
+
+
+_size.__doc__ = "a size in bytes or like 500M, 10G, 1.5TiB"
+
 HOST_KEYS: dict[str, Callable[[Any], bool]] = {
     "transport": _one_of("ssh", "local"),
     "hostname": _str,
@@ -170,6 +181,7 @@ ROLE_KEYS: dict[str, tuple[type, dict[str, Callable[[Any], bool]], tuple[str, ..
         "ground_truth_model": _str,
         "max_new_tokens": _int,
         "samples": _int,
+        "reserve": _size,
     }, ("drafters",)),
 }
 DEFAULT_KEYS: dict[str, Callable[[Any], bool]] = {

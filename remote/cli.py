@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "remote.jobs",
     "remote.preflight",
     "remote.evaluate",
+    "remote.relay",
 )
 
 

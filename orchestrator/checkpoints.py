@@ -1,0 +1,142 @@
+"""Checkpoints on a trainer: what exists, which step, and whether the trainer is done with it.
+
+A checkpoint is a folder (``step_12000/``, ``checkpoint-8000/``) or a single file
+(``step_500.pt``) directly under the trainer's checkpoint folder; hidden names are not
+checkpoints. Its step is the last number in its name.
+
+Completeness (trainer role ``complete_rule``):
+
+- ``marker``: the folder holds the marker file (``COMPLETE`` by default). A single-file
+  checkpoint is complete when ``<name>.<marker>`` sits beside it.
+- ``stable``: no file in it changed during the last ``stable_seconds`` (by the trainer's own
+  clock). When something did, the relay looks again ``stable_seconds`` later and accepts it
+  only if no size or mtime moved in between.
+- ``auto`` (the default): ``marker`` as soon as any checkpoint in the folder carries the
+  marker (that trainer writes markers, so one without it is unfinished), ``stable``
+  otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.bundle import run_remote_json
+from orchestrator.errors import DflashError
+from orchestrator.hosts import Host
+from orchestrator.inventory import TrainerRole
+
+_NUMBER = re.compile(r"\d+")
+_NAMED = re.compile(r"(?:step|checkpoint|ckpt|iter|global_step)[-_ ]?(\d+)", re.I)
+
+
+def parse_step(name: str) -> int | None:
+    """The step number of a checkpoint name: the number after ``step``/``checkpoint``/
+    ``ckpt``/``iter`` (``step_12000`` -> 12000, ``checkpoint-8000`` -> 8000,
+    ``step_500.pt`` -> 500), else the last run of digits; None without digits."""
+    stem = re.sub(r"\.(pt|pth|bin|safetensors|ckpt|tar|gz|zip)$", "", name)
+    named = _NAMED.findall(stem)
+    if named:
+        return int(named[-1])
+    numbers = _NUMBER.findall(stem)
+    return int(numbers[-1]) if numbers else None
+
+
+@dataclass
+class SourceFile:
+    path: str  # relative to the checkpoint folder; the name itself for a single file
+    size: int
+    mtime: float
+
+
+@dataclass
+class Checkpoint:
+    name: str
+    kind: str  # "dir" | "file"
+    files: list[SourceFile]
+    step: int | None = None
+    complete: bool = False
+    reason: str = ""  # why it is not complete
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def signature(self) -> list[tuple[str, int, float]]:
+        return sorted((f.path, f.size, round(f.mtime, 3)) for f in self.files)
+
+
+@dataclass
+class Scan:
+    """One look at a folder on a host (relay-scan)."""
+    root: str
+    now: float
+    exists: bool
+    free: int
+    checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
+    partials: dict[str, list[SourceFile]] = field(default_factory=dict)
+    manifests: dict[str, Any] = field(default_factory=dict)
+
+
+def scan(host: Host, root: str) -> Scan:
+    """List `root` on `host`: checkpoints with file sizes and mtimes, partial folders,
+    manifests of relayed checkpoints, and free bytes on its filesystem."""
+    data = run_remote_json(host, ["relay-scan", root], python_flags=("-I", "-S"))
+    out = Scan(root=root, now=data["now"], exists=data["exists"], free=data["free"],
+               manifests={k: v for k, v in data["manifests"].items() if isinstance(v, dict)})
+    for entry in data["entries"]:
+        files = [SourceFile(f["path"], f["size"], f["mtime"]) for f in entry["files"]]
+        out.checkpoints[entry["name"]] = Checkpoint(entry["name"], entry["kind"], files,
+                                                    parse_step(entry["name"]))
+    for name, files in data["partials"].items():
+        out.partials[name] = [SourceFile(f["path"], f["size"], f["mtime"]) for f in files]
+    return out
+
+
+def _has_marker(ckpt: Checkpoint, marker: str, siblings: set[str]) -> bool:
+    if ckpt.kind == "dir":
+        return any(f.path == marker for f in ckpt.files)
+    return f"{ckpt.name}.{marker}" in siblings
+
+
+def judge_complete(host: Host, root: str, role: TrainerRole,
+                   sleep=time.sleep) -> Scan:
+    """Scan the trainer's checkpoint folder and mark each checkpoint complete or not
+    (see the module docstring for the rules). Takes a second look only when needed."""
+    first = scan(host, root)
+    if not first.exists:
+        raise DflashError(f"{host.name}: checkpoint folder {root} does not exist; fix "
+                          "'checkpoints' of its trainer role in the inventory or pass --src")
+    names = set(first.checkpoints)
+    rule = role.complete_rule
+    if rule == "auto":
+        rule = "marker" if any(_has_marker(c, role.marker, names)
+                               for c in first.checkpoints.values()) else "stable"
+    # Marker files of single-file checkpoints are not checkpoints themselves.
+    for name in [n for n in names if n.endswith("." + role.marker)]:
+        first.checkpoints.pop(name, None)
+    young: list[Checkpoint] = []
+    for ckpt in first.checkpoints.values():
+        if not ckpt.files:
+            ckpt.reason = "empty"
+        elif rule == "marker":
+            ckpt.complete = _has_marker(ckpt, role.marker, names)
+            ckpt.reason = "" if ckpt.complete else f"no {role.marker} marker yet"
+        else:
+            newest = max(f.mtime for f in ckpt.files)
+            if first.now - newest >= role.stable_seconds:
+                ckpt.complete = True
+            else:
+                young.append(ckpt)
+    if young:
+        sleep(role.stable_seconds)
+        second = scan(host, root)
+        for ckpt in young:
+            again = second.checkpoints.get(ckpt.name)
+            if again is not None and again.signature() == ckpt.signature():
+                ckpt.complete = True
+            else:
+                ckpt.reason = f"still being written (changed within {role.stable_seconds:g}s)"
+    return first

@@ -1,0 +1,306 @@
+"""The relay's data path: OpenSSH clients on both ends, bytes pumped through this machine.
+
+Measured on loopback (2 cores, 1 GiB, see benchmarks/relay.py): OpenSSH clients piped
+through this process run at or above ``scp -3``, while paramiko channels top out near it
+and fall behind once the hosts also hash. So bulk bytes travel through one ``ssh`` process
+per host and file (``relay-send`` on the source, ``relay-recv`` on each destination) and
+this process only moves them between pipes: with one destination by ``splice(2)`` (no copy
+into Python), with several by large reads written to every destination (read once, fan
+out). Nothing touches this machine's disk.
+
+The ``ssh`` command line honours the inventory exactly as the paramiko connections do:
+port, user, identity_file, the inventory's known_hosts before ``~/.ssh/known_hosts``,
+StrictHostKeyChecking=yes (accept-new only when opted in), connect_timeout, and a jump
+host (an inventory host becomes a ProxyCommand with ITS settings). ``~/.ssh/config`` is
+read by ssh itself. The cipher list offered is the fastest first; OpenSSH takes the first
+one the server also offers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Callable, Sequence
+
+from orchestrator import hosts as hosts_mod
+from orchestrator.errors import DflashError
+from orchestrator.hosts import PREFERRED_CIPHERS, Host, last_line
+from orchestrator.inventory import HostSpec, Inventory
+
+CHUNK = 4 * 1024 * 1024
+
+
+class StreamError(DflashError):
+    """A data stream to or from a host failed (connection lost, remote error)."""
+
+
+@functools.lru_cache(maxsize=1)
+def local_ciphers() -> tuple[str, ...]:
+    """Ciphers this machine's ssh client supports (``ssh -Q cipher``)."""
+    try:
+        out = subprocess.run(["ssh", "-Q", "cipher"], capture_output=True, text=True,
+                             timeout=10).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(out)
+
+
+def cipher_list() -> str:
+    """Our preference order, restricted to what the local client knows."""
+    known = local_ciphers()
+    chosen = [c for c in PREFERRED_CIPHERS if c in known] if known else list(PREFERRED_CIPHERS)
+    return ",".join(chosen)
+
+
+def _ssh_config_value(path: str) -> str:
+    # ssh_config values with spaces must be double-quoted; '%' would be a token there.
+    return '"' + path.replace("%", "%%") + '"'
+
+
+def openssh_options(spec: HostSpec, inventory: Inventory | None) -> list[str]:
+    """``ssh`` options (no destination) that reach `spec` like the paramiko connection does."""
+    if shutil.which("ssh") is None:
+        raise DflashError("the OpenSSH client 'ssh' is not installed on this machine; the "
+                          "relay needs it (apt install openssh-client)")
+    accept_new = spec.accept_new_host_key or hosts_mod.ACCEPT_NEW_HOST_KEYS
+    known = []
+    if spec.known_hosts:
+        known.append(os.path.expanduser(spec.known_hosts))
+    known.append(os.path.expanduser("~/.ssh/known_hosts"))
+    opts = ["-T", "-x", "-a",
+            "-o", "BatchMode=yes",
+            "-o", "Compression=no",
+            "-o", "ClearAllForwardings=yes",
+            "-o", f"StrictHostKeyChecking={'accept-new' if accept_new else 'yes'}",
+            "-o", "UserKnownHostsFile=" + " ".join(_ssh_config_value(k) for k in known),
+            "-o", f"ConnectTimeout={max(1, int(round(spec.connect_timeout)))}",
+            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
+            "-o", "LogLevel=ERROR"]
+    ciphers = cipher_list()
+    if ciphers:
+        opts += ["-c", ciphers]
+    if spec.port:
+        opts += ["-p", str(spec.port)]
+    if spec.user:
+        opts += ["-l", spec.user]
+    if spec.identity_file:
+        opts += ["-i", os.path.expanduser(spec.identity_file)]
+    if spec.jump:
+        if inventory is not None and spec.jump in inventory.hosts:
+            jspec = inventory.hosts[spec.jump]
+            inner = ["ssh", *openssh_options(jspec, inventory), "-W", "%h:%p",
+                     jspec.hostname or jspec.name]
+            # ProxyCommand is run by a shell after %-expansion: quote, then escape '%'
+            # everywhere except the %h:%p we want expanded.
+            line = " ".join(hosts_mod.quote(a) for a in inner)
+            line = line.replace("%", "%%").replace("%%h:%%p", "%h:%p")
+            opts += ["-o", f"ProxyCommand={line}"]
+        else:
+            opts += ["-J", spec.jump]
+    return opts
+
+
+def stream_argv(host: Host, line: str, inventory: Inventory | None,
+                mux: "Multiplexer | None" = None) -> list[str]:
+    """The local argv that runs shell command `line` on `host` with binary pipes."""
+    if isinstance(host, hosts_mod.LocalHost):
+        return ["bash", "-c", line]
+    spec = host.spec
+    extra = mux.options(host) if mux is not None else []
+    return ["ssh", *openssh_options(spec, inventory), *extra, spec.hostname or spec.name, line]
+
+
+class Multiplexer:
+    """One OpenSSH master connection per host for the relay's streams (ControlMaster).
+
+    A stream then costs a channel, not a TCP connection, key exchange and authentication.
+    When a master is not (or no longer) there, ssh quietly makes its own connection, so
+    the master only ever saves time. Masters end with `close`.
+    """
+
+    def __init__(self, inventory: Inventory | None):
+        self.inventory = inventory
+        self.dir = tempfile.mkdtemp(prefix="dfr-")  # short: unix socket paths are limited
+        self.masters: dict[str, subprocess.Popen] = {}
+        self.paths: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def options(self, host: Host) -> list[str]:
+        path = self.paths.get(id(host))
+        if path is None or not os.path.exists(path) or self.masters[path].poll() is not None:
+            return []  # not up (yet): this stream connects on its own
+        return ["-o", f"ControlPath={path}", "-o", "ControlMaster=no"]
+
+    def start(self, host: Host) -> None:
+        """Start the master for `host` in the background; streams use it once it is up."""
+        if isinstance(host, hosts_mod.LocalHost):
+            return
+        with self._lock:
+            path = os.path.join(self.dir, str(len(self.masters)))
+            spec = host.spec
+            self.masters[path] = subprocess.Popen(
+                ["ssh", *openssh_options(spec, self.inventory), "-M", "-N",
+                 "-o", f"ControlPath={path}", "-o", "ControlPersist=no",
+                 spec.hostname or spec.name],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True)
+            self.paths[id(host)] = path
+
+    def close(self) -> None:
+        for proc in self.masters.values():
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Stream:
+    """One running ``ssh`` (or local bash) command with raw pipe file descriptors."""
+
+    def __init__(self, host: Host, line: str, inventory: Inventory | None, *,
+                 stdin: bool, stdout: bool, mux: Multiplexer | None = None):
+        self.host = host
+        self._err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            stream_argv(host, line, inventory, mux),
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if stdout else subprocess.DEVNULL, stderr=self._err,
+            bufsize=0, start_new_session=True)  # Ctrl-C reaches us; we end them ourselves
+        self.failed: str | None = None
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                widen_pipe(pipe.fileno())
+
+    @property
+    def stdin_fd(self) -> int:
+        return self.proc.stdin.fileno()
+
+    @property
+    def stdout_fd(self) -> int:
+        return self.proc.stdout.fileno()
+
+    def close_stdin(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def finish(self) -> tuple[int, bytes, str]:
+        """Wait; (exit code, rest of stdout, stderr). ssh's 255 means the link failed."""
+        self.close_stdin()
+        out = b""
+        if self.proc.stdout:
+            out = self.proc.stdout.read() or b""
+            self.proc.stdout.close()
+        code = self.proc.wait()
+        self._err.seek(0)
+        err = self._err.read().decode(errors="replace")
+        self._err.close()
+        return code, out, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+
+
+def widen_pipe(fd: int, size: int = 1024 * 1024) -> None:
+    """Grow a pipe to 1 MiB (Linux): with the default 64 KiB every splice or read moves
+    64 KiB and the per-call costs dominate."""
+    try:
+        import fcntl
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
+    except (OSError, ImportError):
+        pass
+
+
+def summary_json(text: str) -> dict | None:
+    """The last line of `text` that parses as a JSON object (a remote command's summary)."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def describe_failure(host: Host, code: int, err: str) -> str:
+    if code == 255:
+        return f"connection to {host.name} lost ({last_line(err) or 'ssh exit 255'})"
+    return f"{host.name}: exit {code}: {last_line(err) or 'no message'}"
+
+
+def pump(src: Stream, dests: Sequence[Stream], skip: Sequence[int],
+         on_bytes: Callable[[int], None] | None = None,
+         cancelled: threading.Event | None = None) -> int:
+    """Copy the source's stdout to every destination's stdin; return bytes read.
+
+    `skip[i]` bytes at the start of the stream are not given to destination i (it already
+    holds them: fan-out with different resume offsets reads the source once). A destination
+    whose pipe breaks is marked failed and dropped; the others go on. `on_bytes` gets the
+    number of bytes delivered per step (counted once, however many destinations).
+    """
+    live = [i for i, d in enumerate(dests) if d.failed is None]
+    pos = 0
+    src_fd = src.stdout_fd
+    use_splice = (len(live) == 1 and skip[live[0]] == 0 and hasattr(os, "splice"))
+    while live:
+        if cancelled is not None and cancelled.is_set():
+            raise KeyboardInterrupt
+        if use_splice:
+            d = dests[live[0]]
+            try:
+                n = os.splice(src_fd, d.stdin_fd, CHUNK)
+            except BrokenPipeError:
+                d.failed = "write failed (pipe closed)"
+                break
+            except OSError as exc:
+                if exc.errno == 22:  # EINVAL: this kernel cannot splice these fds
+                    use_splice = False
+                    continue
+                d.failed = f"write failed ({exc.strerror})"
+                break
+            if n == 0:
+                break
+            pos += n
+            if on_bytes:
+                on_bytes(n)
+            continue
+        block = os.read(src_fd, CHUNK)
+        if not block:
+            break
+        end = pos + len(block)
+        delivered = 0
+        for i in list(live):
+            d = dests[i]
+            start = max(0, skip[i] - pos)
+            if start >= len(block):
+                continue
+            view = memoryview(block)[start:]
+            try:
+                while view:
+                    n = os.write(d.stdin_fd, view)
+                    view = view[n:]
+            except OSError as exc:
+                d.failed = f"write failed ({exc.strerror or exc})"
+                live.remove(i)
+                continue
+            delivered = max(delivered, len(block) - start)
+        pos = end
+        if on_bytes and delivered:
+            on_bytes(delivered)
+    return pos

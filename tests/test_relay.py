@@ -1,0 +1,372 @@
+"""`dflash relay` over two (and three) real loopback sshd hosts: no mocks.
+
+Every test gets its own checkpoint and drafters folders under the servers' roots, so tests
+do not see each other's checkpoints. Sizes are MiB-scale to keep the file fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.inventory import load_inventory
+from orchestrator.relay import Progress, RelayError, RelayOptions, list_checkpoints, relay
+from tests.conftest import _start, ssh_host_entry
+from tests.test_hosts import dflash, one_error_line
+
+MiB = 1 << 20
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def eval2_sshd(ssh_base, user_key):
+    server = _start(ssh_base, user_key, f"evalhost2-{os.getpid()}")
+    yield server
+    server.stop()
+
+
+class Env:
+    def __init__(self, inventory: Path, ckpt: Path, drafters: dict[str, Path]):
+        self.inventory_path = inventory
+        self.ckpt = ckpt
+        self.drafters = drafters
+
+    @property
+    def inv(self):
+        return load_inventory(self.inventory_path)
+
+    def relay(self, dests=("evalhost",), progress=None, **opts):
+        return relay(self.inv, "trainer", list(dests), RelayOptions(**opts), progress)
+
+    @property
+    def dst(self) -> Path:
+        return self.drafters["evalhost"]
+
+
+@pytest.fixture
+def env(trainer_sshd, eval_sshd, eval2_sshd, ssh_base, make_inventory):
+    """Fresh folders: trainer checkpoints, drafters on evalhost and evalhost2."""
+    n = next(_counter)
+    ckpt = trainer_sshd.root / f"ckpt-{n}"
+    ckpt.mkdir()
+    drafters = {"evalhost": eval_sshd.root / f"drafters-{n}",
+                "evalhost2": eval2_sshd.root / f"drafters-{n}"}
+    for d in drafters.values():
+        d.mkdir()
+
+    def write(trainer_role=None, eval_role=None):
+        return make_inventory(
+            hosts={
+                "trainer": ssh_host_entry(trainer_sshd, ssh_base, roles={"trainer": {
+                    "checkpoints": str(ckpt), **(trainer_role or {})}}),
+                "evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": {
+                    "drafters": str(drafters["evalhost"]), **(eval_role or {})}}),
+                "evalhost2": ssh_host_entry(eval2_sshd, ssh_base, roles={"eval": {
+                    "drafters": str(drafters["evalhost2"])}}),
+            },
+            defaults={"relay_from": "trainer", "relay_to": "evalhost"},
+            groups={"evals": ["evalhost", "evalhost2"]},
+        )
+    e = Env(write(), ckpt, drafters)
+    e.rewrite = lambda **kw: setattr(e, "inventory_path", write(**kw))
+    return e
+
+
+def make_checkpoint(root: Path, name: str, sizes: dict[str, int], marker: bool = True,
+                    seed: int = 0) -> dict[str, bytes]:
+    """A checkpoint folder of random files (with the COMPLETE marker unless told not to)."""
+    files = {}
+    for i, (rel, size) in enumerate(sizes.items()):
+        path = root / name / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = os.urandom(size) if size else b""
+        path.write_bytes(data)
+        files[rel] = data
+    if marker:
+        (root / name / "COMPLETE").write_bytes(b"")
+        files["COMPLETE"] = b""
+    return files
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` (relative path -> bytes), the manifest excluded."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ".dflash-manifest.json"}
+
+
+def settled_size(path: Path) -> int:
+    """The size of a file once the host-side writer of a dropped connection has drained
+    what was already in its pipe (unchanged across 0.5 s)."""
+    last = -1
+    while (size := path.stat().st_size) != last:
+        last = size
+        time.sleep(0.5)
+    return size
+
+
+class KillAfter(Progress):
+    """Kills every session of an sshd once `after` bytes went through: a dropped link."""
+
+    def __init__(self, server, after: int):
+        self.server, self.after, self.seen, self.killed = server, after, 0, False
+        self.lock = threading.Lock()
+
+    def advance(self, nbytes: int) -> None:
+        with self.lock:
+            self.seen += nbytes
+            fire = self.seen >= self.after and not self.killed
+            if fire:
+                self.killed = True
+        if fire:
+            self.server.kill_sessions()
+
+
+class Watcher(threading.Thread):
+    """Polls a destination path during a relay; records any moment it held a partial
+    checkpoint (a missing file or a file shorter than its final size)."""
+
+    def __init__(self, final: Path, expected: dict[str, bytes]):
+        super().__init__(daemon=True)
+        self.final, self.expected = final, expected
+        self.stop_flag = threading.Event()
+        self.looks = self.seen_present = 0
+        self.bad: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop_flag.is_set():
+            self.looks += 1
+            if self.final.exists():
+                self.seen_present += 1
+                for rel, data in self.expected.items():
+                    p = self.final / rel
+                    if not p.is_file() or p.stat().st_size != len(data):
+                        self.bad.append(rel)
+            time.sleep(0.002)
+
+
+# ---- tests --------------------------------------------------------------------------------
+
+def test_multi_file_checkpoint_byte_exact_never_partial_then_unchanged_costs_nothing(env):
+    files = make_checkpoint(env.ckpt, "step_1000", {
+        "model.safetensors": 12 * MiB, "optimizer/part-0.bin": 5 * MiB + 3,
+        "optimizer/part-1.bin": 3 * MiB, "config.json": 517, "empty.txt": 0})
+    final = env.dst / "step_1000"
+    watcher = Watcher(final, files)
+    watcher.start()
+    report = env.relay()
+    watcher.stop_flag.set()
+    watcher.join()
+    assert report.ok, report.failures
+    assert tree(final) == files
+    assert watcher.looks > 10 and watcher.bad == []
+    total = sum(map(len, files.values()))
+    assert report.bytes_sent == report.bytes_read == total
+    assert not (env.dst / ".partial-step_1000").exists()
+
+    manifest = json.loads((final / ".dflash-manifest.json").read_text())
+    assert manifest["step"] == 1000 and manifest["source"]["host"] == "trainer"
+    assert manifest["source"]["path"] == f"{env.ckpt}/step_1000"
+    assert {f["path"]: f["sha256"] for f in manifest["files"]} == {
+        rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+    assert {f["path"]: f["size"] for f in manifest["files"]} == {
+        rel: len(data) for rel, data in files.items()}
+
+    # Unchanged: nothing moves, and the CLI's JSON says so.
+    proc = dflash("relay", "--from", "trainer", "--to", "evalhost", "--json",
+                  "--inventory", str(env.inventory_path))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["bytes_sent"] == 0 and summary["bytes_read"] == 0
+    assert summary["bytes_skipped"] == total
+    assert summary["checkpoints"][0]["destinations"]["evalhost"]["status"] == "unchanged"
+
+
+def test_dropped_connection_resumes_inside_the_file(env, eval_sshd):
+    files = make_checkpoint(env.ckpt, "checkpoint-8000", {
+        "big.bin": 40 * MiB, "small.bin": 2 * MiB})
+    total = sum(map(len, files.values()))
+    killer = KillAfter(eval_sshd, after=14 * MiB)
+    report = env.relay(progress=killer, jobs=1)  # one file at a time: big first
+    assert killer.killed and not report.ok
+    assert "lost" in report.failures[0][2] or "exit" in report.failures[0][2]
+    assert not (env.dst / "checkpoint-8000").exists()
+    partial = env.dst / ".partial-checkpoint-8000" / "big.bin"
+    have = settled_size(partial)
+    assert 0 < have < 40 * MiB
+    assert partial.read_bytes() == files["big.bin"][:have]  # a clean prefix
+    # Files after the broken one still went (over fresh connections): count them too.
+    kept = sum(settled_size(p) for p in partial.parent.iterdir())
+
+    again = env.relay()
+    assert again.ok, again.failures
+    assert tree(env.dst / "checkpoint-8000") == files
+    # Only what was missing moved: the kept prefix was verified, not re-sent.
+    assert again.bytes_sent == total - kept
+    assert again.bytes_sent <= 40 * MiB - have  # big.bin resumed inside, at its byte offset
+    assert again.checkpoints[0].destinations["evalhost"].bytes_skipped == kept
+
+
+def test_interrupted_multi_file_keeps_finished_files(env, eval_sshd):
+    files = make_checkpoint(env.ckpt, "step_20", {f"shard-{i}.bin": 4 * MiB for i in range(6)})
+    killer = KillAfter(eval_sshd, after=13 * MiB)
+    assert not env.relay(progress=killer, jobs=2).ok
+    kept = sum(settled_size(p) for p in (env.dst / ".partial-step_20").rglob("*.bin"))
+    assert kept >= 8 * MiB
+    again = env.relay()
+    assert again.ok and tree(env.dst / "step_20") == files
+    assert again.bytes_sent == sum(map(len, files.values())) - kept
+
+
+def test_verify_detects_and_repairs_a_flipped_byte(env):
+    files = make_checkpoint(env.ckpt, "step_7", {"a.bin": 3 * MiB, "b.bin": 2 * MiB})
+    assert env.relay().ok
+    damaged = env.dst / "step_7" / "b.bin"
+    data = bytearray(damaged.read_bytes())
+    data[1234567] ^= 0x01
+    stat = damaged.stat()
+    damaged.write_bytes(bytes(data))
+    os.utime(damaged, (stat.st_atime, stat.st_mtime))  # same size, same mtime: sneaky
+
+    assert env.relay().bytes_sent == 0  # without --verify the manifest is trusted
+    report = env.relay(verify=True)
+    st = report.checkpoints[0].destinations["evalhost"]
+    assert st.status == "repaired" and st.repaired == ["b.bin"]
+    assert st.bytes_sent == 2 * MiB  # only the damaged file
+    assert tree(env.dst / "step_7") == files
+    clean = env.relay(verify=True).checkpoints[0].destinations["evalhost"]
+    assert clean.status == "verified" and clean.bytes_sent == 0
+
+
+def test_half_written_checkpoints_are_not_relayed(env):
+    make_checkpoint(env.ckpt, "step_100", {"w.bin": MiB})
+    make_checkpoint(env.ckpt, "step_200", {"w.bin": MiB}, marker=False)  # trainer not done
+    report = env.relay(all=True)
+    assert [c.name for c in report.checkpoints] == ["step_100"]
+    assert report.incomplete[0]["name"] == "step_200"
+    assert "COMPLETE" in report.incomplete[0]["reason"]
+    assert not (env.dst / "step_200").exists()
+    assert not (env.dst / ".partial-step_200").exists()
+    # --latest picks the newest COMPLETE one.
+    assert [c.name for c in env.relay(latest=True).checkpoints] == ["step_100"]
+
+
+def test_stable_rule_skips_a_checkpoint_still_growing(env):
+    env.rewrite(trainer_role={"complete_rule": "stable", "stable_seconds": 1})
+    make_checkpoint(env.ckpt, "step_1", {"w.bin": MiB}, marker=False)
+    old = time.time() - 60
+    os.utime(env.ckpt / "step_1" / "w.bin", (old, old))
+    growing = env.ckpt / "step_2" / "w.bin"
+    growing.parent.mkdir()
+    stop = threading.Event()
+
+    def writer():
+        with open(growing, "ab") as fh:
+            while not stop.is_set():
+                fh.write(os.urandom(4096))
+                fh.flush()
+                time.sleep(0.05)
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        report = env.relay(all=True)
+    finally:
+        stop.set()
+        t.join()
+    assert [c.name for c in report.checkpoints] == ["step_1"]
+    assert report.incomplete[0]["name"] == "step_2"
+    assert "still being written" in report.incomplete[0]["reason"]
+
+
+def test_not_enough_space_is_refused_before_any_byte_moves(env):
+    make_checkpoint(env.ckpt, "step_5", {"w.bin": 2 * MiB})
+    free = os.statvfs(env.dst).f_bavail * os.statvfs(env.dst).f_frsize
+    # The reserve leaves less room than the checkpoint needs: refused, with the numbers.
+    env.rewrite(eval_role={"reserve": free + 64 * MiB})
+    proc = dflash("relay", "--inventory", str(env.inventory_path))
+    assert proc.returncode != 0
+    line = one_error_line(proc)
+    assert "not enough space" in line and "needs 2.0 MiB" in line and "reserve" in line
+    assert list(env.dst.iterdir()) == []  # no partial folder, nothing published
+    with pytest.raises(RelayError, match="short by"):
+        env.relay(reserve=free + 64 * MiB)
+    assert env.relay(reserve=0).ok  # the same relay with no reserve fits
+
+
+def test_hostile_names_arrive_byte_exact_and_nothing_runs(env):
+    token = f"PWNED-{os.getpid()}-{next(_counter)}"
+    evil = f"$(cd;touch {token})"  # no '/': it must be usable as a file name
+    name = f"-step_9 it's \"q\" {evil};touch {token}"
+    files = make_checkpoint(env.ckpt, name, {
+        "a b.bin": MiB, "it's.bin": 1000, f"{evil}.bin": 2000, f"x;touch {token}": 3,
+        "-rf": 10, "sub dir/`touch x`.bin": 5, "new\nline.bin": 7})
+    report = env.relay(names=[name])
+    assert report.ok, report.failures
+    assert tree(env.dst / name) == files
+    homes = {Path.home(), Path(os.path.expanduser("~" + (os.environ.get("USER") or "root")))}
+    for where in [*homes, Path.cwd(), env.ckpt, env.dst]:
+        assert not (where / token).exists()
+    assert report.checkpoints[0].step == 9
+    proc = dflash("relay", "--inventory", str(env.inventory_path), "--json", "--", name)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["bytes_sent"] == 0
+
+
+def test_single_file_checkpoint(env):
+    data = os.urandom(3 * MiB + 7)
+    (env.ckpt / "step_300.pt").write_bytes(data)
+    env.rewrite(trainer_role={"complete_rule": "stable", "stable_seconds": 0.2})
+    time.sleep(0.3)
+    report = env.relay(step=300)
+    assert report.ok and (env.dst / "step_300.pt").read_bytes() == data
+    manifest = json.loads((env.dst / ".step_300.pt.dflash-manifest.json").read_text())
+    assert manifest["files"][0]["sha256"] == hashlib.sha256(data).hexdigest()
+    assert env.relay(step=300).bytes_sent == 0
+
+
+def test_fan_out_reads_once_and_a_failed_destination_spares_the_other(env, eval2_sshd):
+    files = make_checkpoint(env.ckpt, "step_1", {"a.bin": 6 * MiB, "b.bin": 3 * MiB})
+    total = sum(map(len, files.values()))
+    report = env.relay(dests=["evalhost", "evalhost2"])
+    assert report.ok, report.failures
+    assert report.bytes_read == total and report.bytes_sent == 2 * total
+    for d in env.drafters.values():
+        assert tree(d / "step_1") == files
+
+    files2 = make_checkpoint(env.ckpt, "step_2", {"a.bin": 30 * MiB, "b.bin": MiB})
+    total2 = sum(map(len, files2.values()))
+    killer = KillAfter(eval2_sshd, after=10 * MiB)
+    report = env.relay(dests=["evals"], progress=killer, jobs=1)  # a group name works too
+    sts = report.checkpoints[0].destinations
+    assert sts["evalhost"].status == "relayed" and sts["evalhost2"].status == "failed"
+    assert tree(env.drafters["evalhost"] / "step_2") == files2
+    assert not (env.drafters["evalhost2"] / "step_2").exists()
+    again = env.relay(dests=["evalhost", "evalhost2"])
+    sts = again.checkpoints[0].destinations
+    assert sts["evalhost"].status == "unchanged" and sts["evalhost2"].status == "relayed"
+    assert sts["evalhost2"].bytes_sent < total2
+    assert tree(env.drafters["evalhost2"] / "step_2") == files2
+
+
+def test_keep_list_and_dry_run(env):
+    for step in (100, 200, 300):
+        make_checkpoint(env.ckpt, f"step_{step}", {"w.bin": 100_000})
+    (env.dst / "mine").mkdir()  # not relayed by dflash: never pruned
+    plan = dflash("relay", "--all", "--dry-run", "--json", "--inventory",
+                  str(env.inventory_path))
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["bytes_sent"] == 0 and sorted(
+        p.name for p in env.dst.iterdir()) == ["mine"]
+    report = env.relay(all=True, keep=2)
+    assert report.pruned["evalhost"] == ["step_100"]
+    assert sorted(p.name for p in env.dst.iterdir()) == ["mine", "step_200", "step_300"]
+    listing = list_checkpoints(env.inv, "trainer", ["evalhost"])
+    states = {r["name"]: r["destinations"]["evalhost"] for r in listing["checkpoints"]}
+    assert states == {"step_100": "no", "step_200": "relayed", "step_300": "relayed"}
+    table = dflash("relay", "--list", "--inventory", str(env.inventory_path))
+    assert table.returncode == 0 and "step_300" in table.stdout and "relayed" in table.stdout
