@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "orchestrator.commands.remote_eval",
     "orchestrator.commands.results",
     "orchestrator.commands.relay",
+    "orchestrator.commands.probe",
 )
 
 for _name in COMMAND_MODULES:

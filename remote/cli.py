@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "remote.preflight",
     "remote.evaluate",
     "remote.relay",
+    "remote.probe",
 )
 
 

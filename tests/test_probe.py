@@ -1,0 +1,361 @@
+"""`probe` over tiny real checkpoints: structure, key mapping, drafter checks, --load, errors.
+
+Checkpoints are built once per session (`tests/tiny_models.py`) and saved as real safetensors
+with `save_pretrained`. The remote command runs as a user would run it (``python -m remote
+probe``) and through the library; the controller side runs over a local host and over a real
+loopback sshd host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from remote.errors import EXIT_USER_ERROR, UserError
+from remote.probe import SCHEMA, default_target_layer_ids, probe
+from tests import tiny_models
+from tests.conftest import ROOT, ssh_host_entry
+from tests.tiny_models import EXPECTED, HIDDEN, VOCAB
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("tiny")
+    return {name: tiny_models.build_checkpoint(name, base / name) for name in tiny_models.BUILDERS}
+
+
+@pytest.fixture(scope="session")
+def loaded_reports(ckpts) -> dict[str, dict]:
+    return {name: probe(str(path), load=True) for name, path in ckpts.items()}
+
+
+def remote_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "remote", "probe", *args], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=300)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("dflash-remote: error:")]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert proc.returncode == EXIT_USER_ERROR
+    assert proc.stdout == ""
+    return lines[0]
+
+
+# ---- structure and --load over every architecture ----------------------------------------
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_structure_and_hidden_states(name, loaded_reports):
+    r = loaded_reports[name]
+    layers_path, count, hidden, is_vlm = EXPECTED[name]
+    assert r["schema"] == SCHEMA
+    assert r["text"]["layers"] == layers_path
+    assert r["text"]["num_layers"] == count == r["text"]["config_num_hidden_layers"]
+    assert r["text"]["hidden_size"] == hidden
+    assert r["text"]["vocab_size"] == VOCAB
+    assert r["is_vlm"] is is_vlm
+    assert r["text"]["embed_tokens"].rsplit(".", 1)[0] == layers_path.rsplit(".", 1)[0]
+    assert r["keys"]["complete"], (r["keys"]["missing"], r["keys"]["unexpected"])
+    assert r["checkpoint"]["shards_complete"]
+    assert (r["parameters"]["vision"]["params"] > 0) is is_vlm
+    assert r["parameters"]["total"]["params"] == sum(
+        r["parameters"][k]["params"] for k in ("text", "vision", "other"))
+    load = r["load"]
+    assert load["ok"], load
+    assert load["hidden_states"] == count + 1
+    assert load["layer_outputs_match"] and load["mismatched_layers"] == []
+    # transformers 5.x: the last entry is the final-normed output, reported not failed.
+    assert load["last_hidden_state"] == "final_normed"
+    assert load["embedding_is_hidden_states_0"]
+
+
+def test_vlm_text_load_never_builds_the_vision_tower(loaded_reports):
+    r = loaded_reports["qwen3_5"]
+    assert r["load"]["backbone_class"] == "Qwen3_5TextModel"
+    assert r["parameters"]["vision"]["modules"] == ["model.visual"]
+    assert r["host"]["text_only_bytes_needed"] == r["parameters"]["text"]["bytes"]
+    assert r["host"]["text_only_bytes_needed"] < r["parameters"]["total"]["bytes"]
+
+
+def test_hybrid_layer_kinds_grouped(loaded_reports):
+    for name in ("qwen3_5", "qwen3_next"):
+        t = loaded_reports[name]["text"]
+        assert t["layer_types_config"] == {"linear_attention": 3, "full_attention": 1}
+        kinds = {g["indices"]: g["count"] for g in t["layer_kinds"]}
+        assert kinds == {"0..2": 3, "3": 1}
+        assert "linear_attn" in t["layer_kinds"][0]["kind"]
+        assert "self_attn" in t["layer_kinds"][1]["kind"]
+        layers_node = _find(loaded_reports[name]["tree"], "layers")
+        assert [c["name"] for c in layers_node["children"]] == ["0..2", "3"]
+
+
+def _find(node: dict, name: str) -> dict | None:
+    if node["name"] == name:
+        return node
+    for child in node.get("children", []):
+        hit = _find(child, name)
+        if hit:
+            return hit
+    return None
+
+
+def test_legacy_checkpoint_keys_are_mapped_and_both_forms_reported(loaded_reports):
+    # save_pretrained writes Llava in the legacy layout: language_model.model.layers.*
+    r = loaded_reports["llava"]
+    assert r["keys"]["paths"]["layers"] == {"module": "model.language_model.layers",
+                                           "checkpoint": "language_model.model.layers"}
+    assert r["keys"]["checkpoint_prefixes"]["language_model.model.layers"] == 18
+    assert r["keys"]["module_prefixes"]["model.language_model.layers"] == 18
+    assert {"checkpoint": "language_model.model.layers", "module": "model.language_model.layers",
+            "keys": 18} in r["keys"]["remapped_prefixes"]
+    q = loaded_reports["qwen2_5_vl"]
+    assert q["keys"]["paths"]["layers"]["checkpoint"] == "model.layers"
+    assert q["keys"]["paths"]["layers"]["module"] == "model.language_model.layers"
+
+
+def test_auto_classes_and_their_layer_paths(loaded_reports):
+    auto = loaded_reports["qwen3_5"]["auto_classes"]
+    assert auto["AutoModel"] == {"class": "Qwen3_5Model", "layers": "language_model.layers"}
+    assert auto["AutoModelForImageTextToText"]["layers"] == "model.language_model.layers"
+    text = loaded_reports["qwen3"]["auto_classes"]
+    assert text["AutoModelForCausalLM"]["layers"] == "model.layers"
+    assert text["AutoModelForImageTextToText"] is None
+
+
+def test_tied_lm_head_is_not_missing(loaded_reports):
+    r = loaded_reports["gemma3"]
+    assert r["text"]["lm_head_tied"] is True
+    assert "lm_head.weight" not in r["keys"]["missing"]["items"]
+
+
+def test_config_only_probe_reports_every_weight_missing(ckpts, tmp_path):
+    folder = tmp_path / "cfgonly"
+    folder.mkdir()
+    shutil.copy(ckpts["qwen3_5"] / "config.json", folder)
+    r = probe(str(folder), depth=2)
+    assert r["text"]["layers"] == "model.language_model.layers"
+    assert r["checkpoint"]["tensors"] == 0
+    assert not r["keys"]["complete"] and r["keys"]["missing"]["count"] > 50
+    assert len(r["keys"]["missing"]["items"]) <= 40  # listed, not dumped
+    # depth 2 = two levels below the root: model -> language_model, nothing deeper.
+    assert "children" not in _find(r["tree"], "language_model")
+    assert _find(r["tree"], "layers") is None
+
+
+# ---- checkpoint problems ------------------------------------------------------------------
+
+@pytest.fixture
+def sharded(ckpts, tmp_path) -> Path:
+    folder = tiny_models.build_checkpoint("qwen3", tmp_path / "sharded", max_shard_size="20KB")
+    assert (folder / "model.safetensors.index.json").exists()
+    return folder
+
+
+def test_missing_and_truncated_shards_are_reported(sharded):
+    shards = sorted(sharded.glob("*.safetensors"))
+    assert len(shards) >= 3
+    shards[0].unlink()
+    data = shards[1].read_bytes()
+    shards[1].write_bytes(data[: len(data) - 100])
+    r = probe(str(sharded))
+    assert r["checkpoint"]["missing_shards"] == [shards[0].name]
+    assert [t["file"] for t in r["checkpoint"]["truncated_shards"]] == [shards[1].name]
+    assert r["checkpoint"]["truncated_shards"][0]["expected"] == len(data)
+    assert not r["checkpoint"]["shards_complete"]
+    proc = remote_cli("--model", str(sharded), "--load")
+    line = one_error_line(proc)
+    assert "missing or truncated" in line and shards[1].name in line
+
+
+def test_unexpected_and_missing_keys_listed(ckpts, tmp_path):
+    from safetensors.torch import load_file, save_file
+    folder = tmp_path / "renamed"
+    shutil.copytree(ckpts["llama"], folder)
+    sd = load_file(str(folder / "model.safetensors"))
+    sd["model.layers.1.mlp.extra.weight"] = sd.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(sd, str(folder / "model.safetensors"))
+    r = probe(str(folder))
+    assert r["keys"]["missing"]["items"] == ["model.layers.1.mlp.up_proj.weight"]
+    assert r["keys"]["missing_text"]["count"] == 1
+    assert r["keys"]["unexpected"]["items"] == ["model.layers.1.mlp.extra.weight"]
+    assert not r["keys"]["complete"]
+
+
+# ---- bad input: one line each, exit code 3 ------------------------------------------------
+
+def _bad_inputs(ckpts, tmp: Path) -> dict[str, tuple[Path, str]]:
+    no_config = tmp / "noconfig"
+    no_config.mkdir()
+    unknown = tmp / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps(
+        {"model_type": "qwen9_omni", "transformers_version": "9.1.0"}))
+    unknown_old = tmp / "unknown_old"
+    unknown_old.mkdir()
+    (unknown_old / "config.json").write_text(json.dumps({"model_type": "qwen9_omni"}))
+    bad_json = tmp / "badjson"
+    bad_json.mkdir()
+    (bad_json / "config.json").write_text("{not json")
+    bad_index = tmp / "badindex"
+    shutil.copytree(ckpts["qwen3"], bad_index)
+    (bad_index / "model.safetensors.index.json").write_text("{\"weight_map\": [1, 2")
+    cut_header = tmp / "cutheader"
+    shutil.copytree(ckpts["qwen3"], cut_header)
+    shard = cut_header / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:64])
+    return {
+        "missing folder": (tmp / "nope", "model folder not found"),
+        "no config": (no_config, "no config.json"),
+        "bad config json": (bad_json, "is not valid JSON"),
+        "unknown model_type, newer saver": (unknown, "upgrade to >= 9.1.0"),
+        "unknown model_type": (unknown_old, "upgrade transformers"),
+        "unreadable index": (bad_index, "safetensors index"),
+        "truncated header": (cut_header, "is truncated"),
+    }
+
+
+def test_bad_inputs_are_one_line_each_via_cli_and_library(ckpts, tmp_path):
+    for label, (path, needle) in _bad_inputs(ckpts, tmp_path).items():
+        line = one_error_line(remote_cli("--model", str(path)))
+        assert needle in line, (label, line)
+        with pytest.raises(UserError) as info:
+            probe(str(path))
+        assert needle in str(info.value) and "\n" not in str(info.value), label
+
+
+# ---- drafter checks -----------------------------------------------------------------------
+
+def test_good_drafter_passes(ckpts, tmp_path):
+    d = tiny_models.build_drafter(tmp_path / "d", [0, 2], num_target_layers=4,
+                                  extra_config={"max_position_embeddings": 256})
+    r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
+    assert r["ok"], r["problems"]
+    assert r["problems"] == []
+    assert r["hidden_states_indices"] == [1, 3]
+    assert r["weights"]["fc"] == [HIDDEN, 2 * HIDDEN]
+
+
+def test_drafter_problems_one_line_each(ckpts, tmp_path):
+    d = tiny_models.build_drafter(tmp_path / "d", [1, 4], fc_width=3 * HIDDEN,
+                                  mask_token_id=VOCAB + 5, block_size=1, num_target_layers=5)
+    r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
+    assert not r["ok"]
+    text = "\n".join(r["problems"])
+    assert "target_layer_ids [4] out of range for a 4-layer target" in text
+    assert f"fc input width {3 * HIDDEN} != len(target_layer_ids) 2 x target hidden {HIDDEN}" in text
+    assert "mask_token_id" in text and "outside the target vocabulary" in text
+    assert "block_size" in text
+    assert "num_target_layers 5 != target's 4" in text
+    assert all("\n" not in p for p in r["problems"])
+
+
+def test_drafter_hidden_and_vocab_mismatch(ckpts, tmp_path):
+    d = tiny_models.build_drafter(tmp_path / "d", [0, 1], hidden=48, vocab=VOCAB * 2)
+    r = probe(str(ckpts["qwen3"]), drafter=str(d))["drafter"]
+    text = "\n".join(r["problems"])
+    assert "drafter hidden_size 48 != target hidden_size 32" in text
+    assert f"drafter vocab_size {VOCAB * 2} != target vocab_size {VOCAB}" in text
+
+
+def test_drafter_warnings(ckpts, tmp_path):
+    # The default schedule shifted by one is what a 1-based training script writes.
+    shifted = [i + 1 for i in default_target_layer_ids(4, 1)]
+    d = tiny_models.build_drafter(
+        tmp_path / "d", shifted, layers=2,
+        extra_config={"rope_theta": 1_000_000.0, "max_position_embeddings": 64,
+                      "layer_types": ["sliding_attention", "full_attention"]})
+    r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
+    text = "\n".join(r["warnings"])
+    assert "rope theta differs: drafter 1000000.0, target 10000.0" in text
+    assert "max_position_embeddings 64 < target's 256" in text
+    assert "layers 0 are sliding_attention" in text and "full attention" in text
+    assert "shifted by one" in text
+    assert "include the last layer 3" in text
+
+
+def test_drafter_default_ids_and_prefixed_keys(ckpts, tmp_path):
+    from safetensors.torch import load_file, save_file
+    d = tiny_models.build_drafter(tmp_path / "d", [0], layers=1, num_target_layers=3)
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["dflash_config"]["target_layer_ids"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    sd = load_file(str(d / "model.safetensors"))
+    save_file({"_orig_mod.model." + k: v for k, v in sd.items()}, str(d / "model.safetensors"))
+    r = probe(str(ckpts["llama"]), drafter=str(d))["drafter"]
+    assert r["target_layer_ids"] == default_target_layer_ids(3, 1) == [1]
+    assert r["target_layer_ids_source"] == "default"
+    assert r["ok"], r["problems"]  # prefixes stripped: fc, norms and layers all found
+    assert r["weights"] == {"fc": [HIDDEN, HIDDEN], "layers": 1}
+    assert any("training prefixes" in w for w in r["warnings"])
+
+
+def test_missing_drafter_folder_is_one_line(ckpts, tmp_path):
+    line = one_error_line(remote_cli("--model", str(ckpts["qwen3"]),
+                                     "--drafter", str(tmp_path / "none")))
+    assert "drafter folder not found" in line
+
+
+# ---- the remote CLI and the controller ----------------------------------------------------
+
+def test_remote_cli_prints_one_json_document(ckpts):
+    proc = remote_cli("--model", str(ckpts["gemma3"]), "--depth", "3")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["schema"] == SCHEMA and doc["text"]["num_layers"] == 3
+    assert doc["load"] is None and doc["drafter"] is None
+    assert set(doc) >= {"auto_classes", "text", "parameters", "checkpoint", "keys", "host", "tree"}
+
+
+def _comparable(report: dict) -> dict:
+    """The report without what legitimately differs between two runs on one machine."""
+    out = json.loads(json.dumps(report))
+    out.pop("probe_seconds")
+    for k in ("ram_available", "disk_free", "python"):
+        out["host"].pop(k)
+    return out
+
+
+def test_probe_over_sshd_equals_local(ckpts, eval_sshd, ssh_base, make_inventory, tmp_path):
+    from orchestrator.hosts import open_host
+    from orchestrator.inventory import load_inventory
+    from orchestrator.probe import probe_structure
+
+    inv_path = make_inventory(hosts={
+        "evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": {
+            "drafters": str(tmp_path), "target_model": str(ckpts["qwen3_5"])}}),
+        "here": {"transport": "local", "python": sys.executable,
+                 "workdir": str(tmp_path / "local-wd")},
+    })
+    inv = load_inventory(inv_path)
+    with open_host(inv.hosts["evalhost"], inv) as h:
+        over_ssh = probe_structure(h, str(ckpts["qwen3_5"]))
+    with open_host(inv.hosts["here"], inv) as h:
+        local = probe_structure(h, str(ckpts["qwen3_5"]))
+    assert over_ssh["text"]["layers"] == "model.language_model.layers"
+    assert _comparable(over_ssh) == _comparable(local)
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    cli = subprocess.run([sys.executable, "-m", "orchestrator", "probe-structure", "--host",
+                          "evalhost", "--json", "-i", str(inv_path)], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=300)
+    assert cli.returncode == 0, cli.stderr
+    assert _comparable(json.loads(cli.stdout)) == _comparable(over_ssh)  # model from inventory
+    tree = subprocess.run([sys.executable, "-m", "orchestrator", "probe-structure", "--host",
+                           "evalhost", "-i", str(inv_path)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
+    assert tree.returncode == 0, tree.stderr
+    assert "model.language_model.layers" in tree.stdout and "3 linear_attention" in tree.stdout
+    bad = subprocess.run([sys.executable, "-m", "orchestrator", "probe-structure", "--host",
+                          "evalhost", "--model", str(tmp_path / "gone"), "-i", str(inv_path)],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert bad.returncode != 0
+    lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "model folder not found" in lines[0], bad.stderr
