@@ -1,0 +1,165 @@
+"""A small ground-truth server for the demo and the tests, following the documented request/response shapes
+of SGLang's native ``/generate`` and of OpenAI-compatible ``/v1/completions`` (token-id
+prompts and ``return_token_ids`` as vLLM >= 0.10.2 and SGLang answer them, and plain text).
+
+It answers with REAL greedy generation of a tiny transformers model (KV cache, float32).
+``mode`` switches on the failures a real server shows: ``"500"`` (an internal error),
+``"malformed"`` (a body that is not JSON), ``"slow"`` (answers after `delay` seconds), ``"text_only"`` (ignores
+``return_token_ids``, as a server without that extension does).
+stdlib ``http.server`` with threads; binds 127.0.0.1 on a free port. `Greedy` is the model
+side alone (the demo also uses it to make the drafter's training data).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class Greedy:
+    """A tiny transformers model (float32, KV cache) answering greedy continuations."""
+
+    def __init__(self, model_dir: str):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self._lock = threading.Lock()  # one generate at a time: the HTTP server is threaded
+
+    def __call__(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        return self.batch([prompt_ids], max_new_tokens)[0]
+
+    def batch(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuations of prompts that all have the SAME length (no padding, so each
+        row equals its unbatched generation)."""
+        torch = self.torch
+        if len({len(p) for p in prompts}) != 1:
+            raise ValueError("batched prompts must have equal lengths")
+        ids = torch.tensor(prompts)
+        with self._lock, torch.inference_mode():
+            out = self.model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens,
+                                      attention_mask=torch.ones_like(ids))
+        return out[:, ids.shape[1]:].tolist()
+
+
+class GroundTruthServer:
+    """The HTTP server over a `Greedy` model (a folder path loads one). `stop()` ends it."""
+
+    def __init__(self, model: "str | Greedy", model_name: str = "tiny-target"):
+        self.greedy_model = model if isinstance(model, Greedy) else Greedy(model)
+        self.model = self.greedy_model.model
+        self.tokenizer = self.greedy_model.tokenizer
+        self.model_name = model_name
+        self.mode = "ok"
+        self.delay = 5.0
+        self.requests: list[tuple[str, dict]] = []
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        return self.greedy_model(prompt_ids, max_new_tokens)
+
+    def __enter__(self) -> "GroundTruthServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; returns when the serving thread has ended."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join()
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def _send(self, code: int, body: bytes, ctype: str = "application/json"):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _json(self, obj, code: int = 200):
+                self._send(code, json.dumps(obj).encode())
+
+            def _failure(self) -> bool:
+                if server.mode == "500":
+                    self._send(500, b'{"error": "CUDA out of memory"}')
+                    return True
+                if server.mode == "malformed":
+                    self._send(200, b"<html>upstream proxy error</html>", "text/html")
+                    return True
+                if server.mode == "slow":
+                    time.sleep(server.delay)
+                return False
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    self._json({"object": "list", "data": [{"id": server.model_name,
+                                                            "object": "model"}]})
+                elif self.path in ("/health", "/"):
+                    self._json({"status": "ok"})
+                else:
+                    self._send(404, b'{"detail": "Not Found"}')
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append((self.path, body))
+                if self._failure():
+                    return
+                if self.path == "/generate":
+                    self._generate(body)
+                elif self.path == "/v1/completions":
+                    self._completions(body)
+                else:
+                    self._send(404, b'{"detail": "Not Found"}')
+
+            def _generate(self, body):
+                # SGLang native: input_ids in, output_ids (+ text, meta_info) out.
+                params = body.get("sampling_params") or {}
+                ids = body["input_ids"]
+                out = server.greedy(ids, int(params.get("max_new_tokens", 128)))
+                self._json({"text": server.tokenizer.decode(out), "output_ids": out,
+                            "meta_info": {"id": "req-1", "prompt_tokens": len(ids),
+                                          "completion_tokens": len(out),
+                                          "finish_reason": {"type": "length"}}})
+
+            def _completions(self, body):
+                prompt = body["prompt"]
+                if "model" in body and body["model"] != server.model_name:
+                    self._json({"error": {"message": f"model {body.get('model')} not "
+                                          "found"}}, 404)
+                    return
+                if isinstance(prompt, str):
+                    # Text servers tokenise the prompt themselves (transformers serve does).
+                    ids = server.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+                else:
+                    ids = list(prompt)
+                out = server.greedy(ids, int(body.get("max_tokens", 16)))
+                choice = {"index": 0, "text": server.tokenizer.decode(out,
+                                                                      skip_special_tokens=True),
+                          "logprobs": None, "finish_reason": "length"}
+                if body.get("return_token_ids") and server.mode != "text_only":
+                    choice["prompt_token_ids"] = ids
+                    choice["token_ids"] = out
+                self._json({"id": "cmpl-1", "object": "text_completion", "created": 0,
+                            "model": server.model_name, "choices": [choice],
+                            "usage": {"prompt_tokens": len(ids),
+                                      "completion_tokens": len(out),
+                                      "total_tokens": len(ids) + len(out)}})
+
+        return Handler
