@@ -82,7 +82,8 @@ def history_table(history: list[dict], title: str = "tau per checkpoint step") -
     """Step, checkpoint, tau (z-lab per-sample mean and token-weighted), DDTree tau per node
     budget and the target agreement rate; run ids are in the history JSON."""
     budgets = sorted({b for h in history for b in (h.get("ddtree") or {})}, key=int)
-    table = Table(title=title, box=box.SIMPLE_HEAD)  # narrow: fits 80 columns
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
+                  pad_edge=False, show_edge=False)  # fits 80 columns
     for col in ("step", "checkpoint", "tau", "tau tok", *[f"DDTree-{b}" for b in budgets],
                 "agree"):
         table.add_column(col, justify="left" if col == "checkpoint" else "right",

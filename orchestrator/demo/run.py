@@ -141,13 +141,14 @@ def run_demo(options: DemoOptions | None = None,
     options = options or DemoOptions()
     events = events or follow.FollowEvents()
     clock = {"start": time.monotonic()}
+    if options.keep_dir:  # checked before the (maybe long) build
+        folder = Path(options.keep_dir).expanduser().resolve()
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            raise DflashError(f"--keep-dir {folder} exists and is not an empty folder; name "
+                              "a new one")
     assets = build.ensure_assets(options.fresh, options.cache_dir, events.message)
     clock["models"] = time.monotonic()
     if options.keep_dir:
-        folder = Path(options.keep_dir).expanduser().resolve()
-        if folder.exists() and any(folder.iterdir()):
-            raise DflashError(f"--keep-dir {folder} exists and is not empty; name a new "
-                              "folder")
         folder.mkdir(parents=True, exist_ok=True)
         results = folder / "results"
     else:
