@@ -357,8 +357,9 @@ def build_eval_spec(path: Path, spec: dict, gt_path: str, gt_info: dict) -> dict
         "ddtree_budgets": sorted(set(ev.get("budgets") or [])),
         "ddtree_topk": ev.get("topk"),
     }
-    if ev.get("block_chunk"):
-        out["block_chunk"] = ev["block_chunk"]
+    for key in ("block_chunk", "positions"):
+        if ev.get(key):
+            out[key] = ev[key]
     return out
 
 

@@ -17,6 +17,10 @@ import yaml
 from tests.sshd import SSHServer, keygen
 
 ROOT = Path(__file__).resolve().parent.parent
+# The eval engine's tests import their helpers as top-level modules (`from evalkit import
+# kit`); with tests/ a package, pytest does not put tests/ on sys.path by itself.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture(scope="session")

@@ -154,7 +154,8 @@ def test_killed_cli_leaves_job_running_and_attach_pulls_it(inventory, eval_sshd,
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     cli = subprocess.Popen([sys.executable, "-m", "orchestrator", "remote-eval", "--checkpoint",
                             "step-12", "--samples", "8", "--max-new-tokens", "40",
-                            "--prompts", "code", "-i", str(inventory)], cwd=ROOT, env=env,
+                            "--prompts", "code", "--positions", "walk", "-i", str(inventory)],
+                           cwd=ROOT, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     job = _wait_for(lambda: next(iter(job_dirs(eval_sshd) - before), None), "the job folder")
     _wait_for(lambda: any(e["event"] == "ground_truth" for e in _events(eval_sshd, job)),
@@ -170,6 +171,7 @@ def test_killed_cli_leaves_job_running_and_attach_pulls_it(inventory, eval_sshd,
     assert out["run_id"] == job
     result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
     assert result["metrics"]["samples"] == 8
+    assert result["inputs"]["positions"] == "walk"
     events = [e["event"] for e in _events(eval_sshd, job)]
     assert events.count("sample") == 8 and events[-1] == "end"
     state = json.loads((workdir(eval_sshd) / "jobs" / job / "exit.json").read_text())

@@ -132,6 +132,9 @@ def remote_eval_cmd(
         help="DDTree node budgets, comma-separated (default 8,16,32,64).")] = None,
     topk: Annotated[Optional[int], typer.Option(
         help="DDTree per-depth candidates (default: the budget).")] = None,
+    positions: Annotated[Optional[str], typer.Option(
+        help="Draft at 'all' completion positions (default; exact per-position acceptance) "
+        "or only at the 'walk' positions (about tau times less drafter work).")] = None,
     results: Annotated[Optional[str], typer.Option(
         "--results-dir", help="Local results folder (default: defaults.results_dir).")] = None,
     inventory_path: InventoryOption = None,
@@ -154,6 +157,8 @@ def remote_eval_cmd(
             console.print(f"job {cancel} on {name}: {out['state']} (was {out['was']}; "
                           f"{out['killed']} process(es) stopped)")
         return
+    if positions not in (None, "all", "walk"):
+        raise DflashError(f"--positions must be 'all' or 'walk', got {positions!r}")
     show = not json_out
     if attach:
         with LiveProgress(show) as live:
@@ -164,7 +169,8 @@ def remote_eval_cmd(
         prompts=prompts, samples=samples, seed=seed, max_new_tokens=max_new_tokens,
         thinking=thinking, temperature=temperature, ground_truth=ground_truth,
         ground_truth_kind=ground_truth_kind, ground_truth_model=ground_truth_model,
-        target=target, dtype=dtype, threads=threads, budgets=_budgets(budgets), topk=topk)
+        target=target, dtype=dtype, threads=threads, budgets=_budgets(budgets), topk=topk,
+        extra={"positions": positions} if positions else {})
     if detach:
         spec = inv.host(name)
         with open_host(spec, inv) as h:
@@ -229,7 +235,9 @@ def jobs_cmd(
               "lost": "red"}
     for r in rows:
         p = r.get("progress") or {}
-        if p.get("event") == "sample":
+        if r["state"] == "done":
+            prog = "result ready" if r.get("has_result") else "finished"
+        elif p.get("event") == "sample":
             prog = f"eval {p.get('done')}/{p.get('total')}"
         elif p.get("event") == "ground_truth":
             prog = f"ground truth {p.get('done')}/{p.get('total')}"
