@@ -77,11 +77,35 @@ def remote_command(host: Host, argv: Sequence[str], python_flags: Sequence[str] 
     return command_line([host.spec.python, *python_flags, path, *argv])
 
 
+_MISSING = "dflash-bundle-missing"
+_EXIT_MISSING = 97
+
+
 def run_remote(host: Host, argv: Sequence[str], *, timeout: float | None = None,
                stdin: bytes | None = None, python_flags: Sequence[str] = ()) -> Result:
-    """Run a bundle command; a remote user error or a missing python becomes one line."""
-    result = host.run(remote_command(host, argv, python_flags), check=False, timeout=timeout,
-                      stdin=stdin)
+    """Run a bundle command; a remote user error or a missing python becomes one line.
+
+    The first call on a host runs the command only if the bundle is there and pushes it
+    otherwise, so a host that has it costs no separate check (one round trip, not two).
+    """
+    name, _ = build()
+    with _push_lock:
+        known = _pushed.get((id(host), name))
+    result = None
+    if not known:
+        path = f"{host.workdir}/bundles/{name}"
+        line = command_line([host.spec.python, *python_flags, path, *argv])
+        guarded = (f"if [ -f {quote(path)} ]; then exec {line}; else echo {_MISSING} >&2; "
+                   f"exit {_EXIT_MISSING}; fi")
+        result = host.run(guarded, check=False, timeout=timeout, stdin=stdin)
+        if result.exit_code == _EXIT_MISSING and _MISSING in result.stderr:
+            result = None  # not there: push it below, then run
+        else:
+            with _push_lock:
+                _pushed[(id(host), name)] = True
+    if result is None:
+        result = host.run(remote_command(host, argv, python_flags), check=False,
+                          timeout=timeout, stdin=stdin)
     check_result(host, result, argv)
     return result
 

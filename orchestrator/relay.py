@@ -98,6 +98,7 @@ class Progress:
 class DestStatus:
     host: str
     status: str = "pending"  # relayed | unchanged | verified | repaired | failed | planned
+    bytes_planned: int = 0  # payload this relay means to send (what --dry-run reports)
     bytes_sent: int = 0
     bytes_skipped: int = 0
     files_sent: int = 0
@@ -152,6 +153,8 @@ class RelayReport:
             "source": self.source, "source_dir": self.source_dir,
             "destinations": self.destinations, "dry_run": self.dry_run, "ok": self.ok,
             "bytes_read": self.bytes_read, "bytes_sent": self.bytes_sent,
+            "bytes_planned": sum(d.bytes_planned for c in self.checkpoints
+                                 for d in c.destinations.values()),
             "bytes_skipped": self.bytes_skipped, "files_sent": self.files_sent,
             "seconds": round(self.seconds, 3),
             "mib_per_s": round(self.bytes_read / self.seconds / 2**20, 1)
@@ -213,6 +216,7 @@ class Dest:
     scan: Scan
     reserve: int
     need: int = 0
+    stale: list[str] = field(default_factory=list)  # partial files the source no longer has
 
 
 def _src_path(root: str, ckpt: Checkpoint, f: SourceFile) -> str:
@@ -321,12 +325,10 @@ class _Relay:
             self.mux = Multiplexer(self.inv)
 
         def source() -> Scan:
-            bundle.ensure(self.src)
             self.src_dir = self.src.expand(self.src_dir_cfg).rstrip("/") or "/"
             return self.look()
 
         def dest(h: Host, d: str) -> tuple[str, Scan]:
-            bundle.ensure(h)
             root = h.expand(d).rstrip("/") or "/"
             return root, scan(h, root)
 
@@ -400,7 +402,7 @@ class _Relay:
         plans = []
         src_req: dict[tuple[str, int | None], dict] = {}
         dest_req: list[dict[tuple[str, int | None], dict]] = [{} for _ in self.dests]
-        pending = []  # (ckpt, di, kind, file, key_src, key_dest)
+        pending = []  # (ckpt, dest index, kind, file, src hash key, dest hash key, sha)
         for ckpt in ckpts:
             crep = CheckpointReport(ckpt.name, ckpt.step, ckpt.size, len(ckpt.files))
             for di, d in enumerate(self.dests):
@@ -422,6 +424,9 @@ class _Relay:
                                      "relayed by dflash (no manifest); move it away, then "
                                      "relay again")
                 partial = {f.path: f.size for f in d.scan.partials.get(ckpt.name, [])}
+                names = {f.path for f in ckpt.files}
+                d.stale += [_partial_path(d.root, ckpt, SourceFile(p, 0, 0))
+                            for p in partial if p not in names]
                 for f in ckpt.files:
                     have = partial.get(f.path, 0)
                     if 0 < have <= f.size:
@@ -467,6 +472,7 @@ class _Relay:
                 st.bytes_skipped += offset
                 target = Target(d, _partial_path(d.root, ckpt, f), offset)
             d.need += f.size - target.offset
+            st.bytes_planned += f.size - target.offset
             task = tasks.get(key)
             if task is None:
                 task = tasks[key] = FileTask(ckpt, f, _src_path(self.src_dir, ckpt, f), [])
@@ -604,6 +610,9 @@ class _Relay:
         total = sum(t.file.size - min(x.offset for x in t.targets)
                     for _, _, tasks in plans for t in tasks)
         self.progress.start(total, sum(len(tasks) for _, _, tasks in plans))
+        for d in self.dests:
+            if d.stale:  # else they would be published with the checkpoint
+                d.host.run(["rm", "-f", "--", *d.stale])
         for crep, ckpt, tasks in plans:
             if tasks:
                 self._run_tasks(tasks, crep.destinations)

@@ -219,6 +219,8 @@ def test_interrupted_multi_file_keeps_finished_files(env, eval_sshd):
     assert not env.relay(progress=killer, jobs=2).ok
     kept = sum(settled_size(p) for p in (env.dst / ".partial-step_20").rglob("*.bin"))
     assert kept >= 8 * MiB
+    stray = env.dst / ".partial-step_20" / "gone-from-source.bin"
+    stray.write_bytes(b"old")  # e.g. a file the trainer has since deleted
     again = env.relay()
     assert again.ok and tree(env.dst / "step_20") == files
     assert again.bytes_sent == sum(map(len, files.values())) - kept
@@ -360,7 +362,9 @@ def test_keep_list_and_dry_run(env):
     plan = dflash("relay", "--all", "--dry-run", "--json", "--inventory",
                   str(env.inventory_path))
     assert plan.returncode == 0, plan.stderr
-    assert json.loads(plan.stdout)["bytes_sent"] == 0 and sorted(
+    planned = json.loads(plan.stdout)
+    assert planned["bytes_planned"] == 3 * 100_000
+    assert planned["bytes_sent"] == 0 and sorted(
         p.name for p in env.dst.iterdir()) == ["mine"]
     report = env.relay(all=True, keep=2)
     assert report.pruned["evalhost"] == ["step_100"]
@@ -370,3 +374,78 @@ def test_keep_list_and_dry_run(env):
     assert states == {"step_100": "no", "step_200": "relayed", "step_300": "relayed"}
     table = dflash("relay", "--list", "--inventory", str(env.inventory_path))
     assert table.returncode == 0 and "step_300" in table.stdout and "relayed" in table.stdout
+
+
+def test_openssh_streams_honour_the_inventory(env, trainer_sshd, eval_sshd, ssh_base,
+                                              make_inventory, tmp_path):
+    """The ssh processes that carry the bytes refuse unknown host keys like the paramiko
+    connections do, accept-new only on opt-in, and reach a host through an inventory jump."""
+    import subprocess
+
+    from orchestrator.hosts import open_host
+    from orchestrator.relay_stream import stream_argv
+
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    inv = load_inventory(make_inventory({
+        "strict": ssh_host_entry(eval_sshd, ssh_base, known_hosts=str(empty)),
+        "trusting": ssh_host_entry(eval_sshd, ssh_base, known_hosts=str(empty),
+                                   accept_new_host_key=True),
+        "trainer": ssh_host_entry(trainer_sshd, ssh_base),
+        "behind": ssh_host_entry(eval_sshd, ssh_base, jump="trainer"),
+    }))
+
+    def argv(name: str, line: str = "printf %s \"$SSH_CONNECTION\"") -> list[str]:
+        return stream_argv(open_host(inv.hosts[name], inv), line, inv)
+
+    home = {**os.environ, "HOME": str(tmp_path)}  # no ~/.ssh/known_hosts to fall back on
+
+    def run(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run(argv(name), capture_output=True, text=True, env=home, timeout=30)
+
+    refused = run("strict")
+    assert refused.returncode == 255 and "Host key verification failed" in refused.stderr
+    assert empty.read_text() == ""
+    assert run("trusting").returncode == 0
+    key_b64 = eval_sshd.known_hosts_line().split()[2]
+    assert key_b64 in empty.read_text()  # remembered, like accept-new (maybe name-hashed)
+    assert run("strict").returncode == 0  # now known
+
+    # Through the jump host: while the command runs, the trainer serves the tunnel.
+    before = len(trainer_sshd.sessions())
+    proc = subprocess.Popen(argv("behind", "sleep 2; printf ok"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    most = before
+    while proc.poll() is None:
+        most = max(most, len(trainer_sshd.sessions()))
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    assert proc.returncode == 0 and out == "ok", err
+    assert most > before
+
+
+def test_ctrl_c_keeps_what_arrived_and_the_next_relay_resumes(env):
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    files = make_checkpoint(env.ckpt, "step_42", {"big.bin": 48 * MiB})
+    partial = env.dst / ".partial-step_42" / "big.bin"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "relay", "--json", "--inventory",
+         str(env.inventory_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    while proc.poll() is None and not (partial.exists() and partial.stat().st_size > 4 * MiB):
+        time.sleep(0.01)
+    assert proc.poll() is None, "the relay finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert not (env.dst / "step_42").exists()
+    have = settled_size(partial)
+    assert 0 < have < 48 * MiB and partial.read_bytes() == files["big.bin"][:have]
+    again = env.relay()
+    assert again.ok and tree(env.dst / "step_42") == files
+    assert again.bytes_sent == 48 * MiB - have

@@ -20,8 +20,9 @@ class _RichProgress(relay_lib.Progress):
     """A rich bar: bytes, rate, time left, files done (on stderr, stdout stays for --json)."""
 
     def __init__(self) -> None:
-        self.bar = Progress(TextColumn("[bold]relay"), BarColumn(), DownloadColumn(binary_units=True),
-                            TransferSpeedColumn(), TimeRemainingColumn(),
+        self.bar = Progress(TextColumn("[bold]relay"), BarColumn(),
+                            DownloadColumn(binary_units=True), TransferSpeedColumn(),
+                            TimeRemainingColumn(),
                             TextColumn("{task.fields[files]}"), console=err_console,
                             transient=False)
         self.task = None
@@ -132,6 +133,13 @@ def relay(
     bar = None if json_out else _RichProgress()
     try:
         report = relay_lib.relay(inv, src, dests, options, bar)
+    except KeyboardInterrupt:
+        # Click would swallow it silently; say what happened and what to do.
+        if bar:
+            bar.stop()
+        err_console.print("[yellow]interrupted[/]: what arrived is kept in the partial "
+                          "folder; rerun the same relay to resume")
+        raise typer.Exit(130) from None
     finally:
         if bar:
             bar.stop()
@@ -152,13 +160,15 @@ def _print_report(report: relay_lib.RelayReport) -> None:
         console.print(f"[yellow]skipped[/] {inc['name']}: {inc['reason']}")
     table = Table(title=("planned " if report.dry_run else "") +
                   f"relay from {report.source}:{report.source_dir}")
-    for col in ("checkpoint", "step", "size", "destination", "status", "sent", "skipped"):
+    sent = "to send" if report.dry_run else "sent"
+    for col in ("checkpoint", "step", "size", "destination", "status", sent, "skipped"):
         table.add_column(col)
     for c in data["checkpoints"]:
         for host, st in c["destinations"].items():
             status = st["status"] + (f" ({', '.join(st['repaired'])})" if st["repaired"] else "")
             table.add_row(c["name"], str(c["step"]), human_bytes(c["size"]), host, status,
-                          human_bytes(st["bytes_sent"]), human_bytes(st["bytes_skipped"]))
+                          human_bytes(st["bytes_planned" if report.dry_run else "bytes_sent"]),
+                          human_bytes(st["bytes_skipped"]))
     console.print(table)
     rate = f", {data['mib_per_s']} MiB/s" if data["mib_per_s"] and data["bytes_read"] else ""
     console.print(f"{human_bytes(data['bytes_sent'])} sent, {human_bytes(data['bytes_skipped'])}"
