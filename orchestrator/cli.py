@@ -20,10 +20,10 @@ app = typer.Typer(
 
 COMMAND_MODULES = (
     "orchestrator.commands.hosts",
+    "orchestrator.commands.probe",
     "orchestrator.commands.remote_eval",
     "orchestrator.commands.results",
     "orchestrator.commands.relay",
-    "orchestrator.commands.probe",
     "orchestrator.commands.follow",
     "orchestrator.commands.demo",
 )

@@ -16,11 +16,11 @@ from remote.errors import ERROR_PREFIX, EXIT_USER_ERROR, UserError
 
 COMMAND_MODULES = (
     "remote.facts",
+    "remote.probe",
     "remote.jobs",
     "remote.preflight",
     "remote.evaluate",
     "remote.relay",
-    "remote.probe",
 )
 
 
