@@ -222,8 +222,11 @@ class _Follower:
         self.opts, self.events = options, events
         self.results = remote_eval.results_dir(inventory, options.results_dir)
 
-    def process(self, st: _State, name: str, step: int | None) -> dict:
-        """Relay, (probe,) evaluate and record one checkpoint; returns its history entry."""
+    def process(self, st: _State, name: str, step: int | None,
+                on_trainer: bool = True) -> dict | None:
+        """Relay, (probe,) evaluate and record one checkpoint; returns its history entry
+        (None when a saved evaluation cannot be resumed and the trainer no longer has the
+        checkpoint)."""
         saved = st.inflight.get(name)
         if saved:
             state = _saved_job_state(self.inv, self.dest, saved["job_id"])
@@ -233,6 +236,13 @@ class _Follower:
                 self.events.message(f"{name}: job {saved['job_id']} from an earlier follow "
                                     f"is {state}; attaching to it")
                 return self._attach(st, name, step, saved["job_id"], saved.get("probe"))
+            if not on_trainer:
+                self.events.message(f"{name}: job {saved['job_id']} from an earlier follow "
+                                    f"is {state or 'not on the host'} and the trainer no "
+                                    "longer has the checkpoint; dropping it")
+                st.inflight.pop(name)
+                st.save_state()
+                return None
             self.events.message(f"{name}: job {saved['job_id']} from an earlier follow is "
                                 f"{state or 'not on the host'}; evaluating afresh")
         self.events.message(f"{name}: relaying {self.source} -> {self.dest}")
@@ -312,8 +322,12 @@ class _Follower:
         redraw(st.dir, st.history)
         if self.opts.keep is not None:
             # Nothing left to send: the relay only prunes the eval host to the newest K.
-            report = relay.relay(self.inv, self.source, [self.dest],
-                                 relay.RelayOptions(names=[name], keep=self.opts.keep))
+            try:
+                report = relay.relay(self.inv, self.source, [self.dest],
+                                     relay.RelayOptions(names=[name], keep=self.opts.keep))
+            except DflashError as exc:  # e.g. the trainer already deleted it: next time
+                self.events.message(f"not pruned this time: {exc}")
+                return entry
             gone = report.pruned.get(self.dest) or []
             if gone:
                 self.events.message(f"kept the newest {self.opts.keep} on {self.dest}; "
@@ -367,6 +381,10 @@ def _pass(inventory, source, dest, options, events, st: _State,
         st.inflight.pop(name)
     todo = [(c["step"], c["name"]) for c in listing["checkpoints"]
             if c["complete"] and c["name"] not in done]
+    listed = {name for _, name in todo}
+    gone = [(saved.get("step"), name) for name, saved in st.inflight.items()
+            if name not in listed]  # left in flight, since deleted by the trainer
+    todo += gone
     waiting = [c["name"] for c in listing["checkpoints"]
                if not c["complete"] and c["name"] not in done]
     if waiting:
@@ -379,9 +397,10 @@ def _pass(inventory, source, dest, options, events, st: _State,
     for step, name in todo:
         if stop is not None and stop.is_set():
             break
-        entry = follower.process(st, name, step)
-        events.recorded(entry)
-        recorded.append(entry)
+        entry = follower.process(st, name, step, on_trainer=name in listed)
+        if entry is not None:
+            events.recorded(entry)
+            recorded.append(entry)
     return recorded
 
 
