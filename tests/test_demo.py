@@ -137,6 +137,23 @@ def test_demo_cli_prints_tau_per_step(demo_cache, tmp_path):
     assert _naming(str(folder)) == []
 
 
+def test_models_are_cached_by_version_and_rebuilt_only_when_fresh(demo_cache):
+    from orchestrator.demo import build
+
+    base = demo_cache / "demo"
+    again = build.ensure_assets(base=demo_cache)
+    assert not again.built_now and again.root == base / build.version()
+    assert [p.name for p in base.iterdir() if ".partial-" in p.name] == []
+    assert (again.target / "config.json").is_file()
+    assert (again.target / "tokenizer.json").is_file()
+    assert [c.name for c in again.checkpoints] == [f"step-{s}" for s in build.STEPS]
+    for c in again.checkpoints:
+        cfg = json.loads((c / "config.json").read_text())
+        assert cfg["dflash_config"]["target_layer_ids"] and cfg["block_size"] == build.BLOCK_SIZE
+    stamp = (again.root / "demo.json").stat().st_mtime_ns
+    assert (build.ensure_assets(base=demo_cache).root / "demo.json").stat().st_mtime_ns == stamp
+
+
 def test_demo_refuses_a_non_empty_keep_dir(tmp_path):
     from tests.test_hosts import dflash, one_error_line
 

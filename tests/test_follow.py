@@ -117,6 +117,18 @@ def wait_for(predicate, proc: subprocess.Popen | None = None, what: str = "") ->
         time.sleep(0.3)
 
 
+def watching(setup: Setup) -> bool:
+    """True once a job is in its ground-truth phase and follow is (almost surely) inside its
+    long-running watch command. Signals are sent then, not while a remote command starts:
+    on this machine a remote login shell runs `pyenv rehash`, and killing one mid-rehash
+    leaves pyenv's lock behind, which stalls every later ssh command by a minute."""
+    for events in (setup.workdir / "jobs").glob("*/events.jsonl"):
+        if '"phase"' in events.read_text():
+            time.sleep(1.0)  # let the watch command get past its shell start-up
+            return True
+    return False
+
+
 def job_processes(workdir: Path) -> list[psutil.Process]:
     """Live processes of the jobs under `workdir` (by the process groups they recorded). A
     zombie has ended: only its reaping is left, to whichever init adopted it."""
@@ -142,7 +154,8 @@ def per_checkpoint(jobs: list[dict]) -> dict[str, list[str]]:
 
 def test_follow_evaluates_each_new_checkpoint_once_across_a_restart(setup):
     setup.write("step-0")
-    proc = setup.follow("--interval", "1")
+    # Between passes follow only waits: the stop below lands there, not inside an ssh command.
+    proc = setup.follow("--interval", "4")
     try:
         wait_for(lambda: len(setup.history()) >= 1, proc, "step-0 in the history")
         # The trainer moves on while follow runs: one finished, one still being written.
@@ -150,7 +163,7 @@ def test_follow_evaluates_each_new_checkpoint_once_across_a_restart(setup):
         setup.write("step-60", complete=False)
         wait_for(lambda: len(setup.history()) >= 2, proc, "step-20 in the history")
         proc.send_signal(signal.SIGINT)  # a clean stop while it waits for the trainer
-        proc.wait(timeout=120)
+        assert proc.wait(timeout=120) == 130
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -191,7 +204,7 @@ def test_follow_killed_mid_eval_attaches_to_its_job_after_restart(setup, gt_serv
     setup.write("step-0")
     proc = setup.follow("--interval", "1")
     try:
-        wait_for(lambda: setup.jobs() and setup.inflight(), proc, "the eval job to start")
+        wait_for(lambda: setup.inflight() and watching(setup), proc, "the eval job to run")
         proc.kill()  # a crash: no chance to cancel anything
         proc.wait(timeout=30)
     finally:
@@ -208,13 +221,26 @@ def test_follow_killed_mid_eval_attaches_to_its_job_after_restart(setup, gt_serv
     assert per_checkpoint(setup.jobs()) == {"step-0": ["done"]}  # attached, not restarted
     assert setup.inflight() == {}
 
+    # What a crash between the eval and the history write leaves: the job done, its note in
+    # state.json, no history entry. The next pass pulls that job's result; no new job.
+    state = json.loads((setup.state / "state.json").read_text())
+    state["inflight"] = {"step-0": {"job_id": started, "step": 0}}
+    (setup.state / "state.json").write_text(json.dumps(state))
+    (setup.state / "history.json").write_text("[]")
+    shutil.rmtree(setup.results / started)
+    again = follow.follow_pass(load_inventory(setup.inventory), "trainer", "evalhost")
+    assert [(e["checkpoint"], e["job_id"]) for e in again] == [("step-0", started)]
+    assert (setup.results / started / "result.json").is_file()
+    assert per_checkpoint(setup.jobs()) == {"step-0": ["done"]}
+    assert [h["checkpoint"] for h in setup.history()] == ["step-0"]
+
 
 def test_ctrl_c_cancels_the_running_job_and_a_restart_evaluates_afresh(setup, gt_server):
     gt_server.mode, gt_server.delay = "slow", 4.0
     setup.write("step-0")
     proc = setup.follow("--interval", "1")
     try:
-        wait_for(lambda: setup.jobs(), proc, "the eval job to start")
+        wait_for(lambda: watching(setup), proc, "the eval job to run")
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=120)
     finally:

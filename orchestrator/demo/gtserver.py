@@ -1,11 +1,11 @@
-"""A small ground-truth server for the demo and the tests, following the documented request/response shapes
-of SGLang's native ``/generate`` and of OpenAI-compatible ``/v1/completions`` (token-id
+"""A small ground-truth server for the demo and the tests, following the documented
+request/response shapes of SGLang's native ``/generate`` and of OpenAI-compatible ``/v1/completions`` (token-id
 prompts and ``return_token_ids`` as vLLM >= 0.10.2 and SGLang answer them, and plain text).
 
 It answers with REAL greedy generation of a tiny transformers model (KV cache, float32).
 ``mode`` switches on the failures a real server shows: ``"500"`` (an internal error),
-``"malformed"`` (a body that is not JSON), ``"slow"`` (answers after `delay` seconds), ``"text_only"`` (ignores
-``return_token_ids``, as a server without that extension does).
+``"malformed"`` (a body that is not JSON), ``"slow"`` (answers after `delay` seconds),
+``"text_only"`` (ignores ``return_token_ids``, as a server without that extension does).
 stdlib ``http.server`` with threads; binds 127.0.0.1 on a free port. `Greedy` is the model
 side alone (the demo also uses it to make the drafter's training data).
 """
