@@ -23,7 +23,7 @@ import time
 
 from remote.errors import UserError
 
-CHUNK = 1024 * 1024  # = the pipe size: large enough for Python, small enough to pipeline
+CHUNK = 4 * 1024 * 1024  # large reads/writes: small ones make the Python paths crawl
 MANIFEST = ".dflash-manifest.json"
 PARTIAL_PREFIX = ".partial-"
 
@@ -41,50 +41,24 @@ def _widen_pipe(fd: int) -> None:
 
 
 class _Reader:
-    """Reads `fd` in blocks of CHUNK bytes (fewer only at the end), however small the
-    kernel's pieces are: few, large Python-level operations per byte."""
+    """Reads `fd` in blocks of up to CHUNK bytes, filling a reused buffer: few, large
+    Python-level operations per byte (hash updates, writes) however small the kernel's
+    pieces are."""
 
     def __init__(self, fd: int):
-        self.fd = fd
+        self.file = open(fd, "rb", buffering=0, closefd=False)
+        self.buf = bytearray(CHUNK)
+        self.view = memoryview(self.buf)
 
-    def read(self) -> bytes:
-        block = os.read(self.fd, CHUNK)
-        if not block or len(block) == CHUNK:
-            return block
-        parts, size = [block], len(block)
-        while size < CHUNK:
-            more = os.read(self.fd, CHUNK - size)
-            if not more:
+    def read(self, limit: int = CHUNK) -> memoryview:
+        filled = 0
+        limit = min(limit, CHUNK)
+        while filled < limit:
+            n = self.file.readinto(self.view[filled:limit])
+            if not n:
                 break
-            parts.append(more)
-            size += len(more)
-        return b"".join(parts)
-
-
-class _Hasher:
-    """sha256 in a second thread (hashlib releases the GIL on large blocks), so reading and
-    writing never wait for hashing: in one thread the pipe runs dry while a block is
-    hashed, and the stream stalls. Blocks must be immutable (bytes) once handed over."""
-
-    def __init__(self, h):
-        import queue
-        import threading
-        self.h = h
-        self.q: "queue.Queue[bytes | None]" = queue.Queue(maxsize=8)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while (block := self.q.get()) is not None:
-            self.h.update(block)
-
-    def update(self, block: bytes) -> None:
-        self.q.put(block)
-
-    def hexdigest(self) -> str:
-        self.q.put(None)
-        self.thread.join()
-        return self.h.hexdigest()
+            filled += n
+        return self.view[:filled]
 
 
 class _Syncer:
@@ -230,7 +204,6 @@ def send(args) -> int:
     _widen_pipe(1)
     h = hashlib.sha256()
     size = _hash_prefix(fd, args.offset, h)  # the prefix is hashed, not sent
-    h = _Hasher(h)
     reader = _Reader(fd)
     while True:
         block = reader.read()
@@ -267,7 +240,6 @@ def recv(args) -> int:
         os.ftruncate(fd, args.offset)
     size = args.offset
     _widen_pipe(0)
-    h = _Hasher(h)
     reader = _Reader(0)
     syncer = _Syncer(fd)
     while True:
