@@ -323,3 +323,19 @@ def test_spec_errors(tmp_path):
     p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o"}))
     spec = read_spec(str(p))
     assert spec["dtype"] == "bfloat16" and spec["ddtree_budgets"] == [] and spec["block_chunk"] == 64
+
+
+def test_bf16_default_runs_in_process_and_reports_agreement(tmp_path):
+    k = kit("qwen35")
+    gt = write_gt(k.rows[:2], tmp_path / "gt.jsonl")
+    events = []
+    result = run_eval(spec_of({"target": k.target, "drafter": k.steps[-1], "ground_truth": gt,
+                               "output_dir": str(tmp_path / "o"), "ddtree_budgets": [8], "ddtree_topk": 2}, tmp_path),
+                      on_event=events.append)
+    assert result["inputs"]["dtype"] == "bfloat16" and result["environment"]["fla"] is None
+    assert result["inputs"]["target_architecture"] == "Qwen3_5ForConditionalGeneration"
+    assert result["metrics"]["ddtree"]["8"]["topk"] == 2
+    agreement = result["metrics"]["target_agreement"]
+    assert agreement["total"] == sum(len(r["completion_ids"]) for r in k.rows[:2])
+    assert 0.5 <= agreement["rate"] <= 1.0  # bf16 may flip the odd near-tie, not most tokens
+    assert events[0]["event"] == "start" and events[-1]["event"] == "done"

@@ -81,15 +81,19 @@ def _save(model, tokenizer, out_dir: str, dtype: str) -> str:
 def build_qwen3_target(
     out_dir: str, *, hidden_size: int = 64, num_layers: int = 4, num_heads: int = 4, num_kv_heads: int = 2,
     intermediate_size: int | None = None, vocab_size: int = 320, seed: int = 0, dtype: str = "float32",
+    model_vocab_size: int | None = None,
 ) -> str:
     """Save a tiny random ``Qwen3ForCausalLM`` (+ tokenizer) in ``out_dir``; returns the path.
-    ``vocab_size`` is the tokenizer's BPE size; the model's vocabulary matches the tokenizer."""
+    ``vocab_size`` is the tokenizer's BPE size; the model's vocabulary matches the tokenizer
+    unless ``model_vocab_size`` pads it (as real models pad theirs; benchmarks use that to get
+    a realistic embedding/head size)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tok = build_tokenizer(vocab_size)
     torch.manual_seed(seed)
-    cfg = Qwen3Config(**_text_dims(len(tok), hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size))
+    vocab = max(len(tok), model_vocab_size or 0)
+    cfg = Qwen3Config(**_text_dims(vocab, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size))
     cfg.bos_token_id = cfg.pad_token_id = tok.pad_token_id
     return _save(Qwen3ForCausalLM(cfg).eval(), tok, out_dir, dtype)
 

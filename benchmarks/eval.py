@@ -1,0 +1,224 @@
+"""Benchmark the offline eval engine on a target big enough that weight streaming matters.
+
+Prints ratios measured in ONE run on this machine (no absolute targets, no assertions):
+
+* eval wall time / bare target forward time over the same tokens   (goal <= 1.25)
+* online speculative-decoding loop time / offline eval time        (goal >= 5)
+* peak RSS of a fresh ``python -m remote eval`` / weights' bytes   (goal <= 1.3)
+
+Setup: a random-weight Qwen3 target (default hidden 1536, 12 layers, vocab 32000: ~440M
+parameters, ~0.9 GB in bf16) and a random 1-layer z-lab drafter (block 16), saved under
+``--workdir`` (reused when present). Ground truth = the online loop's own greedy output, so
+both sides walk the same tokens. A random drafter accepts ~nothing (tau ~1): the online loop's
+worst case and the offline walk's worst case too (it drafts at every position either way).
+
+    python benchmarks/eval.py [--samples 2] [--prompt 128] [--completion 128] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def build(workdir: str, hidden: int, layers: int, vocab: int) -> tuple[str, str]:
+    import torch
+
+    from orchestrator.demo.models import build_qwen3_target
+    from remote.drafter import DFlashDrafter, DrafterConfig, save_zlab
+
+    target = os.path.join(workdir, "target")
+    drafter = os.path.join(workdir, "drafter")
+    if not os.path.isfile(os.path.join(target, "model.safetensors")):
+        build_qwen3_target(target, hidden_size=hidden, num_layers=layers, num_heads=hidden // 128, num_kv_heads=max(1, hidden // 512),
+                           intermediate_size=int(hidden * 8 / 3) // 64 * 64, model_vocab_size=vocab, dtype="bfloat16")
+    if not os.path.isfile(os.path.join(drafter, "model.safetensors")):
+        cfg = json.load(open(os.path.join(target, "config.json")))
+        dcfg = {k: cfg[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                     "intermediate_size", "rms_norm_eps", "vocab_size", "rope_parameters", "max_position_embeddings")}
+        dcfg.update(architectures=["DFlashDraftModel"], model_type="qwen3", num_hidden_layers=1, block_size=16,
+                    num_target_layers=layers, dflash_config={"target_layer_ids": [1, layers // 2, layers - 2], "mask_token_id": 3})
+        torch.manual_seed(0)
+        save_zlab(DFlashDrafter(DrafterConfig.from_dict(dcfg)).to(torch.bfloat16), drafter)
+    return target, drafter
+
+
+def online(model, drafter, prompt: list[int], new_tokens: int) -> tuple[list[int], list[int]]:
+    """z-lab-style greedy speculative decoding with a cropped KV cache (bf16, CPU)."""
+    import torch
+    from transformers import DynamicCache
+
+    ids = drafter.cfg.target_layer_ids
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    B = drafter.block_size
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+    g = list(prompt) + [int(out.logits[0, -1].argmax())]
+    ctx = torch.cat([out.hidden_states[i + 1][0] for i in ids], -1)
+    end, s, rounds = len(prompt) + new_tokens - 1, len(prompt), []
+    kv = drafter.context_kv(ctx)
+    while s < end:
+        h = drafter.forward_blocks(kv, torch.tensor([s]), drafter.block_inputs(embed, torch.tensor([g[s]])))[0]
+        draft = drafter.logits(h[1:], head).argmax(-1).tolist()
+        v = model(input_ids=torch.tensor([[g[s]] + draft]), past_key_values=cache, use_cache=True, output_hidden_states=True)
+        post = v.logits[0].argmax(-1).tolist()
+        a = 0
+        while a < B - 1 and draft[a] == post[a]:
+            a += 1
+        n = min(a + 1, end - s)
+        g += (draft[:a] + [post[a]])[:n]
+        new = torch.cat([v.hidden_states[i + 1][0] for i in ids], -1)[:n]
+        # the drafter's context cache grows by the accepted rows only
+        kv = [(torch.cat([k, nk], 1), torch.cat([vv, nv], 1)) for (k, vv), (nk, nv) in zip(kv, _ctx_kv_rows(drafter, new, s))]
+        remove = cache.get_seq_length() - (s + n)
+        if remove:
+            cache.crop(-remove)
+        rounds.append(n)
+        s += n
+    return rounds, g[len(prompt):]
+
+
+def _ctx_kv_rows(drafter, feats, first: int):
+    """Drafter context K/V of feature rows at positions ``first, first+1, ...``."""
+    import torch
+
+    c = drafter.context(feats)
+    pos = torch.arange(first, first + feats.shape[0])
+    cos, sin = drafter.rotary(pos, c.dtype)
+    return [layer.self_attn.keys_values(c, cos, sin) for layer in drafter.layers]
+
+
+HWM_WRAPPER = """
+import atexit, runpy, sys
+def hwm():
+    # VmHWM is per address space: it starts afresh at exec, unlike ru_maxrss, which a forked
+    # child inherits from its (large) parent
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM:'):
+            sys.stderr.write('VMHWM ' + line.split()[1] + chr(10))
+atexit.register(hwm)
+sys.argv = sys.argv[1:]
+if sys.argv[0] == '-m':
+    sys.argv = sys.argv[1:]
+    runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)
+else:
+    exec(sys.argv[1])
+"""
+
+
+def peak_rss_of(args: list[str]) -> int:
+    """Peak RSS bytes of a fresh Python child running ``-m module args...`` or ``-c code``."""
+    proc = subprocess.run([sys.executable, "-c", HWM_WRAPPER, *args], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if proc.returncode:
+        raise SystemExit(f"child {args} failed: {proc.stderr[-2000:]}")
+    kib = [int(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith("VMHWM ")]
+    return kib[-1] * 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default="/tmp/dflash-bench")
+    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--completion", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=1536)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--vocab", type=int, default=32000)
+    args = ap.parse_args()
+
+    import random
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.workdir, exist_ok=True)
+    target_dir, drafter_dir = build(args.workdir, args.hidden, args.layers, args.vocab)
+
+    from transformers import AutoModelForCausalLM
+
+    from remote.drafter import load_drafter
+    from remote.target import load_target, describe, text_weight_bytes
+    from remote.walk import WalkOptions, eval_sequence
+
+    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
+    drafter, report = load_drafter(drafter_dir, torch.bfloat16)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, args.vocab) for _ in range(args.prompt)] for _ in range(args.samples)]
+
+    with torch.inference_mode():
+        online(hf, drafter, prompts[0][:16], 4)  # warm-up
+        t = time.perf_counter()
+        runs = [online(hf, drafter, p, args.completion) for p in prompts]
+        t_online = time.perf_counter() - t  # one run: minutes long, less sensitive to bursts
+        seqs = [p + c for p, (_r, c) in zip(prompts, runs)]
+
+    # Bare forward and offline eval measured interleaved, sample by sample, best of
+    # --repeats: on a shared machine this keeps other load from skewing one side only.
+    target = load_target(target_dir, torch.bfloat16)
+    best = {"bare": 0.0, "all": 0.0, "walk": 0.0, "engine_target": 0.0}
+    recs_all = []
+    with torch.inference_mode():
+        hf(input_ids=torch.tensor([seqs[0][:32]]))  # warm-up
+        eval_sequence(target, drafter, prompts[0][:16], seqs[0][16:40], WalkOptions())
+        for p, g in zip(prompts, seqs):
+            per = {k: float("inf") for k in best}
+            for _ in range(args.repeats):
+                t = time.perf_counter()
+                hf(input_ids=torch.tensor([g]))
+                per["bare"] = min(per["bare"], time.perf_counter() - t)
+                for mode in ("all", "walk"):
+                    t = time.perf_counter()
+                    rec = eval_sequence(target, drafter, p, g[len(p):], WalkOptions(positions=mode))
+                    per[mode] = min(per[mode], time.perf_counter() - t)
+                    if mode == "all":
+                        per["engine_target"] = min(per["engine_target"], rec["seconds"]["target"])
+            for k in best:
+                best[k] += per[k]
+            recs_all.append(rec)
+    for (rounds, _c), rec in zip(runs, recs_all):
+        assert rec["rounds"] == rounds, "offline walk disagrees with the online loop"  # sanity, not timing
+    t_bare = best["bare"]
+    res = {"all": (best["all"],), "walk": (best["walk"],)}
+    t_target_part = best["engine_target"]
+    del target, hf
+
+    gt = os.path.join(args.workdir, "gt.jsonl")
+    with open(gt, "w") as fh:
+        for i, (p, g) in enumerate(zip(prompts, seqs)):
+            fh.write(json.dumps({"id": i, "prompt_ids": p, "completion_ids": g[len(p):]}) + "\n")
+    spec = os.path.join(args.workdir, "job.json")
+    json.dump({"target": target_dir, "drafter": drafter_dir, "ground_truth": gt, "output_dir": os.path.join(args.workdir, "out"),
+               "threads": args.threads}, open(spec, "w"))
+    rss_base = peak_rss_of(["-c", "import torch, transformers, remote.evaluate, remote.walk, remote.target, remote.drafter"])
+    rss_eval = peak_rss_of(["-m", "remote", "eval", "--spec", spec])
+    _c, meta, info = describe(target_dir)
+    weights = text_weight_bytes(meta, info, torch.bfloat16) + report.parameters * 2
+
+    tokens = sum(len(g) for g in seqs)
+    rounds = sum(len(r) for r, _ in runs)
+    print(f"setup: target {info.num_layers} layers hidden {info.hidden_size} vocab {info.vocab_size}, "
+          f"weights {weights / 2**20:.0f} MiB bf16; drafter 1 layer, block {drafter.block_size}; "
+          f"{args.samples} samples x ({args.prompt} prompt + {args.completion} completion) = {tokens} tokens; "
+          f"{rounds} online rounds (tau {sum(map(sum, (r for r, _ in runs))) / rounds:.2f}); threads {args.threads}")
+    print(f"bare target forward (HF, full logits): {t_bare:.2f} s (best of {args.repeats}, interleaved with the eval runs)")
+    for mode in ("all", "walk"):
+        t_eval = res[mode][0]
+        print(f"eval [{mode:4}] wall / bare target forward     = {t_eval / t_bare:.2f}   (goal <= 1.25; eval {t_eval:.2f} s)")
+    print(f"  of which engine target forward / bare        = {t_target_part / t_bare:.2f}   (hooks + text backbone + argmax head)")
+    print(f"online loop / offline eval [all]              = {t_online / res['all'][0]:.1f}x  (goal >= 5; online {t_online:.1f} s)")
+    print(f"online loop / offline eval [walk]             = {t_online / res['walk'][0]:.1f}x")
+    print(f"peak RSS of `remote eval` / weights' bytes     = {rss_eval / weights:.2f}   (goal <= 1.3; peak {rss_eval / 2**20:.0f} MiB)")
+    print(f"  runtime baseline (python+torch+transformers) = {rss_base / 2**20:.0f} MiB; (peak - baseline) / weights = {(rss_eval - rss_base) / weights:.2f}")
+
+
+if __name__ == "__main__":
+    main()
