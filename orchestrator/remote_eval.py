@@ -354,7 +354,8 @@ def eval_host_name(inventory: Inventory, host_name: str | None) -> str:
     if name in inventory.groups:
         members = inventory.groups[name]
         if len(members) != 1:
-            raise DflashError(f"{name!r} is a group of {len(members)} hosts; name one host")
+            raise DflashError(f"{name!r} is a group of {len(members)} hosts; name one host, "
+                              f"or shard across them with --hosts {name}")
         name = members[0]
     inventory.host(name)
     return name

@@ -20,7 +20,8 @@ Spec (JSON object; unknown keys are an error, so a typo never silently changes a
 
 Every check that can fail on the inputs (paths, drafter vs target compatibility, token ids,
 empty completions, memory) runs BEFORE any weights are loaded. Progress goes to stdout as JSON
-lines: ``{"event": "start", ...}``, one ``{"event": "sample", ...}`` per sample and
+lines: ``{"event": "start", ...}``, one ``{"event": "sample", ..., "record": {...}}`` per
+sample (the record is its samples.jsonl line) and
 ``{"event": "done", "result": path, ...}``. Results are written atomically (temp + rename).
 """
 
@@ -189,7 +190,8 @@ def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
 
     from remote import drafter as drafter_mod
     from remote import target as target_mod
-    from remote.walk import WalkOptions, eval_sequence, summarize
+    from remote.metrics import summarize
+    from remote.walk import WalkOptions, eval_sequence
 
     t_all = time.perf_counter()
     if spec["threads"]:
@@ -243,6 +245,9 @@ def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
             "tau": (sum(taus) / len(taus)) if taus else None,
             "tau_token_weighted": (sum(sum(r["rounds"]) for r in records) / total_rounds) if total_rounds else None,
             "seconds": rec["seconds"]["total"],
+            # The whole record travels with the event, so a watcher keeps the samples a
+            # host finished even if that host is lost before it writes samples.jsonl.
+            "record": rec,
         })
     eval_s = time.perf_counter() - t_eval
 
@@ -255,7 +260,7 @@ def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
             "ground_truth": os.path.abspath(spec["ground_truth"]), "samples": len(rows),
             "max_samples": spec["max_samples"], "dtype": spec["dtype"], "positions": spec.get("positions", "all"),
             "block_size": dcfg.block_size, "target_layer_ids": dcfg.target_layer_ids,
-            "mask_token_id": dcfg.mask_token_id,
+            "mask_token_id": dcfg.mask_token_id, "target_vocab_size": tinfo.vocab_size,
             "ddtree": {"budgets": spec["ddtree_budgets"], "topk": spec["ddtree_topk"]},
             "drafter_files": report.files, "drafter_source_dtypes": report.source_dtypes,
             "drafter_ignored_keys": report.ignored_keys, "drafter_parameters": report.parameters,

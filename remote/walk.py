@@ -1,4 +1,4 @@
-"""The offline (teacher-forced) acceptance walk and its metrics.
+"""The offline (teacher-forced) acceptance walk (its dataset metrics: `remote.metrics`).
 
 Per sequence ``g = prompt + completion`` (``P`` prompt tokens, last index ``L``):
 
@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 import torch
 
 from remote.ddtree import ddtree_accept
+# The metrics live in a torch-free module shared with the orchestrator's shard merge;
+# re-exported here for callers that know them from this module.
+from remote.metrics import ddtree_k, summarize  # noqa: F401
 
 
 @dataclass
@@ -39,11 +42,6 @@ class WalkOptions:
     topk: int | None = None
     block_chunk: int = 64
     positions: str = "all"
-
-
-def ddtree_k(budget: int, topk: int | None, vocab: int) -> int:
-    """Per-depth candidates actually used by DDTree-``budget``."""
-    return max(1, min(budget, vocab, topk if topk else budget))
 
 
 class Drafts:
@@ -154,43 +152,3 @@ def eval_sequence(target, drafter, prompt: list[int], completion: list[int], opt
         "ddtree": ddtree,
         "seconds": {"target": t_target, "drafter": t_draft, "ddtree": t_tree, "total": time.perf_counter() - t0},
     }
-
-
-def _tau(samples_rounds: list[list[int]]) -> dict:
-    per = [sum(r) / len(r) for r in samples_rounds if r]
-    total = sum(sum(r) for r in samples_rounds)
-    n = sum(len(r) for r in samples_rounds)
-    return {
-        "tau_per_sample_mean": (sum(per) / len(per)) if per else None,
-        "tau_token_weighted": (total / n) if n else None,
-        "rounds": n,
-        "tokens": total,
-    }
-
-
-def summarize(records: list[dict], block_size: int, budgets: list[int], topk: int | None, vocab: int) -> dict:
-    """Dataset metrics from sample records (see result schema in remote/evaluate.py)."""
-    rounds = [r["rounds"] for r in records]
-    hist = [0] * block_size
-    for rr in rounds:
-        for n in rr:
-            hist[n - 1] += 1
-    att = [sum(r["position_attempts"][j] for r in records) for j in range(block_size - 1)]
-    hit = [sum(r["position_hits"][j] for r in records) for j in range(block_size - 1)]
-    match = sum(r["agreement"]["match"] for r in records)
-    total = sum(r["agreement"]["total"] for r in records)
-    out = {
-        "samples": len(records),
-        **_tau(rounds),
-        "acceptance_histogram": {str(i + 1): hist[i] for i in range(block_size)},
-        "per_position_acceptance": [
-            {"position": j + 1, "attempts": att[j], "accepted": hit[j], "rate": (hit[j] / att[j]) if att[j] else None}
-            for j in range(block_size - 1)
-        ],
-        "target_agreement": {"match": match, "total": total, "rate": (match / total) if total else None},
-        "ddtree": {
-            str(n): {"budget": n, "topk": ddtree_k(n, topk, vocab), **_tau([r["ddtree"][str(n)] for r in records])}
-            for n in budgets
-        },
-    }
-    return out

@@ -10,7 +10,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, Text
                            TimeElapsedColumn)
 from rich.table import Table
 
-from orchestrator import remote_eval
+from orchestrator import remote_eval, shard
 from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
                                           inventory, print_json)
 from orchestrator.errors import DflashError
@@ -79,6 +79,105 @@ class LiveProgress:
                 self.progress.update(self.eval_task, completed=task.total)
 
 
+class ShardProgress:
+    """One progress view for a sharded eval: the ground-truth row (first host), a row per
+    host (samples, tokens/s from that host's own event times, running tau, failures) and a
+    total row. Called as ``view(host, event)`` from several watcher threads (the library
+    serialises the calls)."""
+
+    def __init__(self, enabled: bool = True):
+        self.progress = Progress(TextColumn("[bold]{task.description:>14}"), BarColumn(),
+                                 MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                                 TimeElapsedColumn(), console=err_console,
+                                 disable=not enabled, transient=False)
+        self.gt_task: TaskID | None = None
+        self.total_task: TaskID | None = None
+        self.rows: dict[str, TaskID] = {}
+        self.hosts: dict[str, dict] = {}  # host -> {total, done, tokens, started, tau, failed}
+        self.planned = False
+
+    def __enter__(self) -> "ShardProgress":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def _row(self, host: str) -> tuple[TaskID, dict]:
+        if host not in self.rows:
+            self.rows[host] = self.progress.add_task(host, total=0, info="")
+            self.hosts[host] = {"total": 0, "done": 0, "tokens": 0, "started": None,
+                                "last": None, "tau": None, "failed": 0}
+        return self.rows[host], self.hosts[host]
+
+    def _total(self) -> None:
+        done = sum(h["done"] for h in self.hosts.values())
+        tokens = sum(h["tokens"] for h in self.hosts.values())
+        starts = [h["started"] for h in self.hosts.values() if h["started"]]
+        lasts = [h["last"] for h in self.hosts.values() if h["last"]]
+        info = ""
+        if starts and lasts:
+            info = f"{tokens / max(1e-3, max(lasts) - min(starts)):,.0f} tok/s"
+        if self.total_task is None:
+            self.total_task = self.progress.add_task("total", total=None, info="")
+        self.progress.update(self.total_task, completed=done, info=info)
+
+    def set_total(self, n: int) -> None:
+        self._total()
+        self.progress.update(self.total_task, total=n)
+
+    def __call__(self, host: str, ev: dict) -> None:
+        kind = ev.get("event")
+        if kind == "warning":
+            self.progress.console.print(f"[bold yellow]warning ({host}):[/] "
+                                        f"{ev.get('message')}", soft_wrap=True)
+        elif kind == "plan":
+            self.planned = True
+            self.set_total(int(ev.get("samples") or 0))
+        elif kind == "ground_truth" and not self.planned:  # shard jobs' slices: not news
+            if self.gt_task is None:
+                self.gt_task = self.progress.add_task("ground truth", total=None, info=host)
+            self.progress.update(self.gt_task, completed=ev.get("done", 0),
+                                 total=ev.get("total"),
+                                 info=f"{host}, cached" if ev.get("cached") else host)
+        elif kind == "shard":
+            task, h = self._row(host)
+            h["total"] += int(ev.get("samples") or 0)
+            self.progress.update(task, total=h["total"])
+        elif kind == "start" and host in self.hosts:
+            h = self.hosts[host]
+            h["started"] = h["started"] or ev.get("time") or time.time()
+        elif kind == "sample":
+            task, h = self._row(host)
+            h["done"] += 1
+            h["tokens"] += int(ev.get("tokens") or 0)
+            h["last"] = ev.get("time") or time.time()
+            h["started"] = h["started"] or h["last"]
+            if isinstance(ev.get("tau"), (int, float)):
+                h["tau"] = ev["tau"]
+            self._render(task, h)
+            self._total()
+        elif kind == "shard_failed":
+            task, h = self._row(host)
+            h["failed"] += 1
+            h["total"] -= int(ev.get("unfinished") or 0)  # they move to other hosts' rows
+            self.progress.update(task, total=h["total"])
+            self._render(task, h)
+            self.progress.console.print(
+                f"[bold red]{host} failed:[/] {ev.get('error')}; {ev.get('kept')} sample(s) "
+                f"kept, {ev.get('unfinished')} re-run on other hosts", soft_wrap=True)
+
+    def _render(self, task: TaskID, h: dict) -> None:
+        info = ""
+        if h["started"] and h["last"]:
+            info = f"{h['tokens'] / max(1e-3, h['last'] - h['started']):,.0f} tok/s"
+        if h["tau"] is not None:
+            info += f"  tau {h['tau']:.3f}"
+        if h["failed"]:
+            info += "  [red]failed[/]"
+        self.progress.update(task, completed=h["done"], total=h["total"], info=info)
+
+
 def _budgets(text: Optional[str]) -> list[int]:
     if not text:
         return [8, 16, 32, 64]
@@ -97,6 +196,9 @@ def remote_eval_cmd(
         "'drafters' folder, or an absolute path there.")] = None,
     host: Annotated[Optional[str], typer.Option(
         "--host", "-H", help="Eval host (default: defaults.eval_host).")] = None,
+    hosts: Annotated[Optional[str], typer.Option(
+        "--hosts", help="Shard the samples across these eval hosts (comma-separated names "
+        "or inventory groups) and merge into one result.")] = None,
     attach: Annotated[Optional[str], typer.Option(
         "--attach", help="Resume watching job JOB, then pull its results.",
         metavar="JOB")] = None,
@@ -147,7 +249,12 @@ def remote_eval_cmd(
     inv = inventory(inventory_path)
     if sum(bool(x) for x in (checkpoint, attach, cancel)) != 1:
         raise DflashError("give exactly one of --checkpoint NAME, --attach JOB, --cancel JOB")
-    name = remote_eval.eval_host_name(inv, host)
+    if hosts:
+        if host or attach or cancel or detach:
+            raise DflashError("--hosts runs a sharded eval to the end; it does not combine "
+                              "with --host, --attach, --cancel or --detach")
+        names = [n.strip() for n in hosts.split(",") if n.strip()]
+    name = remote_eval.eval_host_name(inv, host) if not hosts else None
     if cancel:
         with open_host(inv.host(name), inv) as h:
             out = remote_eval.cancel(h, cancel)
@@ -171,6 +278,12 @@ def remote_eval_cmd(
         ground_truth_kind=ground_truth_kind, ground_truth_model=ground_truth_model,
         target=target, dtype=dtype, threads=threads, budgets=_budgets(budgets), topk=topk,
         extra={"positions": positions} if positions else {})
+    if hosts:
+        with ShardProgress(show) as live:
+            run_dir = shard.run_sharded(inv, names, checkpoint, options, on_event=live,
+                                        dest=results)
+        _report(run_dir, json_out)
+        return
     if detach:
         spec = inv.host(name)
         with open_host(spec, inv) as h:
@@ -201,13 +314,25 @@ def _report(run_dir, json_out: bool) -> None:
     from orchestrator import results as results_mod
 
     run = results_mod.load_run(run_dir)
+    shards = run.result.get("shards")
     if json_out:
-        print_json({"run_dir": str(run_dir), "run_id": run.run_id,
-                    "summary": results_mod.summary(run)})
+        out = {"run_dir": str(run_dir), "run_id": run.run_id,
+               "summary": results_mod.summary(run)}
+        if shards:
+            out["hosts"] = shards["hosts"]
+            out["reassigned"] = run.result.get("reassigned", [])
+        print_json(out)
         return
     from orchestrator.commands.results import render_summary
 
     render_summary(run)
+    if shards:
+        console.print(f"sharded across {', '.join(shards['hosts'])}; ground truth from "
+                      f"{shards['ground_truth']['obtained_on']}, one file sliced per shard")
+        for r in run.result.get("reassigned", []):
+            moved = ", ".join(f"{len(ids)} to {h}" for h, ids in r["to"].items())
+            console.print(f"[yellow]{r['host']} failed ({r['reason']}):[/] kept "
+                          f"{len(r['kept'])} sample(s), re-ran {moved or 'none'}")
     console.print(f"results: {run_dir}")
 
 

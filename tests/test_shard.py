@@ -1,0 +1,242 @@
+"""Sharded remote eval over THREE real loopback sshd eval hosts: the merged result equals the
+single-host result sample for sample (aggregates too), ground truth is fetched once, and a
+host whose job is killed mid-run has its unfinished samples re-run on the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+from pathlib import Path
+
+import pytest
+
+from orchestrator import remote_eval, shard
+from orchestrator.errors import DflashError
+from orchestrator.inventory import load_inventory
+from remote.metrics import summarize
+from tests.conftest import _start, ssh_host_entry
+from tests.reval_fixtures import gt_server, server, tiny_target  # noqa: F401
+from tests.test_hosts import dflash, one_error_line
+
+HOSTS = ("sa", "sb", "sc")
+
+
+# ---- plan (pure) ------------------------------------------------------------------------
+
+def _rec(i: int, prompt: int, completion: int | None) -> dict:
+    r = {"id": f"s{i}", "prompt_ids": [1] * prompt}
+    if completion is not None:
+        r["completion_ids"] = [2] * completion
+    return r
+
+
+def test_plan_balances_expected_tokens_not_sample_count():
+    # One long sample and six short ones: by count 2 hosts would get 4 and 3 samples; by
+    # tokens the long one stands alone.
+    recs = [_rec(0, 10, 10), _rec(1, 10, 300), *[_rec(i, 10, 20) for i in range(2, 8)]]
+    plan = shard.plan_shards(recs, ["a", "b"])
+    assert [s.indices for s in plan] == [[1], [0, 2, 3, 4, 5, 6, 7]]
+    assert [s.tokens for s in plan] == [310, 200]
+    # Unknown completion: prompt + max_new_tokens.
+    recs = [_rec(0, 5, None), _rec(1, 5, 50), _rec(2, 5, 50)]
+    plan = shard.plan_shards(recs, ["a", "b"], max_new_tokens=100)
+    assert [s.indices for s in plan] == [[0], [1, 2]] and plan[0].tokens == 105
+    # Every index exactly once, each shard in ascending order; a subset when asked.
+    recs = [_rec(i, 3 + i % 5, 7 * i % 11 + 1) for i in range(23)]
+    plan = shard.plan_shards(recs, ["a", "b", "c"], indices=list(range(5, 23)))
+    got = sorted(i for s in plan for i in s.indices)
+    assert got == list(range(5, 23))
+    assert all(s.indices == sorted(s.indices) for s in plan)
+    biggest = max(shard.expected_tokens(r, 0) for r in recs)
+    assert max(s.tokens for s in plan) - min(s.tokens for s in plan) <= biggest
+    with pytest.raises(DflashError):
+        shard.plan_shards(recs, [])
+
+
+def test_metrics_of_concatenated_records_equal_engine_summary_of_the_whole():
+    """The shared function is order-sensitive only in floating point; merged callers pass
+    ground-truth order. Split + concatenate in order gives the very same numbers."""
+    rng = random.Random(3)
+    B = 4
+    recs = []
+    for _ in range(7):
+        rounds = [rng.randint(1, B) for _ in range(rng.randint(1, 9))]
+        recs.append({"rounds": rounds, "position_attempts": [rng.randint(0, 9) for _ in range(B - 1)],
+                     "position_hits": [rng.randint(0, 3) for _ in range(B - 1)],
+                     "agreement": {"match": rng.randint(0, 5), "total": 5},
+                     "ddtree": {"8": [rng.randint(1, B) for _ in range(3)]}})
+    whole = summarize(recs, B, [8], None, 320)
+    again = summarize(recs[:3] + recs[3:], B, [8], None, 320)
+    assert whole == again and whole["samples"] == 7 and whole["ddtree"]["8"]["topk"] == 8
+
+
+def test_hosts_refuses_attach_in_one_line(tmp_path, make_inventory):
+    inv = make_inventory(hosts={"a": {"transport": "local"}, "b": {"transport": "local"}})
+    out = dflash("remote-eval", "--hosts", "a,b", "--attach", "job-1", "-i", str(inv))
+    assert out.returncode == 2
+    assert "--hosts" in one_error_line(out) and "--attach" in one_error_line(out)
+
+
+# ---- end to end -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def three_sshd(ssh_base, user_key):
+    servers = [_start(ssh_base, user_key, f"shard-{name}") for name in HOSTS]
+    yield dict(zip(HOSTS, servers))
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def drafters(tiny_target, tmp_path_factory):
+    """A tiny drafter trained for real; every host reads the same folder (one machine)."""
+    from orchestrator.demo.train import train_drafter
+
+    out = tmp_path_factory.mktemp("shard-drafters")
+    train_drafter(str(tiny_target), str(out), save_steps=(12,), samples=6, batch_samples=3,
+                  completion_len=24)
+    return out
+
+
+@pytest.fixture
+def inventory_path(three_sshd, ssh_base, make_inventory, drafters, tiny_target, gt_server,
+                   tmp_path):
+    hosts = {name: ssh_host_entry(srv, ssh_base, roles={"eval": {
+        "drafters": str(drafters), "target_model": str(tiny_target),
+        "ground_truth": gt_server.url, "ground_truth_kind": "sglang", "dtype": "float32",
+        "threads": 1}}) for name, srv in three_sshd.items()}
+    return make_inventory(hosts=hosts, groups={"evals": list(HOSTS)},
+                          defaults={"eval_host": "sa", "results_dir": str(tmp_path / "results")})
+
+
+def _without_timings(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in records]
+
+
+def _samples(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+
+
+def _result(run_dir: Path) -> dict:
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def _assert_same_as_single(merged: Path, single: Path) -> None:
+    a, b = _samples(merged), _samples(single)
+    assert [r["id"] for r in a] == [r["id"] for r in b]
+    assert _without_timings(a) == _without_timings(b)
+    assert _result(merged)["metrics"] == _result(single)["metrics"]
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("shard-prompts") / "varied.jsonl"
+    texts = ["Hi.", "What is two plus two?", "Write a haiku about rain and the sea at night.",
+             "def add(a, b):", "The quick brown fox jumps over the lazy dog, again and again.",
+             "Name three colours.", "Explain recursion to a child in one sentence please.",
+             "Count to five."]
+    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    return path
+
+
+def test_three_hosts_merge_equals_one_host_and_ground_truth_is_fetched_once(
+        inventory_path, server, prompts, three_sshd):
+    inv = load_inventory(inventory_path)
+    options = remote_eval.EvalOptions(prompts=str(prompts), max_new_tokens=20, budgets=[4, 8])
+    cli = dflash("remote-eval", "--hosts", "evals", "--checkpoint", "step-12", "--prompts",
+                 str(prompts), "--max-new-tokens", "20", "--budgets", "4,8", "-i",
+                 str(inventory_path), timeout=600)
+    assert cli.returncode == 0, cli.stderr
+    # One progress view: a row per host and a total, all complete.
+    rows = {ln.split()[0]: ln for ln in cli.stderr.splitlines() if ln.strip()}
+    assert {"sa", "sb", "sc", "total"} <= set(rows), cli.stderr
+    assert "8/8" in rows["total"] and "tok/s" in rows["total"]
+    assert "sharded across sa, sb, sc" in cli.stdout
+    merged = Path(cli.stdout.split("results:")[-1].strip())
+    # Ground truth: one request per prompt, made once for all three hosts.
+    assert len(server.requests) == 8
+    result = _result(merged)
+    shards = result["shards"]
+    assert shards["hosts"] == list(HOSTS) and result["reassigned"] == []
+    assert shards["ground_truth"]["obtained_on"] == "sa"
+    assert result["inputs"]["ground_truth_source"]["kind"] == "sglang"
+    planned = sorted(i for p in shards["plan"] for i in p["samples"])
+    assert planned == sorted(r["id"] for r in _samples(merged)) and len(planned) == 8
+    assert all(p["samples"] for p in shards["plan"])  # all three hosts had work
+    assert sorted(j["host"] for j in shards["jobs"]) == list(HOSTS)
+    assert all(j["state"] == "done" for j in shards["jobs"])
+    for name in HOSTS:  # each host evaluated what the plan gave it
+        job = next(j for j in shards["jobs"] if j["host"] == name)
+        planned_here = next(p["samples"] for p in shards["plan"] if p["host"] == name)
+        assert job["samples"] == len(planned_here) == job["records_received"]
+        assert f"{len(planned_here)}/{len(planned_here)}" in rows[name]
+    for job in shards["jobs"]:
+        assert (merged / job["run_dir"] / "result.json").is_file()
+    # Each shard host was handed its slice of one file, not the server.
+    for name, srv in three_sshd.items():
+        spec = json.loads((srv.root / "dflash" / "jobs" /
+                           f"{result['job']['job_id']}-{name}-1" / "spec.json").read_text())
+        assert spec["ground_truth"]["kind"] == "file"
+
+    single = remote_eval.run_eval(inv, "sa", "step-12", options)
+    assert len(server.requests) == 8  # the single run found sa's cache
+    _assert_same_as_single(merged, single)
+    assert _result(merged)["metrics"]["samples"] == 8
+
+
+def _ground_truth_file(path: Path, lengths: list[int]) -> None:
+    """Valid ground truth with chosen completion lengths (ids within the tiny vocab): long
+    completions make each sample take long enough that a host can be killed mid-shard."""
+    rng = random.Random(5)
+    with open(path, "w") as fh:
+        for i, n in enumerate(lengths):
+            fh.write(json.dumps({"id": f"g{i}", "prompt_ids": [rng.randrange(8, 300)
+                                                               for _ in range(12)],
+                                 "completion_ids": [rng.randrange(8, 300)
+                                                    for _ in range(n)]}) + "\n")
+
+
+def test_killed_host_has_its_unfinished_samples_rerun_elsewhere(inventory_path, three_sshd):
+    inv = load_inventory(inventory_path)
+    gt = three_sshd["sa"].root / "long-gt.jsonl"
+    # Planned by tokens: g2 -> sa, g3 -> sb, g1 -> sc, then the short g0 -> sc (least
+    # loaded). Killed after its first (short) sample, sc still has a long one to go: seconds
+    # of work against the fraction of a second an event takes to reach us.
+    _ground_truth_file(gt, [60, 2980, 3000, 3000])
+    records = [json.loads(x) for x in gt.read_text().splitlines()]
+    assert [s.indices for s in shard.plan_shards(records, list(HOSTS))] == [[2], [3], [0, 1]]
+    options = remote_eval.EvalOptions(ground_truth=str(gt), ground_truth_kind="file",
+                                      budgets=[4])
+    victim = "sc"
+    seen: dict = {"in_shard": False, "pid": None, "killed": False}
+
+    def on_event(host: str, ev: dict) -> None:
+        if host != victim or seen["killed"]:
+            return
+        if ev.get("event") == "shard":
+            seen["in_shard"] = True
+        elif ev.get("event") == "job" and seen["in_shard"]:
+            seen["pid"] = ev["pid"]  # the runner leads the job's process group
+        elif ev.get("event") == "sample" and seen["pid"]:
+            os.killpg(seen["pid"], signal.SIGKILL)  # the job dies mid-run, no exit.json
+            seen["killed"] = ev["done"]
+
+    merged = shard.run_sharded(inv, list(HOSTS), "step-12", options, on_event=on_event)
+    assert seen["killed"] == 1
+    result = _result(merged)
+    plan = {p["host"]: p["samples"] for p in result["shards"]["plan"]}
+    [entry] = result["reassigned"]
+    assert entry["host"] == victim and "lost" in entry["reason"]
+    assert plan[victim] == ["g0", "g1"]
+    assert entry["kept"] == ["g0"] and entry["samples"] == ["g1"]
+    assert set(entry["to"]) <= {"sa", "sb"}
+    assert sorted(s for ids in entry["to"].values() for s in ids) == sorted(entry["samples"])
+    jobs = result["shards"]["jobs"]
+    assert [j["state"] for j in jobs if j["host"] == victim] == ["failed"]
+    assert len([j for j in jobs if j["state"] == "done"]) == 3  # two shards + the re-run
+
+    single = remote_eval.run_eval(inv, "sa", "step-12", options)
+    _assert_same_as_single(merged, single)
+    assert result["metrics"]["samples"] == 4
