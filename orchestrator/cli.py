@@ -24,6 +24,8 @@ COMMAND_MODULES = (
     "orchestrator.commands.remote_eval",
     "orchestrator.commands.results",
     "orchestrator.commands.relay",
+    "orchestrator.commands.follow",
+    "orchestrator.commands.demo",
 )
 
 for _name in COMMAND_MODULES:

@@ -18,7 +18,7 @@ def tiny_target(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def gt_server(tiny_target):
-    from tests.gtserver import GroundTruthServer
+    from orchestrator.demo.gtserver import GroundTruthServer
 
     server = GroundTruthServer(str(tiny_target))
     yield server

@@ -1,12 +1,13 @@
-"""A small ground-truth server for tests, following the documented request/response shapes
-of SGLang's native ``/generate`` and of OpenAI-compatible ``/v1/completions`` (token-id
+"""A small ground-truth server for the demo and the tests, following the documented
+request/response shapes of SGLang's native ``/generate`` and of OpenAI-compatible ``/v1/completions`` (token-id
 prompts and ``return_token_ids`` as vLLM >= 0.10.2 and SGLang answer them, and plain text).
 
 It answers with REAL greedy generation of a tiny transformers model (KV cache, float32).
 ``mode`` switches on the failures a real server shows: ``"500"`` (an internal error),
-``"malformed"`` (a body that is not JSON), ``"slow"`` (answers after `delay` seconds), ``"text_only"`` (ignores
-``return_token_ids``, as a server without that extension does).
-stdlib ``http.server`` with threads; binds 127.0.0.1 on a free port.
+``"malformed"`` (a body that is not JSON), ``"slow"`` (answers after `delay` seconds),
+``"text_only"`` (ignores ``return_token_ids``, as a server without that extension does).
+stdlib ``http.server`` with threads; binds 127.0.0.1 on a free port. `Greedy` is the model
+side alone (the demo also uses it to make the drafter's training data).
 """
 
 from __future__ import annotations
@@ -17,19 +18,45 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-class GroundTruthServer:
-    def __init__(self, model_dir: str, model_name: str = "tiny-target"):
+class Greedy:
+    """A tiny transformers model (float32, KV cache) answering greedy continuations."""
+
+    def __init__(self, model_dir: str):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self._lock = threading.Lock()  # one generate at a time: the HTTP server is threaded
+
+    def __call__(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        return self.batch([prompt_ids], max_new_tokens)[0]
+
+    def batch(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuations of prompts that all have the SAME length (no padding, so each
+        row equals its unbatched generation)."""
+        torch = self.torch
+        if len({len(p) for p in prompts}) != 1:
+            raise ValueError("batched prompts must have equal lengths")
+        ids = torch.tensor(prompts)
+        with self._lock, torch.inference_mode():
+            out = self.model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens,
+                                      attention_mask=torch.ones_like(ids))
+        return out[:, ids.shape[1]:].tolist()
+
+
+class GroundTruthServer:
+    """The HTTP server over a `Greedy` model (a folder path loads one). `stop()` ends it."""
+
+    def __init__(self, model: "str | Greedy", model_name: str = "tiny-target"):
+        self.greedy_model = model if isinstance(model, Greedy) else Greedy(model)
+        self.model = self.greedy_model.model
+        self.tokenizer = self.greedy_model.tokenizer
         self.model_name = model_name
         self.mode = "ok"
         self.delay = 5.0
         self.requests: list[tuple[str, dict]] = []
-        self._lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
@@ -38,17 +65,19 @@ class GroundTruthServer:
         self._thread.start()
 
     def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-        torch = self.torch
-        with self._lock, torch.inference_mode():
-            out = self.model.generate(torch.tensor([prompt_ids]), do_sample=False,
-                                      max_new_tokens=max_new_tokens,
-                                      attention_mask=torch.ones(1, len(prompt_ids),
-                                                                dtype=torch.long))
-        return out[0, len(prompt_ids):].tolist()
+        return self.greedy_model(prompt_ids, max_new_tokens)
+
+    def __enter__(self) -> "GroundTruthServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def stop(self) -> None:
+        """Stop serving and close the socket; returns when the serving thread has ended."""
         self.httpd.shutdown()
         self.httpd.server_close()
+        self._thread.join()
 
     def _handler(self):
         server = self

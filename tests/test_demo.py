@@ -1,0 +1,165 @@
+"""`dflash demo` end to end: the library entry point and the CLI, on a shared model cache.
+
+The cache (`demo_cache`) is built once per test session through the demo's own builder; the
+demo command's first-run time on a fresh cache is measured by hand (README), never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_remote_eval import png_size
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory) -> Path:
+    from orchestrator.demo.build import ensure_assets
+
+    base = tmp_path_factory.mktemp("dflash-cache")
+    ensure_assets(base=base)
+    return base
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _naming(text: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.pid != os.getpid() and any(text in a for a in p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def _port_closed(url: str) -> bool:
+    host, port = url.rsplit("/", 1)[-1].split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return False
+    except OSError:
+        return True
+
+
+class Recorder:
+    """FollowEvents that keeps what the demo reports."""
+
+    def __init__(self):
+        from orchestrator.follow import FollowEvents
+
+        class _E(FollowEvents):
+            def message(inner, text):
+                self.messages.append(text)
+
+            def recorded(inner, entry):
+                self.recorded.append(entry)
+
+        self.events = _E()
+        self.messages: list[str] = []
+        self.recorded: list[dict] = []
+
+
+def test_demo_library_runs_every_step_and_leaves_nothing_running(demo_cache, tmp_path):
+    from orchestrator.demo import build
+    from orchestrator.demo.run import DemoOptions, run_demo
+
+    before = _children()
+    rec = Recorder()
+    keep = tmp_path / "kept"
+    result = run_demo(DemoOptions(cache_dir=demo_cache, keep_dir=keep), rec.events)
+
+    assert not result.built_now  # the session cache was used
+    steps = [h["step"] for h in result.history]
+    assert steps == list(build.STEPS)
+    assert all(h["state"] == "done" and isinstance(h["tau"], float) for h in result.history)
+    assert result.history[-1]["tau"] > result.history[0]["tau"] + 0.5
+    assert all(h["drafter_fits"] is True for h in result.history)  # probe-structure ran
+    assert all(h["target_agreement"] == 1.0 for h in result.history)
+    assert all(set(h["ddtree"]) == {"4", "8", "16"} for h in result.history)
+    assert [e["checkpoint"] for e in rec.recorded] == [f"step-{s}" for s in build.STEPS]
+    assert any("probe-structure" in m and "Qwen3_5" in m for m in rec.messages)
+    w, h = png_size(result.plot)
+    assert w >= 300 and h >= 200
+
+    # The kept folder: inventory, relayed (published, manifest) drafters, pulled results.
+    inv = (keep / "inventory.yaml").read_text()
+    assert "demo-trainer" in inv and "transport: local" in inv
+    relayed = sorted(p.name for p in (keep / "eval" / "drafters").iterdir())
+    assert [n for n in relayed if not n.startswith(".")] == [f"step-{s}" for s in build.STEPS]
+    assert not [n for n in relayed if n.startswith(".partial-")]
+    for h_ in result.history:
+        run = json.loads((Path(h_["run_dir"]) / "result.json").read_text())
+        assert run["inputs"]["ground_truth_source"]["kind"] == "sglang"
+
+    # Nothing left running: no new child, nothing naming the demo folder, server closed.
+    assert _children() <= before
+    assert _naming(str(keep)) == []
+    url = re.search(r"ground truth at (http://\S+)", " ".join(rec.messages)).group(1)
+    assert _port_closed(url)
+
+
+def test_demo_cli_prints_tau_per_step(demo_cache, tmp_path):
+    from orchestrator.demo import build
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120",
+           "DFLASH_CACHE_DIR": str(demo_cache)}
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    taus = {}
+    for line in proc.stdout.splitlines():
+        m = re.match(r"\s*(\d+)\s+step-(\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)", line)
+        if m:
+            taus[int(m.group(1))] = float(m.group(3))
+    assert sorted(taus) == list(build.STEPS), proc.stdout
+    assert taus[build.STEPS[-1]] > taus[build.STEPS[0]]
+    plot = re.search(r"^plot: (\S+)", proc.stdout, re.M).group(1)
+    assert png_size(Path(plot))[0] >= 300
+    assert Path(plot).is_relative_to(demo_cache / "demo" / "last-run")
+    # The temporary demo folder is gone and nothing from it runs.
+    folder = Path(re.search(r"inventory: (\S+)/inventory.yaml", proc.stderr).group(1))
+    assert folder.name.startswith("dflash-demo-") and not folder.exists()
+    assert _naming(str(folder)) == []
+
+
+def test_models_are_cached_by_version_and_rebuilt_only_when_fresh(demo_cache):
+    from orchestrator.demo import build
+
+    base = demo_cache / "demo"
+    again = build.ensure_assets(base=demo_cache)
+    assert not again.built_now and again.root == base / build.version()
+    assert [p.name for p in base.iterdir() if ".partial-" in p.name] == []
+    assert (again.target / "config.json").is_file()
+    assert (again.target / "tokenizer.json").is_file()
+    assert [c.name for c in again.checkpoints] == [f"step-{s}" for s in build.STEPS]
+    for c in again.checkpoints:
+        cfg = json.loads((c / "config.json").read_text())
+        assert cfg["dflash_config"]["target_layer_ids"] and cfg["block_size"] == build.BLOCK_SIZE
+    stamp = (again.root / "demo.json").stat().st_mtime_ns
+    assert (build.ensure_assets(base=demo_cache).root / "demo.json").stat().st_mtime_ns == stamp
+
+
+def test_demo_refuses_a_non_empty_keep_dir(tmp_path):
+    from tests.test_hosts import dflash, one_error_line
+
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "file").write_text("mine")
+    proc = dflash("demo", "--keep-dir", str(tmp_path / "x"))
+    assert proc.returncode != 0
+    assert "not an empty folder" in one_error_line(proc)
+    assert (tmp_path / "x" / "file").read_text() == "mine"
