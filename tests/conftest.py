@@ -14,13 +14,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.sshd import SSHServer, keygen
+from tests.sshd import SSHServer, clear_stale_pyenv_lock, keygen
 
 ROOT = Path(__file__).resolve().parent.parent
-# The eval engine's tests import their helpers as top-level modules (`from evalkit import
-# kit`); with tests/ a package, pytest does not put tests/ on sys.path by itself.
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.append(str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_pyenv_lock():
+    """Tests that kill SSH sessions can leave pyenv's rehash lock behind (see sshd.py)."""
+    clear_stale_pyenv_lock()
+    yield
+    clear_stale_pyenv_lock()
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,25 @@ import psutil
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
+def clear_stale_pyenv_lock(min_age: float = 2.0) -> bool:
+    """Remove pyenv's rehash lock when a killed SSH session left it behind.
+
+    On machines whose ~/.bashrc runs ``pyenv init`` every SSH command runs ``pyenv rehash``,
+    which holds ``shims/.pyenv-shim`` while it works. Killing a session at that moment (the
+    tests do, on purpose) leaves the lock, and every later SSH command then waits 60 s for
+    it. A lock older than a rehash ever takes is stale.
+    """
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    lock = root / "shims" / ".pyenv-shim"
+    try:
+        if time.time() - lock.stat().st_mtime >= min_age:
+            lock.unlink()
+            return True
+    except FileNotFoundError:
+        pass
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -109,6 +128,7 @@ class SSHServer:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(victims, timeout=5)
+        clear_stale_pyenv_lock(min_age=0)
         return len(victims)
 
     def stop(self) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from evalkit import kit
+from tests.evalkit import kit
 from remote.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter
 from remote.errors import UserError
 from remote.target import load_target

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from evalkit import kit
+from tests.evalkit import kit
 from remote.drafter import load_drafter
 from remote.errors import UserError
 from remote.evaluate import read_spec, run_eval

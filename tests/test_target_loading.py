@@ -10,7 +10,7 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
-from evalkit import kit
+from tests.evalkit import kit
 from remote.target import load_target
 
 
