@@ -19,8 +19,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.
   echo "setup: installing torch 2.13.0 (CPU)"
   "$PY" -m pip install -q torch==2.13.0
 fi
-if ! "$PY" -c "import orchestrator, remote, transformers, fabric, psutil, pytest" 2>/dev/null \
-   || ! command -v dflash >/dev/null; then
-  echo "setup: installing dflash with its eval and test extras"
-  "$PY" -m pip install -q -e '.[dev]'
-fi
+# Always (re)install this checkout in editable mode: cheap when everything is there, and it
+# makes `dflash` point at THIS checkout rather than another clone installed earlier.
+echo "setup: installing dflash (this checkout) with its eval and test extras"
+"$PY" -m pip install -q --disable-pip-version-check -e '.[dev]'
