@@ -39,7 +39,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from remote.errors import UserError
 
@@ -52,21 +52,26 @@ Emit = Callable[..., None]
 
 # ---- prompts ----------------------------------------------------------------------------
 
-def load_prompts(path: str, samples: int | None = None, seed: int = 0) -> list[dict]:
-    """Prompt records ``{"id", "text"}`` from a JSONL file, optionally a seeded subset."""
-    records = []
+def read_jsonl(path: str, what: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for each non-blank line; one-line UserErrors otherwise."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
-        raise UserError(f"cannot read prompts file {path}: {exc.strerror or exc}")
-    stem = Path(path).stem
+        raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}")
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            yield n, json.loads(line)
         except ValueError:
-            raise UserError(f"{path}:{n}: not a JSON object")
+            raise UserError(f"{path}:{n}: not valid JSON") from None
+
+
+def load_prompts(path: str, samples: int | None = None, seed: int = 0) -> list[dict]:
+    """Prompt records ``{"id", "text"}`` from a JSONL file, optionally a seeded subset."""
+    records = []
+    stem = Path(path).stem
+    for n, obj in read_jsonl(path, "prompts file"):
         if isinstance(obj, dict) and isinstance(obj.get("turns"), list) and obj["turns"] \
                 and isinstance(obj["turns"][0], str):
             text = obj["turns"][0]
@@ -350,17 +355,7 @@ class LocalGenerator:
 def read_ground_truth_file(path: str) -> list[dict]:
     """Validated ``{"id", "prompt_ids", "completion_ids"}`` records from a JSONL file."""
     out = []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise UserError(f"cannot read ground truth file {path}: {exc.strerror or exc}")
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            raise UserError(f"{path}:{n}: not JSON")
+    for n, obj in read_jsonl(path, "ground truth file"):
         if not (isinstance(obj, dict) and _int_list(obj.get("prompt_ids"))
                 and _int_list(obj.get("completion_ids")) and obj["prompt_ids"]):
             raise UserError(f"{path}:{n}: expected {{\"id\", \"prompt_ids\": [...], "
