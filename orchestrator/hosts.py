@@ -317,7 +317,7 @@ class SSHHost(Host):
                           gateway=gateway, connect_timeout=spec.connect_timeout,
                           connect_kwargs=connect_kwargs)
         client = conn.client
-        known_hosts = self._known_hosts_files(conn)
+        known_hosts = known_hosts_files(spec, conn.ssh_config)
         for path in known_hosts:
             if path.is_file():
                 client.load_host_keys(str(path))
@@ -334,17 +334,6 @@ class SSHHost(Host):
         transport.packetizer.REKEY_PACKETS = REKEY_BYTES
         transport.set_keepalive(30)
         return conn
-
-    def _known_hosts_files(self, conn) -> list[Path]:
-        """The inventory's known_hosts first (where accepted keys are saved), then the
-        ssh_config's UserKnownHostsFile, then ~/.ssh/known_hosts."""
-        files = []
-        if self.spec.known_hosts:
-            files.append(Path(os.path.expanduser(self.spec.known_hosts)))
-        for entry in (conn.ssh_config.get("userknownhostsfile") or "").split():
-            files.append(Path(os.path.expanduser(entry)))
-        files.append(Path(os.path.expanduser("~/.ssh/known_hosts")))
-        return files
 
     def _explain(self, exc: Exception, conn) -> HostError:
         where = f"{self.name} ({conn.user}@{conn.host}:{conn.port})"
@@ -410,6 +399,23 @@ class SSHHost(Host):
                 self._conn = None
         if self._jump:
             self._jump.close()
+
+
+def known_hosts_files(spec: HostSpec, ssh_config: dict | None = None) -> list[Path]:
+    """Where host keys for `spec` are looked up, in order: the inventory's known_hosts
+    first (where accepted keys are saved), then ~/.ssh/config's UserKnownHostsFile, then
+    ~/.ssh/known_hosts. Both the paramiko connections and the relay's OpenSSH streams use
+    this list, so a key one of them trusts the other trusts too."""
+    if ssh_config is None:
+        from fabric import Config
+        ssh_config = Config().base_ssh_config.lookup(spec.hostname or spec.name)
+    files = []
+    if spec.known_hosts:
+        files.append(Path(os.path.expanduser(spec.known_hosts)))
+    for entry in (ssh_config.get("userknownhostsfile") or "").split():
+        files.append(Path(os.path.expanduser(entry)))
+    files.append(Path(os.path.expanduser("~/.ssh/known_hosts")))
+    return files
 
 
 class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):

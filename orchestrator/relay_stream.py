@@ -66,10 +66,7 @@ def openssh_options(spec: HostSpec, inventory: Inventory | None) -> list[str]:
         raise DflashError("the OpenSSH client 'ssh' is not installed on this machine; the "
                           "relay needs it (apt install openssh-client)")
     accept_new = spec.accept_new_host_key or hosts_mod.ACCEPT_NEW_HOST_KEYS
-    known = []
-    if spec.known_hosts:
-        known.append(os.path.expanduser(spec.known_hosts))
-    known.append(os.path.expanduser("~/.ssh/known_hosts"))
+    known = [str(p) for p in hosts_mod.known_hosts_files(spec)]
     opts = ["-T", "-x", "-a",
             "-o", "BatchMode=yes",
             "-o", "Compression=no",

@@ -424,6 +424,33 @@ def test_openssh_streams_honour_the_inventory(env, trainer_sshd, eval_sshd, ssh_
     assert most > before
 
 
+
+def test_openssh_streams_trust_the_known_hosts_that_ssh_config_names(eval_sshd, ssh_base,
+                                                                    make_inventory, tmp_path,
+                                                                    monkeypatch):
+    """A host whose key is recorded only in a file named by ~/.ssh/config's
+    UserKnownHostsFile is trusted by the relay's ssh streams as by `dflash hosts check`."""
+    import subprocess
+
+    from orchestrator.hosts import open_host
+    from orchestrator.relay_stream import stream_argv
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host 127.0.0.1\n  UserKnownHostsFile {ssh_base / 'known_hosts'}\n")
+    monkeypatch.setenv("HOME", str(home))
+    entry = ssh_host_entry(eval_sshd, ssh_base)
+    del entry["known_hosts"]
+    inv = load_inventory(make_inventory({"ct": entry}))
+    host = open_host(inv.hosts["ct"], inv)
+    with host:
+        assert host.run(["printf", "%s", "paramiko"]).stdout == "paramiko"
+        proc = subprocess.run(stream_argv(host, "printf %s openssh", inv), capture_output=True,
+                              text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "openssh"
+
 def test_ctrl_c_keeps_what_arrived_and_the_next_relay_resumes(env):
     import signal
     import subprocess
