@@ -2,15 +2,20 @@
 
 Prints ratios measured in ONE run on this machine (no absolute targets, no assertions):
 
-* eval wall time / bare target forward time over the same tokens   (goal <= 1.25)
+* eval wall time / bare target forward time over the same tokens   (goal <= 1.25), without
+  DDTree and with the CLI's default DDTree budgets 8,16,32,64
 * online speculative-decoding loop time / offline eval time        (goal >= 5)
-* peak RSS of a fresh ``python -m remote eval`` / weights' bytes   (goal <= 1.3)
+* peak RSS of a fresh ``python -m remote eval`` / weights' bytes   (goal <= 1.3), on this
+  target and on a bigger one (``--rss-hidden``/``--rss-layers``, ~2.4 GB), with the fixed
+  runtime (python + torch + transformers + the target's modeling code) printed beside it
 
 Setup: a random-weight Qwen3 target (default hidden 1536, 12 layers, vocab 32000: ~440M
 parameters, ~0.9 GB in bf16) and a random 1-layer z-lab drafter (block 16), saved under
 ``--workdir`` (reused when present). Ground truth = the online loop's own greedy output, so
 both sides walk the same tokens. A random drafter accepts ~nothing (tau ~1): the online loop's
-worst case and the offline walk's worst case too (it drafts at every position either way).
+worst case. For the offline eval it is the cheapest case without DDTree (acceptance needs the
+drafter's last layer and head only at about tau rows per position) and the dearest with it
+(DDTree's walks then visit every position, and each visit needs all B rows and the head).
 
     python benchmarks/eval.py [--samples 2] [--prompt 128] [--completion 128] [--threads 2]
 """
@@ -122,6 +127,36 @@ def peak_rss_of(args: list[str]) -> int:
     return kib[-1] * 1024
 
 
+MODES = {  # label -> WalkOptions arguments
+    "all": {},
+    "all+DDTree": {"budgets": [8, 16, 32, 64]},
+    "walk": {"positions": "walk"},
+}
+
+
+def rss_figures(workdir: str, target_dir: str, drafter_dir: str, prompts, seqs, threads: int) -> tuple[int, int, int]:
+    """(peak RSS of ``python -m remote eval``, fixed runtime RSS, weights' bytes) on one target."""
+    import torch
+
+    from remote.drafter import load_drafter
+    from remote.target import describe, text_weight_bytes
+
+    gt = os.path.join(workdir, "gt.jsonl")
+    with open(gt, "w") as fh:
+        for i, (p, g) in enumerate(zip(prompts, seqs)):
+            fh.write(json.dumps({"id": i, "prompt_ids": p, "completion_ids": g[len(p):]}) + "\n")
+    spec = os.path.join(workdir, "job.json")
+    json.dump({"target": target_dir, "drafter": drafter_dir, "ground_truth": gt, "output_dir": os.path.join(workdir, "out"),
+               "threads": threads}, open(spec, "w"))
+    # The runtime an eval cannot do without: interpreter, torch, transformers and the
+    # target's modeling code (whose import pulls in much of transformers and torch._dynamo).
+    base = peak_rss_of(["-c", f"import remote.evaluate, remote.walk, remote.drafter; from remote.target import describe; describe({target_dir!r})"])
+    peak = peak_rss_of(["-m", "remote", "eval", "--spec", spec])
+    _c, meta, info = describe(target_dir)
+    _d, report = load_drafter(drafter_dir, torch.bfloat16)
+    return peak, base, text_weight_bytes(meta, info, torch.bfloat16) + report.parameters * 2
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="/tmp/dflash-bench")
@@ -133,6 +168,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1536)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--rss-hidden", type=int, default=2048, help="the bigger target of the RSS figure (0: skip)")
+    ap.add_argument("--rss-layers", type=int, default=24)
     args = ap.parse_args()
 
     import random
@@ -146,7 +183,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from remote.drafter import load_drafter
-    from remote.target import load_target, describe, text_weight_bytes
+    from remote.target import load_target
     from remote.walk import WalkOptions, eval_sequence
 
     hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
@@ -164,60 +201,60 @@ def main() -> None:
     # Bare forward and offline eval measured interleaved, sample by sample, best of
     # --repeats: on a shared machine this keeps other load from skewing one side only.
     target = load_target(target_dir, torch.bfloat16)
-    best = {"bare": 0.0, "all": 0.0, "walk": 0.0, "engine_target": 0.0}
+    best = {k: 0.0 for k in ("bare", "engine_target", *MODES)}
     recs_all = []
     with torch.inference_mode():
         hf(input_ids=torch.tensor([seqs[0][:32]]))  # warm-up
-        eval_sequence(target, drafter, prompts[0][:16], seqs[0][16:40], WalkOptions())
+        eval_sequence(target, drafter, prompts[0][:16], seqs[0][16:40], WalkOptions(budgets=[8]))
         for p, g in zip(prompts, seqs):
             per = {k: float("inf") for k in best}
             for _ in range(args.repeats):
                 t = time.perf_counter()
                 hf(input_ids=torch.tensor([g]))
                 per["bare"] = min(per["bare"], time.perf_counter() - t)
-                for mode in ("all", "walk"):
+                for mode, kw in MODES.items():
                     t = time.perf_counter()
-                    rec = eval_sequence(target, drafter, p, g[len(p):], WalkOptions(positions=mode))
+                    rec = eval_sequence(target, drafter, p, g[len(p):], WalkOptions(**kw))
                     per[mode] = min(per[mode], time.perf_counter() - t)
                     if mode == "all":
                         per["engine_target"] = min(per["engine_target"], rec["seconds"]["target"])
+                        rec_all = rec
             for k in best:
                 best[k] += per[k]
-            recs_all.append(rec)
+            recs_all.append(rec_all)
     for (rounds, _c), rec in zip(runs, recs_all):
         assert rec["rounds"] == rounds, "offline walk disagrees with the online loop"  # sanity, not timing
     t_bare = best["bare"]
-    res = {"all": (best["all"],), "walk": (best["walk"],)}
-    t_target_part = best["engine_target"]
     del target, hf
 
-    gt = os.path.join(args.workdir, "gt.jsonl")
-    with open(gt, "w") as fh:
-        for i, (p, g) in enumerate(zip(prompts, seqs)):
-            fh.write(json.dumps({"id": i, "prompt_ids": p, "completion_ids": g[len(p):]}) + "\n")
-    spec = os.path.join(args.workdir, "job.json")
-    json.dump({"target": target_dir, "drafter": drafter_dir, "ground_truth": gt, "output_dir": os.path.join(args.workdir, "out"),
-               "threads": args.threads}, open(spec, "w"))
-    rss_base = peak_rss_of(["-c", "import torch, transformers, remote.evaluate, remote.walk, remote.target, remote.drafter"])
-    rss_eval = peak_rss_of(["-m", "remote", "eval", "--spec", spec])
-    _c, meta, info = describe(target_dir)
-    weights = text_weight_bytes(meta, info, torch.bfloat16) + report.parameters * 2
+    rss = [("this target", *rss_figures(args.workdir, target_dir, drafter_dir, prompts, seqs, args.threads))]
+    if args.rss_hidden:
+        big = os.path.join(args.workdir, f"rss-{args.rss_hidden}x{args.rss_layers}")
+        os.makedirs(big, exist_ok=True)
+        big_target, big_drafter = build(big, args.rss_hidden, args.rss_layers, args.vocab)
+        rss.append((f"{args.rss_hidden} x {args.rss_layers} target", *rss_figures(big, big_target, big_drafter, prompts, seqs, args.threads)))
 
+    from remote.target import describe
+    _c, _meta, info = describe(target_dir)
     tokens = sum(len(g) for g in seqs)
     rounds = sum(len(r) for r, _ in runs)
     print(f"setup: target {info.num_layers} layers hidden {info.hidden_size} vocab {info.vocab_size}, "
-          f"weights {weights / 2**20:.0f} MiB bf16; drafter 1 layer, block {drafter.block_size}; "
+          f"weights {rss[0][3] / 2**20:.0f} MiB bf16; drafter 1 layer, block {drafter.block_size}; "
           f"{args.samples} samples x ({args.prompt} prompt + {args.completion} completion) = {tokens} tokens; "
           f"{rounds} online rounds (tau {sum(map(sum, (r for r, _ in runs))) / rounds:.2f}); threads {args.threads}")
     print(f"bare target forward (HF, full logits): {t_bare:.2f} s (best of {args.repeats}, interleaved with the eval runs)")
-    for mode in ("all", "walk"):
-        t_eval = res[mode][0]
-        print(f"eval [{mode:4}] wall / bare target forward     = {t_eval / t_bare:.2f}   (goal <= 1.25; eval {t_eval:.2f} s)")
-    print(f"  of which engine target forward / bare        = {t_target_part / t_bare:.2f}   (hooks + text backbone + argmax head)")
-    print(f"online loop / offline eval [all]              = {t_online / res['all'][0]:.1f}x  (goal >= 5; online {t_online:.1f} s)")
-    print(f"online loop / offline eval [walk]             = {t_online / res['walk'][0]:.1f}x")
-    print(f"peak RSS of `remote eval` / weights' bytes     = {rss_eval / weights:.2f}   (goal <= 1.3; peak {rss_eval / 2**20:.0f} MiB)")
-    print(f"  runtime baseline (python+torch+transformers) = {rss_base / 2**20:.0f} MiB; (peak - baseline) / weights = {(rss_eval - rss_base) / weights:.2f}")
+    for mode in MODES:
+        goal = "goal <= 1.25; " if mode == "all" else ""
+        print(f"eval [{mode:10}] wall / bare target forward = {best[mode] / t_bare:.2f}   ({goal}eval {best[mode]:.2f} s)")
+    print(f"  of which engine target forward / bare         = {best['engine_target'] / t_bare:.2f}   (hooks + text backbone + argmax head)")
+    for mode in MODES:
+        goal = f"  (goal >= 5; online {t_online:.1f} s)" if mode == "all" else ""
+        print(f"online loop / offline eval [{mode:10}]     = {t_online / best[mode]:.1f}x{goal}")
+    for label, peak, base, weights in rss:
+        print(f"peak RSS of `remote eval` / weights' bytes [{label}] = {peak / weights:.2f}   (goal <= 1.3; peak {peak / 2**20:.0f} MiB, "
+              f"weights {weights / 2**20:.0f} MiB)")
+        print(f"  fixed runtime (python+torch+transformers+modeling code) {base / 2**20:.0f} MiB; "
+              f"(peak - runtime) / weights = {(peak - base) / weights:.2f}")
 
 
 if __name__ == "__main__":

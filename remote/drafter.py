@@ -207,19 +207,28 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.is_causal, self.sliding_window = cfg.layer_attention(idx)
 
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        """q-normed queries of rows ``x`` [..., hidden] -> [..., heads, head_dim], before RoPE."""
+        return self.q_norm(self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim)))
+
+    def raw_keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k-normed keys and values of rows ``x`` [..., hidden] -> [..., kv_heads, head_dim],
+        before RoPE (so rows with equal inputs can share them)."""
+        k = self.k_norm(self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim)))
+        return k, self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K (normed, roped) and V of rows ``x`` [n, hidden] -> [kv_heads, n, head_dim]."""
-        n = x.shape[0]
-        k = self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)).transpose(0, 1)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        return apply_rope(k, cos, sin), v
+        """K (normed, roped) and V of context rows ``x`` [n, hidden] -> [kv_heads, n, head_dim]."""
+        k, v = self.raw_keys_values(x)
+        return apply_rope(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
 
     def visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
-        """Position-only visibility (causal / sliding window), z-lab's rule; None = all."""
+        """Position-only visibility [..., q, k] (causal / sliding window, z-lab's rule) of
+        broadcastable positions ``q_pos`` [..., q] and ``k_pos`` [..., k]; None = all."""
         if not self.is_causal and self.sliding_window is None:
             return None
-        qp, kp = q_pos[:, None], k_pos[None, :]
-        ok = torch.ones(qp.shape[0], kp.shape[1], dtype=torch.bool, device=q_pos.device)
+        qp, kp = q_pos[..., :, None], k_pos[..., None, :]
+        ok = torch.ones(torch.broadcast_shapes(qp.shape, kp.shape), dtype=torch.bool, device=q_pos.device)
         if self.is_causal:
             ok &= kp <= qp
         if self.sliding_window is not None:
@@ -228,27 +237,40 @@ class Attention(nn.Module):
                 ok &= (kp - qp) < self.sliding_window
         return ok
 
-    def forward(
+    def attend(
         self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        q: torch.Tensor,
+        q_pos: torch.Tensor,
+        starts: torch.Tensor,
         ctx_k: torch.Tensor,
         ctx_v: torch.Tensor,
-        mask: torch.Tensor | None,
+        blk_k: torch.Tensor,
+        blk_v: torch.Tensor,
+        blk_pos: torch.Tensor,
     ) -> torch.Tensor:
-        """Queries from block rows ``x`` [n, hidden]; keys = context ++ block rows."""
-        n = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)).transpose(0, 1)
-        q = apply_rope(q, cos, sin)
-        bk, bv = self.keys_values(x, cos, sin)
-        k = torch.cat((ctx_k, bk), dim=1)
-        v = torch.cat((ctx_v, bv), dim=1)
-        out = F.scaled_dot_product_attention(
-            q[None], k[None], v[None], attn_mask=None if mask is None else mask[None, None],
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )[0]
-        return self.o_proj(out.transpose(0, 1).reshape(n, -1))
+        """Attention of ``R`` query rows per block to that block's context and its own rows.
+
+        ``q`` [nb, R, heads, d] (roped), ``q_pos`` [nb, R]; block ``n`` sees context
+        positions ``< starts[n]`` of ``ctx_k``/``ctx_v`` [kv_heads, C, d] and its own keys
+        ``blk_k``/``blk_v`` [nb, B, kv_heads, d] at ``blk_pos`` [nb, B]. Scores and softmax
+        are float32; the cost is ``R x (C + B)`` per block, never the ``(nb*B)^2`` of one
+        masked sequence holding every block. Returns ``o_proj`` of the result [nb, R, hidden].
+        """
+        nb, R, H, d = q.shape
+        C, kvh = ctx_k.shape[1], self.num_kv_heads
+        qf = q.float().view(nb, R, kvh, H // kvh, d) * d ** -0.5
+        s_ctx = torch.einsum("nrkgd,kcd->nrkgc", qf, ctx_k.float())
+        s_blk = torch.einsum("nrkgd,nbkd->nrkgb", qf, blk_k.float())
+        ctx_ok = torch.arange(C)[None, None, :] < starts[:, None, None]  # [nb, 1, C]
+        vis = self.visible(q_pos, torch.arange(C))
+        ctx_ok = ctx_ok if vis is None else ctx_ok & vis
+        blk_ok = self.visible(q_pos, blk_pos)
+        scores = torch.cat((s_ctx.masked_fill(~ctx_ok[:, :, None, None, :], float("-inf")),
+                            s_blk if blk_ok is None else s_blk.masked_fill(~blk_ok[:, :, None, None, :], float("-inf"))), -1)
+        p = torch.softmax(scores, dim=-1)
+        out = (torch.einsum("nrkgc,kcd->nrkgd", p[..., :C], ctx_v.float())
+               + torch.einsum("nrkgb,nbkd->nrkgd", p[..., C:], blk_v.float()))
+        return self.o_proj(out.reshape(nb, R, H * d).to(q.dtype))
 
 
 class MLP(nn.Module):
@@ -311,7 +333,8 @@ class DFlashDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
         """Drafter logits from final hidden rows through the target's head weight."""
-        out = F.linear(hidden, lm_head)
+        # A strided (sliced) input sends a bf16 linear down a path ~40x slower on CPU.
+        out = F.linear(hidden.contiguous(), lm_head)
         if self.cfg.output_multiplier != 1.0:
             out = out * self.cfg.output_multiplier
         cap = self.cfg.final_logit_softcapping
@@ -335,8 +358,7 @@ class DFlashDrafter(nn.Module):
         """One block, the plain online way: ``features`` [s, F] are the context positions
         ``0..s-1`` (``s = start``), ``block`` [B, hidden] the block's input embeddings.
         Returns the final normed hidden states [B, hidden]."""
-        kv = self.context_kv(features)
-        return self._run(block, torch.arange(start, start + block.shape[0]), kv, start, None)
+        return self.forward_blocks(self.context_kv(features), torch.tensor([start]), block[None])[0]
 
     def forward_blocks(
         self,
@@ -344,40 +366,92 @@ class DFlashDrafter(nn.Module):
         starts: torch.Tensor,
         blocks: torch.Tensor,
     ) -> torch.Tensor:
-        """Many blocks at once against shared context K/V (from `context_kv`).
+        """Many blocks at once against shared context K/V (from `context_kv`): ``starts``
+        [nb] block start positions, ``blocks`` [nb, B, hidden] input embeddings. Block b
+        sees context positions ``< starts[b]`` and its own B rows only, so the result equals
+        `forward_block` per block. Returns final hidden [nb, B, hidden]."""
+        return Blocks(self, kv, starts, blocks).hidden()
 
-        ``starts`` [nb] block start positions, ``blocks`` [nb, B, hidden] input embeddings.
-        All blocks are flattened into one query sequence; the explicit mask lets block b see
-        context positions ``< starts[b]`` and its own B rows only, so the result equals
-        `forward_block` per block. Returns final hidden [nb, B, hidden].
-        """
+    def blocks(self, kv: list[tuple[torch.Tensor, torch.Tensor]], starts: torch.Tensor,
+               first_tokens: torch.Tensor, embed: torch.Tensor) -> "Blocks":
+        """The blocks ``[first_tokens[b], mask, ..., mask]`` at ``starts``, ready for `Blocks.hidden`
+        of any rows (their mask rows are projected once in the first layer)."""
+        return Blocks(self, kv, starts, self.block_inputs(embed, first_tokens), shared_tail=True)
+
+
+class Blocks:
+    """Drafted blocks against shared context K/V, the last layer evaluated row by row on demand.
+
+    Every layer but the last runs on all rows: rows of a block attend to each other, so none
+    can be skipped there. The last layer's keys and values are computed for every row too,
+    but its queries, output projection, MLP and final norm only for the rows `hidden` is
+    asked for. Acceptance needs block position ``j`` only where positions ``1..j-1`` were
+    right, so an evaluation asks for few rows: about tau per block instead of ``B``.
+
+    ``shared_tail``: rows ``1..B-1`` of every block hold the same (mask) embedding, as
+    `DFlashDrafter.block_inputs` builds them; the first layer then normalises and projects
+    that row once rather than once per block (RoPE, applied after, still makes them differ).
+    """
+
+    def __init__(self, drafter: DFlashDrafter, kv: list[tuple[torch.Tensor, torch.Tensor]],
+                 starts: torch.Tensor, blocks: torch.Tensor, shared_tail: bool = False):
         nb, B, H = blocks.shape
-        pos = (starts[:, None] + torch.arange(B)[None, :]).reshape(-1)
-        n_ctx = int(starts.max())
-        kv = [(k[:, :n_ctx], v[:, :n_ctx]) for k, v in kv]
-        owner = torch.arange(nb).repeat_interleave(B)
-        ctx_ok = torch.arange(n_ctx)[None, :] < starts.repeat_interleave(B)[:, None]
-        blk_ok = owner[:, None] == owner[None, :]
-        base = torch.cat((ctx_ok, blk_ok), dim=1)
-        key_pos = torch.cat((torch.arange(n_ctx), pos))
-        out = self._run(blocks.reshape(nb * B, H), pos, kv, n_ctx, (base, key_pos))
-        return out.view(nb, B, H)
-
-    def _run(self, h, pos, kv, n_ctx, masking) -> torch.Tensor:
-        cos, sin = self.rotary(pos, h.dtype)
-        key_pos = torch.cat((torch.arange(n_ctx), pos)) if masking is None else masking[1]
-        masks: dict[tuple[bool, int | None], torch.Tensor | None] = {}
-        for layer, (ck, cv) in zip(self.layers, kv):
+        self.drafter, self.starts, self.B = drafter, starts, B
+        self.pos = starts[:, None] + torch.arange(B)[None, :]  # [nb, B]
+        cos, sin = drafter.rotary(self.pos.reshape(-1), blocks.dtype)
+        self.cos, self.sin = cos.view(nb, B, 1, -1), sin.view(nb, B, 1, -1)
+        n_ctx = int(starts.max()) if nb else 0
+        self.kv = [(k[:, :n_ctx], v[:, :n_ctx]) for k, v in kv]
+        self.q_unique: torch.Tensor | None = None  # set when the last layer is a shared-tail first layer
+        h = blocks
+        last = len(drafter.layers) - 1
+        for i, layer in enumerate(drafter.layers):
             attn = layer.self_attn
-            key = (attn.is_causal, attn.sliding_window)
-            if key not in masks:  # one mask per distinct layer kind
-                m = attn.visible(pos, key_pos)
-                if masking is not None:
-                    m = masking[0] if m is None else (m & masking[0])
-                masks[key] = m
-            h = h + attn(layer.input_layernorm(h), cos, sin, ck[:, :n_ctx], cv[:, :n_ctx], masks[key])
+            if i == 0 and shared_tail:
+                # one normalised row per block start, plus the mask row once
+                x = layer.input_layernorm(torch.cat((blocks[:, 0], blocks[:1, 1])))
+                pick = torch.where(torch.arange(B)[None, :] == 0, torch.arange(nb)[:, None], nb)
+                q_raw = attn.queries(x)[pick] if i < last else None
+                k_raw, v = (t[pick] for t in attn.raw_keys_values(x))
+                if i == last:
+                    self.q_unique, self.q_pick = attn.queries(x), pick
+            else:
+                x = layer.input_layernorm(h)
+                q_raw = attn.queries(x) if i < last else None
+                k_raw, v = attn.raw_keys_values(x)
+            k = apply_rope(k_raw, self.cos, self.sin)
+            if i == last:
+                self.h, self.k, self.v = h, k, v  # the last layer's input and block keys
+                break
+            q = apply_rope(q_raw, self.cos, self.sin)
+            ck, cv = self.kv[i]
+            h = h + attn.attend(q, self.pos, starts, ck, cv, k, v, self.pos)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.norm(h)
+
+    def hidden(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Final normed hidden states: of every row as [nb, B, hidden] (``rows`` None), or of
+        the flat rows ``rows`` (block b, position j = ``b * B + j``) as [len(rows), hidden]."""
+        d = self.drafter
+        layer = d.layers[-1]
+        attn = layer.self_attn
+        ck, cv = self.kv[-1]
+        if rows is None:
+            blk, at = torch.arange(len(self.starts)), slice(None)
+            h, cos, sin, q_pos = self.h, self.cos, self.sin, self.pos
+        else:
+            blk, at = rows // self.B, rows % self.B
+            h = self.h[blk, at][:, None]
+            cos, sin = self.cos[blk, at][:, None], self.sin[blk, at][:, None]
+            q_pos = self.pos[blk, at][:, None]
+        if self.q_unique is not None:
+            q_raw = self.q_unique[self.q_pick[blk][:, at] if rows is None else self.q_pick[blk, at][:, None]]
+        else:
+            q_raw = attn.queries(layer.input_layernorm(h))
+        q = apply_rope(q_raw, cos, sin)
+        h = h + attn.attend(q, q_pos, self.starts[blk], ck, cv, self.k[blk], self.v[blk], self.pos[blk])
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        out = d.norm(h)
+        return out if rows is None else out[:, 0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ Spec (JSON object; unknown keys are an error, so a typo never silently changes a
     ddtree_budgets    DDTree node budgets to report side by side (default [])
     ddtree_topk       per-depth candidates for DDTree (default null = the budget)
     max_samples       evaluate only the first N samples (default all)
-    block_chunk       blocks per batched drafter call (default 64)
+    block_chunk       blocks per batched drafter call (default: sized to the memory the
+                      attention scores may take, see remote.walk.auto_chunk)
     positions         "all" (default): draft at every completion position, so per-position
                       acceptance covers all of them; "walk": draft only where the walks go
                       (about tau times less drafter work; per-position covers walk positions)
@@ -79,7 +80,7 @@ def read_spec(path: str) -> dict[str, Any]:
         "target": spec["target"], "drafter": spec["drafter"], "ground_truth": spec["ground_truth"],
         "output_dir": spec["output_dir"], "dtype": DTYPES[dtype], "threads": spec.get("threads"),
         "ddtree_budgets": sorted(set(budgets)), "ddtree_topk": spec.get("ddtree_topk"),
-        "max_samples": spec.get("max_samples"), "block_chunk": spec.get("block_chunk") or 64,
+        "max_samples": spec.get("max_samples"), "block_chunk": spec.get("block_chunk"),
     }
 
 
@@ -145,16 +146,20 @@ def fc_width(path: str) -> int | None:
     return None
 
 
-def estimate_bytes(tbytes: int, dcfg, max_len: int, itemsize: int, block_chunk: int) -> int:
+def estimate_bytes(tbytes: int, dcfg, max_len: int, itemsize: int, block_chunk: int | None) -> int:
     """Peak bytes: target text weights + drafter weights + the largest sequence's working set
-    (hidden states, kept features, drafter context K/V, one chunk of blocks)."""
+    (hidden states, kept features, drafter context K/V, one batch of blocks with its
+    attention scores, DDTree's head logits)."""
+    from remote.walk import SCORES_BYTES, Drafts, auto_chunk
+
     h, B, k = dcfg.hidden_size, dcfg.block_size, len(dcfg.target_layer_ids)
     per_layer = 4 * dcfg.hidden_size * dcfg.hidden_size + 3 * dcfg.hidden_size * dcfg.intermediate_size
     drafter = (dcfg.num_layers * per_layer + k * h * h) * itemsize
     kv = dcfg.num_layers * 2 * max_len * dcfg.num_kv_heads * dcfg.head_dim * itemsize
-    acts = max_len * h * (k + 8) * 4 + kv + block_chunk * B * (max_len + 4 * h) * 4
-    hidden_keep = max_len * B * h * itemsize
-    return tbytes + drafter + acts + hidden_keep
+    chunk = block_chunk or auto_chunk(dcfg, max_len)
+    blocks = chunk * B * (h + 2 * dcfg.num_kv_heads * dcfg.head_dim) * itemsize * 4
+    acts = max_len * h * (k + 8) * 4 + kv + SCORES_BYTES + blocks + 2 * Drafts.HEAD_BYTES
+    return tbytes + drafter + acts
 
 
 def environment(dtype: str, threads: int) -> dict[str, Any]:

@@ -33,57 +33,109 @@ from remote.metrics import ddtree_k, summarize  # noqa: F401
 @dataclass
 class WalkOptions:
     """``budgets``: DDTree node budgets; ``topk``: per-depth candidates (None = the budget);
-    ``block_chunk``: blocks per batched drafter call (memory vs speed); ``positions``:
+    ``block_chunk``: blocks per batched drafter call (memory vs speed; None = as many as
+    `auto_chunk` allows); ``positions``:
     ``"all"`` drafts a block at every completion position (per-position acceptance over all
     of them, as dflash-eval.md asks) or ``"walk"`` drafts only where the walks go (cheaper by
     about tau; per-position acceptance then covers walk positions only)."""
 
     budgets: list[int] = field(default_factory=list)
     topk: int | None = None
-    block_chunk: int = 64
+    block_chunk: int | None = None
     positions: str = "all"
+
+
+SCORES_BYTES = 256 * 2**20  # attention scores of one batched drafter call, at most
+
+
+def auto_chunk(cfg, context: int, budget: int = SCORES_BYTES) -> int:
+    """Blocks per batched drafter call: as many as keep the float32 attention scores (with
+    their softmax temporaries) under ``budget`` bytes, 16..1024. Larger batches read the
+    weights fewer times; layers before the last hold ``B`` query rows per block, the last
+    one a single row per block and depth."""
+    rows = cfg.block_size if cfg.num_layers > 1 else 1
+    per_block = 3 * 4 * rows * cfg.num_heads * (context + cfg.block_size)
+    return max(16, min(1024, budget // per_block))
 
 
 class Drafts:
     """Drafted blocks of one sequence, computed on demand in batches and kept by start.
 
-    For each start ``s`` it records ``a_s`` (leading draft tokens equal to ``g[s+1..]``,
-    capped at ``L``) and, when DDTree needs them, the final hidden rows 1..B-1.
+    ``accept[s]``: leading draft tokens of the block at ``s`` equal to ``g[s+1..]`` (capped
+    at ``L``); only the rows that number needs are computed (`remote.drafter.Blocks`).
+    ``tree[s]``: per-depth top-k (log-probs, tokens) of the block at ``s`` for DDTree, which
+    needs every row of the block and the full head.
     """
 
-    def __init__(self, drafter, target, kv, g: torch.Tensor, P: int, keep_hidden: bool, chunk: int):
+    HEAD_BYTES = 128 * 2**20  # float32 logits held at once when taking DDTree's top-k
+
+    def __init__(self, drafter, target, kv, g: torch.Tensor, P: int, chunk: int | None):
         self.drafter, self.target, self.kv, self.g = drafter, target, kv, g
         self.P, self.L, self.B = P, len(g) - 1, drafter.block_size
-        self.keep_hidden, self.chunk = keep_hidden, chunk
+        self.chunk = chunk or auto_chunk(drafter.cfg, self.L)
         self.accept: dict[int, int] = {}
-        self.hidden: dict[int, torch.Tensor] = {}
+        self.tree: dict[int, tuple[list, list]] = {}
 
     def ensure(self, starts: list[int]) -> None:
+        """Compute ``accept`` for ``starts`` (those not known yet), ``chunk`` blocks at a time."""
         todo = [s for s in starts if s not in self.accept]
         for c in range(0, len(todo), self.chunk):
             st = torch.tensor(todo[c:c + self.chunk])
-            h = self.drafter.forward_blocks(self.kv, st, self.drafter.block_inputs(self.target.embed, self.g[st]))
+            blocks = self.drafter.blocks(self.kv, st, self.g[st], self.target.embed)
             acc = torch.zeros(len(st), dtype=torch.long)
             alive = torch.arange(len(st))
-            for j in range(1, self.B):  # head rows only for blocks still matching
+            for j in range(1, self.B):  # rows (and head rows) only for blocks still matching
                 alive = alive[st[alive] + j <= self.L]
                 if len(alive) == 0:
                     break
-                pred = torch.argmax(self.drafter.logits(h[alive, j], self.target.lm_head).float(), dim=-1)
+                h = blocks.hidden(alive * self.B + j)
+                pred = torch.argmax(self.drafter.logits(h, self.target.lm_head).float(), dim=-1)
                 alive = alive[pred == self.g[st[alive] + j]]
                 acc[alive] += 1
             for i, s in enumerate(st.tolist()):
                 self.accept[s] = int(acc[i])
-                if self.keep_hidden:
-                    self.hidden[s] = h[i, 1:]
 
-    def topk(self, s: int, k: int) -> tuple[list, list]:
-        """Per-depth top-``k`` (log-probs, tokens) of the block at ``s``, depths 1..min(B-1, L-s)."""
-        self.ensure([s])
-        depth = min(self.B - 1, self.L - s)
-        logits = self.drafter.logits(self.hidden[s][:depth], self.target.lm_head).float()
-        v, i = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)
-        return v.tolist(), i.tolist()
+    def ensure_tree(self, starts: list[int], k: int) -> None:
+        """Compute ``tree`` (top-``k`` per depth 1..min(B-1, L-s)) for ``starts`` in batches."""
+        todo = [s for s in starts if s not in self.tree]
+        vocab = self.target.lm_head.shape[0]
+        per_chunk = max(1, min(self.chunk, self.HEAD_BYTES // (4 * vocab * (self.B - 1))))
+        for c in range(0, len(todo), per_chunk):
+            st = torch.tensor(todo[c:c + per_chunk])
+            h = self.drafter.blocks(self.kv, st, self.g[st], self.target.embed).hidden()[:, 1:]
+            logp = torch.log_softmax(self.drafter.logits(h, self.target.lm_head).float(), dim=-1)
+            v, i = torch.topk(logp, k, dim=-1)
+            for b, s in enumerate(st.tolist()):
+                depth = min(self.B - 1, self.L - s)
+                self.tree[s] = (v[b, :depth].tolist(), i[b, :depth].tolist())
+
+
+def ddtree_rounds(drafts: Drafts, g: list[int], budgets: list[int], topk: int | None, vocab: int) -> dict[str, list[int]]:
+    """DDTree-N round lengths for every budget, the walks advanced in lockstep.
+
+    Each step computes, in one batch, the blocks every unfinished walk needs next plus the
+    ``B/2`` positions after each (where a short round lands next): the drafter's weights and
+    head are read once per step, not once per round and budget.
+    """
+    P, L, B = drafts.P, drafts.L, drafts.B
+    ks = {n: ddtree_k(n, topk, vocab) for n in budgets}
+    k_max = max(ks.values())
+    at = {n: P for n in budgets}
+    out: dict[str, list[int]] = {str(n): [] for n in budgets}
+    ahead = max(1, B // 2)
+    while True:
+        live = [n for n in budgets if at[n] < L]
+        if not live:
+            return out
+        if any(at[n] not in drafts.tree for n in live):
+            want = {p for n in live for p in range(at[n], min(at[n] + ahead, L))}
+            drafts.ensure_tree(sorted(want), k_max)
+        for n in live:
+            s, k = at[n], ks[n]
+            v, i = drafts.tree[s]
+            a = ddtree_accept([r[:k] for r in v], [r[:k] for r in i], g[s + 1: s + 1 + len(v)], n)
+            out[str(n)].append(min(a + 1, L - s))
+            at[n] += out[str(n)][-1]
 
 
 @torch.inference_mode()
@@ -103,7 +155,7 @@ def eval_sequence(target, drafter, prompt: list[int], completion: list[int], opt
     t1 = time.perf_counter()
     kv = drafter.context_kv(feats.to(drafter.fc.weight.dtype))
     del feats
-    drafts = Drafts(drafter, target, kv, gt, P, bool(opts.budgets), opts.block_chunk)
+    drafts = Drafts(drafter, target, kv, gt, P, opts.block_chunk)
     if opts.positions == "all":
         drafts.ensure(list(range(P, L)))
 
@@ -116,21 +168,7 @@ def eval_sequence(target, drafter, prompt: list[int], completion: list[int], opt
     t_draft = time.perf_counter() - t1
 
     t2 = time.perf_counter()
-    ddtree: dict[str, list[int]] = {}
-    if opts.budgets:
-        k_max = max(ddtree_k(n, opts.topk, target.info.vocab_size) for n in opts.budgets)
-        cache: dict[int, tuple[list, list]] = {}
-        for n in opts.budgets:
-            k = ddtree_k(n, opts.topk, target.info.vocab_size)
-            out, s = [], P
-            while s < L:
-                if s not in cache:
-                    cache[s] = drafts.topk(s, k_max)
-                v, i = cache[s]
-                a = ddtree_accept([r[:k] for r in v], [r[:k] for r in i], g[s + 1: s + 1 + len(v)], n)
-                out.append(min(a + 1, L - s))
-                s += out[-1]
-            ddtree[str(n)] = out
+    ddtree = ddtree_rounds(drafts, g, opts.budgets, opts.topk, target.info.vocab_size) if opts.budgets else {}
     t_tree = time.perf_counter() - t2
 
     # Per-position: depth j attempted at s when the first j-1 were right and s+j <= L.

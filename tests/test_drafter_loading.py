@@ -182,3 +182,33 @@ def test_batched_blocks_equal_single_block_forward(layer_types, window, rope):
             far[0] += 5.0
             again = model.forward_blocks(model.context_kv(far), starts[-1:], blocks[-1:])
             torch.testing.assert_close(again, batched[-1:], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("layers,layer_types,window", [
+    (1, ["full_attention"], None),
+    (2, ["full_attention", "full_attention"], None),
+    (3, ["sliding_attention", "full_attention", "sliding_attention"], 3),
+])
+def test_lazy_rows_equal_the_full_forward(layers, layer_types, window):
+    """The eval asks `Blocks.hidden` for a few rows (mask rows projected once in layer 0,
+    last layer per row): those rows equal the plain forward of whole blocks."""
+    torch.manual_seed(1)
+    cfg = DrafterConfig.from_dict({
+        "hidden_size": 32, "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "intermediate_size": 64, "vocab_size": 50, "block_size": 5, "layer_types": layer_types,
+        "sliding_window": window, "max_position_embeddings": 256, "rope_theta": 10000.0,
+        "dflash_config": {"target_layer_ids": [0, 2], "mask_token_id": 49},
+    })
+    model = DFlashDrafter(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+        feats, embed = torch.randn(24, 64), torch.randn(50, 32)
+        starts, first = torch.tensor([0, 2, 7, 7, 19]), torch.tensor([5, 6, 7, 1, 9])
+        kv = model.context_kv(feats)
+        full = torch.stack([model.forward_block(feats[:s], model.block_inputs(embed, first[b:b + 1])[0], s)
+                            for b, s in enumerate(starts.tolist())])
+        lazy = model.blocks(kv, starts, first, embed)
+        torch.testing.assert_close(lazy.hidden(), full, rtol=1e-5, atol=1e-5)
+        rows = torch.tensor([1, 5 + 4, 10 + 2, 15 + 1, 20 + 3, 20 + 0])
+        torch.testing.assert_close(lazy.hidden(rows), full.reshape(-1, 32)[rows], rtol=1e-5, atol=1e-5)

@@ -322,7 +322,7 @@ def test_spec_errors(tmp_path):
         read_spec(str(p))
     p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o"}))
     spec = read_spec(str(p))
-    assert spec["dtype"] == "bfloat16" and spec["ddtree_budgets"] == [] and spec["block_chunk"] == 64
+    assert spec["dtype"] == "bfloat16" and spec["ddtree_budgets"] == [] and spec["block_chunk"] is None
 
 
 def test_bf16_default_runs_in_process_and_reports_agreement(tmp_path):
