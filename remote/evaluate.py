@@ -17,7 +17,8 @@ Spec (JSON object; unknown keys are an error, so a typo never silently changes a
                       attention scores may take, see remote.walk.auto_chunk)
     positions         "all" (default): draft at every completion position, so per-position
                       acceptance covers all of them; "walk": draft only where the walks go
-                      (about tau times less drafter work; per-position covers walk positions)
+                      (about tau times fewer blocks, drafted one at a time: pays only for
+                      drafters with several layers; per-position covers walk positions)
 
 Every check that can fail on the inputs (paths, drafter vs target compatibility, token ids,
 empty completions, memory) runs BEFORE any weights are loaded. Progress goes to stdout as JSON

@@ -6,15 +6,17 @@ Per sequence ``g = prompt + completion`` (``P`` prompt tokens, last index ``L``)
    target's own greedy argmax (for the agreement rate).
 2. Drafter context K/V once; then a drafted block at EVERY completion position
    ``s = P..L-1`` (blocks batched; or, with ``positions="walk"``, only where the walks go),
-   giving ``a_s`` = leading draft tokens equal to ``g[s+1..]`` (capped at ``L``). Head rows
-   are computed depth by depth only for blocks still matching, so a large vocabulary is paid
-   for where it matters.
+   giving ``a_s`` = leading draft tokens equal to ``g[s+1..]`` (capped at ``L``). The last
+   drafter layer and the head run depth by depth, only for blocks still matching: about
+   tau rows per block instead of ``B`` (`remote.drafter.Blocks`).
 3. The walk, exactly as greedy online decoding: ``s = P``; round length
    ``min(a_s + 1, L - s)``; ``s += length``; stop at ``L``. (The first completion token
    comes from the target's prefill, as in z-lab's loop, and is not a round.) Blocks are
    always ``B`` long, as in a generation that ends on EOS.
 4. DDTree-N walks the same way with tree acceptance, from per-depth top-k log-probs of the
-   drafter at the positions that walk visits.
+   drafter at the positions that walk visits (every row of those blocks and the full head:
+   the tree competes across depths, so nothing can be skipped). The walks of all budgets
+   advance in lockstep, computing what they need in shared batches.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ class WalkOptions:
     ``block_chunk``: blocks per batched drafter call (memory vs speed; None = as many as
     `auto_chunk` allows); ``positions``:
     ``"all"`` drafts a block at every completion position (per-position acceptance over all
-    of them, as dflash-eval.md asks) or ``"walk"`` drafts only where the walks go (cheaper by
-    about tau; per-position acceptance then covers walk positions only)."""
+    of them, as dflash-eval.md asks) or ``"walk"`` drafts only where the walks go
+    (per-position acceptance then covers walk positions only). "walk" drafts about tau
+    times fewer blocks but one at a time; it pays only for drafters with several layers,
+    whose layers before the last run on every row of every block."""
 
     budgets: list[int] = field(default_factory=list)
     topk: int | None = None

@@ -236,7 +236,8 @@ def remote_eval_cmd(
         help="DDTree per-depth candidates (default: the budget).")] = None,
     positions: Annotated[Optional[str], typer.Option(
         help="Draft at 'all' completion positions (default; exact per-position acceptance) "
-        "or only at the 'walk' positions (about tau times less drafter work).")] = None,
+        "or only at the 'walk' positions (tau times fewer blocks, one at a time: pays for "
+        "drafters with several layers).")] = None,
     results: Annotated[Optional[str], typer.Option(
         "--results-dir", help="Local results folder (default: defaults.results_dir).")] = None,
     inventory_path: InventoryOption = None,
