@@ -8,7 +8,9 @@ and no handshake per file). So bulk bytes travel through ``ssh`` channels (``rel
 on the source, ``relay-recv`` on each destination, both hashing on their host) and this
 process only moves them between 1 MiB pipes: with one destination by ``splice(2)`` (no
 copy into Python), with several by large reads written to every destination (read once,
-fan out). Nothing touches this machine's disk.
+fan out). One channel carries a batch of files as frames (8-byte length, then the bytes):
+a process and channel per file cost ~0.25 s of start-up each. Nothing touches this
+machine's disk.
 
 The ``ssh`` command line honours the inventory exactly as the paramiko connections do:
 port, user, identity_file, the inventory's known_hosts before ``~/.ssh/known_hosts``,
