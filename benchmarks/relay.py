@@ -6,11 +6,13 @@
 Starts two sshd servers (tests/sshd.py) acting as trainer and eval host, makes a single-file
 checkpoint and an 8-file checkpoint of random bytes, then relays each with the real CLI
 (``python -m orchestrator relay``, sha256 on both hosts, fsync, publish) and copies it with
-``scp -3`` (sftp mode and the legacy ``-O`` protocol; the faster is the baseline), rounds
-alternating so both see the same machine load. Both get the same cipher list. Prints MiB/s,
-the ratio dflash / best scp -3 (goals: >= 1.0 multi-file, >= 0.9 single file), and the
+``scp -3`` (the default sftp mode: the baseline of the goal) and ``scp -3 -O`` (the legacy
+protocol, shown for information), rounds alternating so all see the same machine load. All
+get the same cipher list. Prints the median MiB/s of each, the ratio dflash / ``scp -3``
+(goals: >= 1.0 multi-file, >= 0.9 single file), the ratio dflash / ``scp -3 -O``, and the
 time of a repeated relay of the unchanged checkpoint (goal < 2 s, 0 payload bytes).
-Ratios, not absolute numbers, are what carry over between machines.
+Ratios, not absolute numbers, are what carry over between machines. scp neither hashes
+nor fsyncs; dflash does both.
 """
 
 from __future__ import annotations
@@ -76,7 +78,8 @@ def main() -> None:
     ap.add_argument("--size-scale", type=float, default=1.0,
                     help="scale the 2 GiB file and the 8 x 256 MiB checkpoint")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (median)")
-    ap.add_argument("--jobs", type=int, default=4, help="dflash relay --jobs")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="dflash relay --jobs (default: the relay's own default)")
     ap.add_argument("--base", default=None, help="working folder (default: a temp folder)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = ap.parse_args()
@@ -113,8 +116,12 @@ def main() -> None:
             "defaults": {"relay_from": "trainer", "relay_to": "evalhost"}}))
 
         cases = {"single file": ("step_1.bin", single), "8-file checkpoint": ("step_2", 8 * shard)}
+        goals = {"single file": 0.9, "8-file checkpoint": 1.0}  # dflash / scp -3, issue #4
         times: dict[str, dict[str, list[float]]] = {c: {"dflash": [], "scp -3": [],
                                                          "scp -3 -O": []} for c in cases}
+        # Untimed warm-up: the first command on a host pushes dflash's host-side zipapp
+        # (once per version and host, ~0.6-0.9 s here), which is installation, not transfer.
+        dflash(inv, "--dry-run", "step_1.bin")
         unchanged = None
         for rnd in range(args.rounds):
             for case, (name, size) in cases.items():
@@ -123,8 +130,12 @@ def main() -> None:
                     shutil.rmtree(scp_dst, ignore_errors=True)
                     drafters.mkdir()
                     scp_dst.mkdir()
+                    # Untimed: write back what earlier steps left dirty (the data made
+                    # above, the last tool's copy), so no run pays for another's writes.
+                    os.sync()
                     if tool == "dflash":
-                        dt, rep = dflash(inv, "--jobs", str(args.jobs), name)
+                        jobs = ["--jobs", str(args.jobs)] if args.jobs else []
+                        dt, rep = dflash(inv, *jobs, name)
                         assert rep["bytes_sent"] == size, rep
                         if case == "8-file checkpoint" and rnd == args.rounds - 1:
                             dt2, rep2 = dflash(inv, name)
@@ -139,12 +150,17 @@ def main() -> None:
         figures = {}
         for case, (name, size) in cases.items():
             rate = {t: size / statistics.median(v) / MiB for t, v in times[case].items()}
-            best_scp = max(rate["scp -3"], rate["scp -3 -O"])
+            vs_scp = rate["dflash"] / rate["scp -3"]
+            vs_legacy = rate["dflash"] / rate["scp -3 -O"]
+            goal = goals[case]
             figures[case] = {**{t: round(r, 1) for t, r in rate.items()},
-                             "ratio dflash/scp-3": round(rate["dflash"] / best_scp, 3)}
+                             "ratio dflash/scp-3": round(vs_scp, 3),
+                             "ratio dflash/scp-3-O": round(vs_legacy, 3),
+                             "goal": goal, "met": vs_scp >= goal}
             print(f"{case:18s} dflash {rate['dflash']:6.1f} MiB/s | scp -3 {rate['scp -3']:6.1f}"
-                  f" | scp -3 -O {rate['scp -3 -O']:6.1f} | ratio dflash/best scp -3 "
-                  f"{rate['dflash'] / best_scp:.2f}")
+                  f" | scp -3 -O {rate['scp -3 -O']:6.1f} | dflash/scp -3 {vs_scp:.2f} "
+                  f"(goal >= {goal}: {'met' if vs_scp >= goal else 'NOT met'}) | "
+                  f"dflash/scp -3 -O {vs_legacy:.2f}")
         if unchanged:
             print(f"repeat relay of the unchanged checkpoint: {unchanged[0]:.2f} s, "
                   f"{unchanged[1]} payload bytes (CLI start included)")

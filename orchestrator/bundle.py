@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import threading
+import weakref
 import zipfile
 from functools import lru_cache
 from pathlib import Path
@@ -49,24 +50,35 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     zf.writestr(info, data)
 
 
-_pushed: dict[tuple[int, str], bool] = {}
+# (id(host), bundle name) -> that host. The host itself is kept (weakly) and compared:
+# an id is reused once its object is gone, and a stale entry made a later host look as if
+# it had the bundle (python then failed on the missing file, seen as a flaky relay test).
+_pushed: dict[tuple[int, str], weakref.ref] = {}
 _push_lock = threading.Lock()
+
+
+def _known(host: Host, name: str) -> bool:
+    with _push_lock:
+        ref = _pushed.get((id(host), name))
+        return ref is not None and ref() is host
+
+
+def _remember(host: Host, name: str) -> None:
+    with _push_lock:
+        _pushed[(id(host), name)] = weakref.ref(host)
 
 
 def ensure(host: Host) -> tuple[str, bool]:
     """Make sure `host` has the current bundle; returns (remote path, whether pushed now)."""
     name, data = build()
     path = f"{host.workdir}/bundles/{name}"
-    key = (id(host), name)
-    with _push_lock:
-        if _pushed.get(key):
-            return path, False
+    if _known(host, name):
+        return path, False
     pushed = False
     if not host.exists(path):
         host.put_bytes(data, path)
         pushed = True
-    with _push_lock:
-        _pushed[key] = True
+    _remember(host, name)
     return path, pushed
 
 
@@ -89,8 +101,7 @@ def run_remote(host: Host, argv: Sequence[str], *, timeout: float | None = None,
     otherwise, so a host that has it costs no separate check (one round trip, not two).
     """
     name, _ = build()
-    with _push_lock:
-        known = _pushed.get((id(host), name))
+    known = _known(host, name)
     result = None
     if not known:
         path = f"{host.workdir}/bundles/{name}"
@@ -101,8 +112,7 @@ def run_remote(host: Host, argv: Sequence[str], *, timeout: float | None = None,
         if result.exit_code == _EXIT_MISSING and _MISSING in result.stderr:
             result = None  # not there: push it below, then run
         else:
-            with _push_lock:
-                _pushed[(id(host), name)] = True
+            _remember(host, name)
     if result is None:
         result = host.run(remote_command(host, argv, python_flags), check=False,
                           timeout=timeout, stdin=stdin)

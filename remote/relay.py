@@ -1,9 +1,10 @@
 """Host-side halves of ``dflash relay``: scan, send, receive, hash, publish (stdlib only).
 
 The controller never parses human output: `relay-scan`, `relay-hash` and `relay-publish`
-print one JSON document; `relay-send` streams a file's bytes on stdout and prints its JSON
-summary (sha256 of the WHOLE file, size) on stderr; `relay-recv` writes stdin into a file
-and prints its JSON summary (sha256 of the whole resulting file, size) on stdout.
+print one JSON document; `relay-send` streams several files as frames on stdout and prints
+a JSON line per file (sha256 of the WHOLE file, size) on stderr; `relay-recv` writes the
+frames into files and prints a JSON line per file (sha256 of the whole resulting file,
+size) on stdout once that file is fsynced.
 
 Hashing is done here, on the hosts, with Python's hashlib (OpenSSL: uses the CPU's SHA
 instructions). coreutils ``sha256sum`` does not on common distributions and was 4-5x slower,
@@ -15,9 +16,11 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import stat
+import struct
 import sys
 import time
 
@@ -45,10 +48,9 @@ class _Reader:
     Python-level operations per byte (hash updates, writes) however small the kernel's
     pieces are."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, view: memoryview | None = None):
         self.file = open(fd, "rb", buffering=0, closefd=False)
-        self.buf = bytearray(CHUNK)
-        self.view = memoryview(self.buf)
+        self.view = view if view is not None else memoryview(bytearray(CHUNK))
 
     def read(self, limit: int = CHUNK) -> memoryview:
         filled = 0
@@ -62,41 +64,60 @@ class _Reader:
 
 
 class _Syncer:
-    """fdatasync in a background thread every SYNC_EVERY bytes, so the final fsync has
-    little left to flush and the stream never waits for the disk in one long stall."""
+    """Makes received files durable in one background thread, overlapping the stream.
+
+    While a file is written, `wrote` asks for an fdatasync every SYNC_EVERY bytes, so the
+    final fsync has little left to flush and the stream never stalls on the disk at once.
+    `file_done` queues the file's fsync and close; only after that fsync does the thread
+    call the file's `on_durable` (which prints its summary), so a file the controller
+    hears of is on disk before it publishes. The fsync of file i overlaps the receive of
+    file i+1. Jobs run in order on one thread, so a datasync never meets a closed fd.
+    """
 
     SYNC_EVERY = 64 * 1024 * 1024
 
-    def __init__(self, fd: int):
+    def __init__(self):
+        import queue
         import threading
-        self.fd, self.pending = fd, 0
-        self.wake = threading.Event()
-        self.done = False
+        self.jobs: "queue.Queue" = queue.Queue()
+        self.pending = 0
+        self.error: OSError | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def wrote(self, n: int) -> None:
+    def wrote(self, fd: int, n: int) -> None:
         self.pending += n
         if self.pending >= self.SYNC_EVERY:
             self.pending = 0
-            self.wake.set()
+            self.jobs.put((fd, None))
+
+    def file_done(self, fd: int, on_durable) -> None:
+        self.pending = 0
+        self.jobs.put((fd, on_durable))
 
     def _run(self) -> None:
         while True:
-            self.wake.wait()
-            self.wake.clear()
-            if self.done:
+            job = self.jobs.get()
+            if job is None:
                 return
+            fd, on_durable = job
             try:
-                os.fdatasync(self.fd)
-            except OSError:
-                return
+                if on_durable is None:
+                    if self.error is None:
+                        os.fdatasync(fd)
+                    continue
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                on_durable()
+            except OSError as exc:  # reported by `close`: the file gets no summary
+                self.error = self.error or exc
 
-    def finish(self) -> None:
-        self.done = True
-        self.wake.set()
+    def close(self) -> None:
+        """Wait until every queued file is fsynced (and announced)."""
+        self.jobs.put(None)
         self.thread.join()
-        os.fsync(self.fd)
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
@@ -195,65 +216,188 @@ def _read_json(path: str):
 
 # ---- send / receive ---------------------------------------------------------------------
 
-def send(args) -> int:
-    """Stream `path` from byte `offset` to stdout; hash the whole file while doing so."""
-    try:
-        fd = os.open(args.path, os.O_RDONLY)
-    except OSError as exc:
-        raise UserError(f"cannot read {args.path}: {exc.strerror}") from None
-    _widen_pipe(1)
-    h = hashlib.sha256()
-    size = _hash_prefix(fd, args.offset, h)  # the prefix is hashed, not sent
-    reader = _Reader(fd)
-    while True:
-        block = reader.read()
+HEADER = struct.Struct(">Q")  # a frame: 8-byte big-endian length, then that many bytes
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    """Exactly `n` bytes from `fd`, fewer only at end of stream."""
+    out = b""
+    while len(out) < n:
+        block = os.read(fd, n - len(out))
         if not block:
             break
-        h.update(block)
-        _write_all(1, block)
-        size += len(block)
-    os.close(fd)
-    sys.stderr.write(json.dumps({"sha256": h.hexdigest(), "size": size}) + "\n")
+        out += block
+    return out
+
+
+def _emit(stream, record: dict) -> None:
+    stream.write(json.dumps(record) + "\n")
+    stream.flush()  # the controller may be waiting on this line
+
+
+def send(args) -> int:
+    """Stream several files, one frame each, to stdout; hash every whole file.
+
+    The request is a JSON list on stdin: ``[{"path": P, "offset": N}, ...]``. For each
+    file, in order, the first N bytes are hashed (not sent), then one frame carries the rest:
+    its length (the size when opened, minus N) and the bytes. One process and one ssh channel
+    for a whole checkpoint: per file we measured ~0.25 s of process and channel start-up,
+    which made an 8-file checkpoint half as fast as one file of the same size. After each
+    file a JSON line on stderr gives its index, sha256 and size; a file that cannot be read
+    ends the stream (the files before it stand).
+    """
+    requests = json.load(sys.stdin)
+    _widen_pipe(1)
+    buf = memoryview(bytearray(CHUNK))  # one buffer for every file
+    for i, req in enumerate(requests):
+        path, offset = req["path"], int(req.get("offset") or 0)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise UserError(f"cannot read {path}: {exc.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            h = hashlib.sha256()
+            if _hash_prefix(fd, offset, h) != offset:
+                raise UserError(f"{path} holds fewer than {offset} bytes")
+            left = size - offset
+            _write_all(1, HEADER.pack(left))
+            reader = _Reader(fd, buf)
+            while left:
+                block = reader.read(left)
+                if not block:  # shrank while read: the frame cannot be completed
+                    raise UserError(f"{path} shrank while it was read")
+                h.update(block)
+                _write_all(1, block)
+                left -= len(block)
+        finally:
+            os.close(fd)
+        sys.stderr.write(json.dumps({"i": i, "sha256": h.hexdigest(), "size": size}) + "\n")
     return 0
 
 
 def recv(args) -> int:
-    """Write stdin into `path` after its first `offset` bytes (which are kept and hashed).
+    """Write the frames on stdin into files; print each file's summary once it is durable.
 
-    With offset 0 the file is created or truncated. The summary covers the whole file, so
-    a resumed file is checked end to end, not just its new tail. The data is fsynced so a
-    published checkpoint survives a crash of the host.
+    stdin starts with a frame holding the JSON request ``[{"path": P, "offset": N}, ...]``,
+    then one frame per file in that order. With offset 0 a file is created or truncated;
+    otherwise its first N bytes are kept and hashed, and the frame appended after them, so a
+    resumed file is checked end to end, not just its new tail. A file's JSON line on stdout
+    (index, sha256 and size of the whole file) comes only after its fsync, so the controller
+    publishes nothing that a crash of the host could lose.
     """
-    os.makedirs(os.path.dirname(args.path) or ".", exist_ok=True)
+    _widen_pipe(0)
+    head = _read_exact(0, HEADER.size)
+    if len(head) < HEADER.size:
+        raise UserError("no request on stdin")
+    requests = json.loads(_read_exact(0, HEADER.unpack(head)[0]))
+    syncer = _Syncer()
+    # Page-aligned buffer (anonymous mmap): O_DIRECT writes need aligned addresses.
+    reader = _Reader(0, memoryview(mmap.mmap(-1, CHUNK)))
+    try:
+        for i, req in enumerate(requests):
+            head = _read_exact(0, HEADER.size)
+            if len(head) < HEADER.size:
+                raise UserError(f"the stream ended after {i} of {len(requests)} files")
+            left = HEADER.unpack(head)[0]
+            fd, h, size = _open_for_write(req["path"], int(req.get("offset") or 0))
+            out = _Writer(fd, req["path"], size)
+            try:
+                while left:
+                    # until the file offset is aligned, read only up to the boundary
+                    block = reader.read(min(left, out.to_boundary() or CHUNK))
+                    if not block:
+                        raise UserError(f"the stream ended inside {req['path']}")
+                    h.update(block)
+                    syncer.wrote(fd, out.write(block))
+                    size += len(block)
+                    left -= len(block)
+            except BaseException:
+                out.close()
+                os.close(fd)  # a partial file stays for the next relay to resume
+                raise
+            out.close()
+            record = {"i": i, "sha256": h.hexdigest(), "size": size}
+            syncer.file_done(fd, lambda r=record: _emit(sys.stdout, r))
+    finally:
+        syncer.close()
+    if syncer.error is not None:
+        raise UserError(f"cannot write to disk: {syncer.error.strerror or syncer.error}")
+    return 0
+
+
+ALIGN = 4096  # O_DIRECT wants offsets, lengths and buffer addresses aligned to blocks
+
+
+class _Writer:
+    """Writes a file from `pos` on, whole aligned blocks with O_DIRECT, the rest buffered.
+
+    Measured on the 2-core test box (1 GiB, dd): buffered writes plus fdatasync took 3.1 s
+    and 2.6 s of kernel CPU, O_DIRECT 0.6 s and 0.1 s. Copying into the page cache and
+    writing it back was the receiving host's largest CPU cost, taken from the ssh and
+    hashing processes sharing its cores. Direct writes reach the device at once; the
+    fsync that follows each file still flushes the device's cache and the metadata, so
+    durability is unchanged. A filesystem without O_DIRECT (tmpfs) gets buffered writes.
+    """
+
+    def __init__(self, fd: int, path: str, pos: int):
+        self.fd, self.pos, self.direct = fd, pos, None
+        if hasattr(os, "O_DIRECT"):
+            try:
+                self.direct = os.open(path, os.O_WRONLY | os.O_DIRECT)
+            except OSError:
+                pass  # not supported here: buffered writes only
+
+    def to_boundary(self) -> int:
+        """Bytes left to the next aligned offset (0 when aligned or not direct)."""
+        return (-self.pos) % ALIGN if self.direct is not None else 0
+
+    def write(self, block: memoryview) -> int:
+        """Write `block` (starting at an aligned address) at the current offset; returns the
+        bytes that went through the page cache (for the syncer)."""
+        n = len(block) - len(block) % ALIGN if self.direct is not None and \
+            self.pos % ALIGN == 0 else 0
+        if n:
+            try:
+                _pwrite_all(self.direct, block[:n], self.pos)
+            except OSError as exc:
+                if exc.errno != 22:  # EINVAL: alignment this filesystem refuses
+                    raise
+                self.close()
+                n = 0
+        if n < len(block):
+            _pwrite_all(self.fd, block[n:], self.pos + n)
+        self.pos += len(block)
+        return len(block) - n
+
+    def close(self) -> None:
+        if self.direct is not None:
+            os.close(self.direct)
+            self.direct = None
+
+
+def _pwrite_all(fd: int, data: memoryview, pos: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, pos)
+        data, pos = data[n:], pos + n
+
+
+def _open_for_write(path: str, offset: int):
+    """(fd, sha256 of the kept prefix, its size): `path` opened to append after `offset`."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     h = hashlib.sha256()
-    fd = os.open(args.path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     # A writer from a dropped connection may still be draining its pipe into this file:
     # wait for it, so the truncate below cannot be overtaken by its late bytes.
     fcntl.flock(fd, fcntl.LOCK_EX)
-    if not args.offset:
-        os.ftruncate(fd, 0)
-    if args.offset:
-        got = _hash_prefix(fd, args.offset, h)
-        if got != args.offset:
-            raise UserError(f"{args.path} holds {got} bytes, fewer than the offset "
-                            f"{args.offset}")
-        os.ftruncate(fd, args.offset)
-    size = args.offset
-    _widen_pipe(0)
-    reader = _Reader(0)
-    syncer = _Syncer(fd)
-    while True:
-        block = reader.read()
-        if not block:
-            break
-        h.update(block)
-        _write_all(fd, block)
-        size += len(block)
-        syncer.wrote(len(block))
-    syncer.finish()
-    os.close(fd)
-    print(json.dumps({"sha256": h.hexdigest(), "size": size}), flush=True)
-    return 0
+    if offset:
+        got = _hash_prefix(fd, offset, h)
+        if got != offset:
+            os.close(fd)
+            raise UserError(f"{path} holds {got} bytes, fewer than the offset {offset}")
+    os.ftruncate(fd, offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    return fd, h, offset
 
 
 def hash_files(args) -> int:
@@ -339,13 +483,9 @@ def register(sub) -> None:
     p = sub.add_parser("relay-scan", help="list checkpoints, manifests, partials, free space")
     p.add_argument("root")
     p.set_defaults(func=scan)
-    p = sub.add_parser("relay-send", help="stream a file to stdout, hash on stderr")
-    p.add_argument("path")
-    p.add_argument("--offset", type=int, default=0)
+    p = sub.add_parser("relay-send", help="stream files (JSON list on stdin) as frames")
     p.set_defaults(func=send)
-    p = sub.add_parser("relay-recv", help="write stdin into a file, hash on stdout")
-    p.add_argument("path")
-    p.add_argument("--offset", type=int, default=0)
+    p = sub.add_parser("relay-recv", help="write frames on stdin into files")
     p.set_defaults(func=recv)
     p = sub.add_parser("relay-hash", help="sha256 of files or prefixes (JSON on stdin)")
     p.set_defaults(func=hash_files)

@@ -90,8 +90,9 @@ def relay(
     keep: Annotated[Optional[int], typer.Option(
         "--keep", min=1, help="Keep only the newest K relayed checkpoints on each "
                               "destination (default: defaults.keep).")] = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Files in flight at once.")]
-    = 4,
+    jobs: Annotated[Optional[int], typer.Option(
+        "--jobs", "-j", min=1, help="Streams at once; the files are split among them "
+                                    "(default: one per two local cores, 1 to 4).")] = None,
     reserve: Annotated[Optional[str], typer.Option(
         "--reserve", help="Space to leave free on the destination, e.g. 20G (default: the "
                           "eval role's 'reserve', else 0).")] = None,
