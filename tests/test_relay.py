@@ -481,11 +481,12 @@ def test_ctrl_c_keeps_what_arrived_and_the_next_relay_resumes(env):
     assert again.bytes_sent == 48 * MiB - have
 
 
-@pytest.mark.parametrize("where", ["disk", "tmpfs"])
-def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where):
+@pytest.mark.parametrize("where,buffered", [("disk", False), ("disk", True), ("tmpfs", False)])
+def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where, buffered):
     """relay-recv writes aligned blocks with O_DIRECT where the filesystem allows it and
-    falls back to buffered writes where it does not (tmpfs); both give the same bytes and
-    hashes, for a fresh file and for one resumed at an unaligned offset."""
+    buffered writes where it does not (or DFLASH_RELAY_BUFFERED=1 says so); every way
+    gives the same bytes and hashes, for a fresh file and one resumed at an unaligned
+    offset."""
     import subprocess
     import sys
     import tempfile
@@ -509,8 +510,9 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where)
         for data in (fresh, whole[kept:]):
             stream += HEADER.pack(len(data)) + data
         root = Path(__file__).resolve().parent.parent
+        env = {**os.environ, "DFLASH_RELAY_BUFFERED": "1" if buffered else "0"}
         proc = subprocess.run([sys.executable, "-m", "remote", "relay-recv"], input=stream,
-                              capture_output=True, cwd=root, timeout=60)
+                              capture_output=True, cwd=root, timeout=60, env=env)
         assert proc.returncode == 0, proc.stderr.decode()
         lines = {r["i"]: r for r in map(json.loads, proc.stdout.decode().splitlines())}
         assert (base / "sub dir" / "fresh.bin").read_bytes() == fresh
