@@ -117,22 +117,26 @@ class Drafts:
 def ddtree_rounds(drafts: Drafts, g: list[int], budgets: list[int], topk: int | None, vocab: int) -> dict[str, list[int]]:
     """DDTree-N round lengths for every budget, the walks advanced in lockstep.
 
-    Each step computes, in one batch, the blocks every unfinished walk needs next plus the
-    ``B/2`` positions after each (where a short round lands next): the drafter's weights and
-    head are read once per step, not once per round and budget.
+    Each step computes, in one batch, the blocks every unfinished walk needs next: the
+    drafter's weights and head are read once per step, not once per round and budget. A
+    walk whose last round was short (1-2 tokens) also asks for the ``B/2`` positions after
+    it, where its next rounds will likely land; a walk making long rounds would skip most
+    of them, so it asks for its next position only.
     """
     P, L, B = drafts.P, drafts.L, drafts.B
     ks = {n: ddtree_k(n, topk, vocab) for n in budgets}
     k_max = max(ks.values())
     at = {n: P for n in budgets}
     out: dict[str, list[int]] = {str(n): [] for n in budgets}
-    ahead = max(1, B // 2)
     while True:
         live = [n for n in budgets if at[n] < L]
         if not live:
             return out
         if any(at[n] not in drafts.tree for n in live):
-            want = {p for n in live for p in range(at[n], min(at[n] + ahead, L))}
+            want = set()
+            for n in live:
+                short = not out[str(n)] or out[str(n)][-1] <= 2
+                want.update(range(at[n], min(at[n] + (max(1, B // 2) if short else 1), L)))
             drafts.ensure_tree(sorted(want), k_max)
         for n in live:
             s, k = at[n], ks[n]
