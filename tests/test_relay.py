@@ -229,6 +229,41 @@ def test_interrupted_multi_file_keeps_finished_files(env, eval_sshd):
     assert again.bytes_sent == sum(map(len, files.values())) - kept
 
 
+class FlipWhenSendingStarts(Progress):
+    """Flips one byte of a destination file the moment the transfer starts (after the
+    plan verified it): the kept prefix of a resumed file goes bad on the way."""
+
+    def __init__(self, path: Path, at: int):
+        self.path, self.at, self.messages = path, at, []
+
+    def start(self, total_bytes: int, total_files: int) -> None:
+        with open(self.path, "r+b") as fh:
+            fh.seek(self.at)
+            byte = fh.read(1)
+            fh.seek(self.at)
+            fh.write(bytes([byte[0] ^ 0xFF]))
+
+    def message(self, text: str) -> None:
+        self.messages.append(text)
+
+
+def test_a_hash_mismatch_is_sent_again_from_zero(env):
+    files = make_checkpoint(env.ckpt, "step_9", {"model.bin": 6 * MiB + 5})
+    data = files["model.bin"]
+    partial = env.dst / ".partial-step_9" / "model.bin"
+    partial.parent.mkdir(parents=True)
+    kept = 2 * MiB + 17
+    partial.write_bytes(data[:kept])  # a verified prefix: the relay resumes after it
+    flip = FlipWhenSendingStarts(partial, at=1000)
+    report = env.relay(progress=flip)
+    assert report.ok, report.failures
+    assert tree(env.dst / "step_9") == files
+    # the destination's whole-file hash (bad prefix + good tail) disagreed with the
+    # source's, so the file went again from byte 0
+    assert any("sha256 mismatch" in m and "model.bin" in m for m in flip.messages)
+    assert report.bytes_read == (len(data) - kept) + len(data)
+
+
 def test_verify_detects_and_repairs_a_flipped_byte(env):
     files = make_checkpoint(env.ckpt, "step_7", {"a.bin": 3 * MiB, "b.bin": 2 * MiB})
     assert env.relay().ok
