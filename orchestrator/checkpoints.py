@@ -83,7 +83,11 @@ class Scan:
 def scan(host: Host, root: str) -> Scan:
     """List `root` on `host`: checkpoints with file sizes and mtimes, partial folders,
     manifests of relayed checkpoints, and free bytes on its filesystem."""
-    data = run_remote_json(host, ["relay-scan", root], python_flags=("-I", "-S"))
+    return parse_scan(root, run_remote_json(host, ["relay-scan", root], python_flags=("-I", "-S")))
+
+
+def parse_scan(root: str, data: dict) -> Scan:
+    """A `Scan` from the JSON that ``relay-scan`` (or ``relay-lock``) printed for `root`."""
     out = Scan(root=root, now=data["now"], exists=data["exists"], free=data["free"],
                manifests={k: v for k, v in data["manifests"].items() if isinstance(v, dict)})
     for entry in data["entries"]:

@@ -3,7 +3,8 @@
 What a relay does, per checkpoint and destination:
 
 1. **Look** (no payload): the trainer's folder is scanned and each checkpoint judged
-   complete or not (`orchestrator.checkpoints`); each destination's folder is scanned for
+   complete or not (`orchestrator.checkpoints`); each destination's folder is locked for
+   this relay (a second relay into it is refused, naming the holder) and scanned for
    published checkpoints (their ``.dflash-manifest.json``), partial folders and free space.
 2. **Skip** what is already there: a published checkpoint whose manifest lists the same
    files, sizes and mtimes as the source costs 0 payload bytes. With ``verify`` its files
@@ -23,7 +24,8 @@ What a relay does, per checkpoint and destination:
    A mismatch is sent again once (from 0), then reported as a failure.
 6. **Publish**: when every file of a checkpoint is verified on a destination, the manifest
    is written into the partial folder and the folder renamed to its final name: ONE rename,
-   so an eval never sees half a checkpoint. A failed destination keeps its partial folder
+   so an eval never sees half a checkpoint (the host refuses to publish if any file of the
+   manifest is missing or short). A failed destination keeps its partial folder
    (the next relay resumes it) and does not stop the others.
 7. **Keep**: with ``keep``, only the newest K relayed checkpoints (by step) stay on each
    destination; folders not relayed by dflash (no manifest) are never touched.
@@ -32,9 +34,11 @@ What a relay does, per checkpoint and destination:
 from __future__ import annotations
 
 import datetime as _dt
+import getpass
 import json
 import os
 import re
+import socket
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -42,9 +46,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator import bundle
-from orchestrator.checkpoints import Checkpoint, Scan, SourceFile, judge_complete, scan
+from orchestrator.checkpoints import (Checkpoint, Scan, SourceFile, judge_complete, parse_scan,
+                                     scan)
 from orchestrator.errors import DflashError
-from orchestrator.hosts import Host, open_host, quote
+from orchestrator.hosts import Host, Result, open_host, quote
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.relay_stream import (Multiplexer, Stream, describe_failure, file_lines,
                                        pump, send_request, write_all)
@@ -77,6 +82,7 @@ class RelayOptions:
     keep: int | None = None
     jobs: int | None = None  # streams at once; None: `default_jobs()`
     reserve: int | None = None  # bytes to leave free; None: the eval role's `reserve`
+    lock_wait: float = 5.0  # seconds to wait for another relay into a destination folder
 
 
 def default_jobs() -> int:
@@ -301,6 +307,7 @@ class _Relay:
         self._streams: set[Stream] = set()
         self._lock = threading.Lock()
         self.bytes_read = 0
+        self.locks: list = []  # host-side relay-lock holders, one per destination
         self.hashes: dict[tuple[str, str], dict[str, str]] = {}  # (ckpt, host) -> path -> sha
 
     # -- configuration ----------------------------------------------------------------------
@@ -342,7 +349,7 @@ class _Relay:
 
         def dest(h: Host, d: str) -> tuple[str, Scan]:
             root = h.expand(d).rstrip("/") or "/"
-            return root, scan(h, root)
+            return root, scan(h, root) if self.opts.dry_run else self._lock_root(h, root)
 
         if self.mux is not None:
             for h in [self.src, *dest_hosts]:
@@ -353,7 +360,53 @@ class _Relay:
                       zip(dest_hosts, results[1:1 + len(dest_hosts)], self.dest_cfg)]
         return results[0]
 
+    def _lock_root(self, host: Host, root: str) -> Scan:
+        """Take `root`'s relay lock on `host` (held until `close`) and scan it under the lock.
+
+        Two relays writing into one drafters folder would share its partial folders; the
+        second is refused with who holds the lock. The lock lives in a host-side process
+        fed by this connection, so it ends with this relay, however that ends.
+        """
+        try:
+            user = getpass.getuser()
+        except (OSError, KeyError):  # no login name in this environment
+            user = "?"
+        by = f"{user}@{socket.gethostname()} pid {os.getpid()}"
+        proc = host.popen(bundle.remote_command(host, ["relay-lock", root, "--by", by,
+                                                       "--wait", str(self.opts.lock_wait)],
+                                                python_flags=RELAY_PYTHON_FLAGS))
+        with self._lock:
+            self.locks.append(proc)
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = proc.read(4096)
+            if not chunk:
+                break
+            line += chunk
+        try:
+            data = json.loads(line)
+        except ValueError:
+            code = proc.wait()
+            bundle.check_result(host, Result("", proc.stderr(), code or 1), ["relay-lock"])
+            raise RelayError(f"{host.name}: no answer from relay-lock for {root}")
+        if not data.get("locked"):
+            holder = data.get("holder") or {}
+            since = holder.get("since")
+            when = (f", since {_dt.datetime.fromtimestamp(since).strftime('%H:%M:%S')}"
+                    if isinstance(since, (int, float)) else "")
+            raise RelayError(f"another dflash relay is writing to {host.name}:{root} "
+                             f"({holder.get('by') or 'unknown'}{when}); let it finish, "
+                             "then run this again")
+        return parse_scan(root, data["scan"])
+
     def close(self) -> None:
+        for proc in self.locks:  # EOF ends the host-side holder, which drops the lock
+            try:
+                proc.close_stdin()
+                proc.wait()
+            except Exception:
+                pass
+            proc.kill()
         if self.mux is not None:
             self.mux.close()
         for h in [self.src, *[d.host for d in self.dests]]:

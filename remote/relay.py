@@ -170,12 +170,16 @@ def _free_bytes(path: str) -> int:
 
 def scan(args) -> int:
     """List checkpoints (files per checkpoint, sizes, mtimes), manifests, partials, free space."""
-    root = args.root
+    print(json.dumps(scan_root(args.root)))
+    return 0
+
+
+def scan_root(root: str) -> dict:
+    """The scan of `root` as printed by ``relay-scan`` (see `scan`)."""
     result = {"now": time.time(), "root": root, "exists": os.path.isdir(root),
               "free": _free_bytes(root), "entries": [], "partials": {}, "manifests": {}}
     if not result["exists"]:
-        print(json.dumps(result))
-        return 0
+        return result
     for name in sorted(os.listdir(root)):
         full = os.path.join(root, name)
         try:
@@ -202,7 +206,55 @@ def scan(args) -> int:
         else:
             continue
         result["entries"].append(entry)
-    print(json.dumps(result))
+    return result
+
+
+LOCK = ".dflash-relay.lock"  # who holds the lock, while it is held
+
+
+def hold_lock(args) -> int:
+    """Take `root`'s relay lock, print its scan, and hold the lock until stdin closes.
+
+    One relay at a time may write into a drafters folder: two would share the partial
+    folders, and the slower one could publish a checkpoint whose files the faster one had
+    already moved into place. The lock is an flock of the folder itself by this process,
+    so it ends with the relay's connection (stdin at EOF, or this process killed) and is
+    never left behind; ``.dflash-relay.lock`` beside it names the holder while it is held.
+    A filesystem without flock gets no lock. Prints one JSON line: ``{"locked": true,
+    "scan": {...}}`` (the `scan_root` of `root`, taken under the lock) or
+    ``{"locked": false, "holder": {...}}`` when another relay still holds it after
+    `wait` seconds.
+    """
+    root = args.root
+    info = os.path.join(root, LOCK)
+    try:
+        os.makedirs(root, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        raise UserError(f"cannot use {root}: {exc.strerror}") from None
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                print(json.dumps({"locked": False, "holder": _read_json(info) or {}}), flush=True)
+                return 0
+            time.sleep(0.1)
+        except OSError:
+            break  # no flock here (some network filesystems): go on unguarded
+    try:
+        with open(info, "w") as fh:
+            json.dump({"by": args.by, "pid": os.getpid(), "since": time.time()}, fh)
+        print(json.dumps({"locked": True, "scan": scan_root(root)}), flush=True)
+        while os.read(0, 65536):
+            pass
+    finally:
+        try:
+            os.unlink(info)
+        except OSError:
+            pass
     return 0
 
 
@@ -439,6 +491,17 @@ def publish(args) -> int:
     final = os.path.join(root, name)
     if not os.path.isdir(partial):
         raise UserError(f"nothing to publish: {partial} is missing")
+    # The last guard of "never half a checkpoint": every file of the manifest is there at
+    # its full size, whatever happened to the partial folder since it was verified.
+    for f in manifest.get("files", []):
+        try:
+            size = os.path.getsize(os.path.join(partial, f["path"]))
+        except OSError:
+            size = None
+        if size != f["size"]:
+            raise UserError(f"{name} is not published: {f['path']} holds "
+                            f"{'nothing' if size is None else f'{size} bytes'} in {partial}, "
+                            f"not {f['size']}; run the relay again")
     data = json.dumps(manifest, indent=2).encode()
     if args.kind == "dir":
         target = os.path.join(partial, MANIFEST)
@@ -486,6 +549,11 @@ def register(sub) -> None:
     p = sub.add_parser("relay-scan", help="list checkpoints, manifests, partials, free space")
     p.add_argument("root")
     p.set_defaults(func=scan)
+    p = sub.add_parser("relay-lock", help="hold the relay lock of a folder until stdin closes")
+    p.add_argument("root")
+    p.add_argument("--by", default="", help="who holds it, for the message another relay shows")
+    p.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the lock")
+    p.set_defaults(func=hold_lock)
     p = sub.add_parser("relay-send", help="stream files (JSON list on stdin) as frames")
     p.set_defaults(func=send)
     p = sub.add_parser("relay-recv", help="write frames on stdin into files")

@@ -264,6 +264,48 @@ def test_a_hash_mismatch_is_sent_again_from_zero(env):
     assert report.bytes_read == (len(data) - kept) + len(data)
 
 
+class RelayWhenSendingStarts(Progress):
+    """Runs a second relay into the same folder while the first is about to send."""
+
+    def __init__(self, env):
+        self.env, self.error = env, None
+
+    def start(self, total_bytes: int, total_files: int) -> None:
+        with pytest.raises(RelayError) as info:
+            self.env.relay(lock_wait=0.5)
+        self.error = str(info.value)
+
+
+def test_a_second_relay_into_the_same_folder_is_refused_until_the_first_ends(env):
+    files = make_checkpoint(env.ckpt, "step_3", {"w.bin": 3 * MiB})
+    second = RelayWhenSendingStarts(env)
+    assert env.relay(progress=second).ok
+    assert "another dflash relay is writing to evalhost:" in second.error
+    assert f"pid {os.getpid()}" in second.error  # it names the holder
+    assert tree(env.dst / "step_3") == files
+    assert not (env.dst / ".dflash-relay.lock").exists()  # released, nothing left behind
+    assert env.relay(lock_wait=0.5).ok  # and the next relay takes it
+
+
+def test_publish_refuses_a_partial_folder_missing_a_file(tmp_path):
+    """The host's last guard: whatever happened to a partial folder after it was checked,
+    relay-publish renames nothing unless every manifest file is there at full size."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "drafters"
+    (root / ".partial-step_4").mkdir(parents=True)
+    (root / ".partial-step_4" / "a.bin").write_bytes(b"x" * 10)
+    (root / ".partial-step_4" / "b.bin").write_bytes(b"y" * 3)  # short
+    manifest = {"files": [{"path": "a.bin", "size": 10}, {"path": "b.bin", "size": 7}]}
+    proc = subprocess.run([sys.executable, "-m", "remote", "relay-publish", str(root), "step_4",
+                           "--kind", "dir"], input=json.dumps(manifest).encode(),
+                          capture_output=True, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 3
+    assert "step_4 is not published: b.bin holds 3 bytes" in proc.stderr.decode()
+    assert not (root / "step_4").exists() and (root / ".partial-step_4" / "a.bin").exists()
+
+
 def test_verify_detects_and_repairs_a_flipped_byte(env):
     files = make_checkpoint(env.ckpt, "step_7", {"a.bin": 3 * MiB, "b.bin": 2 * MiB})
     assert env.relay().ok
@@ -333,7 +375,7 @@ def test_not_enough_space_is_refused_before_any_byte_moves(env):
     assert proc.returncode != 0
     line = one_error_line(proc)
     assert "not enough space" in line and "needs 2.0 MiB" in line and "reserve" in line
-    assert list(env.dst.iterdir()) == []  # no partial folder, nothing published
+    assert list(env.dst.iterdir()) == []  # no partial folder, nothing published, no lock left
     with pytest.raises(RelayError, match="short by"):
         env.relay(reserve=free + 64 * MiB)
     assert env.relay(reserve=0).ok  # the same relay with no reserve fits
