@@ -26,7 +26,6 @@ import functools
 import json
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 import threading
@@ -36,6 +35,7 @@ from orchestrator import hosts as hosts_mod
 from orchestrator.errors import DflashError
 from orchestrator.hosts import PREFERRED_CIPHERS, Host, last_line
 from orchestrator.inventory import HostSpec, Inventory
+from remote.relay import HEADER, read_exact, write_all  # the frame format both ends speak
 
 CHUNK = 4 * 1024 * 1024
 
@@ -245,33 +245,10 @@ def describe_failure(host: Host, code: int, err: str) -> str:
     return f"{host.name}: exit {code}: {last_line(err) or 'no message'}"
 
 
-HEADER = struct.Struct(">Q")  # a frame: 8-byte big-endian length, then the bytes
-
-
-def _read_exact(fd: int, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        block = os.read(fd, n - len(out))
-        if not block:
-            break
-        out += block
-    return out
-
-
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-
-
 def send_request(dest: Stream, request: list[dict]) -> None:
     """Give a ``relay-recv`` its request (the first frame on its stdin)."""
     data = json.dumps(request).encode()
-    try:
-        write_all(dest.stdin_fd, HEADER.pack(len(data)) + data)
-    except OSError as exc:
-        dest.failed = f"write failed ({exc.strerror or exc})"
+    _write(dest, HEADER.pack(len(data)) + data)
 
 
 def pump(src: Stream, dests: Sequence[Stream], routes: Sequence[Sequence[int | None]],
@@ -294,7 +271,7 @@ def pump(src: Stream, dests: Sequence[Stream], routes: Sequence[Sequence[int | N
     for route in routes:
         if all(d.failed is not None for d in dests):
             break  # nobody left to read for
-        head = _read_exact(src_fd, HEADER.size)
+        head = read_exact(src_fd, HEADER.size)
         if len(head) < HEADER.size:
             break  # the source stopped; its exit status says why
         length = HEADER.unpack(head)[0]

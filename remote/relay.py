@@ -120,7 +120,8 @@ class _Syncer:
         self.thread.join()
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write all of `data` to `fd` (os.write may take only part of it)."""
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
@@ -268,10 +269,12 @@ def _read_json(path: str):
 
 # ---- send / receive ---------------------------------------------------------------------
 
-HEADER = struct.Struct(">Q")  # a frame: 8-byte big-endian length, then that many bytes
+# A frame: 8-byte big-endian length, then that many bytes. Both ends of the relay and the
+# controller's pump (orchestrator.relay_stream) use these definitions.
+HEADER = struct.Struct(">Q")
 
 
-def _read_exact(fd: int, n: int) -> bytes:
+def read_exact(fd: int, n: int) -> bytes:
     """Exactly `n` bytes from `fd`, fewer only at end of stream."""
     out = b""
     while len(out) < n:
@@ -313,14 +316,14 @@ def send(args) -> int:
             if _hash_prefix(fd, offset, h) != offset:
                 raise UserError(f"{path} holds fewer than {offset} bytes")
             left = size - offset
-            _write_all(1, HEADER.pack(left))
+            write_all(1, HEADER.pack(left))
             reader = _Reader(fd, buf)
             while left:
                 block = reader.read(left)
                 if not block:  # shrank while read: the frame cannot be completed
                     raise UserError(f"{path} shrank while it was read")
                 h.update(block)
-                _write_all(1, block)
+                write_all(1, block)
                 left -= len(block)
         finally:
             os.close(fd)
@@ -339,16 +342,16 @@ def recv(args) -> int:
     publishes nothing that a crash of the host could lose.
     """
     _widen_pipe(0)
-    head = _read_exact(0, HEADER.size)
+    head = read_exact(0, HEADER.size)
     if len(head) < HEADER.size:
         raise UserError("no request on stdin")
-    requests = json.loads(_read_exact(0, HEADER.unpack(head)[0]))
+    requests = json.loads(read_exact(0, HEADER.unpack(head)[0]))
     syncer = _Syncer()
     # Page-aligned buffer (anonymous mmap): O_DIRECT writes need aligned addresses.
     reader = _Reader(0, memoryview(mmap.mmap(-1, CHUNK)))
     try:
         for i, req in enumerate(requests):
-            head = _read_exact(0, HEADER.size)
+            head = read_exact(0, HEADER.size)
             if len(head) < HEADER.size:
                 raise UserError(f"the stream ended after {i} of {len(requests)} files")
             left = HEADER.unpack(head)[0]
