@@ -402,7 +402,9 @@ class Blocks:
         self.cos, self.sin = cos.view(nb, B, 1, -1), sin.view(nb, B, 1, -1)
         n_ctx = int(starts.max()) if nb else 0
         self.kv = [(k[:, :n_ctx], v[:, :n_ctx]) for k, v in kv]
-        self.q_unique: torch.Tensor | None = None  # set when the last layer is a shared-tail first layer
+        # The last layer's queries before RoPE, when they come for free (a shared-tail first
+        # layer projects every row's anyway); otherwise `hidden` projects the rows it needs.
+        self.q_raw: torch.Tensor | None = None
         h = blocks
         last = len(drafter.layers) - 1
         for i, layer in enumerate(drafter.layers):
@@ -411,17 +413,15 @@ class Blocks:
                 # one normalised row per block start, plus the mask row once
                 x = layer.input_layernorm(torch.cat((blocks[:, 0], blocks[:1, 1])))
                 pick = torch.where(torch.arange(B)[None, :] == 0, torch.arange(nb)[:, None], nb)
-                q_raw = attn.queries(x)[pick] if i < last else None
+                q_raw = attn.queries(x)[pick]
                 k_raw, v = (t[pick] for t in attn.raw_keys_values(x))
-                if i == last:
-                    self.q_unique, self.q_pick = attn.queries(x), pick
             else:
                 x = layer.input_layernorm(h)
                 q_raw = attn.queries(x) if i < last else None
                 k_raw, v = attn.raw_keys_values(x)
             k = apply_rope(k_raw, self.cos, self.sin)
             if i == last:
-                self.h, self.k, self.v = h, k, v  # the last layer's input and block keys
+                self.h, self.k, self.v, self.q_raw = h, k, v, q_raw  # the last layer's inputs
                 break
             q = apply_rope(q_raw, self.cos, self.sin)
             ck, cv = self.kv[i]
@@ -435,20 +435,19 @@ class Blocks:
         layer = d.layers[-1]
         attn = layer.self_attn
         ck, cv = self.kv[-1]
-        if rows is None:
-            blk, at = torch.arange(len(self.starts)), slice(None)
-            h, cos, sin, q_pos = self.h, self.cos, self.sin, self.pos
-        else:
+        if rows is None:  # every row: R = B query rows per block
+            h, q_raw, cos, sin, q_pos = self.h, self.q_raw, self.cos, self.sin, self.pos
+            starts, k, v, k_pos = self.starts, self.k, self.v, self.pos
+        else:  # one query row per asked row, against its own block's keys
             blk, at = rows // self.B, rows % self.B
             h = self.h[blk, at][:, None]
+            q_raw = None if self.q_raw is None else self.q_raw[blk, at][:, None]
             cos, sin = self.cos[blk, at][:, None], self.sin[blk, at][:, None]
             q_pos = self.pos[blk, at][:, None]
-        if self.q_unique is not None:
-            q_raw = self.q_unique[self.q_pick[blk][:, at] if rows is None else self.q_pick[blk, at][:, None]]
-        else:
+            starts, k, v, k_pos = self.starts[blk], self.k[blk], self.v[blk], self.pos[blk]
+        if q_raw is None:
             q_raw = attn.queries(layer.input_layernorm(h))
-        q = apply_rope(q_raw, cos, sin)
-        h = h + attn.attend(q, q_pos, self.starts[blk], ck, cv, self.k[blk], self.v[blk], self.pos[blk])
+        h = h + attn.attend(apply_rope(q_raw, cos, sin), q_pos, starts, ck, cv, k, v, k_pos)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         out = d.norm(h)
         return out if rows is None else out[:, 0]
