@@ -387,7 +387,7 @@ class _Relay:
             data = json.loads(line)
         except ValueError:
             code = proc.wait()
-            bundle.check_result(host, Result("", proc.stderr(), code or 1), ["relay-lock"])
+            bundle.check_result(host, Result("", proc.stderr(), code), ["relay-lock"])
             raise RelayError(f"{host.name}: no answer from relay-lock for {root}")
         if not data.get("locked"):
             holder = data.get("holder") or {}
