@@ -65,6 +65,11 @@ class RelayError(DflashError):
     """The relay cannot start or did not finish; one line says what to do."""
 
 
+class RelayIncomplete(RelayError):
+    """The relay ran, but a destination failed or a checkpoint asked for was skipped."""
+    exit_code = 1
+
+
 # ---- options, progress, report ------------------------------------------------------------
 
 @dataclass
@@ -919,4 +924,4 @@ def list_checkpoints(inventory: Inventory, source: str, destinations: list[str],
 
 
 __all__ = ["relay", "list_checkpoints", "RelayOptions", "RelayReport", "Progress",
-           "RelayError", "parse_size", "quote"]
+           "RelayError", "RelayIncomplete", "parse_size", "quote"]

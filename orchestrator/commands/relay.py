@@ -171,7 +171,7 @@ def relay(
         term = isinstance(exc, _Terminated)
         err_console.print(f"[yellow]{'terminated' if term else 'interrupted'}[/]: what "
                           "arrived is kept in the partial folder; rerun the same relay to "
-                          "resume")
+                          "resume", soft_wrap=True)
         raise typer.Exit(143 if term else 130) from None
     finally:
         if bar:
@@ -184,12 +184,13 @@ def relay(
         first = report.skipped_named[0]
         more = (f" (and {len(report.skipped_named) - 1} more)"
                 if len(report.skipped_named) > 1 else "")
-        raise DflashError(f"{first['name']} was not relayed: {first['reason']}{more}")
+        raise relay_lib.RelayIncomplete(f"{first['name']} was not relayed: {first['reason']}"
+                                        f"{more}")
     if not report.ok:
         name, host, error = report.failures[0]
         more = f" (and {len(report.failures) - 1} more)" if len(report.failures) > 1 else ""
-        raise DflashError(f"relay of {name} to {host} failed: {error}{more}; rerun to resume "
-                          "from what arrived")
+        raise relay_lib.RelayIncomplete(f"relay of {name} to {host} failed: {error}{more}; "
+                                        "rerun to resume from what arrived")
 
 
 def _print_report(report: relay_lib.RelayReport) -> None:
