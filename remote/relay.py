@@ -510,6 +510,7 @@ def _open_root(root: str) -> int:
 def _open_dirs(root_fd: int, parts: list[str], create: bool, rel: str) -> int:
     """A descriptor of the folder `parts` under `root_fd`, every part opened with
     O_NOFOLLOW (a symlink on the way is refused, naming it); created when `create`."""
+    skip = len(rel.split("/")) - 1 - len(parts)  # leading parts of `rel` already opened
     fd = os.dup(root_fd)
     try:
         for n, part in enumerate(parts):
@@ -524,7 +525,7 @@ def _open_dirs(root_fd: int, parts: list[str], create: bool, rel: str) -> int:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR) and \
                         os.path.islink(f"/proc/self/fd/{fd}/{part}"):
                     raise UserError(f"refusing to write {_shown(rel)} through the symlink "
-                                    f"{'/'.join(parts[:n + 1])}") from None
+                                    f"{'/'.join(rel.split('/')[:skip + n + 1])}") from None
                 raise
             os.close(fd)
             fd = nfd
