@@ -739,7 +739,9 @@ class _Relay:
             return
         if t.rename_to:
             try:
-                t.dest.host.run(["mv", "-f", "--", t.write_path, t.rename_to])
+                # -T: a symlink (to a folder) planted at the final name is replaced, never
+                # moved into
+                t.dest.host.run(["mv", "-f", "-T", "--", t.write_path, t.rename_to])
             except Exception as exc:  # this destination fails; the others go on
                 with self._lock:
                     st.status, st.error = "failed", f"repair {task.file.path}: {exc}"

@@ -170,13 +170,17 @@ def name_problem(name) -> str | None:
 # ---- scan -------------------------------------------------------------------------------
 
 def _files_under(top: str) -> tuple[list[dict], list[dict]]:
-    """(files, links that cannot be relayed) under `top`, paths relative to it.
+    """(files, what cannot be relayed) under `top`, paths relative to it.
 
     A symlink that resolves to a regular file is listed with that file's size and mtime
     and ``"link": true``: its content is what gets relayed (the Hugging Face cache
     layout links weight files to blobs outside the snapshot folder). A link that points
     to nothing, to a folder or to something else is listed in the second list with why,
-    so the controller can refuse the checkpoint instead of publishing it without it.
+    so the controller can refuse the checkpoint instead of publishing it without it; so is
+    a file whose name holds a line break (no path may: see `path_problem`). Reading through
+    a link is safe for the relay: the bytes land under the LINK's own name, inside the
+    destination's folder, and a link can only expose what the trainer's user could have
+    copied into the checkpoint folder anyway.
     """
     out, odd = [], []
     for dirpath, dirnames, filenames in os.walk(top):
