@@ -319,7 +319,13 @@ def hold_lock(args) -> int:
         except OSError:
             break  # no flock here (some network filesystems): go on unguarded
     try:
-        with open(info, "w") as fh:
+        # Ours while we hold the lock: replace whatever is there, never write through a link.
+        try:
+            os.unlink(info)
+        except FileNotFoundError:
+            pass
+        fd = os.open(info, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with open(fd, "w") as fh:
             json.dump({"by": args.by, "pid": os.getpid(), "since": time.time()}, fh)
         print(json.dumps({"locked": True, "scan": scan_root(root)}), flush=True)
         while os.read(0, 65536):

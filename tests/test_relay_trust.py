@@ -300,8 +300,9 @@ def test_a_port_that_closes_at_once_is_not_called_a_timeout(make_inventory):
 
 def test_links_planted_in_a_published_checkpoint_are_replaced_not_written_through(tenv):
     """A published file swapped for a link to a file outside, another for a link to a
-    folder outside: the next relay puts the real files back and writes nothing outside
-    (a plain `mv` would have moved the repaired file INTO the linked folder)."""
+    folder outside, and the lock's info file for a link to a file outside: the next relay
+    puts the real files back and writes nothing outside (a plain `mv` would have moved the
+    repaired file INTO the linked folder; the lock wrote its JSON through the link)."""
     files = make_checkpoint(tenv.ckpt, "step_11", {"a.bin": 5000, "b.bin": 7000})
     assert tenv.relay().ok
     pub = tenv.dst / "step_11"
@@ -309,6 +310,7 @@ def test_links_planted_in_a_published_checkpoint_are_replaced_not_written_throug
     (pub / "a.bin").symlink_to(tenv.outside / "sentinel.bin")
     (pub / "b.bin").unlink()
     (pub / "b.bin").symlink_to(tenv.outside, target_is_directory=True)
+    (tenv.dst / ".dflash-relay.lock").symlink_to(tenv.outside / "sentinel.bin")
     report = tenv.relay()
     assert report.ok, report.failures
     assert sorted(report.checkpoints[0].destinations["evalhost"].repaired) == ["a.bin", "b.bin"]
