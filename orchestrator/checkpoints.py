@@ -27,6 +27,7 @@ from orchestrator.bundle import run_remote_json
 from orchestrator.errors import DflashError
 from orchestrator.hosts import Host
 from orchestrator.inventory import TrainerRole
+from remote.relay import PARTIAL_PREFIX, name_problem, path_problem
 
 _NUMBER = re.compile(r"\d+")
 _NAMED = re.compile(r"(?:step|checkpoint|ckpt|iter|global_step)[-_ ]?(\d+)", re.I)
@@ -49,6 +50,7 @@ class SourceFile:
     path: str  # relative to the checkpoint folder; the name itself for a single file
     size: int
     mtime: float
+    link: bool = False  # a symlink to a regular file: its content is relayed
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Checkpoint:
     step: int | None = None
     complete: bool = False
     reason: str = ""  # why it is not complete
+    odd: list[dict] = field(default_factory=list)  # links that cannot be relayed, and why
 
     @property
     def size(self) -> int:
@@ -78,24 +81,80 @@ class Scan:
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
     partials: dict[str, list[SourceFile]] = field(default_factory=dict)
     manifests: dict[str, Any] = field(default_factory=dict)
+    partial_odd: dict[str, list[dict]] = field(default_factory=dict)  # links in partials
 
 
 def scan(host: Host, root: str) -> Scan:
     """List `root` on `host`: checkpoints with file sizes and mtimes, partial folders,
     manifests of relayed checkpoints, and free bytes on its filesystem."""
-    return parse_scan(root, run_remote_json(host, ["relay-scan", root], python_flags=("-I", "-S")))
+    return parse_scan(root, run_remote_json(host, ["relay-scan", "--", root],
+                                            python_flags=("-I", "-S")), host.name)
 
 
-def parse_scan(root: str, data: dict) -> Scan:
-    """A `Scan` from the JSON that ``relay-scan`` (or ``relay-lock``) printed for `root`."""
-    out = Scan(root=root, now=data["now"], exists=data["exists"], free=data["free"],
-               manifests={k: v for k, v in data["manifests"].items() if isinstance(v, dict)})
-    for entry in data["entries"]:
-        files = [SourceFile(f["path"], f["size"], f["mtime"]) for f in entry["files"]]
-        out.checkpoints[entry["name"]] = Checkpoint(entry["name"], entry["kind"], files,
-                                                    parse_step(entry["name"]))
-    for name, files in data["partials"].items():
-        out.partials[name] = [SourceFile(f["path"], f["size"], f["mtime"]) for f in files]
+class ScanRefused(DflashError):
+    """A host's scan answer names a path that could leave its folder (or is malformed)."""
+
+
+def parse_scan(root: str, data: Any, host: str = "host") -> Scan:
+    """A `Scan` from the JSON that ``relay-scan`` (or ``relay-lock``) printed for `root`.
+
+    The answer is the host's word, and every host is its own trust domain: each name and
+    path in it is checked before use (one path component per checkpoint name; file paths
+    relative and normalised, with no ``..``, NUL or line break; sizes whole and not
+    negative). Anything else refuses the whole scan with one line naming `host`.
+    """
+    def refuse(what: str) -> ScanRefused:
+        return ScanRefused(f"{host}: refusing its scan of {root}: {what}; that host's dflash "
+                           "bundle or its files are not to be trusted as they are")
+
+    def name(n: Any, what: str) -> str:
+        why = name_problem(n)
+        if why is not None:
+            raise refuse(f"{what} {str(n)[:80]!r} {why}")
+        return n
+
+    def files(items: Any, where: str) -> list[SourceFile]:
+        if not isinstance(items, list):
+            raise refuse(f"the file list of {where} is not a list")
+        out = []
+        for f in items:
+            try:
+                path, size, mtime = f["path"], f["size"], f["mtime"]
+            except (KeyError, TypeError):
+                raise refuse(f"a file entry of {where} is malformed") from None
+            why = path_problem(path)
+            if why is not None:
+                raise refuse(f"the path {str(path)[:80]!r} in {where} {why}")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or \
+                    not isinstance(mtime, (int, float)):
+                raise refuse(f"the size or mtime of {where}/{path} is not a number")
+            out.append(SourceFile(path, size, float(mtime), bool(f.get("link"))))
+        return out
+
+    try:
+        out = Scan(root=root, now=float(data["now"]), exists=bool(data["exists"]),
+                   free=int(data["free"]),
+                   manifests={name(k, "the checkpoint name"): v
+                              for k, v in data["manifests"].items() if isinstance(v, dict)})
+        entries, partials = data["entries"], data["partials"]
+        for entry in entries:
+            n = name(entry["name"], "the checkpoint name")
+            kind = entry["kind"]
+            fl = files(entry["files"], n)
+            if kind not in ("dir", "file") or (kind == "file" and [f.path for f in fl] != [n]):
+                raise refuse(f"the entry {n!r} is neither a folder nor a single file")
+            odd = entry.get("odd") or []
+            for o in odd:
+                files([{"path": o.get("path"), "size": 0, "mtime": 0}], n)
+            out.checkpoints[n] = Checkpoint(n, kind, fl, parse_step(n), odd=list(odd))
+        for n, items in partials.items():
+            out.partials[name(n, "the partial folder")] = files(items, PARTIAL_PREFIX + n)
+        for n, odd in (data.get("partial_odd") or {}).items():
+            files([{"path": o.get("path"), "size": 0, "mtime": 0} for o in odd],
+                  PARTIAL_PREFIX + name(n, "the partial folder"))
+            out.partial_odd[n] = list(odd)
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise refuse("the answer is malformed") from None
     return out
 
 
@@ -112,7 +171,8 @@ def judge_complete(host: Host, root: str, role: TrainerRole,
     first = scan(host, root)
     if not first.exists:
         raise DflashError(f"{host.name}: checkpoint folder {root} does not exist; fix "
-                          "'checkpoints' of its trainer role in the inventory or pass --src")
+                          "'checkpoints' of its trainer role in the inventory or pass "
+                          "--src-dir")
     names = set(first.checkpoints)
     rule = role.complete_rule
     if rule == "auto":
@@ -123,7 +183,11 @@ def judge_complete(host: Host, root: str, role: TrainerRole,
         first.checkpoints.pop(name, None)
     young: list[Checkpoint] = []
     for ckpt in first.checkpoints.values():
-        if not ckpt.files:
+        if ckpt.odd:  # published without the file it would have lost it: refuse it
+            o = ckpt.odd[0]
+            ckpt.reason = (f"the symlink {ckpt.name}/{o.get('path')} {o.get('why')}; replace "
+                           "it with the file it stands for, or remove it")
+        elif not ckpt.files:
             ckpt.reason = "empty"
         elif rule == "marker":
             ckpt.complete = _has_marker(ckpt, role.marker, names)
@@ -139,7 +203,7 @@ def judge_complete(host: Host, root: str, role: TrainerRole,
         second = scan(host, root)
         for ckpt in young:
             again = second.checkpoints.get(ckpt.name)
-            if again is not None and again.signature() == ckpt.signature():
+            if again is not None and again.signature() == ckpt.signature() and not again.odd:
                 ckpt.complete = True
             else:
                 ckpt.reason = f"still being written (changed within {role.stable_seconds:g}s)"

@@ -360,6 +360,9 @@ class SSHHost(Host):
                              " check the network, the port, or 'connect_timeout'")
         if isinstance(exc, paramiko.SSHException) and (
                 "banner" in str(exc) or "No existing session" in str(exc)):
+            if isinstance(exc.__context__, EOFError):  # closed at once: no waiting involved
+                return HostError(f"{where}: closed the connection before any SSH greeting; "
+                                 "is that port really sshd, and does it accept this machine?")
             return HostError(f"{where}: no SSH greeting within {self.spec.connect_timeout}s "
                              "(timed out); is that port really sshd?")
         if isinstance(exc, OSError):

@@ -35,9 +35,10 @@ def probe_structure(host: Host, model_path: str, drafter: str | None = None,
     one-line `RemoteCommandError`; a report in another schema is refused rather than
     misread.
     """
-    argv = ["probe", "--model", model_path, "--depth", str(depth)]
+    # option=value: a path starting with "-" is then a value, not an option
+    argv = ["probe", f"--model={model_path}", f"--depth={depth}"]
     if drafter:
-        argv += ["--drafter", drafter]
+        argv += [f"--drafter={drafter}"]
     if load:
         argv.append("--load")
     report = bundle.run_remote_json(host, argv, timeout=timeout)

@@ -53,9 +53,8 @@ from orchestrator.hosts import Host, Result, open_host, quote
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.relay_stream import (Multiplexer, Stream, describe_failure, file_lines,
                                        pump, send_request, write_all)
+from remote.relay import MANIFEST, PARTIAL_PREFIX, REPAIR_PREFIX
 
-PARTIAL_PREFIX = ".partial-"
-MANIFEST = ".dflash-manifest.json"
 MANIFEST_FORMAT = "dflash-manifest/1"
 # The host-side relay commands are stdlib only: skip site-packages and environment
 # (-I -S), which halves the interpreter's start on a host with many packages.
@@ -64,6 +63,11 @@ RELAY_PYTHON_FLAGS = ("-I", "-S")
 
 class RelayError(DflashError):
     """The relay cannot start or did not finish; one line says what to do."""
+
+
+class RelayIncomplete(RelayError):
+    """The relay ran, but a destination failed or a checkpoint asked for was skipped."""
+    exit_code = 1
 
 
 # ---- options, progress, report ------------------------------------------------------------
@@ -163,8 +167,13 @@ class RelayReport:
                 for d in c.destinations.values() if d.status == "failed"]
 
     @property
+    def skipped_named(self) -> list[dict]:
+        """Checkpoints asked for by name or step that were not relayed (incomplete)."""
+        return [i for i in self.incomplete if i.get("named")]
+
+    @property
     def ok(self) -> bool:
-        return not self.failures
+        return not self.failures and not self.skipped_named
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -251,7 +260,7 @@ def _partial_path(root: str, ckpt: Checkpoint, f: SourceFile) -> str:
 
 def _repair_path(final: str) -> str:
     head, tail = os.path.split(final)
-    return f"{head}/.dflash-repair-{tail}"
+    return f"{head}/{REPAIR_PREFIX}{tail}"
 
 
 def _manifest_matches(manifest: dict | None, ckpt: Checkpoint) -> bool:
@@ -263,6 +272,32 @@ def _manifest_matches(manifest: dict | None, ckpt: Checkpoint) -> bool:
     except (KeyError, TypeError, ValueError):
         return False
     return listed == ckpt.signature()
+
+
+def _damaged(manifest: dict, published: Checkpoint) -> set[str]:
+    """Files of a published checkpoint missing, or differing in size or mtime from what
+    its manifest says (``stored_mtime``: the mtime its host reported at publication)."""
+    there = {f.path: f for f in published.files}
+    out = set()
+    for f in manifest["files"]:
+        got = there.get(f["path"])
+        stored = f.get("stored_mtime")
+        if got is None or got.size != f["size"] or got.link or \
+                (isinstance(stored, (int, float)) and got.mtime != stored):
+            out.add(f["path"])
+    return out
+
+
+def _refuse_links(d: "Dest", name: str) -> None:
+    """A partial folder holds only files the relay wrote: a symlink there (or a name it
+    cannot carry) is refused before anything is written through it."""
+    odd = [(o.get("path"), o.get("why")) for o in d.scan.partial_odd.get(name, [])]
+    odd += [(f.path, "is a symlink") for f in d.scan.partials.get(name, []) if f.link]
+    if odd:
+        path, why = odd[0]
+        raise RelayError(f"{d.host.name}: {d.root}/{PARTIAL_PREFIX}{name}/{path} {why}; a "
+                         "partial folder holds only what the relay wrote: remove it, then "
+                         "relay again")
 
 
 def _hash_many(host: Host, requests: list[dict]) -> dict[tuple[str, int | None], dict]:
@@ -372,9 +407,9 @@ class _Relay:
         except (OSError, KeyError):  # no login name in this environment
             user = "?"
         by = f"{user}@{socket.gethostname()} pid {os.getpid()}"
-        proc = host.popen(bundle.remote_command(host, ["relay-lock", root, "--by", by,
-                                                       "--wait", str(self.opts.lock_wait)],
-                                                python_flags=RELAY_PYTHON_FLAGS))
+        proc = host.popen(bundle.remote_command(host, ["relay-lock", f"--by={by}",
+                                                       f"--wait={self.opts.lock_wait}", "--",
+                                                       root], python_flags=RELAY_PYTHON_FLAGS))
         with self._lock:
             self.locks.append(proc)
         line = b""
@@ -397,7 +432,7 @@ class _Relay:
             raise RelayError(f"another dflash relay is writing to {host.name}:{root} "
                              f"({holder.get('by') or 'unknown'}{when}); let it finish, "
                              "then run this again")
-        return parse_scan(root, data["scan"])
+        return parse_scan(root, data.get("scan"), host.name)
 
     def close(self) -> None:
         for proc in self.locks:  # EOF ends the host-side holder, which drops the lock
@@ -452,11 +487,13 @@ class _Relay:
                                  "--list")
             chosen = [max(done, key=_order)]
         out = []
+        named = bool(o.names) or o.step is not None
         for c in chosen:
             if c.complete:
                 out.append(c)
             else:
-                report.incomplete.append({"name": c.name, "step": c.step, "reason": c.reason})
+                report.incomplete.append({"name": c.name, "step": c.step, "reason": c.reason,
+                                          "named": named})
         return out
 
     # -- planning ----------------------------------------------------------------------------
@@ -477,9 +514,12 @@ class _Relay:
                 if published and _manifest_matches(manifest, ckpt):
                     st.status = "unchanged"
                     st.bytes_skipped = ckpt.size
-                    if self.opts.verify:
-                        hashes = {f["path"]: f["sha256"] for f in manifest["files"]}
-                        for f in ckpt.files:
+                    damaged = _damaged(manifest, d.scan.checkpoints[ckpt.name])
+                    hashes = {f["path"]: f.get("sha256") for f in manifest["files"]}
+                    for f in ckpt.files:
+                        if f.path in damaged:  # gone or changed since: no hash needed
+                            pending.append((ckpt, di, "repair", f, None, None, None))
+                        elif self.opts.verify:
                             key = (_final_path(d.root, ckpt, f), None)
                             dest_req[di][key] = {"path": key[0]}
                             pending.append((ckpt, di, "verify", f, None, key, hashes[f.path]))
@@ -488,6 +528,7 @@ class _Relay:
                     raise RelayError(f"{d.host.name}: {d.root}/{ckpt.name} exists but was not "
                                      "relayed by dflash (no manifest); move it away, then "
                                      "relay again")
+                _refuse_links(d, ckpt.name)
                 partial = {f.path: f.size for f in d.scan.partials.get(ckpt.name, [])}
                 names = {f.path for f in ckpt.files}
                 d.stale += [_partial_path(d.root, ckpt, SourceFile(p, 0, 0))
@@ -515,9 +556,8 @@ class _Relay:
             d = self.dests[di]
             st = by_name[ckpt.name].destinations[d.host.name]
             key = (ckpt.name, f.path)
-            if kind == "verify":
-                got = dest_ans[di].get(kd, {})
-                if got.get("sha256") == want:
+            if kind in ("verify", "repair"):
+                if kind == "verify" and dest_ans[di].get(kd, {}).get("sha256") == want:
                     continue
                 st.repaired.append(f.path)
                 final = _final_path(d.root, ckpt, f)
@@ -629,10 +669,12 @@ class _Relay:
                 j = dests.index(t.dest)
                 route[j] = t.offset - starts[i]
                 where[(i, j)] = (t, len(requests[j]))
-                requests[j].append({"path": t.write_path, "offset": t.offset})
+                requests[j].append({"path": t.write_path[len(t.dest.root.rstrip("/")) + 1:],
+                                    "offset": t.offset, "mtime": task.file.mtime})
             routes.append(route)
         src = self._start(self.src, ["relay-send"], stdin=True, stdout=True)
-        outs = [self._start(d.host, ["relay-recv"], stdin=True, stdout=True) for d in dests]
+        outs = [self._start(d.host, ["relay-recv", "--", d.root], stdin=True, stdout=True)
+                for d in dests]
         try:
             try:
                 write_all(src.stdin_fd, json.dumps(
@@ -651,7 +693,8 @@ class _Relay:
         finally:
             for s in outs:
                 s.close_stdin()
-        if all(s.failed for s in outs):
+        src_killed = all(s.failed for s in outs)
+        if src_killed:
             src.kill()  # nobody left to read for: do not drain the rest of the files
         with self._lock:
             self.bytes_read += sum(read)
@@ -666,12 +709,16 @@ class _Relay:
                     continue
                 t, slot = where[(i, j)]
                 a, b = src_sums.get(i), got.get(slot)
-                if a is None:
-                    outcome = (describe_failure(self.src, scode, serr) if scode != 0 else
-                               f"{self.src.name}: no result for {task.file.path}")
-                elif b is None:
+                # Blame the side that failed: the source only when it failed on its own
+                # (not killed by us because every destination had gone), and then first,
+                # since a destination's "stream ended" follows from it.
+                src_failed = a is None and scode != 0 and not src_killed
+                if b is None and not src_failed:
                     outcome = (describe_failure(d.host, code, err) if code != 0 else
                                f"{d.host.name}: {s.failed or 'no result'}")
+                elif a is None:
+                    outcome = (describe_failure(self.src, scode, serr) if scode != 0 else
+                               f"{self.src.name}: no result for {task.file.path}")
                 elif a.get("sha256") == b.get("sha256") and \
                         a.get("size") == b.get("size") == task.file.size:
                     t.sha256 = b["sha256"]
@@ -692,7 +739,9 @@ class _Relay:
             return
         if t.rename_to:
             try:
-                t.dest.host.run(["mv", "-f", "--", t.write_path, t.rename_to])
+                # -T: a symlink (to a folder) planted at the final name is replaced, never
+                # moved into
+                t.dest.host.run(["mv", "-f", "-T", "--", t.write_path, t.rename_to])
             except Exception as exc:  # this destination fails; the others go on
                 with self._lock:
                     st.status, st.error = "failed", f"repair {task.file.path}: {exc}"
@@ -755,10 +804,12 @@ class _Relay:
                         timespec="seconds"),
                     "size": ckpt.size,
                     "files": [{"path": f.path, "size": f.size, "sha256": hashes[f.path],
-                               "mtime": f.mtime} for f in ckpt.files],
+                               "mtime": f.mtime, **({"link": True} if f.link else {})}
+                              for f in ckpt.files],
                 }
-                bundle.run_remote(d.host, ["relay-publish", d.root, ckpt.name, "--kind",
-                                           ckpt.kind], stdin=json.dumps(manifest).encode(),
+                bundle.run_remote(d.host, ["relay-publish", f"--kind={ckpt.kind}", "--",
+                                           d.root, ckpt.name],
+                                  stdin=json.dumps(manifest).encode(),
                                   python_flags=RELAY_PYTHON_FLAGS)
                 st.status = "relayed"
             except Exception as exc:  # one destination failing must not stop the others
@@ -875,4 +926,4 @@ def list_checkpoints(inventory: Inventory, source: str, destinations: list[str],
 
 
 __all__ = ["relay", "list_checkpoints", "RelayOptions", "RelayReport", "Progress",
-           "RelayError", "parse_size", "quote"]
+           "RelayError", "RelayIncomplete", "parse_size", "quote"]

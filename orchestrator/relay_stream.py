@@ -25,8 +25,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from typing import Callable, Sequence
@@ -35,6 +37,7 @@ from orchestrator import hosts as hosts_mod
 from orchestrator.errors import DflashError
 from orchestrator.hosts import PREFERRED_CIPHERS, Host, last_line
 from orchestrator.inventory import HostSpec, Inventory
+from remote.errors import ERROR_PREFIX
 from remote.relay import HEADER, read_exact, write_all  # the frame format both ends speak
 
 CHUNK = 4 * 1024 * 1024
@@ -113,17 +116,70 @@ def stream_argv(host: Host, line: str, inventory: Inventory | None,
     return ["ssh", *openssh_options(spec, inventory), *extra, spec.hostname or spec.name, line]
 
 
+# Runs a master's ssh so that it gets SIGTERM when the process that started it dies, even
+# by kill -9 (Linux's PR_SET_PDEATHSIG, kept across exec): a relay never leaves a master
+# holding a session on its host. Elsewhere the ssh simply runs (close() still ends it).
+_TIED_TO_PARENT = (
+    "import os,signal,sys\n"
+    "try:\n"
+    "    import ctypes\n"
+    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"  # 1: PR_SET_PDEATHSIG
+    "except Exception:\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(0)\n"  # the parent died before prctl: nobody to serve
+    "os.execvp(sys.argv[2], sys.argv[2:])\n")
+
+_DIR_PREFIX = "dfr-"  # + owner pid + "-": short, unix socket paths are limited
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale_dirs(base: str | None = None) -> list[str]:
+    """Remove the socket folders of earlier relays whose process is gone (killed with -9:
+    nothing of theirs could clean up); returns the folders removed."""
+    base = base or tempfile.gettempdir()
+    gone = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return gone
+    for name in names:
+        m = re.fullmatch(re.escape(_DIR_PREFIX) + r"(\d+)-\w+", name)
+        path = os.path.join(base, name)
+        try:
+            mine = os.lstat(path).st_uid == os.getuid()
+        except OSError:
+            continue
+        if m and mine and not os.path.islink(path) and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
+
+
 class Multiplexer:
     """One OpenSSH master connection per host for the relay's streams (ControlMaster).
 
     A stream then costs a channel, not a TCP connection, key exchange and authentication.
     When a master is not (or no longer) there, ssh quietly makes its own connection, so
-    the master only ever saves time. Masters end with `close`.
+    the master only ever saves time. Masters end with `close`, and on Linux also when
+    this process dies without closing (a master gets SIGTERM from the kernel then, see
+    `_TIED_TO_PARENT`); the socket folder of a relay killed that way is removed by the
+    next relay (`reap_stale_dirs`).
     """
 
     def __init__(self, inventory: Inventory | None):
         self.inventory = inventory
-        self.dir = tempfile.mkdtemp(prefix="dfr-")  # short: unix socket paths are limited
+        reap_stale_dirs()
+        self.dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
         self.masters: dict[str, subprocess.Popen] = {}
         self.paths: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -141,10 +197,11 @@ class Multiplexer:
         with self._lock:
             path = os.path.join(self.dir, str(len(self.masters)))
             spec = host.spec
+            argv = ["ssh", *openssh_options(spec, self.inventory), "-M", "-N",
+                    "-o", f"ControlPath={path}", "-o", "ControlPersist=no",
+                    spec.hostname or spec.name]
             self.masters[path] = subprocess.Popen(
-                ["ssh", *openssh_options(spec, self.inventory), "-M", "-N",
-                 "-o", f"ControlPath={path}", "-o", "ControlPersist=no",
-                 spec.hostname or spec.name],
+                [sys.executable, "-I", "-S", "-c", _TIED_TO_PARENT, str(os.getpid()), *argv],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True)
             self.paths[id(host)] = path
@@ -153,10 +210,12 @@ class Multiplexer:
         for proc in self.masters.values():
             if proc.poll() is None:
                 proc.terminate()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        for proc in self.masters.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -240,8 +299,14 @@ def file_lines(text: str) -> dict[int, dict]:
 
 
 def describe_failure(host: Host, code: int, err: str) -> str:
+    """One line naming `host` and what failed there: its command's own error line (e.g.
+    ``ct129: no space left on device while writing step_8/model.safetensors``), a lost
+    connection, or the exit status and last line of its stderr."""
     if code == 255:
         return f"connection to {host.name} lost ({last_line(err) or 'ssh exit 255'})"
+    for line in reversed(err.splitlines()):
+        if line.startswith(ERROR_PREFIX):
+            return f"{host.name}: {line[len(ERROR_PREFIX):]}"
     return f"{host.name}: exit {code}: {last_line(err) or 'no message'}"
 
 

@@ -218,15 +218,17 @@ def start_job(host: Host, spec: dict, job_id: str | None = None) -> JobRef:
     """Push the bundle if needed and start the job detached; returns at once."""
     _, pushed = bundle.ensure(host)
     job_id = job_id or new_job_id(spec.get("checkpoint") or "job")
-    info = _json_stdin(host, ["job", "start", "--workdir", host.workdir, "--job-id", job_id,
-                              "--spec", "-"], spec)
+    info = _json_stdin(host, ["job", "start", f"--workdir={host.workdir}",
+                              f"--job-id={job_id}", "--spec=-"], spec)
     return JobRef(host=host.name, job_id=job_id, dir=info["dir"], pid=info["pid"],
                   pgid=info["pgid"], bundle_pushed=pushed, spec=spec)
 
 
 def _job_argv(host: Host, action: str, job_id: str | None = None) -> list[str]:
-    argv = ["job", action, "--workdir", host.workdir]
-    return argv + (["--job-id", job_id] if job_id else [])
+    # option=value: a value starting with "-" (a job named after such a checkpoint) is
+    # then a value, not an option
+    argv = ["job", action, f"--workdir={host.workdir}"]
+    return argv + ([f"--job-id={job_id}"] if job_id else [])
 
 
 def job_status(host: Host, job_id: str) -> dict:

@@ -387,7 +387,7 @@ def test_hostile_names_arrive_byte_exact_and_nothing_runs(env):
     name = f"-step_9 it's \"q\" {evil};touch {token}"
     files = make_checkpoint(env.ckpt, name, {
         "a b.bin": MiB, "it's.bin": 1000, f"{evil}.bin": 2000, f"x;touch {token}": 3,
-        "-rf": 10, "sub dir/`touch x`.bin": 5, "new\nline.bin": 7})
+        "-rf": 10, "sub dir/`touch x`.bin": 5, "--kind=file": 6})
     report = env.relay(names=[name])
     assert report.ok, report.failures
     assert tree(env.dst / name) == files
@@ -580,20 +580,23 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where,
         fresh = os.urandom(5 * 1024 * 1024 + 123)  # several aligned blocks and a tail
         whole = os.urandom(3 * 1024 * 1024 + 7)
         kept = 4096 * 3 + 1001  # resume after an unaligned prefix
-        (base / "resumed.bin").write_bytes(whole[:kept] + b"stale bytes after the offset")
-        requests = [{"path": str(base / "sub dir" / "fresh.bin"), "offset": 0},
-                    {"path": str(base / "resumed.bin"), "offset": kept}]
+        part = base / ".partial-step_1"
+        part.mkdir()
+        (part / "resumed.bin").write_bytes(whole[:kept] + b"stale bytes after the offset")
+        requests = [{"path": ".partial-step_1/sub dir/fresh.bin", "offset": 0},
+                    {"path": ".partial-step_1/resumed.bin", "offset": kept}]
         stream = HEADER.pack(len(json.dumps(requests))) + json.dumps(requests).encode()
         for data in (fresh, whole[kept:]):
             stream += HEADER.pack(len(data)) + data
         root = Path(__file__).resolve().parent.parent
         env = {**os.environ, "DFLASH_RELAY_BUFFERED": "1" if buffered else "0"}
-        proc = subprocess.run([sys.executable, "-m", "remote", "relay-recv"], input=stream,
+        proc = subprocess.run([sys.executable, "-m", "remote", "relay-recv", "--", str(base)],
+                              input=stream,
                               capture_output=True, cwd=root, timeout=60, env=env)
         assert proc.returncode == 0, proc.stderr.decode()
         lines = {r["i"]: r for r in map(json.loads, proc.stdout.decode().splitlines())}
-        assert (base / "sub dir" / "fresh.bin").read_bytes() == fresh
-        assert (base / "resumed.bin").read_bytes() == whole
+        assert (part / "sub dir" / "fresh.bin").read_bytes() == fresh
+        assert (part / "resumed.bin").read_bytes() == whole
         assert lines[0] == {"i": 0, "sha256": hashlib.sha256(fresh).hexdigest(), "size": len(fresh)}
         assert lines[1] == {"i": 1, "sha256": hashlib.sha256(whole).hexdigest(), "size": len(whole)}
     finally:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import threading
+from contextlib import contextmanager
 from typing import Annotated, Optional
 
 import typer
@@ -54,6 +56,27 @@ class _RichProgress(relay_lib.Progress):
     def stop(self) -> None:
         if self.task is not None:
             self.bar.stop()
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered like Ctrl-C so the relay ends its streams and masters."""
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """While inside, SIGTERM raises `_Terminated` (a KeyboardInterrupt): the relay stops
+    the same way as on Ctrl-C, and the command says so instead of dying silently."""
+    def handler(signum, frame):
+        raise _Terminated()
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (embedded use): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _split(values: Optional[list[str]]) -> list[str]:
@@ -117,7 +140,13 @@ def relay(
         keep=keep if keep is not None else inv.defaults.keep, jobs=jobs,
         reserve=relay_lib.parse_size(reserve) if reserve is not None else None)
     if list_:
-        listing = relay_lib.list_checkpoints(inv, src, dests, options)
+        try:
+            with _sigterm_as_interrupt():
+                listing = relay_lib.list_checkpoints(inv, src, dests, options)
+        except KeyboardInterrupt as exc:
+            err_console.print("[yellow]terminated[/]" if isinstance(exc, _Terminated)
+                              else "[yellow]interrupted[/]")
+            raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
         if json_out:
             print_json(listing)
             return
@@ -133,14 +162,17 @@ def relay(
         return
     bar = None if json_out else _RichProgress()
     try:
-        report = relay_lib.relay(inv, src, dests, options, bar)
-    except KeyboardInterrupt:
+        with _sigterm_as_interrupt():
+            report = relay_lib.relay(inv, src, dests, options, bar)
+    except KeyboardInterrupt as exc:
         # Click would swallow it silently; say what happened and what to do.
         if bar:
             bar.stop()
-        err_console.print("[yellow]interrupted[/]: what arrived is kept in the partial "
-                          "folder; rerun the same relay to resume")
-        raise typer.Exit(130) from None
+        term = isinstance(exc, _Terminated)
+        err_console.print(f"[yellow]{'terminated' if term else 'interrupted'}[/]: what "
+                          "arrived is kept in the partial folder; rerun the same relay to "
+                          "resume", soft_wrap=True)
+        raise typer.Exit(143 if term else 130) from None
     finally:
         if bar:
             bar.stop()
@@ -148,11 +180,17 @@ def relay(
         print_json(report.to_json())
     else:
         _print_report(report)
+    if report.skipped_named and not report.failures:
+        first = report.skipped_named[0]
+        more = (f" (and {len(report.skipped_named) - 1} more)"
+                if len(report.skipped_named) > 1 else "")
+        raise relay_lib.RelayIncomplete(f"{first['name']} was not relayed: {first['reason']}"
+                                        f"{more}")
     if not report.ok:
         name, host, error = report.failures[0]
         more = f" (and {len(report.failures) - 1} more)" if len(report.failures) > 1 else ""
-        raise DflashError(f"relay of {name} to {host} failed: {error}{more}; rerun to resume "
-                          "from what arrived")
+        raise relay_lib.RelayIncomplete(f"relay of {name} to {host} failed: {error}{more}; "
+                                        "rerun to resume from what arrived")
 
 
 def _print_report(report: relay_lib.RelayReport) -> None:
