@@ -79,8 +79,8 @@ class EvalOptions:
 
     def __post_init__(self) -> None:
         """Refuse values no eval can run with, before anything connects: a zero or negative
-        count is never replaced by the inventory's value, and a non-greedy temperature or
-        an unknown ground-truth kind never reaches a host."""
+        count is never replaced by the inventory's value, and a non-greedy temperature, an
+        unknown ground-truth kind or a missing local prompts file never reaches a host."""
         for name in ("samples", "max_new_tokens", "threads", "topk"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 1):
@@ -95,6 +95,8 @@ class EvalOptions:
         if self.ground_truth_kind is not None and self.ground_truth_kind not in GT_KINDS:
             raise DflashError(f"unknown --ground-truth-kind {self.ground_truth_kind!r} (one "
                               f"of {', '.join(GT_KINDS)})")
+        if self.prompts is not None and not self.prompts.startswith("host:"):
+            local_prompts(self.prompts)
         if not self.ground_truth_timeout > 0:
             raise DflashError(f"the ground-truth timeout must be positive, got "
                               f"{self.ground_truth_timeout!r}")
@@ -128,18 +130,23 @@ def builtin_prompt_sets() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PROMPTS_DIR.glob("*.jsonl"))}
 
 
+def local_prompts(prompts: str) -> Path:
+    """The file of a built-in set name or a local JSONL path; a one-line error otherwise."""
+    sets = builtin_prompt_sets()
+    if prompts in sets:
+        return sets[prompts]
+    local = Path(prompts).expanduser()
+    if not local.is_file():
+        raise DflashError(f"prompts {prompts!r} is neither a built-in set "
+                          f"({', '.join(sets)}) nor a local file; for a file on the host "
+                          "write host:/path")
+    return local
+
+
 def push_prompts(host: Host, prompts: str) -> dict:
     """Put a built-in set or a local file on the host (content-addressed, pushed only when
     missing); returns the spec's ``prompts`` entry."""
-    sets = builtin_prompt_sets()
-    if prompts in sets:
-        local = sets[prompts]
-    else:
-        local = Path(prompts).expanduser()
-        if not local.is_file():
-            raise DflashError(f"prompts {prompts!r} is neither a built-in set "
-                              f"({', '.join(sets)}) nor a local file; for a file on the host "
-                              "write host:/path")
+    local = local_prompts(prompts)
     data = local.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     remote = f"{host.workdir}/prompts/{digest[:16]}-{local.stem}.jsonl"
