@@ -7,6 +7,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from orchestrator.errors import DflashError
 
@@ -68,8 +69,7 @@ def _run_app() -> int:
             return exc.exit_code
         ctx = getattr(exc, "ctx", None)
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-        err_console.print(f"[bold red]error:[/] {message}{hint}", soft_wrap=True,
-                          markup=True, highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(message + hint)}", soft_wrap=True)
         return exc.exit_code
     return code if isinstance(code, int) else 0
 

@@ -119,6 +119,8 @@ CLI_CASES = [
     ("relay-keep-0", ("relay", "--keep", "0"), r"'--keep'.*1"),
     ("relay-jobs-0", ("relay", "--jobs", "0"), r"'--jobs'.*1"),
     ("relay-step-negative", ("relay", "--step", "-1"), r"'--step'.*0"),
+    ("relay-reserve-negative", ("relay", "--reserve", "-5G"), r"not a size: '-5G'"),
+    ("option-with-brackets", (*EVAL, "--[bold]x"), r"No such option: --\[bold\]x"),
     ("probe-depth-negative", ("probe-structure", "--host", "evalhost", "--depth", "-1"),
      r"'--depth'.*0"),
     ("unknown-option", (*EVAL, "--sample", "3"), r"No such option: --sample"),
