@@ -572,6 +572,7 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
     prompts = load_prompts(spec["prompts"]["path"], spec.get("samples"), int(spec.get("seed", 0)))
     rendered = [render_prompt(tokenizer, p["text"], thinking) for p in prompts]
     prompt_ids = [ids for _, ids in rendered]
+    identity = target_identity(target)
     url = gt.get("url")
     if kind in SERVER_KINDS:
         if not url:
@@ -584,9 +585,9 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
         source = {"kind": kind, "url": endpoint(url, kind),
                   **served_model(kind, url, gt.get("model"), timeout)}
         where = f"server {source['url']}" + (f" ({source['model']})" if source["model"] else "")
-    else:
-        source = {"kind": kind, "url": None, "model": None}
-        where = "local generation"
+    else:  # local: the target itself, on this host
+        source = {"kind": kind, "url": None, "model": identity["path"]}
+        where = f"local generation with {target}"
     info["model"] = source.get("model")
     vocab = target_vocab_size(target, tokenizer)
 
@@ -596,7 +597,6 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
         return check_completion(ids, vocab=vocab, max_new=limit, prompt_id=prompt_id,
                                 source=where, target=target)
 
-    identity = target_identity(target)
     key = cache_key(identity, prompt_ids, sampling, kind, source)
     cache_dir = workdir / "groundtruth"
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -295,6 +295,8 @@ def test_local_generation_and_file_source(tmp_path, tiny_target, prompts_file, s
     path, info = groundtruth.prepare(make_spec(tmp_path / "l", tiny_target, prompts_file,
                                                "local"))
     local = read(path)
+    assert info["source"]["kind"] == "local" and info["source"]["url"] is None
+    assert info["source"]["model"] == str(tiny_target.resolve())
     served, _ = groundtruth.prepare(make_spec(tmp_path / "s", tiny_target, prompts_file,
                                               "sglang", server.url))
     assert local == read(served)  # float32, same target: the same greedy ids
