@@ -2,10 +2,11 @@
 
 Checks, in order, each failure one line (a `UserError`): the python version; torch,
 transformers and safetensors installed (from package metadata, nothing imported); the
-counts (threads, samples); the target and drafter folders; the prompts or ground-truth file; free RAM against the bytes
-the target's text part and the drafter will take in the job's dtype (read from the
-safetensors headers, a few KiB each, never the tensors); and the ground-truth server
-reachable FROM this host. Success prints one JSON document with what was found.
+counts (threads, samples); the target and drafter folders; the prompts or ground-truth
+file; free RAM against the bytes the target's text part and the drafter will take in the
+job's dtype (read from the safetensors headers, a few KiB each, never the tensors); and the
+ground-truth server reachable FROM this host. Success prints one JSON document with what
+was found.
 """
 
 from __future__ import annotations
