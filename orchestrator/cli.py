@@ -7,6 +7,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from orchestrator.errors import DflashError
 
@@ -43,13 +44,44 @@ def _root(accept_new_host_keys: bool = typer.Option(
     hosts.ACCEPT_NEW_HOST_KEYS = accept_new_host_keys
 
 
+def _usage_error(exc: BaseException) -> bool:
+    """Whether `exc` is click's parse error (a bad option value, an unknown option). Typer
+    raises click's own classes or, in recent versions, those of its vendored copy of click,
+    so the class is recognised by its name rather than imported from one place."""
+    return any(c.__name__ == "ClickException" for c in type(exc).__mro__)
+
+
+def _run_app() -> int:
+    """Run the app; a parse error (``--samples 0``, ``--bogus``) is one line on stderr and
+    exit 2 instead of click's usage block. Returns the exit code."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        err_console.print("[yellow]aborted[/]")
+        return 1
+    except Exception as exc:
+        if not _usage_error(exc):
+            raise
+        message = exc.format_message().strip()
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `dflash`: the help, as click does
+            if message:
+                err_console.print(message, markup=False, highlight=False)
+            return exc.exit_code
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+        err_console.print(f"[bold red]error:[/] {escape(message + hint)}", soft_wrap=True)
+        return exc.exit_code
+    return code if isinstance(code, int) else 0
+
+
 def main() -> None:
     """Run the CLI; a `DflashError` becomes one red line on stderr and its exit code."""
     try:
-        app()
+        code = _run_app()
     except DflashError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         sys.exit(130)
+    sys.exit(code)

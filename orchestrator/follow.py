@@ -69,6 +69,15 @@ class FollowOptions:
     results_dir: str | os.PathLike | None = None
     state_dir: str | os.PathLike | None = None
 
+    def __post_init__(self) -> None:
+        """Refuse a count no follow can run with before anything connects (the eval's own
+        options check themselves)."""
+        if self.keep is not None and (isinstance(self.keep, bool) or not isinstance(
+                self.keep, int) or self.keep < 1):
+            raise DflashError(f"--keep must be a whole number of at least 1, got {self.keep!r}")
+        if not self.interval > 0:
+            raise DflashError(f"--interval must be more than 0 seconds, got {self.interval!r}")
+
 
 class FollowEvents:
     """What follow reports while it works; the CLI draws it, tests hook into it."""

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import yaml
 
 from orchestrator.errors import DflashError
+from remote.groundtruth import KINDS as GT_KINDS
 
 ENV_VAR = "DFLASH_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
@@ -116,6 +117,10 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _count(v: Any) -> bool:
+    return _int(v) and v >= 1
+
+
 def _port(v: Any) -> bool:
     return _int(v) and 1 <= v <= 65535
 
@@ -137,6 +142,7 @@ def _one_of(*choices: str) -> Callable[[Any], bool]:
 
 _str.__doc__ = "a non-empty string"
 _int.__doc__ = "an integer"
+_count.__doc__ = "a whole number of at least 1"
 _port.__doc__ = "a port number (1-65535)"
 _pos_number.__doc__ = "a positive number"
 _bool.__doc__ = "true or false"
@@ -174,13 +180,13 @@ ROLE_KEYS: dict[str, tuple[type, dict[str, Callable[[Any], bool]], tuple[str, ..
         "drafters": _str,
         "target_model": _str,
         "ground_truth": _str,
-        "ground_truth_kind": _one_of("sglang", "openai", "openai-text", "file", "local"),
+        "ground_truth_kind": _one_of(*GT_KINDS),
         "prompts": _str,
-        "threads": _int,
+        "threads": _count,
         "dtype": _one_of("bfloat16", "float32"),
         "ground_truth_model": _str,
-        "max_new_tokens": _int,
-        "samples": _int,
+        "max_new_tokens": _count,
+        "samples": _count,
         "reserve": _size,
     }, ("drafters",)),
 }
@@ -188,7 +194,7 @@ DEFAULT_KEYS: dict[str, Callable[[Any], bool]] = {
     "relay_from": _str,
     "relay_to": _str,
     "eval_host": _str,
-    "keep": _int,
+    "keep": _count,
     "results_dir": _str,
 }
 HOST_REFERENCES = ("relay_from", "relay_to", "eval_host")

@@ -32,6 +32,7 @@ from orchestrator import bundle
 from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.hosts import Host, HostError, Result, last_line, open_host
 from orchestrator.inventory import HostSpec, Inventory
+from remote.groundtruth import KINDS as GT_KINDS
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"
@@ -76,6 +77,34 @@ class EvalOptions:
     stop_after: str | None = None
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Refuse values no eval can run with, before anything connects: a zero or negative
+        count is never replaced by the inventory's value, and a non-greedy temperature, an
+        unknown ground-truth kind or a missing local prompts file never reaches a host."""
+        for name in ("samples", "max_new_tokens", "threads", "topk"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise DflashError(f"--{name.replace('_', '-')} must be a whole number of at "
+                                  f"least 1, got {value!r}")
+        if not self.budgets or not all(_is_int(b) and b >= 1 for b in self.budgets):
+            raise DflashError(f"--budgets must be whole numbers of at least 1, got "
+                              f"{','.join(map(str, self.budgets)) or 'none'}")
+        if self.temperature != 0.0:
+            raise DflashError(f"temperature {self.temperature} refused: ground truth must be "
+                              "greedy (temperature 0) for acceptance to mean anything")
+        if self.ground_truth_kind is not None and self.ground_truth_kind not in GT_KINDS:
+            raise DflashError(f"unknown --ground-truth-kind {self.ground_truth_kind!r} (one "
+                              f"of {', '.join(GT_KINDS)})")
+        if self.prompts is not None and not self.prompts.startswith("host:"):
+            local_prompts(self.prompts)
+        if not self.ground_truth_timeout > 0:
+            raise DflashError(f"the ground-truth timeout must be positive, got "
+                              f"{self.ground_truth_timeout!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
 
 @dataclass
 class JobRef:
@@ -101,18 +130,23 @@ def builtin_prompt_sets() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PROMPTS_DIR.glob("*.jsonl"))}
 
 
+def local_prompts(prompts: str) -> Path:
+    """The file of a built-in set name or a local JSONL path; a one-line error otherwise."""
+    sets = builtin_prompt_sets()
+    if prompts in sets:
+        return sets[prompts]
+    local = Path(prompts).expanduser()
+    if not local.is_file():
+        raise DflashError(f"prompts {prompts!r} is neither a built-in set "
+                          f"({', '.join(sets)}) nor a local file; for a file on the host "
+                          "write host:/path")
+    return local
+
+
 def push_prompts(host: Host, prompts: str) -> dict:
     """Put a built-in set or a local file on the host (content-addressed, pushed only when
     missing); returns the spec's ``prompts`` entry."""
-    sets = builtin_prompt_sets()
-    if prompts in sets:
-        local = sets[prompts]
-    else:
-        local = Path(prompts).expanduser()
-        if not local.is_file():
-            raise DflashError(f"prompts {prompts!r} is neither a built-in set "
-                              f"({', '.join(sets)}) nor a local file; for a file on the host "
-                              "write host:/path")
+    local = local_prompts(prompts)
     data = local.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     remote = f"{host.workdir}/prompts/{digest[:16]}-{local.stem}.jsonl"
@@ -149,6 +183,12 @@ def resolve_checkpoint(host: Host, spec: HostSpec, checkpoint: str) -> str:
     return f"{host.expand(spec.eval.drafters).rstrip('/')}/{checkpoint}"
 
 
+def _given(value, default):
+    """The option when it was given (even a falsy one: zero is refused, never replaced),
+    else the inventory's default."""
+    return default if value is None else value
+
+
 def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions) -> dict:
     """The job spec (``dflash.job/1``) for evaluating `checkpoint` on `host`."""
     role = spec.eval
@@ -163,9 +203,6 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
                           "roles.eval.ground_truth in the inventory or pass --ground-truth")
     if kind == "file" and not source:
         raise DflashError("ground truth kind 'file' needs --ground-truth PATH (on the host)")
-    if options.temperature != 0.0:
-        raise DflashError(f"temperature {options.temperature} refused: ground truth must be "
-                          "greedy (temperature 0) for acceptance to mean anything")
     gt = {"kind": kind, "timeout": options.ground_truth_timeout,
           "model": options.ground_truth_model or (role.ground_truth_model if role else None)}
     if kind == "file":
@@ -181,12 +218,12 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
         "drafter": resolve_checkpoint(host, spec, checkpoint),
         "target": host.expand(target),
         "dtype": options.dtype or (role.dtype if role else "bfloat16"),
-        "threads": options.threads or (role.threads if role else None),
-        "samples": options.samples or (role.samples if role else None),
+        "threads": _given(options.threads, (role.threads if role else None)),
+        "samples": _given(options.samples, (role.samples if role else None)),
         "seed": options.seed,
         "thinking": options.thinking,
-        "sampling": {"temperature": 0.0, "max_new_tokens": options.max_new_tokens
-                     or (role.max_new_tokens if role else 256)},
+        "sampling": {"temperature": 0.0, "max_new_tokens": _given(
+            options.max_new_tokens, role.max_new_tokens if role else 256)},
         "ground_truth": gt,
         "eval": {"budgets": list(options.budgets), "topk": options.topk, **options.extra},
         "stop_after": options.stop_after,

@@ -22,9 +22,19 @@ Prompts are JSONL, z-lab's ``{"turns": [...]}`` (the first turn is the user mess
 The result is cached in ``<workdir>/groundtruth/<key>.jsonl`` where ``key`` hashes the
 target's identity (its path, config and weight files' sizes), the exact prompt ids (so
 the prompt file, the selection, the template and the thinking flag are all in it), the
-sampling parameters and the kind of source: the next checkpoint evaluated against the same
-prompts reuses it. Only greedy decoding is accepted: a ground truth sampled at temperature
-> 0 is not what speculative decoding with greedy verification reproduces.
+sampling parameters, the kind of source and, for a server, its URL and the model it serves
+as it reports it (SGLang ``GET /get_model_info`` -> ``model_path``; OpenAI-compatible
+``GET /v1/models`` -> ``id`` and ``root``): the next checkpoint evaluated against the same
+prompts and the same server reuses it, another server or model never does. Every
+completion is validated (integer ids inside the target's vocabulary, non-empty, at most
+``max_new_tokens``) BEFORE anything is cached, so a bad server's answer is refused in one
+line and never reused; a cache entry that fails the same checks is ignored. The info
+returned (and recorded in the result) says whether the ground truth came from the cache and
+which source made it (``source``: kind, URL, model, time).
+
+Only greedy decoding is accepted: a ground truth sampled at temperature > 0 is not what
+speculative decoding with greedy verification reproduces. A server whose answer reports
+non-greedy sampling parameters is refused the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +54,9 @@ from typing import Any, Callable, Iterator
 from remote.errors import UserError
 
 KINDS = ("sglang", "openai", "openai-text", "file", "local")
+SERVER_KINDS = ("sglang", "openai", "openai-text")
+# Bumped when what a cache entry means changes, so older entries are never hit.
+CACHE_VERSION = 2
 DEFAULT_TIMEOUT = 300.0
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -133,28 +146,91 @@ def target_identity(target: str) -> dict:
     return {"path": str(root.resolve()), "config_sha256": config_hash, "weights": files}
 
 
-def cache_key(identity: dict, prompt_ids: list[list[int]], sampling: dict, kind: str) -> str:
+def cache_key(identity: dict, prompt_ids: list[list[int]], sampling: dict, kind: str,
+              source: dict | None = None) -> str:
+    """The cache entry's name: a hash of the target's identity, the sampling parameters, the
+    kind of source, the source's own identity (URL and served model, `served_model`) and
+    every prompt's exact ids."""
     h = hashlib.sha256()
-    h.update(json.dumps({"target": identity, "sampling": sampling, "kind": kind},
-                        sort_keys=True).encode())
+    h.update(json.dumps({"v": CACHE_VERSION, "target": identity, "sampling": sampling,
+                         "kind": kind, "source": source or {}}, sort_keys=True).encode())
     for ids in prompt_ids:
         h.update(json.dumps(ids).encode() + b"\n")
     return h.hexdigest()[:24]
 
 
+def non_greedy(params: dict) -> str | None:
+    """None when `params` (sampling parameters a job asks for, or that a server reports it
+    used) mean greedy decoding, else the offending values as text. Temperature 0 is greedy
+    whatever top_p/top_k say (servers ignore them then), and so is top_k 1; ``do_sample``
+    true is sampling. A missing temperature counts as 0."""
+    temperature = params.get("temperature", 0.0)
+    top_k, top_p = params.get("top_k"), params.get("top_p")
+    try:
+        greedy = float(0.0 if temperature is None else temperature) == 0.0
+    except (TypeError, ValueError):
+        greedy = False
+    if top_k == 1 and not isinstance(top_k, bool):
+        greedy = True
+    if params.get("do_sample") is True:
+        greedy = False
+    if greedy:
+        return None
+    shown = {"temperature": temperature, "top_p": top_p, "top_k": top_k,
+             "do_sample": params.get("do_sample")}
+    return ", ".join(f"{k}={v}" for k, v in shown.items() if v is not None)
+
+
 def check_greedy(sampling: dict) -> dict:
     """The sampling parameters, normalised; anything but greedy decoding is refused."""
-    temperature = float(sampling.get("temperature", 0.0))
-    top_k = sampling.get("top_k")
-    top_p = sampling.get("top_p")
-    if temperature != 0.0 or (top_p not in (None, 1, 1.0)) or (top_k not in (None, -1, 0, 1)):
-        raise UserError(f"ground truth must be greedy (temperature 0); got temperature="
-                        f"{temperature}, top_p={top_p}, top_k={top_k}. Acceptance under "
-                        "greedy verification is only defined against greedy completions")
-    max_new = int(sampling.get("max_new_tokens", 256))
+    problem = non_greedy(sampling)
+    if problem:
+        raise UserError(f"ground truth must be greedy (temperature 0); got {problem}. "
+                        "Acceptance under greedy verification is only defined against greedy "
+                        "completions")
+    try:
+        max_new = int(sampling.get("max_new_tokens", 256))
+    except (TypeError, ValueError):
+        raise UserError(f"max_new_tokens must be an integer, got "
+                        f"{sampling.get('max_new_tokens')!r}") from None
     if max_new < 1:
         raise UserError(f"max_new_tokens must be at least 1, got {max_new}")
     return {"temperature": 0.0, "max_new_tokens": max_new}
+
+
+def target_vocab_size(target: str, tokenizer) -> int:
+    """How many token ids the target has: its (text) config's ``vocab_size`` (the rows of
+    its embedding), else the tokenizer's length."""
+    from remote.target import read_config
+
+    try:
+        vocab = read_config(target).get_text_config().vocab_size
+    except (UserError, AttributeError):
+        vocab = None
+    return int(vocab) if isinstance(vocab, int) and vocab > 0 else len(tokenizer)
+
+
+def check_completion(ids: Any, *, vocab: int, max_new: int | None, prompt_id: str,
+                     source: str, target: str) -> list[int]:
+    """`ids` if they can be the target's greedy completion: a non-empty list of integer
+    ids, each inside the vocabulary, at most `max_new` of them (None: any number, for
+    retokenised text). Otherwise one UserError naming the source (a server URL, or the
+    local generation) and the bad value."""
+    if not _int_list(ids):
+        raise UserError(f"ground truth from {source} for prompt {prompt_id} is not a list of "
+                        "integer token ids; nothing was cached")
+    if not ids:
+        raise UserError(f"ground truth from {source} for prompt {prompt_id} is empty (the "
+                        "target stopped at once); drop that prompt or check the server")
+    if max_new is not None and len(ids) > max_new:
+        raise UserError(f"ground truth from {source} for prompt {prompt_id} has {len(ids)} "
+                        f"token ids, more than max_new_tokens {max_new}; nothing was cached")
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise UserError(f"ground truth from {source} for prompt {prompt_id} holds token id "
+                        f"{bad}, outside the target's vocabulary (0..{vocab - 1}): it serves "
+                        f"another model or tokenizer than {target}; nothing was cached")
+    return ids
 
 
 # ---- HTTP -------------------------------------------------------------------------------
@@ -226,31 +302,83 @@ def _int_list(value: Any) -> bool:
                                            for v in value)
 
 
-def sglang_generate(url: str, prompt_ids: list[int], sampling: dict, timeout: float) -> list[int]:
-    answer = http_json(endpoint(url, "sglang"), {
+def reported_sampling(answer: Any) -> dict:
+    """The sampling parameters a server's answer says it used, where it says any: keys
+    ``temperature``, ``top_p``, ``top_k``, ``do_sample`` at the top, in SGLang's
+    ``meta_info``, in an OpenAI ``choices[0]``, or in a ``sampling_params`` object of any of
+    those. Empty when the answer reports nothing (most servers)."""
+    found: dict = {}
+    places = [answer] if isinstance(answer, dict) else []
+    if places:
+        places.append(answer.get("meta_info"))
+        choices = answer.get("choices")
+        if isinstance(choices, list) and choices:
+            places.append(choices[0])
+    for place in list(places):
+        if isinstance(place, dict):
+            places.append(place.get("sampling_params"))
+    for place in places:
+        if isinstance(place, dict):
+            for key in ("temperature", "top_p", "top_k", "do_sample"):
+                if key in place and key not in found:
+                    found[key] = place[key]
+    return found
+
+
+def check_answer_greedy(answer: Any, url: str) -> None:
+    """Refuse an answer whose server reports it sampled instead of decoding greedily."""
+    problem = non_greedy(reported_sampling(answer))
+    if problem:
+        raise UserError(f"ground truth server {url} reports non-greedy sampling ({problem}) "
+                        "although temperature 0 was asked; tau must be measured against "
+                        "greedy completions, so its answer is refused: serve the target "
+                        "without sampling overrides")
+
+
+def sglang_generate(url: str, prompt_ids: list[int], sampling: dict, timeout: float) -> Any:
+    """SGLang's ``output_ids`` for one prompt, unchecked (see `check_completion`)."""
+    ep = endpoint(url, "sglang")
+    answer = http_json(ep, {
         "input_ids": prompt_ids,
         "sampling_params": {"temperature": 0.0, "max_new_tokens": sampling["max_new_tokens"]},
     }, timeout)
     if isinstance(answer, list) and len(answer) == 1:  # a batch of one
         answer = answer[0]
     ids = answer.get("output_ids") if isinstance(answer, dict) else None
-    if not _int_list(ids):
-        raise UserError(f"ground truth server {endpoint(url, 'sglang')} answered without an "
-                        "'output_ids' list of token ids; is it SGLang's native server?")
+    if not isinstance(ids, list):
+        raise UserError(f"ground truth server {ep} answered without an 'output_ids' list of "
+                        "token ids; is it SGLang's native server?")
+    check_answer_greedy(answer, ep)
     return ids
 
 
-def openai_model_name(url: str, model: str | None, timeout: float) -> str | None:
-    """The served model name: given, else the first one /v1/models lists, else None (the
-    request then names no model and a single-model server uses its own)."""
-    if model:
-        return model
+def served_model(kind: str, url: str, model: str | None, timeout: float) -> dict:
+    """The model a server says it serves, for the cache key and the result's provenance:
+    SGLang's ``GET /get_model_info`` ``model_path``; for OpenAI-compatible servers the name
+    used (given, else the first ``GET /v1/models`` lists) and that entry's ``root`` (the
+    weights' path, as vLLM and SGLang report it). A value the server does not report is
+    None (the request then names no model and a single-model server uses its own)."""
+    timeout = min(timeout, 30.0)
+    if kind == "sglang":
+        base = endpoint(url, "sglang")[:-len("/generate")]
+        try:
+            info = http_json(base + "/get_model_info", None, timeout)
+        except UserError:
+            info = None
+        path = info.get("model_path") if isinstance(info, dict) else None
+        return {"model": path if isinstance(path, str) and path else None}
     base = endpoint(url, "openai").rsplit("/completions", 1)[0]
     try:
-        listing = http_json(base + "/models", None, min(timeout, 30.0))
-        return str(listing["data"][0]["id"])
-    except (UserError, KeyError, IndexError, TypeError):
-        return None
+        listing = http_json(base + "/models", None, timeout)
+    except UserError:
+        listing = None
+    entries = listing.get("data") if isinstance(listing, dict) else None
+    entries = [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)] \
+        if isinstance(entries, list) else []
+    name = model or (entries[0]["id"] if entries else None)
+    entry = next((e for e in entries if e["id"] == name), {})
+    root = entry.get("root")
+    return {"model": name, "model_root": root if isinstance(root, str) and root else None}
 
 
 def _with_model(payload: dict, model: str | None) -> dict:
@@ -258,7 +386,8 @@ def _with_model(payload: dict, model: str | None) -> dict:
 
 
 def openai_completion_ids(url: str, model: str | None, prompt_ids: list[int], sampling: dict,
-                          timeout: float) -> list[int]:
+                          timeout: float) -> Any:
+    """``choices[0].token_ids`` for one prompt, unchecked (see `check_completion`)."""
     ep = endpoint(url, "openai")
     answer = http_json(ep, _with_model({"prompt": prompt_ids,
                                         "max_tokens": sampling["max_new_tokens"],
@@ -270,10 +399,11 @@ def openai_completion_ids(url: str, model: str | None, prompt_ids: list[int], sa
         raise UserError(f"ground truth server {ep} answered without 'choices'; is it an "
                         "OpenAI-compatible completions endpoint?")
     ids = choice.get("token_ids") if isinstance(choice, dict) else None
-    if not _int_list(ids):
+    if not isinstance(ids, list):
         raise UserError(f"ground truth server {ep} returned no token ids (choices[0].token_ids);"
                         " it needs return_token_ids support (vLLM >= 0.10.2, recent SGLang), "
                         "or use ground_truth_kind openai-text (text only, retokenised)")
+    check_answer_greedy(answer, ep)
     echoed = choice.get("prompt_token_ids", answer.get("prompt_token_ids"))
     if _int_list(echoed) and echoed and echoed != prompt_ids:
         raise UserError(f"ground truth server {ep} tokenised the prompt differently "
@@ -296,6 +426,7 @@ def openai_completion_text(url: str, model: str | None, prompt_text: str, sampli
     if not isinstance(text, str):
         raise UserError(f"ground truth server {ep} answered without choices[0].text; is it "
                         "an OpenAI-compatible completions endpoint?")
+    check_answer_greedy(answer, ep)
     count = (answer.get("usage") or {}).get("completion_tokens")
     return text, count if isinstance(count, int) else None
 
@@ -375,11 +506,41 @@ def write_jsonl_atomic(path: Path, records: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def _read_cache(path: Path, meta_path: Path, prompt_ids: list[list[int]],
+                check: Callable[[Any, str], list[int]]) -> tuple[list[dict], dict] | None:
+    """(records, meta) of a cache entry that passes every check, else None (missing,
+    unreadable, another prompt list, or ids that `check` refuses)."""
+    try:
+        meta = json.loads(meta_path.read_text())
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or len(records) != len(prompt_ids):
+        return None
+    try:
+        for r, ids in zip(records, prompt_ids):
+            if not isinstance(r, dict) or r.get("prompt_ids") != ids:
+                return None
+            check(r.get("completion_ids"), str(r.get("id")))
+    except UserError:
+        return None
+    return records, meta
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
 def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
     """Make (or reuse) the ground truth the job asks for.
 
     Returns (path of a JSONL file of ``{"id", "prompt_ids", "completion_ids"}``, info for
-    the result: kind, url, cache key, whether it was cached, warnings, retokenisation).
+    the result: kind, url, model, cache key, ``cached`` (whether it came from the cache),
+    ``source`` (kind, url, model, model_root, ``made``: when it was generated), warnings,
+    retokenisation). A server is asked which model it serves before the cache is looked
+    at; every completion is checked before anything is written.
     """
     gt = dict(spec.get("ground_truth") or {})
     kind = gt.get("kind", "sglang")
@@ -400,7 +561,8 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
         out = workdir / "jobs" / str(spec.get("job_id", "adhoc")) / "ground_truth.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         write_jsonl_atomic(out, records)
-        info.update(cached=False, samples=len(records), file=str(out))
+        info.update(cached=False, samples=len(records), file=str(out),
+                    source={"kind": "file", "path": gt["path"], "made": time.time()})
         emit("ground_truth", done=len(records), total=len(records), cached=False)
         return str(out), info
 
@@ -409,59 +571,78 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
     thinking = bool(spec.get("thinking", False))
     prompts = load_prompts(spec["prompts"]["path"], spec.get("samples"), int(spec.get("seed", 0)))
     rendered = [render_prompt(tokenizer, p["text"], thinking) for p in prompts]
-    key = cache_key(target_identity(target), [ids for _, ids in rendered], sampling, kind)
+    prompt_ids = [ids for _, ids in rendered]
+    identity = target_identity(target)
+    url = gt.get("url")
+    if kind in SERVER_KINDS:
+        if not url:
+            raise UserError(f"ground truth kind {kind!r} needs a server URL")
+        problem = reachable(url, min(timeout, 10.0))
+        if problem:
+            raise UserError(problem)
+        # Who answers is part of what the ground truth is: another URL or another served
+        # model is another cache entry.
+        source = {"kind": kind, "url": endpoint(url, kind),
+                  **served_model(kind, url, gt.get("model"), timeout)}
+        where = f"server {source['url']}" + (f" ({source['model']})" if source["model"] else "")
+    else:  # local: the target itself, on this host
+        source = {"kind": kind, "url": None, "model": identity["path"]}
+        where = f"local generation with {target}"
+    info["model"] = source.get("model")
+    vocab = target_vocab_size(target, tokenizer)
+
+    def check(ids: Any, prompt_id: str) -> list[int]:
+        # Retokenised text may take more ids than the server generated: no length bound.
+        limit = None if kind == "openai-text" else sampling["max_new_tokens"]
+        return check_completion(ids, vocab=vocab, max_new=limit, prompt_id=prompt_id,
+                                source=where, target=target)
+
+    key = cache_key(identity, prompt_ids, sampling, kind, source)
     cache_dir = workdir / "groundtruth"
     cache_dir.mkdir(parents=True, exist_ok=True)
     path, meta_path = cache_dir / f"{key}.jsonl", cache_dir / f"{key}.json"
     info.update(cache_key=key, file=str(path), thinking=thinking, samples=len(prompts))
-    if path.is_file() and meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
+    hit = _read_cache(path, meta_path, prompt_ids, check) \
+        if path.is_file() and meta_path.is_file() else None
+    if hit is not None:
+        meta = hit[1]
         info.update(cached=True, warnings=meta.get("warnings", []),
-                    retokenisation=meta.get("retokenisation"), generated=meta.get("generated"))
+                    retokenisation=meta.get("retokenisation"), generated=meta.get("generated"),
+                    source=meta.get("source") or {**source, "made": meta.get("generated")})
         for w in info["warnings"]:
             emit("warning", message=w)
         emit("ground_truth", done=len(prompts), total=len(prompts), cached=True)
         return str(path), info
 
-    if kind in ("sglang", "openai", "openai-text"):
-        if not gt.get("url"):
-            raise UserError(f"ground truth kind {kind!r} needs a server URL")
-        problem = reachable(gt["url"], min(timeout, 10.0))
-        if problem:
-            raise UserError(problem)
     if kind == "openai-text":
-        warning = (f"ground truth from a TEXT-only server ({gt['url']}): completions are "
+        warning = (f"ground truth from a TEXT-only server ({url}): completions are "
                    "retokenised with the target's tokenizer, which does not always give the "
                    "ids the server generated; see the retokenisation mismatch rate")
         info["warnings"].append(warning)
         emit("warning", message=warning)
 
     generator = None
-    model_name = None
+    model_name = source.get("model")
     if kind == "local":
         generator = LocalGenerator(target, spec.get("dtype", "bfloat16"), spec.get("threads"))
-    elif kind in ("openai", "openai-text"):
-        model_name = openai_model_name(gt["url"], gt.get("model"), timeout)
-        info["model"] = model_name
     records = []
     mismatched = 0
     started = time.time()
     for i, (prompt, (text, ids)) in enumerate(zip(prompts, rendered)):
         if kind == "sglang":
-            completion = sglang_generate(gt["url"], ids, sampling, timeout)
+            completion = sglang_generate(url, ids, sampling, timeout)
         elif kind == "openai":
-            completion = openai_completion_ids(gt["url"], model_name, ids, sampling, timeout)
+            completion = openai_completion_ids(url, model_name, ids, sampling, timeout)
         elif kind == "openai-text":
-            ctext, count = openai_completion_text(gt["url"], model_name, text, sampling,
-                                                  timeout)
+            ctext, count = openai_completion_text(url, model_name, text, sampling, timeout)
             completion = list(tokenizer(ctext, add_special_tokens=False)["input_ids"])
             if not retokenisation_check(tokenizer, text, ids, ctext, completion, count):
                 mismatched += 1
         else:
             completion = generator.generate(ids, sampling)
-        if not completion:
-            raise UserError(f"ground truth for prompt {prompt['id']} is empty (the target "
-                            "stopped at once); drop that prompt or check the server")
+        # Checked as it arrives, and all before the cache is written: a bad answer is
+        # refused here and never reused by a later run.
+        check(completion, prompt["id"])
         records.append({"id": prompt["id"], "prompt_ids": ids, "completion_ids": completion})
         emit("ground_truth", done=i + 1, total=len(prompts), cached=False,
              tokens=len(completion))
@@ -478,12 +659,13 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
                        "from what the server generated")
             info["warnings"].append(warning)
             emit("warning", message=warning)
-    info.update(cached=False, generated=time.time(), seconds=round(time.time() - started, 3))
+    generated = time.time()
+    info.update(cached=False, generated=generated, seconds=round(generated - started, 3),
+                source={**source, "made": generated})
     write_jsonl_atomic(path, records)
     meta = {k: info[k] for k in ("kind", "url", "model", "sampling", "thinking", "samples",
-                                 "warnings", "retokenisation", "generated") if k in info}
-    meta["target"] = target_identity(target)
-    meta_tmp = meta_path.with_name(f".{meta_path.name}.tmp-{os.getpid()}")
-    meta_tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(meta_tmp, meta_path)
+                                 "warnings", "retokenisation", "generated", "source")
+            if k in info}
+    meta["target"] = identity
+    _write_json_atomic(meta_path, meta)
     return str(path), info

@@ -2,10 +2,11 @@
 
 Checks, in order, each failure one line (a `UserError`): the python version; torch,
 transformers and safetensors installed (from package metadata, nothing imported); the
-target and drafter folders; the prompts or ground-truth file; free RAM against the bytes
-the target's text part and the drafter will take in the job's dtype (read from the
-safetensors headers, a few KiB each, never the tensors); and the ground-truth server
-reachable FROM this host. Success prints one JSON document with what was found.
+counts (threads, samples); the target and drafter folders; the prompts or ground-truth
+file; free RAM against the bytes the target's text part and the drafter will take in the
+job's dtype (read from the safetensors headers, a few KiB each, never the tensors); and the
+ground-truth server reachable FROM this host. Success prints one JSON document with what
+was found.
 """
 
 from __future__ import annotations
@@ -104,6 +105,12 @@ def check(spec: dict) -> dict:
                         "them there (pip install 'dflash[eval]' deps) or point 'python:' at "
                         "the right environment")
     report["packages"] = versions
+    for key in ("threads", "samples"):
+        # A count the job would only trip over after the ground-truth phase: refused now.
+        value = spec.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 1):
+            raise UserError(f"{key} must be a whole number of at least 1, got {value!r}")
     dtype = spec.get("dtype", "bfloat16")
     if dtype not in DTYPE_BYTES:
         raise UserError(f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_BYTES)})")

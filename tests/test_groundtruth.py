@@ -18,6 +18,7 @@ import pytest
 from remote import groundtruth
 from remote.errors import UserError
 from tests.reval_fixtures import gt_server, prompts_file, server, tiny_target  # noqa: F401
+from tests.scripted_server import ScriptedServer, ids_reply
 
 MAX_NEW = 10
 
@@ -92,6 +93,97 @@ def test_sglang_generate_gives_greedy_ids_and_is_cached(tmp_path, tiny_target, p
     spec["sampling"]["max_new_tokens"] = MAX_NEW + 2
     _, info3 = groundtruth.prepare(spec)
     assert info3["cached"] is False and info3["cache_key"] != info["cache_key"]
+
+
+def _cache_files(spec: dict) -> list[Path]:
+    return sorted((Path(spec["workdir"]) / "groundtruth").glob("*.json*"))
+
+
+def test_a_bad_servers_ids_are_never_cached_nor_given_to_a_later_server(
+        tmp_path, tiny_target, prompts_file, server):
+    """Ids outside the target's vocabulary are refused in one line naming the server and
+    the id, before anything is cached; the real server asked next generates its own (and
+    the result names it), instead of being handed the bad server's ids."""
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang")
+    with ScriptedServer(ids_reply([5, 100_000])) as bad:
+        spec["ground_truth"]["url"] = bad.url
+        with pytest.raises(UserError) as err:
+            groundtruth.prepare(spec)
+    line = str(err.value)
+    assert "\n" not in line and f"{bad.url}/generate" in line
+    assert "token id 100000, outside the target's vocabulary (0..319)" in line
+    assert _cache_files(spec) == []
+    spec["ground_truth"]["url"] = server.url
+    path, info = groundtruth.prepare(spec)
+    assert info["cached"] is False and len(server.requests) == 3
+    for r in read(path):
+        assert r["completion_ids"] == server.greedy(r["prompt_ids"], MAX_NEW)
+    assert info["source"]["url"] == f"{server.url}/generate"
+    assert info["source"]["model"] == server.model_path  # as /get_model_info reports it
+
+
+@pytest.mark.parametrize("kind", ["sglang", "openai"])
+def test_cache_key_names_the_server_and_the_model_it_serves(tmp_path, tiny_target,
+                                                           prompts_file, server, kind):
+    """Same target, prompts and sampling: another URL, or another model behind the same URL,
+    is another ground truth. A cache hit says so, and names the source that made it."""
+    spec = make_spec(tmp_path, tiny_target, prompts_file, kind)
+    with ScriptedServer(ids_reply([5, 6, 7]), model_path="/models/a") as scripted:
+        spec["ground_truth"]["url"] = scripted.url
+        path, first = groundtruth.prepare(spec)
+        src = first["source"]
+        assert first["cached"] is False and src["kind"] == kind
+        assert src["url"].startswith(scripted.url) and isinstance(src["made"], float)
+        if kind == "sglang":
+            assert src["model"] == "/models/a"
+        else:
+            assert src["model"] == "served" and src["model_root"] == "/models/a"
+        assert all(r["completion_ids"] == [5, 6, 7] for r in read(path))
+        asked = len(scripted.requests)
+        again_path, again = groundtruth.prepare(spec)
+        assert again["cached"] is True and again_path == path
+        assert again["source"] == src and len(scripted.requests) == asked
+        # The operator restarts the server on the same port with other weights.
+        scripted.model_path = "/models/b"
+        other_path, other = groundtruth.prepare(spec)
+        assert other["cached"] is False and other_path != path
+        assert (other["source"].get("model_root") or other["source"]["model"]) == "/models/b"
+    # Another server (the real one) for the same prompts: its own greedy ids, not [5, 6, 7].
+    spec["ground_truth"]["url"] = server.url + ("/v1" if kind == "openai" else "")
+    real_path, real = groundtruth.prepare(spec)
+    assert real["cached"] is False and real["source"]["url"].startswith(server.url)
+    for r in read(real_path):
+        assert r["completion_ids"] == server.greedy(r["prompt_ids"], MAX_NEW)
+    assert len(_cache_files(spec)) == 6  # three entries, data and meta each
+
+
+def test_a_damaged_cache_entry_is_ignored_and_remade(tmp_path, tiny_target, prompts_file,
+                                                    server):
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
+    path, _ = groundtruth.prepare(spec)
+    good = Path(path).read_text()
+    Path(path).write_text(good.replace('"completion_ids": [', '"completion_ids": [999999, ', 1))
+    _, info = groundtruth.prepare(spec)
+    assert info["cached"] is False and Path(path).read_text() == good
+
+
+@pytest.mark.parametrize("kind,answer", [
+    ("sglang", {"output_ids": [5, 6], "meta_info": {"sampling_params": {"temperature": 0.8}}}),
+    ("openai", {"choices": [{"token_ids": [5, 6], "temperature": 0.8}]}),
+], ids=["sglang-meta-info", "openai-choice"])
+def test_a_server_reporting_sampling_is_refused(tmp_path, tiny_target, prompts_file, kind,
+                                               answer):
+    """Temperature 0 was asked, the server says it sampled: refused (tau is only defined
+    against greedy completions), in one line naming the server; nothing cached."""
+    spec = make_spec(tmp_path, tiny_target, prompts_file, kind)
+    with ScriptedServer(lambda path, body: answer) as sampled:
+        spec["ground_truth"]["url"] = sampled.url
+        with pytest.raises(UserError) as err:
+            groundtruth.prepare(spec)
+    line = str(err.value)
+    assert "\n" not in line and sampled.url in line
+    assert "reports non-greedy sampling (temperature=0.8)" in line and "greedy" in line
+    assert _cache_files(spec) == []
 
 
 def test_openai_completions_with_token_ids(tmp_path, tiny_target, prompts_file, server):
@@ -203,6 +295,8 @@ def test_local_generation_and_file_source(tmp_path, tiny_target, prompts_file, s
     path, info = groundtruth.prepare(make_spec(tmp_path / "l", tiny_target, prompts_file,
                                                "local"))
     local = read(path)
+    assert info["source"]["kind"] == "local" and info["source"]["url"] is None
+    assert info["source"]["model"] == str(tiny_target.resolve())
     served, _ = groundtruth.prepare(make_spec(tmp_path / "s", tiny_target, prompts_file,
                                               "sglang", server.url))
     assert local == read(served)  # float32, same target: the same greedy ids

@@ -100,6 +100,10 @@ def test_remote_eval_pulls_results_second_run_reuses_bundle_and_ground_truth(
     assert result["metrics"]["samples"] == 3
     src = result["inputs"]["ground_truth_source"]
     assert src["kind"] == "sglang" and src["url"] == server.url and src["cached"] is True
+    # Which source made the cached ground truth: this server, this model, at the first run.
+    made = src["source"]
+    assert made["url"] == f"{server.url}/generate" and made["model"] == server.model_path
+    assert made["made"] < result["job"]["created"]
     assert result["inputs"]["dtype"] == "float32" and result["inputs"]["eval_engine"]
     assert out["summary"]["checkpoint"] == "step-12" and out["summary"]["step"] == 12
     for name in ("samples.jsonl", "spec.json", "ground_truth.json", "exit.json"):

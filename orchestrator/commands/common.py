@@ -22,6 +22,13 @@ InventoryOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 
+def positive(value: float | None) -> float | None:
+    """Option callback: a number that must be above 0 (Typer's `min` cannot exclude 0)."""
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be more than 0, got {value:g}")
+    return value
+
+
 def inventory(path: Optional[Path]) -> Inventory:
     return load_inventory(path)
 

@@ -13,7 +13,7 @@ from rich.table import Table
 from orchestrator import follow as follow_lib
 from orchestrator import remote_eval
 from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
-                                          inventory, print_json)
+                                          inventory, positive, print_json)
 from orchestrator.commands.relay import _RichProgress
 from orchestrator.commands.remote_eval import LiveProgress, _budgets
 from orchestrator.errors import DflashError
@@ -110,7 +110,8 @@ def follow_cmd(
         "--keep", min=1, help="Keep only the newest K relayed checkpoints on the eval host "
                               "(pruned after each eval; default: defaults.keep).")] = None,
     interval: Annotated[float, typer.Option(
-        "--interval", min=0.0, help="Seconds between looks at the trainer.")] = 60.0,
+        "--interval", callback=positive, help="Seconds between looks at the trainer.")
+    ] = 60.0,
     once: Annotated[bool, typer.Option(
         "--once", help="One pass (evaluate what is new now), then exit.")] = False,
     probe: Annotated[bool, typer.Option(
@@ -119,9 +120,9 @@ def follow_cmd(
     prompts: Annotated[Optional[str], typer.Option(
         help="Built-in set (math, code, chat), a local JSONL file, or host:/path "
              "(default: the inventory's).")] = None,
-    samples: Annotated[Optional[int], typer.Option(help="Prompts per eval.")] = None,
+    samples: Annotated[Optional[int], typer.Option(min=1, help="Prompts per eval.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(
-        help="Ground-truth completion length.")] = None,
+        min=1, help="Ground-truth completion length.")] = None,
     budgets: Annotated[Optional[str], typer.Option(
         help="DDTree node budgets, comma-separated (default 8,16,32,64).")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="bfloat16 | float32.")] = None,

@@ -21,7 +21,8 @@ def probe_command(
         "--drafter", help="DFlash drafter folder on the host to check against the model.")] = None,
     load: Annotated[bool, typer.Option(
         "--load", help="Load the text backbone and verify hidden states (reads weights).")] = False,
-    depth: Annotated[int, typer.Option("--depth", help="Module tree depth.")] = DEFAULT_DEPTH,
+    depth: Annotated[int, typer.Option("--depth", min=0, help="Module tree depth.")
+                     ] = DEFAULT_DEPTH,
     json_out: JsonOption = False,
     inventory_path: InventoryOption = None,
 ) -> None:

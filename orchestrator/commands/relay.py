@@ -92,8 +92,8 @@ def relay(
     dest: Annotated[Optional[list[str]], typer.Option(
         "--to", help="Eval host(s) or group(s), comma-separated or repeated; each file is "
                      "read once and written to all (default: defaults.relay_to).")] = None,
-    step: Annotated[Optional[int], typer.Option("--step", help="Relay the checkpoint of "
-                                                 "this training step.")] = None,
+    step: Annotated[Optional[int], typer.Option("--step", min=0, help="Relay the checkpoint "
+                                                 "of this training step.")] = None,
     latest: Annotated[bool, typer.Option("--latest", help="Relay the newest complete "
                                           "checkpoint (the default).")] = False,
     all_: Annotated[bool, typer.Option("--all", help="Relay every complete checkpoint.")]

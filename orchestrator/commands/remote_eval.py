@@ -185,9 +185,7 @@ def _budgets(text: Optional[str]) -> list[int]:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise DflashError(f"--budgets expects comma-separated integers, got {text!r}")
-    if any(b < 1 for b in out):
-        raise DflashError("--budgets must be positive")
-    return out
+    return out  # EvalOptions refuses budgets below 1
 
 
 def remote_eval_cmd(
@@ -209,10 +207,11 @@ def remote_eval_cmd(
     prompts: Annotated[Optional[str], typer.Option(
         help="Built-in set (math, code, chat), a local JSONL file, or host:/path.")] = None,
     samples: Annotated[Optional[int], typer.Option(
-        help="Evaluate this many prompts (seeded choice).")] = None,
+        min=1, help="Evaluate this many prompts (seeded choice).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the prompt choice.")] = 0,
     max_new_tokens: Annotated[Optional[int], typer.Option(
-        help="Ground-truth completion length (default: the inventory's, else 256).")] = None,
+        min=1, help="Ground-truth completion length (default: the inventory's, else 256).")
+    ] = None,
     thinking: Annotated[bool, typer.Option(
         "--thinking/--no-thinking", help="Chat template with thinking on or off "
         "(enable_thinking).")] = False,
@@ -229,11 +228,12 @@ def remote_eval_cmd(
         help="Target model folder on the host (default: the inventory's).")] = None,
     dtype: Annotated[Optional[str], typer.Option(
         help="bfloat16 | float32 (default: the inventory's).")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads on the host.")] = None,
+    threads: Annotated[Optional[int], typer.Option(
+        min=1, help="CPU threads on the host.")] = None,
     budgets: Annotated[Optional[str], typer.Option(
         help="DDTree node budgets, comma-separated (default 8,16,32,64).")] = None,
     topk: Annotated[Optional[int], typer.Option(
-        help="DDTree per-depth candidates (default: the budget).")] = None,
+        min=1, help="DDTree per-depth candidates (default: the budget).")] = None,
     positions: Annotated[Optional[str], typer.Option(
         help="Draft at 'all' completion positions (default; exact per-position acceptance) "
         "or only at the 'walk' positions (tau times fewer blocks, one at a time: pays for "

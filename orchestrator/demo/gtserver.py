@@ -26,6 +26,7 @@ class Greedy:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
+        self.model_dir = str(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self._lock = threading.Lock()  # one generate at a time: the HTTP server is threaded
@@ -54,6 +55,8 @@ class GroundTruthServer:
         self.model = self.greedy_model.model
         self.tokenizer = self.greedy_model.tokenizer
         self.model_name = model_name
+        # What it reports serving (SGLang's /get_model_info model_path, /v1/models root).
+        self.model_path = self.greedy_model.model_dir
         self.mode = "ok"
         self.delay = 5.0
         self.requests: list[tuple[str, dict]] = []
@@ -110,7 +113,11 @@ class GroundTruthServer:
             def do_GET(self):
                 if self.path == "/v1/models":
                     self._json({"object": "list", "data": [{"id": server.model_name,
-                                                            "object": "model"}]})
+                                                            "object": "model",
+                                                            "root": server.model_path}]})
+                elif self.path == "/get_model_info":
+                    self._json({"model_path": server.model_path,
+                                "tokenizer_path": server.model_path, "is_generation": True})
                 elif self.path in ("/health", "/"):
                     self._json({"status": "ok"})
                 else:

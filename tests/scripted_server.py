@@ -1,0 +1,81 @@
+"""A real HTTP server on loopback that answers what a test tells it to: SGLang's native
+``POST /generate`` and ``GET /get_model_info``, OpenAI-compatible ``POST /v1/completions``
+and ``GET /v1/models``. For the failures a real engine rarely shows on demand (ids outside
+the vocabulary, a sampled answer, another model behind the same URL), where the demo's
+`GroundTruthServer` always answers correctly."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+Reply = Callable[[str, dict], Any]
+
+
+def ids_reply(ids: list) -> Reply:
+    """Every POST answered with these completion ids, in both dialects."""
+    def reply(path: str, body: dict) -> Any:
+        if path == "/generate":
+            return {"text": "", "output_ids": ids, "meta_info": {"finish_reason": "length"}}
+        return {"choices": [{"index": 0, "text": "", "token_ids": ids,
+                             "prompt_token_ids": body.get("prompt")}]}
+    return reply
+
+
+class ScriptedServer:
+    """`reply(path, body)` makes each POST's JSON answer; `model_path` is the model the
+    server reports (None: it reports none, 404). ``requests`` logs the POSTs."""
+
+    def __init__(self, reply: Reply | None = None, model_path: str | None = "/models/a"):
+        self.reply = reply or ids_reply([5, 6, 7])
+        self.model_path = model_path
+        self.requests: list[tuple[str, dict]] = []
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> "ScriptedServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join()
+
+    def _handler(self):
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _json(self, obj: Any, code: int = 200) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/get_model_info" and server.model_path:
+                    self._json({"model_path": server.model_path, "is_generation": True})
+                elif self.path == "/v1/models" and server.model_path:
+                    self._json({"object": "list", "data": [
+                        {"id": "served", "object": "model", "root": server.model_path}]})
+                else:
+                    self._json({"detail": "Not Found"}, 404)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append((self.path, body))
+                self._json(server.reply(self.path, body))
+
+        return Handler
