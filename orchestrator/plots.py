@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import results as res
+from orchestrator.errors import DflashError
 
 DDTREE_MARKERS = ("s", "^", "v", "D", "P", "X")
 
@@ -146,6 +147,10 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
 def save_png(fig: Any, path: str | Path) -> Path:
     plt = _pyplot()
     path = Path(path)
+    if not path.parent.is_dir():
+        plt.close(fig)
+        raise DflashError(f"no folder {path.parent} to write {path.name} into; create it "
+                          "or give another path")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

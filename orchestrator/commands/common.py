@@ -22,6 +22,21 @@ InventoryOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 
+def _dtype(value: Optional[str]) -> Optional[str]:
+    from orchestrator.errors import DflashError
+    from orchestrator.remote_eval import normalise_dtype
+
+    try:
+        return normalise_dtype(value)
+    except DflashError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+DtypeOption = Annotated[Optional[str], typer.Option(
+    "--dtype", callback=_dtype,
+    help="bfloat16 (or bf16) | float32 (or fp32) (default: the inventory's).")]
+
+
 def inventory(path: Optional[Path]) -> Inventory:
     return load_inventory(path)
 
