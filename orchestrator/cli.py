@@ -7,6 +7,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from orchestrator.errors import DflashError
 
@@ -48,7 +49,8 @@ def main() -> None:
     try:
         app()
     except DflashError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        # Escaped: a message may hold brackets (pip extras, paths) that are not markup.
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")

@@ -74,8 +74,9 @@ def pct(v: Any) -> str:
 @results_app.command("list")
 def list_cmd(results_dir: ResultsDirOption = None, inventory_path: InventoryOption = None,
              json_out: JsonOption = False) -> None:
-    """Every run in the results folder, oldest first, by its full id (what show and
-    compare take; a unique prefix does too)."""
+    """Every run in the results folder, oldest first, by its full id.
+
+    show and compare take that id, or a unique prefix of it."""
     root = _root(results_dir, inventory_path)
     runs = res.list_runs(root)
     if json_out:
@@ -223,9 +224,11 @@ def compare_cmd(run_ids: Annotated[list[str], typer.Argument(
                 seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
                 results_dir: ResultsDirOption = None, inventory_path: InventoryOption = None,
                 json_out: JsonOption = False) -> None:
-    """Runs side by side, and each against the first paired sample by sample: mean delta
-    tau with a bootstrap 95% interval and the share of samples that improved. Runs over
-    different prompts, ground truth, target or dtype are reported as not comparable."""
+    """Runs side by side, and each against the first, paired sample by sample.
+
+    Reports the mean delta tau with a bootstrap 95% interval and the share of samples that
+    improved. Runs over different prompts, ground truth, target or dtype are reported as
+    not comparable."""
     if len(run_ids) < 2:
         raise DflashError("compare needs at least two runs")
     root = _root(results_dir, inventory_path)
@@ -302,8 +305,9 @@ def export_cmd(run_ids: RunsArgument = None,
                    "--output", "-o", help="Where to write (see --format).")] = Path("-"),
                results_dir: ResultsDirOption = None,
                inventory_path: InventoryOption = None) -> None:
-    """Export runs (default: all) to CSV, JSON lines, TensorBoard or Weights & Biases,
-    tau per training step, one tracker run per training run."""
+    """Export runs (default: all) to CSV, JSON lines, TensorBoard or W&B.
+
+    Trackers get tau per training step, one tracker run per training run."""
     if fmt_ not in exp.FORMATS:
         raise DflashError(f"unknown format {fmt_!r}; use one of {', '.join(exp.FORMATS)}")
     if str(out) == "-":
@@ -323,9 +327,11 @@ def report_cmd(run_ids: RunsArgument = None,
                title: Annotated[str, typer.Option(help="Page title.")] = "dflash results",
                results_dir: ResultsDirOption = None,
                inventory_path: InventoryOption = None) -> None:
-    """One self-contained HTML page (inline SVG, no scripts): tau by step with DDTree lines,
-    the comparison with paired deltas against the first run, and per run the histogram,
-    per-position acceptance with attempt counts, environment and provenance."""
+    """One self-contained HTML page of runs (default: all), plots inline.
+
+    Tau by step with DDTree lines, the comparison with paired deltas against the first
+    run, and per run the histogram, per-position acceptance with attempt counts,
+    environment and provenance. No scripts, no external files."""
     runs = _runs(run_ids, _root(results_dir, inventory_path))
     path = rep.write_report(runs, out, title)
     console.print(f"report of {len(runs)} run(s): {path}", soft_wrap=True)
