@@ -14,7 +14,6 @@ between different prompts or ground truths says nothing about the drafter.
 
 from __future__ import annotations
 
-import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -133,16 +132,23 @@ def sample_values(rec: dict, budget: str | None) -> float | None:
 
 def bootstrap_interval(diffs: list[float], resamples: int = RESAMPLES,
                        confidence: float = CONFIDENCE, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of `diffs` (seeded: reproducible)."""
+    """Percentile bootstrap interval of the mean of `diffs` (seeded: reproducible).
+    numpy draws the resamples in blocks: 1000 samples x 5000 resamples take milliseconds
+    (a pure-Python loop took 3 s per metric)."""
+    import numpy as np
+
     n = len(diffs)
     if n == 1:
         return diffs[0], diffs[0]
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(resamples))
+    values = np.asarray(diffs, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    block = max(1, 2_000_000 // n)  # indices per block <= 2M (16 MB)
+    means = np.concatenate([
+        values[rng.integers(0, n, size=(min(block, resamples - start), n))].mean(axis=1)
+        for start in range(0, resamples, block)])
     tail = (1 - confidence) / 2
-    lo = means[int(tail * (resamples - 1))]
-    hi = means[int(round((1 - tail) * (resamples - 1)))]
-    return lo, hi
+    lo, hi = np.quantile(means, [tail, 1 - tail])
+    return float(lo), float(hi)
 
 
 def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) -> Paired:

@@ -16,8 +16,9 @@ State lives on disk in the follow folder (default ``<results_dir>/follow/<from>-
 ``history.json`` (one entry per evaluated checkpoint), ``state.json`` (the evaluation in
 flight: checkpoint and job id), ``tau_by_step.png`` and a lock file (one follower per
 folder). With ``tensorboard``/``wandb`` set, each recorded run is also logged there at its
-training step (`orchestrator.export`; W&B's offline files go under ``<folder>/wandb``). The job id is chosen and saved BEFORE the job starts, so a restart after any crash
-knows what happened:
+training step (`orchestrator.export`; W&B's offline files go under ``<folder>/wandb``).
+The job id is chosen and saved BEFORE the job starts, so a restart after any crash knows
+what happened:
 
 - crash during the relay: nothing was published (the relay publishes by one rename); the
   next pass relays again, resuming the partial files;

@@ -190,7 +190,8 @@ def _find(ident: str, root: Path) -> Path:
         return root / hits[0]
     if not hits:
         raise DflashError(f"no run {ident!r} in {root} (dflash results list shows them)")
-    raise DflashError(f"{ident!r} matches {len(hits)} runs in {root}: {', '.join(sorted(hits)[:5])}")
+    raise DflashError(f"{ident!r} matches {len(hits)} runs in {root}: "
+                      f"{', '.join(sorted(hits)[:5])}; give more of the id")
 
 
 def list_runs(root: str | Path) -> list[Run]:

@@ -11,7 +11,6 @@ the demo's target.
 from __future__ import annotations
 
 import csv
-import glob
 import hashlib
 import json
 import os
