@@ -79,7 +79,8 @@ def main() -> None:
     try:
         code = _run_app()
     except DflashError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        # Escaped: a message may hold brackets (pip extras, paths) that are not markup.
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")

@@ -15,8 +15,10 @@ One pass (`follow_pass`):
 State lives on disk in the follow folder (default ``<results_dir>/follow/<from>-to-<to>/``):
 ``history.json`` (one entry per evaluated checkpoint), ``state.json`` (the evaluation in
 flight: checkpoint and job id), ``tau_by_step.png`` and a lock file (one follower per
-folder). The job id is chosen and saved BEFORE the job starts, so a restart after any crash
-knows what happened:
+folder). With ``tensorboard``/``wandb`` set, each recorded run is also logged there at its
+training step (`orchestrator.export`; W&B's offline files go under ``<folder>/wandb``).
+The job id is chosen and saved BEFORE the job starts, so a restart after any crash knows
+what happened:
 
 - crash during the relay: nothing was published (the relay publishes by one rename); the
   next pass relays again, resuming the partial files;
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator import plots, relay, remote_eval, results
+from orchestrator import export, plots, relay, remote_eval, results
 from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.hosts import open_host
 from orchestrator.inventory import Inventory
@@ -68,6 +70,8 @@ class FollowOptions:
     eval: remote_eval.EvalOptions = field(default_factory=remote_eval.EvalOptions)
     results_dir: str | os.PathLike | None = None
     state_dir: str | os.PathLike | None = None
+    tensorboard: str | os.PathLike | None = None  # log folder
+    wandb: str | None = None  # project
 
     def __post_init__(self) -> None:
         """Refuse a count no follow can run with before anything connects (the eval's own
@@ -226,10 +230,11 @@ def _cancel(inventory: Inventory, dest: str, job_id: str) -> None:
 
 class _Follower:
     def __init__(self, inventory: Inventory, source: str, dest: str, options: FollowOptions,
-                 events: FollowEvents):
+                 events: FollowEvents, trackers: list[export.Tracker] | None = None):
         self.inv, self.source, self.dest = inventory, source, dest
         self.opts, self.events = options, events
         self.results = remote_eval.results_dir(inventory, options.results_dir)
+        self.trackers = trackers or []
 
     def process(self, st: _State, name: str, step: int | None,
                 on_trainer: bool = True) -> dict | None:
@@ -318,6 +323,15 @@ class _Follower:
             return entry
         return self._record(st, name, step, job_id, run_dir, probe)
 
+    def _track(self, run_dir: Path) -> None:
+        """Log the run to the trackers; a tracker failing never loses the result."""
+        for tracker in self.trackers:
+            try:
+                tracker.log(results.load_run(run_dir))
+            except Exception as exc:  # the history already holds the result
+                self.events.message(f"{type(tracker).__name__} could not log "
+                                    f"{run_dir.name}: {exc}")
+
     def _interrupted(self, st: _State, name: str, job_id: str) -> None:
         self.events.message(f"{name}: interrupted; cancelling job {job_id} on {self.dest}")
         _cancel(self.inv, self.dest, job_id)
@@ -329,6 +343,7 @@ class _Follower:
         entry = _entry(name, step, self.dest, job_id, run_dir, probe)
         st.record(entry)
         redraw(st.dir, st.history)
+        self._track(run_dir)
         if self.opts.keep is not None:
             # Nothing left to send: the relay only prunes the eval host to the newest K.
             try:
@@ -376,14 +391,37 @@ def follow_pass(inventory: Inventory, source: str, dest: str,
     events = events or FollowEvents()
     _check_hosts(inventory, source, dest)
     st = _State(state_dir(inventory, source, dest, options), source, dest)
+    trackers: list[export.Tracker] = []
     try:
-        return _pass(inventory, source, dest, options, events, st, stop)
+        trackers = open_trackers(options, st.dir)
+        return _pass(inventory, source, dest, options, events, st, stop, trackers)
     finally:
+        _close(trackers)
         st.close()
 
 
+def open_trackers(options: FollowOptions, folder: Path) -> list[export.Tracker]:
+    """The trackers `options` asks for (a missing library is one clear error, raised
+    before any checkpoint is touched)."""
+    out: list[export.Tracker] = []
+    try:
+        if options.tensorboard:
+            out.append(export.TensorBoardTracker(options.tensorboard))
+        if options.wandb:
+            out.append(export.WandbTracker(options.wandb, folder))
+    except DflashError:
+        _close(out)
+        raise
+    return out
+
+
+def _close(trackers: list[export.Tracker]) -> None:
+    for t in trackers:
+        t.close()
+
+
 def _pass(inventory, source, dest, options, events, st: _State,
-          stop: threading.Event | None) -> list[dict]:
+          stop: threading.Event | None, trackers: list[export.Tracker]) -> list[dict]:
     listing = relay.list_checkpoints(inventory, source, [dest])
     done = st.done()
     for name in [n for n in st.inflight if n in done]:  # recorded, note left by a crash
@@ -401,7 +439,7 @@ def _pass(inventory, source, dest, options, events, st: _State,
     # In-flight first (its job may be running now), then oldest step first.
     todo.sort(key=lambda sn: (sn[1] not in st.inflight, sn[0] if sn[0] is not None else -1,
                               sn[1]))
-    follower = _Follower(inventory, source, dest, options, events)
+    follower = _Follower(inventory, source, dest, options, events, trackers)
     recorded = []
     for step, name in todo:
         if stop is not None and stop.is_set():
@@ -423,10 +461,12 @@ def follow(inventory: Inventory, source: str, dest: str, options: FollowOptions 
     stop = stop or threading.Event()
     _check_hosts(inventory, source, dest)
     st = _State(state_dir(inventory, source, dest, options), source, dest)
+    trackers: list[export.Tracker] = []
     try:
+        trackers = open_trackers(options, st.dir)
         while not stop.is_set():
             try:
-                _pass(inventory, source, dest, options, events, st, stop)
+                _pass(inventory, source, dest, options, events, st, stop, trackers)
             except FollowError:
                 raise
             except DflashError as exc:  # a host down, a relay cut: try again next pass
@@ -439,6 +479,7 @@ def follow(inventory: Inventory, source: str, dest: str, options: FollowOptions 
             else:
                 stop.wait(options.interval)
     finally:
+        _close(trackers)
         st.close()
 
 

@@ -49,6 +49,21 @@ class JobError(DflashError):
     """A job failed, was cancelled or was lost; the message says which and why."""
 
 
+# The one dtype vocabulary of job specs and inventories; what users type maps onto it.
+DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
+
+
+def normalise_dtype(dtype: str | None) -> str | None:
+    """``bf16``/``fp32`` (any case) as ``bfloat16``/``float32``; None stays None; anything
+    else is one clear error."""
+    if dtype is None:
+        return None
+    if dtype.lower() not in DTYPES:
+        raise DflashError(f"dtype {dtype!r} is not supported; use bfloat16 (bf16) or "
+                          "float32 (fp32)")
+    return DTYPES[dtype.lower()]
+
+
 @dataclass
 class EvalOptions:
     """Everything about one evaluation that is not the host or the checkpoint.
@@ -217,7 +232,7 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
         "checkpoint": Path(checkpoint.rstrip("/")).name,
         "drafter": resolve_checkpoint(host, spec, checkpoint),
         "target": host.expand(target),
-        "dtype": options.dtype or (role.dtype if role else "bfloat16"),
+        "dtype": normalise_dtype(options.dtype) or (role.dtype if role else "bfloat16"),
         "threads": _given(options.threads, (role.threads if role else None)),
         "samples": _given(options.samples, (role.samples if role else None)),
         "seed": options.seed,
@@ -379,7 +394,13 @@ def finish_local(run_dir: Path) -> Path:
 
 
 def results_dir(inventory: Inventory, override: str | os.PathLike | None = None) -> Path:
-    return Path(override or inventory.defaults.results_dir or "results")
+    """The local results folder: `override` (a command-line path: relative to the current
+    folder) or the inventory's ``defaults.results_dir``, relative to the inventory file's
+    folder, so every command finds the same folder wherever it is started."""
+    if override:
+        return Path(override)
+    path = Path(inventory.defaults.results_dir or "results").expanduser()
+    return path if path.is_absolute() else Path(inventory.path).parent / path
 
 
 def eval_host_name(inventory: Inventory, host_name: str | None) -> str:

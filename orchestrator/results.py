@@ -9,12 +9,13 @@ CLI renders those as tables, `orchestrator.plots` as pictures.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
-import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from orchestrator.checkpoints import parse_step
 from orchestrator.errors import DflashError
 
 RESULT_SCHEMA_PREFIX = "dflash.eval/"
@@ -46,8 +47,78 @@ class Run:
                    or Path(str(_drafter_path(self.result, self.spec) or self.run_id)).name)
 
     @property
+    def drafter(self) -> dict:
+        """The drafter's identity the job recorded: sha256, step, relay source (see
+        ``remote/provenance.py``); {} for results made before it was recorded."""
+        ident = (self.result.get("inputs") or {}).get("drafter_identity")
+        return ident if isinstance(ident, dict) else {}
+
+    @property
     def step(self) -> int | None:
-        return checkpoint_step(self.checkpoint)
+        """The training step: the one recorded with the drafter (the trainer's own, or the
+        relay's), else the one its name carries (``step_12000`` -> 12000)."""
+        step = self.drafter.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+        return parse_step(self.checkpoint)
+
+    @property
+    def training_run(self) -> "TrainingRun":
+        return training_run(self)
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """Which training run a checkpoint came from: the trainer host, its checkpoints folder
+    and the run's name (that folder's name, or its parent's when the folder has a generic
+    name such as ``checkpoints``). Without a relay record (a drafter evaluated where it
+    lay) the eval host and the drafter's folder stand in for them."""
+
+    host: str
+    folder: str
+    name: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.host})"
+
+
+GENERIC_FOLDERS = {"checkpoints", "checkpoint", "ckpts", "ckpt", "output", "outputs",
+                   "drafters", "drafter", "runs", "models", "saved", "save"}
+
+
+def run_name(folder: str) -> str:
+    """A training run's name from its checkpoints folder."""
+    parts = [p for p in PurePosixPath(folder).parts if p not in ("/", "")]
+    for part in reversed(parts):
+        if part.lower() not in GENERIC_FOLDERS:
+            return part
+    return parts[-1] if parts else "-"
+
+
+def training_run(run: Run) -> TrainingRun:
+    source = run.drafter.get("source") or {}
+    if source.get("host") and source.get("path"):
+        folder = str(PurePosixPath(str(source["path"])).parent)
+        return TrainingRun(str(source["host"]), folder, run_name(folder))
+    drafter = str(_drafter_path(run.result, run.spec) or "")
+    folder = str(PurePosixPath(drafter).parent) if drafter else "-"
+    host = str(run.spec.get("host") or (run.result.get("job") or {}).get("host") or "-")
+    return TrainingRun(host, folder, run_name(folder))
+
+
+def series_key(run: Run) -> tuple[str, str, str, str, str]:
+    """Runs that belong on one line of a tau-by-step plot or in one tracker run: same
+    training run (trainer host, checkpoints folder), same prompts and ground truth."""
+    t = run.training_run
+    prompts = (run.spec.get("prompts") or {}).get("name") or "-"
+    gt = ground_truth_source(run).get("kind") or "-"
+    return (t.host, t.folder, t.name, str(prompts), str(gt))
+
+
+def series_label(key: tuple[str, str, str, str, str]) -> str:
+    host, _folder, name, prompts, gt = key
+    return f"{name} ({host}) / {prompts} / {gt}"
 
 
 def _drafter_path(result: dict, spec: dict) -> Any:
@@ -58,10 +129,11 @@ def _drafter_path(result: dict, spec: dict) -> Any:
     return d or spec.get("drafter")
 
 
-def checkpoint_step(name: str) -> int | None:
-    """The training step a checkpoint name carries (``step_12000`` -> 12000), if any."""
-    numbers = re.findall(r"(\d+)", name or "")
-    return int(numbers[-1]) if numbers else None
+def format_time(ts: float | None) -> str:
+    """A Unix time as local ``YYYY-MM-DD HH:MM:SS`` (what people read); '-' for none."""
+    if ts is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(float(ts)).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def metrics_of(result: dict) -> dict:
@@ -107,17 +179,19 @@ def _read(path: Path) -> dict:
 
 
 def _find(ident: str, root: Path) -> Path:
+    """A run by its full id, else by a unique prefix, else by a unique part of it."""
     if not root.is_dir():
         raise DflashError(f"no results folder {root}")
     names = [p.name for p in root.iterdir() if (p / "result.json").is_file()]
     if ident in names:
         return root / ident
-    hits = [n for n in names if n.startswith(ident) or ident in n]
+    hits = [n for n in names if n.startswith(ident)] or [n for n in names if ident in n]
     if len(hits) == 1:
         return root / hits[0]
     if not hits:
         raise DflashError(f"no run {ident!r} in {root} (dflash results list shows them)")
-    raise DflashError(f"{ident!r} matches {len(hits)} runs in {root}: {', '.join(sorted(hits)[:5])}")
+    raise DflashError(f"{ident!r} matches {len(hits)} runs in {root}: "
+                      f"{', '.join(sorted(hits)[:5])}; give more of the id")
 
 
 def list_runs(root: str | Path) -> list[Run]:
@@ -134,6 +208,31 @@ def list_runs(root: str | Path) -> list[Run]:
         except DflashError:
             continue
     return sorted(runs, key=lambda r: (r.created, r.run_id))
+
+
+def records(run: Run) -> list[dict]:
+    """The per-sample records (``samples.jsonl``), in ground-truth order; [] when absent.
+    A line that is not a JSON object is an error naming the file and line."""
+    path = run.path / (run.result.get("samples_file") or "samples.jsonl")
+    if PurePosixPath(str(run.result.get("samples_file") or "")).name != \
+            str(run.result.get("samples_file") or ""):
+        path = run.path / "samples.jsonl"  # a result never points outside its folder
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict):
+            raise DflashError(f"{path} line {n} is not a JSON object; the run folder is damaged")
+        out.append(rec)
+    return out
 
 
 def ground_truth_source(run: Run) -> dict:
@@ -167,9 +266,22 @@ def summary(run: Run) -> dict:
         "ground_truth_cached": gt.get("cached"),
         "retokenisation_mismatch": retok.get("mismatch_rate"),
         "dtype": env.get("dtype") or run.spec.get("dtype"),
-        "engine": env.get("engine") or (run.result.get("engine")),
+        "engine": engine(run),
+        "drafter_sha256": run.drafter.get("sha256"),
+        "training_run": run.training_run.name,
+        "trainer": run.training_run.host,
+        "checkpoints_folder": run.training_run.folder,
         "created": run.created,
+        "created_time": format_time(run.created),
     }
+
+
+def engine(run: Run) -> str | None:
+    """The eval engine that produced the result (the job records it in inputs.eval_engine)."""
+    e = (run.result.get("inputs") or {}).get("eval_engine")
+    if isinstance(e, dict):
+        return e.get("name")
+    return e or (run.result.get("environment") or {}).get("engine")
 
 
 def _num(text: Any) -> float:

@@ -375,9 +375,32 @@ def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
                                       "bundle": Path(self_command()[-1]).name})
     inputs.setdefault("checkpoint", spec.get("checkpoint"))
     inputs.setdefault("prompts", spec.get("prompts"))
+    _record_identities(inputs, gt_info, spec)
     result.setdefault("job", {"job_id": result_path.parent.name, "host": spec.get("host"),
                               "created": spec.get("created")})
     write_json_atomic(result_path, result)
+
+
+def _record_identities(inputs: dict, gt_info: dict, spec: dict) -> None:
+    """What a paired comparison and a tracker need to know the run by: the drafter's
+    sha256 and step, the ground truth file's sha256, the target's identity."""
+    from remote import groundtruth, provenance
+
+    if spec.get("drafter") and "drafter_identity" not in inputs:
+        try:
+            inputs["drafter_identity"] = provenance.drafter_identity(spec["drafter"])
+        except OSError as exc:  # the result stands without it; say why it is missing
+            inputs["drafter_identity"] = {"sha256": None, "error": str(exc)}
+    if gt_info.get("file") and "ground_truth_sha256" not in inputs:
+        try:
+            inputs["ground_truth_sha256"] = provenance.file_sha256(gt_info["file"])
+        except OSError:
+            inputs["ground_truth_sha256"] = None
+    if spec.get("target") and "target_identity" not in inputs:
+        try:
+            inputs["target_identity"] = groundtruth.target_identity(spec["target"])
+        except UserError:
+            inputs["target_identity"] = None
 
 
 # ---- watch / cancel / list --------------------------------------------------------------

@@ -14,6 +14,9 @@ if ! [ -x /usr/sbin/sshd ] || ! command -v ssh-keygen >/dev/null || ! command -v
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssh-server openssh-client >/dev/null
 fi
 
+# Chromium: tests/test_results.py renders the HTML report in a real headless browser.
+command -v chromium >/dev/null || { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null; }
+
 # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
   echo "setup: installing torch 2.13.0 (CPU)"

@@ -43,9 +43,13 @@ def test_hosts_check_reports_facts_for_both_hosts(two_hosts):
         assert r["python"] == ".".join(map(str, sys.version_info[:3]))
         assert r["packages"]["torch"].startswith("2.")
         assert r["packages"]["fla"] is None  # not installed here: reported missing
-    table = dflash("hosts", "check", "--inventory", str(two_hosts))
+    table = dflash("hosts", "check", "--inventory", str(two_hosts), env={"COLUMNS": "100"})
     assert table.returncode == 0
     assert "trainer" in table.stdout and "evalhost" in table.stdout and "yes" in table.stdout
+    # Fits 100 columns without cutting a value: full versions, fla reported missing.
+    assert max(len(line) for line in table.stdout.splitlines()) <= 100
+    assert f"torch {rows[0]['packages']['torch']}" in table.stdout
+    assert "fla missing" in table.stdout and "…" not in table.stdout
 
 
 def test_hosts_lists_inventory(two_hosts):

@@ -124,10 +124,12 @@ def test_remote_eval_pulls_results_second_run_reuses_bundle_and_ground_truth(
     tau_row = next(ln for ln in compare.stdout.splitlines() if "tau (z-lab" in ln)
     assert f"{runs[0]['tau']:.3f}" in tau_row and f"{runs[1]['tau']:.3f}" in tau_row
     assert "DDTree-8 tau" in compare.stdout
+    assert not (run_dir.parent / "compare_tau_by_step.png").exists()  # only where asked
+    plot = run_dir.parent.parent / "compare.png"
     compare_json = json.loads(dflash("results", "compare", a, b, "-i", str(inventory),
-                                     "--json").stdout)
-    assert compare_json["runs"] == [a, b]
-    png_size(run_dir.parent / "compare_tau_by_step.png")
+                                     "--json", "--plot", str(plot)).stdout)
+    assert compare_json["runs"] == [a, b] and compare_json["plot"] == str(plot)
+    png_size(plot)
     show = dflash("results", "show", b, "-i", str(inventory))
     assert show.returncode == 0, show.stderr
     for section in ("DDTree budgets", "acceptance histogram", "per-position acceptance",

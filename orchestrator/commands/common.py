@@ -29,6 +29,19 @@ def positive(value: float | None) -> float | None:
     return value
 
 
+def _dtype(value: Optional[str]) -> Optional[str]:
+    """bf16/fp32 become the one vocabulary the job spec uses; an unknown dtype is a
+    DflashError, so the CLI prints it as one line."""
+    from orchestrator.remote_eval import normalise_dtype
+
+    return normalise_dtype(value)
+
+
+DtypeOption = Annotated[Optional[str], typer.Option(
+    "--dtype", callback=_dtype,
+    help="bfloat16 (or bf16) | float32 (or fp32) (default: the inventory's).")]
+
+
 def inventory(path: Optional[Path]) -> Inventory:
     return load_inventory(path)
 

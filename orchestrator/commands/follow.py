@@ -12,8 +12,8 @@ from rich.table import Table
 
 from orchestrator import follow as follow_lib
 from orchestrator import remote_eval
-from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
-                                          inventory, positive, print_json)
+from orchestrator.commands.common import (DtypeOption, InventoryOption, JsonOption, console,
+                                          err_console, inventory, positive, print_json)
 from orchestrator.commands.relay import _RichProgress
 from orchestrator.commands.remote_eval import LiveProgress, _budgets
 from orchestrator.errors import DflashError
@@ -125,12 +125,20 @@ def follow_cmd(
         min=1, help="Ground-truth completion length.")] = None,
     budgets: Annotated[Optional[str], typer.Option(
         help="DDTree node budgets, comma-separated (default 8,16,32,64).")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="bfloat16 | float32.")] = None,
+    dtype: DtypeOption = None,
     results: Annotated[Optional[str], typer.Option(
         "--results-dir", help="Local results folder (default: defaults.results_dir).")] = None,
     state: Annotated[Optional[str], typer.Option(
         "--state-dir", help="Follow folder: history, state, plot (default: "
                             "<results>/follow/<from>-to-<to>).")] = None,
+    tensorboard: Annotated[Optional[str], typer.Option(
+        "--tensorboard", metavar="DIR", help="Also log each run's tau, token-weighted tau, "
+        "DDTree tau per budget and agreement to TensorBoard event files under DIR, at the "
+        "checkpoint's training step.")] = None,
+    wandb: Annotated[Optional[str], typer.Option(
+        "--wandb", metavar="PROJECT", help="Also log them to this W&B project (offline "
+        "files in the follow folder unless WANDB_MODE=online; upload with wandb sync).")
+    ] = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -146,7 +154,7 @@ def follow_cmd(
                           "defaults.relay_from and defaults.relay_to in the inventory)")
     options = follow_lib.FollowOptions(
         keep=keep if keep is not None else inv.defaults.keep, interval=interval, probe=probe,
-        results_dir=results, state_dir=state,
+        results_dir=results, state_dir=state, tensorboard=tensorboard, wandb=wandb,
         eval=remote_eval.EvalOptions(prompts=prompts, samples=samples,
                                      max_new_tokens=max_new_tokens, dtype=dtype,
                                      budgets=_budgets(budgets)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich import box
 from rich.table import Table
 
 from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
@@ -54,28 +55,38 @@ def check(names: Annotated[Optional[list[str]], typer.Argument(
     if json_out:
         print_json([r.to_json() for r in results])
     else:
-        table = Table(title="host check")
-        for col in ("host", "ok", "os", "cpus", "ram avail/total", "disk free", "python",
-                    "torch", "transformers", "safetensors", "fla"):
-            table.add_column(col)
-        for r in results:
-            if not r.ok:
-                table.add_row(r.host, "[red]no[/]", *["-"] * 9)
-                continue
-            f = r.facts
-            pk = f["packages"]
-            table.add_row(r.host, "[green]yes[/]", f["os"], str(f["cpus"]),
-                          f"{human_bytes(f['memory']['available'])} / "
-                          f"{human_bytes(f['memory']['total'])}",
-                          human_bytes(f["disk_free"]), f["python"],
-                          *[pk.get(k) or "[yellow]missing[/]" for k in
-                            ("torch", "transformers", "safetensors", "fla")])
-        console.print(table)
+        console.print(check_table(results))
     for r in results:
         if not r.ok:
             err_console.print(f"[bold red]error:[/] {r.error}", soft_wrap=True)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
+
+
+PACKAGES = ("torch", "transformers", "safetensors", "fla")
+
+
+def check_table(results: list) -> Table:
+    """One row per host, fitting 100 columns: the ML packages share one column, one
+    line each."""
+    table = Table(title="host check", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  collapse_padding=True, pad_edge=False, show_edge=False)
+    for col in ("host", "ok", "os", "cpus", "ram avail/total", "disk free", "python",
+                "packages"):
+        table.add_column(col, justify="right" if col in ("cpus", "disk free") else "left",
+                         overflow="fold")
+    for r in results:
+        if not r.ok:
+            table.add_row(r.host, "[red]no[/]", *["-"] * 6)
+            continue
+        f = r.facts
+        pk = f["packages"]
+        table.add_row(r.host, "[green]yes[/]", f["os"], str(f["cpus"]),
+                      f"{human_bytes(f['memory']['available'])} / "
+                      f"{human_bytes(f['memory']['total'])}",
+                      human_bytes(f["disk_free"]), f["python"],
+                      "\n".join(f"{k} {pk.get(k) or '[yellow]missing[/]'}" for k in PACKAGES))
+    return table
 
 
 def register(app: typer.Typer) -> None:

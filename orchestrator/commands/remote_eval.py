@@ -11,8 +11,8 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, Text
 from rich.table import Table
 
 from orchestrator import remote_eval, shard
-from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
-                                          inventory, print_json)
+from orchestrator.commands.common import (DtypeOption, InventoryOption, JsonOption, console,
+                                          err_console, inventory, print_json)
 from orchestrator.errors import DflashError
 from orchestrator.hosts import open_host
 
@@ -226,8 +226,7 @@ def remote_eval_cmd(
         help="Model name for OpenAI-compatible servers (default: the first served).")] = None,
     target: Annotated[Optional[str], typer.Option(
         help="Target model folder on the host (default: the inventory's).")] = None,
-    dtype: Annotated[Optional[str], typer.Option(
-        help="bfloat16 | float32 (default: the inventory's).")] = None,
+    dtype: DtypeOption = None,
     threads: Annotated[Optional[int], typer.Option(
         min=1, help="CPU threads on the host.")] = None,
     budgets: Annotated[Optional[str], typer.Option(

@@ -1,4 +1,5 @@
-"""`dflash results list | show RUN | compare RUN_A RUN_B ... | plot`."""
+"""`dflash results list | show | compare | plot | export | report`: thin layers over
+`orchestrator.results`, `.compare`, `.plots`, `.export` and `.report`."""
 
 from __future__ import annotations
 
@@ -7,31 +8,53 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich import box
 from rich.table import Table
 
-from orchestrator import plots
+from orchestrator import compare as cmp
+from orchestrator import export as exp
+from orchestrator import plots, remote_eval
+from orchestrator import report as rep
 from orchestrator import results as res
 from orchestrator.commands.common import InventoryOption, JsonOption, console, print_json
 from orchestrator.errors import DflashError
 from orchestrator.inventory import InventoryError, load_inventory
 
-results_app = typer.Typer(help="Read pulled eval results: list, show, compare, plot.",
-                          no_args_is_help=True)
+results_app = typer.Typer(help="Read pulled eval results: list, show, compare, plot, export, "
+                          "report.", no_args_is_help=True)
 
 ResultsDirOption = Annotated[Optional[Path], typer.Option(
     "--results-dir", help="Results folder (default: the inventory's defaults.results_dir, "
-    "else ./results).", show_default=False)]
+    "relative to the inventory file; else ./results).", show_default=False)]
+RunsArgument = Annotated[Optional[list[str]], typer.Argument(
+    help="Run ids, unique prefixes or folders (default: every run).", show_default=False)]
+# Keys whose numbers are Unix times: shown as dates.
+TIME_KEYS = {"generated", "created", "pulled", "time", "started", "finished"}
 
 
 def _root(results_dir: Optional[Path], inventory_path: Optional[Path]) -> Path:
     if results_dir:
         return results_dir
     try:
-        return Path(load_inventory(inventory_path).defaults.results_dir)
+        return remote_eval.results_dir(load_inventory(inventory_path))
     except InventoryError:
         if inventory_path:
             raise
         return Path("results")
+
+
+def _runs(run_ids: Optional[list[str]], root: Path) -> list[res.Run]:
+    runs = [res.load_run(r, root) for r in run_ids] if run_ids else res.list_runs(root)
+    if not runs:
+        raise DflashError(f"no runs in {root} (pull one with dflash remote-eval, or pass "
+                          "--results-dir)")
+    return runs
+
+
+def _compact(title: str | None = None, **kw: Any) -> Table:
+    """A table that spends its width on data, not borders (fits 100 columns)."""
+    return Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
+                 pad_edge=False, show_edge=False, **kw)
 
 
 def fmt(v: Any, digits: int = 3) -> str:
@@ -51,26 +74,26 @@ def pct(v: Any) -> str:
 @results_app.command("list")
 def list_cmd(results_dir: ResultsDirOption = None, inventory_path: InventoryOption = None,
              json_out: JsonOption = False) -> None:
-    """Every run in the results folder, oldest first."""
+    """Every run in the results folder, oldest first, by its full id.
+
+    show and compare take that id, or a unique prefix of it."""
     root = _root(results_dir, inventory_path)
     runs = res.list_runs(root)
     if json_out:
         print_json([res.summary(r) for r in runs])
         return
     if not runs:
-        console.print(f"no runs in {root}")
+        console.print(f"no runs in {root}", soft_wrap=True)
         return
-    table = Table(title=f"runs in {root}")
-    for col in ("run", "checkpoint", "host", "prompts", "samples", "tau", "tau (tokens)",
-                "DDTree (largest)", "agreement", "ground truth"):
-        table.add_column(col)
+    table = _compact(f"runs in {root}")
+    for col in ("run", "step", "tau", "tau tok", "DDTree max", "agree", "evaluated"):
+        table.add_column(col, no_wrap=True, justify="left" if col == "run" else "right")
     for r in runs:
         s = res.summary(r)
         dd = list(s["ddtree"].items())
-        table.add_row(s["run_id"], s["checkpoint"], fmt(s["host"]), fmt(s["prompts"]),
-                      fmt(s["samples"]), fmt(s["tau"]), fmt(s["tau_tokens"]),
+        table.add_row(s["run_id"], fmt(s["step"]), fmt(s["tau"]), fmt(s["tau_tokens"]),
                       f"{dd[-1][0]}: {fmt(dd[-1][1])}" if dd else "-",
-                      pct(s["target_agreement"]), fmt(s["ground_truth"]))
+                      pct(s["target_agreement"]), s["created_time"][5:16])
     console.print(table)
 
 
@@ -79,12 +102,17 @@ def render_summary(run: res.Run) -> None:
     s = res.summary(run)
     table = Table(title=f"{s['checkpoint']}  ({s['run_id']})", show_header=False)
     table.add_column("metric", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # a sha256 wraps, never cut
     table.add_row("tau (z-lab: mean of per-sample means)", fmt(s["tau"]))
     table.add_row("tau (token-weighted: tokens / rounds)", fmt(s["tau_tokens"]))
     for b, v in s["ddtree"].items():
         table.add_row(f"DDTree-{b} tau", fmt(v))
     table.add_row("target agreement", pct(s["target_agreement"]))
+    table.add_row("training run", f"{run.training_run.name} "
+                  f"({run.training_run.host}:{run.training_run.folder})")
+    table.add_row("step", fmt(s["step"]))
+    table.add_row("drafter sha256", fmt(s["drafter_sha256"]))
+    table.add_row("evaluated", s["created_time"])
     table.add_row("samples / tokens / rounds",
                   f"{fmt(s['samples'])} / {fmt(s['tokens'])} / {fmt(s['rounds'])}")
     gt = res.ground_truth_source(run)
@@ -104,8 +132,11 @@ def render_summary(run: res.Run) -> None:
 def _kv_table(title: str, data: dict) -> Table:
     table = Table(title=title, show_header=False)
     table.add_column("key", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")
     for k, v in _flatten(data):
+        if k.rsplit(".", 1)[-1] in TIME_KEYS and isinstance(v, (int, float)) and v > 1e8:
+            table.add_row(k, res.format_time(v))
+            continue
         table.add_row(k, fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v)[:120])
     return table
 
@@ -177,49 +208,133 @@ def show_cmd(run_id: Annotated[str, typer.Argument(help="Run id (or unique part)
     console.print(f"folder: {run.path}" + (f"  plots: {', '.join(pngs)}" if pngs else ""))
 
 
+def _label(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else f"R{i}"
+
+
 @results_app.command("compare")
-def compare_cmd(run_ids: Annotated[list[str], typer.Argument(help="Two or more runs.")],
+def compare_cmd(run_ids: Annotated[list[str], typer.Argument(
+                    help="Two or more runs (ids, unique prefixes or folders); the first is "
+                         "the baseline.")],
+                plot: Annotated[Optional[Path], typer.Option(
+                    "--plot", help="Also draw their tau by training step into this PNG.")
+                ] = None,
+                resamples: Annotated[int, typer.Option(
+                    min=100, help="Bootstrap resamples for the interval.")] = cmp.RESAMPLES,
+                seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
                 results_dir: ResultsDirOption = None, inventory_path: InventoryOption = None,
                 json_out: JsonOption = False) -> None:
-    """Runs side by side (e.g. step 8000 against step 12000, or against a reference)."""
+    """Runs side by side, and each against the first, paired sample by sample.
+
+    Reports the mean delta tau with a bootstrap 95% interval and the share of samples that
+    improved. Runs over different prompts, ground truth, target or dtype are reported as
+    not comparable."""
     if len(run_ids) < 2:
         raise DflashError("compare needs at least two runs")
     root = _root(results_dir, inventory_path)
     runs = [res.load_run(r, root) for r in run_ids]
     rows = res.compare_rows(runs)
+    pairs = [cmp.paired(runs[0], r, resamples=resamples, seed=seed) for r in runs[1:]]
+    png = plots.plot_tau_by_step(runs, plot) if plot else None
     if json_out:
         print_json({"runs": [r.run_id for r in runs],
-                    "rows": [{"metric": k, "values": v} for k, v in rows]})
+                    "rows": [{"metric": k, "values": v} for k, v in rows],
+                    "paired": [p.to_json() for p in pairs],
+                    "plot": str(png) if png else None})
         return
-    t = Table(title="comparison")
-    t.add_column("metric", style="bold")
-    for r in runs:
-        t.add_column(r.run_id)
+    for i, r in enumerate(runs):
+        console.print(f"{_label(i)}: {r.run_id}", soft_wrap=True)
+    t = _compact("side by side")
+    t.add_column("metric", style="bold", no_wrap=True)
+    for i, _ in enumerate(runs):
+        t.add_column(_label(i), justify="right")
     for metric, values in rows:
         is_share = metric.startswith(("share", "target", "retok"))
         t.add_row(metric, *[pct(v) if is_share and isinstance(v, float) else fmt(v)
                             for v in values])
     console.print(t)
-    png = plots.plot_tau_by_step(runs, root / "compare_tau_by_step.png") if root.is_dir() else None
-    if png:
-        console.print(f"plot: {png}")
+    for i, p in enumerate(pairs, 1):
+        render_paired(p, _label(i), _label(0))
+    if plot and png is None:
+        console.print("no plot: none of these runs carries a training step")
+    elif png:
+        console.print(f"plot: {png}", soft_wrap=True)
+
+
+def render_paired(p: cmp.Paired, b: str, a: str) -> None:
+    """The paired comparison of run `b` against run `a`."""
+    if not p.comparable:
+        console.print(f"[bold yellow]{b} vs {a}: not comparable[/]: {'; '.join(p.problems)}",
+                      soft_wrap=True)
+        return
+    t = _compact(f"{b} vs {a}: paired over {p.samples} samples "
+                 f"({p.confidence:.0%} bootstrap interval, {p.resamples} resamples)")
+    for col in ("metric", a, b, "delta", "interval", "improved", "worse"):
+        t.add_column(col, justify="left" if col == "metric" else "right", no_wrap=True)
+    for d in p.deltas:
+        colour = "green" if d.low > 0 else "red" if d.high < 0 else ""
+        delta = f"[{colour}]{d.delta:+.3f}[/]" if colour else f"{d.delta:+.3f}"
+        t.add_row(d.metric, fmt(d.mean_a), fmt(d.mean_b), delta,
+                  f"[{d.low:+.3f}, {d.high:+.3f}]", pct(d.improved), pct(d.worse))
+    console.print(t)
+    if p.only_a or p.only_b:
+        console.print(f"not paired: {p.only_a} samples only in {a}, {p.only_b} only in {b}")
 
 
 @results_app.command("plot")
-def plot_cmd(run_ids: Annotated[Optional[list[str]], typer.Argument(
-                 help="Runs to draw (default: all).")] = None,
-             results_dir: ResultsDirOption = None, inventory_path: InventoryOption = None) -> None:
+def plot_cmd(run_ids: RunsArgument = None, results_dir: ResultsDirOption = None,
+             inventory_path: InventoryOption = None) -> None:
     """(Re)draw each run's plots and the tau-per-step plot of the runs."""
     root = _root(results_dir, inventory_path)
-    runs = [res.load_run(r, root) for r in run_ids] if run_ids else res.list_runs(root)
-    if not runs:
-        raise DflashError(f"no runs in {root}")
+    runs = _runs(run_ids, root)
     for r in runs:
         for p in plots.plot_run(r):
-            console.print(str(p))
+            console.print(str(p), soft_wrap=True)
     png = plots.plot_tau_by_step(runs, root / "tau_by_step.png")
     if png:
-        console.print(str(png))
+        console.print(str(png), soft_wrap=True)
+
+
+@results_app.command("export")
+def export_cmd(run_ids: RunsArgument = None,
+               fmt_: Annotated[str, typer.Option(
+                   "--format", "-f", help="csv | jsonl (a file), tensorboard (a log folder), "
+                   "wandb (PROJECT or DIR/PROJECT; offline unless WANDB_MODE=online).")
+               ] = "csv",
+               out: Annotated[Path, typer.Option(
+                   "--output", "-o", help="Where to write (see --format).")] = Path("-"),
+               results_dir: ResultsDirOption = None,
+               inventory_path: InventoryOption = None) -> None:
+    """Export runs (default: all) to CSV, JSON lines, TensorBoard or W&B.
+
+    Trackers get tau per training step, one tracker run per training run."""
+    if fmt_ not in exp.FORMATS:
+        raise DflashError(f"unknown format {fmt_!r}; use one of {', '.join(exp.FORMATS)}")
+    if str(out) == "-":
+        raise DflashError("export needs -o PATH (a file for csv/jsonl, a folder for "
+                          "tensorboard, a project for wandb)")
+    runs = _runs(run_ids, _root(results_dir, inventory_path))
+    where = exp.export(runs, fmt_, out)
+    console.print(f"exported {len(runs)} run(s) as {fmt_}: {where}", soft_wrap=True)
+    if fmt_ == "tensorboard":
+        console.print(f"view: tensorboard --logdir {where}", soft_wrap=True)
+
+
+@results_app.command("report")
+def report_cmd(run_ids: RunsArgument = None,
+               out: Annotated[Path, typer.Option(
+                   "--output", "-o", help="The HTML file to write.")] = Path("report.html"),
+               title: Annotated[str, typer.Option(help="Page title.")] = "dflash results",
+               results_dir: ResultsDirOption = None,
+               inventory_path: InventoryOption = None) -> None:
+    """One self-contained HTML page of runs (default: all), plots inline.
+
+    Tau by step with DDTree lines, the comparison with paired deltas against the first
+    run, and per run the histogram, per-position acceptance with attempt counts,
+    environment and provenance. No scripts, no external files."""
+    runs = _runs(run_ids, _root(results_dir, inventory_path))
+    path = rep.write_report(runs, out, title)
+    console.print(f"report of {len(runs)} run(s): {path}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
