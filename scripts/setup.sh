@@ -97,9 +97,9 @@ if ! torch_ok; then
     # that is a CPU build. Ask pip which one it would take before it downloads anything.
     chosen=$("${PIP[@]}" install --dry-run --no-deps --report - "torch==$TORCH_VERSION" \
              2>/dev/null | "$PY" -c '
-import json, sys
+import json, sys, urllib.parse
 items = json.load(sys.stdin).get("install", [])
-print(items[0]["download_info"]["url"] if items else "")' || true)
+print(urllib.parse.unquote(items[0]["download_info"]["url"]) if items else "")' || true)
     case "$chosen" in
       *+cpu*|*macosx*|*win_amd64*)
         say "installing torch $TORCH_VERSION (CPU) from pip's own sources (${chosen%%\?*})";;
