@@ -15,7 +15,10 @@ app = typer.Typer(
     help="Relay, probe and evaluate DFlash drafters across a trainer and eval hosts over SSH.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    # --install-completion / --show-completion for bash, zsh, fish and PowerShell.
+    add_completion=True,
+    # -h everywhere: click hands help option names down to every subcommand's context.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 COMMAND_MODULES = (
@@ -26,6 +29,7 @@ COMMAND_MODULES = (
     "orchestrator.commands.relay",
     "orchestrator.commands.follow",
     "orchestrator.commands.demo",
+    "orchestrator.commands.env",
 )
 
 for _name in COMMAND_MODULES:
@@ -34,11 +38,21 @@ for _name in COMMAND_MODULES:
 err_console = Console(stderr=True, highlight=False)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from orchestrator import __version__
+        typer.echo(f"dflash {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(accept_new_host_keys: bool = typer.Option(
         False, "--accept-new-host-keys",
         help="Trust and remember SSH host keys seen for the first time (like OpenSSH's "
-             "accept-new). Changed keys are always refused.")) -> None:
+             "accept-new). Changed keys are always refused."),
+          version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True,
+        help="Print dflash's version and exit.")) -> None:
     from orchestrator import hosts
     hosts.ACCEPT_NEW_HOST_KEYS = accept_new_host_keys
 
@@ -46,7 +60,7 @@ def _root(accept_new_host_keys: bool = typer.Option(
 def main() -> None:
     """Run the CLI; a `DflashError` becomes one red line on stderr and its exit code."""
     try:
-        app()
+        app(prog_name="dflash")  # also names the completion scripts' command
     except DflashError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -4,17 +4,33 @@
 run's JSON; `plot_tau_by_step` draws tau against the checkpoint's training step for many
 runs, one line per series (same drafter folder, prompts and ground truth), so a team sees
 whether a training run is still improving.
+
+matplotlib is the optional ``plot`` extra: without it every plot is skipped (the JSON
+results are complete without them) and one line says so, once per process.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from orchestrator import results as res
 
+MISSING = ("plots skipped: matplotlib is not installed "
+           "(pip install 'dflash[plot]', or bash scripts/setup.sh)")
+_told = False
+
 
 def _pyplot():
-    import matplotlib
+    """pyplot on the Agg backend, or None (after one line on stderr) without matplotlib."""
+    global _told
+    try:
+        import matplotlib
+    except ImportError:
+        if not _told:
+            print(MISSING, file=sys.stderr)
+            _told = True
+        return None
 
     matplotlib.use("Agg")  # files only, never a window; must precede pyplot's import
     import matplotlib.pyplot as plt
@@ -25,6 +41,8 @@ def _pyplot():
 def plot_run(run: res.Run, out_dir: str | Path | None = None) -> list[Path]:
     """Acceptance histogram and per-position acceptance of one run; returns the files."""
     plt = _pyplot()
+    if plt is None:
+        return []
     out = Path(out_dir or run.path)
     written = []
     title = f"{run.checkpoint} ({run.run_id})"
@@ -75,7 +93,7 @@ def series_key(run: res.Run) -> str:
 def plot_tau_by_step(runs: list[res.Run], path: str | Path) -> Path | None:
     """Tau (z-lab's per-sample mean, solid; token-weighted, dashed) per checkpoint step,
     one colour per series. Runs whose checkpoint carries no step are left out; returns
-    None when no run has one."""
+    None when no run has one (or without matplotlib)."""
     points: dict[str, list[tuple[int, float, float | None]]] = {}
     for r in runs:
         tau = r.metrics.get("tau_per_sample_mean")
@@ -83,9 +101,9 @@ def plot_tau_by_step(runs: list[res.Run], path: str | Path) -> Path | None:
             continue
         points.setdefault(series_key(r), []).append(
             (r.step, float(tau), r.metrics.get("tau_token_weighted")))
-    if not points:
+    plt = _pyplot() if points else None
+    if plt is None:
         return None
-    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for i, (key, pts) in enumerate(sorted(points.items())):
         pts.sort()
