@@ -41,7 +41,11 @@ then
   apt_install openssh-server openssh-client
 fi
 
-command -v "$BASE" >/dev/null || die "no Python at '$BASE'; install python3 or set PYTHON"
+if ! command -v "$BASE" >/dev/null; then
+  [ "$BASE" = python3 ] || die "no Python at '$BASE'; install it or leave PYTHON unset"
+  say "installing python3 (and its venv support)"
+  apt_install python3 python3-venv
+fi
 "$BASE" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
   || die "$BASE is Python $("$BASE" -c 'import platform; print(platform.python_version())'); dflash needs 3.10+"
 BASE_REAL=$("$BASE" -c 'import os, sys; print(os.path.realpath(sys.executable))')
