@@ -79,9 +79,14 @@ fi
 
 # -- torch, CPU build, first and pinned ------------------------------------------------------
 # An unpinned torch, or PyPI's Linux wheel, is the CUDA build and its multi-GB dependencies.
-torch_ok() {
-  "$PY" -c "import sys, torch; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION'
-            and torch.version.cuda is None else 1)" 2>/dev/null
+torch_ok() {  # from its metadata (importing torch costs seconds): the version, no CUDA deps
+  "$PY" - "$TORCH_VERSION" <<'EOF' 2>/dev/null
+import sys
+from importlib import metadata
+dist = metadata.distribution("torch")
+cuda = [r for r in dist.requires or [] if r.startswith(("nvidia-", "triton"))]
+sys.exit(0 if dist.version.split("+")[0] == sys.argv[1] and not cuda else 1)
+EOF
 }
 index_reachable() {  # a quick look: an unreachable index must not cost pip's long retries
   "$PY" - "$1" <<'EOF'
@@ -118,7 +123,13 @@ print(urllib.parse.unquote(items[0]["download_info"]["url"]) if items else "")' 
 fi
 
 # -- dflash ---------------------------------------------------------------------------------
-# Always (re)install this checkout in editable mode: cheap when everything is there, and it
-# makes `dflash` point at THIS checkout rather than another clone installed earlier.
-say "installing dflash (this checkout) with its eval, plot and test extras into $VENV"
-"${PIP[@]}" install -e '.[dev]'
+# This checkout, editable, with its extras: done again only when pyproject.toml changed or the
+# venv's dflash is another checkout's (a stamp records both), so a second run costs a second.
+stamp="$(pwd) $("$PY" -c 'import hashlib, sys; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')"
+installed=$("$PY" -c 'import os, orchestrator; print(os.path.dirname(os.path.dirname(orchestrator.__file__)))' 2>/dev/null || true)
+if [ "$(cat "$VENV/.dflash-installed" 2>/dev/null)" != "$stamp" ] || [ "$installed" != "$(pwd)" ]; then
+  say "installing dflash (this checkout) with its eval, plot and test extras into $VENV"
+  "${PIP[@]}" install -e '.[dev]'
+  echo "$stamp" > "$VENV/.dflash-installed"
+fi
+say "ready: $VENV/bin/dflash (python $("$PY" -c 'import platform; print(platform.python_version())'), torch $("$PY" -c 'from importlib.metadata import version; print(version("torch"))'))"
