@@ -168,3 +168,22 @@ def test_identity_agent_from_ssh_config_serves_both_stacks(ssh_home, ssh_base, m
         authorized.write_text(original)
         agent.terminate()
         agent.wait(timeout=10)
+
+
+def test_without_an_ssh_client_paramiko_reads_the_same_file(ssh_home, ssh_base, eval_sshd,
+                                                            make_inventory, monkeypatch):
+    """No `ssh` binary (a controller-only laptop): the same settings from paramiko's parser
+    (which has no Include, so the alias sits in the config itself)."""
+    (ssh_home / ".ssh" / "config").write_text(
+        f"Host plain-ct\n  HostName 127.0.0.1\n  Port {eval_sshd.port}\n"
+        f"  IdentityFile {ssh_base / 'id_test'}\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {ssh_base / 'known_hosts'}\n")
+    inv = load_inventory(make_inventory({"plain-ct": {"python": sys.executable}}))
+    with_ssh = ssh_settings.resolve(inv.hosts["plain-ct"], inv)
+    monkeypatch.setattr(ssh_settings.shutil, "which", lambda name: None)
+    without = ssh_settings.resolve(inv.hosts["plain-ct"], inv)
+    for field in ("hostname", "port", "identity_files", "identities_only"):
+        assert getattr(without, field) == getattr(with_ssh, field), field
+    assert without.user_known_hosts[0] == str(ssh_base / "known_hosts")
+    with open_host(inv.hosts["plain-ct"], inv) as host:
+        assert host.run(["printf", "%s", "ok"]).stdout == "ok"
