@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 from orchestrator import hosts as hosts_mod
 from orchestrator.errors import DflashError
 from orchestrator.hosts import PREFERRED_CIPHERS, Host, last_line
-from orchestrator.inventory import HostSpec, Inventory
+from orchestrator.inventory import Inventory
 from remote.relay import HEADER, read_exact, write_all  # the frame format both ends speak
 
 CHUNK = 4 * 1024 * 1024
