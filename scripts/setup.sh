@@ -50,20 +50,20 @@ fi
   || die "$BASE is Python $("$BASE" -c 'import platform; print(platform.python_version())'); dflash needs 3.10+"
 BASE_REAL=$("$BASE" -c 'import os, sys; print(os.path.realpath(sys.executable))')
 
-# Debian/Ubuntu ship venv's pip bootstrap (ensurepip) in a separate package.
-if ! "$BASE" -c 'import ensurepip, venv' 2>/dev/null; then
-  ver=$("$BASE" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-  say "installing python${ver}-venv (venv support for $BASE_REAL)"
-  apt_install "python${ver}-venv" || apt_install python3-venv
-fi
-
 # -- the venv -------------------------------------------------------------------------------
-# Made anew when missing, broken, or made from another interpreter than the one asked for.
+# Made anew when missing, broken, or made from another interpreter than $PYTHON names
+# (without $PYTHON a working venv is kept, whatever it was made from).
 PY="$VENV/bin/python"
-if [ -x "$PY" ] && "$PY" -c 'import sys' 2>/dev/null \
-    && [ "$(cat "$VENV/.dflash-base" 2>/dev/null)" = "$BASE_REAL" ]; then
+if [ -x "$PY" ] && "$PY" -c 'import sys' 2>/dev/null && { [ -z "${PYTHON:-}" ] \
+    || [ "$(cat "$VENV/.dflash-base" 2>/dev/null)" = "$BASE_REAL" ]; }; then
   :
 else
+  # Debian/Ubuntu ship venv's pip bootstrap (ensurepip) in a separate package.
+  if ! "$BASE" -c 'import ensurepip, venv' 2>/dev/null; then
+    ver=$("$BASE" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    say "installing python${ver}-venv (venv support for $BASE_REAL)"
+    apt_install "python${ver}-venv" || apt_install python3-venv
+  fi
   say "creating $VENV from $BASE_REAL"
   rm -rf "$VENV"
   "$BASE" -m venv "$VENV"
