@@ -325,7 +325,8 @@ class SSHHost(Host):
             if os.path.isfile(path):
                 client.load_host_keys(path)
         if s.accept_new:
-            client.set_missing_host_key_policy(_AcceptNewPolicy(Path(s.user_known_hosts[0])))
+            save_to = s.user_known_hosts[0] if s.user_known_hosts else "~/.ssh/known_hosts"
+            client.set_missing_host_key_policy(_AcceptNewPolicy(Path(save_to).expanduser()))
         else:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         # paramiko's SSHClient asks $SSH_AUTH_SOCK's agent; IdentityAgent may name another

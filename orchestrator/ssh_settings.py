@@ -339,8 +339,8 @@ def _first(conf: dict[str, list[str]], key: str) -> str | None:
 
 
 def _words(conf: dict[str, list[str]], key: str) -> list[str]:
-    # ssh -G prints a list of files space-separated and unquoted.
-    return [w for value in conf.get(key, []) for w in value.split()]
+    # ssh -G prints a list of files space-separated and unquoted; "none" means no file.
+    return [w for value in conf.get(key, []) for w in value.split() if w.lower() != "none"]
 
 
 def _expand(path: str) -> str:
