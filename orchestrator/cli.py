@@ -16,7 +16,10 @@ app = typer.Typer(
     help="Relay, probe and evaluate DFlash drafters across a trainer and eval hosts over SSH.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    # --install-completion / --show-completion for bash, zsh, fish and PowerShell.
+    add_completion=True,
+    # -h everywhere: click hands help option names down to every subcommand's context.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 COMMAND_MODULES = (
@@ -27,6 +30,7 @@ COMMAND_MODULES = (
     "orchestrator.commands.relay",
     "orchestrator.commands.follow",
     "orchestrator.commands.demo",
+    "orchestrator.commands.env",
 )
 
 for _name in COMMAND_MODULES:
@@ -35,11 +39,21 @@ for _name in COMMAND_MODULES:
 err_console = Console(stderr=True, highlight=False)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from orchestrator import __version__
+        typer.echo(f"dflash {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(accept_new_host_keys: bool = typer.Option(
         False, "--accept-new-host-keys",
         help="Trust and remember SSH host keys seen for the first time (like OpenSSH's "
-             "accept-new). Changed keys are always refused.")) -> None:
+             "accept-new). Changed keys are always refused."),
+          version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True,
+        help="Print dflash's version and exit.")) -> None:
     from orchestrator import hosts
     hosts.ACCEPT_NEW_HOST_KEYS = accept_new_host_keys
 
@@ -55,7 +69,7 @@ def _run_app() -> int:
     """Run the app; a parse error (``--samples 0``, ``--bogus``) is one line on stderr and
     exit 2 instead of click's usage block. Returns the exit code."""
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="dflash")  # also names completion scripts
     except typer.Abort:
         err_console.print("[yellow]aborted[/]")
         return 1

@@ -6,7 +6,9 @@ string the caller has built with `quote`. The local transport runs the same comm
 through ``bash -c``, so the embedded demo exercises the same code path as a real host.
 
 SSH specifics:
-- Connections honour ``~/.ssh/config`` (Fabric), keys, the agent and ProxyJump (`jump`).
+- Connections honour ``~/.ssh/config`` as OpenSSH reads it (``ssh -G``, see
+  `orchestrator.ssh_settings`, shared with the relay's ssh streams): Include, Match,
+  keys, IdentityAgent, IdentitiesOnly, ProxyJump/ProxyCommand, known-hosts files.
 - Unknown host keys are REFUSED unless the user opts in (`accept_new_host_key`, or
   ``--accept-new-host-keys``); an accepted key is saved like OpenSSH's ``accept-new``.
   A changed key is always refused. Fabric's default would trust any key silently.
@@ -32,8 +34,10 @@ import paramiko
 # Paramiko logs transport failures to stderr on its own; we report them as one line instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
+from orchestrator import ssh_settings
 from orchestrator.errors import DflashError
 from orchestrator.inventory import HostSpec
+from orchestrator.ssh_settings import SSHSettings
 
 # Large windows and packets keep a single channel near line rate; far beyond 2 MiB
 # paramiko gets slower (its channel buffer's recv cost grows with what is buffered).
@@ -287,11 +291,15 @@ class _ChannelProcess(Process):
 
 
 class SSHHost(Host):
-    """A host reached over SSH through a Fabric `Connection` (opened lazily, reused)."""
+    """A host reached over SSH through a Fabric `Connection` (opened lazily, reused).
 
-    def __init__(self, spec: HostSpec, jump: "SSHHost | None" = None):
+    `settings` (`ssh_settings.resolve`) says how: the same values the relay's OpenSSH
+    streams get. A jump host is another `SSHHost` whose connection carries this one."""
+
+    def __init__(self, spec: HostSpec, settings: SSHSettings):
         super().__init__(spec)
-        self._jump = jump
+        self.settings = settings
+        self._jump = SSHHost(_hop_spec(settings.jump), settings.jump) if settings.jump else None
         self._conn = None
         self._lock = threading.Lock()
 
@@ -304,27 +312,26 @@ class SSHHost(Host):
             return self._conn
 
     def _connect(self):
-        from fabric import Connection
+        from fabric import Config, Connection
 
-        spec = self.spec
-        # A peer that accepts TCP but never speaks SSH must time out like one that is silent.
-        connect_kwargs = {"banner_timeout": spec.connect_timeout,
-                          "auth_timeout": spec.connect_timeout}
-        if spec.identity_file:
-            connect_kwargs["key_filename"] = [os.path.expanduser(spec.identity_file)]
-        gateway = self._jump.connection if self._jump else None
-        conn = Connection(host=spec.hostname or spec.name, user=spec.user, port=spec.port,
-                          gateway=gateway, connect_timeout=spec.connect_timeout,
-                          connect_kwargs=connect_kwargs)
+        s = self.settings
+        gateway = self._jump.connection if self._jump else s.proxy_command_line()
+        # An empty ssh_config: everything ssh_config says is already in `settings`.
+        conn = Connection(host=s.hostname, user=s.user, port=s.port, gateway=gateway,
+                          connect_timeout=s.connect_timeout, connect_kwargs=s.paramiko_kwargs(),
+                          config=Config(ssh_config=paramiko.SSHConfig()))
         client = conn.client
-        known_hosts = known_hosts_files(spec, conn.ssh_config)
-        for path in known_hosts:
-            if path.is_file():
-                client.load_host_keys(str(path))
-        if spec.accept_new_host_key or ACCEPT_NEW_HOST_KEYS:
-            client.set_missing_host_key_policy(_AcceptNewPolicy(known_hosts[0]))
+        for path in s.known_hosts:
+            if os.path.isfile(path):
+                client.load_host_keys(path)
+        if s.accept_new:
+            save_to = s.user_known_hosts[0] if s.user_known_hosts else "~/.ssh/known_hosts"
+            client.set_missing_host_key_policy(_AcceptNewPolicy(Path(save_to).expanduser()))
         else:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        # paramiko's SSHClient asks $SSH_AUTH_SOCK's agent; IdentityAgent may name another
+        # socket and IdentitiesOnly may narrow its keys, so hand it the agent ssh would use.
+        client._agent = s.agent()
         try:
             conn.open()
         except Exception as exc:  # translated into one actionable line
@@ -404,23 +411,6 @@ class SSHHost(Host):
             self._jump.close()
 
 
-def known_hosts_files(spec: HostSpec, ssh_config: dict | None = None) -> list[Path]:
-    """Where host keys for `spec` are looked up, in order: the inventory's known_hosts
-    first (where accepted keys are saved), then ~/.ssh/config's UserKnownHostsFile, then
-    ~/.ssh/known_hosts. Both the paramiko connections and the relay's OpenSSH streams use
-    this list, so a key one of them trusts the other trusts too."""
-    if ssh_config is None:
-        from fabric import Config
-        ssh_config = Config().base_ssh_config.lookup(spec.hostname or spec.name)
-    files = []
-    if spec.known_hosts:
-        files.append(Path(os.path.expanduser(spec.known_hosts)))
-    for entry in (ssh_config.get("userknownhostsfile") or "").split():
-        files.append(Path(os.path.expanduser(entry)))
-    files.append(Path(os.path.expanduser("~/.ssh/known_hosts")))
-    return files
-
-
 class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     """OpenSSH's ``StrictHostKeyChecking=accept-new``: trust and save an UNKNOWN key.
 
@@ -441,24 +431,15 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
 def open_host(spec: HostSpec, inventory=None) -> Host:
     """A `Host` for an inventory entry. The connection opens on first use.
 
-    `jump` names another inventory host (or ``user@host:port``) to tunnel through.
-    """
+    For SSH hosts the settings are resolved here, once (`ssh_settings.resolve`: ssh_config
+    as ``ssh -G`` sees it, under the inventory's values); `jump` names another inventory
+    host or an OpenSSH ProxyJump list (``[user@]host[:port],...``)."""
     if spec.transport == "local":
         return LocalHost(spec)
-    jump = None
-    if spec.jump:
-        if inventory is not None and spec.jump in inventory.hosts:
-            jump = open_host(inventory.hosts[spec.jump], inventory)
-        else:
-            jump = SSHHost(_spec_from_target(spec.jump, spec))
-    return SSHHost(spec, jump=jump)
+    return SSHHost(spec, ssh_settings.resolve(spec, inventory))
 
 
-def _spec_from_target(target: str, base: HostSpec) -> HostSpec:
-    """A HostSpec for an OpenSSH-style ``[user@]host[:port]`` jump target."""
-    user, _, hostport = target.rpartition("@")
-    host, _, port = hostport.partition(":")
-    return HostSpec(name=target, hostname=host, user=user or None,
-                    port=int(port) if port else None, known_hosts=base.known_hosts,
-                    accept_new_host_key=base.accept_new_host_key,
-                    identity_file=base.identity_file, connect_timeout=base.connect_timeout)
+def _hop_spec(settings: SSHSettings) -> HostSpec:
+    """A HostSpec naming a jump hop (its connection comes from `settings`)."""
+    return HostSpec(name=settings.name, hostname=settings.hostname, user=settings.user,
+                    port=settings.port, connect_timeout=settings.connect_timeout)

@@ -202,17 +202,19 @@ HOST_REFERENCES = ("relay_from", "relay_to", "eval_host")
 
 # ---- loading --------------------------------------------------------------------------
 
+def locate_inventory(explicit: str | os.PathLike | None = None) -> tuple[Path, str]:
+    """Where the inventory is looked for and why there: ``--inventory``, then
+    ``$DFLASH_INVENTORY``, then ``./inventory.yaml``. The file may not exist."""
+    if explicit:
+        return Path(explicit), "--inventory"
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR]), f"${ENV_VAR}"
+    return Path(DEFAULT_FILE), "the current folder"
+
+
 def find_inventory_path(explicit: str | os.PathLike | None = None) -> Path:
     """``--inventory``, then ``$DFLASH_INVENTORY``, then ``./inventory.yaml``."""
-    if explicit:
-        path = Path(explicit)
-        source = "--inventory"
-    elif os.environ.get(ENV_VAR):
-        path = Path(os.environ[ENV_VAR])
-        source = f"${ENV_VAR}"
-    else:
-        path = Path(DEFAULT_FILE)
-        source = "the current folder"
+    path, source = locate_inventory(explicit)
     if not path.is_file():
         raise InventoryError(
             f"no inventory at {path} (from {source}); pass --inventory FILE or set ${ENV_VAR}"

@@ -9,12 +9,16 @@ The tau-by-step plot has one colour per series: runs of the same training run (t
 host and checkpoints folder, see `results.series_key`), prompts and ground truth. Per
 series: tau (per-sample mean, solid), token-weighted tau (dashed) and DDTree tau per node
 budget (dotted), against the checkpoint's training step.
+
+matplotlib is the optional ``plot`` extra: without it every figure is None, so every plot is
+skipped (the JSON results are complete without them) and one line says so, once per process.
 """
 
 from __future__ import annotations
 
 import io
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +28,21 @@ from orchestrator.errors import DflashError
 DDTREE_MARKERS = ("s", "^", "v", "D", "P", "X")
 
 
+MISSING = ("plots skipped: matplotlib is not installed "
+           "(pip install 'dflash[plot]', or bash scripts/setup.sh)")
+_told = False
+
+
 def _pyplot():
-    import matplotlib
+    """pyplot on the Agg backend, or None (after one line on stderr) without matplotlib."""
+    global _told
+    try:
+        import matplotlib
+    except ImportError:
+        if not _told:
+            print(MISSING, file=sys.stderr)
+            _told = True
+        return None
 
     matplotlib.use("Agg")  # files only, never a window; must precede pyplot's import
     import matplotlib.pyplot as plt
@@ -44,6 +61,8 @@ def histogram_figure(run: res.Run) -> Any | None:
     if not hist:
         return None
     plt = _pyplot()
+    if plt is None:
+        return None
     total = sum(c for _, c in hist) or 1
     fig, ax = plt.subplots(figsize=(7, 4))
     bars = ax.bar([k for k, _ in hist], [c / total for _, c in hist], color="#4C72B0")
@@ -70,6 +89,8 @@ def per_position_figure(run: res.Run) -> Any | None:
     if not pos:
         return None
     plt = _pyplot()
+    if plt is None:
+        return None
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = [int(p["position"]) for p in pos]
     ys = [p["rate"] for p in pos]
@@ -107,6 +128,8 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
     if not series:
         return None
     plt = _pyplot()
+    if plt is None:
+        return None
     fig, ax = plt.subplots(figsize=(9, 5))
     many = len(series) > 1
     for i, (key, pts) in enumerate(sorted(series.items())):
@@ -146,6 +169,8 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
 
 def save_png(fig: Any, path: str | Path) -> Path:
     plt = _pyplot()
+    if plt is None:
+        return None
     path = Path(path)
     if not path.parent.is_dir():
         plt.close(fig)
@@ -162,6 +187,8 @@ def svg(fig: Any, salt: str = "") -> str:
     import matplotlib
 
     plt = _pyplot()
+    if plt is None:
+        return None
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt or str(id(fig))}):
         fig.savefig(buf, format="svg")

@@ -12,12 +12,11 @@ fan out). One channel carries a batch of files as frames (8-byte length, then th
 a process and channel per file cost ~0.25 s of start-up each. Nothing touches this
 machine's disk.
 
-The ``ssh`` command line honours the inventory exactly as the paramiko connections do:
-port, user, identity_file, the inventory's known_hosts before ``~/.ssh/known_hosts``,
-StrictHostKeyChecking=yes (accept-new only when opted in), connect_timeout, and a jump
-host (an inventory host becomes a ProxyCommand with ITS settings). ``~/.ssh/config`` is
-read by ssh itself. The cipher list offered is the fastest first; OpenSSH takes the first
-one the server also offers.
+The ``ssh`` command line is rendered from the same `SSHSettings` as the host's paramiko
+connection (`orchestrator.ssh_settings`: ``ssh -G`` under the inventory's values), so both
+reach the same address with the same keys, agent, jump hosts, known-hosts files and
+StrictHostKeyChecking=yes (accept-new only when opted in). The cipher list offered is the
+fastest first; OpenSSH takes the first one the server also offers.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from typing import Callable, Sequence
 from orchestrator import hosts as hosts_mod
 from orchestrator.errors import DflashError
 from orchestrator.hosts import PREFERRED_CIPHERS, Host, last_line
-from orchestrator.inventory import HostSpec, Inventory
+from orchestrator.inventory import Inventory
 from remote.errors import ERROR_PREFIX
 from remote.relay import HEADER, read_exact, write_all  # the frame format both ends speak
 
@@ -61,49 +60,14 @@ def cipher_list() -> str:
     return ",".join(chosen)
 
 
-def _ssh_config_value(path: str) -> str:
-    # ssh_config values with spaces must be double-quoted; '%' would be a token there.
-    return '"' + path.replace("%", "%%") + '"'
-
-
-def openssh_options(spec: HostSpec, inventory: Inventory | None) -> list[str]:
-    """``ssh`` options (no destination) that reach `spec` like the paramiko connection does."""
+def openssh_options(host: Host) -> list[str]:
+    """``ssh`` options (no destination) that reach `host` like its paramiko connection
+    does: both are rendered from the one `SSHSettings` resolved when the host was opened
+    (`orchestrator.ssh_settings`), plus our cipher preference."""
     if shutil.which("ssh") is None:
         raise DflashError("the OpenSSH client 'ssh' is not installed on this machine; the "
                           "relay needs it (apt install openssh-client)")
-    accept_new = spec.accept_new_host_key or hosts_mod.ACCEPT_NEW_HOST_KEYS
-    known = [str(p) for p in hosts_mod.known_hosts_files(spec)]
-    opts = ["-T", "-x", "-a",
-            "-o", "BatchMode=yes",
-            "-o", "Compression=no",
-            "-o", "ClearAllForwardings=yes",
-            "-o", f"StrictHostKeyChecking={'accept-new' if accept_new else 'yes'}",
-            "-o", "UserKnownHostsFile=" + " ".join(_ssh_config_value(k) for k in known),
-            "-o", f"ConnectTimeout={max(1, int(round(spec.connect_timeout)))}",
-            "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
-            "-o", "LogLevel=ERROR"]
-    ciphers = cipher_list()
-    if ciphers:
-        opts += ["-c", ciphers]
-    if spec.port:
-        opts += ["-p", str(spec.port)]
-    if spec.user:
-        opts += ["-l", spec.user]
-    if spec.identity_file:
-        opts += ["-i", os.path.expanduser(spec.identity_file)]
-    if spec.jump:
-        if inventory is not None and spec.jump in inventory.hosts:
-            jspec = inventory.hosts[spec.jump]
-            inner = ["ssh", *openssh_options(jspec, inventory), "-W", "%h:%p",
-                     jspec.hostname or jspec.name]
-            # ProxyCommand is run by a shell after %-expansion: quote, then escape '%'
-            # everywhere except the %h:%p we want expanded.
-            line = " ".join(hosts_mod.quote(a) for a in inner)
-            line = line.replace("%", "%%").replace("%%h:%%p", "%h:%p")
-            opts += ["-o", f"ProxyCommand={line}"]
-        else:
-            opts += ["-J", spec.jump]
-    return opts
+    return host.settings.openssh_options(cipher_list())
 
 
 def stream_argv(host: Host, line: str, inventory: Inventory | None,
@@ -111,9 +75,8 @@ def stream_argv(host: Host, line: str, inventory: Inventory | None,
     """The local argv that runs shell command `line` on `host` with binary pipes."""
     if isinstance(host, hosts_mod.LocalHost):
         return ["bash", "-c", line]
-    spec = host.spec
     extra = mux.options(host) if mux is not None else []
-    return ["ssh", *openssh_options(spec, inventory), *extra, spec.hostname or spec.name, line]
+    return ["ssh", *openssh_options(host), *extra, host.settings.alias, line]
 
 
 # Runs a master's ssh so that it gets SIGTERM when the process that started it dies, even
@@ -196,10 +159,9 @@ class Multiplexer:
             return
         with self._lock:
             path = os.path.join(self.dir, str(len(self.masters)))
-            spec = host.spec
-            argv = ["ssh", *openssh_options(spec, self.inventory), "-M", "-N",
+            argv = ["ssh", *openssh_options(host), "-M", "-N",
                     "-o", f"ControlPath={path}", "-o", "ControlPersist=no",
-                    spec.hostname or spec.name]
+                    host.settings.alias]
             self.masters[path] = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _TIED_TO_PARENT, str(os.getpid()), *argv],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -1,0 +1,55 @@
+"""What this machine runs dflash with, for bug reports: `dflash env`.
+
+Versions are read from installed package metadata, never by importing the package (the
+controller stays torch-free: asking about torch must not load it).
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+
+import orchestrator
+from orchestrator.inventory import locate_inventory
+
+PACKAGES = ("torch", "transformers", "paramiko", "fabric", "typer", "matplotlib")
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of distribution `name`, or None."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def openssh_version() -> str | None:
+    """``ssh -V`` (it prints to stderr), or None without an ssh client."""
+    if shutil.which("ssh") is None:
+        return None
+    try:
+        proc = subprocess.run(["ssh", "-V"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (proc.stderr or proc.stdout).strip() or None
+
+
+def environment(inventory: str | None = None) -> dict:
+    """dflash, python, package and OpenSSH versions, and which inventory is used, from
+    where (``--inventory``, ``$DFLASH_INVENTORY`` or the current folder) and whether it
+    exists."""
+    path, source = locate_inventory(inventory)
+    return {
+        "dflash": orchestrator.__version__,
+        "dflash_path": str(orchestrator.__path__[0]),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "in_venv": sys.prefix != sys.base_prefix,
+        "platform": platform.platform(),
+        "packages": {name: package_version(name) for name in PACKAGES},
+        "openssh": openssh_version(),
+        "inventory": {"path": str(path.resolve()), "from": source, "exists": path.is_file()},
+    }
