@@ -28,15 +28,15 @@ OVERHEAD_FRACTION = 0.10
 OVERHEAD_BYTES = 512 * 1024 * 1024
 
 
-def target_text_bytes(folder: Path, dtype: str) -> int:
-    """Bytes the target's text part takes in `dtype`: the same layout the engine loads
+def describe_target(folder: Path, dtype: str):
+    """The target as the engine will see it, and the bytes its text part takes in `dtype`
     (backbone + head found in the module tree; the vision tower never counted)."""
     import torch
 
     from remote.model.layout import describe, text_weight_bytes
 
     d = describe(folder, getattr(torch, dtype))
-    return text_weight_bytes(d.model, d.layout, getattr(torch, dtype))
+    return d, text_weight_bytes(d.model, d.layout, getattr(torch, dtype))
 
 
 def drafter_bytes(folder: Path, dtype: str) -> int:
@@ -107,7 +107,7 @@ def check(spec: dict) -> dict:
         prompts = (spec.get("prompts") or {}).get("path")
         if not prompts or not Path(prompts).is_file():
             raise UserError(f"prompts file {prompts} does not exist on this host")
-    need_target = target_text_bytes(target, dtype)
+    described, need_target = describe_target(target, dtype)
     need_drafter = drafter_bytes(drafter, dtype)
     need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
     mem = meminfo()
@@ -118,6 +118,10 @@ def check(spec: dict) -> dict:
         raise UserError(f"not enough free RAM: the target's text weights ({_gib(need_target)})"
                         f" and the drafter ({_gib(need_drafter)}) in {dtype} need about "
                         f"{_gib(need)}, and {_gib(mem['available'])} is available")
+    # What the engine checks before reading a tensor: whole shards, every text weight there.
+    from remote.model.load import plan_text
+
+    plan_text(target, None, described)
     if kind in ("sglang", "openai", "openai-text"):
         if not gt.get("url"):
             raise UserError(f"ground truth kind {kind!r} needs a server URL (inventory "

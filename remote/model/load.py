@@ -5,7 +5,8 @@ takes memory. Of the checkpoint, only the keys that `keys.map_checkpoint_keys` s
 the text part are handed, as `files.LazyTensor`s (read on demand with ``pread``), to
 transformers' own loader ``convert_and_load_state_dict_in_model``: the same function
 ``from_pretrained`` runs, so renamings, per-expert MoE fusion, dtype plans
-(``_keep_in_fp32_modules``) all apply exactly as transformers applies them.
+(``_keep_in_fp32_modules``) all apply exactly as transformers applies them. Tensors are read
+one at a time, when their target is built, so peak memory stays near the text weights.
 
 Non-persistent buffers (rotary ``inv_freq``, Gemma's ``embed_scale``, ...) are then
 allocated and filled by the model's own ``_init_weights``, module by module over the text
@@ -16,6 +17,8 @@ is an error, never a silent random weight.
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from remote.errors import UserError
@@ -24,18 +27,16 @@ from remote.model.keys import conversion_mapping, map_checkpoint_keys, missing_k
 from remote.model.layout import Described, describe
 
 
-def load_text(folder: str | Path, dtype) -> Described:
-    """Describe the model in `folder` and load its text part in `dtype`.
+def plan_text(folder: str | Path, dtype, described: Described | None = None
+              ) -> tuple[Described, dict, dict[str, str]]:
+    """Everything `load_text` checks before it reads a tensor: the model has a head, the
+    shards are whole, and every text weight is in the checkpoint.
 
-    Returns the `Described` whose ``model`` has the backbone and head materialised on the
-    CPU (everything else stays on meta), in eval mode, without gradients.
+    Returns (description, shard scan, checkpoint key -> module key of the text keys). The
+    preflight runs this too, so a job that passes it fails on none of these later.
     """
-    import torch
-    from transformers.core_model_loading import convert_and_load_state_dict_in_model
-    from transformers.modeling_utils import LoadStateDictConfig
-
-    d = describe(folder, dtype)
-    model, layout, dtype = d.model, d.layout, d.dtype
+    d = described or describe(folder, dtype)
+    model, layout = d.model, d.layout
     if layout.head_path is None:
         raise UserError(f"{layout.architecture} has no LM head (output embedding); it cannot "
                         "be a speculative-decoding target")
@@ -53,13 +54,49 @@ def load_text(folder: str | Path, dtype) -> Described:
         raise UserError(f"target checkpoint lacks {', '.join(missing[:6])}"
                         + (f" (and {len(missing) - 6} more)" if len(missing) > 6 else "")
                         + f"; is the download of {d.folder} complete?")
+    return d, scan, wanted
+
+
+@contextmanager
+def _sequential_reads():
+    """transformers' switch for reading tensors one at a time, as their targets are built.
+
+    Its default thread pool reads every tensor up front; a MoE checkpoint's per-expert
+    tensors then all coexist with their fused copies, and the holes they leave once freed
+    keep the resident set near twice the weights (measured: 2.1x vs 1.3x on a 2 GB MoE).
+    """
+    key = "HF_DEACTIVATE_ASYNC_LOAD"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def load_text(folder: str | Path, dtype) -> Described:
+    """Describe the model in `folder` and load its text part in `dtype` (None: the config's).
+
+    Returns the `Described` whose ``model`` has the backbone and head materialised on the
+    CPU (everything else stays on meta), in eval mode, without gradients.
+    """
+    import torch
+    from transformers.core_model_loading import convert_and_load_state_dict_in_model
+    from transformers.modeling_utils import LoadStateDictConfig
+
+    d, scan, wanted = plan_text(folder, dtype)
+    model, layout, dtype = d.model, d.layout, d.dtype
     tensors = lazy_tensors(d.folder, scan)
     state = {ck: tensors[ck] for ck in wanted}
     config = LoadStateDictConfig(pretrained_model_name_or_path=str(d.folder), dtype=dtype,
                                  dtype_plan=model._get_dtype_plan(dtype),
                                  weight_mapping=conversion_mapping(model))
     try:
-        info, _ = convert_and_load_state_dict_in_model(model, state, config)
+        with _sequential_reads():
+            info, _ = convert_and_load_state_dict_in_model(model, state, config)
     except UserError:
         raise
     except Exception as exc:
