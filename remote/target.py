@@ -61,7 +61,8 @@ class Target:
 
     @torch.inference_mode()
     def forward(
-        self, ids: list[int] | torch.Tensor, layer_ids: list[int], argmax_from: int = 0, chunk: int = 256
+        self, ids: list[int] | torch.Tensor, layer_ids: list[int], argmax_from: int = 0,
+        chunk: int = 256,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward over ``ids``. Returns (features [T, len(layer_ids)*hidden] = raw outputs
         of the named decoder layers concatenated in order, greedy argmax [T - argmax_from] of

@@ -108,12 +108,10 @@ def test_engine_equals_transformers_and_agrees_with_the_probe(name, tmp_path):
 def test_a_model_transformers_cannot_build_here_is_one_line_naming_it(tmp_path):
     """Gemma3n's full model builds its vision tower with timm; without timm on the host the
     eval says so in one line naming the architecture, before reading any weight."""
-    pytest.importorskip("transformers")
-    try:
-        import timm  # noqa: F401
+    import importlib.util
+
+    if importlib.util.find_spec("timm") is not None:
         pytest.skip("timm is installed here: Gemma3nForConditionalGeneration builds")
-    except ImportError:
-        pass
     from transformers import Gemma3nConfig
 
     folder = tmp_path / "gemma3n-vlm"

@@ -43,7 +43,8 @@ def read_json(path: Path, what: str) -> dict:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        reason = getattr(exc, "strerror", None) or exc
+        raise UserError(f"cannot read {what} {path}: {reason}") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{what} {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(data, dict):
