@@ -124,3 +124,15 @@ def test_a_model_transformers_cannot_build_here_is_one_line_naming_it(tmp_path):
         load_target(str(folder), torch.float32)
     msg = str(err.value)
     assert "\n" not in msg and "Gemma3nForConditionalGeneration" in msg and "timm" in msg
+
+
+def test_a_quantized_checkpoint_is_one_line(tmp_path):
+    """gpt-oss ships MXFP4 experts; the loader does not dequantize, and says so up front."""
+    folder = tiny_models.build_checkpoint("gpt_oss", tmp_path / "gpt_oss")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError) as err:
+        load_target(str(folder), torch.float32)
+    msg = str(err.value)
+    assert "\n" not in msg and "GptOssForCausalLM" in msg and "quantized (mxfp4)" in msg

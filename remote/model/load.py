@@ -37,6 +37,13 @@ def plan_text(folder: str | Path, dtype, described: Described | None = None
     """
     d = described or describe(folder, dtype)
     model, layout = d.model, d.layout
+    quant = getattr(d.config, "quantization_config", None)
+    if quant:
+        method = quant.get("quant_method") if isinstance(quant, dict) else \
+            getattr(quant, "quant_method", None)
+        raise UserError(f"{layout.architecture} checkpoint in {d.folder} is quantized "
+                        f"({method or 'unknown method'}); the eval reads bf16/fp16/fp32 "
+                        "weights only: point it at a dequantized copy")
     if layout.head_path is None:
         raise UserError(f"{layout.architecture} has no LM head (output embedding); it cannot "
                         "be a speculative-decoding target")
