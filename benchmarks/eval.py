@@ -7,7 +7,10 @@ Prints ratios measured in ONE run on this machine (no absolute targets, no asser
 * online speculative-decoding loop time / offline eval time        (goal >= 5)
 * peak RSS of a fresh ``python -m remote eval`` / weights' bytes   (goal <= 1.3), on this
   target and on a bigger one (``--rss-hidden``/``--rss-layers``, ~2.4 GB), with the fixed
-  runtime (python + torch + transformers + the target's modeling code) printed beside it
+  runtime (python + torch + transformers + the target's modeling code) printed beside it;
+  and on a MoE VLM target (``--moe-hidden``/``--moe-layers``/``--moe-experts``, a
+  Qwen3.5-MoE with a vision tower, ~2 GB: per-expert checkpoint keys that the loader fuses
+  as transformers does, vision weights never read)
 
 Setup: a random-weight Qwen3 target (default hidden 1536, 12 layers, vocab 32000: ~440M
 parameters, ~0.9 GB in bf16) and a random 1-layer z-lab drafter (block 16), saved under
@@ -18,6 +21,7 @@ drafter's last layer and head only at about tau rows per position) and the deare
 (DDTree's walks then visit every position, and each visit needs all B rows and the head).
 
     python benchmarks/eval.py [--samples 2] [--prompt 128] [--completion 128] [--threads 2]
+    python benchmarks/eval.py --rss-only     # the peak-RSS rows alone (random ground truth)
 """
 
 from __future__ import annotations
@@ -49,6 +53,46 @@ def build(workdir: str, hidden: int, layers: int, vocab: int) -> tuple[str, str]
                                      "intermediate_size", "rms_norm_eps", "vocab_size", "rope_parameters", "max_position_embeddings")}
         dcfg.update(architectures=["DFlashDraftModel"], model_type="qwen3", num_hidden_layers=1, block_size=16,
                     num_target_layers=layers, dflash_config={"target_layer_ids": [1, layers // 2, layers - 2], "mask_token_id": 3})
+        torch.manual_seed(0)
+        save_zlab(DFlashDrafter(DrafterConfig.from_dict(dcfg)).to(torch.bfloat16), drafter)
+    return target, drafter
+
+
+def build_moe(workdir: str, hidden: int, layers: int, experts: int, vocab: int) -> tuple[str, str]:
+    """A random Qwen3.5-MoE VLM target (bf16, saved as users save it: one key per expert)
+    and a random 1-layer drafter over its layers 1, n/2, n-2."""
+    import torch
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+    from remote.drafter import DFlashDrafter, DrafterConfig, save_zlab
+
+    target = os.path.join(workdir, "target")
+    drafter = os.path.join(workdir, "drafter")
+    heads = hidden // 128
+    if not os.path.isfile(os.path.join(target, "config.json")):
+        text = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                    num_key_value_heads=max(1, heads // 4), head_dim=128, vocab_size=vocab,
+                    num_experts=experts, num_experts_per_tok=8, moe_intermediate_size=hidden // 2,
+                    shared_expert_intermediate_size=hidden // 2, linear_num_key_heads=heads // 2,
+                    linear_num_value_heads=heads, linear_key_head_dim=128,
+                    linear_value_head_dim=128, max_position_embeddings=4096,
+                    tie_word_embeddings=False)
+        vision = dict(depth=2, hidden_size=256, intermediate_size=512, num_heads=4,
+                      out_hidden_size=hidden)
+        cfg = Qwen3_5MoeConfig(text_config=text, vision_config=vision)
+        torch.manual_seed(0)
+        model = Qwen3_5MoeForConditionalGeneration._from_config(cfg, dtype=torch.bfloat16)
+        model.save_pretrained(target)
+        del model
+    if not os.path.isfile(os.path.join(drafter, "model.safetensors")):
+        text = json.load(open(os.path.join(target, "config.json")))["text_config"]
+        dcfg = {k: text[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                     "head_dim", "rms_norm_eps", "vocab_size",
+                                     "max_position_embeddings")}
+        dcfg.update(architectures=["DFlashDraftModel"], model_type="qwen3", num_hidden_layers=1,
+                    block_size=16, intermediate_size=hidden * 3, num_target_layers=layers,
+                    dflash_config={"target_layer_ids": [1, layers // 2, layers - 2],
+                                   "mask_token_id": 3})
         torch.manual_seed(0)
         save_zlab(DFlashDrafter(DrafterConfig.from_dict(dcfg)).to(torch.bfloat16), drafter)
     return target, drafter
@@ -198,6 +242,11 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--rss-hidden", type=int, default=2048, help="the bigger target of the RSS figure (0: skip)")
     ap.add_argument("--rss-layers", type=int, default=24)
+    ap.add_argument("--moe-hidden", type=int, default=1024, help="the MoE VLM target of the RSS figure (0: skip)")
+    ap.add_argument("--moe-layers", type=int, default=12)
+    ap.add_argument("--moe-experts", type=int, default=48)
+    ap.add_argument("--rss-only", action="store_true",
+                    help="only the peak-RSS rows, on random ground truth (no speed figures)")
     args = ap.parse_args()
 
     import random
@@ -207,6 +256,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.makedirs(args.workdir, exist_ok=True)
     target_dir, drafter_dir = build(args.workdir, args.hidden, args.layers, args.vocab)
+    if args.rss_only:
+        rng = __import__("random").Random(0)
+        prompts = [[rng.randrange(10, args.vocab) for _ in range(args.prompt)] for _ in range(args.samples)]
+        seqs = [p + [rng.randrange(10, args.vocab) for _ in range(args.completion)] for p in prompts]
+        print_rss(rss_rows(args, target_dir, drafter_dir, prompts, seqs))
+        return
 
     from transformers import AutoModelForCausalLM
 
@@ -256,12 +311,7 @@ def main() -> None:
     rows_cost = rows_sensitivity(target, drafter, prompts, seqs, args.repeats)
     del target, hf
 
-    rss = [("this target", *rss_figures(args.workdir, target_dir, drafter_dir, prompts, seqs, args.threads))]
-    if args.rss_hidden:
-        big = os.path.join(args.workdir, f"rss-{args.rss_hidden}x{args.rss_layers}")
-        os.makedirs(big, exist_ok=True)
-        big_target, big_drafter = build(big, args.rss_hidden, args.rss_layers, args.vocab)
-        rss.append((f"{args.rss_hidden} x {args.rss_layers} target", *rss_figures(big, big_target, big_drafter, prompts, seqs, args.threads)))
+    rss = rss_rows(args, target_dir, drafter_dir, prompts, seqs)
 
     from remote.target import describe
     _c, _meta, info = describe(target_dir)
@@ -281,6 +331,27 @@ def main() -> None:
     for mode in MODES:
         goal = f"  (goal >= 5; online {t_online:.1f} s)" if mode == "all" else ""
         print(f"online loop / offline eval [{mode:10}]     = {t_online / best[mode]:.1f}x{goal}")
+    print_rss(rss)
+
+
+def rss_rows(args, target_dir: str, drafter_dir: str, prompts, seqs) -> list[tuple]:
+    """(label, peak, runtime, weights) for this target, the bigger dense one, the MoE VLM."""
+    rss = [("this target", *rss_figures(args.workdir, target_dir, drafter_dir, prompts, seqs, args.threads))]
+    if args.rss_hidden:
+        big = os.path.join(args.workdir, f"rss-{args.rss_hidden}x{args.rss_layers}")
+        os.makedirs(big, exist_ok=True)
+        big_target, big_drafter = build(big, args.rss_hidden, args.rss_layers, args.vocab)
+        rss.append((f"{args.rss_hidden} x {args.rss_layers} target", *rss_figures(big, big_target, big_drafter, prompts, seqs, args.threads)))
+    if args.moe_hidden:
+        moe = os.path.join(args.workdir, f"moe-{args.moe_hidden}x{args.moe_layers}x{args.moe_experts}")
+        os.makedirs(moe, exist_ok=True)
+        moe_target, moe_drafter = build_moe(moe, args.moe_hidden, args.moe_layers, args.moe_experts, args.vocab)
+        label = f"MoE VLM {args.moe_hidden} x {args.moe_layers}, {args.moe_experts} experts"
+        rss.append((label, *rss_figures(moe, moe_target, moe_drafter, prompts, seqs, args.threads)))
+    return rss
+
+
+def print_rss(rss: list[tuple]) -> None:
     for label, peak, base, weights in rss:
         print(f"peak RSS of `remote eval` / weights' bytes [{label}] = {peak / weights:.2f}   (goal <= 1.3; peak {peak / 2**20:.0f} MiB, "
               f"weights {weights / 2**20:.0f} MiB)")

@@ -497,6 +497,33 @@ def _read_state(file: str) -> dict[str, torch.Tensor]:
     return obj
 
 
+def weight_shapes(path: str) -> tuple[dict[str, tuple[str, str, list[int]]], list[str]]:
+    """(raw key -> (file, dtype, shape), problems) of the drafter weights, found the way
+    `load_drafter` finds and reads them: the same files (`_weight_files`), safetensors from
+    their headers, ``.pt``/``.bin`` through the same ``torch.load(weights_only=True)``.
+    Missing or truncated shards are problems (one line each), not exceptions."""
+    from remote.model.files import read_header
+
+    keys: dict[str, tuple[str, str, list[int]]] = {}
+    problems: list[str] = []
+    for f in _weight_files(path):
+        name = os.path.basename(f)
+        if not os.path.isfile(f):
+            problems.append(f"drafter shard {name} listed in the index is missing")
+            continue
+        if f.endswith(".safetensors"):
+            header = read_header(f)
+            if header.data_end > header.size:
+                problems.append(f"drafter shard {name} is truncated ({header.size} of "
+                                f"{header.data_end} bytes)")
+            for k, info in header.tensors.items():
+                keys[k] = (name, info["dtype"], [int(d) for d in info["shape"]])
+        else:
+            for k, t in _read_state(f).items():
+                keys[k] = (name, str(t.dtype).replace("torch.", ""), list(t.shape))
+    return keys, problems
+
+
 @dataclass
 class LoadReport:
     files: list[str]

@@ -1,6 +1,8 @@
 """Does a DFlash drafter fit a target? Hard problems (layer ids, widths, vocabulary, mask
 token, block size) and warnings for what silently ruins acceptance (RoPE, context length,
-sliding windows, layer ids shifted by one). Reads configs and safetensors headers only."""
+sliding windows, layer ids shifted by one). Reads the drafter's weights the way the eval
+does (`remote.drafter.weight_shapes`): safetensors headers only, ``.pt``/``.bin`` through
+``torch.load(weights_only=True)``."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from typing import Any
 
 from remote.drafter_format import default_target_layer_ids, normalise_key
 from remote.errors import UserError
-from remote.model_files import read_model_config, scan_checkpoint
-from remote.structure import index_ranges, key_prefix
+from remote.model.files import read_model_config
+from remote.model.keys import key_prefix
+from remote.model.layout import index_ranges
 
 
 
@@ -77,14 +80,15 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
     block = raw.get("block_size")
     if not isinstance(block, int) or block < 2:
         problems.append(f"block_size must be an integer >= 2, got {block!r}")
-    # Weights: headers only.
+    # Weights: found and read as the eval's loader finds and reads them.
+    from remote.drafter import weight_shapes
+
     weights: dict[str, Any] = {}
     try:
-        scan = scan_checkpoint(folder)
-        keys = scan["keys"]
+        keys, shard_problems = weight_shapes(str(folder))
     except UserError as exc:
         problems.append(str(exc))
-        scan, keys = None, {}
+        keys, shard_problems = {}, []
     stripped = {}
     for k, v in keys.items():
         stripped[normalise_key(k)] = v
@@ -92,9 +96,7 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
     if prefixes:
         warnings.append(f"weight keys carry training prefixes ({', '.join(prefixes)}): "
                         "stripped for this check")
-    if scan is not None and not keys:
-        problems.append(f"no safetensors weights in drafter folder {folder}")
-    elif keys:
+    if keys:
         fc = stripped.get("fc.weight")
         if fc is None:
             problems.append("drafter weights have no fc.weight")
@@ -118,12 +120,7 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
         if any(k.startswith(("embed_tokens", "lm_head")) for k in stripped):
             warnings.append("drafter checkpoint carries its own embed_tokens/lm_head; "
                             "DFlash uses the target's")
-        if scan is not None:
-            for t in scan["truncated_shards"]:
-                problems.append(f"drafter shard {t['file']} is truncated ({t['size']} of "
-                                f"{t['expected']} bytes)")
-            for m in scan["missing_shards"]:
-                problems.append(f"drafter shard {m} listed in the index is missing")
+    problems.extend(shard_problems)
     # Warnings about settings that run but give different numbers.
     dr, tr = rope_summary(raw), rope_summary(target_text_raw)
     for field in ("theta", "type", "factor"):

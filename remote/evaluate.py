@@ -132,18 +132,14 @@ def check_compatible(dcfg, tinfo, fc_in: int | None) -> None:
 
 
 def fc_width(path: str) -> int | None:
-    """``fc`` input width from safetensors headers (no tensor read); None for .pt files."""
-    from safetensors import safe_open
+    """``fc`` input width of the drafter, read as `load_drafter` reads its weights (headers
+    only for safetensors); None when the weights have no ``fc.weight``."""
+    from remote.drafter import normalise_key, weight_shapes
 
-    from remote.drafter import _weight_files, normalise_key
-
-    for f in _weight_files(path):
-        if not f.endswith(".safetensors"):
-            return None
-        with safe_open(f, "pt") as fh:
-            for k in fh.keys():
-                if normalise_key(k) == "fc.weight":
-                    return int(fh.get_slice(k).get_shape()[1])
+    keys, _problems = weight_shapes(path)
+    for k, (_file, _dtype, shape) in keys.items():
+        if normalise_key(k) == "fc.weight" and len(shape) == 2:
+            return int(shape[1])
     return None
 
 

@@ -1,80 +1,38 @@
-"""``probe --load``: load the text backbone only, run a short forward, and check that each
-hooked decoder-layer output equals ``hidden_states[i+1]``."""
+"""``probe --load``: load the text part exactly as the eval engine does (`remote.model.load`),
+run a short forward of the backbone, and check that each hooked decoder-layer output equals
+``hidden_states[i+1]``."""
 
 from __future__ import annotations
 
-import copy
 import time
 from pathlib import Path
 from typing import Any
 
 from remote.errors import UserError
-from remote.model_files import one_line
-from remote.structure import limited
+from remote.model.files import one_line
+from remote.model.keys import limited
+from remote.model.layout import TextLayout
+from remote.model.load import load_text
 
 
+def load_and_verify(folder: Path, layout: TextLayout, scan: dict) -> dict:
+    """Load the text part (never the vision tower), run 8 random tokens through the backbone,
+    compare the hooked layer outputs with ``output_hidden_states``.
 
-def load_and_verify(folder: Path, meta_model, structure: dict, scan: dict,
-                    mapping: dict[str, str], converted: set[str], dtype,
-                    num_layers: int, hidden: int, vocab: int) -> dict:
-    """Load the text backbone only, run a short forward, check hidden states against hooks.
-
-    The backbone is built on the CPU without random init (``no_init_weights``) from its own
-    config, so non-persistent buffers (rotary frequencies, embedding scales) are computed by
-    its constructor, then filled from the checkpoint through the same key mapping the report
-    shows. The vision tower is never allocated.
+    The model is loaded in the dtype its config declares, by the loader the engine uses, so
+    a probe that passes here means the eval will load the same tensors.
     """
     import torch
-    from safetensors import safe_open
 
-    if scan["missing_shards"] or scan["truncated_shards"]:
-        bad = scan["missing_shards"] + [t["file"] for t in scan["truncated_shards"]]
-        raise UserError(f"cannot --load {folder}: shards missing or truncated: {', '.join(bad)}")
-    backbone_path = structure["backbone"]
-    meta_bb = meta_model.get_submodule(backbone_path) if backbone_path else meta_model
-    bb_config = getattr(meta_bb, "config", None)
-    if bb_config is None or not hasattr(type(meta_bb), "_from_config"):
-        raise UserError(f"--load: text backbone {backbone_path} ({type(meta_bb).__name__}) is "
-                        "not a transformers model with its own config")
-    prefix = backbone_path + "." if backbone_path else ""
-    wanted = {mk[len(prefix):]: ck for ck, mk in mapping.items() if mk.startswith(prefix)}
     t0 = time.monotonic()
-    if any(ck in converted for ck in wanted.values()):
-        # Some tensors need more than a rename (per-expert MoE weights fused into one
-        # tensor): let transformers load the backbone class itself, which applies the
-        # conversions and skips every key outside the backbone (the vision tower).
-        method = "backbone from_pretrained (tensor conversions needed)"
-        try:
-            model, info = type(meta_bb).from_pretrained(
-                str(folder), config=copy.deepcopy(bb_config), dtype=dtype,
-                output_loading_info=True)
-        except Exception as exc:
-            raise UserError(f"--load: transformers could not load {type(meta_bb).__name__} "
-                            f"from {folder}: {one_line(exc)}") from None
-        missing = sorted(info.get("missing_keys", []))
-    else:
-        method = "text keys only, mapped as reported"
-        from transformers.initialization import no_init_weights
-        with no_init_weights():
-            model = type(meta_bb)._from_config(copy.deepcopy(bb_config), dtype=dtype)
-        by_file: dict[str, list[tuple[str, str]]] = {}
-        for rel, ck in wanted.items():
-            by_file.setdefault(scan["keys"][ck][0], []).append((rel, ck))
-        state = {}
-        for fname, pairs in by_file.items():
-            with safe_open(str(folder / fname), framework="pt") as fh:
-                for rel, ck in pairs:
-                    state[rel] = fh.get_tensor(ck).to(dtype)
-        result = model.load_state_dict(state, strict=False)
-        del state
-        if hasattr(model, "tie_weights"):
-            model.tie_weights()
-        missing = sorted(result.missing_keys)
-    model.eval()
+    d = load_text(folder, None)
     load_s = time.monotonic() - t0
-    layers = model.get_submodule(structure["layers"][len(prefix):])
-    embed = model.get_submodule(structure["embed_tokens"][len(prefix):])
-    norm = model.get_submodule(structure["norm"][len(prefix):]) if structure["norm"] else None
+    model, layout = d.model, d.layout
+    backbone = model.get_submodule(layout.backbone_path) if layout.backbone_path else model
+    layers = model.get_submodule(layout.layers_path)
+    embed = model.get_submodule(layout.embed_path)
+    norm = model.get_submodule(layout.norm_path) if layout.norm_path else None
+    num_layers, hidden, vocab = layout.num_layers, layout.hidden_size, layout.vocab_size
     captured: dict[int, Any] = {}
     hooks = []
 
@@ -91,9 +49,11 @@ def load_and_verify(folder: Path, meta_model, structure: dict, scan: dict,
     t1 = time.monotonic()
     try:
         with torch.no_grad():
-            out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+            out = backbone(input_ids=ids, output_hidden_states=True, use_cache=False)
     except Exception as exc:
-        raise UserError(f"--load: forward of {type(model).__name__} failed: {one_line(exc)}") from None
+        raise UserError(f"--load: transformers cannot run the text part of "
+                        f"{layout.architecture} ({type(backbone).__name__}) on its own: "
+                        f"{one_line(exc)}") from None
     finally:
         for h in hooks:
             h.remove()
@@ -114,16 +74,19 @@ def load_and_verify(folder: Path, meta_model, structure: dict, scan: dict,
         elif norm is not None:
             with torch.no_grad():
                 normed = norm(raw_last)
-            last = "final_normed" if torch.allclose(normed, hs[-1], atol=1e-5, rtol=1e-4) else "other"
+            last = ("final_normed" if torch.allclose(normed, hs[-1], atol=1e-5, rtol=1e-4)
+                    else "other")
         else:
             last = "other"
+    # Scaled embeddings (Gemma) enter the stack scaled: hidden_states[0] is the scaled one.
     embed_ok = count_ok and -1 in captured and torch.equal(captured[-1], hs[0])
+    text_params = [k for k, _ in model.named_parameters() if layout.in_text(k)]
     return {
-        "backbone_class": type(model).__name__,
-        "dtype": str(dtype).replace("torch.", ""),
-        "method": method,
-        "tensors_loaded": len(wanted),
-        "missing_after_load": limited(missing),
+        "backbone_class": type(backbone).__name__,
+        "dtype": str(d.dtype).replace("torch.", ""),
+        "method": "transformers loader, text keys only (as the eval engine loads)",
+        "tensors_loaded": len(text_params),
+        "missing_after_load": limited([]),
         "load_seconds": round(load_s, 3),
         "forward_seconds": round(forward_s, 3),
         "sequence_length": seq,
@@ -134,5 +97,5 @@ def load_and_verify(folder: Path, meta_model, structure: dict, scan: dict,
         "layer_outputs_match": count_ok and not mismatched,
         "mismatched_layers": mismatched,
         "last_hidden_state": last,
-        "ok": bool(count_ok and shapes_ok and not mismatched and not missing),
+        "ok": bool(count_ok and shapes_ok and not mismatched),
     }

@@ -4,8 +4,9 @@ Checks, in order, each failure one line (a `UserError`): the python version; tor
 transformers and safetensors installed (from package metadata, nothing imported); the
 counts (threads, samples); the target and drafter folders; the prompts or ground-truth
 file; free RAM against the bytes the target's text part and the drafter will take in the
-job's dtype (read from the safetensors headers, a few KiB each, never the tensors); and the
-ground-truth server reachable FROM this host. Success prints one JSON document with what
+job's dtype (the target's text part as the eval engine finds it, `remote.model`, on the meta
+device; the drafter's weights as its loader reads them; never a tensor of the target); and
+the ground-truth server reachable FROM this host. Success prints one JSON document with what
 was found.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import struct
 import sys
 from pathlib import Path
 
@@ -24,50 +24,35 @@ MIN_PYTHON = (3, 10)
 REQUIRED = {"torch": ("torch",), "transformers": ("transformers",),
             "safetensors": ("safetensors",)}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # what the eval engine runs in
-ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2,
-                  "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-# Vision towers are never loaded for a text-only evaluation.
-VISION_MARKERS = ("visual.", "vision_tower.", "vision_model.", "multi_modal_projector.",
-                  "vision_embed", "image_newline")
 # Activations, the one-sequence forward, tokenizer and python itself.
 OVERHEAD_FRACTION = 0.10
 OVERHEAD_BYTES = 512 * 1024 * 1024
 
 
-def safetensors_header(path: Path) -> dict:
-    with open(path, "rb") as fh:
-        raw = fh.read(8)
-        if len(raw) != 8:
-            raise UserError(f"{path} is not a safetensors file (too short)")
-        (size,) = struct.unpack("<Q", raw)
-        if size > 100 * 1024 * 1024:
-            raise UserError(f"{path} has an implausible safetensors header ({size} bytes)")
-        try:
-            return json.loads(fh.read(size))
-        except ValueError:
-            raise UserError(f"{path} has a corrupt safetensors header")
+def describe_target(folder: Path, dtype: str):
+    """The target as the engine will see it, and the bytes its text part takes in `dtype`
+    (backbone + head found in the module tree; the vision tower never counted)."""
+    import torch
+
+    from remote.model.layout import describe, text_weight_bytes
+
+    d = describe(folder, getattr(torch, dtype))
+    return d, text_weight_bytes(d.model, d.layout, getattr(torch, dtype))
 
 
-def weight_bytes(folder: Path, dtype: str, text_only: bool) -> int:
-    """Bytes the folder's weights take once loaded in `dtype` (floating tensors converted,
-    others as stored); vision weights skipped when `text_only`. Non-safetensors weights
-    count by file size."""
+def drafter_bytes(folder: Path, dtype: str) -> int:
+    """Bytes the drafter's weights take in `dtype`, found as its loader finds them."""
+    from remote.drafter import weight_shapes
+    from remote.model.files import ST_DTYPES
+
     per = DTYPE_BYTES[dtype]
     total = 0
-    for f in sorted(folder.iterdir()):
-        if f.suffix == ".safetensors":
-            for name, meta in safetensors_header(f).items():
-                if name == "__metadata__" or (text_only and any(m in name
-                                                                for m in VISION_MARKERS)):
-                    continue
-                n = 1
-                for d in meta.get("shape", []):
-                    n *= int(d)
-                kind = meta.get("dtype", "F32")
-                total += n * (per if kind.startswith(("F", "BF")) else
-                              ST_DTYPE_BYTES.get(kind, 4))
-        elif f.suffix in (".bin", ".pt", ".pth"):
-            total += f.stat().st_size
+    for _file, kind, shape in weight_shapes(str(folder))[0].values():
+        n = 1
+        for dim in shape:
+            n *= int(dim)
+        floating = kind.startswith(("F", "BF", "float", "bfloat"))
+        total += n * (per if floating else ST_DTYPES.get(kind, ("", 8))[1])
     return total
 
 
@@ -129,8 +114,8 @@ def check(spec: dict) -> dict:
         prompts = (spec.get("prompts") or {}).get("path")
         if not prompts or not Path(prompts).is_file():
             raise UserError(f"prompts file {prompts} does not exist on this host")
-    need_target = weight_bytes(target, dtype, text_only=True)
-    need_drafter = weight_bytes(drafter, dtype, text_only=False)
+    described, need_target = describe_target(target, dtype)
+    need_drafter = drafter_bytes(drafter, dtype)
     need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
     mem = meminfo()
     report["memory"] = {"target_bytes": need_target, "drafter_bytes": need_drafter,
@@ -140,6 +125,10 @@ def check(spec: dict) -> dict:
         raise UserError(f"not enough free RAM: the target's text weights ({_gib(need_target)})"
                         f" and the drafter ({_gib(need_drafter)}) in {dtype} need about "
                         f"{_gib(need)}, and {_gib(mem['available'])} is available")
+    # What the engine checks before reading a tensor: whole shards, every text weight there.
+    from remote.model.load import plan_text
+
+    plan_text(target, None, described)
     if kind in ("sglang", "openai", "openai-text"):
         if not gt.get("url"):
             raise UserError(f"ground truth kind {kind!r} needs a server URL (inventory "

@@ -31,10 +31,10 @@ from remote.drafter_format import default_target_layer_ids  # noqa: F401 (tests 
 from remote.errors import UserError
 from remote.facts import disk_free, meminfo
 from remote.load_check import load_and_verify
-from remote.model_files import build_config, one_line, read_model_config, scan_checkpoint
-from remote.structure import (auto_class_choices, build_on_meta, checkpoint_class, collapsed_tree,
-                              config_dtype, find_text_structure, key_report, layer_groups,
-                              layers_path_for, parameter_split)
+from remote.model.files import incomplete_reason, one_line, read_model_config, scan_checkpoint
+from remote.model.keys import key_report
+from remote.model.layout import (auto_class_choices, collapsed_tree, describe, layer_groups,
+                                 layers_path_for, parameter_split)
 
 SCHEMA = "dflash.probe/1"
 
@@ -83,41 +83,30 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
     """The whole probe as a dict (schema ``dflash.probe/1``). See the module docstring."""
     t0 = time.monotonic()
     folder = Path(os.path.expanduser(model)).resolve()
-    raw = read_model_config(folder)
-    config = build_config(folder, raw)
+    read_model_config(folder)  # a bad path fails in milliseconds, before torch is imported
     scan = scan_checkpoint(folder)
-    import torch  # noqa: F401  (after the cheap checks: a bad path fails in milliseconds)
-    from transformers.utils import logging as hf_logging
-    hf_logging.set_verbosity_error()
-
+    d = describe(folder)
+    meta_model, layout, config = d.model, d.layout, d.config
     text_cfg = config.get_text_config()
     vocab = getattr(text_cfg, "vocab_size", None)
-    dtype = config_dtype(config)
-    auto = auto_class_choices(config)
-    cls = checkpoint_class(config, auto)
-    try:
-        meta_model = build_on_meta(cls, config, dtype)
-    except Exception as exc:
-        raise UserError(f"cannot build {cls.__name__} from {folder}/config.json on the meta "
-                        f"device: {one_line(exc)}") from None
-    structure = find_text_structure(meta_model, vocab)
-    layers = meta_model.get_submodule(structure["layers"])
-    num_layers = len(layers)
+    structure = layout.structure()
+    layers = meta_model.get_submodule(layout.layers_path)
+    num_layers = layout.num_layers
     hidden = getattr(text_cfg, "hidden_size", None)
     auto_report = {}
-    for name, acls in auto.items():
+    for name, acls in auto_class_choices(config).items():
         if acls is None:
             auto_report[name] = None
-        elif acls is cls:
-            auto_report[name] = {"class": cls.__name__, "layers": structure["layers"]}
+        elif acls is d.cls:
+            auto_report[name] = {"class": d.cls.__name__, "layers": layout.layers_path}
         else:
-            auto_report[name] = layers_path_for(acls, config, dtype, vocab)
-    split = parameter_split(meta_model, structure)
-    keys, mapping, converted = key_report(meta_model, scan, structure)
+            auto_report[name] = layers_path_for(acls, config, d.dtype, vocab)
+    split = parameter_split(meta_model, layout)
+    keys, mapping, converted = key_report(meta_model, scan, layout)
     cfg_types = getattr(text_cfg, "layer_types", None)
     ckpt_dtypes = Counter(v[1] for v in scan["keys"].values() if v[1] != "?")
-    is_vlm = structure["backbone"] != "" and split["vision"]["params"] > 0
-    text_raw = raw.get("text_config") or raw
+    is_vlm = layout.backbone_path != "" and split["vision"]["params"] > 0
+    text_raw = d.raw.get("text_config") or d.raw
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "model_path": str(folder),
@@ -125,7 +114,7 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
         "text_model_type": getattr(text_cfg, "model_type", None),
         "architectures": list(getattr(config, "architectures", None) or []),
         "is_vlm": is_vlm,
-        "built_class": cls.__name__,
+        "built_class": d.cls.__name__,
         "auto_classes": auto_report,
         "text": {
             **structure,
@@ -140,7 +129,7 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
             "layer_types_config": dict(Counter(cfg_types)) if cfg_types else None,
             "layer_kinds": layer_groups(layers),
         },
-        "dtype": str(dtype).replace("torch.", ""),
+        "dtype": str(d.dtype).replace("torch.", ""),
         "parameters": split,
         "checkpoint": {
             "files": scan["files"],
@@ -151,7 +140,7 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
             "missing_shards": scan["missing_shards"],
             "truncated_shards": scan["truncated_shards"],
             "other_weight_files": scan["other_weight_files"],
-            "shards_complete": not scan["missing_shards"] and not scan["truncated_shards"],
+            "shards_complete": scan["complete"],
         },
         "keys": keys,
         "host": host_report(folder, split["text"]["bytes"]),
@@ -166,14 +155,26 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
     if load:
         if not scan["keys"]:
             raise UserError(f"cannot --load {folder}: no safetensors weights in it")
-        report["load"] = load_and_verify(folder, meta_model, structure, scan, mapping,
-                                         converted, dtype, num_layers, hidden, vocab)
+        report["load"] = load_and_verify(folder, layout, scan)
     report["probe_seconds"] = round(time.monotonic() - t0, 3)
     return report
 
 
+def incomplete(report: dict) -> str | None:
+    """Why a probed checkpoint cannot be used as it is (missing/truncated shards), or None."""
+    reason = incomplete_reason(report["checkpoint"])
+    return f"checkpoint in {report['model_path']} is incomplete: {reason}; copy it again" \
+        if reason else None
+
+
 def run(args) -> int:
-    print(json.dumps(probe(args.model, args.drafter, args.load, args.depth)))
+    """Print the report; a checkpoint with a missing or truncated shard is an error (exit 3,
+    one line naming the shards), never a report that looks usable."""
+    report = probe(args.model, args.drafter, args.load, args.depth)
+    problem = incomplete(report)
+    if problem:
+        raise UserError(problem)
+    print(json.dumps(report))
     return 0
 
 

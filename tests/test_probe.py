@@ -172,7 +172,45 @@ def test_missing_and_truncated_shards_are_reported(sharded):
     assert not r["checkpoint"]["shards_complete"]
     proc = remote_cli("--model", str(sharded), "--load")
     line = one_error_line(proc)
-    assert "missing or truncated" in line and shards[1].name in line
+    assert "is incomplete" in line and shards[1].name in line and shards[0].name in line
+
+
+def test_half_truncated_shard_is_not_complete_and_exits_nonzero(ckpts, tmp_path):
+    # issue 12.10: the header of a half-truncated shard still lists every key, so the keys
+    # looked complete and the probe exited 0.
+    folder = tmp_path / "half"
+    shutil.copytree(ckpts["qwen3"], folder)
+    shard = folder / "model.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    r = probe(str(folder))
+    assert not r["checkpoint"]["shards_complete"]
+    assert not r["keys"]["complete"] and not r["keys"]["text_complete"]
+    line = one_error_line(remote_cli("--model", str(folder)))
+    assert "is incomplete" in line and "model.safetensors is truncated" in line
+    assert f"{len(data) // 2} of {len(data)} bytes" in line
+
+
+def test_pt_drafter_is_read_the_way_the_eval_reads_it(ckpts, tmp_path):
+    # issue 12.10: the probe said a .pt drafter had no weights although the eval loads it.
+    import torch
+    from safetensors.torch import load_file
+
+    from remote.drafter import load_drafter
+
+    d = tiny_models.build_drafter(tmp_path / "d", [0, 2], num_target_layers=4)
+    sd = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    torch.save({"model": {"module." + k: v for k, v in sd.items()}}, d / "drafter.pt")
+    r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
+    assert r["ok"], r["problems"]
+    assert r["weights"] == {"fc": [HIDDEN, 2 * HIDDEN], "layers": 1}
+    drafter, report = load_drafter(str(d), torch.float32, 4)  # what the eval does
+    assert report.files == [str(d / "drafter.pt")]
+    # A pickle that is not weights-only is refused by both, with the same one line.
+    torch.save({"model": {"fc.weight": sd["fc.weight"]}, "cfg": Path("x")}, d / "drafter.pt")
+    r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
+    assert not r["ok"] and any("not a weights-only state dict" in p for p in r["problems"])
 
 
 def test_unexpected_and_missing_keys_listed(ckpts, tmp_path):

@@ -265,11 +265,14 @@ def test_preflight_failures_are_one_line_and_start_nothing(inventory, eval_sshd,
                     "-i", str(inventory))
     assert greedy.returncode != 0 and "greedy" in one_error_line(greedy)
 
-    # A target whose weights need far more RAM than any host has: only its safetensors
-    # header exists, which is all preflight reads.
+    # A target whose weights need far more RAM than any host has: its config (what the
+    # engine builds, on the meta device) and a safetensors header exist, which is all
+    # preflight reads.
     huge = eval_sshd.root / "huge-target"
     huge.mkdir(exist_ok=True)
-    (huge / "config.json").write_text((tiny_target / "config.json").read_text())
+    cfg = json.loads((tiny_target / "config.json").read_text())
+    cfg.update(vocab_size=4_000_000, hidden_size=100_000)
+    (huge / "config.json").write_text(json.dumps(cfg))
     header = json.dumps({"model.embed_tokens.weight": {
         "dtype": "BF16", "shape": [4_000_000, 100_000], "data_offsets": [0, 8 * 10**11]}}).encode()
     (huge / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)

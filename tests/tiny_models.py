@@ -109,6 +109,111 @@ def _mistral3():
     return Mistral3ForConditionalGeneration(cfg)
 
 
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+
+
+def _qwen3_moe():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(num_hidden_layers=2, **TEXT, **MOE))
+
+
+def _qwen3_5_moe():
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+    text = dict(TEXT, num_hidden_layers=4, **_linear_heads(), **MOE,
+                shared_expert_intermediate_size=16,
+                layer_types=["linear_attention"] * 3 + ["full_attention"])
+    text.pop("intermediate_size")
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+                  out_hidden_size=HIDDEN, num_position_embeddings=16)
+    return Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeConfig(text_config=text,
+                                                               vision_config=vision))
+
+
+def _qwen3_vl_moe():
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+    text = dict(TEXT, num_hidden_layers=2, **MOE,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+                  out_hidden_size=HIDDEN, num_position_embeddings=16, deepstack_visual_indexes=[0])
+    return Qwen3VLMoeForConditionalGeneration(Qwen3VLMoeConfig(text_config=text,
+                                                               vision_config=vision))
+
+
+def _llama4():
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+    text = dict(TEXT, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=1,
+                intermediate_size_mlp=64, interleave_moe_layer_step=1, no_rope_layers=[1, 1],
+                attention_chunk_size=64)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=16, patch_size=4, vision_output_dim=32,
+                  projector_input_dim=32, projector_output_dim=32)
+    return Llama4ForConditionalGeneration(Llama4Config(text_config=text, vision_config=vision,
+                                                       image_token_index=VOCAB - 1))
+
+
+def _gemma3_text():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    return Gemma3ForCausalLM(Gemma3TextConfig(
+        num_hidden_layers=3, sliding_window=16, **TEXT,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"]))
+
+
+def _gemma3n_text_config() -> dict:
+    return dict(TEXT, num_hidden_layers=2, hidden_size_per_layer_input=8,
+                vocab_size_per_layer_input=VOCAB, sliding_window=16, num_kv_shared_layers=0,
+                layer_types=["sliding_attention", "full_attention"], laurel_rank=4,
+                altup_num_inputs=2, activation_sparsity_pattern=[0.0, 0.0],
+                intermediate_size=[64, 64])
+
+
+def _gemma3n():
+    # The text-only class: Gemma3n's full model builds its vision tower with timm, which an
+    # eval host need not have (see test_architectures for that case).
+    from transformers import Gemma3nForCausalLM, Gemma3nTextConfig
+    return Gemma3nForCausalLM(Gemma3nTextConfig(**_gemma3n_text_config()))
+
+
+def _paligemma():
+    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
+    return PaliGemmaForConditionalGeneration(PaliGemmaConfig(
+        text_config=dict(model_type="gemma", num_hidden_layers=2, **TEXT),
+        vision_config=dict(model_type="siglip_vision_model", **_clip_vision(),
+                           projection_dim=HIDDEN), image_token_index=VOCAB - 1))
+
+
+def _idefics3():
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+    return Idefics3ForConditionalGeneration(Idefics3Config(
+        text_config=dict(model_type="llama", num_hidden_layers=2, **TEXT),
+        vision_config=_clip_vision(), image_token_id=VOCAB - 1, scale_factor=2))
+
+
+def _smolvlm():
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
+    return SmolVLMForConditionalGeneration(SmolVLMConfig(
+        text_config=dict(model_type="llama", num_hidden_layers=2, **TEXT),
+        vision_config=_clip_vision(), image_token_id=VOCAB - 1, scale_factor=2))
+
+
+def _internvl():
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=[16, 16], patch_size=[4, 4])
+    return InternVLForConditionalGeneration(InternVLConfig(
+        text_config=dict(model_type="qwen2", num_hidden_layers=2, **TEXT),
+        vision_config=vision, image_token_id=VOCAB - 1))
+
+
+def _gpt_oss():
+    from transformers import GptOssConfig, GptOssForCausalLM
+    text = dict(TEXT, intermediate_size=32)
+    return GptOssForCausalLM(GptOssConfig(
+        num_hidden_layers=2, **text, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+
+
 BUILDERS = {
     "qwen3": _qwen3,
     "llama": _llama,
@@ -135,12 +240,29 @@ EXPECTED = {
 }
 
 
+# Every architecture the eval engine covers (tests/test_architectures.py), by name.
+ARCHITECTURES = {
+    **BUILDERS,
+    "qwen3_moe": _qwen3_moe,
+    "qwen3_5_moe": _qwen3_5_moe,
+    "qwen3_vl_moe": _qwen3_vl_moe,
+    "llama4": _llama4,
+    "gemma3_text": _gemma3_text,
+    "gemma3n": _gemma3n,
+    "paligemma": _paligemma,
+    "idefics3": _idefics3,
+    "smolvlm": _smolvlm,
+    "internvl": _internvl,
+    "gpt_oss": _gpt_oss,
+}
+
+
 def build_checkpoint(name: str, folder: Path, max_shard_size: str | None = None) -> Path:
     """Build model `name` with seeded random weights and save it under `folder`."""
     import torch
 
     torch.manual_seed(0)
-    model = BUILDERS[name]().eval()
+    model = ARCHITECTURES[name]().eval()
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, **kwargs)
     return folder

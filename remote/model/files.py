@@ -1,0 +1,277 @@
+"""A model folder on disk, read without loading it: ``config.json``, the safetensors index
+and shard headers, and what they say about missing or truncated shards.
+
+This is the one place that parses a safetensors header (`read_header`) and the one table of
+safetensors dtypes (`ST_DTYPES`). Tensors are read later, one at a time, by `LazyTensor`:
+``os.pread`` straight into the tensor's final buffer, so no file page stays mapped into the
+process and the resident set grows by the loaded tensors only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from remote.errors import UserError
+
+INDEX_NAME = "model.safetensors.index.json"
+# The largest header we accept: real 1000-shard checkpoints have headers of a few MiB.
+MAX_HEADER_BYTES = 100_000_000
+# safetensors dtype -> (torch dtype name, bytes per element)
+ST_DTYPES = {
+    "F64": ("float64", 8), "F32": ("float32", 4), "BF16": ("bfloat16", 2), "F16": ("float16", 2),
+    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
+    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1),
+    "U8": ("uint8", 1), "BOOL": ("bool", 1),
+}
+OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".gguf")
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as ``Type: first line`` (library errors can span pages)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def read_json(path: Path, what: str) -> dict:
+    """Parse a JSON file or raise a one-line UserError naming it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise UserError(f"cannot read {what} {path}: {reason}") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{what} {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{what} {path} is not a JSON object")
+    return data
+
+
+def read_model_config(folder: Path, what: str = "model") -> dict:
+    """The raw ``config.json`` of a model folder; a missing folder or file is a UserError."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise UserError(f"{what} folder not found: {folder}")
+    if not folder.is_dir():
+        raise UserError(f"{what} path is not a folder: {folder}")
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        raise UserError(f"no config.json in {what} folder {folder}")
+    return read_json(cfg, "config")
+
+
+def build_config(folder: Path, raw: dict | None = None):
+    """A transformers config from the folder; an unknown model_type says what to upgrade."""
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    raw = read_model_config(Path(folder)) if raw is None else raw
+    model_type = raw.get("model_type")
+    if not model_type:
+        raise UserError(f"config.json in {folder} has no model_type")
+    if model_type not in CONFIG_MAPPING:
+        saved = raw.get("transformers_version")
+        have = transformers.__version__
+        if saved and _version_tuple(saved) > _version_tuple(have):
+            hint = f"it was saved by transformers {saved}: upgrade to >= {saved}"
+        else:
+            hint = "upgrade transformers (pip install -U transformers) or check the model_type"
+        raise UserError(f"model_type {model_type!r} in {folder}/config.json is unknown to "
+                        f"transformers {have} on this host; {hint}")
+    try:
+        return AutoConfig.from_pretrained(str(folder))
+    except Exception as exc:  # transformers raises many types for a bad config
+        raise UserError(f"transformers cannot read {folder}/config.json: "
+                        f"{one_line(exc)}") from None
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+@dataclass
+class Header:
+    """A safetensors file's header: ``tensors`` maps key -> {dtype, shape, data_offsets}."""
+
+    path: Path
+    tensors: dict[str, dict]
+    data_start: int
+    size: int
+
+    @property
+    def data_end(self) -> int:
+        """The byte offset the last tensor ends at (what the file's size must reach)."""
+        return self.data_start + max((int(t["data_offsets"][1]) for t in self.tensors.values()),
+                                     default=0)
+
+
+def read_header(path: Path) -> Header:
+    """The header of a safetensors file, reading only the header bytes.
+
+    A file too short to hold the header it announces, or whose header is not a JSON object
+    of tensors, is a UserError: nothing in it can be trusted, not even its key list.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise UserError(f"shard {path} is truncated: {size} bytes, no safetensors header")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8 or n > MAX_HEADER_BYTES:
+                raise UserError(f"shard {path} is truncated or not safetensors: header says "
+                                f"{n} bytes, file has {size}")
+            header = json.loads(fh.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"shard {path} has an unreadable safetensors header") from None
+    except OSError as exc:
+        raise UserError(f"cannot read shard {path}: {exc.strerror or exc}") from None
+    if not isinstance(header, dict):
+        raise UserError(f"shard {path} has an unreadable safetensors header")
+    header.pop("__metadata__", None)
+    for key, info in header.items():
+        if (not isinstance(info, dict) or info.get("dtype") not in ST_DTYPES
+                or not isinstance(info.get("shape"), list)
+                or not isinstance(info.get("data_offsets"), list)
+                or len(info["data_offsets"]) != 2):
+            kind = info.get("dtype") if isinstance(info, dict) else None
+            raise UserError(f"shard {path}: tensor {key} has an unreadable entry"
+                            + (f" (dtype {kind} is not supported)" if kind else ""))
+    return Header(path, header, 8 + n, size)
+
+
+def tensor_bytes(info: dict, float_bytes: int | None = None) -> int:
+    """Bytes of one header entry, floating tensors counted at `float_bytes` when given."""
+    n = 1
+    for d in info["shape"]:
+        n *= int(d)
+    kind = info["dtype"]
+    per = ST_DTYPES[kind][1]
+    if float_bytes is not None and kind.startswith(("F", "BF")):
+        per = float_bytes
+    return n * per
+
+
+def scan_checkpoint(folder: Path) -> dict:
+    """Shard files, their keys, dtypes and completeness, from headers only.
+
+    Returns ``{"files", "index", "keys": {key: (file, dtype, shape)}, "missing_shards",
+    "truncated_shards", "bytes_on_disk", "other_weight_files", "complete"}``. A shard listed
+    by the index but absent, or shorter than its header's last data offset, is listed (not
+    raised): the probe's job is to say so; `require_complete` turns it into an error.
+    """
+    folder = Path(folder)
+    index_path = folder / INDEX_NAME
+    index = None
+    if index_path.exists():
+        index = read_json(index_path, "safetensors index")
+        wm = index.get("weight_map")
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            raise UserError(f"safetensors index {index_path} has no usable weight_map")
+        for name in set(wm.values()):
+            if os.path.isabs(name) or ".." in Path(name).parts:
+                raise UserError(f"safetensors index {index_path} names a shard outside the "
+                                f"folder: {name!r}")
+        expected_files = sorted(set(wm.values()))
+    else:
+        expected_files = sorted(p.name for p in folder.glob("*.safetensors"))
+    keys: dict[str, tuple[str, str, list[int]]] = {}
+    missing, truncated, on_disk = [], [], 0
+    for name in expected_files:
+        path = folder / name
+        if not path.is_file():
+            missing.append(name)
+            continue
+        header = read_header(path)
+        on_disk += header.size
+        for key, info in header.tensors.items():
+            keys[key] = (name, info["dtype"], list(info["shape"]))
+        if header.data_end > header.size:
+            truncated.append({"file": name, "size": header.size, "expected": header.data_end})
+    if index is not None:
+        # Keys of a missing shard are still known from the index.
+        for key, name in index["weight_map"].items():
+            keys.setdefault(key, (name, "?", []))
+    other = sorted(p.name for p in folder.iterdir() if p.suffix in OTHER_WEIGHT_SUFFIXES)
+    return {"files": expected_files, "index": INDEX_NAME if index is not None else None,
+            "keys": keys, "missing_shards": missing, "truncated_shards": truncated,
+            "bytes_on_disk": on_disk, "other_weight_files": other,
+            "complete": not missing and not truncated}
+
+
+def incomplete_reason(scan: dict) -> str | None:
+    """One phrase naming the missing and truncated shards, or None when all are whole."""
+    parts = [f"shard {m} is missing" for m in scan["missing_shards"]]
+    parts += [f"shard {t['file']} is truncated ({t['size']} of {t['expected']} bytes)"
+              for t in scan["truncated_shards"]]
+    return "; ".join(parts) or None
+
+
+def require_complete(folder: Path, scan: dict, what: str = "checkpoint") -> None:
+    """Raise a UserError when a shard is missing or truncated."""
+    reason = incomplete_reason(scan)
+    if reason:
+        raise UserError(f"{what} in {folder} is incomplete: {reason}; copy it again")
+
+
+class LazyTensor:
+    """One tensor of a safetensors file, read only when indexed (``t[...]``).
+
+    This is the shape transformers' loader expects of a checkpoint value (it slices
+    ``get_slice`` objects the same way), so the same loader that ``from_pretrained`` runs
+    can be handed a dict of these, restricted to the keys we want. Reading uses
+    ``os.pread`` into the tensor's own buffer: thread-safe (the loader reads from a thread
+    pool) and without a mapped copy of the file.
+    """
+
+    def __init__(self, path: Path, key: str, info: dict, data_start: int):
+        self.path, self.key = Path(path), key
+        self.dtype_name = info["dtype"]
+        self.shape = [int(d) for d in info["shape"]]
+        self.start = data_start + int(info["data_offsets"][0])
+        self.nbytes = int(info["data_offsets"][1]) - int(info["data_offsets"][0])
+
+    def get_shape(self) -> list[int]:
+        return list(self.shape)
+
+    def __getitem__(self, index: Any):
+        import torch
+
+        if index is not Ellipsis:
+            return self[...][index]
+        t = torch.empty(self.shape, dtype=getattr(torch, ST_DTYPES[self.dtype_name][0]))
+        if self.nbytes != t.numel() * t.element_size():
+            raise UserError(f"{self.path}: tensor {self.key} has {self.nbytes} bytes for shape "
+                            f"{self.shape}; the shard is corrupt, copy it again")
+        if self.nbytes:
+            view = memoryview(t.view(-1).view(torch.uint8).numpy())
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                done = 0
+                while done < self.nbytes:
+                    got = os.preadv(fd, [view[done:]], self.start + done)
+                    if got <= 0:
+                        raise UserError(f"{self.path} is truncated (tensor {self.key}); "
+                                        "copy the checkpoint again")
+                    done += got
+            finally:
+                os.close(fd)
+        return t
+
+
+def lazy_tensors(folder: Path, scan: dict) -> dict[str, LazyTensor]:
+    """Checkpoint key -> `LazyTensor` for every tensor of a complete checkpoint."""
+    require_complete(folder, scan)
+    out: dict[str, LazyTensor] = {}
+    for name in scan["files"]:
+        header = read_header(Path(folder) / name)
+        for key, info in header.tensors.items():
+            out[key] = LazyTensor(header.path, key, info, header.data_start)
+    return out
