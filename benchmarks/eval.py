@@ -40,7 +40,7 @@ def build(workdir: str, hidden: int, layers: int, vocab: int) -> tuple[str, str]
     import torch
 
     from orchestrator.demo.models import build_qwen3_target
-    from remote.drafter import DFlashDrafter, DrafterConfig, save_zlab
+    from remote.eval.drafter import DFlashDrafter, DrafterConfig, save_zlab
 
     target = os.path.join(workdir, "target")
     drafter = os.path.join(workdir, "drafter")
@@ -64,7 +64,7 @@ def build_moe(workdir: str, hidden: int, layers: int, experts: int, vocab: int) 
     import torch
     from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
-    from remote.drafter import DFlashDrafter, DrafterConfig, save_zlab
+    from remote.eval.drafter import DFlashDrafter, DrafterConfig, save_zlab
 
     target = os.path.join(workdir, "target")
     drafter = os.path.join(workdir, "drafter")
@@ -182,8 +182,8 @@ def rss_figures(workdir: str, target_dir: str, drafter_dir: str, prompts, seqs, 
     """(peak RSS of ``python -m remote eval``, fixed runtime RSS, weights' bytes) on one target."""
     import torch
 
-    from remote.drafter import load_drafter
-    from remote.target import describe, text_weight_bytes
+    from remote.eval.drafter import load_drafter
+    from remote.eval.target import describe, text_weight_bytes
 
     gt = os.path.join(workdir, "gt.jsonl")
     with open(gt, "w") as fh:
@@ -194,7 +194,7 @@ def rss_figures(workdir: str, target_dir: str, drafter_dir: str, prompts, seqs, 
                "threads": threads}, open(spec, "w"))
     # The runtime an eval cannot do without: interpreter, torch, transformers and the
     # target's modeling code (whose import pulls in much of transformers and torch._dynamo).
-    base = peak_rss_of(["-c", f"import remote.evaluate, remote.walk, remote.drafter; from remote.target import describe; describe({target_dir!r})"])
+    base = peak_rss_of(["-c", f"import remote.eval.engine, remote.eval.walk, remote.eval.drafter; from remote.eval.target import describe; describe({target_dir!r})"])
     peak = peak_rss_of(["-m", "remote", "eval", "--spec", spec])
     _c, meta, info = describe(target_dir)
     _d, report = load_drafter(drafter_dir, torch.bfloat16)
@@ -265,9 +265,9 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from remote.drafter import load_drafter
-    from remote.target import load_target
-    from remote.walk import WalkOptions, eval_sequence
+    from remote.eval.drafter import load_drafter
+    from remote.eval.target import load_target
+    from remote.eval.walk import WalkOptions, eval_sequence
 
     hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
     drafter, report = load_drafter(drafter_dir, torch.bfloat16)
@@ -313,7 +313,7 @@ def main() -> None:
 
     rss = rss_rows(args, target_dir, drafter_dir, prompts, seqs)
 
-    from remote.target import describe
+    from remote.eval.target import describe
     _c, _meta, info = describe(target_dir)
     tokens = sum(len(g) for g in seqs)
     rounds = sum(len(r) for r, _ in runs)

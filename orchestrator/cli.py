@@ -54,7 +54,7 @@ def _root(accept_new_host_keys: bool = typer.Option(
           version: bool = typer.Option(
         False, "--version", callback=_print_version, is_eager=True,
         help="Print dflash's version and exit.")) -> None:
-    from orchestrator import hosts
+    from orchestrator.transport import hosts
     hosts.ACCEPT_NEW_HOST_KEYS = accept_new_host_keys
 
 

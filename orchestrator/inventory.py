@@ -17,7 +17,7 @@ from typing import Any, Callable
 import yaml
 
 from orchestrator.errors import DflashError
-from remote.groundtruth import KINDS as GT_KINDS
+from remote.eval.groundtruth import KINDS as GT_KINDS
 
 ENV_VAR = "DFLASH_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"

@@ -312,7 +312,7 @@ def _engine_error(path: Path, code: int) -> str:
 def run_eval_job(path: Path, spec: dict, events: EventLog) -> int:
     """Phase 1: ground truth (cached on the host). Phase 2: the eval engine as a child
     process in this job's process group, its stdout events copied into ``events.jsonl``."""
-    from remote import groundtruth
+    from remote.eval import groundtruth
 
     events.emit("phase", phase="ground_truth", source=spec.get("ground_truth", {}).get("kind"))
     gt_path, gt_info = groundtruth.prepare(spec, emit=events.emit)
@@ -337,7 +337,7 @@ def run_eval_job(path: Path, spec: dict, events: EventLog) -> int:
     return code
 
 
-# The engine (remote/evaluate.py) refuses unknown spec keys; these are the ones it takes.
+# The engine (remote/eval/engine.py) refuses unknown spec keys; these are the ones it takes.
 ENGINE_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -384,7 +384,8 @@ def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
 def _record_identities(inputs: dict, gt_info: dict, spec: dict) -> None:
     """What a paired comparison and a tracker need to know the run by: the drafter's
     sha256 and step, the ground truth file's sha256, the target's identity."""
-    from remote import groundtruth, provenance
+    from remote.eval import groundtruth
+    from remote.eval import provenance
 
     if spec.get("drafter") and "drafter_identity" not in inputs:
         try:

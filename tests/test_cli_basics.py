@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import orchestrator
-from orchestrator.plots import MISSING
+from orchestrator.results.plots import MISSING
 from tests.conftest import ROOT
 from tests.test_hosts import dflash
 

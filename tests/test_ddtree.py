@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from remote.ddtree import build_tree, ddtree_accept
+from remote.eval.ddtree import build_tree, ddtree_accept
 
 
 def random_table(rng: random.Random, depth: int, k: int, vocab: int):

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.evalkit import kit
-from remote.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter
+from remote.eval.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter
 from remote.errors import UserError
-from remote.target import load_target
+from remote.eval.target import load_target
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from tests.evalkit import kit
-from remote.drafter import load_drafter
+from remote.eval.drafter import load_drafter
 from remote.errors import UserError
-from remote.evaluate import read_spec, run_eval
-from remote.target import load_target
-from remote.walk import WalkOptions, eval_sequence, summarize
+from remote.eval.engine import read_spec, run_eval
+from remote.eval.target import load_target
+from remote.eval.walk import WalkOptions, eval_sequence, summarize
 
 
 def hf_model(path: str):
@@ -285,8 +285,8 @@ def spec_of(spec: dict, tmp_path) -> dict:
 
 
 def test_memory_check_refuses_before_loading(tmp_path):
-    from remote.drafter import read_config
-    from remote.evaluate import estimate_bytes
+    from remote.eval.drafter import read_config
+    from remote.eval.engine import estimate_bytes
 
     k = kit("qwen3")
     cfg = read_config(k.steps[-1])

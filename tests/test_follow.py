@@ -197,7 +197,7 @@ def test_follow_evaluates_each_new_checkpoint_once_across_a_restart(setup):
 
 
 def test_follow_killed_mid_eval_attaches_to_its_job_after_restart(setup, gt_server):
-    from orchestrator import follow
+    from orchestrator.eval import follow
     from orchestrator.inventory import load_inventory
 
     gt_server.mode, gt_server.delay = "slow", 4.0  # keeps the job in its first phase a while
@@ -261,7 +261,7 @@ def test_ctrl_c_cancels_the_running_job_and_a_restart_evaluates_afresh(setup, gt
 
 
 def test_a_second_follower_on_the_same_folder_is_refused(setup):
-    from orchestrator import follow
+    from orchestrator.eval import follow
     from orchestrator.inventory import load_inventory
 
     inv = load_inventory(setup.inventory)

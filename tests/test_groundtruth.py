@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from remote import groundtruth
+from remote.eval import groundtruth
 from remote.errors import UserError
 from tests.reval_fixtures import gt_server, prompts_file, server, tiny_target  # noqa: F401
 from tests.scripted_server import ScriptedServer, ids_reply

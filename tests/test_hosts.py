@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import bundle
-from orchestrator.hosts import HostError, open_host
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import HostError, open_host
 from orchestrator.inventory import load_inventory
 from tests.conftest import ROOT, ssh_host_entry
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from remote.errors import EXIT_USER_ERROR, UserError
-from remote.probe import SCHEMA, default_target_layer_ids, probe
+from remote.probe.structure import SCHEMA, default_target_layer_ids, probe
 from tests import tiny_models
 from tests.conftest import ROOT, ssh_host_entry
 from tests.tiny_models import EXPECTED, HIDDEN, VOCAB
@@ -196,7 +196,7 @@ def test_pt_drafter_is_read_the_way_the_eval_reads_it(ckpts, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from remote.drafter import load_drafter
+    from remote.eval.drafter import load_drafter
 
     d = tiny_models.build_drafter(tmp_path / "d", [0, 2], num_target_layers=4)
     sd = load_file(str(d / "model.safetensors"))
@@ -362,9 +362,9 @@ def _comparable(report: dict) -> dict:
 
 
 def test_probe_over_sshd_equals_local(ckpts, eval_sshd, ssh_base, make_inventory, tmp_path):
-    from orchestrator.hosts import open_host
+    from orchestrator.transport.hosts import open_host
     from orchestrator.inventory import load_inventory
-    from orchestrator.probe import probe_structure
+    from orchestrator.probe.structure import probe_structure
 
     inv_path = make_inventory(hosts={
         "evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": {

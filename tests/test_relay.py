@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.inventory import load_inventory
-from orchestrator.relay import Progress, RelayError, RelayOptions, list_checkpoints, relay
+from orchestrator.relay.run import Progress, RelayError, RelayOptions, list_checkpoints, relay
 from tests.conftest import _start, ssh_host_entry
 from tests.test_hosts import dflash, one_error_line
 
@@ -462,8 +462,8 @@ def test_openssh_streams_honour_the_inventory(env, trainer_sshd, eval_sshd, ssh_
     connections do, accept-new only on opt-in, and reach a host through an inventory jump."""
     import subprocess
 
-    from orchestrator.hosts import open_host
-    from orchestrator.relay_stream import stream_argv
+    from orchestrator.transport.hosts import open_host
+    from orchestrator.relay.stream import stream_argv
 
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -512,8 +512,8 @@ def test_openssh_streams_trust_the_known_hosts_that_ssh_config_names(eval_sshd, 
     UserKnownHostsFile is trusted by the relay's ssh streams as by `dflash hosts check`."""
     import subprocess
 
-    from orchestrator.hosts import open_host
-    from orchestrator.relay_stream import stream_argv
+    from orchestrator.transport.hosts import open_host
+    from orchestrator.relay.stream import stream_argv
 
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
@@ -568,7 +568,7 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where,
     import sys
     import tempfile
 
-    from remote.relay import HEADER
+    from remote.relay.host import HEADER
 
     if where == "tmpfs":
         if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):

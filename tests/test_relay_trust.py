@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from orchestrator.inventory import load_inventory
-from orchestrator.relay import RelayOptions, relay
+from orchestrator.relay.run import RelayOptions, relay
 from tests.conftest import ROOT, ssh_host_entry
 from tests.test_hosts import dflash, one_error_line
 from tests.test_relay import make_checkpoint, settled_size, tree

@@ -61,7 +61,7 @@ def build_target(kind: str, folder: Path) -> Path:
 def setups(eval_sshd):
     """Per kind: target and trained drafter on the eval host, and the oracle's rounds."""
     from orchestrator.demo.train import make_ground_truth, train_drafter
-    from remote.drafter import load_drafter
+    from remote.eval.drafter import load_drafter
 
     out = {}
     for kind in KINDS:

@@ -93,7 +93,7 @@ def tensorboard_scalars(logdir: Path) -> dict[str, dict[str, list[tuple[int, flo
 
 def listing_sha256(folder: Path) -> str:
     """What ``sha256sum`` of every file, piped into ``sha256sum``, prints (computed here
-    independently of remote/provenance.py)."""
+    independently of remote/eval/provenance.py)."""
     lines = []
     for p in sorted(folder.rglob("*")):
         if p.is_file() and not p.name.startswith(".dflash-"):
@@ -133,7 +133,8 @@ def drafter_ckpts(demo) -> dict[str, Path]:
 def followed(trainer_sshd, eval_sshd, ssh_base, demo, drafter_ckpts, tmp_path_factory):
     """One follow pass over three checkpoints with TensorBoard and W&B (offline) logging.
     The inventory names its results folder RELATIVELY: it lives beside the inventory."""
-    from orchestrator import follow, remote_eval
+    from orchestrator.eval import follow
+    from orchestrator.eval import run as remote_eval
     from orchestrator.inventory import load_inventory
 
     assets, gt_server = demo
@@ -211,7 +212,7 @@ def test_follow_shows_up_in_an_offline_wandb_run_with_tau_per_step(followed):
 # ---- what a result records -------------------------------------------------------------
 
 def test_every_result_records_the_drafter_sha256_step_and_training_run(followed):
-    from orchestrator import results as res
+    from orchestrator.results import store as res
 
     proc = dflash("results", "list", "-i", str(followed.inventory), "--json", cwd="/")
     assert proc.returncode == 0, proc.stderr
@@ -233,7 +234,7 @@ def test_every_result_records_the_drafter_sha256_step_and_training_run(followed)
 
 def test_provenance_hashes_what_has_no_manifest_and_prefers_the_trainers_step(
         drafter_ckpts, tmp_path):
-    from remote import provenance
+    from remote.eval import provenance
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(next(iter(drafter_ckpts.values())), ckpt)
@@ -278,8 +279,8 @@ def test_compare_prints_a_paired_delta_with_its_interval(followed):
 
 def test_compare_says_when_runs_are_not_comparable(followed, tmp_path):
     """Another dtype (typed as bf16, evaluated for real) and other prompts."""
-    from orchestrator import compare
-    from orchestrator import results as res
+    from orchestrator.results import compare
+    from orchestrator.results import store as res
 
     last = followed.history[-1]
     proc = dflash("remote-eval", "--checkpoint", last["checkpoint"], "--dtype", "bf16",
@@ -308,7 +309,7 @@ def test_compare_says_when_runs_are_not_comparable(followed, tmp_path):
 
 
 def test_bootstrap_interval_is_seeded_and_covers_the_mean():
-    from orchestrator.compare import bootstrap_interval
+    from orchestrator.results.compare import bootstrap_interval
 
     diffs = [0.1, 0.4, -0.2, 0.3, 0.0, 0.5, 0.2, 0.1]
     lo, hi = bootstrap_interval(diffs, 2000, seed=3)

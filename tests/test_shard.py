@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import remote_eval, shard
+from orchestrator.eval import run as remote_eval
+from orchestrator.eval import shard
 from orchestrator.errors import DflashError
 from orchestrator.inventory import load_inventory
-from remote.metrics import summarize
+from remote.eval.metrics import summarize
 from tests.conftest import _start, ssh_host_entry
 from tests.reval_fixtures import gt_server, server, tiny_target  # noqa: F401
 from tests.test_hosts import dflash, one_error_line

@@ -10,7 +10,7 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote.target import load_target
+from remote.eval.target import load_target
 
 
 def test_legacy_vlm_keys_in_shards_load_like_the_original(tmp_path):

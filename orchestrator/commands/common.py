@@ -32,7 +32,7 @@ def positive(value: float | None) -> float | None:
 def _dtype(value: Optional[str]) -> Optional[str]:
     """bf16/fp32 become the one vocabulary the job spec uses; an unknown dtype is a
     DflashError, so the CLI prints it as one line."""
-    from orchestrator.remote_eval import normalise_dtype
+    from orchestrator.eval.run import normalise_dtype
 
     return normalise_dtype(value)
 

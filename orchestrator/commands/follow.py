@@ -10,8 +10,8 @@ import typer
 from rich import box
 from rich.table import Table
 
-from orchestrator import follow as follow_lib
-from orchestrator import remote_eval
+from orchestrator.eval import follow as follow_lib
+from orchestrator.eval import run as remote_eval
 from orchestrator.commands.common import (DtypeOption, InventoryOption, JsonOption, console,
                                           err_console, inventory, positive, print_json)
 from orchestrator.commands.relay import _RichProgress

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
                                           human_bytes, inventory, print_json)
-from orchestrator.facts import check_hosts
+from orchestrator.probe.facts import check_hosts
 
 hosts_app = typer.Typer(help="List the inventory's hosts, or check what they are.",
                         no_args_is_help=False, invoke_without_command=True)

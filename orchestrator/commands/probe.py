@@ -9,8 +9,8 @@ from rich.tree import Tree
 
 from orchestrator.commands.common import (InventoryOption, JsonOption, console, human_bytes,
                                           inventory, print_json)
-from orchestrator.hosts import open_host
-from orchestrator.probe import DEFAULT_DEPTH, probe_structure, resolve_model
+from orchestrator.transport.hosts import open_host
+from orchestrator.probe.structure import DEFAULT_DEPTH, probe_structure, resolve_model
 
 
 def probe_command(

@@ -12,7 +12,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
 from rich.table import Table
 
-from orchestrator import relay as relay_lib
+from orchestrator.relay import run as relay_lib
 from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
                                           human_bytes, inventory, print_json)
 from orchestrator.errors import DflashError

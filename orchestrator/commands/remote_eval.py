@@ -10,11 +10,12 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, Text
                            TimeElapsedColumn)
 from rich.table import Table
 
-from orchestrator import remote_eval, shard
+from orchestrator.eval import run as remote_eval
+from orchestrator.eval import shard
 from orchestrator.commands.common import (DtypeOption, InventoryOption, JsonOption, console,
                                           err_console, inventory, print_json)
 from orchestrator.errors import DflashError
-from orchestrator.hosts import open_host
+from orchestrator.transport.hosts import open_host
 
 
 class LiveProgress:
@@ -311,7 +312,7 @@ def remote_eval_cmd(
 
 
 def _report(run_dir, json_out: bool) -> None:
-    from orchestrator import results as results_mod
+    from orchestrator.results import store as results_mod
 
     run = results_mod.load_run(run_dir)
     shards = run.result.get("shards")

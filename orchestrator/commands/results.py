@@ -1,5 +1,5 @@
 """`dflash results list | show | compare | plot | export | report`: thin layers over
-`orchestrator.results`, `.compare`, `.plots`, `.export` and `.report`."""
+`orchestrator.results.store`, `.compare`, `.plots`, `.export` and `.report`."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import typer
 from rich import box
 from rich.table import Table
 
-from orchestrator import compare as cmp
-from orchestrator import export as exp
-from orchestrator import plots, remote_eval
-from orchestrator import report as rep
-from orchestrator import results as res
+from orchestrator.results import compare as cmp
+from orchestrator.results import export as exp
+from orchestrator.results import plots
+from orchestrator.eval import run as remote_eval
+from orchestrator.results import report as rep
+from orchestrator.results import store as res
 from orchestrator.commands.common import InventoryOption, JsonOption, console, print_json
 from orchestrator.errors import DflashError
 from orchestrator.inventory import InventoryError, load_inventory

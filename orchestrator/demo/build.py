@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.remote_eval import builtin_prompt_sets
+from orchestrator.eval.run import builtin_prompt_sets
 
 # The recipe. Three checkpoints: each costs the demo a relay, a probe and an eval (Python
 # start-ups dominate on 2 cores); at these steps tau visibly rises (about 1.0, 1.6-2.0, 2.6
@@ -76,7 +76,7 @@ def version() -> str:
     h = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode())
     for name in ("build.py", "models.py", "train.py", "gtserver.py"):
         h.update((here / name).read_bytes())
-    drafter = here.parent.parent / "remote" / "drafter.py"
+    drafter = here.parent.parent / "remote" / "eval" / "drafter.py"
     h.update(drafter.read_bytes())
     h.update(f"{torch.__version__} {transformers.__version__}".encode())
     return h.hexdigest()[:16]
@@ -114,7 +114,7 @@ def _build(out: Path, status: Status) -> None:
     from orchestrator.demo.gtserver import Greedy
     from orchestrator.demo.models import build_qwen35_vl_target
     from orchestrator.demo.train import train_drafter
-    from remote.groundtruth import load_prompts, render_prompt
+    from remote.eval.groundtruth import load_prompts, render_prompt
 
     # Tiny models: one thread is fastest, and on a shared 2-core box more threads only
     # contend (measured: training 150 steps took 2 s on one thread, 90 s on two under load).

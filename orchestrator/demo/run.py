@@ -28,7 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator import follow, remote_eval
+from orchestrator.eval import follow
+from orchestrator.eval import run as remote_eval
 from orchestrator.demo import build
 from orchestrator.errors import DflashError
 from orchestrator.inventory import load_inventory

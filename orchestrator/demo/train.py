@@ -4,7 +4,7 @@ Data: random prompts drawn from the target's tokenizer vocabulary, completed gre
 target itself (so ground truth and target agree by construction). Training: the drafter sees
 the target's features at the chosen layers for positions ``< s`` and the block
 ``[g[s], mask, ...]``, and learns ``g[s+1..s+B-1]`` with cross-entropy, exactly the inference
-forward (`remote.drafter.DFlashDrafter.forward_blocks`). The target's embedding and head are
+forward (`remote.eval.drafter.DFlashDrafter.forward_blocks`). The target's embedding and head are
 borrowed and frozen. Checkpoints are written in z-lab format (``config.json`` with
 ``dflash_config`` + ``model.safetensors``) at the requested steps, so acceptance visibly rises
 with the step. Seconds on 2 cores for the tiny models of `orchestrator.demo.models`.
@@ -34,7 +34,7 @@ def make_ground_truth(target_dir: str, n: int, *, prompt_len: int = 12, completi
     decoding of random-token prompts (specials excluded); written as JSONL when ``path``."""
     import torch
 
-    from remote.target import load_target
+    from remote.eval.target import load_target
 
     target = load_target(target_dir, torch.float32)
     vocab = target.info.vocab_size
@@ -90,8 +90,8 @@ def train_drafter(
     import torch
     import torch.nn.functional as F
 
-    from remote.drafter import DFlashDrafter, DrafterConfig, save_zlab
-    from remote.target import load_target
+    from remote.eval.drafter import DFlashDrafter, DrafterConfig, save_zlab
+    from remote.eval.target import load_target
 
     torch.manual_seed(seed)
     target = load_target(target_dir, torch.float32)
