@@ -18,6 +18,7 @@ import yaml
 
 from orchestrator.errors import DflashError
 from remote.eval.groundtruth import KINDS as GT_KINDS
+from remote.protocol import DEFAULT_DTYPE, DTYPES
 
 ENV_VAR = "DFLASH_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
@@ -46,7 +47,7 @@ class EvalRole:
     ground_truth_kind: str = "sglang"  # sglang | openai | openai-text | file | local
     prompts: str | None = None
     threads: int | None = None
-    dtype: str = "bfloat16"
+    dtype: str = DEFAULT_DTYPE
     ground_truth_model: str | None = None  # served model name for OpenAI-compatible servers
     max_new_tokens: int = 256  # ground-truth completion length
     samples: int | None = None  # prompts per eval (seeded choice); None = all
@@ -183,7 +184,7 @@ ROLE_KEYS: dict[str, tuple[type, dict[str, Callable[[Any], bool]], tuple[str, ..
         "ground_truth_kind": _one_of(*GT_KINDS),
         "prompts": _str,
         "threads": _count,
-        "dtype": _one_of("bfloat16", "float32"),
+        "dtype": _one_of(*DTYPES),
         "ground_truth_model": _str,
         "max_new_tokens": _count,
         "samples": _count,

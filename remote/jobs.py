@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from remote.errors import UserError
+from remote.protocol import DEFAULT_DTYPE, EvalSpec, SpecError
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TERMINAL_STATES = ("done", "failed", "cancelled", "lost")
@@ -337,30 +338,21 @@ def run_eval_job(path: Path, spec: dict, events: EventLog) -> int:
     return code
 
 
-# The engine (remote/eval/engine.py) refuses unknown spec keys; these are the ones it takes.
-ENGINE_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
-
-
 def build_eval_spec(path: Path, spec: dict, gt_path: str, gt_info: dict) -> dict:
-    """The engine's spec: what to evaluate, against which ground truth, written where."""
-    dtype = spec.get("dtype", "bfloat16")
-    if dtype not in ENGINE_DTYPES:
-        raise UserError(f"the eval engine runs in bfloat16 or float32, not {dtype}")
-    ev = spec.get("eval") or {}
-    out = {
-        "target": spec["target"],
-        "drafter": spec["drafter"],
-        "ground_truth": gt_path,
-        "output_dir": str(path),
-        "dtype": ENGINE_DTYPES[dtype],
-        "threads": spec.get("threads"),
-        "ddtree_budgets": sorted(set(ev.get("budgets") or [])),
-        "ddtree_topk": ev.get("topk"),
-    }
-    for key in ("block_chunk", "positions"):
-        if ev.get(key):
-            out[key] = ev[key]
-    return out
+    """The engine's spec (`EvalSpec`): the job's eval settings, with this host's paths."""
+    ev = {k: v for k, v in (spec.get("eval") or {}).items()
+          if k in EVAL_KEYS and v is not None}
+    try:
+        return EvalSpec(target=spec["target"], drafter=spec["drafter"], ground_truth=gt_path,
+                        output_dir=str(path), dtype=spec.get("dtype") or DEFAULT_DTYPE,
+                        threads=spec.get("threads"), **ev).to_json()
+    except (SpecError, TypeError) as exc:
+        raise UserError(f"job spec: {exc}") from None
+
+
+# What a job's ``eval`` section may set of the engine's spec (the rest are paths or the
+# job's own ``dtype``/``threads``).
+EVAL_KEYS = ("budgets", "topk", "block_chunk", "positions")
 
 
 def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:

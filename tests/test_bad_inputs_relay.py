@@ -22,7 +22,7 @@ from typing import Callable
 
 import pytest
 
-from remote.relay.host import HEADER
+from remote.protocol import FRAME_HEADER as HEADER
 from tests.conftest import ROOT
 from tests.test_hosts import one_error_line
 from tests.test_relay import make_checkpoint

@@ -21,6 +21,7 @@ from tests.evalkit import kit
 from remote.eval.drafter import load_drafter
 from remote.errors import UserError
 from remote.eval.engine import read_spec, run_eval
+from remote.protocol import EvalSpec
 from remote.eval.target import load_target
 from remote.eval.walk import WalkOptions, eval_sequence, summarize
 
@@ -196,7 +197,7 @@ def test_eval_command_end_to_end_and_acceptance_rises_with_step(tmp_path):
     for i, step in enumerate((k.steps[0], k.steps[-1])):
         out = tmp_path / f"out{i}"
         proc = run_cli({"target": k.target, "drafter": step, "ground_truth": gt, "output_dir": str(out),
-                        "dtype": "fp32", "threads": 1, "ddtree_budgets": [4, 16], "max_samples": 4}, tmp_path)
+                        "dtype": "fp32", "threads": 1, "budgets": [4, 16], "max_samples": 4}, tmp_path)
         assert proc.returncode == 0, proc.stderr
         events = [json.loads(line) for line in proc.stdout.splitlines()]
         assert [e["event"] for e in events] == ["start"] + ["sample"] * 4 + ["done"]
@@ -278,7 +279,7 @@ def test_cli_prints_one_error_line_and_exits_3(tmp_path):
     assert proc.stdout == ""
 
 
-def spec_of(spec: dict, tmp_path) -> dict:
+def spec_of(spec: dict, tmp_path) -> EvalSpec:
     path = tmp_path / "job.json"
     path.write_text(json.dumps(spec))
     return read_spec(str(path))
@@ -317,12 +318,12 @@ def test_spec_errors(tmp_path):
     p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o", "dtype": "fp16"}))
     with pytest.raises(UserError, match="dtype"):
         read_spec(str(p))
-    p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o", "ddtree_budgets": [0]}))
-    with pytest.raises(UserError, match="ddtree_budgets"):
+    p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o", "budgets": [0]}))
+    with pytest.raises(UserError, match="budgets"):
         read_spec(str(p))
     p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o"}))
     spec = read_spec(str(p))
-    assert spec["dtype"] == "bfloat16" and spec["ddtree_budgets"] == [] and spec["block_chunk"] is None
+    assert spec.dtype == "bfloat16" and spec.budgets == () and spec.block_chunk is None
 
 
 def test_bf16_default_runs_in_process_and_reports_agreement(tmp_path):
@@ -330,7 +331,7 @@ def test_bf16_default_runs_in_process_and_reports_agreement(tmp_path):
     gt = write_gt(k.rows[:2], tmp_path / "gt.jsonl")
     events = []
     result = run_eval(spec_of({"target": k.target, "drafter": k.steps[-1], "ground_truth": gt,
-                               "output_dir": str(tmp_path / "o"), "ddtree_budgets": [8], "ddtree_topk": 2}, tmp_path),
+                               "output_dir": str(tmp_path / "o"), "budgets": [8], "topk": 2}, tmp_path),
                       on_event=events.append)
     assert result["inputs"]["dtype"] == "bfloat16" and result["environment"]["fla"] is None
     assert result["inputs"]["target_architecture"] == "Qwen3_5ForConditionalGeneration"

@@ -568,7 +568,7 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where,
     import sys
     import tempfile
 
-    from remote.relay.host import HEADER
+    from remote.protocol import FRAME_HEADER as HEADER
 
     if where == "tmpfs":
         if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):

@@ -9,7 +9,9 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from orchestrator.errors import DflashError
 from orchestrator.inventory import Inventory, load_inventory
+from remote.protocol import SpecError, parse_budgets, parse_dtype
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -30,16 +32,30 @@ def positive(value: float | None) -> float | None:
 
 
 def _dtype(value: Optional[str]) -> Optional[str]:
-    """bf16/fp32 become the one vocabulary the job spec uses; an unknown dtype is a
-    DflashError, so the CLI prints it as one line."""
-    from orchestrator.eval.run import normalise_dtype
+    """bf16/fp32 become the one vocabulary of `remote.protocol`; an unknown dtype is a
+    DflashError, so the CLI prints it as one line before anything connects."""
+    try:
+        return parse_dtype(value)
+    except SpecError as exc:
+        raise DflashError(str(exc)) from None
 
-    return normalise_dtype(value)
+
+def _budgets(text: Optional[str]) -> Optional[list[int]]:
+    """``8,16,32`` as budgets, checked before anything connects; empty: the default."""
+    if not text:
+        return None
+    try:
+        return list(parse_budgets(text, allow_empty=False))
+    except SpecError as exc:
+        raise DflashError(f"--{exc}") from None
 
 
 DtypeOption = Annotated[Optional[str], typer.Option(
     "--dtype", callback=_dtype,
     help="bfloat16 (or bf16) | float32 (or fp32) (default: the inventory's).")]
+BudgetsOption = Annotated[Optional[str], typer.Option(
+    "--budgets", callback=_budgets,
+    help="DDTree node budgets, comma-separated (default 8,16,32,64).")]
 
 
 def inventory(path: Optional[Path]) -> Inventory:

@@ -12,10 +12,10 @@ from rich.table import Table
 
 from orchestrator.eval import follow as follow_lib
 from orchestrator.eval import run as remote_eval
-from orchestrator.commands.common import (DtypeOption, InventoryOption, JsonOption, console,
+from orchestrator.commands.common import (BudgetsOption, DtypeOption, InventoryOption, JsonOption, console,
                                           err_console, inventory, positive, print_json)
 from orchestrator.commands.relay import _RichProgress
-from orchestrator.commands.remote_eval import LiveProgress, _budgets
+from orchestrator.commands.remote_eval import LiveProgress
 from orchestrator.errors import DflashError
 
 
@@ -123,8 +123,7 @@ def follow_cmd(
     samples: Annotated[Optional[int], typer.Option(min=1, help="Prompts per eval.")] = None,
     max_new_tokens: Annotated[Optional[int], typer.Option(
         min=1, help="Ground-truth completion length.")] = None,
-    budgets: Annotated[Optional[str], typer.Option(
-        help="DDTree node budgets, comma-separated (default 8,16,32,64).")] = None,
+    budgets: BudgetsOption = None,
     dtype: DtypeOption = None,
     results: Annotated[Optional[str], typer.Option(
         "--results-dir", help="Local results folder (default: defaults.results_dir).")] = None,
@@ -157,7 +156,7 @@ def follow_cmd(
         results_dir=results, state_dir=state, tensorboard=tensorboard, wandb=wandb,
         eval=remote_eval.EvalOptions(prompts=prompts, samples=samples,
                                      max_new_tokens=max_new_tokens, dtype=dtype,
-                                     budgets=_budgets(budgets)))
+                                     budgets=budgets))
     # A polite stop (kill, systemd) behaves like Ctrl-C: the running job is cancelled.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     events = RichEvents(enabled=not json_out)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval import shard
-from orchestrator.commands.common import (DtypeOption, InventoryOption, JsonOption, console,
+from orchestrator.commands.common import (BudgetsOption, DtypeOption, InventoryOption, JsonOption, console,
                                           err_console, inventory, print_json)
 from orchestrator.errors import DflashError
 from orchestrator.transport.hosts import open_host
@@ -179,16 +179,6 @@ class ShardProgress:
         self.progress.update(task, completed=h["done"], total=h["total"], info=info)
 
 
-def _budgets(text: Optional[str]) -> list[int]:
-    if not text:
-        return [8, 16, 32, 64]
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise DflashError(f"--budgets expects comma-separated integers, got {text!r}")
-    return out  # EvalOptions refuses budgets below 1
-
-
 def remote_eval_cmd(
     checkpoint: Annotated[Optional[str], typer.Option(
         "--checkpoint", "-c", help="Drafter checkpoint: a name under the eval host's "
@@ -230,8 +220,7 @@ def remote_eval_cmd(
     dtype: DtypeOption = None,
     threads: Annotated[Optional[int], typer.Option(
         min=1, help="CPU threads on the host.")] = None,
-    budgets: Annotated[Optional[str], typer.Option(
-        help="DDTree node budgets, comma-separated (default 8,16,32,64).")] = None,
+    budgets: BudgetsOption = None,
     topk: Annotated[Optional[int], typer.Option(
         min=1, help="DDTree per-depth candidates (default: the budget).")] = None,
     positions: Annotated[Optional[str], typer.Option(
@@ -277,7 +266,7 @@ def remote_eval_cmd(
         prompts=prompts, samples=samples, seed=seed, max_new_tokens=max_new_tokens,
         thinking=thinking, temperature=temperature, ground_truth=ground_truth,
         ground_truth_kind=ground_truth_kind, ground_truth_model=ground_truth_model,
-        target=target, dtype=dtype, threads=threads, budgets=_budgets(budgets), topk=topk,
+        target=target, dtype=dtype, threads=threads, budgets=budgets, topk=topk,
         extra={"positions": positions} if positions else {})
     if hosts:
         with ShardProgress(show) as live:

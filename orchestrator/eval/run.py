@@ -33,10 +33,11 @@ from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.transport.hosts import Host, HostError, Result, last_line, open_host
 from orchestrator.inventory import HostSpec, Inventory
 from remote.eval.groundtruth import KINDS as GT_KINDS
+from remote.protocol import (DEFAULT_BUDGETS, DEFAULT_DTYPE, JOB_SPEC_SCHEMA, SpecError,
+                             parse_budgets, parse_dtype)
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"
-JOB_SPEC_SCHEMA = "dflash.job/1"
 # Files a finished job leaves in its folder that belong with the result locally.
 RESULT_FILES = ("result.json", "samples.jsonl", "spec.json", "eval_spec.json",
                 "ground_truth.json", "exit.json", "events.jsonl", "log.txt")
@@ -47,21 +48,6 @@ EventHandler = Callable[[dict], None]
 
 class JobError(DflashError):
     """A job failed, was cancelled or was lost; the message says which and why."""
-
-
-# The one dtype vocabulary of job specs and inventories; what users type maps onto it.
-DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32"}
-
-
-def normalise_dtype(dtype: str | None) -> str | None:
-    """``bf16``/``fp32`` (any case) as ``bfloat16``/``float32``; None stays None; anything
-    else is one clear error."""
-    if dtype is None:
-        return None
-    if dtype.lower() not in DTYPES:
-        raise DflashError(f"dtype {dtype!r} is not supported; use bfloat16 (bf16) or "
-                          "float32 (fp32)")
-    return DTYPES[dtype.lower()]
 
 
 @dataclass
@@ -87,7 +73,7 @@ class EvalOptions:
     target: str | None = None
     dtype: str | None = None
     threads: int | None = None
-    budgets: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    budgets: list[int] | None = None  # None: protocol.DEFAULT_BUDGETS
     topk: int | None = None
     stop_after: str | None = None
     extra: dict = field(default_factory=dict)
@@ -101,9 +87,15 @@ class EvalOptions:
             if value is not None and (not _is_int(value) or value < 1):
                 raise DflashError(f"--{name.replace('_', '-')} must be a whole number of at "
                                   f"least 1, got {value!r}")
-        if not self.budgets or not all(_is_int(b) and b >= 1 for b in self.budgets):
-            raise DflashError(f"--budgets must be whole numbers of at least 1, got "
-                              f"{','.join(map(str, self.budgets)) or 'none'}")
+        try:
+            self.dtype = parse_dtype(self.dtype)
+        except SpecError as exc:
+            raise DflashError(str(exc)) from None
+        try:
+            self.budgets = list(parse_budgets(
+                DEFAULT_BUDGETS if self.budgets is None else self.budgets, allow_empty=False))
+        except SpecError as exc:
+            raise DflashError(f"--{exc}") from None
         if self.temperature != 0.0:
             raise DflashError(f"temperature {self.temperature} refused: ground truth must be "
                               "greedy (temperature 0) for acceptance to mean anything")
@@ -232,7 +224,7 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
         "checkpoint": Path(checkpoint.rstrip("/")).name,
         "drafter": resolve_checkpoint(host, spec, checkpoint),
         "target": host.expand(target),
-        "dtype": normalise_dtype(options.dtype) or (role.dtype if role else "bfloat16"),
+        "dtype": options.dtype or (role.dtype if role else DEFAULT_DTYPE),
         "threads": _given(options.threads, (role.threads if role else None)),
         "samples": _given(options.samples, (role.samples if role else None)),
         "seed": options.seed,

@@ -11,8 +11,9 @@ from orchestrator.transport import bundle
 from orchestrator.errors import DflashError
 from orchestrator.transport.hosts import Host
 from orchestrator.inventory import HostSpec
+from remote.protocol import PROBE_SCHEMA
 
-SCHEMA = "dflash.probe/1"
+SCHEMA = PROBE_SCHEMA
 DEFAULT_DEPTH = 4
 
 

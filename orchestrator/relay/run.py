@@ -53,9 +53,8 @@ from orchestrator.transport.hosts import Host, Result, open_host, quote
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.relay.stream import (Multiplexer, Stream, describe_failure, file_lines,
                                        pump, send_request, write_all)
-from remote.relay.host import MANIFEST, PARTIAL_PREFIX, REPAIR_PREFIX
+from remote.protocol import MANIFEST, MANIFEST_FORMAT, PARTIAL_PREFIX, REPAIR_PREFIX
 
-MANIFEST_FORMAT = "dflash-manifest/1"
 # The host-side relay commands are stdlib only: skip site-packages and environment
 # (-I -S), which halves the interpreter's start on a host with many packages.
 RELAY_PYTHON_FLAGS = ("-I", "-S")

@@ -37,7 +37,8 @@ from orchestrator.errors import DflashError
 from orchestrator.transport.hosts import PREFERRED_CIPHERS, Host, last_line
 from orchestrator.inventory import Inventory
 from remote.errors import ERROR_PREFIX
-from remote.relay.host import HEADER, read_exact, write_all  # the frame format both ends speak
+from remote.protocol import FRAME_HEADER
+from remote.relay.host import read_exact, write_all  # the frame format both ends speak
 
 CHUNK = 4 * 1024 * 1024
 
@@ -275,7 +276,7 @@ def describe_failure(host: Host, code: int, err: str) -> str:
 def send_request(dest: Stream, request: list[dict]) -> None:
     """Give a ``relay-recv`` its request (the first frame on its stdin)."""
     data = json.dumps(request).encode()
-    _write(dest, HEADER.pack(len(data)) + data)
+    _write(dest, FRAME_HEADER.pack(len(data)) + data)
 
 
 def pump(src: Stream, dests: Sequence[Stream], routes: Sequence[Sequence[int | None]],
@@ -298,14 +299,14 @@ def pump(src: Stream, dests: Sequence[Stream], routes: Sequence[Sequence[int | N
     for route in routes:
         if all(d.failed is not None for d in dests):
             break  # nobody left to read for
-        head = read_exact(src_fd, HEADER.size)
-        if len(head) < HEADER.size:
+        head = read_exact(src_fd, FRAME_HEADER.size)
+        if len(head) < FRAME_HEADER.size:
             break  # the source stopped; its exit status says why
-        length = HEADER.unpack(head)[0]
+        length = FRAME_HEADER.unpack(head)[0]
         takers = [d for d, skip in enumerate(route)
                   if skip is not None and dests[d].failed is None]
         for d in takers:
-            _write(dests[d], HEADER.pack(max(0, length - route[d])))
+            _write(dests[d], FRAME_HEADER.pack(max(0, length - route[d])))
         takers = [d for d in takers if dests[d].failed is None]
         if splice_ok and len(takers) == 1 and route[takers[0]] == 0:
             got, splice_ok = _splice(src_fd, dests[takers[0]], length, on_bytes, cancelled)

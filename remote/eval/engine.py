@@ -2,16 +2,17 @@
 
     python -m remote eval --spec job.json
 
-Spec (JSON object; unknown keys are an error, so a typo never silently changes a run):
+Spec (`remote.protocol.EvalSpec` as a JSON object; unknown keys are an error, so a typo
+never silently changes a run):
 
     target            path of the target model folder (HF layout, safetensors)      required
     drafter           path of the drafter folder or weights file                     required
     ground_truth      JSONL, lines {"id", "prompt_ids": [...], "completion_ids": [...]} required
     output_dir        where result.json and samples.jsonl go                         required
-    dtype             "bf16" (default) or "fp32"
+    dtype             "bfloat16" (default) or "float32" ("bf16"/"fp32" accepted)
     threads           torch threads (default: torch's choice)
-    ddtree_budgets    DDTree node budgets to report side by side (default [])
-    ddtree_topk       per-depth candidates for DDTree (default null = the budget)
+    budgets           DDTree node budgets to report side by side (default [])
+    topk              per-depth candidates for DDTree (default null = the budget)
     max_samples       evaluate only the first N samples (default all)
     block_chunk       blocks per batched drafter call (default: sized to the memory the
                       attention scores may take, see remote.eval.walk.auto_chunk)
@@ -37,52 +38,28 @@ from typing import Any
 
 from remote.errors import UserError
 from remote.probe.facts import meminfo, package_version
+from remote.protocol import RESULT_SCHEMA, EvalSpec, SpecError
 
-SCHEMA = "dflash.eval/1"
-SPEC_KEYS = {
-    "target", "drafter", "ground_truth", "output_dir", "dtype", "threads",
-    "ddtree_budgets", "ddtree_topk", "max_samples", "block_chunk", "positions",
-}
-DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
+SCHEMA = RESULT_SCHEMA
 
 
-def read_spec(path: str) -> dict[str, Any]:
-    """The validated spec with defaults filled in."""
+def read_spec(path: str) -> EvalSpec:
+    """The validated spec with defaults filled in; the four paths are required."""
     try:
         with open(path) as fh:
-            spec = json.load(fh)
+            raw = json.load(fh)
     except OSError as exc:
         raise UserError(f"cannot read spec {path}: {exc.strerror}")
     except json.JSONDecodeError as exc:
         raise UserError(f"spec {path} is not valid JSON (line {exc.lineno}): {exc.msg}")
-    if not isinstance(spec, dict):
-        raise UserError(f"spec {path} must be a JSON object")
-    unknown = sorted(set(spec) - SPEC_KEYS)
-    if unknown:
-        raise UserError(f"spec has unknown keys {', '.join(unknown)}; allowed: {', '.join(sorted(SPEC_KEYS))}")
+    try:
+        spec = EvalSpec.from_json(raw)
+    except (SpecError, TypeError) as exc:
+        raise UserError(f"spec {path}: {exc}") from None
     for key in ("target", "drafter", "ground_truth", "output_dir"):
-        if not isinstance(spec.get(key), str) or not spec[key]:
+        if not getattr(spec, key):
             raise UserError(f"spec needs {key!r} (a path)")
-    dtype = str(spec.get("dtype", "bf16")).lower()
-    if dtype not in DTYPES:
-        raise UserError(f"spec dtype {spec.get('dtype')!r} is not supported; use \"bf16\" or \"fp32\"")
-    budgets = spec.get("ddtree_budgets") or []
-    if not isinstance(budgets, list) or not all(isinstance(b, int) and b > 0 for b in budgets):
-        raise UserError("spec ddtree_budgets must be a list of positive integers, e.g. [8, 32, 64]")
-    for key in ("threads", "ddtree_topk", "max_samples", "block_chunk"):
-        v = spec.get(key)
-        if v is not None and (not isinstance(v, int) or v <= 0):
-            raise UserError(f"spec {key} must be a positive integer or null")
-    positions = spec.get("positions", "all")
-    if positions not in ("all", "walk"):
-        raise UserError(f"spec positions {positions!r} is not supported; use \"all\" or \"walk\"")
-    return {
-        "positions": positions,
-        "target": spec["target"], "drafter": spec["drafter"], "ground_truth": spec["ground_truth"],
-        "output_dir": spec["output_dir"], "dtype": DTYPES[dtype], "threads": spec.get("threads"),
-        "ddtree_budgets": sorted(set(budgets)), "ddtree_topk": spec.get("ddtree_topk"),
-        "max_samples": spec.get("max_samples"), "block_chunk": spec.get("block_chunk"),
-    }
+    return spec
 
 
 def read_ground_truth(path: str, vocab: int, max_samples: int | None) -> list[dict[str, Any]]:
@@ -185,7 +162,7 @@ def emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
 
-def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
+def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
     """Run an evaluation from a validated spec (see `read_spec`); returns the result dict
     and writes ``result.json`` + ``samples.jsonl`` in ``output_dir``."""
     import torch
@@ -196,42 +173,42 @@ def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
     from remote.eval.walk import WalkOptions, eval_sequence
 
     t_all = time.perf_counter()
-    if spec["threads"]:
-        torch.set_num_threads(spec["threads"])
-    dtype = getattr(torch, spec["dtype"])
-    if not os.path.isdir(spec["target"]):
-        raise UserError(f"target folder {spec['target']} does not exist")
-    if not os.path.exists(spec["drafter"]):
-        raise UserError(f"drafter path {spec['drafter']} does not exist")
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    dtype = getattr(torch, spec.dtype)
+    if not os.path.isdir(spec.target):
+        raise UserError(f"target folder {spec.target} does not exist")
+    if not os.path.exists(spec.drafter):
+        raise UserError(f"drafter path {spec.drafter} does not exist")
 
     # --- checks before any heavy load -----------------------------------------------------
-    _cfg, meta_model, tinfo = target_mod.describe(spec["target"])
-    dcfg = drafter_mod.read_config(spec["drafter"], tinfo.num_layers)
-    check_compatible(dcfg, tinfo, fc_width(spec["drafter"]))
-    rows = read_ground_truth(spec["ground_truth"], tinfo.vocab_size, spec["max_samples"])
+    _cfg, meta_model, tinfo = target_mod.describe(spec.target)
+    dcfg = drafter_mod.read_config(spec.drafter, tinfo.num_layers)
+    check_compatible(dcfg, tinfo, fc_width(spec.drafter))
+    rows = read_ground_truth(spec.ground_truth, tinfo.vocab_size, spec.max_samples)
     tbytes = target_mod.text_weight_bytes(meta_model, tinfo, dtype)
     del meta_model
     max_len = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
-    need = estimate_bytes(tbytes, dcfg, max_len, torch.empty(0, dtype=dtype).element_size(), spec["block_chunk"])
+    need = estimate_bytes(tbytes, dcfg, max_len, torch.empty(0, dtype=dtype).element_size(), spec.block_chunk)
     avail = meminfo()["available"]
     if avail and need > avail:
         raise UserError(f"evaluation needs about {need / 2**30:.1f} GiB but {avail / 2**30:.1f} GiB is available; free memory or use a bigger host")
-    os.makedirs(spec["output_dir"], exist_ok=True)
+    os.makedirs(spec.output_dir, exist_ok=True)
 
     on_event({
-        "event": "start", "samples": len(rows), "target": spec["target"], "drafter": spec["drafter"],
-        "dtype": spec["dtype"], "threads": torch.get_num_threads(), "block_size": dcfg.block_size,
-        "ddtree_budgets": spec["ddtree_budgets"], "estimated_bytes": need,
+        "event": "start", "samples": len(rows), "target": spec.target, "drafter": spec.drafter,
+        "dtype": spec.dtype, "threads": torch.get_num_threads(), "block_size": dcfg.block_size,
+        "budgets": list(spec.budgets), "estimated_bytes": need,
     })
     t0 = time.perf_counter()
-    target = target_mod.load_target(spec["target"], dtype)
+    target = target_mod.load_target(spec.target, dtype)
     t_target_load = time.perf_counter() - t0
     t0 = time.perf_counter()
-    drafter, report = drafter_mod.load_drafter(spec["drafter"], dtype, tinfo.num_layers)
+    drafter, report = drafter_mod.load_drafter(spec.drafter, dtype, tinfo.num_layers)
     t_drafter_load = time.perf_counter() - t0
 
-    opts = WalkOptions(budgets=spec["ddtree_budgets"], topk=spec["ddtree_topk"], block_chunk=spec["block_chunk"],
-                       positions=spec.get("positions", "all"))
+    opts = WalkOptions(budgets=list(spec.budgets), topk=spec.topk, block_chunk=spec.block_chunk,
+                       positions=spec.positions)
     records, lines = [], []
     t_eval = time.perf_counter()
     for i, row in enumerate(rows, 1):
@@ -253,23 +230,23 @@ def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
         })
     eval_s = time.perf_counter() - t_eval
 
-    metrics = summarize(records, dcfg.block_size, spec["ddtree_budgets"], spec["ddtree_topk"], tinfo.vocab_size)
+    metrics = summarize(records, dcfg.block_size, list(spec.budgets), spec.topk, tinfo.vocab_size)
     tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)
     result = {
         "schema": SCHEMA,
         "inputs": {
-            "target": os.path.abspath(spec["target"]), "drafter": os.path.abspath(spec["drafter"]),
-            "ground_truth": os.path.abspath(spec["ground_truth"]), "samples": len(rows),
-            "max_samples": spec["max_samples"], "dtype": spec["dtype"], "positions": spec.get("positions", "all"),
+            "target": os.path.abspath(spec.target), "drafter": os.path.abspath(spec.drafter),
+            "ground_truth": os.path.abspath(spec.ground_truth), "samples": len(rows),
+            "max_samples": spec.max_samples, "dtype": spec.dtype, "positions": spec.positions,
             "block_size": dcfg.block_size, "target_layer_ids": dcfg.target_layer_ids,
             "mask_token_id": dcfg.mask_token_id, "target_vocab_size": tinfo.vocab_size,
-            "ddtree": {"budgets": spec["ddtree_budgets"], "topk": spec["ddtree_topk"]},
+            "ddtree": {"budgets": list(spec.budgets), "topk": spec.topk},
             "drafter_files": report.files, "drafter_source_dtypes": report.source_dtypes,
             "drafter_ignored_keys": report.ignored_keys, "drafter_parameters": report.parameters,
             "target_architecture": tinfo.architecture, "target_backbone": tinfo.backbone_path,
             "target_layers": tinfo.num_layers, "target_layer_types": tinfo.layer_types,
         },
-        "environment": environment(spec["dtype"], torch.get_num_threads()),
+        "environment": environment(spec.dtype, torch.get_num_threads()),
         "metrics": metrics,
         "timings": {
             "load_target_s": t_target_load, "load_drafter_s": t_drafter_load, "eval_s": eval_s,
@@ -281,7 +258,7 @@ def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
         },
         "samples_file": "samples.jsonl",
     }
-    out = spec["output_dir"]
+    out = spec.output_dir
     write_atomic(os.path.join(out, "samples.jsonl"), "".join(line + "\n" for line in lines))
     result_path = os.path.join(out, "result.json")
     write_atomic(result_path, json.dumps(result, indent=2))

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from remote.errors import UserError
+from remote.protocol import DEFAULT_DTYPE
 
 KINDS = ("sglang", "openai", "openai-text", "file", "local")
 SERVER_KINDS = ("sglang", "openai", "openai-text")
@@ -624,7 +625,7 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
     generator = None
     model_name = source.get("model")
     if kind == "local":
-        generator = LocalGenerator(target, spec.get("dtype", "bfloat16"), spec.get("threads"))
+        generator = LocalGenerator(target, spec.get("dtype") or DEFAULT_DTYPE, spec.get("threads"))
     records = []
     mismatched = 0
     started = time.time()

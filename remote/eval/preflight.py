@@ -19,6 +19,7 @@ from pathlib import Path
 
 from remote.errors import UserError
 from remote.probe.facts import meminfo, package_version
+from remote.protocol import DEFAULT_DTYPE
 
 MIN_PYTHON = (3, 10)
 REQUIRED = {"torch": ("torch",), "transformers": ("transformers",),
@@ -96,7 +97,7 @@ def check(spec: dict) -> dict:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                   or value < 1):
             raise UserError(f"{key} must be a whole number of at least 1, got {value!r}")
-    dtype = spec.get("dtype", "bfloat16")
+    dtype = spec.get("dtype") or DEFAULT_DTYPE
     if dtype not in DTYPE_BYTES:
         raise UserError(f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_BYTES)})")
     target = _model_folder(spec.get("target"), "target model")

@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any
 
-from remote.relay.host import MANIFEST
+from remote.protocol import MANIFEST
 
 CHUNK = 4 * 1024 * 1024
 

@@ -33,10 +33,11 @@ from remote.probe.facts import disk_free, meminfo
 from remote.probe.load_check import load_and_verify
 from remote.model.files import incomplete_reason, one_line, read_model_config, scan_checkpoint
 from remote.model.keys import key_report
+from remote.protocol import PROBE_SCHEMA
 from remote.model.layout import (auto_class_choices, collapsed_tree, describe, layer_groups,
                                  layers_path_for, parameter_split)
 
-SCHEMA = "dflash.probe/1"
+SCHEMA = PROBE_SCHEMA
 
 
 # ---- the host ---------------------------------------------------------------------------

@@ -21,15 +21,13 @@ import mmap
 import os
 import shutil
 import stat
-import struct
 import sys
 import time
 
 from remote.errors import UserError
+from remote.protocol import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, REPAIR_PREFIX
 
 CHUNK = 4 * 1024 * 1024  # large reads/writes: small ones make the Python paths crawl
-MANIFEST = ".dflash-manifest.json"
-PARTIAL_PREFIX = ".partial-"
 
 
 PIPE_SIZE = 1024 * 1024  # Linux's default pipe-max-size; 64 KiB pipes mean 64 KiB reads
@@ -350,7 +348,6 @@ def _read_json(path: str):
 
 # A frame: 8-byte big-endian length, then that many bytes. Both ends of the relay and the
 # controller's pump (orchestrator.relay.stream) use these definitions.
-HEADER = struct.Struct(">Q")
 
 
 def read_exact(fd: int, n: int) -> bytes:
@@ -395,7 +392,7 @@ def send(args) -> int:
             if _hash_prefix(fd, offset, h) != offset:
                 raise UserError(f"{path} holds fewer than {offset} bytes")
             left = size - offset
-            write_all(1, HEADER.pack(left))
+            write_all(1, FRAME_HEADER.pack(left))
             reader = _Reader(fd, buf)
             while left:
                 block = reader.read(left)
@@ -443,10 +440,10 @@ def recv(args) -> int:
     lose. A write error ends the command with one line naming the file and the OS error.
     """
     _widen_pipe(0)
-    head = read_exact(0, HEADER.size)
-    if len(head) < HEADER.size:
+    head = read_exact(0, FRAME_HEADER.size)
+    if len(head) < FRAME_HEADER.size:
         raise UserError("no request on stdin")
-    requests = json.loads(read_exact(0, HEADER.unpack(head)[0]))
+    requests = json.loads(read_exact(0, FRAME_HEADER.unpack(head)[0]))
     for req in requests:
         _check_target(req.get("path"))
     root_fd = _open_root(args.root)
@@ -456,10 +453,10 @@ def recv(args) -> int:
     try:
         for i, req in enumerate(requests):
             rel = req["path"]
-            head = read_exact(0, HEADER.size)
-            if len(head) < HEADER.size:
+            head = read_exact(0, FRAME_HEADER.size)
+            if len(head) < FRAME_HEADER.size:
                 raise UserError(f"the stream ended after {i} of {len(requests)} files")
-            left = HEADER.unpack(head)[0]
+            left = FRAME_HEADER.unpack(head)[0]
             try:
                 fd, direct, h, size = _open_for_write(root_fd, rel, int(req.get("offset") or 0))
             except OSError as exc:
@@ -497,7 +494,6 @@ def recv(args) -> int:
     return 0
 
 
-REPAIR_PREFIX = ".dflash-repair-"
 
 
 def _check_target(rel) -> None:
