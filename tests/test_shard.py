@@ -56,21 +56,45 @@ def test_plan_balances_expected_tokens_not_sample_count():
         shard.plan_shards(recs, [])
 
 
-def test_metrics_of_concatenated_records_equal_engine_summary_of_the_whole():
-    """The shared function is order-sensitive only in floating point; merged callers pass
-    ground-truth order. Split + concatenate in order gives the very same numbers."""
+def test_merged_metrics_of_sharded_records_equal_the_summary_of_the_whole():
+    """`merge_result` recomputes the metrics from the records the shards sent back: planned
+    across three hosts and gathered in ground-truth order, they give the numbers of one
+    summary of every sample, which match counts made by hand; a lost shard changes them."""
     rng = random.Random(3)
     B = 4
     recs = []
-    for _ in range(7):
+    for i in range(7):
         rounds = [rng.randint(1, B) for _ in range(rng.randint(1, 9))]
-        recs.append({"rounds": rounds, "position_attempts": [rng.randint(0, 9) for _ in range(B - 1)],
+        recs.append({**_rec(i, rng.randint(2, 30), sum(rounds)), "rounds": rounds,
+                     "prompt_tokens": 5, "completion_tokens": sum(rounds),
+                     "seconds": {"target": 0.5, "drafter": 0.25, "ddtree": 0.125},
+                     "position_attempts": [rng.randint(0, 9) for _ in range(B - 1)],
                      "position_hits": [rng.randint(0, 3) for _ in range(B - 1)],
                      "agreement": {"match": rng.randint(0, 5), "total": 5},
                      "ddtree": {"8": [rng.randint(1, B) for _ in range(3)]}})
     whole = summarize(recs, B, [8], None, 320)
-    again = summarize(recs[:3] + recs[3:], B, [8], None, 320)
-    assert whole == again and whole["samples"] == 7 and whole["ddtree"]["8"]["topk"] == 8
+    plan = shard.plan_shards(recs, list(HOSTS))
+    assert all(s.indices for s in plan)
+    assert sorted(i for s in plan for i in s.indices) == list(range(len(recs)))
+    returned = {i: recs[i] for s in reversed(plan) for i in s.indices}  # any arrival order
+    inputs = {"block_size": B, "target_vocab_size": 320, "ddtree": {"budgets": [8]}}
+    results = [{"inputs": dict(inputs), "timings": {}} for _ in plan]
+
+    def merged(records: list[dict]) -> dict:
+        return shard.merge_result(results, records, ground_truth_source={}, shards={},
+                                  job={}, wall_s=1.0)["metrics"]
+
+    metrics = merged([returned[i] for i in sorted(returned)])
+    assert metrics == whole
+    rounds = [n for r in recs for n in r["rounds"]]
+    assert metrics["samples"] == 7 and metrics["ddtree"]["8"]["topk"] == 8
+    assert metrics["tau_token_weighted"] == sum(rounds) / len(rounds)
+    assert metrics["acceptance_histogram"] == {str(k): rounds.count(k) for k in range(1, B + 1)}
+    assert metrics["target_agreement"]["match"] == sum(r["agreement"]["match"] for r in recs)
+    assert [p["attempts"] for p in metrics["per_position_acceptance"]] == \
+        [sum(r["position_attempts"][j] for r in recs) for j in range(B - 1)]
+    lost = merged([returned[i] for i in sorted(returned) if i not in plan[0].indices])
+    assert lost != whole and lost["samples"] == 7 - len(plan[0].indices)
 
 
 def test_hosts_refuses_attach_in_one_line(tmp_path, make_inventory):
