@@ -17,6 +17,7 @@ from typing import Any, Callable
 import yaml
 
 from orchestrator.errors import DflashError
+from orchestrator.sizes import parse_size
 from remote.eval.groundtruth import KINDS as GT_KINDS
 from remote.protocol import DEFAULT_DTYPE, DTYPES
 
@@ -150,9 +151,13 @@ _bool.__doc__ = "true or false"
 
 
 def _size(v: Any) -> bool:
-    import re
-    return (_int(v) and v >= 0) or (isinstance(v, str) and re.fullmatch(
-        r"\s*\d+(\.\d+)?\s*[kmgtpKMGTP]?(i?[bB])?\s*", v) is not None)
+    if isinstance(v, str):
+        try:
+            parse_size(v)
+        except DflashError:
+            return False
+        return True
+    return _int(v) and v >= 0
 
 
 _size.__doc__ = "a size in bytes or like 500M, 10G, 1.5TiB"

@@ -36,6 +36,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from remote.atomic import write_json_atomic
 from remote.errors import UserError
 from remote.protocol import DEFAULT_DTYPE, EvalSpec, SpecError
 
@@ -46,14 +47,6 @@ CANCEL_GRACE_SECONDS = 10.0
 
 
 # ---- small helpers ----------------------------------------------------------------------
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON through a temp file and a rename: readers never see half a document."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
 
 def read_json(path: str | os.PathLike) -> Any | None:
     try:

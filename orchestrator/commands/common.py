@@ -65,13 +65,3 @@ def inventory(path: Optional[Path]) -> Inventory:
 def print_json(obj: Any) -> None:
     """JSON on stdout, nothing else, so scripts can pipe it."""
     typer.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
-
-
-def human_bytes(n: float | int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)

@@ -8,8 +8,9 @@ import typer
 from rich import box
 from rich.table import Table
 
+from orchestrator.sizes import human_bytes
 from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
-                                          human_bytes, inventory, print_json)
+                                          inventory, print_json)
 from orchestrator.probe.facts import check_hosts
 
 hosts_app = typer.Typer(help="List the inventory's hosts, or check what they are.",

@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 from rich.tree import Tree
 
-from orchestrator.commands.common import (InventoryOption, JsonOption, console, human_bytes,
-                                          inventory, print_json)
+from orchestrator.sizes import human_bytes
+from orchestrator.commands.common import (InventoryOption, JsonOption, console, inventory, print_json)
 from orchestrator.transport.hosts import open_host
 from orchestrator.probe.structure import DEFAULT_DEPTH, probe_structure, resolve_model
 

@@ -13,8 +13,9 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
 from rich.table import Table
 
 from orchestrator.relay import run as relay_lib
+from orchestrator.sizes import human_bytes, parse_size
 from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
-                                          human_bytes, inventory, print_json)
+                                          inventory, print_json)
 from orchestrator.errors import DflashError
 
 
@@ -138,7 +139,7 @@ def relay(
         names=list(checkpoints or []), step=step, latest=latest, all=all_, src_dir=src_dir,
         dest_dir=dest_dir, verify=verify, dry_run=dry_run,
         keep=keep if keep is not None else inv.defaults.keep, jobs=jobs,
-        reserve=relay_lib.parse_size(reserve) if reserve is not None else None)
+        reserve=parse_size(reserve) if reserve is not None else None)
     if list_:
         try:
             with _sigterm_as_interrupt():

@@ -49,6 +49,7 @@ from orchestrator.results import plots
 from orchestrator.relay import run as relay
 from orchestrator.eval import run as remote_eval
 from orchestrator.results import store as results
+from remote.atomic import write_json_atomic
 from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.transport.hosts import open_host
 from orchestrator.inventory import Inventory
@@ -104,16 +105,6 @@ class FollowEvents:
 
 
 # ---- state on disk -------------------------------------------------------------------------
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=2, default=str)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
 
 def _read_json(path: Path, default: Any) -> Any:
     try:
@@ -174,14 +165,15 @@ class _State:
         return {h["checkpoint"] for h in self.history}
 
     def save_state(self) -> None:
-        _write_json(self.dir / STATE, {"format": STATE_FORMAT, "source": self.source,
-                                       "dest": self.dest, "inflight": self.inflight})
+        write_json_atomic(self.dir / STATE, {"format": STATE_FORMAT, "source": self.source,
+                                             "dest": self.dest, "inflight": self.inflight},
+                          fsync=True)
 
     def record(self, entry: dict) -> None:
         # History first: once a checkpoint is there it is never evaluated again, whatever
         # happens before the in-flight note is cleared.
         self.history.append(entry)
-        _write_json(self.dir / HISTORY, self.history)
+        write_json_atomic(self.dir / HISTORY, self.history, fsync=True)
         self.inflight.pop(entry["checkpoint"], None)
         self.save_state()
 

@@ -37,7 +37,6 @@ import datetime as _dt
 import getpass
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -48,6 +47,7 @@ from typing import Any
 from orchestrator.transport import bundle
 from orchestrator.relay.checkpoints import (Checkpoint, Scan, SourceFile, judge_complete, parse_scan,
                                      scan)
+from orchestrator.sizes import human_bytes, parse_size
 from orchestrator.errors import DflashError
 from orchestrator.transport.hosts import Host, Result, open_host, quote
 from orchestrator.inventory import HostSpec, Inventory
@@ -190,29 +190,6 @@ class RelayReport:
                             for c in self.checkpoints],
             "incomplete": self.incomplete, "pruned": self.pruned,
         }
-
-
-# ---- sizes --------------------------------------------------------------------------------
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.I)
-
-
-def parse_size(text: str | int) -> int:
-    """``123``, ``10G``, ``1.5GiB``, ``500MB`` -> bytes (K/M/G/T/P are powers of 1024)."""
-    if isinstance(text, int):
-        return text
-    m = _SIZE.match(str(text))
-    if not m:
-        raise DflashError(f"not a size: {text!r} (use e.g. 500M, 10G, 1.5TiB or bytes)")
-    return int(float(m.group(1)) * 1024 ** " kmgtp".index(m.group(2).lower() or " "))
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n}"
 
 
 # ---- plan ---------------------------------------------------------------------------------
@@ -600,9 +577,9 @@ class _Relay:
             if d.need > room:
                 raise RelayError(
                     f"{d.host.name}: not enough space in {d.root}: this relay needs "
-                    f"{human(d.need)} more, {human(d.scan.free)} is free and "
-                    f"{human(d.reserve)} must stay free (reserve), short by "
-                    f"{human(d.need - room)}; free space there, use --keep, or lower the "
+                    f"{human_bytes(d.need)} more, {human_bytes(d.scan.free)} is free and "
+                    f"{human_bytes(d.reserve)} must stay free (reserve), short by "
+                    f"{human_bytes(d.need - room)}; free space there, use --keep, or lower the "
                     "reserve")
 
     # -- transfer ----------------------------------------------------------------------------
@@ -925,4 +902,4 @@ def list_checkpoints(inventory: Inventory, source: str, destinations: list[str],
 
 
 __all__ = ["relay", "list_checkpoints", "RelayOptions", "RelayReport", "Progress",
-           "RelayError", "RelayIncomplete", "parse_size", "quote"]
+           "RelayError", "RelayIncomplete", "quote"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol
 
 from orchestrator.results import store as res
+from remote.atomic import write_atomic
 from orchestrator.errors import DflashError
 
 FORMATS = ("csv", "jsonl", "tensorboard", "wandb")
@@ -94,16 +96,12 @@ def write_jsonl(runs: list[res.Run], path: str | Path) -> Path:
 
 
 def _atomic(path: Path, write) -> Path:
+    """`write(fh)` into a text buffer, then the file written atomically."""
     if path.is_dir():
         raise DflashError(f"{path} is a folder; give a file name for the export")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", newline="") as fh:
-            write(fh)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    buf = io.StringIO(newline="")
+    write(buf)
+    return write_atomic(path, buf.getvalue())
 
 
 # ---- trackers ------------------------------------------------------------------------------

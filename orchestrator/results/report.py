@@ -14,7 +14,6 @@ figure code as the PNGs, `orchestrator.results.plots`), the styles inline. Secti
 from __future__ import annotations
 
 import html
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from orchestrator.results import compare
 from orchestrator.results import plots
 from orchestrator.results import store as res
+from remote.atomic import write_atomic
 from orchestrator.errors import DflashError
 
 STYLE = """
@@ -204,10 +204,5 @@ def write_report(runs: list[res.Run], path: str | Path, title: str = "dflash res
     if path.is_dir():
         raise DflashError(f"{path} is a folder; give a file name such as {path}/report.html")
     text = render(runs, title)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, text)
     return path

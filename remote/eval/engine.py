@@ -36,6 +36,7 @@ import platform
 import time
 from typing import Any
 
+from remote.atomic import write_atomic
 from remote.errors import UserError
 from remote.probe.facts import meminfo, package_version
 from remote.protocol import RESULT_SCHEMA, EvalSpec, SpecError
@@ -149,15 +150,6 @@ def environment(dtype: str, threads: int) -> dict[str, Any]:
     }
 
 
-def write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
@@ -259,9 +251,10 @@ def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
         "samples_file": "samples.jsonl",
     }
     out = spec.output_dir
-    write_atomic(os.path.join(out, "samples.jsonl"), "".join(line + "\n" for line in lines))
+    write_atomic(os.path.join(out, "samples.jsonl"), "".join(line + "\n" for line in lines),
+                 fsync=True)
     result_path = os.path.join(out, "result.json")
-    write_atomic(result_path, json.dumps(result, indent=2))
+    write_atomic(result_path, json.dumps(result, indent=2), fsync=True)
     on_event({"event": "done", "result": os.path.abspath(result_path),
               "tau": metrics["tau_per_sample_mean"], "tau_token_weighted": metrics["tau_token_weighted"]})
     return result

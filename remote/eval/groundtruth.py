@@ -51,6 +51,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from remote.atomic import write_atomic, write_json_atomic
 from remote.errors import UserError
 from remote.protocol import DEFAULT_DTYPE
 
@@ -499,12 +500,8 @@ def read_ground_truth_file(path: str) -> list[dict]:
     return out
 
 
-def write_jsonl_atomic(path: Path, records: list[dict]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        for r in records:
-            fh.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
+def _jsonl(records: list[dict]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
 
 
 def _read_cache(path: Path, meta_path: Path, prompt_ids: list[list[int]],
@@ -526,12 +523,6 @@ def _read_cache(path: Path, meta_path: Path, prompt_ids: list[list[int]],
     except UserError:
         return None
     return records, meta
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
 
 
 def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
@@ -561,7 +552,7 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
         # The selection belongs to this job: keep it in the job's folder.
         out = workdir / "jobs" / str(spec.get("job_id", "adhoc")) / "ground_truth.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_jsonl_atomic(out, records)
+        write_atomic(out, _jsonl(records))
         info.update(cached=False, samples=len(records), file=str(out),
                     source={"kind": "file", "path": gt["path"], "made": time.time()})
         emit("ground_truth", done=len(records), total=len(records), cached=False)
@@ -663,10 +654,10 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
     generated = time.time()
     info.update(cached=False, generated=generated, seconds=round(generated - started, 3),
                 source={**source, "made": generated})
-    write_jsonl_atomic(path, records)
+    write_atomic(path, _jsonl(records))
     meta = {k: info[k] for k in ("kind", "url", "model", "sampling", "thinking", "samples",
                                  "warnings", "retokenisation", "generated", "source")
             if k in info}
     meta["target"] = identity
-    _write_json_atomic(meta_path, meta)
+    write_json_atomic(meta_path, meta)
     return str(path), info
