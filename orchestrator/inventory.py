@@ -10,7 +10,7 @@ setting is one line there and one field on the dataclass.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -228,10 +228,17 @@ def find_inventory_path(explicit: str | os.PathLike | None = None) -> Path:
     return path
 
 
-def load_inventory(explicit: str | os.PathLike | None = None) -> Inventory:
-    """Find, parse and validate the inventory."""
+def load_inventory(explicit: str | os.PathLike | None = None, *,
+                   accept_new_host_keys: bool = False) -> Inventory:
+    """Find, parse and validate the inventory. `accept_new_host_keys` opts every host in
+    to trusting a key seen for the first time (``--accept-new-host-keys``), as the
+    per-host ``accept_new_host_key: true`` does; a changed key is always refused."""
     path = find_inventory_path(explicit)
-    return parse_inventory(path.read_text(), path)
+    inv = parse_inventory(path.read_text(), path)
+    if accept_new_host_keys:
+        inv.hosts = {name: replace(spec, accept_new_host_key=True)
+                     for name, spec in inv.hosts.items()}
+    return inv
 
 
 def parse_inventory(text: str, path: Path) -> Inventory:

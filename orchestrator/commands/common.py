@@ -58,8 +58,11 @@ BudgetsOption = Annotated[Optional[str], typer.Option(
     help="DDTree node budgets, comma-separated (default 8,16,32,64).")]
 
 
-def inventory(path: Optional[Path]) -> Inventory:
-    return load_inventory(path)
+def inventory(ctx: typer.Context, path: Optional[Path]) -> Inventory:
+    """The inventory, with the root option ``--accept-new-host-keys`` (kept in the root
+    context's ``obj`` by `orchestrator.cli`) passed down to it."""
+    obj = ctx.find_root().obj or {}
+    return load_inventory(path, accept_new_host_keys=bool(obj.get("accept_new_host_keys")))
 
 
 def print_json(obj: Any) -> None:

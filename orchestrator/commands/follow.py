@@ -102,6 +102,7 @@ def history_table(history: list[dict], title: str = "tau per checkpoint step") -
 
 
 def follow_cmd(
+    ctx: typer.Context,
     source: Annotated[Optional[str], typer.Option(
         "--from", help="Trainer host (default: defaults.relay_from).")] = None,
     dest: Annotated[Optional[str], typer.Option(
@@ -145,7 +146,7 @@ def follow_cmd(
 
     Appends to a history and redraws the tau-per-step plot. Safe to stop and restart:
     Ctrl-C cancels the running eval job; a restart attaches to a job it left running."""
-    inv = inventory(inventory_path)
+    inv = inventory(ctx, inventory_path)
     src = source or inv.defaults.relay_from
     dst = dest or inv.defaults.relay_to
     if not src or not dst:

@@ -23,7 +23,7 @@ def list_hosts(ctx: typer.Context, inventory_path: InventoryOption = None,
     """List the inventory's hosts, their transport, address and roles."""
     if ctx.invoked_subcommand is not None:
         return
-    inv = inventory(inventory_path)
+    inv = inventory(ctx, inventory_path)
     rows = []
     for spec in inv.hosts.values():
         roles = [r for r in ("trainer", "eval") if getattr(spec, r)]
@@ -47,11 +47,11 @@ def list_hosts(ctx: typer.Context, inventory_path: InventoryOption = None,
 
 
 @hosts_app.command("check")
-def check(names: Annotated[Optional[list[str]], typer.Argument(
+def check(ctx: typer.Context, names: Annotated[Optional[list[str]], typer.Argument(
               help="Hosts or groups to check (default: all).")] = None,
           inventory_path: InventoryOption = None, json_out: JsonOption = False) -> None:
     """Reach each host in parallel and report OS, CPUs, memory, disk, python and ML packages."""
-    inv = inventory(inventory_path)
+    inv = inventory(ctx, inventory_path)
     results = check_hosts(inv, names)
     if json_out:
         print_json([r.to_json() for r in results])

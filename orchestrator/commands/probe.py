@@ -14,6 +14,7 @@ from orchestrator.probe.structure import DEFAULT_DEPTH, probe_structure, resolve
 
 
 def probe_command(
+    ctx: typer.Context,
     host: Annotated[str, typer.Option("--host", help="Inventory host to probe on.")],
     model: Annotated[Optional[str], typer.Option(
         "--model", help="Model folder on the host (default: the host's eval target_model).")] = None,
@@ -27,7 +28,7 @@ def probe_command(
     inventory_path: InventoryOption = None,
 ) -> None:
     """What is this model, really? Classes, layer paths, layer kinds, sizes, keys, fit."""
-    inv = inventory(inventory_path)
+    inv = inventory(ctx, inventory_path)
     spec = inv.host(host)
     model_path = resolve_model(spec, model)
     with open_host(spec, inv) as h:

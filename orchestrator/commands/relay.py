@@ -85,6 +85,7 @@ def _split(values: Optional[list[str]]) -> list[str]:
 
 
 def relay(
+    ctx: typer.Context,
     checkpoints: Annotated[Optional[list[str]], typer.Argument(
         help="Checkpoint names to relay (default: the newest complete one).",
         show_default=False)] = None,
@@ -127,7 +128,7 @@ def relay(
 ) -> None:
     """Relay checkpoints from the trainer to eval hosts through this machine: streamed (never
     stored here), sha256-verified on both hosts, resumable, published by one rename."""
-    inv = inventory(inventory_path)
+    inv = inventory(ctx, inventory_path)
     src = source or inv.defaults.relay_from
     dests = _split(dest) or _split([inv.defaults.relay_to] if inv.defaults.relay_to else [])
     if not src:

@@ -180,6 +180,7 @@ class ShardProgress:
 
 
 def remote_eval_cmd(
+    ctx: typer.Context,
     checkpoint: Annotated[Optional[str], typer.Option(
         "--checkpoint", "-c", help="Drafter checkpoint: a name under the eval host's "
         "'drafters' folder, or an absolute path there.")] = None,
@@ -236,7 +237,7 @@ def remote_eval_cmd(
 
     The job survives a dropped connection or a killed dflash: resume with --attach JOB.
     """
-    inv = inventory(inventory_path)
+    inv = inventory(ctx, inventory_path)
     if sum(bool(x) for x in (checkpoint, attach, cancel)) != 1:
         raise DflashError("give exactly one of --checkpoint NAME, --attach JOB, --cancel JOB")
     if hosts:
@@ -327,13 +328,14 @@ def _report(run_dir, json_out: bool) -> None:
 
 
 def jobs_cmd(
+    ctx: typer.Context,
     host: Annotated[Optional[list[str]], typer.Option(
         "--host", "-H", help="Host(s) to ask (default: every host with an eval role).")] = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """List the jobs on eval hosts with their state and progress."""
-    inv = inventory(inventory_path)
+    inv = inventory(ctx, inventory_path)
     specs = inv.expand(host) if host else [h for h in inv.hosts.values() if h.eval]
     rows = []
     for spec in specs:

@@ -52,10 +52,6 @@ class HostError(DflashError):
     """A host could not be reached or refused us; the message is one actionable line."""
 
 
-# Set by the CLI's --accept-new-host-keys for this process.
-ACCEPT_NEW_HOST_KEYS = False
-
-
 def quote(arg: str | os.PathLike) -> str:
     """Shell-quote one argument for a remote POSIX shell."""
     return shlex.quote(os.fspath(arg))

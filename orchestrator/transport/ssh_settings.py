@@ -222,8 +222,6 @@ def _hops(chain: str, base: "HostSpec", depth: int) -> SSHSettings:
 
 def _settings(name: str, alias: str, conf: dict[str, list[str]], spec: "HostSpec",
               jump: SSHSettings | None, proxy_command: str | None) -> SSHSettings:
-    from orchestrator.transport import hosts as hosts_mod
-
     identities = []
     for entry in conf.get("identityfile", []):
         path = _expand(entry)
@@ -255,7 +253,7 @@ def _settings(name: str, alias: str, conf: dict[str, list[str]], spec: "HostSpec
         identity_agent=agent, proxy_command=proxy_command, jump=jump,
         user_known_hosts=tuple(user_known),
         global_known_hosts=tuple(_expand(e) for e in _words(conf, "globalknownhostsfile")),
-        accept_new=spec.accept_new_host_key or hosts_mod.ACCEPT_NEW_HOST_KEYS,
+        accept_new=spec.accept_new_host_key,
         connect_timeout=spec.connect_timeout, config_file=config_file())
 
 
