@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from orchestrator.errors import DflashError
 from orchestrator.inventory import Inventory, load_inventory
 from remote.protocol import SpecError, parse_budgets, parse_dtype
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
 
 InventoryOption = Annotated[
     Optional[Path],
@@ -63,8 +59,3 @@ def inventory(ctx: typer.Context, path: Optional[Path]) -> Inventory:
     context's ``obj`` by `orchestrator.cli`) passed down to it."""
     obj = ctx.find_root().obj or {}
     return load_inventory(path, accept_new_host_keys=bool(obj.get("accept_new_host_keys")))
-
-
-def print_json(obj: Any) -> None:
-    """JSON on stdout, nothing else, so scripts can pipe it."""
-    typer.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))

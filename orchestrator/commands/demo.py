@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from orchestrator.commands.common import JsonOption, console, print_json
-from orchestrator.commands.follow import RichEvents, history_table
+from orchestrator.commands.common import JsonOption
+from orchestrator.commands.output import console, history_table, print_json, RichEvents
 
 
 def demo_cmd(

@@ -3,102 +3,15 @@
 from __future__ import annotations
 
 import signal
-import time
 from typing import Annotated, Optional
 
 import typer
-from rich import box
-from rich.table import Table
 
 from orchestrator.eval import follow as follow_lib
 from orchestrator.eval import run as remote_eval
-from orchestrator.commands.common import (BudgetsOption, DtypeOption, InventoryOption, JsonOption, console,
-                                          err_console, inventory, positive, print_json)
-from orchestrator.commands.relay import _RichProgress
-from orchestrator.commands.remote_eval import LiveProgress
+from orchestrator.commands.common import BudgetsOption, DtypeOption, InventoryOption, JsonOption, inventory, positive
 from orchestrator.errors import DflashError
-
-
-class RichEvents(follow_lib.FollowEvents):
-    """Timestamped lines, the relay's byte bar and the eval's live bar, on stderr."""
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
-        self.relay_bar: _RichProgress | None = None
-        self.live: LiveProgress | None = None
-        self.live_for: str | None = None
-
-    def _close(self) -> None:
-        if self.relay_bar is not None:
-            self.relay_bar.stop()
-            self.relay_bar = None
-        if self.live is not None:
-            self.live.__exit__(None, None, None)
-            self.live = None
-
-    def message(self, text: str) -> None:
-        self._close()
-        if self.enabled:
-            err_console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {text}", soft_wrap=True)
-
-    def relay_progress(self, checkpoint: str):
-        self._close()
-        if not self.enabled:
-            return None
-        self.relay_bar = _RichProgress()
-        return self.relay_bar
-
-    def eval_event(self, checkpoint: str, event: dict) -> None:
-        if not self.enabled:
-            return
-        if self.live is None or self.live_for != checkpoint:
-            self._close()
-            self.live, self.live_for = LiveProgress(True).__enter__(), checkpoint
-        self.live(event)
-
-    def recorded(self, entry: dict) -> None:
-        self._close()
-        if not self.enabled:
-            return
-        if entry["state"] != "done":
-            err_console.print(f"[red]{entry['checkpoint']}: failed[/]: {entry.get('error')}",
-                              soft_wrap=True)
-            return
-        trees = ", ".join(f"DDTree-{b} {v:.3f}" for b, v in entry["ddtree"].items()
-                          if v is not None)
-        err_console.print(f"[bold green]{entry['checkpoint']}[/] (step {entry['step']}): "
-                          f"tau {_f(entry['tau'])} (token-weighted {_f(entry['tau_tokens'])})"
-                          + (f", {trees}" if trees else ""), soft_wrap=True)
-
-    def close(self) -> None:
-        self._close()
-
-
-def _f(v) -> str:
-    return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
-
-
-def history_table(history: list[dict], title: str = "tau per checkpoint step") -> Table:
-    """Step, checkpoint, tau (z-lab per-sample mean and token-weighted), DDTree tau per node
-    budget and the target agreement rate; run ids are in the history JSON."""
-    budgets = sorted({b for h in history for b in (h.get("ddtree") or {})}, key=int)
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
-                  pad_edge=False, show_edge=False)  # fits 80 columns
-    for col in ("step", "checkpoint", "tau", "tau tok", *[f"DDTree-{b}" for b in budgets],
-                "agree"):
-        table.add_column(col, justify="left" if col == "checkpoint" else "right",
-                         no_wrap=True)
-    for h in sorted(history, key=lambda h: (h.get("step") is None, h.get("step") or 0)):
-        if h.get("state") != "done":
-            table.add_row(str(h.get("step")), h["checkpoint"],
-                          f"[red]failed[/]: {(h.get('error') or '')[:60]}", "",
-                          *[""] * len(budgets), "")
-            continue
-        table.add_row(str(h.get("step")), h["checkpoint"], _f(h.get("tau")),
-                      _f(h.get("tau_tokens")),
-                      *[_f((h.get("ddtree") or {}).get(b)) for b in budgets],
-                      _f(h.get("target_agreement")))
-    return table
+from orchestrator.commands.output import console, history_table, print_json, RichEvents
 
 
 def follow_cmd(

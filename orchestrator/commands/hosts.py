@@ -9,9 +9,9 @@ from rich import box
 from rich.table import Table
 
 from orchestrator.sizes import human_bytes
-from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
-                                          inventory, print_json)
+from orchestrator.commands.common import InventoryOption, JsonOption, inventory
 from orchestrator.probe.facts import check_hosts
+from orchestrator.commands.output import console, err_console, print_json
 
 hosts_app = typer.Typer(help="List the inventory's hosts, or check what they are.",
                         no_args_is_help=False, invoke_without_command=True)

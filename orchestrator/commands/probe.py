@@ -8,9 +8,10 @@ import typer
 from rich.tree import Tree
 
 from orchestrator.sizes import human_bytes
-from orchestrator.commands.common import (InventoryOption, JsonOption, console, inventory, print_json)
+from orchestrator.commands.common import InventoryOption, JsonOption, inventory
 from orchestrator.transport.hosts import open_host
 from orchestrator.probe.structure import DEFAULT_DEPTH, probe_structure, resolve_model
+from orchestrator.commands.output import console, print_json
 
 
 def probe_command(

@@ -3,60 +3,17 @@
 from __future__ import annotations
 
 import signal
-import threading
 from contextlib import contextmanager
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                           TimeRemainingColumn, TransferSpeedColumn)
 from rich.table import Table
 
 from orchestrator.relay import run as relay_lib
 from orchestrator.sizes import human_bytes, parse_size
-from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
-                                          inventory, print_json)
+from orchestrator.commands.common import InventoryOption, JsonOption, inventory
 from orchestrator.errors import DflashError
-
-
-class _RichProgress(relay_lib.Progress):
-    """A rich bar: bytes, rate, time left, files done (on stderr, stdout stays for --json)."""
-
-    def __init__(self) -> None:
-        self.bar = Progress(TextColumn("[bold]relay"), BarColumn(),
-                            DownloadColumn(binary_units=True), TransferSpeedColumn(),
-                            TimeRemainingColumn(),
-                            TextColumn("{task.fields[files]}"), console=err_console,
-                            transient=False)
-        self.task = None
-        self.files = 0
-        self.total_files = 0
-        self.lock = threading.Lock()
-
-    def start(self, total_bytes: int, total_files: int) -> None:
-        if total_files == 0:
-            return
-        self.total_files = total_files
-        self.bar.start()
-        self.task = self.bar.add_task("relay", total=total_bytes,
-                                      files=f"0/{total_files} files")
-
-    def advance(self, nbytes: int) -> None:
-        if self.task is not None:
-            self.bar.update(self.task, advance=nbytes)
-
-    def file_done(self, checkpoint: str, path: str) -> None:
-        with self.lock:
-            self.files += 1
-        if self.task is not None:
-            self.bar.update(self.task, files=f"{self.files}/{self.total_files} files")
-
-    def message(self, text: str) -> None:
-        self.bar.console.print(f"[yellow]{text}[/]")
-
-    def stop(self) -> None:
-        if self.task is not None:
-            self.bar.stop()
+from orchestrator.commands.output import console, err_console, print_json, RelayProgress
 
 
 class _Terminated(KeyboardInterrupt):
@@ -162,7 +119,7 @@ def relay(
                           f"({row['reason']})", *row["destinations"].values())
         console.print(table)
         return
-    bar = None if json_out else _RichProgress()
+    bar = None if json_out else RelayProgress()
     try:
         with _sigterm_as_interrupt():
             report = relay_lib.relay(inv, src, dests, options, bar)

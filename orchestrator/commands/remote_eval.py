@@ -2,181 +2,17 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn,
-                           TimeElapsedColumn)
 from rich.table import Table
 
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval import shard
-from orchestrator.commands.common import (BudgetsOption, DtypeOption, InventoryOption, JsonOption, console,
-                                          err_console, inventory, print_json)
+from orchestrator.commands.common import BudgetsOption, DtypeOption, InventoryOption, JsonOption, inventory
 from orchestrator.errors import DflashError
 from orchestrator.transport.hosts import open_host
-
-
-class LiveProgress:
-    """Turns job events into rich progress bars: ground truth, then the eval with samples,
-    tokens/s and the running tau. Warnings are printed above the bars as they come."""
-
-    def __init__(self, enabled: bool = True):
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                                 TimeElapsedColumn(), console=err_console,
-                                 disable=not enabled, transient=False)
-        self.gt_task: TaskID | None = None
-        self.eval_task: TaskID | None = None
-        self.tokens = 0
-        self.eval_started: float | None = None  # the job's clock (event times), not ours
-        self.last: dict = {}
-
-    def __enter__(self) -> "LiveProgress":
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
-
-    def __call__(self, ev: dict) -> None:
-        kind = ev.get("event")
-        self.last = ev
-        if kind == "warning":
-            self.progress.console.print(f"[bold yellow]warning:[/] {ev.get('message')}",
-                                        soft_wrap=True)
-        elif kind == "phase" and ev.get("phase") == "ground_truth" and self.gt_task is None:
-            self.gt_task = self.progress.add_task(
-                f"ground truth ({ev.get('source')})", total=None, info="")
-        elif kind == "ground_truth":
-            if self.gt_task is None:
-                self.gt_task = self.progress.add_task("ground truth", total=None, info="")
-            self.progress.update(self.gt_task, completed=ev.get("done", 0),
-                                 total=ev.get("total"),
-                                 info="cached on host" if ev.get("cached") else "")
-        elif kind in ("start", "sample"):
-            total = ev.get("total") or ev.get("samples")
-            if self.eval_task is None:
-                self.eval_started = ev.get("time") or time.time()
-                self.eval_task = self.progress.add_task("eval", total=total, info="")
-            if kind == "sample":
-                self.tokens += int(ev.get("tokens") or 0)
-                # Rates from the job's own timestamps: right even when --attach replays
-                # events that happened while nobody was watching.
-                now = ev.get("time") or time.time()
-                elapsed = max(1e-3, now - (self.eval_started or now))
-                tau = ev.get("tau")
-                info = f"{self.tokens / elapsed:,.0f} tok/s"
-                if isinstance(tau, (int, float)):
-                    info += f"  tau {tau:.3f}"
-                self.progress.update(self.eval_task, completed=ev.get("done", 0), total=total,
-                                     info=info)
-            elif total:
-                self.progress.update(self.eval_task, total=total)
-        elif kind == "done" and self.eval_task is not None:
-            task = self.progress.tasks[self.eval_task]
-            if task.total:
-                self.progress.update(self.eval_task, completed=task.total)
-
-
-class ShardProgress:
-    """One progress view for a sharded eval: the ground-truth row (first host), a row per
-    host (samples, tokens/s from that host's own event times, running tau, failures) and a
-    total row. Called as ``view(host, event)`` from several watcher threads (the library
-    serialises the calls)."""
-
-    def __init__(self, enabled: bool = True):
-        self.progress = Progress(TextColumn("[bold]{task.description:>14}"), BarColumn(),
-                                 MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                                 TimeElapsedColumn(), console=err_console,
-                                 disable=not enabled, transient=False)
-        self.gt_task: TaskID | None = None
-        self.total_task: TaskID | None = None
-        self.rows: dict[str, TaskID] = {}
-        self.hosts: dict[str, dict] = {}  # host -> {total, done, tokens, started, tau, failed}
-        self.planned = False
-
-    def __enter__(self) -> "ShardProgress":
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
-
-    def _row(self, host: str) -> tuple[TaskID, dict]:
-        if host not in self.rows:
-            self.rows[host] = self.progress.add_task(host, total=0, info="")
-            self.hosts[host] = {"total": 0, "done": 0, "tokens": 0, "started": None,
-                                "last": None, "tau": None, "failed": 0}
-        return self.rows[host], self.hosts[host]
-
-    def _total(self) -> None:
-        done = sum(h["done"] for h in self.hosts.values())
-        tokens = sum(h["tokens"] for h in self.hosts.values())
-        starts = [h["started"] for h in self.hosts.values() if h["started"]]
-        lasts = [h["last"] for h in self.hosts.values() if h["last"]]
-        info = ""
-        if starts and lasts:
-            info = f"{tokens / max(1e-3, max(lasts) - min(starts)):,.0f} tok/s"
-        if self.total_task is None:
-            self.total_task = self.progress.add_task("total", total=None, info="")
-        self.progress.update(self.total_task, completed=done, info=info)
-
-    def set_total(self, n: int) -> None:
-        self._total()
-        self.progress.update(self.total_task, total=n)
-
-    def __call__(self, host: str, ev: dict) -> None:
-        kind = ev.get("event")
-        if kind == "warning":
-            self.progress.console.print(f"[bold yellow]warning ({host}):[/] "
-                                        f"{ev.get('message')}", soft_wrap=True)
-        elif kind == "plan":
-            self.planned = True
-            self.set_total(int(ev.get("samples") or 0))
-        elif kind == "ground_truth" and not self.planned:  # shard jobs' slices: not news
-            if self.gt_task is None:
-                self.gt_task = self.progress.add_task("ground truth", total=None, info=host)
-            self.progress.update(self.gt_task, completed=ev.get("done", 0),
-                                 total=ev.get("total"),
-                                 info=f"{host}, cached" if ev.get("cached") else host)
-        elif kind == "shard":
-            task, h = self._row(host)
-            h["total"] += int(ev.get("samples") or 0)
-            self.progress.update(task, total=h["total"])
-        elif kind == "start" and host in self.hosts:
-            h = self.hosts[host]
-            h["started"] = h["started"] or ev.get("time") or time.time()
-        elif kind == "sample":
-            task, h = self._row(host)
-            h["done"] += 1
-            h["tokens"] += int(ev.get("tokens") or 0)
-            h["last"] = ev.get("time") or time.time()
-            h["started"] = h["started"] or h["last"]
-            if isinstance(ev.get("tau"), (int, float)):
-                h["tau"] = ev["tau"]
-            self._render(task, h)
-            self._total()
-        elif kind == "shard_failed":
-            task, h = self._row(host)
-            h["failed"] += 1
-            h["total"] -= int(ev.get("unfinished") or 0)  # they move to other hosts' rows
-            self.progress.update(task, total=h["total"])
-            self._render(task, h)
-            self.progress.console.print(
-                f"[bold red]{host} failed:[/] {ev.get('error')}; {ev.get('kept')} sample(s) "
-                f"kept, {ev.get('unfinished')} re-run on other hosts", soft_wrap=True)
-
-    def _render(self, task: TaskID, h: dict) -> None:
-        info = ""
-        if h["started"] and h["last"]:
-            info = f"{h['tokens'] / max(1e-3, h['last'] - h['started']):,.0f} tok/s"
-        if h["tau"] is not None:
-            info += f"  tau {h['tau']:.3f}"
-        if h["failed"]:
-            info += "  [red]failed[/]"
-        self.progress.update(task, completed=h["done"], total=h["total"], info=info)
+from orchestrator.commands.output import console, err_console, LiveProgress, print_json, render_summary, ShardProgress
 
 
 def remote_eval_cmd(
@@ -314,7 +150,6 @@ def _report(run_dir, json_out: bool) -> None:
             out["reassigned"] = run.result.get("reassigned", [])
         print_json(out)
         return
-    from orchestrator.commands.results import render_summary
 
     render_summary(run)
     if shards:

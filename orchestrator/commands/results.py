@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich import box
 from rich.table import Table
 
 from orchestrator.results import compare as cmp
@@ -17,9 +16,10 @@ from orchestrator.results import plots
 from orchestrator.eval import run as remote_eval
 from orchestrator.results import report as rep
 from orchestrator.results import store as res
-from orchestrator.commands.common import InventoryOption, JsonOption, console, print_json
+from orchestrator.commands.common import InventoryOption, JsonOption
 from orchestrator.errors import DflashError
 from orchestrator.inventory import InventoryError, load_inventory
+from orchestrator.commands.output import compact, console, fmt, pct, print_json, render_summary
 
 results_app = typer.Typer(help="Read pulled eval results: list, show, compare, plot, export, "
                           "report.", no_args_is_help=True)
@@ -52,26 +52,6 @@ def _runs(run_ids: Optional[list[str]], root: Path) -> list[res.Run]:
     return runs
 
 
-def _compact(title: str | None = None, **kw: Any) -> Table:
-    """A table that spends its width on data, not borders (fits 100 columns)."""
-    return Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
-                 pad_edge=False, show_edge=False, **kw)
-
-
-def fmt(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
-def pct(v: Any) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
-
-
 @results_app.command("list")
 def list_cmd(results_dir: ResultsDirOption = None, inventory_path: InventoryOption = None,
              json_out: JsonOption = False) -> None:
@@ -86,7 +66,7 @@ def list_cmd(results_dir: ResultsDirOption = None, inventory_path: InventoryOpti
     if not runs:
         console.print(f"no runs in {root}", soft_wrap=True)
         return
-    table = _compact(f"runs in {root}")
+    table = compact(f"runs in {root}")
     for col in ("run", "step", "tau", "tau tok", "DDTree max", "agree", "evaluated"):
         table.add_column(col, no_wrap=True, justify="left" if col == "run" else "right")
     for r in runs:
@@ -96,38 +76,6 @@ def list_cmd(results_dir: ResultsDirOption = None, inventory_path: InventoryOpti
                       f"{dd[-1][0]}: {fmt(dd[-1][1])}" if dd else "-",
                       pct(s["target_agreement"]), s["created_time"][5:16])
     console.print(table)
-
-
-def render_summary(run: res.Run) -> None:
-    """The headline table of one run (also printed at the end of `remote-eval`)."""
-    s = res.summary(run)
-    table = Table(title=f"{s['checkpoint']}  ({s['run_id']})", show_header=False)
-    table.add_column("metric", style="bold")
-    table.add_column("value", overflow="fold")  # a sha256 wraps, never cut
-    table.add_row("tau (z-lab: mean of per-sample means)", fmt(s["tau"]))
-    table.add_row("tau (token-weighted: tokens / rounds)", fmt(s["tau_tokens"]))
-    for b, v in s["ddtree"].items():
-        table.add_row(f"DDTree-{b} tau", fmt(v))
-    table.add_row("target agreement", pct(s["target_agreement"]))
-    table.add_row("training run", f"{run.training_run.name} "
-                  f"({run.training_run.host}:{run.training_run.folder})")
-    table.add_row("step", fmt(s["step"]))
-    table.add_row("drafter sha256", fmt(s["drafter_sha256"]))
-    table.add_row("evaluated", s["created_time"])
-    table.add_row("samples / tokens / rounds",
-                  f"{fmt(s['samples'])} / {fmt(s['tokens'])} / {fmt(s['rounds'])}")
-    gt = res.ground_truth_source(run)
-    src = gt.get("kind") or "-"
-    if gt.get("url"):
-        src += f" {gt['url']}"
-    if gt.get("cached"):
-        src += " (cached on host)"
-    table.add_row("ground truth", src)
-    if s["retokenisation_mismatch"] is not None:
-        table.add_row("retokenisation mismatch", f"[yellow]{pct(s['retokenisation_mismatch'])}[/]")
-    console.print(table)
-    for w in gt.get("warnings") or []:
-        console.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
 
 
 def _kv_table(title: str, data: dict) -> Table:
@@ -245,7 +193,7 @@ def compare_cmd(run_ids: Annotated[list[str], typer.Argument(
         return
     for i, r in enumerate(runs):
         console.print(f"{_label(i)}: {r.run_id}", soft_wrap=True)
-    t = _compact("side by side")
+    t = compact("side by side")
     t.add_column("metric", style="bold", no_wrap=True)
     for i, _ in enumerate(runs):
         t.add_column(_label(i), justify="right")
@@ -268,7 +216,7 @@ def render_paired(p: cmp.Paired, b: str, a: str) -> None:
         console.print(f"[bold yellow]{b} vs {a}: not comparable[/]: {'; '.join(p.problems)}",
                       soft_wrap=True)
         return
-    t = _compact(f"{b} vs {a}: paired over {p.samples} samples "
+    t = compact(f"{b} vs {a}: paired over {p.samples} samples "
                  f"({p.confidence:.0%} bootstrap interval, {p.resamples} resamples)")
     for col in ("metric", a, b, "delta", "interval", "improved", "worse"):
         t.add_column(col, justify="left" if col == "metric" else "right", no_wrap=True)
