@@ -112,11 +112,7 @@ def remote_eval_cmd(
         _report(run_dir, json_out)
         return
     if detach:
-        spec = inv.host(name)
-        with open_host(spec, inv) as h:
-            job = remote_eval.build_spec(h, spec, checkpoint, options)
-            remote_eval.preflight(h, job)
-            ref = remote_eval.start_job(h, job)
+        ref = remote_eval.start_eval(inv, name, checkpoint, options)
         if json_out:
             print_json(ref.to_json())
         else:

@@ -120,7 +120,7 @@ def show_cmd(run_id: Annotated[str, typer.Argument(help="Run id (or unique part)
         t = Table(title="DDTree budgets")
         for col in ("budget (nodes)", "per-depth top-k", "tau", "tau (tokens)", "rounds"):
             t.add_column(col)
-        for b, v in sorted(dd.items(), key=lambda kv: res._num(kv[0])):
+        for b, v in sorted(dd.items(), key=lambda kv: res.budget_key(kv[0])):
             t.add_row(str(v.get("budget", b)), fmt(v.get("topk")),
                       fmt(v.get("tau_per_sample_mean")), fmt(v.get("tau_token_weighted")),
                       fmt(v.get("rounds")))

@@ -445,11 +445,28 @@ def run_eval(inventory: Inventory, host_name: str | None, checkpoint: str,
     name = eval_host_name(inventory, host_name)
     spec = inventory.host(name)
     with open_host(spec, inventory) as host:
-        _, pushed = bundle.ensure(host)
-        job = build_spec(host, spec, checkpoint, options)
-        preflight(host, job)
-        ref = start_job(host, job, job_id)
-        ref.bundle_pushed = ref.bundle_pushed or pushed
+        ref = _start(host, spec, checkpoint, options, job_id)
         if on_start:
             on_start(ref)
         return attach(inventory, name, ref.job_id, on_event=on_event, dest=dest, host=host)
+
+
+def start_eval(inventory: Inventory, host_name: str | None, checkpoint: str,
+               options: EvalOptions | None = None, *, job_id: str | None = None) -> JobRef:
+    """The first half of `run_eval`: push, preflight and start the job detached, then
+    return; watch it later with `attach` (``dflash remote-eval --detach``)."""
+    options = options or EvalOptions()
+    name = eval_host_name(inventory, host_name)
+    spec = inventory.host(name)
+    with open_host(spec, inventory) as host:
+        return _start(host, spec, checkpoint, options, job_id)
+
+
+def _start(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions,
+           job_id: str | None) -> JobRef:
+    _, pushed = bundle.ensure(host)
+    job = build_spec(host, spec, checkpoint, options)
+    preflight(host, job)
+    ref = start_job(host, job, job_id)
+    ref.bundle_pushed = ref.bundle_pushed or pushed
+    return ref

@@ -142,7 +142,7 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
              {"linestyle": "--", "alpha": 0.7}),
         ]
         budgets = sorted({b for r in pts for b in (r.metrics.get("ddtree") or {})},
-                         key=res._num)
+                         key=res.budget_key)
         for j, b in enumerate(budgets):
             lines.append((f"DDTree-{b} tau",
                           [((r.metrics.get("ddtree") or {}).get(b) or {})

@@ -77,7 +77,7 @@ def _table(head: list[str], rows: list[list[str]], left: int = 1) -> str:
 def comparison_section(runs: list[res.Run]) -> str:
     """Headline numbers per run and the paired delta against the first run."""
     sums = [res.summary(r) for r in runs]
-    budgets = sorted({b for s in sums for b in s["ddtree"]}, key=res._num)
+    budgets = sorted({b for s in sums for b in s["ddtree"]}, key=res.budget_key)
     head = ["run", "checkpoint", "step", "samples", "tau", "tau (tokens)",
             *[f"DDTree-{b}" for b in budgets], "agreement", f"Δ tau vs {_e(runs[0].run_id)}",
             "95% interval", "improved"]
@@ -154,7 +154,7 @@ def run_section(run: res.Run, index: int, open_: bool) -> str:
     dd = m.get("ddtree") or {}
     dd_rows = [[_e(v.get("budget", b)), _e(v.get("topk")), _f(v.get("tau_per_sample_mean")),
                 _f(v.get("tau_token_weighted")), _e(v.get("rounds"))]
-               for b, v in sorted(dd.items(), key=lambda kv: res._num(kv[0]))]
+               for b, v in sorted(dd.items(), key=lambda kv: res.budget_key(kv[0]))]
     prov = _table(["", "value"], [[_e(k), f'<span class="mono">{_e(v)}</span>']
                                   for k, v in provenance(run)], left=2)
     warnings = "".join(f'<p class="warn">warning: {_e(w)}</p>'

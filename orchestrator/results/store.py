@@ -247,7 +247,7 @@ def summary(run: Run) -> dict:
     env = run.result.get("environment") or {}
     retok = gt.get("retokenisation") or {}
     ddtree = {str(k): (v or {}).get("tau_per_sample_mean") for k, v in
-              sorted((m.get("ddtree") or {}).items(), key=lambda kv: _num(kv[0]))}
+              sorted((m.get("ddtree") or {}).items(), key=lambda kv: budget_key(kv[0]))}
     agreement = (m.get("target_agreement") or {}).get("rate")
     return {
         "run_id": run.run_id,
@@ -284,7 +284,8 @@ def engine(run: Run) -> str | None:
     return e or (run.result.get("environment") or {}).get("engine")
 
 
-def _num(text: Any) -> float:
+def budget_key(text: Any) -> float:
+    """Sort key of a DDTree budget given as text (``"8"`` before ``"16"``); others last."""
     try:
         return float(text)
     except (TypeError, ValueError):
@@ -311,7 +312,7 @@ def per_position(run: Run) -> list[dict]:
 def compare_rows(runs: list[Run]) -> list[tuple[str, list[Any]]]:
     """(metric, [value per run]) rows for a side-by-side comparison."""
     sums = [summary(r) for r in runs]
-    budgets = sorted({b for s in sums for b in s["ddtree"]}, key=_num)
+    budgets = sorted({b for s in sums for b in s["ddtree"]}, key=budget_key)
     rows: list[tuple[str, list[Any]]] = [
         ("checkpoint", [s["checkpoint"] for s in sums]),
         ("step", [s["step"] for s in sums]),
