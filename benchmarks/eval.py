@@ -124,7 +124,7 @@ def online(model, drafter, prompt: list[int], new_tokens: int) -> tuple[list[int
         g += (draft[:a] + [post[a]])[:n]
         new = torch.cat([v.hidden_states[i + 1][0] for i in ids], -1)[:n]
         # the drafter's context cache grows by the accepted rows only
-        kv = [(torch.cat([k, nk], 1), torch.cat([vv, nv], 1)) for (k, vv), (nk, nv) in zip(kv, _ctx_kv_rows(drafter, new, s))]
+        kv = [(torch.cat([k, nk], 1), torch.cat([vv, nv], 1)) for (k, vv), (nk, nv) in zip(kv, _ctx_kv_rows(drafter, new, s), strict=False)]
         remove = cache.get_seq_length() - (s + n)
         if remove:
             cache.crop(-remove)
@@ -187,7 +187,7 @@ def rss_figures(workdir: str, target_dir: str, drafter_dir: str, prompts, seqs, 
 
     gt = os.path.join(workdir, "gt.jsonl")
     with open(gt, "w") as fh:
-        for i, (p, g) in enumerate(zip(prompts, seqs)):
+        for i, (p, g) in enumerate(zip(prompts, seqs, strict=False)):
             fh.write(json.dumps({"id": i, "prompt_ids": p, "completion_ids": g[len(p):]}) + "\n")
     spec = os.path.join(workdir, "job.json")
     json.dump({"target": target_dir, "drafter": drafter_dir, "ground_truth": gt, "output_dir": os.path.join(workdir, "out"),
@@ -212,7 +212,7 @@ def rows_sensitivity(target, drafter, prompts, seqs, repeats: int) -> dict[int, 
     with torch.inference_mode():
         for m in (1, 3, 6):
             total = 0.0
-            for p, g in zip(prompts, seqs):
+            for p, g in zip(prompts, seqs, strict=False):
                 best = float("inf")
                 for _ in range(repeats):
                     t = time.perf_counter()
@@ -279,7 +279,7 @@ def main() -> None:
         t = time.perf_counter()
         runs = [online(hf, drafter, p, args.completion) for p in prompts]
         t_online = time.perf_counter() - t  # one run: minutes long, less sensitive to bursts
-        seqs = [p + c for p, (_r, c) in zip(prompts, runs)]
+        seqs = [p + c for p, (_r, c) in zip(prompts, runs, strict=False)]
 
     # Bare forward and offline eval measured interleaved, sample by sample, best of
     # --repeats: on a shared machine this keeps other load from skewing one side only.
@@ -289,7 +289,7 @@ def main() -> None:
     with torch.inference_mode():
         hf(input_ids=torch.tensor([seqs[0][:32]]))  # warm-up
         eval_sequence(target, drafter, prompts[0][:16], seqs[0][16:40], WalkOptions(budgets=[8]))
-        for p, g in zip(prompts, seqs):
+        for p, g in zip(prompts, seqs, strict=False):
             per = {k: float("inf") for k in best}
             for _ in range(args.repeats):
                 t = time.perf_counter()
@@ -305,7 +305,7 @@ def main() -> None:
             for k in best:
                 best[k] += per[k]
             recs_all.append(rec_all)
-    for (rounds, _c), rec in zip(runs, recs_all):
+    for (rounds, _c), rec in zip(runs, recs_all, strict=False):
         assert rec["rounds"] == rounds, "offline walk disagrees with the online loop"  # sanity, not timing
     t_bare = best["bare"]
     rows_cost = rows_sensitivity(target, drafter, prompts, seqs, args.repeats)

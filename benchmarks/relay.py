@@ -148,7 +148,7 @@ def main() -> None:
                           f"{size / dt / MiB:7.1f} MiB/s", flush=True)
         print()
         figures = {}
-        for case, (name, size) in cases.items():
+        for case, (_name, size) in cases.items():
             rate = {t: size / statistics.median(v) / MiB for t, v in times[case].items()}
             vs_scp = rate["dflash"] / rate["scp -3"]
             vs_legacy = rate["dflash"] / rate["scp -3 -O"]

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from orchestrator.eval import run as remote_eval
+from orchestrator.eval import run as remote_eval  # noqa: E402
 from orchestrator.eval import shard  # noqa: E402
 from orchestrator.inventory import load_inventory  # noqa: E402
 from tests.sshd import SSHServer, keygen  # noqa: E402

@@ -10,9 +10,10 @@ setting is one line there and one field on the dataclass.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 

@@ -33,8 +33,9 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from remote.atomic import write_json_atomic
 from remote.errors import UserError
@@ -187,7 +188,7 @@ def start(workdir: str, job_id: str, spec: dict) -> dict:
     try:
         path.mkdir()
     except FileExistsError:
-        raise UserError(f"job {job_id!r} already exists in {path.parent}; pick another id")
+        raise UserError(f"job {job_id!r} already exists in {path.parent}; pick another id") from None
     spec = dict(spec, job_id=job_id, workdir=str(Path(os.path.expanduser(workdir))))
     write_json_atomic(path / "spec.json", spec)
     log = open(path / "log.txt", "ab")
@@ -369,8 +370,7 @@ def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
 def _record_identities(inputs: dict, gt_info: dict, spec: dict) -> None:
     """What a paired comparison and a tracker need to know the run by: the drafter's
     sha256 and step, the ground truth file's sha256, the target's identity."""
-    from remote.eval import groundtruth
-    from remote.eval import provenance
+    from remote.eval import groundtruth, provenance
 
     if spec.get("drafter") and "drafter_identity" not in inputs:
         try:
@@ -483,7 +483,7 @@ def _cmd(args: argparse.Namespace) -> int:
         try:
             spec = json.loads(data)
         except ValueError as exc:
-            raise UserError(f"job spec is not JSON: {exc}")
+            raise UserError(f"job spec is not JSON: {exc}") from None
         _print(json.dumps(start(args.workdir, args.job_id, spec)))
     elif action == "run":
         return run(Path(args.dir))

@@ -17,8 +17,9 @@ value the controller accepts is one the host accepts, in the same words.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterable
+from typing import Any
 
 # ---- relay ------------------------------------------------------------------------------
 

@@ -18,6 +18,10 @@ from tests.sshd import SSHServer, clear_stale_pyenv_lock, keygen
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Fixtures shared by several test modules come in through here, never by a test module
+# importing them (tests/reval_fixtures.py: tiny target, ground-truth server, prompts).
+pytest_plugins = ["tests.reval_fixtures"]
+
 
 @pytest.fixture(autouse=True)
 def _no_stale_pyenv_lock():

@@ -25,7 +25,7 @@ class Kit:
     rows: list[dict]  # the target's greedy samples the drafter trained on
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kit(kind: str) -> Kit:
     from orchestrator.demo.models import build_qwen3_target, build_qwen35_vl_target
     from orchestrator.demo.train import make_ground_truth, train_drafter

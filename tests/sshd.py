@@ -60,7 +60,7 @@ class SSHServer:
     proc: subprocess.Popen
 
     @classmethod
-    def start(cls, base: Path, name: str, authorized_keys: Path) -> "SSHServer":
+    def start(cls, base: Path, name: str, authorized_keys: Path) -> SSHServer:
         conf_dir = base / f"sshd-{name}"
         conf_dir.mkdir(parents=True)
         root = base / name

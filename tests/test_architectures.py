@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from remote.errors import UserError
-from remote.probe.structure import probe
 from remote.eval.target import first_row, load_target
+from remote.probe.structure import probe
 from tests import tiny_models
 
 torch.set_num_threads(1)

@@ -28,7 +28,6 @@ import yaml
 
 from remote.errors import ERROR_PREFIX, EXIT_USER_ERROR
 from tests.conftest import ROOT
-from tests.reval_fixtures import prompts_file, tiny_target  # noqa: F401
 from tests.scripted_server import ScriptedServer, ids_reply
 from tests.test_hosts import dflash, one_error_line
 

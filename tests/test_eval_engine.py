@@ -17,18 +17,18 @@ import sys
 import pytest
 import torch
 
-from tests.evalkit import kit
-from remote.eval.drafter import load_drafter
 from remote.errors import UserError
+from remote.eval.drafter import load_drafter
 from remote.eval.engine import read_spec, run_eval
-from remote.protocol import EvalSpec
 from remote.eval.target import load_target
 from remote.eval.walk import WalkOptions, eval_sequence, summarize
+from remote.protocol import EvalSpec
+from tests.evalkit import kit
 
 
 def hf_model(path: str):
-    from transformers import AutoConfig
     import transformers
+    from transformers import AutoConfig
 
     arch = AutoConfig.from_pretrained(path).architectures[0]
     return getattr(transformers, arch).from_pretrained(path, dtype=torch.float32).eval()

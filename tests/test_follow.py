@@ -19,7 +19,6 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT, ssh_host_entry
-from tests.reval_fixtures import gt_server, tiny_target  # noqa: F401
 
 pytestmark = pytest.mark.slow
 DEADLINE = 600  # a hang guard for polling, never a speed assertion

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from remote.eval import groundtruth
 from remote.errors import UserError
-from tests.reval_fixtures import gt_server, prompts_file, server, tiny_target  # noqa: F401
+from remote.eval import groundtruth
 from tests.scripted_server import ScriptedServer, ids_reply
 
 MAX_NEW = 10
@@ -219,7 +218,7 @@ def test_text_only_server_warns_and_records_retokenisation(tmp_path, tiny_target
     tok = groundtruth.load_tokenizer(str(tiny_target))
     texts = [b["prompt"] for p, b in server.requests if p == "/v1/completions"]
     expected = 0
-    for r, text in zip(records, texts):
+    for r, text in zip(records, texts, strict=False):
         true_ids = server.greedy(r["prompt_ids"], MAX_NEW)
         ctext = tok.decode(true_ids, skip_special_tokens=True)
         assert r["completion_ids"] == tok(ctext, add_special_tokens=False)["input_ids"]
@@ -241,7 +240,7 @@ def test_retokenisation_check_catches_lossy_text(tiny_target):
     lossy_text = tok.decode(lossy_ids)
     retok = tok(lossy_text, add_special_tokens=False)["input_ids"]
     assert retok != lossy_ids
-    assert groundtruth.retokenisation_check(tok, prompt_text, prompt_ids, "hello", 
+    assert groundtruth.retokenisation_check(tok, prompt_text, prompt_ids, "hello",
                                             tok("hello", add_special_tokens=False)["input_ids"])
     assert "\ufffd" in lossy_text
     assert not groundtruth.retokenisation_check(tok, prompt_text, prompt_ids, lossy_text, retok)
@@ -363,9 +362,8 @@ def test_transformers_serve_text_only_path(tmp_path, tiny_target, prompts_file,
     assert 0.0 <= info["retokenisation"]["mismatch_rate"] <= 1.0
     assert any(ev == "warning" for ev, _ in events)
     # The tiny model's byte-level output decodes lossily: the check must notice some of it.
-    tok = groundtruth.load_tokenizer(str(tiny_target))
     truth = [uncached_greedy(tiny_target, r["prompt_ids"], MAX_NEW) for r in records]
-    differ = sum(r["completion_ids"] != t for r, t in zip(records, truth))
+    differ = sum(r["completion_ids"] != t for r, t in zip(records, truth, strict=False))
     # Every flagged sample really differs, and the check misses none of the lossy ones
     # this tiny byte-level model produces (all its differences here are lossy decodes).
     assert info["retokenisation"]["mismatched"] == differ

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.inventory import load_inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import HostError, open_host
-from orchestrator.inventory import load_inventory
 from tests.conftest import ROOT, ssh_host_entry
 
 

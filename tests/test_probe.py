@@ -362,9 +362,9 @@ def _comparable(report: dict) -> dict:
 
 
 def test_probe_over_sshd_equals_local(ckpts, eval_sshd, ssh_base, make_inventory, tmp_path):
-    from orchestrator.transport.hosts import open_host
     from orchestrator.inventory import load_inventory
     from orchestrator.probe.structure import probe_structure
+    from orchestrator.transport.hosts import open_host
 
     inv_path = make_inventory(hosts={
         "evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": {

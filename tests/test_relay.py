@@ -83,7 +83,7 @@ def make_checkpoint(root: Path, name: str, sizes: dict[str, int], marker: bool =
                     seed: int = 0) -> dict[str, bytes]:
     """A checkpoint folder of random files (with the COMPLETE marker unless told not to)."""
     files = {}
-    for i, (rel, size) in enumerate(sizes.items()):
+    for rel, size in sizes.items():
         path = root / name / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         data = os.urandom(size) if size else b""
@@ -462,8 +462,8 @@ def test_openssh_streams_honour_the_inventory(env, trainer_sshd, eval_sshd, ssh_
     connections do, accept-new only on opt-in, and reach a host through an inventory jump."""
     import subprocess
 
-    from orchestrator.transport.hosts import open_host
     from orchestrator.relay.stream import stream_argv
+    from orchestrator.transport.hosts import open_host
 
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -512,8 +512,8 @@ def test_openssh_streams_trust_the_known_hosts_that_ssh_config_names(eval_sshd, 
     UserKnownHostsFile is trusted by the relay's ssh streams as by `dflash hosts check`."""
     import subprocess
 
-    from orchestrator.transport.hosts import open_host
     from orchestrator.relay.stream import stream_argv
+    from orchestrator.transport.hosts import open_host
 
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)

@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT, ssh_host_entry
-from tests.reval_fixtures import gt_server, server, tiny_target  # noqa: F401
 from tests.test_hosts import dflash, one_error_line
 
 pytestmark = pytest.mark.slow

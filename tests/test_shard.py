@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import DflashError
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval import shard
-from orchestrator.errors import DflashError
 from orchestrator.inventory import load_inventory
 from remote.eval.metrics import summarize
 from tests.conftest import _start, ssh_host_entry
-from tests.reval_fixtures import gt_server, server, tiny_target  # noqa: F401
 from tests.test_hosts import dflash, one_error_line
 
 HOSTS = ("sa", "sb", "sc")
@@ -109,7 +108,7 @@ def test_hosts_refuses_attach_in_one_line(tmp_path, make_inventory):
 @pytest.fixture(scope="module")
 def three_sshd(ssh_base, user_key):
     servers = [_start(ssh_base, user_key, f"shard-{name}") for name in HOSTS]
-    yield dict(zip(HOSTS, servers))
+    yield dict(zip(HOSTS, servers, strict=False))
     for s in servers:
         s.stop()
 

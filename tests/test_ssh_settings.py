@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.transport import ssh_settings
-from orchestrator.transport.hosts import HostError, open_host
 from orchestrator.inventory import load_inventory
 from orchestrator.relay.stream import stream_argv
+from orchestrator.transport import ssh_settings
+from orchestrator.transport.hosts import HostError, open_host
 from tests.sshd import keygen
 from tests.test_hosts import dflash
 

@@ -53,8 +53,9 @@ def test_legacy_vlm_keys_in_shards_load_like_the_original(tmp_path):
 
 
 def test_tied_head_target(tmp_path):
-    from orchestrator.demo.models import build_qwen3_target
     from transformers import AutoModelForCausalLM
+
+    from orchestrator.demo.models import build_qwen3_target
 
     path = str(tmp_path / "tied")
     build_qwen3_target(path, hidden_size=32, num_layers=2)

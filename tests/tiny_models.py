@@ -84,14 +84,24 @@ def _clip_vision() -> dict:
 
 
 def _llava():
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
     cfg = LlavaConfig(text_config=LlamaConfig(num_hidden_layers=2, **TEXT),
                       vision_config=CLIPVisionConfig(**_clip_vision()), image_token_index=VOCAB - 1)
     return LlavaForConditionalGeneration(cfg)
 
 
 def _gemma3():
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
     text = Gemma3TextConfig(num_hidden_layers=3, sliding_window=16, **TEXT,
                             layer_types=["sliding_attention", "sliding_attention", "full_attention"])
     cfg = Gemma3Config(text_config=text, vision_config=SiglipVisionConfig(**_clip_vision()),
@@ -101,7 +111,12 @@ def _gemma3():
 
 
 def _mistral3():
-    from transformers import Mistral3Config, Mistral3ForConditionalGeneration, MistralConfig, PixtralVisionConfig
+    from transformers import (
+        Mistral3Config,
+        Mistral3ForConditionalGeneration,
+        MistralConfig,
+        PixtralVisionConfig,
+    )
     vision = PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                  num_attention_heads=2, image_size=16, patch_size=4, head_dim=16)
     cfg = Mistral3Config(text_config=MistralConfig(num_hidden_layers=2, **TEXT), vision_config=vision,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -11,9 +11,8 @@ from orchestrator.errors import DflashError
 from orchestrator.inventory import Inventory, load_inventory
 from remote.protocol import SpecError, parse_budgets, parse_dtype
 
-
 InventoryOption = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--inventory", "-i", help="Inventory file (default: $DFLASH_INVENTORY, "
                  "then ./inventory.yaml).", show_default=False),
 ]
@@ -27,7 +26,7 @@ def positive(value: float | None) -> float | None:
     return value
 
 
-def _dtype(value: Optional[str]) -> Optional[str]:
+def _dtype(value: str | None) -> str | None:
     """bf16/fp32 become the one vocabulary of `remote.protocol`; an unknown dtype is a
     DflashError, so the CLI prints it as one line before anything connects."""
     try:
@@ -36,7 +35,7 @@ def _dtype(value: Optional[str]) -> Optional[str]:
         raise DflashError(str(exc)) from None
 
 
-def _budgets(text: Optional[str]) -> Optional[list[int]]:
+def _budgets(text: str | None) -> list[int] | None:
     """``8,16,32`` as budgets, checked before anything connects; empty: the default."""
     if not text:
         return None
@@ -46,15 +45,15 @@ def _budgets(text: Optional[str]) -> Optional[list[int]]:
         raise DflashError(f"--{exc}") from None
 
 
-DtypeOption = Annotated[Optional[str], typer.Option(
+DtypeOption = Annotated[str | None, typer.Option(
     "--dtype", callback=_dtype,
     help="bfloat16 (or bf16) | float32 (or fp32) (default: the inventory's).")]
-BudgetsOption = Annotated[Optional[str], typer.Option(
+BudgetsOption = Annotated[str | None, typer.Option(
     "--budgets", callback=_budgets,
     help="DDTree node budgets, comma-separated (default 8,16,32,64).")]
 
 
-def inventory(ctx: typer.Context, path: Optional[Path]) -> Inventory:
+def inventory(ctx: typer.Context, path: Path | None) -> Inventory:
     """The inventory, with the root option ``--accept-new-host-keys`` (kept in the root
     context's ``obj`` by `orchestrator.cli`) passed down to it."""
     obj = ctx.find_root().obj or {}

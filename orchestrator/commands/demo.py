@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from orchestrator.commands.common import JsonOption
-from orchestrator.commands.output import console, history_table, print_json, RichEvents
+from orchestrator.commands.output import RichEvents, console, history_table, print_json
 
 
 def demo_cmd(
     fresh: Annotated[bool, typer.Option(
         "--fresh", help="Rebuild the cached demo models first.")] = False,
-    keep_dir: Annotated[Optional[Path], typer.Option(
+    keep_dir: Annotated[Path | None, typer.Option(
         "--keep-dir", help="Build the demo in this (new or empty) folder and leave it there: "
                            "inventory, both hosts' folders, jobs, results.")] = None,
     json_out: JsonOption = False,

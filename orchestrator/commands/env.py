@@ -5,8 +5,8 @@ from __future__ import annotations
 import typer
 
 from orchestrator.commands.common import InventoryOption, JsonOption
-from orchestrator.environment import environment
 from orchestrator.commands.output import console, print_json
+from orchestrator.environment import environment
 
 
 def env_cmd(inventory_path: InventoryOption = None, json_out: JsonOption = False) -> None:

@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 import signal
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
+from orchestrator.commands.common import (
+    BudgetsOption,
+    DtypeOption,
+    InventoryOption,
+    JsonOption,
+    inventory,
+    positive,
+)
+from orchestrator.commands.output import RichEvents, console, history_table, print_json
+from orchestrator.errors import DflashError
 from orchestrator.eval import follow as follow_lib
 from orchestrator.eval import run as remote_eval
-from orchestrator.commands.common import BudgetsOption, DtypeOption, InventoryOption, JsonOption, inventory, positive
-from orchestrator.errors import DflashError
-from orchestrator.commands.output import console, history_table, print_json, RichEvents
 
 
 def follow_cmd(
     ctx: typer.Context,
-    source: Annotated[Optional[str], typer.Option(
+    source: Annotated[str | None, typer.Option(
         "--from", help="Trainer host (default: defaults.relay_from).")] = None,
-    dest: Annotated[Optional[str], typer.Option(
+    dest: Annotated[str | None, typer.Option(
         "--to", help="Eval host (default: defaults.relay_to).")] = None,
-    keep: Annotated[Optional[int], typer.Option(
+    keep: Annotated[int | None, typer.Option(
         "--keep", min=1, help="Keep only the newest K relayed checkpoints on the eval host "
                               "(pruned after each eval; default: defaults.keep).")] = None,
     interval: Annotated[float, typer.Option(
@@ -31,24 +38,24 @@ def follow_cmd(
     probe: Annotated[bool, typer.Option(
         "--probe/--no-probe", help="Check each checkpoint fits the target (probe-structure) "
                                    "before evaluating it.")] = False,
-    prompts: Annotated[Optional[str], typer.Option(
+    prompts: Annotated[str | None, typer.Option(
         help="Built-in set (math, code, chat), a local JSONL file, or host:/path "
              "(default: the inventory's).")] = None,
-    samples: Annotated[Optional[int], typer.Option(min=1, help="Prompts per eval.")] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(
+    samples: Annotated[int | None, typer.Option(min=1, help="Prompts per eval.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(
         min=1, help="Ground-truth completion length.")] = None,
     budgets: BudgetsOption = None,
     dtype: DtypeOption = None,
-    results: Annotated[Optional[str], typer.Option(
+    results: Annotated[str | None, typer.Option(
         "--results-dir", help="Local results folder (default: defaults.results_dir).")] = None,
-    state: Annotated[Optional[str], typer.Option(
+    state: Annotated[str | None, typer.Option(
         "--state-dir", help="Follow folder: history, state, plot (default: "
                             "<results>/follow/<from>-to-<to>).")] = None,
-    tensorboard: Annotated[Optional[str], typer.Option(
+    tensorboard: Annotated[str | None, typer.Option(
         "--tensorboard", metavar="DIR", help="Also log each run's tau, token-weighted tau, "
         "DDTree tau per budget and agreement to TensorBoard event files under DIR, at the "
         "checkpoint's training step.")] = None,
-    wandb: Annotated[Optional[str], typer.Option(
+    wandb: Annotated[str | None, typer.Option(
         "--wandb", metavar="PROJECT", help="Also log them to this W&B project (offline "
         "files in the follow folder unless WANDB_MODE=online; upload with wandb sync).")
     ] = None,

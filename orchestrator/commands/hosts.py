@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich import box
 from rich.table import Table
 
-from orchestrator.sizes import human_bytes
 from orchestrator.commands.common import InventoryOption, JsonOption, inventory
-from orchestrator.probe.facts import check_hosts
 from orchestrator.commands.output import console, err_console, print_json
+from orchestrator.probe.facts import check_hosts
+from orchestrator.sizes import human_bytes
 
 hosts_app = typer.Typer(help="List the inventory's hosts, or check what they are.",
                         no_args_is_help=False, invoke_without_command=True)
@@ -47,7 +47,7 @@ def list_hosts(ctx: typer.Context, inventory_path: InventoryOption = None,
 
 
 @hosts_app.command("check")
-def check(ctx: typer.Context, names: Annotated[Optional[list[str]], typer.Argument(
+def check(ctx: typer.Context, names: Annotated[list[str] | None, typer.Argument(
               help="Hosts or groups to check (default: all).")] = None,
           inventory_path: InventoryOption = None, json_out: JsonOption = False) -> None:
     """Reach each host in parallel and report OS, CPUs, memory, disk, python and ML packages."""

@@ -12,9 +12,17 @@ from typing import Any
 import typer
 from rich import box
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TaskID,
-                           TextColumn, TimeElapsedColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from orchestrator.eval import follow as follow_lib
@@ -142,7 +150,7 @@ class LiveProgress:
         self.eval_started: float | None = None  # the job's clock (event times), not ours
         self.last: dict = {}
 
-    def __enter__(self) -> "LiveProgress":
+    def __enter__(self) -> LiveProgress:
         self.progress.__enter__()
         return self
 
@@ -206,7 +214,7 @@ class ShardProgress:
         self.hosts: dict[str, dict] = {}  # host -> {total, done, tokens, started, tau, failed}
         self.planned = False
 
-    def __enter__(self) -> "ShardProgress":
+    def __enter__(self) -> ShardProgress:
         self.progress.__enter__()
         return self
 

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.tree import Tree
 
-from orchestrator.sizes import human_bytes
 from orchestrator.commands.common import InventoryOption, JsonOption, inventory
-from orchestrator.transport.hosts import open_host
-from orchestrator.probe.structure import DEFAULT_DEPTH, probe_structure, resolve_model
 from orchestrator.commands.output import console, print_json
+from orchestrator.probe.structure import DEFAULT_DEPTH, probe_structure, resolve_model
+from orchestrator.sizes import human_bytes
+from orchestrator.transport.hosts import open_host
 
 
 def probe_command(
     ctx: typer.Context,
     host: Annotated[str, typer.Option("--host", help="Inventory host to probe on.")],
-    model: Annotated[Optional[str], typer.Option(
+    model: Annotated[str | None, typer.Option(
         "--model", help="Model folder on the host (default: the host's eval target_model).")] = None,
-    drafter: Annotated[Optional[str], typer.Option(
+    drafter: Annotated[str | None, typer.Option(
         "--drafter", help="DFlash drafter folder on the host to check against the model.")] = None,
     load: Annotated[bool, typer.Option(
         "--load", help="Load the text backbone and verify hidden states (reads weights).")] = False,

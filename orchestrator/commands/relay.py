@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import signal
 from contextlib import contextmanager
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
+from orchestrator.commands.common import InventoryOption, JsonOption, inventory
+from orchestrator.commands.output import RelayProgress, console, err_console, print_json
+from orchestrator.errors import DflashError
 from orchestrator.relay import run as relay_lib
 from orchestrator.sizes import human_bytes, parse_size
-from orchestrator.commands.common import InventoryOption, JsonOption, inventory
-from orchestrator.errors import DflashError
-from orchestrator.commands.output import console, err_console, print_json, RelayProgress
 
 
 class _Terminated(KeyboardInterrupt):
@@ -37,21 +37,21 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, old)
 
 
-def _split(values: Optional[list[str]]) -> list[str]:
+def _split(values: list[str] | None) -> list[str]:
     return [v for item in values or [] for v in item.split(",") if v]
 
 
 def relay(
     ctx: typer.Context,
-    checkpoints: Annotated[Optional[list[str]], typer.Argument(
+    checkpoints: Annotated[list[str] | None, typer.Argument(
         help="Checkpoint names to relay (default: the newest complete one).",
         show_default=False)] = None,
-    source: Annotated[Optional[str], typer.Option(
+    source: Annotated[str | None, typer.Option(
         "--from", help="Trainer host (default: defaults.relay_from).")] = None,
-    dest: Annotated[Optional[list[str]], typer.Option(
+    dest: Annotated[list[str] | None, typer.Option(
         "--to", help="Eval host(s) or group(s), comma-separated or repeated; each file is "
                      "read once and written to all (default: defaults.relay_to).")] = None,
-    step: Annotated[Optional[int], typer.Option("--step", min=0, help="Relay the checkpoint "
+    step: Annotated[int | None, typer.Option("--step", min=0, help="Relay the checkpoint "
                                                  "of this training step.")] = None,
     latest: Annotated[bool, typer.Option("--latest", help="Relay the newest complete "
                                           "checkpoint (the default).")] = False,
@@ -60,22 +60,22 @@ def relay(
     list_: Annotated[bool, typer.Option("--list", help="Show the source's checkpoints, "
                                         "whether complete, and where relayed; move nothing.")]
     = False,
-    src_dir: Annotated[Optional[str], typer.Option(
+    src_dir: Annotated[str | None, typer.Option(
         "--src-dir", help="Checkpoint folder on the source (default: its trainer role's "
                           "'checkpoints').")] = None,
-    dest_dir: Annotated[Optional[str], typer.Option(
+    dest_dir: Annotated[str | None, typer.Option(
         "--dest-dir", help="Folder on the destination(s) (default: their eval role's "
                            "'drafters').")] = None,
     verify: Annotated[bool, typer.Option(
         "--verify", help="Re-hash relayed checkpoints on the destination and repair damaged "
                          "files.")] = False,
-    keep: Annotated[Optional[int], typer.Option(
+    keep: Annotated[int | None, typer.Option(
         "--keep", min=1, help="Keep only the newest K relayed checkpoints on each "
                               "destination (default: defaults.keep).")] = None,
-    jobs: Annotated[Optional[int], typer.Option(
+    jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", min=1, help="Streams at once; the files are split among them "
                                     "(default: one per two local cores, 1 to 4).")] = None,
-    reserve: Annotated[Optional[str], typer.Option(
+    reserve: Annotated[str | None, typer.Option(
         "--reserve", help="Space to leave free on the destination, e.g. 20G (default: the "
                           "eval role's 'reserve', else 0).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and report; move nothing.")]

@@ -2,42 +2,55 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
+from orchestrator.commands.common import (
+    BudgetsOption,
+    DtypeOption,
+    InventoryOption,
+    JsonOption,
+    inventory,
+)
+from orchestrator.commands.output import (
+    LiveProgress,
+    ShardProgress,
+    console,
+    err_console,
+    print_json,
+    render_summary,
+)
+from orchestrator.errors import DflashError
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval import shard
-from orchestrator.commands.common import BudgetsOption, DtypeOption, InventoryOption, JsonOption, inventory
-from orchestrator.errors import DflashError
 from orchestrator.transport.hosts import open_host
-from orchestrator.commands.output import console, err_console, LiveProgress, print_json, render_summary, ShardProgress
 
 
 def remote_eval_cmd(
     ctx: typer.Context,
-    checkpoint: Annotated[Optional[str], typer.Option(
+    checkpoint: Annotated[str | None, typer.Option(
         "--checkpoint", "-c", help="Drafter checkpoint: a name under the eval host's "
         "'drafters' folder, or an absolute path there.")] = None,
-    host: Annotated[Optional[str], typer.Option(
+    host: Annotated[str | None, typer.Option(
         "--host", "-H", help="Eval host (default: defaults.eval_host).")] = None,
-    hosts: Annotated[Optional[str], typer.Option(
+    hosts: Annotated[str | None, typer.Option(
         "--hosts", help="Shard the samples across these eval hosts (comma-separated names "
         "or inventory groups) and merge into one result.")] = None,
-    attach: Annotated[Optional[str], typer.Option(
+    attach: Annotated[str | None, typer.Option(
         "--attach", help="Resume watching job JOB, then pull its results.",
         metavar="JOB")] = None,
-    cancel: Annotated[Optional[str], typer.Option(
+    cancel: Annotated[str | None, typer.Option(
         "--cancel", help="Stop job JOB and every process it started.", metavar="JOB")] = None,
     detach: Annotated[bool, typer.Option(
         "--detach", help="Start the job and return; watch later with --attach.")] = False,
-    prompts: Annotated[Optional[str], typer.Option(
+    prompts: Annotated[str | None, typer.Option(
         help="Built-in set (math, code, chat), a local JSONL file, or host:/path.")] = None,
-    samples: Annotated[Optional[int], typer.Option(
+    samples: Annotated[int | None, typer.Option(
         min=1, help="Evaluate this many prompts (seeded choice).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the prompt choice.")] = 0,
-    max_new_tokens: Annotated[Optional[int], typer.Option(
+    max_new_tokens: Annotated[int | None, typer.Option(
         min=1, help="Ground-truth completion length (default: the inventory's, else 256).")
     ] = None,
     thinking: Annotated[bool, typer.Option(
@@ -45,26 +58,26 @@ def remote_eval_cmd(
         "(enable_thinking).")] = False,
     temperature: Annotated[float, typer.Option(
         help="Must be 0: only greedy ground truth is accepted.")] = 0.0,
-    ground_truth: Annotated[Optional[str], typer.Option(
+    ground_truth: Annotated[str | None, typer.Option(
         help="Ground-truth server URL (as seen from the eval host), or a file there for "
         "kind 'file' (default: the inventory's).")] = None,
-    ground_truth_kind: Annotated[Optional[str], typer.Option(
+    ground_truth_kind: Annotated[str | None, typer.Option(
         help="sglang | openai | openai-text | file | local.")] = None,
-    ground_truth_model: Annotated[Optional[str], typer.Option(
+    ground_truth_model: Annotated[str | None, typer.Option(
         help="Model name for OpenAI-compatible servers (default: the first served).")] = None,
-    target: Annotated[Optional[str], typer.Option(
+    target: Annotated[str | None, typer.Option(
         help="Target model folder on the host (default: the inventory's).")] = None,
     dtype: DtypeOption = None,
-    threads: Annotated[Optional[int], typer.Option(
+    threads: Annotated[int | None, typer.Option(
         min=1, help="CPU threads on the host.")] = None,
     budgets: BudgetsOption = None,
-    topk: Annotated[Optional[int], typer.Option(
+    topk: Annotated[int | None, typer.Option(
         min=1, help="DDTree per-depth candidates (default: the budget).")] = None,
-    positions: Annotated[Optional[str], typer.Option(
+    positions: Annotated[str | None, typer.Option(
         help="Draft at 'all' completion positions (default; exact per-position acceptance) "
         "or only at the 'walk' positions (tau times fewer blocks, one at a time: pays for "
         "drafters with several layers).")] = None,
-    results: Annotated[Optional[str], typer.Option(
+    results: Annotated[str | None, typer.Option(
         "--results-dir", help="Local results folder (default: defaults.results_dir).")] = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
@@ -160,7 +173,7 @@ def _report(run_dir, json_out: bool) -> None:
 
 def jobs_cmd(
     ctx: typer.Context,
-    host: Annotated[Optional[list[str]], typer.Option(
+    host: Annotated[list[str] | None, typer.Option(
         "--host", "-H", help="Host(s) to ask (default: every host with an eval role).")] = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,

@@ -5,35 +5,35 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from orchestrator.commands.common import InventoryOption, JsonOption
+from orchestrator.commands.output import compact, console, fmt, pct, print_json, render_summary
+from orchestrator.errors import DflashError
+from orchestrator.eval import run as remote_eval
+from orchestrator.inventory import InventoryError, load_inventory
 from orchestrator.results import compare as cmp
 from orchestrator.results import export as exp
 from orchestrator.results import plots
-from orchestrator.eval import run as remote_eval
 from orchestrator.results import report as rep
 from orchestrator.results import store as res
-from orchestrator.commands.common import InventoryOption, JsonOption
-from orchestrator.errors import DflashError
-from orchestrator.inventory import InventoryError, load_inventory
-from orchestrator.commands.output import compact, console, fmt, pct, print_json, render_summary
 
 results_app = typer.Typer(help="Read pulled eval results: list, show, compare, plot, export, "
                           "report.", no_args_is_help=True)
 
-ResultsDirOption = Annotated[Optional[Path], typer.Option(
+ResultsDirOption = Annotated[Path | None, typer.Option(
     "--results-dir", help="Results folder (default: the inventory's defaults.results_dir, "
     "relative to the inventory file; else ./results).", show_default=False)]
-RunsArgument = Annotated[Optional[list[str]], typer.Argument(
+RunsArgument = Annotated[list[str] | None, typer.Argument(
     help="Run ids, unique prefixes or folders (default: every run).", show_default=False)]
 # Keys whose numbers are Unix times: shown as dates.
 TIME_KEYS = {"generated", "created", "pulled", "time", "started", "finished", "made"}
 
 
-def _root(results_dir: Optional[Path], inventory_path: Optional[Path]) -> Path:
+def _root(results_dir: Path | None, inventory_path: Path | None) -> Path:
     if results_dir:
         return results_dir
     try:
@@ -44,7 +44,7 @@ def _root(results_dir: Optional[Path], inventory_path: Optional[Path]) -> Path:
         return Path("results")
 
 
-def _runs(run_ids: Optional[list[str]], root: Path) -> list[res.Run]:
+def _runs(run_ids: list[str] | None, root: Path) -> list[res.Run]:
     runs = [res.load_run(r, root) for r in run_ids] if run_ids else res.list_runs(root)
     if not runs:
         raise DflashError(f"no runs in {root} (pull one with dflash remote-eval, or pass "
@@ -165,7 +165,7 @@ def _label(i: int) -> str:
 def compare_cmd(run_ids: Annotated[list[str], typer.Argument(
                     help="Two or more runs (ids, unique prefixes or folders); the first is "
                          "the baseline.")],
-                plot: Annotated[Optional[Path], typer.Option(
+                plot: Annotated[Path | None, typer.Option(
                     "--plot", help="Also draw their tau by training step into this PNG.")
                 ] = None,
                 resamples: Annotated[int, typer.Option(

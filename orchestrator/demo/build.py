@@ -19,9 +19,9 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from orchestrator.eval.run import builtin_prompt_sets
 
@@ -54,7 +54,7 @@ class DemoAssets:
     built_now: bool = False
 
     @classmethod
-    def read(cls, root: Path) -> "DemoAssets":
+    def read(cls, root: Path) -> DemoAssets:
         meta = json.loads((root / "demo.json").read_text())
         return cls(root, root / meta["target"], [root / c for c in meta["checkpoints"]])
 
@@ -129,7 +129,7 @@ def _build(out: Path, status: Status) -> None:
     prompts = [[rng.randrange(8, vocab) for _ in range(RANDOM_PROMPT_LEN)]
                for _ in range(RANDOM_PROMPTS)]
     rows = [{"id": f"random-{i}", "prompt_ids": p, "completion_ids": c}
-            for i, (p, c) in enumerate(zip(prompts, greedy.batch(prompts, TRAIN_NEW_TOKENS)))]
+            for i, (p, c) in enumerate(zip(prompts, greedy.batch(prompts, TRAIN_NEW_TOKENS), strict=False))]
     sets = builtin_prompt_sets()
     for name in TRAIN_SETS:
         for rec in load_prompts(str(sets[name])):

@@ -50,7 +50,7 @@ class Greedy:
 class GroundTruthServer:
     """The HTTP server over a `Greedy` model (a folder path loads one). `stop()` ends it."""
 
-    def __init__(self, model: "str | Greedy", model_name: str = "tiny-target"):
+    def __init__(self, model: str | Greedy, model_name: str = "tiny-target"):
         self.greedy_model = model if isinstance(model, Greedy) else Greedy(model)
         self.model = self.greedy_model.model
         self.tokenizer = self.greedy_model.tokenizer
@@ -70,7 +70,7 @@ class GroundTruthServer:
     def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         return self.greedy_model(prompt_ids, max_new_tokens)
 
-    def __enter__(self) -> "GroundTruthServer":
+    def __enter__(self) -> GroundTruthServer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.eval import follow
-from orchestrator.eval import run as remote_eval
 from orchestrator.demo import build
 from orchestrator.errors import DflashError
+from orchestrator.eval import follow
+from orchestrator.eval import run as remote_eval
 from orchestrator.inventory import load_inventory
 
 TRAINER = "demo-trainer"

@@ -40,20 +40,20 @@ import fcntl
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from orchestrator.results import export
-from orchestrator.results import plots
-from orchestrator.relay import run as relay
-from orchestrator.eval import run as remote_eval
-from orchestrator.results import store as results
-from remote.atomic import write_json_atomic
 from orchestrator.errors import DflashError, RemoteCommandError
-from orchestrator.transport.hosts import open_host
+from orchestrator.eval import run as remote_eval
 from orchestrator.inventory import Inventory
 from orchestrator.probe.structure import probe_structure
+from orchestrator.relay import run as relay
+from orchestrator.results import export, plots
+from orchestrator.results import store as results
+from orchestrator.transport.hosts import open_host
+from remote.atomic import write_json_atomic
 
 STATE_FORMAT = "dflash-follow/1"
 HISTORY = "history.json"

@@ -24,17 +24,23 @@ import re
 import secrets
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
-from orchestrator.transport import bundle
 from orchestrator.errors import DflashError, RemoteCommandError
-from orchestrator.transport.hosts import Host, HostError, Result, last_line, open_host
 from orchestrator.inventory import HostSpec, Inventory
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import Host, HostError, Result, last_line, open_host
 from remote.eval.groundtruth import KINDS as GT_KINDS
-from remote.protocol import (DEFAULT_BUDGETS, DEFAULT_DTYPE, JOB_SPEC_SCHEMA, SpecError,
-                             parse_budgets, parse_dtype)
+from remote.protocol import (
+    DEFAULT_BUDGETS,
+    DEFAULT_DTYPE,
+    JOB_SPEC_SCHEMA,
+    SpecError,
+    parse_budgets,
+    parse_dtype,
+)
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"

@@ -42,17 +42,17 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from orchestrator.transport import bundle
-from orchestrator.eval import run as remote_eval
 from orchestrator.errors import DflashError
-from orchestrator.transport.hosts import Host, open_host
-from orchestrator.inventory import HostSpec, Inventory
+from orchestrator.eval import run as remote_eval
 from orchestrator.eval.run import EvalOptions, JobError
+from orchestrator.inventory import HostSpec, Inventory
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import Host, open_host
 from remote.eval.metrics import summarize
 
 HostEventHandler = Callable[[str, dict], None]
@@ -270,7 +270,7 @@ class _Sharded:
             pulled = _read_jsonl((run_dir / "samples.jsonl").read_bytes())
             if [r.get("id") for r in pulled] != [gt[i]["id"] for i in indices]:
                 raise JobError(f"job {ref.job_id} returned samples other than its shard's")
-            out.records = dict(zip(indices, pulled))  # the host's own file is authoritative
+            out.records = dict(zip(indices, pulled, strict=False))  # the host's own file is authoritative
             out.result = json.loads((run_dir / "result.json").read_text())
             out.run_dir = run_dir
         except Exception as exc:  # any failure of one host is that shard's, not the run's
@@ -292,7 +292,7 @@ class _Sharded:
         by_name = {s.name: s for s in self.specs}
         with ThreadPoolExecutor(max_workers=len(self.specs)) as pool:
             for spec, host in zip(self.specs, pool.map(
-                    lambda s: open_host(s, self.inventory), self.specs)):
+                    lambda s: open_host(s, self.inventory), self.specs), strict=False):
                 self.hosts[spec.name] = host
             try:
                 # Bundles first, in parallel: each host pays its own push at most once.

@@ -5,10 +5,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from orchestrator.transport import bundle
 from orchestrator.errors import DflashError
-from orchestrator.transport.hosts import open_host
 from orchestrator.inventory import HostSpec, Inventory
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import open_host
 
 
 @dataclass

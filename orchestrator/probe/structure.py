@@ -7,10 +7,10 @@ dict. `resolve_model` picks the model path from the inventory when none is given
 
 from __future__ import annotations
 
-from orchestrator.transport import bundle
 from orchestrator.errors import DflashError
-from orchestrator.transport.hosts import Host
 from orchestrator.inventory import HostSpec
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import Host
 from remote.protocol import PROBE_SCHEMA
 
 SCHEMA = PROBE_SCHEMA

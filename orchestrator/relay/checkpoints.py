@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.transport.bundle import run_remote_json
 from orchestrator.errors import DflashError
-from orchestrator.transport.hosts import Host
 from orchestrator.inventory import TrainerRole
+from orchestrator.transport.bundle import run_remote_json
+from orchestrator.transport.hosts import Host
 from remote.protocol import PARTIAL_PREFIX
 from remote.relay.host import name_problem, path_problem
 

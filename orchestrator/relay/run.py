@@ -44,15 +44,28 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.transport import bundle
-from orchestrator.relay.checkpoints import (Checkpoint, Scan, SourceFile, judge_complete, parse_scan,
-                                     scan)
-from orchestrator.sizes import human_bytes, parse_size
 from orchestrator.errors import DflashError
-from orchestrator.transport.hosts import Host, Result, open_host, quote
 from orchestrator.inventory import HostSpec, Inventory
-from orchestrator.relay.stream import (Multiplexer, Stream, describe_failure, file_lines,
-                                       pump, send_request, write_all)
+from orchestrator.relay.checkpoints import (
+    Checkpoint,
+    Scan,
+    SourceFile,
+    judge_complete,
+    parse_scan,
+    scan,
+)
+from orchestrator.relay.stream import (
+    Multiplexer,
+    Stream,
+    describe_failure,
+    file_lines,
+    pump,
+    send_request,
+    write_all,
+)
+from orchestrator.sizes import human_bytes, parse_size
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import Host, Result, open_host, quote
 from remote.protocol import MANIFEST, MANIFEST_FORMAT, PARTIAL_PREFIX, REPAIR_PREFIX
 
 # The host-side relay commands are stdlib only: skip site-packages and environment
@@ -197,7 +210,7 @@ class RelayReport:
 @dataclass
 class Target:
     """One file to write on one destination."""
-    dest: "Dest"
+    dest: Dest
     write_path: str       # where the bytes go (in the partial folder, or a repair temp)
     offset: int           # bytes already there and verified
     rename_to: str | None = None  # repair: rename over the damaged published file
@@ -264,7 +277,7 @@ def _damaged(manifest: dict, published: Checkpoint) -> set[str]:
     return out
 
 
-def _refuse_links(d: "Dest", name: str) -> None:
+def _refuse_links(d: Dest, name: str) -> None:
     """A partial folder holds only files the relay wrote: a symlink there (or a name it
     cannot carry) is refused before anything is written through it."""
     odd = [(o.get("path"), o.get("why")) for o in d.scan.partial_odd.get(name, [])]
@@ -283,7 +296,7 @@ def _hash_many(host: Host, requests: list[dict]) -> dict[tuple[str, int | None],
     result = bundle.run_remote(host, ["relay-hash"], stdin=json.dumps(requests).encode(),
                                python_flags=RELAY_PYTHON_FLAGS)
     answers = json.loads(result.stdout.strip().splitlines()[-1])
-    return {(req["path"], req.get("length")): ans for req, ans in zip(requests, answers)}
+    return {(req["path"], req.get("length")): ans for req, ans in zip(requests, answers, strict=False)}
 
 
 def _parallel(calls: list) -> list:
@@ -366,9 +379,9 @@ class _Relay:
             for h in [self.src, *dest_hosts]:
                 self.mux.start(h)
         results = _parallel([source] + [lambda h=h, d=d: dest(h, d) for h, (_, d) in
-                                        zip(dest_hosts, self.dest_cfg)])
+                                        zip(dest_hosts, self.dest_cfg, strict=False)])
         self.dests = [Dest(h, root, sc, self._reserve(spec)) for h, (root, sc), (spec, _) in
-                      zip(dest_hosts, results[1:1 + len(dest_hosts)], self.dest_cfg)]
+                      zip(dest_hosts, results[1:1 + len(dest_hosts)], self.dest_cfg, strict=False)]
         return results[0]
 
     def _lock_root(self, host: Host, root: str) -> Scan:
@@ -399,7 +412,7 @@ class _Relay:
         except ValueError:
             code = proc.wait()
             bundle.check_result(host, Result("", proc.stderr(), code), ["relay-lock"])
-            raise RelayError(f"{host.name}: no answer from relay-lock for {root}")
+            raise RelayError(f"{host.name}: no answer from relay-lock for {root}") from None
         if not data.get("locked"):
             holder = data.get("holder") or {}
             since = holder.get("since")
@@ -522,7 +535,7 @@ class _Relay:
             plans.append((ckpt, crep))
         answers = _parallel([lambda: _hash_many(self.src, list(src_req.values()))] +
                             [lambda d=d, r=r: _hash_many(d.host, list(r.values()))
-                             for d, r in zip(self.dests, dest_req)])
+                             for d, r in zip(self.dests, dest_req, strict=False)])
         src_ans, dest_ans = answers[0], answers[1:]
 
         tasks: dict[tuple[str, str], FileTask] = {}
@@ -655,11 +668,11 @@ class _Relay:
             try:
                 write_all(src.stdin_fd, json.dumps(
                     [{"path": task.src_path, "offset": start}
-                     for (task, _), start in zip(items, starts)]).encode())
+                     for (task, _), start in zip(items, starts, strict=False)]).encode())
             except OSError:
                 pass  # the source is gone: its exit status says why
             src.close_stdin()
-            for s, req in zip(outs, requests):
+            for s, req in zip(outs, requests, strict=False):
                 send_request(s, req)
             read = pump(src, outs, routes, self.progress.advance, self.cancelled)
         except BaseException:
@@ -677,7 +690,7 @@ class _Relay:
         scode, _, serr = src.finish()
         src_sums = file_lines(serr)
         results = []
-        for j, (d, s) in enumerate(zip(dests, outs)):
+        for j, (d, s) in enumerate(zip(dests, outs, strict=False)):
             code, out, err = s.finish()
             got = file_lines(out.decode(errors="replace"))
             for i, (task, _) in enumerate(items):

@@ -30,12 +30,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
-from orchestrator.transport import hosts as hosts_mod
 from orchestrator.errors import DflashError
-from orchestrator.transport.hosts import PREFERRED_CIPHERS, Host, last_line
 from orchestrator.inventory import Inventory
+from orchestrator.transport import hosts as hosts_mod
+from orchestrator.transport.hosts import PREFERRED_CIPHERS, Host, last_line
 from remote.errors import ERROR_PREFIX
 from remote.protocol import FRAME_HEADER
 from remote.relay.host import read_exact, write_all  # the frame format both ends speak
@@ -72,7 +72,7 @@ def openssh_options(host: Host) -> list[str]:
 
 
 def stream_argv(host: Host, line: str, inventory: Inventory | None,
-                mux: "Multiplexer | None" = None) -> list[str]:
+                mux: Multiplexer | None = None) -> list[str]:
     """The local argv that runs shell command `line` on `host` with binary pipes."""
     if isinstance(host, hosts_mod.LocalHost):
         return ["bash", "-c", line]

@@ -165,7 +165,7 @@ def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) ->
     out.comparable = True
     by_id = {str(r.get("id")): r for r in recs_a}
     pairs = [(by_id[str(r.get("id"))], r) for r in recs_b if str(r.get("id")) in by_id]
-    budgets = sorted(set.intersection(*[set((r.get("ddtree") or {})) for pair in pairs
+    budgets = sorted(set.intersection(*[set(r.get("ddtree") or {}) for pair in pairs
                                          for r in pair]), key=res.budget_key)
     for budget in [None, *budgets]:
         vals = [(sample_values(ra, budget), sample_values(rb, budget)) for ra, rb in pairs]

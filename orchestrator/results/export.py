@@ -32,12 +32,13 @@ import io
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
+from orchestrator.errors import DflashError
 from orchestrator.results import store as res
 from remote.atomic import write_atomic
-from orchestrator.errors import DflashError
 
 FORMATS = ("csv", "jsonl", "tensorboard", "wandb")
 STEP_METRIC = "train/step"

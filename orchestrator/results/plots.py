@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.results import store as res
 from orchestrator.errors import DflashError
+from orchestrator.results import store as res
 
 DDTREE_MARKERS = ("s", "^", "v", "D", "P", "X")
 
@@ -66,7 +66,7 @@ def histogram_figure(run: res.Run) -> Any | None:
     total = sum(c for _, c in hist) or 1
     fig, ax = plt.subplots(figsize=(7, 4))
     bars = ax.bar([k for k, _ in hist], [c / total for _, c in hist], color="#4C72B0")
-    for k, bar in zip([k for k, _ in hist], bars):
+    for k, bar in zip([k for k, _ in hist], bars, strict=False):
         bar.set_gid(f"data-histogram-{k}")
     m = run.metrics
     tau, tau_tok = m.get("tau_per_sample_mean"), m.get("tau_token_weighted")
@@ -96,7 +96,7 @@ def per_position_figure(run: res.Run) -> Any | None:
     ys = [p["rate"] for p in pos]
     (line,) = ax.plot(xs, ys, marker="o")
     line.set_gid("data-per-position")
-    for x, y, p in zip(xs, ys, pos):
+    for x, y, p in zip(xs, ys, pos, strict=False):
         if p.get("attempts") is not None:
             ax.annotate(f"n={p['attempts']}", (x, y), textcoords="offset points",
                         xytext=(0, 7), ha="center", fontsize=7, color="#555555")
@@ -150,7 +150,7 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
                           {"marker": DDTREE_MARKERS[j % len(DDTREE_MARKERS)],
                            "linestyle": ":", "markersize": 4}))
         for j, (name, ys, style) in enumerate(lines):
-            xy = [(x, y) for x, y in zip(steps, ys) if y is not None]
+            xy = [(x, y) for x, y in zip(steps, ys, strict=False) if y is not None]
             if not xy:
                 continue
             colour = f"C{i % 10}" if many else f"C{j % 10}"

@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.results import compare
-from orchestrator.results import plots
+from orchestrator.errors import DflashError
+from orchestrator.results import compare, plots
 from orchestrator.results import store as res
 from remote.atomic import write_atomic
-from orchestrator.errors import DflashError
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1100px;
@@ -82,7 +81,7 @@ def comparison_section(runs: list[res.Run]) -> str:
             *[f"DDTree-{b}" for b in budgets], "agreement", f"Δ tau vs {_e(runs[0].run_id)}",
             "95% interval", "improved"]
     rows = []
-    for i, (run, s) in enumerate(zip(runs, sums)):
+    for i, (run, s) in enumerate(zip(runs, sums, strict=False)):
         cells = [f'<span class="mono">{_e(s["run_id"])}</span>', _e(s["checkpoint"]),
                  _e(s["step"]), _e(s["samples"]), _f(s["tau"]), _f(s["tau_tokens"]),
                  *[_f(s["ddtree"].get(b)) for b in budgets], _pct(s["target_agreement"])]

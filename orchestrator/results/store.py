@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from orchestrator.relay.checkpoints import parse_step
 from orchestrator.errors import DflashError
+from orchestrator.relay.checkpoints import parse_step
 
 RESULT_SCHEMA_PREFIX = "dflash.eval/"
 
@@ -63,7 +63,7 @@ class Run:
         return parse_step(self.checkpoint)
 
     @property
-    def training_run(self) -> "TrainingRun":
+    def training_run(self) -> TrainingRun:
         return training_run(self)
 
 

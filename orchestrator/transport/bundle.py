@@ -14,9 +14,9 @@ import json
 import threading
 import weakref
 import zipfile
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
 
 from orchestrator.errors import RemoteCommandError
 from orchestrator.transport.hosts import Host, HostError, Result, command_line, last_line, quote

@@ -25,19 +25,20 @@ import socket
 import subprocess
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import paramiko
+
+from orchestrator.errors import DflashError
+from orchestrator.inventory import HostSpec
+from orchestrator.transport import ssh_settings
+from orchestrator.transport.ssh_settings import SSHSettings
 
 # Paramiko logs transport failures to stderr on its own; we report them as one line instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
-from orchestrator.transport import ssh_settings
-from orchestrator.errors import DflashError
-from orchestrator.inventory import HostSpec
-from orchestrator.transport.ssh_settings import SSHSettings
 
 # Large windows and packets keep a single channel near line rate; far beyond 2 MiB
 # paramiko gets slower (its channel buffer's recv cost grows with what is buffered).
@@ -178,7 +179,7 @@ class Host:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "Host":
+    def __enter__(self) -> Host:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -390,7 +391,7 @@ class SSHHost(Host):
             while chunk := proc.read(1 << 20):
                 out.append(chunk)
             code = proc.wait()
-        except socket.timeout:
+        except TimeoutError:
             proc.kill()
             raise HostError(f"{self.name}: command timed out after {timeout}s") from None
         return Result(b"".join(out).decode(errors="replace"), proc.stderr(), code)

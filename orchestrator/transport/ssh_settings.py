@@ -63,7 +63,7 @@ class SSHSettings:
     identities_only: bool
     identity_agent: str | None       # the agent's socket, or None for no agent
     proxy_command: str | None        # ssh_config's ProxyCommand, tokens unexpanded
-    jump: "SSHSettings | None"       # the hop before this host (its own .jump before it)
+    jump: SSHSettings | None       # the hop before this host (its own .jump before it)
     user_known_hosts: tuple[str, ...]    # the inventory's file first: new keys go there
     global_known_hosts: tuple[str, ...]
     accept_new: bool
@@ -157,14 +157,14 @@ class SSHSettings:
         return "".join(out)
 
 
-def resolve(spec: "HostSpec", inventory: "Inventory | None" = None) -> SSHSettings:
+def resolve(spec: HostSpec, inventory: Inventory | None = None) -> SSHSettings:
     """The settings that reach inventory host `spec`: its inventory values over what
     ``ssh -G`` says for its ``hostname`` (or name). A `jump` that names an inventory host
     uses that host's settings; any other jump is an OpenSSH ProxyJump spec."""
     return _resolve(spec, inventory, 0)
 
 
-def _resolve(spec: "HostSpec", inventory: "Inventory | None", depth: int) -> SSHSettings:
+def _resolve(spec: HostSpec, inventory: Inventory | None, depth: int) -> SSHSettings:
     if depth > MAX_HOPS:
         raise SSHConfigError(f"{spec.name}: more than {MAX_HOPS} jump hosts in a row; is "
                              "there a ProxyJump loop in ~/.ssh/config or the inventory?")
@@ -187,7 +187,7 @@ def _resolve(spec: "HostSpec", inventory: "Inventory | None", depth: int) -> SSH
     return _settings(spec.name, alias, conf, spec, jump, proxy_command)
 
 
-def _hops(chain: str, base: "HostSpec", depth: int) -> SSHSettings:
+def _hops(chain: str, base: HostSpec, depth: int) -> SSHSettings:
     """The last hop of an OpenSSH ProxyJump list (``[user@]host[:port],...``), each hop
     resolved by ``ssh -G`` and reached through the one before it (the first through its
     own ssh_config). Hops inherit the inventory host's identity_file, known_hosts,
@@ -220,7 +220,7 @@ def _hops(chain: str, base: "HostSpec", depth: int) -> SSHSettings:
     return jump
 
 
-def _settings(name: str, alias: str, conf: dict[str, list[str]], spec: "HostSpec",
+def _settings(name: str, alias: str, conf: dict[str, list[str]], spec: HostSpec,
               jump: SSHSettings | None, proxy_command: str | None) -> SSHSettings:
     identities = []
     for entry in conf.get("identityfile", []):

@@ -11,7 +11,7 @@ target's greedy next token is a child of the current node.
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def build_tree(logp: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]], budget: int) -> list[tuple[int, int, int]]:

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from remote.eval.drafter_format import default_target_layer_ids, normalise_key  # noqa: F401 (re-exported)
 from remote.errors import UserError
+from remote.eval.drafter_format import default_target_layer_ids, normalise_key  # noqa: F401 (re-exported)
 
 # Keys some trainers save beside the drafter that are not drafter weights: the borrowed
 # target embedding / head and derived rotary buffers. They are skipped, and reported.
@@ -65,7 +65,7 @@ class DrafterConfig:
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], num_target_layers: int | None = None) -> "DrafterConfig":
+    def from_dict(cls, d: dict[str, Any], num_target_layers: int | None = None) -> DrafterConfig:
         """Parse a config dict; ``num_target_layers`` fills the default layer ids if absent."""
         dcfg = d.get("dflash_config") or {}
 
@@ -101,7 +101,7 @@ class DrafterConfig:
                 raw=d,
             )
         except KeyError as exc:
-            raise UserError(f"drafter config.json lacks {exc.args[0]!r}; is this a DFlash drafter config?")
+            raise UserError(f"drafter config.json lacks {exc.args[0]!r}; is this a DFlash drafter config?") from None
         if num_target_layers is not None:
             cfg.num_target_layers = int(num_target_layers) if cfg.num_target_layers is None else cfg.num_target_layers
         if cfg.target_layer_ids is None:
@@ -183,7 +183,7 @@ class Rotary(nn.Module):
             hf_cfg = Qwen3Config(**keep)
             rope = Qwen3RotaryEmbedding(hf_cfg)
         except Exception as exc:  # transformers validates rope settings itself
-            raise UserError(f"drafter rope settings are not understood by transformers: {exc}")
+            raise UserError(f"drafter rope settings are not understood by transformers: {exc}") from None
         self.register_buffer("inv_freq", rope.inv_freq.detach().clone().float(), persistent=False)
         self.attention_scaling = float(rope.attention_scaling)
 
@@ -373,7 +373,7 @@ class DFlashDrafter(nn.Module):
         return Blocks(self, kv, starts, blocks).hidden()
 
     def blocks(self, kv: list[tuple[torch.Tensor, torch.Tensor]], starts: torch.Tensor,
-               first_tokens: torch.Tensor, embed: torch.Tensor) -> "Blocks":
+               first_tokens: torch.Tensor, embed: torch.Tensor) -> Blocks:
         """The blocks ``[first_tokens[b], mask, ..., mask]`` at ``starts``, ready for `Blocks.hidden`
         of any rows (their mask rows are projected once in the first layer)."""
         return Blocks(self, kv, starts, self.block_inputs(embed, first_tokens), shared_tail=True)
@@ -484,7 +484,7 @@ def _read_state(file: str) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise UserError(f"{file} is not a weights-only state dict ({type(exc).__name__}); save it with torch.save(model.state_dict())")
+        raise UserError(f"{file} is not a weights-only state dict ({type(exc).__name__}); save it with torch.save(model.state_dict())") from None
     # Trainer checkpoints often nest the weights one level down.
     for nest in ("state_dict", "model", "module", "draft_model", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(nest), dict) and not isinstance(obj.get(nest), torch.Tensor):

@@ -50,9 +50,9 @@ def read_spec(path: str) -> EvalSpec:
         with open(path) as fh:
             raw = json.load(fh)
     except OSError as exc:
-        raise UserError(f"cannot read spec {path}: {exc.strerror}")
+        raise UserError(f"cannot read spec {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
-        raise UserError(f"spec {path} is not valid JSON (line {exc.lineno}): {exc.msg}")
+        raise UserError(f"spec {path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
     try:
         spec = EvalSpec.from_json(raw)
     except (SpecError, TypeError) as exc:
@@ -77,7 +77,7 @@ def read_ground_truth(path: str, vocab: int, max_samples: int | None) -> list[di
                 row = json.loads(line)
                 sid, prompt, completion = row.get("id", n), row["prompt_ids"], row["completion_ids"]
             except (json.JSONDecodeError, KeyError, AttributeError):
-                raise UserError(f"{path} line {n} is not {{\"id\", \"prompt_ids\", \"completion_ids\"}} JSON")
+                raise UserError(f"{path} line {n} is not {{\"id\", \"prompt_ids\", \"completion_ids\"}} JSON") from None
             for name, ids in (("prompt_ids", prompt), ("completion_ids", completion)):
                 if not isinstance(ids, list) or not ids:
                     raise UserError(f"{path} line {n} (id {sid}) has empty {name}; drop the sample or regenerate it")

@@ -48,8 +48,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from remote.atomic import write_atomic, write_json_atomic
 from remote.errors import UserError
@@ -72,7 +73,7 @@ def read_jsonl(path: str, what: str) -> Iterator[tuple[int, Any]]:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
-        raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}")
+        raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -118,7 +119,7 @@ def load_tokenizer(target: str):
         return AutoTokenizer.from_pretrained(target)
     except Exception as exc:
         raise UserError(f"cannot load the target's tokenizer from {target}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
 def render_prompt(tokenizer, text: str, thinking: bool) -> tuple[str, list[int]]:
@@ -142,7 +143,7 @@ def target_identity(target: str) -> dict:
     try:
         config_hash = hashlib.sha256(config.read_bytes()).hexdigest()
     except OSError:
-        raise UserError(f"no config.json in target folder {target}")
+        raise UserError(f"no config.json in target folder {target}") from None
     files = sorted((p.name, p.stat().st_size) for p in root.iterdir()
                    if p.suffix in WEIGHT_SUFFIXES)
     return {"path": str(root.resolve()), "config_sha256": config_hash, "weights": files}
@@ -259,26 +260,26 @@ def http_json(url: str, payload: dict | None, timeout: float) -> Any:
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:300].decode(errors="replace").strip().replace("\n", " ")
         raise UserError(f"ground truth server {url} answered HTTP {exc.code} "
-                        f"{exc.reason}{': ' + detail if detail else ''}")
+                        f"{exc.reason}{': ' + detail if detail else ''}") from None
     except urllib.error.URLError as exc:
         reason = exc.reason
         if isinstance(reason, (socket.timeout, TimeoutError)):
             raise UserError(f"ground truth server {url} did not answer within {timeout:g}s "
-                            "(timed out)")
+                            "(timed out)") from None
         if isinstance(reason, ConnectionRefusedError):
             raise UserError(f"ground truth server {url} refused the connection; is it "
-                            "running and listening there (from the eval host's view)?")
-        raise UserError(f"ground truth server {url} is unreachable: {reason}")
-    except (socket.timeout, TimeoutError):
+                            "running and listening there (from the eval host's view)?") from None
+        raise UserError(f"ground truth server {url} is unreachable: {reason}") from None
+    except TimeoutError:
         raise UserError(f"ground truth server {url} did not answer within {timeout:g}s "
-                        "(timed out)")
+                        "(timed out)") from None
     except (ConnectionError, OSError) as exc:
-        raise UserError(f"ground truth server {url} dropped the connection: {exc}")
+        raise UserError(f"ground truth server {url} dropped the connection: {exc}") from None
     try:
         return json.loads(body)
     except ValueError:
         snippet = body[:80].decode(errors="replace").replace("\n", " ")
-        raise UserError(f"ground truth server {url} returned malformed JSON: {snippet!r}")
+        raise UserError(f"ground truth server {url} returned malformed JSON: {snippet!r}") from None
 
 
 def reachable(url: str, timeout: float = 5.0) -> str | None:
@@ -293,7 +294,7 @@ def reachable(url: str, timeout: float = 5.0) -> str | None:
     except ConnectionRefusedError:
         return (f"ground truth server {url} refused the connection from this host; is it "
                 "running?")
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         return f"ground truth server {url} did not accept a connection within {timeout:g}s"
     except OSError as exc:
         return f"ground truth server {url} is unreachable from this host: {exc.strerror or exc}"
@@ -399,7 +400,7 @@ def openai_completion_ids(url: str, model: str | None, prompt_ids: list[int], sa
         choice = answer["choices"][0]
     except (KeyError, IndexError, TypeError):
         raise UserError(f"ground truth server {ep} answered without 'choices'; is it an "
-                        "OpenAI-compatible completions endpoint?")
+                        "OpenAI-compatible completions endpoint?") from None
     ids = choice.get("token_ids") if isinstance(choice, dict) else None
     if not isinstance(ids, list):
         raise UserError(f"ground truth server {ep} returned no token ids (choices[0].token_ids);"
@@ -469,7 +470,7 @@ class LocalGenerator:
                 target, dtype=getattr(torch, dtype))
         except Exception as exc:
             raise UserError(f"cannot load the target {target} for local generation: "
-                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
         self.model.eval()
         self.torch = torch
 
@@ -516,7 +517,7 @@ def _read_cache(path: Path, meta_path: Path, prompt_ids: list[list[int]],
     if not isinstance(meta, dict) or len(records) != len(prompt_ids):
         return None
     try:
-        for r, ids in zip(records, prompt_ids):
+        for r, ids in zip(records, prompt_ids, strict=False):
             if not isinstance(r, dict) or r.get("prompt_ids") != ids:
                 return None
             check(r.get("completion_ids"), str(r.get("id")))
@@ -620,7 +621,7 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
     records = []
     mismatched = 0
     started = time.time()
-    for i, (prompt, (text, ids)) in enumerate(zip(prompts, rendered)):
+    for i, (prompt, (text, ids)) in enumerate(zip(prompts, rendered, strict=False)):
         if kind == "sglang":
             completion = sglang_generate(url, ids, sampling, timeout)
         elif kind == "openai":

@@ -147,7 +147,7 @@ def _cmd(args: argparse.Namespace) -> int:
     try:
         spec = json.loads(data)
     except ValueError as exc:
-        raise UserError(f"preflight spec is not JSON: {exc}")
+        raise UserError(f"preflight spec is not JSON: {exc}") from None
     print(json.dumps(check(spec)), flush=True)
     return 0
 

@@ -85,7 +85,7 @@ class Target:
                 h.remove()
         last = out.last_hidden_state[0]
         feats = torch.cat([keep[i] for i in layer_ids], dim=-1)
-        del keep
+        keep.clear()  # the layer outputs are in feats now; free them early
         arg = []
         for a in range(argmax_from, last.shape[0], chunk):
             arg.append(torch.argmax(self.head(last[a:a + chunk]).float(), dim=-1))

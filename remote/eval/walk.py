@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from remote.eval.ddtree import ddtree_accept
+
 # The metrics live in a torch-free module shared with the orchestrator's shard merge;
 # re-exported here for callers that know them from this module.
 from remote.eval.metrics import ddtree_k, summarize  # noqa: F401

@@ -37,8 +37,12 @@ def map_checkpoint_keys(model, ckpt_keys, meta_sd: dict | None = None
     weights fused into one tensor). Keys are visited in transformers' own order, because some
     renamings decide on the first key they see (``GroupWeightRename``).
     """
-    from transformers.core_model_loading import (WeightConverter, WeightRenaming,
-                                                 dot_natural_key, rename_source_key)
+    from transformers.core_model_loading import (
+        WeightConverter,
+        WeightRenaming,
+        dot_natural_key,
+        rename_source_key,
+    )
 
     meta_sd = model.state_dict() if meta_sd is None else meta_sd
     transforms = conversion_mapping(model)

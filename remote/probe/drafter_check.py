@@ -10,12 +10,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from remote.eval.drafter_format import default_target_layer_ids, normalise_key
 from remote.errors import UserError
+from remote.eval.drafter_format import default_target_layer_ids, normalise_key
 from remote.model.files import read_model_config
 from remote.model.keys import key_prefix
 from remote.model.layout import index_ranges
-
 
 
 def rope_summary(cfg: dict) -> dict:

@@ -26,16 +26,22 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from remote.probe.drafter_check import check_drafter, rope_summary
-from remote.eval.drafter_format import default_target_layer_ids  # noqa: F401 (tests and callers)
 from remote.errors import UserError
-from remote.probe.facts import disk_free, meminfo
-from remote.probe.load_check import load_and_verify
+from remote.eval.drafter_format import default_target_layer_ids  # noqa: F401 (tests and callers)
 from remote.model.files import incomplete_reason, one_line, read_model_config, scan_checkpoint
 from remote.model.keys import key_report
+from remote.model.layout import (
+    auto_class_choices,
+    collapsed_tree,
+    describe,
+    layer_groups,
+    layers_path_for,
+    parameter_split,
+)
+from remote.probe.drafter_check import check_drafter, rope_summary
+from remote.probe.facts import disk_free, meminfo
+from remote.probe.load_check import load_and_verify
 from remote.protocol import PROBE_SCHEMA
-from remote.model.layout import (auto_class_choices, collapsed_tree, describe, layer_groups,
-                                 layers_path_for, parameter_split)
 
 SCHEMA = PROBE_SCHEMA
 

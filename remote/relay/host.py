@@ -78,7 +78,7 @@ class _Syncer:
     def __init__(self):
         import queue
         import threading
-        self.jobs: "queue.Queue" = queue.Queue()
+        self.jobs: queue.Queue = queue.Queue()
         self.pending = 0
         self.error: tuple[OSError, str] | None = None  # (error, file)
         self.thread = threading.Thread(target=self._run, daemon=True)
