@@ -194,7 +194,7 @@ def rss_figures(workdir: str, target_dir: str, drafter_dir: str, prompts, seqs, 
                "threads": threads}, open(spec, "w"))
     # The runtime an eval cannot do without: interpreter, torch, transformers and the
     # target's modeling code (whose import pulls in much of transformers and torch._dynamo).
-    base = peak_rss_of(["-c", f"import remote.eval.engine, remote.eval.walk, remote.eval.drafter; from remote.eval.target import describe; describe({target_dir!r})"])
+    base = peak_rss_of(["-c", "import remote.eval.engine, remote.eval.walk, remote.eval.drafter; " f"from remote.eval.target import describe; describe({target_dir!r})"])
     peak = peak_rss_of(["-m", "remote", "eval", "--spec", spec])
     _c, meta, info = describe(target_dir)
     _d, report = load_drafter(drafter_dir, torch.bfloat16)
@@ -317,15 +317,15 @@ def main() -> None:
     _c, _meta, info = describe(target_dir)
     tokens = sum(len(g) for g in seqs)
     rounds = sum(len(r) for r, _ in runs)
-    print(f"setup: target {info.num_layers} layers hidden {info.hidden_size} vocab {info.vocab_size}, "
+    print(f"setup: target {info.num_layers} layers hidden " f"{info.hidden_size} vocab {info.vocab_size}, "
           f"weights {rss[0][3] / 2**20:.0f} MiB bf16; drafter 1 layer, block {drafter.block_size}; "
-          f"{args.samples} samples x ({args.prompt} prompt + {args.completion} completion) = {tokens} tokens; "
-          f"{rounds} online rounds (tau {sum(map(sum, (r for r, _ in runs))) / rounds:.2f}); threads {args.threads}")
-    print(f"bare target forward (HF, full logits): {t_bare:.2f} s (best of {args.repeats}, interleaved with the eval runs)")
+          f"{args.samples} samples x ({args.prompt} prompt + " f"{args.completion} completion) = {tokens} tokens; "
+          f"{rounds} online rounds (tau " f"{sum(map(sum, (r for r, _ in runs))) / rounds:.2f}); threads {args.threads}")
+    print(f"bare target forward (HF, full logits): {t_bare:.2f} s " f"(best of {args.repeats}, interleaved with the eval runs)")
     for mode in MODES:
         goal = "goal <= 1.25; " if mode == "all" else ""
-        print(f"eval [{mode:10}] wall / bare target forward = {best[mode] / t_bare:.2f}   ({goal}eval {best[mode]:.2f} s)")
-    print(f"  of which engine target forward / bare         = {best['engine_target'] / t_bare:.2f}   (hooks + text backbone + argmax head)")
+        print(f"eval [{mode:10}] wall / bare target forward = " f"{best[mode] / t_bare:.2f}   ({goal}eval {best[mode]:.2f} s)")
+    print("  of which engine target forward / bare         = " f"{best['engine_target'] / t_bare:.2f}   (hooks + text backbone + argmax head)")
     print("  with a drafter that accepts more (m rows of the last layer + head per position, ~tau): "
           + ", ".join(f"m={m}: {t / t_bare:.2f}" for m, t in rows_cost.items()))
     for mode in MODES:
@@ -353,7 +353,7 @@ def rss_rows(args, target_dir: str, drafter_dir: str, prompts, seqs) -> list[tup
 
 def print_rss(rss: list[tuple]) -> None:
     for label, peak, base, weights in rss:
-        print(f"peak RSS of `remote eval` / weights' bytes [{label}] = {peak / weights:.2f}   (goal <= 1.3; peak {peak / 2**20:.0f} MiB, "
+        print(f"peak RSS of `remote eval` / weights' bytes [{label}] = " f"{peak / weights:.2f}   (goal <= 1.3; peak {peak / 2**20:.0f} MiB, "
               f"weights {weights / 2**20:.0f} MiB)")
         print(f"  fixed runtime (python+torch+transformers+modeling code) {base / 2**20:.0f} MiB; "
               f"(peak - runtime) / weights = {(peak - base) / weights:.2f}")

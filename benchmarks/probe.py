@@ -92,10 +92,10 @@ def main() -> None:
     print(f"model: {report['built_class']}, {report['text']['num_layers']} layers at "
           f"{report['text']['layers']}, hidden {report['text']['hidden_size']}, "
           f"{report['text']['layer_types_config']}")
-    print(f"params: total {p['total']['params'] / 1e9:.2f} B, text {p['text']['params'] / 1e9:.2f} B, "
+    print(f"params: total {p['total']['params'] / 1e9:.2f} " f"B, text {p['text']['params'] / 1e9:.2f} B, "
           f"vision {p['vision']['params'] / 1e9:.3f} B")
-    print(f"bytes a full load needs ({report['dtype']}): {full / gib:.2f} GiB; text-only: {text / gib:.2f} GiB")
-    print(f"baseline (import torch+transformers): {base_wall:.2f} s, peak RSS {base_rss / 2**20:.0f} MiB")
+    print(f"bytes a full load needs ({report['dtype']}): " f"{full / gib:.2f} GiB; text-only: {text / gib:.2f} GiB")
+    print(f"baseline (import torch+transformers): {base_wall:.2f} " f"s, peak RSS {base_rss / 2**20:.0f} MiB")
     print(f"probe: {wall:.2f} s wall (inside: {report['probe_seconds']:.2f} s), "
           f"peak RSS {rss / 2**20:.0f} MiB")
     print(f"peak RSS / full-load bytes: {rss / full:.4f}  (1/{full / rss:.0f})")

@@ -166,7 +166,7 @@ def test_help_works_without_torch():
         "names = sorted(cmd.commands)\n"
         "for n in names:\n"
         "    sys.argv = ['dflash', n, '--help']\n"
-        "    try:\n        main()\n    except SystemExit as e:\n        assert e.code in (0, None), (n, e.code)\n"
+        "    try:\n        main()\n    except SystemExit as " "e:\n        assert e.code in (0, None), (n, e.code)\n"
         "assert 'torch' not in sys.modules\n"
         "print('COMMANDS', ' '.join(names))\n"
     )

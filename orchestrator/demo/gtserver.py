@@ -1,6 +1,7 @@
 """A small ground-truth server for the demo and the tests, following the documented
-request/response shapes of SGLang's native ``/generate`` and of OpenAI-compatible ``/v1/completions`` (token-id
-prompts and ``return_token_ids`` as vLLM >= 0.10.2 and SGLang answer them, and plain text).
+request/response shapes of SGLang's native ``/generate`` and of OpenAI-compatible
+``/v1/completions`` (token-id prompts and ``return_token_ids`` as vLLM >= 0.10.2 and SGLang
+answer them, and plain text).
 
 It answers with REAL greedy generation of a tiny transformers model (KV cache, float32).
 ``mode`` switches on the failures a real server shows: ``"500"`` (an internal error),

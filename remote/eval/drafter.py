@@ -106,16 +106,16 @@ class DrafterConfig:
             cfg.num_target_layers = int(num_target_layers) if cfg.num_target_layers is None else cfg.num_target_layers
         if cfg.target_layer_ids is None:
             if cfg.num_target_layers is None:
-                raise UserError("drafter config has no target_layer_ids and no num_target_layers; add one of them")
+                raise UserError("drafter config has no target_layer_ids " "and no num_target_layers; add one of them")
             cfg.target_layer_ids = default_target_layer_ids(int(cfg.num_target_layers), cfg.num_layers)
         cfg.target_layer_ids = [int(i) for i in cfg.target_layer_ids]
         if cfg.mask_token_id is None:
-            raise UserError("drafter config has no dflash_config.mask_token_id; add the mask token id used in training")
+            raise UserError("drafter config has no dflash_config.mask_token_id; " "add the mask token id used in training")
         cfg.mask_token_id = int(cfg.mask_token_id)
         if len(cfg.layer_types) != layers:
             raise UserError(f"drafter config layer_types has {len(cfg.layer_types)} entries for {layers} layers")
         if heads % cfg.num_kv_heads:
-            raise UserError(f"drafter num_attention_heads {heads} is not a multiple of num_key_value_heads {cfg.num_kv_heads}")
+            raise UserError(f"drafter num_attention_heads {heads} is not a " f"multiple of num_key_value_heads {cfg.num_kv_heads}")
         return cfg
 
     def layer_attention(self, i: int) -> tuple[bool, int | None]:
@@ -374,8 +374,8 @@ class DFlashDrafter(nn.Module):
 
     def blocks(self, kv: list[tuple[torch.Tensor, torch.Tensor]], starts: torch.Tensor,
                first_tokens: torch.Tensor, embed: torch.Tensor) -> Blocks:
-        """The blocks ``[first_tokens[b], mask, ..., mask]`` at ``starts``, ready for `Blocks.hidden`
-        of any rows (their mask rows are projected once in the first layer)."""
+        """The blocks ``[first_tokens[b], mask, ..., mask]`` at ``starts``, ready for
+        `Blocks.hidden` of any rows (their mask rows are projected once in the first layer)."""
         return Blocks(self, kv, starts, self.block_inputs(embed, first_tokens), shared_tail=True)
 
 
@@ -484,7 +484,7 @@ def _read_state(file: str) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise UserError(f"{file} is not a weights-only state dict ({type(exc).__name__}); save it with torch.save(model.state_dict())") from None
+        raise UserError(f"{file} is not a weights-only state dict ({type(exc).__name__}); " "save it with torch.save(model.state_dict())") from None
     # Trainer checkpoints often nest the weights one level down.
     for nest in ("state_dict", "model", "module", "draft_model", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(nest), dict) and not isinstance(obj.get(nest), torch.Tensor):
@@ -562,20 +562,20 @@ def load_drafter(
             else:
                 unknown.append(raw_key)
     if unknown:
-        raise UserError(f"drafter weights have keys that do not map to a DFlash drafter: {', '.join(sorted(unknown)[:8])}")
+        raise UserError("drafter weights have keys that do not map to a " f"DFlash drafter: {', '.join(sorted(unknown)[:8])}")
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise UserError(f"drafter weights lack {', '.join(missing[:8])}; is {path} a complete DFlash checkpoint?")
+        raise UserError(f"drafter weights lack {', '.join(missing[:8])}; " f"is {path} a complete DFlash checkpoint?")
     fc_in = state["fc.weight"].shape[1]
     want = len(cfg.target_layer_ids) * cfg.hidden_size
     if fc_in != want:
         raise UserError(
-            f"drafter fc takes {fc_in} features but {len(cfg.target_layer_ids)} target layers x hidden {cfg.hidden_size} = {want}; "
+            f"drafter fc takes {fc_in} features but {len(cfg.target_layer_ids)} " f"target layers x hidden {cfg.hidden_size} = {want}; "
             "fix target_layer_ids in the drafter config"
         )
     for key, t in state.items():
         if tuple(t.shape) != tuple(expected[key].shape):
-            raise UserError(f"drafter weight {key} has shape {tuple(t.shape)}, config implies {tuple(expected[key].shape)}")
+            raise UserError(f"drafter weight {key} has shape {tuple(t.shape)}, " f"config implies {tuple(expected[key].shape)}")
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True, strict=False)
     model.rotary = Rotary(cfg)  # rebuilt off meta
     model.eval().requires_grad_(False)

@@ -1,7 +1,7 @@
 """Facts about the DFlash drafter checkpoint format that need no torch.
 
-Shared by the eval engine (`remote.eval.drafter`) and the probe (`remote.probe.structure`) so that what the
-probe says will load is exactly what the engine loads.
+Shared by the eval engine (`remote.eval.drafter`) and the probe (`remote.probe.structure`)
+so that what the probe says will load is exactly what the engine loads.
 """
 
 from __future__ import annotations

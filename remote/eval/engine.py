@@ -80,10 +80,10 @@ def read_ground_truth(path: str, vocab: int, max_samples: int | None) -> list[di
                 raise UserError(f"{path} line {n} is not {{\"id\", \"prompt_ids\", \"completion_ids\"}} JSON") from None
             for name, ids in (("prompt_ids", prompt), ("completion_ids", completion)):
                 if not isinstance(ids, list) or not ids:
-                    raise UserError(f"{path} line {n} (id {sid}) has empty {name}; drop the sample or regenerate it")
+                    raise UserError(f"{path} line {n} (id {sid}) has empty " f"{name}; drop the sample or regenerate it")
                 bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
                 if bad is not None:
-                    raise UserError(f"{path} line {n} (id {sid}) has token id {bad!r} outside the target vocabulary (0..{vocab - 1}); was it made with another tokenizer?")
+                    raise UserError(f"{path} line {n} (id {sid}) has token id {bad!r} outside the target " f"vocabulary (0..{vocab - 1}); was it made with another tokenizer?")
             rows.append({"id": sid, "prompt_ids": prompt, "completion_ids": completion})
             if max_samples and len(rows) >= max_samples:
                 break
@@ -97,16 +97,16 @@ def check_compatible(dcfg, tinfo, fc_in: int | None) -> None:
     n = tinfo.num_layers
     bad = [i for i in dcfg.target_layer_ids if not 0 <= i < n]
     if bad:
-        raise UserError(f"drafter target_layer_ids {bad} are outside the target's {n} layers (0..{n - 1}); wrong target?")
+        raise UserError(f"drafter target_layer_ids {bad} are outside the " f"target's {n} layers (0..{n - 1}); wrong target?")
     if dcfg.hidden_size != tinfo.hidden_size:
-        raise UserError(f"drafter hidden_size {dcfg.hidden_size} differs from the target's {tinfo.hidden_size}; wrong target?")
+        raise UserError(f"drafter hidden_size {dcfg.hidden_size} differs from " f"the target's {tinfo.hidden_size}; wrong target?")
     if dcfg.vocab_size != tinfo.vocab_size:
-        raise UserError(f"drafter vocab_size {dcfg.vocab_size} differs from the target's {tinfo.vocab_size}; wrong target?")
+        raise UserError(f"drafter vocab_size {dcfg.vocab_size} differs from " f"the target's {tinfo.vocab_size}; wrong target?")
     if not 0 <= dcfg.mask_token_id < tinfo.vocab_size:
-        raise UserError(f"drafter mask_token_id {dcfg.mask_token_id} is outside the target vocabulary ({tinfo.vocab_size})")
+        raise UserError(f"drafter mask_token_id {dcfg.mask_token_id} is " f"outside the target vocabulary ({tinfo.vocab_size})")
     want = len(dcfg.target_layer_ids) * dcfg.hidden_size
     if fc_in is not None and fc_in != want:
-        raise UserError(f"drafter fc takes {fc_in} features but {len(dcfg.target_layer_ids)} layers x hidden {dcfg.hidden_size} = {want}; fix target_layer_ids")
+        raise UserError(f"drafter fc takes {fc_in} features but {len(dcfg.target_layer_ids)} " f"layers x hidden {dcfg.hidden_size} = {want}; fix target_layer_ids")
 
 
 def fc_width(path: str) -> int | None:
@@ -184,7 +184,7 @@ def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
     need = estimate_bytes(tbytes, dcfg, max_len, torch.empty(0, dtype=dtype).element_size(), spec.block_chunk)
     avail = meminfo()["available"]
     if avail and need > avail:
-        raise UserError(f"evaluation needs about {need / 2**30:.1f} GiB but {avail / 2**30:.1f} GiB is available; free memory or use a bigger host")
+        raise UserError(f"evaluation needs about {need / 2**30:.1f} GiB but {avail / 2**30:.1f} " "GiB is available; free memory or use a bigger host")
     os.makedirs(spec.output_dir, exist_ok=True)
 
     on_event({
