@@ -56,13 +56,13 @@ def parse_dtype(value: str | None) -> str | None:
     key = str(value).lower()
     key = DTYPE_ALIASES.get(key, key)
     if key not in DTYPES:
-        raise SpecError(f"dtype {value!r} is not supported; use bfloat16 (bf16) or "
-                        "float32 (fp32)")
+        raise SpecError(f"dtype {value!r} is not supported; use bfloat16 (bf16) or float32 (fp32)")
     return key
 
 
-def parse_budgets(values: Iterable[Any] | str | None, *, allow_empty: bool = True
-                  ) -> tuple[int, ...]:
+def parse_budgets(
+    values: Iterable[Any] | str | None, *, allow_empty: bool = True
+) -> tuple[int, ...]:
     """DDTree node budgets, sorted and without repeats: whole numbers of at least 1, given as
     a list or as comma-separated text (``8,16,32``)."""
     if values is None:
@@ -72,12 +72,13 @@ def parse_budgets(values: Iterable[Any] | str | None, *, allow_empty: bool = Tru
         try:
             values = [int(p) for p in parts]
         except ValueError:
-            raise SpecError(f"budgets expects comma-separated integers, got {values!r}") \
-                from None
+            raise SpecError(f"budgets expects comma-separated integers, got {values!r}") from None
     values = list(values)
     if not all(_is_int(b) and b >= 1 for b in values) or (not values and not allow_empty):
-        raise SpecError(f"budgets must be whole numbers of at least 1, got "
-                        f"{','.join(map(str, values)) or 'none'}")
+        raise SpecError(
+            f"budgets must be whole numbers of at least 1, got "
+            f"{','.join(map(str, values)) or 'none'}"
+        )
     return tuple(sorted(set(values)))
 
 
@@ -121,8 +122,7 @@ class EvalSpec:
         for name in ("threads", "topk", "max_samples", "block_chunk"):
             _positive_or_none(name, getattr(self, name))
         if self.positions not in POSITIONS:
-            raise SpecError(f"positions {self.positions!r} is not supported; use \"all\" or "
-                            "\"walk\"")
+            raise SpecError(f'positions {self.positions!r} is not supported; use "all" or "walk"')
         for name in ("target", "drafter", "ground_truth", "output_dir"):
             if not isinstance(getattr(self, name), str):
                 raise SpecError(f"{name} must be a path")
@@ -142,8 +142,9 @@ class EvalSpec:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(obj) - known)
         if unknown:
-            raise SpecError(f"spec has unknown keys {', '.join(unknown)}; allowed: "
-                            f"{', '.join(sorted(known))}")
+            raise SpecError(
+                f"spec has unknown keys {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
+            )
         if obj.get("budgets") is not None and not isinstance(obj["budgets"], list):
             raise SpecError("budgets must be a list of positive integers, e.g. [8, 32, 64]")
         # null means the default, as an absent key does

@@ -17,11 +17,16 @@ Reply = Callable[[str, dict], Any]
 
 def ids_reply(ids: list) -> Reply:
     """Every POST answered with these completion ids, in both dialects."""
+
     def reply(path: str, body: dict) -> Any:
         if path == "/generate":
             return {"text": "", "output_ids": ids, "meta_info": {"finish_reason": "length"}}
-        return {"choices": [{"index": 0, "text": "", "token_ids": ids,
-                             "prompt_token_ids": body.get("prompt")}]}
+        return {
+            "choices": [
+                {"index": 0, "text": "", "token_ids": ids, "prompt_token_ids": body.get("prompt")}
+            ]
+        }
+
     return reply
 
 
@@ -69,8 +74,14 @@ class ScriptedServer:
                 if self.path == "/get_model_info" and server.model_path:
                     self._json({"model_path": server.model_path, "is_generation": True})
                 elif self.path == "/v1/models" and server.model_path:
-                    self._json({"object": "list", "data": [
-                        {"id": "served", "object": "model", "root": server.model_path}]})
+                    self._json(
+                        {
+                            "object": "list",
+                            "data": [
+                                {"id": "served", "object": "model", "root": server.model_path}
+                            ],
+                        }
+                    )
                 else:
                     self._json({"detail": "Not Found"}, 404)
 

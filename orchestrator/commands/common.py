@@ -13,8 +13,12 @@ from remote.protocol import SpecError, parse_budgets, parse_dtype
 
 InventoryOption = Annotated[
     Path | None,
-    typer.Option("--inventory", "-i", help="Inventory file (default: $DFLASH_INVENTORY, "
-                 "then ./inventory.yaml).", show_default=False),
+    typer.Option(
+        "--inventory",
+        "-i",
+        help="Inventory file (default: $DFLASH_INVENTORY, then ./inventory.yaml).",
+        show_default=False,
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
@@ -45,12 +49,22 @@ def _budgets(text: str | None) -> list[int] | None:
         raise DflashError(f"--{exc}") from None
 
 
-DtypeOption = Annotated[str | None, typer.Option(
-    "--dtype", callback=_dtype,
-    help="bfloat16 (or bf16) | float32 (or fp32) (default: the inventory's).")]
-BudgetsOption = Annotated[str | None, typer.Option(
-    "--budgets", callback=_budgets,
-    help="DDTree node budgets, comma-separated (default 8,16,32,64).")]
+DtypeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        callback=_dtype,
+        help="bfloat16 (or bf16) | float32 (or fp32) (default: the inventory's).",
+    ),
+]
+BudgetsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--budgets",
+        callback=_budgets,
+        help="DDTree node budgets, comma-separated (default 8,16,32,64).",
+    ),
+]
 
 
 def inventory(ctx: typer.Context, path: Path | None) -> Inventory:

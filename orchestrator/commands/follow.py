@@ -23,41 +23,77 @@ from orchestrator.eval import run as remote_eval
 
 def follow_cmd(
     ctx: typer.Context,
-    source: Annotated[str | None, typer.Option(
-        "--from", help="Trainer host (default: defaults.relay_from).")] = None,
-    dest: Annotated[str | None, typer.Option(
-        "--to", help="Eval host (default: defaults.relay_to).")] = None,
-    keep: Annotated[int | None, typer.Option(
-        "--keep", min=1, help="Keep only the newest K relayed checkpoints on the eval host "
-                              "(pruned after each eval; default: defaults.keep).")] = None,
-    interval: Annotated[float, typer.Option(
-        "--interval", callback=positive, help="Seconds between looks at the trainer.")
+    source: Annotated[
+        str | None, typer.Option("--from", help="Trainer host (default: defaults.relay_from).")
+    ] = None,
+    dest: Annotated[
+        str | None, typer.Option("--to", help="Eval host (default: defaults.relay_to).")
+    ] = None,
+    keep: Annotated[
+        int | None,
+        typer.Option(
+            "--keep",
+            min=1,
+            help="Keep only the newest K relayed checkpoints on the eval host "
+            "(pruned after each eval; default: defaults.keep).",
+        ),
+    ] = None,
+    interval: Annotated[
+        float,
+        typer.Option("--interval", callback=positive, help="Seconds between looks at the trainer."),
     ] = 60.0,
-    once: Annotated[bool, typer.Option(
-        "--once", help="One pass (evaluate what is new now), then exit.")] = False,
-    probe: Annotated[bool, typer.Option(
-        "--probe/--no-probe", help="Check each checkpoint fits the target (probe-structure) "
-                                   "before evaluating it.")] = False,
-    prompts: Annotated[str | None, typer.Option(
-        help="Built-in set (math, code, chat), a local JSONL file, or host:/path "
-             "(default: the inventory's).")] = None,
+    once: Annotated[
+        bool, typer.Option("--once", help="One pass (evaluate what is new now), then exit.")
+    ] = False,
+    probe: Annotated[
+        bool,
+        typer.Option(
+            "--probe/--no-probe",
+            help="Check each checkpoint fits the target (probe-structure) before evaluating it.",
+        ),
+    ] = False,
+    prompts: Annotated[
+        str | None,
+        typer.Option(
+            help="Built-in set (math, code, chat), a local JSONL file, or host:/path "
+            "(default: the inventory's)."
+        ),
+    ] = None,
     samples: Annotated[int | None, typer.Option(min=1, help="Prompts per eval.")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(
-        min=1, help="Ground-truth completion length.")] = None,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Ground-truth completion length.")
+    ] = None,
     budgets: BudgetsOption = None,
     dtype: DtypeOption = None,
-    results: Annotated[str | None, typer.Option(
-        "--results-dir", help="Local results folder (default: defaults.results_dir).")] = None,
-    state: Annotated[str | None, typer.Option(
-        "--state-dir", help="Follow folder: history, state, plot (default: "
-                            "<results>/follow/<from>-to-<to>).")] = None,
-    tensorboard: Annotated[str | None, typer.Option(
-        "--tensorboard", metavar="DIR", help="Also log each run's tau, token-weighted tau, "
-        "DDTree tau per budget and agreement to TensorBoard event files under DIR, at the "
-        "checkpoint's training step.")] = None,
-    wandb: Annotated[str | None, typer.Option(
-        "--wandb", metavar="PROJECT", help="Also log them to this W&B project (offline "
-        "files in the follow folder unless WANDB_MODE=online; upload with wandb sync).")
+    results: Annotated[
+        str | None,
+        typer.Option("--results-dir", help="Local results folder (default: defaults.results_dir)."),
+    ] = None,
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state-dir",
+            help="Follow folder: history, state, plot (default: <results>/follow/<from>-to-<to>).",
+        ),
+    ] = None,
+    tensorboard: Annotated[
+        str | None,
+        typer.Option(
+            "--tensorboard",
+            metavar="DIR",
+            help="Also log each run's tau, token-weighted tau, "
+            "DDTree tau per budget and agreement to TensorBoard event files under DIR, at the "
+            "checkpoint's training step.",
+        ),
+    ] = None,
+    wandb: Annotated[
+        str | None,
+        typer.Option(
+            "--wandb",
+            metavar="PROJECT",
+            help="Also log them to this W&B project (offline "
+            "files in the follow folder unless WANDB_MODE=online; upload with wandb sync).",
+        ),
     ] = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
@@ -70,14 +106,26 @@ def follow_cmd(
     src = source or inv.defaults.relay_from
     dst = dest or inv.defaults.relay_to
     if not src or not dst:
-        raise DflashError("follow needs --from TRAINER and --to EVAL_HOST (or "
-                          "defaults.relay_from and defaults.relay_to in the inventory)")
+        raise DflashError(
+            "follow needs --from TRAINER and --to EVAL_HOST (or "
+            "defaults.relay_from and defaults.relay_to in the inventory)"
+        )
     options = follow_lib.FollowOptions(
-        keep=keep if keep is not None else inv.defaults.keep, interval=interval, probe=probe,
-        results_dir=results, state_dir=state, tensorboard=tensorboard, wandb=wandb,
-        eval=remote_eval.EvalOptions(prompts=prompts, samples=samples,
-                                     max_new_tokens=max_new_tokens, dtype=dtype,
-                                     budgets=budgets))
+        keep=keep if keep is not None else inv.defaults.keep,
+        interval=interval,
+        probe=probe,
+        results_dir=results,
+        state_dir=state,
+        tensorboard=tensorboard,
+        wandb=wandb,
+        eval=remote_eval.EvalOptions(
+            prompts=prompts,
+            samples=samples,
+            max_new_tokens=max_new_tokens,
+            dtype=dtype,
+            budgets=budgets,
+        ),
+    )
     # A polite stop (kill, systemd) behaves like Ctrl-C: the running job is cancelled.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     events = RichEvents(enabled=not json_out)
@@ -91,8 +139,9 @@ def follow_cmd(
     folder = follow_lib.state_dir(inv, src, dst, options)
     history = follow_lib.read_history(folder)
     if json_out:
-        print_json({"state_dir": str(folder), "history": history,
-                    "plot": str(folder / follow_lib.PLOT)})
+        print_json(
+            {"state_dir": str(folder), "history": history, "plot": str(folder / follow_lib.PLOT)}
+        )
         return
     console.print(history_table(history))
     plot = folder / follow_lib.PLOT

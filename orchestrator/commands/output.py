@@ -40,10 +40,18 @@ def print_json(obj: Any) -> None:
 
 # ---- tables -------------------------------------------------------------------------------
 
+
 def compact(title: str | None = None, **kw: Any) -> Table:
     """A table that spends its width on data, not borders (fits 100 columns)."""
-    return Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
-                 pad_edge=False, show_edge=False, **kw)
+    return Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+        show_edge=False,
+        **kw,
+    )
 
 
 def fmt(v: Any, digits: int = 3) -> str:
@@ -71,13 +79,17 @@ def render_summary(run: res.Run) -> None:
     for b, v in s["ddtree"].items():
         table.add_row(f"DDTree-{b} tau", fmt(v))
     table.add_row("target agreement", pct(s["target_agreement"]))
-    table.add_row("training run", f"{run.training_run.name} "
-                  f"({run.training_run.host}:{run.training_run.folder})")
+    table.add_row(
+        "training run",
+        f"{run.training_run.name} ({run.training_run.host}:{run.training_run.folder})",
+    )
     table.add_row("step", fmt(s["step"]))
     table.add_row("drafter sha256", fmt(s["drafter_sha256"]))
     table.add_row("evaluated", s["created_time"])
-    table.add_row("samples / tokens / rounds",
-                  f"{fmt(s['samples'])} / {fmt(s['tokens'])} / {fmt(s['rounds'])}")
+    table.add_row(
+        "samples / tokens / rounds",
+        f"{fmt(s['samples'])} / {fmt(s['tokens'])} / {fmt(s['rounds'])}",
+    )
     gt = res.ground_truth_source(run)
     src = gt.get("kind") or "-"
     if gt.get("url"):
@@ -92,18 +104,23 @@ def render_summary(run: res.Run) -> None:
         console.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
 
 
-
 # ---- live progress ------------------------------------------------------------------------
+
 
 class RelayProgress(relay_lib.Progress):
     """A rich bar: bytes, rate, time left, files done (on stderr, stdout stays for --json)."""
 
     def __init__(self) -> None:
-        self.bar = Progress(TextColumn("[bold]relay"), BarColumn(),
-                            DownloadColumn(binary_units=True), TransferSpeedColumn(),
-                            TimeRemainingColumn(),
-                            TextColumn("{task.fields[files]}"), console=err_console,
-                            transient=False)
+        self.bar = Progress(
+            TextColumn("[bold]relay"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[files]}"),
+            console=err_console,
+            transient=False,
+        )
         self.task = None
         self.files = 0
         self.total_files = 0
@@ -114,8 +131,7 @@ class RelayProgress(relay_lib.Progress):
             return
         self.total_files = total_files
         self.bar.start()
-        self.task = self.bar.add_task("relay", total=total_bytes,
-                                      files=f"0/{total_files} files")
+        self.task = self.bar.add_task("relay", total=total_bytes, files=f"0/{total_files} files")
 
     def advance(self, nbytes: int) -> None:
         if self.task is not None:
@@ -140,10 +156,16 @@ class LiveProgress:
     tokens/s and the running tau. Warnings are printed above the bars as they come."""
 
     def __init__(self, enabled: bool = True):
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                                 TimeElapsedColumn(), console=err_console,
-                                 disable=not enabled, transient=False)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            disable=not enabled,
+            transient=False,
+        )
         self.gt_task: TaskID | None = None
         self.eval_task: TaskID | None = None
         self.tokens = 0
@@ -161,17 +183,22 @@ class LiveProgress:
         kind = ev.get("event")
         self.last = ev
         if kind == "warning":
-            self.progress.console.print(f"[bold yellow]warning:[/] {ev.get('message')}",
-                                        soft_wrap=True)
+            self.progress.console.print(
+                f"[bold yellow]warning:[/] {ev.get('message')}", soft_wrap=True
+            )
         elif kind == "phase" and ev.get("phase") == "ground_truth" and self.gt_task is None:
             self.gt_task = self.progress.add_task(
-                f"ground truth ({ev.get('source')})", total=None, info="")
+                f"ground truth ({ev.get('source')})", total=None, info=""
+            )
         elif kind == "ground_truth":
             if self.gt_task is None:
                 self.gt_task = self.progress.add_task("ground truth", total=None, info="")
-            self.progress.update(self.gt_task, completed=ev.get("done", 0),
-                                 total=ev.get("total"),
-                                 info="cached on host" if ev.get("cached") else "")
+            self.progress.update(
+                self.gt_task,
+                completed=ev.get("done", 0),
+                total=ev.get("total"),
+                info="cached on host" if ev.get("cached") else "",
+            )
         elif kind in ("start", "sample"):
             total = ev.get("total") or ev.get("samples")
             if self.eval_task is None:
@@ -187,8 +214,9 @@ class LiveProgress:
                 info = f"{self.tokens / elapsed:,.0f} tok/s"
                 if isinstance(tau, (int, float)):
                     info += f"  tau {tau:.3f}"
-                self.progress.update(self.eval_task, completed=ev.get("done", 0), total=total,
-                                     info=info)
+                self.progress.update(
+                    self.eval_task, completed=ev.get("done", 0), total=total, info=info
+                )
             elif total:
                 self.progress.update(self.eval_task, total=total)
         elif kind == "done" and self.eval_task is not None:
@@ -204,10 +232,16 @@ class ShardProgress:
     serialises the calls)."""
 
     def __init__(self, enabled: bool = True):
-        self.progress = Progress(TextColumn("[bold]{task.description:>14}"), BarColumn(),
-                                 MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                                 TimeElapsedColumn(), console=err_console,
-                                 disable=not enabled, transient=False)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description:>14}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            disable=not enabled,
+            transient=False,
+        )
         self.gt_task: TaskID | None = None
         self.total_task: TaskID | None = None
         self.rows: dict[str, TaskID] = {}
@@ -224,8 +258,15 @@ class ShardProgress:
     def _row(self, host: str) -> tuple[TaskID, dict]:
         if host not in self.rows:
             self.rows[host] = self.progress.add_task(host, total=0, info="")
-            self.hosts[host] = {"total": 0, "done": 0, "tokens": 0, "started": None,
-                                "last": None, "tau": None, "failed": 0}
+            self.hosts[host] = {
+                "total": 0,
+                "done": 0,
+                "tokens": 0,
+                "started": None,
+                "last": None,
+                "tau": None,
+                "failed": 0,
+            }
         return self.rows[host], self.hosts[host]
 
     def _total(self) -> None:
@@ -247,17 +288,21 @@ class ShardProgress:
     def __call__(self, host: str, ev: dict) -> None:
         kind = ev.get("event")
         if kind == "warning":
-            self.progress.console.print(f"[bold yellow]warning ({host}):[/] "
-                                        f"{ev.get('message')}", soft_wrap=True)
+            self.progress.console.print(
+                f"[bold yellow]warning ({host}):[/] {ev.get('message')}", soft_wrap=True
+            )
         elif kind == "plan":
             self.planned = True
             self.set_total(int(ev.get("samples") or 0))
         elif kind == "ground_truth" and not self.planned:  # shard jobs' slices: not news
             if self.gt_task is None:
                 self.gt_task = self.progress.add_task("ground truth", total=None, info=host)
-            self.progress.update(self.gt_task, completed=ev.get("done", 0),
-                                 total=ev.get("total"),
-                                 info=f"{host}, cached" if ev.get("cached") else host)
+            self.progress.update(
+                self.gt_task,
+                completed=ev.get("done", 0),
+                total=ev.get("total"),
+                info=f"{host}, cached" if ev.get("cached") else host,
+            )
         elif kind == "shard":
             task, h = self._row(host)
             h["total"] += int(ev.get("samples") or 0)
@@ -283,7 +328,9 @@ class ShardProgress:
             self._render(task, h)
             self.progress.console.print(
                 f"[bold red]{host} failed:[/] {ev.get('error')}; {ev.get('kept')} sample(s) "
-                f"kept, {ev.get('unfinished')} re-run on other hosts", soft_wrap=True)
+                f"kept, {ev.get('unfinished')} re-run on other hosts",
+                soft_wrap=True,
+            )
 
     def _render(self, task: TaskID, h: dict) -> None:
         info = ""
@@ -338,14 +385,19 @@ class RichEvents(follow_lib.FollowEvents):
         if not self.enabled:
             return
         if entry["state"] != "done":
-            err_console.print(f"[red]{entry['checkpoint']}: failed[/]: {entry.get('error')}",
-                              soft_wrap=True)
+            err_console.print(
+                f"[red]{entry['checkpoint']}: failed[/]: {entry.get('error')}", soft_wrap=True
+            )
             return
-        trees = ", ".join(f"DDTree-{b} {v:.3f}" for b, v in entry["ddtree"].items()
-                          if v is not None)
-        err_console.print(f"[bold green]{entry['checkpoint']}[/] (step {entry['step']}): "
-                          f"tau {_f(entry['tau'])} (token-weighted {_f(entry['tau_tokens'])})"
-                          + (f", {trees}" if trees else ""), soft_wrap=True)
+        trees = ", ".join(
+            f"DDTree-{b} {v:.3f}" for b, v in entry["ddtree"].items() if v is not None
+        )
+        err_console.print(
+            f"[bold green]{entry['checkpoint']}[/] (step {entry['step']}): "
+            f"tau {_f(entry['tau'])} (token-weighted {_f(entry['tau_tokens'])})"
+            + (f", {trees}" if trees else ""),
+            soft_wrap=True,
+        )
 
     def close(self) -> None:
         self._close()
@@ -359,20 +411,33 @@ def history_table(history: list[dict], title: str = "tau per checkpoint step") -
     """Step, checkpoint, tau (z-lab per-sample mean and token-weighted), DDTree tau per node
     budget and the target agreement rate; run ids are in the history JSON."""
     budgets = sorted({b for h in history for b in (h.get("ddtree") or {})}, key=int)
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
-                  pad_edge=False, show_edge=False)  # fits 80 columns
-    for col in ("step", "checkpoint", "tau", "tau tok", *[f"DDTree-{b}" for b in budgets],
-                "agree"):
-        table.add_column(col, justify="left" if col == "checkpoint" else "right",
-                         no_wrap=True)
+    table = Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+        show_edge=False,
+    )  # fits 80 columns
+    for col in ("step", "checkpoint", "tau", "tau tok", *[f"DDTree-{b}" for b in budgets], "agree"):
+        table.add_column(col, justify="left" if col == "checkpoint" else "right", no_wrap=True)
     for h in sorted(history, key=lambda h: (h.get("step") is None, h.get("step") or 0)):
         if h.get("state") != "done":
-            table.add_row(str(h.get("step")), h["checkpoint"],
-                          f"[red]failed[/]: {(h.get('error') or '')[:60]}", "",
-                          *[""] * len(budgets), "")
+            table.add_row(
+                str(h.get("step")),
+                h["checkpoint"],
+                f"[red]failed[/]: {(h.get('error') or '')[:60]}",
+                "",
+                *[""] * len(budgets),
+                "",
+            )
             continue
-        table.add_row(str(h.get("step")), h["checkpoint"], _f(h.get("tau")),
-                      _f(h.get("tau_tokens")),
-                      *[_f((h.get("ddtree") or {}).get(b)) for b in budgets],
-                      _f(h.get("target_agreement")))
+        table.add_row(
+            str(h.get("step")),
+            h["checkpoint"],
+            _f(h.get("tau")),
+            _f(h.get("tau_tokens")),
+            *[_f((h.get("ddtree") or {}).get(b)) for b in budgets],
+            _f(h.get("target_agreement")),
+        )
     return table

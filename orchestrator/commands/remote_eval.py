@@ -30,55 +30,98 @@ from orchestrator.transport.hosts import open_host
 
 def remote_eval_cmd(
     ctx: typer.Context,
-    checkpoint: Annotated[str | None, typer.Option(
-        "--checkpoint", "-c", help="Drafter checkpoint: a name under the eval host's "
-        "'drafters' folder, or an absolute path there.")] = None,
-    host: Annotated[str | None, typer.Option(
-        "--host", "-H", help="Eval host (default: defaults.eval_host).")] = None,
-    hosts: Annotated[str | None, typer.Option(
-        "--hosts", help="Shard the samples across these eval hosts (comma-separated names "
-        "or inventory groups) and merge into one result.")] = None,
-    attach: Annotated[str | None, typer.Option(
-        "--attach", help="Resume watching job JOB, then pull its results.",
-        metavar="JOB")] = None,
-    cancel: Annotated[str | None, typer.Option(
-        "--cancel", help="Stop job JOB and every process it started.", metavar="JOB")] = None,
-    detach: Annotated[bool, typer.Option(
-        "--detach", help="Start the job and return; watch later with --attach.")] = False,
-    prompts: Annotated[str | None, typer.Option(
-        help="Built-in set (math, code, chat), a local JSONL file, or host:/path.")] = None,
-    samples: Annotated[int | None, typer.Option(
-        min=1, help="Evaluate this many prompts (seeded choice).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the prompt choice.")] = 0,
-    max_new_tokens: Annotated[int | None, typer.Option(
-        min=1, help="Ground-truth completion length (default: the inventory's, else 256).")
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint",
+            "-c",
+            help="Drafter checkpoint: a name under the eval host's "
+            "'drafters' folder, or an absolute path there.",
+        ),
     ] = None,
-    thinking: Annotated[bool, typer.Option(
-        "--thinking/--no-thinking", help="Chat template with thinking on or off "
-        "(enable_thinking).")] = False,
-    temperature: Annotated[float, typer.Option(
-        help="Must be 0: only greedy ground truth is accepted.")] = 0.0,
-    ground_truth: Annotated[str | None, typer.Option(
-        help="Ground-truth server URL (as seen from the eval host), or a file there for "
-        "kind 'file' (default: the inventory's).")] = None,
-    ground_truth_kind: Annotated[str | None, typer.Option(
-        help="sglang | openai | openai-text | file | local.")] = None,
-    ground_truth_model: Annotated[str | None, typer.Option(
-        help="Model name for OpenAI-compatible servers (default: the first served).")] = None,
-    target: Annotated[str | None, typer.Option(
-        help="Target model folder on the host (default: the inventory's).")] = None,
+    host: Annotated[
+        str | None, typer.Option("--host", "-H", help="Eval host (default: defaults.eval_host).")
+    ] = None,
+    hosts: Annotated[
+        str | None,
+        typer.Option(
+            "--hosts",
+            help="Shard the samples across these eval hosts (comma-separated names "
+            "or inventory groups) and merge into one result.",
+        ),
+    ] = None,
+    attach: Annotated[
+        str | None,
+        typer.Option(
+            "--attach", help="Resume watching job JOB, then pull its results.", metavar="JOB"
+        ),
+    ] = None,
+    cancel: Annotated[
+        str | None,
+        typer.Option("--cancel", help="Stop job JOB and every process it started.", metavar="JOB"),
+    ] = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Start the job and return; watch later with --attach.")
+    ] = False,
+    prompts: Annotated[
+        str | None,
+        typer.Option(help="Built-in set (math, code, chat), a local JSONL file, or host:/path."),
+    ] = None,
+    samples: Annotated[
+        int | None, typer.Option(min=1, help="Evaluate this many prompts (seeded choice).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the prompt choice.")] = 0,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Ground-truth completion length (default: the inventory's, else 256)."
+        ),
+    ] = None,
+    thinking: Annotated[
+        bool,
+        typer.Option(
+            "--thinking/--no-thinking",
+            help="Chat template with thinking on or off (enable_thinking).",
+        ),
+    ] = False,
+    temperature: Annotated[
+        float, typer.Option(help="Must be 0: only greedy ground truth is accepted.")
+    ] = 0.0,
+    ground_truth: Annotated[
+        str | None,
+        typer.Option(
+            help="Ground-truth server URL (as seen from the eval host), or a file there for "
+            "kind 'file' (default: the inventory's)."
+        ),
+    ] = None,
+    ground_truth_kind: Annotated[
+        str | None, typer.Option(help="sglang | openai | openai-text | file | local.")
+    ] = None,
+    ground_truth_model: Annotated[
+        str | None,
+        typer.Option(help="Model name for OpenAI-compatible servers (default: the first served)."),
+    ] = None,
+    target: Annotated[
+        str | None, typer.Option(help="Target model folder on the host (default: the inventory's).")
+    ] = None,
     dtype: DtypeOption = None,
-    threads: Annotated[int | None, typer.Option(
-        min=1, help="CPU threads on the host.")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads on the host.")] = None,
     budgets: BudgetsOption = None,
-    topk: Annotated[int | None, typer.Option(
-        min=1, help="DDTree per-depth candidates (default: the budget).")] = None,
-    positions: Annotated[str | None, typer.Option(
-        help="Draft at 'all' completion positions (default; exact per-position acceptance) "
-        "or only at the 'walk' positions (tau times fewer blocks, one at a time: pays for "
-        "drafters with several layers).")] = None,
-    results: Annotated[str | None, typer.Option(
-        "--results-dir", help="Local results folder (default: defaults.results_dir).")] = None,
+    topk: Annotated[
+        int | None, typer.Option(min=1, help="DDTree per-depth candidates (default: the budget).")
+    ] = None,
+    positions: Annotated[
+        str | None,
+        typer.Option(
+            help="Draft at 'all' completion positions (default; exact per-position acceptance) "
+            "or only at the 'walk' positions (tau times fewer blocks, one at a time: pays for "
+            "drafters with several layers)."
+        ),
+    ] = None,
+    results: Annotated[
+        str | None,
+        typer.Option("--results-dir", help="Local results folder (default: defaults.results_dir)."),
+    ] = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -91,8 +134,10 @@ def remote_eval_cmd(
         raise DflashError("give exactly one of --checkpoint NAME, --attach JOB, --cancel JOB")
     if hosts:
         if host or attach or cancel or detach:
-            raise DflashError("--hosts runs a sharded eval to the end; it does not combine "
-                              "with --host, --attach, --cancel or --detach")
+            raise DflashError(
+                "--hosts runs a sharded eval to the end; it does not combine "
+                "with --host, --attach, --cancel or --detach"
+            )
         names = [n.strip() for n in hosts.split(",") if n.strip()]
     name = remote_eval.eval_host_name(inv, host) if not hosts else None
     if cancel:
@@ -101,8 +146,10 @@ def remote_eval_cmd(
         if json_out:
             print_json(out)
         else:
-            console.print(f"job {cancel} on {name}: {out['state']} (was {out['was']}; "
-                          f"{out['killed']} process(es) stopped)")
+            console.print(
+                f"job {cancel} on {name}: {out['state']} (was {out['was']}; "
+                f"{out['killed']} process(es) stopped)"
+            )
         return
     if positions not in (None, "all", "walk"):
         raise DflashError(f"--positions must be 'all' or 'walk', got {positions!r}")
@@ -113,15 +160,27 @@ def remote_eval_cmd(
         _report(run_dir, json_out)
         return
     options = remote_eval.EvalOptions(
-        prompts=prompts, samples=samples, seed=seed, max_new_tokens=max_new_tokens,
-        thinking=thinking, temperature=temperature, ground_truth=ground_truth,
-        ground_truth_kind=ground_truth_kind, ground_truth_model=ground_truth_model,
-        target=target, dtype=dtype, threads=threads, budgets=budgets, topk=topk,
-        extra={"positions": positions} if positions else {})
+        prompts=prompts,
+        samples=samples,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        thinking=thinking,
+        temperature=temperature,
+        ground_truth=ground_truth,
+        ground_truth_kind=ground_truth_kind,
+        ground_truth_model=ground_truth_model,
+        target=target,
+        dtype=dtype,
+        threads=threads,
+        budgets=budgets,
+        topk=topk,
+        extra={"positions": positions} if positions else {},
+    )
     if hosts:
         with ShardProgress(show) as live:
-            run_dir = shard.run_sharded(inv, names, checkpoint, options, on_event=live,
-                                        dest=results)
+            run_dir = shard.run_sharded(
+                inv, names, checkpoint, options, on_event=live, dest=results
+            )
         _report(run_dir, json_out)
         return
     if detach:
@@ -129,20 +188,24 @@ def remote_eval_cmd(
         if json_out:
             print_json(ref.to_json())
         else:
-            console.print(f"started job {ref.job_id} on {name} (pid {ref.pid}); watch with: "
-                          f"dflash remote-eval --attach {ref.job_id}")
+            console.print(
+                f"started job {ref.job_id} on {name} (pid {ref.pid}); watch with: "
+                f"dflash remote-eval --attach {ref.job_id}"
+            )
         return
 
     def started(ref: remote_eval.JobRef) -> None:
         # Printed at once (and flushed) so the job id is known even if dflash dies later.
-        line = (f"started job {ref.job_id} on {name}"
-                f"{' (bundle pushed)' if ref.bundle_pushed else ''}")
+        line = (
+            f"started job {ref.job_id} on {name}{' (bundle pushed)' if ref.bundle_pushed else ''}"
+        )
         err_console.print(line)
         err_console.file.flush()
 
     with LiveProgress(show) as live:
-        run_dir = remote_eval.run_eval(inv, name, checkpoint, options, on_event=live,
-                                       dest=results, on_start=started)
+        run_dir = remote_eval.run_eval(
+            inv, name, checkpoint, options, on_event=live, dest=results, on_start=started
+        )
     _report(run_dir, json_out)
 
 
@@ -152,8 +215,7 @@ def _report(run_dir, json_out: bool) -> None:
     run = results_mod.load_run(run_dir)
     shards = run.result.get("shards")
     if json_out:
-        out = {"run_dir": str(run_dir), "run_id": run.run_id,
-               "summary": results_mod.summary(run)}
+        out = {"run_dir": str(run_dir), "run_id": run.run_id, "summary": results_mod.summary(run)}
         if shards:
             out["hosts"] = shards["hosts"]
             out["reassigned"] = run.result.get("reassigned", [])
@@ -162,19 +224,27 @@ def _report(run_dir, json_out: bool) -> None:
 
     render_summary(run)
     if shards:
-        console.print(f"sharded across {', '.join(shards['hosts'])}; ground truth from "
-                      f"{shards['ground_truth']['obtained_on']}, one file sliced per shard")
+        console.print(
+            f"sharded across {', '.join(shards['hosts'])}; ground truth from "
+            f"{shards['ground_truth']['obtained_on']}, one file sliced per shard"
+        )
         for r in run.result.get("reassigned", []):
             moved = ", ".join(f"{len(ids)} to {h}" for h, ids in r["to"].items())
-            console.print(f"[yellow]{r['host']} failed ({r['reason']}):[/] kept "
-                          f"{len(r['kept'])} sample(s), re-ran {moved or 'none'}")
+            console.print(
+                f"[yellow]{r['host']} failed ({r['reason']}):[/] kept "
+                f"{len(r['kept'])} sample(s), re-ran {moved or 'none'}"
+            )
     console.print(f"results: {run_dir}")
 
 
 def jobs_cmd(
     ctx: typer.Context,
-    host: Annotated[list[str] | None, typer.Option(
-        "--host", "-H", help="Host(s) to ask (default: every host with an eval role).")] = None,
+    host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--host", "-H", help="Host(s) to ask (default: every host with an eval role)."
+        ),
+    ] = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -192,8 +262,13 @@ def jobs_cmd(
     table = Table(title="jobs")
     for col in ("host", "job", "state", "checkpoint", "progress", "error"):
         table.add_column(col)
-    colors = {"running": "cyan", "done": "green", "failed": "red", "cancelled": "yellow",
-              "lost": "red"}
+    colors = {
+        "running": "cyan",
+        "done": "green",
+        "failed": "red",
+        "cancelled": "yellow",
+        "lost": "red",
+    }
     for r in rows:
         p = r.get("progress") or {}
         if r["state"] == "done":
@@ -205,8 +280,14 @@ def jobs_cmd(
         else:
             prog = p.get("phase") or p.get("event") or "-"
         c = colors.get(r["state"], "white")
-        table.add_row(r["host"], r["job_id"], f"[{c}]{r['state']}[/]", r.get("checkpoint") or "-",
-                      prog, ((r.get("exit") or {}).get("error") or "")[:80])
+        table.add_row(
+            r["host"],
+            r["job_id"],
+            f"[{c}]{r['state']}[/]",
+            r.get("checkpoint") or "-",
+            prog,
+            ((r.get("exit") or {}).get("error") or "")[:80],
+        )
     console.print(table)
 
 

@@ -35,10 +35,19 @@ RANDOM_PROMPT_LEN = 10
 TRAIN_SETS = ("math", "code")
 TRAIN_NEW_TOKENS = 48
 SEED = 0
-RECIPE = {"target": "qwen3.5-vl-tiny", "steps": STEPS, "block_size": BLOCK_SIZE,
-          "random_prompts": RANDOM_PROMPTS, "random_prompt_len": RANDOM_PROMPT_LEN,
-          "train_sets": TRAIN_SETS, "train_new_tokens": TRAIN_NEW_TOKENS, "seed": SEED,
-          "lr": 3e-3, "batch_samples": 4, "blocks_per_sample": 16}
+RECIPE = {
+    "target": "qwen3.5-vl-tiny",
+    "steps": STEPS,
+    "block_size": BLOCK_SIZE,
+    "random_prompts": RANDOM_PROMPTS,
+    "random_prompt_len": RANDOM_PROMPT_LEN,
+    "train_sets": TRAIN_SETS,
+    "train_new_tokens": TRAIN_NEW_TOKENS,
+    "seed": SEED,
+    "lr": 3e-3,
+    "batch_samples": 4,
+    "blocks_per_sample": 16,
+}
 MARKER = "COMPLETE"  # what the demo trainer writes when a checkpoint is finished
 
 Status = Callable[[str], None]
@@ -82,8 +91,9 @@ def version() -> str:
     return h.hexdigest()[:16]
 
 
-def ensure_assets(fresh: bool = False, base: Path | None = None,
-                  status: Status | None = None) -> DemoAssets:
+def ensure_assets(
+    fresh: bool = False, base: Path | None = None, status: Status | None = None
+) -> DemoAssets:
     """The cached demo models, built first when missing (or when `fresh`)."""
     status = status or (lambda _msg: None)
     base = Path(base or cache_base()) / "demo"
@@ -126,22 +136,48 @@ def _build(out: Path, status: Status) -> None:
     greedy = Greedy(str(target))
     rng = random.Random(SEED + 1)
     vocab = greedy.model.config.vocab_size
-    prompts = [[rng.randrange(8, vocab) for _ in range(RANDOM_PROMPT_LEN)]
-               for _ in range(RANDOM_PROMPTS)]
-    rows = [{"id": f"random-{i}", "prompt_ids": p, "completion_ids": c}
-            for i, (p, c) in enumerate(zip(prompts, greedy.batch(prompts, TRAIN_NEW_TOKENS), strict=False))]
+    prompts = [
+        [rng.randrange(8, vocab) for _ in range(RANDOM_PROMPT_LEN)] for _ in range(RANDOM_PROMPTS)
+    ]
+    rows = [
+        {"id": f"random-{i}", "prompt_ids": p, "completion_ids": c}
+        for i, (p, c) in enumerate(
+            zip(prompts, greedy.batch(prompts, TRAIN_NEW_TOKENS), strict=False)
+        )
+    ]
     sets = builtin_prompt_sets()
     for name in TRAIN_SETS:
         for rec in load_prompts(str(sets[name])):
             _, ids = render_prompt(greedy.tokenizer, rec["text"], False)
-            rows.append({"id": rec["id"], "prompt_ids": ids,
-                         "completion_ids": greedy(ids, TRAIN_NEW_TOKENS)})
-    status(f"training the DFlash drafter on {len(rows)} samples, checkpoints at steps "
-           f"{', '.join(map(str, STEPS))}")
-    paths = train_drafter(str(target), str(out / "checkpoints"), save_steps=STEPS,
-                          block_size=BLOCK_SIZE, rows=rows, seed=SEED, lr=RECIPE["lr"],
-                          batch_samples=RECIPE["batch_samples"],
-                          blocks_per_sample=RECIPE["blocks_per_sample"])
-    (out / "demo.json").write_text(json.dumps({
-        "recipe": RECIPE, "target": "target",
-        "checkpoints": [str(Path(p).relative_to(out)) for p in paths]}, indent=2))
+            rows.append(
+                {
+                    "id": rec["id"],
+                    "prompt_ids": ids,
+                    "completion_ids": greedy(ids, TRAIN_NEW_TOKENS),
+                }
+            )
+    status(
+        f"training the DFlash drafter on {len(rows)} samples, checkpoints at steps "
+        f"{', '.join(map(str, STEPS))}"
+    )
+    paths = train_drafter(
+        str(target),
+        str(out / "checkpoints"),
+        save_steps=STEPS,
+        block_size=BLOCK_SIZE,
+        rows=rows,
+        seed=SEED,
+        lr=RECIPE["lr"],
+        batch_samples=RECIPE["batch_samples"],
+        blocks_per_sample=RECIPE["blocks_per_sample"],
+    )
+    (out / "demo.json").write_text(
+        json.dumps(
+            {
+                "recipe": RECIPE,
+                "target": "target",
+                "checkpoints": [str(Path(p).relative_to(out)) for p in paths],
+            },
+            indent=2,
+        )
+    )

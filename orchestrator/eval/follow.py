@@ -81,8 +81,9 @@ class FollowOptions:
     def __post_init__(self) -> None:
         """Refuse a count no follow can run with before anything connects (the eval's own
         options check themselves)."""
-        if self.keep is not None and (isinstance(self.keep, bool) or not isinstance(
-                self.keep, int) or self.keep < 1):
+        if self.keep is not None and (
+            isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1
+        ):
             raise DflashError(f"--keep must be a whole number of at least 1, got {self.keep!r}")
         if not self.interval > 0:
             raise DflashError(f"--interval must be more than 0 seconds, got {self.interval!r}")
@@ -106,6 +107,7 @@ class FollowEvents:
 
 # ---- state on disk -------------------------------------------------------------------------
 
+
 def _read_json(path: Path, default: Any) -> Any:
     try:
         return json.loads(path.read_text())
@@ -115,14 +117,16 @@ def _read_json(path: Path, default: Any) -> Any:
         raise FollowError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
 
 
-def state_dir(inventory: Inventory, source: str, dest: str,
-              options: FollowOptions | None = None) -> Path:
+def state_dir(
+    inventory: Inventory, source: str, dest: str, options: FollowOptions | None = None
+) -> Path:
     """The follow folder of a source/destination pair."""
     options = options or FollowOptions()
     if options.state_dir:
         return Path(options.state_dir)
-    return remote_eval.results_dir(inventory, options.results_dir) / "follow" / \
-        f"{source}-to-{dest}"
+    return (
+        remote_eval.results_dir(inventory, options.results_dir) / "follow" / f"{source}-to-{dest}"
+    )
 
 
 def read_history(folder: str | os.PathLike) -> list[dict]:
@@ -143,8 +147,9 @@ class _State:
             self._lock.seek(0)
             holder = self._lock.read().strip() or "?"
             self._lock.close()
-            raise FollowError(f"another dflash follow (pid {holder}) is using {self.dir}; "
-                              "stop it first") from None
+            raise FollowError(
+                f"another dflash follow (pid {holder}) is using {self.dir}; stop it first"
+            ) from None
         self._lock.seek(0)
         self._lock.truncate()
         self._lock.write(str(os.getpid()))
@@ -152,12 +157,15 @@ class _State:
         self.history: list[dict] = read_history(self.dir)
         state = _read_json(self.dir / STATE, {})
         if state and state.get("format") != STATE_FORMAT:
-            raise FollowError(f"{self.dir / STATE} has format {state.get('format')!r}, "
-                              f"expected {STATE_FORMAT!r}")
+            raise FollowError(
+                f"{self.dir / STATE} has format {state.get('format')!r}, expected {STATE_FORMAT!r}"
+            )
         if state and (state.get("source"), state.get("dest")) != (source, dest):
-            raise FollowError(f"{self.dir} follows {state.get('source')} -> "
-                              f"{state.get('dest')}, not {source} -> {dest}; use another "
-                              "--state-dir")
+            raise FollowError(
+                f"{self.dir} follows {state.get('source')} -> "
+                f"{state.get('dest')}, not {source} -> {dest}; use another "
+                "--state-dir"
+            )
         self.source, self.dest = source, dest
         self.inflight: dict[str, dict] = dict(state.get("inflight") or {})
 
@@ -165,9 +173,16 @@ class _State:
         return {h["checkpoint"] for h in self.history}
 
     def save_state(self) -> None:
-        write_json_atomic(self.dir / STATE, {"format": STATE_FORMAT, "source": self.source,
-                                             "dest": self.dest, "inflight": self.inflight},
-                          fsync=True)
+        write_json_atomic(
+            self.dir / STATE,
+            {
+                "format": STATE_FORMAT,
+                "source": self.source,
+                "dest": self.dest,
+                "inflight": self.inflight,
+            },
+            fsync=True,
+        )
 
     def record(self, entry: dict) -> None:
         # History first: once a checkpoint is there it is never evaluated again, whatever
@@ -183,25 +198,51 @@ class _State:
 
 # ---- one checkpoint ------------------------------------------------------------------------
 
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _entry(name: str, step: int | None, host: str, job_id: str, run_dir: Path,
-           probe: dict | None) -> dict:
+def _entry(
+    name: str, step: int | None, host: str, job_id: str, run_dir: Path, probe: dict | None
+) -> dict:
     s = results.summary(results.load_run(run_dir))
-    return {"step": step, "checkpoint": name, "state": "done", "tau": s["tau"],
-            "tau_tokens": s["tau_tokens"], "ddtree": s["ddtree"],
-            "target_agreement": s["target_agreement"], "samples": s["samples"],
-            "run_id": s["run_id"], "run_dir": str(run_dir), "job_id": job_id, "host": host,
-            "drafter_fits": None if probe is None else probe.get("ok"), "time": _now()}
+    return {
+        "step": step,
+        "checkpoint": name,
+        "state": "done",
+        "tau": s["tau"],
+        "tau_tokens": s["tau_tokens"],
+        "ddtree": s["ddtree"],
+        "target_agreement": s["target_agreement"],
+        "samples": s["samples"],
+        "run_id": s["run_id"],
+        "run_dir": str(run_dir),
+        "job_id": job_id,
+        "host": host,
+        "drafter_fits": None if probe is None else probe.get("ok"),
+        "time": _now(),
+    }
 
 
-def _failed(name: str, step: int | None, host: str, job_id: str | None, error: str,
-            probe: dict | None = None) -> dict:
-    return {"step": step, "checkpoint": name, "state": "failed", "error": error,
-            "job_id": job_id, "host": host,
-            "drafter_fits": None if probe is None else probe.get("ok"), "time": _now()}
+def _failed(
+    name: str,
+    step: int | None,
+    host: str,
+    job_id: str | None,
+    error: str,
+    probe: dict | None = None,
+) -> dict:
+    return {
+        "step": step,
+        "checkpoint": name,
+        "state": "failed",
+        "error": error,
+        "job_id": job_id,
+        "host": host,
+        "drafter_fits": None if probe is None else probe.get("ok"),
+        "time": _now(),
+    }
 
 
 def _saved_job_state(inventory: Inventory, dest: str, job_id: str) -> str | None:
@@ -225,15 +266,23 @@ def _cancel(inventory: Inventory, dest: str, job_id: str) -> None:
 
 
 class _Follower:
-    def __init__(self, inventory: Inventory, source: str, dest: str, options: FollowOptions,
-                 events: FollowEvents, trackers: list[export.Tracker] | None = None):
+    def __init__(
+        self,
+        inventory: Inventory,
+        source: str,
+        dest: str,
+        options: FollowOptions,
+        events: FollowEvents,
+        trackers: list[export.Tracker] | None = None,
+    ):
         self.inv, self.source, self.dest = inventory, source, dest
         self.opts, self.events = options, events
         self.results = remote_eval.results_dir(inventory, options.results_dir)
         self.trackers = trackers or []
 
-    def process(self, st: _State, name: str, step: int | None,
-                on_trainer: bool = True) -> dict | None:
+    def process(
+        self, st: _State, name: str, step: int | None, on_trainer: bool = True
+    ) -> dict | None:
         """Relay, (probe,) evaluate and record one checkpoint; returns its history entry
         (None when a saved evaluation cannot be resumed and the trainer no longer has the
         checkpoint)."""
@@ -243,34 +292,49 @@ class _Follower:
             # running/done: attach or pull; failed: attach records the failure (a failed
             # eval is not retried); never started, cancelled or lost: evaluate afresh.
             if state in ("running", "done", "failed"):
-                self.events.message(f"{name}: job {saved['job_id']} from an earlier follow "
-                                    f"is {state}; attaching to it")
+                self.events.message(
+                    f"{name}: job {saved['job_id']} from an earlier follow "
+                    f"is {state}; attaching to it"
+                )
                 return self._attach(st, name, step, saved["job_id"], saved.get("probe"))
             if not on_trainer:
-                self.events.message(f"{name}: job {saved['job_id']} from an earlier follow "
-                                    f"is {state or 'not on the host'} and the trainer no "
-                                    "longer has the checkpoint; dropping it")
+                self.events.message(
+                    f"{name}: job {saved['job_id']} from an earlier follow "
+                    f"is {state or 'not on the host'} and the trainer no "
+                    "longer has the checkpoint; dropping it"
+                )
                 st.inflight.pop(name)
                 st.save_state()
                 return None
-            self.events.message(f"{name}: job {saved['job_id']} from an earlier follow is "
-                                f"{state or 'not on the host'}; evaluating afresh")
+            self.events.message(
+                f"{name}: job {saved['job_id']} from an earlier follow is "
+                f"{state or 'not on the host'}; evaluating afresh"
+            )
         self.events.message(f"{name}: relaying {self.source} -> {self.dest}")
-        report = relay.relay(self.inv, self.source, [self.dest],
-                             relay.RelayOptions(names=[name]),
-                             self.events.relay_progress(name))
+        report = relay.relay(
+            self.inv,
+            self.source,
+            [self.dest],
+            relay.RelayOptions(names=[name]),
+            self.events.relay_progress(name),
+        )
         if not report.ok:
             _, host, error = report.failures[0]
             raise DflashError(f"relay of {name} to {host} failed: {error}")
         probe = self._probe(name) if self.opts.probe else None
         job_id = remote_eval.new_job_id(name)
         if probe is not None and not probe["ok"]:
-            entry = _failed(name, step, self.dest, None, "drafter does not fit the target: "
-                            + "; ".join(probe.get("problems") or []), probe)
+            entry = _failed(
+                name,
+                step,
+                self.dest,
+                None,
+                "drafter does not fit the target: " + "; ".join(probe.get("problems") or []),
+                probe,
+            )
             st.record(entry)
             return entry
-        st.inflight[name] = {"job_id": job_id, "step": step, "probe": probe,
-                             "saved": _now()}
+        st.inflight[name] = {"job_id": job_id, "step": step, "probe": probe, "saved": _now()}
         st.save_state()  # before the job exists: a restart finds it by this id
         return self._evaluate(st, name, step, job_id, probe)
 
@@ -283,19 +347,31 @@ class _Follower:
             drafter = remote_eval.resolve_checkpoint(host, spec, name)
             report = probe_structure(host, target, drafter=drafter)
         d = report.get("drafter") or {}
-        self.events.message(f"{name}: probe-structure: {report.get('built_class')}, "
-                            f"{report['text'].get('num_layers', '?')} text layers; drafter "
-                            f"{'fits' if d.get('ok') else 'does NOT fit'}")
-        return {"ok": bool(d.get("ok")), "problems": d.get("problems") or [],
-                "model_class": report.get("built_class")}
+        self.events.message(
+            f"{name}: probe-structure: {report.get('built_class')}, "
+            f"{report['text'].get('num_layers', '?')} text layers; drafter "
+            f"{'fits' if d.get('ok') else 'does NOT fit'}"
+        )
+        return {
+            "ok": bool(d.get("ok")),
+            "problems": d.get("problems") or [],
+            "model_class": report.get("built_class"),
+        }
 
-    def _evaluate(self, st: _State, name: str, step: int | None, job_id: str,
-                  probe: dict | None) -> dict:
+    def _evaluate(
+        self, st: _State, name: str, step: int | None, job_id: str, probe: dict | None
+    ) -> dict:
         self.events.message(f"{name}: evaluating on {self.dest} (job {job_id})")
         try:
             run_dir = remote_eval.run_eval(
-                self.inv, self.dest, name, self.opts.eval, dest=self.results, job_id=job_id,
-                on_event=lambda ev: self.events.eval_event(name, ev))
+                self.inv,
+                self.dest,
+                name,
+                self.opts.eval,
+                dest=self.results,
+                job_id=job_id,
+                on_event=lambda ev: self.events.eval_event(name, ev),
+            )
         except KeyboardInterrupt:
             self._interrupted(st, name, job_id)
             raise
@@ -305,11 +381,17 @@ class _Follower:
             return entry
         return self._record(st, name, step, job_id, run_dir, probe)
 
-    def _attach(self, st: _State, name: str, step: int | None, job_id: str,
-                probe: dict | None) -> dict:
+    def _attach(
+        self, st: _State, name: str, step: int | None, job_id: str, probe: dict | None
+    ) -> dict:
         try:
-            run_dir = remote_eval.attach(self.inv, self.dest, job_id, dest=self.results,
-                                         on_event=lambda ev: self.events.eval_event(name, ev))
+            run_dir = remote_eval.attach(
+                self.inv,
+                self.dest,
+                job_id,
+                dest=self.results,
+                on_event=lambda ev: self.events.eval_event(name, ev),
+            )
         except KeyboardInterrupt:
             self._interrupted(st, name, job_id)
             raise
@@ -325,8 +407,7 @@ class _Follower:
             try:
                 tracker.log(results.load_run(run_dir))
             except Exception as exc:  # the history already holds the result
-                self.events.message(f"{type(tracker).__name__} could not log "
-                                    f"{run_dir.name}: {exc}")
+                self.events.message(f"{type(tracker).__name__} could not log {run_dir.name}: {exc}")
 
     def _interrupted(self, st: _State, name: str, job_id: str) -> None:
         self.events.message(f"{name}: interrupted; cancelling job {job_id} on {self.dest}")
@@ -334,8 +415,15 @@ class _Follower:
         st.inflight.pop(name, None)
         st.save_state()
 
-    def _record(self, st: _State, name: str, step: int | None, job_id: str, run_dir: Path,
-                probe: dict | None) -> dict:
+    def _record(
+        self,
+        st: _State,
+        name: str,
+        step: int | None,
+        job_id: str,
+        run_dir: Path,
+        probe: dict | None,
+    ) -> dict:
         entry = _entry(name, step, self.dest, job_id, run_dir, probe)
         st.record(entry)
         redraw(st.dir, st.history)
@@ -343,15 +431,20 @@ class _Follower:
         if self.opts.keep is not None:
             # Nothing left to send: the relay only prunes the eval host to the newest K.
             try:
-                report = relay.relay(self.inv, self.source, [self.dest],
-                                     relay.RelayOptions(names=[name], keep=self.opts.keep))
+                report = relay.relay(
+                    self.inv,
+                    self.source,
+                    [self.dest],
+                    relay.RelayOptions(names=[name], keep=self.opts.keep),
+                )
             except DflashError as exc:  # e.g. the trainer already deleted it: next time
                 self.events.message(f"not pruned this time: {exc}")
                 return entry
             gone = report.pruned.get(self.dest) or []
             if gone:
-                self.events.message(f"kept the newest {self.opts.keep} on {self.dest}; "
-                                    f"removed {', '.join(gone)}")
+                self.events.message(
+                    f"kept the newest {self.opts.keep} on {self.dest}; removed {', '.join(gone)}"
+                )
         return entry
 
 
@@ -369,18 +462,28 @@ def redraw(folder: Path, history: list[dict]) -> Path | None:
 
 # ---- entry points --------------------------------------------------------------------------
 
+
 def _check_hosts(inventory: Inventory, source: str, dest: str) -> None:
     if inventory.host(source).trainer is None:
-        raise FollowError(f"{source} has no trainer role in the inventory; follow needs "
-                          "'roles: {trainer: {checkpoints: DIR}}' on it")
+        raise FollowError(
+            f"{source} has no trainer role in the inventory; follow needs "
+            "'roles: {trainer: {checkpoints: DIR}}' on it"
+        )
     if inventory.host(dest).eval is None:
-        raise FollowError(f"{dest} has no eval role in the inventory; follow needs "
-                          "'roles: {eval: {drafters: DIR, target_model: ...}}' on it")
+        raise FollowError(
+            f"{dest} has no eval role in the inventory; follow needs "
+            "'roles: {eval: {drafters: DIR, target_model: ...}}' on it"
+        )
 
 
-def follow_pass(inventory: Inventory, source: str, dest: str,
-                options: FollowOptions | None = None, events: FollowEvents | None = None,
-                stop: threading.Event | None = None) -> list[dict]:
+def follow_pass(
+    inventory: Inventory,
+    source: str,
+    dest: str,
+    options: FollowOptions | None = None,
+    events: FollowEvents | None = None,
+    stop: threading.Event | None = None,
+) -> list[dict]:
     """One pass: evaluate every complete checkpoint not yet in the history (an evaluation
     left in flight by an earlier follower first). Returns the entries recorded."""
     options = options or FollowOptions()
@@ -416,25 +519,37 @@ def _close(trackers: list[export.Tracker]) -> None:
         t.close()
 
 
-def _pass(inventory, source, dest, options, events, st: _State,
-          stop: threading.Event | None, trackers: list[export.Tracker]) -> list[dict]:
+def _pass(
+    inventory,
+    source,
+    dest,
+    options,
+    events,
+    st: _State,
+    stop: threading.Event | None,
+    trackers: list[export.Tracker],
+) -> list[dict]:
     listing = relay.list_checkpoints(inventory, source, [dest])
     done = st.done()
     for name in [n for n in st.inflight if n in done]:  # recorded, note left by a crash
         st.inflight.pop(name)
-    todo = [(c["step"], c["name"]) for c in listing["checkpoints"]
-            if c["complete"] and c["name"] not in done]
+    todo = [
+        (c["step"], c["name"])
+        for c in listing["checkpoints"]
+        if c["complete"] and c["name"] not in done
+    ]
     listed = {name for _, name in todo}
-    gone = [(saved.get("step"), name) for name, saved in st.inflight.items()
-            if name not in listed]  # left in flight, since deleted by the trainer
+    gone = [
+        (saved.get("step"), name) for name, saved in st.inflight.items() if name not in listed
+    ]  # left in flight, since deleted by the trainer
     todo += gone
-    waiting = [c["name"] for c in listing["checkpoints"]
-               if not c["complete"] and c["name"] not in done]
+    waiting = [
+        c["name"] for c in listing["checkpoints"] if not c["complete"] and c["name"] not in done
+    ]
     if waiting:
         events.message(f"not complete yet: {', '.join(waiting)}")
     # In-flight first (its job may be running now), then oldest step first.
-    todo.sort(key=lambda sn: (sn[1] not in st.inflight, sn[0] if sn[0] is not None else -1,
-                              sn[1]))
+    todo.sort(key=lambda sn: (sn[1] not in st.inflight, sn[0] if sn[0] is not None else -1, sn[1]))
     follower = _Follower(inventory, source, dest, options, events, trackers)
     recorded = []
     for step, name in todo:
@@ -447,9 +562,15 @@ def _pass(inventory, source, dest, options, events, st: _State,
     return recorded
 
 
-def follow(inventory: Inventory, source: str, dest: str, options: FollowOptions | None = None,
-           events: FollowEvents | None = None, stop: threading.Event | None = None,
-           sleep: Callable[[float], Any] | None = None) -> None:
+def follow(
+    inventory: Inventory,
+    source: str,
+    dest: str,
+    options: FollowOptions | None = None,
+    events: FollowEvents | None = None,
+    stop: threading.Event | None = None,
+    sleep: Callable[[float], Any] | None = None,
+) -> None:
     """Run passes every ``options.interval`` seconds until `stop` is set (or Ctrl-C). The
     follow folder stays locked throughout, so a second follower is refused."""
     options = options or FollowOptions()
@@ -479,5 +600,13 @@ def follow(inventory: Inventory, source: str, dest: str, options: FollowOptions 
         st.close()
 
 
-__all__ = ["follow", "follow_pass", "FollowOptions", "FollowEvents", "FollowError",
-           "read_history", "redraw", "state_dir"]
+__all__ = [
+    "follow",
+    "follow_pass",
+    "FollowOptions",
+    "FollowEvents",
+    "FollowError",
+    "read_history",
+    "redraw",
+    "state_dir",
+]

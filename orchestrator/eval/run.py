@@ -45,8 +45,16 @@ from remote.protocol import (
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"
 # Files a finished job leaves in its folder that belong with the result locally.
-RESULT_FILES = ("result.json", "samples.jsonl", "spec.json", "eval_spec.json",
-                "ground_truth.json", "exit.json", "events.jsonl", "log.txt")
+RESULT_FILES = (
+    "result.json",
+    "samples.jsonl",
+    "spec.json",
+    "eval_spec.json",
+    "ground_truth.json",
+    "exit.json",
+    "events.jsonl",
+    "log.txt",
+)
 REQUIRED_RESULT_FILES = ("result.json",)
 
 EventHandler = Callable[[dict], None]
@@ -91,28 +99,38 @@ class EvalOptions:
         for name in ("samples", "max_new_tokens", "threads", "topk"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 1):
-                raise DflashError(f"--{name.replace('_', '-')} must be a whole number of at "
-                                  f"least 1, got {value!r}")
+                raise DflashError(
+                    f"--{name.replace('_', '-')} must be a whole number of at "
+                    f"least 1, got {value!r}"
+                )
         try:
             self.dtype = parse_dtype(self.dtype)
         except SpecError as exc:
             raise DflashError(str(exc)) from None
         try:
-            self.budgets = list(parse_budgets(
-                DEFAULT_BUDGETS if self.budgets is None else self.budgets, allow_empty=False))
+            self.budgets = list(
+                parse_budgets(
+                    DEFAULT_BUDGETS if self.budgets is None else self.budgets, allow_empty=False
+                )
+            )
         except SpecError as exc:
             raise DflashError(f"--{exc}") from None
         if self.temperature != 0.0:
-            raise DflashError(f"temperature {self.temperature} refused: ground truth must be "
-                              "greedy (temperature 0) for acceptance to mean anything")
+            raise DflashError(
+                f"temperature {self.temperature} refused: ground truth must be "
+                "greedy (temperature 0) for acceptance to mean anything"
+            )
         if self.ground_truth_kind is not None and self.ground_truth_kind not in GT_KINDS:
-            raise DflashError(f"unknown --ground-truth-kind {self.ground_truth_kind!r} (one "
-                              f"of {', '.join(GT_KINDS)})")
+            raise DflashError(
+                f"unknown --ground-truth-kind {self.ground_truth_kind!r} (one "
+                f"of {', '.join(GT_KINDS)})"
+            )
         if self.prompts is not None and not self.prompts.startswith("host:"):
             local_prompts(self.prompts)
         if not self.ground_truth_timeout > 0:
-            raise DflashError(f"the ground-truth timeout must be positive, got "
-                              f"{self.ground_truth_timeout!r}")
+            raise DflashError(
+                f"the ground-truth timeout must be positive, got {self.ground_truth_timeout!r}"
+            )
 
 
 def _is_int(value: object) -> bool:
@@ -132,11 +150,18 @@ class JobRef:
     spec: dict
 
     def to_json(self) -> dict:
-        return {"host": self.host, "job_id": self.job_id, "dir": self.dir, "pid": self.pid,
-                "pgid": self.pgid, "bundle_pushed": self.bundle_pushed}
+        return {
+            "host": self.host,
+            "job_id": self.job_id,
+            "dir": self.dir,
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "bundle_pushed": self.bundle_pushed,
+        }
 
 
 # ---- prompts ----------------------------------------------------------------------------
+
 
 def builtin_prompt_sets() -> dict[str, Path]:
     """Name -> file of the prompt sets shipped with dflash."""
@@ -150,9 +175,11 @@ def local_prompts(prompts: str) -> Path:
         return sets[prompts]
     local = Path(prompts).expanduser()
     if not local.is_file():
-        raise DflashError(f"prompts {prompts!r} is neither a built-in set "
-                          f"({', '.join(sets)}) nor a local file; for a file on the host "
-                          "write host:/path")
+        raise DflashError(
+            f"prompts {prompts!r} is neither a built-in set "
+            f"({', '.join(sets)}) nor a local file; for a file on the host "
+            "write host:/path"
+        )
     return local
 
 
@@ -174,12 +201,13 @@ def resolve_prompts(host: Host, spec: HostSpec, prompts: str | None) -> dict:
     if prompts is None:
         prompts = "chat"
     if prompts.startswith("host:"):
-        path = host.expand(prompts[len("host:"):])
+        path = host.expand(prompts[len("host:") :])
         return {"path": path, "name": Path(path).stem, "sha256": None, "source": prompts}
     return push_prompts(host, prompts)
 
 
 # ---- spec -------------------------------------------------------------------------------
+
 
 def new_job_id(checkpoint: str) -> str:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(checkpoint.rstrip("/")).name).strip("-.")
@@ -191,8 +219,10 @@ def resolve_checkpoint(host: Host, spec: HostSpec, checkpoint: str) -> str:
     if checkpoint.startswith(("/", "~")):
         return host.expand(checkpoint)
     if not spec.eval:
-        raise DflashError(f"host {spec.name} has no eval role in the inventory; give the "
-                          "checkpoint as an absolute path or add roles.eval.drafters")
+        raise DflashError(
+            f"host {spec.name} has no eval role in the inventory; give the "
+            "checkpoint as an absolute path or add roles.eval.drafters"
+        )
     return f"{host.expand(spec.eval.drafters).rstrip('/')}/{checkpoint}"
 
 
@@ -207,17 +237,24 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
     role = spec.eval
     target = options.target or (role.target_model if role else None)
     if not target:
-        raise DflashError(f"no target model for host {spec.name}: set roles.eval.target_model "
-                          "in the inventory or pass --target")
+        raise DflashError(
+            f"no target model for host {spec.name}: set roles.eval.target_model "
+            "in the inventory or pass --target"
+        )
     kind = options.ground_truth_kind or (role.ground_truth_kind if role else None) or "sglang"
     source = options.ground_truth or (role.ground_truth if role else None)
     if kind in ("sglang", "openai", "openai-text") and not source:
-        raise DflashError(f"ground truth kind {kind!r} needs a server URL: set "
-                          "roles.eval.ground_truth in the inventory or pass --ground-truth")
+        raise DflashError(
+            f"ground truth kind {kind!r} needs a server URL: set "
+            "roles.eval.ground_truth in the inventory or pass --ground-truth"
+        )
     if kind == "file" and not source:
         raise DflashError("ground truth kind 'file' needs --ground-truth PATH (on the host)")
-    gt = {"kind": kind, "timeout": options.ground_truth_timeout,
-          "model": options.ground_truth_model or (role.ground_truth_model if role else None)}
+    gt = {
+        "kind": kind,
+        "timeout": options.ground_truth_timeout,
+        "model": options.ground_truth_model or (role.ground_truth_model if role else None),
+    }
     if kind == "file":
         gt["path"] = host.expand(source)
     elif kind != "local":
@@ -235,8 +272,10 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
         "samples": _given(options.samples, (role.samples if role else None)),
         "seed": options.seed,
         "thinking": options.thinking,
-        "sampling": {"temperature": 0.0, "max_new_tokens": _given(
-            options.max_new_tokens, role.max_new_tokens if role else 256)},
+        "sampling": {
+            "temperature": 0.0,
+            "max_new_tokens": _given(options.max_new_tokens, role.max_new_tokens if role else 256),
+        },
         "ground_truth": gt,
         "eval": {"budgets": list(options.budgets), "topk": options.topk, **options.extra},
         "stop_after": options.stop_after,
@@ -249,13 +288,16 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
 
 # ---- remote calls -----------------------------------------------------------------------
 
+
 def _json_stdin(host: Host, argv: Sequence[str], payload: dict, timeout: float = 120) -> dict:
     result = bundle.run_remote(host, argv, stdin=json.dumps(payload).encode(), timeout=timeout)
     try:
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise RemoteCommandError(f"{host.name}: remote {argv[0]} printed no JSON "
-                                 f"({last_line(result.stdout + result.stderr)[:200]})") from None
+        raise RemoteCommandError(
+            f"{host.name}: remote {argv[0]} printed no JSON "
+            f"({last_line(result.stdout + result.stderr)[:200]})"
+        ) from None
 
 
 def preflight(host: Host, spec: dict) -> dict:
@@ -268,10 +310,18 @@ def start_job(host: Host, spec: dict, job_id: str | None = None) -> JobRef:
     """Push the bundle if needed and start the job detached; returns at once."""
     _, pushed = bundle.ensure(host)
     job_id = job_id or new_job_id(spec.get("checkpoint") or "job")
-    info = _json_stdin(host, ["job", "start", f"--workdir={host.workdir}",
-                              f"--job-id={job_id}", "--spec=-"], spec)
-    return JobRef(host=host.name, job_id=job_id, dir=info["dir"], pid=info["pid"],
-                  pgid=info["pgid"], bundle_pushed=pushed, spec=spec)
+    info = _json_stdin(
+        host, ["job", "start", f"--workdir={host.workdir}", f"--job-id={job_id}", "--spec=-"], spec
+    )
+    return JobRef(
+        host=host.name,
+        job_id=job_id,
+        dir=info["dir"],
+        pid=info["pid"],
+        pgid=info["pgid"],
+        bundle_pushed=pushed,
+        spec=spec,
+    )
 
 
 def _job_argv(host: Host, action: str, job_id: str | None = None) -> list[str]:
@@ -296,15 +346,13 @@ def cancel(host: Host, job_id: str) -> dict:
     return bundle.run_remote_json(host, _job_argv(host, "cancel", job_id), timeout=120)
 
 
-def watch(host: Host, job_id: str, on_event: EventHandler | None = None,
-          offset: int = 0) -> dict:
+def watch(host: Host, job_id: str, on_event: EventHandler | None = None, offset: int = 0) -> dict:
     """Stream the job's progress events (from byte `offset`) to `on_event` until it ends.
 
     Returns the final ``watch_end`` event: ``{"state", "exit", "has_result", "offset"}``.
     A dropped connection raises `HostError` saying how to re-attach; the job goes on.
     """
-    line = bundle.remote_command(host, _job_argv(host, "watch", job_id) +
-                                 ["--offset", str(offset)])
+    line = bundle.remote_command(host, _job_argv(host, "watch", job_id) + ["--offset", str(offset)])
     proc = host.popen(line)
     proc.close_stdin()
     buf = b""
@@ -329,15 +377,18 @@ def watch(host: Host, job_id: str, on_event: EventHandler | None = None,
                 if on_event:
                     on_event(event)
     except (OSError, EOFError) as exc:
-        raise HostError(f"{host.name}: lost the connection while watching job {job_id} "
-                        f"({exc}); it keeps running: dflash remote-eval --attach {job_id}"
-                        ) from None
+        raise HostError(
+            f"{host.name}: lost the connection while watching job {job_id} "
+            f"({exc}); it keeps running: dflash remote-eval --attach {job_id}"
+        ) from None
     code = proc.wait()
     if end is None:
         if code not in (0, -1):  # the remote command itself failed (e.g. no such job)
             bundle.check_result(host, Result("", proc.stderr(), code), ["job watch"])
-        raise HostError(f"{host.name}: lost the connection while watching job {job_id}; it "
-                        f"keeps running: dflash remote-eval --attach {job_id}")
+        raise HostError(
+            f"{host.name}: lost the connection while watching job {job_id}; it "
+            f"keeps running: dflash remote-eval --attach {job_id}"
+        )
     return end
 
 
@@ -346,9 +397,11 @@ def pull_results(host: Host, job_id: str, dest: str | os.PathLike) -> Path:
     hidden partial folder, so a reader never sees half a run). Returns that folder."""
     status = job_status(host, job_id)
     if not status["has_result"]:
-        raise JobError(f"job {job_id} on {host.name} has no result to pull (state "
-                       f"{status['state']}"
-                       f"{': ' + status['exit']['error'] if (status.get('exit') or {}).get('error') else ''})")
+        raise JobError(
+            f"job {job_id} on {host.name} has no result to pull (state "
+            f"{status['state']}"
+            f"{': ' + status['exit']['error'] if (status.get('exit') or {}).get('error') else ''})"
+        )
     remote_dir = status["dir"]
     dest = Path(dest)
     final = dest / job_id
@@ -365,9 +418,17 @@ def pull_results(host: Host, job_id: str, dest: str | os.PathLike) -> Path:
                     raise
                 continue
             (partial / name).write_bytes(data)
-        (partial / "pulled.json").write_text(json.dumps(
-            {"host": host.name, "job_id": job_id, "remote_dir": remote_dir,
-             "pulled": time.time()}, indent=2))
+        (partial / "pulled.json").write_text(
+            json.dumps(
+                {
+                    "host": host.name,
+                    "job_id": job_id,
+                    "remote_dir": remote_dir,
+                    "pulled": time.time(),
+                },
+                indent=2,
+            )
+        )
         if final.exists():
             shutil.rmtree(final)
         os.replace(partial, final)
@@ -385,8 +446,9 @@ def finish_local(run_dir: Path) -> Path:
 
         run = results.load_run(run_dir)
         plots.plot_run(run, run_dir)
-        plots.plot_tau_by_step(results.list_runs(run_dir.parent),
-                               run_dir.parent / "tau_by_step.png")
+        plots.plot_tau_by_step(
+            results.list_runs(run_dir.parent), run_dir.parent / "tau_by_step.png"
+        )
     except Exception as exc:  # plots are a convenience; the JSON is the result
         (run_dir / "plots-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
     return run_dir
@@ -408,43 +470,62 @@ def eval_host_name(inventory: Inventory, host_name: str | None) -> str:
         eval_hosts = [h.name for h in inventory.hosts.values() if h.eval]
         if len(eval_hosts) == 1:
             return eval_hosts[0]
-        raise DflashError("no eval host: pass --host or set defaults.eval_host in the "
-                          "inventory")
+        raise DflashError("no eval host: pass --host or set defaults.eval_host in the inventory")
     if name in inventory.groups:
         members = inventory.groups[name]
         if len(members) != 1:
-            raise DflashError(f"{name!r} is a group of {len(members)} hosts; name one host, "
-                              f"or shard across them with --hosts {name}")
+            raise DflashError(
+                f"{name!r} is a group of {len(members)} hosts; name one host, "
+                f"or shard across them with --hosts {name}"
+            )
         name = members[0]
     inventory.host(name)
     return name
 
 
-def attach(inventory: Inventory, host_name: str | None, job_id: str, *,
-           on_event: EventHandler | None = None, dest: str | os.PathLike | None = None,
-           host: Host | None = None) -> Path:
+def attach(
+    inventory: Inventory,
+    host_name: str | None,
+    job_id: str,
+    *,
+    on_event: EventHandler | None = None,
+    dest: str | os.PathLike | None = None,
+    host: Host | None = None,
+) -> Path:
     """Watch an existing job to its end, then pull its results; returns the local folder."""
     name = eval_host_name(inventory, host_name)
     own = host is None
     host = host or open_host(inventory.host(name), inventory)
     try:
         status = job_status(host, job_id)
-        end = status if status["state"] in ("failed", "cancelled", "lost") else \
-            watch(host, job_id, on_event)
+        end = (
+            status
+            if status["state"] in ("failed", "cancelled", "lost")
+            else watch(host, job_id, on_event)
+        )
         if end["state"] != "done":
             err = (end.get("exit") or {}).get("error")
-            raise JobError(f"job {job_id} on {name} {end['state']}"
-                           f"{': ' + err if err else ''} (log: dflash jobs --host {name})")
+            raise JobError(
+                f"job {job_id} on {name} {end['state']}"
+                f"{': ' + err if err else ''} (log: dflash jobs --host {name})"
+            )
         return finish_local(pull_results(host, job_id, results_dir(inventory, dest)))
     finally:
         if own:
             host.close()
 
 
-def run_eval(inventory: Inventory, host_name: str | None, checkpoint: str,
-             options: EvalOptions | None = None, *, on_event: EventHandler | None = None,
-             dest: str | os.PathLike | None = None, job_id: str | None = None,
-             on_start: Callable[[JobRef], None] | None = None) -> Path:
+def run_eval(
+    inventory: Inventory,
+    host_name: str | None,
+    checkpoint: str,
+    options: EvalOptions | None = None,
+    *,
+    on_event: EventHandler | None = None,
+    dest: str | os.PathLike | None = None,
+    job_id: str | None = None,
+    on_start: Callable[[JobRef], None] | None = None,
+) -> Path:
     """Evaluate `checkpoint` on the eval host in one call: push, preflight, start detached,
     watch, pull. Returns the local results folder ``<results_dir>/<job-id>``."""
     options = options or EvalOptions()
@@ -457,8 +538,14 @@ def run_eval(inventory: Inventory, host_name: str | None, checkpoint: str,
         return attach(inventory, name, ref.job_id, on_event=on_event, dest=dest, host=host)
 
 
-def start_eval(inventory: Inventory, host_name: str | None, checkpoint: str,
-               options: EvalOptions | None = None, *, job_id: str | None = None) -> JobRef:
+def start_eval(
+    inventory: Inventory,
+    host_name: str | None,
+    checkpoint: str,
+    options: EvalOptions | None = None,
+    *,
+    job_id: str | None = None,
+) -> JobRef:
     """The first half of `run_eval`: push, preflight and start the job detached, then
     return; watch it later with `attach` (``dflash remote-eval --detach``)."""
     options = options or EvalOptions()
@@ -468,8 +555,9 @@ def start_eval(inventory: Inventory, host_name: str | None, checkpoint: str,
         return _start(host, spec, checkpoint, options, job_id)
 
 
-def _start(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions,
-           job_id: str | None) -> JobRef:
+def _start(
+    host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions, job_id: str | None
+) -> JobRef:
     _, pushed = bundle.ensure(host)
     job = build_spec(host, spec, checkpoint, options)
     preflight(host, job)

@@ -57,12 +57,22 @@ from remote.eval.metrics import summarize
 
 HostEventHandler = Callable[[str, dict], None]
 # What every shard's result must agree on for the records to be merged into one result.
-MUST_AGREE = ("dtype", "positions", "block_size", "target_layer_ids", "mask_token_id",
-              "ddtree", "target_vocab_size", "target_architecture", "drafter_parameters",
-              "target_layers")
+MUST_AGREE = (
+    "dtype",
+    "positions",
+    "block_size",
+    "target_layer_ids",
+    "mask_token_id",
+    "ddtree",
+    "target_vocab_size",
+    "target_architecture",
+    "drafter_parameters",
+    "target_layers",
+)
 
 
 # ---- plan -------------------------------------------------------------------------------
+
 
 @dataclass
 class Shard:
@@ -73,8 +83,11 @@ class Shard:
     tokens: int = 0
 
     def to_json(self, records: list[dict]) -> dict:
-        return {"host": self.host, "samples": [records[i]["id"] for i in self.indices],
-                "expected_tokens": self.tokens}
+        return {
+            "host": self.host,
+            "samples": [records[i]["id"] for i in self.indices],
+            "expected_tokens": self.tokens,
+        }
 
 
 def expected_tokens(record: dict, max_new_tokens: int) -> int:
@@ -85,8 +98,12 @@ def expected_tokens(record: dict, max_new_tokens: int) -> int:
     return len(record["prompt_ids"]) + tail
 
 
-def plan_shards(records: list[dict], hosts: list[str], max_new_tokens: int = 256,
-                indices: list[int] | None = None) -> list[Shard]:
+def plan_shards(
+    records: list[dict],
+    hosts: list[str],
+    max_new_tokens: int = 256,
+    indices: list[int] | None = None,
+) -> list[Shard]:
     """Split `indices` (default: all of `records`) across `hosts`, balanced by expected
     tokens: longest first, each onto the host with the least so far (ties: earlier host).
     Deterministic; one shard per host (possibly empty), in `hosts` order."""
@@ -106,8 +123,16 @@ def plan_shards(records: list[dict], hosts: list[str], max_new_tokens: int = 256
 
 # ---- merge ------------------------------------------------------------------------------
 
-def merge_result(shard_results: list[dict], records: list[dict], *,
-                 ground_truth_source: dict, shards: dict, job: dict, wall_s: float) -> dict:
+
+def merge_result(
+    shard_results: list[dict],
+    records: list[dict],
+    *,
+    ground_truth_source: dict,
+    shards: dict,
+    job: dict,
+    wall_s: float,
+) -> dict:
     """One ``dflash.eval/1`` result from the shards' results and all per-sample records
     (in ground-truth order): metrics recomputed from the records by the engine's own
     `summarize`; inputs from the shards (which must agree on everything that changes the
@@ -120,21 +145,30 @@ def merge_result(shard_results: list[dict], records: list[dict], *,
         theirs = other.get("inputs") or {}
         for key in MUST_AGREE:
             if theirs.get(key) != inputs.get(key):
-                raise DflashError(f"shards disagree on {key} ({inputs.get(key)!r} vs "
-                                  f"{theirs.get(key)!r}): the hosts do not hold the same "
-                                  "target/drafter; results cannot be merged")
+                raise DflashError(
+                    f"shards disagree on {key} ({inputs.get(key)!r} vs "
+                    f"{theirs.get(key)!r}): the hosts do not hold the same "
+                    "target/drafter; results cannot be merged"
+                )
     vocab = inputs.get("target_vocab_size")
     if vocab is None:
-        raise DflashError("a shard's result lacks target_vocab_size: its host ran an older "
-                          "eval engine; rerun with the current bundle")
+        raise DflashError(
+            "a shard's result lacks target_vocab_size: its host ran an older "
+            "eval engine; rerun with the current bundle"
+        )
     ddtree = inputs.get("ddtree") or {}
-    metrics = summarize(records, inputs["block_size"], ddtree.get("budgets") or [],
-                        ddtree.get("topk"), vocab)
+    metrics = summarize(
+        records, inputs["block_size"], ddtree.get("budgets") or [], ddtree.get("topk"), vocab
+    )
     tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)
     timings = [r.get("timings") or {} for r in shard_results]
     result = copy.deepcopy(base)
-    result["inputs"].update(samples=len(records), max_samples=None, ground_truth=None,
-                            ground_truth_source=ground_truth_source)
+    result["inputs"].update(
+        samples=len(records),
+        max_samples=None,
+        ground_truth=None,
+        ground_truth_source=ground_truth_source,
+    )
     result["metrics"] = metrics
     result["timings"] = {
         "load_target_s": max(t.get("load_target_s") or 0.0 for t in timings),
@@ -143,7 +177,8 @@ def merge_result(shard_results: list[dict], records: list[dict], *,
         "target_forward_s": sum(r["seconds"]["target"] for r in records),
         "drafter_s": sum(r["seconds"]["drafter"] for r in records),
         "ddtree_s": sum(r["seconds"]["ddtree"] for r in records),
-        "total_s": wall_s, "tokens": tokens,
+        "total_s": wall_s,
+        "tokens": tokens,
         "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
         "note": "eval_s/total_s: wall time of the sharded run, ground truth included",
     }
@@ -154,6 +189,7 @@ def merge_result(shard_results: list[dict], records: list[dict], *,
 
 
 # ---- run --------------------------------------------------------------------------------
+
 
 @dataclass
 class _Outcome:
@@ -174,9 +210,17 @@ class _Outcome:
 
 
 def _gt_lines(records: list[dict], indices: list[int]) -> bytes:
-    return b"".join(json.dumps({"id": records[i]["id"], "prompt_ids": records[i]["prompt_ids"],
-                                "completion_ids": records[i]["completion_ids"]}).encode()
-                    + b"\n" for i in indices)
+    return b"".join(
+        json.dumps(
+            {
+                "id": records[i]["id"],
+                "prompt_ids": records[i]["prompt_ids"],
+                "completion_ids": records[i]["completion_ids"],
+            }
+        ).encode()
+        + b"\n"
+        for i in indices
+    )
 
 
 def _read_jsonl(data: bytes) -> list[dict]:
@@ -187,9 +231,16 @@ class _Sharded:
     """State of one sharded run; `run` drives it. Worker threads only fill their own
     `_Outcome`; the scheduling decisions happen in the calling thread."""
 
-    def __init__(self, inventory: Inventory, specs: list[HostSpec], checkpoint: str,
-                 options: EvalOptions, on_event: HostEventHandler | None, stage: Path,
-                 run_id: str):
+    def __init__(
+        self,
+        inventory: Inventory,
+        specs: list[HostSpec],
+        checkpoint: str,
+        options: EvalOptions,
+        on_event: HostEventHandler | None,
+        stage: Path,
+        run_id: str,
+    ):
         self.inventory, self.specs, self.checkpoint = inventory, specs, checkpoint
         self.options, self.stage, self.run_id = options, stage, run_id
         self._on_event = on_event
@@ -216,8 +267,10 @@ class _Sharded:
         end = remote_eval.watch(host, ref.job_id, lambda ev: self.emit(spec.name, ev))
         if end["state"] != "done":
             err = (end.get("exit") or {}).get("error")
-            raise JobError(f"ground truth job {ref.job_id} on {spec.name} {end['state']}"
-                           f"{': ' + err if err else ''}")
+            raise JobError(
+                f"ground truth job {ref.job_id} on {spec.name} {end['state']}"
+                f"{': ' + err if err else ''}"
+            )
         info = json.loads(host.get_bytes(f"{ref.dir}/ground_truth.json"))
         data = host.get_bytes(info["file"])
         records = _read_jsonl(data)
@@ -228,8 +281,9 @@ class _Sharded:
         return records, info, job
 
     # -- one shard -----------------------------------------------------------------------
-    def run_shard(self, spec: HostSpec, indices: list[int], gt: list[dict],
-                  out: _Outcome) -> _Outcome:
+    def run_shard(
+        self, spec: HostSpec, indices: list[int], gt: list[dict], out: _Outcome
+    ) -> _Outcome:
         """Push the slice, start the job, watch it, pull it. Never raises: a failure is
         recorded in `out` with the records received until then."""
         host = self.hosts[spec.name]
@@ -237,23 +291,35 @@ class _Sharded:
         job_id = f"{self.run_id}-{spec.name}-{self.attempts[spec.name]}"
         try:
             data = _gt_lines(gt, indices)
-            path = (f"{host.workdir}/groundtruth/shards/"
-                    f"{hashlib.sha256(data).hexdigest()[:16]}.jsonl")
+            path = (
+                f"{host.workdir}/groundtruth/shards/{hashlib.sha256(data).hexdigest()[:16]}.jsonl"
+            )
             if not host.exists(path):
                 host.put_bytes(data, path)
-            options = dataclasses.replace(self.options, ground_truth=path,
-                                          ground_truth_kind="file", samples=None,
-                                          prompts=None)
+            options = dataclasses.replace(
+                self.options,
+                ground_truth=path,
+                ground_truth_kind="file",
+                samples=None,
+                prompts=None,
+            )
             job = remote_eval.build_spec(host, spec, self.checkpoint, options)
             job["samples"] = None  # the slice is the selection; never re-select from it
             job["shard"] = {"run_id": self.run_id, "indices": indices}
             remote_eval.preflight(host, job)
             ref = remote_eval.start_job(host, job, job_id)
             out.job_id = ref.job_id
-            self.emit(spec.name, {"event": "shard", "job_id": ref.job_id,
-                                  "samples": len(indices),
-                                  "tokens": sum(len(gt[i]["prompt_ids"]) +
-                                                len(gt[i]["completion_ids"]) for i in indices)})
+            self.emit(
+                spec.name,
+                {
+                    "event": "shard",
+                    "job_id": ref.job_id,
+                    "samples": len(indices),
+                    "tokens": sum(
+                        len(gt[i]["prompt_ids"]) + len(gt[i]["completion_ids"]) for i in indices
+                    ),
+                },
+            )
 
             def on_event(ev: dict) -> None:
                 if ev.get("event") == "sample" and isinstance(ev.get("record"), dict):
@@ -270,7 +336,9 @@ class _Sharded:
             pulled = _read_jsonl((run_dir / "samples.jsonl").read_bytes())
             if [r.get("id") for r in pulled] != [gt[i]["id"] for i in indices]:
                 raise JobError(f"job {ref.job_id} returned samples other than its shard's")
-            out.records = dict(zip(indices, pulled, strict=False))  # the host's own file is authoritative
+            out.records = dict(
+                zip(indices, pulled, strict=False)
+            )  # the host's own file is authoritative
             out.result = json.loads((run_dir / "result.json").read_text())
             out.run_dir = run_dir
         except Exception as exc:  # any failure of one host is that shard's, not the run's
@@ -280,9 +348,16 @@ class _Sharded:
                     remote_eval.cancel(host, out.job_id)
                 except Exception:
                     pass
-            self.emit(spec.name, {"event": "shard_failed", "job_id": out.job_id,
-                                  "error": out.error, "kept": len(out.records),
-                                  "unfinished": len(indices) - len(out.records)})
+            self.emit(
+                spec.name,
+                {
+                    "event": "shard_failed",
+                    "job_id": out.job_id,
+                    "error": out.error,
+                    "kept": len(out.records),
+                    "unfinished": len(indices) - len(out.records),
+                },
+            )
         return out
 
     # -- the whole run -------------------------------------------------------------------
@@ -291,8 +366,11 @@ class _Sharded:
         names = [s.name for s in self.specs]
         by_name = {s.name: s for s in self.specs}
         with ThreadPoolExecutor(max_workers=len(self.specs)) as pool:
-            for spec, host in zip(self.specs, pool.map(
-                    lambda s: open_host(s, self.inventory), self.specs), strict=False):
+            for spec, host in zip(
+                self.specs,
+                pool.map(lambda s: open_host(s, self.inventory), self.specs),
+                strict=False,
+            ):
                 self.hosts[spec.name] = host
             try:
                 # Bundles first, in parallel: each host pays its own push at most once.
@@ -300,8 +378,10 @@ class _Sharded:
                 gt, gt_info, gt_job = self.ground_truth()
                 max_new = int((gt_job.get("sampling") or {}).get("max_new_tokens") or 256)
                 plan = plan_shards(gt, names, max_new)
-                self.emit(names[0], {"event": "plan", "samples": len(gt),
-                                     "shards": [s.to_json(gt) for s in plan]})
+                self.emit(
+                    names[0],
+                    {"event": "plan", "samples": len(gt), "shards": [s.to_json(gt) for s in plan]},
+                )
                 records: dict[int, dict] = {}
                 outcomes: list[_Outcome] = []
                 reassigned: list[dict] = []
@@ -329,10 +409,14 @@ class _Sharded:
                             idle.append(out.host)
                             continue
                         lost = [i for i in out.indices if i not in out.records]
-                        entry = {"host": out.host, "job_id": out.job_id, "reason": out.error,
-                                 "kept": [gt[i]["id"] for i in out.indices
-                                          if i in out.records],
-                                 "samples": [gt[i]["id"] for i in lost], "to": {}}
+                        entry = {
+                            "host": out.host,
+                            "job_id": out.job_id,
+                            "reason": out.error,
+                            "kept": [gt[i]["id"] for i in out.indices if i in out.records],
+                            "samples": [gt[i]["id"] for i in lost],
+                            "to": {},
+                        }
                         reassigned.append(entry)
                         entry_of.update((i, entry) for i in lost)
                         pending.extend(lost)
@@ -347,9 +431,11 @@ class _Sharded:
                             submit(shard.host, shard.indices)
                         pending = []
                     if pending and not running:
-                        raise JobError(f"every host failed; {len(pending)} of {len(gt)} "
-                                       f"samples unevaluated (last error: "
-                                       f"{reassigned[-1]['reason']})")
+                        raise JobError(
+                            f"every host failed; {len(pending)} of {len(gt)} "
+                            f"samples unevaluated (last error: "
+                            f"{reassigned[-1]['reason']})"
+                        )
             finally:
                 for host in self.hosts.values():
                     host.close()
@@ -359,38 +445,65 @@ class _Sharded:
             "hosts": names,
             "balance_by": "expected tokens: prompt + completion (ground truth known)",
             "plan": [s.to_json(gt) for s in plan],
-            "jobs": [{"host": o.host, "job_id": o.job_id,
-                      "state": "done" if o.ok else "failed", "error": o.error,
-                      "samples": len(o.indices), "records_received": len(o.records),
-                      "environment": (o.result or {}).get("environment"),
-                      "run_dir": str(o.run_dir.relative_to(self.stage)) if o.run_dir else None}
-                     for o in outcomes],
+            "jobs": [
+                {
+                    "host": o.host,
+                    "job_id": o.job_id,
+                    "state": "done" if o.ok else "failed",
+                    "error": o.error,
+                    "samples": len(o.indices),
+                    "records_received": len(o.records),
+                    "environment": (o.result or {}).get("environment"),
+                    "run_dir": str(o.run_dir.relative_to(self.stage)) if o.run_dir else None,
+                }
+                for o in outcomes
+            ],
             "reassigned": reassigned,
             "ground_truth": {
-                "obtained_on": names[0], "job_id": gt_info.get("job_id"),
-                "sha256": gt_info.get("sha256"), "samples": len(gt),
+                "obtained_on": names[0],
+                "job_id": gt_info.get("job_id"),
+                "sha256": gt_info.get("sha256"),
+                "samples": len(gt),
                 "shared_as": "fetched once on the first host; each shard evaluates its slice "
-                             "of that file (kind 'file'), so all shards share one ground truth"},
+                "of that file (kind 'file'), so all shards share one ground truth",
+            },
         }
-        result = merge_result([o.result for o in outcomes if o.ok and o.result], ordered,
-                              ground_truth_source=gt_info, shards=shards,
-                              job={"job_id": self.run_id, "hosts": names, "created": t0},
-                              wall_s=time.time() - t0)
+        result = merge_result(
+            [o.result for o in outcomes if o.ok and o.result],
+            ordered,
+            ground_truth_source=gt_info,
+            shards=shards,
+            job={"job_id": self.run_id, "hosts": names, "created": t0},
+            wall_s=time.time() - t0,
+        )
         result["inputs"]["checkpoint"] = gt_job.get("checkpoint")
         result["inputs"]["prompts"] = gt_job.get("prompts")
         (self.stage / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ordered))
         (self.stage / "result.json").write_text(json.dumps(result, indent=2))
-        (self.stage / "spec.json").write_text(json.dumps(
-            {**{k: v for k, v in gt_job.items() if k != "stop_after"}, "hosts": names,
-             "job_id": self.run_id}, indent=2))
+        (self.stage / "spec.json").write_text(
+            json.dumps(
+                {
+                    **{k: v for k, v in gt_job.items() if k != "stop_after"},
+                    "hosts": names,
+                    "job_id": self.run_id,
+                },
+                indent=2,
+            )
+        )
         (self.stage / "ground_truth.json").write_text(json.dumps(gt_info, indent=2))
         return self.stage
 
 
-def run_sharded(inventory: Inventory, host_names: list[str], checkpoint: str,
-                options: EvalOptions | None = None, *,
-                on_event: HostEventHandler | None = None,
-                dest: str | os.PathLike | None = None, run_id: str | None = None) -> Path:
+def run_sharded(
+    inventory: Inventory,
+    host_names: list[str],
+    checkpoint: str,
+    options: EvalOptions | None = None,
+    *,
+    on_event: HostEventHandler | None = None,
+    dest: str | os.PathLike | None = None,
+    run_id: str | None = None,
+) -> Path:
     """Evaluate `checkpoint` across the hosts (names or inventory groups) and merge into one
     local run folder ``<results_dir>/<run-id>`` (the shards' pulled folders under
     ``shards/``). Returns that folder. See the module docstring for the procedure."""

@@ -14,6 +14,7 @@ from orchestrator.transport.hosts import open_host
 @dataclass
 class HostFacts:
     """One host's facts, or the one-line reason it could not be asked."""
+
     host: str
     facts: dict | None = None
     error: str | None = None
@@ -23,16 +24,14 @@ class HostFacts:
         return self.error is None
 
     def to_json(self) -> dict:
-        return {"host": self.host, "reachable": self.ok, "error": self.error,
-                **(self.facts or {})}
+        return {"host": self.host, "reachable": self.ok, "error": self.error, **(self.facts or {})}
 
 
 def host_facts(spec: HostSpec, inventory: Inventory | None = None) -> HostFacts:
     """Ask one host for its facts through the remote bundle."""
     try:
         with open_host(spec, inventory) as host:
-            facts = bundle.run_remote_json(host, ["facts", "--workdir", host.workdir],
-                                           timeout=120)
+            facts = bundle.run_remote_json(host, ["facts", "--workdir", host.workdir], timeout=120)
         return HostFacts(spec.name, facts=facts)
     except DflashError as exc:
         return HostFacts(spec.name, error=str(exc))

@@ -23,13 +23,20 @@ def resolve_model(spec: HostSpec, model_path: str | None) -> str:
         return model_path
     if spec.eval is not None and spec.eval.target_model:
         return spec.eval.target_model
-    raise DflashError(f"no --model given and host {spec.name!r} has no eval role with a "
-                      "target_model in the inventory")
+    raise DflashError(
+        f"no --model given and host {spec.name!r} has no eval role with a "
+        "target_model in the inventory"
+    )
 
 
-def probe_structure(host: Host, model_path: str, drafter: str | None = None,
-                    load: bool = False, depth: int = DEFAULT_DEPTH,
-                    timeout: float | None = None) -> dict:
+def probe_structure(
+    host: Host,
+    model_path: str,
+    drafter: str | None = None,
+    load: bool = False,
+    depth: int = DEFAULT_DEPTH,
+    timeout: float | None = None,
+) -> dict:
     """Run ``probe`` on `host` and return its report.
 
     A remote user error (missing folder, unknown model_type, truncated shard) arrives as a
@@ -44,6 +51,8 @@ def probe_structure(host: Host, model_path: str, drafter: str | None = None,
         argv.append("--load")
     report = bundle.run_remote_json(host, argv, timeout=timeout)
     if report.get("schema") != SCHEMA:
-        raise DflashError(f"{host.name}: probe answered schema {report.get('schema')!r}, "
-                          f"expected {SCHEMA!r}: the bundle and controller disagree")
+        raise DflashError(
+            f"{host.name}: probe answered schema {report.get('schema')!r}, "
+            f"expected {SCHEMA!r}: the bundle and controller disagree"
+        )
     return report

@@ -75,6 +75,7 @@ class Checkpoint:
 @dataclass
 class Scan:
     """One look at a folder on a host (relay-scan)."""
+
     root: str
     now: float
     exists: bool
@@ -88,8 +89,11 @@ class Scan:
 def scan(host: Host, root: str) -> Scan:
     """List `root` on `host`: checkpoints with file sizes and mtimes, partial folders,
     manifests of relayed checkpoints, and free bytes on its filesystem."""
-    return parse_scan(root, run_remote_json(host, ["relay-scan", "--", root],
-                                            python_flags=("-I", "-S")), host.name)
+    return parse_scan(
+        root,
+        run_remote_json(host, ["relay-scan", "--", root], python_flags=("-I", "-S")),
+        host.name,
+    )
 
 
 class ScanRefused(DflashError):
@@ -104,9 +108,12 @@ def parse_scan(root: str, data: Any, host: str = "host") -> Scan:
     relative and normalised, with no ``..``, NUL or line break; sizes whole and not
     negative). Anything else refuses the whole scan with one line naming `host`.
     """
+
     def refuse(what: str) -> ScanRefused:
-        return ScanRefused(f"{host}: refusing its scan of {root}: {what}; that host's dflash "
-                           "bundle or its files are not to be trusted as they are")
+        return ScanRefused(
+            f"{host}: refusing its scan of {root}: {what}; that host's dflash "
+            "bundle or its files are not to be trusted as they are"
+        )
 
     def name(n: Any, what: str) -> str:
         why = name_problem(n)
@@ -126,17 +133,28 @@ def parse_scan(root: str, data: Any, host: str = "host") -> Scan:
             why = path_problem(path)
             if why is not None:
                 raise refuse(f"the path {str(path)[:80]!r} in {where} {why}")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or \
-                    not isinstance(mtime, (int, float)):
+            if (
+                not isinstance(size, int)
+                or isinstance(size, bool)
+                or size < 0
+                or not isinstance(mtime, (int, float))
+            ):
                 raise refuse(f"the size or mtime of {where}/{path} is not a number")
             out.append(SourceFile(path, size, float(mtime), bool(f.get("link"))))
         return out
 
     try:
-        out = Scan(root=root, now=float(data["now"]), exists=bool(data["exists"]),
-                   free=int(data["free"]),
-                   manifests={name(k, "the checkpoint name"): v
-                              for k, v in data["manifests"].items() if isinstance(v, dict)})
+        out = Scan(
+            root=root,
+            now=float(data["now"]),
+            exists=bool(data["exists"]),
+            free=int(data["free"]),
+            manifests={
+                name(k, "the checkpoint name"): v
+                for k, v in data["manifests"].items()
+                if isinstance(v, dict)
+            },
+        )
         entries, partials = data["entries"], data["partials"]
         for entry in entries:
             n = name(entry["name"], "the checkpoint name")
@@ -151,8 +169,10 @@ def parse_scan(root: str, data: Any, host: str = "host") -> Scan:
         for n, items in partials.items():
             out.partials[name(n, "the partial folder")] = files(items, PARTIAL_PREFIX + n)
         for n, odd in (data.get("partial_odd") or {}).items():
-            files([{"path": o.get("path"), "size": 0, "mtime": 0} for o in odd],
-                  PARTIAL_PREFIX + name(n, "the partial folder"))
+            files(
+                [{"path": o.get("path"), "size": 0, "mtime": 0} for o in odd],
+                PARTIAL_PREFIX + name(n, "the partial folder"),
+            )
             out.partial_odd[n] = list(odd)
     except (KeyError, TypeError, AttributeError, ValueError):
         raise refuse("the answer is malformed") from None
@@ -165,20 +185,24 @@ def _has_marker(ckpt: Checkpoint, marker: str, siblings: set[str]) -> bool:
     return f"{ckpt.name}.{marker}" in siblings
 
 
-def judge_complete(host: Host, root: str, role: TrainerRole,
-                   sleep=time.sleep) -> Scan:
+def judge_complete(host: Host, root: str, role: TrainerRole, sleep=time.sleep) -> Scan:
     """Scan the trainer's checkpoint folder and mark each checkpoint complete or not
     (see the module docstring for the rules). Takes a second look only when needed."""
     first = scan(host, root)
     if not first.exists:
-        raise DflashError(f"{host.name}: checkpoint folder {root} does not exist; fix "
-                          "'checkpoints' of its trainer role in the inventory or pass "
-                          "--src-dir")
+        raise DflashError(
+            f"{host.name}: checkpoint folder {root} does not exist; fix "
+            "'checkpoints' of its trainer role in the inventory or pass "
+            "--src-dir"
+        )
     names = set(first.checkpoints)
     rule = role.complete_rule
     if rule == "auto":
-        rule = "marker" if any(_has_marker(c, role.marker, names)
-                               for c in first.checkpoints.values()) else "stable"
+        rule = (
+            "marker"
+            if any(_has_marker(c, role.marker, names) for c in first.checkpoints.values())
+            else "stable"
+        )
     # Marker files of single-file checkpoints are not checkpoints themselves.
     for name in [n for n in names if n.endswith("." + role.marker)]:
         first.checkpoints.pop(name, None)
@@ -186,8 +210,10 @@ def judge_complete(host: Host, root: str, role: TrainerRole,
     for ckpt in first.checkpoints.values():
         if ckpt.odd:  # published without the file it would have lost it: refuse it
             o = ckpt.odd[0]
-            ckpt.reason = (f"the symlink {ckpt.name}/{o.get('path')} {o.get('why')}; replace "
-                           "it with the file it stands for, or remove it")
+            ckpt.reason = (
+                f"the symlink {ckpt.name}/{o.get('path')} {o.get('why')}; replace "
+                "it with the file it stands for, or remove it"
+            )
         elif not ckpt.files:
             ckpt.reason = "empty"
         elif rule == "marker":

@@ -79,14 +79,17 @@ class RelayError(DflashError):
 
 class RelayIncomplete(RelayError):
     """The relay ran, but a destination failed or a checkpoint asked for was skipped."""
+
     exit_code = 1
 
 
 # ---- options, progress, report ------------------------------------------------------------
 
+
 @dataclass
 class RelayOptions:
     """What to relay and how. With no selection the newest complete checkpoint is relayed."""
+
     names: list[str] = field(default_factory=list)
     step: int | None = None
     latest: bool = False
@@ -175,8 +178,12 @@ class RelayReport:
 
     @property
     def failures(self) -> list[tuple[str, str, str]]:
-        return [(c.name, d.host, d.error or "failed") for c in self.checkpoints
-                for d in c.destinations.values() if d.status == "failed"]
+        return [
+            (c.name, d.host, d.error or "failed")
+            for c in self.checkpoints
+            for d in c.destinations.values()
+            if d.status == "failed"
+        ]
 
     @property
     def skipped_named(self) -> list[dict]:
@@ -189,30 +196,47 @@ class RelayReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "source": self.source, "source_dir": self.source_dir,
-            "destinations": self.destinations, "dry_run": self.dry_run, "ok": self.ok,
-            "bytes_read": self.bytes_read, "bytes_sent": self.bytes_sent,
-            "bytes_planned": sum(d.bytes_planned for c in self.checkpoints
-                                 for d in c.destinations.values()),
-            "bytes_skipped": self.bytes_skipped, "files_sent": self.files_sent,
+            "source": self.source,
+            "source_dir": self.source_dir,
+            "destinations": self.destinations,
+            "dry_run": self.dry_run,
+            "ok": self.ok,
+            "bytes_read": self.bytes_read,
+            "bytes_sent": self.bytes_sent,
+            "bytes_planned": sum(
+                d.bytes_planned for c in self.checkpoints for d in c.destinations.values()
+            ),
+            "bytes_skipped": self.bytes_skipped,
+            "files_sent": self.files_sent,
             "seconds": round(self.seconds, 3),
             "mib_per_s": round(self.bytes_read / self.seconds / 2**20, 1)
-            if self.seconds > 0 else None,
-            "checkpoints": [{"name": c.name, "step": c.step, "size": c.size, "files": c.files,
-                             "destinations": {h: asdict(d) for h, d in c.destinations.items()}}
-                            for c in self.checkpoints],
-            "incomplete": self.incomplete, "pruned": self.pruned,
+            if self.seconds > 0
+            else None,
+            "checkpoints": [
+                {
+                    "name": c.name,
+                    "step": c.step,
+                    "size": c.size,
+                    "files": c.files,
+                    "destinations": {h: asdict(d) for h, d in c.destinations.items()},
+                }
+                for c in self.checkpoints
+            ],
+            "incomplete": self.incomplete,
+            "pruned": self.pruned,
         }
 
 
 # ---- plan ---------------------------------------------------------------------------------
 
+
 @dataclass
 class Target:
     """One file to write on one destination."""
+
     dest: Dest
-    write_path: str       # where the bytes go (in the partial folder, or a repair temp)
-    offset: int           # bytes already there and verified
+    write_path: str  # where the bytes go (in the partial folder, or a repair temp)
+    offset: int  # bytes already there and verified
     rename_to: str | None = None  # repair: rename over the damaged published file
     sha256: str | None = None
 
@@ -256,8 +280,9 @@ def _manifest_matches(manifest: dict | None, ckpt: Checkpoint) -> bool:
     if not manifest or manifest.get("format") != MANIFEST_FORMAT:
         return False
     try:
-        listed = sorted((f["path"], int(f["size"]), round(float(f["mtime"]), 3))
-                        for f in manifest["files"])
+        listed = sorted(
+            (f["path"], int(f["size"]), round(float(f["mtime"]), 3)) for f in manifest["files"]
+        )
     except (KeyError, TypeError, ValueError):
         return False
     return listed == ckpt.signature()
@@ -271,8 +296,12 @@ def _damaged(manifest: dict, published: Checkpoint) -> set[str]:
     for f in manifest["files"]:
         got = there.get(f["path"])
         stored = f.get("stored_mtime")
-        if got is None or got.size != f["size"] or got.link or \
-                (isinstance(stored, (int, float)) and got.mtime != stored):
+        if (
+            got is None
+            or got.size != f["size"]
+            or got.link
+            or (isinstance(stored, (int, float)) and got.mtime != stored)
+        ):
             out.add(f["path"])
     return out
 
@@ -284,19 +313,24 @@ def _refuse_links(d: Dest, name: str) -> None:
     odd += [(f.path, "is a symlink") for f in d.scan.partials.get(name, []) if f.link]
     if odd:
         path, why = odd[0]
-        raise RelayError(f"{d.host.name}: {d.root}/{PARTIAL_PREFIX}{name}/{path} {why}; a "
-                         "partial folder holds only what the relay wrote: remove it, then "
-                         "relay again")
+        raise RelayError(
+            f"{d.host.name}: {d.root}/{PARTIAL_PREFIX}{name}/{path} {why}; a "
+            "partial folder holds only what the relay wrote: remove it, then "
+            "relay again"
+        )
 
 
 def _hash_many(host: Host, requests: list[dict]) -> dict[tuple[str, int | None], dict]:
     """sha256 of files or prefixes on a host, one remote call: {(path, length): result}."""
     if not requests:
         return {}
-    result = bundle.run_remote(host, ["relay-hash"], stdin=json.dumps(requests).encode(),
-                               python_flags=RELAY_PYTHON_FLAGS)
+    result = bundle.run_remote(
+        host, ["relay-hash"], stdin=json.dumps(requests).encode(), python_flags=RELAY_PYTHON_FLAGS
+    )
     answers = json.loads(result.stdout.strip().splitlines()[-1])
-    return {(req["path"], req.get("length")): ans for req, ans in zip(requests, answers, strict=False)}
+    return {
+        (req["path"], req.get("length")): ans for req, ans in zip(requests, answers, strict=False)
+    }
 
 
 def _parallel(calls: list) -> list:
@@ -308,19 +342,25 @@ def _parallel(calls: list) -> list:
 
 
 class _Relay:
-    def __init__(self, inventory: Inventory, source: str, destinations: list[str],
-                 options: RelayOptions, progress: Progress | None):
+    def __init__(
+        self,
+        inventory: Inventory,
+        source: str,
+        destinations: list[str],
+        options: RelayOptions,
+        progress: Progress | None,
+    ):
         self.inv = inventory
         self.opts = options
         self.progress = progress or Progress()
         self.src_spec = inventory.host(source)
         dest_specs = inventory.expand(destinations)
         if not dest_specs:
-            raise RelayError("no destination: pass --to HOST[,HOST...] or set "
-                             "defaults.relay_to in the inventory")
+            raise RelayError(
+                "no destination: pass --to HOST[,HOST...] or set defaults.relay_to in the inventory"
+            )
         if any(d.name == self.src_spec.name for d in dest_specs):
-            raise RelayError(f"{source} is both the source and a destination; pick another "
-                             "--to")
+            raise RelayError(f"{source} is both the source and a destination; pick another --to")
         self.src_dir_cfg = self._src_dir(self.src_spec)
         self.dest_cfg = [(spec, self._dest_dir(spec)) for spec in dest_specs]
         self.src: Host | None = None
@@ -339,16 +379,20 @@ class _Relay:
         if self.opts.src_dir:
             return self.opts.src_dir
         if spec.trainer is None:
-            raise RelayError(f"{spec.name} has no trainer role; add 'roles: {{trainer: "
-                             "{checkpoints: DIR}}' to it in the inventory or pass --src-dir")
+            raise RelayError(
+                f"{spec.name} has no trainer role; add 'roles: {{trainer: "
+                "{checkpoints: DIR}}' to it in the inventory or pass --src-dir"
+            )
         return spec.trainer.checkpoints
 
     def _dest_dir(self, spec: HostSpec) -> str:
         if self.opts.dest_dir:
             return self.opts.dest_dir
         if spec.eval is None:
-            raise RelayError(f"{spec.name} has no eval role; add 'roles: {{eval: {{drafters: "
-                             "DIR}}}' to it in the inventory or pass --dest-dir")
+            raise RelayError(
+                f"{spec.name} has no eval role; add 'roles: {{eval: {{drafters: "
+                "DIR}}}' to it in the inventory or pass --dest-dir"
+            )
         return spec.eval.drafters
 
     def _reserve(self, spec: HostSpec) -> int:
@@ -378,10 +422,19 @@ class _Relay:
         if self.mux is not None:
             for h in [self.src, *dest_hosts]:
                 self.mux.start(h)
-        results = _parallel([source] + [lambda h=h, d=d: dest(h, d) for h, (_, d) in
-                                        zip(dest_hosts, self.dest_cfg, strict=False)])
-        self.dests = [Dest(h, root, sc, self._reserve(spec)) for h, (root, sc), (spec, _) in
-                      zip(dest_hosts, results[1:1 + len(dest_hosts)], self.dest_cfg, strict=False)]
+        results = _parallel(
+            [source]
+            + [
+                lambda h=h, d=d: dest(h, d)
+                for h, (_, d) in zip(dest_hosts, self.dest_cfg, strict=False)
+            ]
+        )
+        self.dests = [
+            Dest(h, root, sc, self._reserve(spec))
+            for h, (root, sc), (spec, _) in zip(
+                dest_hosts, results[1 : 1 + len(dest_hosts)], self.dest_cfg, strict=False
+            )
+        ]
         return results[0]
 
     def _lock_root(self, host: Host, root: str) -> Scan:
@@ -396,9 +449,13 @@ class _Relay:
         except (OSError, KeyError):  # no login name in this environment
             user = "?"
         by = f"{user}@{socket.gethostname()} pid {os.getpid()}"
-        proc = host.popen(bundle.remote_command(host, ["relay-lock", f"--by={by}",
-                                                       f"--wait={self.opts.lock_wait}", "--",
-                                                       root], python_flags=RELAY_PYTHON_FLAGS))
+        proc = host.popen(
+            bundle.remote_command(
+                host,
+                ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}", "--", root],
+                python_flags=RELAY_PYTHON_FLAGS,
+            )
+        )
         with self._lock:
             self.locks.append(proc)
         line = b""
@@ -416,11 +473,16 @@ class _Relay:
         if not data.get("locked"):
             holder = data.get("holder") or {}
             since = holder.get("since")
-            when = (f", since {_dt.datetime.fromtimestamp(since).strftime('%H:%M:%S')}"
-                    if isinstance(since, (int, float)) else "")
-            raise RelayError(f"another dflash relay is writing to {host.name}:{root} "
-                             f"({holder.get('by') or 'unknown'}{when}); let it finish, "
-                             "then run this again")
+            when = (
+                f", since {_dt.datetime.fromtimestamp(since).strftime('%H:%M:%S')}"
+                if isinstance(since, (int, float))
+                else ""
+            )
+            raise RelayError(
+                f"another dflash relay is writing to {host.name}:{root} "
+                f"({holder.get('by') or 'unknown'}{when}); let it finish, "
+                "then run this again"
+            )
         return parse_scan(root, data.get("scan"), host.name)
 
     def close(self) -> None:
@@ -446,6 +508,7 @@ class _Relay:
 
     def _trainer_role(self):
         from orchestrator.inventory import TrainerRole
+
         return self.src_spec.trainer or TrainerRole(checkpoints=self.src_dir)
 
     def select(self, src_scan: Scan, report: RelayReport) -> list[Checkpoint]:
@@ -464,16 +527,20 @@ class _Relay:
             chosen = [c for c in ckpts.values() if c.step == o.step]
             if not chosen:
                 steps = sorted({c.step for c in ckpts.values() if c.step is not None})
-                raise RelayError(f"no checkpoint for step {o.step} in {where} (steps there: "
-                                 f"{', '.join(map(str, steps[-8:])) or 'none'})")
+                raise RelayError(
+                    f"no checkpoint for step {o.step} in {where} (steps there: "
+                    f"{', '.join(map(str, steps[-8:])) or 'none'})"
+                )
         elif o.all:
             chosen = sorted(ckpts.values(), key=_order)
         else:
             done = [c for c in ckpts.values() if c.complete]
             if not done:
-                raise RelayError(f"no complete checkpoint in {where} "
-                                 f"({len(ckpts)} there, none finished); see dflash relay "
-                                 "--list")
+                raise RelayError(
+                    f"no complete checkpoint in {where} "
+                    f"({len(ckpts)} there, none finished); see dflash relay "
+                    "--list"
+                )
             chosen = [max(done, key=_order)]
         out = []
         named = bool(o.names) or o.step is not None
@@ -481,13 +548,15 @@ class _Relay:
             if c.complete:
                 out.append(c)
             else:
-                report.incomplete.append({"name": c.name, "step": c.step, "reason": c.reason,
-                                          "named": named})
+                report.incomplete.append(
+                    {"name": c.name, "step": c.step, "reason": c.reason, "named": named}
+                )
         return out
 
     # -- planning ----------------------------------------------------------------------------
-    def plan(self, ckpts: list[Checkpoint], report: RelayReport) -> list[tuple[CheckpointReport,
-                                                                             list[FileTask]]]:
+    def plan(
+        self, ckpts: list[Checkpoint], report: RelayReport
+    ) -> list[tuple[CheckpointReport, list[FileTask]]]:
         """Decide per checkpoint and destination what to send, hashing prefixes where a
         partial file could be resumed; no payload moves here."""
         plans = []
@@ -514,14 +583,19 @@ class _Relay:
                             pending.append((ckpt, di, "verify", f, None, key, hashes[f.path]))
                     continue
                 if published and manifest is None:
-                    raise RelayError(f"{d.host.name}: {d.root}/{ckpt.name} exists but was not "
-                                     "relayed by dflash (no manifest); move it away, then "
-                                     "relay again")
+                    raise RelayError(
+                        f"{d.host.name}: {d.root}/{ckpt.name} exists but was not "
+                        "relayed by dflash (no manifest); move it away, then "
+                        "relay again"
+                    )
                 _refuse_links(d, ckpt.name)
                 partial = {f.path: f.size for f in d.scan.partials.get(ckpt.name, [])}
                 names = {f.path for f in ckpt.files}
-                d.stale += [_partial_path(d.root, ckpt, SourceFile(p, 0, 0))
-                            for p in partial if p not in names]
+                d.stale += [
+                    _partial_path(d.root, ckpt, SourceFile(p, 0, 0))
+                    for p in partial
+                    if p not in names
+                ]
                 for f in ckpt.files:
                     have = partial.get(f.path, 0)
                     if 0 < have <= f.size:
@@ -533,9 +607,13 @@ class _Relay:
                     else:
                         pending.append((ckpt, di, "send", f, None, None, None))
             plans.append((ckpt, crep))
-        answers = _parallel([lambda: _hash_many(self.src, list(src_req.values()))] +
-                            [lambda d=d, r=r: _hash_many(d.host, list(r.values()))
-                             for d, r in zip(self.dests, dest_req, strict=False)])
+        answers = _parallel(
+            [lambda: _hash_many(self.src, list(src_req.values()))]
+            + [
+                lambda d=d, r=r: _hash_many(d.host, list(r.values()))
+                for d, r in zip(self.dests, dest_req, strict=False)
+            ]
+        )
         src_ans, dest_ans = answers[0], answers[1:]
 
         tasks: dict[tuple[str, str], FileTask] = {}
@@ -556,8 +634,12 @@ class _Relay:
                 offset = 0
                 if kind == "resume":
                     a, b = src_ans.get(ks, {}), dest_ans[di].get(kd, {})
-                    if a.get("sha256") and a.get("sha256") == b.get("sha256") and \
-                            a.get("complete") and b.get("complete"):
+                    if (
+                        a.get("sha256")
+                        and a.get("sha256") == b.get("sha256")
+                        and a.get("complete")
+                        and b.get("complete")
+                    ):
                         offset = ks[1]
                 if kind == "resume" and offset == f.size:  # whole and verified already
                     st.bytes_skipped += f.size
@@ -593,7 +675,8 @@ class _Relay:
                     f"{human_bytes(d.need)} more, {human_bytes(d.scan.free)} is free and "
                     f"{human_bytes(d.reserve)} must stay free (reserve), short by "
                     f"{human_bytes(d.need - room)}; free space there, use --keep, or lower the "
-                    "reserve")
+                    "reserve"
+                )
 
     # -- transfer ----------------------------------------------------------------------------
     def _start(self, host: Host, argv: list[str], *, stdin: bool, stdout: bool) -> Stream:
@@ -630,18 +713,22 @@ class _Relay:
                     continue
                 with self._lock:
                     st.status = "failed"
-                    st.error = st.error or (f"{task.ckpt.name}/{task.file.path}: "
-                                            + ("sha256 differs twice" if outcome == "mismatch"
-                                               else outcome))
+                    st.error = st.error or (
+                        f"{task.ckpt.name}/{task.file.path}: "
+                        + ("sha256 differs twice" if outcome == "mismatch" else outcome)
+                    )
             if not retry:
                 break
             items = list(retry.values())
-            self.progress.message("sha256 mismatch on "
-                                  + ", ".join(task.file.path for task, _ in items)
-                                  + "; sending again")
+            self.progress.message(
+                "sha256 mismatch on "
+                + ", ".join(task.file.path for task, _ in items)
+                + "; sending again"
+            )
 
-    def _send(self, items: list[tuple[FileTask, list[Target]]]
-              ) -> list[tuple[FileTask, Target, str]]:
+    def _send(
+        self, items: list[tuple[FileTask, list[Target]]]
+    ) -> list[tuple[FileTask, Target, str]]:
         """One ``relay-send`` for all the files of `items`, one ``relay-recv`` per
         destination for the files it needs; outcome per (file, target): "ok", "mismatch"
         or what failed."""
@@ -658,17 +745,30 @@ class _Relay:
                 j = dests.index(t.dest)
                 route[j] = t.offset - starts[i]
                 where[(i, j)] = (t, len(requests[j]))
-                requests[j].append({"path": t.write_path[len(t.dest.root.rstrip("/")) + 1:],
-                                    "offset": t.offset, "mtime": task.file.mtime})
+                requests[j].append(
+                    {
+                        "path": t.write_path[len(t.dest.root.rstrip("/")) + 1 :],
+                        "offset": t.offset,
+                        "mtime": task.file.mtime,
+                    }
+                )
             routes.append(route)
         src = self._start(self.src, ["relay-send"], stdin=True, stdout=True)
-        outs = [self._start(d.host, ["relay-recv", "--", d.root], stdin=True, stdout=True)
-                for d in dests]
+        outs = [
+            self._start(d.host, ["relay-recv", "--", d.root], stdin=True, stdout=True)
+            for d in dests
+        ]
         try:
             try:
-                write_all(src.stdin_fd, json.dumps(
-                    [{"path": task.src_path, "offset": start}
-                     for (task, _), start in zip(items, starts, strict=False)]).encode())
+                write_all(
+                    src.stdin_fd,
+                    json.dumps(
+                        [
+                            {"path": task.src_path, "offset": start}
+                            for (task, _), start in zip(items, starts, strict=False)
+                        ]
+                    ).encode(),
+                )
             except OSError:
                 pass  # the source is gone: its exit status says why
             src.close_stdin()
@@ -703,13 +803,21 @@ class _Relay:
                 # since a destination's "stream ended" follows from it.
                 src_failed = a is None and scode != 0 and not src_killed
                 if b is None and not src_failed:
-                    outcome = (describe_failure(d.host, code, err) if code != 0 else
-                               f"{d.host.name}: {s.failed or 'no result'}")
+                    outcome = (
+                        describe_failure(d.host, code, err)
+                        if code != 0
+                        else f"{d.host.name}: {s.failed or 'no result'}"
+                    )
                 elif a is None:
-                    outcome = (describe_failure(self.src, scode, serr) if scode != 0 else
-                               f"{self.src.name}: no result for {task.file.path}")
-                elif a.get("sha256") == b.get("sha256") and \
-                        a.get("size") == b.get("size") == task.file.size:
+                    outcome = (
+                        describe_failure(self.src, scode, serr)
+                        if scode != 0
+                        else f"{self.src.name}: no result for {task.file.path}"
+                    )
+                elif (
+                    a.get("sha256") == b.get("sha256")
+                    and a.get("size") == b.get("size") == task.file.size
+                ):
                     t.sha256 = b["sha256"]
                     outcome = "ok"
                 else:
@@ -742,8 +850,9 @@ class _Relay:
 
     def transfer(self, plans, report: RelayReport) -> None:
         self._statuses = {crep.name: crep.destinations for crep, _, _ in plans}
-        total = sum(t.file.size - min(x.offset for x in t.targets)
-                    for _, _, tasks in plans for t in tasks)
+        total = sum(
+            t.file.size - min(x.offset for x in t.targets) for _, _, tasks in plans for t in tasks
+        )
         self.progress.start(total, sum(len(tasks) for _, _, tasks in plans))
         for d in self.dests:
             if d.stale:  # else they would be published with the checkpoint
@@ -786,20 +895,30 @@ class _Relay:
                     continue
                 hashes = self.hashes.get((ckpt.name, d.host.name), {})
                 manifest = {
-                    "format": MANIFEST_FORMAT, "checkpoint": ckpt.name, "kind": ckpt.kind,
+                    "format": MANIFEST_FORMAT,
+                    "checkpoint": ckpt.name,
+                    "kind": ckpt.kind,
                     "step": ckpt.step,
                     "source": {"host": self.src.name, "path": f"{self.src_dir}/{ckpt.name}"},
-                    "relayed_at": _dt.datetime.now(_dt.timezone.utc).isoformat(
-                        timespec="seconds"),
+                    "relayed_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     "size": ckpt.size,
-                    "files": [{"path": f.path, "size": f.size, "sha256": hashes[f.path],
-                               "mtime": f.mtime, **({"link": True} if f.link else {})}
-                              for f in ckpt.files],
+                    "files": [
+                        {
+                            "path": f.path,
+                            "size": f.size,
+                            "sha256": hashes[f.path],
+                            "mtime": f.mtime,
+                            **({"link": True} if f.link else {}),
+                        }
+                        for f in ckpt.files
+                    ],
                 }
-                bundle.run_remote(d.host, ["relay-publish", f"--kind={ckpt.kind}", "--",
-                                           d.root, ckpt.name],
-                                  stdin=json.dumps(manifest).encode(),
-                                  python_flags=RELAY_PYTHON_FLAGS)
+                bundle.run_remote(
+                    d.host,
+                    ["relay-publish", f"--kind={ckpt.kind}", "--", d.root, ckpt.name],
+                    stdin=json.dumps(manifest).encode(),
+                    python_flags=RELAY_PYTHON_FLAGS,
+                )
                 st.status = "relayed"
             except Exception as exc:  # one destination failing must not stop the others
                 st.status = "failed"
@@ -848,8 +967,14 @@ def _order(c: Checkpoint) -> tuple:
 
 # ---- entry points -----------------------------------------------------------------------
 
-def relay(inventory: Inventory, source: str, destinations: list[str],
-          options: RelayOptions | None = None, progress: Progress | None = None) -> RelayReport:
+
+def relay(
+    inventory: Inventory,
+    source: str,
+    destinations: list[str],
+    options: RelayOptions | None = None,
+    progress: Progress | None = None,
+) -> RelayReport:
     """Relay checkpoints from `source` to every host in `destinations` (see module doc).
 
     Returns a report; destinations that failed are marked in it (``report.ok`` is False)
@@ -862,8 +987,9 @@ def relay(inventory: Inventory, source: str, destinations: list[str],
     r = _Relay(inventory, source, destinations, options, progress)
     try:
         src_scan = r.open()
-        report = RelayReport(r.src.name, r.src_dir, {d.host.name: d.root for d in r.dests},
-                             dry_run=options.dry_run)
+        report = RelayReport(
+            r.src.name, r.src_dir, {d.host.name: d.root for d in r.dests}, dry_run=options.dry_run
+        )
         ckpts = r.select(src_scan, report)
         plans = r.plan(ckpts, report)
         r.check_space()
@@ -882,8 +1008,9 @@ def relay(inventory: Inventory, source: str, destinations: list[str],
         r.close()
 
 
-def list_checkpoints(inventory: Inventory, source: str, destinations: list[str],
-                     options: RelayOptions | None = None) -> dict[str, Any]:
+def list_checkpoints(
+    inventory: Inventory, source: str, destinations: list[str], options: RelayOptions | None = None
+) -> dict[str, Any]:
     """What exists on the source, whether complete, and where it is already relayed:
     ``relayed`` (manifest matches the source), ``stale`` (relayed, source changed since),
     ``partial`` (bytes there of the total) or ``no``."""
@@ -894,13 +1021,19 @@ def list_checkpoints(inventory: Inventory, source: str, destinations: list[str],
         src_scan = r.open()
         rows = []
         for c in sorted(src_scan.checkpoints.values(), key=_order):
-            row = {"name": c.name, "step": c.step, "kind": c.kind, "files": len(c.files),
-                   "size": c.size, "complete": c.complete, "reason": c.reason,
-                   "destinations": {}}
+            row = {
+                "name": c.name,
+                "step": c.step,
+                "kind": c.kind,
+                "files": len(c.files),
+                "size": c.size,
+                "complete": c.complete,
+                "reason": c.reason,
+                "destinations": {},
+            }
             for d in r.dests:
                 if c.name in d.scan.checkpoints and c.name in d.scan.manifests:
-                    state = "relayed" if _manifest_matches(d.scan.manifests[c.name], c) \
-                        else "stale"
+                    state = "relayed" if _manifest_matches(d.scan.manifests[c.name], c) else "stale"
                 elif c.name in d.scan.partials:
                     have = sum(f.size for f in d.scan.partials[c.name])
                     state = f"partial {have}/{c.size}"
@@ -908,11 +1041,23 @@ def list_checkpoints(inventory: Inventory, source: str, destinations: list[str],
                     state = "no"
                 row["destinations"][d.host.name] = state
             rows.append(row)
-        return {"source": r.src.name, "source_dir": r.src_dir,
-                "destinations": {d.host.name: d.root for d in r.dests}, "checkpoints": rows}
+        return {
+            "source": r.src.name,
+            "source_dir": r.src_dir,
+            "destinations": {d.host.name: d.root for d in r.dests},
+            "checkpoints": rows,
+        }
     finally:
         r.close()
 
 
-__all__ = ["relay", "list_checkpoints", "RelayOptions", "RelayReport", "Progress",
-           "RelayError", "RelayIncomplete", "quote"]
+__all__ = [
+    "relay",
+    "list_checkpoints",
+    "RelayOptions",
+    "RelayReport",
+    "Progress",
+    "RelayError",
+    "RelayIncomplete",
+    "quote",
+]

@@ -47,8 +47,9 @@ CHUNK = 4 * 1024 * 1024
 def local_ciphers() -> tuple[str, ...]:
     """Ciphers this machine's ssh client supports (``ssh -Q cipher``)."""
     try:
-        out = subprocess.run(["ssh", "-Q", "cipher"], capture_output=True, text=True,
-                             timeout=10).stdout.split()
+        out = subprocess.run(
+            ["ssh", "-Q", "cipher"], capture_output=True, text=True, timeout=10
+        ).stdout.split()
     except (OSError, subprocess.TimeoutExpired):
         return ()
     return tuple(out)
@@ -66,13 +67,16 @@ def openssh_options(host: Host) -> list[str]:
     does: both are rendered from the one `SSHSettings` resolved when the host was opened
     (`orchestrator.transport.ssh_settings`), plus our cipher preference."""
     if shutil.which("ssh") is None:
-        raise DflashError("the OpenSSH client 'ssh' is not installed on this machine; the "
-                          "relay needs it (apt install openssh-client)")
+        raise DflashError(
+            "the OpenSSH client 'ssh' is not installed on this machine; the "
+            "relay needs it (apt install openssh-client)"
+        )
     return host.settings.openssh_options(cipher_list())
 
 
-def stream_argv(host: Host, line: str, inventory: Inventory | None,
-                mux: Multiplexer | None = None) -> list[str]:
+def stream_argv(
+    host: Host, line: str, inventory: Inventory | None, mux: Multiplexer | None = None
+) -> list[str]:
     """The local argv that runs shell command `line` on `host` with binary pipes."""
     if isinstance(host, hosts_mod.LocalHost):
         return ["bash", "-c", line]
@@ -92,7 +96,8 @@ _TIED_TO_PARENT = (
     "    pass\n"
     "if os.getppid() != int(sys.argv[1]):\n"
     "    sys.exit(0)\n"  # the parent died before prctl: nobody to serve
-    "os.execvp(sys.argv[2], sys.argv[2:])\n")
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 _DIR_PREFIX = "dfr-"  # + owner pid + "-": short, unix socket paths are limited
 
@@ -160,13 +165,24 @@ class Multiplexer:
             return
         with self._lock:
             path = os.path.join(self.dir, str(len(self.masters)))
-            argv = ["ssh", *openssh_options(host), "-M", "-N",
-                    "-o", f"ControlPath={path}", "-o", "ControlPersist=no",
-                    host.settings.alias]
+            argv = [
+                "ssh",
+                *openssh_options(host),
+                "-M",
+                "-N",
+                "-o",
+                f"ControlPath={path}",
+                "-o",
+                "ControlPersist=no",
+                host.settings.alias,
+            ]
             self.masters[path] = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _TIED_TO_PARENT, str(os.getpid()), *argv],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True)
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             self.paths[id(host)] = path
 
     def close(self) -> None:
@@ -185,15 +201,26 @@ class Multiplexer:
 class Stream:
     """One running ``ssh`` (or local bash) command with raw pipe file descriptors."""
 
-    def __init__(self, host: Host, line: str, inventory: Inventory | None, *,
-                 stdin: bool, stdout: bool, mux: Multiplexer | None = None):
+    def __init__(
+        self,
+        host: Host,
+        line: str,
+        inventory: Inventory | None,
+        *,
+        stdin: bool,
+        stdout: bool,
+        mux: Multiplexer | None = None,
+    ):
         self.host = host
         self._err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             stream_argv(host, line, inventory, mux),
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE if stdout else subprocess.DEVNULL, stderr=self._err,
-            bufsize=0, start_new_session=True)  # Ctrl-C reaches us; we end them ourselves
+            stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
+            stderr=self._err,
+            bufsize=0,
+            start_new_session=True,
+        )  # Ctrl-C reaches us; we end them ourselves
         self.failed: str | None = None
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
@@ -240,6 +267,7 @@ def widen_pipe(fd: int, size: int = 1024 * 1024) -> None:
     64 KiB and the per-call costs dominate."""
     try:
         import fcntl
+
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
     except (OSError, ImportError):
         pass
@@ -269,7 +297,7 @@ def describe_failure(host: Host, code: int, err: str) -> str:
         return f"connection to {host.name} lost ({last_line(err) or 'ssh exit 255'})"
     for line in reversed(err.splitlines()):
         if line.startswith(ERROR_PREFIX):
-            return f"{host.name}: {line[len(ERROR_PREFIX):]}"
+            return f"{host.name}: {line[len(ERROR_PREFIX) :]}"
     return f"{host.name}: exit {code}: {last_line(err) or 'no message'}"
 
 
@@ -279,9 +307,13 @@ def send_request(dest: Stream, request: list[dict]) -> None:
     _write(dest, FRAME_HEADER.pack(len(data)) + data)
 
 
-def pump(src: Stream, dests: Sequence[Stream], routes: Sequence[Sequence[int | None]],
-         on_bytes: Callable[[int], None] | None = None,
-         cancelled: threading.Event | None = None) -> list[int]:
+def pump(
+    src: Stream,
+    dests: Sequence[Stream],
+    routes: Sequence[Sequence[int | None]],
+    on_bytes: Callable[[int], None] | None = None,
+    cancelled: threading.Event | None = None,
+) -> list[int]:
     """Move the source's frames (one per file) to the destinations; bytes read per file.
 
     ``routes[i][d]`` says what destination d gets of file i: None, nothing (it needs no
@@ -303,20 +335,23 @@ def pump(src: Stream, dests: Sequence[Stream], routes: Sequence[Sequence[int | N
         if len(head) < FRAME_HEADER.size:
             break  # the source stopped; its exit status says why
         length = FRAME_HEADER.unpack(head)[0]
-        takers = [d for d, skip in enumerate(route)
-                  if skip is not None and dests[d].failed is None]
+        takers = [d for d, skip in enumerate(route) if skip is not None and dests[d].failed is None]
         for d in takers:
             _write(dests[d], FRAME_HEADER.pack(max(0, length - route[d])))
         takers = [d for d in takers if dests[d].failed is None]
         if splice_ok and len(takers) == 1 and route[takers[0]] == 0:
             got, splice_ok = _splice(src_fd, dests[takers[0]], length, on_bytes, cancelled)
-            if got < length and dests[takers[0]].failed is not None and \
-                    any(d.failed is None for d in dests):
+            if (
+                got < length
+                and dests[takers[0]].failed is not None
+                and any(d.failed is None for d in dests)
+            ):
                 # its receiver broke mid-frame: read past the rest for the others' files
                 got += _fan_out(src_fd, [], length - got, None, cancelled)
         else:
-            got = _fan_out(src_fd, [(dests[d], route[d]) for d in takers], length, on_bytes,
-                           cancelled)
+            got = _fan_out(
+                src_fd, [(dests[d], route[d]) for d in takers], length, on_bytes, cancelled
+            )
         read.append(got)
         if got < length:
             break
@@ -358,8 +393,7 @@ def _splice(src_fd: int, dest: Stream, length: int, on_bytes, cancelled) -> tupl
     return done, True
 
 
-def _fan_out(src_fd: int, dests: list[tuple[Stream, int]], length: int, on_bytes,
-             cancelled) -> int:
+def _fan_out(src_fd: int, dests: list[tuple[Stream, int]], length: int, on_bytes, cancelled) -> int:
     """Copy one frame of `length` bytes to each (receiver, bytes it skips); bytes read."""
     pos = 0
     while pos < length:

@@ -62,10 +62,14 @@ def _target(run: res.Run) -> Any:
     inputs = run.result.get("inputs") or {}
     ident = inputs.get("target_identity")
     if isinstance(ident, dict) and ident.get("config_sha256"):
-        return ("config", ident.get("config_sha256"),
-                tuple(map(tuple, ident.get("weights") or [])))
-    return ("shape", inputs.get("target_architecture"), inputs.get("target_layers"),
-            inputs.get("target_vocab_size"), inputs.get("target"))
+        return ("config", ident.get("config_sha256"), tuple(map(tuple, ident.get("weights") or [])))
+    return (
+        "shape",
+        inputs.get("target_architecture"),
+        inputs.get("target_layers"),
+        inputs.get("target_vocab_size"),
+        inputs.get("target"),
+    )
 
 
 def _prompts(run: res.Run) -> Any:
@@ -82,12 +86,17 @@ def _dtype(run: res.Run) -> Any:
     return (run.result.get("environment") or {}).get("dtype") or run.spec.get("dtype")
 
 
-CHECKS = (("prompts", _prompts), ("ground truth", _ground_truth), ("target", _target),
-          ("dtype", _dtype))
+CHECKS = (
+    ("prompts", _prompts),
+    ("ground truth", _ground_truth),
+    ("target", _target),
+    ("dtype", _dtype),
+)
 
 
-def comparability(a: res.Run, b: res.Run, recs_a: list[dict] | None = None,
-                  recs_b: list[dict] | None = None) -> list[str]:
+def comparability(
+    a: res.Run, b: res.Run, recs_a: list[dict] | None = None, recs_b: list[dict] | None = None
+) -> list[str]:
     """Why `a` and `b` cannot be paired sample by sample; [] when they can."""
     problems = []
     for what, key in CHECKS:
@@ -105,12 +114,17 @@ def comparability(a: res.Run, b: res.Run, recs_a: list[dict] | None = None,
     if not shared:
         problems.append("no sample ids in common")
     # The same id must be the same sample: equal prompt and completion lengths at least.
-    differ = [str(ra.get("id")) for ra, rb in shared
-              if (ra.get("prompt_tokens"), ra.get("completion_tokens"))
-              != (rb.get("prompt_tokens"), rb.get("completion_tokens"))]
+    differ = [
+        str(ra.get("id"))
+        for ra, rb in shared
+        if (ra.get("prompt_tokens"), ra.get("completion_tokens"))
+        != (rb.get("prompt_tokens"), rb.get("completion_tokens"))
+    ]
     if differ:
-        problems.append(f"different ground truth for {len(differ)} shared sample ids "
-                        f"(e.g. {differ[0]}): prompt or completion lengths differ")
+        problems.append(
+            f"different ground truth for {len(differ)} shared sample ids "
+            f"(e.g. {differ[0]}): prompt or completion lengths differ"
+        )
     return problems
 
 
@@ -130,8 +144,9 @@ def sample_values(rec: dict, budget: str | None) -> float | None:
     return _tau((rec.get("ddtree") or {}).get(budget))
 
 
-def bootstrap_interval(diffs: list[float], resamples: int = RESAMPLES,
-                       confidence: float = CONFIDENCE, seed: int = 0) -> tuple[float, float]:
+def bootstrap_interval(
+    diffs: list[float], resamples: int = RESAMPLES, confidence: float = CONFIDENCE, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of `diffs` (seeded: reproducible).
     numpy draws the resamples in blocks: 1000 samples x 5000 resamples take milliseconds
     (a pure-Python loop took 3 s per metric)."""
@@ -143,9 +158,12 @@ def bootstrap_interval(diffs: list[float], resamples: int = RESAMPLES,
     values = np.asarray(diffs, dtype=np.float64)
     rng = np.random.default_rng(seed)
     block = max(1, 2_000_000 // n)  # indices per block <= 2M (16 MB)
-    means = np.concatenate([
-        values[rng.integers(0, n, size=(min(block, resamples - start), n))].mean(axis=1)
-        for start in range(0, resamples, block)])
+    means = np.concatenate(
+        [
+            values[rng.integers(0, n, size=(min(block, resamples - start), n))].mean(axis=1)
+            for start in range(0, resamples, block)
+        ]
+    )
     tail = (1 - confidence) / 2
     lo, hi = np.quantile(means, [tail, 1 - tail])
     return float(lo), float(hi)
@@ -158,15 +176,16 @@ def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) ->
     out.problems = comparability(a, b, recs_a, recs_b)
     ids_a = {str(r.get("id")) for r in recs_a}
     ids_b = {str(r.get("id")) for r in recs_b}
-    out.samples, out.only_a, out.only_b = len(ids_a & ids_b), len(ids_a - ids_b), \
-        len(ids_b - ids_a)
+    out.samples, out.only_a, out.only_b = len(ids_a & ids_b), len(ids_a - ids_b), len(ids_b - ids_a)
     if out.problems:
         return out
     out.comparable = True
     by_id = {str(r.get("id")): r for r in recs_a}
     pairs = [(by_id[str(r.get("id"))], r) for r in recs_b if str(r.get("id")) in by_id]
-    budgets = sorted(set.intersection(*[set(r.get("ddtree") or {}) for pair in pairs
-                                         for r in pair]), key=res.budget_key)
+    budgets = sorted(
+        set.intersection(*[set(r.get("ddtree") or {}) for pair in pairs for r in pair]),
+        key=res.budget_key,
+    )
     for budget in [None, *budgets]:
         vals = [(sample_values(ra, budget), sample_values(rb, budget)) for ra, rb in pairs]
         vals = [(x, y) for x, y in vals if x is not None and y is not None]
@@ -175,10 +194,17 @@ def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) ->
         diffs = [y - x for x, y in vals]
         n = len(diffs)
         lo, hi = bootstrap_interval(diffs, resamples, CONFIDENCE, seed)
-        out.deltas.append(Delta(
-            metric="tau" if budget is None else f"DDTree-{budget} tau",
-            mean_a=sum(x for x, _ in vals) / n, mean_b=sum(y for _, y in vals) / n,
-            delta=sum(diffs) / n, low=lo, high=hi,
-            improved=sum(d > 0 for d in diffs) / n, worse=sum(d < 0 for d in diffs) / n,
-            tied=sum(d == 0 for d in diffs) / n))
+        out.deltas.append(
+            Delta(
+                metric="tau" if budget is None else f"DDTree-{budget} tau",
+                mean_a=sum(x for x, _ in vals) / n,
+                mean_b=sum(y for _, y in vals) / n,
+                delta=sum(diffs) / n,
+                low=lo,
+                high=hi,
+                improved=sum(d > 0 for d in diffs) / n,
+                worse=sum(d < 0 for d in diffs) / n,
+                tied=sum(d == 0 for d in diffs) / n,
+            )
+        )
     return out

@@ -61,8 +61,11 @@ def row(run: res.Run) -> dict[str, Any]:
 def scalars(run: res.Run) -> dict[str, float]:
     """The tracker scalars of a run (None values left out)."""
     s = res.summary(run)
-    out = {"tau/per_sample": s["tau"], "tau/token_weighted": s["tau_tokens"],
-           "target_agreement": s["target_agreement"]}
+    out = {
+        "tau/per_sample": s["tau"],
+        "tau/token_weighted": s["tau_tokens"],
+        "target_agreement": s["target_agreement"],
+    }
     for b, v in s["ddtree"].items():
         out[f"ddtree_tau/budget_{b}"] = v
     return {k: float(v) for k, v in out.items() if v is not None}
@@ -92,8 +95,9 @@ def _csv(fh, columns: list[str], rows: list[dict]) -> None:
 
 
 def write_jsonl(runs: list[res.Run], path: str | Path) -> Path:
-    return _atomic(Path(path), lambda fh: fh.writelines(
-        json.dumps(row(r), default=str) + "\n" for r in runs))
+    return _atomic(
+        Path(path), lambda fh: fh.writelines(json.dumps(row(r), default=str) + "\n" for r in runs)
+    )
 
 
 def _atomic(path: Path, write) -> Path:
@@ -106,6 +110,7 @@ def _atomic(path: Path, write) -> Path:
 
 
 # ---- trackers ------------------------------------------------------------------------------
+
 
 class Tracker(Protocol):
     def log(self, run: res.Run) -> None: ...
@@ -122,8 +127,9 @@ class TensorBoardTracker:
             from tensorboard.compat.proto.summary_pb2 import Summary
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError:
-            raise TrackerUnavailable("TensorBoard export needs tensorboard: pip install "
-                                     "'dflash[trackers]'") from None
+            raise TrackerUnavailable(
+                "TensorBoard export needs tensorboard: pip install 'dflash[trackers]'"
+            ) from None
         self._event, self._summary, self._writer_cls = Event, Summary, EventFileWriter
         self.logdir = Path(logdir)
         if self.logdir.exists() and not self.logdir.is_dir():
@@ -136,11 +142,13 @@ class TensorBoardTracker:
         name = series_name(res.series_key(run))
         if name not in self.writers:
             self.writers[name] = self._writer_cls(str(self.logdir / name))
-        values = [self._summary.Value(tag=tag, simple_value=value)
-                  for tag, value in scalars(run).items()]
+        values = [
+            self._summary.Value(tag=tag, simple_value=value) for tag, value in scalars(run).items()
+        ]
         w = self.writers[name]
-        w.add_event(self._event(wall_time=run.created, step=run.step,
-                                summary=self._summary(value=values)))
+        w.add_event(
+            self._event(wall_time=run.created, step=run.step, summary=self._summary(value=values))
+        )
         w.flush()
 
     def close(self) -> None:
@@ -158,8 +166,9 @@ class WandbTracker:
         try:
             import wandb
         except ImportError:
-            raise TrackerUnavailable("W&B export needs wandb: pip install "
-                                     "'dflash[trackers]'") from None
+            raise TrackerUnavailable(
+                "W&B export needs wandb: pip install 'dflash[trackers]'"
+            ) from None
         self.wandb = wandb
         self.project = project
         self.dir = Path(directory)
@@ -175,12 +184,22 @@ class WandbTracker:
             self.dir.mkdir(parents=True, exist_ok=True)
             t = run.training_run
             self.runs[name] = self.wandb.init(
-                project=self.project, name=res.series_label(key), id=name[-8:] + "-" +
-                hashlib.sha256(self.project.encode()).hexdigest()[:6],
-                dir=str(self.dir), mode=self.mode, resume="allow", reinit="create_new",
-                config={"trainer": t.host, "checkpoints_folder": t.folder,
-                        "training_run": t.name, "prompts": key[3], "ground_truth": key[4]},
-                settings=self.wandb.Settings(silent=True, console="off"))
+                project=self.project,
+                name=res.series_label(key),
+                id=name[-8:] + "-" + hashlib.sha256(self.project.encode()).hexdigest()[:6],
+                dir=str(self.dir),
+                mode=self.mode,
+                resume="allow",
+                reinit="create_new",
+                config={
+                    "trainer": t.host,
+                    "checkpoints_folder": t.folder,
+                    "training_run": t.name,
+                    "prompts": key[3],
+                    "ground_truth": key[4],
+                },
+                settings=self.wandb.Settings(silent=True, console="off"),
+            )
             self.runs[name].define_metric(STEP_METRIC)
             self.runs[name].define_metric("*", step_metric=STEP_METRIC)
         return self.runs[name]

@@ -28,8 +28,10 @@ from orchestrator.results import store as res
 DDTREE_MARKERS = ("s", "^", "v", "D", "P", "X")
 
 
-MISSING = ("plots skipped: matplotlib is not installed "
-           "(pip install 'dflash[plot]', or bash scripts/setup.sh)")
+MISSING = (
+    "plots skipped: matplotlib is not installed "
+    "(pip install 'dflash[plot]', or bash scripts/setup.sh)"
+)
 _told = False
 
 
@@ -75,8 +77,9 @@ def histogram_figure(run: res.Run) -> Any | None:
     ax.set_xticks([k for k, _ in hist])
     stats = ""
     if tau is not None:
-        stats = f"\ntau {tau:.3f}" + (f" (token-weighted {tau_tok:.3f})"
-                                      if tau_tok is not None else "")
+        stats = f"\ntau {tau:.3f}" + (
+            f" (token-weighted {tau_tok:.3f})" if tau_tok is not None else ""
+        )
     ax.set_title(f"acceptance histogram: {_title(run)}{stats}", fontsize=9)
     fig.tight_layout()
     return fig
@@ -98,8 +101,15 @@ def per_position_figure(run: res.Run) -> Any | None:
     line.set_gid("data-per-position")
     for x, y, p in zip(xs, ys, pos, strict=False):
         if p.get("attempts") is not None:
-            ax.annotate(f"n={p['attempts']}", (x, y), textcoords="offset points",
-                        xytext=(0, 7), ha="center", fontsize=7, color="#555555")
+            ax.annotate(
+                f"n={p['attempts']}",
+                (x, y),
+                textcoords="offset points",
+                xytext=(0, 7),
+                ha="center",
+                fontsize=7,
+                color="#555555",
+            )
     ax.set_xticks(xs)
     ax.set_ylim(0, 1.12)
     ax.set_xlabel("draft position j")
@@ -136,31 +146,47 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
         steps = [r.step for r in pts]
         prefix = f"{res.series_label(key)}: " if many else ""
         lines: list[tuple[str, list, dict]] = [
-            ("tau", [r.metrics.get("tau_per_sample_mean") for r in pts],
-             {"marker": "o", "linestyle": "-"}),
-            ("tau token-weighted", [r.metrics.get("tau_token_weighted") for r in pts],
-             {"linestyle": "--", "alpha": 0.7}),
+            (
+                "tau",
+                [r.metrics.get("tau_per_sample_mean") for r in pts],
+                {"marker": "o", "linestyle": "-"},
+            ),
+            (
+                "tau token-weighted",
+                [r.metrics.get("tau_token_weighted") for r in pts],
+                {"linestyle": "--", "alpha": 0.7},
+            ),
         ]
-        budgets = sorted({b for r in pts for b in (r.metrics.get("ddtree") or {})},
-                         key=res.budget_key)
+        budgets = sorted(
+            {b for r in pts for b in (r.metrics.get("ddtree") or {})}, key=res.budget_key
+        )
         for j, b in enumerate(budgets):
-            lines.append((f"DDTree-{b} tau",
-                          [((r.metrics.get("ddtree") or {}).get(b) or {})
-                           .get("tau_per_sample_mean") for r in pts],
-                          {"marker": DDTREE_MARKERS[j % len(DDTREE_MARKERS)],
-                           "linestyle": ":", "markersize": 4}))
+            lines.append(
+                (
+                    f"DDTree-{b} tau",
+                    [
+                        ((r.metrics.get("ddtree") or {}).get(b) or {}).get("tau_per_sample_mean")
+                        for r in pts
+                    ],
+                    {
+                        "marker": DDTREE_MARKERS[j % len(DDTREE_MARKERS)],
+                        "linestyle": ":",
+                        "markersize": 4,
+                    },
+                )
+            )
         for j, (name, ys, style) in enumerate(lines):
             xy = [(x, y) for x, y in zip(steps, ys, strict=False) if y is not None]
             if not xy:
                 continue
             colour = f"C{i % 10}" if many else f"C{j % 10}"
-            (line,) = ax.plot([x for x, _ in xy], [y for _, y in xy], color=colour,
-                              label=prefix + name, **style)
+            (line,) = ax.plot(
+                [x for x, _ in xy], [y for _, y in xy], color=colour, label=prefix + name, **style
+            )
             line.set_gid(f"data-tau-{i}-{re.sub(r'[^a-z0-9]+', '-', name.lower())}")
     ax.set_xlabel("training step")
     ax.set_ylabel("tau (mean acceptance length)")
-    ax.set_title("tau per training step (DDTree: best-first tree of that many nodes)",
-                 fontsize=10)
+    ax.set_title("tau per training step (DDTree: best-first tree of that many nodes)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
@@ -174,8 +200,9 @@ def save_png(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     if not path.parent.is_dir():
         plt.close(fig)
-        raise DflashError(f"no folder {path.parent} to write {path.name} into; create it "
-                          "or give another path")
+        raise DflashError(
+            f"no folder {path.parent} to write {path.name} into; create it or give another path"
+        )
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -194,15 +221,17 @@ def svg(fig: Any, salt: str = "") -> str:
         fig.savefig(buf, format="svg")
     plt.close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg"):]  # drop the XML prolog and doctype
+    return text[text.index("<svg") :]  # drop the XML prolog and doctype
 
 
 def plot_run(run: res.Run, out_dir: str | Path | None = None) -> list[Path]:
     """Acceptance histogram and per-position acceptance of one run; returns the files."""
     out = Path(out_dir or run.path)
     written = []
-    for make, name in ((histogram_figure, "acceptance_histogram.png"),
-                       (per_position_figure, "per_position_acceptance.png")):
+    for make, name in (
+        (histogram_figure, "acceptance_histogram.png"),
+        (per_position_figure, "per_position_acceptance.png"),
+    ):
         fig = make(run)
         if fig is not None:
             written.append(save_png(fig, out / name))

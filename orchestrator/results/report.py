@@ -57,8 +57,10 @@ def _pct(v: Any) -> str:
 def _figure(fig: Any, salt: str, caption: str) -> str:
     if fig is None:
         return f'<p class="note">{_e(caption)}: no data</p>'
-    return (f'<figure data-plot="{_e(salt)}">{plots.svg(fig, salt)}'
-            f"<figcaption class=\"note\">{_e(caption)}</figcaption></figure>")
+    return (
+        f'<figure data-plot="{_e(salt)}">{plots.svg(fig, salt)}'
+        f'<figcaption class="note">{_e(caption)}</figcaption></figure>'
+    )
 
 
 def _table(head: list[str], rows: list[list[str]], left: int = 1) -> str:
@@ -67,8 +69,11 @@ def _table(head: list[str], rows: list[list[str]], left: int = 1) -> str:
     out += [f'<th class="{"l" if i < left else ""}">{h}</th>' for i, h in enumerate(head)]
     out.append("</tr></thead><tbody>")
     for r in rows:
-        out.append("<tr>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>'
-                                    for i, c in enumerate(r)) + "</tr>")
+        out.append(
+            "<tr>"
+            + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>' for i, c in enumerate(r))
+            + "</tr>"
+        )
     out.append("</tbody></table>")
     return "".join(out)
 
@@ -77,33 +82,57 @@ def comparison_section(runs: list[res.Run]) -> str:
     """Headline numbers per run and the paired delta against the first run."""
     sums = [res.summary(r) for r in runs]
     budgets = sorted({b for s in sums for b in s["ddtree"]}, key=res.budget_key)
-    head = ["run", "checkpoint", "step", "samples", "tau", "tau (tokens)",
-            *[f"DDTree-{b}" for b in budgets], "agreement", f"Δ tau vs {_e(runs[0].run_id)}",
-            "95% interval", "improved"]
+    head = [
+        "run",
+        "checkpoint",
+        "step",
+        "samples",
+        "tau",
+        "tau (tokens)",
+        *[f"DDTree-{b}" for b in budgets],
+        "agreement",
+        f"Δ tau vs {_e(runs[0].run_id)}",
+        "95% interval",
+        "improved",
+    ]
     rows = []
     for i, (run, s) in enumerate(zip(runs, sums, strict=False)):
-        cells = [f'<span class="mono">{_e(s["run_id"])}</span>', _e(s["checkpoint"]),
-                 _e(s["step"]), _e(s["samples"]), _f(s["tau"]), _f(s["tau_tokens"]),
-                 *[_f(s["ddtree"].get(b)) for b in budgets], _pct(s["target_agreement"])]
+        cells = [
+            f'<span class="mono">{_e(s["run_id"])}</span>',
+            _e(s["checkpoint"]),
+            _e(s["step"]),
+            _e(s["samples"]),
+            _f(s["tau"]),
+            _f(s["tau_tokens"]),
+            *[_f(s["ddtree"].get(b)) for b in budgets],
+            _pct(s["target_agreement"]),
+        ]
         if i == 0:
             cells += ["baseline", "", ""]
         else:
             p = compare.paired(runs[0], run)
             d = next((d for d in p.deltas if d.metric == "tau"), None)
             if not p.comparable or d is None:
-                cells += [f'<span class="warn">not comparable: '
-                          f'{_e("; ".join(p.problems))}</span>', "", ""]
+                cells += [
+                    f'<span class="warn">not comparable: {_e("; ".join(p.problems))}</span>',
+                    "",
+                    "",
+                ]
             else:
                 cls = "up" if d.low > 0 else "down" if d.high < 0 else ""
-                cells += [f'<span class="{cls}">{d.delta:+.3f}</span>',
-                          f"[{d.low:+.3f}, {d.high:+.3f}]",
-                          f"{_pct(d.improved)} ({p.samples} paired)"]
+                cells += [
+                    f'<span class="{cls}">{d.delta:+.3f}</span>',
+                    f"[{d.low:+.3f}, {d.high:+.3f}]",
+                    f"{_pct(d.improved)} ({p.samples} paired)",
+                ]
         rows.append(cells)
-    return (_table(head, rows, left=2) +
-            '<p class="note">tau: mean over samples of each sample\'s mean acceptance length '
-            "(z-lab's number); tau (tokens): accepted tokens / rounds. Δ tau pairs the runs "
-            "sample by sample; the interval is a seeded percentile bootstrap "
-            f"({compare.RESAMPLES} resamples); green: the whole interval is above 0.</p>")
+    return (
+        _table(head, rows, left=2)
+        + '<p class="note">tau: mean over samples of each sample\'s mean acceptance length '
+        "(z-lab's number); tau (tokens): accepted tokens / rounds. Δ tau pairs the runs "
+        "sample by sample; the interval is a seeded percentile bootstrap "
+        f"({compare.RESAMPLES} resamples); green: the whole interval is above 0.</p>"
+    )
 
 
 def provenance(run: res.Run) -> list[tuple[str, Any]]:
@@ -125,24 +154,39 @@ def provenance(run: res.Run) -> list[tuple[str, Any]]:
         ("relayed from", f"{src.get('host')}:{src.get('path')}" if src else None),
         ("relayed at", d.get("relayed_at")),
         ("drafter on eval host", inputs.get("drafter") or run.spec.get("drafter")),
-        ("eval host / job", f"{run.spec.get('host') or '-'} / "
-                            f"{(run.result.get('job') or {}).get('job_id') or run.run_id}"),
+        (
+            "eval host / job",
+            f"{run.spec.get('host') or '-'} / "
+            f"{(run.result.get('job') or {}).get('job_id') or run.run_id}",
+        ),
         ("evaluated", res.format_time(run.created)),
         ("engine", res.engine(run)),
-        ("target", f"{inputs.get('target')} ({inputs.get('target_architecture')}, "
-                   f"{inputs.get('target_layers')} layers)"),
+        (
+            "target",
+            f"{inputs.get('target')} ({inputs.get('target_architecture')}, "
+            f"{inputs.get('target_layers')} layers)",
+        ),
         ("target config sha256", target.get("config_sha256")),
         ("dtype", env.get("dtype")),
-        ("prompts", f"{prompts.get('name')} (sha256 {prompts.get('sha256') or '-'})"
-         if prompts else None),
-        ("ground truth", f"{gt.get('kind')} {gt.get('url') or gt.get('path') or ''}"
-                         f"{' (cached on host)' if gt.get('cached') else ''}"),
+        (
+            "prompts",
+            f"{prompts.get('name')} (sha256 {prompts.get('sha256') or '-'})" if prompts else None,
+        ),
+        (
+            "ground truth",
+            f"{gt.get('kind')} {gt.get('url') or gt.get('path') or ''}"
+            f"{' (cached on host)' if gt.get('cached') else ''}",
+        ),
         ("ground truth sha256", inputs.get("ground_truth_sha256")),
-        ("python / torch / transformers",
-         f"{env.get('python')} / {env.get('torch')} / {env.get('transformers')}"),
+        (
+            "python / torch / transformers",
+            f"{env.get('python')} / {env.get('torch')} / {env.get('transformers')}",
+        ),
         ("host cpus / threads", f"{env.get('cpus')} / {env.get('threads')}"),
-        ("eval time", f"{_f(timings.get('eval_s'), 1)} s, "
-                      f"{_f(timings.get('tokens_per_s'), 0)} tokens/s"),
+        (
+            "eval time",
+            f"{_f(timings.get('eval_s'), 1)} s, {_f(timings.get('tokens_per_s'), 0)} tokens/s",
+        ),
         ("folder", str(run.path)),
     ]
 
@@ -151,27 +195,52 @@ def run_section(run: res.Run, index: int, open_: bool) -> str:
     s = res.summary(run)
     m = run.metrics
     dd = m.get("ddtree") or {}
-    dd_rows = [[_e(v.get("budget", b)), _e(v.get("topk")), _f(v.get("tau_per_sample_mean")),
-                _f(v.get("tau_token_weighted")), _e(v.get("rounds"))]
-               for b, v in sorted(dd.items(), key=lambda kv: res.budget_key(kv[0]))]
-    prov = _table(["", "value"], [[_e(k), f'<span class="mono">{_e(v)}</span>']
-                                  for k, v in provenance(run)], left=2)
-    warnings = "".join(f'<p class="warn">warning: {_e(w)}</p>'
-                       for w in res.ground_truth_source(run).get("warnings") or [])
+    dd_rows = [
+        [
+            _e(v.get("budget", b)),
+            _e(v.get("topk")),
+            _f(v.get("tau_per_sample_mean")),
+            _f(v.get("tau_token_weighted")),
+            _e(v.get("rounds")),
+        ]
+        for b, v in sorted(dd.items(), key=lambda kv: res.budget_key(kv[0]))
+    ]
+    prov = _table(
+        ["", "value"],
+        [[_e(k), f'<span class="mono">{_e(v)}</span>'] for k, v in provenance(run)],
+        left=2,
+    )
+    warnings = "".join(
+        f'<p class="warn">warning: {_e(w)}</p>'
+        for w in res.ground_truth_source(run).get("warnings") or []
+    )
     return (
         f'<details id="run-{index}"{" open" if open_ else ""}><summary>'
-        f'{_e(s["checkpoint"])} (step {_e(s["step"])}): tau {_f(s["tau"])}, token-weighted '
+        f"{_e(s['checkpoint'])} (step {_e(s['step'])}): tau {_f(s['tau'])}, token-weighted "
         f'{_f(s["tau_tokens"])} <span class="note">{_e(run.run_id)}</span></summary>'
         f"{warnings}"
         '<div class="plots">'
-        + _figure(plots.histogram_figure(run), f"hist{index}",
-                  "share of rounds per acceptance length")
-        + _figure(plots.per_position_figure(run), f"pos{index}",
-                  "acceptance per draft position, n = rounds that reached it")
+        + _figure(
+            plots.histogram_figure(run), f"hist{index}", "share of rounds per acceptance length"
+        )
+        + _figure(
+            plots.per_position_figure(run),
+            f"pos{index}",
+            "acceptance per draft position, n = rounds that reached it",
+        )
         + "</div>"
-        + (_table(["DDTree budget (nodes)", "per-depth top-k", "tau", "tau (tokens)",
-                   "rounds"], dd_rows) if dd_rows else "")
-        + "<h3>environment and provenance</h3>" + prov + "</details>")
+        + (
+            _table(
+                ["DDTree budget (nodes)", "per-depth top-k", "tau", "tau (tokens)", "rounds"],
+                dd_rows,
+            )
+            if dd_rows
+            else ""
+        )
+        + "<h3>environment and provenance</h3>"
+        + prov
+        + "</details>"
+    )
 
 
 def render(runs: list[res.Run], title: str = "dflash results") -> str:
@@ -180,16 +249,21 @@ def render(runs: list[res.Run], title: str = "dflash results") -> str:
         raise DflashError("no runs to report")
     by_step = [r for r in runs if r.step is not None]
     parts = [
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
         f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
         f'<p class="note">{len(runs)} run(s), report written '
         f"{_e(time.strftime('%Y-%m-%d %H:%M:%S'))}.</p>",
         "<h2>tau by training step</h2>",
-        _figure(plots.tau_by_step_figure(by_step), "tau",
-                "solid: tau; dashed: token-weighted tau; dotted: DDTree tau per node budget")
-        if by_step else '<p class="note">no run carries a training step</p>',
-        "<h2>comparison</h2>", comparison_section(runs),
+        _figure(
+            plots.tau_by_step_figure(by_step),
+            "tau",
+            "solid: tau; dashed: token-weighted tau; dotted: DDTree tau per node budget",
+        )
+        if by_step
+        else '<p class="note">no run carries a training step</p>',
+        "<h2>comparison</h2>",
+        comparison_section(runs),
         "<h2>runs</h2>",
         *[run_section(r, i, open_=(i == len(runs) - 1)) for i, r in enumerate(runs)],
         "</body></html>\n",

@@ -37,14 +37,20 @@ class Run:
 
     @property
     def created(self) -> float:
-        return float(self.spec.get("created") or (self.result.get("job") or {}).get("created")
-                     or self.path.stat().st_mtime)
+        return float(
+            self.spec.get("created")
+            or (self.result.get("job") or {}).get("created")
+            or self.path.stat().st_mtime
+        )
 
     @property
     def checkpoint(self) -> str:
         inputs = self.result.get("inputs") or {}
-        return str(self.spec.get("checkpoint") or inputs.get("checkpoint")
-                   or Path(str(_drafter_path(self.result, self.spec) or self.run_id)).name)
+        return str(
+            self.spec.get("checkpoint")
+            or inputs.get("checkpoint")
+            or Path(str(_drafter_path(self.result, self.spec) or self.run_id)).name
+        )
 
     @property
     def drafter(self) -> dict:
@@ -83,8 +89,20 @@ class TrainingRun:
         return f"{self.name} ({self.host})"
 
 
-GENERIC_FOLDERS = {"checkpoints", "checkpoint", "ckpts", "ckpt", "output", "outputs",
-                   "drafters", "drafter", "runs", "models", "saved", "save"}
+GENERIC_FOLDERS = {
+    "checkpoints",
+    "checkpoint",
+    "ckpts",
+    "ckpt",
+    "output",
+    "outputs",
+    "drafters",
+    "drafter",
+    "runs",
+    "models",
+    "saved",
+    "save",
+}
 
 
 def run_name(folder: str) -> str:
@@ -164,10 +182,16 @@ def load_run(path_or_id: str | Path, root: str | Path | None = None) -> Run:
         raise DflashError(f"{path}/result.json is not valid JSON: {exc}") from None
     schema = str(result.get("schema", ""))
     if not schema.startswith(RESULT_SCHEMA_PREFIX):
-        raise DflashError(f"{path}/result.json has schema {schema!r}, expected "
-                          f"{RESULT_SCHEMA_PREFIX}*")
-    return Run(run_id=path.name, path=path, result=result,
-               spec=_read(path / "spec.json"), ground_truth=_read(path / "ground_truth.json"))
+        raise DflashError(
+            f"{path}/result.json has schema {schema!r}, expected {RESULT_SCHEMA_PREFIX}*"
+        )
+    return Run(
+        run_id=path.name,
+        path=path,
+        result=result,
+        spec=_read(path / "spec.json"),
+        ground_truth=_read(path / "ground_truth.json"),
+    )
 
 
 def _read(path: Path) -> dict:
@@ -190,8 +214,10 @@ def _find(ident: str, root: Path) -> Path:
         return root / hits[0]
     if not hits:
         raise DflashError(f"no run {ident!r} in {root} (dflash results list shows them)")
-    raise DflashError(f"{ident!r} matches {len(hits)} runs in {root}: "
-                      f"{', '.join(sorted(hits)[:5])}; give more of the id")
+    raise DflashError(
+        f"{ident!r} matches {len(hits)} runs in {root}: "
+        f"{', '.join(sorted(hits)[:5])}; give more of the id"
+    )
 
 
 def list_runs(root: str | Path) -> list[Run]:
@@ -214,8 +240,9 @@ def records(run: Run) -> list[dict]:
     """The per-sample records (``samples.jsonl``), in ground-truth order; [] when absent.
     A line that is not a JSON object is an error naming the file and line."""
     path = run.path / (run.result.get("samples_file") or "samples.jsonl")
-    if PurePosixPath(str(run.result.get("samples_file") or "")).name != \
-            str(run.result.get("samples_file") or ""):
+    if PurePosixPath(str(run.result.get("samples_file") or "")).name != str(
+        run.result.get("samples_file") or ""
+    ):
         path = run.path / "samples.jsonl"  # a result never points outside its folder
     try:
         lines = path.read_text().splitlines()
@@ -246,8 +273,10 @@ def summary(run: Run) -> dict:
     gt = ground_truth_source(run)
     env = run.result.get("environment") or {}
     retok = gt.get("retokenisation") or {}
-    ddtree = {str(k): (v or {}).get("tau_per_sample_mean") for k, v in
-              sorted((m.get("ddtree") or {}).items(), key=lambda kv: budget_key(kv[0]))}
+    ddtree = {
+        str(k): (v or {}).get("tau_per_sample_mean")
+        for k, v in sorted((m.get("ddtree") or {}).items(), key=lambda kv: budget_key(kv[0]))
+    }
     agreement = (m.get("target_agreement") or {}).get("rate")
     return {
         "run_id": run.run_id,
@@ -304,8 +333,10 @@ def per_position(run: Run) -> list[dict]:
     """[{position, attempts, accepted, rate}] for draft positions 1..B-1."""
     rows = run.metrics.get("per_position_acceptance") or []
     if rows and not isinstance(rows[0], dict):
-        return [{"position": i + 1, "rate": r, "attempts": None, "accepted": None}
-                for i, r in enumerate(rows)]
+        return [
+            {"position": i + 1, "rate": r, "attempts": None, "accepted": None}
+            for i, r in enumerate(rows)
+        ]
     return list(rows)
 
 

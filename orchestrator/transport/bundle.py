@@ -32,8 +32,11 @@ def build() -> tuple[str, bytes]:
     """(file name, zipapp bytes) for the current `remote/` sources."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        files = sorted(p for p in REMOTE_PACKAGE.rglob("*")
-                       if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+        files = sorted(
+            p
+            for p in REMOTE_PACKAGE.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        )
         for path in files:
             arc = "remote/" + path.relative_to(REMOTE_PACKAGE).as_posix()
             _add(zf, arc, path.read_bytes())
@@ -93,8 +96,14 @@ _MISSING = "dflash-bundle-missing"
 _EXIT_MISSING = 97
 
 
-def run_remote(host: Host, argv: Sequence[str], *, timeout: float | None = None,
-               stdin: bytes | None = None, python_flags: Sequence[str] = ()) -> Result:
+def run_remote(
+    host: Host,
+    argv: Sequence[str],
+    *,
+    timeout: float | None = None,
+    stdin: bytes | None = None,
+    python_flags: Sequence[str] = (),
+) -> Result:
     """Run a bundle command; a remote user error or a missing python becomes one line.
 
     The first call on a host runs the command only if the bundle is there and pushes it
@@ -106,16 +115,19 @@ def run_remote(host: Host, argv: Sequence[str], *, timeout: float | None = None,
     if not known:
         path = f"{host.workdir}/bundles/{name}"
         line = command_line([host.spec.python, *python_flags, path, *argv])
-        guarded = (f"if [ -f {quote(path)} ]; then exec {line}; else echo {_MISSING} >&2; "
-                   f"exit {_EXIT_MISSING}; fi")
+        guarded = (
+            f"if [ -f {quote(path)} ]; then exec {line}; else echo {_MISSING} >&2; "
+            f"exit {_EXIT_MISSING}; fi"
+        )
         result = host.run(guarded, check=False, timeout=timeout, stdin=stdin)
         if result.exit_code == _EXIT_MISSING and _MISSING in result.stderr:
             result = None  # not there: push it below, then run
         else:
             _remember(host, name)
     if result is None:
-        result = host.run(remote_command(host, argv, python_flags), check=False,
-                          timeout=timeout, stdin=stdin)
+        result = host.run(
+            remote_command(host, argv, python_flags), check=False, timeout=timeout, stdin=stdin
+        )
     check_result(host, result, argv)
     return result
 
@@ -125,24 +137,35 @@ def check_result(host: Host, result: Result, argv: Sequence[str]) -> None:
     if result.ok:
         return
     if result.exit_code == 127 or (result.exit_code == 126 and "python" in result.stderr):
-        raise HostError(f"{host.name}: python {host.spec.python!r} not found or not "
-                        "executable there; set 'python:' for this host in the inventory")
+        raise HostError(
+            f"{host.name}: python {host.spec.python!r} not found or not "
+            "executable there; set 'python:' for this host in the inventory"
+        )
     for line in reversed(result.stderr.splitlines()):
         if line.startswith(ERROR_PREFIX):
-            raise RemoteCommandError(f"{host.name}: {line[len(ERROR_PREFIX):]}")
-    raise RemoteCommandError(f"{host.name}: remote {argv[0] if argv else 'command'} failed "
-                             f"(exit {result.exit_code}): {last_line(result.stderr)}")
+            raise RemoteCommandError(f"{host.name}: {line[len(ERROR_PREFIX) :]}")
+    raise RemoteCommandError(
+        f"{host.name}: remote {argv[0] if argv else 'command'} failed "
+        f"(exit {result.exit_code}): {last_line(result.stderr)}"
+    )
 
 
-def run_remote_json(host: Host, argv: Sequence[str], *, timeout: float | None = None,
-                    python_flags: Sequence[str] = ()) -> dict:
+def run_remote_json(
+    host: Host,
+    argv: Sequence[str],
+    *,
+    timeout: float | None = None,
+    python_flags: Sequence[str] = (),
+) -> dict:
     """Run a bundle command that prints one JSON document and return it parsed."""
     result = run_remote(host, argv, timeout=timeout, python_flags=python_flags)
     try:
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise RemoteCommandError(f"{host.name}: remote {argv[0]} printed no JSON "
-                                 f"({last_line(result.stdout + result.stderr)[:200]})") from None
+        raise RemoteCommandError(
+            f"{host.name}: remote {argv[0]} printed no JSON "
+            f"({last_line(result.stdout + result.stderr)[:200]})"
+        ) from None
 
 
 __all__ = ["build", "ensure", "remote_command", "run_remote", "run_remote_json", "quote"]

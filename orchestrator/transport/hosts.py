@@ -46,8 +46,14 @@ WINDOW_SIZE = 2 * 1024 * 1024
 MAX_PACKET_SIZE = 256 * 1024
 # Paramiko rekeys every ~1 GB by default, which visibly stalls multi-GB streams.
 REKEY_BYTES = 2**40
-PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr",
-                     "aes256-ctr", "chacha20-poly1305@openssh.com")
+PREFERRED_CIPHERS = (
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+    "aes128-ctr",
+    "aes256-ctr",
+    "chacha20-poly1305@openssh.com",
+)
+
 
 class HostError(DflashError):
     """A host could not be reached or refused us; the message is one actionable line."""
@@ -111,8 +117,14 @@ class Host:
         self._home: str | None = None
 
     # -- commands ---------------------------------------------------------------------
-    def run(self, command: str | Sequence[str], *, check: bool = True,
-            timeout: float | None = None, stdin: bytes | None = None) -> Result:
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        check: bool = True,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> Result:
         """Run a command to completion and capture its output (text).
 
         With `check`, a non-zero exit raises `HostError` carrying the command's last
@@ -120,8 +132,10 @@ class Host:
         """
         result = self._run(command_line(command), timeout=timeout, stdin=stdin)
         if check and not result.ok:
-            raise HostError(f"{self.name}: command failed (exit {result.exit_code}): "
-                            f"{last_line(result.stderr) or command_line(command)[:200]}")
+            raise HostError(
+                f"{self.name}: command failed (exit {result.exit_code}): "
+                f"{last_line(result.stderr) or command_line(command)[:200]}"
+            )
         return result
 
     def _run(self, line: str, *, timeout: float | None, stdin: bytes | None) -> Result:
@@ -136,8 +150,10 @@ class Host:
         """Write `data` to `path` atomically: a hidden temp file, then a rename."""
         tmp = f"{path}.partial-{os.getpid()}-{threading.get_ident()}"
         parent = os.path.dirname(path) or "."
-        proc = self.popen(f"mkdir -p {quote(parent)} && cat > {quote(tmp)} && "
-                          f"chmod {mode:o} {quote(tmp)} && mv -f {quote(tmp)} {quote(path)}")
+        proc = self.popen(
+            f"mkdir -p {quote(parent)} && cat > {quote(tmp)} && "
+            f"chmod {mode:o} {quote(tmp)} && mv -f {quote(tmp)} {quote(path)}"
+        )
         proc.write(data)
         proc.close_stdin()
         if proc.wait() != 0:
@@ -161,7 +177,7 @@ class Host:
     @property
     def home(self) -> str:
         if self._home is None:
-            self._home = self.run("printf %s \"$HOME\"").stdout
+            self._home = self.run('printf %s "$HOME"').stdout
         return self._home
 
     def expand(self, path: str) -> str:
@@ -196,12 +212,17 @@ def last_line(text: str) -> str:
 
 # ---- local ------------------------------------------------------------------------------
 
+
 class _LocalProcess(Process):
     def __init__(self, line: str):
         self._err = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen(["bash", "-c", line], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=self._err,
-                                      start_new_session=True)
+        self._proc = subprocess.Popen(
+            ["bash", "-c", line],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._err,
+            start_new_session=True,
+        )
 
     def read(self, n: int) -> bytes:
         return self._proc.stdout.read1(n)
@@ -235,12 +256,16 @@ class LocalHost(Host):
 
     def _run(self, line: str, *, timeout: float | None, stdin: bytes | None) -> Result:
         try:
-            proc = subprocess.run(["bash", "-c", line], input=stdin, capture_output=True,
-                                  timeout=timeout)
+            proc = subprocess.run(
+                ["bash", "-c", line], input=stdin, capture_output=True, timeout=timeout
+            )
         except subprocess.TimeoutExpired:
             raise HostError(f"{self.name}: command timed out after {timeout}s") from None
-        return Result(proc.stdout.decode(errors="replace"),
-                      proc.stderr.decode(errors="replace"), proc.returncode)
+        return Result(
+            proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
+            proc.returncode,
+        )
 
     def popen(self, command: str | Sequence[str]) -> Process:
         return _LocalProcess(command_line(command))
@@ -252,10 +277,12 @@ class LocalHost(Host):
 
 # ---- ssh --------------------------------------------------------------------------------
 
+
 class _ChannelProcess(Process):
     def __init__(self, transport, line: str):
-        self._chan = transport.open_session(window_size=WINDOW_SIZE,
-                                            max_packet_size=MAX_PACKET_SIZE)
+        self._chan = transport.open_session(
+            window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET_SIZE
+        )
         self._chan.exec_command(line)
         self._err: list[bytes] = []
 
@@ -314,9 +341,15 @@ class SSHHost(Host):
         s = self.settings
         gateway = self._jump.connection if self._jump else s.proxy_command_line()
         # An empty ssh_config: everything ssh_config says is already in `settings`.
-        conn = Connection(host=s.hostname, user=s.user, port=s.port, gateway=gateway,
-                          connect_timeout=s.connect_timeout, connect_kwargs=s.paramiko_kwargs(),
-                          config=Config(ssh_config=paramiko.SSHConfig()))
+        conn = Connection(
+            host=s.hostname,
+            user=s.user,
+            port=s.port,
+            gateway=gateway,
+            connect_timeout=s.connect_timeout,
+            connect_kwargs=s.paramiko_kwargs(),
+            config=Config(ssh_config=paramiko.SSHConfig()),
+        )
         client = conn.client
         for path in s.known_hosts:
             if os.path.isfile(path):
@@ -342,33 +375,48 @@ class SSHHost(Host):
     def _explain(self, exc: Exception, conn) -> HostError:
         where = f"{self.name} ({conn.user}@{conn.host}:{conn.port})"
         if isinstance(exc, socket.gaierror):
-            return HostError(f"{self.name}: host name {conn.host!r} does not resolve; fix "
-                             "'hostname' in the inventory or your ~/.ssh/config")
+            return HostError(
+                f"{self.name}: host name {conn.host!r} does not resolve; fix "
+                "'hostname' in the inventory or your ~/.ssh/config"
+            )
         if isinstance(exc, paramiko.BadHostKeyException):
-            return HostError(f"{where}: host key CHANGED (got {exc.key.get_fingerprint().hex()}"
-                             "); refusing to connect. If the host was reinstalled, remove its "
-                             "old line from known_hosts and connect again")
+            return HostError(
+                f"{where}: host key CHANGED (got {exc.key.get_fingerprint().hex()}"
+                "); refusing to connect. If the host was reinstalled, remove its "
+                "old line from known_hosts and connect again"
+            )
         if isinstance(exc, paramiko.AuthenticationException):
-            return HostError(f"{where}: authentication failed; check 'user' and "
-                             "'identity_file' in the inventory, or your ssh-agent")
+            return HostError(
+                f"{where}: authentication failed; check 'user' and "
+                "'identity_file' in the inventory, or your ssh-agent"
+            )
         if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
-            return HostError(f"{where}: unknown host key, refusing to connect; verify the host "
-                             "and rerun with --accept-new-host-keys (or set "
-                             "'accept_new_host_key: true' for it in the inventory)")
-        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or \
-                isinstance(exc, ConnectionRefusedError):
-            return HostError(f"{where}: connection refused; is sshd running and is the port "
-                             "right?")
+            return HostError(
+                f"{where}: unknown host key, refusing to connect; verify the host "
+                "and rerun with --accept-new-host-keys (or set "
+                "'accept_new_host_key: true' for it in the inventory)"
+            )
+        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or isinstance(
+            exc, ConnectionRefusedError
+        ):
+            return HostError(f"{where}: connection refused; is sshd running and is the port right?")
         if isinstance(exc, (socket.timeout, TimeoutError)):
-            return HostError(f"{where}: connection timed out after {self.spec.connect_timeout}s;"
-                             " check the network, the port, or 'connect_timeout'")
+            return HostError(
+                f"{where}: connection timed out after {self.spec.connect_timeout}s;"
+                " check the network, the port, or 'connect_timeout'"
+            )
         if isinstance(exc, paramiko.SSHException) and (
-                "banner" in str(exc) or "No existing session" in str(exc)):
+            "banner" in str(exc) or "No existing session" in str(exc)
+        ):
             if isinstance(exc.__context__, EOFError):  # closed at once: no waiting involved
-                return HostError(f"{where}: closed the connection before any SSH greeting; "
-                                 "is that port really sshd, and does it accept this machine?")
-            return HostError(f"{where}: no SSH greeting within {self.spec.connect_timeout}s "
-                             "(timed out); is that port really sshd?")
+                return HostError(
+                    f"{where}: closed the connection before any SSH greeting; "
+                    "is that port really sshd, and does it accept this machine?"
+                )
+            return HostError(
+                f"{where}: no SSH greeting within {self.spec.connect_timeout}s "
+                "(timed out); is that port really sshd?"
+            )
         if isinstance(exc, OSError):
             return HostError(f"{where}: cannot connect: {exc.strerror or exc}")
         if isinstance(exc, paramiko.SSHException):
@@ -438,5 +486,10 @@ def open_host(spec: HostSpec, inventory=None) -> Host:
 
 def _hop_spec(settings: SSHSettings) -> HostSpec:
     """A HostSpec naming a jump hop (its connection comes from `settings`)."""
-    return HostSpec(name=settings.name, hostname=settings.hostname, user=settings.user,
-                    port=settings.port, connect_timeout=settings.connect_timeout)
+    return HostSpec(
+        name=settings.name,
+        hostname=settings.hostname,
+        user=settings.user,
+        port=settings.port,
+        connect_timeout=settings.connect_timeout,
+    )

@@ -54,21 +54,21 @@ class SSHConfigError(DflashError):
 class SSHSettings:
     """Everything needed to open one SSH connection, as OpenSSH resolved it."""
 
-    name: str                        # the inventory host or jump target these are for
-    alias: str                       # what is looked up in ssh_config and given to ssh
+    name: str  # the inventory host or jump target these are for
+    alias: str  # what is looked up in ssh_config and given to ssh
     hostname: str
     port: int
     user: str
     identity_files: tuple[str, ...]  # absolute paths of keys that exist, in ssh's order
     identities_only: bool
-    identity_agent: str | None       # the agent's socket, or None for no agent
-    proxy_command: str | None        # ssh_config's ProxyCommand, tokens unexpanded
-    jump: SSHSettings | None       # the hop before this host (its own .jump before it)
-    user_known_hosts: tuple[str, ...]    # the inventory's file first: new keys go there
+    identity_agent: str | None  # the agent's socket, or None for no agent
+    proxy_command: str | None  # ssh_config's ProxyCommand, tokens unexpanded
+    jump: SSHSettings | None  # the hop before this host (its own .jump before it)
+    user_known_hosts: tuple[str, ...]  # the inventory's file first: new keys go there
     global_known_hosts: tuple[str, ...]
     accept_new: bool
     connect_timeout: float
-    config_file: str | None          # -F for every ssh; None: ssh's own default files
+    config_file: str | None  # -F for every ssh; None: ssh's own default files
 
     @property
     def known_hosts(self) -> tuple[str, ...]:
@@ -86,21 +86,42 @@ class SSHSettings:
         Every resolved value is given explicitly, so the ssh process cannot read anything
         else from a config file than what `resolve` already saw."""
         opts = ["-F", self.config_file] if self.config_file else []
-        opts += ["-T", "-x", "-a",
-                 "-o", "BatchMode=yes",
-                 "-o", "Compression=no",
-                 "-o", "ClearAllForwardings=yes",
-                 "-o", f"StrictHostKeyChecking={'accept-new' if self.accept_new else 'yes'}",
-                 "-o", "UserKnownHostsFile=" + _config_list(self.user_known_hosts),
-                 "-o", "GlobalKnownHostsFile=" + _config_list(self.global_known_hosts),
-                 "-o", f"ConnectTimeout={max(1, int(round(self.connect_timeout)))}",
-                 "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
-                 "-o", "LogLevel=ERROR",
-                 "-o", "HostName=" + _config_value(self.hostname),
-                 "-p", str(self.port), "-l", self.user,
-                 "-o", f"IdentitiesOnly={'yes' if self.identities_only else 'no'}",
-                 "-o", "IdentityAgent=" + (_config_value(self.identity_agent)
-                                           if self.identity_agent else "none")]
+        opts += [
+            "-T",
+            "-x",
+            "-a",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "Compression=no",
+            "-o",
+            "ClearAllForwardings=yes",
+            "-o",
+            f"StrictHostKeyChecking={'accept-new' if self.accept_new else 'yes'}",
+            "-o",
+            "UserKnownHostsFile=" + _config_list(self.user_known_hosts),
+            "-o",
+            "GlobalKnownHostsFile=" + _config_list(self.global_known_hosts),
+            "-o",
+            f"ConnectTimeout={max(1, int(round(self.connect_timeout)))}",
+            "-o",
+            "ServerAliveInterval=15",
+            "-o",
+            "ServerAliveCountMax=4",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "HostName=" + _config_value(self.hostname),
+            "-p",
+            str(self.port),
+            "-l",
+            self.user,
+            "-o",
+            f"IdentitiesOnly={'yes' if self.identities_only else 'no'}",
+            "-o",
+            "IdentityAgent="
+            + (_config_value(self.identity_agent) if self.identity_agent else "none"),
+        ]
         if ciphers:
             opts += ["-c", ciphers]
         for key in self.identity_files:
@@ -109,8 +130,7 @@ class SSHSettings:
             # Each hop with ITS settings (known hosts, policy, keys): an inner ssh as the
             # ProxyCommand. ssh runs it through a shell after %-expansion: quote, then
             # escape '%' everywhere except the %h:%p we want expanded.
-            inner = ["ssh", *self.jump.openssh_options(ciphers), "-W", "%h:%p",
-                     self.jump.alias]
+            inner = ["ssh", *self.jump.openssh_options(ciphers), "-W", "%h:%p", self.jump.alias]
             line = " ".join(shlex.quote(a) for a in inner)
             line = line.replace("%", "%%").replace("%%h:%%p", "%h:%p")
             opts += ["-o", f"ProxyCommand={line}"]
@@ -125,9 +145,13 @@ class SSHSettings:
         """``connect_kwargs`` for Fabric (paramiko's ``SSHClient.connect``): the keys
         files and whether the agent is asked (see `agent`); never keys of paramiko's own
         choosing, so it tries what ssh tries."""
-        return {"key_filename": list(self.identity_files), "look_for_keys": False,
-                "allow_agent": self.identity_agent is not None,
-                "banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout}
+        return {
+            "key_filename": list(self.identity_files),
+            "look_for_keys": False,
+            "allow_agent": self.identity_agent is not None,
+            "banner_timeout": self.connect_timeout,
+            "auth_timeout": self.connect_timeout,
+        }
 
     def agent(self):
         """A paramiko agent client for `identity_agent` offering only what ssh would offer
@@ -144,8 +168,13 @@ class SSHSettings:
         """ssh_config's ProxyCommand with its %-tokens expanded, for paramiko."""
         if self.jump is not None or not self.proxy_command:
             return None
-        tokens = {"h": self.hostname, "p": str(self.port), "r": self.user,
-                  "n": self.alias, "%": "%"}
+        tokens = {
+            "h": self.hostname,
+            "p": str(self.port),
+            "r": self.user,
+            "n": self.alias,
+            "%": "%",
+        }
         out, i, cmd = [], 0, self.proxy_command
         while i < len(cmd):
             if cmd[i] == "%" and i + 1 < len(cmd) and cmd[i + 1] in tokens:
@@ -166,8 +195,10 @@ def resolve(spec: HostSpec, inventory: Inventory | None = None) -> SSHSettings:
 
 def _resolve(spec: HostSpec, inventory: Inventory | None, depth: int) -> SSHSettings:
     if depth > MAX_HOPS:
-        raise SSHConfigError(f"{spec.name}: more than {MAX_HOPS} jump hosts in a row; is "
-                             "there a ProxyJump loop in ~/.ssh/config or the inventory?")
+        raise SSHConfigError(
+            f"{spec.name}: more than {MAX_HOPS} jump hosts in a row; is "
+            "there a ProxyJump loop in ~/.ssh/config or the inventory?"
+        )
     alias = spec.hostname or spec.name
     conf = query(alias, port=spec.port, user=spec.user, identity=spec.identity_file)
     jump = None
@@ -197,19 +228,26 @@ def _hops(chain: str, base: HostSpec, depth: int) -> SSHSettings:
     jump = None
     for target in [t.strip() for t in chain.split(",") if t.strip()]:
         if target.startswith("ssh://"):
-            target = target[len("ssh://"):]
+            target = target[len("ssh://") :]
         user, _, hostport = target.rpartition("@")
         host, port = hostport, None
         if hostport.count(":") == 1:
             host, _, port_text = hostport.partition(":")
             if not port_text.isdigit():
-                raise SSHConfigError(f"{base.name}: jump host {target!r}: port "
-                                     f"{port_text!r} is not a number")
+                raise SSHConfigError(
+                    f"{base.name}: jump host {target!r}: port {port_text!r} is not a number"
+                )
             port = int(port_text)
-        hop = HostSpec(name=target, hostname=host, user=user or None, port=port,
-                       identity_file=base.identity_file, known_hosts=base.known_hosts,
-                       accept_new_host_key=base.accept_new_host_key,
-                       connect_timeout=base.connect_timeout)
+        hop = HostSpec(
+            name=target,
+            hostname=host,
+            user=user or None,
+            port=port,
+            identity_file=base.identity_file,
+            known_hosts=base.known_hosts,
+            accept_new_host_key=base.accept_new_host_key,
+            connect_timeout=base.connect_timeout,
+        )
         if jump is None:
             jump = _resolve(hop, None, depth + 1)
         else:
@@ -220,8 +258,14 @@ def _hops(chain: str, base: HostSpec, depth: int) -> SSHSettings:
     return jump
 
 
-def _settings(name: str, alias: str, conf: dict[str, list[str]], spec: HostSpec,
-              jump: SSHSettings | None, proxy_command: str | None) -> SSHSettings:
+def _settings(
+    name: str,
+    alias: str,
+    conf: dict[str, list[str]],
+    spec: HostSpec,
+    jump: SSHSettings | None,
+    proxy_command: str | None,
+) -> SSHSettings:
     identities = []
     for entry in conf.get("identityfile", []):
         path = _expand(entry)
@@ -243,21 +287,30 @@ def _settings(name: str, alias: str, conf: dict[str, list[str]], spec: HostSpec,
     try:
         port = int(_first(conf, "port") or 22)
     except ValueError:
-        raise SSHConfigError(f"{name}: ssh_config gives port {_first(conf, 'port')!r}, not a "
-                             "number") from None
+        raise SSHConfigError(
+            f"{name}: ssh_config gives port {_first(conf, 'port')!r}, not a number"
+        ) from None
     return SSHSettings(
-        name=name, alias=alias, hostname=_first(conf, "hostname") or alias, port=port,
+        name=name,
+        alias=alias,
+        hostname=_first(conf, "hostname") or alias,
+        port=port,
         user=_first(conf, "user") or getpass.getuser(),
         identity_files=tuple(identities),
         identities_only=(_first(conf, "identitiesonly") or "no").lower() == "yes",
-        identity_agent=agent, proxy_command=proxy_command, jump=jump,
+        identity_agent=agent,
+        proxy_command=proxy_command,
+        jump=jump,
         user_known_hosts=tuple(user_known),
         global_known_hosts=tuple(_expand(e) for e in _words(conf, "globalknownhostsfile")),
         accept_new=spec.accept_new_host_key,
-        connect_timeout=spec.connect_timeout, config_file=config_file())
+        connect_timeout=spec.connect_timeout,
+        config_file=config_file(),
+    )
 
 
 # ---- asking OpenSSH ----------------------------------------------------------------------
+
 
 def config_file() -> str | None:
     """The ``-F`` argument every ssh gets: None when ``$HOME`` is the account's home (ssh
@@ -273,8 +326,9 @@ def config_file() -> str | None:
     return path if os.path.isfile(path) else os.devnull
 
 
-def query(alias: str, *, port: int | None = None, user: str | None = None,
-          identity: str | None = None) -> dict[str, list[str]]:
+def query(
+    alias: str, *, port: int | None = None, user: str | None = None, identity: str | None = None
+) -> dict[str, list[str]]:
     """What ``ssh -G`` says for `alias` with these command-line values: keyword (lower
     case) -> the values of its lines, in order."""
     identity = identity and _expand(identity)
@@ -293,14 +347,22 @@ def query(alias: str, *, port: int | None = None, user: str | None = None,
     if identity:
         argv += ["-i", identity.replace("%", "%%")]
     try:
-        proc = subprocess.run([*argv, "--", alias], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=15)
+        proc = subprocess.run(
+            [*argv, "--", alias],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=15,
+        )
     except subprocess.TimeoutExpired:
         raise SSHConfigError(f"'ssh -G {alias}' did not answer in 15 s") from None
     if proc.returncode != 0:
         from orchestrator.transport.hosts import last_line
-        raise SSHConfigError(f"{alias}: ssh cannot read its configuration: "
-                             f"{last_line(proc.stderr) or f'ssh -G exit {proc.returncode}'}")
+
+        raise SSHConfigError(
+            f"{alias}: ssh cannot read its configuration: "
+            f"{last_line(proc.stderr) or f'ssh -G exit {proc.returncode}'}"
+        )
     out: dict[str, list[str]] = {}
     for line in proc.stdout.splitlines():
         key, _, value = line.partition(" ")
@@ -308,15 +370,16 @@ def query(alias: str, *, port: int | None = None, user: str | None = None,
     return out
 
 
-def _paramiko_query(alias: str, port: int | None, user: str | None,
-                    identity: str | None) -> dict[str, list[str]]:
+def _paramiko_query(
+    alias: str, port: int | None, user: str | None, identity: str | None
+) -> dict[str, list[str]]:
     """The same answer from paramiko's parser, for machines without an ssh client."""
     path = config_file() or os.path.expanduser("~/.ssh/config")
-    config = paramiko.SSHConfig.from_path(path) if os.path.isfile(path) \
-        else paramiko.SSHConfig()
+    config = paramiko.SSHConfig.from_path(path) if os.path.isfile(path) else paramiko.SSHConfig()
     found = config.lookup(alias)
-    out: dict[str, list[str]] = {k: (v if isinstance(v, list) else [str(v)])
-                                 for k, v in found.items()}
+    out: dict[str, list[str]] = {
+        k: (v if isinstance(v, list) else [str(v)]) for k, v in found.items()
+    }
     if port:
         out["port"] = [str(port)]
     if user:
@@ -324,12 +387,12 @@ def _paramiko_query(alias: str, port: int | None, user: str | None,
     keys = out.get("identityfile") or [f"~/.ssh/id_{k}" for k in ("rsa", "ecdsa", "ed25519")]
     out["identityfile"] = ([identity] if identity else []) + keys
     out.setdefault("userknownhostsfile", ["~/.ssh/known_hosts ~/.ssh/known_hosts2"])
-    out.setdefault("globalknownhostsfile",
-                   ["/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"])
+    out.setdefault("globalknownhostsfile", ["/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"])
     return out
 
 
 # ---- helpers -----------------------------------------------------------------------------
+
 
 def _first(conf: dict[str, list[str]], key: str) -> str | None:
     values = conf.get(key)

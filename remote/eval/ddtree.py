@@ -14,7 +14,9 @@ import heapq
 from collections.abc import Sequence
 
 
-def build_tree(logp: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]], budget: int) -> list[tuple[int, int, int]]:
+def build_tree(
+    logp: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]], budget: int
+) -> list[tuple[int, int, int]]:
     """The tree's nodes in pop order as ``(parent_index, depth, token)``; parent -1 = root.
 
     ``logp[d][r]`` / ``tokens[d][r]``: depth ``d+1``'s rank-``r`` log-probability and token,
@@ -34,7 +36,9 @@ def build_tree(logp: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]],
         nodes.append((parent, d, int(tokens[d - 1][r])))
         me = len(nodes) - 1
         if r + 1 < k:  # next sibling: same parent, next rank at this depth
-            heapq.heappush(heap, (-(pscore + float(logp[d - 1][r + 1])), tick, d, r + 1, parent, pscore))
+            heapq.heappush(
+                heap, (-(pscore + float(logp[d - 1][r + 1])), tick, d, r + 1, parent, pscore)
+            )
             tick += 1
         if d < depth_max:  # first child
             heapq.heappush(heap, (-(score + float(logp[d][0])), tick, d + 1, 0, me, score))

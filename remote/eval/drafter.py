@@ -101,21 +101,38 @@ class DrafterConfig:
                 raw=d,
             )
         except KeyError as exc:
-            raise UserError(f"drafter config.json lacks {exc.args[0]!r}; is this a DFlash drafter config?") from None
+            raise UserError(
+                f"drafter config.json lacks {exc.args[0]!r}; is this a DFlash drafter config?"
+            ) from None
         if num_target_layers is not None:
-            cfg.num_target_layers = int(num_target_layers) if cfg.num_target_layers is None else cfg.num_target_layers
+            cfg.num_target_layers = (
+                int(num_target_layers) if cfg.num_target_layers is None else cfg.num_target_layers
+            )
         if cfg.target_layer_ids is None:
             if cfg.num_target_layers is None:
-                raise UserError("drafter config has no target_layer_ids " "and no num_target_layers; add one of them")
-            cfg.target_layer_ids = default_target_layer_ids(int(cfg.num_target_layers), cfg.num_layers)
+                raise UserError(
+                    "drafter config has no target_layer_ids "
+                    "and no num_target_layers; add one of them"
+                )
+            cfg.target_layer_ids = default_target_layer_ids(
+                int(cfg.num_target_layers), cfg.num_layers
+            )
         cfg.target_layer_ids = [int(i) for i in cfg.target_layer_ids]
         if cfg.mask_token_id is None:
-            raise UserError("drafter config has no dflash_config.mask_token_id; " "add the mask token id used in training")
+            raise UserError(
+                "drafter config has no dflash_config.mask_token_id; "
+                "add the mask token id used in training"
+            )
         cfg.mask_token_id = int(cfg.mask_token_id)
         if len(cfg.layer_types) != layers:
-            raise UserError(f"drafter config layer_types has {len(cfg.layer_types)} entries for {layers} layers")
+            raise UserError(
+                f"drafter config layer_types has {len(cfg.layer_types)} entries for {layers} layers"
+            )
         if heads % cfg.num_kv_heads:
-            raise UserError(f"drafter num_attention_heads {heads} is not a " f"multiple of num_key_value_heads {cfg.num_kv_heads}")
+            raise UserError(
+                f"drafter num_attention_heads {heads} is not a "
+                f"multiple of num_key_value_heads {cfg.num_kv_heads}"
+            )
         return cfg
 
     def layer_attention(self, i: int) -> tuple[bool, int | None]:
@@ -130,7 +147,9 @@ def read_config(path: str, num_target_layers: int | None = None) -> DrafterConfi
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     cfg_path = os.path.join(folder, "config.json")
     if not os.path.isfile(cfg_path):
-        raise UserError(f"no config.json beside the drafter weights in {folder}; copy the training config there")
+        raise UserError(
+            f"no config.json beside the drafter weights in {folder}; copy the training config there"
+        )
     with open(cfg_path) as fh:
         return DrafterConfig.from_dict(json.load(fh), num_target_layers)
 
@@ -178,20 +197,30 @@ class Rotary(nn.Module):
         from transformers import Qwen3Config
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-        keep = {k: v for k, v in cfg.raw.items() if k not in ("dflash_config", "architectures", "auto_map")}
+        keep = {
+            k: v
+            for k, v in cfg.raw.items()
+            if k not in ("dflash_config", "architectures", "auto_map")
+        }
         try:
             hf_cfg = Qwen3Config(**keep)
             rope = Qwen3RotaryEmbedding(hf_cfg)
         except Exception as exc:  # transformers validates rope settings itself
-            raise UserError(f"drafter rope settings are not understood by transformers: {exc}") from None
+            raise UserError(
+                f"drafter rope settings are not understood by transformers: {exc}"
+            ) from None
         self.register_buffer("inv_freq", rope.inv_freq.detach().clone().float(), persistent=False)
         self.attention_scaling = float(rope.attention_scaling)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         # cast like HF does, so bf16 rounding matches the trainer's
-        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+        return (emb.cos() * self.attention_scaling).to(dtype), (
+            emb.sin() * self.attention_scaling
+        ).to(dtype)
 
 
 class Attention(nn.Module):
@@ -217,7 +246,9 @@ class Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim)))
         return k, self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
 
-    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def keys_values(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """K (normed, roped) and V of context rows ``x`` [n, hidden] -> [kv_heads, n, head_dim]."""
         k, v = self.raw_keys_values(x)
         return apply_rope(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
@@ -228,7 +259,9 @@ class Attention(nn.Module):
         if not self.is_causal and self.sliding_window is None:
             return None
         qp, kp = q_pos[..., :, None], k_pos[..., None, :]
-        ok = torch.ones(torch.broadcast_shapes(qp.shape, kp.shape), dtype=torch.bool, device=q_pos.device)
+        ok = torch.ones(
+            torch.broadcast_shapes(qp.shape, kp.shape), dtype=torch.bool, device=q_pos.device
+        )
         if self.is_causal:
             ok &= kp <= qp
         if self.sliding_window is not None:
@@ -258,18 +291,26 @@ class Attention(nn.Module):
         """
         nb, R, H, d = q.shape
         C, kvh = ctx_k.shape[1], self.num_kv_heads
-        qf = q.float().view(nb, R, kvh, H // kvh, d) * d ** -0.5
+        qf = q.float().view(nb, R, kvh, H // kvh, d) * d**-0.5
         s_ctx = torch.einsum("nrkgd,kcd->nrkgc", qf, ctx_k.float())
         s_blk = torch.einsum("nrkgd,nbkd->nrkgb", qf, blk_k.float())
         ctx_ok = torch.arange(C)[None, None, :] < starts[:, None, None]  # [nb, 1, C]
         vis = self.visible(q_pos, torch.arange(C))
         ctx_ok = ctx_ok if vis is None else ctx_ok & vis
         blk_ok = self.visible(q_pos, blk_pos)
-        scores = torch.cat((s_ctx.masked_fill(~ctx_ok[:, :, None, None, :], float("-inf")),
-                            s_blk if blk_ok is None else s_blk.masked_fill(~blk_ok[:, :, None, None, :], float("-inf"))), -1)
+        scores = torch.cat(
+            (
+                s_ctx.masked_fill(~ctx_ok[:, :, None, None, :], float("-inf")),
+                s_blk
+                if blk_ok is None
+                else s_blk.masked_fill(~blk_ok[:, :, None, None, :], float("-inf")),
+            ),
+            -1,
+        )
         p = torch.softmax(scores, dim=-1)
-        out = (torch.einsum("nrkgc,kcd->nrkgd", p[..., :C], ctx_v.float())
-               + torch.einsum("nrkgb,nbkd->nrkgd", p[..., C:], blk_v.float()))
+        out = torch.einsum("nrkgc,kcd->nrkgd", p[..., :C], ctx_v.float()) + torch.einsum(
+            "nrkgb,nbkd->nrkgd", p[..., C:], blk_v.float()
+        )
         return self.o_proj(out.reshape(nb, R, H * d).to(q.dtype))
 
 
@@ -308,7 +349,9 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.num_layers))
-        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.fc = nn.Linear(
+            len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False
+        )
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg)
@@ -324,7 +367,9 @@ class DFlashDrafter(nn.Module):
     def block_inputs(self, embed: torch.Tensor, first_tokens: torch.Tensor) -> torch.Tensor:
         """Block input embeddings [nb, B, hidden]: ``[token, mask, ..., mask]`` per block,
         looked up in the target's embedding matrix ``embed`` [vocab, hidden]."""
-        ids = torch.full((first_tokens.shape[0], self.block_size), self.mask_token_id, dtype=torch.long)
+        ids = torch.full(
+            (first_tokens.shape[0], self.block_size), self.mask_token_id, dtype=torch.long
+        )
         ids[:, 0] = first_tokens
         out = F.embedding(ids, embed)
         if self.cfg.input_embedding_scale != 1.0:
@@ -354,7 +399,9 @@ class DFlashDrafter(nn.Module):
         cos, sin = self.rotary(torch.arange(ctx.shape[0]), ctx.dtype)
         return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self.layers]
 
-    def forward_block(self, features: torch.Tensor, block: torch.Tensor, start: int) -> torch.Tensor:
+    def forward_block(
+        self, features: torch.Tensor, block: torch.Tensor, start: int
+    ) -> torch.Tensor:
         """One block, the plain online way: ``features`` [s, F] are the context positions
         ``0..s-1`` (``s = start``), ``block`` [B, hidden] the block's input embeddings.
         Returns the final normed hidden states [B, hidden]."""
@@ -372,8 +419,13 @@ class DFlashDrafter(nn.Module):
         `forward_block` per block. Returns final hidden [nb, B, hidden]."""
         return Blocks(self, kv, starts, blocks).hidden()
 
-    def blocks(self, kv: list[tuple[torch.Tensor, torch.Tensor]], starts: torch.Tensor,
-               first_tokens: torch.Tensor, embed: torch.Tensor) -> Blocks:
+    def blocks(
+        self,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        starts: torch.Tensor,
+        first_tokens: torch.Tensor,
+        embed: torch.Tensor,
+    ) -> Blocks:
         """The blocks ``[first_tokens[b], mask, ..., mask]`` at ``starts``, ready for
         `Blocks.hidden` of any rows (their mask rows are projected once in the first layer)."""
         return Blocks(self, kv, starts, self.block_inputs(embed, first_tokens), shared_tail=True)
@@ -393,8 +445,14 @@ class Blocks:
     that row once rather than once per block (RoPE, applied after, still makes them differ).
     """
 
-    def __init__(self, drafter: DFlashDrafter, kv: list[tuple[torch.Tensor, torch.Tensor]],
-                 starts: torch.Tensor, blocks: torch.Tensor, shared_tail: bool = False):
+    def __init__(
+        self,
+        drafter: DFlashDrafter,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        starts: torch.Tensor,
+        blocks: torch.Tensor,
+        shared_tail: bool = False,
+    ):
         nb, B, H = blocks.shape
         self.drafter, self.starts, self.B = drafter, starts, B
         self.pos = starts[:, None] + torch.arange(B)[None, :]  # [nb, B]
@@ -470,7 +528,11 @@ def _weight_files(path: str) -> list[str]:
         return [os.path.join(path, s) for s in shards]
     names = sorted(os.listdir(path))
     for ext in (".safetensors", ".pt", ".bin", ".pth"):
-        found = [os.path.join(path, n) for n in names if n.endswith(ext) and not n.startswith(("optimizer", "scheduler", "rng"))]
+        found = [
+            os.path.join(path, n)
+            for n in names
+            if n.endswith(ext) and not n.startswith(("optimizer", "scheduler", "rng"))
+        ]
         if found:
             return found
     raise UserError(f"no drafter weights (*.safetensors, *.pt, *.bin) in {path}")
@@ -484,10 +546,17 @@ def _read_state(file: str) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise UserError(f"{file} is not a weights-only state dict ({type(exc).__name__}); " "save it with torch.save(model.state_dict())") from None
+        raise UserError(
+            f"{file} is not a weights-only state dict ({type(exc).__name__}); "
+            "save it with torch.save(model.state_dict())"
+        ) from None
     # Trainer checkpoints often nest the weights one level down.
     for nest in ("state_dict", "model", "module", "draft_model", "model_state_dict"):
-        if isinstance(obj, dict) and isinstance(obj.get(nest), dict) and not isinstance(obj.get(nest), torch.Tensor):
+        if (
+            isinstance(obj, dict)
+            and isinstance(obj.get(nest), dict)
+            and not isinstance(obj.get(nest), torch.Tensor)
+        ):
             inner = obj[nest]
             if inner and all(isinstance(v, torch.Tensor) for v in inner.values()):
                 obj = inner
@@ -514,8 +583,9 @@ def weight_shapes(path: str) -> tuple[dict[str, tuple[str, str, list[int]]], lis
         if f.endswith(".safetensors"):
             header = read_header(f)
             if header.data_end > header.size:
-                problems.append(f"drafter shard {name} is truncated ({header.size} of "
-                                f"{header.data_end} bytes)")
+                problems.append(
+                    f"drafter shard {name} is truncated ({header.size} of {header.data_end} bytes)"
+                )
             for k, info in header.tensors.items():
                 keys[k] = (name, info["dtype"], [int(d) for d in info["shape"]])
         else:
@@ -562,25 +632,37 @@ def load_drafter(
             else:
                 unknown.append(raw_key)
     if unknown:
-        raise UserError("drafter weights have keys that do not map to a " f"DFlash drafter: {', '.join(sorted(unknown)[:8])}")
+        raise UserError(
+            "drafter weights have keys that do not map to a "
+            f"DFlash drafter: {', '.join(sorted(unknown)[:8])}"
+        )
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise UserError(f"drafter weights lack {', '.join(missing[:8])}; " f"is {path} a complete DFlash checkpoint?")
+        raise UserError(
+            f"drafter weights lack {', '.join(missing[:8])}; "
+            f"is {path} a complete DFlash checkpoint?"
+        )
     fc_in = state["fc.weight"].shape[1]
     want = len(cfg.target_layer_ids) * cfg.hidden_size
     if fc_in != want:
         raise UserError(
-            f"drafter fc takes {fc_in} features but {len(cfg.target_layer_ids)} " f"target layers x hidden {cfg.hidden_size} = {want}; "
+            f"drafter fc takes {fc_in} features but {len(cfg.target_layer_ids)} "
+            f"target layers x hidden {cfg.hidden_size} = {want}; "
             "fix target_layer_ids in the drafter config"
         )
     for key, t in state.items():
         if tuple(t.shape) != tuple(expected[key].shape):
-            raise UserError(f"drafter weight {key} has shape {tuple(t.shape)}, " f"config implies {tuple(expected[key].shape)}")
+            raise UserError(
+                f"drafter weight {key} has shape {tuple(t.shape)}, "
+                f"config implies {tuple(expected[key].shape)}"
+            )
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True, strict=False)
     model.rotary = Rotary(cfg)  # rebuilt off meta
     model.eval().requires_grad_(False)
     report = LoadReport(
-        files=files, source_dtypes=sorted(dtypes), ignored_keys=ignored,
+        files=files,
+        source_dtypes=sorted(dtypes),
+        ignored_keys=ignored,
         parameters=sum(t.numel() for t in state.values()),
     )
     return model, report

@@ -25,5 +25,5 @@ def normalise_key(key: str) -> str:
         changed = False
         for p in KEY_PREFIXES:
             if key.startswith(p):
-                key, changed = key[len(p):], True
+                key, changed = key[len(p) :], True
     return key

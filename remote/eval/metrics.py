@@ -32,8 +32,9 @@ def tau_stats(samples_rounds: list[list[int]]) -> dict:
     }
 
 
-def summarize(records: list[dict], block_size: int, budgets: list[int], topk: int | None,
-              vocab: int) -> dict:
+def summarize(
+    records: list[dict], block_size: int, budgets: list[int], topk: int | None, vocab: int
+) -> dict:
     """Dataset metrics from sample records (see the result schema in remote/eval/engine.py).
 
     Depends only on the records' order-free sums except ``tau_per_sample_mean``, a mean of
@@ -54,15 +55,25 @@ def summarize(records: list[dict], block_size: int, budgets: list[int], topk: in
         **tau_stats(rounds),
         "acceptance_histogram": {str(i + 1): hist[i] for i in range(block_size)},
         "per_position_acceptance": [
-            {"position": j + 1, "attempts": att[j], "accepted": hit[j],
-             "rate": (hit[j] / att[j]) if att[j] else None}
+            {
+                "position": j + 1,
+                "attempts": att[j],
+                "accepted": hit[j],
+                "rate": (hit[j] / att[j]) if att[j] else None,
+            }
             for j in range(block_size - 1)
         ],
-        "target_agreement": {"match": match, "total": total,
-                             "rate": (match / total) if total else None},
+        "target_agreement": {
+            "match": match,
+            "total": total,
+            "rate": (match / total) if total else None,
+        },
         "ddtree": {
-            str(n): {"budget": n, "topk": ddtree_k(n, topk, vocab),
-                     **tau_stats([r["ddtree"][str(n)] for r in records])}
+            str(n): {
+                "budget": n,
+                "topk": ddtree_k(n, topk, vocab),
+                **tau_stats([r["ddtree"][str(n)] for r in records]),
+            }
             for n in budgets
         },
     }

@@ -22,8 +22,7 @@ from remote.probe.facts import meminfo, package_version
 from remote.protocol import DEFAULT_DTYPE
 
 MIN_PYTHON = (3, 10)
-REQUIRED = {"torch": ("torch",), "transformers": ("transformers",),
-            "safetensors": ("safetensors",)}
+REQUIRED = {"torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",)}
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # what the eval engine runs in
 # Activations, the one-sequence forward, tokenizer and python itself.
 OVERHEAD_FRACTION = 0.10
@@ -70,8 +69,7 @@ def _model_folder(path: str | None, what: str) -> Path:
     if not (folder / "config.json").is_file():
         raise UserError(f"{what} folder {path} has no config.json")
     if not any(f.suffix in (".safetensors", ".bin", ".pt", ".pth") for f in folder.iterdir()):
-        raise UserError(f"{what} folder {path} holds no weight files (*.safetensors, *.bin, "
-                        "*.pt)")
+        raise UserError(f"{what} folder {path} holds no weight files (*.safetensors, *.bin, *.pt)")
     return folder
 
 
@@ -79,23 +77,30 @@ def check(spec: dict) -> dict:
     """Run every check; raise the first failure, else return what was found."""
     from remote.eval import groundtruth
 
-    report: dict = {"python": ".".join(map(str, sys.version_info[:3])),
-                    "python_executable": sys.executable}
+    report: dict = {
+        "python": ".".join(map(str, sys.version_info[:3])),
+        "python_executable": sys.executable,
+    }
     if sys.version_info[:2] < MIN_PYTHON:
-        raise UserError(f"python {report['python']} at {sys.executable} is too old; dflash "
-                        f"needs {'.'.join(map(str, MIN_PYTHON))}+ (set 'python:' for the host)")
+        raise UserError(
+            f"python {report['python']} at {sys.executable} is too old; dflash "
+            f"needs {'.'.join(map(str, MIN_PYTHON))}+ (set 'python:' for the host)"
+        )
     versions = {name: package_version(name, dists) for name, dists in REQUIRED.items()}
     missing = [n for n, v in versions.items() if v is None]
     if missing:
-        raise UserError(f"{', '.join(missing)} not installed for {sys.executable}; install "
-                        "them there (pip install 'dflash[eval]' deps) or point 'python:' at "
-                        "the right environment")
+        raise UserError(
+            f"{', '.join(missing)} not installed for {sys.executable}; install "
+            "them there (pip install 'dflash[eval]' deps) or point 'python:' at "
+            "the right environment"
+        )
     report["packages"] = versions
     for key in ("threads", "samples"):
         # A count the job would only trip over after the ground-truth phase: refused now.
         value = spec.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or value < 1):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
             raise UserError(f"{key} must be a whole number of at least 1, got {value!r}")
     dtype = spec.get("dtype") or DEFAULT_DTYPE
     if dtype not in DTYPE_BYTES:
@@ -105,8 +110,9 @@ def check(spec: dict) -> dict:
     gt = spec.get("ground_truth") or {}
     kind = gt.get("kind", "sglang")
     if kind not in groundtruth.KINDS:
-        raise UserError(f"unknown ground truth kind {kind!r} (one of "
-                        f"{', '.join(groundtruth.KINDS)})")
+        raise UserError(
+            f"unknown ground truth kind {kind!r} (one of {', '.join(groundtruth.KINDS)})"
+        )
     groundtruth.check_greedy(spec.get("sampling") or {})
     if kind == "file":
         if not gt.get("path") or not Path(gt["path"]).is_file():
@@ -119,21 +125,29 @@ def check(spec: dict) -> dict:
     need_drafter = drafter_bytes(drafter, dtype)
     need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
     mem = meminfo()
-    report["memory"] = {"target_bytes": need_target, "drafter_bytes": need_drafter,
-                        "needed_bytes": need, "available_bytes": mem["available"],
-                        "total_bytes": mem["total"]}
+    report["memory"] = {
+        "target_bytes": need_target,
+        "drafter_bytes": need_drafter,
+        "needed_bytes": need,
+        "available_bytes": mem["available"],
+        "total_bytes": mem["total"],
+    }
     if mem["available"] and need > mem["available"]:
-        raise UserError(f"not enough free RAM: the target's text weights ({_gib(need_target)})"
-                        f" and the drafter ({_gib(need_drafter)}) in {dtype} need about "
-                        f"{_gib(need)}, and {_gib(mem['available'])} is available")
+        raise UserError(
+            f"not enough free RAM: the target's text weights ({_gib(need_target)})"
+            f" and the drafter ({_gib(need_drafter)}) in {dtype} need about "
+            f"{_gib(need)}, and {_gib(mem['available'])} is available"
+        )
     # What the engine checks before reading a tensor: whole shards, every text weight there.
     from remote.model.load import plan_text
 
     plan_text(target, None, described)
     if kind in ("sglang", "openai", "openai-text"):
         if not gt.get("url"):
-            raise UserError(f"ground truth kind {kind!r} needs a server URL (inventory "
-                            "'ground_truth:' or --ground-truth)")
+            raise UserError(
+                f"ground truth kind {kind!r} needs a server URL (inventory "
+                "'ground_truth:' or --ground-truth)"
+            )
         problem = groundtruth.reachable(gt["url"], 5.0)
         if problem:
             raise UserError(problem)

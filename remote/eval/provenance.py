@@ -30,8 +30,7 @@ CHUNK = 4 * 1024 * 1024
 
 def listing_digest(files: list[dict]) -> str:
     """sha256 of the ``sha256sum`` listing of `files` ({path, sha256}), sorted by path."""
-    lines = "".join(f"{f['sha256']}  {f['path']}\n" for f in sorted(files,
-                                                                    key=lambda f: f["path"]))
+    lines = "".join(f"{f['sha256']}  {f['path']}\n" for f in sorted(files, key=lambda f: f["path"]))
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
@@ -83,8 +82,11 @@ def _manifest_files(path: str, manifest: dict) -> list[dict] | None:
     on_disk = dict(_files(path))
     files = []
     for f in manifest["files"]:
-        if not isinstance(f, dict) or not isinstance(f.get("path"), str) \
-                or not isinstance(f.get("sha256"), str):
+        if (
+            not isinstance(f, dict)
+            or not isinstance(f.get("path"), str)
+            or not isinstance(f.get("sha256"), str)
+        ):
             return None
         full = on_disk.pop(f["path"], None)
         if full is None or os.path.getsize(full) != f.get("size"):
@@ -114,8 +116,9 @@ def drafter_identity(path: str) -> dict[str, Any]:
     step, step_from = trainer_step(path), "trainer_state.json"
     if step is None and manifest and isinstance(manifest.get("step"), int):
         step, step_from = manifest["step"], "relay manifest"
-    source = (manifest or {}).get("source") if isinstance((manifest or {}).get("source"),
-                                                          dict) else None
+    source = (
+        (manifest or {}).get("source") if isinstance((manifest or {}).get("source"), dict) else None
+    )
     return {
         "sha256": listing_digest(files) if files else None,
         "files": files,

@@ -61,7 +61,10 @@ class Target:
 
     @torch.inference_mode()
     def forward(
-        self, ids: list[int] | torch.Tensor, layer_ids: list[int], argmax_from: int = 0,
+        self,
+        ids: list[int] | torch.Tensor,
+        layer_ids: list[int],
+        argmax_from: int = 0,
         chunk: int = 256,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward over ``ids``. Returns (features [T, len(layer_ids)*hidden] = raw outputs
@@ -72,14 +75,18 @@ class Target:
         keep: dict[int, torch.Tensor] = {}
         hooks = []
         for i in sorted(set(layer_ids)):
+
             def hook(_m, _args, out, i=i):
                 keep[i] = first_row(out)
+
             hooks.append(self.layers[i].register_forward_hook(hook))
         try:
             out = self.backbone(input_ids=ids_t, use_cache=False)
         except Exception as exc:
-            raise UserError(f"transformers cannot run the text part of {self.info.architecture} "
-                            f"({self.info.backbone_class}) on its own: {one_line(exc)}") from None
+            raise UserError(
+                f"transformers cannot run the text part of {self.info.architecture} "
+                f"({self.info.backbone_class}) on its own: {one_line(exc)}"
+            ) from None
         finally:
             for h in hooks:
                 h.remove()
@@ -88,7 +95,7 @@ class Target:
         keep.clear()  # the layer outputs are in feats now; free them early
         arg = []
         for a in range(argmax_from, last.shape[0], chunk):
-            arg.append(torch.argmax(self.head(last[a:a + chunk]).float(), dim=-1))
+            arg.append(torch.argmax(self.head(last[a : a + chunk]).float(), dim=-1))
         greedy = torch.cat(arg) if arg else torch.zeros(0, dtype=torch.long)
         return feats, greedy
 
@@ -97,8 +104,10 @@ def describe(path: str, dtype: torch.dtype | None = None) -> tuple[Any, nn.Modul
     """Config, meta model and text layout of a target, without loading any weights."""
     d = describe_model(path, dtype)
     if d.layout.head_path is None:
-        raise UserError(f"{d.layout.architecture} has no LM head (output embedding); it cannot "
-                        "be a speculative-decoding target")
+        raise UserError(
+            f"{d.layout.architecture} has no LM head (output embedding); it cannot "
+            "be a speculative-decoding target"
+        )
     return d.config, d.model, d.layout
 
 

@@ -85,7 +85,7 @@ class Drafts:
         """Compute ``accept`` for ``starts`` (those not known yet), ``chunk`` blocks at a time."""
         todo = [s for s in starts if s not in self.accept]
         for c in range(0, len(todo), self.chunk):
-            st = torch.tensor(todo[c:c + self.chunk])
+            st = torch.tensor(todo[c : c + self.chunk])
             blocks = self.drafter.blocks(self.kv, st, self.g[st], self.target.embed)
             acc = torch.zeros(len(st), dtype=torch.long)
             alive = torch.arange(len(st))
@@ -106,7 +106,7 @@ class Drafts:
         vocab = self.target.lm_head.shape[0]
         per_chunk = max(1, min(self.chunk, self.HEAD_BYTES // (4 * vocab * (self.B - 1))))
         for c in range(0, len(todo), per_chunk):
-            st = torch.tensor(todo[c:c + per_chunk])
+            st = torch.tensor(todo[c : c + per_chunk])
             h = self.drafter.blocks(self.kv, st, self.g[st], self.target.embed).hidden()[:, 1:]
             logp = torch.log_softmax(self.drafter.logits(h, self.target.lm_head).float(), dim=-1)
             v, i = torch.topk(logp, k, dim=-1)
@@ -115,7 +115,9 @@ class Drafts:
                 self.tree[s] = (v[b, :depth].tolist(), i[b, :depth].tolist())
 
 
-def ddtree_rounds(drafts: Drafts, g: list[int], budgets: list[int], topk: int | None, vocab: int) -> dict[str, list[int]]:
+def ddtree_rounds(
+    drafts: Drafts, g: list[int], budgets: list[int], topk: int | None, vocab: int
+) -> dict[str, list[int]]:
     """DDTree-N round lengths for every budget, the walks advanced in lockstep.
 
     Each step computes, in one batch, the blocks every unfinished walk needs next: the
@@ -142,13 +144,15 @@ def ddtree_rounds(drafts: Drafts, g: list[int], budgets: list[int], topk: int | 
         for n in live:
             s, k = at[n], ks[n]
             v, i = drafts.tree[s]
-            a = ddtree_accept([r[:k] for r in v], [r[:k] for r in i], g[s + 1: s + 1 + len(v)], n)
+            a = ddtree_accept([r[:k] for r in v], [r[:k] for r in i], g[s + 1 : s + 1 + len(v)], n)
             out[str(n)].append(min(a + 1, L - s))
             at[n] += out[str(n)][-1]
 
 
 @torch.inference_mode()
-def eval_sequence(target, drafter, prompt: list[int], completion: list[int], opts: WalkOptions) -> dict:
+def eval_sequence(
+    target, drafter, prompt: list[int], completion: list[int], opts: WalkOptions
+) -> dict:
     """Evaluate one sample; returns its record (rounds, per-position counts, DDTree rounds,
     agreement, timings). See the module docstring for the procedure."""
     t0 = time.perf_counter()
@@ -177,7 +181,11 @@ def eval_sequence(target, drafter, prompt: list[int], completion: list[int], opt
     t_draft = time.perf_counter() - t1
 
     t2 = time.perf_counter()
-    ddtree = ddtree_rounds(drafts, g, opts.budgets, opts.topk, target.info.vocab_size) if opts.budgets else {}
+    ddtree = (
+        ddtree_rounds(drafts, g, opts.budgets, opts.topk, target.info.vocab_size)
+        if opts.budgets
+        else {}
+    )
     t_tree = time.perf_counter() - t2
 
     # Per-position: depth j attempted at s when the first j-1 were right and s+j <= L.
@@ -197,5 +205,10 @@ def eval_sequence(target, drafter, prompt: list[int], completion: list[int], opt
         "positions_drafted": len(drafts.accept),
         "agreement": {"match": agree, "total": L - P + 1},
         "ddtree": ddtree,
-        "seconds": {"target": t_target, "drafter": t_draft, "ddtree": t_tree, "total": time.perf_counter() - t0},
+        "seconds": {
+            "target": t_target,
+            "drafter": t_draft,
+            "ddtree": t_tree,
+            "total": time.perf_counter() - t0,
+        },
     }

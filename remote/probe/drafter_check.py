@@ -25,10 +25,15 @@ def rope_summary(cfg: dict) -> dict:
         # Per-layer-type rope parameters (Gemma3): compare the full-attention entry.
         params = params.get("full_attention", next(iter(params.values())))
     return {
-        "theta": cfg.get("rope_theta", params.get("rope_theta") if isinstance(params, dict) else None),
+        "theta": cfg.get(
+            "rope_theta", params.get("rope_theta") if isinstance(params, dict) else None
+        ),
         "type": (params.get("rope_type") if isinstance(params, dict) else None)
-                or scaling.get("rope_type") or scaling.get("type") or "default",
-        "factor": (params.get("factor") if isinstance(params, dict) else None) or scaling.get("factor"),
+        or scaling.get("rope_type")
+        or scaling.get("type")
+        or "default",
+        "factor": (params.get("factor") if isinstance(params, dict) else None)
+        or scaling.get("factor"),
     }
 
 
@@ -53,7 +58,9 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
         else:
             ids = default_target_layer_ids(n, d_layers)
             ids_source = "default"
-            warnings.append(f"no target_layer_ids in the drafter config: z-lab default {ids} assumed")
+            warnings.append(
+                f"no target_layer_ids in the drafter config: z-lab default {ids} assumed"
+            )
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
         problems.append(f"target_layer_ids must be a list of integers, got {ids!r}")
         ids = []
@@ -66,8 +73,10 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
     if ntl is not None and ntl != n:
         problems.append(f"num_target_layers {ntl} != target's {n} decoder layers")
     if d_hidden != hidden:
-        problems.append(f"drafter hidden_size {d_hidden} != target hidden_size {hidden} "
-                        "(the drafter uses the target's embed_tokens and lm_head)")
+        problems.append(
+            f"drafter hidden_size {d_hidden} != target hidden_size {hidden} "
+            "(the drafter uses the target's embed_tokens and lm_head)"
+        )
     d_vocab = raw.get("vocab_size")
     if d_vocab is not None and d_vocab != vocab:
         problems.append(f"drafter vocab_size {d_vocab} != target vocab_size {vocab}")
@@ -93,8 +102,9 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
         stripped[normalise_key(k)] = v
     prefixes = sorted({key_prefix(k) for k in keys} - {key_prefix(k) for k in stripped})
     if prefixes:
-        warnings.append(f"weight keys carry training prefixes ({', '.join(prefixes)}): "
-                        "stripped for this check")
+        warnings.append(
+            f"weight keys carry training prefixes ({', '.join(prefixes)}): stripped for this check"
+        )
     if keys:
         fc = stripped.get("fc.weight")
         if fc is None:
@@ -103,47 +113,66 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
             out_f, in_f = fc[2][0], fc[2][1]
             weights["fc"] = [out_f, in_f]
             if in_f != len(ids) * hidden:
-                problems.append(f"fc input width {in_f} != len(target_layer_ids) {len(ids)} x "
-                                f"target hidden {hidden} = {len(ids) * hidden}")
+                problems.append(
+                    f"fc input width {in_f} != len(target_layer_ids) {len(ids)} x "
+                    f"target hidden {hidden} = {len(ids) * hidden}"
+                )
             if out_f != d_hidden:
                 problems.append(f"fc output width {out_f} != drafter hidden_size {d_hidden}")
         for name in ("hidden_norm.weight", "norm.weight"):
             if name not in stripped:
                 problems.append(f"drafter weights have no {name}")
-        layer_ids = sorted({int(m.group(1)) for k in stripped
-                            if (m := re.match(r"layers\.(\d+)\.", k))})
+        layer_ids = sorted(
+            {int(m.group(1)) for k in stripped if (m := re.match(r"layers\.(\d+)\.", k))}
+        )
         weights["layers"] = len(layer_ids)
         if isinstance(d_layers, int) and layer_ids != list(range(d_layers)):
-            problems.append(f"drafter weights hold layers {index_ranges(layer_ids) or 'none'}, "
-                            f"config says num_hidden_layers {d_layers}")
+            problems.append(
+                f"drafter weights hold layers {index_ranges(layer_ids) or 'none'}, "
+                f"config says num_hidden_layers {d_layers}"
+            )
         if any(k.startswith(("embed_tokens", "lm_head")) for k in stripped):
-            warnings.append("drafter checkpoint carries its own embed_tokens/lm_head; "
-                            "DFlash uses the target's")
+            warnings.append(
+                "drafter checkpoint carries its own embed_tokens/lm_head; DFlash uses the target's"
+            )
     problems.extend(shard_problems)
     # Warnings about settings that run but give different numbers.
     dr, tr = rope_summary(raw), rope_summary(target_text_raw)
     for field in ("theta", "type", "factor"):
-        if dr[field] != tr[field] and not (field == "factor" and dr[field] is None and tr[field] is None):
+        if dr[field] != tr[field] and not (
+            field == "factor" and dr[field] is None and tr[field] is None
+        ):
             warnings.append(f"rope {field} differs: drafter {dr[field]!r}, target {tr[field]!r}")
-    d_max, t_max = raw.get("max_position_embeddings"), target_text_raw.get("max_position_embeddings")
+    d_max, t_max = (
+        raw.get("max_position_embeddings"),
+        target_text_raw.get("max_position_embeddings"),
+    )
     if isinstance(d_max, int) and isinstance(t_max, int) and d_max < t_max:
-        warnings.append(f"drafter max_position_embeddings {d_max} < target's {t_max}: "
-                        "long contexts run past the drafter's trained positions")
+        warnings.append(
+            f"drafter max_position_embeddings {d_max} < target's {t_max}: "
+            "long contexts run past the drafter's trained positions"
+        )
     types = raw.get("layer_types") or []
     sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
     if sliding:
         window = raw.get("sliding_window")
-        how = (f"window {window}" if window else "but no sliding_window is set")
-        warnings.append(f"drafter layers {index_ranges(sliding)} are sliding_attention ({how}): an "
-                        "eval that ignores sliding windows runs them as full attention")
+        how = f"window {window}" if window else "but no sliding_window is set"
+        warnings.append(
+            f"drafter layers {index_ranges(sliding)} are sliding_attention ({how}): an "
+            "eval that ignores sliding windows runs them as full attention"
+        )
     if ids and not bad and ids_source == "config" and isinstance(d_layers, int) and d_layers > 0:
         default = default_target_layer_ids(n, len(ids))
         if ids != default and ([i - 1 for i in ids] == default or [i + 1 for i in ids] == default):
-            warnings.append(f"target_layer_ids {ids} look shifted by one from the default "
-                            f"{default} (0- vs 1-based, or hidden_states index vs layer index?)")
+            warnings.append(
+                f"target_layer_ids {ids} look shifted by one from the default "
+                f"{default} (0- vs 1-based, or hidden_states index vs layer index?)"
+            )
     if ids and n - 1 in ids:
-        warnings.append(f"target_layer_ids include the last layer {n - 1}: hidden_states[{n}] "
-                        "is final-normed in transformers 5.x, take that layer's raw output with a hook")
+        warnings.append(
+            f"target_layer_ids include the last layer {n - 1}: hidden_states[{n}] "
+            "is final-normed in transformers 5.x, take that layer's raw output with a hook"
+        )
     if bad and max(bad) == n and min(ids) >= 1:
         warnings.append("target_layer_ids look 1-based (the largest equals the layer count)")
     return {

@@ -39,7 +39,9 @@ def load_and_verify(folder: Path, layout: TextLayout, scan: dict) -> dict:
     def keep(idx):
         def hook(_m, _i, out):
             captured[idx] = (out[0] if isinstance(out, (tuple, list)) else out).detach()
+
         return hook
+
     for i, layer in enumerate(layers):
         hooks.append(layer.register_forward_hook(keep(i)))
     hooks.append(embed.register_forward_hook(keep(-1)))
@@ -51,9 +53,11 @@ def load_and_verify(folder: Path, layout: TextLayout, scan: dict) -> dict:
         with torch.no_grad():
             out = backbone(input_ids=ids, output_hidden_states=True, use_cache=False)
     except Exception as exc:
-        raise UserError(f"--load: transformers cannot run the text part of "
-                        f"{layout.architecture} ({type(backbone).__name__}) on its own: "
-                        f"{one_line(exc)}") from None
+        raise UserError(
+            f"--load: transformers cannot run the text part of "
+            f"{layout.architecture} ({type(backbone).__name__}) on its own: "
+            f"{one_line(exc)}"
+        ) from None
     finally:
         for h in hooks:
             h.remove()
@@ -74,8 +78,9 @@ def load_and_verify(folder: Path, layout: TextLayout, scan: dict) -> dict:
         elif norm is not None:
             with torch.no_grad():
                 normed = norm(raw_last)
-            last = ("final_normed" if torch.allclose(normed, hs[-1], atol=1e-5, rtol=1e-4)
-                    else "other")
+            last = (
+                "final_normed" if torch.allclose(normed, hs[-1], atol=1e-5, rtol=1e-4) else "other"
+            )
         else:
             last = "other"
     # Scaled embeddings (Gemma) enter the stack scaled: hidden_states[0] is the scaled one.

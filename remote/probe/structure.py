@@ -48,6 +48,7 @@ SCHEMA = PROBE_SCHEMA
 
 # ---- the host ---------------------------------------------------------------------------
 
+
 def kernel_status(name: str) -> dict:
     """Whether an optional fast-kernel package imports here, and why not when it does not."""
     try:
@@ -80,10 +81,15 @@ def host_report(folder: Path, text_bytes: int) -> dict:
 
 # ---- the command ------------------------------------------------------------------------
 
+
 def _head_counts(text_cfg) -> dict:
-    return {k: v for k, v in sorted(vars(text_cfg).items())
-            if isinstance(v, int) and not isinstance(v, bool)
-            and ("heads" in k or k.endswith("head_dim") or k == "head_dim")}
+    return {
+        k: v
+        for k, v in sorted(vars(text_cfg).items())
+        if isinstance(v, int)
+        and not isinstance(v, bool)
+        and ("heads" in k or k.endswith("head_dim") or k == "head_dim")
+    }
 
 
 def probe(model: str, drafter: str | None = None, load: bool = False, depth: int = 4) -> dict:
@@ -157,8 +163,9 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
     }
     target = {"num_layers": num_layers, "hidden_size": hidden, "vocab_size": vocab}
     if drafter:
-        report["drafter"] = check_drafter(Path(os.path.expanduser(drafter)).resolve(),
-                                          target, text_raw)
+        report["drafter"] = check_drafter(
+            Path(os.path.expanduser(drafter)).resolve(), target, text_raw
+        )
     if load:
         if not scan["keys"]:
             raise UserError(f"cannot --load {folder}: no safetensors weights in it")
@@ -170,8 +177,11 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
 def incomplete(report: dict) -> str | None:
     """Why a probed checkpoint cannot be used as it is (missing/truncated shards), or None."""
     reason = incomplete_reason(report["checkpoint"])
-    return f"checkpoint in {report['model_path']} is incomplete: {reason}; copy it again" \
-        if reason else None
+    return (
+        f"checkpoint in {report['model_path']} is incomplete: {reason}; copy it again"
+        if reason
+        else None
+    )
 
 
 def run(args) -> int:
@@ -189,7 +199,10 @@ def register(sub) -> None:
     p = sub.add_parser("probe", help="print a model's real structure as JSON (dflash.probe/1)")
     p.add_argument("--model", required=True, help="model folder (config.json + safetensors)")
     p.add_argument("--drafter", help="DFlash drafter folder to check against the model")
-    p.add_argument("--load", action="store_true",
-                   help="load the text backbone and verify hidden states with a short forward")
+    p.add_argument(
+        "--load",
+        action="store_true",
+        help="load the text backbone and verify hidden states with a short forward",
+    )
     p.add_argument("--depth", type=int, default=4, help="depth of the module tree in the report")
     p.set_defaults(func=run)

@@ -78,6 +78,7 @@ class _Syncer:
     def __init__(self):
         import queue
         import threading
+
         self.jobs: queue.Queue = queue.Queue()
         self.pending = 0
         self.error: tuple[OSError, str] | None = None  # (error, file)
@@ -141,6 +142,7 @@ def _hash_prefix(fd: int, length: int, h) -> int:
 
 # ---- paths ------------------------------------------------------------------------------
 
+
 def path_problem(path) -> str | None:
     """Why `path` cannot name a file inside its folder, or None when it can.
 
@@ -166,6 +168,7 @@ def name_problem(name) -> str | None:
 
 
 # ---- scan -------------------------------------------------------------------------------
+
 
 def _files_under(top: str) -> tuple[list[dict], list[dict]]:
     """(files, what cannot be relayed) under `top`, paths relative to it.
@@ -193,8 +196,12 @@ def _files_under(top: str) -> tuple[list[dict], list[dict]]:
             if rel == MANIFEST or name.startswith(".dflash-"):
                 continue
             if "\n" in rel or "\r" in rel:  # could not be named on a line: refused by name
-                odd.append({"path": rel.replace("\n", "\\n").replace("\r", "\\r"),
-                            "why": "has a line break in its name"})
+                odd.append(
+                    {
+                        "path": rel.replace("\n", "\\n").replace("\r", "\\r"),
+                        "why": "has a line break in its name",
+                    }
+                )
                 continue
             try:
                 st = os.lstat(full)
@@ -234,8 +241,15 @@ def scan(args) -> int:
 
 def scan_root(root: str) -> dict:
     """The scan of `root` as printed by ``relay-scan`` (see `scan`)."""
-    result = {"now": time.time(), "root": root, "exists": os.path.isdir(root),
-              "free": _free_bytes(root), "entries": [], "partials": {}, "manifests": {}}
+    result = {
+        "now": time.time(),
+        "root": root,
+        "exists": os.path.isdir(root),
+        "free": _free_bytes(root),
+        "entries": [],
+        "partials": {},
+        "manifests": {},
+    }
     if not result["exists"]:
         return result
     for name in sorted(os.listdir(root)):
@@ -246,16 +260,15 @@ def scan_root(root: str) -> dict:
             continue
         if "\n" in name or "\r" in name:
             continue  # a name no line can carry is no checkpoint
-        if name.startswith(PARTIAL_PREFIX) and stat.S_ISDIR(st.st_mode) and \
-                name != PARTIAL_PREFIX:
+        if name.startswith(PARTIAL_PREFIX) and stat.S_ISDIR(st.st_mode) and name != PARTIAL_PREFIX:
             files, odd = _files_under(full)
-            result["partials"][name[len(PARTIAL_PREFIX):]] = files
+            result["partials"][name[len(PARTIAL_PREFIX) :]] = files
             if odd:
-                result.setdefault("partial_odd", {})[name[len(PARTIAL_PREFIX):]] = odd
+                result.setdefault("partial_odd", {})[name[len(PARTIAL_PREFIX) :]] = odd
             continue
         if name.startswith(".") and name.endswith(MANIFEST) and name != MANIFEST:
             # manifest of a single-file checkpoint: ".<name>.dflash-manifest.json"
-            result["manifests"][name[1:-len(MANIFEST)]] = _read_json(full)
+            result["manifests"][name[1 : -len(MANIFEST)]] = _read_json(full)
             continue
         if name.startswith("."):
             continue
@@ -273,8 +286,11 @@ def scan_root(root: str) -> dict:
             if os.path.isfile(manifest):
                 result["manifests"][name] = _read_json(manifest)
         elif stat.S_ISREG(st.st_mode):
-            entry = {"name": name, "kind": "file",
-                     "files": [{"path": name, "size": st.st_size, "mtime": st.st_mtime}]}
+            entry = {
+                "name": name,
+                "kind": "file",
+                "files": [{"path": name, "size": st.st_size, "mtime": st.st_mtime}],
+            }
         else:
             continue
         result["entries"].append(entry)
@@ -412,9 +428,9 @@ def _shown(rel: str) -> str:
     partial folder or repair temp file it is written to."""
     parts = rel.split("/")
     if parts[0].startswith(PARTIAL_PREFIX):
-        parts[0] = parts[0][len(PARTIAL_PREFIX):]
+        parts[0] = parts[0][len(PARTIAL_PREFIX) :]
     if parts[-1].startswith(REPAIR_PREFIX):
-        parts[-1] = parts[-1][len(REPAIR_PREFIX):]
+        parts[-1] = parts[-1][len(REPAIR_PREFIX) :]
     return "/".join(parts)
 
 
@@ -494,13 +510,13 @@ def recv(args) -> int:
     return 0
 
 
-
-
 def _check_target(rel) -> None:
     """Refuse a requested write path outside a partial folder or repair temp file."""
     why = path_problem(rel)
-    if why is None and not (rel.split("/")[0].startswith(PARTIAL_PREFIX)
-                            or rel.rsplit("/", 1)[-1].startswith(REPAIR_PREFIX)):
+    if why is None and not (
+        rel.split("/")[0].startswith(PARTIAL_PREFIX)
+        or rel.rsplit("/", 1)[-1].startswith(REPAIR_PREFIX)
+    ):
         why = "is neither in a partial folder nor a repair file"
     if why is not None:
         raise UserError(f"refusing to write {rel!r}: the path {why}")
@@ -528,10 +544,13 @@ def _open_dirs(root_fd: int, parts: list[str], create: bool, rel: str) -> int:
             try:
                 nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and \
-                        os.path.islink(f"/proc/self/fd/{fd}/{part}"):
-                    raise UserError(f"refusing to write {_shown(rel)} through the symlink "
-                                    f"{'/'.join(rel.split('/')[:skip + n + 1])}") from None
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(
+                    f"/proc/self/fd/{fd}/{part}"
+                ):
+                    raise UserError(
+                        f"refusing to write {_shown(rel)} through the symlink "
+                        f"{'/'.join(rel.split('/')[: skip + n + 1])}"
+                    ) from None
                 raise
             os.close(fd)
             fd = nfd
@@ -578,8 +597,11 @@ class _Writer:
     def write(self, block: memoryview) -> int:
         """Write `block` (starting at an aligned address) at the current offset; returns the
         bytes that went through the page cache (for the syncer)."""
-        n = len(block) - len(block) % ALIGN if self.direct is not None and \
-            self.pos % ALIGN == 0 else 0
+        n = (
+            len(block) - len(block) % ALIGN
+            if self.direct is not None and self.pos % ALIGN == 0
+            else 0
+        )
         if n:
             try:
                 _pwrite_all(self.direct, block[:n], self.pos)
@@ -628,8 +650,7 @@ def _open_for_write(root_fd: int, rel: str, offset: int):
         if offset:
             got = _hash_prefix(fd, offset, h)
             if got != offset:
-                raise UserError(f"{_shown(rel)} holds {got} bytes, fewer than the offset "
-                                f"{offset}")
+                raise UserError(f"{_shown(rel)} holds {got} bytes, fewer than the offset {offset}")
         os.ftruncate(fd, offset)
         os.lseek(fd, offset, os.SEEK_SET)
     except BaseException:
@@ -654,13 +675,20 @@ def hash_files(args) -> int:
         h = hashlib.sha256()
         n = _hash_prefix(fd, length if length is not None else 1 << 62, h)
         os.close(fd)
-        out.append({"path": path, "length": n, "sha256": h.hexdigest(),
-                    "complete": length is None or n == length})
+        out.append(
+            {
+                "path": path,
+                "length": n,
+                "sha256": h.hexdigest(),
+                "complete": length is None or n == length,
+            }
+        )
     print(json.dumps(out))
     return 0
 
 
 # ---- publish ----------------------------------------------------------------------------
+
 
 def publish(args) -> int:
     """Publish a verified partial checkpoint with one rename; JSON manifest read on stdin.
@@ -686,8 +714,7 @@ def publish(args) -> int:
         try:
             pfd = os.open(pname, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root_fd)
         except OSError:
-            raise UserError(f"nothing to publish: {partial} is missing or not a folder") \
-                from None
+            raise UserError(f"nothing to publish: {partial} is missing or not a folder") from None
         try:
             for f in manifest.get("files", []):
                 _settle(pfd, f, name, partial)
@@ -743,15 +770,15 @@ def _settle(pfd: int, f: dict, name: str, partial: str) -> None:
         try:
             st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
-                raise UserError(f"refusing to publish {name}: {rel} in {partial} is a "
-                                "symlink; remove it and run the relay again")
+                raise UserError(
+                    f"refusing to publish {name}: {rel} in {partial} is a "
+                    "symlink; remove it and run the relay again"
+                )
             if stat.S_ISREG(st.st_mode):
                 size = st.st_size
             if size == f.get("size") and isinstance(f.get("mtime"), (int, float)):
-                os.utime(parts[-1], (f["mtime"], f["mtime"]), dir_fd=dfd,
-                         follow_symlinks=False)
-                f["stored_mtime"] = os.stat(parts[-1], dir_fd=dfd,
-                                            follow_symlinks=False).st_mtime
+                os.utime(parts[-1], (f["mtime"], f["mtime"]), dir_fd=dfd, follow_symlinks=False)
+                f["stored_mtime"] = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False).st_mtime
         except FileNotFoundError:
             pass
         finally:
@@ -759,9 +786,11 @@ def _settle(pfd: int, f: dict, name: str, partial: str) -> None:
     # The last guard of "never half a checkpoint": every file of the manifest is there at
     # its full size, whatever happened to the partial folder since it was verified.
     if size != f.get("size"):
-        raise UserError(f"{name} is not published: {rel} holds "
-                        f"{'nothing' if size is None else f'{size} bytes'} in {partial}, "
-                        f"not {f.get('size')}; run the relay again")
+        raise UserError(
+            f"{name} is not published: {rel} holds "
+            f"{'nothing' if size is None else f'{size} bytes'} in {partial}, "
+            f"not {f.get('size')}; run the relay again"
+        )
 
 
 def _write_new(dir_fd: int, name: str, data: bytes) -> None:
@@ -772,8 +801,7 @@ def _write_new(dir_fd: int, name: str, data: bytes) -> None:
         os.unlink(tmp, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644,
-                 dir_fd=dir_fd)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
     try:
         write_all(fd, data)
         os.fsync(fd)
