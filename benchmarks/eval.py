@@ -40,19 +40,45 @@ def build(workdir: str, hidden: int, layers: int, vocab: int) -> tuple[str, str]
     import torch
 
     from orchestrator.demo.models import build_qwen3_target
-    from remote.drafter import DFlashDrafter, DrafterConfig, save_zlab
+    from remote.eval.drafter import DFlashDrafter, DrafterConfig, save_zlab
 
     target = os.path.join(workdir, "target")
     drafter = os.path.join(workdir, "drafter")
     if not os.path.isfile(os.path.join(target, "model.safetensors")):
-        build_qwen3_target(target, hidden_size=hidden, num_layers=layers, num_heads=hidden // 128, num_kv_heads=max(1, hidden // 512),
-                           intermediate_size=int(hidden * 8 / 3) // 64 * 64, model_vocab_size=vocab, dtype="bfloat16")
+        build_qwen3_target(
+            target,
+            hidden_size=hidden,
+            num_layers=layers,
+            num_heads=hidden // 128,
+            num_kv_heads=max(1, hidden // 512),
+            intermediate_size=int(hidden * 8 / 3) // 64 * 64,
+            model_vocab_size=vocab,
+            dtype="bfloat16",
+        )
     if not os.path.isfile(os.path.join(drafter, "model.safetensors")):
         cfg = json.load(open(os.path.join(target, "config.json")))
-        dcfg = {k: cfg[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                                     "intermediate_size", "rms_norm_eps", "vocab_size", "rope_parameters", "max_position_embeddings")}
-        dcfg.update(architectures=["DFlashDraftModel"], model_type="qwen3", num_hidden_layers=1, block_size=16,
-                    num_target_layers=layers, dflash_config={"target_layer_ids": [1, layers // 2, layers - 2], "mask_token_id": 3})
+        dcfg = {
+            k: cfg[k]
+            for k in (
+                "hidden_size",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "intermediate_size",
+                "rms_norm_eps",
+                "vocab_size",
+                "rope_parameters",
+                "max_position_embeddings",
+            )
+        }
+        dcfg.update(
+            architectures=["DFlashDraftModel"],
+            model_type="qwen3",
+            num_hidden_layers=1,
+            block_size=16,
+            num_target_layers=layers,
+            dflash_config={"target_layer_ids": [1, layers // 2, layers - 2], "mask_token_id": 3},
+        )
         torch.manual_seed(0)
         save_zlab(DFlashDrafter(DrafterConfig.from_dict(dcfg)).to(torch.bfloat16), drafter)
     return target, drafter
@@ -64,21 +90,33 @@ def build_moe(workdir: str, hidden: int, layers: int, experts: int, vocab: int) 
     import torch
     from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
-    from remote.drafter import DFlashDrafter, DrafterConfig, save_zlab
+    from remote.eval.drafter import DFlashDrafter, DrafterConfig, save_zlab
 
     target = os.path.join(workdir, "target")
     drafter = os.path.join(workdir, "drafter")
     heads = hidden // 128
     if not os.path.isfile(os.path.join(target, "config.json")):
-        text = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                    num_key_value_heads=max(1, heads // 4), head_dim=128, vocab_size=vocab,
-                    num_experts=experts, num_experts_per_tok=8, moe_intermediate_size=hidden // 2,
-                    shared_expert_intermediate_size=hidden // 2, linear_num_key_heads=heads // 2,
-                    linear_num_value_heads=heads, linear_key_head_dim=128,
-                    linear_value_head_dim=128, max_position_embeddings=4096,
-                    tie_word_embeddings=False)
-        vision = dict(depth=2, hidden_size=256, intermediate_size=512, num_heads=4,
-                      out_hidden_size=hidden)
+        text = dict(
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 4),
+            head_dim=128,
+            vocab_size=vocab,
+            num_experts=experts,
+            num_experts_per_tok=8,
+            moe_intermediate_size=hidden // 2,
+            shared_expert_intermediate_size=hidden // 2,
+            linear_num_key_heads=heads // 2,
+            linear_num_value_heads=heads,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        )
+        vision = dict(
+            depth=2, hidden_size=256, intermediate_size=512, num_heads=4, out_hidden_size=hidden
+        )
         cfg = Qwen3_5MoeConfig(text_config=text, vision_config=vision)
         torch.manual_seed(0)
         model = Qwen3_5MoeForConditionalGeneration._from_config(cfg, dtype=torch.bfloat16)
@@ -86,13 +124,27 @@ def build_moe(workdir: str, hidden: int, layers: int, experts: int, vocab: int) 
         del model
     if not os.path.isfile(os.path.join(drafter, "model.safetensors")):
         text = json.load(open(os.path.join(target, "config.json")))["text_config"]
-        dcfg = {k: text[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
-                                     "head_dim", "rms_norm_eps", "vocab_size",
-                                     "max_position_embeddings")}
-        dcfg.update(architectures=["DFlashDraftModel"], model_type="qwen3", num_hidden_layers=1,
-                    block_size=16, intermediate_size=hidden * 3, num_target_layers=layers,
-                    dflash_config={"target_layer_ids": [1, layers // 2, layers - 2],
-                                   "mask_token_id": 3})
+        dcfg = {
+            k: text[k]
+            for k in (
+                "hidden_size",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "rms_norm_eps",
+                "vocab_size",
+                "max_position_embeddings",
+            )
+        }
+        dcfg.update(
+            architectures=["DFlashDraftModel"],
+            model_type="qwen3",
+            num_hidden_layers=1,
+            block_size=16,
+            intermediate_size=hidden * 3,
+            num_target_layers=layers,
+            dflash_config={"target_layer_ids": [1, layers // 2, layers - 2], "mask_token_id": 3},
+        )
         torch.manual_seed(0)
         save_zlab(DFlashDrafter(DrafterConfig.from_dict(dcfg)).to(torch.bfloat16), drafter)
     return target, drafter
@@ -107,15 +159,28 @@ def online(model, drafter, prompt: list[int], new_tokens: int) -> tuple[list[int
     embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     B = drafter.block_size
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+    out = model(
+        input_ids=torch.tensor([prompt]),
+        past_key_values=cache,
+        use_cache=True,
+        output_hidden_states=True,
+        logits_to_keep=1,
+    )
     g = list(prompt) + [int(out.logits[0, -1].argmax())]
     ctx = torch.cat([out.hidden_states[i + 1][0] for i in ids], -1)
     end, s, rounds = len(prompt) + new_tokens - 1, len(prompt), []
     kv = drafter.context_kv(ctx)
     while s < end:
-        h = drafter.forward_blocks(kv, torch.tensor([s]), drafter.block_inputs(embed, torch.tensor([g[s]])))[0]
+        h = drafter.forward_blocks(
+            kv, torch.tensor([s]), drafter.block_inputs(embed, torch.tensor([g[s]]))
+        )[0]
         draft = drafter.logits(h[1:], head).argmax(-1).tolist()
-        v = model(input_ids=torch.tensor([[g[s]] + draft]), past_key_values=cache, use_cache=True, output_hidden_states=True)
+        v = model(
+            input_ids=torch.tensor([[g[s]] + draft]),
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
         post = v.logits[0].argmax(-1).tolist()
         a = 0
         while a < B - 1 and draft[a] == post[a]:
@@ -124,13 +189,16 @@ def online(model, drafter, prompt: list[int], new_tokens: int) -> tuple[list[int
         g += (draft[:a] + [post[a]])[:n]
         new = torch.cat([v.hidden_states[i + 1][0] for i in ids], -1)[:n]
         # the drafter's context cache grows by the accepted rows only
-        kv = [(torch.cat([k, nk], 1), torch.cat([vv, nv], 1)) for (k, vv), (nk, nv) in zip(kv, _ctx_kv_rows(drafter, new, s))]
+        kv = [
+            (torch.cat([k, nk], 1), torch.cat([vv, nv], 1))
+            for (k, vv), (nk, nv) in zip(kv, _ctx_kv_rows(drafter, new, s), strict=False)
+        ]
         remove = cache.get_seq_length() - (s + n)
         if remove:
             cache.crop(-remove)
         rounds.append(n)
         s += n
-    return rounds, g[len(prompt):]
+    return rounds, g[len(prompt) :]
 
 
 def _ctx_kv_rows(drafter, feats, first: int):
@@ -163,8 +231,12 @@ else:
 
 def peak_rss_of(args: list[str]) -> int:
     """Peak RSS bytes of a fresh Python child running ``-m module args...`` or ``-c code``."""
-    proc = subprocess.run([sys.executable, "-c", HWM_WRAPPER, *args], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "-c", HWM_WRAPPER, *args],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     if proc.returncode:
         raise SystemExit(f"child {args} failed: {proc.stderr[-2000:]}")
     kib = [int(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith("VMHWM ")]
@@ -178,23 +250,39 @@ MODES = {  # label -> WalkOptions arguments
 }
 
 
-def rss_figures(workdir: str, target_dir: str, drafter_dir: str, prompts, seqs, threads: int) -> tuple[int, int, int]:
+def rss_figures(
+    workdir: str, target_dir: str, drafter_dir: str, prompts, seqs, threads: int
+) -> tuple[int, int, int]:
     """(peak RSS of ``python -m remote eval``, fixed runtime RSS, weights' bytes) on one target."""
     import torch
 
-    from remote.drafter import load_drafter
-    from remote.target import describe, text_weight_bytes
+    from remote.eval.drafter import load_drafter
+    from remote.eval.target import describe, text_weight_bytes
 
     gt = os.path.join(workdir, "gt.jsonl")
     with open(gt, "w") as fh:
-        for i, (p, g) in enumerate(zip(prompts, seqs)):
-            fh.write(json.dumps({"id": i, "prompt_ids": p, "completion_ids": g[len(p):]}) + "\n")
+        for i, (p, g) in enumerate(zip(prompts, seqs, strict=False)):
+            fh.write(json.dumps({"id": i, "prompt_ids": p, "completion_ids": g[len(p) :]}) + "\n")
     spec = os.path.join(workdir, "job.json")
-    json.dump({"target": target_dir, "drafter": drafter_dir, "ground_truth": gt, "output_dir": os.path.join(workdir, "out"),
-               "threads": threads}, open(spec, "w"))
+    json.dump(
+        {
+            "target": target_dir,
+            "drafter": drafter_dir,
+            "ground_truth": gt,
+            "output_dir": os.path.join(workdir, "out"),
+            "threads": threads,
+        },
+        open(spec, "w"),
+    )
     # The runtime an eval cannot do without: interpreter, torch, transformers and the
     # target's modeling code (whose import pulls in much of transformers and torch._dynamo).
-    base = peak_rss_of(["-c", f"import remote.evaluate, remote.walk, remote.drafter; from remote.target import describe; describe({target_dir!r})"])
+    base = peak_rss_of(
+        [
+            "-c",
+            "import remote.eval.engine, remote.eval.walk, remote.eval.drafter; "
+            f"from remote.eval.target import describe; describe({target_dir!r})",
+        ]
+    )
     peak = peak_rss_of(["-m", "remote", "eval", "--spec", spec])
     _c, meta, info = describe(target_dir)
     _d, report = load_drafter(drafter_dir, torch.bfloat16)
@@ -212,17 +300,21 @@ def rows_sensitivity(target, drafter, prompts, seqs, repeats: int) -> dict[int, 
     with torch.inference_mode():
         for m in (1, 3, 6):
             total = 0.0
-            for p, g in zip(prompts, seqs):
+            for p, g in zip(prompts, seqs, strict=False):
                 best = float("inf")
                 for _ in range(repeats):
                     t = time.perf_counter()
-                    feats, _ = target.forward(g, drafter.cfg.target_layer_ids, argmax_from=len(p) - 1)
+                    feats, _ = target.forward(
+                        g, drafter.cfg.target_layer_ids, argmax_from=len(p) - 1
+                    )
                     kv = drafter.context_kv(feats)
                     st = torch.arange(len(p), len(g) - 1)
                     blocks = drafter.blocks(kv, st, torch.tensor(g)[st], target.embed)
                     for j in range(1, m + 1):
                         rows = torch.arange(len(st)) * drafter.block_size + j
-                        torch.argmax(drafter.logits(blocks.hidden(rows), target.lm_head).float(), -1)
+                        torch.argmax(
+                            drafter.logits(blocks.hidden(rows), target.lm_head).float(), -1
+                        )
                     best = min(best, time.perf_counter() - t)
                 total += best
             out[m] = total
@@ -230,7 +322,9 @@ def rows_sensitivity(target, drafter, prompts, seqs, repeats: int) -> dict[int, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--workdir", default="/tmp/dflash-bench")
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=128)
@@ -240,13 +334,23 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1536)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--rss-hidden", type=int, default=2048, help="the bigger target of the RSS figure (0: skip)")
+    ap.add_argument(
+        "--rss-hidden", type=int, default=2048, help="the bigger target of the RSS figure (0: skip)"
+    )
     ap.add_argument("--rss-layers", type=int, default=24)
-    ap.add_argument("--moe-hidden", type=int, default=1024, help="the MoE VLM target of the RSS figure (0: skip)")
+    ap.add_argument(
+        "--moe-hidden",
+        type=int,
+        default=1024,
+        help="the MoE VLM target of the RSS figure (0: skip)",
+    )
     ap.add_argument("--moe-layers", type=int, default=12)
     ap.add_argument("--moe-experts", type=int, default=48)
-    ap.add_argument("--rss-only", action="store_true",
-                    help="only the peak-RSS rows, on random ground truth (no speed figures)")
+    ap.add_argument(
+        "--rss-only",
+        action="store_true",
+        help="only the peak-RSS rows, on random ground truth (no speed figures)",
+    )
     args = ap.parse_args()
 
     import random
@@ -258,28 +362,34 @@ def main() -> None:
     target_dir, drafter_dir = build(args.workdir, args.hidden, args.layers, args.vocab)
     if args.rss_only:
         rng = __import__("random").Random(0)
-        prompts = [[rng.randrange(10, args.vocab) for _ in range(args.prompt)] for _ in range(args.samples)]
-        seqs = [p + [rng.randrange(10, args.vocab) for _ in range(args.completion)] for p in prompts]
+        prompts = [
+            [rng.randrange(10, args.vocab) for _ in range(args.prompt)] for _ in range(args.samples)
+        ]
+        seqs = [
+            p + [rng.randrange(10, args.vocab) for _ in range(args.completion)] for p in prompts
+        ]
         print_rss(rss_rows(args, target_dir, drafter_dir, prompts, seqs))
         return
 
     from transformers import AutoModelForCausalLM
 
-    from remote.drafter import load_drafter
-    from remote.target import load_target
-    from remote.walk import WalkOptions, eval_sequence
+    from remote.eval.drafter import load_drafter
+    from remote.eval.target import load_target
+    from remote.eval.walk import WalkOptions, eval_sequence
 
     hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
     drafter, report = load_drafter(drafter_dir, torch.bfloat16)
     rng = random.Random(0)
-    prompts = [[rng.randrange(10, args.vocab) for _ in range(args.prompt)] for _ in range(args.samples)]
+    prompts = [
+        [rng.randrange(10, args.vocab) for _ in range(args.prompt)] for _ in range(args.samples)
+    ]
 
     with torch.inference_mode():
         online(hf, drafter, prompts[0][:16], 4)  # warm-up
         t = time.perf_counter()
         runs = [online(hf, drafter, p, args.completion) for p in prompts]
         t_online = time.perf_counter() - t  # one run: minutes long, less sensitive to bursts
-        seqs = [p + c for p, (_r, c) in zip(prompts, runs)]
+        seqs = [p + c for p, (_r, c) in zip(prompts, runs, strict=False)]
 
     # Bare forward and offline eval measured interleaved, sample by sample, best of
     # --repeats: on a shared machine this keeps other load from skewing one side only.
@@ -289,7 +399,7 @@ def main() -> None:
     with torch.inference_mode():
         hf(input_ids=torch.tensor([seqs[0][:32]]))  # warm-up
         eval_sequence(target, drafter, prompts[0][:16], seqs[0][16:40], WalkOptions(budgets=[8]))
-        for p, g in zip(prompts, seqs):
+        for p, g in zip(prompts, seqs, strict=False):
             per = {k: float("inf") for k in best}
             for _ in range(args.repeats):
                 t = time.perf_counter()
@@ -297,7 +407,7 @@ def main() -> None:
                 per["bare"] = min(per["bare"], time.perf_counter() - t)
                 for mode, kw in MODES.items():
                     t = time.perf_counter()
-                    rec = eval_sequence(target, drafter, p, g[len(p):], WalkOptions(**kw))
+                    rec = eval_sequence(target, drafter, p, g[len(p) :], WalkOptions(**kw))
                     per[mode] = min(per[mode], time.perf_counter() - t)
                     if mode == "all":
                         per["engine_target"] = min(per["engine_target"], rec["seconds"]["target"])
@@ -305,29 +415,48 @@ def main() -> None:
             for k in best:
                 best[k] += per[k]
             recs_all.append(rec_all)
-    for (rounds, _c), rec in zip(runs, recs_all):
-        assert rec["rounds"] == rounds, "offline walk disagrees with the online loop"  # sanity, not timing
+    for (rounds, _c), rec in zip(runs, recs_all, strict=False):
+        assert rec["rounds"] == rounds, (
+            "offline walk disagrees with the online loop"
+        )  # sanity, not timing
     t_bare = best["bare"]
     rows_cost = rows_sensitivity(target, drafter, prompts, seqs, args.repeats)
     del target, hf
 
     rss = rss_rows(args, target_dir, drafter_dir, prompts, seqs)
 
-    from remote.target import describe
+    from remote.eval.target import describe
+
     _c, _meta, info = describe(target_dir)
     tokens = sum(len(g) for g in seqs)
     rounds = sum(len(r) for r, _ in runs)
-    print(f"setup: target {info.num_layers} layers hidden {info.hidden_size} vocab {info.vocab_size}, "
-          f"weights {rss[0][3] / 2**20:.0f} MiB bf16; drafter 1 layer, block {drafter.block_size}; "
-          f"{args.samples} samples x ({args.prompt} prompt + {args.completion} completion) = {tokens} tokens; "
-          f"{rounds} online rounds (tau {sum(map(sum, (r for r, _ in runs))) / rounds:.2f}); threads {args.threads}")
-    print(f"bare target forward (HF, full logits): {t_bare:.2f} s (best of {args.repeats}, interleaved with the eval runs)")
+    print(
+        f"setup: target {info.num_layers} layers hidden "
+        f"{info.hidden_size} vocab {info.vocab_size}, "
+        f"weights {rss[0][3] / 2**20:.0f} MiB bf16; drafter 1 layer, block {drafter.block_size}; "
+        f"{args.samples} samples x ({args.prompt} prompt + "
+        f"{args.completion} completion) = {tokens} tokens; "
+        f"{rounds} online rounds (tau "
+        f"{sum(map(sum, (r for r, _ in runs))) / rounds:.2f}); threads {args.threads}"
+    )
+    print(
+        f"bare target forward (HF, full logits): {t_bare:.2f} s "
+        f"(best of {args.repeats}, interleaved with the eval runs)"
+    )
     for mode in MODES:
         goal = "goal <= 1.25; " if mode == "all" else ""
-        print(f"eval [{mode:10}] wall / bare target forward = {best[mode] / t_bare:.2f}   ({goal}eval {best[mode]:.2f} s)")
-    print(f"  of which engine target forward / bare         = {best['engine_target'] / t_bare:.2f}   (hooks + text backbone + argmax head)")
-    print("  with a drafter that accepts more (m rows of the last layer + head per position, ~tau): "
-          + ", ".join(f"m={m}: {t / t_bare:.2f}" for m, t in rows_cost.items()))
+        print(
+            f"eval [{mode:10}] wall / bare target forward = "
+            f"{best[mode] / t_bare:.2f}   ({goal}eval {best[mode]:.2f} s)"
+        )
+    print(
+        "  of which engine target forward / bare         = "
+        f"{best['engine_target'] / t_bare:.2f}   (hooks + text backbone + argmax head)"
+    )
+    print(
+        "  with a drafter that accepts more (m rows of the last layer + head per position, ~tau): "
+        + ", ".join(f"m={m}: {t / t_bare:.2f}" for m, t in rows_cost.items())
+    )
     for mode in MODES:
         goal = f"  (goal >= 5; online {t_online:.1f} s)" if mode == "all" else ""
         print(f"online loop / offline eval [{mode:10}]     = {t_online / best[mode]:.1f}x{goal}")
@@ -336,16 +465,30 @@ def main() -> None:
 
 def rss_rows(args, target_dir: str, drafter_dir: str, prompts, seqs) -> list[tuple]:
     """(label, peak, runtime, weights) for this target, the bigger dense one, the MoE VLM."""
-    rss = [("this target", *rss_figures(args.workdir, target_dir, drafter_dir, prompts, seqs, args.threads))]
+    rss = [
+        (
+            "this target",
+            *rss_figures(args.workdir, target_dir, drafter_dir, prompts, seqs, args.threads),
+        )
+    ]
     if args.rss_hidden:
         big = os.path.join(args.workdir, f"rss-{args.rss_hidden}x{args.rss_layers}")
         os.makedirs(big, exist_ok=True)
         big_target, big_drafter = build(big, args.rss_hidden, args.rss_layers, args.vocab)
-        rss.append((f"{args.rss_hidden} x {args.rss_layers} target", *rss_figures(big, big_target, big_drafter, prompts, seqs, args.threads)))
+        rss.append(
+            (
+                f"{args.rss_hidden} x {args.rss_layers} target",
+                *rss_figures(big, big_target, big_drafter, prompts, seqs, args.threads),
+            )
+        )
     if args.moe_hidden:
-        moe = os.path.join(args.workdir, f"moe-{args.moe_hidden}x{args.moe_layers}x{args.moe_experts}")
+        moe = os.path.join(
+            args.workdir, f"moe-{args.moe_hidden}x{args.moe_layers}x{args.moe_experts}"
+        )
         os.makedirs(moe, exist_ok=True)
-        moe_target, moe_drafter = build_moe(moe, args.moe_hidden, args.moe_layers, args.moe_experts, args.vocab)
+        moe_target, moe_drafter = build_moe(
+            moe, args.moe_hidden, args.moe_layers, args.moe_experts, args.vocab
+        )
         label = f"MoE VLM {args.moe_hidden} x {args.moe_layers}, {args.moe_experts} experts"
         rss.append((label, *rss_figures(moe, moe_target, moe_drafter, prompts, seqs, args.threads)))
     return rss
@@ -353,10 +496,15 @@ def rss_rows(args, target_dir: str, drafter_dir: str, prompts, seqs) -> list[tup
 
 def print_rss(rss: list[tuple]) -> None:
     for label, peak, base, weights in rss:
-        print(f"peak RSS of `remote eval` / weights' bytes [{label}] = {peak / weights:.2f}   (goal <= 1.3; peak {peak / 2**20:.0f} MiB, "
-              f"weights {weights / 2**20:.0f} MiB)")
-        print(f"  fixed runtime (python+torch+transformers+modeling code) {base / 2**20:.0f} MiB; "
-              f"(peak - runtime) / weights = {(peak - base) / weights:.2f}")
+        print(
+            f"peak RSS of `remote eval` / weights' bytes [{label}] = "
+            f"{peak / weights:.2f}   (goal <= 1.3; peak {peak / 2**20:.0f} MiB, "
+            f"weights {weights / 2**20:.0f} MiB)"
+        )
+        print(
+            f"  fixed runtime (python+torch+transformers+modeling code) {base / 2**20:.0f} MiB; "
+            f"(peak - runtime) / weights = {(peak - base) / weights:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -47,15 +47,25 @@ CONFIG = {
         "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 16,
         "max_position_embeddings": 262144,
         "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
-                            "partial_rotary_factor": 0.25,
-                            "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
         "dtype": "bfloat16",
     },
     "vision_config": {
-        "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
-        "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
-        "out_hidden_size": 5120, "num_position_embeddings": 2304,
+        "depth": 27,
+        "hidden_size": 1152,
+        "intermediate_size": 4304,
+        "num_heads": 16,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 5120,
+        "num_position_embeddings": 2304,
     },
 }
 
@@ -64,8 +74,9 @@ def child_peak_rss(argv: list[str]) -> tuple[float, int, str]:
     """(wall seconds, peak RSS bytes, stdout) of one child process run alone."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(proc.stderr)
@@ -81,23 +92,38 @@ def main() -> None:
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(CONFIG))
         base_wall, base_rss, _ = child_peak_rss(
-            [sys.executable, "-c", "import torch, transformers, safetensors"])
+            [sys.executable, "-c", "import torch, transformers, safetensors"]
+        )
         wall, rss, out = child_peak_rss(
-            [sys.executable, "-m", "remote", "probe", "--model", str(folder), "--depth", "3"])
+            [sys.executable, "-m", "remote", "probe", "--model", str(folder), "--depth", "3"]
+        )
     report = json.loads(out)
     p = report["parameters"]
     full = p["total"]["bytes"]
     text = p["text"]["bytes"]
-    gib = 1024 ** 3
-    print(f"model: {report['built_class']}, {report['text']['num_layers']} layers at "
-          f"{report['text']['layers']}, hidden {report['text']['hidden_size']}, "
-          f"{report['text']['layer_types_config']}")
-    print(f"params: total {p['total']['params'] / 1e9:.2f} B, text {p['text']['params'] / 1e9:.2f} B, "
-          f"vision {p['vision']['params'] / 1e9:.3f} B")
-    print(f"bytes a full load needs ({report['dtype']}): {full / gib:.2f} GiB; text-only: {text / gib:.2f} GiB")
-    print(f"baseline (import torch+transformers): {base_wall:.2f} s, peak RSS {base_rss / 2**20:.0f} MiB")
-    print(f"probe: {wall:.2f} s wall (inside: {report['probe_seconds']:.2f} s), "
-          f"peak RSS {rss / 2**20:.0f} MiB")
+    gib = 1024**3
+    print(
+        f"model: {report['built_class']}, {report['text']['num_layers']} layers at "
+        f"{report['text']['layers']}, hidden {report['text']['hidden_size']}, "
+        f"{report['text']['layer_types_config']}"
+    )
+    print(
+        f"params: total {p['total']['params'] / 1e9:.2f} "
+        f"B, text {p['text']['params'] / 1e9:.2f} B, "
+        f"vision {p['vision']['params'] / 1e9:.3f} B"
+    )
+    print(
+        f"bytes a full load needs ({report['dtype']}): "
+        f"{full / gib:.2f} GiB; text-only: {text / gib:.2f} GiB"
+    )
+    print(
+        f"baseline (import torch+transformers): {base_wall:.2f} "
+        f"s, peak RSS {base_rss / 2**20:.0f} MiB"
+    )
+    print(
+        f"probe: {wall:.2f} s wall (inside: {report['probe_seconds']:.2f} s), "
+        f"peak RSS {rss / 2**20:.0f} MiB"
+    )
     print(f"peak RSS / full-load bytes: {rss / full:.4f}  (1/{full / rss:.0f})")
     print(f"probe peak RSS over import baseline: {(rss - base_rss) / 2**20:.0f} MiB")
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from orchestrator.relay_stream import cipher_list  # noqa: E402
+from orchestrator.relay.stream import cipher_list  # noqa: E402
 from tests.sshd import SSHServer, keygen  # noqa: E402
 
 MiB = 1 << 20
@@ -53,18 +53,43 @@ def random_file(path: Path, size: int) -> None:
 def dflash(inv: Path, *args: str) -> tuple[float, dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "relay", "--inventory",
-                           str(inv), "--json", *args], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "relay", "--inventory", str(inv), "--json", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     dt = time.perf_counter() - t
     if proc.returncode != 0:
         raise SystemExit(f"dflash relay failed: {proc.stderr.strip()}")
     return dt, json.loads(proc.stdout)
 
 
-def scp3(src: SSHServer, dst: SSHServer, key: Path, known: Path, src_path: Path,
-         dst_path: Path, legacy: bool) -> float:
-    cmd = ["scp", "-3", "-q", "-r", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={known}",
-           "-o", "StrictHostKeyChecking=yes", "-i", str(key), "-c", cipher_list()]
+def scp3(
+    src: SSHServer,
+    dst: SSHServer,
+    key: Path,
+    known: Path,
+    src_path: Path,
+    dst_path: Path,
+    legacy: bool,
+) -> float:
+    cmd = [
+        "scp",
+        "-3",
+        "-q",
+        "-r",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"UserKnownHostsFile={known}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-i",
+        str(key),
+        "-c",
+        cipher_list(),
+    ]
     if legacy:
         cmd.append("-O")
     cmd += [f"scp://127.0.0.1:{src.port}/{src_path}", f"scp://127.0.0.1:{dst.port}/{dst_path}"]
@@ -75,11 +100,19 @@ def scp3(src: SSHServer, dst: SSHServer, key: Path, known: Path, src_path: Path,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size-scale", type=float, default=1.0,
-                    help="scale the 2 GiB file and the 8 x 256 MiB checkpoint")
+    ap.add_argument(
+        "--size-scale",
+        type=float,
+        default=1.0,
+        help="scale the 2 GiB file and the 8 x 256 MiB checkpoint",
+    )
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds (median)")
-    ap.add_argument("--jobs", type=int, default=None,
-                    help="dflash relay --jobs (default: the relay's own default)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="dflash relay --jobs (default: the relay's own default)",
+    )
     ap.add_argument("--base", default=None, help="working folder (default: a temp folder)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = ap.parse_args()
@@ -93,8 +126,11 @@ def main() -> None:
     known = base / "known_hosts"
     known.write_text("".join(s.known_hosts_line() for s in servers))
     try:
-        ckpts, drafters, scp_dst = trainer.root / "ckpts", evalhost.root / "drafters", \
-            evalhost.root / "scp"
+        ckpts, drafters, scp_dst = (
+            trainer.root / "ckpts",
+            evalhost.root / "drafters",
+            evalhost.root / "scp",
+        )
         single = int(2048 * MiB * args.size_scale)
         shard = int(256 * MiB * args.size_scale)
         print(f"making data: 1 x {single / MiB:.0f} MiB and 8 x {shard / MiB:.0f} MiB", flush=True)
@@ -105,20 +141,35 @@ def main() -> None:
         old = time.time() - 3600  # long finished: complete by the stable rule at once
         os.utime(ckpts / "step_1.bin", (old, old))
         entry = lambda s, **roles: {  # noqa: E731
-            "hostname": "127.0.0.1", "port": s.port, "user": os.environ.get("USER") or "root",
-            "identity_file": str(key), "known_hosts": str(known), "python": sys.executable,
-            "workdir": str(s.root / "dflash"), "roles": roles}
+            "hostname": "127.0.0.1",
+            "port": s.port,
+            "user": os.environ.get("USER") or "root",
+            "identity_file": str(key),
+            "known_hosts": str(known),
+            "python": sys.executable,
+            "workdir": str(s.root / "dflash"),
+            "roles": roles,
+        }
         inv = base / "inventory.yaml"
-        inv.write_text(yaml.safe_dump({
-            "hosts": {"trainer": entry(trainer, trainer={"checkpoints": str(ckpts),
-                                                         "complete_rule": "stable"}),
-                      "evalhost": entry(evalhost, eval={"drafters": str(drafters)})},
-            "defaults": {"relay_from": "trainer", "relay_to": "evalhost"}}))
+        inv.write_text(
+            yaml.safe_dump(
+                {
+                    "hosts": {
+                        "trainer": entry(
+                            trainer, trainer={"checkpoints": str(ckpts), "complete_rule": "stable"}
+                        ),
+                        "evalhost": entry(evalhost, eval={"drafters": str(drafters)}),
+                    },
+                    "defaults": {"relay_from": "trainer", "relay_to": "evalhost"},
+                }
+            )
+        )
 
         cases = {"single file": ("step_1.bin", single), "8-file checkpoint": ("step_2", 8 * shard)}
         goals = {"single file": 0.9, "8-file checkpoint": 1.0}  # dflash / scp -3, issue #4
-        times: dict[str, dict[str, list[float]]] = {c: {"dflash": [], "scp -3": [],
-                                                         "scp -3 -O": []} for c in cases}
+        times: dict[str, dict[str, list[float]]] = {
+            c: {"dflash": [], "scp -3": [], "scp -3 -O": []} for c in cases
+        }
         # Untimed warm-up: the first command on a host pushes dflash's host-side zipapp
         # (once per version and host, ~0.6-0.9 s here), which is installation, not transfer.
         dflash(inv, "--dry-run", "step_1.bin")
@@ -141,31 +192,49 @@ def main() -> None:
                             dt2, rep2 = dflash(inv, name)
                             unchanged = (dt2, rep2["bytes_sent"])
                     else:
-                        dt = scp3(trainer, evalhost, key, known, ckpts / name, scp_dst / name,
-                                  legacy=tool.endswith("-O"))
+                        dt = scp3(
+                            trainer,
+                            evalhost,
+                            key,
+                            known,
+                            ckpts / name,
+                            scp_dst / name,
+                            legacy=tool.endswith("-O"),
+                        )
                     times[case][tool].append(dt)
-                    print(f"  round {rnd + 1} {case:18s} {tool:10s} "
-                          f"{size / dt / MiB:7.1f} MiB/s", flush=True)
+                    print(
+                        f"  round {rnd + 1} {case:18s} {tool:10s} {size / dt / MiB:7.1f} MiB/s",
+                        flush=True,
+                    )
         print()
         figures = {}
-        for case, (name, size) in cases.items():
+        for case, (_name, size) in cases.items():
             rate = {t: size / statistics.median(v) / MiB for t, v in times[case].items()}
             vs_scp = rate["dflash"] / rate["scp -3"]
             vs_legacy = rate["dflash"] / rate["scp -3 -O"]
             goal = goals[case]
-            figures[case] = {**{t: round(r, 1) for t, r in rate.items()},
-                             "ratio dflash/scp-3": round(vs_scp, 3),
-                             "ratio dflash/scp-3-O": round(vs_legacy, 3),
-                             "goal": goal, "met": vs_scp >= goal}
-            print(f"{case:18s} dflash {rate['dflash']:6.1f} MiB/s | scp -3 {rate['scp -3']:6.1f}"
-                  f" | scp -3 -O {rate['scp -3 -O']:6.1f} | dflash/scp -3 {vs_scp:.2f} "
-                  f"(goal >= {goal}: {'met' if vs_scp >= goal else 'NOT met'}) | "
-                  f"dflash/scp -3 -O {vs_legacy:.2f}")
+            figures[case] = {
+                **{t: round(r, 1) for t, r in rate.items()},
+                "ratio dflash/scp-3": round(vs_scp, 3),
+                "ratio dflash/scp-3-O": round(vs_legacy, 3),
+                "goal": goal,
+                "met": vs_scp >= goal,
+            }
+            print(
+                f"{case:18s} dflash {rate['dflash']:6.1f} MiB/s | scp -3 {rate['scp -3']:6.1f}"
+                f" | scp -3 -O {rate['scp -3 -O']:6.1f} | dflash/scp -3 {vs_scp:.2f} "
+                f"(goal >= {goal}: {'met' if vs_scp >= goal else 'NOT met'}) | "
+                f"dflash/scp -3 -O {vs_legacy:.2f}"
+            )
         if unchanged:
-            print(f"repeat relay of the unchanged checkpoint: {unchanged[0]:.2f} s, "
-                  f"{unchanged[1]} payload bytes (CLI start included)")
-            figures["unchanged repeat"] = {"seconds": round(unchanged[0], 2),
-                                           "payload_bytes": unchanged[1]}
+            print(
+                f"repeat relay of the unchanged checkpoint: {unchanged[0]:.2f} s, "
+                f"{unchanged[1]} payload bytes (CLI start included)"
+            )
+            figures["unchanged repeat"] = {
+                "seconds": round(unchanged[0], 2),
+                "payload_bytes": unchanged[1],
+            }
         if args.json:
             print(json.dumps(figures, indent=2))
     finally:

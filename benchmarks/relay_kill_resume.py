@@ -91,8 +91,11 @@ def main() -> None:
     try:
         ckpts, drafters = trainer.root / "ckpts", evalhost.root / "drafters"
         drafters.mkdir()
-        sizes = {"model-00001-of-00002.safetensors": 24, "model-00002-of-00002.safetensors": 20,
-                 "sub/optimizer.bin": 4}
+        sizes = {
+            "model-00001-of-00002.safetensors": 24,
+            "model-00002-of-00002.safetensors": 20,
+            "sub/optimizer.bin": 4,
+        }
         src = ckpts / "step_5"
         for rel, mib in sizes.items():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -101,16 +104,37 @@ def main() -> None:
         want = {str(p.relative_to(src)): digest(p) for p in src.rglob("*") if p.is_file()}
         total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
         entry = lambda s, **roles: {  # noqa: E731
-            "hostname": "127.0.0.1", "port": s.port, "user": os.environ.get("USER") or "root",
-            "identity_file": str(key), "known_hosts": str(known), "python": sys.executable,
-            "workdir": str(s.root / "dflash"), "roles": roles}
+            "hostname": "127.0.0.1",
+            "port": s.port,
+            "user": os.environ.get("USER") or "root",
+            "identity_file": str(key),
+            "known_hosts": str(known),
+            "python": sys.executable,
+            "workdir": str(s.root / "dflash"),
+            "roles": roles,
+        }
         inv = base / "inventory.yaml"
-        inv.write_text(yaml.safe_dump({
-            "hosts": {"trainer": entry(trainer, trainer={"checkpoints": str(ckpts)}),
-                      "evalhost": entry(evalhost, eval={"drafters": str(drafters)})},
-            "defaults": {"relay_from": "trainer", "relay_to": "evalhost"}}))
-        cmd = [sys.executable, "-m", "orchestrator", "relay", "--json", "--inventory", str(inv),
-               "step_5"]
+        inv.write_text(
+            yaml.safe_dump(
+                {
+                    "hosts": {
+                        "trainer": entry(trainer, trainer={"checkpoints": str(ckpts)}),
+                        "evalhost": entry(evalhost, eval={"drafters": str(drafters)}),
+                    },
+                    "defaults": {"relay_from": "trainer", "relay_to": "evalhost"},
+                }
+            )
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "relay",
+            "--json",
+            "--inventory",
+            str(inv),
+            "step_5",
+        ]
         subprocess.run(cmd + ["--dry-run"], env=env, cwd=ROOT, capture_output=True)  # push
         partial, final = drafters / ".partial-step_5", drafters / "step_5"
         t0 = time.monotonic()
@@ -118,8 +142,9 @@ def main() -> None:
             mode = MODES[rnd % len(MODES)]
             target = rng.randrange(1, total)
             problems: list[str] = []
-            proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
             while proc.poll() is None and partial_bytes(partial) < target:
                 time.sleep(0.002)
             at = partial_bytes(partial)
@@ -144,8 +169,11 @@ def main() -> None:
             if masters_of(proc.pid):
                 problems.append("ssh masters left running")
             if final.exists():
-                got = {str(p.relative_to(final)): digest(p) for p in final.rglob("*")
-                       if p.is_file() and p.name != ".dflash-manifest.json"}
+                got = {
+                    str(p.relative_to(final)): digest(p)
+                    for p in final.rglob("*")
+                    if p.is_file() and p.name != ".dflash-manifest.json"
+                }
                 if got != want:
                     problems.append("published checkpoint differs from the source")
             else:
@@ -153,24 +181,36 @@ def main() -> None:
                 for p in partial.rglob("*") if partial.exists() else []:
                     if p.is_file() and not p.name.startswith(".dflash-"):
                         data = p.read_bytes()
-                        if (src / p.relative_to(partial)).read_bytes()[:len(data)] != data:
+                        if (src / p.relative_to(partial)).read_bytes()[: len(data)] != data:
                             problems.append(f"partial {p.name} is not a prefix of its source")
-            resume = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
-                                    timeout=300)
+            resume = subprocess.run(
+                cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+            )
             if resume.returncode != 0:
                 problems.append(f"resume failed: {resume.stderr.strip()[-200:]}")
-            got = {str(p.relative_to(final)): digest(p) for p in final.rglob("*")
-                   if p.is_file() and p.name != ".dflash-manifest.json"} if final.exists() else {}
+            got = (
+                {
+                    str(p.relative_to(final)): digest(p)
+                    for p in final.rglob("*")
+                    if p.is_file() and p.name != ".dflash-manifest.json"
+                }
+                if final.exists()
+                else {}
+            )
             if got != want:
                 problems.append("resumed checkpoint differs from the source")
-            print(f"round {rnd + 1:2d}: {mode:9s} at {at / MiB:6.1f}/{total / MiB:.1f} MiB "
-                  f"(exit {code}) -> {'ok' if not problems else '; '.join(problems)}",
-                  flush=True)
+            print(
+                f"round {rnd + 1:2d}: {mode:9s} at {at / MiB:6.1f}/{total / MiB:.1f} MiB "
+                f"(exit {code}) -> {'ok' if not problems else '; '.join(problems)}",
+                flush=True,
+            )
             failures += [f"round {rnd + 1}: {p}" for p in problems]
             shutil.rmtree(final, ignore_errors=True)
             shutil.rmtree(partial, ignore_errors=True)
-        print(f"\n{args.kills} stops at random offsets, {len(failures)} failed checks, "
-              f"{time.monotonic() - t0:.0f} s")
+        print(
+            f"\n{args.kills} stops at random offsets, {len(failures)} failed checks, "
+            f"{time.monotonic() - t0:.0f} s"
+        )
     finally:
         for s in servers:
             s.stop()

@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from orchestrator import remote_eval, shard  # noqa: E402
+from orchestrator.eval import run as remote_eval  # noqa: E402
+from orchestrator.eval import shard  # noqa: E402
 from orchestrator.inventory import load_inventory  # noqa: E402
 from tests.sshd import SSHServer, keygen  # noqa: E402
 
@@ -47,12 +48,22 @@ def main() -> int:
     from orchestrator.demo.train import train_drafter
 
     base = Path(tempfile.mkdtemp(prefix="dflash-scale-"))
-    target = build_qwen3_target(str(base / "target"), hidden_size=args.hidden,
-                                num_layers=args.layers, num_heads=8, num_kv_heads=4)
+    target = build_qwen3_target(
+        str(base / "target"),
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=8,
+        num_kv_heads=4,
+    )
     rng = random.Random(0)
-    rows = [{"id": f"b{i}", "prompt_ids": [rng.randrange(8, 300) for _ in range(args.prompt)],
-             "completion_ids": [rng.randrange(8, 300) for _ in range(args.completion)]}
-            for i in range(args.samples)]
+    rows = [
+        {
+            "id": f"b{i}",
+            "prompt_ids": [rng.randrange(8, 300) for _ in range(args.prompt)],
+            "completion_ids": [rng.randrange(8, 300) for _ in range(args.completion)],
+        }
+        for i in range(args.samples)
+    ]
     gt = base / "ground_truth.jsonl"
     gt.write_text("".join(json.dumps(r) + "\n" for r in rows))
     train_drafter(target, str(base / "drafters"), save_steps=(0,), rows=rows[:2])
@@ -64,19 +75,35 @@ def main() -> int:
         with open(base / "known_hosts", "w") as fh:
             for s in servers:
                 fh.write(s.known_hosts_line())
-        hosts = {s.name: {
-            "transport": "ssh", "hostname": "127.0.0.1", "port": s.port,
-            "user": os.environ.get("USER") or "root", "identity_file": str(key),
-            "known_hosts": str(base / "known_hosts"), "python": sys.executable,
-            "workdir": str(s.root / "dflash"),
-            "roles": {"eval": {"drafters": str(base / "drafters"), "target_model": target,
-                               "dtype": "float32", "threads": 1}}} for s in servers}
+        hosts = {
+            s.name: {
+                "transport": "ssh",
+                "hostname": "127.0.0.1",
+                "port": s.port,
+                "user": os.environ.get("USER") or "root",
+                "identity_file": str(key),
+                "known_hosts": str(base / "known_hosts"),
+                "python": sys.executable,
+                "workdir": str(s.root / "dflash"),
+                "roles": {
+                    "eval": {
+                        "drafters": str(base / "drafters"),
+                        "target_model": target,
+                        "dtype": "float32",
+                        "threads": 1,
+                    }
+                },
+            }
+            for s in servers
+        }
         inv_path = base / "inventory.yaml"
-        inv_path.write_text(yaml.safe_dump({"hosts": hosts, "defaults": {
-            "results_dir": str(base / "results")}}))
+        inv_path.write_text(
+            yaml.safe_dump({"hosts": hosts, "defaults": {"results_dir": str(base / "results")}})
+        )
         inv = load_inventory(inv_path)
-        options = remote_eval.EvalOptions(ground_truth=str(gt), ground_truth_kind="file",
-                                          budgets=[8])
+        options = remote_eval.EvalOptions(
+            ground_truth=str(gt), ground_truth_kind="file", budgets=[8]
+        )
         tokens = sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
 
         t0 = time.perf_counter()
@@ -87,27 +114,37 @@ def main() -> int:
         t_two = time.perf_counter() - t0
 
         def samples(run: Path) -> list[dict]:
-            return [{k: v for k, v in json.loads(x).items() if k != "seconds"}
-                    for x in (run / "samples.jsonl").read_text().splitlines()]
+            return [
+                {k: v for k, v in json.loads(x).items() if k != "seconds"}
+                for x in (run / "samples.jsonl").read_text().splitlines()
+            ]
 
         def busy(run: Path) -> float:
-            return sum(json.loads(x)["seconds"]["total"]
-                       for x in (run / "samples.jsonl").read_text().splitlines())
+            return sum(
+                json.loads(x)["seconds"]["total"]
+                for x in (run / "samples.jsonl").read_text().splitlines()
+            )
 
         same = samples(one) == samples(two)
         plan = json.loads((two / "result.json").read_text())["shards"]["plan"]
-        print(f"target: Qwen3 hidden {args.hidden}, {args.layers} layers; {args.samples} samples "
-              f"x ({args.prompt} + {args.completion}) tokens = {tokens} tokens; 1 torch thread "
-              f"a host; cpus {os.cpu_count()}; load avg {os.getloadavg()[0]:.1f}")
+        print(
+            f"target: Qwen3 hidden {args.hidden}, {args.layers} layers; {args.samples} samples "
+            f"x ({args.prompt} + {args.completion}) tokens = {tokens} tokens; 1 torch thread "
+            f"a host; cpus {os.cpu_count()}; load avg {os.getloadavg()[0]:.1f}"
+        )
         print(f"plan: {[(p['host'], len(p['samples']), p['expected_tokens']) for p in plan]}")
         print(f"1 host : {t_one:7.1f} s  {tokens / t_one:8.1f} tok/s")
         print(f"2 hosts: {t_two:7.1f} s  {tokens / t_two:8.1f} tok/s")
         # On a shared box other work can take a core: then the 2 hosts' summed per-sample
         # seconds grow against the 1 host's, and the ratio says more about the box than us.
-        print(f"per-sample compute, summed: 1 host {busy(one):.1f} s, 2 hosts {busy(two):.1f} s "
-              "(about equal when each host had a core to itself)")
-        print(f"throughput ratio 2 hosts / 1 host: {t_one / t_two:.2f}  (goal >= 1.7); "
-              f"merged samples equal single-host: {same}")
+        print(
+            f"per-sample compute, summed: 1 host {busy(one):.1f} s, 2 hosts {busy(two):.1f} s "
+            "(about equal when each host had a core to itself)"
+        )
+        print(
+            f"throughput ratio 2 hosts / 1 host: {t_one / t_two:.2f}  (goal >= 1.7); "
+            f"merged samples equal single-host: {same}"
+        )
         return 0 if same else 1
     finally:
         for s in servers:

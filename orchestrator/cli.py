@@ -42,20 +42,30 @@ err_console = Console(stderr=True, highlight=False)
 def _print_version(value: bool) -> None:
     if value:
         from orchestrator import __version__
+
         typer.echo(f"dflash {__version__}")
         raise typer.Exit()
 
 
 @app.callback()
-def _root(accept_new_host_keys: bool = typer.Option(
-        False, "--accept-new-host-keys",
+def _root(
+    ctx: typer.Context,
+    accept_new_host_keys: bool = typer.Option(
+        False,
+        "--accept-new-host-keys",
         help="Trust and remember SSH host keys seen for the first time (like OpenSSH's "
-             "accept-new). Changed keys are always refused."),
-          version: bool = typer.Option(
-        False, "--version", callback=_print_version, is_eager=True,
-        help="Print dflash's version and exit.")) -> None:
-    from orchestrator import hosts
-    hosts.ACCEPT_NEW_HOST_KEYS = accept_new_host_keys
+        "accept-new). Changed keys are always refused.",
+    ),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print dflash's version and exit.",
+    ),
+) -> None:
+    # Passed down to every inventory a command loads (`commands.common.inventory`).
+    ctx.obj = {"accept_new_host_keys": accept_new_host_keys}
 
 
 def _usage_error(exc: BaseException) -> bool:

@@ -10,14 +10,17 @@ setting is one line there and one field on the dataclass.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
 from orchestrator.errors import DflashError
-from remote.groundtruth import KINDS as GT_KINDS
+from orchestrator.sizes import parse_size
+from remote.eval.groundtruth import KINDS as GT_KINDS
+from remote.protocol import DEFAULT_DTYPE, DTYPES
 
 ENV_VAR = "DFLASH_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
@@ -46,7 +49,7 @@ class EvalRole:
     ground_truth_kind: str = "sglang"  # sglang | openai | openai-text | file | local
     prompts: str | None = None
     threads: int | None = None
-    dtype: str = "bfloat16"
+    dtype: str = DEFAULT_DTYPE
     ground_truth_model: str | None = None  # served model name for OpenAI-compatible servers
     max_new_tokens: int = 256  # ground-truth completion length
     samples: int | None = None  # prompts per eval (seeded choice); None = all
@@ -109,6 +112,7 @@ class Inventory:
 
 # ---- schema ---------------------------------------------------------------------------
 
+
 def _str(v: Any) -> bool:
     return isinstance(v, str) and v != ""
 
@@ -136,6 +140,7 @@ def _bool(v: Any) -> bool:
 def _one_of(*choices: str) -> Callable[[Any], bool]:
     def check(v: Any) -> bool:
         return v in choices
+
     check.__doc__ = "one of " + ", ".join(choices)
     return check
 
@@ -149,9 +154,13 @@ _bool.__doc__ = "true or false"
 
 
 def _size(v: Any) -> bool:
-    import re
-    return (_int(v) and v >= 0) or (isinstance(v, str) and re.fullmatch(
-        r"\s*\d+(\.\d+)?\s*[kmgtpKMGTP]?(i?[bB])?\s*", v) is not None)
+    if isinstance(v, str):
+        try:
+            parse_size(v)
+        except DflashError:
+            return False
+        return True
+    return _int(v) and v >= 0
 
 
 _size.__doc__ = "a size in bytes or like 500M, 10G, 1.5TiB"
@@ -170,25 +179,33 @@ HOST_KEYS: dict[str, Callable[[Any], bool]] = {
     "connect_timeout": _pos_number,
 }
 ROLE_KEYS: dict[str, tuple[type, dict[str, Callable[[Any], bool]], tuple[str, ...]]] = {
-    "trainer": (TrainerRole, {
-        "checkpoints": _str,
-        "complete_rule": _one_of("auto", "marker", "stable"),
-        "marker": _str,
-        "stable_seconds": _pos_number,
-    }, ("checkpoints",)),
-    "eval": (EvalRole, {
-        "drafters": _str,
-        "target_model": _str,
-        "ground_truth": _str,
-        "ground_truth_kind": _one_of(*GT_KINDS),
-        "prompts": _str,
-        "threads": _count,
-        "dtype": _one_of("bfloat16", "float32"),
-        "ground_truth_model": _str,
-        "max_new_tokens": _count,
-        "samples": _count,
-        "reserve": _size,
-    }, ("drafters",)),
+    "trainer": (
+        TrainerRole,
+        {
+            "checkpoints": _str,
+            "complete_rule": _one_of("auto", "marker", "stable"),
+            "marker": _str,
+            "stable_seconds": _pos_number,
+        },
+        ("checkpoints",),
+    ),
+    "eval": (
+        EvalRole,
+        {
+            "drafters": _str,
+            "target_model": _str,
+            "ground_truth": _str,
+            "ground_truth_kind": _one_of(*GT_KINDS),
+            "prompts": _str,
+            "threads": _count,
+            "dtype": _one_of(*DTYPES),
+            "ground_truth_model": _str,
+            "max_new_tokens": _count,
+            "samples": _count,
+            "reserve": _size,
+        },
+        ("drafters",),
+    ),
 }
 DEFAULT_KEYS: dict[str, Callable[[Any], bool]] = {
     "relay_from": _str,
@@ -201,6 +218,7 @@ HOST_REFERENCES = ("relay_from", "relay_to", "eval_host")
 
 
 # ---- loading --------------------------------------------------------------------------
+
 
 def locate_inventory(explicit: str | os.PathLike | None = None) -> tuple[Path, str]:
     """Where the inventory is looked for and why there: ``--inventory``, then
@@ -222,10 +240,19 @@ def find_inventory_path(explicit: str | os.PathLike | None = None) -> Path:
     return path
 
 
-def load_inventory(explicit: str | os.PathLike | None = None) -> Inventory:
-    """Find, parse and validate the inventory."""
+def load_inventory(
+    explicit: str | os.PathLike | None = None, *, accept_new_host_keys: bool = False
+) -> Inventory:
+    """Find, parse and validate the inventory. `accept_new_host_keys` opts every host in
+    to trusting a key seen for the first time (``--accept-new-host-keys``), as the
+    per-host ``accept_new_host_key: true`` does; a changed key is always refused."""
     path = find_inventory_path(explicit)
-    return parse_inventory(path.read_text(), path)
+    inv = parse_inventory(path.read_text(), path)
+    if accept_new_host_keys:
+        inv.hosts = {
+            name: replace(spec, accept_new_host_key=True) for name, spec in inv.hosts.items()
+        }
+    return inv
 
 
 def parse_inventory(text: str, path: Path) -> Inventory:
@@ -261,8 +288,13 @@ class _Validator:
     def scalar(self, node: yaml.Node) -> Any:
         return yaml.safe_load(yaml.serialize(node)) if node is not None else None
 
-    def fields(self, node: yaml.Node, what: str, schema: dict[str, Callable[[Any], bool]],
-               skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    def fields(
+        self,
+        node: yaml.Node,
+        what: str,
+        schema: dict[str, Callable[[Any], bool]],
+        skip: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in self.mapping(node, what):
             name = key.value
@@ -274,8 +306,10 @@ class _Validator:
             check = schema[name]
             parsed = self.scalar(value) if isinstance(value, yaml.ScalarNode) else None
             if not isinstance(value, yaml.ScalarNode) or not check(parsed):
-                raise self.fail(value, f"{what}.{name}: expected {check.__doc__}, got "
-                                       f"{_describe(value, parsed)}")
+                raise self.fail(
+                    value,
+                    f"{what}.{name}: expected {check.__doc__}, got {_describe(value, parsed)}",
+                )
             out[name] = parsed
         return out
 
@@ -285,8 +319,9 @@ class _Validator:
         top = dict((k.value, (k, v)) for k, v in self.mapping(root, "top level"))
         for name, (key, _) in top.items():
             if name not in ("hosts", "groups", "defaults"):
-                raise self.fail(key, f"top level: unknown key {name!r} "
-                                     "(allowed: defaults, groups, hosts)")
+                raise self.fail(
+                    key, f"top level: unknown key {name!r} (allowed: defaults, groups, hosts)"
+                )
         if "hosts" not in top:
             raise self.fail(root, "top level: missing required key 'hosts'")
         hosts: dict[str, HostSpec] = {}
@@ -301,10 +336,16 @@ class _Validator:
             node = top["defaults"][1]
             values = self.fields(node, "defaults", DEFAULT_KEYS)
             for key, value in node.value:
-                if key.value in HOST_REFERENCES and value.value not in hosts \
-                        and value.value not in groups:
-                    raise self.fail(value, f"defaults.{key.value}: unknown host "
-                                           f"{value.value!r} (known: {', '.join(sorted(hosts))})")
+                if (
+                    key.value in HOST_REFERENCES
+                    and value.value not in hosts
+                    and value.value not in groups
+                ):
+                    raise self.fail(
+                        value,
+                        f"defaults.{key.value}: unknown host "
+                        f"{value.value!r} (known: {', '.join(sorted(hosts))})",
+                    )
             defaults = Defaults(**values)
         return Inventory(path=self.path, hosts=hosts, groups=groups, defaults=defaults)
 
@@ -337,8 +378,11 @@ class _Validator:
         members = []
         for item in node.value:
             if item.value not in hosts:
-                raise self.fail(item, f"groups.{name}: unknown host {item.value!r} "
-                                      f"(known: {', '.join(sorted(hosts))})")
+                raise self.fail(
+                    item,
+                    f"groups.{name}: unknown host {item.value!r} "
+                    f"(known: {', '.join(sorted(hosts))})",
+                )
             members.append(item.value)
         return members
 

@@ -15,19 +15,19 @@ import sys
 from remote.errors import ERROR_PREFIX, EXIT_USER_ERROR, UserError
 
 COMMAND_MODULES = (
-    "remote.facts",
-    "remote.probe",
+    "remote.probe.facts",
+    "remote.probe.structure",
     "remote.jobs",
-    "remote.preflight",
-    "remote.evaluate",
-    "remote.relay",
+    "remote.eval.preflight",
+    "remote.eval.engine",
+    "remote.relay.host",
 )
 
 
 # Commands known by their name's prefix: a relay runs several short host-side processes
 # (scan, stream, hash, publish) and each skipped the probe and eval modules' imports
 # (~45 ms of a ~150 ms start on the 2-core test box).
-PREFIX_MODULES = {"relay-": "remote.relay"}
+PREFIX_MODULES = {"relay-": "remote.relay.host"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

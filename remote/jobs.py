@@ -33,10 +33,13 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from remote.atomic import write_json_atomic
 from remote.errors import UserError
+from remote.protocol import DEFAULT_DTYPE, EvalSpec, SpecError
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TERMINAL_STATES = ("done", "failed", "cancelled", "lost")
@@ -45,13 +48,6 @@ CANCEL_GRACE_SECONDS = 10.0
 
 
 # ---- small helpers ----------------------------------------------------------------------
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON through a temp file and a rename: readers never see half a document."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def read_json(path: str | os.PathLike) -> Any | None:
@@ -98,8 +94,9 @@ def _source_env() -> dict[str, str]:
     env = dict(os.environ)
     root = Path(__file__).resolve().parent.parent
     if root.is_dir():
-        env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"]
-                                          if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = str(root) + (
+            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+        )
     return env
 
 
@@ -154,12 +151,20 @@ def job_state(path: Path) -> dict:
         state = "running"
     else:
         state = "lost"
-    out = {"job_id": path.name, "state": state, "dir": str(path),
-           "created": spec.get("created"), "checkpoint": spec.get("checkpoint"),
-           "drafter": spec.get("drafter"), "kind": spec.get("kind"),
-           "pid": (pid_info or {}).get("pid"), "pgid": (pid_info or {}).get("pgid"),
-           "exit": exit_info, "progress": last_progress(path / "events.jsonl"),
-           "has_result": (path / "result.json").is_file()}
+    out = {
+        "job_id": path.name,
+        "state": state,
+        "dir": str(path),
+        "created": spec.get("created"),
+        "checkpoint": spec.get("checkpoint"),
+        "drafter": spec.get("drafter"),
+        "kind": spec.get("kind"),
+        "pid": (pid_info or {}).get("pid"),
+        "pgid": (pid_info or {}).get("pgid"),
+        "exit": exit_info,
+        "progress": last_progress(path / "events.jsonl"),
+        "has_result": (path / "result.json").is_file(),
+    }
     return out
 
 
@@ -178,13 +183,19 @@ def last_progress(events: Path) -> dict | None:
             ev = json.loads(line)
         except ValueError:
             continue
-        if isinstance(ev, dict) and ev.get("event") in ("sample", "ground_truth", "phase",
-                                                         "start", "done"):
+        if isinstance(ev, dict) and ev.get("event") in (
+            "sample",
+            "ground_truth",
+            "phase",
+            "start",
+            "done",
+        ):
             return ev
     return None
 
 
 # ---- start ------------------------------------------------------------------------------
+
 
 def start(workdir: str, job_id: str, spec: dict) -> dict:
     """Create the job folder, spawn the detached runner, return {job_id, dir, pid, pgid}."""
@@ -193,14 +204,22 @@ def start(workdir: str, job_id: str, spec: dict) -> dict:
     try:
         path.mkdir()
     except FileExistsError:
-        raise UserError(f"job {job_id!r} already exists in {path.parent}; pick another id")
+        raise UserError(
+            f"job {job_id!r} already exists in {path.parent}; pick another id"
+        ) from None
     spec = dict(spec, job_id=job_id, workdir=str(Path(os.path.expanduser(workdir))))
     write_json_atomic(path / "spec.json", spec)
     log = open(path / "log.txt", "ab")
-    proc = subprocess.Popen([*self_command(), "job", "run", "--dir", str(path)],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, close_fds=True, cwd=str(path),
-                            env=_source_env())
+    proc = subprocess.Popen(
+        [*self_command(), "job", "run", "--dir", str(path)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+        cwd=str(path),
+        env=_source_env(),
+    )
     log.close()
     starttime = None
     for _ in range(100):  # /proc entry appears with the fork; a few ms at most
@@ -214,12 +233,15 @@ def start(workdir: str, job_id: str, spec: dict) -> dict:
     time.sleep(0.05)
     if proc.poll() not in (None, 0) and not (path / "exit.json").exists():
         tail = (path / "log.txt").read_text(errors="replace").strip().splitlines()[-1:]
-        raise UserError(f"job runner exited at once with code {proc.returncode}: "
-                        f"{tail[0] if tail else 'no output'}")
+        raise UserError(
+            f"job runner exited at once with code {proc.returncode}: "
+            f"{tail[0] if tail else 'no output'}"
+        )
     return {"job_id": job_id, "dir": str(path), **info}
 
 
 # ---- run (inside the detached process) ----------------------------------------------------
+
 
 class EventLog:
     """Appends JSON events to ``events.jsonl``, one line each, flushed as written."""
@@ -274,8 +296,13 @@ def run(path: Path) -> int:
         if kind != "eval":
             raise UserError(f"unknown job kind {kind!r}")
         code = run_eval_job(path, spec, events)
-        finish(path, events, "done" if code == 0 else "failed", code,
-               None if code == 0 else _engine_error(path, code))
+        finish(
+            path,
+            events,
+            "done" if code == 0 else "failed",
+            code,
+            None if code == 0 else _engine_error(path, code),
+        )
         return code
     except UserError as exc:
         finish(path, events, "failed", 3, str(exc))
@@ -304,7 +331,7 @@ def _engine_error(path: Path, code: int) -> str:
         lines = []
     for line in reversed(lines):
         if line.startswith(ERROR_PREFIX):
-            return line[len(ERROR_PREFIX):]
+            return line[len(ERROR_PREFIX) :]
     tail = [ln for ln in lines if ln.strip()][-1:]
     return f"eval engine exited with code {code}" + (f": {tail[0]}" if tail else "")
 
@@ -312,7 +339,7 @@ def _engine_error(path: Path, code: int) -> str:
 def run_eval_job(path: Path, spec: dict, events: EventLog) -> int:
     """Phase 1: ground truth (cached on the host). Phase 2: the eval engine as a child
     process in this job's process group, its stdout events copied into ``events.jsonl``."""
-    from remote import groundtruth
+    from remote.eval import groundtruth
 
     events.emit("phase", phase="ground_truth", source=spec.get("ground_truth", {}).get("kind"))
     gt_path, gt_info = groundtruth.prepare(spec, emit=events.emit)
@@ -326,9 +353,16 @@ def run_eval_job(path: Path, spec: dict, events: EventLog) -> int:
     if spec.get("threads"):
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env[var] = str(spec["threads"])
-    proc = subprocess.Popen([*self_command(), "eval", "--spec", str(path / "eval_spec.json")],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
-                            cwd=str(path), env=env, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        [*self_command(), "eval", "--spec", str(path / "eval_spec.json")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=None,
+        cwd=str(path),
+        env=env,
+        text=True,
+        bufsize=1,
+    )
     for line in proc.stdout:
         events.write_line(line)
     code = proc.wait()
@@ -337,30 +371,26 @@ def run_eval_job(path: Path, spec: dict, events: EventLog) -> int:
     return code
 
 
-# The engine (remote/evaluate.py) refuses unknown spec keys; these are the ones it takes.
-ENGINE_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
-
-
 def build_eval_spec(path: Path, spec: dict, gt_path: str, gt_info: dict) -> dict:
-    """The engine's spec: what to evaluate, against which ground truth, written where."""
-    dtype = spec.get("dtype", "bfloat16")
-    if dtype not in ENGINE_DTYPES:
-        raise UserError(f"the eval engine runs in bfloat16 or float32, not {dtype}")
-    ev = spec.get("eval") or {}
-    out = {
-        "target": spec["target"],
-        "drafter": spec["drafter"],
-        "ground_truth": gt_path,
-        "output_dir": str(path),
-        "dtype": ENGINE_DTYPES[dtype],
-        "threads": spec.get("threads"),
-        "ddtree_budgets": sorted(set(ev.get("budgets") or [])),
-        "ddtree_topk": ev.get("topk"),
-    }
-    for key in ("block_chunk", "positions"):
-        if ev.get(key):
-            out[key] = ev[key]
-    return out
+    """The engine's spec (`EvalSpec`): the job's eval settings, with this host's paths."""
+    ev = {k: v for k, v in (spec.get("eval") or {}).items() if k in EVAL_KEYS and v is not None}
+    try:
+        return EvalSpec(
+            target=spec["target"],
+            drafter=spec["drafter"],
+            ground_truth=gt_path,
+            output_dir=str(path),
+            dtype=spec.get("dtype") or DEFAULT_DTYPE,
+            threads=spec.get("threads"),
+            **ev,
+        ).to_json()
+    except (SpecError, TypeError) as exc:
+        raise UserError(f"job spec: {exc}") from None
+
+
+# What a job's ``eval`` section may set of the engine's spec (the rest are paths or the
+# job's own ``dtype``/``threads``).
+EVAL_KEYS = ("budgets", "topk", "block_chunk", "positions")
 
 
 def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
@@ -371,20 +401,28 @@ def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
         return
     inputs = result.setdefault("inputs", {})
     inputs.setdefault("ground_truth_source", gt_info)
-    inputs.setdefault("eval_engine", {"name": "dflash offline walk (remote.evaluate)",
-                                      "bundle": Path(self_command()[-1]).name})
+    inputs.setdefault(
+        "eval_engine",
+        {"name": "dflash offline walk (remote.evaluate)", "bundle": Path(self_command()[-1]).name},
+    )
     inputs.setdefault("checkpoint", spec.get("checkpoint"))
     inputs.setdefault("prompts", spec.get("prompts"))
     _record_identities(inputs, gt_info, spec)
-    result.setdefault("job", {"job_id": result_path.parent.name, "host": spec.get("host"),
-                              "created": spec.get("created")})
+    result.setdefault(
+        "job",
+        {
+            "job_id": result_path.parent.name,
+            "host": spec.get("host"),
+            "created": spec.get("created"),
+        },
+    )
     write_json_atomic(result_path, result)
 
 
 def _record_identities(inputs: dict, gt_info: dict, spec: dict) -> None:
     """What a paired comparison and a tracker need to know the run by: the drafter's
     sha256 and step, the ground truth file's sha256, the target's identity."""
-    from remote import groundtruth, provenance
+    from remote.eval import groundtruth, provenance
 
     if spec.get("drafter") and "drafter_identity" not in inputs:
         try:
@@ -404,6 +442,7 @@ def _record_identities(inputs: dict, gt_info: dict, spec: dict) -> None:
 
 
 # ---- watch / cancel / list --------------------------------------------------------------
+
 
 def watch(path: Path, offset: int, out: Callable[[str], None], poll: float = 0.2) -> dict:
     """Print events from byte `offset` on as they are appended; end with an ``end`` event
@@ -433,8 +472,13 @@ def watch(path: Path, offset: int, out: Callable[[str], None], poll: float = 0.2
         state = job_state(path)
         if state["state"] in TERMINAL_STATES:
             drain()
-            end = {"event": "watch_end", "state": state["state"], "offset": offset,
-                   "exit": state["exit"], "has_result": state["has_result"]}
+            end = {
+                "event": "watch_end",
+                "state": state["state"],
+                "offset": offset,
+                "exit": state["exit"],
+                "has_result": state["has_result"],
+            }
             out(json.dumps(end))
             return end
         if time.monotonic() - last_beat > HEARTBEAT_SECONDS:
@@ -448,8 +492,7 @@ def cancel(path: Path) -> dict:
     state = job_state(path)
     pid_info = read_json(path / "pid.json")
     if state["state"] in TERMINAL_STATES and not (pid_info and group_members(pid_info["pgid"])):
-        return {"job_id": path.name, "state": state["state"], "was": state["state"],
-                "killed": 0}
+        return {"job_id": path.name, "state": state["state"], "was": state["state"], "killed": 0}
     pgid = int(pid_info["pgid"])
     victims = group_members(pgid)
     if runner_alive(pid_info) or victims:
@@ -468,11 +511,22 @@ def cancel(path: Path) -> dict:
             while group_members(pgid):
                 time.sleep(0.05)
     if not (path / "exit.json").exists():
-        write_json_atomic(path / "exit.json", {"state": "cancelled", "code": -signal.SIGKILL,
-                                               "error": "cancelled by request",
-                                               "finished": time.time()})
-    return {"job_id": path.name, "state": job_state(path)["state"], "was": state["state"],
-            "killed": len(victims), "pgid": pgid}
+        write_json_atomic(
+            path / "exit.json",
+            {
+                "state": "cancelled",
+                "code": -signal.SIGKILL,
+                "error": "cancelled by request",
+                "finished": time.time(),
+            },
+        )
+    return {
+        "job_id": path.name,
+        "state": job_state(path)["state"],
+        "was": state["state"],
+        "killed": len(victims),
+        "pgid": pgid,
+    }
 
 
 def list_jobs(workdir: str) -> list[dict]:
@@ -484,6 +538,7 @@ def list_jobs(workdir: str) -> list[dict]:
 
 
 # ---- command line -----------------------------------------------------------------------
+
 
 def _print(line: str) -> None:
     sys.stdout.write(line + "\n")
@@ -497,7 +552,7 @@ def _cmd(args: argparse.Namespace) -> int:
         try:
             spec = json.loads(data)
         except ValueError as exc:
-            raise UserError(f"job spec is not JSON: {exc}")
+            raise UserError(f"job spec is not JSON: {exc}") from None
         _print(json.dumps(start(args.workdir, args.job_id, spec)))
     elif action == "run":
         return run(Path(args.dir))

@@ -18,6 +18,10 @@ from tests.sshd import SSHServer, clear_stale_pyenv_lock, keygen
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Fixtures shared by several test modules come in through here, never by a test module
+# importing them (tests/reval_fixtures.py: tiny target, ground-truth server, prompts).
+pytest_plugins = ["tests.reval_fixtures"]
+
 
 @pytest.fixture(autouse=True)
 def _no_stale_pyenv_lock():
@@ -81,6 +85,7 @@ def ssh_host_entry(server: SSHServer, ssh_base: Path, **extra) -> dict:
 @pytest.fixture
 def make_inventory(tmp_path, ssh_base):
     """Write an inventory: ``make_inventory(hosts={"name": entry_dict}, defaults={...})``."""
+
     def write(hosts: dict, defaults: dict | None = None, groups: dict | None = None) -> Path:
         doc = {"hosts": hosts}
         if defaults:
@@ -90,6 +95,7 @@ def make_inventory(tmp_path, ssh_base):
         path = tmp_path / "inventory.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
+
     return write
 
 
@@ -102,10 +108,12 @@ def two_hosts(trainer_sshd, eval_sshd, ssh_base, make_inventory):
     drafters.mkdir(exist_ok=True)
     return make_inventory(
         hosts={
-            "trainer": ssh_host_entry(trainer_sshd, ssh_base,
-                                      roles={"trainer": {"checkpoints": str(ckpt)}}),
-            "evalhost": ssh_host_entry(eval_sshd, ssh_base,
-                                       roles={"eval": {"drafters": str(drafters)}}),
+            "trainer": ssh_host_entry(
+                trainer_sshd, ssh_base, roles={"trainer": {"checkpoints": str(ckpt)}}
+            ),
+            "evalhost": ssh_host_entry(
+                eval_sshd, ssh_base, roles={"eval": {"drafters": str(drafters)}}
+            ),
         },
         defaults={"relay_from": "trainer", "relay_to": "evalhost", "eval_host": "evalhost"},
     )

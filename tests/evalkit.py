@@ -25,7 +25,7 @@ class Kit:
     rows: list[dict]  # the target's greedy samples the drafter trained on
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kit(kind: str) -> Kit:
     from orchestrator.demo.models import build_qwen3_target, build_qwen35_vl_target
     from orchestrator.demo.train import make_ground_truth, train_drafter
@@ -33,5 +33,7 @@ def kit(kind: str) -> Kit:
     target = f"{ROOT}/{kind}"
     (build_qwen3_target if kind == "qwen3" else build_qwen35_vl_target)(target)
     rows = make_ground_truth(target, 16, prompt_len=10, completion_len=32, seed=1)
-    steps = train_drafter(target, f"{ROOT}/{kind}-drafter", save_steps=(0, 150), rows=rows, batch_samples=4)
+    steps = train_drafter(
+        target, f"{ROOT}/{kind}-drafter", save_steps=(0, 150), rows=rows, batch_samples=4
+    )
     return Kit(target, steps, rows)

@@ -37,8 +37,12 @@ def server(gt_server):
 @pytest.fixture(scope="session")
 def prompts_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("prompts") / "mixed.jsonl"
-    rows = [{"turns": ["What is two plus two?"]}, {"prompt": "Write a haiku about rain."},
-            {"id": "custom", "turns": ["Name three colours.", "And three more?"]},
-            {"prompt": "def add(a, b):"}, {"prompt": "The quick brown fox"}]
+    rows = [
+        {"turns": ["What is two plus two?"]},
+        {"prompt": "Write a haiku about rain."},
+        {"id": "custom", "turns": ["Name three colours.", "And three more?"]},
+        {"prompt": "def add(a, b):"},
+        {"prompt": "The quick brown fox"},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 Reply = Callable[[str, dict], Any]
 
 
 def ids_reply(ids: list) -> Reply:
     """Every POST answered with these completion ids, in both dialects."""
+
     def reply(path: str, body: dict) -> Any:
         if path == "/generate":
             return {"text": "", "output_ids": ids, "meta_info": {"finish_reason": "length"}}
-        return {"choices": [{"index": 0, "text": "", "token_ids": ids,
-                             "prompt_token_ids": body.get("prompt")}]}
+        return {
+            "choices": [
+                {"index": 0, "text": "", "token_ids": ids, "prompt_token_ids": body.get("prompt")}
+            ]
+        }
+
     return reply
 
 
@@ -38,7 +44,7 @@ class ScriptedServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self._thread.start()
 
-    def __enter__(self) -> "ScriptedServer":
+    def __enter__(self) -> ScriptedServer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -68,8 +74,14 @@ class ScriptedServer:
                 if self.path == "/get_model_info" and server.model_path:
                     self._json({"model_path": server.model_path, "is_generation": True})
                 elif self.path == "/v1/models" and server.model_path:
-                    self._json({"object": "list", "data": [
-                        {"id": "served", "object": "model", "root": server.model_path}]})
+                    self._json(
+                        {
+                            "object": "list",
+                            "data": [
+                                {"id": "served", "object": "model", "root": server.model_path}
+                            ],
+                        }
+                    )
                 else:
                     self._json({"detail": "Not Found"}, 404)
 

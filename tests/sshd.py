@@ -55,12 +55,12 @@ def keygen(path: Path, kind: str = "ed25519") -> Path:
 class SSHServer:
     name: str
     port: int
-    root: Path          # the host's own folder: its workdir, checkpoints, models live here
+    root: Path  # the host's own folder: its workdir, checkpoints, models live here
     host_key: Path
     proc: subprocess.Popen
 
     @classmethod
-    def start(cls, base: Path, name: str, authorized_keys: Path) -> "SSHServer":
+    def start(cls, base: Path, name: str, authorized_keys: Path) -> SSHServer:
         conf_dir = base / f"sshd-{name}"
         conf_dir.mkdir(parents=True)
         root = base / name
@@ -69,28 +69,33 @@ class SSHServer:
         port = free_port()
         Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation folder sshd insists on
         config = conf_dir / "sshd_config"
-        config.write_text("\n".join([
-            f"Port {port}",
-            "ListenAddress 127.0.0.1",
-            f"HostKey {host_key}",
-            f"PidFile {conf_dir / 'sshd.pid'}",
-            f"AuthorizedKeysFile {authorized_keys}",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "PubkeyAuthentication yes",
-            "PermitRootLogin prohibit-password",
-            "UsePAM no",
-            "StrictModes no",
-            "MaxStartups 100",
-            "MaxSessions 100",
-            "AllowTcpForwarding yes",
-            "Subsystem sftp internal-sftp",
-            "LogLevel ERROR",
-            "",
-        ]))
+        config.write_text(
+            "\n".join(
+                [
+                    f"Port {port}",
+                    "ListenAddress 127.0.0.1",
+                    f"HostKey {host_key}",
+                    f"PidFile {conf_dir / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {authorized_keys}",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "PubkeyAuthentication yes",
+                    "PermitRootLogin prohibit-password",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "MaxStartups 100",
+                    "MaxSessions 100",
+                    "AllowTcpForwarding yes",
+                    "Subsystem sftp internal-sftp",
+                    "LogLevel ERROR",
+                    "",
+                ]
+            )
+        )
         log = open(conf_dir / "sshd.log", "wb")
-        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+        )
         server = cls(name=name, port=port, root=root, host_key=host_key, proc=proc)
         server.wait_ready()
         return server
@@ -109,7 +114,7 @@ class SSHServer:
         raise RuntimeError(f"sshd {self.name} did not answer on port {self.port}")
 
     def known_hosts_line(self) -> str:
-        kind, b64 = (self.host_key.with_suffix(".pub").read_text().split()[:2])
+        kind, b64 = self.host_key.with_suffix(".pub").read_text().split()[:2]
         return f"[127.0.0.1]:{self.port} {kind} {b64}\n"
 
     def sessions(self) -> list[psutil.Process]:

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from remote.errors import UserError
-from remote.probe import probe
-from remote.target import first_row, load_target
+from remote.eval.target import first_row, load_target
+from remote.probe.structure import probe
 from tests import tiny_models
 
 torch.set_num_threads(1)
@@ -93,13 +93,13 @@ def test_engine_equals_transformers_and_agrees_with_the_probe(name, tmp_path):
         out = ref(input_ids=ids[None], output_hidden_states=True, use_cache=False)
     H = info.hidden_size
     for i in range(count - 1):
-        got, want = feats[:, i * H:(i + 1) * H], first_row(out.hidden_states[i + 1])
+        got, want = feats[:, i * H : (i + 1) * H], first_row(out.hidden_states[i + 1])
         if name in WRAPPER_ROUNDING:
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
         else:
             assert torch.equal(got, want), i
     # The last entry is the final-normed output in 5.x (raw where a model says so: Gemma3n).
-    last, want = feats[:, (count - 1) * H:], first_row(out.hidden_states[count])
+    last, want = feats[:, (count - 1) * H :], first_row(out.hidden_states[count])
     if not torch.equal(last, want):
         torch.testing.assert_close(target.model.get_submodule(info.norm_path)(last), want)
     assert greedy.tolist() == out.logits[0].float().argmax(-1).tolist()

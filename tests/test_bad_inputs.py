@@ -28,7 +28,6 @@ import yaml
 
 from remote.errors import ERROR_PREFIX, EXIT_USER_ERROR
 from tests.conftest import ROOT
-from tests.reval_fixtures import prompts_file, tiny_target  # noqa: F401
 from tests.scripted_server import ScriptedServer, ids_reply
 from tests.test_hosts import dflash, one_error_line
 
@@ -62,20 +61,37 @@ def tripwire():
 
 
 def _host(port: int, roles: dict) -> dict:
-    return {"hostname": "127.0.0.1", "port": port, "user": "nobody", "connect_timeout": 2,
-            "workdir": "/tmp/dflash-never-used", "roles": roles}
+    return {
+        "hostname": "127.0.0.1",
+        "port": port,
+        "user": "nobody",
+        "connect_timeout": 2,
+        "workdir": "/tmp/dflash-never-used",
+        "roles": roles,
+    }
 
 
 def _inventory_doc(tmp_path: Path, port: int) -> dict:
     return {
         "hosts": {
             "trainer": _host(port, {"trainer": {"checkpoints": "/srv/ckpt"}}),
-            "evalhost": _host(port, {"eval": {"drafters": "/srv/drafters",
-                                              "target_model": "/srv/target",
-                                              "ground_truth": "http://127.0.0.1:9"}}),
+            "evalhost": _host(
+                port,
+                {
+                    "eval": {
+                        "drafters": "/srv/drafters",
+                        "target_model": "/srv/target",
+                        "ground_truth": "http://127.0.0.1:9",
+                    }
+                },
+            ),
         },
-        "defaults": {"relay_from": "trainer", "relay_to": "evalhost",
-                     "eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+        "defaults": {
+            "relay_from": "trainer",
+            "relay_to": "evalhost",
+            "eval_host": "evalhost",
+            "results_dir": str(tmp_path / "results"),
+        },
     }
 
 
@@ -98,18 +114,31 @@ CLI_CASES = [
     ("eval-threads-negative", (*EVAL, "--threads", "-2"), r"'--threads'.*1"),
     ("eval-threads-0", (*EVAL, "--threads", "0"), r"'--threads'.*1"),
     ("eval-topk-0", (*EVAL, "--topk", "0"), r"'--topk'.*1"),
-    ("eval-budgets-0", (*EVAL, "--budgets", "0,8"), r"--budgets must be whole numbers of at "
-                                                     r"least 1, got 0,8"),
+    (
+        "eval-budgets-0",
+        (*EVAL, "--budgets", "0,8"),
+        r"--budgets must be whole numbers of at "
+        r"least 1, got 0,8",
+    ),
     ("eval-budgets-negative", (*EVAL, "--budgets", "8,-4"), r"--budgets .* got 8,-4"),
     ("eval-budgets-text", (*EVAL, "--budgets", "8,x"), r"--budgets expects comma-separated"),
     ("eval-temperature", (*EVAL, "--temperature", "0.7"), r"temperature 0.7 refused.*greedy"),
-    ("eval-gt-kind", (*EVAL, "--ground-truth-kind", "vllm"),
-     r"unknown --ground-truth-kind 'vllm' \(one of sglang, openai"),
+    (
+        "eval-gt-kind",
+        (*EVAL, "--ground-truth-kind", "vllm"),
+        r"unknown --ground-truth-kind 'vllm' \(one of sglang, openai",
+    ),
     ("eval-positions", (*EVAL, "--positions", "some"), r"--positions must be 'all' or 'walk'"),
-    ("eval-prompts-missing", (*EVAL, "--prompts", "/nonexistent/p.jsonl"),
-     r"prompts '/nonexistent/p.jsonl' is neither a built-in set"),
-    ("eval-sharded-samples-0", ("remote-eval", "--checkpoint", "step_1", "--hosts",
-                                "evalhost", "--samples", "0"), r"'--samples'.*1"),
+    (
+        "eval-prompts-missing",
+        (*EVAL, "--prompts", "/nonexistent/p.jsonl"),
+        r"prompts '/nonexistent/p.jsonl' is neither a built-in set",
+    ),
+    (
+        "eval-sharded-samples-0",
+        ("remote-eval", "--checkpoint", "step_1", "--hosts", "evalhost", "--samples", "0"),
+        r"'--samples'.*1",
+    ),
     ("follow-samples-0", (*FOLLOW, "--samples", "0"), r"'--samples'.*1"),
     ("follow-max-new-tokens-0", (*FOLLOW, "--max-new-tokens", "0"), r"'--max-new-tokens'"),
     ("follow-interval-0", (*FOLLOW, "--interval", "0"), r"'--interval': must be more than 0"),
@@ -121,16 +150,17 @@ CLI_CASES = [
     ("relay-step-negative", ("relay", "--step", "-1"), r"'--step'.*0"),
     ("relay-reserve-negative", ("relay", "--reserve", "-5G"), r"not a size: '-5G'"),
     ("option-with-brackets", (*EVAL, "--[bold]x"), r"No such option: --\[bold\]x"),
-    ("probe-depth-negative", ("probe-structure", "--host", "evalhost", "--depth", "-1"),
-     r"'--depth'.*0"),
+    (
+        "probe-depth-negative",
+        ("probe-structure", "--host", "evalhost", "--depth", "-1"),
+        r"'--depth'.*0",
+    ),
     ("unknown-option", (*EVAL, "--sample", "3"), r"No such option: --sample"),
 ]
 
 
-@pytest.mark.parametrize("args,pattern", [c[1:] for c in CLI_CASES],
-                         ids=[c[0] for c in CLI_CASES])
-def test_cli_refuses_bad_values_before_any_connection(args, pattern, inventory, tripwire,
-                                                     tmp_path):
+@pytest.mark.parametrize("args,pattern", [c[1:] for c in CLI_CASES], ids=[c[0] for c in CLI_CASES])
+def test_cli_refuses_bad_values_before_any_connection(args, pattern, inventory, tripwire, tmp_path):
     before = tripwire.count
     proc = dflash(*args, "--inventory", str(inventory))
     assert proc.returncode == 2, proc.stderr
@@ -151,8 +181,9 @@ INVENTORY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("where,key,value", [c[1:] for c in INVENTORY_CASES],
-                         ids=[c[0] for c in INVENTORY_CASES])
+@pytest.mark.parametrize(
+    "where,key,value", [c[1:] for c in INVENTORY_CASES], ids=[c[0] for c in INVENTORY_CASES]
+)
 def test_inventory_refuses_bad_counts_at_load(where, key, value, tmp_path, tripwire):
     doc = _inventory_doc(tmp_path, tripwire.port)
     if where == "defaults":
@@ -175,13 +206,22 @@ def test_inventory_refuses_bad_counts_at_load(where, key, value, tmp_path, tripw
 
 def _remote(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     """The host-side program from this source tree, as the bundle runs it on a host."""
-    return subprocess.run([sys.executable, "-m", "remote", *args], input=stdin,
-                          capture_output=True, text=True, timeout=180, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "remote", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
-@pytest.mark.parametrize("key,value", [("threads", -2), ("samples", 0), ("threads", "4")],
-                         ids=["threads-negative", "samples-0", "threads-text"])
+@pytest.mark.parametrize(
+    "key,value",
+    [("threads", -2), ("samples", 0), ("threads", "4")],
+    ids=["threads-negative", "samples-0", "threads-text"],
+)
 def test_host_preflight_refuses_bad_counts(key, value):
     """A job spec built by another controller (or by hand) is checked on the host too: the
     count is refused by preflight, not after the ground-truth phase."""
@@ -190,8 +230,7 @@ def test_host_preflight_refuses_bad_counts(key, value):
     assert proc.returncode == EXIT_USER_ERROR, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0] == f"{ERROR_PREFIX}{key} must be a whole number of at least 1, " \
-                       f"got {value!r}"
+    assert lines[0] == f"{ERROR_PREFIX}{key} must be a whole number of at least 1, got {value!r}"
     assert proc.stdout == ""
 
 
@@ -200,8 +239,9 @@ def _sglang(answer: dict):
 
 
 def _openai_choice(**choice):
-    return lambda path, body: {"choices": [{"index": 0, "text": "",
-                                            "prompt_token_ids": body.get("prompt"), **choice}]}
+    return lambda path, body: {
+        "choices": [{"index": 0, "text": "", "prompt_token_ids": body.get("prompt"), **choice}]
+    }
 
 
 def _run_job(job: Path) -> int:
@@ -220,43 +260,80 @@ def _run_job(job: Path) -> int:
             signal.signal(sig, handler)
 
 
-BIG = 10 ** 6
+BIG = 10**6
 # (id, kind, the server's reply, what the job's one error line must say).
 GT_CASES = [
-    ("sglang-id-outside-vocab", "sglang", ids_reply([5, BIG]),
-     rf"holds token id {BIG}, outside the target's vocabulary \(0\.\.\d+\)"),
+    (
+        "sglang-id-outside-vocab",
+        "sglang",
+        ids_reply([5, BIG]),
+        rf"holds token id {BIG}, outside the target's vocabulary \(0\.\.\d+\)",
+    ),
     ("sglang-negative-id", "sglang", ids_reply([5, -1]), r"holds token id -1, outside"),
     ("openai-id-outside-vocab", "openai", ids_reply([BIG]), rf"token id {BIG}, outside"),
     ("sglang-float-ids", "sglang", ids_reply([5.0, 6.5]), r"not a list of integer token ids"),
     ("sglang-bool-ids", "sglang", ids_reply([True, False]), r"not a list of integer token"),
     ("sglang-empty", "sglang", ids_reply([]), r"is empty \(the target stopped at once\)"),
-    ("sglang-too-many-ids", "sglang", ids_reply(list(range(5, 14))),
-     r"has 9 token ids, more than max_new_tokens 4"),
-    ("sglang-no-output-ids", "sglang", _sglang({"text": "hello"}),
-     r"answered without an 'output_ids' list"),
-    ("sglang-sampled", "sglang", _sglang({"output_ids": [5, 6], "meta_info": {
-        "sampling_params": {"temperature": 0.7, "top_p": 0.9}}}),
-     r"reports non-greedy sampling \(temperature=0.7, top_p=0.9\).*greedy"),
-    ("openai-sampled", "openai", _openai_choice(token_ids=[5, 6], temperature=1.0),
-     r"reports non-greedy sampling \(temperature=1.0\)"),
-    ("openai-do-sample", "openai", _openai_choice(token_ids=[5], sampling_params={
-        "do_sample": True, "temperature": 0.6}), r"non-greedy sampling \(temperature=0.6"),
+    (
+        "sglang-too-many-ids",
+        "sglang",
+        ids_reply(list(range(5, 14))),
+        r"has 9 token ids, more than max_new_tokens 4",
+    ),
+    (
+        "sglang-no-output-ids",
+        "sglang",
+        _sglang({"text": "hello"}),
+        r"answered without an 'output_ids' list",
+    ),
+    (
+        "sglang-sampled",
+        "sglang",
+        _sglang(
+            {
+                "output_ids": [5, 6],
+                "meta_info": {"sampling_params": {"temperature": 0.7, "top_p": 0.9}},
+            }
+        ),
+        r"reports non-greedy sampling \(temperature=0.7, top_p=0.9\).*greedy",
+    ),
+    (
+        "openai-sampled",
+        "openai",
+        _openai_choice(token_ids=[5, 6], temperature=1.0),
+        r"reports non-greedy sampling \(temperature=1.0\)",
+    ),
+    (
+        "openai-do-sample",
+        "openai",
+        _openai_choice(token_ids=[5], sampling_params={"do_sample": True, "temperature": 0.6}),
+        r"non-greedy sampling \(temperature=0.6",
+    ),
 ]
 
 
-@pytest.mark.parametrize("kind,reply,pattern", [c[1:] for c in GT_CASES],
-                         ids=[c[0] for c in GT_CASES])
+@pytest.mark.parametrize(
+    "kind,reply,pattern", [c[1:] for c in GT_CASES], ids=[c[0] for c in GT_CASES]
+)
 def test_bad_ground_truth_answer_fails_the_job_in_one_line_and_caches_nothing(
-        kind, reply, pattern, tmp_path, tiny_target, prompts_file):
+    kind, reply, pattern, tmp_path, tiny_target, prompts_file
+):
     workdir = tmp_path / "wd"
     job = workdir / "jobs" / "job-1"
     job.mkdir(parents=True)
     with ScriptedServer(reply) as server:
-        spec = {"kind": "eval", "target": str(tiny_target), "dtype": "float32",
-                "workdir": str(workdir), "prompts": {"path": str(prompts_file)}, "samples": 2,
-                "seed": 0, "sampling": {"temperature": 0.0, "max_new_tokens": 4},
-                "ground_truth": {"kind": kind, "url": server.url, "timeout": 20},
-                "stop_after": "ground_truth"}
+        spec = {
+            "kind": "eval",
+            "target": str(tiny_target),
+            "dtype": "float32",
+            "workdir": str(workdir),
+            "prompts": {"path": str(prompts_file)},
+            "samples": 2,
+            "seed": 0,
+            "sampling": {"temperature": 0.0, "max_new_tokens": 4},
+            "ground_truth": {"kind": kind, "url": server.url, "timeout": 20},
+            "stop_after": "ground_truth",
+        }
         (job / "spec.json").write_text(json.dumps(spec))
         code = _run_job(job)
     # 3: a UserError, one line in exit.json (a bug would be 1, with a traceback in the log)

@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from remote.ddtree import build_tree, ddtree_accept
+from remote.eval.ddtree import build_tree, ddtree_accept
 
 
 def random_table(rng: random.Random, depth: int, k: int, vocab: int):
@@ -34,7 +34,9 @@ def brute_force(logp, toks, truth, budget) -> int:
     kept = {ranks for _, ranks in sorted(paths, key=lambda p: -p[0])[:budget]}
     accepted, prefix = 0, ()
     for i, tok in enumerate(truth):
-        nxt = next((prefix + (r,) for r in range(k) if toks[i][r] == tok and prefix + (r,) in kept), None)
+        nxt = next(
+            (prefix + (r,) for r in range(k) if toks[i][r] == tok and prefix + (r,) in kept), None
+        )
         if nxt is None:
             break
         prefix, accepted = nxt, accepted + 1
@@ -48,7 +50,12 @@ def test_ddtree_matches_brute_force_on_random_tables():
         depth, k, vocab = rng.randint(1, 4), rng.randint(1, 4), 6
         logp, toks = random_table(rng, depth, k, vocab)
         # truth often follows high-ranked tokens, so acceptances are non-trivial
-        truth = [toks[i][min(int(rng.expovariate(1.2)), k - 1)] if rng.random() < 0.85 else rng.randrange(vocab) for i in range(depth)]
+        truth = [
+            toks[i][min(int(rng.expovariate(1.2)), k - 1)]
+            if rng.random() < 0.85
+            else rng.randrange(vocab)
+            for i in range(depth)
+        ]
         for budget in (1, 2, 3, 5, 8, 40):
             got = ddtree_accept(logp, toks, truth, budget)
             assert got == brute_force(logp, toks, truth, budget)

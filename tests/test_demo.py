@@ -60,7 +60,7 @@ class Recorder:
     """FollowEvents that keeps what the demo reports."""
 
     def __init__(self):
-        from orchestrator.follow import FollowEvents
+        from orchestrator.eval.follow import FollowEvents
 
         class _E(FollowEvents):
             def message(inner, text):
@@ -116,10 +116,20 @@ def test_demo_library_runs_every_step_and_leaves_nothing_running(demo_cache, tmp
 def test_demo_cli_prints_tau_per_step(demo_cache, tmp_path):
     from orchestrator.demo import build
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120",
-           "DFLASH_CACHE_DIR": str(demo_cache)}
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "demo"], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=900)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "COLUMNS": "120",
+        "DFLASH_CACHE_DIR": str(demo_cache),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "demo"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     taus = {}
     for line in proc.stdout.splitlines():

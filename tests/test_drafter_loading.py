@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.evalkit import kit
-from remote.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter
 from remote.errors import UserError
-from remote.target import load_target
+from remote.eval.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter
+from remote.eval.target import load_target
+from tests.evalkit import kit
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,9 @@ def logits_of(path: str, target, g, P, dtype=torch.float32) -> torch.Tensor:
     feats, _ = target.forward(g, drafter.cfg.target_layer_ids)
     kv = drafter.context_kv(feats.to(dtype))
     starts = torch.arange(P, len(g) - 1)
-    h = drafter.forward_blocks(kv, starts, drafter.block_inputs(target.embed.to(dtype), torch.tensor(g)[starts]))
+    h = drafter.forward_blocks(
+        kv, starts, drafter.block_inputs(target.embed.to(dtype), torch.tensor(g)[starts])
+    )
     return drafter.logits(h[:, 1:], target.lm_head.to(dtype)).float()
 
 
@@ -46,7 +48,11 @@ def test_training_layouts_load_to_identical_logits(base, tmp_path):
     state = load_file(os.path.join(path, "model.safetensors"))
     variants = {}
     # 1. wrapper prefixes, stacked as DDP + torch.compile + HF wrapper produce them
-    for name, prefix in [("model", "model."), ("ddp", "module._orig_mod."), ("draft", "draft_model.")]:
+    for name, prefix in [
+        ("model", "model."),
+        ("ddp", "module._orig_mod."),
+        ("draft", "draft_model."),
+    ]:
         d = tmp_path / name
         copy_config(path, d)
         save_file({prefix + k: v for k, v in state.items()}, str(d / "model.safetensors"))
@@ -54,23 +60,34 @@ def test_training_layouts_load_to_identical_logits(base, tmp_path):
     # 2. a .pt state dict (nested under "state_dict"), loaded with weights_only=True
     d = tmp_path / "pt"
     copy_config(path, d)
-    torch.save({"state_dict": {"module." + k: v for k, v in state.items()}, "step": 150}, str(d / "drafter.pt"))
+    torch.save(
+        {"state_dict": {"module." + k: v for k, v in state.items()}, "step": 150},
+        str(d / "drafter.pt"),
+    )
     variants["pt"] = str(d / "drafter.pt")
     # 3. sharded safetensors with an index
     d = tmp_path / "sharded"
     copy_config(path, d)
     keys = sorted(state)
-    halves = {"model-00001-of-00002.safetensors": keys[::2], "model-00002-of-00002.safetensors": keys[1::2]}
+    halves = {
+        "model-00001-of-00002.safetensors": keys[::2],
+        "model-00002-of-00002.safetensors": keys[1::2],
+    }
     weight_map = {}
     for shard, ks in halves.items():
         save_file({k: state[k] for k in ks}, str(d / shard))
         weight_map.update({k: shard for k in ks})
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     variants["sharded"] = str(d)
     # 4. a .bin with fp32 masters plus the borrowed head a trainer saved beside them
     d = tmp_path / "bin"
     copy_config(path, d)
-    torch.save({**{k: v.float() for k, v in state.items()}, "lm_head.weight": target.lm_head.clone()}, str(d / "pytorch_model.bin"))
+    torch.save(
+        {**{k: v.float() for k, v in state.items()}, "lm_head.weight": target.lm_head.clone()},
+        str(d / "pytorch_model.bin"),
+    )
     variants["bin"] = str(d)
     for name, p in variants.items():
         got = logits_of(p, target, g, P)
@@ -87,7 +104,10 @@ def test_fp32_master_and_bf16_copy(base, tmp_path):
     copy_config(path, d)
     save_file({k: v.to(torch.bfloat16) for k, v in state.items()}, str(d / "model.safetensors"))
     # fp32 master loaded as bf16 == bf16 copy loaded as bf16 (same rounding, same compute)
-    assert torch.equal(logits_of(path, target, g, P, torch.bfloat16), logits_of(str(d), target, g, P, torch.bfloat16))
+    assert torch.equal(
+        logits_of(path, target, g, P, torch.bfloat16),
+        logits_of(str(d), target, g, P, torch.bfloat16),
+    )
     drafter, report = load_drafter(str(d), torch.float32)
     assert report.source_dtypes == ["bfloat16"] and drafter.fc.weight.dtype == torch.float32
 
@@ -143,27 +163,62 @@ def test_pickled_objects_are_refused(base, tmp_path):
 def test_default_layer_ids_and_missing_mask():
     assert default_target_layer_ids(64, 5) == [1, 16, 31, 46, 61]
     assert default_target_layer_ids(36, 1) == [18]
-    base = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
-            "vocab_size": 320, "num_target_layers": 64, "dflash_config": {"mask_token_id": 3}}
+    base = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 320,
+        "num_target_layers": 64,
+        "dflash_config": {"mask_token_id": 3},
+    }
     assert DrafterConfig.from_dict(base).target_layer_ids == [1, 61]
     with pytest.raises(UserError, match="mask_token_id"):
         DrafterConfig.from_dict({**base, "dflash_config": {}})
 
 
-@pytest.mark.parametrize("layer_types,window,rope", [
-    (["full_attention", "full_attention"], None, {"rope_theta": 10000.0}),
-    (["sliding_attention", "full_attention"], 5, {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}}),
-    (["sliding_attention", "sliding_attention"], 3, {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
-                                                                         "original_max_position_embeddings": 64}}),
-])
+@pytest.mark.parametrize(
+    "layer_types,window,rope",
+    [
+        (["full_attention", "full_attention"], None, {"rope_theta": 10000.0}),
+        (
+            ["sliding_attention", "full_attention"],
+            5,
+            {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}},
+        ),
+        (
+            ["sliding_attention", "sliding_attention"],
+            3,
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "rope_theta": 1e6,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+        ),
+    ],
+)
 def test_batched_blocks_equal_single_block_forward(layer_types, window, rope):
     torch.manual_seed(0)
-    cfg = DrafterConfig.from_dict({
-        "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "intermediate_size": 64, "vocab_size": 50, "block_size": 4, "layer_types": layer_types,
-        "sliding_window": window, "max_position_embeddings": 256, **rope,
-        "dflash_config": {"target_layer_ids": [0, 2], "mask_token_id": 49},
-    })
+    cfg = DrafterConfig.from_dict(
+        {
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "intermediate_size": 64,
+            "vocab_size": 50,
+            "block_size": 4,
+            "layer_types": layer_types,
+            "sliding_window": window,
+            "max_position_embeddings": 256,
+            **rope,
+            "dflash_config": {"target_layer_ids": [0, 2], "mask_token_id": 49},
+        }
+    )
     model = DFlashDrafter(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -184,21 +239,35 @@ def test_batched_blocks_equal_single_block_forward(layer_types, window, rope):
             torch.testing.assert_close(again, batched[-1:], rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("layers,layer_types,window", [
-    (1, ["full_attention"], None),
-    (2, ["full_attention", "full_attention"], None),
-    (3, ["sliding_attention", "full_attention", "sliding_attention"], 3),
-])
+@pytest.mark.parametrize(
+    "layers,layer_types,window",
+    [
+        (1, ["full_attention"], None),
+        (2, ["full_attention", "full_attention"], None),
+        (3, ["sliding_attention", "full_attention", "sliding_attention"], 3),
+    ],
+)
 def test_lazy_rows_equal_the_full_forward(layers, layer_types, window):
     """The eval asks `Blocks.hidden` for a few rows (mask rows projected once in layer 0,
     last layer per row): those rows equal the plain forward of whole blocks."""
     torch.manual_seed(1)
-    cfg = DrafterConfig.from_dict({
-        "hidden_size": 32, "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 8, "intermediate_size": 64, "vocab_size": 50, "block_size": 5, "layer_types": layer_types,
-        "sliding_window": window, "max_position_embeddings": 256, "rope_theta": 10000.0,
-        "dflash_config": {"target_layer_ids": [0, 2], "mask_token_id": 49},
-    })
+    cfg = DrafterConfig.from_dict(
+        {
+            "hidden_size": 32,
+            "num_hidden_layers": layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+            "intermediate_size": 64,
+            "vocab_size": 50,
+            "block_size": 5,
+            "layer_types": layer_types,
+            "sliding_window": window,
+            "max_position_embeddings": 256,
+            "rope_theta": 10000.0,
+            "dflash_config": {"target_layer_ids": [0, 2], "mask_token_id": 49},
+        }
+    )
     model = DFlashDrafter(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -206,9 +275,15 @@ def test_lazy_rows_equal_the_full_forward(layers, layer_types, window):
         feats, embed = torch.randn(24, 64), torch.randn(50, 32)
         starts, first = torch.tensor([0, 2, 7, 7, 19]), torch.tensor([5, 6, 7, 1, 9])
         kv = model.context_kv(feats)
-        full = torch.stack([model.forward_block(feats[:s], model.block_inputs(embed, first[b:b + 1])[0], s)
-                            for b, s in enumerate(starts.tolist())])
+        full = torch.stack(
+            [
+                model.forward_block(feats[:s], model.block_inputs(embed, first[b : b + 1])[0], s)
+                for b, s in enumerate(starts.tolist())
+            ]
+        )
         lazy = model.blocks(kv, starts, first, embed)
         torch.testing.assert_close(lazy.hidden(), full, rtol=1e-5, atol=1e-5)
         rows = torch.tensor([1, 5 + 4, 10 + 2, 15 + 1, 20 + 3, 20 + 0])
-        torch.testing.assert_close(lazy.hidden(rows), full.reshape(-1, 32)[rows], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            lazy.hidden(rows), full.reshape(-1, 32)[rows], rtol=1e-5, atol=1e-5
+        )

@@ -17,17 +17,18 @@ import sys
 import pytest
 import torch
 
-from tests.evalkit import kit
-from remote.drafter import load_drafter
 from remote.errors import UserError
-from remote.evaluate import read_spec, run_eval
-from remote.target import load_target
-from remote.walk import WalkOptions, eval_sequence, summarize
+from remote.eval.drafter import load_drafter
+from remote.eval.engine import read_spec, run_eval
+from remote.eval.target import load_target
+from remote.eval.walk import WalkOptions, eval_sequence, summarize
+from remote.protocol import EvalSpec
+from tests.evalkit import kit
 
 
 def hf_model(path: str):
-    from transformers import AutoConfig
     import transformers
+    from transformers import AutoConfig
 
     arch = AutoConfig.from_pretrained(path).architectures[0]
     return getattr(transformers, arch).from_pretrained(path, dtype=torch.float32).eval()
@@ -39,7 +40,9 @@ def features(hidden_states, layer_ids):
 
 
 @torch.inference_mode()
-def online_rounds(model, drafter, prompt: list[int], new_tokens: int, recompute: bool) -> tuple[list[int], list[int]]:
+def online_rounds(
+    model, drafter, prompt: list[int], new_tokens: int, recompute: bool
+) -> tuple[list[int], list[int]]:
     """Greedy speculative decoding; returns (acceptance length per round, completion)."""
     from transformers import DynamicCache
 
@@ -49,7 +52,12 @@ def online_rounds(model, drafter, prompt: list[int], new_tokens: int, recompute:
     head = model.get_output_embeddings().weight
     B = drafter.block_size
     cache = None if recompute else DynamicCache(config=model.config)
-    out = model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=not recompute, output_hidden_states=True)
+    out = model(
+        input_ids=torch.tensor([prompt]),
+        past_key_values=cache,
+        use_cache=not recompute,
+        output_hidden_states=True,
+    )
     g = list(prompt) + [int(out.logits[0, -1].argmax())]
     ctx = features(out.hidden_states, ids)
     end = len(prompt) + new_tokens - 1  # last index to produce
@@ -60,10 +68,17 @@ def online_rounds(model, drafter, prompt: list[int], new_tokens: int, recompute:
         draft = drafter.logits(h[1:], head).argmax(-1).tolist()
         block = [g[s]] + draft
         if recompute:
-            full = model(input_ids=torch.tensor([g[:s] + block]), use_cache=False, output_hidden_states=True)
+            full = model(
+                input_ids=torch.tensor([g[:s] + block]), use_cache=False, output_hidden_states=True
+            )
             post = full.logits[0, s:].argmax(-1).tolist()
         else:
-            full = model(input_ids=torch.tensor([block]), past_key_values=cache, use_cache=True, output_hidden_states=True)
+            full = model(
+                input_ids=torch.tensor([block]),
+                past_key_values=cache,
+                use_cache=True,
+                output_hidden_states=True,
+            )
             post = full.logits[0].argmax(-1).tolist()
         a = 0
         while a < B - 1 and draft[a] == post[a]:
@@ -79,7 +94,7 @@ def online_rounds(model, drafter, prompt: list[int], new_tokens: int, recompute:
                 cache.crop(-remove)
         rounds.append(produced)
         s += produced
-    return rounds, g[len(prompt):]
+    return rounds, g[len(prompt) :]
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "qwen35"])
@@ -90,7 +105,13 @@ def test_offline_walk_equals_online_decoding(kind):
     target = load_target(k.target, torch.float32)
     all_online = []
     for row in k.rows[:6]:
-        rounds, completion = online_rounds(model, drafter, row["prompt_ids"], len(row["completion_ids"]), recompute=(kind == "qwen35"))
+        rounds, completion = online_rounds(
+            model,
+            drafter,
+            row["prompt_ids"],
+            len(row["completion_ids"]),
+            recompute=(kind == "qwen35"),
+        )
         # speculative greedy decoding reproduces the target's greedy completion
         assert completion == row["completion_ids"]
         rec = eval_sequence(target, drafter, row["prompt_ids"], completion, WalkOptions())
@@ -98,7 +119,9 @@ def test_offline_walk_equals_online_decoding(kind):
         assert rec["agreement"]["match"] == rec["agreement"]["total"]
         all_online.append(rounds)
     mean_len = sum(map(sum, all_online)) / sum(map(len, all_online))
-    assert mean_len >= 1.5, f"drafter accepts too little to make the comparison meaningful: {mean_len}"
+    assert mean_len >= 1.5, (
+        f"drafter accepts too little to make the comparison meaningful: {mean_len}"
+    )
 
 
 def test_ddtree_chain_limit_and_budget_bound():
@@ -107,10 +130,22 @@ def test_ddtree_chain_limit_and_budget_bound():
     target = load_target(k.target, torch.float32)
     B = drafter.block_size
     for row in k.rows[:4]:
-        chain = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[B - 1], topk=1))
+        chain = eval_sequence(
+            target,
+            drafter,
+            row["prompt_ids"],
+            row["completion_ids"],
+            WalkOptions(budgets=[B - 1], topk=1),
+        )
         # top-1 per depth with B-1 nodes is exactly the greedy chain
         assert chain["ddtree"][str(B - 1)] == chain["rounds"]
-        wide = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[1, 2, 64]))
+        wide = eval_sequence(
+            target,
+            drafter,
+            row["prompt_ids"],
+            row["completion_ids"],
+            WalkOptions(budgets=[1, 2, 64]),
+        )
         assert max(wide["ddtree"]["1"]) <= 2 and max(wide["ddtree"]["2"]) <= 3
         assert sum(wide["ddtree"]["64"]) == sum(wide["rounds"]) == len(row["completion_ids"]) - 1
 
@@ -120,8 +155,16 @@ def test_walk_mode_gives_the_same_walks_with_less_drafting():
     drafter, _ = load_drafter(k.steps[-1], torch.float32)
     target = load_target(k.target, torch.float32)
     for row in k.rows[:3]:
-        full = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[3, 8]))
-        lazy = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[3, 8], positions="walk"))
+        full = eval_sequence(
+            target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[3, 8])
+        )
+        lazy = eval_sequence(
+            target,
+            drafter,
+            row["prompt_ids"],
+            row["completion_ids"],
+            WalkOptions(budgets=[3, 8], positions="walk"),
+        )
         assert lazy["rounds"] == full["rounds"] and lazy["ddtree"] == full["ddtree"]
         assert full["positions_drafted"] == len(row["completion_ids"]) - 1
         assert lazy["positions_drafted"] < full["positions_drafted"]
@@ -141,7 +184,9 @@ def test_per_position_over_all_positions_and_summary():
     feats, _ = target.forward(g, drafter.cfg.target_layer_ids)
     hits = [0] * (B - 1)
     for s in range(P, L):
-        h = drafter.forward_block(feats[:s], drafter.block_inputs(target.embed, torch.tensor([g[s]]))[0], s)
+        h = drafter.forward_block(
+            feats[:s], drafter.block_inputs(target.embed, torch.tensor([g[s]]))[0], s
+        )
         d = drafter.logits(h[1:], target.lm_head).argmax(-1).tolist()
         a = 0
         while a < B - 1 and s + a + 1 <= L and d[a] == g[s + a + 1]:
@@ -178,8 +223,13 @@ def run_cli(spec: dict, tmp_path) -> subprocess.CompletedProcess:
     path = tmp_path / "job.json"
     path.write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=os.getcwd())
-    return subprocess.run([sys.executable, "-m", "remote", "eval", "--spec", str(path)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "remote", "eval", "--spec", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def write_gt(rows, path) -> str:
@@ -195,8 +245,19 @@ def test_eval_command_end_to_end_and_acceptance_rises_with_step(tmp_path):
     taus = []
     for i, step in enumerate((k.steps[0], k.steps[-1])):
         out = tmp_path / f"out{i}"
-        proc = run_cli({"target": k.target, "drafter": step, "ground_truth": gt, "output_dir": str(out),
-                        "dtype": "fp32", "threads": 1, "ddtree_budgets": [4, 16], "max_samples": 4}, tmp_path)
+        proc = run_cli(
+            {
+                "target": k.target,
+                "drafter": step,
+                "ground_truth": gt,
+                "output_dir": str(out),
+                "dtype": "fp32",
+                "threads": 1,
+                "budgets": [4, 16],
+                "max_samples": 4,
+            },
+            tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr
         events = [json.loads(line) for line in proc.stdout.splitlines()]
         assert [e["event"] for e in events] == ["start"] + ["sample"] * 4 + ["done"]
@@ -231,13 +292,16 @@ def edited_drafter(src: str, dst, **changes) -> str:
     return str(dst)
 
 
-@pytest.mark.parametrize("case,expect", [
-    ("layer_ids", "outside the target's 4 layers"),
-    ("vocab", "vocab_size"),
-    ("hidden", "hidden_size"),
-    ("token", "outside the target vocabulary"),
-    ("empty", "empty completion_ids"),
-])
+@pytest.mark.parametrize(
+    "case,expect",
+    [
+        ("layer_ids", "outside the target's 4 layers"),
+        ("vocab", "vocab_size"),
+        ("hidden", "hidden_size"),
+        ("token", "outside the target vocabulary"),
+        ("empty", "empty completion_ids"),
+    ],
+)
 def test_user_errors_before_any_weight_is_loaded(tmp_path, case, expect):
     import shutil
 
@@ -259,7 +323,12 @@ def test_user_errors_before_any_weight_is_loaded(tmp_path, case, expect):
     elif case == "empty":
         rows[1]["completion_ids"] = []
     gt = write_gt(rows, tmp_path / "gt.jsonl")
-    spec = {"target": str(target), "drafter": drafter, "ground_truth": gt, "output_dir": str(tmp_path / "o")}
+    spec = {
+        "target": str(target),
+        "drafter": drafter,
+        "ground_truth": gt,
+        "output_dir": str(tmp_path / "o"),
+    }
     events = []
     with pytest.raises(UserError, match=expect) as err:
         run_eval(spec_of(spec, tmp_path), on_event=events.append)
@@ -271,22 +340,34 @@ def test_cli_prints_one_error_line_and_exits_3(tmp_path):
     k = kit("qwen3")
     rows = [dict(k.rows[0], completion_ids=[])]
     gt = write_gt(rows, tmp_path / "gt.jsonl")
-    proc = run_cli({"target": k.target, "drafter": k.steps[-1], "ground_truth": gt, "output_dir": str(tmp_path / "o")}, tmp_path)
+    proc = run_cli(
+        {
+            "target": k.target,
+            "drafter": k.steps[-1],
+            "ground_truth": gt,
+            "output_dir": str(tmp_path / "o"),
+        },
+        tmp_path,
+    )
     assert proc.returncode == 3
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dflash-remote: error: ") and "empty completion_ids" in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("dflash-remote: error: ")
+        and "empty completion_ids" in lines[0]
+    )
     assert proc.stdout == ""
 
 
-def spec_of(spec: dict, tmp_path) -> dict:
+def spec_of(spec: dict, tmp_path) -> EvalSpec:
     path = tmp_path / "job.json"
     path.write_text(json.dumps(spec))
     return read_spec(str(path))
 
 
 def test_memory_check_refuses_before_loading(tmp_path):
-    from remote.drafter import read_config
-    from remote.evaluate import estimate_bytes
+    from remote.eval.drafter import read_config
+    from remote.eval.engine import estimate_bytes
 
     k = kit("qwen3")
     cfg = read_config(k.steps[-1])
@@ -296,8 +377,15 @@ def test_memory_check_refuses_before_loading(tmp_path):
     # a target whose text weights cannot fit: scale the config up, keep no weights
     cfg_json = json.loads(open(os.path.join(k.target, "config.json")).read())
     cfg_json.pop("layer_types", None)
-    cfg_json.update(hidden_size=8192, intermediate_size=65536, num_hidden_layers=64, vocab_size=320, head_dim=128,
-                    num_attention_heads=64, num_key_value_heads=8)
+    cfg_json.update(
+        hidden_size=8192,
+        intermediate_size=65536,
+        num_hidden_layers=64,
+        vocab_size=320,
+        head_dim=128,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+    )
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "config.json").write_text(json.dumps(cfg_json))
     d = edited_drafter(k.steps[-1], tmp_path / "d", hidden_size=8192, target_layer_ids=[1, 2])
@@ -307,31 +395,62 @@ def test_memory_check_refuses_before_loading(tmp_path):
     gt = write_gt(k.rows[:1], tmp_path / "gt.jsonl")
     events = []
     with pytest.raises(UserError, match="GiB is available"):
-        run_eval(spec_of({"target": str(tmp_path / "t"), "drafter": d, "ground_truth": gt, "output_dir": str(tmp_path / "o")}, tmp_path),
-                 on_event=events.append)
+        run_eval(
+            spec_of(
+                {
+                    "target": str(tmp_path / "t"),
+                    "drafter": d,
+                    "ground_truth": gt,
+                    "output_dir": str(tmp_path / "o"),
+                },
+                tmp_path,
+            ),
+            on_event=events.append,
+        )
     assert events == []
 
 
 def test_spec_errors(tmp_path):
     p = tmp_path / "s.json"
-    p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o", "dtype": "fp16"}))
+    p.write_text(
+        json.dumps(
+            {"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o", "dtype": "fp16"}
+        )
+    )
     with pytest.raises(UserError, match="dtype"):
         read_spec(str(p))
-    p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o", "ddtree_budgets": [0]}))
-    with pytest.raises(UserError, match="ddtree_budgets"):
+    p.write_text(
+        json.dumps(
+            {"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o", "budgets": [0]}
+        )
+    )
+    with pytest.raises(UserError, match="budgets"):
         read_spec(str(p))
-    p.write_text(json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o"}))
+    p.write_text(
+        json.dumps({"target": "t", "drafter": "d", "ground_truth": "g", "output_dir": "o"})
+    )
     spec = read_spec(str(p))
-    assert spec["dtype"] == "bfloat16" and spec["ddtree_budgets"] == [] and spec["block_chunk"] is None
+    assert spec.dtype == "bfloat16" and spec.budgets == () and spec.block_chunk is None
 
 
 def test_bf16_default_runs_in_process_and_reports_agreement(tmp_path):
     k = kit("qwen35")
     gt = write_gt(k.rows[:2], tmp_path / "gt.jsonl")
     events = []
-    result = run_eval(spec_of({"target": k.target, "drafter": k.steps[-1], "ground_truth": gt,
-                               "output_dir": str(tmp_path / "o"), "ddtree_budgets": [8], "ddtree_topk": 2}, tmp_path),
-                      on_event=events.append)
+    result = run_eval(
+        spec_of(
+            {
+                "target": k.target,
+                "drafter": k.steps[-1],
+                "ground_truth": gt,
+                "output_dir": str(tmp_path / "o"),
+                "budgets": [8],
+                "topk": 2,
+            },
+            tmp_path,
+        ),
+        on_event=events.append,
+    )
     assert result["inputs"]["dtype"] == "bfloat16" and result["environment"]["fla"] is None
     assert result["inputs"]["target_architecture"] == "Qwen3_5ForConditionalGeneration"
     assert result["metrics"]["ddtree"]["8"]["topk"] == 2

@@ -19,7 +19,6 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT, ssh_host_entry
-from tests.reval_fixtures import gt_server, tiny_target  # noqa: F401
 
 pytestmark = pytest.mark.slow
 DEADLINE = 600  # a hang guard for polling, never a speed assertion
@@ -31,14 +30,27 @@ def drafter_ckpts(tiny_target, tmp_path_factory) -> dict[str, Path]:
     from orchestrator.demo.train import train_drafter
 
     out = tmp_path_factory.mktemp("follow-drafters")
-    paths = train_drafter(str(tiny_target), str(out), save_steps=(0, 20, 60), samples=6,
-                          batch_samples=3, completion_len=24)
+    paths = train_drafter(
+        str(tiny_target),
+        str(out),
+        save_steps=(0, 20, 60),
+        samples=6,
+        batch_samples=3,
+        completion_len=24,
+    )
     return {Path(p).name: Path(p) for p in paths}
 
 
 class Setup:
-    def __init__(self, inventory: Path, ckpts: Path, drafters: Path, workdir: Path,
-                 results: Path, sources: dict[str, Path]):
+    def __init__(
+        self,
+        inventory: Path,
+        ckpts: Path,
+        drafters: Path,
+        workdir: Path,
+        results: Path,
+        sources: dict[str, Path],
+    ):
         self.inventory, self.ckpts, self.drafters = inventory, ckpts, drafters
         self.workdir, self.results, self.sources = workdir, results, sources
         self.state = results / "follow" / "trainer-to-evalhost"
@@ -66,23 +78,51 @@ class Setup:
         out = []
         for d in sorted(root.iterdir()) if root.is_dir() else []:
             spec = json.loads((d / "spec.json").read_text())
-            exit_ = json.loads((d / "exit.json").read_text()) if (d / "exit.json").is_file() \
-                else None
-            out.append({"job_id": d.name, "checkpoint": spec["checkpoint"],
-                        "state": (exit_ or {}).get("state", "running")})
+            exit_ = (
+                json.loads((d / "exit.json").read_text()) if (d / "exit.json").is_file() else None
+            )
+            out.append(
+                {
+                    "job_id": d.name,
+                    "checkpoint": spec["checkpoint"],
+                    "state": (exit_ or {}).get("state", "running"),
+                }
+            )
         return out
 
     def follow(self, *args: str) -> subprocess.Popen:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}
         log = open(self.results.parent / f"follow-{time.monotonic_ns()}.log", "w")
-        return subprocess.Popen([sys.executable, "-m", "orchestrator", "follow", "-i",
-                                 str(self.inventory), "--budgets", "4", *args],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "orchestrator",
+                "follow",
+                "-i",
+                str(self.inventory),
+                "--budgets",
+                "4",
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+        )
 
 
 @pytest.fixture
-def setup(trainer_sshd, eval_sshd, ssh_base, make_inventory, gt_server, tiny_target,
-          drafter_ckpts, tmp_path):
+def setup(
+    trainer_sshd,
+    eval_sshd,
+    ssh_base,
+    make_inventory,
+    gt_server,
+    tiny_target,
+    drafter_ckpts,
+    tmp_path,
+):
     gt_server.mode = "ok"
     tag = tmp_path.name[-24:]
     ckpts = trainer_sshd.root / f"ckpts-{tag}"
@@ -93,16 +133,31 @@ def setup(trainer_sshd, eval_sshd, ssh_base, make_inventory, gt_server, tiny_tar
     results = tmp_path / "results"
     inv = make_inventory(
         hosts={
-            "trainer": ssh_host_entry(trainer_sshd, ssh_base, roles={"trainer": {
-                "checkpoints": str(ckpts), "complete_rule": "marker"}}),
-            "evalhost": ssh_host_entry(eval_sshd, ssh_base, workdir=str(workdir), roles={
-                "eval": {"drafters": str(drafters), "target_model": str(tiny_target),
-                         "ground_truth": gt_server.url, "ground_truth_kind": "sglang",
-                         "samples": 2, "max_new_tokens": 12, "dtype": "float32",
-                         "threads": 1}}),
+            "trainer": ssh_host_entry(
+                trainer_sshd,
+                ssh_base,
+                roles={"trainer": {"checkpoints": str(ckpts), "complete_rule": "marker"}},
+            ),
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                workdir=str(workdir),
+                roles={
+                    "eval": {
+                        "drafters": str(drafters),
+                        "target_model": str(tiny_target),
+                        "ground_truth": gt_server.url,
+                        "ground_truth_kind": "sglang",
+                        "samples": 2,
+                        "max_new_tokens": 12,
+                        "dtype": "float32",
+                        "threads": 1,
+                    }
+                },
+            ),
         },
-        defaults={"relay_from": "trainer", "relay_to": "evalhost",
-                  "results_dir": str(results)})
+        defaults={"relay_from": "trainer", "relay_to": "evalhost", "results_dir": str(results)},
+    )
     yield Setup(inv, ckpts, drafters, workdir, results, drafter_ckpts)
     gt_server.mode = "ok"
 
@@ -176,16 +231,24 @@ def test_follow_evaluates_each_new_checkpoint_once_across_a_restart(setup):
     again = setup.follow("--once", "--keep", "2", "--json")
     assert again.wait(timeout=DEADLINE) == 0
     history = setup.history()
-    assert [(h["step"], h["checkpoint"], h["state"]) for h in history] == \
-        [(0, "step-0", "done"), (20, "step-20", "done"), (60, "step-60", "done")]
+    assert [(h["step"], h["checkpoint"], h["state"]) for h in history] == [
+        (0, "step-0", "done"),
+        (20, "step-20", "done"),
+        (60, "step-60", "done"),
+    ]
     for h in history:
         assert isinstance(h["tau"], float) and isinstance(h["tau_tokens"], float)
         assert set(h["ddtree"]) == {"4"} and h["run_id"] == h["job_id"]
         assert (Path(h["run_dir"]) / "result.json").is_file() and h["time"]
-    assert per_checkpoint(setup.jobs()) == {"step-0": ["done"], "step-20": ["done"],
-                                            "step-60": ["done"]}
-    assert sorted(p.name for p in setup.drafters.iterdir() if not p.name.startswith(".")) \
-        == ["step-20", "step-60"]  # --keep 2 through the relay
+    assert per_checkpoint(setup.jobs()) == {
+        "step-0": ["done"],
+        "step-20": ["done"],
+        "step-60": ["done"],
+    }
+    assert sorted(p.name for p in setup.drafters.iterdir() if not p.name.startswith(".")) == [
+        "step-20",
+        "step-60",
+    ]  # --keep 2 through the relay
     assert (setup.state / "tau_by_step.png").stat().st_size > 1000
     assert setup.inflight() == {}
 
@@ -197,7 +260,7 @@ def test_follow_evaluates_each_new_checkpoint_once_across_a_restart(setup):
 
 
 def test_follow_killed_mid_eval_attaches_to_its_job_after_restart(setup, gt_server):
-    from orchestrator import follow
+    from orchestrator.eval import follow
     from orchestrator.inventory import load_inventory
 
     gt_server.mode, gt_server.delay = "slow", 4.0  # keeps the job in its first phase a while
@@ -214,10 +277,12 @@ def test_follow_killed_mid_eval_attaches_to_its_job_after_restart(setup, gt_serv
     assert [j["job_id"] for j in setup.jobs()] == [started]
     gt_server.mode = "ok"
 
-    recorded = follow.follow_pass(load_inventory(setup.inventory), "trainer", "evalhost",
-                                  follow.FollowOptions())
-    assert [(e["checkpoint"], e["job_id"], e["state"]) for e in recorded] == \
-        [("step-0", started, "done")]
+    recorded = follow.follow_pass(
+        load_inventory(setup.inventory), "trainer", "evalhost", follow.FollowOptions()
+    )
+    assert [(e["checkpoint"], e["job_id"], e["state"]) for e in recorded] == [
+        ("step-0", started, "done")
+    ]
     assert per_checkpoint(setup.jobs()) == {"step-0": ["done"]}  # attached, not restarted
     assert setup.inflight() == {}
 
@@ -261,12 +326,11 @@ def test_ctrl_c_cancels_the_running_job_and_a_restart_evaluates_afresh(setup, gt
 
 
 def test_a_second_follower_on_the_same_folder_is_refused(setup):
-    from orchestrator import follow
+    from orchestrator.eval import follow
     from orchestrator.inventory import load_inventory
 
     inv = load_inventory(setup.inventory)
-    holder = follow._State(follow.state_dir(inv, "trainer", "evalhost"), "trainer",
-                           "evalhost")
+    holder = follow._State(follow.state_dir(inv, "trainer", "evalhost"), "trainer", "evalhost")
     try:
         with pytest.raises(follow.FollowError, match="another dflash follow"):
             follow.follow_pass(inv, "trainer", "evalhost")

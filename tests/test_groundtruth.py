@@ -15,20 +15,26 @@ from pathlib import Path
 
 import pytest
 
-from remote import groundtruth
 from remote.errors import UserError
-from tests.reval_fixtures import gt_server, prompts_file, server, tiny_target  # noqa: F401
+from remote.eval import groundtruth
 from tests.scripted_server import ScriptedServer, ids_reply
 
 MAX_NEW = 10
 
 
-def make_spec(tmp_path: Path, target: Path, prompts: Path, kind: str, url: str | None = None,
-              **extra) -> dict:
-    spec = {"target": str(target), "workdir": str(tmp_path / "wd"), "dtype": "float32",
-            "prompts": {"path": str(prompts)}, "samples": 3, "seed": 0,
-            "sampling": {"temperature": 0, "max_new_tokens": MAX_NEW},
-            "ground_truth": {"kind": kind, "url": url, "timeout": 20}}
+def make_spec(
+    tmp_path: Path, target: Path, prompts: Path, kind: str, url: str | None = None, **extra
+) -> dict:
+    spec = {
+        "target": str(target),
+        "workdir": str(tmp_path / "wd"),
+        "dtype": "float32",
+        "prompts": {"path": str(prompts)},
+        "samples": 3,
+        "seed": 0,
+        "sampling": {"temperature": 0, "max_new_tokens": MAX_NEW},
+        "ground_truth": {"kind": kind, "url": url, "timeout": 20},
+    }
     spec.update(extra)
     return spec
 
@@ -47,13 +53,16 @@ def uncached_greedy(target: Path, prompt_ids: list[int], n: int) -> list[int]:
     with torch.inference_mode():
         for _ in range(n):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt_ids):]
+    return ids[len(prompt_ids) :]
 
 
 def test_prompts_both_forms_chat_template_and_seeded_choice(tiny_target, prompts_file):
     every = groundtruth.load_prompts(str(prompts_file))
-    assert [p["text"] for p in every][:3] == ["What is two plus two?",
-                                             "Write a haiku about rain.", "Name three colours."]
+    assert [p["text"] for p in every][:3] == [
+        "What is two plus two?",
+        "Write a haiku about rain.",
+        "Name three colours.",
+    ]
     assert every[2]["id"] == "custom"
     picked = groundtruth.load_prompts(str(prompts_file), samples=3, seed=7)
     assert picked == groundtruth.load_prompts(str(prompts_file), samples=3, seed=7)
@@ -72,8 +81,9 @@ def test_bad_prompt_line_is_one_line_error(tmp_path):
         groundtruth.load_prompts(str(bad))
 
 
-def test_sglang_generate_gives_greedy_ids_and_is_cached(tmp_path, tiny_target, prompts_file,
-                                                        server):
+def test_sglang_generate_gives_greedy_ids_and_is_cached(
+    tmp_path, tiny_target, prompts_file, server
+):
     spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
     path, info = groundtruth.prepare(spec)
     records = read(path)
@@ -100,7 +110,8 @@ def _cache_files(spec: dict) -> list[Path]:
 
 
 def test_a_bad_servers_ids_are_never_cached_nor_given_to_a_later_server(
-        tmp_path, tiny_target, prompts_file, server):
+    tmp_path, tiny_target, prompts_file, server
+):
     """Ids outside the target's vocabulary are refused in one line naming the server and
     the id, before anything is cached; the real server asked next generates its own (and
     the result names it), instead of being handed the bad server's ids."""
@@ -123,8 +134,9 @@ def test_a_bad_servers_ids_are_never_cached_nor_given_to_a_later_server(
 
 
 @pytest.mark.parametrize("kind", ["sglang", "openai"])
-def test_cache_key_names_the_server_and_the_model_it_serves(tmp_path, tiny_target,
-                                                           prompts_file, server, kind):
+def test_cache_key_names_the_server_and_the_model_it_serves(
+    tmp_path, tiny_target, prompts_file, server, kind
+):
     """Same target, prompts and sampling: another URL, or another model behind the same URL,
     is another ground truth. A cache hit says so, and names the source that made it."""
     spec = make_spec(tmp_path, tiny_target, prompts_file, kind)
@@ -157,8 +169,7 @@ def test_cache_key_names_the_server_and_the_model_it_serves(tmp_path, tiny_targe
     assert len(_cache_files(spec)) == 6  # three entries, data and meta each
 
 
-def test_a_damaged_cache_entry_is_ignored_and_remade(tmp_path, tiny_target, prompts_file,
-                                                    server):
+def test_a_damaged_cache_entry_is_ignored_and_remade(tmp_path, tiny_target, prompts_file, server):
     spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
     path, _ = groundtruth.prepare(spec)
     good = Path(path).read_text()
@@ -167,12 +178,15 @@ def test_a_damaged_cache_entry_is_ignored_and_remade(tmp_path, tiny_target, prom
     assert info["cached"] is False and Path(path).read_text() == good
 
 
-@pytest.mark.parametrize("kind,answer", [
-    ("sglang", {"output_ids": [5, 6], "meta_info": {"sampling_params": {"temperature": 0.8}}}),
-    ("openai", {"choices": [{"token_ids": [5, 6], "temperature": 0.8}]}),
-], ids=["sglang-meta-info", "openai-choice"])
-def test_a_server_reporting_sampling_is_refused(tmp_path, tiny_target, prompts_file, kind,
-                                               answer):
+@pytest.mark.parametrize(
+    "kind,answer",
+    [
+        ("sglang", {"output_ids": [5, 6], "meta_info": {"sampling_params": {"temperature": 0.8}}}),
+        ("openai", {"choices": [{"token_ids": [5, 6], "temperature": 0.8}]}),
+    ],
+    ids=["sglang-meta-info", "openai-choice"],
+)
+def test_a_server_reporting_sampling_is_refused(tmp_path, tiny_target, prompts_file, kind, answer):
     """Temperature 0 was asked, the server says it sampled: refused (tau is only defined
     against greedy completions), in one line naming the server; nothing cached."""
     spec = make_spec(tmp_path, tiny_target, prompts_file, kind)
@@ -188,9 +202,11 @@ def test_a_server_reporting_sampling_is_refused(tmp_path, tiny_target, prompts_f
 
 def test_openai_completions_with_token_ids(tmp_path, tiny_target, prompts_file, server):
     ids_path, _ = groundtruth.prepare(
-        make_spec(tmp_path / "a", tiny_target, prompts_file, "sglang", server.url))
+        make_spec(tmp_path / "a", tiny_target, prompts_file, "sglang", server.url)
+    )
     path, info = groundtruth.prepare(
-        make_spec(tmp_path / "b", tiny_target, prompts_file, "openai", server.url + "/v1"))
+        make_spec(tmp_path / "b", tiny_target, prompts_file, "openai", server.url + "/v1")
+    )
     assert read(path) == read(ids_path)
     assert info["model"] == server.model_name  # found through /v1/models
     body = [b for p, b in server.requests if p == "/v1/completions"][0]
@@ -198,8 +214,9 @@ def test_openai_completions_with_token_ids(tmp_path, tiny_target, prompts_file, 
     assert all(isinstance(x, int) for x in body["prompt"])
 
 
-def test_openai_server_without_token_ids_is_refused_clearly(tmp_path, tiny_target,
-                                                           prompts_file, server):
+def test_openai_server_without_token_ids_is_refused_clearly(
+    tmp_path, tiny_target, prompts_file, server
+):
     server.mode = "text_only"
     spec = make_spec(tmp_path, tiny_target, prompts_file, "openai", server.url)
     with pytest.raises(UserError, match=r"returned no token ids.*openai-text") as err:
@@ -207,8 +224,9 @@ def test_openai_server_without_token_ids_is_refused_clearly(tmp_path, tiny_targe
     assert "\n" not in str(err.value)
 
 
-def test_text_only_server_warns_and_records_retokenisation(tmp_path, tiny_target,
-                                                           prompts_file, server):
+def test_text_only_server_warns_and_records_retokenisation(
+    tmp_path, tiny_target, prompts_file, server
+):
     events = []
     spec = make_spec(tmp_path, tiny_target, prompts_file, "openai-text", server.url, samples=5)
     path, info = groundtruth.prepare(spec, emit=lambda ev, **kw: events.append((ev, kw)))
@@ -219,12 +237,13 @@ def test_text_only_server_warns_and_records_retokenisation(tmp_path, tiny_target
     tok = groundtruth.load_tokenizer(str(tiny_target))
     texts = [b["prompt"] for p, b in server.requests if p == "/v1/completions"]
     expected = 0
-    for r, text in zip(records, texts):
+    for r, text in zip(records, texts, strict=False):
         true_ids = server.greedy(r["prompt_ids"], MAX_NEW)
         ctext = tok.decode(true_ids, skip_special_tokens=True)
         assert r["completion_ids"] == tok(ctext, add_special_tokens=False)["input_ids"]
-        expected += not groundtruth.retokenisation_check(tok, text, r["prompt_ids"], ctext,
-                                                         r["completion_ids"], len(true_ids))
+        expected += not groundtruth.retokenisation_check(
+            tok, text, r["prompt_ids"], ctext, r["completion_ids"], len(true_ids)
+        )
     assert retok["mismatched"] == expected
     assert retok["mismatch_rate"] == pytest.approx(expected / 5)
     # The cached copy still carries the warning and the rate.
@@ -241,14 +260,16 @@ def test_retokenisation_check_catches_lossy_text(tiny_target):
     lossy_text = tok.decode(lossy_ids)
     retok = tok(lossy_text, add_special_tokens=False)["input_ids"]
     assert retok != lossy_ids
-    assert groundtruth.retokenisation_check(tok, prompt_text, prompt_ids, "hello", 
-                                            tok("hello", add_special_tokens=False)["input_ids"])
+    assert groundtruth.retokenisation_check(
+        tok, prompt_text, prompt_ids, "hello", tok("hello", add_special_tokens=False)["input_ids"]
+    )
     assert "\ufffd" in lossy_text
     assert not groundtruth.retokenisation_check(tok, prompt_text, prompt_ids, lossy_text, retok)
     # A server that counted other tokens than the retokenised ones: a mismatch.
     hello = tok("hello", add_special_tokens=False)["input_ids"]
-    assert not groundtruth.retokenisation_check(tok, prompt_text, prompt_ids, "hello", hello,
-                                                server_count=len(hello) + 1)
+    assert not groundtruth.retokenisation_check(
+        tok, prompt_text, prompt_ids, "hello", hello, server_count=len(hello) + 1
+    )
 
 
 def _free_port() -> int:
@@ -257,13 +278,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("mode,pattern", [
-    ("500", r"answered HTTP 500 Internal Server Error: \{\"error\": \"CUDA out of memory\"\}"),
-    ("malformed", r"returned malformed JSON: '<html>upstream proxy error</html>'"),
-    ("slow", r"did not answer within 1s \(timed out\)"),
-])
-def test_server_failures_are_one_line(tmp_path, tiny_target, prompts_file, server, mode,
-                                      pattern):
+@pytest.mark.parametrize(
+    "mode,pattern",
+    [
+        ("500", r"answered HTTP 500 Internal Server Error: \{\"error\": \"CUDA out of memory\"\}"),
+        ("malformed", r"returned malformed JSON: '<html>upstream proxy error</html>'"),
+        ("slow", r"did not answer within 1s \(timed out\)"),
+    ],
+)
+def test_server_failures_are_one_line(tmp_path, tiny_target, prompts_file, server, mode, pattern):
     server.mode = mode
     server.delay = 3.0
     spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
@@ -292,16 +315,15 @@ def test_non_greedy_is_refused(tmp_path, tiny_target, prompts_file, server):
 
 
 def test_local_generation_and_file_source(tmp_path, tiny_target, prompts_file, server):
-    path, info = groundtruth.prepare(make_spec(tmp_path / "l", tiny_target, prompts_file,
-                                               "local"))
+    path, info = groundtruth.prepare(make_spec(tmp_path / "l", tiny_target, prompts_file, "local"))
     local = read(path)
     assert info["source"]["kind"] == "local" and info["source"]["url"] is None
     assert info["source"]["model"] == str(tiny_target.resolve())
-    served, _ = groundtruth.prepare(make_spec(tmp_path / "s", tiny_target, prompts_file,
-                                              "sglang", server.url))
+    served, _ = groundtruth.prepare(
+        make_spec(tmp_path / "s", tiny_target, prompts_file, "sglang", server.url)
+    )
     assert local == read(served)  # float32, same target: the same greedy ids
-    spec = make_spec(tmp_path / "f", tiny_target, prompts_file, "file", samples=2,
-                     job_id="j")
+    spec = make_spec(tmp_path / "f", tiny_target, prompts_file, "file", samples=2, job_id="j")
     spec["ground_truth"]["path"] = path
     fpath, finfo = groundtruth.prepare(spec)
     assert len(read(fpath)) == 2 and all(r in local for r in read(fpath))
@@ -322,15 +344,20 @@ def transformers_serve(tiny_target, tmp_path_factory):
     log = open(log_path, "wb")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
     exe = Path(sys.executable).parent / "transformers"
-    proc = subprocess.Popen([str(exe), "serve", str(tiny_target), "--host", "127.0.0.1",
-                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(exe), "serve", str(tiny_target), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def skip(why: str):
         lines = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        pytest.skip(f"transformers serve {why}; log {log_path}: "
-                    f"{lines[-1].strip() if lines else '(empty)'}")
+        pytest.skip(
+            f"transformers serve {why}; log {log_path}: {lines[-1].strip() if lines else '(empty)'}"
+        )
 
     try:
         for _ in range(600):
@@ -351,11 +378,11 @@ def transformers_serve(tiny_target, tmp_path_factory):
         log.close()
 
 
-def test_transformers_serve_text_only_path(tmp_path, tiny_target, prompts_file,
-                                           transformers_serve):
+def test_transformers_serve_text_only_path(tmp_path, tiny_target, prompts_file, transformers_serve):
     events = []
-    spec = make_spec(tmp_path, tiny_target, prompts_file, "openai-text", transformers_serve,
-                     samples=4)
+    spec = make_spec(
+        tmp_path, tiny_target, prompts_file, "openai-text", transformers_serve, samples=4
+    )
     path, info = groundtruth.prepare(spec, emit=lambda ev, **kw: events.append((ev, kw)))
     records = read(path)
     assert len(records) == 4 and all(r["completion_ids"] for r in records)
@@ -363,9 +390,8 @@ def test_transformers_serve_text_only_path(tmp_path, tiny_target, prompts_file,
     assert 0.0 <= info["retokenisation"]["mismatch_rate"] <= 1.0
     assert any(ev == "warning" for ev, _ in events)
     # The tiny model's byte-level output decodes lossily: the check must notice some of it.
-    tok = groundtruth.load_tokenizer(str(tiny_target))
     truth = [uncached_greedy(tiny_target, r["prompt_ids"], MAX_NEW) for r in records]
-    differ = sum(r["completion_ids"] != t for r, t in zip(records, truth))
+    differ = sum(r["completion_ids"] != t for r, t in zip(records, truth, strict=False))
     # Every flagged sample really differs, and the check misses none of the lossy ones
     # this tiny byte-level model produces (all its differences here are lossy decodes).
     assert info["retokenisation"]["mismatched"] == differ

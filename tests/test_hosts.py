@@ -10,17 +10,25 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import bundle
-from orchestrator.hosts import HostError, open_host
 from orchestrator.inventory import load_inventory
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import HostError, open_host
 from tests.conftest import ROOT, ssh_host_entry
 
 
-def dflash(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def dflash(
+    *args: str, env: dict | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """Run the real CLI in a child process, as a user would."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True,
-                          text=True, env=full_env, timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -56,16 +64,20 @@ def test_hosts_lists_inventory(two_hosts):
     proc = dflash("hosts", "--inventory", str(two_hosts), "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert {h["name"]: h["roles"] for h in data["hosts"]} == {"trainer": ["trainer"],
-                                                             "evalhost": ["eval"]}
+    assert {h["name"]: h["roles"] for h in data["hosts"]} == {
+        "trainer": ["trainer"],
+        "evalhost": ["eval"],
+    }
 
 
-def test_unknown_host_key_is_refused_then_accepted_on_opt_in(trainer_sshd, ssh_base,
-                                                             make_inventory, tmp_path):
+def test_unknown_host_key_is_refused_then_accepted_on_opt_in(
+    trainer_sshd, ssh_base, make_inventory, tmp_path
+):
     empty_known = tmp_path / "known_hosts"
     empty_known.write_text("")
-    inv = make_inventory({"t": ssh_host_entry(trainer_sshd, ssh_base,
-                                              known_hosts=str(empty_known))})
+    inv = make_inventory(
+        {"t": ssh_host_entry(trainer_sshd, ssh_base, known_hosts=str(empty_known))}
+    )
     proc = dflash("hosts", "check", "t", "--inventory", str(inv))
     assert proc.returncode != 0
     line = one_error_line(proc)
@@ -79,31 +91,43 @@ def test_unknown_host_key_is_refused_then_accepted_on_opt_in(trainer_sshd, ssh_b
     assert dflash("hosts", "check", "t", "--inventory", str(inv)).returncode == 0
 
 
-def test_changed_host_key_is_always_refused(trainer_sshd, eval_sshd, ssh_base, make_inventory,
-                                            tmp_path):
+def test_changed_host_key_is_always_refused(
+    trainer_sshd, eval_sshd, ssh_base, make_inventory, tmp_path
+):
     # Record the EVAL host's key under the trainer's address: the trainer now "changed" key.
     wrong = tmp_path / "known_hosts"
     line = eval_sshd.known_hosts_line().split(" ", 1)[1]
     wrong.write_text(f"[127.0.0.1]:{trainer_sshd.port} {line}")
-    inv = make_inventory({"t": ssh_host_entry(trainer_sshd, ssh_base, known_hosts=str(wrong),
-                                              accept_new_host_key=True)})
+    inv = make_inventory(
+        {
+            "t": ssh_host_entry(
+                trainer_sshd, ssh_base, known_hosts=str(wrong), accept_new_host_key=True
+            )
+        }
+    )
     proc = dflash("--accept-new-host-keys", "hosts", "check", "t", "--inventory", str(inv))
     assert proc.returncode != 0
     assert "host key CHANGED" in one_error_line(proc)
 
 
-def test_closed_port_bad_key_and_missing_python_are_one_line_each(trainer_sshd, ssh_base,
-                                                                  make_inventory, tmp_path):
+def test_closed_port_bad_key_and_missing_python_are_one_line_each(
+    trainer_sshd, ssh_base, make_inventory, tmp_path
+):
     from tests.sshd import free_port, keygen
 
     stranger = keygen(tmp_path / "id_stranger")
-    inv = make_inventory({
-        "closed": {**ssh_host_entry(trainer_sshd, ssh_base), "port": free_port()},
-        "badkey": ssh_host_entry(trainer_sshd, ssh_base, identity_file=str(stranger)),
-        "nopython": ssh_host_entry(trainer_sshd, ssh_base, python="/no/such/python3"),
-    })
-    expected = {"closed": "connection refused", "badkey": "authentication failed",
-                "nopython": "not found"}
+    inv = make_inventory(
+        {
+            "closed": {**ssh_host_entry(trainer_sshd, ssh_base), "port": free_port()},
+            "badkey": ssh_host_entry(trainer_sshd, ssh_base, identity_file=str(stranger)),
+            "nopython": ssh_host_entry(trainer_sshd, ssh_base, python="/no/such/python3"),
+        }
+    )
+    expected = {
+        "closed": "connection refused",
+        "badkey": "authentication failed",
+        "nopython": "not found",
+    }
     for name, words in expected.items():
         proc = dflash("hosts", "check", name, "--inventory", str(inv))
         assert proc.returncode != 0
@@ -166,29 +190,41 @@ def test_help_works_without_torch():
         "names = sorted(cmd.commands)\n"
         "for n in names:\n"
         "    sys.argv = ['dflash', n, '--help']\n"
-        "    try:\n        main()\n    except SystemExit as e:\n        assert e.code in (0, None), (n, e.code)\n"
+        "    try:\n        main()\n    except SystemExit as "
+        "e:\n        assert e.code in (0, None), (n, e.code)\n"
         "assert 'torch' not in sys.modules\n"
         "print('COMMANDS', ' '.join(names))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", blocker],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert "COMMANDS" in proc.stdout and "hosts" in proc.stdout
 
 
-def test_unresolvable_name_and_silent_port_are_one_line_each(ssh_base, trainer_sshd,
-                                                             make_inventory):
+def test_unresolvable_name_and_silent_port_are_one_line_each(
+    ssh_base, trainer_sshd, make_inventory
+):
     import socket
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(1)  # accepts TCP, never says a word
     try:
-        inv = make_inventory({
-            "nowhere": ssh_host_entry(trainer_sshd, ssh_base, hostname="no-such-host.invalid"),
-            "silent": {**ssh_host_entry(trainer_sshd, ssh_base), "connect_timeout": 1,
-                       "port": silent.getsockname()[1]},
-        })
+        inv = make_inventory(
+            {
+                "nowhere": ssh_host_entry(trainer_sshd, ssh_base, hostname="no-such-host.invalid"),
+                "silent": {
+                    **ssh_host_entry(trainer_sshd, ssh_base),
+                    "connect_timeout": 1,
+                    "port": silent.getsockname()[1],
+                },
+            }
+        )
         for name, words in {"nowhere": "does not resolve", "silent": "timed out"}.items():
             proc = dflash("hosts", "check", name, "--inventory", str(inv))
             assert proc.returncode != 0
@@ -197,12 +233,15 @@ def test_unresolvable_name_and_silent_port_are_one_line_each(ssh_base, trainer_s
         silent.close()
 
 
-def test_jump_host_reaches_eval_host_through_trainer(trainer_sshd, eval_sshd, ssh_base,
-                                                    make_inventory):
-    inv = make_inventory({
-        "trainer": ssh_host_entry(trainer_sshd, ssh_base),
-        "behind": ssh_host_entry(eval_sshd, ssh_base, jump="trainer"),
-    })
+def test_jump_host_reaches_eval_host_through_trainer(
+    trainer_sshd, eval_sshd, ssh_base, make_inventory
+):
+    inv = make_inventory(
+        {
+            "trainer": ssh_host_entry(trainer_sshd, ssh_base),
+            "behind": ssh_host_entry(eval_sshd, ssh_base, jump="trainer"),
+        }
+    )
     before = len(trainer_sshd.sessions())
     with open_host(load_inventory(inv).hosts["behind"], load_inventory(inv)) as host:
         assert host.run(["printf", "%s", "hello"]).stdout == "hello"
@@ -210,17 +249,18 @@ def test_jump_host_reaches_eval_host_through_trainer(trainer_sshd, eval_sshd, ss
         assert len(trainer_sshd.sessions()) > before
 
 
-def test_ssh_config_alias_is_honoured(eval_sshd, ssh_base, make_inventory, tmp_path,
-                                      monkeypatch):
+def test_ssh_config_alias_is_honoured(eval_sshd, ssh_base, make_inventory, tmp_path, monkeypatch):
     """A host named only by an ~/.ssh/config alias resolves as OpenSSH would."""
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text(
         f"Host ct-alias\n  HostName 127.0.0.1\n  Port {eval_sshd.port}\n"
         f"  IdentityFile {ssh_base / 'id_test'}\n"
-        f"  UserKnownHostsFile {ssh_base / 'known_hosts'}\n")
+        f"  UserKnownHostsFile {ssh_base / 'known_hosts'}\n"
+    )
     inv = make_inventory({"ct-alias": {"python": sys.executable}})
-    proc = dflash("hosts", "check", "ct-alias", "--inventory", str(inv), "--json",
-                  env={"HOME": str(home)})
+    proc = dflash(
+        "hosts", "check", "ct-alias", "--inventory", str(inv), "--json", env={"HOME": str(home)}
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["reachable"] is True

@@ -48,7 +48,11 @@ BAD = [
     ("hostz: {}\n", 1, ["unknown key 'hostz'"]),
     ("defaults: {}\n", 1, ["missing required key 'hosts'"]),
     ("hosts:\n  a: {}\ndefaults:\n  relay_to: b\n", 4, ["defaults.relay_to", "unknown host 'b'"]),
-    ("hosts:\n  a:\n    roles:\n      trainer: {}\n", 4, ["roles.trainer", "missing required key 'checkpoints'"]),
+    (
+        "hosts:\n  a:\n    roles:\n      trainer: {}\n",
+        4,
+        ["roles.trainer", "missing required key 'checkpoints'"],
+    ),
     ("hosts:\n  a:\n    roles:\n      painter: {x: 1}\n", 4, ["unknown role"]),
     ("hosts:\n  a: {}\ngroups:\n  g: [a, zz]\n", 4, ["groups.g", "unknown host 'zz'"]),
     ("hosts:\n  a:\n    port: 70000\n", 3, ["hosts.a.port"]),

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from remote.errors import EXIT_USER_ERROR, UserError
-from remote.probe import SCHEMA, default_target_layer_ids, probe
+from remote.probe.structure import SCHEMA, default_target_layer_ids, probe
 from tests import tiny_models
 from tests.conftest import ROOT, ssh_host_entry
 from tests.tiny_models import EXPECTED, HIDDEN, VOCAB
@@ -36,9 +36,14 @@ def loaded_reports(ckpts) -> dict[str, dict]:
 
 
 def remote_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "remote", "probe", *args], capture_output=True,
-                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "remote", "probe", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -51,6 +56,7 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 
 # ---- structure and --load over every architecture ----------------------------------------
+
 
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_structure_and_hidden_states(name, loaded_reports):
@@ -67,7 +73,8 @@ def test_structure_and_hidden_states(name, loaded_reports):
     assert r["checkpoint"]["shards_complete"]
     assert (r["parameters"]["vision"]["params"] > 0) is is_vlm
     assert r["parameters"]["total"]["params"] == sum(
-        r["parameters"][k]["params"] for k in ("text", "vision", "other"))
+        r["parameters"][k]["params"] for k in ("text", "vision", "other")
+    )
     load = r["load"]
     assert load["ok"], load
     assert load["hidden_states"] == count + 1
@@ -110,12 +117,17 @@ def _find(node: dict, name: str) -> dict | None:
 def test_legacy_checkpoint_keys_are_mapped_and_both_forms_reported(loaded_reports):
     # save_pretrained writes Llava in the legacy layout: language_model.model.layers.*
     r = loaded_reports["llava"]
-    assert r["keys"]["paths"]["layers"] == {"module": "model.language_model.layers",
-                                           "checkpoint": "language_model.model.layers"}
+    assert r["keys"]["paths"]["layers"] == {
+        "module": "model.language_model.layers",
+        "checkpoint": "language_model.model.layers",
+    }
     assert r["keys"]["checkpoint_prefixes"]["language_model.model.layers"] == 18
     assert r["keys"]["module_prefixes"]["model.language_model.layers"] == 18
-    assert {"checkpoint": "language_model.model.layers", "module": "model.language_model.layers",
-            "keys": 18} in r["keys"]["remapped_prefixes"]
+    assert {
+        "checkpoint": "language_model.model.layers",
+        "module": "model.language_model.layers",
+        "keys": 18,
+    } in r["keys"]["remapped_prefixes"]
     q = loaded_reports["qwen2_5_vl"]
     assert q["keys"]["paths"]["layers"]["checkpoint"] == "model.layers"
     assert q["keys"]["paths"]["layers"]["module"] == "model.language_model.layers"
@@ -151,6 +163,7 @@ def test_config_only_probe_reports_every_weight_missing(ckpts, tmp_path):
 
 
 # ---- checkpoint problems ------------------------------------------------------------------
+
 
 @pytest.fixture
 def sharded(ckpts, tmp_path) -> Path:
@@ -196,7 +209,7 @@ def test_pt_drafter_is_read_the_way_the_eval_reads_it(ckpts, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from remote.drafter import load_drafter
+    from remote.eval.drafter import load_drafter
 
     d = tiny_models.build_drafter(tmp_path / "d", [0, 2], num_target_layers=4)
     sd = load_file(str(d / "model.safetensors"))
@@ -215,6 +228,7 @@ def test_pt_drafter_is_read_the_way_the_eval_reads_it(ckpts, tmp_path):
 
 def test_unexpected_and_missing_keys_listed(ckpts, tmp_path):
     from safetensors.torch import load_file, save_file
+
     folder = tmp_path / "renamed"
     shutil.copytree(ckpts["llama"], folder)
     sd = load_file(str(folder / "model.safetensors"))
@@ -229,13 +243,15 @@ def test_unexpected_and_missing_keys_listed(ckpts, tmp_path):
 
 # ---- bad input: one line each, exit code 3 ------------------------------------------------
 
+
 def _bad_inputs(ckpts, tmp: Path) -> dict[str, tuple[Path, str]]:
     no_config = tmp / "noconfig"
     no_config.mkdir()
     unknown = tmp / "unknown"
     unknown.mkdir()
-    (unknown / "config.json").write_text(json.dumps(
-        {"model_type": "qwen9_omni", "transformers_version": "9.1.0"}))
+    (unknown / "config.json").write_text(
+        json.dumps({"model_type": "qwen9_omni", "transformers_version": "9.1.0"})
+    )
     unknown_old = tmp / "unknown_old"
     unknown_old.mkdir()
     (unknown_old / "config.json").write_text(json.dumps({"model_type": "qwen9_omni"}))
@@ -244,7 +260,7 @@ def _bad_inputs(ckpts, tmp: Path) -> dict[str, tuple[Path, str]]:
     (bad_json / "config.json").write_text("{not json")
     bad_index = tmp / "badindex"
     shutil.copytree(ckpts["qwen3"], bad_index)
-    (bad_index / "model.safetensors.index.json").write_text("{\"weight_map\": [1, 2")
+    (bad_index / "model.safetensors.index.json").write_text('{"weight_map": [1, 2')
     cut_header = tmp / "cutheader"
     shutil.copytree(ckpts["qwen3"], cut_header)
     shard = cut_header / "model.safetensors"
@@ -271,9 +287,11 @@ def test_bad_inputs_are_one_line_each_via_cli_and_library(ckpts, tmp_path):
 
 # ---- drafter checks -----------------------------------------------------------------------
 
+
 def test_good_drafter_passes(ckpts, tmp_path):
-    d = tiny_models.build_drafter(tmp_path / "d", [0, 2], num_target_layers=4,
-                                  extra_config={"max_position_embeddings": 256})
+    d = tiny_models.build_drafter(
+        tmp_path / "d", [0, 2], num_target_layers=4, extra_config={"max_position_embeddings": 256}
+    )
     r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
     assert r["ok"], r["problems"]
     assert r["problems"] == []
@@ -282,13 +300,21 @@ def test_good_drafter_passes(ckpts, tmp_path):
 
 
 def test_drafter_problems_one_line_each(ckpts, tmp_path):
-    d = tiny_models.build_drafter(tmp_path / "d", [1, 4], fc_width=3 * HIDDEN,
-                                  mask_token_id=VOCAB + 5, block_size=1, num_target_layers=5)
+    d = tiny_models.build_drafter(
+        tmp_path / "d",
+        [1, 4],
+        fc_width=3 * HIDDEN,
+        mask_token_id=VOCAB + 5,
+        block_size=1,
+        num_target_layers=5,
+    )
     r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
     assert not r["ok"]
     text = "\n".join(r["problems"])
     assert "target_layer_ids [4] out of range for a 4-layer target" in text
-    assert f"fc input width {3 * HIDDEN} != len(target_layer_ids) 2 x target hidden {HIDDEN}" in text
+    assert (
+        f"fc input width {3 * HIDDEN} != len(target_layer_ids) 2 x target hidden {HIDDEN}" in text
+    )
     assert "mask_token_id" in text and "outside the target vocabulary" in text
     assert "block_size" in text
     assert "num_target_layers 5 != target's 4" in text
@@ -307,9 +333,15 @@ def test_drafter_warnings(ckpts, tmp_path):
     # The default schedule shifted by one is what a 1-based training script writes.
     shifted = [i + 1 for i in default_target_layer_ids(4, 1)]
     d = tiny_models.build_drafter(
-        tmp_path / "d", shifted, layers=2,
-        extra_config={"rope_theta": 1_000_000.0, "max_position_embeddings": 64,
-                      "layer_types": ["sliding_attention", "full_attention"]})
+        tmp_path / "d",
+        shifted,
+        layers=2,
+        extra_config={
+            "rope_theta": 1_000_000.0,
+            "max_position_embeddings": 64,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    )
     r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
     text = "\n".join(r["warnings"])
     assert "rope theta differs: drafter 1000000.0, target 10000.0" in text
@@ -321,6 +353,7 @@ def test_drafter_warnings(ckpts, tmp_path):
 
 def test_drafter_default_ids_and_prefixed_keys(ckpts, tmp_path):
     from safetensors.torch import load_file, save_file
+
     d = tiny_models.build_drafter(tmp_path / "d", [0], layers=1, num_target_layers=3)
     cfg = json.loads((d / "config.json").read_text())
     del cfg["dflash_config"]["target_layer_ids"]
@@ -336,12 +369,14 @@ def test_drafter_default_ids_and_prefixed_keys(ckpts, tmp_path):
 
 
 def test_missing_drafter_folder_is_one_line(ckpts, tmp_path):
-    line = one_error_line(remote_cli("--model", str(ckpts["qwen3"]),
-                                     "--drafter", str(tmp_path / "none")))
+    line = one_error_line(
+        remote_cli("--model", str(ckpts["qwen3"]), "--drafter", str(tmp_path / "none"))
+    )
     assert "drafter folder not found" in line
 
 
 # ---- the remote CLI and the controller ----------------------------------------------------
+
 
 def test_remote_cli_prints_one_json_document(ckpts):
     proc = remote_cli("--model", str(ckpts["gemma3"]), "--depth", "3")
@@ -362,16 +397,24 @@ def _comparable(report: dict) -> dict:
 
 
 def test_probe_over_sshd_equals_local(ckpts, eval_sshd, ssh_base, make_inventory, tmp_path):
-    from orchestrator.hosts import open_host
     from orchestrator.inventory import load_inventory
-    from orchestrator.probe import probe_structure
+    from orchestrator.probe.structure import probe_structure
+    from orchestrator.transport.hosts import open_host
 
-    inv_path = make_inventory(hosts={
-        "evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": {
-            "drafters": str(tmp_path), "target_model": str(ckpts["qwen3_5"])}}),
-        "here": {"transport": "local", "python": sys.executable,
-                 "workdir": str(tmp_path / "local-wd")},
-    })
+    inv_path = make_inventory(
+        hosts={
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                roles={"eval": {"drafters": str(tmp_path), "target_model": str(ckpts["qwen3_5"])}},
+            ),
+            "here": {
+                "transport": "local",
+                "python": sys.executable,
+                "workdir": str(tmp_path / "local-wd"),
+            },
+        }
+    )
     inv = load_inventory(inv_path)
     with open_host(inv.hosts["evalhost"], inv) as h:
         over_ssh = probe_structure(h, str(ckpts["qwen3_5"]))
@@ -381,19 +424,64 @@ def test_probe_over_sshd_equals_local(ckpts, eval_sshd, ssh_base, make_inventory
     assert _comparable(over_ssh) == _comparable(local)
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    cli = subprocess.run([sys.executable, "-m", "orchestrator", "probe-structure", "--host",
-                          "evalhost", "--json", "-i", str(inv_path)], capture_output=True,
-                         text=True, env=env, cwd=ROOT, timeout=300)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "probe-structure",
+            "--host",
+            "evalhost",
+            "--json",
+            "-i",
+            str(inv_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert cli.returncode == 0, cli.stderr
     assert _comparable(json.loads(cli.stdout)) == _comparable(over_ssh)  # model from inventory
-    tree = subprocess.run([sys.executable, "-m", "orchestrator", "probe-structure", "--host",
-                           "evalhost", "-i", str(inv_path)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
+    tree = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "probe-structure",
+            "--host",
+            "evalhost",
+            "-i",
+            str(inv_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert tree.returncode == 0, tree.stderr
     assert "model.language_model.layers" in tree.stdout and "3 linear_attention" in tree.stdout
-    bad = subprocess.run([sys.executable, "-m", "orchestrator", "probe-structure", "--host",
-                          "evalhost", "--model", str(tmp_path / "gone"), "-i", str(inv_path)],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "probe-structure",
+            "--host",
+            "evalhost",
+            "--model",
+            str(tmp_path / "gone"),
+            "-i",
+            str(inv_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert bad.returncode != 0
     lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "model folder not found" in lines[0], bad.stderr

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.inventory import load_inventory
-from orchestrator.relay import Progress, RelayError, RelayOptions, list_checkpoints, relay
+from orchestrator.relay.run import Progress, RelayError, RelayOptions, list_checkpoints, relay
 from tests.conftest import _start, ssh_host_entry
 from tests.test_hosts import dflash, one_error_line
 
@@ -56,34 +56,45 @@ def env(trainer_sshd, eval_sshd, eval2_sshd, ssh_base, make_inventory):
     n = next(_counter)
     ckpt = trainer_sshd.root / f"ckpt-{n}"
     ckpt.mkdir()
-    drafters = {"evalhost": eval_sshd.root / f"drafters-{n}",
-                "evalhost2": eval2_sshd.root / f"drafters-{n}"}
+    drafters = {
+        "evalhost": eval_sshd.root / f"drafters-{n}",
+        "evalhost2": eval2_sshd.root / f"drafters-{n}",
+    }
     for d in drafters.values():
         d.mkdir()
 
     def write(trainer_role=None, eval_role=None):
         return make_inventory(
             hosts={
-                "trainer": ssh_host_entry(trainer_sshd, ssh_base, roles={"trainer": {
-                    "checkpoints": str(ckpt), **(trainer_role or {})}}),
-                "evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": {
-                    "drafters": str(drafters["evalhost"]), **(eval_role or {})}}),
-                "evalhost2": ssh_host_entry(eval2_sshd, ssh_base, roles={"eval": {
-                    "drafters": str(drafters["evalhost2"])}}),
+                "trainer": ssh_host_entry(
+                    trainer_sshd,
+                    ssh_base,
+                    roles={"trainer": {"checkpoints": str(ckpt), **(trainer_role or {})}},
+                ),
+                "evalhost": ssh_host_entry(
+                    eval_sshd,
+                    ssh_base,
+                    roles={"eval": {"drafters": str(drafters["evalhost"]), **(eval_role or {})}},
+                ),
+                "evalhost2": ssh_host_entry(
+                    eval2_sshd, ssh_base, roles={"eval": {"drafters": str(drafters["evalhost2"])}}
+                ),
             },
             defaults={"relay_from": "trainer", "relay_to": "evalhost"},
             groups={"evals": ["evalhost", "evalhost2"]},
         )
+
     e = Env(write(), ckpt, drafters)
     e.rewrite = lambda **kw: setattr(e, "inventory_path", write(**kw))
     return e
 
 
-def make_checkpoint(root: Path, name: str, sizes: dict[str, int], marker: bool = True,
-                    seed: int = 0) -> dict[str, bytes]:
+def make_checkpoint(
+    root: Path, name: str, sizes: dict[str, int], marker: bool = True, seed: int = 0
+) -> dict[str, bytes]:
     """A checkpoint folder of random files (with the COMPLETE marker unless told not to)."""
     files = {}
-    for i, (rel, size) in enumerate(sizes.items()):
+    for rel, size in sizes.items():
         path = root / name / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         data = os.urandom(size) if size else b""
@@ -97,8 +108,11 @@ def make_checkpoint(root: Path, name: str, sizes: dict[str, int], marker: bool =
 
 def tree(folder: Path) -> dict[str, bytes]:
     """Every file under `folder` (relative path -> bytes), the manifest excluded."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != ".dflash-manifest.json"}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".dflash-manifest.json"
+    }
 
 
 def settled_size(path: Path) -> int:
@@ -153,10 +167,19 @@ class Watcher(threading.Thread):
 
 # ---- tests --------------------------------------------------------------------------------
 
+
 def test_multi_file_checkpoint_byte_exact_never_partial_then_unchanged_costs_nothing(env):
-    files = make_checkpoint(env.ckpt, "step_1000", {
-        "model.safetensors": 12 * MiB, "optimizer/part-0.bin": 5 * MiB + 3,
-        "optimizer/part-1.bin": 3 * MiB, "config.json": 517, "empty.txt": 0})
+    files = make_checkpoint(
+        env.ckpt,
+        "step_1000",
+        {
+            "model.safetensors": 12 * MiB,
+            "optimizer/part-0.bin": 5 * MiB + 3,
+            "optimizer/part-1.bin": 3 * MiB,
+            "config.json": 517,
+            "empty.txt": 0,
+        },
+    )
     final = env.dst / "step_1000"
     watcher = Watcher(final, files)
     watcher.start()
@@ -174,13 +197,23 @@ def test_multi_file_checkpoint_byte_exact_never_partial_then_unchanged_costs_not
     assert manifest["step"] == 1000 and manifest["source"]["host"] == "trainer"
     assert manifest["source"]["path"] == f"{env.ckpt}/step_1000"
     assert {f["path"]: f["sha256"] for f in manifest["files"]} == {
-        rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+        rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()
+    }
     assert {f["path"]: f["size"] for f in manifest["files"]} == {
-        rel: len(data) for rel, data in files.items()}
+        rel: len(data) for rel, data in files.items()
+    }
 
     # Unchanged: nothing moves, and the CLI's JSON says so.
-    proc = dflash("relay", "--from", "trainer", "--to", "evalhost", "--json",
-                  "--inventory", str(env.inventory_path))
+    proc = dflash(
+        "relay",
+        "--from",
+        "trainer",
+        "--to",
+        "evalhost",
+        "--json",
+        "--inventory",
+        str(env.inventory_path),
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["bytes_sent"] == 0 and summary["bytes_read"] == 0
@@ -189,8 +222,9 @@ def test_multi_file_checkpoint_byte_exact_never_partial_then_unchanged_costs_not
 
 
 def test_dropped_connection_resumes_inside_the_file(env, eval_sshd):
-    files = make_checkpoint(env.ckpt, "checkpoint-8000", {
-        "big.bin": 40 * MiB, "small.bin": 2 * MiB})
+    files = make_checkpoint(
+        env.ckpt, "checkpoint-8000", {"big.bin": 40 * MiB, "small.bin": 2 * MiB}
+    )
     total = sum(map(len, files.values()))
     killer = KillAfter(eval_sshd, after=14 * MiB)
     report = env.relay(progress=killer, jobs=1)  # one stream for every file
@@ -298,9 +332,12 @@ def test_publish_refuses_a_partial_folder_missing_a_file(tmp_path):
     (root / ".partial-step_4" / "a.bin").write_bytes(b"x" * 10)
     (root / ".partial-step_4" / "b.bin").write_bytes(b"y" * 3)  # short
     manifest = {"files": [{"path": "a.bin", "size": 10}, {"path": "b.bin", "size": 7}]}
-    proc = subprocess.run([sys.executable, "-m", "remote", "relay-publish", str(root), "step_4",
-                           "--kind", "dir"], input=json.dumps(manifest).encode(),
-                          capture_output=True, cwd=Path(__file__).resolve().parent.parent)
+    proc = subprocess.run(
+        [sys.executable, "-m", "remote", "relay-publish", str(root), "step_4", "--kind", "dir"],
+        input=json.dumps(manifest).encode(),
+        capture_output=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert proc.returncode == 3
     assert "step_4 is not published: b.bin holds 3 bytes" in proc.stderr.decode()
     assert not (root / "step_4").exists() and (root / ".partial-step_4" / "a.bin").exists()
@@ -354,6 +391,7 @@ def test_stable_rule_skips_a_checkpoint_still_growing(env):
                 fh.write(os.urandom(4096))
                 fh.flush()
                 time.sleep(0.05)
+
     t = threading.Thread(target=writer, daemon=True)
     t.start()
     try:
@@ -384,10 +422,20 @@ def test_not_enough_space_is_refused_before_any_byte_moves(env):
 def test_hostile_names_arrive_byte_exact_and_nothing_runs(env):
     token = f"PWNED-{os.getpid()}-{next(_counter)}"
     evil = f"$(cd;touch {token})"  # no '/': it must be usable as a file name
-    name = f"-step_9 it's \"q\" {evil};touch {token}"
-    files = make_checkpoint(env.ckpt, name, {
-        "a b.bin": MiB, "it's.bin": 1000, f"{evil}.bin": 2000, f"x;touch {token}": 3,
-        "-rf": 10, "sub dir/`touch x`.bin": 5, "--kind=file": 6})
+    name = f'-step_9 it\'s "q" {evil};touch {token}'
+    files = make_checkpoint(
+        env.ckpt,
+        name,
+        {
+            "a b.bin": MiB,
+            "it's.bin": 1000,
+            f"{evil}.bin": 2000,
+            f"x;touch {token}": 3,
+            "-rf": 10,
+            "sub dir/`touch x`.bin": 5,
+            "--kind=file": 6,
+        },
+    )
     report = env.relay(names=[name])
     assert report.ok, report.failures
     assert tree(env.dst / name) == files
@@ -439,13 +487,11 @@ def test_keep_list_and_dry_run(env):
     for step in (100, 200, 300):
         make_checkpoint(env.ckpt, f"step_{step}", {"w.bin": 100_000})
     (env.dst / "mine").mkdir()  # not relayed by dflash: never pruned
-    plan = dflash("relay", "--all", "--dry-run", "--json", "--inventory",
-                  str(env.inventory_path))
+    plan = dflash("relay", "--all", "--dry-run", "--json", "--inventory", str(env.inventory_path))
     assert plan.returncode == 0, plan.stderr
     planned = json.loads(plan.stdout)
     assert planned["bytes_planned"] == 3 * 100_000
-    assert planned["bytes_sent"] == 0 and sorted(
-        p.name for p in env.dst.iterdir()) == ["mine"]
+    assert planned["bytes_sent"] == 0 and sorted(p.name for p in env.dst.iterdir()) == ["mine"]
     report = env.relay(all=True, keep=2)
     assert report.pruned["evalhost"] == ["step_100"]
     assert sorted(p.name for p in env.dst.iterdir()) == ["mine", "step_200", "step_300"]
@@ -456,26 +502,32 @@ def test_keep_list_and_dry_run(env):
     assert table.returncode == 0 and "step_300" in table.stdout and "relayed" in table.stdout
 
 
-def test_openssh_streams_honour_the_inventory(env, trainer_sshd, eval_sshd, ssh_base,
-                                              make_inventory, tmp_path):
+def test_openssh_streams_honour_the_inventory(
+    env, trainer_sshd, eval_sshd, ssh_base, make_inventory, tmp_path
+):
     """The ssh processes that carry the bytes refuse unknown host keys like the paramiko
     connections do, accept-new only on opt-in, and reach a host through an inventory jump."""
     import subprocess
 
-    from orchestrator.hosts import open_host
-    from orchestrator.relay_stream import stream_argv
+    from orchestrator.relay.stream import stream_argv
+    from orchestrator.transport.hosts import open_host
 
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    inv = load_inventory(make_inventory({
-        "strict": ssh_host_entry(eval_sshd, ssh_base, known_hosts=str(empty)),
-        "trusting": ssh_host_entry(eval_sshd, ssh_base, known_hosts=str(empty),
-                                   accept_new_host_key=True),
-        "trainer": ssh_host_entry(trainer_sshd, ssh_base),
-        "behind": ssh_host_entry(eval_sshd, ssh_base, jump="trainer"),
-    }))
+    inv = load_inventory(
+        make_inventory(
+            {
+                "strict": ssh_host_entry(eval_sshd, ssh_base, known_hosts=str(empty)),
+                "trusting": ssh_host_entry(
+                    eval_sshd, ssh_base, known_hosts=str(empty), accept_new_host_key=True
+                ),
+                "trainer": ssh_host_entry(trainer_sshd, ssh_base),
+                "behind": ssh_host_entry(eval_sshd, ssh_base, jump="trainer"),
+            }
+        )
+    )
 
-    def argv(name: str, line: str = "printf %s \"$SSH_CONNECTION\"") -> list[str]:
+    def argv(name: str, line: str = 'printf %s "$SSH_CONNECTION"') -> list[str]:
         return stream_argv(open_host(inv.hosts[name], inv), line, inv)
 
     home = {**os.environ, "HOME": str(tmp_path)}  # no ~/.ssh/known_hosts to fall back on
@@ -493,8 +545,12 @@ def test_openssh_streams_honour_the_inventory(env, trainer_sshd, eval_sshd, ssh_
 
     # Through the jump host: while the command runs, the trainer serves the tunnel.
     before = len(trainer_sshd.sessions())
-    proc = subprocess.Popen(argv("behind", "sleep 2; printf ok"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv("behind", "sleep 2; printf ok"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     most = before
     while proc.poll() is None:
         most = max(most, len(trainer_sshd.sessions()))
@@ -504,21 +560,21 @@ def test_openssh_streams_honour_the_inventory(env, trainer_sshd, eval_sshd, ssh_
     assert most > before
 
 
-
-def test_openssh_streams_trust_the_known_hosts_that_ssh_config_names(eval_sshd, ssh_base,
-                                                                    make_inventory, tmp_path,
-                                                                    monkeypatch):
+def test_openssh_streams_trust_the_known_hosts_that_ssh_config_names(
+    eval_sshd, ssh_base, make_inventory, tmp_path, monkeypatch
+):
     """A host whose key is recorded only in a file named by ~/.ssh/config's
     UserKnownHostsFile is trusted by the relay's ssh streams as by `dflash hosts check`."""
     import subprocess
 
-    from orchestrator.hosts import open_host
-    from orchestrator.relay_stream import stream_argv
+    from orchestrator.relay.stream import stream_argv
+    from orchestrator.transport.hosts import open_host
 
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text(
-        f"Host 127.0.0.1\n  UserKnownHostsFile {ssh_base / 'known_hosts'}\n")
+        f"Host 127.0.0.1\n  UserKnownHostsFile {ssh_base / 'known_hosts'}\n"
+    )
     monkeypatch.setenv("HOME", str(home))
     entry = ssh_host_entry(eval_sshd, ssh_base)
     del entry["known_hosts"]
@@ -526,10 +582,12 @@ def test_openssh_streams_trust_the_known_hosts_that_ssh_config_names(eval_sshd, 
     host = open_host(inv.hosts["ct"], inv)
     with host:
         assert host.run(["printf", "%s", "paramiko"]).stdout == "paramiko"
-        proc = subprocess.run(stream_argv(host, "printf %s openssh", inv), capture_output=True,
-                              text=True, timeout=30)
+        proc = subprocess.run(
+            stream_argv(host, "printf %s openssh", inv), capture_output=True, text=True, timeout=30
+        )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "openssh"
+
 
 def test_ctrl_c_keeps_what_arrived_and_the_next_relay_resumes(env):
     import signal
@@ -541,9 +599,21 @@ def test_ctrl_c_keeps_what_arrived_and_the_next_relay_resumes(env):
     files = make_checkpoint(env.ckpt, "step_42", {"big.bin": 48 * MiB})
     partial = env.dst / ".partial-step_42" / "big.bin"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "relay", "--json", "--inventory",
-         str(env.inventory_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "relay",
+            "--json",
+            "--inventory",
+            str(env.inventory_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     while proc.poll() is None and not (partial.exists() and partial.stat().st_size > 4 * MiB):
         time.sleep(0.01)
     assert proc.poll() is None, "the relay finished before it could be interrupted"
@@ -568,7 +638,7 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where,
     import sys
     import tempfile
 
-    from remote.relay import HEADER
+    from remote.protocol import FRAME_HEADER as HEADER
 
     if where == "tmpfs":
         if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
@@ -583,16 +653,23 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where,
         part = base / ".partial-step_1"
         part.mkdir()
         (part / "resumed.bin").write_bytes(whole[:kept] + b"stale bytes after the offset")
-        requests = [{"path": ".partial-step_1/sub dir/fresh.bin", "offset": 0},
-                    {"path": ".partial-step_1/resumed.bin", "offset": kept}]
+        requests = [
+            {"path": ".partial-step_1/sub dir/fresh.bin", "offset": 0},
+            {"path": ".partial-step_1/resumed.bin", "offset": kept},
+        ]
         stream = HEADER.pack(len(json.dumps(requests))) + json.dumps(requests).encode()
         for data in (fresh, whole[kept:]):
             stream += HEADER.pack(len(data)) + data
         root = Path(__file__).resolve().parent.parent
         env = {**os.environ, "DFLASH_RELAY_BUFFERED": "1" if buffered else "0"}
-        proc = subprocess.run([sys.executable, "-m", "remote", "relay-recv", "--", str(base)],
-                              input=stream,
-                              capture_output=True, cwd=root, timeout=60, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-m", "remote", "relay-recv", "--", str(base)],
+            input=stream,
+            capture_output=True,
+            cwd=root,
+            timeout=60,
+            env=env,
+        )
         assert proc.returncode == 0, proc.stderr.decode()
         lines = {r["i"]: r for r in map(json.loads, proc.stdout.decode().splitlines())}
         assert (part / "sub dir" / "fresh.bin").read_bytes() == fresh
@@ -602,4 +679,5 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where,
     finally:
         if where == "tmpfs":
             import shutil
+
             shutil.rmtree(base, ignore_errors=True)

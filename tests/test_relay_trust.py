@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from orchestrator.inventory import load_inventory
-from orchestrator.relay import RelayOptions, relay
+from orchestrator.relay.run import RelayOptions, relay
 from tests.conftest import ROOT, ssh_host_entry
 from tests.test_hosts import dflash, one_error_line
 from tests.test_relay import make_checkpoint, settled_size, tree
@@ -87,27 +87,39 @@ class TEnv:
 
     @property
     def inventory_path(self) -> Path:
-        trainer = ssh_host_entry(self.trainer, self.ssh_base,
-                                 roles={"trainer": {"checkpoints": str(self.ckpt)}})
-        evalh = ssh_host_entry(self.evalh, self.ssh_base, roles={"eval": {
-            "drafters": str(self.eval_drafters), **self.eval_role}})
+        trainer = ssh_host_entry(
+            self.trainer, self.ssh_base, roles={"trainer": {"checkpoints": str(self.ckpt)}}
+        )
+        evalh = ssh_host_entry(
+            self.evalh,
+            self.ssh_base,
+            roles={"eval": {"drafters": str(self.eval_drafters), **self.eval_role}},
+        )
         if self.trainer_py:
             trainer["python"] = self.trainer_py
         if self.eval_py:
             evalh["python"] = self.eval_py
         path = self.tmp / "inventory.yaml"
-        path.write_text(yaml.safe_dump({
-            "hosts": {"trainer": trainer, "evalhost": evalh},
-            "defaults": {"relay_from": "trainer", "relay_to": "evalhost"}}, sort_keys=False))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "hosts": {"trainer": trainer, "evalhost": evalh},
+                    "defaults": {"relay_from": "trainer", "relay_to": "evalhost"},
+                },
+                sort_keys=False,
+            )
+        )
         return path
 
     def relay(self, **opts):
-        return relay(load_inventory(self.inventory_path), "trainer", ["evalhost"],
-                     RelayOptions(**opts))
+        return relay(
+            load_inventory(self.inventory_path), "trainer", ["evalhost"], RelayOptions(**opts)
+        )
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return dflash("relay", "--inventory", str(self.inventory_path), "--json", *args,
-                      timeout=timeout)
+        return dflash(
+            "relay", "--inventory", str(self.inventory_path), "--json", *args, timeout=timeout
+        )
 
     def outside_intact(self) -> None:
         """Nothing was written outside the destination folder on the eval host."""
@@ -125,6 +137,7 @@ def published(dst: Path) -> list[str]:
 
 
 # ---- symlinks in a checkpoint (HF cache layout) ------------------------------------------
+
 
 def test_hf_cache_layout_links_are_relayed_by_content(tenv):
     """Weight files that are links to blobs outside the snapshot folder arrive as regular
@@ -150,6 +163,7 @@ def test_hf_cache_layout_links_are_relayed_by_content(tenv):
 
 # ---- names starting with "-" ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["-h", "--kind=file", "-step_3"])
 def test_names_starting_with_a_dash_are_published(tenv, name):
     """Before: the host-side publish parsed such a name as an option ('-h' printed help
@@ -163,10 +177,12 @@ def test_names_starting_with_a_dash_are_published(tenv, name):
 
 # ---- a re-relay sees deleted and truncated files without --verify ------------------------
 
+
 def test_deleted_or_truncated_published_files_are_resent_without_verify(tenv):
     """Before: reported "unchanged", 0 bytes sent, the damage left in place."""
-    files = make_checkpoint(tenv.ckpt, "step_8", {"a.bin": MiB, "sub/b.bin": 2 * MiB,
-                                                  "c.bin": 1000})
+    files = make_checkpoint(
+        tenv.ckpt, "step_8", {"a.bin": MiB, "sub/b.bin": 2 * MiB, "c.bin": 1000}
+    )
     assert tenv.relay().ok
     (tenv.dst / "step_8" / "a.bin").unlink()
     with open(tenv.dst / "step_8" / "sub" / "b.bin", "r+b") as fh:
@@ -182,13 +198,19 @@ def test_deleted_or_truncated_published_files_are_resent_without_verify(tenv):
 
 # ---- errors name the side that failed ---------------------------------------------------
 
+
 def test_a_full_destination_disk_is_named_with_the_os_error(tenv):
     """The eval host runs out of space (inodes of a small tmpfs) mid-relay. Before: the
     message blamed the trainer ('trainer: exit -9: ...') and never said 'no space'."""
     small = tenv.evalh.root / f"small-{next(_n)}"
     small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=8", "tmpfs",
-                       str(small)], capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=8", "tmpfs", str(small)],
+            capture_output=True,
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         tenv.eval_drafters = small
@@ -205,6 +227,7 @@ def test_a_full_destination_disk_is_named_with_the_os_error(tenv):
 
 # ---- signals and ssh masters ------------------------------------------------------------
 
+
 def _masters_of(pid: int) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
@@ -216,9 +239,23 @@ def _masters_of(pid: int) -> list[psutil.Process]:
 
 def _start_cli_relay(tenv, name: str, partial: Path) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "relay", "--json", "--inventory",
-         str(tenv.inventory_path), "--", name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "relay",
+            "--json",
+            "--inventory",
+            str(tenv.inventory_path),
+            "--",
+            name,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     while proc.poll() is None and not (partial.exists() and partial.stat().st_size > 4 * MiB):
         time.sleep(0.01)
     assert proc.poll() is None, "the relay finished before it could be stopped"
@@ -266,6 +303,7 @@ def test_kill_9_leaves_no_ssh_master_and_the_next_relay_resumes(tenv):
 
 # ---- messages ------------------------------------------------------------------------------
 
+
 def test_a_port_that_closes_at_once_is_not_called_a_timeout(make_inventory):
     """A TCP server that closes every connection at once. Before: 'no SSH greeting within
     5s (timed out)' printed after a few milliseconds."""
@@ -281,11 +319,18 @@ def test_a_port_that_closes_at_once_is_not_called_a_timeout(make_inventory):
             except OSError:
                 return
             conn.close()
+
     threading.Thread(target=serve, daemon=True).start()
     try:
-        inv = make_inventory(hosts={"closer": {"hostname": "127.0.0.1",
-                                               "port": srv.getsockname()[1],
-                                               "connect_timeout": 5}})
+        inv = make_inventory(
+            hosts={
+                "closer": {
+                    "hostname": "127.0.0.1",
+                    "port": srv.getsockname()[1],
+                    "connect_timeout": 5,
+                }
+            }
+        )
         t0 = time.monotonic()
         proc = dflash("hosts", "check", "closer", "--inventory", str(inv))
         took = time.monotonic() - t0

@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT, ssh_host_entry
-from tests.reval_fixtures import gt_server, server, tiny_target  # noqa: F401
 from tests.test_hosts import dflash, one_error_line
 
 pytestmark = pytest.mark.slow
@@ -31,8 +30,14 @@ def eval_models(eval_sshd, tiny_target):
     from orchestrator.demo.train import train_drafter
 
     drafters = eval_sshd.root / "reval-drafters"
-    train_drafter(str(tiny_target), str(drafters), save_steps=(0, 12), samples=6,
-                  batch_samples=3, completion_len=24)
+    train_drafter(
+        str(tiny_target),
+        str(drafters),
+        save_steps=(0, 12),
+        samples=6,
+        batch_samples=3,
+        completion_len=24,
+    )
     return {"target": tiny_target, "drafters": drafters}
 
 
@@ -40,13 +45,21 @@ def eval_models(eval_sshd, tiny_target):
 def inventory(eval_sshd, ssh_base, make_inventory, eval_models, gt_server, tmp_path):
     results = tmp_path / "results"
     path = make_inventory(
-        hosts={"evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": {
-            "drafters": str(eval_models["drafters"]),
-            "target_model": str(eval_models["target"]),
-            "ground_truth": gt_server.url,
-            "ground_truth_kind": "sglang",
-            "dtype": "float32",
-        }})},
+        hosts={
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                roles={
+                    "eval": {
+                        "drafters": str(eval_models["drafters"]),
+                        "target_model": str(eval_models["target"]),
+                        "ground_truth": gt_server.url,
+                        "ground_truth_kind": "sglang",
+                        "dtype": "float32",
+                    }
+                },
+            )
+        },
         defaults={"eval_host": "evalhost", "results_dir": str(results)},
     )
     return path
@@ -70,13 +83,25 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_remote_eval_pulls_results_second_run_reuses_bundle_and_ground_truth(
-        inventory, eval_sshd, server, tmp_path):
+    inventory, eval_sshd, server, tmp_path
+):
     import shutil
 
     shutil.rmtree(workdir(eval_sshd) / "bundles", ignore_errors=True)
-    first = dflash("remote-eval", "--checkpoint", "step-0", "--samples", "3",
-                   "--max-new-tokens", "16", "--budgets", "4,8", "-i", str(inventory),
-                   timeout=300)
+    first = dflash(
+        "remote-eval",
+        "--checkpoint",
+        "step-0",
+        "--samples",
+        "3",
+        "--max-new-tokens",
+        "16",
+        "--budgets",
+        "4,8",
+        "-i",
+        str(inventory),
+        timeout=300,
+    )
     assert first.returncode == 0, first.stderr
     assert "(bundle pushed)" in first.stderr
     assert "tau (z-lab" in first.stdout and "results:" in first.stdout
@@ -86,9 +111,21 @@ def test_remote_eval_pulls_results_second_run_reuses_bundle_and_ground_truth(
     asked = len(server.requests)
     assert asked == 3  # one /generate per prompt
 
-    second = dflash("remote-eval", "--checkpoint", "step-12", "--samples", "3",
-                    "--max-new-tokens", "16", "--budgets", "4,8", "-i", str(inventory),
-                    "--json", timeout=300)
+    second = dflash(
+        "remote-eval",
+        "--checkpoint",
+        "step-12",
+        "--samples",
+        "3",
+        "--max-new-tokens",
+        "16",
+        "--budgets",
+        "4,8",
+        "-i",
+        str(inventory),
+        "--json",
+        timeout=300,
+    )
     assert second.returncode == 0, second.stderr
     assert "bundle pushed" not in second.stderr
     assert bundles[0].stat().st_mtime_ns == stamp
@@ -126,14 +163,24 @@ def test_remote_eval_pulls_results_second_run_reuses_bundle_and_ground_truth(
     assert "DDTree-8 tau" in compare.stdout
     assert not (run_dir.parent / "compare_tau_by_step.png").exists()  # only where asked
     plot = run_dir.parent.parent / "compare.png"
-    compare_json = json.loads(dflash("results", "compare", a, b, "-i", str(inventory),
-                                     "--json", "--plot", str(plot)).stdout)
+    compare_json = json.loads(
+        dflash(
+            "results", "compare", a, b, "-i", str(inventory), "--json", "--plot", str(plot)
+        ).stdout
+    )
     assert compare_json["runs"] == [a, b] and compare_json["plot"] == str(plot)
     png_size(plot)
     show = dflash("results", "show", b, "-i", str(inventory))
     assert show.returncode == 0, show.stderr
-    for section in ("DDTree budgets", "acceptance histogram", "per-position acceptance",
-                    "target agreement", "timings", "environment", "ground truth source"):
+    for section in (
+        "DDTree budgets",
+        "acceptance histogram",
+        "per-position acceptance",
+        "target agreement",
+        "timings",
+        "environment",
+        "ground truth source",
+    ):
         assert section in show.stdout, section
 
 
@@ -158,20 +205,40 @@ def _events(eval_sshd, job: str) -> list[dict]:
 def test_killed_cli_leaves_job_running_and_attach_pulls_it(inventory, eval_sshd, server):
     before = job_dirs(eval_sshd)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    cli = subprocess.Popen([sys.executable, "-m", "orchestrator", "remote-eval", "--checkpoint",
-                            "step-12", "--samples", "8", "--max-new-tokens", "40",
-                            "--prompts", "code", "--positions", "walk", "-i", str(inventory)],
-                           cwd=ROOT, env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "remote-eval",
+            "--checkpoint",
+            "step-12",
+            "--samples",
+            "8",
+            "--max-new-tokens",
+            "40",
+            "--prompts",
+            "code",
+            "--positions",
+            "walk",
+            "-i",
+            str(inventory),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     job = _wait_for(lambda: next(iter(job_dirs(eval_sshd) - before), None), "the job folder")
-    _wait_for(lambda: any(e["event"] == "ground_truth" for e in _events(eval_sshd, job)),
-              "ground-truth progress")
+    _wait_for(
+        lambda: any(e["event"] == "ground_truth" for e in _events(eval_sshd, job)),
+        "ground-truth progress",
+    )
     cli.send_signal(signal.SIGKILL)
     cli.wait()
     assert not (workdir(eval_sshd) / "jobs" / job / "exit.json").exists()  # killed mid-run
 
-    attached = dflash("remote-eval", "--attach", job, "-i", str(inventory), "--json",
-                      timeout=300)
+    attached = dflash("remote-eval", "--attach", job, "-i", str(inventory), "--json", timeout=300)
     assert attached.returncode == 0, attached.stderr
     out = json.loads(attached.stdout)
     assert out["run_id"] == job
@@ -184,8 +251,9 @@ def test_killed_cli_leaves_job_running_and_attach_pulls_it(inventory, eval_sshd,
     assert state["state"] == "done"
 
     jobs = json.loads(dflash("jobs", "-i", str(inventory), "--json").stdout)
-    assert {"host": "evalhost", "job_id": job, "state": "done"}.items() <= \
-        next(j for j in jobs if j["job_id"] == job).items()
+    assert {"host": "evalhost", "job_id": job, "state": "done"}.items() <= next(
+        j for j in jobs if j["job_id"] == job
+    ).items()
 
 
 def _long_ground_truth(path: Path, n: int = 60, length: int = 300) -> None:
@@ -195,23 +263,43 @@ def _long_ground_truth(path: Path, n: int = 60, length: int = 300) -> None:
     rng = random.Random(0)
     with open(path, "w") as fh:
         for i in range(n):
-            fh.write(json.dumps({"id": f"long-{i}",
-                                 "prompt_ids": [rng.randrange(8, 300) for _ in range(16)],
-                                 "completion_ids": [rng.randrange(8, 300)
-                                                    for _ in range(length)]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "id": f"long-{i}",
+                        "prompt_ids": [rng.randrange(8, 300) for _ in range(16)],
+                        "completion_ids": [rng.randrange(8, 300) for _ in range(length)],
+                    }
+                )
+                + "\n"
+            )
 
 
 def test_cancel_stops_every_process_of_the_job(inventory, eval_sshd, tmp_path):
     gt = eval_sshd.root / "long-ground-truth.jsonl"
     _long_ground_truth(gt)
-    started = dflash("remote-eval", "--checkpoint", "step-12", "--ground-truth-kind", "file",
-                     "--ground-truth", str(gt), "--budgets", "8,16,32", "--detach", "--json",
-                     "-i", str(inventory))
+    started = dflash(
+        "remote-eval",
+        "--checkpoint",
+        "step-12",
+        "--ground-truth-kind",
+        "file",
+        "--ground-truth",
+        str(gt),
+        "--budgets",
+        "8,16,32",
+        "--detach",
+        "--json",
+        "-i",
+        str(inventory),
+    )
     assert started.returncode == 0, started.stderr
     ref = json.loads(started.stdout)
     job, pgid = ref["job_id"], ref["pgid"]
-    _wait_for(lambda: any(e["event"] == "sample" for e in _events(eval_sshd, job)),
-              "the first evaluated sample")
+    _wait_for(
+        lambda: any(e["event"] == "sample" for e in _events(eval_sshd, job)),
+        "the first evaluated sample",
+    )
     runner = psutil.Process(ref["pid"])
     family = [runner, *runner.children(recursive=True)]
     assert len(family) >= 2  # the runner and the eval engine it started
@@ -229,11 +317,9 @@ def test_cancel_stops_every_process_of_the_job(inventory, eval_sshd, tmp_path):
             return True
 
     assert all(gone(p) for p in family)
-    alive = [p for p in psutil.process_iter(["pid"]) if not gone(p)
-             and _pgid(p.pid) == pgid]
+    alive = [p for p in psutil.process_iter(["pid"]) if not gone(p) and _pgid(p.pid) == pgid]
     assert alive == []
-    jobs = json.loads(dflash("jobs", "--host", "evalhost", "-i", str(inventory),
-                             "--json").stdout)
+    jobs = json.loads(dflash("jobs", "--host", "evalhost", "-i", str(inventory), "--json").stdout)
     assert next(j for j in jobs if j["job_id"] == job)["state"] == "cancelled"
     # Attaching to a cancelled job says so in one line.
     again = dflash("remote-eval", "--attach", job, "-i", str(inventory))
@@ -248,21 +334,30 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-def test_preflight_failures_are_one_line_and_start_nothing(inventory, eval_sshd, tmp_path,
-                                                          tiny_target):
+def test_preflight_failures_are_one_line_and_start_nothing(
+    inventory, eval_sshd, tmp_path, tiny_target
+):
     before = job_dirs(eval_sshd)
     missing = dflash("remote-eval", "--checkpoint", "step-999", "-i", str(inventory))
     assert missing.returncode != 0
     assert "drafter checkpoint folder" in one_error_line(missing)
     assert "step-999 does not exist" in one_error_line(missing)
 
-    down = dflash("remote-eval", "--checkpoint", "step-0", "--ground-truth",
-                  "http://127.0.0.1:9", "-i", str(inventory))
+    down = dflash(
+        "remote-eval",
+        "--checkpoint",
+        "step-0",
+        "--ground-truth",
+        "http://127.0.0.1:9",
+        "-i",
+        str(inventory),
+    )
     assert down.returncode != 0
     assert "refused the connection" in one_error_line(down)
 
-    greedy = dflash("remote-eval", "--checkpoint", "step-0", "--temperature", "0.8",
-                    "-i", str(inventory))
+    greedy = dflash(
+        "remote-eval", "--checkpoint", "step-0", "--temperature", "0.8", "-i", str(inventory)
+    )
     assert greedy.returncode != 0 and "greedy" in one_error_line(greedy)
 
     # A target whose weights need far more RAM than any host has: its config (what the
@@ -273,11 +368,19 @@ def test_preflight_failures_are_one_line_and_start_nothing(inventory, eval_sshd,
     cfg = json.loads((tiny_target / "config.json").read_text())
     cfg.update(vocab_size=4_000_000, hidden_size=100_000)
     (huge / "config.json").write_text(json.dumps(cfg))
-    header = json.dumps({"model.embed_tokens.weight": {
-        "dtype": "BF16", "shape": [4_000_000, 100_000], "data_offsets": [0, 8 * 10**11]}}).encode()
+    header = json.dumps(
+        {
+            "model.embed_tokens.weight": {
+                "dtype": "BF16",
+                "shape": [4_000_000, 100_000],
+                "data_offsets": [0, 8 * 10**11],
+            }
+        }
+    ).encode()
     (huge / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
-    ram = dflash("remote-eval", "--checkpoint", "step-0", "--target", str(huge),
-                 "-i", str(inventory))
+    ram = dflash(
+        "remote-eval", "--checkpoint", "step-0", "--target", str(huge), "-i", str(inventory)
+    )
     assert ram.returncode != 0
     line = one_error_line(ram)
     assert "not enough free RAM" in line and "GiB is available" in line
@@ -285,13 +388,24 @@ def test_preflight_failures_are_one_line_and_start_nothing(inventory, eval_sshd,
     assert job_dirs(eval_sshd) == before
 
 
-def test_wrong_python_on_the_host_is_one_line(eval_sshd, ssh_base, make_inventory,
-                                              eval_models):
-    inv = make_inventory(hosts={"evalhost": ssh_host_entry(
-        eval_sshd, ssh_base, python="/nonexistent/bin/python3", roles={"eval": {
-            "drafters": str(eval_models["drafters"]),
-            "target_model": str(eval_models["target"]), "ground_truth_kind": "local"}})},
-        defaults={"eval_host": "evalhost"})
+def test_wrong_python_on_the_host_is_one_line(eval_sshd, ssh_base, make_inventory, eval_models):
+    inv = make_inventory(
+        hosts={
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                python="/nonexistent/bin/python3",
+                roles={
+                    "eval": {
+                        "drafters": str(eval_models["drafters"]),
+                        "target_model": str(eval_models["target"]),
+                        "ground_truth_kind": "local",
+                    }
+                },
+            )
+        },
+        defaults={"eval_host": "evalhost"},
+    )
     proc = dflash("remote-eval", "--checkpoint", "step-0", "-i", str(inv))
     assert proc.returncode != 0
     line = one_error_line(proc)

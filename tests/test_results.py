@@ -30,12 +30,18 @@ pytestmark = pytest.mark.slow
 PROJECT = "dflash-test"
 
 
-def dflash(*args: str, cwd: Path | str = ROOT, columns: int = 100,
-           timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(columns),
-           "WANDB_MODE": "offline"}
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True,
-                          text=True, env=env, timeout=timeout, cwd=cwd)
+def dflash(
+    *args: str, cwd: Path | str = ROOT, columns: int = 100, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(columns), "WANDB_MODE": "offline"}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def wandb_records(path: Path):
@@ -51,11 +57,11 @@ def wandb_records(path: Path):
         if left < 7:
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         pos += 7
         if kind == 0 and length == 0:
             break
-        buf += data[pos:pos + length]
+        buf += data[pos : pos + length]
         pos += length
         if kind in (1, 4):  # FULL, LAST
             rec = pb.Record()
@@ -73,8 +79,12 @@ def wandb_history(folder: Path) -> tuple[list[str], list[dict]]:
             if kind == "run":
                 projects.append(rec.run.project)
             elif kind == "history":
-                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                             for i in rec.history.item})
+                rows.append(
+                    {
+                        i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                        for i in rec.history.item
+                    }
+                )
     return projects, rows
 
 
@@ -86,14 +96,15 @@ def tensorboard_scalars(logdir: Path) -> dict[str, dict[str, list[tuple[int, flo
     for d in sorted(p for p in logdir.iterdir() if p.is_dir()):
         acc = event_accumulator.EventAccumulator(str(d))
         acc.Reload()
-        out[d.name] = {t: [(e.step, e.value) for e in acc.Scalars(t)]
-                       for t in acc.Tags()["scalars"]}
+        out[d.name] = {
+            t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]
+        }
     return out
 
 
 def listing_sha256(folder: Path) -> str:
     """What ``sha256sum`` of every file, piped into ``sha256sum``, prints (computed here
-    independently of remote/provenance.py)."""
+    independently of remote/eval/provenance.py)."""
     lines = []
     for p in sorted(folder.rglob("*")):
         if p.is_file() and not p.name.startswith(".dflash-"):
@@ -103,8 +114,15 @@ def listing_sha256(folder: Path) -> str:
 
 
 class Followed:
-    def __init__(self, inventory: Path, ckpts: Path, results: Path, state: Path, tb: Path,
-                 history: list[dict]):
+    def __init__(
+        self,
+        inventory: Path,
+        ckpts: Path,
+        results: Path,
+        state: Path,
+        tb: Path,
+        history: list[dict],
+    ):
         self.inventory, self.ckpts, self.results = inventory, ckpts, results
         self.state, self.tb, self.history = state, tb, history
 
@@ -133,7 +151,8 @@ def drafter_ckpts(demo) -> dict[str, Path]:
 def followed(trainer_sshd, eval_sshd, ssh_base, demo, drafter_ckpts, tmp_path_factory):
     """One follow pass over three checkpoints with TensorBoard and W&B (offline) logging.
     The inventory names its results folder RELATIVELY: it lives beside the inventory."""
-    from orchestrator import follow, remote_eval
+    from orchestrator.eval import follow
+    from orchestrator.eval import run as remote_eval
     from orchestrator.inventory import load_inventory
 
     assets, gt_server = demo
@@ -147,25 +166,48 @@ def followed(trainer_sshd, eval_sshd, ssh_base, demo, drafter_ckpts, tmp_path_fa
         shutil.copytree(src, ckpts / name)
         (ckpts / name / "COMPLETE").write_text("")
     inv_path = base / "inventory.yaml"
-    inv_path.write_text(yaml.safe_dump({
-        "hosts": {
-            "trainer": ssh_host_entry(trainer_sshd, ssh_base, roles={"trainer": {
-                "checkpoints": str(ckpts), "complete_rule": "marker"}}),
-            "evalhost": ssh_host_entry(eval_sshd, ssh_base,
-                                       workdir=str(eval_sshd.root / "wd-results"), roles={
-                "eval": {"drafters": str(drafters), "target_model": str(tiny_target),
-                         "ground_truth": gt_server.url, "ground_truth_kind": "sglang",
-                         "samples": 4, "max_new_tokens": 32, "dtype": "float32",
-                         "threads": 1}}),
-        },
-        "defaults": {"relay_from": "trainer", "relay_to": "evalhost",
-                     "results_dir": "results"}}))
+    inv_path.write_text(
+        yaml.safe_dump(
+            {
+                "hosts": {
+                    "trainer": ssh_host_entry(
+                        trainer_sshd,
+                        ssh_base,
+                        roles={"trainer": {"checkpoints": str(ckpts), "complete_rule": "marker"}},
+                    ),
+                    "evalhost": ssh_host_entry(
+                        eval_sshd,
+                        ssh_base,
+                        workdir=str(eval_sshd.root / "wd-results"),
+                        roles={
+                            "eval": {
+                                "drafters": str(drafters),
+                                "target_model": str(tiny_target),
+                                "ground_truth": gt_server.url,
+                                "ground_truth_kind": "sglang",
+                                "samples": 4,
+                                "max_new_tokens": 32,
+                                "dtype": "float32",
+                                "threads": 1,
+                            }
+                        },
+                    ),
+                },
+                "defaults": {
+                    "relay_from": "trainer",
+                    "relay_to": "evalhost",
+                    "results_dir": "results",
+                },
+            }
+        )
+    )
     inv = load_inventory(inv_path)
     tb = base / "tb"
     old = os.environ.pop("WANDB_MODE", None)  # the default must be offline by itself
     try:
-        opts = follow.FollowOptions(tensorboard=str(tb), wandb=PROJECT,
-                                    eval=remote_eval.EvalOptions(budgets=[2, 4]))
+        opts = follow.FollowOptions(
+            tensorboard=str(tb), wandb=PROJECT, eval=remote_eval.EvalOptions(budgets=[2, 4])
+        )
         follow.follow_pass(inv, "trainer", "evalhost", opts)
     finally:
         if old is not None:
@@ -178,21 +220,24 @@ def followed(trainer_sshd, eval_sshd, ssh_base, demo, drafter_ckpts, tmp_path_fa
 
 # ---- trackers --------------------------------------------------------------------------
 
+
 def test_follow_shows_up_in_tensorboard_with_tau_per_step(followed):
     series = tensorboard_scalars(followed.tb)
     assert len(series) == 1, series  # one training run: one TensorBoard run
-    (name, tags), = series.items()
+    ((name, tags),) = series.items()
     assert name.startswith("team-a-run-trainer-chat-sglang-")
     by_step = {h["step"]: h for h in followed.history}
     assert [s for s, _ in tags["tau/per_sample"]] == sorted(by_step)
-    for tag, key in (("tau/per_sample", "tau"), ("tau/token_weighted", "tau_tokens"),
-                     ("target_agreement", "target_agreement")):
+    for tag, key in (
+        ("tau/per_sample", "tau"),
+        ("tau/token_weighted", "tau_tokens"),
+        ("target_agreement", "target_agreement"),
+    ):
         for step, value in tags[tag]:
             assert value == pytest.approx(by_step[step][key], rel=1e-6), (tag, step)
     for budget in ("2", "4"):
         got = dict(tags[f"ddtree_tau/budget_{budget}"])
-        assert got == {s: pytest.approx(h["ddtree"][budget], rel=1e-6)
-                       for s, h in by_step.items()}
+        assert got == {s: pytest.approx(h["ddtree"][budget], rel=1e-6) for s, h in by_step.items()}
 
 
 def test_follow_shows_up_in_an_offline_wandb_run_with_tau_per_step(followed):
@@ -210,8 +255,9 @@ def test_follow_shows_up_in_an_offline_wandb_run_with_tau_per_step(followed):
 
 # ---- what a result records -------------------------------------------------------------
 
+
 def test_every_result_records_the_drafter_sha256_step_and_training_run(followed):
-    from orchestrator import results as res
+    from orchestrator.results import store as res
 
     proc = dflash("results", "list", "-i", str(followed.inventory), "--json", cwd="/")
     assert proc.returncode == 0, proc.stderr
@@ -222,8 +268,11 @@ def test_every_result_records_the_drafter_sha256_step_and_training_run(followed)
         assert s["engine"] == "dflash offline walk (remote.evaluate)"
         assert s["step"] == h["step"]
         assert s["drafter_sha256"] == listing_sha256(followed.ckpts / h["checkpoint"])
-        assert (s["trainer"], s["checkpoints_folder"], s["training_run"]) == \
-            ("trainer", str(followed.ckpts), "team-a-run")
+        assert (s["trainer"], s["checkpoints_folder"], s["training_run"]) == (
+            "trainer",
+            str(followed.ckpts),
+            "team-a-run",
+        )
         run = res.load_run(followed.results / h["run_id"])
         assert run.drafter["hashed_by"] == "relay manifest"
         assert run.drafter["step_from"] == "relay manifest"
@@ -232,8 +281,9 @@ def test_every_result_records_the_drafter_sha256_step_and_training_run(followed)
 
 
 def test_provenance_hashes_what_has_no_manifest_and_prefers_the_trainers_step(
-        drafter_ckpts, tmp_path):
-    from remote import provenance
+    drafter_ckpts, tmp_path
+):
+    from remote.eval import provenance
 
     ckpt = tmp_path / "ckpt"
     shutil.copytree(next(iter(drafter_ckpts.values())), ckpt)
@@ -251,10 +301,12 @@ def test_provenance_hashes_what_has_no_manifest_and_prefers_the_trainers_step(
 
 # ---- paired comparison -----------------------------------------------------------------
 
+
 def test_compare_prints_a_paired_delta_with_its_interval(followed):
     first, _, last = followed.run_ids()
-    proc = dflash("results", "compare", first[:22], last, "-i", str(followed.inventory),
-                  "--json", cwd="/")
+    proc = dflash(
+        "results", "compare", first[:22], last, "-i", str(followed.inventory), "--json", cwd="/"
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     (p,) = out["paired"]
@@ -266,26 +318,44 @@ def test_compare_prints_a_paired_delta_with_its_interval(followed):
     # The demo's drafter really improves from step 0 to its last step.
     assert tau["delta"] > 0.3 and tau["low"] > 0 and tau["improved"] >= 0.75
     assert {d["metric"] for d in p["deltas"]} == {"tau", "DDTree-2 tau", "DDTree-4 tau"}
-    again = json.loads(dflash("results", "compare", first, last, "-i",
-                              str(followed.inventory), "--json", cwd="/").stdout)
+    again = json.loads(
+        dflash(
+            "results", "compare", first, last, "-i", str(followed.inventory), "--json", cwd="/"
+        ).stdout
+    )
     assert again["paired"] == out["paired"]  # seeded: the same interval every time
     text = dflash("results", "compare", first, last, "-i", str(followed.inventory), cwd="/")
     assert text.returncode == 0, text.stderr
-    assert re.search(r"tau\s+\d\.\d{3}\s+\d\.\d{3}\s+[+-]\d\.\d{3}\s+\[[+-]\d\.\d{3}, "
-                     r"[+-]\d\.\d{3}\]\s+\d+\.\d%", text.stdout), text.stdout
+    assert re.search(
+        r"tau\s+\d\.\d{3}\s+\d\.\d{3}\s+[+-]\d\.\d{3}\s+\[[+-]\d\.\d{3}, "
+        r"[+-]\d\.\d{3}\]\s+\d+\.\d%",
+        text.stdout,
+    ), text.stdout
     assert max(len(line) for line in text.stdout.splitlines()) <= 100
 
 
 def test_compare_says_when_runs_are_not_comparable(followed, tmp_path):
     """Another dtype (typed as bf16, evaluated for real) and other prompts."""
-    from orchestrator import compare
-    from orchestrator import results as res
+    from orchestrator.results import compare
+    from orchestrator.results import store as res
 
     last = followed.history[-1]
-    proc = dflash("remote-eval", "--checkpoint", last["checkpoint"], "--dtype", "bf16",
-                  "--budgets", "2", "-i", str(followed.inventory), "--json",
-                  "--results-dir", str(tmp_path / "bf16"), cwd="/",
-                  timeout=600)
+    proc = dflash(
+        "remote-eval",
+        "--checkpoint",
+        last["checkpoint"],
+        "--dtype",
+        "bf16",
+        "--budgets",
+        "2",
+        "-i",
+        str(followed.inventory),
+        "--json",
+        "--results-dir",
+        str(tmp_path / "bf16"),
+        cwd="/",
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     bf16 = res.load_run(json.loads(proc.stdout)["run_dir"])
     assert bf16.spec["dtype"] == "bfloat16"
@@ -308,7 +378,7 @@ def test_compare_says_when_runs_are_not_comparable(followed, tmp_path):
 
 
 def test_bootstrap_interval_is_seeded_and_covers_the_mean():
-    from orchestrator.compare import bootstrap_interval
+    from orchestrator.results.compare import bootstrap_interval
 
     diffs = [0.1, 0.4, -0.2, 0.3, 0.0, 0.5, 0.2, 0.1]
     lo, hi = bootstrap_interval(diffs, 2000, seed=3)
@@ -320,44 +390,93 @@ def test_bootstrap_interval_is_seeded_and_covers_the_mean():
 def test_compare_writes_a_plot_only_where_asked(followed, tmp_path):
     first, _, last = followed.run_ids()
     before = sorted(p.name for p in followed.results.glob("*.png"))
-    assert dflash("results", "compare", first, last, "-i", str(followed.inventory),
-                  cwd="/").returncode == 0
+    assert (
+        dflash("results", "compare", first, last, "-i", str(followed.inventory), cwd="/").returncode
+        == 0
+    )
     assert sorted(p.name for p in followed.results.glob("*.png")) == before
     assert not list(followed.results.glob("compare_*"))
     plot = tmp_path / "mine.png"
-    proc = dflash("results", "compare", first, last, "-i", str(followed.inventory),
-                  "--plot", str(plot), cwd="/")
+    proc = dflash(
+        "results",
+        "compare",
+        first,
+        last,
+        "-i",
+        str(followed.inventory),
+        "--plot",
+        str(plot),
+        cwd="/",
+    )
     assert proc.returncode == 0, proc.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ---- exports ---------------------------------------------------------------------------
 
+
 def test_export_csv_jsonl_tensorboard_and_wandb(followed, tmp_path):
     inv = str(followed.inventory)
     ids = followed.run_ids()
-    assert dflash("results", "export", "-f", "csv", "-o", str(tmp_path / "r.csv"), "-i", inv,
-                  cwd=tmp_path).returncode == 0
+    assert (
+        dflash(
+            "results", "export", "-f", "csv", "-o", str(tmp_path / "r.csv"), "-i", inv, cwd=tmp_path
+        ).returncode
+        == 0
+    )
     with open(tmp_path / "r.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert [r["run_id"] for r in rows] == ids
-    assert {"tau", "tau_tokens", "ddtree_tau_2", "ddtree_tau_4", "drafter_sha256",
-            "step"} <= set(rows[0])
-    assert dflash("results", "export", ids[0], ids[2], "-f", "jsonl", "-o",
-                  str(tmp_path / "r.jsonl"), "-i", inv, cwd=tmp_path).returncode == 0
+    assert {"tau", "tau_tokens", "ddtree_tau_2", "ddtree_tau_4", "drafter_sha256", "step"} <= set(
+        rows[0]
+    )
+    assert (
+        dflash(
+            "results",
+            "export",
+            ids[0],
+            ids[2],
+            "-f",
+            "jsonl",
+            "-o",
+            str(tmp_path / "r.jsonl"),
+            "-i",
+            inv,
+            cwd=tmp_path,
+        ).returncode
+        == 0
+    )
     lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [x["run_id"] for x in lines] == [ids[0], ids[2]]
     by_step = {h["step"]: h for h in followed.history}
     assert lines[1]["tau"] == pytest.approx(by_step[lines[1]["step"]]["tau"])
 
-    proc = dflash("results", "export", "-f", "tensorboard", "-o", str(tmp_path / "tb"),
-                  "-i", inv, cwd=tmp_path)
+    proc = dflash(
+        "results",
+        "export",
+        "-f",
+        "tensorboard",
+        "-o",
+        str(tmp_path / "tb"),
+        "-i",
+        inv,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     (tags,) = tensorboard_scalars(tmp_path / "tb").values()
     assert [s for s, _ in tags["tau/per_sample"]] == sorted(by_step)
 
-    proc = dflash("results", "export", "-f", "wandb", "-o", str(tmp_path / "wb" / "exp"),
-                  "-i", inv, cwd=tmp_path)
+    proc = dflash(
+        "results",
+        "export",
+        "-f",
+        "wandb",
+        "-o",
+        str(tmp_path / "wb" / "exp"),
+        "-i",
+        inv,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     projects, rows = wandb_history(tmp_path / "wb")
     assert projects == ["exp"]
@@ -365,17 +484,25 @@ def test_export_csv_jsonl_tensorboard_and_wandb(followed, tmp_path):
 
 
 def test_a_missing_tracker_library_is_one_clear_line(followed, tmp_path):
-    code = ("import sys; sys.modules['tensorboard'] = None\n"
-            "from orchestrator.cli import main\n"
-            "sys.argv = ['dflash', 'results', 'export', '-f', 'tensorboard', '-o', "
-            f"'{tmp_path}/tb', '--results-dir', '{followed.results}']\n"
-            "main()")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    code = (
+        "import sys; sys.modules['tensorboard'] = None\n"
+        "from orchestrator.cli import main\n"
+        "sys.argv = ['dflash', 'results', 'export', '-f', 'tensorboard', '-o', "
+        f"'{tmp_path}/tb', '--results-dir', '{followed.results}']\n"
+        "main()"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert lines == ["error: TensorBoard export needs tensorboard: pip install "
-                     "'dflash[trackers]'"], proc.stderr
+    assert lines == [
+        "error: TensorBoard export needs tensorboard: pip install 'dflash[trackers]'"
+    ], proc.stderr
     assert not (tmp_path / "tb").exists()
 
 
@@ -400,15 +527,29 @@ def chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
             return shutil.which(name)
-    raise AssertionError("no Chromium: install it (scripts/setup.sh does: apt-get install "
-                         "chromium)")
+    raise AssertionError(
+        "no Chromium: install it (scripts/setup.sh does: apt-get install chromium)"
+    )
 
 
 def browse(page: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu",
-                           "--enable-logging=stderr", "--v=0", "--hide-scrollbars",
-                           "--user-data-dir=" + str(page.parent / ".chromium"), *flags,
-                           page.as_uri()], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--hide-scrollbars",
+            "--user-data-dir=" + str(page.parent / ".chromium"),
+            *flags,
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def console_errors(stderr: str) -> list[str]:
@@ -417,8 +558,7 @@ def console_errors(stderr: str) -> list[str]:
 
 def test_report_renders_in_chromium_with_data_in_every_plot(followed, tmp_path):
     out = tmp_path / "report.html"
-    proc = dflash("results", "report", "-o", str(out), "-i", str(followed.inventory),
-                  cwd=tmp_path)
+    proc = dflash("results", "report", "-o", str(out), "-i", str(followed.inventory), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
     # Self-contained: nothing is fetched (links are only SVG/RDF namespace names).
@@ -437,8 +577,7 @@ def test_report_renders_in_chromium_with_data_in_every_plot(followed, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert console_errors(proc.stderr) == []
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 30_000
-    Path(os.environ.get("DFLASH_REPORT_SHOT", tmp_path / "keep.png")).write_bytes(
-        shot.read_bytes())
+    Path(os.environ.get("DFLASH_REPORT_SHOT", tmp_path / "keep.png")).write_bytes(shot.read_bytes())
 
     checked = tmp_path / "checked.html"
     checked.write_text(page.replace("</body>", CHECK_SCRIPT))
@@ -459,6 +598,7 @@ def test_report_renders_in_chromium_with_data_in_every_plot(followed, tmp_path):
 
 
 # ---- the results CLI -------------------------------------------------------------------
+
 
 def test_list_and_show_full_ids_prefixes_times_and_100_columns(followed):
     inv = str(followed.inventory)
@@ -481,9 +621,18 @@ def test_list_and_show_full_ids_prefixes_times_and_100_columns(followed):
 
 
 def test_an_unknown_dtype_is_one_clear_line(followed):
-    proc = dflash("remote-eval", "--checkpoint", "x", "--dtype", "fp16", "-i",
-                  str(followed.inventory), cwd="/")
+    proc = dflash(
+        "remote-eval",
+        "--checkpoint",
+        "x",
+        "--dtype",
+        "fp16",
+        "-i",
+        str(followed.inventory),
+        cwd="/",
+    )
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert lines == ["error: dtype 'fp16' is not supported; use bfloat16 (bf16) or float32 "
-                     "(fp32)"], proc.stderr
+    assert lines == [
+        "error: dtype 'fp16' is not supported; use bfloat16 (bf16) or float32 (fp32)"
+    ], proc.stderr

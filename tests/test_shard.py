@@ -12,18 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import remote_eval, shard
 from orchestrator.errors import DflashError
+from orchestrator.eval import run as remote_eval
+from orchestrator.eval import shard
 from orchestrator.inventory import load_inventory
-from remote.metrics import summarize
+from remote.eval.metrics import summarize
 from tests.conftest import _start, ssh_host_entry
-from tests.reval_fixtures import gt_server, server, tiny_target  # noqa: F401
 from tests.test_hosts import dflash, one_error_line
 
 HOSTS = ("sa", "sb", "sc")
 
 
 # ---- plan (pure) ------------------------------------------------------------------------
+
 
 def _rec(i: int, prompt: int, completion: int | None) -> dict:
     r = {"id": f"s{i}", "prompt_ids": [1] * prompt}
@@ -55,21 +56,53 @@ def test_plan_balances_expected_tokens_not_sample_count():
         shard.plan_shards(recs, [])
 
 
-def test_metrics_of_concatenated_records_equal_engine_summary_of_the_whole():
-    """The shared function is order-sensitive only in floating point; merged callers pass
-    ground-truth order. Split + concatenate in order gives the very same numbers."""
+def test_merged_metrics_of_sharded_records_equal_the_summary_of_the_whole():
+    """`merge_result` recomputes the metrics from the records the shards sent back: planned
+    across three hosts and gathered in ground-truth order, they give the numbers of one
+    summary of every sample, which match counts made by hand; a lost shard changes them."""
     rng = random.Random(3)
     B = 4
     recs = []
-    for _ in range(7):
+    for i in range(7):
         rounds = [rng.randint(1, B) for _ in range(rng.randint(1, 9))]
-        recs.append({"rounds": rounds, "position_attempts": [rng.randint(0, 9) for _ in range(B - 1)],
-                     "position_hits": [rng.randint(0, 3) for _ in range(B - 1)],
-                     "agreement": {"match": rng.randint(0, 5), "total": 5},
-                     "ddtree": {"8": [rng.randint(1, B) for _ in range(3)]}})
+        recs.append(
+            {
+                **_rec(i, rng.randint(2, 30), sum(rounds)),
+                "rounds": rounds,
+                "prompt_tokens": 5,
+                "completion_tokens": sum(rounds),
+                "seconds": {"target": 0.5, "drafter": 0.25, "ddtree": 0.125},
+                "position_attempts": [rng.randint(0, 9) for _ in range(B - 1)],
+                "position_hits": [rng.randint(0, 3) for _ in range(B - 1)],
+                "agreement": {"match": rng.randint(0, 5), "total": 5},
+                "ddtree": {"8": [rng.randint(1, B) for _ in range(3)]},
+            }
+        )
     whole = summarize(recs, B, [8], None, 320)
-    again = summarize(recs[:3] + recs[3:], B, [8], None, 320)
-    assert whole == again and whole["samples"] == 7 and whole["ddtree"]["8"]["topk"] == 8
+    plan = shard.plan_shards(recs, list(HOSTS))
+    assert all(s.indices for s in plan)
+    assert sorted(i for s in plan for i in s.indices) == list(range(len(recs)))
+    returned = {i: recs[i] for s in reversed(plan) for i in s.indices}  # any arrival order
+    inputs = {"block_size": B, "target_vocab_size": 320, "ddtree": {"budgets": [8]}}
+    results = [{"inputs": dict(inputs), "timings": {}} for _ in plan]
+
+    def merged(records: list[dict]) -> dict:
+        return shard.merge_result(
+            results, records, ground_truth_source={}, shards={}, job={}, wall_s=1.0
+        )["metrics"]
+
+    metrics = merged([returned[i] for i in sorted(returned)])
+    assert metrics == whole
+    rounds = [n for r in recs for n in r["rounds"]]
+    assert metrics["samples"] == 7 and metrics["ddtree"]["8"]["topk"] == 8
+    assert metrics["tau_token_weighted"] == sum(rounds) / len(rounds)
+    assert metrics["acceptance_histogram"] == {str(k): rounds.count(k) for k in range(1, B + 1)}
+    assert metrics["target_agreement"]["match"] == sum(r["agreement"]["match"] for r in recs)
+    assert [p["attempts"] for p in metrics["per_position_acceptance"]] == [
+        sum(r["position_attempts"][j] for r in recs) for j in range(B - 1)
+    ]
+    lost = merged([returned[i] for i in sorted(returned) if i not in plan[0].indices])
+    assert lost != whole and lost["samples"] == 7 - len(plan[0].indices)
 
 
 def test_hosts_refuses_attach_in_one_line(tmp_path, make_inventory):
@@ -81,10 +114,11 @@ def test_hosts_refuses_attach_in_one_line(tmp_path, make_inventory):
 
 # ---- end to end -------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def three_sshd(ssh_base, user_key):
     servers = [_start(ssh_base, user_key, f"shard-{name}") for name in HOSTS]
-    yield dict(zip(HOSTS, servers))
+    yield dict(zip(HOSTS, servers, strict=False))
     for s in servers:
         s.stop()
 
@@ -95,20 +129,38 @@ def drafters(tiny_target, tmp_path_factory):
     from orchestrator.demo.train import train_drafter
 
     out = tmp_path_factory.mktemp("shard-drafters")
-    train_drafter(str(tiny_target), str(out), save_steps=(12,), samples=6, batch_samples=3,
-                  completion_len=24)
+    train_drafter(
+        str(tiny_target), str(out), save_steps=(12,), samples=6, batch_samples=3, completion_len=24
+    )
     return out
 
 
 @pytest.fixture
-def inventory_path(three_sshd, ssh_base, make_inventory, drafters, tiny_target, gt_server,
-                   tmp_path):
-    hosts = {name: ssh_host_entry(srv, ssh_base, roles={"eval": {
-        "drafters": str(drafters), "target_model": str(tiny_target),
-        "ground_truth": gt_server.url, "ground_truth_kind": "sglang", "dtype": "float32",
-        "threads": 1}}) for name, srv in three_sshd.items()}
-    return make_inventory(hosts=hosts, groups={"evals": list(HOSTS)},
-                          defaults={"eval_host": "sa", "results_dir": str(tmp_path / "results")})
+def inventory_path(
+    three_sshd, ssh_base, make_inventory, drafters, tiny_target, gt_server, tmp_path
+):
+    hosts = {
+        name: ssh_host_entry(
+            srv,
+            ssh_base,
+            roles={
+                "eval": {
+                    "drafters": str(drafters),
+                    "target_model": str(tiny_target),
+                    "ground_truth": gt_server.url,
+                    "ground_truth_kind": "sglang",
+                    "dtype": "float32",
+                    "threads": 1,
+                }
+            },
+        )
+        for name, srv in three_sshd.items()
+    }
+    return make_inventory(
+        hosts=hosts,
+        groups={"evals": list(HOSTS)},
+        defaults={"eval_host": "sa", "results_dir": str(tmp_path / "results")},
+    )
 
 
 def _without_timings(records: list[dict]) -> list[dict]:
@@ -133,21 +185,41 @@ def _assert_same_as_single(merged: Path, single: Path) -> None:
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("shard-prompts") / "varied.jsonl"
-    texts = ["Hi.", "What is two plus two?", "Write a haiku about rain and the sea at night.",
-             "def add(a, b):", "The quick brown fox jumps over the lazy dog, again and again.",
-             "Name three colours.", "Explain recursion to a child in one sentence please.",
-             "Count to five."]
+    texts = [
+        "Hi.",
+        "What is two plus two?",
+        "Write a haiku about rain and the sea at night.",
+        "def add(a, b):",
+        "The quick brown fox jumps over the lazy dog, again and again.",
+        "Name three colours.",
+        "Explain recursion to a child in one sentence please.",
+        "Count to five.",
+    ]
     path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
     return path
 
 
 def test_three_hosts_merge_equals_one_host_and_ground_truth_is_fetched_once(
-        inventory_path, server, prompts, three_sshd):
+    inventory_path, server, prompts, three_sshd
+):
     inv = load_inventory(inventory_path)
     options = remote_eval.EvalOptions(prompts=str(prompts), max_new_tokens=20, budgets=[4, 8])
-    cli = dflash("remote-eval", "--hosts", "evals", "--checkpoint", "step-12", "--prompts",
-                 str(prompts), "--max-new-tokens", "20", "--budgets", "4,8", "-i",
-                 str(inventory_path), timeout=600)
+    cli = dflash(
+        "remote-eval",
+        "--hosts",
+        "evals",
+        "--checkpoint",
+        "step-12",
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "20",
+        "--budgets",
+        "4,8",
+        "-i",
+        str(inventory_path),
+        timeout=600,
+    )
     assert cli.returncode == 0, cli.stderr
     # One progress view: a row per host and a total, all complete.
     rows = {ln.split()[0]: ln for ln in cli.stderr.splitlines() if ln.strip()}
@@ -176,8 +248,11 @@ def test_three_hosts_merge_equals_one_host_and_ground_truth_is_fetched_once(
         assert (merged / job["run_dir"] / "result.json").is_file()
     # Each shard host was handed its slice of one file, not the server.
     for name, srv in three_sshd.items():
-        spec = json.loads((srv.root / "dflash" / "jobs" /
-                           f"{result['job']['job_id']}-{name}-1" / "spec.json").read_text())
+        spec = json.loads(
+            (
+                srv.root / "dflash" / "jobs" / f"{result['job']['job_id']}-{name}-1" / "spec.json"
+            ).read_text()
+        )
         assert spec["ground_truth"]["kind"] == "file"
 
     single = remote_eval.run_eval(inv, "sa", "step-12", options)
@@ -192,10 +267,16 @@ def _ground_truth_file(path: Path, lengths: list[int]) -> None:
     rng = random.Random(5)
     with open(path, "w") as fh:
         for i, n in enumerate(lengths):
-            fh.write(json.dumps({"id": f"g{i}", "prompt_ids": [rng.randrange(8, 300)
-                                                               for _ in range(12)],
-                                 "completion_ids": [rng.randrange(8, 300)
-                                                    for _ in range(n)]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "id": f"g{i}",
+                        "prompt_ids": [rng.randrange(8, 300) for _ in range(12)],
+                        "completion_ids": [rng.randrange(8, 300) for _ in range(n)],
+                    }
+                )
+                + "\n"
+            )
 
 
 def test_killed_host_has_its_unfinished_samples_rerun_elsewhere(inventory_path, three_sshd):
@@ -207,8 +288,7 @@ def test_killed_host_has_its_unfinished_samples_rerun_elsewhere(inventory_path, 
     _ground_truth_file(gt, [60, 2980, 3000, 3000])
     records = [json.loads(x) for x in gt.read_text().splitlines()]
     assert [s.indices for s in shard.plan_shards(records, list(HOSTS))] == [[2], [3], [0, 1]]
-    options = remote_eval.EvalOptions(ground_truth=str(gt), ground_truth_kind="file",
-                                      budgets=[4])
+    options = remote_eval.EvalOptions(ground_truth=str(gt), ground_truth_kind="file", budgets=[4])
     victim = "sc"
     seen: dict = {"in_shard": False, "pid": None, "killed": False}
 

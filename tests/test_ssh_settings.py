@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import ssh_settings
-from orchestrator.hosts import HostError, open_host
 from orchestrator.inventory import load_inventory
-from orchestrator.relay_stream import stream_argv
+from orchestrator.relay.stream import stream_argv
+from orchestrator.transport import ssh_settings
+from orchestrator.transport.hosts import HostError, open_host
 from tests.sshd import keygen
 from tests.test_hosts import dflash
 
@@ -49,11 +49,11 @@ Host behind-inc
   ProxyJump trainer-inc
 Host *-inc
   User {user}
-  UserKnownHostsFile {tmp_path / 'user_known_hosts'}
-  GlobalKnownHostsFile {ssh_base / 'known_hosts'}
+  UserKnownHostsFile {tmp_path / "user_known_hosts"}
+  GlobalKnownHostsFile {ssh_base / "known_hosts"}
   IdentitiesOnly yes
 Match host 127.0.0.1,localhost
-  IdentityFile {ssh_base / 'id_test'}
+  IdentityFile {ssh_base / "id_test"}
 """)
     # The eval host's key under the name 'localhost' too, for the host behind the jump.
     line = eval_sshd.known_hosts_line().replace("[127.0.0.1]", "[localhost]")
@@ -64,8 +64,9 @@ Match host 127.0.0.1,localhost
     return home
 
 
-def test_resolution_follows_include_match_and_known_hosts_files(ssh_home, ssh_base,
-                                                               make_inventory, tmp_path):
+def test_resolution_follows_include_match_and_known_hosts_files(
+    ssh_home, ssh_base, make_inventory, tmp_path
+):
     inv = load_inventory(make_inventory({"ct-inc": {"python": sys.executable}}))
     s = ssh_settings.resolve(inv.hosts["ct-inc"], inv)
     assert (s.alias, s.hostname) == ("ct-inc", "127.0.0.1")
@@ -78,14 +79,16 @@ def test_resolution_follows_include_match_and_known_hosts_files(ssh_home, ssh_ba
     inv = load_inventory(make_inventory({"ct-inc": {"port": 1, "user": "someone"}}))
     s = ssh_settings.resolve(inv.hosts["ct-inc"], inv)
     assert (s.port, s.user) == (1, "someone")
-    behind = ssh_settings.resolve(load_inventory(make_inventory(
-        {"behind-inc": {}})).hosts["behind-inc"])
+    behind = ssh_settings.resolve(
+        load_inventory(make_inventory({"behind-inc": {}})).hosts["behind-inc"]
+    )
     assert behind.jump is not None and behind.jump.alias == "trainer-inc"
     assert behind.jump.hostname == "127.0.0.1"
 
 
 def test_included_aliases_work_for_hosts_check_probe_connection_and_relay(
-        ssh_home, trainer_sshd, eval_sshd, make_inventory):
+    ssh_home, trainer_sshd, eval_sshd, make_inventory
+):
     ckpt = trainer_sshd.root / f"inc-ckpt-{time.monotonic_ns()}"
     (ckpt / "step_7").mkdir(parents=True)
     payload = os.urandom(3 << 20)
@@ -93,12 +96,19 @@ def test_included_aliases_work_for_hosts_check_probe_connection_and_relay(
     (ckpt / "step_7" / "COMPLETE").write_text("")
     drafters = eval_sshd.root / f"inc-drafters-{time.monotonic_ns()}"
     drafters.mkdir()
-    path = make_inventory({
-        "trainer-inc": {"python": sys.executable, "roles": {"trainer": {
-            "checkpoints": str(ckpt)}}},
-        "behind-inc": {"python": sys.executable, "roles": {"eval": {
-            "drafters": str(drafters)}}},
-    }, defaults={"relay_from": "trainer-inc", "relay_to": "behind-inc"})
+    path = make_inventory(
+        {
+            "trainer-inc": {
+                "python": sys.executable,
+                "roles": {"trainer": {"checkpoints": str(ckpt)}},
+            },
+            "behind-inc": {
+                "python": sys.executable,
+                "roles": {"eval": {"drafters": str(drafters)}},
+            },
+        },
+        defaults={"relay_from": "trainer-inc", "relay_to": "behind-inc"},
+    )
     env = {"HOME": str(ssh_home)}
 
     check = dflash("hosts", "check", "--inventory", str(path), "--json", env=env)
@@ -117,29 +127,39 @@ def test_included_aliases_work_for_hosts_check_probe_connection_and_relay(
     assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
 
 
-def test_unknown_host_keys_stay_refused_through_ssh_config(ssh_home, ssh_base, make_inventory,
-                                                          tmp_path):
+def test_unknown_host_keys_stay_refused_through_ssh_config(
+    ssh_home, ssh_base, make_inventory, tmp_path
+):
     conf = tmp_path / "conf.d" / "hosts.conf"
-    conf.write_text(conf.read_text().replace(f"GlobalKnownHostsFile {ssh_base / 'known_hosts'}",
-                                             "GlobalKnownHostsFile /dev/null"))
+    conf.write_text(
+        conf.read_text().replace(
+            f"GlobalKnownHostsFile {ssh_base / 'known_hosts'}", "GlobalKnownHostsFile /dev/null"
+        )
+    )
     inv = load_inventory(make_inventory({"ct-inc": {"python": sys.executable}}))
     with pytest.raises(HostError, match="unknown host key"):
         open_host(inv.hosts["ct-inc"], inv).run(["true"])
-    proc = subprocess.run(stream_argv(open_host(inv.hosts["ct-inc"], inv), "true", inv),
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        stream_argv(open_host(inv.hosts["ct-inc"], inv), "true", inv),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 255 and "Host key verification failed" in proc.stderr
     assert not (tmp_path / "user_known_hosts").exists()  # nothing remembered
 
 
-def test_identity_agent_from_ssh_config_serves_both_stacks(ssh_home, ssh_base, make_inventory,
-                                                           tmp_path, eval_sshd):
+def test_identity_agent_from_ssh_config_serves_both_stacks(
+    ssh_home, ssh_base, make_inventory, tmp_path, eval_sshd
+):
     """A host whose only key is in an agent that ssh_config names (IdentityAgent), while
     $SSH_AUTH_SOCK is unset and no key file is configured."""
     sock = tmp_path / "agent.sock"
     authorized = Path(ssh_base / "authorized_keys")
     original = authorized.read_text()
-    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    agent = subprocess.Popen(
+        ["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         for _ in range(100):
             if sock.exists():
@@ -148,21 +168,27 @@ def test_identity_agent_from_ssh_config_serves_both_stacks(ssh_home, ssh_base, m
         # A copy of the test key lives only in the agent; its file is gone.
         key = keygen(tmp_path / "agent_only")
         authorized.write_text(original + key.with_suffix(".pub").read_text())
-        subprocess.run(["ssh-add", "-q", str(key)], check=True,
-                       env={**os.environ, "SSH_AUTH_SOCK": str(sock)})
+        subprocess.run(
+            ["ssh-add", "-q", str(key)], check=True, env={**os.environ, "SSH_AUTH_SOCK": str(sock)}
+        )
         key.unlink()
         key.with_suffix(".pub").unlink()
         (ssh_home / ".ssh" / "config").write_text(
             f"Host agent-ct\n  HostName 127.0.0.1\n  Port {eval_sshd.port}\n"
             f"  IdentityAgent {sock}\n  IdentityFile /nonexistent/key\n"
-            f"  UserKnownHostsFile {ssh_base / 'known_hosts'}\n")
+            f"  UserKnownHostsFile {ssh_base / 'known_hosts'}\n"
+        )
         inv = load_inventory(make_inventory({"agent-ct": {"python": sys.executable}}))
         settings = ssh_settings.resolve(inv.hosts["agent-ct"], inv)
         assert settings.identity_agent == str(sock) and settings.identity_files == ()
         with open_host(inv.hosts["agent-ct"], inv) as host:
             assert host.run(["printf", "%s", "agent"]).stdout == "agent"
-            proc = subprocess.run(stream_argv(host, "printf %s openssh", inv),
-                                  capture_output=True, text=True, timeout=30)
+            proc = subprocess.run(
+                stream_argv(host, "printf %s openssh", inv),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         assert proc.returncode == 0 and proc.stdout == "openssh", proc.stderr
     finally:
         authorized.write_text(original)
@@ -170,14 +196,16 @@ def test_identity_agent_from_ssh_config_serves_both_stacks(ssh_home, ssh_base, m
         agent.wait(timeout=10)
 
 
-def test_without_an_ssh_client_paramiko_reads_the_same_file(ssh_home, ssh_base, eval_sshd,
-                                                            make_inventory, monkeypatch):
+def test_without_an_ssh_client_paramiko_reads_the_same_file(
+    ssh_home, ssh_base, eval_sshd, make_inventory, monkeypatch
+):
     """No `ssh` binary (a controller-only laptop): the same settings from paramiko's parser
     (which has no Include, so the alias sits in the config itself)."""
     (ssh_home / ".ssh" / "config").write_text(
         f"Host plain-ct\n  HostName 127.0.0.1\n  Port {eval_sshd.port}\n"
         f"  IdentityFile {ssh_base / 'id_test'}\n  IdentitiesOnly yes\n"
-        f"  UserKnownHostsFile {ssh_base / 'known_hosts'}\n")
+        f"  UserKnownHostsFile {ssh_base / 'known_hosts'}\n"
+    )
     inv = load_inventory(make_inventory({"plain-ct": {"python": sys.executable}}))
     with_ssh = ssh_settings.resolve(inv.hosts["plain-ct"], inv)
     monkeypatch.setattr(ssh_settings.shutil, "which", lambda name: None)

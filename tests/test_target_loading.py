@@ -10,7 +10,7 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
-from remote.target import load_target
+from remote.eval.target import load_target
 
 
 def test_legacy_vlm_keys_in_shards_load_like_the_original(tmp_path):
@@ -26,12 +26,14 @@ def test_legacy_vlm_keys_in_shards_load_like_the_original(tmp_path):
     state = load_file(os.path.join(orig, "model.safetensors"))
     legacy = {}
     for key, t in state.items():
-        for new, old in (("language_model.model.", "model.language_model."),
-                         ("language_model.lm_head.", "lm_head."),
-                         ("vision_tower.", "model.vision_tower."),
-                         ("multi_modal_projector.", "model.multi_modal_projector.")):
+        for new, old in (
+            ("language_model.model.", "model.language_model."),
+            ("language_model.lm_head.", "lm_head."),
+            ("vision_tower.", "model.vision_tower."),
+            ("multi_modal_projector.", "model.multi_modal_projector."),
+        ):
             if key.startswith(old):
-                key = new + key[len(old):]
+                key = new + key[len(old) :]
                 break
         legacy[key] = t
     assert any(k.startswith("language_model.model.layers.") for k in legacy)
@@ -41,10 +43,15 @@ def test_legacy_vlm_keys_in_shards_load_like_the_original(tmp_path):
         if not name.endswith(".safetensors"):
             shutil.copy(os.path.join(orig, name), d / name)
     keys = sorted(legacy)
-    shards = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2], "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+    shards = {
+        "model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+        "model-00002-of-00002.safetensors": keys[len(keys) // 2 :],
+    }
     for shard, ks in shards.items():
         save_file({kk: legacy[kk] for kk in ks}, str(d / shard))
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {kk: s for s, ks in shards.items() for kk in ks}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {kk: s for s, ks in shards.items() for kk in ks}})
+    )
     got = load_target(str(d), torch.float32)
     assert got.info.backbone_path == "model.language_model" and got.info.head_path == "lm_head"
     assert got.info.tied_head and got.lm_head.data_ptr() == got.embed.data_ptr()
@@ -53,8 +60,9 @@ def test_legacy_vlm_keys_in_shards_load_like_the_original(tmp_path):
 
 
 def test_tied_head_target(tmp_path):
-    from orchestrator.demo.models import build_qwen3_target
     from transformers import AutoModelForCausalLM
+
+    from orchestrator.demo.models import build_qwen3_target
 
     path = str(tmp_path / "tied")
     build_qwen3_target(path, hidden_size=32, num_layers=2)

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from orchestrator.errors import DflashError
 from orchestrator.inventory import Inventory, load_inventory
-
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+from remote.protocol import SpecError, parse_budgets, parse_dtype
 
 InventoryOption = Annotated[
-    Optional[Path],
-    typer.Option("--inventory", "-i", help="Inventory file (default: $DFLASH_INVENTORY, "
-                 "then ./inventory.yaml).", show_default=False),
+    Path | None,
+    typer.Option(
+        "--inventory",
+        "-i",
+        help="Inventory file (default: $DFLASH_INVENTORY, then ./inventory.yaml).",
+        show_default=False,
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
@@ -29,33 +30,45 @@ def positive(value: float | None) -> float | None:
     return value
 
 
-def _dtype(value: Optional[str]) -> Optional[str]:
-    """bf16/fp32 become the one vocabulary the job spec uses; an unknown dtype is a
-    DflashError, so the CLI prints it as one line."""
-    from orchestrator.remote_eval import normalise_dtype
-
-    return normalise_dtype(value)
-
-
-DtypeOption = Annotated[Optional[str], typer.Option(
-    "--dtype", callback=_dtype,
-    help="bfloat16 (or bf16) | float32 (or fp32) (default: the inventory's).")]
+def _dtype(value: str | None) -> str | None:
+    """bf16/fp32 become the one vocabulary of `remote.protocol`; an unknown dtype is a
+    DflashError, so the CLI prints it as one line before anything connects."""
+    try:
+        return parse_dtype(value)
+    except SpecError as exc:
+        raise DflashError(str(exc)) from None
 
 
-def inventory(path: Optional[Path]) -> Inventory:
-    return load_inventory(path)
+def _budgets(text: str | None) -> list[int] | None:
+    """``8,16,32`` as budgets, checked before anything connects; empty: the default."""
+    if not text:
+        return None
+    try:
+        return list(parse_budgets(text, allow_empty=False))
+    except SpecError as exc:
+        raise DflashError(f"--{exc}") from None
 
 
-def print_json(obj: Any) -> None:
-    """JSON on stdout, nothing else, so scripts can pipe it."""
-    typer.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+DtypeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        callback=_dtype,
+        help="bfloat16 (or bf16) | float32 (or fp32) (default: the inventory's).",
+    ),
+]
+BudgetsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--budgets",
+        callback=_budgets,
+        help="DDTree node budgets, comma-separated (default 8,16,32,64).",
+    ),
+]
 
 
-def human_bytes(n: float | int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+def inventory(ctx: typer.Context, path: Path | None) -> Inventory:
+    """The inventory, with the root option ``--accept-new-host-keys`` (kept in the root
+    context's ``obj`` by `orchestrator.cli`) passed down to it."""
+    obj = ctx.find_root().obj or {}
+    return load_inventory(path, accept_new_host_keys=bool(obj.get("accept_new_host_keys")))

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from orchestrator.commands.common import JsonOption, console, print_json
-from orchestrator.commands.follow import RichEvents, history_table
+from orchestrator.commands.common import JsonOption
+from orchestrator.commands.output import RichEvents, console, history_table, print_json
 
 
 def demo_cmd(
-    fresh: Annotated[bool, typer.Option(
-        "--fresh", help="Rebuild the cached demo models first.")] = False,
-    keep_dir: Annotated[Optional[Path], typer.Option(
-        "--keep-dir", help="Build the demo in this (new or empty) folder and leave it there: "
-                           "inventory, both hosts' folders, jobs, results.")] = None,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Rebuild the cached demo models first.")
+    ] = False,
+    keep_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--keep-dir",
+            help="Build the demo in this (new or empty) folder and leave it there: "
+            "inventory, both hosts' folders, jobs, results.",
+        ),
+    ] = None,
     json_out: JsonOption = False,
 ) -> None:
     """The whole loop on this machine with tiny models (about 1-3 minutes).
@@ -40,10 +46,12 @@ def demo_cmd(
     console.print(f"results: {result.results_dir}", soft_wrap=True)
     if result.folder:
         console.print(f"demo folder (kept): {result.folder}", soft_wrap=True)
-    console.print(f"models: {result.models} ({'built now' if result.built_now else 'cached'})"
-                  f"; {secs['total']:.0f}s in all: models {secs['models']:.0f}s, setup "
-                  f"{secs['setup']:.0f}s, relay+probe+eval {secs['relay_probe_eval']:.0f}s",
-                  soft_wrap=True)
+    console.print(
+        f"models: {result.models} ({'built now' if result.built_now else 'cached'})"
+        f"; {secs['total']:.0f}s in all: models {secs['models']:.0f}s, setup "
+        f"{secs['setup']:.0f}s, relay+probe+eval {secs['relay_probe_eval']:.0f}s",
+        soft_wrap=True,
+    )
 
 
 def register(app: typer.Typer) -> None:

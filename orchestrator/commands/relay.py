@@ -3,59 +3,17 @@
 from __future__ import annotations
 
 import signal
-import threading
 from contextlib import contextmanager
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
-from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                           TimeRemainingColumn, TransferSpeedColumn)
 from rich.table import Table
 
-from orchestrator import relay as relay_lib
-from orchestrator.commands.common import (InventoryOption, JsonOption, console, err_console,
-                                          human_bytes, inventory, print_json)
+from orchestrator.commands.common import InventoryOption, JsonOption, inventory
+from orchestrator.commands.output import RelayProgress, console, err_console, print_json
 from orchestrator.errors import DflashError
-
-
-class _RichProgress(relay_lib.Progress):
-    """A rich bar: bytes, rate, time left, files done (on stderr, stdout stays for --json)."""
-
-    def __init__(self) -> None:
-        self.bar = Progress(TextColumn("[bold]relay"), BarColumn(),
-                            DownloadColumn(binary_units=True), TransferSpeedColumn(),
-                            TimeRemainingColumn(),
-                            TextColumn("{task.fields[files]}"), console=err_console,
-                            transient=False)
-        self.task = None
-        self.files = 0
-        self.total_files = 0
-        self.lock = threading.Lock()
-
-    def start(self, total_bytes: int, total_files: int) -> None:
-        if total_files == 0:
-            return
-        self.total_files = total_files
-        self.bar.start()
-        self.task = self.bar.add_task("relay", total=total_bytes,
-                                      files=f"0/{total_files} files")
-
-    def advance(self, nbytes: int) -> None:
-        if self.task is not None:
-            self.bar.update(self.task, advance=nbytes)
-
-    def file_done(self, checkpoint: str, path: str) -> None:
-        with self.lock:
-            self.files += 1
-        if self.task is not None:
-            self.bar.update(self.task, files=f"{self.files}/{self.total_files} files")
-
-    def message(self, text: str) -> None:
-        self.bar.console.print(f"[yellow]{text}[/]")
-
-    def stop(self) -> None:
-        if self.task is not None:
-            self.bar.stop()
+from orchestrator.relay import run as relay_lib
+from orchestrator.sizes import human_bytes, parse_size
 
 
 class _Terminated(KeyboardInterrupt):
@@ -66,8 +24,10 @@ class _Terminated(KeyboardInterrupt):
 def _sigterm_as_interrupt():
     """While inside, SIGTERM raises `_Terminated` (a KeyboardInterrupt): the relay stops
     the same way as on Ctrl-C, and the command says so instead of dying silently."""
+
     def handler(signum, frame):
         raise _Terminated()
+
     try:
         old = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread (embedded use): leave signals alone
@@ -79,73 +39,131 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, old)
 
 
-def _split(values: Optional[list[str]]) -> list[str]:
+def _split(values: list[str] | None) -> list[str]:
     return [v for item in values or [] for v in item.split(",") if v]
 
 
 def relay(
-    checkpoints: Annotated[Optional[list[str]], typer.Argument(
-        help="Checkpoint names to relay (default: the newest complete one).",
-        show_default=False)] = None,
-    source: Annotated[Optional[str], typer.Option(
-        "--from", help="Trainer host (default: defaults.relay_from).")] = None,
-    dest: Annotated[Optional[list[str]], typer.Option(
-        "--to", help="Eval host(s) or group(s), comma-separated or repeated; each file is "
-                     "read once and written to all (default: defaults.relay_to).")] = None,
-    step: Annotated[Optional[int], typer.Option("--step", min=0, help="Relay the checkpoint "
-                                                 "of this training step.")] = None,
-    latest: Annotated[bool, typer.Option("--latest", help="Relay the newest complete "
-                                          "checkpoint (the default).")] = False,
-    all_: Annotated[bool, typer.Option("--all", help="Relay every complete checkpoint.")]
-    = False,
-    list_: Annotated[bool, typer.Option("--list", help="Show the source's checkpoints, "
-                                        "whether complete, and where relayed; move nothing.")]
-    = False,
-    src_dir: Annotated[Optional[str], typer.Option(
-        "--src-dir", help="Checkpoint folder on the source (default: its trainer role's "
-                          "'checkpoints').")] = None,
-    dest_dir: Annotated[Optional[str], typer.Option(
-        "--dest-dir", help="Folder on the destination(s) (default: their eval role's "
-                           "'drafters').")] = None,
-    verify: Annotated[bool, typer.Option(
-        "--verify", help="Re-hash relayed checkpoints on the destination and repair damaged "
-                         "files.")] = False,
-    keep: Annotated[Optional[int], typer.Option(
-        "--keep", min=1, help="Keep only the newest K relayed checkpoints on each "
-                              "destination (default: defaults.keep).")] = None,
-    jobs: Annotated[Optional[int], typer.Option(
-        "--jobs", "-j", min=1, help="Streams at once; the files are split among them "
-                                    "(default: one per two local cores, 1 to 4).")] = None,
-    reserve: Annotated[Optional[str], typer.Option(
-        "--reserve", help="Space to leave free on the destination, e.g. 20G (default: the "
-                          "eval role's 'reserve', else 0).")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and report; move nothing.")]
-    = False,
+    ctx: typer.Context,
+    checkpoints: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Checkpoint names to relay (default: the newest complete one).", show_default=False
+        ),
+    ] = None,
+    source: Annotated[
+        str | None, typer.Option("--from", help="Trainer host (default: defaults.relay_from).")
+    ] = None,
+    dest: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--to",
+            help="Eval host(s) or group(s), comma-separated or repeated; each file is "
+            "read once and written to all (default: defaults.relay_to).",
+        ),
+    ] = None,
+    step: Annotated[
+        int | None,
+        typer.Option("--step", min=0, help="Relay the checkpoint of this training step."),
+    ] = None,
+    latest: Annotated[
+        bool, typer.Option("--latest", help="Relay the newest complete checkpoint (the default).")
+    ] = False,
+    all_: Annotated[bool, typer.Option("--all", help="Relay every complete checkpoint.")] = False,
+    list_: Annotated[
+        bool,
+        typer.Option(
+            "--list",
+            help="Show the source's checkpoints, "
+            "whether complete, and where relayed; move nothing.",
+        ),
+    ] = False,
+    src_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--src-dir",
+            help="Checkpoint folder on the source (default: its trainer role's 'checkpoints').",
+        ),
+    ] = None,
+    dest_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--dest-dir",
+            help="Folder on the destination(s) (default: their eval role's 'drafters').",
+        ),
+    ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Re-hash relayed checkpoints on the destination and repair damaged files.",
+        ),
+    ] = False,
+    keep: Annotated[
+        int | None,
+        typer.Option(
+            "--keep",
+            min=1,
+            help="Keep only the newest K relayed checkpoints on each "
+            "destination (default: defaults.keep).",
+        ),
+    ] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=1,
+            help="Streams at once; the files are split among them "
+            "(default: one per two local cores, 1 to 4).",
+        ),
+    ] = None,
+    reserve: Annotated[
+        str | None,
+        typer.Option(
+            "--reserve",
+            help="Space to leave free on the destination, e.g. 20G (default: the "
+            "eval role's 'reserve', else 0).",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Plan and report; move nothing.")
+    ] = False,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Relay checkpoints from the trainer to eval hosts through this machine: streamed (never
     stored here), sha256-verified on both hosts, resumable, published by one rename."""
-    inv = inventory(inventory_path)
+    inv = inventory(ctx, inventory_path)
     src = source or inv.defaults.relay_from
     dests = _split(dest) or _split([inv.defaults.relay_to] if inv.defaults.relay_to else [])
     if not src:
-        raise DflashError("no source: pass --from HOST or set defaults.relay_from in the "
-                          "inventory")
+        raise DflashError("no source: pass --from HOST or set defaults.relay_from in the inventory")
     if sum(bool(x) for x in (checkpoints, step is not None, latest, all_)) > 1:
         raise DflashError("choose one of CHECKPOINT names, --step, --latest or --all")
     options = relay_lib.RelayOptions(
-        names=list(checkpoints or []), step=step, latest=latest, all=all_, src_dir=src_dir,
-        dest_dir=dest_dir, verify=verify, dry_run=dry_run,
-        keep=keep if keep is not None else inv.defaults.keep, jobs=jobs,
-        reserve=relay_lib.parse_size(reserve) if reserve is not None else None)
+        names=list(checkpoints or []),
+        step=step,
+        latest=latest,
+        all=all_,
+        src_dir=src_dir,
+        dest_dir=dest_dir,
+        verify=verify,
+        dry_run=dry_run,
+        keep=keep if keep is not None else inv.defaults.keep,
+        jobs=jobs,
+        reserve=parse_size(reserve) if reserve is not None else None,
+    )
     if list_:
         try:
             with _sigterm_as_interrupt():
                 listing = relay_lib.list_checkpoints(inv, src, dests, options)
         except KeyboardInterrupt as exc:
-            err_console.print("[yellow]terminated[/]" if isinstance(exc, _Terminated)
-                              else "[yellow]interrupted[/]")
+            err_console.print(
+                "[yellow]terminated[/]"
+                if isinstance(exc, _Terminated)
+                else "[yellow]interrupted[/]"
+            )
             raise typer.Exit(143 if isinstance(exc, _Terminated) else 130) from None
         if json_out:
             print_json(listing)
@@ -154,13 +172,17 @@ def relay(
         for col in ("name", "step", "files", "size", "complete", *listing["destinations"]):
             table.add_column(col)
         for row in listing["checkpoints"]:
-            table.add_row(row["name"], str(row["step"]), str(row["files"]),
-                          human_bytes(row["size"]),
-                          "[green]yes[/]" if row["complete"] else f"[yellow]no[/] "
-                          f"({row['reason']})", *row["destinations"].values())
+            table.add_row(
+                row["name"],
+                str(row["step"]),
+                str(row["files"]),
+                human_bytes(row["size"]),
+                "[green]yes[/]" if row["complete"] else f"[yellow]no[/] ({row['reason']})",
+                *row["destinations"].values(),
+            )
         console.print(table)
         return
-    bar = None if json_out else _RichProgress()
+    bar = None if json_out else RelayProgress()
     try:
         with _sigterm_as_interrupt():
             report = relay_lib.relay(inv, src, dests, options, bar)
@@ -169,9 +191,12 @@ def relay(
         if bar:
             bar.stop()
         term = isinstance(exc, _Terminated)
-        err_console.print(f"[yellow]{'terminated' if term else 'interrupted'}[/]: what "
-                          "arrived is kept in the partial folder; rerun the same relay to "
-                          "resume", soft_wrap=True)
+        err_console.print(
+            f"[yellow]{'terminated' if term else 'interrupted'}[/]: what "
+            "arrived is kept in the partial folder; rerun the same relay to "
+            "resume",
+            soft_wrap=True,
+        )
         raise typer.Exit(143 if term else 130) from None
     finally:
         if bar:
@@ -182,36 +207,47 @@ def relay(
         _print_report(report)
     if report.skipped_named and not report.failures:
         first = report.skipped_named[0]
-        more = (f" (and {len(report.skipped_named) - 1} more)"
-                if len(report.skipped_named) > 1 else "")
-        raise relay_lib.RelayIncomplete(f"{first['name']} was not relayed: {first['reason']}"
-                                        f"{more}")
+        more = (
+            f" (and {len(report.skipped_named) - 1} more)" if len(report.skipped_named) > 1 else ""
+        )
+        raise relay_lib.RelayIncomplete(f"{first['name']} was not relayed: {first['reason']}{more}")
     if not report.ok:
         name, host, error = report.failures[0]
         more = f" (and {len(report.failures) - 1} more)" if len(report.failures) > 1 else ""
-        raise relay_lib.RelayIncomplete(f"relay of {name} to {host} failed: {error}{more}; "
-                                        "rerun to resume from what arrived")
+        raise relay_lib.RelayIncomplete(
+            f"relay of {name} to {host} failed: {error}{more}; rerun to resume from what arrived"
+        )
 
 
 def _print_report(report: relay_lib.RelayReport) -> None:
     data = report.to_json()
     for inc in report.incomplete:
         console.print(f"[yellow]skipped[/] {inc['name']}: {inc['reason']}")
-    table = Table(title=("planned " if report.dry_run else "") +
-                  f"relay from {report.source}:{report.source_dir}")
+    table = Table(
+        title=("planned " if report.dry_run else "")
+        + f"relay from {report.source}:{report.source_dir}"
+    )
     sent = "to send" if report.dry_run else "sent"
     for col in ("checkpoint", "step", "size", "destination", "status", sent, "skipped"):
         table.add_column(col)
     for c in data["checkpoints"]:
         for host, st in c["destinations"].items():
             status = st["status"] + (f" ({', '.join(st['repaired'])})" if st["repaired"] else "")
-            table.add_row(c["name"], str(c["step"]), human_bytes(c["size"]), host, status,
-                          human_bytes(st["bytes_planned" if report.dry_run else "bytes_sent"]),
-                          human_bytes(st["bytes_skipped"]))
+            table.add_row(
+                c["name"],
+                str(c["step"]),
+                human_bytes(c["size"]),
+                host,
+                status,
+                human_bytes(st["bytes_planned" if report.dry_run else "bytes_sent"]),
+                human_bytes(st["bytes_skipped"]),
+            )
     console.print(table)
     rate = f", {data['mib_per_s']} MiB/s" if data["mib_per_s"] and data["bytes_read"] else ""
-    console.print(f"{human_bytes(data['bytes_sent'])} sent, {human_bytes(data['bytes_skipped'])}"
-                  f" already there, {data['files_sent']} files, {data['seconds']:.1f}s{rate}")
+    console.print(
+        f"{human_bytes(data['bytes_sent'])} sent, {human_bytes(data['bytes_skipped'])}"
+        f" already there, {data['files_sent']} files, {data['seconds']:.1f}s{rate}"
+    )
     for host, names in report.pruned.items():
         if names:
             console.print(f"pruned on {host}: {', '.join(names)}")

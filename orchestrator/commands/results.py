@@ -1,38 +1,51 @@
 """`dflash results list | show | compare | plot | export | report`: thin layers over
-`orchestrator.results`, `.compare`, `.plots`, `.export` and `.report`."""
+`orchestrator.results.store`, `.compare`, `.plots`, `.export` and `.report`."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
-from rich import box
 from rich.table import Table
 
-from orchestrator import compare as cmp
-from orchestrator import export as exp
-from orchestrator import plots, remote_eval
-from orchestrator import report as rep
-from orchestrator import results as res
-from orchestrator.commands.common import InventoryOption, JsonOption, console, print_json
+from orchestrator.commands.common import InventoryOption, JsonOption
+from orchestrator.commands.output import compact, console, fmt, pct, print_json, render_summary
 from orchestrator.errors import DflashError
+from orchestrator.eval import run as remote_eval
 from orchestrator.inventory import InventoryError, load_inventory
+from orchestrator.results import compare as cmp
+from orchestrator.results import export as exp
+from orchestrator.results import plots
+from orchestrator.results import report as rep
+from orchestrator.results import store as res
 
-results_app = typer.Typer(help="Read pulled eval results: list, show, compare, plot, export, "
-                          "report.", no_args_is_help=True)
+results_app = typer.Typer(
+    help="Read pulled eval results: list, show, compare, plot, export, report.",
+    no_args_is_help=True,
+)
 
-ResultsDirOption = Annotated[Optional[Path], typer.Option(
-    "--results-dir", help="Results folder (default: the inventory's defaults.results_dir, "
-    "relative to the inventory file; else ./results).", show_default=False)]
-RunsArgument = Annotated[Optional[list[str]], typer.Argument(
-    help="Run ids, unique prefixes or folders (default: every run).", show_default=False)]
+ResultsDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--results-dir",
+        help="Results folder (default: the inventory's defaults.results_dir, "
+        "relative to the inventory file; else ./results).",
+        show_default=False,
+    ),
+]
+RunsArgument = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Run ids, unique prefixes or folders (default: every run).", show_default=False
+    ),
+]
 # Keys whose numbers are Unix times: shown as dates.
-TIME_KEYS = {"generated", "created", "pulled", "time", "started", "finished"}
+TIME_KEYS = {"generated", "created", "pulled", "time", "started", "finished", "made"}
 
 
-def _root(results_dir: Optional[Path], inventory_path: Optional[Path]) -> Path:
+def _root(results_dir: Path | None, inventory_path: Path | None) -> Path:
     if results_dir:
         return results_dir
     try:
@@ -43,37 +56,21 @@ def _root(results_dir: Optional[Path], inventory_path: Optional[Path]) -> Path:
         return Path("results")
 
 
-def _runs(run_ids: Optional[list[str]], root: Path) -> list[res.Run]:
+def _runs(run_ids: list[str] | None, root: Path) -> list[res.Run]:
     runs = [res.load_run(r, root) for r in run_ids] if run_ids else res.list_runs(root)
     if not runs:
-        raise DflashError(f"no runs in {root} (pull one with dflash remote-eval, or pass "
-                          "--results-dir)")
+        raise DflashError(
+            f"no runs in {root} (pull one with dflash remote-eval, or pass --results-dir)"
+        )
     return runs
 
 
-def _compact(title: str | None = None, **kw: Any) -> Table:
-    """A table that spends its width on data, not borders (fits 100 columns)."""
-    return Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True,
-                 pad_edge=False, show_edge=False, **kw)
-
-
-def fmt(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
-def pct(v: Any) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
-
-
 @results_app.command("list")
-def list_cmd(results_dir: ResultsDirOption = None, inventory_path: InventoryOption = None,
-             json_out: JsonOption = False) -> None:
+def list_cmd(
+    results_dir: ResultsDirOption = None,
+    inventory_path: InventoryOption = None,
+    json_out: JsonOption = False,
+) -> None:
     """Every run in the results folder, oldest first, by its full id.
 
     show and compare take that id, or a unique prefix of it."""
@@ -85,48 +82,22 @@ def list_cmd(results_dir: ResultsDirOption = None, inventory_path: InventoryOpti
     if not runs:
         console.print(f"no runs in {root}", soft_wrap=True)
         return
-    table = _compact(f"runs in {root}")
+    table = compact(f"runs in {root}")
     for col in ("run", "step", "tau", "tau tok", "DDTree max", "agree", "evaluated"):
         table.add_column(col, no_wrap=True, justify="left" if col == "run" else "right")
     for r in runs:
         s = res.summary(r)
         dd = list(s["ddtree"].items())
-        table.add_row(s["run_id"], fmt(s["step"]), fmt(s["tau"]), fmt(s["tau_tokens"]),
-                      f"{dd[-1][0]}: {fmt(dd[-1][1])}" if dd else "-",
-                      pct(s["target_agreement"]), s["created_time"][5:16])
+        table.add_row(
+            s["run_id"],
+            fmt(s["step"]),
+            fmt(s["tau"]),
+            fmt(s["tau_tokens"]),
+            f"{dd[-1][0]}: {fmt(dd[-1][1])}" if dd else "-",
+            pct(s["target_agreement"]),
+            s["created_time"][5:16],
+        )
     console.print(table)
-
-
-def render_summary(run: res.Run) -> None:
-    """The headline table of one run (also printed at the end of `remote-eval`)."""
-    s = res.summary(run)
-    table = Table(title=f"{s['checkpoint']}  ({s['run_id']})", show_header=False)
-    table.add_column("metric", style="bold")
-    table.add_column("value", overflow="fold")  # a sha256 wraps, never cut
-    table.add_row("tau (z-lab: mean of per-sample means)", fmt(s["tau"]))
-    table.add_row("tau (token-weighted: tokens / rounds)", fmt(s["tau_tokens"]))
-    for b, v in s["ddtree"].items():
-        table.add_row(f"DDTree-{b} tau", fmt(v))
-    table.add_row("target agreement", pct(s["target_agreement"]))
-    table.add_row("training run", f"{run.training_run.name} "
-                  f"({run.training_run.host}:{run.training_run.folder})")
-    table.add_row("step", fmt(s["step"]))
-    table.add_row("drafter sha256", fmt(s["drafter_sha256"]))
-    table.add_row("evaluated", s["created_time"])
-    table.add_row("samples / tokens / rounds",
-                  f"{fmt(s['samples'])} / {fmt(s['tokens'])} / {fmt(s['rounds'])}")
-    gt = res.ground_truth_source(run)
-    src = gt.get("kind") or "-"
-    if gt.get("url"):
-        src += f" {gt['url']}"
-    if gt.get("cached"):
-        src += " (cached on host)"
-    table.add_row("ground truth", src)
-    if s["retokenisation_mismatch"] is not None:
-        table.add_row("retokenisation mismatch", f"[yellow]{pct(s['retokenisation_mismatch'])}[/]")
-    console.print(table)
-    for w in gt.get("warnings") or []:
-        console.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
 
 
 def _kv_table(title: str, data: dict) -> Table:
@@ -155,9 +126,12 @@ def _flatten(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 @results_app.command("show")
-def show_cmd(run_id: Annotated[str, typer.Argument(help="Run id (or unique part) or folder.")],
-             results_dir: ResultsDirOption = None, inventory_path: InventoryOption = None,
-             json_out: JsonOption = False) -> None:
+def show_cmd(
+    run_id: Annotated[str, typer.Argument(help="Run id (or unique part) or folder.")],
+    results_dir: ResultsDirOption = None,
+    inventory_path: InventoryOption = None,
+    json_out: JsonOption = False,
+) -> None:
     """One run in full: tau, DDTree budgets, histogram, per-position acceptance, target
     agreement, timings, environment."""
     run = res.load_run(run_id, _root(results_dir, inventory_path))
@@ -171,10 +145,14 @@ def show_cmd(run_id: Annotated[str, typer.Argument(help="Run id (or unique part)
         t = Table(title="DDTree budgets")
         for col in ("budget (nodes)", "per-depth top-k", "tau", "tau (tokens)", "rounds"):
             t.add_column(col)
-        for b, v in sorted(dd.items(), key=lambda kv: res._num(kv[0])):
-            t.add_row(str(v.get("budget", b)), fmt(v.get("topk")),
-                      fmt(v.get("tau_per_sample_mean")), fmt(v.get("tau_token_weighted")),
-                      fmt(v.get("rounds")))
+        for b, v in sorted(dd.items(), key=lambda kv: res.budget_key(kv[0])):
+            t.add_row(
+                str(v.get("budget", b)),
+                fmt(v.get("topk")),
+                fmt(v.get("tau_per_sample_mean")),
+                fmt(v.get("tau_token_weighted")),
+                fmt(v.get("rounds")),
+            )
         console.print(t)
     hist = res.histogram(run)
     if hist:
@@ -191,8 +169,12 @@ def show_cmd(run_id: Annotated[str, typer.Argument(help="Run id (or unique part)
         for col in ("position", "attempts", "accepted", "rate"):
             t.add_column(col)
         for p in pos:
-            t.add_row(str(p.get("position")), fmt(p.get("attempts")), fmt(p.get("accepted")),
-                      pct(p.get("rate")))
+            t.add_row(
+                str(p.get("position")),
+                fmt(p.get("attempts")),
+                fmt(p.get("accepted")),
+                pct(p.get("rate")),
+            )
         console.print(t)
     agreement = m.get("target_agreement")
     if agreement:
@@ -202,8 +184,9 @@ def show_cmd(run_id: Annotated[str, typer.Argument(help="Run id (or unique part)
             console.print(_kv_table(title, run.result[key]))
     gt = res.ground_truth_source(run)
     if gt:
-        console.print(_kv_table("ground truth source",
-                                {k: v for k, v in gt.items() if k != "warnings"}))
+        console.print(
+            _kv_table("ground truth source", {k: v for k, v in gt.items() if k != "warnings"})
+        )
     pngs = sorted(p.name for p in run.path.glob("*.png"))
     console.print(f"folder: {run.path}" + (f"  plots: {', '.join(pngs)}" if pngs else ""))
 
@@ -213,17 +196,25 @@ def _label(i: int) -> str:
 
 
 @results_app.command("compare")
-def compare_cmd(run_ids: Annotated[list[str], typer.Argument(
-                    help="Two or more runs (ids, unique prefixes or folders); the first is "
-                         "the baseline.")],
-                plot: Annotated[Optional[Path], typer.Option(
-                    "--plot", help="Also draw their tau by training step into this PNG.")
-                ] = None,
-                resamples: Annotated[int, typer.Option(
-                    min=100, help="Bootstrap resamples for the interval.")] = cmp.RESAMPLES,
-                seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
-                results_dir: ResultsDirOption = None, inventory_path: InventoryOption = None,
-                json_out: JsonOption = False) -> None:
+def compare_cmd(
+    run_ids: Annotated[
+        list[str],
+        typer.Argument(
+            help="Two or more runs (ids, unique prefixes or folders); the first is the baseline."
+        ),
+    ],
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Also draw their tau by training step into this PNG."),
+    ] = None,
+    resamples: Annotated[
+        int, typer.Option(min=100, help="Bootstrap resamples for the interval.")
+    ] = cmp.RESAMPLES,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    results_dir: ResultsDirOption = None,
+    inventory_path: InventoryOption = None,
+    json_out: JsonOption = False,
+) -> None:
     """Runs side by side, and each against the first, paired sample by sample.
 
     Reports the mean delta tau with a bootstrap 95% interval and the share of samples that
@@ -237,21 +228,26 @@ def compare_cmd(run_ids: Annotated[list[str], typer.Argument(
     pairs = [cmp.paired(runs[0], r, resamples=resamples, seed=seed) for r in runs[1:]]
     png = plots.plot_tau_by_step(runs, plot) if plot else None
     if json_out:
-        print_json({"runs": [r.run_id for r in runs],
-                    "rows": [{"metric": k, "values": v} for k, v in rows],
-                    "paired": [p.to_json() for p in pairs],
-                    "plot": str(png) if png else None})
+        print_json(
+            {
+                "runs": [r.run_id for r in runs],
+                "rows": [{"metric": k, "values": v} for k, v in rows],
+                "paired": [p.to_json() for p in pairs],
+                "plot": str(png) if png else None,
+            }
+        )
         return
     for i, r in enumerate(runs):
         console.print(f"{_label(i)}: {r.run_id}", soft_wrap=True)
-    t = _compact("side by side")
+    t = compact("side by side")
     t.add_column("metric", style="bold", no_wrap=True)
     for i, _ in enumerate(runs):
         t.add_column(_label(i), justify="right")
     for metric, values in rows:
         is_share = metric.startswith(("share", "target", "retok"))
-        t.add_row(metric, *[pct(v) if is_share and isinstance(v, float) else fmt(v)
-                            for v in values])
+        t.add_row(
+            metric, *[pct(v) if is_share and isinstance(v, float) else fmt(v) for v in values]
+        )
     console.print(t)
     for i, p in enumerate(pairs, 1):
         render_paired(p, _label(i), _label(0))
@@ -264,26 +260,39 @@ def compare_cmd(run_ids: Annotated[list[str], typer.Argument(
 def render_paired(p: cmp.Paired, b: str, a: str) -> None:
     """The paired comparison of run `b` against run `a`."""
     if not p.comparable:
-        console.print(f"[bold yellow]{b} vs {a}: not comparable[/]: {'; '.join(p.problems)}",
-                      soft_wrap=True)
+        console.print(
+            f"[bold yellow]{b} vs {a}: not comparable[/]: {'; '.join(p.problems)}", soft_wrap=True
+        )
         return
-    t = _compact(f"{b} vs {a}: paired over {p.samples} samples "
-                 f"({p.confidence:.0%} bootstrap interval, {p.resamples} resamples)")
+    t = compact(
+        f"{b} vs {a}: paired over {p.samples} samples "
+        f"({p.confidence:.0%} bootstrap interval, {p.resamples} resamples)"
+    )
     for col in ("metric", a, b, "delta", "interval", "improved", "worse"):
         t.add_column(col, justify="left" if col == "metric" else "right", no_wrap=True)
     for d in p.deltas:
         colour = "green" if d.low > 0 else "red" if d.high < 0 else ""
         delta = f"[{colour}]{d.delta:+.3f}[/]" if colour else f"{d.delta:+.3f}"
-        t.add_row(d.metric, fmt(d.mean_a), fmt(d.mean_b), delta,
-                  f"[{d.low:+.3f}, {d.high:+.3f}]", pct(d.improved), pct(d.worse))
+        t.add_row(
+            d.metric,
+            fmt(d.mean_a),
+            fmt(d.mean_b),
+            delta,
+            f"[{d.low:+.3f}, {d.high:+.3f}]",
+            pct(d.improved),
+            pct(d.worse),
+        )
     console.print(t)
     if p.only_a or p.only_b:
         console.print(f"not paired: {p.only_a} samples only in {a}, {p.only_b} only in {b}")
 
 
 @results_app.command("plot")
-def plot_cmd(run_ids: RunsArgument = None, results_dir: ResultsDirOption = None,
-             inventory_path: InventoryOption = None) -> None:
+def plot_cmd(
+    run_ids: RunsArgument = None,
+    results_dir: ResultsDirOption = None,
+    inventory_path: InventoryOption = None,
+) -> None:
     """(Re)draw each run's plots and the tau-per-step plot of the runs."""
     root = _root(results_dir, inventory_path)
     runs = _runs(run_ids, root)
@@ -296,23 +305,33 @@ def plot_cmd(run_ids: RunsArgument = None, results_dir: ResultsDirOption = None,
 
 
 @results_app.command("export")
-def export_cmd(run_ids: RunsArgument = None,
-               fmt_: Annotated[str, typer.Option(
-                   "--format", "-f", help="csv | jsonl (a file), tensorboard (a log folder), "
-                   "wandb (PROJECT or DIR/PROJECT; offline unless WANDB_MODE=online).")
-               ] = "csv",
-               out: Annotated[Path, typer.Option(
-                   "--output", "-o", help="Where to write (see --format).")] = Path("-"),
-               results_dir: ResultsDirOption = None,
-               inventory_path: InventoryOption = None) -> None:
+def export_cmd(
+    run_ids: RunsArgument = None,
+    fmt_: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            help="csv | jsonl (a file), tensorboard (a log folder), "
+            "wandb (PROJECT or DIR/PROJECT; offline unless WANDB_MODE=online).",
+        ),
+    ] = "csv",
+    out: Annotated[
+        Path, typer.Option("--output", "-o", help="Where to write (see --format).")
+    ] = Path("-"),
+    results_dir: ResultsDirOption = None,
+    inventory_path: InventoryOption = None,
+) -> None:
     """Export runs (default: all) to CSV, JSON lines, TensorBoard or W&B.
 
     Trackers get tau per training step, one tracker run per training run."""
     if fmt_ not in exp.FORMATS:
         raise DflashError(f"unknown format {fmt_!r}; use one of {', '.join(exp.FORMATS)}")
     if str(out) == "-":
-        raise DflashError("export needs -o PATH (a file for csv/jsonl, a folder for "
-                          "tensorboard, a project for wandb)")
+        raise DflashError(
+            "export needs -o PATH (a file for csv/jsonl, a folder for "
+            "tensorboard, a project for wandb)"
+        )
     runs = _runs(run_ids, _root(results_dir, inventory_path))
     where = exp.export(runs, fmt_, out)
     console.print(f"exported {len(runs)} run(s) as {fmt_}: {where}", soft_wrap=True)
@@ -321,12 +340,15 @@ def export_cmd(run_ids: RunsArgument = None,
 
 
 @results_app.command("report")
-def report_cmd(run_ids: RunsArgument = None,
-               out: Annotated[Path, typer.Option(
-                   "--output", "-o", help="The HTML file to write.")] = Path("report.html"),
-               title: Annotated[str, typer.Option(help="Page title.")] = "dflash results",
-               results_dir: ResultsDirOption = None,
-               inventory_path: InventoryOption = None) -> None:
+def report_cmd(
+    run_ids: RunsArgument = None,
+    out: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path(
+        "report.html"
+    ),
+    title: Annotated[str, typer.Option(help="Page title.")] = "dflash results",
+    results_dir: ResultsDirOption = None,
+    inventory_path: InventoryOption = None,
+) -> None:
     """One self-contained HTML page of runs (default: all), plots inline.
 
     Tau by step with DDTree lines, the comparison with paired deltas against the first

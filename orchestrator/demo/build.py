@@ -19,11 +19,11 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from orchestrator.remote_eval import builtin_prompt_sets
+from orchestrator.eval.run import builtin_prompt_sets
 
 # The recipe. Three checkpoints: each costs the demo a relay, a probe and an eval (Python
 # start-ups dominate on 2 cores); at these steps tau visibly rises (about 1.0, 1.6-2.0, 2.6
@@ -35,10 +35,19 @@ RANDOM_PROMPT_LEN = 10
 TRAIN_SETS = ("math", "code")
 TRAIN_NEW_TOKENS = 48
 SEED = 0
-RECIPE = {"target": "qwen3.5-vl-tiny", "steps": STEPS, "block_size": BLOCK_SIZE,
-          "random_prompts": RANDOM_PROMPTS, "random_prompt_len": RANDOM_PROMPT_LEN,
-          "train_sets": TRAIN_SETS, "train_new_tokens": TRAIN_NEW_TOKENS, "seed": SEED,
-          "lr": 3e-3, "batch_samples": 4, "blocks_per_sample": 16}
+RECIPE = {
+    "target": "qwen3.5-vl-tiny",
+    "steps": STEPS,
+    "block_size": BLOCK_SIZE,
+    "random_prompts": RANDOM_PROMPTS,
+    "random_prompt_len": RANDOM_PROMPT_LEN,
+    "train_sets": TRAIN_SETS,
+    "train_new_tokens": TRAIN_NEW_TOKENS,
+    "seed": SEED,
+    "lr": 3e-3,
+    "batch_samples": 4,
+    "blocks_per_sample": 16,
+}
 MARKER = "COMPLETE"  # what the demo trainer writes when a checkpoint is finished
 
 Status = Callable[[str], None]
@@ -54,7 +63,7 @@ class DemoAssets:
     built_now: bool = False
 
     @classmethod
-    def read(cls, root: Path) -> "DemoAssets":
+    def read(cls, root: Path) -> DemoAssets:
         meta = json.loads((root / "demo.json").read_text())
         return cls(root, root / meta["target"], [root / c for c in meta["checkpoints"]])
 
@@ -76,14 +85,15 @@ def version() -> str:
     h = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode())
     for name in ("build.py", "models.py", "train.py", "gtserver.py"):
         h.update((here / name).read_bytes())
-    drafter = here.parent.parent / "remote" / "drafter.py"
+    drafter = here.parent.parent / "remote" / "eval" / "drafter.py"
     h.update(drafter.read_bytes())
     h.update(f"{torch.__version__} {transformers.__version__}".encode())
     return h.hexdigest()[:16]
 
 
-def ensure_assets(fresh: bool = False, base: Path | None = None,
-                  status: Status | None = None) -> DemoAssets:
+def ensure_assets(
+    fresh: bool = False, base: Path | None = None, status: Status | None = None
+) -> DemoAssets:
     """The cached demo models, built first when missing (or when `fresh`)."""
     status = status or (lambda _msg: None)
     base = Path(base or cache_base()) / "demo"
@@ -114,7 +124,7 @@ def _build(out: Path, status: Status) -> None:
     from orchestrator.demo.gtserver import Greedy
     from orchestrator.demo.models import build_qwen35_vl_target
     from orchestrator.demo.train import train_drafter
-    from remote.groundtruth import load_prompts, render_prompt
+    from remote.eval.groundtruth import load_prompts, render_prompt
 
     # Tiny models: one thread is fastest, and on a shared 2-core box more threads only
     # contend (measured: training 150 steps took 2 s on one thread, 90 s on two under load).
@@ -126,22 +136,48 @@ def _build(out: Path, status: Status) -> None:
     greedy = Greedy(str(target))
     rng = random.Random(SEED + 1)
     vocab = greedy.model.config.vocab_size
-    prompts = [[rng.randrange(8, vocab) for _ in range(RANDOM_PROMPT_LEN)]
-               for _ in range(RANDOM_PROMPTS)]
-    rows = [{"id": f"random-{i}", "prompt_ids": p, "completion_ids": c}
-            for i, (p, c) in enumerate(zip(prompts, greedy.batch(prompts, TRAIN_NEW_TOKENS)))]
+    prompts = [
+        [rng.randrange(8, vocab) for _ in range(RANDOM_PROMPT_LEN)] for _ in range(RANDOM_PROMPTS)
+    ]
+    rows = [
+        {"id": f"random-{i}", "prompt_ids": p, "completion_ids": c}
+        for i, (p, c) in enumerate(
+            zip(prompts, greedy.batch(prompts, TRAIN_NEW_TOKENS), strict=False)
+        )
+    ]
     sets = builtin_prompt_sets()
     for name in TRAIN_SETS:
         for rec in load_prompts(str(sets[name])):
             _, ids = render_prompt(greedy.tokenizer, rec["text"], False)
-            rows.append({"id": rec["id"], "prompt_ids": ids,
-                         "completion_ids": greedy(ids, TRAIN_NEW_TOKENS)})
-    status(f"training the DFlash drafter on {len(rows)} samples, checkpoints at steps "
-           f"{', '.join(map(str, STEPS))}")
-    paths = train_drafter(str(target), str(out / "checkpoints"), save_steps=STEPS,
-                          block_size=BLOCK_SIZE, rows=rows, seed=SEED, lr=RECIPE["lr"],
-                          batch_samples=RECIPE["batch_samples"],
-                          blocks_per_sample=RECIPE["blocks_per_sample"])
-    (out / "demo.json").write_text(json.dumps({
-        "recipe": RECIPE, "target": "target",
-        "checkpoints": [str(Path(p).relative_to(out)) for p in paths]}, indent=2))
+            rows.append(
+                {
+                    "id": rec["id"],
+                    "prompt_ids": ids,
+                    "completion_ids": greedy(ids, TRAIN_NEW_TOKENS),
+                }
+            )
+    status(
+        f"training the DFlash drafter on {len(rows)} samples, checkpoints at steps "
+        f"{', '.join(map(str, STEPS))}"
+    )
+    paths = train_drafter(
+        str(target),
+        str(out / "checkpoints"),
+        save_steps=STEPS,
+        block_size=BLOCK_SIZE,
+        rows=rows,
+        seed=SEED,
+        lr=RECIPE["lr"],
+        batch_samples=RECIPE["batch_samples"],
+        blocks_per_sample=RECIPE["blocks_per_sample"],
+    )
+    (out / "demo.json").write_text(
+        json.dumps(
+            {
+                "recipe": RECIPE,
+                "target": "target",
+                "checkpoints": [str(Path(p).relative_to(out)) for p in paths],
+            },
+            indent=2,
+        )
+    )

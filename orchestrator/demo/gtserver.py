@@ -1,6 +1,7 @@
 """A small ground-truth server for the demo and the tests, following the documented
-request/response shapes of SGLang's native ``/generate`` and of OpenAI-compatible ``/v1/completions`` (token-id
-prompts and ``return_token_ids`` as vLLM >= 0.10.2 and SGLang answer them, and plain text).
+request/response shapes of SGLang's native ``/generate`` and of OpenAI-compatible
+``/v1/completions`` (token-id prompts and ``return_token_ids`` as vLLM >= 0.10.2 and SGLang
+answer them, and plain text).
 
 It answers with REAL greedy generation of a tiny transformers model (KV cache, float32).
 ``mode`` switches on the failures a real server shows: ``"500"`` (an internal error),
@@ -42,15 +43,19 @@ class Greedy:
             raise ValueError("batched prompts must have equal lengths")
         ids = torch.tensor(prompts)
         with self._lock, torch.inference_mode():
-            out = self.model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens,
-                                      attention_mask=torch.ones_like(ids))
-        return out[:, ids.shape[1]:].tolist()
+            out = self.model.generate(
+                ids,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                attention_mask=torch.ones_like(ids),
+            )
+        return out[:, ids.shape[1] :].tolist()
 
 
 class GroundTruthServer:
     """The HTTP server over a `Greedy` model (a folder path loads one). `stop()` ends it."""
 
-    def __init__(self, model: "str | Greedy", model_name: str = "tiny-target"):
+    def __init__(self, model: str | Greedy, model_name: str = "tiny-target"):
         self.greedy_model = model if isinstance(model, Greedy) else Greedy(model)
         self.model = self.greedy_model.model
         self.tokenizer = self.greedy_model.tokenizer
@@ -70,7 +75,7 @@ class GroundTruthServer:
     def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         return self.greedy_model(prompt_ids, max_new_tokens)
 
-    def __enter__(self) -> "GroundTruthServer":
+    def __enter__(self) -> GroundTruthServer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -112,12 +117,26 @@ class GroundTruthServer:
 
             def do_GET(self):
                 if self.path == "/v1/models":
-                    self._json({"object": "list", "data": [{"id": server.model_name,
-                                                            "object": "model",
-                                                            "root": server.model_path}]})
+                    self._json(
+                        {
+                            "object": "list",
+                            "data": [
+                                {
+                                    "id": server.model_name,
+                                    "object": "model",
+                                    "root": server.model_path,
+                                }
+                            ],
+                        }
+                    )
                 elif self.path == "/get_model_info":
-                    self._json({"model_path": server.model_path,
-                                "tokenizer_path": server.model_path, "is_generation": True})
+                    self._json(
+                        {
+                            "model_path": server.model_path,
+                            "tokenizer_path": server.model_path,
+                            "is_generation": True,
+                        }
+                    )
                 elif self.path in ("/health", "/"):
                     self._json({"status": "ok"})
                 else:
@@ -140,16 +159,23 @@ class GroundTruthServer:
                 params = body.get("sampling_params") or {}
                 ids = body["input_ids"]
                 out = server.greedy(ids, int(params.get("max_new_tokens", 128)))
-                self._json({"text": server.tokenizer.decode(out), "output_ids": out,
-                            "meta_info": {"id": "req-1", "prompt_tokens": len(ids),
-                                          "completion_tokens": len(out),
-                                          "finish_reason": {"type": "length"}}})
+                self._json(
+                    {
+                        "text": server.tokenizer.decode(out),
+                        "output_ids": out,
+                        "meta_info": {
+                            "id": "req-1",
+                            "prompt_tokens": len(ids),
+                            "completion_tokens": len(out),
+                            "finish_reason": {"type": "length"},
+                        },
+                    }
+                )
 
             def _completions(self, body):
                 prompt = body["prompt"]
                 if "model" in body and body["model"] != server.model_name:
-                    self._json({"error": {"message": f"model {body.get('model')} not "
-                                          "found"}}, 404)
+                    self._json({"error": {"message": f"model {body.get('model')} not found"}}, 404)
                     return
                 if isinstance(prompt, str):
                     # Text servers tokenise the prompt themselves (transformers serve does).
@@ -157,16 +183,28 @@ class GroundTruthServer:
                 else:
                     ids = list(prompt)
                 out = server.greedy(ids, int(body.get("max_tokens", 16)))
-                choice = {"index": 0, "text": server.tokenizer.decode(out,
-                                                                      skip_special_tokens=True),
-                          "logprobs": None, "finish_reason": "length"}
+                choice = {
+                    "index": 0,
+                    "text": server.tokenizer.decode(out, skip_special_tokens=True),
+                    "logprobs": None,
+                    "finish_reason": "length",
+                }
                 if body.get("return_token_ids") and server.mode != "text_only":
                     choice["prompt_token_ids"] = ids
                     choice["token_ids"] = out
-                self._json({"id": "cmpl-1", "object": "text_completion", "created": 0,
-                            "model": server.model_name, "choices": [choice],
-                            "usage": {"prompt_tokens": len(ids),
-                                      "completion_tokens": len(out),
-                                      "total_tokens": len(ids) + len(out)}})
+                self._json(
+                    {
+                        "id": "cmpl-1",
+                        "object": "text_completion",
+                        "created": 0,
+                        "model": server.model_name,
+                        "choices": [choice],
+                        "usage": {
+                            "prompt_tokens": len(ids),
+                            "completion_tokens": len(out),
+                            "total_tokens": len(ids) + len(out),
+                        },
+                    }
+                )
 
         return Handler

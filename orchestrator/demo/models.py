@@ -26,7 +26,8 @@ CORPUS = [
 ]
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 MASK_TOKEN = "<|mask|>"
@@ -42,23 +43,35 @@ def build_tokenizer(vocab_size: int = 320):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>", MASK_TOKEN],
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-def _text_dims(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int | None) -> dict[str, Any]:
+def _text_dims(
+    vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int | None
+) -> dict[str, Any]:
     return dict(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        head_dim=hidden // heads, max_position_embeddings=4096, rms_norm_eps=1e-6,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
         tie_word_embeddings=False,
     )
 
@@ -71,7 +84,9 @@ def _save(model, tokenizer, out_dir: str, dtype: str) -> str:
     model = model.to(getattr(torch, dtype))
     model.config.eos_token_id = tokenizer.eos_token_id
     model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
     )
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -79,8 +94,16 @@ def _save(model, tokenizer, out_dir: str, dtype: str) -> str:
 
 
 def build_qwen3_target(
-    out_dir: str, *, hidden_size: int = 64, num_layers: int = 4, num_heads: int = 4, num_kv_heads: int = 2,
-    intermediate_size: int | None = None, vocab_size: int = 320, seed: int = 0, dtype: str = "float32",
+    out_dir: str,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    vocab_size: int = 320,
+    seed: int = 0,
+    dtype: str = "float32",
     model_vocab_size: int | None = None,
 ) -> str:
     """Save a tiny random ``Qwen3ForCausalLM`` (+ tokenizer) in ``out_dir``; returns the path.
@@ -93,14 +116,24 @@ def build_qwen3_target(
     tok = build_tokenizer(vocab_size)
     torch.manual_seed(seed)
     vocab = max(len(tok), model_vocab_size or 0)
-    cfg = Qwen3Config(**_text_dims(vocab, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size))
+    cfg = Qwen3Config(
+        **_text_dims(vocab, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size)
+    )
     cfg.bos_token_id = cfg.pad_token_id = tok.pad_token_id
     return _save(Qwen3ForCausalLM(cfg).eval(), tok, out_dir, dtype)
 
 
 def build_qwen35_vl_target(
-    out_dir: str, *, hidden_size: int = 64, num_layers: int = 4, num_heads: int = 4, num_kv_heads: int = 2,
-    intermediate_size: int | None = None, vocab_size: int = 320, seed: int = 0, dtype: str = "float32",
+    out_dir: str,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    vocab_size: int = 320,
+    seed: int = 0,
+    dtype: str = "float32",
 ) -> str:
     """Save a tiny random Qwen3.5-style ``Qwen3_5ForConditionalGeneration`` (vision tower +
     hybrid text stack: Gated DeltaNet linear-attention layers, every 4th full attention)."""
@@ -111,12 +144,24 @@ def build_qwen35_vl_target(
     torch.manual_seed(seed)
     text = _text_dims(len(tok), hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size)
     text.update(
-        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)],
-        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=[
+            "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)
+        ],
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
         linear_conv_kernel_dim=4,
     )
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden_size,
-                  patch_size=4, num_position_embeddings=16)
+    vision = dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=hidden_size,
+        patch_size=4,
+        num_position_embeddings=16,
+    )
     cfg = Qwen3_5Config(text_config=text, vision_config=vision)
     cfg.text_config.pad_token_id = tok.pad_token_id
     return _save(Qwen3_5ForConditionalGeneration(cfg).eval(), tok, out_dir, dtype)

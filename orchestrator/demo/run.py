@@ -28,9 +28,10 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator import follow, remote_eval
 from orchestrator.demo import build
 from orchestrator.errors import DflashError
+from orchestrator.eval import follow
+from orchestrator.eval import run as remote_eval
 from orchestrator.inventory import load_inventory
 
 TRAINER = "demo-trainer"
@@ -63,37 +64,60 @@ class DemoResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"history": self.history, "plot": str(self.plot) if self.plot else None,
-                "results_dir": str(self.results_dir),
-                "folder": str(self.folder) if self.folder else None,
-                "models": str(self.models), "built_now": self.built_now,
-                "seconds": {k: round(v, 1) for k, v in self.seconds.items()}}
+        return {
+            "history": self.history,
+            "plot": str(self.plot) if self.plot else None,
+            "results_dir": str(self.results_dir),
+            "folder": str(self.folder) if self.folder else None,
+            "models": str(self.models),
+            "built_now": self.built_now,
+            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+        }
 
 
 def write_inventory(folder: Path, assets: build.DemoAssets, gt_url: str) -> Path:
     """The demo's inventory: two local hosts in the trainer and eval roles."""
     doc = {
-        "defaults": {"relay_from": TRAINER, "relay_to": EVAL_HOST, "eval_host": EVAL_HOST,
-                     "results_dir": str(folder / "results")},
+        "defaults": {
+            "relay_from": TRAINER,
+            "relay_to": EVAL_HOST,
+            "eval_host": EVAL_HOST,
+            "results_dir": str(folder / "results"),
+        },
         "hosts": {
-            TRAINER: {"transport": "local", "workdir": str(folder / "trainer" / "dflash"),
-                      "roles": {"trainer": {"checkpoints": str(folder / "trainer" /
-                                                               "checkpoints"),
-                                            "complete_rule": "marker",
-                                            "marker": build.MARKER}}},
-            EVAL_HOST: {"transport": "local", "workdir": str(folder / "eval" / "dflash"),
-                        "roles": {"eval": {"drafters": str(folder / "eval" / "drafters"),
-                                           "target_model": str(assets.target),
-                                           "ground_truth": gt_url,
-                                           "ground_truth_kind": "sglang",
-                                           "samples": EVAL_SAMPLES,
-                                           "max_new_tokens": EVAL_NEW_TOKENS,
-                                           "threads": 1, "dtype": "float32"}}},
+            TRAINER: {
+                "transport": "local",
+                "workdir": str(folder / "trainer" / "dflash"),
+                "roles": {
+                    "trainer": {
+                        "checkpoints": str(folder / "trainer" / "checkpoints"),
+                        "complete_rule": "marker",
+                        "marker": build.MARKER,
+                    }
+                },
+            },
+            EVAL_HOST: {
+                "transport": "local",
+                "workdir": str(folder / "eval" / "dflash"),
+                "roles": {
+                    "eval": {
+                        "drafters": str(folder / "eval" / "drafters"),
+                        "target_model": str(assets.target),
+                        "ground_truth": gt_url,
+                        "ground_truth_kind": "sglang",
+                        "samples": EVAL_SAMPLES,
+                        "max_new_tokens": EVAL_NEW_TOKENS,
+                        "threads": 1,
+                        "dtype": "float32",
+                    }
+                },
+            },
         },
     }
     path = folder / "inventory.yaml"
-    path.write_text("# written by `dflash demo`: two local hosts\n" +
-                    yaml.safe_dump(doc, sort_keys=False))
+    path.write_text(
+        "# written by `dflash demo`: two local hosts\n" + yaml.safe_dump(doc, sort_keys=False)
+    )
     return path
 
 
@@ -116,8 +140,7 @@ def _wait_for_processes(folder: Path, timeout: float = 20.0) -> None:
         found = []
         for p in psutil.process_iter(["cmdline"]):
             try:
-                if p.pid != os.getpid() and any(str(folder) in a for a in
-                                                p.info["cmdline"] or []):
+                if p.pid != os.getpid() and any(str(folder) in a for a in p.info["cmdline"] or []):
                     found.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
@@ -133,8 +156,9 @@ def _wait_for_processes(folder: Path, timeout: float = 20.0) -> None:
             pass
 
 
-def run_demo(options: DemoOptions | None = None,
-             events: follow.FollowEvents | None = None) -> DemoResult:
+def run_demo(
+    options: DemoOptions | None = None, events: follow.FollowEvents | None = None
+) -> DemoResult:
     """Build (once) and run the demo; returns the follow history and the plot's path."""
     from orchestrator.demo.gtserver import GroundTruthServer
 
@@ -144,8 +168,9 @@ def run_demo(options: DemoOptions | None = None,
     if options.keep_dir:  # checked before the (maybe long) build
         folder = Path(options.keep_dir).expanduser().resolve()
         if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-            raise DflashError(f"--keep-dir {folder} exists and is not an empty folder; name "
-                              "a new one")
+            raise DflashError(
+                f"--keep-dir {folder} exists and is not an empty folder; name a new one"
+            )
     assets = build.ensure_assets(options.fresh, options.cache_dir, events.message)
     clock["models"] = time.monotonic()
     if options.keep_dir:
@@ -166,8 +191,10 @@ def run_demo(options: DemoOptions | None = None,
             inv = load_inventory(inv_path)
             events.message(f"inventory: {inv_path}; ground truth at {server.url}")
             opts = follow.FollowOptions(
-                probe=True, results_dir=results,
-                eval=remote_eval.EvalOptions(prompts=EVAL_PROMPTS, budgets=list(BUDGETS)))
+                probe=True,
+                results_dir=results,
+                eval=remote_eval.EvalOptions(prompts=EVAL_PROMPTS, budgets=list(BUDGETS)),
+            )
             clock["ready"] = time.monotonic()
             follow.follow_pass(inv, TRAINER, EVAL_HOST, opts, events)
             state = follow.state_dir(inv, TRAINER, EVAL_HOST, opts)
@@ -175,13 +202,19 @@ def run_demo(options: DemoOptions | None = None,
         history = follow.read_history(state)
         plot = state / follow.PLOT
         return DemoResult(
-            history=history, plot=plot if plot.is_file() else None, results_dir=results,
-            folder=folder if options.keep_dir else None, models=assets.root,
+            history=history,
+            plot=plot if plot.is_file() else None,
+            results_dir=results,
+            folder=folder if options.keep_dir else None,
+            models=assets.root,
             built_now=assets.built_now,
-            seconds={"models": clock["models"] - clock["start"],
-                     "setup": clock["ready"] - clock["models"],
-                     "relay_probe_eval": clock["done"] - clock["ready"],
-                     "total": clock["done"] - clock["start"]})
+            seconds={
+                "models": clock["models"] - clock["start"],
+                "setup": clock["ready"] - clock["models"],
+                "relay_probe_eval": clock["done"] - clock["ready"],
+                "total": clock["done"] - clock["start"],
+            },
+        )
     finally:
         _wait_for_processes(folder)
         if not options.keep_dir:

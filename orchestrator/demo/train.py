@@ -4,7 +4,7 @@ Data: random prompts drawn from the target's tokenizer vocabulary, completed gre
 target itself (so ground truth and target agree by construction). Training: the drafter sees
 the target's features at the chosen layers for positions ``< s`` and the block
 ``[g[s], mask, ...]``, and learns ``g[s+1..s+B-1]`` with cross-entropy, exactly the inference
-forward (`remote.drafter.DFlashDrafter.forward_blocks`). The target's embedding and head are
+forward (`remote.eval.drafter.DFlashDrafter.forward_blocks`). The target's embedding and head are
 borrowed and frozen. Checkpoints are written in z-lab format (``config.json`` with
 ``dflash_config`` + ``model.safetensors``) at the requested steps, so acceptance visibly rises
 with the step. Seconds on 2 cores for the tiny models of `orchestrator.demo.models`.
@@ -25,16 +25,23 @@ def greedy_complete(target, prompt: list[int], new_tokens: int) -> list[int]:
     for _ in range(new_tokens):
         _f, arg = target.forward(g, [0], argmax_from=len(g) - 1)
         g.append(int(arg[-1]))
-    return g[len(prompt):]
+    return g[len(prompt) :]
 
 
-def make_ground_truth(target_dir: str, n: int, *, prompt_len: int = 12, completion_len: int = 40,
-                      seed: int = 0, path: str | None = None) -> list[dict[str, Any]]:
+def make_ground_truth(
+    target_dir: str,
+    n: int,
+    *,
+    prompt_len: int = 12,
+    completion_len: int = 40,
+    seed: int = 0,
+    path: str | None = None,
+) -> list[dict[str, Any]]:
     """``n`` samples ``{"id", "prompt_ids", "completion_ids"}`` from the target's own greedy
     decoding of random-token prompts (specials excluded); written as JSONL when ``path``."""
     import torch
 
-    from remote.target import load_target
+    from remote.eval.target import load_target
 
     target = load_target(target_dir, torch.float32)
     vocab = target.info.vocab_size
@@ -42,7 +49,13 @@ def make_ground_truth(target_dir: str, n: int, *, prompt_len: int = 12, completi
     rows = []
     for i in range(n):
         prompt = [rng.randrange(8, vocab) for _ in range(prompt_len)]
-        rows.append({"id": f"s{i}", "prompt_ids": prompt, "completion_ids": greedy_complete(target, prompt, completion_len)})
+        rows.append(
+            {
+                "id": f"s{i}",
+                "prompt_ids": prompt,
+                "completion_ids": greedy_complete(target, prompt, completion_len),
+            }
+        )
     if path:
         with open(path, "w") as fh:
             for r in rows:
@@ -50,18 +63,35 @@ def make_ground_truth(target_dir: str, n: int, *, prompt_len: int = 12, completi
     return rows
 
 
-def drafter_config(target_info, *, mask_token_id: int, block_size: int, num_layers: int,
-                   target_layer_ids: list[int], intermediate_size: int | None = None) -> dict[str, Any]:
+def drafter_config(
+    target_info,
+    *,
+    mask_token_id: int,
+    block_size: int,
+    num_layers: int,
+    target_layer_ids: list[int],
+    intermediate_size: int | None = None,
+) -> dict[str, Any]:
     """A z-lab drafter config.json dict sized to the target's hidden size and vocabulary."""
     h = target_info.hidden_size
     heads = max(1, h // 16)
     return {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
-        "hidden_size": h, "num_hidden_layers": num_layers, "num_attention_heads": heads,
-        "num_key_value_heads": max(1, heads // 2), "head_dim": h // heads,
-        "intermediate_size": intermediate_size or 2 * h, "rms_norm_eps": 1e-6, "vocab_size": target_info.vocab_size,
-        "rope_theta": 1000000.0, "max_position_embeddings": 4096, "hidden_act": "silu", "attention_bias": False,
-        "block_size": block_size, "num_target_layers": target_info.num_layers,
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": h,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 2),
+        "head_dim": h // heads,
+        "intermediate_size": intermediate_size or 2 * h,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": target_info.vocab_size,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 4096,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "block_size": block_size,
+        "num_target_layers": target_info.num_layers,
         "dflash_config": {"target_layer_ids": target_layer_ids, "mask_token_id": mask_token_id},
     }
 
@@ -90,18 +120,27 @@ def train_drafter(
     import torch
     import torch.nn.functional as F
 
-    from remote.drafter import DFlashDrafter, DrafterConfig, save_zlab
-    from remote.target import load_target
+    from remote.eval.drafter import DFlashDrafter, DrafterConfig, save_zlab
+    from remote.eval.target import load_target
 
     torch.manual_seed(seed)
     target = load_target(target_dir, torch.float32)
     info = target.info
     layer_ids = target_layer_ids or sorted({1, max(1, info.num_layers - 2)})
     mask_id = _mask_token_id(target_dir, info.vocab_size)
-    cfg = DrafterConfig.from_dict(drafter_config(info, mask_token_id=mask_id, block_size=block_size,
-                                                 num_layers=num_layers, target_layer_ids=layer_ids))
+    cfg = DrafterConfig.from_dict(
+        drafter_config(
+            info,
+            mask_token_id=mask_id,
+            block_size=block_size,
+            num_layers=num_layers,
+            target_layer_ids=layer_ids,
+        )
+    )
     if rows is None:
-        rows = make_ground_truth(target_dir, samples, prompt_len=prompt_len, completion_len=completion_len, seed=seed + 1)
+        rows = make_ground_truth(
+            target_dir, samples, prompt_len=prompt_len, completion_len=completion_len, seed=seed + 1
+        )
     data = []
     for r in rows:
         g = r["prompt_ids"] + r["completion_ids"]
@@ -127,8 +166,12 @@ def train_drafter(
             h = model.forward_blocks(kv, starts, model.block_inputs(embed, g[starts]))
             logits = model.logits(h[:, 1:], head)
             tgt_pos = starts[:, None] + torch.arange(1, block_size)[None, :]
-            labels = torch.where(tgt_pos <= L, g[tgt_pos.clamp(max=L)], torch.full_like(tgt_pos, -100))
-            loss = loss + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+            labels = torch.where(
+                tgt_pos <= L, g[tgt_pos.clamp(max=L)], torch.full_like(tgt_pos, -100)
+            )
+            loss = loss + F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
+            )
         opt.zero_grad()
         (loss / min(batch_samples, len(data))).backward()
         opt.step()

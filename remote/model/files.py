@@ -24,10 +24,18 @@ INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100_000_000
 # safetensors dtype -> (torch dtype name, bytes per element)
 ST_DTYPES = {
-    "F64": ("float64", 8), "F32": ("float32", 4), "BF16": ("bfloat16", 2), "F16": ("float16", 2),
-    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
-    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1),
-    "U8": ("uint8", 1), "BOOL": ("bool", 1),
+    "F64": ("float64", 8),
+    "F32": ("float32", 4),
+    "BF16": ("bfloat16", 2),
+    "F16": ("float16", 2),
+    "F8_E4M3": ("float8_e4m3fn", 1),
+    "F8_E5M2": ("float8_e5m2", 1),
+    "I64": ("int64", 8),
+    "I32": ("int32", 4),
+    "I16": ("int16", 2),
+    "I8": ("int8", 1),
+    "U8": ("uint8", 1),
+    "BOOL": ("bool", 1),
 }
 OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".gguf")
 
@@ -82,13 +90,14 @@ def build_config(folder: Path, raw: dict | None = None):
             hint = f"it was saved by transformers {saved}: upgrade to >= {saved}"
         else:
             hint = "upgrade transformers (pip install -U transformers) or check the model_type"
-        raise UserError(f"model_type {model_type!r} in {folder}/config.json is unknown to "
-                        f"transformers {have} on this host; {hint}")
+        raise UserError(
+            f"model_type {model_type!r} in {folder}/config.json is unknown to "
+            f"transformers {have} on this host; {hint}"
+        )
     try:
         return AutoConfig.from_pretrained(str(folder))
     except Exception as exc:  # transformers raises many types for a bad config
-        raise UserError(f"transformers cannot read {folder}/config.json: "
-                        f"{one_line(exc)}") from None
+        raise UserError(f"transformers cannot read {folder}/config.json: {one_line(exc)}") from None
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -107,8 +116,9 @@ class Header:
     @property
     def data_end(self) -> int:
         """The byte offset the last tensor ends at (what the file's size must reach)."""
-        return self.data_start + max((int(t["data_offsets"][1]) for t in self.tensors.values()),
-                                     default=0)
+        return self.data_start + max(
+            (int(t["data_offsets"][1]) for t in self.tensors.values()), default=0
+        )
 
 
 def read_header(path: Path) -> Header:
@@ -126,8 +136,10 @@ def read_header(path: Path) -> Header:
                 raise UserError(f"shard {path} is truncated: {size} bytes, no safetensors header")
             (n,) = struct.unpack("<Q", head)
             if n > size - 8 or n > MAX_HEADER_BYTES:
-                raise UserError(f"shard {path} is truncated or not safetensors: header says "
-                                f"{n} bytes, file has {size}")
+                raise UserError(
+                    f"shard {path} is truncated or not safetensors: header says "
+                    f"{n} bytes, file has {size}"
+                )
             header = json.loads(fh.read(n))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"shard {path} has an unreadable safetensors header") from None
@@ -137,13 +149,18 @@ def read_header(path: Path) -> Header:
         raise UserError(f"shard {path} has an unreadable safetensors header")
     header.pop("__metadata__", None)
     for key, info in header.items():
-        if (not isinstance(info, dict) or info.get("dtype") not in ST_DTYPES
-                or not isinstance(info.get("shape"), list)
-                or not isinstance(info.get("data_offsets"), list)
-                or len(info["data_offsets"]) != 2):
+        if (
+            not isinstance(info, dict)
+            or info.get("dtype") not in ST_DTYPES
+            or not isinstance(info.get("shape"), list)
+            or not isinstance(info.get("data_offsets"), list)
+            or len(info["data_offsets"]) != 2
+        ):
             kind = info.get("dtype") if isinstance(info, dict) else None
-            raise UserError(f"shard {path}: tensor {key} has an unreadable entry"
-                            + (f" (dtype {kind} is not supported)" if kind else ""))
+            raise UserError(
+                f"shard {path}: tensor {key} has an unreadable entry"
+                + (f" (dtype {kind} is not supported)" if kind else "")
+            )
     return Header(path, header, 8 + n, size)
 
 
@@ -177,8 +194,9 @@ def scan_checkpoint(folder: Path) -> dict:
             raise UserError(f"safetensors index {index_path} has no usable weight_map")
         for name in set(wm.values()):
             if os.path.isabs(name) or ".." in Path(name).parts:
-                raise UserError(f"safetensors index {index_path} names a shard outside the "
-                                f"folder: {name!r}")
+                raise UserError(
+                    f"safetensors index {index_path} names a shard outside the folder: {name!r}"
+                )
         expected_files = sorted(set(wm.values()))
     else:
         expected_files = sorted(p.name for p in folder.glob("*.safetensors"))
@@ -200,17 +218,25 @@ def scan_checkpoint(folder: Path) -> dict:
         for key, name in index["weight_map"].items():
             keys.setdefault(key, (name, "?", []))
     other = sorted(p.name for p in folder.iterdir() if p.suffix in OTHER_WEIGHT_SUFFIXES)
-    return {"files": expected_files, "index": INDEX_NAME if index is not None else None,
-            "keys": keys, "missing_shards": missing, "truncated_shards": truncated,
-            "bytes_on_disk": on_disk, "other_weight_files": other,
-            "complete": not missing and not truncated}
+    return {
+        "files": expected_files,
+        "index": INDEX_NAME if index is not None else None,
+        "keys": keys,
+        "missing_shards": missing,
+        "truncated_shards": truncated,
+        "bytes_on_disk": on_disk,
+        "other_weight_files": other,
+        "complete": not missing and not truncated,
+    }
 
 
 def incomplete_reason(scan: dict) -> str | None:
     """One phrase naming the missing and truncated shards, or None when all are whole."""
     parts = [f"shard {m} is missing" for m in scan["missing_shards"]]
-    parts += [f"shard {t['file']} is truncated ({t['size']} of {t['expected']} bytes)"
-              for t in scan["truncated_shards"]]
+    parts += [
+        f"shard {t['file']} is truncated ({t['size']} of {t['expected']} bytes)"
+        for t in scan["truncated_shards"]
+    ]
     return "; ".join(parts) or None
 
 
@@ -248,8 +274,10 @@ class LazyTensor:
             return self[...][index]
         t = torch.empty(self.shape, dtype=getattr(torch, ST_DTYPES[self.dtype_name][0]))
         if self.nbytes != t.numel() * t.element_size():
-            raise UserError(f"{self.path}: tensor {self.key} has {self.nbytes} bytes for shape "
-                            f"{self.shape}; the shard is corrupt, copy it again")
+            raise UserError(
+                f"{self.path}: tensor {self.key} has {self.nbytes} bytes for shape "
+                f"{self.shape}; the shard is corrupt, copy it again"
+            )
         if self.nbytes:
             view = memoryview(t.view(-1).view(torch.uint8).numpy())
             fd = os.open(self.path, os.O_RDONLY)
@@ -258,8 +286,10 @@ class LazyTensor:
                 while done < self.nbytes:
                     got = os.preadv(fd, [view[done:]], self.start + done)
                     if got <= 0:
-                        raise UserError(f"{self.path} is truncated (tensor {self.key}); "
-                                        "copy the checkpoint again")
+                        raise UserError(
+                            f"{self.path} is truncated (tensor {self.key}); "
+                            "copy the checkpoint again"
+                        )
                     done += got
             finally:
                 os.close(fd)

@@ -29,16 +29,21 @@ def conversion_mapping(model) -> list:
     return get_model_conversion_mapping(model)
 
 
-def map_checkpoint_keys(model, ckpt_keys, meta_sd: dict | None = None
-                        ) -> tuple[dict[str, str], set[str]]:
+def map_checkpoint_keys(
+    model, ckpt_keys, meta_sd: dict | None = None
+) -> tuple[dict[str, str], set[str]]:
     """Map each checkpoint key to the module key transformers would load it into.
 
     Returns (mapping, keys that need a tensor conversion beyond a rename, e.g. the per-expert
     weights fused into one tensor). Keys are visited in transformers' own order, because some
     renamings decide on the first key they see (``GroupWeightRename``).
     """
-    from transformers.core_model_loading import (WeightConverter, WeightRenaming,
-                                                 dot_natural_key, rename_source_key)
+    from transformers.core_model_loading import (
+        WeightConverter,
+        WeightRenaming,
+        dot_natural_key,
+        rename_source_key,
+    )
 
     meta_sd = model.state_dict() if meta_sd is None else meta_sd
     transforms = conversion_mapping(model)
@@ -83,10 +88,14 @@ def missing_keys(model, mapping: dict[str, str], meta_keys: set[str]) -> set[str
     """Module keys no checkpoint key fills (tied copies and keys the model ignores excluded)."""
     loaded = {v for v in mapping.values() if v in meta_keys}
     tied = getattr(model, "all_tied_weights_keys", None) or {}
-    ignore = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_missing", None)
-                                      or [])]
-    return {k for k in meta_keys - loaded
-            if not (k in tied and tied[k] in loaded) and not any(p.search(k) for p in ignore)}
+    ignore = [
+        re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_missing", None) or [])
+    ]
+    return {
+        k
+        for k in meta_keys - loaded
+        if not (k in tied and tied[k] in loaded) and not any(p.search(k) for p in ignore)
+    }
 
 
 def key_report(model, scan: dict, layout: TextLayout) -> tuple[dict, dict[str, str], set[str]]:
@@ -95,12 +104,17 @@ def key_report(model, scan: dict, layout: TextLayout) -> tuple[dict, dict[str, s
     meta_keys = set(model.state_dict())
     mapping, converted = map_checkpoint_keys(model, ckpt_keys)
     missing = missing_keys(model, mapping, meta_keys)
-    ignore_unexp = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected",
-                                                    None) or [])]
-    unexpected = {k for k, v in mapping.items()
-                  if v not in meta_keys and not any(p.search(k) for p in ignore_unexp)}
-    remapped = Counter((key_prefix(k), key_prefix(v)) for k, v in mapping.items()
-                       if k != v and v in meta_keys)
+    ignore_unexp = [
+        re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
+    ]
+    unexpected = {
+        k
+        for k, v in mapping.items()
+        if v not in meta_keys and not any(p.search(k) for p in ignore_unexp)
+    }
+    remapped = Counter(
+        (key_prefix(k), key_prefix(v)) for k, v in mapping.items() if k != v and v in meta_keys
+    )
     text_missing = {k for k in missing if layout.in_text(k)}
     structure = layout.structure()
 
@@ -112,15 +126,18 @@ def key_report(model, scan: dict, layout: TextLayout) -> tuple[dict, dict[str, s
                 return ck[: len(ck) - (len(mk) - len(module_path))]
         return None
 
-    forms = {name: {"module": structure[name], "checkpoint": ckpt_form(structure[name])}
-             for name in ("layers", "embed_tokens", "norm", "lm_head", "backbone")}
+    forms = {
+        name: {"module": structure[name], "checkpoint": ckpt_form(structure[name])}
+        for name in ("layers", "embed_tokens", "norm", "lm_head", "backbone")
+    }
     whole = scan.get("complete", True)
     report = {
         "mapping_method": "transformers conversion mapping",
         "checkpoint_prefixes": dict(sorted(Counter(key_prefix(k) for k in ckpt_keys).items())),
         "module_prefixes": dict(sorted(Counter(key_prefix(k) for k in meta_keys).items())),
-        "remapped_prefixes": [{"checkpoint": a, "module": b, "keys": n}
-                              for (a, b), n in sorted(remapped.items())],
+        "remapped_prefixes": [
+            {"checkpoint": a, "module": b, "keys": n} for (a, b), n in sorted(remapped.items())
+        ],
         "paths": forms,
         "missing": limited(missing),
         "missing_text": limited(text_missing),

@@ -31,8 +31,8 @@ VISION_NAME = re.compile(r"vis|image|img|multi_modal|mm_|patch|projector|merger|
 class TextLayout:
     """Where the text part of a model lives (module paths in the built class)."""
 
-    architecture: str       # the built class, e.g. Qwen3_5ForConditionalGeneration
-    backbone_path: str      # "" when the model itself is the backbone
+    architecture: str  # the built class, e.g. Qwen3_5ForConditionalGeneration
+    backbone_path: str  # "" when the model itself is the backbone
     backbone_class: str
     layers_path: str
     embed_path: str
@@ -46,10 +46,15 @@ class TextLayout:
 
     def structure(self) -> dict:
         """The probe report's ``text`` paths, in its historical key names."""
-        return {"backbone": self.backbone_path, "backbone_class": self.backbone_class,
-                "layers": self.layers_path, "embed_tokens": self.embed_path,
-                "norm": self.norm_path, "lm_head": self.head_path,
-                "lm_head_tied": self.tied_head}
+        return {
+            "backbone": self.backbone_path,
+            "backbone_class": self.backbone_class,
+            "layers": self.layers_path,
+            "embed_tokens": self.embed_path,
+            "norm": self.norm_path,
+            "lm_head": self.head_path,
+            "lm_head_tied": self.tied_head,
+        }
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -57,7 +62,8 @@ class TextLayout:
     def in_text(self, key: str) -> bool:
         """Whether a module key (parameter, buffer or module path) belongs to the text part."""
         return _under(key, self.backbone_path) or (
-            self.head_path is not None and _under(key, self.head_path))
+            self.head_path is not None and _under(key, self.head_path)
+        )
 
 
 def _under(key: str, path: str) -> bool:
@@ -66,13 +72,16 @@ def _under(key: str, path: str) -> bool:
 
 # ---- classes and building --------------------------------------------------------------
 
+
 def auto_class_choices(config) -> dict[str, Any]:
     """The class each auto class would pick for this config (None where it has none)."""
     from transformers.models.auto import modeling_auto as ma
 
-    mappings = {"AutoModel": ma.MODEL_MAPPING,
-                "AutoModelForCausalLM": ma.MODEL_FOR_CAUSAL_LM_MAPPING,
-                "AutoModelForImageTextToText": ma.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING}
+    mappings = {
+        "AutoModel": ma.MODEL_MAPPING,
+        "AutoModelForCausalLM": ma.MODEL_FOR_CAUSAL_LM_MAPPING,
+        "AutoModelForImageTextToText": ma.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING,
+    }
     return {name: m.get(type(config), None) for name, m in mappings.items()}
 
 
@@ -122,6 +131,7 @@ def build_on_meta(cls, config, dtype):
 
 # ---- finding the text decoder ------------------------------------------------------------
 
+
 def find_text(model, vocab_size: int | None) -> TextLayout:
     """Find the text decoder in `model`'s module tree.
 
@@ -148,12 +158,18 @@ def find_text(model, vocab_size: int | None) -> TextLayout:
         for name, child in children:
             if not isinstance(child, nn.ModuleList) or len(child) == 0:
                 continue
-            score = (emb is input_emb, emb.num_embeddings == vocab_size,
-                     sum(p.numel() for p in child.parameters()), len(child))
+            score = (
+                emb is input_emb,
+                emb.num_embeddings == vocab_size,
+                sum(p.numel() for p in child.parameters()),
+                len(child),
+            )
             candidates.append((score, parent_path, name, emb_name, parent))
     if not candidates:
-        raise UserError("no decoder layer list found: no ModuleList beside an embedding "
-                        f"in {type(model).__name__}")
+        raise UserError(
+            "no decoder layer list found: no ModuleList beside an embedding "
+            f"in {type(model).__name__}"
+        )
     _, backbone, layers_name, emb_name, parent = max(candidates, key=lambda c: c[0])
 
     def join(child: str) -> str:
@@ -170,20 +186,31 @@ def find_text(model, vocab_size: int | None) -> TextLayout:
     except Exception:
         head = None
     if head is None or id(head) not in names:
-        head = next((m for p, m in model.named_modules()
-                     if isinstance(m, nn.Linear) and m.out_features == vocab_size
-                     and not _under(p, backbone)), None)
+        head = next(
+            (
+                m
+                for p, m in model.named_modules()
+                if isinstance(m, nn.Linear)
+                and m.out_features == vocab_size
+                and not _under(p, backbone)
+            ),
+            None,
+        )
     emb = parent.get_submodule(emb_name)
     head_path = names[id(head)] if head is not None and id(head) in names else None
     text_cfg = getattr(parent, "config", None) or model.config.get_text_config()
     layers = parent.get_submodule(layers_name)
     return TextLayout(
-        architecture=type(model).__name__, backbone_path=backbone,
-        backbone_class=type(parent).__name__, layers_path=join(layers_name),
-        embed_path=join(emb_name), norm_path=join(norm_name) if norm_name else None,
+        architecture=type(model).__name__,
+        backbone_path=backbone,
+        backbone_class=type(parent).__name__,
+        layers_path=join(layers_name),
+        embed_path=join(emb_name),
+        norm_path=join(norm_name) if norm_name else None,
         head_path=head_path,
         tied_head=(getattr(head, "weight", None) is emb.weight) if head_path else None,
-        num_layers=len(layers), hidden_size=int(emb.weight.shape[1]),
+        num_layers=len(layers),
+        hidden_size=int(emb.weight.shape[1]),
         vocab_size=int(emb.weight.shape[0]),
         layer_types=list(getattr(text_cfg, "layer_types", None) or []) or None,
     )
@@ -209,8 +236,8 @@ class Described:
     raw: dict
     config: Any
     cls: type
-    dtype: Any          # the config's declared dtype (what the meta model is built in)
-    model: Any          # the whole model on the meta device
+    dtype: Any  # the config's declared dtype (what the meta model is built in)
+    model: Any  # the whole model on the meta device
     layout: TextLayout
 
 
@@ -230,8 +257,10 @@ def describe(folder: str | Path, dtype=None) -> Described:
     try:
         model = build_on_meta(cls, config, dtype)
     except Exception as exc:
-        raise UserError(f"cannot build {cls.__name__} from {folder}/config.json on the meta "
-                        f"device: {one_line(exc)}") from None
+        raise UserError(
+            f"cannot build {cls.__name__} from {folder}/config.json on the meta "
+            f"device: {one_line(exc)}"
+        ) from None
     layout = find_text(model, getattr(config.get_text_config(), "vocab_size", None))
     return Described(folder, raw, config, cls, dtype, model, layout)
 
@@ -251,6 +280,7 @@ def text_weight_bytes(model, layout: TextLayout, dtype) -> int:
 
 # ---- reports -----------------------------------------------------------------------------
 
+
 def parameter_split(model, layout: TextLayout) -> dict:
     """Parameter count and bytes for the text part (backbone + head), vision and other."""
     out = {k: {"params": 0, "bytes": 0, "modules": set()} for k in ("text", "vision", "other")}
@@ -266,8 +296,10 @@ def parameter_split(model, layout: TextLayout) -> dict:
         out[group]["modules"].add(top or "(root)")
     for v in out.values():
         v["modules"] = sorted(v["modules"])
-    out["total"] = {"params": sum(out[k]["params"] for k in ("text", "vision", "other")),
-                    "bytes": sum(out[k]["bytes"] for k in ("text", "vision", "other"))}
+    out["total"] = {
+        "params": sum(out[k]["params"] for k in ("text", "vision", "other")),
+        "bytes": sum(out[k]["bytes"] for k in ("text", "vision", "other")),
+    }
     return out
 
 
@@ -287,8 +319,11 @@ def layer_signature(layer) -> str:
     what tell full from linear attention, so the signature is the list of its direct
     children's names and classes, shortened to the ones that are not norms.
     """
-    parts = [f"{n}:{type(c).__name__}" for n, c in layer.named_children()
-             if "norm" not in type(c).__name__.lower()]
+    parts = [
+        f"{n}:{type(c).__name__}"
+        for n, c in layer.named_children()
+        if "norm" not in type(c).__name__.lower()
+    ]
     return type(layer).__name__ + "(" + ", ".join(parts) + ")"
 
 
@@ -324,8 +359,11 @@ def collapsed_tree(module, name: str = "", depth: int = 4) -> dict:
     """
     from torch import nn
 
-    node: dict[str, Any] = {"name": name, "class": type(module).__name__,
-                            "params": sum(p.numel() for p in module.parameters())}
+    node: dict[str, Any] = {
+        "name": name,
+        "class": type(module).__name__,
+        "params": sum(p.numel() for p in module.parameters()),
+    }
     if depth <= 0:
         return node
     children = []

@@ -27,8 +27,9 @@ from remote.model.keys import conversion_mapping, map_checkpoint_keys, missing_k
 from remote.model.layout import Described, describe
 
 
-def plan_text(folder: str | Path, dtype, described: Described | None = None
-              ) -> tuple[Described, dict, dict[str, str]]:
+def plan_text(
+    folder: str | Path, dtype, described: Described | None = None
+) -> tuple[Described, dict, dict[str, str]]:
     """Everything `load_text` checks before it reads a tensor: the model has a head, the
     shards are whole, and every text weight is in the checkpoint.
 
@@ -39,28 +40,38 @@ def plan_text(folder: str | Path, dtype, described: Described | None = None
     model, layout = d.model, d.layout
     quant = getattr(d.config, "quantization_config", None)
     if quant:
-        method = quant.get("quant_method") if isinstance(quant, dict) else \
-            getattr(quant, "quant_method", None)
-        raise UserError(f"{layout.architecture} checkpoint in {d.folder} is quantized "
-                        f"({method or 'unknown method'}); the eval reads bf16/fp16/fp32 "
-                        "weights only: point it at a dequantized copy")
+        method = (
+            quant.get("quant_method")
+            if isinstance(quant, dict)
+            else getattr(quant, "quant_method", None)
+        )
+        raise UserError(
+            f"{layout.architecture} checkpoint in {d.folder} is quantized "
+            f"({method or 'unknown method'}); the eval reads bf16/fp16/fp32 "
+            "weights only: point it at a dequantized copy"
+        )
     if layout.head_path is None:
-        raise UserError(f"{layout.architecture} has no LM head (output embedding); it cannot "
-                        "be a speculative-decoding target")
+        raise UserError(
+            f"{layout.architecture} has no LM head (output embedding); it cannot "
+            "be a speculative-decoding target"
+        )
     scan = scan_checkpoint(d.folder)
     require_complete(d.folder, scan, "target checkpoint")
     if not scan["keys"]:
-        raise UserError(f"no safetensors weights in target folder {d.folder} "
-                        "(model.safetensors or an index)")
+        raise UserError(
+            f"no safetensors weights in target folder {d.folder} (model.safetensors or an index)"
+        )
     meta_sd = model.state_dict()
     text_keys = {k for k in meta_sd if layout.in_text(k)}
     mapping, _converted = map_checkpoint_keys(model, scan["keys"], meta_sd)
     wanted = {ck: mk for ck, mk in mapping.items() if mk in text_keys}
     missing = sorted(missing_keys(model, wanted, text_keys))
     if missing:
-        raise UserError(f"target checkpoint lacks {', '.join(missing[:6])}"
-                        + (f" (and {len(missing) - 6} more)" if len(missing) > 6 else "")
-                        + f"; is the download of {d.folder} complete?")
+        raise UserError(
+            f"target checkpoint lacks {', '.join(missing[:6])}"
+            + (f" (and {len(missing) - 6} more)" if len(missing) > 6 else "")
+            + f"; is the download of {d.folder} complete?"
+        )
     return d, scan, wanted
 
 
@@ -98,39 +109,57 @@ def load_text(folder: str | Path, dtype) -> Described:
     model, layout, dtype = d.model, d.layout, d.dtype
     tensors = lazy_tensors(d.folder, scan)
     state = {ck: tensors[ck] for ck in wanted}
-    config = LoadStateDictConfig(pretrained_model_name_or_path=str(d.folder), dtype=dtype,
-                                 dtype_plan=model._get_dtype_plan(dtype),
-                                 weight_mapping=conversion_mapping(model))
+    config = LoadStateDictConfig(
+        pretrained_model_name_or_path=str(d.folder),
+        dtype=dtype,
+        dtype_plan=model._get_dtype_plan(dtype),
+        weight_mapping=conversion_mapping(model),
+    )
     try:
         with _sequential_reads():
             info, _ = convert_and_load_state_dict_in_model(model, state, config)
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"transformers could not load the text weights of "
-                        f"{layout.architecture} from {d.folder}: {one_line(exc)}") from None
+        raise UserError(
+            f"transformers could not load the text weights of "
+            f"{layout.architecture} from {d.folder}: {one_line(exc)}"
+        ) from None
     del state, tensors
-    bad = [f"{k}: checkpoint {tuple(a)} vs model {tuple(b)}"
-           for k, a, b in sorted(info.mismatched_keys) if layout.in_text(k)]
+    bad = [
+        f"{k}: checkpoint {tuple(a)} vs model {tuple(b)}"
+        for k, a, b in sorted(info.mismatched_keys)
+        if layout.in_text(k)
+    ]
     bad += [f"{k}: {v}" for k, v in sorted((info.conversion_errors or {}).items())]
     if bad:
-        raise UserError(f"target weights do not fit {layout.architecture}: {bad[0]}"
-                        + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+        raise UserError(
+            f"target weights do not fit {layout.architecture}: {bad[0]}"
+            + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+        )
     with torch.no_grad():
         _allocate_unloaded(model, layout)
         _init_text_buffers(model, layout)
         model.tie_weights(missing_keys=set(info.missing_keys), recompute_mapping=False)
-    left = [k for k, t in list(model.named_parameters()) + list(model.named_buffers())
-            if layout.in_text(k) and t.is_meta]
+    left = [
+        k
+        for k, t in list(model.named_parameters()) + list(model.named_buffers())
+        if layout.in_text(k) and t.is_meta
+    ]
     if left:
-        raise UserError(f"target weights {', '.join(left[:6])} of {layout.architecture} were "
-                        "not loaded; report this architecture")
+        raise UserError(
+            f"target weights {', '.join(left[:6])} of {layout.architecture} were "
+            "not loaded; report this architecture"
+        )
     backbone = model.get_submodule(layout.backbone_path) if layout.backbone_path else model
     for sub in (backbone, model.get_submodule(layout.head_path)):
         sub.eval().requires_grad_(False)
     cfg = getattr(backbone, "config", None)
     if cfg is not None and getattr(cfg, "_attn_implementation", None) in (
-            None, "flex_attention", "flash_attention_2"):
+        None,
+        "flex_attention",
+        "flash_attention_2",
+    ):
         cfg._attn_implementation = "sdpa"  # the kernels a CPU host always has
     return d
 
@@ -160,8 +189,11 @@ def _init_text_buffers(model, layout) -> None:
 
     def walk(module, path: str, owner) -> None:
         for name, child in module.named_children():
-            walk(child, f"{path}.{name}" if path else name,
-                 child if isinstance(child, PreTrainedModel) else owner)
+            walk(
+                child,
+                f"{path}.{name}" if path else name,
+                child if isinstance(child, PreTrainedModel) else owner,
+            )
         if layout.in_text(path) and (path or not layout.backbone_path):
             owner._initialize_weights(module, owner.is_custom_code())
 

@@ -1,0 +1,566 @@
+"""Remote eval from the workstation: push, preflight, start detached, watch, cancel, pull.
+
+The everyday path is one call::
+
+    run_eval(inventory, "ct129", "step_12000", EvalOptions(samples=20), on_event=print)
+
+which pushes the remote bundle (only when the host lacks that exact build), pushes the
+prompt set (same rule), runs the host-side preflight (versions, RAM, the ground-truth server
+reachable FROM the host: each failure one line), starts the job detached from the SSH session
+(``remote/jobs.py``), streams its progress events to `on_event`, and on completion pulls the
+job's files into ``<results_dir>/<job-id>/`` and draws the plots there.
+
+The pieces are separate so other commands (the demo, ``dflash follow``, sharding across
+hosts) can reuse them: `build_spec`, `preflight`, `start_job`, `watch`, `job_status`,
+`list_jobs`, `cancel`, `pull_results`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.errors import DflashError, RemoteCommandError
+from orchestrator.inventory import HostSpec, Inventory
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import Host, HostError, Result, last_line, open_host
+from remote.eval.groundtruth import KINDS as GT_KINDS
+from remote.protocol import (
+    DEFAULT_BUDGETS,
+    DEFAULT_DTYPE,
+    JOB_SPEC_SCHEMA,
+    SpecError,
+    parse_budgets,
+    parse_dtype,
+)
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+PROMPTS_DIR = DATA_DIR / "prompts"
+# Files a finished job leaves in its folder that belong with the result locally.
+RESULT_FILES = (
+    "result.json",
+    "samples.jsonl",
+    "spec.json",
+    "eval_spec.json",
+    "ground_truth.json",
+    "exit.json",
+    "events.jsonl",
+    "log.txt",
+)
+REQUIRED_RESULT_FILES = ("result.json",)
+
+EventHandler = Callable[[dict], None]
+
+
+class JobError(DflashError):
+    """A job failed, was cancelled or was lost; the message says which and why."""
+
+
+@dataclass
+class EvalOptions:
+    """Everything about one evaluation that is not the host or the checkpoint.
+
+    `prompts`: a built-in set name (see `builtin_prompt_sets`), a local JSONL file (pushed
+    with the job) or ``host:/path`` for a file already on the host; None = the inventory's
+    ``prompts`` (a path on the host) or the built-in ``chat`` set. `ground_truth` is a server
+    URL or (kind ``file``) a path on the host; None = the inventory's.
+    """
+
+    prompts: str | None = None
+    samples: int | None = None
+    seed: int = 0
+    max_new_tokens: int | None = None
+    thinking: bool = False
+    temperature: float = 0.0
+    ground_truth: str | None = None
+    ground_truth_kind: str | None = None
+    ground_truth_model: str | None = None
+    ground_truth_timeout: float = 300.0
+    target: str | None = None
+    dtype: str | None = None
+    threads: int | None = None
+    budgets: list[int] | None = None  # None: protocol.DEFAULT_BUDGETS
+    topk: int | None = None
+    stop_after: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Refuse values no eval can run with, before anything connects: a zero or negative
+        count is never replaced by the inventory's value, and a non-greedy temperature, an
+        unknown ground-truth kind or a missing local prompts file never reaches a host."""
+        for name in ("samples", "max_new_tokens", "threads", "topk"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise DflashError(
+                    f"--{name.replace('_', '-')} must be a whole number of at "
+                    f"least 1, got {value!r}"
+                )
+        try:
+            self.dtype = parse_dtype(self.dtype)
+        except SpecError as exc:
+            raise DflashError(str(exc)) from None
+        try:
+            self.budgets = list(
+                parse_budgets(
+                    DEFAULT_BUDGETS if self.budgets is None else self.budgets, allow_empty=False
+                )
+            )
+        except SpecError as exc:
+            raise DflashError(f"--{exc}") from None
+        if self.temperature != 0.0:
+            raise DflashError(
+                f"temperature {self.temperature} refused: ground truth must be "
+                "greedy (temperature 0) for acceptance to mean anything"
+            )
+        if self.ground_truth_kind is not None and self.ground_truth_kind not in GT_KINDS:
+            raise DflashError(
+                f"unknown --ground-truth-kind {self.ground_truth_kind!r} (one "
+                f"of {', '.join(GT_KINDS)})"
+            )
+        if self.prompts is not None and not self.prompts.startswith("host:"):
+            local_prompts(self.prompts)
+        if not self.ground_truth_timeout > 0:
+            raise DflashError(
+                f"the ground-truth timeout must be positive, got {self.ground_truth_timeout!r}"
+            )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass
+class JobRef:
+    """A started job: where it runs and how to find it again."""
+
+    host: str
+    job_id: str
+    dir: str
+    pid: int
+    pgid: int
+    bundle_pushed: bool
+    spec: dict
+
+    def to_json(self) -> dict:
+        return {
+            "host": self.host,
+            "job_id": self.job_id,
+            "dir": self.dir,
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "bundle_pushed": self.bundle_pushed,
+        }
+
+
+# ---- prompts ----------------------------------------------------------------------------
+
+
+def builtin_prompt_sets() -> dict[str, Path]:
+    """Name -> file of the prompt sets shipped with dflash."""
+    return {p.stem: p for p in sorted(PROMPTS_DIR.glob("*.jsonl"))}
+
+
+def local_prompts(prompts: str) -> Path:
+    """The file of a built-in set name or a local JSONL path; a one-line error otherwise."""
+    sets = builtin_prompt_sets()
+    if prompts in sets:
+        return sets[prompts]
+    local = Path(prompts).expanduser()
+    if not local.is_file():
+        raise DflashError(
+            f"prompts {prompts!r} is neither a built-in set "
+            f"({', '.join(sets)}) nor a local file; for a file on the host "
+            "write host:/path"
+        )
+    return local
+
+
+def push_prompts(host: Host, prompts: str) -> dict:
+    """Put a built-in set or a local file on the host (content-addressed, pushed only when
+    missing); returns the spec's ``prompts`` entry."""
+    local = local_prompts(prompts)
+    data = local.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    remote = f"{host.workdir}/prompts/{digest[:16]}-{local.stem}.jsonl"
+    if not host.exists(remote):
+        host.put_bytes(data, remote)
+    return {"path": remote, "name": local.stem, "sha256": digest, "source": str(local)}
+
+
+def resolve_prompts(host: Host, spec: HostSpec, prompts: str | None) -> dict:
+    if prompts is None and spec.eval and spec.eval.prompts:
+        prompts = "host:" + spec.eval.prompts
+    if prompts is None:
+        prompts = "chat"
+    if prompts.startswith("host:"):
+        path = host.expand(prompts[len("host:") :])
+        return {"path": path, "name": Path(path).stem, "sha256": None, "source": prompts}
+    return push_prompts(host, prompts)
+
+
+# ---- spec -------------------------------------------------------------------------------
+
+
+def new_job_id(checkpoint: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(checkpoint.rstrip("/")).name).strip("-.")
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug[:48] or 'eval'}-{secrets.token_hex(2)}"
+
+
+def resolve_checkpoint(host: Host, spec: HostSpec, checkpoint: str) -> str:
+    """A checkpoint name resolves under the host's ``drafters`` folder; paths stay as given."""
+    if checkpoint.startswith(("/", "~")):
+        return host.expand(checkpoint)
+    if not spec.eval:
+        raise DflashError(
+            f"host {spec.name} has no eval role in the inventory; give the "
+            "checkpoint as an absolute path or add roles.eval.drafters"
+        )
+    return f"{host.expand(spec.eval.drafters).rstrip('/')}/{checkpoint}"
+
+
+def _given(value, default):
+    """The option when it was given (even a falsy one: zero is refused, never replaced),
+    else the inventory's default."""
+    return default if value is None else value
+
+
+def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions) -> dict:
+    """The job spec (``dflash.job/1``) for evaluating `checkpoint` on `host`."""
+    role = spec.eval
+    target = options.target or (role.target_model if role else None)
+    if not target:
+        raise DflashError(
+            f"no target model for host {spec.name}: set roles.eval.target_model "
+            "in the inventory or pass --target"
+        )
+    kind = options.ground_truth_kind or (role.ground_truth_kind if role else None) or "sglang"
+    source = options.ground_truth or (role.ground_truth if role else None)
+    if kind in ("sglang", "openai", "openai-text") and not source:
+        raise DflashError(
+            f"ground truth kind {kind!r} needs a server URL: set "
+            "roles.eval.ground_truth in the inventory or pass --ground-truth"
+        )
+    if kind == "file" and not source:
+        raise DflashError("ground truth kind 'file' needs --ground-truth PATH (on the host)")
+    gt = {
+        "kind": kind,
+        "timeout": options.ground_truth_timeout,
+        "model": options.ground_truth_model or (role.ground_truth_model if role else None),
+    }
+    if kind == "file":
+        gt["path"] = host.expand(source)
+    elif kind != "local":
+        gt["url"] = source
+    job = {
+        "schema": JOB_SPEC_SCHEMA,
+        "kind": "eval",
+        "created": time.time(),
+        "host": spec.name,
+        "checkpoint": Path(checkpoint.rstrip("/")).name,
+        "drafter": resolve_checkpoint(host, spec, checkpoint),
+        "target": host.expand(target),
+        "dtype": options.dtype or (role.dtype if role else DEFAULT_DTYPE),
+        "threads": _given(options.threads, (role.threads if role else None)),
+        "samples": _given(options.samples, (role.samples if role else None)),
+        "seed": options.seed,
+        "thinking": options.thinking,
+        "sampling": {
+            "temperature": 0.0,
+            "max_new_tokens": _given(options.max_new_tokens, role.max_new_tokens if role else 256),
+        },
+        "ground_truth": gt,
+        "eval": {"budgets": list(options.budgets), "topk": options.topk, **options.extra},
+        "stop_after": options.stop_after,
+        "workdir": host.workdir,
+    }
+    if kind != "file":
+        job["prompts"] = resolve_prompts(host, spec, options.prompts)
+    return job
+
+
+# ---- remote calls -----------------------------------------------------------------------
+
+
+def _json_stdin(host: Host, argv: Sequence[str], payload: dict, timeout: float = 120) -> dict:
+    result = bundle.run_remote(host, argv, stdin=json.dumps(payload).encode(), timeout=timeout)
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RemoteCommandError(
+            f"{host.name}: remote {argv[0]} printed no JSON "
+            f"({last_line(result.stdout + result.stderr)[:200]})"
+        ) from None
+
+
+def preflight(host: Host, spec: dict) -> dict:
+    """Run the host-side checks for `spec` (nothing is loaded); the first failure raises
+    one line."""
+    return _json_stdin(host, ["preflight", "--spec", "-"], spec)
+
+
+def start_job(host: Host, spec: dict, job_id: str | None = None) -> JobRef:
+    """Push the bundle if needed and start the job detached; returns at once."""
+    _, pushed = bundle.ensure(host)
+    job_id = job_id or new_job_id(spec.get("checkpoint") or "job")
+    info = _json_stdin(
+        host, ["job", "start", f"--workdir={host.workdir}", f"--job-id={job_id}", "--spec=-"], spec
+    )
+    return JobRef(
+        host=host.name,
+        job_id=job_id,
+        dir=info["dir"],
+        pid=info["pid"],
+        pgid=info["pgid"],
+        bundle_pushed=pushed,
+        spec=spec,
+    )
+
+
+def _job_argv(host: Host, action: str, job_id: str | None = None) -> list[str]:
+    # option=value: a value starting with "-" (a job named after such a checkpoint) is
+    # then a value, not an option
+    argv = ["job", action, f"--workdir={host.workdir}"]
+    return argv + ([f"--job-id={job_id}"] if job_id else [])
+
+
+def job_status(host: Host, job_id: str) -> dict:
+    """The job's state (running, done, failed, cancelled, lost) and last progress event."""
+    return bundle.run_remote_json(host, _job_argv(host, "status", job_id), timeout=60)
+
+
+def list_jobs(host: Host) -> list[dict]:
+    """Every job on the host, oldest first, with its state."""
+    return bundle.run_remote_json(host, _job_argv(host, "list"), timeout=60)
+
+
+def cancel(host: Host, job_id: str) -> dict:
+    """Stop the job and all its processes (its process group), waiting until none is left."""
+    return bundle.run_remote_json(host, _job_argv(host, "cancel", job_id), timeout=120)
+
+
+def watch(host: Host, job_id: str, on_event: EventHandler | None = None, offset: int = 0) -> dict:
+    """Stream the job's progress events (from byte `offset`) to `on_event` until it ends.
+
+    Returns the final ``watch_end`` event: ``{"state", "exit", "has_result", "offset"}``.
+    A dropped connection raises `HostError` saying how to re-attach; the job goes on.
+    """
+    line = bundle.remote_command(host, _job_argv(host, "watch", job_id) + ["--offset", str(offset)])
+    proc = host.popen(line)
+    proc.close_stdin()
+    buf = b""
+    end: dict | None = None
+    try:
+        while end is None:
+            chunk = proc.read(65536)
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for raw in lines:
+                try:
+                    event = json.loads(raw)
+                except ValueError:
+                    continue
+                if not isinstance(event, dict) or event.get("event") == "heartbeat":
+                    continue
+                if event.get("event") == "watch_end":
+                    end = event
+                    break
+                if on_event:
+                    on_event(event)
+    except (OSError, EOFError) as exc:
+        raise HostError(
+            f"{host.name}: lost the connection while watching job {job_id} "
+            f"({exc}); it keeps running: dflash remote-eval --attach {job_id}"
+        ) from None
+    code = proc.wait()
+    if end is None:
+        if code not in (0, -1):  # the remote command itself failed (e.g. no such job)
+            bundle.check_result(host, Result("", proc.stderr(), code), ["job watch"])
+        raise HostError(
+            f"{host.name}: lost the connection while watching job {job_id}; it "
+            f"keeps running: dflash remote-eval --attach {job_id}"
+        )
+    return end
+
+
+def pull_results(host: Host, job_id: str, dest: str | os.PathLike) -> Path:
+    """Copy the job's result files into ``dest/<job-id>/`` (replaced as a whole, through a
+    hidden partial folder, so a reader never sees half a run). Returns that folder."""
+    status = job_status(host, job_id)
+    if not status["has_result"]:
+        raise JobError(
+            f"job {job_id} on {host.name} has no result to pull (state "
+            f"{status['state']}"
+            f"{': ' + status['exit']['error'] if (status.get('exit') or {}).get('error') else ''})"
+        )
+    remote_dir = status["dir"]
+    dest = Path(dest)
+    final = dest / job_id
+    partial = dest / f".{job_id}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        for name in RESULT_FILES:
+            path = f"{remote_dir}/{name}"
+            try:
+                data = host.get_bytes(path)
+            except HostError:
+                if name in REQUIRED_RESULT_FILES:
+                    raise
+                continue
+            (partial / name).write_bytes(data)
+        (partial / "pulled.json").write_text(
+            json.dumps(
+                {
+                    "host": host.name,
+                    "job_id": job_id,
+                    "remote_dir": remote_dir,
+                    "pulled": time.time(),
+                },
+                indent=2,
+            )
+        )
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(partial, final)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return final
+
+
+def finish_local(run_dir: Path) -> Path:
+    """After a pull: draw the plots beside the JSON (best effort: a plotting problem never
+    loses a result)."""
+    try:
+        from orchestrator.results import plots
+        from orchestrator.results import store as results
+
+        run = results.load_run(run_dir)
+        plots.plot_run(run, run_dir)
+        plots.plot_tau_by_step(
+            results.list_runs(run_dir.parent), run_dir.parent / "tau_by_step.png"
+        )
+    except Exception as exc:  # plots are a convenience; the JSON is the result
+        (run_dir / "plots-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+    return run_dir
+
+
+def results_dir(inventory: Inventory, override: str | os.PathLike | None = None) -> Path:
+    """The local results folder: `override` (a command-line path: relative to the current
+    folder) or the inventory's ``defaults.results_dir``, relative to the inventory file's
+    folder, so every command finds the same folder wherever it is started."""
+    if override:
+        return Path(override)
+    path = Path(inventory.defaults.results_dir or "results").expanduser()
+    return path if path.is_absolute() else Path(inventory.path).parent / path
+
+
+def eval_host_name(inventory: Inventory, host_name: str | None) -> str:
+    name = host_name or inventory.defaults.eval_host
+    if not name:
+        eval_hosts = [h.name for h in inventory.hosts.values() if h.eval]
+        if len(eval_hosts) == 1:
+            return eval_hosts[0]
+        raise DflashError("no eval host: pass --host or set defaults.eval_host in the inventory")
+    if name in inventory.groups:
+        members = inventory.groups[name]
+        if len(members) != 1:
+            raise DflashError(
+                f"{name!r} is a group of {len(members)} hosts; name one host, "
+                f"or shard across them with --hosts {name}"
+            )
+        name = members[0]
+    inventory.host(name)
+    return name
+
+
+def attach(
+    inventory: Inventory,
+    host_name: str | None,
+    job_id: str,
+    *,
+    on_event: EventHandler | None = None,
+    dest: str | os.PathLike | None = None,
+    host: Host | None = None,
+) -> Path:
+    """Watch an existing job to its end, then pull its results; returns the local folder."""
+    name = eval_host_name(inventory, host_name)
+    own = host is None
+    host = host or open_host(inventory.host(name), inventory)
+    try:
+        status = job_status(host, job_id)
+        end = (
+            status
+            if status["state"] in ("failed", "cancelled", "lost")
+            else watch(host, job_id, on_event)
+        )
+        if end["state"] != "done":
+            err = (end.get("exit") or {}).get("error")
+            raise JobError(
+                f"job {job_id} on {name} {end['state']}"
+                f"{': ' + err if err else ''} (log: dflash jobs --host {name})"
+            )
+        return finish_local(pull_results(host, job_id, results_dir(inventory, dest)))
+    finally:
+        if own:
+            host.close()
+
+
+def run_eval(
+    inventory: Inventory,
+    host_name: str | None,
+    checkpoint: str,
+    options: EvalOptions | None = None,
+    *,
+    on_event: EventHandler | None = None,
+    dest: str | os.PathLike | None = None,
+    job_id: str | None = None,
+    on_start: Callable[[JobRef], None] | None = None,
+) -> Path:
+    """Evaluate `checkpoint` on the eval host in one call: push, preflight, start detached,
+    watch, pull. Returns the local results folder ``<results_dir>/<job-id>``."""
+    options = options or EvalOptions()
+    name = eval_host_name(inventory, host_name)
+    spec = inventory.host(name)
+    with open_host(spec, inventory) as host:
+        ref = _start(host, spec, checkpoint, options, job_id)
+        if on_start:
+            on_start(ref)
+        return attach(inventory, name, ref.job_id, on_event=on_event, dest=dest, host=host)
+
+
+def start_eval(
+    inventory: Inventory,
+    host_name: str | None,
+    checkpoint: str,
+    options: EvalOptions | None = None,
+    *,
+    job_id: str | None = None,
+) -> JobRef:
+    """The first half of `run_eval`: push, preflight and start the job detached, then
+    return; watch it later with `attach` (``dflash remote-eval --detach``)."""
+    options = options or EvalOptions()
+    name = eval_host_name(inventory, host_name)
+    spec = inventory.host(name)
+    with open_host(spec, inventory) as host:
+        return _start(host, spec, checkpoint, options, job_id)
+
+
+def _start(
+    host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions, job_id: str | None
+) -> JobRef:
+    _, pushed = bundle.ensure(host)
+    job = build_spec(host, spec, checkpoint, options)
+    preflight(host, job)
+    ref = start_job(host, job, job_id)
+    ref.bundle_pushed = ref.bundle_pushed or pushed
+    return ref

@@ -1,0 +1,527 @@
+"""Evaluate one checkpoint across several eval hosts: plan, run the shards, merge.
+
+The everyday path is one call::
+
+    run_sharded(inventory, ["ct129", "ct130"], "step_12000", EvalOptions(samples=200),
+                on_event=lambda host, ev: print(host, ev))
+
+1. **Ground truth, once.** A ground-truth-only job (``stop_after="ground_truth"``) runs on
+   the first host, exactly as a single-host eval's first phase would (server, file, local
+   generation; cached on that host). Its JSONL is pulled here. Every shard then gets ITS
+   SLICE of that very file, pushed to its host as a ``file`` ground truth. Why not let every
+   host ask the server for its ids: N hosts would each need the server reachable and
+   their own cache, a server whose answer changed between requests would give shards
+   different ground truth, and a ``local`` source would pay generation N times. One file,
+   sliced, is identical across shards by construction.
+2. **Plan.** `plan_shards`: balanced by expected tokens (prompt + completion length, known
+   now; prompt + ``max_new_tokens`` for a record without a completion), not by sample
+   count: largest first onto the least-loaded host. Each shard keeps ground-truth order.
+3. **Run.** One detached job per host (`remote_eval.start_job`), all watched at once in a
+   `concurrent.futures` thread pool over our `Host` objects; events go to ``on_event(host,
+   event)`` (the CLI draws one progress row per host and a total). Besides the jobs' own
+   events: ``plan`` (samples, shards), ``shard`` (a job started: job_id, samples, tokens)
+   and ``shard_failed`` (error, kept, unfinished). The engine's sample
+   events carry each sample's record, so the records a host finished are here even if the
+   host is lost afterwards.
+4. **Failures.** A shard whose job fails, is lost, or whose connection drops keeps the
+   records already received; its unfinished samples are re-planned across the hosts that
+   are free (as soon as one is), and the result lists that under ``"reassigned"``.
+5. **Merge.** Records in ground-truth order; aggregates recomputed by
+   `remote.eval.metrics.summarize`, the function the engine itself uses, so the merged result
+   equals what one host would produce for the same samples. ``result["shards"]`` records
+   the hosts, the plan, the jobs and how ground truth was shared.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.errors import DflashError
+from orchestrator.eval import run as remote_eval
+from orchestrator.eval.run import EvalOptions, JobError
+from orchestrator.inventory import HostSpec, Inventory
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import Host, open_host
+from remote.eval.metrics import summarize
+
+HostEventHandler = Callable[[str, dict], None]
+# What every shard's result must agree on for the records to be merged into one result.
+MUST_AGREE = (
+    "dtype",
+    "positions",
+    "block_size",
+    "target_layer_ids",
+    "mask_token_id",
+    "ddtree",
+    "target_vocab_size",
+    "target_architecture",
+    "drafter_parameters",
+    "target_layers",
+)
+
+
+# ---- plan -------------------------------------------------------------------------------
+
+
+@dataclass
+class Shard:
+    """The samples (indices into the ground truth, ascending) one host evaluates."""
+
+    host: str
+    indices: list[int] = field(default_factory=list)
+    tokens: int = 0
+
+    def to_json(self, records: list[dict]) -> dict:
+        return {
+            "host": self.host,
+            "samples": [records[i]["id"] for i in self.indices],
+            "expected_tokens": self.tokens,
+        }
+
+
+def expected_tokens(record: dict, max_new_tokens: int) -> int:
+    """What one sample costs: prompt + completion tokens when the completion is known,
+    else prompt + `max_new_tokens` (the most it can be)."""
+    completion = record.get("completion_ids")
+    tail = len(completion) if completion is not None else max_new_tokens
+    return len(record["prompt_ids"]) + tail
+
+
+def plan_shards(
+    records: list[dict],
+    hosts: list[str],
+    max_new_tokens: int = 256,
+    indices: list[int] | None = None,
+) -> list[Shard]:
+    """Split `indices` (default: all of `records`) across `hosts`, balanced by expected
+    tokens: longest first, each onto the host with the least so far (ties: earlier host).
+    Deterministic; one shard per host (possibly empty), in `hosts` order."""
+    if not hosts:
+        raise DflashError("no eval hosts to shard across")
+    todo = list(range(len(records))) if indices is None else list(indices)
+    shards = [Shard(h) for h in hosts]
+    cost = {i: expected_tokens(records[i], max_new_tokens) for i in todo}
+    for i in sorted(todo, key=lambda i: (-cost[i], i)):
+        least = min(shards, key=lambda s: s.tokens)  # min keeps the first of equals
+        least.indices.append(i)
+        least.tokens += cost[i]
+    for s in shards:
+        s.indices.sort()
+    return shards
+
+
+# ---- merge ------------------------------------------------------------------------------
+
+
+def merge_result(
+    shard_results: list[dict],
+    records: list[dict],
+    *,
+    ground_truth_source: dict,
+    shards: dict,
+    job: dict,
+    wall_s: float,
+) -> dict:
+    """One ``dflash.eval/1`` result from the shards' results and all per-sample records
+    (in ground-truth order): metrics recomputed from the records by the engine's own
+    `summarize`; inputs from the shards (which must agree on everything that changes the
+    numbers); hosts, plan, jobs and reassignments under ``shards``."""
+    if not shard_results:
+        raise DflashError("no shard finished; nothing to merge")
+    base = shard_results[0]
+    inputs = base.get("inputs") or {}
+    for other in shard_results[1:]:
+        theirs = other.get("inputs") or {}
+        for key in MUST_AGREE:
+            if theirs.get(key) != inputs.get(key):
+                raise DflashError(
+                    f"shards disagree on {key} ({inputs.get(key)!r} vs "
+                    f"{theirs.get(key)!r}): the hosts do not hold the same "
+                    "target/drafter; results cannot be merged"
+                )
+    vocab = inputs.get("target_vocab_size")
+    if vocab is None:
+        raise DflashError(
+            "a shard's result lacks target_vocab_size: its host ran an older "
+            "eval engine; rerun with the current bundle"
+        )
+    ddtree = inputs.get("ddtree") or {}
+    metrics = summarize(
+        records, inputs["block_size"], ddtree.get("budgets") or [], ddtree.get("topk"), vocab
+    )
+    tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)
+    timings = [r.get("timings") or {} for r in shard_results]
+    result = copy.deepcopy(base)
+    result["inputs"].update(
+        samples=len(records),
+        max_samples=None,
+        ground_truth=None,
+        ground_truth_source=ground_truth_source,
+    )
+    result["metrics"] = metrics
+    result["timings"] = {
+        "load_target_s": max(t.get("load_target_s") or 0.0 for t in timings),
+        "load_drafter_s": max(t.get("load_drafter_s") or 0.0 for t in timings),
+        "eval_s": wall_s,
+        "target_forward_s": sum(r["seconds"]["target"] for r in records),
+        "drafter_s": sum(r["seconds"]["drafter"] for r in records),
+        "ddtree_s": sum(r["seconds"]["ddtree"] for r in records),
+        "total_s": wall_s,
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
+        "note": "eval_s/total_s: wall time of the sharded run, ground truth included",
+    }
+    result["job"] = job
+    result["shards"] = shards
+    result["reassigned"] = shards.get("reassigned", [])
+    return result
+
+
+# ---- run --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Outcome:
+    """What one shard job gave back: the records received (index -> record), and either
+    its pulled result or why it failed."""
+
+    host: str
+    indices: list[int]
+    job_id: str | None = None
+    records: dict[int, dict] = field(default_factory=dict)
+    result: dict | None = None
+    run_dir: Path | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _gt_lines(records: list[dict], indices: list[int]) -> bytes:
+    return b"".join(
+        json.dumps(
+            {
+                "id": records[i]["id"],
+                "prompt_ids": records[i]["prompt_ids"],
+                "completion_ids": records[i]["completion_ids"],
+            }
+        ).encode()
+        + b"\n"
+        for i in indices
+    )
+
+
+def _read_jsonl(data: bytes) -> list[dict]:
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
+class _Sharded:
+    """State of one sharded run; `run` drives it. Worker threads only fill their own
+    `_Outcome`; the scheduling decisions happen in the calling thread."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        specs: list[HostSpec],
+        checkpoint: str,
+        options: EvalOptions,
+        on_event: HostEventHandler | None,
+        stage: Path,
+        run_id: str,
+    ):
+        self.inventory, self.specs, self.checkpoint = inventory, specs, checkpoint
+        self.options, self.stage, self.run_id = options, stage, run_id
+        self._on_event = on_event
+        self._event_lock = threading.Lock()
+        self.hosts: dict[str, Host] = {}
+        self.attempts: dict[str, int] = {}
+
+    def emit(self, host: str, event: dict) -> None:
+        if self._on_event:
+            with self._event_lock:  # one progress view fed by several watcher threads
+                self._on_event(host, event)
+
+    # -- ground truth --------------------------------------------------------------------
+    def ground_truth(self) -> tuple[list[dict], dict, dict]:
+        """Run the ground-truth phase once on the first host; returns (records, the job's
+        ground_truth.json, the job spec)."""
+        spec = self.specs[0]
+        host = self.hosts[spec.name]
+        job = remote_eval.build_spec(host, spec, self.checkpoint, self.options)
+        remote_eval.preflight(host, job)
+        job = dict(job, stop_after="ground_truth")
+        ref = remote_eval.start_job(host, job, f"{self.run_id}-gt")
+        self.emit(spec.name, {"event": "ground_truth_job", "job_id": ref.job_id})
+        end = remote_eval.watch(host, ref.job_id, lambda ev: self.emit(spec.name, ev))
+        if end["state"] != "done":
+            err = (end.get("exit") or {}).get("error")
+            raise JobError(
+                f"ground truth job {ref.job_id} on {spec.name} {end['state']}"
+                f"{': ' + err if err else ''}"
+            )
+        info = json.loads(host.get_bytes(f"{ref.dir}/ground_truth.json"))
+        data = host.get_bytes(info["file"])
+        records = _read_jsonl(data)
+        if not records:
+            raise JobError(f"ground truth on {spec.name} holds no samples")
+        info["sha256"] = hashlib.sha256(data).hexdigest()
+        info["job_id"] = ref.job_id
+        return records, info, job
+
+    # -- one shard -----------------------------------------------------------------------
+    def run_shard(
+        self, spec: HostSpec, indices: list[int], gt: list[dict], out: _Outcome
+    ) -> _Outcome:
+        """Push the slice, start the job, watch it, pull it. Never raises: a failure is
+        recorded in `out` with the records received until then."""
+        host = self.hosts[spec.name]
+        self.attempts[spec.name] = self.attempts.get(spec.name, 0) + 1
+        job_id = f"{self.run_id}-{spec.name}-{self.attempts[spec.name]}"
+        try:
+            data = _gt_lines(gt, indices)
+            path = (
+                f"{host.workdir}/groundtruth/shards/{hashlib.sha256(data).hexdigest()[:16]}.jsonl"
+            )
+            if not host.exists(path):
+                host.put_bytes(data, path)
+            options = dataclasses.replace(
+                self.options,
+                ground_truth=path,
+                ground_truth_kind="file",
+                samples=None,
+                prompts=None,
+            )
+            job = remote_eval.build_spec(host, spec, self.checkpoint, options)
+            job["samples"] = None  # the slice is the selection; never re-select from it
+            job["shard"] = {"run_id": self.run_id, "indices": indices}
+            remote_eval.preflight(host, job)
+            ref = remote_eval.start_job(host, job, job_id)
+            out.job_id = ref.job_id
+            self.emit(
+                spec.name,
+                {
+                    "event": "shard",
+                    "job_id": ref.job_id,
+                    "samples": len(indices),
+                    "tokens": sum(
+                        len(gt[i]["prompt_ids"]) + len(gt[i]["completion_ids"]) for i in indices
+                    ),
+                },
+            )
+
+            def on_event(ev: dict) -> None:
+                if ev.get("event") == "sample" and isinstance(ev.get("record"), dict):
+                    i = indices[int(ev["done"]) - 1]
+                    if ev["record"].get("id") == gt[i]["id"]:
+                        out.records[i] = ev["record"]
+                self.emit(spec.name, ev)
+
+            end = remote_eval.watch(host, ref.job_id, on_event)
+            if end["state"] != "done":
+                err = (end.get("exit") or {}).get("error")
+                raise JobError(f"job {ref.job_id} {end['state']}{': ' + err if err else ''}")
+            run_dir = remote_eval.pull_results(host, ref.job_id, self.stage / "shards")
+            pulled = _read_jsonl((run_dir / "samples.jsonl").read_bytes())
+            if [r.get("id") for r in pulled] != [gt[i]["id"] for i in indices]:
+                raise JobError(f"job {ref.job_id} returned samples other than its shard's")
+            out.records = dict(
+                zip(indices, pulled, strict=False)
+            )  # the host's own file is authoritative
+            out.result = json.loads((run_dir / "result.json").read_text())
+            out.run_dir = run_dir
+        except Exception as exc:  # any failure of one host is that shard's, not the run's
+            out.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if out.job_id:
+                try:  # a watcher that lost its connection leaves the job running: stop it
+                    remote_eval.cancel(host, out.job_id)
+                except Exception:
+                    pass
+            self.emit(
+                spec.name,
+                {
+                    "event": "shard_failed",
+                    "job_id": out.job_id,
+                    "error": out.error,
+                    "kept": len(out.records),
+                    "unfinished": len(indices) - len(out.records),
+                },
+            )
+        return out
+
+    # -- the whole run -------------------------------------------------------------------
+    def run(self) -> Path:
+        t0 = time.time()
+        names = [s.name for s in self.specs]
+        by_name = {s.name: s for s in self.specs}
+        with ThreadPoolExecutor(max_workers=len(self.specs)) as pool:
+            for spec, host in zip(
+                self.specs,
+                pool.map(lambda s: open_host(s, self.inventory), self.specs),
+                strict=False,
+            ):
+                self.hosts[spec.name] = host
+            try:
+                # Bundles first, in parallel: each host pays its own push at most once.
+                list(pool.map(bundle.ensure, self.hosts.values()))
+                gt, gt_info, gt_job = self.ground_truth()
+                max_new = int((gt_job.get("sampling") or {}).get("max_new_tokens") or 256)
+                plan = plan_shards(gt, names, max_new)
+                self.emit(
+                    names[0],
+                    {"event": "plan", "samples": len(gt), "shards": [s.to_json(gt) for s in plan]},
+                )
+                records: dict[int, dict] = {}
+                outcomes: list[_Outcome] = []
+                reassigned: list[dict] = []
+                running: dict[Future, _Outcome] = {}
+                idle: list[str] = []  # hosts that finished their work; failed ones never are
+                entry_of: dict[int, dict] = {}  # sample index -> its reassignment entry
+
+                def submit(host: str, indices: list[int]) -> None:
+                    out = _Outcome(host, indices)
+                    running[pool.submit(self.run_shard, by_name[host], indices, gt, out)] = out
+
+                for shard in plan:
+                    if shard.indices:
+                        submit(shard.host, shard.indices)
+                    else:
+                        idle.append(shard.host)
+                pending: list[int] = []
+                while running:
+                    done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        out = running.pop(fut)
+                        outcomes.append(out)
+                        records.update(out.records)
+                        if out.ok:
+                            idle.append(out.host)
+                            continue
+                        lost = [i for i in out.indices if i not in out.records]
+                        entry = {
+                            "host": out.host,
+                            "job_id": out.job_id,
+                            "reason": out.error,
+                            "kept": [gt[i]["id"] for i in out.indices if i in out.records],
+                            "samples": [gt[i]["id"] for i in lost],
+                            "to": {},
+                        }
+                        reassigned.append(entry)
+                        entry_of.update((i, entry) for i in lost)
+                        pending.extend(lost)
+                    if pending and idle:
+                        # Re-plan what failed hosts left across every host free right now.
+                        for shard in plan_shards(gt, idle, max_new, pending):
+                            if not shard.indices:
+                                continue
+                            idle.remove(shard.host)
+                            for i in shard.indices:
+                                entry_of[i]["to"].setdefault(shard.host, []).append(gt[i]["id"])
+                            submit(shard.host, shard.indices)
+                        pending = []
+                    if pending and not running:
+                        raise JobError(
+                            f"every host failed; {len(pending)} of {len(gt)} "
+                            f"samples unevaluated (last error: "
+                            f"{reassigned[-1]['reason']})"
+                        )
+            finally:
+                for host in self.hosts.values():
+                    host.close()
+
+        ordered = [records[i] for i in range(len(gt))]
+        shards = {
+            "hosts": names,
+            "balance_by": "expected tokens: prompt + completion (ground truth known)",
+            "plan": [s.to_json(gt) for s in plan],
+            "jobs": [
+                {
+                    "host": o.host,
+                    "job_id": o.job_id,
+                    "state": "done" if o.ok else "failed",
+                    "error": o.error,
+                    "samples": len(o.indices),
+                    "records_received": len(o.records),
+                    "environment": (o.result or {}).get("environment"),
+                    "run_dir": str(o.run_dir.relative_to(self.stage)) if o.run_dir else None,
+                }
+                for o in outcomes
+            ],
+            "reassigned": reassigned,
+            "ground_truth": {
+                "obtained_on": names[0],
+                "job_id": gt_info.get("job_id"),
+                "sha256": gt_info.get("sha256"),
+                "samples": len(gt),
+                "shared_as": "fetched once on the first host; each shard evaluates its slice "
+                "of that file (kind 'file'), so all shards share one ground truth",
+            },
+        }
+        result = merge_result(
+            [o.result for o in outcomes if o.ok and o.result],
+            ordered,
+            ground_truth_source=gt_info,
+            shards=shards,
+            job={"job_id": self.run_id, "hosts": names, "created": t0},
+            wall_s=time.time() - t0,
+        )
+        result["inputs"]["checkpoint"] = gt_job.get("checkpoint")
+        result["inputs"]["prompts"] = gt_job.get("prompts")
+        (self.stage / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ordered))
+        (self.stage / "result.json").write_text(json.dumps(result, indent=2))
+        (self.stage / "spec.json").write_text(
+            json.dumps(
+                {
+                    **{k: v for k, v in gt_job.items() if k != "stop_after"},
+                    "hosts": names,
+                    "job_id": self.run_id,
+                },
+                indent=2,
+            )
+        )
+        (self.stage / "ground_truth.json").write_text(json.dumps(gt_info, indent=2))
+        return self.stage
+
+
+def run_sharded(
+    inventory: Inventory,
+    host_names: list[str],
+    checkpoint: str,
+    options: EvalOptions | None = None,
+    *,
+    on_event: HostEventHandler | None = None,
+    dest: str | os.PathLike | None = None,
+    run_id: str | None = None,
+) -> Path:
+    """Evaluate `checkpoint` across the hosts (names or inventory groups) and merge into one
+    local run folder ``<results_dir>/<run-id>`` (the shards' pulled folders under
+    ``shards/``). Returns that folder. See the module docstring for the procedure."""
+    options = options or EvalOptions()
+    specs = inventory.expand(host_names)
+    if not specs:
+        raise DflashError("--hosts names no host")
+    run_id = run_id or remote_eval.new_job_id(checkpoint)
+    root = remote_eval.results_dir(inventory, dest)
+    final = root / run_id
+    stage = root / f".{run_id}.partial-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        _Sharded(inventory, specs, checkpoint, options, on_event, stage, run_id).run()
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(stage, final)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return remote_eval.finish_local(final)

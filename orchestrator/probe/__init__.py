@@ -1,0 +1,1 @@
+"""What hosts and models are: ``dflash hosts check`` and ``dflash probe``."""

@@ -1,0 +1,1 @@
+"""``dflash relay``: checkpoints from a trainer to eval hosts through this machine."""

@@ -1,0 +1,415 @@
+"""The relay's data path: OpenSSH clients on both ends, bytes pumped through this machine.
+
+Measured on loopback (2 shared cores, benchmarks/relay.py and A/B runs of 1 GiB streams):
+paramiko channels reached about ``scp -3`` only without host-side hashing, while OpenSSH
+clients piped through this process run like ``ssh A cat | ssh B 'cat >'``; one OpenSSH
+master per host (ControlMaster) beat one connection per file (about +15% on one stream,
+and no handshake per file). So bulk bytes travel through ``ssh`` channels (``relay-send``
+on the source, ``relay-recv`` on each destination, both hashing on their host) and this
+process only moves them between 1 MiB pipes: with one destination by ``splice(2)`` (no
+copy into Python), with several by large reads written to every destination (read once,
+fan out). One channel carries a batch of files as frames (8-byte length, then the bytes):
+a process and channel per file cost ~0.25 s of start-up each. Nothing touches this
+machine's disk.
+
+The ``ssh`` command line is rendered from the same `SSHSettings` as the host's paramiko
+connection (`orchestrator.transport.ssh_settings`: ``ssh -G`` under the inventory's values), so both
+reach the same address with the same keys, agent, jump hosts, known-hosts files and
+StrictHostKeyChecking=yes (accept-new only when opted in). The cipher list offered is the
+fastest first; OpenSSH takes the first one the server also offers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+
+from orchestrator.errors import DflashError
+from orchestrator.inventory import Inventory
+from orchestrator.transport import hosts as hosts_mod
+from orchestrator.transport.hosts import PREFERRED_CIPHERS, Host, last_line
+from remote.errors import ERROR_PREFIX
+from remote.protocol import FRAME_HEADER
+from remote.relay.host import read_exact, write_all  # the frame format both ends speak
+
+CHUNK = 4 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=1)
+def local_ciphers() -> tuple[str, ...]:
+    """Ciphers this machine's ssh client supports (``ssh -Q cipher``)."""
+    try:
+        out = subprocess.run(
+            ["ssh", "-Q", "cipher"], capture_output=True, text=True, timeout=10
+        ).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(out)
+
+
+def cipher_list() -> str:
+    """Our preference order, restricted to what the local client knows."""
+    known = local_ciphers()
+    chosen = [c for c in PREFERRED_CIPHERS if c in known] if known else list(PREFERRED_CIPHERS)
+    return ",".join(chosen)
+
+
+def openssh_options(host: Host) -> list[str]:
+    """``ssh`` options (no destination) that reach `host` like its paramiko connection
+    does: both are rendered from the one `SSHSettings` resolved when the host was opened
+    (`orchestrator.transport.ssh_settings`), plus our cipher preference."""
+    if shutil.which("ssh") is None:
+        raise DflashError(
+            "the OpenSSH client 'ssh' is not installed on this machine; the "
+            "relay needs it (apt install openssh-client)"
+        )
+    return host.settings.openssh_options(cipher_list())
+
+
+def stream_argv(
+    host: Host, line: str, inventory: Inventory | None, mux: Multiplexer | None = None
+) -> list[str]:
+    """The local argv that runs shell command `line` on `host` with binary pipes."""
+    if isinstance(host, hosts_mod.LocalHost):
+        return ["bash", "-c", line]
+    extra = mux.options(host) if mux is not None else []
+    return ["ssh", *openssh_options(host), *extra, host.settings.alias, line]
+
+
+# Runs a master's ssh so that it gets SIGTERM when the process that started it dies, even
+# by kill -9 (Linux's PR_SET_PDEATHSIG, kept across exec): a relay never leaves a master
+# holding a session on its host. Elsewhere the ssh simply runs (close() still ends it).
+_TIED_TO_PARENT = (
+    "import os,signal,sys\n"
+    "try:\n"
+    "    import ctypes\n"
+    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"  # 1: PR_SET_PDEATHSIG
+    "except Exception:\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(0)\n"  # the parent died before prctl: nobody to serve
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+_DIR_PREFIX = "dfr-"  # + owner pid + "-": short, unix socket paths are limited
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale_dirs(base: str | None = None) -> list[str]:
+    """Remove the socket folders of earlier relays whose process is gone (killed with -9:
+    nothing of theirs could clean up); returns the folders removed."""
+    base = base or tempfile.gettempdir()
+    gone = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return gone
+    for name in names:
+        m = re.fullmatch(re.escape(_DIR_PREFIX) + r"(\d+)-\w+", name)
+        path = os.path.join(base, name)
+        try:
+            mine = os.lstat(path).st_uid == os.getuid()
+        except OSError:
+            continue
+        if m and mine and not os.path.islink(path) and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
+
+
+class Multiplexer:
+    """One OpenSSH master connection per host for the relay's streams (ControlMaster).
+
+    A stream then costs a channel, not a TCP connection, key exchange and authentication.
+    When a master is not (or no longer) there, ssh quietly makes its own connection, so
+    the master only ever saves time. Masters end with `close`, and on Linux also when
+    this process dies without closing (a master gets SIGTERM from the kernel then, see
+    `_TIED_TO_PARENT`); the socket folder of a relay killed that way is removed by the
+    next relay (`reap_stale_dirs`).
+    """
+
+    def __init__(self, inventory: Inventory | None):
+        self.inventory = inventory
+        reap_stale_dirs()
+        self.dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
+        self.masters: dict[str, subprocess.Popen] = {}
+        self.paths: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def options(self, host: Host) -> list[str]:
+        path = self.paths.get(id(host))
+        if path is None or not os.path.exists(path) or self.masters[path].poll() is not None:
+            return []  # not up (yet): this stream connects on its own
+        return ["-o", f"ControlPath={path}", "-o", "ControlMaster=no"]
+
+    def start(self, host: Host) -> None:
+        """Start the master for `host` in the background; streams use it once it is up."""
+        if isinstance(host, hosts_mod.LocalHost):
+            return
+        with self._lock:
+            path = os.path.join(self.dir, str(len(self.masters)))
+            argv = [
+                "ssh",
+                *openssh_options(host),
+                "-M",
+                "-N",
+                "-o",
+                f"ControlPath={path}",
+                "-o",
+                "ControlPersist=no",
+                host.settings.alias,
+            ]
+            self.masters[path] = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _TIED_TO_PARENT, str(os.getpid()), *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            self.paths[id(host)] = path
+
+    def close(self) -> None:
+        for proc in self.masters.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.masters.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Stream:
+    """One running ``ssh`` (or local bash) command with raw pipe file descriptors."""
+
+    def __init__(
+        self,
+        host: Host,
+        line: str,
+        inventory: Inventory | None,
+        *,
+        stdin: bool,
+        stdout: bool,
+        mux: Multiplexer | None = None,
+    ):
+        self.host = host
+        self._err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            stream_argv(host, line, inventory, mux),
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
+            stderr=self._err,
+            bufsize=0,
+            start_new_session=True,
+        )  # Ctrl-C reaches us; we end them ourselves
+        self.failed: str | None = None
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                widen_pipe(pipe.fileno())
+
+    @property
+    def stdin_fd(self) -> int:
+        return self.proc.stdin.fileno()
+
+    @property
+    def stdout_fd(self) -> int:
+        return self.proc.stdout.fileno()
+
+    def close_stdin(self) -> None:
+        if self.proc.stdin and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def finish(self) -> tuple[int, bytes, str]:
+        """Wait; (exit code, rest of stdout, stderr). ssh's 255 means the link failed."""
+        self.close_stdin()
+        out = b""
+        if self.proc.stdout:
+            out = self.proc.stdout.read() or b""
+            self.proc.stdout.close()
+        code = self.proc.wait()
+        self._err.seek(0)
+        err = self._err.read().decode(errors="replace")
+        self._err.close()
+        return code, out, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+
+
+def widen_pipe(fd: int, size: int = 1024 * 1024) -> None:
+    """Grow a pipe to 1 MiB (Linux): with the default 64 KiB every splice or read moves
+    64 KiB and the per-call costs dominate."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
+    except (OSError, ImportError):
+        pass
+
+
+def file_lines(text: str) -> dict[int, dict]:
+    """The per-file JSON lines of ``relay-send`` / ``relay-recv`` output, by file index;
+    other lines (messages) are ignored."""
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("i"), int):
+                out[record["i"]] = record
+    return out
+
+
+def describe_failure(host: Host, code: int, err: str) -> str:
+    """One line naming `host` and what failed there: its command's own error line (e.g.
+    ``ct129: no space left on device while writing step_8/model.safetensors``), a lost
+    connection, or the exit status and last line of its stderr."""
+    if code == 255:
+        return f"connection to {host.name} lost ({last_line(err) or 'ssh exit 255'})"
+    for line in reversed(err.splitlines()):
+        if line.startswith(ERROR_PREFIX):
+            return f"{host.name}: {line[len(ERROR_PREFIX) :]}"
+    return f"{host.name}: exit {code}: {last_line(err) or 'no message'}"
+
+
+def send_request(dest: Stream, request: list[dict]) -> None:
+    """Give a ``relay-recv`` its request (the first frame on its stdin)."""
+    data = json.dumps(request).encode()
+    _write(dest, FRAME_HEADER.pack(len(data)) + data)
+
+
+def pump(
+    src: Stream,
+    dests: Sequence[Stream],
+    routes: Sequence[Sequence[int | None]],
+    on_bytes: Callable[[int], None] | None = None,
+    cancelled: threading.Event | None = None,
+) -> list[int]:
+    """Move the source's frames (one per file) to the destinations; bytes read per file.
+
+    ``routes[i][d]`` says what destination d gets of file i: None, nothing (it needs no
+    copy); otherwise the number of bytes at the start of the frame it skips (it already
+    holds them: fan-out with different resume offsets reads the source once). Each
+    destination gets a frame of its own length. With one receiver and nothing to skip the
+    bytes go by ``splice(2)`` (no copy into Python); else by large reads written to every
+    receiver. A destination whose pipe breaks is marked failed and dropped; the others go
+    on. `on_bytes` gets the bytes delivered per step (counted once, however many
+    destinations). Stops early when the source's stream ends early.
+    """
+    read: list[int] = []
+    src_fd = src.stdout_fd
+    splice_ok = hasattr(os, "splice")
+    for route in routes:
+        if all(d.failed is not None for d in dests):
+            break  # nobody left to read for
+        head = read_exact(src_fd, FRAME_HEADER.size)
+        if len(head) < FRAME_HEADER.size:
+            break  # the source stopped; its exit status says why
+        length = FRAME_HEADER.unpack(head)[0]
+        takers = [d for d, skip in enumerate(route) if skip is not None and dests[d].failed is None]
+        for d in takers:
+            _write(dests[d], FRAME_HEADER.pack(max(0, length - route[d])))
+        takers = [d for d in takers if dests[d].failed is None]
+        if splice_ok and len(takers) == 1 and route[takers[0]] == 0:
+            got, splice_ok = _splice(src_fd, dests[takers[0]], length, on_bytes, cancelled)
+            if (
+                got < length
+                and dests[takers[0]].failed is not None
+                and any(d.failed is None for d in dests)
+            ):
+                # its receiver broke mid-frame: read past the rest for the others' files
+                got += _fan_out(src_fd, [], length - got, None, cancelled)
+        else:
+            got = _fan_out(
+                src_fd, [(dests[d], route[d]) for d in takers], length, on_bytes, cancelled
+            )
+        read.append(got)
+        if got < length:
+            break
+    return read
+
+
+def _write(dest: Stream, data: bytes | memoryview) -> None:
+    try:
+        write_all(dest.stdin_fd, data)
+    except OSError as exc:
+        dest.failed = f"write failed ({exc.strerror or exc})"
+
+
+def _check(cancelled: threading.Event | None) -> None:
+    if cancelled is not None and cancelled.is_set():
+        raise KeyboardInterrupt
+
+
+def _splice(src_fd: int, dest: Stream, length: int, on_bytes, cancelled) -> tuple[int, bool]:
+    """Splice one frame; (bytes moved, whether splice still works here)."""
+    done = 0
+    while done < length:
+        _check(cancelled)
+        try:
+            n = os.splice(src_fd, dest.stdin_fd, min(CHUNK, length - done))
+        except BrokenPipeError:
+            dest.failed = "write failed (pipe closed)"
+            break
+        except OSError as exc:
+            if exc.errno == 22 and done == 0:  # EINVAL: this kernel cannot splice these
+                return _fan_out(src_fd, [(dest, 0)], length, on_bytes, cancelled), False
+            dest.failed = f"write failed ({exc.strerror})"
+            break
+        if n == 0:
+            break  # the source ended early
+        done += n
+        if on_bytes:
+            on_bytes(n)
+    return done, True
+
+
+def _fan_out(src_fd: int, dests: list[tuple[Stream, int]], length: int, on_bytes, cancelled) -> int:
+    """Copy one frame of `length` bytes to each (receiver, bytes it skips); bytes read."""
+    pos = 0
+    while pos < length:
+        _check(cancelled)
+        block = os.read(src_fd, min(CHUNK, length - pos))
+        if not block:
+            break
+        delivered = 0
+        for dest, skip in dests:
+            start = max(0, skip - pos)
+            if dest.failed is not None or start >= len(block):
+                continue
+            _write(dest, memoryview(block)[start:])
+            if dest.failed is None:
+                delivered = max(delivered, len(block) - start)
+        pos += len(block)
+        if on_bytes and delivered:
+            on_bytes(delivered)
+    return pos

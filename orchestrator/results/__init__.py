@@ -1,0 +1,1 @@
+"""Local results: the run folders, paired comparison, plots, reports and exports."""

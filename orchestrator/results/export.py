@@ -1,0 +1,242 @@
+"""Results where drafter teams already look: CSV, JSON lines, TensorBoard, Weights & Biases.
+
+One flat row per run (`row`), and per run the scalars a tracker plots against the
+checkpoint's training step (`scalars`):
+
+    tau/per_sample          mean over samples of each sample's mean acceptance length
+    tau/token_weighted      accepted tokens / rounds over the whole set
+    ddtree_tau/budget_<N>   per-sample tau of the DDTree walk with an N-node tree
+    target_agreement        share of ground-truth tokens equal to the host's argmax
+
+Trackers get one run per series (`results.series_key`: training run, prompts, ground
+truth), so two training runs never share a line:
+
+- TensorBoard: ``<DIR>/<series name>/`` event files, written with TensorBoard's own event
+  file writer (the one ``torch.utils.tensorboard`` uses), fed scalar ``Summary`` protos.
+  Not tensorboardX: its writer imports torch whenever torch is installed (4 s here, and the
+  controller stays torch-free); TensorBoard's writer needs neither torch nor TensorFlow,
+  and it is the package that reads the files back (``tensorboard --logdir DIR``).
+- W&B: one wandb run per series in PROJECT, ``mode`` offline by default (``$WANDB_MODE``
+  wins), so it works without network; ``wandb sync`` uploads it later. The training step
+  is logged as the ``train/step`` metric that every other metric is plotted against, so
+  steps may arrive in any order.
+
+Both are optional (``pip install 'dflash[trackers]'``); a missing one is one clear line.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator.errors import DflashError
+from orchestrator.results import store as res
+from remote.atomic import write_atomic
+
+FORMATS = ("csv", "jsonl", "tensorboard", "wandb")
+STEP_METRIC = "train/step"
+
+
+class TrackerUnavailable(DflashError):
+    """The tracker's library is not installed."""
+
+
+def row(run: res.Run) -> dict[str, Any]:
+    """One run as a flat dict (DDTree budgets as ``ddtree_tau_<N>`` columns)."""
+    s = res.summary(run)
+    ddtree = s.pop("ddtree")
+    out = {k: v for k, v in s.items()}
+    for b, v in ddtree.items():
+        out[f"ddtree_tau_{b}"] = v
+    return out
+
+
+def scalars(run: res.Run) -> dict[str, float]:
+    """The tracker scalars of a run (None values left out)."""
+    s = res.summary(run)
+    out = {
+        "tau/per_sample": s["tau"],
+        "tau/token_weighted": s["tau_tokens"],
+        "target_agreement": s["target_agreement"],
+    }
+    for b, v in s["ddtree"].items():
+        out[f"ddtree_tau/budget_{b}"] = v
+    return {k: float(v) for k, v in out.items() if v is not None}
+
+
+def series_name(key: tuple) -> str:
+    """A file-name-safe, stable name for a series: readable part + short hash of the key."""
+    host, _folder, name, prompts, gt = key
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{name}-{host}-{prompts}-{gt}").strip("-.")
+    digest = hashlib.sha256(json.dumps(list(key)).encode()).hexdigest()[:8]
+    return f"{readable[:80]}-{digest}"
+
+
+def write_csv(runs: list[res.Run], path: str | Path) -> Path:
+    rows = [row(r) for r in runs]
+    columns: list[str] = []
+    for r in rows:
+        columns += [k for k in r if k not in columns]
+    return _atomic(Path(path), lambda fh: _csv(fh, columns, rows))
+
+
+def _csv(fh, columns: list[str], rows: list[dict]) -> None:
+    w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+
+
+def write_jsonl(runs: list[res.Run], path: str | Path) -> Path:
+    return _atomic(
+        Path(path), lambda fh: fh.writelines(json.dumps(row(r), default=str) + "\n" for r in runs)
+    )
+
+
+def _atomic(path: Path, write) -> Path:
+    """`write(fh)` into a text buffer, then the file written atomically."""
+    if path.is_dir():
+        raise DflashError(f"{path} is a folder; give a file name for the export")
+    buf = io.StringIO(newline="")
+    write(buf)
+    return write_atomic(path, buf.getvalue())
+
+
+# ---- trackers ------------------------------------------------------------------------------
+
+
+class Tracker(Protocol):
+    def log(self, run: res.Run) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TensorBoardTracker:
+    """Scalars per run into ``<logdir>/<series name>/`` event files."""
+
+    def __init__(self, logdir: str | Path):
+        try:
+            from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        except ImportError:
+            raise TrackerUnavailable(
+                "TensorBoard export needs tensorboard: pip install 'dflash[trackers]'"
+            ) from None
+        self._event, self._summary, self._writer_cls = Event, Summary, EventFileWriter
+        self.logdir = Path(logdir)
+        if self.logdir.exists() and not self.logdir.is_dir():
+            raise DflashError(f"{self.logdir} is a file; TensorBoard needs a log folder")
+        self.writers: dict[str, Any] = {}
+
+    def log(self, run: res.Run) -> None:
+        if run.step is None:
+            return
+        name = series_name(res.series_key(run))
+        if name not in self.writers:
+            self.writers[name] = self._writer_cls(str(self.logdir / name))
+        values = [
+            self._summary.Value(tag=tag, simple_value=value) for tag, value in scalars(run).items()
+        ]
+        w = self.writers[name]
+        w.add_event(
+            self._event(wall_time=run.created, step=run.step, summary=self._summary(value=values))
+        )
+        w.flush()
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
+        self.writers.clear()
+
+
+class WandbTracker:
+    """One wandb run per series in `project`; offline unless ``$WANDB_MODE`` says
+    otherwise. Run ids derive from the series, so a later export or follow resumes the same
+    run (online) or writes beside it (offline: ``wandb sync`` merges them)."""
+
+    def __init__(self, project: str, directory: str | Path, mode: str | None = None):
+        try:
+            import wandb
+        except ImportError:
+            raise TrackerUnavailable(
+                "W&B export needs wandb: pip install 'dflash[trackers]'"
+            ) from None
+        self.wandb = wandb
+        self.project = project
+        self.dir = Path(directory)
+        self.mode = mode or os.environ.get("WANDB_MODE") or "offline"
+        if self.mode not in ("offline", "online", "disabled"):
+            raise DflashError(f"WANDB_MODE {self.mode!r} is not offline, online or disabled")
+        self.runs: dict[str, Any] = {}
+
+    def _run(self, run: res.Run) -> Any:
+        key = res.series_key(run)
+        name = series_name(key)
+        if name not in self.runs:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            t = run.training_run
+            self.runs[name] = self.wandb.init(
+                project=self.project,
+                name=res.series_label(key),
+                id=name[-8:] + "-" + hashlib.sha256(self.project.encode()).hexdigest()[:6],
+                dir=str(self.dir),
+                mode=self.mode,
+                resume="allow",
+                reinit="create_new",
+                config={
+                    "trainer": t.host,
+                    "checkpoints_folder": t.folder,
+                    "training_run": t.name,
+                    "prompts": key[3],
+                    "ground_truth": key[4],
+                },
+                settings=self.wandb.Settings(silent=True, console="off"),
+            )
+            self.runs[name].define_metric(STEP_METRIC)
+            self.runs[name].define_metric("*", step_metric=STEP_METRIC)
+        return self.runs[name]
+
+    def log(self, run: res.Run) -> None:
+        if run.step is None:
+            return
+        s = scalars(run)
+        self._run(run).log({STEP_METRIC: run.step, **s})
+
+    def close(self) -> None:
+        for r in self.runs.values():
+            r.finish()
+        self.runs.clear()
+
+
+def export(runs: Iterable[res.Run], fmt: str, out: str | Path) -> Path:
+    """Write `runs` to `out` in `fmt` (csv, jsonl: a file; tensorboard: a log folder;
+    wandb: ``out`` is ``PROJECT`` or ``DIR/PROJECT``: the project, its offline files
+    under DIR, default ``./wandb``). Returns the file or folder written."""
+    runs = [r for r in runs]
+    if fmt == "csv":
+        return write_csv(runs, out)
+    if fmt == "jsonl":
+        return write_jsonl(runs, out)
+    if fmt == "tensorboard":
+        tracker: Tracker = TensorBoardTracker(out)
+        where = Path(out)
+    elif fmt == "wandb":
+        path = Path(out)
+        where = path.parent if str(path.parent) != "." else Path(".")
+        tracker = WandbTracker(path.name, where)
+    else:
+        raise DflashError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+    try:
+        for r in sorted(runs, key=lambda r: (r.step is None, r.step or 0, r.created)):
+            tracker.log(r)
+    finally:
+        tracker.close()
+    return where

@@ -1,0 +1,245 @@
+"""Plots of results, drawn with matplotlib's Agg backend (no display needed).
+
+Each plot is built once, as a figure (`histogram_figure`, `per_position_figure`,
+`tau_by_step_figure`), and rendered either to a PNG file (`plot_run`, `plot_tau_by_step`) or
+to an SVG string for the HTML report (`svg`). The lines and bars that carry data get SVG ids
+starting ``data-`` so a browser test can find them.
+
+The tau-by-step plot has one colour per series: runs of the same training run (trainer
+host and checkpoints folder, see `results.series_key`), prompts and ground truth. Per
+series: tau (per-sample mean, solid), token-weighted tau (dashed) and DDTree tau per node
+budget (dotted), against the checkpoint's training step.
+
+matplotlib is the optional ``plot`` extra: without it every figure is None, so every plot is
+skipped (the JSON results are complete without them) and one line says so, once per process.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import DflashError
+from orchestrator.results import store as res
+
+DDTREE_MARKERS = ("s", "^", "v", "D", "P", "X")
+
+
+MISSING = (
+    "plots skipped: matplotlib is not installed "
+    "(pip install 'dflash[plot]', or bash scripts/setup.sh)"
+)
+_told = False
+
+
+def _pyplot():
+    """pyplot on the Agg backend, or None (after one line on stderr) without matplotlib."""
+    global _told
+    try:
+        import matplotlib
+    except ImportError:
+        if not _told:
+            print(MISSING, file=sys.stderr)
+            _told = True
+        return None
+
+    matplotlib.use("Agg")  # files only, never a window; must precede pyplot's import
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _title(run: res.Run) -> str:
+    return f"{run.checkpoint} ({run.run_id})"
+
+
+def histogram_figure(run: res.Run) -> Any | None:
+    """Share of rounds per acceptance length; the title leads with per-sample tau, like
+    the tables. None when the run has no histogram."""
+    hist = res.histogram(run)
+    if not hist:
+        return None
+    plt = _pyplot()
+    if plt is None:
+        return None
+    total = sum(c for _, c in hist) or 1
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bars = ax.bar([k for k, _ in hist], [c / total for _, c in hist], color="#4C72B0")
+    for k, bar in zip([k for k, _ in hist], bars, strict=False):
+        bar.set_gid(f"data-histogram-{k}")
+    m = run.metrics
+    tau, tau_tok = m.get("tau_per_sample_mean"), m.get("tau_token_weighted")
+    ax.set_xlabel("acceptance length (accepted draft tokens + 1)")
+    ax.set_ylabel("share of rounds")
+    ax.set_xticks([k for k, _ in hist])
+    stats = ""
+    if tau is not None:
+        stats = f"\ntau {tau:.3f}" + (
+            f" (token-weighted {tau_tok:.3f})" if tau_tok is not None else ""
+        )
+    ax.set_title(f"acceptance histogram: {_title(run)}{stats}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def per_position_figure(run: res.Run) -> Any | None:
+    """Acceptance rate per draft position (integer ticks), each point labelled with its
+    attempt count (how many rounds reached that position). None without data."""
+    pos = [p for p in res.per_position(run) if p.get("rate") is not None]
+    if not pos:
+        return None
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [int(p["position"]) for p in pos]
+    ys = [p["rate"] for p in pos]
+    (line,) = ax.plot(xs, ys, marker="o")
+    line.set_gid("data-per-position")
+    for x, y, p in zip(xs, ys, pos, strict=False):
+        if p.get("attempts") is not None:
+            ax.annotate(
+                f"n={p['attempts']}",
+                (x, y),
+                textcoords="offset points",
+                xytext=(0, 7),
+                ha="center",
+                fontsize=7,
+                color="#555555",
+            )
+    ax.set_xticks(xs)
+    ax.set_ylim(0, 1.12)
+    ax.set_xlabel("draft position j")
+    ax.set_ylabel("P(position j correct | 1..j-1 correct)")
+    ax.set_title(f"per-position acceptance (n = attempts): {_title(run)}", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _series(runs: list[res.Run]) -> dict[tuple, list[res.Run]]:
+    out: dict[tuple, list[res.Run]] = {}
+    for r in runs:
+        if r.step is None or r.metrics.get("tau_per_sample_mean") is None:
+            continue
+        out.setdefault(res.series_key(r), []).append(r)
+    for pts in out.values():
+        pts.sort(key=lambda r: (r.step, r.created))
+    return out
+
+
+def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
+    """Tau, token-weighted tau and DDTree tau per budget against the training step, per
+    series. Runs without a step are left out; None when no run has one."""
+    series = _series(runs)
+    if not series:
+        return None
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 5))
+    many = len(series) > 1
+    for i, (key, pts) in enumerate(sorted(series.items())):
+        steps = [r.step for r in pts]
+        prefix = f"{res.series_label(key)}: " if many else ""
+        lines: list[tuple[str, list, dict]] = [
+            (
+                "tau",
+                [r.metrics.get("tau_per_sample_mean") for r in pts],
+                {"marker": "o", "linestyle": "-"},
+            ),
+            (
+                "tau token-weighted",
+                [r.metrics.get("tau_token_weighted") for r in pts],
+                {"linestyle": "--", "alpha": 0.7},
+            ),
+        ]
+        budgets = sorted(
+            {b for r in pts for b in (r.metrics.get("ddtree") or {})}, key=res.budget_key
+        )
+        for j, b in enumerate(budgets):
+            lines.append(
+                (
+                    f"DDTree-{b} tau",
+                    [
+                        ((r.metrics.get("ddtree") or {}).get(b) or {}).get("tau_per_sample_mean")
+                        for r in pts
+                    ],
+                    {
+                        "marker": DDTREE_MARKERS[j % len(DDTREE_MARKERS)],
+                        "linestyle": ":",
+                        "markersize": 4,
+                    },
+                )
+            )
+        for j, (name, ys, style) in enumerate(lines):
+            xy = [(x, y) for x, y in zip(steps, ys, strict=False) if y is not None]
+            if not xy:
+                continue
+            colour = f"C{i % 10}" if many else f"C{j % 10}"
+            (line,) = ax.plot(
+                [x for x, _ in xy], [y for _, y in xy], color=colour, label=prefix + name, **style
+            )
+            line.set_gid(f"data-tau-{i}-{re.sub(r'[^a-z0-9]+', '-', name.lower())}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("tau (mean acceptance length)")
+    ax.set_title("tau per training step (DDTree: best-first tree of that many nodes)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def save_png(fig: Any, path: str | Path) -> Path:
+    plt = _pyplot()
+    if plt is None:
+        return None
+    path = Path(path)
+    if not path.parent.is_dir():
+        plt.close(fig)
+        raise DflashError(
+            f"no folder {path.parent} to write {path.name} into; create it or give another path"
+        )
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def svg(fig: Any, salt: str = "") -> str:
+    """The figure as an ``<svg>`` element to inline in HTML (text kept as text; ids
+    salted per figure so several figures on one page never share an id)."""
+    import matplotlib
+
+    plt = _pyplot()
+    if plt is None:
+        return None
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt or str(id(fig))}):
+        fig.savefig(buf, format="svg")
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]  # drop the XML prolog and doctype
+
+
+def plot_run(run: res.Run, out_dir: str | Path | None = None) -> list[Path]:
+    """Acceptance histogram and per-position acceptance of one run; returns the files."""
+    out = Path(out_dir or run.path)
+    written = []
+    for make, name in (
+        (histogram_figure, "acceptance_histogram.png"),
+        (per_position_figure, "per_position_acceptance.png"),
+    ):
+        fig = make(run)
+        if fig is not None:
+            written.append(save_png(fig, out / name))
+    return written
+
+
+def plot_tau_by_step(runs: list[res.Run], path: str | Path) -> Path | None:
+    """`tau_by_step_figure` as a PNG at `path`; None (nothing written) when no run has a
+    step."""
+    fig = tau_by_step_figure(runs)
+    return save_png(fig, path) if fig is not None else None

@@ -1,0 +1,281 @@
+"""One self-contained HTML page of results: ``dflash results report [RUN...] -o report.html``.
+
+No script, no external file, no network: the plots are inline SVG (drawn by the same
+figure code as the PNGs, `orchestrator.results.plots`), the styles inline. Sections:
+
+1. tau by training step, with token-weighted and DDTree lines, per series;
+2. the comparison table: every run's headline numbers, and its paired delta tau against
+   the first run (bootstrap 95% interval, share of samples improved), or why it cannot be
+   paired (`orchestrator.results.compare`);
+3. per run: the acceptance histogram, per-position acceptance with attempt counts, and
+   environment and provenance (drafter sha256 and step, trainer, target, ground truth).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import DflashError
+from orchestrator.results import compare, plots
+from orchestrator.results import store as res
+from remote.atomic import write_atomic
+
+STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1100px;
+       color: #222; padding: 0 16px; }
+h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 32px; }
+table { border-collapse: collapse; margin: 8px 0 16px; font-size: 13px; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; vertical-align: top; }
+th { background: #f4f4f4; } td.l, th.l { text-align: left; }
+.mono { font-family: ui-monospace, monospace; font-size: 12px; text-align: left;
+          word-break: break-all; }
+.up { color: #1a7f37; } .down { color: #c62828; } .warn { color: #b26a00; }
+figure { margin: 8px 0; } figure svg { max-width: 100%; height: auto; }
+details { margin: 12px 0; border-top: 1px solid #eee; padding-top: 6px; }
+summary { cursor: pointer; font-weight: 600; }
+.plots { display: flex; flex-wrap: wrap; gap: 8px; }
+.plots figure { flex: 1 1 480px; }
+.note { color: #555; font-size: 13px; }
+"""
+
+
+def _e(v: Any) -> str:
+    return html.escape("-" if v is None else str(v))
+
+
+def _f(v: Any, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _figure(fig: Any, salt: str, caption: str) -> str:
+    if fig is None:
+        return f'<p class="note">{_e(caption)}: no data</p>'
+    return (
+        f'<figure data-plot="{_e(salt)}">{plots.svg(fig, salt)}'
+        f'<figcaption class="note">{_e(caption)}</figcaption></figure>'
+    )
+
+
+def _table(head: list[str], rows: list[list[str]], left: int = 1) -> str:
+    """A table from already-escaped cells; the first `left` columns left-aligned."""
+    out = ["<table><thead><tr>"]
+    out += [f'<th class="{"l" if i < left else ""}">{h}</th>' for i, h in enumerate(head)]
+    out.append("</tr></thead><tbody>")
+    for r in rows:
+        out.append(
+            "<tr>"
+            + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>' for i, c in enumerate(r))
+            + "</tr>"
+        )
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def comparison_section(runs: list[res.Run]) -> str:
+    """Headline numbers per run and the paired delta against the first run."""
+    sums = [res.summary(r) for r in runs]
+    budgets = sorted({b for s in sums for b in s["ddtree"]}, key=res.budget_key)
+    head = [
+        "run",
+        "checkpoint",
+        "step",
+        "samples",
+        "tau",
+        "tau (tokens)",
+        *[f"DDTree-{b}" for b in budgets],
+        "agreement",
+        f"Δ tau vs {_e(runs[0].run_id)}",
+        "95% interval",
+        "improved",
+    ]
+    rows = []
+    for i, (run, s) in enumerate(zip(runs, sums, strict=False)):
+        cells = [
+            f'<span class="mono">{_e(s["run_id"])}</span>',
+            _e(s["checkpoint"]),
+            _e(s["step"]),
+            _e(s["samples"]),
+            _f(s["tau"]),
+            _f(s["tau_tokens"]),
+            *[_f(s["ddtree"].get(b)) for b in budgets],
+            _pct(s["target_agreement"]),
+        ]
+        if i == 0:
+            cells += ["baseline", "", ""]
+        else:
+            p = compare.paired(runs[0], run)
+            d = next((d for d in p.deltas if d.metric == "tau"), None)
+            if not p.comparable or d is None:
+                cells += [
+                    f'<span class="warn">not comparable: {_e("; ".join(p.problems))}</span>',
+                    "",
+                    "",
+                ]
+            else:
+                cls = "up" if d.low > 0 else "down" if d.high < 0 else ""
+                cells += [
+                    f'<span class="{cls}">{d.delta:+.3f}</span>',
+                    f"[{d.low:+.3f}, {d.high:+.3f}]",
+                    f"{_pct(d.improved)} ({p.samples} paired)",
+                ]
+        rows.append(cells)
+    return (
+        _table(head, rows, left=2)
+        + '<p class="note">tau: mean over samples of each sample\'s mean acceptance length '
+        "(z-lab's number); tau (tokens): accepted tokens / rounds. Δ tau pairs the runs "
+        "sample by sample; the interval is a seeded percentile bootstrap "
+        f"({compare.RESAMPLES} resamples); green: the whole interval is above 0.</p>"
+    )
+
+
+def provenance(run: res.Run) -> list[tuple[str, Any]]:
+    """Environment and provenance of a run, as (label, value) rows."""
+    inputs = run.result.get("inputs") or {}
+    env = run.result.get("environment") or {}
+    timings = run.result.get("timings") or {}
+    d = run.drafter
+    src = d.get("source") or {}
+    t = run.training_run
+    gt = res.ground_truth_source(run)
+    prompts = run.spec.get("prompts") or inputs.get("prompts") or {}
+    target = inputs.get("target_identity") or {}
+    return [
+        ("drafter sha256", d.get("sha256")),
+        ("drafter hashed by", d.get("hashed_by")),
+        ("training step", f"{run.step} (from {d.get('step_from') or 'the checkpoint name'})"),
+        ("training run", f"{t.name}: {t.host}:{t.folder}"),
+        ("relayed from", f"{src.get('host')}:{src.get('path')}" if src else None),
+        ("relayed at", d.get("relayed_at")),
+        ("drafter on eval host", inputs.get("drafter") or run.spec.get("drafter")),
+        (
+            "eval host / job",
+            f"{run.spec.get('host') or '-'} / "
+            f"{(run.result.get('job') or {}).get('job_id') or run.run_id}",
+        ),
+        ("evaluated", res.format_time(run.created)),
+        ("engine", res.engine(run)),
+        (
+            "target",
+            f"{inputs.get('target')} ({inputs.get('target_architecture')}, "
+            f"{inputs.get('target_layers')} layers)",
+        ),
+        ("target config sha256", target.get("config_sha256")),
+        ("dtype", env.get("dtype")),
+        (
+            "prompts",
+            f"{prompts.get('name')} (sha256 {prompts.get('sha256') or '-'})" if prompts else None,
+        ),
+        (
+            "ground truth",
+            f"{gt.get('kind')} {gt.get('url') or gt.get('path') or ''}"
+            f"{' (cached on host)' if gt.get('cached') else ''}",
+        ),
+        ("ground truth sha256", inputs.get("ground_truth_sha256")),
+        (
+            "python / torch / transformers",
+            f"{env.get('python')} / {env.get('torch')} / {env.get('transformers')}",
+        ),
+        ("host cpus / threads", f"{env.get('cpus')} / {env.get('threads')}"),
+        (
+            "eval time",
+            f"{_f(timings.get('eval_s'), 1)} s, {_f(timings.get('tokens_per_s'), 0)} tokens/s",
+        ),
+        ("folder", str(run.path)),
+    ]
+
+
+def run_section(run: res.Run, index: int, open_: bool) -> str:
+    s = res.summary(run)
+    m = run.metrics
+    dd = m.get("ddtree") or {}
+    dd_rows = [
+        [
+            _e(v.get("budget", b)),
+            _e(v.get("topk")),
+            _f(v.get("tau_per_sample_mean")),
+            _f(v.get("tau_token_weighted")),
+            _e(v.get("rounds")),
+        ]
+        for b, v in sorted(dd.items(), key=lambda kv: res.budget_key(kv[0]))
+    ]
+    prov = _table(
+        ["", "value"],
+        [[_e(k), f'<span class="mono">{_e(v)}</span>'] for k, v in provenance(run)],
+        left=2,
+    )
+    warnings = "".join(
+        f'<p class="warn">warning: {_e(w)}</p>'
+        for w in res.ground_truth_source(run).get("warnings") or []
+    )
+    return (
+        f'<details id="run-{index}"{" open" if open_ else ""}><summary>'
+        f"{_e(s['checkpoint'])} (step {_e(s['step'])}): tau {_f(s['tau'])}, token-weighted "
+        f'{_f(s["tau_tokens"])} <span class="note">{_e(run.run_id)}</span></summary>'
+        f"{warnings}"
+        '<div class="plots">'
+        + _figure(
+            plots.histogram_figure(run), f"hist{index}", "share of rounds per acceptance length"
+        )
+        + _figure(
+            plots.per_position_figure(run),
+            f"pos{index}",
+            "acceptance per draft position, n = rounds that reached it",
+        )
+        + "</div>"
+        + (
+            _table(
+                ["DDTree budget (nodes)", "per-depth top-k", "tau", "tau (tokens)", "rounds"],
+                dd_rows,
+            )
+            if dd_rows
+            else ""
+        )
+        + "<h3>environment and provenance</h3>"
+        + prov
+        + "</details>"
+    )
+
+
+def render(runs: list[res.Run], title: str = "dflash results") -> str:
+    """The whole page for `runs` (the first is the comparison's baseline)."""
+    if not runs:
+        raise DflashError("no runs to report")
+    by_step = [r for r in runs if r.step is not None]
+    parts = [
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_e(title)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="note">{len(runs)} run(s), report written '
+        f"{_e(time.strftime('%Y-%m-%d %H:%M:%S'))}.</p>",
+        "<h2>tau by training step</h2>",
+        _figure(
+            plots.tau_by_step_figure(by_step),
+            "tau",
+            "solid: tau; dashed: token-weighted tau; dotted: DDTree tau per node budget",
+        )
+        if by_step
+        else '<p class="note">no run carries a training step</p>',
+        "<h2>comparison</h2>",
+        comparison_section(runs),
+        "<h2>runs</h2>",
+        *[run_section(r, i, open_=(i == len(runs) - 1)) for i, r in enumerate(runs)],
+        "</body></html>\n",
+    ]
+    return "".join(parts)
+
+
+def write_report(runs: list[res.Run], path: str | Path, title: str = "dflash results") -> Path:
+    """Render and write the page atomically (a reader never sees half a page)."""
+    path = Path(path)
+    if path.is_dir():
+        raise DflashError(f"{path} is a folder; give a file name such as {path}/report.html")
+    text = render(runs, title)
+    write_atomic(path, text)
+    return path

@@ -1,0 +1,372 @@
+"""Local results: one folder per run, ``<results_dir>/<run-id>/``, JSON first.
+
+A run folder holds what `remote_eval.pull_results` copied from the host's job folder
+(``result.json`` in schema ``dflash.eval/1``, ``samples.jsonl``, ``spec.json``,
+``ground_truth.json``, the event log) plus the PNG plots drawn here. This module reads
+them and boils them down to the numbers people compare (`summary`, `compare_rows`); the
+CLI renders those as tables, `orchestrator.results.plots` as pictures.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from orchestrator.errors import DflashError
+from orchestrator.relay.checkpoints import parse_step
+
+RESULT_SCHEMA_PREFIX = "dflash.eval/"
+
+
+@dataclass
+class Run:
+    """One pulled evaluation."""
+
+    run_id: str
+    path: Path
+    result: dict
+    spec: dict
+    ground_truth: dict
+
+    @property
+    def metrics(self) -> dict:
+        return metrics_of(self.result)
+
+    @property
+    def created(self) -> float:
+        return float(
+            self.spec.get("created")
+            or (self.result.get("job") or {}).get("created")
+            or self.path.stat().st_mtime
+        )
+
+    @property
+    def checkpoint(self) -> str:
+        inputs = self.result.get("inputs") or {}
+        return str(
+            self.spec.get("checkpoint")
+            or inputs.get("checkpoint")
+            or Path(str(_drafter_path(self.result, self.spec) or self.run_id)).name
+        )
+
+    @property
+    def drafter(self) -> dict:
+        """The drafter's identity the job recorded: sha256, step, relay source (see
+        ``remote/eval/provenance.py``); {} for results made before it was recorded."""
+        ident = (self.result.get("inputs") or {}).get("drafter_identity")
+        return ident if isinstance(ident, dict) else {}
+
+    @property
+    def step(self) -> int | None:
+        """The training step: the one recorded with the drafter (the trainer's own, or the
+        relay's), else the one its name carries (``step_12000`` -> 12000)."""
+        step = self.drafter.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+        return parse_step(self.checkpoint)
+
+    @property
+    def training_run(self) -> TrainingRun:
+        return training_run(self)
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """Which training run a checkpoint came from: the trainer host, its checkpoints folder
+    and the run's name (that folder's name, or its parent's when the folder has a generic
+    name such as ``checkpoints``). Without a relay record (a drafter evaluated where it
+    lay) the eval host and the drafter's folder stand in for them."""
+
+    host: str
+    folder: str
+    name: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.host})"
+
+
+GENERIC_FOLDERS = {
+    "checkpoints",
+    "checkpoint",
+    "ckpts",
+    "ckpt",
+    "output",
+    "outputs",
+    "drafters",
+    "drafter",
+    "runs",
+    "models",
+    "saved",
+    "save",
+}
+
+
+def run_name(folder: str) -> str:
+    """A training run's name from its checkpoints folder."""
+    parts = [p for p in PurePosixPath(folder).parts if p not in ("/", "")]
+    for part in reversed(parts):
+        if part.lower() not in GENERIC_FOLDERS:
+            return part
+    return parts[-1] if parts else "-"
+
+
+def training_run(run: Run) -> TrainingRun:
+    source = run.drafter.get("source") or {}
+    if source.get("host") and source.get("path"):
+        folder = str(PurePosixPath(str(source["path"])).parent)
+        return TrainingRun(str(source["host"]), folder, run_name(folder))
+    drafter = str(_drafter_path(run.result, run.spec) or "")
+    folder = str(PurePosixPath(drafter).parent) if drafter else "-"
+    host = str(run.spec.get("host") or (run.result.get("job") or {}).get("host") or "-")
+    return TrainingRun(host, folder, run_name(folder))
+
+
+def series_key(run: Run) -> tuple[str, str, str, str, str]:
+    """Runs that belong on one line of a tau-by-step plot or in one tracker run: same
+    training run (trainer host, checkpoints folder), same prompts and ground truth."""
+    t = run.training_run
+    prompts = (run.spec.get("prompts") or {}).get("name") or "-"
+    gt = ground_truth_source(run).get("kind") or "-"
+    return (t.host, t.folder, t.name, str(prompts), str(gt))
+
+
+def series_label(key: tuple[str, str, str, str, str]) -> str:
+    host, _folder, name, prompts, gt = key
+    return f"{name} ({host}) / {prompts} / {gt}"
+
+
+def _drafter_path(result: dict, spec: dict) -> Any:
+    inputs = result.get("inputs") or {}
+    d = inputs.get("drafter")
+    if isinstance(d, dict):
+        d = d.get("path")
+    return d or spec.get("drafter")
+
+
+def format_time(ts: float | None) -> str:
+    """A Unix time as local ``YYYY-MM-DD HH:MM:SS`` (what people read); '-' for none."""
+    if ts is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(float(ts)).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def metrics_of(result: dict) -> dict:
+    """The dataset metrics of a result (the engine may nest them per dataset: then the
+    first, or the one named ``all``)."""
+    m = result.get("metrics") or {}
+    if "tau_token_weighted" in m or "tau_per_sample_mean" in m:
+        return m
+    if isinstance(m, dict) and m:
+        if isinstance(m.get("all"), dict):
+            return m["all"]
+        first = next(iter(m.values()))
+        if isinstance(first, dict):
+            return first
+    return {}
+
+
+def load_run(path_or_id: str | Path, root: str | Path | None = None) -> Run:
+    """A run from its folder, or from its id (or a unique prefix of it) under `root`."""
+    path = Path(path_or_id)
+    if not (path / "result.json").is_file() and root is not None:
+        path = _find(str(path_or_id), Path(root))
+    try:
+        result = json.loads((path / "result.json").read_text())
+    except OSError:
+        raise DflashError(f"no result.json in {path}; is it a dflash run folder?") from None
+    except ValueError as exc:
+        raise DflashError(f"{path}/result.json is not valid JSON: {exc}") from None
+    schema = str(result.get("schema", ""))
+    if not schema.startswith(RESULT_SCHEMA_PREFIX):
+        raise DflashError(
+            f"{path}/result.json has schema {schema!r}, expected {RESULT_SCHEMA_PREFIX}*"
+        )
+    return Run(
+        run_id=path.name,
+        path=path,
+        result=result,
+        spec=_read(path / "spec.json"),
+        ground_truth=_read(path / "ground_truth.json"),
+    )
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _find(ident: str, root: Path) -> Path:
+    """A run by its full id, else by a unique prefix, else by a unique part of it."""
+    if not root.is_dir():
+        raise DflashError(f"no results folder {root}")
+    names = [p.name for p in root.iterdir() if (p / "result.json").is_file()]
+    if ident in names:
+        return root / ident
+    hits = [n for n in names if n.startswith(ident)] or [n for n in names if ident in n]
+    if len(hits) == 1:
+        return root / hits[0]
+    if not hits:
+        raise DflashError(f"no run {ident!r} in {root} (dflash results list shows them)")
+    raise DflashError(
+        f"{ident!r} matches {len(hits)} runs in {root}: "
+        f"{', '.join(sorted(hits)[:5])}; give more of the id"
+    )
+
+
+def list_runs(root: str | Path) -> list[Run]:
+    """Every readable run under `root`, oldest first; unreadable folders are skipped."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    runs = []
+    for p in root.iterdir():
+        if p.name.startswith(".") or not (p / "result.json").is_file():
+            continue
+        try:
+            runs.append(load_run(p))
+        except DflashError:
+            continue
+    return sorted(runs, key=lambda r: (r.created, r.run_id))
+
+
+def records(run: Run) -> list[dict]:
+    """The per-sample records (``samples.jsonl``), in ground-truth order; [] when absent.
+    A line that is not a JSON object is an error naming the file and line."""
+    path = run.path / (run.result.get("samples_file") or "samples.jsonl")
+    if PurePosixPath(str(run.result.get("samples_file") or "")).name != str(
+        run.result.get("samples_file") or ""
+    ):
+        path = run.path / "samples.jsonl"  # a result never points outside its folder
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict):
+            raise DflashError(f"{path} line {n} is not a JSON object; the run folder is damaged")
+        out.append(rec)
+    return out
+
+
+def ground_truth_source(run: Run) -> dict:
+    inputs = run.result.get("inputs") or {}
+    return run.ground_truth or inputs.get("ground_truth_source") or {}
+
+
+def summary(run: Run) -> dict:
+    """The headline numbers of a run, flat, for tables and scripts."""
+    m = run.metrics
+    gt = ground_truth_source(run)
+    env = run.result.get("environment") or {}
+    retok = gt.get("retokenisation") or {}
+    ddtree = {
+        str(k): (v or {}).get("tau_per_sample_mean")
+        for k, v in sorted((m.get("ddtree") or {}).items(), key=lambda kv: budget_key(kv[0]))
+    }
+    agreement = (m.get("target_agreement") or {}).get("rate")
+    return {
+        "run_id": run.run_id,
+        "checkpoint": run.checkpoint,
+        "step": run.step,
+        "host": run.spec.get("host") or (run.result.get("job") or {}).get("host"),
+        "prompts": (run.spec.get("prompts") or {}).get("name"),
+        "samples": m.get("samples"),
+        "tokens": m.get("tokens"),
+        "rounds": m.get("rounds"),
+        "tau": m.get("tau_per_sample_mean"),
+        "tau_tokens": m.get("tau_token_weighted"),
+        "ddtree": ddtree,
+        "target_agreement": agreement,
+        "ground_truth": gt.get("kind"),
+        "ground_truth_cached": gt.get("cached"),
+        "retokenisation_mismatch": retok.get("mismatch_rate"),
+        "dtype": env.get("dtype") or run.spec.get("dtype"),
+        "engine": engine(run),
+        "drafter_sha256": run.drafter.get("sha256"),
+        "training_run": run.training_run.name,
+        "trainer": run.training_run.host,
+        "checkpoints_folder": run.training_run.folder,
+        "created": run.created,
+        "created_time": format_time(run.created),
+    }
+
+
+def engine(run: Run) -> str | None:
+    """The eval engine that produced the result (the job records it in inputs.eval_engine)."""
+    e = (run.result.get("inputs") or {}).get("eval_engine")
+    if isinstance(e, dict):
+        return e.get("name")
+    return e or (run.result.get("environment") or {}).get("engine")
+
+
+def budget_key(text: Any) -> float:
+    """Sort key of a DDTree budget given as text (``"8"`` before ``"16"``); others last."""
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return float("inf")
+
+
+def histogram(run: Run) -> list[tuple[int, int]]:
+    """(acceptance length, rounds) pairs, 1..B."""
+    h = run.metrics.get("acceptance_histogram") or {}
+    if isinstance(h, list):
+        return [(i + 1, int(c)) for i, c in enumerate(h)]
+    return sorted(((int(k), int(v)) for k, v in h.items()), key=lambda kv: kv[0])
+
+
+def per_position(run: Run) -> list[dict]:
+    """[{position, attempts, accepted, rate}] for draft positions 1..B-1."""
+    rows = run.metrics.get("per_position_acceptance") or []
+    if rows and not isinstance(rows[0], dict):
+        return [
+            {"position": i + 1, "rate": r, "attempts": None, "accepted": None}
+            for i, r in enumerate(rows)
+        ]
+    return list(rows)
+
+
+def compare_rows(runs: list[Run]) -> list[tuple[str, list[Any]]]:
+    """(metric, [value per run]) rows for a side-by-side comparison."""
+    sums = [summary(r) for r in runs]
+    budgets = sorted({b for s in sums for b in s["ddtree"]}, key=budget_key)
+    rows: list[tuple[str, list[Any]]] = [
+        ("checkpoint", [s["checkpoint"] for s in sums]),
+        ("step", [s["step"] for s in sums]),
+        ("host", [s["host"] for s in sums]),
+        ("prompts", [s["prompts"] for s in sums]),
+        ("samples", [s["samples"] for s in sums]),
+        ("tau (z-lab, per-sample mean)", [s["tau"] for s in sums]),
+        ("tau (token-weighted)", [s["tau_tokens"] for s in sums]),
+    ]
+    for b in budgets:
+        rows.append((f"DDTree-{b} tau", [s["ddtree"].get(b) for s in sums]))
+    rows += [
+        ("target agreement", [s["target_agreement"] for s in sums]),
+        ("ground truth", [s["ground_truth"] for s in sums]),
+        ("retokenisation mismatch", [s["retokenisation_mismatch"] for s in sums]),
+        ("dtype", [s["dtype"] for s in sums]),
+    ]
+    lengths = sorted({k for r in runs for k, _ in histogram(r)})
+    for k in lengths:
+        vals = []
+        for r in runs:
+            h = dict(histogram(r))
+            total = sum(h.values())
+            vals.append((h.get(k, 0) / total) if total else None)
+        rows.append((f"share of rounds accepting {k}", vals))
+    return rows

@@ -1,0 +1,1 @@
+"""How the controller reaches hosts: SSH settings, host sessions, the remote bundle."""

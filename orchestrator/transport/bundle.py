@@ -1,0 +1,171 @@
+"""The remote bundle: `remote/` packed as ONE zipapp named by its content hash.
+
+A host gets ``<workdir>/bundles/dflash-remote-<hash>.pyz`` only when it lacks that exact
+file, so an unchanged bundle costs one ``test -f``. The host's own python runs it:
+``python bundle.pyz COMMAND ...``. The archive is deterministic (sorted entries, fixed
+timestamps), so the same source always has the same name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+import weakref
+import zipfile
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+
+from orchestrator.errors import RemoteCommandError
+from orchestrator.transport.hosts import Host, HostError, Result, command_line, last_line, quote
+
+REMOTE_PACKAGE = Path(__file__).resolve().parents[2] / "remote"
+ERROR_PREFIX = "dflash-remote: error: "
+EXIT_USER_ERROR = 3
+MAIN = b"import sys\nfrom remote.cli import main\nsys.exit(main())\n"
+
+
+@lru_cache(maxsize=1)
+def build() -> tuple[str, bytes]:
+    """(file name, zipapp bytes) for the current `remote/` sources."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        files = sorted(
+            p
+            for p in REMOTE_PACKAGE.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        )
+        for path in files:
+            arc = "remote/" + path.relative_to(REMOTE_PACKAGE).as_posix()
+            _add(zf, arc, path.read_bytes())
+        _add(zf, "__main__.py", MAIN)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    return f"dflash-remote-{digest}.pyz", data
+
+
+def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
+    info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16
+    zf.writestr(info, data)
+
+
+# (id(host), bundle name) -> that host. The host itself is kept (weakly) and compared:
+# an id is reused once its object is gone, and a stale entry made a later host look as if
+# it had the bundle (python then failed on the missing file, seen as a flaky relay test).
+_pushed: dict[tuple[int, str], weakref.ref] = {}
+_push_lock = threading.Lock()
+
+
+def _known(host: Host, name: str) -> bool:
+    with _push_lock:
+        ref = _pushed.get((id(host), name))
+        return ref is not None and ref() is host
+
+
+def _remember(host: Host, name: str) -> None:
+    with _push_lock:
+        _pushed[(id(host), name)] = weakref.ref(host)
+
+
+def ensure(host: Host) -> tuple[str, bool]:
+    """Make sure `host` has the current bundle; returns (remote path, whether pushed now)."""
+    name, data = build()
+    path = f"{host.workdir}/bundles/{name}"
+    if _known(host, name):
+        return path, False
+    pushed = False
+    if not host.exists(path):
+        host.put_bytes(data, path)
+        pushed = True
+    _remember(host, name)
+    return path, pushed
+
+
+def remote_command(host: Host, argv: Sequence[str], python_flags: Sequence[str] = ()) -> str:
+    """The shell line that runs the bundle with `argv` on `host` (pushing it if needed);
+    `python_flags` go to the interpreter (``-I -S`` for stdlib-only commands)."""
+    path, _ = ensure(host)
+    return command_line([host.spec.python, *python_flags, path, *argv])
+
+
+_MISSING = "dflash-bundle-missing"
+_EXIT_MISSING = 97
+
+
+def run_remote(
+    host: Host,
+    argv: Sequence[str],
+    *,
+    timeout: float | None = None,
+    stdin: bytes | None = None,
+    python_flags: Sequence[str] = (),
+) -> Result:
+    """Run a bundle command; a remote user error or a missing python becomes one line.
+
+    The first call on a host runs the command only if the bundle is there and pushes it
+    otherwise, so a host that has it costs no separate check (one round trip, not two).
+    """
+    name, _ = build()
+    known = _known(host, name)
+    result = None
+    if not known:
+        path = f"{host.workdir}/bundles/{name}"
+        line = command_line([host.spec.python, *python_flags, path, *argv])
+        guarded = (
+            f"if [ -f {quote(path)} ]; then exec {line}; else echo {_MISSING} >&2; "
+            f"exit {_EXIT_MISSING}; fi"
+        )
+        result = host.run(guarded, check=False, timeout=timeout, stdin=stdin)
+        if result.exit_code == _EXIT_MISSING and _MISSING in result.stderr:
+            result = None  # not there: push it below, then run
+        else:
+            _remember(host, name)
+    if result is None:
+        result = host.run(
+            remote_command(host, argv, python_flags), check=False, timeout=timeout, stdin=stdin
+        )
+    check_result(host, result, argv)
+    return result
+
+
+def check_result(host: Host, result: Result, argv: Sequence[str]) -> None:
+    """Raise the one-line error a failed bundle command deserves."""
+    if result.ok:
+        return
+    if result.exit_code == 127 or (result.exit_code == 126 and "python" in result.stderr):
+        raise HostError(
+            f"{host.name}: python {host.spec.python!r} not found or not "
+            "executable there; set 'python:' for this host in the inventory"
+        )
+    for line in reversed(result.stderr.splitlines()):
+        if line.startswith(ERROR_PREFIX):
+            raise RemoteCommandError(f"{host.name}: {line[len(ERROR_PREFIX) :]}")
+    raise RemoteCommandError(
+        f"{host.name}: remote {argv[0] if argv else 'command'} failed "
+        f"(exit {result.exit_code}): {last_line(result.stderr)}"
+    )
+
+
+def run_remote_json(
+    host: Host,
+    argv: Sequence[str],
+    *,
+    timeout: float | None = None,
+    python_flags: Sequence[str] = (),
+) -> dict:
+    """Run a bundle command that prints one JSON document and return it parsed."""
+    result = run_remote(host, argv, timeout=timeout, python_flags=python_flags)
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RemoteCommandError(
+            f"{host.name}: remote {argv[0]} printed no JSON "
+            f"({last_line(result.stdout + result.stderr)[:200]})"
+        ) from None
+
+
+__all__ = ["build", "ensure", "remote_command", "run_remote", "run_remote_json", "quote"]

@@ -1,0 +1,453 @@
+"""How to reach a host over SSH, resolved ONCE and used by both SSH stacks.
+
+dflash talks SSH two ways: paramiko (through Fabric) for commands (hosts check, probe, eval)
+and OpenSSH ``ssh`` processes for the relay's bulk streams. Both must reach a host exactly
+as the user's own ``ssh HOST`` would, so the settings come from OpenSSH itself: ``ssh -G
+ALIAS`` prints the configuration ssh would use after ``Include``, ``Match host``, ``Host``
+patterns and defaults. The inventory's values (port, user, identity_file, jump,
+known_hosts, connect_timeout) override ssh_config as ssh's command-line options do: they
+are given to ``ssh -G`` as such. The result, `SSHSettings`, is rendered for paramiko
+(`SSHSettings.paramiko_kwargs`, `SSHSettings.gateway`) and for ``ssh``
+(`SSHSettings.openssh_options`), so both stacks see one answer.
+
+What it carries: HostName, Port, User, IdentityFile (existing files), IdentitiesOnly,
+IdentityAgent, ProxyJump (every hop resolved by ``ssh -G`` too) or ProxyCommand, and the
+known-hosts files: the inventory's first (accepted keys are saved there), then
+UserKnownHostsFile, then GlobalKnownHostsFile. The host-key policy is dflash's, never the
+config's: unknown keys are refused unless the user opted in, changed keys always are.
+
+The config file: ssh reads ``~/.ssh/config`` of the account (its passwd home), not of
+``$HOME``. When ``$HOME`` points elsewhere (a sandbox, a test) dflash means that home's
+config, so it passes ``-F $HOME/.ssh/config`` (or ``-F /dev/null`` when there is none) to
+``ssh -G`` and to every ``ssh`` it starts alike. Without an ``ssh`` binary, paramiko's own
+parser reads the same file (no ``Include`` or ``Match`` there); the relay needs ssh anyway.
+"""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import os
+import pwd
+import shlex
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import paramiko
+
+from orchestrator.errors import DflashError
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import HostSpec, Inventory
+
+MAX_HOPS = 8  # jump hosts reaching jump hosts: deeper than this is a loop in the config
+
+
+class SSHConfigError(DflashError):
+    """ssh_config or a jump target could not be resolved; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """Everything needed to open one SSH connection, as OpenSSH resolved it."""
+
+    name: str  # the inventory host or jump target these are for
+    alias: str  # what is looked up in ssh_config and given to ssh
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]  # absolute paths of keys that exist, in ssh's order
+    identities_only: bool
+    identity_agent: str | None  # the agent's socket, or None for no agent
+    proxy_command: str | None  # ssh_config's ProxyCommand, tokens unexpanded
+    jump: SSHSettings | None  # the hop before this host (its own .jump before it)
+    user_known_hosts: tuple[str, ...]  # the inventory's file first: new keys go there
+    global_known_hosts: tuple[str, ...]
+    accept_new: bool
+    connect_timeout: float
+    config_file: str | None  # -F for every ssh; None: ssh's own default files
+
+    @property
+    def known_hosts(self) -> tuple[str, ...]:
+        """Every known-hosts file, in the order they are consulted."""
+        return self.user_known_hosts + self.global_known_hosts
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+    # -- OpenSSH ------------------------------------------------------------------------
+    def openssh_options(self, ciphers: str = "") -> list[str]:
+        """``ssh`` options (no destination) that reach this host; pair with `alias`.
+
+        Every resolved value is given explicitly, so the ssh process cannot read anything
+        else from a config file than what `resolve` already saw."""
+        opts = ["-F", self.config_file] if self.config_file else []
+        opts += [
+            "-T",
+            "-x",
+            "-a",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "Compression=no",
+            "-o",
+            "ClearAllForwardings=yes",
+            "-o",
+            f"StrictHostKeyChecking={'accept-new' if self.accept_new else 'yes'}",
+            "-o",
+            "UserKnownHostsFile=" + _config_list(self.user_known_hosts),
+            "-o",
+            "GlobalKnownHostsFile=" + _config_list(self.global_known_hosts),
+            "-o",
+            f"ConnectTimeout={max(1, int(round(self.connect_timeout)))}",
+            "-o",
+            "ServerAliveInterval=15",
+            "-o",
+            "ServerAliveCountMax=4",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "HostName=" + _config_value(self.hostname),
+            "-p",
+            str(self.port),
+            "-l",
+            self.user,
+            "-o",
+            f"IdentitiesOnly={'yes' if self.identities_only else 'no'}",
+            "-o",
+            "IdentityAgent="
+            + (_config_value(self.identity_agent) if self.identity_agent else "none"),
+        ]
+        if ciphers:
+            opts += ["-c", ciphers]
+        for key in self.identity_files:
+            opts += ["-i", key.replace("%", "%%")]
+        if self.jump is not None:
+            # Each hop with ITS settings (known hosts, policy, keys): an inner ssh as the
+            # ProxyCommand. ssh runs it through a shell after %-expansion: quote, then
+            # escape '%' everywhere except the %h:%p we want expanded.
+            inner = ["ssh", *self.jump.openssh_options(ciphers), "-W", "%h:%p", self.jump.alias]
+            line = " ".join(shlex.quote(a) for a in inner)
+            line = line.replace("%", "%%").replace("%%h:%%p", "%h:%p")
+            opts += ["-o", f"ProxyCommand={line}"]
+        elif self.proxy_command:
+            opts += ["-o", f"ProxyCommand={self.proxy_command}"]
+        else:
+            opts += ["-o", "ProxyJump=none"]
+        return opts
+
+    # -- paramiko / Fabric --------------------------------------------------------------
+    def paramiko_kwargs(self) -> dict:
+        """``connect_kwargs`` for Fabric (paramiko's ``SSHClient.connect``): the keys
+        files and whether the agent is asked (see `agent`); never keys of paramiko's own
+        choosing, so it tries what ssh tries."""
+        return {
+            "key_filename": list(self.identity_files),
+            "look_for_keys": False,
+            "allow_agent": self.identity_agent is not None,
+            "banner_timeout": self.connect_timeout,
+            "auth_timeout": self.connect_timeout,
+        }
+
+    def agent(self):
+        """A paramiko agent client for `identity_agent` offering only what ssh would offer
+        (with IdentitiesOnly, the keys whose ``.pub`` files are among the identities),
+        or None."""
+        if self.identity_agent is None:
+            return None
+        only = None
+        if self.identities_only:
+            only = {_pub_blob(f) for f in self.identity_files} - {None}
+        return _SocketAgent(self.identity_agent, only)
+
+    def proxy_command_line(self) -> str | None:
+        """ssh_config's ProxyCommand with its %-tokens expanded, for paramiko."""
+        if self.jump is not None or not self.proxy_command:
+            return None
+        tokens = {
+            "h": self.hostname,
+            "p": str(self.port),
+            "r": self.user,
+            "n": self.alias,
+            "%": "%",
+        }
+        out, i, cmd = [], 0, self.proxy_command
+        while i < len(cmd):
+            if cmd[i] == "%" and i + 1 < len(cmd) and cmd[i + 1] in tokens:
+                out.append(tokens[cmd[i + 1]])
+                i += 2
+            else:
+                out.append(cmd[i])
+                i += 1
+        return "".join(out)
+
+
+def resolve(spec: HostSpec, inventory: Inventory | None = None) -> SSHSettings:
+    """The settings that reach inventory host `spec`: its inventory values over what
+    ``ssh -G`` says for its ``hostname`` (or name). A `jump` that names an inventory host
+    uses that host's settings; any other jump is an OpenSSH ProxyJump spec."""
+    return _resolve(spec, inventory, 0)
+
+
+def _resolve(spec: HostSpec, inventory: Inventory | None, depth: int) -> SSHSettings:
+    if depth > MAX_HOPS:
+        raise SSHConfigError(
+            f"{spec.name}: more than {MAX_HOPS} jump hosts in a row; is "
+            "there a ProxyJump loop in ~/.ssh/config or the inventory?"
+        )
+    alias = spec.hostname or spec.name
+    conf = query(alias, port=spec.port, user=spec.user, identity=spec.identity_file)
+    jump = None
+    proxy_command = None
+    if spec.jump:
+        if inventory is not None and spec.jump in inventory.hosts:
+            jump = _resolve(inventory.hosts[spec.jump], inventory, depth + 1)
+        else:
+            jump = _hops(spec.jump, spec, depth)
+    else:
+        proxy_jump = _first(conf, "proxyjump")
+        proxy_command = _first(conf, "proxycommand")
+        if proxy_command and proxy_command.lower() == "none":
+            proxy_command = None
+        if proxy_jump and proxy_jump.lower() != "none" and not proxy_command:
+            jump = _hops(proxy_jump, spec, depth)
+    return _settings(spec.name, alias, conf, spec, jump, proxy_command)
+
+
+def _hops(chain: str, base: HostSpec, depth: int) -> SSHSettings:
+    """The last hop of an OpenSSH ProxyJump list (``[user@]host[:port],...``), each hop
+    resolved by ``ssh -G`` and reached through the one before it (the first through its
+    own ssh_config). Hops inherit the inventory host's identity_file, known_hosts,
+    host-key policy and connect timeout, so a hop's key is checked like the host's."""
+    from orchestrator.inventory import HostSpec
+
+    jump = None
+    for target in [t.strip() for t in chain.split(",") if t.strip()]:
+        if target.startswith("ssh://"):
+            target = target[len("ssh://") :]
+        user, _, hostport = target.rpartition("@")
+        host, port = hostport, None
+        if hostport.count(":") == 1:
+            host, _, port_text = hostport.partition(":")
+            if not port_text.isdigit():
+                raise SSHConfigError(
+                    f"{base.name}: jump host {target!r}: port {port_text!r} is not a number"
+                )
+            port = int(port_text)
+        hop = HostSpec(
+            name=target,
+            hostname=host,
+            user=user or None,
+            port=port,
+            identity_file=base.identity_file,
+            known_hosts=base.known_hosts,
+            accept_new_host_key=base.accept_new_host_key,
+            connect_timeout=base.connect_timeout,
+        )
+        if jump is None:
+            jump = _resolve(hop, None, depth + 1)
+        else:
+            conf = query(host, port=port, user=user or None, identity=base.identity_file)
+            jump = _settings(target, host, conf, hop, jump, None)
+    if jump is None:
+        raise SSHConfigError(f"{base.name}: empty jump host list {chain!r}")
+    return jump
+
+
+def _settings(
+    name: str,
+    alias: str,
+    conf: dict[str, list[str]],
+    spec: HostSpec,
+    jump: SSHSettings | None,
+    proxy_command: str | None,
+) -> SSHSettings:
+    identities = []
+    for entry in conf.get("identityfile", []):
+        path = _expand(entry)
+        if os.path.isfile(path) and path not in identities:
+            identities.append(path)
+    user_known = [_expand(spec.known_hosts)] if spec.known_hosts else []
+    for entry in _words(conf, "userknownhostsfile"):
+        if _expand(entry) not in user_known:
+            user_known.append(_expand(entry))
+    agent = _first(conf, "identityagent")
+    if agent is None or agent == "SSH_AUTH_SOCK":
+        agent = os.environ.get("SSH_AUTH_SOCK") or None
+    elif agent.lower() == "none":
+        agent = None
+    elif agent.startswith("$"):
+        agent = os.environ.get(agent[1:].strip("{}")) or None
+    else:
+        agent = _expand(agent)
+    try:
+        port = int(_first(conf, "port") or 22)
+    except ValueError:
+        raise SSHConfigError(
+            f"{name}: ssh_config gives port {_first(conf, 'port')!r}, not a number"
+        ) from None
+    return SSHSettings(
+        name=name,
+        alias=alias,
+        hostname=_first(conf, "hostname") or alias,
+        port=port,
+        user=_first(conf, "user") or getpass.getuser(),
+        identity_files=tuple(identities),
+        identities_only=(_first(conf, "identitiesonly") or "no").lower() == "yes",
+        identity_agent=agent,
+        proxy_command=proxy_command,
+        jump=jump,
+        user_known_hosts=tuple(user_known),
+        global_known_hosts=tuple(_expand(e) for e in _words(conf, "globalknownhostsfile")),
+        accept_new=spec.accept_new_host_key,
+        connect_timeout=spec.connect_timeout,
+        config_file=config_file(),
+    )
+
+
+# ---- asking OpenSSH ----------------------------------------------------------------------
+
+
+def config_file() -> str | None:
+    """The ``-F`` argument every ssh gets: None when ``$HOME`` is the account's home (ssh
+    reads its usual files), else ``$HOME/.ssh/config`` or ``/dev/null``."""
+    home = os.path.expanduser("~")
+    try:
+        account_home = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        account_home = home
+    if os.path.realpath(home) == os.path.realpath(account_home):
+        return None
+    path = os.path.join(home, ".ssh", "config")
+    return path if os.path.isfile(path) else os.devnull
+
+
+def query(
+    alias: str, *, port: int | None = None, user: str | None = None, identity: str | None = None
+) -> dict[str, list[str]]:
+    """What ``ssh -G`` says for `alias` with these command-line values: keyword (lower
+    case) -> the values of its lines, in order."""
+    identity = identity and _expand(identity)
+    config = config_file()
+    if alias.startswith("-"):
+        raise SSHConfigError(f"host name {alias!r} starts with '-'; refusing it")
+    if shutil.which("ssh") is None:
+        return _paramiko_query(alias, port, user, identity)
+    argv = ["ssh", "-G"]
+    if config:
+        argv += ["-F", config]
+    if port:
+        argv += ["-p", str(port)]
+    if user:
+        argv += ["-l", user]
+    if identity:
+        argv += ["-i", identity.replace("%", "%%")]
+    try:
+        proc = subprocess.run(
+            [*argv, "--", alias],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=15,
+        )
+    except subprocess.TimeoutExpired:
+        raise SSHConfigError(f"'ssh -G {alias}' did not answer in 15 s") from None
+    if proc.returncode != 0:
+        from orchestrator.transport.hosts import last_line
+
+        raise SSHConfigError(
+            f"{alias}: ssh cannot read its configuration: "
+            f"{last_line(proc.stderr) or f'ssh -G exit {proc.returncode}'}"
+        )
+    out: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        out.setdefault(key.lower(), []).append(value.strip())
+    return out
+
+
+def _paramiko_query(
+    alias: str, port: int | None, user: str | None, identity: str | None
+) -> dict[str, list[str]]:
+    """The same answer from paramiko's parser, for machines without an ssh client."""
+    path = config_file() or os.path.expanduser("~/.ssh/config")
+    config = paramiko.SSHConfig.from_path(path) if os.path.isfile(path) else paramiko.SSHConfig()
+    found = config.lookup(alias)
+    out: dict[str, list[str]] = {
+        k: (v if isinstance(v, list) else [str(v)]) for k, v in found.items()
+    }
+    if port:
+        out["port"] = [str(port)]
+    if user:
+        out["user"] = [user]
+    keys = out.get("identityfile") or [f"~/.ssh/id_{k}" for k in ("rsa", "ecdsa", "ed25519")]
+    out["identityfile"] = ([identity] if identity else []) + keys
+    out.setdefault("userknownhostsfile", ["~/.ssh/known_hosts ~/.ssh/known_hosts2"])
+    out.setdefault("globalknownhostsfile", ["/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"])
+    return out
+
+
+# ---- helpers -----------------------------------------------------------------------------
+
+
+def _first(conf: dict[str, list[str]], key: str) -> str | None:
+    values = conf.get(key)
+    return values[0] if values else None
+
+
+def _words(conf: dict[str, list[str]], key: str) -> list[str]:
+    # ssh -G prints a list of files space-separated and unquoted; "none" means no file.
+    return [w for value in conf.get(key, []) for w in value.split() if w.lower() != "none"]
+
+
+def _expand(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _config_value(value: str) -> str:
+    # ssh_config values with spaces must be double-quoted; '%' would be a token there.
+    return '"' + value.replace("%", "%%") + '"'
+
+
+def _config_list(paths: tuple[str, ...]) -> str:
+    return " ".join(_config_value(p) for p in paths) if paths else "none"
+
+
+def _pub_blob(key_file: str) -> bytes | None:
+    """The public key blob of ``KEY.pub`` (or ``KEY-cert.pub``), or None."""
+    for pub in (key_file + ".pub", key_file + "-cert.pub"):
+        try:
+            with open(pub) as fh:
+                return base64.b64decode(fh.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
+
+
+class _SocketAgent(paramiko.agent.AgentSSH):
+    """paramiko's agent client for a socket of our choosing (IdentityAgent), offering only
+    `only` (public key blobs) when given. paramiko's own `Agent` reads $SSH_AUTH_SOCK."""
+
+    def __init__(self, path: str, only: set[bytes] | None):
+        super().__init__()
+        self._only = only
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+        except OSError:
+            sock.close()
+            return  # no agent there: no keys, as with ssh
+        self._connect(sock)
+
+    def get_keys(self):
+        keys = super().get_keys()
+        if self._only is None:
+            return keys
+        return tuple(k for k in keys if k.asbytes() in self._only)
+
+    def close(self) -> None:
+        self._close()

@@ -1,0 +1,1 @@
+"""The offline DFlash eval engine and what it needs: target, drafter, ground truth, walk."""

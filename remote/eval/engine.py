@@ -1,0 +1,347 @@
+"""``eval``: offline DFlash acceptance of a drafter against a target, on this host.
+
+    python -m remote eval --spec job.json
+
+Spec (`remote.protocol.EvalSpec` as a JSON object; unknown keys are an error, so a typo
+never silently changes a run):
+
+    target            path of the target model folder (HF layout, safetensors)      required
+    drafter           path of the drafter folder or weights file                     required
+    ground_truth      JSONL, lines {"id", "prompt_ids": [...], "completion_ids": [...]} required
+    output_dir        where result.json and samples.jsonl go                         required
+    dtype             "bfloat16" (default) or "float32" ("bf16"/"fp32" accepted)
+    threads           torch threads (default: torch's choice)
+    budgets           DDTree node budgets to report side by side (default [])
+    topk              per-depth candidates for DDTree (default null = the budget)
+    max_samples       evaluate only the first N samples (default all)
+    block_chunk       blocks per batched drafter call (default: sized to the memory the
+                      attention scores may take, see remote.eval.walk.auto_chunk)
+    positions         "all" (default): draft at every completion position, so per-position
+                      acceptance covers all of them; "walk": draft only where the walks go
+                      (about tau times fewer blocks, drafted one at a time: pays only for
+                      drafters with several layers; per-position covers walk positions)
+
+Every check that can fail on the inputs (paths, drafter vs target compatibility, token ids,
+empty completions, memory) runs BEFORE any weights are loaded. Progress goes to stdout as JSON
+lines: ``{"event": "start", ...}``, one ``{"event": "sample", ..., "record": {...}}`` per
+sample (the record is its samples.jsonl line) and
+``{"event": "done", "result": path, ...}``. Results are written atomically (temp + rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from typing import Any
+
+from remote.atomic import write_atomic
+from remote.errors import UserError
+from remote.probe.facts import meminfo, package_version
+from remote.protocol import RESULT_SCHEMA, EvalSpec, SpecError
+
+SCHEMA = RESULT_SCHEMA
+
+
+def read_spec(path: str) -> EvalSpec:
+    """The validated spec with defaults filled in; the four paths are required."""
+    try:
+        with open(path) as fh:
+            raw = json.load(fh)
+    except OSError as exc:
+        raise UserError(f"cannot read spec {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"spec {path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
+    try:
+        spec = EvalSpec.from_json(raw)
+    except (SpecError, TypeError) as exc:
+        raise UserError(f"spec {path}: {exc}") from None
+    for key in ("target", "drafter", "ground_truth", "output_dir"):
+        if not getattr(spec, key):
+            raise UserError(f"spec needs {key!r} (a path)")
+    return spec
+
+
+def read_ground_truth(path: str, vocab: int, max_samples: int | None) -> list[dict[str, Any]]:
+    """Samples from the JSONL file, each checked: non-empty prompt and completion, integer
+    ids inside the target's vocabulary."""
+    if not os.path.isfile(path):
+        raise UserError(f"ground truth file {path} does not exist")
+    rows = []
+    with open(path) as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                sid, prompt, completion = row.get("id", n), row["prompt_ids"], row["completion_ids"]
+            except (json.JSONDecodeError, KeyError, AttributeError):
+                raise UserError(
+                    f'{path} line {n} is not {{"id", "prompt_ids", "completion_ids"}} JSON'
+                ) from None
+            for name, ids in (("prompt_ids", prompt), ("completion_ids", completion)):
+                if not isinstance(ids, list) or not ids:
+                    raise UserError(
+                        f"{path} line {n} (id {sid}) has empty "
+                        f"{name}; drop the sample or regenerate it"
+                    )
+                bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+                if bad is not None:
+                    raise UserError(
+                        f"{path} line {n} (id {sid}) has token id {bad!r} outside the target "
+                        f"vocabulary (0..{vocab - 1}); was it made with another tokenizer?"
+                    )
+            rows.append({"id": sid, "prompt_ids": prompt, "completion_ids": completion})
+            if max_samples and len(rows) >= max_samples:
+                break
+    if not rows:
+        raise UserError(f"ground truth file {path} holds no samples")
+    return rows
+
+
+def check_compatible(dcfg, tinfo, fc_in: int | None) -> None:
+    """Drafter vs target: layer ids in range, hidden width, vocabulary, mask id, fc width."""
+    n = tinfo.num_layers
+    bad = [i for i in dcfg.target_layer_ids if not 0 <= i < n]
+    if bad:
+        raise UserError(
+            f"drafter target_layer_ids {bad} are outside the "
+            f"target's {n} layers (0..{n - 1}); wrong target?"
+        )
+    if dcfg.hidden_size != tinfo.hidden_size:
+        raise UserError(
+            f"drafter hidden_size {dcfg.hidden_size} differs from "
+            f"the target's {tinfo.hidden_size}; wrong target?"
+        )
+    if dcfg.vocab_size != tinfo.vocab_size:
+        raise UserError(
+            f"drafter vocab_size {dcfg.vocab_size} differs from "
+            f"the target's {tinfo.vocab_size}; wrong target?"
+        )
+    if not 0 <= dcfg.mask_token_id < tinfo.vocab_size:
+        raise UserError(
+            f"drafter mask_token_id {dcfg.mask_token_id} is "
+            f"outside the target vocabulary ({tinfo.vocab_size})"
+        )
+    want = len(dcfg.target_layer_ids) * dcfg.hidden_size
+    if fc_in is not None and fc_in != want:
+        raise UserError(
+            f"drafter fc takes {fc_in} features but {len(dcfg.target_layer_ids)} "
+            f"layers x hidden {dcfg.hidden_size} = {want}; fix target_layer_ids"
+        )
+
+
+def fc_width(path: str) -> int | None:
+    """``fc`` input width of the drafter, read as `load_drafter` reads its weights (headers
+    only for safetensors); None when the weights have no ``fc.weight``."""
+    from remote.eval.drafter import normalise_key, weight_shapes
+
+    keys, _problems = weight_shapes(path)
+    for k, (_file, _dtype, shape) in keys.items():
+        if normalise_key(k) == "fc.weight" and len(shape) == 2:
+            return int(shape[1])
+    return None
+
+
+def estimate_bytes(tbytes: int, dcfg, max_len: int, itemsize: int, block_chunk: int | None) -> int:
+    """Peak bytes: target text weights + drafter weights + the largest sequence's working set
+    (hidden states, kept features, drafter context K/V, one batch of blocks with its
+    attention scores, DDTree's head logits)."""
+    from remote.eval.walk import SCORES_BYTES, Drafts, auto_chunk
+
+    h, B, k = dcfg.hidden_size, dcfg.block_size, len(dcfg.target_layer_ids)
+    per_layer = (
+        4 * dcfg.hidden_size * dcfg.hidden_size + 3 * dcfg.hidden_size * dcfg.intermediate_size
+    )
+    drafter = (dcfg.num_layers * per_layer + k * h * h) * itemsize
+    kv = dcfg.num_layers * 2 * max_len * dcfg.num_kv_heads * dcfg.head_dim * itemsize
+    chunk = block_chunk or auto_chunk(dcfg, max_len)
+    blocks = chunk * B * (h + 2 * dcfg.num_kv_heads * dcfg.head_dim) * itemsize * 4
+    acts = max_len * h * (k + 8) * 4 + kv + SCORES_BYTES + blocks + 2 * Drafts.HEAD_BYTES
+    return tbytes + drafter + acts
+
+
+def environment(dtype: str, threads: int) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "fla": package_version("fla", ("flash-linear-attention", "fla-core", "fla")),
+        "causal_conv1d": package_version("causal_conv1d", ("causal-conv1d", "causal_conv1d")),
+        "dtype": dtype,
+        "threads": threads,
+    }
+
+
+def emit(event: dict[str, Any]) -> None:
+    print(json.dumps(event), flush=True)
+
+
+def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
+    """Run an evaluation from a validated spec (see `read_spec`); returns the result dict
+    and writes ``result.json`` + ``samples.jsonl`` in ``output_dir``."""
+    import torch
+
+    from remote.eval import drafter as drafter_mod
+    from remote.eval import target as target_mod
+    from remote.eval.metrics import summarize
+    from remote.eval.walk import WalkOptions, eval_sequence
+
+    t_all = time.perf_counter()
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    dtype = getattr(torch, spec.dtype)
+    if not os.path.isdir(spec.target):
+        raise UserError(f"target folder {spec.target} does not exist")
+    if not os.path.exists(spec.drafter):
+        raise UserError(f"drafter path {spec.drafter} does not exist")
+
+    # --- checks before any heavy load -----------------------------------------------------
+    _cfg, meta_model, tinfo = target_mod.describe(spec.target)
+    dcfg = drafter_mod.read_config(spec.drafter, tinfo.num_layers)
+    check_compatible(dcfg, tinfo, fc_width(spec.drafter))
+    rows = read_ground_truth(spec.ground_truth, tinfo.vocab_size, spec.max_samples)
+    tbytes = target_mod.text_weight_bytes(meta_model, tinfo, dtype)
+    del meta_model
+    max_len = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
+    need = estimate_bytes(
+        tbytes, dcfg, max_len, torch.empty(0, dtype=dtype).element_size(), spec.block_chunk
+    )
+    avail = meminfo()["available"]
+    if avail and need > avail:
+        raise UserError(
+            f"evaluation needs about {need / 2**30:.1f} GiB but {avail / 2**30:.1f} "
+            "GiB is available; free memory or use a bigger host"
+        )
+    os.makedirs(spec.output_dir, exist_ok=True)
+
+    on_event(
+        {
+            "event": "start",
+            "samples": len(rows),
+            "target": spec.target,
+            "drafter": spec.drafter,
+            "dtype": spec.dtype,
+            "threads": torch.get_num_threads(),
+            "block_size": dcfg.block_size,
+            "budgets": list(spec.budgets),
+            "estimated_bytes": need,
+        }
+    )
+    t0 = time.perf_counter()
+    target = target_mod.load_target(spec.target, dtype)
+    t_target_load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    drafter, report = drafter_mod.load_drafter(spec.drafter, dtype, tinfo.num_layers)
+    t_drafter_load = time.perf_counter() - t0
+
+    opts = WalkOptions(
+        budgets=list(spec.budgets),
+        topk=spec.topk,
+        block_chunk=spec.block_chunk,
+        positions=spec.positions,
+    )
+    records, lines = [], []
+    t_eval = time.perf_counter()
+    for i, row in enumerate(rows, 1):
+        rec = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], opts)
+        rec = {"id": row["id"], **rec}
+        records.append(rec)
+        lines.append(json.dumps(rec))
+        taus = [r["tau"] for r in records if r["tau"] is not None]
+        total_rounds = sum(len(r["rounds"]) for r in records)
+        on_event(
+            {
+                "event": "sample",
+                "done": i,
+                "total": len(rows),
+                "id": row["id"],
+                "tokens": rec["completion_tokens"],
+                "sample_tau": rec["tau"],
+                "tau": (sum(taus) / len(taus)) if taus else None,
+                "tau_token_weighted": (sum(sum(r["rounds"]) for r in records) / total_rounds)
+                if total_rounds
+                else None,
+                "seconds": rec["seconds"]["total"],
+                # The whole record travels with the event, so a watcher keeps the samples a
+                # host finished even if that host is lost before it writes samples.jsonl.
+                "record": rec,
+            }
+        )
+    eval_s = time.perf_counter() - t_eval
+
+    metrics = summarize(records, dcfg.block_size, list(spec.budgets), spec.topk, tinfo.vocab_size)
+    tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)
+    result = {
+        "schema": SCHEMA,
+        "inputs": {
+            "target": os.path.abspath(spec.target),
+            "drafter": os.path.abspath(spec.drafter),
+            "ground_truth": os.path.abspath(spec.ground_truth),
+            "samples": len(rows),
+            "max_samples": spec.max_samples,
+            "dtype": spec.dtype,
+            "positions": spec.positions,
+            "block_size": dcfg.block_size,
+            "target_layer_ids": dcfg.target_layer_ids,
+            "mask_token_id": dcfg.mask_token_id,
+            "target_vocab_size": tinfo.vocab_size,
+            "ddtree": {"budgets": list(spec.budgets), "topk": spec.topk},
+            "drafter_files": report.files,
+            "drafter_source_dtypes": report.source_dtypes,
+            "drafter_ignored_keys": report.ignored_keys,
+            "drafter_parameters": report.parameters,
+            "target_architecture": tinfo.architecture,
+            "target_backbone": tinfo.backbone_path,
+            "target_layers": tinfo.num_layers,
+            "target_layer_types": tinfo.layer_types,
+        },
+        "environment": environment(spec.dtype, torch.get_num_threads()),
+        "metrics": metrics,
+        "timings": {
+            "load_target_s": t_target_load,
+            "load_drafter_s": t_drafter_load,
+            "eval_s": eval_s,
+            "target_forward_s": sum(r["seconds"]["target"] for r in records),
+            "drafter_s": sum(r["seconds"]["drafter"] for r in records),
+            "ddtree_s": sum(r["seconds"]["ddtree"] for r in records),
+            "total_s": time.perf_counter() - t_all,
+            "tokens": tokens,
+            "tokens_per_s": tokens / eval_s if eval_s > 0 else None,
+        },
+        "samples_file": "samples.jsonl",
+    }
+    out = spec.output_dir
+    write_atomic(
+        os.path.join(out, "samples.jsonl"), "".join(line + "\n" for line in lines), fsync=True
+    )
+    result_path = os.path.join(out, "result.json")
+    write_atomic(result_path, json.dumps(result, indent=2), fsync=True)
+    on_event(
+        {
+            "event": "done",
+            "result": os.path.abspath(result_path),
+            "tau": metrics["tau_per_sample_mean"],
+            "tau_token_weighted": metrics["tau_token_weighted"],
+        }
+    )
+    return result
+
+
+def run(args) -> int:
+    run_eval(read_spec(args.spec))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "eval", help="offline DFlash acceptance of a drafter against a target (JSON-lines progress)"
+    )
+    p.add_argument("--spec", required=True, help="job spec JSON (see remote/eval/engine.py)")
+    p.set_defaults(func=run)

@@ -1,0 +1,816 @@
+"""Ground truth for the offline walk: each prompt's GREEDY completion by the target, as ids.
+
+Runs on the eval host, as a job's first phase, because the serving engine usually listens
+on the host's own loopback. Sources (``spec["ground_truth"]["kind"]``):
+
+- ``sglang``: SGLang's native ``POST /generate`` with ``input_ids`` and
+  ``sampling_params {temperature: 0, max_new_tokens}``; the answer's ``output_ids``.
+- ``openai``: an OpenAI-compatible ``POST /v1/completions`` whose ``prompt`` is the list of
+  token ids and which returns ids when asked (``return_token_ids: true``, as vLLM >= 0.10.2
+  and SGLang offer): ``choices[0].token_ids``.
+- ``openai-text``: a text-only OpenAI-compatible server (``transformers serve``, ...). Text
+  is not ids: decode-then-encode does not always round-trip. Accepted with a loud warning;
+  the completion is retokenised with the target's tokenizer and every sample is checked
+  (see `retokenisation_check`); the mismatch rate is recorded with the result.
+- ``file``: a JSONL file already holding ``{"id", "prompt_ids", "completion_ids"}`` lines.
+- ``local``: greedy generation on this host with the target itself (slow for big models).
+
+Prompts are JSONL, z-lab's ``{"turns": [...]}`` (the first turn is the user message) or
+``{"prompt": "..."}``; the target's chat template is applied (``thinking`` on or off).
+``samples`` picks that many prompts with a seeded RNG, in file order.
+
+The result is cached in ``<workdir>/groundtruth/<key>.jsonl`` where ``key`` hashes the
+target's identity (its path, config and weight files' sizes), the exact prompt ids (so
+the prompt file, the selection, the template and the thinking flag are all in it), the
+sampling parameters, the kind of source and, for a server, its URL and the model it serves
+as it reports it (SGLang ``GET /get_model_info`` -> ``model_path``; OpenAI-compatible
+``GET /v1/models`` -> ``id`` and ``root``): the next checkpoint evaluated against the same
+prompts and the same server reuses it, another server or model never does. Every
+completion is validated (integer ids inside the target's vocabulary, non-empty, at most
+``max_new_tokens``) BEFORE anything is cached, so a bad server's answer is refused in one
+line and never reused; a cache entry that fails the same checks is ignored. The info
+returned (and recorded in the result) says whether the ground truth came from the cache and
+which source made it (``source``: kind, URL, model, time).
+
+Only greedy decoding is accepted: a ground truth sampled at temperature > 0 is not what
+speculative decoding with greedy verification reproduces. A server whose answer reports
+non-greedy sampling parameters is refused the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from remote.atomic import write_atomic, write_json_atomic
+from remote.errors import UserError
+from remote.protocol import DEFAULT_DTYPE
+
+KINDS = ("sglang", "openai", "openai-text", "file", "local")
+SERVER_KINDS = ("sglang", "openai", "openai-text")
+# Bumped when what a cache entry means changes, so older entries are never hit.
+CACHE_VERSION = 2
+DEFAULT_TIMEOUT = 300.0
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+Emit = Callable[..., None]
+
+
+# ---- prompts ----------------------------------------------------------------------------
+
+
+def read_jsonl(path: str, what: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for each non-blank line; one-line UserErrors otherwise."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except ValueError:
+            raise UserError(f"{path}:{n}: not valid JSON") from None
+
+
+def load_prompts(path: str, samples: int | None = None, seed: int = 0) -> list[dict]:
+    """Prompt records ``{"id", "text"}`` from a JSONL file, optionally a seeded subset."""
+    records = []
+    stem = Path(path).stem
+    for n, obj in read_jsonl(path, "prompts file"):
+        if (
+            isinstance(obj, dict)
+            and isinstance(obj.get("turns"), list)
+            and obj["turns"]
+            and isinstance(obj["turns"][0], str)
+        ):
+            text = obj["turns"][0]
+        elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+            text = obj["prompt"]
+        else:
+            raise UserError(f'{path}:{n}: expected {{"turns": ["..."]}} or {{"prompt": "..."}}')
+        records.append({"id": str(obj.get("id", f"{stem}-{len(records)}")), "text": text})
+    if not records:
+        raise UserError(f"prompts file {path} holds no prompts")
+    return select(records, samples, seed)
+
+
+def select(records: list, samples: int | None, seed: int) -> list:
+    """`samples` records chosen with a fixed seed, kept in their original order."""
+    if samples is None or samples >= len(records):
+        return list(records)
+    if samples < 1:
+        raise UserError(f"--samples must be at least 1, got {samples}")
+    keep = sorted(random.Random(seed).sample(range(len(records)), samples))
+    return [records[i] for i in keep]
+
+
+def load_tokenizer(target: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(target)
+    except Exception as exc:
+        raise UserError(
+            f"cannot load the target's tokenizer from {target}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
+
+
+def render_prompt(tokenizer, text: str, thinking: bool) -> tuple[str, list[int]]:
+    """(prompt text, prompt ids) with the chat template applied, generation prompt added."""
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}],
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=thinking,
+        )
+    else:
+        rendered = text
+    ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    return rendered, list(ids)
+
+
+# ---- identity and cache -----------------------------------------------------------------
+
+
+def target_identity(target: str) -> dict:
+    """What identifies a target without reading its weights: path, config hash, files."""
+    root = Path(target)
+    config = root / "config.json"
+    try:
+        config_hash = hashlib.sha256(config.read_bytes()).hexdigest()
+    except OSError:
+        raise UserError(f"no config.json in target folder {target}") from None
+    files = sorted(
+        (p.name, p.stat().st_size) for p in root.iterdir() if p.suffix in WEIGHT_SUFFIXES
+    )
+    return {"path": str(root.resolve()), "config_sha256": config_hash, "weights": files}
+
+
+def cache_key(
+    identity: dict,
+    prompt_ids: list[list[int]],
+    sampling: dict,
+    kind: str,
+    source: dict | None = None,
+) -> str:
+    """The cache entry's name: a hash of the target's identity, the sampling parameters, the
+    kind of source, the source's own identity (URL and served model, `served_model`) and
+    every prompt's exact ids."""
+    h = hashlib.sha256()
+    h.update(
+        json.dumps(
+            {
+                "v": CACHE_VERSION,
+                "target": identity,
+                "sampling": sampling,
+                "kind": kind,
+                "source": source or {},
+            },
+            sort_keys=True,
+        ).encode()
+    )
+    for ids in prompt_ids:
+        h.update(json.dumps(ids).encode() + b"\n")
+    return h.hexdigest()[:24]
+
+
+def non_greedy(params: dict) -> str | None:
+    """None when `params` (sampling parameters a job asks for, or that a server reports it
+    used) mean greedy decoding, else the offending values as text. Temperature 0 is greedy
+    whatever top_p/top_k say (servers ignore them then), and so is top_k 1; ``do_sample``
+    true is sampling. A missing temperature counts as 0."""
+    temperature = params.get("temperature", 0.0)
+    top_k, top_p = params.get("top_k"), params.get("top_p")
+    try:
+        greedy = float(0.0 if temperature is None else temperature) == 0.0
+    except (TypeError, ValueError):
+        greedy = False
+    if top_k == 1 and not isinstance(top_k, bool):
+        greedy = True
+    if params.get("do_sample") is True:
+        greedy = False
+    if greedy:
+        return None
+    shown = {
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "do_sample": params.get("do_sample"),
+    }
+    return ", ".join(f"{k}={v}" for k, v in shown.items() if v is not None)
+
+
+def check_greedy(sampling: dict) -> dict:
+    """The sampling parameters, normalised; anything but greedy decoding is refused."""
+    problem = non_greedy(sampling)
+    if problem:
+        raise UserError(
+            f"ground truth must be greedy (temperature 0); got {problem}. "
+            "Acceptance under greedy verification is only defined against greedy "
+            "completions"
+        )
+    try:
+        max_new = int(sampling.get("max_new_tokens", 256))
+    except (TypeError, ValueError):
+        raise UserError(
+            f"max_new_tokens must be an integer, got {sampling.get('max_new_tokens')!r}"
+        ) from None
+    if max_new < 1:
+        raise UserError(f"max_new_tokens must be at least 1, got {max_new}")
+    return {"temperature": 0.0, "max_new_tokens": max_new}
+
+
+def target_vocab_size(target: str, tokenizer) -> int:
+    """How many token ids the target has: its (text) config's ``vocab_size`` (the rows of
+    its embedding), else the tokenizer's length."""
+    from remote.model.files import build_config
+
+    try:
+        vocab = build_config(target).get_text_config().vocab_size
+    except (UserError, AttributeError):
+        vocab = None
+    return int(vocab) if isinstance(vocab, int) and vocab > 0 else len(tokenizer)
+
+
+def check_completion(
+    ids: Any, *, vocab: int, max_new: int | None, prompt_id: str, source: str, target: str
+) -> list[int]:
+    """`ids` if they can be the target's greedy completion: a non-empty list of integer
+    ids, each inside the vocabulary, at most `max_new` of them (None: any number, for
+    retokenised text). Otherwise one UserError naming the source (a server URL, or the
+    local generation) and the bad value."""
+    if not _int_list(ids):
+        raise UserError(
+            f"ground truth from {source} for prompt {prompt_id} is not a list of "
+            "integer token ids; nothing was cached"
+        )
+    if not ids:
+        raise UserError(
+            f"ground truth from {source} for prompt {prompt_id} is empty (the "
+            "target stopped at once); drop that prompt or check the server"
+        )
+    if max_new is not None and len(ids) > max_new:
+        raise UserError(
+            f"ground truth from {source} for prompt {prompt_id} has {len(ids)} "
+            f"token ids, more than max_new_tokens {max_new}; nothing was cached"
+        )
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise UserError(
+            f"ground truth from {source} for prompt {prompt_id} holds token id "
+            f"{bad}, outside the target's vocabulary (0..{vocab - 1}): it serves "
+            f"another model or tokenizer than {target}; nothing was cached"
+        )
+    return ids
+
+
+# ---- HTTP -------------------------------------------------------------------------------
+
+
+def endpoint(url: str, kind: str) -> str:
+    """The request URL for a base server URL (a full endpoint URL is used as given)."""
+    url = url.rstrip("/")
+    if kind == "sglang":
+        return url if url.endswith("/generate") else url + "/generate"
+    if url.endswith("/v1/completions"):
+        return url
+    return url + "/completions" if url.endswith("/v1") else url + "/v1/completions"
+
+
+def http_json(url: str, payload: dict | None, timeout: float) -> Any:
+    """POST (or GET when `payload` is None) JSON; every failure is one clear UserError."""
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method="GET" if data is None else "POST",
+        headers={"Content-Type": "application/json", "Accept": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:300].decode(errors="replace").strip().replace("\n", " ")
+        raise UserError(
+            f"ground truth server {url} answered HTTP {exc.code} "
+            f"{exc.reason}{': ' + detail if detail else ''}"
+        ) from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            raise UserError(
+                f"ground truth server {url} did not answer within {timeout:g}s (timed out)"
+            ) from None
+        if isinstance(reason, ConnectionRefusedError):
+            raise UserError(
+                f"ground truth server {url} refused the connection; is it "
+                "running and listening there (from the eval host's view)?"
+            ) from None
+        raise UserError(f"ground truth server {url} is unreachable: {reason}") from None
+    except TimeoutError:
+        raise UserError(
+            f"ground truth server {url} did not answer within {timeout:g}s (timed out)"
+        ) from None
+    except (ConnectionError, OSError) as exc:
+        raise UserError(f"ground truth server {url} dropped the connection: {exc}") from None
+    try:
+        return json.loads(body)
+    except ValueError:
+        snippet = body[:80].decode(errors="replace").replace("\n", " ")
+        raise UserError(f"ground truth server {url} returned malformed JSON: {snippet!r}") from None
+
+
+def reachable(url: str, timeout: float = 5.0) -> str | None:
+    """None when something accepts TCP connections at the URL's host and port, else why."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"ground truth URL {url!r} is not an http(s) URL"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            return None
+    except ConnectionRefusedError:
+        return f"ground truth server {url} refused the connection from this host; is it running?"
+    except TimeoutError:
+        return f"ground truth server {url} did not accept a connection within {timeout:g}s"
+    except OSError as exc:
+        return f"ground truth server {url} is unreachable from this host: {exc.strerror or exc}"
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
+
+
+def reported_sampling(answer: Any) -> dict:
+    """The sampling parameters a server's answer says it used, where it says any: keys
+    ``temperature``, ``top_p``, ``top_k``, ``do_sample`` at the top, in SGLang's
+    ``meta_info``, in an OpenAI ``choices[0]``, or in a ``sampling_params`` object of any of
+    those. Empty when the answer reports nothing (most servers)."""
+    found: dict = {}
+    places = [answer] if isinstance(answer, dict) else []
+    if places:
+        places.append(answer.get("meta_info"))
+        choices = answer.get("choices")
+        if isinstance(choices, list) and choices:
+            places.append(choices[0])
+    for place in list(places):
+        if isinstance(place, dict):
+            places.append(place.get("sampling_params"))
+    for place in places:
+        if isinstance(place, dict):
+            for key in ("temperature", "top_p", "top_k", "do_sample"):
+                if key in place and key not in found:
+                    found[key] = place[key]
+    return found
+
+
+def check_answer_greedy(answer: Any, url: str) -> None:
+    """Refuse an answer whose server reports it sampled instead of decoding greedily."""
+    problem = non_greedy(reported_sampling(answer))
+    if problem:
+        raise UserError(
+            f"ground truth server {url} reports non-greedy sampling ({problem}) "
+            "although temperature 0 was asked; tau must be measured against "
+            "greedy completions, so its answer is refused: serve the target "
+            "without sampling overrides"
+        )
+
+
+def sglang_generate(url: str, prompt_ids: list[int], sampling: dict, timeout: float) -> Any:
+    """SGLang's ``output_ids`` for one prompt, unchecked (see `check_completion`)."""
+    ep = endpoint(url, "sglang")
+    answer = http_json(
+        ep,
+        {
+            "input_ids": prompt_ids,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": sampling["max_new_tokens"]},
+        },
+        timeout,
+    )
+    if isinstance(answer, list) and len(answer) == 1:  # a batch of one
+        answer = answer[0]
+    ids = answer.get("output_ids") if isinstance(answer, dict) else None
+    if not isinstance(ids, list):
+        raise UserError(
+            f"ground truth server {ep} answered without an 'output_ids' list of "
+            "token ids; is it SGLang's native server?"
+        )
+    check_answer_greedy(answer, ep)
+    return ids
+
+
+def served_model(kind: str, url: str, model: str | None, timeout: float) -> dict:
+    """The model a server says it serves, for the cache key and the result's provenance:
+    SGLang's ``GET /get_model_info`` ``model_path``; for OpenAI-compatible servers the name
+    used (given, else the first ``GET /v1/models`` lists) and that entry's ``root`` (the
+    weights' path, as vLLM and SGLang report it). A value the server does not report is
+    None (the request then names no model and a single-model server uses its own)."""
+    timeout = min(timeout, 30.0)
+    if kind == "sglang":
+        base = endpoint(url, "sglang")[: -len("/generate")]
+        try:
+            info = http_json(base + "/get_model_info", None, timeout)
+        except UserError:
+            info = None
+        path = info.get("model_path") if isinstance(info, dict) else None
+        return {"model": path if isinstance(path, str) and path else None}
+    base = endpoint(url, "openai").rsplit("/completions", 1)[0]
+    try:
+        listing = http_json(base + "/models", None, timeout)
+    except UserError:
+        listing = None
+    entries = listing.get("data") if isinstance(listing, dict) else None
+    entries = (
+        [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
+        if isinstance(entries, list)
+        else []
+    )
+    name = model or (entries[0]["id"] if entries else None)
+    entry = next((e for e in entries if e["id"] == name), {})
+    root = entry.get("root")
+    return {"model": name, "model_root": root if isinstance(root, str) and root else None}
+
+
+def _with_model(payload: dict, model: str | None) -> dict:
+    return {"model": model, **payload} if model else payload
+
+
+def openai_completion_ids(
+    url: str, model: str | None, prompt_ids: list[int], sampling: dict, timeout: float
+) -> Any:
+    """``choices[0].token_ids`` for one prompt, unchecked (see `check_completion`)."""
+    ep = endpoint(url, "openai")
+    answer = http_json(
+        ep,
+        _with_model(
+            {
+                "prompt": prompt_ids,
+                "max_tokens": sampling["max_new_tokens"],
+                "temperature": 0.0,
+                "return_token_ids": True,
+            },
+            model,
+        ),
+        timeout,
+    )
+    try:
+        choice = answer["choices"][0]
+    except (KeyError, IndexError, TypeError):
+        raise UserError(
+            f"ground truth server {ep} answered without 'choices'; is it an "
+            "OpenAI-compatible completions endpoint?"
+        ) from None
+    ids = choice.get("token_ids") if isinstance(choice, dict) else None
+    if not isinstance(ids, list):
+        raise UserError(
+            f"ground truth server {ep} returned no token ids (choices[0].token_ids);"
+            " it needs return_token_ids support (vLLM >= 0.10.2, recent SGLang), "
+            "or use ground_truth_kind openai-text (text only, retokenised)"
+        )
+    check_answer_greedy(answer, ep)
+    echoed = choice.get("prompt_token_ids", answer.get("prompt_token_ids"))
+    if _int_list(echoed) and echoed and echoed != prompt_ids:
+        raise UserError(
+            f"ground truth server {ep} tokenised the prompt differently "
+            f"({len(echoed)} ids back for {len(prompt_ids)} sent); it does not "
+            "take token-id prompts as given"
+        )
+    return ids
+
+
+def openai_completion_text(
+    url: str, model: str | None, prompt_text: str, sampling: dict, timeout: float
+) -> tuple[str, int | None]:
+    """(completion text, the server's own count of completion tokens if it reports one)."""
+    ep = endpoint(url, "openai")
+    answer = http_json(
+        ep,
+        _with_model(
+            {"prompt": prompt_text, "max_tokens": sampling["max_new_tokens"], "temperature": 0.0},
+            model,
+        ),
+        timeout,
+    )
+    try:
+        text = answer["choices"][0]["text"]
+    except (KeyError, IndexError, TypeError):
+        text = None
+    if not isinstance(text, str):
+        raise UserError(
+            f"ground truth server {ep} answered without choices[0].text; is it "
+            "an OpenAI-compatible completions endpoint?"
+        )
+    check_answer_greedy(answer, ep)
+    count = (answer.get("usage") or {}).get("completion_tokens")
+    return text, count if isinstance(count, int) else None
+
+
+def retokenisation_check(
+    tokenizer,
+    prompt_text: str,
+    prompt_ids: list[int],
+    completion_text: str,
+    completion_ids: list[int],
+    server_count: int | None = None,
+) -> bool:
+    """False when the retokenised ids cannot be what the server generated: the text holds
+    U+FFFD (the server decoded a partial UTF-8 sequence: bytes were lost), the server
+    counted another number of completion tokens, the ids do not decode back to the text,
+    or encoding prompt and completion TOGETHER does not give the prompt's ids followed by
+    the completion's (a merge across the boundary). Passing is necessary, not sufficient:
+    a model may emit a non-canonical split of the same text, which only the eval's target
+    agreement rate reveals."""
+    if "\ufffd" in completion_text:
+        return False
+    if server_count is not None and server_count != len(completion_ids):
+        return False
+    if tokenizer.decode(completion_ids) != completion_text:
+        return False
+    joint = tokenizer(prompt_text + completion_text, add_special_tokens=False)["input_ids"]
+    return list(joint) == list(prompt_ids) + list(completion_ids)
+
+
+# ---- local greedy -----------------------------------------------------------------------
+
+
+class LocalGenerator:
+    """Greedy generation with the target on this host (transformers, KV cache)."""
+
+    def __init__(self, target: str, dtype: str, threads: int | None):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype))
+        except Exception as exc:
+            raise UserError(
+                f"cannot load the target {target} for local generation: "
+                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            ) from None
+        self.model.eval()
+        self.torch = torch
+
+    def generate(self, prompt_ids: list[int], sampling: dict) -> list[int]:
+        torch = self.torch
+        with torch.inference_mode():
+            out = self.model.generate(
+                torch.tensor([prompt_ids]),
+                do_sample=False,
+                max_new_tokens=sampling["max_new_tokens"],
+                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            )
+        return out[0, len(prompt_ids) :].tolist()
+
+
+# ---- the phase --------------------------------------------------------------------------
+
+
+def read_ground_truth_file(path: str) -> list[dict]:
+    """Validated ``{"id", "prompt_ids", "completion_ids"}`` records from a JSONL file."""
+    out = []
+    for n, obj in read_jsonl(path, "ground truth file"):
+        if not (
+            isinstance(obj, dict)
+            and _int_list(obj.get("prompt_ids"))
+            and _int_list(obj.get("completion_ids"))
+            and obj["prompt_ids"]
+        ):
+            raise UserError(
+                f'{path}:{n}: expected {{"id", "prompt_ids": [...], '
+                '"completion_ids": [...]}} with token ids'
+            )
+        out.append(
+            {
+                "id": str(obj.get("id", n)),
+                "prompt_ids": obj["prompt_ids"],
+                "completion_ids": obj["completion_ids"],
+            }
+        )
+    if not out:
+        raise UserError(f"ground truth file {path} holds no records")
+    return out
+
+
+def _jsonl(records: list[dict]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in records)
+
+
+def _read_cache(
+    path: Path, meta_path: Path, prompt_ids: list[list[int]], check: Callable[[Any, str], list[int]]
+) -> tuple[list[dict], dict] | None:
+    """(records, meta) of a cache entry that passes every check, else None (missing,
+    unreadable, another prompt list, or ids that `check` refuses)."""
+    try:
+        meta = json.loads(meta_path.read_text())
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or len(records) != len(prompt_ids):
+        return None
+    try:
+        for r, ids in zip(records, prompt_ids, strict=False):
+            if not isinstance(r, dict) or r.get("prompt_ids") != ids:
+                return None
+            check(r.get("completion_ids"), str(r.get("id")))
+    except UserError:
+        return None
+    return records, meta
+
+
+def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
+    """Make (or reuse) the ground truth the job asks for.
+
+    Returns (path of a JSONL file of ``{"id", "prompt_ids", "completion_ids"}``, info for
+    the result: kind, url, model, cache key, ``cached`` (whether it came from the cache),
+    ``source`` (kind, url, model, model_root, ``made``: when it was generated), warnings,
+    retokenisation). A server is asked which model it serves before the cache is looked
+    at; every completion is checked before anything is written.
+    """
+    gt = dict(spec.get("ground_truth") or {})
+    kind = gt.get("kind", "sglang")
+    if kind not in KINDS:
+        raise UserError(f"unknown ground truth kind {kind!r} (one of {', '.join(KINDS)})")
+    sampling = check_greedy(spec.get("sampling") or {})
+    timeout = float(gt.get("timeout", DEFAULT_TIMEOUT))
+    workdir = Path(os.path.expanduser(spec.get("workdir", "~/.dflash")))
+    info: dict[str, Any] = {
+        "kind": kind,
+        "url": gt.get("url"),
+        "path": gt.get("path"),
+        "sampling": sampling,
+        "warnings": [],
+    }
+
+    if kind == "file":
+        if not gt.get("path"):
+            raise UserError("ground truth kind 'file' needs a path")
+        records = select(
+            read_ground_truth_file(gt["path"]), spec.get("samples"), int(spec.get("seed", 0))
+        )
+        # The selection belongs to this job: keep it in the job's folder.
+        out = workdir / "jobs" / str(spec.get("job_id", "adhoc")) / "ground_truth.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(out, _jsonl(records))
+        info.update(
+            cached=False,
+            samples=len(records),
+            file=str(out),
+            source={"kind": "file", "path": gt["path"], "made": time.time()},
+        )
+        emit("ground_truth", done=len(records), total=len(records), cached=False)
+        return str(out), info
+
+    target = spec["target"]
+    tokenizer = load_tokenizer(target)
+    thinking = bool(spec.get("thinking", False))
+    prompts = load_prompts(spec["prompts"]["path"], spec.get("samples"), int(spec.get("seed", 0)))
+    rendered = [render_prompt(tokenizer, p["text"], thinking) for p in prompts]
+    prompt_ids = [ids for _, ids in rendered]
+    identity = target_identity(target)
+    url = gt.get("url")
+    if kind in SERVER_KINDS:
+        if not url:
+            raise UserError(f"ground truth kind {kind!r} needs a server URL")
+        problem = reachable(url, min(timeout, 10.0))
+        if problem:
+            raise UserError(problem)
+        # Who answers is part of what the ground truth is: another URL or another served
+        # model is another cache entry.
+        source = {
+            "kind": kind,
+            "url": endpoint(url, kind),
+            **served_model(kind, url, gt.get("model"), timeout),
+        }
+        where = f"server {source['url']}" + (f" ({source['model']})" if source["model"] else "")
+    else:  # local: the target itself, on this host
+        source = {"kind": kind, "url": None, "model": identity["path"]}
+        where = f"local generation with {target}"
+    info["model"] = source.get("model")
+    vocab = target_vocab_size(target, tokenizer)
+
+    def check(ids: Any, prompt_id: str) -> list[int]:
+        # Retokenised text may take more ids than the server generated: no length bound.
+        limit = None if kind == "openai-text" else sampling["max_new_tokens"]
+        return check_completion(
+            ids, vocab=vocab, max_new=limit, prompt_id=prompt_id, source=where, target=target
+        )
+
+    key = cache_key(identity, prompt_ids, sampling, kind, source)
+    cache_dir = workdir / "groundtruth"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path, meta_path = cache_dir / f"{key}.jsonl", cache_dir / f"{key}.json"
+    info.update(cache_key=key, file=str(path), thinking=thinking, samples=len(prompts))
+    hit = (
+        _read_cache(path, meta_path, prompt_ids, check)
+        if path.is_file() and meta_path.is_file()
+        else None
+    )
+    if hit is not None:
+        meta = hit[1]
+        info.update(
+            cached=True,
+            warnings=meta.get("warnings", []),
+            retokenisation=meta.get("retokenisation"),
+            generated=meta.get("generated"),
+            source=meta.get("source") or {**source, "made": meta.get("generated")},
+        )
+        for w in info["warnings"]:
+            emit("warning", message=w)
+        emit("ground_truth", done=len(prompts), total=len(prompts), cached=True)
+        return str(path), info
+
+    if kind == "openai-text":
+        warning = (
+            f"ground truth from a TEXT-only server ({url}): completions are "
+            "retokenised with the target's tokenizer, which does not always give the "
+            "ids the server generated; see the retokenisation mismatch rate"
+        )
+        info["warnings"].append(warning)
+        emit("warning", message=warning)
+
+    generator = None
+    model_name = source.get("model")
+    if kind == "local":
+        generator = LocalGenerator(target, spec.get("dtype") or DEFAULT_DTYPE, spec.get("threads"))
+    records = []
+    mismatched = 0
+    started = time.time()
+    for i, (prompt, (text, ids)) in enumerate(zip(prompts, rendered, strict=False)):
+        if kind == "sglang":
+            completion = sglang_generate(url, ids, sampling, timeout)
+        elif kind == "openai":
+            completion = openai_completion_ids(url, model_name, ids, sampling, timeout)
+        elif kind == "openai-text":
+            ctext, count = openai_completion_text(url, model_name, text, sampling, timeout)
+            completion = list(tokenizer(ctext, add_special_tokens=False)["input_ids"])
+            if not retokenisation_check(tokenizer, text, ids, ctext, completion, count):
+                mismatched += 1
+        else:
+            completion = generator.generate(ids, sampling)
+        # Checked as it arrives, and all before the cache is written: a bad answer is
+        # refused here and never reused by a later run.
+        check(completion, prompt["id"])
+        records.append({"id": prompt["id"], "prompt_ids": ids, "completion_ids": completion})
+        emit("ground_truth", done=i + 1, total=len(prompts), cached=False, tokens=len(completion))
+    if kind == "openai-text":
+        info["retokenisation"] = {
+            "samples": len(records),
+            "mismatched": mismatched,
+            "mismatch_rate": mismatched / len(records),
+            "check": "no U+FFFD in the text, server's token count matches, ids decode to the "
+            "text, prompt+completion encodes to prompt ids + completion ids; a lower "
+            "bound: compare the target agreement rate",
+        }
+        if mismatched:
+            warning = (
+                f"retokenisation mismatch in {mismatched} of {len(records)} samples "
+                f"({mismatched / len(records):.0%}): their ground-truth ids may differ "
+                "from what the server generated"
+            )
+            info["warnings"].append(warning)
+            emit("warning", message=warning)
+    generated = time.time()
+    info.update(
+        cached=False,
+        generated=generated,
+        seconds=round(generated - started, 3),
+        source={**source, "made": generated},
+    )
+    write_atomic(path, _jsonl(records))
+    meta = {
+        k: info[k]
+        for k in (
+            "kind",
+            "url",
+            "model",
+            "sampling",
+            "thinking",
+            "samples",
+            "warnings",
+            "retokenisation",
+            "generated",
+            "source",
+        )
+        if k in info
+    }
+    meta["target"] = identity
+    write_json_atomic(meta_path, meta)
+    return str(path), info

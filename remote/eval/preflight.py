@@ -1,0 +1,172 @@
+"""``preflight``: can this host run this eval job? Answered before anything is loaded.
+
+Checks, in order, each failure one line (a `UserError`): the python version; torch,
+transformers and safetensors installed (from package metadata, nothing imported); the
+counts (threads, samples); the target and drafter folders; the prompts or ground-truth
+file; free RAM against the bytes the target's text part and the drafter will take in the
+job's dtype (the target's text part as the eval engine finds it, `remote.model`, on the meta
+device; the drafter's weights as its loader reads them; never a tensor of the target); and
+the ground-truth server reachable FROM this host. Success prints one JSON document with what
+was found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from remote.errors import UserError
+from remote.probe.facts import meminfo, package_version
+from remote.protocol import DEFAULT_DTYPE
+
+MIN_PYTHON = (3, 10)
+REQUIRED = {"torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",)}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # what the eval engine runs in
+# Activations, the one-sequence forward, tokenizer and python itself.
+OVERHEAD_FRACTION = 0.10
+OVERHEAD_BYTES = 512 * 1024 * 1024
+
+
+def describe_target(folder: Path, dtype: str):
+    """The target as the engine will see it, and the bytes its text part takes in `dtype`
+    (backbone + head found in the module tree; the vision tower never counted)."""
+    import torch
+
+    from remote.model.layout import describe, text_weight_bytes
+
+    d = describe(folder, getattr(torch, dtype))
+    return d, text_weight_bytes(d.model, d.layout, getattr(torch, dtype))
+
+
+def drafter_bytes(folder: Path, dtype: str) -> int:
+    """Bytes the drafter's weights take in `dtype`, found as its loader finds them."""
+    from remote.eval.drafter import weight_shapes
+    from remote.model.files import ST_DTYPES
+
+    per = DTYPE_BYTES[dtype]
+    total = 0
+    for _file, kind, shape in weight_shapes(str(folder))[0].values():
+        n = 1
+        for dim in shape:
+            n *= int(dim)
+        floating = kind.startswith(("F", "BF", "float", "bfloat"))
+        total += n * (per if floating else ST_DTYPES.get(kind, ("", 8))[1])
+    return total
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _model_folder(path: str | None, what: str) -> Path:
+    if not path:
+        raise UserError(f"no {what} given; set it in the inventory's eval role or pass it")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"{what} folder {path} does not exist on this host")
+    if not (folder / "config.json").is_file():
+        raise UserError(f"{what} folder {path} has no config.json")
+    if not any(f.suffix in (".safetensors", ".bin", ".pt", ".pth") for f in folder.iterdir()):
+        raise UserError(f"{what} folder {path} holds no weight files (*.safetensors, *.bin, *.pt)")
+    return folder
+
+
+def check(spec: dict) -> dict:
+    """Run every check; raise the first failure, else return what was found."""
+    from remote.eval import groundtruth
+
+    report: dict = {
+        "python": ".".join(map(str, sys.version_info[:3])),
+        "python_executable": sys.executable,
+    }
+    if sys.version_info[:2] < MIN_PYTHON:
+        raise UserError(
+            f"python {report['python']} at {sys.executable} is too old; dflash "
+            f"needs {'.'.join(map(str, MIN_PYTHON))}+ (set 'python:' for the host)"
+        )
+    versions = {name: package_version(name, dists) for name, dists in REQUIRED.items()}
+    missing = [n for n, v in versions.items() if v is None]
+    if missing:
+        raise UserError(
+            f"{', '.join(missing)} not installed for {sys.executable}; install "
+            "them there (pip install 'dflash[eval]' deps) or point 'python:' at "
+            "the right environment"
+        )
+    report["packages"] = versions
+    for key in ("threads", "samples"):
+        # A count the job would only trip over after the ground-truth phase: refused now.
+        value = spec.get(key)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
+            raise UserError(f"{key} must be a whole number of at least 1, got {value!r}")
+    dtype = spec.get("dtype") or DEFAULT_DTYPE
+    if dtype not in DTYPE_BYTES:
+        raise UserError(f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_BYTES)})")
+    target = _model_folder(spec.get("target"), "target model")
+    drafter = _model_folder(spec.get("drafter"), "drafter checkpoint")
+    gt = spec.get("ground_truth") or {}
+    kind = gt.get("kind", "sglang")
+    if kind not in groundtruth.KINDS:
+        raise UserError(
+            f"unknown ground truth kind {kind!r} (one of {', '.join(groundtruth.KINDS)})"
+        )
+    groundtruth.check_greedy(spec.get("sampling") or {})
+    if kind == "file":
+        if not gt.get("path") or not Path(gt["path"]).is_file():
+            raise UserError(f"ground truth file {gt.get('path')} does not exist on this host")
+    else:
+        prompts = (spec.get("prompts") or {}).get("path")
+        if not prompts or not Path(prompts).is_file():
+            raise UserError(f"prompts file {prompts} does not exist on this host")
+    described, need_target = describe_target(target, dtype)
+    need_drafter = drafter_bytes(drafter, dtype)
+    need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
+    mem = meminfo()
+    report["memory"] = {
+        "target_bytes": need_target,
+        "drafter_bytes": need_drafter,
+        "needed_bytes": need,
+        "available_bytes": mem["available"],
+        "total_bytes": mem["total"],
+    }
+    if mem["available"] and need > mem["available"]:
+        raise UserError(
+            f"not enough free RAM: the target's text weights ({_gib(need_target)})"
+            f" and the drafter ({_gib(need_drafter)}) in {dtype} need about "
+            f"{_gib(need)}, and {_gib(mem['available'])} is available"
+        )
+    # What the engine checks before reading a tensor: whole shards, every text weight there.
+    from remote.model.load import plan_text
+
+    plan_text(target, None, described)
+    if kind in ("sglang", "openai", "openai-text"):
+        if not gt.get("url"):
+            raise UserError(
+                f"ground truth kind {kind!r} needs a server URL (inventory "
+                "'ground_truth:' or --ground-truth)"
+            )
+        problem = groundtruth.reachable(gt["url"], 5.0)
+        if problem:
+            raise UserError(problem)
+    report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
+    report["ok"] = True
+    return report
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    data = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+    try:
+        spec = json.loads(data)
+    except ValueError as exc:
+        raise UserError(f"preflight spec is not JSON: {exc}") from None
+    print(json.dumps(check(spec)), flush=True)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("preflight", help="check a host can run an eval job, loading nothing")
+    p.add_argument("--spec", default="-", help="job spec JSON file, or - for stdin")
+    p.set_defaults(func=_cmd)

@@ -1,0 +1,117 @@
+"""The eval engine's view of a target: its text part, loaded by `remote.model`, and one
+forward per sequence that returns the hooked decoder-layer outputs and greedy tokens.
+
+Hidden states come from forward hooks on the backbone's decoder layers (raw layer outputs,
+even for the last layer, whose ``output_hidden_states`` entry is final-normed), keeping only
+the layers the drafter needs. The backbone is always called directly, never the wrapper, so
+a VLM's vision tower is never built or run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from remote.errors import UserError
+from remote.model.files import one_line
+from remote.model.layout import TextLayout, text_weight_bytes  # noqa: F401 (re-exported)
+from remote.model.layout import describe as describe_model
+from remote.model.load import load_text
+
+TargetInfo = TextLayout  # what the engine reports about a target
+
+
+def first_row(out) -> torch.Tensor:
+    """A decoder layer's output for the one sequence, [T, hidden].
+
+    Layers return a tensor or a tuple whose first item is the hidden state, [batch, T, H];
+    a layer that carries parallel streams (Gemma3n's AltUp: [streams, batch, T, H]) gives
+    its first stream, the active one the model predicts and corrects.
+    """
+    t = out[0] if isinstance(out, (tuple, list)) else out
+    while t.dim() > 2:
+        t = t[0]
+    return t
+
+
+class Target:
+    """The text part of a target model, ready for one forward per sequence.
+
+    ``embed`` and ``lm_head`` are weight matrices [vocab, hidden] (the drafter borrows them).
+    """
+
+    def __init__(self, model: nn.Module, info: TextLayout, dtype: torch.dtype):
+        self.model = model  # full tree; only backbone + head are materialised
+        self.info = info
+        self.dtype = dtype
+        self.backbone = model.get_submodule(info.backbone_path) if info.backbone_path else model
+        self.layers = model.get_submodule(info.layers_path)
+        self.head = model.get_submodule(info.head_path)
+        self.embedding = model.get_submodule(info.embed_path)
+
+    @property
+    def embed(self) -> torch.Tensor:
+        return self.embedding.weight
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        return self.head.weight
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        ids: list[int] | torch.Tensor,
+        layer_ids: list[int],
+        argmax_from: int = 0,
+        chunk: int = 256,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over ``ids``. Returns (features [T, len(layer_ids)*hidden] = raw outputs
+        of the named decoder layers concatenated in order, greedy argmax [T - argmax_from] of
+        the head at positions ``argmax_from..T-1``). The head runs in chunks of positions so a
+        large vocabulary never materialises [T, vocab] logits."""
+        ids_t = torch.as_tensor(ids, dtype=torch.long)[None]
+        keep: dict[int, torch.Tensor] = {}
+        hooks = []
+        for i in sorted(set(layer_ids)):
+
+            def hook(_m, _args, out, i=i):
+                keep[i] = first_row(out)
+
+            hooks.append(self.layers[i].register_forward_hook(hook))
+        try:
+            out = self.backbone(input_ids=ids_t, use_cache=False)
+        except Exception as exc:
+            raise UserError(
+                f"transformers cannot run the text part of {self.info.architecture} "
+                f"({self.info.backbone_class}) on its own: {one_line(exc)}"
+            ) from None
+        finally:
+            for h in hooks:
+                h.remove()
+        last = out.last_hidden_state[0]
+        feats = torch.cat([keep[i] for i in layer_ids], dim=-1)
+        keep.clear()  # the layer outputs are in feats now; free them early
+        arg = []
+        for a in range(argmax_from, last.shape[0], chunk):
+            arg.append(torch.argmax(self.head(last[a : a + chunk]).float(), dim=-1))
+        greedy = torch.cat(arg) if arg else torch.zeros(0, dtype=torch.long)
+        return feats, greedy
+
+
+def describe(path: str, dtype: torch.dtype | None = None) -> tuple[Any, nn.Module, TextLayout]:
+    """Config, meta model and text layout of a target, without loading any weights."""
+    d = describe_model(path, dtype)
+    if d.layout.head_path is None:
+        raise UserError(
+            f"{d.layout.architecture} has no LM head (output embedding); it cannot "
+            "be a speculative-decoding target"
+        )
+    return d.config, d.model, d.layout
+
+
+def load_target(path: str, dtype: torch.dtype = torch.bfloat16) -> Target:
+    """Load only the text backbone + head of the target in ``path``, in ``dtype``."""
+    d = load_text(path, dtype)
+    return Target(d.model, d.layout, dtype)

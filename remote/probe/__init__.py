@@ -1,0 +1,1 @@
+"""Host facts and model probes (``facts``, ``probe``); torch only inside the commands."""

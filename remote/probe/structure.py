@@ -1,0 +1,208 @@
+"""``probe``: what a model really is on this host, as one JSON document (``dflash.probe/1``).
+
+Default mode reads ``config.json`` and the safetensors index/headers only and builds the
+model on the meta device, so no weight is read and a 27B config answers in seconds. The text
+decoder is found by inspecting the module tree, not from a table of architectures: the
+candidate layer lists are the ``ModuleList`` children of modules that also hold an
+``nn.Embedding``; the one beside the model's input embedding (vocabulary-sized) wins, largest
+first. Checkpoint keys are mapped to module keys with transformers' own load-time renaming
+rules (``get_model_conversion_mapping``), so a checkpoint storing
+``language_model.model.layers.*`` is matched to the module at ``model.language_model.layers``
+and both forms are reported.
+
+``--drafter`` checks a z-lab DFlash drafter against the target; ``--load`` loads the text
+backbone only (never the vision tower), runs a short forward and checks the hidden states
+against forward hooks on the reported layer path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from remote.errors import UserError
+from remote.eval.drafter_format import default_target_layer_ids  # noqa: F401 (tests and callers)
+from remote.model.files import incomplete_reason, one_line, read_model_config, scan_checkpoint
+from remote.model.keys import key_report
+from remote.model.layout import (
+    auto_class_choices,
+    collapsed_tree,
+    describe,
+    layer_groups,
+    layers_path_for,
+    parameter_split,
+)
+from remote.probe.drafter_check import check_drafter, rope_summary
+from remote.probe.facts import disk_free, meminfo
+from remote.probe.load_check import load_and_verify
+from remote.protocol import PROBE_SCHEMA
+
+SCHEMA = PROBE_SCHEMA
+
+
+# ---- the host ---------------------------------------------------------------------------
+
+
+def kernel_status(name: str) -> dict:
+    """Whether an optional fast-kernel package imports here, and why not when it does not."""
+    try:
+        mod = importlib.import_module(name)
+        return {"importable": True, "version": getattr(mod, "__version__", None)}
+    except Exception as exc:  # ImportError, or a CUDA-less build raising at import time
+        return {"importable": False, "reason": one_line(exc)}
+
+
+def host_report(folder: Path, text_bytes: int) -> dict:
+    """Fast kernels, free RAM against what a text-only eval needs, free disk."""
+    import torch
+    import transformers
+
+    mem = meminfo()
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "kernels": {"fla": kernel_status("fla"), "causal_conv1d": kernel_status("causal_conv1d")},
+        "ram_total": mem["total"],
+        "ram_available": mem["available"],
+        "text_only_bytes_needed": text_bytes,
+        "fits_in_ram": mem["available"] >= text_bytes if mem["available"] else None,
+        "disk_free": disk_free(str(folder)),
+    }
+
+
+# ---- drafter --------------------------------------------------------------------------
+
+# ---- the command ------------------------------------------------------------------------
+
+
+def _head_counts(text_cfg) -> dict:
+    return {
+        k: v
+        for k, v in sorted(vars(text_cfg).items())
+        if isinstance(v, int)
+        and not isinstance(v, bool)
+        and ("heads" in k or k.endswith("head_dim") or k == "head_dim")
+    }
+
+
+def probe(model: str, drafter: str | None = None, load: bool = False, depth: int = 4) -> dict:
+    """The whole probe as a dict (schema ``dflash.probe/1``). See the module docstring."""
+    t0 = time.monotonic()
+    folder = Path(os.path.expanduser(model)).resolve()
+    read_model_config(folder)  # a bad path fails in milliseconds, before torch is imported
+    scan = scan_checkpoint(folder)
+    d = describe(folder)
+    meta_model, layout, config = d.model, d.layout, d.config
+    text_cfg = config.get_text_config()
+    vocab = getattr(text_cfg, "vocab_size", None)
+    structure = layout.structure()
+    layers = meta_model.get_submodule(layout.layers_path)
+    num_layers = layout.num_layers
+    hidden = getattr(text_cfg, "hidden_size", None)
+    auto_report = {}
+    for name, acls in auto_class_choices(config).items():
+        if acls is None:
+            auto_report[name] = None
+        elif acls is d.cls:
+            auto_report[name] = {"class": d.cls.__name__, "layers": layout.layers_path}
+        else:
+            auto_report[name] = layers_path_for(acls, config, d.dtype, vocab)
+    split = parameter_split(meta_model, layout)
+    keys, mapping, converted = key_report(meta_model, scan, layout)
+    cfg_types = getattr(text_cfg, "layer_types", None)
+    ckpt_dtypes = Counter(v[1] for v in scan["keys"].values() if v[1] != "?")
+    is_vlm = layout.backbone_path != "" and split["vision"]["params"] > 0
+    text_raw = d.raw.get("text_config") or d.raw
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "model_path": str(folder),
+        "model_type": config.model_type,
+        "text_model_type": getattr(text_cfg, "model_type", None),
+        "architectures": list(getattr(config, "architectures", None) or []),
+        "is_vlm": is_vlm,
+        "built_class": d.cls.__name__,
+        "auto_classes": auto_report,
+        "text": {
+            **structure,
+            "num_layers": num_layers,
+            "config_num_hidden_layers": getattr(text_cfg, "num_hidden_layers", None),
+            "hidden_size": hidden,
+            "vocab_size": vocab,
+            "heads": _head_counts(text_cfg),
+            "intermediate_size": getattr(text_cfg, "intermediate_size", None),
+            "max_position_embeddings": getattr(text_cfg, "max_position_embeddings", None),
+            "rope": rope_summary(text_raw),
+            "layer_types_config": dict(Counter(cfg_types)) if cfg_types else None,
+            "layer_kinds": layer_groups(layers),
+        },
+        "dtype": str(d.dtype).replace("torch.", ""),
+        "parameters": split,
+        "checkpoint": {
+            "files": scan["files"],
+            "index": scan["index"],
+            "tensors": len(scan["keys"]),
+            "dtypes": dict(ckpt_dtypes),
+            "bytes_on_disk": scan["bytes_on_disk"],
+            "missing_shards": scan["missing_shards"],
+            "truncated_shards": scan["truncated_shards"],
+            "other_weight_files": scan["other_weight_files"],
+            "shards_complete": scan["complete"],
+        },
+        "keys": keys,
+        "host": host_report(folder, split["text"]["bytes"]),
+        "tree": collapsed_tree(meta_model, "", depth),
+        "drafter": None,
+        "load": None,
+    }
+    target = {"num_layers": num_layers, "hidden_size": hidden, "vocab_size": vocab}
+    if drafter:
+        report["drafter"] = check_drafter(
+            Path(os.path.expanduser(drafter)).resolve(), target, text_raw
+        )
+    if load:
+        if not scan["keys"]:
+            raise UserError(f"cannot --load {folder}: no safetensors weights in it")
+        report["load"] = load_and_verify(folder, layout, scan)
+    report["probe_seconds"] = round(time.monotonic() - t0, 3)
+    return report
+
+
+def incomplete(report: dict) -> str | None:
+    """Why a probed checkpoint cannot be used as it is (missing/truncated shards), or None."""
+    reason = incomplete_reason(report["checkpoint"])
+    return (
+        f"checkpoint in {report['model_path']} is incomplete: {reason}; copy it again"
+        if reason
+        else None
+    )
+
+
+def run(args) -> int:
+    """Print the report; a checkpoint with a missing or truncated shard is an error (exit 3,
+    one line naming the shards), never a report that looks usable."""
+    report = probe(args.model, args.drafter, args.load, args.depth)
+    problem = incomplete(report)
+    if problem:
+        raise UserError(problem)
+    print(json.dumps(report))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("probe", help="print a model's real structure as JSON (dflash.probe/1)")
+    p.add_argument("--model", required=True, help="model folder (config.json + safetensors)")
+    p.add_argument("--drafter", help="DFlash drafter folder to check against the model")
+    p.add_argument(
+        "--load",
+        action="store_true",
+        help="load the text backbone and verify hidden states with a short forward",
+    )
+    p.add_argument("--depth", type=int, default=4, help="depth of the module tree in the report")
+    p.set_defaults(func=run)

@@ -1,0 +1,1 @@
+"""Host-side halves of ``dflash relay`` (stdlib only)."""
