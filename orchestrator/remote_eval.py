@@ -84,6 +84,7 @@ class EvalOptions:
     ground_truth_kind: str | None = None
     ground_truth_model: str | None = None
     ground_truth_timeout: float = 300.0
+    ground_truth_concurrency: int | None = None
     target: str | None = None
     dtype: str | None = None
     threads: int | None = None
@@ -112,6 +113,10 @@ class EvalOptions:
                               f"of {', '.join(GT_KINDS)})")
         if self.prompts is not None and not self.prompts.startswith("host:"):
             local_prompts(self.prompts)
+        concurrency = self.ground_truth_concurrency
+        if concurrency is not None and (not _is_int(concurrency) or concurrency < 1):
+            raise DflashError(f"--gt-concurrency must be a whole number of at least 1, got "
+                              f"{concurrency!r}")
         if not self.ground_truth_timeout > 0:
             raise DflashError(f"the ground-truth timeout must be positive, got "
                               f"{self.ground_truth_timeout!r}")
@@ -219,6 +224,8 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
     if kind == "file" and not source:
         raise DflashError("ground truth kind 'file' needs --ground-truth PATH (on the host)")
     gt = {"kind": kind, "timeout": options.ground_truth_timeout,
+          "concurrency": _given(options.ground_truth_concurrency,
+                                role.ground_truth_concurrency if role else 16),
           "model": options.ground_truth_model or (role.ground_truth_model if role else None)}
     if kind == "file":
         gt["path"] = host.expand(source)

@@ -224,6 +224,9 @@ def remote_eval_cmd(
         help="sglang | openai | openai-text | file | local.")] = None,
     ground_truth_model: Annotated[Optional[str], typer.Option(
         help="Model name for OpenAI-compatible servers (default: the first served).")] = None,
+    gt_concurrency: Annotated[Optional[int], typer.Option(
+        "--gt-concurrency", min=1, help="Ground-truth requests in flight at once (default: "
+        "the inventory's, else 16); servers batch them.")] = None,
     target: Annotated[Optional[str], typer.Option(
         help="Target model folder on the host (default: the inventory's).")] = None,
     dtype: DtypeOption = None,
@@ -276,6 +279,7 @@ def remote_eval_cmd(
         prompts=prompts, samples=samples, seed=seed, max_new_tokens=max_new_tokens,
         thinking=thinking, temperature=temperature, ground_truth=ground_truth,
         ground_truth_kind=ground_truth_kind, ground_truth_model=ground_truth_model,
+        ground_truth_concurrency=gt_concurrency,
         target=target, dtype=dtype, threads=threads, budgets=_budgets(budgets), topk=topk,
         extra={"positions": positions} if positions else {})
     if hosts:
