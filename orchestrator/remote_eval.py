@@ -273,12 +273,17 @@ def preflight(host: Host, spec: dict) -> dict:
     return _json_stdin(host, ["preflight", "--spec", "-"], spec)
 
 
-def start_job(host: Host, spec: dict, job_id: str | None = None) -> JobRef:
-    """Push the bundle if needed and start the job detached; returns at once."""
+def start_job(host: Host, spec: dict, job_id: str | None = None,
+              preflight: bool = False) -> JobRef:
+    """Push the bundle if needed and start the job detached; returns at once. With
+    `preflight`, the job's runner first runs the host-side checks (see `preflight`) and this
+    returns when they passed: one process and one torch import for checks and job, and a
+    failed check raises its one line with no job left on the host."""
     _, pushed = bundle.ensure(host)
     job_id = job_id or new_job_id(spec.get("checkpoint") or "job")
     info = _json_stdin(host, ["job", "start", f"--workdir={host.workdir}",
-                              f"--job-id={job_id}", "--spec=-"], spec)
+                              f"--job-id={job_id}", "--spec=-",
+                              *(["--preflight"] if preflight else [])], spec)
     return JobRef(host=host.name, job_id=job_id, dir=info["dir"], pid=info["pid"],
                   pgid=info["pgid"], bundle_pushed=pushed, spec=spec)
 
@@ -461,8 +466,7 @@ def run_eval(inventory: Inventory, host_name: str | None, checkpoint: str,
     with open_host(spec, inventory) as host:
         _, pushed = bundle.ensure(host)
         job = build_spec(host, spec, checkpoint, options)
-        preflight(host, job)
-        ref = start_job(host, job, job_id)
+        ref = start_job(host, job, job_id, preflight=True)
         ref.bundle_pushed = ref.bundle_pushed or pushed
         if on_start:
             on_start(ref)

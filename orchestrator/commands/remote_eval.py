@@ -292,8 +292,7 @@ def remote_eval_cmd(
         spec = inv.host(name)
         with open_host(spec, inv) as h:
             job = remote_eval.build_spec(h, spec, checkpoint, options)
-            remote_eval.preflight(h, job)
-            ref = remote_eval.start_job(h, job)
+            ref = remote_eval.start_job(h, job, preflight=True)
         if json_out:
             print_json(ref.to_json())
         else:
