@@ -4,7 +4,8 @@ A job lives in ``<workdir>/jobs/<job-id>/``::
 
     spec.json        what to do (written once, by ``job start``)
     pid.json         {pid, pgid, starttime, started}: the runner, its process group
-    log.txt          the runner's (and its children's) stdout/stderr, for people
+    preflight.json   the host checks' report (``job start --preflight``)
+    log.txt          the runner's stdout/stderr, for people
     events.jsonl     progress events, one JSON object a line, appended as they happen
     ground_truth.json  where the ground truth came from (kind, url, cache key, warnings)
     eval_spec.json   the spec handed to the eval engine
