@@ -76,7 +76,7 @@ def main() -> None:
     print(f"ground truth, {args.prompts} prompts, server batch latency {args.latency:g}s, "
           f"{args.rounds} interleaved rounds, load avg {load}")
     print(f"  serial (concurrency 1):        {serial:6.2f} s")
-    print(f"  concurrency {args.concurrency:<3d}:               {together:6.2f} s  "
+    print(f"  {'concurrency ' + str(args.concurrency) + ':':31}{together:6.2f} s  "
           f"(batches seen: {max(reply.batches)} requests at most)")
     print(f"  serial / concurrent:           {serial / together:6.2f}x  (goal >= 5); "
           "records identical")
