@@ -22,6 +22,8 @@ drafter's last layer and head only at about tau rows per position) and the deare
 
     python benchmarks/eval.py [--samples 2] [--prompt 128] [--completion 128] [--threads 2]
     python benchmarks/eval.py --rss-only     # the peak-RSS rows alone (random ground truth)
+    python benchmarks/eval.py --e2e          # end to end: `dflash remote-eval` (loopback host,
+                                             # local ground truth) vs a plain generate script
 """
 
 from __future__ import annotations
@@ -473,9 +475,10 @@ def e2e_row(args) -> None:
           f"{statistics.median(p[1] for p in parts):.2f} s, each with its loads)")
     print("  rounds (plain, dflash): " + ", ".join(
         f"({a:.1f}, {b:.1f})" for a, b in zip(times["plain"], times["dflash"])))
-    print(f"  remote-eval / plain generate      = {med['dflash'] / med['plain']:.2f}  (goal <= 1.0)")
-    print(f"  fixed cost (CLI start to result, less the two phases) {statistics.median(fixed):.2f} s"
-          f" vs one python+torch+transformers "
+    print(f"  remote-eval / plain generate      = {med['dflash'] / med['plain']:.2f}  "
+          "(goal <= 1.0)")
+    print("  fixed cost (CLI start to result, less the two phases) "
+          f"{statistics.median(fixed):.2f} s vs one python+torch+transformers "
           f"import {med['import']:.2f} s: +{statistics.median(fixed) - med['import']:.2f} s "
           "(goal <= 3 s)")
 
