@@ -22,6 +22,8 @@ drafter's last layer and head only at about tau rows per position) and the deare
 
     python benchmarks/eval.py [--samples 2] [--prompt 128] [--completion 128] [--threads 2]
     python benchmarks/eval.py --rss-only     # the peak-RSS rows alone (random ground truth)
+    python benchmarks/eval.py --e2e          # end to end: `dflash remote-eval` (loopback host,
+                                             # local ground truth) vs a plain generate script
 """
 
 from __future__ import annotations
@@ -351,7 +353,18 @@ def main() -> None:
         action="store_true",
         help="only the peak-RSS rows, on random ground truth (no speed figures)",
     )
+    ap.add_argument(
+        "--e2e",
+        action="store_true",
+        help="only the end-to-end row: dflash remote-eval vs a plain generate script",
+    )
+    ap.add_argument("--e2e-hidden", type=int, default=256)
+    ap.add_argument("--e2e-layers", type=int, default=4)
+    ap.add_argument("--e2e-new", type=int, default=32)
     args = ap.parse_args()
+    if args.e2e:
+        e2e_row(args)
+        return
 
     import random
 
@@ -505,6 +518,187 @@ def print_rss(rss: list[tuple]) -> None:
             f"  fixed runtime (python+torch+transformers+modeling code) {base / 2**20:.0f} MiB; "
             f"(peak - runtime) / weights = {(peak - base) / weights:.2f}"
         )
+
+
+# ---- end to end: `dflash remote-eval` against a plain transformers generate script ----------
+
+PLAIN_GENERATE = """
+import json, sys, time, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+target, prompts, new, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(threads)
+tok = AutoTokenizer.from_pretrained(target)
+model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+for line in open(prompts):
+    text = json.loads(line)["turns"][0]
+    rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                       add_generation_prompt=True, enable_thinking=False)
+    ids = torch.tensor([tok(rendered, add_special_tokens=False)["input_ids"]])
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                       max_new_tokens=new)
+"""
+
+
+def e2e_row(args) -> None:
+    """`dflash remote-eval` (CLI start, ssh to a loopback eval host, detached job, local
+    ground truth, the engine, the pull) against a plain transformers ``generate`` script over
+    the same prompts on the same host, in interleaved rounds; the job's fixed cost beside one
+    python+torch+transformers import."""
+    import shutil
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from orchestrator.demo.models import build_qwen3_target
+    from orchestrator.demo.train import train_drafter
+    from tests.sshd import SSHServer, keygen
+
+    base = Path(tempfile.mkdtemp(prefix="dflash-e2e-"))
+    target = build_qwen3_target(
+        str(base / "target"),
+        hidden_size=args.e2e_hidden,
+        num_layers=args.e2e_layers,
+        num_heads=8,
+        num_kv_heads=4,
+    )
+    train_drafter(target, str(base / "drafters"), save_steps=(0,), samples=2)
+    prompts = base / "prompts.jsonl"
+    src = Path(__file__).resolve().parent.parent / "orchestrator/data/prompts/chat.jsonl"
+    prompts.write_text("".join(src.read_text().splitlines(True)[: args.samples]))
+    key = keygen(base / "id")
+    (base / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
+    server = SSHServer.start(base, "evalhost", base / "authorized_keys")
+    try:
+        (base / "known_hosts").write_text(server.known_hosts_line())
+        workdir = server.root / "dflash"
+        inv = base / "inventory.yaml"
+        inv.write_text(
+            yaml.safe_dump(
+                {
+                    "hosts": {
+                        "evalhost": {
+                            "transport": "ssh",
+                            "hostname": "127.0.0.1",
+                            "port": server.port,
+                            "user": os.environ.get("USER") or "root",
+                            "identity_file": str(key),
+                            "known_hosts": str(base / "known_hosts"),
+                            "python": sys.executable,
+                            "workdir": str(workdir),
+                            "roles": {
+                                "eval": {
+                                    "drafters": str(base / "drafters"),
+                                    "target_model": target,
+                                    "ground_truth_kind": "local",
+                                    "dtype": "float32",
+                                    "threads": args.threads,
+                                    "max_new_tokens": args.e2e_new,
+                                }
+                            },
+                        }
+                    },
+                    "defaults": {"eval_host": "evalhost", "results_dir": str(base / "results")},
+                }
+            )
+        )
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=root)
+        plain = [
+            sys.executable,
+            "-c",
+            PLAIN_GENERATE,
+            target,
+            str(prompts),
+            str(args.e2e_new),
+            str(args.threads),
+        ]
+        dflash = [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "remote-eval",
+            "--checkpoint",
+            "step-0",
+            "--prompts",
+            str(prompts),
+            "--budgets",
+            "8,16,32,64",
+            "--json",
+            "-i",
+            str(inv),
+        ]
+        imports = [
+            sys.executable,
+            "-c",
+            "import torch, transformers; "
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        ]
+
+        def timed(argv: list[str]) -> tuple[float, str]:
+            t = time.perf_counter()
+            out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+            if out.returncode:
+                raise SystemExit(f"{argv[:4]} failed: {(out.stderr or out.stdout)[-400:]}")
+            return time.perf_counter() - t, out.stdout
+
+        times: dict[str, list[float]] = {"plain": [], "dflash": [], "import": []}
+        fixed, parts = [], []
+        for _ in range(args.repeats):
+            times["import"].append(timed(imports)[0])
+            times["plain"].append(timed(plain)[0])
+            shutil.rmtree(workdir / "groundtruth", ignore_errors=True)  # generate it each time
+            took, out = timed(dflash)
+            times["dflash"].append(took)
+            # The job's own clock: the two phases of work (ground truth, with its model
+            # load; the engine, with its loads), and everything else (fixed).
+            events = [
+                json.loads(x)
+                for x in (workdir / "jobs" / Path(json.loads(out)["run_dir"]).name / "events.jsonl")
+                .read_text()
+                .splitlines()
+            ]
+            at = {
+                e.get("phase") or e["event"]: e["time"]
+                for e in events
+                if e["event"] in ("phase", "end")
+            }
+            gt_s, engine_s = at["eval"] - at["ground_truth"], at["end"] - at["eval"]
+            fixed.append(took - gt_s - engine_s)
+            parts.append((gt_s, engine_s))
+    finally:
+        server.stop()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"end to end: target Qwen3 hidden {args.e2e_hidden}, {args.e2e_layers} layers; "
+        f"{args.samples} chat prompts x {args.e2e_new} new tokens, local ground truth, budgets "
+        f"8,16,32,64; {args.threads} threads; median of {args.repeats} interleaved rounds; "
+        f"load avg {load}"
+    )
+    print(f"  plain transformers generate script: {med['plain']:6.2f} s")
+    print(
+        f"  dflash remote-eval (CLI to result): {med['dflash']:6.2f} s  (ground truth "
+        f"{statistics.median(p[0] for p in parts):.2f} s, engine "
+        f"{statistics.median(p[1] for p in parts):.2f} s, each with its loads)"
+    )
+    print(
+        "  rounds (plain, dflash): "
+        + ", ".join(
+            f"({a:.1f}, {b:.1f})" for a, b in zip(times["plain"], times["dflash"], strict=True)
+        )
+    )
+    print(
+        f"  remote-eval / plain generate      = {med['dflash'] / med['plain']:.2f}  (goal <= 1.0)"
+    )
+    print(
+        "  fixed cost (CLI start to result, less the two phases) "
+        f"{statistics.median(fixed):.2f} s vs one python+torch+transformers "
+        f"import {med['import']:.2f} s: +{statistics.median(fixed) - med['import']:.2f} s "
+        "(goal <= 3 s)"
+    )
 
 
 if __name__ == "__main__":

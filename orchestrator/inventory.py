@@ -52,6 +52,7 @@ class EvalRole:
     dtype: str = DEFAULT_DTYPE
     ground_truth_model: str | None = None  # served model name for OpenAI-compatible servers
     max_new_tokens: int = 256  # ground-truth completion length
+    ground_truth_concurrency: int = 16  # requests in flight at once to a ground-truth server
     samples: int | None = None  # prompts per eval (seeded choice); None = all
     # Bytes the relay leaves free on the drafters' filesystem: an int or "50G", "1.5TiB".
     reserve: int | str | None = None
@@ -201,6 +202,7 @@ ROLE_KEYS: dict[str, tuple[type, dict[str, Callable[[Any], bool]], tuple[str, ..
             "dtype": _one_of(*DTYPES),
             "ground_truth_model": _str,
             "max_new_tokens": _count,
+            "ground_truth_concurrency": _count,
             "samples": _count,
             "reserve": _size,
         },

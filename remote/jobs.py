@@ -4,7 +4,8 @@ A job lives in ``<workdir>/jobs/<job-id>/``::
 
     spec.json        what to do (written once, by ``job start``)
     pid.json         {pid, pgid, starttime, started}: the runner, its process group
-    log.txt          the runner's (and its children's) stdout/stderr, for people
+    preflight.json   the host checks' report (``job start --preflight``)
+    log.txt          the runner's stdout/stderr, for people
     events.jsonl     progress events, one JSON object a line, appended as they happen
     ground_truth.json  where the ground truth came from (kind, url, cache key, warnings)
     eval_spec.json   the spec handed to the eval engine
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -197,8 +199,14 @@ def last_progress(events: Path) -> dict | None:
 # ---- start ------------------------------------------------------------------------------
 
 
-def start(workdir: str, job_id: str, spec: dict) -> dict:
-    """Create the job folder, spawn the detached runner, return {job_id, dir, pid, pgid}."""
+def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dict:
+    """Create the job folder, spawn the detached runner, return {job_id, dir, pid, pgid}.
+
+    With `preflight`, the runner first runs the host-side checks (`remote.eval.preflight.check`)
+    and this call waits for their outcome: a failure is raised as its one line and the job
+    folder is removed (no job was started), a success is in the answer (``preflight``). The
+    checks then share the runner's python and torch import instead of paying for their own.
+    """
     path = job_dir(workdir, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -210,15 +218,26 @@ def start(workdir: str, job_id: str, spec: dict) -> dict:
     spec = dict(spec, job_id=job_id, workdir=str(Path(os.path.expanduser(workdir))))
     write_json_atomic(path / "spec.json", spec)
     log = open(path / "log.txt", "ab")
+    env = _source_env()
+    if spec.get("threads"):  # the runner imports torch and runs the engine itself
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = str(spec["threads"])
     proc = subprocess.Popen(
-        [*self_command(), "job", "run", "--dir", str(path)],
+        [
+            *self_command(),
+            "job",
+            "run",
+            "--dir",
+            str(path),
+            *(["--preflight"] if preflight else []),
+        ],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
         close_fds=True,
         cwd=str(path),
-        env=_source_env(),
+        env=env,
     )
     log.close()
     starttime = None
@@ -237,7 +256,48 @@ def start(workdir: str, job_id: str, spec: dict) -> dict:
             f"job runner exited at once with code {proc.returncode}: "
             f"{tail[0] if tail else 'no output'}"
         )
+    if preflight:
+        info["preflight"] = _preflight_outcome(path, proc)
     return {"job_id": job_id, "dir": str(path), **info}
+
+
+# Under the controller's 120 s limit on `job start`, as the separate preflight had.
+PREFLIGHT_WAIT_SECONDS = 110.0
+
+
+def _preflight_outcome(path: Path, proc: subprocess.Popen) -> dict:
+    """The runner's preflight report (``preflight.json``), once it is written. A failed
+    check (or a runner that died first) is raised as one line after the runner has exited
+    and the job folder is gone."""
+    deadline = time.monotonic() + PREFLIGHT_WAIT_SECONDS
+    outcome = None
+    while time.monotonic() < deadline:
+        outcome = read_json(path / "preflight.json")
+        if outcome is not None or proc.poll() is not None:
+            outcome = outcome or read_json(path / "preflight.json")
+            break
+        time.sleep(0.02)
+    if isinstance(outcome, dict) and outcome.get("ok"):
+        return outcome
+    timed_out = outcome is None and proc.poll() is None
+    if timed_out:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    if timed_out:
+        error = (
+            f"the host checks (python, torch import, the target's config) took more than "
+            f"{PREFLIGHT_WAIT_SECONDS:g}s; is the host overloaded? Nothing was started"
+        )
+    elif isinstance(outcome, dict) and outcome.get("error"):
+        error = str(outcome["error"])
+    else:
+        tail = (path / "log.txt").read_text(errors="replace").strip().splitlines()[-1:]
+        error = (
+            f"job runner exited with code {proc.returncode} during its host checks: "
+            f"{tail[0] if tail else 'no output'}"
+        )
+    shutil.rmtree(path, ignore_errors=True)  # nothing was started: leave no job behind
+    raise UserError(error)
 
 
 # ---- run (inside the detached process) ----------------------------------------------------
@@ -256,25 +316,11 @@ class EventLog:
         self._fh.write(json.dumps(obj, default=str) + "\n")
         self._fh.flush()
 
-    def write_line(self, line: str) -> None:
-        """Copy one line of the engine's output; JSON events get the time they arrived,
-        so a watcher replaying them later can still compute rates."""
-        line = line.strip()
-        if not line:
-            return
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict):
-            obj.setdefault("time", round(time.time(), 3))
-            line = json.dumps(obj, default=str)
-        self._fh.write(line + "\n")
-        self._fh.flush()
 
-
-def run(path: Path) -> int:
-    """The job itself: ground truth, then the eval engine; always ends with ``exit.json``."""
+def run(path: Path, preflight: bool = False) -> int:
+    """The job itself: ground truth, then the eval engine; always ends with ``exit.json``.
+    With `preflight`, the host-side checks first, their outcome in ``preflight.json`` (the
+    starting ``job start`` waits for it)."""
     spec = read_json(path / "spec.json")
     events = EventLog(path / "events.jsonl")
     cancelled = {"flag": False}
@@ -295,13 +341,15 @@ def run(path: Path) -> int:
         kind = spec.get("kind", "eval")
         if kind != "eval":
             raise UserError(f"unknown job kind {kind!r}")
+        if preflight:
+            _run_preflight(path, spec)
         code = run_eval_job(path, spec, events)
         finish(
             path,
             events,
             "done" if code == 0 else "failed",
             code,
-            None if code == 0 else _engine_error(path, code),
+            None if code == 0 else f"the job ended with code {code}",
         )
         return code
     except UserError as exc:
@@ -313,6 +361,17 @@ def run(path: Path) -> int:
         return 1
 
 
+def _run_preflight(path: Path, spec: dict) -> None:
+    from remote.eval import preflight
+
+    try:
+        report = preflight.check(spec)
+    except UserError as exc:
+        write_json_atomic(path / "preflight.json", {"ok": False, "error": str(exc)})
+        raise
+    write_json_atomic(path / "preflight.json", report)
+
+
 def finish(path: Path, events: EventLog, state: str, code: int, error: str | None) -> None:
     if (path / "exit.json").exists():
         return
@@ -321,24 +380,12 @@ def finish(path: Path, events: EventLog, state: str, code: int, error: str | Non
     write_json_atomic(path / "exit.json", info)
 
 
-def _engine_error(path: Path, code: int) -> str:
-    """The engine's own one-line error from the log, or its exit code."""
-    from remote.errors import ERROR_PREFIX
-
-    try:
-        lines = (path / "log.txt").read_text(errors="replace").splitlines()
-    except OSError:
-        lines = []
-    for line in reversed(lines):
-        if line.startswith(ERROR_PREFIX):
-            return line[len(ERROR_PREFIX) :]
-    tail = [ln for ln in lines if ln.strip()][-1:]
-    return f"eval engine exited with code {code}" + (f": {tail[0]}" if tail else "")
-
-
 def run_eval_job(path: Path, spec: dict, events: EventLog) -> int:
-    """Phase 1: ground truth (cached on the host). Phase 2: the eval engine as a child
-    process in this job's process group, its stdout events copied into ``events.jsonl``."""
+    """Phase 1: ground truth (cached on the host). Phase 2: the eval engine, IN this process
+    (one python start and one torch import per job, not two), its events appended to
+    ``events.jsonl`` with the time they happened. Its one-line errors fail the job as the
+    runner's own do."""
+    from remote.eval import engine as evaluate
     from remote.eval import groundtruth
 
     events.emit("phase", phase="ground_truth", source=spec.get("ground_truth", {}).get("kind"))
@@ -349,26 +396,12 @@ def run_eval_job(path: Path, spec: dict, events: EventLog) -> int:
     eval_spec = build_eval_spec(path, spec, gt_path, gt_info)
     write_json_atomic(path / "eval_spec.json", eval_spec)
     events.emit("phase", phase="eval")
-    env = _source_env()
-    if spec.get("threads"):
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[var] = str(spec["threads"])
-    proc = subprocess.Popen(
-        [*self_command(), "eval", "--spec", str(path / "eval_spec.json")],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=None,
-        cwd=str(path),
-        env=env,
-        text=True,
-        bufsize=1,
+    engine_spec = evaluate.read_spec(str(path / "eval_spec.json"))
+    evaluate.run_eval(
+        engine_spec, on_event=lambda ev: events.write({**ev, "time": round(time.time(), 3)})
     )
-    for line in proc.stdout:
-        events.write_line(line)
-    code = proc.wait()
-    if code == 0:
-        annotate_result(path / "result.json", gt_info, spec)
-    return code
+    annotate_result(path / "result.json", gt_info, spec)
+    return 0
 
 
 def build_eval_spec(path: Path, spec: dict, gt_path: str, gt_info: dict) -> dict:
@@ -553,9 +586,9 @@ def _cmd(args: argparse.Namespace) -> int:
             spec = json.loads(data)
         except ValueError as exc:
             raise UserError(f"job spec is not JSON: {exc}") from None
-        _print(json.dumps(start(args.workdir, args.job_id, spec)))
+        _print(json.dumps(start(args.workdir, args.job_id, spec, args.preflight)))
     elif action == "run":
-        return run(Path(args.dir))
+        return run(Path(args.dir), args.preflight)
     elif action == "watch":
         try:
             watch(existing_job_dir(args.workdir, args.job_id), args.offset, _print)
@@ -578,4 +611,9 @@ def register(sub) -> None:
     p.add_argument("--spec", default="-", help="job spec JSON file, or - for stdin")
     p.add_argument("--dir", help="job folder (run only)")
     p.add_argument("--offset", type=int, default=0, help="byte offset into events (watch)")
+    p.add_argument(
+        "--preflight",
+        action="store_true",
+        help="run the host checks first; start waits for them (start, run)",
+    )
     p.set_defaults(func=_cmd)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -91,3 +92,43 @@ class ScriptedServer:
                 self._json(server.reply(self.path, body))
 
         return Handler
+
+
+class BatchedReply:
+    """A reply that answers concurrent requests in batches, as a GPU serving engine does:
+    the first request opens a batch, requests arriving within `window` seconds join it, and
+    the whole batch answers `latency` seconds after it closes (one batched forward costs
+    about what one request's does). `inner(path, body)` makes each answer. ``batches``
+    holds each batch's size; ``peak`` the most requests in flight at once."""
+
+    def __init__(self, inner: Reply, latency: float, window: float = 0.01):
+        self.inner, self.latency, self.window = inner, latency, window
+        self.batches: list[int] = []
+        self.peak = 0
+        self._lock = threading.Lock()
+        self._open: dict | None = None
+        self._in_flight = 0
+
+    def __call__(self, path: str, body: dict) -> Any:
+        with self._lock:
+            self._in_flight += 1
+            self.peak = max(self.peak, self._in_flight)
+            batch = self._open
+            if batch is None:
+                batch = self._open = {"size": 0, "done": threading.Event()}
+                threading.Thread(target=self._run, args=(batch,), daemon=True).start()
+            batch["size"] += 1
+        batch["done"].wait()
+        try:
+            return self.inner(path, body)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _run(self, batch: dict) -> None:
+        time.sleep(self.window)
+        with self._lock:
+            self._open = None  # later arrivals open the next batch
+            self.batches.append(batch["size"])
+        time.sleep(self.latency)
+        batch["done"].set()

@@ -17,7 +17,7 @@ import pytest
 
 from remote.errors import UserError
 from remote.eval import groundtruth
-from tests.scripted_server import ScriptedServer, ids_reply
+from tests.scripted_server import BatchedReply, ScriptedServer, ids_reply
 
 MAX_NEW = 10
 
@@ -93,8 +93,11 @@ def test_sglang_generate_gives_greedy_ids_and_is_cached(
         assert r["completion_ids"] == uncached_greedy(tiny_target, r["prompt_ids"], MAX_NEW)
     sent = [body for p, body in server.requests if p == "/generate"]
     assert len(sent) == 3
-    assert sent[0]["sampling_params"] == {"temperature": 0.0, "max_new_tokens": MAX_NEW}
-    assert sent[0]["input_ids"] == records[0]["prompt_ids"]
+    assert all(
+        b["sampling_params"] == {"temperature": 0.0, "max_new_tokens": MAX_NEW} for b in sent
+    )
+    # Sent together, they arrive in any order; each prompt exactly once.
+    assert sorted(b["input_ids"] for b in sent) == sorted(r["prompt_ids"] for r in records)
 
     # A second checkpoint evaluated on the same prompts: no request at all.
     path2, info2 = groundtruth.prepare(spec)
@@ -131,6 +134,93 @@ def test_a_bad_servers_ids_are_never_cached_nor_given_to_a_later_server(
         assert r["completion_ids"] == server.greedy(r["prompt_ids"], MAX_NEW)
     assert info["source"]["url"] == f"{server.url}/generate"
     assert info["source"]["model"] == server.model_path  # as /get_model_info reports it
+
+
+@pytest.mark.parametrize("kind", ["sglang", "openai", "openai-text"])
+def test_concurrent_requests_give_the_serial_ground_truth(
+    tmp_path, tiny_target, prompts_file, server, kind
+):
+    """Requests in flight together (the default) give the records, in prompt order, and the
+    cache entry that one request at a time gives, from the real greedy server."""
+    runs = {}
+    for concurrency in (1, 4):
+        spec = make_spec(
+            tmp_path / f"c{concurrency}", tiny_target, prompts_file, kind, server.url, samples=None
+        )
+        spec["ground_truth"]["concurrency"] = concurrency
+        path, info = groundtruth.prepare(spec)
+        runs[concurrency] = (read(path), info)
+    (serial, s_info), (together, t_info) = runs[1], runs[4]
+    assert len(serial) == 5 and together == serial
+    assert t_info["cache_key"] == s_info["cache_key"]
+    assert t_info.get("retokenisation") == s_info.get("retokenisation")
+    if kind != "openai-text":  # retokenised text need not give the generated ids back
+        for r in together:
+            assert r["completion_ids"] == server.greedy(r["prompt_ids"], MAX_NEW)
+
+
+def _echo_reply(path: str, body: dict) -> dict:
+    """Answers that name their prompt (its length and last id), so a mix-up shows."""
+    prompt = body.get("input_ids") or body.get("prompt")
+    return ids_reply([len(prompt) % 300, prompt[-1]])(path, body)
+
+
+def test_a_batching_server_gets_requests_together_and_answers_stay_in_order(
+    tmp_path, tiny_target, prompts_file
+):
+    """Against a server that answers concurrent requests as one batch (later prompts may
+    answer first), each record keeps its own prompt's answer, in prompt order; no more
+    requests are in flight than the concurrency allows."""
+    reply = BatchedReply(_echo_reply, latency=0.05)
+    with ScriptedServer(reply) as batching:
+        spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", batching.url, samples=None)
+        spec["ground_truth"]["concurrency"] = 3
+        path, info = groundtruth.prepare(spec)
+    records = read(path)
+    assert [r["id"] for r in records] == [
+        p["id"] for p in groundtruth.load_prompts(str(prompts_file))
+    ]
+    for r in records:
+        assert r["completion_ids"] == [len(r["prompt_ids"]) % 300, r["prompt_ids"][-1]]
+    assert reply.peak == 3 and max(reply.batches) >= 2 and sum(reply.batches) == 5
+
+
+def test_a_bad_answer_among_concurrent_ones_fails_in_prompt_order_and_caches_nothing(
+    tmp_path, tiny_target, prompts_file
+):
+    """The first bad answer in prompt order is the one reported, whichever arrives first
+    while requests are in flight together, and nothing is cached."""
+    prompts = groundtruth.load_prompts(str(prompts_file))
+    tok = groundtruth.load_tokenizer(str(tiny_target))
+    ids = [groundtruth.render_prompt(tok, p["text"], False)[1] for p in prompts]
+    bad = {json.dumps(ids[3]): 100_003, json.dumps(ids[1]): 100_001}
+
+    def reply(path: str, body: dict) -> dict:
+        wrong = bad.get(json.dumps(body["input_ids"]))
+        if wrong == 100_001:
+            time.sleep(0.2)  # the later prompt's bad answer arrives first
+        return ids_reply([5] if wrong is None else [5, wrong])(path, body)
+
+    with ScriptedServer(reply) as bad_server:
+        spec = make_spec(
+            tmp_path, tiny_target, prompts_file, "sglang", bad_server.url, samples=None
+        )
+        with pytest.raises(UserError) as err:
+            groundtruth.prepare(spec)
+    line = str(err.value)
+    assert f"for prompt {prompts[1]['id']} holds token id 100001" in line
+    assert "\n" not in line and _cache_files(spec) == []
+
+
+def test_a_bad_concurrency_is_one_line(tmp_path, tiny_target, prompts_file, server):
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
+    spec["ground_truth"]["concurrency"] = 0
+    with pytest.raises(
+        UserError,
+        match=r"^the ground-truth concurrency must be a whole "
+        r"number of at least 1, got 0$",
+    ):
+        groundtruth.prepare(spec)
 
 
 @pytest.mark.parametrize("kind", ["sglang", "openai"])
@@ -235,7 +325,14 @@ def test_text_only_server_warns_and_records_retokenisation(
     retok = info["retokenisation"]
     assert retok["samples"] == 5
     tok = groundtruth.load_tokenizer(str(tiny_target))
-    texts = [b["prompt"] for p, b in server.requests if p == "/v1/completions"]
+    # Requests go out together, so the server's log is in arrival order: match by text.
+    texts = [
+        groundtruth.render_prompt(tok, p["text"], False)[0]
+        for p in groundtruth.load_prompts(str(prompts_file), samples=5)
+    ]
+    assert sorted(texts) == sorted(
+        b["prompt"] for p, b in server.requests if p == "/v1/completions"
+    )
     expected = 0
     for r, text in zip(records, texts, strict=False):
         true_ids = server.greedy(r["prompt_ids"], MAX_NEW)

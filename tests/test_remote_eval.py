@@ -302,7 +302,7 @@ def test_cancel_stops_every_process_of_the_job(inventory, eval_sshd, tmp_path):
     )
     runner = psutil.Process(ref["pid"])
     family = [runner, *runner.children(recursive=True)]
-    assert len(family) >= 2  # the runner and the eval engine it started
+    assert len(family) == 1  # the runner runs the engine itself: one torch import a job
     assert all(p.pid == pgid or os.getpgid(p.pid) == pgid for p in family)
 
     cancelled = dflash("remote-eval", "--cancel", job, "-i", str(inventory), "--json")

@@ -104,6 +104,15 @@ def remote_eval_cmd(
     target: Annotated[
         str | None, typer.Option(help="Target model folder on the host (default: the inventory's).")
     ] = None,
+    gt_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--gt-concurrency",
+            min=1,
+            help="Ground-truth requests in flight at once (default: the inventory's, else 16); "
+            "servers batch them.",
+        ),
+    ] = None,
     dtype: DtypeOption = None,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads on the host.")] = None,
     budgets: BudgetsOption = None,
@@ -169,6 +178,7 @@ def remote_eval_cmd(
         ground_truth=ground_truth,
         ground_truth_kind=ground_truth_kind,
         ground_truth_model=ground_truth_model,
+        ground_truth_concurrency=gt_concurrency,
         target=target,
         dtype=dtype,
         threads=threads,

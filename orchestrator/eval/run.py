@@ -84,6 +84,7 @@ class EvalOptions:
     ground_truth_kind: str | None = None
     ground_truth_model: str | None = None
     ground_truth_timeout: float = 300.0
+    ground_truth_concurrency: int | None = None
     target: str | None = None
     dtype: str | None = None
     threads: int | None = None
@@ -127,6 +128,11 @@ class EvalOptions:
             )
         if self.prompts is not None and not self.prompts.startswith("host:"):
             local_prompts(self.prompts)
+        concurrency = self.ground_truth_concurrency
+        if concurrency is not None and (not _is_int(concurrency) or concurrency < 1):
+            raise DflashError(
+                f"--gt-concurrency must be a whole number of at least 1, got {concurrency!r}"
+            )
         if not self.ground_truth_timeout > 0:
             raise DflashError(
                 f"the ground-truth timeout must be positive, got {self.ground_truth_timeout!r}"
@@ -253,6 +259,9 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
     gt = {
         "kind": kind,
         "timeout": options.ground_truth_timeout,
+        "concurrency": _given(
+            options.ground_truth_concurrency, role.ground_truth_concurrency if role else 16
+        ),
         "model": options.ground_truth_model or (role.ground_truth_model if role else None),
     }
     if kind == "file":
@@ -306,12 +315,24 @@ def preflight(host: Host, spec: dict) -> dict:
     return _json_stdin(host, ["preflight", "--spec", "-"], spec)
 
 
-def start_job(host: Host, spec: dict, job_id: str | None = None) -> JobRef:
-    """Push the bundle if needed and start the job detached; returns at once."""
+def start_job(host: Host, spec: dict, job_id: str | None = None, preflight: bool = False) -> JobRef:
+    """Push the bundle if needed and start the job detached; returns at once. With
+    `preflight`, the job's runner first runs the host-side checks (see `preflight`) and this
+    returns when they passed: one process and one torch import for checks and job, and a
+    failed check raises its one line with no job left on the host."""
     _, pushed = bundle.ensure(host)
     job_id = job_id or new_job_id(spec.get("checkpoint") or "job")
     info = _json_stdin(
-        host, ["job", "start", f"--workdir={host.workdir}", f"--job-id={job_id}", "--spec=-"], spec
+        host,
+        [
+            "job",
+            "start",
+            f"--workdir={host.workdir}",
+            f"--job-id={job_id}",
+            "--spec=-",
+            *(["--preflight"] if preflight else []),
+        ],
+        spec,
     )
     return JobRef(
         host=host.name,
@@ -560,7 +581,6 @@ def _start(
 ) -> JobRef:
     _, pushed = bundle.ensure(host)
     job = build_spec(host, spec, checkpoint, options)
-    preflight(host, job)
-    ref = start_job(host, job, job_id)
+    ref = start_job(host, job, job_id, preflight=True)
     ref.bundle_pushed = ref.bundle_pushed or pushed
     return ref

@@ -260,9 +260,8 @@ class _Sharded:
         spec = self.specs[0]
         host = self.hosts[spec.name]
         job = remote_eval.build_spec(host, spec, self.checkpoint, self.options)
-        remote_eval.preflight(host, job)
         job = dict(job, stop_after="ground_truth")
-        ref = remote_eval.start_job(host, job, f"{self.run_id}-gt")
+        ref = remote_eval.start_job(host, job, f"{self.run_id}-gt", preflight=True)
         self.emit(spec.name, {"event": "ground_truth_job", "job_id": ref.job_id})
         end = remote_eval.watch(host, ref.job_id, lambda ev: self.emit(spec.name, ev))
         if end["state"] != "done":
@@ -306,8 +305,7 @@ class _Sharded:
             job = remote_eval.build_spec(host, spec, self.checkpoint, options)
             job["samples"] = None  # the slice is the selection; never re-select from it
             job["shard"] = {"run_id": self.run_id, "indices": indices}
-            remote_eval.preflight(host, job)
-            ref = remote_eval.start_job(host, job, job_id)
+            ref = remote_eval.start_job(host, job, job_id, preflight=True)
             out.job_id = ref.job_id
             self.emit(
                 spec.name,

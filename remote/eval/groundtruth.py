@@ -19,6 +19,10 @@ Prompts are JSONL, z-lab's ``{"turns": [...]}`` (the first turn is the user mess
 ``{"prompt": "..."}``; the target's chat template is applied (``thinking`` on or off).
 ``samples`` picks that many prompts with a seeded RNG, in file order.
 
+Requests to a server go out concurrently, up to ``spec["ground_truth"]["concurrency"]``
+(default 16) in flight at once, because serving engines batch concurrent requests; answers
+are taken, checked and recorded in prompt order, so the result is the serial one.
+
 The result is cached in ``<workdir>/groundtruth/<key>.jsonl`` where ``key`` hashes the
 target's identity (its path, config and weight files' sizes), the exact prompt ids (so
 the prompt file, the selection, the template and the thinking flag are all in it), the
@@ -49,6 +53,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +67,9 @@ SERVER_KINDS = ("sglang", "openai", "openai-text")
 # Bumped when what a cache entry means changes, so older entries are never hit.
 CACHE_VERSION = 2
 DEFAULT_TIMEOUT = 300.0
+# Requests in flight at once to a ground-truth server: serving engines batch concurrent
+# requests, so 16 prompts cost about what one does.
+DEFAULT_CONCURRENCY = 16
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 Emit = Callable[..., None]
@@ -240,7 +249,7 @@ def target_vocab_size(target: str, tokenizer) -> int:
     from remote.model.files import build_config
 
     try:
-        vocab = build_config(target).get_text_config().vocab_size
+        vocab = build_config(Path(target)).get_text_config().vocab_size
     except (UserError, AttributeError):
         vocab = None
     return int(vocab) if isinstance(vocab, int) and vocab > 0 else len(tokenizer)
@@ -580,6 +589,31 @@ class LocalGenerator:
         return out[0, len(prompt_ids) :].tolist()
 
 
+# ---- requests in flight together ----------------------------------------------------
+
+
+def in_order(
+    ask: Callable[[str, list[int]], Any], rendered: list[tuple[str, list[int]]], concurrency: int
+) -> Iterator[Any]:
+    """`ask(text, ids)` for every rendered prompt, yielded in prompt order. With
+    `concurrency` > 1 up to that many requests are in flight at once (a serving engine
+    batches them); the first failure in prompt order is raised, and requests not yet sent
+    are dropped."""
+    if concurrency <= 1 or len(rendered) <= 1:
+        for text, ids in rendered:
+            yield ask(text, ids)
+        return
+    pool = ThreadPoolExecutor(
+        max_workers=min(concurrency, len(rendered)), thread_name_prefix="ground-truth"
+    )
+    try:
+        futures = [pool.submit(ask, text, ids) for text, ids in rendered]
+        for future in futures:
+            yield future.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 # ---- the phase --------------------------------------------------------------------------
 
 
@@ -650,6 +684,12 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
         raise UserError(f"unknown ground truth kind {kind!r} (one of {', '.join(KINDS)})")
     sampling = check_greedy(spec.get("sampling") or {})
     timeout = float(gt.get("timeout", DEFAULT_TIMEOUT))
+    concurrency = gt.get("concurrency", DEFAULT_CONCURRENCY)
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+        raise UserError(
+            f"the ground-truth concurrency must be a whole number of at least 1, "
+            f"got {concurrency!r}"
+        )
     workdir = Path(os.path.expanduser(spec.get("workdir", "~/.dflash")))
     info: dict[str, Any] = {
         "kind": kind,
@@ -750,26 +790,40 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
     model_name = source.get("model")
     if kind == "local":
         generator = LocalGenerator(target, spec.get("dtype") or DEFAULT_DTYPE, spec.get("threads"))
+
+    def ask(text: str, ids: list[int]) -> Any:
+        # Only the request runs in the pool: tokenising, checking and emitting stay on this
+        # thread, in prompt order.
+        if kind == "sglang":
+            return sglang_generate(url, ids, sampling, timeout)
+        if kind == "openai":
+            return openai_completion_ids(url, model_name, ids, sampling, timeout)
+        if kind == "openai-text":
+            return openai_completion_text(url, model_name, text, sampling, timeout)
+        return generator.generate(ids, sampling)
+
     records = []
     mismatched = 0
     started = time.time()
-    for i, (prompt, (text, ids)) in enumerate(zip(prompts, rendered, strict=False)):
-        if kind == "sglang":
-            completion = sglang_generate(url, ids, sampling, timeout)
-        elif kind == "openai":
-            completion = openai_completion_ids(url, model_name, ids, sampling, timeout)
-        elif kind == "openai-text":
-            ctext, count = openai_completion_text(url, model_name, text, sampling, timeout)
-            completion = list(tokenizer(ctext, add_special_tokens=False)["input_ids"])
-            if not retokenisation_check(tokenizer, text, ids, ctext, completion, count):
-                mismatched += 1
-        else:
-            completion = generator.generate(ids, sampling)
-        # Checked as it arrives, and all before the cache is written: a bad answer is
-        # refused here and never reused by a later run.
-        check(completion, prompt["id"])
-        records.append({"id": prompt["id"], "prompt_ids": ids, "completion_ids": completion})
-        emit("ground_truth", done=i + 1, total=len(prompts), cached=False, tokens=len(completion))
+    workers = concurrency if kind in SERVER_KINDS else 1
+    # Closed on the way out, also when a check refuses an answer: no more requests go out.
+    with closing(in_order(ask, rendered, workers)) as answers:
+        for i, (prompt, (text, ids), answer) in enumerate(
+            zip(prompts, rendered, answers, strict=False)
+        ):
+            completion = answer
+            if kind == "openai-text":
+                ctext, count = answer
+                completion = list(tokenizer(ctext, add_special_tokens=False)["input_ids"])
+                if not retokenisation_check(tokenizer, text, ids, ctext, completion, count):
+                    mismatched += 1
+            # Checked as it arrives, and all before the cache is written: a bad answer is
+            # refused here and never reused by a later run.
+            check(completion, prompt["id"])
+            records.append({"id": prompt["id"], "prompt_ids": ids, "completion_ids": completion})
+            emit(
+                "ground_truth", done=i + 1, total=len(prompts), cached=False, tokens=len(completion)
+            )
     if kind == "openai-text":
         info["retokenisation"] = {
             "samples": len(records),
