@@ -10,6 +10,7 @@ Spec (JSON object; unknown keys are an error, so a typo never silently changes a
     output_dir        where result.json and samples.jsonl go                         required
     dtype             "bf16" (default) or "fp32"
     threads           torch threads (default: torch's choice)
+    device            "cpu" (default), "cuda" or "cuda:N" (remote.device)
     ddtree_budgets    DDTree node budgets to report side by side (default [])
     ddtree_topk       per-depth candidates for DDTree (default null = the budget)
     max_samples       evaluate only the first N samples (default all)
@@ -41,7 +42,7 @@ from remote.facts import meminfo, package_version
 SCHEMA = "dflash.eval/1"
 SPEC_KEYS = {
     "target", "drafter", "ground_truth", "output_dir", "dtype", "threads",
-    "ddtree_budgets", "ddtree_topk", "max_samples", "block_chunk", "positions",
+    "ddtree_budgets", "ddtree_topk", "max_samples", "block_chunk", "positions", "device",
 }
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
 
@@ -76,7 +77,10 @@ def read_spec(path: str) -> dict[str, Any]:
     positions = spec.get("positions", "all")
     if positions not in ("all", "walk"):
         raise UserError(f"spec positions {positions!r} is not supported; use \"all\" or \"walk\"")
+    from remote.device import check_name
+
     return {
+        "device": check_name(spec.get("device")),
         "positions": positions,
         "target": spec["target"], "drafter": spec["drafter"], "ground_truth": spec["ground_truth"],
         "output_dir": spec["output_dir"], "dtype": DTYPES[dtype], "threads": spec.get("threads"),
@@ -205,6 +209,9 @@ def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
         raise UserError(f"drafter path {spec['drafter']} does not exist")
 
     # --- checks before any heavy load -----------------------------------------------------
+    from remote import device as device_mod
+
+    device = device_mod.resolve(spec.get("device"))
     _cfg, meta_model, tinfo = target_mod.describe(spec["target"])
     dcfg = drafter_mod.read_config(spec["drafter"], tinfo.num_layers)
     check_compatible(dcfg, tinfo, fc_width(spec["drafter"]))
@@ -229,13 +236,15 @@ def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
     t0 = time.perf_counter()
     drafter, report = drafter_mod.load_drafter(spec["drafter"], dtype, tinfo.num_layers)
     t_drafter_load = time.perf_counter() - t0
+    device_mod.place(target, drafter, device)
 
     opts = WalkOptions(budgets=spec["ddtree_budgets"], topk=spec["ddtree_topk"], block_chunk=spec["block_chunk"],
                        positions=spec.get("positions", "all"))
     records, lines = [], []
     t_eval = time.perf_counter()
     for i, row in enumerate(rows, 1):
-        rec = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], opts)
+        with device_mod.default_device(device):
+            rec = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], opts)
         rec = {"id": row["id"], **rec}
         records.append(rec)
         lines.append(json.dumps(rec))
@@ -269,7 +278,8 @@ def run_eval(spec: dict[str, Any], on_event=emit) -> dict[str, Any]:
             "target_architecture": tinfo.architecture, "target_backbone": tinfo.backbone_path,
             "target_layers": tinfo.num_layers, "target_layer_types": tinfo.layer_types,
         },
-        "environment": environment(spec["dtype"], torch.get_num_threads()),
+        "environment": {**environment(spec["dtype"], torch.get_num_threads()),
+                        **device_mod.describe(device)},
         "metrics": metrics,
         "timings": {
             "load_target_s": t_target_load, "load_drafter_s": t_drafter_load, "eval_s": eval_s,

@@ -271,9 +271,14 @@ def run(path: Path) -> int:
         if spec is None:
             raise UserError(f"{path}/spec.json is missing or not JSON")
         kind = spec.get("kind", "eval")
-        if kind != "eval":
+        if kind.startswith("parity"):
+            from remote.parity import run_job as run_parity_job
+
+            code = run_parity_job(path, spec, events)
+        elif kind != "eval":
             raise UserError(f"unknown job kind {kind!r}")
-        code = run_eval_job(path, spec, events)
+        else:
+            code = run_eval_job(path, spec, events)
         finish(path, events, "done" if code == 0 else "failed", code,
                None if code == 0 else _engine_error(path, code))
         return code
@@ -357,6 +362,8 @@ def build_eval_spec(path: Path, spec: dict, gt_path: str, gt_info: dict) -> dict
         "ddtree_budgets": sorted(set(ev.get("budgets") or [])),
         "ddtree_topk": ev.get("topk"),
     }
+    if spec.get("device"):
+        out["device"] = spec["device"]
     for key in ("block_chunk", "positions"):
         if ev.get(key):
             out[key] = ev[key]

@@ -79,9 +79,22 @@ def list_cmd(results_dir: ResultsDirOption = None, inventory_path: InventoryOpti
     show and compare take that id, or a unique prefix of it."""
     root = _root(results_dir, inventory_path)
     runs = res.list_runs(root)
+    from orchestrator import parity, parity_view
+
+    parity_runs = parity.list_runs(root)
     if json_out:
-        print_json([res.summary(r) for r in runs])
+        print_json([res.summary(r) for r in runs]
+                   + [parity_view.summary(r, p.name) for p, r in parity_runs])
         return
+    if parity_runs:
+        t = _compact("parity runs")
+        for col in ("run", "A", "B", "worst relL2 p99", "top-1", "delta tau"):
+            t.add_column(col, no_wrap=True)
+        for p, r in parity_runs:
+            s = parity_view.summary(r, p.name)
+            t.add_row(p.name, s["a"], s["b"], fmt(s["worst_rel_l2_p99"]),
+                      pct(s["top1_agreement"]), fmt(s["delta_tau"]))
+        console.print(t)
     if not runs:
         console.print(f"no runs in {root}", soft_wrap=True)
         return
@@ -160,7 +173,21 @@ def show_cmd(run_id: Annotated[str, typer.Argument(help="Run id (or unique part)
              json_out: JsonOption = False) -> None:
     """One run in full: tau, DDTree budgets, histogram, per-position acceptance, target
     agreement, timings, environment."""
-    run = res.load_run(run_id, _root(results_dir, inventory_path))
+    from orchestrator import parity
+
+    root = _root(results_dir, inventory_path)
+    folder = Path(run_id) if (Path(run_id) / "result.json").is_file() else None
+    for p, r in ([] if folder else parity.list_runs(root)):
+        if p.name == run_id or (folder is None and p.name.startswith(run_id)):
+            folder = p
+            break
+    if folder is not None and parity.is_parity_run(folder):
+        from orchestrator.commands.parity import render
+
+        result = parity.load(folder)
+        print_json(result) if json_out else render(result, folder)
+        return
+    run = res.load_run(run_id, root)
     if json_out:
         print_json(run.result)
         return
