@@ -90,6 +90,7 @@ class EvalOptions:
     budgets: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
     topk: int | None = None
     stop_after: str | None = None
+    device: str | None = None  # cpu (default) | cuda | cuda:N, checked on the host
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -112,6 +113,14 @@ class EvalOptions:
                               f"of {', '.join(GT_KINDS)})")
         if self.prompts is not None and not self.prompts.startswith("host:"):
             local_prompts(self.prompts)
+        if self.device is not None:
+            from remote.device import check_name
+            from remote.errors import UserError
+
+            try:
+                self.device = check_name(self.device)
+            except UserError as exc:
+                raise DflashError(str(exc)) from None
         if not self.ground_truth_timeout > 0:
             raise DflashError(f"the ground-truth timeout must be positive, got "
                               f"{self.ground_truth_timeout!r}")
@@ -244,6 +253,8 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
         "stop_after": options.stop_after,
         "workdir": host.workdir,
     }
+    if options.device:
+        job["device"] = options.device
     if kind != "file":
         job["prompts"] = resolve_prompts(host, spec, options.prompts)
     return job

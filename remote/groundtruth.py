@@ -201,10 +201,10 @@ def check_greedy(sampling: dict) -> dict:
 def target_vocab_size(target: str, tokenizer) -> int:
     """How many token ids the target has: its (text) config's ``vocab_size`` (the rows of
     its embedding), else the tokenizer's length."""
-    from remote.target import read_config
+    from remote.model.files import build_config
 
     try:
-        vocab = read_config(target).get_text_config().vocab_size
+        vocab = build_config(Path(target)).get_text_config().vocab_size
     except (UserError, AttributeError):
         vocab = None
     return int(vocab) if isinstance(vocab, int) and vocab > 0 else len(tokenizer)

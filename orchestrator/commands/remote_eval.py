@@ -237,6 +237,8 @@ def remote_eval_cmd(
         help="Draft at 'all' completion positions (default; exact per-position acceptance) "
         "or only at the 'walk' positions (tau times fewer blocks, one at a time: pays for "
         "drafters with several layers).")] = None,
+    device: Annotated[Optional[str], typer.Option(
+        help="Where the engine computes on the host: cpu (default), cuda or cuda:N.")] = None,
     results: Annotated[Optional[str], typer.Option(
         "--results-dir", help="Local results folder (default: defaults.results_dir).")] = None,
     inventory_path: InventoryOption = None,
@@ -277,7 +279,7 @@ def remote_eval_cmd(
         thinking=thinking, temperature=temperature, ground_truth=ground_truth,
         ground_truth_kind=ground_truth_kind, ground_truth_model=ground_truth_model,
         target=target, dtype=dtype, threads=threads, budgets=_budgets(budgets), topk=topk,
-        extra={"positions": positions} if positions else {})
+        device=device, extra={"positions": positions} if positions else {})
     if hosts:
         with ShardProgress(show) as live:
             run_dir = shard.run_sharded(inv, names, checkpoint, options, on_event=live,

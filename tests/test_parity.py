@@ -1,0 +1,146 @@
+"""`dflash parity` on two loopback sshd hosts with the same tiny Qwen3.5-style target (Gated
+DeltaNet linear-attention layers and a full-attention layer), a drafter trained for real on
+it, ground truth made once on B, A's capture streamed to B through the relay's data path."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator import parity
+from orchestrator.cli import app
+from orchestrator.errors import DflashError
+from orchestrator.inventory import load_inventory
+from tests.conftest import ssh_host_entry
+
+LAYERS = 6  # linear, linear, linear, full, linear, linear: depth enough to see growth
+
+
+@functools.lru_cache(maxsize=None)
+def assets() -> tuple[str, str]:
+    """(target folder, trained drafter folder), built once per test run."""
+    from orchestrator.demo.models import build_qwen35_vl_target
+    from orchestrator.demo.train import train_drafter
+
+    root = tempfile.mkdtemp(prefix="dflash-parity-")
+    target = build_qwen35_vl_target(f"{root}/qwen35", num_layers=LAYERS)
+    steps = train_drafter(target, f"{root}/drafter", save_steps=(120,), samples=12,
+                          prompt_len=10, completion_len=32, target_layer_ids=[1, 4],
+                          batch_samples=4)
+    return target, steps[-1]
+
+
+@pytest.fixture
+def pair(trainer_sshd, eval_sshd, ssh_base, make_inventory, tmp_path):
+    """Inventory: A = trainer, B = evalhost, both with the tiny target; the drafter on B;
+    ground truth generated locally (greedy) on B."""
+    target, drafter = assets()
+    drafters = eval_sshd.root / "drafters"
+    drafters.mkdir(exist_ok=True)
+    if not (drafters / "step-120").exists():
+        shutil.copytree(drafter, drafters / "step-120")
+    hosts = {}
+    for name, server in (("trainer", trainer_sshd), ("evalhost", eval_sshd)):
+        role = {"drafters": str(server.root / "drafters"), "target_model": target,
+                "ground_truth": "local", "ground_truth_kind": "local",
+                "max_new_tokens": 24, "threads": 1}
+        hosts[name] = ssh_host_entry(server, ssh_base, roles={"eval": role})
+    path = make_inventory(hosts=hosts, defaults={"results_dir": str(tmp_path / "results")})
+    return load_inventory(path)
+
+
+def run(inv, **kw) -> dict:
+    opts = parity.ParityOptions(prompts="chat", samples=3, **kw)
+    run_dir = parity.run_parity(inv, "trainer", "evalhost", opts)
+    return parity.load(run_dir) | {"_dir": str(run_dir)}
+
+
+def test_identical_hosts_give_exactly_zero(pair):
+    r = run(pair, drafter="step-120", dtype_a="fp32", dtype_b="fp32")
+    assert r["schema"] == "dflash.parity/1"
+    assert r["hosts"] == {"a": "trainer", "b": "evalhost"}
+    assert [x["layer"] for x in r["layers"]] == [1, 4]  # the drafter's target layers
+    for x in r["layers"]:
+        assert x["cosine"]["min"] == 1.0 and x["cosine"]["mean"] == 1.0
+        assert x["rel_l2"]["max"] == 0.0 and x["max_abs"]["max"] == 0.0
+    assert r["identical"] is True
+    assert r["top1_agreement"]["rate"] == 1.0
+    d = r["drafter"]
+    assert d["delta_tau"] == 0.0 and d["tau_a"] == d["tau_b"] > 1.0
+    assert all(s["first_diverging_round"] is None for s in d["per_sample"])
+    # recorded: devices, dtypes, kernels, versions; the transfer was verified
+    cap = r["captures"]["a"]
+    assert cap["device"]["device"] == "cpu" and cap["dtype"] == "float32"
+    assert set(cap["kernels"]) == {"fla", "causal_conv1d"}
+    assert cap["environment"]["torch"]
+    assert r["transfer"]["sha256_verified"] and r["transfer"]["files"] == 4  # json + 3
+
+
+def test_bf16_vs_fp32_error_grows_with_depth_and_tau_is_measured(pair):
+    r = run(pair, drafter="step-120", layers=list(range(LAYERS)), dtype_a="fp32",
+            dtype_b="bf16")
+    rel = [x["rel_l2"]["p50"] for x in r["layers"]]
+    assert all(e > 0 for e in rel), rel
+    # bf16 rounding of the residual stream: ~1e-3 relative, never a broken model
+    assert all(1e-4 < e < 0.1 for e in rel), rel
+    assert all(x["cosine"]["min"] > 0.99 and x["cosine"]["p50"] < 1.0 for x in r["layers"])
+    # grows with depth: the deepest layer's error is several times the first's, and the
+    # second half of the stack is worse than the first half
+    assert rel[-1] > 2 * rel[0], rel
+    assert sum(rel[LAYERS // 2:]) > sum(rel[:LAYERS // 2]), rel
+    assert r["identical"] is False
+    d = r["drafter"]
+    assert d["tau_a"] > 1.0 and d["tau_b"] > 1.0
+    assert d["delta_tau"] == pytest.approx(d["tau_b"] - d["tau_a"])
+    assert isinstance(d["delta_tau"], float)
+    for s in d["per_sample"]:
+        fd = s["first_diverging_round"]
+        assert fd is None or s["rounds_a"][:fd] == s["rounds_b"][:fd]
+    png = Path(r["_dir"]) / "parity_layers.png"
+    assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sdpa_vs_eager_differ_only_from_the_first_attention_layer(pair):
+    r = run(pair, layers=list(range(LAYERS)), dtype_a="fp32", dtype_b="fp32",
+            attn_a="sdpa", attn_b="eager")
+    by = {x["layer"]: x for x in r["layers"]}
+    # Gated DeltaNet layers do not use the attention implementation: bit-identical before
+    # layer 3, the first full-attention layer; from there on the two kernels' rounding.
+    assert all(by[i]["identical"] for i in (0, 1, 2))
+    assert not by[3]["identical"] and by[3]["max_abs"]["max"] > 0
+    assert all(0 < by[i]["rel_l2"]["max"] < 1e-4 for i in (3, 4, 5))
+    assert r["captures"]["a"]["attn"] == "sdpa" and r["captures"]["b"]["attn"] == "eager"
+    assert "drafter" not in r
+
+
+def test_cli_parity_results_list_show_and_cuda_error(pair, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    inv = str(pair.path)
+    cli = CliRunner()
+    out = cli.invoke(app, ["parity", "--hosts", "trainer,evalhost", "--samples", "2",
+                           "--layers", "0-1", "--dtype-a", "fp32", "--dtype-b", "bf16",
+                           "-i", inv, "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["summary"]["kind"] == "parity" and doc["summary"]["identical"] is False
+    listed = cli.invoke(app, ["results", "list", "-i", inv, "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert doc["run_id"] in [r["run_id"] for r in json.loads(listed.stdout)]
+    shown = cli.invoke(app, ["results", "show", doc["run_id"], "-i", inv])
+    assert shown.exit_code == 0, shown.output
+    assert "features per layer" in shown.stdout and "relL2 p99" in shown.stdout
+    # cuda asked where torch sees no GPU: one line naming the problem and the fix
+    with pytest.raises(DflashError) as exc:
+        parity.run_parity(pair, "trainer", "evalhost",
+                          parity.ParityOptions(samples=1, device_b="cuda"))
+    msg = str(exc.value)
+    assert "device cuda asked but torch" in msg and "sees no GPU" in msg
+    assert "--device cpu" in msg and "\n" not in msg
+    with pytest.raises(DflashError, match="device 'tpu' is not supported"):
+        parity.ParityOptions(device_a="tpu")
