@@ -23,46 +23,48 @@ LAYERS = 6  # linear, linear, linear, full, linear, linear: depth enough to see 
 
 
 @functools.lru_cache(maxsize=None)
-def assets() -> tuple[str, str]:
-    """(target folder, trained drafter folder), built once per test run."""
+def assets() -> tuple[str, str, str]:
+    """(target folder, trained drafter folder, ground-truth JSONL: the target's own greedy
+    completions the drafter trained on, so its tau is well above 1), built once per run."""
     from orchestrator.demo.models import build_qwen35_vl_target
-    from orchestrator.demo.train import train_drafter
+    from orchestrator.demo.train import make_ground_truth, train_drafter
 
     root = tempfile.mkdtemp(prefix="dflash-parity-")
     target = build_qwen35_vl_target(f"{root}/qwen35", num_layers=LAYERS)
-    steps = train_drafter(target, f"{root}/drafter", save_steps=(120,), samples=12,
-                          prompt_len=10, completion_len=32, target_layer_ids=[1, 4],
-                          batch_samples=4)
-    return target, steps[-1]
+    rows = make_ground_truth(target, 12, prompt_len=10, completion_len=32, seed=1)
+    steps = train_drafter(target, f"{root}/drafter", save_steps=(150,), rows=rows,
+                          target_layer_ids=[1, 4], batch_samples=4)
+    gt = Path(root) / "ground_truth.jsonl"
+    gt.write_text("".join(json.dumps({"id": i, **r}) + "\n" for i, r in enumerate(rows)))
+    return target, steps[-1], str(gt)
 
 
 @pytest.fixture
 def pair(trainer_sshd, eval_sshd, ssh_base, make_inventory, tmp_path):
-    """Inventory: A = trainer, B = evalhost, both with the tiny target; the drafter on B;
-    ground truth generated locally (greedy) on B."""
-    target, drafter = assets()
+    """Inventory: A = trainer, B = evalhost, both with the tiny target; the drafter and
+    the ground-truth file on B (A gets B's selection from parity itself)."""
+    target, drafter, gt = assets()
     drafters = eval_sshd.root / "drafters"
     drafters.mkdir(exist_ok=True)
-    if not (drafters / "step-120").exists():
-        shutil.copytree(drafter, drafters / "step-120")
+    if not (drafters / "step-150").exists():
+        shutil.copytree(drafter, drafters / "step-150")
     hosts = {}
     for name, server in (("trainer", trainer_sshd), ("evalhost", eval_sshd)):
         role = {"drafters": str(server.root / "drafters"), "target_model": target,
-                "ground_truth": "local", "ground_truth_kind": "local",
-                "max_new_tokens": 24, "threads": 1}
+                "ground_truth": gt, "ground_truth_kind": "file", "threads": 1}
         hosts[name] = ssh_host_entry(server, ssh_base, roles={"eval": role})
     path = make_inventory(hosts=hosts, defaults={"results_dir": str(tmp_path / "results")})
     return load_inventory(path)
 
 
 def run(inv, **kw) -> dict:
-    opts = parity.ParityOptions(prompts="chat", samples=3, **kw)
+    opts = parity.ParityOptions(samples=4, **kw)
     run_dir = parity.run_parity(inv, "trainer", "evalhost", opts)
     return parity.load(run_dir) | {"_dir": str(run_dir)}
 
 
 def test_identical_hosts_give_exactly_zero(pair):
-    r = run(pair, drafter="step-120", dtype_a="fp32", dtype_b="fp32")
+    r = run(pair, drafter="step-150", dtype_a="fp32", dtype_b="fp32")
     assert r["schema"] == "dflash.parity/1"
     assert r["hosts"] == {"a": "trainer", "b": "evalhost"}
     assert [x["layer"] for x in r["layers"]] == [1, 4]  # the drafter's target layers
@@ -79,11 +81,11 @@ def test_identical_hosts_give_exactly_zero(pair):
     assert cap["device"]["device"] == "cpu" and cap["dtype"] == "float32"
     assert set(cap["kernels"]) == {"fla", "causal_conv1d"}
     assert cap["environment"]["torch"]
-    assert r["transfer"]["sha256_verified"] and r["transfer"]["files"] == 4  # json + 3
+    assert r["transfer"]["sha256_verified"] and r["transfer"]["files"] == 5  # json + 4
 
 
 def test_bf16_vs_fp32_error_grows_with_depth_and_tau_is_measured(pair):
-    r = run(pair, drafter="step-120", layers=list(range(LAYERS)), dtype_a="fp32",
+    r = run(pair, drafter="step-150", layers=list(range(LAYERS)), dtype_a="fp32",
             dtype_b="bf16")
     rel = [x["rel_l2"]["p50"] for x in r["layers"]]
     assert all(e > 0 for e in rel), rel
