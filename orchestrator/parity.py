@@ -273,6 +273,28 @@ def run_parity(inventory: Inventory, host_a: str, host_b: str,
     return finish_local(run_dir)
 
 
+def attach(inventory: Inventory, host_name: str, job_id: str, *,
+           on_event: EventHandler | None = None, dest: str | Path | None = None) -> Path:
+    """Watch a parity compare job (after a dropped connection) to its end and pull its
+    result; a capture job cannot be resumed on its own (its partner host's part would be
+    missing): run parity again, B's ground truth comes from its cache."""
+    with open_host(inventory.host(host_name), inventory) as host:
+        status = remote_eval.job_status(host, job_id)
+        if status.get("kind") != "parity-compare":
+            raise DflashError(f"job {job_id} on {host_name} is a {status.get('kind') or 'eval'}"
+                              " job, not a parity compare; run dflash parity again")
+        if status["state"] not in ("done", "failed", "cancelled", "lost"):
+            status = remote_eval.watch(host, job_id, (lambda ev: on_event("compare", ev))
+                                       if on_event else None)
+        if status["state"] != "done":
+            err = (status.get("exit") or {}).get("error")
+            raise remote_eval.JobError(f"job {job_id} on {host_name} {status['state']}"
+                                       f"{': ' + err if err else ''}")
+        run_dir = remote_eval.pull_results(host, job_id, remote_eval.results_dir(inventory,
+                                                                                 dest))
+    return finish_local(run_dir)
+
+
 def annotate(run_dir: Path, host_a: str, host_b: str, opts: ParityOptions,
              sums: dict[str, str], stream_s: float) -> None:
     """Name the hosts (as the inventory calls them) and how A's capture travelled."""

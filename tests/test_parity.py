@@ -137,6 +137,11 @@ def test_cli_parity_results_list_show_and_cuda_error(pair, monkeypatch):
     shown = cli.invoke(app, ["results", "show", doc["run_id"], "-i", inv])
     assert shown.exit_code == 0, shown.output
     assert "features per layer" in shown.stdout and "relL2 p99" in shown.stdout
+    # the compare job is a detached job: attach pulls its result again
+    again = cli.invoke(app, ["parity", "--attach", doc["run_id"], "--host", "evalhost",
+                             "-i", inv, "--results-dir", str(pair.path.parent / "again")])
+    assert again.exit_code == 0, again.output
+    assert (pair.path.parent / "again" / doc["run_id"] / "parity_layers.png").is_file()
     # cuda asked where torch sees no GPU: one line naming the problem and the fix
     with pytest.raises(DflashError) as exc:
         parity.run_parity(pair, "trainer", "evalhost",

@@ -50,7 +50,11 @@ def parity_cmd(
     threads: Annotated[Optional[int], typer.Option(min=1, help="CPU threads per host.")] = None,
     cancel: Annotated[Optional[str], typer.Option(
         "--cancel", metavar="JOB", help="Stop parity job JOB on --host.")] = None,
-    host: Annotated[Optional[str], typer.Option("--host", help="Host of --cancel.")] = None,
+    attach: Annotated[Optional[str], typer.Option(
+        "--attach", metavar="JOB", help="Resume watching compare job JOB on --host, then "
+        "pull its result.")] = None,
+    host: Annotated[Optional[str], typer.Option(
+        "--host", help="Host of --cancel / --attach.")] = None,
     results: Annotated[Optional[str], typer.Option(
         "--results-dir", help="Local results folder (default: defaults.results_dir).")] = None,
     inventory_path: InventoryOption = None,
@@ -67,6 +71,14 @@ def parity_cmd(
             out = remote_eval.cancel(h, cancel)
         print_json(out) if json_out else console.print(
             f"job {cancel} on {host}: {out['state']} (was {out['was']})")
+        return
+    if attach:
+        if not host:
+            raise DflashError("--attach JOB needs --host HOST (host B, where it compares)")
+        run_dir = parity.attach(inv, host, attach, dest=results)
+        result = parity.load(run_dir)
+        print_json({"run_dir": str(run_dir), "result": result}) if json_out else \
+            render(result, run_dir)
         return
     names = [n.strip() for n in (hosts or "").split(",") if n.strip()]
     if len(names) != 2:
@@ -107,8 +119,9 @@ def render(result: dict, run_dir: Path) -> None:
         k = ((result.get("captures") or {}).get(side) or {}).get("kernels") or {}
         console.print(f"  kernels on {side.upper()}: " + ", ".join(
             f"{n} {v.get('version') or 'absent'}" for n, v in k.items()))
-    t = Table(title=f"features per layer ({result.get('samples')} samples, "
-                    f"{(result.get('layers') or [{}])[0].get('tokens', '?')} tokens; A = reference)")
+    tokens = (result.get("layers") or [{}])[0].get("tokens", "?")
+    t = Table(title=f"features per layer ({result.get('samples')} samples, {tokens} tokens; "
+                    "A = reference)")
     for col in parity_view.LAYER_COLUMNS:
         t.add_column(col, justify="right")
     for row in parity_view.layer_rows(result):
