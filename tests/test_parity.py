@@ -104,6 +104,9 @@ def test_bf16_vs_fp32_error_grows_with_depth_and_tau_is_measured(pair):
     for s in d["per_sample"]:
         fd = s["first_diverging_round"]
         assert fd is None or s["rounds_a"][:fd] == s["rounds_b"][:fd]
+    print(f"\nbf16 vs fp32: relL2 p50 by layer {[f'{e:.2e}' for e in rel]}, tau A "
+          f"{d['tau_a']:.4f}, tau B {d['tau_b']:.4f}, delta {d['delta_tau']:+.4f}, "
+          f"diverging {d['samples_diverging']}/{len(d['per_sample'])}")
     png = Path(r["_dir"]) / "parity_layers.png"
     assert png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
 
@@ -151,3 +154,30 @@ def test_cli_parity_results_list_show_and_cuda_error(pair, monkeypatch):
     assert "--device cpu" in msg and "\n" not in msg
     with pytest.raises(DflashError, match="device 'tpu' is not supported"):
         parity.ParityOptions(device_a="tpu")
+
+
+def test_engine_device_option_one_path_and_clear_errors(tmp_path):
+    """`remote-eval --device` reaches the engine's spec through the job; cuda where torch
+    sees no GPU is one line before anything loads; a bad name is refused by form."""
+    import torch
+
+    from remote import device, evaluate, jobs, preflight
+    from remote.errors import UserError
+
+    assert str(device.resolve(None)) == "cpu" and str(device.resolve("cpu")) == "cpu"
+    spec = {"target": "/t", "drafter": "/d", "ground_truth": "/g", "output_dir": "/o",
+            "device": "cuda:1"}
+    (tmp_path / "s.json").write_text(json.dumps(spec))
+    assert evaluate.read_spec(str(tmp_path / "s.json"))["device"] == "cuda:1"
+    (tmp_path / "s.json").write_text(json.dumps(spec | {"device": "gpu0"}))
+    with pytest.raises(UserError, match="device 'gpu0' is not supported; use cpu, cuda"):
+        evaluate.read_spec(str(tmp_path / "s.json"))
+    job = {"target": "/t", "drafter": "/d", "dtype": "float32", "device": "cuda"}
+    assert jobs.build_eval_spec(tmp_path, job, "/g", {})["device"] == "cuda"
+    if not torch.cuda.is_available():
+        for run in (lambda: device.resolve("cuda"),
+                    lambda: preflight.check({"device": "cuda", "target": "/t"})):
+            with pytest.raises(UserError) as exc:
+                run()
+            assert "device cuda asked but torch" in str(exc.value)
+            assert "sees no GPU" in str(exc.value) and "\n" not in str(exc.value)
