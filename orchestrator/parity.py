@@ -75,6 +75,8 @@ class ParityOptions:
             self.device_a, self.device_b = check_name(self.device_a), check_name(self.device_b)
         except UserError as exc:
             raise DflashError(str(exc)) from None
+        self.dtype_a = remote_eval.normalise_dtype(self.dtype_a)
+        self.dtype_b = remote_eval.normalise_dtype(self.dtype_b)
         for name in ("attn_a", "attn_b"):
             v = getattr(self, name)
             if v is not None and v not in ATTN:
