@@ -29,7 +29,7 @@ ResultsDirOption = Annotated[Optional[Path], typer.Option(
 RunsArgument = Annotated[Optional[list[str]], typer.Argument(
     help="Run ids, unique prefixes or folders (default: every run).", show_default=False)]
 # Keys whose numbers are Unix times: shown as dates.
-TIME_KEYS = {"generated", "created", "pulled", "time", "started", "finished"}
+TIME_KEYS = {"generated", "created", "pulled", "time", "started", "finished", "made"}
 
 
 def _root(results_dir: Optional[Path], inventory_path: Optional[Path]) -> Path:
