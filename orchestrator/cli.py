@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "orchestrator.commands.follow",
     "orchestrator.commands.demo",
     "orchestrator.commands.env",
+    "orchestrator.commands.parity",
 )
 
 for _name in COMMAND_MODULES:

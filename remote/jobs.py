@@ -339,11 +339,16 @@ def run(path: Path, preflight: bool = False) -> int:
         if spec is None:
             raise UserError(f"{path}/spec.json is missing or not JSON")
         kind = spec.get("kind", "eval")
-        if kind != "eval":
+        if kind.startswith("parity"):
+            from remote.eval.parity import run_job as run_parity_job
+
+            code = run_parity_job(path, spec, events)
+        elif kind != "eval":
             raise UserError(f"unknown job kind {kind!r}")
-        if preflight:
-            _run_preflight(path, spec)
-        code = run_eval_job(path, spec, events)
+        else:
+            if preflight:
+                _run_preflight(path, spec)
+            code = run_eval_job(path, spec, events)
         finish(
             path,
             events,
@@ -415,6 +420,7 @@ def build_eval_spec(path: Path, spec: dict, gt_path: str, gt_info: dict) -> dict
             output_dir=str(path),
             dtype=spec.get("dtype") or DEFAULT_DTYPE,
             threads=spec.get("threads"),
+            device=spec.get("device") or "cpu",
             **ev,
         ).to_json()
     except (SpecError, TypeError) as exc:

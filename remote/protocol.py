@@ -16,6 +16,7 @@ value the controller accepts is one the host accepts, in the same words.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
@@ -42,6 +43,8 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_DTYPE = "bfloat16"
 DEFAULT_BUDGETS = (8, 16, 32, 64)
 POSITIONS = ("all", "walk")
+# Where the engine computes (remote.eval.device resolves it against what torch sees).
+DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
 class SpecError(ValueError):
@@ -114,6 +117,7 @@ class EvalSpec:
     max_samples: int | None = None
     block_chunk: int | None = None
     positions: str = "all"
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -121,6 +125,8 @@ class EvalSpec:
         set_(self, "budgets", parse_budgets(self.budgets))
         for name in ("threads", "topk", "max_samples", "block_chunk"):
             _positive_or_none(name, getattr(self, name))
+        if not isinstance(self.device, str) or not DEVICE_RE.match(self.device):
+            raise SpecError(f"device {self.device!r} is not supported; use cpu, cuda or cuda:N")
         if self.positions not in POSITIONS:
             raise SpecError(f'positions {self.positions!r} is not supported; use "all" or "walk"')
         for name in ("target", "drafter", "ground_truth", "output_dir"):

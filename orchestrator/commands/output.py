@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -27,6 +28,7 @@ from rich.table import Table
 
 from orchestrator.eval import follow as follow_lib
 from orchestrator.relay import run as relay_lib
+from orchestrator.results import parity_view
 from orchestrator.results import store as res
 
 console = Console(highlight=False)
@@ -441,3 +443,43 @@ def history_table(history: list[dict], title: str = "tau per checkpoint step") -
             _f(h.get("target_agreement")),
         )
     return table
+
+
+def render_parity(result: dict, run_dir: Path) -> None:
+    """The parity table: sides, per-layer errors, top-1 agreement, tau A/B."""
+    console.print(f"A: {parity_view.side_label(result, 'a')}")
+    console.print(f"B: {parity_view.side_label(result, 'b')}")
+    for side in ("a", "b"):
+        k = ((result.get("captures") or {}).get(side) or {}).get("kernels") or {}
+        console.print(
+            f"  kernels on {side.upper()}: "
+            + ", ".join(f"{n} {v.get('version') or 'absent'}" for n, v in k.items())
+        )
+    tokens = (result.get("layers") or [{}])[0].get("tokens", "?")
+    t = Table(
+        title=f"features per layer ({result.get('samples')} samples, {tokens} tokens; "
+        "A = reference)"
+    )
+    for col in parity_view.LAYER_COLUMNS:
+        t.add_column(col, justify="right")
+    for row in parity_view.layer_rows(result):
+        t.add_row(*row)
+    console.print(t)
+    top1 = result.get("top1_agreement") or {}
+    rate = top1.get("rate")
+    console.print(
+        f"top-1 agreement of the logits: {top1.get('match')}/{top1.get('total')}"
+        + (f" ({rate:.2%})" if rate is not None else "")
+    )
+    d = result.get("drafter")
+    if d:
+        console.print(
+            f"drafter {d['path']} (layers {d['target_layer_ids']}):  tau A "
+            f"{d['tau_a']:.4f}  tau B {d['tau_b']:.4f}  delta tau (B - A) "
+            f"{d['delta_tau']:+.4f}  samples diverging {d['samples_diverging']}/"
+            f"{len(d['per_sample'])}"
+        )
+    if result.get("identical"):
+        console.print("[green]identical: the hosts compute the same features bit for bit[/]")
+    pngs = sorted(p.name for p in run_dir.glob("*.png"))
+    console.print(f"results: {run_dir}" + (f"  plot: {', '.join(pngs)}" if pngs else ""))

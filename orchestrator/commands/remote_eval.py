@@ -127,6 +127,10 @@ def remote_eval_cmd(
             "drafters with several layers)."
         ),
     ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help="Where the engine computes on the host: cpu (default), cuda or cuda:N."),
+    ] = None,
     results: Annotated[
         str | None,
         typer.Option("--results-dir", help="Local results folder (default: defaults.results_dir)."),
@@ -184,6 +188,7 @@ def remote_eval_cmd(
         threads=threads,
         budgets=budgets,
         topk=topk,
+        device=device,
         extra={"positions": positions} if positions else {},
     )
     if hosts:

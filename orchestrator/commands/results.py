@@ -11,7 +11,15 @@ import typer
 from rich.table import Table
 
 from orchestrator.commands.common import InventoryOption, JsonOption
-from orchestrator.commands.output import compact, console, fmt, pct, print_json, render_summary
+from orchestrator.commands.output import (
+    compact,
+    console,
+    fmt,
+    pct,
+    print_json,
+    render_parity,
+    render_summary,
+)
 from orchestrator.errors import DflashError
 from orchestrator.eval import run as remote_eval
 from orchestrator.inventory import InventoryError, load_inventory
@@ -76,9 +84,31 @@ def list_cmd(
     show and compare take that id, or a unique prefix of it."""
     root = _root(results_dir, inventory_path)
     runs = res.list_runs(root)
+    from orchestrator.eval import parity
+    from orchestrator.results import parity_view
+
+    parity_runs = parity.list_runs(root)
     if json_out:
-        print_json([res.summary(r) for r in runs])
+        print_json(
+            [res.summary(r) for r in runs]
+            + [parity_view.summary(r, p.name) for p, r in parity_runs]
+        )
         return
+    if parity_runs:
+        t = compact("parity runs")
+        for col in ("run", "A", "B", "worst relL2 p99", "top-1", "delta tau"):
+            t.add_column(col, no_wrap=True)
+        for p, r in parity_runs:
+            s = parity_view.summary(r, p.name)
+            t.add_row(
+                p.name,
+                s["a"],
+                s["b"],
+                fmt(s["worst_rel_l2_p99"]),
+                pct(s["top1_agreement"]),
+                fmt(s["delta_tau"]),
+            )
+        console.print(t)
     if not runs:
         console.print(f"no runs in {root}", soft_wrap=True)
         return
@@ -134,7 +164,19 @@ def show_cmd(
 ) -> None:
     """One run in full: tau, DDTree budgets, histogram, per-position acceptance, target
     agreement, timings, environment."""
-    run = res.load_run(run_id, _root(results_dir, inventory_path))
+    from orchestrator.eval import parity
+
+    root = _root(results_dir, inventory_path)
+    folder = Path(run_id) if (Path(run_id) / "result.json").is_file() else None
+    for p, _r in [] if folder else parity.list_runs(root):
+        if p.name == run_id or (folder is None and p.name.startswith(run_id)):
+            folder = p
+            break
+    if folder is not None and parity.is_parity_run(folder):
+        result = parity.load(folder)
+        print_json(result) if json_out else render_parity(result, folder)
+        return
+    run = res.load_run(run_id, root)
     if json_out:
         print_json(run.result)
         return

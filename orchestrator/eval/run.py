@@ -91,6 +91,7 @@ class EvalOptions:
     budgets: list[int] | None = None  # None: protocol.DEFAULT_BUDGETS
     topk: int | None = None
     stop_after: str | None = None
+    device: str | None = None  # cpu (default) | cuda | cuda:N, checked on the host
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -133,6 +134,14 @@ class EvalOptions:
             raise DflashError(
                 f"--gt-concurrency must be a whole number of at least 1, got {concurrency!r}"
             )
+        if self.device is not None:
+            from remote.errors import UserError
+            from remote.eval.device import check_name
+
+            try:
+                self.device = check_name(self.device)
+            except UserError as exc:
+                raise DflashError(str(exc)) from None
         if not self.ground_truth_timeout > 0:
             raise DflashError(
                 f"the ground-truth timeout must be positive, got {self.ground_truth_timeout!r}"
@@ -290,6 +299,8 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
         "stop_after": options.stop_after,
         "workdir": host.workdir,
     }
+    if options.device:
+        job["device"] = options.device
     if kind != "file":
         job["prompts"] = resolve_prompts(host, spec, options.prompts)
     return job

@@ -188,6 +188,7 @@ def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
     and writes ``result.json`` + ``samples.jsonl`` in ``output_dir``."""
     import torch
 
+    from remote.eval import device as device_mod
     from remote.eval import drafter as drafter_mod
     from remote.eval import target as target_mod
     from remote.eval.metrics import summarize
@@ -203,6 +204,7 @@ def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
         raise UserError(f"drafter path {spec.drafter} does not exist")
 
     # --- checks before any heavy load -----------------------------------------------------
+    device = device_mod.resolve(spec.device)
     _cfg, meta_model, tinfo = target_mod.describe(spec.target)
     dcfg = drafter_mod.read_config(spec.drafter, tinfo.num_layers)
     check_compatible(dcfg, tinfo, fc_width(spec.drafter))
@@ -240,6 +242,7 @@ def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
     t0 = time.perf_counter()
     drafter, report = drafter_mod.load_drafter(spec.drafter, dtype, tinfo.num_layers)
     t_drafter_load = time.perf_counter() - t0
+    device_mod.place(target, drafter, device)
 
     opts = WalkOptions(
         budgets=list(spec.budgets),
@@ -250,7 +253,8 @@ def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
     records, lines = [], []
     t_eval = time.perf_counter()
     for i, row in enumerate(rows, 1):
-        rec = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], opts)
+        with device_mod.default_device(device):
+            rec = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], opts)
         rec = {"id": row["id"], **rec}
         records.append(rec)
         lines.append(json.dumps(rec))
@@ -302,7 +306,10 @@ def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
             "target_layers": tinfo.num_layers,
             "target_layer_types": tinfo.layer_types,
         },
-        "environment": environment(spec.dtype, torch.get_num_threads()),
+        "environment": {
+            **environment(spec.dtype, torch.get_num_threads()),
+            **device_mod.describe(device),
+        },
         "metrics": metrics,
         "timings": {
             "load_target_s": t_target_load,

@@ -102,6 +102,10 @@ def check(spec: dict) -> dict:
             not isinstance(value, int) or isinstance(value, bool) or value < 1
         ):
             raise UserError(f"{key} must be a whole number of at least 1, got {value!r}")
+    if spec.get("device") not in (None, "cpu"):  # a GPU asked of a host without one: now
+        from remote.eval.device import resolve
+
+        report["device"] = str(resolve(spec["device"]))
     dtype = spec.get("dtype") or DEFAULT_DTYPE
     if dtype not in DTYPE_BYTES:
         raise UserError(f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_BYTES)})")

@@ -71,7 +71,20 @@ class Target:
         of the named decoder layers concatenated in order, greedy argmax [T - argmax_from] of
         the head at positions ``argmax_from..T-1``). The head runs in chunks of positions so a
         large vocabulary never materialises [T, vocab] logits."""
-        ids_t = torch.as_tensor(ids, dtype=torch.long)[None]
+        feats, last = self.hidden(ids, layer_ids)
+        arg = []
+        for a in range(argmax_from, last.shape[0], chunk):
+            arg.append(torch.argmax(self.head(last[a : a + chunk]).float(), dim=-1))
+        greedy = torch.cat(arg) if arg else torch.zeros(0, dtype=torch.long)
+        return feats, greedy
+
+    @torch.inference_mode()
+    def hidden(
+        self, ids: list[int] | torch.Tensor, layer_ids: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The backbone's pass of `forward`: (features [T, len(layer_ids)*hidden], the final
+        (normed) hidden state [T, hidden] that the head reads)."""
+        ids_t = torch.as_tensor(ids, dtype=torch.long, device=self.embed.device)[None]
         keep: dict[int, torch.Tensor] = {}
         hooks = []
         for i in sorted(set(layer_ids)):
@@ -93,11 +106,7 @@ class Target:
         last = out.last_hidden_state[0]
         feats = torch.cat([keep[i] for i in layer_ids], dim=-1)
         keep.clear()  # the layer outputs are in feats now; free them early
-        arg = []
-        for a in range(argmax_from, last.shape[0], chunk):
-            arg.append(torch.argmax(self.head(last[a : a + chunk]).float(), dim=-1))
-        greedy = torch.cat(arg) if arg else torch.zeros(0, dtype=torch.long)
-        return feats, greedy
+        return feats, last
 
 
 def describe(path: str, dtype: torch.dtype | None = None) -> tuple[Any, nn.Module, TextLayout]:

@@ -151,15 +151,27 @@ def ddtree_rounds(
 
 @torch.inference_mode()
 def eval_sequence(
-    target, drafter, prompt: list[int], completion: list[int], opts: WalkOptions
+    target,
+    drafter,
+    prompt: list[int],
+    completion: list[int],
+    opts: WalkOptions,
+    given: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict:
     """Evaluate one sample; returns its record (rounds, per-position counts, DDTree rounds,
-    agreement, timings). See the module docstring for the procedure."""
+    agreement, timings). See the module docstring for the procedure.
+
+    ``given``: (features [T, len(target_layer_ids)*hidden], greedy argmax from position
+    P-1) computed elsewhere (another host's target, `remote.eval.parity`) instead of step 1's
+    forward; the target then lends only its embedding and head."""
     t0 = time.perf_counter()
     g = list(prompt) + list(completion)
     P, L, B = len(prompt), len(g) - 1, drafter.block_size
     gt = torch.tensor(g, dtype=torch.long)
-    feats, greedy = target.forward(g, drafter.cfg.target_layer_ids, argmax_from=P - 1)
+    if given is None:
+        feats, greedy = target.forward(g, drafter.cfg.target_layer_ids, argmax_from=P - 1)
+    else:
+        feats, greedy = given
     t_target = time.perf_counter() - t0
 
     # Agreement: target argmax at t predicts g[t+1], for every completion token.

@@ -1,0 +1,170 @@
+"""`dflash parity`: compare two hosts' target features and the tau they give a drafter."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from orchestrator.commands.common import InventoryOption, JsonOption, inventory
+from orchestrator.commands.output import console, err_console, print_json, render_parity
+from orchestrator.errors import DflashError
+from orchestrator.eval import parity
+from orchestrator.eval import run as remote_eval
+from orchestrator.results import parity_view
+from orchestrator.transport.hosts import open_host
+
+
+def parity_cmd(
+    hosts: Annotated[
+        str | None,
+        typer.Option(
+            "--hosts",
+            help="A,B: A is the reference (e.g. the trainer), B compares (e.g. the "
+            "eval host, where the drafter lies).",
+        ),
+    ] = None,
+    model_a: Annotated[
+        str | None, typer.Option(help="Target folder on A (default: A's roles.eval.target_model).")
+    ] = None,
+    model_b: Annotated[
+        str | None, typer.Option(help="Target folder on B (default: B's roles.eval.target_model).")
+    ] = None,
+    prompts: Annotated[
+        str | None,
+        typer.Option(
+            help="Built-in set (math, code, chat), a local JSONL file, or host:/path on B."
+        ),
+    ] = None,
+    samples: Annotated[int | None, typer.Option(min=1, help="Prompts to use.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the prompt choice.")] = 0,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Ground-truth completion length.")
+    ] = None,
+    ground_truth: Annotated[
+        str | None,
+        typer.Option(help="Ground-truth server URL as seen from B, or a file on B (default: B's)."),
+    ] = None,
+    ground_truth_kind: Annotated[
+        str | None, typer.Option(help="sglang | openai | openai-text | file | local.")
+    ] = None,
+    drafter: Annotated[
+        str | None,
+        typer.Option(
+            "--drafter",
+            help="Drafter checkpoint on B (a name under its drafters folder, or a "
+            "path): adds tau on A's and on B's features.",
+        ),
+    ] = None,
+    layers: Annotated[
+        str | None,
+        typer.Option(
+            help="Target layers to compare, e.g. 0-5 or 1,3 (default: the drafter's target "
+            "layers; all layers without a drafter)."
+        ),
+    ] = None,
+    dtype_a: Annotated[str | None, typer.Option(help="bf16 | fp32 on A.")] = None,
+    dtype_b: Annotated[str | None, typer.Option(help="bf16 | fp32 on B.")] = None,
+    device_a: Annotated[str, typer.Option(help="cpu | cuda | cuda:N on A.")] = "cpu",
+    device_b: Annotated[str, typer.Option(help="cpu | cuda | cuda:N on B.")] = "cpu",
+    attn_a: Annotated[
+        str | None,
+        typer.Option(help="Attention implementation on A: sdpa | eager (default: transformers')."),
+    ] = None,
+    attn_b: Annotated[str | None, typer.Option(help="Same, on B.")] = None,
+    topk: Annotated[int, typer.Option(min=1, help="Logits' top-k kept per token.")] = 8,
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads per host.")] = None,
+    cancel: Annotated[
+        str | None, typer.Option("--cancel", metavar="JOB", help="Stop parity job JOB on --host.")
+    ] = None,
+    attach: Annotated[
+        str | None,
+        typer.Option(
+            "--attach",
+            metavar="JOB",
+            help="Resume watching compare job JOB on --host, then pull its result.",
+        ),
+    ] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Host of --cancel / --attach.")] = None,
+    results: Annotated[
+        str | None,
+        typer.Option("--results-dir", help="Local results folder (default: defaults.results_dir)."),
+    ] = None,
+    inventory_path: InventoryOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Is my tau real? Compare the target features two hosts compute over the same tokens
+    (per layer: cosine, relative L2, max abs error) and, with --drafter, the tau each host's
+    features give the drafter."""
+    inv = inventory(inventory_path)
+    if cancel:
+        if not host:
+            raise DflashError("--cancel JOB needs --host HOST (the host the job runs on)")
+        with open_host(inv.host(host), inv) as h:
+            out = remote_eval.cancel(h, cancel)
+        print_json(out) if json_out else console.print(
+            f"job {cancel} on {host}: {out['state']} (was {out['was']})"
+        )
+        return
+    if attach:
+        if not host:
+            raise DflashError("--attach JOB needs --host HOST (host B, where it compares)")
+        run_dir = parity.attach(inv, host, attach, dest=results)
+        result = parity.load(run_dir)
+        print_json({"run_dir": str(run_dir), "result": result}) if json_out else render_parity(
+            result, run_dir
+        )
+        return
+    names = [n.strip() for n in (hosts or "").split(",") if n.strip()]
+    if len(names) != 2:
+        raise DflashError("--hosts needs exactly two hosts, A,B (A the reference, B compares)")
+    opts = parity.ParityOptions(
+        model_a=model_a,
+        model_b=model_b,
+        prompts=prompts,
+        samples=samples,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        ground_truth=ground_truth,
+        ground_truth_kind=ground_truth_kind,
+        drafter=drafter,
+        layers=parity.parse_layers(layers),
+        dtype_a=dtype_a,
+        dtype_b=dtype_b,
+        device_a=device_a,
+        device_b=device_b,
+        attn_a=attn_a,
+        attn_b=attn_b,
+        topk=topk,
+        threads=threads,
+    )
+
+    def started(stage: str, ref: remote_eval.JobRef) -> None:
+        if not json_out:
+            err_console.print(f"{stage}: job {ref.job_id} on {ref.host}")
+
+    def progress(stage: str, ev: dict) -> None:
+        if not json_out and ev.get("event") == "sample":
+            err_console.print(f"  {stage}: {ev.get('done')}/{ev.get('total')}", end="\r")
+        elif not json_out and ev.get("event") == "warning":
+            err_console.print(f"[yellow]warning ({stage}):[/] {ev.get('message')}")
+
+    run_dir = parity.run_parity(
+        inv, names[0], names[1], opts, on_event=progress, dest=results, on_start=started
+    )
+    result = parity.load(run_dir)
+    if json_out:
+        print_json(
+            {
+                "run_dir": str(run_dir),
+                "run_id": run_dir.name,
+                "summary": parity_view.summary(result, run_dir.name),
+                "result": result,
+            }
+        )
+        return
+    render_parity(result, run_dir)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("parity")(parity_cmd)

@@ -1,0 +1,432 @@
+"""``dflash parity``: do two hosts compute the same target features, and what does the
+difference cost in tau?
+
+    run_parity(inventory, "trainer", "evalhost", ParityOptions(drafter="step_800"))
+
+1. Host B (the comparing host, usually the eval host) runs a ``parity-capture`` job: the
+   eval's ground truth (its cache, or made once), then one forward of its target over
+   prompt + completion ids, keeping the chosen layers' raw outputs and the logits' top-k.
+2. That ground-truth file goes to host A (through this machine), whose own capture job runs
+   over the very same ids.
+3. A's capture files stream to B through this machine on the relay's verified data path
+   (``relay-send`` on A, ``relay-recv`` on B, sha256 on both ends compared here): the
+   hosts never need to reach each other.
+4. B runs a ``parity-compare`` job (`remote.eval.parity`) and the result is pulled into
+   ``<results_dir>/<job-id>/`` like an eval's, with a PNG of error per layer.
+
+Every job is a detached `remote.jobs` job: ``dflash jobs`` lists them, ``--cancel`` stops
+them, a dropped connection leaves them running.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.errors import DflashError
+from orchestrator.eval import run as remote_eval
+from orchestrator.inventory import HostSpec, Inventory
+from orchestrator.relay.run import RELAY_PYTHON_FLAGS
+from orchestrator.relay.stream import Stream, describe_failure, file_lines, pump, send_request
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import Host, open_host
+from remote.errors import UserError
+from remote.eval.device import check_name
+from remote.relay.host import write_all
+
+SCHEMA = "dflash.parity/1"
+INBOX = ".partial-parity-a"  # relay-recv writes only under a partial folder
+ATTN = ("sdpa", "eager")
+
+EventHandler = Callable[[str, dict], None]  # (stage, event)
+
+
+@dataclass
+class ParityOptions:
+    """What to compare. ``model_a``/``model_b``: target folders on each host (default: the
+    host's ``roles.eval.target_model``); ``layers``: None = the drafter's target layers
+    (all layers without a drafter); ``attn_*``: the attention implementation (sdpa, eager;
+    None = transformers' default)."""
+
+    model_a: str | None = None
+    model_b: str | None = None
+    prompts: str | None = None
+    samples: int | None = None
+    seed: int = 0
+    max_new_tokens: int | None = None
+    ground_truth: str | None = None
+    ground_truth_kind: str | None = None
+    drafter: str | None = None
+    layers: list[int] | None = None
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    device_a: str = "cpu"
+    device_b: str = "cpu"
+    attn_a: str | None = None
+    attn_b: str | None = None
+    topk: int = 8
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            self.device_a, self.device_b = check_name(self.device_a), check_name(self.device_b)
+        except UserError as exc:
+            raise DflashError(str(exc)) from None
+        self.dtype_a = remote_eval.normalise_dtype(self.dtype_a)
+        self.dtype_b = remote_eval.normalise_dtype(self.dtype_b)
+        for name in ("attn_a", "attn_b"):
+            v = getattr(self, name)
+            if v is not None and v not in ATTN:
+                raise DflashError(f"--{name.replace('_', '-')} must be sdpa or eager, got {v!r}")
+        if self.layers is not None and (
+            not self.layers or any(not isinstance(i, int) or i < 0 for i in self.layers)
+        ):
+            raise DflashError(f"--layers must be layer numbers from 0, got {self.layers!r}")
+        if self.topk < 1:
+            raise DflashError(f"--topk must be at least 1, got {self.topk}")
+        # EvalOptions checks samples, prompts, ground truth the one way eval does
+        self.eval_options()
+
+    def eval_options(self) -> remote_eval.EvalOptions:
+        return remote_eval.EvalOptions(
+            prompts=self.prompts,
+            samples=self.samples,
+            seed=self.seed,
+            max_new_tokens=self.max_new_tokens,
+            ground_truth=self.ground_truth,
+            ground_truth_kind=self.ground_truth_kind,
+            threads=self.threads,
+        )
+
+
+def parse_layers(text: str | None) -> list[int] | None:
+    """``"0,2,5"`` or ``"0-5"`` (or a mix) as a list; None stays None."""
+    if not text:
+        return None
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                out += list(range(int(lo), int(hi) + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise DflashError(f"--layers expects numbers like 0,2,5 or 0-5, got {text!r}") from None
+    return out
+
+
+def _capture_spec(
+    host: Host, spec: HostSpec, opts: ParityOptions, side: str, drafter: str | None
+) -> dict:
+    """A ``parity-capture`` job spec; ground truth resolved as eval resolves it."""
+    model = opts.model_a if side == "a" else opts.model_b
+    role = spec.eval
+    if not (model or (role and role.target_model)):
+        raise DflashError(
+            f"no target model for host {spec.name}: set roles.eval.target_model "
+            f"in the inventory or pass --model-{side}"
+        )
+    eo = opts.eval_options()
+    eo.target = model
+    eo.dtype = remote_eval.normalise_dtype(opts.dtype_a if side == "a" else opts.dtype_b)
+    # build_spec resolves ground truth, prompts, sampling and dtype exactly as an eval
+    # does; the drafter slot is not used by a capture (an absolute placeholder).
+    job = remote_eval.build_spec(host, spec, "/parity", eo)
+    job.update(
+        kind="parity-capture",
+        checkpoint=f"parity-{side}",
+        drafter=drafter,
+        layers=opts.layers,
+        topk=opts.topk,
+        device=opts.device_a if side == "a" else opts.device_b,
+        attn=opts.attn_a if side == "a" else opts.attn_b,
+    )
+    return job
+
+
+def _run_job(
+    host: Host,
+    job: dict,
+    stage: str,
+    on_event: EventHandler | None,
+    on_start: Callable[[str, remote_eval.JobRef], None] | None,
+) -> dict:
+    """Start a job, watch it to its end; its status (raises one line unless done)."""
+    ref = remote_eval.start_job(host, job, remote_eval.new_job_id(job["checkpoint"]))
+    if on_start:
+        on_start(stage, ref)
+    end = remote_eval.watch(
+        host, ref.job_id, (lambda ev: on_event(stage, ev)) if on_event else None
+    )
+    if end["state"] != "done":
+        err = (end.get("exit") or {}).get("error")
+        raise remote_eval.JobError(
+            f"{stage} job {ref.job_id} on {host.name} {end['state']}{': ' + err if err else ''}"
+        )
+    return remote_eval.job_status(host, ref.job_id)
+
+
+def _result(host: Host, job_dir: str) -> dict:
+    try:
+        out = json.loads(host.get_bytes(f"{job_dir}/result.json"))
+    except ValueError:
+        raise DflashError(f"{host.name}: {job_dir}/result.json is not JSON") from None
+    if not isinstance(out, dict):
+        raise DflashError(f"{host.name}: {job_dir}/result.json is not a JSON object")
+    return out
+
+
+def copy_ground_truth(b: Host, b_dir: str, a: Host) -> str:
+    """B's ground-truth selection, put on A (content-addressed); returns A's path."""
+    import hashlib
+
+    info = json.loads(b.get_bytes(f"{b_dir}/ground_truth.json"))
+    data = b.get_bytes(info["file"])
+    path = f"{a.workdir}/parity/{hashlib.sha256(data).hexdigest()[:16]}-ground_truth.jsonl"
+    if not a.exists(path):
+        a.put_bytes(data, path)
+    return path
+
+
+def capture_files(capture: dict, host: str) -> list[str]:
+    """The files a capture's result.json names, checked: relative, inside its folder."""
+    files = capture.get("files")
+    if not isinstance(files, list) or not files:
+        raise DflashError(f"{host}: the capture lists no files")
+    for f in files:
+        if (
+            not isinstance(f, str)
+            or f.startswith("/")
+            or ".." in f.split("/")
+            or not f.startswith("capture/")
+        ):
+            raise DflashError(f"{host}: the capture names a file outside its folder: {f!r}")
+    return ["result.json", *files]
+
+
+def stream_folder(
+    inventory: Inventory,
+    src: Host,
+    src_dir: str,
+    files: list[str],
+    dest: Host,
+    dest_root: str,
+    dest_rel: str,
+) -> dict[str, str]:
+    """Stream ``src_dir/<file>`` for each of `files` to ``dest_root/dest_rel/<file>`` on the
+    relay's data path (one ``relay-send`` on `src`, one ``relay-recv`` on `dest`, bytes
+    pumped through this machine, never touching its disk). Each file's sha256 is computed
+    on both hosts and compared here; returns file -> sha256, or raises one line."""
+
+    def start(host: Host, argv: list[str]) -> Stream:
+        line = bundle.remote_command(host, argv, python_flags=RELAY_PYTHON_FLAGS)
+        return Stream(host, line, inventory, stdin=True, stdout=True)
+
+    s = start(src, ["relay-send"])
+    d = start(dest, ["relay-recv", "--", dest_root])
+    try:
+        try:
+            write_all(
+                s.stdin_fd,
+                json.dumps([{"path": f"{src_dir}/{f}", "offset": 0} for f in files]).encode(),
+            )
+        except OSError:
+            pass  # the source is gone: its exit status says why
+        s.close_stdin()
+        send_request(d, [{"path": f"{dest_rel}/{f}", "offset": 0} for f in files])
+        pump(s, [d], [[0] for _ in files])
+    except BaseException:
+        s.kill()
+        d.kill()
+        raise
+    scode, _, serr = s.finish()
+    dcode, out, derr = d.finish()
+    if scode != 0:
+        raise DflashError(describe_failure(src, scode, serr))
+    if dcode != 0:
+        raise DflashError(describe_failure(dest, dcode, derr))
+    sent, got = file_lines(serr), file_lines(out.decode(errors="replace"))
+    sums = {}
+    for i, f in enumerate(files):
+        a, b = sent.get(i), got.get(i)
+        if not a or not b or a.get("sha256") != b.get("sha256") or a.get("size") != b.get("size"):
+            raise DflashError(
+                f"{f}: sha256 or size differs between {src.name} and {dest.name}"
+                " after streaming; run parity again"
+            )
+        sums[f] = b["sha256"]
+    return sums
+
+
+def run_parity(
+    inventory: Inventory,
+    host_a: str,
+    host_b: str,
+    options: ParityOptions | None = None,
+    *,
+    on_event: EventHandler | None = None,
+    dest: str | Path | None = None,
+    on_start: Callable[[str, remote_eval.JobRef], None] | None = None,
+) -> Path:
+    """Capture on B, then on A over B's ids, stream A's capture to B, compare on B, pull.
+    Returns the local run folder (``result.json`` schema ``dflash.parity/1``)."""
+    opts = options or ParityOptions()
+    if host_a == host_b:
+        raise DflashError("parity compares two hosts; name two different ones")
+    spec_a, spec_b = inventory.host(host_a), inventory.host(host_b)
+    with open_host(spec_a, inventory) as a, open_host(spec_b, inventory) as b:
+        bundle.ensure(a)
+        bundle.ensure(b)
+        drafter = remote_eval.resolve_checkpoint(b, spec_b, opts.drafter) if opts.drafter else None
+        if drafter and not b.exists(drafter):
+            raise DflashError(f"drafter {drafter} does not exist on {host_b}")
+        job_b = _capture_spec(b, spec_b, opts, "b", drafter)
+        # A captures the layers B chose (the drafter lives on B)
+        st_b = _run_job(b, job_b, f"capture {host_b}", on_event, on_start)
+        cap_b = _result(b, st_b["dir"])
+        job_a = _capture_spec(
+            a, spec_a, ParityOptions(**{**opts.__dict__, "layers": cap_b["layers"]}), "a", None
+        )
+        job_a["ground_truth"] = {"kind": "file", "path": copy_ground_truth(b, st_b["dir"], a)}
+        job_a["samples"] = None
+        job_a.pop("prompts", None)
+        st_a = _run_job(a, job_a, f"capture {host_a}", on_event, on_start)
+        cap_a = _result(a, st_a["dir"])
+        if on_event:
+            on_event(
+                "stream",
+                {"event": "phase", "phase": "stream", "files": len(cap_a.get("files") or [])},
+            )
+        t0 = time.time()
+        sums = stream_folder(
+            inventory, a, st_a["dir"], capture_files(cap_a, host_a), b, st_b["dir"], INBOX
+        )
+        stream_s = time.time() - t0
+        compare = {
+            "kind": "parity-compare",
+            "created": time.time(),
+            "host": host_b,
+            "checkpoint": "parity",
+            "workdir": b.workdir,
+            "capture_a": f"{st_b['dir']}/{INBOX}",
+            "capture_b": st_b["dir"],
+            "drafter": drafter,
+            "target": job_b["target"],
+            "dtype": job_b["dtype"],
+            "device": opts.device_b,
+            "host_a": host_a,
+            "jobs": {"a": st_a["job_id"], "b": st_b["job_id"]},
+        }
+        st_c = _run_job(b, compare, f"compare on {host_b}", on_event, on_start)
+        run_dir = remote_eval.pull_results(
+            b, st_c["job_id"], remote_eval.results_dir(inventory, dest)
+        )
+    annotate(run_dir, host_a, host_b, opts, sums, stream_s)
+    return finish_local(run_dir)
+
+
+def attach(
+    inventory: Inventory,
+    host_name: str,
+    job_id: str,
+    *,
+    on_event: EventHandler | None = None,
+    dest: str | Path | None = None,
+) -> Path:
+    """Watch a parity compare job (after a dropped connection) to its end and pull its
+    result; a capture job cannot be resumed on its own (its partner host's part would be
+    missing): run parity again, B's ground truth comes from its cache."""
+    with open_host(inventory.host(host_name), inventory) as host:
+        status = remote_eval.job_status(host, job_id)
+        if status.get("kind") != "parity-compare":
+            raise DflashError(
+                f"job {job_id} on {host_name} is a {status.get('kind') or 'eval'}"
+                " job, not a parity compare; run dflash parity again"
+            )
+        if status["state"] not in ("done", "failed", "cancelled", "lost"):
+            status = remote_eval.watch(
+                host, job_id, (lambda ev: on_event("compare", ev)) if on_event else None
+            )
+        if status["state"] != "done":
+            err = (status.get("exit") or {}).get("error")
+            raise remote_eval.JobError(
+                f"job {job_id} on {host_name} {status['state']}{': ' + err if err else ''}"
+            )
+        run_dir = remote_eval.pull_results(host, job_id, remote_eval.results_dir(inventory, dest))
+    return finish_local(run_dir)
+
+
+def annotate(
+    run_dir: Path,
+    host_a: str,
+    host_b: str,
+    opts: ParityOptions,
+    sums: dict[str, str],
+    stream_s: float,
+) -> None:
+    """Name the hosts (as the inventory calls them) and how A's capture travelled."""
+    path = run_dir / "result.json"
+    result = json.loads(path.read_text())
+    result["hosts"] = {"a": host_a, "b": host_b}
+    result["options"] = {k: v for k, v in opts.__dict__.items()}
+    result["transfer"] = {
+        "path": f"{host_a} -> workstation -> {host_b} (relay-send/recv)",
+        "files": len(sums),
+        "sha256_verified": True,
+        "seconds": round(stream_s, 3),
+    }
+    result["created"] = time.time()
+    tmp = path.with_name(".result.json.tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(path)
+
+
+def finish_local(run_dir: Path) -> Path:
+    """Draw the error-per-layer PNG beside the JSON (best effort, like eval's plots)."""
+    try:
+        from orchestrator.results import parity_view
+
+        parity_view.plot_layers(load(run_dir), run_dir / "parity_layers.png")
+    except Exception as exc:  # the JSON is the result
+        (run_dir / "plots-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+    return run_dir
+
+
+def load(path: str | Path) -> dict:
+    """A parity run's result.json, or one line when it is not one."""
+    path = Path(path)
+    try:
+        result = json.loads((path / "result.json").read_text())
+    except (OSError, ValueError):
+        raise DflashError(f"no readable result.json in {path}") from None
+    if not str(result.get("schema", "")).startswith("dflash.parity/"):
+        raise DflashError(f"{path} is not a parity run")
+    return result
+
+
+def is_parity_run(path: Path) -> bool:
+    try:
+        load(path)
+        return True
+    except DflashError:
+        return False
+
+
+def list_runs(root: str | Path) -> list[tuple[Path, dict]]:
+    """Parity runs under `root`, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        if not p.name.startswith(".") and (p / "result.json").is_file():
+            try:
+                out.append((p, load(p)))
+            except DflashError:
+                continue
+    return sorted(out, key=lambda pr: (pr[1].get("created") or 0, pr[0].name))

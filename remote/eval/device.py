@@ -1,0 +1,86 @@
+"""Where the remote engine computes: ``cpu`` (the default) or ``cuda[:i]`` where torch sees
+a GPU. One resolution for every engine entry point (``eval`` and ``parity``), so a device
+name means the same thing, and fails the same way, everywhere.
+
+The engine loads weights on the CPU (the model reader materialises them there), moves the
+target and drafter to the device, then makes the device torch's default for the rest of
+the run, so every index and mask the walk builds lands beside the weights without a
+device argument threaded through each call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from remote.errors import UserError
+from remote.protocol import DEVICE_RE
+
+
+def check_name(name: str | None) -> str:
+    """The device name, validated by form only (no torch import): ``cpu``, ``cuda``,
+    ``cuda:N``; None is ``cpu``."""
+    name = (name or "cpu").strip().lower()
+    if not DEVICE_RE.match(name):
+        raise UserError(f"device {name!r} is not supported; use cpu, cuda or cuda:N")
+    return name
+
+
+def resolve(name: str | None):
+    """The `torch.device` for `name`; one clear line when cuda is asked and torch sees no
+    GPU (a CPU-only torch build, no driver, or an index past the last GPU)."""
+    import torch
+
+    name = check_name(name)
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        build = torch.version.cuda or "none (a CPU-only build)"
+        raise UserError(
+            f"device {name} asked but torch {torch.__version__} sees no GPU on "
+            f"this host (CUDA build: {build}); use --device cpu"
+        )
+    index = int(name.split(":")[1]) if ":" in name else 0
+    if index >= torch.cuda.device_count():
+        raise UserError(
+            f"device {name} asked but torch sees {torch.cuda.device_count()} "
+            f"GPU(s) on this host (cuda:0..cuda:{torch.cuda.device_count() - 1})"
+        )
+    return torch.device("cuda", index)
+
+
+def describe(device) -> dict:
+    """What the result records about the device: its name and, for a GPU, the card."""
+    import torch
+
+    out = {"device": str(device)}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
+
+
+@contextlib.contextmanager
+def default_device(device) -> Iterator[None]:
+    """Make `device` torch's default for the block (nothing changes for the CPU)."""
+    import torch
+
+    if device.type == "cpu":
+        yield
+        return
+    before = torch.get_default_device()
+    torch.set_default_device(device)
+    try:
+        yield
+    finally:
+        torch.set_default_device(before)
+
+
+def place(target, drafter, device) -> None:
+    """Move the target's text part (backbone, embedding, head: the only materialised
+    modules) and the drafter (if any) to `device`."""
+    if device.type == "cpu":
+        return
+    for module in (target.backbone, target.embedding, target.head):
+        module.to(device)
+    if drafter is not None:
+        drafter.to(device)
