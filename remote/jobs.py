@@ -442,7 +442,10 @@ def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
     inputs.setdefault("ground_truth_source", gt_info)
     inputs.setdefault(
         "eval_engine",
-        {"name": "dflash offline walk (remote.evaluate)", "bundle": Path(self_command()[-1]).name},
+        {
+            "name": "dflash offline walk (remote.eval.engine)",
+            "bundle": Path(self_command()[-1]).name,
+        },
     )
     inputs.setdefault("checkpoint", spec.get("checkpoint"))
     inputs.setdefault("prompts", spec.get("prompts"))

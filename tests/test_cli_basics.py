@@ -90,7 +90,7 @@ def test_controller_runs_without_matplotlib_and_torch():
     are skipped with one line."""
     code = (
         "import sys\nsys.modules['matplotlib'] = None\nsys.modules['torch'] = None\n"
-        "from orchestrator import plots\n"
+        "from orchestrator.results import plots\n"
         "assert plots._pyplot() is None and plots._pyplot() is None\n"
         "sys.argv = ['dflash', 'hosts', '-i', sys.argv[1], '--json']\n"
         "from orchestrator.cli import main\nmain()\n"

@@ -265,7 +265,7 @@ def test_every_result_records_the_drafter_sha256_step_and_training_run(followed)
     assert sorted(listed) == sorted(followed.run_ids())
     for h in followed.history:
         s = listed[h["run_id"]]
-        assert s["engine"] == "dflash offline walk (remote.evaluate)"
+        assert s["engine"] == "dflash offline walk (remote.eval.engine)"
         assert s["step"] == h["step"]
         assert s["drafter_sha256"] == listing_sha256(followed.ckpts / h["checkpoint"])
         assert (s["trainer"], s["checkpoints_folder"], s["training_run"]) == (
