@@ -222,7 +222,7 @@ def test_engine_device_option_one_path_and_clear_errors(tmp_path):
         "device": "cuda:1",
     }
     (tmp_path / "s.json").write_text(json.dumps(spec))
-    assert evaluate.read_spec(str(tmp_path / "s.json"))["device"] == "cuda:1"
+    assert evaluate.read_spec(str(tmp_path / "s.json")).device == "cuda:1"
     (tmp_path / "s.json").write_text(json.dumps(spec | {"device": "gpu0"}))
     with pytest.raises(UserError, match="device 'gpu0' is not supported; use cpu, cuda"):
         evaluate.read_spec(str(tmp_path / "s.json"))

@@ -16,6 +16,7 @@ from orchestrator.transport.hosts import open_host
 
 
 def parity_cmd(
+    ctx: typer.Context,
     hosts: Annotated[
         str | None,
         typer.Option(
@@ -96,7 +97,7 @@ def parity_cmd(
     """Is my tau real? Compare the target features two hosts compute over the same tokens
     (per layer: cosine, relative L2, max abs error) and, with --drafter, the tau each host's
     features give the drafter."""
-    inv = inventory(inventory_path)
+    inv = inventory(ctx, inventory_path)
     if cancel:
         if not host:
             raise DflashError("--cancel JOB needs --host HOST (the host the job runs on)")

@@ -35,6 +35,7 @@ from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
 from remote.errors import UserError
 from remote.eval.device import check_name
+from remote.protocol import SpecError, parse_dtype
 from remote.relay.host import write_all
 
 SCHEMA = "dflash.parity/1"
@@ -75,8 +76,10 @@ class ParityOptions:
             self.device_a, self.device_b = check_name(self.device_a), check_name(self.device_b)
         except UserError as exc:
             raise DflashError(str(exc)) from None
-        self.dtype_a = remote_eval.normalise_dtype(self.dtype_a)
-        self.dtype_b = remote_eval.normalise_dtype(self.dtype_b)
+        try:
+            self.dtype_a, self.dtype_b = parse_dtype(self.dtype_a), parse_dtype(self.dtype_b)
+        except SpecError as exc:
+            raise DflashError(str(exc)) from None
         for name in ("attn_a", "attn_b"):
             v = getattr(self, name)
             if v is not None and v not in ATTN:
@@ -133,7 +136,7 @@ def _capture_spec(
         )
     eo = opts.eval_options()
     eo.target = model
-    eo.dtype = remote_eval.normalise_dtype(opts.dtype_a if side == "a" else opts.dtype_b)
+    eo.dtype = opts.dtype_a if side == "a" else opts.dtype_b  # normalised already
     # build_spec resolves ground truth, prompts, sampling and dtype exactly as an eval
     # does; the drafter slot is not used by a capture (an absolute placeholder).
     job = remote_eval.build_spec(host, spec, "/parity", eo)
