@@ -32,6 +32,7 @@ from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, HostError, Result, last_line, open_host
+from remote.eval.groundtruth import DEFAULT_CONCURRENCY as GT_CONCURRENCY
 from remote.eval.groundtruth import KINDS as GT_KINDS
 from remote.protocol import (
     DEFAULT_BUDGETS,
@@ -269,7 +270,8 @@ def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions
         "kind": kind,
         "timeout": options.ground_truth_timeout,
         "concurrency": _given(
-            options.ground_truth_concurrency, role.ground_truth_concurrency if role else 16
+            options.ground_truth_concurrency,
+            role.ground_truth_concurrency if role else GT_CONCURRENCY,
         ),
         "model": options.ground_truth_model or (role.ground_truth_model if role else None),
     }
