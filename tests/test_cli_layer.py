@@ -53,8 +53,9 @@ def _command_modules() -> list[Path]:
 
 
 def test_commands_do_not_import_each_other_or_branch_on_json():
-    """No command module imports another one (only `common` and `output` are shared), and
-    none decides between JSON and tables itself: ``json_out`` only travels to `output`."""
+    """No command module imports another one (only `common` and `output` are shared), what
+    they take from `output` exists, and none decides between JSON and tables itself:
+    ``json_out`` only travels to `output`."""
     names = {p.stem for p in _command_modules()} - {"common"}
     assert {"relay", "results", "remote_eval", "hosts"} <= names  # the glob found them
     for path in _command_modules():
@@ -66,6 +67,12 @@ def test_commands_do_not_import_each_other_or_branch_on_json():
                     assert parts[2] in ("common", "output"), f"{path.name} imports {node.module}"
                 if node.module == "orchestrator.commands":
                     assert {a.name for a in node.names} <= {"output", "common"}, path.name
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "output"
+            ):  # every renderer a command names is there
+                assert hasattr(output, node.attr), f"{path.name}:{node.lineno} output.{node.attr}"
             if isinstance(node, (ast.If, ast.IfExp)):
                 names_in_test = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
                 assert "json_out" not in names_in_test, f"{path.name}:{node.lineno}"

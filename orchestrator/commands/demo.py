@@ -32,11 +32,8 @@ def demo_cmd(
     probe-structure and remote-eval each checkpoint; print tau per step and the plot."""
     from orchestrator.demo.run import DemoOptions, DemoResult, run_demo
 
-    events = output.RichEvents(enabled=not json_out)
-    try:
+    with output.RichEvents(enabled=not json_out) as events:
         result = run_demo(DemoOptions(fresh=fresh, keep_dir=keep_dir), events)
-    finally:
-        events.close()
     output.emit(result, json_out, human=output.render_demo, as_json=DemoResult.to_json)
 
 

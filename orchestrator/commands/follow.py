@@ -126,16 +126,12 @@ def follow_cmd(
             budgets=budgets,
         ),
     )
-    events = output.RichEvents(enabled=not json_out)
-    try:
-        # A polite stop (kill, systemd) behaves like Ctrl-C: the running job is cancelled.
-        with sigterm_as_interrupt():
-            if once:
-                follow_lib.follow_pass(inv, src, dst, options, events)
-            else:
-                follow_lib.follow(inv, src, dst, options, events)
-    finally:
-        events.close()
+    # A polite stop (kill, systemd) behaves like Ctrl-C: the running job is cancelled.
+    with output.RichEvents(enabled=not json_out) as events, sigterm_as_interrupt():
+        if once:
+            follow_lib.follow_pass(inv, src, dst, options, events)
+        else:
+            follow_lib.follow(inv, src, dst, options, events)
     folder = follow_lib.state_dir(inv, src, dst, options)
     output.emit(folder, json_out, human=output.render_follow, as_json=output.follow_json)
 

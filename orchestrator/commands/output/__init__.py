@@ -41,6 +41,7 @@ from orchestrator.commands.output.progress import (
     ShardProgress,
     eval_bars,
     job_started,
+    relay_bar,
 )
 from orchestrator.commands.output.relay import render_checkpoints, render_relay_report
 from orchestrator.commands.output.results import (
@@ -89,6 +90,7 @@ __all__ = [
     "pct",
     "print_json",
     "probe_tree",
+    "relay_bar",
     "render_cancelled",
     "render_check",
     "render_checkpoints",

@@ -335,6 +335,12 @@ class RichEvents(follow_lib.FollowEvents):
     def close(self) -> None:
         self._close()
 
+    def __enter__(self) -> RichEvents:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def job_started(host: str):
     """The ``on_start`` of a watched eval: the job id at once (flushed, on stderr, with or
