@@ -6,9 +6,8 @@ import importlib
 import sys
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
+from orchestrator.commands.output import err_console, error_line
 from orchestrator.errors import DflashError
 
 app = typer.Typer(
@@ -36,8 +35,6 @@ COMMAND_MODULES = (
 
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
-
-err_console = Console(stderr=True, highlight=False)
 
 
 def _print_version(value: bool) -> None:
@@ -94,7 +91,7 @@ def _run_app() -> int:
             return exc.exit_code
         ctx = getattr(exc, "ctx", None)
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-        err_console.print(f"[bold red]error:[/] {escape(message + hint)}", soft_wrap=True)
+        err_console.print(error_line(message + hint), soft_wrap=True)
         return exc.exit_code
     return code if isinstance(code, int) else 0
 
@@ -104,8 +101,7 @@ def main() -> None:
     try:
         code = _run_app()
     except DflashError as exc:
-        # Escaped: a message may hold brackets (pip extras, paths) that are not markup.
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        err_console.print(error_line(str(exc)), soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")

@@ -111,6 +111,33 @@ class Inventory:
                     out.append(spec)
         return out
 
+    def listing(self) -> dict:
+        """The hosts as ``dflash hosts`` shows them: per host its transport, address
+        (``user@host:port``, or ``local``), jump host, roles, python and workdir; and the
+        groups."""
+        rows = []
+        for spec in self.hosts.values():
+            address = (
+                "local"
+                if spec.transport == "local"
+                else (
+                    f"{spec.user + '@' if spec.user else ''}{spec.hostname or spec.name}"
+                    f"{':' + str(spec.port) if spec.port else ''}"
+                )
+            )
+            rows.append(
+                {
+                    "name": spec.name,
+                    "transport": spec.transport,
+                    "address": address,
+                    "jump": spec.jump,
+                    "roles": [r for r in ("trainer", "eval") if getattr(spec, r)],
+                    "python": spec.python,
+                    "workdir": spec.workdir,
+                }
+            )
+        return {"inventory": str(self.path), "hosts": rows, "groups": self.groups}
+
 
 # ---- schema ---------------------------------------------------------------------------
 

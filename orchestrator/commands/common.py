@@ -1,12 +1,17 @@
-"""Options and printing helpers shared by the command modules."""
+"""What the command modules share: options, the inventory with the root options, and how a
+command stops on Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from orchestrator.commands import output
 from orchestrator.errors import DflashError
 from orchestrator.inventory import Inventory, load_inventory
 from remote.protocol import SpecError, parse_budgets, parse_dtype
@@ -72,3 +77,40 @@ def inventory(ctx: typer.Context, path: Path | None) -> Inventory:
     context's ``obj`` by `orchestrator.cli`) passed down to it."""
     obj = ctx.find_root().obj or {}
     return load_inventory(path, accept_new_host_keys=bool(obj.get("accept_new_host_keys")))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered like Ctrl-C so the library ends its streams, masters and jobs."""
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While inside, SIGTERM raises `Terminated` (a KeyboardInterrupt): a polite stop (kill,
+    systemd) ends the work the same way as Ctrl-C, instead of killing it mid-write."""
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (embedded use): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextmanager
+def stopped_by_signal(note: str = "") -> Iterator[None]:
+    """`sigterm_as_interrupt`, and Ctrl-C or SIGTERM end the command with one yellow line
+    (``interrupted`` or ``terminated``, then `note`: what was kept, how to resume) and exit
+    130 or 143, instead of click swallowing it silently."""
+    with sigterm_as_interrupt():
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            term = isinstance(exc, Terminated)
+            word = "terminated" if term else "interrupted"
+            output.exit_with(143 if term else 130, f"[yellow]{word}[/]{note}")

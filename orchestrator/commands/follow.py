@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Annotated
 
 import typer
 
+from orchestrator.commands import output
 from orchestrator.commands.common import (
     BudgetsOption,
     DtypeOption,
@@ -14,8 +14,8 @@ from orchestrator.commands.common import (
     JsonOption,
     inventory,
     positive,
+    sigterm_as_interrupt,
 )
-from orchestrator.commands.output import RichEvents, console, history_table, print_json
 from orchestrator.errors import DflashError
 from orchestrator.eval import follow as follow_lib
 from orchestrator.eval import run as remote_eval
@@ -127,27 +127,13 @@ def follow_cmd(
         ),
     )
     # A polite stop (kill, systemd) behaves like Ctrl-C: the running job is cancelled.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    events = RichEvents(enabled=not json_out)
-    try:
+    with output.RichEvents(enabled=not json_out) as events, sigterm_as_interrupt():
         if once:
             follow_lib.follow_pass(inv, src, dst, options, events)
         else:
             follow_lib.follow(inv, src, dst, options, events)
-    finally:
-        events.close()
     folder = follow_lib.state_dir(inv, src, dst, options)
-    history = follow_lib.read_history(folder)
-    if json_out:
-        print_json(
-            {"state_dir": str(folder), "history": history, "plot": str(folder / follow_lib.PLOT)}
-        )
-        return
-    console.print(history_table(history))
-    plot = folder / follow_lib.PLOT
-    if plot.is_file():
-        console.print(f"plot: {plot}", soft_wrap=True)
-    console.print(f"history: {folder / follow_lib.HISTORY}", soft_wrap=True)
+    output.emit(folder, json_out, human=output.render_follow, as_json=output.follow_json)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,13 +6,10 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.commands import output
 from orchestrator.commands.common import InventoryOption, JsonOption, inventory
-from orchestrator.commands.output import console, err_console, print_json, render_parity
 from orchestrator.errors import DflashError
-from orchestrator.eval import parity
-from orchestrator.eval import run as remote_eval
-from orchestrator.results import parity_view
-from orchestrator.transport.hosts import open_host
+from orchestrator.eval import hostjobs, parity
 
 
 def parity_cmd(
@@ -101,19 +98,17 @@ def parity_cmd(
     if cancel:
         if not host:
             raise DflashError("--cancel JOB needs --host HOST (the host the job runs on)")
-        with open_host(inv.host(host), inv) as h:
-            out = remote_eval.cancel(h, cancel)
-        print_json(out) if json_out else console.print(
-            f"job {cancel} on {host}: {out['state']} (was {out['was']})"
+        out = hostjobs.cancel_on(inv, host, cancel)
+        output.emit(
+            out, json_out, human=lambda o: output.render_cancelled(o, cancel, host, processes=False)
         )
         return
     if attach:
         if not host:
             raise DflashError("--attach JOB needs --host HOST (host B, where it compares)")
         run_dir = parity.attach(inv, host, attach, dest=results)
-        result = parity.load(run_dir)
-        print_json({"run_dir": str(run_dir), "result": result}) if json_out else render_parity(
-            result, run_dir
+        output.emit(
+            run_dir, json_out, human=output.render_parity_run, as_json=output.parity_attach_json
         )
         return
     names = [n.strip() for n in (hosts or "").split(",") if n.strip()]
@@ -140,31 +135,11 @@ def parity_cmd(
         threads=threads,
     )
 
-    def started(stage: str, ref: remote_eval.JobRef) -> None:
-        if not json_out:
-            err_console.print(f"{stage}: job {ref.job_id} on {ref.host}")
-
-    def progress(stage: str, ev: dict) -> None:
-        if not json_out and ev.get("event") == "sample":
-            err_console.print(f"  {stage}: {ev.get('done')}/{ev.get('total')}", end="\r")
-        elif not json_out and ev.get("event") == "warning":
-            err_console.print(f"[yellow]warning ({stage}):[/] {ev.get('message')}")
-
+    lines = output.ParityLines(enabled=not json_out)
     run_dir = parity.run_parity(
-        inv, names[0], names[1], opts, on_event=progress, dest=results, on_start=started
+        inv, names[0], names[1], opts, on_event=lines, dest=results, on_start=lines.started
     )
-    result = parity.load(run_dir)
-    if json_out:
-        print_json(
-            {
-                "run_dir": str(run_dir),
-                "run_id": run_dir.name,
-                "summary": parity_view.summary(result, run_dir.name),
-                "result": result,
-            }
-        )
-        return
-    render_parity(result, run_dir)
+    output.emit(run_dir, json_out, human=output.render_parity_run, as_json=output.parity_json)
 
 
 def register(app: typer.Typer) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
+from orchestrator.commands import output
 from orchestrator.commands.common import (
     BudgetsOption,
     DtypeOption,
@@ -14,18 +14,10 @@ from orchestrator.commands.common import (
     JsonOption,
     inventory,
 )
-from orchestrator.commands.output import (
-    LiveProgress,
-    ShardProgress,
-    console,
-    err_console,
-    print_json,
-    render_summary,
-)
 from orchestrator.errors import DflashError
+from orchestrator.eval import hostjobs, shard
 from orchestrator.eval import run as remote_eval
-from orchestrator.eval import shard
-from orchestrator.transport.hosts import open_host
+from orchestrator.results import store as res
 
 
 def remote_eval_cmd(
@@ -154,21 +146,14 @@ def remote_eval_cmd(
         names = [n.strip() for n in hosts.split(",") if n.strip()]
     name = remote_eval.eval_host_name(inv, host) if not hosts else None
     if cancel:
-        with open_host(inv.host(name), inv) as h:
-            out = remote_eval.cancel(h, cancel)
-        if json_out:
-            print_json(out)
-        else:
-            console.print(
-                f"job {cancel} on {name}: {out['state']} (was {out['was']}; "
-                f"{out['killed']} process(es) stopped)"
-            )
+        out = hostjobs.cancel_on(inv, name, cancel)
+        output.emit(out, json_out, human=lambda o: output.render_cancelled(o, cancel, name))
         return
     if positions not in (None, "all", "walk"):
         raise DflashError(f"--positions must be 'all' or 'walk', got {positions!r}")
     show = not json_out
     if attach:
-        with LiveProgress(show) as live:
+        with output.LiveProgress(show) as live:
             run_dir = remote_eval.attach(inv, name, attach, on_event=live, dest=results)
         _report(run_dir, json_out)
         return
@@ -192,7 +177,7 @@ def remote_eval_cmd(
         extra={"positions": positions} if positions else {},
     )
     if hosts:
-        with ShardProgress(show) as live:
+        with output.ShardProgress(show) as live:
             run_dir = shard.run_sharded(
                 inv, names, checkpoint, options, on_event=live, dest=results
             )
@@ -200,56 +185,26 @@ def remote_eval_cmd(
         return
     if detach:
         ref = remote_eval.start_eval(inv, name, checkpoint, options)
-        if json_out:
-            print_json(ref.to_json())
-        else:
-            console.print(
-                f"started job {ref.job_id} on {name} (pid {ref.pid}); watch with: "
-                f"dflash remote-eval --attach {ref.job_id}"
-            )
+        output.emit(ref, json_out, human=output.render_started, as_json=remote_eval.JobRef.to_json)
         return
-
-    def started(ref: remote_eval.JobRef) -> None:
-        # Printed at once (and flushed) so the job id is known even if dflash dies later.
-        line = (
-            f"started job {ref.job_id} on {name}{' (bundle pushed)' if ref.bundle_pushed else ''}"
-        )
-        err_console.print(line)
-        err_console.file.flush()
-
-    with LiveProgress(show) as live:
+    with output.LiveProgress(show) as live:
         run_dir = remote_eval.run_eval(
-            inv, name, checkpoint, options, on_event=live, dest=results, on_start=started
+            inv,
+            name,
+            checkpoint,
+            options,
+            on_event=live,
+            dest=results,
+            on_start=output.job_started(name),
         )
     _report(run_dir, json_out)
 
 
 def _report(run_dir, json_out: bool) -> None:
-    from orchestrator.results import store as results_mod
-
-    run = results_mod.load_run(run_dir)
-    shards = run.result.get("shards")
-    if json_out:
-        out = {"run_dir": str(run_dir), "run_id": run.run_id, "summary": results_mod.summary(run)}
-        if shards:
-            out["hosts"] = shards["hosts"]
-            out["reassigned"] = run.result.get("reassigned", [])
-        print_json(out)
-        return
-
-    render_summary(run)
-    if shards:
-        console.print(
-            f"sharded across {', '.join(shards['hosts'])}; ground truth from "
-            f"{shards['ground_truth']['obtained_on']}, one file sliced per shard"
-        )
-        for r in run.result.get("reassigned", []):
-            moved = ", ".join(f"{len(ids)} to {h}" for h, ids in r["to"].items())
-            console.print(
-                f"[yellow]{r['host']} failed ({r['reason']}):[/] kept "
-                f"{len(r['kept'])} sample(s), re-ran {moved or 'none'}"
-            )
-    console.print(f"results: {run_dir}")
+    """The pulled run, summarised (the one rendering of every eval path above)."""
+    output.emit(
+        res.load_run(run_dir), json_out, human=output.render_eval_run, as_json=output.eval_run_json
+    )
 
 
 def jobs_cmd(
@@ -264,46 +219,8 @@ def jobs_cmd(
     json_out: JsonOption = False,
 ) -> None:
     """List the jobs on eval hosts with their state and progress."""
-    inv = inventory(ctx, inventory_path)
-    specs = inv.expand(host) if host else [h for h in inv.hosts.values() if h.eval]
-    rows = []
-    for spec in specs:
-        with open_host(spec, inv) as h:
-            for job in remote_eval.list_jobs(h):
-                rows.append({"host": spec.name, **job})
-    if json_out:
-        print_json(rows)
-        return
-    table = Table(title="jobs")
-    for col in ("host", "job", "state", "checkpoint", "progress", "error"):
-        table.add_column(col)
-    colors = {
-        "running": "cyan",
-        "done": "green",
-        "failed": "red",
-        "cancelled": "yellow",
-        "lost": "red",
-    }
-    for r in rows:
-        p = r.get("progress") or {}
-        if r["state"] == "done":
-            prog = "result ready" if r.get("has_result") else "finished"
-        elif p.get("event") == "sample":
-            prog = f"eval {p.get('done')}/{p.get('total')}"
-        elif p.get("event") == "ground_truth":
-            prog = f"ground truth {p.get('done')}/{p.get('total')}"
-        else:
-            prog = p.get("phase") or p.get("event") or "-"
-        c = colors.get(r["state"], "white")
-        table.add_row(
-            r["host"],
-            r["job_id"],
-            f"[{c}]{r['state']}[/]",
-            r.get("checkpoint") or "-",
-            prog,
-            ((r.get("exit") or {}).get("error") or "")[:80],
-        )
-    console.print(table)
+    rows = hostjobs.jobs_on(inventory(ctx, inventory_path), host)
+    output.emit(rows, json_out, human=output.render_jobs)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,9 +8,9 @@ dict. `resolve_model` picks the model path from the inventory when none is given
 from __future__ import annotations
 
 from orchestrator.errors import DflashError
-from orchestrator.inventory import HostSpec
+from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
-from orchestrator.transport.hosts import Host
+from orchestrator.transport.hosts import Host, open_host
 from remote.protocol import PROBE_SCHEMA
 
 SCHEMA = PROBE_SCHEMA
@@ -56,3 +56,27 @@ def probe_structure(
             f"expected {SCHEMA!r}: the bundle and controller disagree"
         )
     return report
+
+
+def probe_on(
+    inventory: Inventory,
+    host_name: str,
+    model_path: str | None = None,
+    drafter: str | None = None,
+    load: bool = False,
+    depth: int = DEFAULT_DEPTH,
+) -> dict:
+    """`probe_structure` on the inventory's host `host_name`, of `model_path` or else the
+    host's eval-role ``target_model`` (``dflash probe-structure``)."""
+    spec = inventory.host(host_name)
+    model = resolve_model(spec, model_path)
+    with open_host(spec, inventory) as host:
+        return probe_structure(host, model, drafter=drafter, load=load, depth=depth)
+
+
+def probe_failed(report: dict) -> bool:
+    """Whether the report found a problem: a drafter that does not fit, or a load whose
+    hidden states were wrong."""
+    drafter_bad = report.get("drafter") and not report["drafter"]["ok"]
+    load_bad = report.get("load") and not report["load"]["ok"]
+    return bool(drafter_bad or load_bad)

@@ -1,18 +1,14 @@
-"""Everything the CLI shows, in one place: the consoles, JSON for scripts, tables and the
-live progress views the commands hand to the library (relay bytes, eval samples, shards,
-follow's lines). Commands render through this module and never import one another."""
+"""The live progress views the commands hand to the library: the relay's byte bar, the
+eval's sample bars (one job, or one row per host of a sharded eval), follow's lines and
+parity's stage lines. All on stderr, so stdout stays for ``--json``."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-import typer
-from rich import box
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -24,89 +20,26 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
 
+from orchestrator.commands.output.base import err_console, num
 from orchestrator.eval import follow as follow_lib
 from orchestrator.relay import run as relay_lib
-from orchestrator.results import parity_view
-from orchestrator.results import store as res
-
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
 
 
-def print_json(obj: Any) -> None:
-    """JSON on stdout, nothing else, so scripts can pipe it."""
-    typer.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
-
-
-# ---- tables -------------------------------------------------------------------------------
-
-
-def compact(title: str | None = None, **kw: Any) -> Table:
-    """A table that spends its width on data, not borders (fits 100 columns)."""
-    return Table(
-        title=title,
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        collapse_padding=True,
-        pad_edge=False,
-        show_edge=False,
-        **kw,
+def eval_bars(enabled: bool = True, label: str = "{task.description}") -> Progress:
+    """The bars of an eval: a label, the bar, done/total, a free ``info`` field (rate, tau)
+    and the elapsed time, on stderr. `label` formats the description (a sharded eval
+    right-aligns its host names)."""
+    return Progress(
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=not enabled,
+        transient=False,
     )
-
-
-def fmt(v: Any, digits: int = 3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
-def pct(v: Any) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
-
-
-def render_summary(run: res.Run) -> None:
-    """The headline table of one run (also printed at the end of `remote-eval`)."""
-    s = res.summary(run)
-    table = Table(title=f"{s['checkpoint']}  ({s['run_id']})", show_header=False)
-    table.add_column("metric", style="bold")
-    table.add_column("value", overflow="fold")  # a sha256 wraps, never cut
-    table.add_row("tau (z-lab: mean of per-sample means)", fmt(s["tau"]))
-    table.add_row("tau (token-weighted: tokens / rounds)", fmt(s["tau_tokens"]))
-    for b, v in s["ddtree"].items():
-        table.add_row(f"DDTree-{b} tau", fmt(v))
-    table.add_row("target agreement", pct(s["target_agreement"]))
-    table.add_row(
-        "training run",
-        f"{run.training_run.name} ({run.training_run.host}:{run.training_run.folder})",
-    )
-    table.add_row("step", fmt(s["step"]))
-    table.add_row("drafter sha256", fmt(s["drafter_sha256"]))
-    table.add_row("evaluated", s["created_time"])
-    table.add_row(
-        "samples / tokens / rounds",
-        f"{fmt(s['samples'])} / {fmt(s['tokens'])} / {fmt(s['rounds'])}",
-    )
-    gt = res.ground_truth_source(run)
-    src = gt.get("kind") or "-"
-    if gt.get("url"):
-        src += f" {gt['url']}"
-    if gt.get("cached"):
-        src += " (cached on host)"
-    table.add_row("ground truth", src)
-    if s["retokenisation_mismatch"] is not None:
-        table.add_row("retokenisation mismatch", f"[yellow]{pct(s['retokenisation_mismatch'])}[/]")
-    console.print(table)
-    for w in gt.get("warnings") or []:
-        console.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
-
-
-# ---- live progress ------------------------------------------------------------------------
 
 
 class RelayProgress(relay_lib.Progress):
@@ -152,22 +85,29 @@ class RelayProgress(relay_lib.Progress):
         if self.task is not None:
             self.bar.stop()
 
+    def __enter__(self) -> RelayProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@contextmanager
+def relay_bar(enabled: bool = True) -> Iterator[RelayProgress | None]:
+    """A `RelayProgress` stopped on the way out (None when not `enabled`, as with --json)."""
+    if not enabled:
+        yield None
+        return
+    with RelayProgress() as bar:
+        yield bar
+
 
 class LiveProgress:
     """Turns job events into rich progress bars: ground truth, then the eval with samples,
     tokens/s and the running tau. Warnings are printed above the bars as they come."""
 
     def __init__(self, enabled: bool = True):
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=err_console,
-            disable=not enabled,
-            transient=False,
-        )
+        self.progress = eval_bars(enabled)
         self.gt_task: TaskID | None = None
         self.eval_task: TaskID | None = None
         self.tokens = 0
@@ -234,16 +174,7 @@ class ShardProgress:
     serialises the calls)."""
 
     def __init__(self, enabled: bool = True):
-        self.progress = Progress(
-            TextColumn("[bold]{task.description:>14}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=err_console,
-            disable=not enabled,
-            transient=False,
-        )
+        self.progress = eval_bars(enabled, label="{task.description:>14}")
         self.gt_task: TaskID | None = None
         self.total_task: TaskID | None = None
         self.rows: dict[str, TaskID] = {}
@@ -396,7 +327,7 @@ class RichEvents(follow_lib.FollowEvents):
         )
         err_console.print(
             f"[bold green]{entry['checkpoint']}[/] (step {entry['step']}): "
-            f"tau {_f(entry['tau'])} (token-weighted {_f(entry['tau_tokens'])})"
+            f"tau {num(entry['tau'])} (token-weighted {num(entry['tau_tokens'])})"
             + (f", {trees}" if trees else ""),
             soft_wrap=True,
         )
@@ -404,82 +335,39 @@ class RichEvents(follow_lib.FollowEvents):
     def close(self) -> None:
         self._close()
 
+    def __enter__(self) -> RichEvents:
+        return self
 
-def _f(v) -> str:
-    return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
-
-
-def history_table(history: list[dict], title: str = "tau per checkpoint step") -> Table:
-    """Step, checkpoint, tau (z-lab per-sample mean and token-weighted), DDTree tau per node
-    budget and the target agreement rate; run ids are in the history JSON."""
-    budgets = sorted({b for h in history for b in (h.get("ddtree") or {})}, key=int)
-    table = Table(
-        title=title,
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        collapse_padding=True,
-        pad_edge=False,
-        show_edge=False,
-    )  # fits 80 columns
-    for col in ("step", "checkpoint", "tau", "tau tok", *[f"DDTree-{b}" for b in budgets], "agree"):
-        table.add_column(col, justify="left" if col == "checkpoint" else "right", no_wrap=True)
-    for h in sorted(history, key=lambda h: (h.get("step") is None, h.get("step") or 0)):
-        if h.get("state") != "done":
-            table.add_row(
-                str(h.get("step")),
-                h["checkpoint"],
-                f"[red]failed[/]: {(h.get('error') or '')[:60]}",
-                "",
-                *[""] * len(budgets),
-                "",
-            )
-            continue
-        table.add_row(
-            str(h.get("step")),
-            h["checkpoint"],
-            _f(h.get("tau")),
-            _f(h.get("tau_tokens")),
-            *[_f((h.get("ddtree") or {}).get(b)) for b in budgets],
-            _f(h.get("target_agreement")),
-        )
-    return table
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def render_parity(result: dict, run_dir: Path) -> None:
-    """The parity table: sides, per-layer errors, top-1 agreement, tau A/B."""
-    console.print(f"A: {parity_view.side_label(result, 'a')}")
-    console.print(f"B: {parity_view.side_label(result, 'b')}")
-    for side in ("a", "b"):
-        k = ((result.get("captures") or {}).get(side) or {}).get("kernels") or {}
-        console.print(
-            f"  kernels on {side.upper()}: "
-            + ", ".join(f"{n} {v.get('version') or 'absent'}" for n, v in k.items())
-        )
-    tokens = (result.get("layers") or [{}])[0].get("tokens", "?")
-    t = Table(
-        title=f"features per layer ({result.get('samples')} samples, {tokens} tokens; "
-        "A = reference)"
-    )
-    for col in parity_view.LAYER_COLUMNS:
-        t.add_column(col, justify="right")
-    for row in parity_view.layer_rows(result):
-        t.add_row(*row)
-    console.print(t)
-    top1 = result.get("top1_agreement") or {}
-    rate = top1.get("rate")
-    console.print(
-        f"top-1 agreement of the logits: {top1.get('match')}/{top1.get('total')}"
-        + (f" ({rate:.2%})" if rate is not None else "")
-    )
-    d = result.get("drafter")
-    if d:
-        console.print(
-            f"drafter {d['path']} (layers {d['target_layer_ids']}):  tau A "
-            f"{d['tau_a']:.4f}  tau B {d['tau_b']:.4f}  delta tau (B - A) "
-            f"{d['delta_tau']:+.4f}  samples diverging {d['samples_diverging']}/"
-            f"{len(d['per_sample'])}"
-        )
-    if result.get("identical"):
-        console.print("[green]identical: the hosts compute the same features bit for bit[/]")
-    pngs = sorted(p.name for p in run_dir.glob("*.png"))
-    console.print(f"results: {run_dir}" + (f"  plot: {', '.join(pngs)}" if pngs else ""))
+def job_started(host: str):
+    """The ``on_start`` of a watched eval: the job id at once (flushed, on stderr, with or
+    without ``--json``), so it is known even if dflash dies later."""
+
+    def started(ref) -> None:
+        pushed = " (bundle pushed)" if ref.bundle_pushed else ""
+        err_console.print(f"started job {ref.job_id} on {host}{pushed}")
+        err_console.file.flush()
+
+    return started
+
+
+class ParityLines:
+    """Parity's stage view: a line per started job, a counter per sample, warnings."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+
+    def started(self, stage: str, ref) -> None:
+        if self.enabled:
+            err_console.print(f"{stage}: job {ref.job_id} on {ref.host}")
+
+    def __call__(self, stage: str, ev: dict) -> None:
+        if not self.enabled:
+            return
+        if ev.get("event") == "sample":
+            err_console.print(f"  {stage}: {ev.get('done')}/{ev.get('total')}", end="\r")
+        elif ev.get("event") == "warning":
+            err_console.print(f"[yellow]warning ({stage}):[/] {ev.get('message')}")

@@ -1,0 +1,94 @@
+"""The consoles, JSON for scripts, the one choice between JSON and the human view, the one
+way a command ends on a failure it has explained, and the small table helpers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+T = TypeVar("T")
+
+
+def print_json(obj: Any) -> None:
+    """JSON on stdout, nothing else, so scripts can pipe it."""
+    typer.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+def emit(
+    result: T,
+    json_out: bool,
+    human: Callable[[T], None],
+    as_json: Callable[[T], Any] | None = None,
+) -> None:
+    """Show a command's `result`: with ``--json`` as JSON on stdout (``as_json(result)``,
+    else `result` itself), otherwise through the `human` renderer. The one place that
+    decides between the two, so no command branches on ``--json``."""
+    if json_out:
+        print_json(as_json(result) if as_json is not None else result)
+    else:
+        human(result)
+
+
+def error_line(message: str) -> str:
+    """A failure as the CLI words it everywhere: a red ``error:`` and the message (escaped:
+    a message may hold brackets that are not markup)."""
+    return f"[bold red]error:[/] {escape(message)}"
+
+
+def exit_with(code: int, *lines: str) -> NoReturn:
+    """End the command with exit `code` after printing `lines` (rich markup) on stderr: for
+    outcomes already shown on stdout (a host that did not answer, a probe that found a
+    problem, an interrupted relay). Errors that stop a command before it shows anything are
+    raised as `DflashError` instead and printed by `orchestrator.cli.main`."""
+    for line in lines:
+        err_console.print(line, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def compact(title: str | None = None, **kw: Any) -> Table:
+    """A table that spends its width on data, not borders (fits 100 columns)."""
+    return Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+        show_edge=False,
+        **kw,
+    )
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    """A value in a table cell: ``-`` for none, yes/no, floats to `digits` places."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def pct(v: Any) -> str:
+    """A share as a percentage, ``-`` for none."""
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def mark(ok: bool | None) -> str:
+    """A yes/no/unknown cell, coloured."""
+    return "[green]yes[/]" if ok else ("[red]no[/]" if ok is not None else "[yellow]?[/]")
+
+
+def num(v: Any) -> str:
+    """A number to 3 places (tau, agreement), ``-`` when there is none."""
+    return f"{v:.3f}" if isinstance(v, (int, float)) else "-"

@@ -1,0 +1,191 @@
+"""How hosts look to people: the inventory's hosts, what `hosts check` found, a model's
+structure from `probe-structure`, and `env`'s versions."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.tree import Tree
+
+from orchestrator.commands.output.base import compact, console, mark
+from orchestrator.probe.facts import HostFacts
+from orchestrator.sizes import human_bytes
+
+
+def render_hosts(listing: dict) -> None:
+    """`hosts`: one row per host of `inventory.listing`."""
+    table = Table(title=f"hosts in {listing['inventory']}")
+    for col in ("name", "transport", "address", "roles", "python", "workdir"):
+        table.add_column(col)
+    for r in listing["hosts"]:
+        table.add_row(
+            r["name"],
+            r["transport"],
+            r["address"] + (f" via {r['jump']}" if r["jump"] else ""),
+            ", ".join(r["roles"]) or "-",
+            r["python"],
+            r["workdir"],
+        )
+    console.print(table)
+
+
+def render_check(results: list[HostFacts]) -> None:
+    """`hosts check`: the table of facts."""
+    console.print(check_table(results))
+
+
+def check_json(results: list[HostFacts]) -> list[dict]:
+    return [r.to_json() for r in results]
+
+
+PACKAGES = ("torch", "transformers", "safetensors", "fla")
+
+
+def check_table(results: list[HostFacts]) -> Table:
+    """One row per host, fitting 100 columns: the ML packages share one column, one
+    line each."""
+    table = compact("host check")
+    for col in ("host", "ok", "os", "cpus", "ram avail/total", "disk free", "python", "packages"):
+        table.add_column(
+            col, justify="right" if col in ("cpus", "disk free") else "left", overflow="fold"
+        )
+    for r in results:
+        if not r.ok:
+            table.add_row(r.host, "[red]no[/]", *["-"] * 6)
+            continue
+        f = r.facts
+        pk = f["packages"]
+        table.add_row(
+            r.host,
+            "[green]yes[/]",
+            f["os"],
+            str(f["cpus"]),
+            f"{human_bytes(f['memory']['available'])} / {human_bytes(f['memory']['total'])}",
+            human_bytes(f["disk_free"]),
+            f["python"],
+            "\n".join(f"{k} {pk.get(k) or '[yellow]missing[/]'}" for k in PACKAGES),
+        )
+    return table
+
+
+def render_env(info: dict) -> None:
+    """`env`: one aligned line per version, then the inventory found and from where."""
+    rows = [
+        ("dflash", f"{info['dflash']} ({info['dflash_path']})"),
+        (
+            "python",
+            f"{info['python']} ({info['python_executable']}{', venv' if info['in_venv'] else ''})",
+        ),
+        ("platform", info["platform"]),
+    ]
+    rows += [(name, version or "not installed") for name, version in info["packages"].items()]
+    rows.append(("openssh", info["openssh"] or "not installed"))
+    inv = info["inventory"]
+    rows.append(
+        (
+            "inventory",
+            f"{inv['path']} (from {inv['from']}{'' if inv['exists'] else '; no such file'})",
+        )
+    )
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        console.print(f"{key:<{width}}  {value}", soft_wrap=True)
+
+
+def render_probe(report: dict, host: str) -> None:
+    """`probe-structure`: the report as a tree."""
+    console.print(probe_tree(report, host))
+
+
+def probe_tree(r: dict, host: str) -> Tree:
+    """A probe report as a rich tree for people."""
+    t = r["text"]
+    root = Tree(
+        f"[bold]{r['model_path']}[/] on [bold]{host}[/]  "
+        f"({r['model_type']}, {'VLM' if r['is_vlm'] else 'text'}, {r['dtype']})"
+    )
+    cls = root.add("classes")
+    cls.add(f"built: {r['built_class']}")
+    for name, v in r["auto_classes"].items():
+        if v is None:
+            cls.add(f"{name}: -")
+        else:
+            cls.add(f"{name}: {v['class']} -> " + (v.get("layers") or f"[red]{v.get('error')}[/]"))
+    paths = root.add("text decoder")
+    for name in ("layers", "embed_tokens", "norm", "lm_head"):
+        forms = r["keys"]["paths"][name]
+        ck = forms["checkpoint"]
+        extra = f"  [dim](checkpoint: {ck})[/]" if ck and ck != forms["module"] else ""
+        paths.add(f"{name}: [cyan]{forms['module']}[/]{extra}")
+    paths.add(
+        f"{t['num_layers']} layers, hidden {t['hidden_size']}, vocab {t['vocab_size']}, "
+        f"heads {t['heads']}"
+    )
+    if t["layer_types_config"]:
+        paths.add(
+            "layer types: " + ", ".join(f"{n} {k}" for k, n in t["layer_types_config"].items())
+        )
+    for g in t["layer_kinds"]:
+        paths.add(f"{g['count']} x {g['kind']} [dim]({g['indices']})[/]")
+    p = r["parameters"]
+    sizes = root.add("parameters")
+    for k in ("text", "vision", "other", "total"):
+        sizes.add(f"{k}: {p[k]['params']:,} ({human_bytes(p[k]['bytes'])})")
+    ck = r["checkpoint"]
+    keys = r["keys"]
+    c = root.add(
+        f"checkpoint: {len(ck['files'])} shard(s), {ck['tensors']} tensors, "
+        f"{human_bytes(ck['bytes_on_disk'])}, complete {mark(keys['complete'])}"
+    )
+    c.add("prefixes: " + ", ".join(f"{k} ({n})" for k, n in ck_prefixes(keys)))
+    for m in keys["remapped_prefixes"]:
+        c.add(f"remapped: {m['checkpoint']} -> {m['module']} ({m['keys']} keys)")
+    for label in ("missing", "unexpected"):
+        if keys[label]["count"]:
+            c.add(f"[red]{label}: {keys[label]['count']}[/] " + ", ".join(keys[label]["items"][:5]))
+    for s in ck["missing_shards"]:
+        c.add(f"[red]missing shard {s}[/]")
+    for s in ck["truncated_shards"]:
+        c.add(f"[red]truncated shard {s['file']}: {s['size']} of {s['expected']} bytes[/]")
+    h = r["host"]
+    hn = root.add("host")
+    for name, k in h["kernels"].items():
+        hn.add(f"{name}: {mark(k['importable'])}")
+    hn.add(
+        f"RAM available {human_bytes(h['ram_available'])} vs text-only needs "
+        f"{human_bytes(h['text_only_bytes_needed'])}: fits {mark(h['fits_in_ram'])}"
+    )
+    hn.add(f"disk free {human_bytes(h['disk_free'])}")
+    if r.get("drafter"):
+        d = r["drafter"]
+        dn = root.add(
+            f"drafter {d['path']}: ok {mark(d['ok'])}  ids {d['target_layer_ids']} "
+            f"block {d['block_size']}"
+        )
+        for line in d["problems"]:
+            dn.add(f"[red]problem:[/] {line}")
+        for line in d["warnings"]:
+            dn.add(f"[yellow]warning:[/] {line}")
+    if r.get("load"):
+        ld = r["load"]
+        ln = root.add(f"load: ok {mark(ld['ok'])}")
+        ln.add(
+            f"hidden states {ld['hidden_states']} (expected {ld['hidden_states_expected']}), "
+            f"width ok {mark(ld['hidden_state_width_ok'])}"
+        )
+        ln.add(f"layer outputs equal hidden_states\\[i+1]: {mark(ld['layer_outputs_match'])}")
+        ln.add(f"last entry is {ld['last_hidden_state']}")
+    tree = root.add("modules")
+    _tree(tree, r["tree"])
+    return root
+
+
+def ck_prefixes(keys: dict) -> list[tuple[str, int]]:
+    return list(keys["checkpoint_prefixes"].items())[:12]
+
+
+def _tree(parent: Tree, node: dict) -> None:
+    count = f"{node['count']} x " if "count" in node else ""
+    label = f"{node['name'] or '(root)'}: {count}{node['class']} [dim]{node['params']:,}[/]"
+    branch = parent.add(label)
+    for child in node.get("children", []):
+        _tree(branch, child)

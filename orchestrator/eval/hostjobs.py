@@ -1,0 +1,26 @@
+"""The jobs of the inventory's eval hosts, by host name: list them across hosts, cancel one
+(``dflash jobs``, ``dflash remote-eval --cancel``, ``dflash parity --cancel``)."""
+
+from __future__ import annotations
+
+from orchestrator.eval import run as remote_eval
+from orchestrator.inventory import Inventory
+from orchestrator.transport.hosts import open_host
+
+
+def jobs_on(inventory: Inventory, names: list[str] | None = None) -> list[dict]:
+    """Every job on the named hosts or groups (default: every host with an eval role), one
+    dict per job with its ``host`` first, hosts in order and each host's jobs oldest first."""
+    specs = inventory.expand(names) if names else [h for h in inventory.hosts.values() if h.eval]
+    rows = []
+    for spec in specs:
+        with open_host(spec, inventory) as h:
+            rows += [{"host": spec.name, **job} for job in remote_eval.list_jobs(h)]
+    return rows
+
+
+def cancel_on(inventory: Inventory, host_name: str, job_id: str) -> dict:
+    """Stop job `job_id` on host `host_name` and every process it started; its answer
+    (``job_id``, ``state``, ``was``, ``killed``)."""
+    with open_host(inventory.host(host_name), inventory) as h:
+        return remote_eval.cancel(h, job_id)

@@ -1,0 +1,189 @@
+"""The results folder as `dflash results` sees it: which folder, which runs, and one call per
+subcommand (list, find, compare, plot, export, report) returning what the CLI shows.
+
+Eval runs come from `store`; parity runs (``dflash parity``) live in the same folder and are
+listed and shown beside them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.errors import DflashError
+from orchestrator.inventory import InventoryError, load_inventory
+from orchestrator.results import compare as cmp
+from orchestrator.results import store as res
+
+
+def results_root(results_dir: Path | None, inventory_path: Path | None) -> Path:
+    """The results folder: `results_dir`, else the inventory's ``defaults.results_dir``,
+    else ``./results`` when there is no inventory (unless one was named: then its error)."""
+    if results_dir:
+        return results_dir
+    from orchestrator.eval import run as remote_eval
+
+    try:
+        return remote_eval.results_dir(load_inventory(inventory_path))
+    except InventoryError:
+        if inventory_path:
+            raise
+        return Path("results")
+
+
+def select_runs(run_ids: list[str] | None, root: Path) -> list[res.Run]:
+    """The named runs (ids, unique prefixes or folders), else every run; none is an error."""
+    runs = [res.load_run(r, root) for r in run_ids] if run_ids else res.list_runs(root)
+    if not runs:
+        raise DflashError(
+            f"no runs in {root} (pull one with dflash remote-eval, or pass --results-dir)"
+        )
+    return runs
+
+
+@dataclass
+class Listing:
+    """Every run in a results folder: eval runs oldest first, and parity runs."""
+
+    root: Path
+    runs: list[res.Run]
+    parity_runs: list[tuple[Path, dict]]
+
+    def to_json(self) -> list[dict]:
+        from orchestrator.results import parity_view
+
+        return [res.summary(r) for r in self.runs] + [
+            parity_view.summary(r, p.name) for p, r in self.parity_runs
+        ]
+
+
+def list_all(results_dir: Path | None, inventory_path: Path | None) -> Listing:
+    """The runs of the results folder (see `results_root`)."""
+    from orchestrator.eval import parity
+
+    root = results_root(results_dir, inventory_path)
+    return Listing(root, res.list_runs(root), parity.list_runs(root))
+
+
+@dataclass
+class ParityRun:
+    """A parity run found by `find`: its folder and its result."""
+
+    path: Path
+    result: dict
+
+
+def find(run_id: str, results_dir: Path | None, inventory_path: Path | None) -> res.Run | ParityRun:
+    """One run by id, unique prefix or folder: a parity run when it is one, else an eval run
+    (`store.load_run`'s errors when there is none)."""
+    from orchestrator.eval import parity
+
+    root = results_root(results_dir, inventory_path)
+    folder = Path(run_id) if (Path(run_id) / "result.json").is_file() else None
+    for p, _r in [] if folder else parity.list_runs(root):
+        if p.name == run_id or (folder is None and p.name.startswith(run_id)):
+            folder = p
+            break
+    if folder is not None and parity.is_parity_run(folder):
+        return ParityRun(folder, parity.load(folder))
+    return res.load_run(run_id, root)
+
+
+@dataclass
+class Comparison:
+    """Runs side by side (`store.compare_rows`) and each paired against the first."""
+
+    runs: list[res.Run]
+    rows: list[tuple[str, list]]
+    paired: list[cmp.Paired]
+    plot_asked: bool
+    plot: Path | None
+
+    def to_json(self) -> dict:
+        return {
+            "runs": [r.run_id for r in self.runs],
+            "rows": [{"metric": k, "values": v} for k, v in self.rows],
+            "paired": [p.to_json() for p in self.paired],
+            "plot": str(self.plot) if self.plot else None,
+        }
+
+
+def compare(
+    run_ids: list[str],
+    results_dir: Path | None,
+    inventory_path: Path | None,
+    plot: Path | None = None,
+    resamples: int = cmp.RESAMPLES,
+    seed: int = 0,
+) -> Comparison:
+    """Compare two or more runs, the first the baseline; with `plot`, also draw their tau
+    by training step there (none when no run carries a step)."""
+    if len(run_ids) < 2:
+        raise DflashError("compare needs at least two runs")
+    root = results_root(results_dir, inventory_path)
+    runs = [res.load_run(r, root) for r in run_ids]
+    rows = res.compare_rows(runs)
+    pairs = [cmp.paired(runs[0], r, resamples=resamples, seed=seed) for r in runs[1:]]
+    png = None
+    if plot:
+        from orchestrator.results import plots
+
+        png = plots.plot_tau_by_step(runs, plot)
+    return Comparison(runs, rows, pairs, plot is not None, png)
+
+
+def draw_plots(
+    run_ids: list[str] | None, results_dir: Path | None, inventory_path: Path | None
+) -> list[Path]:
+    """(Re)draw each run's plots and the tau-per-step plot of the runs; the files drawn."""
+    from orchestrator.results import plots
+
+    root = results_root(results_dir, inventory_path)
+    runs = select_runs(run_ids, root)
+    drawn = [p for r in runs for p in plots.plot_run(r)]
+    png = plots.plot_tau_by_step(runs, root / "tau_by_step.png")
+    return drawn + ([png] if png else [])
+
+
+@dataclass
+class Written:
+    """What an export or a report wrote: how many runs, in which format, where."""
+
+    runs: int
+    format: str
+    path: Path
+
+
+def export(
+    run_ids: list[str] | None,
+    fmt: str,
+    out: Path,
+    results_dir: Path | None,
+    inventory_path: Path | None,
+) -> Written:
+    """Export the runs (default: all) in `fmt` to `out` (see `export.export`); a bad format
+    or a missing output is refused before any run is read."""
+    from orchestrator.results import export as exp
+
+    if fmt not in exp.FORMATS:
+        raise DflashError(f"unknown format {fmt!r}; use one of {', '.join(exp.FORMATS)}")
+    if str(out) == "-":
+        raise DflashError(
+            "export needs -o PATH (a file for csv/jsonl, a folder for "
+            "tensorboard, a project for wandb)"
+        )
+    runs = select_runs(run_ids, results_root(results_dir, inventory_path))
+    return Written(len(runs), fmt, exp.export(runs, fmt, out))
+
+
+def report(
+    run_ids: list[str] | None,
+    out: Path,
+    title: str,
+    results_dir: Path | None,
+    inventory_path: Path | None,
+) -> Written:
+    """Write the HTML report of the runs (default: all) to `out`."""
+    from orchestrator.results import report as rep
+
+    runs = select_runs(run_ids, results_root(results_dir, inventory_path))
+    return Written(len(runs), "html", rep.write_report(runs, out, title))
