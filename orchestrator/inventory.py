@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -44,6 +44,10 @@ class TrainerRole:
 
 @dataclass
 class EvalRole:
+    # The settings of the engine's `remote.protocol.EvalSpec` this role sets for its host,
+    # where an evaluation's options do not choose them (`orchestrator.eval.spec`).
+    ENGINE_KEYS: ClassVar[tuple[str, ...]] = ("dtype", "threads")
+
     drafters: str
     target_model: str | None = None
     ground_truth: str | None = None  # URL of an SGLang/OpenAI server, "local", or a file
