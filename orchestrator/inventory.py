@@ -20,6 +20,7 @@ import yaml
 from orchestrator.errors import DflashError
 from orchestrator.sizes import parse_size
 from remote.eval.groundtruth import DEFAULT_CONCURRENCY as GT_CONCURRENCY
+from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
 from remote.eval.groundtruth import KINDS as GT_KINDS
 from remote.protocol import DEFAULT_DTYPE, DTYPES
 
@@ -56,7 +57,7 @@ class EvalRole:
     threads: int | None = None
     dtype: str = DEFAULT_DTYPE
     ground_truth_model: str | None = None  # served model name for OpenAI-compatible servers
-    max_new_tokens: int = 256  # ground-truth completion length
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # ground-truth completion length
     ground_truth_concurrency: int = GT_CONCURRENCY  # requests in flight at once
     samples: int | None = None  # prompts per eval (seeded choice); None = all
     # Bytes the relay leaves free on the drafters' filesystem: an int or "50G", "1.5TiB".

@@ -9,6 +9,7 @@ import typer
 
 from orchestrator.errors import DflashError
 from orchestrator.inventory import Inventory, load_inventory
+from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
 from remote.protocol import DEFAULT_BUDGETS, POSITIONS, SpecError, parse_budgets, parse_dtype
 
 InventoryOption = Annotated[
@@ -113,7 +114,9 @@ SeedOption = Annotated[int, typer.Option(help="Seed of the prompt choice.")]
 MaxNewTokensOption = Annotated[
     int | None,
     typer.Option(
-        min=1, help="Ground-truth completion length (default: the inventory's, else 256)."
+        min=1,
+        help="Ground-truth completion length (default: the inventory's, else "
+        f"{DEFAULT_MAX_NEW_TOKENS}).",
     ),
 ]
 GroundTruthOption = Annotated[

@@ -43,15 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import DflashError
-from orchestrator.eval import run as remote_eval
 from orchestrator.eval.follow_checkpoint import CheckpointFollower
 from orchestrator.eval.follow_state import (
+    HISTORY,
+    PLOT,
     FollowError,
     FollowState,
     read_history,
     redraw,
     state_dir,
 )
+from orchestrator.eval.spec import EvalOptions
 from orchestrator.inventory import Inventory
 from orchestrator.relay import run as relay
 from orchestrator.results import export
@@ -64,7 +66,7 @@ class FollowOptions:
     keep: int | None = None
     interval: float = 60.0
     probe: bool = False
-    eval: remote_eval.EvalOptions = field(default_factory=remote_eval.EvalOptions)
+    eval: EvalOptions = field(default_factory=EvalOptions)
     results_dir: str | os.PathLike | None = None
     state_dir: str | os.PathLike | None = None
     tensorboard: str | os.PathLike | None = None  # log folder
@@ -237,12 +239,15 @@ def follow(
         st.close()
 
 
-__all__ = [
+__all__ = [  # the follow folder's names are re-exported: callers know follow, not its rooms
+    "HISTORY",
+    "PLOT",
     "follow",
     "follow_pass",
     "FollowOptions",
     "FollowEvents",
     "FollowError",
+    "FollowState",
     "read_history",
     "redraw",
     "state_dir",

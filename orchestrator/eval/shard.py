@@ -53,6 +53,7 @@ from orchestrator.eval.spec import EvalOptions, build_spec
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
+from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
 
 HostEventHandler = Callable[[str, dict], None]
 
@@ -237,7 +238,8 @@ class _Sharded:
                 # Bundles first, in parallel: each host pays its own push at most once.
                 list(pool.map(bundle.ensure, self.hosts.values()))
                 gt, gt_info, gt_job = self.ground_truth()
-                max_new = int((gt_job.get("sampling") or {}).get("max_new_tokens") or 256)
+                sampling = gt_job.get("sampling") or {}
+                max_new = int(sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
                 plan = plan_shards(gt, names, max_new)
                 self.emit(
                     names[0],

@@ -16,6 +16,7 @@ import copy
 from dataclasses import dataclass, field
 
 from orchestrator.errors import DflashError
+from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
 from remote.eval.metrics import summarize
 
 # What every shard's result must agree on for the records to be merged into one result.
@@ -63,7 +64,7 @@ def expected_tokens(record: dict, max_new_tokens: int) -> int:
 def plan_shards(
     records: list[dict],
     hosts: list[str],
-    max_new_tokens: int = 256,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     indices: list[int] | None = None,
 ) -> list[Shard]:
     """Split `indices` (default: all of `records`) across `hosts`, balanced by expected

@@ -22,6 +22,7 @@ from orchestrator.errors import DflashError
 from orchestrator.inventory import EvalRole, HostSpec
 from orchestrator.transport.hosts import Host
 from remote.eval.groundtruth import DEFAULT_CONCURRENCY as GT_CONCURRENCY
+from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TIMEOUT
 from remote.eval.groundtruth import KINDS as GT_KINDS
 from remote.protocol import (
     JOB_ENGINE_DEFAULT,
@@ -72,7 +73,7 @@ class EvalOptions:
     ground_truth: str | None = None
     ground_truth_kind: str | None = None
     ground_truth_model: str | None = None
-    ground_truth_timeout: float = 300.0
+    ground_truth_timeout: float = DEFAULT_TIMEOUT
     ground_truth_concurrency: int | None = None
     target: str | None = None
     stop_after: str | None = None
@@ -283,7 +284,9 @@ def build_spec(
         "thinking": options.thinking,
         "sampling": {
             "temperature": 0.0,
-            "max_new_tokens": _given(options.max_new_tokens, role.max_new_tokens if role else 256),
+            "max_new_tokens": _given(
+                options.max_new_tokens, role.max_new_tokens if role else DEFAULT_MAX_NEW_TOKENS
+            ),
         },
         "ground_truth": ground_truth_source(host, spec, options),
         JOB_EVAL_KEY: engine.to_json(),

@@ -70,6 +70,8 @@ DEFAULT_TIMEOUT = 300.0
 # Requests in flight at once to a ground-truth server: serving engines batch concurrent
 # requests, so 16 prompts cost about what one does.
 DEFAULT_CONCURRENCY = 16
+# Ground-truth completion length when neither the job nor the inventory sets one.
+DEFAULT_MAX_NEW_TOKENS = 256
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 Emit = Callable[..., None]
@@ -233,7 +235,7 @@ def check_greedy(sampling: dict) -> dict:
             "completions"
         )
     try:
-        max_new = int(sampling.get("max_new_tokens", 256))
+        max_new = int(sampling.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
     except (TypeError, ValueError):
         raise UserError(
             f"max_new_tokens must be an integer, got {sampling.get('max_new_tokens')!r}"
