@@ -30,6 +30,7 @@ import yaml  # noqa: E402
 from orchestrator.eval import run as remote_eval  # noqa: E402
 from orchestrator.eval import shard  # noqa: E402
 from orchestrator.inventory import load_inventory  # noqa: E402
+from remote.protocol import EvalSpec  # noqa: E402
 from tests.sshd import SSHServer, keygen  # noqa: E402
 
 
@@ -102,7 +103,7 @@ def main() -> int:
         )
         inv = load_inventory(inv_path)
         options = remote_eval.EvalOptions(
-            ground_truth=str(gt), ground_truth_kind="file", budgets=[8]
+            ground_truth=str(gt), ground_truth_kind="file", engine=EvalSpec(budgets=(8,))
         )
         tokens = sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
 

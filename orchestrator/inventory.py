@@ -13,13 +13,14 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from orchestrator.errors import DflashError
 from orchestrator.sizes import parse_size
 from remote.eval.groundtruth import DEFAULT_CONCURRENCY as GT_CONCURRENCY
+from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
 from remote.eval.groundtruth import KINDS as GT_KINDS
 from remote.protocol import DEFAULT_DTYPE, DTYPES
 
@@ -44,6 +45,10 @@ class TrainerRole:
 
 @dataclass
 class EvalRole:
+    # The settings of the engine's `remote.protocol.EvalSpec` this role sets for its host,
+    # where an evaluation's options do not choose them (`orchestrator.eval.spec`).
+    ENGINE_KEYS: ClassVar[tuple[str, ...]] = ("dtype", "threads")
+
     drafters: str
     target_model: str | None = None
     ground_truth: str | None = None  # URL of an SGLang/OpenAI server, "local", or a file
@@ -52,7 +57,7 @@ class EvalRole:
     threads: int | None = None
     dtype: str = DEFAULT_DTYPE
     ground_truth_model: str | None = None  # served model name for OpenAI-compatible servers
-    max_new_tokens: int = 256  # ground-truth completion length
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # ground-truth completion length
     ground_truth_concurrency: int = GT_CONCURRENCY  # requests in flight at once
     samples: int | None = None  # prompts per eval (seeded choice); None = all
     # Bytes the relay leaves free on the drafters' filesystem: an int or "50G", "1.5TiB".

@@ -36,12 +36,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from remote.atomic import write_json_atomic
 from remote.errors import UserError
-from remote.protocol import DEFAULT_DTYPE, EvalSpec, SpecError
+from remote.protocol import EvalSpec, SpecError
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TERMINAL_STATES = ("done", "failed", "cancelled", "lost")
@@ -159,7 +160,7 @@ def job_state(path: Path) -> dict:
         "dir": str(path),
         "created": spec.get("created"),
         "checkpoint": spec.get("checkpoint"),
-        "drafter": spec.get("drafter"),
+        "drafter": (spec.get("eval") or {}).get("drafter"),
         "kind": spec.get("kind"),
         "pid": (pid_info or {}).get("pid"),
         "pgid": (pid_info or {}).get("pgid"),
@@ -208,6 +209,8 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
     checks then share the runner's python and torch import instead of paying for their own.
     """
     path = job_dir(workdir, job_id)
+    # a bad engine spec is refused here, before a folder or a process exists
+    threads = job_engine(spec).threads if "eval" in spec else None
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         path.mkdir()
@@ -219,9 +222,9 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
     write_json_atomic(path / "spec.json", spec)
     log = open(path / "log.txt", "ab")
     env = _source_env()
-    if spec.get("threads"):  # the runner imports torch and runs the engine itself
+    if threads:  # the runner imports torch and runs the engine itself
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[var] = str(spec["threads"])
+            env[var] = str(threads)
     proc = subprocess.Popen(
         [
             *self_command(),
@@ -346,9 +349,10 @@ def run(path: Path, preflight: bool = False) -> int:
         elif kind != "eval":
             raise UserError(f"unknown job kind {kind!r}")
         else:
+            engine = job_engine(spec)  # the job's EvalSpec, read once for every phase
             if preflight:
-                _run_preflight(path, spec)
-            code = run_eval_job(path, spec, events)
+                _run_preflight(path, spec, engine)
+            code = run_eval_job(path, spec, events, engine)
         finish(
             path,
             events,
@@ -366,11 +370,11 @@ def run(path: Path, preflight: bool = False) -> int:
         return 1
 
 
-def _run_preflight(path: Path, spec: dict) -> None:
+def _run_preflight(path: Path, spec: dict, engine: EvalSpec) -> None:
     from remote.eval import preflight
 
     try:
-        report = preflight.check(spec)
+        report = preflight.check(spec, engine)
     except UserError as exc:
         write_json_atomic(path / "preflight.json", {"ok": False, "error": str(exc)})
         raise
@@ -385,54 +389,46 @@ def finish(path: Path, events: EventLog, state: str, code: int, error: str | Non
     write_json_atomic(path / "exit.json", info)
 
 
-def run_eval_job(path: Path, spec: dict, events: EventLog) -> int:
-    """Phase 1: ground truth (cached on the host). Phase 2: the eval engine, IN this process
-    (one python start and one torch import per job, not two), its events appended to
-    ``events.jsonl`` with the time they happened. Its one-line errors fail the job as the
-    runner's own do."""
-    from remote.eval import engine as evaluate
-    from remote.eval import groundtruth
-
-    events.emit("phase", phase="ground_truth", source=spec.get("ground_truth", {}).get("kind"))
-    gt_path, gt_info = groundtruth.prepare(spec, emit=events.emit)
-    write_json_atomic(path / "ground_truth.json", gt_info)
-    if spec.get("stop_after") == "ground_truth":
-        return 0
-    eval_spec = build_eval_spec(path, spec, gt_path, gt_info)
-    write_json_atomic(path / "eval_spec.json", eval_spec)
-    events.emit("phase", phase="eval")
-    engine_spec = evaluate.read_spec(str(path / "eval_spec.json"))
-    evaluate.run_eval(
-        engine_spec, on_event=lambda ev: events.write({**ev, "time": round(time.time(), 3)})
-    )
-    annotate_result(path / "result.json", gt_info, spec)
-    return 0
-
-
-def build_eval_spec(path: Path, spec: dict, gt_path: str, gt_info: dict) -> dict:
-    """The engine's spec (`EvalSpec`): the job's eval settings, with this host's paths."""
-    ev = {k: v for k, v in (spec.get("eval") or {}).items() if k in EVAL_KEYS and v is not None}
+def job_engine(spec: dict) -> EvalSpec:
+    """The engine's `EvalSpec` the job carries (``eval``: target, drafter, dtype, threads,
+    budgets, ...), validated; a bad one fails the job in one line."""
     try:
-        return EvalSpec(
-            target=spec["target"],
-            drafter=spec["drafter"],
-            ground_truth=gt_path,
-            output_dir=str(path),
-            dtype=spec.get("dtype") or DEFAULT_DTYPE,
-            threads=spec.get("threads"),
-            device=spec.get("device") or "cpu",
-            **ev,
-        ).to_json()
+        return EvalSpec.of_job(spec)
     except (SpecError, TypeError) as exc:
         raise UserError(f"job spec: {exc}") from None
 
 
-# What a job's ``eval`` section may set of the engine's spec (the rest are paths or the
-# job's own ``dtype``/``threads``).
-EVAL_KEYS = ("budgets", "topk", "block_chunk", "positions")
+def run_eval_job(path: Path, spec: dict, events: EventLog, engine: EvalSpec | None = None) -> int:
+    """Phase 1: ground truth (cached on the host). Phase 2: the eval engine, IN this process
+    (one python start and one torch import per job, not two), its events appended to
+    ``events.jsonl`` with the time they happened. Its one-line errors fail the job as the
+    runner's own do. `engine`: the job's EvalSpec when the caller read it already."""
+    from remote.eval import engine as evaluate
+    from remote.eval import groundtruth
+
+    engine = engine or job_engine(spec)
+    events.emit("phase", phase="ground_truth", source=spec.get("ground_truth", {}).get("kind"))
+    gt_path, gt_info = groundtruth.prepare(spec, emit=events.emit, engine=engine)
+    write_json_atomic(path / "ground_truth.json", gt_info)
+    if spec.get("stop_after") == "ground_truth":
+        return 0
+    # The job's spec with this host's paths: passed to the engine as it is (and kept).
+    engine = build_eval_spec(path, engine, gt_path)
+    write_json_atomic(path / "eval_spec.json", engine.to_json())
+    events.emit("phase", phase="eval")
+    evaluate.run_eval(
+        engine, on_event=lambda ev: events.write({**ev, "time": round(time.time(), 3)})
+    )
+    annotate_result(path / "result.json", gt_info, spec, engine)
+    return 0
 
 
-def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
+def build_eval_spec(path: Path, engine: EvalSpec, gt_path: str) -> EvalSpec:
+    """The engine's spec: the job's, with this host's ground-truth file and output folder."""
+    return replace(engine, ground_truth=gt_path, output_dir=str(path))
+
+
+def annotate_result(result_path: Path, gt_info: dict, spec: dict, engine: EvalSpec) -> None:
     """Make sure the result names its ground-truth source and the job that produced it,
     whatever the engine recorded itself."""
     result = read_json(result_path)
@@ -449,7 +445,7 @@ def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
     )
     inputs.setdefault("checkpoint", spec.get("checkpoint"))
     inputs.setdefault("prompts", spec.get("prompts"))
-    _record_identities(inputs, gt_info, spec)
+    _record_identities(inputs, gt_info, engine)
     result.setdefault(
         "job",
         {
@@ -461,14 +457,14 @@ def annotate_result(result_path: Path, gt_info: dict, spec: dict) -> None:
     write_json_atomic(result_path, result)
 
 
-def _record_identities(inputs: dict, gt_info: dict, spec: dict) -> None:
+def _record_identities(inputs: dict, gt_info: dict, engine: EvalSpec) -> None:
     """What a paired comparison and a tracker need to know the run by: the drafter's
     sha256 and step, the ground truth file's sha256, the target's identity."""
     from remote.eval import groundtruth, provenance
 
-    if spec.get("drafter") and "drafter_identity" not in inputs:
+    if engine.drafter and "drafter_identity" not in inputs:
         try:
-            inputs["drafter_identity"] = provenance.drafter_identity(spec["drafter"])
+            inputs["drafter_identity"] = provenance.drafter_identity(engine.drafter)
         except OSError as exc:  # the result stands without it; say why it is missing
             inputs["drafter_identity"] = {"sha256": None, "error": str(exc)}
     if gt_info.get("file") and "ground_truth_sha256" not in inputs:
@@ -476,9 +472,9 @@ def _record_identities(inputs: dict, gt_info: dict, spec: dict) -> None:
             inputs["ground_truth_sha256"] = provenance.file_sha256(gt_info["file"])
         except OSError:
             inputs["ground_truth_sha256"] = None
-    if spec.get("target") and "target_identity" not in inputs:
+    if engine.target and "target_identity" not in inputs:
         try:
-            inputs["target_identity"] = groundtruth.target_identity(spec["target"])
+            inputs["target_identity"] = groundtruth.target_identity(engine.target)
         except UserError:
             inputs["target_identity"] = None
 

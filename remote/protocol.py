@@ -32,7 +32,8 @@ FRAME_HEADER = struct.Struct(">Q")  # the length of the payload that follows
 
 # ---- schemas ----------------------------------------------------------------------------
 
-JOB_SPEC_SCHEMA = "dflash.job/1"
+JOB_SPEC_SCHEMA = "dflash.job/1"  # the engine's EvalSpec travels in it under JOB_EVAL_KEY
+JOB_EVAL_KEY = "eval"
 RESULT_SCHEMA = "dflash.eval/1"
 PROBE_SCHEMA = "dflash.probe/1"
 
@@ -91,7 +92,7 @@ def _is_int(value: object) -> bool:
 
 def _positive_or_none(name: str, value: Any) -> None:
     if value is not None and (not _is_int(value) or value < 1):
-        raise SpecError(f"{name} must be a positive integer or null, got {value!r}")
+        raise SpecError(f"{name} must be a whole number of at least 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -155,3 +156,16 @@ class EvalSpec:
             raise SpecError("budgets must be a list of positive integers, e.g. [8, 32, 64]")
         # null means the default, as an absent key does
         return cls(**{k: v for k, v in obj.items() if v is not None})
+
+    @classmethod
+    def of_job(cls, job: Any) -> EvalSpec:
+        """The spec a job document (``dflash.job/1``) carries under ``eval``: the target,
+        drafter and every engine setting, read once by the host that runs the job."""
+        if not isinstance(job, dict):
+            raise SpecError("a job spec must be a JSON object")
+        return cls.from_json(job.get(JOB_EVAL_KEY) or {})
+
+
+# What a job evaluates with when its caller chose nothing: DDTree at every default budget.
+# (A bare engine spec, as `remote.eval.engine` reads it, walks the chain only.)
+JOB_ENGINE_DEFAULT = EvalSpec(budgets=DEFAULT_BUDGETS)

@@ -225,7 +225,9 @@ def _remote(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
 def test_host_preflight_refuses_bad_counts(key, value):
     """A job spec built by another controller (or by hand) is checked on the host too: the
     count is refused by preflight, not after the ground-truth phase."""
-    spec = {"dtype": "float32", "target": "/nonexistent", key: value}
+    spec = {"eval": {"dtype": "float32", "target": "/nonexistent"}}
+    # threads is an engine setting (the job's EvalSpec); samples a job's own
+    (spec["eval"] if key == "threads" else spec)[key] = value
     proc = _remote("preflight", "--spec", "-", stdin=json.dumps(spec))
     assert proc.returncode == EXIT_USER_ERROR, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -324,8 +326,7 @@ def test_bad_ground_truth_answer_fails_the_job_in_one_line_and_caches_nothing(
     with ScriptedServer(reply) as server:
         spec = {
             "kind": "eval",
-            "target": str(tiny_target),
-            "dtype": "float32",
+            "eval": {"target": str(tiny_target), "dtype": "float32"},
             "workdir": str(workdir),
             "prompts": {"path": str(prompts_file)},
             "samples": 2,

@@ -330,7 +330,7 @@ def test_a_second_follower_on_the_same_folder_is_refused(setup):
     from orchestrator.inventory import load_inventory
 
     inv = load_inventory(setup.inventory)
-    holder = follow._State(follow.state_dir(inv, "trainer", "evalhost"), "trainer", "evalhost")
+    holder = follow.FollowState(follow.state_dir(inv, "trainer", "evalhost"), "trainer", "evalhost")
     try:
         with pytest.raises(follow.FollowError, match="another dflash follow"):
             follow.follow_pass(inv, "trainer", "evalhost")

@@ -26,9 +26,8 @@ def make_spec(
     tmp_path: Path, target: Path, prompts: Path, kind: str, url: str | None = None, **extra
 ) -> dict:
     spec = {
-        "target": str(target),
+        "eval": {"target": str(target), "dtype": "float32"},
         "workdir": str(tmp_path / "wd"),
-        "dtype": "float32",
         "prompts": {"path": str(prompts)},
         "samples": 3,
         "seed": 0,

@@ -226,12 +226,12 @@ def test_engine_device_option_one_path_and_clear_errors(tmp_path):
     (tmp_path / "s.json").write_text(json.dumps(spec | {"device": "gpu0"}))
     with pytest.raises(UserError, match="device 'gpu0' is not supported; use cpu, cuda"):
         evaluate.read_spec(str(tmp_path / "s.json"))
-    job = {"target": "/t", "drafter": "/d", "dtype": "float32", "device": "cuda"}
-    assert jobs.build_eval_spec(tmp_path, job, "/g", {})["device"] == "cuda"
+    job = {"eval": {"target": "/t", "drafter": "/d", "dtype": "float32", "device": "cuda"}}
+    assert jobs.build_eval_spec(tmp_path, jobs.job_engine(job), "/g").device == "cuda"
     if not torch.cuda.is_available():
         for run in (
             lambda: device.resolve("cuda"),
-            lambda: preflight.check({"device": "cuda", "target": "/t"}),
+            lambda: preflight.check({"eval": {"device": "cuda", "target": "/t"}}),
         ):
             with pytest.raises(UserError) as exc:
                 run()

@@ -154,6 +154,7 @@ def followed(trainer_sshd, eval_sshd, ssh_base, demo, drafter_ckpts, tmp_path_fa
     from orchestrator.eval import follow
     from orchestrator.eval import run as remote_eval
     from orchestrator.inventory import load_inventory
+    from remote.protocol import EvalSpec
 
     assets, gt_server = demo
     tiny_target = assets.target
@@ -206,7 +207,9 @@ def followed(trainer_sshd, eval_sshd, ssh_base, demo, drafter_ckpts, tmp_path_fa
     old = os.environ.pop("WANDB_MODE", None)  # the default must be offline by itself
     try:
         opts = follow.FollowOptions(
-            tensorboard=str(tb), wandb=PROJECT, eval=remote_eval.EvalOptions(budgets=[2, 4])
+            tensorboard=str(tb),
+            wandb=PROJECT,
+            eval=remote_eval.EvalOptions(engine=EvalSpec(budgets=(2, 4))),
         )
         follow.follow_pass(inv, "trainer", "evalhost", opts)
     finally:
@@ -358,7 +361,7 @@ def test_compare_says_when_runs_are_not_comparable(followed, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     bf16 = res.load_run(json.loads(proc.stdout)["run_dir"])
-    assert bf16.spec["dtype"] == "bfloat16"
+    assert bf16.spec["eval"]["dtype"] == "bfloat16"
     assert bf16.result["environment"]["dtype"] == "bfloat16"
     base = res.load_run(followed.results / last["run_id"])
     p = compare.paired(base, bf16)

@@ -14,9 +14,10 @@ import pytest
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import run as remote_eval
-from orchestrator.eval import shard
+from orchestrator.eval import shard, shard_plan
 from orchestrator.inventory import load_inventory
 from remote.eval.metrics import summarize
+from remote.protocol import EvalSpec
 from tests.conftest import _start, ssh_host_entry
 from tests.test_hosts import dflash, one_error_line
 
@@ -37,23 +38,23 @@ def test_plan_balances_expected_tokens_not_sample_count():
     # One long sample and six short ones: by count 2 hosts would get 4 and 3 samples; by
     # tokens the long one stands alone.
     recs = [_rec(0, 10, 10), _rec(1, 10, 300), *[_rec(i, 10, 20) for i in range(2, 8)]]
-    plan = shard.plan_shards(recs, ["a", "b"])
+    plan = shard_plan.plan_shards(recs, ["a", "b"])
     assert [s.indices for s in plan] == [[1], [0, 2, 3, 4, 5, 6, 7]]
     assert [s.tokens for s in plan] == [310, 200]
     # Unknown completion: prompt + max_new_tokens.
     recs = [_rec(0, 5, None), _rec(1, 5, 50), _rec(2, 5, 50)]
-    plan = shard.plan_shards(recs, ["a", "b"], max_new_tokens=100)
+    plan = shard_plan.plan_shards(recs, ["a", "b"], max_new_tokens=100)
     assert [s.indices for s in plan] == [[0], [1, 2]] and plan[0].tokens == 105
     # Every index exactly once, each shard in ascending order; a subset when asked.
     recs = [_rec(i, 3 + i % 5, 7 * i % 11 + 1) for i in range(23)]
-    plan = shard.plan_shards(recs, ["a", "b", "c"], indices=list(range(5, 23)))
+    plan = shard_plan.plan_shards(recs, ["a", "b", "c"], indices=list(range(5, 23)))
     got = sorted(i for s in plan for i in s.indices)
     assert got == list(range(5, 23))
     assert all(s.indices == sorted(s.indices) for s in plan)
-    biggest = max(shard.expected_tokens(r, 0) for r in recs)
+    biggest = max(shard_plan.expected_tokens(r, 0) for r in recs)
     assert max(s.tokens for s in plan) - min(s.tokens for s in plan) <= biggest
     with pytest.raises(DflashError):
-        shard.plan_shards(recs, [])
+        shard_plan.plan_shards(recs, [])
 
 
 def test_merged_metrics_of_sharded_records_equal_the_summary_of_the_whole():
@@ -79,7 +80,7 @@ def test_merged_metrics_of_sharded_records_equal_the_summary_of_the_whole():
             }
         )
     whole = summarize(recs, B, [8], None, 320)
-    plan = shard.plan_shards(recs, list(HOSTS))
+    plan = shard_plan.plan_shards(recs, list(HOSTS))
     assert all(s.indices for s in plan)
     assert sorted(i for s in plan for i in s.indices) == list(range(len(recs)))
     returned = {i: recs[i] for s in reversed(plan) for i in s.indices}  # any arrival order
@@ -87,7 +88,7 @@ def test_merged_metrics_of_sharded_records_equal_the_summary_of_the_whole():
     results = [{"inputs": dict(inputs), "timings": {}} for _ in plan]
 
     def merged(records: list[dict]) -> dict:
-        return shard.merge_result(
+        return shard_plan.merge_result(
             results, records, ground_truth_source={}, shards={}, job={}, wall_s=1.0
         )["metrics"]
 
@@ -203,7 +204,9 @@ def test_three_hosts_merge_equals_one_host_and_ground_truth_is_fetched_once(
     inventory_path, server, prompts, three_sshd
 ):
     inv = load_inventory(inventory_path)
-    options = remote_eval.EvalOptions(prompts=str(prompts), max_new_tokens=20, budgets=[4, 8])
+    options = remote_eval.EvalOptions(
+        prompts=str(prompts), max_new_tokens=20, engine=EvalSpec(budgets=(4, 8))
+    )
     cli = dflash(
         "remote-eval",
         "--hosts",
@@ -287,8 +290,10 @@ def test_killed_host_has_its_unfinished_samples_rerun_elsewhere(inventory_path, 
     # of work against the fraction of a second an event takes to reach us.
     _ground_truth_file(gt, [60, 2980, 3000, 3000])
     records = [json.loads(x) for x in gt.read_text().splitlines()]
-    assert [s.indices for s in shard.plan_shards(records, list(HOSTS))] == [[2], [3], [0, 1]]
-    options = remote_eval.EvalOptions(ground_truth=str(gt), ground_truth_kind="file", budgets=[4])
+    assert [s.indices for s in shard_plan.plan_shards(records, list(HOSTS))] == [[2], [3], [0, 1]]
+    options = remote_eval.EvalOptions(
+        ground_truth=str(gt), ground_truth_kind="file", engine=EvalSpec(budgets=(4,))
+    )
     victim = "sc"
     seen: dict = {"in_shard": False, "pid": None, "killed": False}
 

@@ -14,7 +14,8 @@ import typer
 from orchestrator.commands import output
 from orchestrator.errors import DflashError
 from orchestrator.inventory import Inventory, load_inventory
-from remote.protocol import SpecError, parse_budgets, parse_dtype
+from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
+from remote.protocol import DEFAULT_BUDGETS, POSITIONS, SpecError, parse_budgets, parse_dtype
 
 InventoryOption = Annotated[
     Path | None,
@@ -54,6 +55,17 @@ def _budgets(text: str | None) -> list[int] | None:
         raise DflashError(f"--{exc}") from None
 
 
+def _positions(value: str | None) -> str | None:
+    if value is not None and value not in POSITIONS:
+        raise DflashError(f"--positions must be 'all' or 'walk', got {value!r}")
+    return value
+
+
+# ---- the options of an evaluation, shared by remote-eval, follow and parity --------------
+# Engine settings (dtype, threads, budgets, topk, positions, device) become ONE EvalSpec
+# (`orchestrator.eval.spec.engine_spec`); None: not given (the inventory's, else the
+# protocol's default).
+
 DtypeOption = Annotated[
     str | None,
     typer.Option(
@@ -67,8 +79,64 @@ BudgetsOption = Annotated[
     typer.Option(
         "--budgets",
         callback=_budgets,
-        help="DDTree node budgets, comma-separated (default 8,16,32,64).",
+        help="DDTree node budgets, comma-separated "
+        f"(default {','.join(map(str, DEFAULT_BUDGETS))}).",
     ),
+]
+ThreadsOption = Annotated[
+    int | None, typer.Option(min=1, help="CPU threads per host (default: the inventory's).")
+]
+TopkOption = Annotated[
+    int | None, typer.Option(min=1, help="DDTree per-depth candidates (default: the budget).")
+]
+PositionsOption = Annotated[
+    str | None,
+    typer.Option(
+        callback=_positions,
+        help="Draft at 'all' completion positions (default; exact per-position acceptance) "
+        "or only at the 'walk' positions (tau times fewer blocks, one at a time: pays for "
+        "drafters with several layers).",
+    ),
+]
+DeviceOption = Annotated[
+    str | None,
+    typer.Option(help="Where the engine computes on the host: cpu (default), cuda or cuda:N."),
+]
+PromptsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Built-in set (math, code, chat), a local JSONL file, or host:/path on the "
+        "(comparing) eval host (default: the inventory's)."
+    ),
+]
+SamplesOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help="Evaluate this many prompts (seeded choice; default: the inventory's)."
+    ),
+]
+SeedOption = Annotated[int, typer.Option(help="Seed of the prompt choice.")]
+MaxNewTokensOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Ground-truth completion length (default: the inventory's, else "
+        f"{DEFAULT_MAX_NEW_TOKENS}).",
+    ),
+]
+GroundTruthOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Ground-truth server URL (as seen from the eval host), or a file there for "
+        "kind 'file' (default: the inventory's)."
+    ),
+]
+GroundTruthKindOption = Annotated[
+    str | None, typer.Option(help="sglang | openai | openai-text | file | local.")
+]
+ResultsDirOption = Annotated[
+    str | None,
+    typer.Option("--results-dir", help="Local results folder (default: defaults.results_dir)."),
 ]
 
 

@@ -12,13 +12,17 @@ from orchestrator.commands.common import (
     DtypeOption,
     InventoryOption,
     JsonOption,
+    MaxNewTokensOption,
+    PromptsOption,
+    ResultsDirOption,
+    SamplesOption,
     inventory,
     positive,
     sigterm_as_interrupt,
 )
 from orchestrator.errors import DflashError
 from orchestrator.eval import follow as follow_lib
-from orchestrator.eval import run as remote_eval
+from orchestrator.eval.spec import EvalOptions, engine_spec
 
 
 def follow_cmd(
@@ -52,23 +56,12 @@ def follow_cmd(
             help="Check each checkpoint fits the target (probe-structure) before evaluating it.",
         ),
     ] = False,
-    prompts: Annotated[
-        str | None,
-        typer.Option(
-            help="Built-in set (math, code, chat), a local JSONL file, or host:/path "
-            "(default: the inventory's)."
-        ),
-    ] = None,
-    samples: Annotated[int | None, typer.Option(min=1, help="Prompts per eval.")] = None,
-    max_new_tokens: Annotated[
-        int | None, typer.Option(min=1, help="Ground-truth completion length.")
-    ] = None,
+    prompts: PromptsOption = None,
+    samples: SamplesOption = None,
+    max_new_tokens: MaxNewTokensOption = None,
     budgets: BudgetsOption = None,
     dtype: DtypeOption = None,
-    results: Annotated[
-        str | None,
-        typer.Option("--results-dir", help="Local results folder (default: defaults.results_dir)."),
-    ] = None,
+    results: ResultsDirOption = None,
     state: Annotated[
         str | None,
         typer.Option(
@@ -110,6 +103,7 @@ def follow_cmd(
             "follow needs --from TRAINER and --to EVAL_HOST (or "
             "defaults.relay_from and defaults.relay_to in the inventory)"
         )
+    engine, chosen = engine_spec(dtype=dtype, budgets=budgets)
     options = follow_lib.FollowOptions(
         keep=keep if keep is not None else inv.defaults.keep,
         interval=interval,
@@ -118,12 +112,12 @@ def follow_cmd(
         state_dir=state,
         tensorboard=tensorboard,
         wandb=wandb,
-        eval=remote_eval.EvalOptions(
+        eval=EvalOptions(
             prompts=prompts,
             samples=samples,
             max_new_tokens=max_new_tokens,
-            dtype=dtype,
-            budgets=budgets,
+            engine=engine,
+            chosen=chosen,
         ),
     )
     # A polite stop (kill, systemd) behaves like Ctrl-C: the running job is cancelled.

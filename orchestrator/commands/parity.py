@@ -7,7 +7,19 @@ from typing import Annotated
 import typer
 
 from orchestrator.commands import output
-from orchestrator.commands.common import InventoryOption, JsonOption, inventory
+from orchestrator.commands.common import (
+    GroundTruthKindOption,
+    GroundTruthOption,
+    InventoryOption,
+    JsonOption,
+    MaxNewTokensOption,
+    PromptsOption,
+    ResultsDirOption,
+    SamplesOption,
+    SeedOption,
+    ThreadsOption,
+    inventory,
+)
 from orchestrator.errors import DflashError
 from orchestrator.eval import hostjobs, parity
 
@@ -28,24 +40,12 @@ def parity_cmd(
     model_b: Annotated[
         str | None, typer.Option(help="Target folder on B (default: B's roles.eval.target_model).")
     ] = None,
-    prompts: Annotated[
-        str | None,
-        typer.Option(
-            help="Built-in set (math, code, chat), a local JSONL file, or host:/path on B."
-        ),
-    ] = None,
-    samples: Annotated[int | None, typer.Option(min=1, help="Prompts to use.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the prompt choice.")] = 0,
-    max_new_tokens: Annotated[
-        int | None, typer.Option(min=1, help="Ground-truth completion length.")
-    ] = None,
-    ground_truth: Annotated[
-        str | None,
-        typer.Option(help="Ground-truth server URL as seen from B, or a file on B (default: B's)."),
-    ] = None,
-    ground_truth_kind: Annotated[
-        str | None, typer.Option(help="sglang | openai | openai-text | file | local.")
-    ] = None,
+    prompts: PromptsOption = None,
+    samples: SamplesOption = None,
+    seed: SeedOption = 0,
+    max_new_tokens: MaxNewTokensOption = None,
+    ground_truth: GroundTruthOption = None,
+    ground_truth_kind: GroundTruthKindOption = None,
     drafter: Annotated[
         str | None,
         typer.Option(
@@ -71,7 +71,7 @@ def parity_cmd(
     ] = None,
     attn_b: Annotated[str | None, typer.Option(help="Same, on B.")] = None,
     topk: Annotated[int, typer.Option(min=1, help="Logits' top-k kept per token.")] = 8,
-    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads per host.")] = None,
+    threads: ThreadsOption = None,
     cancel: Annotated[
         str | None, typer.Option("--cancel", metavar="JOB", help="Stop parity job JOB on --host.")
     ] = None,
@@ -84,10 +84,7 @@ def parity_cmd(
         ),
     ] = None,
     host: Annotated[str | None, typer.Option("--host", help="Host of --cancel / --attach.")] = None,
-    results: Annotated[
-        str | None,
-        typer.Option("--results-dir", help="Local results folder (default: defaults.results_dir)."),
-    ] = None,
+    results: ResultsDirOption = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
 ) -> None:

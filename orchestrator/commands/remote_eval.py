@@ -9,15 +9,28 @@ import typer
 from orchestrator.commands import output
 from orchestrator.commands.common import (
     BudgetsOption,
+    DeviceOption,
     DtypeOption,
+    GroundTruthKindOption,
+    GroundTruthOption,
     InventoryOption,
     JsonOption,
+    MaxNewTokensOption,
+    PositionsOption,
+    PromptsOption,
+    ResultsDirOption,
+    SamplesOption,
+    SeedOption,
+    ThreadsOption,
+    TopkOption,
     inventory,
 )
 from orchestrator.errors import DflashError
 from orchestrator.eval import hostjobs, shard
 from orchestrator.eval import run as remote_eval
+from orchestrator.eval.spec import EvalOptions, engine_spec
 from orchestrator.results import store as res
+from remote.eval.groundtruth import DEFAULT_CONCURRENCY as GT_CONCURRENCY
 
 
 def remote_eval_cmd(
@@ -55,20 +68,10 @@ def remote_eval_cmd(
     detach: Annotated[
         bool, typer.Option("--detach", help="Start the job and return; watch later with --attach.")
     ] = False,
-    prompts: Annotated[
-        str | None,
-        typer.Option(help="Built-in set (math, code, chat), a local JSONL file, or host:/path."),
-    ] = None,
-    samples: Annotated[
-        int | None, typer.Option(min=1, help="Evaluate this many prompts (seeded choice).")
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the prompt choice.")] = 0,
-    max_new_tokens: Annotated[
-        int | None,
-        typer.Option(
-            min=1, help="Ground-truth completion length (default: the inventory's, else 256)."
-        ),
-    ] = None,
+    prompts: PromptsOption = None,
+    samples: SamplesOption = None,
+    seed: SeedOption = 0,
+    max_new_tokens: MaxNewTokensOption = None,
     thinking: Annotated[
         bool,
         typer.Option(
@@ -79,16 +82,8 @@ def remote_eval_cmd(
     temperature: Annotated[
         float, typer.Option(help="Must be 0: only greedy ground truth is accepted.")
     ] = 0.0,
-    ground_truth: Annotated[
-        str | None,
-        typer.Option(
-            help="Ground-truth server URL (as seen from the eval host), or a file there for "
-            "kind 'file' (default: the inventory's)."
-        ),
-    ] = None,
-    ground_truth_kind: Annotated[
-        str | None, typer.Option(help="sglang | openai | openai-text | file | local.")
-    ] = None,
+    ground_truth: GroundTruthOption = None,
+    ground_truth_kind: GroundTruthKindOption = None,
     ground_truth_model: Annotated[
         str | None,
         typer.Option(help="Model name for OpenAI-compatible servers (default: the first served)."),
@@ -101,32 +96,17 @@ def remote_eval_cmd(
         typer.Option(
             "--gt-concurrency",
             min=1,
-            help="Ground-truth requests in flight at once (default: the inventory's, else 16); "
-            "servers batch them.",
+            help="Ground-truth requests in flight at once (default: the inventory's, else "
+            f"{GT_CONCURRENCY}); servers batch them.",
         ),
     ] = None,
     dtype: DtypeOption = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads on the host.")] = None,
+    threads: ThreadsOption = None,
     budgets: BudgetsOption = None,
-    topk: Annotated[
-        int | None, typer.Option(min=1, help="DDTree per-depth candidates (default: the budget).")
-    ] = None,
-    positions: Annotated[
-        str | None,
-        typer.Option(
-            help="Draft at 'all' completion positions (default; exact per-position acceptance) "
-            "or only at the 'walk' positions (tau times fewer blocks, one at a time: pays for "
-            "drafters with several layers)."
-        ),
-    ] = None,
-    device: Annotated[
-        str | None,
-        typer.Option(help="Where the engine computes on the host: cpu (default), cuda or cuda:N."),
-    ] = None,
-    results: Annotated[
-        str | None,
-        typer.Option("--results-dir", help="Local results folder (default: defaults.results_dir)."),
-    ] = None,
+    topk: TopkOption = None,
+    positions: PositionsOption = None,
+    device: DeviceOption = None,
+    results: ResultsDirOption = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -149,15 +129,16 @@ def remote_eval_cmd(
         out = hostjobs.cancel_on(inv, name, cancel)
         output.emit(out, json_out, human=lambda o: output.render_cancelled(o, cancel, name))
         return
-    if positions not in (None, "all", "walk"):
-        raise DflashError(f"--positions must be 'all' or 'walk', got {positions!r}")
     show = not json_out
     if attach:
         with output.LiveProgress(show) as live:
             run_dir = remote_eval.attach(inv, name, attach, on_event=live, dest=results)
         _report(run_dir, json_out)
         return
-    options = remote_eval.EvalOptions(
+    engine, chosen = engine_spec(
+        dtype=dtype, threads=threads, budgets=budgets, topk=topk, positions=positions, device=device
+    )
+    options = EvalOptions(
         prompts=prompts,
         samples=samples,
         seed=seed,
@@ -169,12 +150,8 @@ def remote_eval_cmd(
         ground_truth_model=ground_truth_model,
         ground_truth_concurrency=gt_concurrency,
         target=target,
-        dtype=dtype,
-        threads=threads,
-        budgets=budgets,
-        topk=topk,
-        device=device,
-        extra={"positions": positions} if positions else {},
+        engine=engine,
+        chosen=chosen,
     )
     if hosts:
         with output.ShardProgress(show) as live:

@@ -33,13 +33,14 @@ from orchestrator.errors import DflashError
 from orchestrator.eval import follow
 from orchestrator.eval import run as remote_eval
 from orchestrator.inventory import load_inventory
+from remote.protocol import EvalSpec
 
 TRAINER = "demo-trainer"
 EVAL_HOST = "demo-eval"
 EVAL_PROMPTS = "chat"  # the drafter trained on math and code: chat prompts are unseen
 EVAL_SAMPLES = 8
 EVAL_NEW_TOKENS = 48
-BUDGETS = [4, 8, 16]
+BUDGETS = (4, 8, 16)
 
 
 @dataclass
@@ -193,7 +194,9 @@ def run_demo(
             opts = follow.FollowOptions(
                 probe=True,
                 results_dir=results,
-                eval=remote_eval.EvalOptions(prompts=EVAL_PROMPTS, budgets=list(BUDGETS)),
+                eval=remote_eval.EvalOptions(
+                    prompts=EVAL_PROMPTS, engine=EvalSpec(budgets=BUDGETS)
+                ),
             )
             clock["ready"] = time.monotonic()
             follow.follow_pass(inv, TRAINER, EVAL_HOST, opts, events)

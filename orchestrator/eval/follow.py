@@ -35,9 +35,6 @@ next resume) or cancels the running job on the eval host, then re-raises.
 
 from __future__ import annotations
 
-import datetime as _dt
-import fcntl
-import json
 import os
 import threading
 from collections.abc import Callable
@@ -45,24 +42,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import DflashError, RemoteCommandError
-from orchestrator.eval import run as remote_eval
+from orchestrator.errors import DflashError
+from orchestrator.eval.follow_checkpoint import CheckpointFollower
+from orchestrator.eval.follow_state import (
+    HISTORY,
+    PLOT,
+    FollowError,
+    FollowState,
+    read_history,
+    redraw,
+    state_dir,
+)
+from orchestrator.eval.spec import EvalOptions
 from orchestrator.inventory import Inventory
-from orchestrator.probe.structure import probe_structure
 from orchestrator.relay import run as relay
-from orchestrator.results import export, plots
-from orchestrator.results import store as results
-from orchestrator.transport.hosts import open_host
-from remote.atomic import write_json_atomic
-
-STATE_FORMAT = "dflash-follow/1"
-HISTORY = "history.json"
-STATE = "state.json"
-PLOT = "tau_by_step.png"
-
-
-class FollowError(DflashError):
-    """Follow cannot run (another follower holds the folder, bad hosts)."""
+from orchestrator.results import export
 
 
 @dataclass
@@ -72,7 +66,7 @@ class FollowOptions:
     keep: int | None = None
     interval: float = 60.0
     probe: bool = False
-    eval: remote_eval.EvalOptions = field(default_factory=remote_eval.EvalOptions)
+    eval: EvalOptions = field(default_factory=EvalOptions)
     results_dir: str | os.PathLike | None = None
     state_dir: str | os.PathLike | None = None
     tensorboard: str | os.PathLike | None = None  # log folder
@@ -105,361 +99,6 @@ class FollowEvents:
         pass
 
 
-# ---- state on disk -------------------------------------------------------------------------
-
-
-def _read_json(path: Path, default: Any) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return default
-    except ValueError as exc:
-        raise FollowError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
-
-
-def state_dir(
-    inventory: Inventory, source: str, dest: str, options: FollowOptions | None = None
-) -> Path:
-    """The follow folder of a source/destination pair."""
-    options = options or FollowOptions()
-    if options.state_dir:
-        return Path(options.state_dir)
-    return (
-        remote_eval.results_dir(inventory, options.results_dir) / "follow" / f"{source}-to-{dest}"
-    )
-
-
-def read_history(folder: str | os.PathLike) -> list[dict]:
-    """The entries recorded in a follow folder, in the order they were evaluated."""
-    return _read_json(Path(folder) / HISTORY, [])
-
-
-class _State:
-    """The follow folder, held under an exclusive lock while a follower runs."""
-
-    def __init__(self, folder: Path, source: str, dest: str):
-        self.dir = folder
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.dir / "lock", "a+")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.seek(0)
-            holder = self._lock.read().strip() or "?"
-            self._lock.close()
-            raise FollowError(
-                f"another dflash follow (pid {holder}) is using {self.dir}; stop it first"
-            ) from None
-        self._lock.seek(0)
-        self._lock.truncate()
-        self._lock.write(str(os.getpid()))
-        self._lock.flush()
-        self.history: list[dict] = read_history(self.dir)
-        state = _read_json(self.dir / STATE, {})
-        if state and state.get("format") != STATE_FORMAT:
-            raise FollowError(
-                f"{self.dir / STATE} has format {state.get('format')!r}, expected {STATE_FORMAT!r}"
-            )
-        if state and (state.get("source"), state.get("dest")) != (source, dest):
-            raise FollowError(
-                f"{self.dir} follows {state.get('source')} -> "
-                f"{state.get('dest')}, not {source} -> {dest}; use another "
-                "--state-dir"
-            )
-        self.source, self.dest = source, dest
-        self.inflight: dict[str, dict] = dict(state.get("inflight") or {})
-
-    def done(self) -> set[str]:
-        return {h["checkpoint"] for h in self.history}
-
-    def save_state(self) -> None:
-        write_json_atomic(
-            self.dir / STATE,
-            {
-                "format": STATE_FORMAT,
-                "source": self.source,
-                "dest": self.dest,
-                "inflight": self.inflight,
-            },
-            fsync=True,
-        )
-
-    def record(self, entry: dict) -> None:
-        # History first: once a checkpoint is there it is never evaluated again, whatever
-        # happens before the in-flight note is cleared.
-        self.history.append(entry)
-        write_json_atomic(self.dir / HISTORY, self.history, fsync=True)
-        self.inflight.pop(entry["checkpoint"], None)
-        self.save_state()
-
-    def close(self) -> None:
-        self._lock.close()
-
-
-# ---- one checkpoint ------------------------------------------------------------------------
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _entry(
-    name: str, step: int | None, host: str, job_id: str, run_dir: Path, probe: dict | None
-) -> dict:
-    s = results.summary(results.load_run(run_dir))
-    return {
-        "step": step,
-        "checkpoint": name,
-        "state": "done",
-        "tau": s["tau"],
-        "tau_tokens": s["tau_tokens"],
-        "ddtree": s["ddtree"],
-        "target_agreement": s["target_agreement"],
-        "samples": s["samples"],
-        "run_id": s["run_id"],
-        "run_dir": str(run_dir),
-        "job_id": job_id,
-        "host": host,
-        "drafter_fits": None if probe is None else probe.get("ok"),
-        "time": _now(),
-    }
-
-
-def _failed(
-    name: str,
-    step: int | None,
-    host: str,
-    job_id: str | None,
-    error: str,
-    probe: dict | None = None,
-) -> dict:
-    return {
-        "step": step,
-        "checkpoint": name,
-        "state": "failed",
-        "error": error,
-        "job_id": job_id,
-        "host": host,
-        "drafter_fits": None if probe is None else probe.get("ok"),
-        "time": _now(),
-    }
-
-
-def _saved_job_state(inventory: Inventory, dest: str, job_id: str) -> str | None:
-    """The state of a saved job on the eval host; None when the host has no such job."""
-    with open_host(inventory.host(dest), inventory) as host:
-        try:
-            return remote_eval.job_status(host, job_id)["state"]
-        except RemoteCommandError as exc:
-            if "no job" in str(exc):
-                return None
-            raise
-
-
-def _cancel(inventory: Inventory, dest: str, job_id: str) -> None:
-    with open_host(inventory.host(dest), inventory) as host:
-        try:
-            remote_eval.cancel(host, job_id)
-        except RemoteCommandError as exc:
-            if "no job" not in str(exc):  # never started: nothing to stop
-                raise
-
-
-class _Follower:
-    def __init__(
-        self,
-        inventory: Inventory,
-        source: str,
-        dest: str,
-        options: FollowOptions,
-        events: FollowEvents,
-        trackers: list[export.Tracker] | None = None,
-    ):
-        self.inv, self.source, self.dest = inventory, source, dest
-        self.opts, self.events = options, events
-        self.results = remote_eval.results_dir(inventory, options.results_dir)
-        self.trackers = trackers or []
-
-    def process(
-        self, st: _State, name: str, step: int | None, on_trainer: bool = True
-    ) -> dict | None:
-        """Relay, (probe,) evaluate and record one checkpoint; returns its history entry
-        (None when a saved evaluation cannot be resumed and the trainer no longer has the
-        checkpoint)."""
-        saved = st.inflight.get(name)
-        if saved:
-            state = _saved_job_state(self.inv, self.dest, saved["job_id"])
-            # running/done: attach or pull; failed: attach records the failure (a failed
-            # eval is not retried); never started, cancelled or lost: evaluate afresh.
-            if state in ("running", "done", "failed"):
-                self.events.message(
-                    f"{name}: job {saved['job_id']} from an earlier follow "
-                    f"is {state}; attaching to it"
-                )
-                return self._attach(st, name, step, saved["job_id"], saved.get("probe"))
-            if not on_trainer:
-                self.events.message(
-                    f"{name}: job {saved['job_id']} from an earlier follow "
-                    f"is {state or 'not on the host'} and the trainer no "
-                    "longer has the checkpoint; dropping it"
-                )
-                st.inflight.pop(name)
-                st.save_state()
-                return None
-            self.events.message(
-                f"{name}: job {saved['job_id']} from an earlier follow is "
-                f"{state or 'not on the host'}; evaluating afresh"
-            )
-        self.events.message(f"{name}: relaying {self.source} -> {self.dest}")
-        report = relay.relay(
-            self.inv,
-            self.source,
-            [self.dest],
-            relay.RelayOptions(names=[name]),
-            self.events.relay_progress(name),
-        )
-        if not report.ok:
-            _, host, error = report.failures[0]
-            raise DflashError(f"relay of {name} to {host} failed: {error}")
-        probe = self._probe(name) if self.opts.probe else None
-        job_id = remote_eval.new_job_id(name)
-        if probe is not None and not probe["ok"]:
-            entry = _failed(
-                name,
-                step,
-                self.dest,
-                None,
-                "drafter does not fit the target: " + "; ".join(probe.get("problems") or []),
-                probe,
-            )
-            st.record(entry)
-            return entry
-        st.inflight[name] = {"job_id": job_id, "step": step, "probe": probe, "saved": _now()}
-        st.save_state()  # before the job exists: a restart finds it by this id
-        return self._evaluate(st, name, step, job_id, probe)
-
-    def _probe(self, name: str) -> dict:
-        spec = self.inv.host(self.dest)
-        target = self.opts.eval.target or (spec.eval.target_model if spec.eval else None)
-        if not target:
-            raise DflashError(f"host {self.dest} has no target_model to probe against")
-        with open_host(spec, self.inv) as host:
-            drafter = remote_eval.resolve_checkpoint(host, spec, name)
-            report = probe_structure(host, target, drafter=drafter)
-        d = report.get("drafter") or {}
-        self.events.message(
-            f"{name}: probe-structure: {report.get('built_class')}, "
-            f"{report['text'].get('num_layers', '?')} text layers; drafter "
-            f"{'fits' if d.get('ok') else 'does NOT fit'}"
-        )
-        return {
-            "ok": bool(d.get("ok")),
-            "problems": d.get("problems") or [],
-            "model_class": report.get("built_class"),
-        }
-
-    def _evaluate(
-        self, st: _State, name: str, step: int | None, job_id: str, probe: dict | None
-    ) -> dict:
-        self.events.message(f"{name}: evaluating on {self.dest} (job {job_id})")
-        try:
-            run_dir = remote_eval.run_eval(
-                self.inv,
-                self.dest,
-                name,
-                self.opts.eval,
-                dest=self.results,
-                job_id=job_id,
-                on_event=lambda ev: self.events.eval_event(name, ev),
-            )
-        except KeyboardInterrupt:
-            self._interrupted(st, name, job_id)
-            raise
-        except remote_eval.JobError as exc:  # the eval itself failed: recorded, not retried
-            entry = _failed(name, step, self.dest, job_id, str(exc), probe)
-            st.record(entry)
-            return entry
-        return self._record(st, name, step, job_id, run_dir, probe)
-
-    def _attach(
-        self, st: _State, name: str, step: int | None, job_id: str, probe: dict | None
-    ) -> dict:
-        try:
-            run_dir = remote_eval.attach(
-                self.inv,
-                self.dest,
-                job_id,
-                dest=self.results,
-                on_event=lambda ev: self.events.eval_event(name, ev),
-            )
-        except KeyboardInterrupt:
-            self._interrupted(st, name, job_id)
-            raise
-        except remote_eval.JobError as exc:
-            entry = _failed(name, step, self.dest, job_id, str(exc), probe)
-            st.record(entry)
-            return entry
-        return self._record(st, name, step, job_id, run_dir, probe)
-
-    def _track(self, run_dir: Path) -> None:
-        """Log the run to the trackers; a tracker failing never loses the result."""
-        for tracker in self.trackers:
-            try:
-                tracker.log(results.load_run(run_dir))
-            except Exception as exc:  # the history already holds the result
-                self.events.message(f"{type(tracker).__name__} could not log {run_dir.name}: {exc}")
-
-    def _interrupted(self, st: _State, name: str, job_id: str) -> None:
-        self.events.message(f"{name}: interrupted; cancelling job {job_id} on {self.dest}")
-        _cancel(self.inv, self.dest, job_id)
-        st.inflight.pop(name, None)
-        st.save_state()
-
-    def _record(
-        self,
-        st: _State,
-        name: str,
-        step: int | None,
-        job_id: str,
-        run_dir: Path,
-        probe: dict | None,
-    ) -> dict:
-        entry = _entry(name, step, self.dest, job_id, run_dir, probe)
-        st.record(entry)
-        redraw(st.dir, st.history)
-        self._track(run_dir)
-        if self.opts.keep is not None:
-            # Nothing left to send: the relay only prunes the eval host to the newest K.
-            try:
-                report = relay.relay(
-                    self.inv,
-                    self.source,
-                    [self.dest],
-                    relay.RelayOptions(names=[name], keep=self.opts.keep),
-                )
-            except DflashError as exc:  # e.g. the trainer already deleted it: next time
-                self.events.message(f"not pruned this time: {exc}")
-                return entry
-            gone = report.pruned.get(self.dest) or []
-            if gone:
-                self.events.message(
-                    f"kept the newest {self.opts.keep} on {self.dest}; removed {', '.join(gone)}"
-                )
-        return entry
-
-
-def redraw(folder: Path, history: list[dict]) -> Path | None:
-    """Redraw ``tau_by_step.png`` in the follow folder from the history's runs."""
-    runs = []
-    for h in history:
-        if h.get("state") == "done" and h.get("run_dir"):
-            try:
-                runs.append(results.load_run(h["run_dir"]))
-            except DflashError:  # a run folder removed by hand: plot the others
-                continue
-    return plots.plot_tau_by_step(runs, Path(folder) / PLOT) if runs else None
-
-
 # ---- entry points --------------------------------------------------------------------------
 
 
@@ -489,7 +128,7 @@ def follow_pass(
     options = options or FollowOptions()
     events = events or FollowEvents()
     _check_hosts(inventory, source, dest)
-    st = _State(state_dir(inventory, source, dest, options), source, dest)
+    st = FollowState(state_dir(inventory, source, dest, options), source, dest)
     trackers: list[export.Tracker] = []
     try:
         trackers = open_trackers(options, st.dir)
@@ -525,7 +164,7 @@ def _pass(
     dest,
     options,
     events,
-    st: _State,
+    st: FollowState,
     stop: threading.Event | None,
     trackers: list[export.Tracker],
 ) -> list[dict]:
@@ -550,7 +189,7 @@ def _pass(
         events.message(f"not complete yet: {', '.join(waiting)}")
     # In-flight first (its job may be running now), then oldest step first.
     todo.sort(key=lambda sn: (sn[1] not in st.inflight, sn[0] if sn[0] is not None else -1, sn[1]))
-    follower = _Follower(inventory, source, dest, options, events, trackers)
+    follower = CheckpointFollower(inventory, source, dest, options, events, trackers)
     recorded = []
     for step, name in todo:
         if stop is not None and stop.is_set():
@@ -577,7 +216,7 @@ def follow(
     events = events or FollowEvents()
     stop = stop or threading.Event()
     _check_hosts(inventory, source, dest)
-    st = _State(state_dir(inventory, source, dest, options), source, dest)
+    st = FollowState(state_dir(inventory, source, dest, options), source, dest)
     trackers: list[export.Tracker] = []
     try:
         trackers = open_trackers(options, st.dir)
@@ -600,12 +239,15 @@ def follow(
         st.close()
 
 
-__all__ = [
+__all__ = [  # the follow folder's names are re-exported: callers know follow, not its rooms
+    "HISTORY",
+    "PLOT",
     "follow",
     "follow_pass",
     "FollowOptions",
     "FollowEvents",
     "FollowError",
+    "FollowState",
     "read_history",
     "redraw",
     "state_dir",

@@ -23,19 +23,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import run as remote_eval
+from orchestrator.eval.spec import EvalOptions, build_spec, engine_spec, target_model
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.relay.run import RELAY_PYTHON_FLAGS
 from orchestrator.relay.stream import Stream, describe_failure, file_lines, pump, send_request
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
-from remote.errors import UserError
-from remote.eval.device import check_name
-from remote.protocol import SpecError, parse_dtype
+from remote.protocol import JOB_EVAL_KEY, EvalSpec
 from remote.relay.host import write_all
 
 SCHEMA = "dflash.parity/1"
@@ -72,14 +71,11 @@ class ParityOptions:
     threads: int | None = None
 
     def __post_init__(self) -> None:
-        try:
-            self.device_a, self.device_b = check_name(self.device_a), check_name(self.device_b)
-        except UserError as exc:
-            raise DflashError(str(exc)) from None
-        try:
-            self.dtype_a, self.dtype_b = parse_dtype(self.dtype_a), parse_dtype(self.dtype_b)
-        except SpecError as exc:
-            raise DflashError(str(exc)) from None
+        # each side's engine settings are one EvalSpec, checked (and normalised) here
+        a, b = self.engine("a")[0], self.engine("b")[0]
+        self.device_a, self.device_b = a.device, b.device
+        self.dtype_a = a.dtype if self.dtype_a is not None else None
+        self.dtype_b = b.dtype if self.dtype_b is not None else None
         for name in ("attn_a", "attn_b"):
             v = getattr(self, name)
             if v is not None and v not in ATTN:
@@ -93,15 +89,27 @@ class ParityOptions:
         # EvalOptions checks samples, prompts, ground truth the one way eval does
         self.eval_options()
 
-    def eval_options(self) -> remote_eval.EvalOptions:
-        return remote_eval.EvalOptions(
+    def engine(self, side: str) -> tuple[EvalSpec, frozenset[str]]:
+        """Side `side`'s engine settings (dtype, device, threads) and which were given."""
+        a = side == "a"
+        return engine_spec(
+            dtype=self.dtype_a if a else self.dtype_b,
+            device=self.device_a if a else self.device_b,
+            threads=self.threads,
+        )
+
+    def eval_options(self, side: str = "b") -> EvalOptions:
+        engine, chosen = self.engine(side)
+        return EvalOptions(
             prompts=self.prompts,
             samples=self.samples,
             seed=self.seed,
             max_new_tokens=self.max_new_tokens,
             ground_truth=self.ground_truth,
             ground_truth_kind=self.ground_truth_kind,
-            threads=self.threads,
+            target=self.model_a if side == "a" else self.model_b,
+            engine=engine,
+            chosen=chosen,
         )
 
 
@@ -123,30 +131,32 @@ def parse_layers(text: str | None) -> list[int] | None:
     return out
 
 
-def _capture_spec(
+def _capture_engine(
     host: Host, spec: HostSpec, opts: ParityOptions, side: str, drafter: str | None
+) -> EvalSpec:
+    """Side `side`'s EvalSpec: its target, the drafter (on B; none on A), its dtype,
+    device and threads over the host's inventory role, as an eval resolves them."""
+    eo = opts.eval_options(side)
+    target = host.expand(target_model(spec, eo, f"--model-{side}"))
+    return replace(eo.engine_for(spec.eval), target=target, drafter=drafter or "")
+
+
+def _capture_spec(
+    host: Host,
+    spec: HostSpec,
+    opts: ParityOptions,
+    side: str,
+    engine: EvalSpec,
+    ground_truth_file: str | None = None,
 ) -> dict:
-    """A ``parity-capture`` job spec; ground truth resolved as eval resolves it."""
-    model = opts.model_a if side == "a" else opts.model_b
-    role = spec.eval
-    if not (model or (role and role.target_model)):
-        raise DflashError(
-            f"no target model for host {spec.name}: set roles.eval.target_model "
-            f"in the inventory or pass --model-{side}"
-        )
-    eo = opts.eval_options()
-    eo.target = model
-    eo.dtype = opts.dtype_a if side == "a" else opts.dtype_b  # normalised already
-    # build_spec resolves ground truth, prompts, sampling and dtype exactly as an eval
-    # does; the drafter slot is not used by a capture (an absolute placeholder).
-    job = remote_eval.build_spec(host, spec, "/parity", eo)
+    """A ``parity-capture`` job spec; ground truth, prompts and sampling resolved as an eval
+    does (`ground_truth_file`: the other host's selection, used whole)."""
+    eo = opts.eval_options(side)
+    job = build_spec(host, spec, f"parity-{side}", eo, engine=engine, exact_file=ground_truth_file)
     job.update(
         kind="parity-capture",
-        checkpoint=f"parity-{side}",
-        drafter=drafter,
         layers=opts.layers,
         topk=opts.topk,
-        device=opts.device_a if side == "a" else opts.device_b,
         attn=opts.attn_a if side == "a" else opts.attn_b,
     )
     return job
@@ -288,16 +298,20 @@ def run_parity(
         drafter = remote_eval.resolve_checkpoint(b, spec_b, opts.drafter) if opts.drafter else None
         if drafter and not b.exists(drafter):
             raise DflashError(f"drafter {drafter} does not exist on {host_b}")
-        job_b = _capture_spec(b, spec_b, opts, "b", drafter)
-        # A captures the layers B chose (the drafter lives on B)
+        engine_b = _capture_engine(b, spec_b, opts, "b", drafter)
+        job_b = _capture_spec(b, spec_b, opts, "b", engine_b)
         st_b = _run_job(b, job_b, f"capture {host_b}", on_event, on_start)
         cap_b = _result(b, st_b["dir"])
+        # A captures the layers B chose (the drafter lives on B), over B's very ids
+        opts_a = ParityOptions(**{**opts.__dict__, "layers": cap_b["layers"]})
         job_a = _capture_spec(
-            a, spec_a, ParityOptions(**{**opts.__dict__, "layers": cap_b["layers"]}), "a", None
+            a,
+            spec_a,
+            opts_a,
+            "a",
+            _capture_engine(a, spec_a, opts_a, "a", None),
+            ground_truth_file=copy_ground_truth(b, st_b["dir"], a),
         )
-        job_a["ground_truth"] = {"kind": "file", "path": copy_ground_truth(b, st_b["dir"], a)}
-        job_a["samples"] = None
-        job_a.pop("prompts", None)
         st_a = _run_job(a, job_a, f"capture {host_a}", on_event, on_start)
         cap_a = _result(a, st_a["dir"])
         if on_event:
@@ -318,10 +332,8 @@ def run_parity(
             "workdir": b.workdir,
             "capture_a": f"{st_b['dir']}/{INBOX}",
             "capture_b": st_b["dir"],
-            "drafter": drafter,
-            "target": job_b["target"],
-            "dtype": job_b["dtype"],
-            "device": opts.device_b,
+            # B's engine settings: the drafter walks on B's target, in B's dtype and device
+            JOB_EVAL_KEY: replace(engine_b, threads=None).to_json(),
             "host_a": host_a,
             "jobs": {"a": st_a["job_id"], "b": st_b["job_id"]},
         }

@@ -11,40 +11,27 @@ reachable FROM the host: each failure one line), starts the job detached from th
 job's files into ``<results_dir>/<job-id>/`` and draws the plots there.
 
 The pieces are separate so other commands (the demo, ``dflash follow``, sharding across
-hosts) can reuse them: `build_spec`, `preflight`, `start_job`, `watch`, `job_status`,
-`list_jobs`, `cancel`, `pull_results`.
+hosts) can reuse them: `preflight`, `start_job`, `watch`, `job_status`, `list_jobs`,
+`cancel`, `pull_results`. What to evaluate (`EvalOptions`, the job spec with its typed
+`EvalSpec`) is built in `orchestrator.eval.spec`; this module passes it through untouched.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
-import secrets
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import DflashError, RemoteCommandError
+from orchestrator.eval.spec import EvalOptions, build_spec, new_job_id, resolve_checkpoint
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, HostError, Result, last_line, open_host
-from remote.eval.groundtruth import DEFAULT_CONCURRENCY as GT_CONCURRENCY
-from remote.eval.groundtruth import KINDS as GT_KINDS
-from remote.protocol import (
-    DEFAULT_BUDGETS,
-    DEFAULT_DTYPE,
-    JOB_SPEC_SCHEMA,
-    SpecError,
-    parse_budgets,
-    parse_dtype,
-)
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-PROMPTS_DIR = DATA_DIR / "prompts"
 # Files a finished job leaves in its folder that belong with the result locally.
 RESULT_FILES = (
     "result.json",
@@ -63,94 +50,6 @@ EventHandler = Callable[[dict], None]
 
 class JobError(DflashError):
     """A job failed, was cancelled or was lost; the message says which and why."""
-
-
-@dataclass
-class EvalOptions:
-    """Everything about one evaluation that is not the host or the checkpoint.
-
-    `prompts`: a built-in set name (see `builtin_prompt_sets`), a local JSONL file (pushed
-    with the job) or ``host:/path`` for a file already on the host; None = the inventory's
-    ``prompts`` (a path on the host) or the built-in ``chat`` set. `ground_truth` is a server
-    URL or (kind ``file``) a path on the host; None = the inventory's.
-    """
-
-    prompts: str | None = None
-    samples: int | None = None
-    seed: int = 0
-    max_new_tokens: int | None = None
-    thinking: bool = False
-    temperature: float = 0.0
-    ground_truth: str | None = None
-    ground_truth_kind: str | None = None
-    ground_truth_model: str | None = None
-    ground_truth_timeout: float = 300.0
-    ground_truth_concurrency: int | None = None
-    target: str | None = None
-    dtype: str | None = None
-    threads: int | None = None
-    budgets: list[int] | None = None  # None: protocol.DEFAULT_BUDGETS
-    topk: int | None = None
-    stop_after: str | None = None
-    device: str | None = None  # cpu (default) | cuda | cuda:N, checked on the host
-    extra: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        """Refuse values no eval can run with, before anything connects: a zero or negative
-        count is never replaced by the inventory's value, and a non-greedy temperature, an
-        unknown ground-truth kind or a missing local prompts file never reaches a host."""
-        for name in ("samples", "max_new_tokens", "threads", "topk"):
-            value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise DflashError(
-                    f"--{name.replace('_', '-')} must be a whole number of at "
-                    f"least 1, got {value!r}"
-                )
-        try:
-            self.dtype = parse_dtype(self.dtype)
-        except SpecError as exc:
-            raise DflashError(str(exc)) from None
-        try:
-            self.budgets = list(
-                parse_budgets(
-                    DEFAULT_BUDGETS if self.budgets is None else self.budgets, allow_empty=False
-                )
-            )
-        except SpecError as exc:
-            raise DflashError(f"--{exc}") from None
-        if self.temperature != 0.0:
-            raise DflashError(
-                f"temperature {self.temperature} refused: ground truth must be "
-                "greedy (temperature 0) for acceptance to mean anything"
-            )
-        if self.ground_truth_kind is not None and self.ground_truth_kind not in GT_KINDS:
-            raise DflashError(
-                f"unknown --ground-truth-kind {self.ground_truth_kind!r} (one "
-                f"of {', '.join(GT_KINDS)})"
-            )
-        if self.prompts is not None and not self.prompts.startswith("host:"):
-            local_prompts(self.prompts)
-        concurrency = self.ground_truth_concurrency
-        if concurrency is not None and (not _is_int(concurrency) or concurrency < 1):
-            raise DflashError(
-                f"--gt-concurrency must be a whole number of at least 1, got {concurrency!r}"
-            )
-        if self.device is not None:
-            from remote.errors import UserError
-            from remote.eval.device import check_name
-
-            try:
-                self.device = check_name(self.device)
-            except UserError as exc:
-                raise DflashError(str(exc)) from None
-        if not self.ground_truth_timeout > 0:
-            raise DflashError(
-                f"the ground-truth timeout must be positive, got {self.ground_truth_timeout!r}"
-            )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -174,138 +73,6 @@ class JobRef:
             "pgid": self.pgid,
             "bundle_pushed": self.bundle_pushed,
         }
-
-
-# ---- prompts ----------------------------------------------------------------------------
-
-
-def builtin_prompt_sets() -> dict[str, Path]:
-    """Name -> file of the prompt sets shipped with dflash."""
-    return {p.stem: p for p in sorted(PROMPTS_DIR.glob("*.jsonl"))}
-
-
-def local_prompts(prompts: str) -> Path:
-    """The file of a built-in set name or a local JSONL path; a one-line error otherwise."""
-    sets = builtin_prompt_sets()
-    if prompts in sets:
-        return sets[prompts]
-    local = Path(prompts).expanduser()
-    if not local.is_file():
-        raise DflashError(
-            f"prompts {prompts!r} is neither a built-in set "
-            f"({', '.join(sets)}) nor a local file; for a file on the host "
-            "write host:/path"
-        )
-    return local
-
-
-def push_prompts(host: Host, prompts: str) -> dict:
-    """Put a built-in set or a local file on the host (content-addressed, pushed only when
-    missing); returns the spec's ``prompts`` entry."""
-    local = local_prompts(prompts)
-    data = local.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    remote = f"{host.workdir}/prompts/{digest[:16]}-{local.stem}.jsonl"
-    if not host.exists(remote):
-        host.put_bytes(data, remote)
-    return {"path": remote, "name": local.stem, "sha256": digest, "source": str(local)}
-
-
-def resolve_prompts(host: Host, spec: HostSpec, prompts: str | None) -> dict:
-    if prompts is None and spec.eval and spec.eval.prompts:
-        prompts = "host:" + spec.eval.prompts
-    if prompts is None:
-        prompts = "chat"
-    if prompts.startswith("host:"):
-        path = host.expand(prompts[len("host:") :])
-        return {"path": path, "name": Path(path).stem, "sha256": None, "source": prompts}
-    return push_prompts(host, prompts)
-
-
-# ---- spec -------------------------------------------------------------------------------
-
-
-def new_job_id(checkpoint: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(checkpoint.rstrip("/")).name).strip("-.")
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug[:48] or 'eval'}-{secrets.token_hex(2)}"
-
-
-def resolve_checkpoint(host: Host, spec: HostSpec, checkpoint: str) -> str:
-    """A checkpoint name resolves under the host's ``drafters`` folder; paths stay as given."""
-    if checkpoint.startswith(("/", "~")):
-        return host.expand(checkpoint)
-    if not spec.eval:
-        raise DflashError(
-            f"host {spec.name} has no eval role in the inventory; give the "
-            "checkpoint as an absolute path or add roles.eval.drafters"
-        )
-    return f"{host.expand(spec.eval.drafters).rstrip('/')}/{checkpoint}"
-
-
-def _given(value, default):
-    """The option when it was given (even a falsy one: zero is refused, never replaced),
-    else the inventory's default."""
-    return default if value is None else value
-
-
-def build_spec(host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions) -> dict:
-    """The job spec (``dflash.job/1``) for evaluating `checkpoint` on `host`."""
-    role = spec.eval
-    target = options.target or (role.target_model if role else None)
-    if not target:
-        raise DflashError(
-            f"no target model for host {spec.name}: set roles.eval.target_model "
-            "in the inventory or pass --target"
-        )
-    kind = options.ground_truth_kind or (role.ground_truth_kind if role else None) or "sglang"
-    source = options.ground_truth or (role.ground_truth if role else None)
-    if kind in ("sglang", "openai", "openai-text") and not source:
-        raise DflashError(
-            f"ground truth kind {kind!r} needs a server URL: set "
-            "roles.eval.ground_truth in the inventory or pass --ground-truth"
-        )
-    if kind == "file" and not source:
-        raise DflashError("ground truth kind 'file' needs --ground-truth PATH (on the host)")
-    gt = {
-        "kind": kind,
-        "timeout": options.ground_truth_timeout,
-        "concurrency": _given(
-            options.ground_truth_concurrency,
-            role.ground_truth_concurrency if role else GT_CONCURRENCY,
-        ),
-        "model": options.ground_truth_model or (role.ground_truth_model if role else None),
-    }
-    if kind == "file":
-        gt["path"] = host.expand(source)
-    elif kind != "local":
-        gt["url"] = source
-    job = {
-        "schema": JOB_SPEC_SCHEMA,
-        "kind": "eval",
-        "created": time.time(),
-        "host": spec.name,
-        "checkpoint": Path(checkpoint.rstrip("/")).name,
-        "drafter": resolve_checkpoint(host, spec, checkpoint),
-        "target": host.expand(target),
-        "dtype": options.dtype or (role.dtype if role else DEFAULT_DTYPE),
-        "threads": _given(options.threads, (role.threads if role else None)),
-        "samples": _given(options.samples, (role.samples if role else None)),
-        "seed": options.seed,
-        "thinking": options.thinking,
-        "sampling": {
-            "temperature": 0.0,
-            "max_new_tokens": _given(options.max_new_tokens, role.max_new_tokens if role else 256),
-        },
-        "ground_truth": gt,
-        "eval": {"budgets": list(options.budgets), "topk": options.topk, **options.extra},
-        "stop_after": options.stop_after,
-        "workdir": host.workdir,
-    }
-    if options.device:
-        job["device"] = options.device
-    if kind != "file":
-        job["prompts"] = resolve_prompts(host, spec, options.prompts)
-    return job
 
 
 # ---- remote calls -----------------------------------------------------------------------
@@ -597,3 +364,26 @@ def _start(
     ref = start_job(host, job, job_id, preflight=True)
     ref.bundle_pushed = ref.bundle_pushed or pushed
     return ref
+
+
+__all__ = [
+    "EvalOptions",  # built in orchestrator.eval.spec; callers of run_eval find it here too
+    "JobError",
+    "JobRef",
+    "attach",
+    "build_spec",
+    "cancel",
+    "eval_host_name",
+    "finish_local",
+    "job_status",
+    "list_jobs",
+    "new_job_id",
+    "preflight",
+    "pull_results",
+    "resolve_checkpoint",
+    "results_dir",
+    "run_eval",
+    "start_eval",
+    "start_job",
+    "watch",
+]

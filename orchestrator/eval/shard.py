@@ -13,9 +13,8 @@ The everyday path is one call::
    their own cache, a server whose answer changed between requests would give shards
    different ground truth, and a ``local`` source would pay generation N times. One file,
    sliced, is identical across shards by construction.
-2. **Plan.** `plan_shards`: balanced by expected tokens (prompt + completion length, known
-   now; prompt + ``max_new_tokens`` for a record without a completion), not by sample
-   count: largest first onto the least-loaded host. Each shard keeps ground-truth order.
+2. **Plan.** `shard_plan.plan_shards`: balanced by expected tokens, not by sample count
+   (see there). Each shard keeps ground-truth order.
 3. **Run.** One detached job per host (`remote_eval.start_job`), all watched at once in a
    `concurrent.futures` thread pool over our `Host` objects; events go to ``on_event(host,
    event)`` (the CLI draws one progress row per host and a total). Besides the jobs' own
@@ -26,7 +25,7 @@ The everyday path is one call::
 4. **Failures.** A shard whose job fails, is lost, or whose connection drops keeps the
    records already received; its unfinished samples are re-planned across the hosts that
    are free (as soon as one is), and the result lists that under ``"reassigned"``.
-5. **Merge.** Records in ground-truth order; aggregates recomputed by
+5. **Merge.** (`shard_plan.merge_result`) Records in ground-truth order; aggregates recomputed by
    `remote.eval.metrics.summarize`, the function the engine itself uses, so the merged result
    equals what one host would produce for the same samples. ``result["shards"]`` records
    the hosts, the plan, the jobs and how ground truth was shared.
@@ -34,7 +33,6 @@ The everyday path is one call::
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -49,143 +47,15 @@ from pathlib import Path
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import run as remote_eval
-from orchestrator.eval.run import EvalOptions, JobError
+from orchestrator.eval.run import JobError
+from orchestrator.eval.shard_plan import merge_result, plan_shards
+from orchestrator.eval.spec import EvalOptions, build_spec
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
-from remote.eval.metrics import summarize
+from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
 
 HostEventHandler = Callable[[str, dict], None]
-# What every shard's result must agree on for the records to be merged into one result.
-MUST_AGREE = (
-    "dtype",
-    "positions",
-    "block_size",
-    "target_layer_ids",
-    "mask_token_id",
-    "ddtree",
-    "target_vocab_size",
-    "target_architecture",
-    "drafter_parameters",
-    "target_layers",
-)
-
-
-# ---- plan -------------------------------------------------------------------------------
-
-
-@dataclass
-class Shard:
-    """The samples (indices into the ground truth, ascending) one host evaluates."""
-
-    host: str
-    indices: list[int] = field(default_factory=list)
-    tokens: int = 0
-
-    def to_json(self, records: list[dict]) -> dict:
-        return {
-            "host": self.host,
-            "samples": [records[i]["id"] for i in self.indices],
-            "expected_tokens": self.tokens,
-        }
-
-
-def expected_tokens(record: dict, max_new_tokens: int) -> int:
-    """What one sample costs: prompt + completion tokens when the completion is known,
-    else prompt + `max_new_tokens` (the most it can be)."""
-    completion = record.get("completion_ids")
-    tail = len(completion) if completion is not None else max_new_tokens
-    return len(record["prompt_ids"]) + tail
-
-
-def plan_shards(
-    records: list[dict],
-    hosts: list[str],
-    max_new_tokens: int = 256,
-    indices: list[int] | None = None,
-) -> list[Shard]:
-    """Split `indices` (default: all of `records`) across `hosts`, balanced by expected
-    tokens: longest first, each onto the host with the least so far (ties: earlier host).
-    Deterministic; one shard per host (possibly empty), in `hosts` order."""
-    if not hosts:
-        raise DflashError("no eval hosts to shard across")
-    todo = list(range(len(records))) if indices is None else list(indices)
-    shards = [Shard(h) for h in hosts]
-    cost = {i: expected_tokens(records[i], max_new_tokens) for i in todo}
-    for i in sorted(todo, key=lambda i: (-cost[i], i)):
-        least = min(shards, key=lambda s: s.tokens)  # min keeps the first of equals
-        least.indices.append(i)
-        least.tokens += cost[i]
-    for s in shards:
-        s.indices.sort()
-    return shards
-
-
-# ---- merge ------------------------------------------------------------------------------
-
-
-def merge_result(
-    shard_results: list[dict],
-    records: list[dict],
-    *,
-    ground_truth_source: dict,
-    shards: dict,
-    job: dict,
-    wall_s: float,
-) -> dict:
-    """One ``dflash.eval/1`` result from the shards' results and all per-sample records
-    (in ground-truth order): metrics recomputed from the records by the engine's own
-    `summarize`; inputs from the shards (which must agree on everything that changes the
-    numbers); hosts, plan, jobs and reassignments under ``shards``."""
-    if not shard_results:
-        raise DflashError("no shard finished; nothing to merge")
-    base = shard_results[0]
-    inputs = base.get("inputs") or {}
-    for other in shard_results[1:]:
-        theirs = other.get("inputs") or {}
-        for key in MUST_AGREE:
-            if theirs.get(key) != inputs.get(key):
-                raise DflashError(
-                    f"shards disagree on {key} ({inputs.get(key)!r} vs "
-                    f"{theirs.get(key)!r}): the hosts do not hold the same "
-                    "target/drafter; results cannot be merged"
-                )
-    vocab = inputs.get("target_vocab_size")
-    if vocab is None:
-        raise DflashError(
-            "a shard's result lacks target_vocab_size: its host ran an older "
-            "eval engine; rerun with the current bundle"
-        )
-    ddtree = inputs.get("ddtree") or {}
-    metrics = summarize(
-        records, inputs["block_size"], ddtree.get("budgets") or [], ddtree.get("topk"), vocab
-    )
-    tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)
-    timings = [r.get("timings") or {} for r in shard_results]
-    result = copy.deepcopy(base)
-    result["inputs"].update(
-        samples=len(records),
-        max_samples=None,
-        ground_truth=None,
-        ground_truth_source=ground_truth_source,
-    )
-    result["metrics"] = metrics
-    result["timings"] = {
-        "load_target_s": max(t.get("load_target_s") or 0.0 for t in timings),
-        "load_drafter_s": max(t.get("load_drafter_s") or 0.0 for t in timings),
-        "eval_s": wall_s,
-        "target_forward_s": sum(r["seconds"]["target"] for r in records),
-        "drafter_s": sum(r["seconds"]["drafter"] for r in records),
-        "ddtree_s": sum(r["seconds"]["ddtree"] for r in records),
-        "total_s": wall_s,
-        "tokens": tokens,
-        "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
-        "note": "eval_s/total_s: wall time of the sharded run, ground truth included",
-    }
-    result["job"] = job
-    result["shards"] = shards
-    result["reassigned"] = shards.get("reassigned", [])
-    return result
 
 
 # ---- run --------------------------------------------------------------------------------
@@ -259,8 +129,8 @@ class _Sharded:
         ground_truth.json, the job spec)."""
         spec = self.specs[0]
         host = self.hosts[spec.name]
-        job = remote_eval.build_spec(host, spec, self.checkpoint, self.options)
-        job = dict(job, stop_after="ground_truth")
+        options = dataclasses.replace(self.options, stop_after="ground_truth")
+        job = build_spec(host, spec, self.checkpoint, options)
         ref = remote_eval.start_job(host, job, f"{self.run_id}-gt", preflight=True)
         self.emit(spec.name, {"event": "ground_truth_job", "job_id": ref.job_id})
         end = remote_eval.watch(host, ref.job_id, lambda ev: self.emit(spec.name, ev))
@@ -295,15 +165,9 @@ class _Sharded:
             )
             if not host.exists(path):
                 host.put_bytes(data, path)
-            options = dataclasses.replace(
-                self.options,
-                ground_truth=path,
-                ground_truth_kind="file",
-                samples=None,
-                prompts=None,
-            )
-            job = remote_eval.build_spec(host, spec, self.checkpoint, options)
-            job["samples"] = None  # the slice is the selection; never re-select from it
+            # a shard: the same options (so the same EvalSpec over this host's role) and
+            # its slice of the ground truth, evaluated whole
+            job = build_spec(host, spec, self.checkpoint, self.options, exact_file=path)
             job["shard"] = {"run_id": self.run_id, "indices": indices}
             ref = remote_eval.start_job(host, job, job_id, preflight=True)
             out.job_id = ref.job_id
@@ -374,7 +238,8 @@ class _Sharded:
                 # Bundles first, in parallel: each host pays its own push at most once.
                 list(pool.map(bundle.ensure, self.hosts.values()))
                 gt, gt_info, gt_job = self.ground_truth()
-                max_new = int((gt_job.get("sampling") or {}).get("max_new_tokens") or 256)
+                sampling = gt_job.get("sampling") or {}
+                max_new = int(sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
                 plan = plan_shards(gt, names, max_new)
                 self.emit(
                     names[0],

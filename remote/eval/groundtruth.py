@@ -60,7 +60,7 @@ from typing import Any
 
 from remote.atomic import write_atomic, write_json_atomic
 from remote.errors import UserError
-from remote.protocol import DEFAULT_DTYPE
+from remote.protocol import EvalSpec, SpecError
 
 KINDS = ("sglang", "openai", "openai-text", "file", "local")
 SERVER_KINDS = ("sglang", "openai", "openai-text")
@@ -70,6 +70,8 @@ DEFAULT_TIMEOUT = 300.0
 # Requests in flight at once to a ground-truth server: serving engines batch concurrent
 # requests, so 16 prompts cost about what one does.
 DEFAULT_CONCURRENCY = 16
+# Ground-truth completion length when neither the job nor the inventory sets one.
+DEFAULT_MAX_NEW_TOKENS = 256
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 Emit = Callable[..., None]
@@ -233,7 +235,7 @@ def check_greedy(sampling: dict) -> dict:
             "completions"
         )
     try:
-        max_new = int(sampling.get("max_new_tokens", 256))
+        max_new = int(sampling.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
     except (TypeError, ValueError):
         raise UserError(
             f"max_new_tokens must be an integer, got {sampling.get('max_new_tokens')!r}"
@@ -669,8 +671,12 @@ def _read_cache(
     return records, meta
 
 
-def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
-    """Make (or reuse) the ground truth the job asks for.
+def prepare(
+    spec: dict, emit: Emit = lambda *a, **k: None, engine: EvalSpec | None = None
+) -> tuple[str, dict]:
+    """Make (or reuse) the ground truth the job asks for. The target (its tokenizer, and for
+    kind ``local`` its dtype and threads) is the job's EvalSpec's (``eval``); `engine`: that
+    spec when the caller has read it already.
 
     Returns (path of a JSONL file of ``{"id", "prompt_ids", "completion_ids"}``, info for
     the result: kind, url, model, cache key, ``cached`` (whether it came from the cache),
@@ -718,7 +724,12 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
         emit("ground_truth", done=len(records), total=len(records), cached=False)
         return str(out), info
 
-    target = spec["target"]
+    if engine is None:
+        try:
+            engine = EvalSpec.of_job(spec)
+        except (SpecError, TypeError) as exc:
+            raise UserError(f"job spec: {exc}") from None
+    target = engine.target
     tokenizer = load_tokenizer(target)
     thinking = bool(spec.get("thinking", False))
     prompts = load_prompts(spec["prompts"]["path"], spec.get("samples"), int(spec.get("seed", 0)))
@@ -789,7 +800,7 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
     generator = None
     model_name = source.get("model")
     if kind == "local":
-        generator = LocalGenerator(target, spec.get("dtype") or DEFAULT_DTYPE, spec.get("threads"))
+        generator = LocalGenerator(target, engine.dtype, engine.threads)
 
     def ask(text: str, ids: list[int]) -> Any:
         # Only the request runs in the pool: tokenising, checking and emitting stay on this

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.errors import UserError
+from remote.protocol import EvalSpec, SpecError
 
 CAPTURE_SCHEMA = "dflash.parity-capture/1"
 SCHEMA = "dflash.parity/1"
@@ -57,13 +58,13 @@ def kernels() -> dict[str, Any]:
     return out
 
 
-def capture_layers(spec: dict, num_layers: int) -> list[int]:
+def capture_layers(spec: dict, num_layers: int, drafter: str = "") -> list[int]:
     """The layers to capture: the spec's, else the drafter's target layers, else all."""
     layers = spec.get("layers")
-    if layers is None and spec.get("drafter"):
+    if layers is None and drafter:
         from remote.eval.drafter import read_config
 
-        layers = list(read_config(spec["drafter"], num_layers).target_layer_ids)
+        layers = list(read_config(drafter, num_layers).target_layer_ids)
     if layers is None:
         layers = list(range(num_layers))
     bad = [i for i in layers if not isinstance(i, int) or not 0 <= i < num_layers]
@@ -75,8 +76,9 @@ def capture_layers(spec: dict, num_layers: int) -> list[int]:
     return sorted(set(layers))
 
 
-def run_capture(path: Path, spec: dict, events) -> int:
-    """The capture job (see the module docstring)."""
+def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
+    """The capture job (see the module docstring); `engine`: its target, drafter, dtype,
+    device and threads."""
     import torch
     from safetensors.torch import save_file
 
@@ -84,36 +86,32 @@ def run_capture(path: Path, spec: dict, events) -> int:
     from remote.eval import groundtruth
     from remote.eval.engine import environment, read_ground_truth
     from remote.eval.target import describe, load_target
-    from remote.protocol import DEFAULT_DTYPE, SpecError, parse_dtype
 
-    device = device_mod.resolve(spec.get("device"))  # before anything slow
+    device = device_mod.resolve(engine.device)  # before anything slow
     attn = spec.get("attn")
     if attn is not None and attn not in ATTN:
         raise UserError(
             f"attention implementation {attn!r} is not supported; use {' or '.join(ATTN)}"
         )
-    try:
-        dtype_name = parse_dtype(spec.get("dtype")) or DEFAULT_DTYPE
-    except SpecError as exc:
-        raise UserError(str(exc)) from None
-    if not os.path.isdir(spec.get("target") or ""):
-        raise UserError(f"target folder {spec.get('target')} does not exist on this host")
-    _cfg, _meta, info = describe(spec["target"])
+    dtype_name = engine.dtype
+    if not os.path.isdir(engine.target):
+        raise UserError(f"target folder {engine.target or None} does not exist on this host")
+    _cfg, _meta, info = describe(engine.target)
     del _meta
-    layers = capture_layers(spec, info.num_layers)
+    layers = capture_layers(spec, info.num_layers, engine.drafter)
     topk = int(spec.get("topk") or 8)
 
     events.emit("phase", phase="ground_truth", source=(spec.get("ground_truth") or {}).get("kind"))
-    gt_path, gt_info = groundtruth.prepare(spec, emit=events.emit)
+    gt_path, gt_info = groundtruth.prepare(spec, emit=events.emit, engine=engine)
     (path / "ground_truth.json").write_text(json.dumps(gt_info, indent=2, default=str))
     rows = read_ground_truth(gt_path, info.vocab_size, None)
 
-    if spec.get("threads"):
-        torch.set_num_threads(int(spec["threads"]))
+    if engine.threads:
+        torch.set_num_threads(engine.threads)
     events.emit("phase", phase="capture")
     events.emit("start", samples=len(rows), layers=layers, dtype=dtype_name, device=str(device))
     t0 = time.perf_counter()
-    target = load_target(spec["target"], getattr(torch, dtype_name))
+    target = load_target(engine.target, getattr(torch, dtype_name))
     if attn is not None:
         target.model.set_attn_implementation(attn)
     device_mod.place(target, None, device)
@@ -152,7 +150,7 @@ def run_capture(path: Path, spec: dict, events) -> int:
     result = {
         "schema": CAPTURE_SCHEMA,
         "host": spec.get("host"),
-        "target": os.path.abspath(spec["target"]),
+        "target": os.path.abspath(engine.target),
         "target_architecture": info.architecture,
         "target_layers": info.num_layers,
         "target_layer_types": info.layer_types,
@@ -226,8 +224,9 @@ def _file_in(folder: Path, rel: str) -> Path:
     return folder / rel
 
 
-def run_compare(path: Path, spec: dict, events) -> int:
-    """The compare job (see the module docstring)."""
+def run_compare(path: Path, spec: dict, events, engine: EvalSpec) -> int:
+    """The compare job (see the module docstring); `engine`: the drafter walked (if any),
+    the target it walks with, dtype and device."""
     import torch
     from safetensors.torch import load_file
 
@@ -253,12 +252,11 @@ def run_compare(path: Path, spec: dict, events) -> int:
         )
 
     drafter = target = dcfg = None
-    if spec.get("drafter"):
+    if engine.drafter:
         from remote.eval import drafter as drafter_mod
         from remote.eval.target import load_target
-        from remote.protocol import DEFAULT_DTYPE, parse_dtype
 
-        dcfg = drafter_mod.read_config(spec["drafter"], cap_b["target_layers"])
+        dcfg = drafter_mod.read_config(engine.drafter, cap_b["target_layers"])
         missing = [i for i in dcfg.target_layer_ids if i not in layers]
         if missing:
             raise UserError(
@@ -266,11 +264,11 @@ def run_compare(path: Path, spec: dict, events) -> int:
                 f"{missing} were not captured on both hosts; rerun with --layers "
                 "including them (or without --layers)"
             )
-        device = device_mod.resolve(spec.get("device"))
-        dtype = getattr(torch, parse_dtype(spec.get("dtype")) or DEFAULT_DTYPE)
+        device = device_mod.resolve(engine.device)
+        dtype = getattr(torch, engine.dtype)
         events.emit("phase", phase="load")
-        target = load_target(spec["target"], dtype)
-        drafter, _report = drafter_mod.load_drafter(spec["drafter"], dtype, target.info.num_layers)
+        target = load_target(engine.target, dtype)
+        drafter, _report = drafter_mod.load_drafter(engine.drafter, dtype, target.info.num_layers)
         device_mod.place(target, drafter, device)
     else:
         device = device_mod.resolve("cpu")
@@ -338,11 +336,11 @@ def run_compare(path: Path, spec: dict, events) -> int:
         sa_ = tau_stats([w["rounds_a"] for w in walks])
         sb_ = tau_stats([w["rounds_b"] for w in walks])
         result["drafter"] = {
-            "path": os.path.abspath(spec["drafter"]),
+            "path": os.path.abspath(engine.drafter),
             "target_layer_ids": dcfg.target_layer_ids,
             "block_size": dcfg.block_size,
             "walks_on": cap_b.get("host"),
-            "dtype": spec.get("dtype"),
+            "dtype": engine.dtype,
             "device": str(device),
             "tau_a": sa_["tau_per_sample_mean"],
             "tau_b": sb_["tau_per_sample_mean"],
@@ -423,8 +421,12 @@ def _walks(target, drafter, dcfg, ta: dict, tb: dict, P: int, sid, device) -> di
 def run_job(path: Path, spec: dict, events) -> int:
     """Dispatch a parity job by its kind (called by `remote.jobs.run`)."""
     kind = spec.get("kind")
+    try:
+        engine = EvalSpec.of_job(spec)
+    except (SpecError, TypeError) as exc:
+        raise UserError(f"job spec: {exc}") from None
     if kind == "parity-capture":
-        return run_capture(path, spec, events)
+        return run_capture(path, spec, events, engine)
     if kind == "parity-compare":
-        return run_compare(path, spec, events)
+        return run_compare(path, spec, events, engine)
     raise UserError(f"unknown job kind {kind!r}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from remote.errors import UserError
 from remote.probe.facts import meminfo, package_version
-from remote.protocol import DEFAULT_DTYPE
+from remote.protocol import EvalSpec, SpecError
 
 MIN_PYTHON = (3, 10)
 REQUIRED = {"torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",)}
@@ -73,8 +73,9 @@ def _model_folder(path: str | None, what: str) -> Path:
     return folder
 
 
-def check(spec: dict) -> dict:
-    """Run every check; raise the first failure, else return what was found."""
+def check(spec: dict, engine: EvalSpec | None = None) -> dict:
+    """Run every check on job `spec`; raise the first failure, else return what was found.
+    `engine`: the job's EvalSpec (its ``eval``) when the caller has read it already."""
     from remote.eval import groundtruth
 
     report: dict = {
@@ -95,22 +96,25 @@ def check(spec: dict) -> dict:
             "the right environment"
         )
     report["packages"] = versions
-    for key in ("threads", "samples"):
-        # A count the job would only trip over after the ground-truth phase: refused now.
-        value = spec.get(key)
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 1
-        ):
-            raise UserError(f"{key} must be a whole number of at least 1, got {value!r}")
-    if spec.get("device") not in (None, "cpu"):  # a GPU asked of a host without one: now
+    if engine is None:
+        # The engine's settings (counts, dtype, device) are checked by the EvalSpec itself:
+        # a value the job would only trip over after the ground-truth phase is refused now.
+        try:
+            engine = EvalSpec.of_job(spec)
+        except (SpecError, TypeError) as exc:
+            raise UserError(str(exc)) from None
+    samples = spec.get("samples")
+    if samples is not None and (
+        not isinstance(samples, int) or isinstance(samples, bool) or samples < 1
+    ):
+        raise UserError(f"samples must be a whole number of at least 1, got {samples!r}")
+    if engine.device != "cpu":  # a GPU asked of a host without one: now
         from remote.eval.device import resolve
 
-        report["device"] = str(resolve(spec["device"]))
-    dtype = spec.get("dtype") or DEFAULT_DTYPE
-    if dtype not in DTYPE_BYTES:
-        raise UserError(f"unknown dtype {dtype!r} (one of {', '.join(DTYPE_BYTES)})")
-    target = _model_folder(spec.get("target"), "target model")
-    drafter = _model_folder(spec.get("drafter"), "drafter checkpoint")
+        report["device"] = str(resolve(engine.device))
+    dtype = engine.dtype
+    target = _model_folder(engine.target, "target model")
+    drafter = _model_folder(engine.drafter, "drafter checkpoint")
     gt = spec.get("ground_truth") or {}
     kind = gt.get("kind", "sglang")
     if kind not in groundtruth.KINDS:

@@ -1,0 +1,280 @@
+"""One checkpoint of ``dflash follow``: relay it, optionally probe it, evaluate it, record it.
+
+`CheckpointFollower.process` does the steps for one checkpoint with the follower's
+`FollowOptions` (the same evaluation options, so the same eval spec, for every checkpoint),
+resuming an evaluation an earlier follower left in flight (see `orchestrator.eval.follow`
+for the crash cases). The loop over checkpoints and passes is `orchestrator.eval.follow`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import DflashError, RemoteCommandError
+from orchestrator.eval import run as remote_eval
+from orchestrator.eval.follow_state import FollowState, redraw
+from orchestrator.eval.spec import target_model
+from orchestrator.inventory import Inventory
+from orchestrator.probe.structure import probe_structure
+from orchestrator.relay import run as relay
+from orchestrator.results import export
+from orchestrator.results import store as results
+from orchestrator.transport.hosts import open_host
+
+if TYPE_CHECKING:  # the loop's types; it imports this module
+    from orchestrator.eval.follow import FollowEvents, FollowOptions
+
+
+# ---- one checkpoint ------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _entry(
+    name: str, step: int | None, host: str, job_id: str, run_dir: Path, probe: dict | None
+) -> dict:
+    s = results.summary(results.load_run(run_dir))
+    return {
+        "step": step,
+        "checkpoint": name,
+        "state": "done",
+        "tau": s["tau"],
+        "tau_tokens": s["tau_tokens"],
+        "ddtree": s["ddtree"],
+        "target_agreement": s["target_agreement"],
+        "samples": s["samples"],
+        "run_id": s["run_id"],
+        "run_dir": str(run_dir),
+        "job_id": job_id,
+        "host": host,
+        "drafter_fits": None if probe is None else probe.get("ok"),
+        "time": _now(),
+    }
+
+
+def _failed(
+    name: str,
+    step: int | None,
+    host: str,
+    job_id: str | None,
+    error: str,
+    probe: dict | None = None,
+) -> dict:
+    return {
+        "step": step,
+        "checkpoint": name,
+        "state": "failed",
+        "error": error,
+        "job_id": job_id,
+        "host": host,
+        "drafter_fits": None if probe is None else probe.get("ok"),
+        "time": _now(),
+    }
+
+
+def _saved_job_state(inventory: Inventory, dest: str, job_id: str) -> str | None:
+    """The state of a saved job on the eval host; None when the host has no such job."""
+    with open_host(inventory.host(dest), inventory) as host:
+        try:
+            return remote_eval.job_status(host, job_id)["state"]
+        except RemoteCommandError as exc:
+            if "no job" in str(exc):
+                return None
+            raise
+
+
+def _cancel(inventory: Inventory, dest: str, job_id: str) -> None:
+    with open_host(inventory.host(dest), inventory) as host:
+        try:
+            remote_eval.cancel(host, job_id)
+        except RemoteCommandError as exc:
+            if "no job" not in str(exc):  # never started: nothing to stop
+                raise
+
+
+class CheckpointFollower:
+    """Relays, probes, evaluates and records one checkpoint at a time for a follower; the
+    same `FollowOptions` (and so the same eval spec) for every checkpoint."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        source: str,
+        dest: str,
+        options: FollowOptions,
+        events: FollowEvents,
+        trackers: list[export.Tracker] | None = None,
+    ):
+        self.inv, self.source, self.dest = inventory, source, dest
+        self.opts, self.events = options, events
+        self.results = remote_eval.results_dir(inventory, options.results_dir)
+        self.trackers = trackers or []
+
+    def process(
+        self, st: FollowState, name: str, step: int | None, on_trainer: bool = True
+    ) -> dict | None:
+        """Relay, (probe,) evaluate and record one checkpoint; returns its history entry
+        (None when a saved evaluation cannot be resumed and the trainer no longer has the
+        checkpoint)."""
+        saved = st.inflight.get(name)
+        if saved:
+            state = _saved_job_state(self.inv, self.dest, saved["job_id"])
+            # running/done: attach or pull; failed: attach records the failure (a failed
+            # eval is not retried); never started, cancelled or lost: evaluate afresh.
+            if state in ("running", "done", "failed"):
+                self.events.message(
+                    f"{name}: job {saved['job_id']} from an earlier follow "
+                    f"is {state}; attaching to it"
+                )
+                return self._attach(st, name, step, saved["job_id"], saved.get("probe"))
+            if not on_trainer:
+                self.events.message(
+                    f"{name}: job {saved['job_id']} from an earlier follow "
+                    f"is {state or 'not on the host'} and the trainer no "
+                    "longer has the checkpoint; dropping it"
+                )
+                st.inflight.pop(name)
+                st.save_state()
+                return None
+            self.events.message(
+                f"{name}: job {saved['job_id']} from an earlier follow is "
+                f"{state or 'not on the host'}; evaluating afresh"
+            )
+        self.events.message(f"{name}: relaying {self.source} -> {self.dest}")
+        report = relay.relay(
+            self.inv,
+            self.source,
+            [self.dest],
+            relay.RelayOptions(names=[name]),
+            self.events.relay_progress(name),
+        )
+        if not report.ok:
+            _, host, error = report.failures[0]
+            raise DflashError(f"relay of {name} to {host} failed: {error}")
+        probe = self._probe(name) if self.opts.probe else None
+        job_id = remote_eval.new_job_id(name)
+        if probe is not None and not probe["ok"]:
+            entry = _failed(
+                name,
+                step,
+                self.dest,
+                None,
+                "drafter does not fit the target: " + "; ".join(probe.get("problems") or []),
+                probe,
+            )
+            st.record(entry)
+            return entry
+        st.inflight[name] = {"job_id": job_id, "step": step, "probe": probe, "saved": _now()}
+        st.save_state()  # before the job exists: a restart finds it by this id
+        return self._evaluate(st, name, step, job_id, probe)
+
+    def _probe(self, name: str) -> dict:
+        spec = self.inv.host(self.dest)
+        target = target_model(spec, self.opts.eval)
+        with open_host(spec, self.inv) as host:
+            drafter = remote_eval.resolve_checkpoint(host, spec, name)
+            report = probe_structure(host, target, drafter=drafter)
+        d = report.get("drafter") or {}
+        self.events.message(
+            f"{name}: probe-structure: {report.get('built_class')}, "
+            f"{report['text'].get('num_layers', '?')} text layers; drafter "
+            f"{'fits' if d.get('ok') else 'does NOT fit'}"
+        )
+        return {
+            "ok": bool(d.get("ok")),
+            "problems": d.get("problems") or [],
+            "model_class": report.get("built_class"),
+        }
+
+    def _evaluate(
+        self, st: FollowState, name: str, step: int | None, job_id: str, probe: dict | None
+    ) -> dict:
+        self.events.message(f"{name}: evaluating on {self.dest} (job {job_id})")
+        try:
+            run_dir = remote_eval.run_eval(
+                self.inv,
+                self.dest,
+                name,
+                self.opts.eval,
+                dest=self.results,
+                job_id=job_id,
+                on_event=lambda ev: self.events.eval_event(name, ev),
+            )
+        except KeyboardInterrupt:
+            self._interrupted(st, name, job_id)
+            raise
+        except remote_eval.JobError as exc:  # the eval itself failed: recorded, not retried
+            entry = _failed(name, step, self.dest, job_id, str(exc), probe)
+            st.record(entry)
+            return entry
+        return self._record(st, name, step, job_id, run_dir, probe)
+
+    def _attach(
+        self, st: FollowState, name: str, step: int | None, job_id: str, probe: dict | None
+    ) -> dict:
+        try:
+            run_dir = remote_eval.attach(
+                self.inv,
+                self.dest,
+                job_id,
+                dest=self.results,
+                on_event=lambda ev: self.events.eval_event(name, ev),
+            )
+        except KeyboardInterrupt:
+            self._interrupted(st, name, job_id)
+            raise
+        except remote_eval.JobError as exc:
+            entry = _failed(name, step, self.dest, job_id, str(exc), probe)
+            st.record(entry)
+            return entry
+        return self._record(st, name, step, job_id, run_dir, probe)
+
+    def _track(self, run_dir: Path) -> None:
+        """Log the run to the trackers; a tracker failing never loses the result."""
+        for tracker in self.trackers:
+            try:
+                tracker.log(results.load_run(run_dir))
+            except Exception as exc:  # the history already holds the result
+                self.events.message(f"{type(tracker).__name__} could not log {run_dir.name}: {exc}")
+
+    def _interrupted(self, st: FollowState, name: str, job_id: str) -> None:
+        self.events.message(f"{name}: interrupted; cancelling job {job_id} on {self.dest}")
+        _cancel(self.inv, self.dest, job_id)
+        st.inflight.pop(name, None)
+        st.save_state()
+
+    def _record(
+        self,
+        st: FollowState,
+        name: str,
+        step: int | None,
+        job_id: str,
+        run_dir: Path,
+        probe: dict | None,
+    ) -> dict:
+        entry = _entry(name, step, self.dest, job_id, run_dir, probe)
+        st.record(entry)
+        redraw(st.dir, st.history)
+        self._track(run_dir)
+        if self.opts.keep is not None:
+            # Nothing left to send: the relay only prunes the eval host to the newest K.
+            try:
+                report = relay.relay(
+                    self.inv,
+                    self.source,
+                    [self.dest],
+                    relay.RelayOptions(names=[name], keep=self.opts.keep),
+                )
+            except DflashError as exc:  # e.g. the trainer already deleted it: next time
+                self.events.message(f"not pruned this time: {exc}")
+                return entry
+            gone = report.pruned.get(self.dest) or []
+            if gone:
+                self.events.message(
+                    f"kept the newest {self.opts.keep} on {self.dest}; removed {', '.join(gone)}"
+                )
+        return entry

@@ -1,0 +1,151 @@
+"""Sharding's pure parts: which samples each host evaluates (`plan_shards`), and one
+result from the shards' results (`merge_result`). No host is touched here; the run that
+uses them is `orchestrator.eval.shard`.
+
+- **Plan.** Balanced by expected tokens (prompt + completion length, known once the ground
+  truth is; prompt + ``max_new_tokens`` for a record without a completion), not by sample
+  count: largest first onto the least-loaded host. Each shard keeps ground-truth order.
+- **Merge.** Records in ground-truth order; aggregates recomputed by
+  `remote.eval.metrics.summarize`, the function the engine itself uses, so the merged result
+  equals what one host would produce for the same samples.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from orchestrator.errors import DflashError
+from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
+from remote.eval.metrics import summarize
+
+# What every shard's result must agree on for the records to be merged into one result.
+MUST_AGREE = (
+    "dtype",
+    "positions",
+    "block_size",
+    "target_layer_ids",
+    "mask_token_id",
+    "ddtree",
+    "target_vocab_size",
+    "target_architecture",
+    "drafter_parameters",
+    "target_layers",
+)
+
+
+# ---- plan -------------------------------------------------------------------------------
+
+
+@dataclass
+class Shard:
+    """The samples (indices into the ground truth, ascending) one host evaluates."""
+
+    host: str
+    indices: list[int] = field(default_factory=list)
+    tokens: int = 0
+
+    def to_json(self, records: list[dict]) -> dict:
+        return {
+            "host": self.host,
+            "samples": [records[i]["id"] for i in self.indices],
+            "expected_tokens": self.tokens,
+        }
+
+
+def expected_tokens(record: dict, max_new_tokens: int) -> int:
+    """What one sample costs: prompt + completion tokens when the completion is known,
+    else prompt + `max_new_tokens` (the most it can be)."""
+    completion = record.get("completion_ids")
+    tail = len(completion) if completion is not None else max_new_tokens
+    return len(record["prompt_ids"]) + tail
+
+
+def plan_shards(
+    records: list[dict],
+    hosts: list[str],
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    indices: list[int] | None = None,
+) -> list[Shard]:
+    """Split `indices` (default: all of `records`) across `hosts`, balanced by expected
+    tokens: longest first, each onto the host with the least so far (ties: earlier host).
+    Deterministic; one shard per host (possibly empty), in `hosts` order."""
+    if not hosts:
+        raise DflashError("no eval hosts to shard across")
+    todo = list(range(len(records))) if indices is None else list(indices)
+    shards = [Shard(h) for h in hosts]
+    cost = {i: expected_tokens(records[i], max_new_tokens) for i in todo}
+    for i in sorted(todo, key=lambda i: (-cost[i], i)):
+        least = min(shards, key=lambda s: s.tokens)  # min keeps the first of equals
+        least.indices.append(i)
+        least.tokens += cost[i]
+    for s in shards:
+        s.indices.sort()
+    return shards
+
+
+# ---- merge ------------------------------------------------------------------------------
+
+
+def merge_result(
+    shard_results: list[dict],
+    records: list[dict],
+    *,
+    ground_truth_source: dict,
+    shards: dict,
+    job: dict,
+    wall_s: float,
+) -> dict:
+    """One ``dflash.eval/1`` result from the shards' results and all per-sample records
+    (in ground-truth order): metrics recomputed from the records by the engine's own
+    `summarize`; inputs from the shards (which must agree on everything that changes the
+    numbers); hosts, plan, jobs and reassignments under ``shards``."""
+    if not shard_results:
+        raise DflashError("no shard finished; nothing to merge")
+    base = shard_results[0]
+    inputs = base.get("inputs") or {}
+    for other in shard_results[1:]:
+        theirs = other.get("inputs") or {}
+        for key in MUST_AGREE:
+            if theirs.get(key) != inputs.get(key):
+                raise DflashError(
+                    f"shards disagree on {key} ({inputs.get(key)!r} vs "
+                    f"{theirs.get(key)!r}): the hosts do not hold the same "
+                    "target/drafter; results cannot be merged"
+                )
+    vocab = inputs.get("target_vocab_size")
+    if vocab is None:
+        raise DflashError(
+            "a shard's result lacks target_vocab_size: its host ran an older "
+            "eval engine; rerun with the current bundle"
+        )
+    ddtree = inputs.get("ddtree") or {}
+    metrics = summarize(
+        records, inputs["block_size"], ddtree.get("budgets") or [], ddtree.get("topk"), vocab
+    )
+    tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)
+    timings = [r.get("timings") or {} for r in shard_results]
+    result = copy.deepcopy(base)
+    result["inputs"].update(
+        samples=len(records),
+        max_samples=None,
+        ground_truth=None,
+        ground_truth_source=ground_truth_source,
+    )
+    result["metrics"] = metrics
+    result["timings"] = {
+        "load_target_s": max(t.get("load_target_s") or 0.0 for t in timings),
+        "load_drafter_s": max(t.get("load_drafter_s") or 0.0 for t in timings),
+        "eval_s": wall_s,
+        "target_forward_s": sum(r["seconds"]["target"] for r in records),
+        "drafter_s": sum(r["seconds"]["drafter"] for r in records),
+        "ddtree_s": sum(r["seconds"]["ddtree"] for r in records),
+        "total_s": wall_s,
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
+        "note": "eval_s/total_s: wall time of the sharded run, ground truth included",
+    }
+    result["job"] = job
+    result["shards"] = shards
+    result["reassigned"] = shards.get("reassigned", [])
+    return result

@@ -1,0 +1,298 @@
+"""What to evaluate and how: the caller's options, and the job spec built from them.
+
+`EvalOptions` is everything about one evaluation that is not the host or the checkpoint.
+Its engine settings are ONE typed `remote.protocol.EvalSpec` (`engine`: dtype, threads,
+DDTree budgets, topk, positions, device), validated when it is built, so a bad value is
+refused before anything connects. `build_spec` turns the options into the job document
+(``dflash.job/1``) for one host: the host's inventory role fills what the caller did not
+choose, and the EvalSpec travels in it, serialised by its own `to_json`, under ``eval``.
+Nothing here restates a spec field: the EvalSpec passes through whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from orchestrator.errors import DflashError
+from orchestrator.inventory import EvalRole, HostSpec
+from orchestrator.transport.hosts import Host
+from remote.eval.groundtruth import DEFAULT_CONCURRENCY as GT_CONCURRENCY
+from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TIMEOUT
+from remote.eval.groundtruth import KINDS as GT_KINDS
+from remote.protocol import (
+    JOB_ENGINE_DEFAULT,
+    JOB_EVAL_KEY,
+    JOB_SPEC_SCHEMA,
+    EvalSpec,
+    SpecError,
+)
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+PROMPTS_DIR = DATA_DIR / "prompts"
+
+
+def engine_spec(**given: object) -> tuple[EvalSpec, frozenset[str]]:
+    """The engine settings a caller gave (None: not given) over the job defaults, and the
+    names of those given; a bad value is one line (`DflashError`), before anything
+    connects. What is not given comes from the host's inventory role, else the defaults."""
+    chosen = {k: v for k, v in given.items() if v is not None}
+    try:
+        return replace(JOB_ENGINE_DEFAULT, **chosen), frozenset(chosen)
+    except SpecError as exc:
+        raise DflashError(str(exc)) from None
+    except TypeError as exc:  # a name EvalSpec does not have: a caller's bug, said plainly
+        raise DflashError(f"not an engine setting: {exc}") from None
+
+
+@dataclass
+class EvalOptions:
+    """Everything about one evaluation that is not the host or the checkpoint.
+
+    `prompts`: a built-in set name (see `builtin_prompt_sets`), a local JSONL file (pushed
+    with the job) or ``host:/path`` for a file already on the host; None = the inventory's
+    ``prompts`` (a path on the host) or the built-in ``chat`` set. `ground_truth` is a server
+    URL or (kind ``file``) a path on the host; None = the inventory's.
+
+    `engine`: the engine's settings (`engine_spec` builds it from command-line values);
+    its paths are filled per host by `build_spec`. `chosen`: the names of the settings the
+    caller chose; the host's inventory role (``dtype``, ``threads``) fills the others. None
+    (the default): every setting that differs from the job defaults counts as chosen.
+    """
+
+    prompts: str | None = None
+    samples: int | None = None
+    seed: int = 0
+    max_new_tokens: int | None = None
+    thinking: bool = False
+    temperature: float = 0.0
+    ground_truth: str | None = None
+    ground_truth_kind: str | None = None
+    ground_truth_model: str | None = None
+    ground_truth_timeout: float = DEFAULT_TIMEOUT
+    ground_truth_concurrency: int | None = None
+    target: str | None = None
+    stop_after: str | None = None
+    engine: EvalSpec = JOB_ENGINE_DEFAULT
+    chosen: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse values no eval can run with, before anything connects: a zero or negative
+        count is never replaced by the inventory's value, and a non-greedy temperature, an
+        unknown ground-truth kind or a missing local prompts file never reaches a host."""
+        for name in ("samples", "max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise DflashError(
+                    f"--{name.replace('_', '-')} must be a whole number of at "
+                    f"least 1, got {value!r}"
+                )
+        if not isinstance(self.engine, EvalSpec):
+            raise DflashError("EvalOptions.engine must be an EvalSpec (see engine_spec)")
+        if self.temperature != 0.0:
+            raise DflashError(
+                f"temperature {self.temperature} refused: ground truth must be "
+                "greedy (temperature 0) for acceptance to mean anything"
+            )
+        if self.ground_truth_kind is not None and self.ground_truth_kind not in GT_KINDS:
+            raise DflashError(
+                f"unknown --ground-truth-kind {self.ground_truth_kind!r} (one "
+                f"of {', '.join(GT_KINDS)})"
+            )
+        if self.prompts is not None and not self.prompts.startswith("host:"):
+            local_prompts(self.prompts)
+        concurrency = self.ground_truth_concurrency
+        if concurrency is not None and (not _is_int(concurrency) or concurrency < 1):
+            raise DflashError(
+                f"--gt-concurrency must be a whole number of at least 1, got {concurrency!r}"
+            )
+        if not self.ground_truth_timeout > 0:
+            raise DflashError(
+                f"the ground-truth timeout must be positive, got {self.ground_truth_timeout!r}"
+            )
+
+    def engine_for(self, role: EvalRole | None) -> EvalSpec:
+        """The engine settings on a host with inventory role `role`: the role's own
+        settings (`EvalRole.ENGINE_KEYS`) where the caller chose none."""
+        chosen = self.chosen
+        if chosen is None:
+            chosen = {
+                f.name
+                for f in fields(EvalSpec)
+                if getattr(self.engine, f.name) != getattr(JOB_ENGINE_DEFAULT, f.name)
+            }
+        if role is None:
+            return self.engine
+        keys = [k for k in EvalRole.ENGINE_KEYS if k not in chosen]
+        return replace(self.engine, **{k: getattr(role, k) for k in keys})
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ---- prompts ----------------------------------------------------------------------------
+
+
+def builtin_prompt_sets() -> dict[str, Path]:
+    """Name -> file of the prompt sets shipped with dflash."""
+    return {p.stem: p for p in sorted(PROMPTS_DIR.glob("*.jsonl"))}
+
+
+def local_prompts(prompts: str) -> Path:
+    """The file of a built-in set name or a local JSONL path; a one-line error otherwise."""
+    sets = builtin_prompt_sets()
+    if prompts in sets:
+        return sets[prompts]
+    local = Path(prompts).expanduser()
+    if not local.is_file():
+        raise DflashError(
+            f"prompts {prompts!r} is neither a built-in set "
+            f"({', '.join(sets)}) nor a local file; for a file on the host "
+            "write host:/path"
+        )
+    return local
+
+
+def push_prompts(host: Host, prompts: str) -> dict:
+    """Put a built-in set or a local file on the host (content-addressed, pushed only when
+    missing); returns the spec's ``prompts`` entry."""
+    local = local_prompts(prompts)
+    data = local.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    remote = f"{host.workdir}/prompts/{digest[:16]}-{local.stem}.jsonl"
+    if not host.exists(remote):
+        host.put_bytes(data, remote)
+    return {"path": remote, "name": local.stem, "sha256": digest, "source": str(local)}
+
+
+def resolve_prompts(host: Host, spec: HostSpec, prompts: str | None) -> dict:
+    if prompts is None and spec.eval and spec.eval.prompts:
+        prompts = "host:" + spec.eval.prompts
+    if prompts is None:
+        prompts = "chat"
+    if prompts.startswith("host:"):
+        path = host.expand(prompts[len("host:") :])
+        return {"path": path, "name": Path(path).stem, "sha256": None, "source": prompts}
+    return push_prompts(host, prompts)
+
+
+# ---- the job spec -----------------------------------------------------------------------
+
+
+def new_job_id(checkpoint: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(checkpoint.rstrip("/")).name).strip("-.")
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug[:48] or 'eval'}-{secrets.token_hex(2)}"
+
+
+def resolve_checkpoint(host: Host, spec: HostSpec, checkpoint: str) -> str:
+    """A checkpoint name resolves under the host's ``drafters`` folder; paths stay as given."""
+    if checkpoint.startswith(("/", "~")):
+        return host.expand(checkpoint)
+    if not spec.eval:
+        raise DflashError(
+            f"host {spec.name} has no eval role in the inventory; give the "
+            "checkpoint as an absolute path or add roles.eval.drafters"
+        )
+    return f"{host.expand(spec.eval.drafters).rstrip('/')}/{checkpoint}"
+
+
+def target_model(spec: HostSpec, options: EvalOptions, flag: str = "--target") -> str:
+    """The target folder (as the inventory or the caller names it) on host `spec`."""
+    target = options.target or (spec.eval.target_model if spec.eval else None)
+    if not target:
+        raise DflashError(
+            f"no target model for host {spec.name}: set roles.eval.target_model "
+            f"in the inventory or pass {flag}"
+        )
+    return target
+
+
+def _given(value, default):
+    """The option when it was given (even a falsy one: zero is refused, never replaced),
+    else the inventory's default."""
+    return default if value is None else value
+
+
+def ground_truth_source(host: Host, spec: HostSpec, options: EvalOptions) -> dict:
+    """The job's ``ground_truth`` entry: kind, server URL or file, timeout, concurrency."""
+    role = spec.eval
+    kind = options.ground_truth_kind or (role.ground_truth_kind if role else None) or "sglang"
+    source = options.ground_truth or (role.ground_truth if role else None)
+    if kind in ("sglang", "openai", "openai-text") and not source:
+        raise DflashError(
+            f"ground truth kind {kind!r} needs a server URL: set "
+            "roles.eval.ground_truth in the inventory or pass --ground-truth"
+        )
+    if kind == "file" and not source:
+        raise DflashError("ground truth kind 'file' needs --ground-truth PATH (on the host)")
+    gt = {
+        "kind": kind,
+        "timeout": options.ground_truth_timeout,
+        "concurrency": _given(
+            options.ground_truth_concurrency,
+            role.ground_truth_concurrency if role else GT_CONCURRENCY,
+        ),
+        "model": options.ground_truth_model or (role.ground_truth_model if role else None),
+    }
+    if kind == "file":
+        gt["path"] = host.expand(source)
+    elif kind != "local":
+        gt["url"] = source
+    return gt
+
+
+def build_spec(
+    host: Host,
+    spec: HostSpec,
+    checkpoint: str,
+    options: EvalOptions,
+    *,
+    engine: EvalSpec | None = None,
+    exact_file: str | None = None,
+) -> dict:
+    """The job spec (``dflash.job/1``) for evaluating `checkpoint` on `host`: ground truth,
+    prompt selection and sampling, and the engine's `EvalSpec` (target and drafter paths on
+    the host filled in) under ``eval``. `engine`: the settings to use as they are (paths
+    included) instead of `options.engine_for` the host's role (a parity capture's).
+    `exact_file`: a ground-truth file on the host that IS the selection (a shard's slice,
+    another host's ids): kind ``file``, every sample in it, no prompts."""
+    role = spec.eval
+    if exact_file is not None:
+        options = replace(options, ground_truth=exact_file, ground_truth_kind="file", prompts=None)
+    if engine is None:
+        engine = replace(
+            options.engine_for(role),
+            target=host.expand(target_model(spec, options)),
+            drafter=resolve_checkpoint(host, spec, checkpoint),
+        )
+    job = {
+        "schema": JOB_SPEC_SCHEMA,
+        "kind": "eval",
+        "created": time.time(),
+        "host": spec.name,
+        "checkpoint": Path(checkpoint.rstrip("/")).name,
+        # an exact file is the selection: never re-selected from
+        "samples": None
+        if exact_file is not None
+        else _given(options.samples, (role.samples if role else None)),
+        "seed": options.seed,
+        "thinking": options.thinking,
+        "sampling": {
+            "temperature": 0.0,
+            "max_new_tokens": _given(
+                options.max_new_tokens, role.max_new_tokens if role else DEFAULT_MAX_NEW_TOKENS
+            ),
+        },
+        "ground_truth": ground_truth_source(host, spec, options),
+        JOB_EVAL_KEY: engine.to_json(),
+        "stop_after": options.stop_after,
+        "workdir": host.workdir,
+    }
+    if job["ground_truth"]["kind"] != "file":
+        job["prompts"] = resolve_prompts(host, spec, options.prompts)
+    return job

@@ -1,0 +1,86 @@
+"""The eval spec's one path: command-line values -> ONE `EvalSpec` (checked before anything
+connects) -> the job document (`to_json`, under ``eval``) -> the host (`from_json`, once)
+-> the engine, with the host's inventory role filling only what the caller did not choose."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import DflashError
+from orchestrator.eval.spec import EvalOptions, engine_spec
+from orchestrator.inventory import EvalRole
+from remote import jobs
+from remote.errors import UserError
+from remote.protocol import DEFAULT_BUDGETS, JOB_ENGINE_DEFAULT, EvalSpec
+
+
+@pytest.mark.parametrize(
+    "given,message",
+    [
+        ({"dtype": "fp16"}, "dtype 'fp16' is not supported; use bfloat16 (bf16) or float32"),
+        ({"positions": "some"}, 'positions \'some\' is not supported; use "all" or "walk"'),
+        ({"device": "tpu"}, "device 'tpu' is not supported; use cpu, cuda or cuda:N"),
+        ({"budgets": [8, 0]}, "budgets must be whole numbers of at least 1, got 8,0"),
+        ({"threads": 0}, "threads must be a whole number of at least 1, got 0"),
+        ({"topk": -1}, "topk must be a whole number of at least 1, got -1"),
+    ],
+)
+def test_a_bad_engine_setting_is_one_line_before_anything_runs(given, message):
+    with pytest.raises(DflashError) as exc:
+        engine_spec(**given)
+    assert str(exc.value).startswith(message)
+    assert "\n" not in str(exc.value)
+
+
+def test_given_settings_are_normalised_once_and_the_rest_are_the_job_defaults():
+    engine, chosen = engine_spec(dtype="bf16", budgets=[32, 8, 8], threads=None, topk=None)
+    assert engine.dtype == "bfloat16" and engine.budgets == (8, 32)
+    assert chosen == {"dtype", "budgets"}
+    assert engine_spec()[0] == JOB_ENGINE_DEFAULT
+    assert JOB_ENGINE_DEFAULT.budgets == DEFAULT_BUDGETS
+
+
+def test_the_inventory_role_fills_only_what_the_caller_did_not_choose():
+    role = EvalRole(drafters="/d", dtype="float32", threads=3)
+    # nothing chosen: the role's dtype and threads
+    assert EvalOptions().engine_for(role).dtype == "float32"
+    assert EvalOptions().engine_for(role).threads == 3
+    # an explicit bfloat16 wins over the role's float32, though it equals the default
+    engine, chosen = engine_spec(dtype="bfloat16", budgets=[4])
+    resolved = EvalOptions(engine=engine, chosen=chosen).engine_for(role)
+    assert (resolved.dtype, resolved.threads, resolved.budgets) == ("bfloat16", 3, (4,))
+    # a library caller's EvalSpec: what differs from the job defaults counts as chosen
+    lib = EvalOptions(engine=EvalSpec(budgets=(2, 4), threads=1)).engine_for(role)
+    assert (lib.dtype, lib.threads, lib.budgets) == ("float32", 1, (2, 4))
+    assert EvalOptions().engine_for(None) == JOB_ENGINE_DEFAULT
+
+
+def test_the_job_carries_the_spec_whole_and_the_host_reads_it_back_unchanged(tmp_path):
+    engine = EvalSpec(
+        target="/t",
+        drafter="/d",
+        dtype="float32",
+        threads=2,
+        budgets=(8, 16),
+        topk=3,
+        positions="walk",
+        device="cuda:1",
+    )
+    job = {"kind": "eval", "samples": 4, "eval": engine.to_json()}
+    read = jobs.job_engine(job)
+    assert read == engine
+    ran = jobs.build_eval_spec(tmp_path, read, "/g.jsonl")
+    assert ran.ground_truth == "/g.jsonl" and ran.output_dir == str(tmp_path)
+    assert ran.to_json() | {"ground_truth": "", "output_dir": ""} == engine.to_json()
+
+
+def test_a_bad_spec_in_a_job_is_one_line_on_the_host():
+    for bad, word in (
+        ({"eval": {"dtype": "fp16"}}, "dtype 'fp16'"),
+        ({"eval": {"budget": [8]}}, "unknown keys budget"),
+        ({"eval": {"budgets": "8"}}, "budgets must be a list"),
+    ):
+        with pytest.raises(UserError) as exc:
+            jobs.job_engine(bad)
+        assert str(exc.value).startswith("job spec: ") and word in str(exc.value)
+        assert "\n" not in str(exc.value)
