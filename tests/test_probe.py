@@ -20,7 +20,8 @@ import pytest
 from remote.errors import EXIT_USER_ERROR, UserError
 from remote.probe.structure import SCHEMA, default_target_layer_ids, probe
 from tests import tiny_models
-from tests.conftest import ROOT, ssh_host_entry
+from tests.helpers.cli import ROOT
+from tests.helpers.sshd import ssh_host_entry
 from tests.tiny_models import EXPECTED, HIDDEN, VOCAB
 
 

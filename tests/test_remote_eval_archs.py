@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ssh_host_entry
-from tests.test_eval_engine import hf_model, online_rounds
-from tests.test_hosts import dflash
+from tests.helpers.cli import dflash
+from tests.helpers.oracle import hf_model, online_rounds
+from tests.helpers.sshd import ssh_host_entry
 
 pytestmark = pytest.mark.slow
 KINDS = ("qwen3_5_moe", "gemma3")

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, ssh_host_entry
+from tests.helpers.cli import ROOT
+from tests.helpers.sshd import ssh_host_entry
 
 pytestmark = pytest.mark.slow
 PROJECT = "dflash-test"
