@@ -11,9 +11,10 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository root
 
 
 def dflash(
-    *args: str, env: dict | None = None, timeout: float = 120
+    *args: str, env: dict | None = None, timeout: float = 120, cwd: Path | str = ROOT
 ) -> subprocess.CompletedProcess:
-    """Run ``python -m orchestrator ARGS`` from the repository root with wide columns."""
+    """Run ``python -m orchestrator ARGS`` (from the repository root unless `cwd` says
+    otherwise) with wide columns; `env` adds to or replaces the inherited variables."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "orchestrator", *args],
@@ -21,7 +22,7 @@ def dflash(
         text=True,
         env=full_env,
         timeout=timeout,
-        cwd=ROOT,
+        cwd=cwd,
     )
 
 
