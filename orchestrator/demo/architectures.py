@@ -84,6 +84,13 @@ class Dims:
             layer_types=pattern(self.layers, "sliding_attention", every=min(every, self.layers)),
         )
 
+    def mrope(self, **extra: Any) -> dict[str, Any]:
+        """Multimodal RoPE of the Qwen-VL text stacks: the rotary half of a head split
+        into time, height and width sections (2, 1, 1 for heads of 8)."""
+        half, eighth = self.dim // 2, self.dim // 8
+        sections = [half - 2 * eighth, eighth, eighth]
+        return {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections, **extra}
+
     def image_token(self) -> int:
         return self.vocab - 1  # the top of the vocabulary, which no prompt here uses
 
@@ -122,10 +129,6 @@ def qwen_vision(d: Dims, depth: int = 1, **extra: Any) -> dict[str, Any]:
 
 def _qwen3_vl_vision(d: Dims) -> dict[str, Any]:
     return qwen_vision(d, depth=2, num_position_embeddings=16, deepstack_visual_indexes=[0])
-
-
-# Multimodal RoPE of the Qwen-VL text stacks: sections of the rotary half of head_dim 8.
-MROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
 
 
 def _qwen3(d: Dims, **over: Any):
@@ -177,7 +180,7 @@ def _qwen3_5_moe(d: Dims, **over: Any):
 def _qwen3_vl(d: Dims, **over: Any):
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    text = d.text(rope_parameters={**MROPE, "mrope_interleaved": True}, **over)
+    text = d.text(rope_parameters=d.mrope(mrope_interleaved=True), **over)
     return Qwen3VLForConditionalGeneration(
         Qwen3VLConfig(text_config=text, vision_config=_qwen3_vl_vision(d))
     )
@@ -186,7 +189,7 @@ def _qwen3_vl(d: Dims, **over: Any):
 def _qwen3_vl_moe(d: Dims, **over: Any):
     from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
 
-    text = d.text(**d.moe(), rope_parameters={**MROPE, "mrope_interleaved": True}, **over)
+    text = d.text(**d.moe(), rope_parameters=d.mrope(mrope_interleaved=True), **over)
     return Qwen3VLMoeForConditionalGeneration(
         Qwen3VLMoeConfig(text_config=text, vision_config=_qwen3_vl_vision(d))
     )
@@ -195,7 +198,7 @@ def _qwen3_vl_moe(d: Dims, **over: Any):
 def _qwen2_5_vl(d: Dims, **over: Any):
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    text = d.text(rope_parameters=MROPE, **over)
+    text = d.text(rope_parameters=d.mrope(), **over)
     text.pop("head_dim")  # Qwen2.5-VL derives it from hidden / heads
     vision = qwen_vision(d, fullatt_block_indexes=[0], window_size=8)
     return Qwen2_5_VLForConditionalGeneration(
