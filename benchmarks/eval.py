@@ -554,7 +554,7 @@ def e2e_row(args) -> None:
 
     from orchestrator.demo.models import build_qwen3_target
     from orchestrator.demo.train import train_drafter
-    from tests.sshd import SSHServer, keygen
+    from tests.helpers.sshd import SSHServer, keygen
 
     base = Path(tempfile.mkdtemp(prefix="dflash-e2e-"))
     target = build_qwen3_target(

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from orchestrator.demo.models import build_qwen3_target  # noqa: E402
 from remote.eval import groundtruth  # noqa: E402
-from tests.scripted_server import BatchedReply, ScriptedServer, ids_reply  # noqa: E402
+from tests.helpers.servers import BatchedReply, ScriptedServer, ids_reply  # noqa: E402
 
 
 def answer(path: str, body: dict) -> dict:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from orchestrator.relay.stream import cipher_list  # noqa: E402
-from tests.sshd import SSHServer, keygen  # noqa: E402
+from tests.helpers.sshd import SSHServer, keygen  # noqa: E402
 
 MiB = 1 << 20
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 import yaml  # noqa: E402
 
-from tests.sshd import SSHServer, keygen  # noqa: E402
+from tests.helpers.sshd import SSHServer, keygen  # noqa: E402
 
 MiB = 1 << 20
 MODES = ("kill -9", "SIGTERM", "SIGINT", "link drop")

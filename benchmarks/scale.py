@@ -31,7 +31,7 @@ from orchestrator.eval import run as remote_eval  # noqa: E402
 from orchestrator.eval import shard  # noqa: E402
 from orchestrator.inventory import load_inventory  # noqa: E402
 from remote.protocol import EvalSpec  # noqa: E402
-from tests.sshd import SSHServer, keygen  # noqa: E402
+from tests.helpers.sshd import SSHServer, keygen  # noqa: E402
 
 
 def main() -> int:

@@ -1,31 +1,27 @@
-"""Shared fixtures: real loopback sshd hosts and inventories that point at them.
+"""Shared fixtures: real loopback sshd hosts, inventories that point at them, and a tiny
+real target with a ground-truth server over it.
 
 Session-scoped: one user key, and two sshd servers acting as the trainer (`trainer`) and
 the eval host (`evalhost`), each with its own root folder. `make_inventory` writes an
-inventory for any set of those servers plus local hosts.
+inventory for any set of those servers plus local hosts. The helpers these fixtures build on
+live in `tests/helpers/`, which test modules import directly.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.sshd import SSHServer, clear_stale_pyenv_lock, keygen
-
-ROOT = Path(__file__).resolve().parent.parent
-
-# Fixtures shared by several test modules come in through here, never by a test module
-# importing them (tests/reval_fixtures.py: tiny target, ground-truth server, prompts).
-pytest_plugins = ["tests.reval_fixtures"]
+from tests.helpers.relay import TEnv
+from tests.helpers.sshd import clear_stale_pyenv_lock, keygen, ssh_host_entry, start_sshd
 
 
 @pytest.fixture(autouse=True)
 def _no_stale_pyenv_lock():
-    """Tests that kill SSH sessions can leave pyenv's rehash lock behind (see sshd.py)."""
+    """Tests that kill SSH sessions can leave pyenv's rehash lock behind (see helpers/sshd.py)."""
     clear_stale_pyenv_lock()
     yield
     clear_stale_pyenv_lock()
@@ -43,43 +39,18 @@ def user_key(ssh_base) -> Path:
     return key
 
 
-def _start(ssh_base: Path, user_key: Path, name: str):
-    server = SSHServer.start(ssh_base, name, ssh_base / "authorized_keys")
-    known = ssh_base / "known_hosts"
-    with open(known, "a") as fh:
-        fh.write(server.known_hosts_line())
-    return server
-
-
 @pytest.fixture(scope="session")
 def trainer_sshd(ssh_base, user_key):
-    server = _start(ssh_base, user_key, "trainer")
+    server = start_sshd(ssh_base, "trainer")
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="session")
 def eval_sshd(ssh_base, user_key):
-    server = _start(ssh_base, user_key, "evalhost")
+    server = start_sshd(ssh_base, "evalhost")
     yield server
     server.stop()
-
-
-def ssh_host_entry(server: SSHServer, ssh_base: Path, **extra) -> dict:
-    """An inventory host entry for a loopback sshd server."""
-    entry = {
-        "transport": "ssh",
-        "hostname": "127.0.0.1",
-        "port": server.port,
-        "user": os.environ.get("USER") or "root",
-        "identity_file": str(ssh_base / "id_test"),
-        "known_hosts": str(ssh_base / "known_hosts"),
-        "python": sys.executable,
-        "workdir": str(server.root / "dflash"),
-        "connect_timeout": 5,
-    }
-    entry.update(extra)
-    return entry
 
 
 @pytest.fixture
@@ -117,3 +88,52 @@ def two_hosts(trainer_sshd, eval_sshd, ssh_base, make_inventory):
         },
         defaults={"relay_from": "trainer", "relay_to": "evalhost", "eval_host": "evalhost"},
     )
+
+
+@pytest.fixture
+def tenv(trainer_sshd, eval_sshd, ssh_base, tmp_path) -> TEnv:
+    """A relay test's own folders on the trainer and eval hosts (`tests/helpers/relay.py`)."""
+    return TEnv(trainer_sshd, eval_sshd, ssh_base, tmp_path)
+
+
+# ---- remote eval: a tiny real target (tokenizer, chat template), a ground-truth server ----
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory) -> Path:
+    from orchestrator.demo.models import build_qwen3_target
+
+    return Path(build_qwen3_target(str(tmp_path_factory.mktemp("models") / "qwen3-tiny")))
+
+
+@pytest.fixture(scope="session")
+def gt_server(tiny_target):
+    from orchestrator.demo.gtserver import GroundTruthServer
+
+    server = GroundTruthServer(str(tiny_target))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server(gt_server):
+    """The shared server, healthy and with an empty request log for this test."""
+    gt_server.mode = "ok"
+    gt_server.requests.clear()
+    yield gt_server
+    gt_server.mode = "ok"
+
+
+@pytest.fixture(scope="session")
+def prompts_file(tmp_path_factory) -> Path:
+    """A prompts file in both accepted forms (``turns`` lists and single ``prompt``s)."""
+    path = tmp_path_factory.mktemp("prompts") / "mixed.jsonl"
+    rows = [
+        {"turns": ["What is two plus two?"]},
+        {"prompt": "Write a haiku about rain."},
+        {"id": "custom", "turns": ["Name three colours.", "And three more?"]},
+        {"prompt": "def add(a, b):"},
+        {"prompt": "The quick brown fox"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

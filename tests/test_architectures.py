@@ -1,7 +1,7 @@
 """The eval engine reads the text part of every architecture the probe understands.
 
-One tiny checkpoint per architecture (real config class, 2-4 layers, hidden 32, saved with
-``save_pretrained``), and for each:
+One tiny checkpoint per architecture of `orchestrator.demo.architectures` (real config
+class, 2-4 layers, hidden 32, saved with ``save_pretrained``), and for each:
 
 - the engine's raw output of every decoder layer i < n-1 equals transformers' own
   ``hidden_states[i+1]`` from the model ``from_pretrained`` loads (the last entry is
@@ -22,36 +22,20 @@ import json
 import pytest
 import torch
 
+from orchestrator.demo.architectures import (
+    ARCHITECTURES,
+    Dims,
+    gemma3n_text_config,
+    resolve,
+    save_tiny,
+)
 from remote.errors import UserError
 from remote.eval.target import first_row, load_target
 from remote.probe.structure import probe
-from tests import tiny_models
+from tests.helpers.architectures import FUSED_ON_LOAD, LAYERS_PATH
 
 torch.set_num_threads(1)
 
-# name -> (layers path, layer count, MoE: per-expert keys fused on load)
-ARCHS = {
-    "qwen3": ("model.layers", 2, False),
-    "qwen3_moe": ("model.layers", 2, True),
-    "qwen3_5": ("model.language_model.layers", 4, False),
-    "qwen3_5_moe": ("model.language_model.layers", 4, True),
-    "qwen3_next": ("model.layers", 4, True),
-    "qwen3_vl": ("model.language_model.layers", 2, False),
-    "qwen3_vl_moe": ("model.language_model.layers", 2, True),
-    "qwen2_5_vl": ("model.language_model.layers", 2, False),
-    "llama": ("model.layers", 3, False),
-    "llama4": ("language_model.model.layers", 2, False),  # experts stored fused
-    "mistral3": ("model.language_model.layers", 2, False),
-    "gemma3": ("model.language_model.layers", 3, False),
-    "gemma3_text": ("model.layers", 3, False),
-    "gemma3n": ("model.layers", 2, False),
-    "paligemma": ("model.language_model.layers", 2, False),
-    "llava": ("model.language_model.layers", 2, False),
-    "idefics3": ("model.text_model.layers", 2, False),
-    "smolvlm": ("model.text_model.layers", 2, False),
-    "internvl": ("model.language_model.layers", 2, False),
-    "gpt_oss": ("model.layers", 2, False),  # stores its experts fused already
-}
 REFERENCE_PART = {"llama4": "language_model"}
 # Wrappers whose own text-only forward differs from their own text model by float32
 # rounding (PaliGemma passes an explicit prefix mask, which takes another SDPA path: up to
@@ -69,10 +53,10 @@ def reference(name: str, folder):
     return model.get_submodule(part) if part else model
 
 
-@pytest.mark.parametrize("name", list(ARCHS))
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_engine_equals_transformers_and_agrees_with_the_probe(name, tmp_path):
-    folder = tiny_models.build_checkpoint(name, tmp_path / name)
-    layers_path, count, moe = ARCHS[name]
+    folder = save_tiny(name, tmp_path / name)
+    layers_path, count = LAYERS_PATH[name], ARCHITECTURES[name].layers
     report = probe(str(folder))
     target = load_target(str(folder), torch.float32)
     info = target.info
@@ -81,12 +65,12 @@ def test_engine_equals_transformers_and_agrees_with_the_probe(name, tmp_path):
     assert report["text"]["num_layers"] == info.num_layers == count
     assert report["text"]["lm_head"] == info.head_path is not None
     assert report["keys"]["text_complete"], report["keys"]["missing_text"]
-    assert bool(report["keys"]["needs_conversion"]["count"]) is moe
+    assert bool(report["keys"]["needs_conversion"]["count"]) is (name in FUSED_ON_LOAD)
     # never the vision tower
     loaded = [k for k, p in target.model.named_parameters() if not p.is_meta]
     assert loaded and all(info.in_text(k) for k in loaded)
 
-    ids = torch.randint(0, tiny_models.VOCAB - 8, (24,), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, Dims().vocab - 8, (24,), generator=torch.Generator().manual_seed(1))
     feats, greedy = target.forward(ids.tolist(), list(range(count)))
     ref = reference(name, folder)
     with torch.inference_mode():
@@ -116,7 +100,7 @@ def test_a_model_transformers_cannot_build_here_is_one_line_naming_it(tmp_path):
 
     folder = tmp_path / "gemma3n-vlm"
     folder.mkdir()
-    cfg = Gemma3nConfig(text_config=tiny_models._gemma3n_text_config())
+    cfg = Gemma3nConfig(text_config=gemma3n_text_config(resolve("gemma3n")))
     cfg.architectures = ["Gemma3nForConditionalGeneration"]
     cfg.save_pretrained(folder)
     (folder / "model.safetensors").write_bytes(b"")
@@ -128,7 +112,7 @@ def test_a_model_transformers_cannot_build_here_is_one_line_naming_it(tmp_path):
 
 def test_a_quantized_checkpoint_is_one_line(tmp_path):
     """gpt-oss ships MXFP4 experts; the loader does not dequantize, and says so up front."""
-    folder = tiny_models.build_checkpoint("gpt_oss", tmp_path / "gpt_oss")
+    folder = save_tiny("gpt_oss", tmp_path / "gpt_oss")
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "mxfp4"}
     (folder / "config.json").write_text(json.dumps(cfg))

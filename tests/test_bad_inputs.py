@@ -27,9 +27,8 @@ import pytest
 import yaml
 
 from remote.errors import ERROR_PREFIX, EXIT_USER_ERROR
-from tests.conftest import ROOT
-from tests.scripted_server import ScriptedServer, ids_reply
-from tests.test_hosts import dflash, one_error_line
+from tests.helpers.cli import ROOT, dflash, one_error_line
+from tests.helpers.servers import ScriptedServer, ids_reply
 
 
 class Tripwire:

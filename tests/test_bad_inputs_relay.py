@@ -23,10 +23,9 @@ from pathlib import Path
 import pytest
 
 from remote.protocol import FRAME_HEADER as HEADER
-from tests.conftest import ROOT
-from tests.test_hosts import one_error_line
-from tests.test_relay import make_checkpoint
-from tests.test_relay_trust import TEnv, published, tenv  # noqa: F401 (fixture)
+from tests.helpers.checkpoints import make_checkpoint, published
+from tests.helpers.cli import ROOT, one_error_line
+from tests.helpers.relay import TEnv
 
 KiB = 1024
 

@@ -11,8 +11,7 @@ import pytest
 
 import orchestrator
 from orchestrator.results.plots import MISSING
-from tests.conftest import ROOT
-from tests.test_hosts import dflash
+from tests.helpers.cli import ROOT, dflash
 
 INVENTORY = ROOT / "inventory.yaml"
 
@@ -91,7 +90,7 @@ def test_controller_runs_without_matplotlib_and_torch():
     code = (
         "import sys\nsys.modules['matplotlib'] = None\nsys.modules['torch'] = None\n"
         "from orchestrator.results import plots\n"
-        "assert plots._pyplot() is None and plots._pyplot() is None\n"
+        "assert plots.pyplot() is None and plots.pyplot() is None\n"
         "sys.argv = ['dflash', 'hosts', '-i', sys.argv[1], '--json']\n"
         "from orchestrator.cli import main\nmain()\n"
     )

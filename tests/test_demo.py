@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT
-from tests.test_remote_eval import png_size
+from tests.helpers.cli import ROOT
+from tests.helpers.images import png_size
 
 pytestmark = pytest.mark.slow
 
@@ -165,7 +165,7 @@ def test_models_are_cached_by_version_and_rebuilt_only_when_fresh(demo_cache):
 
 
 def test_demo_refuses_a_non_empty_keep_dir(tmp_path):
-    from tests.test_hosts import dflash, one_error_line
+    from tests.helpers.cli import dflash, one_error_line
 
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "file").write_text("mine")

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from remote.errors import UserError
 from remote.eval.drafter import DFlashDrafter, DrafterConfig, default_target_layer_ids, load_drafter
 from remote.eval.target import load_target
-from tests.evalkit import kit
+from tests.helpers.evalkit import kit
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT, ssh_host_entry
+from tests.helpers.cli import ROOT
+from tests.helpers.sshd import ssh_host_entry
 
 pytestmark = pytest.mark.slow
 DEADLINE = 600  # a hang guard for polling, never a speed assertion

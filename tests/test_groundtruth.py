@@ -17,7 +17,7 @@ import pytest
 
 from remote.errors import UserError
 from remote.eval import groundtruth
-from tests.scripted_server import BatchedReply, ScriptedServer, ids_reply
+from tests.helpers.servers import BatchedReply, ScriptedServer, ids_reply
 
 MAX_NEW = 10
 

@@ -13,29 +13,8 @@ import pytest
 from orchestrator.inventory import load_inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import HostError, open_host
-from tests.conftest import ROOT, ssh_host_entry
-
-
-def dflash(
-    *args: str, env: dict | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess:
-    """Run the real CLI in a child process, as a user would."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        cwd=ROOT,
-    )
-
-
-def one_error_line(proc: subprocess.CompletedProcess) -> str:
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
+from tests.helpers.cli import ROOT, dflash, one_error_line
+from tests.helpers.sshd import ssh_host_entry
 
 
 def test_hosts_check_reports_facts_for_both_hosts(two_hosts):
@@ -113,7 +92,7 @@ def test_changed_host_key_is_always_refused(
 def test_closed_port_bad_key_and_missing_python_are_one_line_each(
     trainer_sshd, ssh_base, make_inventory, tmp_path
 ):
-    from tests.sshd import free_port, keygen
+    from tests.helpers.sshd import free_port, keygen
 
     stranger = keygen(tmp_path / "id_stranger")
     inv = make_inventory(
@@ -155,11 +134,11 @@ def test_bundle_is_pushed_once_and_named_by_content(two_hosts):
     inv = load_inventory(two_hosts)
     with open_host(inv.hosts["evalhost"]) as host:
         host.run(["rm", "-rf", f"{host.workdir}/bundles"])
-        bundle._pushed.clear()
         path, pushed = bundle.ensure(host)
         assert pushed and host.exists(path)
-        bundle._pushed.clear()  # a new process would re-check: the file is there, no push
-        assert bundle.ensure(host) == (path, False)
+        assert bundle.ensure(host) == (path, False)  # this connection remembers the push
+    with open_host(inv.hosts["evalhost"]) as again:  # a new one re-checks: file there, no push
+        assert bundle.ensure(again) == (path, False)
     name, data = bundle.build()
     assert Path(path).name == name and Path(path).read_bytes() == data
 

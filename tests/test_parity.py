@@ -17,7 +17,7 @@ from orchestrator.cli import app
 from orchestrator.errors import DflashError
 from orchestrator.eval import parity
 from orchestrator.inventory import load_inventory
-from tests.conftest import ssh_host_entry
+from tests.helpers.sshd import ssh_host_entry
 
 LAYERS = 6  # linear, linear, linear, full, linear, linear: depth enough to see growth
 

@@ -1,6 +1,7 @@
 """`probe` over tiny real checkpoints: structure, key mapping, drafter checks, --load, errors.
 
-Checkpoints are built once per session (`tests/tiny_models.py`) and saved as real safetensors
+Checkpoints are built once per session (`orchestrator.demo.architectures`) and saved as real
+safetensors
 with `save_pretrained`. The remote command runs as a user would run it (``python -m remote
 probe``) and through the library; the controller side runs over a local host and over a real
 loopback sshd host.
@@ -17,17 +18,34 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.demo.architectures import ARCHITECTURES, Dims, save_tiny
 from remote.errors import EXIT_USER_ERROR, UserError
 from remote.probe.structure import SCHEMA, default_target_layer_ids, probe
-from tests import tiny_models
-from tests.conftest import ROOT, ssh_host_entry
-from tests.tiny_models import EXPECTED, HIDDEN, VOCAB
+from tests.helpers.architectures import LAYERS_PATH, VLM
+from tests.helpers.cli import ROOT, dflash
+from tests.helpers.cli import one_error_line as cli_error_line
+from tests.helpers.drafters import build_drafter
+from tests.helpers.sshd import ssh_host_entry
+
+HIDDEN, VOCAB = Dims().hidden, Dims().vocab
+# Probed with --load once per session: dense, hybrid linear-attention, MoE and VLM layouts.
+PROBED = [
+    "qwen3",
+    "llama",
+    "qwen3_5",
+    "qwen3_next",
+    "qwen3_vl",
+    "qwen2_5_vl",
+    "llava",
+    "gemma3",
+    "mistral3",
+]
 
 
 @pytest.fixture(scope="session")
 def ckpts(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("tiny")
-    return {name: tiny_models.build_checkpoint(name, base / name) for name in tiny_models.BUILDERS}
+    return {name: save_tiny(name, base / name) for name in PROBED}
 
 
 @pytest.fixture(scope="session")
@@ -58,14 +76,14 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
 # ---- structure and --load over every architecture ----------------------------------------
 
 
-@pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.parametrize("name", PROBED)
 def test_structure_and_hidden_states(name, loaded_reports):
     r = loaded_reports[name]
-    layers_path, count, hidden, is_vlm = EXPECTED[name]
+    layers_path, count, is_vlm = LAYERS_PATH[name], ARCHITECTURES[name].layers, name in VLM
     assert r["schema"] == SCHEMA
     assert r["text"]["layers"] == layers_path
     assert r["text"]["num_layers"] == count == r["text"]["config_num_hidden_layers"]
-    assert r["text"]["hidden_size"] == hidden
+    assert r["text"]["hidden_size"] == HIDDEN
     assert r["text"]["vocab_size"] == VOCAB
     assert r["is_vlm"] is is_vlm
     assert r["text"]["embed_tokens"].rsplit(".", 1)[0] == layers_path.rsplit(".", 1)[0]
@@ -167,7 +185,7 @@ def test_config_only_probe_reports_every_weight_missing(ckpts, tmp_path):
 
 @pytest.fixture
 def sharded(ckpts, tmp_path) -> Path:
-    folder = tiny_models.build_checkpoint("qwen3", tmp_path / "sharded", max_shard_size="20KB")
+    folder = save_tiny("qwen3", tmp_path / "sharded", max_shard_size="20KB")
     assert (folder / "model.safetensors.index.json").exists()
     return folder
 
@@ -211,7 +229,7 @@ def test_pt_drafter_is_read_the_way_the_eval_reads_it(ckpts, tmp_path):
 
     from remote.eval.drafter import load_drafter
 
-    d = tiny_models.build_drafter(tmp_path / "d", [0, 2], num_target_layers=4)
+    d = build_drafter(tmp_path / "d", [0, 2], num_target_layers=4)
     sd = load_file(str(d / "model.safetensors"))
     (d / "model.safetensors").unlink()
     torch.save({"model": {"module." + k: v for k, v in sd.items()}}, d / "drafter.pt")
@@ -289,7 +307,7 @@ def test_bad_inputs_are_one_line_each_via_cli_and_library(ckpts, tmp_path):
 
 
 def test_good_drafter_passes(ckpts, tmp_path):
-    d = tiny_models.build_drafter(
+    d = build_drafter(
         tmp_path / "d", [0, 2], num_target_layers=4, extra_config={"max_position_embeddings": 256}
     )
     r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
@@ -300,7 +318,7 @@ def test_good_drafter_passes(ckpts, tmp_path):
 
 
 def test_drafter_problems_one_line_each(ckpts, tmp_path):
-    d = tiny_models.build_drafter(
+    d = build_drafter(
         tmp_path / "d",
         [1, 4],
         fc_width=3 * HIDDEN,
@@ -322,7 +340,7 @@ def test_drafter_problems_one_line_each(ckpts, tmp_path):
 
 
 def test_drafter_hidden_and_vocab_mismatch(ckpts, tmp_path):
-    d = tiny_models.build_drafter(tmp_path / "d", [0, 1], hidden=48, vocab=VOCAB * 2)
+    d = build_drafter(tmp_path / "d", [0, 1], hidden=48, vocab=VOCAB * 2)
     r = probe(str(ckpts["qwen3"]), drafter=str(d))["drafter"]
     text = "\n".join(r["problems"])
     assert "drafter hidden_size 48 != target hidden_size 32" in text
@@ -332,7 +350,7 @@ def test_drafter_hidden_and_vocab_mismatch(ckpts, tmp_path):
 def test_drafter_warnings(ckpts, tmp_path):
     # The default schedule shifted by one is what a 1-based training script writes.
     shifted = [i + 1 for i in default_target_layer_ids(4, 1)]
-    d = tiny_models.build_drafter(
+    d = build_drafter(
         tmp_path / "d",
         shifted,
         layers=2,
@@ -354,7 +372,7 @@ def test_drafter_warnings(ckpts, tmp_path):
 def test_drafter_default_ids_and_prefixed_keys(ckpts, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    d = tiny_models.build_drafter(tmp_path / "d", [0], layers=1, num_target_layers=3)
+    d = build_drafter(tmp_path / "d", [0], layers=1, num_target_layers=3)
     cfg = json.loads((d / "config.json").read_text())
     del cfg["dflash_config"]["target_layer_ids"]
     (d / "config.json").write_text(json.dumps(cfg))
@@ -423,65 +441,17 @@ def test_probe_over_sshd_equals_local(ckpts, eval_sshd, ssh_base, make_inventory
     assert over_ssh["text"]["layers"] == "model.language_model.layers"
     assert _comparable(over_ssh) == _comparable(local)
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    cli = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "probe-structure",
-            "--host",
-            "evalhost",
-            "--json",
-            "-i",
-            str(inv_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
+    cli = dflash(
+        "probe-structure", "--host", "evalhost", "--json", "-i", str(inv_path), timeout=300
     )
     assert cli.returncode == 0, cli.stderr
     assert _comparable(json.loads(cli.stdout)) == _comparable(over_ssh)  # model from inventory
-    tree = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "probe-structure",
-            "--host",
-            "evalhost",
-            "-i",
-            str(inv_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-    )
+    tree = dflash("probe-structure", "--host", "evalhost", "-i", str(inv_path), timeout=300)
     assert tree.returncode == 0, tree.stderr
     assert "model.language_model.layers" in tree.stdout and "3 linear_attention" in tree.stdout
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "probe-structure",
-            "--host",
-            "evalhost",
-            "--model",
-            str(tmp_path / "gone"),
-            "-i",
-            str(inv_path),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
+    gone = str(tmp_path / "gone")
+    bad = dflash(
+        "probe-structure", "--host", "evalhost", "--model", gone, "-i", str(inv_path), timeout=300
     )
     assert bad.returncode != 0
-    lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "model folder not found" in lines[0], bad.stderr
+    assert "model folder not found" in cli_error_line(bad)

@@ -18,8 +18,9 @@ import pytest
 
 from orchestrator.inventory import load_inventory
 from orchestrator.relay.run import Progress, RelayError, RelayOptions, list_checkpoints, relay
-from tests.conftest import _start, ssh_host_entry
-from tests.test_hosts import dflash, one_error_line
+from tests.helpers.checkpoints import make_checkpoint, settled_size, tree
+from tests.helpers.cli import ROOT, dflash, one_error_line
+from tests.helpers.sshd import ssh_host_entry, start_sshd
 
 MiB = 1 << 20
 _counter = itertools.count()
@@ -27,7 +28,7 @@ _counter = itertools.count()
 
 @pytest.fixture(scope="module")
 def eval2_sshd(ssh_base, user_key):
-    server = _start(ssh_base, user_key, f"evalhost2-{os.getpid()}")
+    server = start_sshd(ssh_base, f"evalhost2-{os.getpid()}")
     yield server
     server.stop()
 
@@ -87,42 +88,6 @@ def env(trainer_sshd, eval_sshd, eval2_sshd, ssh_base, make_inventory):
     e = Env(write(), ckpt, drafters)
     e.rewrite = lambda **kw: setattr(e, "inventory_path", write(**kw))
     return e
-
-
-def make_checkpoint(
-    root: Path, name: str, sizes: dict[str, int], marker: bool = True, seed: int = 0
-) -> dict[str, bytes]:
-    """A checkpoint folder of random files (with the COMPLETE marker unless told not to)."""
-    files = {}
-    for rel, size in sizes.items():
-        path = root / name / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = os.urandom(size) if size else b""
-        path.write_bytes(data)
-        files[rel] = data
-    if marker:
-        (root / name / "COMPLETE").write_bytes(b"")
-        files["COMPLETE"] = b""
-    return files
-
-
-def tree(folder: Path) -> dict[str, bytes]:
-    """Every file under `folder` (relative path -> bytes), the manifest excluded."""
-    return {
-        str(p.relative_to(folder)): p.read_bytes()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != ".dflash-manifest.json"
-    }
-
-
-def settled_size(path: Path) -> int:
-    """The size of a file once the host-side writer of a dropped connection has drained
-    what was already in its pipe (unchanged across 0.5 s)."""
-    last = -1
-    while (size := path.stat().st_size) != last:
-        last = size
-        time.sleep(0.5)
-    return size
 
 
 class KillAfter(Progress):
@@ -593,8 +558,6 @@ def test_ctrl_c_keeps_what_arrived_and_the_next_relay_resumes(env):
     import signal
     import subprocess
     import sys
-
-    from tests.conftest import ROOT
 
     files = make_checkpoint(env.ckpt, "step_42", {"big.bin": 48 * MiB})
     partial = env.dst / ".partial-step_42" / "big.bin"

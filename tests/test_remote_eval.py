@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ROOT, ssh_host_entry
-from tests.test_hosts import dflash, one_error_line
+from tests.helpers.cli import ROOT, dflash, one_error_line
+from tests.helpers.images import png_size
+from tests.helpers.sshd import ssh_host_entry
 
 pytestmark = pytest.mark.slow
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +72,6 @@ def workdir(eval_sshd) -> Path:
 def job_dirs(eval_sshd) -> set[str]:
     jobs = workdir(eval_sshd) / "jobs"
     return {p.name for p in jobs.iterdir()} if jobs.is_dir() else set()
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    """Width and height from a PNG's IHDR chunk, after checking the signature."""
-    data = path.read_bytes()
-    assert data[:8] == PNG_SIGNATURE, path
-    assert data[12:16] == b"IHDR", path
-    return struct.unpack(">II", data[16:24])
 
 
 def test_remote_eval_pulls_results_second_run_reuses_bundle_and_ground_truth(

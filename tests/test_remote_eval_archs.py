@@ -4,7 +4,7 @@ transformers fuses on load, vision tower never loaded) and a tiny Gemma3 VLM (sc
 embeddings, sliding windows, tied head), each with a DFlash drafter trained for real on it.
 
 The offline tau the host reports must equal online greedy speculative decoding round by
-round: the oracle (`tests/test_eval_engine.online_rounds`) drives transformers' own model
+round: the oracle (`tests/helpers/oracle.py`) drives transformers' own model
 (``from_pretrained``, the full VLM class) and re-runs it over the whole prefix each round.
 Its completions are the ground truth the host evaluates (kind ``file``).
 """
@@ -17,82 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ssh_host_entry
-from tests.test_eval_engine import hf_model, online_rounds
-from tests.test_hosts import dflash
+from orchestrator.demo.architectures import Dims, save_tiny
+from tests.helpers.cli import dflash
+from tests.helpers.oracle import hf_model, online_rounds
+from tests.helpers.sshd import ssh_host_entry
 
 pytestmark = pytest.mark.slow
 KINDS = ("qwen3_5_moe", "gemma3")
-
-
-def build_target(kind: str, folder: Path) -> Path:
-    """A tiny target of `kind` with hidden 64 (drafter heads of 16), saved as users save."""
-    import transformers
-
-    torch.manual_seed(0)
-    text = dict(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=256,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
-    if kind == "qwen3_5_moe":
-        text.update(
-            num_hidden_layers=4,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=32,
-            layer_types=["linear_attention"] * 3 + ["full_attention"],
-            linear_conv_kernel_dim=4,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-        )
-        vision = dict(
-            depth=1,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            patch_size=4,
-            out_hidden_size=64,
-            num_position_embeddings=16,
-        )
-        model = transformers.Qwen3_5MoeForConditionalGeneration(
-            transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision)
-        )
-    else:
-        text.update(
-            num_hidden_layers=4,
-            intermediate_size=128,
-            sliding_window=8,
-            layer_types=["sliding_attention"] * 3 + ["full_attention"],
-        )
-        text.pop("tie_word_embeddings")  # Gemma ties its head: the checkpoint lacks lm_head
-        vision = dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            image_size=16,
-            patch_size=4,
-        )
-        model = transformers.Gemma3ForConditionalGeneration(
-            transformers.Gemma3Config(
-                text_config=transformers.Gemma3TextConfig(**text),
-                vision_config=transformers.SiglipVisionConfig(**vision),
-                mm_tokens_per_image=4,
-                image_token_index=255,
-                boi_token_index=253,
-                eoi_token_index=254,
-            )
-        )
-    model.eval().save_pretrained(folder)
-    return folder
+# hidden 64: drafter heads of 16; windows of 8 that a 34-token sequence crosses
+DIMS = Dims(hidden=64, layers=4, vocab=256, max_positions=512, window=8)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +37,7 @@ def setups(eval_sshd):
     out = {}
     for kind in KINDS:
         root = eval_sshd.root / f"arch-{kind}"
-        target = build_target(kind, root / "target")
+        target = save_tiny(kind, root / "target", DIMS)
         rows = make_ground_truth(str(target), 8, prompt_len=10, completion_len=24, seed=1)
         step = train_drafter(
             str(target), str(root / "drafters"), save_steps=(120,), rows=rows, batch_samples=4

@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, ssh_host_entry
+from tests.helpers.cli import ROOT
+from tests.helpers.cli import dflash as run_cli
+from tests.helpers.sshd import ssh_host_entry
 
 pytestmark = pytest.mark.slow
 PROJECT = "dflash-test"
@@ -33,15 +35,9 @@ PROJECT = "dflash-test"
 def dflash(
     *args: str, cwd: Path | str = ROOT, columns: int = 100, timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(columns), "WANDB_MODE": "offline"}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=cwd,
-    )
+    """The CLI at `columns` wide, with W&B offline (its files are read back here)."""
+    env = {"COLUMNS": str(columns), "WANDB_MODE": "offline"}
+    return run_cli(*args, env=env, timeout=timeout, cwd=cwd)
 
 
 def wandb_records(path: Path):

@@ -18,8 +18,8 @@ from orchestrator.eval import shard, shard_plan
 from orchestrator.inventory import load_inventory
 from remote.eval.metrics import summarize
 from remote.protocol import EvalSpec
-from tests.conftest import _start, ssh_host_entry
-from tests.test_hosts import dflash, one_error_line
+from tests.helpers.cli import dflash, one_error_line
+from tests.helpers.sshd import ssh_host_entry, start_sshd
 
 HOSTS = ("sa", "sb", "sc")
 
@@ -118,7 +118,7 @@ def test_hosts_refuses_attach_in_one_line(tmp_path, make_inventory):
 
 @pytest.fixture(scope="module")
 def three_sshd(ssh_base, user_key):
-    servers = [_start(ssh_base, user_key, f"shard-{name}") for name in HOSTS]
+    servers = [start_sshd(ssh_base, f"shard-{name}") for name in HOSTS]
     yield dict(zip(HOSTS, servers, strict=False))
     for s in servers:
         s.stop()

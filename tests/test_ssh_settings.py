@@ -23,8 +23,8 @@ from orchestrator.inventory import load_inventory
 from orchestrator.relay.stream import stream_argv
 from orchestrator.transport import ssh_settings
 from orchestrator.transport.hosts import HostError, open_host
-from tests.sshd import keygen
-from tests.test_hosts import dflash
+from tests.helpers.cli import dflash
+from tests.helpers.sshd import keygen
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from remote.eval.target import load_target
 def test_legacy_vlm_keys_in_shards_load_like_the_original(tmp_path):
     # The legacy Llava-family layout (language_model.model.*, language_model.lm_head) is
     # renamed by transformers' own conversion mapping for Gemma3; the loader follows it.
-    from tests.tiny_models import build_checkpoint
+    from orchestrator.demo.architectures import save_tiny
 
-    orig = str(build_checkpoint("gemma3", tmp_path / "orig"))
+    orig = str(save_tiny("gemma3", tmp_path / "orig"))
     ref = load_target(orig, torch.float32)
     g = list(range(3, 40))
     n = ref.info.num_layers

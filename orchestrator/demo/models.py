@@ -1,6 +1,7 @@
 """Build and save tiny real targets: safetensors weights, config.json, generation_config.json
 and a tokenizer (BPE trained with `tokenizers` on a built-in corpus, wrapped as a
-``PreTrainedTokenizerFast`` with a simple chat template).
+``PreTrainedTokenizerFast`` with a simple chat template). The model itself comes from
+`orchestrator.demo.architectures`, the one catalogue of tiny architectures.
 
 Random weights use transformers' default init; such tiny models fall into repetitive greedy
 loops mixed with irregular stretches, which a tiny drafter learns quickly, so acceptance
@@ -9,8 +10,10 @@ rises visibly with training steps.
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+
+from orchestrator.demo.architectures import Dims, tiny_model
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun.",
@@ -59,23 +62,6 @@ def build_tokenizer(vocab_size: int = 320):
     return fast
 
 
-def _text_dims(
-    vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int | None
-) -> dict[str, Any]:
-    return dict(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate or 2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=hidden // heads,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-    )
-
-
 def _save(model, tokenizer, out_dir: str, dtype: str) -> str:
     import torch
     from transformers import GenerationConfig
@@ -93,7 +79,8 @@ def _save(model, tokenizer, out_dir: str, dtype: str) -> str:
     return out_dir
 
 
-def build_qwen3_target(
+def build_target(
+    kind: str,
     out_dir: str,
     *,
     hidden_size: int = 64,
@@ -106,62 +93,29 @@ def build_qwen3_target(
     dtype: str = "float32",
     model_vocab_size: int | None = None,
 ) -> str:
-    """Save a tiny random ``Qwen3ForCausalLM`` (+ tokenizer) in ``out_dir``; returns the path.
-    ``vocab_size`` is the tokenizer's BPE size; the model's vocabulary matches the tokenizer
-    unless ``model_vocab_size`` pads it (as real models pad theirs; benchmarks use that to get
-    a realistic embedding/head size)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
+    """Save a tiny random target of architecture `kind` (`architectures.ARCHITECTURES`)
+    with a tokenizer in ``out_dir``; returns the path. ``vocab_size`` is the tokenizer's BPE
+    size; the model's vocabulary matches the tokenizer unless ``model_vocab_size`` pads it
+    (as real models pad theirs; benchmarks use that to get a realistic embedding/head
+    size)."""
     tok = build_tokenizer(vocab_size)
-    torch.manual_seed(seed)
-    vocab = max(len(tok), model_vocab_size or 0)
-    cfg = Qwen3Config(
-        **_text_dims(vocab, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size)
+    dims = Dims(
+        hidden=hidden_size,
+        layers=num_layers,
+        heads=num_heads,
+        kv_heads=num_kv_heads,
+        intermediate=intermediate_size,
+        vocab=max(len(tok), model_vocab_size or 0),
+        max_positions=4096,
     )
-    cfg.bos_token_id = cfg.pad_token_id = tok.pad_token_id
-    return _save(Qwen3ForCausalLM(cfg).eval(), tok, out_dir, dtype)
+    ids = {"pad_token_id": tok.pad_token_id}
+    if kind == "qwen3":  # its config names a bos token too: the pad token here
+        ids["bos_token_id"] = tok.pad_token_id
+    return _save(tiny_model(kind, dims, seed, **ids), tok, out_dir, dtype)
 
 
-def build_qwen35_vl_target(
-    out_dir: str,
-    *,
-    hidden_size: int = 64,
-    num_layers: int = 4,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    intermediate_size: int | None = None,
-    vocab_size: int = 320,
-    seed: int = 0,
-    dtype: str = "float32",
-) -> str:
-    """Save a tiny random Qwen3.5-style ``Qwen3_5ForConditionalGeneration`` (vision tower +
-    hybrid text stack: Gated DeltaNet linear-attention layers, every 4th full attention)."""
-    import torch
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
-
-    tok = build_tokenizer(vocab_size)
-    torch.manual_seed(seed)
-    text = _text_dims(len(tok), hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size)
-    text.update(
-        layer_types=[
-            "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)
-        ],
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_conv_kernel_dim=4,
-    )
-    vision = dict(
-        depth=1,
-        hidden_size=32,
-        intermediate_size=64,
-        num_heads=2,
-        out_hidden_size=hidden_size,
-        patch_size=4,
-        num_position_embeddings=16,
-    )
-    cfg = Qwen3_5Config(text_config=text, vision_config=vision)
-    cfg.text_config.pad_token_id = tok.pad_token_id
-    return _save(Qwen3_5ForConditionalGeneration(cfg).eval(), tok, out_dir, dtype)
+# The demo's two targets: a Qwen3 text model, and a Qwen3.5-style vision-language model
+# (vision tower + hybrid text stack: Gated DeltaNet linear-attention layers, every 4th full
+# attention). Both take `build_target`'s keywords.
+build_qwen3_target = functools.partial(build_target, "qwen3")
+build_qwen35_vl_target = functools.partial(build_target, "qwen3_5")

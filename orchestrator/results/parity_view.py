@@ -78,7 +78,7 @@ def plot_layers(result: dict, path: str | Path) -> Path | None:
     matplotlib (after the one line `orchestrator.plots` prints)."""
     from orchestrator.results import plots
 
-    plt = plots._pyplot()
+    plt = plots.pyplot()
     layers = result.get("layers") or []
     if plt is None or not layers:
         return None

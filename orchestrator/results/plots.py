@@ -35,7 +35,7 @@ MISSING = (
 _told = False
 
 
-def _pyplot():
+def pyplot():
     """pyplot on the Agg backend, or None (after one line on stderr) without matplotlib."""
     global _told
     try:
@@ -62,7 +62,7 @@ def histogram_figure(run: res.Run) -> Any | None:
     hist = res.histogram(run)
     if not hist:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     total = sum(c for _, c in hist) or 1
@@ -91,7 +91,7 @@ def per_position_figure(run: res.Run) -> Any | None:
     pos = [p for p in res.per_position(run) if p.get("rate") is not None]
     if not pos:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -137,7 +137,7 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
     series = _series(runs)
     if not series:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(9, 5))
@@ -194,7 +194,7 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
 
 
 def save_png(fig: Any, path: str | Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     path = Path(path)
@@ -213,7 +213,7 @@ def svg(fig: Any, salt: str = "") -> str:
     salted per figure so several figures on one page never share an id)."""
     import matplotlib
 
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     buf = io.StringIO()

@@ -5,7 +5,8 @@ For a block starting at position ``s`` (the last verified token ``g[s]`` followe
 mask tokens) every drafter layer attends from the block to
 ``concat(context, block)`` where context = ``hidden_norm(fc(target features at < s))``, with
 the SAME k/v projections for both; attention is not causal (unless the config says so for a
-sliding layer, as z-lab does). See ``shared/docs/dflash-eval.md``.
+sliding layer, as z-lab does). The reference is z-lab's own implementation,
+https://github.com/z-lab/dflash/blob/main/dflash/model.py.
 
 Two forwards are offered and must agree:
 

@@ -11,7 +11,8 @@ KEY_PREFIXES = ("module.", "_orig_mod.", "model.", "draft_model.", "drafter.")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """The layer ids z-lab uses when a config names none (see dflash-eval.md)."""
+    """The layer ids z-lab uses when a config names none (their ``build_target_layer_ids``,
+    https://github.com/z-lab/dflash)."""
     n, k = num_target_layers, num_draft_layers
     if k == 1:
         return [n // 2]

@@ -2,7 +2,9 @@
 
 `SSHServer.start(base, name)` generates a host key, writes an sshd_config that accepts only
 the test user key, starts ``sshd -D`` on 127.0.0.1 at a free port and waits until it
-answers. `stop()` ends only the processes this server started.
+answers. `stop()` ends only the processes this server started. `start_sshd` does that in
+the layout the fixtures share (one ``ssh_base`` folder with the user key and known_hosts),
+and `ssh_host_entry` is the inventory entry that points at such a server.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,3 +148,29 @@ class SSHServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def start_sshd(ssh_base: Path, name: str) -> SSHServer:
+    """Start a server named `name` that accepts the key in ``ssh_base/authorized_keys``, and
+    add its host key to ``ssh_base/known_hosts``."""
+    server = SSHServer.start(ssh_base, name, ssh_base / "authorized_keys")
+    with open(ssh_base / "known_hosts", "a") as fh:
+        fh.write(server.known_hosts_line())
+    return server
+
+
+def ssh_host_entry(server: SSHServer, ssh_base: Path, **extra) -> dict:
+    """An inventory host entry for a loopback sshd server (`extra` adds or replaces keys)."""
+    entry = {
+        "transport": "ssh",
+        "hostname": "127.0.0.1",
+        "port": server.port,
+        "user": os.environ.get("USER") or "root",
+        "identity_file": str(ssh_base / "id_test"),
+        "known_hosts": str(ssh_base / "known_hosts"),
+        "python": sys.executable,
+        "workdir": str(server.root / "dflash"),
+        "connect_timeout": 5,
+    }
+    entry.update(extra)
+    return entry

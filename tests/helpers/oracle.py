@@ -1,0 +1,85 @@
+"""The reference the eval engine is measured against: online greedy speculative decoding.
+
+Written independently of the engine: it drives transformers' own model class (the full
+wrapper for a VLM, loaded with ``from_pretrained``) with ``output_hidden_states`` and either
+a real KV cache cropped after each verification or, for targets whose recurrent state cannot
+be cropped, a re-run over the whole accepted prefix every round. The drafter is called one
+block at a time with its context grown by the accepted tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def hf_model(path: str):
+    """The checkpoint at `path` loaded by transformers itself, in float32."""
+    import transformers
+    from transformers import AutoConfig
+
+    arch = AutoConfig.from_pretrained(path).architectures[0]
+    return getattr(transformers, arch).from_pretrained(path, dtype=torch.float32).eval()
+
+
+def features(hidden_states, layer_ids):
+    """The drafter's context: the outputs of layers `layer_ids`, side by side."""
+    # output_hidden_states index i+1 = output of layer i (ids here exclude the last layer)
+    return torch.cat([hidden_states[i + 1][0] for i in layer_ids], dim=-1)
+
+
+@torch.inference_mode()
+def online_rounds(
+    model, drafter, prompt: list[int], new_tokens: int, recompute: bool
+) -> tuple[list[int], list[int]]:
+    """Greedy speculative decoding; returns (acceptance length per round, completion)."""
+    from transformers import DynamicCache
+
+    ids = drafter.cfg.target_layer_ids
+    assert max(ids) < model.config.get_text_config().num_hidden_layers - 1
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    B = drafter.block_size
+    cache = None if recompute else DynamicCache(config=model.config)
+    out = model(
+        input_ids=torch.tensor([prompt]),
+        past_key_values=cache,
+        use_cache=not recompute,
+        output_hidden_states=True,
+    )
+    g = list(prompt) + [int(out.logits[0, -1].argmax())]
+    ctx = features(out.hidden_states, ids)
+    end = len(prompt) + new_tokens - 1  # last index to produce
+    s, rounds = len(prompt), []
+    while s < end:
+        block_in = drafter.block_inputs(embed, torch.tensor([g[s]]))[0]
+        h = drafter.forward_block(ctx[:s], block_in, s)
+        draft = drafter.logits(h[1:], head).argmax(-1).tolist()
+        block = [g[s]] + draft
+        if recompute:
+            full = model(
+                input_ids=torch.tensor([g[:s] + block]), use_cache=False, output_hidden_states=True
+            )
+            post = full.logits[0, s:].argmax(-1).tolist()
+        else:
+            full = model(
+                input_ids=torch.tensor([block]),
+                past_key_values=cache,
+                use_cache=True,
+                output_hidden_states=True,
+            )
+            post = full.logits[0].argmax(-1).tolist()
+        a = 0
+        while a < B - 1 and draft[a] == post[a]:
+            a += 1
+        produced = min(a + 1, end - s)
+        g += (draft[:a] + [post[a]])[:produced]
+        if recompute:
+            ctx = features(full.hidden_states, ids)[: s + produced]
+        else:
+            ctx = torch.cat([ctx, features(full.hidden_states, ids)[:produced]])
+            remove = cache.get_seq_length() - (s + produced)
+            if remove:  # transformers 5.23: a NEGATIVE count removes that many tokens
+                cache.crop(-remove)
+        rounds.append(produced)
+        s += produced
+    return rounds, g[len(prompt) :]
