@@ -36,6 +36,8 @@ JOB_SPEC_SCHEMA = "dflash.job/1"  # the engine's EvalSpec travels in it under JO
 JOB_EVAL_KEY = "eval"
 RESULT_SCHEMA = "dflash.eval/1"
 PROBE_SCHEMA = "dflash.probe/1"
+PARITY_SCHEMA = "dflash.parity/1"  # the compare job's result.json
+PARITY_CAPTURE_SCHEMA = "dflash.parity-capture/1"  # one host's capture, A to B over the relay
 
 # ---- the eval spec ----------------------------------------------------------------------
 

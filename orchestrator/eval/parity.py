@@ -34,10 +34,9 @@ from orchestrator.relay.run import RELAY_PYTHON_FLAGS
 from orchestrator.relay.stream import Stream, describe_failure, file_lines, pump, send_request
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
-from remote.protocol import JOB_EVAL_KEY, EvalSpec
+from remote.protocol import JOB_EVAL_KEY, PARITY_SCHEMA, EvalSpec
 from remote.relay.host import write_all
 
-SCHEMA = "dflash.parity/1"
 INBOX = ".partial-parity-a"  # relay-recv writes only under a partial folder
 ATTN = ("sdpa", "eager")
 
@@ -419,7 +418,7 @@ def load(path: str | Path) -> dict:
         result = json.loads((path / "result.json").read_text())
     except (OSError, ValueError):
         raise DflashError(f"no readable result.json in {path}") from None
-    if not str(result.get("schema", "")).startswith("dflash.parity/"):
+    if not str(result.get("schema", "")).startswith(PARITY_SCHEMA.split("/")[0] + "/"):
         raise DflashError(f"{path} is not a parity run")
     return result
 

@@ -17,8 +17,9 @@ from typing import Any
 
 from orchestrator.errors import DflashError
 from orchestrator.relay.checkpoints import parse_step
+from remote.protocol import RESULT_SCHEMA
 
-RESULT_SCHEMA_PREFIX = "dflash.eval/"
+RESULT_SCHEMA_PREFIX = RESULT_SCHEMA.split("/")[0] + "/"  # any version of the eval schema
 
 
 @dataclass

@@ -30,11 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from remote.atomic import write_json_atomic
 from remote.errors import UserError
-from remote.protocol import EvalSpec, SpecError
+from remote.protocol import PARITY_CAPTURE_SCHEMA, PARITY_SCHEMA, EvalSpec, SpecError
 
-CAPTURE_SCHEMA = "dflash.parity-capture/1"
-SCHEMA = "dflash.parity/1"
 CAPTURE_DIR = "capture"
 ATTN = ("sdpa", "eager")
 PERCENTILES = (50, 90, 99)
@@ -148,7 +147,7 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
         )
         events.emit("sample", done=n + 1, total=len(rows), id=row["id"], tokens=len(g))
     result = {
-        "schema": CAPTURE_SCHEMA,
+        "schema": PARITY_CAPTURE_SCHEMA,
         "host": spec.get("host"),
         "target": os.path.abspath(engine.target),
         "target_architecture": info.architecture,
@@ -167,15 +166,9 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
         "ground_truth": {k: gt_info.get(k) for k in ("kind", "url", "path", "cached", "file")},
         "timings": {"load_target_s": load_s, "forward_s": time.perf_counter() - t1},
     }
-    write_result(path, result)
+    write_json_atomic(path / "result.json", result)
     events.emit("done", result=str(path / "result.json"))
     return 0
-
-
-def write_result(path: Path, result: dict) -> None:
-    tmp = path / f".result.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(result, indent=2, default=str))
-    os.replace(tmp, path / "result.json")
 
 
 # ---- compare ------------------------------------------------------------------------------
@@ -212,7 +205,7 @@ def layer_errors(a, b) -> dict[str, Any]:
 
 def _load_capture(folder: Path) -> dict:
     info = json.loads((folder / "result.json").read_text())
-    if info.get("schema") != CAPTURE_SCHEMA:
+    if info.get("schema") != PARITY_CAPTURE_SCHEMA:
         raise UserError(f"{folder}/result.json is not a parity capture ({info.get('schema')!r})")
     return info
 
@@ -319,7 +312,7 @@ def run_compare(path: Path, spec: dict, events, engine: EvalSpec) -> int:
             }
         )
     result: dict[str, Any] = {
-        "schema": SCHEMA,
+        "schema": PARITY_SCHEMA,
         "hosts": {"a": cap_a.get("host"), "b": cap_b.get("host")},
         "captures": {"a": _side(cap_a), "b": _side(cap_b)},
         "samples": len(cap_b["samples"]),
@@ -350,7 +343,7 @@ def run_compare(path: Path, spec: dict, events, engine: EvalSpec) -> int:
             "samples_diverging": sum(w["first_diverging_round"] is not None for w in walks),
             "per_sample": walks,
         }
-    write_result(path, result)
+    write_json_atomic(path / "result.json", result)
     events.emit(
         "done",
         result=str(path / "result.json"),
