@@ -70,11 +70,12 @@ class Target:
         """One forward over ``ids``. Returns (features [T, len(layer_ids)*hidden] = raw outputs
         of the named decoder layers concatenated in order, greedy argmax [T - argmax_from] of
         the head at positions ``argmax_from..T-1``). The head runs in chunks of positions so a
-        large vocabulary never materialises [T, vocab] logits."""
+        large vocabulary never materialises [T, vocab] logits; the argmax reads the logits in
+        their own dtype (exact: the same values and ties as after a float32 copy)."""
         feats, last = self.hidden(ids, layer_ids)
         arg = []
         for a in range(argmax_from, last.shape[0], chunk):
-            arg.append(torch.argmax(self.head(last[a : a + chunk]).float(), dim=-1))
+            arg.append(torch.argmax(self.head(last[a : a + chunk]), dim=-1))
         greedy = torch.cat(arg) if arg else torch.zeros(0, dtype=torch.long)
         return feats, greedy
 

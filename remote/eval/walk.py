@@ -21,6 +21,8 @@ Per sequence ``g = prompt + completion`` (``P`` prompt tokens, last index ``L``)
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import time
 from dataclasses import dataclass, field
 
@@ -50,7 +52,7 @@ class WalkOptions:
     positions: str = "all"
 
 
-SCORES_BYTES = 32 * 2**20  # attention scores of one batched drafter call, at most
+SCORES_BYTES = 16 * 2**20  # attention scores of one batched drafter call, at most
 
 
 def auto_chunk(cfg, context: int, budget: int = SCORES_BYTES) -> int:
@@ -75,7 +77,7 @@ class Drafts:
     ``search[s]``: the finished `TreeSearch` at ``s`` (acceptance of every budget).
     """
 
-    HEAD_BYTES = 32 * 2**20  # float32 logits of one head call, at most (HEAD_ROWS at least)
+    HEAD_BYTES = 16 * 2**20  # float32 logits of one head call, at most (HEAD_ROWS at least)
     HEAD_ROWS = 64  # rows per head call at least: a huge vocabulary still reuses its weights
 
     def __init__(self, drafter, target, kv, g: torch.Tensor, P: int, chunk: int | None, k: int = 0):
@@ -88,6 +90,7 @@ class Drafts:
         self.accept: dict[int, int] = {}
         self.rows: dict[int, list[tuple[list[float], list[int]]]] = {}
         self.search: dict[int, TreeSearch] = {}
+        self.kept_from = P  # `forget` dropped every start before this one
 
     def head(self, h: torch.Tensor, starts: list[int], depths: list[int]) -> torch.Tensor:
         """Greedy tokens of final hidden rows ``h`` (row ``i``: depth ``depths[i]`` of the
@@ -95,17 +98,20 @@ class Drafts:
         row's top-k log-probs become ``rows[s][depth - 1]`` (unless known already)."""
         preds = []
         for c in range(0, h.shape[0], self.head_rows):
-            logits = self.drafter.logits(h[c : c + self.head_rows], self.target.lm_head).float()
+            logits = self.drafter.logits(h[c : c + self.head_rows], self.target.lm_head)
+            # argmax in the logits' own dtype: the same values and ties as a float32 copy's
             preds.append(torch.argmax(logits, dim=-1))
             if self.k:
-                v, i = torch.topk(torch.log_softmax(logits, dim=-1), self.k, dim=-1)
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                del logits
+                v, i = torch.topk(logp, self.k, dim=-1)
+                del logp
                 at = slice(c, c + self.head_rows)
                 got = zip(starts[at], depths[at], v.tolist(), i.tolist(), strict=True)
                 for s, d, vr, ir in got:
                     have = self.rows.setdefault(s, [])
                     if len(have) == d - 1:
                         have.append((vr, ir))
-            del logits
         return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)
 
     def ensure(self, starts: list[int]) -> None:
@@ -174,10 +180,10 @@ class Drafts:
 
     def forget(self, below: int) -> None:
         """Drop the rows and searches of starts before ``below`` (no walk returns there)."""
-        for s in [s for s in self.rows if s < below]:
-            del self.rows[s]
-        for s in [s for s in self.search if s < below]:
-            del self.search[s]
+        for s in range(self.kept_from, below):
+            self.rows.pop(s, None)
+            self.search.pop(s, None)
+        self.kept_from = max(self.kept_from, below)
 
 
 def ddtree_rounds(drafts: Drafts, budgets: list[int]) -> dict[str, list[int]]:
@@ -211,6 +217,31 @@ def ddtree_rounds(drafts: Drafts, budgets: list[int]) -> dict[str, list[int]]:
         drafts.forget(min(at.values()))
 
 
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD = 2**20
+
+
+def bound_heap() -> None:
+    """Serve every buffer of 1 MiB or more from its own mapping, returned to the OS on free.
+
+    glibc otherwise raises that threshold to the largest buffer freed so far and serves
+    later ones from its heap, where the target forward's, the drafter batches' and the
+    head's differently sized buffers fragment it: the phases' working sets then stack up
+    in the peak RSS, more so the longer the sequence, instead of taking turns. A no-op
+    where the C library has no ``mallopt`` (musl, macOS)."""
+    mallopt = getattr(_LIBC, "mallopt", None)
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
 @torch.inference_mode()
 def eval_sequence(
     target,
@@ -226,6 +257,7 @@ def eval_sequence(
     ``given``: (features [T, len(target_layer_ids)*hidden], greedy argmax from position
     P-1) computed elsewhere (another host's target, `remote.eval.parity`) instead of step 1's
     forward; the target then lends only its embedding and head."""
+    bound_heap()
     t0 = time.perf_counter()
     g = list(prompt) + list(completion)
     P, L, B = len(prompt), len(g) - 1, drafter.block_size
