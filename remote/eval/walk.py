@@ -14,9 +14,16 @@ Per sequence ``g = prompt + completion`` (``P`` prompt tokens, last index ``L``)
    comes from the target's prefill, as in z-lab's loop, and is not a round.) Blocks are
    always ``B`` long, as in a generation that ends on EOS.
 4. DDTree-N walks the same way with tree acceptance, from per-depth top-k log-probs of the
-   drafter at the positions that walk visits (every row of those blocks and the full head:
-   the tree competes across depths, so nothing can be skipped). The walks of all budgets
-   advance in lockstep, computing what they need in shared batches.
+   drafter at the positions that walk visits. One `remote.eval.ddtree.TreeSearch` per
+   visited position answers every budget at once (a smaller budget's tree is the first
+   nodes of the largest one's), and asks for a depth's row only when the best-first order
+   reaches it or the ground truth is still in the tree: the rows step 2 computed are
+   reused, and a drafter that misses at depth 1 costs no more rows. The walks of all
+   budgets advance in lockstep, computing what they need in shared batches.
+
+Memory stays flat in the sequence length: drafter blocks, attention scores and head logits
+go in batches of bounded bytes, DDTree keeps top-k rows (not logits) only for positions a
+walk can still visit, and large buffers go back to the OS when freed (`bound_heap`).
 """
 
 from __future__ import annotations
@@ -77,7 +84,7 @@ class Drafts:
     ``search[s]``: the finished `TreeSearch` at ``s`` (acceptance of every budget).
     """
 
-    HEAD_BYTES = 16 * 2**20  # float32 logits of one head call, at most (HEAD_ROWS at least)
+    HEAD_BYTES = 8 * 2**20  # float32 logits of one head call, at most (HEAD_ROWS at least)
     HEAD_ROWS = 64  # rows per head call at least: a huge vocabulary still reuses its weights
 
     def __init__(self, drafter, target, kv, g: torch.Tensor, P: int, chunk: int | None, k: int = 0):
@@ -85,12 +92,16 @@ class Drafts:
         self.P, self.L, self.B = P, len(g) - 1, drafter.block_size
         self.chunk = chunk or auto_chunk(drafter.cfg, self.L)
         self.k = k
-        vocab = target.lm_head.shape[0]
-        self.head_rows = max(self.HEAD_ROWS, self.HEAD_BYTES // (4 * vocab))
+        self.head_rows = self.rows_per_head(target.lm_head.shape[0])
         self.accept: dict[int, int] = {}
         self.rows: dict[int, list[tuple[list[float], list[int]]]] = {}
         self.search: dict[int, TreeSearch] = {}
         self.kept_from = P  # `forget` dropped every start before this one
+
+    @classmethod
+    def rows_per_head(cls, vocab: int) -> int:
+        """Rows per head call: float32 logits within HEAD_BYTES, HEAD_ROWS at least."""
+        return max(cls.HEAD_ROWS, cls.HEAD_BYTES // (4 * vocab))
 
     def head(self, h: torch.Tensor, starts: list[int], depths: list[int]) -> torch.Tensor:
         """Greedy tokens of final hidden rows ``h`` (row ``i``: depth ``depths[i]`` of the
