@@ -3,7 +3,10 @@
 Prints ratios measured in ONE run on this machine (no absolute targets, no assertions):
 
 * eval wall time / bare target forward time over the same tokens   (goal <= 1.25), without
-  DDTree and with the CLI's default DDTree budgets 8,16,32,64
+  DDTree and with the CLI's default DDTree budgets 8,16,32,64 (goal <= 2.0 on this
+  head-heavy target), and the same two on a body-heavy target whose LM head is ~5% of the
+  weights, as a 27B model's (``--body-*``: 14 layers, hidden 1024, vocab 8192; goal <= 1.25
+  with DDTree)
 * online speculative-decoding loop time / offline eval time        (goal >= 5)
 * peak RSS of a fresh ``python -m remote eval`` / weights' bytes   (goal <= 1.3), on this
   target and on a bigger one (``--rss-hidden``/``--rss-layers``, ~2.4 GB), with the fixed
@@ -16,12 +19,21 @@ Setup: a random-weight Qwen3 target (default hidden 1536, 12 layers, vocab 32000
 parameters, ~0.9 GB in bf16) and a random 1-layer z-lab drafter (block 16), saved under
 ``--workdir`` (reused when present). Ground truth = the online loop's own greedy output, so
 both sides walk the same tokens. A random drafter accepts ~nothing (tau ~1): the online loop's
-worst case. For the offline eval it is the cheapest case without DDTree (acceptance needs the
-drafter's last layer and head only at about tau rows per position) and the dearest with it
-(DDTree's walks then visit every position, and each visit needs all B rows and the head).
+worst case. For the offline eval it is the cheapest case: acceptance needs the drafter's last
+layer and head only at about tau rows per position, and DDTree's walks visit every position
+but its tree search stops at depth 1 when the ground truth is not among the top-k there (a
+better drafter costs more rows per visit and fewer visits; ``rows_sensitivity`` shows the
+chain's side of that).
+
+``--completion 128,256,512,1024`` (a list) prints only the growth rows: eval time per
+completion token with the default DDTree budgets (and its target / drafter / DDTree parts) as
+a ratio to the first length (goal <= 1.3 at 1024), and the peak RSS of ``python -m remote
+eval`` at each length above the fixed runtime, over the weights (goal <= 1.15 at 1024).
 
     python benchmarks/eval.py [--samples 2] [--prompt 128] [--completion 128] [--threads 2]
     python benchmarks/eval.py --rss-only     # the peak-RSS rows alone (random ground truth)
+    python benchmarks/eval.py --ddtree-only  # the DDTree rows alone, both targets
+    python benchmarks/eval.py --completion 128,256,512,1024 --samples 1   # growth rows
     python benchmarks/eval.py --e2e          # end to end: `dflash remote-eval` (loopback host,
                                              # local ground truth) vs a plain generate script
 """

@@ -40,6 +40,7 @@ from remote.eval.ddtree import TreeSearch
 # The metrics live in a torch-free module shared with the orchestrator's shard merge;
 # re-exported here for callers that know them from this module.
 from remote.eval.metrics import ddtree_k, summarize  # noqa: F401
+from remote.eval.target import greedy_tokens
 
 
 @dataclass
@@ -110,8 +111,7 @@ class Drafts:
         preds = []
         for c in range(0, h.shape[0], self.head_rows):
             logits = self.drafter.logits(h[c : c + self.head_rows], self.target.lm_head)
-            # argmax in the logits' own dtype: the same values and ties as a float32 copy's
-            preds.append(torch.argmax(logits, dim=-1))
+            preds.append(greedy_tokens(logits))
             if self.k:
                 logp = torch.log_softmax(logits.float(), dim=-1)
                 del logits
