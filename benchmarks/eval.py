@@ -3,7 +3,10 @@
 Prints ratios measured in ONE run on this machine (no absolute targets, no assertions):
 
 * eval wall time / bare target forward time over the same tokens   (goal <= 1.25), without
-  DDTree and with the CLI's default DDTree budgets 8,16,32,64
+  DDTree and with the CLI's default DDTree budgets 8,16,32,64 (goal <= 2.0 on this
+  head-heavy target), and the same two on a body-heavy target whose LM head is ~5% of the
+  weights, as a 27B model's (``--body-*``: 14 layers, hidden 1024, vocab 8192; goal <= 1.25
+  with DDTree)
 * online speculative-decoding loop time / offline eval time        (goal >= 5)
 * peak RSS of a fresh ``python -m remote eval`` / weights' bytes   (goal <= 1.3), on this
   target and on a bigger one (``--rss-hidden``/``--rss-layers``, ~2.4 GB), with the fixed
@@ -16,12 +19,21 @@ Setup: a random-weight Qwen3 target (default hidden 1536, 12 layers, vocab 32000
 parameters, ~0.9 GB in bf16) and a random 1-layer z-lab drafter (block 16), saved under
 ``--workdir`` (reused when present). Ground truth = the online loop's own greedy output, so
 both sides walk the same tokens. A random drafter accepts ~nothing (tau ~1): the online loop's
-worst case. For the offline eval it is the cheapest case without DDTree (acceptance needs the
-drafter's last layer and head only at about tau rows per position) and the dearest with it
-(DDTree's walks then visit every position, and each visit needs all B rows and the head).
+worst case. For the offline eval it is the cheapest case: acceptance needs the drafter's last
+layer and head only at about tau rows per position, and DDTree's walks visit every position
+but its tree search stops at depth 1 when the ground truth is not among the top-k there (a
+better drafter costs more rows per visit and fewer visits; ``rows_sensitivity`` shows the
+chain's side of that).
+
+``--completion 128,256,512,1024`` (a list) prints only the growth rows: eval time per
+completion token with the default DDTree budgets (and its target / drafter / DDTree parts) as
+a ratio to the first length (goal <= 1.3 at 1024), and the peak RSS of ``python -m remote
+eval`` at each length above the fixed runtime, over the weights (goal <= 1.15 at 1024).
 
     python benchmarks/eval.py [--samples 2] [--prompt 128] [--completion 128] [--threads 2]
     python benchmarks/eval.py --rss-only     # the peak-RSS rows alone (random ground truth)
+    python benchmarks/eval.py --ddtree-only  # the DDTree rows alone, both targets
+    python benchmarks/eval.py --completion 128,256,512,1024 --samples 1   # growth rows
     python benchmarks/eval.py --e2e          # end to end: `dflash remote-eval` (loopback host,
                                              # local ground truth) vs a plain generate script
 """
@@ -253,9 +265,16 @@ MODES = {  # label -> WalkOptions arguments
 
 
 def rss_figures(
-    workdir: str, target_dir: str, drafter_dir: str, prompts, seqs, threads: int
+    workdir: str,
+    target_dir: str,
+    drafter_dir: str,
+    prompts,
+    seqs,
+    threads: int,
+    budgets: list[int] | None = None,
 ) -> tuple[int, int, int]:
-    """(peak RSS of ``python -m remote eval``, fixed runtime RSS, weights' bytes) on one target."""
+    """(peak RSS of ``python -m remote eval``, fixed runtime RSS, weights' bytes) on one target,
+    with DDTree ``budgets`` (none by default)."""
     import torch
 
     from remote.eval.drafter import load_drafter
@@ -273,6 +292,7 @@ def rss_figures(
             "ground_truth": gt,
             "output_dir": os.path.join(workdir, "out"),
             "threads": threads,
+            "budgets": budgets or [],
         },
         open(spec, "w"),
     )
@@ -289,6 +309,147 @@ def rss_figures(
     _c, meta, info = describe(target_dir)
     _d, report = load_drafter(drafter_dir, torch.bfloat16)
     return peak, base, text_weight_bytes(meta, info, torch.bfloat16) + report.parameters * 2
+
+
+DEFAULT_BUDGETS = [8, 16, 32, 64]  # the CLI's default DDTree budgets
+
+
+def random_seqs(vocab: int, samples: int, prompt: int, completion: int, seed: int = 0):
+    """(prompts, prompt + completion sequences) of random tokens: a random drafter accepts
+    nothing on them, as on the target's own greedy output."""
+    import random
+
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(10, vocab) for _ in range(prompt)] for _ in range(samples)]
+    return prompts, [p + [rng.randrange(10, vocab) for _ in range(completion)] for p in prompts]
+
+
+def head_share(target_dir: str) -> float:
+    """The LM head's share of the target's text weights (embedding and head included)."""
+    import torch
+
+    from remote.eval.target import describe, text_weight_bytes
+
+    _c, meta, info = describe(target_dir)
+    head = meta.get_submodule(info.head_path).weight.numel() * 2
+    return head / text_weight_bytes(meta, info, torch.bfloat16)
+
+
+def ddtree_ratios(target_dir: str, drafter_dir: str, prompts, seqs, repeats: int) -> dict:
+    """Seconds of a bare HF forward (full logits) and of the offline eval without and with
+    the default DDTree budgets over the same sequences, interleaved, best of ``repeats``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from remote.eval.drafter import load_drafter
+    from remote.eval.target import load_target
+    from remote.eval.walk import WalkOptions, eval_sequence
+
+    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
+    target = load_target(target_dir, torch.bfloat16)
+    drafter, _ = load_drafter(drafter_dir, torch.bfloat16)
+    modes = {"all": WalkOptions(), "all+DDTree": WalkOptions(budgets=DEFAULT_BUDGETS)}
+    best = {k: 0.0 for k in ("bare", *modes)}
+    with torch.inference_mode():
+        hf(input_ids=torch.tensor([seqs[0][:32]]))  # warm-up
+        eval_sequence(target, drafter, prompts[0][:16], seqs[0][16:40], modes["all+DDTree"])
+        for p, g in zip(prompts, seqs, strict=True):
+            per = {k: float("inf") for k in best}
+            for _ in range(repeats):
+                t = time.perf_counter()
+                hf(input_ids=torch.tensor([g]))
+                per["bare"] = min(per["bare"], time.perf_counter() - t)
+                for mode, opts in modes.items():
+                    t = time.perf_counter()
+                    eval_sequence(target, drafter, p, g[len(p) :], opts)
+                    per[mode] = min(per[mode], time.perf_counter() - t)
+            for k in best:
+                best[k] += per[k]
+    return best
+
+
+def print_ddtree(label: str, target_dir: str, best: dict, goal: float) -> None:
+    print(
+        f"DDTree [{label}, head {100 * head_share(target_dir):.1f}% of the weights]: "
+        f"bare forward {best['bare']:.2f} s; load avg {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"  eval [all       ] / bare = {best['all'] / best['bare']:.2f}\n"
+        f"  eval [all+DDTree] / bare = {best['all+DDTree'] / best['bare']:.2f}"
+        f"   (goal <= {goal}; budgets {','.join(map(str, DEFAULT_BUDGETS))})"
+    )
+
+
+def body_ddtree(args) -> None:
+    """The DDTree rows on the body-heavy target (``--body-*``), random ground truth."""
+    if not args.body_hidden:
+        return
+    work = os.path.join(
+        args.workdir, f"body-{args.body_hidden}x{args.body_layers}v{args.body_vocab}"
+    )
+    os.makedirs(work, exist_ok=True)
+    target_dir, drafter_dir = build(work, args.body_hidden, args.body_layers, args.body_vocab)
+    prompts, seqs = random_seqs(args.body_vocab, args.samples, args.prompt, args.completion)
+    best = ddtree_ratios(target_dir, drafter_dir, prompts, seqs, args.repeats)
+    label = f"body-heavy {args.body_layers} x {args.body_hidden}, vocab {args.body_vocab}"
+    print_ddtree(label, target_dir, best, 1.25)
+
+
+def growth_rows(args, target_dir: str, drafter_dir: str, lengths: list[int]) -> None:
+    """Eval time per completion token (default DDTree budgets included) at each completion
+    length, as a ratio to the first length, with its target / drafter / DDTree parts; and
+    the peak RSS of ``python -m remote eval`` above the fixed runtime, over the weights."""
+    import torch
+
+    from remote.eval.drafter import load_drafter
+    from remote.eval.target import load_target
+    from remote.eval.walk import WalkOptions, eval_sequence
+
+    target = load_target(target_dir, torch.bfloat16)
+    drafter, _ = load_drafter(drafter_dir, torch.bfloat16)
+    opts = WalkOptions(budgets=DEFAULT_BUDGETS)
+    seqs = {n: random_seqs(args.vocab, args.samples, args.prompt, n, seed=n) for n in lengths}
+    best: dict[int, dict[str, float]] = {n: {} for n in lengths}
+    with torch.inference_mode():
+        eval_sequence(target, drafter, [5] * 16, [6] * 24, opts)  # warm-up
+        for _ in range(args.repeats):  # lengths interleaved within each round
+            for n in lengths:
+                part = {"total": 0.0, "target": 0.0, "drafter": 0.0, "ddtree": 0.0}
+                for p, g in zip(*seqs[n], strict=True):
+                    rec = eval_sequence(target, drafter, p, g[len(p) :], opts)
+                    for k in part:
+                        part[k] += rec["seconds"][k]
+                for k, v in part.items():
+                    best[n][k] = min(best[n].get(k, float("inf")), v)
+    del target, drafter
+    rss = {}
+    for n in lengths:
+        work = os.path.join(args.workdir, f"growth-{n}")
+        os.makedirs(work, exist_ok=True)
+        rss[n] = rss_figures(work, target_dir, drafter_dir, *seqs[n], args.threads, DEFAULT_BUDGETS)
+    first = lengths[0]
+    per_tok = {n: {k: v / (n * args.samples) for k, v in b.items()} for n, b in best.items()}
+    print(
+        f"growth: prompt {args.prompt}, {args.samples} sample(s) per length, budgets "
+        f"{','.join(map(str, DEFAULT_BUDGETS))}, threads {args.threads}, best of "
+        f"{args.repeats} interleaved rounds; load avg "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    )
+    print(
+        "  completion  ms/token  ratio vs first (goal <= 1.3)  [target drafter ddtree]"
+        "  (peak RSS - runtime) / weights (goal <= 1.15)"
+    )
+    for n in lengths:
+        t, f = per_tok[n], per_tok[first]
+        peak, base, weights = rss[n]
+        parts = " ".join(
+            f"{t[k] / f[k]:.2f}" if f[k] else "-" for k in ("target", "drafter", "ddtree")
+        )
+        print(
+            f"  {n:10d}  {1000 * t['total']:8.2f}  {t['total'] / f['total']:28.2f}  [{parts}]"
+            f"  {(peak - base) / weights:.2f} (peak {peak / 2**20:.0f} MiB, runtime "
+            f"{base / 2**20:.0f} MiB, weights {weights / 2**20:.0f} MiB)"
+        )
 
 
 def rows_sensitivity(target, drafter, prompts, seqs, repeats: int) -> dict[int, float]:
@@ -330,7 +491,12 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/dflash-bench")
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--completion", type=int, default=128)
+    ap.add_argument(
+        "--completion",
+        default="128",
+        help="completion tokens; a list (128,256,512,1024) gives only the growth rows: time "
+        "per completion token vs the first length, peak RSS over the weights",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=1536)
@@ -348,6 +514,20 @@ def main() -> None:
     )
     ap.add_argument("--moe-layers", type=int, default=12)
     ap.add_argument("--moe-experts", type=int, default=48)
+    ap.add_argument(
+        "--body-hidden",
+        type=int,
+        default=1024,
+        help="the body-heavy target of the DDTree rows (head ~5%% of the weights, as a 27B "
+        "model's; 0: skip)",
+    )
+    ap.add_argument("--body-layers", type=int, default=14)
+    ap.add_argument("--body-vocab", type=int, default=8192)
+    ap.add_argument(
+        "--ddtree-only",
+        action="store_true",
+        help="only the DDTree rows (this target and the body-heavy one), random ground truth",
+    )
     ap.add_argument(
         "--rss-only",
         action="store_true",
@@ -373,15 +553,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.makedirs(args.workdir, exist_ok=True)
     target_dir, drafter_dir = build(args.workdir, args.hidden, args.layers, args.vocab)
+    lengths = [int(x) for x in str(args.completion).split(",")]
+    if len(lengths) > 1:
+        growth_rows(args, target_dir, drafter_dir, lengths)
+        return
+    args.completion = lengths[0]
     if args.rss_only:
-        rng = __import__("random").Random(0)
-        prompts = [
-            [rng.randrange(10, args.vocab) for _ in range(args.prompt)] for _ in range(args.samples)
-        ]
-        seqs = [
-            p + [rng.randrange(10, args.vocab) for _ in range(args.completion)] for p in prompts
-        ]
+        prompts, seqs = random_seqs(args.vocab, args.samples, args.prompt, args.completion)
         print_rss(rss_rows(args, target_dir, drafter_dir, prompts, seqs))
+        return
+    if args.ddtree_only:
+        prompts, seqs = random_seqs(args.vocab, args.samples, args.prompt, args.completion)
+        best = ddtree_ratios(target_dir, drafter_dir, prompts, seqs, args.repeats)
+        print_ddtree(f"{args.layers} x {args.hidden}, vocab {args.vocab}", target_dir, best, 2.0)
+        body_ddtree(args)
         return
 
     from transformers import AutoModelForCausalLM
@@ -457,7 +642,7 @@ def main() -> None:
         f"(best of {args.repeats}, interleaved with the eval runs)"
     )
     for mode in MODES:
-        goal = "goal <= 1.25; " if mode == "all" else ""
+        goal = {"all": "goal <= 1.25; ", "all+DDTree": "goal <= 2.0; "}.get(mode, "")
         print(
             f"eval [{mode:10}] wall / bare target forward = "
             f"{best[mode] / t_bare:.2f}   ({goal}eval {best[mode]:.2f} s)"
@@ -470,6 +655,7 @@ def main() -> None:
         "  with a drafter that accepts more (m rows of the last layer + head per position, ~tau): "
         + ", ".join(f"m={m}: {t / t_bare:.2f}" for m, t in rows_cost.items())
     )
+    body_ddtree(args)
     for mode in MODES:
         goal = f"  (goal >= 5; online {t_online:.1f} s)" if mode == "all" else ""
         print(f"online loop / offline eval [{mode:10}]     = {t_online / best[mode]:.1f}x{goal}")

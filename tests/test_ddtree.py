@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from remote.eval.ddtree import build_tree, ddtree_accept
+from remote.eval.ddtree import TreeSearch, build_tree, ddtree_accept
 
 
 def random_table(rng: random.Random, depth: int, k: int, vocab: int):
@@ -81,3 +81,47 @@ def test_top1_tree_is_the_greedy_chain(budget):
     toks = [[5], [6], [7]]
     assert ddtree_accept(logp, toks, [5, 6, 7], budget) == min(budget, 3)
     assert ddtree_accept(logp, toks, [5, 9, 7], budget) == min(budget, 1)
+
+
+def test_tree_search_answers_every_budget_and_reads_only_the_depths_it_needs():
+    """One `TreeSearch` of the largest budget gives `ddtree_accept` of every smaller budget
+    (each with its own per-depth k), reading depth rows only on demand."""
+    rng = random.Random(1)
+    deep = 0
+    for _ in range(300):
+        depth, vocab = rng.randint(1, 5), 7
+        topk = rng.choice([None, 1, 2, 3])
+        budgets = sorted(rng.sample(range(1, 30), 4))
+        k_of = {n: min(n, vocab, topk or n) for n in budgets}
+        k_max = k_of[budgets[-1]]
+        logp, toks = random_table(rng, depth, k_max, vocab)
+        truth = [
+            toks[i][min(int(rng.expovariate(1.0)), k_max - 1)]
+            if rng.random() < 0.85
+            else rng.randrange(vocab)
+            for i in range(depth)
+        ]
+        search = TreeSearch(truth, budgets[-1])
+        asked = []
+        while (d := search.need()) is not None:
+            asked.append(d)
+            search.feed(logp[d - 1], toks[d - 1])
+        assert asked == list(range(1, len(asked) + 1))  # depth by depth, each once
+        if truth[0] not in toks[0]:
+            assert asked == [1]  # a miss at depth 1 costs one row
+        for n in budgets:
+            k = k_of[n]
+            want = ddtree_accept([r[:k] for r in logp], [r[:k] for r in toks], truth, n)
+            assert search.accepted(n) == want
+            deep += want >= 2
+    assert deep > 50
+
+
+def test_tree_search_stops_at_the_budget():
+    # flat distributions: every pop is a depth-1 node, so depth 3 is never read
+    logp = [[-1.0] * 4, [-5.0] * 4, [-5.0] * 4]
+    toks = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+    search = TreeSearch([4, 5, 9], 4)
+    while (d := search.need()) is not None:
+        search.feed(logp[d - 1], toks[d - 1])
+    assert len(search.rows) == 2 and search.accepted(4) == 1 and search.accepted(3) == 0

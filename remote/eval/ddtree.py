@@ -6,6 +6,10 @@ each depth ``d = 1..D`` offers its top-``k`` tokens sorted by log-probability; c
 every popped node adds its next sibling (same parent, rank+1) and its first child
 (depth+1, rank 0); stop at ``budget`` nodes. Verification walks from the root while the
 target's greedy next token is a child of the current node.
+
+`build_tree` / `ddtree_accept` build one budget's whole tree from every depth's top-k. The
+engine uses `TreeSearch`, which gives the same acceptances for every budget at once while
+asking only for the depths it needs (see its docstring for why that is exact).
 """
 
 from __future__ import annotations
@@ -64,3 +68,87 @@ def tree_accept(nodes: list[tuple[int, int, int]], truth: Sequence[int]) -> int:
 def ddtree_accept(logp, tokens, truth: Sequence[int], budget: int) -> int:
     """`tree_accept` of `build_tree`: accepted draft tokens of DDTree-``budget``."""
     return tree_accept(build_tree(logp, tokens, budget), truth)
+
+
+class TreeSearch:
+    """DDTree acceptance of every budget up to ``budget`` at one position, depth rows on demand.
+
+    The best-first pop sequence of `build_tree` for ``budget`` (with its per-depth ``k``) has
+    the tree of every smaller budget ``n`` (per-depth ``min(n, k)``) as its first ``n`` pops:
+    a node of rank ``>= n`` pops only after its ``n`` higher-ranked siblings, and nodes pushed
+    only by the wider process never pop before them, so the narrower process pops the same
+    nodes in the same order. Acceptance of budget ``n`` is then the number of ground-truth
+    path nodes among the first ``n`` pops (`accepted`).
+
+    The search runs that one process and asks for depth ``d``'s row (top-k log-probs and
+    tokens, ranks descending) only when it needs it: to start (depth 1), or to push the
+    first child of a depth ``d - 1`` node about to be popped. It stops as soon as the answer
+    is known: the budget is spent, or the next ground-truth token is not among its depth's
+    top-k (no budget can accept it). A drafter that misses depth 1 costs one row, not ``B-1``.
+
+        search = TreeSearch(truth, budget)
+        while (d := search.need()) is not None:
+            search.feed(*row_of_depth(d))
+    """
+
+    def __init__(self, truth: Sequence[int], budget: int):
+        self.truth = [int(t) for t in truth]  # greedy tokens at depths 1..len(truth)
+        self.budget = budget
+        self.rows: list[tuple[list[float], list[int]]] = []
+        self.heap: list[tuple[float, int, int, int, int, float]] = []
+        self.tick = 0
+        self.pops = 0
+        self.truth_pops: list[int] = []  # pop index of the truth node at depth 1, 2, ...
+        self.checked = 0  # truth depths already found among their depth's top-k
+        self.done = budget <= 0 or not self.truth
+
+    def feed(self, logp: Sequence[float], tokens: Sequence[int]) -> None:
+        """Depth ``len(rows) + 1``'s top-k log-probabilities and tokens (what `need` asked)."""
+        self.rows.append((list(logp), [int(t) for t in tokens]))
+
+    def need(self) -> int | None:
+        """The depth (1-based) whose row the search needs next, or None when it is done."""
+        depth_max, rows, heap, truth = len(self.truth), self.rows, self.heap, self.truth
+        while not self.done:
+            nd = len(self.truth_pops) + 1  # the next ground-truth depth to find
+            if nd > depth_max or self.pops >= self.budget:
+                self.done = True
+                break
+            if self.checked < nd:
+                if len(rows) < nd:
+                    return nd  # only depth 1 can be missing here (a popped parent pushed nd)
+                if truth[nd - 1] not in rows[nd - 1][1]:
+                    self.done = True  # no budget's tree holds it
+                    break
+                self.checked = nd
+            if self.tick == 0:  # the root's first child: depth 1, rank 0
+                heap.append((-float(rows[0][0][0]), 0, 1, 0, -1, 0.0))
+                self.tick = 1
+            if not heap:
+                self.done = True
+                break
+            d = heap[0][2]
+            if d < depth_max and len(rows) <= d:
+                return d + 1  # the node about to pop pushes its first child from depth d+1
+            neg, _, d, r, parent, pscore = heapq.heappop(heap)
+            score = -neg
+            me = self.pops
+            self.pops += 1
+            logp, toks = rows[d - 1]
+            parent_truth = self.truth_pops[-1] if self.truth_pops else -1
+            if d == nd and parent == parent_truth and toks[r] == truth[d - 1]:
+                self.truth_pops.append(me)
+            if r + 1 < len(logp):  # next sibling, as `build_tree`
+                heapq.heappush(
+                    heap, (-(pscore + float(logp[r + 1])), self.tick, d, r + 1, parent, pscore)
+                )
+                self.tick += 1
+            if d < depth_max:  # first child
+                child = -(score + float(rows[d][0][0]))
+                heapq.heappush(heap, (child, self.tick, d + 1, 0, me, score))
+                self.tick += 1
+        return None
+
+    def accepted(self, budget: int) -> int:
+        """Accepted draft tokens of DDTree-``budget`` (``budget`` <= the search's, done)."""
+        return sum(1 for p in self.truth_pops if p < budget)

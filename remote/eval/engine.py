@@ -147,7 +147,7 @@ def fc_width(path: str) -> int | None:
 def estimate_bytes(tbytes: int, dcfg, max_len: int, itemsize: int, block_chunk: int | None) -> int:
     """Peak bytes: target text weights + drafter weights + the largest sequence's working set
     (hidden states, kept features, drafter context K/V, one batch of blocks with its
-    attention scores, DDTree's head logits)."""
+    attention scores, one head call's logits with their float32 log-softmax)."""
     from remote.eval.walk import SCORES_BYTES, Drafts, auto_chunk
 
     h, B, k = dcfg.hidden_size, dcfg.block_size, len(dcfg.target_layer_ids)
@@ -158,7 +158,8 @@ def estimate_bytes(tbytes: int, dcfg, max_len: int, itemsize: int, block_chunk: 
     kv = dcfg.num_layers * 2 * max_len * dcfg.num_kv_heads * dcfg.head_dim * itemsize
     chunk = block_chunk or auto_chunk(dcfg, max_len)
     blocks = chunk * B * (h + 2 * dcfg.num_kv_heads * dcfg.head_dim) * itemsize * 4
-    acts = max_len * h * (k + 8) * 4 + kv + SCORES_BYTES + blocks + 2 * Drafts.HEAD_BYTES
+    head = 10 * dcfg.vocab_size * Drafts.rows_per_head(dcfg.vocab_size)  # bf16 + 2 x float32
+    acts = max_len * h * (k + 8) * 4 + kv + SCORES_BYTES + blocks + head
     return tbytes + drafter + acts
 
 

@@ -36,6 +36,13 @@ def first_row(out) -> torch.Tensor:
     return t
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Argmax over the last axis, in the logits' own dtype: ``max``'s indices (the first
+    maximum, as ``argmax``'s) come several times faster on a CPU than ``argmax``, and
+    without a float32 copy (exact: bf16 values and ties are kept by the cast)."""
+    return logits.max(dim=-1).indices
+
+
 class Target:
     """The text part of a target model, ready for one forward per sequence.
 
@@ -70,11 +77,11 @@ class Target:
         """One forward over ``ids``. Returns (features [T, len(layer_ids)*hidden] = raw outputs
         of the named decoder layers concatenated in order, greedy argmax [T - argmax_from] of
         the head at positions ``argmax_from..T-1``). The head runs in chunks of positions so a
-        large vocabulary never materialises [T, vocab] logits."""
+        large vocabulary never materialises [T, vocab] logits. The argmax is `greedy_tokens`."""
         feats, last = self.hidden(ids, layer_ids)
         arg = []
         for a in range(argmax_from, last.shape[0], chunk):
-            arg.append(torch.argmax(self.head(last[a : a + chunk]).float(), dim=-1))
+            arg.append(greedy_tokens(self.head(last[a : a + chunk])))
         greedy = torch.cat(arg) if arg else torch.zeros(0, dtype=torch.long)
         return feats, greedy
 
