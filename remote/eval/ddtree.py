@@ -1,6 +1,6 @@
 """DDTree: best-first draft trees over a DFlash drafter's per-depth distributions.
 
-Pure Python over small tensors/lists, no model here. The tree rule (dflash-eval.md):
+Pure Python over small tensors/lists, no model here. The tree rule (docs/dflash-eval.md):
 each depth ``d = 1..D`` offers its top-``k`` tokens sorted by log-probability; candidates are
 (depth, rank, parent) with score = parent's score + logp[d][rank]; start with depth 1 rank 0;
 every popped node adds its next sibling (same parent, rank+1) and its first child

@@ -49,7 +49,7 @@ class WalkOptions:
     ``block_chunk``: blocks per batched drafter call (memory vs speed; None = as many as
     `auto_chunk` allows); ``positions``:
     ``"all"`` drafts a block at every completion position (per-position acceptance over all
-    of them, as dflash-eval.md asks) or ``"walk"`` drafts only where the walks go
+    of them, as docs/dflash-eval.md asks) or ``"walk"`` drafts only where the walks go
     (per-position acceptance then covers walk positions only). "walk" drafts about tau
     times fewer blocks but one at a time; it pays only for drafters with several layers,
     whose layers before the last run on every row of every block."""
