@@ -559,14 +559,24 @@ def retokenisation_check(
 
 
 class LocalGenerator:
-    """Greedy generation with the target on this host (transformers, KV cache)."""
+    """Greedy generation with the target on this host (transformers ``generate``, KV cache).
 
-    def __init__(self, target: str, dtype: str, threads: int | None):
+    `model`: the target already loaded (a job loads it once, `remote.eval.target`, and its
+    engine then evaluates with that very model); its generation settings are read from the
+    checkpoint as ``from_pretrained`` would. Without it the target is loaded here."""
+
+    def __init__(self, target: str, dtype: str, threads: int | None, model=None):
         import torch
-        from transformers import AutoModelForCausalLM
 
         if threads:
             torch.set_num_threads(int(threads))
+        self.torch = torch
+        if model is not None:
+            self.model = model
+            self._generation_config(target)
+            return
+        from transformers import AutoModelForCausalLM
+
         try:
             self.model = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype))
         except Exception as exc:
@@ -575,7 +585,20 @@ class LocalGenerator:
                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
             ) from None
         self.model.eval()
-        self.torch = torch
+
+    def _generation_config(self, target: str) -> None:
+        """The checkpoint's ``generation_config.json`` (its end-of-text ids, for one), as
+        ``from_pretrained`` sets it; a model built from its config lacks it."""
+        from transformers import GenerationConfig
+
+        if Path(target, "generation_config.json").is_file():
+            try:
+                self.model.generation_config = GenerationConfig.from_pretrained(target)
+            except Exception as exc:
+                raise UserError(
+                    f"cannot read {target}/generation_config.json: "
+                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                ) from None
 
     def generate(self, prompt_ids: list[int], sampling: dict) -> list[int]:
         torch = self.torch
@@ -669,8 +692,12 @@ def _read_cache(
     return records, meta
 
 
-def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
-    """Make (or reuse) the ground truth the job asks for.
+def prepare(
+    spec: dict, emit: Emit = lambda *a, **k: None, load_model: Callable[[], Any] | None = None
+) -> tuple[str, dict]:
+    """Make (or reuse) the ground truth the job asks for. `load_model`: gives the target's
+    loaded model for local generation (called only when generation is needed), so a job
+    that evaluates next loads it once; without it local generation loads its own.
 
     Returns (path of a JSONL file of ``{"id", "prompt_ids", "completion_ids"}``, info for
     the result: kind, url, model, cache key, ``cached`` (whether it came from the cache),
@@ -789,7 +816,12 @@ def prepare(spec: dict, emit: Emit = lambda *a, **k: None) -> tuple[str, dict]:
     generator = None
     model_name = source.get("model")
     if kind == "local":
-        generator = LocalGenerator(target, spec.get("dtype") or DEFAULT_DTYPE, spec.get("threads"))
+        generator = LocalGenerator(
+            target,
+            spec.get("dtype") or DEFAULT_DTYPE,
+            spec.get("threads"),
+            model=load_model() if load_model else None,
+        )
 
     def ask(text: str, ids: list[int]) -> Any:
         # Only the request runs in the pool: tokenising, checking and emitting stay on this
