@@ -268,6 +268,9 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
         time.sleep(0.01)
     info = {"pid": proc.pid, "pgid": proc.pid, "starttime": starttime, "started": time.time()}
     write_json_atomic(path / "pid.json", info)
+    if preflight:  # waits for the runner's checks, and notices a runner that died first
+        info["preflight"] = _preflight_outcome(path, proc)
+        return {"job_id": job_id, "dir": str(path), **info}
     # The runner may have died already (bad python, import error): say so now.
     time.sleep(0.05)
     if proc.poll() not in (None, 0) and not (path / "exit.json").exists():
@@ -276,8 +279,6 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
             f"job runner exited at once with code {proc.returncode}: "
             f"{tail[0] if tail else 'no output'}"
         )
-    if preflight:
-        info["preflight"] = _preflight_outcome(path, proc)
     return {"job_id": job_id, "dir": str(path), **info}
 
 
