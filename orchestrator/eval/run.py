@@ -434,15 +434,18 @@ def watch(
         argv = _job_argv(host, "watch", job_id) + ["--offset", str(offset)]
         proc = host.popen(bundle.remote_command(host, argv + (["--pull"] if pull else [])))
         proc.close_stdin()
-    buf = b""
+    partial: list[bytes] = []  # a line's chunks until its newline (the end line is long)
     end: dict | None = None
     try:
         while end is None:
-            chunk = proc.read(65536)
+            chunk = proc.read(1 << 20)
             if not chunk:
                 break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
+            if b"\n" not in chunk:
+                partial.append(chunk)
+                continue
+            *lines, rest = b"".join([*partial, chunk]).split(b"\n")
+            partial = [rest]
             for raw in lines:
                 try:
                     event = json.loads(raw)
@@ -455,15 +458,6 @@ def watch(
                     break
                 if on_event:
                     on_event(event)
-        # The end line may arrive in several reads (it carries the files): finish it.
-        while end is None and buf:
-            chunk = proc.read(1 << 20)
-            if not chunk:
-                break
-            buf += chunk
-            if buf.endswith(b"\n"):
-                end = _watch_end(buf)
-                break
     except (OSError, EOFError) as exc:
         raise HostError(
             f"{host.name}: lost the connection while watching job {job_id} "
@@ -478,14 +472,6 @@ def watch(
             f"keeps running: dflash remote-eval --attach {job_id}"
         )
     return end
-
-
-def _watch_end(raw: bytes) -> dict | None:
-    try:
-        event = json.loads(raw)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and event.get("event") == "watch_end" else None
 
 
 def pull_results(host: Host, job_id: str, dest: str | os.PathLike, end: dict | None = None) -> Path:
