@@ -361,6 +361,13 @@ def main() -> None:
     ap.add_argument("--e2e-hidden", type=int, default=256)
     ap.add_argument("--e2e-layers", type=int, default=4)
     ap.add_argument("--e2e-new", type=int, default=32)
+    ap.add_argument(
+        "--e2e-gt-concurrency",
+        type=int,
+        default=None,
+        help="prompts per local generate call (dflash's default 16; 1: one at a time, "
+        "as the plain script)",
+    )
     args = ap.parse_args()
     if args.e2e:
         e2e_row(args)
@@ -630,6 +637,11 @@ def e2e_row(args) -> None:
             str(prompts),
             "--budgets",
             "8,16,32,64",
+            *(
+                ["--gt-concurrency", str(args.e2e_gt_concurrency)]
+                if args.e2e_gt_concurrency
+                else []
+            ),
             "--json",
             "-i",
             str(inv),
@@ -674,8 +686,9 @@ def e2e_row(args) -> None:
     print(
         f"end to end: target Qwen3 hidden {args.e2e_hidden}, {args.e2e_layers} layers; "
         f"{args.samples} chat prompts x {args.e2e_new} new tokens, local ground truth, budgets "
-        f"8,16,32,64; float32; {args.threads} threads; median of {args.repeats} interleaved "
-        f"rounds; load avg {load}"
+        f"8,16,32,64; float32; {args.threads} threads; ground truth "
+        f"{args.e2e_gt_concurrency or 'default (16)'} prompts per generate; median of "
+        f"{args.repeats} interleaved rounds; load avg {load}"
     )
     print("  phases of dflash remote-eval (median s; CLI and host share this machine's clock):")
     for name in phases[0]:
