@@ -717,7 +717,7 @@ def e2e_row(args) -> None:
     beyond = [f - p for f, p in zip(fixed, plain_fixed, strict=True)]
     print(
         f"  the plain script's fixed cost {statistics.median(plain_fixed):.2f} s (imports, "
-        f"the model's code, the load): dflash's is {statistics.median(beyond):+.2f} s above it"
+        f"the model's code, the load): dflash's less it {statistics.median(beyond):+.2f} s"
     )
 
 
