@@ -26,8 +26,9 @@ COMMAND_MODULES = (
 
 # Commands known by their name's prefix: a relay runs several short host-side processes
 # (scan, stream, hash, publish) and each skipped the probe and eval modules' imports
-# (~45 ms of a ~150 ms start on the 2-core test box).
-PREFIX_MODULES = {"relay-": "remote.relay.host"}
+# (~45 ms of a ~150 ms start on the 2-core test box); so does every `job` command (start,
+# watch, pull, ...), on each eval's path.
+PREFIX_MODULES = {"relay-": "remote.relay.host", "job": "remote.jobs"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -15,8 +15,11 @@ A job lives in ``<workdir>/jobs/<job-id>/``::
 
 ``job start`` creates the folder, spawns ``job run`` in a NEW SESSION (``setsid``: its own
 process group, no controlling terminal, stdin from /dev/null, output to ``log.txt``) and
-returns at once, so a dropped connection or a killed controller never reaches the job.
-``job watch`` follows ``events.jsonl`` from a byte offset and ends with one ``end`` event;
+returns at once, so a dropped connection or a killed controller never reaches the job
+(``--follow``: it then goes on as ``job watch`` in the same SSH command, one round trip
+less). ``job watch`` follows ``events.jsonl`` from a byte offset and ends with one
+``watch_end`` event (``--pull``: carrying the result files, so no further round trip);
+``job pull`` prints the state and the result files;
 ``job cancel`` signals the whole process group (TERM, then KILL) and waits until no member
 is left; ``job list`` and ``job status`` report state: ``running`` (the recorded runner
 is alive: same pid AND same start time, so a reused pid is not mistaken for it), ``done``,
@@ -26,11 +29,13 @@ is alive: same pid AND same start time, so a reused pid is not mistaken for it),
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -42,11 +47,16 @@ from typing import Any
 
 from remote.atomic import write_json_atomic
 from remote.errors import UserError
-from remote.protocol import EvalSpec, SpecError
+from remote.protocol import RESULT_FILES, EvalSpec, SpecError
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TERMINAL_STATES = ("done", "failed", "cancelled", "lost")
 HEARTBEAT_SECONDS = 5.0
+# A watcher reads new events this often (a stat and a read: cheap), and the job's full state
+# (pid, start time, exit) at least this often, to notice a runner that died silently.
+WATCH_POLL_SECONDS = 0.05
+STATE_POLL_SECONDS = 1.0
+# Files a finished job leaves in its folder that belong with the result on the workstation.
 CANCEL_GRACE_SECONDS = 10.0
 
 
@@ -251,6 +261,9 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
         time.sleep(0.01)
     info = {"pid": proc.pid, "pgid": proc.pid, "starttime": starttime, "started": time.time()}
     write_json_atomic(path / "pid.json", info)
+    if preflight:  # waits for the runner's checks, and notices a runner that died first
+        info["preflight"] = _preflight_outcome(path, proc)
+        return {"job_id": job_id, "dir": str(path), **info}
     # The runner may have died already (bad python, import error): say so now.
     time.sleep(0.05)
     if proc.poll() not in (None, 0) and not (path / "exit.json").exists():
@@ -259,8 +272,6 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
             f"job runner exited at once with code {proc.returncode}: "
             f"{tail[0] if tail else 'no output'}"
         )
-    if preflight:
-        info["preflight"] = _preflight_outcome(path, proc)
     return {"job_id": job_id, "dir": str(path), **info}
 
 
@@ -402,13 +413,27 @@ def run_eval_job(path: Path, spec: dict, events: EventLog, engine: EvalSpec | No
     """Phase 1: ground truth (cached on the host). Phase 2: the eval engine, IN this process
     (one python start and one torch import per job, not two), its events appended to
     ``events.jsonl`` with the time they happened. Its one-line errors fail the job as the
-    runner's own do. `engine`: the job's EvalSpec when the caller read it already."""
+    runner's own do. `engine`: the job's EvalSpec when the caller read it already. A local
+    ground truth generates with the target the engine then evaluates with: loaded once
+    (`remote.eval.target`), not once per phase."""
     from remote.eval import engine as evaluate
     from remote.eval import groundtruth
 
     engine = engine or job_engine(spec)
+    loaded: list = []
+
+    def load_model():
+        import torch
+
+        from remote.eval import target as target_mod
+
+        loaded.append(target_mod.load_target(engine.target, getattr(torch, engine.dtype)))
+        return loaded[0].model
+
     events.emit("phase", phase="ground_truth", source=spec.get("ground_truth", {}).get("kind"))
-    gt_path, gt_info = groundtruth.prepare(spec, emit=events.emit, engine=engine)
+    gt_path, gt_info = groundtruth.prepare(
+        spec, emit=events.emit, engine=engine, load_model=load_model
+    )
     write_json_atomic(path / "ground_truth.json", gt_info)
     if spec.get("stop_after") == "ground_truth":
         return 0
@@ -417,7 +442,9 @@ def run_eval_job(path: Path, spec: dict, events: EventLog, engine: EvalSpec | No
     write_json_atomic(path / "eval_spec.json", engine.to_json())
     events.emit("phase", phase="eval")
     evaluate.run_eval(
-        engine, on_event=lambda ev: events.write({**ev, "time": round(time.time(), 3)})
+        engine,
+        on_event=lambda ev: events.write({**ev, "time": round(time.time(), 3)}),
+        target=loaded[0] if loaded else None,
     )
     annotate_result(path / "result.json", gt_info, spec, engine)
     return 0
@@ -482,16 +509,26 @@ def _record_identities(inputs: dict, gt_info: dict, engine: EvalSpec) -> None:
 # ---- watch / cancel / list --------------------------------------------------------------
 
 
-def watch(path: Path, offset: int, out: Callable[[str], None], poll: float = 0.2) -> dict:
-    """Print events from byte `offset` on as they are appended; end with an ``end`` event
-    carrying the final state. A heartbeat every few seconds makes a watcher whose
-    controller went away die on the broken pipe instead of lingering."""
+def watch(
+    path: Path,
+    offset: int,
+    out: Callable[[str], None],
+    poll: float = WATCH_POLL_SECONDS,
+    pull: bool = False,
+) -> dict:
+    """Print events from byte `offset` on as they are appended; end with a ``watch_end``
+    event carrying the final state (and with `pull`, the result files: `result_files`).
+    New events are looked for every `poll` seconds; the job's full state is read when
+    the runner's ``end`` event or ``exit.json`` appears, and every few polls otherwise.
+    A heartbeat every few seconds makes a watcher whose controller went away die on the
+    broken pipe instead of lingering."""
     events = path / "events.jsonl"
     buf = b""
-    last_beat = time.monotonic()
+    last_beat = last_state = time.monotonic()
+    ended = False
 
     def drain() -> None:
-        nonlocal offset, buf
+        nonlocal offset, buf, ended
         try:
             with open(events, "rb") as fh:
                 fh.seek(offset)
@@ -503,26 +540,48 @@ def watch(path: Path, offset: int, out: Callable[[str], None], poll: float = 0.2
         *lines, buf = buf.split(b"\n")
         for line in lines:
             if line.strip():
+                ended = ended or line.startswith(b'{"event": "end"')
                 out(line.decode(errors="replace"))
 
     while True:
         drain()
-        state = job_state(path)
-        if state["state"] in TERMINAL_STATES:
-            drain()
-            end = {
-                "event": "watch_end",
-                "state": state["state"],
-                "offset": offset,
-                "exit": state["exit"],
-                "has_result": state["has_result"],
-            }
-            out(json.dumps(end))
-            return end
-        if time.monotonic() - last_beat > HEARTBEAT_SECONDS:
+        now = time.monotonic()
+        if ended or now - last_state >= STATE_POLL_SECONDS or (path / "exit.json").exists():
+            last_state = now
+            state = job_state(path)
+            if state["state"] in TERMINAL_STATES:
+                drain()
+                end = {
+                    "event": "watch_end",
+                    "state": state["state"],
+                    "offset": offset,
+                    "exit": state["exit"],
+                    "has_result": state["has_result"],
+                    "dir": str(path),
+                }
+                if pull:
+                    end["files"] = result_files(path)
+                out(json.dumps(end))
+                return end
+        if now - last_beat > HEARTBEAT_SECONDS:
             out(json.dumps({"event": "heartbeat", "offset": offset}))
-            last_beat = time.monotonic()
+            last_beat = now
         time.sleep(poll)
+
+
+def result_files(path: Path) -> dict[str, str]:
+    """The `RESULT_FILES` present in the job folder `path`, base64, by name. Only regular
+    files, opened without following a symlink: a link planted there is never read."""
+    files = {}
+    for name in RESULT_FILES:
+        try:
+            fd = os.open(path / name, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as fh:
+            if stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                files[name] = base64.b64encode(fh.read()).decode("ascii")
+    return files
 
 
 def cancel(path: Path) -> dict:
@@ -591,14 +650,17 @@ def _cmd(args: argparse.Namespace) -> int:
             spec = json.loads(data)
         except ValueError as exc:
             raise UserError(f"job spec is not JSON: {exc}") from None
-        _print(json.dumps(start(args.workdir, args.job_id, spec, args.preflight)))
+        info = start(args.workdir, args.job_id, spec, args.preflight)
+        _print(json.dumps(info))
+        if args.follow:
+            _watch(Path(info["dir"]), 0, args.pull)
     elif action == "run":
         return run(Path(args.dir), args.preflight)
     elif action == "watch":
-        try:
-            watch(existing_job_dir(args.workdir, args.job_id), args.offset, _print)
-        except BrokenPipeError:  # the controller went away; the job is unaffected
-            os._exit(0)
+        _watch(existing_job_dir(args.workdir, args.job_id), args.offset, args.pull)
+    elif action == "pull":
+        path = existing_job_dir(args.workdir, args.job_id)
+        _print(json.dumps({**job_state(path), "files": result_files(path)}))
     elif action == "status":
         _print(json.dumps(job_state(existing_job_dir(args.workdir, args.job_id))))
     elif action == "cancel":
@@ -608,9 +670,16 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _watch(path: Path, offset: int, pull: bool) -> None:
+    try:
+        watch(path, offset, _print, pull=pull)
+    except BrokenPipeError:  # the controller went away; the job is unaffected
+        os._exit(0)
+
+
 def register(sub) -> None:
     p = sub.add_parser("job", help="start, watch, cancel and list detached jobs")
-    p.add_argument("action", choices=["start", "run", "watch", "status", "cancel", "list"])
+    p.add_argument("action", choices=["start", "run", "watch", "status", "pull", "cancel", "list"])
     p.add_argument("--workdir", default="~/.dflash")
     p.add_argument("--job-id")
     p.add_argument("--spec", default="-", help="job spec JSON file, or - for stdin")
@@ -620,5 +689,11 @@ def register(sub) -> None:
         "--preflight",
         action="store_true",
         help="run the host checks first; start waits for them (start, run)",
+    )
+    p.add_argument("--follow", action="store_true", help="after starting, watch the job (start)")
+    p.add_argument(
+        "--pull",
+        action="store_true",
+        help="end the watch with the result files, base64 (watch, start --follow)",
     )
     p.set_defaults(func=_cmd)

@@ -38,6 +38,18 @@ RESULT_SCHEMA = "dflash.eval/1"
 PROBE_SCHEMA = "dflash.probe/1"
 PARITY_SCHEMA = "dflash.parity/1"  # the compare job's result.json
 PARITY_CAPTURE_SCHEMA = "dflash.parity-capture/1"  # one host's capture, A to B over the relay
+# Files a finished job leaves in its folder that travel back with its result (the only
+# names the controller writes).
+RESULT_FILES = (
+    "result.json",
+    "samples.jsonl",
+    "spec.json",
+    "eval_spec.json",
+    "ground_truth.json",
+    "exit.json",
+    "events.jsonl",
+    "log.txt",
+)
 
 # ---- the eval spec ----------------------------------------------------------------------
 

@@ -410,6 +410,38 @@ def test_non_greedy_is_refused(tmp_path, tiny_target, prompts_file, server):
     assert server.requests == []
 
 
+def test_local_generation_with_the_engines_loaded_target_gives_the_same_ids(
+    tmp_path, tiny_target, prompts_file
+):
+    """A job loads its target once (`remote.eval.target`) and its local ground truth
+    generates with that model, prompts of different lengths batched into one `generate`:
+    the ids equal those of a model loaded for generation alone, one prompt at a time, and
+    the loader is called once."""
+    import torch
+
+    from remote.eval import target as target_mod
+
+    calls = []
+
+    def load_model():
+        calls.append(1)
+        return target_mod.load_target(str(tiny_target), torch.float32).model
+
+    spec = make_spec(tmp_path / "own", tiny_target, prompts_file, "local")
+    spec["ground_truth"]["concurrency"] = 1  # one prompt per generate; the rest batch 3
+    own, _ = groundtruth.prepare(spec)
+    shared, info = groundtruth.prepare(
+        make_spec(tmp_path / "shared", tiny_target, prompts_file, "local"), load_model=load_model
+    )
+    assert calls == [1] and info["cached"] is False
+    assert read(shared) == read(own) and all(r["completion_ids"] for r in read(own))
+    assert len({len(r["prompt_ids"]) for r in read(own)}) > 1  # the batch needed padding
+    again, info = groundtruth.prepare(
+        make_spec(tmp_path / "shared", tiny_target, prompts_file, "local"), load_model=load_model
+    )
+    assert info["cached"] is True and calls == [1]  # a cache hit loads nothing
+
+
 def test_local_generation_and_file_source(tmp_path, tiny_target, prompts_file, server):
     path, info = groundtruth.prepare(make_spec(tmp_path / "l", tiny_target, prompts_file, "local"))
     local = read(path)

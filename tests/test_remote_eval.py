@@ -176,6 +176,62 @@ def test_remote_eval_pulls_results_second_run_reuses_bundle_and_ground_truth(
         assert section in show.stdout, section
 
 
+def test_an_eval_is_two_ssh_commands_after_connecting_and_pulls_checked_files(
+    inventory, eval_sshd, monkeypatch, tmp_path
+):
+    """With the bundle and the prompts on the host, `run_eval` sends one command that looks
+    for both and one that starts the job, streams its events and carries its result files
+    back; a later pull is one command; files a host names outside the result set are
+    never written, and garbled ones are refused in one line."""
+    from orchestrator.errors import RemoteCommandError
+    from orchestrator.eval import run
+    from orchestrator.inventory import load_inventory
+    from orchestrator.transport import hosts
+
+    inv = load_inventory(inventory)
+    options = run.EvalOptions(samples=2, max_new_tokens=8, budgets=[4])
+    run.run_eval(inv, None, "step-0", options)  # bundle and prompts now on the host
+    sent: list[str] = []
+    real_popen = hosts.SSHHost.popen
+
+    def popen(self, command):
+        sent.append(hosts.command_line(command))
+        return real_popen(self, command)
+
+    monkeypatch.setattr(hosts.SSHHost, "popen", popen)
+    events: list[dict] = []
+    run_dir = run.run_eval(inv, None, "step-0", options, on_event=events.append)
+    assert len(sent) == 2, sent
+    assert "job start" in sent[1] and "--follow" in sent[1] and "--pull" in sent[1]
+    assert [e["event"] for e in events if e["event"] in ("job", "done", "end")] == [
+        "job",
+        "done",
+        "end",
+    ]
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"result.json", "samples.jsonl", "spec.json", "events.jsonl", "pulled.json"} <= names
+    job_dir = workdir(eval_sshd) / "jobs" / run_dir.name
+    assert (run_dir / "samples.jsonl").read_bytes() == (job_dir / "samples.jsonl").read_bytes()
+
+    sent.clear()
+    with hosts.open_host(inv.host("evalhost"), inv) as host:
+        again = run.pull_results(host, run_dir.name, tmp_path / "again")
+        assert len(sent) == 1  # `job pull`, run only if the bundle is there
+        assert (again / "result.json").read_bytes() == (run_dir / "result.json").read_bytes()
+        forged = {
+            "has_result": True,
+            "dir": str(job_dir),
+            "files": {"result.json": "e30=", "../../outside.json": "e30="},
+        }
+        out = run.pull_results(host, "forged", tmp_path / "forged", forged)
+        assert sorted(p.name for p in out.iterdir()) == ["pulled.json", "result.json"]
+        assert not (tmp_path / "outside.json").exists()
+        forged["files"] = {"result.json": "not base64!"}
+        with pytest.raises(RemoteCommandError, match="result.json arrived garbled"):
+            run.pull_results(host, "garbled", tmp_path / "garbled", forged)
+        assert not (tmp_path / "garbled" / "garbled").exists()
+
+
 def _wait_for(predicate, what: str, limit: float = 240.0):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:

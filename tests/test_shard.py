@@ -257,6 +257,14 @@ def test_three_hosts_merge_equals_one_host_and_ground_truth_is_fetched_once(
             ).read_text()
         )
         assert spec["ground_truth"]["kind"] == "file"
+    # The ground-truth-only job asked a server and loaded no model: its host checks had no
+    # model to size (no torch import); each shard's checks did size its model.
+    gt_job = three_sshd["sa"].root / "dflash" / "jobs" / shards["ground_truth"]["job_id"]
+    assert json.loads((gt_job / "preflight.json").read_text())["ok"] is True
+    assert "memory" not in json.loads((gt_job / "preflight.json").read_text())
+    for job in shards["jobs"]:
+        shard_dir = three_sshd[job["host"]].root / "dflash" / "jobs" / job["job_id"]
+        assert json.loads((shard_dir / "preflight.json").read_text())["memory"]["target_bytes"]
 
     single = remote_eval.run_eval(inv, "sa", "step-12", options)
     assert len(server.requests) == 8  # the single run found sa's cache

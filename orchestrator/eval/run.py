@@ -4,11 +4,13 @@ The everyday path is one call::
 
     run_eval(inventory, "ct129", "step_12000", EvalOptions(samples=20), on_event=print)
 
-which pushes the remote bundle (only when the host lacks that exact build), pushes the
-prompt set (same rule), runs the host-side preflight (versions, RAM, the ground-truth server
-reachable FROM the host: each failure one line), starts the job detached from the SSH session
-(``remote/jobs.py``), streams its progress events to `on_event`, and on completion pulls the
-job's files into ``<results_dir>/<job-id>/`` and draws the plots there.
+which pushes the remote bundle and the prompt set (only when the host lacks that exact
+file; one round trip looks for both), starts the job detached from the SSH session
+(``remote/jobs.py``) whose runner first runs the host-side checks (versions, RAM, the
+ground-truth server reachable FROM the host: each failure one line), streams its progress
+events to `on_event` over that same SSH command, receives the job's result files at its end
+on that stream too, writes them to ``<results_dir>/<job-id>/`` and draws the plots there
+(matplotlib is imported while the job runs). After connecting: two SSH commands in all.
 
 The pieces are separate so other commands (the demo, ``dflash follow``, sharding across
 hosts) can reuse them: `preflight`, `start_job`, `watch`, `job_status`, `list_jobs`,
@@ -18,31 +20,24 @@ hosts) can reuse them: `preflight`, `start_job`, `watch`, `job_status`, `list_jo
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.eval.spec import EvalOptions, build_spec, new_job_id, resolve_checkpoint
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
-from orchestrator.transport.hosts import Host, HostError, Result, last_line, open_host
+from orchestrator.transport.hosts import Host, HostError, Process, Result, last_line, open_host
+from remote.protocol import RESULT_FILES
 
-# Files a finished job leaves in its folder that belong with the result locally.
-RESULT_FILES = (
-    "result.json",
-    "samples.jsonl",
-    "spec.json",
-    "eval_spec.json",
-    "ground_truth.json",
-    "exit.json",
-    "events.jsonl",
-    "log.txt",
-)
 REQUIRED_RESULT_FILES = ("result.json",)
 
 EventHandler = Callable[[dict], None]
@@ -63,6 +58,9 @@ class JobRef:
     pgid: int
     bundle_pushed: bool
     spec: dict
+    # `start_job(follow=True)`: the SSH command that started the job and now streams its
+    # events; `watch` reads it instead of opening another.
+    stream: Process | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         return {
@@ -95,34 +93,68 @@ def preflight(host: Host, spec: dict) -> dict:
     return _json_stdin(host, ["preflight", "--spec", "-"], spec)
 
 
-def start_job(host: Host, spec: dict, job_id: str | None = None, preflight: bool = False) -> JobRef:
+def start_job(
+    host: Host,
+    spec: dict,
+    job_id: str | None = None,
+    preflight: bool = False,
+    *,
+    follow: bool = False,
+) -> JobRef:
     """Push the bundle if needed and start the job detached; returns at once. With
     `preflight`, the job's runner first runs the host-side checks (see `preflight`) and this
     returns when they passed: one process and one torch import for checks and job, and a
-    failed check raises its one line with no job left on the host."""
+    failed check raises its one line with no job left on the host. With `follow`, the same
+    SSH command then streams the job's events and, at its end, its result files
+    (``ref.stream``, read by `watch`): no second command to start."""
     _, pushed = bundle.ensure(host)
     job_id = job_id or new_job_id(spec.get("checkpoint") or "job")
-    info = _json_stdin(
-        host,
-        [
-            "job",
-            "start",
-            f"--workdir={host.workdir}",
-            f"--job-id={job_id}",
-            "--spec=-",
-            *(["--preflight"] if preflight else []),
-        ],
-        spec,
-    )
+    argv = [
+        "job",
+        "start",
+        f"--workdir={host.workdir}",
+        f"--job-id={job_id}",
+        "--spec=-",
+        *(["--preflight"] if preflight else []),
+    ]
+    stream = None
+    if follow:
+        stream = host.popen(bundle.remote_command(host, [*argv, "--follow", "--pull"]))
+        stream.write(json.dumps(spec).encode())
+        stream.close_stdin()
+        info = _first_json_line(host, stream, argv)
+    else:
+        info = _json_stdin(host, argv, spec)
     return JobRef(
         host=host.name,
         job_id=job_id,
         dir=info["dir"],
         pid=info["pid"],
         pgid=info["pgid"],
-        bundle_pushed=pushed,
+        bundle_pushed=pushed or bundle.was_pushed(host),
         spec=spec,
+        stream=stream,
     )
+
+
+def _first_json_line(host: Host, proc: Process, argv: Sequence[str]) -> dict:
+    """The JSON document on `proc`'s first line of output; the command's own one-line
+    error if it ended without one. What follows stays unread, for `watch`."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = proc.read(1)  # byte by byte: nothing after the line may be consumed here
+        if not chunk:
+            break
+        line += chunk
+    try:
+        info = json.loads(line)
+        if isinstance(info, dict):
+            return info
+    except ValueError:
+        pass
+    code = proc.wait()
+    bundle.check_result(host, Result("", proc.stderr(), code or 1), argv)
+    raise RemoteCommandError(f"{host.name}: remote {argv[0]} printed no JSON ({line[:200]!r})")
 
 
 def _job_argv(host: Host, action: str, job_id: str | None = None) -> list[str]:
@@ -147,24 +179,39 @@ def cancel(host: Host, job_id: str) -> dict:
     return bundle.run_remote_json(host, _job_argv(host, "cancel", job_id), timeout=120)
 
 
-def watch(host: Host, job_id: str, on_event: EventHandler | None = None, offset: int = 0) -> dict:
+def watch(
+    host: Host,
+    job_id: str,
+    on_event: EventHandler | None = None,
+    offset: int = 0,
+    *,
+    stream: Process | None = None,
+    pull: bool = False,
+) -> dict:
     """Stream the job's progress events (from byte `offset`) to `on_event` until it ends.
 
-    Returns the final ``watch_end`` event: ``{"state", "exit", "has_result", "offset"}``.
-    A dropped connection raises `HostError` saying how to re-attach; the job goes on.
+    Returns the final ``watch_end`` event: ``{"state", "exit", "has_result", "offset",
+    "dir"}``, with `pull` (and always from a `start_job(follow=True)` stream, passed as
+    `stream`) also ``"files"``, the result files for `pull_results`. A dropped connection
+    raises `HostError` saying how to re-attach; the job goes on.
     """
-    line = bundle.remote_command(host, _job_argv(host, "watch", job_id) + ["--offset", str(offset)])
-    proc = host.popen(line)
-    proc.close_stdin()
-    buf = b""
+    proc = stream
+    if proc is None:
+        argv = _job_argv(host, "watch", job_id) + ["--offset", str(offset)]
+        proc = host.popen(bundle.remote_command(host, argv + (["--pull"] if pull else [])))
+        proc.close_stdin()
+    partial: list[bytes] = []  # a line's chunks until its newline (the end line is long)
     end: dict | None = None
     try:
         while end is None:
-            chunk = proc.read(65536)
+            chunk = proc.read(1 << 20)
             if not chunk:
                 break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
+            if b"\n" not in chunk:
+                partial.append(chunk)
+                continue
+            *lines, rest = b"".join([*partial, chunk]).split(b"\n")
+            partial = [rest]
             for raw in lines:
                 try:
                     event = json.loads(raw)
@@ -193,31 +240,29 @@ def watch(host: Host, job_id: str, on_event: EventHandler | None = None, offset:
     return end
 
 
-def pull_results(host: Host, job_id: str, dest: str | os.PathLike) -> Path:
+def pull_results(host: Host, job_id: str, dest: str | os.PathLike, end: dict | None = None) -> Path:
     """Copy the job's result files into ``dest/<job-id>/`` (replaced as a whole, through a
-    hidden partial folder, so a reader never sees half a run). Returns that folder."""
-    status = job_status(host, job_id)
-    if not status["has_result"]:
+    hidden partial folder, so a reader never sees half a run). Returns that folder. The
+    files come from `end` (a `watch` end that carries them) or else in one SSH command
+    (``job pull``: the state and every file at once)."""
+    status = end if end is not None and "files" in end else None
+    if status is None:
+        status = bundle.run_remote_json(host, _job_argv(host, "pull", job_id), timeout=300)
+    if not status.get("has_result"):
         raise JobError(
             f"job {job_id} on {host.name} has no result to pull (state "
-            f"{status['state']}"
+            f"{status.get('state')}"
             f"{': ' + status['exit']['error'] if (status.get('exit') or {}).get('error') else ''})"
         )
-    remote_dir = status["dir"]
+    files = _decode_files(host, job_id, status.get("files"))
+    remote_dir = str(status.get("dir") or "")
     dest = Path(dest)
     final = dest / job_id
     partial = dest / f".{job_id}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
-        for name in RESULT_FILES:
-            path = f"{remote_dir}/{name}"
-            try:
-                data = host.get_bytes(path)
-            except HostError:
-                if name in REQUIRED_RESULT_FILES:
-                    raise
-                continue
+        for name, data in files.items():
             (partial / name).write_bytes(data)
         (partial / "pulled.json").write_text(
             json.dumps(
@@ -238,6 +283,27 @@ def pull_results(host: Host, job_id: str, dest: str | os.PathLike) -> Path:
     return final
 
 
+def _decode_files(host: Host, job_id: str, files: object) -> dict[str, bytes]:
+    """The host's ``{name: base64}``, checked: only known result file names (a host cannot
+    name a path), valid base64, and every required file there."""
+    if not isinstance(files, dict):
+        raise RemoteCommandError(f"{host.name}: job {job_id}: the pull carried no files")
+    out = {}
+    for name in RESULT_FILES:
+        if name not in files:
+            continue
+        try:
+            out[name] = base64.b64decode(files[name], validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            raise RemoteCommandError(
+                f"{host.name}: job {job_id}: {name} arrived garbled (not base64)"
+            ) from None
+    for name in REQUIRED_RESULT_FILES:
+        if name not in out:
+            raise HostError(f"{host.name}: could not read {name} of job {job_id}")
+    return out
+
+
 def finish_local(run_dir: Path) -> Path:
     """After a pull: draw the plots beside the JSON (best effort: a plotting problem never
     loses a result)."""
@@ -253,6 +319,23 @@ def finish_local(run_dir: Path) -> Path:
     except Exception as exc:  # plots are a convenience; the JSON is the result
         (run_dir / "plots-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
     return run_dir
+
+
+def warm_plots() -> threading.Thread:
+    """Import matplotlib in the background while a job runs, so `finish_local` does not
+    wait for it at the end (the watcher is idle until then). Returns the (daemon) thread."""
+
+    def work() -> None:
+        try:
+            from orchestrator.results import plots
+
+            plots.warm()
+        except Exception:  # finish_local reports plotting problems; nothing to do here
+            pass
+
+    thread = threading.Thread(target=work, name="warm-plots", daemon=True)
+    thread.start()
+    return thread
 
 
 def results_dir(inventory: Inventory, override: str | os.PathLike | None = None) -> Path:
@@ -292,25 +375,32 @@ def attach(
     on_event: EventHandler | None = None,
     dest: str | os.PathLike | None = None,
     host: Host | None = None,
+    ref: JobRef | None = None,
 ) -> Path:
-    """Watch an existing job to its end, then pull its results; returns the local folder."""
+    """Watch an existing job to its end, then pull its results; returns the local folder.
+    `ref`: the job was just started here (`start_job(follow=True)`): its stream is read,
+    with no separate state check or pull."""
     name = eval_host_name(inventory, host_name)
     own = host is None
     host = host or open_host(inventory.host(name), inventory)
+    warm_plots()
     try:
-        status = job_status(host, job_id)
-        end = (
-            status
-            if status["state"] in ("failed", "cancelled", "lost")
-            else watch(host, job_id, on_event)
-        )
+        if ref is not None and ref.stream is not None:
+            end = watch(host, job_id, on_event, stream=ref.stream)
+        else:
+            status = job_status(host, job_id)
+            end = (
+                status
+                if status["state"] in ("failed", "cancelled", "lost")
+                else watch(host, job_id, on_event, pull=True)
+            )
         if end["state"] != "done":
             err = (end.get("exit") or {}).get("error")
             raise JobError(
                 f"job {job_id} on {name} {end['state']}"
                 f"{': ' + err if err else ''} (log: dflash jobs --host {name})"
             )
-        return finish_local(pull_results(host, job_id, results_dir(inventory, dest)))
+        return finish_local(pull_results(host, job_id, results_dir(inventory, dest), end))
     finally:
         if own:
             host.close()
@@ -333,10 +423,10 @@ def run_eval(
     name = eval_host_name(inventory, host_name)
     spec = inventory.host(name)
     with open_host(spec, inventory) as host:
-        ref = _start(host, spec, checkpoint, options, job_id)
+        ref = _start(host, spec, checkpoint, options, job_id, follow=True)
         if on_start:
             on_start(ref)
-        return attach(inventory, name, ref.job_id, on_event=on_event, dest=dest, host=host)
+        return attach(inventory, name, ref.job_id, on_event=on_event, dest=dest, host=host, ref=ref)
 
 
 def start_eval(
@@ -357,13 +447,16 @@ def start_eval(
 
 
 def _start(
-    host: Host, spec: HostSpec, checkpoint: str, options: EvalOptions, job_id: str | None
+    host: Host,
+    spec: HostSpec,
+    checkpoint: str,
+    options: EvalOptions,
+    job_id: str | None,
+    follow: bool = False,
 ) -> JobRef:
-    _, pushed = bundle.ensure(host)
+    # The spec first: pushing its prompts looks for the bundle in the same round trip.
     job = build_spec(host, spec, checkpoint, options)
-    ref = start_job(host, job, job_id, preflight=True)
-    ref.bundle_pushed = ref.bundle_pushed or pushed
-    return ref
+    return start_job(host, job, job_id, preflight=True, follow=follow)
 
 
 __all__ = [

@@ -131,9 +131,11 @@ class _Sharded:
         host = self.hosts[spec.name]
         options = dataclasses.replace(self.options, stop_after="ground_truth")
         job = build_spec(host, spec, self.checkpoint, options)
-        ref = remote_eval.start_job(host, job, f"{self.run_id}-gt", preflight=True)
+        ref = remote_eval.start_job(host, job, f"{self.run_id}-gt", preflight=True, follow=True)
         self.emit(spec.name, {"event": "ground_truth_job", "job_id": ref.job_id})
-        end = remote_eval.watch(host, ref.job_id, lambda ev: self.emit(spec.name, ev))
+        end = remote_eval.watch(
+            host, ref.job_id, lambda ev: self.emit(spec.name, ev), stream=ref.stream
+        )
         if end["state"] != "done":
             err = (end.get("exit") or {}).get("error")
             raise JobError(
@@ -163,13 +165,13 @@ class _Sharded:
             path = (
                 f"{host.workdir}/groundtruth/shards/{hashlib.sha256(data).hexdigest()[:16]}.jsonl"
             )
-            if not host.exists(path):
+            if bundle.ensure_and_find(host, [path]).missing:
                 host.put_bytes(data, path)
             # a shard: the same options (so the same EvalSpec over this host's role) and
             # its slice of the ground truth, evaluated whole
             job = build_spec(host, spec, self.checkpoint, self.options, exact_file=path)
             job["shard"] = {"run_id": self.run_id, "indices": indices}
-            ref = remote_eval.start_job(host, job, job_id, preflight=True)
+            ref = remote_eval.start_job(host, job, job_id, preflight=True, follow=True)
             out.job_id = ref.job_id
             self.emit(
                 spec.name,
@@ -190,11 +192,11 @@ class _Sharded:
                         out.records[i] = ev["record"]
                 self.emit(spec.name, ev)
 
-            end = remote_eval.watch(host, ref.job_id, on_event)
+            end = remote_eval.watch(host, ref.job_id, on_event, stream=ref.stream)
             if end["state"] != "done":
                 err = (end.get("exit") or {}).get("error")
                 raise JobError(f"job {ref.job_id} {end['state']}{': ' + err if err else ''}")
-            run_dir = remote_eval.pull_results(host, ref.job_id, self.stage / "shards")
+            run_dir = remote_eval.pull_results(host, ref.job_id, self.stage / "shards", end)
             pulled = _read_jsonl((run_dir / "samples.jsonl").read_bytes())
             if [r.get("id") for r in pulled] != [gt[i]["id"] for i in indices]:
                 raise JobError(f"job {ref.job_id} returned samples other than its shard's")

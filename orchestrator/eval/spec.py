@@ -20,6 +20,7 @@ from pathlib import Path
 
 from orchestrator.errors import DflashError
 from orchestrator.inventory import EvalRole, HostSpec
+from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
 from remote.eval.groundtruth import DEFAULT_CONCURRENCY as GT_CONCURRENCY
 from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TIMEOUT
@@ -160,12 +161,13 @@ def local_prompts(prompts: str) -> Path:
 
 def push_prompts(host: Host, prompts: str) -> dict:
     """Put a built-in set or a local file on the host (content-addressed, pushed only when
-    missing); returns the spec's ``prompts`` entry."""
+    missing; one round trip looks for it and for the bundle); returns the spec's
+    ``prompts`` entry."""
     local = local_prompts(prompts)
     data = local.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     remote = f"{host.workdir}/prompts/{digest[:16]}-{local.stem}.jsonl"
-    if not host.exists(remote):
+    if bundle.ensure_and_find(host, [remote]).missing:
         host.put_bytes(data, remote)
     return {"path": remote, "name": local.stem, "sha256": digest, "source": str(local)}
 

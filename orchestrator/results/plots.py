@@ -52,6 +52,15 @@ def pyplot():
     return plt
 
 
+def warm() -> None:
+    """Import matplotlib now, silently (a caller's background thread, while a job runs);
+    without it nothing happens and the first plot says so as usual."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        pyplot()
+
+
 def _title(run: res.Run) -> str:
     return f"{run.checkpoint} ({run.run_id})"
 

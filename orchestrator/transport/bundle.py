@@ -1,9 +1,11 @@
 """The remote bundle: `remote/` packed as ONE zipapp named by its content hash.
 
 A host gets ``<workdir>/bundles/dflash-remote-<hash>.pyz`` only when it lacks that exact
-file, so an unchanged bundle costs one ``test -f``. The host's own python runs it:
-``python bundle.pyz COMMAND ...``. The archive is deterministic (sorted entries, fixed
-timestamps), so the same source always has the same name.
+file, so an unchanged bundle costs one ``test -f``, and none once this process has seen it
+there; `ensure_and_find` looks for other files (a job's inputs) in that same round trip.
+The host's own python runs it: ``python bundle.pyz COMMAND ...``. The archive is
+deterministic (sorted entries, fixed timestamps), so the same source always has the same
+name.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import zipfile
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 from orchestrator.errors import RemoteCommandError
 from orchestrator.transport.hosts import Host, HostError, Result, command_line, last_line, quote
@@ -53,36 +56,66 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     zf.writestr(info, data)
 
 
-# (id(host), bundle name) -> that host. The host itself is kept (weakly) and compared:
-# an id is reused once its object is gone, and a stale entry made a later host look as if
-# it had the bundle (python then failed on the missing file, seen as a flaky relay test).
-_pushed: dict[tuple[int, str], weakref.ref] = {}
+# (id(host), bundle name) -> (that host, whether this process pushed it). The host itself
+# is kept (weakly) and compared: an id is reused once its object is gone, and a stale entry
+# made a later host look as if it had the bundle (python then failed on the missing file,
+# seen as a flaky relay test).
+_pushed: dict[tuple[int, str], tuple[weakref.ref, bool]] = {}
 _push_lock = threading.Lock()
 
 
 def _known(host: Host, name: str) -> bool:
     with _push_lock:
-        ref = _pushed.get((id(host), name))
+        ref, _ = _pushed.get((id(host), name), (None, False))
         return ref is not None and ref() is host
 
 
-def _remember(host: Host, name: str) -> None:
+def _remember(host: Host, name: str, pushed: bool = False) -> None:
     with _push_lock:
-        _pushed[(id(host), name)] = weakref.ref(host)
+        _pushed[(id(host), name)] = (weakref.ref(host), pushed)
+
+
+def was_pushed(host: Host) -> bool:
+    """Whether this process pushed the current bundle to `host` (for a one-line notice)."""
+    name, _ = build()
+    with _push_lock:
+        ref, pushed = _pushed.get((id(host), name), (None, False))
+        return pushed and ref is not None and ref() is host
+
+
+class Found(NamedTuple):
+    """`ensure_and_find`'s answer."""
+
+    path: str  # the bundle on the host
+    pushed: bool  # whether it was pushed by this call
+    missing: frozenset[str]  # those of the asked paths the host lacks
 
 
 def ensure(host: Host) -> tuple[str, bool]:
     """Make sure `host` has the current bundle; returns (remote path, whether pushed now)."""
+    found = ensure_and_find(host, ())
+    return found.path, found.pushed
+
+
+def ensure_and_find(host: Host, paths: Sequence[str]) -> Found:
+    """`ensure`, and which of `paths` (files on the host) are missing there, in ONE round
+    trip: the bundle is looked for in the same shell command unless this process already
+    saw it on `host`. Nothing at all is sent when the bundle is known and `paths` is empty."""
     name, data = build()
     path = f"{host.workdir}/bundles/{name}"
-    if _known(host, name):
-        return path, False
-    pushed = False
-    if not host.exists(path):
+    look = ([] if _known(host, name) else [path]) + list(paths)
+    missing: set[str] = set()
+    if look:
+        # NUL-separated: a path may hold any character but NUL.
+        script = 'for p in "$@"; do [ -e "$p" ] || printf \'%s\\0\' "$p"; done'
+        out = host.run(["sh", "-c", script, "sh", *look], check=True, timeout=60).stdout
+        missing = {p for p in out.split("\0") if p}
+    pushed = path in missing
+    if pushed:
         host.put_bytes(data, path)
-        pushed = True
-    _remember(host, name)
-    return path, pushed
+    if path in look:
+        _remember(host, name, pushed)
+    return Found(path, pushed, frozenset(missing & set(paths)))
 
 
 def remote_command(host: Host, argv: Sequence[str], python_flags: Sequence[str] = ()) -> str:
@@ -168,4 +201,13 @@ def run_remote_json(
         ) from None
 
 
-__all__ = ["build", "ensure", "remote_command", "run_remote", "run_remote_json", "quote"]
+__all__ = [
+    "build",
+    "ensure",
+    "ensure_and_find",
+    "was_pushed",
+    "remote_command",
+    "run_remote",
+    "run_remote_json",
+    "quote",
+]

@@ -184,9 +184,11 @@ def emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
 
-def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
+def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
     """Run an evaluation from a validated spec (see `read_spec`); returns the result dict
-    and writes ``result.json`` + ``samples.jsonl`` in ``output_dir``."""
+    and writes ``result.json`` + ``samples.jsonl`` in ``output_dir``. `target`: the spec's
+    target already loaded in its dtype (`target.load_target`; a job whose local ground truth
+    generated with it), used instead of loading it again."""
     import torch
 
     from remote.eval import device as device_mod
@@ -206,7 +208,10 @@ def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
 
     # --- checks before any heavy load -----------------------------------------------------
     device = device_mod.resolve(spec.device)
-    _cfg, meta_model, tinfo = target_mod.describe(spec.target)
+    if target is None:
+        _cfg, meta_model, tinfo = target_mod.describe(spec.target)
+    else:  # described when it was loaded; its weights are already in memory
+        meta_model, tinfo = target.model, target.info
     dcfg = drafter_mod.read_config(spec.drafter, tinfo.num_layers)
     check_compatible(dcfg, tinfo, fc_width(spec.drafter))
     rows = read_ground_truth(spec.ground_truth, tinfo.vocab_size, spec.max_samples)
@@ -215,7 +220,7 @@ def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
     max_len = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
     need = estimate_bytes(
         tbytes, dcfg, max_len, torch.empty(0, dtype=dtype).element_size(), spec.block_chunk
-    )
+    ) - (0 if target is None else tbytes)
     avail = meminfo()["available"]
     if avail and need > avail:
         raise UserError(
@@ -238,7 +243,8 @@ def run_eval(spec: EvalSpec, on_event=emit) -> dict[str, Any]:
         }
     )
     t0 = time.perf_counter()
-    target = target_mod.load_target(spec.target, dtype)
+    if target is None:
+        target = target_mod.load_target(spec.target, dtype)
     t_target_load = time.perf_counter() - t0
     t0 = time.perf_counter()
     drafter, report = drafter_mod.load_drafter(spec.drafter, dtype, tinfo.num_layers)

@@ -13,7 +13,9 @@ on the host's own loopback. Sources (``spec["ground_truth"]["kind"]``):
   the completion is retokenised with the target's tokenizer and every sample is checked
   (see `retokenisation_check`); the mismatch rate is recorded with the result.
 - ``file``: a JSONL file already holding ``{"id", "prompt_ids", "completion_ids"}`` lines.
-- ``local``: greedy generation on this host with the target itself (slow for big models).
+- ``local``: greedy generation on this host with the target itself (slow for big models),
+  ``concurrency`` prompts per ``generate`` call (left-padded and masked, as a serving engine
+  batches requests; 1: one prompt at a time).
 
 Prompts are JSONL, z-lab's ``{"turns": [...]}`` (the first turn is the user message) or
 ``{"prompt": "..."}``; the target's chat template is applied (``thinking`` on or off).
@@ -561,14 +563,24 @@ def retokenisation_check(
 
 
 class LocalGenerator:
-    """Greedy generation with the target on this host (transformers, KV cache)."""
+    """Greedy generation with the target on this host (transformers ``generate``, KV cache).
 
-    def __init__(self, target: str, dtype: str, threads: int | None):
+    `model`: the target already loaded (a job loads it once, `remote.eval.target`, and its
+    engine then evaluates with that very model); its generation settings are read from the
+    checkpoint as ``from_pretrained`` would. Without it the target is loaded here."""
+
+    def __init__(self, target: str, dtype: str, threads: int | None, model=None):
         import torch
-        from transformers import AutoModelForCausalLM
 
         if threads:
             torch.set_num_threads(int(threads))
+        self.torch = torch
+        if model is not None:
+            self.model = model
+            self._generation_config(target)
+            return
+        from transformers import AutoModelForCausalLM
+
         try:
             self.model = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype))
         except Exception as exc:
@@ -577,18 +589,51 @@ class LocalGenerator:
                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
             ) from None
         self.model.eval()
-        self.torch = torch
 
-    def generate(self, prompt_ids: list[int], sampling: dict) -> list[int]:
+    def _generation_config(self, target: str) -> None:
+        """The checkpoint's ``generation_config.json`` (its end-of-text ids, for one), as
+        ``from_pretrained`` sets it; a model built from its config lacks it."""
+        from transformers import GenerationConfig
+
+        if Path(target, "generation_config.json").is_file():
+            try:
+                self.model.generation_config = GenerationConfig.from_pretrained(target)
+            except Exception as exc:
+                raise UserError(
+                    f"cannot read {target}/generation_config.json: "
+                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                ) from None
+
+    def generate_batch(self, prompts: list[list[int]], sampling: dict) -> list[list[int]]:
+        """Greedy completions of several prompts in ONE ``generate`` call, as a serving
+        engine batches concurrent requests: left-padded, the padding masked out. Each
+        completion ends at its first end-of-text id, as alone it would."""
         torch = self.torch
+        width = max(len(ids) for ids in prompts)
+        config = self.model.generation_config
+        eos = config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        pad = config.pad_token_id if config.pad_token_id is not None else min(eos, default=0)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         with torch.inference_mode():
             out = self.model.generate(
-                torch.tensor([prompt_ids]),
+                ids,
+                attention_mask=mask,
                 do_sample=False,
                 max_new_tokens=sampling["max_new_tokens"],
-                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                pad_token_id=pad,
             )
-        return out[0, len(prompt_ids) :].tolist()
+        completions = []
+        for row in out[:, width:].tolist():
+            end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+            completions.append(row[:end])  # what follows a finished row is padding
+        return completions
+
+    def in_order(self, prompts: list[list[int]], sampling: dict, batch: int) -> Iterator[list[int]]:
+        """Completions of `prompts`, yielded in order, generated `batch` prompts at a time."""
+        for start in range(0, len(prompts), max(1, batch)):
+            yield from self.generate_batch(prompts[start : start + max(1, batch)], sampling)
 
 
 # ---- requests in flight together ----------------------------------------------------
@@ -672,11 +717,16 @@ def _read_cache(
 
 
 def prepare(
-    spec: dict, emit: Emit = lambda *a, **k: None, engine: EvalSpec | None = None
+    spec: dict,
+    emit: Emit = lambda *a, **k: None,
+    engine: EvalSpec | None = None,
+    load_model: Callable[[], Any] | None = None,
 ) -> tuple[str, dict]:
     """Make (or reuse) the ground truth the job asks for. The target (its tokenizer, and for
     kind ``local`` its dtype and threads) is the job's EvalSpec's (``eval``); `engine`: that
-    spec when the caller has read it already.
+    spec when the caller has read it already. `load_model`: gives the target's loaded model
+    for local generation (called only when generation is needed), so a job that evaluates
+    next loads it once; without it local generation loads its own.
 
     Returns (path of a JSONL file of ``{"id", "prompt_ids", "completion_ids"}``, info for
     the result: kind, url, model, cache key, ``cached`` (whether it came from the cache),
@@ -800,7 +850,12 @@ def prepare(
     generator = None
     model_name = source.get("model")
     if kind == "local":
-        generator = LocalGenerator(target, engine.dtype, engine.threads)
+        generator = LocalGenerator(
+            target,
+            engine.dtype,
+            engine.threads,
+            model=load_model() if load_model else None,
+        )
 
     def ask(text: str, ids: list[int]) -> Any:
         # Only the request runs in the pool: tokenising, checking and emitting stay on this
@@ -809,16 +864,19 @@ def prepare(
             return sglang_generate(url, ids, sampling, timeout)
         if kind == "openai":
             return openai_completion_ids(url, model_name, ids, sampling, timeout)
-        if kind == "openai-text":
-            return openai_completion_text(url, model_name, text, sampling, timeout)
-        return generator.generate(ids, sampling)
+        return openai_completion_text(url, model_name, text, sampling, timeout)
 
     records = []
     mismatched = 0
     started = time.time()
-    workers = concurrency if kind in SERVER_KINDS else 1
     # Closed on the way out, also when a check refuses an answer: no more requests go out.
-    with closing(in_order(ask, rendered, workers)) as answers:
+    # Local generation batches `concurrency` prompts per `generate`, as a server would.
+    answers_in_order = (
+        generator.in_order(prompt_ids, sampling, concurrency)
+        if generator is not None
+        else in_order(ask, rendered, concurrency)
+    )
+    with closing(answers_in_order) as answers:
         for i, (prompt, (text, ids), answer) in enumerate(
             zip(prompts, rendered, answers, strict=False)
         ):

@@ -129,6 +129,11 @@ def check(spec: dict, engine: EvalSpec | None = None) -> dict:
         prompts = (spec.get("prompts") or {}).get("path")
         if not prompts or not Path(prompts).is_file():
             raise UserError(f"prompts file {prompts} does not exist on this host")
+    if spec.get("stop_after") == "ground_truth" and kind != "local":
+        # Nothing is loaded by a job that only fetches ground truth (a sharded eval's first
+        # job): no torch import and no memory check here; each shard's job checks its own.
+        report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
+        return _reachable(kind, gt, report)
     described, need_target = describe_target(target, dtype)
     need_drafter = drafter_bytes(drafter, dtype)
     need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
@@ -150,6 +155,14 @@ def check(spec: dict, engine: EvalSpec | None = None) -> dict:
     from remote.model.load import plan_text
 
     plan_text(target, None, described)
+    report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
+    return _reachable(kind, gt, report)
+
+
+def _reachable(kind: str, gt: dict, report: dict) -> dict:
+    """The last check: a ground-truth server reachable from this host; the report, ok."""
+    from remote.eval import groundtruth
+
     if kind in ("sglang", "openai", "openai-text"):
         if not gt.get("url"):
             raise UserError(
@@ -159,7 +172,6 @@ def check(spec: dict, engine: EvalSpec | None = None) -> dict:
         problem = groundtruth.reachable(gt["url"], 5.0)
         if problem:
             raise UserError(problem)
-    report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
     report["ok"] = True
     return report
 
