@@ -35,7 +35,7 @@ from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.eval.spec import EvalOptions, build_spec, new_job_id, resolve_checkpoint
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
-from orchestrator.transport.hosts import Host, HostError, Process, Result, last_line, open_host
+from orchestrator.transport.hosts import Host, HostError, Process, Result, open_host
 from remote.protocol import RESULT_FILES
 
 REQUIRED_RESULT_FILES = ("result.json",)
@@ -76,21 +76,10 @@ class JobRef:
 # ---- remote calls -----------------------------------------------------------------------
 
 
-def _json_stdin(host: Host, argv: Sequence[str], payload: dict, timeout: float = 120) -> dict:
-    result = bundle.run_remote(host, argv, stdin=json.dumps(payload).encode(), timeout=timeout)
-    try:
-        return json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise RemoteCommandError(
-            f"{host.name}: remote {argv[0]} printed no JSON "
-            f"({last_line(result.stdout + result.stderr)[:200]})"
-        ) from None
-
-
 def preflight(host: Host, spec: dict) -> dict:
     """Run the host-side checks for `spec` (nothing is loaded); the first failure raises
     one line."""
-    return _json_stdin(host, ["preflight", "--spec", "-"], spec)
+    return bundle.run_remote_json(host, ["preflight", "--spec", "-"], payload=spec, timeout=120)
 
 
 def start_job(
@@ -124,7 +113,7 @@ def start_job(
         stream.close_stdin()
         info = _first_json_line(host, stream, argv)
     else:
-        info = _json_stdin(host, argv, spec)
+        info = bundle.run_remote_json(host, argv, payload=spec, timeout=120)
     return JobRef(
         host=host.name,
         job_id=job_id,

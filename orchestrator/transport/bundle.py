@@ -189,9 +189,12 @@ def run_remote_json(
     *,
     timeout: float | None = None,
     python_flags: Sequence[str] = (),
+    payload: dict | None = None,
 ) -> dict:
-    """Run a bundle command that prints one JSON document and return it parsed."""
-    result = run_remote(host, argv, timeout=timeout, python_flags=python_flags)
+    """Run a bundle command that prints one JSON document and return it parsed; `payload`,
+    when given, goes to its stdin as JSON (``--spec -``)."""
+    stdin = None if payload is None else json.dumps(payload).encode()
+    result = run_remote(host, argv, timeout=timeout, python_flags=python_flags, stdin=stdin)
     try:
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
