@@ -72,6 +72,11 @@ class Checkpoint:
         return sorted((f.path, f.size, round(f.mtime, 3)) for f in self.files)
 
 
+def by_step(c: Checkpoint) -> tuple[int, str]:
+    """Sort key: oldest first by step (no step counts as oldest), then by name."""
+    return (c.step if c.step is not None else -1, c.name)
+
+
 @dataclass
 class Scan:
     """One look at a folder on a host (relay-scan)."""

@@ -1,0 +1,337 @@
+"""What to send where: scans in, typed tasks out (pure: no I/O, no host calls).
+
+Planning has two halves with one round of hashing on the hosts between them:
+
+1. `draft` looks at the chosen checkpoints against each destination's scan:
+
+   - published with a manifest that lists the same files, sizes and mtimes: unchanged,
+     0 payload bytes. A file of it missing or changed since publication (size, link, or
+     the mtime its host reported then) is sent again (*repair*); with ``verify`` every
+     other file's sha256 is asked of the destination, to compare with the manifest;
+   - published without a manifest: refused (dflash did not relay it, so it is not
+     overwritten);
+   - otherwise every file goes to the partial folder. A partial file holding L bytes of
+     a file of at least L bytes may be *resumed*: the sha256 of its first L bytes is
+     asked of both hosts. Partial files the source no longer has are *stale* (removed
+     before sending, or they would be published with the checkpoint).
+
+   Its `Draft` lists the hash requests per host (``relay-hash`` documents).
+2. `decide` takes the answers and settles each file on each destination: skip it
+   (verified, or resumed at full size with equal hashes), resume it at L (equal prefix
+   hashes), or send it from 0. The `Plan` holds one `FileTask` per file to send, each with
+   one `Target` per destination that needs it, plus the bytes each destination still
+   needs, which `check_space` compares with its free space.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from orchestrator.relay.checkpoints import Checkpoint, Scan, SourceFile
+from orchestrator.relay.report import CheckpointReport, DestStatus, RelayError
+from orchestrator.relay.selection import manifest_matches
+from orchestrator.sizes import human_bytes
+from remote.protocol import PARTIAL_PREFIX, REPAIR_PREFIX
+
+HashKey = tuple[str, "int | None"]  # (path, prefix length or None for the whole file)
+
+
+@dataclass(frozen=True, eq=False)
+class Dest:
+    """A destination as the planner sees it: host name, drafters folder, scan, reserve.
+
+    Compared by identity: one object per destination for the whole relay.
+    """
+
+    name: str
+    root: str
+    scan: Scan
+    reserve: int = 0
+
+
+@dataclass(frozen=True)
+class Target:
+    """One file to write on one destination."""
+
+    dest: Dest
+    write_path: str  # where the bytes go (in the partial folder, or a repair temp)
+    offset: int  # bytes already there and verified
+    rename_to: str | None = None  # repair: rename over the damaged published file
+
+    @property
+    def relative(self) -> str:
+        """`write_path` relative to the destination's folder (what ``relay-recv`` takes)."""
+        return self.write_path[len(self.dest.root.rstrip("/")) + 1 :]
+
+
+@dataclass(frozen=True)
+class FileTask:
+    """One source file to read once and write to each of its targets."""
+
+    ckpt: Checkpoint
+    file: SourceFile
+    src_path: str
+    targets: tuple[Target, ...]
+
+    @property
+    def start(self) -> int:
+        """Where reading starts: the smallest offset among the targets."""
+        return min(t.offset for t in self.targets)
+
+    @property
+    def to_send(self) -> int:
+        """Payload bytes read from the source for this file."""
+        return self.file.size - self.start
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """One checkpoint: its report (statuses per destination), the files to send, and the
+    sha256 of files already whole on a destination (``known[host][path]``)."""
+
+    ckpt: Checkpoint
+    report: CheckpointReport
+    tasks: tuple[FileTask, ...]
+    known: dict[str, dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a relay will send, and what each destination needs for it."""
+
+    checkpoints: tuple[CheckpointPlan, ...]
+    need: dict[str, int]  # destination -> payload bytes still to write there
+    stale: dict[str, tuple[str, ...]]  # destination -> partial files to remove first
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.to_send for c in self.checkpoints for t in c.tasks)
+
+    @property
+    def total_files(self) -> int:
+        return sum(len(c.tasks) for c in self.checkpoints)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A file on a destination whose fate waits for hashes (or needs none: ``send``)."""
+
+    ckpt: Checkpoint
+    dest: Dest
+    kind: str  # send | resume | verify | repair
+    file: SourceFile
+    src_key: HashKey | None = None  # resume: the source prefix to hash
+    dest_key: HashKey | None = None  # resume, verify: what the destination hashes
+    want: str | None = None  # verify: the sha256 the manifest lists
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The first half of a plan (`draft`): checks and the hash requests they need."""
+
+    ckpts: tuple[Checkpoint, ...]
+    dests: tuple[Dest, ...]
+    unchanged: frozenset[tuple[str, str]]  # (checkpoint, destination) published as is
+    checks: tuple[Check, ...]
+    src_requests: tuple[dict, ...]  # relay-hash documents for the source
+    dest_requests: dict[str, tuple[dict, ...]]  # and per destination
+    stale: dict[str, tuple[str, ...]]
+
+
+def src_path(root: str, ckpt: Checkpoint, f: SourceFile) -> str:
+    """Where `f` is under `root` (also its final place in a destination's folder)."""
+    return f"{root}/{ckpt.name}" if ckpt.kind == "file" else f"{root}/{ckpt.name}/{f.path}"
+
+
+def partial_path(root: str, ckpt: Checkpoint, f: SourceFile) -> str:
+    return f"{root}/{PARTIAL_PREFIX}{ckpt.name}/{f.path}"
+
+
+def repair_path(final: str) -> str:
+    """The hidden temp file beside a damaged published file, renamed over it when sent."""
+    head, tail = os.path.split(final)
+    return f"{head}/{REPAIR_PREFIX}{tail}"
+
+
+def damaged(manifest: dict, published: Checkpoint) -> set[str]:
+    """Files of a published checkpoint missing, or differing in size or mtime from what
+    its manifest says (``stored_mtime``: the mtime its host reported at publication)."""
+    there = {f.path: f for f in published.files}
+    out = set()
+    for f in manifest["files"]:
+        got = there.get(f["path"])
+        stored = f.get("stored_mtime")
+        if (
+            got is None
+            or got.size != f["size"]
+            or got.link
+            or (isinstance(stored, (int, float)) and got.mtime != stored)
+        ):
+            out.add(f["path"])
+    return out
+
+
+def refuse_links(d: Dest, name: str) -> None:
+    """A partial folder holds only files the relay wrote: a symlink there (or a name it
+    cannot carry) is refused before anything is written through it."""
+    odd = [(o.get("path"), o.get("why")) for o in d.scan.partial_odd.get(name, [])]
+    odd += [(f.path, "is a symlink") for f in d.scan.partials.get(name, []) if f.link]
+    if odd:
+        path, why = odd[0]
+        raise RelayError(
+            f"{d.name}: {d.root}/{PARTIAL_PREFIX}{name}/{path} {why}; a "
+            "partial folder holds only what the relay wrote: remove it, then "
+            "relay again"
+        )
+
+
+def draft(
+    ckpts: tuple[Checkpoint, ...] | list[Checkpoint],
+    src_dir: str,
+    dests: tuple[Dest, ...] | list[Dest],
+    *,
+    verify: bool = False,
+) -> Draft:
+    """The first half of planning (module docstring): per checkpoint and destination, the
+    checks to settle and the hashes they need. Raises `RelayError` for a published folder
+    without a manifest or a symlink in a partial folder."""
+    src_req: dict[HashKey, dict] = {}  # dicts: one request per distinct (path, length)
+    dest_req: dict[str, dict[HashKey, dict]] = {d.name: {} for d in dests}
+    stale: dict[str, list[str]] = {d.name: [] for d in dests}
+    checks: list[Check] = []
+    unchanged: set[tuple[str, str]] = set()
+    for ckpt in ckpts:
+        for d in dests:
+            manifest = d.scan.manifests.get(ckpt.name)
+            published = ckpt.name in d.scan.checkpoints
+            if published and manifest_matches(manifest, ckpt):
+                unchanged.add((ckpt.name, d.name))
+                broken = damaged(manifest, d.scan.checkpoints[ckpt.name])
+                hashes = {f["path"]: f.get("sha256") for f in manifest["files"]}
+                for f in ckpt.files:
+                    if f.path in broken:  # gone or changed since: no hash needed
+                        checks.append(Check(ckpt, d, "repair", f))
+                    elif verify:
+                        key = (src_path(d.root, ckpt, f), None)
+                        dest_req[d.name][key] = {"path": key[0]}
+                        checks.append(Check(ckpt, d, "verify", f, None, key, hashes[f.path]))
+                continue
+            if published and manifest is None:
+                raise RelayError(
+                    f"{d.name}: {d.root}/{ckpt.name} exists but was not "
+                    "relayed by dflash (no manifest); move it away, then "
+                    "relay again"
+                )
+            refuse_links(d, ckpt.name)
+            partial = {f.path: f.size for f in d.scan.partials.get(ckpt.name, [])}
+            names = {f.path for f in ckpt.files}
+            stale[d.name] += [
+                partial_path(d.root, ckpt, SourceFile(p, 0, 0)) for p in partial if p not in names
+            ]
+            for f in ckpt.files:
+                have = partial.get(f.path, 0)
+                if 0 < have <= f.size:
+                    ks = (src_path(src_dir, ckpt, f), have)
+                    kd = (partial_path(d.root, ckpt, f), have)
+                    src_req[ks] = {"path": ks[0], "length": have}
+                    dest_req[d.name][kd] = {"path": kd[0], "length": have}
+                    checks.append(Check(ckpt, d, "resume", f, ks, kd))
+                else:
+                    checks.append(Check(ckpt, d, "send", f))
+    return Draft(
+        ckpts=tuple(ckpts),
+        dests=tuple(dests),
+        unchanged=frozenset(unchanged),
+        checks=tuple(checks),
+        src_requests=tuple(src_req.values()),
+        dest_requests={n: tuple(r.values()) for n, r in dest_req.items()},
+        stale={n: tuple(s) for n, s in stale.items()},
+    )
+
+
+def decide(
+    dr: Draft,
+    src_dir: str,
+    src_hashes: dict[HashKey, dict] | None = None,
+    dest_hashes: dict[str, dict[HashKey, dict]] | None = None,
+) -> Plan:
+    """The second half of planning: settle every check of `dr` with the hosts' answers to
+    its requests (``{(path, length): {"sha256", "complete"}}``, per destination name)."""
+    src_hashes = src_hashes or {}
+    dest_hashes = dest_hashes or {}
+    reports: dict[str, CheckpointReport] = {}
+    known: dict[str, dict[str, dict[str, str]]] = {}
+    for ckpt in dr.ckpts:
+        crep = reports[ckpt.name] = CheckpointReport(
+            ckpt.name, ckpt.step, ckpt.size, len(ckpt.files)
+        )
+        known[ckpt.name] = {}
+        for d in dr.dests:
+            st = crep.destinations[d.name] = DestStatus(d.name)
+            if (ckpt.name, d.name) in dr.unchanged:
+                st.status = "unchanged"
+                st.bytes_skipped = ckpt.size
+    need = {d.name: 0 for d in dr.dests}
+    targets: dict[tuple[str, str], tuple[Checkpoint, SourceFile, list[Target]]] = {}
+    for c in dr.checks:
+        d, f = c.dest, c.file
+        st = reports[c.ckpt.name].destinations[d.name]
+        answers = dest_hashes.get(d.name, {})
+        if c.kind in ("verify", "repair"):
+            if c.kind == "verify" and answers.get(c.dest_key, {}).get("sha256") == c.want:
+                continue
+            st.repaired.append(f.path)
+            final = src_path(d.root, c.ckpt, f)
+            target = Target(d, repair_path(final), 0, rename_to=final)
+            st.bytes_skipped -= f.size
+        else:
+            offset = 0
+            if c.kind == "resume":
+                a, b = src_hashes.get(c.src_key, {}), answers.get(c.dest_key, {})
+                if (
+                    a.get("sha256")
+                    and a.get("sha256") == b.get("sha256")
+                    and a.get("complete")
+                    and b.get("complete")
+                ):
+                    offset = c.src_key[1]
+                if offset == f.size:  # whole and verified already: nothing to send
+                    st.bytes_skipped += f.size
+                    known[c.ckpt.name].setdefault(d.name, {})[f.path] = a["sha256"]
+                    continue
+            st.bytes_skipped += offset
+            target = Target(d, partial_path(d.root, c.ckpt, f), offset)
+        need[d.name] += f.size - target.offset
+        st.bytes_planned += f.size - target.offset
+        entry = targets.setdefault((c.ckpt.name, f.path), (c.ckpt, f, []))
+        entry[2].append(target)
+    plans = []
+    for ckpt in dr.ckpts:
+        crep = reports[ckpt.name]
+        for st in crep.destinations.values():
+            if st.status == "pending":
+                st.status = "planned"
+        tasks = tuple(
+            FileTask(ck, f, src_path(src_dir, ck, f), tuple(ts))
+            for (name, _), (ck, f, ts) in targets.items()
+            if name == ckpt.name
+        )
+        plans.append(CheckpointPlan(ckpt, crep, tasks, known[ckpt.name]))
+    return Plan(tuple(plans), need, dr.stale)
+
+
+def check_space(plan: Plan, dests: tuple[Dest, ...] | list[Dest]) -> None:
+    """Refuse, before a byte moves, a plan that needs more on a destination than its free
+    space minus its reserve; the line gives the numbers and what to do."""
+    for d in dests:
+        need = plan.need.get(d.name, 0)
+        room = d.scan.free - d.reserve
+        if need > room:
+            raise RelayError(
+                f"{d.name}: not enough space in {d.root}: this relay needs "
+                f"{human_bytes(need)} more, {human_bytes(d.scan.free)} is free and "
+                f"{human_bytes(d.reserve)} must stay free (reserve), short by "
+                f"{human_bytes(need - room)}; free space there, use --keep, or lower the "
+                "reserve"
+            )

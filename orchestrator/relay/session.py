@@ -1,0 +1,259 @@
+"""The hosts of one relay: where it reads and writes, the connections, and the locks.
+
+`Session` resolves the folders (flags, else the inventory's trainer and eval roles),
+connects to the source and every destination, and, all at once: judges the source's
+checkpoints (`orchestrator.relay.checkpoints.judge_complete`) and takes each
+destination's relay lock, scanning it under the lock. It holds those connections,
+locks and the ssh masters of the streams until `close` (or the end of its ``with``).
+`hash_all` is the one round of ``relay-hash`` calls that planning needs.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import getpass
+import json
+import os
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from orchestrator.inventory import HostSpec, Inventory, TrainerRole
+from orchestrator.relay.checkpoints import Scan, judge_complete, parse_scan, scan
+from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions
+from orchestrator.relay.plan import Dest, Draft, HashKey
+from orchestrator.relay.report import RelayError
+from orchestrator.relay.stream import Multiplexer
+from orchestrator.sizes import parse_size
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import Host, Result, open_host
+
+
+def parallel(calls: list) -> list:
+    """Run zero-argument callables in threads; results in order; first error re-raised."""
+    if len(calls) <= 1:
+        return [c() for c in calls]
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
+
+
+def hash_many(host: Host, requests: list[dict] | tuple[dict, ...]) -> dict[HashKey, dict]:
+    """sha256 of files or prefixes on a host, one remote call: {(path, length): result}."""
+    if not requests:
+        return {}
+    result = bundle.run_remote(
+        host,
+        ["relay-hash"],
+        stdin=json.dumps(list(requests)).encode(),
+        python_flags=RELAY_PYTHON_FLAGS,
+    )
+    answers = json.loads(result.stdout.strip().splitlines()[-1])
+    return {
+        (req["path"], req.get("length")): ans for req, ans in zip(requests, answers, strict=False)
+    }
+
+
+def _src_dir(spec: HostSpec, opts: RelayOptions) -> str:
+    if opts.src_dir:
+        return opts.src_dir
+    if spec.trainer is None:
+        raise RelayError(
+            f"{spec.name} has no trainer role; add 'roles: {{trainer: "
+            "{checkpoints: DIR}}' to it in the inventory or pass --src-dir"
+        )
+    return spec.trainer.checkpoints
+
+
+def _dest_dir(spec: HostSpec, opts: RelayOptions) -> str:
+    if opts.dest_dir:
+        return opts.dest_dir
+    if spec.eval is None:
+        raise RelayError(
+            f"{spec.name} has no eval role; add 'roles: {{eval: {{drafters: "
+            "DIR}}}' to it in the inventory or pass --dest-dir"
+        )
+    return spec.eval.drafters
+
+
+def _reserve(spec: HostSpec, opts: RelayOptions) -> int:
+    if opts.reserve is not None:
+        return opts.reserve
+    if spec.eval is not None and spec.eval.reserve is not None:
+        return parse_size(spec.eval.reserve)
+    return 0
+
+
+def _expand(host: Host, folder: str) -> str:
+    return host.expand(folder).rstrip("/") or "/"
+
+
+class Session:
+    """Connected and locked hosts of one relay (module docstring); use it with ``with``.
+
+    `lock`: take the destinations' relay locks (else only scan them, as ``--dry-run``
+    does). `mux`: start an ssh master per host for the streams to share.
+    """
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        source: str,
+        destinations: list[str],
+        options: RelayOptions,
+        *,
+        lock: bool = True,
+        mux: bool = False,
+    ):
+        self.inv = inventory
+        self.opts = options
+        self.src_spec = inventory.host(source)
+        dest_specs = inventory.expand(destinations)
+        if not dest_specs:
+            raise RelayError(
+                "no destination: pass --to HOST[,HOST...] or set defaults.relay_to in the inventory"
+            )
+        if any(d.name == self.src_spec.name for d in dest_specs):
+            raise RelayError(f"{source} is both the source and a destination; pick another --to")
+        src_cfg = _src_dir(self.src_spec, options)
+        dest_cfg = [(spec, _dest_dir(spec, options)) for spec in dest_specs]
+        self.src: Host | None = None
+        self.src_dir = src_cfg
+        self.src_scan: Scan | None = None
+        self.hosts: dict[str, Host] = {}  # destination name -> its connection
+        self.dests: list[Dest] = []
+        self.mux: Multiplexer | None = None
+        self._locks: list[Any] = []  # host-side relay-lock holders, one per destination
+        self._guard = threading.Lock()
+        opened: list[Host] = []
+        try:
+            self.src = open_host(self.src_spec, inventory)
+            opened.append(self.src)
+            for spec, _ in dest_cfg:
+                opened.append(open_host(spec, inventory))
+            if mux:
+                self.mux = Multiplexer(inventory)
+                for h in opened:
+                    self.mux.start(h)
+            dest_hosts = opened[1:]
+            results = parallel(
+                [lambda: self._look(src_cfg)]
+                + [
+                    lambda h=h, d=d: self._open_dest(h, d, lock)
+                    for h, (_, d) in zip(dest_hosts, dest_cfg, strict=False)
+                ]
+            )
+            self.src_dir, self.src_scan = results[0]
+            self.hosts = {h.name: h for h in dest_hosts}
+            self.dests = [
+                Dest(h.name, root, sc, _reserve(spec, options))
+                for h, (root, sc), (spec, _) in zip(dest_hosts, results[1:], dest_cfg, strict=False)
+            ]
+        except BaseException:
+            self._close(opened)
+            raise
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def roots(self) -> dict[str, str]:
+        """Destination host -> its drafters folder."""
+        return {d.name: d.root for d in self.dests}
+
+    @property
+    def where(self) -> str:
+        """The source folder as ``host:dir``, for messages."""
+        return f"{self.src.name}:{self.src_dir}"
+
+    def _look(self, folder: str) -> tuple[str, Scan]:
+        """Expand the source folder on its host and judge its checkpoints there."""
+        src_dir = _expand(self.src, folder)
+        role = self.src_spec.trainer or TrainerRole(checkpoints=src_dir)
+        return src_dir, judge_complete(self.src, src_dir, role)
+
+    def _open_dest(self, host: Host, folder: str, lock: bool) -> tuple[str, Scan]:
+        root = _expand(host, folder)
+        return root, self._lock_root(host, root) if lock else scan(host, root)
+
+    def _lock_root(self, host: Host, root: str) -> Scan:
+        """Take `root`'s relay lock on `host` (held until `close`) and scan it under the lock.
+
+        Two relays writing into one drafters folder would share its partial folders; the
+        second is refused with who holds the lock. The lock lives in a host-side process
+        fed by this connection, so it ends with this relay, however that ends.
+        """
+        try:
+            user = getpass.getuser()
+        except (OSError, KeyError):  # no login name in this environment
+            user = "?"
+        by = f"{user}@{socket.gethostname()} pid {os.getpid()}"
+        proc = host.popen(
+            bundle.remote_command(
+                host,
+                ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}", "--", root],
+                python_flags=RELAY_PYTHON_FLAGS,
+            )
+        )
+        with self._guard:
+            self._locks.append(proc)
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = proc.read(4096)
+            if not chunk:
+                break
+            line += chunk
+        try:
+            data = json.loads(line)
+        except ValueError:
+            code = proc.wait()
+            bundle.check_result(host, Result("", proc.stderr(), code), ["relay-lock"])
+            raise RelayError(f"{host.name}: no answer from relay-lock for {root}") from None
+        if not data.get("locked"):
+            holder = data.get("holder") or {}
+            since = holder.get("since")
+            when = (
+                f", since {_dt.datetime.fromtimestamp(since).strftime('%H:%M:%S')}"
+                if isinstance(since, (int, float))
+                else ""
+            )
+            raise RelayError(
+                f"another dflash relay is writing to {host.name}:{root} "
+                f"({holder.get('by') or 'unknown'}{when}); let it finish, "
+                "then run this again"
+            )
+        return parse_scan(root, data.get("scan"), host.name)
+
+    def hash_all(self, dr: Draft) -> tuple[dict[HashKey, dict], dict[str, dict[HashKey, dict]]]:
+        """Ask every host for the hashes `dr` needs, all hosts at once: the source's
+        answers, and each destination's by name."""
+        names = list(dr.dest_requests)
+        answers = parallel(
+            [lambda: hash_many(self.src, dr.src_requests)]
+            + [lambda n=n: hash_many(self.hosts[n], dr.dest_requests[n]) for n in names]
+        )
+        return answers[0], dict(zip(names, answers[1:], strict=True))
+
+    def close(self) -> None:
+        """Drop the locks, stop the ssh masters, close the connections."""
+        self._close([self.src, *self.hosts.values()])
+
+    def _close(self, hosts: list[Host | None]) -> None:
+        for proc in self._locks:  # EOF ends the host-side holder, which drops the lock
+            try:
+                proc.close_stdin()
+                proc.wait()
+            except Exception:
+                pass
+            proc.kill()
+        if self.mux is not None:
+            self.mux.close()
+        for h in hosts:
+            if h is not None:
+                try:
+                    h.close()
+                except Exception:  # closing a dead connection must not mask the real error
+                    pass

@@ -1,0 +1,176 @@
+"""The relay's planner and selection on hand-built scans: pure, no hosts, no sshd.
+
+Each case is what a destination's scan says against a source checkpoint; the plan must
+send exactly what is missing, resume where both hosts agree on a prefix, resend what is
+damaged, and skip (with its reason) what was asked for but is not finished.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.relay.checkpoints import Checkpoint, Scan, SourceFile
+from orchestrator.relay.options import RelayOptions
+from orchestrator.relay.plan import Dest, check_space, decide, draft
+from orchestrator.relay.report import RelayError
+from orchestrator.relay.selection import select
+from remote.protocol import MANIFEST_FORMAT, PARTIAL_PREFIX, REPAIR_PREFIX
+
+SRC = "/train/ckpts"
+ROOT = "/eval/drafters"
+
+
+def ckpt(name: str = "step_100", *, complete: bool = True, reason: str = "") -> Checkpoint:
+    files = [SourceFile("model.safetensors", 1000, 10.0), SourceFile("config.json", 50, 11.0)]
+    step = int(name.rsplit("_", 1)[-1])
+    return Checkpoint(name, "dir", files, step=step, complete=complete, reason=reason)
+
+
+def manifest_of(c: Checkpoint) -> dict:
+    return {
+        "format": MANIFEST_FORMAT,
+        "files": [
+            {"path": f.path, "size": f.size, "mtime": f.mtime, "sha256": f"sha-{f.path}"}
+            for f in c.files
+        ],
+    }
+
+
+def dest_scan(**kw) -> Scan:
+    return Scan(root=ROOT, now=100.0, exists=True, free=10**9, **kw)
+
+
+def plan_for(c: Checkpoint, scan: Scan, *, verify=False, src=None, dst=None):
+    d = Dest("eval", ROOT, scan)
+    dr = draft([c], SRC, [d], verify=verify)
+    return dr, decide(dr, SRC, src or {}, {"eval": dst or {}})
+
+
+def test_unchanged_published_checkpoint_needs_no_task_and_no_hash():
+    c = ckpt()
+    scan = dest_scan(checkpoints={c.name: ckpt()}, manifests={c.name: manifest_of(c)})
+    dr, p = plan_for(c, scan)
+    assert dr.src_requests == () and dr.dest_requests == {"eval": ()}
+    (cp,) = p.checkpoints
+    assert cp.tasks == ()
+    st = cp.report.destinations["eval"]
+    assert (st.status, st.bytes_skipped, st.bytes_planned) == ("unchanged", c.size, 0)
+    assert p.need == {"eval": 0}
+
+
+def test_absent_checkpoint_is_sent_whole_into_the_partial_folder():
+    c = ckpt()
+    _, p = plan_for(c, dest_scan())
+    (cp,) = p.checkpoints
+    assert [t.file.path for t in cp.tasks] == ["model.safetensors", "config.json"]
+    (t,) = cp.tasks[0].targets
+    assert t.write_path == f"{ROOT}/{PARTIAL_PREFIX}{c.name}/model.safetensors"
+    assert t.offset == 0 and t.rename_to is None
+    assert cp.tasks[0].src_path == f"{SRC}/{c.name}/model.safetensors"
+    assert cp.report.destinations["eval"].status == "planned"
+    assert p.need == {"eval": c.size} and p.total_bytes == c.size
+
+
+def test_partial_file_with_equal_prefix_hashes_resumes_at_its_length():
+    c = ckpt()
+    scan = dest_scan(partials={c.name: [SourceFile("model.safetensors", 400, 9.0)]})
+    dr, _ = plan_for(c, scan)
+    ks = (f"{SRC}/{c.name}/model.safetensors", 400)
+    kd = (f"{ROOT}/{PARTIAL_PREFIX}{c.name}/model.safetensors", 400)
+    assert dr.src_requests == ({"path": ks[0], "length": 400},)
+    assert dr.dest_requests["eval"] == ({"path": kd[0], "length": 400},)
+    same = {"sha256": "abc", "complete": True}
+    p = decide(dr, SRC, {ks: same}, {"eval": {kd: same}})
+    task = p.checkpoints[0].tasks[0]
+    assert task.targets[0].offset == 400 and task.to_send == 600
+    st = p.checkpoints[0].report.destinations["eval"]
+    assert st.bytes_skipped == 400 and st.bytes_planned == 600 + 50
+    # A prefix that differs on the destination is sent again from 0.
+    p = decide(dr, SRC, {ks: same}, {"eval": {kd: {"sha256": "xyz", "complete": True}}})
+    assert p.checkpoints[0].tasks[0].targets[0].offset == 0
+
+
+def test_partial_file_whole_and_verified_costs_nothing_and_its_hash_is_kept():
+    c = ckpt()
+    scan = dest_scan(partials={c.name: [SourceFile("model.safetensors", 1000, 9.0)]})
+    dr, _ = plan_for(c, scan)
+    same = {"sha256": "full", "complete": True}
+    ks, kd = dr.src_requests[0]["path"], dr.dest_requests["eval"][0]["path"]
+    p = decide(dr, SRC, {(ks, 1000): same}, {"eval": {(kd, 1000): same}})
+    cp = p.checkpoints[0]
+    assert [t.file.path for t in cp.tasks] == ["config.json"]
+    assert cp.known == {"eval": {"model.safetensors": "full"}}
+
+
+def test_partial_files_the_source_lacks_are_stale():
+    c = ckpt()
+    scan = dest_scan(partials={c.name: [SourceFile("optimizer.pt", 7, 1.0)]})
+    _, p = plan_for(c, scan)
+    assert p.stale == {"eval": (f"{ROOT}/{PARTIAL_PREFIX}{c.name}/optimizer.pt",)}
+
+
+def test_damaged_published_file_is_resent_beside_it_and_renamed_over_it():
+    c = ckpt()
+    there = ckpt()
+    there.files[0] = SourceFile("model.safetensors", 999, 10.0)  # truncated since
+    scan = dest_scan(checkpoints={c.name: there}, manifests={c.name: manifest_of(c)})
+    _, p = plan_for(c, scan)
+    (cp,) = p.checkpoints
+    (task,) = cp.tasks
+    (t,) = task.targets
+    final = f"{ROOT}/{c.name}/model.safetensors"
+    assert (
+        t.rename_to == final and t.write_path == f"{ROOT}/{c.name}/{REPAIR_PREFIX}model.safetensors"
+    )
+    st = cp.report.destinations["eval"]
+    assert st.repaired == ["model.safetensors"] and st.bytes_skipped == c.size - 1000
+
+
+def test_verify_resends_only_the_file_whose_hash_differs_from_the_manifest():
+    c = ckpt()
+    scan = dest_scan(checkpoints={c.name: ckpt()}, manifests={c.name: manifest_of(c)})
+    dr, _ = plan_for(c, scan, verify=True)
+    keys = [(r["path"], None) for r in dr.dest_requests["eval"]]
+    assert len(keys) == 2 and dr.src_requests == ()
+    answers = {keys[0]: {"sha256": "flipped"}, keys[1]: {"sha256": "sha-config.json"}}
+    p = decide(dr, SRC, {}, {"eval": answers})
+    assert [t.file.path for t in p.checkpoints[0].tasks] == ["model.safetensors"]
+
+
+def test_published_folder_without_manifest_is_refused():
+    c = ckpt()
+    with pytest.raises(RelayError, match="not relayed by dflash"):
+        draft([c], SRC, [Dest("eval", ROOT, dest_scan(checkpoints={c.name: ckpt()}))])
+
+
+def test_plan_larger_than_free_space_minus_reserve_is_refused_with_the_numbers():
+    c = ckpt()
+    d = Dest("eval", ROOT, Scan(ROOT, 0.0, True, free=2000), reserve=1500)
+    p = decide(draft([c], SRC, [d]), SRC)
+    with pytest.raises(RelayError, match="not enough space.*short by"):
+        check_space(p, [d])
+
+
+def test_named_incomplete_checkpoint_is_skipped_with_its_reason():
+    src = dest_scan(
+        checkpoints={
+            "step_100": ckpt("step_100"),
+            "step_200": ckpt("step_200", complete=False, reason="no COMPLETE marker yet"),
+        }
+    )
+    chosen = select(src, "trainer:/t", RelayOptions(names=["step_200", "step_100"]))
+    assert [c.name for c in chosen.checkpoints] == ["step_100"]
+    assert chosen.skipped == (
+        {"name": "step_200", "step": 200, "reason": "no COMPLETE marker yet", "named": True},
+    )
+    # The default (newest complete) skips nothing and takes step_100.
+    latest = select(src, "trainer:/t", RelayOptions())
+    assert [c.name for c in latest.checkpoints] == ["step_100"] and latest.skipped == ()
+
+
+def test_named_checkpoint_the_source_lacks_is_refused_listing_what_it_has():
+    src = dest_scan(checkpoints={"step_100": ckpt("step_100")})
+    with pytest.raises(
+        RelayError, match=r"no checkpoint 'step_9' in trainer:/t \(have: step_100\)"
+    ):
+        select(src, "trainer:/t", RelayOptions(names=["step_9"]))
