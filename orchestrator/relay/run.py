@@ -10,7 +10,8 @@
 3. **Plan** (`plan`, pure): skip what is already there (a published checkpoint whose
    manifest lists the same files, sizes and mtimes costs 0 payload bytes; with ``verify``
    its files are re-hashed ON the destination and a damaged one is sent again), resume
-   partial files whose prefix hashes match on both hosts, and refuse before moving a
+   partial files where they end (the whole file's hash on both hosts proves the kept
+   prefix; a mismatch is sent again from 0), and refuse before moving a
    byte when a destination lacks the space still needed (free bytes minus its reserve).
 4. **Send** (`transfer`): batches of files, one stream per host per batch, each file read
    once and written to every destination, sha256 checked on both ends.
@@ -74,8 +75,8 @@ def relay(
         report = RelayReport(s.src.name, s.src_dir, s.roots, dry_run=options.dry_run)
         chosen = select(s.src_scan, s.where, options)
         report.incomplete += chosen.skipped
-        draft = plan.draft(chosen.checkpoints, s.src_dir, s.dests, verify=options.verify)
-        the_plan = plan.decide(draft, s.src_dir, *s.hash_all(draft))
+        draft = plan.draft(chosen.checkpoints, s.dests, verify=options.verify)
+        the_plan = plan.decide(draft, s.src_dir, s.hash_all(draft))
         report.checkpoints += [cp.report for cp in the_plan.checkpoints]
         plan.check_space(the_plan, s.dests)
         if live:
@@ -90,14 +91,14 @@ def relay(
                     publish.finish_checkpoint(
                         cp,
                         s.dests,
-                        s.hosts,
+                        s.ask,
                         source=s.src.name,
                         src_dir=s.src_dir,
                         sent=sender.hashes,
                         verify=options.verify,
                     )
                 if options.keep is not None:
-                    report.pruned = publish.prune(s.dests, s.hosts, options.keep)
+                    report.pruned = publish.prune(s.dests, s.hosts, s.ask, options.keep)
             except KeyboardInterrupt:
                 sender.cancel()
                 raise

@@ -5,7 +5,11 @@ connects to the source and every destination, and, all at once: judges the sourc
 checkpoints (`orchestrator.relay.checkpoints.judge_complete`) and takes each
 destination's relay lock, scanning it under the lock. It holds those connections,
 locks and the ssh masters of the streams until `close` (or the end of its ``with``).
-`hash_all` is the one round of ``relay-hash`` calls that planning needs.
+`hash_all` is the one round of hashing that planning needs (``--verify`` only).
+
+A destination's lock holder also serves the relay's other questions for that folder on
+its open channel (`ask`: hash, publish, scan; see ``remote.relay.host.serve``), so after
+the first command a destination costs no new SSH session, shell or interpreter per step.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from orchestrator.relay.checkpoints import Scan, judge_complete, parse_scan, sca
 from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions
 from orchestrator.relay.plan import Dest, Draft, HashKey
 from orchestrator.relay.report import RelayError
-from orchestrator.relay.stream import Multiplexer
+from orchestrator.relay.stream import LineReader, Multiplexer
 from orchestrator.sizes import parse_size
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, Result, open_host
@@ -124,6 +128,8 @@ class Session:
         self.dests: list[Dest] = []
         self.mux: Multiplexer | None = None
         self._locks: list[Any] = []  # host-side relay-lock holders, one per destination
+        # destination -> its lock holder, the holder's answers, a lock for one question at once
+        self._served: dict[str, tuple[Any, LineReader, threading.Lock]] = {}
         self._guard = threading.Lock()
         opened: list[Host] = []
         try:
@@ -179,6 +185,25 @@ class Session:
         root = _expand(host, folder)
         return root, self._lock_root(host, root) if lock else scan(host, root)
 
+    def _start_lock(self, host: Host, argv: list[str]) -> tuple[Any, LineReader, dict | None]:
+        """Start ``relay-lock`` (pushing the bundle first only where it is missing: no
+        separate check); (holder, its first answer or None when it gave none)."""
+        line, guarded = bundle.first_line(host, argv, RELAY_PYTHON_FLAGS)
+        proc = host.popen(line)
+        with self._guard:
+            self._locks.append(proc)
+        lines = LineReader(proc.read)
+        try:
+            return proc, lines, json.loads(lines.line())
+        except ValueError:
+            code = proc.wait()
+            err = proc.stderr()
+            if guarded and bundle.was_missing(host, code, err):
+                bundle.ensure(host)  # pushed now: the retry is not guarded
+                return self._start_lock(host, argv)
+            bundle.check_result(host, Result("", err, code), ["relay-lock"])
+            return proc, lines, None
+
     def _lock_root(self, host: Host, root: str) -> Scan:
         """Take `root`'s relay lock on `host` (held until `close`) and scan it under the lock.
 
@@ -191,27 +216,11 @@ class Session:
         except (OSError, KeyError):  # no login name in this environment
             user = "?"
         by = f"{user}@{socket.gethostname()} pid {os.getpid()}"
-        proc = host.popen(
-            bundle.remote_command(
-                host,
-                ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}", "--", root],
-                python_flags=RELAY_PYTHON_FLAGS,
-            )
+        proc, lines, data = self._start_lock(
+            host, ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}", "--", root]
         )
-        with self._guard:
-            self._locks.append(proc)
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = proc.read(4096)
-            if not chunk:
-                break
-            line += chunk
-        try:
-            data = json.loads(line)
-        except ValueError:
-            code = proc.wait()
-            bundle.check_result(host, Result("", proc.stderr(), code), ["relay-lock"])
-            raise RelayError(f"{host.name}: no answer from relay-lock for {root}") from None
+        if not isinstance(data, dict):
+            raise RelayError(f"{host.name}: no answer from relay-lock for {root}")
         if not data.get("locked"):
             holder = data.get("holder") or {}
             since = holder.get("since")
@@ -225,17 +234,48 @@ class Session:
                 f"({holder.get('by') or 'unknown'}{when}); let it finish, "
                 "then run this again"
             )
-        return parse_scan(root, data.get("scan"), host.name)
+        found = parse_scan(root, data.get("scan"), host.name)
+        with self._guard:
+            self._served[host.name] = (proc, lines, threading.Lock())
+        return found
 
-    def hash_all(self, dr: Draft) -> tuple[dict[HashKey, dict], dict[str, dict[HashKey, dict]]]:
-        """Ask every host for the hashes `dr` needs, all hosts at once: the source's
-        answers, and each destination's by name."""
-        names = list(dr.dest_requests)
-        answers = parallel(
-            [lambda: hash_many(self.src, dr.src_requests)]
-            + [lambda n=n: hash_many(self.hosts[n], dr.dest_requests[n]) for n in names]
-        )
-        return answers[0], dict(zip(names, answers[1:], strict=True))
+    def ask(self, dest: str, request: dict) -> dict:
+        """One request to destination `dest`'s lock holder (``remote.relay.host.serve``),
+        its answer; an ``error`` answer, a lost channel or a non-object answer raise
+        `RelayError` naming the host."""
+        proc, lines, lock = self._served[dest]
+        with lock:
+            try:
+                proc.write(json.dumps(request).encode() + b"\n")
+                raw = lines.line()
+            except (OSError, EOFError) as exc:
+                raise RelayError(f"{dest}: the relay's channel was lost ({exc})") from None
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise RelayError(f"{dest}: the relay's channel was lost (no answer)")
+        if "error" in answer:
+            raise RelayError(f"{dest}: {answer['error']}")
+        return answer
+
+    def hash_all(self, dr: Draft) -> dict[str, dict[HashKey, dict]]:
+        """Ask every destination for the hashes `dr` needs, all at once; answers by name."""
+        names = [n for n, reqs in dr.dest_requests.items() if reqs]
+        answers = parallel([lambda n=n: self._hash(n, dr.dest_requests[n]) for n in names])
+        return dict(zip(names, answers, strict=True))
+
+    def _hash(self, dest: str, requests: tuple[dict, ...]) -> dict[HashKey, dict]:
+        if dest not in self._served:  # not locked (a dry run): a command of its own
+            return hash_many(self.hosts[dest], requests)
+        answers = self.ask(dest, {"op": "hash", "requests": list(requests)}).get("hashes")
+        if not isinstance(answers, list) or len(answers) != len(requests):
+            raise RelayError(f"{dest}: malformed answer to a hash request")
+        return {
+            (req["path"], req.get("length")): ans if isinstance(ans, dict) else {}
+            for req, ans in zip(requests, answers, strict=True)
+        }
 
     def close(self) -> None:
         """Drop the locks, stop the ssh masters, close the connections."""

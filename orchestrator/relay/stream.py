@@ -273,6 +273,27 @@ def widen_pipe(fd: int, size: int = 1024 * 1024) -> None:
         pass
 
 
+class LineReader:
+    """Whole lines from a ``read(n)`` function (a channel or a pipe); what arrives after a
+    line is kept for the next one."""
+
+    def __init__(self, read: Callable[[int], bytes]):
+        self.read = read
+        self.buf = b""
+
+    def line(self) -> bytes:
+        """The next line with its newline; at the end of the stream what is left (maybe
+        b"")."""
+        while b"\n" not in self.buf:
+            chunk = self.read(65536)
+            if not chunk:
+                out, self.buf = self.buf, b""
+                return out
+            self.buf += chunk
+        out, _, self.buf = self.buf.partition(b"\n")
+        return out + b"\n"
+
+
 def file_lines(text: str) -> dict[int, dict]:
     """The per-file JSON lines of ``relay-send`` / ``relay-recv`` output, by file index;
     other lines (messages) are ignored."""

@@ -4,9 +4,11 @@ The files of a checkpoint go in up to ``jobs`` batches at once (`batches`); a ba
 ONE ``relay-send`` on the source and one ``relay-recv`` per destination that needs any of
 its files, joined here by `orchestrator.relay.stream.pump` (each file read once, written
 to every destination). sha256 is computed on the hosts beside the stream: the source
-hashes what it reads, each destination what it writes (a resumed file: its kept prefix
-plus what it appends). A mismatch is sent again once, from 0, as a batch of its own, then
-reported as a failure of that destination; a failed destination does not stop the others.
+hashes what it reads, each destination what it writes; a resumed file is hashed whole on
+both hosts, its kept prefix in a thread while the rest moves. A mismatch is sent again
+from 0, as a batch of its own: a resumed file whose kept prefix differed (nothing was
+hashed before, so that is how it shows) gets that for free, and any file one more try
+from 0; then it is a failure of that destination, which does not stop the others.
 """
 
 from __future__ import annotations
@@ -124,15 +126,22 @@ class Transfer:
 
     def run_batch(self, tasks: list[FileTask], statuses: dict[str, DestStatus]) -> None:
         """Send a batch of files through one stream per host, re-sending a hash mismatch
-        once (from 0, as a batch of its own)."""
+        from 0 as a batch of its own: once for a file sent from 0, and once more for a
+        resumed one (its kept prefix may simply have differed)."""
         items = [(task, list(task.targets)) for task in tasks]
-        for attempt in (1, 2):
+        resent: set[tuple[int, str]] = set()  # (task, destination) sent again from 0
+        for _ in range(3):
             retry: dict[int, tuple[FileTask, list[Target]]] = {}
             for task, t, outcome, _ in self._send(items, statuses):
                 st = statuses[t.dest.name]
                 if outcome == "ok":
                     continue
-                if outcome == "mismatch" and attempt == 1:
+                key = (id(task), t.dest.name)
+                if outcome == "mismatch" and (t.offset > 0 or key not in resent):
+                    if t.offset == 0:
+                        resent.add(key)
+                    with self._lock:
+                        st.bytes_skipped -= t.offset  # the kept prefix was not kept
                     retry.setdefault(id(task), (task, []))[1].append(replace(t, offset=0))
                     continue
                 with self._lock:
