@@ -46,8 +46,8 @@ from orchestrator.transport.hosts import quote
 
 
 def _mux_wanted() -> bool:
-    """Streams share one ssh master per host unless ``DFLASH_RELAY_MUX=0`` (a fallback
-    for an ssh without ControlMaster)."""
+    """Commands and streams share one ssh master per host unless ``DFLASH_RELAY_MUX=0``
+    (a fallback for an ssh without ControlMaster)."""
     return os.environ.get("DFLASH_RELAY_MUX", "1") != "0"
 
 
@@ -69,9 +69,7 @@ def relay(
     progress = progress or Progress()
     t0 = time.monotonic()
     live = not options.dry_run
-    with Session(
-        inventory, source, destinations, options, lock=live, mux=live and _mux_wanted()
-    ) as s:
+    with Session(inventory, source, destinations, options, lock=live, mux=_mux_wanted()) as s:
         report = RelayReport(s.src.name, s.src_dir, s.roots, dry_run=options.dry_run)
         chosen = select(s.src_scan, s.where, options)
         report.incomplete += chosen.skipped
@@ -114,7 +112,9 @@ def list_checkpoints(
     ``relayed`` (manifest matches the source), ``stale`` (relayed, source changed since),
     ``partial`` (bytes there of the total) or ``no``."""
     options = options or RelayOptions()
-    with Session(inventory, source, destinations, options, lock=not options.dry_run) as s:
+    with Session(
+        inventory, source, destinations, options, lock=not options.dry_run, mux=_mux_wanted()
+    ) as s:
         rows = [
             {
                 "name": c.name,

@@ -25,6 +25,7 @@ from typing import Any
 
 from orchestrator.inventory import HostSpec, Inventory, TrainerRole
 from orchestrator.relay.checkpoints import Scan, judge_complete, parse_scan, scan
+from orchestrator.relay.openssh_host import control_host
 from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions
 from orchestrator.relay.plan import Dest, Draft, HashKey
 from orchestrator.relay.report import RelayError
@@ -96,7 +97,7 @@ class Session:
     """Connected and locked hosts of one relay (module docstring); use it with ``with``.
 
     `lock`: take the destinations' relay locks (else only scan them, as ``--dry-run``
-    does). `mux`: start an ssh master per host for the streams to share.
+    does). `mux`: start an ssh master per host for the commands and streams to share.
     """
 
     def __init__(
@@ -133,12 +134,14 @@ class Session:
         self._guard = threading.Lock()
         opened: list[Host] = []
         try:
-            self.src = open_host(self.src_spec, inventory)
-            opened.append(self.src)
-            for spec, _ in dest_cfg:
-                opened.append(open_host(spec, inventory))
             if mux:
                 self.mux = Multiplexer(inventory)
+            # Every command goes through OpenSSH and the host's master (one connection per
+            # host, shared with the streams; see orchestrator.relay.openssh_host).
+            for spec in [self.src_spec, *(spec for spec, _ in dest_cfg)]:
+                opened.append(control_host(open_host(spec, inventory), self.mux))
+            self.src = opened[0]
+            if self.mux is not None:
                 for h in opened:
                     self.mux.start(h)
             dest_hosts = opened[1:]

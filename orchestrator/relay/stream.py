@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from orchestrator.errors import DflashError
@@ -158,6 +159,17 @@ class Multiplexer:
         if path is None or not os.path.exists(path) or self.masters[path].poll() is not None:
             return []  # not up (yet): this stream connects on its own
         return ["-o", f"ControlPath={path}", "-o", "ControlMaster=no"]
+
+    def wait(self, host: Host) -> None:
+        """Wait until `host`'s master is up (its socket is there), gone, or past its
+        connect timeout; a command started then shares it instead of connecting anew."""
+        path = self.paths.get(id(host))
+        if path is None:
+            return
+        proc = self.masters[path]
+        deadline = time.monotonic() + host.settings.connect_timeout + 5
+        while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def start(self, host: Host) -> None:
         """Start the master for `host` in the background; streams use it once it is up."""
