@@ -22,9 +22,9 @@ from typing import Any
 from orchestrator.relay.checkpoints import Checkpoint, by_step, parse_scan
 from orchestrator.relay.plan import CheckpointPlan, Dest, Target
 from orchestrator.transport.hosts import Host
+from remote.protocol import MANIFEST, MANIFEST_FORMAT
 
 Ask = Callable[[str, dict], dict]  # (destination, request) -> its lock holder's answer
-from remote.protocol import MANIFEST, MANIFEST_FORMAT
 
 
 def manifest(ckpt: Checkpoint, source: str, src_dir: str, hashes: dict[str, str]) -> dict:
@@ -99,9 +99,7 @@ def put_repaired(host: Host, t: Target) -> None:
     host.run(["mv", "-f", "-T", "--", t.write_path, t.rename_to])
 
 
-def prune(
-    dests: list[Dest], hosts: dict[str, Host], ask: Ask, keep: int
-) -> dict[str, list[Any]]:
+def prune(dests: list[Dest], hosts: dict[str, Host], ask: Ask, keep: int) -> dict[str, list[Any]]:
     """Keep the newest `keep` relayed checkpoints on each destination, remove the older
     ones; returns what went per destination (or one line why it was not pruned)."""
     pruned: dict[str, list[Any]] = {}

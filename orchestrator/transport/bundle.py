@@ -124,7 +124,6 @@ def was_missing(host: Host, code: int, stderr: str) -> bool:
     return False
 
 
-
 def run_remote(
     host: Host,
     argv: Sequence[str],

@@ -373,6 +373,7 @@ class SSHHost(Host):
 
     def _explain(self, exc: Exception, conn) -> HostError:
         import paramiko
+
         where = f"{self.name} ({conn.user}@{conn.host}:{conn.port})"
         if isinstance(exc, socket.gaierror):
             return HostError(
