@@ -671,7 +671,9 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where,
             env=env,
         )
         assert proc.returncode == 0, proc.stderr.decode()
-        lines = {r["i"]: r for r in map(json.loads, proc.stdout.decode().splitlines())}
+        first, *rest = map(json.loads, proc.stdout.decode().splitlines())
+        assert first == {"ready": True}  # printed at once, before the request is read
+        lines = {r["i"]: r for r in rest}
         assert (part / "sub dir" / "fresh.bin").read_bytes() == fresh
         assert (part / "resumed.bin").read_bytes() == whole
         assert lines[0] == {"i": 0, "sha256": hashlib.sha256(fresh).hexdigest(), "size": len(fresh)}

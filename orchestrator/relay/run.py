@@ -69,7 +69,9 @@ def relay(
     progress = progress or Progress()
     t0 = time.monotonic()
     live = not options.dry_run
-    with Session(inventory, source, destinations, options, lock=live, mux=_mux_wanted()) as s:
+    with Session(
+        inventory, source, destinations, options, lock=live, mux=_mux_wanted(), ahead=live
+    ) as s:
         report = RelayReport(s.src.name, s.src_dir, s.roots, dry_run=options.dry_run)
         chosen = select(s.src_scan, s.where, options)
         report.incomplete += chosen.skipped
@@ -79,7 +81,13 @@ def relay(
         plan.check_space(the_plan, s.dests)
         if live:
             sender = Transfer(
-                inventory, s.src, s.hosts, mux=s.mux, jobs=options.jobs, progress=progress
+                inventory,
+                s.src,
+                s.hosts,
+                mux=s.mux,
+                jobs=options.jobs,
+                progress=progress,
+                spares=s.spares,
             )
             try:
                 progress.start(the_plan.total_bytes, the_plan.total_files)

@@ -29,7 +29,7 @@ from orchestrator.relay.openssh_host import control_host
 from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions
 from orchestrator.relay.plan import Dest, Draft, HashKey
 from orchestrator.relay.report import RelayError
-from orchestrator.relay.stream import LineReader, Multiplexer
+from orchestrator.relay.stream import LineReader, Multiplexer, Stream
 from orchestrator.sizes import parse_size
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, Result, open_host
@@ -98,6 +98,10 @@ class Session:
 
     `lock`: take the destinations' relay locks (else only scan them, as ``--dry-run``
     does). `mux`: start an ssh master per host for the commands and streams to share.
+    `ahead` (with `mux`): start the first batch's ``relay-send`` and ``relay-recv`` while
+    the hosts are scanned (`spares`, by host name), so the bytes can flow as soon as the
+    plan is made instead of after one more process start on each host; the transfer uses
+    them once they say they run, and `close` ends those it did not need.
     """
 
     def __init__(
@@ -109,6 +113,7 @@ class Session:
         *,
         lock: bool = True,
         mux: bool = False,
+        ahead: bool = False,
     ):
         self.inv = inventory
         self.opts = options
@@ -132,6 +137,8 @@ class Session:
         # destination -> its lock holder, the holder's answers, a lock for one question at once
         self._served: dict[str, tuple[Any, LineReader, threading.Lock]] = {}
         self._guard = threading.Lock()
+        self.spares: dict[str, Stream] = {}
+        self._ahead = ahead and mux
         opened: list[Host] = []
         try:
             if mux:
@@ -180,13 +187,28 @@ class Session:
 
     def _look(self, folder: str) -> tuple[str, Scan]:
         """Expand the source folder on its host and judge its checkpoints there."""
+        self._spare(self.src, ["relay-send"])
         src_dir = _expand(self.src, folder)
         role = self.src_spec.trainer or TrainerRole(checkpoints=src_dir)
         return src_dir, judge_complete(self.src, src_dir, role)
 
     def _open_dest(self, host: Host, folder: str, lock: bool) -> tuple[str, Scan]:
         root = _expand(host, folder)
+        if lock:
+            self._spare(host, ["relay-recv", "--", root])
         return root, self._lock_root(host, root) if lock else scan(host, root)
+
+    def _spare(self, host: Host, argv: list[str]) -> None:
+        """Start `argv` on `host` ahead of need (see the class docstring). Its line is
+        guarded like every first command: without the bundle it ends before its ready
+        signal, and the transfer starts a new one."""
+        if not self._ahead:
+            return
+        line, _ = bundle.first_line(host, argv, RELAY_PYTHON_FLAGS)
+        s = Stream(host, line, self.inv, stdin=True, stdout=True, mux=self.mux)
+        s.argv = argv
+        with self._guard:
+            self.spares[host.name] = s
 
     def _start_lock(self, host: Host, argv: list[str]) -> tuple[Any, LineReader, dict | None]:
         """Start ``relay-lock`` (pushing the bundle first only where it is missing: no
@@ -285,6 +307,12 @@ class Session:
         self._close([self.src, *self.hosts.values()])
 
     def _close(self, hosts: list[Host | None]) -> None:
+        with self._guard:
+            spares, self.spares = list(self.spares.values()), {}
+        for s in spares:  # EOF: a spare not used ends by itself (killing one mid-login
+            s.close_stdin()  # could leave the host's shell start-up half done)
+        for s in spares:
+            s.finish()
         for proc in self._locks:  # EOF ends the host-side holder, which drops the lock
             try:
                 proc.close_stdin()

@@ -81,6 +81,8 @@ def stream_argv(
     """The local argv that runs shell command `line` on `host` with binary pipes."""
     if isinstance(host, hosts_mod.LocalHost):
         return ["bash", "-c", line]
+    if mux is not None:
+        mux.wait(host)  # share the master once it is up, rather than connect anew
     extra = mux.options(host) if mux is not None else []
     return ["ssh", *openssh_options(host), *extra, host.settings.alias, line]
 
@@ -234,9 +236,31 @@ class Stream:
             start_new_session=True,
         )  # Ctrl-C reaches us; we end them ourselves
         self.failed: str | None = None
+        self.line = line
+        self.argv: list[str] | None = None  # the bundle command it runs, when known
+        self._ready: bool | None = None
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 widen_pipe(pipe.fileno())
+
+    def wait_ready(self) -> bool:
+        """Read the command's ready signal once (``relay-send``: an empty frame;
+        ``relay-recv``: a ``{"ready": true}`` line): whether it came, i.e. the host-side
+        command runs. A command that failed to start (no python, no bundle) ends
+        without it."""
+        if self._ready is None:
+            if "relay-send" in self.line:
+                head = read_exact(self.stdout_fd, FRAME_HEADER.size)
+                self._ready = head == FRAME_HEADER.pack(0)
+            else:
+                line = b""
+                while not line.endswith(b"\n") and len(line) < 64:
+                    block = os.read(self.stdout_fd, 1)
+                    if not block:
+                        break
+                    line += block
+                self._ready = line.strip() == b'{"ready": true}'
+        return self._ready
 
     @property
     def stdin_fd(self) -> int:

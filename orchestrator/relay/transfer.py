@@ -74,6 +74,7 @@ class Transfer:
         mux: Multiplexer | None = None,
         jobs: int | None = None,
         progress: Progress | None = None,
+        spares: dict[str, Stream] | None = None,
     ):
         self.inv = inventory
         self.src = src
@@ -86,6 +87,9 @@ class Transfer:
         self.hashes: dict[tuple[str, str], dict[str, str]] = {}  # (ckpt, host) -> path -> sha
         self._streams: set[Stream] = set()
         self._lock = threading.Lock()
+        # Streams started ahead, while the hosts were scanned (`Session`), by host name:
+        # the first batch uses them instead of waiting for new ones to start.
+        self.spares = spares if spares is not None else {}
 
     def clear_stale(self, stale: dict[str, tuple[str, ...]]) -> None:
         """Remove partial files the source no longer has (else they would be published)."""
@@ -161,7 +165,15 @@ class Transfer:
 
     def _start(self, host: Host, argv: list[str], *, stdin: bool, stdout: bool) -> Stream:
         line = bundle.remote_command(host, argv, python_flags=RELAY_PYTHON_FLAGS)
-        s = Stream(host, line, self.inv, stdin=stdin, stdout=stdout, mux=self.mux)
+        with self._lock:
+            spare = self.spares.pop(host.name, None)
+        if spare is not None and spare.argv == argv and spare.wait_ready():
+            s = spare
+        else:
+            if spare is not None:  # another command, or it did not start: not used
+                spare.close_stdin()
+                spare.finish()
+            s = Stream(host, line, self.inv, stdin=stdin, stdout=stdout, mux=self.mux)
         with self._lock:
             self._streams.add(s)
         return s
@@ -215,6 +227,7 @@ class Transfer:
             src.close_stdin()
             for s, req in zip(outs, requests, strict=False):
                 send_request(s, req)
+            src.wait_ready()  # its first frame, empty; without it the source failed
             read = pump(src, outs, routes, self.progress.advance, self.cancelled)
         except BaseException:
             for s in (src, *outs):

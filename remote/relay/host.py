@@ -487,9 +487,18 @@ def send(args) -> int:
     which made an 8-file checkpoint half as fast as one file of the same size. After each
     file a JSON line on stderr gives its index, sha256 and size; a file that cannot be read
     ends the stream (the files before it stand).
+
+    Before reading its request it writes an empty frame: *ready*. The controller starts a
+    ``relay-send`` ahead, while it still scans and plans, and uses it only once that frame
+    came (a process that failed to start never sends it); one not needed gets an empty
+    stdin and ends quietly.
     """
-    requests = json.load(sys.stdin)
     _widen_pipe(1)
+    write_all(1, FRAME_HEADER.pack(0))  # ready
+    raw = sys.stdin.buffer.read()
+    if not raw.strip():
+        return 0  # started ahead and not needed
+    requests = json.loads(raw)
     buf = memoryview(bytearray(CHUNK))  # one buffer for every file
     for i, req in enumerate(requests):
         path, offset = req["path"], int(req.get("offset") or 0)
@@ -561,9 +570,15 @@ def recv(args) -> int:
     A file's JSON line on stdout (index, sha256 and size of the whole file) comes only
     after its fsync, so the controller publishes nothing that a crash of the host could
     lose. A write error ends the command with one line naming the file and the OS error.
+    Its first line, printed before the request is read, is ``{"ready": true}`` (see
+    `send`: started ahead, used once ready); stdin closed before any request ends it
+    quietly.
     """
     _widen_pipe(0)
+    _emit(sys.stdout, {"ready": True})
     head = read_exact(0, FRAME_HEADER.size)
+    if not head:
+        return 0  # started ahead and not needed
     if len(head) < FRAME_HEADER.size:
         raise UserError("no request on stdin")
     requests = json.loads(read_exact(0, FRAME_HEADER.unpack(head)[0]))
