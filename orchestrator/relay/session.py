@@ -309,9 +309,11 @@ class Session:
     def _close(self, hosts: list[Host | None]) -> None:
         with self._guard:
             spares, self.spares = list(self.spares.values()), {}
-        for s in spares:  # EOF: a spare not used ends by itself (killing one mid-login
-            s.close_stdin()  # could leave the host's shell start-up half done)
         for s in spares:
+            # EOF, then the local ssh ends: the host-side command ends by itself when it
+            # reads that EOF (no signal reaches it mid-login), and nobody waits for it.
+            s.close_stdin()
+            s.kill()
             s.finish()
         for proc in self._locks:  # EOF ends the host-side holder, which drops the lock
             try:
