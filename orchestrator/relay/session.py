@@ -219,7 +219,9 @@ class Session:
             self._locks.append(proc)
         lines = LineReader(proc.read)
         try:
-            return proc, lines, json.loads(lines.line())
+            answer = json.loads(lines.line())
+            bundle.seen(host)  # it answered: the streams there need no bundle check
+            return proc, lines, answer
         except ValueError:
             code = proc.wait()
             err = proc.stderr()

@@ -116,12 +116,18 @@ def first_line(
 
 
 def was_missing(host: Host, code: int, stderr: str) -> bool:
-    """Whether a guarded line (`first_line`) found no bundle; else the bundle is known
-    to be on `host` from now on."""
+    """Whether a guarded line (`first_line`) that ended with `code` and `stderr` found no
+    bundle; else the bundle is known to be on `host` from now on."""
     if code == _EXIT_MISSING and _MISSING in stderr:
         return True
-    _remember(host, build()[0])
+    seen(host)
     return False
+
+
+def seen(host: Host) -> None:
+    """A guarded line (`first_line`) answered from the bundle: it is on `host`, and later
+    commands there need no guard (nor a check)."""
+    _remember(host, build()[0])
 
 
 def run_remote(
