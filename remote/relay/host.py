@@ -89,24 +89,29 @@ class _Syncer:
         self.pending += n
         if self.pending >= self.SYNC_EVERY:
             self.pending = 0
-            self.jobs.put((fd, (None, label)))
+            self.jobs.put((fd, (None, label, None)))
 
-    def file_done(self, fd: int, on_durable, label: str = "") -> None:
+    def file_done(self, fd: int, on_durable, label: str = "", before=None) -> None:
+        """Queue the file's fsync and close, then `on_durable`; `before` (finishing a
+        resumed file's hash, which still reads `fd`) runs first, here, so the receive
+        of the next file does not wait for it."""
         self.pending = 0
-        self.jobs.put((fd, (on_durable, label)))
+        self.jobs.put((fd, (on_durable, label, before)))
 
     def _run(self) -> None:
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            fd, (done, label) = job
+            fd, (done, label, before) = job
             try:
                 if done is None:
                     if self.error is None:
                         os.fdatasync(fd)
                     continue
                 try:
+                    if before is not None:
+                        before()
                     os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -500,43 +505,66 @@ def send(args) -> int:
         return 0  # started ahead and not needed
     requests = json.loads(raw)
     buf = memoryview(bytearray(CHUNK))  # one buffer for every file
-    for i, req in enumerate(requests):
-        path, offset = req["path"], int(req.get("offset") or 0)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise UserError(f"cannot read {path}: {exc.strerror}") from None
-        hasher = None
-        try:
-            size = os.fstat(fd).st_size
-            if size < offset:
-                raise UserError(f"{path} holds fewer than {offset} bytes")
-            # A resumed file: a thread hashes it whole from the start while the rest streams.
-            hasher = _Hasher(fd, size) if offset else None
-            h = hashlib.sha256()
-            left = size - offset
-            write_all(1, FRAME_HEADER.pack(left))
-            os.lseek(fd, offset, os.SEEK_SET)
-            reader = _Reader(fd, buf)
-            while left:
-                block = reader.read(left)
-                if not block:  # shrank while read: the frame cannot be completed
-                    raise UserError(f"{path} shrank while it was read")
-                if hasher is None:
-                    h.update(block)
-                write_all(1, block)
-                left -= len(block)
+    # Resumed files still being hashed (index, path, hasher, fd, size): the stream goes on
+    # to the next file meanwhile, and their lines follow once their hashes are done.
+    hashing: list[tuple[int, str, _Hasher, int, int]] = []
+    try:
+        for i, req in enumerate(requests):
+            _send_file(i, req, buf, hashing)
+        while hashing:
+            i, path, hasher, fd, size = hashing.pop(0)
             try:
-                digest = hasher.result(size) if hasher is not None else h.hexdigest()
+                digest = hasher.result(size)
             except OSError:
                 raise UserError(f"{path} shrank while it was read") from None
-            hasher = None
-        finally:
-            if hasher is not None:
-                hasher.stop()
+            finally:
+                os.close(fd)
+            _emit(sys.stderr, {"i": i, "sha256": digest, "size": size})
+    finally:
+        for _, _, hasher, fd, _ in hashing:  # a later file failed: they get no line
+            hasher.stop()
             os.close(fd)
-        sys.stderr.write(json.dumps({"i": i, "sha256": digest, "size": size}) + "\n")
     return 0
+
+
+def _send_file(i: int, req: dict, buf: memoryview, hashing: list) -> None:
+    """Stream file `i` of a ``relay-send`` request as one frame (see `send`); its line
+    goes to stderr now, or, for a resumed file hashed in a thread, joins `hashing`."""
+    path, offset = req["path"], int(req.get("offset") or 0)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    hasher = None
+    try:
+        size = os.fstat(fd).st_size
+        if size < offset:
+            raise UserError(f"{path} holds fewer than {offset} bytes")
+        # A resumed file: a thread hashes it whole from the start while the rest streams.
+        hasher = _Hasher(fd, size) if offset else None
+        h = hashlib.sha256()
+        left = size - offset
+        write_all(1, FRAME_HEADER.pack(left))
+        os.lseek(fd, offset, os.SEEK_SET)
+        reader = _Reader(fd, buf)
+        while left:
+            block = reader.read(left)
+            if not block:  # shrank while read: the frame cannot be completed
+                raise UserError(f"{path} shrank while it was read")
+            if hasher is None:
+                h.update(block)
+            write_all(1, block)
+            left -= len(block)
+    except BaseException:
+        if hasher is not None:
+            hasher.stop()
+        os.close(fd)
+        raise
+    if hasher is not None:
+        hashing.append((i, path, hasher, fd, size))
+        return
+    os.close(fd)
+    _emit(sys.stderr, {"i": i, "sha256": h.hexdigest(), "size": size})
 
 
 def _shown(rel: str) -> str:
@@ -619,8 +647,9 @@ def recv(args) -> int:
                         hasher.advance(size)
                 if req.get("mtime") is not None:
                     os.utime(fd, (float(req["mtime"]), float(req["mtime"])))
-                digest = hasher.result(size) if hasher is not None else h.hexdigest()
-                hasher = None
+                record = {"i": i, "sha256": h.hexdigest() if hasher is None else None}
+                record["size"] = size
+                hashing, hasher = hasher, None
             except OSError as exc:
                 _abandon(out, hasher, fd)  # a partial file stays for the next relay to resume
                 raise _write_error(exc, rel) from None
@@ -628,8 +657,13 @@ def recv(args) -> int:
                 _abandon(out, hasher, fd)
                 raise
             out.close()
-            record = {"i": i, "sha256": digest, "size": size}
-            syncer.file_done(fd, lambda r=record: _emit(sys.stdout, r), rel)
+
+            def finish(r=record, hs=hashing, n=size) -> None:  # in the syncer's thread
+                r["sha256"] = hs.result(n)
+
+            syncer.file_done(
+                fd, lambda r=record: _emit(sys.stdout, r), rel, finish if hashing else None
+            )
     finally:
         syncer.close()
         os.close(root_fd)
