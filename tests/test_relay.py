@@ -726,3 +726,38 @@ def test_relay_send_frames_resumed_files_and_hashes_them_whole(tmp_path):
             "sha256": hashlib.sha256(data[name]).hexdigest(),
             "size": files[name],
         }
+
+
+def test_local_transport_hosts_relay_publish_and_verify(tmp_path, make_inventory):
+    """Hosts on the local transport (the demo's) go through the same session: the lock
+    holder answers publish and verify requests on its pipe (each delivered at once)."""
+    import sys
+
+    src, dst = tmp_path / "ckpts", tmp_path / "drafters"
+    (src / "step_3").mkdir(parents=True)
+    payload = os.urandom(3 * 1024 * 1024 + 5)
+    (src / "step_3" / "model.safetensors").write_bytes(payload)
+    (src / "step_3" / "COMPLETE").write_bytes(b"")
+
+    def local(**roles) -> dict:
+        return {
+            "transport": "local",
+            "python": sys.executable,
+            "workdir": str(tmp_path / "work"),
+            "roles": roles,
+        }
+
+    inv = load_inventory(
+        make_inventory(
+            {
+                "trainer": local(trainer={"checkpoints": str(src)}),
+                "evalbox": local(eval={"drafters": str(dst)}),
+            }
+        )
+    )
+    report = relay(inv, "trainer", ["evalbox"])
+    assert report.ok and report.bytes_sent == len(payload)
+    assert (dst / "step_3" / "model.safetensors").read_bytes() == payload
+    again = relay(inv, "trainer", ["evalbox"], RelayOptions(verify=True))
+    status = again.checkpoints[0].destinations["evalbox"]
+    assert again.ok and status.status == "verified" and again.bytes_sent == 0

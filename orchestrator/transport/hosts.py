@@ -227,6 +227,7 @@ class _LocalProcess(Process):
 
     def write(self, data: bytes) -> None:
         self._proc.stdin.write(data)
+        self._proc.stdin.flush()  # delivered now: a request/answer dialogue waits on it
 
     def close_stdin(self) -> None:
         if not self._proc.stdin.closed:
