@@ -380,11 +380,14 @@ def pump(
     bytes go by ``splice(2)`` (no copy into Python); else by large reads written to every
     receiver. A destination whose pipe breaks is marked failed and dropped; the others go
     on. `on_bytes` gets the bytes delivered per step (counted once, however many
-    destinations). Stops early when the source's stream ends early.
+    destinations). Stops early when the source's stream ends early. The source's ready
+    frame (`Stream.wait_ready`) is read first, if not already.
     """
     read: list[int] = []
     src_fd = src.stdout_fd
     splice_ok = hasattr(os, "splice")
+    src.wait_ready()  # relay-send's first frame is empty, "ready"; without it, it failed
+
     for route in routes:
         if all(d.failed is not None for d in dests):
             break  # nobody left to read for

@@ -227,7 +227,6 @@ class Transfer:
             src.close_stdin()
             for s, req in zip(outs, requests, strict=False):
                 send_request(s, req)
-            src.wait_ready()  # its first frame, empty; without it the source failed
             read = pump(src, outs, routes, self.progress.advance, self.cancelled)
         except BaseException:
             for s in (src, *outs):
