@@ -3,7 +3,7 @@
     python benchmarks/relay_kill_resume.py                  # 24 kills, 3-file 48 MiB checkpoint
     python benchmarks/relay_kill_resume.py --kills 40 --size-scale 4 --seed 7
 
-Starts two loopback sshd servers (tests/sshd.py) as trainer and eval host and makes one
+Starts two loopback sshd servers (tests/helpers/sshd.py) as trainer and eval host and makes one
 multi-file checkpoint of random bytes. Each round starts the real CLI (``python -m
 orchestrator relay``), waits until the destination's partial folder holds a random number of
 bytes (uniform over the checkpoint's size), then stops it one of four ways, in turn:
@@ -31,15 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psutil  # noqa: E402
-import yaml  # noqa: E402
+from relay_hosts import ROOT, MiB, load_average, relay_hosts  # noqa: E402
 
-from tests.helpers.sshd import SSHServer, keygen  # noqa: E402
-
-MiB = 1 << 20
 MODES = ("kill -9", "SIGTERM", "SIGINT", "link drop")
 
 
@@ -80,143 +76,107 @@ def main() -> None:
     rng = random.Random(args.seed)
 
     base = Path(tempfile.mkdtemp(prefix="dflash-kill-bench-"))
-    key = keygen(base / "id")
-    (base / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
-    servers = [SSHServer.start(base, n, base / "authorized_keys") for n in ("trainer", "evalhost")]
-    trainer, evalhost = servers
-    known = base / "known_hosts"
-    known.write_text("".join(s.known_hosts_line() for s in servers))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     failures: list[str] = []
     try:
-        ckpts, drafters = trainer.root / "ckpts", evalhost.root / "drafters"
-        drafters.mkdir()
-        sizes = {
-            "model-00001-of-00002.safetensors": 24,
-            "model-00002-of-00002.safetensors": 20,
-            "sub/optimizer.bin": 4,
-        }
-        src = ckpts / "step_5"
-        for rel, mib in sizes.items():
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            (src / rel).write_bytes(os.urandom(int(mib * MiB * args.size_scale)))
-        (src / "COMPLETE").write_bytes(b"")
-        want = {str(p.relative_to(src)): digest(p) for p in src.rglob("*") if p.is_file()}
-        total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-        entry = lambda s, **roles: {  # noqa: E731
-            "hostname": "127.0.0.1",
-            "port": s.port,
-            "user": os.environ.get("USER") or "root",
-            "identity_file": str(key),
-            "known_hosts": str(known),
-            "python": sys.executable,
-            "workdir": str(s.root / "dflash"),
-            "roles": roles,
-        }
-        inv = base / "inventory.yaml"
-        inv.write_text(
-            yaml.safe_dump(
-                {
-                    "hosts": {
-                        "trainer": entry(trainer, trainer={"checkpoints": str(ckpts)}),
-                        "evalhost": entry(evalhost, eval={"drafters": str(drafters)}),
-                    },
-                    "defaults": {"relay_from": "trainer", "relay_to": "evalhost"},
-                }
-            )
-        )
-        cmd = [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "relay",
-            "--json",
-            "--inventory",
-            str(inv),
-            "step_5",
-        ]
-        subprocess.run(cmd + ["--dry-run"], env=env, cwd=ROOT, capture_output=True)  # push
-        partial, final = drafters / ".partial-step_5", drafters / "step_5"
-        t0 = time.monotonic()
-        for rnd in range(args.kills):
-            mode = MODES[rnd % len(MODES)]
-            target = rng.randrange(1, total)
-            problems: list[str] = []
-            proc = subprocess.Popen(
-                cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-            while proc.poll() is None and partial_bytes(partial) < target:
-                time.sleep(0.002)
-            at = partial_bytes(partial)
-            if proc.poll() is None:
-                if mode == "kill -9":
-                    proc.kill()
-                elif mode == "SIGTERM":
-                    proc.send_signal(signal.SIGTERM)
-                elif mode == "SIGINT":
-                    proc.send_signal(signal.SIGINT)
-                else:
-                    evalhost.kill_sessions()
-            _, err = proc.communicate(timeout=120)
-            code = proc.returncode
-            expected = {"kill -9": -9, "SIGTERM": 143, "SIGINT": 130, "link drop": 1}[mode]
-            finished = code == 0  # it may finish before the stop lands
-            if not finished and code != expected:
-                problems.append(f"exit {code}, expected {expected}: {err.strip()[-200:]}")
-            deadline = time.monotonic() + 10
-            while masters_of(proc.pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if masters_of(proc.pid):
-                problems.append("ssh masters left running")
-            if final.exists():
-                got = {
-                    str(p.relative_to(final)): digest(p)
-                    for p in final.rglob("*")
-                    if p.is_file() and p.name != ".dflash-manifest.json"
-                }
-                if got != want:
-                    problems.append("published checkpoint differs from the source")
-            else:
-                settle(partial)
-                for p in partial.rglob("*") if partial.exists() else []:
-                    if p.is_file() and not p.name.startswith(".dflash-"):
-                        data = p.read_bytes()
-                        if (src / p.relative_to(partial)).read_bytes()[: len(data)] != data:
-                            problems.append(f"partial {p.name} is not a prefix of its source")
-            resume = subprocess.run(
-                cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
-            )
-            if resume.returncode != 0:
-                problems.append(f"resume failed: {resume.stderr.strip()[-200:]}")
-            got = (
-                {
-                    str(p.relative_to(final)): digest(p)
-                    for p in final.rglob("*")
-                    if p.is_file() and p.name != ".dflash-manifest.json"
-                }
-                if final.exists()
-                else {}
-            )
-            if got != want:
-                problems.append("resumed checkpoint differs from the source")
-            print(
-                f"round {rnd + 1:2d}: {mode:9s} at {at / MiB:6.1f}/{total / MiB:.1f} MiB "
-                f"(exit {code}) -> {'ok' if not problems else '; '.join(problems)}",
-                flush=True,
-            )
-            failures += [f"round {rnd + 1}: {p}" for p in problems]
-            shutil.rmtree(final, ignore_errors=True)
-            shutil.rmtree(partial, ignore_errors=True)
-        print(
-            f"\n{args.kills} stops at random offsets, {len(failures)} failed checks, "
-            f"{time.monotonic() - t0:.0f} s"
-        )
+        with relay_hosts(base) as h:
+            run_rounds(h, args, rng, failures)
     finally:
-        for s in servers:
-            s.stop()
         shutil.rmtree(base, ignore_errors=True)
     if failures:
         raise SystemExit(1)
+
+
+def run_rounds(h, args, rng: random.Random, failures: list[str]) -> None:
+    """Make the checkpoint, then stop and resume the relay `args.kills` times."""
+    evalhost, env = h.evalhost, h.env
+    ckpts, drafters = h.ckpts, h.drafters
+    sizes = {
+        "model-00001-of-00002.safetensors": 24,
+        "model-00002-of-00002.safetensors": 20,
+        "sub/optimizer.bin": 4,
+    }
+    src = ckpts / "step_5"
+    for rel, mib in sizes.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(os.urandom(int(mib * MiB * args.size_scale)))
+    (src / "COMPLETE").write_bytes(b"")
+    want = {str(p.relative_to(src)): digest(p) for p in src.rglob("*") if p.is_file()}
+    total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    cmd = h.cli("step_5")
+    subprocess.run(cmd + ["--dry-run"], env=env, cwd=ROOT, capture_output=True)  # push
+    partial, final = drafters / ".partial-step_5", drafters / "step_5"
+    t0 = time.monotonic()
+    for rnd in range(args.kills):
+        mode = MODES[rnd % len(MODES)]
+        target = rng.randrange(1, total)
+        problems: list[str] = []
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        while proc.poll() is None and partial_bytes(partial) < target:
+            time.sleep(0.002)
+        at = partial_bytes(partial)
+        if proc.poll() is None:
+            if mode == "kill -9":
+                proc.kill()
+            elif mode == "SIGTERM":
+                proc.send_signal(signal.SIGTERM)
+            elif mode == "SIGINT":
+                proc.send_signal(signal.SIGINT)
+            else:
+                evalhost.kill_sessions()
+        _, err = proc.communicate(timeout=120)
+        code = proc.returncode
+        expected = {"kill -9": -9, "SIGTERM": 143, "SIGINT": 130, "link drop": 1}[mode]
+        finished = code == 0  # it may finish before the stop lands
+        if not finished and code != expected:
+            problems.append(f"exit {code}, expected {expected}: {err.strip()[-200:]}")
+        deadline = time.monotonic() + 10
+        while masters_of(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if masters_of(proc.pid):
+            problems.append("ssh masters left running")
+        if final.exists():
+            got = {
+                str(p.relative_to(final)): digest(p)
+                for p in final.rglob("*")
+                if p.is_file() and p.name != ".dflash-manifest.json"
+            }
+            if got != want:
+                problems.append("published checkpoint differs from the source")
+        else:
+            settle(partial)
+            for p in partial.rglob("*") if partial.exists() else []:
+                if p.is_file() and not p.name.startswith(".dflash-"):
+                    data = p.read_bytes()
+                    if (src / p.relative_to(partial)).read_bytes()[: len(data)] != data:
+                        problems.append(f"partial {p.name} is not a prefix of its source")
+        resume = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        if resume.returncode != 0:
+            problems.append(f"resume failed: {resume.stderr.strip()[-200:]}")
+        got = (
+            {
+                str(p.relative_to(final)): digest(p)
+                for p in final.rglob("*")
+                if p.is_file() and p.name != ".dflash-manifest.json"
+            }
+            if final.exists()
+            else {}
+        )
+        if got != want:
+            problems.append("resumed checkpoint differs from the source")
+        print(
+            f"round {rnd + 1:2d}: {mode:9s} at {at / MiB:6.1f}/{total / MiB:.1f} MiB "
+            f"(exit {code}) -> {'ok' if not problems else '; '.join(problems)}",
+            flush=True,
+        )
+        failures += [f"round {rnd + 1}: {p}" for p in problems]
+        shutil.rmtree(final, ignore_errors=True)
+        shutil.rmtree(partial, ignore_errors=True)
+    print(
+        f"\n{args.kills} stops at random offsets, {len(failures)} failed checks, "
+        f"{time.monotonic() - t0:.0f} s ({load_average()})"
+    )
 
 
 if __name__ == "__main__":

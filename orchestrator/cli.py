@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import typer
@@ -10,7 +11,7 @@ import typer
 from orchestrator.commands.output import err_console, error_line
 from orchestrator.errors import DflashError
 
-app = typer.Typer(
+_app = typer.Typer(
     name="dflash",
     help="Relay, probe and evaluate DFlash drafters across a trainer and eval hosts over SSH.",
     no_args_is_help=True,
@@ -33,8 +34,38 @@ COMMAND_MODULES = (
     "orchestrator.commands.parity",
 )
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
+_loaded: set[str] = set()
+
+
+def _load(modules: tuple[str, ...]) -> typer.Typer:
+    """Register the commands of `modules` not registered yet; the app."""
+    for name in modules:
+        if name not in _loaded:
+            _loaded.add(name)
+            importlib.import_module(name).register(_app)
+    return _app
+
+
+def _modules_for(argv: list[str]) -> tuple[str, ...]:
+    """The command modules a run with `argv` needs: only the module named like the command
+    (``relay`` -> orchestrator.commands.relay, ``remote-eval`` -> ...remote_eval), so a
+    command does not import every other command's libraries first (a quarter second of
+    an unchanged relay's wall time); all of them for help, completion, or a command whose
+    module has another name."""
+    words = [a for a in argv if not a.startswith("-")]
+    completing = any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
+    if words and not completing:
+        module = "orchestrator.commands." + words[0].replace("-", "_")
+        if module in COMMAND_MODULES:
+            return (module,)
+    return COMMAND_MODULES
+
+
+def __getattr__(name: str):
+    """``app``: the Typer app with every command registered (for tests and embedding)."""
+    if name == "app":
+        return _load(COMMAND_MODULES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _print_version(value: bool) -> None:
@@ -45,7 +76,7 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@_app.callback()
 def _root(
     ctx: typer.Context,
     accept_new_host_keys: bool = typer.Option(
@@ -76,6 +107,7 @@ def _usage_error(exc: BaseException) -> bool:
 def _run_app() -> int:
     """Run the app; a parse error (``--samples 0``, ``--bogus``) is one line on stderr and
     exit 2 instead of click's usage block. Returns the exit code."""
+    app = _load(_modules_for(sys.argv[1:]))
     try:
         code = app(standalone_mode=False, prog_name="dflash")  # also names completion scripts
     except typer.Abort:

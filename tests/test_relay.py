@@ -634,7 +634,9 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where,
             env=env,
         )
         assert proc.returncode == 0, proc.stderr.decode()
-        lines = {r["i"]: r for r in map(json.loads, proc.stdout.decode().splitlines())}
+        first, *rest = map(json.loads, proc.stdout.decode().splitlines())
+        assert first == {"ready": True}  # printed at once, before the request is read
+        lines = {r["i"]: r for r in rest}
         assert (part / "sub dir" / "fresh.bin").read_bytes() == fresh
         assert (part / "resumed.bin").read_bytes() == whole
         assert lines[0] == {"i": 0, "sha256": hashlib.sha256(fresh).hexdigest(), "size": len(fresh)}
@@ -644,3 +646,81 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where,
             import shutil
 
             shutil.rmtree(base, ignore_errors=True)
+
+
+def test_relay_send_frames_resumed_files_and_hashes_them_whole(tmp_path):
+    """relay-send signals ready (an empty frame), then sends each file from its offset as
+    one frame; a resumed file is hashed WHOLE in a thread while later files stream, and
+    every file's line gives the sha256 of the whole file, whatever its offset."""
+    import subprocess
+    import sys
+
+    from orchestrator.relay.stream import file_lines
+    from remote.protocol import FRAME_HEADER as HEADER
+
+    files = {"a.bin": 3 * 1024 * 1024 + 7, "b.bin": 5 * 1024 * 1024 + 1, "c.bin": 4096}
+    offsets = {"a.bin": 1024 * 1024 + 3, "b.bin": 0, "c.bin": 4096}  # c: whole already
+    data = {}
+    for name, size in files.items():
+        data[name] = os.urandom(size)
+        (tmp_path / name).write_bytes(data[name])
+    request = [{"path": str(tmp_path / n), "offset": offsets[n]} for n in files]
+    proc = subprocess.run(
+        [sys.executable, "-m", "remote", "relay-send"],
+        input=json.dumps(request).encode(),
+        capture_output=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout
+    assert HEADER.unpack(out[: HEADER.size])[0] == 0  # ready
+    pos = HEADER.size
+    for name in files:
+        (length,) = HEADER.unpack(out[pos : pos + HEADER.size])
+        pos += HEADER.size
+        assert out[pos : pos + length] == data[name][offsets[name] :]
+        pos += length
+    assert pos == len(out)
+    lines = file_lines(proc.stderr.decode())
+    for i, name in enumerate(files):
+        assert lines[i] == {
+            "i": i,
+            "sha256": hashlib.sha256(data[name]).hexdigest(),
+            "size": files[name],
+        }
+
+
+def test_local_transport_hosts_relay_publish_and_verify(tmp_path, make_inventory):
+    """Hosts on the local transport (the demo's) go through the same session: the lock
+    holder answers publish and verify requests on its pipe (each delivered at once)."""
+    import sys
+
+    src, dst = tmp_path / "ckpts", tmp_path / "drafters"
+    (src / "step_3").mkdir(parents=True)
+    payload = os.urandom(3 * 1024 * 1024 + 5)
+    (src / "step_3" / "model.safetensors").write_bytes(payload)
+    (src / "step_3" / "COMPLETE").write_bytes(b"")
+
+    def local(**roles) -> dict:
+        return {
+            "transport": "local",
+            "python": sys.executable,
+            "workdir": str(tmp_path / "work"),
+            "roles": roles,
+        }
+
+    inv = load_inventory(
+        make_inventory(
+            {
+                "trainer": local(trainer={"checkpoints": str(src)}),
+                "evalbox": local(eval={"drafters": str(dst)}),
+            }
+        )
+    )
+    report = relay(inv, "trainer", ["evalbox"])
+    assert report.ok and report.bytes_sent == len(payload)
+    assert (dst / "step_3" / "model.safetensors").read_bytes() == payload
+    again = relay(inv, "trainer", ["evalbox"], RelayOptions(verify=True))
+    status = again.checkpoints[0].destinations["evalbox"]
+    assert again.ok and status.status == "verified" and again.bytes_sent == 0

@@ -40,17 +40,17 @@ def dest_scan(**kw) -> Scan:
     return Scan(root=ROOT, now=100.0, exists=True, free=10**9, **kw)
 
 
-def plan_for(c: Checkpoint, scan: Scan, *, verify=False, src=None, dst=None):
+def plan_for(c: Checkpoint, scan: Scan, *, verify=False, dst=None):
     d = Dest("eval", ROOT, scan)
-    dr = draft([c], SRC, [d], verify=verify)
-    return dr, decide(dr, SRC, src or {}, {"eval": dst or {}})
+    dr = draft([c], [d], verify=verify)
+    return dr, decide(dr, SRC, {"eval": dst or {}})
 
 
 def test_unchanged_published_checkpoint_needs_no_task_and_no_hash():
     c = ckpt()
     scan = dest_scan(checkpoints={c.name: ckpt()}, manifests={c.name: manifest_of(c)})
     dr, p = plan_for(c, scan)
-    assert dr.src_requests == () and dr.dest_requests == {"eval": ()}
+    assert dr.dest_requests == {"eval": ()}
     (cp,) = p.checkpoints
     assert cp.tasks == ()
     st = cp.report.destinations["eval"]
@@ -71,35 +71,30 @@ def test_absent_checkpoint_is_sent_whole_into_the_partial_folder():
     assert p.need == {"eval": c.size} and p.total_bytes == c.size
 
 
-def test_partial_file_with_equal_prefix_hashes_resumes_at_its_length():
+def test_partial_file_resumes_at_its_length_with_no_hash_before_the_stream():
+    """The kept prefix is proved by the whole file's hash on both hosts during the
+    transfer (a mismatch is sent again from 0 there), so planning asks for no hash."""
     c = ckpt()
     scan = dest_scan(partials={c.name: [SourceFile("model.safetensors", 400, 9.0)]})
-    dr, _ = plan_for(c, scan)
-    ks = (f"{SRC}/{c.name}/model.safetensors", 400)
-    kd = (f"{ROOT}/{PARTIAL_PREFIX}{c.name}/model.safetensors", 400)
-    assert dr.src_requests == ({"path": ks[0], "length": 400},)
-    assert dr.dest_requests["eval"] == ({"path": kd[0], "length": 400},)
-    same = {"sha256": "abc", "complete": True}
-    p = decide(dr, SRC, {ks: same}, {"eval": {kd: same}})
+    dr, p = plan_for(c, scan)
+    assert dr.dest_requests == {"eval": ()}
     task = p.checkpoints[0].tasks[0]
     assert task.targets[0].offset == 400 and task.to_send == 600
     st = p.checkpoints[0].report.destinations["eval"]
     assert st.bytes_skipped == 400 and st.bytes_planned == 600 + 50
-    # A prefix that differs on the destination is sent again from 0.
-    p = decide(dr, SRC, {ks: same}, {"eval": {kd: {"sha256": "xyz", "complete": True}}})
-    assert p.checkpoints[0].tasks[0].targets[0].offset == 0
 
 
-def test_partial_file_whole_and_verified_costs_nothing_and_its_hash_is_kept():
+def test_partial_file_at_full_size_is_checked_by_an_empty_stream():
     c = ckpt()
     scan = dest_scan(partials={c.name: [SourceFile("model.safetensors", 1000, 9.0)]})
-    dr, _ = plan_for(c, scan)
-    same = {"sha256": "full", "complete": True}
-    ks, kd = dr.src_requests[0]["path"], dr.dest_requests["eval"][0]["path"]
-    p = decide(dr, SRC, {(ks, 1000): same}, {"eval": {(kd, 1000): same}})
-    cp = p.checkpoints[0]
-    assert [t.file.path for t in cp.tasks] == ["config.json"]
-    assert cp.known == {"eval": {"model.safetensors": "full"}}
+    _, p = plan_for(c, scan)
+    model, config = p.checkpoints[0].tasks
+    assert model.file.path == "model.safetensors" and model.to_send == 0
+    assert model.targets[0].offset == 1000 and config.to_send == 50
+    # A partial file longer than its source is not a prefix of it: sent from 0.
+    scan = dest_scan(partials={c.name: [SourceFile("model.safetensors", 1001, 9.0)]})
+    _, p = plan_for(c, scan)
+    assert p.checkpoints[0].tasks[0].targets[0].offset == 0
 
 
 def test_partial_files_the_source_lacks_are_stale():
@@ -131,22 +126,22 @@ def test_verify_resends_only_the_file_whose_hash_differs_from_the_manifest():
     scan = dest_scan(checkpoints={c.name: ckpt()}, manifests={c.name: manifest_of(c)})
     dr, _ = plan_for(c, scan, verify=True)
     keys = [(r["path"], None) for r in dr.dest_requests["eval"]]
-    assert len(keys) == 2 and dr.src_requests == ()
+    assert len(keys) == 2
     answers = {keys[0]: {"sha256": "flipped"}, keys[1]: {"sha256": "sha-config.json"}}
-    p = decide(dr, SRC, {}, {"eval": answers})
+    p = decide(dr, SRC, {"eval": answers})
     assert [t.file.path for t in p.checkpoints[0].tasks] == ["model.safetensors"]
 
 
 def test_published_folder_without_manifest_is_refused():
     c = ckpt()
     with pytest.raises(RelayError, match="not relayed by dflash"):
-        draft([c], SRC, [Dest("eval", ROOT, dest_scan(checkpoints={c.name: ckpt()}))])
+        draft([c], [Dest("eval", ROOT, dest_scan(checkpoints={c.name: ckpt()}))])
 
 
 def test_plan_larger_than_free_space_minus_reserve_is_refused_with_the_numbers():
     c = ckpt()
     d = Dest("eval", ROOT, Scan(ROOT, 0.0, True, free=2000), reserve=1500)
-    p = decide(draft([c], SRC, [d]), SRC)
+    p = decide(draft([c], [d]), SRC)
     with pytest.raises(RelayError, match="not enough space.*short by"):
         check_space(p, [d])
 

@@ -1,6 +1,6 @@
 """What to send where: scans in, typed tasks out (pure: no I/O, no host calls).
 
-Planning has two halves with one round of hashing on the hosts between them:
+Planning has two halves with at most one round of hashing on the destinations between:
 
 1. `draft` looks at the chosen checkpoints against each destination's scan:
 
@@ -11,16 +11,19 @@ Planning has two halves with one round of hashing on the hosts between them:
    - published without a manifest: refused (dflash did not relay it, so it is not
      overwritten);
    - otherwise every file goes to the partial folder. A partial file holding L bytes of
-     a file of at least L bytes may be *resumed*: the sha256 of its first L bytes is
-     asked of both hosts. Partial files the source no longer has are *stale* (removed
-     before sending, or they would be published with the checkpoint).
+     a file of at least L bytes is *resumed* at L: only bytes L.. are sent, and both
+     hosts hash the WHOLE file beside the stream (the kept prefix in a thread while the
+     rest moves). Equal whole-file hashes prove the kept prefix; a prefix that differs
+     shows up as a mismatch and the file is sent again from 0 (`transfer`). No prefix is
+     hashed before the stream, so a resumed file costs one hash per host, not two, and no
+     round trip. Partial files the source no longer has are *stale* (removed before
+     sending, or they would be published with the checkpoint).
 
-   Its `Draft` lists the hash requests per host (``relay-hash`` documents).
+   Its `Draft` lists the hash requests per destination (``relay-hash`` documents: verify).
 2. `decide` takes the answers and settles each file on each destination: skip it
-   (verified, or resumed at full size with equal hashes), resume it at L (equal prefix
-   hashes), or send it from 0. The `Plan` holds one `FileTask` per file to send, each with
-   one `Target` per destination that needs it, plus the bytes each destination still
-   needs, which `check_space` compares with its free space.
+   (verified), resume it at L, or send it from 0. The `Plan` holds one `FileTask` per
+   file to send, each with one `Target` per destination that needs it, plus the bytes
+   each destination still needs, which `check_space` compares with its free space.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ class Target:
 
     dest: Dest
     write_path: str  # where the bytes go (in the partial folder, or a repair temp)
-    offset: int  # bytes already there and verified
+    offset: int  # bytes already there, kept (proved by the whole file's hash after)
     rename_to: str | None = None  # repair: rename over the damaged published file
 
     @property
@@ -87,13 +90,11 @@ class FileTask:
 
 @dataclass(frozen=True)
 class CheckpointPlan:
-    """One checkpoint: its report (statuses per destination), the files to send, and the
-    sha256 of files already whole on a destination (``known[host][path]``)."""
+    """One checkpoint: its report (statuses per destination) and the files to send."""
 
     ckpt: Checkpoint
     report: CheckpointReport
     tasks: tuple[FileTask, ...]
-    known: dict[str, dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,8 @@ class Check:
     dest: Dest
     kind: str  # send | resume | verify | repair
     file: SourceFile
-    src_key: HashKey | None = None  # resume: the source prefix to hash
-    dest_key: HashKey | None = None  # resume, verify: what the destination hashes
+    have: int = 0  # resume: the bytes of the partial file kept
+    dest_key: HashKey | None = None  # verify: what the destination hashes
     want: str | None = None  # verify: the sha256 the manifest lists
 
 
@@ -134,8 +135,7 @@ class Draft:
     dests: tuple[Dest, ...]
     unchanged: frozenset[tuple[str, str]]  # (checkpoint, destination) published as is
     checks: tuple[Check, ...]
-    src_requests: tuple[dict, ...]  # relay-hash documents for the source
-    dest_requests: dict[str, tuple[dict, ...]]  # and per destination
+    dest_requests: dict[str, tuple[dict, ...]]  # relay-hash documents per destination
     stale: dict[str, tuple[str, ...]]
 
 
@@ -188,7 +188,6 @@ def refuse_links(d: Dest, name: str) -> None:
 
 def draft(
     ckpts: tuple[Checkpoint, ...] | list[Checkpoint],
-    src_dir: str,
     dests: tuple[Dest, ...] | list[Dest],
     *,
     verify: bool = False,
@@ -196,7 +195,6 @@ def draft(
     """The first half of planning (module docstring): per checkpoint and destination, the
     checks to settle and the hashes they need. Raises `RelayError` for a published folder
     without a manifest or a symlink in a partial folder."""
-    src_req: dict[HashKey, dict] = {}  # dicts: one request per distinct (path, length)
     dest_req: dict[str, dict[HashKey, dict]] = {d.name: {} for d in dests}
     stale: dict[str, list[str]] = {d.name: [] for d in dests}
     checks: list[Check] = []
@@ -215,7 +213,7 @@ def draft(
                     elif verify:
                         key = (src_path(d.root, ckpt, f), None)
                         dest_req[d.name][key] = {"path": key[0]}
-                        checks.append(Check(ckpt, d, "verify", f, None, key, hashes[f.path]))
+                        checks.append(Check(ckpt, d, "verify", f, 0, key, hashes[f.path]))
                 continue
             if published and manifest is None:
                 raise RelayError(
@@ -232,11 +230,7 @@ def draft(
             for f in ckpt.files:
                 have = partial.get(f.path, 0)
                 if 0 < have <= f.size:
-                    ks = (src_path(src_dir, ckpt, f), have)
-                    kd = (partial_path(d.root, ckpt, f), have)
-                    src_req[ks] = {"path": ks[0], "length": have}
-                    dest_req[d.name][kd] = {"path": kd[0], "length": have}
-                    checks.append(Check(ckpt, d, "resume", f, ks, kd))
+                    checks.append(Check(ckpt, d, "resume", f, have))
                 else:
                     checks.append(Check(ckpt, d, "send", f))
     return Draft(
@@ -244,7 +238,6 @@ def draft(
         dests=tuple(dests),
         unchanged=frozenset(unchanged),
         checks=tuple(checks),
-        src_requests=tuple(src_req.values()),
         dest_requests={n: tuple(r.values()) for n, r in dest_req.items()},
         stale={n: tuple(s) for n, s in stale.items()},
     )
@@ -253,20 +246,16 @@ def draft(
 def decide(
     dr: Draft,
     src_dir: str,
-    src_hashes: dict[HashKey, dict] | None = None,
     dest_hashes: dict[str, dict[HashKey, dict]] | None = None,
 ) -> Plan:
-    """The second half of planning: settle every check of `dr` with the hosts' answers to
-    its requests (``{(path, length): {"sha256", "complete"}}``, per destination name)."""
-    src_hashes = src_hashes or {}
+    """The second half of planning: settle every check of `dr` with the destinations'
+    answers to its requests (``{(path, None): {"sha256": ...}}``, per destination name)."""
     dest_hashes = dest_hashes or {}
     reports: dict[str, CheckpointReport] = {}
-    known: dict[str, dict[str, dict[str, str]]] = {}
     for ckpt in dr.ckpts:
         crep = reports[ckpt.name] = CheckpointReport(
             ckpt.name, ckpt.step, ckpt.size, len(ckpt.files)
         )
-        known[ckpt.name] = {}
         for d in dr.dests:
             st = crep.destinations[d.name] = DestStatus(d.name)
             if (ckpt.name, d.name) in dr.unchanged:
@@ -286,20 +275,9 @@ def decide(
             target = Target(d, repair_path(final), 0, rename_to=final)
             st.bytes_skipped -= f.size
         else:
-            offset = 0
-            if c.kind == "resume":
-                a, b = src_hashes.get(c.src_key, {}), answers.get(c.dest_key, {})
-                if (
-                    a.get("sha256")
-                    and a.get("sha256") == b.get("sha256")
-                    and a.get("complete")
-                    and b.get("complete")
-                ):
-                    offset = c.src_key[1]
-                if offset == f.size:  # whole and verified already: nothing to send
-                    st.bytes_skipped += f.size
-                    known[c.ckpt.name].setdefault(d.name, {})[f.path] = a["sha256"]
-                    continue
+            # A resumed file at full size still goes through a stream (an empty frame):
+            # both hosts hash it whole there, which is what proves it.
+            offset = c.have if c.kind == "resume" else 0
             st.bytes_skipped += offset
             target = Target(d, partial_path(d.root, c.ckpt, f), offset)
         need[d.name] += f.size - target.offset
@@ -317,7 +295,7 @@ def decide(
             for (name, _), (ck, f, ts) in targets.items()
             if name == ckpt.name
         )
-        plans.append(CheckpointPlan(ckpt, crep, tasks, known[ckpt.name]))
+        plans.append(CheckpointPlan(ckpt, crep, tasks))
     return Plan(tuple(plans), need, dr.stale)
 
 

@@ -2,7 +2,8 @@
 
 - **Publish**: when every file of a checkpoint is verified on a destination, its manifest
   (files, sizes, mtimes, sha256, where it came from) is written into the partial folder
-  and the folder renamed to its final name by ``relay-publish``: ONE rename, so an eval
+  and the folder renamed to its final name by the destination's lock holder (the
+  ``relay-publish`` step, asked on its open channel: no new session): ONE rename, so an eval
   never sees half a checkpoint (the host refuses to publish if any file of the manifest
   is missing or short). A failed destination keeps its partial folder (the next relay
   resumes it) and does not stop the others.
@@ -15,15 +16,15 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
+from collections.abc import Callable
 from typing import Any
 
-from orchestrator.relay.checkpoints import Checkpoint, by_step, scan
-from orchestrator.relay.options import RELAY_PYTHON_FLAGS
+from orchestrator.relay.checkpoints import Checkpoint, by_step, parse_scan
 from orchestrator.relay.plan import CheckpointPlan, Dest, Target
-from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
 from remote.protocol import MANIFEST, MANIFEST_FORMAT
+
+Ask = Callable[[str, dict], dict]  # (destination, request) -> its lock holder's answer
 
 
 def manifest(ckpt: Checkpoint, source: str, src_dir: str, hashes: dict[str, str]) -> dict:
@@ -53,7 +54,7 @@ def manifest(ckpt: Checkpoint, source: str, src_dir: str, hashes: dict[str, str]
 def finish_checkpoint(
     cp: CheckpointPlan,
     dests: list[Dest],
-    hosts: dict[str, Host],
+    ask: Ask,
     *,
     source: str,
     src_dir: str,
@@ -62,7 +63,8 @@ def finish_checkpoint(
 ) -> None:
     """Settle one checkpoint on every destination not failed: an unchanged one becomes
     ``repaired`` or ``verified`` (when so), a sent one is published (``relayed``).
-    `sent`: the sha256 of the files the transfer verified, by (checkpoint, host)."""
+    `sent`: the sha256 of the files the transfer verified, by (checkpoint, host); `ask`
+    puts a request to a destination's lock holder (`Session.ask`)."""
     ckpt = cp.ckpt
     for d in dests:
         st = cp.report.destinations[d.name]
@@ -75,12 +77,15 @@ def finish_checkpoint(
                 elif verify:
                     st.status = "verified"
                 continue
-            hashes = {**cp.known.get(d.name, {}), **sent.get((ckpt.name, d.name), {})}
-            bundle.run_remote(
-                hosts[d.name],
-                ["relay-publish", f"--kind={ckpt.kind}", "--", d.root, ckpt.name],
-                stdin=json.dumps(manifest(ckpt, source, src_dir, hashes)).encode(),
-                python_flags=RELAY_PYTHON_FLAGS,
+            hashes = sent.get((ckpt.name, d.name), {})
+            ask(
+                d.name,
+                {
+                    "op": "publish",
+                    "name": ckpt.name,
+                    "kind": ckpt.kind,
+                    "manifest": manifest(ckpt, source, src_dir, hashes),
+                },
             )
             st.status = "relayed"
         except Exception as exc:  # one destination failing must not stop the others
@@ -94,14 +99,14 @@ def put_repaired(host: Host, t: Target) -> None:
     host.run(["mv", "-f", "-T", "--", t.write_path, t.rename_to])
 
 
-def prune(dests: list[Dest], hosts: dict[str, Host], keep: int) -> dict[str, list[Any]]:
+def prune(dests: list[Dest], hosts: dict[str, Host], ask: Ask, keep: int) -> dict[str, list[Any]]:
     """Keep the newest `keep` relayed checkpoints on each destination, remove the older
     ones; returns what went per destination (or one line why it was not pruned)."""
     pruned: dict[str, list[Any]] = {}
     for d in dests:
         host = hosts[d.name]
         try:
-            now = scan(host, d.root)
+            now = parse_scan(d.root, ask(d.name, {"op": "scan"}).get("scan"), d.name)
         except Exception as exc:
             pruned[d.name] = [f"(not pruned: {exc})"]
             continue

@@ -10,7 +10,8 @@
 3. **Plan** (`plan`, pure): skip what is already there (a published checkpoint whose
    manifest lists the same files, sizes and mtimes costs 0 payload bytes; with ``verify``
    its files are re-hashed ON the destination and a damaged one is sent again), resume
-   partial files whose prefix hashes match on both hosts, and refuse before moving a
+   partial files where they end (the whole file's hash on both hosts proves the kept
+   prefix; a mismatch is sent again from 0), and refuse before moving a
    byte when a destination lacks the space still needed (free bytes minus its reserve).
 4. **Send** (`transfer`): batches of files, one stream per host per batch, each file read
    once and written to every destination, sha256 checked on both ends.
@@ -45,8 +46,8 @@ from orchestrator.transport.hosts import quote
 
 
 def _mux_wanted() -> bool:
-    """Streams share one ssh master per host unless ``DFLASH_RELAY_MUX=0`` (a fallback
-    for an ssh without ControlMaster)."""
+    """Commands and streams share one ssh master per host unless ``DFLASH_RELAY_MUX=0``
+    (a fallback for an ssh without ControlMaster)."""
     return os.environ.get("DFLASH_RELAY_MUX", "1") != "0"
 
 
@@ -69,18 +70,24 @@ def relay(
     t0 = time.monotonic()
     live = not options.dry_run
     with Session(
-        inventory, source, destinations, options, lock=live, mux=live and _mux_wanted()
+        inventory, source, destinations, options, lock=live, mux=_mux_wanted(), ahead=live
     ) as s:
         report = RelayReport(s.src.name, s.src_dir, s.roots, dry_run=options.dry_run)
         chosen = select(s.src_scan, s.where, options)
         report.incomplete += chosen.skipped
-        draft = plan.draft(chosen.checkpoints, s.src_dir, s.dests, verify=options.verify)
-        the_plan = plan.decide(draft, s.src_dir, *s.hash_all(draft))
+        draft = plan.draft(chosen.checkpoints, s.dests, verify=options.verify)
+        the_plan = plan.decide(draft, s.src_dir, s.hash_all(draft))
         report.checkpoints += [cp.report for cp in the_plan.checkpoints]
         plan.check_space(the_plan, s.dests)
         if live:
             sender = Transfer(
-                inventory, s.src, s.hosts, mux=s.mux, jobs=options.jobs, progress=progress
+                inventory,
+                s.src,
+                s.hosts,
+                mux=s.mux,
+                jobs=options.jobs,
+                progress=progress,
+                spares=s.spares,
             )
             try:
                 progress.start(the_plan.total_bytes, the_plan.total_files)
@@ -90,14 +97,14 @@ def relay(
                     publish.finish_checkpoint(
                         cp,
                         s.dests,
-                        s.hosts,
+                        s.ask,
                         source=s.src.name,
                         src_dir=s.src_dir,
                         sent=sender.hashes,
                         verify=options.verify,
                     )
                 if options.keep is not None:
-                    report.pruned = publish.prune(s.dests, s.hosts, options.keep)
+                    report.pruned = publish.prune(s.dests, s.hosts, s.ask, options.keep)
             except KeyboardInterrupt:
                 sender.cancel()
                 raise
@@ -113,7 +120,9 @@ def list_checkpoints(
     ``relayed`` (manifest matches the source), ``stale`` (relayed, source changed since),
     ``partial`` (bytes there of the total) or ``no``."""
     options = options or RelayOptions()
-    with Session(inventory, source, destinations, options, lock=not options.dry_run) as s:
+    with Session(
+        inventory, source, destinations, options, lock=not options.dry_run, mux=_mux_wanted()
+    ) as s:
         rows = [
             {
                 "name": c.name,

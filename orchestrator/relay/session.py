@@ -5,7 +5,11 @@ connects to the source and every destination, and, all at once: judges the sourc
 checkpoints (`orchestrator.relay.checkpoints.judge_complete`) and takes each
 destination's relay lock, scanning it under the lock. It holds those connections,
 locks and the ssh masters of the streams until `close` (or the end of its ``with``).
-`hash_all` is the one round of ``relay-hash`` calls that planning needs.
+`hash_all` is the one round of hashing that planning needs (``--verify`` only).
+
+A destination's lock holder also serves the relay's other questions for that folder on
+its open channel (`ask`: hash, publish, scan; see ``remote.relay.host.serve``), so after
+the first command a destination costs no new SSH session, shell or interpreter per step.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from typing import Any
 
 from orchestrator.inventory import HostSpec, Inventory, TrainerRole
 from orchestrator.relay.checkpoints import Scan, judge_complete, parse_scan, scan
+from orchestrator.relay.openssh_host import control_host
 from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions
 from orchestrator.relay.plan import Dest, Draft, HashKey
 from orchestrator.relay.report import RelayError
-from orchestrator.relay.stream import Multiplexer
+from orchestrator.relay.stream import LineReader, Multiplexer, Stream
 from orchestrator.sizes import parse_size
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, Result, open_host
@@ -92,7 +97,11 @@ class Session:
     """Connected and locked hosts of one relay (module docstring); use it with ``with``.
 
     `lock`: take the destinations' relay locks (else only scan them, as ``--dry-run``
-    does). `mux`: start an ssh master per host for the streams to share.
+    does). `mux`: start an ssh master per host for the commands and streams to share.
+    `ahead` (with `mux`): start the first batch's ``relay-send`` and ``relay-recv`` while
+    the hosts are scanned (`spares`, by host name), so the bytes can flow as soon as the
+    plan is made instead of after one more process start on each host; the transfer uses
+    them once they say they run, and `close` ends those it did not need.
     """
 
     def __init__(
@@ -104,6 +113,7 @@ class Session:
         *,
         lock: bool = True,
         mux: bool = False,
+        ahead: bool = False,
     ):
         self.inv = inventory
         self.opts = options
@@ -124,15 +134,21 @@ class Session:
         self.dests: list[Dest] = []
         self.mux: Multiplexer | None = None
         self._locks: list[Any] = []  # host-side relay-lock holders, one per destination
+        # destination -> its lock holder, the holder's answers, a lock for one question at once
+        self._served: dict[str, tuple[Any, LineReader, threading.Lock]] = {}
         self._guard = threading.Lock()
+        self.spares: dict[str, Stream] = {}
+        self._ahead = ahead and mux
         opened: list[Host] = []
         try:
-            self.src = open_host(self.src_spec, inventory)
-            opened.append(self.src)
-            for spec, _ in dest_cfg:
-                opened.append(open_host(spec, inventory))
             if mux:
                 self.mux = Multiplexer(inventory)
+            # Every command goes through OpenSSH and the host's master (one connection per
+            # host, shared with the streams; see orchestrator.relay.openssh_host).
+            for spec in [self.src_spec, *(spec for spec, _ in dest_cfg)]:
+                opened.append(control_host(open_host(spec, inventory), self.mux))
+            self.src = opened[0]
+            if self.mux is not None:
                 for h in opened:
                     self.mux.start(h)
             dest_hosts = opened[1:]
@@ -171,13 +187,49 @@ class Session:
 
     def _look(self, folder: str) -> tuple[str, Scan]:
         """Expand the source folder on its host and judge its checkpoints there."""
+        self._spare(self.src, ["relay-send"])
         src_dir = _expand(self.src, folder)
         role = self.src_spec.trainer or TrainerRole(checkpoints=src_dir)
         return src_dir, judge_complete(self.src, src_dir, role)
 
     def _open_dest(self, host: Host, folder: str, lock: bool) -> tuple[str, Scan]:
         root = _expand(host, folder)
+        if lock:
+            self._spare(host, ["relay-recv", "--", root])
         return root, self._lock_root(host, root) if lock else scan(host, root)
+
+    def _spare(self, host: Host, argv: list[str]) -> None:
+        """Start `argv` on `host` ahead of need (see the class docstring). Its line is
+        guarded like every first command: without the bundle it ends before its ready
+        signal, and the transfer starts a new one."""
+        if not self._ahead:
+            return
+        line, _ = bundle.first_line(host, argv, RELAY_PYTHON_FLAGS)
+        s = Stream(host, line, self.inv, stdin=True, stdout=True, mux=self.mux)
+        s.argv = argv
+        with self._guard:
+            self.spares[host.name] = s
+
+    def _start_lock(self, host: Host, argv: list[str]) -> tuple[Any, LineReader, dict | None]:
+        """Start ``relay-lock`` (pushing the bundle first only where it is missing: no
+        separate check); (holder, its first answer or None when it gave none)."""
+        line, guarded = bundle.first_line(host, argv, RELAY_PYTHON_FLAGS)
+        proc = host.popen(line)
+        with self._guard:
+            self._locks.append(proc)
+        lines = LineReader(proc.read)
+        try:
+            answer = json.loads(lines.line())
+            bundle.seen(host)  # it answered: the streams there need no bundle check
+            return proc, lines, answer
+        except ValueError:
+            code = proc.wait()
+            err = proc.stderr()
+            if guarded and bundle.was_missing(host, code, err):
+                bundle.ensure(host)  # pushed now: the retry is not guarded
+                return self._start_lock(host, argv)
+            bundle.check_result(host, Result("", err, code), ["relay-lock"])
+            return proc, lines, None
 
     def _lock_root(self, host: Host, root: str) -> Scan:
         """Take `root`'s relay lock on `host` (held until `close`) and scan it under the lock.
@@ -191,27 +243,11 @@ class Session:
         except (OSError, KeyError):  # no login name in this environment
             user = "?"
         by = f"{user}@{socket.gethostname()} pid {os.getpid()}"
-        proc = host.popen(
-            bundle.remote_command(
-                host,
-                ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}", "--", root],
-                python_flags=RELAY_PYTHON_FLAGS,
-            )
+        proc, lines, data = self._start_lock(
+            host, ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}", "--", root]
         )
-        with self._guard:
-            self._locks.append(proc)
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = proc.read(4096)
-            if not chunk:
-                break
-            line += chunk
-        try:
-            data = json.loads(line)
-        except ValueError:
-            code = proc.wait()
-            bundle.check_result(host, Result("", proc.stderr(), code), ["relay-lock"])
-            raise RelayError(f"{host.name}: no answer from relay-lock for {root}") from None
+        if not isinstance(data, dict):
+            raise RelayError(f"{host.name}: no answer from relay-lock for {root}")
         if not data.get("locked"):
             holder = data.get("holder") or {}
             since = holder.get("since")
@@ -225,23 +261,62 @@ class Session:
                 f"({holder.get('by') or 'unknown'}{when}); let it finish, "
                 "then run this again"
             )
-        return parse_scan(root, data.get("scan"), host.name)
+        found = parse_scan(root, data.get("scan"), host.name)
+        with self._guard:
+            self._served[host.name] = (proc, lines, threading.Lock())
+        return found
 
-    def hash_all(self, dr: Draft) -> tuple[dict[HashKey, dict], dict[str, dict[HashKey, dict]]]:
-        """Ask every host for the hashes `dr` needs, all hosts at once: the source's
-        answers, and each destination's by name."""
-        names = list(dr.dest_requests)
-        answers = parallel(
-            [lambda: hash_many(self.src, dr.src_requests)]
-            + [lambda n=n: hash_many(self.hosts[n], dr.dest_requests[n]) for n in names]
-        )
-        return answers[0], dict(zip(names, answers[1:], strict=True))
+    def ask(self, dest: str, request: dict) -> dict:
+        """One request to destination `dest`'s lock holder (``remote.relay.host.serve``),
+        its answer; an ``error`` answer, a lost channel or a non-object answer raise
+        `RelayError` naming the host."""
+        proc, lines, lock = self._served[dest]
+        with lock:
+            try:
+                proc.write(json.dumps(request).encode() + b"\n")
+                raw = lines.line()
+            except (OSError, EOFError) as exc:
+                raise RelayError(f"{dest}: the relay's channel was lost ({exc})") from None
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise RelayError(f"{dest}: the relay's channel was lost (no answer)")
+        if "error" in answer:
+            raise RelayError(f"{dest}: {answer['error']}")
+        return answer
+
+    def hash_all(self, dr: Draft) -> dict[str, dict[HashKey, dict]]:
+        """Ask every destination for the hashes `dr` needs, all at once; answers by name."""
+        names = [n for n, reqs in dr.dest_requests.items() if reqs]
+        answers = parallel([lambda n=n: self._hash(n, dr.dest_requests[n]) for n in names])
+        return dict(zip(names, answers, strict=True))
+
+    def _hash(self, dest: str, requests: tuple[dict, ...]) -> dict[HashKey, dict]:
+        if dest not in self._served:  # not locked (a dry run): a command of its own
+            return hash_many(self.hosts[dest], requests)
+        answers = self.ask(dest, {"op": "hash", "requests": list(requests)}).get("hashes")
+        if not isinstance(answers, list) or len(answers) != len(requests):
+            raise RelayError(f"{dest}: malformed answer to a hash request")
+        return {
+            (req["path"], req.get("length")): ans if isinstance(ans, dict) else {}
+            for req, ans in zip(requests, answers, strict=True)
+        }
 
     def close(self) -> None:
         """Drop the locks, stop the ssh masters, close the connections."""
         self._close([self.src, *self.hosts.values()])
 
     def _close(self, hosts: list[Host | None]) -> None:
+        with self._guard:
+            spares, self.spares = list(self.spares.values()), {}
+        for s in spares:
+            # EOF, then the local ssh ends: the host-side command ends by itself when it
+            # reads that EOF (no signal reaches it mid-login), and nobody waits for it.
+            s.close_stdin()
+            s.kill()
+            s.finish()
         for proc in self._locks:  # EOF ends the host-side holder, which drops the lock
             try:
                 proc.close_stdin()

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from orchestrator.errors import DflashError
@@ -80,6 +81,8 @@ def stream_argv(
     """The local argv that runs shell command `line` on `host` with binary pipes."""
     if isinstance(host, hosts_mod.LocalHost):
         return ["bash", "-c", line]
+    if mux is not None:
+        mux.wait(host)  # share the master once it is up, rather than connect anew
     extra = mux.options(host) if mux is not None else []
     return ["ssh", *openssh_options(host), *extra, host.settings.alias, line]
 
@@ -159,6 +162,17 @@ class Multiplexer:
             return []  # not up (yet): this stream connects on its own
         return ["-o", f"ControlPath={path}", "-o", "ControlMaster=no"]
 
+    def wait(self, host: Host) -> None:
+        """Wait until `host`'s master is up (its socket is there), gone, or past its
+        connect timeout; a command started then shares it instead of connecting anew."""
+        path = self.paths.get(id(host))
+        if path is None:
+            return
+        proc = self.masters[path]
+        deadline = time.monotonic() + host.settings.connect_timeout + 5
+        while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     def start(self, host: Host) -> None:
         """Start the master for `host` in the background; streams use it once it is up."""
         if isinstance(host, hosts_mod.LocalHost):
@@ -222,9 +236,31 @@ class Stream:
             start_new_session=True,
         )  # Ctrl-C reaches us; we end them ourselves
         self.failed: str | None = None
+        self.line = line
+        self.argv: list[str] | None = None  # the bundle command it runs, when known
+        self._ready: bool | None = None
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 widen_pipe(pipe.fileno())
+
+    def wait_ready(self) -> bool:
+        """Read the command's ready signal once (``relay-send``: an empty frame;
+        ``relay-recv``: a ``{"ready": true}`` line): whether it came, i.e. the host-side
+        command runs. A command that failed to start (no python, no bundle) ends
+        without it."""
+        if self._ready is None:
+            if "relay-send" in self.line:
+                head = read_exact(self.stdout_fd, FRAME_HEADER.size)
+                self._ready = head == FRAME_HEADER.pack(0)
+            else:
+                line = b""
+                while not line.endswith(b"\n") and len(line) < 64:
+                    block = os.read(self.stdout_fd, 1)
+                    if not block:
+                        break
+                    line += block
+                self._ready = line.strip() == b'{"ready": true}'
+        return self._ready
 
     @property
     def stdin_fd(self) -> int:
@@ -271,6 +307,27 @@ def widen_pipe(fd: int, size: int = 1024 * 1024) -> None:
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
     except (OSError, ImportError):
         pass
+
+
+class LineReader:
+    """Whole lines from a ``read(n)`` function (a channel or a pipe); what arrives after a
+    line is kept for the next one."""
+
+    def __init__(self, read: Callable[[int], bytes]):
+        self.read = read
+        self.buf = b""
+
+    def line(self) -> bytes:
+        """The next line with its newline; at the end of the stream what is left (maybe
+        b"")."""
+        while b"\n" not in self.buf:
+            chunk = self.read(65536)
+            if not chunk:
+                out, self.buf = self.buf, b""
+                return out
+            self.buf += chunk
+        out, _, self.buf = self.buf.partition(b"\n")
+        return out + b"\n"
 
 
 def file_lines(text: str) -> dict[int, dict]:
@@ -323,11 +380,14 @@ def pump(
     bytes go by ``splice(2)`` (no copy into Python); else by large reads written to every
     receiver. A destination whose pipe breaks is marked failed and dropped; the others go
     on. `on_bytes` gets the bytes delivered per step (counted once, however many
-    destinations). Stops early when the source's stream ends early.
+    destinations). Stops early when the source's stream ends early. The source's ready
+    frame (`Stream.wait_ready`) is read first, if not already.
     """
     read: list[int] = []
     src_fd = src.stdout_fd
     splice_ok = hasattr(os, "splice")
+    src.wait_ready()  # relay-send's first frame is empty, "ready"; without it, it failed
+
     for route in routes:
         if all(d.failed is not None for d in dests):
             break  # nobody left to read for

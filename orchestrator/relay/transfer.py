@@ -4,9 +4,11 @@ The files of a checkpoint go in up to ``jobs`` batches at once (`batches`); a ba
 ONE ``relay-send`` on the source and one ``relay-recv`` per destination that needs any of
 its files, joined here by `orchestrator.relay.stream.pump` (each file read once, written
 to every destination). sha256 is computed on the hosts beside the stream: the source
-hashes what it reads, each destination what it writes (a resumed file: its kept prefix
-plus what it appends). A mismatch is sent again once, from 0, as a batch of its own, then
-reported as a failure of that destination; a failed destination does not stop the others.
+hashes what it reads, each destination what it writes; a resumed file is hashed whole on
+both hosts, its kept prefix in a thread while the rest moves. A mismatch is sent again
+from 0, as a batch of its own: a resumed file whose kept prefix differed (nothing was
+hashed before, so that is how it shows) gets that for free, and any file one more try
+from 0; then it is a failure of that destination, which does not stop the others.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Transfer:
         mux: Multiplexer | None = None,
         jobs: int | None = None,
         progress: Progress | None = None,
+        spares: dict[str, Stream] | None = None,
     ):
         self.inv = inventory
         self.src = src
@@ -84,6 +87,9 @@ class Transfer:
         self.hashes: dict[tuple[str, str], dict[str, str]] = {}  # (ckpt, host) -> path -> sha
         self._streams: set[Stream] = set()
         self._lock = threading.Lock()
+        # Streams started ahead, while the hosts were scanned (`Session`), by host name:
+        # the first batch uses them instead of waiting for new ones to start.
+        self.spares = spares if spares is not None else {}
 
     def clear_stale(self, stale: dict[str, tuple[str, ...]]) -> None:
         """Remove partial files the source no longer has (else they would be published)."""
@@ -124,15 +130,22 @@ class Transfer:
 
     def run_batch(self, tasks: list[FileTask], statuses: dict[str, DestStatus]) -> None:
         """Send a batch of files through one stream per host, re-sending a hash mismatch
-        once (from 0, as a batch of its own)."""
+        from 0 as a batch of its own: once for a file sent from 0, and once more for a
+        resumed one (its kept prefix may simply have differed)."""
         items = [(task, list(task.targets)) for task in tasks]
-        for attempt in (1, 2):
+        resent: set[tuple[int, str]] = set()  # (task, destination) sent again from 0
+        for _ in range(3):
             retry: dict[int, tuple[FileTask, list[Target]]] = {}
             for task, t, outcome, _ in self._send(items, statuses):
                 st = statuses[t.dest.name]
                 if outcome == "ok":
                     continue
-                if outcome == "mismatch" and attempt == 1:
+                key = (id(task), t.dest.name)
+                if outcome == "mismatch" and (t.offset > 0 or key not in resent):
+                    if t.offset == 0:
+                        resent.add(key)
+                    with self._lock:
+                        st.bytes_skipped -= t.offset  # the kept prefix was not kept
                     retry.setdefault(id(task), (task, []))[1].append(replace(t, offset=0))
                     continue
                 with self._lock:
@@ -152,7 +165,15 @@ class Transfer:
 
     def _start(self, host: Host, argv: list[str], *, stdin: bool, stdout: bool) -> Stream:
         line = bundle.remote_command(host, argv, python_flags=RELAY_PYTHON_FLAGS)
-        s = Stream(host, line, self.inv, stdin=stdin, stdout=stdout, mux=self.mux)
+        with self._lock:
+            spare = self.spares.pop(host.name, None)
+        if spare is not None and spare.argv == argv and spare.wait_ready():
+            s = spare
+        else:
+            if spare is not None:  # another command, or it did not start: not used
+                spare.close_stdin()
+                spare.finish()
+            s = Stream(host, line, self.inv, stdin=stdin, stdout=stdout, mux=self.mux)
         with self._lock:
             self._streams.add(s)
         return s

@@ -129,6 +129,40 @@ _MISSING = "dflash-bundle-missing"
 _EXIT_MISSING = 97
 
 
+def first_line(
+    host: Host, argv: Sequence[str], python_flags: Sequence[str] = ()
+) -> tuple[str, bool]:
+    """(shell line, guarded): runs bundle command `argv` on `host` with no round trip to
+    check for the bundle first. Until this process has seen the bundle there, the line is
+    guarded: where the bundle is absent it runs nothing and exits saying so (`was_missing`
+    tells), and the caller pushes it with `remote_command` and runs that line instead."""
+    name, _ = build()
+    if _known(host, name):
+        return remote_command(host, argv, python_flags), False
+    path = f"{host.workdir}/bundles/{name}"
+    line = command_line([host.spec.python, *python_flags, path, *argv])
+    guarded = (
+        f"if [ -f {quote(path)} ]; then exec {line}; else echo {_MISSING} >&2; "
+        f"exit {_EXIT_MISSING}; fi"
+    )
+    return guarded, True
+
+
+def was_missing(host: Host, code: int, stderr: str) -> bool:
+    """Whether a guarded line (`first_line`) that ended with `code` and `stderr` found no
+    bundle; else the bundle is known to be on `host` from now on."""
+    if code == _EXIT_MISSING and _MISSING in stderr:
+        return True
+    seen(host)
+    return False
+
+
+def seen(host: Host) -> None:
+    """A guarded line (`first_line`) answered from the bundle: it is on `host`, and later
+    commands there need no guard (nor a check)."""
+    _remember(host, build()[0])
+
+
 def run_remote(
     host: Host,
     argv: Sequence[str],
@@ -142,22 +176,9 @@ def run_remote(
     The first call on a host runs the command only if the bundle is there and pushes it
     otherwise, so a host that has it costs no separate check (one round trip, not two).
     """
-    name, _ = build()
-    known = _known(host, name)
-    result = None
-    if not known:
-        path = f"{host.workdir}/bundles/{name}"
-        line = command_line([host.spec.python, *python_flags, path, *argv])
-        guarded = (
-            f"if [ -f {quote(path)} ]; then exec {line}; else echo {_MISSING} >&2; "
-            f"exit {_EXIT_MISSING}; fi"
-        )
-        result = host.run(guarded, check=False, timeout=timeout, stdin=stdin)
-        if result.exit_code == _EXIT_MISSING and _MISSING in result.stderr:
-            result = None  # not there: push it below, then run
-        else:
-            _remember(host, name)
-    if result is None:
+    line, guarded = first_line(host, argv, python_flags)
+    result = host.run(line, check=False, timeout=timeout, stdin=stdin)
+    if guarded and was_missing(host, result.exit_code, result.stderr):  # push it, then run
         result = host.run(
             remote_command(host, argv, python_flags), check=False, timeout=timeout, stdin=stdin
         )

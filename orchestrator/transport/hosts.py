@@ -29,8 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import paramiko
-
 from orchestrator.errors import DflashError
 from orchestrator.inventory import HostSpec
 from orchestrator.transport import ssh_settings
@@ -229,6 +227,7 @@ class _LocalProcess(Process):
 
     def write(self, data: bytes) -> None:
         self._proc.stdin.write(data)
+        self._proc.stdin.flush()  # delivered now: a request/answer dialogue waits on it
 
     def close_stdin(self) -> None:
         if not self._proc.stdin.closed:
@@ -336,6 +335,7 @@ class SSHHost(Host):
             return self._conn
 
     def _connect(self):
+        import paramiko  # here, not at import: the relay reaches hosts through OpenSSH only
         from fabric import Config, Connection
 
         s = self.settings
@@ -356,7 +356,7 @@ class SSHHost(Host):
                 client.load_host_keys(path)
         if s.accept_new:
             save_to = s.user_known_hosts[0] if s.user_known_hosts else "~/.ssh/known_hosts"
-            client.set_missing_host_key_policy(_AcceptNewPolicy(Path(save_to).expanduser()))
+            client.set_missing_host_key_policy(_accept_new_policy(Path(save_to).expanduser()))
         else:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         # paramiko's SSHClient asks $SSH_AUTH_SOCK's agent; IdentityAgent may name another
@@ -373,6 +373,8 @@ class SSHHost(Host):
         return conn
 
     def _explain(self, exc: Exception, conn) -> HostError:
+        import paramiko
+
         where = f"{self.name} ({conn.user}@{conn.host}:{conn.port})"
         if isinstance(exc, socket.gaierror):
             return HostError(
@@ -456,21 +458,23 @@ class SSHHost(Host):
             self._jump.close()
 
 
-class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """OpenSSH's ``StrictHostKeyChecking=accept-new``: trust and save an UNKNOWN key.
+def _accept_new_policy(save_to: Path):
+    """OpenSSH's ``StrictHostKeyChecking=accept-new`` as a paramiko policy: trust and save
+    an UNKNOWN key.
 
     A key that differs from a known one never reaches a policy: paramiko raises
     BadHostKeyException first, so changed keys stay refused.
     """
+    import paramiko
 
-    def __init__(self, save_to: Path):
-        self.save_to = save_to
+    class AcceptNew(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client, hostname, key) -> None:
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            save_to.parent.mkdir(parents=True, exist_ok=True)
+            with open(save_to, "a") as fh:
+                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
-    def missing_host_key(self, client, hostname, key) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        self.save_to.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.save_to, "a") as fh:
-            fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+    return AcceptNew()
 
 
 def open_host(spec: HostSpec, inventory=None) -> Host:

@@ -36,8 +36,6 @@ import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import paramiko
-
 from orchestrator.errors import DflashError
 
 if TYPE_CHECKING:
@@ -162,7 +160,7 @@ class SSHSettings:
         only = None
         if self.identities_only:
             only = {_pub_blob(f) for f in self.identity_files} - {None}
-        return _SocketAgent(self.identity_agent, only)
+        return _socket_agent(self.identity_agent, only)
 
     def proxy_command_line(self) -> str | None:
         """ssh_config's ProxyCommand with its %-tokens expanded, for paramiko."""
@@ -374,6 +372,8 @@ def _paramiko_query(
     alias: str, port: int | None, user: str | None, identity: str | None
 ) -> dict[str, list[str]]:
     """The same answer from paramiko's parser, for machines without an ssh client."""
+    import paramiko
+
     path = config_file() or os.path.expanduser("~/.ssh/config")
     config = paramiko.SSHConfig.from_path(path) if os.path.isfile(path) else paramiko.SSHConfig()
     found = config.lookup(alias)
@@ -428,26 +428,30 @@ def _pub_blob(key_file: str) -> bytes | None:
     return None
 
 
-class _SocketAgent(paramiko.agent.AgentSSH):
+def _socket_agent(path: str, only: set[bytes] | None):
     """paramiko's agent client for a socket of our choosing (IdentityAgent), offering only
-    `only` (public key blobs) when given. paramiko's own `Agent` reads $SSH_AUTH_SOCK."""
+    `only` (public key blobs) when given. paramiko's own `Agent` reads $SSH_AUTH_SOCK.
+    (paramiko is imported here, not with this module: the relay does without it.)"""
+    import paramiko.agent
 
-    def __init__(self, path: str, only: set[bytes] | None):
-        super().__init__()
-        self._only = only
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(path)
-        except OSError:
-            sock.close()
-            return  # no agent there: no keys, as with ssh
-        self._connect(sock)
+    class SocketAgent(paramiko.agent.AgentSSH):
+        def __init__(self):
+            super().__init__()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(path)
+            except OSError:
+                sock.close()
+                return  # no agent there: no keys, as with ssh
+            self._connect(sock)
 
-    def get_keys(self):
-        keys = super().get_keys()
-        if self._only is None:
-            return keys
-        return tuple(k for k in keys if k.asbytes() in self._only)
+        def get_keys(self):
+            keys = super().get_keys()
+            if only is None:
+                return keys
+            return tuple(k for k in keys if k.asbytes() in only)
 
-    def close(self) -> None:
-        self._close()
+        def close(self) -> None:
+            self._close()
+
+    return SocketAgent()

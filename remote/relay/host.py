@@ -89,24 +89,29 @@ class _Syncer:
         self.pending += n
         if self.pending >= self.SYNC_EVERY:
             self.pending = 0
-            self.jobs.put((fd, (None, label)))
+            self.jobs.put((fd, (None, label, None)))
 
-    def file_done(self, fd: int, on_durable, label: str = "") -> None:
+    def file_done(self, fd: int, on_durable, label: str = "", before=None) -> None:
+        """Queue the file's fsync and close, then `on_durable`; `before` (finishing a
+        resumed file's hash, which still reads `fd`) runs first, here, so the receive
+        of the next file does not wait for it."""
         self.pending = 0
-        self.jobs.put((fd, (on_durable, label)))
+        self.jobs.put((fd, (on_durable, label, before)))
 
     def _run(self) -> None:
         while True:
             job = self.jobs.get()
             if job is None:
                 return
-            fd, (done, label) = job
+            fd, (done, label, before) = job
             try:
                 if done is None:
                     if self.error is None:
                         os.fdatasync(fd)
                     continue
                 try:
+                    if before is not None:
+                        before()
                     os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -126,6 +131,69 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+class _Hasher:
+    """sha256 of a file from offset 0, computed in a thread by `pread`, so hashing a kept
+    prefix overlaps with streaming the rest instead of delaying it.
+
+    The thread hashes bytes ``[0, limit)``; the owner raises `limit` as more of the file
+    becomes valid (a receiver after each write), then calls `result(size)`: the thread
+    hashes up to `size` and the sha256 of the first `size` bytes is returned (the error
+    the thread met, if any, is raised). A resumed file is hashed once, whole, on each host:
+    the source reads ahead of its stream from the page cache, the destination reads its
+    kept prefix (and then the new bytes, behind the writer) from the disk.
+    """
+
+    def __init__(self, fd: int, limit: int):
+        import threading
+
+        self.fd, self.limit, self.pos = fd, limit, 0
+        self.h = hashlib.sha256()
+        self.error: BaseException | None = None
+        self.final: int | None = None
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def advance(self, limit: int) -> None:
+        with self.cond:
+            self.limit = limit
+            self.cond.notify()
+
+    def _run(self) -> None:
+        buf = memoryview(bytearray(CHUNK))
+        try:
+            while True:
+                with self.cond:
+                    while self.pos >= self.limit and self.final is None:
+                        self.cond.wait()
+                    if self.final is not None and self.pos >= self.final:
+                        return
+                    end = self.limit if self.final is None else self.final
+                n = os.preadv(self.fd, [buf[: min(CHUNK, end - self.pos)]], self.pos)
+                if not n:
+                    raise OSError(errno.EIO, "the file shrank while it was hashed")
+                self.h.update(buf[:n])
+                self.pos += n
+        except BaseException as exc:  # raised by `result`
+            self.error = exc
+
+    def stop(self) -> None:
+        """End the thread without a result (the file failed): nothing reads `fd` after."""
+        with self.cond:
+            self.final = 0
+            self.cond.notify()
+        self.thread.join()
+
+    def result(self, size: int) -> str:
+        with self.cond:
+            self.final = size
+            self.cond.notify()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.h.hexdigest()
 
 
 def _hash_prefix(fd: int, length: int, h) -> int:
@@ -342,14 +410,46 @@ def hold_lock(args) -> int:
         with open(fd, "w") as fh:
             json.dump({"by": args.by, "pid": os.getpid(), "since": time.time()}, fh)
         print(json.dumps({"locked": True, "scan": scan_root(root)}), flush=True)
-        while os.read(0, 65536):
-            pass
+        serve(root, sys.stdin.buffer, sys.stdout)
     finally:
         try:
             os.unlink(info)
         except OSError:
             pass
     return 0
+
+
+def serve(root: str, requests, answers) -> None:
+    """Answer the controller's requests about `root`, one JSON line each, until EOF.
+
+    The lock holder serves them on its open channel, so each costs a line each way instead
+    of a new SSH session, shell and interpreter (a tenth of a second or more per command
+    on a host whose shell start-up is slow). A request is ``{"op": "publish", "name": N,
+    "kind": K, "manifest": {...}}`` (see `publish_checkpoint`), ``{"op": "hash",
+    "requests": [...]}`` (see `hash_requests`) or ``{"op": "scan"}``; the folder is always
+    `root`, never one the request names. The answer is the command's JSON document, or
+    ``{"error": "one line"}``.
+    """
+    for line in iter(requests.readline, b""):
+        try:
+            req = json.loads(line)
+            op = req.get("op") if isinstance(req, dict) else None
+            if op == "publish":
+                answer = publish_checkpoint(root, req.get("name"), req.get("kind"), req["manifest"])
+            elif op == "hash":
+                answer = {"hashes": hash_requests(req["requests"])}
+            elif op == "scan":
+                answer = {"scan": scan_root(root)}
+            else:
+                raise UserError(f"unknown request {op!r}")
+        except UserError as exc:
+            answer = {"error": str(exc)}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            answer = {"error": f"malformed request ({type(exc).__name__})"}
+        except OSError as exc:
+            answer = {"error": f"{(exc.strerror or str(exc)).lower()} in {root}"}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
 
 
 def _read_json(path: str):
@@ -392,35 +492,79 @@ def send(args) -> int:
     which made an 8-file checkpoint half as fast as one file of the same size. After each
     file a JSON line on stderr gives its index, sha256 and size; a file that cannot be read
     ends the stream (the files before it stand).
+
+    Before reading its request it writes an empty frame: *ready*. The controller starts a
+    ``relay-send`` ahead, while it still scans and plans, and uses it only once that frame
+    came (a process that failed to start never sends it); one not needed gets an empty
+    stdin and ends quietly.
     """
-    requests = json.load(sys.stdin)
     _widen_pipe(1)
+    write_all(1, FRAME_HEADER.pack(0))  # ready
+    raw = sys.stdin.buffer.read()
+    if not raw.strip():
+        return 0  # started ahead and not needed
+    requests = json.loads(raw)
     buf = memoryview(bytearray(CHUNK))  # one buffer for every file
-    for i, req in enumerate(requests):
-        path, offset = req["path"], int(req.get("offset") or 0)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise UserError(f"cannot read {path}: {exc.strerror}") from None
-        try:
-            size = os.fstat(fd).st_size
-            h = hashlib.sha256()
-            if _hash_prefix(fd, offset, h) != offset:
-                raise UserError(f"{path} holds fewer than {offset} bytes")
-            left = size - offset
-            write_all(1, FRAME_HEADER.pack(left))
-            reader = _Reader(fd, buf)
-            while left:
-                block = reader.read(left)
-                if not block:  # shrank while read: the frame cannot be completed
-                    raise UserError(f"{path} shrank while it was read")
-                h.update(block)
-                write_all(1, block)
-                left -= len(block)
-        finally:
+    # Resumed files still being hashed (index, path, hasher, fd, size): the stream goes on
+    # to the next file meanwhile, and their lines follow once their hashes are done.
+    hashing: list[tuple[int, str, _Hasher, int, int]] = []
+    try:
+        for i, req in enumerate(requests):
+            _send_file(i, req, buf, hashing)
+        while hashing:
+            i, path, hasher, fd, size = hashing.pop(0)
+            try:
+                digest = hasher.result(size)
+            except OSError:
+                raise UserError(f"{path} shrank while it was read") from None
+            finally:
+                os.close(fd)
+            _emit(sys.stderr, {"i": i, "sha256": digest, "size": size})
+    finally:
+        for _, _, hasher, fd, _ in hashing:  # a later file failed: they get no line
+            hasher.stop()
             os.close(fd)
-        sys.stderr.write(json.dumps({"i": i, "sha256": h.hexdigest(), "size": size}) + "\n")
     return 0
+
+
+def _send_file(i: int, req: dict, buf: memoryview, hashing: list) -> None:
+    """Stream file `i` of a ``relay-send`` request as one frame (see `send`); its line
+    goes to stderr now, or, for a resumed file hashed in a thread, joins `hashing`."""
+    path, offset = req["path"], int(req.get("offset") or 0)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    hasher = None
+    try:
+        size = os.fstat(fd).st_size
+        if size < offset:
+            raise UserError(f"{path} holds fewer than {offset} bytes")
+        # A resumed file: a thread hashes it whole from the start while the rest streams.
+        hasher = _Hasher(fd, size) if offset else None
+        h = hashlib.sha256()
+        left = size - offset
+        write_all(1, FRAME_HEADER.pack(left))
+        os.lseek(fd, offset, os.SEEK_SET)
+        reader = _Reader(fd, buf)
+        while left:
+            block = reader.read(left)
+            if not block:  # shrank while read: the frame cannot be completed
+                raise UserError(f"{path} shrank while it was read")
+            if hasher is None:
+                h.update(block)
+            write_all(1, block)
+            left -= len(block)
+    except BaseException:
+        if hasher is not None:
+            hasher.stop()
+        os.close(fd)
+        raise
+    if hasher is not None:
+        hashing.append((i, path, hasher, fd, size))
+        return
+    os.close(fd)
+    _emit(sys.stderr, {"i": i, "sha256": h.hexdigest(), "size": size})
 
 
 def _shown(rel: str) -> str:
@@ -454,9 +598,15 @@ def recv(args) -> int:
     A file's JSON line on stdout (index, sha256 and size of the whole file) comes only
     after its fsync, so the controller publishes nothing that a crash of the host could
     lose. A write error ends the command with one line naming the file and the OS error.
+    Its first line, printed before the request is read, is ``{"ready": true}`` (see
+    `send`: started ahead, used once ready); stdin closed before any request ends it
+    quietly.
     """
     _widen_pipe(0)
+    _emit(sys.stdout, {"ready": True})
     head = read_exact(0, FRAME_HEADER.size)
+    if not head:
+        return 0  # started ahead and not needed
     if len(head) < FRAME_HEADER.size:
         raise UserError("no request on stdin")
     requests = json.loads(read_exact(0, FRAME_HEADER.unpack(head)[0]))
@@ -474,33 +624,46 @@ def recv(args) -> int:
                 raise UserError(f"the stream ended after {i} of {len(requests)} files")
             left = FRAME_HEADER.unpack(head)[0]
             try:
-                fd, direct, h, size = _open_for_write(root_fd, rel, int(req.get("offset") or 0))
+                fd, direct, size = _open_for_write(root_fd, rel, int(req.get("offset") or 0))
             except OSError as exc:
                 raise _write_error(exc, rel) from None
             out = _Writer(fd, direct, size)
+            # A resumed file: its kept prefix is hashed in a thread while the rest arrives
+            # (then the new bytes, behind the writer), not before the first byte is read.
+            hasher = _Hasher(fd, size) if size else None
+            h = hashlib.sha256()
             try:
                 while left:
                     # until the file offset is aligned, read only up to the boundary
                     block = reader.read(min(left, out.to_boundary() or CHUNK))
                     if not block:
                         raise UserError(f"the stream ended inside {_shown(rel)}")
-                    h.update(block)
+                    if hasher is None:
+                        h.update(block)
                     syncer.wrote(fd, out.write(block), rel)
                     size += len(block)
                     left -= len(block)
+                    if hasher is not None:
+                        hasher.advance(size)
                 if req.get("mtime") is not None:
                     os.utime(fd, (float(req["mtime"]), float(req["mtime"])))
+                record = {"i": i, "sha256": h.hexdigest() if hasher is None else None}
+                record["size"] = size
+                hashing, hasher = hasher, None
             except OSError as exc:
-                out.close()
-                os.close(fd)  # a partial file stays for the next relay to resume
+                _abandon(out, hasher, fd)  # a partial file stays for the next relay to resume
                 raise _write_error(exc, rel) from None
             except BaseException:
-                out.close()
-                os.close(fd)
+                _abandon(out, hasher, fd)
                 raise
             out.close()
-            record = {"i": i, "sha256": h.hexdigest(), "size": size}
-            syncer.file_done(fd, lambda r=record: _emit(sys.stdout, r), rel)
+
+            def finish(r=record, hs=hashing, n=size) -> None:  # in the syncer's thread
+                r["sha256"] = hs.result(n)
+
+            syncer.file_done(
+                fd, lambda r=record: _emit(sys.stdout, r), rel, finish if hashing else None
+            )
     finally:
         syncer.close()
         os.close(root_fd)
@@ -508,6 +671,14 @@ def recv(args) -> int:
         exc, rel = syncer.error
         raise _write_error(exc, rel)
     return 0
+
+
+def _abandon(out: _Writer, hasher: _Hasher | None, fd: int) -> None:
+    """Close a file whose receive failed (its hashing thread ended first)."""
+    out.close()
+    if hasher is not None:
+        hasher.stop()
+    os.close(fd)
 
 
 def _check_target(rel) -> None:
@@ -628,8 +799,8 @@ def _pwrite_all(fd: int, data: memoryview, pos: int) -> None:
 
 
 def _open_for_write(root_fd: int, rel: str, offset: int):
-    """(fd, O_DIRECT fd or None, sha256 of the kept prefix, its size): `rel` under
-    `root_fd` opened to append after `offset`, never through a symlink."""
+    """(fd, O_DIRECT fd or None, the kept size): `rel` under `root_fd` opened to append
+    after `offset` (its first `offset` bytes kept), never through a symlink."""
     parts = rel.split("/")
     dfd = _open_dirs(root_fd, parts[:-1], True, rel)
     try:
@@ -643,14 +814,12 @@ def _open_for_write(root_fd: int, rel: str, offset: int):
     finally:
         os.close(dfd)
     try:
-        h = hashlib.sha256()
         # A writer from a dropped connection may still be draining its pipe into this
         # file: wait for it, so the truncate below cannot be overtaken by its late bytes.
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if offset:
-            got = _hash_prefix(fd, offset, h)
-            if got != offset:
-                raise UserError(f"{_shown(rel)} holds {got} bytes, fewer than the offset {offset}")
+        got = os.fstat(fd).st_size
+        if got < offset:
+            raise UserError(f"{_shown(rel)} holds {got} bytes, fewer than the offset {offset}")
         os.ftruncate(fd, offset)
         os.lseek(fd, offset, os.SEEK_SET)
     except BaseException:
@@ -658,12 +827,18 @@ def _open_for_write(root_fd: int, rel: str, offset: int):
         if direct is not None:
             os.close(direct)
         raise
-    return fd, direct, h, offset
+    return fd, direct, offset
 
 
 def hash_files(args) -> int:
     """sha256 of files or of their first `length` bytes; requests as a JSON list on stdin."""
-    requests = json.load(sys.stdin)
+    print(json.dumps(hash_requests(json.load(sys.stdin))))
+    return 0
+
+
+def hash_requests(requests: list) -> list[dict]:
+    """Per request ``{"path": P, "length": L or None}``: ``{"path", "length" (bytes
+    hashed), "sha256", "complete" (all L bytes were there)}`` or ``{"path", "error"}``."""
     out = []
     for req in requests:
         path, length = req["path"], req.get("length")
@@ -683,8 +858,7 @@ def hash_files(args) -> int:
                 "complete": length is None or n == length,
             }
         )
-    print(json.dumps(out))
-    return 0
+    return out
 
 
 # ---- publish ----------------------------------------------------------------------------
@@ -702,8 +876,14 @@ def publish(args) -> int:
     this filesystem then reports is recorded in the manifest (``stored_mtime``), so the
     next relay sees a file changed or truncated since without hashing it.
     """
-    manifest = json.load(sys.stdin)
-    root, name = args.root, args.name
+    print(json.dumps(publish_checkpoint(args.root, args.name, args.kind, json.load(sys.stdin))))
+    return 0
+
+
+def publish_checkpoint(root: str, name, kind, manifest) -> dict:
+    """Publish partial checkpoint `name` under `root` (see `publish`); ``{"published": path}``."""
+    if kind not in ("dir", "file") or not isinstance(manifest, dict):
+        raise UserError(f"refusing to publish {name!r}: malformed request")
     why = name_problem(name)
     if why is not None:
         raise UserError(f"refusing to publish {name!r}: the name {why}")
@@ -719,7 +899,7 @@ def publish(args) -> int:
             for f in manifest.get("files", []):
                 _settle(pfd, f, name, partial)
             data = json.dumps(manifest, indent=2).encode()
-            if args.kind == "dir":
+            if kind == "dir":
                 _write_new(pfd, MANIFEST, data)
             else:
                 _write_new(root_fd, f".{name}{MANIFEST}", data)
@@ -732,7 +912,7 @@ def publish(args) -> int:
             os.rename(name, old, src_dir_fd=root_fd, dst_dir_fd=root_fd)
         except FileNotFoundError:
             pass
-        if args.kind == "dir":
+        if kind == "dir":
             os.rename(pname, name, src_dir_fd=root_fd, dst_dir_fd=root_fd)
         else:
             os.rename(f"{pname}/{name}", name, src_dir_fd=root_fd, dst_dir_fd=root_fd)
@@ -749,8 +929,7 @@ def publish(args) -> int:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.unlink(old)
-    print(json.dumps({"published": os.path.join(root, name)}))
-    return 0
+    return {"published": os.path.join(root, name)}
 
 
 def _settle(pfd: int, f: dict, name: str, partial: str) -> None:
