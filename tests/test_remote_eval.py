@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from remote.protocol import EvalSpec
 from tests.helpers.cli import ROOT, dflash, one_error_line
 from tests.helpers.images import png_size
 from tests.helpers.sshd import ssh_host_entry
@@ -189,7 +190,7 @@ def test_an_eval_is_two_ssh_commands_after_connecting_and_pulls_checked_files(
     from orchestrator.transport import hosts
 
     inv = load_inventory(inventory)
-    options = run.EvalOptions(samples=2, max_new_tokens=8, budgets=[4])
+    options = run.EvalOptions(samples=2, max_new_tokens=8, engine=EvalSpec(budgets=(4,)))
     run.run_eval(inv, None, "step-0", options)  # bundle and prompts now on the host
     sent: list[str] = []
     real_popen = hosts.SSHHost.popen
