@@ -32,7 +32,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "eval": ["benchmarks/eval.py"],
     "eval-ddtree": ["benchmarks/eval.py", "--ddtree-only"],
     "eval-growth": ["benchmarks/eval.py", "--completion", "128,256,512,1024", "--samples", "1"],
-    "eval-e2e": ["benchmarks/eval.py", "--e2e"],
+    "eval-e2e": ["benchmarks/eval.py", "--e2e", "--samples", "8"],
     "scale": ["benchmarks/scale.py"],
     "probe": ["benchmarks/probe.py"],
 }
