@@ -38,7 +38,7 @@ def phase(
     tmp: Path, target: str, prompts: Path, url: str, concurrency: int, run: int
 ) -> tuple[float, str]:
     spec = {
-        "target": target,
+        "eval": {"target": target},  # the job's EvalSpec (remote.protocol.JOB_EVAL_KEY)
         "workdir": str(tmp / f"wd-{concurrency}-{run}"),
         "prompts": {"path": str(prompts)},
         "seed": 0,
