@@ -19,12 +19,12 @@ changed host key.
 from __future__ import annotations
 
 import subprocess
-import tempfile
 from collections.abc import Sequence
 
 from orchestrator.transport.hosts import (
     Host,
     HostError,
+    PipeProcess,
     Process,
     Result,
     SSHHost,
@@ -46,48 +46,6 @@ def connection_error(host: Host, stderr: str) -> HostError:
     elif "Permission denied" in stderr:
         hint = "; check 'user' and 'identity_file' in the inventory, or your ssh-agent"
     return HostError(f"{host.name}: cannot connect over ssh: {why}{hint}")
-
-
-class _SshProcess(Process):
-    """One ``ssh`` (argv) with binary stdin/stdout pipes; stderr collected in a file."""
-
-    def __init__(self, argv: list[str]):
-        self._err = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._err,
-            start_new_session=True,  # Ctrl-C reaches the relay, which ends it
-        )
-
-    def read(self, n: int) -> bytes:
-        return self._proc.stdout.read1(n)
-
-    def write(self, data: bytes) -> None:
-        self._proc.stdin.write(data)
-        self._proc.stdin.flush()
-
-    def close_stdin(self) -> None:
-        if not self._proc.stdin.closed:
-            try:
-                self._proc.stdin.close()
-            except BrokenPipeError:
-                pass
-
-    def wait(self) -> int:
-        self.close_stdin()
-        code = self._proc.wait()
-        self._proc.stdout.close()
-        return code
-
-    def stderr(self) -> str:
-        self._err.seek(0)
-        return self._err.read().decode(errors="replace")
-
-    def kill(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.kill()
 
 
 class OpenSSHHost(Host):
@@ -124,7 +82,7 @@ class OpenSSHHost(Host):
         return Result(proc.stdout.decode(errors="replace"), err, proc.returncode)
 
     def popen(self, command: str | Sequence[str]) -> Process:
-        return _SshProcess(self._argv(command_line(command)))
+        return PipeProcess(self._argv(command_line(command)))
 
 
 def control_host(host: Host, mux) -> Host:

@@ -211,11 +211,15 @@ def last_line(text: str) -> str:
 # ---- local ------------------------------------------------------------------------------
 
 
-class _LocalProcess(Process):
-    def __init__(self, line: str):
+class PipeProcess(Process):
+    """A local process (`argv`) with binary stdin/stdout pipes and stderr collected in a
+    file: a `LocalHost` command (``bash -c LINE``) or an OpenSSH ``ssh`` client. It runs in
+    its own session, so a Ctrl-C reaches dflash, which ends it."""
+
+    def __init__(self, argv: Sequence[str]):
         self._err = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
-            ["bash", "-c", line],
+            list(argv),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._err,
@@ -247,7 +251,8 @@ class _LocalProcess(Process):
         return self._err.read().decode(errors="replace")
 
     def kill(self) -> None:
-        self._proc.kill()
+        if self._proc.poll() is None:
+            self._proc.kill()
 
 
 class LocalHost(Host):
@@ -267,7 +272,7 @@ class LocalHost(Host):
         )
 
     def popen(self, command: str | Sequence[str]) -> Process:
-        return _LocalProcess(command_line(command))
+        return PipeProcess(["bash", "-c", command_line(command)])
 
     @property
     def home(self) -> str:
