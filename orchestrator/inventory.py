@@ -19,10 +19,9 @@ import yaml
 
 from orchestrator.errors import DflashError
 from orchestrator.sizes import parse_size
-from remote.eval.groundtruth import DEFAULT_CONCURRENCY as GT_CONCURRENCY
-from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
-from remote.eval.groundtruth import KINDS as GT_KINDS
-from remote.protocol import DEFAULT_DTYPE, DTYPES
+from remote.protocol import DEFAULT_DTYPE, DTYPES, GT_KINDS
+from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
+from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 
 ENV_VAR = "DFLASH_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"

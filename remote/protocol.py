@@ -51,6 +51,16 @@ RESULT_FILES = (
     "log.txt",
 )
 
+# ---- ground truth -----------------------------------------------------------------------
+
+GT_KINDS = ("sglang", "openai", "openai-text", "file", "local")
+GT_DEFAULT_TIMEOUT = 300.0  # seconds per request
+# Requests in flight at once to a ground-truth server: serving engines batch concurrent
+# requests, so 16 prompts cost about what one does.
+GT_DEFAULT_CONCURRENCY = 16
+# Ground-truth completion length when neither the job nor the inventory sets one.
+GT_DEFAULT_MAX_NEW_TOKENS = 256
+
 # ---- the eval spec ----------------------------------------------------------------------
 
 DTYPES = ("bfloat16", "float32")

@@ -14,8 +14,8 @@ import typer
 from orchestrator.commands import output
 from orchestrator.errors import DflashError
 from orchestrator.inventory import Inventory, load_inventory
-from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
 from remote.protocol import DEFAULT_BUDGETS, POSITIONS, SpecError, parse_budgets, parse_dtype
+from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 
 InventoryOption = Annotated[
     Path | None,

@@ -30,7 +30,7 @@ from orchestrator.eval import hostjobs, shard
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval.spec import EvalOptions, engine_spec
 from orchestrator.results import store as res
-from remote.eval.groundtruth import DEFAULT_CONCURRENCY as GT_CONCURRENCY
+from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
 
 
 def remote_eval_cmd(

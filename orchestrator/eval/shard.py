@@ -53,7 +53,7 @@ from orchestrator.eval.spec import EvalOptions, build_spec
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
-from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
+from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 
 HostEventHandler = Callable[[str, dict], None]
 

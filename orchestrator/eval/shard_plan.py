@@ -16,8 +16,8 @@ import copy
 from dataclasses import dataclass, field
 
 from orchestrator.errors import DflashError
-from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS
 from remote.eval.metrics import summarize
+from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 
 # What every shard's result must agree on for the records to be merged into one result.
 MUST_AGREE = (

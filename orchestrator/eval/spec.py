@@ -22,10 +22,11 @@ from orchestrator.errors import DflashError
 from orchestrator.inventory import EvalRole, HostSpec
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
-from remote.eval.groundtruth import DEFAULT_CONCURRENCY as GT_CONCURRENCY
-from remote.eval.groundtruth import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TIMEOUT
-from remote.eval.groundtruth import KINDS as GT_KINDS
+from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
+from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
+from remote.protocol import GT_DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from remote.protocol import (
+    GT_KINDS,
     JOB_ENGINE_DEFAULT,
     JOB_EVAL_KEY,
     JOB_SPEC_SCHEMA,

@@ -62,18 +62,26 @@ from typing import Any
 
 from remote.atomic import write_atomic, write_json_atomic
 from remote.errors import UserError
-from remote.protocol import EvalSpec, SpecError
+from remote.protocol import (  # the ground-truth settings both sides agree on
+    GT_DEFAULT_CONCURRENCY as DEFAULT_CONCURRENCY,
+)
+from remote.protocol import (
+    GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS,
+)
+from remote.protocol import (
+    GT_DEFAULT_TIMEOUT as DEFAULT_TIMEOUT,
+)
+from remote.protocol import (
+    GT_KINDS as KINDS,
+)
+from remote.protocol import (
+    EvalSpec,
+    SpecError,
+)
 
-KINDS = ("sglang", "openai", "openai-text", "file", "local")
 SERVER_KINDS = ("sglang", "openai", "openai-text")
 # Bumped when what a cache entry means changes, so older entries are never hit.
 CACHE_VERSION = 2
-DEFAULT_TIMEOUT = 300.0
-# Requests in flight at once to a ground-truth server: serving engines batch concurrent
-# requests, so 16 prompts cost about what one does.
-DEFAULT_CONCURRENCY = 16
-# Ground-truth completion length when neither the job nor the inventory sets one.
-DEFAULT_MAX_NEW_TOKENS = 256
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 Emit = Callable[..., None]
