@@ -42,7 +42,7 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def run_one(name: str, argv: list[str], timeout: float) -> tuple[str, int, float, str, str]:
+def run_one(argv: list[str], timeout: float) -> tuple[str, int, float, str, str]:
     before = load()
     t = time.perf_counter()
     try:
@@ -85,7 +85,7 @@ def main() -> int:
     for name in names:
         argv = BENCHMARKS[name]
         print(f"== {name}: {' '.join(argv)}", flush=True)
-        before, rc, secs, after, text = run_one(name, argv, args.timeout)
+        before, rc, secs, after, text = run_one(argv, args.timeout)
         print(text, flush=True)
         failed += rc != 0
         status = "" if rc == 0 else f", FAILED (exit {rc})"

@@ -62,10 +62,10 @@ class RelayHosts:
         proc = subprocess.run(self.cli(*args), capture_output=True, text=True, env=self.env)
         return time.perf_counter() - t, proc
 
-    def ssh_argv(self, server: SSHServer, cipher: str) -> list[str]:
-        """``ssh`` to `server` with the benchmark's key, known_hosts and `cipher`."""
+    def _options(self, cipher: str) -> list[str]:
+        """What ``ssh`` and ``scp`` both get: no user config, the benchmark's key and
+        known_hosts (unknown keys refused), `cipher`."""
         return [
-            "ssh",
             "-F",
             "/dev/null",
             "-o",
@@ -78,32 +78,15 @@ class RelayHosts:
             str(self.key),
             "-c",
             cipher,
-            "-p",
-            str(server.port),
-            "127.0.0.1",
         ]
+
+    def ssh_argv(self, server: SSHServer, cipher: str) -> list[str]:
+        """``ssh`` to `server` with the benchmark's key, known_hosts and `cipher`."""
+        return ["ssh", *self._options(cipher), "-p", str(server.port), "127.0.0.1"]
 
     def scp_argv(self, cipher: str, legacy: bool) -> list[str]:
         """``scp -3`` between the two hosts (source and target appended by the caller)."""
-        return [
-            "scp",
-            "-3",
-            "-q",
-            "-r",
-            "-F",
-            "/dev/null",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            f"UserKnownHostsFile={self.known}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-i",
-            str(self.key),
-            "-c",
-            cipher,
-            *(["-O"] if legacy else []),
-        ]
+        return ["scp", "-3", "-q", "-r", *self._options(cipher), *(["-O"] if legacy else [])]
 
 
 def random_file(path: Path, size: int) -> None:
