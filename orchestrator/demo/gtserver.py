@@ -8,7 +8,8 @@ It answers with REAL greedy generation of a tiny transformers model (KV cache, f
 ``"malformed"`` (a body that is not JSON), ``"slow"`` (answers after `delay` seconds),
 ``"text_only"`` (ignores ``return_token_ids``, as a server without that extension does).
 stdlib ``http.server`` with threads; binds 127.0.0.1 on a free port. `Greedy` is the model
-side alone (the demo also uses it to make the drafter's training data).
+side alone (the demo also uses it to make the drafter's training data). `LoopbackServer` and
+`JSONHandler` are the serving half alone; the tests' scripted server is built on them too.
 """
 
 from __future__ import annotations
@@ -52,7 +53,52 @@ class Greedy:
         return out[:, ids.shape[1] :].tolist()
 
 
-class GroundTruthServer:
+class LoopbackServer:
+    """Serves a request handler class on 127.0.0.1 (a free port), in a daemon thread, from
+    construction until `stop` (or the end of a ``with`` block)."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; returns when the serving thread has ended."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join()
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """A quiet handler with one way to answer: bytes or a JSON document, with its length."""
+
+    def log_message(self, *args) -> None:  # keep test and demo output quiet
+        pass
+
+    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, obj, code: int = 200) -> None:
+        self._send(code, json.dumps(obj).encode())
+
+    def _body(self) -> dict:
+        return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+
+class GroundTruthServer(LoopbackServer):
     """The HTTP server over a `Greedy` model (a folder path loads one). `stop()` ends it."""
 
     def __init__(self, model: str | Greedy, model_name: str = "tiny-target"):
@@ -65,45 +111,15 @@ class GroundTruthServer:
         self.mode = "ok"
         self.delay = 5.0
         self.requests: list[tuple[str, dict]] = []
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self._thread.start()
+        super().__init__(self._handler())
 
     def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         return self.greedy_model(prompt_ids, max_new_tokens)
 
-    def __enter__(self) -> GroundTruthServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        """Stop serving and close the socket; returns when the serving thread has ended."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join()
-
     def _handler(self):
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output quiet
-                pass
-
-            def _send(self, code: int, body: bytes, ctype: str = "application/json"):
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _json(self, obj, code: int = 200):
-                self._send(code, json.dumps(obj).encode())
-
+        class Handler(JSONHandler):
             def _failure(self) -> bool:
                 if server.mode == "500":
                     self._send(500, b'{"error": "CUDA out of memory"}')
@@ -143,7 +159,7 @@ class GroundTruthServer:
                     self._send(404, b'{"detail": "Not Found"}')
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self._body()
                 server.requests.append((self.path, body))
                 if self._failure():
                     return

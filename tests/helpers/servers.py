@@ -6,12 +6,12 @@ the vocabulary, a sampled answer, another model behind the same URL), where the 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from orchestrator.demo.gtserver import JSONHandler, LoopbackServer
 
 Reply = Callable[[str, dict], Any]
 
@@ -31,7 +31,7 @@ def ids_reply(ids: list) -> Reply:
     return reply
 
 
-class ScriptedServer:
+class ScriptedServer(LoopbackServer):
     """`reply(path, body)` makes each POST's JSON answer; `model_path` is the model the
     server reports (None: it reports none, 404). ``requests`` logs the POSTs."""
 
@@ -39,38 +39,12 @@ class ScriptedServer:
         self.reply = reply or ids_reply([5, 6, 7])
         self.model_path = model_path
         self.requests: list[tuple[str, dict]] = []
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self._thread.start()
-
-    def __enter__(self) -> ScriptedServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join()
+        super().__init__(self._handler())
 
     def _handler(self):
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _json(self, obj: Any, code: int = 200) -> None:
-                body = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(JSONHandler):
             def do_GET(self):
                 if self.path == "/get_model_info" and server.model_path:
                     self._json({"model_path": server.model_path, "is_generation": True})
@@ -87,7 +61,7 @@ class ScriptedServer:
                     self._json({"detail": "Not Found"}, 404)
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self._body()
                 server.requests.append((self.path, body))
                 self._json(server.reply(self.path, body))
 
