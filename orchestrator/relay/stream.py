@@ -42,6 +42,7 @@ from remote.protocol import FRAME_HEADER
 from remote.relay.host import read_exact, write_all  # the frame format both ends speak
 
 CHUNK = 4 * 1024 * 1024
+MAX_HELLO = 256 * 1024 * 1024  # the largest ready frame (a source's scan) accepted
 
 
 @functools.lru_cache(maxsize=1)
@@ -138,29 +139,51 @@ def reap_stale_dirs(base: str | None = None) -> list[str]:
 
 
 class Multiplexer:
-    """One OpenSSH master connection per host for the relay's streams (ControlMaster).
+    """One OpenSSH master connection per host for the relay's commands and streams.
 
     A stream then costs a channel, not a TCP connection, key exchange and authentication.
     When a master is not (or no longer) there, ssh quietly makes its own connection, so
-    the master only ever saves time. Masters end with `close`, and on Linux also when
-    this process dies without closing (a master gets SIGTERM from the kernel then, see
-    `_TIED_TO_PARENT`); the socket folder of a relay killed that way is removed by the
-    next relay (`reap_stale_dirs`).
+    the master only ever saves time.
+
+    Two kinds of master:
+
+    - **private** (the default): started by this relay on a socket in a folder of its own
+      (mode 0700), ``ControlPersist=no``. Masters end with `close`, and on Linux also when
+      this process dies without closing (a master gets SIGTERM from the kernel then, see
+      `_TIED_TO_PARENT`); the socket folder of a relay killed that way is removed by the
+      next relay (`reap_stale_dirs`). Every relay pays one login per host.
+    - **shared**: where the user's ssh_config asks for a persisted master for the host
+      (ControlMaster auto, ControlPath, ControlPersist; see `SSHSettings.shared_master`),
+      the relay uses the one at that path, as the user's own ``ssh`` would, and starts it
+      there when it is not up (it then persists as configured). A relay soon after another
+      (or after the user's own ``ssh``) then logs in nowhere. The host key was checked by
+      whoever started that master, under their settings; this relay's own logins keep its
+      policy. Two hosts whose configured paths coincide (a ControlPath without %C or
+      %h/%p/%r) get private masters; so does a path whose folder does not exist.
     """
 
     def __init__(self, inventory: Inventory | None):
         self.inventory = inventory
         reap_stale_dirs()
-        self.dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
-        self.masters: dict[str, subprocess.Popen] = {}
+        self.dir: str | None = None  # the private sockets' folder, made on first need
+        self.masters: dict[str, subprocess.Popen | None] = {}  # path -> the ssh we started
         self.paths: dict[int, str] = {}
+        self.shared: set[str] = set()  # paths of configured, persisted masters
         self._lock = threading.Lock()
 
     def options(self, host: Host) -> list[str]:
+        """What an ``ssh`` to `host` adds to share its master; nothing when none is up."""
         path = self.paths.get(id(host))
-        if path is None or not os.path.exists(path) or self.masters[path].poll() is not None:
+        if path is None:
+            return []
+        if path in self.shared:
+            # auto: a master that died since (a stale socket) is replaced by this ssh
+            persist = host.settings.shared_master[1]
+            return [*_control(path, "auto"), "-o", f"ControlPersist={persist}"]
+        proc = self.masters[path]
+        if not os.path.exists(path) or proc is None or proc.poll() is not None:
             return []  # not up (yet): this stream connects on its own
-        return ["-o", f"ControlPath={path}", "-o", "ControlMaster=no"]
+        return _control(path, "no")
 
     def wait(self, host: Host) -> None:
         """Wait until `host`'s master is up (its socket is there), gone, or past its
@@ -170,46 +193,80 @@ class Multiplexer:
             return
         proc = self.masters[path]
         deadline = time.monotonic() + host.settings.connect_timeout + 5
-        while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
+        while (
+            not os.path.exists(path)
+            and proc is not None
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.002)
 
-    def start(self, host: Host) -> None:
-        """Start the master for `host` in the background; streams use it once it is up."""
-        if isinstance(host, hosts_mod.LocalHost):
-            return
-        with self._lock:
-            path = os.path.join(self.dir, str(len(self.masters)))
-            argv = [
-                "ssh",
-                *openssh_options(host),
-                "-M",
-                "-N",
-                "-o",
-                f"ControlPath={path}",
-                "-o",
-                "ControlPersist=no",
-                host.settings.alias,
-            ]
-            self.masters[path] = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _TIED_TO_PARENT, str(os.getpid()), *argv],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
+    def start(self, *hosts: Host) -> None:
+        """Start the masters for `hosts` in the background (none for a host whose shared
+        master is up already); commands and streams use each once it is up."""
+        hosts = tuple(h for h in hosts if not isinstance(h, hosts_mod.LocalHost))
+        configured = [getattr(h.settings, "shared_master", None) for h in hosts]
+        paths = [c[0] for c in configured if c]
+        for host, shared in zip(hosts, configured, strict=True):
+            usable = (
+                shared is not None
+                and paths.count(shared[0]) == 1  # two hosts, one socket: keep them apart
+                and os.path.isdir(os.path.dirname(shared[0]))
             )
-            self.paths[id(host)] = path
+            with self._lock:
+                if usable:
+                    self._start_shared(host, *shared)
+                else:
+                    self._start_private(host)
+
+    def _start_shared(self, host: Host, path: str, persist: str) -> None:
+        self.shared.add(path)
+        self.paths[id(host)] = path
+        if os.path.exists(path):
+            self.masters[path] = None  # up already (a dead one: the first ssh replaces it)
+            return
+        # -N with ControlPersist: ssh forks once logged in, its first process exits and
+        # the master stays for the next relay; where another master came up meanwhile,
+        # this ssh exits at once.
+        self._spawn(host, path, [*_control(path, "auto"), "-o", f"ControlPersist={persist}"])
+
+    def _start_private(self, host: Host) -> None:
+        if self.dir is None:
+            self.dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")  # mode 0700
+        path = os.path.join(self.dir, str(len(self.masters)))
+        self.paths[id(host)] = path
+        self._spawn(host, path, ["-M", *_control(path, "yes"), "-o", "ControlPersist=no"])
+
+    def _spawn(self, host: Host, path: str, extra: list[str]) -> None:
+        argv = ["ssh", *openssh_options(host), "-N", *extra, host.settings.alias]
+        self.masters[path] = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _TIED_TO_PARENT, str(os.getpid()), *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def close(self) -> None:
-        for proc in self.masters.values():
+        """End the private masters; a shared master stays, as its ControlPersist says
+        (only a starter still logging in is ended)."""
+        procs = [p for p in self.masters.values() if p is not None]
+        for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
-        for proc in self.masters.values():
+        for proc in procs:
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _control(path: str, master: str) -> list[str]:
+    """``ssh`` options for the master socket at `path` (``%`` is a token there)."""
+    return ["-o", f"ControlMaster={master}", "-o", "ControlPath=" + path.replace("%", "%%")]
 
 
 class Stream:
@@ -239,19 +296,23 @@ class Stream:
         self.line = line
         self.argv: list[str] | None = None  # the bundle command it runs, when known
         self._ready: bool | None = None
+        self.hello = b""  # what relay-send's ready frame held (`wait_ready`)
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 widen_pipe(pipe.fileno())
 
     def wait_ready(self) -> bool:
-        """Read the command's ready signal once (``relay-send``: an empty frame;
-        ``relay-recv``: a ``{"ready": true}`` line): whether it came, i.e. the host-side
-        command runs. A command that failed to start (no python, no bundle) ends
-        without it."""
+        """Read the command's ready signal once (``relay-send``: a frame, whose bytes, a
+        scan when asked for, are kept as `hello`; ``relay-recv``: a ``{"ready": true}``
+        line): whether it came, i.e. the host-side command runs. A command that failed to
+        start (no python, no bundle) ends without it."""
         if self._ready is None:
             if "relay-send" in self.line:
                 head = read_exact(self.stdout_fd, FRAME_HEADER.size)
-                self._ready = head == FRAME_HEADER.pack(0)
+                n = FRAME_HEADER.unpack(head)[0] if len(head) == FRAME_HEADER.size else -1
+                n = n if n <= MAX_HELLO else -1  # no scan is that big: a confused host
+                self.hello = read_exact(self.stdout_fd, n) if n > 0 else b""
+                self._ready = n >= 0 and len(self.hello) == n
             else:
                 line = b""
                 while not line.endswith(b"\n") and len(line) < 64:
