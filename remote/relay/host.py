@@ -493,13 +493,17 @@ def send(args) -> int:
     file a JSON line on stderr gives its index, sha256 and size; a file that cannot be read
     ends the stream (the files before it stand).
 
-    Before reading its request it writes an empty frame: *ready*. The controller starts a
-    ``relay-send`` ahead, while it still scans and plans, and uses it only once that frame
-    came (a process that failed to start never sends it); one not needed gets an empty
-    stdin and ends quietly.
+    Before reading its request it writes a frame: *ready*, empty, or with ``--scan ROOT``
+    the `scan_root` of ROOT as JSON. The controller starts a ``relay-send`` ahead, scanning
+    the source, while it still plans, and uses it only once that frame came (a process
+    that failed to start never sends it); one not needed gets an empty stdin and ends
+    quietly.
     """
     _widen_pipe(1)
-    write_all(1, FRAME_HEADER.pack(0))  # ready
+    # ready; with --scan ROOT the frame holds ROOT's scan (the source's one question,
+    # answered by the process that streams next: one command on the source per relay)
+    hello = json.dumps(scan_root(args.scan)).encode() if args.scan else b""
+    write_all(1, FRAME_HEADER.pack(len(hello)) + hello)
     raw = sys.stdin.buffer.read()
     if not raw.strip():
         return 0  # started ahead and not needed
@@ -1001,6 +1005,7 @@ def register(sub) -> None:
     p.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the lock")
     p.set_defaults(func=hold_lock)
     p = sub.add_parser("relay-send", help="stream files (JSON list on stdin) as frames")
+    p.add_argument("--scan", default=None, help="put this folder's scan in the ready frame")
     p.set_defaults(func=send)
     p = sub.add_parser("relay-recv", help="write frames on stdin into files under ROOT")
     p.add_argument("root")
