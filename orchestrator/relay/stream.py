@@ -103,6 +103,7 @@ _TIED_TO_PARENT = (
     "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
 
+_SUN_PATH_MAX = 104  # a unix socket's path, bytes with its NUL (108 on Linux, 104 on BSDs)
 _DIR_PREFIX = "dfr-"  # + owner pid + "-": short, unix socket paths are limited
 
 
@@ -159,7 +160,8 @@ class Multiplexer:
       (or after the user's own ``ssh``) then logs in nowhere. The host key was checked by
       whoever started that master, under their settings; this relay's own logins keep its
       policy. Two hosts whose configured paths coincide (a ControlPath without %C or
-      %h/%p/%r) get private masters; so does a path whose folder does not exist.
+      %h/%p/%r) get private masters; so does a path whose folder does not exist or that
+      is too long for a socket.
     """
 
     def __init__(self, inventory: Inventory | None):
@@ -172,7 +174,8 @@ class Multiplexer:
         self._lock = threading.Lock()
 
     def options(self, host: Host) -> list[str]:
-        """What an ``ssh`` to `host` adds to share its master; nothing when none is up."""
+        """What an ``ssh`` to `host` adds: its master's socket, or (a private master not
+        up) no master at all."""
         path = self.paths.get(id(host))
         if path is None:
             return []
@@ -182,7 +185,8 @@ class Multiplexer:
             return [*_control(path, "auto"), "-o", f"ControlPersist={persist}"]
         proc = self.masters[path]
         if not os.path.exists(path) or proc is None or proc.poll() is not None:
-            return []  # not up (yet): this stream connects on its own
+            # not up: this stream connects on its own, whatever ssh_config says of masters
+            return ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
         return _control(path, "no")
 
     def wait(self, host: Host) -> None:
@@ -212,6 +216,9 @@ class Multiplexer:
                 shared is not None
                 and paths.count(shared[0]) == 1  # two hosts, one socket: keep them apart
                 and os.path.isdir(os.path.dirname(shared[0]))
+                # ssh binds "PATH.<16 random>" first; longer than a socket address can
+                # be, it fails the whole connection, not just the sharing
+                and len(os.fsencode(shared[0])) + 17 < _SUN_PATH_MAX
             )
             with self._lock:
                 if usable:
