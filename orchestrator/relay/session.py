@@ -191,7 +191,8 @@ class Session:
         src_dir = _expand(self.src, folder)
         spare = self._spare(self.src, ["relay-send"], ("--scan", src_dir))
         first = None
-        if spare is not None and spare.wait_ready() and spare.hello:
+        if spare is not None and spare.wait_ready():
+            bundle.seen(self.src)  # it answered: later commands there need no bundle check
             try:
                 first = parse_scan(src_dir, json.loads(spare.hello), self.src.name)
             except ValueError:
