@@ -172,3 +172,39 @@ def test_an_unusable_configured_path_falls_back_to_a_private_master(
     assert tree(tenv.dst / "step_1") == files
     assert not folder.exists() or not any(folder.iterdir())
     assert not _our_masters()
+
+
+def test_a_home_relative_workdir_costs_no_home_lookup(tenv, make_inventory):
+    """The default workdir is ``~/.dflash``: its ``~`` is left to the host's shell, so a
+    relay does not ask each host for its home (a whole command) before its first one."""
+    from orchestrator.relay.session import Session
+
+    workdir = f"~/.dflash-test-{os.getpid()}-{tenv.dst.name}"
+    inv = make_inventory(
+        hosts={
+            "trainer": ssh_host_entry(
+                tenv.trainer,
+                tenv.ssh_base,
+                workdir=workdir,
+                roles={"trainer": {"checkpoints": str(tenv.ckpt)}},
+            ),
+            "evalhost": ssh_host_entry(
+                tenv.evalh,
+                tenv.ssh_base,
+                workdir=workdir,
+                roles={"eval": {"drafters": str(tenv.dst)}},
+            ),
+        },
+        defaults={"relay_from": "trainer", "relay_to": "evalhost"},
+    )
+    home = Path(os.path.expanduser("~"))  # the loopback hosts' user is this one
+    files = make_checkpoint(tenv.ckpt, "step_1", {"a.bin": 16 * KiB})
+    try:
+        assert _relay(inv, "step_1").ok  # the first pushes the bundle there
+        assert list((home / workdir[2:] / "bundles").glob("dflash-remote-*.pyz"))
+        assert tree(tenv.dst / "step_1") == files
+        with Session(load_inventory(inv), "trainer", ["evalhost"], RelayOptions()) as s:
+            assert "step_1" in s.src_scan.checkpoints
+            assert s.src._home is None and s.hosts["evalhost"]._home is None
+    finally:
+        shutil.rmtree(home / workdir[2:], ignore_errors=True)

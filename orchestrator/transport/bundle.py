@@ -121,8 +121,22 @@ def ensure_and_find(host: Host, paths: Sequence[str]) -> Found:
 def remote_command(host: Host, argv: Sequence[str], python_flags: Sequence[str] = ()) -> str:
     """The shell line that runs the bundle with `argv` on `host` (pushing it if needed);
     `python_flags` go to the interpreter (``-I -S`` for stdlib-only commands)."""
-    path, _ = ensure(host)
-    return command_line([host.spec.python, *python_flags, path, *argv])
+    name, _ = build()
+    if not _known(host, name):
+        ensure(host)
+    return _line(host, name, argv, python_flags)
+
+
+def _shell_path(host: Host, name: str) -> str:
+    """The bundle's path on `host` as one shell word; a home-relative workdir (the default
+    ``~/.dflash``) stays for the host's shell to expand (`Host.shell_word`): asking the
+    host for its home first cost a whole command per host, before its first real one."""
+    return host.shell_word(f"{host.spec.workdir.rstrip('/')}/bundles/{name}")
+
+
+def _line(host: Host, name: str, argv: Sequence[str], python_flags: Sequence[str]) -> str:
+    python = command_line([host.spec.python, *python_flags])
+    return " ".join([python, _shell_path(host, name), *(quote(a) for a in argv)])
 
 
 _MISSING = "dflash-bundle-missing"
@@ -137,12 +151,11 @@ def first_line(
     guarded: where the bundle is absent it runs nothing and exits saying so (`was_missing`
     tells), and the caller pushes it with `remote_command` and runs that line instead."""
     name, _ = build()
+    line = _line(host, name, argv, python_flags)
     if _known(host, name):
-        return remote_command(host, argv, python_flags), False
-    path = f"{host.workdir}/bundles/{name}"
-    line = command_line([host.spec.python, *python_flags, path, *argv])
+        return line, False
     guarded = (
-        f"if [ -f {quote(path)} ]; then exec {line}; else echo {_MISSING} >&2; "
+        f"if [ -f {_shell_path(host, name)} ]; then exec {line}; else echo {_MISSING} >&2; "
         f"exit {_EXIT_MISSING}; fi"
     )
     return guarded, True
