@@ -144,9 +144,12 @@ class Session:
             if mux:
                 self.mux = Multiplexer(inventory)
             # Every command goes through OpenSSH and the host's master (one connection per
-            # host, shared with the streams; see orchestrator.relay.openssh_host).
-            for spec in [self.src_spec, *(spec for spec, _ in dest_cfg)]:
-                opened.append(control_host(open_host(spec, inventory), self.mux))
+            # host, shared with the streams; see orchestrator.relay.openssh_host). Each
+            # host's settings come from an `ssh -G` of its own: all at once.
+            specs = [self.src_spec, *(spec for spec, _ in dest_cfg)]
+            opened += parallel(
+                [lambda s=s: control_host(open_host(s, inventory), self.mux) for s in specs]
+            )
             self.src = opened[0]
             if self.mux is not None:
                 self.mux.start(*opened)

@@ -45,9 +45,17 @@ CHUNK = 4 * 1024 * 1024
 MAX_HELLO = 256 * 1024 * 1024  # the largest ready frame (a source's scan) accepted
 
 
-@functools.lru_cache(maxsize=1)
+_ciphers_lock = threading.Lock()
+
+
 def local_ciphers() -> tuple[str, ...]:
-    """Ciphers this machine's ssh client supports (``ssh -Q cipher``)."""
+    """Ciphers this machine's ssh client supports (``ssh -Q cipher``), asked once."""
+    with _ciphers_lock:  # the hosts' threads ask at once: one ssh -Q, not one each
+        return _local_ciphers()
+
+
+@functools.lru_cache(maxsize=1)
+def _local_ciphers() -> tuple[str, ...]:
     try:
         out = subprocess.run(
             ["ssh", "-Q", "cipher"], capture_output=True, text=True, timeout=10
