@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -96,20 +95,27 @@ def stream_argv(
     return ["ssh", *openssh_options(host), *extra, host.settings.alias, line]
 
 
-# Runs a master's ssh so that it gets SIGTERM when the process that started it dies, even
-# by kill -9 (Linux's PR_SET_PDEATHSIG, kept across exec): a relay never leaves a master
-# holding a session on its host. Elsewhere the ssh simply runs (close() still ends it).
-_TIED_TO_PARENT = (
-    "import os,signal,sys\n"
-    "try:\n"
-    "    import ctypes\n"
-    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"  # 1: PR_SET_PDEATHSIG
-    "except Exception:\n"
-    "    pass\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    sys.exit(0)\n"  # the parent died before prctl: nobody to serve
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
-)
+def _tied_to(parent: int) -> Callable[[], None] | None:
+    """What a private master's ssh runs between fork and exec so that it gets SIGTERM when
+    the thread that started it (the relay's main thread) ends, even by kill -9 (Linux's
+    PR_SET_PDEATHSIG, kept across exec): a relay never leaves a master holding a session
+    on its host. None elsewhere: the ssh simply runs (`Multiplexer.close` still ends it).
+    In the child, not through a python wrapper: that cost an interpreter start (a tenth
+    of a second here) before every login."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError, ImportError):
+        return None
+
+    def tie() -> None:  # only calls that take no lock: this runs in a forked child
+        prctl(1, 15)  # 1: PR_SET_PDEATHSIG, 15: SIGTERM
+        if os.getppid() != parent:
+            os._exit(0)  # the parent died before prctl: nobody to serve
+
+    return tie
+
 
 _SUN_PATH_MAX = 104  # a unix socket's path, bytes with its NUL (108 on Linux, 104 on BSDs)
 _DIR_PREFIX = "dfr-"  # + owner pid + "-": short, unix socket paths are limited
@@ -159,7 +165,7 @@ class Multiplexer:
     - **private** (the default): started by this relay on a socket in a folder of its own
       (mode 0700), ``ControlPersist=no``. Masters end with `close`, and on Linux also when
       this process dies without closing (a master gets SIGTERM from the kernel then, see
-      `_TIED_TO_PARENT`); the socket folder of a relay killed that way is removed by the
+      `_tied_to`); the socket folder of a relay killed that way is removed by the
       next relay (`reap_stale_dirs`). Every relay pays one login per host.
     - **shared**: where the user's ssh_config asks for a persisted master for the host
       (ControlMaster auto, ControlPath, ControlPersist; see `SSHSettings.shared_master`),
@@ -215,7 +221,8 @@ class Multiplexer:
 
     def start(self, *hosts: Host) -> None:
         """Start the masters for `hosts` in the background (none for a host whose shared
-        master is up already); commands and streams use each once it is up."""
+        master is up already); commands and streams use each once it is up. Call it from
+        the thread that lives as long as the relay: a private master ends with it."""
         hosts = tuple(h for h in hosts if not isinstance(h, hosts_mod.LocalHost))
         configured = [getattr(h.settings, "shared_master", None) for h in hosts]
         paths = [c[0] for c in configured if c]
@@ -243,23 +250,28 @@ class Multiplexer:
         # -N with ControlPersist: ssh forks once logged in, its first process exits and
         # the master stays for the next relay; where another master came up meanwhile,
         # this ssh exits at once.
-        self._spawn(host, path, [*_control(path, "auto"), "-o", f"ControlPersist={persist}"])
+        self._spawn(
+            host, path, [*_control(path, "auto"), "-o", f"ControlPersist={persist}"], tied=False
+        )
 
     def _start_private(self, host: Host) -> None:
         if self.dir is None:
             self.dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")  # mode 0700
         path = os.path.join(self.dir, str(len(self.masters)))
         self.paths[id(host)] = path
-        self._spawn(host, path, ["-M", *_control(path, "yes"), "-o", "ControlPersist=no"])
+        self._spawn(
+            host, path, ["-M", *_control(path, "yes"), "-o", "ControlPersist=no"], tied=True
+        )
 
-    def _spawn(self, host: Host, path: str, extra: list[str]) -> None:
+    def _spawn(self, host: Host, path: str, extra: list[str], tied: bool) -> None:
         argv = ["ssh", *openssh_options(host), "-N", *extra, host.settings.alias]
         self.masters[path] = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _TIED_TO_PARENT, str(os.getpid()), *argv],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_tied_to(os.getpid()) if tied else None,
         )
 
     def close(self) -> None:
