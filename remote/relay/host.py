@@ -20,6 +20,7 @@ import json
 import mmap
 import os
 import shutil
+import signal
 import stat
 import sys
 import time
@@ -388,18 +389,9 @@ def hold_lock(args) -> int:
         fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as exc:
         raise UserError(f"cannot use {root}: {exc.strerror}") from None
-    deadline = time.monotonic() + args.wait
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                print(json.dumps({"locked": False, "holder": _read_json(info) or {}}), flush=True)
-                return 0
-            time.sleep(0.1)
-        except OSError:
-            break  # no flock here (some network filesystems): go on unguarded
+    if not _flock_within(fd, args.wait):
+        print(json.dumps({"locked": False, "holder": _read_json(info) or {}}), flush=True)
+        return 0
     try:
         # Ours while we hold the lock: replace whatever is there, never write through a link.
         try:
@@ -417,6 +409,36 @@ def hold_lock(args) -> int:
         except OSError:
             pass
     return 0
+
+
+def _flock_within(fd: int, seconds: float) -> bool:
+    """Lock `fd` exclusively, waiting at most `seconds` for another holder to let go; the
+    lock is taken the moment it does (a blocking flock cut short by a timer, not polls).
+    True also where the filesystem has no flock (some network filesystems): unguarded."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        if seconds <= 0:
+            return False
+    except OSError:
+        return True
+
+    def expire(*_) -> None:
+        raise TimeoutError
+
+    before = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def serve(root: str, requests, answers) -> None:
