@@ -217,7 +217,7 @@ class Multiplexer:
             and proc.poll() is None
             and time.monotonic() < deadline
         ):
-            time.sleep(0.002)
+            time.sleep(0.005)
 
     def start(self, *hosts: Host) -> None:
         """Start the masters for `hosts` in the background (none for a host whose shared
