@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -243,3 +244,36 @@ def test_ssh_config_alias_is_honoured(eval_sshd, ssh_base, make_inventory, tmp_p
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["reachable"] is True
+
+
+def test_bundle_modules_carry_bytecode_that_another_python_ignores(tmp_path):
+    """Each module of the bundle has its bytecode beside it (no compile at every host-side
+    start); a python of another version (another magic number) compiles the source."""
+    import zipfile
+
+    from orchestrator.transport.bundle import _pyc
+
+    _, data = bundle.build()
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    assert "remote/relay/host.pyc" in names and "remote/cli.pyc" in names
+    for magic_ok, expected in ((True, "bytecode"), (False, "source")):
+        pyc = bytearray(_pyc("m.py", b'X = "bytecode"\n'))
+        if not magic_ok:
+            pyc[0] ^= 0xFF
+        archive = tmp_path / f"{expected}.zip"
+        with zipfile.ZipFile(archive, "w") as zf:
+            zf.writestr("m.py", 'X = "source"\n')  # differs from the bytecode on purpose
+            zf.writestr("m.pyc", bytes(pyc))
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                f"import sys; sys.path[:0] = [{str(archive)!r}]; import m; print(m.X)",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert out == expected

@@ -286,6 +286,34 @@ def test_a_second_relay_into_the_same_folder_is_refused_until_the_first_ends(env
     assert env.relay(lock_wait=0.5).ok  # and the next relay takes it
 
 
+class WaitingRelayWhenSendingStarts(Progress):
+    """Starts a second relay into the same folder, willing to wait, while the first is
+    about to send; it runs on in a thread."""
+
+    def __init__(self, env):
+        self.env, self.thread, self.report = env, None, None
+
+    def start(self, total_bytes: int, total_files: int) -> None:
+        def second() -> None:
+            self.report = self.env.relay(names=["step_4"], lock_wait=120)
+
+        self.thread = threading.Thread(target=second)
+        self.thread.start()
+
+
+def test_a_relay_waiting_for_the_lock_takes_it_when_the_first_ends(env):
+    """The waiting holder blocks in flock (cut short by a timer at lock_wait), so it gets
+    the folder the moment the first relay lets go, and relays in its turn."""
+    files = make_checkpoint(env.ckpt, "step_3", {"w.bin": 3 * MiB})
+    later = make_checkpoint(env.ckpt, "step_4", {"w.bin": 1 * MiB})
+    waiting = WaitingRelayWhenSendingStarts(env)
+    assert env.relay(names=["step_3"], progress=waiting).ok
+    waiting.thread.join(timeout=120)
+    assert waiting.report is not None and waiting.report.ok, waiting.report
+    assert tree(env.dst / "step_3") == files and tree(env.dst / "step_4") == later
+    assert not (env.dst / ".dflash-relay.lock").exists()
+
+
 def test_publish_refuses_a_partial_folder_missing_a_file(tmp_path):
     """The host's last guard: whatever happened to a partial folder after it was checked,
     relay-publish renames nothing unless every manifest file is there at full size."""

@@ -215,3 +215,28 @@ def test_without_an_ssh_client_paramiko_reads_the_same_file(
     assert without.user_known_hosts[0] == str(ssh_base / "known_hosts")
     with open_host(inv.hosts["plain-ct"], inv) as host:
         assert host.run(["printf", "%s", "ok"]).stdout == "ok"
+
+
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        ("ControlMaster auto\n  ControlPersist 10m", "600"),
+        ("ControlMaster autoask\n  ControlPersist yes", "yes"),
+        ("ControlMaster auto\n  ControlPersist no", None),  # the master ends with a session
+        ("ControlMaster yes\n  ControlPersist 10m", None),  # not 'auto': every ssh a master
+        ("ControlMaster no\n  ControlPersist 10m", None),
+    ],
+)
+def test_a_persisted_shared_master_is_read_from_ssh_config(
+    ssh_home, make_inventory, tmp_path, lines, expected
+):
+    """Only ControlMaster auto/autoask with a ControlPersist asks for a master the relay
+    may share; its path is the one `ssh -G` expands for this very host."""
+    with open(ssh_home / ".ssh" / "config", "a") as fh:
+        fh.write(f"Host ct-inc\n  {lines}\n  ControlPath {tmp_path}/cm-%r@%h:%p\n")
+    s = ssh_settings.resolve(load_inventory(make_inventory({"ct-inc": {}})).hosts["ct-inc"])
+    user = os.environ.get("USER") or "root"
+    if expected is None:
+        assert s.shared_master is None
+    else:
+        assert s.shared_master == (f"{tmp_path}/cm-{user}@127.0.0.1:{s.port}", expected)

@@ -190,10 +190,13 @@ def _has_marker(ckpt: Checkpoint, marker: str, siblings: set[str]) -> bool:
     return f"{ckpt.name}.{marker}" in siblings
 
 
-def judge_complete(host: Host, root: str, role: TrainerRole, sleep=time.sleep) -> Scan:
+def judge_complete(
+    host: Host, root: str, role: TrainerRole, sleep=time.sleep, first: Scan | None = None
+) -> Scan:
     """Scan the trainer's checkpoint folder and mark each checkpoint complete or not
-    (see the module docstring for the rules). Takes a second look only when needed."""
-    first = scan(host, root)
+    (see the module docstring for the rules). Takes a second look only when needed.
+    `first`: the folder's scan when it came already (with ``relay-send``'s ready frame)."""
+    first = first or scan(host, root)
     if not first.exists:
         raise DflashError(
             f"{host.name}: checkpoint folder {root} does not exist; fix "

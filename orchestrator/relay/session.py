@@ -144,13 +144,15 @@ class Session:
             if mux:
                 self.mux = Multiplexer(inventory)
             # Every command goes through OpenSSH and the host's master (one connection per
-            # host, shared with the streams; see orchestrator.relay.openssh_host).
-            for spec in [self.src_spec, *(spec for spec, _ in dest_cfg)]:
-                opened.append(control_host(open_host(spec, inventory), self.mux))
+            # host, shared with the streams; see orchestrator.relay.openssh_host). Each
+            # host's settings come from an `ssh -G` of its own: all at once.
+            specs = [self.src_spec, *(spec for spec, _ in dest_cfg)]
+            opened += parallel(
+                [lambda s=s: control_host(open_host(s, inventory), self.mux) for s in specs]
+            )
             self.src = opened[0]
             if self.mux is not None:
-                for h in opened:
-                    self.mux.start(h)
+                self.mux.start(*opened)
             dest_hosts = opened[1:]
             results = parallel(
                 [lambda: self._look(src_cfg)]
@@ -186,11 +188,20 @@ class Session:
         return f"{self.src.name}:{self.src_dir}"
 
     def _look(self, folder: str) -> tuple[str, Scan]:
-        """Expand the source folder on its host and judge its checkpoints there."""
-        self._spare(self.src, ["relay-send"])
+        """Expand the source folder on its host and judge its checkpoints there: with the
+        scan in the ready frame of the ``relay-send`` started ahead (one command on the
+        source), else (no spare, or it failed to start) by a ``relay-scan`` of its own."""
         src_dir = _expand(self.src, folder)
+        spare = self._spare(self.src, ["relay-send"], ("--scan", src_dir))
+        first = None
+        if spare is not None and spare.wait_ready():
+            bundle.seen(self.src)  # it answered: later commands there need no bundle check
+            try:
+                first = parse_scan(src_dir, json.loads(spare.hello), self.src.name)
+            except ValueError:
+                first = None  # not JSON: ask again the usual way (which says what is wrong)
         role = self.src_spec.trainer or TrainerRole(checkpoints=src_dir)
-        return src_dir, judge_complete(self.src, src_dir, role)
+        return src_dir, judge_complete(self.src, src_dir, role, first=first)
 
     def _open_dest(self, host: Host, folder: str, lock: bool) -> tuple[str, Scan]:
         root = _expand(host, folder)
@@ -198,17 +209,19 @@ class Session:
             self._spare(host, ["relay-recv", "--", root])
         return root, self._lock_root(host, root) if lock else scan(host, root)
 
-    def _spare(self, host: Host, argv: list[str]) -> None:
-        """Start `argv` on `host` ahead of need (see the class docstring). Its line is
+    def _spare(self, host: Host, argv: list[str], extra: tuple[str, ...] = ()) -> Stream | None:
+        """Start `argv` (with `extra` arguments for its start only) on `host` ahead of
+        need (see the class docstring); the stream, or None when not started. Its line is
         guarded like every first command: without the bundle it ends before its ready
         signal, and the transfer starts a new one."""
         if not self._ahead:
-            return
-        line, _ = bundle.first_line(host, argv, RELAY_PYTHON_FLAGS)
+            return None
+        line, _ = bundle.first_line(host, [*argv, *extra], RELAY_PYTHON_FLAGS)
         s = Stream(host, line, self.inv, stdin=True, stdout=True, mux=self.mux)
-        s.argv = argv
+        s.argv = argv  # what the transfer may use it for
         with self._guard:
             self.spares[host.name] = s
+        return s
 
     def _start_lock(self, host: Host, argv: list[str]) -> tuple[Any, LineReader, dict | None]:
         """Start ``relay-lock`` (pushing the bundle first only where it is missing: no

@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,11 +41,20 @@ from remote.protocol import FRAME_HEADER
 from remote.relay.host import read_exact, write_all  # the frame format both ends speak
 
 CHUNK = 4 * 1024 * 1024
+MAX_HELLO = 256 * 1024 * 1024  # the largest ready frame (a source's scan) accepted
+
+
+_ciphers_lock = threading.Lock()
+
+
+def local_ciphers() -> tuple[str, ...]:
+    """Ciphers this machine's ssh client supports (``ssh -Q cipher``), asked once."""
+    with _ciphers_lock:  # the hosts' threads ask at once: one ssh -Q, not one each
+        return _local_ciphers()
 
 
 @functools.lru_cache(maxsize=1)
-def local_ciphers() -> tuple[str, ...]:
-    """Ciphers this machine's ssh client supports (``ssh -Q cipher``)."""
+def _local_ciphers() -> tuple[str, ...]:
     try:
         out = subprocess.run(
             ["ssh", "-Q", "cipher"], capture_output=True, text=True, timeout=10
@@ -87,21 +95,29 @@ def stream_argv(
     return ["ssh", *openssh_options(host), *extra, host.settings.alias, line]
 
 
-# Runs a master's ssh so that it gets SIGTERM when the process that started it dies, even
-# by kill -9 (Linux's PR_SET_PDEATHSIG, kept across exec): a relay never leaves a master
-# holding a session on its host. Elsewhere the ssh simply runs (close() still ends it).
-_TIED_TO_PARENT = (
-    "import os,signal,sys\n"
-    "try:\n"
-    "    import ctypes\n"
-    "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"  # 1: PR_SET_PDEATHSIG
-    "except Exception:\n"
-    "    pass\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    sys.exit(0)\n"  # the parent died before prctl: nobody to serve
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
-)
+def _tied_to(parent: int) -> Callable[[], None] | None:
+    """What a private master's ssh runs between fork and exec so that it gets SIGTERM when
+    the thread that started it (the relay's main thread) ends, even by kill -9 (Linux's
+    PR_SET_PDEATHSIG, kept across exec): a relay never leaves a master holding a session
+    on its host. None elsewhere: the ssh simply runs (`Multiplexer.close` still ends it).
+    In the child, not through a python wrapper: that cost an interpreter start (a tenth
+    of a second here) before every login."""
+    try:
+        import ctypes
 
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError, ImportError):
+        return None
+
+    def tie() -> None:  # only calls that take no lock: this runs in a forked child
+        prctl(1, 15)  # 1: PR_SET_PDEATHSIG, 15: SIGTERM
+        if os.getppid() != parent:
+            os._exit(0)  # the parent died before prctl: nobody to serve
+
+    return tie
+
+
+_SUN_PATH_MAX = 104  # a unix socket's path, bytes with its NUL (108 on Linux, 104 on BSDs)
 _DIR_PREFIX = "dfr-"  # + owner pid + "-": short, unix socket paths are limited
 
 
@@ -138,29 +154,54 @@ def reap_stale_dirs(base: str | None = None) -> list[str]:
 
 
 class Multiplexer:
-    """One OpenSSH master connection per host for the relay's streams (ControlMaster).
+    """One OpenSSH master connection per host for the relay's commands and streams.
 
     A stream then costs a channel, not a TCP connection, key exchange and authentication.
     When a master is not (or no longer) there, ssh quietly makes its own connection, so
-    the master only ever saves time. Masters end with `close`, and on Linux also when
-    this process dies without closing (a master gets SIGTERM from the kernel then, see
-    `_TIED_TO_PARENT`); the socket folder of a relay killed that way is removed by the
-    next relay (`reap_stale_dirs`).
+    the master only ever saves time.
+
+    Two kinds of master:
+
+    - **private** (the default): started by this relay on a socket in a folder of its own
+      (mode 0700), ``ControlPersist=no``. Masters end with `close`, and on Linux also when
+      this process dies without closing (a master gets SIGTERM from the kernel then, see
+      `_tied_to`); the socket folder of a relay killed that way is removed by the
+      next relay (`reap_stale_dirs`). Every relay pays one login per host.
+    - **shared**: where the user's ssh_config asks for a persisted master for the host
+      (ControlMaster auto, ControlPath, ControlPersist; see `SSHSettings.shared_master`),
+      the relay uses the one at that path, as the user's own ``ssh`` would, and starts it
+      there when it is not up (it then persists as configured). A relay soon after another
+      (or after the user's own ``ssh``) then logs in nowhere. The host key was checked by
+      whoever started that master, under their settings; this relay's own logins keep its
+      policy. Two hosts whose configured paths coincide (a ControlPath without %C or
+      %h/%p/%r) get private masters; so does a path whose folder does not exist or that
+      is too long for a socket.
     """
 
     def __init__(self, inventory: Inventory | None):
         self.inventory = inventory
         reap_stale_dirs()
-        self.dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
-        self.masters: dict[str, subprocess.Popen] = {}
+        self.dir: str | None = None  # the private sockets' folder, made on first need
+        self.masters: dict[str, subprocess.Popen | None] = {}  # path -> the ssh we started
         self.paths: dict[int, str] = {}
+        self.shared: set[str] = set()  # paths of configured, persisted masters
         self._lock = threading.Lock()
 
     def options(self, host: Host) -> list[str]:
+        """What an ``ssh`` to `host` adds: its master's socket, or (a private master not
+        up) no master at all."""
         path = self.paths.get(id(host))
-        if path is None or not os.path.exists(path) or self.masters[path].poll() is not None:
-            return []  # not up (yet): this stream connects on its own
-        return ["-o", f"ControlPath={path}", "-o", "ControlMaster=no"]
+        if path is None:
+            return []
+        if path in self.shared:
+            # auto: a master that died since (a stale socket) is replaced by this ssh
+            persist = host.settings.shared_master[1]
+            return [*_control(path, "auto"), "-o", f"ControlPersist={persist}"]
+        proc = self.masters[path]
+        if not os.path.exists(path) or proc is None or proc.poll() is not None:
+            # not up: this stream connects on its own, whatever ssh_config says of masters
+            return ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+        return _control(path, "no")
 
     def wait(self, host: Host) -> None:
         """Wait until `host`'s master is up (its socket is there), gone, or past its
@@ -170,46 +211,89 @@ class Multiplexer:
             return
         proc = self.masters[path]
         deadline = time.monotonic() + host.settings.connect_timeout + 5
-        while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
+        while (
+            not os.path.exists(path)
+            and proc is not None
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.005)
 
-    def start(self, host: Host) -> None:
-        """Start the master for `host` in the background; streams use it once it is up."""
-        if isinstance(host, hosts_mod.LocalHost):
-            return
-        with self._lock:
-            path = os.path.join(self.dir, str(len(self.masters)))
-            argv = [
-                "ssh",
-                *openssh_options(host),
-                "-M",
-                "-N",
-                "-o",
-                f"ControlPath={path}",
-                "-o",
-                "ControlPersist=no",
-                host.settings.alias,
-            ]
-            self.masters[path] = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _TIED_TO_PARENT, str(os.getpid()), *argv],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
+    def start(self, *hosts: Host) -> None:
+        """Start the masters for `hosts` in the background (none for a host whose shared
+        master is up already); commands and streams use each once it is up. Call it from
+        the thread that lives as long as the relay: a private master ends with it."""
+        hosts = tuple(h for h in hosts if not isinstance(h, hosts_mod.LocalHost))
+        configured = [getattr(h.settings, "shared_master", None) for h in hosts]
+        paths = [c[0] for c in configured if c]
+        for host, shared in zip(hosts, configured, strict=True):
+            usable = (
+                shared is not None
+                and paths.count(shared[0]) == 1  # two hosts, one socket: keep them apart
+                and os.path.isdir(os.path.dirname(shared[0]))
+                # ssh binds "PATH.<16 random>" first; longer than a socket address can
+                # be, it fails the whole connection, not just the sharing
+                and len(os.fsencode(shared[0])) + 17 < _SUN_PATH_MAX
             )
-            self.paths[id(host)] = path
+            with self._lock:
+                if usable:
+                    self._start_shared(host, *shared)
+                else:
+                    self._start_private(host)
+
+    def _start_shared(self, host: Host, path: str, persist: str) -> None:
+        self.shared.add(path)
+        self.paths[id(host)] = path
+        if os.path.exists(path):
+            self.masters[path] = None  # up already (a dead one: the first ssh replaces it)
+            return
+        # -N with ControlPersist: ssh forks once logged in, its first process exits and
+        # the master stays for the next relay; where another master came up meanwhile,
+        # this ssh exits at once.
+        self._spawn(
+            host, path, [*_control(path, "auto"), "-o", f"ControlPersist={persist}"], tied=False
+        )
+
+    def _start_private(self, host: Host) -> None:
+        if self.dir is None:
+            self.dir = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")  # mode 0700
+        path = os.path.join(self.dir, str(len(self.masters)))
+        self.paths[id(host)] = path
+        self._spawn(
+            host, path, ["-M", *_control(path, "yes"), "-o", "ControlPersist=no"], tied=True
+        )
+
+    def _spawn(self, host: Host, path: str, extra: list[str], tied: bool) -> None:
+        argv = ["ssh", *openssh_options(host), "-N", *extra, host.settings.alias]
+        self.masters[path] = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_tied_to(os.getpid()) if tied else None,
+        )
 
     def close(self) -> None:
-        for proc in self.masters.values():
+        """End the private masters; a shared master stays, as its ControlPersist says
+        (only a starter still logging in is ended)."""
+        procs = [p for p in self.masters.values() if p is not None]
+        for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
-        for proc in self.masters.values():
+        for proc in procs:
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _control(path: str, master: str) -> list[str]:
+    """``ssh`` options for the master socket at `path` (``%`` is a token there)."""
+    return ["-o", f"ControlMaster={master}", "-o", "ControlPath=" + path.replace("%", "%%")]
 
 
 class Stream:
@@ -239,19 +323,23 @@ class Stream:
         self.line = line
         self.argv: list[str] | None = None  # the bundle command it runs, when known
         self._ready: bool | None = None
+        self.hello = b""  # what relay-send's ready frame held (`wait_ready`)
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 widen_pipe(pipe.fileno())
 
     def wait_ready(self) -> bool:
-        """Read the command's ready signal once (``relay-send``: an empty frame;
-        ``relay-recv``: a ``{"ready": true}`` line): whether it came, i.e. the host-side
-        command runs. A command that failed to start (no python, no bundle) ends
-        without it."""
+        """Read the command's ready signal once (``relay-send``: a frame, whose bytes, a
+        scan when asked for, are kept as `hello`; ``relay-recv``: a ``{"ready": true}``
+        line): whether it came, i.e. the host-side command runs. A command that failed to
+        start (no python, no bundle) ends without it."""
         if self._ready is None:
             if "relay-send" in self.line:
                 head = read_exact(self.stdout_fd, FRAME_HEADER.size)
-                self._ready = head == FRAME_HEADER.pack(0)
+                n = FRAME_HEADER.unpack(head)[0] if len(head) == FRAME_HEADER.size else -1
+                n = n if n <= MAX_HELLO else -1  # no scan is that big: a confused host
+                self.hello = read_exact(self.stdout_fd, n) if n > 0 else b""
+                self._ready = n >= 0 and len(self.hello) == n
             else:
                 line = b""
                 while not line.endswith(b"\n") and len(line) < 64:

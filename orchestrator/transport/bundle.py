@@ -3,9 +3,9 @@
 A host gets ``<workdir>/bundles/dflash-remote-<hash>.pyz`` only when it lacks that exact
 file, so an unchanged bundle costs one ``test -f``, and none once this process has seen it
 there; `ensure_and_find` looks for other files (a job's inputs) in that same round trip.
-The host's own python runs it: ``python bundle.pyz COMMAND ...``. The archive is
-deterministic (sorted entries, fixed timestamps), so the same source always has the same
-name.
+The host's own python runs it: ``python bundle.pyz COMMAND ...``. The name is a hash of
+the files that go into it (paths and bytes), so the same source always has the same name;
+the archive (sorted entries, fixed timestamps) is only built when a host lacks it.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import marshal
 import threading
 import weakref
 import zipfile
 from collections.abc import Sequence
 from functools import lru_cache
+from importlib.util import MAGIC_NUMBER, source_hash
 from pathlib import Path
 from typing import NamedTuple
 
@@ -30,23 +32,50 @@ EXIT_USER_ERROR = 3
 MAIN = b"import sys\nfrom remote.cli import main\nsys.exit(main())\n"
 
 
+def _sources() -> list[tuple[str, bytes]]:
+    """(name in the archive, content) of every file of the bundle, in archive order."""
+    files = sorted(
+        p
+        for p in REMOTE_PACKAGE.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+    )
+    out = [("remote/" + p.relative_to(REMOTE_PACKAGE).as_posix(), p.read_bytes()) for p in files]
+    return [*out, ("__main__.py", MAIN)]
+
+
+@lru_cache(maxsize=1)
+def bundle_name() -> str:
+    """The bundle's file name, named by the content of what goes into it (no archive is
+    built for it: compressing it cost every command's start about 15 ms, and is needed
+    only to push it)."""
+    digest = hashlib.sha256(MAGIC_NUMBER)  # the bytecode's version is in it too (`build`)
+    for arc, data in _sources():
+        digest.update(f"{arc}\0{len(data)}\0".encode())
+        digest.update(data)
+    return f"dflash-remote-{digest.hexdigest()[:16]}.pyz"
+
+
 @lru_cache(maxsize=1)
 def build() -> tuple[str, bytes]:
-    """(file name, zipapp bytes) for the current `remote/` sources."""
+    """(file name, zipapp bytes) for the current `remote/` sources, each module with its
+    bytecode beside it (`_pyc`)."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        files = sorted(
-            p
-            for p in REMOTE_PACKAGE.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
-        )
-        for path in files:
-            arc = "remote/" + path.relative_to(REMOTE_PACKAGE).as_posix()
-            _add(zf, arc, path.read_bytes())
-        _add(zf, "__main__.py", MAIN)
-    data = buf.getvalue()
-    digest = hashlib.sha256(data).hexdigest()[:16]
-    return f"dflash-remote-{digest}.pyz", data
+        for arc, data in _sources():
+            _add(zf, arc, data)
+            if arc.endswith(".py") and arc != "__main__.py":
+                _add(zf, arc + "c", _pyc(arc, data))
+    return bundle_name(), buf.getvalue()
+
+
+def _pyc(arc: str, source: bytes) -> bytes:
+    """The bytecode of one module as zipimport reads it beside its source (PEP 552,
+    unchecked hash: no timestamps). A module in a zip is otherwise compiled at every
+    import, about 20 ms of every host-side command's start; a host whose python is
+    another version finds the magic number wrong and compiles the source as before."""
+    code = compile(source, arc, "exec", dont_inherit=True)
+    flags = (0b01).to_bytes(4, "little")  # hash-based, not checked against the source
+    return MAGIC_NUMBER + flags + source_hash(source) + marshal.dumps(code)
 
 
 def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
@@ -77,7 +106,7 @@ def _remember(host: Host, name: str, pushed: bool = False) -> None:
 
 def was_pushed(host: Host) -> bool:
     """Whether this process pushed the current bundle to `host` (for a one-line notice)."""
-    name, _ = build()
+    name = bundle_name()
     with _push_lock:
         ref, pushed = _pushed.get((id(host), name), (None, False))
         return pushed and ref is not None and ref() is host
@@ -101,7 +130,7 @@ def ensure_and_find(host: Host, paths: Sequence[str]) -> Found:
     """`ensure`, and which of `paths` (files on the host) are missing there, in ONE round
     trip: the bundle is looked for in the same shell command unless this process already
     saw it on `host`. Nothing at all is sent when the bundle is known and `paths` is empty."""
-    name, data = build()
+    name = bundle_name()
     path = f"{host.workdir}/bundles/{name}"
     look = ([] if _known(host, name) else [path]) + list(paths)
     missing: set[str] = set()
@@ -112,7 +141,7 @@ def ensure_and_find(host: Host, paths: Sequence[str]) -> Found:
         missing = {p for p in out.split("\0") if p}
     pushed = path in missing
     if pushed:
-        host.put_bytes(data, path)
+        host.put_bytes(build()[1], path)
     if path in look:
         _remember(host, name, pushed)
     return Found(path, pushed, frozenset(missing & set(paths)))
@@ -121,8 +150,22 @@ def ensure_and_find(host: Host, paths: Sequence[str]) -> Found:
 def remote_command(host: Host, argv: Sequence[str], python_flags: Sequence[str] = ()) -> str:
     """The shell line that runs the bundle with `argv` on `host` (pushing it if needed);
     `python_flags` go to the interpreter (``-I -S`` for stdlib-only commands)."""
-    path, _ = ensure(host)
-    return command_line([host.spec.python, *python_flags, path, *argv])
+    name = bundle_name()
+    if not _known(host, name):
+        ensure(host)
+    return _line(host, name, argv, python_flags)
+
+
+def _shell_path(host: Host, name: str) -> str:
+    """The bundle's path on `host` as one shell word; a home-relative workdir (the default
+    ``~/.dflash``) stays for the host's shell to expand (`Host.shell_word`): asking the
+    host for its home first cost a whole command per host, before its first real one."""
+    return host.shell_word(f"{host.spec.workdir.rstrip('/')}/bundles/{name}")
+
+
+def _line(host: Host, name: str, argv: Sequence[str], python_flags: Sequence[str]) -> str:
+    python = command_line([host.spec.python, *python_flags])
+    return " ".join([python, _shell_path(host, name), *(quote(a) for a in argv)])
 
 
 _MISSING = "dflash-bundle-missing"
@@ -136,13 +179,12 @@ def first_line(
     check for the bundle first. Until this process has seen the bundle there, the line is
     guarded: where the bundle is absent it runs nothing and exits saying so (`was_missing`
     tells), and the caller pushes it with `remote_command` and runs that line instead."""
-    name, _ = build()
+    name = bundle_name()
+    line = _line(host, name, argv, python_flags)
     if _known(host, name):
-        return remote_command(host, argv, python_flags), False
-    path = f"{host.workdir}/bundles/{name}"
-    line = command_line([host.spec.python, *python_flags, path, *argv])
+        return line, False
     guarded = (
-        f"if [ -f {quote(path)} ]; then exec {line}; else echo {_MISSING} >&2; "
+        f"if [ -f {_shell_path(host, name)} ]; then exec {line}; else echo {_MISSING} >&2; "
         f"exit {_EXIT_MISSING}; fi"
     )
     return guarded, True
@@ -160,7 +202,7 @@ def was_missing(host: Host, code: int, stderr: str) -> bool:
 def seen(host: Host) -> None:
     """A guarded line (`first_line`) answered from the bundle: it is on `host`, and later
     commands there need no guard (nor a check)."""
-    _remember(host, build()[0])
+    _remember(host, bundle_name())
 
 
 def run_remote(
@@ -227,6 +269,7 @@ def run_remote_json(
 
 __all__ = [
     "build",
+    "bundle_name",
     "ensure",
     "ensure_and_find",
     "was_pushed",

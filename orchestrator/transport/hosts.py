@@ -186,6 +186,14 @@ class Host:
             return self.home.rstrip("/") + path[1:]
         return path
 
+    def shell_word(self, path: str) -> str:
+        """`path` quoted as one word for this host's shell. A leading ``~/`` stays
+        unquoted for that shell to expand when this process has not looked up the home
+        (`home` costs a command on the host): ``~/.dflash`` -> ``~/.dflash``."""
+        if self._home is None and path.startswith("~/") and len(path) > 2:
+            return "~/" + quote(path[2:])
+        return quote(self.expand(path))
+
     @property
     def workdir(self) -> str:
         return self.expand(self.spec.workdir)

@@ -16,6 +16,12 @@ known-hosts files: the inventory's first (accepted keys are saved there), then
 UserKnownHostsFile, then GlobalKnownHostsFile. The host-key policy is dflash's, never the
 config's: unknown keys are refused unless the user opted in, changed keys always are.
 
+Connection sharing: when ssh_config gives the host ``ControlMaster auto`` (or ``autoask``),
+a ``ControlPath`` and a ``ControlPersist`` other than ``no``, `SSHSettings.shared_master`
+is that socket path (as ``ssh -G`` expanded it) and that persist time: the relay then uses
+(or starts) the user's persisted master there, as the user's own ``ssh`` would, instead of
+a private master that ends with the relay (`orchestrator.relay.stream.Multiplexer`).
+
 The config file: ssh reads ``~/.ssh/config`` of the account (its passwd home), not of
 ``$HOME``. When ``$HOME`` points elsewhere (a sandbox, a test) dflash means that home's
 config, so it passes ``-F $HOME/.ssh/config`` (or ``-F /dev/null`` when there is none) to
@@ -67,6 +73,8 @@ class SSHSettings:
     accept_new: bool
     connect_timeout: float
     config_file: str | None  # -F for every ssh; None: ssh's own default files
+    # ssh_config's persisted master for this host: (ControlPath, ControlPersist), or None
+    shared_master: tuple[str, str] | None = None
 
     @property
     def known_hosts(self) -> tuple[str, ...]:
@@ -304,7 +312,22 @@ def _settings(
         accept_new=spec.accept_new_host_key,
         connect_timeout=spec.connect_timeout,
         config_file=config_file(),
+        shared_master=_shared_master(conf),
     )
+
+
+def _shared_master(conf: dict[str, list[str]]) -> tuple[str, str] | None:
+    """(ControlPath, ControlPersist) when ssh_config asks for a persisted, shared master
+    (ControlMaster auto/autoask, a ControlPath, ControlPersist not ``no``), else None.
+    ``ssh -G`` prints the path with its %-tokens already expanded for this host."""
+    master = (_first(conf, "controlmaster") or "").lower()
+    path = _first(conf, "controlpath") or ""
+    persist = (_first(conf, "controlpersist") or "no").lower()
+    if master not in ("auto", "autoask") or path.lower() in ("", "none"):
+        return None
+    if persist in ("no", "false", "0") or "%" in path:  # %: not expanded (no ssh -G)
+        return None
+    return _expand(path), "yes" if persist == "true" else persist
 
 
 # ---- asking OpenSSH ----------------------------------------------------------------------

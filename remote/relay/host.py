@@ -20,6 +20,7 @@ import json
 import mmap
 import os
 import shutil
+import signal
 import stat
 import sys
 import time
@@ -388,18 +389,9 @@ def hold_lock(args) -> int:
         fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as exc:
         raise UserError(f"cannot use {root}: {exc.strerror}") from None
-    deadline = time.monotonic() + args.wait
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                print(json.dumps({"locked": False, "holder": _read_json(info) or {}}), flush=True)
-                return 0
-            time.sleep(0.1)
-        except OSError:
-            break  # no flock here (some network filesystems): go on unguarded
+    if not _flock_within(fd, args.wait):
+        print(json.dumps({"locked": False, "holder": _read_json(info) or {}}), flush=True)
+        return 0
     try:
         # Ours while we hold the lock: replace whatever is there, never write through a link.
         try:
@@ -417,6 +409,36 @@ def hold_lock(args) -> int:
         except OSError:
             pass
     return 0
+
+
+def _flock_within(fd: int, seconds: float) -> bool:
+    """Lock `fd` exclusively, waiting at most `seconds` for another holder to let go; the
+    lock is taken the moment it does (a blocking flock cut short by a timer, not polls).
+    True also where the filesystem has no flock (some network filesystems): unguarded."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        if seconds <= 0:
+            return False
+    except OSError:
+        return True
+
+    def expire(*_) -> None:
+        raise TimeoutError
+
+    before = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def serve(root: str, requests, answers) -> None:
@@ -493,13 +515,17 @@ def send(args) -> int:
     file a JSON line on stderr gives its index, sha256 and size; a file that cannot be read
     ends the stream (the files before it stand).
 
-    Before reading its request it writes an empty frame: *ready*. The controller starts a
-    ``relay-send`` ahead, while it still scans and plans, and uses it only once that frame
-    came (a process that failed to start never sends it); one not needed gets an empty
-    stdin and ends quietly.
+    Before reading its request it writes a frame: *ready*, empty, or with ``--scan ROOT``
+    the `scan_root` of ROOT as JSON. The controller starts a ``relay-send`` ahead, scanning
+    the source, while it still plans, and uses it only once that frame came (a process
+    that failed to start never sends it); one not needed gets an empty stdin and ends
+    quietly.
     """
     _widen_pipe(1)
-    write_all(1, FRAME_HEADER.pack(0))  # ready
+    # ready; with --scan ROOT the frame holds ROOT's scan (the source's one question,
+    # answered by the process that streams next: one command on the source per relay)
+    hello = json.dumps(scan_root(args.scan)).encode() if args.scan else b""
+    write_all(1, FRAME_HEADER.pack(len(hello)) + hello)
     raw = sys.stdin.buffer.read()
     if not raw.strip():
         return 0  # started ahead and not needed
@@ -1001,6 +1027,7 @@ def register(sub) -> None:
     p.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the lock")
     p.set_defaults(func=hold_lock)
     p = sub.add_parser("relay-send", help="stream files (JSON list on stdin) as frames")
+    p.add_argument("--scan", default=None, help="put this folder's scan in the ready frame")
     p.set_defaults(func=send)
     p = sub.add_parser("relay-recv", help="write frames on stdin into files under ROOT")
     p.add_argument("root")

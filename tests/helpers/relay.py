@@ -2,8 +2,9 @@
 
 `TEnv` gives each test fresh checkpoint, destination and "outside" folders (the last must
 never change), writes inventories pointing at them, and makes a host's ``python`` a wrapper
-that runs the real host-side command and rewrites its JSON scan answer: a lying host made of
-real parts, with nothing of the controller mocked. The ``tenv`` fixture builds one.
+that runs the real host-side command and rewrites its JSON scan answer (or the scan in
+relay-send's ready frame): a lying host made of real parts, with nothing of the controller
+mocked. The ``tenv`` fixture builds one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from tests.helpers.sshd import ssh_host_entry
 _n = itertools.count()
 
 WRAPPER = '''#!{real}
-"""A host's python that answers relay-scan / relay-lock with a rewritten scan."""
+"""A host's python that answers relay-scan / relay-lock / relay-send --scan with a
+rewritten scan."""
 import json, os, subprocess, sys
 REAL = {real!r}
 args = sys.argv[1:]
@@ -35,6 +37,18 @@ def mutate(data):
 
 
 cmd = next((a for a in args if a.startswith("relay-")), None)
+if cmd == "relay-send" and "--scan" in args:  # the scan rides in its ready frame
+    proc = subprocess.Popen([REAL, *args], stdout=subprocess.PIPE)
+    n = int.from_bytes(proc.stdout.read(8), "big")
+    data = json.loads(proc.stdout.read(n))
+    mutate(data)
+    out = json.dumps(data).encode()
+    sys.stdout.buffer.write(len(out).to_bytes(8, "big") + out)
+    sys.stdout.flush()
+    for block in iter(lambda: proc.stdout.read1(1 << 20), b""):
+        sys.stdout.buffer.write(block)
+        sys.stdout.flush()
+    sys.exit(proc.wait())
 if cmd in ("relay-scan", "relay-lock"):
     proc = subprocess.Popen([REAL, *args], stdout=subprocess.PIPE)
     line = proc.stdout.readline()

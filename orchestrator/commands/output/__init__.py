@@ -1,116 +1,84 @@
 """Everything the CLI shows, in one package: the consoles and ``--json`` (`base`), the live
-progress views the commands hand to the library (`progress`), and one module of renderers
-per kind of result (`hosts`, `relay`, `results`, `parity`, `jobs`). A command makes its one
-library call and hands the result to `emit` with its renderer; commands never print
-themselves and never import one another."""
+progress views the commands hand to the library (`progress`; follow's `events`), and one
+module of renderers per kind of result (`hosts`, `relay`, `results`, `parity`, `jobs`). A
+command makes its one library call and hands the result to `emit` with its renderer;
+commands never print themselves and never import one another.
 
-from orchestrator.commands.output.base import (
-    compact,
-    console,
-    emit,
-    err_console,
-    error_line,
-    exit_with,
-    fmt,
-    mark,
-    num,
-    pct,
-    print_json,
-)
-from orchestrator.commands.output.hosts import (
-    check_json,
-    check_table,
-    probe_tree,
-    render_check,
-    render_env,
-    render_hosts,
-    render_probe,
-)
-from orchestrator.commands.output.jobs import render_cancelled, render_jobs, render_started
-from orchestrator.commands.output.parity import (
-    parity_attach_json,
-    parity_json,
-    render_parity,
-    render_parity_run,
-)
-from orchestrator.commands.output.progress import (
-    LiveProgress,
-    ParityLines,
-    RelayProgress,
-    RichEvents,
-    ShardProgress,
-    eval_bars,
-    job_started,
-    relay_bar,
-)
-from orchestrator.commands.output.relay import render_checkpoints, render_relay_report
-from orchestrator.commands.output.results import (
-    eval_run_json,
-    follow_json,
-    found_json,
-    history_table,
-    render_comparison,
-    render_demo,
-    render_eval_run,
-    render_export,
-    render_follow,
-    render_found,
-    render_listing,
-    render_paths,
-    render_report,
-    render_run,
-    render_summary,
-)
+Names resolve lazily (PEP 562): ``output.emit`` imports `base` alone, so a command such as
+``relay`` does not import the eval, probe and results renderers and their libraries to
+start (a third of a second of an unchanged relay here)."""
 
-__all__ = [
-    "LiveProgress",
-    "ParityLines",
-    "RelayProgress",
-    "RichEvents",
-    "ShardProgress",
-    "check_json",
-    "check_table",
-    "compact",
-    "console",
-    "emit",
-    "err_console",
-    "error_line",
-    "eval_bars",
-    "eval_run_json",
-    "exit_with",
-    "fmt",
-    "follow_json",
-    "found_json",
-    "history_table",
-    "job_started",
-    "mark",
-    "num",
-    "parity_attach_json",
-    "parity_json",
-    "pct",
-    "print_json",
-    "probe_tree",
-    "relay_bar",
-    "render_cancelled",
-    "render_check",
-    "render_checkpoints",
-    "render_comparison",
-    "render_demo",
-    "render_env",
-    "render_eval_run",
-    "render_export",
-    "render_follow",
-    "render_found",
-    "render_hosts",
-    "render_jobs",
-    "render_listing",
-    "render_parity",
-    "render_parity_run",
-    "render_paths",
-    "render_probe",
-    "render_relay_report",
-    "render_report",
-    "render_run",
-    "render_started",
-    "render_summary",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> the module of this package that defines it
+_WHERE = {
+    "LiveProgress": "progress",
+    "ParityLines": "progress",
+    "RelayProgress": "progress",
+    "RichEvents": "events",
+    "ShardProgress": "progress",
+    "check_json": "hosts",
+    "check_table": "hosts",
+    "compact": "base",
+    "console": "base",
+    "emit": "base",
+    "err_console": "base",
+    "error_line": "base",
+    "eval_bars": "progress",
+    "eval_run_json": "results",
+    "exit_with": "base",
+    "fmt": "base",
+    "follow_json": "results",
+    "found_json": "results",
+    "history_table": "results",
+    "job_started": "progress",
+    "mark": "base",
+    "num": "base",
+    "parity_attach_json": "parity",
+    "parity_json": "parity",
+    "pct": "base",
+    "print_json": "base",
+    "probe_tree": "hosts",
+    "relay_bar": "progress",
+    "render_cancelled": "jobs",
+    "render_check": "hosts",
+    "render_checkpoints": "relay",
+    "render_comparison": "results",
+    "render_demo": "results",
+    "render_env": "hosts",
+    "render_eval_run": "results",
+    "render_export": "results",
+    "render_follow": "results",
+    "render_found": "results",
+    "render_hosts": "hosts",
+    "render_jobs": "jobs",
+    "render_listing": "results",
+    "render_parity": "parity",
+    "render_parity_run": "parity",
+    "render_paths": "results",
+    "render_probe": "hosts",
+    "render_relay_report": "relay",
+    "render_report": "results",
+    "render_run": "results",
+    "render_started": "jobs",
+    "render_summary": "results",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # once: later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+__all__ = sorted(_WHERE)

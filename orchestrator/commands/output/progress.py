@@ -1,6 +1,6 @@
 """The live progress views the commands hand to the library: the relay's byte bar, the
 eval's sample bars (one job, or one row per host of a sharded eval), follow's lines and
-parity's stage lines. All on stderr, so stdout stays for ``--json``."""
+parity's stage lines (follow's lines: `events`). All on stderr, so stdout stays for ``--json``."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from orchestrator.commands.output.base import err_console, num
-from orchestrator.eval import follow as follow_lib
+from orchestrator.commands.output.base import err_console
 from orchestrator.relay import run as relay_lib
 
 
@@ -274,72 +273,6 @@ class ShardProgress:
         if h["failed"]:
             info += "  [red]failed[/]"
         self.progress.update(task, completed=h["done"], total=h["total"], info=info)
-
-
-class RichEvents(follow_lib.FollowEvents):
-    """Timestamped lines, the relay's byte bar and the eval's live bar, on stderr."""
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
-        self.relay_bar: RelayProgress | None = None
-        self.live: LiveProgress | None = None
-        self.live_for: str | None = None
-
-    def _close(self) -> None:
-        if self.relay_bar is not None:
-            self.relay_bar.stop()
-            self.relay_bar = None
-        if self.live is not None:
-            self.live.__exit__(None, None, None)
-            self.live = None
-
-    def message(self, text: str) -> None:
-        self._close()
-        if self.enabled:
-            err_console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {text}", soft_wrap=True)
-
-    def relay_progress(self, checkpoint: str):
-        self._close()
-        if not self.enabled:
-            return None
-        self.relay_bar = RelayProgress()
-        return self.relay_bar
-
-    def eval_event(self, checkpoint: str, event: dict) -> None:
-        if not self.enabled:
-            return
-        if self.live is None or self.live_for != checkpoint:
-            self._close()
-            self.live, self.live_for = LiveProgress(True).__enter__(), checkpoint
-        self.live(event)
-
-    def recorded(self, entry: dict) -> None:
-        self._close()
-        if not self.enabled:
-            return
-        if entry["state"] != "done":
-            err_console.print(
-                f"[red]{entry['checkpoint']}: failed[/]: {entry.get('error')}", soft_wrap=True
-            )
-            return
-        trees = ", ".join(
-            f"DDTree-{b} {v:.3f}" for b, v in entry["ddtree"].items() if v is not None
-        )
-        err_console.print(
-            f"[bold green]{entry['checkpoint']}[/] (step {entry['step']}): "
-            f"tau {num(entry['tau'])} (token-weighted {num(entry['tau_tokens'])})"
-            + (f", {trees}" if trees else ""),
-            soft_wrap=True,
-        )
-
-    def close(self) -> None:
-        self._close()
-
-    def __enter__(self) -> RichEvents:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def job_started(host: str):
