@@ -251,9 +251,10 @@ class _Hasher:
         """Whether `result(size)` would answer at once (hashed that far, or failed)."""
         return self.pos >= size or not self.thread.is_alive()
 
-    def wait(self, pos: int) -> None:
-        """Wait until the thread has hashed up to `pos` (or ended)."""
-        while self.pos < pos and self.thread.is_alive():
+    def wait(self, pos: int, start: int = 0) -> None:
+        """Wait until the thread has hashed up to `pos` (or ended); with `start`, only
+        once it has passed `start` (a sender's stream starts there)."""
+        while self.pos < pos and pos > start and self.thread.is_alive():
             self.thread.join(0.005)
 
     def stop(self) -> None:
@@ -650,9 +651,9 @@ def _send_file(i: int, req: dict, copy: list[bool]) -> tuple[int, str, _Hasher, 
         write_all(1, FRAME_HEADER.pack(size - offset))
         pos = offset
         while pos < size:
-            # A hash far behind (a resumed file's prefix read from a slow disk) would read
-            # pages the stream already dropped from the cache again: wait for it.
-            hasher.wait(pos - MAX_LAG)
+            # A hash far behind the stream (a resumed file's prefix read from a slow disk)
+            # would read pages the stream read, and the cache dropped since, again: wait.
+            hasher.wait(pos - MAX_LAG, offset)
             n = _send_block(fd, pos, min(CHUNK, size - pos), copy)
             if not n:  # shrank while read: the frame cannot be completed
                 raise UserError(f"{path} shrank while it was read")
