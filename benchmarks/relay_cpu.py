@@ -48,6 +48,16 @@ def _stat(pid: int) -> tuple[int, str, float] | None:
     return int(rest[1]), comm, (int(rest[11]) + int(rest[12])) / TICK
 
 
+def _syscalls(pid: int) -> int:
+    """read- and write-like system calls of `pid` so far (/proc/PID/io), 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/io") as fh:
+            fields = dict(line.split(": ") for line in fh.read().splitlines())
+        return int(fields["syscr"]) + int(fields["syscw"])
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -86,6 +96,7 @@ class Sampler:
         self.roots, self.classify = roots, classify
         self.seen: dict[int, tuple[str | None, float, str]] = {}
         self.start: dict[int, float] = {}
+        self.calls: dict[int, int] = {}  # last seen read/write system calls
         self.stop = threading.Event()
 
     def _walk(self) -> None:
@@ -100,6 +111,7 @@ class Sampler:
                 # classified again when its name changes (a wrapper that exec'd ssh)
                 role = old[0] if old and old[2] == st[1] else self.classify(pid, side, st[1])
                 self.seen[pid] = (role, st[2], st[1])
+                self.calls[pid] = _syscalls(pid) or self.calls.get(pid, 0)
                 todo += [(c, side) for c in _children(pid) if c not in self.roots]
 
     def run(self) -> None:
@@ -109,6 +121,7 @@ class Sampler:
     def __enter__(self) -> Sampler:
         self._walk()
         self.start = {pid: cpu for pid, (_, cpu, _) in self.seen.items()}
+        self.calls0 = dict(self.calls)
         self.k0, self.s0, self.t0 = _kernel_threads(), _proc_stat(), time.perf_counter()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
@@ -121,9 +134,11 @@ class Sampler:
         self._walk()
         k1, s1 = _kernel_threads(), _proc_stat()
         self.roles: dict[str, float] = defaultdict(float)
+        self.role_calls: dict[str, int] = defaultdict(int)
         for pid, (role, cpu, _) in self.seen.items():
             if role is not None:
                 self.roles[role] += cpu - self.start.get(pid, 0.0)
+                self.role_calls[role] += self.calls.get(pid, 0) - self.calls0.get(pid, 0)
         self.roles["kernel threads"] = sum(v - self.k0.get(p, v) for p, v in k1.items())
         d = [b - a for a, b in zip(self.s0, s1, strict=False)]
         # user nice system idle iowait irq softirq steal
@@ -234,7 +249,11 @@ def main() -> None:
                     rows = sorted(s.roles.items(), key=lambda kv: -kv[1])
                     for role, cpu in rows:
                         if cpu >= 0.01:
-                            print(f"    {role:26s} {cpu / total:6.2f} CPU-s/GiB")
+                            calls = s.role_calls.get(role, 0) / total / 1000
+                            print(
+                                f"    {role:26s} {cpu / total:6.2f} CPU-s/GiB"
+                                + (f"  {calls:7.1f}k read/write calls/GiB" if calls else "")
+                            )
                     tracked = sum(s.roles.values())
                     print(
                         f"    {'= tracked':26s} {tracked / total:6.2f} CPU-s/GiB; whole box busy "
