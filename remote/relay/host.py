@@ -898,9 +898,8 @@ class _Spool:
                 self.jobs.task_done()
 
     def _raise(self) -> None:
-        if self.error is not None:
-            exc, self.error = self.error, None
-            raise exc
+        if self.error is not None:  # stays: the blocks queued after it are not written
+            raise self.error
 
     def read(self, limit: int) -> memoryview:
         """Up to `limit` bytes (at most CHUNK) from stdin in a free buffer; fewer only at
