@@ -597,8 +597,8 @@ def send(args) -> int:
 
     The bytes go from the page cache to stdout by ``sendfile`` (no copy through this
     process into the pipe); the hash reads the same pages into one reused buffer: one copy
-    per byte instead of the two of a read and a write (measured on the loopback test box:
-    0.95-1.0 CPU-s per GiB instead of 1.15-1.25, most of it the sha256 itself). A file sent
+    per byte instead of the two of a read and a write (measured on the 2-core test box:
+    1.08 CPU-s per GiB instead of 1.21-1.25, 0.83 of it the sha256 itself). A file sent
     whole is hashed block by block in this thread, just before the block goes out (hash
     threads cost more than they saved on a box whose cores are all busy); a resumed file
     is hashed whole by a `_Hasher` thread while its rest streams, and the stream moves on
