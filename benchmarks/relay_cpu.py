@@ -1,0 +1,269 @@
+"""Where the relay's CPU goes: CPU seconds per process for one ``dflash relay`` and one
+``scp -3 -O`` of the same checkpoint, between the benchmark's two loopback sshd hosts.
+
+    python benchmarks/relay_cpu.py                    # one 1 GiB file
+    python benchmarks/relay_cpu.py --files 8 --size-mib 128 --rounds 2
+
+On a box where both hosts, both ssh links and this machine share a few cores, the relay is
+CPU-bound: its speed is the CPU it spends per byte. This samples ``/proc/PID/stat`` (user +
+system time, threads included) of every process under this one and under each sshd server
+every 20 ms, and sorts them by role: sshd and the remote command on each host, the local
+ssh clients (dflash's ControlMaster per host, or scp's ssh children), dflash's controller
+(the pump) and scp itself. Kernel threads (writeback, journal) are taken from a snapshot
+before and after; ``/proc/stat`` gives the whole box's busy, softirq and iowait time. A
+process ending between two samples loses at most its last 20 ms.
+
+Prints per tool a table of CPU seconds per GiB moved, wall time and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from relay_hosts import MiB, RelayHosts, load_average, random_file, relay_hosts  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, str, float] | None:
+    """(ppid, comm, CPU seconds) of `pid`, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+    rest = raw[raw.rindex(")") + 2 :].split()
+    return int(rest[1]), comm, (int(rest[11]) + int(rest[12])) / TICK
+
+
+def _syscalls(pid: int) -> int:
+    """read- and write-like system calls of `pid` so far (/proc/PID/io), 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/io") as fh:
+            fields = dict(line.split(": ") for line in fh.read().splitlines())
+        return int(fields["syscr"]) + int(fields["syscw"])
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+
+
+def _kernel_threads() -> dict[int, float]:
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _stat(int(name))
+            if st is not None and (st[0] == 2 or int(name) == 2):
+                out[int(name)] = st[2]
+    return out
+
+
+def _proc_stat() -> list[int]:
+    with open("/proc/stat") as fh:
+        return [int(x) for x in fh.readline().split()[1:]]
+
+
+class Sampler:
+    """Last seen CPU seconds (and role) of every process under the given roots."""
+
+    def __init__(self, roots: dict[int, str], classify):
+        self.roots, self.classify = roots, classify
+        self.seen: dict[int, tuple[str | None, float, str]] = {}
+        self.start: dict[int, float] = {}
+        self.calls: dict[int, int] = {}  # last seen read/write system calls
+        self.stop = threading.Event()
+
+    def _walk(self) -> None:
+        for root, side in self.roots.items():
+            todo = [(root, side)]
+            while todo:
+                pid, side = todo.pop()
+                st = _stat(pid)
+                if st is None:
+                    continue
+                old = self.seen.get(pid)
+                # classified again when its name changes (a wrapper that exec'd ssh)
+                role = old[0] if old and old[2] == st[1] else self.classify(pid, side, st[1])
+                self.seen[pid] = (role, st[2], st[1])
+                self.calls[pid] = _syscalls(pid) or self.calls.get(pid, 0)
+                todo += [(c, side) for c in _children(pid) if c not in self.roots]
+
+    def run(self) -> None:
+        while not self.stop.wait(0.02):
+            self._walk()
+
+    def __enter__(self) -> Sampler:
+        self._walk()
+        self.start = {pid: cpu for pid, (_, cpu, _) in self.seen.items()}
+        self.calls0 = dict(self.calls)
+        self.k0, self.s0, self.t0 = _kernel_threads(), _proc_stat(), time.perf_counter()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall = time.perf_counter() - self.t0
+        self.stop.set()
+        self.thread.join()
+        self._walk()
+        k1, s1 = _kernel_threads(), _proc_stat()
+        self.roles: dict[str, float] = defaultdict(float)
+        self.role_calls: dict[str, int] = defaultdict(int)
+        for pid, (role, cpu, _) in self.seen.items():
+            if role is not None:
+                self.roles[role] += cpu - self.start.get(pid, 0.0)
+                self.role_calls[role] += self.calls.get(pid, 0) - self.calls0.get(pid, 0)
+        self.roles["kernel threads"] = sum(v - self.k0.get(p, v) for p, v in k1.items())
+        d = [b - a for a, b in zip(self.s0, s1, strict=False)]
+        # user nice system idle iowait irq softirq steal
+        self.box = {
+            "busy": (d[0] + d[1] + d[2] + d[5] + d[6] + d[7]) / TICK,
+            "softirq+irq": (d[5] + d[6]) / TICK,
+            "iowait": d[4] / TICK,
+        }
+
+
+def classifier(h: RelayHosts):
+    ports = {str(h.trainer.port): "src", str(h.evalhost.port): "dst"}
+
+    def classify(pid: int, side: str, comm: str) -> str | None:
+        if side in ("src", "dst"):  # under that host's sshd
+            cmd = _cmdline(pid)
+            if comm == "sshd":
+                return None if pid in (h.trainer.proc.pid, h.evalhost.proc.pid) else f"sshd {side}"
+            if "relay-send" in cmd or "relay-recv" in cmd:
+                return "relay-send" if "relay-send" in cmd else "relay-recv"
+            if comm in ("scp", "cat"):
+                return f"{comm} remote {side}"
+            return f"other {side} ({comm})"
+        if pid == os.getpid():
+            return None
+        cmd = _cmdline(pid)
+        if comm == "ssh" or cmd.startswith("ssh "):
+            for port, which in ports.items():
+                if f" {port} " in cmd or f"Port={port}" in cmd or f":{port}/" in cmd:
+                    return f"ssh client {which}"
+            return "ssh client ?"
+        if "orchestrator" in cmd and "relay" in cmd:
+            return "pump (controller)"
+        if comm == "scp":
+            return "scp local"
+        return f"local {comm}"
+
+    return classify
+
+
+def measure(h: RelayHosts, tool: str, name: str, cipher: str) -> Sampler:
+    roots = {os.getpid(): "local", h.trainer.proc.pid: "src", h.evalhost.proc.pid: "dst"}
+    src = h.ckpts / name
+    with Sampler(roots, classifier(h)) as s:
+        if tool == "dflash":
+            proc = subprocess.run(h.cli(name), capture_output=True, text=True, env=h.env)
+            if proc.returncode:
+                raise SystemExit(proc.stderr[-400:])
+        elif tool == "ceiling":
+            a = subprocess.Popen(
+                h.ssh_argv(h.trainer, cipher) + [f"cat {src}/*" if src.is_dir() else f"cat {src}"],
+                stdout=subprocess.PIPE,
+            )
+            b = subprocess.Popen(
+                h.ssh_argv(h.evalhost, cipher) + ["cat > /dev/null"], stdin=a.stdout
+            )
+            a.stdout.close()
+            if b.wait() or a.wait():
+                raise SystemExit("ssh cat | ssh cat failed")
+        else:
+            subprocess.run(
+                h.scp_argv(cipher, True)
+                + [
+                    f"scp://127.0.0.1:{h.trainer.port}/{src}",
+                    f"scp://127.0.0.1:{h.evalhost.port}/{h.evalhost.root / 'scp' / name}",
+                ],
+                check=True,
+            )
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=1, help="files in the checkpoint")
+    ap.add_argument("--size-mib", type=int, default=1024, help="MiB per file")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--cipher", default="aes128-gcm@openssh.com")
+    ap.add_argument("--tools", default="dflash,scp -3 -O,ceiling")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="dflash-relay-cpu-"))
+    try:
+        with relay_hosts(base, {"complete_rule": "marker"}) as h:
+            size = args.size_mib * MiB
+            if args.files == 1:
+                name = "step_1.bin"
+                random_file(h.ckpts / name, size)
+                (h.ckpts / f"{name}.COMPLETE").write_bytes(b"")
+            else:
+                name = "step_1"
+                for i in range(args.files):
+                    random_file(h.ckpts / name / f"model-{i:05d}.safetensors", size)
+                (h.ckpts / name / "COMPLETE").write_bytes(b"")
+            total = size * args.files / (1 << 30)
+            h.relay("--dry-run", name)  # installs the host bundle: untimed
+            for rnd in range(args.rounds):
+                for tool in args.tools.split(","):
+                    shutil.rmtree(h.drafters, ignore_errors=True)
+                    shutil.rmtree(h.evalhost.root / "scp", ignore_errors=True)
+                    h.drafters.mkdir()
+                    (h.evalhost.root / "scp").mkdir()
+                    os.sync()
+                    s = measure(h, tool, name, args.cipher)
+                    mib_s = total * 1024 / s.wall
+                    print(
+                        f"round {rnd + 1} {tool}: {s.wall:.2f} s, {mib_s:.1f} MiB/s "
+                        f"({load_average()})"
+                    )
+                    rows = sorted(s.roles.items(), key=lambda kv: -kv[1])
+                    for role, cpu in rows:
+                        if cpu >= 0.01:
+                            calls = s.role_calls.get(role, 0) / total / 1000
+                            print(
+                                f"    {role:26s} {cpu / total:6.2f} CPU-s/GiB"
+                                + (f"  {calls:7.1f}k read/write calls/GiB" if calls else "")
+                            )
+                    tracked = sum(s.roles.values())
+                    print(
+                        f"    {'= tracked':26s} {tracked / total:6.2f} CPU-s/GiB; whole box busy "
+                        f"{s.box['busy'] / total:.2f} (softirq+irq "
+                        f"{s.box['softirq+irq'] / total:.2f}), iowait "
+                        f"{s.box['iowait'] / total:.2f}, wall {s.wall / total:.2f} s/GiB"
+                    )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
