@@ -33,6 +33,8 @@ The everyday path is one call::
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import hashlib
 import json
@@ -49,9 +51,8 @@ from orchestrator.errors import DflashError
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval.run import JobError
 from orchestrator.eval.shard_plan import merge_result, plan_shards
-from orchestrator.eval.spec import EvalOptions, build_spec
+from orchestrator.eval.spec import EvalOptions, build_spec, carry_or_push
 from orchestrator.inventory import HostSpec, Inventory
-from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 
@@ -91,6 +92,14 @@ def _gt_lines(records: list[dict], indices: list[int]) -> bytes:
         + b"\n"
         for i in indices
     )
+
+
+def _carried(end: dict, name: str) -> bytes | None:
+    """The result file `name` a watch's end carried (``--pull``), or None (then fetch it)."""
+    try:
+        return base64.b64decode((end.get("files") or {})[name], validate=True)
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        return None
 
 
 def _read_jsonl(data: bytes) -> list[dict]:
@@ -142,7 +151,9 @@ class _Sharded:
                 f"ground truth job {ref.job_id} on {spec.name} {end['state']}"
                 f"{': ' + err if err else ''}"
             )
-        info = json.loads(host.get_bytes(f"{ref.dir}/ground_truth.json"))
+        info = json.loads(
+            _carried(end, "ground_truth.json") or host.get_bytes(f"{ref.dir}/ground_truth.json")
+        )
         data = host.get_bytes(info["file"])
         records = _read_jsonl(data)
         if not records:
@@ -165,11 +176,13 @@ class _Sharded:
             path = (
                 f"{host.workdir}/groundtruth/shards/{hashlib.sha256(data).hexdigest()[:16]}.jsonl"
             )
-            if bundle.ensure_and_find(host, [path]).missing:
-                host.put_bytes(data, path)
+            carry: list = []  # a small slice travels inside the job start: no round trip
+            carry_or_push(host, data, path, carry)
             # a shard: the same options (so the same EvalSpec over this host's role) and
             # its slice of the ground truth, evaluated whole
-            job = build_spec(host, spec, self.checkpoint, self.options, exact_file=path)
+            job = build_spec(
+                host, spec, self.checkpoint, self.options, exact_file=path, carry=carry
+            )
             job["shard"] = {"run_id": self.run_id, "indices": indices}
             ref = remote_eval.start_job(host, job, job_id, preflight=True, follow=True)
             out.job_id = ref.job_id
@@ -237,8 +250,8 @@ class _Sharded:
             ):
                 self.hosts[spec.name] = host
             try:
-                # Bundles first, in parallel: each host pays its own push at most once.
-                list(pool.map(bundle.ensure, self.hosts.values()))
+                # No separate look for the bundles: each job start runs it where it is and
+                # pushes it where it is not (`remote_eval.start_job`), once per host.
                 gt, gt_info, gt_job = self.ground_truth()
                 sampling = gt_job.get("sampling") or {}
                 max_new = int(sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)

@@ -123,7 +123,9 @@ def check(spec: dict, engine: EvalSpec | None = None) -> dict:
         )
     groundtruth.check_greedy(spec.get("sampling") or {})
     if kind == "file":
-        if not gt.get("path") or not Path(gt["path"]).is_file():
+        if gt.get("deferred"):  # arrives in the job's folder after the start
+            pass
+        elif not gt.get("path") or not Path(gt["path"]).is_file():
             raise UserError(f"ground truth file {gt.get('path')} does not exist on this host")
     else:
         prompts = (spec.get("prompts") or {}).get("path")
