@@ -40,6 +40,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -497,6 +498,11 @@ def run_eval_job(path: Path, spec: dict, events: EventLog, engine: EvalSpec | No
         events.emit("phase", phase="await_ground_truth")
         arrived = await_file(path / GT_DEFERRED_FILE, float(gt["deferred"]))
         spec = dict(spec, ground_truth=dict(gt, path=str(arrived)))
+    loading = None
+    if gt.get("kind") in groundtruth.SERVER_KINDS and spec.get("stop_after") != "ground_truth":
+        # A server makes the ground truth: the target loads here meanwhile (this process
+        # only waits for answers), not after it.
+        loading = _in_background(load_model)
     events.emit("phase", phase="ground_truth", source=gt.get("kind"))
     gt_path, gt_info = groundtruth.prepare(
         spec, emit=events.emit, engine=engine, load_model=load_model
@@ -504,6 +510,8 @@ def run_eval_job(path: Path, spec: dict, events: EventLog, engine: EvalSpec | No
     write_json_atomic(path / "ground_truth.json", gt_info)
     if spec.get("stop_after") == "ground_truth":
         return 0
+    if loading is not None:
+        loading()  # its error, if any, is the job's
     # The job's spec with this host's paths: passed to the engine as it is (and kept).
     engine = build_eval_spec(path, engine, gt_path)
     write_json_atomic(path / "eval_spec.json", engine.to_json())
@@ -515,6 +523,29 @@ def run_eval_job(path: Path, spec: dict, events: EventLog, engine: EvalSpec | No
     )
     annotate_result(path / "result.json", gt_info, spec, engine)
     return 0
+
+
+def _in_background(work: Callable[[], Any]) -> Callable[[], Any]:
+    """Start `work` in a daemon thread; the returned function waits for it and gives its
+    value or raises its exception."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:  # handed to the waiter, raised there
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="load-target", daemon=True)
+    thread.start()
+
+    def wait() -> Any:
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return wait
 
 
 AWAIT_POLL_SECONDS = 0.02

@@ -279,6 +279,22 @@ def test_carried_files_are_checked_before_a_job_starts(tmp_path):
     assert written[0].read_bytes() == data
 
 
+def test_a_deferred_ground_truth_is_awaited_and_its_absence_is_one_line(tmp_path):
+    """A job whose file ground truth is deferred waits for it in its folder (pushed whole,
+    by a rename) and fails in one line when it does not come in time."""
+    import threading
+
+    from remote import jobs
+    from remote.errors import UserError
+    from remote.protocol import GT_DEFERRED_FILE
+
+    target = tmp_path / GT_DEFERRED_FILE
+    with pytest.raises(UserError, match="did not arrive in 0.2s.*controller stopped"):
+        jobs.await_file(target, 0.2)
+    threading.Timer(0.3, lambda: target.write_text("{}\n")).start()
+    assert jobs.await_file(target, 10.0) == target
+
+
 def _wait_for(predicate, what: str, limit: float = 240.0):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
