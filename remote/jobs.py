@@ -421,9 +421,10 @@ def run(path: Path, preflight: bool = False) -> int:
             raise UserError(f"unknown job kind {kind!r}")
         else:
             engine = job_engine(spec)  # the job's EvalSpec, read once for every phase
+            checked: dict = {}
             if preflight:
-                _run_preflight(path, spec, engine)
-            code = run_eval_job(path, spec, events, engine)
+                _run_preflight(path, spec, engine, checked)
+            code = run_eval_job(path, spec, events, engine, checked.get("plan"))
         finish(
             path,
             events,
@@ -441,11 +442,11 @@ def run(path: Path, preflight: bool = False) -> int:
         return 1
 
 
-def _run_preflight(path: Path, spec: dict, engine: EvalSpec) -> None:
+def _run_preflight(path: Path, spec: dict, engine: EvalSpec, keep: dict) -> None:
     from remote.eval import preflight
 
     try:
-        report = preflight.check(spec, engine)
+        report = preflight.check(spec, engine, keep)
     except UserError as exc:
         write_json_atomic(path / "preflight.json", {"ok": False, "error": str(exc)})
         raise
@@ -469,13 +470,21 @@ def job_engine(spec: dict) -> EvalSpec:
         raise UserError(f"job spec: {exc}") from None
 
 
-def run_eval_job(path: Path, spec: dict, events: EventLog, engine: EvalSpec | None = None) -> int:
+def run_eval_job(
+    path: Path,
+    spec: dict,
+    events: EventLog,
+    engine: EvalSpec | None = None,
+    plan: tuple | None = None,
+) -> int:
     """Phase 1: ground truth (cached on the host). Phase 2: the eval engine, IN this process
     (one python start and one torch import per job, not two), its events appended to
     ``events.jsonl`` with the time they happened. Its one-line errors fail the job as the
-    runner's own do. `engine`: the job's EvalSpec when the caller read it already. A local
-    ground truth generates with the target the engine then evaluates with: loaded once
-    (`remote.eval.target`), not once per phase."""
+    runner's own do. `engine`: the job's EvalSpec when the caller read it already. The
+    target is loaded once (`remote.eval.target`), before the engine, from `plan` (the host
+    checks' description of it) when given: a local ground truth generates with the target
+    the engine then evaluates with, and a server's or a deferred file's ground truth is
+    made or awaited while it loads."""
     from remote.eval import engine as evaluate
     from remote.eval import groundtruth
 
@@ -488,7 +497,8 @@ def run_eval_job(path: Path, spec: dict, events: EventLog, engine: EvalSpec | No
 
             from remote.eval import target as target_mod
 
-            loaded.append(target_mod.load_target(engine.target, getattr(torch, engine.dtype)))
+            dtype = getattr(torch, engine.dtype)
+            loaded.append(target_mod.load_target(engine.target, dtype, plan))
         return loaded[0].model
 
     gt = spec.get("ground_truth") or {}
