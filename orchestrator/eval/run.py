@@ -322,56 +322,19 @@ def _decode_files(host: Host, job_id: str, files: object) -> dict[str, bytes]:
 
 def finish_local(run_dir: Path) -> Path:
     """After a pull: draw the plots beside the JSON (best effort: a plotting problem never
-    loses a result). The run's own plots and the folder's tau-by-step plot are drawn at
-    once, in this process and a forked child (`_side_by_side`): they are the last thing a
-    `remote-eval` waits for, and the job's host is idle by then."""
-    error = run_dir / "plots-error.txt"
+    loses a result)."""
     try:
         from orchestrator.results import plots
         from orchestrator.results import store as results
 
         run = results.load_run(run_dir)
-        runs = results.list_runs(run_dir.parent)
-        _side_by_side(
-            lambda: plots.plot_run(run, run_dir),
-            lambda: plots.plot_tau_by_step(runs, run_dir.parent / "tau_by_step.png"),
-            error,
+        plots.plot_run(run, run_dir)
+        plots.plot_tau_by_step(
+            results.list_runs(run_dir.parent), run_dir.parent / "tau_by_step.png"
         )
     except Exception as exc:  # plots are a convenience; the JSON is the result
-        error.write_text(f"{type(exc).__name__}: {exc}\n")
+        (run_dir / "plots-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
     return run_dir
-
-
-def _side_by_side(first: Callable[[], object], second: Callable[[], object], error: Path) -> None:
-    """Run `first` here and `second` in a forked child at the same time (drawing is CPU
-    work that holds the GIL: threads would take turns); the child writes its own failure
-    to `error`. Where fork is missing, one after the other."""
-    if not hasattr(os, "fork") or (os.cpu_count() or 1) < 2:
-        first()
-        second()
-        return
-    warming = _warming.get("thread")
-    if warming is not None:  # no fork while that thread may be inside matplotlib
-        warming.join()
-    pid = os.fork()
-    if pid == 0:  # the child: draw, say what failed, and leave without cleanup
-        code = 0
-        try:
-            second()
-        except BaseException as exc:
-            code = 1
-            try:
-                error.write_text(f"{type(exc).__name__}: {exc}\n")
-            except BaseException:
-                pass
-        os._exit(code)
-    try:
-        first()
-    finally:
-        os.waitpid(pid, 0)
-
-
-_warming: dict[str, threading.Thread] = {}
 
 
 def warm_plots() -> threading.Thread:
@@ -387,7 +350,6 @@ def warm_plots() -> threading.Thread:
             pass
 
     thread = threading.Thread(target=work, name="warm-plots", daemon=True)
-    _warming["thread"] = thread
     thread.start()
     return thread
 
