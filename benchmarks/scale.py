@@ -165,9 +165,16 @@ def main() -> int:
         print(f"  sharded: ground-truth job {gt_job:.1f} s (start to end, on h1)")
         for job in result["shards"]["jobs"]:
             host_root = base / job["host"] / "dflash" / "jobs" / job["job_id"]
+            waited = _waited(host_root)
             print(
                 f"  sharded: {job['host']} job {_job_span(host_root):.1f} s, of which "
                 f"start-up (runner start to first sample) {_startup(host_root):.1f} s"
+                + (
+                    f", {waited:.1f} s of it loaded and waiting for its slice (started beside "
+                    "the ground-truth job)"
+                    if waited is not None
+                    else ""
+                )
             )
         # On a shared box other work can take a core: then the 2 hosts' summed per-sample
         # seconds grow against the 1 host's, and the ratio says more about the box than us.
@@ -201,6 +208,14 @@ def _job_span(job_dir: Path) -> float:
     """Seconds from the runner's spawn to its ``end`` event."""
     spawned = json.loads((job_dir / "pid.json").read_text())["started"]
     return next(e["time"] for e in _events(job_dir) if e["event"] == "end") - spawned
+
+
+def _waited(job_dir: Path) -> float | None:
+    """Seconds a job started early spent waiting for its ground truth (None: not early)."""
+    at = {e.get("phase"): e["time"] for e in _events(job_dir) if e["event"] == "phase"}
+    if "await_ground_truth" not in at:
+        return None
+    return at["ground_truth"] - at["await_ground_truth"]
 
 
 def _startup(job_dir: Path) -> float:

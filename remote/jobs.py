@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import binascii
+import hashlib
 import json
 import os
 import re
@@ -38,6 +40,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -45,11 +48,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from remote.atomic import write_json_atomic
+from remote.atomic import write_atomic, write_json_atomic
 from remote.errors import UserError
-from remote.protocol import RESULT_FILES, EvalSpec, SpecError
+from remote.protocol import (
+    CARRY_DIRS,
+    CARRY_MAX_BYTES,
+    GT_DEFERRED_FILE,
+    JOB_CARRY_KEY,
+    RESULT_FILES,
+    EvalSpec,
+    SpecError,
+)
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+CARRIED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 TERMINAL_STATES = ("done", "failed", "cancelled", "lost")
 HEARTBEAT_SECONDS = 5.0
 # A watcher reads new events this often (a stat and a read: cheap), and the job's full state
@@ -221,6 +233,8 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
     path = job_dir(workdir, job_id)
     # a bad engine spec is refused here, before a folder or a process exists
     threads = job_engine(spec).threads if "eval" in spec else None
+    spec = dict(spec)
+    write_carried(workdir, spec.pop(JOB_CARRY_KEY, None) or [])
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         path.mkdir()
@@ -273,6 +287,52 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
             f"{tail[0] if tail else 'no output'}"
         )
     return {"job_id": job_id, "dir": str(path), **info}
+
+
+def write_carried(workdir: str, carried: list) -> list[Path]:
+    """Write the input files a job start carries (`remote.protocol.JOB_CARRY_KEY`): each
+    ``{"path", "sha256", "data"}`` (data base64) goes to its path when no file is there yet.
+
+    The controller names the paths; this host checks them: a plain name directly inside
+    one of `CARRY_DIRS` under `workdir`, the data no bigger than `CARRY_MAX_BYTES` and
+    hashing to its ``sha256``. Written through a temp file and a rename (never through a
+    link planted at the name). A bad entry is one line and nothing of the job is made."""
+    if not isinstance(carried, list):
+        raise UserError("job spec: carried files must be a list")
+    if not carried:
+        return []
+    root = Path(os.path.expanduser(workdir))
+    allowed = set()
+    for d in CARRY_DIRS:
+        (root / d).mkdir(parents=True, exist_ok=True)
+        allowed.add((root / d).resolve())
+    checked = []
+    for item in carried:
+        if not isinstance(item, dict) or not all(
+            isinstance(item.get(k), str) for k in ("path", "sha256", "data")
+        ):
+            raise UserError("job spec: a carried file needs path, sha256 and data (strings)")
+        path = Path(os.path.expanduser(item["path"]))
+        where = path.parent.resolve()
+        if where not in allowed or not CARRIED_NAME_RE.match(path.name):
+            raise UserError(
+                f"job spec: carried file {item['path']} is not a plain name in "
+                f"{', '.join(str(root / d) for d in CARRY_DIRS)}"
+            )
+        try:
+            data = base64.b64decode(item["data"], validate=True)
+        except (binascii.Error, ValueError):
+            raise UserError(f"job spec: carried file {path.name} is not base64") from None
+        if len(data) > CARRY_MAX_BYTES or hashlib.sha256(data).hexdigest() != item["sha256"]:
+            raise UserError(
+                f"job spec: carried file {path.name} does not match its sha256 "
+                f"(or is over {CARRY_MAX_BYTES} bytes); nothing was started"
+            )
+        checked.append((where / path.name, data))
+    for target, data in checked:
+        if not target.is_file() or target.is_symlink():  # content-addressed: there is done
+            write_atomic(target, data)
+    return [t for t, _ in checked]
 
 
 # Under the controller's 120 s limit on `job start`, as the separate preflight had.
@@ -361,9 +421,10 @@ def run(path: Path, preflight: bool = False) -> int:
             raise UserError(f"unknown job kind {kind!r}")
         else:
             engine = job_engine(spec)  # the job's EvalSpec, read once for every phase
+            checked: dict = {}
             if preflight:
-                _run_preflight(path, spec, engine)
-            code = run_eval_job(path, spec, events, engine)
+                _run_preflight(path, spec, engine, checked)
+            code = run_eval_job(path, spec, events, engine, checked.get("plan"))
         finish(
             path,
             events,
@@ -381,11 +442,11 @@ def run(path: Path, preflight: bool = False) -> int:
         return 1
 
 
-def _run_preflight(path: Path, spec: dict, engine: EvalSpec) -> None:
+def _run_preflight(path: Path, spec: dict, engine: EvalSpec, keep: dict) -> None:
     from remote.eval import preflight
 
     try:
-        report = preflight.check(spec, engine)
+        report = preflight.check(spec, engine, keep)
     except UserError as exc:
         write_json_atomic(path / "preflight.json", {"ok": False, "error": str(exc)})
         raise
@@ -409,13 +470,21 @@ def job_engine(spec: dict) -> EvalSpec:
         raise UserError(f"job spec: {exc}") from None
 
 
-def run_eval_job(path: Path, spec: dict, events: EventLog, engine: EvalSpec | None = None) -> int:
+def run_eval_job(
+    path: Path,
+    spec: dict,
+    events: EventLog,
+    engine: EvalSpec | None = None,
+    plan: tuple | None = None,
+) -> int:
     """Phase 1: ground truth (cached on the host). Phase 2: the eval engine, IN this process
     (one python start and one torch import per job, not two), its events appended to
     ``events.jsonl`` with the time they happened. Its one-line errors fail the job as the
-    runner's own do. `engine`: the job's EvalSpec when the caller read it already. A local
-    ground truth generates with the target the engine then evaluates with: loaded once
-    (`remote.eval.target`), not once per phase."""
+    runner's own do. `engine`: the job's EvalSpec when the caller read it already. The
+    target is loaded once (`remote.eval.target`), before the engine, from `plan` (the host
+    checks' description of it) when given: a local ground truth generates with the target
+    the engine then evaluates with, and a server's or a deferred file's ground truth is
+    made or awaited while it loads."""
     from remote.eval import engine as evaluate
     from remote.eval import groundtruth
 
@@ -423,20 +492,36 @@ def run_eval_job(path: Path, spec: dict, events: EventLog, engine: EvalSpec | No
     loaded: list = []
 
     def load_model():
-        import torch
+        if not loaded:
+            import torch
 
-        from remote.eval import target as target_mod
+            from remote.eval import target as target_mod
 
-        loaded.append(target_mod.load_target(engine.target, getattr(torch, engine.dtype)))
+            dtype = getattr(torch, engine.dtype)
+            loaded.append(target_mod.load_target(engine.target, dtype, plan))
         return loaded[0].model
 
-    events.emit("phase", phase="ground_truth", source=spec.get("ground_truth", {}).get("kind"))
+    gt = spec.get("ground_truth") or {}
+    if gt.get("kind") == "file" and gt.get("deferred"):
+        # Its target is loaded while the ground truth is still on its way.
+        load_model()
+        events.emit("phase", phase="await_ground_truth")
+        arrived = await_file(path / GT_DEFERRED_FILE, float(gt["deferred"]))
+        spec = dict(spec, ground_truth=dict(gt, path=str(arrived)))
+    loading = None
+    if gt.get("kind") in groundtruth.SERVER_KINDS and spec.get("stop_after") != "ground_truth":
+        # A server makes the ground truth: the target loads here meanwhile (this process
+        # only waits for answers), not after it.
+        loading = _in_background(load_model)
+    events.emit("phase", phase="ground_truth", source=gt.get("kind"))
     gt_path, gt_info = groundtruth.prepare(
         spec, emit=events.emit, engine=engine, load_model=load_model
     )
     write_json_atomic(path / "ground_truth.json", gt_info)
     if spec.get("stop_after") == "ground_truth":
         return 0
+    if loading is not None:
+        loading()  # its error, if any, is the job's
     # The job's spec with this host's paths: passed to the engine as it is (and kept).
     engine = build_eval_spec(path, engine, gt_path)
     write_json_atomic(path / "eval_spec.json", engine.to_json())
@@ -448,6 +533,46 @@ def run_eval_job(path: Path, spec: dict, events: EventLog, engine: EvalSpec | No
     )
     annotate_result(path / "result.json", gt_info, spec, engine)
     return 0
+
+
+def _in_background(work: Callable[[], Any]) -> Callable[[], Any]:
+    """Start `work` in a daemon thread; the returned function waits for it and gives its
+    value or raises its exception."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:  # handed to the waiter, raised there
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="load-target", daemon=True)
+    thread.start()
+
+    def wait() -> Any:
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return wait
+
+
+AWAIT_POLL_SECONDS = 0.02
+
+
+def await_file(file: Path, limit: float) -> Path:
+    """`file` once it exists (a deferred ground truth: pushed whole, by a rename); a one-line
+    error after `limit` seconds without it."""
+    deadline = time.monotonic() + limit
+    while not file.is_file():
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"the ground truth for this job did not arrive in {limit:g}s "
+                f"({file.name} in {file.parent}); was its controller stopped?"
+            )
+        time.sleep(AWAIT_POLL_SECONDS)
+    return file
 
 
 def build_eval_spec(path: Path, engine: EvalSpec, gt_path: str) -> EvalSpec:

@@ -51,9 +51,23 @@ RESULT_FILES = (
     "log.txt",
 )
 
+# Small input files a job start carries inside its spec (under JOB_CARRY_KEY: a list of
+# ``{"path", "sha256", "data"}``, data base64), so that pushing them costs no round trip of
+# its own: ``job start`` writes each one, content-addressed, before it spawns the runner,
+# and drops the list from the spec it keeps. Only under these folders of the host's
+# workdir, and only files up to CARRY_MAX_BYTES (bigger ones are pushed on their own).
+JOB_CARRY_KEY = "carry"
+CARRY_DIRS = ("prompts", "groundtruth/shards")
+CARRY_MAX_BYTES = 4 * 1024 * 1024
+
 # ---- ground truth -----------------------------------------------------------------------
 
 GT_KINDS = ("sglang", "openai", "openai-text", "file", "local")
+# A ``file`` ground truth may be DEFERRED (``{"kind": "file", "deferred": seconds}``): the
+# job starts (imports, checks, loads its target) before its file exists, and waits up to
+# that many seconds for it to arrive in its own folder under this name. A sharded eval
+# starts its shards so while the ground truth is still being made, then pushes each slice.
+GT_DEFERRED_FILE = "ground_truth.in.jsonl"
 GT_DEFAULT_TIMEOUT = 300.0  # seconds per request
 # Requests in flight at once to a ground-truth server: serving engines batch concurrent
 # requests, so 16 prompts cost about what one does.

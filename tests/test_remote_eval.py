@@ -4,8 +4,11 @@ ground-truth HTTP server answering with the target's greedy ids."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -177,13 +180,13 @@ def test_remote_eval_pulls_results_second_run_reuses_bundle_and_ground_truth(
         assert section in show.stdout, section
 
 
-def test_an_eval_is_two_ssh_commands_after_connecting_and_pulls_checked_files(
+def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
     inventory, eval_sshd, monkeypatch, tmp_path
 ):
-    """With the bundle and the prompts on the host, `run_eval` sends one command that looks
-    for both and one that starts the job, streams its events and carries its result files
-    back; a later pull is one command; files a host names outside the result set are
-    never written, and garbled ones are refused in one line."""
+    """With the bundle on the host, `run_eval` sends ONE command: it carries the prompts
+    (written on the host, content-addressed), starts the job, streams its events and
+    carries its result files back; a later pull is one command; files a host names outside
+    the result set are never written, and garbled ones are refused in one line."""
     from orchestrator.errors import RemoteCommandError
     from orchestrator.eval import run
     from orchestrator.inventory import load_inventory
@@ -201,9 +204,15 @@ def test_an_eval_is_two_ssh_commands_after_connecting_and_pulls_checked_files(
 
     monkeypatch.setattr(hosts.SSHHost, "popen", popen)
     events: list[dict] = []
+    shutil.rmtree(workdir(eval_sshd) / "prompts")  # the start itself carries them
     run_dir = run.run_eval(inv, None, "step-0", options, on_event=events.append)
-    assert len(sent) == 2, sent
-    assert "job start" in sent[1] and "--follow" in sent[1] and "--pull" in sent[1]
+    assert len(sent) == 1, sent
+    assert "job start" in sent[0] and "--follow" in sent[0] and "--pull" in sent[0]
+    spec = json.loads((run_dir / "spec.json").read_text())
+    assert "carry" not in spec  # the carried bytes are not part of the job's record
+    prompts = Path(spec["prompts"]["path"])
+    assert prompts.parent == workdir(eval_sshd) / "prompts"
+    assert hashlib.sha256(prompts.read_bytes()).hexdigest() == spec["prompts"]["sha256"]
     assert [e["event"] for e in events if e["event"] in ("job", "done", "end")] == [
         "job",
         "done",
@@ -231,6 +240,59 @@ def test_an_eval_is_two_ssh_commands_after_connecting_and_pulls_checked_files(
         with pytest.raises(RemoteCommandError, match="result.json arrived garbled"):
             run.pull_results(host, "garbled", tmp_path / "garbled", forged)
         assert not (tmp_path / "garbled" / "garbled").exists()
+
+
+def test_carried_files_are_checked_before_a_job_starts(tmp_path):
+    """A job start writes the files it carries only as plain names inside the workdir's
+    prompts/ or groundtruth/shards/, whole and matching their sha256; anything else is
+    one line, and no job folder, process or file outside is made."""
+    from remote import jobs
+    from remote.errors import UserError
+
+    workdir = tmp_path / "wd"
+    data = b'{"prompt": "hi"}\n'
+    good = {
+        "path": str(workdir / "prompts" / "abc-chat.jsonl"),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "data": base64.b64encode(data).decode(),
+    }
+    (tmp_path / "elsewhere").mkdir()
+    (workdir / "prompts").mkdir(parents=True)
+    (workdir / "prompts" / "link").symlink_to(tmp_path / "elsewhere")
+    bad = [
+        ({**good, "path": str(tmp_path / "outside.jsonl")}, "is not a plain name"),
+        ({**good, "path": str(workdir / "prompts" / ".." / "x.jsonl")}, "is not a plain name"),
+        ({**good, "path": str(workdir / "prompts" / "link" / "x.jsonl")}, "is not a plain"),
+        ({**good, "sha256": "0" * 64}, "does not match its sha256"),
+        ({**good, "data": "not base64!"}, "is not base64"),
+        ({"path": good["path"]}, "needs path, sha256 and data"),
+    ]
+    for item, message in bad:
+        with pytest.raises(UserError, match=message):
+            jobs.start(str(workdir), "j1", {"kind": "eval", "carry": [good, item]})
+        assert not (workdir / "jobs" / "j1").exists()
+        assert not (workdir / "prompts" / "abc-chat.jsonl").exists()  # none of the list
+    assert not (tmp_path / "outside.jsonl").exists()
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    written = jobs.write_carried(str(workdir), [good])
+    assert written == [workdir.resolve() / "prompts" / "abc-chat.jsonl"]
+    assert written[0].read_bytes() == data
+
+
+def test_a_deferred_ground_truth_is_awaited_and_its_absence_is_one_line(tmp_path):
+    """A job whose file ground truth is deferred waits for it in its folder (pushed whole,
+    by a rename) and fails in one line when it does not come in time."""
+    import threading
+
+    from remote import jobs
+    from remote.errors import UserError
+    from remote.protocol import GT_DEFERRED_FILE
+
+    target = tmp_path / GT_DEFERRED_FILE
+    with pytest.raises(UserError, match="did not arrive in 0.2s.*controller stopped"):
+        jobs.await_file(target, 0.2)
+    threading.Timer(0.3, lambda: target.write_text("{}\n")).start()
+    assert jobs.await_file(target, 10.0) == target
 
 
 def _wait_for(predicate, what: str, limit: float = 240.0):

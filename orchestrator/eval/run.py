@@ -36,7 +36,7 @@ from orchestrator.eval.spec import EvalOptions, build_spec, new_job_id, resolve_
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, HostError, Process, Result, open_host
-from remote.protocol import RESULT_FILES
+from remote.protocol import JOB_CARRY_KEY, RESULT_FILES
 
 REQUIRED_RESULT_FILES = ("result.json",)
 
@@ -96,7 +96,6 @@ def start_job(
     failed check raises its one line with no job left on the host. With `follow`, the same
     SSH command then streams the job's events and, at its end, its result files
     (``ref.stream``, read by `watch`): no second command to start."""
-    _, pushed = bundle.ensure(host)
     job_id = job_id or new_job_id(spec.get("checkpoint") or "job")
     argv = [
         "job",
@@ -108,10 +107,9 @@ def start_job(
     ]
     stream = None
     if follow:
-        stream = host.popen(bundle.remote_command(host, [*argv, "--follow", "--pull"]))
-        stream.write(json.dumps(spec).encode())
-        stream.close_stdin()
-        info = _first_json_line(host, stream, argv)
+        # No round trip to look for the bundle first: the line runs it where it is there
+        # and says so where it is not (`bundle.first_line`); then it is pushed and run again.
+        stream, info = _start_following(host, [*argv, "--follow", "--pull"], spec)
     else:
         info = bundle.run_remote_json(host, argv, payload=spec, timeout=120)
     return JobRef(
@@ -120,15 +118,40 @@ def start_job(
         dir=info["dir"],
         pid=info["pid"],
         pgid=info["pgid"],
-        bundle_pushed=pushed or bundle.was_pushed(host),
-        spec=spec,
+        bundle_pushed=bundle.was_pushed(host),
+        spec={k: v for k, v in spec.items() if k != JOB_CARRY_KEY},
         stream=stream,
     )
 
 
-def _first_json_line(host: Host, proc: Process, argv: Sequence[str]) -> dict:
+def _start_following(host: Host, argv: Sequence[str], spec: dict) -> tuple[Process, dict]:
+    """Run `argv` (a ``job start --follow``) with `spec` on its stdin; (its stream, the
+    start's answer). Where this process has not seen the bundle on `host` yet, the command
+    is guarded: a host without it runs nothing, and the bundle is pushed and the command
+    sent again."""
+    payload = json.dumps(spec).encode()
+    line, guarded = bundle.first_line(host, argv)
+    while True:
+        stream = host.popen(line)
+        try:
+            stream.write(payload)
+            stream.close_stdin()
+        except OSError:  # a guarded line that found no bundle may be gone already
+            pass
+        try:
+            return stream, _first_json_line(host, stream, argv, guarded)
+        except _BundleMissing:
+            line, guarded = bundle.remote_command(host, argv), False
+
+
+class _BundleMissing(Exception):
+    """A guarded command (`bundle.first_line`) found no bundle on the host."""
+
+
+def _first_json_line(host: Host, proc: Process, argv: Sequence[str], guarded: bool = False) -> dict:
     """The JSON document on `proc`'s first line of output; the command's own one-line
-    error if it ended without one. What follows stays unread, for `watch`."""
+    error if it ended without one (`_BundleMissing` where a `guarded` line found no
+    bundle). What follows stays unread, for `watch`."""
     line = b""
     while not line.endswith(b"\n"):
         chunk = proc.read(1)  # byte by byte: nothing after the line may be consumed here
@@ -138,10 +161,14 @@ def _first_json_line(host: Host, proc: Process, argv: Sequence[str]) -> dict:
     try:
         info = json.loads(line)
         if isinstance(info, dict):
+            if guarded:
+                bundle.seen(host)
             return info
     except ValueError:
         pass
     code = proc.wait()
+    if guarded and bundle.was_missing(host, code, proc.stderr()):
+        raise _BundleMissing()
     bundle.check_result(host, Result("", proc.stderr(), code or 1), argv)
     raise RemoteCommandError(f"{host.name}: remote {argv[0]} printed no JSON ({line[:200]!r})")
 
@@ -443,8 +470,8 @@ def _start(
     job_id: str | None,
     follow: bool = False,
 ) -> JobRef:
-    # The spec first: pushing its prompts looks for the bundle in the same round trip.
-    job = build_spec(host, spec, checkpoint, options)
+    # Small inputs (the prompts) travel inside the job start: one SSH command in all.
+    job = build_spec(host, spec, checkpoint, options, carry=[])
     return start_job(host, job, job_id, preflight=True, follow=follow)
 
 

@@ -33,6 +33,8 @@ The everyday path is one call::
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import hashlib
 import json
@@ -47,13 +49,17 @@ from pathlib import Path
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import run as remote_eval
-from orchestrator.eval.run import JobError
+from orchestrator.eval.run import JobError, JobRef
 from orchestrator.eval.shard_plan import merge_result, plan_shards
-from orchestrator.eval.spec import EvalOptions, build_spec
+from orchestrator.eval.spec import EvalOptions, build_spec, carry_or_push
 from orchestrator.inventory import HostSpec, Inventory
-from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
+from remote.protocol import GT_DEFERRED_FILE
+
+# How long a shard job started early waits for its slice of the ground truth before it
+# gives up (a controller that went away must not leave it holding its target for ever).
+EARLY_WAIT_SECONDS = 3600.0
 
 HostEventHandler = Callable[[str, dict], None]
 
@@ -91,6 +97,14 @@ def _gt_lines(records: list[dict], indices: list[int]) -> bytes:
         + b"\n"
         for i in indices
     )
+
+
+def _carried(end: dict, name: str) -> bytes | None:
+    """The result file `name` a watch's end carried (``--pull``), or None (then fetch it)."""
+    try:
+        return base64.b64decode((end.get("files") or {})[name], validate=True)
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        return None
 
 
 def _read_jsonl(data: bytes) -> list[dict]:
@@ -142,7 +156,9 @@ class _Sharded:
                 f"ground truth job {ref.job_id} on {spec.name} {end['state']}"
                 f"{': ' + err if err else ''}"
             )
-        info = json.loads(host.get_bytes(f"{ref.dir}/ground_truth.json"))
+        info = json.loads(
+            _carried(end, "ground_truth.json") or host.get_bytes(f"{ref.dir}/ground_truth.json")
+        )
         data = host.get_bytes(info["file"])
         records = _read_jsonl(data)
         if not records:
@@ -152,26 +168,49 @@ class _Sharded:
         return records, info, job
 
     # -- one shard -----------------------------------------------------------------------
+    def _job_id(self, spec: HostSpec) -> str:
+        self.attempts[spec.name] = self.attempts.get(spec.name, 0) + 1
+        return f"{self.run_id}-{spec.name}-{self.attempts[spec.name]}"
+
+    def start_early(self, spec: HostSpec) -> JobRef:
+        """Start a shard's job before its samples are known, while the ground truth is
+        still being made: its ground truth is a DEFERRED file (`remote.protocol.
+        GT_DEFERRED_FILE`), so it imports, runs its checks and loads its target now and
+        waits for its slice, which `run_shard` pushes into its folder."""
+        host = self.hosts[spec.name]
+        job = build_spec(host, spec, self.checkpoint, self.options, exact_file="(deferred)")
+        job["ground_truth"] = {
+            **{k: v for k, v in job["ground_truth"].items() if k != "path"},
+            "deferred": EARLY_WAIT_SECONDS,
+        }
+        job["shard"] = {"run_id": self.run_id, "indices": None, "started_early": True}
+        return remote_eval.start_job(host, job, self._job_id(spec), preflight=True, follow=True)
+
     def run_shard(
-        self, spec: HostSpec, indices: list[int], gt: list[dict], out: _Outcome
+        self,
+        spec: HostSpec,
+        indices: list[int],
+        gt: list[dict],
+        out: _Outcome,
+        early: Future | None = None,
     ) -> _Outcome:
         """Push the slice, start the job, watch it, pull it. Never raises: a failure is
-        recorded in `out` with the records received until then."""
+        recorded in `out` with the records received until then. `early`: the job
+        `start_early` started on this host (its slice goes into its folder); one that
+        failed to start, or ended without its slice, is replaced by a fresh start."""
         host = self.hosts[spec.name]
-        self.attempts[spec.name] = self.attempts.get(spec.name, 0) + 1
-        job_id = f"{self.run_id}-{spec.name}-{self.attempts[spec.name]}"
         try:
             data = _gt_lines(gt, indices)
-            path = (
-                f"{host.workdir}/groundtruth/shards/{hashlib.sha256(data).hexdigest()[:16]}.jsonl"
-            )
-            if bundle.ensure_and_find(host, [path]).missing:
-                host.put_bytes(data, path)
-            # a shard: the same options (so the same EvalSpec over this host's role) and
-            # its slice of the ground truth, evaluated whole
-            job = build_spec(host, spec, self.checkpoint, self.options, exact_file=path)
-            job["shard"] = {"run_id": self.run_id, "indices": indices}
-            ref = remote_eval.start_job(host, job, job_id, preflight=True, follow=True)
+            ref = None
+            if early is not None:
+                try:
+                    ref = early.result()
+                except Exception:  # a fresh start below says what is wrong, in one line
+                    ref = None
+            if ref is not None:
+                host.put_bytes(data, f"{ref.dir}/{GT_DEFERRED_FILE}")
+            else:
+                ref = self._start_with(host, spec, indices, data)
             out.job_id = ref.job_id
             self.emit(
                 spec.name,
@@ -193,6 +232,12 @@ class _Sharded:
                 self.emit(spec.name, ev)
 
             end = remote_eval.watch(host, ref.job_id, on_event, stream=ref.stream)
+            if end["state"] != "done" and early is not None and not out.records:
+                # The early job ended before it evaluated anything (its wait ran out, or it
+                # failed on its own): once more, started the ordinary way.
+                ref = self._start_with(host, spec, indices, data)
+                out.job_id = ref.job_id
+                end = remote_eval.watch(host, ref.job_id, on_event, stream=ref.stream)
             if end["state"] != "done":
                 err = (end.get("exit") or {}).get("error")
                 raise JobError(f"job {ref.job_id} {end['state']}{': ' + err if err else ''}")
@@ -224,11 +269,38 @@ class _Sharded:
             )
         return out
 
+    def _start_with(self, host: Host, spec: HostSpec, indices: list[int], data: bytes) -> JobRef:
+        """Start a shard's job with its slice `data` as its ground truth file."""
+        path = f"{host.workdir}/groundtruth/shards/{hashlib.sha256(data).hexdigest()[:16]}.jsonl"
+        carry: list = []  # a small slice travels inside the job start: no round trip
+        carry_or_push(host, data, path, carry)
+        # a shard: the same options (so the same EvalSpec over this host's role) and
+        # its slice of the ground truth, evaluated whole
+        job = build_spec(host, spec, self.checkpoint, self.options, exact_file=path, carry=carry)
+        job["shard"] = {"run_id": self.run_id, "indices": indices}
+        return remote_eval.start_job(host, job, self._job_id(spec), preflight=True, follow=True)
+
+    def cancel_early(self, early: dict[str, Future]) -> None:
+        """Stop the early jobs no shard took (a host the plan left idle, a failed run)."""
+        for name, fut in early.items():
+            try:
+                ref = fut.result()
+            except Exception:
+                continue
+            try:
+                if ref.stream is not None:
+                    ref.stream.kill()
+                remote_eval.cancel(self.hosts[name], ref.job_id)
+            except Exception:  # best effort: it ends by itself when its wait runs out
+                pass
+
     # -- the whole run -------------------------------------------------------------------
     def run(self) -> Path:
         t0 = time.time()
         names = [s.name for s in self.specs]
         by_name = {s.name: s for s in self.specs}
+        early: dict[str, Future] = {}
+        starter = ThreadPoolExecutor(max_workers=len(self.specs))
         with ThreadPoolExecutor(max_workers=len(self.specs)) as pool:
             for spec, host in zip(
                 self.specs,
@@ -237,8 +309,11 @@ class _Sharded:
             ):
                 self.hosts[spec.name] = host
             try:
-                # Bundles first, in parallel: each host pays its own push at most once.
-                list(pool.map(bundle.ensure, self.hosts.values()))
+                # No separate look for the bundles: each job start runs it where it is and
+                # pushes it where it is not (`remote_eval.start_job`), once per host.
+                # Every host's shard job starts now, beside the ground-truth job: its
+                # start-up (imports, checks, the target's load) overlaps that phase.
+                early = {s.name: starter.submit(self.start_early, s) for s in self.specs}
                 gt, gt_info, gt_job = self.ground_truth()
                 sampling = gt_job.get("sampling") or {}
                 max_new = int(sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
@@ -256,13 +331,19 @@ class _Sharded:
 
                 def submit(host: str, indices: list[int]) -> None:
                     out = _Outcome(host, indices)
-                    running[pool.submit(self.run_shard, by_name[host], indices, gt, out)] = out
+                    fut = pool.submit(
+                        self.run_shard, by_name[host], indices, gt, out, early.pop(host, None)
+                    )
+                    running[fut] = out
 
                 for shard in plan:
                     if shard.indices:
                         submit(shard.host, shard.indices)
                     else:
                         idle.append(shard.host)
+                # hosts the plan left idle: their early jobs stop (in the background: a
+                # start may still be under way)
+                starter.submit(self.cancel_early, {h: early.pop(h) for h in idle if h in early})
                 pending: list[int] = []
                 while running:
                     done, _ = wait(list(running), return_when=FIRST_COMPLETED)
@@ -302,6 +383,8 @@ class _Sharded:
                             f"{reassigned[-1]['reason']})"
                         )
             finally:
+                self.cancel_early(early)
+                starter.shutdown(wait=False)
                 for host in self.hosts.values():
                     host.close()
 

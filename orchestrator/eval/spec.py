@@ -11,6 +11,7 @@ Nothing here restates a spec field: the EvalSpec passes through whole.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 import secrets
@@ -22,17 +23,19 @@ from orchestrator.errors import DflashError
 from orchestrator.inventory import EvalRole, HostSpec
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
-from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
-from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
-from remote.protocol import GT_DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from remote.protocol import (
+    CARRY_MAX_BYTES,
     GT_KINDS,
+    JOB_CARRY_KEY,
     JOB_ENGINE_DEFAULT,
     JOB_EVAL_KEY,
     JOB_SPEC_SCHEMA,
     EvalSpec,
     SpecError,
 )
+from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
+from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
+from remote.protocol import GT_DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"
@@ -160,20 +163,37 @@ def local_prompts(prompts: str) -> Path:
     return local
 
 
-def push_prompts(host: Host, prompts: str) -> dict:
-    """Put a built-in set or a local file on the host (content-addressed, pushed only when
-    missing; one round trip looks for it and for the bundle); returns the spec's
-    ``prompts`` entry."""
+def carry_or_push(host: Host, data: bytes, remote: str, carry: list | None) -> None:
+    """Get `data` to the file `remote` on the host (content-addressed by its caller). With a
+    `carry` list and a small file, it travels inside the job start (appended there, see
+    `remote.protocol.JOB_CARRY_KEY`): no round trip of its own. Otherwise one round trip
+    looks for it (and for the bundle) and it is pushed only when missing."""
+    if carry is not None and len(data) <= CARRY_MAX_BYTES:
+        carry.append(
+            {
+                "path": remote,
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "data": base64.b64encode(data).decode("ascii"),
+            }
+        )
+    elif bundle.ensure_and_find(host, [remote]).missing:
+        host.put_bytes(data, remote)
+
+
+def push_prompts(host: Host, prompts: str, carry: list | None = None) -> dict:
+    """Put a built-in set or a local file on the host (content-addressed: `carry_or_push`);
+    returns the spec's ``prompts`` entry."""
     local = local_prompts(prompts)
     data = local.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     remote = f"{host.workdir}/prompts/{digest[:16]}-{local.stem}.jsonl"
-    if bundle.ensure_and_find(host, [remote]).missing:
-        host.put_bytes(data, remote)
+    carry_or_push(host, data, remote, carry)
     return {"path": remote, "name": local.stem, "sha256": digest, "source": str(local)}
 
 
-def resolve_prompts(host: Host, spec: HostSpec, prompts: str | None) -> dict:
+def resolve_prompts(
+    host: Host, spec: HostSpec, prompts: str | None, carry: list | None = None
+) -> dict:
     if prompts is None and spec.eval and spec.eval.prompts:
         prompts = "host:" + spec.eval.prompts
     if prompts is None:
@@ -181,7 +201,7 @@ def resolve_prompts(host: Host, spec: HostSpec, prompts: str | None) -> dict:
     if prompts.startswith("host:"):
         path = host.expand(prompts[len("host:") :])
         return {"path": path, "name": Path(path).stem, "sha256": None, "source": prompts}
-    return push_prompts(host, prompts)
+    return push_prompts(host, prompts, carry)
 
 
 # ---- the job spec -----------------------------------------------------------------------
@@ -257,13 +277,16 @@ def build_spec(
     *,
     engine: EvalSpec | None = None,
     exact_file: str | None = None,
+    carry: list | None = None,
 ) -> dict:
     """The job spec (``dflash.job/1``) for evaluating `checkpoint` on `host`: ground truth,
     prompt selection and sampling, and the engine's `EvalSpec` (target and drafter paths on
     the host filled in) under ``eval``. `engine`: the settings to use as they are (paths
     included) instead of `options.engine_for` the host's role (a parity capture's).
     `exact_file`: a ground-truth file on the host that IS the selection (a shard's slice,
-    another host's ids): kind ``file``, every sample in it, no prompts."""
+    another host's ids): kind ``file``, every sample in it, no prompts. `carry`: small
+    input files (the prompts) travel inside the job start, appended to that list and
+    carried under ``carry`` (`carry_or_push`); only for a spec that `start_job` sends."""
     role = spec.eval
     if exact_file is not None:
         options = replace(options, ground_truth=exact_file, ground_truth_kind="file", prompts=None)
@@ -297,5 +320,7 @@ def build_spec(
         "workdir": host.workdir,
     }
     if job["ground_truth"]["kind"] != "file":
-        job["prompts"] = resolve_prompts(host, spec, options.prompts)
+        job["prompts"] = resolve_prompts(host, spec, options.prompts, carry)
+    if carry:
+        job[JOB_CARRY_KEY] = carry
     return job

@@ -73,9 +73,11 @@ def _model_folder(path: str | None, what: str) -> Path:
     return folder
 
 
-def check(spec: dict, engine: EvalSpec | None = None) -> dict:
+def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) -> dict:
     """Run every check on job `spec`; raise the first failure, else return what was found.
-    `engine`: the job's EvalSpec (its ``eval``) when the caller has read it already."""
+    `engine`: the job's EvalSpec (its ``eval``) when the caller has read it already.
+    `keep`: given, receives ``plan`` (`remote.model.load.plan_text`'s answer for the target
+    in the job's dtype) so the job loads the target without describing it again."""
     from remote.eval import groundtruth
 
     report: dict = {
@@ -123,7 +125,9 @@ def check(spec: dict, engine: EvalSpec | None = None) -> dict:
         )
     groundtruth.check_greedy(spec.get("sampling") or {})
     if kind == "file":
-        if not gt.get("path") or not Path(gt["path"]).is_file():
+        if gt.get("deferred"):  # arrives in the job's folder after the start
+            pass
+        elif not gt.get("path") or not Path(gt["path"]).is_file():
             raise UserError(f"ground truth file {gt.get('path')} does not exist on this host")
     else:
         prompts = (spec.get("prompts") or {}).get("path")
@@ -154,7 +158,9 @@ def check(spec: dict, engine: EvalSpec | None = None) -> dict:
     # What the engine checks before reading a tensor: whole shards, every text weight there.
     from remote.model.load import plan_text
 
-    plan_text(target, None, described)
+    plan = plan_text(target, None, described)
+    if keep is not None:
+        keep["plan"] = plan
     report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
     return _reachable(kind, gt, report)
 

@@ -127,7 +127,10 @@ def describe(path: str, dtype: torch.dtype | None = None) -> tuple[Any, nn.Modul
     return d.config, d.model, d.layout
 
 
-def load_target(path: str, dtype: torch.dtype = torch.bfloat16) -> Target:
-    """Load only the text backbone + head of the target in ``path``, in ``dtype``."""
-    d = load_text(path, dtype)
+def load_target(
+    path: str, dtype: torch.dtype = torch.bfloat16, plan: tuple | None = None
+) -> Target:
+    """Load only the text backbone + head of the target in ``path``, in ``dtype``; `plan`:
+    `remote.model.load.plan_text`'s answer for it in that dtype, when made already."""
+    d = load_text(path, dtype, plan)
     return Target(d.model, d.layout, dtype)

@@ -95,17 +95,19 @@ def _sequential_reads():
             os.environ[key] = before
 
 
-def load_text(folder: str | Path, dtype) -> Described:
+def load_text(folder: str | Path, dtype, plan: tuple | None = None) -> Described:
     """Describe the model in `folder` and load its text part in `dtype` (None: the config's).
 
     Returns the `Described` whose ``model`` has the backbone and head materialised on the
-    CPU (everything else stays on meta), in eval mode, without gradients.
+    CPU (everything else stays on meta), in eval mode, without gradients. `plan`: what
+    `plan_text` gave for this folder in this dtype (a job's host checks made it), so the
+    model is not described and planned twice.
     """
     import torch
     from transformers.core_model_loading import convert_and_load_state_dict_in_model
     from transformers.modeling_utils import LoadStateDictConfig
 
-    d, scan, wanted = plan_text(folder, dtype)
+    d, scan, wanted = plan or plan_text(folder, dtype)
     model, layout, dtype = d.model, d.layout, d.dtype
     tensors = lazy_tensors(d.folder, scan)
     state = {ck: tensors[ck] for ck in wanted}
