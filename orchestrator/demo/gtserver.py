@@ -53,12 +53,19 @@ class Greedy:
         return out[:, ids.shape[1] :].tolist()
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver's listen backlog is 5: 16 ground-truth requests opened at once overflowed
+    # it now and then and the kernel reset one (seen as a dropped connection by the eval).
+    # Serving engines listen with a deep backlog (uvicorn: 2048); so does this one.
+    request_queue_size = 128
+
+
 class LoopbackServer:
     """Serves a request handler class on 127.0.0.1 (a free port), in a daemon thread, from
     construction until `stop` (or the end of a ``with`` block)."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler]):
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = _Server(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
