@@ -229,7 +229,8 @@ def test_a_port_that_closes_at_once_is_not_called_a_timeout(make_inventory):
         took = time.monotonic() - t0
         out = proc.stdout + proc.stderr
         assert proc.returncode != 0
-        assert "closed the connection before any SSH greeting" in out, out
+        # Before any greeting as a rule; a reset of our own banner's write on a busy box
+        assert "closed the connection" in out and "is that port really sshd" in out, out
         assert "within 5" not in out and took < 30
     finally:
         stop.set()

@@ -420,10 +420,17 @@ class SSHHost(Host):
                 f"{where}: connection timed out after {self.spec.connect_timeout}s;"
                 " check the network, the port, or 'connect_timeout'"
             )
+        if isinstance(exc, (ConnectionResetError, ConnectionAbortedError)):
+            # A port that closes at once can reset our banner's write instead (a busy box)
+            return HostError(
+                f"{where}: closed the connection during the SSH handshake (reset); "
+                "is that port really sshd, and does it accept this machine?"
+            )
         if isinstance(exc, paramiko.SSHException) and (
             "banner" in str(exc) or "No existing session" in str(exc)
         ):
-            if isinstance(exc.__context__, EOFError):  # closed at once: no waiting involved
+            # closed at once (an EOF, or a reset on a busy box): no waiting involved
+            if isinstance(exc.__context__, (EOFError, ConnectionError)):
                 return HostError(
                     f"{where}: closed the connection before any SSH greeting; "
                     "is that port really sshd, and does it accept this machine?"
