@@ -270,7 +270,7 @@ def pull_results(host: Host, job_id: str, dest: str | os.PathLike, end: dict | N
             f"{status.get('state')}"
             f"{': ' + status['exit']['error'] if (status.get('exit') or {}).get('error') else ''})"
         )
-    files = _decode_files(host, job_id, status.get("files"))
+    files = decode_files(host, job_id, status.get("files"))
     remote_dir = str(status.get("dir") or "")
     dest = Path(dest)
     final = dest / job_id
@@ -299,9 +299,12 @@ def pull_results(host: Host, job_id: str, dest: str | os.PathLike, end: dict | N
     return final
 
 
-def _decode_files(host: Host, job_id: str, files: object) -> dict[str, bytes]:
-    """The host's ``{name: base64}``, checked: only known result file names (a host cannot
-    name a path), valid base64, and every required file there."""
+def decode_files(
+    host: Host, job_id: str, files: object, required: Sequence[str] = REQUIRED_RESULT_FILES
+) -> dict[str, bytes]:
+    """The host's ``{name: base64}`` (a watch's end with ``--pull``), checked: only known
+    result file names (a host cannot name a path), valid base64, and every `required`
+    file there."""
     if not isinstance(files, dict):
         raise RemoteCommandError(f"{host.name}: job {job_id}: the pull carried no files")
     out = {}
@@ -314,7 +317,7 @@ def _decode_files(host: Host, job_id: str, files: object) -> dict[str, bytes]:
             raise RemoteCommandError(
                 f"{host.name}: job {job_id}: {name} arrived garbled (not base64)"
             ) from None
-    for name in REQUIRED_RESULT_FILES:
+    for name in required:
         if name not in out:
             raise HostError(f"{host.name}: could not read {name} of job {job_id}")
     return out

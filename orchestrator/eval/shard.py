@@ -33,8 +33,6 @@ The everyday path is one call::
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import hashlib
 import json
@@ -99,12 +97,13 @@ def _gt_lines(records: list[dict], indices: list[int]) -> bytes:
     )
 
 
-def _carried(end: dict, name: str) -> bytes | None:
-    """The result file `name` a watch's end carried (``--pull``), or None (then fetch it)."""
-    try:
-        return base64.b64decode((end.get("files") or {})[name], validate=True)
-    except (KeyError, TypeError, ValueError, binascii.Error):
+def _carried(host: Host, job_id: str, end: dict, name: str) -> bytes | None:
+    """The result file `name` a watch's end carried (``--pull``), checked as every pulled
+    file is (`remote_eval.decode_files`); None when it carried none (then fetch it)."""
+    files = end.get("files")
+    if not isinstance(files, dict) or name not in files:
         return None
+    return remote_eval.decode_files(host, job_id, files, required=(name,))[name]
 
 
 def _read_jsonl(data: bytes) -> list[dict]:
@@ -157,7 +156,8 @@ class _Sharded:
                 f"{': ' + err if err else ''}"
             )
         info = json.loads(
-            _carried(end, "ground_truth.json") or host.get_bytes(f"{ref.dir}/ground_truth.json")
+            _carried(host, ref.job_id, end, "ground_truth.json")
+            or host.get_bytes(f"{ref.dir}/ground_truth.json")
         )
         data = host.get_bytes(info["file"])
         records = _read_jsonl(data)

@@ -196,7 +196,7 @@ def judge_complete(
     """Scan the trainer's checkpoint folder and mark each checkpoint complete or not
     (see the module docstring for the rules). Takes a second look only when needed.
     `first`: the folder's scan when it came already (with ``relay-send``'s ready frame)."""
-    first = first or scan(host, root)
+    first = first if first is not None else scan(host, root)
     if not first.exists:
         raise DflashError(
             f"{host.name}: checkpoint folder {root} does not exist; fix "

@@ -224,7 +224,7 @@ class Multiplexer:
         master is up already); commands and streams use each once it is up. Call it from
         the thread that lives as long as the relay: a private master ends with it."""
         hosts = tuple(h for h in hosts if not isinstance(h, hosts_mod.LocalHost))
-        configured = [getattr(h.settings, "shared_master", None) for h in hosts]
+        configured = [h.settings.shared_master for h in hosts]
         paths = [c[0] for c in configured if c]
         for host, shared in zip(hosts, configured, strict=True):
             usable = (

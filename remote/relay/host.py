@@ -285,12 +285,20 @@ class _Hasher:
         return self.h.hexdigest()
 
 
+def _direct_flag() -> int:
+    """O_DIRECT where this host has it and ``DFLASH_RELAY_BUFFERED=1`` does not turn direct
+    I/O off (see `_Writer`), else 0: the one switch for the receiver's writes and reads."""
+    if os.environ.get("DFLASH_RELAY_BUFFERED") == "1":
+        return 0
+    return getattr(os, "O_DIRECT", 0)
+
+
 def _reopen_direct(fd: int) -> int | None:
     """A second, O_DIRECT read descriptor of the file open as `fd` (Linux: through
     /proc/self/fd, which names that very file, not a path that could have changed), or
     None where that is not possible."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag or os.environ.get("DFLASH_RELAY_BUFFERED") == "1":
+    flag = _direct_flag()
+    if not flag:
         return None
     try:
         return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | flag)
@@ -908,6 +916,7 @@ class _Spool:
             self.free.put(memoryview(mmap.mmap(-1, CHUNK)))
         self.jobs: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
+        self.current: memoryview | None = None  # the buffer `read` filled last
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -1055,10 +1064,6 @@ class _Writer:
     def __init__(self, fd: int, direct: int | None, pos: int):
         self.fd, self.pos, self.direct = fd, pos, direct
 
-    def to_boundary(self) -> int:
-        """Bytes left to the next aligned offset (0 when aligned or not direct)."""
-        return (-self.pos) % ALIGN if self.direct is not None else 0
-
     def write(self, block: memoryview) -> int:
         """Write `block` (starting at an aligned address) at the current offset; returns the
         bytes that went through the page cache (for the syncer)."""
@@ -1099,10 +1104,10 @@ def _open_for_write(root_fd: int, rel: str, offset: int):
     dfd = _open_dirs(root_fd, parts[:-1], True, rel)
     try:
         fd = _open_leaf(dfd, parts[-1], os.O_RDWR | os.O_CREAT, rel)
-        direct = None
-        if hasattr(os, "O_DIRECT") and os.environ.get("DFLASH_RELAY_BUFFERED") != "1":
+        direct, flag = None, _direct_flag()
+        if flag:
             try:
-                direct = _open_leaf(dfd, parts[-1], os.O_WRONLY | os.O_DIRECT, rel)
+                direct = _open_leaf(dfd, parts[-1], os.O_WRONLY | flag, rel)
             except OSError:
                 pass  # not supported here: buffered writes only
     finally:
