@@ -213,6 +213,41 @@ def test_dropped_connection_resumes_inside_the_file(env, eval_sshd):
     assert again.checkpoints[0].destinations["evalhost"].bytes_skipped == kept
 
 
+@pytest.mark.parametrize("how", ["states", "no source cache", "verify"])
+def test_a_resume_at_a_saved_state_hashes_no_kept_prefix_again(env, trainer_sshd, eval_sshd, how):
+    """Killed past a grid point, the relay resumes at the newest hash state the
+    destination saved (its bytes after it are sent again): neither host reads the kept
+    prefix back (prefix_hashed 0). Without the source's cache the source hashes it
+    (the destination still does not); ``verify`` ignores saved states and resumes at the
+    partial's length with both prefixes hashed, as before. No sidecar is published."""
+    from remote.relay.sha256state import GRID, available
+
+    if not available():
+        pytest.skip("no resumable sha256 (libcrypto) on this host")
+    files = make_checkpoint(env.ckpt, "step_40", {"big.bin": 3 * GRID + 5})
+    total = 3 * GRID + 5
+    killer = KillAfter(eval_sshd, after=2 * GRID + 8 * MiB)
+    assert not env.relay(progress=killer, jobs=1).ok
+    partial = env.dst / ".partial-step_40" / "big.bin"
+    have = settled_size(partial)
+    assert GRID <= have < total
+    if how == "no source cache":
+        for entry in (trainer_sshd.root / "dflash" / "relay-states").iterdir():
+            entry.unlink()
+    again = env.relay(verify=how == "verify")
+    assert again.ok, again.failures
+    assert tree(env.dst / "step_40") == files
+    st = again.checkpoints[0].destinations["evalhost"]
+    kept = st.bytes_skipped
+    assert again.bytes_sent == total - kept
+    if how == "verify":
+        assert kept == have and st.prefix_hashed == 2 * have
+    else:
+        assert kept % GRID == 0 and have - 2 * GRID < kept <= have
+        assert st.prefix_hashed == (kept if how == "no source cache" else 0)
+    assert not list((env.dst / "step_40").glob(".dflash-states-*"))
+
+
 def test_interrupted_multi_file_keeps_finished_files(env, eval_sshd):
     files = make_checkpoint(env.ckpt, "step_20", {f"shard-{i}.bin": 4 * MiB for i in range(6)})
     # One stream for the six files, cut after five of them went through this machine:
@@ -668,7 +703,12 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where,
         assert (part / "sub dir" / "fresh.bin").read_bytes() == fresh
         assert (part / "resumed.bin").read_bytes() == whole
         assert lines[0] == {"i": 0, "sha256": hashlib.sha256(fresh).hexdigest(), "size": len(fresh)}
-        assert lines[1] == {"i": 1, "sha256": hashlib.sha256(whole).hexdigest(), "size": len(whole)}
+        assert lines[1] == {
+            "i": 1,
+            "sha256": hashlib.sha256(whole).hexdigest(),
+            "size": len(whole),
+            "prefix_read": kept,  # no saved state at an unaligned offset: read again
+        }
     finally:
         if where == "tmpfs":
             import shutil
@@ -712,11 +752,10 @@ def test_relay_send_frames_resumed_files_and_hashes_them_whole(tmp_path):
     assert pos == len(out)
     lines = file_lines(proc.stderr.decode())
     for i, name in enumerate(files):
-        assert lines[i] == {
-            "i": i,
-            "sha256": hashlib.sha256(data[name]).hexdigest(),
-            "size": files[name],
-        }
+        want = {"i": i, "sha256": hashlib.sha256(data[name]).hexdigest(), "size": files[name]}
+        if offsets[name]:  # no saved state: the kept prefix was read and hashed again
+            want["prefix_read"] = offsets[name]
+        assert lines[i] == want
 
 
 def test_local_transport_hosts_relay_publish_and_verify(tmp_path, make_inventory):

@@ -16,8 +16,12 @@ Planning has two halves with at most one round of hashing on the destinations be
      rest moves). Equal whole-file hashes prove the kept prefix; a prefix that differs
      shows up as a mismatch and the file is sent again from 0 (`transfer`). No prefix is
      hashed before the stream, so a resumed file costs one hash per host, not two, and no
-     round trip. Partial files the source no longer has are *stale* (removed before
-     sending, or they would be published with the checkpoint).
+     round trip. Where the destination's scan says it saved a hash state (`resume`, on
+     the grid of `remote.relay.sha256state`), the file resumes there instead: the bytes
+     after it are sent again, and neither host hashes the prefix (the source continues
+     from its own saved state, or falls back to hashing it). ``verify`` ignores saved
+     states. Partial files the source no longer has are *stale* (removed before sending,
+     or they would be published with the checkpoint).
 
    Its `Draft` lists the hash requests per destination (``relay-hash`` documents: verify).
 2. `decide` takes the answers and settles each file on each destination: skip it
@@ -222,13 +226,16 @@ def draft(
                     "relay again"
                 )
             refuse_links(d, ckpt.name)
-            partial = {f.path: f.size for f in d.scan.partials.get(ckpt.name, [])}
+            partial = {f.path: f for f in d.scan.partials.get(ckpt.name, [])}
             names = {f.path for f in ckpt.files}
             stale[d.name] += [
                 partial_path(d.root, ckpt, SourceFile(p, 0, 0)) for p in partial if p not in names
             ]
             for f in ckpt.files:
-                have = partial.get(f.path, 0)
+                pf = partial.get(f.path)
+                have = pf.size if pf is not None else 0
+                if 0 < have <= f.size and pf.resume and not verify:
+                    have = pf.resume  # a saved state there: no prefix hashed again
                 if 0 < have <= f.size:
                     checks.append(Check(ckpt, d, "resume", f, have))
                 else:

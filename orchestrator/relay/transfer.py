@@ -57,6 +57,18 @@ def batches(tasks: list[FileTask] | tuple[FileTask, ...], jobs: int) -> list[lis
     return [sorted(b, key=lambda t: order[id(t)]) for b in out if b]
 
 
+def _int(record: dict | None, key: str) -> int:
+    """A count from a host's per-file line; anything but a non-negative int counts 0."""
+    value = (record or {}).get(key)
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value if ok else 0
+
+
+def _first(where: dict[tuple[int, int], object], i: int) -> int:
+    """The first destination (index) file `i` goes to: the source's counts go there once."""
+    return min(j for (k, j) in where if k == i)
+
+
 class Transfer:
     """Sends the tasks of a plan from `src` to the destinations' `hosts` (by name).
 
@@ -257,6 +269,10 @@ class Transfer:
                 # (not killed by us because every destination had gone), and then first,
                 # since a destination's "stream ended" follows from it.
                 src_failed = a is None and scode != 0 and not src_killed
+                with self._lock:
+                    statuses[d.name].prefix_hashed += _int(b, "prefix_read") + (
+                        _int(a, "prefix_read") if j == _first(where, i) else 0
+                    )
                 if b is None and not src_failed:
                     outcome = (
                         describe_failure(host, code, err)
