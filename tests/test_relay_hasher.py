@@ -268,3 +268,47 @@ def test_a_symlinked_sidecar_is_neither_read_nor_written_through(tmp_path):
     assert "resume" not in scan_root(str(tmp_path))["partials"]["step_2"][0]
     _recv(tmp_path, [{"path": ".partial-step_2/w.bin", "offset": 0}], [b"y" * 100])
     assert target.read_text() == "keep"
+
+
+def _state_at(offset: int) -> bytes:
+    """A state that passes the checks at `offset` (the bit count patched in)."""
+    import struct
+
+    state = bytearray(Sha256().state())
+    struct.pack_into("=II", state, 32, (offset * 8) & 0xFFFFFFFF, (offset * 8) >> 32)
+    return bytes(state)
+
+
+@needs_states
+def test_source_cache_keeps_the_newest_states_and_a_bounded_number_of_files(tmp_path):
+    """A send from 0 keeps its new states even when a previous send of the same bytes
+    left states further on (kept by when they were recorded, not by offset); the cache
+    holds at most CACHE_ENTRIES files."""
+    path = tmp_path / "big.bin"
+    with open(path, "wb") as fh:
+        fh.truncate(60 * GRID)  # sparse: only its identity matters here
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        first = states.SourceStates.open(str(path), fd, str(tmp_path / "cache"))
+        for k in range(1, 60):
+            first.record(k * GRID, _state_at(k * GRID))
+        first.close()
+        again = states.SourceStates.open(str(path), fd, str(tmp_path / "cache"))
+        for k in range(1, 4):
+            again.record(k * GRID, _state_at(k * GRID))
+        again.close()
+        last = states.SourceStates.open(str(path), fd, str(tmp_path / "cache"))
+        assert all(last.lookup(k * GRID) is not None for k in range(1, 4))
+        assert last.lookup(59 * GRID) is not None and last.lookup(20 * GRID) is None
+        last.close()
+    finally:
+        os.close(fd)
+    cache = tmp_path / "cache"
+    for n in range(states.CACHE_ENTRIES + 5):
+        f = tmp_path / f"f{n}"
+        f.write_bytes(b"")
+        with open(f, "rb") as fh:
+            entry = states.SourceStates.open(str(f), fh.fileno(), str(cache))
+            entry.record(GRID, _state_at(GRID))
+            entry.close()
+    assert len(list(cache.iterdir())) == states.CACHE_ENTRIES

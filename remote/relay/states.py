@@ -36,7 +36,7 @@ from remote.relay.sha256state import GRID, Sha256, state_problem
 
 SIDECAR_PREFIX = ".dflash-states-"
 SIDECAR_KEEP = 2  # states per destination file (the newest; the partial only grows)
-CACHE_KEEP = 16  # states per source file: the destination's durable one lags behind
+CACHE_KEEP = 32  # states per source file, the newest: the destination's durable one lags
 CACHE_ENTRIES = 128  # source files with states; the least recently written are dropped
 MAX_BYTES = 64 * 1024  # a state file larger than this is not one of ours
 
@@ -98,7 +98,8 @@ def _states(doc: dict, limit: int) -> dict[int, bytes]:
 
 
 def _encode(states: dict[int, bytes], keep: int) -> dict[str, str]:
-    return {str(k): states[k].hex() for k in sorted(states)[-keep:]}
+    """The last `keep` states in the dict's order (the order they were recorded in)."""
+    return {str(k): v.hex() for k, v in list(states.items())[-keep:]}
 
 
 # ---- destination: a sidecar beside the partial file ---------------------------------------
@@ -122,7 +123,8 @@ def write_sidecar(dir_fd: int, leaf: str, st: os.stat_result, states: dict[int, 
     if not states:
         remove_sidecar(dir_fd, leaf)
         return
-    doc = {"dev": st.st_dev, "ino": st.st_ino, "states": _encode(states, SIDECAR_KEEP)}
+    newest = {k: states[k] for k in sorted(states)}  # the partial only grows
+    doc = {"dev": st.st_dev, "ino": st.st_ino, "states": _encode(newest, SIDECAR_KEEP)}
     _write(dir_fd, sidecar_name(leaf), doc)
 
 
@@ -222,8 +224,11 @@ class SourceStates:
         """Add the state at `offset`; a cache that cannot be written is skipped."""
         states = self._load()
         first = not states
+        # Kept in the order recorded, not by offset: a send from 0 must not lose its new
+        # states to those a previous send of the same bytes left further on.
+        states.pop(offset, None)
         states[offset] = state
-        for old in sorted(states)[:-CACHE_KEEP]:
+        for old in list(states)[:-CACHE_KEEP]:
             del states[old]
         try:
             doc = {"identity": self.identity, "states": _encode(states, CACHE_KEEP)}
