@@ -98,7 +98,10 @@ def files_of(path: Path) -> list[Path]:
 
 def half_partial(h: RelayHosts, name: str) -> int:
     """Put the first half of every file of checkpoint `name` into the destination's partial
-    folder (as a relay killed at 50% leaves it); returns the bytes still to send."""
+    folder (the bytes a relay killed at 50% leaves, but no saved hash states: the source's
+    are removed too, so both hosts hash the kept prefix, the fallback); returns the bytes
+    still to send."""
+    shutil.rmtree(h.trainer.root / "dflash" / "relay-states", ignore_errors=True)
     src = h.ckpts / name
     partial = h.drafters / f".partial-{name}"
     left = 0
@@ -219,7 +222,8 @@ def main() -> None:
                 random_file(h.ckpts / "step_2" / f"model-{i:05d}-of-00008.safetensors", shard)
             random_file(h.ckpts / "step_3.bin", small)
             (h.ckpts / "step_2" / "COMPLETE").write_bytes(b"")
-            for n in ("step_1.bin", "step_3.bin"):
+            random_file(h.ckpts / "step_4.bin", big - big // 2)  # what a resume at 50% sends
+            for n in ("step_1.bin", "step_3.bin", "step_4.bin"):
                 (h.ckpts / f"{n}.COMPLETE").write_bytes(b"")
             tools = ("dflash",) if args.resume_only else TOOLS
             if args.resume_only:
@@ -227,6 +231,7 @@ def main() -> None:
             times = {c: {t: [] for t in tools} for c in cases}
             resumed: list[float] = []
             copied: list[float] = []  # resumed from a hand-copied half: no saved states
+            halves: list[float] = []  # a fresh relay of a file of the resumed half's size
             kept: list[float] = []
             unchanged: list[float] = []
             fixed = FixedCost(base)
@@ -261,23 +266,28 @@ def main() -> None:
                             flush=True,
                         )
                 name, size = cases["1 file"]
-                for how in ("killed", "copied") if rnd % 2 == 0 else ("copied", "killed"):
+                ways = ("killed", "copied", "half")
+                for how in ways if rnd % 2 == 0 else ways[::-1]:
                     fresh()
-                    if how == "killed":
+                    if how == "half":
+                        halves.append(run_dflash(h, "step_4.bin", big - big // 2))
+                    elif how == "killed":
                         have = killed_at_half(h, name, size)
                         os.sync()
                         resumed.append(run_dflash(h, name, None))
                         kept.append(have / size)
                         st = LAST["report"]["checkpoints"][0]["destinations"]["evalhost"]
                         rehashed = st.get("prefix_hashed")
+                        sent = LAST["report"]["bytes_read"] / size
                     else:
                         left = half_partial(h, name)
                         os.sync()
                         copied.append(run_dflash(h, name, left))
                 print(
                     f"  round {rnd + 1} resumed at 50% {resumed[-1]:.2f} s (cut at "
-                    f"{kept[-1]:.0%}, prefixes hashed again {rehashed} B; from a copied half "
-                    f"{copied[-1]:.2f} s)  ({load_average()})",
+                    f"{kept[-1]:.0%}, sent {sent:.0%}, prefixes hashed again {rehashed} B; from "
+                    f"a copied half {copied[-1]:.2f} s; fresh half-size file {halves[-1]:.2f} s)"
+                    f"  ({load_average()})",
                     flush=True,
                 )
                 if args.resume_only:
@@ -339,7 +349,12 @@ def main() -> None:
         met = value >= goal if op == ">=" else value <= goal
         figures["goals"][label] = {"value": round(value, 3), "goal": f"{op} {goal}", "met": met}
         print(f"  {label:34s} {value:6.3f}  (goal {op} {goal}: {'met' if met else 'NOT met'})")
-    print(f"  (the cut relays kept {statistics.median(kept):.0%} of the file, median)")
+    half = statistics.median(halves)
+    print(
+        f"  (the cut relays kept {statistics.median(kept):.0%} of the file, median; resumed / "
+        f"a fresh relay of a {(big - big // 2) / MiB:.0f} MiB file "
+        f"{statistics.median(resumed) / half:.3f}: that relay's share is its fixed cost)"
+    )
     if args.resume_only:
         if args.json:
             print(json.dumps(figures, indent=2))
