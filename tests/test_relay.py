@@ -219,7 +219,8 @@ def test_a_resume_at_a_saved_state_hashes_no_kept_prefix_again(env, trainer_sshd
     destination saved (its bytes after it are sent again): neither host reads the kept
     prefix back (prefix_hashed 0). Without the source's cache the source hashes it
     (the destination still does not); ``verify`` ignores saved states and resumes at the
-    partial's length with both prefixes hashed, as before. No sidecar is published."""
+    partial's length with the destination's prefix hashed, as before. No sidecar is
+    published."""
     from remote.relay.sha256state import GRID, available
 
     if not available():
@@ -241,11 +242,48 @@ def test_a_resume_at_a_saved_state_hashes_no_kept_prefix_again(env, trainer_sshd
     kept = st.bytes_skipped
     assert again.bytes_sent == total - kept
     if how == "verify":
-        assert kept == have and st.prefix_hashed == 2 * have
+        # the destination hashes its prefix; the source too, unless `have` happens to
+        # lie on the grid, where its own saved state (bound to its file) serves
+        assert kept == have and st.prefix_hashed == (have if have % GRID == 0 else 2 * have)
     else:
         assert kept % GRID == 0 and have - 2 * GRID < kept <= have
         assert st.prefix_hashed == (kept if how == "no source cache" else 0)
     assert not list((env.dst / "step_40").glob(".dflash-states-*"))
+
+
+class Messages(Progress):
+    def __init__(self):
+        self.messages: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.messages.append(text)
+
+
+def test_a_wrong_saved_state_is_caught_by_the_hash_comparison_and_sent_again(env, eval_sshd):
+    """A sidecar whose state passes every check but stands for other bytes (made up, or
+    the prefix changed in place): the destination's whole-file hash then differs from the
+    source's, the file is sent again from 0, and what is published is the source's."""
+    from remote.relay.sha256state import GRID, Sha256, available
+
+    if not available():
+        pytest.skip("no resumable sha256 (libcrypto) on this host")
+    files = make_checkpoint(env.ckpt, "step_41", {"big.bin": 2 * GRID + 5})
+    killer = KillAfter(eval_sshd, after=GRID + 24 * MiB)
+    assert not env.relay(progress=killer, jobs=1).ok
+    partial = env.dst / ".partial-step_41" / "big.bin"
+    assert settled_size(partial) >= GRID
+    other = Sha256()
+    other.update(os.urandom(GRID))
+    sidecar = partial.parent / ".dflash-states-big.bin"
+    doc = json.loads(sidecar.read_text())
+    doc["states"] = {str(GRID): other.state().hex()}
+    sidecar.write_text(json.dumps(doc))
+    seen = Messages()
+    again = env.relay(progress=seen)
+    assert again.ok, again.failures
+    assert tree(env.dst / "step_41") == files
+    assert any("sha256 mismatch" in m and "big.bin" in m for m in seen.messages)
+    assert again.bytes_read == (2 * GRID + 5 - GRID) + (2 * GRID + 5)
 
 
 def test_interrupted_multi_file_keeps_finished_files(env, eval_sshd):

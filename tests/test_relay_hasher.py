@@ -224,8 +224,13 @@ def test_destination_saves_states_and_resumes_from_them_or_falls_back(tmp_path):
     (entry,) = scan_root(str(tmp_path))["partials"]["step_1"]
     assert entry["resume"] == 2 * GRID and "dflash" not in json.dumps(entry)
 
+    # not asked to use a saved state (--verify): the prefix is read and hashed again
+    lines = _recv(tmp_path, [{"path": rel, "offset": 2 * GRID}], [data[2 * GRID :]])
+    assert lines[0] == {"i": 0, "sha256": want, "size": len(data), "prefix_read": 2 * GRID}
+    lines = _recv(tmp_path, [{"path": rel, "offset": 0}], [data])  # states saved again
+
     # resumed at GRID (the plan may pick any state it was told of): the rest rewritten
-    lines = _recv(tmp_path, [{"path": rel, "offset": GRID}], [data[GRID:]])
+    lines = _recv(tmp_path, [{"path": rel, "offset": GRID, "state": True}], [data[GRID:]])
     assert lines[0] == {"i": 0, "sha256": want, "size": len(data), "prefix_read": 0}
     assert (part / "model.bin").read_bytes() == data
 
@@ -233,7 +238,7 @@ def test_destination_saves_states_and_resumes_from_them_or_falls_back(tmp_path):
     doc["ino"] += 1  # the sidecar of a file since replaced
     sidecar.write_text(json.dumps(doc))
     assert "resume" not in scan_root(str(tmp_path))["partials"]["step_1"][0]
-    lines = _recv(tmp_path, [{"path": rel, "offset": GRID}], [data[GRID:]])
+    lines = _recv(tmp_path, [{"path": rel, "offset": GRID, "state": True}], [data[GRID:]])
     assert lines[0] == {"i": 0, "sha256": want, "size": len(data), "prefix_read": GRID}
 
     doc = {
@@ -243,7 +248,7 @@ def test_destination_saves_states_and_resumes_from_them_or_falls_back(tmp_path):
     }
     sidecar.write_text(json.dumps(doc))
     assert "resume" not in scan_root(str(tmp_path))["partials"]["step_1"][0]
-    lines = _recv(tmp_path, [{"path": rel, "offset": GRID}], [data[GRID:]])
+    lines = _recv(tmp_path, [{"path": rel, "offset": GRID, "state": True}], [data[GRID:]])
     assert lines[0]["sha256"] == want and lines[0]["prefix_read"] == GRID
 
     from remote.relay.host import publish_checkpoint

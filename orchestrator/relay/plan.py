@@ -65,6 +65,7 @@ class Target:
     write_path: str  # where the bytes go (in the partial folder, or a repair temp)
     offset: int  # bytes already there, kept (proved by the whole file's hash after)
     rename_to: str | None = None  # repair: rename over the damaged published file
+    saved_state: bool = False  # offset: where the destination saved a hash state (scan)
 
     @property
     def relative(self) -> str:
@@ -129,6 +130,7 @@ class Check:
     have: int = 0  # resume: the bytes of the partial file kept
     dest_key: HashKey | None = None  # verify: what the destination hashes
     want: str | None = None  # verify: the sha256 the manifest lists
+    saved_state: bool = False  # resume: `have` is where the destination saved a hash state
 
 
 @dataclass(frozen=True)
@@ -234,10 +236,11 @@ def draft(
             for f in ckpt.files:
                 pf = partial.get(f.path)
                 have = pf.size if pf is not None else 0
-                if 0 < have <= f.size and pf.resume and not verify:
+                saved = 0 < have <= f.size and pf.resume > 0 and not verify
+                if saved:
                     have = pf.resume  # a saved state there: no prefix hashed again
                 if 0 < have <= f.size:
-                    checks.append(Check(ckpt, d, "resume", f, have))
+                    checks.append(Check(ckpt, d, "resume", f, have, saved_state=saved))
                 else:
                     checks.append(Check(ckpt, d, "send", f))
     return Draft(
@@ -286,7 +289,7 @@ def decide(
             # both hosts hash it whole there, which is what proves it.
             offset = c.have if c.kind == "resume" else 0
             st.bytes_skipped += offset
-            target = Target(d, partial_path(d.root, c.ckpt, f), offset)
+            target = Target(d, partial_path(d.root, c.ckpt, f), offset, None, c.saved_state)
         need[d.name] += f.size - target.offset
         st.bytes_planned += f.size - target.offset
         entry = targets.setdefault((c.ckpt.name, f.path), (c.ckpt, f, []))

@@ -4,8 +4,10 @@ The files of a checkpoint go in up to ``jobs`` batches at once (`batches`); a ba
 ONE ``relay-send`` on the source and one ``relay-recv`` per destination that needs any of
 its files, joined here by `orchestrator.relay.stream.pump` (each file read once, written
 to every destination). sha256 is computed on the hosts beside the stream: the source
-hashes what it reads, each destination what it writes; a resumed file is hashed whole on
-both hosts, its kept prefix in a thread while the rest moves. A mismatch is sent again
+hashes what it reads, each destination what it writes; a resumed file's hash is still
+the whole file's on both hosts, continued from a saved hash state (`remote.relay.states`)
+or, without one, its kept prefix hashed in a thread while the rest moves (counted in the
+report's ``prefix_hashed``). A mismatch is sent again
 from 0, as a batch of its own: a resumed file whose kept prefix differed (nothing was
 hashed before, so that is how it shows) gets that for free, and any file one more try
 from 0; then it is a failure of that destination, which does not stop the others.
@@ -214,9 +216,10 @@ class Transfer:
                 j = dests.index(t.dest)
                 route[j] = t.offset - starts[i]
                 where[(i, j)] = (t, len(requests[j]))
-                requests[j].append(
-                    {"path": t.relative, "offset": t.offset, "mtime": task.file.mtime}
-                )
+                req = {"path": t.relative, "offset": t.offset, "mtime": task.file.mtime}
+                if t.saved_state and t.offset:
+                    req["state"] = True  # continue the hash from the state saved there
+                requests[j].append(req)
             routes.append(route)
         src = self._start(self.src, ["relay-send"], stdin=True, stdout=True)
         outs = [

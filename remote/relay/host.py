@@ -659,9 +659,12 @@ def send(args) -> int:
     per byte instead of the two of a read and a write (measured on the 2-core test box:
     1.08 CPU-s per GiB instead of 1.21-1.25, 0.83 of it the sha256 itself). A file sent
     whole is hashed block by block in this thread, just before the block goes out (hash
-    threads cost more than they saved on a box whose cores are all busy); a resumed file
-    is hashed whole by a `_Hasher` thread while its rest streams, and the stream moves on
-    to the next file while that hash finishes.
+    threads cost more than they saved on a box whose cores are all busy). Every GRID
+    bytes the hash state is saved in this host's cache (`states`); a file resumed at an
+    offset whose state is there goes the same way from that state, its prefix unread.
+    Without one, a resumed file is hashed whole by a `_Hasher` thread while its rest
+    streams, and the stream moves on to the next file while that hash finishes. A resumed
+    file's line also says how many prefix bytes were hashed again (``prefix_read``).
 
     Before reading its request it writes a frame: *ready*, empty, or with ``--scan ROOT``
     the `scan_root` of ROOT as JSON. The controller starts a ``relay-send`` ahead, scanning
@@ -842,13 +845,16 @@ def recv(args) -> int:
     is durable.
 
     stdin starts with a frame holding the JSON request ``[{"path": P, "offset": N,
-    "mtime": T}, ...]``, then one frame per file in that order. P is relative to `root`
+    "mtime": T, "state": S}, ...]``, then one frame per file in that order. P is relative to `root`
     and must lie in a partial folder (``.partial-<name>/...``) or be a repair temp file
     (``.../.dflash-repair-<file>``); no part of it may be a symlink (each folder is
     opened with O_NOFOLLOW, and so is the file), so nothing the request says can write
     outside `root`. With offset 0 a file is created or truncated; otherwise its first N
-    bytes are kept and hashed, and the frame appended after them, so a resumed file is
-    checked end to end, not just its new tail. T, when given, becomes the file's mtime.
+    bytes are kept and the frame appended after them, and the file's sha256 is still the
+    whole file's, so a resumed file is checked end to end, not just its new tail: from
+    the hash state saved at N in its sidecar (`states`, saved every GRID bytes once they
+    are durable) where S is true and there is a valid one, else by hashing the kept bytes again
+    (``prefix_read`` in its line says which). T, when given, becomes the file's mtime.
     A file's JSON line on stdout (index, sha256 and size of the whole file) comes only
     after its fsync, so the controller publishes nothing that a crash of the host could
     lose. A write error ends the command with one line naming the file and the OS error.
@@ -893,7 +899,7 @@ def _recv_file(i: int, req: dict, total: int, root_fd: int, syncer: _Syncer, spo
         raise UserError(f"the stream ended after {i} of {total} files")
     left = FRAME_HEADER.unpack(head)[0]
     try:
-        t = _open_for_write(root_fd, rel, int(req.get("offset") or 0))
+        t = _open_for_write(root_fd, rel, int(req.get("offset") or 0), req.get("state") is True)
     except OSError as exc:
         raise _write_error(exc, rel) from None
     fd, direct, size = t.fd, t.direct, t.size
@@ -1188,11 +1194,13 @@ class _Target:
             os.close(dfd)
 
 
-def _open_for_write(root_fd: int, rel: str, offset: int) -> _Target:
+def _open_for_write(root_fd: int, rel: str, offset: int, use_state: bool = False) -> _Target:
     """`rel` under `root_fd` opened to append after `offset` (its first `offset` bytes
     kept), never through a symlink. A file in a partial folder keeps hash states in a
-    sidecar (`states`): resumed at an offset it holds one for, the hash goes on from
-    there; its states past `offset` are dropped before the file is truncated."""
+    sidecar (`states`): resumed at an offset it holds one for, and asked to use it
+    (`use_state`: the controller chose the offset from this host's scan; ``--verify``
+    does not), the hash goes on from there; its states past `offset` are dropped before
+    the file is truncated."""
     parts = rel.split("/")
     dfd = _open_dirs(root_fd, parts[:-1], True, rel)
     try:
@@ -1213,7 +1221,7 @@ def _open_for_write(root_fd: int, rel: str, offset: int) -> _Target:
             if got < offset:
                 raise UserError(f"{_shown(rel)} holds {got} bytes, fewer than the offset {offset}")
             if parts[0].startswith(PARTIAL_PREFIX) and sha256state.available():
-                kept = states.read_sidecar(dfd, parts[-1], t.stat) if offset else {}
+                kept = states.read_sidecar(dfd, parts[-1], t.stat) if use_state else {}
                 t.h = sha256state.new(kept[offset], offset) if offset in kept else None
                 if t.h is not None or not offset:
                     t.h = t.h or sha256state.new()

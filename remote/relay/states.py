@@ -31,6 +31,7 @@ import json
 import os
 import stat
 import sys
+import time
 
 from remote.relay.sha256state import GRID, Sha256, state_problem
 
@@ -240,9 +241,15 @@ class SourceStates:
 
     def _prune(self) -> None:
         """Keep at most CACHE_ENTRIES entries: the least recently written go."""
-        entries = []
+        entries, stale = [], time.time_ns() - 3600 * 10**9
         for name in os.listdir(self.dir_fd):
-            if name.endswith(".json"):
+            if name.endswith(".tmp"):  # left by a writer killed before its rename
+                try:
+                    if os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False).st_mtime_ns < stale:
+                        os.unlink(name, dir_fd=self.dir_fd)
+                except OSError:
+                    pass
+            elif name.endswith(".json"):
                 try:
                     st = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
                 except OSError:
