@@ -267,8 +267,9 @@ def test_a_wrong_saved_state_is_caught_by_the_hash_comparison_and_sent_again(env
 
     if not available():
         pytest.skip("no resumable sha256 (libcrypto) on this host")
-    files = make_checkpoint(env.ckpt, "step_41", {"big.bin": 2 * GRID + 5})
-    killer = KillAfter(eval_sshd, after=GRID + 24 * MiB)
+    size = 4 * GRID + 5
+    files = make_checkpoint(env.ckpt, "step_41", {"big.bin": size})
+    killer = KillAfter(eval_sshd, after=2 * GRID + 8 * MiB)
     assert not env.relay(progress=killer, jobs=1).ok
     partial = env.dst / ".partial-step_41" / "big.bin"
     assert settled_size(partial) >= GRID
@@ -283,7 +284,7 @@ def test_a_wrong_saved_state_is_caught_by_the_hash_comparison_and_sent_again(env
     assert again.ok, again.failures
     assert tree(env.dst / "step_41") == files
     assert any("sha256 mismatch" in m and "big.bin" in m for m in seen.messages)
-    assert again.bytes_read == (2 * GRID + 5 - GRID) + (2 * GRID + 5)
+    assert again.bytes_read == (size - GRID) + size
 
 
 def test_interrupted_multi_file_keeps_finished_files(env, eval_sshd):

@@ -291,11 +291,11 @@ def test_source_cache_keeps_the_newest_states_and_a_bounded_number_of_files(tmp_
     holds at most CACHE_ENTRIES files."""
     path = tmp_path / "big.bin"
     with open(path, "wb") as fh:
-        fh.truncate(60 * GRID)  # sparse: only its identity matters here
+        fh.truncate((states.CACHE_KEEP + 10) * GRID)  # sparse: only its identity matters
     fd = os.open(path, os.O_RDONLY)
     try:
         first = states.SourceStates.open(str(path), fd, str(tmp_path / "cache"))
-        for k in range(1, 60):
+        for k in range(1, states.CACHE_KEEP + 10):
             first.record(k * GRID, _state_at(k * GRID))
         first.close()
         again = states.SourceStates.open(str(path), fd, str(tmp_path / "cache"))
@@ -304,7 +304,9 @@ def test_source_cache_keeps_the_newest_states_and_a_bounded_number_of_files(tmp_
         again.close()
         last = states.SourceStates.open(str(path), fd, str(tmp_path / "cache"))
         assert all(last.lookup(k * GRID) is not None for k in range(1, 4))
-        assert last.lookup(59 * GRID) is not None and last.lookup(20 * GRID) is None
+        assert last.lookup((states.CACHE_KEEP + 9) * GRID) is not None
+        # the first send kept 10..CACHE_KEEP+9; the second's three pushed out the oldest
+        assert last.lookup(12 * GRID) is None and last.lookup(13 * GRID) is not None
         last.close()
     finally:
         os.close(fd)

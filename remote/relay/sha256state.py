@@ -23,7 +23,7 @@ import hashlib
 import os
 import struct
 
-GRID = 32 * 1024 * 1024  # a relay records a file's hash state every GRID bytes
+GRID = 16 * 1024 * 1024  # a relay records a file's hash state every GRID bytes
 STATE_SIZE = 112  # sizeof(SHA256_CTX) in OpenSSL 1.1 and 3.x: h[8], Nl, Nh, data[16], num, md_len
 _BUFFER = 256  # room for the struct (larger than it, so a bigger one fails the self-test)
 

@@ -37,7 +37,7 @@ from remote.relay.sha256state import GRID, Sha256, state_problem
 
 SIDECAR_PREFIX = ".dflash-states-"
 SIDECAR_KEEP = 2  # states per destination file (the newest; the partial only grows)
-CACHE_KEEP = 32  # states per source file, the newest: the destination's durable one lags
+CACHE_KEEP = 64  # states per source file, the newest: the destination's durable one lags
 CACHE_ENTRIES = 128  # source files with states; the least recently written are dropped
 MAX_BYTES = 64 * 1024  # a state file larger than this is not one of ours
 
