@@ -18,7 +18,6 @@ resume offset chosen on the grid has a state on each side.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import struct
@@ -48,6 +47,8 @@ def _candidates() -> list[str]:
 
 
 def _load():
+    import ctypes  # here, not at import: 10-15 ms that host commands without hashing skip
+
     for name in _candidates():
         try:
             lib = ctypes.CDLL(name)
@@ -114,6 +115,8 @@ class Sha256:
     def __init__(self):
         if not available():
             raise RuntimeError("resumable sha256 is not available here")
+        import ctypes
+
         self._ctx = ctypes.create_string_buffer(_BUFFER)
         self.length = 0
         _lib[0](self._ctx)
@@ -124,6 +127,8 @@ class Sha256:
         one (`state_problem`) or this host cannot resume hashes."""
         if not available() or state_problem(state, length) is not None:
             return None
+        import ctypes
+
         h = cls.__new__(cls)
         h._ctx = ctypes.create_string_buffer(_BUFFER)
         ctypes.memmove(h._ctx, state, STATE_SIZE)
@@ -131,6 +136,8 @@ class Sha256:
         return h
 
     def update(self, data) -> None:
+        import ctypes
+
         view = memoryview(data).cast("B")
         n = len(view)
         if not n:
@@ -152,6 +159,8 @@ class Sha256:
 
     def hexdigest(self) -> str:
         """The digest of everything so far; the hash can go on after."""
+        import ctypes
+
         ctx = ctypes.create_string_buffer(self._ctx.raw, _BUFFER)
         out = ctypes.create_string_buffer(32)
         _lib[2](out, ctx)
