@@ -1,19 +1,34 @@
-"""The host-side hash of a resumed file (`remote.relay.host._Hasher`): a kept prefix read
-from the file (with O_DIRECT where the filesystem takes it), then the new bytes, from
-memory as far as its budget allows and read back from the file past that, always giving
-the sha256 of the whole file."""
+"""The host-side hashes of a relay.
+
+- `remote.relay.host._Hasher`, the fallback for a resumed file without a saved state: a
+  kept prefix read from the file (with O_DIRECT where the filesystem takes it), then the
+  new bytes, from memory as far as its budget allows and read back from the file past
+  that, always giving the sha256 of the whole file;
+- `remote.relay.sha256state`: a sha256 whose state is saved and restored (hashlib's
+  digests, whatever the split), and `remote.relay.states`: the states both hosts save
+  while a file moves (destination sidecar, source cache), used by a resume so that no
+  kept prefix is hashed again, and refused (the prefix hashed instead) when tampered
+  with, stale, or bound to another file.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import random
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from remote.relay.host import CHUNK, _Hasher
+from remote.protocol import FRAME_HEADER
+from remote.relay import sha256state, states
+from remote.relay.host import CHUNK, _Hasher, scan_root
+from remote.relay.sha256state import GRID, Sha256, state_problem
 
 MiB = 1024 * 1024
 
@@ -73,16 +88,6 @@ def test_a_file_that_shrinks_while_hashed_is_an_error(tmp_path):
 
 
 # ---- resumable sha256 and the saved states of a relay ----------------------------------
-
-import json  # noqa: E402
-import random  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-from remote.protocol import FRAME_HEADER  # noqa: E402
-from remote.relay import sha256state, states  # noqa: E402
-from remote.relay.host import scan_root  # noqa: E402
-from remote.relay.sha256state import GRID, Sha256, state_problem  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_states = pytest.mark.skipif(
