@@ -14,6 +14,10 @@ before and after; ``/proc/stat`` gives the whole box's busy, softirq and iowait 
 process ending between two samples loses at most its last 20 ms.
 
 Prints per tool a table of CPU seconds per GiB moved, wall time and the load average.
+Two more tools measure a relay resumed at 50% of a single-file checkpoint (per GiB of the
+whole file, so the two compare): ``dflash resume``, after a relay cut there (its saved hash
+states used: no kept prefix hashed again), and ``dflash resume-copied``, after the
+first half was copied into the partial folder by hand (both hosts hash the prefix).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from relay import half_partial, killed_at_half  # noqa: E402
 from relay_hosts import MiB, RelayHosts, load_average, random_file, relay_hosts  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -183,7 +188,7 @@ def measure(h: RelayHosts, tool: str, name: str, cipher: str) -> Sampler:
     roots = {os.getpid(): "local", h.trainer.proc.pid: "src", h.evalhost.proc.pid: "dst"}
     src = h.ckpts / name
     with Sampler(roots, classifier(h)) as s:
-        if tool == "dflash":
+        if tool.startswith("dflash"):
             proc = subprocess.run(h.cli(name), capture_output=True, text=True, env=h.env)
             if proc.returncode:
                 raise SystemExit(proc.stderr[-400:])
@@ -239,6 +244,10 @@ def main() -> None:
                     shutil.rmtree(h.evalhost.root / "scp", ignore_errors=True)
                     h.drafters.mkdir()
                     (h.evalhost.root / "scp").mkdir()
+                    if tool == "dflash resume":
+                        killed_at_half(h, name, size)
+                    elif tool == "dflash resume-copied":
+                        half_partial(h, name)
                     os.sync()
                     s = measure(h, tool, name, args.cipher)
                     mib_s = total * 1024 / s.wall

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -154,6 +155,16 @@ def run_rounds(h, args, rng: random.Random, failures: list[str]) -> None:
         resume = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         if resume.returncode != 0:
             problems.append(f"resume failed: {resume.stderr.strip()[-200:]}")
+        how = ""
+        try:  # how the resume went: bytes it read, kept prefixes hashed again
+            rep = json.loads(resume.stdout)
+            st = rep["checkpoints"][0]["destinations"]["evalhost"]
+            how = (
+                f", resume read {rep['bytes_read'] / MiB:.1f} MiB, "
+                f"rehashed {st.get('prefix_hashed', 0) / MiB:.1f} MiB"
+            )
+        except (ValueError, KeyError, IndexError):
+            pass
         got = (
             {
                 str(p.relative_to(final)): digest(p)
@@ -167,7 +178,7 @@ def run_rounds(h, args, rng: random.Random, failures: list[str]) -> None:
             problems.append("resumed checkpoint differs from the source")
         print(
             f"round {rnd + 1:2d}: {mode:9s} at {at / MiB:6.1f}/{total / MiB:.1f} MiB "
-            f"(exit {code}) -> {'ok' if not problems else '; '.join(problems)}",
+            f"(exit {code}{how}) -> {'ok' if not problems else '; '.join(problems)}",
             flush=True,
         )
         failures += [f"round {rnd + 1}: {p}" for p in problems]

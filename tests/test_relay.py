@@ -213,6 +213,80 @@ def test_dropped_connection_resumes_inside_the_file(env, eval_sshd):
     assert again.checkpoints[0].destinations["evalhost"].bytes_skipped == kept
 
 
+@pytest.mark.parametrize("how", ["states", "no source cache", "verify"])
+def test_a_resume_at_a_saved_state_hashes_no_kept_prefix_again(env, trainer_sshd, eval_sshd, how):
+    """Killed past a grid point, the relay resumes at the newest hash state the
+    destination saved (its bytes after it are sent again): neither host reads the kept
+    prefix back (prefix_hashed 0). Without the source's cache the source hashes it
+    (the destination still does not); ``verify`` ignores saved states and resumes at the
+    partial's length with the destination's prefix hashed, as before. No sidecar is
+    published."""
+    from remote.relay.sha256state import GRID, available
+
+    if not available():
+        pytest.skip("no resumable sha256 (libcrypto) on this host")
+    files = make_checkpoint(env.ckpt, "step_40", {"big.bin": 3 * GRID + 5})
+    total = 3 * GRID + 5
+    killer = KillAfter(eval_sshd, after=2 * GRID + 8 * MiB)
+    assert not env.relay(progress=killer, jobs=1).ok
+    partial = env.dst / ".partial-step_40" / "big.bin"
+    have = settled_size(partial)
+    assert GRID <= have < total
+    if how == "no source cache":
+        for entry in (trainer_sshd.root / "dflash" / "relay-states").iterdir():
+            entry.unlink()
+    again = env.relay(verify=how == "verify")
+    assert again.ok, again.failures
+    assert tree(env.dst / "step_40") == files
+    st = again.checkpoints[0].destinations["evalhost"]
+    kept = st.bytes_skipped
+    assert again.bytes_sent == total - kept
+    if how == "verify":
+        # the destination hashes its prefix; the source too, unless `have` happens to
+        # lie on the grid, where its own saved state (bound to its file) serves
+        assert kept == have and st.prefix_hashed == (have if have % GRID == 0 else 2 * have)
+    else:
+        assert kept % GRID == 0 and have - 2 * GRID < kept <= have
+        assert st.prefix_hashed == (kept if how == "no source cache" else 0)
+    assert not list((env.dst / "step_40").glob(".dflash-states-*"))
+
+
+class Messages(Progress):
+    def __init__(self):
+        self.messages: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.messages.append(text)
+
+
+def test_a_wrong_saved_state_is_caught_by_the_hash_comparison_and_sent_again(env, eval_sshd):
+    """A sidecar whose state passes every check but stands for other bytes (made up, or
+    the prefix changed in place): the destination's whole-file hash then differs from the
+    source's, the file is sent again from 0, and what is published is the source's."""
+    from remote.relay.sha256state import GRID, Sha256, available
+
+    if not available():
+        pytest.skip("no resumable sha256 (libcrypto) on this host")
+    size = 4 * GRID + 5
+    files = make_checkpoint(env.ckpt, "step_41", {"big.bin": size})
+    killer = KillAfter(eval_sshd, after=2 * GRID + 8 * MiB)
+    assert not env.relay(progress=killer, jobs=1).ok
+    partial = env.dst / ".partial-step_41" / "big.bin"
+    assert settled_size(partial) >= GRID
+    other = Sha256()
+    other.update(os.urandom(GRID))
+    sidecar = partial.parent / ".dflash-states-big.bin"
+    doc = json.loads(sidecar.read_text())
+    doc["states"] = {str(GRID): other.state().hex()}
+    sidecar.write_text(json.dumps(doc))
+    seen = Messages()
+    again = env.relay(progress=seen)
+    assert again.ok, again.failures
+    assert tree(env.dst / "step_41") == files
+    assert any("sha256 mismatch" in m and "big.bin" in m for m in seen.messages)
+    assert again.bytes_read == (size - GRID) + size
+
+
 def test_interrupted_multi_file_keeps_finished_files(env, eval_sshd):
     files = make_checkpoint(env.ckpt, "step_20", {f"shard-{i}.bin": 4 * MiB for i in range(6)})
     # One stream for the six files, cut after five of them went through this machine:
@@ -668,7 +742,12 @@ def test_relay_recv_writes_frames_byte_exact_direct_or_buffered(tmp_path, where,
         assert (part / "sub dir" / "fresh.bin").read_bytes() == fresh
         assert (part / "resumed.bin").read_bytes() == whole
         assert lines[0] == {"i": 0, "sha256": hashlib.sha256(fresh).hexdigest(), "size": len(fresh)}
-        assert lines[1] == {"i": 1, "sha256": hashlib.sha256(whole).hexdigest(), "size": len(whole)}
+        assert lines[1] == {
+            "i": 1,
+            "sha256": hashlib.sha256(whole).hexdigest(),
+            "size": len(whole),
+            "prefix_read": kept,  # no saved state at an unaligned offset: read again
+        }
     finally:
         if where == "tmpfs":
             import shutil
@@ -712,11 +791,10 @@ def test_relay_send_frames_resumed_files_and_hashes_them_whole(tmp_path):
     assert pos == len(out)
     lines = file_lines(proc.stderr.decode())
     for i, name in enumerate(files):
-        assert lines[i] == {
-            "i": i,
-            "sha256": hashlib.sha256(data[name]).hexdigest(),
-            "size": files[name],
-        }
+        want = {"i": i, "sha256": hashlib.sha256(data[name]).hexdigest(), "size": files[name]}
+        if offsets[name]:  # no saved state: the kept prefix was read and hashed again
+            want["prefix_read"] = offsets[name]
+        assert lines[i] == want
 
 
 def test_local_transport_hosts_relay_publish_and_verify(tmp_path, make_inventory):

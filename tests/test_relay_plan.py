@@ -84,6 +84,42 @@ def test_partial_file_resumes_at_its_length_with_no_hash_before_the_stream():
     assert st.bytes_skipped == 400 and st.bytes_planned == 600 + 50
 
 
+@pytest.mark.parametrize("verify", [False, True])
+def test_partial_file_resumes_where_its_host_saved_a_hash_state(verify):
+    """A scan that reports a saved state (``resume``) inside the partial file moves the
+    offset back to it and asks the destination to continue from that state; --verify
+    ignores saved states (the kept prefix is hashed again, from its length)."""
+    from remote.relay.sha256state import GRID
+
+    c = Checkpoint("step_7", "dir", [SourceFile("model.safetensors", 3 * GRID, 10.0)], 7)
+    part = SourceFile("model.safetensors", 2 * GRID + 5, 9.0, resume=2 * GRID)
+    _, p = plan_for(c, dest_scan(partials={c.name: [part]}), verify=verify)
+    (t,) = p.checkpoints[0].tasks[0].targets
+    assert (t.offset, t.saved_state) == ((2 * GRID + 5, False) if verify else (2 * GRID, True))
+    assert p.checkpoints[0].report.destinations["eval"].bytes_skipped == t.offset
+
+
+def test_a_scan_whose_resume_offset_is_off_the_grid_or_past_the_file_is_refused():
+    from orchestrator.relay.checkpoints import ScanRefused, parse_scan
+    from remote.relay.sha256state import GRID
+
+    def scan_with(resume) -> dict:
+        entry = {"path": "w.bin", "size": 2 * GRID, "mtime": 1.0, "resume": resume}
+        return {
+            "now": 1.0,
+            "exists": True,
+            "free": 10,
+            "entries": [],
+            "manifests": {},
+            "partials": {"step_1": [entry]},
+        }
+
+    assert parse_scan(ROOT, scan_with(GRID), "eval").partials["step_1"][0].resume == GRID
+    for bad in (GRID + 1, 3 * GRID, -GRID, "32", True, 1.5):
+        with pytest.raises(ScanRefused, match="resume offset of .*w.bin"):
+            parse_scan(ROOT, scan_with(bad), "eval")
+
+
 def test_partial_file_at_full_size_is_checked_by_an_empty_stream():
     c = ckpt()
     scan = dest_scan(partials={c.name: [SourceFile("model.safetensors", 1000, 9.0)]})

@@ -29,6 +29,7 @@ from orchestrator.transport.bundle import run_remote_json
 from orchestrator.transport.hosts import Host
 from remote.protocol import PARTIAL_PREFIX
 from remote.relay.host import name_problem, path_problem
+from remote.relay.sha256state import GRID
 
 _NUMBER = re.compile(r"\d+")
 _NAMED = re.compile(r"(?:step|checkpoint|ckpt|iter|global_step)[-_ ]?(\d+)", re.I)
@@ -52,6 +53,7 @@ class SourceFile:
     size: int
     mtime: float
     link: bool = False  # a symlink to a regular file: its content is relayed
+    resume: int = 0  # a partial file: the largest offset its host saved a hash state for
 
 
 @dataclass
@@ -145,7 +147,15 @@ def parse_scan(root: str, data: Any, host: str = "host") -> Scan:
                 or not isinstance(mtime, (int, float))
             ):
                 raise refuse(f"the size or mtime of {where}/{path} is not a number")
-            out.append(SourceFile(path, size, float(mtime), bool(f.get("link"))))
+            resume = f.get("resume", 0)
+            if (
+                not isinstance(resume, int)
+                or isinstance(resume, bool)
+                or not 0 <= resume <= size
+                or resume % GRID
+            ):
+                raise refuse(f"the resume offset of {where}/{path} is not a grid point in it")
+            out.append(SourceFile(path, size, float(mtime), bool(f.get("link")), resume))
         return out
 
     try:

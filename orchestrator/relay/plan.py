@@ -16,8 +16,12 @@ Planning has two halves with at most one round of hashing on the destinations be
      rest moves). Equal whole-file hashes prove the kept prefix; a prefix that differs
      shows up as a mismatch and the file is sent again from 0 (`transfer`). No prefix is
      hashed before the stream, so a resumed file costs one hash per host, not two, and no
-     round trip. Partial files the source no longer has are *stale* (removed before
-     sending, or they would be published with the checkpoint).
+     round trip. Where the destination's scan says it saved a hash state (`resume`, on
+     the grid of `remote.relay.sha256state`), the file resumes there instead: the bytes
+     after it are sent again, and neither host hashes the prefix (the source continues
+     from its own saved state, or falls back to hashing it). ``verify`` ignores saved
+     states. Partial files the source no longer has are *stale* (removed before sending,
+     or they would be published with the checkpoint).
 
    Its `Draft` lists the hash requests per destination (``relay-hash`` documents: verify).
 2. `decide` takes the answers and settles each file on each destination: skip it
@@ -61,6 +65,7 @@ class Target:
     write_path: str  # where the bytes go (in the partial folder, or a repair temp)
     offset: int  # bytes already there, kept (proved by the whole file's hash after)
     rename_to: str | None = None  # repair: rename over the damaged published file
+    saved_state: bool = False  # offset: where the destination saved a hash state (scan)
 
     @property
     def relative(self) -> str:
@@ -125,6 +130,7 @@ class Check:
     have: int = 0  # resume: the bytes of the partial file kept
     dest_key: HashKey | None = None  # verify: what the destination hashes
     want: str | None = None  # verify: the sha256 the manifest lists
+    saved_state: bool = False  # resume: `have` is where the destination saved a hash state
 
 
 @dataclass(frozen=True)
@@ -222,15 +228,19 @@ def draft(
                     "relay again"
                 )
             refuse_links(d, ckpt.name)
-            partial = {f.path: f.size for f in d.scan.partials.get(ckpt.name, [])}
+            partial = {f.path: f for f in d.scan.partials.get(ckpt.name, [])}
             names = {f.path for f in ckpt.files}
             stale[d.name] += [
                 partial_path(d.root, ckpt, SourceFile(p, 0, 0)) for p in partial if p not in names
             ]
             for f in ckpt.files:
-                have = partial.get(f.path, 0)
+                pf = partial.get(f.path)
+                have = pf.size if pf is not None else 0
+                saved = 0 < have <= f.size and pf.resume > 0 and not verify
+                if saved:
+                    have = pf.resume  # a saved state there: no prefix hashed again
                 if 0 < have <= f.size:
-                    checks.append(Check(ckpt, d, "resume", f, have))
+                    checks.append(Check(ckpt, d, "resume", f, have, saved_state=saved))
                 else:
                     checks.append(Check(ckpt, d, "send", f))
     return Draft(
@@ -279,7 +289,7 @@ def decide(
             # both hosts hash it whole there, which is what proves it.
             offset = c.have if c.kind == "resume" else 0
             st.bytes_skipped += offset
-            target = Target(d, partial_path(d.root, c.ckpt, f), offset)
+            target = Target(d, partial_path(d.root, c.ckpt, f), offset, None, c.saved_state)
         need[d.name] += f.size - target.offset
         st.bytes_planned += f.size - target.offset
         entry = targets.setdefault((c.ckpt.name, f.path), (c.ckpt, f, []))

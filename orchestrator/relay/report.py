@@ -50,6 +50,9 @@ class DestStatus:
     bytes_sent: int = 0
     bytes_skipped: int = 0
     files_sent: int = 0
+    # bytes of kept prefixes hashed again (source and this destination) because a saved
+    # hash state was missing at the resume offset: 0 when every resume used saved states
+    prefix_hashed: int = 0
     repaired: list[str] = field(default_factory=list)
     error: str | None = None
 

@@ -4,8 +4,10 @@ The files of a checkpoint go in up to ``jobs`` batches at once (`batches`); a ba
 ONE ``relay-send`` on the source and one ``relay-recv`` per destination that needs any of
 its files, joined here by `orchestrator.relay.stream.pump` (each file read once, written
 to every destination). sha256 is computed on the hosts beside the stream: the source
-hashes what it reads, each destination what it writes; a resumed file is hashed whole on
-both hosts, its kept prefix in a thread while the rest moves. A mismatch is sent again
+hashes what it reads, each destination what it writes; a resumed file's hash is still
+the whole file's on both hosts, continued from a saved hash state (`remote.relay.states`)
+or, without one, its kept prefix hashed in a thread while the rest moves (counted in the
+report's ``prefix_hashed``). A mismatch is sent again
 from 0, as a batch of its own: a resumed file whose kept prefix differed (nothing was
 hashed before, so that is how it shows) gets that for free, and any file one more try
 from 0; then it is a failure of that destination, which does not stop the others.
@@ -55,6 +57,18 @@ def batches(tasks: list[FileTask] | tuple[FileTask, ...], jobs: int) -> list[lis
         load[k] += task.to_send
     order = {id(t): n for n, t in enumerate(tasks)}
     return [sorted(b, key=lambda t: order[id(t)]) for b in out if b]
+
+
+def _int(record: dict | None, key: str) -> int:
+    """A count from a host's per-file line; anything but a non-negative int counts 0."""
+    value = (record or {}).get(key)
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value if ok else 0
+
+
+def _first(where: dict[tuple[int, int], object], i: int) -> int:
+    """The first destination (index) file `i` goes to: the source's counts go there once."""
+    return min(j for (k, j) in where if k == i)
 
 
 class Transfer:
@@ -202,9 +216,10 @@ class Transfer:
                 j = dests.index(t.dest)
                 route[j] = t.offset - starts[i]
                 where[(i, j)] = (t, len(requests[j]))
-                requests[j].append(
-                    {"path": t.relative, "offset": t.offset, "mtime": task.file.mtime}
-                )
+                req = {"path": t.relative, "offset": t.offset, "mtime": task.file.mtime}
+                if t.saved_state and t.offset:
+                    req["state"] = True  # continue the hash from the state saved there
+                requests[j].append(req)
             routes.append(route)
         src = self._start(self.src, ["relay-send"], stdin=True, stdout=True)
         outs = [
@@ -257,6 +272,10 @@ class Transfer:
                 # (not killed by us because every destination had gone), and then first,
                 # since a destination's "stream ended" follows from it.
                 src_failed = a is None and scode != 0 and not src_killed
+                with self._lock:
+                    statuses[d.name].prefix_hashed += _int(b, "prefix_read") + (
+                        _int(a, "prefix_read") if j == _first(where, i) else 0
+                    )
                 if b is None and not src_failed:
                     outcome = (
                         describe_failure(host, code, err)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import mmap
@@ -27,6 +28,8 @@ import time
 
 from remote.errors import UserError
 from remote.protocol import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, REPAIR_PREFIX
+from remote.relay import sha256state, states
+from remote.relay.sha256state import GRID
 
 CHUNK = 4 * 1024 * 1024  # large reads/writes: small ones make the Python paths crawl
 
@@ -84,6 +87,22 @@ class _Syncer:
             self.pending = 0
             self.jobs.put((fd, (None, label, None)))
 
+    def durable(self, fd: int, then) -> None:
+        """Queue an fdatasync of `fd`, then `then()` once it succeeded (a hash state is
+        recorded only for bytes that are on disk)."""
+        self.pending = 0
+        self.jobs.put((fd, (None, "", then)))
+
+    def settle(self) -> None:
+        """Wait until every job queued so far has run (before a failed file's fd closes:
+        no queued datasync may meet that number reused)."""
+        import threading
+
+        done = threading.Event()
+        self.jobs.put((-1, (None, "", done.set)))
+        while not done.wait(0.1) and self.thread.is_alive():
+            pass
+
     def file_done(self, fd: int, on_durable, label: str = "", before=None) -> None:
         """Queue the file's fsync and close, then `on_durable`; `before` (finishing a
         resumed file's hash, which still reads `fd`) runs first, here, so the receive
@@ -99,8 +118,12 @@ class _Syncer:
             fd, (done, label, before) = job
             try:
                 if done is None:
-                    if self.error is None:
+                    if fd < 0:
+                        before()  # `settle`
+                    elif self.error is None:
                         os.fdatasync(fd)
+                        if before is not None:
+                            before()
                     continue
                 try:
                     if before is not None:
@@ -143,7 +166,12 @@ class _Hasher:
     bytes that arrive meanwhile are handed over in memory (`advance` with a piece, up to
     `keep` bytes queued): the thread hashes them from there once it gets to them, and
     reads from the disk only what did not fit.
+
+    Resumes at an offset whose hash state both hosts saved (`states`) skip this class: it
+    is the fallback that reads the kept prefix again.
     """
+
+    prefix_read: int | None = None  # the sender's: bytes of a kept prefix hashed again
 
     def __init__(self, fd: int, limit: int, direct: bool = False, keep: int = 0):
         import collections
@@ -440,6 +468,7 @@ def scan_root(root: str) -> dict:
             continue  # a name no line can carry is no checkpoint
         if name.startswith(PARTIAL_PREFIX) and stat.S_ISDIR(st.st_mode) and name != PARTIAL_PREFIX:
             files, odd = _files_under(full)
+            states.mark_resumable(full, files)  # "resume": where a saved hash state is
             result["partials"][name[len(PARTIAL_PREFIX) :]] = files
             if odd:
                 result.setdefault("partial_odd", {})[name[len(PARTIAL_PREFIX) :]] = odd
@@ -630,9 +659,12 @@ def send(args) -> int:
     per byte instead of the two of a read and a write (measured on the 2-core test box:
     1.08 CPU-s per GiB instead of 1.21-1.25, 0.83 of it the sha256 itself). A file sent
     whole is hashed block by block in this thread, just before the block goes out (hash
-    threads cost more than they saved on a box whose cores are all busy); a resumed file
-    is hashed whole by a `_Hasher` thread while its rest streams, and the stream moves on
-    to the next file while that hash finishes.
+    threads cost more than they saved on a box whose cores are all busy). Every GRID
+    bytes the hash state is saved in this host's cache (`states`); a file resumed at an
+    offset whose state is there goes the same way from that state, its prefix unread.
+    Without one, a resumed file is hashed whole by a `_Hasher` thread while its rest
+    streams, and the stream moves on to the next file while that hash finishes. A resumed
+    file's line also says how many prefix bytes were hashed again (``prefix_read``).
 
     Before reading its request it writes a frame: *ready*, empty, or with ``--scan ROOT``
     the `scan_root` of ROOT as JSON. The controller starts a ``relay-send`` ahead, scanning
@@ -678,7 +710,10 @@ def _finish_hash(i: int, path: str, hasher: _Hasher, fd: int, size: int) -> None
         raise UserError(f"{path} shrank while it was read") from None
     finally:
         os.close(fd)
-    _emit(sys.stderr, {"i": i, "sha256": digest, "size": size})
+    record = {"i": i, "sha256": digest, "size": size}
+    if hasher.prefix_read is not None:  # a resumed file: its kept prefix, read again or not
+        record["prefix_read"] = hasher.prefix_read
+    _emit(sys.stderr, record)
 
 
 def _send_file(i: int, req: dict, copy: list[bool]) -> tuple:
@@ -691,15 +726,21 @@ def _send_file(i: int, req: dict, copy: list[bool]) -> tuple:
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     hasher = None
+    cache = states.SourceStates.open(path, fd) if sha256state.available() else None
     try:
         size = os.fstat(fd).st_size
         if size < offset:
             raise UserError(f"{path} holds fewer than {offset} bytes")
         write_all(1, FRAME_HEADER.pack(size - offset))
-        if not offset:  # read, hash and send in this thread: no hand-overs between threads
-            hasher = _hash_and_send(fd, size, path, copy)
+        # Read, hash and send in this thread (no hand-overs between threads): a file sent
+        # whole, or resumed at an offset whose hash state this host saved when it sent it.
+        h = sha256state.new() if not offset else cache.lookup(offset) if cache else None
+        if h is not None:
+            hasher = _hash_and_send(fd, size, path, copy, offset, h, cache)
+            hasher.prefix_read = 0 if offset else None
             return i, path, hasher, fd, size
         hasher = _Hasher(fd, size)  # the whole file, from the page cache, in a thread
+        hasher.prefix_read = offset
         pos = offset
         while pos < size:
             # A hash far behind the stream (a resumed file's prefix read from a slow disk)
@@ -714,11 +755,16 @@ def _send_file(i: int, req: dict, copy: list[bool]) -> tuple:
             hasher.stop()
         os.close(fd)
         raise
+    finally:
+        if cache is not None:
+            cache.close()
     return i, path, hasher, fd, size
 
 
 class _Hashed:
     """A hash already done, answering like a `_Hasher`."""
+
+    prefix_read: int | None = None
 
     def __init__(self, digest: str):
         self.digest = digest
@@ -736,19 +782,25 @@ class _Hashed:
 _BUFFER: list[memoryview] = []  # the sender's one read buffer, made on first use
 
 
-def _hash_and_send(fd: int, size: int, path: str, copy: list[bool]) -> _Hashed:
-    """Send file `fd` whole and hash it: each block is read into one reused buffer and
-    hashed, then the same bytes go out by ``sendfile`` from the page cache (one copy,
-    not the two of a read and a write)."""
+def _hash_and_send(
+    fd: int, size: int, path: str, copy: list[bool], pos: int, h, cache=None
+) -> _Hashed:
+    """Send file `fd` from `pos` on and hash it, `h` being the hash of its first `pos`
+    bytes: each block is read into one reused buffer and hashed, then the same bytes go
+    out by ``sendfile`` from the page cache (one copy, not the two of a read and a
+    write). Blocks end on the `GRID`, where `cache` (the source's saved states) records
+    the state reached, for a later resume."""
     if not _BUFFER:
         _BUFFER.append(memoryview(bytearray(CHUNK)))
-    buf, h, pos = _BUFFER[0], hashlib.sha256(), 0
+    buf = _BUFFER[0]
     while pos < size:
-        n = os.preadv(fd, [buf[: min(CHUNK, size - pos)]], pos)
+        n = os.preadv(fd, [buf[: min(CHUNK, size - pos, GRID - pos % GRID)]], pos)
         if not n:
             raise UserError(f"{path} shrank while it was read")
         h.update(buf[:n])
         end = pos + n
+        if cache is not None and end % GRID == 0:
+            cache.record(end, h.state())
         while pos < end:
             sent = _send_block(fd, pos, end - pos, copy)
             if not sent:
@@ -793,13 +845,16 @@ def recv(args) -> int:
     is durable.
 
     stdin starts with a frame holding the JSON request ``[{"path": P, "offset": N,
-    "mtime": T}, ...]``, then one frame per file in that order. P is relative to `root`
+    "mtime": T, "state": S}, ...]``, then one frame per file in that order. P is relative to `root`
     and must lie in a partial folder (``.partial-<name>/...``) or be a repair temp file
     (``.../.dflash-repair-<file>``); no part of it may be a symlink (each folder is
     opened with O_NOFOLLOW, and so is the file), so nothing the request says can write
     outside `root`. With offset 0 a file is created or truncated; otherwise its first N
-    bytes are kept and hashed, and the frame appended after them, so a resumed file is
-    checked end to end, not just its new tail. T, when given, becomes the file's mtime.
+    bytes are kept and the frame appended after them, and the file's sha256 is still the
+    whole file's, so a resumed file is checked end to end, not just its new tail: from
+    the hash state saved at N in its sidecar (`states`, saved every GRID bytes once they
+    are durable) where S is true and there is a valid one, else by hashing the kept bytes again
+    (``prefix_read`` in its line says which). T, when given, becomes the file's mtime.
     A file's JSON line on stdout (index, sha256 and size of the whole file) comes only
     after its fsync, so the controller publishes nothing that a crash of the host could
     lose. A write error ends the command with one line naming the file and the OS error.
@@ -844,45 +899,58 @@ def _recv_file(i: int, req: dict, total: int, root_fd: int, syncer: _Syncer, spo
         raise UserError(f"the stream ended after {i} of {total} files")
     left = FRAME_HEADER.unpack(head)[0]
     try:
-        fd, direct, size = _open_for_write(root_fd, rel, int(req.get("offset") or 0))
+        t = _open_for_write(root_fd, rel, int(req.get("offset") or 0), req.get("state") is True)
     except OSError as exc:
         raise _write_error(exc, rel) from None
+    fd, direct, size = t.fd, t.direct, t.size
     out = _Writer(fd, direct, size)
-    # A resumed file: its kept prefix is hashed in a thread (read with O_DIRECT, as it was
-    # written) while the rest arrives; the new bytes follow, from memory as far as KEEP
-    # allows, not before the first byte is read.
-    hasher = _Hasher(fd, size, direct=direct is not None, keep=KEEP) if size else None
-    h = hashlib.sha256()
+    # A resumed file without a saved state at its offset: its kept prefix is hashed in a
+    # thread (read with O_DIRECT, as it was written) while the rest arrives; the new bytes
+    # follow, from memory as far as KEEP allows, not before the first byte is read.
+    h = t.h if t.h is not None else None if size else hashlib.sha256()
+    hasher = _Hasher(fd, size, direct=direct is not None, keep=KEEP) if h is None else None
+    record_states = t.saved is not None  # blocks end on the GRID, whose states are saved
     written = [size]
 
-    def store(block: memoryview) -> None:  # in the spool's thread, in order
+    def store(block: memoryview, state: bytes | None = None) -> None:  # spool's thread
         syncer.wrote(fd, out.write(block), rel)
         written[0] += len(block)
         if hasher is not None:
             hasher.advance(written[0], block)
+        if state is not None:
+            end = written[0]
+            syncer.durable(fd, lambda: t.save(root_fd, rel, end, state))
 
     try:
         while left:
             # until the file offset is aligned, read only up to the boundary
             boundary = (-size) % ALIGN if direct is not None else 0
-            block = spool.read(min(left, boundary or CHUNK))
+            want = min(left, boundary or CHUNK)
+            if record_states:
+                want = min(want, GRID - size % GRID)
+            block = spool.read(want)
             if not block:
                 raise UserError(f"the stream ended inside {_shown(rel)}")
             if hasher is None:
                 h.update(block)  # here: the stdin pipe fills meanwhile, for fewer reads
-            spool.put(store, block)
+            if record_states and (size + len(block)) % GRID == 0:
+                spool.put(functools.partial(store, state=h.state()), block)
+            else:
+                spool.put(store, block)
             size += len(block)
             left -= len(block)
         spool.drain()  # every block written (or the first error raised)
         if req.get("mtime") is not None:
             os.utime(fd, (float(req["mtime"]), float(req["mtime"])))
         record = {"i": i, "sha256": h.hexdigest() if hasher is None else None, "size": size}
+        if t.size:  # a resumed file: its kept prefix, read again (fallback) or not
+            record["prefix_read"] = t.size if hasher is not None else 0
         hashing, hasher = hasher, None
     except OSError as exc:
-        _abandon(spool, out, hasher, fd)  # a partial file stays for the next relay to resume
+        _abandon(spool, syncer, out, hasher, fd)  # the partial file stays, to be resumed
         raise _write_error(exc, rel) from None
     except BaseException:
-        _abandon(spool, out, hasher, fd)
+        _abandon(spool, syncer, out, hasher, fd)
         raise
     out.close()
 
@@ -971,13 +1039,14 @@ SPOOL = 4  # buffers of CHUNK bytes between the reading thread and the writing o
 KEEP = 128 * 1024 * 1024  # new bytes of a resumed file queued in memory for its hash
 
 
-def _abandon(spool: _Spool, out: _Writer, hasher: _Hasher | None, fd: int) -> None:
-    """Close a file whose receive failed (its queued writes and hashing thread end
+def _abandon(spool: _Spool, syncer: _Syncer, out: _Writer, hasher: _Hasher | None, fd: int) -> None:
+    """Close a file whose receive failed (its queued writes, syncs and hashing thread end
     first)."""
     try:
         spool.drain()
     except BaseException:
         pass  # the error being handled is the one reported
+    syncer.settle()
     out.close()
     if hasher is not None:
         hasher.stop()
@@ -1097,9 +1166,41 @@ def _pwrite_all(fd: int, data: memoryview, pos: int) -> None:
         data, pos = data[n:], pos + n
 
 
-def _open_for_write(root_fd: int, rel: str, offset: int):
-    """(fd, O_DIRECT fd or None, the kept size): `rel` under `root_fd` opened to append
-    after `offset` (its first `offset` bytes kept), never through a symlink."""
+class _Target:
+    """A file being received: its descriptors, the hash of its first `size` bytes when
+    known without reading them (fresh, or resumed from a saved state), and its saved
+    states (`states`), recorded in its sidecar as the bytes become durable."""
+
+    def __init__(self, fd: int, direct: int | None, size: int):
+        self.fd, self.direct, self.size = fd, direct, size
+        self.h = None  # hash of the first `size` bytes, or None: the fallback hashes them
+        self.saved: dict[int, bytes] | None = None  # None: no states kept for this file
+        self.stat: os.stat_result | None = None
+
+    def save(self, root_fd: int, rel: str, offset: int, state: bytes) -> None:
+        """Record the state at `offset` in the sidecar (in the syncer's thread, after the
+        fdatasync); a sidecar that cannot be written only costs a later prefix hash."""
+        parts = rel.split("/")
+        try:
+            dfd = _open_dirs(root_fd, parts[:-1], False, rel)
+        except (OSError, UserError):
+            return
+        try:
+            self.saved[offset] = state
+            states.write_sidecar(dfd, parts[-1], self.stat, self.saved)
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
+
+
+def _open_for_write(root_fd: int, rel: str, offset: int, use_state: bool = False) -> _Target:
+    """`rel` under `root_fd` opened to append after `offset` (its first `offset` bytes
+    kept), never through a symlink. A file in a partial folder keeps hash states in a
+    sidecar (`states`): resumed at an offset it holds one for, and asked to use it
+    (`use_state`: the controller chose the offset from this host's scan; ``--verify``
+    does not), the hash goes on from there; its states past `offset` are dropped before
+    the file is truncated."""
     parts = rel.split("/")
     dfd = _open_dirs(root_fd, parts[:-1], True, rel)
     try:
@@ -1110,23 +1211,35 @@ def _open_for_write(root_fd: int, rel: str, offset: int):
                 direct = _open_leaf(dfd, parts[-1], os.O_WRONLY | flag, rel)
             except OSError:
                 pass  # not supported here: buffered writes only
+        t = _Target(fd, direct, offset)
+        try:
+            # A writer from a dropped connection may still be draining its pipe into this
+            # file: wait for it, so the truncate below cannot be overtaken by its late bytes.
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            t.stat = os.fstat(fd)
+            got = t.stat.st_size
+            if got < offset:
+                raise UserError(f"{_shown(rel)} holds {got} bytes, fewer than the offset {offset}")
+            if parts[0].startswith(PARTIAL_PREFIX) and sha256state.available():
+                kept = states.read_sidecar(dfd, parts[-1], t.stat) if use_state else {}
+                t.h = sha256state.new(kept[offset], offset) if offset in kept else None
+                if t.h is not None or not offset:
+                    t.h = t.h or sha256state.new()
+                    t.saved = {k: v for k, v in kept.items() if k <= offset}
+                try:
+                    states.write_sidecar(dfd, parts[-1], t.stat, t.saved or {})
+                except OSError:
+                    t.saved = None  # cannot be written here: no states for this file
+            os.ftruncate(fd, offset)
+            os.lseek(fd, offset, os.SEEK_SET)
+        except BaseException:
+            os.close(fd)
+            if direct is not None:
+                os.close(direct)
+            raise
     finally:
         os.close(dfd)
-    try:
-        # A writer from a dropped connection may still be draining its pipe into this
-        # file: wait for it, so the truncate below cannot be overtaken by its late bytes.
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        got = os.fstat(fd).st_size
-        if got < offset:
-            raise UserError(f"{_shown(rel)} holds {got} bytes, fewer than the offset {offset}")
-        os.ftruncate(fd, offset)
-        os.lseek(fd, offset, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        if direct is not None:
-            os.close(direct)
-        raise
-    return fd, direct, offset
+    return t
 
 
 def hash_files(args) -> int:
@@ -1197,6 +1310,7 @@ def publish_checkpoint(root: str, name, kind, manifest) -> dict:
         try:
             for f in manifest.get("files", []):
                 _settle(pfd, f, name, partial)
+            states.remove_sidecars(pfd)  # hash states of partial files: not published
             data = json.dumps(manifest, indent=2).encode()
             if kind == "dir":
                 _write_new(pfd, MANIFEST, data)
