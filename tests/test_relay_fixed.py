@@ -1,0 +1,119 @@
+"""A relay's fixed cost: how many commands it runs on each host, over real loopback sshd.
+
+Each host's ``python`` is a wrapper that logs the bundle command it is asked to run and
+then runs the real interpreter, so the counts are what the hosts really started. An
+unchanged relay runs ONE command per host (the source's ``relay-send``, whose ready frame
+carries the scan; the destination's ``relay-lock``, which also receives the first batch),
+and a changed file is still sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+from orchestrator.inventory import load_inventory
+from orchestrator.relay.run import RelayOptions, list_checkpoints
+from tests.helpers.checkpoints import make_checkpoint, tree
+
+MiB = 1 << 20
+
+LOGGER = """#!/bin/sh
+for a in "$@"; do case "$a" in relay-*) echo "$a" >> {log};; esac; done
+exec {real} "$@"
+"""
+
+
+def _logging_pythons(tenv) -> tuple:
+    """Make both hosts' python log their relay commands; (trainer log, eval host log).
+    A dry run first puts the current bundle on both hosts (a host without it gets it
+    pushed, and the command that found it missing is run again: installation, not the
+    relay's own cost)."""
+    list_checkpoints(
+        load_inventory(tenv.inventory_path), "trainer", ["evalhost"], RelayOptions(dry_run=True)
+    )
+    logs = []
+    for side in ("trainer", "eval"):
+        log = tenv.tmp / f"{side}-commands.log"
+        script = tenv.tmp / f"{side}-python"
+        script.write_text(LOGGER.format(log=log, real=sys.executable))
+        script.chmod(0o755)
+        setattr(tenv, f"{side}_py", str(script))
+        logs.append(log)
+    return tuple(logs)
+
+
+def _commands(log) -> list[str]:
+    lines = log.read_text().split() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return lines
+
+
+def test_an_unchanged_relay_runs_one_command_per_host_and_a_changed_file_is_sent(tenv):
+    trainer_log, eval_log = _logging_pythons(tenv)
+    files = make_checkpoint(
+        tenv.ckpt, "step_10", {f"model-{i}.safetensors": MiB + i for i in range(4)}
+    )
+    report = tenv.relay(jobs=1)
+    assert report.ok, report.failures
+    assert tree(tenv.dst / "step_10") == files
+    # Fresh: the source's relay-send started ahead streams; the lock holder receives.
+    assert _commands(trainer_log) == ["relay-send"]
+    assert _commands(eval_log) == ["relay-lock"]
+    assert not (tenv.dst / ".dflash-relay.lock").exists()  # the lock ended with the relay
+
+    proc = tenv.cli()  # unchanged, through the real CLI
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["bytes_read"] == 0
+    assert summary["checkpoints"][0]["destinations"]["evalhost"]["status"] == "unchanged"
+    assert _commands(trainer_log) == ["relay-send"]
+    assert _commands(eval_log) == ["relay-lock"]
+
+    # One file rewritten (same size, a new mtime): not unchanged, and its bytes arrive.
+    changed = tenv.ckpt / "step_10" / "model-2.safetensors"
+    new = os.urandom(len(files["model-2.safetensors"]))
+    changed.write_bytes(new)
+    st = changed.stat()
+    os.utime(changed, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    proc = tenv.cli()
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["checkpoints"][0]["destinations"]["evalhost"]["status"] != "unchanged"
+    assert summary["bytes_read"] >= len(new)
+    assert (tenv.dst / "step_10" / "model-2.safetensors").read_bytes() == new
+    manifest = json.loads((tenv.dst / "step_10" / ".dflash-manifest.json").read_text())
+    sums = {f["path"]: f["sha256"] for f in manifest["files"]}
+    assert sums["model-2.safetensors"] == hashlib.sha256(new).hexdigest()
+    assert _commands(eval_log) == ["relay-lock"]  # the changed batch went to the lock holder
+    tenv.outside_intact()
+
+
+def test_two_batches_use_the_lock_holder_and_one_more_receiver(tenv):
+    _, eval_log = _logging_pythons(tenv)
+    files = make_checkpoint(tenv.ckpt, "step_11", {f"part-{i}.bin": MiB + 7 * i for i in range(4)})
+    report = tenv.relay(jobs=2)
+    assert report.ok, report.failures
+    assert tree(tenv.dst / "step_11") == files
+    assert sorted(_commands(eval_log)) == ["relay-lock", "relay-recv"]
+
+
+def test_a_batch_that_fails_in_the_lock_holder_fails_that_destination_and_frees_the_lock(tenv):
+    files = make_checkpoint(tenv.ckpt, "step_12", {"a.bin": MiB, "b.bin": 3})
+    blocker = tenv.dst / ".partial-step_12" / "a.bin"
+    blocker.mkdir(parents=True)  # a folder where the file must go: the write fails there
+    report = tenv.relay(jobs=1)
+    assert not report.ok
+    status = report.checkpoints[0].destinations["evalhost"]
+    assert status.status == "failed"
+    assert "is a directory" in status.error and "a.bin" in status.error
+    assert not (tenv.dst / "step_12").exists()  # nothing half-published
+    assert not (tenv.dst / ".dflash-relay.lock").exists()  # the holder ended: lock dropped
+
+    blocker.rmdir()
+    report = tenv.relay(jobs=1)  # the lock is free again, and the file goes through
+    assert report.ok, report.failures
+    assert tree(tenv.dst / "step_12") == files
+    tenv.outside_intact()
