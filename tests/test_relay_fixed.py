@@ -91,29 +91,32 @@ def test_an_unchanged_relay_runs_one_command_per_host_and_a_changed_file_is_sent
     tenv.outside_intact()
 
 
-def test_two_batches_use_the_lock_holder_and_one_more_receiver(tenv):
+def test_each_checkpoint_reuses_the_lock_holder_and_other_batches_get_a_receiver(tenv):
     _, eval_log = _logging_pythons(tenv)
-    files = make_checkpoint(tenv.ckpt, "step_11", {f"part-{i}.bin": MiB + 7 * i for i in range(4)})
-    report = tenv.relay(jobs=2)
+    sizes = {f"part-{i}.bin": MiB + 7 * i for i in range(4)}
+    first = make_checkpoint(tenv.ckpt, "step_11", sizes)
+    second = make_checkpoint(tenv.ckpt, "step_12", sizes)
+    report = tenv.relay(jobs=2, all=True)
     assert report.ok, report.failures
-    assert tree(tenv.dst / "step_11") == files
-    assert sorted(_commands(eval_log)) == ["relay-lock", "relay-recv"]
+    assert tree(tenv.dst / "step_11") == first and tree(tenv.dst / "step_12") == second
+    # two batches per checkpoint: the lock holder takes one of each, a relay-recv the other
+    assert sorted(_commands(eval_log)) == ["relay-lock", "relay-recv", "relay-recv"]
 
 
 def test_a_batch_that_fails_in_the_lock_holder_fails_that_destination_and_frees_the_lock(tenv):
-    files = make_checkpoint(tenv.ckpt, "step_12", {"a.bin": MiB, "b.bin": 3})
-    blocker = tenv.dst / ".partial-step_12" / "a.bin"
+    files = make_checkpoint(tenv.ckpt, "step_13", {"a.bin": MiB, "b.bin": 3})
+    blocker = tenv.dst / ".partial-step_13" / "a.bin"
     blocker.mkdir(parents=True)  # a folder where the file must go: the write fails there
     report = tenv.relay(jobs=1)
     assert not report.ok
     status = report.checkpoints[0].destinations["evalhost"]
     assert status.status == "failed"
     assert "is a directory" in status.error and "a.bin" in status.error
-    assert not (tenv.dst / "step_12").exists()  # nothing half-published
+    assert not (tenv.dst / "step_13").exists()  # nothing half-published
     assert not (tenv.dst / ".dflash-relay.lock").exists()  # the holder ended: lock dropped
 
     blocker.rmdir()
     report = tenv.relay(jobs=1)  # the lock is free again, and the file goes through
     assert report.ok, report.failures
-    assert tree(tenv.dst / "step_12") == files
+    assert tree(tenv.dst / "step_13") == files
     tenv.outside_intact()
