@@ -30,7 +30,7 @@ from orchestrator.relay.openssh_host import control_host
 from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions
 from orchestrator.relay.plan import Dest, Draft, HashKey
 from orchestrator.relay.report import RelayError
-from orchestrator.relay.stream import Multiplexer, Stream
+from orchestrator.relay.stream import Multiplexer, Stream, local_ciphers
 from orchestrator.sizes import parse_size
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, Result, open_host
@@ -148,10 +148,14 @@ class Session:
             # Every command goes through OpenSSH and the host's master (one connection per
             # host, shared with the streams; see orchestrator.relay.openssh_host). Each
             # host's settings come from an `ssh -G` of its own: all at once.
+            # The local client's ciphers (``ssh -Q cipher``, every ssh line offers them) are
+            # asked beside those, not after them on the way to the masters.
             specs = [self.src_spec, *(spec for spec, _ in dest_cfg)]
-            opened += parallel(
+            *now, _ = parallel(
                 [lambda s=s: control_host(open_host(s, inventory), self.mux) for s in specs]
+                + [local_ciphers]
             )
+            opened += now
             self.src = opened[0]
             if self.mux is not None:
                 self.mux.start(*opened)
