@@ -12,11 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 
 from orchestrator.inventory import load_inventory
 from orchestrator.relay.run import RelayOptions, list_checkpoints
 from tests.helpers.checkpoints import make_checkpoint, tree
+from tests.helpers.cli import ROOT, dflash
 
 MiB = 1 << 20
 
@@ -120,3 +122,30 @@ def test_a_batch_that_fails_in_the_lock_holder_fails_that_destination_and_frees_
     assert report.ok, report.failures
     assert tree(tenv.dst / "step_13") == files
     tenv.outside_intact()
+
+
+def test_a_json_relay_never_imports_rich(tenv):
+    """--json prints no markup: the consoles, the progress views and the report's table
+    renderer (rich, about 30 ms of a start) stay unimported; a human run still uses them."""
+    make_checkpoint(tenv.ckpt, "step_14", {"model.safetensors": MiB})
+    assert tenv.relay().ok
+    code = (
+        "import sys\nsys.modules['rich'] = None\n"  # any rich import fails
+        "sys.argv = ['dflash', 'relay', '--json', '--inventory', sys.argv[1]]\n"
+        "from orchestrator.cli import main\nmain()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tenv.inventory_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["checkpoints"][0]["destinations"]["evalhost"]["status"] == "unchanged"
+    human = dflash("relay", "--inventory", str(tenv.inventory_path))
+    assert human.returncode == 0, human.stderr
+    assert "unchanged" in human.stdout and "step_14" in human.stdout
