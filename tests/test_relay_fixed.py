@@ -17,6 +17,7 @@ import sys
 
 from orchestrator.inventory import load_inventory
 from orchestrator.relay.run import RelayOptions, list_checkpoints
+from remote.protocol import FRAME_HEADER
 from tests.helpers.checkpoints import make_checkpoint, tree
 from tests.helpers.cli import ROOT, dflash
 
@@ -149,3 +150,47 @@ def test_a_json_relay_never_imports_rich(tenv):
     human = dflash("relay", "--inventory", str(tenv.inventory_path))
     assert human.returncode == 0, human.stderr
     assert "unchanged" in human.stdout and "step_14" in human.stdout
+
+
+def _frame(data: bytes) -> bytes:
+    return FRAME_HEADER.pack(len(data)) + data
+
+
+def test_the_lock_holder_receives_a_batch_in_step_and_refuses_one_outside(tmp_path):
+    """``relay-lock``'s ``recv`` on the host itself: a batch arrives byte-exact and the
+    channel goes on answering; a batch naming a path outside the partial folders is
+    refused with one line, and the holder ends (and its lock with it)."""
+    root = tmp_path / "drafters"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "remote", "relay-lock", "--by=test", "--", str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+    def say(data: bytes) -> dict:
+        proc.stdin.write(data)
+        proc.stdin.flush()
+        return json.loads(proc.stdout.readline())
+
+    try:
+        assert json.loads(proc.stdout.readline())["locked"] is True
+        assert say(b'{"op": "recv"}\n') == {"ready": True}
+        data = os.urandom(300_000)
+        request = [{"path": ".partial-step_1/a.bin", "offset": 0}]
+        line = say(_frame(json.dumps(request).encode()) + _frame(data))
+        assert line["i"] == 0 and line["sha256"] == hashlib.sha256(data).hexdigest()
+        assert json.loads(proc.stdout.readline()) == {"done": True}
+        assert (root / ".partial-step_1" / "a.bin").read_bytes() == data
+        assert "a.bin" in json.dumps(say(b'{"op": "scan"}\n'))  # still in step
+
+        assert say(b'{"op": "recv"}\n') == {"ready": True}
+        bad = [{"path": "../outside.bin", "offset": 0}]
+        done = say(_frame(json.dumps(bad).encode()) + _frame(b"x"))
+        assert done["done"] is True and "refusing to write" in done["error"]
+        assert proc.wait(timeout=30) == 0  # the holder ended
+    finally:
+        proc.kill()
+    assert not (tmp_path / "outside.bin").exists()
+    assert not (root / ".dflash-relay.lock").exists()  # its lock ended with it
