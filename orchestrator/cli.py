@@ -7,7 +7,6 @@ import os
 import sys
 
 import typer
-import typer.main
 
 from orchestrator.commands import output  # its consoles (and rich) load on first use
 from orchestrator.errors import DflashError
@@ -105,25 +104,12 @@ def _usage_error(exc: BaseException) -> bool:
     return any(c.__name__ == "ClickException" for c in type(exc).__mro__)
 
 
-def _early(command, modules: tuple[str, ...]) -> None:
-    """``dflash relay ...`` with no root option before ``relay``: let the relay start its
-    ssh logins now (`orchestrator.commands.relay.start_early`), before its options are
-    coerced, so they overlap the rest of this start."""
-    if modules == ("orchestrator.commands.relay",) and sys.argv[1:2] == ["relay"]:
-        relay = importlib.import_module(modules[0])
-        relay.start_early(command, sys.argv[2:])
-
-
 def _run_app() -> int:
     """Run the app; a parse error (``--samples 0``, ``--bogus``) is one line on stderr and
     exit 2 instead of click's usage block. Returns the exit code."""
-    modules = _modules_for(sys.argv[1:])
-    # The click command Typer builds for the app, called as `app(...)` would call it:
-    # built once, so a relay can read its own words with it first (`_early`).
-    command = typer.main.get_command(_load(modules))
-    _early(command, modules)
+    app = _load(_modules_for(sys.argv[1:]))
     try:
-        code = command(standalone_mode=False, prog_name="dflash")  # also names completion scripts
+        code = app(standalone_mode=False, prog_name="dflash")  # also names completion scripts
     except typer.Abort:
         output.err_console.print("[yellow]aborted[/]")
         return 1

@@ -16,11 +16,10 @@ import subprocess
 import sys
 
 from orchestrator.inventory import load_inventory
-from orchestrator.relay.run import RelayOptions, list_checkpoints, relay
+from orchestrator.relay.run import RelayOptions, list_checkpoints
 from remote.protocol import FRAME_HEADER
 from tests.helpers.checkpoints import make_checkpoint, tree
 from tests.helpers.cli import ROOT, dflash
-from tests.helpers.sshd import ssh_host_entry
 
 MiB = 1 << 20
 
@@ -195,71 +194,3 @@ def test_the_lock_holder_receives_a_batch_in_step_and_refuses_one_outside(tmp_pa
         proc.kill()
     assert not (tmp_path / "outside.bin").exists()
     assert not (root / ".dflash-relay.lock").exists()  # its lock ended with it
-
-
-def _relay_command():
-    import typer.main
-
-    from orchestrator import cli
-
-    return typer.main.get_command(cli.app)
-
-
-def test_the_session_takes_over_the_logins_started_from_the_command_line(tenv):
-    """`start_early` (called with the relay's words before Typer coerces them) opens the
-    hosts and starts their masters; the relay's session takes exactly those, and ends
-    them with the relay."""
-    from orchestrator.commands.relay import start_early
-    from orchestrator.relay import session
-
-    files = make_checkpoint(tenv.ckpt, "step_15", {"model.safetensors": MiB})
-    start_early(_relay_command(), ["--inventory", str(tenv.inventory_path), "step_15"])
-    early = session._early
-    assert early is not None and [s.name for s in early.specs] == ["trainer", "evalhost"]
-    masters = [p for p in early.mux.masters.values() if p is not None]
-    assert len(masters) == 2
-    report = tenv.relay(names=["step_15"])
-    assert report.ok, report.failures
-    assert tree(tenv.dst / "step_15") == files
-    assert session._early is None  # taken, not left for exit
-    assert all(p.poll() is not None for p in masters)  # and ended with the relay
-    assert early.mux.dir is None or not os.path.exists(early.mux.dir)
-
-
-def test_logins_started_for_other_settings_are_ended_and_help_starts_none(tenv, make_inventory):
-    from orchestrator.commands.relay import start_early
-    from orchestrator.relay import session
-
-    files = make_checkpoint(tenv.ckpt, "step_16", {"a.bin": 3})
-    inv = str(tenv.inventory_path)
-    start_early(_relay_command(), ["--inventory", inv, "--help"])
-    assert session._early is None
-    start_early(_relay_command(), ["--inventory", inv, "--to", "nosuchhost"])
-    assert session._early is None  # an unknown host: nothing started (the relay says why)
-
-    start_early(_relay_command(), ["--inventory", inv])
-    masters = [p for p in session._early.mux.masters.values() if p is not None]
-    assert len(masters) == 2
-    # The relay that runs reaches the same hosts with other settings: it does not take
-    # those logins (made under the old ones), it ends them and makes its own.
-    other = make_inventory(
-        hosts={
-            "trainer": ssh_host_entry(
-                tenv.trainer,
-                tenv.ssh_base,
-                roles={"trainer": {"checkpoints": str(tenv.ckpt)}},
-                connect_timeout=7,
-            ),
-            "evalhost": ssh_host_entry(
-                tenv.evalh,
-                tenv.ssh_base,
-                roles={"eval": {"drafters": str(tenv.dst)}},
-                connect_timeout=7,
-            ),
-        }
-    )
-    report = relay(load_inventory(other), "trainer", ["evalhost"], RelayOptions())
-    assert report.ok, report.failures
-    assert tree(tenv.dst / "step_16") == files
-    assert session._early is None
-    assert all(p.poll() is not None for p in masters)

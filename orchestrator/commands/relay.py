@@ -13,9 +13,7 @@ from orchestrator.commands.common import (
     inventory,
     stopped_by_signal,
 )
-from orchestrator.inventory import load_inventory
 from orchestrator.relay import run as relay_lib
-from orchestrator.relay import session
 from orchestrator.relay.request import raise_if_incomplete, relay_request
 
 
@@ -146,33 +144,6 @@ def relay(
         as_json=relay_lib.RelayReport.to_json,
     )
     raise_if_incomplete(report)
-
-
-def start_early(app_command, args: list[str]) -> None:
-    """Start the relay's ssh logins before Typer coerces its options (Typer builds a
-    pydantic adapter per option: about 0.1 s here, pydantic's import most of it), so
-    they overlap that: `args` (the words after ``relay``) are read by this command's own
-    click parser (`app_command`: the click group Typer built for the app; the parser's
-    context is a child of the app's, as in a real run: click keeps the help option it
-    makes first), as given, and the hosts resolved like `relay_request` does
-    (`orchestrator.relay.session.start_early`). Only a plain relay, without the root
-    options and without --list or --dry-run; anything odd starts nothing, and the
-    command's own parse then says what is wrong."""
-    try:
-        root = app_command.context_class(
-            app_command, info_name="dflash", **app_command.context_settings
-        )
-        command = app_command.commands["relay"]
-        ctx = command.context_class(command, info_name="relay", parent=root)
-        opts, _, _ = command.make_parser(ctx).parse_args(list(args))
-        if opts.get("list_") or opts.get("dry_run") or opts.get("help"):
-            return
-        request = relay_request(
-            load_inventory(opts.get("inventory_path")), opts.get("source"), opts.get("dest")
-        )
-        session.start_early(request.inventory, request.source, request.dests)
-    except Exception:
-        return
 
 
 def register(app: typer.Typer) -> None:

@@ -28,12 +28,6 @@ class RelayOptions:
     lock_wait: float = 5.0  # seconds to wait for another relay into a destination folder
 
 
-def mux_wanted() -> bool:
-    """Commands and streams share one ssh master per host unless ``DFLASH_RELAY_MUX=0``
-    (a fallback for an ssh without ControlMaster)."""
-    return os.environ.get("DFLASH_RELAY_MUX", "1") != "0"
-
-
 def default_jobs() -> int:
     """Streams at once when not told: one per two of this machine's cores, 1 to 4.
 

@@ -23,18 +23,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 from orchestrator.inventory import Inventory
 from orchestrator.relay import plan, publish
 from orchestrator.relay.checkpoints import by_step
-from orchestrator.relay.options import (
-    RELAY_PYTHON_FLAGS,
-    RelayOptions,
-    default_jobs,
-    mux_wanted,
-)
+from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions, default_jobs
 from orchestrator.relay.report import (
     CheckpointReport,
     DestStatus,
@@ -47,6 +43,12 @@ from orchestrator.relay.selection import destination_state, select
 from orchestrator.relay.session import Session
 from orchestrator.relay.transfer import Transfer, batches
 from orchestrator.transport.hosts import quote
+
+
+def _mux_wanted() -> bool:
+    """Commands and streams share one ssh master per host unless ``DFLASH_RELAY_MUX=0``
+    (a fallback for an ssh without ControlMaster)."""
+    return os.environ.get("DFLASH_RELAY_MUX", "1") != "0"
 
 
 def relay(
@@ -68,7 +70,7 @@ def relay(
     t0 = time.monotonic()
     live = not options.dry_run
     with Session(
-        inventory, source, destinations, options, lock=live, mux=mux_wanted(), ahead=live
+        inventory, source, destinations, options, lock=live, mux=_mux_wanted(), ahead=live
     ) as s:
         report = RelayReport(s.src.name, s.src_dir, s.roots, dry_run=options.dry_run)
         chosen = select(s.src_scan, s.where, options)
@@ -120,7 +122,7 @@ def list_checkpoints(
     ``partial`` (bytes there of the total) or ``no``."""
     options = options or RelayOptions()
     with Session(
-        inventory, source, destinations, options, lock=not options.dry_run, mux=mux_wanted()
+        inventory, source, destinations, options, lock=not options.dry_run, mux=_mux_wanted()
     ) as s:
         rows = [
             {

@@ -11,15 +11,10 @@ A destination's lock holder also serves the relay's other questions for that fol
 its open channel (`ask`: hash, publish, scan; see ``remote.relay.host.serve``) and
 receives the transfer's first batch there (`receivers`), so a destination costs one SSH
 session, shell and interpreter per relay, not one per step.
-
-`start_early` lets a command line open the hosts and start their ssh masters as soon as
-it knows them, before the rest of its own start; the `Session` of that relay takes them
-over when its hosts are the same (else they are ended).
 """
 
 from __future__ import annotations
 
-import atexit
 import datetime as _dt
 import getpass
 import json
@@ -27,13 +22,12 @@ import os
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from orchestrator.inventory import HostSpec, Inventory, TrainerRole
 from orchestrator.relay.checkpoints import Scan, judge_complete, parse_scan, scan
 from orchestrator.relay.holder import LockHolder
 from orchestrator.relay.openssh_host import control_host
-from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions, mux_wanted
+from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions
 from orchestrator.relay.plan import Dest, Draft, HashKey
 from orchestrator.relay.report import RelayError
 from orchestrator.relay.stream import Multiplexer, Stream, local_ciphers
@@ -48,67 +42,6 @@ def parallel(calls: list) -> list:
         return [c() for c in calls]
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         return [f.result() for f in [pool.submit(c) for c in calls]]
-
-
-@dataclass
-class _Early:
-    """Hosts opened and masters started before the relay's options were all parsed."""
-
-    specs: tuple[HostSpec, ...]  # the source, then the destinations
-    hosts: list[Host]
-    mux: Multiplexer
-
-
-_early: _Early | None = None
-_early_lock = threading.Lock()
-
-
-def start_early(inventory: Inventory, source: str, destinations: list[str]) -> None:
-    """Open the relay's hosts now (each one's ``ssh -G`` at once) and start their ssh
-    masters, for the `Session` of this same relay to take over: a command line calls this
-    as soon as it knows the hosts, so that the logins (0.2-0.4 s each on the test box)
-    overlap the rest of its own start instead of following it. Call it from the thread
-    that runs the relay (a private master ends with it). A session for other hosts, or
-    none, leaves them to be ended at exit (`discard_early`). Does nothing without
-    masters (``DFLASH_RELAY_MUX=0``), for a local host, or when one is already waiting."""
-    global _early
-    if not mux_wanted() or _early is not None:
-        return
-    specs = [inventory.host(source), *inventory.expand(destinations)]
-    if len(specs) < 2 or any(s.transport == "local" for s in specs):
-        return
-    mux = Multiplexer(inventory)
-    try:
-        *hosts, _ = parallel(
-            [lambda s=s: control_host(open_host(s, inventory), mux) for s in specs]
-            + [local_ciphers]
-        )
-        mux.start(*hosts)
-    except BaseException:
-        mux.close()
-        raise
-    with _early_lock:
-        _early = _Early(tuple(specs), hosts, mux)
-    atexit.register(discard_early)
-
-
-def _claim_early(specs: list[HostSpec]) -> _Early | None:
-    """The hosts `start_early` opened, when they are exactly `specs` (same inventory
-    entries, same settings); any other early start is ended."""
-    global _early
-    with _early_lock:
-        early, _early = _early, None
-    if early is None:
-        return None
-    if early.specs == tuple(specs):
-        return early
-    early.mux.close()
-    return None
-
-
-def discard_early() -> None:
-    """End the masters of an early start no session took (at exit, or on an error)."""
-    _claim_early([])
 
 
 def hash_many(host: Host, requests: list[dict] | tuple[dict, ...]) -> dict[HashKey, dict]:
@@ -210,10 +143,7 @@ class Session:
         self._ahead = ahead and mux
         opened: list[Host] = []
         try:
-            early = _claim_early([self.src_spec, *(spec for spec, _ in dest_cfg)]) if mux else None
-            if early is not None:  # opened and logging in since the command line was read
-                self.mux = early.mux
-            elif mux:
+            if mux:
                 self.mux = Multiplexer(inventory)
             # Every command goes through OpenSSH and the host's master (one connection per
             # host, shared with the streams; see orchestrator.relay.openssh_host). Each
@@ -221,16 +151,13 @@ class Session:
             # The local client's ciphers (``ssh -Q cipher``, every ssh line offers them) are
             # asked beside those, not after them on the way to the masters.
             specs = [self.src_spec, *(spec for spec, _ in dest_cfg)]
-            if early is not None:
-                opened += early.hosts
-            else:
-                *now, _ = parallel(
-                    [lambda s=s: control_host(open_host(s, inventory), self.mux) for s in specs]
-                    + [local_ciphers]
-                )
-                opened += now
+            *now, _ = parallel(
+                [lambda s=s: control_host(open_host(s, inventory), self.mux) for s in specs]
+                + [local_ciphers]
+            )
+            opened += now
             self.src = opened[0]
-            if self.mux is not None and early is None:
+            if self.mux is not None:
                 self.mux.start(*opened)
             dest_hosts = opened[1:]
             results = parallel(
