@@ -30,7 +30,10 @@ checkpoint. Prints medians and the goals' ratios (issue #18):
   uses that persisted master); printed beside their floors, one ``ssh evalhost true`` with
   a fresh login and through the persisted master, and one ``python -c pass``;
 
-with the 1-minute load average beside them. Caches are written back (sync) before every run
+with the 1-minute load average beside them. ``--fixed-only`` runs only those unchanged rows
+(quick: one small 8-file checkpoint); with ``--baseline TREE`` (another checkout, e.g. a
+``git worktree`` of main) it runs that checkout's CLI too, interleaved, for a same-run
+before/after. Caches are written back (sync) before every run
 so nobody pays for another's dirty pages. Ratios, not absolute numbers, carry over between
 machines; scp neither hashes nor fsyncs, dflash does both.
 """
@@ -153,15 +156,23 @@ class FixedCost:
         self.ssh_true_mux: list[float] = []
         self.python: list[float] = []
 
-    def measure(self, h: RelayHosts, name: str, cipher: str) -> None:
+    def relay(self, h: RelayHosts, name: str) -> float:
+        """One unchanged relay of `name` through the persisted masters: wall seconds."""
         env = {**h.env, "HOME": str(self.home)}
         if not any(self.cm.iterdir()):  # untimed: the masters start (and then persist)
             subprocess.run(h.cli(name), capture_output=True, env=env, check=True)
         t = time.perf_counter()
         proc = subprocess.run(h.cli(name), capture_output=True, text=True, env=env)
-        self.persisted.append(time.perf_counter() - t)
+        dt = time.perf_counter() - t
         if proc.returncode != 0 or json.loads(proc.stdout)["bytes_read"] != 0:
             raise SystemExit(f"dflash relay (persisted master) failed: {proc.stderr[-400:]}")
+        return dt
+
+    def measure(self, h: RelayHosts, name: str, cipher: str) -> None:
+        self.persisted.append(self.relay(h, name))
+        self.measure_floors(h, cipher)
+
+    def measure_floors(self, h: RelayHosts, cipher: str) -> None:
         ssh = h.ssh_argv(h.evalhost, cipher)
         mux = ["-o", "ControlMaster=no", "-o", f"ControlPath={self.cm}/%C"]
         for argv, out in ((ssh, self.ssh_true), ([ssh[0], *mux, *ssh[1:]], self.ssh_true_mux)):
@@ -201,7 +212,19 @@ def main() -> None:
         action="store_true",
         help="only the resume rows: the 1 GiB file fresh (dflash) and resumed at 50%%",
     )
+    ap.add_argument(
+        "--fixed-only", action="store_true", help="only the unchanged re-relay rows (quick)"
+    )
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="with --fixed-only: another checkout whose CLI runs too, interleaved",
+    )
     args = ap.parse_args()
+    if args.fixed_only:
+        fixed_only(args)
+        return
 
     base = Path(args.base or tempfile.mkdtemp(prefix="dflash-relay-bench-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -368,6 +391,71 @@ def main() -> None:
     figures.update(floors)
     if args.json:
         print(json.dumps(figures, indent=2))
+
+
+def fixed_only(args: argparse.Namespace) -> None:
+    """The unchanged re-relay rows alone (`--fixed-only`), for this checkout and, with
+    ``--baseline``, another one: interleaved rounds, medians, load average beside each."""
+    from relay_hosts import compiled
+
+    trees = {"this": Path(__file__).resolve().parent.parent}
+    if args.baseline is not None:
+        compiled(args.baseline.resolve())
+        trees["baseline"] = args.baseline.resolve()
+    base = Path(args.base or tempfile.mkdtemp(prefix="dflash-relay-fixed-"))
+    base.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, dict[str, list[float]]] = {t: {"private": [], "persisted": []} for t in trees}
+    loads: list[float] = []
+    try:
+        with relay_hosts(base, {"complete_rule": "marker"}) as h:
+            shard = max(1, int(128 * MiB * args.size_scale))
+            for i in range(8):
+                random_file(h.ckpts / "step_2" / f"model-{i:05d}-of-00008.safetensors", shard)
+            (h.ckpts / "step_2" / "COMPLETE").write_bytes(b"")
+            fixed = FixedCost(base)
+            for tree in trees.values():  # untimed: bundles pushed, the checkpoint relayed once
+                h.tree = tree
+                run_dflash(h, "step_2", None)
+                fixed.relay(h, "step_2")
+            for rnd in range(args.rounds):
+                order = list(trees) if rnd % 2 == 0 else list(trees)[::-1]
+                for label in order:
+                    h.tree = trees[label]
+                    rows[label]["private"].append(run_dflash(h, "step_2", 0))
+                    loads.append(os.getloadavg()[0])
+                    rows[label]["persisted"].append(fixed.relay(h, "step_2"))
+                    loads.append(os.getloadavg()[0])
+                    fixed.measure_floors(h, args.cipher)
+                    print(
+                        f"  round {rnd + 1} {label:8s} unchanged: private masters "
+                        f"{rows[label]['private'][-1]:.3f} s, persisted master "
+                        f"{rows[label]['persisted'][-1]:.3f} s  ({load_average()})",
+                        flush=True,
+                    )
+            fixed.close()
+    finally:
+        if not args.base:
+            shutil.rmtree(base, ignore_errors=True)
+    med = statistics.median
+    print(
+        f"\nunchanged re-relay of 8 files, s, medians of {args.rounds} interleaved rounds "
+        f"(mean load average {statistics.mean(loads):.2f} on {os.cpu_count()} cores):"
+    )
+    for label, r in rows.items():
+        print(
+            f"  {label:8s} private masters {med(r['private']):.3f} | persisted "
+            f"{med(r['persisted']):.3f}"
+        )
+    if "baseline" in rows:
+        for mode in ("private", "persisted"):
+            ratio = med(rows["this"][mode]) / med(rows["baseline"][mode])
+            print(f"  this / baseline, {mode}: {ratio:.2f}")
+    floors = fixed.floors()
+    print(
+        f"  (floors: `ssh evalhost true` {floors['ssh_true_s']:.3f} s fresh login, "
+        f"{floors['ssh_true_persisted_s']:.3f} s persisted master; `python -c pass` "
+        f"{floors['python_s']:.3f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -162,8 +162,10 @@ def classifier(h: RelayHosts):
             cmd = _cmdline(pid)
             if comm == "sshd":
                 return None if pid in (h.trainer.proc.pid, h.evalhost.proc.pid) else f"sshd {side}"
-            if "relay-send" in cmd or "relay-recv" in cmd:
-                return "relay-send" if "relay-send" in cmd else "relay-recv"
+            if "relay-send" in cmd:
+                return "relay-send"
+            if "relay-recv" in cmd or "relay-lock" in cmd:
+                return "relay-recv"  # the lock holder receives a destination's first batch
             if comm in ("scp", "cat"):
                 return f"{comm} remote {side}"
             return f"other {side} ({comm})"

@@ -39,10 +39,12 @@ class RelayHosts:
     ckpts: Path  # the trainer's checkpoint folder
     drafters: Path  # the eval host's drafters folder
 
+    tree: Path = ROOT  # the checkout whose CLI runs (another one: a same-run baseline)
+
     @property
     def env(self) -> dict[str, str]:
-        """The environment that runs this worktree's CLI."""
-        return {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+        """The environment that runs `tree`'s CLI."""
+        return {**os.environ, "PYTHONPATH": str(self.tree), "COLUMNS": "200"}
 
     def cli(self, *args: str) -> list[str]:
         """argv of ``dflash relay --json --inventory INV ARGS`` (the real CLI)."""
@@ -101,7 +103,7 @@ def random_file(path: Path, size: int) -> None:
             left -= n
 
 
-def compiled() -> None:
+def compiled(root: Path = ROOT) -> None:
     """Write the bytecode of this checkout's `orchestrator` and `remote` (what ``pip install``
     does), so the CLI runs like an installed one: with PYTHONDONTWRITEBYTECODE set (as on
     the test box) every module changed since its last .pyc was compiled again at every CLI
@@ -109,7 +111,7 @@ def compiled() -> None:
     import compileall
 
     for package in ("orchestrator", "remote"):
-        compileall.compile_dir(str(ROOT / package), quiet=1)
+        compileall.compile_dir(str(root / package), quiet=1)
 
 
 @contextmanager

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from orchestrator.commands.output import err_console, error_line
+from orchestrator.commands import output  # its consoles (and rich) load on first use
 from orchestrator.errors import DflashError
 
 _app = typer.Typer(
@@ -111,7 +111,7 @@ def _run_app() -> int:
     try:
         code = app(standalone_mode=False, prog_name="dflash")  # also names completion scripts
     except typer.Abort:
-        err_console.print("[yellow]aborted[/]")
+        output.err_console.print("[yellow]aborted[/]")
         return 1
     except Exception as exc:
         if not _usage_error(exc):
@@ -119,11 +119,11 @@ def _run_app() -> int:
         message = exc.format_message().strip()
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `dflash`: the help, as click does
             if message:
-                err_console.print(message, markup=False, highlight=False)
+                output.err_console.print(message, markup=False, highlight=False)
             return exc.exit_code
         ctx = getattr(exc, "ctx", None)
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-        err_console.print(error_line(message + hint), soft_wrap=True)
+        output.err_console.print(output.error_line(message + hint), soft_wrap=True)
         return exc.exit_code
     return code if isinstance(code, int) else 0
 
@@ -133,9 +133,9 @@ def main() -> None:
     try:
         code = _run_app()
     except DflashError as exc:
-        err_console.print(error_line(str(exc)), soft_wrap=True)
+        output.err_console.print(output.error_line(str(exc)), soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/]")
+        output.err_console.print("[yellow]interrupted[/]")
         sys.exit(130)
     sys.exit(code)

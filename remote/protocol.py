@@ -5,7 +5,8 @@ it inside the bundle. Both sides validate what they receive with the same functi
 value the controller accepts is one the host accepts, in the same words.
 
 - the relay's names on a host (`MANIFEST`, `PARTIAL_PREFIX`, `REPAIR_PREFIX`) and its frame
-  format on the wire (`FRAME_HEADER`: an 8-byte big-endian length before each payload);
+  format on the wire (`FRAME_HEADER`: an 8-byte big-endian length before each payload),
+  defined in `remote.relay.wire` and re-exported here;
 - the schema names of the documents that cross (`JOB_SPEC_SCHEMA`, `RESULT_SCHEMA`,
   `PROBE_SCHEMA`, `MANIFEST_FORMAT`);
 - `EvalSpec`: what the eval engine evaluates and how, with ONE dtype vocabulary
@@ -17,18 +18,21 @@ value the controller accepts is one the host accepts, in the same words.
 from __future__ import annotations
 
 import re
-import struct
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+# The relay's names on a host and its frame header live in remote.relay.wire (struct only,
+# what the relay's host commands import instead of this module's dataclasses and typing:
+# ~15 ms of each one's start); re-exported here, the same objects.
+from remote.relay.wire import FRAME_HEADER as FRAME_HEADER
+from remote.relay.wire import MANIFEST as MANIFEST
+from remote.relay.wire import PARTIAL_PREFIX as PARTIAL_PREFIX
+from remote.relay.wire import REPAIR_PREFIX as REPAIR_PREFIX
+
 # ---- relay ------------------------------------------------------------------------------
 
-MANIFEST = ".dflash-manifest.json"  # beside a published checkpoint's files, per file sha256
 MANIFEST_FORMAT = "dflash-manifest/1"
-PARTIAL_PREFIX = ".partial-"  # <drafters>/.partial-<name>/: a checkpoint still arriving
-REPAIR_PREFIX = ".dflash-repair-"
-FRAME_HEADER = struct.Struct(">Q")  # the length of the payload that follows
 
 # ---- schemas ----------------------------------------------------------------------------
 

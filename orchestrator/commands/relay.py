@@ -137,7 +137,11 @@ def relay(
             request.inventory, request.source, request.dests, request.options, bar
         )
     output.emit(
-        report, json_out, human=output.render_relay_report, as_json=relay_lib.RelayReport.to_json
+        report,
+        json_out,
+        # looked up only when shown: the renderer's module imports rich, which --json skips
+        human=lambda r: output.render_relay_report(r),
+        as_json=relay_lib.RelayReport.to_json,
     )
     raise_if_incomplete(report)
 

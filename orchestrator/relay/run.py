@@ -88,6 +88,7 @@ def relay(
                 jobs=options.jobs,
                 progress=progress,
                 spares=s.spares,
+                receivers=s.receivers,
             )
             try:
                 progress.start(the_plan.total_bytes, the_plan.total_files)

@@ -8,8 +8,9 @@ locks and the ssh masters of the streams until `close` (or the end of its ``with
 `hash_all` is the one round of hashing that planning needs (``--verify`` only).
 
 A destination's lock holder also serves the relay's other questions for that folder on
-its open channel (`ask`: hash, publish, scan; see ``remote.relay.host.serve``), so after
-the first command a destination costs no new SSH session, shell or interpreter per step.
+its open channel (`ask`: hash, publish, scan; see ``remote.relay.host.serve``) and
+receives the transfer's first batch there (`receivers`), so a destination costs one SSH
+session, shell and interpreter per relay, not one per step.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ import os
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from orchestrator.inventory import HostSpec, Inventory, TrainerRole
 from orchestrator.relay.checkpoints import Scan, judge_complete, parse_scan, scan
+from orchestrator.relay.holder import LockHolder
 from orchestrator.relay.openssh_host import control_host
 from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions
 from orchestrator.relay.plan import Dest, Draft, HashKey
 from orchestrator.relay.report import RelayError
-from orchestrator.relay.stream import LineReader, Multiplexer, Stream
+from orchestrator.relay.stream import Multiplexer, Stream, local_ciphers
 from orchestrator.sizes import parse_size
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, Result, open_host
@@ -98,10 +99,11 @@ class Session:
 
     `lock`: take the destinations' relay locks (else only scan them, as ``--dry-run``
     does). `mux`: start an ssh master per host for the commands and streams to share.
-    `ahead` (with `mux`): start the first batch's ``relay-send`` and ``relay-recv`` while
-    the hosts are scanned (`spares`, by host name), so the bytes can flow as soon as the
-    plan is made instead of after one more process start on each host; the transfer uses
-    them once they say they run, and `close` ends those it did not need.
+    `ahead` (with `mux`): start the first batch's ``relay-send`` while the hosts are
+    scanned (`spares`, by host name; its ready frame carries the source's scan), so the
+    bytes can flow as soon as the plan is made; the transfer uses it once it says it
+    runs, and `close` ends it when not needed. A destination's first receiver is its
+    lock holder (`receivers`, `orchestrator.relay.holder`): one command per host.
     """
 
     def __init__(
@@ -133,9 +135,9 @@ class Session:
         self.hosts: dict[str, Host] = {}  # destination name -> its connection
         self.dests: list[Dest] = []
         self.mux: Multiplexer | None = None
-        self._locks: list[Any] = []  # host-side relay-lock holders, one per destination
-        # destination -> its lock holder, the holder's answers, a lock for one question at once
-        self._served: dict[str, tuple[Any, LineReader, threading.Lock]] = {}
+        self._locks: list[LockHolder] = []  # every relay-lock started, to end at `close`
+        # destination -> its lock holder: answers questions, receives the first batch
+        self.receivers: dict[str, LockHolder] = {}
         self._guard = threading.Lock()
         self.spares: dict[str, Stream] = {}
         self._ahead = ahead and mux
@@ -146,10 +148,14 @@ class Session:
             # Every command goes through OpenSSH and the host's master (one connection per
             # host, shared with the streams; see orchestrator.relay.openssh_host). Each
             # host's settings come from an `ssh -G` of its own: all at once.
+            # The local client's ciphers (``ssh -Q cipher``, every ssh line offers them) are
+            # asked beside those, not after them on the way to the masters.
             specs = [self.src_spec, *(spec for spec, _ in dest_cfg)]
-            opened += parallel(
+            *now, _ = parallel(
                 [lambda s=s: control_host(open_host(s, inventory), self.mux) for s in specs]
+                + [local_ciphers]
             )
+            opened += now
             self.src = opened[0]
             if self.mux is not None:
                 self.mux.start(*opened)
@@ -204,9 +210,8 @@ class Session:
         return src_dir, judge_complete(self.src, src_dir, role, first=first)
 
     def _open_dest(self, host: Host, folder: str, lock: bool) -> tuple[str, Scan]:
+        # No relay-recv started ahead: the lock holder receives the first batch itself.
         root = _expand(host, folder)
-        if lock:
-            self._spare(host, ["relay-recv", "--", root])
         return root, self._lock_root(host, root) if lock else scan(host, root)
 
     def _spare(self, host: Host, argv: list[str], extra: tuple[str, ...] = ()) -> Stream | None:
@@ -223,26 +228,23 @@ class Session:
             self.spares[host.name] = s
         return s
 
-    def _start_lock(self, host: Host, argv: list[str]) -> tuple[Any, LineReader, dict | None]:
+    def _start_lock(self, host: Host, argv: list[str], root: str) -> tuple[LockHolder, dict | None]:
         """Start ``relay-lock`` (pushing the bundle first only where it is missing: no
         separate check); (holder, its first answer or None when it gave none)."""
         line, guarded = bundle.first_line(host, argv, RELAY_PYTHON_FLAGS)
-        proc = host.popen(line)
+        holder = LockHolder(host, line, self.inv, mux=self.mux, root=root)
         with self._guard:
-            self._locks.append(proc)
-        lines = LineReader(proc.read)
-        try:
-            answer = json.loads(lines.line())
+            self._locks.append(holder)
+        answer = holder.first()
+        if answer is not None:
             bundle.seen(host)  # it answered: the streams there need no bundle check
-            return proc, lines, answer
-        except ValueError:
-            code = proc.wait()
-            err = proc.stderr()
-            if guarded and bundle.was_missing(host, code, err):
-                bundle.ensure(host)  # pushed now: the retry is not guarded
-                return self._start_lock(host, argv)
-            bundle.check_result(host, Result("", err, code), ["relay-lock"])
-            return proc, lines, None
+            return holder, answer
+        code, _, err = holder.finish()
+        if guarded and bundle.was_missing(host, code, err):
+            bundle.ensure(host)  # pushed now: the retry is not guarded
+            return self._start_lock(host, argv, root)
+        bundle.check_result(host, Result("", err, code), ["relay-lock"])
+        return holder, None
 
     def _lock_root(self, host: Host, root: str) -> Scan:
         """Take `root`'s relay lock on `host` (held until `close`) and scan it under the lock.
@@ -256,8 +258,8 @@ class Session:
         except (OSError, KeyError):  # no login name in this environment
             user = "?"
         by = f"{user}@{socket.gethostname()} pid {os.getpid()}"
-        proc, lines, data = self._start_lock(
-            host, ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}", "--", root]
+        holder, data = self._start_lock(
+            host, ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}", "--", root], root
         )
         if not isinstance(data, dict):
             raise RelayError(f"{host.name}: no answer from relay-lock for {root}")
@@ -276,29 +278,14 @@ class Session:
             )
         found = parse_scan(root, data.get("scan"), host.name)
         with self._guard:
-            self._served[host.name] = (proc, lines, threading.Lock())
+            self.receivers[host.name] = holder
         return found
 
     def ask(self, dest: str, request: dict) -> dict:
         """One request to destination `dest`'s lock holder (``remote.relay.host.serve``),
         its answer; an ``error`` answer, a lost channel or a non-object answer raise
-        `RelayError` naming the host."""
-        proc, lines, lock = self._served[dest]
-        with lock:
-            try:
-                proc.write(json.dumps(request).encode() + b"\n")
-                raw = lines.line()
-            except (OSError, EOFError) as exc:
-                raise RelayError(f"{dest}: the relay's channel was lost ({exc})") from None
-        try:
-            answer = json.loads(raw)
-        except ValueError:
-            answer = None
-        if not isinstance(answer, dict):
-            raise RelayError(f"{dest}: the relay's channel was lost (no answer)")
-        if "error" in answer:
-            raise RelayError(f"{dest}: {answer['error']}")
-        return answer
+        `RelayError` naming the host (`LockHolder.ask`)."""
+        return self.receivers[dest].ask(request)
 
     def hash_all(self, dr: Draft) -> dict[str, dict[HashKey, dict]]:
         """Ask every destination for the hashes `dr` needs, all at once; answers by name."""
@@ -307,7 +294,7 @@ class Session:
         return dict(zip(names, answers, strict=True))
 
     def _hash(self, dest: str, requests: tuple[dict, ...]) -> dict[HashKey, dict]:
-        if dest not in self._served:  # not locked (a dry run): a command of its own
+        if dest not in self.receivers:  # not locked (a dry run): a command of its own
             return hash_many(self.hosts[dest], requests)
         answers = self.ask(dest, {"op": "hash", "requests": list(requests)}).get("hashes")
         if not isinstance(answers, list) or len(answers) != len(requests):
@@ -330,13 +317,12 @@ class Session:
             s.close_stdin()
             s.kill()
             s.finish()
-        for proc in self._locks:  # EOF ends the host-side holder, which drops the lock
+        for holder in self._locks:  # EOF ends the host-side holder, which drops the lock
             try:
-                proc.close_stdin()
-                proc.wait()
+                holder.finish()
             except Exception:
                 pass
-            proc.kill()
+            holder.kill()
         if self.mux is not None:
             self.mux.close()
         for h in hosts:

@@ -1,16 +1,17 @@
 """Moving the bytes of a plan: batches of files, one stream per host per batch.
 
 The files of a checkpoint go in up to ``jobs`` batches at once (`batches`); a batch is
-ONE ``relay-send`` on the source and one ``relay-recv`` per destination that needs any of
-its files, joined here by `orchestrator.relay.stream.pump` (each file read once, written
-to every destination). sha256 is computed on the hosts beside the stream: the source
-hashes what it reads, each destination what it writes; a resumed file's hash is still
-the whole file's on both hosts, continued from a saved hash state (`remote.relay.states`)
-or, without one, its kept prefix hashed in a thread while the rest moves (counted in the
-report's ``prefix_hashed``). A mismatch is sent again
-from 0, as a batch of its own: a resumed file whose kept prefix differed (nothing was
-hashed before, so that is how it shows) gets that for free, and any file one more try
-from 0; then it is a failure of that destination, which does not stop the others.
+ONE ``relay-send`` on the source and one receiver per destination that needs any of
+its files (the destination's lock holder when it is free, `orchestrator.relay.holder`;
+else a ``relay-recv`` of its own), joined here by `orchestrator.relay.stream.pump` (each
+file read once, written to every destination). sha256 is computed on the hosts beside
+the stream: the source hashes what it reads, each destination what it writes; a resumed
+file's hash is still the whole file's on both hosts, continued from a saved hash state
+(`remote.relay.states`) or, without one, its kept prefix hashed in a thread while the
+rest moves (counted in the report's ``prefix_hashed``). A mismatch is sent again from 0,
+as a batch of its own: a resumed file whose kept prefix differed (nothing was hashed
+before, so that is how it shows) gets that for free, and any file one more try from 0;
+then it is a failure of that destination, which does not stop the others.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import replace
 
 from orchestrator.inventory import Inventory
+from orchestrator.relay.holder import LockHolder
 from orchestrator.relay.options import RELAY_PYTHON_FLAGS, default_jobs
 from orchestrator.relay.plan import CheckpointPlan, Dest, FileTask, Target
 from orchestrator.relay.publish import put_repaired
@@ -89,6 +91,7 @@ class Transfer:
         jobs: int | None = None,
         progress: Progress | None = None,
         spares: dict[str, Stream] | None = None,
+        receivers: dict[str, LockHolder] | None = None,
     ):
         self.inv = inventory
         self.src = src
@@ -104,6 +107,9 @@ class Transfer:
         # Streams started ahead, while the hosts were scanned (`Session`), by host name:
         # the first batch uses them instead of waiting for new ones to start.
         self.spares = spares if spares is not None else {}
+        # Each destination's lock holder (`Session.receivers`): a batch borrows it as its
+        # receiver there when it is free, instead of starting a relay-recv of its own.
+        self.receivers = receivers if receivers is not None else {}
 
     def clear_stale(self, stale: dict[str, tuple[str, ...]]) -> None:
         """Remove partial files the source no longer has (else they would be published)."""
@@ -192,6 +198,41 @@ class Transfer:
             self._streams.add(s)
         return s
 
+    def _receiver(self, d: Dest) -> Stream:
+        """The batch's receiver on `d`: its lock holder when free (`LockHolder.borrow`),
+        else a ``relay-recv`` of its own; a holder found ended (the lock gone) is
+        returned as it is, so the batch fails there instead of writing without the lock."""
+        holder = self.receivers.get(d.name)
+        if holder is not None and holder.root == d.root:
+            if holder.borrow() or holder.lost:
+                with self._lock:
+                    self._streams.add(holder)
+                return holder
+        return self._start(
+            self.hosts[d.name], ["relay-recv", "--", d.root], stdin=True, stdout=True
+        )
+
+    def _unlocked(
+        self, items: list[tuple[FileTask, list[Target]]]
+    ) -> tuple[list[Outcome], list[tuple[FileTask, list[Target]]]]:
+        """(failures, the rest of `items`): a destination whose lock holder has ended (a
+        batch it received failed, or its channel broke) gets no more files in this relay,
+        so nothing is written there without the lock."""
+        failed: list[Outcome] = []
+        rest = []
+        for task, targets in items:
+            keep = []
+            for t in targets:
+                holder = self.receivers.get(t.dest.name)
+                if holder is not None and holder.lost:
+                    why = f"{t.dest.name}: the relay's lock there ended; relay again"
+                    failed.append((task, t, why, None))
+                else:
+                    keep.append(t)
+            if keep:
+                rest.append((task, keep))
+        return failed, rest
+
     def _forget(self, *streams: Stream) -> None:
         with self._lock:
             for s in streams:
@@ -203,6 +244,9 @@ class Transfer:
         """One ``relay-send`` for all the files of `items`, one ``relay-recv`` per
         destination for the files it needs; outcome per (file, target): "ok", "mismatch"
         or what failed, with the sha256 the destination wrote when "ok"."""
+        results, items = self._unlocked(items)
+        if not items:
+            return results
         dests: list[Dest] = []
         for _, targets in items:
             dests += [t.dest for t in targets if t.dest not in dests]
@@ -222,10 +266,7 @@ class Transfer:
                 requests[j].append(req)
             routes.append(route)
         src = self._start(self.src, ["relay-send"], stdin=True, stdout=True)
-        outs = [
-            self._start(self.hosts[d.name], ["relay-recv", "--", d.root], stdin=True, stdout=True)
-            for d in dests
-        ]
+        outs = [self._receiver(d) for d in dests]
         try:
             try:
                 write_all(
@@ -249,7 +290,8 @@ class Transfer:
             raise
         finally:
             for s in outs:
-                s.close_stdin()
+                if not isinstance(s, LockHolder):  # its EOF would drop the lock
+                    s.close_stdin()
         src_killed = all(s.failed for s in outs)
         if src_killed:
             src.kill()  # nobody left to read for: do not drain the rest of the files
@@ -257,9 +299,8 @@ class Transfer:
             self.bytes_read += sum(read)
         scode, _, serr = src.finish()
         src_sums = file_lines(serr)
-        results: list[Outcome] = []
         for j, (d, s) in enumerate(zip(dests, outs, strict=False)):
-            code, out, err = s.finish()
+            code, out, err = s.end_batch() if isinstance(s, LockHolder) else s.finish()
             got = file_lines(out.decode(errors="replace"))
             host = self.hosts[d.name]
             for i, (task, _) in enumerate(items):

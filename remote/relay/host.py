@@ -27,7 +27,7 @@ import sys
 import time
 
 from remote.errors import UserError
-from remote.protocol import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, REPAIR_PREFIX
+from remote.relay.wire import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, REPAIR_PREFIX
 from remote.relay import sha256state, states
 from remote.relay.sha256state import GRID
 
@@ -586,14 +586,41 @@ def serve(root: str, requests, answers) -> None:
     of a new SSH session, shell and interpreter (a tenth of a second or more per command
     on a host whose shell start-up is slow). A request is ``{"op": "publish", "name": N,
     "kind": K, "manifest": {...}}`` (see `publish_checkpoint`), ``{"op": "hash",
-    "requests": [...]}`` (see `hash_requests`) or ``{"op": "scan"}``; the folder is always
-    `root`, never one the request names. The answer is the command's JSON document, or
-    ``{"error": "one line"}``.
+    "requests": [...]}`` (see `hash_requests`), ``{"op": "scan"}`` or ``{"op": "recv"}``;
+    the folder is always `root`, never one the request names. The answer is the
+    command's JSON document, or ``{"error": "one line"}``.
+
+    ``recv`` receives one batch of files on this channel, exactly as ``relay-recv ROOT``
+    does (`recv`: its ``{"ready": true}`` line, then the request frame and one frame per
+    file on stdin, a line per file once durable), then ``{"done": true}``: a
+    destination's first stream needs no SSH session or interpreter of its own, and an
+    unchanged relay runs ONE command there. The controller sends the frames only after
+    that ready line, so no frame byte sits in this reader's buffer. A batch that fails
+    ends with ``{"done": true, "error": "one line"}`` and ends this holder, and so the
+    lock: its stream may have stopped inside a frame, where no later line could be told
+    from payload.
     """
     for line in iter(requests.readline, b""):
         try:
             req = json.loads(line)
             op = req.get("op") if isinstance(req, dict) else None
+            if op == "recv":
+                try:
+                    recv(_RecvArgs(root))
+                except UserError as exc:
+                    _emit(answers, {"done": True, "error": str(exc)})
+                    return
+                except OSError as exc:
+                    what = (exc.strerror or str(exc)).lower()
+                    _emit(answers, {"done": True, "error": f"{what} in {root}"})
+                    return
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    _emit(
+                        answers, {"done": True, "error": f"malformed batch ({type(exc).__name__})"}
+                    )
+                    return
+                _emit(answers, {"done": True})
+                continue
             if op == "publish":
                 answer = publish_checkpoint(root, req.get("name"), req.get("kind"), req["manifest"])
             elif op == "hash":
@@ -610,6 +637,13 @@ def serve(root: str, requests, answers) -> None:
             answer = {"error": f"{(exc.strerror or str(exc)).lower()} in {root}"}
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
+
+
+class _RecvArgs:
+    """What `recv` reads of its arguments, for a batch received by `serve`."""
+
+    def __init__(self, root: str):
+        self.root = root
 
 
 def _read_json(path: str):

@@ -42,7 +42,7 @@ _WHERE = {
     "pct": "base",
     "print_json": "base",
     "probe_tree": "hosts",
-    "relay_bar": "progress",
+    "relay_bar": "base",
     "render_cancelled": "jobs",
     "render_check": "hosts",
     "render_checkpoints": "relay",

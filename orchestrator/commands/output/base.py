@@ -4,19 +4,42 @@ way a command ends on a failure it has explained, and the small table helpers.""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestrator.commands.output.progress import RelayProgress
 
 T = TypeVar("T")
+
+# `console` (stdout) and `err_console` (stderr) are made on first use (PEP 562), and rich
+# imported then: about 30 ms of every CLI start on the 2-core test box, which a --json
+# run that prints no markup (an unchanged relay, a script's follow loop) never needs.
+_consoles: dict[str, Console] = {}
+_consoles_lock = threading.Lock()
+
+
+def _console(name: str) -> Console:
+    with _consoles_lock:
+        if not _consoles:
+            from rich.console import Console
+
+            _consoles["console"] = Console(highlight=False)
+            _consoles["err_console"] = Console(stderr=True, highlight=False)
+        return _consoles[name]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("console", "err_console"):
+        return _console(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def print_json(obj: Any) -> None:
@@ -42,6 +65,8 @@ def emit(
 def error_line(message: str) -> str:
     """A failure as the CLI words it everywhere: a red ``error:`` and the message (escaped:
     a message may hold brackets that are not markup)."""
+    from rich.markup import escape
+
     return f"[bold red]error:[/] {escape(message)}"
 
 
@@ -51,12 +76,28 @@ def exit_with(code: int, *lines: str) -> NoReturn:
     problem, an interrupted relay). Errors that stop a command before it shows anything are
     raised as `DflashError` instead and printed by `orchestrator.cli.main`."""
     for line in lines:
-        err_console.print(line, soft_wrap=True)
+        _console("err_console").print(line, soft_wrap=True)
     raise typer.Exit(code)
+
+
+@contextmanager
+def relay_bar(enabled: bool = True) -> Iterator[RelayProgress | None]:
+    """A `RelayProgress` stopped on the way out (None when not `enabled`, as with --json:
+    then the progress views and rich.progress are not even imported)."""
+    if not enabled:
+        yield None
+        return
+    from orchestrator.commands.output.progress import RelayProgress
+
+    with RelayProgress() as bar:
+        yield bar
 
 
 def compact(title: str | None = None, **kw: Any) -> Table:
     """A table that spends its width on data, not borders (fits 100 columns)."""
+    from rich import box
+    from rich.table import Table
+
     return Table(
         title=title,
         box=box.SIMPLE_HEAD,

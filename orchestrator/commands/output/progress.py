@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from rich.progress import (
     BarColumn,
@@ -89,16 +87,6 @@ class RelayProgress(relay_lib.Progress):
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-@contextmanager
-def relay_bar(enabled: bool = True) -> Iterator[RelayProgress | None]:
-    """A `RelayProgress` stopped on the way out (None when not `enabled`, as with --json)."""
-    if not enabled:
-        yield None
-        return
-    with RelayProgress() as bar:
-        yield bar
 
 
 class LiveProgress:

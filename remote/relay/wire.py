@@ -1,0 +1,16 @@
+"""The relay's names on a host and its frame format on the wire, defined ONCE.
+
+Standard library only, and only `struct`: every relay command on a host imports this at
+its start (`remote.relay.host`), and `remote.protocol` re-exports these same objects for
+everything else. Kept apart from `remote.protocol` because that one's dataclasses and
+typing cost each short host-side command about 15 ms of its start.
+"""
+
+from __future__ import annotations
+
+import struct
+
+MANIFEST = ".dflash-manifest.json"  # beside a published checkpoint's files, per file sha256
+PARTIAL_PREFIX = ".partial-"  # <drafters>/.partial-<name>/: a checkpoint still arriving
+REPAIR_PREFIX = ".dflash-repair-"
+FRAME_HEADER = struct.Struct(">Q")  # the length of the payload that follows
