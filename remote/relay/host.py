@@ -27,9 +27,9 @@ import sys
 import time
 
 from remote.errors import UserError
-from remote.relay.wire import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, REPAIR_PREFIX
 from remote.relay import sha256state, states
 from remote.relay.sha256state import GRID
+from remote.relay.wire import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, REPAIR_PREFIX
 
 CHUNK = 4 * 1024 * 1024  # large reads/writes: small ones make the Python paths crawl
 
