@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from orchestrator.inventory import load_inventory
 from orchestrator.relay.run import RelayOptions, list_checkpoints
 from remote.protocol import FRAME_HEADER
@@ -194,3 +196,23 @@ def test_the_lock_holder_receives_a_batch_in_step_and_refuses_one_outside(tmp_pa
         proc.kill()
     assert not (tmp_path / "outside.bin").exists()
     assert not (root / ".dflash-relay.lock").exists()  # its lock ended with it
+
+
+def test_line_reader_splits_across_reads_and_refuses_an_endless_line():
+    """What a host sends on the holder's channel is read line by line whatever the chunking,
+    and a host that never ends its line is refused at the limit, not buffered without end."""
+    from orchestrator.relay.stream import LineReader
+
+    chunks = [b'{"a": 1}\n{"b"', b": 2}\n", b"\n", b"tail"]
+    reader = LineReader(lambda n: chunks.pop(0) if chunks else b"")
+    assert [reader.line() for _ in range(5)] == [b'{"a": 1}\n', b'{"b": 2}\n', b"\n", b"tail", b""]
+
+    sent = []
+
+    def endless(n: int) -> bytes:
+        sent.append(n)
+        return b"x" * n
+
+    with pytest.raises(OSError, match="over 1 MiB"):
+        LineReader(endless, limit=1 << 20).line()
+    assert sum(sent) <= (1 << 20) + 65536  # stopped at the limit, one read past it at most

@@ -106,7 +106,12 @@ class LockHolder(Stream):
         out: list[bytes] = []
         try:
             while True:
-                line = self.lines.line()
+                try:
+                    line = self.lines.line()
+                except OSError as exc:  # a broken channel, or a line past the limit
+                    self.lost = True
+                    self.kill()
+                    return 1, b"".join(out), f"{ERROR_PREFIX}{exc}"
                 if not line:
                     self.lost = True
                     code, rest, err = self.finish()
