@@ -222,6 +222,11 @@ def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
     assert {"result.json", "samples.jsonl", "spec.json", "events.jsonl", "pulled.json"} <= names
     job_dir = workdir(eval_sshd) / "jobs" / run_dir.name
     assert (run_dir / "samples.jsonl").read_bytes() == (job_dir / "samples.jsonl").read_bytes()
+    # The host checks say where the job's start-up went (torch + transformers, then the
+    # target's modeling code and meta model, the checks around them), for benchmarks/eval.py.
+    seconds = json.loads((job_dir / "preflight.json").read_text())["seconds"]
+    assert set(seconds) == {"before_s", "import_s", "describe_s", "after_s"}
+    assert all(v >= 0 for v in seconds.values()) and seconds["describe_s"] > 0
 
     sent.clear()
     with hosts.open_host(inv.host("evalhost"), inv) as host:

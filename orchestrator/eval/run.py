@@ -340,9 +340,15 @@ def finish_local(run_dir: Path) -> Path:
     return run_dir
 
 
+_warming: threading.Thread | None = None
+_warming_lock = threading.Lock()
+
+
 def warm_plots() -> threading.Thread:
     """Import matplotlib in the background while a job runs, so `finish_local` does not
-    wait for it at the end (the watcher is idle until then). Returns the (daemon) thread."""
+    wait for it at the end (the watcher is idle until then). Once per process: a later call
+    returns the same (daemon) thread."""
+    global _warming
 
     def work() -> None:
         try:
@@ -352,9 +358,11 @@ def warm_plots() -> threading.Thread:
         except Exception:  # finish_local reports plotting problems; nothing to do here
             pass
 
-    thread = threading.Thread(target=work, name="warm-plots", daemon=True)
-    thread.start()
-    return thread
+    with _warming_lock:
+        if _warming is None:
+            _warming = threading.Thread(target=work, name="warm-plots", daemon=True)
+            _warming.start()
+        return _warming
 
 
 def results_dir(inventory: Inventory, override: str | os.PathLike | None = None) -> Path:
@@ -441,6 +449,10 @@ def run_eval(
     options = options or EvalOptions()
     name = eval_host_name(inventory, host_name)
     spec = inventory.host(name)
+    # From the start: the host's first seconds are its runner's imports, one core's work,
+    # so on a box that is host and workstation at once this import takes the idle core
+    # rather than one the target's generate or eval wants later.
+    warm_plots()
     with open_host(spec, inventory) as host:
         ref = _start(host, spec, checkpoint, options, job_id, follow=True)
         if on_start:
