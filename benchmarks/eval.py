@@ -542,6 +542,12 @@ def main() -> None:
     ap.add_argument("--e2e-layers", type=int, default=4)
     ap.add_argument("--e2e-new", type=int, default=32)
     ap.add_argument(
+        "--e2e-other-tree",
+        default=None,
+        help="also time the same remote-eval from this source tree in every round (before "
+        "vs after a change)",
+    )
+    ap.add_argument(
         "--e2e-gt-concurrency",
         type=int,
         default=None,
@@ -874,7 +880,13 @@ def e2e_row(args) -> None:
                 raise SystemExit(f"{argv[:4]} failed: {(out.stderr or out.stdout)[-400:]}")
             return time.perf_counter() - t, out.stdout
 
-        times: dict[str, list[float]] = {"plain": [], "dflash": [], "import": [], "fair": []}
+        times: dict[str, list[float]] = {
+            "plain": [],
+            "dflash": [],
+            "import": [],
+            "fair": [],
+            "other": [],
+        }
         fixed, work, phases, plain_fixed, uncovered = [], [], [], [], set()
         plain_phases: list[dict[str, float]] = []
         for _ in range(args.repeats):
@@ -896,6 +908,14 @@ def e2e_row(args) -> None:
             ended = began + took
             times["dflash"].append(took)
             row = e2e_phases(Path(json.loads(out)["run_dir"]), began, ended)
+            if args.e2e_other_tree:  # the same command from another source tree, same round
+                shutil.rmtree(workdir / "groundtruth", ignore_errors=True)
+                other_env = dict(env, PYTHONPATH=args.e2e_other_tree)
+                t = time.perf_counter()
+                done = subprocess.run(dflash, env=other_env, capture_output=True, timeout=900)
+                if done.returncode:
+                    raise SystemExit(f"{args.e2e_other_tree}: {done.stderr[-400:]!r}")
+                times["other"].append(time.perf_counter() - t)
             phases.append(row)
             # Work: what grows with prompts and tokens (the ground truth's generation loop,
             # the engine's eval loop); everything else is the job's fixed cost.
@@ -932,6 +952,14 @@ def e2e_row(args) -> None:
         f"  remote-eval / plain generate      = {statistics.median(ratios):.2f}  (goal <= 1.0; "
         f"median of the per-round ratios)"
     )
+    if times["other"]:
+        other = [b / a for a, b in zip(times["plain"], times["other"], strict=True)]
+        mine = [d / o for d, o in zip(times["dflash"], times["other"], strict=True)]
+        print(
+            f"  same command from {args.e2e_other_tree}: {statistics.median(times['other']):.2f}"
+            f" s; / plain generate = {statistics.median(other):.2f}; this tree / that tree = "
+            f"{statistics.median(mine):.2f}"
+        )
     extra = [f - i for f, i in zip(fixed, times["import"], strict=True)]
     extra_fair = [f - i for f, i in zip(fixed, times["fair"], strict=True)]
     print(
