@@ -924,7 +924,7 @@ def e2e_row(args) -> None:
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = {k: statistics.median(v) for k, v in times.items() if v}
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
         f"end to end: target Qwen3 hidden {args.e2e_hidden}, {args.e2e_layers} layers; "
