@@ -247,6 +247,61 @@ def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
         assert not (tmp_path / "garbled" / "garbled").exists()
 
 
+def test_a_home_relative_workdir_costs_no_home_lookup(
+    eval_sshd, ssh_base, make_inventory, eval_models, gt_server, tmp_path, monkeypatch
+):
+    """The default workdir is ``~/.dflash``: its ``~`` (in the job start, the carried
+    prompts' path, every later job command) is left to the host, so an eval with the bundle
+    there does not ask the host for its home, a whole command, before its first one. The
+    job records the expanded paths."""
+    from orchestrator.eval import run
+    from orchestrator.inventory import load_inventory
+    from orchestrator.transport import hosts
+
+    name = f".dflash-test-{os.getpid()}-eval"
+    inv_path = make_inventory(
+        hosts={
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                workdir=f"~/{name}",
+                roles={
+                    "eval": {
+                        "drafters": str(eval_models["drafters"]),
+                        "target_model": str(eval_models["target"]),
+                        "ground_truth": gt_server.url,
+                        "ground_truth_kind": "sglang",
+                        "dtype": "float32",
+                    }
+                },
+            )
+        },
+        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    )
+    looked_up: list[str] = []
+    real_home = hosts.Host.home
+
+    def home(self):
+        looked_up.append(self.name)
+        return real_home.fget(self)
+
+    monkeypatch.setattr(hosts.Host, "home", property(home))
+    home_dir = Path(os.path.expanduser("~"))  # the loopback host's user is this one
+    try:
+        options = run.EvalOptions(samples=2, max_new_tokens=8, engine=EvalSpec(budgets=(4,)))
+        run.run_eval(load_inventory(inv_path), None, "step-0", options)  # pushes the bundle
+        looked_up.clear()  # (a push, by sftp, needs the real path: once per bundle)
+        run_dir = run.run_eval(load_inventory(inv_path), None, "step-0", options)
+        assert looked_up == []
+        spec = json.loads((run_dir / "spec.json").read_text())
+        assert spec["workdir"] == str(home_dir / name)
+        prompts = Path(spec["prompts"]["path"])
+        assert prompts.parent == home_dir / name / "prompts" and prompts.is_file()
+        assert (home_dir / name / "jobs" / run_dir.name / "result.json").is_file()
+    finally:
+        shutil.rmtree(home_dir / name, ignore_errors=True)
+
+
 def test_carried_files_are_checked_before_a_job_starts(tmp_path):
     """A job start writes the files it carries only as plain names inside the workdir's
     prompts/ or groundtruth/shards/, whole and matching their sha256; anything else is

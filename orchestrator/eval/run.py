@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import DflashError, RemoteCommandError
-from orchestrator.eval.spec import EvalOptions, build_spec, new_job_id, resolve_checkpoint
+from orchestrator.eval.spec import (
+    EvalOptions,
+    build_spec,
+    new_job_id,
+    resolve_checkpoint,
+    workdir_for,
+)
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, HostError, Process, Result, open_host
@@ -100,7 +106,7 @@ def start_job(
     argv = [
         "job",
         "start",
-        f"--workdir={host.workdir}",
+        f"--workdir={workdir_for(host, [])}",
         f"--job-id={job_id}",
         "--spec=-",
         *(["--preflight"] if preflight else []),
@@ -176,7 +182,7 @@ def _first_json_line(host: Host, proc: Process, argv: Sequence[str], guarded: bo
 def _job_argv(host: Host, action: str, job_id: str | None = None) -> list[str]:
     # option=value: a value starting with "-" (a job named after such a checkpoint) is
     # then a value, not an option
-    argv = ["job", action, f"--workdir={host.workdir}"]
+    argv = ["job", action, f"--workdir={workdir_for(host, [])}"]  # `~`: the host expands it
     return argv + ([f"--job-id={job_id}"] if job_id else [])
 
 
