@@ -160,6 +160,11 @@ def main() -> int:
         )
         # Where the sharded run's time outside the shards' compute went: the ground-truth
         # job, then each shard from its runner's spawn to its end.
+        one_job = base / "h1" / "dflash" / "jobs" / one.name
+        print(
+            f"  1 host: job {_job_span(one_job):.1f} s, of which start-up (runner start to "
+            f"first sample) {_startup(one_job):.1f} s"
+        )
         gt_id = result["shards"]["ground_truth"]["job_id"]
         gt_job = _job_span(base / "h1" / "dflash" / "jobs" / gt_id)
         print(f"  sharded: ground-truth job {gt_job:.1f} s (start to end, on h1)")
@@ -176,6 +181,18 @@ def main() -> int:
                     else ""
                 )
             )
+        # The torch threads each side really ran with (the engine's start event): one per
+        # host on both sides, so the 1-host baseline leaves the second core idle and each of
+        # the 2 hosts gets one; the ratio measures scaling out, not more threads.
+        one_threads = json.loads((one / "result.json").read_text())["environment"]["threads"]
+        two_threads = [
+            _threads(base / job["host"] / "dflash" / "jobs" / job["job_id"])
+            for job in result["shards"]["jobs"]
+        ]
+        print(
+            f"torch threads: 1 host {one_threads}; 2 hosts {two_threads} "
+            f"(inventory threads: 1 a host; OMP_NUM_THREADS set to it for each job)"
+        )
         # On a shared box other work can take a core: then the 2 hosts' summed per-sample
         # seconds grow against the 1 host's, and the ratio says more about the box than us.
         print(
@@ -216,6 +233,11 @@ def _waited(job_dir: Path) -> float | None:
     if "await_ground_truth" not in at:
         return None
     return at["ground_truth"] - at["await_ground_truth"]
+
+
+def _threads(job_dir: Path) -> int | None:
+    """The torch threads a job's engine ran with (its ``start`` event)."""
+    return next((e.get("threads") for e in _events(job_dir) if e["event"] == "start"), None)
 
 
 def _startup(job_dir: Path) -> float:

@@ -243,6 +243,11 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
             f"job {job_id!r} already exists in {path.parent}; pick another id"
         ) from None
     spec = dict(spec, job_id=job_id, workdir=str(Path(os.path.expanduser(workdir))))
+    prompts = spec.get("prompts")
+    if isinstance(prompts, dict) and isinstance(prompts.get("path"), str):
+        # The controller names a carried file under the workdir as its inventory does
+        # (``~/.dflash/...``: no home lookup there); the job records the real path.
+        spec["prompts"] = dict(prompts, path=os.path.expanduser(prompts["path"]))
     write_json_atomic(path / "spec.json", spec)
     log = open(path / "log.txt", "ab")
     env = _source_env()

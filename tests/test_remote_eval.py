@@ -222,6 +222,11 @@ def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
     assert {"result.json", "samples.jsonl", "spec.json", "events.jsonl", "pulled.json"} <= names
     job_dir = workdir(eval_sshd) / "jobs" / run_dir.name
     assert (run_dir / "samples.jsonl").read_bytes() == (job_dir / "samples.jsonl").read_bytes()
+    # The host checks say where the job's start-up went (torch + transformers, then the
+    # target's modeling code and meta model, the checks around them), for benchmarks/eval.py.
+    seconds = json.loads((job_dir / "preflight.json").read_text())["seconds"]
+    assert set(seconds) == {"before_s", "import_s", "describe_s", "after_s"}
+    assert all(v >= 0 for v in seconds.values()) and seconds["describe_s"] > 0
 
     sent.clear()
     with hosts.open_host(inv.host("evalhost"), inv) as host:
@@ -240,6 +245,61 @@ def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
         with pytest.raises(RemoteCommandError, match="result.json arrived garbled"):
             run.pull_results(host, "garbled", tmp_path / "garbled", forged)
         assert not (tmp_path / "garbled" / "garbled").exists()
+
+
+def test_a_home_relative_workdir_costs_no_home_lookup(
+    eval_sshd, ssh_base, make_inventory, eval_models, gt_server, tmp_path, monkeypatch
+):
+    """The default workdir is ``~/.dflash``: its ``~`` (in the job start, the carried
+    prompts' path, every later job command) is left to the host, so an eval with the bundle
+    there does not ask the host for its home, a whole command, before its first one. The
+    job records the expanded paths."""
+    from orchestrator.eval import run
+    from orchestrator.inventory import load_inventory
+    from orchestrator.transport import hosts
+
+    name = f".dflash-test-{os.getpid()}-eval"
+    inv_path = make_inventory(
+        hosts={
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                workdir=f"~/{name}",
+                roles={
+                    "eval": {
+                        "drafters": str(eval_models["drafters"]),
+                        "target_model": str(eval_models["target"]),
+                        "ground_truth": gt_server.url,
+                        "ground_truth_kind": "sglang",
+                        "dtype": "float32",
+                    }
+                },
+            )
+        },
+        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    )
+    looked_up: list[str] = []
+    real_home = hosts.Host.home
+
+    def home(self):
+        looked_up.append(self.name)
+        return real_home.fget(self)
+
+    monkeypatch.setattr(hosts.Host, "home", property(home))
+    home_dir = Path(os.path.expanduser("~"))  # the loopback host's user is this one
+    try:
+        options = run.EvalOptions(samples=2, max_new_tokens=8, engine=EvalSpec(budgets=(4,)))
+        run.run_eval(load_inventory(inv_path), None, "step-0", options)  # pushes the bundle
+        looked_up.clear()  # (a push, by sftp, needs the real path: once per bundle)
+        run_dir = run.run_eval(load_inventory(inv_path), None, "step-0", options)
+        assert looked_up == []
+        spec = json.loads((run_dir / "spec.json").read_text())
+        assert spec["workdir"] == str(home_dir / name)
+        prompts = Path(spec["prompts"]["path"])
+        assert prompts.parent == home_dir / name / "prompts" and prompts.is_file()
+        assert (home_dir / name / "jobs" / run_dir.name / "result.json").is_file()
+    finally:
+        shutil.rmtree(home_dir / name, ignore_errors=True)
 
 
 def test_carried_files_are_checked_before_a_job_starts(tmp_path):

@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import DflashError, RemoteCommandError
-from orchestrator.eval.spec import EvalOptions, build_spec, new_job_id, resolve_checkpoint
+from orchestrator.eval.spec import (
+    EvalOptions,
+    build_spec,
+    new_job_id,
+    resolve_checkpoint,
+    workdir_for,
+)
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, HostError, Process, Result, open_host
@@ -100,7 +106,7 @@ def start_job(
     argv = [
         "job",
         "start",
-        f"--workdir={host.workdir}",
+        f"--workdir={workdir_for(host, [])}",
         f"--job-id={job_id}",
         "--spec=-",
         *(["--preflight"] if preflight else []),
@@ -176,7 +182,7 @@ def _first_json_line(host: Host, proc: Process, argv: Sequence[str], guarded: bo
 def _job_argv(host: Host, action: str, job_id: str | None = None) -> list[str]:
     # option=value: a value starting with "-" (a job named after such a checkpoint) is
     # then a value, not an option
-    argv = ["job", action, f"--workdir={host.workdir}"]
+    argv = ["job", action, f"--workdir={workdir_for(host, [])}"]  # `~`: the host expands it
     return argv + ([f"--job-id={job_id}"] if job_id else [])
 
 
@@ -340,9 +346,15 @@ def finish_local(run_dir: Path) -> Path:
     return run_dir
 
 
+_warming: threading.Thread | None = None
+_warming_lock = threading.Lock()
+
+
 def warm_plots() -> threading.Thread:
     """Import matplotlib in the background while a job runs, so `finish_local` does not
-    wait for it at the end (the watcher is idle until then). Returns the (daemon) thread."""
+    wait for it at the end (the watcher is idle until then). Once per process: a later call
+    returns the same (daemon) thread."""
+    global _warming
 
     def work() -> None:
         try:
@@ -352,9 +364,11 @@ def warm_plots() -> threading.Thread:
         except Exception:  # finish_local reports plotting problems; nothing to do here
             pass
 
-    thread = threading.Thread(target=work, name="warm-plots", daemon=True)
-    thread.start()
-    return thread
+    with _warming_lock:
+        if _warming is None:
+            _warming = threading.Thread(target=work, name="warm-plots", daemon=True)
+            _warming.start()
+        return _warming
 
 
 def results_dir(inventory: Inventory, override: str | os.PathLike | None = None) -> Path:
@@ -441,6 +455,10 @@ def run_eval(
     options = options or EvalOptions()
     name = eval_host_name(inventory, host_name)
     spec = inventory.host(name)
+    # From the start: the host's first seconds are its runner's imports, one core's work,
+    # so on a box that is host and workstation at once this import takes the idle core
+    # rather than one the target's generate or eval wants later.
+    warm_plots()
     with open_host(spec, inventory) as host:
         ref = _start(host, spec, checkpoint, options, job_id, follow=True)
         if on_start:

@@ -459,6 +459,9 @@ def run_sharded(
     specs = inventory.expand(host_names)
     if not specs:
         raise DflashError("--hosts names no host")
+    # matplotlib is imported while the shards run, as a single-host eval does, not after
+    # the merge on the way to the plots.
+    remote_eval.warm_plots()
     run_id = run_id or remote_eval.new_job_id(checkpoint)
     root = remote_eval.results_dir(inventory, dest)
     final = root / run_id

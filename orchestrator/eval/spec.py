@@ -180,13 +180,24 @@ def carry_or_push(host: Host, data: bytes, remote: str, carry: list | None) -> N
         host.put_bytes(data, remote)
 
 
+def workdir_for(host: Host, carry: list | None = None, data: bytes = b"") -> str:
+    """The host's workdir for a path the job start takes there. As the inventory gives it
+    when the job start carries everything that path names (`carry` given, `data` small
+    enough): a leading ``~`` is then the host's to expand (``job start`` does), and asking
+    the host for its home first would cost a whole command. Expanded here otherwise (a file
+    pushed on its own needs its real path)."""
+    if carry is not None and len(data) <= CARRY_MAX_BYTES:
+        return host.spec.workdir.rstrip("/") or "/"
+    return host.workdir
+
+
 def push_prompts(host: Host, prompts: str, carry: list | None = None) -> dict:
     """Put a built-in set or a local file on the host (content-addressed: `carry_or_push`);
     returns the spec's ``prompts`` entry."""
     local = local_prompts(prompts)
     data = local.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    remote = f"{host.workdir}/prompts/{digest[:16]}-{local.stem}.jsonl"
+    remote = f"{workdir_for(host, carry, data)}/prompts/{digest[:16]}-{local.stem}.jsonl"
     carry_or_push(host, data, remote, carry)
     return {"path": remote, "name": local.stem, "sha256": digest, "source": str(local)}
 
@@ -317,7 +328,7 @@ def build_spec(
         "ground_truth": ground_truth_source(host, spec, options),
         JOB_EVAL_KEY: engine.to_json(),
         "stop_after": options.stop_after,
-        "workdir": host.workdir,
+        "workdir": workdir_for(host, carry),  # the host records its own, expanded
     }
     if job["ground_truth"]["kind"] != "file":
         job["prompts"] = resolve_prompts(host, spec, options.prompts, carry)

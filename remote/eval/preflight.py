@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from remote.errors import UserError
@@ -80,6 +81,7 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
     in the job's dtype) so the job loads the target without describing it again."""
     from remote.eval import groundtruth
 
+    began = time.perf_counter()
     report: dict = {
         "python": ".".join(map(str, sys.version_info[:3])),
         "python_executable": sys.executable,
@@ -138,7 +140,18 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
         # job): no torch import and no memory check here; each shard's job checks its own.
         report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
         return _reachable(kind, gt, report)
+    # Where a job's start-up goes (`seconds`): torch + transformers, then the target's
+    # modeling code and its meta-device model, then the checks that follow.
+    marks = {"before_s": time.perf_counter() - began}
+    t = time.perf_counter()
+    import torch  # noqa: F401  (the one import every later step needs; timed on its own)
+    import transformers  # noqa: F401
+
+    marks["import_s"] = time.perf_counter() - t
+    t = time.perf_counter()
     described, need_target = describe_target(target, dtype)
+    marks["describe_s"] = time.perf_counter() - t
+    t = time.perf_counter()
     need_drafter = drafter_bytes(drafter, dtype)
     need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
     mem = meminfo()
@@ -162,7 +175,10 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
     if keep is not None:
         keep["plan"] = plan
     report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
-    return _reachable(kind, gt, report)
+    report = _reachable(kind, gt, report)
+    marks["after_s"] = time.perf_counter() - t
+    report["seconds"] = {k: round(v, 3) for k, v in marks.items()}
+    return report
 
 
 def _reachable(kind: str, gt: dict, report: dict) -> dict:
