@@ -26,15 +26,6 @@ from orchestrator.errors import DflashError
 from orchestrator.results import store as res
 
 DDTREE_MARKERS = ("s", "^", "v", "D", "P", "X")
-# Each figure's margins (fractions of the figure), as `Figure.tight_layout` finds them for
-# these figures' fixed fonts, label texts and value ranges, with a little room to spare.
-# tight_layout measures every text by drawing the figure once more before `savefig` draws
-# it: a third of the plotting time after each eval, for margins that do not change.
-MARGINS = {
-    "histogram": {"left": 0.1, "right": 0.98, "bottom": 0.146, "top": 0.87},
-    "per_position": {"left": 0.1, "right": 0.98, "bottom": 0.146, "top": 0.914},
-    "tau_by_step": {"left": 0.09, "right": 0.983, "bottom": 0.117, "top": 0.931},
-}
 
 
 MISSING = (
@@ -99,7 +90,7 @@ def histogram_figure(run: res.Run) -> Any | None:
             f" (token-weighted {tau_tok:.3f})" if tau_tok is not None else ""
         )
     ax.set_title(f"acceptance histogram: {_title(run)}{stats}", fontsize=9)
-    fig.subplots_adjust(**MARGINS["histogram"])
+    fig.tight_layout()
     return fig
 
 
@@ -134,7 +125,7 @@ def per_position_figure(run: res.Run) -> Any | None:
     ax.set_ylabel("P(position j correct | 1..j-1 correct)")
     ax.set_title(f"per-position acceptance (n = attempts): {_title(run)}", fontsize=9)
     ax.grid(alpha=0.3)
-    fig.subplots_adjust(**MARGINS["per_position"])
+    fig.tight_layout()
     return fig
 
 
@@ -207,7 +198,7 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
     ax.set_title("tau per training step (DDTree: best-first tree of that many nodes)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    fig.subplots_adjust(**MARGINS["tau_by_step"])
+    fig.tight_layout()
     return fig
 
 
