@@ -15,7 +15,7 @@ from orchestrator.inventory import load_inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import HostError, open_host
 from tests.helpers.cli import ROOT, dflash, one_error_line
-from tests.helpers.sshd import ssh_host_entry
+from tests.helpers.sshd import ssh_host_entry, start_sshd
 
 
 def test_hosts_check_reports_facts_for_both_hosts(two_hosts):
@@ -277,3 +277,17 @@ def test_bundle_modules_carry_bytecode_that_another_python_ignores(tmp_path):
             check=True,
         ).stdout.strip()
         assert out == expected
+
+
+def test_a_host_home_that_is_no_absolute_path_is_refused(ssh_base, make_inventory):
+    """A host's $HOME becomes part of the paths dflash sends back to it (a ``~`` workdir):
+    one that is not absolute is refused with one line naming the host, not used."""
+    server = start_sshd(ssh_base, "oddhome", ("SetEnv HOME=relative/home",))
+    try:
+        inv = make_inventory(hosts={"oddhome": ssh_host_entry(server, ssh_base, workdir="~/w")})
+        with open_host(load_inventory(inv).hosts["oddhome"]) as host:
+            assert host.run('printf %s "$HOME"').stdout == "relative/home"  # really sent
+            with pytest.raises(HostError, match=r"oddhome: its \$HOME is not an absolute path"):
+                host.expand("~/w")
+    finally:
+        server.stop()

@@ -175,7 +175,15 @@ class Host:
     @property
     def home(self) -> str:
         if self._home is None:
-            self._home = self.run('printf %s "$HOME"').stdout
+            home = self.run('printf %s "$HOME"').stdout
+            # The host's answer becomes part of every path dflash sends back to it: one that
+            # is not an absolute path on one line would place files somewhere else.
+            if not home.startswith("/") or any(c in home for c in "\n\r\0"):
+                raise HostError(
+                    f"{self.name}: its $HOME is not an absolute path ({home[:80]!r}); "
+                    "give the host an absolute workdir in the inventory"
+                )
+            self._home = home
         return self._home
 
     def expand(self, path: str) -> str:
@@ -197,6 +205,9 @@ class Host:
     @property
     def workdir(self) -> str:
         return self.expand(self.spec.workdir)
+
+    def connect(self) -> None:
+        """Open the way to the host now rather than at the first command (SSH: log in)."""
 
     def close(self) -> None:
         pass
@@ -444,6 +455,9 @@ class SSHHost(Host):
         if isinstance(exc, paramiko.SSHException):
             return HostError(f"{where}: SSH error: {exc}")
         return HostError(f"{where}: cannot connect: {type(exc).__name__}: {exc}")
+
+    def connect(self) -> None:
+        self.connection  # noqa: B018  (the property logs in on first use)
 
     @property
     def transport(self):

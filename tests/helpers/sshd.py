@@ -63,7 +63,9 @@ class SSHServer:
     proc: subprocess.Popen
 
     @classmethod
-    def start(cls, base: Path, name: str, authorized_keys: Path) -> SSHServer:
+    def start(
+        cls, base: Path, name: str, authorized_keys: Path, extra_config: tuple[str, ...] = ()
+    ) -> SSHServer:
         conf_dir = base / f"sshd-{name}"
         conf_dir.mkdir(parents=True)
         root = base / name
@@ -91,6 +93,7 @@ class SSHServer:
                     "AllowTcpForwarding yes",
                     "Subsystem sftp internal-sftp",
                     "LogLevel ERROR",
+                    *extra_config,
                     "",
                 ]
             )
@@ -150,10 +153,10 @@ class SSHServer:
                 self.proc.wait()
 
 
-def start_sshd(ssh_base: Path, name: str) -> SSHServer:
+def start_sshd(ssh_base: Path, name: str, extra_config: tuple[str, ...] = ()) -> SSHServer:
     """Start a server named `name` that accepts the key in ``ssh_base/authorized_keys``, and
-    add its host key to ``ssh_base/known_hosts``."""
-    server = SSHServer.start(ssh_base, name, ssh_base / "authorized_keys")
+    add its host key to ``ssh_base/known_hosts``; `extra_config`: more sshd_config lines."""
+    server = SSHServer.start(ssh_base, name, ssh_base / "authorized_keys", extra_config)
     with open(ssh_base / "known_hosts", "a") as fh:
         fh.write(server.known_hosts_line())
     return server
