@@ -455,11 +455,12 @@ def run_eval(
     options = options or EvalOptions()
     name = eval_host_name(inventory, host_name)
     spec = inventory.host(name)
-    # From the start: the host's first seconds are its runner's imports, one core's work,
-    # so on a box that is host and workstation at once this import takes the idle core
-    # rather than one the target's generate or eval wants later.
-    warm_plots()
     with open_host(spec, inventory) as host:
+        # matplotlib is imported while the host's runner imports torch (seconds of one
+        # core's work), not after the pull; but only once logged in: its import holds the
+        # GIL that paramiko's handshake needs (a 0.2 s login took 0.6 s beside it).
+        host.connect()
+        warm_plots()
         ref = _start(host, spec, checkpoint, options, job_id, follow=True)
         if on_start:
             on_start(ref)
