@@ -1014,8 +1014,8 @@ def e2e_phases(run_dir, began: float, ended: float) -> dict[str, float]:
     loads = timings["load_target_s"] + timings["load_drafter_s"]
     preflight = at["ground_truth"] - at["job"]
     return {
-        "CLI start (python, imports, inventory, spec)": spec["created"] - began,
-        "ssh connect, job start (to the runner's spawn)": spawned - spec["created"],
+        "CLI start, ssh login, spec": spec["created"] - began,
+        "job start command (to the runner's spawn)": spawned - spec["created"],
         "runner start (python, to its first event)": at["job"] - spawned,
         "host: torch + transformers import": checks["import_s"],
         "host: model's code import, meta model": checks["describe_s"],

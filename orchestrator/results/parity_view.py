@@ -83,7 +83,7 @@ def plot_layers(result: dict, path: str | Path) -> Path | None:
     if plt is None or not layers:
         return None
     xs = [r["layer"] for r in layers]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
     floor = 1e-12  # identical layers (error 0) drawn on the floor of the log axis
     for key, style in (("p50", "o-"), ("p99", "s--"), ("max", "^:")):
         ax.plot(
@@ -101,5 +101,4 @@ def plot_layers(result: dict, path: str | Path) -> Path | None:
         title += f"\ntau A {d['tau_a']:.3f}, tau B {d['tau_b']:.3f}, delta {d['delta_tau']:+.3f}"
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=7)
-    fig.tight_layout()
     return plots.save_png(fig, path)

@@ -75,7 +75,7 @@ def histogram_figure(run: res.Run) -> Any | None:
     if plt is None:
         return None
     total = sum(c for _, c in hist) or 1
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
     bars = ax.bar([k for k, _ in hist], [c / total for _, c in hist], color="#4C72B0")
     for k, bar in zip([k for k, _ in hist], bars, strict=False):
         bar.set_gid(f"data-histogram-{k}")
@@ -90,7 +90,6 @@ def histogram_figure(run: res.Run) -> Any | None:
             f" (token-weighted {tau_tok:.3f})" if tau_tok is not None else ""
         )
     ax.set_title(f"acceptance histogram: {_title(run)}{stats}", fontsize=9)
-    fig.tight_layout()
     return fig
 
 
@@ -103,7 +102,7 @@ def per_position_figure(run: res.Run) -> Any | None:
     plt = pyplot()
     if plt is None:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
     xs = [int(p["position"]) for p in pos]
     ys = [p["rate"] for p in pos]
     (line,) = ax.plot(xs, ys, marker="o")
@@ -125,7 +124,6 @@ def per_position_figure(run: res.Run) -> Any | None:
     ax.set_ylabel("P(position j correct | 1..j-1 correct)")
     ax.set_title(f"per-position acceptance (n = attempts): {_title(run)}", fontsize=9)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return fig
 
 
@@ -149,7 +147,7 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
     plt = pyplot()
     if plt is None:
         return None
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, ax = plt.subplots(figsize=(9, 5), layout="constrained")
     many = len(series) > 1
     for i, (key, pts) in enumerate(sorted(series.items())):
         steps = [r.step for r in pts]
@@ -198,7 +196,6 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
     ax.set_title("tau per training step (DDTree: best-first tree of that many nodes)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
     return fig
 
 
