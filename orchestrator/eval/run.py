@@ -150,6 +150,9 @@ def _start_following(host: Host, argv: Sequence[str], spec: dict) -> tuple[Proce
             line, guarded = bundle.remote_command(host, argv), False
 
 
+FIRST_LINE_MAX = 4 << 20  # a job start's answer (its preflight report) is a few KiB
+
+
 class _BundleMissing(Exception):
     """A guarded command (`bundle.first_line`) found no bundle on the host."""
 
@@ -158,12 +161,18 @@ def _first_json_line(host: Host, proc: Process, argv: Sequence[str], guarded: bo
     """The JSON document on `proc`'s first line of output; the command's own one-line
     error if it ended without one (`_BundleMissing` where a `guarded` line found no
     bundle). What follows stays unread, for `watch`."""
-    line = b""
+    line = bytearray()
     while not line.endswith(b"\n"):
+        if len(line) > FIRST_LINE_MAX:  # a host that never ends its line is not buffered
+            proc.kill()
+            raise RemoteCommandError(
+                f"{host.name}: remote {argv[0]} answered a line over {FIRST_LINE_MAX >> 10} KiB"
+            )
         chunk = proc.read(1)  # byte by byte: nothing after the line may be consumed here
         if not chunk:
             break
         line += chunk
+    line = bytes(line)
     try:
         info = json.loads(line)
         if isinstance(info, dict):
