@@ -169,13 +169,15 @@ def online(model, drafter, prompt: list[int], new_tokens: int) -> tuple[list[int
     import torch
     from transformers import DynamicCache
 
+    from tests.helpers.oracle import cache_kwarg
+
     ids = drafter.cfg.target_layer_ids
     embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     B = drafter.block_size
     cache = DynamicCache(config=model.config)
     out = model(
         input_ids=torch.tensor([prompt]),
-        past_key_values=cache,
+        **cache_kwarg(model, cache),
         use_cache=True,
         output_hidden_states=True,
         logits_to_keep=1,
@@ -191,7 +193,7 @@ def online(model, drafter, prompt: list[int], new_tokens: int) -> tuple[list[int
         draft = drafter.logits(h[1:], head).argmax(-1).tolist()
         v = model(
             input_ids=torch.tensor([[g[s]] + draft]),
-            past_key_values=cache,
+            **cache_kwarg(model, cache),
             use_cache=True,
             output_hidden_states=True,
         )

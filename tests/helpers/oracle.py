@@ -9,6 +9,8 @@ block at a time with its context grown by the accepted tokens.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 
@@ -19,6 +21,14 @@ def hf_model(path: str):
 
     arch = AutoConfig.from_pretrained(path).architectures[0]
     return getattr(transformers, arch).from_pretrained(path, dtype=torch.float32).eval()
+
+
+def cache_kwarg(model, cache) -> dict:
+    """`cache` as the keyword `model.forward` takes it: ``cache`` where transformers has
+    renamed it (``past_key_values`` is deprecated there and goes in 5.40), else
+    ``past_key_values`` (the older 5.x releases pyproject still allows)."""
+    params = inspect.signature(model.forward).parameters
+    return {("cache" if "cache" in params else "past_key_values"): cache}
 
 
 def features(hidden_states, layer_ids):
@@ -42,7 +52,7 @@ def online_rounds(
     cache = None if recompute else DynamicCache(config=model.config)
     out = model(
         input_ids=torch.tensor([prompt]),
-        past_key_values=cache,
+        **cache_kwarg(model, cache),
         use_cache=not recompute,
         output_hidden_states=True,
     )
@@ -63,7 +73,7 @@ def online_rounds(
         else:
             full = model(
                 input_ids=torch.tensor([block]),
-                past_key_values=cache,
+                **cache_kwarg(model, cache),
                 use_cache=True,
                 output_hidden_states=True,
             )
