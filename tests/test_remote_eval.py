@@ -45,10 +45,12 @@ def eval_models(eval_sshd, tiny_target):
     return {"target": tiny_target, "drafters": drafters}
 
 
-@pytest.fixture
-def inventory(eval_sshd, ssh_base, make_inventory, eval_models, gt_server, tmp_path):
-    results = tmp_path / "results"
-    path = make_inventory(
+def eval_inventory(
+    make_inventory, eval_sshd, ssh_base, eval_models, gt_server, results: Path, **host
+) -> Path:
+    """An inventory whose eval host is the loopback sshd with the tiny models and the
+    scripted ground-truth server; `host`: more keys of its entry (e.g. ``workdir``)."""
+    return make_inventory(
         hosts={
             "evalhost": ssh_host_entry(
                 eval_sshd,
@@ -62,11 +64,18 @@ def inventory(eval_sshd, ssh_base, make_inventory, eval_models, gt_server, tmp_p
                         "dtype": "float32",
                     }
                 },
+                **host,
             )
         },
         defaults={"eval_host": "evalhost", "results_dir": str(results)},
     )
-    return path
+
+
+@pytest.fixture
+def inventory(eval_sshd, ssh_base, make_inventory, eval_models, gt_server, tmp_path):
+    return eval_inventory(
+        make_inventory, eval_sshd, ssh_base, eval_models, gt_server, tmp_path / "results"
+    )
 
 
 def workdir(eval_sshd) -> Path:
@@ -259,24 +268,14 @@ def test_a_home_relative_workdir_costs_no_home_lookup(
     from orchestrator.transport import hosts
 
     name = f".dflash-test-{os.getpid()}-eval"
-    inv_path = make_inventory(
-        hosts={
-            "evalhost": ssh_host_entry(
-                eval_sshd,
-                ssh_base,
-                workdir=f"~/{name}",
-                roles={
-                    "eval": {
-                        "drafters": str(eval_models["drafters"]),
-                        "target_model": str(eval_models["target"]),
-                        "ground_truth": gt_server.url,
-                        "ground_truth_kind": "sglang",
-                        "dtype": "float32",
-                    }
-                },
-            )
-        },
-        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    inv_path = eval_inventory(
+        make_inventory,
+        eval_sshd,
+        ssh_base,
+        eval_models,
+        gt_server,
+        tmp_path / "results",
+        workdir=f"~/{name}",
     )
     looked_up: list[str] = []
     real_home = hosts.Host.home
