@@ -35,7 +35,7 @@ from orchestrator.relay.stream import Stream, describe_failure, file_lines, pump
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
 from remote.protocol import JOB_EVAL_KEY, PARITY_SCHEMA, EvalSpec
-from remote.relay.host import write_all
+from remote.relay.fdfiles import write_all
 
 INBOX = ".partial-parity-a"  # relay-recv writes only under a partial folder
 ATTN = ("sdpa", "eager")

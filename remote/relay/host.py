@@ -28,6 +28,7 @@ import time
 
 from remote.errors import UserError
 from remote.relay import sha256state, states
+from remote.relay.fdfiles import write_all, write_new
 from remote.relay.sha256state import GRID
 from remote.relay.wire import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, REPAIR_PREFIX
 
@@ -139,14 +140,6 @@ class _Syncer:
         """Wait until every queued file is fsynced (and announced)."""
         self.jobs.put(None)
         self.thread.join()
-
-
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    """Write all of `data` to `fd` (os.write may take only part of it)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 class _Hasher:
@@ -1347,9 +1340,9 @@ def publish_checkpoint(root: str, name, kind, manifest) -> dict:
             states.remove_sidecars(pfd)  # hash states of partial files: not published
             data = json.dumps(manifest, indent=2).encode()
             if kind == "dir":
-                _write_new(pfd, MANIFEST, data)
+                write_new(pfd, MANIFEST, data)
             else:
-                _write_new(root_fd, f".{name}{MANIFEST}", data)
+                write_new(root_fd, f".{name}{MANIFEST}", data)
         finally:
             os.close(pfd)
         old = None
@@ -1417,23 +1410,6 @@ def _settle(pfd: int, f: dict, name: str, partial: str) -> None:
             f"{'nothing' if size is None else f'{size} bytes'} in {partial}, "
             f"not {f.get('size')}; run the relay again"
         )
-
-
-def _write_new(dir_fd: int, name: str, data: bytes) -> None:
-    """Write `name` in `dir_fd` durably by a temp file and a rename; a symlink planted at
-    the temp name is removed, not followed (O_EXCL | O_NOFOLLOW)."""
-    tmp = name + ".tmp"
-    try:
-        os.unlink(tmp, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
-    try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def register(sub) -> None:

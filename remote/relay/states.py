@@ -33,6 +33,7 @@ import stat
 import sys
 import time
 
+from remote.relay.fdfiles import write_new
 from remote.relay.sha256state import GRID, Sha256, state_problem
 
 SIDECAR_PREFIX = ".dflash-states-"
@@ -65,20 +66,16 @@ def _read(dir_fd: int, name: str) -> dict | None:
 
 
 def _write(dir_fd: int, name: str, doc: dict) -> None:
-    """Replace `name` in `dir_fd` by a temp file and a rename; errors are the caller's."""
-    tmp = f"{name}.{os.getpid()}.tmp"
-    try:
-        os.unlink(tmp, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
-    try:
-        data = json.dumps(doc).encode()
-        while data:
-            data = data[os.write(fd, data) :]
-    finally:
-        os.close(fd)
-    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    """Replace `name` in `dir_fd` (module docstring: no symlink followed, no fsync); errors
+    are the caller's. The temp name carries the pid: two sources may share a cache."""
+    write_new(
+        dir_fd,
+        name,
+        json.dumps(doc).encode(),
+        tmp=f"{name}.{os.getpid()}.tmp",
+        mode=0o600,
+        fsync=False,
+    )
 
 
 def _states(doc: dict, limit: int) -> dict[int, bytes]:
