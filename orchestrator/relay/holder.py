@@ -95,6 +95,9 @@ class LockHolder(Stream):
             self.kill()
         return ready
 
+    def end_frames(self) -> None:
+        """Nothing: the ``{"done"}`` line ends the batch, and EOF would drop the lock."""
+
     def end_batch(self) -> tuple[int, bytes, str]:
         """After a borrowed batch's frames: (exit-code-like status, its per-file lines,
         error text) as `Stream.finish` gives them for a ``relay-recv`` of its own. The

@@ -38,7 +38,8 @@ from orchestrator.transport import hosts as hosts_mod
 from orchestrator.transport.hosts import PREFERRED_CIPHERS, Host, last_line
 from remote.errors import ERROR_PREFIX
 from remote.protocol import FRAME_HEADER
-from remote.relay.host import read_exact, write_all  # the frame format both ends speak
+from remote.relay.fdfiles import write_all
+from remote.relay.host import read_exact  # the frame format both ends speak
 
 CHUNK = 4 * 1024 * 1024
 MAX_HELLO = 256 * 1024 * 1024  # the largest ready frame (a source's scan) accepted
@@ -377,6 +378,15 @@ class Stream:
         err = self._err.read().decode(errors="replace")
         self._err.close()
         return code, out, err
+
+    def end_frames(self) -> None:
+        """A batch's frames are all written: a receiver of its own gets EOF (a lock
+        holder, `orchestrator.relay.holder`, keeps its channel: EOF would drop the lock)."""
+        self.close_stdin()
+
+    def end_batch(self) -> tuple[int, bytes, str]:
+        """A batch's outcome, as `finish` gives it: a receiver of its own ends with it."""
+        return self.finish()
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -290,8 +290,7 @@ class Transfer:
             raise
         finally:
             for s in outs:
-                if not isinstance(s, LockHolder):  # its EOF would drop the lock
-                    s.close_stdin()
+                s.end_frames()
         src_killed = all(s.failed for s in outs)
         if src_killed:
             src.kill()  # nobody left to read for: do not drain the rest of the files
@@ -300,7 +299,7 @@ class Transfer:
         scode, _, serr = src.finish()
         src_sums = file_lines(serr)
         for j, (d, s) in enumerate(zip(dests, outs, strict=False)):
-            code, out, err = s.end_batch() if isinstance(s, LockHolder) else s.finish()
+            code, out, err = s.end_batch()
             got = file_lines(out.decode(errors="replace"))
             host = self.hosts[d.name]
             for i, (task, _) in enumerate(items):
