@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -188,6 +189,7 @@ def main() -> int:
         if login is not None:
             login.stop()
         cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
     print(f"load avg after: {load()}")
     return 0
 
