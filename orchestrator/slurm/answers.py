@@ -1,0 +1,112 @@
+"""What the login node answers, checked before anything uses it.
+
+The scheduler is another trust domain: its job ids, task ids, states and node names become
+command arguments and decisions here. Each parser accepts exactly the shape dflash asked
+for (``sbatch --parsable``; ``squeue -o`` with `QUEUE_FORMAT`; the job folder's exit
+records) and refuses anything else with one line naming the host and the field.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from orchestrator.slurm import states
+from orchestrator.slurm.role import SlurmError
+
+# squeue's format: array job id, array task id, state (long form), nodes, reason. Without
+# widths squeue prints each field whole; the reason, last, is the only free text.
+QUEUE_FORMAT = "%F|%K|%T|%N|%r"
+_JOB_ID = re.compile(r"[1-9][0-9]{0,9}")
+_TASK_ID = re.compile(r"0|[1-9][0-9]{0,6}")
+_PARSABLE = re.compile(rf"({_JOB_ID.pattern})(?:;[A-Za-z0-9_.-]{{1,64}})?")
+# A Slurm host list as squeue prints it (``n1``, ``gpu[01-04,07]``), or empty when pending.
+_NODES = re.compile(r"[A-Za-z0-9_.\[\],-]{0,1024}")
+_REASON = re.compile(r"[\x20-\x7e]{0,512}")
+_EXIT_LINE = re.compile(rf"({_TASK_ID.pattern})\.({_JOB_ID.pattern})\.exit (0|[1-9][0-9]{{0,2}})")
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """One array task as ``squeue`` lists it."""
+
+    job_id: int
+    task_id: int
+    state: str
+    nodes: str
+    reason: str
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 80 else text[:80] + "...")
+
+
+def job_id(host: str, stdout: str) -> int:
+    """The array job id ``sbatch --parsable`` printed (``57`` or ``57;cluster``)."""
+    m = _PARSABLE.fullmatch(stdout.strip())
+    if not m:
+        raise SlurmError(f"{host}: sbatch answered a job id that is not a number: {_shown(stdout)}")
+    return int(m.group(1))
+
+
+def queue(
+    host: str, stdout: str, asked: dict[int, frozenset[int]]
+) -> dict[tuple[int, int], TaskRecord]:
+    """``squeue -h -r -t all -j <ids> -o QUEUE_FORMAT`` lines as records by (job, task).
+
+    `asked` maps each array job id asked about to the task ids submitted in it: a line for
+    any other job or task, a repeated one, or a field out of shape is refused."""
+    records: dict[tuple[int, int], TaskRecord] = {}
+    for n, line in enumerate(stdout.splitlines(), 1):
+        parts = line.split("|", 4)
+        if len(parts) != 5:
+            raise SlurmError(
+                f"{host}: squeue line {n} has {len(parts)} fields, not 5 "
+                f"({QUEUE_FORMAT}): {_shown(line)}"
+            )
+        job, task, state, nodes, reason = parts
+        if not _JOB_ID.fullmatch(job):
+            raise SlurmError(f"{host}: squeue line {n}: array job id {_shown(job)} is not a job id")
+        if not _TASK_ID.fullmatch(task):
+            raise SlurmError(
+                f"{host}: squeue line {n}: array task id {_shown(task)} is not a task id"
+            )
+        key = (int(job), int(task))
+        if key[0] not in asked or key[1] not in asked[key[0]]:
+            raise SlurmError(
+                f"{host}: squeue line {n}: task {job}_{task} is not one dflash submitted"
+            )
+        if not states.is_known(state) or state == states.LOST:
+            raise SlurmError(
+                f"{host}: squeue line {n}: state {_shown(state)} of task {job}_{task} is not "
+                "a Slurm job state"
+            )
+        if not _NODES.fullmatch(nodes):
+            raise SlurmError(
+                f"{host}: squeue line {n}: node list {_shown(nodes)} of task {job}_{task} "
+                "is not a Slurm host list"
+            )
+        if not _REASON.fullmatch(reason):
+            raise SlurmError(
+                f"{host}: squeue line {n}: reason {_shown(reason)} of task {job}_{task} is "
+                "not one line of printable text"
+            )
+        if key in records:
+            raise SlurmError(f"{host}: squeue listed task {job}_{task} twice")
+        records[key] = TaskRecord(key[0], key[1], state, nodes, reason)
+    return records
+
+
+def exit_codes(host: str, stdout: str, asked: set[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """The job folder's exit records, ``<task>.<job>.exit <code>`` per line, by (job, task);
+    only the attempts asked about, each once, codes 0-255."""
+    codes: dict[tuple[int, int], int] = {}
+    for line in stdout.splitlines():
+        m = _EXIT_LINE.fullmatch(line)
+        key = (int(m.group(2)), int(m.group(1))) if m else None
+        if not m or key not in asked or key in codes or int(m.group(3)) > 255:
+            raise SlurmError(
+                f"{host}: the job folder's exit record line {_shown(line)} is not one asked for"
+            )
+        codes[key] = int(m.group(3))
+    return codes
