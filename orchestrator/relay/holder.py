@@ -95,8 +95,13 @@ class LockHolder(Stream):
             self.kill()
         return ready
 
-    def end_frames(self) -> None:
-        """Nothing: the ``{"done"}`` line ends the batch, and EOF would drop the lock."""
+    def end_frames(self, whole: bool = True) -> None:
+        """After a whole batch, nothing: the ``{"done"}`` line ends it, and EOF would drop
+        the lock. After a cut one (the source's stream ended early) the holder waits
+        inside or before a frame that never comes, and no later line could be told from
+        payload: EOF ends its batch with an error and the holder with it, lock and all."""
+        if not whole:
+            self.close_stdin()
 
     def end_batch(self) -> tuple[int, bytes, str]:
         """After a borrowed batch's frames: (exit-code-like status, its per-file lines,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from remote.relay.wire import PATIENCE
+
 # The host-side relay commands are stdlib only: skip site-packages and environment
 # (-I -S), which halves the interpreter's start on a host with many packages.
 RELAY_PYTHON_FLAGS = ("-I", "-S")
@@ -26,6 +28,8 @@ class RelayOptions:
     jobs: int | None = None  # streams at once; None: `default_jobs()`
     reserve: int | None = None  # bytes to leave free; None: the eval role's `reserve`
     lock_wait: float = 5.0  # seconds to wait for another relay into a destination folder
+    # Seconds with no byte moving before a stream is ended (this side's patience)
+    stall: float = PATIENCE / 2
 
 
 def default_jobs() -> int:

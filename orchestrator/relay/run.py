@@ -89,6 +89,7 @@ def relay(
                 progress=progress,
                 spares=s.spares,
                 receivers=s.receivers,
+                stall=options.stall,
             )
             try:
                 progress.start(the_plan.total_bytes, the_plan.total_files)
