@@ -258,8 +258,9 @@ class Session:
         except (OSError, KeyError):  # no login name in this environment
             user = "?"
         by = f"{user}@{socket.gethostname()} pid {os.getpid()}"
+        argv = ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}"]
         holder, data = self._start_lock(
-            host, ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}", "--", root], root
+            host, [*argv, f"--patience={self.opts.patience:g}", "--", root], root
         )
         if not isinstance(data, dict):
             raise RelayError(f"{host.name}: no answer from relay-lock for {root}")
@@ -277,6 +278,7 @@ class Session:
                 "then run this again"
             )
         found = parse_scan(root, data.get("scan"), host.name)
+        holder.keep_alive(self.opts.patience / 4)  # its patience with us never runs out
         with self._guard:
             self.receivers[host.name] = holder
         return found

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from orchestrator.inventory import Inventory
 from orchestrator.relay.holder import LockHolder
-from orchestrator.relay.options import RELAY_PYTHON_FLAGS, default_jobs
+from orchestrator.relay.options import RELAY_PYTHON_FLAGS, default_jobs, host_patience
 from orchestrator.relay.plan import CheckpointPlan, Dest, FileTask, Target
 from orchestrator.relay.publish import put_repaired
 from orchestrator.relay.report import DestStatus, Progress
@@ -210,9 +210,8 @@ class Transfer:
                 with self._lock:
                     self._streams.add(holder)
                 return holder
-        return self._start(
-            self.hosts[d.name], ["relay-recv", "--", d.root], stdin=True, stdout=True
-        )
+        argv = ["relay-recv", f"--patience={host_patience(self.stall):g}", "--", d.root]
+        return self._start(self.hosts[d.name], argv, stdin=True, stdout=True)
 
     def _unlocked(
         self, items: list[tuple[FileTask, list[Target]]]

@@ -30,7 +30,7 @@ from remote.errors import UserError
 from remote.relay import sha256state, states
 from remote.relay.fdfiles import write_all, write_new
 from remote.relay.sha256state import GRID
-from remote.relay.wire import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, REPAIR_PREFIX
+from remote.relay.wire import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, PATIENCE, REPAIR_PREFIX
 
 CHUNK = 4 * 1024 * 1024  # large reads/writes: small ones make the Python paths crawl
 
@@ -47,12 +47,18 @@ def _widen_pipe(fd: int) -> None:
         pass  # not a pipe, or not allowed: smaller reads still work
 
 
-def _fill(fd: int, view: memoryview) -> int:
+def _direct(fn, *args):
+    """Make a call that may block on the controller as it is (no `Patience`)."""
+    return fn(*args)
+
+
+def _fill(fd: int, view: memoryview, call=_direct) -> int:
     """Read from `fd` until `view` is full or the stream ends; bytes read. One large block
-    per Python-level operation (hash update, write), however small the kernel's pieces."""
+    per Python-level operation (hash update, write), however small the kernel's pieces.
+    `call` makes each read (`remote.relay.patience`: with a deadline)."""
     filled = 0
     while filled < len(view):
-        n = os.readv(fd, [view[filled:]])
+        n = call(os.readv, fd, [view[filled:]])
         if not n:
             break
         filled += n
@@ -533,7 +539,7 @@ def hold_lock(args) -> int:
         with open(fd, "w") as fh:
             json.dump({"by": args.by, "pid": os.getpid(), "since": time.time()}, fh)
         print(json.dumps({"locked": True, "scan": scan_root(root)}), flush=True)
-        serve(root, sys.stdin.buffer, sys.stdout)
+        serve(root, sys.stdin.buffer, sys.stdout, _patience(args))
     finally:
         try:
             os.unlink(info)
@@ -572,7 +578,18 @@ def _flock_within(fd: int, seconds: float) -> bool:
         signal.signal(signal.SIGALRM, before)
 
 
-def serve(root: str, requests, answers) -> None:
+def _patience(args):
+    """The deadline on silence a host-side command was given (``--patience SECONDS``;
+    `remote.relay.patience`), or None without one."""
+    limit = getattr(args, "patience", None)
+    if not limit or limit <= 0:
+        return None
+    from remote.relay.patience import Patience
+
+    return Patience(limit)
+
+
+def serve(root: str, requests, answers, patience=None) -> None:
     """Answer the controller's requests about `root`, one JSON line each, until EOF.
 
     The lock holder serves them on its open channel, so each costs a line each way instead
@@ -582,6 +599,11 @@ def serve(root: str, requests, answers) -> None:
     "requests": [...]}`` (see `hash_requests`), ``{"op": "scan"}`` or ``{"op": "recv"}``;
     the folder is always `root`, never one the request names. The answer is the
     command's JSON document, or ``{"error": "one line"}``.
+
+    ``{"op": "ping"}`` is answered ``{"pong": true}``: with `patience` (a deadline on the
+    controller's silence, `remote.relay.patience`), the controller pings an idle holder,
+    and a holder that hears nothing for that long (the controller vanished without
+    closing its connection) ends, and its lock with it.
 
     ``recv`` receives one batch of files on this channel, exactly as ``relay-recv ROOT``
     does (`recv`: its ``{"ready": true}`` line, then the request frame and one frame per
@@ -593,13 +615,14 @@ def serve(root: str, requests, answers) -> None:
     lock: its stream may have stopped inside a frame, where no later line could be told
     from payload.
     """
-    for line in iter(requests.readline, b""):
+    call = patience.call if patience is not None else _direct
+    while line := call(requests.readline):
         try:
             req = json.loads(line)
             op = req.get("op") if isinstance(req, dict) else None
             if op == "recv":
                 try:
-                    recv(_RecvArgs(root))
+                    recv(_RecvArgs(root, patience))
                 except UserError as exc:
                     _emit(answers, {"done": True, "error": str(exc)})
                     return
@@ -614,7 +637,9 @@ def serve(root: str, requests, answers) -> None:
                     return
                 _emit(answers, {"done": True})
                 continue
-            if op == "publish":
+            if op == "ping":
+                answer = {"pong": True}
+            elif op == "publish":
                 answer = publish_checkpoint(root, req.get("name"), req.get("kind"), req["manifest"])
             elif op == "hash":
                 answer = {"hashes": hash_requests(req["requests"])}
@@ -633,10 +658,12 @@ def serve(root: str, requests, answers) -> None:
 
 
 class _RecvArgs:
-    """What `recv` reads of its arguments, for a batch received by `serve`."""
+    """What `recv` reads of its arguments, for a batch received by `serve` (with the
+    holder's own `Patience`, if any)."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, waiter=None):
         self.root = root
+        self.waiter = waiter
 
 
 def _read_json(path: str):
@@ -653,11 +680,12 @@ def _read_json(path: str):
 # controller's pump (orchestrator.relay.stream) use these definitions.
 
 
-def read_exact(fd: int, n: int) -> bytes:
-    """Exactly `n` bytes from `fd`, fewer only at end of stream."""
+def read_exact(fd: int, n: int, call=_direct) -> bytes:
+    """Exactly `n` bytes from `fd`, fewer only at end of stream; `call` makes each read
+    (`_fill`)."""
     out = b""
     while len(out) < n:
-        block = os.read(fd, n - len(out))
+        block = call(os.read, fd, n - len(out))
         if not block:
             break
         out += block
@@ -890,18 +918,20 @@ def recv(args) -> int:
     quietly.
     """
     _widen_pipe(0)
+    waiter = getattr(args, "waiter", None) or _patience(args)
+    call = waiter.call if waiter is not None else _direct
     _emit(sys.stdout, {"ready": True})
-    head = read_exact(0, FRAME_HEADER.size)
+    head = read_exact(0, FRAME_HEADER.size, call)
     if not head:
         return 0  # started ahead and not needed
     if len(head) < FRAME_HEADER.size:
         raise UserError("no request on stdin")
-    requests = json.loads(read_exact(0, FRAME_HEADER.unpack(head)[0]))
+    requests = json.loads(read_exact(0, FRAME_HEADER.unpack(head)[0], call))
     for req in requests:
         _check_target(req.get("path"))
     root_fd = _open_root(args.root)
     syncer = _Syncer()
-    spool = _Spool()
+    spool = _Spool(call)
     try:
         for i, req in enumerate(requests):
             _recv_file(i, req, len(requests), root_fd, syncer, spool)
@@ -921,7 +951,7 @@ def _recv_file(i: int, req: dict, total: int, root_fd: int, syncer: _Syncer, spo
     them (and feeds a resumed file's hasher); the fsync and the file's line follow in the
     syncer's thread."""
     rel = req["path"]
-    head = read_exact(0, FRAME_HEADER.size)
+    head = read_exact(0, FRAME_HEADER.size, spool.call)
     if len(head) < FRAME_HEADER.size:
         raise UserError(f"the stream ended after {i} of {total} files")
     left = FRAME_HEADER.unpack(head)[0]
@@ -1002,10 +1032,11 @@ class _Spool:
     is raised by the next `read` or `drain`; the blocks after it are skipped.
     """
 
-    def __init__(self):
+    def __init__(self, call=_direct):
         import queue
         import threading
 
+        self.call = call  # how a read from stdin is made (`_fill`)
         self.free: queue.Queue = queue.Queue()
         for _ in range(SPOOL):
             self.free.put(memoryview(mmap.mmap(-1, CHUNK)))
@@ -1037,7 +1068,7 @@ class _Spool:
         buf = self.free.get()
         try:
             self._raise()
-            n = _fill(0, buf[: min(limit, CHUNK)])
+            n = _fill(0, buf[: min(limit, CHUNK)], self.call)
         except BaseException:
             self.free.put(buf)
             raise
@@ -1412,6 +1443,9 @@ def _settle(pfd: int, f: dict, name: str, partial: str) -> None:
         )
 
 
+_PATIENCE_HELP = "end after this many seconds blocked on a silent controller (0: never)"
+
+
 def register(sub) -> None:
     # The controller puts every positional argument after "--": a checkpoint or folder
     # name starting with "-" is then a name, not an option.
@@ -1422,12 +1456,14 @@ def register(sub) -> None:
     p.add_argument("root")
     p.add_argument("--by", default="", help="who holds it, for the message another relay shows")
     p.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the lock")
+    p.add_argument("--patience", type=float, default=PATIENCE, help=_PATIENCE_HELP)
     p.set_defaults(func=hold_lock)
     p = sub.add_parser("relay-send", help="stream files (JSON list on stdin) as frames")
     p.add_argument("--scan", default=None, help="put this folder's scan in the ready frame")
     p.set_defaults(func=send)
     p = sub.add_parser("relay-recv", help="write frames on stdin into files under ROOT")
     p.add_argument("root")
+    p.add_argument("--patience", type=float, default=PATIENCE, help=_PATIENCE_HELP)
     p.set_defaults(func=recv)
     p = sub.add_parser("relay-hash", help="sha256 of files or prefixes (JSON on stdin)")
     p.set_defaults(func=hash_files)
