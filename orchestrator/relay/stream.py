@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 from orchestrator.errors import DflashError
 from orchestrator.inventory import Inventory
+from orchestrator.relay.openssh_host import host_key_error
 from orchestrator.transport import hosts as hosts_mod
 from orchestrator.transport.hosts import PREFERRED_CIPHERS, Host, last_line
 from remote.errors import ERROR_PREFIX
@@ -477,6 +478,9 @@ def describe_failure(host: Host, code: int, err: str) -> str:
     # the per-file JSON lines of relay-send's stderr are no message
     said = last_line("\n".join(ln for ln in err.splitlines() if not ln.lstrip().startswith("{")))
     if code == 255:
+        refused = host_key_error(host, err)
+        if refused is not None:
+            return str(refused)
         return f"connection to {host.name} lost ({said or 'ssh exit 255'})"
     for line in reversed(err.splitlines()):
         if line.startswith(ERROR_PREFIX):

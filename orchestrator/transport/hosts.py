@@ -18,6 +18,8 @@ SSH specifics:
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import os
 import shlex
@@ -55,6 +57,32 @@ PREFERRED_CIPHERS = (
 
 class HostError(DflashError):
     """A host could not be reached or refused us; the message is one actionable line."""
+
+
+def host_key_changed(where: str, got: str, listed: str = "") -> HostError:
+    """The one line for a host whose key differs from the one on record, on every path
+    (paramiko's connection, the relay's OpenSSH ones): always refused, whatever the
+    opt-in for unknown keys; `got` is the key's fingerprint as ``ssh-keygen -l`` shows it,
+    `listed` where the old key is recorded (``FILE:LINE``), when known."""
+    old = f" ({listed})" if listed else ""
+    return HostError(
+        f"{where}: host key CHANGED (got {got}); refusing to connect. If the host was "
+        f"reinstalled, remove its old line from known_hosts{old} and connect again"
+    )
+
+
+def host_key_unknown(where: str) -> HostError:
+    """The one line for a host whose key is on no record (refused unless opted in)."""
+    return HostError(
+        f"{where}: unknown host key, refusing to connect; verify the host and rerun with "
+        "--accept-new-host-keys (or set 'accept_new_host_key: true' for it in the inventory)"
+    )
+
+
+def fingerprint(key) -> str:
+    """A paramiko key's fingerprint as OpenSSH shows it (``SHA256:<base64>``)."""
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"SHA256:{digest}"
 
 
 def quote(arg: str | os.PathLike) -> str:
@@ -406,22 +434,14 @@ class SSHHost(Host):
                 "'hostname' in the inventory or your ~/.ssh/config"
             )
         if isinstance(exc, paramiko.BadHostKeyException):
-            return HostError(
-                f"{where}: host key CHANGED (got {exc.key.get_fingerprint().hex()}"
-                "); refusing to connect. If the host was reinstalled, remove its "
-                "old line from known_hosts and connect again"
-            )
+            return host_key_changed(where, fingerprint(exc.key))
         if isinstance(exc, paramiko.AuthenticationException):
             return HostError(
                 f"{where}: authentication failed; check 'user' and "
                 "'identity_file' in the inventory, or your ssh-agent"
             )
         if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
-            return HostError(
-                f"{where}: unknown host key, refusing to connect; verify the host "
-                "and rerun with --accept-new-host-keys (or set "
-                "'accept_new_host_key: true' for it in the inventory)"
-            )
+            return host_key_unknown(where)
         if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or isinstance(
             exc, ConnectionRefusedError
         ):
