@@ -2,7 +2,8 @@
 
 Over real loopback sshd hosts and the real CLI: a changed host key gets the same line on
 the relay's OpenSSH path as on the paramiko one (never the advice to accept new keys),
-an unknown one the advice.
+an unknown one the advice; a known_hosts path OpenSSH's options cannot carry is refused
+naming the setting and host.
 """
 
 from __future__ import annotations
@@ -83,3 +84,19 @@ def test_an_unknown_host_key_on_the_relay_path_gets_the_opt_in_advice(tenv):
     line = one_error_line(proc)
     assert line.startswith("error: trainer (") and "unknown host key, refusing" in line, line
     assert "--accept-new-host-keys" in line and "CHANGED" not in line
+
+
+def test_a_quote_in_a_known_hosts_path_is_refused_naming_the_setting_and_host(tenv):
+    """Before: 'trainer: cannot connect over ssh: command-line line 0: invalid quotes'."""
+    folder = tenv.tmp / 'keys "quoted"'
+    folder.mkdir()
+    known = folder / "known_hosts"
+    known.write_text((tenv.ssh_base / "known_hosts").read_text())
+    inv = _inventory(tenv, {"evalhost": str(known)})
+    make_checkpoint(tenv.ckpt, "step_1", {"w.bin": KiB})
+    for args in (["relay"], ["hosts", "check", "evalhost"]):  # one resolution, both stacks
+        proc = dflash(*args, "--inventory", inv)
+        assert proc.returncode != 0
+        line = one_error_line(proc)
+        assert "evalhost: the inventory's known_hosts" in line and "'\"'" in line, line
+    assert published(tenv.dst) == []

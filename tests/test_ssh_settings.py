@@ -240,3 +240,24 @@ def test_a_persisted_shared_master_is_read_from_ssh_config(
         assert s.shared_master is None
     else:
         assert s.shared_master == (f"{tmp_path}/cm-{user}@127.0.0.1:{s.port}", expected)
+
+
+@pytest.mark.parametrize(
+    ("written", "found"),
+    [(r'"/tmp/keys \"q\"/known_hosts"', "'\"'"), (r'"/tmp/keys\\\\x/known_hosts"', "backslash")],
+)
+def test_a_known_hosts_file_ssh_cannot_be_handed_is_refused_naming_the_setting(
+    ssh_home, make_inventory, written, found
+):
+    """ssh_config's UserKnownHostsFile with a '"' (or an escaping backslash) parses, but
+    cannot be given back to ssh in quotes: refused at resolution, for both stacks, naming
+    the setting and host. Before: the relay's ssh said 'command-line line 0: invalid
+    quotes' (or read another file)."""
+    conf = ssh_home / ".ssh" / "config"
+    conf.write_text(f"Host odd-kh\n  HostName 127.0.0.1\n  UserKnownHostsFile {written}\n")
+    inv = load_inventory(make_inventory({"odd": {"hostname": "odd-kh"}}))
+    with pytest.raises(ssh_settings.SSHConfigError) as caught:
+        ssh_settings.resolve(inv.hosts["odd"], inv)
+    line = str(caught.value)
+    assert line.startswith("odd: ssh_config's UserKnownHostsFile") and found in line, line
+    assert "\n" not in line

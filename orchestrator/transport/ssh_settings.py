@@ -35,6 +35,7 @@ import base64
 import getpass
 import os
 import pwd
+import re
 import shlex
 import shutil
 import socket
@@ -278,9 +279,12 @@ def _settings(
         if os.path.isfile(path) and path not in identities:
             identities.append(path)
     user_known = [_expand(spec.known_hosts)] if spec.known_hosts else []
-    for entry in _words(conf, "userknownhostsfile"):
-        if _expand(entry) not in user_known:
-            user_known.append(_expand(entry))
+    _carried(name, "the inventory's known_hosts", user_known)
+    ssh_known = [_expand(e) for e in _words(conf, "userknownhostsfile")]
+    _carried(name, "ssh_config's UserKnownHostsFile", ssh_known)
+    user_known += [p for p in dict.fromkeys(ssh_known) if p not in user_known]
+    global_known = [_expand(e) for e in _words(conf, "globalknownhostsfile")]
+    _carried(name, "ssh_config's GlobalKnownHostsFile", global_known)
     agent = _first(conf, "identityagent")
     if agent is None or agent == "SSH_AUTH_SOCK":
         agent = os.environ.get("SSH_AUTH_SOCK") or None
@@ -290,6 +294,9 @@ def _settings(
         agent = os.environ.get(agent[1:].strip("{}")) or None
     else:
         agent = _expand(agent)
+    _carried(name, "the IdentityAgent", [agent] if agent else [])
+    hostname = _first(conf, "hostname") or alias
+    _carried(name, "the hostname", [hostname])
     try:
         port = int(_first(conf, "port") or 22)
     except ValueError:
@@ -299,7 +306,7 @@ def _settings(
     return SSHSettings(
         name=name,
         alias=alias,
-        hostname=_first(conf, "hostname") or alias,
+        hostname=hostname,
         port=port,
         user=_first(conf, "user") or getpass.getuser(),
         identity_files=tuple(identities),
@@ -308,7 +315,7 @@ def _settings(
         proxy_command=proxy_command,
         jump=jump,
         user_known_hosts=tuple(user_known),
-        global_known_hosts=tuple(_expand(e) for e in _words(conf, "globalknownhostsfile")),
+        global_known_hosts=tuple(global_known),
         accept_new=spec.accept_new_host_key,
         connect_timeout=spec.connect_timeout,
         config_file=config_file(),
@@ -434,6 +441,28 @@ def _expand(path: str) -> str:
 def _config_value(value: str) -> str:
     # ssh_config values with spaces must be double-quoted; '%' would be a token there.
     return '"' + value.replace("%", "%%") + '"'
+
+
+# What a double-quoted ssh_config value cannot hold as it is: a '"', or a backslash that
+# OpenSSH 8.7+ reads as an escape (before a quote or backslash, or at the end) and older
+# versions do not, so no quoting means the same path to both.
+_UNCARRIED = re.compile(r'"|\\(?=["\'\\]|$)')
+
+
+def _carried(name: str, setting: str, values: list[str]) -> None:
+    """Refuse a value that `_config_value` cannot hand to ``ssh`` intact (`_UNCARRIED`),
+    with one line naming the host and the setting: else ssh says only ``command-line
+    line 0: invalid quotes``, or reads another file than the one named."""
+    for value in values:
+        found = _UNCARRIED.search(value)
+        if found:
+            what = (
+                "a '\"'" if found.group() == '"' else "a backslash that OpenSSH reads as an escape"
+            )
+            raise SSHConfigError(
+                f"{name}: {setting} {value!r} holds {what}, which OpenSSH's options "
+                f"cannot carry; rename or move it, or point {setting} elsewhere"
+            )
 
 
 def _config_list(paths: tuple[str, ...]) -> str:
