@@ -3,10 +3,13 @@
 Over real loopback sshd hosts and the real CLI: a changed host key gets the same line on
 the relay's OpenSSH path as on the paramiko one (never the advice to accept new keys),
 an unknown one the advice; a known_hosts path OpenSSH's options cannot carry is refused
-naming the setting and host.
+naming the setting and host; an entry whose name holds a line break is called what it
+is, and a checkpoint so named is listed as refused, never silently missing.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import yaml
@@ -100,3 +103,40 @@ def test_a_quote_in_a_known_hosts_path_is_refused_naming_the_setting_and_host(te
         line = one_error_line(proc)
         assert "evalhost: the inventory's known_hosts" in line and "'\"'" in line, line
     assert published(tenv.dst) == []
+
+
+def test_a_file_with_a_line_break_in_its_name_is_not_called_a_symlink(tenv):
+    """Before: 'the symlink step_3/bad\\nname.bin has a line break in its name'."""
+    make_checkpoint(tenv.ckpt, "step_3", {"w.bin": KiB})
+    (tenv.ckpt / "step_3" / "bad\nname.bin").write_bytes(b"y")
+    proc = tenv.cli("step_3")
+    assert proc.returncode == 1
+    line = one_error_line(proc)
+    assert "step_3/bad\\nname.bin has a line break in its name; rename it" in line, line
+    assert "symlink" not in line
+    assert published(tenv.dst) == []
+
+
+def test_a_checkpoint_with_a_line_break_in_its_name_is_listed_refused(tenv):
+    """Before: missing from --list, --all and their JSON, as if it were not there."""
+    make_checkpoint(tenv.ckpt, "step_1", {"w.bin": KiB})
+    make_checkpoint(tenv.ckpt, "step_2\nx", {"w.bin": KiB})
+    why = "its name has a line break; rename it"
+    listing = tenv.cli("--list")
+    assert listing.returncode == 0, listing.stderr
+    rows = {r["name"]: r for r in json.loads(listing.stdout)["checkpoints"]}
+    assert set(rows) == {"step_1", "step_2\\nx"}
+    assert rows["step_2\\nx"]["complete"] is False and rows["step_2\\nx"]["reason"] == why
+    human = dflash("relay", "--list", "--inventory", str(tenv.inventory_path))
+    assert "step_2\\nx" in human.stdout and "line break" in human.stdout
+
+    every = tenv.cli("--all")
+    assert every.returncode == 0, every.stderr
+    report = json.loads(every.stdout)
+    assert [c["name"] for c in report["checkpoints"]] == ["step_1"]
+    assert report["incomplete"] == [
+        {"name": "step_2\\nx", "step": 2, "reason": why, "named": False}
+    ]
+    asked = tenv.cli("--step", "2")  # asked for: not relayed, and the exit code says so
+    assert asked.returncode == 1 and why in one_error_line(asked)
+    assert published(tenv.dst) == ["step_1"]

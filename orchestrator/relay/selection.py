@@ -44,7 +44,7 @@ def select(src_scan: Scan, where: str, options: RelayOptions) -> Selection:
                 raise RelayError(f"no checkpoint {name!r} in {where} (have: {have})")
             chosen.append(ckpts[name])
     elif o.step is not None:
-        chosen = [c for c in ckpts.values() if c.step == o.step]
+        chosen = [c for c in src_scan.everything if c.step == o.step]
         if not chosen:
             steps = sorted({c.step for c in ckpts.values() if c.step is not None})
             raise RelayError(
@@ -52,7 +52,7 @@ def select(src_scan: Scan, where: str, options: RelayOptions) -> Selection:
                 f"{', '.join(map(str, steps[-8:])) or 'none'})"
             )
     elif o.all:
-        chosen = sorted(ckpts.values(), key=by_step)
+        chosen = src_scan.everything
     else:
         done = [c for c in ckpts.values() if c.complete]
         if not done:

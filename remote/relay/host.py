@@ -372,6 +372,12 @@ def name_problem(name) -> str | None:
     return path_problem(name) or ("holds a '/'" if "/" in name else None)
 
 
+def shown(name: str) -> str:
+    """A name with line breaks, as a scan shows it: ``\\n`` and ``\\r`` for them (no path
+    may hold one, `path_problem`, so such an entry is shown, and refused, by this name)."""
+    return name.replace("\n", "\\n").replace("\r", "\\r")
+
+
 # ---- scan -------------------------------------------------------------------------------
 
 
@@ -381,9 +387,11 @@ def _files_under(top: str) -> tuple[list[dict], list[dict]]:
     A symlink that resolves to a regular file is listed with that file's size and mtime
     and ``"link": true``: its content is what gets relayed (the Hugging Face cache
     layout links weight files to blobs outside the snapshot folder). A link that points
-    to nothing, to a folder or to something else is listed in the second list with why,
-    so the controller can refuse the checkpoint instead of publishing it without it; so is
-    a file whose name holds a line break (no path may: see `path_problem`). Reading through
+    to nothing, to a folder or to something else is listed in the second list with why
+    (``{"path", "why", "link"}``, link: whether the entry is itself a symlink), so the
+    controller can refuse the checkpoint instead of publishing it without it; so is an
+    entry whose name holds a line break (no path may: see `path_problem`), by its
+    `shown` name. Reading through
     a link is safe for the relay: the bytes land under the LINK's own name, inside the
     destination's folder, and a link can only expose what the trainer's user could have
     copied into the checkpoint folder anyway.
@@ -394,19 +402,16 @@ def _files_under(top: str) -> tuple[list[dict], list[dict]]:
         for name in list(dirnames):
             full = os.path.join(dirpath, name)
             if os.path.islink(full):  # os.walk does not enter it
-                odd.append({"path": os.path.relpath(full, top), "why": "points to a folder"})
+                rel = shown(os.path.relpath(full, top))
+                odd.append({"path": rel, "why": "points to a folder", "link": True})
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, top)
             if rel == MANIFEST or name.startswith(".dflash-"):
                 continue
             if "\n" in rel or "\r" in rel:  # could not be named on a line: refused by name
-                odd.append(
-                    {
-                        "path": rel.replace("\n", "\\n").replace("\r", "\\r"),
-                        "why": "has a line break in its name",
-                    }
-                )
+                why = "has a line break in its name"
+                odd.append({"path": shown(rel), "why": why, "link": os.path.islink(full)})
                 continue
             try:
                 st = os.lstat(full)
@@ -417,11 +422,12 @@ def _files_under(top: str) -> tuple[list[dict], list[dict]]:
                 try:
                     st = os.stat(full)
                 except OSError:
-                    odd.append({"path": rel, "why": "points to nothing"})
+                    odd.append({"path": rel, "why": "points to nothing", "link": True})
                     continue
             if not stat.S_ISREG(st.st_mode):
                 if link:
-                    odd.append({"path": rel, "why": "does not point to a regular file"})
+                    why = "does not point to a regular file"
+                    odd.append({"path": rel, "why": why, "link": True})
                 continue
             entry = {"path": rel, "size": st.st_size, "mtime": st.st_mtime}
             if link:
@@ -438,8 +444,19 @@ def _free_bytes(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def _kind(path: str) -> str | None:
+    """ "dir" or "file" for what `path` is (through a link), None for anything else."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else None
+
+
 def scan(args) -> int:
-    """List checkpoints (files per checkpoint, sizes, mtimes), manifests, partials, free space."""
+    """List checkpoints (files per checkpoint, sizes, mtimes), manifests, partials, free
+    space, and the entries no line can name (``unnamed``: their `shown` name and kind,
+    for the controller to show as refused)."""
     print(json.dumps(scan_root(args.root)))
     return 0
 
@@ -463,8 +480,11 @@ def scan_root(root: str) -> dict:
             st = os.lstat(full)
         except OSError:
             continue
-        if "\n" in name or "\r" in name:
-            continue  # a name no line can carry is no checkpoint
+        if "\n" in name or "\r" in name:  # no line can carry it: shown, and refused
+            kind = _kind(full)
+            if kind is not None and not name.startswith("."):
+                result.setdefault("unnamed", []).append({"name": shown(name), "kind": kind})
+            continue
         if name.startswith(PARTIAL_PREFIX) and stat.S_ISDIR(st.st_mode) and name != PARTIAL_PREFIX:
             files, odd = _files_under(full)
             states.mark_resumable(full, files)  # "resume": where a saved hash state is
