@@ -24,7 +24,7 @@ from orchestrator.relay.stream import stream_argv
 from orchestrator.transport import ssh_settings
 from orchestrator.transport.hosts import HostError, open_host
 from tests.helpers.cli import dflash
-from tests.helpers.sshd import keygen
+from tests.helpers.sshd import keygen, ssh_host_entry
 
 
 @pytest.fixture
@@ -261,3 +261,24 @@ def test_a_known_hosts_file_ssh_cannot_be_handed_is_refused_naming_the_setting(
     line = str(caught.value)
     assert line.startswith("odd: ssh_config's UserKnownHostsFile") and found in line, line
     assert "\n" not in line
+
+
+def test_a_dead_peer_ends_paramikos_connection_within_its_keepalives(
+    trainer_sshd, ssh_base, make_inventory
+):
+    """paramiko sent a keepalive every 30 s and waited on an unanswering host for as long
+    as TCP retransmits (a quarter of an hour or more); OpenSSH's streams give up after
+    ServerAliveInterval x ServerAliveCountMax. Both now: unacknowledged that long, the
+    kernel ends the connection, and every read on it."""
+    import socket
+
+    inv = load_inventory(make_inventory({"t": ssh_host_entry(trainer_sshd, ssh_base)}))
+    limit = ssh_settings.ALIVE_INTERVAL * ssh_settings.ALIVE_COUNT
+    with open_host(inv.hosts["t"], inv) as host:
+        assert host.run(["true"]).ok
+        sock = host.transport.sock
+        got = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+        assert got == limit * 1000
+        options = " ".join(host.settings.openssh_options())
+    assert f"ServerAliveInterval={ssh_settings.ALIVE_INTERVAL}" in options
+    assert f"ServerAliveCountMax={ssh_settings.ALIVE_COUNT}" in options

@@ -34,7 +34,7 @@ from pathlib import Path
 from orchestrator.errors import DflashError
 from orchestrator.inventory import HostSpec
 from orchestrator.transport import ssh_settings
-from orchestrator.transport.ssh_settings import SSHSettings
+from orchestrator.transport.ssh_settings import ALIVE_COUNT, ALIVE_INTERVAL, SSHSettings
 
 # Paramiko logs transport failures to stderr on its own; we report them as one line instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -421,7 +421,8 @@ class SSHHost(Host):
         transport = conn.client.get_transport()
         transport.packetizer.REKEY_BYTES = REKEY_BYTES
         transport.packetizer.REKEY_PACKETS = REKEY_BYTES
-        transport.set_keepalive(30)
+        transport.set_keepalive(ALIVE_INTERVAL)
+        _end_when_unacknowledged(transport.sock, ALIVE_INTERVAL * ALIVE_COUNT)
         return conn
 
     def _explain(self, exc: Exception, conn) -> HostError:
@@ -510,6 +511,22 @@ class SSHHost(Host):
                 self._conn = None
         if self._jump:
             self._jump.close()
+
+
+def _end_when_unacknowledged(sock, seconds: float) -> None:
+    """A dead peer ends the connection, and every wait on it, within `seconds`: what the
+    socket sent (a keepalive at least, every ALIVE_INTERVAL s) unacknowledged that long
+    makes the kernel drop it (Linux TCP_USER_TIMEOUT), and paramiko's reads then end,
+    where otherwise TCP retransmits for a quarter of an hour or more. A connection that
+    is no plain socket (a jump host's channel: that hop's own socket has the timeout; a
+    ProxyCommand's pipe) or a system without the option keeps TCP's own limits."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is None or not isinstance(sock, socket.socket):
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, option, int(seconds * 1000))
+    except OSError:
+        pass
 
 
 def _accept_new_policy(save_to: Path):

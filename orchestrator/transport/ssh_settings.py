@@ -49,6 +49,11 @@ if TYPE_CHECKING:
     from orchestrator.inventory import HostSpec, Inventory
 
 MAX_HOPS = 8  # jump hosts reaching jump hosts: deeper than this is a loop in the config
+# A dead peer ends every wait on its connection: a keepalive every ALIVE_INTERVAL s, and
+# ALIVE_COUNT of them unanswered (OpenSSH: ServerAliveInterval/CountMax) or unacknowledged
+# (paramiko: TCP_USER_TIMEOUT) end the connection, so about a minute.
+ALIVE_INTERVAL = 15
+ALIVE_COUNT = 4
 
 
 class SSHConfigError(DflashError):
@@ -112,9 +117,9 @@ class SSHSettings:
             "-o",
             f"ConnectTimeout={max(1, int(round(self.connect_timeout)))}",
             "-o",
-            "ServerAliveInterval=15",
+            f"ServerAliveInterval={ALIVE_INTERVAL}",
             "-o",
-            "ServerAliveCountMax=4",
+            f"ServerAliveCountMax={ALIVE_COUNT}",
             "-o",
             "LogLevel=ERROR",
             "-o",
