@@ -279,8 +279,8 @@ CASES = [
         "trainer-newline-file-name",
         trainer_link(lambda c: (c / "new\nline.bin").write_bytes(b"x")),
         1,
-        r"^error: step_1 was not relayed: the symlink step_1/new\\nline\.bin has a line "
-        r"break in its name",
+        r"^error: step_1 was not relayed: step_1/new\\nline\.bin has a line break in its "
+        r"name; rename it",
     ),
     # -- selections that cannot be honoured -------------------------------------------------
     Case(

@@ -24,7 +24,7 @@ from orchestrator.relay.stream import stream_argv
 from orchestrator.transport import ssh_settings
 from orchestrator.transport.hosts import HostError, open_host
 from tests.helpers.cli import dflash
-from tests.helpers.sshd import keygen
+from tests.helpers.sshd import keygen, ssh_host_entry
 
 
 @pytest.fixture
@@ -240,3 +240,45 @@ def test_a_persisted_shared_master_is_read_from_ssh_config(
         assert s.shared_master is None
     else:
         assert s.shared_master == (f"{tmp_path}/cm-{user}@127.0.0.1:{s.port}", expected)
+
+
+@pytest.mark.parametrize(
+    ("written", "found"),
+    [(r'"/tmp/keys \"q\"/known_hosts"', "'\"'"), (r'"/tmp/keys\\\\x/known_hosts"', "backslash")],
+)
+def test_a_known_hosts_file_ssh_cannot_be_handed_is_refused_naming_the_setting(
+    ssh_home, make_inventory, written, found
+):
+    """ssh_config's UserKnownHostsFile with a '"' (or an escaping backslash) parses, but
+    cannot be given back to ssh in quotes: refused at resolution, for both stacks, naming
+    the setting and host. Before: the relay's ssh said 'command-line line 0: invalid
+    quotes' (or read another file)."""
+    conf = ssh_home / ".ssh" / "config"
+    conf.write_text(f"Host odd-kh\n  HostName 127.0.0.1\n  UserKnownHostsFile {written}\n")
+    inv = load_inventory(make_inventory({"odd": {"hostname": "odd-kh"}}))
+    with pytest.raises(ssh_settings.SSHConfigError) as caught:
+        ssh_settings.resolve(inv.hosts["odd"], inv)
+    line = str(caught.value)
+    assert line.startswith("odd: ssh_config's UserKnownHostsFile") and found in line, line
+    assert "\n" not in line
+
+
+def test_a_dead_peer_ends_paramikos_connection_within_its_keepalives(
+    trainer_sshd, ssh_base, make_inventory
+):
+    """paramiko sent a keepalive every 30 s and waited on an unanswering host for as long
+    as TCP retransmits (a quarter of an hour or more); OpenSSH's streams give up after
+    ServerAliveInterval x ServerAliveCountMax. Both now: unacknowledged that long, the
+    kernel ends the connection, and every read on it."""
+    import socket
+
+    inv = load_inventory(make_inventory({"t": ssh_host_entry(trainer_sshd, ssh_base)}))
+    limit = ssh_settings.ALIVE_INTERVAL * ssh_settings.ALIVE_COUNT
+    with open_host(inv.hosts["t"], inv) as host:
+        assert host.run(["true"]).ok
+        sock = host.transport.sock
+        got = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+        assert got == limit * 1000
+        options = " ".join(host.settings.openssh_options())
+    assert f"ServerAliveInterval={ssh_settings.ALIVE_INTERVAL}" in options
+    assert f"ServerAliveCountMax={ssh_settings.ALIVE_COUNT}" in options

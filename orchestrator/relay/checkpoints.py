@@ -91,6 +91,14 @@ class Scan:
     partials: dict[str, list[SourceFile]] = field(default_factory=dict)
     manifests: dict[str, Any] = field(default_factory=dict)
     partial_odd: dict[str, list[dict]] = field(default_factory=dict)  # links in partials
+    # entries whose name holds a line break, by their shown name: never relayable, but
+    # listed (refused, with the reason) rather than silently missing
+    unnamed: dict[str, Checkpoint] = field(default_factory=dict)
+
+    @property
+    def everything(self) -> list[Checkpoint]:
+        """Every checkpoint there, relayable or not (`unnamed` too), oldest first."""
+        return sorted([*self.checkpoints.values(), *self.unnamed.values()], key=by_step)
 
 
 def scan(host: Host, root: str) -> Scan:
@@ -127,6 +135,17 @@ def parse_scan(root: str, data: Any, host: str = "host") -> Scan:
         if why is not None:
             raise refuse(f"{what} {str(n)[:80]!r} {why}")
         return n
+
+    def odd_entries(items: Any, where: str) -> list[dict]:
+        """What cannot be relayed in `where` (``{"path", "why", "link"}``), each checked."""
+        out = []
+        for o in items or []:
+            files([{"path": o.get("path"), "size": 0, "mtime": 0}], where)
+            why = o.get("why")
+            if not isinstance(why, str) or not why or len(why) > 200 or not why.isprintable():
+                raise refuse(f"the reason given for {where}/{o.get('path')} is not one line")
+            out.append({"path": o["path"], "why": why, "link": o.get("link") is True})
+        return out
 
     def files(items: Any, where: str) -> list[SourceFile]:
         if not isinstance(items, list):
@@ -177,18 +196,19 @@ def parse_scan(root: str, data: Any, host: str = "host") -> Scan:
             fl = files(entry["files"], n)
             if kind not in ("dir", "file") or (kind == "file" and [f.path for f in fl] != [n]):
                 raise refuse(f"the entry {n!r} is neither a folder nor a single file")
-            odd = entry.get("odd") or []
-            for o in odd:
-                files([{"path": o.get("path"), "size": 0, "mtime": 0}], n)
-            out.checkpoints[n] = Checkpoint(n, kind, fl, parse_step(n), odd=list(odd))
+            odd = odd_entries(entry.get("odd"), n)
+            out.checkpoints[n] = Checkpoint(n, kind, fl, parse_step(n), odd=odd)
         for n, items in partials.items():
             out.partials[name(n, "the partial folder")] = files(items, PARTIAL_PREFIX + n)
         for n, odd in (data.get("partial_odd") or {}).items():
-            files(
-                [{"path": o.get("path"), "size": 0, "mtime": 0} for o in odd],
-                PARTIAL_PREFIX + name(n, "the partial folder"),
+            out.partial_odd[n] = odd_entries(odd, PARTIAL_PREFIX + name(n, "the partial folder"))
+        for entry in data.get("unnamed") or []:
+            n, kind = name(entry["name"], "the shown name"), entry["kind"]
+            if kind not in ("dir", "file"):
+                raise refuse(f"the entry {n!r} is neither a folder nor a single file")
+            out.unnamed[n] = Checkpoint(
+                n, kind, [], parse_step(n), reason="its name has a line break; rename it"
             )
-            out.partial_odd[n] = list(odd)
     except (KeyError, TypeError, AttributeError, ValueError):
         raise refuse("the answer is malformed") from None
     return out
@@ -228,9 +248,11 @@ def judge_complete(
     for ckpt in first.checkpoints.values():
         if ckpt.odd:  # published without the file it would have lost it: refuse it
             o = ckpt.odd[0]
+            what = f"{ckpt.name}/{o['path']} {o['why']}"
             ckpt.reason = (
-                f"the symlink {ckpt.name}/{o.get('path')} {o.get('why')}; replace "
-                "it with the file it stands for, or remove it"
+                f"the symlink {what}; replace it with the file it stands for, or remove it"
+                if o["link"]
+                else f"{what}; rename it, or remove it"
             )
         elif not ckpt.files:
             ckpt.reason = "empty"

@@ -10,6 +10,8 @@ has its first receiver ready as soon as the lock is.
 `LockHolder` is that channel: a `Stream` (the pump writes the batch's frames straight
 into it) with a question/answer dialogue (`ask`) and a borrowed-for-one-batch mode
 (`borrow` ... `end_batch`). One of the two at a time: a question waits for a batch to end.
+While neither, it is pinged (`keep_alive`): the holder ends after a while of silence
+(its patience, `remote.relay.patience`), which frees the lock of a relay that vanished.
 """
 
 from __future__ import annotations
@@ -34,13 +36,44 @@ class LockHolder(Stream):
         self.lost = False  # the channel ended (or broke): no lock any more
         self._batch = False  # borrowed for a batch (`borrow` ... `end_batch`)
         self._ended: tuple[int, bytes, str] | None = None
+        self._pinging = False  # a ping has the channel (a batch may wait for it)
+        self._pinger: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def finish(self) -> tuple[int, bytes, str]:
         """End the holder (EOF: it drops the lock and exits) and wait for it; once."""
         if self._ended is None:
             self.lost = True
+            self._stop.set()
+            if self._pinger is not None:
+                self._pinger.join(timeout=10)  # a ping in flight: one round trip
             self._ended = super().finish()
         return self._ended
+
+    def keep_alive(self, every: float) -> None:
+        """Ping the holder every `every` seconds while nothing else has its channel, so
+        its patience with this relay never runs out (the holder's deadline on silence);
+        a ping that gets no ``pong`` loses the channel, as a failed question does."""
+        self._pinger = threading.Thread(
+            target=self._pings, args=(every,), daemon=True, name=f"ping-{self.host.name}"
+        )
+        self._pinger.start()
+
+    def _pings(self, every: float) -> None:
+        while not self._stop.wait(every) and not self.lost:
+            if not self.busy.acquire(blocking=False):
+                continue  # a question or a batch: the holder hears from us anyway
+            self._pinging = True
+            try:
+                write_all(self.stdin_fd, b'{"op": "ping"}\n')
+                ok = self.lines.line().strip() == b'{"pong": true}'
+            except OSError:
+                ok = False
+            finally:
+                self._pinging = False
+                self.busy.release()
+            if not ok and not self._stop.is_set():
+                self.lost = True
 
     def first(self) -> dict | None:
         """The holder's first answer (lock taken, with the scan, or refused), or None
@@ -79,7 +112,10 @@ class LockHolder(Stream):
         it is now receiving. False when a batch or a question has it, or it is lost (a
         holder that does not say it is ready is ended: its lock is gone, and a batch
         meant for it fails rather than write there without the lock)."""
-        if self.lost or not self.busy.acquire(blocking=False):
+        if self.lost or not (
+            self.busy.acquire(blocking=False)
+            or (self._pinging and self.busy.acquire(timeout=60))  # a ping: one round trip
+        ):
             return False
         try:
             write_all(self.stdin_fd, b'{"op": "recv"}\n')
@@ -95,8 +131,13 @@ class LockHolder(Stream):
             self.kill()
         return ready
 
-    def end_frames(self) -> None:
-        """Nothing: the ``{"done"}`` line ends the batch, and EOF would drop the lock."""
+    def end_frames(self, whole: bool = True) -> None:
+        """After a whole batch, nothing: the ``{"done"}`` line ends it, and EOF would drop
+        the lock. After a cut one (the source's stream ended early) the holder waits
+        inside or before a frame that never comes, and no later line could be told from
+        payload: EOF ends its batch with an error and the holder with it, lock and all."""
+        if not whole:
+            self.close_stdin()
 
     def end_batch(self) -> tuple[int, bytes, str]:
         """After a borrowed batch's frames: (exit-code-like status, its per-file lines,

@@ -12,12 +12,13 @@ StrictHostKeyChecking=yes unless opted in, keys, agent, jump hosts).
 A command started before the host's master is up waits for it (`Multiplexer.wait`); a
 master that failed or is switched off (``DFLASH_RELAY_MUX=0``) leaves each command to
 connect on its own, so the master only ever saves time. A connection failure (ssh's exit
-status 255) is one `HostError` line naming the host, with what to do for an unknown or
-changed host key.
+status 255) is one `HostError` line naming the host; an unknown or changed host key gets
+the same line as on paramiko's path (`host_key_error`).
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Sequence
 
@@ -29,21 +30,43 @@ from orchestrator.transport.hosts import (
     Result,
     SSHHost,
     command_line,
+    host_key_changed,
+    host_key_unknown,
     last_line,
 )
+
+# What OpenSSH says of a host key it refuses (its wording since 7.x, LogLevel=ERROR).
+_CHANGED = ("REMOTE HOST IDENTIFICATION HAS CHANGED", "has changed and you have requested")
+_GOT = re.compile(r"sent by the remote host is\s+(\S+?)\.?\s*$", re.M)
+_LISTED = re.compile(r"^Offending \S+ key in (\S+:\d+)\s*$", re.M)
+_UNKNOWN = re.compile(r"^No \S+ host key is known for ", re.M)
+
+
+def host_key_error(host: Host, stderr: str) -> HostError | None:
+    """The line for an ssh (exit 255) that refused `host`'s key: changed (always refused,
+    with the fingerprint it got and where the old key is recorded) or unknown (refused
+    unless opted in); None when its key was not the problem. The same lines as paramiko's
+    (`orchestrator.transport.hosts.host_key_changed`)."""
+    settings = getattr(host, "settings", None)
+    where = f"{host.name} ({settings.address})" if settings is not None else host.name
+    if any(marker in stderr for marker in _CHANGED):
+        got, listed = _GOT.search(stderr), _LISTED.search(stderr)
+        return host_key_changed(
+            where, got.group(1) if got else "another key", listed.group(1) if listed else ""
+        )
+    if _UNKNOWN.search(stderr) and not (settings is not None and settings.accept_new):
+        return host_key_unknown(where)
+    return None
 
 
 def connection_error(host: Host, stderr: str) -> HostError:
     """The one line for an ssh that could not reach `host` (exit status 255)."""
+    refused = host_key_error(host, stderr)
+    if refused is not None:
+        return refused
     why = last_line(stderr) or "ssh exit 255"
     hint = ""
-    if "Host key verification failed" in stderr or "REMOTE HOST IDENTIFICATION" in stderr:
-        hint = (
-            "; an unknown host key is refused: verify the host and rerun with "
-            "--accept-new-host-keys (a CHANGED key is always refused: remove its old "
-            "line from known_hosts if the host was reinstalled)"
-        )
-    elif "Permission denied" in stderr:
+    if "Permission denied" in stderr:
         hint = "; check 'user' and 'identity_file' in the inventory, or your ssh-agent"
     return HostError(f"{host.name}: cannot connect over ssh: {why}{hint}")
 

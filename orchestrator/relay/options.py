@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from remote.relay.wire import PATIENCE
+
 # The host-side relay commands are stdlib only: skip site-packages and environment
 # (-I -S), which halves the interpreter's start on a host with many packages.
 RELAY_PYTHON_FLAGS = ("-I", "-S")
@@ -26,6 +28,22 @@ class RelayOptions:
     jobs: int | None = None  # streams at once; None: `default_jobs()`
     reserve: int | None = None  # bytes to leave free; None: the eval role's `reserve`
     lock_wait: float = 5.0  # seconds to wait for another relay into a destination folder
+    # Seconds with no byte moving before a stream is ended (this side's patience); the
+    # hosts' patience with this relay is twice that (`patience`).
+    stall: float = PATIENCE / 2
+
+    @property
+    def patience(self) -> float:
+        """The hosts' patience with this relay (`host_patience` of `stall`)."""
+        return host_patience(self.stall)
+
+
+def host_patience(stall: float) -> float:
+    """Seconds a host-side relay command waits on a silent relay before it ends
+    (``--patience``; `remote.relay.patience`) when the relay itself gives up on a stalled
+    stream after `stall`: twice that, so a stalled stream is noticed here first, and an
+    idle lock holder is pinged four times within it."""
+    return 2 * stall
 
 
 def default_jobs() -> int:

@@ -29,7 +29,6 @@ from typing import Any
 
 from orchestrator.inventory import Inventory
 from orchestrator.relay import plan, publish
-from orchestrator.relay.checkpoints import by_step
 from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions, default_jobs
 from orchestrator.relay.report import (
     CheckpointReport,
@@ -89,6 +88,7 @@ def relay(
                 progress=progress,
                 spares=s.spares,
                 receivers=s.receivers,
+                stall=options.stall,
             )
             try:
                 progress.start(the_plan.total_bytes, the_plan.total_files)
@@ -135,7 +135,7 @@ def list_checkpoints(
                 "reason": c.reason,
                 "destinations": {d.name: destination_state(c, d.scan) for d in s.dests},
             }
-            for c in sorted(s.src_scan.checkpoints.values(), key=by_step)
+            for c in s.src_scan.everything
         ]
         return {
             "source": s.src.name,

@@ -39,12 +39,13 @@ def select(src_scan: Scan, where: str, options: RelayOptions) -> Selection:
         chosen = []
         for name in o.names:
             name = name.rstrip("/")
-            if name not in ckpts:
+            found = ckpts.get(name) or src_scan.unnamed.get(name)  # as --list shows it
+            if found is None:
                 have = ", ".join(sorted(ckpts)[-8:]) or "none"
                 raise RelayError(f"no checkpoint {name!r} in {where} (have: {have})")
-            chosen.append(ckpts[name])
+            chosen.append(found)
     elif o.step is not None:
-        chosen = [c for c in ckpts.values() if c.step == o.step]
+        chosen = [c for c in src_scan.everything if c.step == o.step]
         if not chosen:
             steps = sorted({c.step for c in ckpts.values() if c.step is not None})
             raise RelayError(
@@ -52,7 +53,7 @@ def select(src_scan: Scan, where: str, options: RelayOptions) -> Selection:
                 f"{', '.join(map(str, steps[-8:])) or 'none'})"
             )
     elif o.all:
-        chosen = sorted(ckpts.values(), key=by_step)
+        chosen = src_scan.everything
     else:
         done = [c for c in ckpts.values() if c.complete]
         if not done:

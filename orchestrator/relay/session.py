@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from orchestrator.inventory import HostSpec, Inventory, TrainerRole
 from orchestrator.relay.checkpoints import Scan, judge_complete, parse_scan, scan
 from orchestrator.relay.holder import LockHolder
-from orchestrator.relay.openssh_host import control_host
+from orchestrator.relay.openssh_host import connection_error, control_host
 from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions
 from orchestrator.relay.plan import Dest, Draft, HashKey
 from orchestrator.relay.report import RelayError
@@ -240,6 +240,8 @@ class Session:
             bundle.seen(host)  # it answered: the streams there need no bundle check
             return holder, answer
         code, _, err = holder.finish()
+        if code == 255:  # ssh could not reach the host (a refused host key among others)
+            raise connection_error(host, err)
         if guarded and bundle.was_missing(host, code, err):
             bundle.ensure(host)  # pushed now: the retry is not guarded
             return self._start_lock(host, argv, root)
@@ -258,8 +260,9 @@ class Session:
         except (OSError, KeyError):  # no login name in this environment
             user = "?"
         by = f"{user}@{socket.gethostname()} pid {os.getpid()}"
+        argv = ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}"]
         holder, data = self._start_lock(
-            host, ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}", "--", root], root
+            host, [*argv, f"--patience={self.opts.patience:g}", "--", root], root
         )
         if not isinstance(data, dict):
             raise RelayError(f"{host.name}: no answer from relay-lock for {root}")
@@ -277,6 +280,7 @@ class Session:
                 "then run this again"
             )
         found = parse_scan(root, data.get("scan"), host.name)
+        holder.keep_alive(self.opts.patience / 4)  # its patience with us never runs out
         with self._guard:
             self.receivers[host.name] = holder
         return found

@@ -25,24 +25,31 @@ import functools
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from orchestrator.errors import DflashError
 from orchestrator.inventory import Inventory
+from orchestrator.relay.openssh_host import host_key_error
 from orchestrator.transport import hosts as hosts_mod
 from orchestrator.transport.hosts import PREFERRED_CIPHERS, Host, last_line
 from remote.errors import ERROR_PREFIX
 from remote.protocol import FRAME_HEADER
 from remote.relay.fdfiles import write_all
 from remote.relay.host import read_exact  # the frame format both ends speak
+from remote.relay.wire import PATIENCE
 
 CHUNK = 4 * 1024 * 1024
 MAX_HELLO = 256 * 1024 * 1024  # the largest ready frame (a source's scan) accepted
+# Seconds a pump waits with no byte moving before it ends the stream it waits on: half
+# the hosts' patience with us (`PATIENCE`), so this side notices first and says who.
+STALL = PATIENCE / 2
 
 
 _ciphers_lock = threading.Lock()
@@ -321,6 +328,7 @@ class Stream:
             start_new_session=True,
         )  # Ctrl-C reaches us; we end them ourselves
         self.failed: str | None = None
+        self.stalled: str | None = None  # why a pump ended it: no bytes moved (`pump`)
         self.line = line
         self.argv: list[str] | None = None  # the bundle command it runs, when known
         self._ready: bool | None = None
@@ -379,14 +387,23 @@ class Stream:
         self._err.close()
         return code, out, err
 
-    def end_frames(self) -> None:
-        """A batch's frames are all written: a receiver of its own gets EOF (a lock
-        holder, `orchestrator.relay.holder`, keeps its channel: EOF would drop the lock)."""
+    def end_frames(self, whole: bool = True) -> None:
+        """A batch's frames are written (`whole`: every one in full; else the source's
+        stream ended early): a receiver of its own gets EOF either way (a lock holder,
+        `orchestrator.relay.holder`, keeps its channel for whole batches: EOF would drop
+        the lock)."""
         self.close_stdin()
 
     def end_batch(self) -> tuple[int, bytes, str]:
         """A batch's outcome, as `finish` gives it: a receiver of its own ends with it."""
         return self.finish()
+
+    def describe(self, code: int, err: str) -> str:
+        """One line naming the host for this command's failure (`describe_failure`), or
+        the stall that ended it."""
+        if self.stalled:
+            return f"{self.host.name}: {self.stalled}"
+        return describe_failure(self.host, code, err)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -458,12 +475,17 @@ def describe_failure(host: Host, code: int, err: str) -> str:
     """One line naming `host` and what failed there: its command's own error line (e.g.
     ``ct129: no space left on device while writing step_8/model.safetensors``), a lost
     connection, or the exit status and last line of its stderr."""
+    # the per-file JSON lines of relay-send's stderr are no message
+    said = last_line("\n".join(ln for ln in err.splitlines() if not ln.lstrip().startswith("{")))
     if code == 255:
-        return f"connection to {host.name} lost ({last_line(err) or 'ssh exit 255'})"
+        refused = host_key_error(host, err)
+        if refused is not None:
+            return str(refused)
+        return f"connection to {host.name} lost ({said or 'ssh exit 255'})"
     for line in reversed(err.splitlines()):
         if line.startswith(ERROR_PREFIX):
             return f"{host.name}: {line[len(ERROR_PREFIX) :]}"
-    return f"{host.name}: exit {code}: {last_line(err) or 'no message'}"
+    return f"{host.name}: exit {code}: {said or 'no message'}"
 
 
 def send_request(dest: Stream, request: list[dict]) -> None:
@@ -472,14 +494,24 @@ def send_request(dest: Stream, request: list[dict]) -> None:
     _write(dest, FRAME_HEADER.pack(len(data)) + data)
 
 
+class Pumped(NamedTuple):
+    """What `pump` moved: bytes read per file, and per destination whether it got every
+    frame meant for it in full (False: the source's stream ended early, or its own pipe
+    broke or stalled, so the receiver waits inside or before a frame that never comes)."""
+
+    read: list[int]
+    whole: list[bool]
+
+
 def pump(
     src: Stream,
     dests: Sequence[Stream],
     routes: Sequence[Sequence[int | None]],
     on_bytes: Callable[[int], None] | None = None,
     cancelled: threading.Event | None = None,
-) -> list[int]:
-    """Move the source's frames (one per file) to the destinations; bytes read per file.
+    stall: float = STALL,
+) -> Pumped:
+    """Move the source's frames (one per file) to the destinations (see `Pumped`).
 
     ``routes[i][d]`` says what destination d gets of file i: None, nothing (it needs no
     copy); otherwise the number of bytes at the start of the frame it skips (it already
@@ -490,40 +522,119 @@ def pump(
     on. `on_bytes` gets the bytes delivered per step (counted once, however many
     destinations). Stops early when the source's stream ends early. The source's ready
     frame (`Stream.wait_ready`) is read first, if not already.
+
+    Bytes moving are the hosts' sign of life: when none moved for `stall` seconds, a
+    watchdog ends the stream the pump waits on (the source, or each destination that
+    takes nothing), marking it `Stream.stalled`, and the pump goes on as if it broke.
     """
     read: list[int] = []
+    lengths: list[int] = []
     src_fd = src.stdout_fd
     splice_ok = hasattr(os, "splice")
-    src.wait_ready()  # relay-send's first frame is empty, "ready"; without it, it failed
+    watch = _Watch(src, dests, stall)
+    try:
+        src.wait_ready()  # relay-send's first frame is empty, "ready"; without it, it failed
+        for route in routes:
+            if all(d.failed is not None for d in dests):
+                break  # nobody left to read for
+            head = read_exact(src_fd, FRAME_HEADER.size)
+            if len(head) < FRAME_HEADER.size:
+                break  # the source stopped; its exit status says why
+            length = FRAME_HEADER.unpack(head)[0]
+            lengths.append(length)
+            takers = [
+                d for d, skip in enumerate(route) if skip is not None and dests[d].failed is None
+            ]
+            for d in takers:
+                _write(dests[d], FRAME_HEADER.pack(max(0, length - route[d])))
+            takers = [d for d in takers if dests[d].failed is None]
+            if splice_ok and len(takers) == 1 and route[takers[0]] == 0:
+                got, splice_ok = _splice(
+                    src_fd, dests[takers[0]], length, on_bytes, cancelled, watch
+                )
+                if (
+                    got < length
+                    and dests[takers[0]].failed is not None
+                    and any(d.failed is None for d in dests)
+                ):
+                    # its receiver broke mid-frame: read past the rest for the others' files
+                    got += _fan_out(src_fd, [], length - got, None, cancelled, watch)
+            else:
+                got = _fan_out(
+                    src_fd,
+                    [(dests[d], route[d]) for d in takers],
+                    length,
+                    on_bytes,
+                    cancelled,
+                    watch,
+                )
+            read.append(got)
+            if got < length:
+                break
+    finally:
+        watch.stop()
+    # The first frame not read in full; a destination owed any frame from there on waits.
+    short = [i for i, (n, got) in enumerate(zip(lengths, read, strict=True)) if got < n]
+    cut = short[0] if short else len(read)
+    whole = [
+        d.failed is None and all(route[j] is None for route in routes[cut:])
+        for j, d in enumerate(dests)
+    ]
+    return Pumped(read, whole)
 
-    for route in routes:
-        if all(d.failed is not None for d in dests):
-            break  # nobody left to read for
-        head = read_exact(src_fd, FRAME_HEADER.size)
-        if len(head) < FRAME_HEADER.size:
-            break  # the source stopped; its exit status says why
-        length = FRAME_HEADER.unpack(head)[0]
-        takers = [d for d, skip in enumerate(route) if skip is not None and dests[d].failed is None]
-        for d in takers:
-            _write(dests[d], FRAME_HEADER.pack(max(0, length - route[d])))
-        takers = [d for d in takers if dests[d].failed is None]
-        if splice_ok and len(takers) == 1 and route[takers[0]] == 0:
-            got, splice_ok = _splice(src_fd, dests[takers[0]], length, on_bytes, cancelled)
-            if (
-                got < length
-                and dests[takers[0]].failed is not None
-                and any(d.failed is None for d in dests)
-            ):
-                # its receiver broke mid-frame: read past the rest for the others' files
-                got += _fan_out(src_fd, [], length - got, None, cancelled)
+
+class _Watch:
+    """A pump's watchdog (`pump`): `moved` marks bytes moving; a thread checks, and after
+    `stall` seconds without, ends what the pump waits on. It tells which by asking the
+    pipes: a source with nothing to read is silent; else the destinations whose pipe is
+    full take nothing."""
+
+    def __init__(self, src: Stream, dests: Sequence[Stream], stall: float):
+        self.src, self.dests, self.stall = src, dests, stall
+        self.stamp = time.monotonic()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="relay-watch")
+        self.thread.start()
+
+    def moved(self) -> None:
+        self.stamp = time.monotonic()
+
+    def stop(self) -> None:
+        """End the watch before the pump returns (its pipes close after)."""
+        self.done.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.done.wait(min(1.0, self.stall / 4)):
+            if time.monotonic() - self.stamp > self.stall:
+                self._end_stalled()
+                self.stamp = time.monotonic()
+
+    def _end_stalled(self) -> None:
+        quiet = f"no bytes for {self.stall:g} s (stalled)"
+        if not _ready(self.src.stdout_fd, select.POLLIN):
+            victims = [(self.src, f"sent {quiet}")]
         else:
-            got = _fan_out(
-                src_fd, [(dests[d], route[d]) for d in takers], length, on_bytes, cancelled
-            )
-        read.append(got)
-        if got < length:
-            break
-    return read
+            victims = [
+                (d, f"took {quiet}")
+                for d in self.dests
+                if d.failed is None and not _ready(d.stdin_fd, select.POLLOUT)
+            ]
+        for s, why in victims:
+            s.stalled = s.stalled or why
+            s.failed = s.failed or why
+            s.kill()  # the pump's read sees the end, its write a broken pipe
+
+
+def _ready(fd: int, event: int) -> bool:
+    """Whether pipe `fd` is ready for `event` now (a closed or broken one counts ready:
+    the pump is not waiting on it)."""
+    try:
+        poller = select.poll()
+        poller.register(fd, event)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True
 
 
 def _write(dest: Stream, data: bytes | memoryview) -> None:
@@ -538,7 +649,9 @@ def _check(cancelled: threading.Event | None) -> None:
         raise KeyboardInterrupt
 
 
-def _splice(src_fd: int, dest: Stream, length: int, on_bytes, cancelled) -> tuple[int, bool]:
+def _splice(
+    src_fd: int, dest: Stream, length: int, on_bytes, cancelled, watch: _Watch
+) -> tuple[int, bool]:
     """Splice one frame; (bytes moved, whether splice still works here)."""
     done = 0
     while done < length:
@@ -550,18 +663,21 @@ def _splice(src_fd: int, dest: Stream, length: int, on_bytes, cancelled) -> tupl
             break
         except OSError as exc:
             if exc.errno == 22 and done == 0:  # EINVAL: this kernel cannot splice these
-                return _fan_out(src_fd, [(dest, 0)], length, on_bytes, cancelled), False
+                return _fan_out(src_fd, [(dest, 0)], length, on_bytes, cancelled, watch), False
             dest.failed = f"write failed ({exc.strerror})"
             break
         if n == 0:
             break  # the source ended early
         done += n
+        watch.moved()
         if on_bytes:
             on_bytes(n)
     return done, True
 
 
-def _fan_out(src_fd: int, dests: list[tuple[Stream, int]], length: int, on_bytes, cancelled) -> int:
+def _fan_out(
+    src_fd: int, dests: list[tuple[Stream, int]], length: int, on_bytes, cancelled, watch: _Watch
+) -> int:
     """Copy one frame of `length` bytes to each (receiver, bytes it skips); bytes read."""
     pos = 0
     while pos < length:
@@ -569,6 +685,7 @@ def _fan_out(src_fd: int, dests: list[tuple[Stream, int]], length: int, on_bytes
         block = os.read(src_fd, min(CHUNK, length - pos))
         if not block:
             break
+        watch.moved()
         delivered = 0
         for dest, skip in dests:
             start = max(0, skip - pos)
@@ -577,6 +694,7 @@ def _fan_out(src_fd: int, dests: list[tuple[Stream, int]], length: int, on_bytes
             _write(dest, memoryview(block)[start:])
             if dest.failed is None:
                 delivered = max(delivered, len(block) - start)
+                watch.moved()
         pos += len(block)
         if on_bytes and delivered:
             on_bytes(delivered)

@@ -23,14 +23,14 @@ from dataclasses import replace
 
 from orchestrator.inventory import Inventory
 from orchestrator.relay.holder import LockHolder
-from orchestrator.relay.options import RELAY_PYTHON_FLAGS, default_jobs
+from orchestrator.relay.options import RELAY_PYTHON_FLAGS, default_jobs, host_patience
 from orchestrator.relay.plan import CheckpointPlan, Dest, FileTask, Target
 from orchestrator.relay.publish import put_repaired
 from orchestrator.relay.report import DestStatus, Progress
 from orchestrator.relay.stream import (
+    STALL,
     Multiplexer,
     Stream,
-    describe_failure,
     file_lines,
     pump,
     send_request,
@@ -92,8 +92,10 @@ class Transfer:
         progress: Progress | None = None,
         spares: dict[str, Stream] | None = None,
         receivers: dict[str, LockHolder] | None = None,
+        stall: float = STALL,
     ):
         self.inv = inventory
+        self.stall = stall  # seconds without a byte moving before a stream is ended
         self.src = src
         self.hosts = hosts
         self.mux = mux
@@ -208,9 +210,8 @@ class Transfer:
                 with self._lock:
                     self._streams.add(holder)
                 return holder
-        return self._start(
-            self.hosts[d.name], ["relay-recv", "--", d.root], stdin=True, stdout=True
-        )
+        argv = ["relay-recv", f"--patience={host_patience(self.stall):g}", "--", d.root]
+        return self._start(self.hosts[d.name], argv, stdin=True, stdout=True)
 
     def _unlocked(
         self, items: list[tuple[FileTask, list[Target]]]
@@ -267,6 +268,7 @@ class Transfer:
             routes.append(route)
         src = self._start(self.src, ["relay-send"], stdin=True, stdout=True)
         outs = [self._receiver(d) for d in dests]
+        pumped = None
         try:
             try:
                 write_all(
@@ -283,14 +285,16 @@ class Transfer:
             src.close_stdin()
             for s, req in zip(outs, requests, strict=False):
                 send_request(s, req)
-            read = pump(src, outs, routes, self.progress.advance, self.cancelled)
+            pumped = pump(src, outs, routes, self.progress.advance, self.cancelled, self.stall)
         except BaseException:
             for s in (src, *outs):
                 s.kill()
             raise
         finally:
-            for s in outs:
-                s.end_frames()
+            for j, s in enumerate(outs):
+                # a receiver left inside (or before) a frame that never comes must be told
+                s.end_frames(pumped is not None and pumped.whole[j])
+        read = pumped.read
         src_killed = all(s.failed for s in outs)
         if src_killed:
             src.kill()  # nobody left to read for: do not drain the rest of the files
@@ -301,7 +305,6 @@ class Transfer:
         for j, (d, s) in enumerate(zip(dests, outs, strict=False)):
             code, out, err = s.end_batch()
             got = file_lines(out.decode(errors="replace"))
-            host = self.hosts[d.name]
             for i, (task, _) in enumerate(items):
                 if (i, j) not in where:
                     continue
@@ -318,13 +321,13 @@ class Transfer:
                     )
                 if b is None and not src_failed:
                     outcome = (
-                        describe_failure(host, code, err)
+                        s.describe(code, err)
                         if code != 0
                         else f"{d.name}: {s.failed or 'no result'}"
                     )
                 elif a is None:
                     outcome = (
-                        describe_failure(self.src, scode, serr)
+                        src.describe(scode, serr)
                         if scode != 0
                         else f"{self.src.name}: no result for {task.file.path}"
                     )

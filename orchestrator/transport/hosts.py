@@ -18,6 +18,8 @@ SSH specifics:
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import os
 import shlex
@@ -32,7 +34,7 @@ from pathlib import Path
 from orchestrator.errors import DflashError
 from orchestrator.inventory import HostSpec
 from orchestrator.transport import ssh_settings
-from orchestrator.transport.ssh_settings import SSHSettings
+from orchestrator.transport.ssh_settings import ALIVE_COUNT, ALIVE_INTERVAL, SSHSettings
 
 # Paramiko logs transport failures to stderr on its own; we report them as one line instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -55,6 +57,32 @@ PREFERRED_CIPHERS = (
 
 class HostError(DflashError):
     """A host could not be reached or refused us; the message is one actionable line."""
+
+
+def host_key_changed(where: str, got: str, listed: str = "") -> HostError:
+    """The one line for a host whose key differs from the one on record, on every path
+    (paramiko's connection, the relay's OpenSSH ones): always refused, whatever the
+    opt-in for unknown keys; `got` is the key's fingerprint as ``ssh-keygen -l`` shows it,
+    `listed` where the old key is recorded (``FILE:LINE``), when known."""
+    old = f" ({listed})" if listed else ""
+    return HostError(
+        f"{where}: host key CHANGED (got {got}); refusing to connect. If the host was "
+        f"reinstalled, remove its old line from known_hosts{old} and connect again"
+    )
+
+
+def host_key_unknown(where: str) -> HostError:
+    """The one line for a host whose key is on no record (refused unless opted in)."""
+    return HostError(
+        f"{where}: unknown host key, refusing to connect; verify the host and rerun with "
+        "--accept-new-host-keys (or set 'accept_new_host_key: true' for it in the inventory)"
+    )
+
+
+def fingerprint(key) -> str:
+    """A paramiko key's fingerprint as OpenSSH shows it (``SHA256:<base64>``)."""
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"SHA256:{digest}"
 
 
 def quote(arg: str | os.PathLike) -> str:
@@ -393,7 +421,8 @@ class SSHHost(Host):
         transport = conn.client.get_transport()
         transport.packetizer.REKEY_BYTES = REKEY_BYTES
         transport.packetizer.REKEY_PACKETS = REKEY_BYTES
-        transport.set_keepalive(30)
+        transport.set_keepalive(ALIVE_INTERVAL)
+        _end_when_unacknowledged(transport.sock, ALIVE_INTERVAL * ALIVE_COUNT)
         return conn
 
     def _explain(self, exc: Exception, conn) -> HostError:
@@ -406,22 +435,14 @@ class SSHHost(Host):
                 "'hostname' in the inventory or your ~/.ssh/config"
             )
         if isinstance(exc, paramiko.BadHostKeyException):
-            return HostError(
-                f"{where}: host key CHANGED (got {exc.key.get_fingerprint().hex()}"
-                "); refusing to connect. If the host was reinstalled, remove its "
-                "old line from known_hosts and connect again"
-            )
+            return host_key_changed(where, fingerprint(exc.key))
         if isinstance(exc, paramiko.AuthenticationException):
             return HostError(
                 f"{where}: authentication failed; check 'user' and "
                 "'identity_file' in the inventory, or your ssh-agent"
             )
         if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
-            return HostError(
-                f"{where}: unknown host key, refusing to connect; verify the host "
-                "and rerun with --accept-new-host-keys (or set "
-                "'accept_new_host_key: true' for it in the inventory)"
-            )
+            return host_key_unknown(where)
         if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or isinstance(
             exc, ConnectionRefusedError
         ):
@@ -490,6 +511,22 @@ class SSHHost(Host):
                 self._conn = None
         if self._jump:
             self._jump.close()
+
+
+def _end_when_unacknowledged(sock, seconds: float) -> None:
+    """A dead peer ends the connection, and every wait on it, within `seconds`: what the
+    socket sent (a keepalive at least, every ALIVE_INTERVAL s) unacknowledged that long
+    makes the kernel drop it (Linux TCP_USER_TIMEOUT), and paramiko's reads then end,
+    where otherwise TCP retransmits for a quarter of an hour or more. A connection that
+    is no plain socket (a jump host's channel: that hop's own socket has the timeout; a
+    ProxyCommand's pipe) or a system without the option keeps TCP's own limits."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is None or not isinstance(sock, socket.socket):
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, option, int(seconds * 1000))
+    except OSError:
+        pass
 
 
 def _accept_new_policy(save_to: Path):

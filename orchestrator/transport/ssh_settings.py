@@ -35,6 +35,7 @@ import base64
 import getpass
 import os
 import pwd
+import re
 import shlex
 import shutil
 import socket
@@ -48,6 +49,11 @@ if TYPE_CHECKING:
     from orchestrator.inventory import HostSpec, Inventory
 
 MAX_HOPS = 8  # jump hosts reaching jump hosts: deeper than this is a loop in the config
+# A dead peer ends every wait on its connection: a keepalive every ALIVE_INTERVAL s, and
+# ALIVE_COUNT of them unanswered (OpenSSH: ServerAliveInterval/CountMax) or unacknowledged
+# (paramiko: TCP_USER_TIMEOUT) end the connection, so about a minute.
+ALIVE_INTERVAL = 15
+ALIVE_COUNT = 4
 
 
 class SSHConfigError(DflashError):
@@ -111,9 +117,9 @@ class SSHSettings:
             "-o",
             f"ConnectTimeout={max(1, int(round(self.connect_timeout)))}",
             "-o",
-            "ServerAliveInterval=15",
+            f"ServerAliveInterval={ALIVE_INTERVAL}",
             "-o",
-            "ServerAliveCountMax=4",
+            f"ServerAliveCountMax={ALIVE_COUNT}",
             "-o",
             "LogLevel=ERROR",
             "-o",
@@ -278,9 +284,12 @@ def _settings(
         if os.path.isfile(path) and path not in identities:
             identities.append(path)
     user_known = [_expand(spec.known_hosts)] if spec.known_hosts else []
-    for entry in _words(conf, "userknownhostsfile"):
-        if _expand(entry) not in user_known:
-            user_known.append(_expand(entry))
+    _carried(name, "the inventory's known_hosts", user_known)
+    ssh_known = [_expand(e) for e in _words(conf, "userknownhostsfile")]
+    _carried(name, "ssh_config's UserKnownHostsFile", ssh_known)
+    user_known += [p for p in dict.fromkeys(ssh_known) if p not in user_known]
+    global_known = [_expand(e) for e in _words(conf, "globalknownhostsfile")]
+    _carried(name, "ssh_config's GlobalKnownHostsFile", global_known)
     agent = _first(conf, "identityagent")
     if agent is None or agent == "SSH_AUTH_SOCK":
         agent = os.environ.get("SSH_AUTH_SOCK") or None
@@ -290,6 +299,9 @@ def _settings(
         agent = os.environ.get(agent[1:].strip("{}")) or None
     else:
         agent = _expand(agent)
+    _carried(name, "the IdentityAgent", [agent] if agent else [])
+    hostname = _first(conf, "hostname") or alias
+    _carried(name, "the hostname", [hostname])
     try:
         port = int(_first(conf, "port") or 22)
     except ValueError:
@@ -299,7 +311,7 @@ def _settings(
     return SSHSettings(
         name=name,
         alias=alias,
-        hostname=_first(conf, "hostname") or alias,
+        hostname=hostname,
         port=port,
         user=_first(conf, "user") or getpass.getuser(),
         identity_files=tuple(identities),
@@ -308,7 +320,7 @@ def _settings(
         proxy_command=proxy_command,
         jump=jump,
         user_known_hosts=tuple(user_known),
-        global_known_hosts=tuple(_expand(e) for e in _words(conf, "globalknownhostsfile")),
+        global_known_hosts=tuple(global_known),
         accept_new=spec.accept_new_host_key,
         connect_timeout=spec.connect_timeout,
         config_file=config_file(),
@@ -434,6 +446,28 @@ def _expand(path: str) -> str:
 def _config_value(value: str) -> str:
     # ssh_config values with spaces must be double-quoted; '%' would be a token there.
     return '"' + value.replace("%", "%%") + '"'
+
+
+# What a double-quoted ssh_config value cannot hold as it is: a '"', or a backslash that
+# OpenSSH 8.7+ reads as an escape (before a quote or backslash, or at the end) and older
+# versions do not, so no quoting means the same path to both.
+_UNCARRIED = re.compile(r'"|\\(?=["\'\\]|$)')
+
+
+def _carried(name: str, setting: str, values: list[str]) -> None:
+    """Refuse a value that `_config_value` cannot hand to ``ssh`` intact (`_UNCARRIED`),
+    with one line naming the host and the setting: else ssh says only ``command-line
+    line 0: invalid quotes``, or reads another file than the one named."""
+    for value in values:
+        found = _UNCARRIED.search(value)
+        if found:
+            what = (
+                "a '\"'" if found.group() == '"' else "a backslash that OpenSSH reads as an escape"
+            )
+            raise SSHConfigError(
+                f"{name}: {setting} {value!r} holds {what}, which OpenSSH's options "
+                f"cannot carry; rename or move it, or point {setting} elsewhere"
+            )
 
 
 def _config_list(paths: tuple[str, ...]) -> str:

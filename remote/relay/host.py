@@ -30,7 +30,7 @@ from remote.errors import UserError
 from remote.relay import sha256state, states
 from remote.relay.fdfiles import write_all, write_new
 from remote.relay.sha256state import GRID
-from remote.relay.wire import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, REPAIR_PREFIX
+from remote.relay.wire import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, PATIENCE, REPAIR_PREFIX
 
 CHUNK = 4 * 1024 * 1024  # large reads/writes: small ones make the Python paths crawl
 
@@ -47,12 +47,18 @@ def _widen_pipe(fd: int) -> None:
         pass  # not a pipe, or not allowed: smaller reads still work
 
 
-def _fill(fd: int, view: memoryview) -> int:
+def _direct(fn, *args):
+    """Make a call that may block on the controller as it is (no `Patience`)."""
+    return fn(*args)
+
+
+def _fill(fd: int, view: memoryview, call=_direct) -> int:
     """Read from `fd` until `view` is full or the stream ends; bytes read. One large block
-    per Python-level operation (hash update, write), however small the kernel's pieces."""
+    per Python-level operation (hash update, write), however small the kernel's pieces.
+    `call` makes each read (`remote.relay.patience`: with a deadline)."""
     filled = 0
     while filled < len(view):
-        n = os.readv(fd, [view[filled:]])
+        n = call(os.readv, fd, [view[filled:]])
         if not n:
             break
         filled += n
@@ -366,6 +372,12 @@ def name_problem(name) -> str | None:
     return path_problem(name) or ("holds a '/'" if "/" in name else None)
 
 
+def shown(name: str) -> str:
+    """A name with line breaks, as a scan shows it: ``\\n`` and ``\\r`` for them (no path
+    may hold one, `path_problem`, so such an entry is shown, and refused, by this name)."""
+    return name.replace("\n", "\\n").replace("\r", "\\r")
+
+
 # ---- scan -------------------------------------------------------------------------------
 
 
@@ -375,9 +387,11 @@ def _files_under(top: str) -> tuple[list[dict], list[dict]]:
     A symlink that resolves to a regular file is listed with that file's size and mtime
     and ``"link": true``: its content is what gets relayed (the Hugging Face cache
     layout links weight files to blobs outside the snapshot folder). A link that points
-    to nothing, to a folder or to something else is listed in the second list with why,
-    so the controller can refuse the checkpoint instead of publishing it without it; so is
-    a file whose name holds a line break (no path may: see `path_problem`). Reading through
+    to nothing, to a folder or to something else is listed in the second list with why
+    (``{"path", "why", "link"}``, link: whether the entry is itself a symlink), so the
+    controller can refuse the checkpoint instead of publishing it without it; so is an
+    entry whose name holds a line break (no path may: see `path_problem`), by its
+    `shown` name. Reading through
     a link is safe for the relay: the bytes land under the LINK's own name, inside the
     destination's folder, and a link can only expose what the trainer's user could have
     copied into the checkpoint folder anyway.
@@ -388,19 +402,16 @@ def _files_under(top: str) -> tuple[list[dict], list[dict]]:
         for name in list(dirnames):
             full = os.path.join(dirpath, name)
             if os.path.islink(full):  # os.walk does not enter it
-                odd.append({"path": os.path.relpath(full, top), "why": "points to a folder"})
+                rel = shown(os.path.relpath(full, top))
+                odd.append({"path": rel, "why": "points to a folder", "link": True})
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, top)
             if rel == MANIFEST or name.startswith(".dflash-"):
                 continue
             if "\n" in rel or "\r" in rel:  # could not be named on a line: refused by name
-                odd.append(
-                    {
-                        "path": rel.replace("\n", "\\n").replace("\r", "\\r"),
-                        "why": "has a line break in its name",
-                    }
-                )
+                why = "has a line break in its name"
+                odd.append({"path": shown(rel), "why": why, "link": os.path.islink(full)})
                 continue
             try:
                 st = os.lstat(full)
@@ -411,11 +422,12 @@ def _files_under(top: str) -> tuple[list[dict], list[dict]]:
                 try:
                     st = os.stat(full)
                 except OSError:
-                    odd.append({"path": rel, "why": "points to nothing"})
+                    odd.append({"path": rel, "why": "points to nothing", "link": True})
                     continue
             if not stat.S_ISREG(st.st_mode):
                 if link:
-                    odd.append({"path": rel, "why": "does not point to a regular file"})
+                    why = "does not point to a regular file"
+                    odd.append({"path": rel, "why": why, "link": True})
                 continue
             entry = {"path": rel, "size": st.st_size, "mtime": st.st_mtime}
             if link:
@@ -432,8 +444,19 @@ def _free_bytes(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def _kind(path: str) -> str | None:
+    """ "dir" or "file" for what `path` is (through a link), None for anything else."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else None
+
+
 def scan(args) -> int:
-    """List checkpoints (files per checkpoint, sizes, mtimes), manifests, partials, free space."""
+    """List checkpoints (files per checkpoint, sizes, mtimes), manifests, partials, free
+    space, and the entries no line can name (``unnamed``: their `shown` name and kind,
+    for the controller to show as refused)."""
     print(json.dumps(scan_root(args.root)))
     return 0
 
@@ -457,8 +480,11 @@ def scan_root(root: str) -> dict:
             st = os.lstat(full)
         except OSError:
             continue
-        if "\n" in name or "\r" in name:
-            continue  # a name no line can carry is no checkpoint
+        if "\n" in name or "\r" in name:  # no line can carry it: shown, and refused
+            kind = _kind(full)
+            if kind is not None and not name.startswith("."):
+                result.setdefault("unnamed", []).append({"name": shown(name), "kind": kind})
+            continue
         if name.startswith(PARTIAL_PREFIX) and stat.S_ISDIR(st.st_mode) and name != PARTIAL_PREFIX:
             files, odd = _files_under(full)
             states.mark_resumable(full, files)  # "resume": where a saved hash state is
@@ -533,7 +559,7 @@ def hold_lock(args) -> int:
         with open(fd, "w") as fh:
             json.dump({"by": args.by, "pid": os.getpid(), "since": time.time()}, fh)
         print(json.dumps({"locked": True, "scan": scan_root(root)}), flush=True)
-        serve(root, sys.stdin.buffer, sys.stdout)
+        serve(root, sys.stdin.buffer, sys.stdout, _patience(args))
     finally:
         try:
             os.unlink(info)
@@ -572,7 +598,18 @@ def _flock_within(fd: int, seconds: float) -> bool:
         signal.signal(signal.SIGALRM, before)
 
 
-def serve(root: str, requests, answers) -> None:
+def _patience(args):
+    """The deadline on silence a host-side command was given (``--patience SECONDS``;
+    `remote.relay.patience`), or None without one."""
+    limit = getattr(args, "patience", None)
+    if not limit or limit <= 0:
+        return None
+    from remote.relay.patience import Patience
+
+    return Patience(limit)
+
+
+def serve(root: str, requests, answers, patience=None) -> None:
     """Answer the controller's requests about `root`, one JSON line each, until EOF.
 
     The lock holder serves them on its open channel, so each costs a line each way instead
@@ -582,6 +619,11 @@ def serve(root: str, requests, answers) -> None:
     "requests": [...]}`` (see `hash_requests`), ``{"op": "scan"}`` or ``{"op": "recv"}``;
     the folder is always `root`, never one the request names. The answer is the
     command's JSON document, or ``{"error": "one line"}``.
+
+    ``{"op": "ping"}`` is answered ``{"pong": true}``: with `patience` (a deadline on the
+    controller's silence, `remote.relay.patience`), the controller pings an idle holder,
+    and a holder that hears nothing for that long (the controller vanished without
+    closing its connection) ends, and its lock with it.
 
     ``recv`` receives one batch of files on this channel, exactly as ``relay-recv ROOT``
     does (`recv`: its ``{"ready": true}`` line, then the request frame and one frame per
@@ -593,13 +635,14 @@ def serve(root: str, requests, answers) -> None:
     lock: its stream may have stopped inside a frame, where no later line could be told
     from payload.
     """
-    for line in iter(requests.readline, b""):
+    call = patience.call if patience is not None else _direct
+    while line := call(requests.readline):
         try:
             req = json.loads(line)
             op = req.get("op") if isinstance(req, dict) else None
             if op == "recv":
                 try:
-                    recv(_RecvArgs(root))
+                    recv(_RecvArgs(root, patience))
                 except UserError as exc:
                     _emit(answers, {"done": True, "error": str(exc)})
                     return
@@ -614,7 +657,9 @@ def serve(root: str, requests, answers) -> None:
                     return
                 _emit(answers, {"done": True})
                 continue
-            if op == "publish":
+            if op == "ping":
+                answer = {"pong": True}
+            elif op == "publish":
                 answer = publish_checkpoint(root, req.get("name"), req.get("kind"), req["manifest"])
             elif op == "hash":
                 answer = {"hashes": hash_requests(req["requests"])}
@@ -633,10 +678,12 @@ def serve(root: str, requests, answers) -> None:
 
 
 class _RecvArgs:
-    """What `recv` reads of its arguments, for a batch received by `serve`."""
+    """What `recv` reads of its arguments, for a batch received by `serve` (with the
+    holder's own `Patience`, if any)."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, waiter=None):
         self.root = root
+        self.waiter = waiter
 
 
 def _read_json(path: str):
@@ -653,11 +700,12 @@ def _read_json(path: str):
 # controller's pump (orchestrator.relay.stream) use these definitions.
 
 
-def read_exact(fd: int, n: int) -> bytes:
-    """Exactly `n` bytes from `fd`, fewer only at end of stream."""
+def read_exact(fd: int, n: int, call=_direct) -> bytes:
+    """Exactly `n` bytes from `fd`, fewer only at end of stream; `call` makes each read
+    (`_fill`)."""
     out = b""
     while len(out) < n:
-        block = os.read(fd, n - len(out))
+        block = call(os.read, fd, n - len(out))
         if not block:
             break
         out += block
@@ -890,18 +938,20 @@ def recv(args) -> int:
     quietly.
     """
     _widen_pipe(0)
+    waiter = getattr(args, "waiter", None) or _patience(args)
+    call = waiter.call if waiter is not None else _direct
     _emit(sys.stdout, {"ready": True})
-    head = read_exact(0, FRAME_HEADER.size)
+    head = read_exact(0, FRAME_HEADER.size, call)
     if not head:
         return 0  # started ahead and not needed
     if len(head) < FRAME_HEADER.size:
         raise UserError("no request on stdin")
-    requests = json.loads(read_exact(0, FRAME_HEADER.unpack(head)[0]))
+    requests = json.loads(read_exact(0, FRAME_HEADER.unpack(head)[0], call))
     for req in requests:
         _check_target(req.get("path"))
     root_fd = _open_root(args.root)
     syncer = _Syncer()
-    spool = _Spool()
+    spool = _Spool(call)
     try:
         for i, req in enumerate(requests):
             _recv_file(i, req, len(requests), root_fd, syncer, spool)
@@ -921,7 +971,7 @@ def _recv_file(i: int, req: dict, total: int, root_fd: int, syncer: _Syncer, spo
     them (and feeds a resumed file's hasher); the fsync and the file's line follow in the
     syncer's thread."""
     rel = req["path"]
-    head = read_exact(0, FRAME_HEADER.size)
+    head = read_exact(0, FRAME_HEADER.size, spool.call)
     if len(head) < FRAME_HEADER.size:
         raise UserError(f"the stream ended after {i} of {total} files")
     left = FRAME_HEADER.unpack(head)[0]
@@ -1002,10 +1052,11 @@ class _Spool:
     is raised by the next `read` or `drain`; the blocks after it are skipped.
     """
 
-    def __init__(self):
+    def __init__(self, call=_direct):
         import queue
         import threading
 
+        self.call = call  # how a read from stdin is made (`_fill`)
         self.free: queue.Queue = queue.Queue()
         for _ in range(SPOOL):
             self.free.put(memoryview(mmap.mmap(-1, CHUNK)))
@@ -1037,7 +1088,7 @@ class _Spool:
         buf = self.free.get()
         try:
             self._raise()
-            n = _fill(0, buf[: min(limit, CHUNK)])
+            n = _fill(0, buf[: min(limit, CHUNK)], self.call)
         except BaseException:
             self.free.put(buf)
             raise
@@ -1412,6 +1463,9 @@ def _settle(pfd: int, f: dict, name: str, partial: str) -> None:
         )
 
 
+_PATIENCE_HELP = "end after this many seconds blocked on a silent controller (0: never)"
+
+
 def register(sub) -> None:
     # The controller puts every positional argument after "--": a checkpoint or folder
     # name starting with "-" is then a name, not an option.
@@ -1422,12 +1476,14 @@ def register(sub) -> None:
     p.add_argument("root")
     p.add_argument("--by", default="", help="who holds it, for the message another relay shows")
     p.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the lock")
+    p.add_argument("--patience", type=float, default=PATIENCE, help=_PATIENCE_HELP)
     p.set_defaults(func=hold_lock)
     p = sub.add_parser("relay-send", help="stream files (JSON list on stdin) as frames")
     p.add_argument("--scan", default=None, help="put this folder's scan in the ready frame")
     p.set_defaults(func=send)
     p = sub.add_parser("relay-recv", help="write frames on stdin into files under ROOT")
     p.add_argument("root")
+    p.add_argument("--patience", type=float, default=PATIENCE, help=_PATIENCE_HELP)
     p.set_defaults(func=recv)
     p = sub.add_parser("relay-hash", help="sha256 of files or prefixes (JSON on stdin)")
     p.set_defaults(func=hash_files)

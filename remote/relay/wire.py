@@ -14,3 +14,8 @@ MANIFEST = ".dflash-manifest.json"  # beside a published checkpoint's files, per
 PARTIAL_PREFIX = ".partial-"  # <drafters>/.partial-<name>/: a checkpoint still arriving
 REPAIR_PREFIX = ".dflash-repair-"
 FRAME_HEADER = struct.Struct(">Q")  # the length of the payload that follows
+# Seconds a host-side relay command waits on the controller with no sign of life (a
+# request, a ping, a frame's bytes) before it ends, dropping its lock: a controller that
+# vanished without closing its connection leaves no lock held. The controller gives up on
+# a stalled stream after half of this, and pings an idle lock holder well within it.
+PATIENCE = 240.0
