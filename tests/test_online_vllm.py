@@ -53,6 +53,7 @@ def offline(models, drafter: Path, out: Path, layer0_k_norm: bool = False) -> li
                 "ground_truth": str(models.ground_truth),
                 "output_dir": str(out),
                 "dtype": "float32",
+                "threads": 1,  # tiny models: one thread is fastest on a shared box
             }
         )
         run_eval(spec, on_event=lambda _e: None)
