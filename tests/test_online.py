@@ -240,3 +240,17 @@ def test_lossy_output_block_size_and_dtype_are_named():
     assert causes[:3] == ["not_lossless", "num_speculative_tokens", "dtype"]
     assert v["per_sample"][0]["first_wrong_token"] == 3
     assert "block size is 4 (num_speculative_tokens must be 3)" in v["diagnosis"][1]["detail"]
+
+
+def test_the_trainer_makes_drafters_with_heads_vllm_cpu_takes():
+    from types import SimpleNamespace
+
+    from orchestrator.demo.train import drafter_config
+
+    info = SimpleNamespace(hidden_size=128, vocab_size=320, num_layers=6)
+    cfg = drafter_config(info, mask_token_id=3, block_size=4, num_layers=2, target_layer_ids=[1])
+    assert cfg["head_dim"] == 16  # the default stays what every existing caller trains
+    cfg = drafter_config(
+        info, mask_token_id=3, block_size=4, num_layers=2, target_layer_ids=[1], head_dim=32
+    )
+    assert (cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (32, 4, 2)
