@@ -71,10 +71,12 @@ def drafter_config(
     num_layers: int,
     target_layer_ids: list[int],
     intermediate_size: int | None = None,
+    head_dim: int = 16,
 ) -> dict[str, Any]:
-    """A z-lab drafter config.json dict sized to the target's hidden size and vocabulary."""
+    """A z-lab drafter config.json dict sized to the target's hidden size and vocabulary,
+    with heads of ``head_dim`` (vLLM's CPU attention takes 32, 64 or 128, not 16)."""
     h = target_info.hidden_size
-    heads = max(1, h // 16)
+    heads = max(1, h // head_dim)
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -112,11 +114,13 @@ def train_drafter(
     lr: float = 3e-3,
     seed: int = 0,
     rows: list[dict[str, Any]] | None = None,
+    head_dim: int = 16,
 ) -> list[str]:
     """Train and save checkpoints ``out_dir/step-{N}`` for each N in ``save_steps``; returns
     their paths in step order. ``target_layer_ids`` default: ``[1, n-2]`` of an ``n``-layer
     target (two middle layers, leaving the final-normed last layer out). ``rows``: training
-    samples (as from `make_ground_truth`) instead of ``samples`` freshly generated ones."""
+    samples (as from `make_ground_truth`) instead of ``samples`` freshly generated ones.
+    ``head_dim``: the drafter's attention head size (`drafter_config`)."""
     import torch
     import torch.nn.functional as F
 
@@ -135,6 +139,7 @@ def train_drafter(
             block_size=block_size,
             num_layers=num_layers,
             target_layer_ids=layer_ids,
+            head_dim=head_dim,
         )
     )
     if rows is None:

@@ -1,0 +1,284 @@
+"""Offline beside online: the same prompts and ground truth, the walk's rounds and a serving
+engine's verify steps, cut the same way, compared sample by sample; one verdict. Pure
+functions over JSON records, stdlib only (the host that ran the server and the controller
+both call them, as both call `remote.eval.metrics`).
+
+Cut the same way. A sample is ``prompt + completion`` with ``T = len(completion) - 1``
+tokens after the first one (the target's prefill makes that one, on both sides; it is not a
+round). The offline walk's rounds (``samples.jsonl`` ``rounds``) add up to ``T``: its last
+round is cut at the end of the completion. The engine's verify step ``i`` accepted ``a_i``
+draft tokens and emitted ``a_i + 1``; vLLM does not cut its last step at ``max_tokens``
+(the tokens past it are dropped from the output but still counted), so its steps add up to
+``T`` or a little more. `cut_rounds` cuts them as the walk does: ``min(a_i + 1, T - s)``.
+Cut so, a drafter served exactly as our engine runs it gives equal rounds on every sample.
+
+Per-position acceptance is counted over each side's own rounds (`position_acceptance`),
+from the rounds alone, so both sides are counted by the same code: in a round of ``n``
+tokens, draft positions ``1..n-1`` were accepted, and position ``n`` was tried and refused
+when the round ended before the block did (``n <= k``) and before the completion did (a
+round cut by the end says nothing about position ``n``).
+
+Record shapes:
+    ground truth  {"id", "prompt_ids", "completion_ids"}
+    offline       {"id", "rounds", ...}                    (a samples.jsonl line)
+    online        {"id", "token_ids", "per_step_accepted", "per_step_drafted",
+                   "num_spec_tokens"}                       (`remote.online.vllm` answers)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from remote.eval.metrics import tau_stats
+
+SCHEMA = "dflash.online-verdict/1"
+# Online tau at most this while the offline one is at least OFFLINE_HIGH: the drafter the
+# engine runs is not the one evaluated (weights not loaded, re-initialised, another file).
+NOT_LOADED_TAU = 1.15
+OFFLINE_HIGH = 1.5
+
+
+def cut_rounds(accepted: list[int], total: int) -> tuple[list[int], int]:
+    """Rounds of verify steps that accepted ``accepted[i]`` draft tokens, cut at ``total``
+    tokens as the offline walk cuts its last round; and how many tokens they cover (less
+    than ``total`` when the engine made steps without a draft, which have no entry)."""
+    rounds, s = [], 0
+    for a in accepted:
+        if s >= total:
+            break
+        n = min(a + 1, total - s)
+        rounds.append(n)
+        s += n
+    return rounds, s
+
+
+def position_acceptance(samples_rounds: list[list[int]], k: int) -> list[dict[str, Any]]:
+    """Per draft position ``1..k``: attempts, accepted and rate over the walks' own rounds
+    (see the module docstring for what a round says about each position)."""
+    att, hit = [0] * k, [0] * k
+    for rounds in samples_rounds:
+        left = sum(rounds)
+        for n in rounds:
+            for j in range(1, min(n - 1, k) + 1):
+                att[j - 1] += 1
+                hit[j - 1] += 1
+            if n <= k and n < left:
+                att[n - 1] += 1
+            left -= n
+    return [
+        {
+            "position": j + 1,
+            "attempts": att[j],
+            "accepted": hit[j],
+            "rate": hit[j] / att[j] if att[j] else None,
+        }
+        for j in range(k)
+    ]
+
+
+def first_divergence(offline: list[int], online: list[int]) -> dict[str, Any] | None:
+    """Where two walks of the same completion first part: the round index, the completion
+    token that round starts at (1 = the first token after the prefill's), and both lengths
+    (None where a walk has ended). None when the walks are equal."""
+    token = 1
+    for i in range(max(len(offline), len(online))):
+        a = offline[i] if i < len(offline) else None
+        b = online[i] if i < len(online) else None
+        if a != b:
+            return {"round": i, "token": token, "offline": a, "online": b}
+        token += a
+    return None
+
+
+def first_difference(truth: list[int], output: list[int]) -> int | None:
+    """The first index where the engine's output differs from the ground truth (its length
+    when one is a prefix of the other); None when they are equal."""
+    for i, (a, b) in enumerate(zip(truth, output, strict=False)):
+        if a != b:
+            return i
+    return None if len(truth) == len(output) else min(len(truth), len(output))
+
+
+def compare(
+    ground_truth: list[dict],
+    offline: list[dict],
+    online: list[dict],
+    *,
+    block_size: int,
+    offline_dtype: str | None = None,
+    online_dtype: str | None = None,
+) -> dict[str, Any]:
+    """The verdict: tau both ways (cut the same way, and the engine's own uncut mean),
+    per-position acceptance both ways, per sample the rounds' equality and first
+    divergence and the lossless check, and a diagnosis (`diagnose`). Samples are matched
+    by id; the ground truth's order is the result's order."""
+    off_by = {r["id"]: r for r in offline}
+    on_by = {r["id"]: r for r in online}
+    missing = [g["id"] for g in ground_truth if g["id"] not in off_by or g["id"] not in on_by]
+    if missing:
+        raise ValueError(f"samples {missing[:5]} lack an offline or an online record")
+    ks = {r["num_spec_tokens"] for r in online}
+    if len(ks) != 1:
+        raise ValueError(f"online records disagree on num_spec_tokens: {sorted(ks)}")
+    k = ks.pop()
+    detailed = all(r.get("per_step_accepted") is not None for r in online)
+    per_sample, off_rounds, on_rounds = [], [], []
+    uncut_steps = uncut_tokens = 0
+    for g in ground_truth:
+        sid, truth = g["id"], g["completion_ids"]
+        total = len(truth) - 1
+        off, on = off_by[sid]["rounds"], on_by[sid]
+        wrong = first_difference(truth, on["token_ids"])
+        row: dict[str, Any] = {"id": sid, "lossless": wrong is None, "first_wrong_token": wrong}
+        if detailed:
+            acc = on["per_step_accepted"]
+            cut, covered = cut_rounds(acc, total)
+            uncut_steps += len(acc)
+            uncut_tokens += sum(a + 1 for a in acc)
+            div = first_divergence(off, cut)
+            row.update(
+                rounds_equal=div is None,
+                first_divergence=div,
+                covered=covered == total,
+                offline_tau=sum(off) / len(off) if off else None,
+                online_tau=sum(cut) / len(cut) if cut else None,
+                online_rounds=cut,
+            )
+            on_rounds.append(cut)
+        off_rounds.append(off)
+        per_sample.append(row)
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "samples": len(ground_truth),
+        "block_size": block_size,
+        "num_spec_tokens": k,
+        "dtype": {"offline": offline_dtype, "online": online_dtype},
+        "offline": tau_stats(off_rounds),
+        "online": tau_stats(on_rounds) if detailed else None,
+        "online_uncut_tau": uncut_tokens / uncut_steps if uncut_steps else None,
+        "per_position": {
+            "offline": position_acceptance(off_rounds, block_size - 1),
+            "online": position_acceptance(on_rounds, k) if detailed else None,
+        },
+        "lossless": {
+            "samples": sum(r["lossless"] for r in per_sample),
+            "total": len(per_sample),
+            "ok": all(r["lossless"] for r in per_sample),
+        },
+        "rounds_equal": {
+            "samples": sum(r["rounds_equal"] for r in per_sample) if detailed else None,
+            "total": len(per_sample),
+        },
+        "per_sample": per_sample,
+    }
+    result["diagnosis"] = diagnose(result)
+    result["verdict"] = result["diagnosis"][0]["cause"]
+    return result
+
+
+def _first_divergence(result: dict) -> tuple[dict, dict] | None:
+    """The sample (and its divergence) whose walks part earliest in the completion."""
+    found = [(r, r["first_divergence"]) for r in result["per_sample"] if r.get("first_divergence")]
+    return min(found, key=lambda x: x[1]["token"]) if found else None
+
+
+def _first_position(result: dict) -> int | None:
+    """The first draft position whose accepted count differs between the two walks."""
+    pp = result["per_position"]
+    if pp["online"] is None:
+        return None
+    for a, b in zip(pp["offline"], pp["online"], strict=False):
+        if (a["attempts"], a["accepted"]) != (b["attempts"], b["accepted"]):
+            return a["position"]
+    return None
+
+
+def diagnose(result: dict) -> list[dict[str, str]]:
+    """Causes, most telling first, each ``{"cause", "detail"}`` (one line); ``agree``
+    alone when the engine reproduces the walk on every sample and is lossless."""
+    out: list[dict[str, str]] = []
+    off, on = result["offline"], result["online"]
+    k, block = result["num_spec_tokens"], result["block_size"]
+    if not result["lossless"]["ok"]:
+        bad = next(r for r in result["per_sample"] if not r["lossless"])
+        out.append(
+            {
+                "cause": "not_lossless",
+                "detail": f"{result['lossless']['total'] - result['lossless']['samples']} of "
+                f"{result['lossless']['total']} outputs differ from the greedy ground truth "
+                f"(first: sample {bad['id']} at token {bad['first_wrong_token']}): the engine "
+                "serves another target (revision, dtype) or does not decode greedily; its "
+                "acceptance is not comparable until that is fixed",
+            }
+        )
+    if on is None:
+        out.append(
+            {
+                "cause": "no_per_step_metrics",
+                "detail": "the engine reported no per-step acceptance; start it with "
+                "--per-request-spec-decode-metrics detailed to compare round by round",
+            }
+        )
+        return out
+    off_tau, on_tau = off["tau_token_weighted"], on["tau_token_weighted"]
+    if off_tau is not None and on_tau is not None and off_tau >= OFFLINE_HIGH:
+        if on_tau <= NOT_LOADED_TAU:
+            out.append(
+                {
+                    "cause": "drafter_not_loaded",
+                    "detail": f"online tau {on_tau:.3f} while offline tau is {off_tau:.3f}: "
+                    "the engine's drafter does not predict like the checkpoint evaluated "
+                    "(weights not loaded, re-initialised, or other weights such as its own "
+                    "lm_head/embed_tokens used instead of the target's)",
+                }
+            )
+    if k != block - 1:
+        out.append(
+            {
+                "cause": "num_speculative_tokens",
+                "detail": f"the engine drafts {k} tokens per step but the drafter's block "
+                f"size is {block} (num_speculative_tokens must be {block - 1})",
+            }
+        )
+    dt = result["dtype"]
+    if dt["offline"] and dt["online"] and dt["offline"] != dt["online"]:
+        out.append(
+            {
+                "cause": "dtype",
+                "detail": f"offline ran in {dt['offline']}, the engine in {dt['online']}: "
+                "near-ties between draft tokens can flip",
+            }
+        )
+    if any(not r["covered"] for r in result["per_sample"]):
+        short = sum(not r["covered"] for r in result["per_sample"])
+        out.append(
+            {
+                "cause": "steps_without_draft",
+                "detail": f"on {short} samples the engine's verify steps cover fewer tokens "
+                "than the completion: some steps ran without a draft",
+            }
+        )
+    first = _first_divergence(result)
+    if first is not None:
+        row, div = first
+        eq = result["rounds_equal"]
+        pos = _first_position(result)
+        out.append(
+            {
+                "cause": "engine_disagrees",
+                "detail": f"rounds differ on {eq['total'] - eq['samples']} of {eq['total']} "
+                f"samples (tau offline {off_tau:.3f}, online {on_tau:.3f}); earliest: sample "
+                f"{row['id']} round {div['round']} at token {div['token']} "
+                f"(offline {div['offline']}, online {div['online']})"
+                + (f"; per-position counts first differ at position {pos}" if pos else ""),
+            }
+        )
+    if not out:
+        out.append(
+            {
+                "cause": "agree",
+                "detail": f"the engine reproduces the offline walk round by round on all "
+                f"{result['samples']} samples (tau {off_tau:.3f}) and is lossless",
+            }
+        )
+    return out

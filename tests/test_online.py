@@ -1,0 +1,256 @@
+"""Online acceptance without a server: what vLLM answers, validated field by field
+(`remote.online.vllm`), and the verdict's cuts, counts and diagnosis
+(`remote.online.verdict`). The texts below are vLLM 0.32's own shapes, copied from a real
+server's answers (tests/test_online_vllm.py runs that server)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from remote.errors import UserError
+from remote.online import verdict
+from remote.online.vllm import Counters, parse_completion, spec_counters
+
+WHERE = "http://127.0.0.1:8000/v1/completions"
+METRICS = """\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="/m"} 53.0
+# HELP vllm:spec_decode_num_drafts_created Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_created gauge
+vllm:spec_decode_num_drafts_created{engine="0",model_name="/m"} 1.7961541784964228e+09
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="/m"} 159.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="/m"} 66.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/m",position="0"} 33.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/m",position="1"} 17.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="/m",position="2"} 16.0
+http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 3.0
+"""
+ANSWER = {
+    "id": "cmpl-a02ddae2b48bc096",
+    "object": "text_completion",
+    "choices": [
+        {
+            "index": 0,
+            "text": "",
+            "finish_reason": "length",
+            "token_ids": [268, 268, 268, 104, 104, 104],
+            "prompt_token_ids": [22, 207, 229],
+        }
+    ],
+    "metrics": {
+        "time_to_first_token_ms": None,
+        "speculative_decoding": {
+            "mean_acceptance_length": 2.5,
+            "draft_acceptance_rate": 0.5,
+            "acceptance_histogram": [1, 0, 0, 1],
+            "num_spec_steps": 2,
+            "num_accepted_draft_tokens": 3,
+            "num_draft_tokens": 6,
+            "num_spec_tokens": 3,
+            "per_step_accepted": [3, 0],
+            "per_step_drafted": [3, 3],
+        },
+    },
+}
+
+
+def parse(answer=ANSWER, vocab=320, max_tokens=6):
+    return parse_completion(answer, WHERE, [22, 207, 229], max_tokens, vocab)
+
+
+def test_a_vllm_answer_gives_ids_and_per_step_acceptance():
+    c = parse()
+    assert c.token_ids == [268, 268, 268, 104, 104, 104] and c.finish_reason == "length"
+    assert c.spec.accepted == [3, 0] and c.spec.drafted == [3, 3]
+    assert (c.spec.steps, c.spec.num_accepted, c.spec.num_spec_tokens) == (2, 3, 3)
+
+
+def _spoil(path: list, value):
+    bad = copy.deepcopy(ANSWER)
+    node = bad
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return bad
+
+
+SPEC = ["metrics", "speculative_decoding"]
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        (["choices", 0, "token_ids"], [268, 5000, 1, 1, 1, 1], "holds 5000, outside the target"),
+        (["choices", 0, "token_ids"], [268, 268], "has 2 ids for max_tokens 6"),
+        (["choices", 0, "token_ids"], "268", "is not a list of token ids"),
+        (["choices", 0, "prompt_token_ids"], [1, 2], "differ from the prompt sent"),
+        (["choices"], [], "without exactly one choice"),
+        ([*SPEC, "acceptance_histogram"], [1, 0, 1], "not 4 counts"),
+        ([*SPEC, "num_spec_steps"], 3, "num_spec_steps is 3 but its histogram says 2"),
+        ([*SPEC, "num_draft_tokens"], 2, "outside 3..6"),
+        ([*SPEC, "mean_acceptance_length"], 3.0, "mean_acceptance_length is 3.0"),
+        ([*SPEC, "per_step_accepted"], [3, 1], "disagree with its totals"),
+        ([*SPEC, "per_step_drafted"], [2, 3], "step 0 accepted 3 of 2 drafted"),
+        ([*SPEC, "per_step_drafted"], [3], "per_step_drafted is not 2 integers"),
+        ([*SPEC, "num_spec_tokens"], True, "not a positive integer"),
+        (["metrics"], [1], "metrics is list, not an object"),
+    ],
+)
+def test_every_bad_field_is_one_line_naming_the_server_and_field(path, value, message):
+    with pytest.raises(UserError) as err:
+        parse(_spoil(path, value))
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(WHERE) and message in line
+
+
+def test_a_missing_spec_field_names_it():
+    bad = copy.deepcopy(ANSWER)
+    del bad["metrics"]["speculative_decoding"]["num_draft_tokens"]
+    with pytest.raises(UserError, match="lacks num_draft_tokens"):
+        parse(bad)
+
+
+def test_an_answer_without_spec_metrics_has_none():
+    bare = copy.deepcopy(ANSWER)
+    bare["metrics"] = None
+    assert parse(bare).spec is None
+
+
+def test_metrics_text_gives_the_spec_decode_counters():
+    c = spec_counters(METRICS, "m")
+    assert c == Counters(53, 159, 66, (33, 17, 16))
+    assert spec_counters(METRICS, "m", model="/other") == Counters(0, 0, 0, ())
+    later = Counters(60, 180, 70, (35, 18, 17))
+    assert later.minus(c, "m") == Counters(7, 21, 4, (2, 1, 1))
+    with pytest.raises(UserError, match="went down: did the server restart"):
+        c.minus(later, "m")
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        ('position="2"} 16.0', 'position="2"} 15.0', "do not add up to 66"),
+        ('position="2"} 16.0', 'position="two"} 16.0', "not a number"),
+        ("} 159.0", "} 10.0", "66 accepted of 10 draft tokens"),
+        ("} 53.0", "} 5.5", "not a whole count"),
+        ("} 53.0", "} many", "not a number"),
+        ('model_name="/m"} 53.0', 'model_name="/m} 53.0', "label set"),
+        ("vllm:spec_decode_num_drafts_total{", "vllm:spec decode{", "not a Prometheus sample"),
+    ],
+)
+def test_bad_metrics_are_one_line(old, new, message):
+    with pytest.raises(UserError) as err:
+        spec_counters(METRICS.replace(old, new, 1), "http://h/metrics")
+    assert "\n" not in str(err.value) and message in str(err.value)
+    assert str(err.value).startswith("http://h/metrics")
+
+
+def test_label_values_unescape():
+    text = 'vllm:spec_decode_num_drafts_total{model_name="a\\"b\\\\c"} 2\n'
+    assert spec_counters(text, "m", model='a"b\\c').drafts == 2
+
+
+# ---- the verdict ------------------------------------------------------------------------
+
+
+def test_vllms_uncut_last_step_is_cut_like_the_walk():
+    # 8 tokens after the prefill's; the last step accepted 3 of which 1 fits
+    assert verdict.cut_rounds([3, 0, 2, 3], 8) == ([4, 1, 3], 8)
+    assert verdict.cut_rounds([3, 0, 2, 3], 10) == ([4, 1, 3, 2], 10)
+    assert verdict.cut_rounds([0, 0], 5) == ([1, 1], 2)  # steps without a draft are missing
+
+
+def test_position_acceptance_from_rounds():
+    # k = 3: [4] all accepted; [1] refused at 1; [2] accepted 1, refused at 2; [1] cut by
+    # the end (says nothing about position 1)
+    pp = verdict.position_acceptance([[4, 1, 2, 1]], 3)
+    assert [(p["attempts"], p["accepted"]) for p in pp] == [(3, 2), (2, 1), (1, 1)]
+
+
+def test_first_divergence_names_round_and_token():
+    assert verdict.first_divergence([2, 1, 3], [2, 1, 3]) is None
+    assert verdict.first_divergence([2, 1, 3], [2, 2, 2]) == {
+        "round": 1,
+        "token": 3,
+        "offline": 1,
+        "online": 2,
+    }
+
+
+def _records(rounds: list[list[int]], k: int = 3, accepted=None, wrong: int | None = None):
+    gt, off, on = [], [], []
+    for i, r in enumerate(rounds):
+        completion = list(range(10, 11 + sum(r)))
+        gt.append({"id": f"s{i}", "prompt_ids": [1, 2], "completion_ids": completion})
+        off.append({"id": f"s{i}", "rounds": r})
+        ids = list(completion)
+        if wrong is not None and i == 0:
+            ids[wrong] = 999
+        acc = accepted[i] if accepted else [n - 1 for n in r]
+        on.append(
+            {
+                "id": f"s{i}",
+                "token_ids": ids,
+                "per_step_accepted": acc,
+                "per_step_drafted": [k] * len(acc),
+                "num_spec_tokens": k,
+            }
+        )
+    return gt, off, on
+
+
+def test_equal_walks_agree():
+    gt, off, on = _records([[4, 1, 2], [3, 4]])
+    on[0]["per_step_accepted"][-1] = 3  # vLLM's uncut last step: still the same once cut
+    v = verdict.compare(gt, off, on, block_size=4)
+    assert v["verdict"] == "agree" and v["rounds_equal"]["samples"] == 2
+    assert v["offline"] == v["online"] and v["lossless"]["ok"]
+    assert v["online_uncut_tau"] > v["online"]["tau_token_weighted"]
+
+
+def test_a_drafter_the_engine_does_not_run_is_named():
+    gt, off, on = _records([[4, 4, 2], [3, 4]], accepted=[[0] * 10, [0] * 7])
+    v = verdict.compare(gt, off, on, block_size=4)
+    assert v["verdict"] == "drafter_not_loaded"
+    assert v["online"]["tau_token_weighted"] == 1.0
+    causes = [d["cause"] for d in v["diagnosis"]]
+    assert causes[-1] == "engine_disagrees" and v["lossless"]["ok"]
+
+
+def test_a_disagreement_says_where_it_starts():
+    gt, off, on = _records([[4, 1, 2], [3, 4]], accepted=[[3, 0, 1], [2, 1, 2]])
+    v = verdict.compare(gt, off, on, block_size=4)
+    assert v["verdict"] == "engine_disagrees"
+    assert v["per_sample"][1]["first_divergence"] == {
+        "round": 1,
+        "token": 4,
+        "offline": 4,
+        "online": 2,
+    }
+    assert "sample s1 round 1 at token 4" in v["diagnosis"][0]["detail"]
+
+
+def test_lossy_output_block_size_and_dtype_are_named():
+    gt, off, on = _records([[4, 1, 2]], k=7, wrong=3)
+    v = verdict.compare(gt, off, on, block_size=4, offline_dtype="float32", online_dtype="bf16")
+    causes = [d["cause"] for d in v["diagnosis"]]
+    assert causes[:3] == ["not_lossless", "num_speculative_tokens", "dtype"]
+    assert v["per_sample"][0]["first_wrong_token"] == 3
+    assert "block size is 4 (num_speculative_tokens must be 3)" in v["diagnosis"][1]["detail"]
+
+
+def test_the_trainer_makes_drafters_with_heads_vllm_cpu_takes():
+    from types import SimpleNamespace
+
+    from orchestrator.demo.train import drafter_config
+
+    info = SimpleNamespace(hidden_size=128, vocab_size=320, num_layers=6)
+    cfg = drafter_config(info, mask_token_id=3, block_size=4, num_layers=2, target_layer_ids=[1])
+    assert cfg["head_dim"] == 16  # the default stays what every existing caller trains
+    cfg = drafter_config(
+        info, mask_token_id=3, block_size=4, num_layers=2, target_layer_ids=[1], head_dim=32
+    )
+    assert (cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (32, 4, 2)
