@@ -182,6 +182,17 @@ def test_names_are_text_never_markup_and_control_characters_show(screen, tmp_pat
     assert lines_of(rendered) == ["error: no run 'a[b]\\nc'"]
 
 
+def test_a_probe_tree_shows_a_hosts_names_as_text(screen, tmp_path):
+    """The tree of a real probe of a real checkpoint, in a folder named like markup."""
+    from orchestrator.commands import output
+    from orchestrator.demo.architectures import save_tiny
+    from remote.probe.structure import probe
+
+    folder = save_tiny("qwen3", tmp_path / "step_109[a][/]" / "ckpt[bold]x")
+    text = screen(200, output.render_probe, probe(str(folder), depth=1), "evalbox[b]")
+    assert f"{folder} on evalbox[b]" in text, text
+
+
 def test_a_lone_surrogate_in_a_name_is_shown_everywhere(tmp_path):
     root = tmp_path / "results"
     make_run(root, "run-bytes", "step_7_\udcff\udcfe", 7)
