@@ -75,17 +75,10 @@ class Grid:
         self.show_header = show_header
         self.rows: list[list[Text]] = []
 
-    def column(self, header: str, kind: Kind = "text", **kw: Any) -> Grid:
-        self.columns.append(Col(header, kind, **kw))
-        return self
-
     def row(self, *cells: Any) -> None:
         if len(cells) != len(self.columns):
             raise ValueError(f"{len(cells)} cells for {len(self.columns)} columns")
         self.rows.append([cell(c) for c in cells])
-
-    def __len__(self) -> int:
-        return len(self.rows)
 
     # ---- rendering ----------------------------------------------------------------------
 
@@ -113,7 +106,7 @@ class Grid:
             c = self.columns[i]
             wraps = c.kind == "text"
             table.add_column(
-                Text(c.header),
+                Text(printable(c.header)),
                 justify=c.justify,
                 style=c.style,
                 no_wrap=not wraps,
