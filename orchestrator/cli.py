@@ -16,6 +16,9 @@ _app = typer.Typer(
     help="Relay, probe and evaluate DFlash drafters across a trainer and eval hosts over SSH.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Plain help (click's formatter), here and in every sub-app: it wraps option names and
+    # help text at any width, where rich's help panels cut them ("--ground-truth-k…").
+    rich_markup_mode=None,
     # --install-completion / --show-completion for bash, zsh, fish and PowerShell.
     add_completion=True,
     # -h everywhere: click hands help option names down to every subcommand's context.

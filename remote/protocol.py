@@ -9,6 +9,9 @@ value the controller accepts is one the host accepts, in the same words.
   defined in `remote.relay.wire` and re-exported here;
 - the schema names of the documents that cross (`JOB_SPEC_SCHEMA`, `RESULT_SCHEMA`,
   `PROBE_SCHEMA`, `MANIFEST_FORMAT`);
+- the JSON types of an eval's result files (``result.json``, ``spec.json``,
+  ``ground_truth.json``, ``samples.jsonl``), defined in `remote.result_doc` and re-exported
+  here: `check_files` on what a host sends, the others on what a run folder holds;
 - `EvalSpec`: what the eval engine evaluates and how, with ONE dtype vocabulary
   (``bfloat16``/``float32``; ``bf16``/``fp32`` are accepted once, at parse) and one set of
   defaults. A bad value is a `SpecError` (a ValueError with one line saying what to do);
@@ -29,6 +32,13 @@ from remote.relay.wire import FRAME_HEADER as FRAME_HEADER
 from remote.relay.wire import MANIFEST as MANIFEST
 from remote.relay.wire import PARTIAL_PREFIX as PARTIAL_PREFIX
 from remote.relay.wire import REPAIR_PREFIX as REPAIR_PREFIX
+from remote.result_doc import ResultError as ResultError
+from remote.result_doc import check_files as check_files
+from remote.result_doc import check_ground_truth as check_ground_truth
+from remote.result_doc import check_record as check_record
+from remote.result_doc import check_result as check_result
+from remote.result_doc import check_spec as check_spec
+from remote.result_doc import metrics_of as metrics_of
 
 # ---- relay ------------------------------------------------------------------------------
 

@@ -242,10 +242,11 @@ def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
         again = run.pull_results(host, run_dir.name, tmp_path / "again")
         assert len(sent) == 1  # `job pull`, run only if the bundle is there
         assert (again / "result.json").read_bytes() == (run_dir / "result.json").read_bytes()
+        real = base64.b64encode((run_dir / "result.json").read_bytes()).decode()
         forged = {
             "has_result": True,
             "dir": str(job_dir),
-            "files": {"result.json": "e30=", "../../outside.json": "e30="},
+            "files": {"result.json": real, "../../outside.json": "e30="},
         }
         out = run.pull_results(host, "forged", tmp_path / "forged", forged)
         assert sorted(p.name for p in out.iterdir()) == ["pulled.json", "result.json"]

@@ -257,6 +257,7 @@ def test_follow_shows_up_in_an_offline_wandb_run_with_tau_per_step(followed):
 
 def test_every_result_records_the_drafter_sha256_step_and_training_run(followed):
     from orchestrator.results import store as res
+    from remote.protocol import check_files
 
     proc = dflash("results", "list", "-i", str(followed.inventory), "--json", cwd="/")
     assert proc.returncode == 0, proc.stderr
@@ -273,6 +274,8 @@ def test_every_result_records_the_drafter_sha256_step_and_training_run(followed)
             "team-a-run",
         )
         run = res.load_run(followed.results / h["run_id"])
+        # What a real eval leaves has the contract's types (remote.result_doc), as pulled.
+        check_files({p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()})
         assert run.drafter["hashed_by"] == "relay manifest"
         assert run.drafter["step_from"] == "relay manifest"
     # Distinct checkpoints, distinct digests.

@@ -14,6 +14,7 @@ hosts_app = typer.Typer(
     help="List the inventory's hosts, or check what they are.",
     no_args_is_help=False,
     invoke_without_command=True,
+    rich_markup_mode=None,  # plain help, as the root's (orchestrator.cli): never cut
 )
 
 

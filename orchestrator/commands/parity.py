@@ -132,10 +132,10 @@ def parity_cmd(
         threads=threads,
     )
 
-    lines = output.ParityLines(enabled=not json_out)
-    run_dir = parity.run_parity(
-        inv, names[0], names[1], opts, on_event=lines, dest=results, on_start=lines.started
-    )
+    with output.ParityLines(enabled=not json_out) as lines:
+        run_dir = parity.run_parity(
+            inv, names[0], names[1], opts, on_event=lines, dest=results, on_start=lines.started
+        )
     output.emit(run_dir, json_out, human=output.render_parity_run, as_json=output.parity_json)
 
 

@@ -16,6 +16,7 @@ from orchestrator.results.compare import RESAMPLES
 results_app = typer.Typer(
     help="Read pulled eval results: list, show, compare, plot, export, report.",
     no_args_is_help=True,
+    rich_markup_mode=None,  # plain help, as the root's (orchestrator.cli): never cut
 )
 
 ResultsDirOption = Annotated[
@@ -46,6 +47,7 @@ def list_cmd(
     show and compare take that id, or a unique prefix of it."""
     listing = catalog.list_all(results_dir, inventory_path)
     output.emit(listing, json_out, human=output.render_listing, as_json=catalog.Listing.to_json)
+    output.render_skipped(listing.skipped)  # on stderr, with or without --json
 
 
 @results_app.command("show")
@@ -117,13 +119,20 @@ def export_cmd(
         ),
     ] = "csv",
     out: Annotated[
-        Path, typer.Option("--output", "-o", help="Where to write (see --format).")
-    ] = Path("-"),
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Where to write (see --format); '-' is stdout (csv and jsonl only).",
+        ),
+    ] = catalog.STDOUT,
     results_dir: ResultsDirOption = None,
     inventory_path: InventoryOption = None,
 ) -> None:
     """Export runs (default: all) to CSV, JSON lines, TensorBoard or W&B.
 
+    CSV and JSON lines go to stdout unless -o names a file. In CSV, a text cell that a
+    spreadsheet would run as a formula (starting with = + - @) is prefixed with a '.
     Trackers get tau per training step, one tracker run per training run."""
     written = catalog.export(run_ids, fmt_, out, results_dir, inventory_path)
     output.render_export(written)
@@ -136,15 +145,25 @@ def report_cmd(
         "report.html"
     ),
     title: Annotated[str, typer.Option(help="Page title.")] = "dflash results",
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            help="Compare every run with this one (id, unique prefix or folder) "
+            "(default: the earliest training step of each run's series).",
+            show_default=False,
+        ),
+    ] = None,
     results_dir: ResultsDirOption = None,
     inventory_path: InventoryOption = None,
 ) -> None:
     """One self-contained HTML page of runs (default: all), plots inline.
 
-    Tau by step with DDTree lines, the comparison with paired deltas against the first
-    run, and per run the histogram, per-position acceptance with attempt counts,
-    environment and provenance. No scripts, no external files."""
-    written = catalog.report(run_ids, out, title, results_dir, inventory_path)
+    Tau by step with DDTree lines, the comparison with paired deltas, and per run the
+    histogram, per-position acceptance with attempt counts, environment and provenance.
+    Each run is compared with its baseline: the earliest training step of its series
+    (same training run, prompts and ground truth), or the run --baseline names; the page
+    says which. No scripts, no external files."""
+    written = catalog.report(run_ids, out, title, results_dir, inventory_path, baseline)
     output.render_report(written)
 
 

@@ -42,7 +42,7 @@ from orchestrator.eval.spec import (
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, HostError, Process, Result, open_host
-from remote.protocol import JOB_CARRY_KEY, RESULT_FILES
+from remote.protocol import JOB_CARRY_KEY, RESULT_FILES, ResultError, check_files
 
 REQUIRED_RESULT_FILES = ("result.json",)
 
@@ -318,8 +318,8 @@ def decode_files(
     host: Host, job_id: str, files: object, required: Sequence[str] = REQUIRED_RESULT_FILES
 ) -> dict[str, bytes]:
     """The host's ``{name: base64}`` (a watch's end with ``--pull``), checked: only known
-    result file names (a host cannot name a path), valid base64, and every `required`
-    file there."""
+    result file names (a host cannot name a path), valid base64, every `required` file
+    there, and the JSON types inside them (`remote.protocol.check_files`)."""
     if not isinstance(files, dict):
         raise RemoteCommandError(f"{host.name}: job {job_id}: the pull carried no files")
     out = {}
@@ -335,6 +335,10 @@ def decode_files(
     for name in required:
         if name not in out:
             raise HostError(f"{host.name}: could not read {name} of job {job_id}")
+    try:
+        check_files(out)
+    except ResultError as exc:
+        raise RemoteCommandError(f"{host.name}: job {job_id}: {exc}; nothing was pulled") from None
     return out
 
 

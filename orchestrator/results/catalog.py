@@ -6,7 +6,7 @@ listed and shown beside them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import DflashError
@@ -30,14 +30,33 @@ def results_root(results_dir: Path | None, inventory_path: Path | None) -> Path:
         return Path("results")
 
 
-def select_runs(run_ids: list[str] | None, root: Path) -> list[res.Run]:
-    """The named runs (ids, unique prefixes or folders), else every run; none is an error."""
-    runs = [res.load_run(r, root) for r in run_ids] if run_ids else res.list_runs(root)
-    if not runs:
-        raise DflashError(
-            f"no runs in {root} (pull one with dflash remote-eval, or pass --results-dir)"
+@dataclass
+class Selected:
+    """The runs a command works on, and the run folders left out because they could not
+    be read (one line each: which run, which file and field)."""
+
+    runs: list[res.Run]
+    skipped: list[str]
+
+
+def select_runs(run_ids: list[str] | None, root: Path) -> Selected:
+    """The named runs (ids, unique prefixes or folders: one that cannot be read is an
+    error), else every readable run of `root` (the others skipped with a line each); no
+    run at all is an error."""
+    if run_ids:
+        selected = Selected([res.load_run(r, root) for r in run_ids], [])
+    else:
+        selected = Selected(*res.scan_runs(root))
+    if not selected.runs:
+        more = (
+            f"; {len(selected.skipped)} unreadable: {selected.skipped[0]}"
+            if selected.skipped
+            else ""
         )
-    return runs
+        raise DflashError(
+            f"no runs in {root} (pull one with dflash remote-eval, or pass --results-dir){more}"
+        )
+    return selected
 
 
 @dataclass
@@ -47,6 +66,7 @@ class Listing:
     root: Path
     runs: list[res.Run]
     parity_runs: list[tuple[Path, dict]]
+    skipped: list[str]  # run folders that could not be read, one line each
 
     def to_json(self) -> list[dict]:
         from orchestrator.results import parity_view
@@ -61,7 +81,8 @@ def list_all(results_dir: Path | None, inventory_path: Path | None) -> Listing:
     from orchestrator.eval import parity
 
     root = results_root(results_dir, inventory_path)
-    return Listing(root, res.list_runs(root), parity.list_runs(root))
+    runs, skipped = res.scan_runs(root)
+    return Listing(root, runs, parity.list_runs(root), skipped)
 
 
 @dataclass
@@ -131,26 +152,55 @@ def compare(
     return Comparison(runs, rows, pairs, plot is not None, png)
 
 
+@dataclass
+class Drawn:
+    """What `draw_plots` wrote, the plots that failed (one line each: which run, what
+    went wrong) and the run folders it could not read."""
+
+    paths: list[Path]
+    failed: list[str]
+    skipped: list[str]
+
+
 def draw_plots(
     run_ids: list[str] | None, results_dir: Path | None, inventory_path: Path | None
-) -> list[Path]:
-    """(Re)draw each run's plots and the tau-per-step plot of the runs; the files drawn."""
+) -> Drawn:
+    """(Re)draw each run's plots and the tau-per-step plot of the runs. A plot that fails
+    is reported and the others are drawn all the same."""
     from orchestrator.results import plots
 
     root = results_root(results_dir, inventory_path)
-    runs = select_runs(run_ids, root)
-    drawn = [p for r in runs for p in plots.plot_run(r)]
-    png = plots.plot_tau_by_step(runs, root / "tau_by_step.png")
-    return drawn + ([png] if png else [])
+    selected = select_runs(run_ids, root)
+    drawn: list[Path] = []
+    failed: list[str] = []
+    for r in selected.runs:
+        try:
+            drawn += plots.plot_run(r)
+        except Exception as exc:  # one run's plot never stops the others'
+            failed.append(f"{r.run_id}: {type(exc).__name__}: {exc}")
+    try:
+        png = plots.plot_tau_by_step(selected.runs, root / "tau_by_step.png")
+    except Exception as exc:
+        failed.append(f"tau_by_step.png: {type(exc).__name__}: {exc}")
+        png = None
+    return Drawn(drawn + ([png] if png else []), failed, selected.skipped)
 
 
 @dataclass
 class Written:
-    """What an export or a report wrote: how many runs, in which format, where."""
+    """What an export or a report wrote: how many runs, in which format, where (`text`:
+    the export itself, when it goes to stdout), the run folders left out as unreadable,
+    and notes for the reader (which run is the report's baseline)."""
 
     runs: int
     format: str
-    path: Path
+    path: Path | None
+    text: str | None = None
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+STDOUT = Path("-")
 
 
 def export(
@@ -160,19 +210,22 @@ def export(
     results_dir: Path | None,
     inventory_path: Path | None,
 ) -> Written:
-    """Export the runs (default: all) in `fmt` to `out` (see `export.export`); a bad format
-    or a missing output is refused before any run is read."""
+    """Export the runs (default: all) in `fmt` to `out` (see `export.export`); ``-`` (the
+    default) is stdout for csv and jsonl (the text is returned, for the CLI to print); a
+    bad format, or a tracker without a place to write, is refused before any run is read."""
     from orchestrator.results import export as exp
 
     if fmt not in exp.FORMATS:
         raise DflashError(f"unknown format {fmt!r}; use one of {', '.join(exp.FORMATS)}")
-    if str(out) == "-":
-        raise DflashError(
-            "export needs -o PATH (a file for csv/jsonl, a folder for "
-            "tensorboard, a project for wandb)"
-        )
-    runs = select_runs(run_ids, results_root(results_dir, inventory_path))
-    return Written(len(runs), fmt, exp.export(runs, fmt, out))
+    if out == STDOUT and fmt not in exp.TEXT_FORMATS:
+        where = "a log folder" if fmt == "tensorboard" else "a project (PROJECT or DIR/PROJECT)"
+        raise DflashError(f"{fmt} export needs -o: {where}; only csv and jsonl go to stdout")
+    selected = select_runs(run_ids, results_root(results_dir, inventory_path))
+    if out == STDOUT:
+        text = exp.render_text(selected.runs, fmt)
+        return Written(len(selected.runs), fmt, None, text=text, skipped=selected.skipped)
+    path = exp.export(selected.runs, fmt, out)
+    return Written(len(selected.runs), fmt, path, skipped=selected.skipped)
 
 
 def report(
@@ -181,9 +234,17 @@ def report(
     title: str,
     results_dir: Path | None,
     inventory_path: Path | None,
+    baseline: str | None = None,
 ) -> Written:
-    """Write the HTML report of the runs (default: all) to `out`."""
+    """Write the HTML report of the runs (default: all) to `out`. Each run is compared with
+    its baseline: the run named by `baseline` (an id, unique prefix or folder), else the
+    earliest training step of its series (`report.baselines`)."""
     from orchestrator.results import report as rep
 
-    runs = select_runs(run_ids, results_root(results_dir, inventory_path))
-    return Written(len(runs), "html", rep.write_report(runs, out, title))
+    root = results_root(results_dir, inventory_path)
+    selected = select_runs(run_ids, root)
+    base = res.load_run(baseline, root) if baseline else None
+    page = rep.write_report(selected.runs, out, title, baseline=base)
+    return Written(
+        len(selected.runs), "html", page.path, skipped=selected.skipped, notes=page.notes
+    )

@@ -37,11 +37,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.errors import DflashError
+from orchestrator.printable import printable
 from orchestrator.results import store as res
 from remote.atomic import write_atomic
 
 FORMATS = ("csv", "jsonl", "tensorboard", "wandb")
+TEXT_FORMATS = ("csv", "jsonl")  # the formats that can go to stdout
 STEP_METRIC = "train/step"
+
+# A cell a spreadsheet would read as a formula (OWASP, "CSV Injection"): quoted as text.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 class TrackerUnavailable(DflashError):
@@ -79,34 +85,62 @@ def series_name(key: tuple) -> str:
     return f"{readable[:80]}-{digest}"
 
 
-def write_csv(runs: list[res.Run], path: str | Path) -> Path:
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell that no spreadsheet runs: a string starting with ``= + - @``,
+    a tab or a carriage return gets a leading ``'`` (OWASP's advice), unless it is a plain
+    number (``-0.905``); numbers stay numbers; names are `printable` (a lone surrogate or
+    a line break shown as an escape, never an encoding error or a broken record)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        return value
+    text = printable(value)
+    if value.startswith(FORMULA_START) and not NUMBER.fullmatch(value):
+        return "'" + text
+    return text
+
+
+def render_csv(runs: list[res.Run]) -> str:
+    """The CSV of `runs`: a header, then one `row` per run (see `csv_cell`)."""
     rows = [row(r) for r in runs]
     columns: list[str] = []
     for r in rows:
         columns += [k for k in r if k not in columns]
-    return _atomic(Path(path), lambda fh: _csv(fh, columns, rows))
-
-
-def _csv(fh, columns: list[str], rows: list[dict]) -> None:
-    w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+        w.writerow({k: csv_cell(v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def render_jsonl(runs: list[res.Run]) -> str:
+    """One JSON `row` per line (ASCII: a lone surrogate is a ``\\udcxx`` escape)."""
+    return "".join(json.dumps(row(r), default=str) + "\n" for r in runs)
+
+
+def render_text(runs: list[res.Run], fmt: str) -> str:
+    """The csv or jsonl export of `runs`, as text (for stdout)."""
+    if fmt == "csv":
+        return render_csv(runs)
+    if fmt == "jsonl":
+        return render_jsonl(runs)
+    raise DflashError(f"{fmt} is not a text format; use one of {', '.join(TEXT_FORMATS)}")
+
+
+def write_csv(runs: list[res.Run], path: str | Path) -> Path:
+    return _atomic(Path(path), render_csv(runs))
 
 
 def write_jsonl(runs: list[res.Run], path: str | Path) -> Path:
-    return _atomic(
-        Path(path), lambda fh: fh.writelines(json.dumps(row(r), default=str) + "\n" for r in runs)
-    )
+    return _atomic(Path(path), render_jsonl(runs))
 
 
-def _atomic(path: Path, write) -> Path:
-    """`write(fh)` into a text buffer, then the file written atomically."""
+def _atomic(path: Path, text: str) -> Path:
+    """`text` written to `path` atomically (a reader never sees half an export)."""
     if path.is_dir():
         raise DflashError(f"{path} is a folder; give a file name for the export")
-    buf = io.StringIO(newline="")
-    write(buf)
-    return write_atomic(path, buf.getvalue())
+    return write_atomic(path, text)
 
 
 # ---- trackers ------------------------------------------------------------------------------
@@ -217,7 +251,8 @@ class WandbTracker:
 
 
 def export(runs: Iterable[res.Run], fmt: str, out: str | Path) -> Path:
-    """Write `runs` to `out` in `fmt` (csv, jsonl: a file; tensorboard: a log folder;
+    """Write `runs` to `out` in `fmt` (csv, jsonl: a file, see `render_text` for stdout;
+    tensorboard: a log folder;
     wandb: ``out`` is ``PROJECT`` or ``DIR/PROJECT``: the project, its offline files
     under DIR, default ``./wandb``). Returns the file or folder written."""
     runs = [r for r in runs]

@@ -96,7 +96,7 @@ def plot_layers(result: dict, path: str | Path) -> Path | None:
     ax.set_xlabel("target layer")
     ax.set_ylabel("|a - b| / |a|")
     d = result.get("drafter") or {}
-    title = f"{side_label(result, 'a')} vs {side_label(result, 'b')}"
+    title = plots.text(f"{side_label(result, 'a')} vs {side_label(result, 'b')}")
     if d:
         title += f"\ntau A {d['tau_a']:.3f}, tau B {d['tau_b']:.3f}, delta {d['delta_tau']:+.3f}"
     ax.set_title(title, fontsize=8)

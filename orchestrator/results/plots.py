@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import DflashError
+from orchestrator.printable import printable
 from orchestrator.results import store as res
 
 DDTREE_MARKERS = ("s", "^", "v", "D", "P", "X")
@@ -61,8 +62,15 @@ def warm() -> None:
         pyplot()
 
 
+def text(value: object) -> str:
+    """A name as matplotlib text, never mathtext: ``step_$RUN_$SEED`` is drawn as it is
+    (every ``$`` escaped, so no pair of them starts a formula), and control characters and
+    lone surrogates are shown as escapes (`printable`)."""
+    return printable(str(value)).replace("$", r"\$")
+
+
 def _title(run: res.Run) -> str:
-    return f"{run.checkpoint} ({run.run_id})"
+    return text(f"{run.checkpoint} ({run.run_id})")
 
 
 def histogram_figure(run: res.Run) -> Any | None:
@@ -151,7 +159,7 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
     many = len(series) > 1
     for i, (key, pts) in enumerate(sorted(series.items())):
         steps = [r.step for r in pts]
-        prefix = f"{res.series_label(key)}: " if many else ""
+        prefix = f"{text(res.series_label(key))}: " if many else ""
         lines: list[tuple[str, list, dict]] = [
             (
                 "tau",
@@ -170,7 +178,7 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
         for j, b in enumerate(budgets):
             lines.append(
                 (
-                    f"DDTree-{b} tau",
+                    f"DDTree-{text(b)} tau",
                     [
                         ((r.metrics.get("ddtree") or {}).get(b) or {}).get("tau_per_sample_mean")
                         for r in pts

@@ -5,20 +5,29 @@ figure code as the PNGs, `orchestrator.results.plots`), the styles inline. Secti
 
 1. tau by training step, with token-weighted and DDTree lines, per series;
 2. the comparison table: every run's headline numbers, and its paired delta tau against
-   the first run (bootstrap 95% interval, share of samples improved), or why it cannot be
-   paired (`orchestrator.results.compare`);
+   its baseline (bootstrap 95% interval, share of samples improved), or why it cannot be
+   paired (`orchestrator.results.compare`). The baseline is the run named by
+   ``--baseline``, else the earliest training step of the run's series (same training
+   run, prompts and ground truth: `store.series_key`), whenever it was evaluated; the page
+   names it;
 3. per run: the acceptance histogram, per-position acceptance with attempt counts, and
    environment and provenance (drafter sha256 and step, trainer, target, ground truth).
+
+Every name is escaped as text (`printable`, then HTML), and a plot that cannot be drawn
+leaves a note in its place: one bad run never costs the page.
 """
 
 from __future__ import annotations
 
 import html
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import DflashError
+from orchestrator.printable import printable
 from orchestrator.results import compare, plots
 from orchestrator.results import store as res
 from remote.atomic import write_atomic
@@ -43,7 +52,7 @@ summary { cursor: pointer; font-weight: 600; }
 
 
 def _e(v: Any) -> str:
-    return html.escape("-" if v is None else str(v))
+    return html.escape(printable("-" if v is None else str(v)))
 
 
 def _f(v: Any, digits: int = 3) -> str:
@@ -54,11 +63,19 @@ def _pct(v: Any) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
 
 
-def _figure(fig: Any, salt: str, caption: str) -> str:
-    if fig is None:
+def _figure(make: Callable[[], Any], salt: str, caption: str, failed: list[str]) -> str:
+    """The figure `make` draws, inline; a figure that fails leaves a note (and a line in
+    `failed`) instead of costing the page."""
+    try:
+        fig = make()
+        drawn = plots.svg(fig, salt) if fig is not None else None
+    except Exception as exc:  # a plot is a view of the JSON; the page goes on without it
+        failed.append(f"{caption}: {type(exc).__name__}: {exc}")
+        return f'<p class="warn">{_e(caption)}: plot failed ({_e(type(exc).__name__)})</p>'
+    if drawn is None:
         return f'<p class="note">{_e(caption)}: no data</p>'
     return (
-        f'<figure data-plot="{_e(salt)}">{plots.svg(fig, salt)}'
+        f'<figure data-plot="{_e(salt)}">{drawn}'
         f'<figcaption class="note">{_e(caption)}</figcaption></figure>'
     )
 
@@ -78,9 +95,46 @@ def _table(head: list[str], rows: list[list[str]], left: int = 1) -> str:
     return "".join(out)
 
 
-def comparison_section(runs: list[res.Run]) -> str:
-    """Headline numbers per run and the paired delta against the first run."""
+def order(runs: list[res.Run]) -> list[res.Run]:
+    """Runs as the report lists them: by series, then training step (runs without a step
+    last), then when evaluated."""
+    return sorted(
+        runs,
+        key=lambda r: (res.series_key(r), r.step is None, r.step or 0, r.created, r.run_id),
+    )
+
+
+def baselines(runs: list[res.Run], named: res.Run | None = None) -> dict[str, res.Run]:
+    """Each run's baseline, by run id: `named` for all, else the earliest training step of
+    the run's series (ties: the first evaluated; a series without steps: its first
+    evaluated run)."""
+    if named is not None:
+        return {r.run_id: named for r in runs}
+    first: dict[tuple, res.Run] = {}
+    for r in order(runs):
+        first.setdefault(res.series_key(r), r)
+    return {r.run_id: first[res.series_key(r)] for r in runs}
+
+
+def baseline_notes(runs: list[res.Run], named: res.Run | None = None) -> list[str]:
+    """One sentence per baseline: which run, which step, and why it is the baseline."""
+    if named is not None:
+        return [f"baseline: {named.run_id} (step {named.step}), named by --baseline"]
+    base_of = baselines(runs)
+    seen: dict[str, res.Run] = {}
+    for r in order(runs):
+        seen.setdefault(base_of[r.run_id].run_id, base_of[r.run_id])
+    return [
+        f"baseline: {b.run_id} (step {b.step}), the earliest training step of "
+        f"{res.series_label(res.series_key(b))}"
+        for b in seen.values()
+    ]
+
+
+def comparison_section(runs: list[res.Run], named: res.Run | None = None) -> str:
+    """Headline numbers per run and the paired delta against its baseline (`baselines`)."""
     sums = [res.summary(r) for r in runs]
+    base_of = baselines(runs, named)
     budgets = sorted({b for s in sums for b in s["ddtree"]}, key=res.budget_key)
     head = [
         "run",
@@ -89,14 +143,14 @@ def comparison_section(runs: list[res.Run]) -> str:
         "samples",
         "tau",
         "tau (tokens)",
-        *[f"DDTree-{b}" for b in budgets],
+        *[f"DDTree-{_e(b)}" for b in budgets],
         "agreement",
-        f"Δ tau vs {_e(runs[0].run_id)}",
+        "Δ tau vs baseline",
         "95% interval",
         "improved",
     ]
     rows = []
-    for i, (run, s) in enumerate(zip(runs, sums, strict=False)):
+    for run, s in zip(runs, sums, strict=True):
         cells = [
             f'<span class="mono">{_e(s["run_id"])}</span>',
             _e(s["checkpoint"]),
@@ -107,10 +161,11 @@ def comparison_section(runs: list[res.Run]) -> str:
             *[_f(s["ddtree"].get(b)) for b in budgets],
             _pct(s["target_agreement"]),
         ]
-        if i == 0:
+        base = base_of[run.run_id]
+        if base.run_id == run.run_id:
             cells += ["baseline", "", ""]
         else:
-            p = compare.paired(runs[0], run)
+            p = compare.paired(base, run)
             d = next((d for d in p.deltas if d.metric == "tau"), None)
             if not p.comparable or d is None:
                 cells += [
@@ -126,11 +181,13 @@ def comparison_section(runs: list[res.Run]) -> str:
                     f"{_pct(d.improved)} ({p.samples} paired)",
                 ]
         rows.append(cells)
+    notes = "".join(f'<p class="note">{_e(n)}.</p>' for n in baseline_notes(runs, named))
     return (
-        _table(head, rows, left=2)
+        notes
+        + _table(head, rows, left=2)
         + '<p class="note">tau: mean over samples of each sample\'s mean acceptance length '
-        "(z-lab's number); tau (tokens): accepted tokens / rounds. Δ tau pairs the runs "
-        "sample by sample; the interval is a seeded percentile bootstrap "
+        "(z-lab's number); tau (tokens): accepted tokens / rounds. Δ tau pairs each run "
+        "with its baseline sample by sample; the interval is a seeded percentile bootstrap "
         f"({compare.RESAMPLES} resamples); green: the whole interval is above 0.</p>"
     )
 
@@ -191,7 +248,7 @@ def provenance(run: res.Run) -> list[tuple[str, Any]]:
     ]
 
 
-def run_section(run: res.Run, index: int, open_: bool) -> str:
+def run_section(run: res.Run, index: int, open_: bool, failed: list[str]) -> str:
     s = res.summary(run)
     m = run.metrics
     dd = m.get("ddtree") or {}
@@ -221,12 +278,16 @@ def run_section(run: res.Run, index: int, open_: bool) -> str:
         f"{warnings}"
         '<div class="plots">'
         + _figure(
-            plots.histogram_figure(run), f"hist{index}", "share of rounds per acceptance length"
+            lambda: plots.histogram_figure(run),
+            f"hist{index}",
+            f"share of rounds per acceptance length ({run.run_id})",
+            failed,
         )
         + _figure(
-            plots.per_position_figure(run),
+            lambda: plots.per_position_figure(run),
             f"pos{index}",
-            "acceptance per draft position, n = rounds that reached it",
+            f"acceptance per draft position, n = rounds that reached it ({run.run_id})",
+            failed,
         )
         + "</div>"
         + (
@@ -243,10 +304,26 @@ def run_section(run: res.Run, index: int, open_: bool) -> str:
     )
 
 
-def render(runs: list[res.Run], title: str = "dflash results") -> str:
-    """The whole page for `runs` (the first is the comparison's baseline)."""
+@dataclass
+class Page:
+    """A report written: where, and what its reader should know (its baselines, the plots
+    that could not be drawn)."""
+
+    path: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def render(
+    runs: list[res.Run], title: str = "dflash results", baseline: res.Run | None = None
+) -> tuple[str, list[str]]:
+    """The whole page for `runs` (each compared with its baseline, see `baselines`) and
+    its notes (the baselines, and any plot that failed)."""
     if not runs:
         raise DflashError("no runs to report")
+    if baseline is not None and baseline.run_id not in {r.run_id for r in runs}:
+        runs = [baseline, *runs]
+    runs = order(runs)
+    failed: list[str] = []
     by_step = [r for r in runs if r.step is not None]
     parts = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
@@ -256,26 +333,33 @@ def render(runs: list[res.Run], title: str = "dflash results") -> str:
         f"{_e(time.strftime('%Y-%m-%d %H:%M:%S'))}.</p>",
         "<h2>tau by training step</h2>",
         _figure(
-            plots.tau_by_step_figure(by_step),
+            lambda: plots.tau_by_step_figure(by_step),
             "tau",
             "solid: tau; dashed: token-weighted tau; dotted: DDTree tau per node budget",
+            failed,
         )
         if by_step
         else '<p class="note">no run carries a training step</p>',
         "<h2>comparison</h2>",
-        comparison_section(runs),
+        comparison_section(runs, baseline),
         "<h2>runs</h2>",
-        *[run_section(r, i, open_=(i == len(runs) - 1)) for i, r in enumerate(runs)],
+        *[run_section(r, i, (i == len(runs) - 1), failed) for i, r in enumerate(runs)],
         "</body></html>\n",
     ]
-    return "".join(parts)
+    notes = baseline_notes(runs, baseline) + [f"plot failed: {f}" for f in failed]
+    return "".join(parts), notes
 
 
-def write_report(runs: list[res.Run], path: str | Path, title: str = "dflash results") -> Path:
+def write_report(
+    runs: list[res.Run],
+    path: str | Path,
+    title: str = "dflash results",
+    baseline: res.Run | None = None,
+) -> Page:
     """Render and write the page atomically (a reader never sees half a page)."""
     path = Path(path)
     if path.is_dir():
         raise DflashError(f"{path} is a folder; give a file name such as {path}/report.html")
-    text = render(runs, title)
+    text, notes = render(runs, title, baseline)
     write_atomic(path, text)
-    return path
+    return Page(path, notes)

@@ -17,7 +17,15 @@ from typing import Any
 
 from orchestrator.errors import DflashError
 from orchestrator.relay.checkpoints import parse_step
-from remote.protocol import RESULT_SCHEMA
+from remote.protocol import (
+    RESULT_SCHEMA,
+    ResultError,
+    check_ground_truth,
+    check_record,
+    check_result,
+    check_spec,
+)
+from remote.protocol import metrics_of as metrics_of
 
 RESULT_SCHEMA_PREFIX = RESULT_SCHEMA.split("/")[0] + "/"  # any version of the eval schema
 
@@ -155,49 +163,45 @@ def format_time(ts: float | None) -> str:
     return _dt.datetime.fromtimestamp(float(ts)).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def metrics_of(result: dict) -> dict:
-    """The dataset metrics of a result (the engine may nest them per dataset: then the
-    first, or the one named ``all``)."""
-    m = result.get("metrics") or {}
-    if "tau_token_weighted" in m or "tau_per_sample_mean" in m:
-        return m
-    if isinstance(m, dict) and m:
-        if isinstance(m.get("all"), dict):
-            return m["all"]
-        first = next(iter(m.values()))
-        if isinstance(first, dict):
-            return first
-    return {}
+class BadRun(DflashError):
+    """A run folder whose files cannot be used: one line naming the run and the field."""
 
 
 def load_run(path_or_id: str | Path, root: str | Path | None = None) -> Run:
-    """A run from its folder, or from its id (or a unique prefix of it) under `root`."""
+    """A run from its folder, or from its id (or a unique prefix of it) under `root`. Its
+    files are checked against the result types of the contract (`remote.protocol`): a
+    wrong type is a `BadRun` naming the run, the file and the field."""
     path = Path(path_or_id)
     if not (path / "result.json").is_file() and root is not None:
         path = _find(str(path_or_id), Path(root))
     try:
-        result = json.loads((path / "result.json").read_text())
+        result = json.loads((path / "result.json").read_text(errors="surrogateescape"))
     except OSError:
         raise DflashError(f"no result.json in {path}; is it a dflash run folder?") from None
     except ValueError as exc:
-        raise DflashError(f"{path}/result.json is not valid JSON: {exc}") from None
-    schema = str(result.get("schema", ""))
+        raise BadRun(f"{path}/result.json is not valid JSON: {exc}") from None
+    schema = str(result.get("schema", "")) if isinstance(result, dict) else ""
     if not schema.startswith(RESULT_SCHEMA_PREFIX):
-        raise DflashError(
-            f"{path}/result.json has schema {schema!r}, expected {RESULT_SCHEMA_PREFIX}*"
-        )
-    return Run(
-        run_id=path.name,
-        path=path,
-        result=result,
-        spec=_read(path / "spec.json"),
-        ground_truth=_read(path / "ground_truth.json"),
-    )
+        raise BadRun(f"{path}/result.json has schema {schema!r}, expected {RESULT_SCHEMA_PREFIX}*")
+    spec, ground_truth = _read(path / "spec.json"), _read(path / "ground_truth.json")
+    for name, check, doc in (
+        ("result.json", check_result, result),
+        ("spec.json", check_spec, spec),
+        ("ground_truth.json", check_ground_truth, ground_truth),
+    ):
+        try:
+            check(doc)
+        except ResultError as exc:
+            raise BadRun(
+                f"run {path.name}: {name}: {exc}; the file is damaged or was not written by dflash"
+            ) from None
+    return Run(run_id=path.name, path=path, result=result, spec=spec, ground_truth=ground_truth)
 
 
 def _read(path: Path) -> dict:
+    """An optional JSON object of a run folder; {} when it is missing or not an object."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(errors="surrogateescape"))
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -221,25 +225,49 @@ def _find(ident: str, root: Path) -> Path:
     )
 
 
-def list_runs(root: str | Path) -> list[Run]:
-    """Every readable run under `root`, oldest first; unreadable folders are skipped."""
+def scan_runs(root: str | Path) -> tuple[list[Run], list[str]]:
+    """Every readable eval run under `root`, oldest first, and one line per run folder that
+    could not be read (which run, which file and field): a bad run never hides the others.
+    Folders of another kind of result (parity runs) are not eval runs and not reported."""
     root = Path(root)
     if not root.is_dir():
-        return []
-    runs = []
-    for p in root.iterdir():
+        return [], []
+    runs, skipped = [], []
+    for p in sorted(root.iterdir()):
         if p.name.startswith(".") or not (p / "result.json").is_file():
             continue
         try:
             runs.append(load_run(p))
+        except BadRun as exc:
+            if not _other_schema(p):
+                skipped.append(str(exc))
         except DflashError:
             continue
-    return sorted(runs, key=lambda r: (r.created, r.run_id))
+    return sorted(runs, key=lambda r: (r.created, r.run_id)), skipped
+
+
+def _other_schema(path: Path) -> bool:
+    """Whether `path` holds a result of another dflash kind (``dflash.parity/1``)."""
+    try:
+        schema = json.loads((path / "result.json").read_text()).get("schema")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (
+        isinstance(schema, str)
+        and schema.startswith("dflash.")
+        and not schema.startswith(RESULT_SCHEMA_PREFIX)
+    )
+
+
+def list_runs(root: str | Path) -> list[Run]:
+    """Every readable run under `root`, oldest first (`scan_runs` without its notes)."""
+    return scan_runs(root)[0]
 
 
 def records(run: Run) -> list[dict]:
     """The per-sample records (``samples.jsonl``), in ground-truth order; [] when absent.
-    A line that is not a JSON object is an error naming the file and line."""
+    A line that is not a JSON object of the record's types (`remote.protocol`) is a
+    `BadRun` naming the file, the line and the field."""
     path = run.path / (run.result.get("samples_file") or "samples.jsonl")
     if PurePosixPath(str(run.result.get("samples_file") or "")).name != str(
         run.result.get("samples_file") or ""
@@ -258,7 +286,11 @@ def records(run: Run) -> list[dict]:
         except ValueError:
             rec = None
         if not isinstance(rec, dict):
-            raise DflashError(f"{path} line {n} is not a JSON object; the run folder is damaged")
+            raise BadRun(f"{path} line {n} is not a JSON object; the run folder is damaged")
+        try:
+            check_record(rec)
+        except ResultError as exc:
+            raise BadRun(f"{path} line {n}: {exc}; the run folder is damaged") from None
         out.append(rec)
     return out
 

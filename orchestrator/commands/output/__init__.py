@@ -1,6 +1,7 @@
 """Everything the CLI shows, in one package: the consoles and ``--json`` (`base`), the live
 progress views the commands hand to the library (`progress`; follow's `events`), and one
-module of renderers per kind of result (`hosts`, `relay`, `results`, `parity`, `jobs`). A
+module of renderers per kind of result (`hosts`, `relay`, `results`, `parity`, `jobs`), all
+drawing their tables as `tables.Grid` (ids and numbers never cut, names never markup). A
 command makes its one library call and hands the result to `emit` with its renderer;
 commands never print themselves and never import one another.
 
@@ -22,7 +23,6 @@ _WHERE = {
     "ShardProgress": "progress",
     "check_json": "hosts",
     "check_table": "hosts",
-    "compact": "base",
     "console": "base",
     "emit": "base",
     "err_console": "base",
@@ -30,6 +30,7 @@ _WHERE = {
     "eval_bars": "progress",
     "eval_run_json": "results",
     "exit_with": "base",
+    "flag": "base",
     "fmt": "base",
     "follow_json": "results",
     "found_json": "results",
@@ -40,6 +41,7 @@ _WHERE = {
     "parity_attach_json": "parity",
     "parity_json": "parity",
     "pct": "base",
+    "plain": "base",
     "print_json": "base",
     "probe_tree": "hosts",
     "relay_bar": "base",
@@ -62,9 +64,11 @@ _WHERE = {
     "render_probe": "hosts",
     "render_relay_report": "relay",
     "render_report": "results",
+    "render_skipped": "results",
     "render_run": "results",
     "render_started": "jobs",
     "render_summary": "results",
+    "show": "base",
 }
 
 

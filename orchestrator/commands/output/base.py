@@ -1,5 +1,6 @@
 """The consoles, JSON for scripts, the one choice between JSON and the human view, the one
-way a command ends on a failure it has explained, and the small table helpers."""
+way a command ends on a failure it has explained, `show` (what prints tables, never
+cropped), and the small cell helpers (tables themselves: `tables`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 
+from orchestrator.printable import printable
+
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
 
     from orchestrator.commands.output.progress import RelayProgress
 
@@ -63,11 +66,9 @@ def emit(
 
 
 def error_line(message: str) -> str:
-    """A failure as the CLI words it everywhere: a red ``error:`` and the message (escaped:
-    a message may hold brackets that are not markup)."""
-    from rich.markup import escape
-
-    return f"[bold red]error:[/] {escape(message)}"
+    """A failure as the CLI words it everywhere: a red ``error:`` and the message, as
+    literal text (it may hold names with brackets, line breaks or undecodable bytes)."""
+    return f"[bold red]error:[/] {plain(message)}"
 
 
 def exit_with(code: int, *lines: str) -> NoReturn:
@@ -93,20 +94,19 @@ def relay_bar(enabled: bool = True) -> Iterator[RelayProgress | None]:
         yield bar
 
 
-def compact(title: str | None = None, **kw: Any) -> Table:
-    """A table that spends its width on data, not borders (fits 100 columns)."""
-    from rich import box
-    from rich.table import Table
+def show(*renderables: Any, err: bool = False) -> None:
+    """Print tables (`tables.Grid`) and lines on stdout (stderr with `err`), never cropped
+    to the console's width: a table whose ids and numbers cannot fit is printed whole,
+    wider than the terminal, rather than cut."""
+    _console("err_console" if err else "console").print(*renderables, crop=False)
 
-    return Table(
-        title=title,
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        collapse_padding=True,
-        pad_edge=False,
-        show_edge=False,
-        **kw,
-    )
+
+def plain(value: Any) -> str:
+    """A value (a name, a path, a host's words) as literal text inside a line of markup:
+    brackets escaped, control characters and lone surrogates shown (`printable`)."""
+    from rich.markup import escape
+
+    return escape(printable(str(value)))
 
 
 def fmt(v: Any, digits: int = 3) -> str:
@@ -126,8 +126,17 @@ def pct(v: Any) -> str:
 
 
 def mark(ok: bool | None) -> str:
-    """A yes/no/unknown cell, coloured."""
+    """A yes/no/unknown word, coloured, for a line of markup."""
     return "[green]yes[/]" if ok else ("[red]no[/]" if ok is not None else "[yellow]?[/]")
+
+
+def flag(ok: bool | None) -> Text:
+    """A yes/no/unknown table cell, coloured."""
+    from rich.text import Text
+
+    if ok is None:
+        return Text("?", style="yellow")
+    return Text("yes", style="green") if ok else Text("no", style="red")
 
 
 def num(v: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from orchestrator.commands.output.base import err_console, num
+from orchestrator.commands.output.base import err_console, num, plain
 from orchestrator.commands.output.progress import LiveProgress, RelayProgress
 from orchestrator.eval import follow as follow_lib
 
@@ -30,7 +30,7 @@ class RichEvents(follow_lib.FollowEvents):
     def message(self, text: str) -> None:
         self._close()
         if self.enabled:
-            err_console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {text}", soft_wrap=True)
+            err_console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {plain(text)}", soft_wrap=True)
 
     def relay_progress(self, checkpoint: str):
         self._close()
@@ -53,14 +53,15 @@ class RichEvents(follow_lib.FollowEvents):
             return
         if entry["state"] != "done":
             err_console.print(
-                f"[red]{entry['checkpoint']}: failed[/]: {entry.get('error')}", soft_wrap=True
+                f"[red]{plain(entry['checkpoint'])}: failed[/]: {plain(entry.get('error'))}",
+                soft_wrap=True,
             )
             return
         trees = ", ".join(
-            f"DDTree-{b} {v:.3f}" for b, v in entry["ddtree"].items() if v is not None
+            f"DDTree-{plain(b)} {v:.3f}" for b, v in entry["ddtree"].items() if v is not None
         )
         err_console.print(
-            f"[bold green]{entry['checkpoint']}[/] (step {entry['step']}): "
+            f"[bold green]{plain(entry['checkpoint'])}[/] (step {plain(entry['step'])}): "
             f"tau {num(entry['tau'])} (token-weighted {num(entry['tau_tokens'])})"
             + (f", {trees}" if trees else ""),
             soft_wrap=True,

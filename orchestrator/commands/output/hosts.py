@@ -3,21 +3,33 @@ structure from `probe-structure`, and `env`'s versions."""
 
 from __future__ import annotations
 
-from rich.table import Table
+from typing import Any
+
+from rich.text import Text
 from rich.tree import Tree
 
-from orchestrator.commands.output.base import compact, console, mark
+from orchestrator.commands.output.base import console, flag, mark, plain, show
+from orchestrator.commands.output.tables import Col, Grid
+from orchestrator.printable import printable
 from orchestrator.probe.facts import HostFacts
 from orchestrator.sizes import human_bytes
 
 
 def render_hosts(listing: dict) -> None:
     """`hosts`: one row per host of `inventory.listing`."""
-    table = Table(title=f"hosts in {listing['inventory']}")
-    for col in ("name", "transport", "address", "roles", "python", "workdir"):
-        table.add_column(col)
+    table = Grid(
+        f"hosts in {listing['inventory']}",
+        [
+            Col("name", "id"),
+            Col("transport", "id", drop=1),
+            Col("address"),
+            Col("roles"),
+            Col("python", drop=2),
+            Col("workdir"),
+        ],
+    )
     for r in listing["hosts"]:
-        table.add_row(
+        table.row(
             r["name"],
             r["transport"],
             r["address"] + (f" via {r['jump']}" if r["jump"] else ""),
@@ -25,12 +37,12 @@ def render_hosts(listing: dict) -> None:
             r["python"],
             r["workdir"],
         )
-    console.print(table)
+    show(table)
 
 
 def render_check(results: list[HostFacts]) -> None:
     """`hosts check`: the table of facts."""
-    console.print(check_table(results))
+    show(check_table(results))
 
 
 def check_json(results: list[HostFacts]) -> list[dict]:
@@ -40,29 +52,42 @@ def check_json(results: list[HostFacts]) -> list[dict]:
 PACKAGES = ("torch", "transformers", "safetensors", "fla")
 
 
-def check_table(results: list[HostFacts]) -> Table:
-    """One row per host, fitting 100 columns: the ML packages share one column, one
-    line each."""
-    table = compact("host check")
-    for col in ("host", "ok", "os", "cpus", "ram avail/total", "disk free", "python", "packages"):
-        table.add_column(
-            col, justify="right" if col in ("cpus", "disk free") else "left", overflow="fold"
-        )
+def check_table(results: list[HostFacts]) -> Grid:
+    """One row per host: the ML packages share one column, one line each."""
+    table = Grid(
+        "host check",
+        [
+            Col("host", "id"),
+            Col("ok", "id"),
+            Col("os", drop=2),
+            Col("cpus", "num", justify="right"),
+            Col("ram avail/total", "num"),
+            Col("disk free", "num", justify="right"),
+            Col("python", drop=1),
+            Col("packages"),
+        ],
+    )
     for r in results:
         if not r.ok:
-            table.add_row(r.host, "[red]no[/]", *["-"] * 6)
+            table.row(r.host, flag(False), *["-"] * 6)
             continue
         f = r.facts
         pk = f["packages"]
-        table.add_row(
+        packages = Text()
+        for i, k in enumerate(PACKAGES):
+            packages.append(("\n" if i else "") + f"{k} ")
+            packages.append(
+                printable(pk[k]) if pk.get(k) else "missing", None if pk.get(k) else "yellow"
+            )
+        table.row(
             r.host,
-            "[green]yes[/]",
+            flag(True),
             f["os"],
             str(f["cpus"]),
             f"{human_bytes(f['memory']['available'])} / {human_bytes(f['memory']['total'])}",
             human_bytes(f["disk_free"]),
             f["python"],
-            "\n".join(f"{k} {pk.get(k) or '[yellow]missing[/]'}" for k in PACKAGES),
+            packages,
         )
     return table
 
@@ -88,16 +113,28 @@ def render_env(info: dict) -> None:
     )
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
-        console.print(f"{key:<{width}}  {value}", soft_wrap=True)
+        console.print(f"{key:<{width}}  {plain(value)}", soft_wrap=True)
 
 
 def render_probe(report: dict, host: str) -> None:
     """`probe-structure`: the report as a tree."""
-    console.print(probe_tree(report, host))
+    show(probe_tree(report, host))
+
+
+def _literal(value: Any) -> Any:
+    """Every string of a host's report (keys too) as literal text for the tree's markup."""
+    if isinstance(value, str):
+        return plain(value)
+    if isinstance(value, dict):
+        return {_literal(k): _literal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_literal(v) for v in value]
+    return value
 
 
 def probe_tree(r: dict, host: str) -> Tree:
-    """A probe report as a rich tree for people."""
+    """A probe report as a rich tree for people (the host's names are text, not markup)."""
+    r, host = _literal(r), plain(host)
     t = r["text"]
     root = Tree(
         f"[bold]{r['model_path']}[/] on [bold]{host}[/]  "

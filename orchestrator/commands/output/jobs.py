@@ -3,9 +3,8 @@ detached."""
 
 from __future__ import annotations
 
-from rich.table import Table
-
-from orchestrator.commands.output.base import console
+from orchestrator.commands.output.base import console, plain, show
+from orchestrator.commands.output.tables import Col, Grid, styled
 
 JOB_COLOURS = {
     "running": "cyan",
@@ -18,9 +17,17 @@ JOB_COLOURS = {
 
 def render_jobs(rows: list[dict]) -> None:
     """`jobs`: one row per job, its state coloured, its progress in words."""
-    table = Table(title="jobs")
-    for col in ("host", "job", "state", "checkpoint", "progress", "error"):
-        table.add_column(col)
+    table = Grid(
+        "jobs",
+        [
+            Col("host", "id"),
+            Col("job", "id"),
+            Col("state", "id"),
+            Col("checkpoint"),
+            Col("progress"),
+            Col("error", drop=1),
+        ],
+    )
     for r in rows:
         p = r.get("progress") or {}
         if r["state"] == "done":
@@ -31,28 +38,32 @@ def render_jobs(rows: list[dict]) -> None:
             prog = f"ground truth {p.get('done')}/{p.get('total')}"
         else:
             prog = p.get("phase") or p.get("event") or "-"
-        c = JOB_COLOURS.get(r["state"], "white")
-        table.add_row(
+        table.row(
             r["host"],
             r["job_id"],
-            f"[{c}]{r['state']}[/]",
+            styled(r["state"], JOB_COLOURS.get(r["state"], "white")),
             r.get("checkpoint") or "-",
             prog,
-            ((r.get("exit") or {}).get("error") or "")[:80],
+            (r.get("exit") or {}).get("error") or "",
         )
-    console.print(table)
+    show(table)
 
 
 def render_cancelled(out: dict, job_id: str, host: str, processes: bool = True) -> None:
     """`remote-eval --cancel` / `parity --cancel`: what the job was (and, for an eval job,
     how many processes were stopped)."""
     killed = f"; {out['killed']} process(es) stopped" if processes else ""
-    console.print(f"job {job_id} on {host}: {out['state']} (was {out['was']}{killed})")
+    console.print(
+        plain(f"job {job_id} on {host}: {out['state']} (was {out['was']}{killed})"), soft_wrap=True
+    )
 
 
 def render_started(ref) -> None:
     """`remote-eval --detach`: the job started and how to watch it."""
     console.print(
-        f"started job {ref.job_id} on {ref.host} (pid {ref.pid}); watch with: "
-        f"dflash remote-eval --attach {ref.job_id}"
+        plain(
+            f"started job {ref.job_id} on {ref.host} (pid {ref.pid}); watch with: "
+            f"dflash remote-eval --attach {ref.job_id}"
+        ),
+        soft_wrap=True,
     )

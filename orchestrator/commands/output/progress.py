@@ -1,6 +1,12 @@
 """The live progress views the commands hand to the library: the relay's byte bar, the
 eval's sample bars (one job, or one row per host of a sharded eval), follow's lines and
-parity's stage lines (follow's lines: `events`). All on stderr, so stdout stays for ``--json``."""
+parity's stages (follow's lines: `events`). All on stderr, so stdout stays for ``--json``.
+
+One rule for all of them: every live view is a rich `Progress` (`eval_bars`, or the
+relay's bytes), which redraws itself in place on a terminal and, off one (a pipe, a log
+file, CI), prints nothing while it runs and its final rows once, as whole lines, when it
+stops. Nothing here writes a carriage return of its own, so a log never gets one endless
+line. Names in descriptions and messages are text, never markup."""
 
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from orchestrator.commands.output.base import err_console
+from orchestrator.commands.output.base import err_console, plain
+from orchestrator.printable import printable
 from orchestrator.relay import run as relay_lib
 
 
@@ -28,7 +35,7 @@ def eval_bars(enabled: bool = True, label: str = "{task.description}") -> Progre
     and the elapsed time, on stderr. `label` formats the description (a sharded eval
     right-aligns its host names)."""
     return Progress(
-        TextColumn(f"[bold]{label}"),
+        TextColumn(label, style="bold", markup=False),  # host and stage names: never markup
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[info]}"),
@@ -76,7 +83,7 @@ class RelayProgress(relay_lib.Progress):
             self.bar.update(self.task, files=f"{self.files}/{self.total_files} files")
 
     def message(self, text: str) -> None:
-        self.bar.console.print(f"[yellow]{text}[/]")
+        self.bar.console.print(f"[yellow]{plain(text)}[/]", soft_wrap=True)
 
     def stop(self) -> None:
         if self.task is not None:
@@ -113,11 +120,11 @@ class LiveProgress:
         self.last = ev
         if kind == "warning":
             self.progress.console.print(
-                f"[bold yellow]warning:[/] {ev.get('message')}", soft_wrap=True
+                f"[bold yellow]warning:[/] {plain(ev.get('message'))}", soft_wrap=True
             )
         elif kind == "phase" and ev.get("phase") == "ground_truth" and self.gt_task is None:
             self.gt_task = self.progress.add_task(
-                f"ground truth ({ev.get('source')})", total=None, info=""
+                f"ground truth ({printable(str(ev.get('source')))})", total=None, info=""
             )
         elif kind == "ground_truth":
             if self.gt_task is None:
@@ -177,7 +184,7 @@ class ShardProgress:
 
     def _row(self, host: str) -> tuple[TaskID, dict]:
         if host not in self.rows:
-            self.rows[host] = self.progress.add_task(host, total=0, info="")
+            self.rows[host] = self.progress.add_task(printable(host), total=0, info="")
             self.hosts[host] = {
                 "total": 0,
                 "done": 0,
@@ -209,19 +216,20 @@ class ShardProgress:
         kind = ev.get("event")
         if kind == "warning":
             self.progress.console.print(
-                f"[bold yellow]warning ({host}):[/] {ev.get('message')}", soft_wrap=True
+                f"[bold yellow]warning ({plain(host)}):[/] {plain(ev.get('message'))}",
+                soft_wrap=True,
             )
         elif kind == "plan":
             self.planned = True
             self.set_total(int(ev.get("samples") or 0))
         elif kind == "ground_truth" and not self.planned:  # shard jobs' slices: not news
             if self.gt_task is None:
-                self.gt_task = self.progress.add_task("ground truth", total=None, info=host)
+                self.gt_task = self.progress.add_task("ground truth", total=None, info="")
             self.progress.update(
                 self.gt_task,
                 completed=ev.get("done", 0),
                 total=ev.get("total"),
-                info=f"{host}, cached" if ev.get("cached") else host,
+                info=plain(f"{host}, cached" if ev.get("cached") else host),
             )
         elif kind == "shard":
             task, h = self._row(host)
@@ -247,8 +255,9 @@ class ShardProgress:
             self.progress.update(task, total=h["total"])
             self._render(task, h)
             self.progress.console.print(
-                f"[bold red]{host} failed:[/] {ev.get('error')}; {ev.get('kept')} sample(s) "
-                f"kept, {ev.get('unfinished')} re-run on other hosts",
+                f"[bold red]{plain(host)} failed:[/] {plain(ev.get('error'))}; "
+                f"{plain(ev.get('kept'))} sample(s) kept, {plain(ev.get('unfinished'))} re-run "
+                "on other hosts",
                 soft_wrap=True,
             )
 
@@ -269,26 +278,45 @@ def job_started(host: str):
 
     def started(ref) -> None:
         pushed = " (bundle pushed)" if ref.bundle_pushed else ""
-        err_console.print(f"started job {ref.job_id} on {host}{pushed}")
+        err_console.print(plain(f"started job {ref.job_id} on {host}{pushed}"), soft_wrap=True)
         err_console.file.flush()
 
     return started
 
 
 class ParityLines:
-    """Parity's stage view: a line per started job, a counter per sample, warnings."""
+    """Parity's stage view: a line per started job, a bar per stage (its samples) and the
+    warnings, like the eval's (see the module docstring for what it does off a terminal)."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
+        self.progress = eval_bars(enabled)
+        self.tasks: dict[str, TaskID] = {}
+
+    def __enter__(self) -> ParityLines:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
 
     def started(self, stage: str, ref) -> None:
         if self.enabled:
-            err_console.print(f"{stage}: job {ref.job_id} on {ref.host}")
+            self.progress.console.print(
+                plain(f"{stage}: job {ref.job_id} on {ref.host}"), soft_wrap=True
+            )
 
     def __call__(self, stage: str, ev: dict) -> None:
         if not self.enabled:
             return
         if ev.get("event") == "sample":
-            err_console.print(f"  {stage}: {ev.get('done')}/{ev.get('total')}", end="\r")
+            if stage not in self.tasks:
+                self.tasks[stage] = self.progress.add_task(printable(stage), total=None, info="")
+            self.progress.update(
+                self.tasks[stage], completed=ev.get("done") or 0, total=ev.get("total")
+            )
         elif ev.get("event") == "warning":
-            err_console.print(f"[yellow]warning ({stage}):[/] {ev.get('message')}")
+            self.progress.console.print(
+                f"[yellow]warning ({plain(stage)}):[/] {plain(ev.get('message'))}",
+                soft_wrap=True,
+            )

@@ -6,13 +6,24 @@ when that is not the result itself."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
+from rich.text import Text
 
-from orchestrator.commands.output.base import compact, console, fmt, num, pct
+from orchestrator.commands.output.base import (
+    console,
+    err_console,
+    exit_with,
+    fmt,
+    num,
+    pct,
+    plain,
+    show,
+)
 from orchestrator.commands.output.parity import render_parity
+from orchestrator.commands.output.tables import Col, Grid, kv, styled
 from orchestrator.eval import follow as follow_lib
 from orchestrator.results import catalog, parity_view
 from orchestrator.results import compare as cmp
@@ -22,43 +33,49 @@ from orchestrator.results import store as res
 TIME_KEYS = {"generated", "created", "pulled", "time", "started", "finished", "made"}
 
 
+def _line(text: str, soft_wrap: bool = True) -> None:
+    """A line of literal text (names, paths), never cut: one logical line that the
+    terminal wraps (copyable), or with ``soft_wrap=False`` wrapped here to the width."""
+    console.print(plain(text), soft_wrap=soft_wrap)
+
+
 # ---- one eval run ---------------------------------------------------------------------------
 
 
 def render_summary(run: res.Run) -> None:
     """The headline table of one run (also printed at the end of `remote-eval`)."""
     s = res.summary(run)
-    table = Table(title=f"{s['checkpoint']}  ({s['run_id']})", show_header=False)
-    table.add_column("metric", style="bold")
-    table.add_column("value", overflow="fold")  # a sha256 wraps, never cut
-    table.add_row("tau (z-lab: mean of per-sample means)", fmt(s["tau"]))
-    table.add_row("tau (token-weighted: tokens / rounds)", fmt(s["tau_tokens"]))
-    for b, v in s["ddtree"].items():
-        table.add_row(f"DDTree-{b} tau", fmt(v))
-    table.add_row("target agreement", pct(s["target_agreement"]))
-    table.add_row(
-        "training run",
-        f"{run.training_run.name} ({run.training_run.host}:{run.training_run.folder})",
-    )
-    table.add_row("step", fmt(s["step"]))
-    table.add_row("drafter sha256", fmt(s["drafter_sha256"]))
-    table.add_row("evaluated", s["created_time"])
-    table.add_row(
-        "samples / tokens / rounds",
-        f"{fmt(s['samples'])} / {fmt(s['tokens'])} / {fmt(s['rounds'])}",
-    )
+    rows: list[tuple[str, object]] = [
+        ("tau (z-lab: mean of per-sample means)", fmt(s["tau"])),
+        ("tau (token-weighted: tokens / rounds)", fmt(s["tau_tokens"])),
+        *[(f"DDTree-{b} tau", fmt(v)) for b, v in s["ddtree"].items()],
+        ("target agreement", pct(s["target_agreement"])),
+        (
+            "training run",
+            f"{run.training_run.name} ({run.training_run.host}:{run.training_run.folder})",
+        ),
+        ("step", fmt(s["step"])),
+        ("drafter sha256", fmt(s["drafter_sha256"])),  # a sha256 wraps, never cut
+        ("evaluated", s["created_time"]),
+        (
+            "samples / tokens / rounds",
+            f"{fmt(s['samples'])} / {fmt(s['tokens'])} / {fmt(s['rounds'])}",
+        ),
+    ]
     gt = res.ground_truth_source(run)
     src = gt.get("kind") or "-"
     if gt.get("url"):
         src += f" {gt['url']}"
     if gt.get("cached"):
         src += " (cached on host)"
-    table.add_row("ground truth", src)
+    rows.append(("ground truth", src))
     if s["retokenisation_mismatch"] is not None:
-        table.add_row("retokenisation mismatch", f"[yellow]{pct(s['retokenisation_mismatch'])}[/]")
-    console.print(table)
+        rows.append(
+            ("retokenisation mismatch", styled(pct(s["retokenisation_mismatch"]), "yellow"))
+        )
+    show(kv(f"{s['checkpoint']}  ({s['run_id']})", rows))
     for w in gt.get("warnings") or []:
-        console.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
+        console.print(f"[bold yellow]warning:[/] {plain(w)}", soft_wrap=True)
 
 
 def eval_run_json(run: res.Run) -> dict:
@@ -77,29 +94,28 @@ def render_eval_run(run: res.Run) -> None:
     render_summary(run)
     shards = run.result.get("shards")
     if shards:
-        console.print(
+        _line(
             f"sharded across {', '.join(shards['hosts'])}; ground truth from "
             f"{shards['ground_truth']['obtained_on']}, one file sliced per shard"
         )
         for r in run.result.get("reassigned", []):
             moved = ", ".join(f"{len(ids)} to {h}" for h, ids in r["to"].items())
             console.print(
-                f"[yellow]{r['host']} failed ({r['reason']}):[/] kept "
-                f"{len(r['kept'])} sample(s), re-ran {moved or 'none'}"
+                f"[yellow]{plain(r['host'])} failed ({plain(r['reason'])}):[/] kept "
+                f"{len(r['kept'])} sample(s), re-ran {plain(moved or 'none')}",
+                soft_wrap=True,
             )
-    console.print(f"results: {run.path}")
+    _line(f"results: {run.path}", soft_wrap=False)
 
 
-def _kv_table(title: str, data: dict) -> Table:
-    table = Table(title=title, show_header=False)
-    table.add_column("key", style="bold")
-    table.add_column("value", overflow="fold")
+def _kv_table(title: str, data: dict) -> Grid:
+    rows = []
     for k, v in _flatten(data):
         if k.rsplit(".", 1)[-1] in TIME_KEYS and isinstance(v, (int, float)) and v > 1e8:
-            table.add_row(k, res.format_time(v))
-            continue
-        table.add_row(k, fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v)[:120])
-    return table
+            rows.append((k, res.format_time(v)))
+        else:
+            rows.append((k, fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v)))
+    return kv(title, rows)
 
 
 def _flatten(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -122,53 +138,73 @@ def render_run(run: res.Run) -> None:
     m = run.metrics
     dd = m.get("ddtree") or {}
     if dd:
-        t = Table(title="DDTree budgets")
-        for col in ("budget (nodes)", "per-depth top-k", "tau", "tau (tokens)", "rounds"):
-            t.add_column(col)
+        t = Grid(
+            "DDTree budgets",
+            [
+                Col("budget (nodes)", "num", justify="right"),
+                Col("per-depth top-k", "num", justify="right", drop=2),
+                Col("tau", "num", justify="right"),
+                Col("tau (tokens)", "num", justify="right"),
+                Col("rounds", "num", justify="right", drop=1),
+            ],
+            compact=False,
+        )
         for b, v in sorted(dd.items(), key=lambda kv: res.budget_key(kv[0])):
-            t.add_row(
+            t.row(
                 str(v.get("budget", b)),
                 fmt(v.get("topk")),
                 fmt(v.get("tau_per_sample_mean")),
                 fmt(v.get("tau_token_weighted")),
                 fmt(v.get("rounds")),
             )
-        console.print(t)
+        show(t)
     hist = res.histogram(run)
     if hist:
         total = sum(c for _, c in hist) or 1
-        t = Table(title="acceptance histogram")
-        for col in ("length", "rounds", "share", ""):
-            t.add_column(col)
+        t = Grid(
+            "acceptance histogram",
+            [
+                Col("length", "num", justify="right"),
+                Col("rounds", "num", justify="right"),
+                Col("share", "num", justify="right"),
+                Col("", "id", drop=1),
+            ],
+            compact=False,
+        )
         for k, c in hist:
-            t.add_row(str(k), str(c), pct(c / total), "#" * round(40 * c / total))
-        console.print(t)
+            t.row(str(k), str(c), pct(c / total), "#" * round(40 * c / total))
+        show(t)
     pos = res.per_position(run)
     if pos:
-        t = Table(title="per-position acceptance (position j correct given 1..j-1 correct)")
-        for col in ("position", "attempts", "accepted", "rate"):
-            t.add_column(col)
+        t = Grid(
+            "per-position acceptance (position j correct given 1..j-1 correct)",
+            [
+                Col("position", "num", justify="right"),
+                Col("attempts", "num", justify="right"),
+                Col("accepted", "num", justify="right"),
+                Col("rate", "num", justify="right"),
+            ],
+            compact=False,
+        )
         for p in pos:
-            t.add_row(
+            t.row(
                 str(p.get("position")),
                 fmt(p.get("attempts")),
                 fmt(p.get("accepted")),
                 pct(p.get("rate")),
             )
-        console.print(t)
+        show(t)
     agreement = m.get("target_agreement")
     if agreement:
-        console.print(_kv_table("target agreement (host argmax = ground truth)", agreement))
+        show(_kv_table("target agreement (host argmax = ground truth)", agreement))
     for key, title in (("timings", "timings"), ("environment", "environment")):
         if run.result.get(key):
-            console.print(_kv_table(title, run.result[key]))
+            show(_kv_table(title, run.result[key]))
     gt = res.ground_truth_source(run)
     if gt:
-        console.print(
-            _kv_table("ground truth source", {k: v for k, v in gt.items() if k != "warnings"})
-        )
+        show(_kv_table("ground truth source", {k: v for k, v in gt.items() if k != "warnings"}))
     pngs = sorted(p.name for p in run.path.glob("*.png"))
-    console.print(f"folder: {run.path}" + (f"  plots: {', '.join(pngs)}" if pngs else ""))
+    _line(f"folder: {run.path}" + (f"  plots: {', '.join(pngs)}" if pngs else ""), soft_wrap=False)
 
 
 def render_found(found: res.Run | catalog.ParityRun) -> None:
@@ -188,14 +224,23 @@ def found_json(found: res.Run | catalog.ParityRun) -> dict:
 
 
 def render_listing(listing: catalog.Listing) -> None:
-    """`results list`: parity runs, then eval runs oldest first."""
+    """`results list`: parity runs, then eval runs oldest first, every id whole (the run
+    folders that could not be read: `render_skipped`)."""
     if listing.parity_runs:
-        t = compact("parity runs")
-        for col in ("run", "A", "B", "worst relL2 p99", "top-1", "delta tau"):
-            t.add_column(col, no_wrap=True)
+        t = Grid(
+            "parity runs",
+            [
+                Col("run", "id"),
+                Col("A"),
+                Col("B"),
+                Col("worst relL2 p99", "num", justify="right"),
+                Col("top-1", "num", justify="right", drop=1),
+                Col("delta tau", "num", justify="right"),
+            ],
+        )
         for p, r in listing.parity_runs:
             s = parity_view.summary(r, p.name)
-            t.add_row(
+            t.row(
                 p.name,
                 s["a"],
                 s["b"],
@@ -203,17 +248,26 @@ def render_listing(listing: catalog.Listing) -> None:
                 pct(s["top1_agreement"]),
                 fmt(s["delta_tau"]),
             )
-        console.print(t)
+        show(t)
     if not listing.runs:
-        console.print(f"no runs in {listing.root}", soft_wrap=True)
+        _line(f"no runs in {listing.root}")
         return
-    table = compact(f"runs in {listing.root}")
-    for col in ("run", "step", "tau", "tau tok", "DDTree max", "agree", "evaluated"):
-        table.add_column(col, no_wrap=True, justify="left" if col == "run" else "right")
+    table = Grid(
+        f"runs in {listing.root}",
+        [
+            Col("run", "id"),
+            Col("step", "num", justify="right"),
+            Col("tau", "num", justify="right"),
+            Col("tau tok", "num", justify="right", drop=2),
+            Col("DDTree max", "num", justify="right", drop=3),
+            Col("agree", "num", justify="right", drop=1),
+            Col("evaluated", "num", justify="right", drop=4),
+        ],
+    )
     for r in listing.runs:
         s = res.summary(r)
         dd = list(s["ddtree"].items())
-        table.add_row(
+        table.row(
             s["run_id"],
             fmt(s["step"]),
             fmt(s["tau"]),
@@ -222,29 +276,37 @@ def render_listing(listing: catalog.Listing) -> None:
             pct(s["target_agreement"]),
             s["created_time"][5:16],
         )
-    console.print(table)
+    show(table)
+
+
+def render_skipped(skipped: list[str]) -> None:
+    """Run folders left out because they could not be read: one yellow line each, on
+    stderr (with or without --json), so the runs that could be read are still shown."""
+    for line in skipped:
+        err_console.print(f"[yellow]skipped:[/] {plain(line)}", soft_wrap=True)
 
 
 def render_comparison(c: catalog.Comparison) -> None:
     """`results compare`: the runs side by side, then each paired against the first."""
     for i, r in enumerate(c.runs):
-        console.print(f"{_label(i)}: {r.run_id}", soft_wrap=True)
-    t = compact("side by side")
-    t.add_column("metric", style="bold", no_wrap=True)
-    for i, _ in enumerate(c.runs):
-        t.add_column(_label(i), justify="right")
+        _line(f"{_label(i)}: {r.run_id}")
+    t = Grid(
+        "side by side",
+        [
+            Col("metric", style="bold"),
+            *[Col(_label(i), "id", justify="right") for i in range(len(c.runs))],
+        ],
+    )
     for metric, values in c.rows:
         is_share = metric.startswith(("share", "target", "retok"))
-        t.add_row(
-            metric, *[pct(v) if is_share and isinstance(v, float) else fmt(v) for v in values]
-        )
-    console.print(t)
+        t.row(metric, *[pct(v) if is_share and isinstance(v, float) else fmt(v) for v in values])
+    show(t)
     for i, p in enumerate(c.paired, 1):
         render_paired(p, _label(i), _label(0))
     if c.plot_asked and c.plot is None:
         console.print("no plot: none of these runs carries a training step")
     elif c.plot:
-        console.print(f"plot: {c.plot}", soft_wrap=True)
+        _line(f"plot: {c.plot}")
 
 
 def _label(i: int) -> str:
@@ -255,76 +317,111 @@ def render_paired(p: cmp.Paired, b: str, a: str) -> None:
     """The paired comparison of run `b` against run `a`."""
     if not p.comparable:
         console.print(
-            f"[bold yellow]{b} vs {a}: not comparable[/]: {'; '.join(p.problems)}", soft_wrap=True
+            f"[bold yellow]{b} vs {a}: not comparable[/]: {plain('; '.join(p.problems))}",
+            soft_wrap=True,
         )
         return
-    t = compact(
+    t = Grid(
         f"{b} vs {a}: paired over {p.samples} samples "
-        f"({p.confidence:.0%} bootstrap interval, {p.resamples} resamples)"
+        f"({p.confidence:.0%} bootstrap interval, {p.resamples} resamples)",
+        [
+            Col("metric"),
+            Col(a, "num", justify="right"),
+            Col(b, "num", justify="right"),
+            Col("delta", "num", justify="right"),
+            Col("interval", "num", justify="right"),
+            Col("improved", "num", justify="right", drop=1),
+            Col("worse", "num", justify="right", drop=2),
+        ],
     )
-    for col in ("metric", a, b, "delta", "interval", "improved", "worse"):
-        t.add_column(col, justify="left" if col == "metric" else "right", no_wrap=True)
     for d in p.deltas:
         colour = "green" if d.low > 0 else "red" if d.high < 0 else ""
-        delta = f"[{colour}]{d.delta:+.3f}[/]" if colour else f"{d.delta:+.3f}"
-        t.add_row(
+        t.row(
             d.metric,
             fmt(d.mean_a),
             fmt(d.mean_b),
-            delta,
+            Text(f"{d.delta:+.3f}", style=colour),
             f"[{d.low:+.3f}, {d.high:+.3f}]",
             pct(d.improved),
             pct(d.worse),
         )
-    console.print(t)
+    show(t)
     if p.only_a or p.only_b:
         console.print(f"not paired: {p.only_a} samples only in {a}, {p.only_b} only in {b}")
 
 
-def render_paths(paths: list[Path]) -> None:
-    """Files written, one a line (`results plot`)."""
-    for p in paths:
-        console.print(str(p), soft_wrap=True)
+def render_paths(drawn: catalog.Drawn) -> None:
+    """`results plot`: the files written, one a line; then each plot that failed, on
+    stderr, and exit 1 (the others were drawn all the same)."""
+    for p in drawn.paths:
+        _line(str(p))
+    render_skipped(drawn.skipped)
+    if drawn.failed:
+        exit_with(1, *[f"[red]plot failed:[/] {plain(line)}" for line in drawn.failed])
 
 
 def render_export(w: catalog.Written) -> None:
-    console.print(f"exported {w.runs} run(s) as {w.format}: {w.path}", soft_wrap=True)
+    """`results export`: the data itself when it went to stdout, else where it went."""
+    render_skipped(w.skipped)
+    if w.text is not None:
+        sys.stdout.write(w.text)
+        return
+    _line(f"exported {w.runs} run(s) as {w.format}: {w.path}")
     if w.format == "tensorboard":
-        console.print(f"view: tensorboard --logdir {w.path}", soft_wrap=True)
+        _line(f"view: tensorboard --logdir {w.path}")
 
 
 def render_report(w: catalog.Written) -> None:
-    console.print(f"report of {w.runs} run(s): {w.path}", soft_wrap=True)
+    render_skipped(w.skipped)
+    _line(f"report of {w.runs} run(s): {w.path}")
+    for line in w.notes:
+        _line(line)
 
 
 # ---- tau per checkpoint step (follow, demo) ----------------------------------------------------
 
 
-def history_table(history: list[dict], title: str = "tau per checkpoint step") -> Table:
+def history_table(history: list[dict], title: str = "tau per checkpoint step") -> Grid:
     """Step, checkpoint, tau (z-lab per-sample mean and token-weighted), DDTree tau per node
-    budget and the target agreement rate; run ids are in the history JSON."""
+    budget and the target agreement rate, and why a checkpoint failed; run ids are in the
+    history JSON. At a narrow width the smaller DDTree budgets are left out first."""
     budgets = sorted({b for h in history for b in (h.get("ddtree") or {})}, key=int)
-    table = compact(title)  # fits 80 columns
-    for col in ("step", "checkpoint", "tau", "tau tok", *[f"DDTree-{b}" for b in budgets], "agree"):
-        table.add_column(col, justify="left" if col == "checkpoint" else "right", no_wrap=True)
+    failed = any(h.get("state") != "done" for h in history)
+    table = Grid(
+        title,
+        [
+            Col("step", "num", justify="right"),
+            Col("checkpoint"),
+            Col("tau", "num", justify="right"),
+            Col("tau tok", "num", justify="right", drop=len(budgets) + 2),
+            *[
+                Col(f"DDTree-{b}", "num", justify="right", drop=len(budgets) + 2 - i)
+                for i, b in enumerate(budgets, 1)
+            ],
+            Col("agree", "num", justify="right", drop=len(budgets) + 3),
+            *([Col("error")] if failed else []),
+        ],
+    )
     for h in sorted(history, key=lambda h: (h.get("step") is None, h.get("step") or 0)):
         if h.get("state") != "done":
-            table.add_row(
+            table.row(
                 str(h.get("step")),
                 h["checkpoint"],
-                f"[red]failed[/]: {(h.get('error') or '')[:60]}",
+                styled("failed", "red"),
                 "",
                 *[""] * len(budgets),
                 "",
+                h.get("error") or "",
             )
             continue
-        table.add_row(
+        table.row(
             str(h.get("step")),
             h["checkpoint"],
             num(h.get("tau")),
             num(h.get("tau_tokens")),
             *[num((h.get("ddtree") or {}).get(b)) for b in budgets],
             num(h.get("target_agreement")),
+            *([""] if failed else []),
         )
     return table
 
@@ -340,24 +437,23 @@ def follow_json(folder: Path) -> dict:
 
 def render_follow(folder: Path) -> None:
     """The end of `follow`: tau per step of the history, the plot, the history file."""
-    console.print(history_table(follow_lib.read_history(folder)))
+    show(history_table(follow_lib.read_history(folder)))
     plot = folder / follow_lib.PLOT
     if plot.is_file():
-        console.print(f"plot: {plot}", soft_wrap=True)
-    console.print(f"history: {folder / follow_lib.HISTORY}", soft_wrap=True)
+        _line(f"plot: {plot}")
+    _line(f"history: {folder / follow_lib.HISTORY}")
 
 
 def render_demo(result) -> None:
     """The end of `demo`: tau per step, where everything is, and how long each part took."""
-    console.print(history_table(result.history, "demo: tau per checkpoint step"))
+    show(history_table(result.history, "demo: tau per checkpoint step"))
     secs = result.seconds
-    console.print(f"plot: {result.plot}", soft_wrap=True)
-    console.print(f"results: {result.results_dir}", soft_wrap=True)
+    _line(f"plot: {result.plot}")
+    _line(f"results: {result.results_dir}")
     if result.folder:
-        console.print(f"demo folder (kept): {result.folder}", soft_wrap=True)
-    console.print(
+        _line(f"demo folder (kept): {result.folder}")
+    _line(
         f"models: {result.models} ({'built now' if result.built_now else 'cached'})"
         f"; {secs['total']:.0f}s in all: models {secs['models']:.0f}s, setup "
-        f"{secs['setup']:.0f}s, relay+probe+eval {secs['relay_probe_eval']:.0f}s",
-        soft_wrap=True,
+        f"{secs['setup']:.0f}s, relay+probe+eval {secs['relay_probe_eval']:.0f}s"
     )

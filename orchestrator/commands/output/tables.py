@@ -1,0 +1,166 @@
+"""Every table the CLI prints, under one rule: ids and numbers are never cut, at any width.
+
+A `Grid` declares each column's kind: an ``id`` (run, job, host or checkpoint name) or a
+``num`` is never wrapped and never cut; ``text`` (a path, an error, a description) wraps.
+When the table does not fit the console, the columns with a ``drop`` rank are left out,
+highest rank first, and a caption names them (``--json`` always has everything); when even
+the columns that stay do not fit, the table is printed wider than the console (the
+terminal wraps its lines) rather than cut. Cells are text, never markup: a name such as
+``step_1[a]`` shows as it is, and a control character or lone surrogate in it is escaped
+visibly (`orchestrator.printable`). A cell that carries a style is a `rich.text.Text`
+(`styled`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rich import box as boxes
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.printable import printable
+
+Kind = Literal["id", "num", "text"]
+
+# Below this many cells a wrapping column is not narrowed to make room: columns are left
+# out first (a path folded into a 3-cell column is unreadable).
+TEXT_MIN = 12
+
+
+def styled(value: Any, style: str) -> Text:
+    """A cell (or a line) in `style`: its value as literal text, never markup."""
+    return Text(printable(str(value)), style=style)
+
+
+def cell(value: Any) -> Text:
+    """A value as a cell: a `Text` kept as it is, anything else as literal text."""
+    if isinstance(value, Text):
+        return value
+    return Text(printable("" if value is None else str(value)))
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column: its header, kind (``id``/``num`` never cut, ``text`` wraps), alignment,
+    rank for leaving it out when the table is too wide (0: always shown; higher goes
+    first) and an optional style."""
+
+    header: str
+    kind: Kind = "text"
+    justify: Literal["left", "right", "center"] = "left"
+    drop: int = 0
+    style: str | None = None
+
+
+class Grid:
+    """A table that fits itself to the console at render time (see the module docstring).
+    Print it with `orchestrator.commands.output.base.show`, which never crops it."""
+
+    def __init__(
+        self,
+        title: str | None = None,
+        columns: Iterable[Col | str] = (),
+        *,
+        compact: bool = True,
+        show_header: bool = True,
+    ) -> None:
+        self.title = title
+        self.columns = [c if isinstance(c, Col) else Col(c) for c in columns]
+        self.compact = compact
+        self.show_header = show_header
+        self.rows: list[list[Text]] = []
+
+    def row(self, *cells: Any) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError(f"{len(cells)} cells for {len(self.columns)} columns")
+        self.rows.append([cell(c) for c in cells])
+
+    # ---- rendering ----------------------------------------------------------------------
+
+    def _table(self, keep: list[int], capped: bool, caption: str | None = None) -> Table:
+        """The rich table of the columns `keep`; `capped`: wrapping columns measured at
+        most `TEXT_MIN` wide (what they can be narrowed to), for the fitting."""
+        style: dict[str, Any] = (
+            {
+                "box": boxes.SIMPLE_HEAD,
+                "padding": (0, 1),
+                "collapse_padding": True,
+                "pad_edge": False,
+                "show_edge": False,
+            }
+            if self.compact
+            else {}
+        )
+        table = Table(
+            title=Text(printable(self.title)) if self.title else None,
+            caption=Text(caption, style="dim") if caption else None,
+            show_header=self.show_header,
+            **style,
+        )
+        for i in keep:
+            c = self.columns[i]
+            wraps = c.kind == "text"
+            table.add_column(
+                Text(printable(c.header)),
+                justify=c.justify,
+                style=c.style,
+                no_wrap=not wraps,
+                overflow="fold",  # a wrapping cell folds; nothing is ever replaced by "…"
+                max_width=TEXT_MIN if (capped and wraps) else None,
+            )
+        for r in self.rows:
+            table.add_row(*[r[i] for i in keep])
+        return table
+
+    def _needed(self, console: Console, options: ConsoleOptions, keep: list[int]) -> int:
+        """The narrowest width the columns `keep` fit in without cutting an id or number."""
+        probe = self._table(keep, capped=True)
+        return Measurement.get(console, options.update_width(1 << 16), probe).maximum
+
+    def fit(self, console: Console, options: ConsoleOptions) -> tuple[Table, int]:
+        """The table to draw at `options.max_width` and the width to draw it at."""
+        keep = list(range(len(self.columns)))
+        width = options.max_width
+        ranked = sorted(
+            (i for i, c in enumerate(self.columns) if c.drop),
+            key=lambda i: (-self.columns[i].drop, -i),
+        )
+        needed = self._needed(console, options, keep)
+        dropped: list[int] = []
+        for i in ranked:
+            if needed <= width:
+                break
+            keep.remove(i)
+            dropped.append(i)
+            needed = self._needed(console, options, keep)
+        caption = None
+        if dropped:
+            names = ", ".join(self.columns[i].header for i in sorted(dropped))
+            caption = f"left out at this width: {names} (a wider terminal or --json shows them)"
+        return self._table(keep, capped=False, caption=caption), max(width, needed)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table, width = self.fit(console, options)
+        yield from console.render(table, options.update_width(width))
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        table, width = self.fit(console, options)
+        return Measurement.get(console, options.update_width(width), table)
+
+
+def kv(title: str | None, pairs: Iterable[tuple[Any, Any]], key_style: str = "bold") -> Grid:
+    """A two-column table of (key, value) rows without a header; both wrap."""
+    grid = Grid(
+        title,
+        [Col("key", style=key_style), Col("value")],
+        compact=False,
+        show_header=False,
+    )
+    for k, v in pairs:
+        grid.row(k, v)
+    return grid

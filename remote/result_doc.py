@@ -1,0 +1,286 @@
+"""The JSON types of an eval's result files, defined ONCE (re-exported by `remote.protocol`).
+
+A job's folder holds ``result.json`` (schema ``dflash.eval/1``, written by
+`remote.eval.engine` and completed by `remote.jobs.annotate_result`), ``spec.json`` (the
+job spec the controller sent), ``ground_truth.json`` (where the ground truth came from)
+and ``samples.jsonl`` (one record per sample). The controller pulls them from a host it
+does not trust and reads them again from run folders on disk, so before it uses a value it
+checks its type here: `check_result`, `check_spec`, `check_ground_truth`, `check_record`,
+and `check_files` for the pulled bytes. A wrong type is a `ResultError` naming the field
+(``metrics.tau_per_sample_mean is 'x' (a string), expected a number``).
+
+Only the fields somebody reads are described; other keys may come and go (a newer host
+may record more). A described field may be absent or null unless `REQUIRED` says so.
+Standard library only: both sides import it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+
+class ResultError(ValueError):
+    """A result file whose JSON does not have the expected types; the message names the
+    file's field and says what it holds and what was expected."""
+
+
+class _Type:
+    """A JSON type: `accepts` says whether a value is one, `what` names it for errors,
+    `inner` is the type of its items (a list) or values (an object; `keys` then says what
+    its keys must be, as a (description, predicate) pair)."""
+
+    def __init__(self, what: str, accepts: Any, inner: Any = None, keys: Any = None):
+        self.what, self.accepts, self.inner, self.keys = what, accepts, inner, keys
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+STR = _Type("a string", lambda v: isinstance(v, str))
+INT = _Type("an integer", _is_int)
+NUM = _Type("a number", _is_num)
+BOOL = _Type("true or false", lambda v: isinstance(v, bool))
+SCALAR = _Type("a string or a number", lambda v: isinstance(v, str) or _is_num(v))
+ANY = _Type("anything", lambda v: True)
+
+
+def list_of(item: Any) -> _Type:
+    return _Type("a list", lambda v: isinstance(v, list), item)
+
+
+def map_of(value: Any, keys: Any = None) -> _Type:
+    """An object whose keys are data (budgets, lengths, names), each value of one type."""
+    return _Type("an object", lambda v: isinstance(v, dict), value, keys)
+
+
+WHOLE_NUMBER_KEYS = ("a whole number", lambda k: k.isdecimal())
+
+
+def one_of(*types: Any) -> _Type:
+    what = " or ".join(t.what if isinstance(t, _Type) else "an object" for t in types)
+    return _Type(what, lambda v: any(_accepts(t, v) for t in types), types)
+
+
+def _accepts(t: Any, v: Any) -> bool:
+    return isinstance(v, dict) if isinstance(t, dict) else t.accepts(v)
+
+
+SOURCE = {"host": STR, "path": STR}
+DRAFTER_IDENTITY = {
+    "sha256": STR,
+    "step": INT,
+    "step_from": STR,
+    "hashed_by": STR,
+    "relayed_at": SCALAR,
+    "source": SOURCE,
+}
+GROUND_TRUTH = {
+    "kind": STR,
+    "url": STR,
+    "path": STR,
+    "file": STR,
+    "cached": BOOL,
+    "cache_key": STR,
+    "warnings": list_of(STR),
+    "retokenisation": {"mismatch_rate": NUM},
+}
+PROMPTS = {"name": STR, "sha256": STR, "path": STR}
+TAU = {
+    "tau_per_sample_mean": NUM,
+    "tau_token_weighted": NUM,
+    "rounds": INT,
+    "tokens": INT,
+}
+METRICS = {
+    "samples": INT,
+    **TAU,
+    "acceptance_histogram": one_of(map_of(INT, WHOLE_NUMBER_KEYS), list_of(INT)),
+    "per_position_acceptance": list_of(
+        one_of({"position": INT, "attempts": INT, "accepted": INT, "rate": NUM}, NUM)
+    ),
+    "target_agreement": {"match": INT, "total": INT, "rate": NUM},
+    "ddtree": map_of({"budget": INT, "topk": INT, **TAU}),
+}
+RESULT = {
+    "schema": STR,
+    "samples_file": STR,
+    "inputs": {
+        "checkpoint": STR,
+        "drafter": one_of(STR, {"path": STR}),
+        "drafter_identity": DRAFTER_IDENTITY,
+        "target_identity": {"config_sha256": STR, "weights": list_of(list_of(SCALAR))},
+        "ground_truth_source": GROUND_TRUTH,
+        "ground_truth_sha256": STR,
+        "eval_engine": one_of(STR, {"name": STR}),
+        "prompts": PROMPTS,
+        "target": STR,
+        "target_architecture": STR,
+        "target_layers": INT,
+        "target_vocab_size": INT,
+    },
+    "environment": {"dtype": STR},
+    "timings": {"eval_s": NUM, "total_s": NUM, "tokens_per_s": NUM},
+    "job": {"job_id": STR, "host": STR, "created": NUM},
+    "shards": {"hosts": list_of(STR), "ground_truth": {"obtained_on": STR}},
+    "reassigned": list_of(
+        {"host": STR, "reason": STR, "kept": list_of(ANY), "to": map_of(list_of(ANY))}
+    ),
+}
+SPEC = {
+    "checkpoint": STR,
+    "host": STR,
+    "created": NUM,
+    "drafter": STR,
+    "dtype": STR,
+    "prompts": PROMPTS,
+}
+RECORD = {
+    "id": SCALAR,
+    "tau": NUM,
+    "rounds": list_of(INT),
+    "ddtree": map_of(list_of(INT)),
+    "prompt_tokens": INT,
+    "completion_tokens": INT,
+}
+REQUIRED = {"result.json": ("schema",)}
+
+
+def _shown(v: Any) -> str:
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _kind(v: Any) -> str:
+    for t in (BOOL, STR, INT, NUM):
+        if t.accepts(v):
+            return t.what
+    return {dict: "an object", list: "a list"}.get(type(v), type(v).__name__)
+
+
+def _check(value: Any, expected: Any, where: str) -> None:
+    """Raise `ResultError` unless `value` (at `where`, a dotted path) is `expected`: a dict
+    of described fields, or a `_Type` (its items or values checked against its inner type;
+    a ``one_of`` against the alternative the value is). None passes: fields are optional."""
+    if value is None:
+        return
+    if isinstance(expected, dict):
+        if not isinstance(value, dict):
+            raise ResultError(f"{where} is {_shown(value)} ({_kind(value)}), expected an object")
+        for key, inner in expected.items():
+            _check(value.get(key), inner, f"{where}.{key}" if where else key)
+        return
+    if not expected.accepts(value):
+        raise ResultError(f"{where} is {_shown(value)} ({_kind(value)}), expected {expected.what}")
+    inner = expected.inner
+    if isinstance(inner, tuple):
+        _check(value, next(alt for alt in inner if _accepts(alt, value)), where)
+    elif inner is not None and isinstance(value, list):
+        for i, item in enumerate(value):
+            _check(item, inner, f"{where}[{i}]")
+    elif inner is not None and isinstance(value, dict):
+        for key, item in value.items():
+            if expected.keys is not None and not expected.keys[1](key):
+                raise ResultError(f"{where} has key {_shown(key)}, expected {expected.keys[0]}")
+            _check(item, inner, f"{where}.{key}")
+
+
+def metrics_of(result: Mapping) -> dict:
+    """The dataset metrics of a result: flat, or nested per dataset (then the one named
+    ``all``, else the first)."""
+    m = result.get("metrics") or {}
+    if not isinstance(m, dict):
+        return m
+    if "tau_token_weighted" in m or "tau_per_sample_mean" in m:
+        return m
+    if m:
+        if isinstance(m.get("all"), dict):
+            return m["all"]
+        first = next(iter(m.values()))
+        if isinstance(first, dict):
+            return first
+    return {}
+
+
+def check_result(doc: Any) -> None:
+    """Raise `ResultError` unless `doc` (a parsed ``result.json``) has the expected types."""
+    if not isinstance(doc, dict):
+        raise ResultError(f"the document is {_kind(doc)}, expected an object")
+    for key in REQUIRED["result.json"]:
+        if key not in doc:
+            raise ResultError(f"{key} is missing")
+    _check(doc, RESULT, "")
+    metrics = doc.get("metrics")
+    if metrics is not None and not isinstance(metrics, dict):
+        raise ResultError(f"metrics is {_shown(metrics)} ({_kind(metrics)}), expected an object")
+    _check(metrics_of(doc), METRICS, "metrics")
+
+
+def check_spec(doc: Any) -> None:
+    """Raise `ResultError` unless `doc` (a parsed ``spec.json``) has the expected types."""
+    _check(doc, SPEC, "")
+
+
+def check_ground_truth(doc: Any) -> None:
+    """Raise `ResultError` unless `doc` (a parsed ``ground_truth.json``) has the expected
+    types."""
+    _check(doc, GROUND_TRUTH, "")
+
+
+def check_record(rec: Any) -> None:
+    """Raise `ResultError` unless `rec` (one line of ``samples.jsonl``) has the expected
+    types."""
+    if not isinstance(rec, dict):
+        raise ResultError(f"the record is {_kind(rec)}, expected an object")
+    _check(rec, RECORD, "")
+
+
+CHECKS = {
+    "result.json": check_result,
+    "spec.json": check_spec,
+    "ground_truth.json": check_ground_truth,
+}
+
+
+def check_files(files: Mapping[str, bytes]) -> None:
+    """Check the JSON files among `files` (name -> bytes, as pulled) of an eval job (a
+    ``result.json`` of the eval schema; another kind of job's is its reader's to check):
+    each must parse and have the expected types. `ResultError` names the file and the
+    field."""
+    from remote.protocol import RESULT_SCHEMA  # the schema names live there
+
+    docs = {}
+    for name in CHECKS:
+        if name in files:
+            try:
+                docs[name] = json.loads(files[name])
+            except ValueError:
+                raise ResultError(f"{name} is not valid JSON") from None
+    result = docs.get("result.json")
+    schema = result.get("schema") if isinstance(result, dict) else None
+    if isinstance(schema, str) and schema.split("/")[0] != RESULT_SCHEMA.split("/")[0]:
+        return
+    for name, doc in docs.items():
+        check = CHECKS[name]
+        try:
+            check(doc)
+        except ResultError as exc:
+            raise ResultError(f"{name}: {exc}") from None
+    if "samples.jsonl" in files:
+        for n, line in enumerate(files["samples.jsonl"].splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                raise ResultError(f"samples.jsonl line {n} is not valid JSON") from None
+            try:
+                check_record(rec)
+            except ResultError as exc:
+                raise ResultError(f"samples.jsonl line {n}: {exc}") from None
