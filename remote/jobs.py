@@ -55,21 +55,25 @@ from remote.protocol import (
     CARRY_MAX_BYTES,
     GT_DEFERRED_FILE,
     JOB_CARRY_KEY,
+    JOB_KINDS,
     RESULT_FILES,
+    TERMINAL_STATES,
+    WATCH_END_EVENT,
+    WATCH_HEARTBEAT_SECONDS,
     EvalSpec,
     SpecError,
+    check_job_id,
 )
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CARRIED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
-TERMINAL_STATES = ("done", "failed", "cancelled", "lost")
-HEARTBEAT_SECONDS = 5.0
+HEARTBEAT_SECONDS = WATCH_HEARTBEAT_SECONDS
 # A watcher reads new events this often (a stat and a read: cheap), and the job's full state
 # (pid, start time, exit) at least this often, to notice a runner that died silently.
 WATCH_POLL_SECONDS = 0.05
 STATE_POLL_SECONDS = 1.0
 # Files a finished job leaves in its folder that belong with the result on the workstation.
 CANCEL_GRACE_SECONDS = 10.0
+KILL_WAIT_SECONDS = 10.0  # after SIGKILL: only a process stuck in the kernel outlives it
 
 
 # ---- small helpers ----------------------------------------------------------------------
@@ -87,9 +91,10 @@ def jobs_root(workdir: str) -> Path:
 
 
 def job_dir(workdir: str, job_id: str) -> Path:
-    if not JOB_ID_RE.match(job_id or ""):
-        raise UserError(f"invalid job id {job_id!r} (letters, digits, '.', '_', '-')")
-    return jobs_root(workdir) / job_id
+    try:
+        return jobs_root(workdir) / check_job_id(job_id)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
 
 
 def existing_job_dir(workdir: str, job_id: str) -> Path:
@@ -231,7 +236,10 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
     checks then share the runner's python and torch import instead of paying for their own.
     """
     path = job_dir(workdir, job_id)
-    # a bad engine spec is refused here, before a folder or a process exists
+    # a bad kind or engine spec is refused here, before a folder or a process exists
+    if not isinstance(spec, dict) or spec.get("kind", "eval") not in JOB_KINDS:
+        kind = spec.get("kind") if isinstance(spec, dict) else spec
+        raise UserError(f"unknown job kind {kind!r}; one of {', '.join(JOB_KINDS)}")
     threads = job_engine(spec).threads if "eval" in spec else None
     spec = dict(spec)
     write_carried(workdir, spec.pop(JOB_CARRY_KEY, None) or [])
@@ -418,12 +426,12 @@ def run(path: Path, preflight: bool = False) -> int:
         if spec is None:
             raise UserError(f"{path}/spec.json is missing or not JSON")
         kind = spec.get("kind", "eval")
-        if kind.startswith("parity"):
+        if kind not in JOB_KINDS:
+            raise UserError(f"unknown job kind {kind!r}; one of {', '.join(JOB_KINDS)}")
+        if kind != "eval":
             from remote.eval.parity import run_job as run_parity_job
 
             code = run_parity_job(path, spec, events)
-        elif kind != "eval":
-            raise UserError(f"unknown job kind {kind!r}")
         else:
             engine = job_engine(spec)  # the job's EvalSpec, read once for every phase
             checked: dict = {}
@@ -682,7 +690,7 @@ def watch(
             if state["state"] in TERMINAL_STATES:
                 drain()
                 end = {
-                    "event": "watch_end",
+                    "event": WATCH_END_EVENT,
                     "state": state["state"],
                     "offset": offset,
                     "exit": state["exit"],
@@ -715,11 +723,17 @@ def result_files(path: Path) -> dict[str, str]:
 
 
 def cancel(path: Path) -> dict:
-    """Stop the job and every process in its group: TERM, a grace period, then KILL."""
+    """Stop the job and every process in its group: TERM, a grace period, then KILL; a
+    process still there `KILL_WAIT_SECONDS` after KILL is one line (never a wait without
+    end)."""
     state = job_state(path)
     pid_info = read_json(path / "pid.json")
-    if state["state"] in TERMINAL_STATES and not (pid_info and group_members(pid_info["pgid"])):
-        return {"job_id": path.name, "state": state["state"], "was": state["state"], "killed": 0}
+    if not pid_info or (state["state"] in TERMINAL_STATES and not group_members(pid_info["pgid"])):
+        # nothing runs (a job still "starting" has no runner yet: it is marked, not killed)
+        if state["state"] not in TERMINAL_STATES:
+            write_json_atomic(path / "exit.json", _cancelled())
+        now = job_state(path)["state"]
+        return {"job_id": path.name, "state": now, "was": state["state"], "killed": 0}
     pgid = int(pid_info["pgid"])
     victims = group_members(pgid)
     if runner_alive(pid_info) or victims:
@@ -735,24 +749,33 @@ def cancel(path: Path) -> dict:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            while group_members(pgid):
+            deadline = time.monotonic() + KILL_WAIT_SECONDS
+            while group_members(pgid) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            left = group_members(pgid)
+            if left:
+                raise UserError(
+                    f"{len(left)} process(es) of job {path.name} (pids "
+                    f"{', '.join(map(str, left))}) still alive {KILL_WAIT_SECONDS:g}s after "
+                    "SIGKILL: stuck in the kernel (I/O?); check the host"
+                )
     if not (path / "exit.json").exists():
-        write_json_atomic(
-            path / "exit.json",
-            {
-                "state": "cancelled",
-                "code": -signal.SIGKILL,
-                "error": "cancelled by request",
-                "finished": time.time(),
-            },
-        )
+        write_json_atomic(path / "exit.json", _cancelled())
     return {
         "job_id": path.name,
         "state": job_state(path)["state"],
         "was": state["state"],
         "killed": len(victims),
         "pgid": pgid,
+    }
+
+
+def _cancelled() -> dict:
+    return {
+        "state": "cancelled",
+        "code": -signal.SIGKILL,
+        "error": "cancelled by request",
+        "finished": time.time(),
     }
 
 
