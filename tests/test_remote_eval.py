@@ -657,20 +657,21 @@ def test_wrong_python_on_the_host_is_one_line(eval_sshd, ssh_base, make_inventor
     assert "/nonexistent/bin/python3" in line and "not found" in line
 
 
-def test_a_host_answer_without_end_is_refused_at_the_limit(monkeypatch):
+def test_a_host_answer_without_end_is_refused_at_the_limit():
     """The first line a job command answers is read before anything else; a host that sends
     bytes without ever ending that line is refused at the limit with one line naming it,
     not buffered without end."""
-    from orchestrator.errors import RemoteCommandError
-    from orchestrator.eval import run
     from orchestrator.inventory import HostSpec
-    from orchestrator.transport.hosts import open_host
+    from orchestrator.transport.hosts import HostError, open_host
+    from orchestrator.transport.lines import HostLines
 
-    monkeypatch.setattr(run, "FIRST_LINE_MAX", 64 << 10)
     with open_host(HostSpec(name="chatty", transport="local")) as host:
         proc = host.popen("head -c 1000000 /dev/zero | tr '\\0' x")
-        with pytest.raises(RemoteCommandError, match=r"chatty: remote job answered a line over 64"):
-            run._first_json_line(host, proc, ["job", "start"])
+        lines = HostLines(host.name, proc, "job start", limit=64 << 10)
+        with pytest.raises(HostError, match=r"chatty: job start sent a line over 64 KiB; refused"):
+            lines.line()
         proc = host.popen("""printf '{"ok": 1}\\nlater'""")
-        assert run._first_json_line(host, proc, ["job", "start"]) == {"ok": 1}
-        assert proc.read(100) == b"later"  # what follows the line stays for the watcher
+        lines = HostLines(host.name, proc, "job start", limit=64 << 10)
+        assert lines.line() == b'{"ok": 1}\n'
+        assert lines.line() == b"later"  # what follows the line stays for the watcher
+        lines.wait()

@@ -3,6 +3,7 @@ detached."""
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.commands.output.base import console
@@ -32,13 +33,14 @@ def render_jobs(rows: list[dict]) -> None:
         else:
             prog = p.get("phase") or p.get("event") or "-"
         c = JOB_COLOURS.get(r["state"], "white")
+        # what a host says is text, never markup: a "[/]" in it would stop the table
         table.add_row(
-            r["host"],
+            escape(r["host"]),
             r["job_id"],
             f"[{c}]{r['state']}[/]",
-            r.get("checkpoint") or "-",
-            prog,
-            ((r.get("exit") or {}).get("error") or "")[:80],
+            escape(r.get("checkpoint") or "-"),
+            escape(str(prog)),
+            escape(((r.get("exit") or {}).get("error") or "")[:80]),
         )
     console.print(table)
 
