@@ -29,6 +29,9 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, fsync: bool = Fa
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # say which file could not be written (a full disk), not its temp
+        exc.filename = str(path)
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     return path

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import errno
 import hashlib
 import json
 import os
@@ -55,21 +56,26 @@ from remote.protocol import (
     CARRY_MAX_BYTES,
     GT_DEFERRED_FILE,
     JOB_CARRY_KEY,
+    JOB_KINDS,
     RESULT_FILES,
+    TERMINAL_STATES,
+    WATCH_END_EVENT,
+    WATCH_HEARTBEAT_SECONDS,
     EvalSpec,
     SpecError,
+    check_job_id,
 )
+from remote.relay.fdfiles import write_all
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 CARRIED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
-TERMINAL_STATES = ("done", "failed", "cancelled", "lost")
-HEARTBEAT_SECONDS = 5.0
+HEARTBEAT_SECONDS = WATCH_HEARTBEAT_SECONDS
 # A watcher reads new events this often (a stat and a read: cheap), and the job's full state
 # (pid, start time, exit) at least this often, to notice a runner that died silently.
 WATCH_POLL_SECONDS = 0.05
 STATE_POLL_SECONDS = 1.0
 # Files a finished job leaves in its folder that belong with the result on the workstation.
 CANCEL_GRACE_SECONDS = 10.0
+KILL_WAIT_SECONDS = 10.0  # after SIGKILL: only a process stuck in the kernel outlives it
 
 
 # ---- small helpers ----------------------------------------------------------------------
@@ -87,9 +93,10 @@ def jobs_root(workdir: str) -> Path:
 
 
 def job_dir(workdir: str, job_id: str) -> Path:
-    if not JOB_ID_RE.match(job_id or ""):
-        raise UserError(f"invalid job id {job_id!r} (letters, digits, '.', '_', '-')")
-    return jobs_root(workdir) / job_id
+    try:
+        return jobs_root(workdir) / check_job_id(job_id)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
 
 
 def existing_job_dir(workdir: str, job_id: str) -> Path:
@@ -219,6 +226,56 @@ def last_progress(events: Path) -> dict | None:
     return None
 
 
+# ---- writes that can fail: a full disk is said, never lost ----------------------------
+
+# Errors of a write the host's storage refused: the job says so in the OS's words and
+# where, instead of dying without exit.json ("lost").
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+# Room kept in a job's folder from its start for its exit.json: a job that fills its disk
+# still records how it ended (overwriting blocks it already holds needs no new ones).
+EXIT_RESERVE = ".exit.reserve"
+EXIT_RESERVE_BYTES = 64 * 1024
+
+
+def write_error(exc: OSError, where: Path) -> str:
+    """One line for an OSError writing in `where` on this host: the OS's words, the
+    errno's name and the file (``no space left on device (ENOSPC) while writing
+    /data/.dflash/jobs/J/samples.jsonl``)."""
+    name = errno.errorcode.get(exc.errno or 0)
+    what = (exc.strerror or str(exc)).lower()
+    return f"{what}{f' ({name})' if name else ''} while writing {exc.filename or where}"
+
+
+def reserve_exit(path: Path) -> None:
+    """Keep `EXIT_RESERVE_BYTES` in the job folder `path` for its exit.json (`write_exit`)."""
+    fd = os.open(path / EXIT_RESERVE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        write_all(fd, b" " * EXIT_RESERVE_BYTES)
+    finally:
+        os.close(fd)
+
+
+def write_exit(path: Path, info: dict) -> None:
+    """Write exit.json into the job folder `path`: into the space `reserve_exit` kept,
+    then renamed into place (a reader never sees half of it), so it is written even when
+    the disk is full; a folder without a reserve gets it the ordinary way."""
+    data = (json.dumps(info, indent=2, default=str) + "\n").encode()
+    try:
+        fd = os.open(path / EXIT_RESERVE, os.O_WRONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        write_atomic(path / "exit.json", data)
+        return
+    try:
+        write_all(fd, data)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+    try:
+        os.replace(path / EXIT_RESERVE, path / "exit.json")
+    except FileNotFoundError:  # another writer (a cancel, the runner's TERM) just did
+        pass
+
+
 # ---- start ------------------------------------------------------------------------------
 
 
@@ -231,17 +288,34 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
     checks then share the runner's python and torch import instead of paying for their own.
     """
     path = job_dir(workdir, job_id)
-    # a bad engine spec is refused here, before a folder or a process exists
+    # a bad kind or engine spec is refused here, before a folder or a process exists
+    if not isinstance(spec, dict) or spec.get("kind", "eval") not in JOB_KINDS:
+        kind = spec.get("kind") if isinstance(spec, dict) else spec
+        raise UserError(f"unknown job kind {kind!r}; one of {', '.join(JOB_KINDS)}")
     threads = job_engine(spec).threads if "eval" in spec else None
     spec = dict(spec)
-    write_carried(workdir, spec.pop(JOB_CARRY_KEY, None) or [])
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
+        write_carried(workdir, spec.pop(JOB_CARRY_KEY, None) or [])
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.mkdir()
     except FileExistsError:
         raise UserError(
             f"job {job_id!r} already exists in {path.parent}; pick another id"
         ) from None
+    except OSError as exc:  # e.g. a full disk: said as the OS says it, with where
+        raise UserError(f"cannot start the job: {write_error(exc, path.parent)}") from None
+    try:
+        return _spawn(path, workdir, job_id, spec, threads, preflight)
+    except OSError as exc:  # no room for the job's first files: nothing is left started
+        shutil.rmtree(path, ignore_errors=True)
+        raise UserError(f"cannot start the job: {write_error(exc, path)}") from None
+
+
+def _spawn(
+    path: Path, workdir: str, job_id: str, spec: dict, threads: int | None, preflight: bool
+) -> dict:
+    """`start`'s second half, in the job's new folder `path`: its files, its runner."""
+    reserve_exit(path)
     spec = dict(spec, job_id=job_id, workdir=str(Path(os.path.expanduser(workdir))))
     prompts = spec.get("prompts")
     if isinstance(prompts, dict) and isinstance(prompts.get("path"), str):
@@ -279,7 +353,12 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
             break
         time.sleep(0.01)
     info = {"pid": proc.pid, "pgid": proc.pid, "starttime": starttime, "started": time.time()}
-    write_json_atomic(path / "pid.json", info)
+    try:
+        write_json_atomic(path / "pid.json", info)
+    except OSError:  # a runner nobody could find again is not left running
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     if preflight:  # waits for the runner's checks, and notices a runner that died first
         info["preflight"] = _preflight_outcome(path, proc)
         return {"job_id": job_id, "dir": str(path), **info}
@@ -369,6 +448,8 @@ def _preflight_outcome(path: Path, proc: subprocess.Popen) -> dict:
         )
     elif isinstance(outcome, dict) and outcome.get("error"):
         error = str(outcome["error"])
+    elif (read_json(path / "exit.json") or {}).get("error"):  # e.g. its disk was full
+        error = str(read_json(path / "exit.json")["error"])
     else:
         tail = (path / "log.txt").read_text(errors="replace").strip().splitlines()[-1:]
         error = (
@@ -383,17 +464,28 @@ def _preflight_outcome(path: Path, proc: subprocess.Popen) -> dict:
 
 
 class EventLog:
-    """Appends JSON events to ``events.jsonl``, one line each, flushed as written."""
+    """Appends JSON events to ``events.jsonl``, one line each, written as they happen. A
+    write the disk refuses raises its OSError (naming the file) and leaves no part of its
+    line behind: the file stays whole lines, and a later event may still fit."""
 
     def __init__(self, path: Path):
-        self._fh = open(path, "a", buffering=1)
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        self._lock = threading.Lock()  # a line at a time, whichever thread emits it
 
     def emit(self, event: str, **fields: Any) -> None:
         self.write({"event": event, "time": round(time.time(), 3), **fields})
 
     def write(self, obj: dict) -> None:
-        self._fh.write(json.dumps(obj, default=str) + "\n")
-        self._fh.flush()
+        line = (json.dumps(obj, default=str) + "\n").encode()
+        with self._lock:
+            size = os.fstat(self._fd).st_size
+            try:
+                write_all(self._fd, line)
+            except OSError as exc:
+                os.ftruncate(self._fd, size)  # the part of the line that fitted
+                exc.filename = exc.filename or str(self.path)
+                raise
 
 
 def run(path: Path, preflight: bool = False) -> int:
@@ -418,12 +510,12 @@ def run(path: Path, preflight: bool = False) -> int:
         if spec is None:
             raise UserError(f"{path}/spec.json is missing or not JSON")
         kind = spec.get("kind", "eval")
-        if kind.startswith("parity"):
+        if kind not in JOB_KINDS:
+            raise UserError(f"unknown job kind {kind!r}; one of {', '.join(JOB_KINDS)}")
+        if kind != "eval":
             from remote.eval.parity import run_job as run_parity_job
 
             code = run_parity_job(path, spec, events)
-        elif kind != "eval":
-            raise UserError(f"unknown job kind {kind!r}")
         else:
             engine = job_engine(spec)  # the job's EvalSpec, read once for every phase
             checked: dict = {}
@@ -441,10 +533,26 @@ def run(path: Path, preflight: bool = False) -> int:
     except UserError as exc:
         finish(path, events, "failed", 3, str(exc))
         return 3
-    except Exception as exc:  # a bug: keep the traceback in the log, one line in exit.json
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRNOS:
+            return _failed_by_bug(path, events, exc)
+        # the host's storage refused a write (a full disk): not a bug, said as the OS says
+        finish(path, events, "failed", 3, write_error(exc, path))
+        return 3
+    except Exception as exc:
+        return _failed_by_bug(path, events, exc)
+
+
+def _failed_by_bug(path: Path, events: EventLog, exc: Exception) -> int:
+    """A bug: its traceback in the log (when the log can still be written), one line in
+    exit.json."""
+    try:
         traceback.print_exc()
-        finish(path, events, "failed", 1, f"{type(exc).__name__}: {exc}")
-        return 1
+        sys.stdout.flush()
+    except OSError:
+        pass
+    finish(path, events, "failed", 1, f"{type(exc).__name__}: {exc}")
+    return 1
 
 
 def _run_preflight(path: Path, spec: dict, engine: EvalSpec, keep: dict) -> None:
@@ -459,11 +567,17 @@ def _run_preflight(path: Path, spec: dict, engine: EvalSpec, keep: dict) -> None
 
 
 def finish(path: Path, events: EventLog, state: str, code: int, error: str | None) -> None:
+    """Record how the job ended: an ``end`` event (when the disk takes it) and exit.json
+    (always: `write_exit`)."""
     if (path / "exit.json").exists():
         return
+    error = error if error is None or len(error) <= 4000 else error[:3997] + "..."
     info = {"state": state, "code": code, "error": error, "finished": time.time()}
-    events.emit("end", **info)
-    write_json_atomic(path / "exit.json", info)
+    try:
+        events.emit("end", **info)
+    except OSError:  # a full disk: exit.json has room kept for it, and says the same
+        pass
+    write_exit(path, info)
 
 
 def job_engine(spec: dict) -> EvalSpec:
@@ -682,7 +796,7 @@ def watch(
             if state["state"] in TERMINAL_STATES:
                 drain()
                 end = {
-                    "event": "watch_end",
+                    "event": WATCH_END_EVENT,
                     "state": state["state"],
                     "offset": offset,
                     "exit": state["exit"],
@@ -715,11 +829,17 @@ def result_files(path: Path) -> dict[str, str]:
 
 
 def cancel(path: Path) -> dict:
-    """Stop the job and every process in its group: TERM, a grace period, then KILL."""
+    """Stop the job and every process in its group: TERM, a grace period, then KILL; a
+    process still there `KILL_WAIT_SECONDS` after KILL is one line (never a wait without
+    end)."""
     state = job_state(path)
     pid_info = read_json(path / "pid.json")
-    if state["state"] in TERMINAL_STATES and not (pid_info and group_members(pid_info["pgid"])):
-        return {"job_id": path.name, "state": state["state"], "was": state["state"], "killed": 0}
+    if not pid_info or (state["state"] in TERMINAL_STATES and not group_members(pid_info["pgid"])):
+        # nothing runs (a job still "starting" has no runner yet: it is marked, not killed)
+        if state["state"] not in TERMINAL_STATES:
+            write_exit(path, _cancelled())
+        now = job_state(path)["state"]
+        return {"job_id": path.name, "state": now, "was": state["state"], "killed": 0}
     pgid = int(pid_info["pgid"])
     victims = group_members(pgid)
     if runner_alive(pid_info) or victims:
@@ -735,24 +855,33 @@ def cancel(path: Path) -> dict:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            while group_members(pgid):
+            deadline = time.monotonic() + KILL_WAIT_SECONDS
+            while group_members(pgid) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            left = group_members(pgid)
+            if left:
+                raise UserError(
+                    f"{len(left)} process(es) of job {path.name} (pids "
+                    f"{', '.join(map(str, left))}) still alive {KILL_WAIT_SECONDS:g}s after "
+                    "SIGKILL: stuck in the kernel (I/O?); check the host"
+                )
     if not (path / "exit.json").exists():
-        write_json_atomic(
-            path / "exit.json",
-            {
-                "state": "cancelled",
-                "code": -signal.SIGKILL,
-                "error": "cancelled by request",
-                "finished": time.time(),
-            },
-        )
+        write_exit(path, _cancelled())
     return {
         "job_id": path.name,
         "state": job_state(path)["state"],
         "was": state["state"],
         "killed": len(victims),
         "pgid": pgid,
+    }
+
+
+def _cancelled() -> dict:
+    return {
+        "state": "cancelled",
+        "code": -signal.SIGKILL,
+        "error": "cancelled by request",
+        "finished": time.time(),
     }
 
 

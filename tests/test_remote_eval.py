@@ -498,6 +498,81 @@ def test_cancel_stops_every_process_of_the_job(inventory, eval_sshd, tmp_path):
     assert f"job {job} on evalhost cancelled" in one_error_line(again)
 
 
+def test_a_full_disk_during_an_eval_is_reported_with_the_os_error(
+    eval_sshd, ssh_base, make_inventory, eval_models, gt_server, tmp_path
+):
+    """The eval host's disk fills while the job writes (a real tmpfs, filled to its last
+    byte after the first sample): the job ends `failed` with exit.json saying the host's
+    OS error and the file, and attach says that in one line. Before: the runner died
+    writing its events, no exit.json, state `lost`, no cause."""
+    from tests.helpers.diskfull import fill, tiny_filesystem
+
+    gt = eval_sshd.root / "long-ground-truth-diskfull.jsonl"
+    _long_ground_truth(gt)
+    with tiny_filesystem(eval_sshd.root / f"tiny-{os.getpid()}", "48m") as disk:
+        inv = eval_inventory(
+            make_inventory,
+            eval_sshd,
+            ssh_base,
+            eval_models,
+            gt_server,
+            tmp_path / "r",
+            workdir=str(disk),
+        )
+        started = dflash(
+            "remote-eval",
+            "--checkpoint",
+            "step-12",
+            "--ground-truth-kind",
+            "file",
+            "--ground-truth",
+            str(gt),
+            "--budgets",
+            "8",
+            "--detach",
+            "--json",
+            "-i",
+            str(inv),
+        )
+        assert started.returncode == 0, started.stderr
+        ref = json.loads(started.stdout)
+        job, folder = ref["job_id"], disk / "jobs" / ref["job_id"]
+
+        def events() -> str:
+            return (folder / "events.jsonl").read_text()
+
+        _wait_for(lambda: '"event": "sample"' in events(), "the first evaluated sample")
+        fill(disk)
+        runner = psutil.Process(ref["pid"])
+        _wait_for(lambda: not runner.is_running() or runner.status() == "zombie", "the end")
+        ended = json.loads((folder / "exit.json").read_text())
+        assert ended["state"] == "failed", ended
+        assert ended["error"].startswith("no space left on device (ENOSPC) while writing ")
+        assert str(folder) in ended["error"]
+        assert all(line.startswith("{") for line in events().splitlines())  # whole lines
+        attached = dflash("remote-eval", "--attach", job, "-i", str(inv))
+        assert attached.returncode != 0
+        line = one_error_line(attached)
+        assert f"job {job} on evalhost failed: no space left on device (ENOSPC)" in line
+
+
+def test_a_full_disk_at_a_job_start_is_one_line_and_starts_nothing(tmp_path):
+    """Before: an OSError traceback from writing spec.json, and half a job folder."""
+    from remote import jobs
+    from remote.errors import UserError
+    from tests.helpers.diskfull import fill, tiny_filesystem
+
+    with tiny_filesystem(tmp_path / "tiny", "1m") as disk:
+        (disk / "jobs").mkdir()
+        fill(disk)
+        with pytest.raises(
+            UserError,
+            match=r"cannot start the job: no space left on device \(ENOSPC\) while writing ",
+        ):
+            jobs.start(str(disk), "j1", {"kind": "eval", "checkpoint": "x"})
+        assert list((disk / "jobs").iterdir()) == []
+
+
 def _pgid(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -583,20 +658,21 @@ def test_wrong_python_on_the_host_is_one_line(eval_sshd, ssh_base, make_inventor
     assert "/nonexistent/bin/python3" in line and "not found" in line
 
 
-def test_a_host_answer_without_end_is_refused_at_the_limit(monkeypatch):
+def test_a_host_answer_without_end_is_refused_at_the_limit():
     """The first line a job command answers is read before anything else; a host that sends
     bytes without ever ending that line is refused at the limit with one line naming it,
     not buffered without end."""
-    from orchestrator.errors import RemoteCommandError
-    from orchestrator.eval import run
     from orchestrator.inventory import HostSpec
-    from orchestrator.transport.hosts import open_host
+    from orchestrator.transport.hosts import HostError, open_host
+    from orchestrator.transport.lines import HostLines
 
-    monkeypatch.setattr(run, "FIRST_LINE_MAX", 64 << 10)
     with open_host(HostSpec(name="chatty", transport="local")) as host:
         proc = host.popen("head -c 1000000 /dev/zero | tr '\\0' x")
-        with pytest.raises(RemoteCommandError, match=r"chatty: remote job answered a line over 64"):
-            run._first_json_line(host, proc, ["job", "start"])
+        lines = HostLines(host.name, proc, "job start", limit=64 << 10)
+        with pytest.raises(HostError, match=r"chatty: job start sent a line over 64 KiB; refused"):
+            lines.line()
         proc = host.popen("""printf '{"ok": 1}\\nlater'""")
-        assert run._first_json_line(host, proc, ["job", "start"]) == {"ok": 1}
-        assert proc.read(100) == b"later"  # what follows the line stays for the watcher
+        lines = HostLines(host.name, proc, "job start", limit=64 << 10)
+        assert lines.line() == b'{"ok": 1}\n'
+        assert lines.line() == b"later"  # what follows the line stays for the watcher
+        lines.wait()

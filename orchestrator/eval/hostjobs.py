@@ -15,7 +15,11 @@ def jobs_on(inventory: Inventory, names: list[str] | None = None) -> list[dict]:
     rows = []
     for spec in specs:
         with open_host(spec, inventory) as h:
-            rows += [{"host": spec.name, **job} for job in remote_eval.list_jobs(h)]
+            # the host's name as the inventory says it, whatever a row claims
+            rows += [
+                {"host": spec.name, **{k: v for k, v in job.items() if k != "host"}}
+                for job in remote_eval.list_jobs(h)
+            ]
     return rows
 
 

@@ -27,7 +27,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import DflashError
+from orchestrator.eval import jobwire
 from orchestrator.eval import run as remote_eval
+from orchestrator.eval.shard import GROUND_TRUTH_MAX
 from orchestrator.eval.spec import EvalOptions, build_spec, engine_spec, target_model
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.relay.run import RELAY_PYTHON_FLAGS
@@ -38,6 +40,7 @@ from remote.protocol import JOB_EVAL_KEY, PARITY_SCHEMA, EvalSpec
 from remote.relay.fdfiles import write_all
 
 INBOX = ".partial-parity-a"  # relay-recv writes only under a partial folder
+CAPTURE_MAX = 64 << 20  # a capture's result.json: its settings, file list and sample list
 ATTN = ("sdpa", "eager")
 
 EventHandler = Callable[[str, dict], None]  # (stage, event)
@@ -184,8 +187,9 @@ def _run_job(
 
 
 def _result(host: Host, job_dir: str) -> dict:
+    data = jobwire.fetch(host, f"{job_dir}/result.json", "a capture's result.json", CAPTURE_MAX)
     try:
-        out = json.loads(host.get_bytes(f"{job_dir}/result.json"))
+        out = json.loads(data)
     except ValueError:
         raise DflashError(f"{host.name}: {job_dir}/result.json is not JSON") from None
     if not isinstance(out, dict):
@@ -197,8 +201,14 @@ def copy_ground_truth(b: Host, b_dir: str, a: Host) -> str:
     """B's ground-truth selection, put on A (content-addressed); returns A's path."""
     import hashlib
 
-    info = json.loads(b.get_bytes(f"{b_dir}/ground_truth.json"))
-    data = b.get_bytes(info["file"])
+    raw = jobwire.fetch(b, f"{b_dir}/ground_truth.json", "ground_truth.json", jobwire.ANSWER_MAX)
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict) or not isinstance(info.get("file"), str):
+        raise DflashError(f"{b.name}: its capture job names no ground truth file")
+    data = jobwire.fetch(b, info["file"], "the ground truth", GROUND_TRUTH_MAX)
     path = f"{a.workdir}/parity/{hashlib.sha256(data).hexdigest()[:16]}-ground_truth.jsonl"
     if not a.exists(path):
         a.put_bytes(data, path)
@@ -302,6 +312,8 @@ def run_parity(
         st_b = _run_job(b, job_b, f"capture {host_b}", on_event, on_start)
         cap_b = _result(b, st_b["dir"])
         # A captures the layers B chose (the drafter lives on B), over B's very ids
+        if not isinstance(cap_b.get("layers"), list):
+            raise DflashError(f"{host_b}: its capture's result.json names no layers")
         opts_a = ParityOptions(**{**opts.__dict__, "layers": cap_b["layers"]})
         job_a = _capture_spec(
             a,

@@ -32,17 +32,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import DflashError, RemoteCommandError
+from orchestrator.eval import jobwire
 from orchestrator.eval.spec import (
     EvalOptions,
     build_spec,
     new_job_id,
     resolve_checkpoint,
-    workdir_for,
 )
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
-from orchestrator.transport.hosts import Host, HostError, Process, Result, open_host
-from remote.protocol import JOB_CARRY_KEY, RESULT_FILES, ResultError, check_files
+from orchestrator.transport.hosts import Host, HostError, Result, open_host
+from orchestrator.transport.lines import HostLines
+from remote.protocol import (
+    JOB_CARRY_KEY,
+    RESULT_FILES,
+    TERMINAL_STATES,
+    WATCH_END_EVENT,
+    ResultError,
+    check_files,
+)
+from remote.relay.fdfiles import write_new
 
 REQUIRED_RESULT_FILES = ("result.json",)
 
@@ -66,7 +75,7 @@ class JobRef:
     spec: dict
     # `start_job(follow=True)`: the SSH command that started the job and now streams its
     # events; `watch` reads it instead of opening another.
-    stream: Process | None = field(default=None, repr=False, compare=False)
+    stream: HostLines | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         return {
@@ -101,23 +110,18 @@ def start_job(
     returns when they passed: one process and one torch import for checks and job, and a
     failed check raises its one line with no job left on the host. With `follow`, the same
     SSH command then streams the job's events and, at its end, its result files
-    (``ref.stream``, read by `watch`): no second command to start."""
-    job_id = job_id or new_job_id(spec.get("checkpoint") or "job")
+    (``ref.stream``, read by `watch`): no second command to start. No line of the host's
+    answer is bigger, and no wait longer, than `jobwire` allows."""
+    job_id = jobwire.local_job_id(job_id or new_job_id(spec.get("checkpoint") or "job"))
     argv = [
-        "job",
-        "start",
-        f"--workdir={workdir_for(host, [])}",
-        f"--job-id={job_id}",
+        *jobwire.job_argv(host, "start", job_id),
         "--spec=-",
         *(["--preflight"] if preflight else []),
+        *(["--follow", "--pull"] if follow else []),
     ]
-    stream = None
-    if follow:
-        # No round trip to look for the bundle first: the line runs it where it is there
-        # and says so where it is not (`bundle.first_line`); then it is pushed and run again.
-        stream, info = _start_following(host, [*argv, "--follow", "--pull"], spec)
-    else:
-        info = bundle.run_remote_json(host, argv, payload=spec, timeout=120)
+    # No round trip to look for the bundle first: the line runs it where it is there and
+    # says so where it is not (`bundle.first_line`); then it is pushed and run again.
+    stream, info = jobwire.call(host, "start", job_id, argv=argv, payload=spec, keep=follow)
     return JobRef(
         host=host.name,
         job_id=job_id,
@@ -130,84 +134,24 @@ def start_job(
     )
 
 
-def _start_following(host: Host, argv: Sequence[str], spec: dict) -> tuple[Process, dict]:
-    """Run `argv` (a ``job start --follow``) with `spec` on its stdin; (its stream, the
-    start's answer). Where this process has not seen the bundle on `host` yet, the command
-    is guarded: a host without it runs nothing, and the bundle is pushed and the command
-    sent again."""
-    payload = json.dumps(spec).encode()
-    line, guarded = bundle.first_line(host, argv)
-    while True:
-        stream = host.popen(line)
-        try:
-            stream.write(payload)
-            stream.close_stdin()
-        except OSError:  # a guarded line that found no bundle may be gone already
-            pass
-        try:
-            return stream, _first_json_line(host, stream, argv, guarded)
-        except _BundleMissing:
-            line, guarded = bundle.remote_command(host, argv), False
-
-
-FIRST_LINE_MAX = 4 << 20  # a job start's answer (its preflight report) is a few KiB
-
-
-class _BundleMissing(Exception):
-    """A guarded command (`bundle.first_line`) found no bundle on the host."""
-
-
-def _first_json_line(host: Host, proc: Process, argv: Sequence[str], guarded: bool = False) -> dict:
-    """The JSON document on `proc`'s first line of output; the command's own one-line
-    error if it ended without one (`_BundleMissing` where a `guarded` line found no
-    bundle). What follows stays unread, for `watch`."""
-    line = bytearray()
-    while not line.endswith(b"\n"):
-        if len(line) > FIRST_LINE_MAX:  # a host that never ends its line is not buffered
-            proc.kill()
-            raise RemoteCommandError(
-                f"{host.name}: remote {argv[0]} answered a line over {FIRST_LINE_MAX >> 10} KiB"
-            )
-        chunk = proc.read(1)  # byte by byte: nothing after the line may be consumed here
-        if not chunk:
-            break
-        line += chunk
-    line = bytes(line)
-    try:
-        info = json.loads(line)
-        if isinstance(info, dict):
-            if guarded:
-                bundle.seen(host)
-            return info
-    except ValueError:
-        pass
-    code = proc.wait()
-    if guarded and bundle.was_missing(host, code, proc.stderr()):
-        raise _BundleMissing()
-    bundle.check_result(host, Result("", proc.stderr(), code or 1), argv)
-    raise RemoteCommandError(f"{host.name}: remote {argv[0]} printed no JSON ({line[:200]!r})")
-
-
-def _job_argv(host: Host, action: str, job_id: str | None = None) -> list[str]:
-    # option=value: a value starting with "-" (a job named after such a checkpoint) is
-    # then a value, not an option
-    argv = ["job", action, f"--workdir={workdir_for(host, [])}"]  # `~`: the host expands it
-    return argv + ([f"--job-id={job_id}"] if job_id else [])
-
-
 def job_status(host: Host, job_id: str) -> dict:
-    """The job's state (running, done, failed, cancelled, lost) and last progress event."""
-    return bundle.run_remote_json(host, _job_argv(host, "status", job_id), timeout=60)
+    """The job's state (`remote.protocol.JOB_STATES`) and last progress event, checked."""
+    return jobwire.call(host, "status", jobwire.local_job_id(job_id))[1]
 
 
 def list_jobs(host: Host) -> list[dict]:
-    """Every job on the host, oldest first, with its state."""
-    return bundle.run_remote_json(host, _job_argv(host, "list"), timeout=60)
+    """Every job on the host, oldest first, with its state (each row checked)."""
+    return jobwire.call(host, "list")[1]
 
 
 def cancel(host: Host, job_id: str) -> dict:
     """Stop the job and all its processes (its process group), waiting until none is left."""
-    return bundle.run_remote_json(host, _job_argv(host, "cancel", job_id), timeout=120)
+    return jobwire.call(host, "cancel", jobwire.local_job_id(job_id))[1]
+
+
+# How a watch's end line begins (`remote.jobs.watch` writes it with json.dumps): that one
+# line may be as long as the result files it carries.
+_END_PREFIX = json.dumps({"event": WATCH_END_EVENT})[:-1].encode()
 
 
 def watch(
@@ -216,54 +160,60 @@ def watch(
     on_event: EventHandler | None = None,
     offset: int = 0,
     *,
-    stream: Process | None = None,
+    stream: HostLines | None = None,
     pull: bool = False,
 ) -> dict:
     """Stream the job's progress events (from byte `offset`) to `on_event` until it ends.
 
     Returns the final ``watch_end`` event: ``{"state", "exit", "has_result", "offset",
     "dir"}``, with `pull` (and always from a `start_job(follow=True)` stream, passed as
-    `stream`) also ``"files"``, the result files for `pull_results`. A dropped connection
-    raises `HostError` saying how to re-attach; the job goes on.
+    `stream`) also ``"files"``, the result files for `pull_results`. Each event is checked
+    (`remote.protocol.JOB_EVENT_FIELDS`) before `on_event` sees it. A dropped connection,
+    or a host silent for `jobwire.WATCH_SILENCE_SECONDS` (its watch sends a heartbeat every
+    few seconds), raises `HostError` saying how to re-attach; the job goes on.
     """
-    proc = stream
-    if proc is None:
-        argv = _job_argv(host, "watch", job_id) + ["--offset", str(offset)]
+    job_id = jobwire.local_job_id(job_id)
+    lines = stream
+    if lines is None:
+        argv = jobwire.job_argv(host, "watch", job_id) + ["--offset", str(offset)]
         proc = host.popen(bundle.remote_command(host, argv + (["--pull"] if pull else [])))
         proc.close_stdin()
-    partial: list[bytes] = []  # a line's chunks until its newline (the end line is long)
+        lines = HostLines(host.name, proc, "job watch", limit=jobwire.EVENT_MAX)
+    lines.what = f"job watch of {job_id}"
+    lines.hint = f"it keeps running: dflash remote-eval --attach {job_id}"
+    lines.bound(silence=jobwire.WATCH_SILENCE_SECONDS)
     end: dict | None = None
     try:
         while end is None:
-            chunk = proc.read(1 << 20)
-            if not chunk:
-                break
-            if b"\n" not in chunk:
-                partial.append(chunk)
+            raw = lines.line(jobwire.EVENT_MAX, longer=(_END_PREFIX, jobwire.RESULT_MAX))
+            if not raw.endswith(b"\n"):
+                break  # the stream ended (a line cut short is no event)
+            try:
+                event = json.loads(raw)
+            except ValueError:
                 continue
-            *lines, rest = b"".join([*partial, chunk]).split(b"\n")
-            partial = [rest]
-            for raw in lines:
-                try:
-                    event = json.loads(raw)
-                except ValueError:
-                    continue
-                if not isinstance(event, dict) or event.get("event") == "heartbeat":
-                    continue
-                if event.get("event") == "watch_end":
-                    end = event
-                    break
-                if on_event:
-                    on_event(event)
+            if not isinstance(event, dict) or event.get("event") == "heartbeat":
+                continue
+            if event.get("event") == WATCH_END_EVENT:
+                end = jobwire.checked(host, "watch_end", event)
+                break
+            jobwire.checked(host, "event", event)
+            if on_event:
+                on_event(event)
+        code = lines.wait()
     except (OSError, EOFError) as exc:
+        lines.kill()
         raise HostError(
             f"{host.name}: lost the connection while watching job {job_id} "
             f"({exc}); it keeps running: dflash remote-eval --attach {job_id}"
         ) from None
-    code = proc.wait()
+    except BaseException:
+        lines.kill()
+        raise
+    lines.close()
     if end is None:
         if code not in (0, -1):  # the remote command itself failed (e.g. no such job)
-            bundle.check_result(host, Result("", proc.stderr(), code), ["job watch"])
+            bundle.check_result(host, Result("", lines.proc.stderr(), code), ["job watch"])
         raise HostError(
             f"{host.name}: lost the connection while watching job {job_id}; it "
             f"keeps running: dflash remote-eval --attach {job_id}"
@@ -275,43 +225,53 @@ def pull_results(host: Host, job_id: str, dest: str | os.PathLike, end: dict | N
     """Copy the job's result files into ``dest/<job-id>/`` (replaced as a whole, through a
     hidden partial folder, so a reader never sees half a run). Returns that folder. The
     files come from `end` (a `watch` end that carries them) or else in one SSH command
-    (``job pull``: the state and every file at once)."""
+    (``job pull``: the state and every file at once). The job id is checked as the host
+    checks it before it names a folder here, and no write follows a symlink."""
+    job_id = jobwire.local_job_id(job_id)
     status = end if end is not None and "files" in end else None
     if status is None:
-        status = bundle.run_remote_json(host, _job_argv(host, "pull", job_id), timeout=300)
+        status = jobwire.call(host, "pull", job_id)[1]
     if not status.get("has_result"):
+        error = (status.get("exit") or {}).get("error")
         raise JobError(
             f"job {job_id} on {host.name} has no result to pull (state "
-            f"{status.get('state')}"
-            f"{': ' + status['exit']['error'] if (status.get('exit') or {}).get('error') else ''})"
+            f"{status.get('state')}{': ' + error if error else ''})"
         )
     files = decode_files(host, job_id, status.get("files"))
-    remote_dir = str(status.get("dir") or "")
+    pulled = {
+        "host": host.name,
+        "job_id": job_id,
+        "remote_dir": str(status.get("dir") or ""),
+        "pulled": time.time(),
+    }
+    files["pulled.json"] = json.dumps(pulled, indent=2).encode()
     dest = Path(dest)
     final = dest / job_id
     partial = dest / f".{job_id}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    _remove(partial)
+    dest.mkdir(parents=True, exist_ok=True)
+    partial.mkdir()
     try:
-        for name, data in files.items():
-            (partial / name).write_bytes(data)
-        (partial / "pulled.json").write_text(
-            json.dumps(
-                {
-                    "host": host.name,
-                    "job_id": job_id,
-                    "remote_dir": remote_dir,
-                    "pulled": time.time(),
-                },
-                indent=2,
-            )
-        )
-        if final.exists():
-            shutil.rmtree(final)
+        folder = os.open(partial, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            for name, data in files.items():
+                write_new(folder, name, data, fsync=False)
+        finally:
+            os.close(folder)
+        _remove(final)
         os.replace(partial, final)
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        _remove(partial)
     return final
+
+
+def _remove(path: Path) -> None:
+    """Remove `path` if anything is there: a link itself (never what it points to), or a
+    folder with what it holds."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def decode_files(
@@ -426,6 +386,7 @@ def attach(
     """Watch an existing job to its end, then pull its results; returns the local folder.
     `ref`: the job was just started here (`start_job(follow=True)`): its stream is read,
     with no separate state check or pull."""
+    job_id = jobwire.local_job_id(job_id)  # it names a folder here: checked before connecting
     name = eval_host_name(inventory, host_name)
     own = host is None
     host = host or open_host(inventory.host(name), inventory)
@@ -437,7 +398,7 @@ def attach(
             status = job_status(host, job_id)
             end = (
                 status
-                if status["state"] in ("failed", "cancelled", "lost")
+                if status["state"] in TERMINAL_STATES and status["state"] != "done"
                 else watch(host, job_id, on_event, pull=True)
             )
         if end["state"] != "done":

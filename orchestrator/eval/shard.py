@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import DflashError
+from orchestrator.eval import jobwire
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval.run import JobError, JobRef
 from orchestrator.eval.shard_plan import merge_result, plan_shards
@@ -55,6 +57,9 @@ from orchestrator.transport.hosts import Host, open_host
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 from remote.protocol import GT_DEFERRED_FILE
 
+# The ground truth file the first host makes, pulled here to be sliced: 10,000 samples of
+# 2048 + 2048 tokens are about 300 MB of JSON.
+GROUND_TRUTH_MAX = 1 << 30
 # How long a shard job started early waits for its slice of the ground truth before it
 # gives up (a controller that went away must not leave it holding its target for ever).
 EARLY_WAIT_SECONDS = 3600.0
@@ -106,6 +111,23 @@ def _carried(host: Host, job_id: str, end: dict, name: str) -> bytes | None:
     return remote_eval.decode_files(host, job_id, files, required=(name,))[name]
 
 
+def _ground_truth_records(host: str, data: bytes) -> list[dict]:
+    """The records of the ground truth file a host made, checked as a host checks a
+    ground truth file it is given (`remote.eval.groundtruth.read_ground_truth_file`)."""
+    from remote.errors import UserError
+    from remote.eval.groundtruth import read_ground_truth_file
+
+    with tempfile.TemporaryDirectory(prefix="dflash-gt-") as tmp:
+        path = Path(tmp) / "ground_truth.jsonl"
+        path.write_bytes(data)
+        try:
+            return read_ground_truth_file(str(path))
+        except UserError as exc:
+            raise JobError(
+                f"{host}: its ground truth: {str(exc).replace(str(path), 'file')}"
+            ) from None
+
+
 def _read_jsonl(data: bytes) -> list[dict]:
     return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
 
@@ -155,14 +177,17 @@ class _Sharded:
                 f"ground truth job {ref.job_id} on {spec.name} {end['state']}"
                 f"{': ' + err if err else ''}"
             )
-        info = json.loads(
-            _carried(host, ref.job_id, end, "ground_truth.json")
-            or host.get_bytes(f"{ref.dir}/ground_truth.json")
+        raw = _carried(host, ref.job_id, end, "ground_truth.json") or jobwire.fetch(
+            host, f"{ref.dir}/ground_truth.json", "ground_truth.json", jobwire.ANSWER_MAX
         )
-        data = host.get_bytes(info["file"])
-        records = _read_jsonl(data)
-        if not records:
-            raise JobError(f"ground truth on {spec.name} holds no samples")
+        try:
+            info = json.loads(raw)
+        except ValueError:
+            info = None
+        if not isinstance(info, dict) or not isinstance(info.get("file"), str):
+            raise JobError(f"{spec.name}: ground truth job {ref.job_id} names no ground truth file")
+        data = jobwire.fetch(host, info["file"], "the ground truth", GROUND_TRUTH_MAX)
+        records = _ground_truth_records(spec.name, data)
         info["sha256"] = hashlib.sha256(data).hexdigest()
         info["job_id"] = ref.job_id
         return records, info, job
@@ -225,8 +250,13 @@ class _Sharded:
             )
 
             def on_event(ev: dict) -> None:
-                if ev.get("event") == "sample" and isinstance(ev.get("record"), dict):
-                    i = indices[int(ev["done"]) - 1]
+                done = ev.get("done")  # a count, checked by `watch`; a host's, so in range?
+                if (
+                    ev.get("event") == "sample"
+                    and ev.get("record")
+                    and done in range(1, len(indices) + 1)
+                ):
+                    i = indices[done - 1]
                     if ev["record"].get("id") == gt[i]["id"]:
                         out.records[i] = ev["record"]
                 self.emit(spec.name, ev)
@@ -462,7 +492,8 @@ def run_sharded(
     # matplotlib is imported while the shards run, as a single-host eval does, not after
     # the merge on the way to the plots.
     remote_eval.warm_plots()
-    run_id = run_id or remote_eval.new_job_id(checkpoint)
+    # it names a folder here and starts the shard jobs' ids: checked as a job id is
+    run_id = jobwire.local_job_id(run_id or remote_eval.new_job_id(checkpoint))
     root = remote_eval.results_dir(inventory, dest)
     final = root / run_id
     stage = root / f".{run_id}.partial-{os.getpid()}"
