@@ -23,6 +23,7 @@ from orchestrator.inventory import load_inventory
 from orchestrator.transport.hosts import open_host
 from tests.helpers.cli import dflash, one_error_line
 from tests.helpers.hostile import HostileHost, finishes
+from tests.helpers.runs import make_run
 from tests.helpers.sshd import ssh_host_entry
 
 pytestmark = pytest.mark.slow
@@ -112,10 +113,13 @@ def test_a_pull_never_writes_through_a_link_at_the_run_folder(env, tmp_path):
     elsewhere.mkdir()
     (elsewhere / "keep").write_text("mine")
     (env.results / env.job).symlink_to(elsewhere)
+    real = (
+        make_run(tmp_path / "hostile" / "made", env.job, "step_1", 1) / "result.json"
+    )  # well typed
     end = {
         "has_result": True,
         "dir": "/x",
-        "files": {"result.json": base64.b64encode(b"{}").decode()},
+        "files": {"result.json": base64.b64encode(real.read_bytes()).decode()},
     }
     with env.host() as host:
         out = run.pull_results(host, env.job, env.results, end)
@@ -325,17 +329,19 @@ def test_a_pull_and_a_file_read_are_refused_at_their_caps(env, monkeypatch, tmp_
     assert list(env.results.iterdir()) == []
 
 
-def test_the_end_of_a_watch_may_carry_results_bigger_than_an_event(env, monkeypatch):
+def test_the_end_of_a_watch_may_carry_results_bigger_than_an_event(env, tmp_path, monkeypatch):
     """The last line of a watch (--pull) carries the result files: it has its own cap,
     sized for results, above an event's; beyond it, one line."""
     from orchestrator.eval import run
 
     lower(monkeypatch, "EVENT_MAX", 1 * MiB)
     log = "base64.b64encode(b'y' * 3 * MiB).decode()"
+    made = make_run(tmp_path / "hostile" / "made", env.job, "step_1", 1) / "result.json"
+    result = base64.b64encode(made.read_bytes()).decode()  # well typed
     env.hostile.play(
         watch={
             "answer": "dict(a, state='done', has_result=True, files={"
-            f"'result.json': base64.b64encode(b'{{}}').decode(), 'log.txt': {log}}})"
+            f"'result.json': '{result}', 'log.txt': {log}}})"
             " if a.get('event') == 'watch_end' else a"
         }
     )
