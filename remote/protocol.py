@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 # The relay's names on a host and its frame header live in remote.relay.wire (struct only,
 # what the relay's host commands import instead of this module's dataclasses and typing:
@@ -63,7 +63,6 @@ RESULT_FILES = (
 JOB_CARRY_KEY = "carry"
 CARRY_DIRS = ("prompts", "groundtruth/shards")
 CARRY_MAX_BYTES = 4 * 1024 * 1024
-
 # ---- ground truth -----------------------------------------------------------------------
 
 GT_KINDS = ("sglang", "openai", "openai-text", "file", "local")
@@ -72,12 +71,69 @@ GT_KINDS = ("sglang", "openai", "openai-text", "file", "local")
 # that many seconds for it to arrive in its own folder under this name. A sharded eval
 # starts its shards so while the ground truth is still being made, then pushes each slice.
 GT_DEFERRED_FILE = "ground_truth.in.jsonl"
-GT_DEFAULT_TIMEOUT = 300.0  # seconds per request
+# How long the eval host waits on a ground-truth server, three bounds (a job's
+# ``ground_truth`` entry: ``timeout``, ``deadline``, ``phase_deadline``; `GTLimits`):
+# silence on one socket read; one request from connect to its answer's last byte (a server
+# trickling bytes never trips the first); the whole phase, every request and the local
+# generation together.
+GT_DEFAULT_TIMEOUT = 300.0
+# A request of max_new_tokens on a loaded serving engine takes seconds to a few minutes.
+GT_DEFAULT_DEADLINE = 1800.0
+# A safety net, not a budget: hours of generation is a local target on a CPU host.
+GT_DEFAULT_PHASE_DEADLINE = 86400.0
+GT_MAX_SECONDS = 30 * 86400.0  # beyond this a bound is not one (and timers overflow)
 # Requests in flight at once to a ground-truth server: serving engines batch concurrent
 # requests, so 16 prompts cost about what one does.
 GT_DEFAULT_CONCURRENCY = 16
 # Ground-truth completion length when neither the job nor the inventory sets one.
 GT_DEFAULT_MAX_NEW_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class GTLimits:
+    """The three bounds on waiting for ground truth (see `GT_DEFAULT_TIMEOUT`), in seconds:
+    each a number above 0 and at most `GT_MAX_SECONDS`, checked on construction (a
+    `SpecError` naming the bound otherwise)."""
+
+    timeout: float = GT_DEFAULT_TIMEOUT
+    deadline: float = GT_DEFAULT_DEADLINE
+    phase_deadline: float = GT_DEFAULT_PHASE_DEADLINE
+
+    LABELS: ClassVar[dict[str, str]] = {
+        "timeout": "timeout (seconds of silence)",
+        "deadline": "deadline (seconds per request)",
+        "phase_deadline": "phase deadline (seconds for the whole phase)",
+    }
+
+    def __post_init__(self) -> None:
+        for name in self.LABELS:
+            _set_seconds(self, name, getattr(self, name))
+
+    @classmethod
+    def of(cls, gt: Any) -> GTLimits:
+        """The bounds a job's ``ground_truth`` entry sets (absent or null: the default)."""
+        gt = gt if isinstance(gt, dict) else {}
+        return cls(**{k: gt[k] for k in cls.LABELS if gt.get(k) is not None})
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def gt_seconds_problem(value: Any) -> str | None:
+    """Why `value` cannot be a ground-truth bound in seconds, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"is not a number of seconds ({value!r})"
+    if not 0 < value <= GT_MAX_SECONDS:  # false for NaN too
+        return f"must be above 0 and at most {GT_MAX_SECONDS:.0f} (30 days), got {value!r}"
+    return None
+
+
+def _set_seconds(limits: GTLimits, name: str, value: Any) -> None:
+    problem = gt_seconds_problem(value)
+    if problem:
+        raise SpecError(f"the ground-truth {GTLimits.LABELS[name]} {problem}")
+    object.__setattr__(limits, name, float(value))
+
 
 # ---- the eval spec ----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -17,7 +18,14 @@ import pytest
 
 from remote.errors import UserError
 from remote.eval import groundtruth
-from tests.helpers.servers import BatchedReply, ScriptedServer, ids_reply
+from tests.helpers.servers import (
+    BatchedReply,
+    Raw,
+    ScriptedServer,
+    as_json,
+    ids_reply,
+    redirect,
+)
 
 MAX_NEW = 10
 
@@ -524,3 +532,144 @@ def test_transformers_serve_text_only_path(tmp_path, tiny_target, prompts_file, 
     # this tiny byte-level model produces (all its differences here are lossy decodes).
     assert info["retokenisation"]["mismatched"] == differ
     assert info["retokenisation"]["mismatch_rate"] == pytest.approx(differ / 4)
+
+
+# ---- servers that lie about HTTP itself: redirects, trickles, huge answers -------------------
+
+# Generous: a phase that has not ended by then is hung (the bounds under test are ~1 s).
+HANG_BOUND = 120.0
+
+
+def bounded(work, limit: float = HANG_BOUND):
+    """`work()`'s value or exception, from a thread; an AssertionError if it is still
+    running after `limit` seconds (a hang: the thread is left behind, a daemon)."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = work()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        raise AssertionError(f"still waiting after {limit:g}s: hung")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def refused(spec: dict) -> str:
+    """The one line `prepare(spec)` is refused with, within the hang bound."""
+    with pytest.raises(UserError) as err:
+        bounded(lambda: groundtruth.prepare(spec))
+    line = str(err.value)
+    assert "\n" not in line
+    return line
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+@pytest.mark.parametrize("asked", ["/generate", "/get_model_info"])
+def test_a_redirect_is_refused_naming_the_server_and_where_it_points(
+    tmp_path, tiny_target, prompts_file, status, asked
+):
+    """A server that redirects a request (the ids POST, or the question which model it
+    serves) is refused in one line naming it and the Location: the eval host never asks the
+    other server anything (urllib would turn a 302 POST into a GET there), nothing is cached
+    under the first server's name."""
+    with ScriptedServer(get_reply=lambda path: {"output_ids": [5, 6, 7]}) as other:
+        elsewhere = f"{other.url}/generate"
+        with ScriptedServer(
+            lambda path, body: redirect(elsewhere, status) if asked == "/generate" else None,
+            get_reply=lambda path: redirect(elsewhere, status) if path == asked else None,
+        ) as liar:
+            spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", liar.url)
+            line = refused(spec)
+        assert f"ground truth server {liar.url}{asked} redirected" in line
+        assert f"HTTP {status}" in line and elsewhere in line
+        assert other.gets == [] and other.requests == []
+    assert _cache_files(spec) == []
+
+
+def _trickled_ids(path: str, body: dict) -> Raw:
+    """A valid answer, one byte every 0.1 s from its status line on: about 30 s in all."""
+    return as_json({"output_ids": [5, 6, 7], "meta_info": {"pad": "." * 150}}, chunk=1, pause=0.1)
+
+
+def test_a_trickling_server_is_cut_at_the_request_deadline(tmp_path, tiny_target, prompts_file):
+    """Bytes keep coming, so the per-read timeout never fires: the request's own deadline
+    ends it, in one line naming the server and the setting to raise."""
+    with ScriptedServer(_trickled_ids) as trickle:
+        spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", trickle.url)
+        spec["ground_truth"].update(timeout=20, deadline=1)
+        line = refused(spec)
+    assert f"ground truth server {trickle.url}/generate" in line
+    assert "deadline of 1s" in line and "--gt-deadline" in line
+    assert _cache_files(spec) == []
+
+
+def test_the_phase_deadline_bounds_the_whole_ground_truth(tmp_path, tiny_target, prompts_file):
+    """Every answer well inside its request deadline, the phase as a whole past its own:
+    ended in one line naming the server and the phase setting."""
+
+    def slow(path: str, body: dict) -> dict:
+        time.sleep(0.4)
+        return ids_reply([5, 6, 7])(path, body)
+
+    with ScriptedServer(slow) as server:
+        spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url, samples=None)
+        spec["ground_truth"].update(concurrency=1, deadline=20, phase_deadline=1)
+        line = refused(spec)
+    assert f"ground truth server {server.url}/generate" in line
+    assert "phase" in line and "deadline of 1s" in line and "--gt-phase-deadline" in line
+    assert len(server.requests) < 5 and _cache_files(spec) == []
+
+
+def test_local_generation_keeps_the_phase_deadline(tmp_path, tiny_target, prompts_file):
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "local", samples=None)
+    spec["sampling"]["max_new_tokens"] = 200
+    spec["ground_truth"].update(concurrency=1, phase_deadline=0.001)
+    line = refused(spec)
+    assert f"local generation with {tiny_target}" in line and "--gt-phase-deadline" in line
+    assert _cache_files(spec) == []
+
+
+@pytest.mark.parametrize("key", ["timeout", "deadline", "phase_deadline"])
+@pytest.mark.parametrize("value", [0, -1, "soon", float("inf")])
+def test_a_bad_bound_is_one_line(tmp_path, tiny_target, prompts_file, server, key, value):
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
+    spec["ground_truth"][key] = value
+    line = refused(spec)
+    assert line.startswith("job spec: the ground-truth " + key.replace("_", " "))
+    assert server.requests == []
+
+
+PAD = 64 << 20  # far more than any completion of MAX_NEW ids can take
+
+
+@pytest.mark.parametrize("length", [True, False], ids=["content-length", "until-close"])
+def test_an_answer_bigger_than_any_valid_one_is_refused_before_it_is_read_whole(
+    tmp_path, tiny_target, prompts_file, length
+):
+    """A valid answer padded to 64 MiB: refused once it passes what MAX_NEW ids can take
+    (announced by its Content-Length, or counted as it comes), naming the server and the
+    bound; the server never got to send most of it."""
+    body = json.dumps({"output_ids": [5, 6, 7]}).encode() + b" " * PAD
+    with ScriptedServer(lambda path, req: Raw(body, length=length)) as huge:
+        spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", huge.url)
+        line = refused(spec)
+    assert f"ground truth server {huge.url}/generate" in line
+    assert "bytes" in line and "larger than any answer" in line
+    assert huge.sent and max(huge.sent) < PAD // 4
+    assert _cache_files(spec) == []
+
+
+def test_a_deeply_nested_answer_is_malformed_json_not_a_traceback(
+    tmp_path, tiny_target, prompts_file
+):
+    with ScriptedServer(lambda path, req: Raw(b"[" * 200_000)) as nested:
+        spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", nested.url)
+        line = refused(spec)
+    assert f"ground truth server {nested.url}/generate returned malformed JSON" in line
