@@ -18,6 +18,7 @@ import pytest
 
 from remote.errors import UserError
 from remote.eval import groundtruth
+from tests.helpers.cli import dflash, one_error_line
 from tests.helpers.servers import (
     BatchedReply,
     Raw,
@@ -26,6 +27,7 @@ from tests.helpers.servers import (
     ids_reply,
     redirect,
 )
+from tests.helpers.sshd import ssh_host_entry
 
 MAX_NEW = 10
 
@@ -673,3 +675,247 @@ def test_a_deeply_nested_answer_is_malformed_json_not_a_traceback(
         spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", nested.url)
         line = refused(spec)
     assert f"ground truth server {nested.url}/generate returned malformed JSON" in line
+
+
+def test_fresh_ground_truth_remakes_the_cached_entry(tmp_path, tiny_target, prompts_file, server):
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
+    path, first = groundtruth.prepare(spec)
+    _, again = groundtruth.prepare(spec)
+    assert again["cached"] is True and len(server.requests) == 3
+    spec["ground_truth"]["fresh"] = True
+    fresh_path, fresh = groundtruth.prepare(spec)
+    assert fresh["cached"] is False and fresh_path == path and len(server.requests) == 6
+    assert fresh["source"]["made"] > first["source"]["made"]
+
+
+# ---- end to end: `dflash remote-eval` over a real loopback sshd ------------------------------
+
+
+@pytest.fixture(scope="module")
+def drafters(eval_sshd, tiny_target) -> Path:
+    """One checkpoint of a tiny drafter trained for real, in the eval host's folders."""
+    from orchestrator.demo.train import train_drafter
+
+    folder = eval_sshd.root / "gt-drafters"
+    if not (folder / "step-0").is_dir():
+        train_drafter(str(tiny_target), str(folder), save_steps=(0,), samples=3, completion_len=16)
+    return folder
+
+
+def gt_inventory(make_inventory, eval_sshd, ssh_base, tiny_target, drafters, tmp_path, url, **role):
+    """An eval host (loopback sshd) with its own workdir (so its ground-truth cache is this
+    test's) and the ground truth at `url`; `role`: more keys of its eval role."""
+    return make_inventory(
+        hosts={
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                workdir=str(tmp_path / "host-wd"),
+                roles={
+                    "eval": {
+                        "drafters": str(drafters),
+                        "target_model": str(tiny_target),
+                        "ground_truth": url,
+                        "dtype": "float32",
+                        **role,
+                    }
+                },
+            )
+        },
+        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    )
+
+
+def remote_eval(inventory: Path, *args: str):
+    return dflash(
+        "remote-eval",
+        "-c",
+        "step-0",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--budgets",
+        "4",
+        "-i",
+        str(inventory),
+        "--json",
+        *args,
+        timeout=300,
+    )
+
+
+def job_error(proc) -> str:
+    """The one error line a failed job ends `remote-eval` with (after its "started" line)."""
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error: ") and len(lines) <= 2, proc.stderr
+    return lines[-1]
+
+
+def host_cache(tmp_path: Path) -> list[str]:
+    folder = tmp_path / "host-wd" / "groundtruth"
+    return sorted(p.name for p in folder.glob("*.json*")) if folder.is_dir() else []
+
+
+@pytest.mark.slow
+def test_remote_eval_deadlines_from_the_command_line_and_the_inventory(
+    tmp_path, make_inventory, eval_sshd, ssh_base, tiny_target, drafters
+):
+    """A trickling server, through `remote-eval`: --gt-deadline ends it in one line naming
+    the server; the inventory's ground_truth_phase_deadline the same way; a bad value is
+    refused before anything connects."""
+    with ScriptedServer(_trickled_ids) as trickle:
+        inv = gt_inventory(
+            make_inventory, eval_sshd, ssh_base, tiny_target, drafters, tmp_path, trickle.url
+        )
+        line = job_error(remote_eval(inv, "--gt-deadline", "1"))
+        assert f"ground truth server {trickle.url}/generate" in line and "deadline of 1s" in line
+        inv = gt_inventory(
+            make_inventory,
+            eval_sshd,
+            ssh_base,
+            tiny_target,
+            drafters,
+            tmp_path,
+            trickle.url,
+            ground_truth_phase_deadline=1,
+        )
+        line = job_error(remote_eval(inv))
+        assert "phase" in line and "deadline of 1s" in line and trickle.url in line
+    bad = remote_eval(inv, "--gt-timeout", "0")
+    assert bad.returncode != 0
+    assert "the ground-truth timeout" in one_error_line(bad)
+    assert host_cache(tmp_path) == []
+
+
+# ---- where the bounds and --fresh-ground-truth come from ----------------------------------
+
+
+def _role_inventory(tmp_path: Path, **role) -> Path:
+    import yaml
+
+    path = tmp_path / "inventory.yaml"
+    host = {
+        "transport": "local",
+        "roles": {"eval": {"drafters": "/d", "ground_truth": "http://h", **role}},
+    }
+    path.write_text(yaml.safe_dump({"hosts": {"e": host}, "defaults": {"eval_host": "e"}}))
+    return path
+
+
+def test_bounds_and_fresh_reach_the_job_from_the_options_or_the_inventory(tmp_path):
+    from orchestrator.eval.spec import EvalOptions, ground_truth_source
+    from orchestrator.inventory import InventoryError, load_inventory
+    from remote.protocol import GT_DEFAULT_DEADLINE, GT_DEFAULT_PHASE_DEADLINE, GT_DEFAULT_TIMEOUT
+
+    plain = load_inventory(_role_inventory(tmp_path)).host("e")
+    gt = ground_truth_source(None, plain, EvalOptions())
+    assert (gt["timeout"], gt["deadline"], gt["phase_deadline"]) == (
+        GT_DEFAULT_TIMEOUT,
+        GT_DEFAULT_DEADLINE,
+        GT_DEFAULT_PHASE_DEADLINE,
+    )
+    assert not gt.get("fresh")
+    role = load_inventory(
+        _role_inventory(
+            tmp_path,
+            ground_truth_timeout=30,
+            ground_truth_deadline=60,
+            ground_truth_phase_deadline=600.5,
+        )
+    ).host("e")
+    gt = ground_truth_source(None, role, EvalOptions())
+    assert (gt["timeout"], gt["deadline"], gt["phase_deadline"]) == (30, 60, 600.5)
+    chosen = EvalOptions(ground_truth_deadline=5, fresh_ground_truth=True)
+    gt = ground_truth_source(None, role, chosen)
+    assert (gt["timeout"], gt["deadline"], gt["fresh"]) == (30, 5, True)
+    for value in (0, "soon", -3):
+        with pytest.raises(InventoryError) as err:
+            load_inventory(_role_inventory(tmp_path, ground_truth_deadline=value))
+        line = str(err.value)
+        assert "roles.eval.ground_truth_deadline" in line and "seconds" in line
+        assert ":1:" in line or ".yaml:" in line
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["remote-eval", "-c", "step-0"],
+        ["follow", "--from", "e", "--to", "e", "--once"],
+        ["parity", "--hosts", "e,e"],
+    ],
+    ids=["remote-eval", "follow", "parity"],
+)
+@pytest.mark.parametrize("option", ["--gt-timeout", "--gt-deadline", "--gt-phase-deadline"])
+def test_every_command_that_fetches_ground_truth_takes_the_bounds(tmp_path, command, option):
+    """remote-eval, follow and parity take the three bounds and --fresh-ground-truth; a bad
+    bound is one line before anything connects (the host here is not even reachable)."""
+    inv = _role_inventory(tmp_path)
+    proc = dflash(*command, option, "0", "-i", str(inv))
+    assert proc.returncode != 0
+    label = option.removeprefix("--gt-").replace("-", " ")
+    assert f"the ground-truth {label}" in one_error_line(proc)
+    helped = dflash(*command[:1], "--help")
+    for name in ("--gt-timeout", "--gt-deadline", "--gt-phase-deadline", "--fresh-ground-truth"):
+        assert name in helped.stdout, (command[0], name)
+
+
+@pytest.mark.slow
+def test_follow_fresh_ground_truth_remakes_it_for_the_first_checkpoint_only(
+    tmp_path, make_inventory, trainer_sshd, eval_sshd, ssh_base, tiny_target, drafters, server
+):
+    """`follow --once --fresh-ground-truth` after an earlier follow cached the ground truth:
+    the first new checkpoint's eval makes it again, the next one reuses that."""
+    import shutil
+
+    ckpts, relayed = tmp_path / "ckpts", tmp_path / "relayed"
+    ckpts.mkdir()
+    relayed.mkdir()
+
+    def write(name: str) -> None:
+        shutil.copytree(drafters / "step-0", ckpts / name)
+        (ckpts / name / "COMPLETE").write_text("")
+
+    role = {
+        "drafters": str(relayed),
+        "target_model": str(tiny_target),
+        "ground_truth": server.url,
+        "samples": 2,
+        "max_new_tokens": 8,
+        "dtype": "float32",
+    }
+    inv = make_inventory(
+        hosts={
+            "trainer": ssh_host_entry(
+                trainer_sshd,
+                ssh_base,
+                roles={"trainer": {"checkpoints": str(ckpts), "complete_rule": "marker"}},
+            ),
+            "evalhost": ssh_host_entry(
+                eval_sshd, ssh_base, workdir=str(tmp_path / "host-wd"), roles={"eval": role}
+            ),
+        },
+        defaults={
+            "relay_from": "trainer",
+            "relay_to": "evalhost",
+            "results_dir": str(tmp_path / "results"),
+        },
+    )
+
+    def follow(*args: str) -> list[dict]:
+        proc = dflash("follow", "--once", "--budgets", "4", "-i", str(inv), *args, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        runs = sorted((tmp_path / "results").glob("*/result.json"))
+        return [json.loads(p.read_text())["inputs"]["ground_truth_source"] for p in runs]
+
+    write("step-1")
+    (first,) = follow()
+    assert first["cached"] is False and len(server.requests) == 2
+    write("step-2")
+    write("step-3")
+    sources = follow("--fresh-ground-truth")  # run folders are named by their start time
+    assert [s["cached"] for s in sources] == [False, False, True]
+    assert sources[1].get("fresh") is True and sources[2]["source"] == sources[1]["source"]
+    assert len(server.requests) == 4  # made twice: once at first, once asked for
+    assert len(host_cache(tmp_path)) == 2

@@ -31,11 +31,11 @@ from remote.protocol import (
     JOB_EVAL_KEY,
     JOB_SPEC_SCHEMA,
     EvalSpec,
+    GTLimits,
     SpecError,
 )
 from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
-from remote.protocol import GT_DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"
@@ -63,6 +63,10 @@ class EvalOptions:
     ``prompts`` (a path on the host) or the built-in ``chat`` set. `ground_truth` is a server
     URL or (kind ``file``) a path on the host; None = the inventory's.
 
+    ``ground_truth_timeout``/``_deadline``/``_phase_deadline``: the bounds on waiting for
+    it (`remote.protocol.GTLimits`; None = the inventory's, else the defaults);
+    `fresh_ground_truth`: make it again instead of reusing the host's cached entry.
+
     `engine`: the engine's settings (`engine_spec` builds it from command-line values);
     its paths are filled per host by `build_spec`. `chosen`: the names of the settings the
     caller chose; the host's inventory role (``dtype``, ``threads``) fills the others. None
@@ -78,8 +82,11 @@ class EvalOptions:
     ground_truth: str | None = None
     ground_truth_kind: str | None = None
     ground_truth_model: str | None = None
-    ground_truth_timeout: float = DEFAULT_TIMEOUT
+    ground_truth_timeout: float | None = None
+    ground_truth_deadline: float | None = None
+    ground_truth_phase_deadline: float | None = None
     ground_truth_concurrency: int | None = None
+    fresh_ground_truth: bool = False
     target: str | None = None
     stop_after: str | None = None
     engine: EvalSpec = JOB_ENGINE_DEFAULT
@@ -115,10 +122,23 @@ class EvalOptions:
             raise DflashError(
                 f"--gt-concurrency must be a whole number of at least 1, got {concurrency!r}"
             )
-        if not self.ground_truth_timeout > 0:
-            raise DflashError(
-                f"the ground-truth timeout must be positive, got {self.ground_truth_timeout!r}"
-            )
+        try:
+            self.ground_truth_limits(None)
+        except SpecError as exc:
+            raise DflashError(str(exc)) from None
+
+    def ground_truth_limits(self, role: EvalRole | None) -> GTLimits:
+        """The bounds on waiting for ground truth on a host with inventory role `role`:
+        those given here, else the role's, else the defaults (a bad one: `SpecError`)."""
+        return GTLimits(
+            **{
+                name: _given(
+                    getattr(self, f"ground_truth_{name}"),
+                    getattr(role, f"ground_truth_{name}") if role else getattr(GTLimits, name),
+                )
+                for name in GTLimits.LABELS
+            }
+        )
 
     def engine_for(self, role: EvalRole | None) -> EvalSpec:
         """The engine settings on a host with inventory role `role`: the role's own
@@ -253,7 +273,8 @@ def _given(value, default):
 
 
 def ground_truth_source(host: Host, spec: HostSpec, options: EvalOptions) -> dict:
-    """The job's ``ground_truth`` entry: kind, server URL or file, timeout, concurrency."""
+    """The job's ``ground_truth`` entry: kind, server URL or file, the bounds on waiting
+    for it (`EvalOptions.ground_truth_limits`), concurrency, ``fresh`` when asked."""
     role = spec.eval
     kind = options.ground_truth_kind or (role.ground_truth_kind if role else None) or "sglang"
     source = options.ground_truth or (role.ground_truth if role else None)
@@ -266,13 +287,15 @@ def ground_truth_source(host: Host, spec: HostSpec, options: EvalOptions) -> dic
         raise DflashError("ground truth kind 'file' needs --ground-truth PATH (on the host)")
     gt = {
         "kind": kind,
-        "timeout": options.ground_truth_timeout,
+        **options.ground_truth_limits(role).to_json(),
         "concurrency": _given(
             options.ground_truth_concurrency,
             role.ground_truth_concurrency if role else GT_CONCURRENCY,
         ),
         "model": options.ground_truth_model or (role.ground_truth_model if role else None),
     }
+    if options.fresh_ground_truth:
+        gt["fresh"] = True
     if kind == "file":
         gt["path"] = host.expand(source)
     elif kind != "local":

@@ -984,6 +984,20 @@ def _aborting(waits: Waits) -> Iterator[None]:
         raise
 
 
+def _evict(path: Path, keep: Path | None = None) -> None:
+    """Drop the cache entry whose data file is `path` (and its ``.json`` meta); with
+    `keep`, its data is moved there instead of deleted (same filesystem: the workdir)."""
+    meta = path.with_suffix(".json")
+    for file, to in ((meta, None), (path, keep)):
+        try:
+            if to is not None:
+                os.replace(file, to)
+            else:
+                file.unlink()
+        except FileNotFoundError:
+            pass
+
+
 def _read_cache(
     path: Path, meta_path: Path, prompt_ids: list[list[int]], check: Callable[[Any, str], list[int]]
 ) -> tuple[list[dict], dict] | None:
@@ -1022,7 +1036,8 @@ def prepare(
     the result: kind, url, model, cache key, ``cached`` (whether it came from the cache),
     ``source`` (kind, url, model, model_root, ``made``: when it was generated), warnings,
     retokenisation). A server is asked which model it serves before the cache is looked
-    at; every completion is checked before anything is written. Every wait is bounded
+    at; every completion is checked before anything is written. ``ground_truth.fresh``:
+    the cache entry is dropped and made again. Every wait is bounded
     (`remote.protocol.GTLimits`: ``timeout``, ``deadline``, ``phase_deadline``, from
     this call on).
     """
@@ -1115,6 +1130,9 @@ def prepare(
     cache_dir.mkdir(parents=True, exist_ok=True)
     path, meta_path = cache_dir / f"{key}.jsonl", cache_dir / f"{key}.json"
     info.update(cache_key=key, file=str(path), thinking=thinking, samples=len(prompts))
+    if gt.get("fresh") is True:  # asked for: whatever the entry holds, it is made again
+        _evict(path)
+        info["fresh"] = True
     hit = (
         _read_cache(path, meta_path, prompt_ids, check)
         if path.is_file() and meta_path.is_file()
