@@ -536,6 +536,9 @@ def run_eval_job(
         on_event=lambda ev: events.write({**ev, "time": round(time.time(), 3)}),
         target=loaded[0] if loaded else None,
     )
+    # A ground truth the target disagrees with wholesale is flagged and leaves the cache.
+    gt_info = groundtruth.judge_job(gt_info, path, emit=events.emit)
+    write_json_atomic(path / "ground_truth.json", gt_info)
     annotate_result(path / "result.json", gt_info, spec, engine)
     return 0
 

@@ -87,6 +87,15 @@ GT_MAX_SECONDS = 30 * 86400.0  # beyond this a bound is not one (and timers over
 GT_DEFAULT_CONCURRENCY = 16
 # Ground-truth completion length when neither the job nor the inventory sets one.
 GT_DEFAULT_MAX_NEW_TOKENS = 256
+# Target agreement (the eval host's argmax equal to the ground-truth token, teacher-forced)
+# below which the ground truth is taken to be wrong wholesale: flagged in the result and
+# dropped from the host's cache. The target's own greedy completion agrees everywhere but
+# at near-ties its numerics break otherwise (bf16 against a float32 server: 0.97 on the
+# demo's tiny random models, real models higher); another model's or another prompt's ids
+# agree on a fraction (in-vocabulary garbage: about 1/vocab).
+GT_SUSPECT_AGREEMENT = 0.5
+# A cache entry's name on the host (``<workdir>/groundtruth/<key>.jsonl``, and ``.json``).
+GT_CACHE_KEY_RE = re.compile(r"^[0-9a-f]{24}$")
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,41 @@ def _set_seconds(limits: GTLimits, name: str, value: Any) -> None:
     if problem:
         raise SpecError(f"the ground-truth {GTLimits.LABELS[name]} {problem}")
     object.__setattr__(limits, name, float(value))
+
+
+def agreement_suspect(rate: Any) -> bool:
+    """Whether a target agreement rate says the ground truth is wrong wholesale (see
+    `GT_SUSPECT_AGREEMENT`); a missing rate (no tokens) says nothing."""
+    return (
+        isinstance(rate, (int, float))
+        and not isinstance(rate, bool)
+        and rate < GT_SUSPECT_AGREEMENT
+    )
+
+
+def flag_suspect(info: dict, rate: float, evicted: bool) -> dict:
+    """A ground truth's info (a job's ``ground_truth.json``) flagged as wrong wholesale at
+    target agreement `rate` (`agreement_suspect`): ``suspect`` (agreement, threshold,
+    ``evicted``: whether its cache entry was dropped) and one more warning saying so. The
+    same words whichever side judged it (the job, or a sharded eval's controller)."""
+    where = info.get("url") or info.get("path") or f"{info.get('kind')} generation"
+    if evicted:
+        fate = "dropped from the host's cache (the next eval makes it again)"
+    elif info.get("kind") == "file":
+        fate = "it is a file given to the eval: make it again"
+    else:
+        fate = "its cache entry could not be dropped: remake it with --fresh-ground-truth"
+    warning = (
+        f"target agreement {rate:.0%} with the ground truth from {where}, far below the "
+        f"{GT_SUSPECT_AGREEMENT:.0%} that this target's own greedy completions give: those "
+        "ids are not its completions (another model, mixed-up prompts, a broken server), so "
+        f"this eval's numbers mean nothing; {fate}"
+    )
+    return {
+        **info,
+        "suspect": {"agreement": rate, "threshold": GT_SUSPECT_AGREEMENT, "evicted": evicted},
+        "warnings": [*(info.get("warnings") or []), warning],
+    }
 
 
 # ---- the eval spec ----------------------------------------------------------------------

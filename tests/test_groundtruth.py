@@ -688,6 +688,34 @@ def test_fresh_ground_truth_remakes_the_cached_entry(tmp_path, tiny_target, prom
     assert fresh["source"]["made"] > first["source"]["made"]
 
 
+def test_a_wholesale_disagreement_is_flagged_and_its_entry_leaves_the_cache(
+    tmp_path, tiny_target, prompts_file
+):
+    """`judge`: a target agreement far below what any real server gives flags the ground
+    truth (a warning, ``suspect``) and takes its entry out of the cache, into the job's
+    folder (kept for a look, reused by nothing); a healthy agreement changes nothing."""
+    from remote.protocol import GT_SUSPECT_AGREEMENT
+
+    with ScriptedServer(ids_reply([5, 6, 7])) as wrong:
+        spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", wrong.url)
+        path, info = groundtruth.prepare(spec)
+    job = tmp_path / "job"
+    job.mkdir()
+    events = []
+    good = groundtruth.judge(dict(info), {"rate": 0.97}, job)
+    assert "suspect" not in good and Path(path).is_file()
+    judged = groundtruth.judge(
+        info, {"match": 0, "total": 9, "rate": 0.0}, job, emit=lambda e, **k: events.append(k)
+    )
+    assert judged["suspect"]["agreement"] == 0.0
+    assert judged["suspect"]["threshold"] == GT_SUSPECT_AGREEMENT
+    assert judged["suspect"]["evicted"] is True and _cache_files(spec) == []
+    assert Path(judged["file"]).parent == job and Path(judged["file"]).is_file()
+    (warning,) = judged["warnings"]
+    assert "target agreement 0%" in warning and wrong.url in warning
+    assert events == [{"message": warning}]
+
+
 # ---- end to end: `dflash remote-eval` over a real loopback sshd ------------------------------
 
 
@@ -756,6 +784,51 @@ def job_error(proc) -> str:
 def host_cache(tmp_path: Path) -> list[str]:
     folder = tmp_path / "host-wd" / "groundtruth"
     return sorted(p.name for p in folder.glob("*.json*")) if folder.is_dir() else []
+
+
+@pytest.mark.slow
+def test_remote_eval_flags_wrong_ground_truth_keeps_no_cache_and_remakes_on_demand(
+    tmp_path, make_inventory, eval_sshd, ssh_base, tiny_target, drafters, gt_server
+):
+    """A server answering in-vocabulary but wrong ids: the eval ends (its numbers are
+    there) with the ground truth flagged (``suspect``, a warning) and nothing of it left in
+    the host's cache. The server fixed, at the same URL and model: the next eval asks it
+    again and is not flagged; --fresh-ground-truth remakes an entry that is fine."""
+    wrong = ids_reply([5, 6, 7])
+
+    def greedy(path: str, body: dict) -> dict:
+        return ids_reply(gt_server.greedy(body["input_ids"], 8))(path, body)
+
+    with ScriptedServer(wrong) as server:
+        inv = gt_inventory(
+            make_inventory, eval_sshd, ssh_base, tiny_target, drafters, tmp_path, server.url
+        )
+        first = remote_eval(inv)
+        assert first.returncode == 0, first.stderr
+        out = json.loads(first.stdout)
+        result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
+        src = result["inputs"]["ground_truth_source"]
+        assert src["suspect"]["agreement"] < 0.1 and src["suspect"]["evicted"] is True
+        assert any("target agreement" in w for w in src["warnings"])
+        assert host_cache(tmp_path) == []
+        asked = len(server.requests)
+
+        server.reply = greedy  # the operator fixes the server: same URL, same model
+        second = remote_eval(inv)
+        assert second.returncode == 0, second.stderr
+        out = json.loads(second.stdout)
+        assert out["summary"]["ground_truth_cached"] is False
+        assert out["summary"]["target_agreement"] > 0.9
+        result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
+        assert "suspect" not in result["inputs"]["ground_truth_source"]
+        assert len(server.requests) == 2 * asked and len(host_cache(tmp_path)) == 2
+
+        third = remote_eval(inv)
+        assert json.loads(third.stdout)["summary"]["ground_truth_cached"] is True
+        fresh = remote_eval(inv, "--fresh-ground-truth")
+        assert fresh.returncode == 0, fresh.stderr
+        assert json.loads(fresh.stdout)["summary"]["ground_truth_cached"] is False
+        assert len(server.requests) == 3 * asked
 
 
 @pytest.mark.slow
@@ -859,6 +932,82 @@ def test_every_command_that_fetches_ground_truth_takes_the_bounds(tmp_path, comm
     helped = dflash(*command[:1], "--help")
     for name in ("--gt-timeout", "--gt-deadline", "--gt-phase-deadline", "--fresh-ground-truth"):
         assert name in helped.stdout, (command[0], name)
+
+
+@pytest.mark.slow
+def test_a_sharded_eval_flags_wrong_ground_truth_and_drops_it_from_the_first_hosts_cache(
+    tmp_path, make_inventory, eval_sshd, trainer_sshd, ssh_base, tiny_target, drafters
+):
+    """`remote-eval --hosts`: the ground truth is made once on the first host and each shard
+    evaluates a slice; the merged agreement judges it, and the entry the first host cached
+    is dropped there."""
+    role = {"drafters": str(drafters), "target_model": str(tiny_target), "dtype": "float32"}
+    with ScriptedServer(ids_reply([5, 6, 7])) as wrong:
+        inv = make_inventory(
+            hosts={
+                name: ssh_host_entry(
+                    sshd,
+                    ssh_base,
+                    workdir=str(tmp_path / f"{name}-wd"),
+                    roles={"eval": {**role, "ground_truth": wrong.url}},
+                )
+                for name, sshd in (("ea", eval_sshd), ("eb", trainer_sshd))
+            },
+            defaults={"results_dir": str(tmp_path / "results")},
+        )
+        run = dflash(
+            "remote-eval", "-c", "step-0", "--hosts", "ea,eb", "--samples", "4",
+            "--max-new-tokens", "8", "--budgets", "4", "-i", str(inv), "--json",
+            timeout=400,
+        )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["hosts"] == ["ea", "eb"]
+    result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
+    src = result["inputs"]["ground_truth_source"]
+    assert src["suspect"]["evicted"] is True and src["suspect"]["agreement"] < 0.1
+    assert "dropped from the host's cache" in src["warnings"][-1]
+    assert list((tmp_path / "ea-wd" / "groundtruth").glob("*.json*")) == []
+
+
+@pytest.mark.slow
+def test_parity_flags_wrong_ground_truth_and_drops_it_from_the_cache(
+    tmp_path, make_inventory, eval_sshd, trainer_sshd, ssh_base, tiny_target
+):
+    """`parity` makes its ground truth on B like an eval (the same cache): B's capture
+    judges it by its own target's argmax, flags it and drops the entry."""
+    from orchestrator.eval import parity
+    from orchestrator.inventory import load_inventory
+
+    events = []
+    with ScriptedServer(ids_reply([5, 6, 7])) as wrong:
+        role = {"drafters": "/nowhere", "target_model": str(tiny_target), "ground_truth": wrong.url}
+        inv = make_inventory(
+            hosts={
+                name: ssh_host_entry(
+                    sshd, ssh_base, workdir=str(tmp_path / f"{name}-wd"), roles={"eval": role}
+                )
+                for name, sshd in (("pa", trainer_sshd), ("pb", eval_sshd))
+            },
+            defaults={"results_dir": str(tmp_path / "results")},
+        )
+        parity.run_parity(
+            load_inventory(inv),
+            "pa",
+            "pb",
+            parity.ParityOptions(samples=2, max_new_tokens=8),
+            on_event=lambda stage, ev: events.append(ev),
+        )
+    assert list((tmp_path / "pb-wd" / "groundtruth").glob("*.json*")) == []
+    (info,) = [
+        json.loads(p.read_text())
+        for p in (tmp_path / "pb-wd" / "jobs").glob("*/ground_truth.json")
+        if json.loads(p.read_text()).get("cache_key")
+    ]
+    assert info["suspect"]["evicted"] is True
+    assert any(
+        ev.get("event") == "warning" and "target agreement" in ev["message"] for ev in events
+    )
 
 
 @pytest.mark.slow

@@ -46,7 +46,9 @@ A server is its own trust domain. Every wait on it is bounded (`remote.protocol.
 ``timeout`` seconds of silence on one read, ``deadline`` seconds per request however it
 trickles, ``phase_deadline`` for the whole phase (local generation too); an answer is read
 only up to what a valid one can take (`answer_bytes`) before it is parsed; a redirect is
-refused, never followed.
+refused, never followed. After the eval, `judge` weighs the target's agreement with the
+ground truth: one it disagrees with wholesale is flagged and leaves the cache. ``fresh``
+in the job's ``ground_truth`` remakes an entry on purpose.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ from remote.protocol import (
     EvalSpec,
     GTLimits,
     SpecError,
+    agreement_suspect,
+    flag_suspect,
 )
 
 SERVER_KINDS = ("sglang", "openai", "openai-text")
@@ -1252,3 +1256,42 @@ def prepare(
     meta["target"] = identity
     write_json_atomic(meta_path, meta)
     return str(path), info
+
+
+# ---- after the eval: does the target agree with it? ------------------------------------
+
+# Where a ground truth judged wrong wholesale goes: out of the cache, into its job's folder.
+SUSPECT_FILE = "ground_truth.suspect.jsonl"
+
+
+def judge(info: dict, agreement: Any, job_dir: Path, emit: Emit = lambda *a, **k: None) -> dict:
+    """`info` (`prepare`'s) judged by the target's agreement with it (`agreement`: a result's
+    ``metrics.target_agreement``). Below `remote.protocol.GT_SUSPECT_AGREEMENT` the ground
+    truth is wrong wholesale, whatever its ids looked like: the info returned is flagged
+    (``suspect``: agreement, threshold, evicted; a warning, also emitted) and its cache
+    entry is taken out of the cache into `job_dir` (`SUSPECT_FILE`, which ``file`` then
+    names), so no later eval reuses it and the answer stays there for a look. Otherwise
+    `info` comes back as it was."""
+    rate = agreement.get("rate") if isinstance(agreement, dict) else None
+    if not agreement_suspect(rate):
+        return info
+    evicted = False
+    if info.get("cache_key") and info.get("file"):
+        kept = job_dir / SUSPECT_FILE
+        _evict(Path(info["file"]), keep=kept)
+        if kept.is_file():
+            evicted, info = True, {**info, "file": str(kept)}
+    flagged = flag_suspect(info, rate, evicted)
+    emit("warning", message=flagged["warnings"][-1])
+    return flagged
+
+
+def judge_job(info: dict, job_dir: Path, emit: Emit = lambda *a, **k: None) -> dict:
+    """`judge` with the agreement of the job's own ``result.json`` (none there: as it was)."""
+    try:
+        result = json.loads((job_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return info
+    metrics = result.get("metrics") if isinstance(result, dict) else None
+    agreement = metrics.get("target_agreement") if isinstance(metrics, dict) else None
+    return judge(info, agreement, job_dir, emit)
