@@ -58,10 +58,10 @@ from remote.protocol import (
     RESULT_FILES,
     EvalSpec,
     SpecError,
+    carried_name_problem,
 )
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-CARRIED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 TERMINAL_STATES = ("done", "failed", "cancelled", "lost")
 HEARTBEAT_SECONDS = 5.0
 # A watcher reads new events this often (a stat and a read: cheap), and the job's full state
@@ -319,10 +319,11 @@ def write_carried(workdir: str, carried: list) -> list[Path]:
             raise UserError("job spec: a carried file needs path, sha256 and data (strings)")
         path = Path(os.path.expanduser(item["path"]))
         where = path.parent.resolve()
-        if where not in allowed or not CARRIED_NAME_RE.match(path.name):
+        why = carried_name_problem(path.name) or (None if where in allowed else "is elsewhere")
+        if why:
             raise UserError(
-                f"job spec: carried file {item['path']} is not a plain name in "
-                f"{', '.join(str(root / d) for d in CARRY_DIRS)}"
+                f"job spec: carried file {item['path']!r} is not a plain name in "
+                f"{', '.join(str(root / d) for d in CARRY_DIRS)} (it {why})"
             )
         try:
             data = base64.b64decode(item["data"], validate=True)

@@ -63,6 +63,32 @@ RESULT_FILES = (
 JOB_CARRY_KEY = "carry"
 CARRY_DIRS = ("prompts", "groundtruth/shards")
 CARRY_MAX_BYTES = 4 * 1024 * 1024
+NAME_MAX_BYTES = 255  # one path component on Linux and macOS filesystems
+
+
+def carried_name_problem(name: Any) -> str | None:
+    """Why `name` cannot be a carried file's name (one component inside a `CARRY_DIRS`
+    folder), or None. The relay's rule for a checkpoint name (`remote.relay.host.
+    name_problem`: not empty, no '/', no '.' or '..', no NUL or line break), and, because it
+    is named after a user's own file and becomes a file the job reads: no control character
+    or lone surrogate anywhere, at most `NAME_MAX_BYTES` bytes in UTF-8. Spaces,
+    parentheses and any other printable character (``mt bench (v2).jsonl``) are fine."""
+    # Imported here: the relay's host module costs every other importer ~30 ms of start.
+    from remote.relay.host import name_problem
+
+    why = name_problem(name)
+    if why:
+        return why
+    bad = next(
+        (c for c in name if c < " " or "\x7f" <= c < "\xa0" or "\ud800" <= c <= "\udfff"), None
+    )
+    if bad is not None:
+        return f"holds a control character or a lone surrogate (U+{ord(bad):04X})"
+    if len(name.encode()) > NAME_MAX_BYTES:
+        return f"is longer than {NAME_MAX_BYTES} bytes"
+    return None
+
+
 # ---- ground truth -----------------------------------------------------------------------
 
 GT_KINDS = ("sglang", "openai", "openai-text", "file", "local")

@@ -862,6 +862,30 @@ def test_remote_eval_deadlines_from_the_command_line_and_the_inventory(
     assert host_cache(tmp_path) == []
 
 
+@pytest.mark.slow
+def test_remote_eval_takes_a_prompt_file_named_as_people_name_files(
+    tmp_path, make_inventory, eval_sshd, ssh_base, tiny_target, drafters, server, prompts_file
+):
+    """``mt bench (v2) ü.jsonl``: spaces, parentheses, unicode; carried with the job and
+    evaluated. A name with a control character is refused before anything connects."""
+    named = tmp_path / "mt bench (v2) ü.jsonl"
+    named.write_text(prompts_file.read_text())
+    inv = gt_inventory(
+        make_inventory, eval_sshd, ssh_base, tiny_target, drafters, tmp_path, server.url
+    )
+    run = remote_eval(inv, "--prompts", str(named))
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["summary"]["prompts"] == "mt bench (v2) ü" and out["summary"]["samples"] == 2
+    carried = list((tmp_path / "host-wd" / "prompts").iterdir())
+    assert [p.name.split("-", 1)[1] for p in carried] == ["mt bench (v2) ü.jsonl"]
+    odd = tmp_path / "tab\there.jsonl"
+    odd.write_text(named.read_text())
+    bad = remote_eval(inv, "--prompts", str(odd))
+    assert bad.returncode != 0
+    assert "holds a control character" in one_error_line(bad)
+
+
 # ---- where the bounds and --fresh-ground-truth come from ----------------------------------
 
 
@@ -932,6 +956,49 @@ def test_every_command_that_fetches_ground_truth_takes_the_bounds(tmp_path, comm
     helped = dflash(*command[:1], "--help")
     for name in ("--gt-timeout", "--gt-deadline", "--gt-phase-deadline", "--fresh-ground-truth"):
         assert name in helped.stdout, (command[0], name)
+
+
+def test_carried_file_names_are_names_people_use_and_nothing_that_leaves_the_folder(tmp_path):
+    """One rule (`remote.protocol.carried_name_problem`) on both sides: the controller checks
+    the name it builds, the host the name it is asked to write."""
+    import base64
+    import hashlib
+
+    from remote import jobs
+    from remote.protocol import carried_name_problem
+
+    data = b'{"prompt": "hi"}\n'
+    workdir = tmp_path / "wd"
+
+    def item(name: str) -> dict:
+        return {
+            "path": f"{workdir}/prompts/{name}",
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "data": base64.b64encode(data).decode(),
+        }
+
+    ok = ["419eef0bc4e96fa3-mt bench (v2).jsonl", "0a-ünïcødé 日本語 [draft] #2.jsonl", "x y.jsonl"]
+    for name in ok:
+        assert carried_name_problem(name) is None, name
+        (written,) = jobs.write_carried(str(workdir), [item(name)])
+        assert written.name == name and written.parent == (workdir / "prompts").resolve()
+    bad = {
+        "a/b.jsonl": "holds a '/'",
+        "..": "'..' part",
+        "a\x1bb.jsonl": "control character",
+        "a\tb.jsonl": "control character",
+        "a\nb.jsonl": "line break",
+        "a\x00b": "NUL",
+        "x\x85.jsonl": "control character",
+        "\ud800.jsonl": "lone surrogate",
+        "é" * 128 + ".jsonl": "longer than 255 bytes",
+    }
+    for name, why in bad.items():
+        assert why in (carried_name_problem(name) or ""), name
+        if "/" not in name and name != ".." and "\0" not in name:
+            with pytest.raises(UserError, match="is not a plain name"):
+                jobs.write_carried(str(workdir), [item(name)])
+    assert sorted(p.name for p in (workdir / "prompts").iterdir()) == sorted(ok)
 
 
 @pytest.mark.slow

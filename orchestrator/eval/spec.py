@@ -33,6 +33,7 @@ from remote.protocol import (
     EvalSpec,
     GTLimits,
     SpecError,
+    carried_name_problem,
 )
 from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
@@ -180,7 +181,17 @@ def local_prompts(prompts: str) -> Path:
             f"({', '.join(sets)}) nor a local file; for a file on the host "
             "write host:/path"
         )
+    why = carried_name_problem(carried_prompts_name(local))
+    if why:  # the host refuses it by the same rule: said before anything connects
+        raise DflashError(f"prompts file {str(local)!r}: its name {why}; rename it")
     return local
+
+
+def carried_prompts_name(local: Path, digest: str = "0" * 64) -> str:
+    """The name a local prompts file has on the host: content-addressed (the first 16 hex
+    digits of its sha256), then its own name (`remote.protocol.carried_name_problem`
+    judges it the same whatever the digits)."""
+    return f"{digest[:16]}-{local.stem}.jsonl"
 
 
 def carry_or_push(host: Host, data: bytes, remote: str, carry: list | None) -> None:
@@ -217,7 +228,7 @@ def push_prompts(host: Host, prompts: str, carry: list | None = None) -> dict:
     local = local_prompts(prompts)
     data = local.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    remote = f"{workdir_for(host, carry, data)}/prompts/{digest[:16]}-{local.stem}.jsonl"
+    remote = f"{workdir_for(host, carry, data)}/prompts/{carried_prompts_name(local, digest)}"
     carry_or_push(host, data, remote, carry)
     return {"path": remote, "name": local.stem, "sha256": digest, "source": str(local)}
 
