@@ -59,6 +59,9 @@ from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 # gives up (a controller that went away must not leave it holding its target for ever).
 EARLY_WAIT_SECONDS = 3600.0
 
+# Dropping a ground truth judged wrong from the first host's cache: one rm, or given up.
+EVICT_SECONDS = 60.0
+
 HostEventHandler = Callable[[str, dict], None]
 
 
@@ -181,7 +184,9 @@ class _Sharded:
                 with open_host(self.specs[0], self.inventory) as host:
                     base = f"{host.workdir}/groundtruth/{key}"
                     done = host.run(
-                        ["rm", "-f", "--", f"{base}.jsonl", f"{base}.json"], check=False
+                        ["rm", "-f", "--", f"{base}.jsonl", f"{base}.json"],
+                        check=False,
+                        timeout=EVICT_SECONDS,
                     )
                     evicted = done.ok
             except DflashError:  # the flag says it stayed; the next eval's user is told
