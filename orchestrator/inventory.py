@@ -19,7 +19,16 @@ import yaml
 
 from orchestrator.errors import DflashError
 from orchestrator.sizes import parse_size
-from remote.protocol import DEFAULT_DTYPE, DTYPES, GT_KINDS
+from remote.protocol import (
+    DEFAULT_DTYPE,
+    DTYPES,
+    GT_DEFAULT_DEADLINE,
+    GT_DEFAULT_PHASE_DEADLINE,
+    GT_DEFAULT_TIMEOUT,
+    GT_KINDS,
+    GT_MAX_SECONDS,
+    gt_seconds_problem,
+)
 from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 
@@ -58,6 +67,11 @@ class EvalRole:
     ground_truth_model: str | None = None  # served model name for OpenAI-compatible servers
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # ground-truth completion length
     ground_truth_concurrency: int = GT_CONCURRENCY  # requests in flight at once
+    # Bounds on waiting for the ground truth, in seconds (`remote.protocol.GTLimits`):
+    # silence on one read, one request, the whole phase.
+    ground_truth_timeout: float = GT_DEFAULT_TIMEOUT
+    ground_truth_deadline: float = GT_DEFAULT_DEADLINE
+    ground_truth_phase_deadline: float = GT_DEFAULT_PHASE_DEADLINE
     samples: int | None = None  # prompts per eval (seeded choice); None = all
     # Bytes the relay leaves free on the drafters' filesystem: an int or "50G", "1.5TiB".
     reserve: int | str | None = None
@@ -170,6 +184,10 @@ def _bool(v: Any) -> bool:
     return isinstance(v, bool)
 
 
+def _gt_seconds(v: Any) -> bool:
+    return gt_seconds_problem(v) is None
+
+
 def _one_of(*choices: str) -> Callable[[Any], bool]:
     def check(v: Any) -> bool:
         return v in choices
@@ -184,6 +202,7 @@ _count.__doc__ = "a whole number of at least 1"
 _port.__doc__ = "a port number (1-65535)"
 _pos_number.__doc__ = "a positive number"
 _bool.__doc__ = "true or false"
+_gt_seconds.__doc__ = f"a number of seconds above 0, at most {GT_MAX_SECONDS:.0f} (30 days)"
 
 
 def _size(v: Any) -> bool:
@@ -235,6 +254,9 @@ ROLE_KEYS: dict[str, tuple[type, dict[str, Callable[[Any], bool]], tuple[str, ..
             "ground_truth_model": _str,
             "max_new_tokens": _count,
             "ground_truth_concurrency": _count,
+            "ground_truth_timeout": _gt_seconds,
+            "ground_truth_deadline": _gt_seconds,
+            "ground_truth_phase_deadline": _gt_seconds,
             "samples": _count,
             "reserve": _size,
         },

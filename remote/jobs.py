@@ -35,7 +35,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import stat
@@ -63,11 +62,11 @@ from remote.protocol import (
     WATCH_HEARTBEAT_SECONDS,
     EvalSpec,
     SpecError,
+    carried_name_problem,
     check_job_id,
 )
 from remote.relay.fdfiles import write_all
 
-CARRIED_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 HEARTBEAT_SECONDS = WATCH_HEARTBEAT_SECONDS
 # A watcher reads new events this often (a stat and a read: cheap), and the job's full state
 # (pid, start time, exit) at least this often, to notice a runner that died silently.
@@ -398,10 +397,11 @@ def write_carried(workdir: str, carried: list) -> list[Path]:
             raise UserError("job spec: a carried file needs path, sha256 and data (strings)")
         path = Path(os.path.expanduser(item["path"]))
         where = path.parent.resolve()
-        if where not in allowed or not CARRIED_NAME_RE.match(path.name):
+        why = carried_name_problem(path.name) or (None if where in allowed else "is elsewhere")
+        if why:
             raise UserError(
-                f"job spec: carried file {item['path']} is not a plain name in "
-                f"{', '.join(str(root / d) for d in CARRY_DIRS)}"
+                f"job spec: carried file {item['path']!r} is not a plain name in "
+                f"{', '.join(str(root / d) for d in CARRY_DIRS)} (it {why})"
             )
         try:
             data = base64.b64decode(item["data"], validate=True)
@@ -650,6 +650,9 @@ def run_eval_job(
         on_event=lambda ev: events.write({**ev, "time": round(time.time(), 3)}),
         target=loaded[0] if loaded else None,
     )
+    # A ground truth the target disagrees with wholesale is flagged and leaves the cache.
+    gt_info = groundtruth.judge_job(gt_info, path, emit=events.emit)
+    write_json_atomic(path / "ground_truth.json", gt_info)
     annotate_result(path / "result.json", gt_info, spec, engine)
     return 0
 

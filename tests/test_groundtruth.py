@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -17,7 +18,16 @@ import pytest
 
 from remote.errors import UserError
 from remote.eval import groundtruth
-from tests.helpers.servers import BatchedReply, ScriptedServer, ids_reply
+from tests.helpers.cli import dflash, one_error_line
+from tests.helpers.servers import (
+    BatchedReply,
+    Raw,
+    ScriptedServer,
+    as_json,
+    ids_reply,
+    redirect,
+)
+from tests.helpers.sshd import ssh_host_entry
 
 MAX_NEW = 10
 
@@ -524,3 +534,604 @@ def test_transformers_serve_text_only_path(tmp_path, tiny_target, prompts_file, 
     # this tiny byte-level model produces (all its differences here are lossy decodes).
     assert info["retokenisation"]["mismatched"] == differ
     assert info["retokenisation"]["mismatch_rate"] == pytest.approx(differ / 4)
+
+
+# ---- servers that lie about HTTP itself: redirects, trickles, huge answers -------------------
+
+# Generous: a phase that has not ended by then is hung (the bounds under test are ~1 s).
+HANG_BOUND = 120.0
+
+
+def bounded(work, limit: float = HANG_BOUND):
+    """`work()`'s value or exception, from a thread; an AssertionError if it is still
+    running after `limit` seconds (a hang: the thread is left behind, a daemon)."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = work()
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        raise AssertionError(f"still waiting after {limit:g}s: hung")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def refused(spec: dict) -> str:
+    """The one line `prepare(spec)` is refused with, within the hang bound."""
+    with pytest.raises(UserError) as err:
+        bounded(lambda: groundtruth.prepare(spec))
+    line = str(err.value)
+    assert "\n" not in line
+    return line
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+@pytest.mark.parametrize("asked", ["/generate", "/get_model_info"])
+def test_a_redirect_is_refused_naming_the_server_and_where_it_points(
+    tmp_path, tiny_target, prompts_file, status, asked
+):
+    """A server that redirects a request (the ids POST, or the question which model it
+    serves) is refused in one line naming it and the Location: the eval host never asks the
+    other server anything (urllib would turn a 302 POST into a GET there), nothing is cached
+    under the first server's name."""
+    with ScriptedServer(get_reply=lambda path: {"output_ids": [5, 6, 7]}) as other:
+        elsewhere = f"{other.url}/generate"
+        with ScriptedServer(
+            lambda path, body: redirect(elsewhere, status) if asked == "/generate" else None,
+            get_reply=lambda path: redirect(elsewhere, status) if path == asked else None,
+        ) as liar:
+            spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", liar.url)
+            line = refused(spec)
+        assert f"ground truth server {liar.url}{asked} redirected" in line
+        assert f"HTTP {status}" in line and elsewhere in line
+        assert other.gets == [] and other.requests == []
+    assert _cache_files(spec) == []
+
+
+def _trickled_ids(path: str, body: dict) -> Raw:
+    """A valid answer, one byte every 0.1 s from its status line on: about 30 s in all."""
+    return as_json({"output_ids": [5, 6, 7], "meta_info": {"pad": "." * 150}}, chunk=1, pause=0.1)
+
+
+def test_a_trickling_server_is_cut_at_the_request_deadline(tmp_path, tiny_target, prompts_file):
+    """Bytes keep coming, so the per-read timeout never fires: the request's own deadline
+    ends it, in one line naming the server and the setting to raise."""
+    with ScriptedServer(_trickled_ids) as trickle:
+        spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", trickle.url)
+        spec["ground_truth"].update(timeout=20, deadline=1)
+        line = refused(spec)
+    assert f"ground truth server {trickle.url}/generate" in line
+    assert "deadline of 1s" in line and "--gt-deadline" in line
+    assert _cache_files(spec) == []
+
+
+def test_the_phase_deadline_bounds_the_whole_ground_truth(tmp_path, tiny_target, prompts_file):
+    """Every answer well inside its request deadline, the phase as a whole past its own:
+    ended in one line naming the server and the phase setting."""
+
+    def slow(path: str, body: dict) -> dict:
+        time.sleep(0.4)
+        return ids_reply([5, 6, 7])(path, body)
+
+    with ScriptedServer(slow) as server:
+        spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url, samples=None)
+        spec["ground_truth"].update(concurrency=1, deadline=20, phase_deadline=1)
+        line = refused(spec)
+    assert f"ground truth server {server.url}/generate" in line
+    assert "phase" in line and "deadline of 1s" in line and "--gt-phase-deadline" in line
+    assert len(server.requests) < 5 and _cache_files(spec) == []
+
+
+def test_local_generation_keeps_the_phase_deadline(tmp_path, tiny_target, prompts_file):
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "local", samples=None)
+    spec["sampling"]["max_new_tokens"] = 200
+    spec["ground_truth"].update(concurrency=1, phase_deadline=0.001)
+    line = refused(spec)
+    assert f"local generation with {tiny_target}" in line and "--gt-phase-deadline" in line
+    assert _cache_files(spec) == []
+
+
+@pytest.mark.parametrize("key", ["timeout", "deadline", "phase_deadline"])
+@pytest.mark.parametrize("value", [0, -1, "soon", float("inf")])
+def test_a_bad_bound_is_one_line(tmp_path, tiny_target, prompts_file, server, key, value):
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
+    spec["ground_truth"][key] = value
+    line = refused(spec)
+    assert line.startswith("job spec: the ground-truth " + key.replace("_", " "))
+    assert server.requests == []
+
+
+PAD = 64 << 20  # far more than any completion of MAX_NEW ids can take
+
+
+@pytest.mark.parametrize("length", [True, False], ids=["content-length", "until-close"])
+def test_an_answer_bigger_than_any_valid_one_is_refused_before_it_is_read_whole(
+    tmp_path, tiny_target, prompts_file, length
+):
+    """A valid answer padded to 64 MiB: refused once it passes what MAX_NEW ids can take
+    (announced by its Content-Length, or counted as it comes), naming the server and the
+    bound; the server never got to send most of it."""
+    body = json.dumps({"output_ids": [5, 6, 7]}).encode() + b" " * PAD
+    with ScriptedServer(lambda path, req: Raw(body, length=length)) as huge:
+        spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", huge.url)
+        line = refused(spec)
+    assert f"ground truth server {huge.url}/generate" in line
+    assert "bytes" in line and "larger than any answer" in line
+    assert huge.sent and max(huge.sent) < PAD // 4
+    assert _cache_files(spec) == []
+
+
+def test_a_deeply_nested_answer_is_malformed_json_not_a_traceback(
+    tmp_path, tiny_target, prompts_file
+):
+    with ScriptedServer(lambda path, req: Raw(b"[" * 200_000)) as nested:
+        spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", nested.url)
+        line = refused(spec)
+    assert f"ground truth server {nested.url}/generate returned malformed JSON" in line
+
+
+def test_fresh_ground_truth_remakes_the_cached_entry(tmp_path, tiny_target, prompts_file, server):
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
+    path, first = groundtruth.prepare(spec)
+    _, again = groundtruth.prepare(spec)
+    assert again["cached"] is True and len(server.requests) == 3
+    spec["ground_truth"]["fresh"] = True
+    fresh_path, fresh = groundtruth.prepare(spec)
+    assert fresh["cached"] is False and fresh_path == path and len(server.requests) == 6
+    assert fresh["source"]["made"] > first["source"]["made"]
+
+
+def test_a_wholesale_disagreement_is_flagged_and_its_entry_leaves_the_cache(
+    tmp_path, tiny_target, prompts_file
+):
+    """`judge`: a target agreement far below what any real server gives flags the ground
+    truth (a warning, ``suspect``) and takes its entry out of the cache, into the job's
+    folder (kept for a look, reused by nothing); a healthy agreement changes nothing."""
+    from remote.protocol import GT_SUSPECT_AGREEMENT
+
+    with ScriptedServer(ids_reply([5, 6, 7])) as wrong:
+        spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", wrong.url)
+        path, info = groundtruth.prepare(spec)
+    job = tmp_path / "job"
+    job.mkdir()
+    events = []
+    good = groundtruth.judge(dict(info), {"rate": 0.97}, job)
+    assert "suspect" not in good and Path(path).is_file()
+    judged = groundtruth.judge(
+        info, {"match": 0, "total": 9, "rate": 0.0}, job, emit=lambda e, **k: events.append(k)
+    )
+    assert judged["suspect"]["agreement"] == 0.0
+    assert judged["suspect"]["threshold"] == GT_SUSPECT_AGREEMENT
+    assert judged["suspect"]["evicted"] is True and _cache_files(spec) == []
+    assert Path(judged["file"]).parent == job and Path(judged["file"]).is_file()
+    (warning,) = judged["warnings"]
+    assert "target agreement 0%" in warning and wrong.url in warning
+    assert events == [{"message": warning}]
+
+
+# ---- end to end: `dflash remote-eval` over a real loopback sshd ------------------------------
+
+
+@pytest.fixture(scope="module")
+def drafters(eval_sshd, tiny_target) -> Path:
+    """One checkpoint of a tiny drafter trained for real, in the eval host's folders."""
+    from orchestrator.demo.train import train_drafter
+
+    folder = eval_sshd.root / "gt-drafters"
+    if not (folder / "step-0").is_dir():
+        train_drafter(str(tiny_target), str(folder), save_steps=(0,), samples=3, completion_len=16)
+    return folder
+
+
+def gt_inventory(make_inventory, eval_sshd, ssh_base, tiny_target, drafters, tmp_path, url, **role):
+    """An eval host (loopback sshd) with its own workdir (so its ground-truth cache is this
+    test's) and the ground truth at `url`; `role`: more keys of its eval role."""
+    return make_inventory(
+        hosts={
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                workdir=str(tmp_path / "host-wd"),
+                roles={
+                    "eval": {
+                        "drafters": str(drafters),
+                        "target_model": str(tiny_target),
+                        "ground_truth": url,
+                        "dtype": "float32",
+                        **role,
+                    }
+                },
+            )
+        },
+        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    )
+
+
+def remote_eval(inventory: Path, *args: str):
+    return dflash(
+        "remote-eval",
+        "-c",
+        "step-0",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--budgets",
+        "4",
+        "-i",
+        str(inventory),
+        "--json",
+        *args,
+        timeout=300,
+    )
+
+
+def job_error(proc) -> str:
+    """The one error line a failed job ends `remote-eval` with (after its "started" line)."""
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith("error: ") and len(lines) <= 2, proc.stderr
+    return lines[-1]
+
+
+def host_cache(tmp_path: Path) -> list[str]:
+    folder = tmp_path / "host-wd" / "groundtruth"
+    return sorted(p.name for p in folder.glob("*.json*")) if folder.is_dir() else []
+
+
+@pytest.mark.slow
+def test_remote_eval_flags_wrong_ground_truth_keeps_no_cache_and_remakes_on_demand(
+    tmp_path, make_inventory, eval_sshd, ssh_base, tiny_target, drafters, gt_server
+):
+    """A server answering in-vocabulary but wrong ids: the eval ends (its numbers are
+    there) with the ground truth flagged (``suspect``, a warning) and nothing of it left in
+    the host's cache. The server fixed, at the same URL and model: the next eval asks it
+    again and is not flagged; --fresh-ground-truth remakes an entry that is fine."""
+    wrong = ids_reply([5, 6, 7])
+
+    def greedy(path: str, body: dict) -> dict:
+        return ids_reply(gt_server.greedy(body["input_ids"], 8))(path, body)
+
+    with ScriptedServer(wrong) as server:
+        inv = gt_inventory(
+            make_inventory, eval_sshd, ssh_base, tiny_target, drafters, tmp_path, server.url
+        )
+        first = remote_eval(inv)
+        assert first.returncode == 0, first.stderr
+        out = json.loads(first.stdout)
+        result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
+        src = result["inputs"]["ground_truth_source"]
+        assert src["suspect"]["agreement"] < 0.1 and src["suspect"]["evicted"] is True
+        assert any("target agreement" in w for w in src["warnings"])
+        assert host_cache(tmp_path) == []
+        asked = len(server.requests)
+
+        server.reply = greedy  # the operator fixes the server: same URL, same model
+        second = remote_eval(inv)
+        assert second.returncode == 0, second.stderr
+        out = json.loads(second.stdout)
+        assert out["summary"]["ground_truth_cached"] is False
+        assert out["summary"]["target_agreement"] > 0.9
+        result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
+        assert "suspect" not in result["inputs"]["ground_truth_source"]
+        assert len(server.requests) == 2 * asked and len(host_cache(tmp_path)) == 2
+
+        third = remote_eval(inv)
+        assert json.loads(third.stdout)["summary"]["ground_truth_cached"] is True
+        fresh = remote_eval(inv, "--fresh-ground-truth")
+        assert fresh.returncode == 0, fresh.stderr
+        assert json.loads(fresh.stdout)["summary"]["ground_truth_cached"] is False
+        assert len(server.requests) == 3 * asked
+
+
+@pytest.mark.slow
+def test_remote_eval_deadlines_from_the_command_line_and_the_inventory(
+    tmp_path, make_inventory, eval_sshd, ssh_base, tiny_target, drafters
+):
+    """A trickling server, through `remote-eval`: --gt-deadline ends it in one line naming
+    the server; the inventory's ground_truth_phase_deadline the same way; a bad value is
+    refused before anything connects."""
+    with ScriptedServer(_trickled_ids) as trickle:
+        inv = gt_inventory(
+            make_inventory, eval_sshd, ssh_base, tiny_target, drafters, tmp_path, trickle.url
+        )
+        line = job_error(remote_eval(inv, "--gt-deadline", "1"))
+        assert f"ground truth server {trickle.url}/generate" in line and "deadline of 1s" in line
+        inv = gt_inventory(
+            make_inventory,
+            eval_sshd,
+            ssh_base,
+            tiny_target,
+            drafters,
+            tmp_path,
+            trickle.url,
+            ground_truth_phase_deadline=1,
+        )
+        line = job_error(remote_eval(inv))
+        assert "phase" in line and "deadline of 1s" in line and trickle.url in line
+    bad = remote_eval(inv, "--gt-timeout", "0")
+    assert bad.returncode != 0
+    assert "the ground-truth timeout" in one_error_line(bad)
+    assert host_cache(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_remote_eval_takes_a_prompt_file_named_as_people_name_files(
+    tmp_path, make_inventory, eval_sshd, ssh_base, tiny_target, drafters, server, prompts_file
+):
+    """``mt bench (v2) ü.jsonl``: spaces, parentheses, unicode; carried with the job and
+    evaluated. A name with a control character is refused before anything connects."""
+    named = tmp_path / "mt bench (v2) ü.jsonl"
+    named.write_text(prompts_file.read_text())
+    inv = gt_inventory(
+        make_inventory, eval_sshd, ssh_base, tiny_target, drafters, tmp_path, server.url
+    )
+    run = remote_eval(inv, "--prompts", str(named))
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["summary"]["prompts"] == "mt bench (v2) ü" and out["summary"]["samples"] == 2
+    carried = list((tmp_path / "host-wd" / "prompts").iterdir())
+    assert [p.name.split("-", 1)[1] for p in carried] == ["mt bench (v2) ü.jsonl"]
+    odd = tmp_path / "tab\there.jsonl"
+    odd.write_text(named.read_text())
+    bad = remote_eval(inv, "--prompts", str(odd))
+    assert bad.returncode != 0
+    assert "holds a control character" in one_error_line(bad)
+
+
+# ---- where the bounds and --fresh-ground-truth come from ----------------------------------
+
+
+def _role_inventory(tmp_path: Path, **role) -> Path:
+    import yaml
+
+    path = tmp_path / "inventory.yaml"
+    host = {
+        "transport": "local",
+        "roles": {"eval": {"drafters": "/d", "ground_truth": "http://h", **role}},
+    }
+    path.write_text(yaml.safe_dump({"hosts": {"e": host}, "defaults": {"eval_host": "e"}}))
+    return path
+
+
+def test_bounds_and_fresh_reach_the_job_from_the_options_or_the_inventory(tmp_path):
+    from orchestrator.eval.spec import EvalOptions, ground_truth_source
+    from orchestrator.inventory import InventoryError, load_inventory
+    from remote.protocol import GT_DEFAULT_DEADLINE, GT_DEFAULT_PHASE_DEADLINE, GT_DEFAULT_TIMEOUT
+
+    plain = load_inventory(_role_inventory(tmp_path)).host("e")
+    gt = ground_truth_source(None, plain, EvalOptions())
+    assert (gt["timeout"], gt["deadline"], gt["phase_deadline"]) == (
+        GT_DEFAULT_TIMEOUT,
+        GT_DEFAULT_DEADLINE,
+        GT_DEFAULT_PHASE_DEADLINE,
+    )
+    assert not gt.get("fresh")
+    role = load_inventory(
+        _role_inventory(
+            tmp_path,
+            ground_truth_timeout=30,
+            ground_truth_deadline=60,
+            ground_truth_phase_deadline=600.5,
+        )
+    ).host("e")
+    gt = ground_truth_source(None, role, EvalOptions())
+    assert (gt["timeout"], gt["deadline"], gt["phase_deadline"]) == (30, 60, 600.5)
+    chosen = EvalOptions(ground_truth_deadline=5, fresh_ground_truth=True)
+    gt = ground_truth_source(None, role, chosen)
+    assert (gt["timeout"], gt["deadline"], gt["fresh"]) == (30, 5, True)
+    for value in (0, "soon", -3):
+        with pytest.raises(InventoryError) as err:
+            load_inventory(_role_inventory(tmp_path, ground_truth_deadline=value))
+        line = str(err.value)
+        assert "roles.eval.ground_truth_deadline" in line and "seconds" in line
+        assert ":1:" in line or ".yaml:" in line
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["remote-eval", "-c", "step-0"],
+        ["follow", "--from", "e", "--to", "e", "--once"],
+        ["parity", "--hosts", "e,e"],
+    ],
+    ids=["remote-eval", "follow", "parity"],
+)
+@pytest.mark.parametrize("option", ["--gt-timeout", "--gt-deadline", "--gt-phase-deadline"])
+def test_every_command_that_fetches_ground_truth_takes_the_bounds(tmp_path, command, option):
+    """remote-eval, follow and parity take the three bounds and --fresh-ground-truth; a bad
+    bound is one line before anything connects (the host here is not even reachable)."""
+    inv = _role_inventory(tmp_path)
+    proc = dflash(*command, option, "0", "-i", str(inv))
+    assert proc.returncode != 0
+    label = option.removeprefix("--gt-").replace("-", " ")
+    assert f"the ground-truth {label}" in one_error_line(proc)
+    helped = dflash(*command[:1], "--help")
+    for name in ("--gt-timeout", "--gt-deadline", "--gt-phase-deadline", "--fresh-ground-truth"):
+        assert name in helped.stdout, (command[0], name)
+
+
+def test_carried_file_names_are_names_people_use_and_nothing_that_leaves_the_folder(tmp_path):
+    """One rule (`remote.protocol.carried_name_problem`) on both sides: the controller checks
+    the name it builds, the host the name it is asked to write."""
+    import base64
+    import hashlib
+
+    from remote import jobs
+    from remote.protocol import carried_name_problem
+
+    data = b'{"prompt": "hi"}\n'
+    workdir = tmp_path / "wd"
+
+    def item(name: str) -> dict:
+        return {
+            "path": f"{workdir}/prompts/{name}",
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "data": base64.b64encode(data).decode(),
+        }
+
+    ok = ["419eef0bc4e96fa3-mt bench (v2).jsonl", "0a-ünïcødé 日本語 [draft] #2.jsonl", "x y.jsonl"]
+    for name in ok:
+        assert carried_name_problem(name) is None, name
+        (written,) = jobs.write_carried(str(workdir), [item(name)])
+        assert written.name == name and written.parent == (workdir / "prompts").resolve()
+    bad = {
+        "a/b.jsonl": "holds a '/'",
+        "..": "'..' part",
+        "a\x1bb.jsonl": "control character",
+        "a\tb.jsonl": "control character",
+        "a\nb.jsonl": "line break",
+        "a\x00b": "NUL",
+        "x\x85.jsonl": "control character",
+        "\ud800.jsonl": "lone surrogate",
+        "é" * 128 + ".jsonl": "longer than 255 bytes",
+    }
+    for name, why in bad.items():
+        assert why in (carried_name_problem(name) or ""), name
+        if "/" not in name and name != ".." and "\0" not in name:
+            with pytest.raises(UserError, match="is not a plain name"):
+                jobs.write_carried(str(workdir), [item(name)])
+    assert sorted(p.name for p in (workdir / "prompts").iterdir()) == sorted(ok)
+
+
+@pytest.mark.slow
+def test_a_sharded_eval_flags_wrong_ground_truth_and_drops_it_from_the_first_hosts_cache(
+    tmp_path, make_inventory, eval_sshd, trainer_sshd, ssh_base, tiny_target, drafters
+):
+    """`remote-eval --hosts`: the ground truth is made once on the first host and each shard
+    evaluates a slice; the merged agreement judges it, and the entry the first host cached
+    is dropped there."""
+    role = {"drafters": str(drafters), "target_model": str(tiny_target), "dtype": "float32"}
+    with ScriptedServer(ids_reply([5, 6, 7])) as wrong:
+        inv = make_inventory(
+            hosts={
+                name: ssh_host_entry(
+                    sshd,
+                    ssh_base,
+                    workdir=str(tmp_path / f"{name}-wd"),
+                    roles={"eval": {**role, "ground_truth": wrong.url}},
+                )
+                for name, sshd in (("ea", eval_sshd), ("eb", trainer_sshd))
+            },
+            defaults={"results_dir": str(tmp_path / "results")},
+        )
+        run = dflash(
+            "remote-eval", "-c", "step-0", "--hosts", "ea,eb", "--samples", "4",
+            "--max-new-tokens", "8", "--budgets", "4", "-i", str(inv), "--json",
+            timeout=400,
+        )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["hosts"] == ["ea", "eb"]
+    result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
+    src = result["inputs"]["ground_truth_source"]
+    assert src["suspect"]["evicted"] is True and src["suspect"]["agreement"] < 0.1
+    assert "dropped from the host's cache" in src["warnings"][-1]
+    assert list((tmp_path / "ea-wd" / "groundtruth").glob("*.json*")) == []
+
+
+@pytest.mark.slow
+def test_parity_flags_wrong_ground_truth_and_drops_it_from_the_cache(
+    tmp_path, make_inventory, eval_sshd, trainer_sshd, ssh_base, tiny_target
+):
+    """`parity` makes its ground truth on B like an eval (the same cache): B's capture
+    judges it by its own target's argmax, flags it and drops the entry."""
+    from orchestrator.eval import parity
+    from orchestrator.inventory import load_inventory
+
+    events = []
+    with ScriptedServer(ids_reply([5, 6, 7])) as wrong:
+        role = {"drafters": "/nowhere", "target_model": str(tiny_target), "ground_truth": wrong.url}
+        inv = make_inventory(
+            hosts={
+                name: ssh_host_entry(
+                    sshd, ssh_base, workdir=str(tmp_path / f"{name}-wd"), roles={"eval": role}
+                )
+                for name, sshd in (("pa", trainer_sshd), ("pb", eval_sshd))
+            },
+            defaults={"results_dir": str(tmp_path / "results")},
+        )
+        parity.run_parity(
+            load_inventory(inv),
+            "pa",
+            "pb",
+            parity.ParityOptions(samples=2, max_new_tokens=8),
+            on_event=lambda stage, ev: events.append(ev),
+        )
+    assert list((tmp_path / "pb-wd" / "groundtruth").glob("*.json*")) == []
+    (info,) = [
+        json.loads(p.read_text())
+        for p in (tmp_path / "pb-wd" / "jobs").glob("*/ground_truth.json")
+        if json.loads(p.read_text()).get("cache_key")
+    ]
+    assert info["suspect"]["evicted"] is True
+    assert any(
+        ev.get("event") == "warning" and "target agreement" in ev["message"] for ev in events
+    )
+
+
+@pytest.mark.slow
+def test_follow_fresh_ground_truth_remakes_it_for_the_first_checkpoint_only(
+    tmp_path, make_inventory, trainer_sshd, eval_sshd, ssh_base, tiny_target, drafters, server
+):
+    """`follow --once --fresh-ground-truth` after an earlier follow cached the ground truth:
+    the first new checkpoint's eval makes it again, the next one reuses that."""
+    import shutil
+
+    ckpts, relayed = tmp_path / "ckpts", tmp_path / "relayed"
+    ckpts.mkdir()
+    relayed.mkdir()
+
+    def write(name: str) -> None:
+        shutil.copytree(drafters / "step-0", ckpts / name)
+        (ckpts / name / "COMPLETE").write_text("")
+
+    role = {
+        "drafters": str(relayed),
+        "target_model": str(tiny_target),
+        "ground_truth": server.url,
+        "samples": 2,
+        "max_new_tokens": 8,
+        "dtype": "float32",
+    }
+    inv = make_inventory(
+        hosts={
+            "trainer": ssh_host_entry(
+                trainer_sshd,
+                ssh_base,
+                roles={"trainer": {"checkpoints": str(ckpts), "complete_rule": "marker"}},
+            ),
+            "evalhost": ssh_host_entry(
+                eval_sshd, ssh_base, workdir=str(tmp_path / "host-wd"), roles={"eval": role}
+            ),
+        },
+        defaults={
+            "relay_from": "trainer",
+            "relay_to": "evalhost",
+            "results_dir": str(tmp_path / "results"),
+        },
+    )
+
+    def follow(*args: str) -> list[dict]:
+        proc = dflash("follow", "--once", "--budgets", "4", "-i", str(inv), *args, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        runs = sorted((tmp_path / "results").glob("*/result.json"))
+        return [json.loads(p.read_text())["inputs"]["ground_truth_source"] for p in runs]
+
+    write("step-1")
+    (first,) = follow()
+    assert first["cached"] is False and len(server.requests) == 2
+    write("step-2")
+    write("step-3")
+    sources = follow("--fresh-ground-truth")  # run folders are named by their start time
+    assert [s["cached"] for s in sources] == [False, False, True]
+    assert sources[1].get("fresh") is True and sources[2]["source"] == sources[1]["source"]
+    assert len(server.requests) == 4  # made twice: once at first, once asked for
+    assert len(host_cache(tmp_path)) == 2

@@ -14,7 +14,16 @@ import typer
 from orchestrator.commands import output
 from orchestrator.errors import DflashError
 from orchestrator.inventory import Inventory, load_inventory
-from remote.protocol import DEFAULT_BUDGETS, POSITIONS, SpecError, parse_budgets, parse_dtype
+from remote.protocol import (
+    DEFAULT_BUDGETS,
+    GT_DEFAULT_DEADLINE,
+    GT_DEFAULT_PHASE_DEADLINE,
+    GT_DEFAULT_TIMEOUT,
+    POSITIONS,
+    SpecError,
+    parse_budgets,
+    parse_dtype,
+)
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 
 InventoryOption = Annotated[
@@ -133,6 +142,43 @@ GroundTruthOption = Annotated[
 ]
 GroundTruthKindOption = Annotated[
     str | None, typer.Option(help="sglang | openai | openai-text | file | local.")
+]
+# The bounds on waiting for ground truth (`remote.protocol.GTLimits`), checked there: a bad
+# value is one line before anything connects. None: the inventory's, else the default.
+GtTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--gt-timeout",
+        help="Seconds a ground-truth server may stay silent on one read (default: the "
+        f"inventory's ground_truth_timeout, else {GT_DEFAULT_TIMEOUT:g}).",
+        show_default=False,
+    ),
+]
+GtDeadlineOption = Annotated[
+    float | None,
+    typer.Option(
+        "--gt-deadline",
+        help="Seconds one ground-truth request may take in all, however the server trickles "
+        f"(default: the inventory's ground_truth_deadline, else {GT_DEFAULT_DEADLINE:g}).",
+        show_default=False,
+    ),
+]
+GtPhaseDeadlineOption = Annotated[
+    float | None,
+    typer.Option(
+        "--gt-phase-deadline",
+        help="Seconds the whole ground-truth phase may take (default: the inventory's "
+        f"ground_truth_phase_deadline, else {GT_DEFAULT_PHASE_DEADLINE:g}).",
+        show_default=False,
+    ),
+]
+FreshGroundTruthOption = Annotated[
+    bool,
+    typer.Option(
+        "--fresh-ground-truth",
+        help="Make the ground truth again instead of reusing the eval host's cached entry "
+        "(which the new one replaces).",
+    ),
 ]
 ResultsDirOption = Annotated[
     str | None,

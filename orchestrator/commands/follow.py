@@ -10,6 +10,9 @@ from orchestrator.commands import output
 from orchestrator.commands.common import (
     BudgetsOption,
     DtypeOption,
+    GtDeadlineOption,
+    GtPhaseDeadlineOption,
+    GtTimeoutOption,
     InventoryOption,
     JsonOption,
     MaxNewTokensOption,
@@ -61,6 +64,17 @@ def follow_cmd(
     max_new_tokens: MaxNewTokensOption = None,
     budgets: BudgetsOption = None,
     dtype: DtypeOption = None,
+    gt_timeout: GtTimeoutOption = None,
+    gt_deadline: GtDeadlineOption = None,
+    gt_phase_deadline: GtPhaseDeadlineOption = None,
+    fresh_ground_truth: Annotated[
+        bool,
+        typer.Option(
+            "--fresh-ground-truth",
+            help="Make the ground truth again for the first checkpoint this run evaluates "
+            "instead of reusing the eval host's cached entry; later ones reuse the new one.",
+        ),
+    ] = False,
     results: ResultsDirOption = None,
     state: Annotated[
         str | None,
@@ -116,6 +130,10 @@ def follow_cmd(
             prompts=prompts,
             samples=samples,
             max_new_tokens=max_new_tokens,
+            ground_truth_timeout=gt_timeout,
+            ground_truth_deadline=gt_deadline,
+            ground_truth_phase_deadline=gt_phase_deadline,
+            fresh_ground_truth=fresh_ground_truth,
             engine=engine,
             chosen=chosen,
         ),

@@ -8,8 +8,12 @@ import typer
 
 from orchestrator.commands import output
 from orchestrator.commands.common import (
+    FreshGroundTruthOption,
     GroundTruthKindOption,
     GroundTruthOption,
+    GtDeadlineOption,
+    GtPhaseDeadlineOption,
+    GtTimeoutOption,
     InventoryOption,
     JsonOption,
     MaxNewTokensOption,
@@ -46,6 +50,10 @@ def parity_cmd(
     max_new_tokens: MaxNewTokensOption = None,
     ground_truth: GroundTruthOption = None,
     ground_truth_kind: GroundTruthKindOption = None,
+    gt_timeout: GtTimeoutOption = None,
+    gt_deadline: GtDeadlineOption = None,
+    gt_phase_deadline: GtPhaseDeadlineOption = None,
+    fresh_ground_truth: FreshGroundTruthOption = False,
     drafter: Annotated[
         str | None,
         typer.Option(
@@ -120,6 +128,10 @@ def parity_cmd(
         max_new_tokens=max_new_tokens,
         ground_truth=ground_truth,
         ground_truth_kind=ground_truth_kind,
+        ground_truth_timeout=gt_timeout,
+        ground_truth_deadline=gt_deadline,
+        ground_truth_phase_deadline=gt_phase_deadline,
+        fresh_ground_truth=fresh_ground_truth,
         drafter=drafter,
         layers=parity.parse_layers(layers),
         dtype_a=dtype_a,

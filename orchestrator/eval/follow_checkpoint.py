@@ -9,6 +9,7 @@ for the crash cases). The loop over checkpoints and passes is `orchestrator.eval
 from __future__ import annotations
 
 import datetime as _dt
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -211,7 +212,15 @@ class CheckpointFollower:
             entry = _failed(name, step, self.dest, job_id, str(exc), probe)
             st.record(entry)
             return entry
+        finally:
+            self._fresh_once()
         return self._record(st, name, step, job_id, run_dir, probe)
+
+    def _fresh_once(self) -> None:
+        """--fresh-ground-truth remakes the ground truth for this run's first eval only: the
+        checkpoints after it reuse what that one made."""
+        if self.opts.eval.fresh_ground_truth:
+            self.opts.eval = replace(self.opts.eval, fresh_ground_truth=False)
 
     def _attach(
         self, st: FollowState, name: str, step: int | None, job_id: str, probe: dict | None

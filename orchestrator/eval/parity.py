@@ -61,6 +61,11 @@ class ParityOptions:
     max_new_tokens: int | None = None
     ground_truth: str | None = None
     ground_truth_kind: str | None = None
+    # the bounds on waiting for B's ground truth, and whether to make it again (EvalOptions)
+    ground_truth_timeout: float | None = None
+    ground_truth_deadline: float | None = None
+    ground_truth_phase_deadline: float | None = None
+    fresh_ground_truth: bool = False
     drafter: str | None = None
     layers: list[int] | None = None
     dtype_a: str | None = None
@@ -109,6 +114,10 @@ class ParityOptions:
             max_new_tokens=self.max_new_tokens,
             ground_truth=self.ground_truth,
             ground_truth_kind=self.ground_truth_kind,
+            ground_truth_timeout=self.ground_truth_timeout,
+            ground_truth_deadline=self.ground_truth_deadline,
+            ground_truth_phase_deadline=self.ground_truth_phase_deadline,
+            fresh_ground_truth=self.fresh_ground_truth,
             target=self.model_a if side == "a" else self.model_b,
             engine=engine,
             chosen=chosen,

@@ -54,8 +54,8 @@ from orchestrator.eval.shard_plan import merge_result, plan_shards
 from orchestrator.eval.spec import EvalOptions, build_spec, carry_or_push
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport.hosts import Host, open_host
+from remote.protocol import GT_CACHE_KEY_RE, GT_DEFERRED_FILE, agreement_suspect, flag_suspect
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
-from remote.protocol import GT_DEFERRED_FILE
 
 # The ground truth file the first host makes, pulled here to be sliced: 10,000 samples of
 # 2048 + 2048 tokens are about 300 MB of JSON.
@@ -63,6 +63,9 @@ GROUND_TRUTH_MAX = 1 << 30
 # How long a shard job started early waits for its slice of the ground truth before it
 # gives up (a controller that went away must not leave it holding its target for ever).
 EARLY_WAIT_SECONDS = 3600.0
+
+# Dropping a ground truth judged wrong from the first host's cache: one rm, or given up.
+EVICT_SECONDS = 60.0
 
 HostEventHandler = Callable[[str, dict], None]
 
@@ -191,6 +194,31 @@ class _Sharded:
         info["sha256"] = hashlib.sha256(data).hexdigest()
         info["job_id"] = ref.job_id
         return records, info, job
+
+    def judge_ground_truth(self, gt_info: dict, agreement: object) -> dict:
+        """The merged eval's verdict on its ground truth (`remote.protocol.
+        agreement_suspect`): wrong wholesale, it is flagged (`flag_suspect`) and its entry
+        dropped from the first host's cache, where the ground-truth job made it (one ``rm``
+        over a new connection, by the cache key that host reported, checked to be one)."""
+        rate = agreement.get("rate") if isinstance(agreement, dict) else None
+        if not agreement_suspect(rate):
+            return gt_info
+        key, evicted = gt_info.get("cache_key"), False
+        if isinstance(key, str) and GT_CACHE_KEY_RE.match(key):
+            try:
+                with open_host(self.specs[0], self.inventory) as host:
+                    base = f"{host.workdir}/groundtruth/{key}"
+                    done = host.run(
+                        ["rm", "-f", "--", f"{base}.jsonl", f"{base}.json"],
+                        check=False,
+                        timeout=EVICT_SECONDS,
+                    )
+                    evicted = done.ok
+            except DflashError:  # the flag says it stayed; the next eval's user is told
+                pass
+        flagged = flag_suspect(gt_info, rate, evicted)
+        self.emit(self.specs[0].name, {"event": "warning", "message": flagged["warnings"][-1]})
+        return flagged
 
     # -- one shard -----------------------------------------------------------------------
     def _job_id(self, spec: HostSpec) -> str:
@@ -454,6 +482,8 @@ class _Sharded:
             job={"job_id": self.run_id, "hosts": names, "created": t0},
             wall_s=time.time() - t0,
         )
+        gt_info = self.judge_ground_truth(gt_info, result["metrics"].get("target_agreement"))
+        result["inputs"]["ground_truth_source"] = gt_info
         result["inputs"]["checkpoint"] = gt_job.get("checkpoint")
         result["inputs"]["prompts"] = gt_job.get("prompts")
         (self.stage / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ordered))

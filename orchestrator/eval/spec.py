@@ -31,11 +31,12 @@ from remote.protocol import (
     JOB_EVAL_KEY,
     JOB_SPEC_SCHEMA,
     EvalSpec,
+    GTLimits,
     SpecError,
+    carried_name_problem,
 )
 from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
-from remote.protocol import GT_DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"
@@ -63,6 +64,10 @@ class EvalOptions:
     ``prompts`` (a path on the host) or the built-in ``chat`` set. `ground_truth` is a server
     URL or (kind ``file``) a path on the host; None = the inventory's.
 
+    ``ground_truth_timeout``/``_deadline``/``_phase_deadline``: the bounds on waiting for
+    it (`remote.protocol.GTLimits`; None = the inventory's, else the defaults);
+    `fresh_ground_truth`: make it again instead of reusing the host's cached entry.
+
     `engine`: the engine's settings (`engine_spec` builds it from command-line values);
     its paths are filled per host by `build_spec`. `chosen`: the names of the settings the
     caller chose; the host's inventory role (``dtype``, ``threads``) fills the others. None
@@ -78,8 +83,11 @@ class EvalOptions:
     ground_truth: str | None = None
     ground_truth_kind: str | None = None
     ground_truth_model: str | None = None
-    ground_truth_timeout: float = DEFAULT_TIMEOUT
+    ground_truth_timeout: float | None = None
+    ground_truth_deadline: float | None = None
+    ground_truth_phase_deadline: float | None = None
     ground_truth_concurrency: int | None = None
+    fresh_ground_truth: bool = False
     target: str | None = None
     stop_after: str | None = None
     engine: EvalSpec = JOB_ENGINE_DEFAULT
@@ -115,10 +123,23 @@ class EvalOptions:
             raise DflashError(
                 f"--gt-concurrency must be a whole number of at least 1, got {concurrency!r}"
             )
-        if not self.ground_truth_timeout > 0:
-            raise DflashError(
-                f"the ground-truth timeout must be positive, got {self.ground_truth_timeout!r}"
-            )
+        try:
+            self.ground_truth_limits(None)
+        except SpecError as exc:
+            raise DflashError(str(exc)) from None
+
+    def ground_truth_limits(self, role: EvalRole | None) -> GTLimits:
+        """The bounds on waiting for ground truth on a host with inventory role `role`:
+        those given here, else the role's, else the defaults (a bad one: `SpecError`)."""
+        return GTLimits(
+            **{
+                name: _given(
+                    getattr(self, f"ground_truth_{name}"),
+                    getattr(role, f"ground_truth_{name}") if role else getattr(GTLimits, name),
+                )
+                for name in GTLimits.LABELS
+            }
+        )
 
     def engine_for(self, role: EvalRole | None) -> EvalSpec:
         """The engine settings on a host with inventory role `role`: the role's own
@@ -160,7 +181,17 @@ def local_prompts(prompts: str) -> Path:
             f"({', '.join(sets)}) nor a local file; for a file on the host "
             "write host:/path"
         )
+    why = carried_name_problem(carried_prompts_name(local))
+    if why:  # the host refuses it by the same rule: said before anything connects
+        raise DflashError(f"prompts file {str(local)!r}: its name {why}; rename it")
     return local
+
+
+def carried_prompts_name(local: Path, digest: str = "0" * 64) -> str:
+    """The name a local prompts file has on the host: content-addressed (the first 16 hex
+    digits of its sha256), then its own name (`remote.protocol.carried_name_problem`
+    judges it the same whatever the digits)."""
+    return f"{digest[:16]}-{local.stem}.jsonl"
 
 
 def carry_or_push(host: Host, data: bytes, remote: str, carry: list | None) -> None:
@@ -197,7 +228,7 @@ def push_prompts(host: Host, prompts: str, carry: list | None = None) -> dict:
     local = local_prompts(prompts)
     data = local.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    remote = f"{workdir_for(host, carry, data)}/prompts/{digest[:16]}-{local.stem}.jsonl"
+    remote = f"{workdir_for(host, carry, data)}/prompts/{carried_prompts_name(local, digest)}"
     carry_or_push(host, data, remote, carry)
     return {"path": remote, "name": local.stem, "sha256": digest, "source": str(local)}
 
@@ -253,7 +284,8 @@ def _given(value, default):
 
 
 def ground_truth_source(host: Host, spec: HostSpec, options: EvalOptions) -> dict:
-    """The job's ``ground_truth`` entry: kind, server URL or file, timeout, concurrency."""
+    """The job's ``ground_truth`` entry: kind, server URL or file, the bounds on waiting
+    for it (`EvalOptions.ground_truth_limits`), concurrency, ``fresh`` when asked."""
     role = spec.eval
     kind = options.ground_truth_kind or (role.ground_truth_kind if role else None) or "sglang"
     source = options.ground_truth or (role.ground_truth if role else None)
@@ -266,13 +298,15 @@ def ground_truth_source(host: Host, spec: HostSpec, options: EvalOptions) -> dic
         raise DflashError("ground truth kind 'file' needs --ground-truth PATH (on the host)")
     gt = {
         "kind": kind,
-        "timeout": options.ground_truth_timeout,
+        **options.ground_truth_limits(role).to_json(),
         "concurrency": _given(
             options.ground_truth_concurrency,
             role.ground_truth_concurrency if role else GT_CONCURRENCY,
         ),
         "model": options.ground_truth_model or (role.ground_truth_model if role else None),
     }
+    if options.fresh_ground_truth:
+        gt["fresh"] = True
     if kind == "file":
         gt["path"] = host.expand(source)
     elif kind != "local":

@@ -41,22 +41,32 @@ which source made it (``source``: kind, URL, model, time).
 Only greedy decoding is accepted: a ground truth sampled at temperature > 0 is not what
 speculative decoding with greedy verification reproduces. A server whose answer reports
 non-greedy sampling parameters is refused the same way.
+
+A server is its own trust domain. Every wait on it is bounded (`remote.protocol.GTLimits`):
+``timeout`` seconds of silence on one read, ``deadline`` seconds per request however it
+trickles, ``phase_deadline`` for the whole phase (local generation too); an answer is read
+only up to what a valid one can take (`answer_bytes`) before it is parsed; a redirect is
+refused, never followed. After the eval, `judge` weighs the target's agreement with the
+ground truth: one it disagrees with wholesale is flagged and leaves the cache. ``fresh``
+in the job's ``ground_truth`` remakes an entry on purpose.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import random
 import socket
+import ssl
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +79,14 @@ from remote.protocol import (
     GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS,
 )
 from remote.protocol import (
-    GT_DEFAULT_TIMEOUT as DEFAULT_TIMEOUT,
-)
-from remote.protocol import (
     GT_KINDS as KINDS,
 )
 from remote.protocol import (
     EvalSpec,
+    GTLimits,
     SpecError,
+    agreement_suspect,
+    flag_suspect,
 )
 
 SERVER_KINDS = ("sglang", "openai", "openai-text")
@@ -312,47 +322,270 @@ def endpoint(url: str, kind: str) -> str:
     return url + "/completions" if url.endswith("/v1") else url + "/v1/completions"
 
 
-def http_json(url: str, payload: dict | None, timeout: float) -> Any:
-    """POST (or GET when `payload` is None) JSON; every failure is one clear UserError."""
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(
-        url,
-        data=data,
-        method="GET" if data is None else "POST",
-        headers={"Content-Type": "application/json", "Accept": "application/json"},
-    )
+# What a valid answer can take: per token (prompt ids an OpenAI server echoes, completion
+# ids, and in ``text`` the token's piece, which real vocabularies keep under ~256 bytes,
+# JSON-escaped up to 6x) and a fixed part (meta_info, usage, ids of the request). An answer
+# past its bound is refused before it is parsed: unbounded, 16 hostile answers of 286 MiB
+# in flight took 13 GiB here (benchmarks/groundtruth_memory.py).
+ANSWER_BASE_BYTES = 1 << 20
+ANSWER_BYTES_PER_TOKEN = 2048
+INFO_ANSWER_BYTES = 1 << 20  # GET /get_model_info, /v1/models
+ERROR_DETAIL_BYTES = 300  # of an error answer's body, shown in its line
+
+
+def answer_bytes(prompt_tokens: int, max_new: int) -> int:
+    """The most bytes a valid answer to a request of `prompt_tokens` ids for at most
+    `max_new` new ones can take (see ANSWER_BASE_BYTES)."""
+    return ANSWER_BASE_BYTES + ANSWER_BYTES_PER_TOKEN * (prompt_tokens + max_new)
+
+
+class Redirected(UserError):
+    """A server answered a redirect (refused, never followed: see `http_json`)."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When (``time.monotonic()``) a request must have ended, and the words for that bound
+    in the line that says it passed (which setting to raise)."""
+
+    at: float
+    words: str
+
+
+class Waits:
+    """The bounds on one ground-truth phase's waits (`remote.protocol.GTLimits`): each
+    request ends at its own deadline or the phase's, whichever comes first; `abort` ends
+    every request still in flight (the phase failed: nothing waits for them)."""
+
+    def __init__(self, limits: GTLimits, started: float | None = None):
+        self.limits = limits
+        self.phase_end = (time.monotonic() if started is None else started) + limits.phase_deadline
+        self._live: set[_Watchdog] = set()
+        self._lock = threading.Lock()
+        self._aborted = False
+
+    def phase_words(self) -> str:
+        return (
+            f"the ground-truth phase's deadline of {self.limits.phase_deadline:g}s; raise it "
+            "with --gt-phase-deadline (inventory: ground_truth_phase_deadline)"
+        )
+
+    def request(self) -> Deadline:
+        """The deadline of a request that starts now."""
+        own = time.monotonic() + self.limits.deadline
+        if own < self.phase_end:
+            return Deadline(
+                own,
+                f"its deadline of {self.limits.deadline:g}s per request; raise it with "
+                "--gt-deadline (inventory: ground_truth_deadline) if the server is only slow",
+            )
+        return Deadline(self.phase_end, self.phase_words())
+
+    def watch(self, deadline: Deadline) -> _Watchdog:
+        dog = _Watchdog(deadline.at)
+        with self._lock:
+            if self._aborted:
+                dog.expire()
+            self._live.add(dog)
+        return dog
+
+    def release(self, dog: _Watchdog) -> None:
+        with self._lock:
+            self._live.discard(dog)
+        dog.close()
+
+    def abort(self) -> None:
+        with self._lock:
+            self._aborted = True
+            live = list(self._live)
+        for dog in live:
+            dog.expire()
+
+
+class _Watchdog:
+    """Shuts one connection down at its deadline, however the server trickles: a timer
+    thread shuts the socket (a duplicate of its descriptor, so it works under TLS too), and
+    the blocked read returns at once. `expired` tells the reader why its read ended."""
+
+    def __init__(self, at: float):
+        self.at = at
+        self.expired = False
+        self._sock: socket.socket | None = None
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+
+    def arm(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = sock.dup()
+            if self.expired:
+                self._shut()
+                return
+        self._timer = threading.Timer(max(0.0, self.at - time.monotonic()), self.expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            self._shut()
+
+    def _shut(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """A server's words (a Location, an error body) fit for one line: control characters
+    and lone surrogates escaped, cut at `limit` characters."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown + ("..." if len(text) > limit else "")
+
+
+def http_json(
+    url: str,
+    payload: dict | None,
+    timeout: float,
+    *,
+    deadline: Deadline | None = None,
+    waits: Waits | None = None,
+    max_bytes: int = INFO_ANSWER_BYTES,
+) -> Any:
+    """POST (or GET when `payload` is None) JSON and parse the answer; every failure is one
+    clear UserError naming `url`. `timeout`: seconds of silence on one read; `deadline`:
+    when the whole exchange must have ended (connect to the answer's last byte; default:
+    `timeout` from now), watched through `waits` when given (`Waits.abort` ends it too).
+    `max_bytes`: the answer's bound, checked against its Content-Length and as it is read,
+    before it is parsed. A redirect is refused, never followed: the ground truth is what
+    THIS server answers, the cache is keyed by its URL, and following one would let any
+    server make this host send requests elsewhere."""
+    deadline = deadline or Deadline(time.monotonic() + timeout, f"its timeout of {timeout:g}s")
+    dog = waits.watch(deadline) if waits else _Watchdog(deadline.at)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read()[:300].decode(errors="replace").strip().replace("\n", " ")
-        raise UserError(
-            f"ground truth server {url} answered HTTP {exc.code} "
-            f"{exc.reason}{': ' + detail if detail else ''}"
-        ) from None
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, (socket.timeout, TimeoutError)):
+        status, reason, location, body = _exchange(url, payload, timeout, deadline, dog, max_bytes)
+    except UserError:
+        raise
+    except (OSError, http.client.HTTPException) as exc:
+        if dog.expired or time.monotonic() >= deadline.at:
             raise UserError(
-                f"ground truth server {url} did not answer within {timeout:g}s (timed out)"
+                f"ground truth server {url} had not finished answering at {deadline.words}"
             ) from None
-        if isinstance(reason, ConnectionRefusedError):
-            raise UserError(
-                f"ground truth server {url} refused the connection; is it "
-                "running and listening there (from the eval host's view)?"
-            ) from None
-        raise UserError(f"ground truth server {url} is unreachable: {reason}") from None
-    except TimeoutError:
+        raise UserError(_connection_problem(url, exc, timeout)) from None
+    finally:
+        if waits:
+            waits.release(dog)
+        else:
+            dog.close()
+    if dog.expired:  # a body cut short by the shutdown can still look whole
+        raise UserError(f"ground truth server {url} had not finished answering at {deadline.words}")
+    if 300 <= status < 400:
+        raise Redirected(
+            f"ground truth server {url} redirected (HTTP {status} {reason}) to "
+            f"{_printable(location or '(no Location)')}; redirects are not followed: point "
+            "the ground truth at the server that answers"
+        )
+    if status >= 400:
+        detail = _printable(body.decode(errors="replace").strip(), ERROR_DETAIL_BYTES)
         raise UserError(
-            f"ground truth server {url} did not answer within {timeout:g}s (timed out)"
-        ) from None
-    except (ConnectionError, OSError) as exc:
-        raise UserError(f"ground truth server {url} dropped the connection: {exc}") from None
+            f"ground truth server {url} answered HTTP {status} {reason}"
+            f"{': ' + detail if detail else ''}"
+        )
     try:
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         snippet = body[:80].decode(errors="replace").replace("\n", " ")
         raise UserError(f"ground truth server {url} returned malformed JSON: {snippet!r}") from None
+
+
+def _exchange(
+    url: str,
+    payload: dict | None,
+    timeout: float,
+    deadline: Deadline,
+    dog: _Watchdog,
+    max_bytes: int,
+) -> tuple[int, str, str | None, bytes]:
+    """(status, reason, Location, body) of one request over its own connection (plain
+    http.client: no redirect is followed, no proxy from the environment is used), the
+    socket watched by `dog` from the moment it connects."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"ground truth URL {url!r} is not an http(s) URL")
+    https = parts.scheme == "https"
+    port = parts.port or (443 if https else 80)
+    left = deadline.at - time.monotonic()
+    if left <= 0:
+        dog.expire()
+        raise TimeoutError
+    sock = socket.create_connection((parts.hostname, port), min(timeout, left))
+    try:
+        sock.settimeout(timeout)  # per read; the deadline is the watchdog's
+        dog.arm(sock)
+        if https:
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+    except BaseException:
+        sock.close()
+        raise
+    conn_class = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    conn = conn_class(parts.hostname, port, timeout=timeout)
+    conn.sock = sock
+    try:
+        data = None if payload is None else json.dumps(payload).encode()
+        conn.request(
+            "GET" if data is None else "POST",
+            (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+            body=data,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        resp = conn.getresponse()
+        location = resp.getheader("Location")
+        if 300 <= resp.status < 400:
+            return resp.status, resp.reason, location, b""
+        if resp.status >= 400:
+            return resp.status, resp.reason, location, resp.read(ERROR_DETAIL_BYTES)
+        declared = resp.getheader("Content-Length")
+        if declared and declared.strip().isdigit() and int(declared) > max_bytes:
+            raise UserError(_too_big(url, f"announces {int(declared)} bytes", max_bytes))
+        body = resp.read(max_bytes + 1)
+        if len(body) > max_bytes:
+            raise UserError(_too_big(url, f"sent more than {max_bytes} bytes", max_bytes))
+        return resp.status, resp.reason, location, body
+    finally:
+        conn.close()
+
+
+def _too_big(url: str, what: str, max_bytes: int) -> str:
+    return (
+        f"ground truth server {url} {what}, larger than any answer to this request can be "
+        f"({max_bytes} bytes for its prompt and max_new_tokens); refused before it was "
+        "parsed, nothing was cached"
+    )
+
+
+def _connection_problem(url: str, exc: BaseException, timeout: float) -> str:
+    """The line for a request that failed on the way (no deadline passed)."""
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return f"ground truth server {url} did not answer within {timeout:g}s (timed out)"
+    if isinstance(exc, ConnectionRefusedError):
+        return (
+            f"ground truth server {url} refused the connection; is it running and "
+            "listening there (from the eval host's view)?"
+        )
+    if isinstance(exc, socket.gaierror):
+        return f"ground truth server {url} is unreachable: {exc.strerror or exc}"
+    if isinstance(exc, http.client.HTTPException) and not isinstance(exc, ConnectionError):
+        return f"ground truth server {url} sent a broken HTTP answer: {_printable(repr(exc))}"
+    return f"ground truth server {url} dropped the connection: {exc}"
 
 
 def reachable(url: str, timeout: float = 5.0) -> str | None:
@@ -413,16 +646,30 @@ def check_answer_greedy(answer: Any, url: str) -> None:
         )
 
 
-def sglang_generate(url: str, prompt_ids: list[int], sampling: dict, timeout: float) -> Any:
+def _ask(url: str, payload: dict, prompt_tokens: int, sampling: dict, waits: Waits) -> Any:
+    """One completion request within `waits`' bounds, its answer bounded in size."""
+    return http_json(
+        url,
+        payload,
+        waits.limits.timeout,
+        deadline=waits.request(),
+        waits=waits,
+        max_bytes=answer_bytes(prompt_tokens, sampling["max_new_tokens"]),
+    )
+
+
+def sglang_generate(url: str, prompt_ids: list[int], sampling: dict, waits: Waits) -> Any:
     """SGLang's ``output_ids`` for one prompt, unchecked (see `check_completion`)."""
     ep = endpoint(url, "sglang")
-    answer = http_json(
+    answer = _ask(
         ep,
         {
             "input_ids": prompt_ids,
             "sampling_params": {"temperature": 0.0, "max_new_tokens": sampling["max_new_tokens"]},
         },
-        timeout,
+        len(prompt_ids),
+        sampling,
+        waits,
     )
     if isinstance(answer, list) and len(answer) == 1:  # a batch of one
         answer = answer[0]
@@ -436,26 +683,29 @@ def sglang_generate(url: str, prompt_ids: list[int], sampling: dict, timeout: fl
     return ids
 
 
-def served_model(kind: str, url: str, model: str | None, timeout: float) -> dict:
+def served_model(kind: str, url: str, model: str | None, waits: Waits) -> dict:
     """The model a server says it serves, for the cache key and the result's provenance:
     SGLang's ``GET /get_model_info`` ``model_path``; for OpenAI-compatible servers the name
     used (given, else the first ``GET /v1/models`` lists) and that entry's ``root`` (the
     weights' path, as vLLM and SGLang report it). A value the server does not report is
-    None (the request then names no model and a single-model server uses its own)."""
-    timeout = min(timeout, 30.0)
-    if kind == "sglang":
-        base = endpoint(url, "sglang")[: -len("/generate")]
+    None (the request then names no model and a single-model server uses its own). A
+    redirect is refused here too (`Redirected`); any other failure counts as no answer."""
+
+    def ask(path: str) -> Any:
         try:
-            info = http_json(base + "/get_model_info", None, timeout)
+            return http_json(
+                path, None, min(waits.limits.timeout, 30.0), deadline=waits.request(), waits=waits
+            )
+        except Redirected:
+            raise
         except UserError:
-            info = None
+            return None
+
+    if kind == "sglang":
+        info = ask(endpoint(url, "sglang")[: -len("/generate")] + "/get_model_info")
         path = info.get("model_path") if isinstance(info, dict) else None
         return {"model": path if isinstance(path, str) and path else None}
-    base = endpoint(url, "openai").rsplit("/completions", 1)[0]
-    try:
-        listing = http_json(base + "/models", None, timeout)
-    except UserError:
-        listing = None
+    listing = ask(endpoint(url, "openai").rsplit("/completions", 1)[0] + "/models")
     entries = listing.get("data") if isinstance(listing, dict) else None
     entries = (
         [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
@@ -473,11 +723,11 @@ def _with_model(payload: dict, model: str | None) -> dict:
 
 
 def openai_completion_ids(
-    url: str, model: str | None, prompt_ids: list[int], sampling: dict, timeout: float
+    url: str, model: str | None, prompt_ids: list[int], sampling: dict, waits: Waits
 ) -> Any:
     """``choices[0].token_ids`` for one prompt, unchecked (see `check_completion`)."""
     ep = endpoint(url, "openai")
-    answer = http_json(
+    answer = _ask(
         ep,
         _with_model(
             {
@@ -488,7 +738,9 @@ def openai_completion_ids(
             },
             model,
         ),
-        timeout,
+        len(prompt_ids),
+        sampling,
+        waits,
     )
     try:
         choice = answer["choices"][0]
@@ -516,17 +768,20 @@ def openai_completion_ids(
 
 
 def openai_completion_text(
-    url: str, model: str | None, prompt_text: str, sampling: dict, timeout: float
+    url: str, model: str | None, prompt_text: str, sampling: dict, waits: Waits, prompt_tokens: int
 ) -> tuple[str, int | None]:
-    """(completion text, the server's own count of completion tokens if it reports one)."""
+    """(completion text, the server's own count of completion tokens if it reports one);
+    `prompt_tokens`: the prompt's length in the target's ids (for the answer's bound)."""
     ep = endpoint(url, "openai")
-    answer = http_json(
+    answer = _ask(
         ep,
         _with_model(
             {"prompt": prompt_text, "max_tokens": sampling["max_new_tokens"], "temperature": 0.0},
             model,
         ),
-        timeout,
+        prompt_tokens,
+        sampling,
+        waits,
     )
     try:
         text = answer["choices"][0]["text"]
@@ -580,6 +835,7 @@ class LocalGenerator:
     def __init__(self, target: str, dtype: str, threads: int | None, model=None):
         import torch
 
+        self.target = target
         if threads:
             torch.set_num_threads(int(threads))
         self.torch = torch
@@ -612,10 +868,13 @@ class LocalGenerator:
                     f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                 ) from None
 
-    def generate_batch(self, prompts: list[list[int]], sampling: dict) -> list[list[int]]:
+    def generate_batch(
+        self, prompts: list[list[int]], sampling: dict, max_time: float | None = None
+    ) -> list[list[int]]:
         """Greedy completions of several prompts in ONE ``generate`` call, as a serving
         engine batches concurrent requests: left-padded, the padding masked out. Each
-        completion ends at its first end-of-text id, as alone it would."""
+        completion ends at its first end-of-text id, as alone it would. `max_time`:
+        seconds after which ``generate`` stops early (its completions then cut short)."""
         torch = self.torch
         width = max(len(ids) for ids in prompts)
         config = self.model.generation_config
@@ -631,6 +890,7 @@ class LocalGenerator:
                 do_sample=False,
                 max_new_tokens=sampling["max_new_tokens"],
                 pad_token_id=pad,
+                max_time=max_time,
             )
         completions = []
         for row in out[:, width:].tolist():
@@ -638,10 +898,26 @@ class LocalGenerator:
             completions.append(row[:end])  # what follows a finished row is padding
         return completions
 
-    def in_order(self, prompts: list[list[int]], sampling: dict, batch: int) -> Iterator[list[int]]:
-        """Completions of `prompts`, yielded in order, generated `batch` prompts at a time."""
-        for start in range(0, len(prompts), max(1, batch)):
-            yield from self.generate_batch(prompts[start : start + max(1, batch)], sampling)
+    def in_order(
+        self, prompts: list[list[int]], sampling: dict, batch: int, waits: Waits | None = None
+    ) -> Iterator[list[int]]:
+        """Completions of `prompts`, yielded in order, generated `batch` prompts at a time;
+        within the phase's deadline (`waits`), which ends a ``generate`` early and then
+        the phase, in one line."""
+        step = max(1, batch)
+        for start in range(0, len(prompts), step):
+            left = None if waits is None else waits.phase_end - time.monotonic()
+            if left is not None and left <= 0:
+                raise self._late(waits)
+            out = self.generate_batch(prompts[start : start + step], sampling, left)
+            if waits is not None and time.monotonic() >= waits.phase_end:
+                raise self._late(waits)  # max_time may have cut it short
+            yield from out
+
+    def _late(self, waits: Waits) -> UserError:
+        return UserError(
+            f"local generation with {self.target} had not finished at {waits.phase_words()}"
+        )
 
 
 # ---- requests in flight together ----------------------------------------------------
@@ -702,6 +978,30 @@ def _jsonl(records: list[dict]) -> str:
     return "".join(json.dumps(r) + "\n" for r in records)
 
 
+@contextmanager
+def _aborting(waits: Waits) -> Iterator[None]:
+    """Inside, a failure ends every request still in flight before it is raised."""
+    try:
+        yield
+    except BaseException:
+        waits.abort()
+        raise
+
+
+def _evict(path: Path, keep: Path | None = None) -> None:
+    """Drop the cache entry whose data file is `path` (and its ``.json`` meta); with
+    `keep`, its data is moved there instead of deleted (same filesystem: the workdir)."""
+    meta = path.with_suffix(".json")
+    for file, to in ((meta, None), (path, keep)):
+        try:
+            if to is not None:
+                os.replace(file, to)
+            else:
+                file.unlink()
+        except FileNotFoundError:
+            pass
+
+
 def _read_cache(
     path: Path, meta_path: Path, prompt_ids: list[list[int]], check: Callable[[Any, str], list[int]]
 ) -> tuple[list[dict], dict] | None:
@@ -740,14 +1040,21 @@ def prepare(
     the result: kind, url, model, cache key, ``cached`` (whether it came from the cache),
     ``source`` (kind, url, model, model_root, ``made``: when it was generated), warnings,
     retokenisation). A server is asked which model it serves before the cache is looked
-    at; every completion is checked before anything is written.
+    at; every completion is checked before anything is written. ``ground_truth.fresh``:
+    the cache entry is dropped and made again. Every wait is bounded
+    (`remote.protocol.GTLimits`: ``timeout``, ``deadline``, ``phase_deadline``, from
+    this call on).
     """
+    began = time.monotonic()
     gt = dict(spec.get("ground_truth") or {})
     kind = gt.get("kind", "sglang")
     if kind not in KINDS:
         raise UserError(f"unknown ground truth kind {kind!r} (one of {', '.join(KINDS)})")
     sampling = check_greedy(spec.get("sampling") or {})
-    timeout = float(gt.get("timeout", DEFAULT_TIMEOUT))
+    try:
+        waits = Waits(GTLimits.of(gt), started=began)
+    except SpecError as exc:
+        raise UserError(f"job spec: {exc}") from None
     concurrency = gt.get("concurrency", DEFAULT_CONCURRENCY)
     if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
         raise UserError(
@@ -798,7 +1105,7 @@ def prepare(
     if kind in SERVER_KINDS:
         if not url:
             raise UserError(f"ground truth kind {kind!r} needs a server URL")
-        problem = reachable(url, min(timeout, 10.0))
+        problem = reachable(url, min(waits.limits.timeout, 10.0))
         if problem:
             raise UserError(problem)
         # Who answers is part of what the ground truth is: another URL or another served
@@ -806,7 +1113,7 @@ def prepare(
         source = {
             "kind": kind,
             "url": endpoint(url, kind),
-            **served_model(kind, url, gt.get("model"), timeout),
+            **served_model(kind, url, gt.get("model"), waits),
         }
         where = f"server {source['url']}" + (f" ({source['model']})" if source["model"] else "")
     else:  # local: the target itself, on this host
@@ -827,6 +1134,9 @@ def prepare(
     cache_dir.mkdir(parents=True, exist_ok=True)
     path, meta_path = cache_dir / f"{key}.jsonl", cache_dir / f"{key}.json"
     info.update(cache_key=key, file=str(path), thinking=thinking, samples=len(prompts))
+    if gt.get("fresh") is True:  # asked for: whatever the entry holds, it is made again
+        _evict(path)
+        info["fresh"] = True
     hit = (
         _read_cache(path, meta_path, prompt_ids, check)
         if path.is_file() and meta_path.is_file()
@@ -869,22 +1179,23 @@ def prepare(
         # Only the request runs in the pool: tokenising, checking and emitting stay on this
         # thread, in prompt order.
         if kind == "sglang":
-            return sglang_generate(url, ids, sampling, timeout)
+            return sglang_generate(url, ids, sampling, waits)
         if kind == "openai":
-            return openai_completion_ids(url, model_name, ids, sampling, timeout)
-        return openai_completion_text(url, model_name, text, sampling, timeout)
+            return openai_completion_ids(url, model_name, ids, sampling, waits)
+        return openai_completion_text(url, model_name, text, sampling, waits, len(ids))
 
     records = []
     mismatched = 0
     started = time.time()
-    # Closed on the way out, also when a check refuses an answer: no more requests go out.
-    # Local generation batches `concurrency` prompts per `generate`, as a server would.
+    # Closed on the way out, also when a check refuses an answer: no more requests go out,
+    # and those in flight are ended (`Waits.abort`). Local generation batches
+    # `concurrency` prompts per `generate`, as a server would.
     answers_in_order = (
-        generator.in_order(prompt_ids, sampling, concurrency)
+        generator.in_order(prompt_ids, sampling, concurrency, waits)
         if generator is not None
         else in_order(ask, rendered, concurrency)
     )
-    with closing(answers_in_order) as answers:
+    with closing(answers_in_order) as answers, _aborting(waits):
         for i, (prompt, (text, ids), answer) in enumerate(
             zip(prompts, rendered, answers, strict=False)
         ):
@@ -945,3 +1256,42 @@ def prepare(
     meta["target"] = identity
     write_json_atomic(meta_path, meta)
     return str(path), info
+
+
+# ---- after the eval: does the target agree with it? ------------------------------------
+
+# Where a ground truth judged wrong wholesale goes: out of the cache, into its job's folder.
+SUSPECT_FILE = "ground_truth.suspect.jsonl"
+
+
+def judge(info: dict, agreement: Any, job_dir: Path, emit: Emit = lambda *a, **k: None) -> dict:
+    """`info` (`prepare`'s) judged by the target's agreement with it (`agreement`: a result's
+    ``metrics.target_agreement``). Below `remote.protocol.GT_SUSPECT_AGREEMENT` the ground
+    truth is wrong wholesale, whatever its ids looked like: the info returned is flagged
+    (``suspect``: agreement, threshold, evicted; a warning, also emitted) and its cache
+    entry is taken out of the cache into `job_dir` (`SUSPECT_FILE`, which ``file`` then
+    names), so no later eval reuses it and the answer stays there for a look. Otherwise
+    `info` comes back as it was."""
+    rate = agreement.get("rate") if isinstance(agreement, dict) else None
+    if not agreement_suspect(rate):
+        return info
+    evicted = False
+    if info.get("cache_key") and info.get("file"):
+        kept = job_dir / SUSPECT_FILE
+        _evict(Path(info["file"]), keep=kept)
+        if kept.is_file():
+            evicted, info = True, {**info, "file": str(kept)}
+    flagged = flag_suspect(info, rate, evicted)
+    emit("warning", message=flagged["warnings"][-1])
+    return flagged
+
+
+def judge_job(info: dict, job_dir: Path, emit: Emit = lambda *a, **k: None) -> dict:
+    """`judge` with the agreement of the job's own ``result.json`` (none there: as it was)."""
+    try:
+        result = json.loads((job_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return info
+    metrics = result.get("metrics") if isinstance(result, dict) else None
+    agreement = metrics.get("target_agreement") if isinstance(metrics, dict) else None
+    return judge(info, agreement, job_dir, emit)

@@ -118,6 +118,7 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
     out_dir = path / CAPTURE_DIR
     out_dir.mkdir(exist_ok=True)
     files, samples = [], []
+    agree = [0, 0]  # the target's argmax equal to the ground-truth token, of completion ones
     t1 = time.perf_counter()
     for n, row in enumerate(rows):
         g = row["prompt_ids"] + row["completion_ids"]
@@ -127,6 +128,9 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
                 [target.head(last[a : a + 256]).float() for a in range(0, last.shape[0], 256)]
             )
             values, ids = torch.topk(logits, min(topk, logits.shape[-1]), dim=-1)
+        p = len(row["prompt_ids"])
+        agree[0] += int((ids[p - 1 : -1, 0].cpu() == torch.tensor(g[p:])).sum())
+        agree[1] += len(g) - p
         tensors = {
             "ids": torch.tensor(g, dtype=torch.long),
             "topk.values": values.cpu().contiguous(),
@@ -146,6 +150,10 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
             }
         )
         events.emit("sample", done=n + 1, total=len(rows), id=row["id"], tokens=len(g))
+    # A ground truth this target disagrees with wholesale is flagged and leaves the cache.
+    rate = agree[0] / agree[1] if agree[1] else None
+    gt_info = groundtruth.judge(gt_info, {"rate": rate}, path, emit=events.emit)
+    (path / "ground_truth.json").write_text(json.dumps(gt_info, indent=2, default=str))
     result = {
         "schema": PARITY_CAPTURE_SCHEMA,
         "host": spec.get("host"),
@@ -163,7 +171,9 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
         "environment": environment(dtype_name, torch.get_num_threads()),
         "samples": samples,
         "files": files,
-        "ground_truth": {k: gt_info.get(k) for k in ("kind", "url", "path", "cached", "file")},
+        "ground_truth": {
+            k: gt_info.get(k) for k in ("kind", "url", "path", "cached", "file", "suspect")
+        },
         "timings": {"load_target_s": load_s, "forward_s": time.perf_counter() - t1},
     }
     write_json_atomic(path / "result.json", result)

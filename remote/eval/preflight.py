@@ -20,7 +20,7 @@ from pathlib import Path
 
 from remote.errors import UserError
 from remote.probe.facts import meminfo, package_version
-from remote.protocol import EvalSpec, SpecError
+from remote.protocol import EvalSpec, GTLimits, SpecError
 
 MIN_PYTHON = (3, 10)
 REQUIRED = {"torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",)}
@@ -126,6 +126,10 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
             f"unknown ground truth kind {kind!r} (one of {', '.join(groundtruth.KINDS)})"
         )
     groundtruth.check_greedy(spec.get("sampling") or {})
+    try:
+        GTLimits.of(gt)
+    except SpecError as exc:
+        raise UserError(f"job spec: {exc}") from None
     if kind == "file":
         if gt.get("deferred"):  # arrives in the job's folder after the start
             pass

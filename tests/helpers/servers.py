@@ -2,13 +2,17 @@
 ``POST /generate`` and ``GET /get_model_info``, OpenAI-compatible ``POST /v1/completions``
 and ``GET /v1/models``. For the failures a real engine rarely shows on demand (ids outside
 the vocabulary, a sampled answer, another model behind the same URL), where the demo's
-`GroundTruthServer` always answers correctly."""
+`GroundTruthServer` always answers correctly; and for servers that lie about HTTP itself
+(`Raw`: a redirect, an answer trickled a byte at a time, an answer far bigger than any
+completion), written byte for byte as the test says."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.demo.gtserver import JSONHandler, LoopbackServer
@@ -31,22 +35,88 @@ def ids_reply(ids: list) -> Reply:
     return reply
 
 
-class ScriptedServer(LoopbackServer):
-    """`reply(path, body)` makes each POST's JSON answer; `model_path` is the model the
-    server reports (None: it reports none, 404). ``requests`` logs the POSTs."""
+@dataclass
+class Raw:
+    """An answer written as it is, status line and headers included, `chunk` bytes at a
+    time with `pause` seconds before each write (``chunk=1, pause=1``: one byte a second).
+    `length`: send a ``Content-Length`` (False: the body ends when the connection closes).
+    The server keeps how many bytes of it went out (`ScriptedServer.sent`); a client that
+    hangs up ends the writing."""
 
-    def __init__(self, reply: Reply | None = None, model_path: str | None = "/models/a"):
+    body: bytes = b""
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    length: bool = True
+    chunk: int = 1 << 16
+    pause: float = 0.0
+
+    def wire(self) -> bytes:
+        head = [f"HTTP/1.1 {self.status} Scripted", "Connection: close"]
+        head += [f"{k}: {v}" for k, v in self.headers.items()]
+        if self.length:
+            head.append(f"Content-Length: {len(self.body)}")
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + self.body
+
+
+def redirect(location: str, status: int = 302) -> Raw:
+    """A redirect to `location` (what a proxy or a hostile server may answer)."""
+    return Raw(status=status, headers={"Location": location})
+
+
+def as_json(obj: Any, **raw: Any) -> Raw:
+    """`obj` as a JSON answer written the `Raw` way (e.g. trickled: ``chunk=1, pause=1``)."""
+    return Raw(json.dumps(obj).encode(), headers={"Content-Type": "application/json"}, **raw)
+
+
+class ScriptedServer(LoopbackServer):
+    """`reply(path, body)` makes each POST's answer: a JSON document, or a `Raw` one;
+    `get_reply(path)` may answer a GET the same way (None: the default answers below);
+    `model_path` is the model the server reports (None: it reports none, 404).
+    ``requests`` logs the POSTs, ``gets`` the GET paths, ``sent`` the bytes of each `Raw`
+    answer that went out."""
+
+    def __init__(
+        self,
+        reply: Reply | None = None,
+        model_path: str | None = "/models/a",
+        get_reply: Callable[[str], Any] | None = None,
+    ):
         self.reply = reply or ids_reply([5, 6, 7])
+        self.get_reply = get_reply
         self.model_path = model_path
         self.requests: list[tuple[str, dict]] = []
+        self.gets: list[str] = []
+        self.sent: list[int] = []
         super().__init__(self._handler())
 
     def _handler(self):
         server = self
 
         class Handler(JSONHandler):
+            def _answer(self, answer: Any) -> None:
+                if not isinstance(answer, Raw):
+                    self._json(answer)
+                    return
+                data, done = answer.wire(), 0
+                try:
+                    while done < len(data):
+                        if answer.pause:
+                            time.sleep(answer.pause)
+                        self.wfile.write(data[done : done + answer.chunk])
+                        self.wfile.flush()
+                        done = min(len(data), done + answer.chunk)
+                except OSError:  # the client hung up: what it refused stays unsent
+                    pass
+                finally:
+                    server.sent.append(done)
+                    self.close_connection = True
+
             def do_GET(self):
-                if self.path == "/get_model_info" and server.model_path:
+                server.gets.append(self.path)
+                scripted = server.get_reply(self.path) if server.get_reply else None
+                if scripted is not None:
+                    self._answer(scripted)
+                elif self.path == "/get_model_info" and server.model_path:
                     self._json({"model_path": server.model_path, "is_generation": True})
                 elif self.path == "/v1/models" and server.model_path:
                     self._json(
@@ -63,7 +133,7 @@ class ScriptedServer(LoopbackServer):
             def do_POST(self):
                 body = self._body()
                 server.requests.append((self.path, body))
-                self._json(server.reply(self.path, body))
+                self._answer(server.reply(self.path, body))
 
         return Handler
 
