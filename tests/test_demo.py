@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from tests.helpers.cli import ROOT
 from tests.helpers.images import png_size
@@ -99,6 +100,8 @@ def test_demo_library_runs_every_step_and_leaves_nothing_running(demo_cache, tmp
     # The kept folder: inventory, relayed (published, manifest) drafters, pulled results.
     inv = (keep / "inventory.yaml").read_text()
     assert "demo-trainer" in inv and "transport: local" in inv
+    hosts = yaml.safe_load(inv)["hosts"]  # each host names the python that has torch
+    assert [h["python"] for h in hosts.values()] == [sys.executable, sys.executable]
     relayed = sorted(p.name for p in (keep / "eval" / "drafters").iterdir())
     assert [n for n in relayed if not n.startswith(".")] == [f"step-{s}" for s in build.STEPS]
     assert not [n for n in relayed if n.startswith(".partial-")]
