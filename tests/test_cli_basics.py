@@ -4,8 +4,11 @@ a controller that runs without its optional parts (matplotlib, torch)."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 
@@ -112,6 +115,44 @@ def test_env_reports_versions_and_where_the_inventory_came_from(tmp_path):
     missing = dflash("env", "-i", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 0
     assert f"{tmp_path / 'nope.yaml'} (from --inventory; no such file)" in missing.stdout
+
+
+def _dist_info(folder, name: str, version: str, script: str):
+    """An installed distribution as importlib.metadata finds it on `folder` (sys.path)."""
+    info = folder / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[console_scripts]\ndflash = {script}\n")
+    return folder
+
+
+def test_our_distribution_is_not_named_dflash():
+    """``dflash`` on PyPI is z-lab's DFlash reference (model code drafter teams install):
+    ours is installed under another name, which `dflash env` reports with its version."""
+    project = re.search(
+        r"^\[project\]\nname = \"([^\"]+)\"", (ROOT / "pyproject.toml").read_text(), re.M
+    )
+    assert project and project.group(1) == orchestrator.DISTRIBUTION != "dflash"
+    info = json.loads(dflash("env", "--json").stdout)
+    assert info["distribution"] == {
+        "name": orchestrator.DISTRIBUTION,
+        "version": metadata.version(orchestrator.DISTRIBUTION),
+    }
+
+
+def test_env_shows_z_lab_s_dflash_when_installed(tmp_path):
+    """With z-lab's ``dflash`` installed beside us, `dflash env` names it and its version;
+    without it, says so; this tool under its old name ``dflash`` is not taken for it."""
+    zlab = _dist_info(tmp_path / "zlab", "dflash", "0.1.0", "dflash.cli:main")
+    old = _dist_info(tmp_path / "old", "dflash", "0.0.9", "orchestrator.cli:main")
+    for path, expected in ((zlab, "0.1.0"), (old, None), (tmp_path / "none", None)):
+        pythonpath = f"{ROOT}{os.pathsep}{path}"
+        proc = dflash("env", "--json", env={"PYTHONPATH": pythonpath})
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["packages"]["dflash"] == expected, path
+        human = dflash("env", env={"PYTHONPATH": pythonpath}).stdout
+        line = next(ln for ln in human.splitlines() if ln.startswith("dflash (z-lab)"))
+        assert line.split()[-1] == (expected or "installed"), line  # "... not installed"
 
 
 def test_env_does_not_import_torch():
