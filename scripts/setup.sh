@@ -5,8 +5,8 @@
 # and takes about a second.
 #
 #   bash scripts/setup.sh --for demo    # what `dflash demo` needs: python3-venv where
-#                                       # missing, the CPU torch, dflash with its eval and
-#                                       # plot extras (scripts/demo.sh runs this)
+#                                       # missing, the CPU torch, dflash with its demo extra
+#                                       # (eval, plot, psutil; scripts/demo.sh runs this)
 #   bash scripts/setup.sh [--for tests] # all of that, OpenSSH (server and client: the tests'
 #                                       # loopback hosts), Chromium (the HTML report's browser
 #                                       # test) and the dev extra (scripts/test.sh; default)
@@ -41,19 +41,19 @@ while [ $# -gt 0 ]; do
 done
 
 # What each purpose needs. System tools: "label|commands needed (a/b: either)|apt packages".
-# The pip extras of this checkout: each extra listed, so a set-up for the tests (dev, which
-# includes eval and plot) also satisfies the demo's.
+# The pip extras of this checkout, each one listed (dev includes demo, demo eval and plot),
+# so that a set-up for the tests also satisfies the demo's.
 case $FOR in
   demo)
     SYSTEM=()
-    EXTRAS="eval plot";;
+    EXTRAS="demo eval plot";;
   tests)
     SYSTEM=(
       "OpenSSH server (the tests' loopback hosts)|/usr/sbin/sshd|openssh-server"
       "OpenSSH client (the tests' relays and keys)|ssh ssh-keygen scp|openssh-client"
       "Chromium (the HTML report's browser test)|chromium/chromium-browser/google-chrome|chromium"
     )
-    EXTRAS="dev eval plot trackers";;
+    EXTRAS="dev demo eval plot trackers";;
   *) usage "--for takes demo or tests, not '$FOR'";;
 esac
 
@@ -202,7 +202,7 @@ EOF
   fi
   rm -rf dflash.egg-info
   extras=${EXTRAS// /,}
-  say "installing dflash (this checkout) with its ${extras//,/, } extras into $VENV"
+  say "installing dflash (this checkout) with its extras ${extras//,/, } into $VENV"
   "${PIP[@]}" install -e ".[$extras]"
   printf '%s\n%s\n' "$stamp" "$EXTRAS" > "$VENV/.dflash-installed"
 fi

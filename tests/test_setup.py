@@ -4,12 +4,17 @@ lock held by this test as another apt would hold it."""
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import os
+import re
 import subprocess
+import sys
+from importlib import metadata
 
 import pytest
 
+import orchestrator
 from tests.helpers.cli import ROOT
 
 SETUP = ROOT / "scripts" / "setup.sh"
@@ -40,14 +45,59 @@ def test_each_purpose_installs_what_it_needs_and_no_more():
     demo, tests = _needs("demo"), _needs("tests")
     assert "system" not in demo
     assert tests["system"] == ["openssh-server", "openssh-client", "chromium"]
-    assert demo["pip"][0].endswith(".[eval,plot]")
-    assert tests["pip"][0].endswith(".[dev,eval,plot,trackers]")
+    assert demo["pip"][0].endswith(".[demo,eval,plot]")
+    assert tests["pip"][0].endswith(".[dev,demo,eval,plot,trackers]")
     bad = _run(str(SETUP), "--for", "laptop")
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.splitlines() == [
         "setup: error: --for takes demo or tests, not 'laptop'; "
         "usage: setup.sh [--for demo|tests] [--list]"
     ]
+
+
+def _installed_with(dist: str, extras: set[str]) -> set[str]:
+    """The distributions that installing `dist` with `extras` brings, transitively (names
+    normalised), from the installed packages' own metadata."""
+    brought: set[str] = set()
+    todo, visited = [(dist, frozenset(extras))], set()
+    while todo:
+        name, wanted = todo.pop()
+        if (name, wanted) in visited:
+            continue
+        visited.add((name, wanted))
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:  # not for this python (its marker said so)
+            continue
+        brought.add(re.sub(r"[-_.]+", "-", name).lower())
+        for req in requires:
+            m = re.match(r"([A-Za-z0-9_.-]+)(\[[^]]*\])?[^;]*(?:;(.*))?$", req)
+            only_for = re.findall(r"extra == \"([^\"]+)\"", m.group(3) or "")
+            if only_for and not set(only_for) & wanted:
+                continue
+            inner = frozenset(m.group(2).strip("[]").split(",")) if m.group(2) else frozenset()
+            todo.append((m.group(1), inner))
+    return brought
+
+
+def test_the_demo_extra_brings_every_package_the_demo_imports():
+    """`setup.sh --for demo` installs the `demo` extra only; a package the demo's code
+    imports but only the dev extra brings (psutil was one) fails on a fresh machine."""
+    brought = _installed_with(orchestrator.DISTRIBUTION, {"demo"})
+    owners = metadata.packages_distributions()
+    for path in sorted((ROOT / "orchestrator" / "demo").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for top in {n.split(".")[0] for n in names}:
+                if top in sys.stdlib_module_names or top in ("orchestrator", "remote"):
+                    continue
+                dists = {re.sub(r"[-_.]+", "-", d).lower() for d in owners.get(top, [top])}
+                assert dists & brought, f"{path.name} imports {top}, not in the demo extra"
 
 
 @as_root
