@@ -1,13 +1,13 @@
 """Run every benchmark once, one after the other, and keep what each printed.
 
-    python benchmarks/all.py                  # the scales README's figures come from
+    python benchmarks/all.py                  # the scales of benchmarks/README.md's figures
     python benchmarks/all.py --only relay,eval
     python benchmarks/all.py --out benchmarks/results.md
 
 Each benchmark measures its own baselines in the same run and prints ratios; this runner only
 sequences them, so their figures come from one sitting on one machine, and prints the load
 average (1, 5, 15 min) before and after each one, since a busy box moves every ratio. The
-output is a Markdown file (default ``benchmarks/results.md``) that README's benchmark section
+output is a Markdown file (default ``benchmarks/results.md``) that benchmarks/README.md
 quotes. Nothing here asserts a figure: a goal not met is a line in the output, not a failure.
 A benchmark that fails is reported with its exit code and the run goes on to the next one.
 """

@@ -5,14 +5,70 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import typer
+from typer.core import TyperGroup
 
 from orchestrator.commands import output  # its consoles (and rich) load on first use
 from orchestrator.errors import DflashError
 
+if TYPE_CHECKING:  # Typer's own copy of click (it has no click dependency)
+    from typer._click import Command, HelpFormatter
+
+# `dflash --help` lists the commands in the order a newcomer uses them: reach the hosts,
+# move a checkpoint, look at the model, evaluate, read results; then the loop and the rest.
+COMMAND_ORDER = (
+    "hosts",
+    "relay",
+    "probe-structure",
+    "remote-eval",
+    "jobs",
+    "results",
+    "follow",
+    "parity",
+    "env",
+    "demo",
+)
+
+
+class _Group(TyperGroup):
+    """The root command: its commands in `COMMAND_ORDER`, and every help page under it
+    tidied (`_tidy`) before it is drawn."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
+        return sorted(super().list_commands(ctx), key=lambda n: rank.get(n, len(rank)))
+
+    def get_command(self, ctx: typer.Context, name: str) -> Command | None:
+        command = super().get_command(ctx, name)
+        if command is not None:
+            _tidy(command, ctx)
+        return command
+
+    def format_help(self, ctx: typer.Context, formatter: HelpFormatter) -> None:
+        _tidy(self, ctx)
+        super().format_help(ctx, formatter)
+
+
+def _tidy(command: Command, ctx: typer.Context) -> None:
+    """Make the help of `command` and everything under it read as written: a flag shows no
+    type after it (Typer prints ``<bool>``; a flag takes no value), and a docstring's line
+    breaks inside a paragraph are spaces (Typer's rich help keeps them, breaking lines
+    mid-sentence). Idempotent; `ctx` names the help options (-h, --help)."""
+    for param in command.get_params(ctx):
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    if command.help:
+        paragraphs = command.help.split("\n\n")
+        command.help = "\n\n".join(" ".join(p.split()) for p in paragraphs)
+    for sub in getattr(command, "commands", {}).values():
+        _tidy(sub, ctx)
+
+
 _app = typer.Typer(
     name="dflash",
+    cls=_Group,
     help="Relay, probe and evaluate DFlash drafters across a trainer and eval hosts over SSH.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -16,6 +16,9 @@ import orchestrator
 from orchestrator.inventory import locate_inventory
 
 PACKAGES = ("torch", "transformers", "paramiko", "fabric", "typer", "matplotlib")
+# z-lab's DFlash reference package (its model code) is the distribution named "dflash";
+# drafter teams install it, often beside this tool (`orchestrator.DISTRIBUTION`).
+ZLAB_DFLASH = "dflash"
 
 
 def package_version(name: str) -> str | None:
@@ -24,6 +27,18 @@ def package_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def zlab_dflash_version() -> str | None:
+    """The version of z-lab's ``dflash`` when installed, or None; also None for this tool
+    installed under that name before it was renamed (its `dflash` command is ours)."""
+    try:
+        dist = metadata.distribution(ZLAB_DFLASH)
+    except metadata.PackageNotFoundError:
+        return None
+    if any(ep.value.startswith("orchestrator.") for ep in dist.entry_points):
+        return None
+    return dist.version
 
 
 def openssh_version() -> str | None:
@@ -38,18 +53,24 @@ def openssh_version() -> str | None:
 
 
 def environment(inventory: str | None = None) -> dict:
-    """dflash, python, package and OpenSSH versions, and which inventory is used, from
-    where (``--inventory``, ``$DFLASH_INVENTORY`` or the current folder) and whether it
-    exists."""
+    """dflash (the code's version, its folder, and the installed distribution's name and
+    version: None when run from a checkout without installing), python, package (z-lab's
+    ``dflash`` among them) and OpenSSH versions, and which inventory is used, from where
+    (``--inventory``, ``$DFLASH_INVENTORY`` or the current folder) and whether it exists."""
     path, source = locate_inventory(inventory)
+    packages = {name: package_version(name) for name in PACKAGES}
     return {
         "dflash": orchestrator.__version__,
         "dflash_path": str(orchestrator.__path__[0]),
+        "distribution": {
+            "name": orchestrator.DISTRIBUTION,
+            "version": package_version(orchestrator.DISTRIBUTION),
+        },
         "python": platform.python_version(),
         "python_executable": sys.executable,
         "in_venv": sys.prefix != sys.base_prefix,
         "platform": platform.platform(),
-        "packages": {name: package_version(name) for name in PACKAGES},
+        "packages": {**packages, ZLAB_DFLASH: zlab_dflash_version()},
         "openssh": openssh_version(),
         "inventory": {"path": str(path.resolve()), "from": source, "exists": path.is_file()},
     }

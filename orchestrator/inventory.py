@@ -10,6 +10,7 @@ setting is one line there and one field on the dataclass.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -85,7 +86,8 @@ class HostSpec:
     user: str | None = None
     port: int | None = None
     jump: str | None = None
-    python: str = "python3"
+    # None: filled in by __post_init__ (`default_python`).
+    python: str | None = None
     workdir: str = "~/.dflash"
     identity_file: str | None = None
     known_hosts: str | None = None
@@ -93,6 +95,20 @@ class HostSpec:
     connect_timeout: float = 10.0
     trainer: TrainerRole | None = None
     eval: EvalRole | None = None
+
+    def __post_init__(self) -> None:
+        if self.python is None:
+            self.python = default_python(self.transport)
+
+
+def default_python(transport: str) -> str:
+    """The interpreter a host runs when its inventory entry names none: over SSH the host's
+    ``python3``; on this machine (``transport: local``) the one running dflash, which has
+    what dflash was installed with (a venv's torch), where PATH's ``python3`` may be the
+    system's without it."""
+    if transport == "local" and sys.executable:
+        return sys.executable
+    return "python3"
 
 
 @dataclass

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the built-in local demo: relay, probe and evaluate on one machine.
-# Everything runs from the project's venv (.venv, or $DFLASH_VENV) that setup.sh made.
+# Set up what the demo needs (if needed) and run the built-in local demo: relay, probe and
+# evaluate on one machine. It runs from the project's venv (.venv, or $DFLASH_VENV) that
+# setup.sh made, without activating it: the demo's local hosts run that venv's python too.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --for demo
 exec "${DFLASH_VENV:-.venv}/bin/dflash" demo "$@"

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Install what dflash, its demo and its tests need on a fresh Debian/Ubuntu machine, into the
-# project's own virtual environment `.venv` (never into the system Python, which PEP 668
-# marks externally managed on Debian 12+/Ubuntu 23.04+). Idempotent: a second run installs
-# nothing new.
+# Install what a README command needs on a fresh Debian/Ubuntu machine, into the project's
+# own virtual environment `.venv` (never into the system Python, which PEP 668 marks
+# externally managed on Debian 12+/Ubuntu 23.04+). Idempotent: a second run installs nothing
+# and takes about a second.
 #
-#   PYTHON=/usr/bin/python3 bash scripts/setup.sh   # the interpreter the venv is made from
-#                                                   # (default: python3 on PATH; system,
-#                                                   # pyenv or conda Pythons all work)
-#   DFLASH_VENV=DIR                                 # another venv folder (default: .venv)
-#   DFLASH_TORCH_INDEX=URL                          # a CPU torch index (default: PyTorch's)
+#   bash scripts/setup.sh --for demo    # what `dflash demo` needs: python3-venv where
+#                                       # missing, the CPU torch, dflash with its demo extra
+#                                       # (eval, plot, psutil; scripts/demo.sh runs this)
+#   bash scripts/setup.sh [--for tests] # all of that, OpenSSH (server and client: the tests'
+#                                       # loopback hosts), Chromium (the HTML report's browser
+#                                       # test) and the dev extra (scripts/test.sh; default)
+#   bash scripts/setup.sh --for X --list  # print what X needs, install nothing
+#
+#   PYTHON=/usr/bin/python3   the interpreter the venv is made from (default: python3 on
+#                             PATH; system, pyenv or conda Pythons all work)
+#   DFLASH_VENV=DIR           another venv folder (default: .venv)
+#   DFLASH_TORCH_INDEX=URL    a CPU torch index (default: PyTorch's)
+#   DFLASH_APT_LOCK_TIMEOUT=S how long apt waits for another apt's dpkg lock (default 300)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,41 +24,81 @@ TORCH_VERSION=2.13.0
 TORCH_INDEX=${DFLASH_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 VENV=${DFLASH_VENV:-.venv}
 BASE=${PYTHON:-python3}
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 say() { echo "setup: $*"; }
 die() { echo "setup: error: $*" >&2; exit 1; }
+usage() { echo "setup: error: $*; usage: setup.sh [--for demo|tests] [--list]" >&2; exit 2; }
 
-apt_install() {
-  command -v apt-get >/dev/null || die "missing $*; install it with your package manager"
-  if [ -n "$SUDO" ] && ! command -v sudo >/dev/null; then
-    die "missing $*; run as root or install sudo"
+FOR=tests
+LIST=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --for) [ $# -ge 2 ] || usage "--for needs demo or tests"; FOR=$2; shift 2;;
+    --for=*) FOR=${1#--for=}; shift;;
+    --list) LIST=1; shift;;
+    *) usage "unknown argument '$1'";;
+  esac
+done
+
+# What each purpose needs. System tools: "label|commands needed (a/b: either)|apt packages".
+# The pip extras of this checkout, each one listed (dev includes demo, demo eval and plot),
+# so that a set-up for the tests also satisfies the demo's.
+case $FOR in
+  demo)
+    SYSTEM=()
+    EXTRAS="demo eval plot";;
+  tests)
+    SYSTEM=(
+      "OpenSSH server (the tests' loopback hosts)|/usr/sbin/sshd|openssh-server"
+      "OpenSSH client (the tests' relays and keys)|ssh ssh-keygen scp|openssh-client"
+      "Chromium (the HTML report's browser test)|chromium/chromium-browser/google-chrome|chromium"
+    )
+    EXTRAS="dev demo eval plot trackers";;
+  *) usage "--for takes demo or tests, not '$FOR'";;
+esac
+
+if [ -n "$LIST" ]; then
+  for entry in "${SYSTEM[@]}"; do
+    IFS='|' read -r label _ pkgs <<<"$entry"
+    echo "system: $pkgs  # $label"
+  done
+  echo "python: $BASE 3.10+, a venv at $VENV (python3-venv where missing)"
+  echo "pip: torch==$TORCH_VERSION (CPU build), .[${EXTRAS// /,}]"
+  exit 0
+fi
+
+apt_updated=""
+apt_install() {  # apt_install LABEL PACKAGE...: update the lists once, then install
+  local label=$1
+  shift
+  say "installing $label: apt-get install $*"
+  if [ -z "$apt_updated" ]; then
+    bash scripts/apt.sh update
+    apt_updated=1
   fi
-  if [ -z "${_APT_UPDATED:-}" ]; then
-    $SUDO apt-get update -qq
-    _APT_UPDATED=1
-  fi
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
+  bash scripts/apt.sh install "$@"
 }
 
 # -- system packages ------------------------------------------------------------------------
-if ! [ -x /usr/sbin/sshd ] || ! command -v ssh-keygen >/dev/null || ! command -v scp >/dev/null
-then
-  say "installing OpenSSH (server for the tests' loopback hosts, client for the relay)"
-  apt_install openssh-server openssh-client
-fi
-
-# Chromium: tests/test_results.py renders the HTML report in a real headless browser.
-if ! command -v chromium >/dev/null; then
-  say "installing Chromium (the HTML report's browser test)"
-  apt_install chromium
-fi
+have() {  # have CMD...: each is on PATH (or an executable path); "a/b" is either
+  local want alt found
+  for want in "$@"; do
+    found=""
+    for alt in ${want//\// }; do
+      command -v "$alt" >/dev/null && found=1
+    done
+    [ -n "$found" ] || return 1
+  done
+}
+for entry in "${SYSTEM[@]}"; do
+  IFS='|' read -r label cmds pkgs <<<"$entry"
+  # shellcheck disable=SC2086  # word lists by design
+  have $cmds || apt_install "$label" $pkgs
+done
 
 if ! command -v "$BASE" >/dev/null; then
   [ "$BASE" = python3 ] || die "no Python at '$BASE'; install it or leave PYTHON unset"
-  say "installing python3 (and its venv support)"
-  apt_install python3 python3-venv
+  apt_install "python3 and its venv support" python3 python3-venv
 fi
 "$BASE" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
   || die "$BASE is Python $("$BASE" -c 'import platform; print(platform.python_version())'); dflash needs 3.10+"
@@ -67,8 +115,7 @@ else
   # Debian/Ubuntu ship venv's pip bootstrap (ensurepip) in a separate package.
   if ! "$BASE" -c 'import ensurepip, venv' 2>/dev/null; then
     ver=$("$BASE" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-    say "installing python${ver}-venv (venv support for $BASE_REAL)"
-    apt_install "python${ver}-venv" || apt_install python3-venv
+    apt_install "venv support for $BASE_REAL" "python${ver}-venv"
   fi
   say "creating $VENV from $BASE_REAL"
   rm -rf "$VENV"
@@ -129,13 +176,34 @@ print(urllib.parse.unquote(items[0]["download_info"]["url"]) if items else "")' 
 fi
 
 # -- dflash ---------------------------------------------------------------------------------
-# This checkout, editable, with its extras: done again only when pyproject.toml changed or the
-# venv's dflash is another checkout's (a stamp records both), so a second run costs a second.
+# This checkout, editable, with the extras asked for: done again only when pyproject.toml
+# changed, the venv's dflash is another checkout's, or an extra is missing (a stamp records
+# all three), so a second run costs a second.
 stamp="$(pwd) $("$PY" -c 'import hashlib, sys; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')"
 installed=$("$PY" -c 'import os, orchestrator; print(os.path.dirname(os.path.dirname(orchestrator.__file__)))' 2>/dev/null || true)
-if [ "$(cat "$VENV/.dflash-installed" 2>/dev/null)" != "$stamp" ] || [ "$installed" != "$(pwd)" ]; then
-  say "installing dflash (this checkout) with its eval, plot and test extras into $VENV"
-  "${PIP[@]}" install -e '.[dev]'
-  echo "$stamp" > "$VENV/.dflash-installed"
+had_stamp=$(head -n 1 "$VENV/.dflash-installed" 2>/dev/null || true)
+had_extras=$(sed -n 2p "$VENV/.dflash-installed" 2>/dev/null || true)
+covered=1
+for extra in $EXTRAS; do
+  case " $had_extras " in *" $extra "*) ;; *) covered="";; esac
+done
+if [ "$had_stamp" != "$stamp" ] || [ "$installed" != "$(pwd)" ] || [ -z "$covered" ]; then
+  # Before its rename this tool was the distribution "dflash", which is z-lab's DFlash
+  # package on PyPI: an old install of ours under that name goes (with its egg-info here).
+  if "$PY" - <<'EOF' 2>/dev/null
+import sys
+from importlib import metadata
+eps = metadata.distribution("dflash").entry_points
+sys.exit(0 if any(ep.value.startswith("orchestrator.") for ep in eps) else 1)
+EOF
+  then
+    say "removing this tool's old install under z-lab's name 'dflash' from $VENV"
+    "${PIP[@]}" uninstall -y dflash
+  fi
+  rm -rf dflash.egg-info
+  extras=${EXTRAS// /,}
+  say "installing dflash (this checkout) with its extras ${extras//,/, } into $VENV"
+  "${PIP[@]}" install -e ".[$extras]"
+  printf '%s\n%s\n' "$stamp" "$EXTRAS" > "$VENV/.dflash-installed"
 fi
-say "ready: $VENV/bin/dflash (python $("$PY" -c 'import platform; print(platform.python_version())'), torch $("$PY" -c 'from importlib.metadata import version; print(version("torch"))'))"
+say "ready for the $FOR: $VENV/bin/dflash (python $("$PY" -c 'import platform; print(platform.python_version())'), torch $("$PY" -c 'from importlib.metadata import version; print(version("torch"))'))"

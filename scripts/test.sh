@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite: real sshd on loopback, real checkpoints.
-# The tests run on the project's venv (.venv, or $DFLASH_VENV), and so do the loopback hosts:
-# their inventories name sys.executable, the venv's python.
+# Set up what the tests need (if needed) and run the whole test suite: real sshd on
+# loopback, real checkpoints, Chromium for the HTML report. The tests run on the project's
+# venv (.venv, or $DFLASH_VENV), and so do the loopback hosts: their inventories name
+# sys.executable, the venv's python. Arguments go to pytest (e.g. tests/test_relay.py -k x).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --for tests
 exec "${DFLASH_VENV:-.venv}/bin/python" -m pytest -q "$@"

@@ -96,6 +96,17 @@ def tenv(trainer_sshd, eval_sshd, ssh_base, tmp_path) -> TEnv:
     return TEnv(trainer_sshd, eval_sshd, ssh_base, tmp_path)
 
 
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory) -> Path:
+    """A demo model cache (`DFLASH_CACHE_DIR`): the demo's tiny target and its drafter's
+    checkpoints, built once per session through the demo's own builder."""
+    from orchestrator.demo.build import ensure_assets
+
+    base = tmp_path_factory.mktemp("dflash-cache")
+    ensure_assets(base=base)
+    return base
+
+
 # ---- remote eval: a tiny real target (tokenizer, chat template), a ground-truth server ----
 
 

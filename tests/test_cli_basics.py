@@ -4,8 +4,11 @@ a controller that runs without its optional parts (matplotlib, torch)."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 
@@ -30,6 +33,67 @@ def test_dash_h_is_help_everywhere(args):
     assert short.stdout == long.stdout
 
 
+# What a newcomer does first to last: reach the hosts, move a checkpoint, look at the model,
+# evaluate it, read the results; then the loop, the numerics check, and the helpers.
+WORKFLOW = [
+    "hosts",
+    "relay",
+    "probe-structure",
+    "remote-eval",
+    "jobs",
+    "results",
+    "follow",
+    "parity",
+    "env",
+    "demo",
+]
+
+
+def _panel_rows(text: str, title: str) -> list[str]:
+    """The lines inside the help panel called `title` (rich's boxes), borders removed."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"╭─ {title} "))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("╰"))
+    return [ln.strip("│ ").rstrip() for ln in lines[start + 1 : end]]
+
+
+def _all_commands(group, path=()):
+    """(path, click command) for `group` and every command under it."""
+    yield path, group
+    for name, cmd in getattr(group, "commands", {}).items():
+        yield from _all_commands(cmd, (*path, name))
+
+
+def test_help_lists_commands_in_workflow_order_on_one_line_each():
+    """At a width that wraps nothing, each command is one row (its docstring's line breaks
+    are not the help's), in the order a newcomer uses them."""
+    proc = dflash("--help", env={"COLUMNS": "1000"})
+    assert proc.returncode == 0, proc.stderr
+    rows = _panel_rows(proc.stdout, "Commands")
+    assert [row.split()[0] for row in rows] == WORKFLOW
+
+
+def test_no_help_shows_a_type_after_a_flag():
+    """Flags take no value, so no help page shows one (Typer prints ``<bool>``), while
+    options that take one keep it (``<path>``)."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    runner = CliRunner()
+    pages = 0
+    for path, _ in _all_commands(typer.main.get_command(app)):
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (path, result.output)
+        assert "<bool>" not in result.output, (path, result.output)
+        assert "--help" in result.output
+        pages += 1
+    assert pages >= len(WORKFLOW) + 8  # the root, every command and every subcommand
+    relay = runner.invoke(app, ["relay", "--help"], env={"COLUMNS": "200"}).output
+    assert "<path>" in relay  # --inventory still says what it takes
+
+
 def test_env_reports_versions_and_where_the_inventory_came_from(tmp_path):
     proc = dflash("env", "--json", env={"DFLASH_INVENTORY": str(INVENTORY)})
     assert proc.returncode == 0, proc.stderr
@@ -51,6 +115,44 @@ def test_env_reports_versions_and_where_the_inventory_came_from(tmp_path):
     missing = dflash("env", "-i", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 0
     assert f"{tmp_path / 'nope.yaml'} (from --inventory; no such file)" in missing.stdout
+
+
+def _dist_info(folder, name: str, version: str, script: str):
+    """An installed distribution as importlib.metadata finds it on `folder` (sys.path)."""
+    info = folder / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[console_scripts]\ndflash = {script}\n")
+    return folder
+
+
+def test_our_distribution_is_not_named_dflash():
+    """``dflash`` on PyPI is z-lab's DFlash reference (model code drafter teams install):
+    ours is installed under another name, which `dflash env` reports with its version."""
+    project = re.search(
+        r"^\[project\]\nname = \"([^\"]+)\"", (ROOT / "pyproject.toml").read_text(), re.M
+    )
+    assert project and project.group(1) == orchestrator.DISTRIBUTION != "dflash"
+    info = json.loads(dflash("env", "--json").stdout)
+    assert info["distribution"] == {
+        "name": orchestrator.DISTRIBUTION,
+        "version": metadata.version(orchestrator.DISTRIBUTION),
+    }
+
+
+def test_env_shows_z_lab_s_dflash_when_installed(tmp_path):
+    """With z-lab's ``dflash`` installed beside us, `dflash env` names it and its version;
+    without it, says so; this tool under its old name ``dflash`` is not taken for it."""
+    zlab = _dist_info(tmp_path / "zlab", "dflash", "0.1.0", "dflash.cli:main")
+    old = _dist_info(tmp_path / "old", "dflash", "0.0.9", "orchestrator.cli:main")
+    for path, expected in ((zlab, "0.1.0"), (old, None), (tmp_path / "none", None)):
+        pythonpath = f"{ROOT}{os.pathsep}{path}"
+        proc = dflash("env", "--json", env={"PYTHONPATH": pythonpath})
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["packages"]["dflash"] == expected, path
+        human = dflash("env", env={"PYTHONPATH": pythonpath}).stdout
+        line = next(ln for ln in human.splitlines() if ln.startswith("dflash (z-lab)"))
+        assert line.split()[-1] == (expected or "installed"), line  # "... not installed"
 
 
 def test_env_does_not_import_torch():

@@ -1,7 +1,9 @@
-"""`dflash demo` end to end: the library entry point and the CLI, on a shared model cache.
+"""`dflash demo` end to end: the library entry point and README's first command, on a
+shared model cache.
 
-The cache (`demo_cache`) is built once per test session through the demo's own builder; the
-demo command's first-run time on a fresh cache is measured by hand (README), never asserted.
+The cache (`demo_cache`, conftest.py) is built once per test session through the demo's own
+builder; the demo's first-run time on a fresh cache is measured by hand (docs/demo.md),
+never asserted.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -16,20 +19,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from tests.helpers.cli import ROOT
 from tests.helpers.images import png_size
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="session")
-def demo_cache(tmp_path_factory) -> Path:
-    from orchestrator.demo.build import ensure_assets
-
-    base = tmp_path_factory.mktemp("dflash-cache")
-    ensure_assets(base=base)
-    return base
 
 
 def _children() -> set[int]:
@@ -99,6 +94,8 @@ def test_demo_library_runs_every_step_and_leaves_nothing_running(demo_cache, tmp
     # The kept folder: inventory, relayed (published, manifest) drafters, pulled results.
     inv = (keep / "inventory.yaml").read_text()
     assert "demo-trainer" in inv and "transport: local" in inv
+    hosts = yaml.safe_load(inv)["hosts"]  # each host names the python that has torch
+    assert [h["python"] for h in hosts.values()] == [sys.executable, sys.executable]
     relayed = sorted(p.name for p in (keep / "eval" / "drafters").iterdir())
     assert [n for n in relayed if not n.startswith(".")] == [f"step-{s}" for s in build.STEPS]
     assert not [n for n in relayed if n.startswith(".partial-")]
@@ -113,21 +110,31 @@ def test_demo_library_runs_every_step_and_leaves_nothing_running(demo_cache, tmp
     assert _port_closed(url)
 
 
-def test_demo_cli_prints_tau_per_step(demo_cache, tmp_path):
+# README's first command, as a newcomer runs it: no venv activated, the system's PATH.
+DEMO_SH = "bash scripts/demo.sh"
+
+
+def test_demo_sh_prints_tau_per_step(demo_cache):
+    """`bash scripts/demo.sh` runs the venv's dflash without activating it, under the
+    clean PATH of a fresh machine (whose python3 has no torch): its set-up finds the venv
+    ready, and the demo's local hosts run the venv's python, not PATH's."""
     from orchestrator.demo import build
 
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "DFLASH_VENV": sys.prefix,  # the venv running these tests, which set-up made
         "COLUMNS": "120",
         "DFLASH_CACHE_DIR": str(demo_cache),
     }
+    env.pop("PYTHONPATH", None)
+    env.pop("VIRTUAL_ENV", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "demo"],
+        shlex.split(DEMO_SH),
         capture_output=True,
         text=True,
         env=env,
-        cwd=tmp_path,
+        cwd=ROOT,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -40,6 +40,19 @@ def test_hosts_check_reports_facts_for_both_hosts(two_hosts):
     assert "fla missing" in table.stdout and "…" not in table.stdout
 
 
+def test_a_local_host_without_python_runs_dflash_s_own_whatever_path_says(make_inventory, tmp_path):
+    """The demo's bug on a fresh machine: its local hosts ran PATH's ``python3`` (Debian's,
+    without torch) instead of the venv's python that runs dflash. With the clean PATH a
+    fresh machine has, the host still reports dflash's own interpreter and its torch."""
+    inv = make_inventory(hosts={"here": {"transport": "local", "workdir": str(tmp_path / "w")}})
+    clean_path = "/usr/sbin:/usr/bin:/sbin:/bin"
+    proc = dflash("hosts", "check", "-i", str(inv), "--json", env={"PATH": clean_path})
+    assert proc.returncode == 0, proc.stderr
+    [row] = json.loads(proc.stdout)
+    assert row["python_executable"] == sys.executable
+    assert row["packages"]["torch"]
+
+
 def test_hosts_lists_inventory(two_hosts):
     proc = dflash("hosts", "--inventory", str(two_hosts), "--json")
     assert proc.returncode == 0, proc.stderr

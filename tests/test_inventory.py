@@ -1,10 +1,11 @@
 """Inventory validation: each malformed file gives one line naming file, line and key."""
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from orchestrator.inventory import InventoryError, load_inventory, parse_inventory
+from orchestrator.inventory import HostSpec, InventoryError, load_inventory, parse_inventory
 
 GOOD = """\
 defaults:
@@ -27,6 +28,18 @@ hosts:
 groups:
   evals: [ct129, demo]
 """
+
+
+def test_a_local_host_runs_the_python_that_runs_dflash_an_ssh_host_python3():
+    """Without ``python:`` a local host runs this interpreter (the venv's, with torch), not
+    whatever ``python3`` PATH finds first; an SSH host keeps ``python3``; a named one wins."""
+    text = "hosts:\n  here: {transport: local}\n  named: {transport: local, python: /x/py}\n"
+    inv = parse_inventory(text + "  far: {hostname: 10.0.0.9}\n", Path("inv.yaml"))
+    assert inv.hosts["here"].python == sys.executable
+    assert inv.hosts["named"].python == "/x/py"
+    assert inv.hosts["far"].python == "python3"
+    assert HostSpec(name="direct", transport="local").python == sys.executable
+    assert HostSpec(name="direct").python == "python3"
 
 
 def test_good_inventory_parses():

@@ -20,7 +20,7 @@ from orchestrator.inventory import load_inventory
 from orchestrator.relay.run import RelayOptions, relay
 from orchestrator.transport.hosts import open_host
 from tests.helpers.checkpoints import make_checkpoint, tree
-from tests.helpers.sshd import ssh_host_entry
+from tests.helpers.sshd import account_home, ssh_host_entry
 
 KiB = 1024
 
@@ -197,7 +197,7 @@ def test_a_home_relative_workdir_costs_no_home_lookup(tenv, make_inventory):
         },
         defaults={"relay_from": "trainer", "relay_to": "evalhost"},
     )
-    home = Path(os.path.expanduser("~"))  # the loopback hosts' user is this one
+    home = account_home()  # the loopback hosts' user is this one
     files = make_checkpoint(tenv.ckpt, "step_1", {"a.bin": 16 * KiB})
     try:
         assert _relay(inv, "step_1").ok  # the first pushes the bundle there

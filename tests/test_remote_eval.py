@@ -22,7 +22,7 @@ import pytest
 from remote.protocol import EvalSpec
 from tests.helpers.cli import ROOT, dflash, one_error_line
 from tests.helpers.images import png_size
-from tests.helpers.sshd import ssh_host_entry
+from tests.helpers.sshd import account_home, ssh_host_entry
 
 pytestmark = pytest.mark.slow
 
@@ -286,7 +286,7 @@ def test_a_home_relative_workdir_costs_no_home_lookup(
         return real_home.fget(self)
 
     monkeypatch.setattr(hosts.Host, "home", property(home))
-    home_dir = Path(os.path.expanduser("~"))  # the loopback host's user is this one
+    home_dir = account_home()  # the loopback host's user is this one
     try:
         options = run.EvalOptions(samples=2, max_new_tokens=8, engine=EvalSpec(budgets=(4,)))
         run.run_eval(load_inventory(inv_path), None, "step-0", options)  # pushes the bundle

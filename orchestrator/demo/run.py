@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -88,6 +89,9 @@ def write_inventory(folder: Path, assets: build.DemoAssets, gt_url: str) -> Path
         "hosts": {
             TRAINER: {
                 "transport": "local",
+                # Named, not left to the default: whichever dflash reads the kept
+                # inventory, its hosts run this venv's python, the one with torch.
+                "python": sys.executable,
                 "workdir": str(folder / "trainer" / "dflash"),
                 "roles": {
                     "trainer": {
@@ -99,6 +103,7 @@ def write_inventory(folder: Path, assets: build.DemoAssets, gt_url: str) -> Path
             },
             EVAL_HOST: {
                 "transport": "local",
+                "python": sys.executable,
                 "workdir": str(folder / "eval" / "dflash"),
                 "roles": {
                     "eval": {

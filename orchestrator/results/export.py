@@ -21,7 +21,7 @@ truth), so two training runs never share a line:
   is logged as the ``train/step`` metric that every other metric is plotted against, so
   steps may arrive in any order.
 
-Both are optional (``pip install 'dflash[trackers]'``); a missing one is one clear line.
+Both are optional (the ``trackers`` extra); a missing one is one clear line.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class TensorBoardTracker:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError:
             raise TrackerUnavailable(
-                "TensorBoard export needs tensorboard: pip install 'dflash[trackers]'"
+                "TensorBoard export needs tensorboard: pip install tensorboard"
             ) from None
         self._event, self._summary, self._writer_cls = Event, Summary, EventFileWriter
         self.logdir = Path(logdir)
@@ -200,9 +200,7 @@ class WandbTracker:
         try:
             import wandb
         except ImportError:
-            raise TrackerUnavailable(
-                "W&B export needs wandb: pip install 'dflash[trackers]'"
-            ) from None
+            raise TrackerUnavailable("W&B export needs wandb: pip install wandb") from None
         self.wandb = wandb
         self.project = project
         self.dir = Path(directory)

@@ -30,8 +30,7 @@ DDTREE_MARKERS = ("s", "^", "v", "D", "P", "X")
 
 
 MISSING = (
-    "plots skipped: matplotlib is not installed "
-    "(pip install 'dflash[plot]', or bash scripts/setup.sh)"
+    "plots skipped: matplotlib is not installed (pip install matplotlib, or bash scripts/setup.sh)"
 )
 _told = False
 

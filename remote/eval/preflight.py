@@ -96,7 +96,7 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
     if missing:
         raise UserError(
             f"{', '.join(missing)} not installed for {sys.executable}; install "
-            "them there (pip install 'dflash[eval]' deps) or point 'python:' at "
+            f"them there (pip install {' '.join(missing)}) or point 'python:' at "
             "the right environment"
         )
     report["packages"] = versions

@@ -10,6 +10,7 @@ and `ssh_host_entry` is the inventory entry that points at such a server.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -24,6 +25,13 @@ import psutil
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
+def account_home() -> Path:
+    """The home of this process's account, as sshd gives it to the loopback hosts' sessions
+    (from the password database). Not necessarily $HOME: CI's clean environment sets an
+    empty temporary one."""
+    return Path(pwd.getpwuid(os.getuid()).pw_dir)
+
+
 def clear_stale_pyenv_lock(min_age: float = 2.0) -> bool:
     """Remove pyenv's rehash lock when a killed SSH session left it behind.
 
@@ -32,7 +40,7 @@ def clear_stale_pyenv_lock(min_age: float = 2.0) -> bool:
     tests do, on purpose) leaves the lock, and every later SSH command then waits 60 s for
     it. A lock older than a rehash ever takes is stale.
     """
-    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    root = Path(os.environ.get("PYENV_ROOT", account_home() / ".pyenv"))
     lock = root / "shims" / ".pyenv-shim"
     try:
         if time.time() - lock.stat().st_mtime >= min_age:
@@ -168,7 +176,7 @@ def ssh_host_entry(server: SSHServer, ssh_base: Path, **extra) -> dict:
         "transport": "ssh",
         "hostname": "127.0.0.1",
         "port": server.port,
-        "user": os.environ.get("USER") or "root",
+        "user": pwd.getpwuid(os.getuid()).pw_name,
         "identity_file": str(ssh_base / "id_test"),
         "known_hosts": str(ssh_base / "known_hosts"),
         "python": sys.executable,

@@ -92,17 +92,26 @@ def check_table(results: list[HostFacts]) -> Grid:
     return table
 
 
+# `env`'s name for a distribution where its own would mislead: "dflash" is z-lab's.
+ENV_LABELS = {"dflash": "dflash (z-lab)"}
+
+
 def render_env(info: dict) -> None:
     """`env`: one aligned line per version, then the inventory found and from where."""
+    dist = info["distribution"]
+    installed = f"{dist['name']} {dist['version']}" if dist["version"] else "not installed"
     rows = [
-        ("dflash", f"{info['dflash']} ({info['dflash_path']})"),
+        ("dflash", f"{info['dflash']} ({info['dflash_path']}; {installed})"),
         (
             "python",
             f"{info['python']} ({info['python_executable']}{', venv' if info['in_venv'] else ''})",
         ),
         ("platform", info["platform"]),
     ]
-    rows += [(name, version or "not installed") for name, version in info["packages"].items()]
+    rows += [
+        (ENV_LABELS.get(name, name), version or "not installed")
+        for name, version in info["packages"].items()
+    ]
     rows.append(("openssh", info["openssh"] or "not installed"))
     inv = info["inventory"]
     rows.append(
