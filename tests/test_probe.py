@@ -449,9 +449,28 @@ def test_probe_over_sshd_equals_local(ckpts, eval_sshd, ssh_base, make_inventory
     tree = dflash("probe-structure", "--host", "evalhost", "-i", str(inv_path), timeout=300)
     assert tree.returncode == 0, tree.stderr
     assert "model.language_model.layers" in tree.stdout and "3 linear_attention" in tree.stdout
+    # Issue 24.2: the host from defaults.eval_host and a drafter NAME under its drafters
+    # folder, as remote-eval resolves them (it said "Missing option '--host'", then looked
+    # for the drafter under the home folder).
+    drafter = build_drafter(tmp_path / "step-150", [0, 2], num_target_layers=4)
+    defaults = make_inventory(
+        hosts=yaml_hosts(inv_path), defaults={"eval_host": "evalhost"}
+    )  # the same hosts, with a default eval host
+    named = dflash("probe-structure", "--drafter", "step-150", "--json", "-i", str(defaults))
+    assert named.returncode == 0, named.stderr
+    doc = json.loads(named.stdout)
+    assert doc["drafter"]["path"] == str(drafter) and doc["drafter"]["ok"]
+    assert doc["model_path"] == str(ckpts["qwen3_5"])
     gone = str(tmp_path / "gone")
     bad = dflash(
         "probe-structure", "--host", "evalhost", "--model", gone, "-i", str(inv_path), timeout=300
     )
     assert bad.returncode != 0
     assert "model folder not found" in cli_error_line(bad)
+
+
+def yaml_hosts(path: Path) -> dict:
+    """The hosts of an inventory file."""
+    import yaml
+
+    return yaml.safe_load(path.read_text())["hosts"]

@@ -97,6 +97,9 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
     t0 = time.monotonic()
     folder = Path(os.path.expanduser(model)).resolve()
     read_model_config(folder)  # a bad path fails in milliseconds, before torch is imported
+    drafter_folder = Path(os.path.expanduser(drafter)).resolve() if drafter else None
+    if drafter_folder is not None:
+        read_model_config(drafter_folder, "drafter")  # the same for the drafter's
     scan = scan_checkpoint(folder)
     d = describe(folder)
     meta_model, layout, config = d.model, d.layout, d.config
@@ -162,10 +165,8 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
         "load": None,
     }
     target = {"num_layers": num_layers, "hidden_size": hidden, "vocab_size": vocab}
-    if drafter:
-        report["drafter"] = check_drafter(
-            Path(os.path.expanduser(drafter)).resolve(), target, text_raw
-        )
+    if drafter_folder is not None:
+        report["drafter"] = check_drafter(drafter_folder, target, text_raw)
     if load:
         if not scan["keys"]:
             raise UserError(f"cannot --load {folder}: no safetensors weights in it")
