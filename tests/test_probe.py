@@ -160,6 +160,35 @@ def test_auto_classes_and_their_layer_paths(loaded_reports):
     assert text["AutoModelForImageTextToText"] is None
 
 
+def test_a_vlms_text_only_class_is_built_from_its_text_config(loaded_reports, ckpts):
+    """Issue 24.3: the probe showed ``AutoModelForCausalLM: Qwen3_5ForCausalLM ->
+    AttributeError: 'Qwen3_5Config' object has no attribute 'vocab_size'``: it built the
+    text-only class from the VLM's config. transformers builds it from the text config and
+    loads the language model alone; the probe does the same and says so."""
+    from rich.console import Console
+
+    from orchestrator.commands.output.hosts import probe_tree
+
+    entry = loaded_reports["qwen3_5"]["auto_classes"]["AutoModelForCausalLM"]
+    assert entry["class"] == "Qwen3_5ForCausalLM" and "error" not in entry
+    assert entry["layers"] == "model.layers" and entry["built_from"] == "text_config"
+    assert entry["note"].startswith("text part only: AutoModelForCausalLM builds")
+    assert "AutoModelForImageTextToText (Qwen3_5ForConditionalGeneration)" in entry["note"]
+    # what the note says is what transformers does with the folder
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(
+        str(ckpts["qwen3_5"]), output_loading_info=True
+    )
+    assert type(model).__name__ == "Qwen3_5ForCausalLM"
+    assert not info["missing_keys"] and not info["mismatched_keys"]
+    console = Console(width=400, record=True)
+    console.print(probe_tree(loaded_reports["qwen3_5"], "h"))
+    text = console.export_text()
+    assert "AutoModelForCausalLM: Qwen3_5ForCausalLM -> model.layers  (text part only" in text
+    assert "AttributeError" not in text
+
+
 def test_tied_lm_head_is_not_missing(loaded_reports):
     r = loaded_reports["gemma3"]
     assert r["text"]["lm_head_tied"] is True
