@@ -391,11 +391,38 @@ def test_drafter_warnings(ckpts, tmp_path):
     )
     r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
     text = "\n".join(r["warnings"])
-    assert "rope theta differs: drafter 1000000.0, target 10000.0" in text
     assert "max_position_embeddings 64 < target's 256" in text
     assert "layers 0 are sliding_attention" in text and "full attention" in text
     assert "shifted by one" in text
     assert "include the last layer 3" in text
+
+
+def test_the_drafters_own_rope_is_reported_not_warned_about(ckpts, tmp_path):
+    """Issue 24.4: the demo's drafter (rope theta 1e6 over a 1e4 target) drew "rope theta
+    differs" while the demo said it fits. A DFlash drafter rotates its own queries and keys
+    with its own rotary embedding (z-lab's DFlashDraftModel builds it from the drafter's
+    config; so does the eval): the target's RoPE never enters it. Both are reported; a
+    difference is no warning."""
+    from orchestrator.demo.train import drafter_config
+
+    theta = drafter_config(
+        type("Info", (), {"hidden_size": HIDDEN, "vocab_size": VOCAB, "num_layers": 4}),
+        mask_token_id=1,
+        block_size=4,
+        num_layers=1,
+        target_layer_ids=[1, 2],
+    )["rope_theta"]  # what the demo's drafters are trained with
+    d = build_drafter(
+        tmp_path / "d",
+        [1, 2],
+        num_target_layers=4,
+        extra_config={"rope_theta": theta, "rope_scaling": {"rope_type": "linear", "factor": 2}},
+    )
+    r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
+    assert r["ok"], r["problems"]
+    assert not [w for w in r["warnings"] if "rope" in w], r["warnings"]
+    assert r["rope"]["theta"] == theta == 1_000_000.0 and r["rope"]["factor"] == 2
+    assert r["target_rope"]["theta"] == 10_000.0
 
 
 def test_drafter_default_ids_and_prefixed_keys(ckpts, tmp_path):
