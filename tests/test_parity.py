@@ -17,6 +17,7 @@ from orchestrator.cli import app
 from orchestrator.errors import DflashError
 from orchestrator.eval import parity
 from orchestrator.inventory import load_inventory
+from tests.helpers.cli import dflash
 from tests.helpers.sshd import ssh_host_entry
 
 LAYERS = 6  # linear, linear, linear, full, linear, linear: depth enough to see growth
@@ -237,3 +238,29 @@ def test_engine_device_option_one_path_and_clear_errors(tmp_path):
                 run()
             assert "device cuda asked but torch" in str(exc.value)
             assert "sees no GPU" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_jobs_lists_the_jobs_of_every_host_a_trainer_included(two_hosts):
+    """Issue 24.13: `dflash jobs` asked eval hosts only, so a parity capture on the trainer
+    (no eval role) showed only with --host trainer. A real capture job runs there (and
+    fails at once: its target is not there); the plain listing shows it."""
+    import time
+
+    from orchestrator.eval import run as remote_eval
+    from orchestrator.transport.hosts import open_host
+
+    inv = load_inventory(two_hosts)
+    assert inv.hosts["trainer"].eval is None
+    spec = {"kind": "parity-capture", "checkpoint": "parity-a", "eval": {"target": "/none"}}
+    with open_host(inv.hosts["trainer"], inv) as host:
+        ref = remote_eval.start_job(host, spec, remote_eval.new_job_id("parity-a"))
+        deadline = time.monotonic() + 120  # a hang guard
+        while remote_eval.job_status(host, ref.job_id)["state"] in ("starting", "running"):
+            assert time.monotonic() < deadline, "the job never ended"
+            time.sleep(0.2)
+    listed = dflash("jobs", "-i", str(two_hosts), "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {(r["host"], r["job_id"]): r for r in json.loads(listed.stdout)}
+    row = rows[("trainer", ref.job_id)]
+    assert row["kind"] == "parity-capture" and row["state"] == "failed"
+    assert "/none does not exist" in row["exit"]["error"]
