@@ -17,8 +17,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
-from tests.helpers.cli import ROOT
+from tests.helpers.checkpoints import without_tokenizer
+from tests.helpers.cli import ROOT, dflash, one_error_line
 from tests.helpers.sshd import ssh_host_entry
 
 pytestmark = pytest.mark.slow
@@ -338,3 +340,22 @@ def test_a_second_follower_on_the_same_folder_is_refused(setup):
     finally:
         holder.close()
     assert setup.jobs() == []
+
+
+def test_follow_refuses_a_target_without_tokenizer_before_relaying(setup, eval_sshd, tiny_target):
+    """A target folder without tokenizer files made every prompt [] and the eval died in
+    generate; follow now asks the eval host first and stops with its one line, in a loop
+    as with --once: nothing relayed, no job, no history."""
+    notok = without_tokenizer(tiny_target, eval_sshd.root / "follow-no-tokenizer")
+    doc = yaml.safe_load(setup.inventory.read_text())
+    doc["hosts"]["evalhost"]["roles"]["eval"]["target_model"] = str(notok)
+    setup.inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    setup.write("step-0")
+    for how in (["--once"], ["--interval", "1"]):
+        proc = dflash("follow", "-i", str(setup.inventory), *how, timeout=300)
+        assert proc.returncode != 0, how
+        line = one_error_line(proc)
+        assert f"evalhost: target folder {notok} has no tokenizer" in line, (how, line)
+        assert "--ground-truth-kind file" in line
+    assert setup.jobs() == [] and setup.history() == []
+    assert not (setup.drafters / "step-0").exists()

@@ -10,6 +10,10 @@ One pass (`follow_pass`):
    entry to the history and redraw the tau-per-step plot. With ``keep``, a second relay
    call (nothing left to send) lets the relay prune the eval host to the newest K.
 
+Before the first pass, the eval host is asked once whether it can evaluate at all
+(`follow_checkpoint.check_target`: python, packages, the target and its tokenizer): a
+refusal stops follow with that one line, before anything is relayed.
+
 `follow` repeats passes every ``interval`` seconds until stopped.
 
 State lives on disk in the follow folder (default ``<results_dir>/follow/<from>-to-<to>/``):
@@ -43,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import DflashError
-from orchestrator.eval.follow_checkpoint import CheckpointFollower
+from orchestrator.eval.follow_checkpoint import CheckpointFollower, check_target
 from orchestrator.eval.follow_state import (
     HISTORY,
     PLOT,
@@ -132,6 +136,7 @@ def follow_pass(
     trackers: list[export.Tracker] = []
     try:
         trackers = open_trackers(options, st.dir)
+        check_target(inventory, dest, options.eval)
         return _pass(inventory, source, dest, options, events, st, stop, trackers)
     finally:
         _close(trackers)
@@ -220,8 +225,12 @@ def follow(
     trackers: list[export.Tracker] = []
     try:
         trackers = open_trackers(options, st.dir)
+        checked = False  # the eval host's target, asked once (`check_target`)
         while not stop.is_set():
             try:
+                if not checked:
+                    check_target(inventory, dest, options.eval)
+                    checked = True
                 _pass(inventory, source, dest, options, events, st, stop, trackers)
             except FollowError:
                 raise

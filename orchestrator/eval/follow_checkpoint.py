@@ -9,19 +9,21 @@ for the crash cases). The loop over checkpoints and passes is `orchestrator.eval
 from __future__ import annotations
 
 import datetime as _dt
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.eval import run as remote_eval
-from orchestrator.eval.follow_state import FollowState, redraw
-from orchestrator.eval.spec import target_model
+from orchestrator.eval.follow_state import FollowError, FollowState, redraw
+from orchestrator.eval.spec import EvalOptions, ground_truth_source, target_model
 from orchestrator.inventory import Inventory
 from orchestrator.probe.structure import probe_structure
 from orchestrator.relay import run as relay
 from orchestrator.results import export
 from orchestrator.results import store as results
-from orchestrator.transport.hosts import open_host
+from orchestrator.transport.hosts import HostError, open_host
+from remote.protocol import JOB_EVAL_KEY
 
 if TYPE_CHECKING:  # the loop's types; it imports this module
     from orchestrator.eval.follow import FollowEvents, FollowOptions
@@ -74,6 +76,31 @@ def _failed(
         "drafter_fits": None if probe is None else probe.get("ok"),
         "time": _now(),
     }
+
+
+def check_target(inventory: Inventory, dest: str, options: EvalOptions) -> None:
+    """Ask the eval host once, before follow's first checkpoint, whether it can evaluate at
+    all: its python and packages, the target folder, and the target's tokenizer where the
+    ground truth is made from text prompts. A refusal (or a setting no job could run with)
+    is a `FollowError`: no later pass would fare better, so follow stops with that line. A
+    host that cannot be reached raises its own error, which the loop retries."""
+    spec = inventory.host(dest)
+    with open_host(spec, inventory) as host:
+        try:
+            engine = replace(
+                options.engine_for(spec.eval), target=host.expand(target_model(spec, options))
+            )
+            job = {
+                "kind": "eval",
+                "host": dest,
+                JOB_EVAL_KEY: engine.to_json(),
+                "ground_truth": ground_truth_source(host, spec, options),
+            }
+            remote_eval.preflight(host, job, target_only=True)
+        except HostError:
+            raise  # not reachable now: the loop tries again
+        except DflashError as exc:  # refused, or no job could run with these settings
+            raise FollowError(str(exc)) from None
 
 
 def _saved_job_state(inventory: Inventory, dest: str, job_id: str) -> str | None:
