@@ -3,12 +3,14 @@
 Checks, in order, each failure one line (a `UserError`): the python version; torch,
 transformers and safetensors installed (from package metadata, nothing imported); the
 counts (threads, samples); the target folder, and its tokenizer files where prompts are
-text to tokenise (every ground-truth kind but ``file``); the drafter folder; the prompts or
-ground-truth file; free RAM against the bytes the target's text part and the drafter will
-take in the job's dtype (the target's text part as the eval engine finds it,
-`remote.model`, on the meta device; the drafter's weights as its loader reads them; never
-a tensor of the target); and the ground-truth server reachable FROM this host. Success
-prints one JSON document with what was found.
+text to tokenise (every ground-truth kind but ``file``); the drafter folder (a parity
+capture may have none); the prompts or ground-truth file; free RAM against the bytes the
+target's text part and the drafter will take in the job's dtype (the target's text part as
+the eval engine finds it, `remote.model`, on the meta device; the drafter's weights as its
+loader reads them; never a tensor of the target); and the ground-truth server reachable
+FROM this host. Success prints one JSON document with what was found; for a parity capture
+it carries the target's identity (`remote.probe.identity`), so the controller can tell two
+hosts' targets apart before either captures.
 
 ``--target-only`` stops after the target's checks (python, packages, the target folder and
 its tokenizer): what ``dflash follow`` asks once before its first checkpoint.
@@ -140,7 +142,13 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
     began = time.perf_counter()
     report, engine, target = check_target(spec, engine)
     dtype = engine.dtype
-    drafter = _model_folder(engine.drafter, "drafter checkpoint")
+    parity = str(spec.get("kind", "eval")).startswith("parity")
+    # A parity capture reads the drafter's config for its layers, when it has one.
+    drafter = (
+        _model_folder(engine.drafter, "drafter checkpoint")
+        if engine.drafter or not parity
+        else None
+    )
     gt = spec.get("ground_truth") or {}
     kind = gt.get("kind", "sglang")
     groundtruth.check_greedy(spec.get("sampling") or {})
@@ -170,7 +178,7 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
     described, need_target = describe_target(target, dtype)
     marks["describe_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    need_drafter = drafter_bytes(drafter, dtype)
+    need_drafter = drafter_bytes(drafter, dtype) if drafter is not None else 0
     need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
     mem = meminfo()
     report["memory"] = {
@@ -192,6 +200,10 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
     plan = plan_text(target, None, described)
     if keep is not None:
         keep["plan"] = plan
+    if parity:
+        from remote.probe.identity import target_identity
+
+        report["target_identity"] = target_identity(*plan)
     report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
     report = _reachable(kind, gt, report)
     marks["after_s"] = time.perf_counter() - t
