@@ -342,6 +342,45 @@ def test_a_second_follower_on_the_same_folder_is_refused(setup):
     assert setup.jobs() == []
 
 
+# ---- friction: runs already there, one waiting line, a clean SIGTERM, no tokenizer --------
+
+
+def test_follow_records_checkpoints_remote_eval_already_evaluated_with_its_spec(setup):
+    """Issue 24.7: `follow --once` evaluated again what `remote-eval` had evaluated with the
+    very same settings (5 runs for 3 checkpoints). A run in the results folder of the same
+    checkpoint, relayed from this trainer, with the same eval spec is recorded from; one
+    with other settings is not."""
+    from orchestrator.inventory import load_inventory
+    from orchestrator.relay import run as relay
+
+    setup.write("step-0")
+    setup.write("step-20")
+    report = relay.relay(
+        load_inventory(setup.inventory), "trainer", ["evalhost"], relay.RelayOptions(all=True)
+    )
+    assert report.ok
+    inv = str(setup.inventory)
+    same = dflash("remote-eval", "-c", "step-0", "--budgets", "4", "-i", inv, "--json")
+    assert same.returncode == 0, same.stderr
+    run_id = json.loads(same.stdout)["run_id"]
+    other = dflash(
+        "remote-eval", "-c", "step-20", "--budgets", "4", "--max-new-tokens", "6", "-i", inv
+    )
+    assert other.returncode == 0, other.stderr
+
+    again = setup.follow("--once")
+    assert again.wait(timeout=DEADLINE) == 0
+    history = {h["checkpoint"]: h for h in setup.history()}
+    assert history["step-0"]["run_id"] == history["step-0"]["job_id"] == run_id
+    assert history["step-0"]["state"] == "done" and history["step-20"]["state"] == "done"
+    assert history["step-20"]["run_id"] != run_id
+    # step-0: remote-eval's job only; step-20: remote-eval's, and follow's with its own spec
+    assert {k: len(v) for k, v in per_checkpoint(setup.jobs()).items()} == {
+        "step-0": 1,
+        "step-20": 2,
+    }
+
+
 def test_follow_refuses_a_target_without_tokenizer_before_relaying(setup, eval_sshd, tiny_target):
     """A target folder without tokenizer files made every prompt [] and the eval died in
     generate; follow now asks the eval host first and stops with its one line, in a loop

@@ -93,8 +93,10 @@ def follow_cmd(
 ) -> None:
     """Relay and evaluate every new checkpoint of a training run, exactly once.
 
-    Appends to a history and redraws the tau-per-step plot. Safe to stop and restart:
-    Ctrl-C cancels the running eval job; a restart attaches to a job it left running."""
+    Appends to a history and redraws the tau-per-step plot. A checkpoint already evaluated
+    with the same settings (a run in the results folder, e.g. from remote-eval) is recorded,
+    not evaluated again. Safe to stop and restart: Ctrl-C cancels the running eval job; a
+    restart attaches to a job it left running."""
     inv = inventory(ctx, inventory_path)
     src = source or inv.defaults.relay_from
     dst = dest or inv.defaults.relay_to

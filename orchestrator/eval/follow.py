@@ -8,7 +8,9 @@ One pass (`follow_pass`):
    what already arrived), optionally check it fits the target (`probe.probe_structure`),
    then evaluate it (`remote_eval.run_eval`) with the inventory's defaults, and append one
    entry to the history and redraw the tau-per-step plot. With ``keep``, a second relay
-   call (nothing left to send) lets the relay prune the eval host to the newest K.
+   call (nothing left to send) lets the relay prune the eval host to the newest K. A
+   checkpoint the results folder already holds a run of with the same eval spec is
+   recorded from that run instead (`follow_checkpoint`).
 
 Before the first pass, the eval host is asked once whether it can evaluate at all
 (`follow_checkpoint.check_target`: python, packages, the target and its tokenizer): a
