@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import psutil
 import pytest
 import yaml
 
+from orchestrator.eval.follow import FollowEvents
 from tests.helpers.checkpoints import without_tokenizer
 from tests.helpers.cli import ROOT, dflash, one_error_line
 from tests.helpers.sshd import ssh_host_entry
@@ -379,6 +381,70 @@ def test_follow_records_checkpoints_remote_eval_already_evaluated_with_its_spec(
         "step-0": 1,
         "step-20": 2,
     }
+
+
+class Said(FollowEvents):
+    """Every line follow says, in order."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_follow_says_waiting_once_not_every_pass(setup):
+    """Issue 24.8: `follow --interval 5` printed a waiting line every pass (~100 lines in
+    10 minutes). The status lines are said once, and again only when they change."""
+    from orchestrator.eval import follow
+    from orchestrator.inventory import load_inventory
+
+    setup.write("step-60", complete=False)  # on the trainer, not complete: said once too
+    said, passes = Said(), []
+    stop = threading.Event()
+
+    def sleep(seconds: float) -> None:
+        passes.append(seconds)
+        if len(passes) == 4:
+            stop.set()
+
+    follow.follow(
+        load_inventory(setup.inventory),
+        "trainer",
+        "evalhost",
+        follow.FollowOptions(interval=0.5),
+        said,
+        stop,
+        sleep,
+    )
+    assert len(passes) == 4
+    assert said.lines == [
+        "not complete yet: step-60",
+        "waiting for new checkpoints (looking every 0.5s)",
+    ]
+    assert setup.jobs() == []
+
+
+def test_sigterm_ends_follow_with_one_line_and_exit_143(setup):
+    """Issue 24.8: SIGTERM ended follow with rc 130 and no line. It ends as the shell
+    reports a SIGTERM'd command (143), with one line saying the history is kept."""
+    proc = setup.follow("--interval", "30")
+    try:
+        wait_for(lambda: "for new checkpoints" in _log(setup), proc, "the waiting line")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in _log(setup).splitlines() if ln.strip()]
+    assert "Traceback" not in _log(setup)
+    assert lines[-1] == "terminated; the history is kept: run dflash follow again to go on"
+
+
+def _log(setup: Setup) -> str:
+    """What the newest follow subprocess of `setup` printed so far."""
+    logs = sorted(setup.results.parent.glob("follow-*.log"))
+    return logs[-1].read_text() if logs else ""
 
 
 def test_follow_refuses_a_target_without_tokenizer_before_relaying(setup, eval_sshd, tiny_target):
