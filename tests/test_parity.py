@@ -405,3 +405,8 @@ def test_target_difference_tells_copies_from_other_checkpoints(tmp_path, tiny_ta
     diff = parity.target_difference(ident(tiny_target), base)
     assert "A has Qwen3ForCausalLM" in diff and "B Qwen3_5ForConditionalGeneration" in diff
     assert "their text weights differ in names or shapes" in diff
+    # what a host answers is any JSON: never a traceback, never a second line
+    hostile = {"architecture": "X\nY", "config": [1], "weights": "w", "text": 3}
+    diff = parity.target_difference(hostile, base)
+    assert diff.startswith("A has X Y (None layers") and "\n" not in diff
+    assert parity.target_difference([], base) is None

@@ -235,7 +235,9 @@ class CheckpointFollower:
     def _ours(self, run: results.Run, name: str) -> bool:
         """Whether the run's drafter was relayed from this trainer's checkpoint `name`
         (a drafter put there by other means may be another checkpoint of that name)."""
-        source = run.drafter.get("source") or {}
+        source = run.drafter.get("source")
+        if not isinstance(source, dict):
+            return False
         path = str(source.get("path") or "")
         return source.get("host") == self.source and path.rstrip("/").rsplit("/", 1)[-1] == name
 

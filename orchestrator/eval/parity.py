@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from orchestrator.errors import DflashError
+from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval.spec import EvalOptions, build_spec, engine_spec, target_model
 from orchestrator.inventory import HostSpec, Inventory
@@ -142,16 +142,23 @@ def target_difference(a: dict | None, b: dict | None) -> str | None:
     if not isinstance(a, dict) or not isinstance(b, dict):
         return None
 
+    def part(x: dict, key: str) -> dict:  # a host's answer: any JSON at all
+        v = x.get(key)
+        return v if isinstance(v, dict) else {}
+
+    def word(v: object) -> str:  # one line, whatever a host put in it
+        return " ".join(str(v).split())
+
     def shape(x: dict) -> str:
-        t = x.get("text") or {}
-        return (
+        t = part(x, "text")
+        return word(
             f"{x.get('architecture')} ({t.get('num_layers')} layers, hidden "
             f"{t.get('hidden_size')}, vocab {t.get('vocab_size')})"
         )
 
-    ca, cb = a.get("config") or {}, b.get("config") or {}
-    keys = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
-    wa, wb = a.get("weights") or {}, b.get("weights") or {}
+    ca, cb = part(a, "config"), part(b, "config")
+    keys = sorted(word(k) for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
+    wa, wb = part(a, "weights"), part(b, "weights")
     if not keys and wa.get("sha256") == wb.get("sha256"):
         return None
     what = [f"A has {shape(a)}, B {shape(b)}"]
@@ -162,8 +169,8 @@ def target_difference(a: dict | None, b: dict | None) -> str | None:
         )
     if wa.get("sha256") != wb.get("sha256"):
         what.append(
-            f"their text weights differ in names or shapes ({wa.get('tensors')} tensors "
-            f"on A, {wb.get('tensors')} on B)"
+            f"their text weights differ in names or shapes ({word(wa.get('tensors'))} "
+            f"tensors on A, {word(wb.get('tensors'))} on B)"
         )
     return "; ".join(what)
 
@@ -179,6 +186,11 @@ def check_hosts(a: Host, job_a: dict, b: Host, job_b: dict, opts: ParityOptions)
             "b": pool.submit(remote_eval.preflight, b, job_b),
         }
         reports = {side: f.result() for side, f in futures.items()}  # A's problem first
+    for host, report in ((a, reports["a"]), (b, reports["b"])):
+        if not isinstance(report, dict):
+            raise RemoteCommandError(
+                f"{host.name}: preflight answered {type(report).__name__}, not a JSON object"
+            )
     diff = target_difference(
         reports["a"].get("target_identity"), reports["b"].get("target_identity")
     )

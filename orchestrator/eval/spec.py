@@ -350,11 +350,14 @@ def eval_identity(job: dict) -> dict:
     source and engine settings. Not when, under which id or in which workdir it ran, nor
     what only sets its speed (threads, batching, ground-truth concurrency and timeout) or
     is filled in on the host."""
-    engine = dict(job.get(JOB_EVAL_KEY) or {})
-    for key in ENGINE_SPEED_KEYS:
-        engine.pop(key, None)
-    prompts = job.get("prompts") or {}
-    gt = {k: v for k, v in (job.get("ground_truth") or {}).items() if k not in GT_SPEED_KEYS}
+
+    def part(key: str) -> dict:  # a pulled spec.json is a host's word: any JSON
+        value = job.get(key)
+        return value if isinstance(value, dict) else {}
+
+    engine = {k: v for k, v in part(JOB_EVAL_KEY).items() if k not in ENGINE_SPEED_KEYS}
+    prompts = part("prompts")
+    gt = {k: v for k, v in part("ground_truth").items() if k not in GT_SPEED_KEYS}
     return {
         "kind": job.get("kind", "eval"),
         "host": job.get("host"),
