@@ -84,3 +84,44 @@ def test_a_bad_spec_in_a_job_is_one_line_on_the_host():
             jobs.job_engine(bad)
         assert str(exc.value).startswith("job spec: ") and word in str(exc.value)
         assert "\n" not in str(exc.value)
+
+
+def test_eval_identity_is_what_changes_a_result_not_its_speed():
+    """Two job specs are one evaluation (``follow`` records a run of it instead of running
+    it again) when only the time, id, workdir or speed settings differ; any setting of the
+    result makes them two; a pulled spec that is not a job document is no match, never an
+    error."""
+    from orchestrator.eval.spec import eval_identity
+
+    job = {
+        "kind": "eval",
+        "host": "h",
+        "checkpoint": "step-1",
+        "samples": 4,
+        "seed": 0,
+        "sampling": {"temperature": 0.0, "max_new_tokens": 8},
+        "ground_truth": {"kind": "sglang", "url": "http://x", "timeout": 300, "concurrency": 16},
+        "prompts": {"path": "~/.dflash/prompts/ab-chat.jsonl", "sha256": "ab", "name": "chat"},
+        "eval": {**JOB_ENGINE_DEFAULT.to_json(), "target": "/t", "drafter": "/d/step-1"},
+    }
+    later = {
+        **job,
+        "created": 2.0,
+        "job_id": "j2",
+        "workdir": "/home/u/.dflash",
+        "prompts": {**job["prompts"], "path": "/home/u/.dflash/prompts/ab-chat.jsonl"},
+        "ground_truth": {**job["ground_truth"], "timeout": 60, "concurrency": 2},
+        "eval": {**job["eval"], "threads": 8, "block_chunk": 4, "output_dir": "/o"},
+    }
+    assert eval_identity(later) == eval_identity(job)
+    for other in (
+        {**job, "samples": 5},
+        {**job, "sampling": {"temperature": 0.0, "max_new_tokens": 9}},
+        {**job, "eval": {**job["eval"], "dtype": "float32"}},
+        {**job, "eval": {**job["eval"], "budgets": [4]}},
+        {**job, "prompts": {**job["prompts"], "sha256": "cd"}},
+        {**job, "ground_truth": {**job["ground_truth"], "url": "http://y"}},
+    ):
+        assert eval_identity(other) != eval_identity(job)
+    junk = {"eval": [1], "prompts": "x", "ground_truth": 3}
+    assert eval_identity(junk) != eval_identity(job)

@@ -12,13 +12,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
-from tests.helpers.cli import ROOT
+from orchestrator.eval.follow import FollowEvents
+from tests.helpers.checkpoints import without_tokenizer
+from tests.helpers.cli import ROOT, dflash, one_error_line
 from tests.helpers.sshd import ssh_host_entry
 
 pytestmark = pytest.mark.slow
@@ -338,3 +342,125 @@ def test_a_second_follower_on_the_same_folder_is_refused(setup):
     finally:
         holder.close()
     assert setup.jobs() == []
+
+
+# ---- friction: runs already there, one waiting line, a clean SIGTERM, no tokenizer --------
+
+
+def test_follow_records_checkpoints_remote_eval_already_evaluated_with_its_spec(setup):
+    """Issue 24.7: `follow --once` evaluated again what `remote-eval` had evaluated with the
+    very same settings (5 runs for 3 checkpoints). A run in the results folder of the same
+    checkpoint, relayed from this trainer, with the same eval spec is recorded from; one
+    with other settings is not."""
+    from orchestrator.inventory import load_inventory
+    from orchestrator.relay import run as relay
+
+    setup.write("step-0")
+    setup.write("step-20")
+    report = relay.relay(
+        load_inventory(setup.inventory), "trainer", ["evalhost"], relay.RelayOptions(all=True)
+    )
+    assert report.ok
+    inv = str(setup.inventory)
+    same = dflash("remote-eval", "-c", "step-0", "--budgets", "4", "-i", inv, "--json")
+    assert same.returncode == 0, same.stderr
+    run_id = json.loads(same.stdout)["run_id"]
+    other = dflash(
+        "remote-eval", "-c", "step-20", "--budgets", "4", "--max-new-tokens", "6", "-i", inv
+    )
+    assert other.returncode == 0, other.stderr
+
+    again = setup.follow("--once")
+    assert again.wait(timeout=DEADLINE) == 0
+    history = {h["checkpoint"]: h for h in setup.history()}
+    assert history["step-0"]["run_id"] == history["step-0"]["job_id"] == run_id
+    assert history["step-0"]["state"] == "done" and history["step-20"]["state"] == "done"
+    assert history["step-20"]["run_id"] != run_id
+    # step-0: remote-eval's job only; step-20: remote-eval's, and follow's with its own spec
+    assert {k: len(v) for k, v in per_checkpoint(setup.jobs()).items()} == {
+        "step-0": 1,
+        "step-20": 2,
+    }
+
+
+class Said(FollowEvents):
+    """Every line follow says, in order."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_follow_says_waiting_once_not_every_pass(setup):
+    """Issue 24.8: `follow --interval 5` printed a waiting line every pass (~100 lines in
+    10 minutes). The status lines are said once, and again only when they change."""
+    from orchestrator.eval import follow
+    from orchestrator.inventory import load_inventory
+
+    setup.write("step-60", complete=False)  # on the trainer, not complete: said once too
+    said, passes = Said(), []
+    stop = threading.Event()
+
+    def sleep(seconds: float) -> None:
+        passes.append(seconds)
+        if len(passes) == 4:
+            stop.set()
+
+    follow.follow(
+        load_inventory(setup.inventory),
+        "trainer",
+        "evalhost",
+        follow.FollowOptions(interval=0.5),
+        said,
+        stop,
+        sleep,
+    )
+    assert len(passes) == 4
+    assert said.lines == [
+        "not complete yet: step-60",
+        "waiting for new checkpoints (looking every 0.5s)",
+    ]
+    assert setup.jobs() == []
+
+
+def test_sigterm_ends_follow_with_one_line_and_exit_143(setup):
+    """Issue 24.8: SIGTERM ended follow with rc 130 and no line. It ends as the shell
+    reports a SIGTERM'd command (143), with one line saying the history is kept."""
+    proc = setup.follow("--interval", "30")
+    try:
+        wait_for(lambda: "for new checkpoints" in _log(setup), proc, "the waiting line")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in _log(setup).splitlines() if ln.strip()]
+    assert "Traceback" not in _log(setup)
+    assert lines[-1] == "terminated; the history is kept: run dflash follow again to go on"
+
+
+def _log(setup: Setup) -> str:
+    """What the newest follow subprocess of `setup` printed so far."""
+    logs = sorted(setup.results.parent.glob("follow-*.log"))
+    return logs[-1].read_text() if logs else ""
+
+
+def test_follow_refuses_a_target_without_tokenizer_before_relaying(setup, eval_sshd, tiny_target):
+    """A target folder without tokenizer files made every prompt [] and the eval died in
+    generate; follow now asks the eval host first and stops with its one line, in a loop
+    as with --once: nothing relayed, no job, no history."""
+    notok = without_tokenizer(tiny_target, eval_sshd.root / "follow-no-tokenizer")
+    doc = yaml.safe_load(setup.inventory.read_text())
+    doc["hosts"]["evalhost"]["roles"]["eval"]["target_model"] = str(notok)
+    setup.inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    setup.write("step-0")
+    for how in (["--once"], ["--interval", "1"]):
+        proc = dflash("follow", "-i", str(setup.inventory), *how, timeout=300)
+        assert proc.returncode != 0, how
+        line = one_error_line(proc)
+        assert f"evalhost: target folder {notok} has no tokenizer" in line, (how, line)
+        assert "--ground-truth-kind file" in line
+    assert setup.jobs() == [] and setup.history() == []
+    assert not (setup.drafters / "step-0").exists()

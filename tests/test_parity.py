@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,6 +19,8 @@ from orchestrator.cli import app
 from orchestrator.errors import DflashError
 from orchestrator.eval import parity
 from orchestrator.inventory import load_inventory
+from tests.helpers.checkpoints import without_tokenizer
+from tests.helpers.cli import dflash, one_error_line
 from tests.helpers.sshd import ssh_host_entry
 
 LAYERS = 6  # linear, linear, linear, full, linear, linear: depth enough to see growth
@@ -237,3 +241,172 @@ def test_engine_device_option_one_path_and_clear_errors(tmp_path):
                 run()
             assert "device cuda asked but torch" in str(exc.value)
             assert "sees no GPU" in str(exc.value) and "\n" not in str(exc.value)
+
+
+# ---- before any capture: both hosts checked, the targets compared ----------------------
+
+
+def host_jobs(server) -> set[str]:
+    """The job folders on a loopback host (its workdir is ``<root>/dflash``)."""
+    root = server.root / "dflash" / "jobs"
+    return {p.name for p in root.iterdir()} if root.is_dir() else set()
+
+
+def split_inventory(make_inventory, trainer_sshd, eval_sshd, ssh_base, results, **trainer):
+    """As the shipped inventory has them: A a trainer with no eval role (its target comes
+    from --model-a), B the eval host with the drafter, its ground truth a file and its
+    evals in float32. `trainer`: more keys of A's entry (e.g. ``python``)."""
+    target, drafter, gt = assets()
+    drafters = eval_sshd.root / "drafters"
+    drafters.mkdir(exist_ok=True)
+    if not (drafters / "step-150").exists():
+        shutil.copytree(drafter, drafters / "step-150")
+    ckpts = trainer_sshd.root / "checkpoints"
+    ckpts.mkdir(exist_ok=True)
+    role = {"checkpoints": str(ckpts)}
+    return make_inventory(
+        hosts={
+            "trainer": ssh_host_entry(trainer_sshd, ssh_base, roles={"trainer": role}, **trainer),
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                roles={
+                    "eval": {
+                        "drafters": str(drafters),
+                        "target_model": target,
+                        "ground_truth": gt,
+                        "ground_truth_kind": "file",
+                        "dtype": "float32",
+                        "threads": 1,
+                    }
+                },
+            ),
+        },
+        defaults={"results_dir": str(results)},
+    )
+
+
+def test_both_hosts_and_both_targets_are_checked_before_any_capture(
+    trainer_sshd, eval_sshd, ssh_base, make_inventory, tmp_path, tiny_target
+):
+    """Issue 24.9 and 25.10: parity used to capture on B for seconds before finding A had no
+    target, then that A's python had no torch; and it compared a Qwen3 target with a
+    Qwen3.5 one as if numerics (exit 0, cos 0.02, a delta tau). Each is now one line and a
+    non-zero exit before anything is captured: no job on either host."""
+    target = assets()[0]
+    inv = str(split_inventory(make_inventory, trainer_sshd, eval_sshd, ssh_base, tmp_path / "r"))
+    before = (host_jobs(trainer_sshd), host_jobs(eval_sshd))
+
+    def refused(*args: str, inventory: str = inv) -> str:
+        proc = dflash("parity", "--hosts", "trainer,evalhost", *args, "-i", inventory, timeout=300)
+        assert proc.returncode != 0, proc.stdout
+        return one_error_line(proc)
+
+    line = refused()
+    assert "no target model for host trainer" in line and "--model-a" in line
+    # A different checkpoint on A (the session's tiny Qwen3 against B's Qwen3.5)
+    line = refused("--model-a", str(tiny_target))
+    assert "targets on trainer and evalhost are not the same checkpoint" in line, line
+    assert "Qwen3ForCausalLM" in line and "Qwen3_5ForConditionalGeneration" in line
+    assert "--allow-different-targets" in line
+    # B's target without its tokenizer, where B makes the ground truth from text prompts
+    notok = without_tokenizer(Path(target), eval_sshd.root / "parity-no-tokenizer")
+    line = refused("--model-a", target, "--model-b", str(notok), "--ground-truth-kind", "local")
+    assert f"evalhost: target folder {notok} has no tokenizer" in line, line
+    # A's python has no torch: a bare virtual environment
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    no_torch = split_inventory(
+        make_inventory, trainer_sshd, eval_sshd, ssh_base, tmp_path / "r",
+        python=str(bare / "bin" / "python"),
+    )  # fmt: skip
+    line = refused("--model-a", target, inventory=str(no_torch))
+    assert line.startswith("error: trainer: ") and "torch" in line and "not installed" in line
+    assert (host_jobs(trainer_sshd), host_jobs(eval_sshd)) == before
+
+
+def test_both_hosts_compute_in_one_dtype_unless_asked(
+    trainer_sshd, eval_sshd, ssh_base, make_inventory, tmp_path
+):
+    """Issue 24.9: A without an eval role computed in the default bfloat16 while B's role
+    said float32, silently. Both now compute in B's dtype unless asked otherwise."""
+    target = assets()[0]
+    results = tmp_path / "results"
+    inv = str(split_inventory(make_inventory, trainer_sshd, eval_sshd, ssh_base, results))
+    out = dflash(
+        "parity", "--hosts", "trainer,evalhost", "--model-a", target, "--samples", "1",
+        "--layers", "0", "-i", inv, "--json", timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)["result"]
+    assert result["captures"]["a"]["dtype"] == result["captures"]["b"]["dtype"] == "float32"
+
+
+def test_jobs_lists_the_jobs_of_every_host_a_trainer_included(two_hosts):
+    """Issue 24.13: `dflash jobs` asked eval hosts only, so a parity capture on the trainer
+    (no eval role) showed only with --host trainer. A real capture job runs there (and
+    fails at once: its target is not there); the plain listing shows it."""
+    import time
+
+    from orchestrator.eval import run as remote_eval
+    from orchestrator.transport.hosts import open_host
+
+    inv = load_inventory(two_hosts)
+    assert inv.hosts["trainer"].eval is None
+    spec = {"kind": "parity-capture", "checkpoint": "parity-a", "eval": {"target": "/none"}}
+    with open_host(inv.hosts["trainer"], inv) as host:
+        ref = remote_eval.start_job(host, spec, remote_eval.new_job_id("parity-a"))
+        deadline = time.monotonic() + 120  # a hang guard
+        while remote_eval.job_status(host, ref.job_id)["state"] in ("starting", "running"):
+            assert time.monotonic() < deadline, "the job never ended"
+            time.sleep(0.2)
+    listed = dflash("jobs", "-i", str(two_hosts), "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {(r["host"], r["job_id"]): r for r in json.loads(listed.stdout)}
+    row = rows[("trainer", ref.job_id)]
+    assert row["kind"] == "parity-capture" and row["state"] == "failed"
+    assert "/none does not exist" in row["exit"]["error"]
+
+
+def test_target_difference_tells_copies_from_other_checkpoints(tmp_path, tiny_target):
+    """The identity the preflight reports (config and text weights, from the one model
+    reader) is the same for copies of one checkpoint, stored in another dtype too, and
+    names what differs otherwise."""
+    import torch
+
+    from remote.model.load import plan_text
+    from remote.probe.identity import target_identity
+
+    target = Path(assets()[0])
+    bf16 = tmp_path / "bf16"
+    shutil.copytree(target, bf16)
+    cfg = json.loads((bf16 / "config.json").read_text())
+    cfg["_name_or_path"], cfg["dtype"] = "elsewhere", "bfloat16"
+    (bf16 / "config.json").write_text(json.dumps(cfg))
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(bf16 / "model.safetensors"))
+    save_file({k: v.to(torch.bfloat16) for k, v in sd.items()}, str(bf16 / "model.safetensors"))
+    edited = tmp_path / "edited"
+    shutil.copytree(target, edited)
+    cfg = json.loads((edited / "config.json").read_text())
+    cfg["text_config"]["rms_norm_eps"] = 1e-3
+    (edited / "config.json").write_text(json.dumps(cfg))
+
+    def ident(folder) -> dict:
+        return target_identity(*plan_text(folder, torch.float32))
+
+    base = ident(target)
+    assert parity.target_difference(base, ident(bf16)) is None
+    assert ident(bf16)["dtypes"] == {"BF16": base["weights"]["tensors"]}
+    diff = parity.target_difference(base, ident(edited))
+    assert diff and "their text configs differ in rms_norm_eps" in diff
+    assert "weights differ" not in diff
+    diff = parity.target_difference(ident(tiny_target), base)
+    assert "A has Qwen3ForCausalLM" in diff and "B Qwen3_5ForConditionalGeneration" in diff
+    assert "their text weights differ in names or shapes" in diff
+    # what a host answers is any JSON: never a traceback, never a second line
+    hostile = {"architecture": "X\nY", "config": [1], "weights": "w", "text": 3}
+    diff = parity.target_difference(hostile, base)
+    assert diff.startswith("A has X Y (None layers") and "\n" not in diff
+    assert parity.target_difference([], base) is None

@@ -160,6 +160,35 @@ def test_auto_classes_and_their_layer_paths(loaded_reports):
     assert text["AutoModelForImageTextToText"] is None
 
 
+def test_a_vlms_text_only_class_is_built_from_its_text_config(loaded_reports, ckpts):
+    """Issue 24.3: the probe showed ``AutoModelForCausalLM: Qwen3_5ForCausalLM ->
+    AttributeError: 'Qwen3_5Config' object has no attribute 'vocab_size'``: it built the
+    text-only class from the VLM's config. transformers builds it from the text config and
+    loads the language model alone; the probe does the same and says so."""
+    from rich.console import Console
+
+    from orchestrator.commands.output.hosts import probe_tree
+
+    entry = loaded_reports["qwen3_5"]["auto_classes"]["AutoModelForCausalLM"]
+    assert entry["class"] == "Qwen3_5ForCausalLM" and "error" not in entry
+    assert entry["layers"] == "model.layers" and entry["built_from"] == "text_config"
+    assert entry["note"].startswith("text part only: AutoModelForCausalLM builds")
+    assert "AutoModelForImageTextToText (Qwen3_5ForConditionalGeneration)" in entry["note"]
+    # what the note says is what transformers does with the folder
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(
+        str(ckpts["qwen3_5"]), output_loading_info=True
+    )
+    assert type(model).__name__ == "Qwen3_5ForCausalLM"
+    assert not info["missing_keys"] and not info["mismatched_keys"]
+    console = Console(width=400, record=True)
+    console.print(probe_tree(loaded_reports["qwen3_5"], "h"))
+    text = console.export_text()
+    assert "AutoModelForCausalLM: Qwen3_5ForCausalLM -> model.layers  (text part only" in text
+    assert "AttributeError" not in text
+
+
 def test_tied_lm_head_is_not_missing(loaded_reports):
     r = loaded_reports["gemma3"]
     assert r["text"]["lm_head_tied"] is True
@@ -362,11 +391,38 @@ def test_drafter_warnings(ckpts, tmp_path):
     )
     r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
     text = "\n".join(r["warnings"])
-    assert "rope theta differs: drafter 1000000.0, target 10000.0" in text
     assert "max_position_embeddings 64 < target's 256" in text
     assert "layers 0 are sliding_attention" in text and "full attention" in text
     assert "shifted by one" in text
     assert "include the last layer 3" in text
+
+
+def test_the_drafters_own_rope_is_reported_not_warned_about(ckpts, tmp_path):
+    """Issue 24.4: the demo's drafter (rope theta 1e6 over a 1e4 target) drew "rope theta
+    differs" while the demo said it fits. A DFlash drafter rotates its own queries and keys
+    with its own rotary embedding (z-lab's DFlashDraftModel builds it from the drafter's
+    config; so does the eval): the target's RoPE never enters it. Both are reported; a
+    difference is no warning."""
+    from orchestrator.demo.train import drafter_config
+
+    theta = drafter_config(
+        type("Info", (), {"hidden_size": HIDDEN, "vocab_size": VOCAB, "num_layers": 4}),
+        mask_token_id=1,
+        block_size=4,
+        num_layers=1,
+        target_layer_ids=[1, 2],
+    )["rope_theta"]  # what the demo's drafters are trained with
+    d = build_drafter(
+        tmp_path / "d",
+        [1, 2],
+        num_target_layers=4,
+        extra_config={"rope_theta": theta, "rope_scaling": {"rope_type": "linear", "factor": 2}},
+    )
+    r = probe(str(ckpts["qwen3_5"]), drafter=str(d))["drafter"]
+    assert r["ok"], r["problems"]
+    assert not [w for w in r["warnings"] if "rope" in w], r["warnings"]
+    assert r["rope"]["theta"] == theta == 1_000_000.0 and r["rope"]["factor"] == 2
+    assert r["target_rope"]["theta"] == 10_000.0
 
 
 def test_drafter_default_ids_and_prefixed_keys(ckpts, tmp_path):
@@ -449,9 +505,28 @@ def test_probe_over_sshd_equals_local(ckpts, eval_sshd, ssh_base, make_inventory
     tree = dflash("probe-structure", "--host", "evalhost", "-i", str(inv_path), timeout=300)
     assert tree.returncode == 0, tree.stderr
     assert "model.language_model.layers" in tree.stdout and "3 linear_attention" in tree.stdout
+    # Issue 24.2: the host from defaults.eval_host and a drafter NAME under its drafters
+    # folder, as remote-eval resolves them (it said "Missing option '--host'", then looked
+    # for the drafter under the home folder).
+    drafter = build_drafter(tmp_path / "step-150", [0, 2], num_target_layers=4)
+    defaults = make_inventory(
+        hosts=yaml_hosts(inv_path), defaults={"eval_host": "evalhost"}
+    )  # the same hosts, with a default eval host
+    named = dflash("probe-structure", "--drafter", "step-150", "--json", "-i", str(defaults))
+    assert named.returncode == 0, named.stderr
+    doc = json.loads(named.stdout)
+    assert doc["drafter"]["path"] == str(drafter) and doc["drafter"]["ok"]
+    assert doc["model_path"] == str(ckpts["qwen3_5"])
     gone = str(tmp_path / "gone")
     bad = dflash(
         "probe-structure", "--host", "evalhost", "--model", gone, "-i", str(inv_path), timeout=300
     )
     assert bad.returncode != 0
     assert "model folder not found" in cli_error_line(bad)
+
+
+def yaml_hosts(path: Path) -> dict:
+    """The hosts of an inventory file."""
+    import yaml
+
+    return yaml.safe_load(path.read_text())["hosts"]

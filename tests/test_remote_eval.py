@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from remote.protocol import EvalSpec
+from tests.helpers.checkpoints import without_tokenizer
 from tests.helpers.cli import ROOT, dflash, one_error_line
 from tests.helpers.images import png_size
 from tests.helpers.sshd import account_home, ssh_host_entry
@@ -611,6 +612,8 @@ def test_preflight_failures_are_one_line_and_start_nothing(
     # preflight reads.
     huge = eval_sshd.root / "huge-target"
     huge.mkdir(exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # a target with a tokenizer
+        shutil.copy(tiny_target / name, huge / name)
     cfg = json.loads((tiny_target / "config.json").read_text())
     cfg.update(vocab_size=4_000_000, hidden_size=100_000)
     (huge / "config.json").write_text(json.dumps(cfg))
@@ -632,6 +635,33 @@ def test_preflight_failures_are_one_line_and_start_nothing(
     assert "not enough free RAM" in line and "GiB is available" in line
 
     assert job_dirs(eval_sshd) == before
+
+
+def test_a_target_without_tokenizer_is_refused_before_anything_loads(
+    inventory, eval_sshd, tiny_target, server
+):
+    """transformers 5 builds an empty tokenizer from config.json alone, every prompt became
+    [] and the job died inside generate (IndexError). The host's checks refuse such a
+    target in one line, on every path that tokenises text prompts: one host, shards, and
+    local ground truth; nothing is asked of the server and no job is left."""
+    notok = without_tokenizer(tiny_target, eval_sshd.root / "target-no-tokenizer")
+    before = job_dirs(eval_sshd)
+    asked = len(server.requests)
+    for how in (["--host", "evalhost"], ["--hosts", "evalhost"], ["--ground-truth-kind", "local"]):
+        proc = dflash(
+            "remote-eval", "--checkpoint", "step-0", "--target", str(notok), *how,
+            "-i", str(inventory),
+        )  # fmt: skip
+        assert proc.returncode != 0, how
+        line = one_error_line(proc)
+        assert f"target folder {notok} has no tokenizer" in line, (how, line)
+        assert "add the target's tokenizer files" in line and "--ground-truth-kind file" in line
+    assert job_dirs(eval_sshd) == before and len(server.requests) == asked
+    # Token ids need no tokenizer: the same target with ids as ground truth passes the checks.
+    from remote.eval.preflight import check_target
+
+    spec = {"eval": {"target": str(notok)}, "ground_truth": {"kind": "file", "path": "/x"}}
+    assert check_target(spec)[2] == notok
 
 
 def test_wrong_python_on_the_host_is_one_line(eval_sshd, ssh_base, make_inventory, eval_models):

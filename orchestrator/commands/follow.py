@@ -21,7 +21,7 @@ from orchestrator.commands.common import (
     SamplesOption,
     inventory,
     positive,
-    sigterm_as_interrupt,
+    stopped_by_signal,
 )
 from orchestrator.errors import DflashError
 from orchestrator.eval import follow as follow_lib
@@ -107,8 +107,11 @@ def follow_cmd(
 ) -> None:
     """Relay and evaluate every new checkpoint of a training run, exactly once.
 
-    Appends to a history and redraws the tau-per-step plot. Safe to stop and restart:
-    Ctrl-C cancels the running eval job; a restart attaches to a job it left running."""
+    Appends to a history and redraws the tau-per-step plot. A checkpoint already evaluated
+    with the same settings (a run in the results folder, e.g. from remote-eval) is recorded,
+    not evaluated again. Safe to stop and restart: Ctrl-C (exit 130) or SIGTERM (exit 143)
+    cancels the running eval job and ends with one line; the history is kept, and a restart
+    attaches to a job a crash left running."""
     inv = inventory(ctx, inventory_path)
     src = source or inv.defaults.relay_from
     dst = dest or inv.defaults.relay_to
@@ -138,8 +141,10 @@ def follow_cmd(
             chosen=chosen,
         ),
     )
-    # A polite stop (kill, systemd) behaves like Ctrl-C: the running job is cancelled.
-    with output.RichEvents(enabled=not json_out) as events, sigterm_as_interrupt():
+    # A polite stop (kill, systemd) behaves like Ctrl-C: the running job is cancelled, and
+    # the command ends with one line and the shell's exit code for that signal.
+    note = "; the history is kept: run dflash follow again to go on"
+    with stopped_by_signal(note), output.RichEvents(enabled=not json_out) as events:
         if once:
             follow_lib.follow_pass(inv, src, dst, options, events)
         else:

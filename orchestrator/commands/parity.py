@@ -69,8 +69,19 @@ def parity_cmd(
             "layers; all layers without a drafter)."
         ),
     ] = None,
-    dtype_a: Annotated[str | None, typer.Option(help="bf16 | fp32 on A.")] = None,
-    dtype_b: Annotated[str | None, typer.Option(help="bf16 | fp32 on B.")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="bf16 | fp32 on both hosts (default: B's inventory dtype, else bfloat16): "
+            "both compute in one dtype unless --dtype-a/--dtype-b ask for two."
+        ),
+    ] = None,
+    dtype_a: Annotated[
+        str | None, typer.Option(help="bf16 | fp32 on A only (default: --dtype).")
+    ] = None,
+    dtype_b: Annotated[
+        str | None, typer.Option(help="bf16 | fp32 on B only (default: --dtype).")
+    ] = None,
     device_a: Annotated[str, typer.Option(help="cpu | cuda | cuda:N on A.")] = "cpu",
     device_b: Annotated[str, typer.Option(help="cpu | cuda | cuda:N on B.")] = "cpu",
     attn_a: Annotated[
@@ -79,6 +90,14 @@ def parity_cmd(
     ] = None,
     attn_b: Annotated[str | None, typer.Option(help="Same, on B.")] = None,
     topk: Annotated[int, typer.Option(min=1, help="Logits' top-k kept per token.")] = 8,
+    allow_different_targets: Annotated[
+        bool,
+        typer.Option(
+            "--allow-different-targets",
+            help="Compare targets that are not copies of one checkpoint (their text configs "
+            "or weights differ); refused otherwise, before anything is captured.",
+        ),
+    ] = False,
     threads: ThreadsOption = None,
     cancel: Annotated[
         str | None, typer.Option("--cancel", metavar="JOB", help="Stop parity job JOB on --host.")
@@ -98,7 +117,10 @@ def parity_cmd(
 ) -> None:
     """Is my tau real? Compare the target features two hosts compute over the same tokens
     (per layer: cosine, relative L2, max abs error) and, with --drafter, the tau each host's
-    features give the drafter."""
+    features give the drafter.
+
+    Both hosts are checked first (python, torch, the target, memory, and that both targets
+    are copies of one checkpoint); nothing is captured until both pass."""
     inv = inventory(ctx, inventory_path)
     if cancel:
         if not host:
@@ -134,6 +156,7 @@ def parity_cmd(
         fresh_ground_truth=fresh_ground_truth,
         drafter=drafter,
         layers=parity.parse_layers(layers),
+        dtype=dtype,
         dtype_a=dtype_a,
         dtype_b=dtype_b,
         device_a=device_a,
@@ -142,6 +165,7 @@ def parity_cmd(
         attn_b=attn_b,
         topk=topk,
         threads=threads,
+        allow_different_targets=allow_different_targets,
     )
 
     with output.ParityLines(enabled=not json_out) as lines:

@@ -8,12 +8,16 @@ import typer
 
 from orchestrator.commands import output
 from orchestrator.commands.common import InventoryOption, JsonOption, inventory
+from orchestrator.eval.run import eval_host_name
 from orchestrator.probe.structure import DEFAULT_DEPTH, probe_failed, probe_on
 
 
 def probe_command(
     ctx: typer.Context,
-    host: Annotated[str, typer.Option("--host", help="Inventory host to probe on.")],
+    host: Annotated[
+        str | None,
+        typer.Option("--host", "-H", help="Host to probe on (default: defaults.eval_host)."),
+    ] = None,
     model: Annotated[
         str | None,
         typer.Option(
@@ -23,7 +27,9 @@ def probe_command(
     drafter: Annotated[
         str | None,
         typer.Option(
-            "--drafter", help="DFlash drafter folder on the host to check against the model."
+            "--drafter",
+            help="DFlash drafter checkpoint to check against the model: a name under the "
+            "host's 'drafters' folder, or an absolute path there (as remote-eval --checkpoint).",
         ),
     ] = None,
     load: Annotated[
@@ -39,10 +45,10 @@ def probe_command(
     inventory_path: InventoryOption = None,
 ) -> None:
     """What is this model, really? Classes, layer paths, layer kinds, sizes, keys, fit."""
-    report = probe_on(
-        inventory(ctx, inventory_path), host, model, drafter=drafter, load=load, depth=depth
-    )
-    output.emit(report, json_out, human=lambda r: output.render_probe(r, host))
+    inv = inventory(ctx, inventory_path)
+    name = eval_host_name(inv, host)
+    report = probe_on(inv, name, model, drafter=drafter, load=load, depth=depth)
+    output.emit(report, json_out, human=lambda r: output.render_probe(r, name))
     if probe_failed(report):  # the tree or the JSON says what
         output.exit_with(1)
 

@@ -201,13 +201,17 @@ def jobs_cmd(
     host: Annotated[
         list[str] | None,
         typer.Option(
-            "--host", "-H", help="Host(s) to ask (default: every host with an eval role)."
+            "--host",
+            "-H",
+            help="Host(s) or group(s) to ask (default: every host in the inventory: evals run "
+            "on eval hosts, parity captures on either host, a trainer included).",
         ),
     ] = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """List the jobs on eval hosts with their state and progress."""
+    """List the jobs on the inventory's hosts (evals, parity captures and compares) with
+    their state and progress."""
     rows = hostjobs.jobs_on(inventory(ctx, inventory_path), host)
     output.emit(rows, json_out, human=output.render_jobs)
 

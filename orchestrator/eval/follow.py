@@ -8,9 +8,17 @@ One pass (`follow_pass`):
    what already arrived), optionally check it fits the target (`probe.probe_structure`),
    then evaluate it (`remote_eval.run_eval`) with the inventory's defaults, and append one
    entry to the history and redraw the tau-per-step plot. With ``keep``, a second relay
-   call (nothing left to send) lets the relay prune the eval host to the newest K.
+   call (nothing left to send) lets the relay prune the eval host to the newest K. A
+   checkpoint the results folder already holds a run of with the same eval spec is
+   recorded from that run instead (`follow_checkpoint`).
 
-`follow` repeats passes every ``interval`` seconds until stopped.
+Before the first pass, the eval host is asked once whether it can evaluate at all
+(`follow_checkpoint.check_target`: python, packages, the target and its tokenizer): a
+refusal stops follow with that one line, before anything is relayed.
+
+`follow` repeats passes every ``interval`` seconds until stopped. Its status lines (waiting,
+not complete yet, a failed pass) are said once and again only when they change: a loop that
+finds nothing new says so once, not every pass.
 
 State lives on disk in the follow folder (default ``<results_dir>/follow/<from>-to-<to>/``):
 ``history.json`` (one entry per evaluated checkpoint), ``state.json`` (the evaluation in
@@ -43,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import DflashError
-from orchestrator.eval.follow_checkpoint import CheckpointFollower
+from orchestrator.eval.follow_checkpoint import CheckpointFollower, check_target
 from orchestrator.eval.follow_state import (
     HISTORY,
     PLOT,
@@ -132,6 +140,7 @@ def follow_pass(
     trackers: list[export.Tracker] = []
     try:
         trackers = open_trackers(options, st.dir)
+        check_target(inventory, dest, options.eval)
         return _pass(inventory, source, dest, options, events, st, stop, trackers)
     finally:
         _close(trackers)
@@ -158,6 +167,25 @@ def _close(trackers: list[export.Tracker]) -> None:
         t.close()
 
 
+class StatusLines:
+    """The follow loop's status lines, each said once: a line of a kind (``key``) is said
+    when its text differs from the last one of that kind, so the same news every few
+    seconds is said once. `forget` makes a kind speak again (after something changed)."""
+
+    def __init__(self, events: FollowEvents):
+        self.events = events
+        self.said: dict[str, str] = {}
+
+    def say(self, key: str, text: str) -> None:
+        if self.said.get(key) != text:
+            self.said[key] = text
+            self.events.message(text)
+
+    def forget(self, *keys: str) -> None:
+        for key in keys or list(self.said):
+            self.said.pop(key, None)
+
+
 def _pass(
     inventory,
     source,
@@ -167,7 +195,9 @@ def _pass(
     st: FollowState,
     stop: threading.Event | None,
     trackers: list[export.Tracker],
+    status: StatusLines | None = None,
 ) -> list[dict]:
+    status = status or StatusLines(events)
     listing = relay.list_checkpoints(inventory, source, [dest])
     done = st.done()
     for name in [n for n in st.inflight if n in done]:  # recorded, note left by a crash
@@ -186,7 +216,7 @@ def _pass(
         c["name"] for c in listing["checkpoints"] if not c["complete"] and c["name"] not in done
     ]
     if waiting:
-        events.message(f"not complete yet: {', '.join(waiting)}")
+        status.say("incomplete", f"not complete yet: {', '.join(waiting)}")
     # In-flight first (its job may be running now), then oldest step first.
     todo.sort(key=lambda sn: (sn[1] not in st.inflight, sn[0] if sn[0] is not None else -1, sn[1]))
     follower = CheckpointFollower(inventory, source, dest, options, events, trackers)
@@ -220,16 +250,26 @@ def follow(
     trackers: list[export.Tracker] = []
     try:
         trackers = open_trackers(options, st.dir)
+        status = StatusLines(events)
+        every = f"every {options.interval:g}s"
+        checked = False  # the eval host's target, asked once (`check_target`)
         while not stop.is_set():
             try:
-                _pass(inventory, source, dest, options, events, st, stop, trackers)
+                if not checked:
+                    check_target(inventory, dest, options.eval)
+                    checked = True
+                if _pass(inventory, source, dest, options, events, st, stop, trackers, status):
+                    status.forget()  # news: every status line may speak again
+                status.forget("failed")
             except FollowError:
                 raise
             except DflashError as exc:  # a host down, a relay cut: try again next pass
-                events.message(f"pass failed: {exc}; retrying in {options.interval:g}s")
+                status.forget("waiting")
+                status.say("failed", f"pass failed: {exc}; retrying {every}")
             if stop.is_set():
                 break
-            events.message(f"waiting {options.interval:g}s for new checkpoints")
+            if "failed" not in status.said:
+                status.say("waiting", f"waiting for new checkpoints (looking {every})")
             if sleep is not None:
                 sleep(options.interval)
             else:
@@ -248,6 +288,7 @@ __all__ = [  # the follow folder's names are re-exported: callers know follow, n
     "FollowEvents",
     "FollowError",
     "FollowState",
+    "StatusLines",
     "read_history",
     "redraw",
     "state_dir",

@@ -3,7 +3,11 @@
 `CheckpointFollower.process` does the steps for one checkpoint with the follower's
 `FollowOptions` (the same evaluation options, so the same eval spec, for every checkpoint),
 resuming an evaluation an earlier follower left in flight (see `orchestrator.eval.follow`
-for the crash cases). The loop over checkpoints and passes is `orchestrator.eval.follow`.
+for the crash cases). A checkpoint the results folder already holds a run of, with the
+same eval spec (`orchestrator.eval.spec.eval_identity`) and relayed from this trainer (the
+drafter's provenance says so), is recorded from that run instead of being evaluated again:
+``remote-eval`` and ``follow`` share one results folder. The loop over checkpoints and
+passes is `orchestrator.eval.follow`.
 """
 
 from __future__ import annotations
@@ -15,14 +19,21 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.eval import run as remote_eval
-from orchestrator.eval.follow_state import FollowState, redraw
-from orchestrator.eval.spec import target_model
+from orchestrator.eval.follow_state import FollowError, FollowState, redraw
+from orchestrator.eval.spec import (
+    EvalOptions,
+    build_spec,
+    eval_identity,
+    ground_truth_source,
+    target_model,
+)
 from orchestrator.inventory import Inventory
 from orchestrator.probe.structure import probe_structure
 from orchestrator.relay import run as relay
 from orchestrator.results import export
 from orchestrator.results import store as results
-from orchestrator.transport.hosts import open_host
+from orchestrator.transport.hosts import HostError, open_host
+from remote.protocol import JOB_EVAL_KEY
 
 if TYPE_CHECKING:  # the loop's types; it imports this module
     from orchestrator.eval.follow import FollowEvents, FollowOptions
@@ -75,6 +86,31 @@ def _failed(
         "drafter_fits": None if probe is None else probe.get("ok"),
         "time": _now(),
     }
+
+
+def check_target(inventory: Inventory, dest: str, options: EvalOptions) -> None:
+    """Ask the eval host once, before follow's first checkpoint, whether it can evaluate at
+    all: its python and packages, the target folder, and the target's tokenizer where the
+    ground truth is made from text prompts. A refusal (or a setting no job could run with)
+    is a `FollowError`: no later pass would fare better, so follow stops with that line. A
+    host that cannot be reached raises its own error, which the loop retries."""
+    spec = inventory.host(dest)
+    with open_host(spec, inventory) as host:
+        try:
+            engine = replace(
+                options.engine_for(spec.eval), target=host.expand(target_model(spec, options))
+            )
+            job = {
+                "kind": "eval",
+                "host": dest,
+                JOB_EVAL_KEY: engine.to_json(),
+                "ground_truth": ground_truth_source(host, spec, options),
+            }
+            remote_eval.preflight(host, job, target_only=True)
+        except HostError:
+            raise  # not reachable now: the loop tries again
+        except DflashError as exc:  # refused, or no job could run with these settings
+            raise FollowError(str(exc)) from None
 
 
 def _saved_job_state(inventory: Inventory, dest: str, job_id: str) -> str | None:
@@ -145,6 +181,13 @@ class CheckpointFollower:
                 f"{name}: job {saved['job_id']} from an earlier follow is "
                 f"{state or 'not on the host'}; evaluating afresh"
             )
+        run = self._evaluated_before(name)
+        if run is not None:
+            self.events.message(
+                f"{name}: already evaluated with these settings (run {run.run_id} in "
+                f"{self.results}); recorded from it, not evaluated again"
+            )
+            return self._record(st, name, step, run.run_id, run.path, None)
         self.events.message(f"{name}: relaying {self.source} -> {self.dest}")
         report = relay.relay(
             self.inv,
@@ -172,6 +215,31 @@ class CheckpointFollower:
         st.inflight[name] = {"job_id": job_id, "step": step, "probe": probe, "saved": _now()}
         st.save_state()  # before the job exists: a restart finds it by this id
         return self._evaluate(st, name, step, job_id, probe)
+
+    def _evaluated_before(self, name: str) -> results.Run | None:
+        """The newest run in the results folder of checkpoint `name` of this trainer on
+        this eval host with the very eval spec this follower would send; None if none."""
+        runs = [
+            r
+            for r in results.list_runs(self.results)
+            if r.checkpoint == name and r.spec.get("host") == self.dest and self._ours(r, name)
+        ]
+        if not runs:
+            return None
+        spec = self.inv.host(self.dest)
+        with open_host(spec, self.inv) as host:  # paths expand without a command
+            want = eval_identity(build_spec(host, spec, name, self.opts.eval, carry=[]))
+        same = [r for r in runs if eval_identity(r.spec) == want]
+        return same[-1] if same else None
+
+    def _ours(self, run: results.Run, name: str) -> bool:
+        """Whether the run's drafter was relayed from this trainer's checkpoint `name`
+        (a drafter put there by other means may be another checkpoint of that name)."""
+        source = run.drafter.get("source")
+        if not isinstance(source, dict):
+            return False
+        path = str(source.get("path") or "")
+        return source.get("host") == self.source and path.rstrip("/").rsplit("/", 1)[-1] == name
 
     def _probe(self, name: str) -> dict:
         spec = self.inv.host(self.dest)

@@ -1,4 +1,4 @@
-"""The jobs of the inventory's eval hosts, by host name: list them across hosts, cancel one
+"""The jobs of the inventory's hosts, by host name: list them across hosts, cancel one
 (``dflash jobs``, ``dflash remote-eval --cancel``, ``dflash parity --cancel``)."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from orchestrator.transport.hosts import open_host
 
 
 def jobs_on(inventory: Inventory, names: list[str] | None = None) -> list[dict]:
-    """Every job on the named hosts or groups (default: every host with an eval role), one
-    dict per job with its ``host`` first, hosts in order and each host's jobs oldest first."""
-    specs = inventory.expand(names) if names else [h for h in inventory.hosts.values() if h.eval]
+    """Every job on the named hosts or groups, one dict per job with its ``host`` first, hosts
+    in order and each host's jobs oldest first. Default: every host in the inventory, since
+    any host can run jobs (an eval host its evals, either host of ``parity`` its captures,
+    a trainer included)."""
+    specs = inventory.expand(names) if names else list(inventory.hosts.values())
     rows = []
     for spec in specs:
         with open_host(spec, inventory) as h:

@@ -3,6 +3,12 @@ difference cost in tau?
 
     run_parity(inventory, "trainer", "evalhost", ParityOptions(drafter="step_800"))
 
+0. Both hosts are checked before either captures, at once: each host's python and
+   packages, its target (resolved as an eval's; on B with its tokenizer where prompts are
+   text) and the memory a capture takes, by the host's own ``preflight``; then the two
+   targets' identities (`remote.probe.identity`) are compared, and targets that are not
+   copies of one checkpoint are refused in one line (``allow_different_targets`` compares
+   them anyway). Both sides compute in one dtype unless asked otherwise (`same_dtype`).
 1. Host B (the comparing host, usually the eval host) runs a ``parity-capture`` job: the
    eval's ground truth (its cache, or made once), then one forward of its target over
    prompt + completion ids, keeping the chosen layers' raw outputs and the logits' top-k.
@@ -23,10 +29,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from orchestrator.errors import DflashError
+from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.eval import jobwire
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval.shard import GROUND_TRUTH_MAX
@@ -36,11 +43,12 @@ from orchestrator.relay.run import RELAY_PYTHON_FLAGS
 from orchestrator.relay.stream import Stream, describe_failure, file_lines, pump, send_request
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
-from remote.protocol import JOB_EVAL_KEY, PARITY_SCHEMA, EvalSpec
+from remote.protocol import JOB_ENGINE_DEFAULT, JOB_EVAL_KEY, PARITY_SCHEMA, EvalSpec
 from remote.relay.fdfiles import write_all
 
 INBOX = ".partial-parity-a"  # relay-recv writes only under a partial folder
 CAPTURE_MAX = 64 << 20  # a capture's result.json: its settings, file list and sample list
+FROM_B = "(host B's ground truth, copied after its capture)"  # A's, when it is checked
 ATTN = ("sdpa", "eager")
 
 EventHandler = Callable[[str, dict], None]  # (stage, event)
@@ -50,8 +58,10 @@ EventHandler = Callable[[str, dict], None]  # (stage, event)
 class ParityOptions:
     """What to compare. ``model_a``/``model_b``: target folders on each host (default: the
     host's ``roles.eval.target_model``); ``layers``: None = the drafter's target layers
-    (all layers without a drafter); ``attn_*``: the attention implementation (sdpa, eager;
-    None = transformers' default)."""
+    (all layers without a drafter); ``dtype``: both sides' dtype, ``dtype_a``/``dtype_b``
+    one side's (see `same_dtype` for the default); ``attn_*``: the attention
+    implementation (sdpa, eager; None = transformers' default);
+    ``allow_different_targets``: compare targets that are not copies of one checkpoint."""
 
     model_a: str | None = None
     model_b: str | None = None
@@ -76,6 +86,8 @@ class ParityOptions:
     attn_b: str | None = None
     topk: int = 8
     threads: int | None = None
+    dtype: str | None = None
+    allow_different_targets: bool = False
 
     def __post_init__(self) -> None:
         # each side's engine settings are one EvalSpec, checked (and normalised) here
@@ -83,6 +95,7 @@ class ParityOptions:
         self.device_a, self.device_b = a.device, b.device
         self.dtype_a = a.dtype if self.dtype_a is not None else None
         self.dtype_b = b.dtype if self.dtype_b is not None else None
+        self.dtype = engine_spec(dtype=self.dtype)[0].dtype if self.dtype is not None else None
         for name in ("attn_a", "attn_b"):
             v = getattr(self, name)
             if v is not None and v not in ATTN:
@@ -100,7 +113,7 @@ class ParityOptions:
         """Side `side`'s engine settings (dtype, device, threads) and which were given."""
         a = side == "a"
         return engine_spec(
-            dtype=self.dtype_a if a else self.dtype_b,
+            dtype=(self.dtype_a if a else self.dtype_b) or self.dtype,
             device=self.device_a if a else self.device_b,
             threads=self.threads,
         )
@@ -122,6 +135,84 @@ class ParityOptions:
             engine=engine,
             chosen=chosen,
         )
+
+
+def same_dtype(opts: ParityOptions, spec_b: HostSpec) -> ParityOptions:
+    """`opts` with both sides' dtype chosen: a side's own (``dtype_a``/``dtype_b``), else
+    ``dtype``, else B's inventory dtype (what its evals compute in), else the job default.
+    So both hosts compute in one dtype unless the caller asks for two; each host's own
+    inventory dtype never silently makes them differ."""
+    role = spec_b.eval
+    base = opts.dtype or (role.dtype if role is not None else JOB_ENGINE_DEFAULT.dtype)
+    return replace(opts, dtype_a=opts.dtype_a or base, dtype_b=opts.dtype_b or base)
+
+
+def target_difference(a: dict | None, b: dict | None) -> str | None:
+    """How the targets of two preflight identities (`remote.probe.identity`) differ, in a
+    phrase; None when they are copies of one checkpoint (text config, text weights' names
+    and shapes) or a side said nothing to compare."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+
+    def part(x: dict, key: str) -> dict:  # a host's answer: any JSON at all
+        v = x.get(key)
+        return v if isinstance(v, dict) else {}
+
+    def word(v: object) -> str:  # one line, whatever a host put in it
+        return " ".join(str(v).split())
+
+    def shape(x: dict) -> str:
+        t = part(x, "text")
+        return word(
+            f"{x.get('architecture')} ({t.get('num_layers')} layers, hidden "
+            f"{t.get('hidden_size')}, vocab {t.get('vocab_size')})"
+        )
+
+    ca, cb = part(a, "config"), part(b, "config")
+    keys = sorted(word(k) for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
+    wa, wb = part(a, "weights"), part(b, "weights")
+    if not keys and wa.get("sha256") == wb.get("sha256"):
+        return None
+    what = [f"A has {shape(a)}, B {shape(b)}"]
+    if keys:
+        what.append(
+            f"their text configs differ in {', '.join(keys[:5])}"
+            + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+        )
+    if wa.get("sha256") != wb.get("sha256"):
+        what.append(
+            f"their text weights differ in names or shapes ({word(wa.get('tensors'))} "
+            f"tensors on A, {word(wb.get('tensors'))} on B)"
+        )
+    return "; ".join(what)
+
+
+def check_hosts(a: Host, job_a: dict, b: Host, job_b: dict, opts: ParityOptions) -> dict:
+    """Both hosts' preflight of their capture jobs, run at once (`job_a`: A's, its ground
+    truth deferred: B's selection arrives after B's capture), then the targets' identities
+    compared; the first problem raises one line naming its host. Returns the reports by
+    side."""
+    with ThreadPoolExecutor(2, thread_name_prefix="parity-preflight") as pool:
+        futures = {
+            "a": pool.submit(remote_eval.preflight, a, job_a),
+            "b": pool.submit(remote_eval.preflight, b, job_b),
+        }
+        reports = {side: f.result() for side, f in futures.items()}  # A's problem first
+    for host, report in ((a, reports["a"]), (b, reports["b"])):
+        if not isinstance(report, dict):
+            raise RemoteCommandError(
+                f"{host.name}: preflight answered {type(report).__name__}, not a JSON object"
+            )
+    diff = target_difference(
+        reports["a"].get("target_identity"), reports["b"].get("target_identity")
+    )
+    if diff and not opts.allow_different_targets:
+        raise DflashError(
+            f"the targets on {a.name} and {b.name} are not the same checkpoint: {diff}; "
+            "parity compares one model's numerics on two hosts: point --model-a/--model-b "
+            "at copies of one checkpoint, or pass --allow-different-targets to compare anyway"
+        )
+    return reports
 
 
 def parse_layers(text: str | None) -> list[int] | None:
@@ -310,14 +401,21 @@ def run_parity(
     if host_a == host_b:
         raise DflashError("parity compares two hosts; name two different ones")
     spec_a, spec_b = inventory.host(host_a), inventory.host(host_b)
+    opts = same_dtype(opts, spec_b)
     with open_host(spec_a, inventory) as a, open_host(spec_b, inventory) as b:
+        # Both targets resolved (one line for a host with none) before either host is asked.
+        engine_b = _capture_engine(b, spec_b, opts, "b", None)
+        engine_a = _capture_engine(a, spec_a, opts, "a", None)
         bundle.ensure(a)
         bundle.ensure(b)
         drafter = remote_eval.resolve_checkpoint(b, spec_b, opts.drafter) if opts.drafter else None
         if drafter and not b.exists(drafter):
             raise DflashError(f"drafter {drafter} does not exist on {host_b}")
-        engine_b = _capture_engine(b, spec_b, opts, "b", drafter)
+        engine_b = replace(engine_b, drafter=drafter or "")
         job_b = _capture_spec(b, spec_b, opts, "b", engine_b)
+        pre_a = _capture_spec(a, spec_a, opts, "a", engine_a, ground_truth_file=FROM_B)
+        pre_a["ground_truth"]["deferred"] = True  # B's selection, copied after its capture
+        check_hosts(a, pre_a, b, job_b, opts)
         st_b = _run_job(b, job_b, f"capture {host_b}", on_event, on_start)
         cap_b = _result(b, st_b["dir"])
         # A captures the layers B chose (the drafter lives on B), over B's very ids
@@ -329,7 +427,7 @@ def run_parity(
             spec_a,
             opts_a,
             "a",
-            _capture_engine(a, spec_a, opts_a, "a", None),
+            engine_a,
             ground_truth_file=copy_ground_truth(b, st_b["dir"], a),
         )
         st_a = _run_job(a, job_a, f"capture {host_a}", on_event, on_start)

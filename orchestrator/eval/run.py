@@ -91,10 +91,11 @@ class JobRef:
 # ---- remote calls -----------------------------------------------------------------------
 
 
-def preflight(host: Host, spec: dict) -> dict:
+def preflight(host: Host, spec: dict, *, target_only: bool = False) -> dict:
     """Run the host-side checks for `spec` (nothing is loaded); the first failure raises
-    one line."""
-    return bundle.run_remote_json(host, ["preflight", "--spec", "-"], payload=spec, timeout=120)
+    one line. `target_only`: python, packages, the target and its tokenizer alone."""
+    argv = ["preflight", "--spec", "-", *(["--target-only"] if target_only else [])]
+    return bundle.run_remote_json(host, argv, payload=spec, timeout=120)
 
 
 def start_job(

@@ -162,15 +162,23 @@ class _Sharded:
                 self._on_event(host, event)
 
     # -- ground truth --------------------------------------------------------------------
-    def ground_truth(self) -> tuple[list[dict], dict, dict]:
-        """Run the ground-truth phase once on the first host; returns (records, the job's
-        ground_truth.json, the job spec)."""
+    def start_ground_truth(self) -> tuple[JobRef, dict]:
+        """Start the ground-truth job on the first host; returns once its host checks passed
+        (the target's tokenizer among them), so a run whose ground truth cannot be made
+        starts nothing else. (ref, the job spec)."""
         spec = self.specs[0]
         host = self.hosts[spec.name]
         options = dataclasses.replace(self.options, stop_after="ground_truth")
         job = build_spec(host, spec, self.checkpoint, options)
         ref = remote_eval.start_job(host, job, f"{self.run_id}-gt", preflight=True, follow=True)
         self.emit(spec.name, {"event": "ground_truth_job", "job_id": ref.job_id})
+        return ref, job
+
+    def ground_truth(self, ref: JobRef, job: dict) -> tuple[list[dict], dict, dict]:
+        """Watch the ground-truth job `ref` to its end; returns (records, the job's
+        ground_truth.json, the job spec)."""
+        spec = self.specs[0]
+        host = self.hosts[spec.name]
         end = remote_eval.watch(
             host, ref.job_id, lambda ev: self.emit(spec.name, ev), stream=ref.stream
         )
@@ -369,10 +377,12 @@ class _Sharded:
             try:
                 # No separate look for the bundles: each job start runs it where it is and
                 # pushes it where it is not (`remote_eval.start_job`), once per host.
-                # Every host's shard job starts now, beside the ground-truth job: its
-                # start-up (imports, checks, the target's load) overlaps that phase.
+                # Every host's shard job starts once the ground-truth job has passed its
+                # checks (quick: it loads nothing), beside it: their start-up (imports,
+                # checks, the target's load) overlaps that phase.
+                gt_ref, gt_job = self.start_ground_truth()
                 early = {s.name: starter.submit(self.start_early, s) for s in self.specs}
-                gt, gt_info, gt_job = self.ground_truth()
+                gt, gt_info, gt_job = self.ground_truth(gt_ref, gt_job)
                 sampling = gt_job.get("sampling") or {}
                 max_new = int(sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
                 plan = plan_shards(gt, names, max_new)

@@ -369,3 +369,39 @@ def build_spec(
     if carry:
         job[JOB_CARRY_KEY] = carry
     return job
+
+
+# What a job's settings change in its result, and what they do not: the time and place it
+# ran, and how fast it went.
+ENGINE_SPEED_KEYS = ("threads", "block_chunk", "output_dir", "ground_truth")
+GT_SPEED_KEYS = ("timeout", "concurrency")
+
+
+def eval_identity(job: dict) -> dict:
+    """What makes two eval job specs (``dflash.job/1``, as `build_spec` makes them or as a
+    run folder's ``spec.json`` keeps them) the same evaluation: host, checkpoint and its
+    path there, target, prompts (by content where known), selection, sampling, ground-truth
+    source and engine settings. Not when, under which id or in which workdir it ran, nor
+    what only sets its speed (threads, batching, ground-truth concurrency and timeout) or
+    is filled in on the host."""
+
+    def part(key: str) -> dict:  # a pulled spec.json is a host's word: any JSON
+        value = job.get(key)
+        return value if isinstance(value, dict) else {}
+
+    engine = {k: v for k, v in part(JOB_EVAL_KEY).items() if k not in ENGINE_SPEED_KEYS}
+    prompts = part("prompts")
+    gt = {k: v for k, v in part("ground_truth").items() if k not in GT_SPEED_KEYS}
+    return {
+        "kind": job.get("kind", "eval"),
+        "host": job.get("host"),
+        "checkpoint": job.get("checkpoint"),
+        "samples": job.get("samples"),
+        "seed": job.get("seed"),
+        "thinking": bool(job.get("thinking")),
+        "sampling": job.get("sampling"),
+        "ground_truth": gt,
+        "prompts": prompts.get("sha256") or prompts.get("path"),
+        "stop_after": job.get("stop_after"),
+        JOB_EVAL_KEY: engine,
+    }

@@ -2,12 +2,17 @@
 
 The controller never imports torch: the remote bundle builds the model on the host's meta
 device and answers with one JSON document (schema ``dflash.probe/1``), returned here as a
-dict. `resolve_model` picks the model path from the inventory when none is given.
+dict. `probe_on` finds the host, the model and the drafter as ``remote-eval`` does: the
+host by `orchestrator.eval.run.eval_host_name` (``defaults.eval_host``, the one eval host, a
+group of one), the target by `orchestrator.eval.spec.target_model`, and a drafter name under
+the host's ``drafters`` folder by `orchestrator.eval.spec.resolve_checkpoint`.
 """
 
 from __future__ import annotations
 
 from orchestrator.errors import DflashError
+from orchestrator.eval.run import eval_host_name
+from orchestrator.eval.spec import EvalOptions, resolve_checkpoint, target_model
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
@@ -18,15 +23,9 @@ DEFAULT_DEPTH = 4
 
 
 def resolve_model(spec: HostSpec, model_path: str | None) -> str:
-    """The model to probe: `model_path`, else the host's eval-role ``target_model``."""
-    if model_path:
-        return model_path
-    if spec.eval is not None and spec.eval.target_model:
-        return spec.eval.target_model
-    raise DflashError(
-        f"no --model given and host {spec.name!r} has no eval role with a "
-        "target_model in the inventory"
-    )
+    """The model to probe: `model_path`, else the host's eval-role ``target_model`` (the
+    one resolution an eval's target gets)."""
+    return target_model(spec, EvalOptions(target=model_path), "--model")
 
 
 def probe_structure(
@@ -60,18 +59,21 @@ def probe_structure(
 
 def probe_on(
     inventory: Inventory,
-    host_name: str,
+    host_name: str | None,
     model_path: str | None = None,
     drafter: str | None = None,
     load: bool = False,
     depth: int = DEFAULT_DEPTH,
 ) -> dict:
-    """`probe_structure` on the inventory's host `host_name`, of `model_path` or else the
-    host's eval-role ``target_model`` (``dflash probe-structure``)."""
-    spec = inventory.host(host_name)
+    """`probe_structure` (``dflash probe-structure``) on the eval host `host_name` (None:
+    the inventory's, as ``remote-eval`` picks it), of `model_path` or else the host's
+    eval-role ``target_model``; `drafter`: a checkpoint name under the host's ``drafters``
+    folder, or a path there, resolved as ``remote-eval --checkpoint`` resolves it."""
+    spec = inventory.host(eval_host_name(inventory, host_name))
     model = resolve_model(spec, model_path)
     with open_host(spec, inventory) as host:
-        return probe_structure(host, model, drafter=drafter, load=load, depth=depth)
+        where = resolve_checkpoint(host, spec, drafter) if drafter else None
+        return probe_structure(host, model, drafter=where, load=load, depth=depth)
 
 
 def probe_failed(report: dict) -> bool:

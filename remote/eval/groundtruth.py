@@ -150,13 +150,18 @@ def select(records: list, samples: int | None, seed: int) -> list:
 def load_tokenizer(target: str):
     from transformers import AutoTokenizer
 
+    from remote.model.files import no_tokenizer
+
     try:
-        return AutoTokenizer.from_pretrained(target)
+        tokenizer = AutoTokenizer.from_pretrained(target)
     except Exception as exc:
         raise UserError(
             f"cannot load the target's tokenizer from {target}: "
             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         ) from None
+    if len(tokenizer) <= 1:  # transformers 5 builds an empty one from config.json alone
+        raise UserError(no_tokenizer(target))
+    return tokenizer
 
 
 def render_prompt(tokenizer, text: str, thinking: bool) -> tuple[str, list[int]]:

@@ -2,12 +2,18 @@
 
 Checks, in order, each failure one line (a `UserError`): the python version; torch,
 transformers and safetensors installed (from package metadata, nothing imported); the
-counts (threads, samples); the target and drafter folders; the prompts or ground-truth
-file; free RAM against the bytes the target's text part and the drafter will take in the
-job's dtype (the target's text part as the eval engine finds it, `remote.model`, on the meta
-device; the drafter's weights as its loader reads them; never a tensor of the target); and
-the ground-truth server reachable FROM this host. Success prints one JSON document with what
-was found.
+counts (threads, samples); the target folder, and its tokenizer files where prompts are
+text to tokenise (every ground-truth kind but ``file``); the drafter folder (a parity
+capture may have none); the prompts or ground-truth file; free RAM against the bytes the
+target's text part and the drafter will take in the job's dtype (the target's text part as
+the eval engine finds it, `remote.model`, on the meta device; the drafter's weights as its
+loader reads them; never a tensor of the target); and the ground-truth server reachable
+FROM this host. Success prints one JSON document with what was found; for a parity capture
+it carries the target's identity (`remote.probe.identity`), so the controller can tell two
+hosts' targets apart before either captures.
+
+``--target-only`` stops after the target's checks (python, packages, the target folder and
+its tokenizer): what ``dflash follow`` asks once before its first checkpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import time
 from pathlib import Path
 
 from remote.errors import UserError
+from remote.model.files import require_tokenizer
 from remote.probe.facts import meminfo, package_version
 from remote.protocol import EvalSpec, GTLimits, SpecError
 
@@ -74,14 +81,12 @@ def _model_folder(path: str | None, what: str) -> Path:
     return folder
 
 
-def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) -> dict:
-    """Run every check on job `spec`; raise the first failure, else return what was found.
-    `engine`: the job's EvalSpec (its ``eval``) when the caller has read it already.
-    `keep`: given, receives ``plan`` (`remote.model.load.plan_text`'s answer for the target
-    in the job's dtype) so the job loads the target without describing it again."""
+def check_target(spec: dict, engine: EvalSpec | None = None) -> tuple[dict, EvalSpec, Path]:
+    """The checks of the host and the target alone (python, packages, the job's engine
+    settings, the target folder, its tokenizer when the ground truth is made from text
+    prompts); the report so far, the job's EvalSpec and the target folder."""
     from remote.eval import groundtruth
 
-    began = time.perf_counter()
     report: dict = {
         "python": ".".join(map(str, sys.version_info[:3])),
         "python_executable": sys.executable,
@@ -116,15 +121,36 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
         from remote.eval.device import resolve
 
         report["device"] = str(resolve(engine.device))
-    dtype = engine.dtype
     target = _model_folder(engine.target, "target model")
-    drafter = _model_folder(engine.drafter, "drafter checkpoint")
-    gt = spec.get("ground_truth") or {}
-    kind = gt.get("kind", "sglang")
+    kind = (spec.get("ground_truth") or {}).get("kind", "sglang")
     if kind not in groundtruth.KINDS:
         raise UserError(
             f"unknown ground truth kind {kind!r} (one of {', '.join(groundtruth.KINDS)})"
         )
+    if kind != "file":  # prompts are text: the target's tokenizer makes their ids
+        require_tokenizer(target)
+    return report, engine, target
+
+
+def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) -> dict:
+    """Run every check on job `spec`; raise the first failure, else return what was found.
+    `engine`: the job's EvalSpec (its ``eval``) when the caller has read it already.
+    `keep`: given, receives ``plan`` (`remote.model.load.plan_text`'s answer for the target
+    in the job's dtype) so the job loads the target without describing it again."""
+    from remote.eval import groundtruth
+
+    began = time.perf_counter()
+    report, engine, target = check_target(spec, engine)
+    dtype = engine.dtype
+    parity = str(spec.get("kind", "eval")).startswith("parity")
+    # A parity capture reads the drafter's config for its layers, when it has one.
+    drafter = (
+        _model_folder(engine.drafter, "drafter checkpoint")
+        if engine.drafter or not parity
+        else None
+    )
+    gt = spec.get("ground_truth") or {}
+    kind = gt.get("kind", "sglang")
     groundtruth.check_greedy(spec.get("sampling") or {})
     try:
         GTLimits.of(gt)
@@ -156,7 +182,7 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
     described, need_target = describe_target(target, dtype)
     marks["describe_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    need_drafter = drafter_bytes(drafter, dtype)
+    need_drafter = drafter_bytes(drafter, dtype) if drafter is not None else 0
     need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
     mem = meminfo()
     report["memory"] = {
@@ -178,6 +204,10 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
     plan = plan_text(target, None, described)
     if keep is not None:
         keep["plan"] = plan
+    if parity:
+        from remote.probe.identity import target_identity
+
+        report["target_identity"] = target_identity(*plan)
     report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
     report = _reachable(kind, gt, report)
     marks["after_s"] = time.perf_counter() - t
@@ -208,11 +238,20 @@ def _cmd(args: argparse.Namespace) -> int:
         spec = json.loads(data)
     except ValueError as exc:
         raise UserError(f"preflight spec is not JSON: {exc}") from None
-    print(json.dumps(check(spec)), flush=True)
+    if args.target_only:
+        report = dict(check_target(spec)[0], ok=True)
+    else:
+        report = check(spec)
+    print(json.dumps(report), flush=True)
     return 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("preflight", help="check a host can run an eval job, loading nothing")
     p.add_argument("--spec", default="-", help="job spec JSON file, or - for stdin")
+    p.add_argument(
+        "--target-only",
+        action="store_true",
+        help="check python, packages, the target folder and its tokenizer only",
+    )
     p.set_defaults(func=_cmd)

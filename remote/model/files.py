@@ -38,6 +38,21 @@ ST_DTYPES = {
     "BOOL": ("bool", 1),
 }
 OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".gguf")
+# Files a tokenizer is read from (fast, sentencepiece, BPE/WordPiece vocabularies, Mistral's
+# tekken; a byte-level tokenizer needs its config only). Without any of them transformers 5
+# builds an empty tokenizer from config.json alone (vocabulary 1): every prompt becomes [].
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "sentencepiece.model",
+    "spm.model",
+    "tekken.json",
+)
 
 
 def one_line(exc: BaseException) -> str:
@@ -71,6 +86,23 @@ def read_model_config(folder: Path, what: str = "model") -> dict:
     if not cfg.is_file():
         raise UserError(f"no config.json in {what} folder {folder}")
     return read_json(cfg, "config")
+
+
+def no_tokenizer(folder: str | Path) -> str:
+    """The one line for a target folder without a usable tokenizer, and what to do."""
+    return (
+        f"target folder {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES[:5])}, "
+        "...): text prompts cannot be tokenised; add the target's tokenizer files to that "
+        "folder, or give token-id ground truth with --ground-truth-kind file "
+        "--ground-truth PATH"
+    )
+
+
+def require_tokenizer(folder: str | Path) -> None:
+    """Raise `no_tokenizer` unless `folder` holds a file a tokenizer is read from (checked
+    on the file system alone: nothing is imported or loaded)."""
+    if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(no_tokenizer(folder))
 
 
 def build_config(folder: Path, raw: dict | None = None):

@@ -1,8 +1,15 @@
 """Does a DFlash drafter fit a target? Hard problems (layer ids, widths, vocabulary, mask
-token, block size) and warnings for what silently ruins acceptance (RoPE, context length,
-sliding windows, layer ids shifted by one). Reads the drafter's weights the way the eval
-does (`remote.eval.drafter.weight_shapes`): safetensors headers only, ``.pt``/``.bin`` through
-``torch.load(weights_only=True)``."""
+token, block size) and warnings for what silently ruins acceptance (context length, sliding
+windows, layer ids shifted by one). Reads the drafter's weights the way the eval does
+(`remote.eval.drafter.weight_shapes`): safetensors headers only, ``.pt``/``.bin`` through
+``torch.load(weights_only=True)``.
+
+RoPE is reported for both, never compared: a DFlash drafter rotates its own queries and
+keys (the context keys are its own ``k_proj`` of the fused target features) with its own
+rotary embedding, built from its own config (z-lab's ``DFlashDraftModel.rotary_emb =
+Qwen3RotaryEmbedding(config)``; `remote.eval.drafter.Rotary` likewise). The target's RoPE
+never enters the drafter's attention, so a drafter trained with another theta than its
+target's is evaluated exactly as it was trained."""
 
 from __future__ import annotations
 
@@ -136,13 +143,9 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
                 "drafter checkpoint carries its own embed_tokens/lm_head; DFlash uses the target's"
             )
     problems.extend(shard_problems)
-    # Warnings about settings that run but give different numbers.
+    # Warnings about settings that run but give different numbers. (RoPE is the drafter's
+    # own: see the module docstring.)
     dr, tr = rope_summary(raw), rope_summary(target_text_raw)
-    for field in ("theta", "type", "factor"):
-        if dr[field] != tr[field] and not (
-            field == "factor" and dr[field] is None and tr[field] is None
-        ):
-            warnings.append(f"rope {field} differs: drafter {dr[field]!r}, target {tr[field]!r}")
     d_max, t_max = (
         raw.get("max_position_embeddings"),
         target_text_raw.get("max_position_embeddings"),
@@ -190,4 +193,5 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
         "hidden_states_indices": [i + 1 for i in ids],
         "weights": weights,
         "rope": dr,
+        "target_rope": tr,
     }

@@ -92,11 +92,40 @@ def _head_counts(text_cfg) -> dict:
     }
 
 
+def text_part_class(acls, config) -> bool:
+    """Whether `acls` is the text-only model of the composite (VLM) `config`: its
+    ``config_class`` is the config's ``text_config`` class. transformers' auto classes then
+    build it from ``config.get_text_config()`` and load the language model's weights alone
+    (``AutoModelForCausalLM`` on a Qwen3.5 VLM gives ``Qwen3_5ForCausalLM``)."""
+    text_class = (getattr(config, "sub_configs", None) or {}).get("text_config")
+    return text_class is not None and getattr(acls, "config_class", None) is text_class
+
+
+def _text_part_entry(auto_name: str, acls, d, choices: dict, vocab) -> dict:
+    """An auto class's entry for the text-only model of a VLM: built as transformers
+    builds it, from the text config, with a ``note`` saying it is the text part only and
+    which class loads the whole model."""
+    text_cfg = d.config.get_text_config()
+    entry = layers_path_for(acls, text_cfg, d.dtype, vocab)
+    whole = choices.get("AutoModelForImageTextToText") or d.cls
+    entry["built_from"] = "text_config"
+    entry["note"] = (
+        f"text part only: {auto_name} builds {acls.__name__} from the config's text_config "
+        f"({type(text_cfg).__name__}), as transformers does for a VLM, and loads the "
+        f"language model's weights without the vision tower; the whole model loads with "
+        f"AutoModelForImageTextToText ({whole.__name__})"
+    )
+    return entry
+
+
 def probe(model: str, drafter: str | None = None, load: bool = False, depth: int = 4) -> dict:
     """The whole probe as a dict (schema ``dflash.probe/1``). See the module docstring."""
     t0 = time.monotonic()
     folder = Path(os.path.expanduser(model)).resolve()
     read_model_config(folder)  # a bad path fails in milliseconds, before torch is imported
+    drafter_folder = Path(os.path.expanduser(drafter)).resolve() if drafter else None
+    if drafter_folder is not None:
+        read_model_config(drafter_folder, "drafter")  # the same for the drafter's
     scan = scan_checkpoint(folder)
     d = describe(folder)
     meta_model, layout, config = d.model, d.layout, d.config
@@ -106,12 +135,15 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
     layers = meta_model.get_submodule(layout.layers_path)
     num_layers = layout.num_layers
     hidden = getattr(text_cfg, "hidden_size", None)
+    choices = auto_class_choices(config)
     auto_report = {}
-    for name, acls in auto_class_choices(config).items():
+    for name, acls in choices.items():
         if acls is None:
             auto_report[name] = None
         elif acls is d.cls:
             auto_report[name] = {"class": d.cls.__name__, "layers": layout.layers_path}
+        elif text_part_class(acls, config):
+            auto_report[name] = _text_part_entry(name, acls, d, choices, vocab)
         else:
             auto_report[name] = layers_path_for(acls, config, d.dtype, vocab)
     split = parameter_split(meta_model, layout)
@@ -162,10 +194,8 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
         "load": None,
     }
     target = {"num_layers": num_layers, "hidden_size": hidden, "vocab_size": vocab}
-    if drafter:
-        report["drafter"] = check_drafter(
-            Path(os.path.expanduser(drafter)).resolve(), target, text_raw
-        )
+    if drafter_folder is not None:
+        report["drafter"] = check_drafter(drafter_folder, target, text_raw)
     if load:
         if not scan["keys"]:
             raise UserError(f"cannot --load {folder}: no safetensors weights in it")

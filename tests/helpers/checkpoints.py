@@ -48,3 +48,14 @@ def settled_size(path: Path) -> int:
         last = size
         time.sleep(0.5)
     return size
+
+
+def without_tokenizer(target: Path, dest: Path) -> Path:
+    """A copy of a real target folder with its config and weights but none of its tokenizer
+    files (what an exported checkpoint often is); `dest` is made once and reused."""
+    if not dest.is_dir():
+        dest.mkdir(parents=True)
+        for p in Path(target).iterdir():
+            if p.name in ("config.json", "generation_config.json") or ".safetensors" in p.name:
+                (dest / p.name).write_bytes(p.read_bytes())
+    return dest

@@ -155,7 +155,12 @@ def probe_tree(r: dict, host: str) -> Tree:
         if v is None:
             cls.add(f"{name}: -")
         else:
-            cls.add(f"{name}: {v['class']} -> " + (v.get("layers") or f"[red]{v.get('error')}[/]"))
+            note = f"  [dim]({v['note']})[/]" if v.get("note") else ""
+            cls.add(
+                f"{name}: {v['class']} -> "
+                + (v.get("layers") or f"[red]{v.get('error')}[/]")
+                + note
+            )
     paths = root.add("text decoder")
     for name in ("layers", "embed_tokens", "norm", "lm_head"):
         forms = r["keys"]["paths"][name]
