@@ -49,12 +49,17 @@ WORKFLOW = [
 ]
 
 
-def _panel_rows(text: str, title: str) -> list[str]:
-    """The lines inside the help panel called `title` (rich's boxes), borders removed."""
+def _section_rows(text: str, title: str) -> list[str]:
+    """The rows of the help section called `title` (click's plain ``Title:`` heading and
+    its indented lines, up to the next blank line)."""
     lines = text.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"╭─ {title} "))
-    end = next(i for i in range(start, len(lines)) if lines[i].startswith("╰"))
-    return [ln.strip("│ ").rstrip() for ln in lines[start + 1 : end]]
+    start = lines.index(f"{title}:")
+    rows = []
+    for ln in lines[start + 1 :]:
+        if not ln.strip():
+            break
+        rows.append(ln.strip())
+    return rows
 
 
 def _all_commands(group, path=()):
@@ -69,7 +74,7 @@ def test_help_lists_commands_in_workflow_order_on_one_line_each():
     are not the help's), in the order a newcomer uses them."""
     proc = dflash("--help", env={"COLUMNS": "1000"})
     assert proc.returncode == 0, proc.stderr
-    rows = _panel_rows(proc.stdout, "Commands")
+    rows = _section_rows(proc.stdout, "Commands")
     assert [row.split()[0] for row in rows] == WORKFLOW
 
 
