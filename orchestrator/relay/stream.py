@@ -42,8 +42,7 @@ from orchestrator.transport.hosts import PREFERRED_CIPHERS, Host, last_line
 from remote.errors import ERROR_PREFIX
 from remote.protocol import FRAME_HEADER
 from remote.relay.fdfiles import write_all
-from remote.relay.host import read_exact  # the frame format both ends speak
-from remote.relay.wire import PATIENCE
+from remote.relay.wire import PATIENCE, read_exact
 
 CHUNK = 4 * 1024 * 1024
 MAX_HELLO = 256 * 1024 * 1024  # the largest ready frame (a source's scan) accepted

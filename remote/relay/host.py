@@ -30,7 +30,17 @@ from remote.errors import UserError
 from remote.relay import sha256state, states
 from remote.relay.fdfiles import write_all, write_new
 from remote.relay.sha256state import GRID
-from remote.relay.wire import FRAME_HEADER, MANIFEST, PARTIAL_PREFIX, PATIENCE, REPAIR_PREFIX
+from remote.relay.wire import (
+    FRAME_HEADER,
+    MANIFEST,
+    PARTIAL_PREFIX,
+    PATIENCE,
+    REPAIR_PREFIX,
+    name_problem,
+    path_problem,
+    read_exact,
+    unbounded,
+)
 
 CHUNK = 4 * 1024 * 1024  # large reads/writes: small ones make the Python paths crawl
 
@@ -47,12 +57,7 @@ def _widen_pipe(fd: int) -> None:
         pass  # not a pipe, or not allowed: smaller reads still work
 
 
-def _direct(fn, *args):
-    """Make a call that may block on the controller as it is (no `Patience`)."""
-    return fn(*args)
-
-
-def _fill(fd: int, view: memoryview, call=_direct) -> int:
+def _fill(fd: int, view: memoryview, call=unbounded) -> int:
     """Read from `fd` until `view` is full or the stream ends; bytes read. One large block
     per Python-level operation (hash update, write), however small the kernel's pieces.
     `call` makes each read (`remote.relay.patience`: with a deadline)."""
@@ -348,30 +353,6 @@ def _hash_prefix(fd: int, length: int, h) -> int:
 # ---- paths ------------------------------------------------------------------------------
 
 
-def path_problem(path) -> str | None:
-    """Why `path` cannot name a file inside its folder, or None when it can.
-
-    A path a host answers (or a controller requests) must be relative, normalised (no
-    empty, ``.`` or ``..`` parts), and free of NUL and line breaks: then joining it to its
-    folder stays inside that folder. The controller checks every path a host's scan
-    answers with this; the host-side commands check every path they are asked to write.
-    """
-    if not isinstance(path, str) or not path:
-        return "is empty"
-    if "\0" in path or "\n" in path or "\r" in path:
-        return "holds a NUL or line break"
-    if path.startswith("/"):
-        return "is absolute"
-    if any(part in ("", ".", "..") for part in path.split("/")):
-        return "is not a plain relative path (an empty, '.' or '..' part)"
-    return None
-
-
-def name_problem(name) -> str | None:
-    """Why `name` cannot be a checkpoint name (one path component), or None."""
-    return path_problem(name) or ("holds a '/'" if "/" in name else None)
-
-
 def shown(name: str) -> str:
     """A name with line breaks, as a scan shows it: ``\\n`` and ``\\r`` for them (no path
     may hold one, `path_problem`, so such an entry is shown, and refused, by this name)."""
@@ -635,7 +616,7 @@ def serve(root: str, requests, answers, patience=None) -> None:
     lock: its stream may have stopped inside a frame, where no later line could be told
     from payload.
     """
-    call = patience.call if patience is not None else _direct
+    call = patience.call if patience is not None else unbounded
     while line := call(requests.readline):
         try:
             req = json.loads(line)
@@ -695,21 +676,6 @@ def _read_json(path: str):
 
 
 # ---- send / receive ---------------------------------------------------------------------
-
-# A frame: 8-byte big-endian length, then that many bytes. Both ends of the relay and the
-# controller's pump (orchestrator.relay.stream) use these definitions.
-
-
-def read_exact(fd: int, n: int, call=_direct) -> bytes:
-    """Exactly `n` bytes from `fd`, fewer only at end of stream; `call` makes each read
-    (`_fill`)."""
-    out = b""
-    while len(out) < n:
-        block = call(os.read, fd, n - len(out))
-        if not block:
-            break
-        out += block
-    return out
 
 
 def _emit(stream, record: dict) -> None:
@@ -939,7 +905,7 @@ def recv(args) -> int:
     """
     _widen_pipe(0)
     waiter = getattr(args, "waiter", None) or _patience(args)
-    call = waiter.call if waiter is not None else _direct
+    call = waiter.call if waiter is not None else unbounded
     _emit(sys.stdout, {"ready": True})
     head = read_exact(0, FRAME_HEADER.size, call)
     if not head:
@@ -1052,7 +1018,7 @@ class _Spool:
     is raised by the next `read` or `drain`; the blocks after it are skipped.
     """
 
-    def __init__(self, call=_direct):
+    def __init__(self, call=unbounded):
         import queue
         import threading
 

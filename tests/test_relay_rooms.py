@@ -1,0 +1,57 @@
+"""The relay's and the transport's rooms: what each module may import.
+
+The controller and the wire contract take the relay's validators and frame reader from
+`remote.relay.wire`, beside the frame format, never from a host-side command's module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The modules of the relay's host-side commands (and the one they once shared): code that
+# runs a command, not a definition the controller may import.
+HOST_COMMANDS = {
+    "remote.relay.host",
+    "remote.relay.scan",
+    "remote.relay.lock",
+    "remote.relay.send",
+    "remote.relay.receive",
+    "remote.relay.hashes",
+    "remote.relay.publish",
+}
+
+
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module `path` imports, at its top or inside a function, by absolute name (a
+    ``from X import Y`` counts X, and X.Y when that is a module of the tree)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+            for alias in node.names:
+                sub = ROOT.joinpath(*node.module.split("."), alias.name)
+                if sub.with_suffix(".py").is_file() or (sub / "__init__.py").is_file():
+                    out.add(f"{node.module}.{alias.name}")
+    return out
+
+
+def test_the_controller_takes_the_relay_validators_from_the_wire_module():
+    """No module of `orchestrator/`, nor the wire contract, imports a relay host command's
+    module: `name_problem`, `path_problem` and `read_exact` live in `remote.relay.wire`."""
+    importers = [*sorted((ROOT / "orchestrator").rglob("*.py")), ROOT / "remote" / "protocol.py"]
+    assert len(importers) > 50  # the glob found the tree
+    found = {_module(p): sorted(imports_of(p) & HOST_COMMANDS) for p in importers}
+    assert {m: names for m, names in found.items() if names} == {}
+    users = [
+        m for m, p in zip(found, importers, strict=True) if "remote.relay.wire" in imports_of(p)
+    ]
+    assert "orchestrator.relay.checkpoints" in users and "remote.protocol" in users
