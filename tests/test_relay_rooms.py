@@ -7,6 +7,9 @@ The controller and the wire contract take the relay's validators and frame reade
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,3 +58,37 @@ def test_the_controller_takes_the_relay_validators_from_the_wire_module():
         m for m, p in zip(found, importers, strict=True) if "remote.relay.wire" in imports_of(p)
     ]
     assert "orchestrator.relay.checkpoints" in users and "remote.protocol" in users
+
+
+# What each relay host command loads of the others' modules at its start: its own, and
+# what it runs (a sender puts a scan in its ready frame; the lock holder answers a scan
+# and imports the rest at their first request).
+COMMAND_LOADS = {
+    "relay-scan": {"remote.relay.scan"},
+    "relay-lock": {"remote.relay.lock", "remote.relay.scan"},
+    "relay-send": {"remote.relay.send", "remote.relay.scan"},
+    "relay-recv": {"remote.relay.receive"},
+    "relay-hash": {"remote.relay.hashes"},
+    "relay-publish": {"remote.relay.publish"},
+}
+
+
+def test_each_relay_host_command_imports_only_what_it_runs():
+    """A relay runs several short host-side commands, each in a fresh interpreter: each one
+    starts with its own module and what it calls, no other command's, and without
+    `dataclasses` or `typing` (several ms of every start)."""
+    code = (
+        "import json, sys; from remote.cli import build_parser; build_parser(sys.argv[1]); "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    for command, expected in COMMAND_LOADS.items():
+        proc = subprocess.run(
+            [sys.executable, "-S", "-c", code, command],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        loaded = set(json.loads(proc.stdout))
+        assert loaded & HOST_COMMANDS == expected, command
+        assert not loaded & {"dataclasses", "typing", "remote.protocol"}, command

@@ -1,6 +1,6 @@
 """A destination's relay-lock holder: the one command a relay runs on a destination.
 
-``relay-lock`` (``remote.relay.host.hold_lock``) takes the folder's lock, answers with its
+``relay-lock`` (``remote.relay.lock.hold_lock``) takes the folder's lock, answers with its
 scan, and then serves the relay's questions (hash, publish, scan) on its open channel
 until its stdin closes. It also receives a batch of files when asked (``recv``), so the
 transfer's first stream to that destination is this channel, not a new SSH session and

@@ -8,7 +8,7 @@ locks and the ssh masters of the streams until `close` (or the end of its ``with
 `hash_all` is the one round of hashing that planning needs (``--verify`` only).
 
 A destination's lock holder also serves the relay's other questions for that folder on
-its open channel (`ask`: hash, publish, scan; see ``remote.relay.host.serve``) and
+its open channel (`ask`: hash, publish, scan; see ``remote.relay.lock.serve``) and
 receives the transfer's first batch there (`receivers`), so a destination costs one SSH
 session, shell and interpreter per relay, not one per step.
 """
@@ -286,7 +286,7 @@ class Session:
         return found
 
     def ask(self, dest: str, request: dict) -> dict:
-        """One request to destination `dest`'s lock holder (``remote.relay.host.serve``),
+        """One request to destination `dest`'s lock holder (``remote.relay.lock.serve``),
         its answer; an ``error`` answer, a lost channel or a non-object answer raise
         `RelayError` naming the host (`LockHolder.ask`)."""
         return self.receivers[dest].ask(request)
