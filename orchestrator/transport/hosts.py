@@ -46,13 +46,6 @@ WINDOW_SIZE = 2 * 1024 * 1024
 MAX_PACKET_SIZE = 256 * 1024
 # Paramiko rekeys every ~1 GB by default, which visibly stalls multi-GB streams.
 REKEY_BYTES = 2**40
-PREFERRED_CIPHERS = (
-    "aes128-gcm@openssh.com",
-    "aes256-gcm@openssh.com",
-    "aes128-ctr",
-    "aes256-ctr",
-    "chacha20-poly1305@openssh.com",
-)
 
 
 class HostError(DflashError):

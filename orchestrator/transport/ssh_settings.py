@@ -20,7 +20,7 @@ Connection sharing: when ssh_config gives the host ``ControlMaster auto`` (or ``
 a ``ControlPath`` and a ``ControlPersist`` other than ``no``, `SSHSettings.shared_master`
 is that socket path (as ``ssh -G`` expanded it) and that persist time: the relay then uses
 (or starts) the user's persisted master there, as the user's own ``ssh`` would, instead of
-a private master that ends with the relay (`orchestrator.relay.stream.Multiplexer`).
+a private master that ends with the relay (`orchestrator.transport.master.Multiplexer`).
 
 The config file: ssh reads ``~/.ssh/config`` of the account (its passwd home), not of
 ``$HOME``. When ``$HOME`` points elsewhere (a sandbox, a test) dflash means that home's
