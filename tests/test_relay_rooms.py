@@ -92,3 +92,21 @@ def test_each_relay_host_command_imports_only_what_it_runs():
         loaded = set(json.loads(proc.stdout))
         assert loaded & HOST_COMMANDS == expected, command
         assert not loaded & {"dataclasses", "typing", "remote.protocol"}, command
+
+
+def _definitions(name: str) -> list[str]:
+    """The modules of `orchestrator/` and `remote/` that define `name` at their top."""
+    found = []
+    for path in sorted([*(ROOT / "orchestrator").rglob("*.py"), *(ROOT / "remote").rglob("*.py")]):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name:
+                found.append(_module(path))
+    return found
+
+
+def test_one_line_reader_serves_the_relay_and_the_transport():
+    """The relay lock holder's answers and a job's are read by the one bounded line reader
+    of the transport, which the relay's lock holder uses too."""
+    assert _definitions("LineReader") == ["orchestrator.transport.lines"]
+    holder = imports_of(ROOT / "orchestrator" / "relay" / "holder.py")
+    assert "orchestrator.transport.lines" in holder

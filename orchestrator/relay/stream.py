@@ -165,37 +165,6 @@ def widen_pipe(fd: int, size: int = 1024 * 1024) -> None:
         pass
 
 
-class LineReader:
-    """Whole lines from a ``read(n)`` function (a channel or a pipe); what arrives after a
-    line is kept for the next one. A host that sends a line longer than `limit` (no
-    newline in sight) is refused with an `OSError`, as a broken channel is, instead of
-    being buffered until the workstation runs out of memory."""
-
-    LIMIT = 64 * 1024 * 1024  # a scan of a very large checkpoint folder is a few MiB
-
-    def __init__(self, read: Callable[[int], bytes], limit: int = LIMIT):
-        self.read = read
-        self.limit = limit
-        self.buf = bytearray()
-
-    def line(self) -> bytes:
-        """The next line with its newline; at the end of the stream what is left (maybe
-        b"")."""
-        seen = 0  # the buffer up to here holds no newline: search only what is new
-        while (end := self.buf.find(b"\n", seen)) < 0:
-            if len(self.buf) > self.limit:
-                raise OSError(f"the host sent a line over {self.limit >> 20} MiB")
-            seen = len(self.buf)
-            chunk = self.read(65536)
-            if not chunk:
-                out, self.buf = bytes(self.buf), bytearray()
-                return out
-            self.buf += chunk
-        out = bytes(self.buf[: end + 1])
-        del self.buf[: end + 1]
-        return out
-
-
 def file_lines(text: str) -> dict[int, dict]:
     """The per-file JSON lines of ``relay-send`` / ``relay-recv`` output, by file index;
     other lines (messages) are ignored."""
