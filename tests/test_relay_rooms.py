@@ -110,3 +110,10 @@ def test_one_line_reader_serves_the_relay_and_the_transport():
     assert _definitions("LineReader") == ["orchestrator.transport.lines"]
     holder = imports_of(ROOT / "orchestrator" / "relay" / "holder.py")
     assert "orchestrator.transport.lines" in holder
+
+
+def test_both_ends_of_a_relay_stream_widen_their_pipes_with_one_function():
+    """The hosts' commands and the controller's pump grow their pipes to 1 MiB through the
+    one `widen_pipe`, beside the hosts' other pipe helpers."""
+    assert _definitions("widen_pipe") + _definitions("_widen_pipe") == ["remote.relay.pipes"]
+    assert "remote.relay.pipes" in imports_of(ROOT / "orchestrator" / "relay" / "stream.py")

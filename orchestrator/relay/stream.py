@@ -36,6 +36,7 @@ from orchestrator.transport.openssh import host_key_error
 from orchestrator.transport.openssh_host import stream_argv
 from remote.errors import ERROR_PREFIX
 from remote.relay.fdfiles import write_all
+from remote.relay.pipes import widen_pipe
 from remote.relay.wire import FRAME_HEADER, PATIENCE, read_exact
 
 CHUNK = 4 * 1024 * 1024
@@ -152,17 +153,6 @@ class Stream:
                 self.proc.kill()
             except OSError:
                 pass
-
-
-def widen_pipe(fd: int, size: int = 1024 * 1024) -> None:
-    """Grow a pipe to 1 MiB (Linux): with the default 64 KiB every splice or read moves
-    64 KiB and the per-call costs dominate."""
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), size)
-    except (OSError, ImportError):
-        pass
 
 
 def file_lines(text: str) -> dict[int, dict]:

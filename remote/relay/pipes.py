@@ -21,7 +21,10 @@ PIPE_SIZE = 1024 * 1024  # Linux's default pipe-max-size; 64 KiB pipes mean 64 K
 
 
 def widen_pipe(fd: int) -> None:
-    """Grow a pipe's buffer so each read moves up to 1 MiB, not 64 KiB (Linux only)."""
+    """Grow a pipe's buffer so each read moves up to 1 MiB, not 64 KiB (Linux only): with
+    the default every read, write or splice moves 64 KiB and the per-call costs dominate.
+    Both ends of the relay's streams widen theirs: the hosts' commands and the
+    controller's pump (`orchestrator.relay.stream`)."""
     try:
         if stat.S_ISFIFO(os.fstat(fd).st_mode):
             fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
