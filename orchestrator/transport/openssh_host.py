@@ -39,7 +39,9 @@ from orchestrator.transport.openssh import connection_error, openssh_options
 def stream_argv(
     host: Host, line: str, inventory: Inventory | None, mux: Multiplexer | None = None
 ) -> list[str]:
-    """The local argv that runs shell command `line` on `host` with binary pipes."""
+    """The local argv that runs shell command `line` on `host` with binary pipes: ``bash
+    -c`` on this machine, else ``ssh`` through `mux`'s master (waiting for it to be up).
+    The relay's streams and `OpenSSHHost`'s commands both run it."""
     if isinstance(host, LocalHost):
         return ["bash", "-c", line]
     if mux is not None:
@@ -57,11 +59,7 @@ class OpenSSHHost(Host):
         self.mux = mux
 
     def _argv(self, line: str) -> list[str]:
-        extra: list[str] = []
-        if self.mux is not None:
-            self.mux.wait(self)
-            extra = self.mux.options(self)
-        return ["ssh", *openssh_options(self), *extra, self.settings.alias, line]
+        return stream_argv(self, line, None, self.mux)
 
     def _run(self, line: str, *, timeout: float | None, stdin: bytes | None) -> Result:
         try:
