@@ -117,3 +117,56 @@ def test_both_ends_of_a_relay_stream_widen_their_pipes_with_one_function():
     one `widen_pipe`, beside the hosts' other pipe helpers."""
     assert _definitions("widen_pipe") + _definitions("_widen_pipe") == ["remote.relay.pipes"]
     assert "remote.relay.pipes" in imports_of(ROOT / "orchestrator" / "relay" / "stream.py")
+
+
+ROOMS = ("orchestrator/relay", "orchestrator/transport", "remote/relay")
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the modules of the tree it imports (anywhere in it, lazily too)."""
+    paths = [*(ROOT / "orchestrator").rglob("*.py"), *(ROOT / "remote").rglob("*.py")]
+    modules = {_module(p): p for p in paths}
+    return {m: imports_of(p) & modules.keys() - {m} for m, p in modules.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The sets of modules that import each other round a circle (Tarjan's strongly
+    connected components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[set[str]] = []
+
+    def visit(m: str) -> None:
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for n in graph[m]:
+            if n not in index:
+                visit(n)
+                low[m] = min(low[m], low[n])
+            elif n in stack:
+                low[m] = min(low[m], index[n])
+        if low[m] == index[m]:
+            component = set()
+            while True:
+                n = stack.pop()
+                component.add(n)
+                if n == m:
+                    break
+            if len(component) > 1:
+                out.append(component)
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_no_import_circles_through_the_relay_or_the_transport():
+    """No module of the relay's or the transport's rooms imports, even lazily or for types,
+    a module that imports it back (`transport.hosts` and `ssh_settings` once did, for
+    `last_line`; `relay.openssh_host` and `relay.stream` for the ssh options)."""
+    graph = _graph()
+    mine = {m for m in graph if any(m.startswith(r.replace("/", ".") + ".") for r in ROOMS)}
+    assert len(mine) > 30  # the rooms were found
+    assert [c for c in _circles(graph) if c & mine] == []

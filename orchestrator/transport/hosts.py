@@ -31,9 +31,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import DflashError
 from orchestrator.inventory import HostSpec
 from orchestrator.transport import ssh_settings
+
+# HostError and last_line belong to a Host's interface too: re-exported, the same objects
+from orchestrator.transport.host_errors import HostError as HostError
+from orchestrator.transport.host_errors import host_key_changed, host_key_unknown
+from orchestrator.transport.host_errors import last_line as last_line
 from orchestrator.transport.ssh_settings import ALIVE_COUNT, ALIVE_INTERVAL, SSHSettings
 
 # Paramiko logs transport failures to stderr on its own; we report them as one line instead.
@@ -46,30 +50,6 @@ WINDOW_SIZE = 2 * 1024 * 1024
 MAX_PACKET_SIZE = 256 * 1024
 # Paramiko rekeys every ~1 GB by default, which visibly stalls multi-GB streams.
 REKEY_BYTES = 2**40
-
-
-class HostError(DflashError):
-    """A host could not be reached or refused us; the message is one actionable line."""
-
-
-def host_key_changed(where: str, got: str, listed: str = "") -> HostError:
-    """The one line for a host whose key differs from the one on record, on every path
-    (paramiko's connection, the relay's OpenSSH ones): always refused, whatever the
-    opt-in for unknown keys; `got` is the key's fingerprint as ``ssh-keygen -l`` shows it,
-    `listed` where the old key is recorded (``FILE:LINE``), when known."""
-    old = f" ({listed})" if listed else ""
-    return HostError(
-        f"{where}: host key CHANGED (got {got}); refusing to connect. If the host was "
-        f"reinstalled, remove its old line from known_hosts{old} and connect again"
-    )
-
-
-def host_key_unknown(where: str) -> HostError:
-    """The one line for a host whose key is on no record (refused unless opted in)."""
-    return HostError(
-        f"{where}: unknown host key, refusing to connect; verify the host and rerun with "
-        "--accept-new-host-keys (or set 'accept_new_host_key: true' for it in the inventory)"
-    )
 
 
 def fingerprint(key) -> str:
@@ -241,11 +221,6 @@ class Host:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
-
-
-def last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
 
 
 # ---- local ------------------------------------------------------------------------------

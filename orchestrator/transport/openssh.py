@@ -18,13 +18,13 @@ import subprocess
 import threading
 
 from orchestrator.errors import DflashError
-from orchestrator.transport.hosts import (
-    Host,
+from orchestrator.transport.host_errors import (
     HostError,
     host_key_changed,
     host_key_unknown,
     last_line,
 )
+from orchestrator.transport.hosts import Host
 
 PREFERRED_CIPHERS = (
     "aes128-gcm@openssh.com",
@@ -85,7 +85,7 @@ def host_key_error(host: Host, stderr: str) -> HostError | None:
     """The line for an ssh (exit 255) that refused `host`'s key: changed (always refused,
     with the fingerprint it got and where the old key is recorded) or unknown (refused
     unless opted in); None when its key was not the problem. The same lines as paramiko's
-    (`orchestrator.transport.hosts.host_key_changed`)."""
+    (`orchestrator.transport.host_errors`)."""
     settings = getattr(host, "settings", None)
     where = f"{host.name} ({settings.address})" if settings is not None else host.name
     if any(marker in stderr for marker in _CHANGED):

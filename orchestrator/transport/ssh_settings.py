@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import DflashError
+from orchestrator.transport.host_errors import last_line
 
 if TYPE_CHECKING:
     from orchestrator.inventory import HostSpec, Inventory
@@ -390,8 +391,6 @@ def query(
     except subprocess.TimeoutExpired:
         raise SSHConfigError(f"'ssh -G {alias}' did not answer in 15 s") from None
     if proc.returncode != 0:
-        from orchestrator.transport.hosts import last_line
-
         raise SSHConfigError(
             f"{alias}: ssh cannot read its configuration: "
             f"{last_line(proc.stderr) or f'ssh -G exit {proc.returncode}'}"
