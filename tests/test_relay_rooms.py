@@ -170,3 +170,13 @@ def test_no_import_circles_through_the_relay_or_the_transport():
     mine = {m for m in graph if any(m.startswith(r.replace("/", ".") + ".") for r in ROOMS)}
     assert len(mine) > 30  # the rooms were found
     assert [c for c in _circles(graph) if c & mine] == []
+
+
+def test_no_module_of_the_relay_or_the_transport_is_over_500_lines():
+    sizes = {
+        str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+        for room in ROOMS
+        for p in (ROOT / room).glob("*.py")
+    }
+    assert len(sizes) > 30
+    assert {p: n for p, n in sizes.items() if n > 500} == {}
