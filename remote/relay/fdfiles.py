@@ -51,6 +51,8 @@ def write_new(
 
 
 def open_root(root: str) -> int:
+    """A descriptor of folder `root`, the one every name of a request is resolved against;
+    a folder that cannot be opened is one `UserError` line."""
     try:
         return os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:

@@ -35,8 +35,8 @@ class Hasher:
     `keep` bytes queued): the thread hashes them from there once it gets to them, and
     reads from the disk only what did not fit.
 
-    Resumes at an offset whose hash state both hosts saved (`states`) skip this class: it
-    is the fallback that reads the kept prefix again.
+    Resumes at an offset whose hash state both hosts saved (`remote.relay.states`) skip
+    this class: it is the fallback that reads the kept prefix again.
     """
 
     prefix_read: int | None = None  # the sender's: bytes of a kept prefix hashed again

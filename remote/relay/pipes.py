@@ -46,6 +46,7 @@ def fill(fd: int, view: memoryview, call=unbounded) -> int:
 
 
 def emit(stream, record: dict) -> None:
+    """`record` as one JSON line on `stream` (a text file), flushed."""
     stream.write(json.dumps(record) + "\n")
     stream.flush()  # the controller may be waiting on this line
 

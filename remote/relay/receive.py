@@ -59,8 +59,8 @@ def recv(args) -> int:
     after its fsync, so the controller publishes nothing that a crash of the host could
     lose. A write error ends the command with one line naming the file and the OS error.
     Its first line, printed before the request is read, is ``{"ready": true}`` (see
-    `send`: started ahead, used once ready); stdin closed before any request ends it
-    quietly.
+    `remote.relay.send.send`: started ahead, used once ready); stdin closed before any
+    request ends it quietly.
     """
     widen_pipe(0)
     waiter = getattr(args, "waiter", None) or patience_of(args)

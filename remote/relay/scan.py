@@ -20,7 +20,8 @@ from remote.relay.wire import MANIFEST, PARTIAL_PREFIX
 
 def shown(name: str) -> str:
     """A name with line breaks, as a scan shows it: ``\\n`` and ``\\r`` for them (no path
-    may hold one, `path_problem`, so such an entry is shown, and refused, by this name)."""
+    may hold one, `remote.relay.wire.path_problem`, so such an entry is shown, and
+    refused, by this name)."""
     return name.replace("\n", "\\n").replace("\r", "\\r")
 
 
@@ -167,6 +168,8 @@ def scan_root(root: str) -> dict:
 
 
 def read_json(path: str):
+    """The JSON document in file `path` (a manifest, the lock's holder file), or None
+    when it cannot be read or parsed."""
     try:
         with open(path) as fh:
             return json.load(fh)
