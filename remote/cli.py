@@ -14,21 +14,29 @@ import sys
 
 from remote.errors import ERROR_PREFIX, EXIT_USER_ERROR, UserError
 
+RELAY_MODULES = {  # the relay's host commands, one module each
+    "relay-scan": "remote.relay.scan",
+    "relay-lock": "remote.relay.lock",
+    "relay-send": "remote.relay.send",
+    "relay-recv": "remote.relay.receive",
+    "relay-hash": "remote.relay.hashes",
+    "relay-publish": "remote.relay.publish",
+}
 COMMAND_MODULES = (
     "remote.probe.facts",
     "remote.probe.structure",
     "remote.jobs",
     "remote.eval.preflight",
     "remote.eval.engine",
-    "remote.relay.host",
+    *RELAY_MODULES.values(),
 )
 
 
 # Commands known by their name's prefix: a relay runs several short host-side processes
-# (scan, stream, hash, publish) and each skipped the probe and eval modules' imports
-# (~45 ms of a ~150 ms start on the 2-core test box); so does every `job` command (start,
-# watch, pull, ...), on each eval's path.
-PREFIX_MODULES = {"relay-": "remote.relay.host", "job": "remote.jobs"}
+# (scan, lock, send, receive, hash, publish) and each skipped the probe and eval modules'
+# imports (~45 ms of a ~150 ms start on the 2-core test box) and the other relay
+# commands'; so does every `job` command (start, watch, pull, ...), on each eval's path.
+PREFIX_MODULES = {**RELAY_MODULES, "job": "remote.jobs"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

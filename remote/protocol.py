@@ -27,13 +27,14 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
-# The relay's names on a host and its frame header live in remote.relay.wire (struct only,
-# what the relay's host commands import instead of this module's dataclasses and typing:
-# ~15 ms of each one's start); re-exported here, the same objects.
+# The relay's names on a host and its frame header live in remote.relay.wire (os and
+# struct only, what the relay's host commands import instead of this module's dataclasses
+# and typing: ~15 ms of each one's start); re-exported here, the same objects.
 from remote.relay.wire import FRAME_HEADER as FRAME_HEADER
 from remote.relay.wire import MANIFEST as MANIFEST
 from remote.relay.wire import PARTIAL_PREFIX as PARTIAL_PREFIX
 from remote.relay.wire import REPAIR_PREFIX as REPAIR_PREFIX
+from remote.relay.wire import name_problem
 from remote.result_doc import ResultError as ResultError
 from remote.result_doc import check_files as check_files
 from remote.result_doc import check_ground_truth as check_ground_truth
@@ -80,14 +81,11 @@ NAME_MAX_BYTES = 255  # one path component on Linux and macOS filesystems
 
 def carried_name_problem(name: Any) -> str | None:
     """Why `name` cannot be a carried file's name (one component inside a `CARRY_DIRS`
-    folder), or None. The relay's rule for a checkpoint name (`remote.relay.host.
+    folder), or None. The relay's rule for a checkpoint name (`remote.relay.wire.
     name_problem`: not empty, no '/', no '.' or '..', no NUL or line break), and, because it
     is named after a user's own file and becomes a file the job reads: no control character
     or lone surrogate anywhere, at most `NAME_MAX_BYTES` bytes in UTF-8. Spaces,
     parentheses and any other printable character (``mt bench (v2).jsonl``) are fine."""
-    # Imported here: the relay's host module costs every other importer ~30 ms of start.
-    from remote.relay.host import name_problem
-
     why = name_problem(name)
     if why:
         return why

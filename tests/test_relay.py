@@ -576,8 +576,8 @@ def test_openssh_streams_honour_the_inventory(
     connections do, accept-new only on opt-in, and reach a host through an inventory jump."""
     import subprocess
 
-    from orchestrator.relay.stream import stream_argv
     from orchestrator.transport.hosts import open_host
+    from orchestrator.transport.openssh_host import stream_argv
 
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -634,8 +634,8 @@ def test_openssh_streams_trust_the_known_hosts_that_ssh_config_names(
     UserKnownHostsFile is trusted by the relay's ssh streams as by `dflash hosts check`."""
     import subprocess
 
-    from orchestrator.relay.stream import stream_argv
     from orchestrator.transport.hosts import open_host
+    from orchestrator.transport.openssh_host import stream_argv
 
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)

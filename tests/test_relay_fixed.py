@@ -201,7 +201,7 @@ def test_the_lock_holder_receives_a_batch_in_step_and_refuses_one_outside(tmp_pa
 def test_line_reader_splits_across_reads_and_refuses_an_endless_line():
     """What a host sends on the holder's channel is read line by line whatever the chunking,
     and a host that never ends its line is refused at the limit, not buffered without end."""
-    from orchestrator.relay.stream import LineReader
+    from orchestrator.transport.lines import LineReader
 
     chunks = [b'{"a": 1}\n{"b"', b": 2}\n", b"\n", b"tail"]
     reader = LineReader(lambda n: chunks.pop(0) if chunks else b"")

@@ -1,6 +1,6 @@
 """The host-side hashes of a relay.
 
-- `remote.relay.host._Hasher`, the fallback for a resumed file without a saved state: a
+- `remote.relay.hasher.Hasher`, the fallback for a resumed file without a saved state: a
   kept prefix read from the file (with O_DIRECT where the filesystem takes it), then the
   new bytes, from memory as far as its budget allows and read back from the file past
   that, always giving the sha256 of the whole file;
@@ -27,7 +27,9 @@ import pytest
 
 from remote.protocol import FRAME_HEADER
 from remote.relay import sha256state, states
-from remote.relay.host import CHUNK, _Hasher, scan_root
+from remote.relay.hasher import Hasher
+from remote.relay.pipes import CHUNK
+from remote.relay.scan import scan_root
 from remote.relay.sha256state import GRID, Sha256, state_problem
 
 MiB = 1024 * 1024
@@ -57,7 +59,7 @@ def test_resumed_file_hash_is_the_whole_files(folder, direct, keep):
     path.write_bytes(data[:prefix])
     fd = os.open(path, os.O_RDWR)
     try:
-        hasher = _Hasher(fd, prefix, direct=direct, keep=keep)
+        hasher = Hasher(fd, prefix, direct=direct, keep=keep)
         pos = prefix
         for step in (MiB, 4 * MiB + 1, 3, 3 * MiB, len(data)):
             piece = data[pos : pos + step]
@@ -80,7 +82,7 @@ def test_a_file_that_shrinks_while_hashed_is_an_error(tmp_path):
     path.write_bytes(os.urandom(MiB))
     fd = os.open(path, os.O_RDONLY)
     try:
-        hasher = _Hasher(fd, MiB)
+        hasher = Hasher(fd, MiB)
         with pytest.raises(OSError):
             hasher.result(2 * MiB)
     finally:
@@ -256,7 +258,7 @@ def test_destination_saves_states_and_resumes_from_them_or_falls_back(tmp_path):
     lines = _recv(tmp_path, [{"path": rel, "offset": GRID, "state": True}], [data[GRID:]])
     assert lines[0]["sha256"] == want and lines[0]["prefix_read"] == GRID
 
-    from remote.relay.host import publish_checkpoint
+    from remote.relay.publish import publish_checkpoint
 
     manifest = {"files": [{"path": "model.bin", "size": len(data), "mtime": 1.0}]}
     publish_checkpoint(str(tmp_path), "step_1", "dir", manifest)

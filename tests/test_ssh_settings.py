@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.inventory import load_inventory
-from orchestrator.relay.stream import stream_argv
 from orchestrator.transport import ssh_settings
 from orchestrator.transport.hosts import HostError, open_host
+from orchestrator.transport.openssh_host import stream_argv
 from tests.helpers.cli import dflash
 from tests.helpers.sshd import keygen, ssh_host_entry
 

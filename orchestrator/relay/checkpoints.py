@@ -27,9 +27,8 @@ from orchestrator.errors import DflashError
 from orchestrator.inventory import TrainerRole
 from orchestrator.transport.bundle import run_remote_json
 from orchestrator.transport.hosts import Host
-from remote.protocol import PARTIAL_PREFIX
-from remote.relay.host import name_problem, path_problem
 from remote.relay.sha256state import GRID
+from remote.relay.wire import PARTIAL_PREFIX, name_problem, path_problem
 
 _NUMBER = re.compile(r"\d+")
 _NAMED = re.compile(r"(?:step|checkpoint|ckpt|iter|global_step)[-_ ]?(\d+)", re.I)

@@ -1,6 +1,6 @@
 """A destination's relay-lock holder: the one command a relay runs on a destination.
 
-``relay-lock`` (``remote.relay.host.hold_lock``) takes the folder's lock, answers with its
+``relay-lock`` (``remote.relay.lock.hold_lock``) takes the folder's lock, answers with its
 scan, and then serves the relay's questions (hash, publish, scan) on its open channel
 until its stdin closes. It also receives a batch of files when asked (``recv``), so the
 transfer's first stream to that destination is this channel, not a new SSH session and
@@ -21,8 +21,10 @@ import os
 import threading
 
 from orchestrator.relay.report import RelayError
-from orchestrator.relay.stream import LineReader, Stream, write_all
+from orchestrator.relay.stream import Stream
+from orchestrator.transport.lines import LineReader, LineTooLong
 from remote.errors import ERROR_PREFIX
+from remote.relay.fdfiles import write_all
 
 
 class LockHolder(Stream):
@@ -31,7 +33,7 @@ class LockHolder(Stream):
     def __init__(self, *args, root: str, **kwargs):
         super().__init__(*args, stdin=True, stdout=True, **kwargs)
         self.root = root
-        self.lines = LineReader(lambda n: os.read(self.stdout_fd, n))
+        self._lines = LineReader(lambda n: os.read(self.stdout_fd, n))
         self.busy = threading.Lock()  # a question or a batch: one at a time
         self.lost = False  # the channel ended (or broke): no lock any more
         self._batch = False  # borrowed for a batch (`borrow` ... `end_batch`)
@@ -39,6 +41,14 @@ class LockHolder(Stream):
         self._pinging = False  # a ping has the channel (a batch may wait for it)
         self._pinger: threading.Thread | None = None
         self._stop = threading.Event()
+
+    def _line(self) -> bytes:
+        """The holder's next line; one over the reader's limit is an OSError naming it, as
+        a broken channel is."""
+        try:
+            return self._lines.line()
+        except LineTooLong as exc:
+            raise OSError(f"the host sent {exc}") from None
 
     def finish(self) -> tuple[int, bytes, str]:
         """End the holder (EOF: it drops the lock and exits) and wait for it; once."""
@@ -66,7 +76,7 @@ class LockHolder(Stream):
             self._pinging = True
             try:
                 write_all(self.stdin_fd, b'{"op": "ping"}\n')
-                ok = self.lines.line().strip() == b'{"pong": true}'
+                ok = self._line().strip() == b'{"pong": true}'
             except OSError:
                 ok = False
             finally:
@@ -79,7 +89,7 @@ class LockHolder(Stream):
         """The holder's first answer (lock taken, with the scan, or refused), or None
         when it printed none (it failed to start)."""
         try:
-            answer = json.loads(self.lines.line())
+            answer = json.loads(self._line())
         except ValueError:
             return None
         return answer if isinstance(answer, dict) else None
@@ -90,7 +100,7 @@ class LockHolder(Stream):
         with self.busy:
             try:
                 write_all(self.stdin_fd, json.dumps(request).encode() + b"\n")
-                raw = self.lines.line()
+                raw = self._line()
             except OSError as exc:
                 self.lost = True
                 raise RelayError(
@@ -119,7 +129,7 @@ class LockHolder(Stream):
             return False
         try:
             write_all(self.stdin_fd, b'{"op": "recv"}\n')
-            ready = self.lines.line().strip() == b'{"ready": true}'
+            ready = self._line().strip() == b'{"ready": true}'
         except OSError:
             ready = False
         if ready:
@@ -151,7 +161,7 @@ class LockHolder(Stream):
         try:
             while True:
                 try:
-                    line = self.lines.line()
+                    line = self._line()
                 except OSError as exc:  # a broken channel, or a line past the limit
                     self.lost = True
                     self.kill()

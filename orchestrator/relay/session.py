@@ -8,7 +8,7 @@ locks and the ssh masters of the streams until `close` (or the end of its ``with
 `hash_all` is the one round of hashing that planning needs (``--verify`` only).
 
 A destination's lock holder also serves the relay's other questions for that folder on
-its open channel (`ask`: hash, publish, scan; see ``remote.relay.host.serve``) and
+its open channel (`ask`: hash, publish, scan; see ``remote.relay.lock.serve``) and
 receives the transfer's first batch there (`receivers`), so a destination costs one SSH
 session, shell and interpreter per relay, not one per step.
 """
@@ -26,14 +26,16 @@ from concurrent.futures import ThreadPoolExecutor
 from orchestrator.inventory import HostSpec, Inventory, TrainerRole
 from orchestrator.relay.checkpoints import Scan, judge_complete, parse_scan, scan
 from orchestrator.relay.holder import LockHolder
-from orchestrator.relay.openssh_host import connection_error, control_host
 from orchestrator.relay.options import RELAY_PYTHON_FLAGS, RelayOptions
 from orchestrator.relay.plan import Dest, Draft, HashKey
 from orchestrator.relay.report import RelayError
-from orchestrator.relay.stream import Multiplexer, Stream, local_ciphers
+from orchestrator.relay.stream import Stream
 from orchestrator.sizes import parse_size
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, Result, open_host
+from orchestrator.transport.master import Multiplexer
+from orchestrator.transport.openssh import connection_error, local_ciphers
+from orchestrator.transport.openssh_host import control_host
 
 
 def parallel(calls: list) -> list:
@@ -146,7 +148,7 @@ class Session:
             if mux:
                 self.mux = Multiplexer(inventory)
             # Every command goes through OpenSSH and the host's master (one connection per
-            # host, shared with the streams; see orchestrator.relay.openssh_host). Each
+            # host, shared with the streams; see orchestrator.transport.openssh_host). Each
             # host's settings come from an `ssh -G` of its own: all at once.
             # The local client's ciphers (``ssh -Q cipher``, every ssh line offers them) are
             # asked beside those, not after them on the way to the masters.
@@ -286,7 +288,7 @@ class Session:
         return found
 
     def ask(self, dest: str, request: dict) -> dict:
-        """One request to destination `dest`'s lock holder (``remote.relay.host.serve``),
+        """One request to destination `dest`'s lock holder (``remote.relay.lock.serve``),
         its answer; an ``error`` answer, a lost channel or a non-object answer raise
         `RelayError` naming the host (`LockHolder.ask`)."""
         return self.receivers[dest].ask(request)

@@ -27,17 +27,11 @@ from orchestrator.relay.options import RELAY_PYTHON_FLAGS, default_jobs, host_pa
 from orchestrator.relay.plan import CheckpointPlan, Dest, FileTask, Target
 from orchestrator.relay.publish import put_repaired
 from orchestrator.relay.report import DestStatus, Progress
-from orchestrator.relay.stream import (
-    STALL,
-    Multiplexer,
-    Stream,
-    file_lines,
-    pump,
-    send_request,
-    write_all,
-)
+from orchestrator.relay.stream import STALL, Stream, file_lines, pump, send_request
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
+from orchestrator.transport.master import Multiplexer
+from remote.relay.fdfiles import write_all
 
 Outcome = tuple[FileTask, Target, str, "str | None"]  # task, target, outcome, sha256
 

@@ -18,71 +18,26 @@ SSH specifics:
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import logging
 import os
 import shlex
-import socket
 import subprocess
 import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from orchestrator.errors import DflashError
 from orchestrator.inventory import HostSpec
-from orchestrator.transport import ssh_settings
-from orchestrator.transport.ssh_settings import ALIVE_COUNT, ALIVE_INTERVAL, SSHSettings
+from orchestrator.transport import paramiko_login, ssh_settings
 
-# Paramiko logs transport failures to stderr on its own; we report them as one line instead.
-logging.getLogger("paramiko").addHandler(logging.NullHandler())
-logging.getLogger("paramiko").propagate = False
+# HostError and last_line belong to a Host's interface too: re-exported, the same objects
+from orchestrator.transport.host_errors import HostError as HostError
+from orchestrator.transport.host_errors import last_line as last_line
+from orchestrator.transport.ssh_settings import SSHSettings
 
 # Large windows and packets keep a single channel near line rate; far beyond 2 MiB
 # paramiko gets slower (its channel buffer's recv cost grows with what is buffered).
 WINDOW_SIZE = 2 * 1024 * 1024
 MAX_PACKET_SIZE = 256 * 1024
-# Paramiko rekeys every ~1 GB by default, which visibly stalls multi-GB streams.
-REKEY_BYTES = 2**40
-PREFERRED_CIPHERS = (
-    "aes128-gcm@openssh.com",
-    "aes256-gcm@openssh.com",
-    "aes128-ctr",
-    "aes256-ctr",
-    "chacha20-poly1305@openssh.com",
-)
-
-
-class HostError(DflashError):
-    """A host could not be reached or refused us; the message is one actionable line."""
-
-
-def host_key_changed(where: str, got: str, listed: str = "") -> HostError:
-    """The one line for a host whose key differs from the one on record, on every path
-    (paramiko's connection, the relay's OpenSSH ones): always refused, whatever the
-    opt-in for unknown keys; `got` is the key's fingerprint as ``ssh-keygen -l`` shows it,
-    `listed` where the old key is recorded (``FILE:LINE``), when known."""
-    old = f" ({listed})" if listed else ""
-    return HostError(
-        f"{where}: host key CHANGED (got {got}); refusing to connect. If the host was "
-        f"reinstalled, remove its old line from known_hosts{old} and connect again"
-    )
-
-
-def host_key_unknown(where: str) -> HostError:
-    """The one line for a host whose key is on no record (refused unless opted in)."""
-    return HostError(
-        f"{where}: unknown host key, refusing to connect; verify the host and rerun with "
-        "--accept-new-host-keys (or set 'accept_new_host_key: true' for it in the inventory)"
-    )
-
-
-def fingerprint(key) -> str:
-    """A paramiko key's fingerprint as OpenSSH shows it (``SHA256:<base64>``)."""
-    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
-    return f"SHA256:{digest}"
 
 
 def quote(arg: str | os.PathLike) -> str:
@@ -250,11 +205,6 @@ class Host:
         return f"<{type(self).__name__} {self.name}>"
 
 
-def last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
-
-
 # ---- local ------------------------------------------------------------------------------
 
 
@@ -387,95 +337,8 @@ class SSHHost(Host):
             return self._conn
 
     def _connect(self):
-        import paramiko  # here, not at import: the relay reaches hosts through OpenSSH only
-        from fabric import Config, Connection
-
-        s = self.settings
-        gateway = self._jump.connection if self._jump else s.proxy_command_line()
-        # An empty ssh_config: everything ssh_config says is already in `settings`.
-        conn = Connection(
-            host=s.hostname,
-            user=s.user,
-            port=s.port,
-            gateway=gateway,
-            connect_timeout=s.connect_timeout,
-            connect_kwargs=s.paramiko_kwargs(),
-            config=Config(ssh_config=paramiko.SSHConfig()),
-        )
-        client = conn.client
-        for path in s.known_hosts:
-            if os.path.isfile(path):
-                client.load_host_keys(path)
-        if s.accept_new:
-            save_to = s.user_known_hosts[0] if s.user_known_hosts else "~/.ssh/known_hosts"
-            client.set_missing_host_key_policy(_accept_new_policy(Path(save_to).expanduser()))
-        else:
-            client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        # paramiko's SSHClient asks $SSH_AUTH_SOCK's agent; IdentityAgent may name another
-        # socket and IdentitiesOnly may narrow its keys, so hand it the agent ssh would use.
-        client._agent = s.agent()
-        try:
-            conn.open()
-        except Exception as exc:  # translated into one actionable line
-            raise self._explain(exc, conn) from None
-        transport = conn.client.get_transport()
-        transport.packetizer.REKEY_BYTES = REKEY_BYTES
-        transport.packetizer.REKEY_PACKETS = REKEY_BYTES
-        transport.set_keepalive(ALIVE_INTERVAL)
-        _end_when_unacknowledged(transport.sock, ALIVE_INTERVAL * ALIVE_COUNT)
-        return conn
-
-    def _explain(self, exc: Exception, conn) -> HostError:
-        import paramiko
-
-        where = f"{self.name} ({conn.user}@{conn.host}:{conn.port})"
-        if isinstance(exc, socket.gaierror):
-            return HostError(
-                f"{self.name}: host name {conn.host!r} does not resolve; fix "
-                "'hostname' in the inventory or your ~/.ssh/config"
-            )
-        if isinstance(exc, paramiko.BadHostKeyException):
-            return host_key_changed(where, fingerprint(exc.key))
-        if isinstance(exc, paramiko.AuthenticationException):
-            return HostError(
-                f"{where}: authentication failed; check 'user' and "
-                "'identity_file' in the inventory, or your ssh-agent"
-            )
-        if isinstance(exc, paramiko.SSHException) and "known_hosts" in str(exc):
-            return host_key_unknown(where)
-        if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) or isinstance(
-            exc, ConnectionRefusedError
-        ):
-            return HostError(f"{where}: connection refused; is sshd running and is the port right?")
-        if isinstance(exc, (socket.timeout, TimeoutError)):
-            return HostError(
-                f"{where}: connection timed out after {self.spec.connect_timeout}s;"
-                " check the network, the port, or 'connect_timeout'"
-            )
-        if isinstance(exc, (ConnectionResetError, ConnectionAbortedError)):
-            # A port that closes at once can reset our banner's write instead (a busy box)
-            return HostError(
-                f"{where}: closed the connection during the SSH handshake (reset); "
-                "is that port really sshd, and does it accept this machine?"
-            )
-        if isinstance(exc, paramiko.SSHException) and (
-            "banner" in str(exc) or "No existing session" in str(exc)
-        ):
-            # closed at once (an EOF, or a reset on a busy box): no waiting involved
-            if isinstance(exc.__context__, (EOFError, ConnectionError)):
-                return HostError(
-                    f"{where}: closed the connection before any SSH greeting; "
-                    "is that port really sshd, and does it accept this machine?"
-                )
-            return HostError(
-                f"{where}: no SSH greeting within {self.spec.connect_timeout}s "
-                "(timed out); is that port really sshd?"
-            )
-        if isinstance(exc, OSError):
-            return HostError(f"{where}: cannot connect: {exc.strerror or exc}")
-        if isinstance(exc, paramiko.SSHException):
-            return HostError(f"{where}: SSH error: {exc}")
-        return HostError(f"{where}: cannot connect: {type(exc).__name__}: {exc}")
+        gateway = self._jump.connection if self._jump else self.settings.proxy_command_line()
+        return paramiko_login.connect(self.settings, gateway, self.name, self.spec.connect_timeout)
 
     def connect(self) -> None:
         self.connection  # noqa: B018  (the property logs in on first use)
@@ -511,41 +374,6 @@ class SSHHost(Host):
                 self._conn = None
         if self._jump:
             self._jump.close()
-
-
-def _end_when_unacknowledged(sock, seconds: float) -> None:
-    """A dead peer ends the connection, and every wait on it, within `seconds`: what the
-    socket sent (a keepalive at least, every ALIVE_INTERVAL s) unacknowledged that long
-    makes the kernel drop it (Linux TCP_USER_TIMEOUT), and paramiko's reads then end,
-    where otherwise TCP retransmits for a quarter of an hour or more. A connection that
-    is no plain socket (a jump host's channel: that hop's own socket has the timeout; a
-    ProxyCommand's pipe) or a system without the option keeps TCP's own limits."""
-    option = getattr(socket, "TCP_USER_TIMEOUT", None)
-    if option is None or not isinstance(sock, socket.socket):
-        return
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, option, int(seconds * 1000))
-    except OSError:
-        pass
-
-
-def _accept_new_policy(save_to: Path):
-    """OpenSSH's ``StrictHostKeyChecking=accept-new`` as a paramiko policy: trust and save
-    an UNKNOWN key.
-
-    A key that differs from a known one never reaches a policy: paramiko raises
-    BadHostKeyException first, so changed keys stay refused.
-    """
-    import paramiko
-
-    class AcceptNew(paramiko.MissingHostKeyPolicy):
-        def missing_host_key(self, client, hostname, key) -> None:
-            client.get_host_keys().add(hostname, key.get_name(), key)
-            save_to.parent.mkdir(parents=True, exist_ok=True)
-            with open(save_to, "a") as fh:
-                fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-
-    return AcceptNew()
 
 
 def open_host(spec: HostSpec, inventory=None) -> Host:

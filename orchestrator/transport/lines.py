@@ -1,10 +1,11 @@
 """Bounded reads of what a host sends: whole lines of at most a size, and an end to waiting
 on a host that stopped sending.
 
-- `LineReader` takes lines from any ``read(n)`` (a channel, a pipe). A line longer than
-  its limit is refused with `LineTooLong` (an OSError, as a broken channel is) instead of
-  being buffered until the workstation runs out of memory; one kind of line may be
-  allowed more (`line(longer=...)`: a watch's end line carries the result files).
+- `LineReader` takes lines from any ``read(n)`` (a channel, a pipe: a job's answers, the
+  relay lock holder's). A line longer than its limit is refused with `LineTooLong` (an
+  OSError, as a broken channel is) instead of being buffered until the workstation runs
+  out of memory; one kind of line may be allowed more (`line(longer=...)`: a watch's end
+  line carries the result files). Each read searches only the new bytes for the newline.
 - `Watchdog` ends a command (calls its ``kill``) once `silence` seconds pass without a
   byte, or `deadline` seconds in all; the reader then sees the end of the stream, and
   `expired` says which bound it was.
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 from orchestrator.transport.hosts import HostError, Process
 
-MiB = 1 << 20
+KiB, MiB = 1 << 10, 1 << 20
 
 
 class LineTooLong(OSError):
@@ -28,14 +29,15 @@ class LineTooLong(OSError):
 
 
 class LineReader:
-    """Whole lines from a ``read(n)`` function; what arrives after a line is kept for the
-    next one."""
+    """Whole lines from a ``read(n)`` function, `chunk` bytes asked at a time; what arrives
+    after a line is kept for the next one."""
 
-    LIMIT = 64 * MiB
+    LIMIT = 64 * MiB  # a scan of a very large checkpoint folder is a few MiB
 
-    def __init__(self, read: Callable[[int], bytes], limit: int = LIMIT):
+    def __init__(self, read: Callable[[int], bytes], limit: int = LIMIT, chunk: int = 64 * KiB):
         self.read = read
         self.limit = limit
+        self.chunk = chunk
         self.buf = bytearray()
 
     def line(self, limit: int | None = None, *, longer: tuple[bytes, int] | None = None) -> bytes:
@@ -53,7 +55,7 @@ class LineReader:
                 if len(self.buf) > allowed:
                     raise LineTooLong(f"a line over {_size(allowed)}")
             seen = len(self.buf)
-            chunk = self.read(1 << 20)
+            chunk = self.read(self.chunk)
             if not chunk:
                 out, self.buf = bytes(self.buf), bytearray()
                 return out
@@ -67,7 +69,7 @@ class LineReader:
         """Everything to the end of the stream; more than `limit` bytes is `LineTooLong`."""
         chunks, size = [bytes(self.buf)], len(self.buf)
         self.buf = bytearray()
-        while chunk := self.read(1 << 20):
+        while chunk := self.read(self.chunk):
             size += len(chunk)
             if size > limit:
                 raise LineTooLong(f"more than {_size(limit)}")
@@ -137,7 +139,7 @@ class HostLines:
     def __init__(self, host: str, proc: Process, what: str, *, limit: int, hint: str = ""):
         self.host, self.proc, self.what, self.hint = host, proc, what, hint
         self.watchdog = Watchdog(proc.kill)
-        self.reader = LineReader(self._read, limit)
+        self.reader = LineReader(self._read, limit, chunk=MiB)  # lines of up to many MiB
 
     def _read(self, n: int) -> bytes:
         chunk = self.proc.read(n)

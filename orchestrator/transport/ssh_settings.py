@@ -7,8 +7,9 @@ ALIAS`` prints the configuration ssh would use after ``Include``, ``Match host``
 patterns and defaults. The inventory's values (port, user, identity_file, jump,
 known_hosts, connect_timeout) override ssh_config as ssh's command-line options do: they
 are given to ``ssh -G`` as such. The result, `SSHSettings`, is rendered for paramiko
-(`SSHSettings.paramiko_kwargs`, `SSHSettings.gateway`) and for ``ssh``
-(`SSHSettings.openssh_options`), so both stacks see one answer.
+(`SSHSettings.paramiko_kwargs`, `SSHSettings.proxy_command_line`; the login and its agent:
+`orchestrator.transport.paramiko_login`) and for ``ssh`` (`SSHSettings.openssh_options`),
+so both stacks see one answer.
 
 What it carries: HostName, Port, User, IdentityFile (existing files), IdentitiesOnly,
 IdentityAgent, ProxyJump (every hop resolved by ``ssh -G`` too) or ProxyCommand, and the
@@ -20,7 +21,7 @@ Connection sharing: when ssh_config gives the host ``ControlMaster auto`` (or ``
 a ``ControlPath`` and a ``ControlPersist`` other than ``no``, `SSHSettings.shared_master`
 is that socket path (as ``ssh -G`` expanded it) and that persist time: the relay then uses
 (or starts) the user's persisted master there, as the user's own ``ssh`` would, instead of
-a private master that ends with the relay (`orchestrator.relay.stream.Multiplexer`).
+a private master that ends with the relay (`orchestrator.transport.master.Multiplexer`).
 
 The config file: ssh reads ``~/.ssh/config`` of the account (its passwd home), not of
 ``$HOME``. When ``$HOME`` points elsewhere (a sandbox, a test) dflash means that home's
@@ -31,19 +32,18 @@ parser reads the same file (no ``Include`` or ``Match`` there); the relay needs 
 
 from __future__ import annotations
 
-import base64
 import getpass
 import os
 import pwd
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import DflashError
+from orchestrator.transport.host_errors import last_line
 
 if TYPE_CHECKING:
     from orchestrator.inventory import HostSpec, Inventory
@@ -155,8 +155,8 @@ class SSHSettings:
     # -- paramiko / Fabric --------------------------------------------------------------
     def paramiko_kwargs(self) -> dict:
         """``connect_kwargs`` for Fabric (paramiko's ``SSHClient.connect``): the keys
-        files and whether the agent is asked (see `agent`); never keys of paramiko's own
-        choosing, so it tries what ssh tries."""
+        files and whether the agent is asked (`paramiko_login.agent`); never keys of
+        paramiko's own choosing, so it tries what ssh tries."""
         return {
             "key_filename": list(self.identity_files),
             "look_for_keys": False,
@@ -164,17 +164,6 @@ class SSHSettings:
             "banner_timeout": self.connect_timeout,
             "auth_timeout": self.connect_timeout,
         }
-
-    def agent(self):
-        """A paramiko agent client for `identity_agent` offering only what ssh would offer
-        (with IdentitiesOnly, the keys whose ``.pub`` files are among the identities),
-        or None."""
-        if self.identity_agent is None:
-            return None
-        only = None
-        if self.identities_only:
-            only = {_pub_blob(f) for f in self.identity_files} - {None}
-        return _socket_agent(self.identity_agent, only)
 
     def proxy_command_line(self) -> str | None:
         """ssh_config's ProxyCommand with its %-tokens expanded, for paramiko."""
@@ -390,8 +379,6 @@ def query(
     except subprocess.TimeoutExpired:
         raise SSHConfigError(f"'ssh -G {alias}' did not answer in 15 s") from None
     if proc.returncode != 0:
-        from orchestrator.transport.hosts import last_line
-
         raise SSHConfigError(
             f"{alias}: ssh cannot read its configuration: "
             f"{last_line(proc.stderr) or f'ssh -G exit {proc.returncode}'}"
@@ -472,43 +459,3 @@ def _carried(name: str, setting: str, values: list[str]) -> None:
 
 def _config_list(paths: tuple[str, ...]) -> str:
     return " ".join(_config_value(p) for p in paths) if paths else "none"
-
-
-def _pub_blob(key_file: str) -> bytes | None:
-    """The public key blob of ``KEY.pub`` (or ``KEY-cert.pub``), or None."""
-    for pub in (key_file + ".pub", key_file + "-cert.pub"):
-        try:
-            with open(pub) as fh:
-                return base64.b64decode(fh.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return None
-
-
-def _socket_agent(path: str, only: set[bytes] | None):
-    """paramiko's agent client for a socket of our choosing (IdentityAgent), offering only
-    `only` (public key blobs) when given. paramiko's own `Agent` reads $SSH_AUTH_SOCK.
-    (paramiko is imported here, not with this module: the relay does without it.)"""
-    import paramiko.agent
-
-    class SocketAgent(paramiko.agent.AgentSSH):
-        def __init__(self):
-            super().__init__()
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(path)
-            except OSError:
-                sock.close()
-                return  # no agent there: no keys, as with ssh
-            self._connect(sock)
-
-        def get_keys(self):
-            keys = super().get_keys()
-            if only is None:
-                return keys
-            return tuple(k for k in keys if k.asbytes() in only)
-
-        def close(self) -> None:
-            self._close()
-
-    return SocketAgent()

@@ -2,12 +2,18 @@
 
 A name is resolved against the open folder, never a path walked again, and the temp file
 is created with O_EXCL | O_NOFOLLOW: a symlink planted at its name is removed, not
-followed. Stdlib ``os`` only: a relay host command imports no more than it needs.
+followed. A received file's folders are opened the same way, part by part
+(`open_dirs`, `open_leaf`): a symlink on the way is refused by name. Stdlib ``os`` only:
+a relay host command imports no more than it needs.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+
+from remote.errors import UserError
+from remote.relay.wire import PARTIAL_PREFIX, REPAIR_PREFIX
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -42,3 +48,64 @@ def write_new(
     finally:
         os.close(fd)
     os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def open_root(root: str) -> int:
+    """A descriptor of folder `root`, the one every name of a request is resolved against;
+    a folder that cannot be opened is one `UserError` line."""
+    try:
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise UserError(f"cannot use {root}: {(exc.strerror or str(exc)).lower()}") from None
+
+
+def open_dirs(root_fd: int, parts: list[str], create: bool, rel: str) -> int:
+    """A descriptor of the folder `parts` under `root_fd`, every part opened with
+    O_NOFOLLOW (a symlink on the way is refused, naming it); created when `create`."""
+    skip = len(rel.split("/")) - 1 - len(parts)  # leading parts of `rel` already opened
+    fd = os.dup(root_fd)
+    try:
+        for n, part in enumerate(parts):
+            if create:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(
+                    f"/proc/self/fd/{fd}/{part}"
+                ):
+                    raise UserError(
+                        f"refusing to write {message_name(rel)} through the symlink "
+                        f"{'/'.join(rel.split('/')[: skip + n + 1])}"
+                    ) from None
+                raise
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_leaf(dir_fd: int, name: str, flags: int, rel: str) -> int:
+    """Open file `name` in `dir_fd` with O_NOFOLLOW; a symlink there is refused by name."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(f"refusing to write through the symlink {rel}") from None
+        raise
+
+
+def message_name(rel: str) -> str:
+    """How a received file is named in messages: ``step_8/model.safetensors``, not the
+    partial folder or repair temp file it is written to."""
+    parts = rel.split("/")
+    if parts[0].startswith(PARTIAL_PREFIX):
+        parts[0] = parts[0][len(PARTIAL_PREFIX) :]
+    if parts[-1].startswith(REPAIR_PREFIX):
+        parts[-1] = parts[-1][len(REPAIR_PREFIX) :]
+    return "/".join(parts)

@@ -9,7 +9,7 @@ such a wait: the command's reads and writes on the controller's pipes go through
 (`Patience.call`), and a watchdog thread that sees the main thread blocked in one for
 `limit` seconds interrupts it (a signal to that thread, whose handler raises `Stalled`),
 so the command ends with one line and its lock goes with it. The controller pings an
-idle holder well within the limit (`remote.relay.host.serve`), so only a vanished
+idle holder well within the limit (`remote.relay.lock.serve`), so only a vanished
 controller meets it.
 
 Per read or write a clock read and a flag set and cleared: nothing measurable on the data
