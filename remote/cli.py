@@ -17,7 +17,7 @@ from remote.errors import ERROR_PREFIX, EXIT_USER_ERROR, UserError
 COMMAND_MODULES = (
     "remote.probe.facts",
     "remote.probe.structure",
-    "remote.jobs",
+    "remote.jobs.command",
     "remote.eval.preflight",
     "remote.eval.engine",
     "remote.relay.host",
@@ -28,7 +28,7 @@ COMMAND_MODULES = (
 # (scan, stream, hash, publish) and each skipped the probe and eval modules' imports
 # (~45 ms of a ~150 ms start on the 2-core test box); so does every `job` command (start,
 # watch, pull, ...), on each eval's path.
-PREFIX_MODULES = {"relay-": "remote.relay.host", "job": "remote.jobs"}
+PREFIX_MODULES = {"relay-": "remote.relay.host", "job": "remote.jobs.command"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -212,10 +212,10 @@ def test_engine_device_option_one_path_and_clear_errors(tmp_path):
     sees no GPU is one line before anything loads; a bad name is refused by form."""
     import torch
 
-    from remote import jobs
     from remote.errors import UserError
     from remote.eval import device, preflight
     from remote.eval import engine as evaluate
+    from remote.eval import job as jobs
 
     assert str(device.resolve(None)) == "cpu" and str(device.resolve("cpu")) == "cpu"
     spec = {

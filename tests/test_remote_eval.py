@@ -307,8 +307,8 @@ def test_carried_files_are_checked_before_a_job_starts(tmp_path):
     """A job start writes the files it carries only as plain names inside the workdir's
     prompts/ or groundtruth/shards/, whole and matching their sha256; anything else is
     one line, and no job folder, process or file outside is made."""
-    from remote import jobs
     from remote.errors import UserError
+    from remote.jobs import start as jobs
 
     workdir = tmp_path / "wd"
     data = b'{"prompt": "hi"}\n'
@@ -345,8 +345,8 @@ def test_a_deferred_ground_truth_is_awaited_and_its_absence_is_one_line(tmp_path
     by a rename) and fails in one line when it does not come in time."""
     import threading
 
-    from remote import jobs
     from remote.errors import UserError
+    from remote.eval import job as jobs
     from remote.protocol import GT_DEFERRED_FILE
 
     target = tmp_path / GT_DEFERRED_FILE
@@ -559,8 +559,8 @@ def test_a_full_disk_during_an_eval_is_reported_with_the_os_error(
 
 def test_a_full_disk_at_a_job_start_is_one_line_and_starts_nothing(tmp_path):
     """Before: an OSError traceback from writing spec.json, and half a job folder."""
-    from remote import jobs
     from remote.errors import UserError
+    from remote.jobs import start as jobs
     from tests.helpers.diskfull import fill, tiny_filesystem
 
     with tiny_filesystem(tmp_path / "tiny", "1m") as disk:

@@ -6,7 +6,7 @@ The everyday path is one call::
 
 which pushes the remote bundle and the prompt set (only when the host lacks that exact
 file; one round trip looks for both), starts the job detached from the SSH session
-(``remote/jobs.py``) whose runner first runs the host-side checks (versions, RAM, the
+(``remote/jobs/``) whose runner first runs the host-side checks (versions, RAM, the
 ground-truth server reachable FROM the host: each failure one line), streams its progress
 events to `on_event` over that same SSH command, receives the job's result files at its end
 on that stream too, writes them to ``<results_dir>/<job-id>/`` and draws the plots there
@@ -150,7 +150,7 @@ def cancel(host: Host, job_id: str) -> dict:
     return jobwire.call(host, "cancel", jobwire.local_job_id(job_id))[1]
 
 
-# How a watch's end line begins (`remote.jobs.watch` writes it with json.dumps): that one
+# How a watch's end line begins (`remote.jobs.watch.watch` writes it with json.dumps): that one
 # line may be as long as the result files it carries.
 _END_PREFIX = json.dumps({"event": WATCH_END_EVENT})[:-1].encode()
 
