@@ -348,16 +348,17 @@ def test_jobs_lists_the_jobs_of_every_host_a_trainer_included(two_hosts):
     fails at once: its target is not there); the plain listing shows it."""
     import time
 
-    from orchestrator.eval import run as remote_eval
+    from orchestrator.eval import job as remote_job
+    from orchestrator.eval.spec import new_job_id
     from orchestrator.transport.hosts import open_host
 
     inv = load_inventory(two_hosts)
     assert inv.hosts["trainer"].eval is None
     spec = {"kind": "parity-capture", "checkpoint": "parity-a", "eval": {"target": "/none"}}
     with open_host(inv.hosts["trainer"], inv) as host:
-        ref = remote_eval.start_job(host, spec, remote_eval.new_job_id("parity-a"))
+        ref = remote_job.start_job(host, spec, new_job_id("parity-a"))
         deadline = time.monotonic() + 120  # a hang guard
-        while remote_eval.job_status(host, ref.job_id)["state"] in ("starting", "running"):
+        while remote_job.job_status(host, ref.job_id)["state"] in ("starting", "running"):
             assert time.monotonic() < deadline, "the job never ended"
             time.sleep(0.2)
     listed = dflash("jobs", "-i", str(two_hosts), "--json")

@@ -198,7 +198,7 @@ def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
     carries its result files back; a later pull is one command; files a host names outside
     the result set are never written, and garbled ones are refused in one line."""
     from orchestrator.errors import RemoteCommandError
-    from orchestrator.eval import run
+    from orchestrator.eval import pull, run
     from orchestrator.inventory import load_inventory
     from orchestrator.transport import hosts
 
@@ -240,7 +240,7 @@ def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
 
     sent.clear()
     with hosts.open_host(inv.host("evalhost"), inv) as host:
-        again = run.pull_results(host, run_dir.name, tmp_path / "again")
+        again = pull.pull_results(host, run_dir.name, tmp_path / "again")
         assert len(sent) == 1  # `job pull`, run only if the bundle is there
         assert (again / "result.json").read_bytes() == (run_dir / "result.json").read_bytes()
         real = base64.b64encode((run_dir / "result.json").read_bytes()).decode()
@@ -249,12 +249,12 @@ def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
             "dir": str(job_dir),
             "files": {"result.json": real, "../../outside.json": "e30="},
         }
-        out = run.pull_results(host, "forged", tmp_path / "forged", forged)
+        out = pull.pull_results(host, "forged", tmp_path / "forged", forged)
         assert sorted(p.name for p in out.iterdir()) == ["pulled.json", "result.json"]
         assert not (tmp_path / "outside.json").exists()
         forged["files"] = {"result.json": "not base64!"}
         with pytest.raises(RemoteCommandError, match="result.json arrived garbled"):
-            run.pull_results(host, "garbled", tmp_path / "garbled", forged)
+            pull.pull_results(host, "garbled", tmp_path / "garbled", forged)
         assert not (tmp_path / "garbled" / "garbled").exists()
 
 

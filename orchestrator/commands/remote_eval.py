@@ -32,6 +32,7 @@ from orchestrator.commands.common import (
 from orchestrator.errors import DflashError
 from orchestrator.eval import hostjobs, shard
 from orchestrator.eval import run as remote_eval
+from orchestrator.eval.job import JobRef
 from orchestrator.eval.spec import EvalOptions, engine_spec
 from orchestrator.results import store as res
 from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
@@ -174,7 +175,7 @@ def remote_eval_cmd(
         return
     if detach:
         ref = remote_eval.start_eval(inv, name, checkpoint, options)
-        output.emit(ref, json_out, human=output.render_started, as_json=remote_eval.JobRef.to_json)
+        output.emit(ref, json_out, human=output.render_started, as_json=JobRef.to_json)
         return
     with output.LiveProgress(show) as live:
         run_dir = remote_eval.run_eval(

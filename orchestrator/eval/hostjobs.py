@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from orchestrator.eval import run as remote_eval
+from orchestrator.eval import job as remote_job
 from orchestrator.inventory import Inventory
 from orchestrator.transport.hosts import open_host
 
@@ -20,7 +20,7 @@ def jobs_on(inventory: Inventory, names: list[str] | None = None) -> list[dict]:
             # the host's name as the inventory says it, whatever a row claims
             rows += [
                 {"host": spec.name, **{k: v for k, v in job.items() if k != "host"}}
-                for job in remote_eval.list_jobs(h)
+                for job in remote_job.list_jobs(h)
             ]
     return rows
 
@@ -29,4 +29,4 @@ def cancel_on(inventory: Inventory, host_name: str, job_id: str) -> dict:
     """Stop job `job_id` on host `host_name` and every process it started; its answer
     (``job_id``, ``state``, ``was``, ``killed``)."""
     with open_host(inventory.host(host_name), inventory) as h:
-        return remote_eval.cancel(h, job_id)
+        return remote_job.cancel(h, job_id)

@@ -34,13 +34,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import DflashError, RemoteCommandError
-from orchestrator.eval import jobwire
-from orchestrator.eval import run as remote_eval
+from orchestrator.eval import job as remote_job
+from orchestrator.eval import jobwire, pull
 from orchestrator.eval.shard import GROUND_TRUTH_MAX
-from orchestrator.eval.spec import EvalOptions, build_spec, engine_spec, target_model
+from orchestrator.eval.spec import (
+    EvalOptions,
+    build_spec,
+    engine_spec,
+    new_job_id,
+    resolve_checkpoint,
+    target_model,
+)
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.relay.run import RELAY_PYTHON_FLAGS
 from orchestrator.relay.stream import Stream, describe_failure, file_lines, pump, send_request
+from orchestrator.results.store import results_dir
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
 from remote.protocol import JOB_ENGINE_DEFAULT, JOB_EVAL_KEY, PARITY_SCHEMA, EvalSpec
@@ -194,8 +202,8 @@ def check_hosts(a: Host, job_a: dict, b: Host, job_b: dict, opts: ParityOptions)
     side."""
     with ThreadPoolExecutor(2, thread_name_prefix="parity-preflight") as pool:
         futures = {
-            "a": pool.submit(remote_eval.preflight, a, job_a),
-            "b": pool.submit(remote_eval.preflight, b, job_b),
+            "a": pool.submit(remote_job.preflight, a, job_a),
+            "b": pool.submit(remote_job.preflight, b, job_b),
         }
         reports = {side: f.result() for side, f in futures.items()}  # A's problem first
     for host, report in ((a, reports["a"]), (b, reports["b"])):
@@ -269,21 +277,19 @@ def _run_job(
     job: dict,
     stage: str,
     on_event: EventHandler | None,
-    on_start: Callable[[str, remote_eval.JobRef], None] | None,
+    on_start: Callable[[str, remote_job.JobRef], None] | None,
 ) -> dict:
     """Start a job, watch it to its end; its status (raises one line unless done)."""
-    ref = remote_eval.start_job(host, job, remote_eval.new_job_id(job["checkpoint"]))
+    ref = remote_job.start_job(host, job, new_job_id(job["checkpoint"]))
     if on_start:
         on_start(stage, ref)
-    end = remote_eval.watch(
-        host, ref.job_id, (lambda ev: on_event(stage, ev)) if on_event else None
-    )
+    end = remote_job.watch(host, ref.job_id, (lambda ev: on_event(stage, ev)) if on_event else None)
     if end["state"] != "done":
         err = (end.get("exit") or {}).get("error")
-        raise remote_eval.JobError(
+        raise remote_job.JobError(
             f"{stage} job {ref.job_id} on {host.name} {end['state']}{': ' + err if err else ''}"
         )
-    return remote_eval.job_status(host, ref.job_id)
+    return remote_job.job_status(host, ref.job_id)
 
 
 def _result(host: Host, job_dir: str) -> dict:
@@ -393,7 +399,7 @@ def run_parity(
     *,
     on_event: EventHandler | None = None,
     dest: str | Path | None = None,
-    on_start: Callable[[str, remote_eval.JobRef], None] | None = None,
+    on_start: Callable[[str, remote_job.JobRef], None] | None = None,
 ) -> Path:
     """Capture on B, then on A over B's ids, stream A's capture to B, compare on B, pull.
     Returns the local run folder (``result.json`` schema ``dflash.parity/1``)."""
@@ -408,7 +414,7 @@ def run_parity(
         engine_a = _capture_engine(a, spec_a, opts, "a", None)
         bundle.ensure(a)
         bundle.ensure(b)
-        drafter = remote_eval.resolve_checkpoint(b, spec_b, opts.drafter) if opts.drafter else None
+        drafter = resolve_checkpoint(b, spec_b, opts.drafter) if opts.drafter else None
         if drafter and not b.exists(drafter):
             raise DflashError(f"drafter {drafter} does not exist on {host_b}")
         engine_b = replace(engine_b, drafter=drafter or "")
@@ -456,9 +462,7 @@ def run_parity(
             "jobs": {"a": st_a["job_id"], "b": st_b["job_id"]},
         }
         st_c = _run_job(b, compare, f"compare on {host_b}", on_event, on_start)
-        run_dir = remote_eval.pull_results(
-            b, st_c["job_id"], remote_eval.results_dir(inventory, dest)
-        )
+        run_dir = pull.pull_results(b, st_c["job_id"], results_dir(inventory, dest))
     annotate(run_dir, host_a, host_b, opts, sums, stream_s)
     return finish_local(run_dir)
 
@@ -475,22 +479,22 @@ def attach(
     result; a capture job cannot be resumed on its own (its partner host's part would be
     missing): run parity again, B's ground truth comes from its cache."""
     with open_host(inventory.host(host_name), inventory) as host:
-        status = remote_eval.job_status(host, job_id)
+        status = remote_job.job_status(host, job_id)
         if status.get("kind") != "parity-compare":
             raise DflashError(
                 f"job {job_id} on {host_name} is a {status.get('kind') or 'eval'}"
                 " job, not a parity compare; run dflash parity again"
             )
         if status["state"] not in ("done", "failed", "cancelled", "lost"):
-            status = remote_eval.watch(
+            status = remote_job.watch(
                 host, job_id, (lambda ev: on_event("compare", ev)) if on_event else None
             )
         if status["state"] != "done":
             err = (status.get("exit") or {}).get("error")
-            raise remote_eval.JobError(
+            raise remote_job.JobError(
                 f"job {job_id} on {host_name} {status['state']}{': ' + err if err else ''}"
             )
-        run_dir = remote_eval.pull_results(host, job_id, remote_eval.results_dir(inventory, dest))
+        run_dir = pull.pull_results(host, job_id, results_dir(inventory, dest))
     return finish_local(run_dir)
 
 

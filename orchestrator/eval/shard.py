@@ -15,7 +15,7 @@ The everyday path is one call::
    sliced, is identical across shards by construction.
 2. **Plan.** `shard_plan.plan_shards`: balanced by expected tokens, not by sample count
    (see there). Each shard keeps ground-truth order.
-3. **Run.** One detached job per host (`remote_eval.start_job`), all watched at once in a
+3. **Run.** One detached job per host (`remote_job.start_job`), all watched at once in a
    `concurrent.futures` thread pool over our `Host` objects; events go to ``on_event(host,
    event)`` (the CLI draws one progress row per host and a total). Besides the jobs' own
    events: ``plan`` (samples, shards), ``shard`` (a job started: job_id, samples, tokens)
@@ -47,12 +47,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import DflashError
-from orchestrator.eval import jobwire
-from orchestrator.eval import run as remote_eval
-from orchestrator.eval.run import JobError, JobRef
+from orchestrator.eval import job as remote_job
+from orchestrator.eval import jobwire, pull
+from orchestrator.eval.job import JobError, JobRef
 from orchestrator.eval.shard_plan import merge_result, plan_shards
-from orchestrator.eval.spec import EvalOptions, build_spec, carry_or_push
+from orchestrator.eval.spec import EvalOptions, build_spec, carry_or_push, new_job_id
 from orchestrator.inventory import HostSpec, Inventory
+from orchestrator.results.store import results_dir
 from orchestrator.transport.hosts import Host, open_host
 from remote.protocol import GT_CACHE_KEY_RE, GT_DEFERRED_FILE, agreement_suspect, flag_suspect
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
@@ -107,11 +108,11 @@ def _gt_lines(records: list[dict], indices: list[int]) -> bytes:
 
 def _carried(host: Host, job_id: str, end: dict, name: str) -> bytes | None:
     """The result file `name` a watch's end carried (``--pull``), checked as every pulled
-    file is (`remote_eval.decode_files`); None when it carried none (then fetch it)."""
+    file is (`pull.decode_files`); None when it carried none (then fetch it)."""
     files = end.get("files")
     if not isinstance(files, dict) or name not in files:
         return None
-    return remote_eval.decode_files(host, job_id, files, required=(name,))[name]
+    return pull.decode_files(host, job_id, files, required=(name,))[name]
 
 
 def _ground_truth_records(host: str, data: bytes) -> list[dict]:
@@ -170,7 +171,7 @@ class _Sharded:
         host = self.hosts[spec.name]
         options = dataclasses.replace(self.options, stop_after="ground_truth")
         job = build_spec(host, spec, self.checkpoint, options)
-        ref = remote_eval.start_job(host, job, f"{self.run_id}-gt", preflight=True, follow=True)
+        ref = remote_job.start_job(host, job, f"{self.run_id}-gt", preflight=True, follow=True)
         self.emit(spec.name, {"event": "ground_truth_job", "job_id": ref.job_id})
         return ref, job
 
@@ -179,7 +180,7 @@ class _Sharded:
         ground_truth.json, the job spec)."""
         spec = self.specs[0]
         host = self.hosts[spec.name]
-        end = remote_eval.watch(
+        end = remote_job.watch(
             host, ref.job_id, lambda ev: self.emit(spec.name, ev), stream=ref.stream
         )
         if end["state"] != "done":
@@ -245,7 +246,7 @@ class _Sharded:
             "deferred": EARLY_WAIT_SECONDS,
         }
         job["shard"] = {"run_id": self.run_id, "indices": None, "started_early": True}
-        return remote_eval.start_job(host, job, self._job_id(spec), preflight=True, follow=True)
+        return remote_job.start_job(host, job, self._job_id(spec), preflight=True, follow=True)
 
     def run_shard(
         self,
@@ -297,17 +298,17 @@ class _Sharded:
                         out.records[i] = ev["record"]
                 self.emit(spec.name, ev)
 
-            end = remote_eval.watch(host, ref.job_id, on_event, stream=ref.stream)
+            end = remote_job.watch(host, ref.job_id, on_event, stream=ref.stream)
             if end["state"] != "done" and early is not None and not out.records:
                 # The early job ended before it evaluated anything (its wait ran out, or it
                 # failed on its own): once more, started the ordinary way.
                 ref = self._start_with(host, spec, indices, data)
                 out.job_id = ref.job_id
-                end = remote_eval.watch(host, ref.job_id, on_event, stream=ref.stream)
+                end = remote_job.watch(host, ref.job_id, on_event, stream=ref.stream)
             if end["state"] != "done":
                 err = (end.get("exit") or {}).get("error")
                 raise JobError(f"job {ref.job_id} {end['state']}{': ' + err if err else ''}")
-            run_dir = remote_eval.pull_results(host, ref.job_id, self.stage / "shards", end)
+            run_dir = pull.pull_results(host, ref.job_id, self.stage / "shards", end)
             pulled = _read_jsonl((run_dir / "samples.jsonl").read_bytes())
             if [r.get("id") for r in pulled] != [gt[i]["id"] for i in indices]:
                 raise JobError(f"job {ref.job_id} returned samples other than its shard's")
@@ -320,7 +321,7 @@ class _Sharded:
             out.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if out.job_id:
                 try:  # a watcher that lost its connection leaves the job running: stop it
-                    remote_eval.cancel(host, out.job_id)
+                    remote_job.cancel(host, out.job_id)
                 except Exception:
                     pass
             self.emit(
@@ -344,7 +345,7 @@ class _Sharded:
         # its slice of the ground truth, evaluated whole
         job = build_spec(host, spec, self.checkpoint, self.options, exact_file=path, carry=carry)
         job["shard"] = {"run_id": self.run_id, "indices": indices}
-        return remote_eval.start_job(host, job, self._job_id(spec), preflight=True, follow=True)
+        return remote_job.start_job(host, job, self._job_id(spec), preflight=True, follow=True)
 
     def cancel_early(self, early: dict[str, Future]) -> None:
         """Stop the early jobs no shard took (a host the plan left idle, a failed run)."""
@@ -356,7 +357,7 @@ class _Sharded:
             try:
                 if ref.stream is not None:
                     ref.stream.kill()
-                remote_eval.cancel(self.hosts[name], ref.job_id)
+                remote_job.cancel(self.hosts[name], ref.job_id)
             except Exception:  # best effort: it ends by itself when its wait runs out
                 pass
 
@@ -376,7 +377,7 @@ class _Sharded:
                 self.hosts[spec.name] = host
             try:
                 # No separate look for the bundles: each job start runs it where it is and
-                # pushes it where it is not (`remote_eval.start_job`), once per host.
+                # pushes it where it is not (`remote_job.start_job`), once per host.
                 # Every host's shard job starts once the ground-truth job has passed its
                 # checks (quick: it loads nothing), beside it: their start-up (imports,
                 # checks, the target's load) overlaps that phase.
@@ -531,10 +532,10 @@ def run_sharded(
         raise DflashError("--hosts names no host")
     # matplotlib is imported while the shards run, as a single-host eval does, not after
     # the merge on the way to the plots.
-    remote_eval.warm_plots()
+    pull.warm_plots()
     # it names a folder here and starts the shard jobs' ids: checked as a job id is
-    run_id = jobwire.local_job_id(run_id or remote_eval.new_job_id(checkpoint))
-    root = remote_eval.results_dir(inventory, dest)
+    run_id = jobwire.local_job_id(run_id or new_job_id(checkpoint))
+    root = results_dir(inventory, dest)
     final = root / run_id
     stage = root / f".{run_id}.partial-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
@@ -546,4 +547,4 @@ def run_sharded(
         os.replace(stage, final)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    return remote_eval.finish_local(final)
+    return pull.finish_local(final)

@@ -20,10 +20,8 @@ def results_root(results_dir: Path | None, inventory_path: Path | None) -> Path:
     else ``./results`` when there is no inventory (unless one was named: then its error)."""
     if results_dir:
         return results_dir
-    from orchestrator.eval import run as remote_eval
-
     try:
-        return remote_eval.results_dir(load_inventory(inventory_path))
+        return res.results_dir(load_inventory(inventory_path))
     except InventoryError:
         if inventory_path:
             raise
