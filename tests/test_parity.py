@@ -19,6 +19,7 @@ from orchestrator.cli import app
 from orchestrator.errors import DflashError
 from orchestrator.eval import parity
 from orchestrator.inventory import load_inventory
+from orchestrator.results import parity_view
 from tests.helpers.checkpoints import without_tokenizer
 from tests.helpers.cli import dflash, one_error_line
 from tests.helpers.sshd import ssh_host_entry
@@ -75,7 +76,7 @@ def pair(trainer_sshd, eval_sshd, ssh_base, make_inventory, tmp_path):
 def run(inv, **kw) -> dict:
     opts = parity.ParityOptions(samples=4, **kw)
     run_dir = parity.run_parity(inv, "trainer", "evalhost", opts)
-    return parity.load(run_dir) | {"_dir": str(run_dir)}
+    return parity_view.load(run_dir) | {"_dir": str(run_dir)}
 
 
 def test_identical_hosts_give_exactly_zero(pair):

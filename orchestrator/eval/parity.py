@@ -48,10 +48,11 @@ from orchestrator.eval.spec import (
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.relay.run import RELAY_PYTHON_FLAGS
 from orchestrator.relay.stream import Stream, describe_failure, file_lines, pump, send_request
+from orchestrator.results import parity_view
 from orchestrator.results.store import results_dir
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
-from remote.protocol import JOB_ENGINE_DEFAULT, JOB_EVAL_KEY, PARITY_SCHEMA, EvalSpec
+from remote.protocol import JOB_ENGINE_DEFAULT, JOB_EVAL_KEY, EvalSpec
 from remote.relay.fdfiles import write_all
 
 INBOX = ".partial-parity-a"  # relay-recv writes only under a partial folder
@@ -526,44 +527,7 @@ def annotate(
 def finish_local(run_dir: Path) -> Path:
     """Draw the error-per-layer PNG beside the JSON (best effort, like eval's plots)."""
     try:
-        from orchestrator.results import parity_view
-
-        parity_view.plot_layers(load(run_dir), run_dir / "parity_layers.png")
+        parity_view.plot_layers(parity_view.load(run_dir), run_dir / "parity_layers.png")
     except Exception as exc:  # the JSON is the result
         (run_dir / "plots-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
     return run_dir
-
-
-def load(path: str | Path) -> dict:
-    """A parity run's result.json, or one line when it is not one."""
-    path = Path(path)
-    try:
-        result = json.loads((path / "result.json").read_text())
-    except (OSError, ValueError):
-        raise DflashError(f"no readable result.json in {path}") from None
-    if not str(result.get("schema", "")).startswith(PARITY_SCHEMA.split("/")[0] + "/"):
-        raise DflashError(f"{path} is not a parity run")
-    return result
-
-
-def is_parity_run(path: Path) -> bool:
-    try:
-        load(path)
-        return True
-    except DflashError:
-        return False
-
-
-def list_runs(root: str | Path) -> list[tuple[Path, dict]]:
-    """Parity runs under `root`, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    out = []
-    for p in root.iterdir():
-        if not p.name.startswith(".") and (p / "result.json").is_file():
-            try:
-                out.append((p, load(p)))
-            except DflashError:
-                continue
-    return sorted(out, key=lambda pr: (pr[1].get("created") or 0, pr[0].name))

@@ -32,9 +32,7 @@ def render_parity_run(run_dir: Path) -> None:
 
 
 def _parity_result(run_dir: Path) -> dict:
-    from orchestrator.eval import parity
-
-    return parity.load(run_dir)
+    return parity_view.load(run_dir)
 
 
 def render_parity(result: dict, run_dir: Path) -> None:
