@@ -15,11 +15,11 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.eval import job as remote_job
 from orchestrator.eval import run as remote_eval
+from orchestrator.eval.follow_options import FollowEvents, FollowOptions
 from orchestrator.eval.follow_state import FollowError, FollowState, redraw
 from orchestrator.eval.spec import (
     EvalOptions,
@@ -38,10 +38,6 @@ from orchestrator.results import store as results
 from orchestrator.results.store import results_dir
 from orchestrator.transport.hosts import HostError, open_host
 from remote.protocol import JOB_EVAL_KEY
-
-if TYPE_CHECKING:  # the loop's types; it imports this module
-    from orchestrator.eval.follow import FollowEvents, FollowOptions
-
 
 # ---- one checkpoint ------------------------------------------------------------------------
 
