@@ -8,7 +8,7 @@ import json
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import jobwire
-from orchestrator.eval.shard import GROUND_TRUTH_MAX
+from orchestrator.eval.shard_truth import GROUND_TRUTH_MAX
 from orchestrator.inventory import Inventory
 from orchestrator.relay.run import RELAY_PYTHON_FLAGS
 from orchestrator.relay.stream import Stream, describe_failure, file_lines, pump, send_request
