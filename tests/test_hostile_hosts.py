@@ -81,9 +81,9 @@ def env(eval_sshd, ssh_base, make_inventory, tmp_path):
 
 
 def test_a_host_that_accepts_dotdot_cannot_make_attach_delete_folders(env):
-    """Before: `--attach ..` on a host that accepts `..` (played here: it answers for a
-    real done-looking job) pulled into results/.. and deleted the folder holding results/,
-    ending in a FileNotFoundError traceback."""
+    """Before: `remote-eval --attach ..` (now `jobs attach ..`) on a host that accepts `..`
+    (played here: it answers for a real done-looking job) pulled into results/.. and
+    deleted the folder holding results/, ending in a FileNotFoundError traceback."""
     real = f"--job-id={env.job}"
     files = {"result.json": base64.b64encode(b"{}").decode()}
     env.hostile.play(
@@ -97,7 +97,7 @@ def test_a_host_that_accepts_dotdot_cannot_make_attach_delete_folders(env):
             " if a.get('event') == 'watch_end' else a",
         },
     )
-    proc = env.cli("remote-eval", "--attach", "..")
+    proc = env.cli("jobs", "attach", "..")
     assert proc.returncode != 0
     line = one_error_line(proc)
     assert "invalid job id '..'" in line
@@ -215,9 +215,9 @@ def test_a_malformed_job_answer_is_one_line_naming_host_and_field(env, scenario,
     table drawn from whatever the host said."""
     env.hostile.play(**scenario)
     args = {
-        "attach": ("remote-eval", "--attach", env.job),
+        "attach": ("jobs", "attach", env.job),
         "jobs": ("jobs",),
-        "cancel": ("remote-eval", "--cancel", env.job),
+        "cancel": ("jobs", "cancel", env.job),
     }[command]
     proc = env.cli(*args)
     assert proc.returncode != 0, proc.stdout
@@ -372,7 +372,7 @@ def test_a_watch_whose_host_goes_silent_ends_with_one_line(env, monkeypatch):
     with env.host() as host, pytest.raises(DflashError) as err:
         finishes(lambda: job.watch(host, env.job, seen.append))
     assert str(err.value).startswith(f"evalhost: job watch of {env.job} sent nothing for 2s")
-    assert f"dflash remote-eval --attach {env.job}" in str(err.value)
+    assert f"dflash jobs attach {env.job} --host evalhost" in str(err.value)
     events = (env.hostile.workdir / "jobs" / env.job / "events.jsonl").read_text()
     assert seen == [json.loads(line) for line in events.splitlines()]  # all before the silence
 

@@ -183,8 +183,8 @@ def test_cli_parity_results_list_show_and_cuda_error(pair, monkeypatch):
     again = cli.invoke(
         app,
         [
-            "parity",
-            "--attach",
+            "jobs",
+            "attach",
             doc["run_id"],
             "--host",
             "evalhost",

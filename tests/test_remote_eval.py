@@ -410,8 +410,10 @@ def test_killed_cli_leaves_job_running_and_attach_pulls_it(inventory, eval_sshd,
     cli.wait()
     assert not (workdir(eval_sshd) / "jobs" / job / "exit.json").exists()  # killed mid-run
 
+    # the form that moved to `jobs attach` still works, with a one-line notice
     attached = dflash("remote-eval", "--attach", job, "-i", str(inventory), "--json", timeout=300)
     assert attached.returncode == 0, attached.stderr
+    assert "use dflash jobs attach JOB" in attached.stderr.splitlines()[0]
     out = json.loads(attached.stdout)
     assert out["run_id"] == job
     result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
@@ -477,7 +479,7 @@ def test_cancel_stops_every_process_of_the_job(inventory, eval_sshd, tmp_path):
     assert len(family) == 1  # the runner runs the engine itself: one torch import a job
     assert all(p.pid == pgid or os.getpgid(p.pid) == pgid for p in family)
 
-    cancelled = dflash("remote-eval", "--cancel", job, "-i", str(inventory), "--json")
+    cancelled = dflash("jobs", "cancel", job, "-i", str(inventory), "--json")
     assert cancelled.returncode == 0, cancelled.stderr
     out = json.loads(cancelled.stdout)
     assert out["state"] == "cancelled" and out["was"] == "running"
@@ -491,10 +493,12 @@ def test_cancel_stops_every_process_of_the_job(inventory, eval_sshd, tmp_path):
     assert all(gone(p) for p in family)
     alive = [p for p in psutil.process_iter(["pid"]) if not gone(p) and _pgid(p.pid) == pgid]
     assert alive == []
-    jobs = json.loads(dflash("jobs", "--host", "evalhost", "-i", str(inventory), "--json").stdout)
+    jobs = json.loads(
+        dflash("jobs", "list", "--host", "evalhost", "-i", str(inventory), "--json").stdout
+    )
     assert next(j for j in jobs if j["job_id"] == job)["state"] == "cancelled"
     # Attaching to a cancelled job says so in one line.
-    again = dflash("remote-eval", "--attach", job, "-i", str(inventory))
+    again = dflash("jobs", "attach", job, "-i", str(inventory))
     assert again.returncode != 0
     assert f"job {job} on evalhost cancelled" in one_error_line(again)
 
@@ -551,7 +555,7 @@ def test_a_full_disk_during_an_eval_is_reported_with_the_os_error(
         assert ended["error"].startswith("no space left on device (ENOSPC) while writing ")
         assert str(folder) in ended["error"]
         assert all(line.startswith("{") for line in events().splitlines())  # whole lines
-        attached = dflash("remote-eval", "--attach", job, "-i", str(inv))
+        attached = dflash("jobs", "attach", job, "-i", str(inv))
         assert attached.returncode != 0
         line = one_error_line(attached)
         assert f"job {job} on evalhost failed: no space left on device (ENOSPC)" in line

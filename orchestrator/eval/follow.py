@@ -51,6 +51,7 @@ from typing import Any
 from orchestrator.errors import DflashError
 from orchestrator.eval.follow_checkpoint import CheckpointFollower, check_target
 from orchestrator.eval.follow_options import FollowEvents, FollowOptions
+from orchestrator.eval.follow_options import follow_request as follow_request
 from orchestrator.eval.follow_state import (
     HISTORY,
     PLOT,

@@ -1,4 +1,5 @@
-"""What a follow is asked to do (`FollowOptions`) and what it reports while it works
+"""What a follow is asked to do (`FollowOptions`; from the command line with the
+inventory's defaults: `follow_request`) and what it reports while it works
 (`FollowEvents`): shared by the loop (`follow`) and each checkpoint's work
 (`follow_checkpoint`)."""
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.errors import DflashError
 from orchestrator.eval.spec import EvalOptions
+from orchestrator.inventory import Inventory
 from orchestrator.relay import run as relay
 
 
@@ -50,3 +52,50 @@ class FollowEvents:
 
     def recorded(self, entry: dict) -> None:
         pass
+
+
+@dataclass
+class FollowRequest:
+    """Where from, where to and how: what `follow.follow` and `follow.follow_pass` take."""
+
+    inventory: Inventory
+    source: str
+    dest: str
+    options: FollowOptions
+
+
+def follow_request(
+    inventory: Inventory,
+    source: str | None = None,
+    dest: str | None = None,
+    *,
+    keep: int | None = None,
+    interval: float = 60.0,
+    probe: bool = False,
+    eval: EvalOptions | None = None,
+    results_dir: str | os.PathLike | None = None,
+    state_dir: str | os.PathLike | None = None,
+    tensorboard: str | os.PathLike | None = None,
+    wandb: str | None = None,
+) -> FollowRequest:
+    """The request, the trainer and the eval host defaulting to the inventory's
+    ``defaults.relay_from`` / ``relay_to`` and `keep` to ``defaults.keep``; no trainer or
+    no eval host is one line."""
+    src = source or inventory.defaults.relay_from
+    dst = dest or inventory.defaults.relay_to
+    if not src or not dst:
+        raise DflashError(
+            "follow needs --from TRAINER and --to EVAL_HOST (or "
+            "defaults.relay_from and defaults.relay_to in the inventory)"
+        )
+    options = FollowOptions(
+        keep=keep if keep is not None else inventory.defaults.keep,
+        interval=interval,
+        probe=probe,
+        eval=eval or EvalOptions(),
+        results_dir=results_dir,
+        state_dir=state_dir,
+        tensorboard=tensorboard,
+        wandb=wandb,
+    )
+    return FollowRequest(inventory, src, dst, options)

@@ -115,6 +115,11 @@ def cancel(host: Host, job_id: str) -> dict:
     return jobwire.call(host, "cancel", jobwire.local_job_id(job_id))[1]
 
 
+def reattach_hint(host: Host, job_id: str) -> str:
+    """What to run to watch job `job_id` on `host` again, after a watch here ended."""
+    return f"it keeps running: dflash jobs attach {job_id} --host {host.name}"
+
+
 # How a watch's end line begins (`remote.jobs.watch.watch` writes it with json.dumps): that one
 # line may be as long as the result files it carries.
 _END_PREFIX = json.dumps({"event": WATCH_END_EVENT})[:-1].encode()
@@ -146,7 +151,7 @@ def watch(
         proc.close_stdin()
         lines = HostLines(host.name, proc, "job watch", limit=jobwire.EVENT_MAX)
     lines.what = f"job watch of {job_id}"
-    lines.hint = f"it keeps running: dflash remote-eval --attach {job_id}"
+    lines.hint = reattach_hint(host, job_id)
     lines.bound(silence=jobwire.WATCH_SILENCE_SECONDS)
     end: dict | None = None
     try:
@@ -171,7 +176,7 @@ def watch(
         lines.kill()
         raise HostError(
             f"{host.name}: lost the connection while watching job {job_id} "
-            f"({exc}); it keeps running: dflash remote-eval --attach {job_id}"
+            f"({exc}); {reattach_hint(host, job_id)}"
         ) from None
     except BaseException:
         lines.kill()
@@ -181,7 +186,7 @@ def watch(
         if code not in (0, -1):  # the remote command itself failed (e.g. no such job)
             bundle.check_result(host, Result("", lines.proc.stderr(), code), ["job watch"])
         raise HostError(
-            f"{host.name}: lost the connection while watching job {job_id}; it "
-            f"keeps running: dflash remote-eval --attach {job_id}"
+            f"{host.name}: lost the connection while watching job {job_id}; "
+            f"{reattach_hint(host, job_id)}"
         )
     return end

@@ -20,8 +20,9 @@ difference cost in tau?
 4. B runs a ``parity-compare`` job (`remote.eval.parity`) and the result is pulled into
    ``<results_dir>/<job-id>/`` like an eval's, with a PNG of error per layer.
 
-Every job is a detached `remote.jobs` job: ``dflash jobs`` lists them, ``--cancel`` stops
-them, a dropped connection leaves them running.
+Every job is a detached `remote.jobs` job: ``dflash jobs list`` lists them, ``dflash jobs
+cancel`` stops one, ``dflash jobs attach`` watches a compare job again; a dropped
+connection leaves them running.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from orchestrator.eval import jobwire, pull
 from orchestrator.eval.parity_check import check_hosts
 from orchestrator.eval.parity_check import target_difference as target_difference
 from orchestrator.eval.parity_options import ParityOptions, same_dtype
+from orchestrator.eval.parity_options import parity_request as parity_request
 from orchestrator.eval.parity_options import parse_layers as parse_layers
 from orchestrator.eval.parity_stream import capture_files, copy_ground_truth, stream_folder
 from orchestrator.eval.spec import build_spec, new_job_id, resolve_checkpoint, target_model
@@ -200,27 +202,32 @@ def attach(
     *,
     on_event: EventHandler | None = None,
     dest: str | Path | None = None,
+    host: Host | None = None,
+    status: dict | None = None,
 ) -> Path:
     """Watch a parity compare job (after a dropped connection) to its end and pull its
     result; a capture job cannot be resumed on its own (its partner host's part would be
-    missing): run parity again, B's ground truth comes from its cache."""
-    with open_host(inventory.host(host_name), inventory) as host:
-        status = remote_job.job_status(host, job_id)
-        if status.get("kind") != "parity-compare":
-            raise DflashError(
-                f"job {job_id} on {host_name} is a {status.get('kind') or 'eval'}"
-                " job, not a parity compare; run dflash parity again"
-            )
-        if status["state"] not in ("done", "failed", "cancelled", "lost"):
-            status = remote_job.watch(
-                host, job_id, (lambda ev: on_event("compare", ev)) if on_event else None
-            )
-        if status["state"] != "done":
-            err = (status.get("exit") or {}).get("error")
-            raise remote_job.JobError(
-                f"job {job_id} on {host_name} {status['state']}{': ' + err if err else ''}"
-            )
-        run_dir = pull.pull_results(host, job_id, results_dir(inventory, dest))
+    missing): run parity again, B's ground truth comes from its cache. `host`: a session
+    to `host_name` already open; `status`: the job's state, read already on it."""
+    if host is None:
+        with open_host(inventory.host(host_name), inventory) as host:
+            return attach(inventory, host_name, job_id, on_event=on_event, dest=dest, host=host)
+    status = status or remote_job.job_status(host, job_id)
+    if status.get("kind") != "parity-compare":
+        raise DflashError(
+            f"job {job_id} on {host_name} is a {status.get('kind') or 'eval'}"
+            " job, not a parity compare; run dflash parity again"
+        )
+    if status["state"] not in ("done", "failed", "cancelled", "lost"):
+        status = remote_job.watch(
+            host, job_id, (lambda ev: on_event("compare", ev)) if on_event else None
+        )
+    if status["state"] != "done":
+        err = (status.get("exit") or {}).get("error")
+        raise remote_job.JobError(
+            f"job {job_id} on {host_name} {status['state']}{': ' + err if err else ''}"
+        )
+    run_dir = pull.pull_results(host, job_id, results_dir(inventory, dest))
     return finish_local(run_dir)
 
 

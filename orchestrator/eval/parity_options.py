@@ -1,6 +1,7 @@
 """What ``dflash parity`` compares: `ParityOptions` (each side's engine settings one
-checked `EvalSpec`), the one dtype both sides compute in (`same_dtype`), and the layers
-asked for (`parse_layers`)."""
+checked `EvalSpec`), the one dtype both sides compute in (`same_dtype`), the layers asked
+for (`parse_layers`), and the two hosts as the command line names them
+(`parity_request`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from orchestrator.errors import DflashError
 from orchestrator.eval.spec import EvalOptions, engine_spec
-from orchestrator.inventory import HostSpec
+from orchestrator.inventory import HostSpec, Inventory
 from remote.protocol import JOB_ENGINE_DEFAULT, EvalSpec
 
 ATTN = ("sdpa", "eager")
@@ -123,3 +124,23 @@ def parse_layers(text: str | None) -> list[int] | None:
     except ValueError:
         raise DflashError(f"--layers expects numbers like 0,2,5 or 0-5, got {text!r}") from None
     return out
+
+
+@dataclass
+class ParityRequest:
+    """A parity run as `parity.run_parity` takes it: A the reference, B the comparing host."""
+
+    inventory: Inventory
+    host_a: str
+    host_b: str
+    options: ParityOptions
+
+
+def parity_request(
+    inventory: Inventory, hosts: str | None, options: ParityOptions
+) -> ParityRequest:
+    """The request for ``--hosts A,B``: exactly two hosts, else one line."""
+    names = [n.strip() for n in (hosts or "").split(",") if n.strip()]
+    if len(names) != 2:
+        raise DflashError("--hosts needs exactly two hosts, A,B (A the reference, B compares)")
+    return ParityRequest(inventory, names[0], names[1], options)

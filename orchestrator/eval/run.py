@@ -70,10 +70,11 @@ def attach(
     dest: str | os.PathLike | None = None,
     host: Host | None = None,
     ref: JobRef | None = None,
+    status: dict | None = None,
 ) -> Path:
     """Watch an existing job to its end, then pull its results; returns the local folder.
     `ref`: the job was just started here (`start_job(follow=True)`): its stream is read,
-    with no separate state check or pull."""
+    with no separate state check or pull. `status`: its state, read already on `host`."""
     job_id = jobwire.local_job_id(job_id)  # it names a folder here: checked before connecting
     name = eval_host_name(inventory, host_name)
     own = host is None
@@ -83,7 +84,7 @@ def attach(
         if ref is not None and ref.stream is not None:
             end = watch(host, job_id, on_event, stream=ref.stream)
         else:
-            status = job_status(host, job_id)
+            status = status or job_status(host, job_id)
             end = (
                 status
                 if status["state"] in TERMINAL_STATES and status["state"] != "done"
@@ -93,7 +94,7 @@ def attach(
             err = (end.get("exit") or {}).get("error")
             raise JobError(
                 f"job {job_id} on {name} {end['state']}"
-                f"{': ' + err if err else ''} (log: dflash jobs --host {name})"
+                f"{': ' + err if err else ''} (log: dflash jobs list --host {name})"
             )
         return finish_local(pull_results(host, job_id, results_dir(inventory, dest), end))
     finally:

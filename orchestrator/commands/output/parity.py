@@ -22,7 +22,7 @@ def parity_json(run_dir: Path) -> dict:
 
 
 def parity_attach_json(run_dir: Path) -> dict:
-    """`parity --attach --json`: the run folder and its result."""
+    """`jobs attach --json` of a parity compare job: the run folder and its result."""
     return {"run_dir": str(run_dir), "result": _parity_result(run_dir)}
 
 
