@@ -790,8 +790,8 @@ def e2e_row(args) -> None:
     import yaml
 
     from orchestrator.demo.models import build_qwen3_target
+    from orchestrator.demo.sshd import SSHServer, keygen
     from orchestrator.demo.train import train_drafter
-    from tests.helpers.sshd import SSHServer, keygen
 
     base = Path(tempfile.mkdtemp(prefix="dflash-e2e-"))
     target = build_qwen3_target(
