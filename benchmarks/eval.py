@@ -164,69 +164,6 @@ def build_moe(workdir: str, hidden: int, layers: int, experts: int, vocab: int) 
     return target, drafter
 
 
-def online(model, drafter, prompt: list[int], new_tokens: int) -> tuple[list[int], list[int]]:
-    """z-lab-style greedy speculative decoding with a cropped KV cache (bf16, CPU)."""
-    import torch
-    from transformers import DynamicCache
-
-    from tests.helpers.oracle import cache_kwarg
-
-    ids = drafter.cfg.target_layer_ids
-    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    B = drafter.block_size
-    cache = DynamicCache(config=model.config)
-    out = model(
-        input_ids=torch.tensor([prompt]),
-        **cache_kwarg(model, cache),
-        use_cache=True,
-        output_hidden_states=True,
-        logits_to_keep=1,
-    )
-    g = list(prompt) + [int(out.logits[0, -1].argmax())]
-    ctx = torch.cat([out.hidden_states[i + 1][0] for i in ids], -1)
-    end, s, rounds = len(prompt) + new_tokens - 1, len(prompt), []
-    kv = drafter.context_kv(ctx)
-    while s < end:
-        h = drafter.forward_blocks(
-            kv, torch.tensor([s]), drafter.block_inputs(embed, torch.tensor([g[s]]))
-        )[0]
-        draft = drafter.logits(h[1:], head).argmax(-1).tolist()
-        v = model(
-            input_ids=torch.tensor([[g[s]] + draft]),
-            **cache_kwarg(model, cache),
-            use_cache=True,
-            output_hidden_states=True,
-        )
-        post = v.logits[0].argmax(-1).tolist()
-        a = 0
-        while a < B - 1 and draft[a] == post[a]:
-            a += 1
-        n = min(a + 1, end - s)
-        g += (draft[:a] + [post[a]])[:n]
-        new = torch.cat([v.hidden_states[i + 1][0] for i in ids], -1)[:n]
-        # the drafter's context cache grows by the accepted rows only
-        kv = [
-            (torch.cat([k, nk], 1), torch.cat([vv, nv], 1))
-            for (k, vv), (nk, nv) in zip(kv, _ctx_kv_rows(drafter, new, s), strict=False)
-        ]
-        remove = cache.get_seq_length() - (s + n)
-        if remove:
-            cache.crop(-remove)
-        rounds.append(n)
-        s += n
-    return rounds, g[len(prompt) :]
-
-
-def _ctx_kv_rows(drafter, feats, first: int):
-    """Drafter context K/V of feature rows at positions ``first, first+1, ...``."""
-    import torch
-
-    c = drafter.context(feats)
-    pos = torch.arange(first, first + feats.shape[0])
-    cos, sin = drafter.rotary(pos, c.dtype)
-    return [layer.self_attn.keys_values(c, cos, sin) for layer in drafter.layers]
-
-
 HWM_WRAPPER = """
 import atexit, runpy, sys
 def hwm():
@@ -586,6 +523,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
+    from orchestrator.demo.oracle import online_rounds
     from remote.eval.drafter import load_drafter
     from remote.eval.target import load_target
     from remote.eval.walk import WalkOptions, eval_sequence
@@ -598,9 +536,9 @@ def main() -> None:
     ]
 
     with torch.inference_mode():
-        online(hf, drafter, prompts[0][:16], 4)  # warm-up
+        online_rounds(hf, drafter, prompts[0][:16], 4)  # warm-up
         t = time.perf_counter()
-        runs = [online(hf, drafter, p, args.completion) for p in prompts]
+        runs = [online_rounds(hf, drafter, p, args.completion) for p in prompts]
         t_online = time.perf_counter() - t  # one run: minutes long, less sensitive to bursts
         seqs = [p + c for p, (_r, c) in zip(prompts, runs, strict=False)]
 

@@ -219,3 +219,14 @@ def test_no_module_is_longer_than_the_limit():
     }
     assert not long - LEFT_FOR_OTHERS["long"], f"over {MAX_LINES} lines: {sorted(long)}"
     assert LEFT_FOR_OTHERS["long"] <= long, "a module left for others is short now: drop it"
+
+
+def test_benchmarks_import_no_test_module():
+    """What the tests and the benchmarks share lives on the product side
+    (`orchestrator.demo`: tiny models, loopback hosts and servers, the reference loop);
+    a benchmark never imports the test suite."""
+    paths = sorted((ROOT / "benchmarks").glob("*.py"))
+    assert paths
+    for path in paths:
+        found = imports(path.stem, path, {})
+        assert not any(_under(name, "tests") for name in found), (path.name, sorted(found))
