@@ -86,7 +86,8 @@ def rows_sensitivity(target, drafter, prompts, seqs, repeats: int) -> dict[int, 
     return out
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -156,13 +157,14 @@ def main() -> None:
         help="prompts per local generate call (dflash's default 16; 1: one at a time, "
         "as the plain script)",
     )
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.e2e:
         e2e_row(args)
         return
-
-    import random
-
     import torch
 
     torch.set_num_threads(args.threads)
@@ -183,30 +185,71 @@ def main() -> None:
         print_ddtree(f"{args.layers} x {args.hidden}, vocab {args.vocab}", target_dir, best, 2.0)
         body_ddtree(args)
         return
+    speed_rows(args, target_dir, drafter_dir)
 
+
+def speed_rows(args, target_dir: str, drafter_dir: str) -> None:
+    """The default rows: the online loop's time, then the bare forward and the offline eval
+    in every walk mode over the online loop's own output, then the RSS rows."""
+    online = time_online(args, target_dir, drafter_dir)
+    offline = time_offline(args, target_dir, drafter_dir, online)
+    rss = rss_rows(args, target_dir, drafter_dir, online["prompts"], online["seqs"])
+    print_speed(args, target_dir, online, offline, rss)
+    body_ddtree(args)
+    for mode in MODES:
+        goal = f"  (goal >= 5; online {online['seconds']:.1f} s)" if mode == "all" else ""
+        ratio = online["seconds"] / offline["best"][mode]
+        print(f"online loop / offline eval [{mode:10}]     = {ratio:.1f}x{goal}")
+    print_rss(rss)
+
+
+def time_online(args, target_dir: str, drafter_dir: str) -> dict:
+    """The reference online loop (`orchestrator.demo.oracle`) over random prompts: its
+    seconds, its rounds and the sequences it produced (the offline eval's ground truth)."""
+    import random
+
+    import torch
     from transformers import AutoModelForCausalLM
 
     from orchestrator.demo.oracle import online_rounds
     from remote.eval.drafter import load_drafter
-    from remote.eval.target import load_target
-    from remote.eval.walk import WalkOptions, eval_sequence
 
     hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
-    drafter, report = load_drafter(drafter_dir, torch.bfloat16)
+    drafter, _report = load_drafter(drafter_dir, torch.bfloat16)
     rng = random.Random(0)
     prompts = [
         [rng.randrange(10, args.vocab) for _ in range(args.prompt)] for _ in range(args.samples)
     ]
-
     with torch.inference_mode():
         online_rounds(hf, drafter, prompts[0][:16], 4)  # warm-up
         t = time.perf_counter()
         runs = [online_rounds(hf, drafter, p, args.completion) for p in prompts]
         t_online = time.perf_counter() - t  # one run: minutes long, less sensitive to bursts
-        seqs = [p + c for p, (_r, c) in zip(prompts, runs, strict=False)]
+    seqs = [p + c for p, (_r, c) in zip(prompts, runs, strict=False)]
+    return {
+        "seconds": t_online,
+        "prompts": prompts,
+        "seqs": seqs,
+        "rounds": [r for r, _c in runs],
+        "block_size": drafter.block_size,
+    }
 
-    # Bare forward and offline eval measured interleaved, sample by sample, best of
-    # --repeats: on a shared machine this keeps other load from skewing one side only.
+
+def time_offline(args, target_dir: str, drafter_dir: str, online: dict) -> dict:
+    """The bare HF forward and the offline eval in every walk mode (`MODES`) over the
+    online loop's sequences, interleaved sample by sample, best of ``--repeats``: on a
+    shared machine this keeps other load from skewing one side only. Checks the walk
+    gives the online loop's rounds; ``rows``: `rows_sensitivity`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from remote.eval.drafter import load_drafter
+    from remote.eval.target import load_target
+    from remote.eval.walk import WalkOptions, eval_sequence
+
+    prompts, seqs = online["prompts"], online["seqs"]
+    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
+    drafter, _report = load_drafter(drafter_dir, torch.bfloat16)
     target = load_target(target_dir, torch.bfloat16)
     best = {k: 0.0 for k in ("bare", "engine_target", *MODES)}
     recs_all = []
@@ -229,29 +272,30 @@ def main() -> None:
             for k in best:
                 best[k] += per[k]
             recs_all.append(rec_all)
-    for (rounds, _c), rec in zip(runs, recs_all, strict=False):
+    for rounds, rec in zip(online["rounds"], recs_all, strict=False):
         assert rec["rounds"] == rounds, (
             "offline walk disagrees with the online loop"
         )  # sanity, not timing
-    t_bare = best["bare"]
-    rows_cost = rows_sensitivity(target, drafter, prompts, seqs, args.repeats)
-    del target, hf
+    return {"best": best, "rows": rows_sensitivity(target, drafter, prompts, seqs, args.repeats)}
 
-    rss = rss_rows(args, target_dir, drafter_dir, prompts, seqs)
 
+def print_speed(args, target_dir: str, online: dict, offline: dict, rss: list[tuple]) -> None:
+    """The setup line and the eval / bare forward rows."""
     from remote.eval.target import describe
 
+    best, rows_cost = offline["best"], offline["rows"]
+    t_bare = best["bare"]
     _c, _meta, info = describe(target_dir)
-    tokens = sum(len(g) for g in seqs)
-    rounds = sum(len(r) for r, _ in runs)
+    tokens = sum(len(g) for g in online["seqs"])
+    rounds = sum(len(r) for r in online["rounds"])
     print(
         f"setup: target {info.num_layers} layers hidden "
         f"{info.hidden_size} vocab {info.vocab_size}, "
-        f"weights {rss[0][3] / 2**20:.0f} MiB bf16; drafter 1 layer, block {drafter.block_size}; "
-        f"{args.samples} samples x ({args.prompt} prompt + "
+        f"weights {rss[0][3] / 2**20:.0f} MiB bf16; drafter 1 layer, block "
+        f"{online['block_size']}; {args.samples} samples x ({args.prompt} prompt + "
         f"{args.completion} completion) = {tokens} tokens; "
         f"{rounds} online rounds (tau "
-        f"{sum(map(sum, (r for r, _ in runs))) / rounds:.2f}); threads {args.threads}"
+        f"{sum(map(sum, online['rounds'])) / rounds:.2f}); threads {args.threads}"
     )
     print(
         f"bare target forward (HF, full logits): {t_bare:.2f} s "
@@ -271,11 +315,6 @@ def main() -> None:
         "  with a drafter that accepts more (m rows of the last layer + head per position, ~tau): "
         + ", ".join(f"m={m}: {t / t_bare:.2f}" for m, t in rows_cost.items())
     )
-    body_ddtree(args)
-    for mode in MODES:
-        goal = f"  (goal >= 5; online {t_online:.1f} s)" if mode == "all" else ""
-        print(f"online loop / offline eval [{mode:10}]     = {t_online / best[mode]:.1f}x{goal}")
-    print_rss(rss)
 
 
 if __name__ == "__main__":

@@ -70,17 +70,29 @@ def e2e_row(args) -> None:
     the same prompts on the same host, in interleaved rounds; the job's fixed cost beside one
     python+torch+transformers import."""
     import shutil
-    import statistics
     import tempfile
     from pathlib import Path
 
-    import yaml
+    base = Path(tempfile.mkdtemp(prefix="dflash-e2e-"))
+    target, prompts, server, key = _e2e_models_and_host(args, base)
+    try:
+        inv, workdir = _e2e_inventory(args, base, server, key, target)
+        measured = _e2e_rounds(args, target, prompts, inv, workdir)
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    _print_e2e(args, **measured)
+
+
+def _e2e_models_and_host(args, base):
+    """The target (a Qwen3 of ``--e2e-*``), a step-0 drafter trained on it, the prompts
+    file, a loopback sshd eval host and the key it accepts, all under `base`."""
+    from pathlib import Path
 
     from orchestrator.demo.models import build_qwen3_target
     from orchestrator.demo.sshd import SSHServer, keygen
     from orchestrator.demo.train import train_drafter
 
-    base = Path(tempfile.mkdtemp(prefix="dflash-e2e-"))
     target = build_qwen3_target(
         str(base / "target"),
         hidden_size=args.e2e_hidden,
@@ -95,128 +107,150 @@ def e2e_row(args) -> None:
     key = keygen(base / "id")
     (base / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
     server = SSHServer.start(base, "evalhost", base / "authorized_keys")
-    try:
-        (base / "known_hosts").write_text(server.known_hosts_line())
-        workdir = server.root / "dflash"
-        inv = base / "inventory.yaml"
-        inv.write_text(
-            yaml.safe_dump(
-                {
-                    "hosts": {
-                        "evalhost": {
-                            "transport": "ssh",
-                            "hostname": "127.0.0.1",
-                            "port": server.port,
-                            "user": os.environ.get("USER") or "root",
-                            "identity_file": str(key),
-                            "known_hosts": str(base / "known_hosts"),
-                            "python": sys.executable,
-                            "workdir": str(workdir),
-                            "roles": {
-                                "eval": {
-                                    "drafters": str(base / "drafters"),
-                                    "target_model": target,
-                                    "ground_truth_kind": "local",
-                                    "dtype": "float32",
-                                    "threads": args.threads,
-                                    "max_new_tokens": args.e2e_new,
-                                }
-                            },
-                        }
-                    },
-                    "defaults": {"eval_host": "evalhost", "results_dir": str(base / "results")},
-                }
-            )
+    (base / "known_hosts").write_text(server.known_hosts_line())
+    return target, prompts, server, key
+
+
+def _e2e_inventory(args, base, server, key, target):
+    """The inventory naming the loopback eval host (local ground truth), and its workdir."""
+    import yaml
+
+    workdir = server.root / "dflash"
+    inv = base / "inventory.yaml"
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "hosts": {
+                    "evalhost": {
+                        "transport": "ssh",
+                        "hostname": "127.0.0.1",
+                        "port": server.port,
+                        "user": os.environ.get("USER") or "root",
+                        "identity_file": str(key),
+                        "known_hosts": str(base / "known_hosts"),
+                        "python": sys.executable,
+                        "workdir": str(workdir),
+                        "roles": {
+                            "eval": {
+                                "drafters": str(base / "drafters"),
+                                "target_model": target,
+                                "ground_truth_kind": "local",
+                                "dtype": "float32",
+                                "threads": args.threads,
+                                "max_new_tokens": args.e2e_new,
+                            }
+                        },
+                    }
+                },
+                "defaults": {"eval_host": "evalhost", "results_dir": str(base / "results")},
+            }
         )
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ, PYTHONPATH=root)
-        plain = [
-            sys.executable,
-            "-c",
-            PLAIN_GENERATE,
-            target,
-            str(prompts),
-            str(args.e2e_new),
-            str(args.threads),
-        ]
-        dflash = [
-            sys.executable,
-            "-m",
-            "orchestrator",
-            "remote-eval",
-            "--checkpoint",
-            "step-0",
-            "--prompts",
-            str(prompts),
-            "--budgets",
-            "8,16,32,64",
-            *(
-                ["--gt-concurrency", str(args.e2e_gt_concurrency)]
-                if args.e2e_gt_concurrency
-                else []
-            ),
-            "--json",
-            "-i",
-            str(inv),
-        ]
-        imports = [sys.executable, "-c", NARROW_IMPORTS]
-        fair = [sys.executable, "-c", FAIR_IMPORTS, target]
+    )
+    return inv, workdir
 
-        def timed(argv: list[str]) -> tuple[float, str]:
+
+def _e2e_rounds(args, target, prompts, inv, workdir) -> dict:
+    """Time the plain script, remote-eval and the two imports in interleaved rounds; what
+    `_print_e2e` prints."""
+    import shutil
+    from pathlib import Path
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    plain = [
+        sys.executable,
+        "-c",
+        PLAIN_GENERATE,
+        target,
+        str(prompts),
+        str(args.e2e_new),
+        str(args.threads),
+    ]
+    dflash = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "remote-eval",
+        "--checkpoint",
+        "step-0",
+        "--prompts",
+        str(prompts),
+        "--budgets",
+        "8,16,32,64",
+        *(["--gt-concurrency", str(args.e2e_gt_concurrency)] if args.e2e_gt_concurrency else []),
+        "--json",
+        "-i",
+        str(inv),
+    ]
+    imports = [sys.executable, "-c", NARROW_IMPORTS]
+    fair = [sys.executable, "-c", FAIR_IMPORTS, target]
+
+    def timed(argv: list[str]) -> tuple[float, str]:
+        t = time.perf_counter()
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+        if out.returncode:
+            raise SystemExit(f"{argv[:4]} failed: {(out.stderr or out.stdout)[-400:]}")
+        return time.perf_counter() - t, out.stdout
+
+    times: dict[str, list[float]] = {
+        "plain": [],
+        "dflash": [],
+        "import": [],
+        "fair": [],
+        "other": [],
+    }
+    fixed, work, phases, plain_fixed, uncovered = [], [], [], [], set()
+    plain_phases: list[dict[str, float]] = []
+    # Untimed, once: the first remote-eval on a host pushes the bundle (once per dflash
+    # version and host, not per job), and both sides' first runs read cold files.
+    timed(plain)
+    timed(dflash)
+    for _ in range(args.repeats):
+        times["import"].append(timed(imports)[0])
+        took, out = timed(fair)
+        times["fair"].append(took)
+        fair_modules = set(json.loads(out.splitlines()[-1])["modules"])
+        took, out = timed(plain)
+        times["plain"].append(took)
+        answer = json.loads(out.splitlines()[-1])
+        plain_fixed.append(took - answer["generate_s"])
+        plain_phases.append(
+            {"python start, exit": took - sum(answer["phases"].values()), **answer["phases"]}
+        )
+        uncovered |= set(answer["modules"]) - fair_modules
+        shutil.rmtree(workdir / "groundtruth", ignore_errors=True)  # generate it each time
+        began = time.time()
+        took, out = timed(dflash)
+        ended = began + took
+        times["dflash"].append(took)
+        row = e2e_phases(Path(json.loads(out)["run_dir"]), began, ended)
+        if args.e2e_other_tree:  # the same command from another source tree, same round
+            shutil.rmtree(workdir / "groundtruth", ignore_errors=True)
+            other_env = dict(env, PYTHONPATH=args.e2e_other_tree)
             t = time.perf_counter()
-            out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
-            if out.returncode:
-                raise SystemExit(f"{argv[:4]} failed: {(out.stderr or out.stdout)[-400:]}")
-            return time.perf_counter() - t, out.stdout
+            done = subprocess.run(dflash, env=other_env, capture_output=True, timeout=900)
+            if done.returncode:
+                raise SystemExit(f"{args.e2e_other_tree}: {done.stderr[-400:]!r}")
+            times["other"].append(time.perf_counter() - t)
+        phases.append(row)
+        # Work: what grows with prompts and tokens (the ground truth's generation loop,
+        # the engine's eval loop); everything else is the job's fixed cost.
+        work.append(row["ground truth: generate"] + row["engine: eval loop"])
+        fixed.append(took - work[-1])
+    return {
+        "times": times,
+        "fixed": fixed,
+        "phases": phases,
+        "plain_phases": plain_phases,
+        "plain_fixed": plain_fixed,
+        "uncovered": uncovered,
+    }
 
-        times: dict[str, list[float]] = {
-            "plain": [],
-            "dflash": [],
-            "import": [],
-            "fair": [],
-            "other": [],
-        }
-        fixed, work, phases, plain_fixed, uncovered = [], [], [], [], set()
-        plain_phases: list[dict[str, float]] = []
-        # Untimed, once: the first remote-eval on a host pushes the bundle (once per dflash
-        # version and host, not per job), and both sides' first runs read cold files.
-        timed(plain)
-        timed(dflash)
-        for _ in range(args.repeats):
-            times["import"].append(timed(imports)[0])
-            took, out = timed(fair)
-            times["fair"].append(took)
-            fair_modules = set(json.loads(out.splitlines()[-1])["modules"])
-            took, out = timed(plain)
-            times["plain"].append(took)
-            answer = json.loads(out.splitlines()[-1])
-            plain_fixed.append(took - answer["generate_s"])
-            plain_phases.append(
-                {"python start, exit": took - sum(answer["phases"].values()), **answer["phases"]}
-            )
-            uncovered |= set(answer["modules"]) - fair_modules
-            shutil.rmtree(workdir / "groundtruth", ignore_errors=True)  # generate it each time
-            began = time.time()
-            took, out = timed(dflash)
-            ended = began + took
-            times["dflash"].append(took)
-            row = e2e_phases(Path(json.loads(out)["run_dir"]), began, ended)
-            if args.e2e_other_tree:  # the same command from another source tree, same round
-                shutil.rmtree(workdir / "groundtruth", ignore_errors=True)
-                other_env = dict(env, PYTHONPATH=args.e2e_other_tree)
-                t = time.perf_counter()
-                done = subprocess.run(dflash, env=other_env, capture_output=True, timeout=900)
-                if done.returncode:
-                    raise SystemExit(f"{args.e2e_other_tree}: {done.stderr[-400:]!r}")
-                times["other"].append(time.perf_counter() - t)
-            phases.append(row)
-            # Work: what grows with prompts and tokens (the ground truth's generation loop,
-            # the engine's eval loop); everything else is the job's fixed cost.
-            work.append(row["ground truth: generate"] + row["engine: eval loop"])
-            fixed.append(took - work[-1])
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
+
+def _print_e2e(args, times, fixed, phases, plain_phases, plain_fixed, uncovered) -> None:
+    """The end-to-end rows: each side's phases, the per-round ratio, the fixed cost."""
+    import statistics
+
     med = {k: statistics.median(v) for k, v in times.items() if v}
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
