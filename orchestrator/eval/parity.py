@@ -48,9 +48,9 @@ from orchestrator.results import parity_view
 from orchestrator.results.store import results_dir
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
-from remote.protocol import JOB_EVAL_KEY, EvalSpec
+from remote.protocol import JOB_EVAL_KEY, PARTIAL_PREFIX, TERMINAL_STATES, EvalSpec
 
-INBOX = ".partial-parity-a"  # relay-recv writes only under a partial folder
+INBOX = PARTIAL_PREFIX + "parity-a"  # relay-recv writes only under a partial folder
 CAPTURE_MAX = 64 << 20  # a capture's result.json: its settings, file list and sample list
 FROM_B = "(host B's ground truth, copied after its capture)"  # A's, when it is checked
 
@@ -218,7 +218,7 @@ def attach(
             f"job {job_id} on {host_name} is a {status.get('kind') or 'eval'}"
             " job, not a parity compare; run dflash parity again"
         )
-    if status["state"] not in ("done", "failed", "cancelled", "lost"):
+    if status["state"] not in TERMINAL_STATES:
         status = remote_job.watch(
             host, job_id, (lambda ev: on_event("compare", ev)) if on_event else None
         )

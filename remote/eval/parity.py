@@ -32,7 +32,7 @@ from typing import Any
 
 from remote.atomic import write_json_atomic
 from remote.errors import UserError
-from remote.protocol import PARITY_CAPTURE_SCHEMA, PARITY_SCHEMA, EvalSpec, SpecError
+from remote.protocol import PARITY_CAPTURE_SCHEMA, PARITY_SCHEMA, EvalSpec
 
 CAPTURE_DIR = "capture"
 ATTN = ("sdpa", "eager")
@@ -424,11 +424,10 @@ def _walks(target, drafter, dcfg, ta: dict, tb: dict, P: int, sid, device) -> di
 def run_job(path: Path, spec: dict, events, *, preflight: bool = False) -> int:
     """Dispatch a parity job by its kind (called by `remote.jobs.run`). `preflight` is not
     used: the controller checks both hosts before their captures start."""
+    from remote.eval.job import job_engine
+
     kind = spec.get("kind")
-    try:
-        engine = EvalSpec.of_job(spec)
-    except (SpecError, TypeError) as exc:
-        raise UserError(f"job spec: {exc}") from None
+    engine = job_engine(spec)
     if kind == "parity-capture":
         return run_capture(path, spec, events, engine)
     if kind == "parity-compare":

@@ -19,10 +19,10 @@ from typing import Any
 
 from remote.atomic import write_atomic
 from remote.errors import UserError
-from remote.protocol import RESULT_FILES, SpecError, check_job_id
+from remote.protocol import JOB_KINDS, RESULT_FILES, SpecError, check_job_id
 from remote.relay.fdfiles import write_all
 
-# ---- where ------------------------------------------------------------------------------
+# ---- where ----------------------------------------------------------------------------
 
 
 def read_json(path: str | os.PathLike) -> Any | None:
@@ -52,7 +52,16 @@ def existing_job_dir(workdir: str, job_id: str) -> Path:
     return path
 
 
-# ---- its state --------------------------------------------------------------------------
+# ---- its kind and state ---------------------------------------------------------------
+
+
+def job_kind(spec: object) -> str:
+    """The kind of the job `spec` describes (``eval`` when it names none), one of
+    `JOB_KINDS`; anything else is one line."""
+    kind = spec.get("kind", "eval") if isinstance(spec, dict) else spec
+    if kind not in JOB_KINDS:
+        raise UserError(f"unknown job kind {kind!r}; one of {', '.join(JOB_KINDS)}")
+    return kind
 
 
 def proc_starttime(pid: int) -> int | None:
@@ -172,7 +181,7 @@ def result_files(path: Path) -> dict[str, str]:
     return files
 
 
-# ---- its events -------------------------------------------------------------------------
+# ---- its events -----------------------------------------------------------------------
 
 
 class EventLog:

@@ -12,8 +12,14 @@ import traceback
 from pathlib import Path
 
 from remote.errors import UserError
-from remote.jobs.folder import STORAGE_ERRNOS, EventLog, read_json, write_error, write_exit
-from remote.protocol import JOB_KINDS
+from remote.jobs.folder import (
+    STORAGE_ERRNOS,
+    EventLog,
+    job_kind,
+    read_json,
+    write_error,
+    write_exit,
+)
 
 
 def run(path: Path, preflight: bool = False) -> int:
@@ -37,10 +43,7 @@ def run(path: Path, preflight: bool = False) -> int:
     try:
         if spec is None:
             raise UserError(f"{path}/spec.json is missing or not JSON")
-        kind = spec.get("kind", "eval")
-        if kind not in JOB_KINDS:
-            raise UserError(f"unknown job kind {kind!r}; one of {', '.join(JOB_KINDS)}")
-        code = kind_runner(kind)(path, spec, events, preflight=preflight)
+        code = kind_runner(job_kind(spec))(path, spec, events, preflight=preflight)
         finish(
             path,
             events,
@@ -63,7 +66,7 @@ def run(path: Path, preflight: bool = False) -> int:
 
 
 def kind_runner(kind: str):
-    """The function that runs a job of `kind` (one of `JOB_KINDS`): ``(path, spec,
+    """The function that runs a job of `kind` (`job_kind`): ``(path, spec,
     events, preflight=...) -> exit code``, imported only when a job of that kind runs."""
     if kind == "eval":
         from remote.eval.job import run_job

@@ -22,12 +22,18 @@ from remote.atomic import write_atomic, write_json_atomic
 from remote.entry import self_command, source_env
 from remote.errors import UserError
 from remote.eval.job import job_engine
-from remote.jobs.folder import job_dir, proc_starttime, read_json, reserve_exit, write_error
+from remote.jobs.folder import (
+    job_dir,
+    job_kind,
+    proc_starttime,
+    read_json,
+    reserve_exit,
+    write_error,
+)
 from remote.protocol import (
     CARRY_DIRS,
     CARRY_MAX_BYTES,
     JOB_CARRY_KEY,
-    JOB_KINDS,
     carried_name_problem,
 )
 
@@ -42,9 +48,7 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
     """
     path = job_dir(workdir, job_id)
     # a bad kind or engine spec is refused here, before a folder or a process exists
-    if not isinstance(spec, dict) or spec.get("kind", "eval") not in JOB_KINDS:
-        kind = spec.get("kind") if isinstance(spec, dict) else spec
-        raise UserError(f"unknown job kind {kind!r}; one of {', '.join(JOB_KINDS)}")
+    job_kind(spec)
     threads = job_engine(spec).threads if "eval" in spec else None
     spec = dict(spec)
     try:
