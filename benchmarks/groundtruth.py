@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from orchestrator.demo.models import build_qwen3_target  # noqa: E402
+from orchestrator.demo.servers import BatchedReply, ScriptedServer, ids_reply  # noqa: E402
 from remote.eval import groundtruth  # noqa: E402
-from tests.helpers.servers import BatchedReply, ScriptedServer, ids_reply  # noqa: E402
 
 
 def answer(path: str, body: dict) -> dict:

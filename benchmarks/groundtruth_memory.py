@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from orchestrator.demo.models import build_qwen3_target  # noqa: E402
-from tests.helpers.servers import Raw, ScriptedServer, ids_reply  # noqa: E402
+from orchestrator.demo.servers import Raw, ScriptedServer, ids_reply  # noqa: E402
 
 CHILD = """
 import json, sys

@@ -1,6 +1,6 @@
 """Benchmark the online measurement against the offline engine, same checkpoint and prompts.
 
-On the tiny Qwen3 target and the one-layer DFlash drafter of `tests.helpers.vllm` (built
+On the tiny Qwen3 target and the one-layer DFlash drafter of `orchestrator.demo.vllm` (built
 and cached on first use): vLLM's server start-up (the online measurement's fixed cost), its
 measurement of the 24 ground-truth samples (`remote.online.vllm.measure`: per-token cost),
 and our offline engine (`remote.eval.engine.run_eval`, float32) on the same samples. Prints
@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from orchestrator.demo.vllm import VllmServer, vllm_models  # noqa: E402
 from remote.online.vllm import measure  # noqa: E402
-from tests.helpers.vllm import VllmServer, vllm_models  # noqa: E402
 
 
 def load() -> str:

@@ -1,7 +1,7 @@
 """Two loopback sshd hosts (trainer and eval host) for the relay benchmarks.
 
 `relay_hosts(base)` compiles the checkout (`compiled`), starts two OpenSSH servers
-(tests/helpers/sshd.py) under `base`, with one user key, a known_hosts file naming both host
+(`orchestrator.demo.sshd`) under `base`, with one user key, a known_hosts file naming both host
 keys and an inventory whose defaults relay from the trainer to the eval host; it stops them
 (and only them) on exit. Shared by benchmarks/relay.py and benchmarks/relay_kill_resume.py,
 so both measure the same set-up.
@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
 
 import yaml  # noqa: E402
 
-from tests.helpers.sshd import SSHServer, keygen  # noqa: E402
+from orchestrator.demo.sshd import SSHServer, keygen  # noqa: E402
 
 MiB = 1 << 20
 

@@ -3,7 +3,7 @@
     python benchmarks/relay_kill_resume.py                  # 24 kills, 3-file 48 MiB checkpoint
     python benchmarks/relay_kill_resume.py --kills 40 --size-scale 4 --seed 7
 
-Starts two loopback sshd servers (tests/helpers/sshd.py) as trainer and eval host and makes one
+Starts two loopback sshd servers (`orchestrator.demo.sshd`) as trainer and eval host and makes one
 multi-file checkpoint of random bytes. Each round starts the real CLI (``python -m
 orchestrator relay``), waits until the destination's partial folder holds a random number of
 bytes (uniform over the checkpoint's size), then stops it one of four ways, in turn:

@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
+from orchestrator.demo.sshd import SSHServer, keygen  # noqa: E402
 from orchestrator.eval import run as remote_eval  # noqa: E402
 from orchestrator.eval import shard  # noqa: E402
 from orchestrator.inventory import load_inventory  # noqa: E402
 from remote.protocol import EvalSpec  # noqa: E402
-from tests.helpers.sshd import SSHServer, keygen  # noqa: E402
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """Slurm array start-up on the loopback cluster: what the scheduler adds per array and per task.
 
-Starts the tests' loopback cluster (`tests/helpers/slurm.py`: munged, slurmctld, two
+Starts the tests' loopback cluster (`orchestrator.demo.slurm`: munged, slurmctld, two
 slurmd nodes declared with enough CPUs that every task runs at once) and a loopback sshd as
 its login node, and measures, all in one run, against baselines from the same run:
 
@@ -32,14 +32,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.demo.slurm import SlurmCluster, missing_programs  # noqa: E402
+from orchestrator.demo.sshd import SSHServer, keygen  # noqa: E402
 from orchestrator.inventory import HostSpec  # noqa: E402
 from orchestrator.slurm.array import ArrayRun, ArrayStatus  # noqa: E402
 from orchestrator.slurm.client import SlurmClient  # noqa: E402
 from orchestrator.slurm.plan import ArrayPlan  # noqa: E402
 from orchestrator.slurm.role import SlurmRole  # noqa: E402
 from orchestrator.transport.hosts import open_host  # noqa: E402
-from tests.helpers.slurm import SlurmCluster, missing_programs  # noqa: E402
-from tests.helpers.sshd import SSHServer, keygen  # noqa: E402
 
 TASK = 'date +%s.%N > "$1/start.$SLURM_ARRAY_TASK_ID"\n'
 

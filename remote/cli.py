@@ -25,7 +25,7 @@ RELAY_MODULES = {  # the relay's host commands, one module each
 COMMAND_MODULES = (
     "remote.probe.facts",
     "remote.probe.structure",
-    "remote.jobs",
+    "remote.jobs.command",
     "remote.eval.preflight",
     "remote.eval.engine",
     *RELAY_MODULES.values(),
@@ -36,7 +36,7 @@ COMMAND_MODULES = (
 # (scan, lock, send, receive, hash, publish) and each skipped the probe and eval modules'
 # imports (~45 ms of a ~150 ms start on the 2-core test box) and the other relay
 # commands'; so does every `job` command (start, watch, pull, ...), on each eval's path.
-PREFIX_MODULES = {**RELAY_MODULES, "job": "remote.jobs"}
+PREFIX_MODULES = {**RELAY_MODULES, "job": "remote.jobs.command"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """The JSON types of an eval's result files, defined ONCE (re-exported by `remote.protocol`).
 
 A job's folder holds ``result.json`` (schema ``dflash.eval/1``, written by
-`remote.eval.engine` and completed by `remote.jobs.annotate_result`), ``spec.json`` (the
+`remote.eval.engine` and completed by `remote.eval.job.annotate_result`), ``spec.json`` (the
 job spec the controller sent), ``ground_truth.json`` (where the ground truth came from)
 and ``samples.jsonl`` (one record per sample). The controller pulls them from a host it
 does not trust and reads them again from run folders on disk, so before it uses a value it

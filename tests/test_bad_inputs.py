@@ -8,7 +8,7 @@ the problem (no traceback), and that nothing was connected to, written or cached
 - inventory: zero or negative counts refused at load, naming the file, line and key;
 - host side: the preflight refuses counts the job would only trip over later;
 - ground truth: a real HTTP server answering bad ids or a sampled answer makes the host's
-  job runner (``remote.jobs.run``, what ``python -m remote job run`` runs for
+  job runner (``remote.jobs.run.run``, what ``python -m remote job run`` runs for
   ``remote-eval``) fail in one line, with no cache entry written.
 """
 
@@ -251,11 +251,11 @@ def _run_job(job: Path) -> int:
     It installs SIGTERM/SIGHUP handlers for a detached job; the test's own are restored."""
     import signal
 
-    from remote import jobs
+    from remote.jobs.run import run
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return jobs.run(job)
+        return run(job)
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)

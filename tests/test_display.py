@@ -326,7 +326,7 @@ def test_a_result_with_wrong_types_is_one_line_and_never_hides_the_others(
 def test_pulled_result_files_are_checked_before_they_land(tmp_path):
     import base64
 
-    from orchestrator.eval import run as remote_eval
+    from orchestrator.eval import pull
     from orchestrator.inventory import parse_inventory
     from orchestrator.transport.hosts import open_host
     from remote.protocol import check_files
@@ -343,7 +343,7 @@ def test_pulled_result_files_are_checked_before_they_land(tmp_path):
     from orchestrator.errors import DflashError
 
     with pytest.raises(DflashError) as info:
-        remote_eval.decode_files(host, "job-1", encoded)
+        pull.decode_files(host, "job-1", encoded)
     assert str(info.value) == (
         'evalbox: job job-1: result.json: metrics.samples is "four" (a string), expected an '
         "integer; nothing was pulled"
@@ -353,7 +353,7 @@ def test_pulled_result_files_are_checked_before_they_land(tmp_path):
     encoded["result.json"] = base64.b64encode(folder.joinpath("result.json").read_bytes()).decode()
     encoded["spec.json"] = base64.b64encode(json.dumps(spec).encode()).decode()
     with pytest.raises(DflashError, match=r"spec.json: created is \"yesterday\""):
-        remote_eval.decode_files(host, "job-1", encoded)
+        pull.decode_files(host, "job-1", encoded)
 
 
 # ---- the report's baseline ----------------------------------------------------------------

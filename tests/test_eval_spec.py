@@ -9,8 +9,8 @@ import pytest
 from orchestrator.errors import DflashError
 from orchestrator.eval.spec import EvalOptions, engine_spec
 from orchestrator.inventory import EvalRole
-from remote import jobs
 from remote.errors import UserError
+from remote.eval import job as jobs
 from remote.protocol import DEFAULT_BUDGETS, JOB_ENGINE_DEFAULT, EvalSpec
 
 

@@ -964,7 +964,7 @@ def test_carried_file_names_are_names_people_use_and_nothing_that_leaves_the_fol
     import base64
     import hashlib
 
-    from remote import jobs
+    from remote.jobs import start as jobs
     from remote.protocol import carried_name_problem
 
     data = b'{"prompt": "hi"}\n'

@@ -81,9 +81,9 @@ def env(eval_sshd, ssh_base, make_inventory, tmp_path):
 
 
 def test_a_host_that_accepts_dotdot_cannot_make_attach_delete_folders(env):
-    """Before: `--attach ..` on a host that accepts `..` (played here: it answers for a
-    real done-looking job) pulled into results/.. and deleted the folder holding results/,
-    ending in a FileNotFoundError traceback."""
+    """Before: `remote-eval --attach ..` (now `jobs attach ..`) on a host that accepts `..`
+    (played here: it answers for a real done-looking job) pulled into results/.. and
+    deleted the folder holding results/, ending in a FileNotFoundError traceback."""
     real = f"--job-id={env.job}"
     files = {"result.json": base64.b64encode(b"{}").decode()}
     env.hostile.play(
@@ -97,7 +97,7 @@ def test_a_host_that_accepts_dotdot_cannot_make_attach_delete_folders(env):
             " if a.get('event') == 'watch_end' else a",
         },
     )
-    proc = env.cli("remote-eval", "--attach", "..")
+    proc = env.cli("jobs", "attach", "..")
     assert proc.returncode != 0
     line = one_error_line(proc)
     assert "invalid job id '..'" in line
@@ -107,7 +107,7 @@ def test_a_host_that_accepts_dotdot_cannot_make_attach_delete_folders(env):
 def test_a_pull_never_writes_through_a_link_at_the_run_folder(env, tmp_path):
     """A link planted where the run folder goes is replaced, never followed (before:
     `rmtree` refused the link with an OSError traceback)."""
-    from orchestrator.eval import run
+    from orchestrator.eval import pull
 
     elsewhere = tmp_path / "hostile" / "elsewhere"
     elsewhere.mkdir()
@@ -122,7 +122,7 @@ def test_a_pull_never_writes_through_a_link_at_the_run_folder(env, tmp_path):
         "files": {"result.json": base64.b64encode(real.read_bytes()).decode()},
     }
     with env.host() as host:
-        out = run.pull_results(host, env.job, env.results, end)
+        out = pull.pull_results(host, env.job, env.results, end)
     assert not out.is_symlink() and sorted(p.name for p in out.iterdir()) == [
         "pulled.json",
         "result.json",
@@ -215,9 +215,9 @@ def test_a_malformed_job_answer_is_one_line_naming_host_and_field(env, scenario,
     table drawn from whatever the host said."""
     env.hostile.play(**scenario)
     args = {
-        "attach": ("remote-eval", "--attach", env.job),
+        "attach": ("jobs", "attach", env.job),
         "jobs": ("jobs",),
-        "cancel": ("remote-eval", "--cancel", env.job),
+        "cancel": ("jobs", "cancel", env.job),
     }[command]
     proc = env.cli(*args)
     assert proc.returncode != 0, proc.stdout
@@ -237,28 +237,28 @@ def error_line(proc) -> str:
 
 def test_a_start_answer_without_its_pid_is_one_line(env):
     """Before: KeyError 'pid' from `start_job`."""
-    from orchestrator.eval import run
+    from orchestrator.eval import job
 
     env.hostile.play(start={"answer": "{k: v for k, v in a.items() if k != 'pid'}"})
     spec = {"kind": "eval", "checkpoint": "x"}
     with env.host() as host, pytest.raises(DflashError, match=r"evalhost: .*'pid' is missing"):
-        run.start_job(host, spec, f"{env.job}-b")
+        job.start_job(host, spec, f"{env.job}-b")
     env.hostile.cancel(f"{env.job}-b")  # the host did start it
 
 
 def test_honest_answers_pass_the_contract(env):
     """The checks accept what the real bundle answers, for every action."""
-    from orchestrator.eval import hostjobs, run
+    from orchestrator.eval import hostjobs, job
 
     with env.host() as host:
-        status = run.job_status(host, env.job)
+        status = job.job_status(host, env.job)
         assert status["state"] == "cancelled" and status["job_id"] == env.job
-        end = run.watch(host, env.job, pull=True)
+        end = job.watch(host, env.job, pull=True)
         assert end["state"] == "cancelled" and isinstance(end["files"], dict)
-        assert run.cancel(host, env.job)["was"] == "cancelled"
-        ref = run.start_job(host, {"kind": "eval", "checkpoint": "x"}, f"{env.job}-c")
+        assert job.cancel(host, env.job)["was"] == "cancelled"
+        ref = job.start_job(host, {"kind": "eval", "checkpoint": "x"}, f"{env.job}-c")
         assert ref.pid > 0 and ref.dir.endswith(f"{env.job}-c")
-        assert run.cancel(host, ref.job_id)["state"] == "cancelled"
+        assert job.cancel(host, ref.job_id)["state"] == "cancelled"
     rows = hostjobs.jobs_on(load_inventory(env.inventory))
     assert {r["job_id"] for r in rows} >= {env.job, f"{env.job}-c"}
     assert {r["host"] for r in rows} == {"evalhost"}
@@ -297,12 +297,12 @@ def test_a_job_list_line_without_end_is_refused_at_its_cap(env, monkeypatch):
 
 def test_a_watch_stream_without_newline_is_refused_at_its_cap(env, monkeypatch):
     """Before: 732 MiB for a 600 MB watch stream without a newline."""
-    from orchestrator.eval import run
+    from orchestrator.eval import job
 
     lower(monkeypatch, "EVENT_MAX", 1 * MiB)
     env.hostile.play(watch={"print": "(b'{\"event\": \"x' + b'x' * MiB for _ in range(64))"})
     with env.host() as host, pytest.raises(DflashError, match=r"sent a line over 1 MiB; refused"):
-        finishes(lambda: run.watch(host, env.job))
+        finishes(lambda: job.watch(host, env.job))
     assert env.hostile.left_behind() == []
     assert env.hostile.written() < 32 * MiB
 
@@ -310,7 +310,7 @@ def test_a_watch_stream_without_newline_is_refused_at_its_cap(env, monkeypatch):
 def test_a_pull_and_a_file_read_are_refused_at_their_caps(env, monkeypatch, tmp_path):
     """`job pull`'s answer (the result files) and a file a host holds (a ground truth the
     controller slices) are read to their caps, no further. Before: read whole."""
-    from orchestrator.eval import run
+    from orchestrator.eval import pull
 
     lower(monkeypatch, "RESULT_MAX", 1 * MiB)
     env.hostile.play(pull={"print": "(b'{\"x' + b'x' * MiB for _ in range(64))"})
@@ -318,7 +318,7 @@ def test_a_pull_and_a_file_read_are_refused_at_their_caps(env, monkeypatch, tmp_
     big.write_bytes(b"x" * 3 * MiB)
     with env.host() as host:
         with pytest.raises(DflashError, match=r"evalhost: job pull sent a line over 1 MiB"):
-            finishes(lambda: run.pull_results(host, env.job, env.results))
+            finishes(lambda: pull.pull_results(host, env.job, env.results))
         from orchestrator.eval.jobwire import fetch
 
         too_big = r"evalhost: the ground truth .*big.jsonl is more than 1 MiB; refused"
@@ -332,7 +332,7 @@ def test_a_pull_and_a_file_read_are_refused_at_their_caps(env, monkeypatch, tmp_
 def test_the_end_of_a_watch_may_carry_results_bigger_than_an_event(env, tmp_path, monkeypatch):
     """The last line of a watch (--pull) carries the result files: it has its own cap,
     sized for results, above an event's; beyond it, one line."""
-    from orchestrator.eval import run
+    from orchestrator.eval import job, pull
 
     lower(monkeypatch, "EVENT_MAX", 1 * MiB)
     log = "base64.b64encode(b'y' * 3 * MiB).decode()"
@@ -346,12 +346,12 @@ def test_the_end_of_a_watch_may_carry_results_bigger_than_an_event(env, tmp_path
         }
     )
     with env.host() as host:
-        end = finishes(lambda: run.watch(host, env.job, pull=True))
-        out = run.pull_results(host, env.job, env.results, end)
+        end = finishes(lambda: job.watch(host, env.job, pull=True))
+        out = pull.pull_results(host, env.job, env.results, end)
         assert (out / "log.txt").read_bytes() == b"y" * 3 * MiB
         lower(monkeypatch, "RESULT_MAX", 2 * MiB)
         with pytest.raises(DflashError, match=r"sent a line over 2 MiB; refused"):
-            finishes(lambda: run.watch(host, env.job, pull=True))
+            finishes(lambda: job.watch(host, env.job, pull=True))
     for p in out.iterdir():  # the case's own run folder: not "outside"
         p.unlink()
     out.rmdir()
@@ -364,15 +364,15 @@ def test_a_watch_whose_host_goes_silent_ends_with_one_line(env, monkeypatch):
     """The host's watch sends a heartbeat every few seconds; a host that stops sending
     (here: after its real events, before its end) ends the watch at the silence bound.
     Before: waited forever."""
-    from orchestrator.eval import run
+    from orchestrator.eval import job
 
     lower(monkeypatch, "WATCH_SILENCE_SECONDS", 2.0)
     env.hostile.play(watch={"answer": "HANG if a.get('event') == 'watch_end' else a"})
     seen: list[dict] = []
     with env.host() as host, pytest.raises(DflashError) as err:
-        finishes(lambda: run.watch(host, env.job, seen.append))
+        finishes(lambda: job.watch(host, env.job, seen.append))
     assert str(err.value).startswith(f"evalhost: job watch of {env.job} sent nothing for 2s")
-    assert f"dflash remote-eval --attach {env.job}" in str(err.value)
+    assert f"dflash jobs attach {env.job} --host evalhost" in str(err.value)
     events = (env.hostile.workdir / "jobs" / env.job / "events.jsonl").read_text()
     assert seen == [json.loads(line) for line in events.splitlines()]  # all before the silence
 
@@ -392,7 +392,7 @@ def test_a_job_command_whose_host_never_finishes_ends_at_its_deadline(
 ):
     """Before: `job start --follow`'s answer, attach's status and a cancel waited as long
     as the host kept the channel open."""
-    from orchestrator.eval import hostjobs, run
+    from orchestrator.eval import hostjobs, job, run
 
     lower(monkeypatch, "DEADLINES", {action: 2.0})
     env.hostile.play(**{action: rule})
@@ -400,7 +400,7 @@ def test_a_job_command_whose_host_never_finishes_ends_at_its_deadline(
 
     def start():
         with env.host() as host:
-            run.start_job(host, {"kind": "eval", "checkpoint": "x"}, f"{env.job}-s", follow=True)
+            job.start_job(host, {"kind": "eval", "checkpoint": "x"}, f"{env.job}-s", follow=True)
 
     work = {
         "status": lambda: run.attach(inv, "evalhost", env.job),

@@ -19,6 +19,7 @@ from orchestrator.cli import app
 from orchestrator.errors import DflashError
 from orchestrator.eval import parity
 from orchestrator.inventory import load_inventory
+from orchestrator.results import parity_view
 from tests.helpers.checkpoints import without_tokenizer
 from tests.helpers.cli import dflash, one_error_line
 from tests.helpers.sshd import ssh_host_entry
@@ -75,7 +76,7 @@ def pair(trainer_sshd, eval_sshd, ssh_base, make_inventory, tmp_path):
 def run(inv, **kw) -> dict:
     opts = parity.ParityOptions(samples=4, **kw)
     run_dir = parity.run_parity(inv, "trainer", "evalhost", opts)
-    return parity.load(run_dir) | {"_dir": str(run_dir)}
+    return parity_view.load(run_dir) | {"_dir": str(run_dir)}
 
 
 def test_identical_hosts_give_exactly_zero(pair):
@@ -182,8 +183,8 @@ def test_cli_parity_results_list_show_and_cuda_error(pair, monkeypatch):
     again = cli.invoke(
         app,
         [
-            "parity",
-            "--attach",
+            "jobs",
+            "attach",
             doc["run_id"],
             "--host",
             "evalhost",
@@ -212,10 +213,10 @@ def test_engine_device_option_one_path_and_clear_errors(tmp_path):
     sees no GPU is one line before anything loads; a bad name is refused by form."""
     import torch
 
-    from remote import jobs
     from remote.errors import UserError
     from remote.eval import device, preflight
     from remote.eval import engine as evaluate
+    from remote.eval import job as jobs
 
     assert str(device.resolve(None)) == "cpu" and str(device.resolve("cpu")) == "cpu"
     spec = {
@@ -348,16 +349,17 @@ def test_jobs_lists_the_jobs_of_every_host_a_trainer_included(two_hosts):
     fails at once: its target is not there); the plain listing shows it."""
     import time
 
-    from orchestrator.eval import run as remote_eval
+    from orchestrator.eval import job as remote_job
+    from orchestrator.eval.spec import new_job_id
     from orchestrator.transport.hosts import open_host
 
     inv = load_inventory(two_hosts)
     assert inv.hosts["trainer"].eval is None
     spec = {"kind": "parity-capture", "checkpoint": "parity-a", "eval": {"target": "/none"}}
     with open_host(inv.hosts["trainer"], inv) as host:
-        ref = remote_eval.start_job(host, spec, remote_eval.new_job_id("parity-a"))
+        ref = remote_job.start_job(host, spec, new_job_id("parity-a"))
         deadline = time.monotonic() + 120  # a hang guard
-        while remote_eval.job_status(host, ref.job_id)["state"] in ("starting", "running"):
+        while remote_job.job_status(host, ref.job_id)["state"] in ("starting", "running"):
             assert time.monotonic() < deadline, "the job never ended"
             time.sleep(0.2)
     listed = dflash("jobs", "-i", str(two_hosts), "--json")

@@ -158,3 +158,5 @@ def test_the_tour_runs_as_written(tour_folder):
     assert result["metrics"]["tau_per_sample_mean"] >= 1.0
     listing = next(out for c, out in outputs.items() if c.startswith("dflash results list"))
     assert run.name in listing  # the full run id, as the table shows it
+    jobs = next(out for c, out in outputs.items() if c.startswith("dflash jobs list"))
+    assert run.name in jobs and "done" in jobs  # the job that made it, on evalbox

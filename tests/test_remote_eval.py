@@ -198,7 +198,7 @@ def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
     carries its result files back; a later pull is one command; files a host names outside
     the result set are never written, and garbled ones are refused in one line."""
     from orchestrator.errors import RemoteCommandError
-    from orchestrator.eval import run
+    from orchestrator.eval import pull, run
     from orchestrator.inventory import load_inventory
     from orchestrator.transport import hosts
 
@@ -240,7 +240,7 @@ def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
 
     sent.clear()
     with hosts.open_host(inv.host("evalhost"), inv) as host:
-        again = run.pull_results(host, run_dir.name, tmp_path / "again")
+        again = pull.pull_results(host, run_dir.name, tmp_path / "again")
         assert len(sent) == 1  # `job pull`, run only if the bundle is there
         assert (again / "result.json").read_bytes() == (run_dir / "result.json").read_bytes()
         real = base64.b64encode((run_dir / "result.json").read_bytes()).decode()
@@ -249,12 +249,12 @@ def test_an_eval_is_one_ssh_command_after_connecting_and_pulls_checked_files(
             "dir": str(job_dir),
             "files": {"result.json": real, "../../outside.json": "e30="},
         }
-        out = run.pull_results(host, "forged", tmp_path / "forged", forged)
+        out = pull.pull_results(host, "forged", tmp_path / "forged", forged)
         assert sorted(p.name for p in out.iterdir()) == ["pulled.json", "result.json"]
         assert not (tmp_path / "outside.json").exists()
         forged["files"] = {"result.json": "not base64!"}
         with pytest.raises(RemoteCommandError, match="result.json arrived garbled"):
-            run.pull_results(host, "garbled", tmp_path / "garbled", forged)
+            pull.pull_results(host, "garbled", tmp_path / "garbled", forged)
         assert not (tmp_path / "garbled" / "garbled").exists()
 
 
@@ -307,8 +307,8 @@ def test_carried_files_are_checked_before_a_job_starts(tmp_path):
     """A job start writes the files it carries only as plain names inside the workdir's
     prompts/ or groundtruth/shards/, whole and matching their sha256; anything else is
     one line, and no job folder, process or file outside is made."""
-    from remote import jobs
     from remote.errors import UserError
+    from remote.jobs import start as jobs
 
     workdir = tmp_path / "wd"
     data = b'{"prompt": "hi"}\n'
@@ -345,8 +345,8 @@ def test_a_deferred_ground_truth_is_awaited_and_its_absence_is_one_line(tmp_path
     by a rename) and fails in one line when it does not come in time."""
     import threading
 
-    from remote import jobs
     from remote.errors import UserError
+    from remote.eval import job as jobs
     from remote.protocol import GT_DEFERRED_FILE
 
     target = tmp_path / GT_DEFERRED_FILE
@@ -410,8 +410,10 @@ def test_killed_cli_leaves_job_running_and_attach_pulls_it(inventory, eval_sshd,
     cli.wait()
     assert not (workdir(eval_sshd) / "jobs" / job / "exit.json").exists()  # killed mid-run
 
+    # the form that moved to `jobs attach` still works, with a one-line notice
     attached = dflash("remote-eval", "--attach", job, "-i", str(inventory), "--json", timeout=300)
     assert attached.returncode == 0, attached.stderr
+    assert "use dflash jobs attach JOB" in attached.stderr.splitlines()[0]
     out = json.loads(attached.stdout)
     assert out["run_id"] == job
     result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
@@ -477,7 +479,7 @@ def test_cancel_stops_every_process_of_the_job(inventory, eval_sshd, tmp_path):
     assert len(family) == 1  # the runner runs the engine itself: one torch import a job
     assert all(p.pid == pgid or os.getpgid(p.pid) == pgid for p in family)
 
-    cancelled = dflash("remote-eval", "--cancel", job, "-i", str(inventory), "--json")
+    cancelled = dflash("jobs", "cancel", job, "-i", str(inventory), "--json")
     assert cancelled.returncode == 0, cancelled.stderr
     out = json.loads(cancelled.stdout)
     assert out["state"] == "cancelled" and out["was"] == "running"
@@ -491,10 +493,12 @@ def test_cancel_stops_every_process_of_the_job(inventory, eval_sshd, tmp_path):
     assert all(gone(p) for p in family)
     alive = [p for p in psutil.process_iter(["pid"]) if not gone(p) and _pgid(p.pid) == pgid]
     assert alive == []
-    jobs = json.loads(dflash("jobs", "--host", "evalhost", "-i", str(inventory), "--json").stdout)
+    jobs = json.loads(
+        dflash("jobs", "list", "--host", "evalhost", "-i", str(inventory), "--json").stdout
+    )
     assert next(j for j in jobs if j["job_id"] == job)["state"] == "cancelled"
     # Attaching to a cancelled job says so in one line.
-    again = dflash("remote-eval", "--attach", job, "-i", str(inventory))
+    again = dflash("jobs", "attach", job, "-i", str(inventory))
     assert again.returncode != 0
     assert f"job {job} on evalhost cancelled" in one_error_line(again)
 
@@ -551,7 +555,7 @@ def test_a_full_disk_during_an_eval_is_reported_with_the_os_error(
         assert ended["error"].startswith("no space left on device (ENOSPC) while writing ")
         assert str(folder) in ended["error"]
         assert all(line.startswith("{") for line in events().splitlines())  # whole lines
-        attached = dflash("remote-eval", "--attach", job, "-i", str(inv))
+        attached = dflash("jobs", "attach", job, "-i", str(inv))
         assert attached.returncode != 0
         line = one_error_line(attached)
         assert f"job {job} on evalhost failed: no space left on device (ENOSPC)" in line
@@ -559,8 +563,8 @@ def test_a_full_disk_during_an_eval_is_reported_with_the_os_error(
 
 def test_a_full_disk_at_a_job_start_is_one_line_and_starts_nothing(tmp_path):
     """Before: an OSError traceback from writing spec.json, and half a job folder."""
-    from remote import jobs
     from remote.errors import UserError
+    from remote.jobs import start as jobs
     from tests.helpers.diskfull import fill, tiny_filesystem
 
     with tiny_filesystem(tmp_path / "tiny", "1m") as disk:

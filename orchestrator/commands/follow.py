@@ -23,7 +23,6 @@ from orchestrator.commands.common import (
     positive,
     stopped_by_signal,
 )
-from orchestrator.errors import DflashError
 from orchestrator.eval import follow as follow_lib
 from orchestrator.eval.spec import EvalOptions, engine_spec
 
@@ -113,16 +112,12 @@ def follow_cmd(
     cancels the running eval job and ends with one line; the history is kept, and a restart
     attaches to a job a crash left running."""
     inv = inventory(ctx, inventory_path)
-    src = source or inv.defaults.relay_from
-    dst = dest or inv.defaults.relay_to
-    if not src or not dst:
-        raise DflashError(
-            "follow needs --from TRAINER and --to EVAL_HOST (or "
-            "defaults.relay_from and defaults.relay_to in the inventory)"
-        )
     engine, chosen = engine_spec(dtype=dtype, budgets=budgets)
-    options = follow_lib.FollowOptions(
-        keep=keep if keep is not None else inv.defaults.keep,
+    request = follow_lib.follow_request(
+        inv,
+        source,
+        dest,
+        keep=keep,
         interval=interval,
         probe=probe,
         results_dir=results,
@@ -145,11 +140,9 @@ def follow_cmd(
     # the command ends with one line and the shell's exit code for that signal.
     note = "; the history is kept: run dflash follow again to go on"
     with stopped_by_signal(note), output.RichEvents(enabled=not json_out) as events:
-        if once:
-            follow_lib.follow_pass(inv, src, dst, options, events)
-        else:
-            follow_lib.follow(inv, src, dst, options, events)
-    folder = follow_lib.state_dir(inv, src, dst, options)
+        run = follow_lib.follow_pass if once else follow_lib.follow
+        run(request.inventory, request.source, request.dest, request.options, events)
+    folder = follow_lib.state_dir(request.inventory, request.source, request.dest, request.options)
     output.emit(folder, json_out, human=output.render_follow, as_json=output.follow_json)
 
 

@@ -24,8 +24,7 @@ from orchestrator.commands.common import (
     ThreadsOption,
     inventory,
 )
-from orchestrator.errors import DflashError
-from orchestrator.eval import hostjobs, parity
+from orchestrator.eval import parity
 
 
 def parity_cmd(
@@ -99,18 +98,6 @@ def parity_cmd(
         ),
     ] = False,
     threads: ThreadsOption = None,
-    cancel: Annotated[
-        str | None, typer.Option("--cancel", metavar="JOB", help="Stop parity job JOB on --host.")
-    ] = None,
-    attach: Annotated[
-        str | None,
-        typer.Option(
-            "--attach",
-            metavar="JOB",
-            help="Resume watching compare job JOB on --host, then pull its result.",
-        ),
-    ] = None,
-    host: Annotated[str | None, typer.Option("--host", help="Host of --cancel / --attach.")] = None,
     results: ResultsDirOption = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
@@ -120,27 +107,9 @@ def parity_cmd(
     features give the drafter.
 
     Both hosts are checked first (python, torch, the target, memory, and that both targets
-    are copies of one checkpoint); nothing is captured until both pass."""
+    are copies of one checkpoint); nothing is captured until both pass. Its jobs are
+    listed, attached to and cancelled with dflash jobs."""
     inv = inventory(ctx, inventory_path)
-    if cancel:
-        if not host:
-            raise DflashError("--cancel JOB needs --host HOST (the host the job runs on)")
-        out = hostjobs.cancel_on(inv, host, cancel)
-        output.emit(
-            out, json_out, human=lambda o: output.render_cancelled(o, cancel, host, processes=False)
-        )
-        return
-    if attach:
-        if not host:
-            raise DflashError("--attach JOB needs --host HOST (host B, where it compares)")
-        run_dir = parity.attach(inv, host, attach, dest=results)
-        output.emit(
-            run_dir, json_out, human=output.render_parity_run, as_json=output.parity_attach_json
-        )
-        return
-    names = [n.strip() for n in (hosts or "").split(",") if n.strip()]
-    if len(names) != 2:
-        raise DflashError("--hosts needs exactly two hosts, A,B (A the reference, B compares)")
     opts = parity.ParityOptions(
         model_a=model_a,
         model_b=model_b,
@@ -167,10 +136,17 @@ def parity_cmd(
         threads=threads,
         allow_different_targets=allow_different_targets,
     )
+    request = parity.parity_request(inv, hosts, opts)
 
     with output.ParityLines(enabled=not json_out) as lines:
         run_dir = parity.run_parity(
-            inv, names[0], names[1], opts, on_event=lines, dest=results, on_start=lines.started
+            request.inventory,
+            request.host_a,
+            request.host_b,
+            request.options,
+            on_event=lines,
+            dest=results,
+            on_start=lines.started,
         )
     output.emit(run_dir, json_out, human=output.render_parity_run, as_json=output.parity_json)
 

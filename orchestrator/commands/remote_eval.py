@@ -1,4 +1,5 @@
-"""`dflash remote-eval` (start, --attach, --cancel) and `dflash jobs`."""
+"""`dflash remote-eval`: evaluate a checkpoint on the eval host (and wait, or --detach), or
+sharded across --hosts. Attaching to and cancelling jobs: `dflash jobs`."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ from orchestrator.commands.common import (
     TopkOption,
     inventory,
 )
-from orchestrator.errors import DflashError
-from orchestrator.eval import hostjobs, shard
 from orchestrator.eval import run as remote_eval
+from orchestrator.eval import shard
+from orchestrator.eval.job import JobRef
+from orchestrator.eval.request import eval_request
 from orchestrator.eval.spec import EvalOptions, engine_spec
 from orchestrator.results import store as res
 from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
@@ -40,14 +42,15 @@ from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
 def remote_eval_cmd(
     ctx: typer.Context,
     checkpoint: Annotated[
-        str | None,
+        str,
         typer.Option(
             "--checkpoint",
             "-c",
             help="Drafter checkpoint: a name under the eval host's "
             "'drafters' folder, or an absolute path there.",
+            show_default=False,
         ),
-    ] = None,
+    ],
     host: Annotated[
         str | None, typer.Option("--host", "-H", help="Eval host (default: defaults.eval_host).")
     ] = None,
@@ -59,18 +62,11 @@ def remote_eval_cmd(
             "or inventory groups) and merge into one result.",
         ),
     ] = None,
-    attach: Annotated[
-        str | None,
-        typer.Option(
-            "--attach", help="Resume watching job JOB, then pull its results.", metavar="JOB"
-        ),
-    ] = None,
-    cancel: Annotated[
-        str | None,
-        typer.Option("--cancel", help="Stop job JOB and every process it started.", metavar="JOB"),
-    ] = None,
     detach: Annotated[
-        bool, typer.Option("--detach", help="Start the job and return; watch later with --attach.")
+        bool,
+        typer.Option(
+            "--detach", help="Start the job and return; watch it later with dflash jobs attach."
+        ),
     ] = False,
     prompts: PromptsOption = None,
     samples: SamplesOption = None,
@@ -120,29 +116,10 @@ def remote_eval_cmd(
 ) -> None:
     """Evaluate a drafter checkpoint ON the eval host, detached; watch it; pull the results.
 
-    The job survives a dropped connection or a killed dflash: resume with --attach JOB.
+    The job survives a dropped connection or a killed dflash: resume with dflash jobs
+    attach JOB.
     """
     inv = inventory(ctx, inventory_path)
-    if sum(bool(x) for x in (checkpoint, attach, cancel)) != 1:
-        raise DflashError("give exactly one of --checkpoint NAME, --attach JOB, --cancel JOB")
-    if hosts:
-        if host or attach or cancel or detach:
-            raise DflashError(
-                "--hosts runs a sharded eval to the end; it does not combine "
-                "with --host, --attach, --cancel or --detach"
-            )
-        names = [n.strip() for n in hosts.split(",") if n.strip()]
-    name = remote_eval.eval_host_name(inv, host) if not hosts else None
-    if cancel:
-        out = hostjobs.cancel_on(inv, name, cancel)
-        output.emit(out, json_out, human=lambda o: output.render_cancelled(o, cancel, name))
-        return
-    show = not json_out
-    if attach:
-        with output.LiveProgress(show) as live:
-            run_dir = remote_eval.attach(inv, name, attach, on_event=live, dest=results)
-        _report(run_dir, json_out)
-        return
     engine, chosen = engine_spec(
         dtype=dtype, threads=threads, budgets=budgets, topk=topk, positions=positions, device=device
     )
@@ -165,27 +142,28 @@ def remote_eval_cmd(
         engine=engine,
         chosen=chosen,
     )
-    if hosts:
+    request = eval_request(inv, checkpoint, options, host=host, hosts=hosts, detach=detach)
+    show = not json_out
+    if request.hosts:
         with output.ShardProgress(show) as live:
             run_dir = shard.run_sharded(
-                inv, names, checkpoint, options, on_event=live, dest=results
+                inv, request.hosts, checkpoint, options, on_event=live, dest=results
             )
-        _report(run_dir, json_out)
+    elif request.detach:
+        ref = remote_eval.start_eval(inv, request.host, checkpoint, options)
+        output.emit(ref, json_out, human=output.render_started, as_json=JobRef.to_json)
         return
-    if detach:
-        ref = remote_eval.start_eval(inv, name, checkpoint, options)
-        output.emit(ref, json_out, human=output.render_started, as_json=remote_eval.JobRef.to_json)
-        return
-    with output.LiveProgress(show) as live:
-        run_dir = remote_eval.run_eval(
-            inv,
-            name,
-            checkpoint,
-            options,
-            on_event=live,
-            dest=results,
-            on_start=output.job_started(name),
-        )
+    else:
+        with output.LiveProgress(show) as live:
+            run_dir = remote_eval.run_eval(
+                inv,
+                request.host,
+                checkpoint,
+                options,
+                on_event=live,
+                dest=results,
+                on_start=output.job_started(request.host),
+            )
     _report(run_dir, json_out)
 
 
@@ -196,26 +174,5 @@ def _report(run_dir, json_out: bool) -> None:
     )
 
 
-def jobs_cmd(
-    ctx: typer.Context,
-    host: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--host",
-            "-H",
-            help="Host(s) or group(s) to ask (default: every host in the inventory: evals run "
-            "on eval hosts, parity captures on either host, a trainer included).",
-        ),
-    ] = None,
-    inventory_path: InventoryOption = None,
-    json_out: JsonOption = False,
-) -> None:
-    """List the jobs on the inventory's hosts (evals, parity captures and compares) with
-    their state and progress."""
-    rows = hostjobs.jobs_on(inventory(ctx, inventory_path), host)
-    output.emit(rows, json_out, human=output.render_jobs)
-
-
 def register(app: typer.Typer) -> None:
     app.command("remote-eval")(remote_eval_cmd)
-    app.command("jobs")(jobs_cmd)

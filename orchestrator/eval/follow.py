@@ -43,15 +43,15 @@ next resume) or cancels the running job on the eval host, then re-raises.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import DflashError
 from orchestrator.eval.follow_checkpoint import CheckpointFollower, check_target
+from orchestrator.eval.follow_options import FollowEvents, FollowOptions
+from orchestrator.eval.follow_options import follow_request as follow_request
 from orchestrator.eval.follow_state import (
     HISTORY,
     PLOT,
@@ -61,51 +61,9 @@ from orchestrator.eval.follow_state import (
     redraw,
     state_dir,
 )
-from orchestrator.eval.spec import EvalOptions
 from orchestrator.inventory import Inventory
 from orchestrator.relay import run as relay
 from orchestrator.results import export
-
-
-@dataclass
-class FollowOptions:
-    """How to follow. `eval` holds the evaluation options (defaults: the inventory's)."""
-
-    keep: int | None = None
-    interval: float = 60.0
-    probe: bool = False
-    eval: EvalOptions = field(default_factory=EvalOptions)
-    results_dir: str | os.PathLike | None = None
-    state_dir: str | os.PathLike | None = None
-    tensorboard: str | os.PathLike | None = None  # log folder
-    wandb: str | None = None  # project
-
-    def __post_init__(self) -> None:
-        """Refuse a count no follow can run with before anything connects (the eval's own
-        options check themselves)."""
-        if self.keep is not None and (
-            isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1
-        ):
-            raise DflashError(f"--keep must be a whole number of at least 1, got {self.keep!r}")
-        if not self.interval > 0:
-            raise DflashError(f"--interval must be more than 0 seconds, got {self.interval!r}")
-
-
-class FollowEvents:
-    """What follow reports while it works; the CLI draws it, tests hook into it."""
-
-    def message(self, text: str) -> None:
-        pass
-
-    def relay_progress(self, checkpoint: str) -> relay.Progress | None:
-        return None
-
-    def eval_event(self, checkpoint: str, event: dict) -> None:
-        pass
-
-    def recorded(self, entry: dict) -> None:
-        pass
-
 
 # ---- entry points --------------------------------------------------------------------------
 

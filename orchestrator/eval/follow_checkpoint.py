@@ -15,16 +15,19 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from orchestrator.errors import DflashError, RemoteCommandError
+from orchestrator.eval import job as remote_job
 from orchestrator.eval import run as remote_eval
+from orchestrator.eval.follow_options import FollowEvents, FollowOptions
 from orchestrator.eval.follow_state import FollowError, FollowState, redraw
 from orchestrator.eval.spec import (
     EvalOptions,
     build_spec,
     eval_identity,
     ground_truth_source,
+    new_job_id,
+    resolve_checkpoint,
     target_model,
 )
 from orchestrator.inventory import Inventory
@@ -32,12 +35,9 @@ from orchestrator.probe.structure import probe_structure
 from orchestrator.relay import run as relay
 from orchestrator.results import export
 from orchestrator.results import store as results
+from orchestrator.results.store import results_dir
 from orchestrator.transport.hosts import HostError, open_host
 from remote.protocol import JOB_EVAL_KEY
-
-if TYPE_CHECKING:  # the loop's types; it imports this module
-    from orchestrator.eval.follow import FollowEvents, FollowOptions
-
 
 # ---- one checkpoint ------------------------------------------------------------------------
 
@@ -106,7 +106,7 @@ def check_target(inventory: Inventory, dest: str, options: EvalOptions) -> None:
                 JOB_EVAL_KEY: engine.to_json(),
                 "ground_truth": ground_truth_source(host, spec, options),
             }
-            remote_eval.preflight(host, job, target_only=True)
+            remote_job.preflight(host, job, target_only=True)
         except HostError:
             raise  # not reachable now: the loop tries again
         except DflashError as exc:  # refused, or no job could run with these settings
@@ -117,7 +117,7 @@ def _saved_job_state(inventory: Inventory, dest: str, job_id: str) -> str | None
     """The state of a saved job on the eval host; None when the host has no such job."""
     with open_host(inventory.host(dest), inventory) as host:
         try:
-            return remote_eval.job_status(host, job_id)["state"]
+            return remote_job.job_status(host, job_id)["state"]
         except RemoteCommandError as exc:
             if "no job" in str(exc):
                 return None
@@ -127,7 +127,7 @@ def _saved_job_state(inventory: Inventory, dest: str, job_id: str) -> str | None
 def _cancel(inventory: Inventory, dest: str, job_id: str) -> None:
     with open_host(inventory.host(dest), inventory) as host:
         try:
-            remote_eval.cancel(host, job_id)
+            remote_job.cancel(host, job_id)
         except RemoteCommandError as exc:
             if "no job" not in str(exc):  # never started: nothing to stop
                 raise
@@ -148,7 +148,7 @@ class CheckpointFollower:
     ):
         self.inv, self.source, self.dest = inventory, source, dest
         self.opts, self.events = options, events
-        self.results = remote_eval.results_dir(inventory, options.results_dir)
+        self.results = results_dir(inventory, options.results_dir)
         self.trackers = trackers or []
 
     def process(
@@ -200,7 +200,7 @@ class CheckpointFollower:
             _, host, error = report.failures[0]
             raise DflashError(f"relay of {name} to {host} failed: {error}")
         probe = self._probe(name) if self.opts.probe else None
-        job_id = remote_eval.new_job_id(name)
+        job_id = new_job_id(name)
         if probe is not None and not probe["ok"]:
             entry = _failed(
                 name,
@@ -245,7 +245,7 @@ class CheckpointFollower:
         spec = self.inv.host(self.dest)
         target = target_model(spec, self.opts.eval)
         with open_host(spec, self.inv) as host:
-            drafter = remote_eval.resolve_checkpoint(host, spec, name)
+            drafter = resolve_checkpoint(host, spec, name)
             report = probe_structure(host, target, drafter=drafter)
         d = report.get("drafter") or {}
         self.events.message(
@@ -276,7 +276,7 @@ class CheckpointFollower:
         except KeyboardInterrupt:
             self._interrupted(st, name, job_id)
             raise
-        except remote_eval.JobError as exc:  # the eval itself failed: recorded, not retried
+        except remote_job.JobError as exc:  # the eval itself failed: recorded, not retried
             entry = _failed(name, step, self.dest, job_id, str(exc), probe)
             st.record(entry)
             return entry
@@ -304,7 +304,7 @@ class CheckpointFollower:
         except KeyboardInterrupt:
             self._interrupted(st, name, job_id)
             raise
-        except remote_eval.JobError as exc:
+        except remote_job.JobError as exc:
             entry = _failed(name, step, self.dest, job_id, str(exc), probe)
             st.record(entry)
             return entry

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import DflashError
-from orchestrator.eval.run import results_dir
 from orchestrator.inventory import Inventory
 from orchestrator.results import plots
 from orchestrator.results import store as results
+from orchestrator.results.store import results_dir
 from remote.atomic import write_json_atomic
 
 STATE_FORMAT = "dflash-follow/1"

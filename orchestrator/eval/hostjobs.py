@@ -1,8 +1,19 @@
-"""The jobs of the inventory's hosts, by host name: list them across hosts, cancel one
-(``dflash jobs``, ``dflash remote-eval --cancel``, ``dflash parity --cancel``)."""
+"""The jobs of the inventory's hosts, by host name, whatever their kind: list them across
+hosts, attach to one (watch it to its end and pull its result), cancel one (``dflash jobs
+list|attach|cancel``). A job's kind (`remote.protocol.JOB_KINDS`) says how it is attached
+to: an eval's run, a parity compare's run; a parity capture is one half of a parity run
+and cannot be resumed alone."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.errors import DflashError
+from orchestrator.eval import job as remote_job
+from orchestrator.eval import jobwire, parity
 from orchestrator.eval import run as remote_eval
 from orchestrator.inventory import Inventory
 from orchestrator.transport.hosts import open_host
@@ -20,13 +31,76 @@ def jobs_on(inventory: Inventory, names: list[str] | None = None) -> list[dict]:
             # the host's name as the inventory says it, whatever a row claims
             rows += [
                 {"host": spec.name, **{k: v for k, v in job.items() if k != "host"}}
-                for job in remote_eval.list_jobs(h)
+                for job in remote_job.list_jobs(h)
             ]
     return rows
 
 
-def cancel_on(inventory: Inventory, host_name: str, job_id: str) -> dict:
-    """Stop job `job_id` on host `host_name` and every process it started; its answer
-    (``job_id``, ``state``, ``was``, ``killed``)."""
-    with open_host(inventory.host(host_name), inventory) as h:
-        return remote_eval.cancel(h, job_id)
+@dataclass(frozen=True)
+class Cancelled:
+    """A job stopped on `host`: the host's answer (``job_id``, ``state``, ``was``,
+    ``killed``)."""
+
+    host: str
+    job_id: str
+    answer: dict
+
+    def to_json(self) -> dict:
+        return self.answer
+
+
+def cancel_on(inventory: Inventory, host_name: str | None, job_id: str) -> Cancelled:
+    """Stop job `job_id` on host `host_name` (default: the eval host) and every process it
+    started."""
+    job_id = jobwire.local_job_id(job_id)
+    name = remote_eval.eval_host_name(inventory, host_name)
+    with open_host(inventory.host(name), inventory) as h:
+        return Cancelled(name, job_id, remote_job.cancel(h, job_id))
+
+
+@dataclass(frozen=True)
+class Attached:
+    """A job watched to its end and pulled: its kind and its local run folder."""
+
+    kind: str
+    run_dir: Path
+
+
+def attach_on(
+    inventory: Inventory,
+    host_name: str | None,
+    job_id: str,
+    *,
+    on_event: Callable[[dict], None] | None = None,
+    dest: str | os.PathLike | None = None,
+) -> Attached:
+    """Watch job `job_id` on `host_name` (default: the eval host) to its end, its events to
+    `on_event`, then pull its result into the results folder (`dest`: another one), as
+    its kind does: an eval's run (`run.attach`) or a parity compare's (`parity.attach`).
+    One state check tells which; a parity capture is refused in one line."""
+    job_id = jobwire.local_job_id(job_id)  # it names a folder here: checked before connecting
+    name = remote_eval.eval_host_name(inventory, host_name)
+    with open_host(inventory.host(name), inventory) as host:
+        status = remote_job.job_status(host, job_id)
+        kind = status.get("kind") or "eval"
+        if kind == "eval":
+            run_dir = remote_eval.attach(
+                inventory, name, job_id, on_event=on_event, dest=dest, host=host, status=status
+            )
+        elif kind == "parity-compare":
+            run_dir = parity.attach(
+                inventory,
+                name,
+                job_id,
+                on_event=(lambda _stage, ev: on_event(ev)) if on_event else None,
+                dest=dest,
+                host=host,
+                status=status,
+            )
+        else:
+            raise DflashError(
+                f"job {job_id} on {name} is a {kind} job: one half of a parity run, which "
+                "cannot be resumed alone; run dflash parity again (B's ground truth comes "
+                "from its cache)"
+            )
+    return Attached(kind, run_dir)

@@ -41,7 +41,7 @@ LIST_MAX = 64 * MiB
 EVENT_MAX = 16 * MiB
 RESULT_MAX = 512 * MiB
 # How long each command may take in all (seconds). A start waits for the host checks,
-# which the host gives up on after `remote.jobs.PREFLIGHT_WAIT_SECONDS` (110 s); a cancel
+# which the host gives up on after `remote.jobs.start.PREFLIGHT_WAIT_SECONDS` (110 s); a cancel
 # for the job's processes to end (a grace period, then KILL); a pull moves the files.
 DEADLINES = {"start": 170.0, "status": 60.0, "list": 120.0, "cancel": 120.0, "pull": 1800.0}
 # A watch has no deadline (a job takes as long as it takes) but the host's watch sends a

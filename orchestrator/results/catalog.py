@@ -20,10 +20,8 @@ def results_root(results_dir: Path | None, inventory_path: Path | None) -> Path:
     else ``./results`` when there is no inventory (unless one was named: then its error)."""
     if results_dir:
         return results_dir
-    from orchestrator.eval import run as remote_eval
-
     try:
-        return remote_eval.results_dir(load_inventory(inventory_path))
+        return res.results_dir(load_inventory(inventory_path))
     except InventoryError:
         if inventory_path:
             raise
@@ -78,11 +76,11 @@ class Listing:
 
 def list_all(results_dir: Path | None, inventory_path: Path | None) -> Listing:
     """The runs of the results folder (see `results_root`)."""
-    from orchestrator.eval import parity
+    from orchestrator.results import parity_view
 
     root = results_root(results_dir, inventory_path)
     runs, skipped = res.scan_runs(root)
-    return Listing(root, runs, parity.list_runs(root), skipped)
+    return Listing(root, runs, parity_view.list_runs(root), skipped)
 
 
 @dataclass
@@ -96,16 +94,16 @@ class ParityRun:
 def find(run_id: str, results_dir: Path | None, inventory_path: Path | None) -> res.Run | ParityRun:
     """One run by id, unique prefix or folder: a parity run when it is one, else an eval run
     (`store.load_run`'s errors when there is none)."""
-    from orchestrator.eval import parity
+    from orchestrator.results import parity_view
 
     root = results_root(results_dir, inventory_path)
     folder = Path(run_id) if (Path(run_id) / "result.json").is_file() else None
-    for p, _r in [] if folder else parity.list_runs(root):
+    for p, _r in [] if folder else parity_view.list_runs(root):
         if p.name == run_id or (folder is None and p.name.startswith(run_id)):
             folder = p
             break
-    if folder is not None and parity.is_parity_run(folder):
-        return ParityRun(folder, parity.load(folder))
+    if folder is not None and parity_view.is_parity_run(folder):
+        return ParityRun(folder, parity_view.load(folder))
     return res.load_run(run_id, root)
 
 

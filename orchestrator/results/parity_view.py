@@ -1,10 +1,15 @@
-"""How a parity result reads: summary numbers, the per-layer table rows and the PNG of error
-per layer (matplotlib optional, imported lazily as in `orchestrator.plots`)."""
+"""Parity runs (``dflash parity``) in the results folder: finding and reading them, their
+summary numbers, the per-layer table rows and the PNG of error per layer (matplotlib
+optional, imported lazily as in `orchestrator.plots`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+
+from orchestrator.errors import DflashError
+from remote.protocol import PARITY_SCHEMA
 
 
 def side_label(result: dict, side: str) -> str:
@@ -102,3 +107,38 @@ def plot_layers(result: dict, path: str | Path) -> Path | None:
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=7)
     return plots.save_png(fig, path)
+
+
+def load(path: str | Path) -> dict:
+    """A parity run's result.json, or one line when it is not one."""
+    path = Path(path)
+    try:
+        result = json.loads((path / "result.json").read_text())
+    except (OSError, ValueError):
+        raise DflashError(f"no readable result.json in {path}") from None
+    if not str(result.get("schema", "")).startswith(PARITY_SCHEMA.split("/")[0] + "/"):
+        raise DflashError(f"{path} is not a parity run")
+    return result
+
+
+def is_parity_run(path: Path) -> bool:
+    try:
+        load(path)
+        return True
+    except DflashError:
+        return False
+
+
+def list_runs(root: str | Path) -> list[tuple[Path, dict]]:
+    """Parity runs under `root`, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        if not p.name.startswith(".") and (p / "result.json").is_file():
+            try:
+                out.append((p, load(p)))
+            except DflashError:
+                continue
+    return sorted(out, key=lambda pr: (pr[1].get("created") or 0, pr[0].name))

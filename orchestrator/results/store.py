@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from orchestrator.errors import DflashError
+from orchestrator.inventory import Inventory
 from orchestrator.relay.checkpoints import parse_step
 from remote.protocol import (
     RESULT_SCHEMA,
@@ -112,6 +114,16 @@ GENERIC_FOLDERS = {
     "saved",
     "save",
 }
+
+
+def results_dir(inventory: Inventory, override: str | os.PathLike | None = None) -> Path:
+    """The local results folder: `override` (a command-line path: relative to the current
+    folder) or the inventory's ``defaults.results_dir``, relative to the inventory file's
+    folder, so every command finds the same folder wherever it is started."""
+    if override:
+        return Path(override)
+    path = Path(inventory.defaults.results_dir or "results").expanduser()
+    return path if path.is_absolute() else Path(inventory.path).parent / path
 
 
 def run_name(folder: str) -> str:

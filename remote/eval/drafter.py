@@ -32,7 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from remote.errors import UserError
-from remote.eval.drafter_format import default_target_layer_ids, normalise_key  # noqa: F401 (re-exported)
+from remote.model.drafter_format import default_target_layer_ids, normalise_key  # noqa: F401 (re-exported)
+from remote.model.drafter_format import read_state as _read_state
+from remote.model.drafter_format import weight_files as _weight_files
+from remote.model.drafter_format import weight_shapes as weight_shapes
 
 # Keys some trainers save beside the drafter that are not drafter weights: the borrowed
 # target embedding / head and derived rotary buffers. They are skipped, and reported.
@@ -515,84 +518,6 @@ class Blocks:
 # ---------------------------------------------------------------------------------------------
 # Checkpoint loading
 # ---------------------------------------------------------------------------------------------
-
-
-def _weight_files(path: str) -> list[str]:
-    if os.path.isfile(path):
-        return [path]
-    if not os.path.isdir(path):
-        raise UserError(f"drafter path {path} does not exist; pass the checkpoint folder")
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as fh:
-            shards = sorted(set(json.load(fh)["weight_map"].values()))
-        return [os.path.join(path, s) for s in shards]
-    names = sorted(os.listdir(path))
-    for ext in (".safetensors", ".pt", ".bin", ".pth"):
-        found = [
-            os.path.join(path, n)
-            for n in names
-            if n.endswith(ext) and not n.startswith(("optimizer", "scheduler", "rng"))
-        ]
-        if found:
-            return found
-    raise UserError(f"no drafter weights (*.safetensors, *.pt, *.bin) in {path}")
-
-
-def _read_state(file: str) -> dict[str, torch.Tensor]:
-    if file.endswith(".safetensors"):
-        from safetensors.torch import load_file
-
-        return load_file(file)
-    try:
-        obj = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise UserError(
-            f"{file} is not a weights-only state dict ({type(exc).__name__}); "
-            "save it with torch.save(model.state_dict())"
-        ) from None
-    # Trainer checkpoints often nest the weights one level down.
-    for nest in ("state_dict", "model", "module", "draft_model", "model_state_dict"):
-        if (
-            isinstance(obj, dict)
-            and isinstance(obj.get(nest), dict)
-            and not isinstance(obj.get(nest), torch.Tensor)
-        ):
-            inner = obj[nest]
-            if inner and all(isinstance(v, torch.Tensor) for v in inner.values()):
-                obj = inner
-                break
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise UserError(f"{file} does not hold a flat state dict of tensors")
-    return obj
-
-
-def weight_shapes(path: str) -> tuple[dict[str, tuple[str, str, list[int]]], list[str]]:
-    """(raw key -> (file, dtype, shape), problems) of the drafter weights, found the way
-    `load_drafter` finds and reads them: the same files (`_weight_files`), safetensors from
-    their headers, ``.pt``/``.bin`` through the same ``torch.load(weights_only=True)``.
-    Missing or truncated shards are problems (one line each), not exceptions."""
-    from remote.model.files import read_header
-
-    keys: dict[str, tuple[str, str, list[int]]] = {}
-    problems: list[str] = []
-    for f in _weight_files(path):
-        name = os.path.basename(f)
-        if not os.path.isfile(f):
-            problems.append(f"drafter shard {name} listed in the index is missing")
-            continue
-        if f.endswith(".safetensors"):
-            header = read_header(f)
-            if header.data_end > header.size:
-                problems.append(
-                    f"drafter shard {name} is truncated ({header.size} of {header.data_end} bytes)"
-                )
-            for k, info in header.tensors.items():
-                keys[k] = (name, info["dtype"], [int(d) for d in info["shape"]])
-        else:
-            for k, t in _read_state(f).items():
-                keys[k] = (name, str(t.dtype).replace("torch.", ""), list(t.shape))
-    return keys, problems
 
 
 @dataclass

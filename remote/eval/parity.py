@@ -1,7 +1,7 @@
 """``parity`` jobs: is the tau measured on this host the tau another host's numerics give?
 
-Two job kinds, run by `remote.jobs` like eval jobs (progress in events.jsonl, attach,
-cancel):
+Two job kinds, run by the job runner (`remote.jobs.run`) like eval jobs (progress in
+events.jsonl, attach, cancel):
 
 ``parity-capture``
     Ground truth (the eval's cache, or a file another host's capture used), then ONE forward
@@ -32,7 +32,7 @@ from typing import Any
 
 from remote.atomic import write_json_atomic
 from remote.errors import UserError
-from remote.protocol import PARITY_CAPTURE_SCHEMA, PARITY_SCHEMA, EvalSpec, SpecError
+from remote.protocol import PARITY_CAPTURE_SCHEMA, PARITY_SCHEMA, EvalSpec
 
 CAPTURE_DIR = "capture"
 ATTN = ("sdpa", "eager")
@@ -421,13 +421,13 @@ def _walks(target, drafter, dcfg, ta: dict, tb: dict, P: int, sid, device) -> di
 # ---- job entry ----------------------------------------------------------------------------
 
 
-def run_job(path: Path, spec: dict, events) -> int:
-    """Dispatch a parity job by its kind (called by `remote.jobs.run`)."""
+def run_job(path: Path, spec: dict, events, *, preflight: bool = False) -> int:
+    """Dispatch a parity job by its kind (called by `remote.jobs.run`). `preflight` is not
+    used: the controller checks both hosts before their captures start."""
+    from remote.eval.job import job_engine
+
     kind = spec.get("kind")
-    try:
-        engine = EvalSpec.of_job(spec)
-    except (SpecError, TypeError) as exc:
-        raise UserError(f"job spec: {exc}") from None
+    engine = job_engine(spec)
     if kind == "parity-capture":
         return run_capture(path, spec, events, engine)
     if kind == "parity-compare":

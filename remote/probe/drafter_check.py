@@ -1,7 +1,7 @@
 """Does a DFlash drafter fit a target? Hard problems (layer ids, widths, vocabulary, mask
 token, block size) and warnings for what silently ruins acceptance (context length, sliding
 windows, layer ids shifted by one). Reads the drafter's weights the way the eval does
-(`remote.eval.drafter.weight_shapes`): safetensors headers only, ``.pt``/``.bin`` through
+(`remote.model.drafter_format.weight_shapes`): safetensors headers only, ``.pt``/``.bin`` through
 ``torch.load(weights_only=True)``.
 
 RoPE is reported for both, never compared: a DFlash drafter rotates its own queries and
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.errors import UserError
-from remote.eval.drafter_format import default_target_layer_ids, normalise_key
+from remote.model.drafter_format import default_target_layer_ids, normalise_key, weight_shapes
 from remote.model.files import read_model_config
 from remote.model.keys import key_prefix
 from remote.model.layout import index_ranges
@@ -96,8 +96,6 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
     if not isinstance(block, int) or block < 2:
         problems.append(f"block_size must be an integer >= 2, got {block!r}")
     # Weights: found and read as the eval's loader finds and reads them.
-    from remote.eval.drafter import weight_shapes
-
     weights: dict[str, Any] = {}
     try:
         keys, shard_problems = weight_shapes(str(folder))

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from remote.errors import UserError
-from remote.eval.drafter_format import default_target_layer_ids  # noqa: F401 (tests and callers)
+from remote.model.drafter_format import default_target_layer_ids  # noqa: F401 (tests and callers)
 from remote.model.files import incomplete_reason, one_line, read_model_config, scan_checkpoint
 from remote.model.keys import key_report
 from remote.model.layout import (

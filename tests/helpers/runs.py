@@ -1,6 +1,6 @@
 """Run folders as an eval leaves them, without running one: the records of a seeded walk,
 summarised by the engine's own `remote.eval.metrics.summarize`, written in the shapes of
-`remote.eval.engine` (``result.json``), `remote.jobs.annotate_result` (its inputs) and
+`remote.eval.engine` (``result.json``), `remote.eval.job.annotate_result` (its inputs) and
 `orchestrator.eval.spec.build_spec` (``spec.json``). For tests of what the controller
 shows and exports; the tests that run real evals check that real results have these
 types (`remote.protocol.check_result`)."""

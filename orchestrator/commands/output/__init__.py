@@ -1,9 +1,10 @@
 """Everything the CLI shows, in one package: the consoles and ``--json`` (`base`), the live
-progress views the commands hand to the library (`progress`; follow's `events`), and one
-module of renderers per kind of result (`hosts`, `relay`, `results`, `parity`, `jobs`), all
-drawing their tables as `tables.Grid` (ids and numbers never cut, names never markup). A
-command makes its one library call and hands the result to `emit` with its renderer;
-commands never print themselves and never import one another.
+progress views the commands hand to the library (`progress`, opened only when shown by
+`live`; follow's `events`), and one module of renderers per kind of result (`hosts`,
+`relay`, `results`, `parity`, `jobs`), all drawing their tables as `tables.Grid` (ids and
+numbers never cut, names never markup). A command makes its one library call and hands
+the result to `emit` with its renderer; commands never print themselves and never import
+one another.
 
 Names resolve lazily (PEP 562): ``output.emit`` imports `base` alone, so a command such as
 ``relay`` does not import the eval, probe and results renderers and their libraries to
@@ -21,6 +22,7 @@ _WHERE = {
     "RelayProgress": "progress",
     "RichEvents": "events",
     "ShardProgress": "progress",
+    "attached_json": "jobs",
     "check_json": "hosts",
     "check_table": "hosts",
     "console": "base",
@@ -44,7 +46,8 @@ _WHERE = {
     "plain": "base",
     "print_json": "base",
     "probe_tree": "hosts",
-    "relay_bar": "base",
+    "relay_bar": "live",
+    "render_attached": "jobs",
     "render_cancelled": "jobs",
     "render_check": "hosts",
     "render_checkpoints": "relay",

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
@@ -17,8 +16,6 @@ from orchestrator.printable import printable
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
-
-    from orchestrator.commands.output.progress import RelayProgress
 
 T = TypeVar("T")
 
@@ -79,19 +76,6 @@ def exit_with(code: int, *lines: str) -> NoReturn:
     for line in lines:
         _console("err_console").print(line, soft_wrap=True)
     raise typer.Exit(code)
-
-
-@contextmanager
-def relay_bar(enabled: bool = True) -> Iterator[RelayProgress | None]:
-    """A `RelayProgress` stopped on the way out (None when not `enabled`, as with --json:
-    then the progress views and rich.progress are not even imported)."""
-    if not enabled:
-        yield None
-        return
-    from orchestrator.commands.output.progress import RelayProgress
-
-    with RelayProgress() as bar:
-        yield bar
 
 
 def show(*renderables: Any, err: bool = False) -> None:

@@ -1,5 +1,5 @@
-"""How eval jobs look to people: the jobs on eval hosts, a job cancelled, a job started
-detached."""
+"""How jobs look to people: the jobs on the hosts, a job cancelled, a job started
+detached, a job attached to and pulled."""
 
 from __future__ import annotations
 
@@ -49,12 +49,15 @@ def render_jobs(rows: list[dict]) -> None:
     show(table)
 
 
-def render_cancelled(out: dict, job_id: str, host: str, processes: bool = True) -> None:
-    """`remote-eval --cancel` / `parity --cancel`: what the job was (and, for an eval job,
-    how many processes were stopped)."""
-    killed = f"; {out['killed']} process(es) stopped" if processes else ""
+def render_cancelled(cancelled) -> None:
+    """`jobs cancel`: what the job was and how many of its processes were stopped."""
+    out = cancelled.answer
     console.print(
-        plain(f"job {job_id} on {host}: {out['state']} (was {out['was']}{killed})"), soft_wrap=True
+        plain(
+            f"job {cancelled.job_id} on {cancelled.host}: {out['state']} (was {out['was']}; "
+            f"{out['killed']} process(es) stopped)"
+        ),
+        soft_wrap=True,
     )
 
 
@@ -63,7 +66,34 @@ def render_started(ref) -> None:
     console.print(
         plain(
             f"started job {ref.job_id} on {ref.host} (pid {ref.pid}); watch with: "
-            f"dflash remote-eval --attach {ref.job_id}"
+            f"dflash jobs attach {ref.job_id} --host {ref.host}"
         ),
         soft_wrap=True,
     )
+
+
+def render_attached(attached) -> None:
+    """`jobs attach`: the pulled run, as its kind shows it (an eval's summary, a parity
+    table)."""
+    if attached.kind == "parity-compare":
+        from orchestrator.commands.output.parity import render_parity_run
+
+        render_parity_run(attached.run_dir)
+    else:
+        from orchestrator.commands.output.results import render_eval_run
+        from orchestrator.results.store import load_run
+
+        render_eval_run(load_run(attached.run_dir))
+
+
+def attached_json(attached) -> dict:
+    """`jobs attach --json`: an eval's run as `remote-eval --json` gives it, a parity
+    compare's as `parity_attach_json`."""
+    if attached.kind == "parity-compare":
+        from orchestrator.commands.output.parity import parity_attach_json
+
+        return parity_attach_json(attached.run_dir)
+    from orchestrator.commands.output.results import eval_run_json
+    from orchestrator.results.store import load_run
+
+    return eval_run_json(load_run(attached.run_dir))

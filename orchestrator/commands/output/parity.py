@@ -22,7 +22,7 @@ def parity_json(run_dir: Path) -> dict:
 
 
 def parity_attach_json(run_dir: Path) -> dict:
-    """`parity --attach --json`: the run folder and its result."""
+    """`jobs attach --json` of a parity compare job: the run folder and its result."""
     return {"run_dir": str(run_dir), "result": _parity_result(run_dir)}
 
 
@@ -32,9 +32,7 @@ def render_parity_run(run_dir: Path) -> None:
 
 
 def _parity_result(run_dir: Path) -> dict:
-    from orchestrator.eval import parity
-
-    return parity.load(run_dir)
+    return parity_view.load(run_dir)
 
 
 def render_parity(result: dict, run_dir: Path) -> None:

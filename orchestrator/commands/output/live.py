@@ -1,0 +1,24 @@
+"""Live views a command opens only when it shows them: with ``--json`` none is made, and
+the progress views' module (and rich.progress with it) is not even imported."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.commands.output.progress import RelayProgress
+
+
+@contextmanager
+def relay_bar(enabled: bool = True) -> Iterator[RelayProgress | None]:
+    """A `RelayProgress` stopped on the way out (None when not `enabled`, as with --json:
+    then the progress views and rich.progress are not even imported)."""
+    if not enabled:
+        yield None
+        return
+    from orchestrator.commands.output.progress import RelayProgress
+
+    with RelayProgress() as bar:
+        yield bar

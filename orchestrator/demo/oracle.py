@@ -1,0 +1,110 @@
+"""The reference online loop: greedy speculative decoding as a server runs it, what the
+eval engine is measured against (the tests) and timed against (the benchmarks).
+
+Written independently of the engine: it drives transformers' own model class (the full
+wrapper for a VLM, loaded with ``from_pretrained``) with ``output_hidden_states`` and either
+a real KV cache cropped after each verification or, for targets whose recurrent state cannot
+be cropped, a re-run over the whole accepted prefix every round. The drafter is called one
+block at a time; its context K/V grows by the accepted tokens' rows (all of them again
+after a re-run), as an online drafter keeps them.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+def hf_model(path: str):
+    """The checkpoint at `path` loaded by transformers itself, in float32."""
+    import transformers
+    from transformers import AutoConfig
+
+    arch = AutoConfig.from_pretrained(path).architectures[0]
+    return getattr(transformers, arch).from_pretrained(path, dtype=torch.float32).eval()
+
+
+def cache_kwarg(model, cache) -> dict:
+    """`cache` as the keyword `model.forward` takes it: ``cache`` where transformers has
+    renamed it (``past_key_values`` is deprecated there and goes in 5.40), else
+    ``past_key_values`` (the older 5.x releases pyproject still allows)."""
+    params = inspect.signature(model.forward).parameters
+    return {("cache" if "cache" in params else "past_key_values"): cache}
+
+
+def features(hidden_states, layer_ids):
+    """The drafter's context: the outputs of layers `layer_ids`, side by side."""
+    # output_hidden_states index i+1 = output of layer i (ids here exclude the last layer)
+    return torch.cat([hidden_states[i + 1][0] for i in layer_ids], dim=-1)
+
+
+@torch.inference_mode()
+def online_rounds(
+    model, drafter, prompt: list[int], new_tokens: int, recompute: bool = False
+) -> tuple[list[int], list[int]]:
+    """Greedy speculative decoding; returns (acceptance length per round, completion).
+    `recompute`: no target KV cache, the whole accepted prefix again every round."""
+    from transformers import DynamicCache
+
+    ids = drafter.cfg.target_layer_ids
+    assert max(ids) < model.config.get_text_config().num_hidden_layers - 1
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    B = drafter.block_size
+    cache = None if recompute else DynamicCache(config=model.config)
+    out = model(
+        input_ids=torch.tensor([prompt]),
+        **cache_kwarg(model, cache),
+        use_cache=not recompute,
+        output_hidden_states=True,
+        logits_to_keep=1,
+    )
+    g = list(prompt) + [int(out.logits[0, -1].argmax())]
+    kv = drafter.context_kv(features(out.hidden_states, ids))  # context rows 0..s-1
+    end = len(prompt) + new_tokens - 1  # last index to produce
+    s, rounds = len(prompt), []
+    while s < end:
+        block_in = drafter.block_inputs(embed, torch.tensor([g[s]]))
+        h = drafter.forward_blocks(kv, torch.tensor([s]), block_in)[0]
+        draft = drafter.logits(h[1:], head).argmax(-1).tolist()
+        block = [g[s]] + draft
+        if recompute:
+            full = model(
+                input_ids=torch.tensor([g[:s] + block]), use_cache=False, output_hidden_states=True
+            )
+            post = full.logits[0, s:].argmax(-1).tolist()
+        else:
+            full = model(
+                input_ids=torch.tensor([block]),
+                **cache_kwarg(model, cache),
+                use_cache=True,
+                output_hidden_states=True,
+            )
+            post = full.logits[0].argmax(-1).tolist()
+        a = 0
+        while a < B - 1 and draft[a] == post[a]:
+            a += 1
+        produced = min(a + 1, end - s)
+        g += (draft[:a] + [post[a]])[:produced]
+        if recompute:
+            kv = drafter.context_kv(features(full.hidden_states, ids)[: s + produced])
+        else:
+            new = features(full.hidden_states, ids)[:produced]
+            kv = [  # the drafter's context grows by the accepted rows only
+                (torch.cat([k, nk], 1), torch.cat([v, nv], 1))
+                for (k, v), (nk, nv) in zip(kv, _context_rows(drafter, new, s), strict=True)
+            ]
+            remove = cache.get_seq_length() - (s + produced)
+            if remove:  # transformers 5.23: a NEGATIVE count removes that many tokens
+                cache.crop(-remove)
+        rounds.append(produced)
+        s += produced
+    return rounds, g[len(prompt) :]
+
+
+def _context_rows(drafter, feats, first: int):
+    """The drafter's context K/V of feature rows at positions ``first, first+1, ...``."""
+    c = drafter.context(feats)
+    cos, sin = drafter.rotary(torch.arange(first, first + feats.shape[0]), c.dtype)
+    return [layer.self_attn.keys_values(c, cos, sin) for layer in drafter.layers]

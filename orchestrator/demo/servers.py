@@ -1,0 +1,178 @@
+"""A real HTTP server on loopback that answers what a test tells it to: SGLang's native
+``POST /generate`` and ``GET /get_model_info``, OpenAI-compatible ``POST /v1/completions``
+and ``GET /v1/models``. For the failures a real engine rarely shows on demand (ids outside
+the vocabulary, a sampled answer, another model behind the same URL), where the demo's
+`GroundTruthServer` always answers correctly; and for servers that lie about HTTP itself
+(`Raw`: a redirect, an answer trickled a byte at a time, an answer far bigger than any
+completion), written byte for byte as the test says."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.demo.gtserver import JSONHandler, LoopbackServer
+
+Reply = Callable[[str, dict], Any]
+
+
+def ids_reply(ids: list) -> Reply:
+    """Every POST answered with these completion ids, in both dialects."""
+
+    def reply(path: str, body: dict) -> Any:
+        if path == "/generate":
+            return {"text": "", "output_ids": ids, "meta_info": {"finish_reason": "length"}}
+        return {
+            "choices": [
+                {"index": 0, "text": "", "token_ids": ids, "prompt_token_ids": body.get("prompt")}
+            ]
+        }
+
+    return reply
+
+
+@dataclass
+class Raw:
+    """An answer written as it is, status line and headers included, `chunk` bytes at a
+    time with `pause` seconds before each write (``chunk=1, pause=1``: one byte a second).
+    `length`: send a ``Content-Length`` (False: the body ends when the connection closes).
+    The server keeps how many bytes of it went out (`ScriptedServer.sent`); a client that
+    hangs up ends the writing."""
+
+    body: bytes = b""
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    length: bool = True
+    chunk: int = 1 << 16
+    pause: float = 0.0
+
+    def wire(self) -> bytes:
+        head = [f"HTTP/1.1 {self.status} Scripted", "Connection: close"]
+        head += [f"{k}: {v}" for k, v in self.headers.items()]
+        if self.length:
+            head.append(f"Content-Length: {len(self.body)}")
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + self.body
+
+
+def redirect(location: str, status: int = 302) -> Raw:
+    """A redirect to `location` (what a proxy or a hostile server may answer)."""
+    return Raw(status=status, headers={"Location": location})
+
+
+def as_json(obj: Any, **raw: Any) -> Raw:
+    """`obj` as a JSON answer written the `Raw` way (e.g. trickled: ``chunk=1, pause=1``)."""
+    return Raw(json.dumps(obj).encode(), headers={"Content-Type": "application/json"}, **raw)
+
+
+class ScriptedServer(LoopbackServer):
+    """`reply(path, body)` makes each POST's answer: a JSON document, or a `Raw` one;
+    `get_reply(path)` may answer a GET the same way (None: the default answers below);
+    `model_path` is the model the server reports (None: it reports none, 404).
+    ``requests`` logs the POSTs, ``gets`` the GET paths, ``sent`` the bytes of each `Raw`
+    answer that went out."""
+
+    def __init__(
+        self,
+        reply: Reply | None = None,
+        model_path: str | None = "/models/a",
+        get_reply: Callable[[str], Any] | None = None,
+    ):
+        self.reply = reply or ids_reply([5, 6, 7])
+        self.get_reply = get_reply
+        self.model_path = model_path
+        self.requests: list[tuple[str, dict]] = []
+        self.gets: list[str] = []
+        self.sent: list[int] = []
+        super().__init__(self._handler())
+
+    def _handler(self):
+        server = self
+
+        class Handler(JSONHandler):
+            def _answer(self, answer: Any) -> None:
+                if not isinstance(answer, Raw):
+                    self._json(answer)
+                    return
+                data, done = answer.wire(), 0
+                try:
+                    while done < len(data):
+                        if answer.pause:
+                            time.sleep(answer.pause)
+                        self.wfile.write(data[done : done + answer.chunk])
+                        self.wfile.flush()
+                        done = min(len(data), done + answer.chunk)
+                except OSError:  # the client hung up: what it refused stays unsent
+                    pass
+                finally:
+                    server.sent.append(done)
+                    self.close_connection = True
+
+            def do_GET(self):
+                server.gets.append(self.path)
+                scripted = server.get_reply(self.path) if server.get_reply else None
+                if scripted is not None:
+                    self._answer(scripted)
+                elif self.path == "/get_model_info" and server.model_path:
+                    self._json({"model_path": server.model_path, "is_generation": True})
+                elif self.path == "/v1/models" and server.model_path:
+                    self._json(
+                        {
+                            "object": "list",
+                            "data": [
+                                {"id": "served", "object": "model", "root": server.model_path}
+                            ],
+                        }
+                    )
+                else:
+                    self._json({"detail": "Not Found"}, 404)
+
+            def do_POST(self):
+                body = self._body()
+                server.requests.append((self.path, body))
+                self._answer(server.reply(self.path, body))
+
+        return Handler
+
+
+class BatchedReply:
+    """A reply that answers concurrent requests in batches, as a GPU serving engine does:
+    the first request opens a batch, requests arriving within `window` seconds join it, and
+    the whole batch answers `latency` seconds after it closes (one batched forward costs
+    about what one request's does). `inner(path, body)` makes each answer. ``batches``
+    holds each batch's size; ``peak`` the most requests in flight at once."""
+
+    def __init__(self, inner: Reply, latency: float, window: float = 0.01):
+        self.inner, self.latency, self.window = inner, latency, window
+        self.batches: list[int] = []
+        self.peak = 0
+        self._lock = threading.Lock()
+        self._open: dict | None = None
+        self._in_flight = 0
+
+    def __call__(self, path: str, body: dict) -> Any:
+        with self._lock:
+            self._in_flight += 1
+            self.peak = max(self.peak, self._in_flight)
+            batch = self._open
+            if batch is None:
+                batch = self._open = {"size": 0, "done": threading.Event()}
+                threading.Thread(target=self._run, args=(batch,), daemon=True).start()
+            batch["size"] += 1
+        batch["done"].wait()
+        try:
+            return self.inner(path, body)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _run(self, batch: dict) -> None:
+        time.sleep(self.window)
+        with self._lock:
+            self._open = None  # later arrivals open the next batch
+            self.batches.append(batch["size"])
+        time.sleep(self.latency)
+        batch["done"].set()

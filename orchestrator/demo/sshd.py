@@ -1,0 +1,187 @@
+"""Real OpenSSH servers on loopback: generated keys, random ports, own folders.
+
+`SSHServer.start(base, name)` generates a host key, writes an sshd_config that accepts only
+the test user key, starts ``sshd -D`` on 127.0.0.1 at a free port and waits until it
+answers. `stop()` ends only the processes this server started. `start_sshd` does that in
+the layout the fixtures share (one ``ssh_base`` folder with the user key and known_hosts),
+and `ssh_host_entry` is the inventory entry that points at such a server.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def account_home() -> Path:
+    """The home of this process's account, as sshd gives it to the loopback hosts' sessions
+    (from the password database). Not necessarily $HOME: CI's clean environment sets an
+    empty temporary one."""
+    return Path(pwd.getpwuid(os.getuid()).pw_dir)
+
+
+def clear_stale_pyenv_lock(min_age: float = 2.0) -> bool:
+    """Remove pyenv's rehash lock when a killed SSH session left it behind.
+
+    On machines whose ~/.bashrc runs ``pyenv init`` every SSH command runs ``pyenv rehash``,
+    which holds ``shims/.pyenv-shim`` while it works. Killing a session at that moment (the
+    tests do, on purpose) leaves the lock, and every later SSH command then waits 60 s for
+    it. A lock older than a rehash ever takes is stale.
+    """
+    root = Path(os.environ.get("PYENV_ROOT", account_home() / ".pyenv"))
+    lock = root / "shims" / ".pyenv-shim"
+    try:
+        if time.time() - lock.stat().st_mtime >= min_age:
+            lock.unlink()
+            return True
+    except FileNotFoundError:
+        pass
+    return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path, kind: str = "ed25519") -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path)], check=True)
+    return path
+
+
+@dataclass
+class SSHServer:
+    name: str
+    port: int
+    root: Path  # the host's own folder: its workdir, checkpoints, models live here
+    host_key: Path
+    proc: subprocess.Popen
+
+    @classmethod
+    def start(
+        cls, base: Path, name: str, authorized_keys: Path, extra_config: tuple[str, ...] = ()
+    ) -> SSHServer:
+        conf_dir = base / f"sshd-{name}"
+        conf_dir.mkdir(parents=True)
+        root = base / name
+        root.mkdir()
+        host_key = keygen(conf_dir / "host_key")
+        port = free_port()
+        Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation folder sshd insists on
+        config = conf_dir / "sshd_config"
+        config.write_text(
+            "\n".join(
+                [
+                    f"Port {port}",
+                    "ListenAddress 127.0.0.1",
+                    f"HostKey {host_key}",
+                    f"PidFile {conf_dir / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {authorized_keys}",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "PubkeyAuthentication yes",
+                    "PermitRootLogin prohibit-password",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "MaxStartups 100",
+                    "MaxSessions 100",
+                    "AllowTcpForwarding yes",
+                    "Subsystem sftp internal-sftp",
+                    "LogLevel ERROR",
+                    *extra_config,
+                    "",
+                ]
+            )
+        )
+        log = open(conf_dir / "sshd.log", "wb")
+        proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+        )
+        server = cls(name=name, port=port, root=root, host_key=host_key, proc=proc)
+        server.wait_ready()
+        return server
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd {self.name} exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"sshd {self.name} did not answer on port {self.port}")
+
+    def known_hosts_line(self) -> str:
+        kind, b64 = self.host_key.with_suffix(".pub").read_text().split()[:2]
+        return f"[127.0.0.1]:{self.port} {kind} {b64}\n"
+
+    def sessions(self) -> list[psutil.Process]:
+        """The per-connection sshd processes (and their children) serving clients now."""
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill_sessions(self) -> int:
+        """Kill every connection this server is serving (the listener stays up)."""
+        victims = self.sessions()
+        for p in victims:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(victims, timeout=5)
+        clear_stale_pyenv_lock(min_age=0)
+        return len(victims)
+
+    def stop(self) -> None:
+        self.kill_sessions()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_sshd(ssh_base: Path, name: str, extra_config: tuple[str, ...] = ()) -> SSHServer:
+    """Start a server named `name` that accepts the key in ``ssh_base/authorized_keys``, and
+    add its host key to ``ssh_base/known_hosts``; `extra_config`: more sshd_config lines."""
+    server = SSHServer.start(ssh_base, name, ssh_base / "authorized_keys", extra_config)
+    with open(ssh_base / "known_hosts", "a") as fh:
+        fh.write(server.known_hosts_line())
+    return server
+
+
+def ssh_host_entry(server: SSHServer, ssh_base: Path, **extra) -> dict:
+    """An inventory host entry for a loopback sshd server (`extra` adds or replaces keys)."""
+    entry = {
+        "transport": "ssh",
+        "hostname": "127.0.0.1",
+        "port": server.port,
+        "user": pwd.getpwuid(os.getuid()).pw_name,
+        "identity_file": str(ssh_base / "id_test"),
+        "known_hosts": str(ssh_base / "known_hosts"),
+        "python": sys.executable,
+        "workdir": str(server.root / "dflash"),
+        "connect_timeout": 5,
+    }
+    entry.update(extra)
+    return entry

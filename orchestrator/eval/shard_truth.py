@@ -1,0 +1,120 @@
+"""A sharded eval's ground truth, made once: a ground-truth-only job on the first host,
+its file fetched here and checked as a host checks one (`fetch_ground_truth`), and the
+merged eval's verdict on it (`judge_ground_truth`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+from orchestrator.errors import DflashError
+from orchestrator.eval import job as remote_job
+from orchestrator.eval import jobwire, pull
+from orchestrator.eval.job import JobError, JobRef
+from orchestrator.eval.shard_job import ShardRun
+from orchestrator.eval.spec import build_spec
+from orchestrator.transport.hosts import Host, open_host
+from remote.protocol import GT_CACHE_KEY_RE, agreement_suspect, flag_suspect
+
+# The ground truth file the first host makes, pulled here to be sliced: 10,000 samples of
+# 2048 + 2048 tokens are about 300 MB of JSON.
+GROUND_TRUTH_MAX = 1 << 30
+
+# Dropping a ground truth judged wrong from the first host's cache: one rm, or given up.
+EVICT_SECONDS = 60.0
+
+
+def _carried(host: Host, job_id: str, end: dict, name: str) -> bytes | None:
+    """The result file `name` a watch's end carried (``--pull``), checked as every pulled
+    file is (`pull.decode_files`); None when it carried none (then fetch it)."""
+    files = end.get("files")
+    if not isinstance(files, dict) or name not in files:
+        return None
+    return pull.decode_files(host, job_id, files, required=(name,))[name]
+
+
+def _ground_truth_records(host: str, data: bytes) -> list[dict]:
+    """The records of the ground truth file a host made, checked as a host checks a
+    ground truth file it is given (`remote.eval.groundtruth.read_ground_truth_file`)."""
+    from remote.errors import UserError
+    from remote.eval.groundtruth import read_ground_truth_file
+
+    with tempfile.TemporaryDirectory(prefix="dflash-gt-") as tmp:
+        path = Path(tmp) / "ground_truth.jsonl"
+        path.write_bytes(data)
+        try:
+            return read_ground_truth_file(str(path))
+        except UserError as exc:
+            raise JobError(
+                f"{host}: its ground truth: {str(exc).replace(str(path), 'file')}"
+            ) from None
+
+
+def start_ground_truth(run: ShardRun) -> tuple[JobRef, dict]:
+    """Start the ground-truth job on the first host; returns once its host checks passed
+    (the target's tokenizer among them), so a run whose ground truth cannot be made
+    starts nothing else. (ref, the job spec)."""
+    spec = run.specs[0]
+    host = run.hosts[spec.name]
+    options = dataclasses.replace(run.options, stop_after="ground_truth")
+    job = build_spec(host, spec, run.checkpoint, options)
+    ref = remote_job.start_job(host, job, f"{run.run_id}-gt", preflight=True, follow=True)
+    run.emit(spec.name, {"event": "ground_truth_job", "job_id": ref.job_id})
+    return ref, job
+
+
+def fetch_ground_truth(run: ShardRun, ref: JobRef, job: dict) -> tuple[list[dict], dict, dict]:
+    """Watch the ground-truth job `ref` to its end; returns (records, the job's
+    ground_truth.json, the job spec)."""
+    spec = run.specs[0]
+    host = run.hosts[spec.name]
+    end = remote_job.watch(host, ref.job_id, lambda ev: run.emit(spec.name, ev), stream=ref.stream)
+    if end["state"] != "done":
+        err = (end.get("exit") or {}).get("error")
+        raise JobError(
+            f"ground truth job {ref.job_id} on {spec.name} {end['state']}"
+            f"{': ' + err if err else ''}"
+        )
+    raw = _carried(host, ref.job_id, end, "ground_truth.json") or jobwire.fetch(
+        host, f"{ref.dir}/ground_truth.json", "ground_truth.json", jobwire.ANSWER_MAX
+    )
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict) or not isinstance(info.get("file"), str):
+        raise JobError(f"{spec.name}: ground truth job {ref.job_id} names no ground truth file")
+    data = jobwire.fetch(host, info["file"], "the ground truth", GROUND_TRUTH_MAX)
+    records = _ground_truth_records(spec.name, data)
+    info["sha256"] = hashlib.sha256(data).hexdigest()
+    info["job_id"] = ref.job_id
+    return records, info, job
+
+
+def judge_ground_truth(run: ShardRun, gt_info: dict, agreement: object) -> dict:
+    """The merged eval's verdict on its ground truth (`remote.protocol.
+    agreement_suspect`): wrong wholesale, it is flagged (`flag_suspect`) and its entry
+    dropped from the first host's cache, where the ground-truth job made it (one ``rm``
+    over a new connection, by the cache key that host reported, checked to be one)."""
+    rate = agreement.get("rate") if isinstance(agreement, dict) else None
+    if not agreement_suspect(rate):
+        return gt_info
+    key, evicted = gt_info.get("cache_key"), False
+    if isinstance(key, str) and GT_CACHE_KEY_RE.match(key):
+        try:
+            with open_host(run.specs[0], run.inventory) as host:
+                base = f"{host.workdir}/groundtruth/{key}"
+                done = host.run(
+                    ["rm", "-f", "--", f"{base}.jsonl", f"{base}.json"],
+                    check=False,
+                    timeout=EVICT_SECONDS,
+                )
+                evicted = done.ok
+        except DflashError:  # the flag says it stayed; the next eval's user is told
+            pass
+    flagged = flag_suspect(gt_info, rate, evicted)
+    run.emit(run.specs[0].name, {"event": "warning", "message": flagged["warnings"][-1]})
+    return flagged

@@ -1,0 +1,31 @@
+"""How this bundle runs itself again: the argv of a child process and its environment."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def self_command() -> list[str]:
+    """The argv prefix that runs this very bundle again with the same python.
+
+    Inside a zipapp ``remote`` lives at ``<bundle>.pyz/remote``; run from a source tree it
+    is a package importable with ``-m remote``.
+    """
+    pkg = Path(__file__).resolve().parent
+    bundle = pkg.parent
+    if bundle.is_file():
+        return [sys.executable, str(bundle)]
+    return [sys.executable, "-m", "remote"]
+
+
+def source_env() -> dict[str, str]:
+    """Environment for child processes; from a source tree, keep `remote` importable."""
+    env = dict(os.environ)
+    root = Path(__file__).resolve().parent.parent
+    if root.is_dir():
+        env["PYTHONPATH"] = str(root) + (
+            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+        )
+    return env

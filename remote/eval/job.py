@@ -1,0 +1,227 @@
+"""An ``eval`` job, as the job runner (`remote.jobs.run`) runs it: the host checks, the
+ground truth, the engine, and the result annotated with what made it.
+
+The phases run in the runner's one process: one python start and one torch import for
+checks and engine, and the target loaded once for the ground truth and the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from remote.atomic import write_json_atomic
+from remote.entry import self_command
+from remote.errors import UserError
+from remote.protocol import GT_DEFERRED_FILE, EvalSpec, SpecError
+
+
+class Events(Protocol):
+    """A job's event log (`remote.jobs.folder.EventLog`)."""
+
+    def emit(self, event: str, **fields: Any) -> None: ...
+
+    def write(self, obj: dict) -> None: ...
+
+
+def job_engine(spec: dict) -> EvalSpec:
+    """The engine's `EvalSpec` the job carries (``eval``: target, drafter, dtype, threads,
+    budgets, ...), validated; a bad one fails the job in one line."""
+    try:
+        return EvalSpec.of_job(spec)
+    except (SpecError, TypeError) as exc:
+        raise UserError(f"job spec: {exc}") from None
+
+
+def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) -> int:
+    """The eval job in the folder `path`: with `preflight`, the host checks first (their
+    report in ``preflight.json``, which ``job start --preflight`` waits for), then
+    `run_eval_job`."""
+    engine = job_engine(spec)  # the job's EvalSpec, read once for every phase
+    checked: dict = {}
+    if preflight:
+        _run_preflight(path, spec, engine, checked)
+    return run_eval_job(path, spec, events, engine, checked.get("plan"))
+
+
+def _run_preflight(path: Path, spec: dict, engine: EvalSpec, keep: dict) -> None:
+    from remote.eval import preflight
+
+    try:
+        report = preflight.check(spec, engine, keep)
+    except UserError as exc:
+        write_json_atomic(path / "preflight.json", {"ok": False, "error": str(exc)})
+        raise
+    write_json_atomic(path / "preflight.json", report)
+
+
+def run_eval_job(
+    path: Path,
+    spec: dict,
+    events: Events,
+    engine: EvalSpec | None = None,
+    plan: tuple | None = None,
+) -> int:
+    """Phase 1: ground truth (cached on the host). Phase 2: the eval engine, IN this process
+    (one python start and one torch import per job, not two), its events appended to
+    ``events.jsonl`` with the time they happened. Its one-line errors fail the job as the
+    runner's own do. `engine`: the job's EvalSpec when the caller read it already. The
+    target is loaded once (`remote.eval.target`), before the engine, from `plan` (the host
+    checks' description of it) when given: a local ground truth generates with the target
+    the engine then evaluates with, and a server's or a deferred file's ground truth is
+    made or awaited while it loads."""
+    from remote.eval import engine as evaluate
+    from remote.eval import groundtruth
+
+    engine = engine or job_engine(spec)
+    loaded: list = []
+
+    def load_model():
+        if not loaded:
+            import torch
+
+            from remote.eval import target as target_mod
+
+            dtype = getattr(torch, engine.dtype)
+            loaded.append(target_mod.load_target(engine.target, dtype, plan))
+        return loaded[0].model
+
+    gt = spec.get("ground_truth") or {}
+    if gt.get("kind") == "file" and gt.get("deferred"):
+        # Its target is loaded while the ground truth is still on its way.
+        load_model()
+        events.emit("phase", phase="await_ground_truth")
+        arrived = await_file(path / GT_DEFERRED_FILE, float(gt["deferred"]))
+        spec = dict(spec, ground_truth=dict(gt, path=str(arrived)))
+    loading = None
+    if gt.get("kind") in groundtruth.SERVER_KINDS and spec.get("stop_after") != "ground_truth":
+        # A server makes the ground truth: the target loads here meanwhile (this process
+        # only waits for answers), not after it.
+        loading = _in_background(load_model)
+    events.emit("phase", phase="ground_truth", source=gt.get("kind"))
+    gt_path, gt_info = groundtruth.prepare(
+        spec, emit=events.emit, engine=engine, load_model=load_model
+    )
+    write_json_atomic(path / "ground_truth.json", gt_info)
+    if spec.get("stop_after") == "ground_truth":
+        return 0
+    if loading is not None:
+        loading()  # its error, if any, is the job's
+    # The job's spec with this host's paths: passed to the engine as it is (and kept).
+    engine = build_eval_spec(path, engine, gt_path)
+    write_json_atomic(path / "eval_spec.json", engine.to_json())
+    events.emit("phase", phase="eval")
+    evaluate.run_eval(
+        engine,
+        on_event=lambda ev: events.write({**ev, "time": round(time.time(), 3)}),
+        target=loaded[0] if loaded else None,
+    )
+    # A ground truth the target disagrees with wholesale is flagged and leaves the cache.
+    gt_info = groundtruth.judge_job(gt_info, path, emit=events.emit)
+    write_json_atomic(path / "ground_truth.json", gt_info)
+    annotate_result(path / "result.json", gt_info, spec, engine)
+    return 0
+
+
+def _in_background(work: Callable[[], Any]) -> Callable[[], Any]:
+    """Start `work` in a daemon thread; the returned function waits for it and gives its
+    value or raises its exception."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:  # handed to the waiter, raised there
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="load-target", daemon=True)
+    thread.start()
+
+    def wait() -> Any:
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return wait
+
+
+AWAIT_POLL_SECONDS = 0.02
+
+
+def await_file(file: Path, limit: float) -> Path:
+    """`file` once it exists (a deferred ground truth: pushed whole, by a rename); a one-line
+    error after `limit` seconds without it."""
+    deadline = time.monotonic() + limit
+    while not file.is_file():
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"the ground truth for this job did not arrive in {limit:g}s "
+                f"({file.name} in {file.parent}); was its controller stopped?"
+            )
+        time.sleep(AWAIT_POLL_SECONDS)
+    return file
+
+
+def build_eval_spec(path: Path, engine: EvalSpec, gt_path: str) -> EvalSpec:
+    """The engine's spec: the job's, with this host's ground-truth file and output folder."""
+    return replace(engine, ground_truth=gt_path, output_dir=str(path))
+
+
+def annotate_result(result_path: Path, gt_info: dict, spec: dict, engine: EvalSpec) -> None:
+    """Make sure the result names its ground-truth source and the job that produced it,
+    whatever the engine recorded itself."""
+    try:
+        result = json.loads(result_path.read_text())
+    except (OSError, ValueError):  # the engine wrote none: nothing to annotate
+        return
+    if not isinstance(result, dict):
+        return
+    inputs = result.setdefault("inputs", {})
+    inputs.setdefault("ground_truth_source", gt_info)
+    inputs.setdefault(
+        "eval_engine",
+        {
+            "name": "dflash offline walk (remote.eval.engine)",
+            "bundle": Path(self_command()[-1]).name,
+        },
+    )
+    inputs.setdefault("checkpoint", spec.get("checkpoint"))
+    inputs.setdefault("prompts", spec.get("prompts"))
+    _record_identities(inputs, gt_info, engine)
+    result.setdefault(
+        "job",
+        {
+            "job_id": result_path.parent.name,
+            "host": spec.get("host"),
+            "created": spec.get("created"),
+        },
+    )
+    write_json_atomic(result_path, result)
+
+
+def _record_identities(inputs: dict, gt_info: dict, engine: EvalSpec) -> None:
+    """What a paired comparison and a tracker need to know the run by: the drafter's
+    sha256 and step, the ground truth file's sha256, the target's identity."""
+    from remote.eval import groundtruth, provenance
+
+    if engine.drafter and "drafter_identity" not in inputs:
+        try:
+            inputs["drafter_identity"] = provenance.drafter_identity(engine.drafter)
+        except OSError as exc:  # the result stands without it; say why it is missing
+            inputs["drafter_identity"] = {"sha256": None, "error": str(exc)}
+    if gt_info.get("file") and "ground_truth_sha256" not in inputs:
+        try:
+            inputs["ground_truth_sha256"] = provenance.file_sha256(gt_info["file"])
+        except OSError:
+            inputs["ground_truth_sha256"] = None
+    if engine.target and "target_identity" not in inputs:
+        try:
+            inputs["target_identity"] = groundtruth.target_identity(engine.target)
+        except UserError:
+            inputs["target_identity"] = None

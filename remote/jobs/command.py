@@ -1,0 +1,85 @@
+"""The ``job`` command line: ``job start|run|watch|status|pull|cancel|list``. Each action
+imports only the room that runs it (a ``job status`` never loads the runner)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from remote.errors import UserError
+
+
+def _print(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    action = args.action
+    if action == "start":
+        from remote.jobs.start import start
+
+        data = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+        try:
+            spec = json.loads(data)
+        except ValueError as exc:
+            raise UserError(f"job spec is not JSON: {exc}") from None
+        info = start(args.workdir, args.job_id, spec, args.preflight)
+        _print(json.dumps(info))
+        if args.follow:
+            _watch(Path(info["dir"]), 0, args.pull)
+        return 0
+    if action == "run":
+        from remote.jobs.run import run
+
+        return run(Path(args.dir), args.preflight)
+    from remote.jobs import folder
+
+    if action == "watch":
+        _watch(folder.existing_job_dir(args.workdir, args.job_id), args.offset, args.pull)
+    elif action == "pull":
+        path = folder.existing_job_dir(args.workdir, args.job_id)
+        _print(json.dumps({**folder.job_state(path), "files": folder.result_files(path)}))
+    elif action == "status":
+        _print(json.dumps(folder.job_state(folder.existing_job_dir(args.workdir, args.job_id))))
+    elif action == "cancel":
+        from remote.jobs.cancel import cancel
+
+        _print(json.dumps(cancel(folder.existing_job_dir(args.workdir, args.job_id))))
+    elif action == "list":
+        _print(json.dumps(folder.list_jobs(args.workdir)))
+    return 0
+
+
+def _watch(path: Path, offset: int, pull: bool) -> None:
+    from remote.jobs.watch import watch
+
+    try:
+        watch(path, offset, _print, pull=pull)
+    except BrokenPipeError:  # the controller went away; the job is unaffected
+        os._exit(0)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("job", help="start, watch, cancel and list detached jobs")
+    p.add_argument("action", choices=["start", "run", "watch", "status", "pull", "cancel", "list"])
+    p.add_argument("--workdir", default="~/.dflash")
+    p.add_argument("--job-id")
+    p.add_argument("--spec", default="-", help="job spec JSON file, or - for stdin")
+    p.add_argument("--dir", help="job folder (run only)")
+    p.add_argument("--offset", type=int, default=0, help="byte offset into events (watch)")
+    p.add_argument(
+        "--preflight",
+        action="store_true",
+        help="run the host checks first; start waits for them (start, run)",
+    )
+    p.add_argument("--follow", action="store_true", help="after starting, watch the job (start)")
+    p.add_argument(
+        "--pull",
+        action="store_true",
+        help="end the watch with the result files, base64 (watch, start --follow)",
+    )
+    p.set_defaults(func=_cmd)

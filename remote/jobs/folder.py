@@ -1,0 +1,259 @@
+"""A job's folder and what it says: where it is, its state, its events, its exit.
+
+`job_state` reads a job's state from its files (see `remote.jobs`); `EventLog` appends its
+progress events; `write_exit` records how it ended, even on a full disk (`reserve_exit`
+keeps room for it from the start).
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from remote.atomic import write_atomic
+from remote.errors import UserError
+from remote.protocol import JOB_KINDS, RESULT_FILES, SpecError, check_job_id
+from remote.relay.fdfiles import write_all
+
+# ---- where ----------------------------------------------------------------------------
+
+
+def read_json(path: str | os.PathLike) -> Any | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def jobs_root(workdir: str) -> Path:
+    return Path(os.path.expanduser(workdir)) / "jobs"
+
+
+def job_dir(workdir: str, job_id: str) -> Path:
+    try:
+        return jobs_root(workdir) / check_job_id(job_id)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
+
+
+def existing_job_dir(workdir: str, job_id: str) -> Path:
+    path = job_dir(workdir, job_id)
+    if not (path / "spec.json").is_file():
+        known = sorted(p.name for p in jobs_root(workdir).glob("*") if (p / "spec.json").is_file())
+        hint = f" (jobs there: {', '.join(known[-5:])})" if known else " (no jobs there)"
+        raise UserError(f"no job {job_id!r} in {jobs_root(workdir)}{hint}")
+    return path
+
+
+# ---- its kind and state ---------------------------------------------------------------
+
+
+def job_kind(spec: object) -> str:
+    """The kind of the job `spec` describes (``eval`` when it names none), one of
+    `JOB_KINDS`; anything else is one line."""
+    kind = spec.get("kind", "eval") if isinstance(spec, dict) else spec
+    if kind not in JOB_KINDS:
+        raise UserError(f"unknown job kind {kind!r}; one of {', '.join(JOB_KINDS)}")
+    return kind
+
+
+def proc_starttime(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot), or None if it is gone.
+
+    Together with the pid it identifies one process for good: a recycled pid has a
+    different start time.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 2 (comm) may contain spaces and parentheses; fields after the last ')' are fixed.
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":  # a zombie has finished; only its parent has not reaped it yet
+        return None
+    return int(fields[19])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is `pgid`."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
+
+
+def runner_alive(pid_info: dict | None) -> bool:
+    if not pid_info:
+        return False
+    return proc_starttime(int(pid_info["pid"])) == pid_info.get("starttime")
+
+
+def job_state(path: Path) -> dict:
+    """State of the job in `path` (see `remote.jobs`) plus its last progress."""
+    spec = read_json(path / "spec.json") or {}
+    pid_info = read_json(path / "pid.json")
+    exit_info = read_json(path / "exit.json")
+    if exit_info:
+        state = exit_info.get("state", "failed")
+    elif pid_info is None:
+        state = "starting"
+    elif runner_alive(pid_info):
+        state = "running"
+    else:
+        state = "lost"
+    out = {
+        "job_id": path.name,
+        "state": state,
+        "dir": str(path),
+        "created": spec.get("created"),
+        "checkpoint": spec.get("checkpoint"),
+        "drafter": (spec.get("eval") or {}).get("drafter"),
+        "kind": spec.get("kind"),
+        "pid": (pid_info or {}).get("pid"),
+        "pgid": (pid_info or {}).get("pgid"),
+        "exit": exit_info,
+        "progress": last_progress(path / "events.jsonl"),
+        "has_result": (path / "result.json").is_file(),
+    }
+    return out
+
+
+def last_progress(events: Path) -> dict | None:
+    """The newest progress-like event (reads only the file's tail)."""
+    try:
+        with open(events, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 65536))
+            lines = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict) and ev.get("event") in (
+            "sample",
+            "ground_truth",
+            "phase",
+            "start",
+            "done",
+        ):
+            return ev
+    return None
+
+
+def list_jobs(workdir: str) -> list[dict]:
+    root = jobs_root(workdir)
+    if not root.is_dir():
+        return []
+    rows = [job_state(p) for p in root.iterdir() if (p / "spec.json").is_file()]
+    return sorted(rows, key=lambda r: (r.get("created") or 0, r["job_id"]))
+
+
+def result_files(path: Path) -> dict[str, str]:
+    """The `RESULT_FILES` present in the job folder `path`, base64, by name. Only regular
+    files, opened without following a symlink: a link planted there is never read."""
+    files = {}
+    for name in RESULT_FILES:
+        try:
+            fd = os.open(path / name, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as fh:
+            if stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                files[name] = base64.b64encode(fh.read()).decode("ascii")
+    return files
+
+
+# ---- its events -----------------------------------------------------------------------
+
+
+class EventLog:
+    """Appends JSON events to ``events.jsonl``, one line each, written as they happen. A
+    write the disk refuses raises its OSError (naming the file) and leaves no part of its
+    line behind: the file stays whole lines, and a later event may still fit."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        self._lock = threading.Lock()  # a line at a time, whichever thread emits it
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.write({"event": event, "time": round(time.time(), 3), **fields})
+
+    def write(self, obj: dict) -> None:
+        line = (json.dumps(obj, default=str) + "\n").encode()
+        with self._lock:
+            size = os.fstat(self._fd).st_size
+            try:
+                write_all(self._fd, line)
+            except OSError as exc:
+                os.ftruncate(self._fd, size)  # the part of the line that fitted
+                exc.filename = exc.filename or str(self.path)
+                raise
+
+
+# ---- writes that can fail: a full disk is said, never lost ----------------------------
+
+# Errors of a write the host's storage refused: the job says so in the OS's words and
+# where, instead of dying without exit.json ("lost").
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+# Room kept in a job's folder from its start for its exit.json: a job that fills its disk
+# still records how it ended (overwriting blocks it already holds needs no new ones).
+EXIT_RESERVE = ".exit.reserve"
+EXIT_RESERVE_BYTES = 64 * 1024
+
+
+def write_error(exc: OSError, where: Path) -> str:
+    """One line for an OSError writing in `where` on this host: the OS's words, the
+    errno's name and the file (``no space left on device (ENOSPC) while writing
+    /data/.dflash/jobs/J/samples.jsonl``)."""
+    name = errno.errorcode.get(exc.errno or 0)
+    what = (exc.strerror or str(exc)).lower()
+    return f"{what}{f' ({name})' if name else ''} while writing {exc.filename or where}"
+
+
+def reserve_exit(path: Path) -> None:
+    """Keep `EXIT_RESERVE_BYTES` in the job folder `path` for its exit.json (`write_exit`)."""
+    fd = os.open(path / EXIT_RESERVE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        write_all(fd, b" " * EXIT_RESERVE_BYTES)
+    finally:
+        os.close(fd)
+
+
+def write_exit(path: Path, info: dict) -> None:
+    """Write exit.json into the job folder `path`: into the space `reserve_exit` kept,
+    then renamed into place (a reader never sees half of it), so it is written even when
+    the disk is full; a folder without a reserve gets it the ordinary way."""
+    data = (json.dumps(info, indent=2, default=str) + "\n").encode()
+    try:
+        fd = os.open(path / EXIT_RESERVE, os.O_WRONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        write_atomic(path / "exit.json", data)
+        return
+    try:
+        write_all(fd, data)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+    try:
+        os.replace(path / EXIT_RESERVE, path / "exit.json")
+    except FileNotFoundError:  # another writer (a cancel, the runner's TERM) just did
+        pass
