@@ -20,6 +20,7 @@ import yaml
 
 from orchestrator.errors import DflashError
 from orchestrator.sizes import parse_size
+from orchestrator.slurm.role import SlurmError, SlurmRole
 from remote.protocol import (
     DEFAULT_DTYPE,
     DTYPES,
@@ -95,6 +96,7 @@ class HostSpec:
     connect_timeout: float = 10.0
     trainer: TrainerRole | None = None
     eval: EvalRole | None = None
+    slurm: SlurmRole | None = None  # a cluster's login node (docs/slurm.md)
 
     def __post_init__(self) -> None:
         if self.python is None:
@@ -435,14 +437,31 @@ class _Validator:
 
     def role(self, spec: HostSpec, key: yaml.Node, node: yaml.Node) -> None:
         what = f"hosts.{spec.name}.roles.{key.value}"
+        if key.value == "slurm":
+            self.slurm_role(spec, what, node)
+            return
         if key.value not in ROLE_KEYS:
-            raise self.fail(key, f"{what}: unknown role (allowed: {', '.join(ROLE_KEYS)})")
+            allowed = ", ".join([*ROLE_KEYS, "slurm"])
+            raise self.fail(key, f"{what}: unknown role (allowed: {allowed})")
         cls, schema, required = ROLE_KEYS[key.value]
         values = self.fields(node, what, schema)
         for req in required:
             if req not in values:
                 raise self.fail(node, f"{what}: missing required key {req!r}")
         setattr(spec, key.value, cls(**values))
+
+    def slurm_role(self, spec: HostSpec, what: str, node: yaml.Node) -> None:
+        """The role's own checks (`SlurmRole.from_mapping`) on its scalar values, with the
+        file and line of the role in the message."""
+        values: dict[str, Any] = {}
+        for key, value in self.mapping(node, what):
+            if not isinstance(value, yaml.ScalarNode):
+                raise self.fail(value, f"{what}.{key.value}: expected a single value")
+            values[str(key.value)] = self.scalar(value)
+        try:
+            spec.slurm = SlurmRole.from_mapping(values, what)
+        except SlurmError as exc:
+            raise self.fail(node, str(exc)) from None
 
     def group(self, name: str, node: yaml.Node, hosts: dict[str, HostSpec]) -> list[str]:
         if not isinstance(node, yaml.SequenceNode):

@@ -75,7 +75,41 @@ BAD = [
     ("hosts:\n  a:\n    transport: local\n    jump: b\n", 3, ["local host cannot have a jump"]),
     ("hosts:\n  a:\n    accept_new_host_key: maybe\n", 3, ["true or false"]),
     ("", None, ["empty"]),
+    (
+        "hosts:\n  login:\n    roles:\n      slurm: {partition: cpu}\n",
+        4,
+        ["hosts.login.roles.slurm", "missing required key 'shared'"],
+    ),
+    (
+        "hosts:\n  login:\n    roles:\n      slurm:\n        shared: /s\n"
+        "        time_limit: '1:2:3:4'\n",
+        5,
+        ["hosts.login.roles.slurm.time_limit", "not a Slurm time limit"],
+    ),
+    (
+        "hosts:\n  login:\n    roles:\n      slurm: {shared: /s, nodes: [a]}\n",
+        4,
+        ["hosts.login.roles.slurm.nodes", "single value"],
+    ),
 ]
+
+
+def test_a_slurm_role_is_read_with_its_own_checks():
+    """The login node's role parses into `SlurmRole`, sbatch's forms converted."""
+    inv = parse_inventory(
+        "hosts:\n  login:\n    hostname: login.example.org\n    roles:\n      slurm:\n"
+        "        shared: /scratch/a/dflash\n        time_limit: '1:30:00'\n"
+        "        mem_per_task: 4G\n        partition: cpu,cpu-long\n",
+        Path("inv.yaml"),
+    )
+    role = inv.hosts["login"].slurm
+    assert role is not None and inv.hosts["login"].eval is None
+    assert (role.shared, role.time_limit_minutes, role.mem_per_task_mib) == (
+        "/scratch/a/dflash",
+        90,
+        4096,
+    )
+    assert role.partition == "cpu,cpu-long"
 
 
 @pytest.mark.parametrize("text,line,words", BAD)

@@ -1,7 +1,7 @@
 """A Slurm login node's settings: where the array runs, with what, and how it is watched.
 
-`SlurmRole` is what an inventory host's ``roles: {slurm: ...}`` will hold (the inventory
-wiring comes with the eval integration). It is frozen and checked at construction, one line
+`SlurmRole` is what an inventory host's ``roles: {slurm: ...}`` holds
+(`orchestrator.inventory` reads it with `from_mapping`). It is frozen and checked at construction, one line
 per problem naming the field; `SlurmRole.from_mapping` takes the values as a person writes
 them (``time_limit: "1:30:00"``, ``mem_per_task: 4G``) and names the key path in its errors.
 """
