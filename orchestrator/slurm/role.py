@@ -1,9 +1,10 @@
 """A Slurm login node's settings: where the array runs, with what, and how it is watched.
 
 `SlurmRole` is what an inventory host's ``roles: {slurm: ...}`` holds
-(`orchestrator.inventory` reads it with `from_mapping`). It is frozen and checked at construction, one line
-per problem naming the field; `SlurmRole.from_mapping` takes the values as a person writes
-them (``time_limit: "1:30:00"``, ``mem_per_task: 4G``) and names the key path in its errors.
+(`orchestrator.inventory` reads it with `from_mapping`). It is frozen and checked at
+construction, one line per problem naming the field; `SlurmRole.from_mapping` takes the
+values as a person writes them (``time_limit: "1:30:00"``, ``mem_per_task: 4G``) and names
+the key path in its errors.
 """
 
 from __future__ import annotations
