@@ -186,6 +186,32 @@ def classifier(h: RelayHosts):
     return classify
 
 
+def machine(role: str) -> str | None:
+    """Which of the three machines a role's process would run on with real hosts: the
+    trainer (under its sshd), the eval host (under its), or the workstation (the rest)."""
+    if role == "kernel threads":
+        return None  # the whole box's: not one machine's
+    if role.startswith(("ssh client", "pump", "scp local", "local ")):
+        return "workstation"
+    if role == "relay-send" or role.startswith("other src") or role.endswith(" src"):
+        return "trainer"
+    if role == "relay-recv" or role.startswith("other dst") or role.endswith(" dst"):
+        return "eval host"
+    return "workstation"
+
+
+MACHINES = ("workstation", "trainer", "eval host")
+
+
+def per_machine(s: Sampler) -> dict[str, float]:
+    out = dict.fromkeys(MACHINES, 0.0)
+    for role, cpu in s.roles.items():
+        where = machine(role)
+        if where:
+            out[where] += cpu
+    return out
+
+
 def measure(h: RelayHosts, tool: str, name: str, cipher: str) -> Sampler:
     roots = {os.getpid(): "local", h.trainer.proc.pid: "src", h.evalhost.proc.pid: "dst"}
     src = h.ckpts / name
@@ -224,6 +250,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--cipher", default="aes128-gcm@openssh.com")
     ap.add_argument("--tools", default="dflash,scp -3 -O,ceiling")
+    ap.add_argument(
+        "--fixed-mib",
+        type=int,
+        default=64,
+        help="also move a file this size per tool and round: its CPU, taken from the big "
+        "one's, leaves the cost per GiB beyond start-up (0: off)",
+    )
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="dflash-relay-cpu-"))
     try:
@@ -239,13 +272,16 @@ def main() -> None:
                     random_file(h.ckpts / name / f"model-{i:05d}.safetensors", size)
                 (h.ckpts / name / "COMPLETE").write_bytes(b"")
             total = size * args.files / (1 << 30)
+            small = "step_0.bin"
+            if args.fixed_mib:
+                random_file(h.ckpts / small, args.fixed_mib * MiB)
+                (h.ckpts / f"{small}.COMPLETE").write_bytes(b"")
             h.relay("--dry-run", name)  # installs the host bundle: untimed
+            machines: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+            fixed: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
             for rnd in range(args.rounds):
                 for tool in args.tools.split(","):
-                    shutil.rmtree(h.drafters, ignore_errors=True)
-                    shutil.rmtree(h.evalhost.root / "scp", ignore_errors=True)
-                    h.drafters.mkdir()
-                    (h.evalhost.root / "scp").mkdir()
+                    _clear(h)
                     if tool == "dflash resume":
                         killed_at_half(h, name, size)
                     elif tool == "dflash resume-copied":
@@ -265,6 +301,12 @@ def main() -> None:
                                 f"    {role:26s} {cpu / total:6.2f} CPU-s/GiB"
                                 + (f"  {calls:7.1f}k read/write calls/GiB" if calls else "")
                             )
+                    for where, cpu in per_machine(s).items():
+                        machines[tool][where] += cpu / total / args.rounds
+                    if args.fixed_mib and not tool.startswith("dflash resume"):
+                        _clear(h)
+                        for where, cpu in per_machine(measure(h, tool, small, args.cipher)).items():
+                            fixed[tool][where] += cpu / args.rounds
                     tracked = sum(s.roles.values())
                     print(
                         f"    {'= tracked':26s} {tracked / total:6.2f} CPU-s/GiB; whole box busy "
@@ -272,8 +314,49 @@ def main() -> None:
                         f"{s.box['softirq+irq'] / total:.2f}), iowait "
                         f"{s.box['iowait'] / total:.2f}, wall {s.wall / total:.2f} s/GiB"
                     )
+            print("per machine, CPU-s/GiB (mean over rounds):")
+            print_machines(machines)
+            if fixed:
+                gib, small_gib = total, args.fixed_mib / 1024
+                beyond = {
+                    tool: {m: (cpu[m] * gib - fixed[tool][m]) / (gib - small_gib) for m in MACHINES}
+                    for tool, cpu in machines.items()
+                    if tool in fixed
+                }
+                print(
+                    f"per machine, CPU-s per GiB beyond start-up (a {args.fixed_mib} MiB "
+                    "relay's CPU taken off):"
+                )
+                print_machines(beyond)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _clear(h: RelayHosts) -> None:
+    """Empty both tools' destination folders (and sync), so each run writes anew."""
+    shutil.rmtree(h.drafters, ignore_errors=True)
+    shutil.rmtree(h.evalhost.root / "scp", ignore_errors=True)
+    h.drafters.mkdir()
+    (h.evalhost.root / "scp").mkdir()
+    os.sync()
+
+
+def print_machines(machines: dict[str, dict[str, float]]) -> None:
+    """CPU-s per GiB per machine and each tool against `scp -3 -O`: the workstation's and
+    the busiest machine's."""
+    for tool, cpu in machines.items():
+        cells = "  ".join(f"{m} {cpu[m]:.2f}" for m in MACHINES)
+        print(f"    {tool:22s} {cells}  busiest {max(cpu.values()):.2f}")
+    base = machines.get("scp -3 -O")
+    if not base:
+        return
+    for tool, cpu in machines.items():
+        if tool.startswith("dflash"):
+            print(
+                f"    {tool} / scp -3 -O: workstation "
+                f"{cpu['workstation'] / base['workstation']:.2f}x, busiest machine "
+                f"{max(cpu.values()) / max(base.values()):.2f}x"
+            )
 
 
 if __name__ == "__main__":
