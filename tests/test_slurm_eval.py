@@ -139,6 +139,10 @@ def test_a_slurm_array_eval_equals_the_one_host_eval(make_login, cluster, server
         timeout=900,
     )
     assert cli.returncode == 0, cli.stderr
+    # One progress view fed by the tasks' own events: a row per task and a total, complete.
+    rows = {ln.split()[0]: ln for ln in cli.stderr.splitlines() if ln.strip()}
+    assert {"login#0", "login#1", "login#2", "total"} <= set(rows), cli.stderr
+    assert f"{len(PROMPTS)}/{len(PROMPTS)}" in rows["total"], cli.stderr
     merged = Path(cli.stdout.split("results:")[-1].strip())
     assert cluster.queue() == []
     assert len(server.requests) == len(PROMPTS)  # ground truth made once, by one task

@@ -43,6 +43,7 @@ from orchestrator.eval.shard_job import ShardRun, gt_lines, read_jsonl
 from orchestrator.eval.shard_plan import plan_shards
 from orchestrator.eval.shard_truth import read_ground_truth
 from orchestrator.eval.shard_write import write_merged
+from orchestrator.eval.slurm_progress import EventTail
 from orchestrator.eval.spec import (
     EvalOptions,
     build_spec,
@@ -169,16 +170,25 @@ def _array(
     cluster.client.make_folder(plan)
     _push_tree(cluster.host, plan.folder, inputs)
     seen: dict[int, tuple[str, str]] = {}
+    tail, ended = EventTail(cluster.host, cluster.work), set()
 
     def on_update(status: ArrayStatus) -> None:
+        read: dict[str, str] = {}  # job id -> its task's label
         for t in status.tasks:
+            label = _label(cluster, name, t.task_id)
             now = (t.last.ref, t.last.state)
             if seen.get(t.task_id) != now:
                 seen[t.task_id] = now
-                run.emit(
-                    _label(cluster, name, t.task_id),
-                    {"event": "slurm_task", "task": t.task_id, **t.last.to_json()},
-                )
+                run.emit(label, {"event": "slurm_task", "task": t.task_id, **t.last.to_json()})
+            for a in t.attempts:  # while it runs, and once after it ended
+                job_id = f"{name}-{t.task_id}-{a.job_id}"
+                if a.verdict != "queued" and job_id not in ended:
+                    read[job_id] = label
+                    if a.verdict not in states.ACTIVE:
+                        ended.add(job_id)
+        for job_id, events in tail.read(read).items():
+            for event in events:
+                run.emit(read[job_id], event)
 
     array.submit_all()
     return array.wait(timeout, on_update)
