@@ -21,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import DflashError
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval import shard, shard_plan
 from orchestrator.eval.job import JobError
 from orchestrator.inventory import load_inventory
 from orchestrator.results.store import results_dir
+from orchestrator.slurm.role import SlurmError, SlurmRole
 from remote.protocol import EvalSpec
 from tests.helpers.cli import ROOT, dflash
 from tests.helpers.slurm import SlurmCluster, require_slurm
@@ -330,3 +332,23 @@ def test_sigterm_of_the_cli_cancels_the_array_and_leaves_nothing_queued(make_log
     assert proc.returncode == 143, stderr
     assert "terminated" in stderr and "Traceback" not in stderr
     assert cluster.queue() == []  # cancelled before the command ended
+
+
+# ---- without a cluster --------------------------------------------------------------------
+
+
+def test_a_slurm_role_checks_its_shards_and_a_login_node_is_named_alone(make_inventory):
+    with pytest.raises(SlurmError, match=r"^slurm\.shards: 0 is not a whole number of at least 1"):
+        SlurmRole.from_mapping({"shared": "/scratch/x", "shards": 0})
+    assert SlurmRole.from_mapping({"shared": "/scratch/x"}).shards == 4
+    path = make_inventory(
+        hosts={
+            "login": {"transport": "local", "roles": {"slurm": {"shared": "/scratch/x"}}},
+            "b": {"transport": "local"},
+        }
+    )
+    with pytest.raises(DflashError) as err:
+        shard.run_sharded(load_inventory(path), ["login", "b"], "step-12")
+    assert str(err.value) == (
+        "--hosts: login is a Slurm login node: name it alone (its array tasks are the shards)"
+    )
