@@ -239,8 +239,10 @@ def _assert_whole(merged: Path, gt: Path) -> None:
     assert _result(merged)["metrics"]["samples"] == len(ids)
 
 
-@pytest.mark.parametrize("how", ["scancel", "kill"])
-def test_a_task_cancelled_or_killed_mid_run_is_resubmitted_and_merged(make_login, cluster, how):
+@pytest.mark.parametrize("how", ["scancel", "kill", "down"])
+def test_a_task_cancelled_killed_or_lost_mid_run_is_resubmitted_and_merged(
+    make_login, cluster, how
+):
     inventory_path, shared = make_login(shards=2, max_retries=1)
     shared.mkdir(parents=True)
     gt = shared / "long-gt.jsonl"
@@ -249,11 +251,17 @@ def test_a_task_cancelled_or_killed_mid_run_is_resubmitted_and_merged(make_login
     plan = shard_plan.plan_shards(records, ["a", "b"])
     assert [s.indices for s in plan] == [[1, 2], [0, 3]]
 
+    downed: list[str] = []
+
     def act(job: str, pid: int) -> None:
         if how == "scancel":
             cluster.command("scancel", f"{job}_1")
-        else:
+        elif how == "kill":
             os.kill(pid, signal.SIGKILL)  # the job's runner dies mid-sample, no exit.json
+        else:  # its node is lost (an admin's DOWN on this one-machine cluster)
+            [node] = cluster.command("squeue", "-h", "-j", f"{job}_1", "-o", "%N").split()
+            cluster.set_node(node, "DOWN", "test")
+            downed.append(node)
 
     run_id = f"mid-{how}"
     _, _, go = _run(inventory_path, gt, run_id)
@@ -266,11 +274,14 @@ def test_a_task_cancelled_or_killed_mid_run_is_resubmitted_and_merged(make_login
     assert cluster.queue() == []
     result = _result(merged)
     attempts = result["shards"]["slurm"]["tasks"][1]["attempts"]
-    assert [a["state"] for a in attempts] == [
-        "CANCELLED" if how == "scancel" else "FAILED",
-        "COMPLETED",
-    ]
-    assert [len(t["attempts"]) for t in result["shards"]["slurm"]["tasks"]] == [1, 2]
+    first = {"scancel": "CANCELLED", "kill": "FAILED", "down": "NODE_FAIL"}[how]
+    assert [a["state"] for a in attempts] == [first, "COMPLETED"]
+    if how == "down":
+        assert attempts[0]["nodes"] == downed[0] != attempts[1]["nodes"]
+    tasks = result["shards"]["slurm"]["tasks"]
+    # the other task ran once, or twice when it shared the lost node
+    lost = [how == "down" and t["attempts"][0]["nodes"] == downed[0] for t in tasks]
+    assert [len(t["attempts"]) for t in tasks] == [2 if lost[0] else 1, 2]
     assert result["shards"]["jobs"][1]["job_id"] != watcher.done[0]  # a fresh attempt's folder
     _assert_whole(merged, gt)
 
