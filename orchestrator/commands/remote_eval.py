@@ -60,7 +60,8 @@ def remote_eval_cmd(
         typer.Option(
             "--hosts",
             help="Shard the samples across these eval hosts (comma-separated names "
-            "or inventory groups) and merge into one result.",
+            "or inventory groups) and merge into one result; a Slurm login node "
+            "(roles.slurm), named alone, runs the shards as one job array.",
         ),
     ] = None,
     detach: Annotated[
