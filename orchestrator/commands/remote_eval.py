@@ -29,6 +29,7 @@ from orchestrator.commands.common import (
     ThreadsOption,
     TopkOption,
     inventory,
+    stopped_by_signal,
 )
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval import shard
@@ -59,7 +60,8 @@ def remote_eval_cmd(
         typer.Option(
             "--hosts",
             help="Shard the samples across these eval hosts (comma-separated names "
-            "or inventory groups) and merge into one result.",
+            "or inventory groups) and merge into one result; a Slurm login node "
+            "(roles.slurm), named alone, runs the shards as one job array.",
         ),
     ] = None,
     detach: Annotated[
@@ -145,7 +147,8 @@ def remote_eval_cmd(
     request = eval_request(inv, checkpoint, options, host=host, hosts=hosts, detach=detach)
     show = not json_out
     if request.hosts:
-        with output.ShardProgress(show) as live:
+        # SIGTERM as Ctrl-C: a Slurm array is cancelled on the way out, nothing left queued
+        with stopped_by_signal(), output.ShardProgress(show) as live:
             run_dir = shard.run_sharded(
                 inv, request.hosts, checkpoint, options, on_event=live, dest=results
             )

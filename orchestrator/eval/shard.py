@@ -36,7 +36,6 @@ is a `shard_job.ShardRun`.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -54,12 +53,10 @@ from orchestrator.eval.shard_job import (
     run_shard,
     start_early,
 )
-from orchestrator.eval.shard_plan import merge_result, plan_shards
-from orchestrator.eval.shard_truth import (
-    fetch_ground_truth,
-    judge_ground_truth,
-    start_ground_truth,
-)
+from orchestrator.eval.shard_plan import plan_shards
+from orchestrator.eval.shard_truth import fetch_ground_truth, start_ground_truth
+from orchestrator.eval.shard_write import write_merged
+from orchestrator.eval.slurm_eval import run_slurm_eval
 from orchestrator.eval.spec import EvalOptions, new_job_id
 from orchestrator.inventory import Inventory
 from orchestrator.results.store import results_dir
@@ -191,31 +188,16 @@ def _run(run: ShardRun) -> Path:
             "of that file (kind 'file'), so all shards share one ground truth",
         },
     }
-    result = merge_result(
-        [o.result for o in outcomes if o.ok and o.result],
-        ordered,
-        ground_truth_source=gt_info,
+    write_merged(
+        run,
+        results=[o.result for o in outcomes if o.ok and o.result],
+        ordered=ordered,
         shards=shards,
-        job={"job_id": run.run_id, "hosts": names, "created": t0},
-        wall_s=time.time() - t0,
+        gt_info=gt_info,
+        gt_job=gt_job,
+        hosts=names,
+        t0=t0,
     )
-    gt_info = judge_ground_truth(run, gt_info, result["metrics"].get("target_agreement"))
-    result["inputs"]["ground_truth_source"] = gt_info
-    result["inputs"]["checkpoint"] = gt_job.get("checkpoint")
-    result["inputs"]["prompts"] = gt_job.get("prompts")
-    (run.stage / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ordered))
-    (run.stage / "result.json").write_text(json.dumps(result, indent=2))
-    (run.stage / "spec.json").write_text(
-        json.dumps(
-            {
-                **{k: v for k, v in gt_job.items() if k != "stop_after"},
-                "hosts": names,
-                "job_id": run.run_id,
-            },
-            indent=2,
-        )
-    )
-    (run.stage / "ground_truth.json").write_text(json.dumps(gt_info, indent=2))
     return run.stage
 
 
@@ -231,7 +213,9 @@ def run_sharded(
 ) -> Path:
     """Evaluate `checkpoint` across the hosts (names or inventory groups) and merge into one
     local run folder ``<results_dir>/<run-id>`` (the shards' pulled folders under
-    ``shards/``). Returns that folder. See the module docstring for the procedure."""
+    ``shards/``). Returns that folder. See the module docstring for the procedure. A host
+    with a ``slurm`` role, named alone, runs the shards as one job array on its cluster
+    instead (`slurm_eval.run_slurm_eval`), merged by the same code."""
     options = options or EvalOptions()
     specs = inventory.expand(host_names)
     if not specs:
@@ -247,7 +231,16 @@ def run_sharded(
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
     try:
-        _run(ShardRun(inventory, specs, checkpoint, options, on_event, stage, run_id))
+        run = ShardRun(inventory, specs, checkpoint, options, on_event, stage, run_id)
+        if any(s.slurm for s in specs):
+            if len(specs) != 1:
+                raise DflashError(
+                    f"--hosts: {', '.join(s.name for s in specs if s.slurm)} is a Slurm "
+                    "login node: name it alone (its array tasks are the shards)"
+                )
+            run_slurm_eval(run)
+        else:
+            _run(run)
         if final.exists():
             shutil.rmtree(final)
         os.replace(stage, final)

@@ -81,24 +81,36 @@ def fetch_ground_truth(run: ShardRun, ref: JobRef, job: dict) -> tuple[list[dict
     raw = _carried(host, ref.job_id, end, "ground_truth.json") or jobwire.fetch(
         host, f"{ref.dir}/ground_truth.json", "ground_truth.json", jobwire.ANSWER_MAX
     )
+    records, info = read_ground_truth(host, spec.name, ref.job_id, raw)
+    return records, info, job
+
+
+def read_ground_truth(host: Host, name: str, job_id: str, raw: bytes) -> tuple[list[dict], dict]:
+    """The records and ``ground_truth.json`` (`raw`, as the job `job_id` on host `name`
+    wrote it) of a ground-truth job: the file it names fetched from `host` (at most
+    `GROUND_TRUTH_MAX`) and checked as a host checks one, its sha256 and the job's id
+    added to the info."""
     try:
         info = json.loads(raw)
     except ValueError:
         info = None
     if not isinstance(info, dict) or not isinstance(info.get("file"), str):
-        raise JobError(f"{spec.name}: ground truth job {ref.job_id} names no ground truth file")
+        raise JobError(f"{name}: ground truth job {job_id} names no ground truth file")
     data = jobwire.fetch(host, info["file"], "the ground truth", GROUND_TRUTH_MAX)
-    records = _ground_truth_records(spec.name, data)
+    records = _ground_truth_records(name, data)
     info["sha256"] = hashlib.sha256(data).hexdigest()
-    info["job_id"] = ref.job_id
-    return records, info, job
+    info["job_id"] = job_id
+    return records, info
 
 
-def judge_ground_truth(run: ShardRun, gt_info: dict, agreement: object) -> dict:
+def judge_ground_truth(
+    run: ShardRun, gt_info: dict, agreement: object, workdir: str | None = None
+) -> dict:
     """The merged eval's verdict on its ground truth (`remote.protocol.
     agreement_suspect`): wrong wholesale, it is flagged (`flag_suspect`) and its entry
     dropped from the first host's cache, where the ground-truth job made it (one ``rm``
-    over a new connection, by the cache key that host reported, checked to be one)."""
+    over a new connection, by the cache key that host reported, checked to be one).
+    `workdir`: the workdir that cache is in (default: the first host's own)."""
     rate = agreement.get("rate") if isinstance(agreement, dict) else None
     if not agreement_suspect(rate):
         return gt_info
@@ -106,7 +118,7 @@ def judge_ground_truth(run: ShardRun, gt_info: dict, agreement: object) -> dict:
     if isinstance(key, str) and GT_CACHE_KEY_RE.match(key):
         try:
             with open_host(run.specs[0], run.inventory) as host:
-                base = f"{host.workdir}/groundtruth/{key}"
+                base = f"{workdir or host.workdir}/groundtruth/{key}"
                 done = host.run(
                     ["rm", "-f", "--", f"{base}.jsonl", f"{base}.json"],
                     check=False,

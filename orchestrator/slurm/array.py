@@ -151,11 +151,16 @@ class ArrayStatus:
 
 class ArrayRun:
     """The mutable side of one array: submits, looks, resubmits, cancels. `status` is
-    its frozen picture after the last look."""
+    its frozen picture after the last look. `retry`: the states of a failed attempt worth
+    resubmitting (`states.RETRYABLE`; a caller whose tasks someone may cancel one by one
+    to have them run elsewhere adds CANCELLED)."""
 
-    def __init__(self, client: SlurmClient, plan: ArrayPlan):
+    def __init__(
+        self, client: SlurmClient, plan: ArrayPlan, *, retry: frozenset[str] = states.RETRYABLE
+    ):
         self.client = client
         self.plan = plan
+        self.retry = retry
         self._tasks: dict[int, tuple[Attempt, ...]] = {}
 
     @property
@@ -169,9 +174,14 @@ class ArrayRun:
 
     def start(self) -> ArrayStatus:
         """Make the job folder and submit every task as one array."""
+        self.client.make_folder(self.plan)
+        return self.submit_all()
+
+    def submit_all(self) -> ArrayStatus:
+        """Submit every task as one array, into the job folder made already (`start`
+        without its folder: the caller put the tasks' inputs there first)."""
         if self._tasks:
             raise SlurmError(f"{self.client.name}: array {self.plan.name} is started already")
-        self.client.make_folder(self.plan)
         self._submit(self.plan.task_ids)
         return self.status
 
@@ -206,7 +216,7 @@ class ArrayRun:
                 t.task_id
                 for t in self.status.tasks
                 if t.verdict == "failed"
-                and t.last.state in states.RETRYABLE
+                and t.last.state in self.retry
                 and len(t.attempts) <= self.plan.role.max_retries
             ]
             if retry:

@@ -84,6 +84,7 @@ class SlurmRole:
     job folders live under it). None for `partition`, `account`, `qos` or `mem_per_task_mib`
     means the cluster's default. `max_retries` bounds how often one task is resubmitted
     after a failure worth retrying; `poll_seconds` is the pause between two looks.
+    `shards`: how many array tasks one eval is split into (fewer when it has fewer samples).
     """
 
     shared: str
@@ -95,6 +96,7 @@ class SlurmRole:
     mem_per_task_mib: int | None = None
     max_retries: int = 1
     poll_seconds: float = 5.0
+    shards: int = 4
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shared", check_shared_folder(self.shared))
@@ -110,6 +112,7 @@ class SlurmRole:
             ("time_limit_minutes", 1),
             ("cpus_per_task", 1),
             ("max_retries", 0),
+            ("shards", 1),
         ):
             _whole(name, getattr(self, name), least)
         if self.mem_per_task_mib is not None:

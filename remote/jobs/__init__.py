@@ -20,10 +20,12 @@ returns at once, so a dropped connection or a killed controller never reaches th
 less). ``job watch`` follows ``events.jsonl`` from a byte offset and ends with one
 ``watch_end`` event (``--pull``: carrying the result files, so no further round trip);
 ``job pull`` prints the state and the result files;
-``job cancel`` signals the whole process group (TERM, then KILL) and waits until no member
-is left; ``job list`` and ``job status`` report state: ``running`` (the recorded runner
-is alive: same pid AND same start time, so a reused pid is not mistaken for it), ``done``,
-``failed``, ``cancelled`` or ``lost`` (the runner died without writing ``exit.json``).
+``job array`` runs one Slurm array task's job in the foreground, in a folder of its own
+per attempt (`array`); ``job cancel`` signals the whole process group (TERM, then KILL)
+and waits until no member is left; ``job list`` and ``job status`` report state:
+``running`` (the recorded runner is alive: same pid AND same start time, so a reused pid
+is not mistaken for it), ``done``, ``failed``, ``cancelled`` or ``lost`` (the runner died
+without writing ``exit.json``).
 
 The runner is generic; what a job does is its kind's (`remote.protocol.JOB_KINDS`):
 ``eval`` runs `remote.eval.job`, ``parity-capture`` and ``parity-compare`` run

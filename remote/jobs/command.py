@@ -1,4 +1,4 @@
-"""The ``job`` command line: ``job start|run|watch|status|pull|cancel|list``. Each action
+"""The ``job`` command line: ``job start|run|array|watch|status|pull|cancel|list``. Each action
 imports only the room that runs it (a ``job status`` never loads the runner)."""
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ def _cmd(args: argparse.Namespace) -> int:
         from remote.jobs.run import run
 
         return run(Path(args.dir), args.preflight)
+    if action == "array":
+        from remote.jobs.array import run_task
+
+        if not args.job_id or not args.dir:
+            raise UserError("job array needs --job-id (the prefix) and --dir (the specs)")
+        return run_task(args.workdir, args.job_id, args.dir)
     from remote.jobs import folder
 
     if action == "watch":
@@ -65,11 +71,13 @@ def _watch(path: Path, offset: int, pull: bool) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("job", help="start, watch, cancel and list detached jobs")
-    p.add_argument("action", choices=["start", "run", "watch", "status", "pull", "cancel", "list"])
+    p.add_argument(
+        "action", choices=["start", "run", "array", "watch", "status", "pull", "cancel", "list"]
+    )
     p.add_argument("--workdir", default="~/.dflash")
     p.add_argument("--job-id")
     p.add_argument("--spec", default="-", help="job spec JSON file, or - for stdin")
-    p.add_argument("--dir", help="job folder (run only)")
+    p.add_argument("--dir", help="job folder (run); the tasks' specs folder (array)")
     p.add_argument("--offset", type=int, default=0, help="byte offset into events (watch)")
     p.add_argument(
         "--preflight",

@@ -1,0 +1,358 @@
+"""Evaluate one checkpoint as ONE Slurm job array, through a cluster's login node.
+
+`run_slurm_eval` is what ``remote-eval --hosts <login>`` runs (through
+`shard.run_sharded`) when that host has a ``slurm`` role (`orchestrator.slurm.role`). Its
+phases are those of the SSH-hosts sharder (`shard`), on the scheduler:
+
+1. **Inputs, once.** The bundle goes to ``<shared>/bundles/`` when it is not there yet;
+   the prompts (a built-in set or a local file) to ``<shared>/work/prompts/``,
+   content-addressed. ``<shared>/work`` is every task's workdir: its ground-truth cache
+   serves later runs as an eval host's does.
+2. **Ground truth, once.** A one-task array runs the ground-truth-only job
+   (``stop_after="ground_truth"``) on a compute node; its file is read back through the
+   login node and checked as a host checks one (`shard_truth.read_ground_truth`).
+3. **Plan.** `shard_plan.plan_shards` over ``SlurmRole.shards`` tasks (fewer when there
+   are fewer samples), balanced by expected tokens.
+4. **Run.** Each task's spec and its slice of the ground truth (a ``file`` ground truth)
+   go to the array's job folder in ONE command (a tar stream), then ONE ``sbatch`` submits
+   the array. Each task runs ``job array`` (`remote.jobs.array`) from the shared bundle:
+   the host-side eval job, unchanged, in a job folder of its own per attempt. The array
+   is watched, failed tasks resubmitted and cancelled on any way out by
+   `orchestrator.slurm.array`; a task someone cancelled on the cluster is resubmitted too
+   (within ``max_retries``): the way to stop the eval is to stop this controller.
+5. **Merge.** Each task's result is pulled through the login node (``job pull``, checked
+   as every pull is), its samples checked to be its slice's, and everything merged by
+   `shard_write.write_merged`, the code the SSH shards merge with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import posixpath
+import tarfile
+import time
+from dataclasses import dataclass
+
+from orchestrator.errors import DflashError
+from orchestrator.eval import jobwire, pull
+from orchestrator.eval.job import JobError
+from orchestrator.eval.shard_job import ShardRun, gt_lines, read_jsonl
+from orchestrator.eval.shard_plan import plan_shards
+from orchestrator.eval.shard_truth import read_ground_truth
+from orchestrator.eval.shard_write import write_merged
+from orchestrator.eval.slurm_progress import EventTail
+from orchestrator.eval.spec import (
+    EvalOptions,
+    build_spec,
+    carried_prompts_name,
+    ground_truth_source,
+    local_prompts,
+)
+from orchestrator.inventory import HostSpec
+from orchestrator.slurm import states
+from orchestrator.slurm.array import ArrayRun, ArrayStatus
+from orchestrator.slurm.client import SlurmClient
+from orchestrator.slurm.plan import ArrayPlan
+from orchestrator.slurm.role import SlurmRole
+from orchestrator.transport import bundle
+from orchestrator.transport.hosts import Host, last_line, open_host, quote
+from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
+from remote.protocol import JOB_CARRY_KEY
+
+# How long the whole run may take, queue waits included (each array is bounded by it).
+RUN_TIMEOUT = 86400.0
+# A task cancelled on the cluster is resubmitted like a failed one (see the docstring).
+RETRY = states.RETRYABLE | {"CANCELLED"}
+# The pushed inputs, in one command: the tasks' specs and slices, a tar stream.
+PUSH_TIMEOUT = 600.0
+
+
+@dataclass
+class Cluster:
+    """The login node of one run and where the run's files are on the shared folder."""
+
+    host: Host
+    spec: HostSpec
+    role: SlurmRole
+
+    @property
+    def client(self) -> SlurmClient:
+        return SlurmClient(self.host)
+
+    @property
+    def work(self) -> str:
+        """Every task's workdir (jobs, ground-truth cache, prompts)."""
+        return posixpath.join(self.role.shared, "work")
+
+    @property
+    def bundle(self) -> str:
+        return posixpath.join(self.role.shared, "bundles", bundle.bundle_name())
+
+    def command(self, prefix: str, folder: str) -> tuple[str, ...]:
+        """What each array task runs: ``job array`` of the shared bundle."""
+        return (
+            self.spec.python,
+            self.bundle,
+            "job",
+            "array",
+            f"--workdir={self.work}",
+            f"--job-id={prefix}",
+            f"--dir={posixpath.join(folder, 'specs')}",
+        )
+
+
+def _push_if_missing(host: Host, path: str, data: bytes) -> None:
+    """`data` to `path` on the shared folder unless a file is there (content-addressed)."""
+    if not host.run(["test", "-f", path], check=False, timeout=60).ok:
+        host.put_bytes(data, path)
+
+
+def _push_tree(host: Host, folder: str, files: dict[str, bytes]) -> None:
+    """`files` (relative names) into `folder`, in one command: a tar stream unpacked there."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    line = f"tar -x --no-same-owner -f - -C {quote(folder)}"
+    done = host.run(line, check=False, timeout=PUSH_TIMEOUT, stdin=buf.getvalue())
+    if not done.ok:
+        raise DflashError(
+            f"{host.name}: could not write the tasks' inputs in {folder}: "
+            f"{last_line(done.stderr) or f'exit {done.exit_code}'}"
+        )
+
+
+def _shared_prompts(cluster: Cluster, options: EvalOptions) -> tuple[EvalOptions, dict | None]:
+    """`options` with a built-in set or a local prompts file pushed to the shared folder
+    (named there as ``host:``), and the spec's ``prompts`` entry for it; unchanged where
+    the prompts are the host's already or the ground truth is a file."""
+    role = cluster.spec.eval
+    prompts = options.prompts or (None if role and role.prompts else "chat")
+    gt_kind = ground_truth_source(cluster.host, cluster.spec, options)["kind"]
+    if prompts is None or prompts.startswith("host:") or gt_kind == "file":
+        return options, None
+    local = local_prompts(prompts)
+    data = local.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    path = posixpath.join(cluster.work, "prompts", carried_prompts_name(local, digest))
+    _push_if_missing(cluster.host, path, data)
+    entry = {"path": path, "name": local.stem, "sha256": digest, "source": str(local)}
+    return dataclasses.replace(options, prompts="host:" + path), entry
+
+
+def _job_spec(cluster: Cluster, run: ShardRun, options: EvalOptions, **kw) -> dict:
+    """An eval job spec for a task (`spec.build_spec` over the login node's roles), its
+    workdir the tasks' own."""
+    job = build_spec(cluster.host, cluster.spec, run.checkpoint, options, **kw)
+    job.pop(JOB_CARRY_KEY, None)
+    job["workdir"] = cluster.work
+    return job
+
+
+def _array(
+    cluster: Cluster,
+    run: ShardRun,
+    name: str,
+    inputs: dict[str, bytes],
+    tasks: int,
+    timeout: float,
+) -> ArrayStatus:
+    """Make the job folder ``<shared>/<name>``, put `inputs` there, submit `tasks` tasks
+    as one array and watch it to its end; every task's progress to ``run.emit``."""
+    folder = posixpath.join(cluster.role.shared, name)
+    plan = ArrayPlan(cluster.role, name, tasks, cluster.command(name, folder))
+    array = ArrayRun(cluster.client, plan, retry=RETRY)
+    cluster.client.make_folder(plan)
+    _push_tree(cluster.host, plan.folder, inputs)
+    seen: dict[int, tuple[str, str]] = {}
+    tail, ended = EventTail(cluster.host, cluster.work), set()
+
+    def on_update(status: ArrayStatus) -> None:
+        read: dict[str, str] = {}  # job id -> its task's label
+        for t in status.tasks:
+            label = _label(cluster, name, t.task_id)
+            now = (t.last.ref, t.last.state)
+            if seen.get(t.task_id) != now:
+                seen[t.task_id] = now
+                run.emit(label, {"event": "slurm_task", "task": t.task_id, **t.last.to_json()})
+            for a in t.attempts:  # while it runs, and once after it ended
+                job_id = f"{name}-{t.task_id}-{a.job_id}"
+                if a.verdict != "queued" and job_id not in ended:
+                    read[job_id] = label
+                    if a.verdict not in states.ACTIVE:
+                        ended.add(job_id)
+        for job_id, events in tail.read(read).items():
+            for event in events:
+                run.emit(read[job_id], event)
+
+    array.submit_all()
+    return array.wait(timeout, on_update)
+
+
+def _label(cluster: Cluster, name: str, task: int) -> str:
+    return f"{cluster.spec.name}#{'gt' if name.endswith('-gt') else task}"
+
+
+def _job_call(cluster: Cluster, action: str, job_id: str) -> dict:
+    """``job <action>`` (status, pull) of the task job `job_id` in the tasks' workdir, run
+    on the login node by its own bundle; the answer checked (`jobwire.call`)."""
+    argv = ["job", action, f"--workdir={cluster.work}", f"--job-id={job_id}"]
+    return jobwire.call(cluster.host, action, job_id, argv=argv)[1]
+
+
+def _task_job_id(name: str, status: ArrayStatus, task: int) -> str:
+    """The job id `remote.jobs.array` gave the task's last attempt."""
+    return jobwire.local_job_id(f"{name}-{task}-{status.tasks[task].last.job_id}")
+
+
+def _failed(cluster: Cluster, name: str, status: ArrayStatus) -> JobError:
+    """One line for an array that ended with failed tasks: the scheduler's word on each,
+    and the first failed job's own error where its folder has one."""
+    line = status.failure_line()
+    for task in status.failed:
+        try:
+            job_id = _task_job_id(name, status, task)
+            state = _job_call(cluster, "status", job_id)
+        except DflashError:
+            continue
+        error = (state.get("exit") or {}).get("error")
+        if error:
+            return JobError(f"{line}; task {task}'s job said: {error}")
+    return JobError(line)
+
+
+def _pull(cluster: Cluster, run: ShardRun, name: str, status: ArrayStatus, task: int):
+    """The task's result pulled into ``run.stage/shards/`` (checked as every pull is)."""
+    job_id = _task_job_id(name, status, task)
+    answer = _job_call(cluster, "pull", job_id)
+    return job_id, pull.pull_results(cluster.host, job_id, run.stage / "shards", answer)
+
+
+def _ground_truth(cluster: Cluster, run: ShardRun, options: EvalOptions, timeout: float):
+    """The ground truth, made once by a one-task array: (records, its info, the job spec)."""
+    options, prompts = _shared_prompts(cluster, options)
+    job = _job_spec(cluster, run, dataclasses.replace(options, stop_after="ground_truth"))
+    if prompts is not None:
+        job["prompts"] = prompts
+    name = f"{run.run_id}-gt"
+    status = _array(cluster, run, name, {"specs/0.json": json.dumps(job).encode()}, 1, timeout)
+    if status.failed:
+        raise _failed(cluster, name, status)
+    job_id = _task_job_id(name, status, 0)
+    answer = _job_call(cluster, "pull", job_id)
+    if answer.get("state") != "done":  # Slurm's COMPLETED is the task's exit code, not its end
+        raise JobError(f"{cluster.spec.name}: ground truth job {job_id} {answer.get('state')}")
+    files = pull.decode_files(cluster.host, job_id, answer.get("files"), ("ground_truth.json",))
+    run.emit(_label(cluster, name, 0), {"event": "ground_truth_job", "job_id": job_id})
+    raw = files["ground_truth.json"]
+    records, info = read_ground_truth(cluster.host, cluster.spec.name, job_id, raw)
+    return records, info, job
+
+
+def _task_inputs(cluster: Cluster, run: ShardRun, gt: list[dict], plan: list) -> dict:
+    """Each task's job spec and its slice of the ground truth, by name in the job folder;
+    the ``shard`` event of each (its row in the progress view)."""
+    inputs: dict[str, bytes] = {}
+    for task, shard in enumerate(plan):
+        path = posixpath.join(cluster.role.shared, run.run_id, "gt", f"{task}.jsonl")
+        job = _job_spec(cluster, run, run.options, exact_file=path)
+        job["shard"] = {"run_id": run.run_id, "indices": shard.indices, "task": task}
+        inputs[f"gt/{task}.jsonl"] = gt_lines(gt, shard.indices)
+        inputs[f"specs/{task}.json"] = json.dumps(job).encode()
+        tokens = sum(len(gt[i]["prompt_ids"]) + len(gt[i]["completion_ids"]) for i in shard.indices)
+        event = {"event": "shard", "job_id": None, "samples": len(shard.indices), "tokens": tokens}
+        run.emit(shard.host, event)
+    return inputs
+
+
+def _collect(cluster: Cluster, run: ShardRun, gt: list[dict], plan: list, status: ArrayStatus):
+    """Every task's pulled result: (records by ground-truth index, results, jobs)."""
+    records: dict[int, dict] = {}
+    results, jobs = [], []
+    for task, shard in enumerate(plan):
+        job_id, run_dir = _pull(cluster, run, run.run_id, status, task)
+        pulled = read_jsonl((run_dir / "samples.jsonl").read_bytes())
+        if [r.get("id") for r in pulled] != [gt[i]["id"] for i in shard.indices]:
+            raise JobError(
+                f"{cluster.spec.name}: task {task} ({job_id}) returned samples other than "
+                "its shard's"
+            )
+        records.update(zip(shard.indices, pulled, strict=True))
+        result = json.loads((run_dir / "result.json").read_text())
+        results.append(result)
+        jobs.append(
+            {
+                "host": shard.host,
+                "job_id": job_id,
+                "state": "done",
+                "error": None,
+                "samples": len(shard.indices),
+                "records_received": len(pulled),
+                "environment": result.get("environment"),
+                "run_dir": str(run_dir.relative_to(run.stage)),
+                "attempts": status.tasks[task].to_json()["attempts"],
+            }
+        )
+    return records, results, jobs
+
+
+def run_slurm_eval(run: ShardRun, *, timeout: float = RUN_TIMEOUT) -> None:
+    """The whole run (see the module docstring) on the one host of `run`, a login node;
+    the merged run written into ``run.stage``. A failed task (after its retries) is one
+    line (`JobError`), with nothing left queued."""
+    t0 = time.time()
+    [spec] = run.specs
+    if spec.slurm is None:
+        raise DflashError(f"host {spec.name} has no slurm role in the inventory")
+    with open_host(spec, run.inventory) as host:
+        cluster = Cluster(host, spec, spec.slurm)
+        run.hosts[spec.name] = host
+        _push_if_missing(host, cluster.bundle, bundle.build()[1])
+        gt, gt_info, gt_job = _ground_truth(cluster, run, run.options, timeout)
+        sampling = gt_job.get("sampling") or {}
+        max_new = int(sampling.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
+        labels = [_label(cluster, run.run_id, i) for i in range(spec.slurm.shards)]
+        plan = [s for s in plan_shards(gt, labels, max_new) if s.indices]
+        for task, shard in enumerate(plan):  # task ids are the non-empty shards'
+            shard.host = _label(cluster, run.run_id, task)
+        run.emit(
+            spec.name,
+            {"event": "plan", "samples": len(gt), "shards": [s.to_json(gt) for s in plan]},
+        )
+        inputs = _task_inputs(cluster, run, gt, plan)
+        status = _array(cluster, run, run.run_id, inputs, len(plan), timeout)
+        if status.failed:
+            raise _failed(cluster, run.run_id, status)
+        records, results, jobs = _collect(cluster, run, gt, plan, status)
+    shards = {
+        "hosts": [spec.name],
+        "balance_by": "expected tokens: prompt + completion (ground truth known)",
+        "plan": [s.to_json(gt) for s in plan],
+        "jobs": jobs,
+        "reassigned": [],
+        "slurm": status.to_json(),
+        "ground_truth": {
+            "obtained_on": f"{spec.name} (a one-task Slurm array)",
+            "job_id": gt_info.get("job_id"),
+            "sha256": gt_info.get("sha256"),
+            "samples": len(gt),
+            "shared_as": "made once by a Slurm task; each array task evaluates its slice "
+            "of that file (kind 'file'), so all tasks share one ground truth",
+        },
+    }
+    write_merged(
+        run,
+        results=results,
+        ordered=[records[i] for i in range(len(gt))],
+        shards=shards,
+        gt_info=gt_info,
+        gt_job=gt_job,
+        hosts=[spec.name],
+        t0=t0,
+        gt_workdir=cluster.work,
+    )
