@@ -8,6 +8,8 @@ never silently changes a run):
     target            path of the target model folder (HF layout, safetensors)      required
     drafter           path of the drafter folder or weights file                     required
     ground_truth      JSONL, lines {"id", "prompt_ids": [...], "completion_ids": [...]} required
+                      (and the prompt's "category", "subcategory" where it has them:
+                      carried into its sample record)
     output_dir        where result.json and samples.jsonl go                         required
     dtype             "bfloat16" (default) or "float32" ("bf16"/"fp32" accepted)
     threads           torch threads (default: torch's choice)
@@ -39,7 +41,7 @@ from typing import Any
 from remote.atomic import write_atomic
 from remote.errors import UserError
 from remote.probe.facts import meminfo, package_version
-from remote.protocol import RESULT_SCHEMA, EvalSpec, SpecError
+from remote.protocol import RESULT_SCHEMA, EvalSpec, ResultError, SpecError, sample_labels
 
 SCHEMA = RESULT_SCHEMA
 
@@ -92,7 +94,11 @@ def read_ground_truth(path: str, vocab: int, max_samples: int | None) -> list[di
                         f"{path} line {n} (id {sid}) has token id {bad!r} outside the target "
                         f"vocabulary (0..{vocab - 1}); was it made with another tokenizer?"
                     )
-            rows.append({"id": sid, "prompt_ids": prompt, "completion_ids": completion})
+            try:
+                labels = sample_labels(row)
+            except ResultError as exc:
+                raise UserError(f"{path} line {n} (id {sid}): {exc}") from None
+            rows.append({"id": sid, **labels, "prompt_ids": prompt, "completion_ids": completion})
             if max_samples and len(rows) >= max_samples:
                 break
     if not rows:
@@ -262,7 +268,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
     for i, row in enumerate(rows, 1):
         with device_mod.default_device(device):
             rec = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], opts)
-        rec = {"id": row["id"], **rec}
+        rec = {"id": row["id"], **sample_labels(row), **rec}
         records.append(rec)
         lines.append(json.dumps(rec))
         taus = [r["tau"] for r in records if r["tau"] is not None]
