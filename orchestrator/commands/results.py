@@ -86,10 +86,15 @@ def compare_cmd(
     """Runs side by side, and each against the first, paired sample by sample.
 
     Reports the mean delta tau with a bootstrap 95% interval and the share of samples that
-    improved. Runs over different prompts, ground truth, target or dtype are reported as
-    not comparable."""
+    improved, over all samples and per category and completion length. Runs over different
+    prompts, ground truth, target or dtype are reported as not comparable."""
     comparison = catalog.compare(
-        run_ids, results_dir, inventory_path, plot=plot, resamples=resamples, seed=seed
+        run_ids,
+        results_dir,
+        inventory_path,
+        plot=plot,
+        resamples=resamples,
+        seed=seed,
     )
     output.emit(
         comparison, json_out, human=output.render_comparison, as_json=catalog.Comparison.to_json

@@ -39,6 +39,17 @@ class Delta:
 
 
 @dataclass
+class GroupDeltas:
+    """The paired deltas of one group of samples (a category, a completion-length bucket:
+    `breakdown.AXES`), over the pairs in it."""
+
+    axis: str
+    name: str
+    samples: int
+    deltas: list[Delta] = field(default_factory=list)
+
+
+@dataclass
 class Paired:
     """A paired comparison of run B against run A."""
 
@@ -50,6 +61,7 @@ class Paired:
     only_a: int = 0
     only_b: int = 0
     deltas: list[Delta] = field(default_factory=list)
+    groups: list[GroupDeltas] = field(default_factory=list)
     resamples: int = RESAMPLES
     confidence: float = CONFIDENCE
     seed: int = 0
@@ -94,15 +106,23 @@ CHECKS = (
 )
 
 
-def comparability(
-    a: res.Run, b: res.Run, recs_a: list[dict] | None = None, recs_b: list[dict] | None = None
-) -> list[str]:
-    """Why `a` and `b` cannot be paired sample by sample; [] when they can."""
+def _differences(a: res.Run, b: res.Run, checks: tuple) -> list[str]:
     problems = []
-    for what, key in CHECKS:
+    for what, key in checks:
         ka, kb = key(a), key(b)
         if ka is not None and kb is not None and ka != kb:
             problems.append(f"different {what}: {_show(ka)} vs {_show(kb)}")
+    return problems
+
+
+def comparability(
+    a: res.Run,
+    b: res.Run,
+    recs_a: list[dict] | None = None,
+    recs_b: list[dict] | None = None,
+) -> list[str]:
+    """Why `a` and `b` cannot be paired sample by sample; [] when they can."""
+    problems = _differences(a, b, CHECKS)
     recs_a = res.records(a) if recs_a is None else recs_a
     recs_b = res.records(b) if recs_b is None else recs_b
     if not recs_a or not recs_b:
@@ -125,7 +145,17 @@ def comparability(
             f"different ground truth for {len(differ)} shared sample ids "
             f"(e.g. {differ[0]}): prompt or completion lengths differ"
         )
+    relabelled = [str(ra.get("id")) for ra, rb in shared if _labels(ra) != _labels(rb)]
+    if relabelled:
+        problems.append(
+            f"different categories for {len(relabelled)} shared sample ids "
+            f"(e.g. {relabelled[0]}): another labelling of the prompts"
+        )
     return problems
+
+
+def _labels(rec: dict) -> tuple:
+    return rec.get("category"), rec.get("subcategory")
 
 
 def _show(v: Any) -> str:
@@ -169,8 +199,14 @@ def bootstrap_interval(
     return float(lo), float(hi)
 
 
-def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) -> Paired:
-    """B against A over the samples both scored: tau and every DDTree budget both have."""
+def paired(
+    a: res.Run,
+    b: res.Run,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+) -> Paired:
+    """B against A over the samples both scored: tau and every DDTree budget both have,
+    over all of them and within each group (`group_deltas`: categories, lengths)."""
     recs_a, recs_b = res.records(a), res.records(b)
     out = Paired(a=a.run_id, b=b.run_id, comparable=False, resamples=resamples, seed=seed)
     out.problems = comparability(a, b, recs_a, recs_b)
@@ -186,6 +222,17 @@ def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) ->
         set.intersection(*[set(r.get("ddtree") or {}) for pair in pairs for r in pair]),
         key=res.budget_key,
     )
+    out.deltas = deltas(pairs, budgets, resamples, seed)
+    out.groups = group_deltas(pairs, budgets, resamples, seed)
+    return out
+
+
+def deltas(
+    pairs: list[tuple[dict, dict]], budgets: list[str], resamples: int, seed: int
+) -> list[Delta]:
+    """B minus A over `pairs` (records of A, records of B) for tau and each DDTree budget
+    both have, each with its bootstrap interval."""
+    out = []
     for budget in [None, *budgets]:
         vals = [(sample_values(ra, budget), sample_values(rb, budget)) for ra, rb in pairs]
         vals = [(x, y) for x, y in vals if x is not None and y is not None]
@@ -194,7 +241,7 @@ def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) ->
         diffs = [y - x for x, y in vals]
         n = len(diffs)
         lo, hi = bootstrap_interval(diffs, resamples, CONFIDENCE, seed)
-        out.deltas.append(
+        out.append(
             Delta(
                 metric="tau" if budget is None else f"DDTree-{budget} tau",
                 mean_a=sum(x for x, _ in vals) / n,
@@ -207,4 +254,22 @@ def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) ->
                 tied=sum(d == 0 for d in diffs) / n,
             )
         )
+    return out
+
+
+def group_deltas(
+    pairs: list[tuple[dict, dict]], budgets: list[str], resamples: int, seed: int
+) -> list[GroupDeltas]:
+    """`deltas` within each group of the pairs (by A's record: the labels and lengths of
+    a comparable pair are the same), axis by axis (`breakdown.groups`)."""
+    from orchestrator.results import breakdown
+
+    by_id = {id(ra): (ra, rb) for ra, rb in pairs}
+    out = []
+    for axis in breakdown.AXES:
+        for name, recs in breakdown.groups([ra for ra, _ in pairs], axis):
+            inside = [by_id[id(ra)] for ra in recs]
+            out.append(
+                GroupDeltas(axis, name, len(inside), deltas(inside, budgets, resamples, seed))
+            )
     return out

@@ -64,11 +64,16 @@ def make_run(
     samples: int = 4,
     host: str = "evalbox",
     trainer_folder: str = "/data/team-run/checkpoints",
+    categories: tuple[str, ...] = (),
 ) -> Path:
-    """One run folder ``root/run_id`` for `checkpoint` at training `step`; returns it."""
+    """One run folder ``root/run_id`` for `checkpoint` at training `step`; returns it.
+    `categories`: the samples' categories, in turn (sample i gets ``categories[i % n]``)."""
     recs = records(
         samples, skill, seed=zlib.crc32(f"{checkpoint}/{step}".encode("utf-8", "surrogatepass"))
     )
+    for i, rec in enumerate(recs):
+        if categories:
+            rec["category"] = categories[i % len(categories)]
     folder = root / run_id
     folder.mkdir(parents=True)
     metrics = summarize(recs, BLOCK, list(BUDGETS), None, 64)

@@ -22,10 +22,11 @@ from orchestrator.commands.output.base import (
     plain,
     show,
 )
+from orchestrator.commands.output.breakdown import render_breakdown, render_group_deltas
 from orchestrator.commands.output.parity import render_parity
 from orchestrator.commands.output.tables import Col, Grid, kv, styled
 from orchestrator.eval import follow as follow_lib
-from orchestrator.results import catalog, parity_view
+from orchestrator.results import breakdown, catalog, parity_view
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
 
@@ -81,7 +82,12 @@ def render_summary(run: res.Run) -> None:
 def eval_run_json(run: res.Run) -> dict:
     """What `remote-eval` prints with --json: where the run is, and its summary (with the
     hosts and reassignments of a sharded eval)."""
-    out = {"run_dir": str(run.path), "run_id": run.run_id, "summary": res.summary(run)}
+    out = {
+        "run_dir": str(run.path),
+        "run_id": run.run_id,
+        "summary": res.summary(run),
+        "breakdown": breakdown.of_run(run),
+    }
     shards = run.result.get("shards")
     if shards:
         out["hosts"] = shards["hosts"]
@@ -90,8 +96,10 @@ def eval_run_json(run: res.Run) -> dict:
 
 
 def render_eval_run(run: res.Run) -> None:
-    """The end of `remote-eval`: the summary, how a sharded eval was split, the folder."""
+    """The end of `remote-eval`: the summary, tau by category and completion length, how a
+    sharded eval was split, the folder."""
     render_summary(run)
+    render_breakdown(breakdown.of_run(run))
     shards = run.result.get("shards")
     if shards:
         _line(
@@ -132,9 +140,11 @@ def _flatten(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def render_run(run: res.Run) -> None:
-    """One run in full (`results show`): summary, DDTree budgets, acceptance histogram,
-    per-position acceptance, target agreement, timings, environment, ground truth."""
+    """One run in full (`results show`): summary, tau by category and completion length,
+    DDTree budgets, acceptance histogram, per-position acceptance, target agreement,
+    timings, environment, ground truth."""
     render_summary(run)
+    render_breakdown(breakdown.of_run(run))
     m = run.metrics
     dd = m.get("ddtree") or {}
     if dd:
@@ -216,8 +226,11 @@ def render_found(found: res.Run | catalog.ParityRun) -> None:
 
 
 def found_json(found: res.Run | catalog.ParityRun) -> dict:
-    """`results show --json`: the run's result document."""
-    return found.result
+    """`results show --json`: the run's result document; an eval run's with ``breakdown``
+    (tau by category and completion length, derived from its samples) added."""
+    if isinstance(found, catalog.ParityRun):
+        return found.result
+    return {**found.result, "breakdown": breakdown.of_run(found)}
 
 
 # ---- the results folder ----------------------------------------------------------------------
@@ -346,6 +359,7 @@ def render_paired(p: cmp.Paired, b: str, a: str) -> None:
             pct(d.worse),
         )
     show(t)
+    render_group_deltas(p, b, a)
     if p.only_a or p.only_b:
         console.print(f"not paired: {p.only_a} samples only in {a}, {p.only_b} only in {b}")
 

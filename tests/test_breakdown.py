@@ -1,0 +1,128 @@
+"""tau by category and by completion length in every result view (show, JSON, CSV, the
+HTML report), and the paired delta per category in `results compare`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from orchestrator.results import breakdown, compare
+from orchestrator.results import store as res
+from tests.helpers.cli import dflash
+from tests.helpers.runs import make_run
+
+CATS = ("qa", "rag", "math_reasoning")
+
+
+@pytest.fixture
+def runs(tmp_path) -> Path:
+    """Two checkpoints of one training run over the same 9 labelled samples."""
+    root = tmp_path / "results"
+    make_run(root, "run-a", "step-0", 0, skill=0.2, samples=9, categories=CATS, created=1e9)
+    make_run(root, "run-b", "step-300", 300, skill=0.7, samples=9, categories=CATS, created=2e9)
+    return root
+
+
+def _tau(recs: list[dict]) -> float:
+    return sum(r["tau"] for r in recs) / len(recs)
+
+
+def test_each_group_is_summed_as_the_run_is():
+    recs = [
+        {"id": "a", "category": "qa", "completion_tokens": 64, "rounds": [2, 2], "tau": 2.0},
+        {"id": "b", "category": "mt_bench", "subcategory": "coding", "completion_tokens": 65},
+        {"id": "c", "category": "qa", "completion_tokens": 1025, "rounds": [4, 4, 1], "tau": 3.0},
+        {"id": "d", "completion_tokens": 300, "rounds": [3], "tau": 3.0},
+    ]
+    recs[1].update(rounds=[1, 3], tau=2.0, ddtree={"8": [4]})
+    out = breakdown.breakdown(recs)
+    assert [(g["name"], g["samples"]) for g in out["category"]] == [
+        ("qa", 2),
+        ("mt_bench", 1),
+        ("(none)", 1),
+    ]
+    qa = out["category"][0]
+    assert (qa["tau"], qa["tau_tokens"], qa["rounds"], qa["tokens"]) == (2.5, 13 / 5, 5, 13)
+    assert [g["name"] for g in out["subcategory"]] == ["mt_bench/coding"]
+    assert out["category"][1]["ddtree"] == {"8": 4.0}
+    assert [g["name"] for g in out["completion_length"]] == ["1-64", "65-128", "257-512", "1025+"]
+    assert breakdown.length_bucket(1024) == "513-1024" and breakdown.length_bucket(1) == "1-64"
+    unlabelled = breakdown.breakdown(
+        [{k: v for k, v in r.items() if "category" not in k} for r in recs]
+    )
+    assert list(unlabelled) == ["completion_length"]
+
+
+def test_show_json_csv_and_report_carry_tau_per_category(runs, tmp_path):
+    run = res.load_run(runs / "run-b")
+    recs = res.records(run)
+    want = {c: _tau([r for r in recs if r["category"] == c]) for c in CATS}
+    got = {g["name"]: g["tau"] for g in breakdown.of_run(run)["category"]}
+    assert got == pytest.approx(want) and len(set(want.values())) > 1
+
+    shown = dflash("results", "show", "run-b", "--results-dir", str(runs))
+    assert shown.returncode == 0, shown.stderr
+    assert "tau by category" in shown.stdout
+    # One length bucket holds every sample: the run's own line again, left out of tables.
+    assert "tau by completion length" not in shown.stdout
+    for c in CATS:
+        row = next(ln for ln in shown.stdout.splitlines() if f" {c} " in f" {ln} ")
+        assert f"{want[c]:.3f}" in row, row
+    doc = json.loads(
+        dflash("results", "show", "run-b", "--results-dir", str(runs), "--json").stdout
+    )
+    assert {g["name"]: g["tau"] for g in doc["breakdown"]["category"]} == pytest.approx(want)
+    assert doc["metrics"] == run.result["metrics"]  # the document itself, plus the breakdown
+
+    exported = dflash("results", "export", "-f", "csv", "--results-dir", str(runs))
+    rows = {r["run_id"]: r for r in csv.DictReader(io.StringIO(exported.stdout))}
+    for c in CATS:
+        assert float(rows["run-b"][f"tau_category_{c}"]) == pytest.approx(want[c])
+        assert rows["run-b"][f"samples_category_{c}"] == "3"
+    assert rows["run-b"]["samples_completion_length_1-64"] == "9"
+
+    page = tmp_path / "r.html"
+    assert dflash("results", "report", "-o", str(page), "--results-dir", str(runs)).returncode == 0
+    html = page.read_text()
+    assert html.count("<h3>tau by category</h3>") == 2  # both runs
+    section = html.split("<summary>step-300")[1].split("environment and provenance")[0]
+    assert "Δ tau vs baseline" in section
+    for c in CATS:  # each category's row: its tau, then its paired delta and interval
+        cells = re.search(rf'<td class="l">{c}</td>(.*?)</tr>', section).group(1)
+        assert f"{want[c]:.3f}" in cells and re.search(r"\[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]", cells)
+
+
+def test_compare_gives_a_paired_delta_and_interval_per_category(runs):
+    a, b = res.load_run(runs / "run-a"), res.load_run(runs / "run-b")
+    p = compare.paired(a, b)
+    assert p.comparable
+    groups = {(g.axis, g.name): g for g in p.groups}
+    assert set(groups) == {("category", c) for c in CATS} | {("completion_length", "1-64")}
+    ra, rb = res.records(a), res.records(b)
+    for c in CATS:
+        g = groups[("category", c)]
+        diffs = [y["tau"] - x["tau"] for x, y in zip(ra, rb, strict=True) if x["category"] == c]
+        tau = next(d for d in g.deltas if d.metric == "tau")
+        assert g.samples == 3 and tau.delta == pytest.approx(sum(diffs) / 3)
+        assert tau.low <= tau.delta <= tau.high
+        assert {d.metric for d in g.deltas} == {"tau", "DDTree-2 tau", "DDTree-4 tau"}
+    whole = groups[("completion_length", "1-64")].deltas
+    assert [(d.delta, d.low, d.high) for d in whole] == [(d.delta, d.low, d.high) for d in p.deltas]
+
+    proc = dflash("results", "compare", "run-a", "run-b", "--results-dir", str(runs))
+    assert proc.returncode == 0, proc.stderr
+    assert "B vs A, tau by category: paired tau delta" in proc.stdout
+    assert "tau by completion length" not in proc.stdout  # one bucket: the run's line
+    for c in CATS:
+        d = next(d for d in groups[("category", c)].deltas if d.metric == "tau")
+        row = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith(c + " "))
+        assert f"{d.delta:+.3f}" in row and f"[{d.low:+.3f}, {d.high:+.3f}]" in row, row
+    doc = json.loads(
+        dflash("results", "compare", "run-a", "run-b", "--results-dir", str(runs), "--json").stdout
+    )
+    assert {g["name"] for g in doc["paired"][0]["groups"] if g["axis"] == "category"} == set(CATS)
