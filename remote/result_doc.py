@@ -91,6 +91,8 @@ GROUND_TRUTH = {
     "cache_key": STR,
     "warnings": list_of(STR),
     "retokenisation": {"mismatch_rate": NUM},
+    "thinking": BOOL,
+    "chat_template_sha256": STR,
 }
 PROMPTS = {"name": STR, "sha256": STR, "path": STR}
 TAU = {
@@ -141,6 +143,7 @@ SPEC = {
     "drafter": STR,
     "dtype": STR,
     "prompts": PROMPTS,
+    "thinking": BOOL,
 }
 # What a prompt record may say about the prompt, carried unchanged from the prompts file
 # into its ground-truth line and its sample record (`sample_labels`): the category a

@@ -1,5 +1,6 @@
 """tau by category and by completion length in every result view (show, JSON, CSV, the
-HTML report), and the paired delta per category in `results compare`."""
+HTML report), the paired delta per category in `results compare`, and its refusal of runs
+whose thinking mode or chat template differ."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from orchestrator.results import breakdown, compare
 from orchestrator.results import store as res
-from tests.helpers.cli import dflash
+from tests.helpers.cli import dflash, one_error_line
 from tests.helpers.runs import make_run
 
 CATS = ("qa", "rag", "math_reasoning")
@@ -126,3 +127,33 @@ def test_compare_gives_a_paired_delta_and_interval_per_category(runs):
         dflash("results", "compare", "run-a", "run-b", "--results-dir", str(runs), "--json").stdout
     )
     assert {g["name"] for g in doc["paired"][0]["groups"] if g["axis"] == "category"} == set(CATS)
+
+
+@pytest.mark.parametrize(
+    "a_kw, b_kw, line",
+    [
+        ({"thinking": False}, {"thinking": True}, "different thinking mode: off vs on"),
+        ({"chat_template": "1" * 64}, {"chat_template": "2" * 64}, "different chat template"),
+    ],
+)
+def test_compare_refuses_runs_prompted_differently(tmp_path, a_kw, b_kw, line):
+    root = tmp_path / "results"
+    make_run(root, "run-a", "step-0", 0, **a_kw)
+    make_run(root, "run-b", "step-300", 300, **b_kw)
+    proc = dflash("results", "compare", "run-a", "run-b", "--results-dir", str(root))
+    assert proc.returncode == 2  # a user error: one line, as every DflashError
+    err = one_error_line(proc)
+    assert err.startswith(f"error: run-b vs run-a: {line}") and "--allow-different-prompting" in err
+    allowed = dflash(
+        "results", "compare", "run-a", "run-b", "--allow-different-prompting",
+        "--results-dir", str(root), "--json",
+    )  # fmt: skip
+    assert allowed.returncode == 0, allowed.stderr
+    paired = json.loads(allowed.stdout)["paired"][0]
+    assert paired["comparable"] is True and paired["deltas"]
+    # The report never exits: it says why there is no delta.
+    a, b = res.load_run(root / "run-a"), res.load_run(root / "run-b")
+    assert compare.paired(a, b).problems[0].startswith(line)
+    # Runs that recorded neither (older results) are paired as before.
+    make_run(root, "run-c", "step-600", 600)
+    assert compare.prompting_problems(a, res.load_run(root / "run-c")) == []

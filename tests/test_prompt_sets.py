@@ -147,6 +147,7 @@ def test_labels_travel_from_the_prompt_to_the_ground_truth_and_the_engines_rows(
     plain.write_text('{"id": "q1", "prompt": "Two plus two?"}\n{"id": "q2", "prompt": "Hi"}\n')
     _, other = groundtruth.prepare({**spec, "prompts": {"path": str(plain)}})
     assert other["cache_key"] != info["cache_key"]
+    assert info["thinking"] is False and re.fullmatch(r"[0-9a-f]{64}", info["chat_template_sha256"])
 
 
 def test_a_shards_ground_truth_slice_keeps_the_labels():

@@ -751,6 +751,9 @@ def test_remote_eval_on_spec_bench_gives_tau_per_category_in_every_view(
     assert [r["subcategory"] for r in recs if r["category"] == "mt_bench"][0]
     by_cat = {r["category"]: r["tau"] for r in recs}
     assert {g["name"]: g["tau"] for g in groups} == by_cat  # one sample each: its own tau
+    gt = json.loads((run_dir / "ground_truth.json").read_text())
+    assert gt["thinking"] is False and len(gt["chat_template_sha256"]) == 64
+    assert out["summary"]["thinking"] == "off"
 
     run_id = out["run_id"]
     shown = dflash("results", "show", run_id, "-i", str(inventory))

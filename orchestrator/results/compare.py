@@ -98,6 +98,12 @@ def _dtype(run: res.Run) -> Any:
     return (run.result.get("environment") or {}).get("dtype") or run.spec.get("dtype")
 
 
+# How the prompts were put to the target: another thinking mode or chat template is
+# another eval (z-lab/dflash#133: acceptance 25% -> 60% with thinking off), said first.
+PROMPTING = (
+    ("thinking mode", res.thinking),
+    ("chat template", res.chat_template),
+)
 CHECKS = (
     ("prompts", _prompts),
     ("ground truth", _ground_truth),
@@ -115,14 +121,24 @@ def _differences(a: res.Run, b: res.Run, checks: tuple) -> list[str]:
     return problems
 
 
+def prompting_problems(a: res.Run, b: res.Run) -> list[str]:
+    """How `a` and `b` put their prompts to the target differently (`PROMPTING`: thinking
+    mode, chat template), one line each; [] when alike or not recorded."""
+    return _differences(a, b, PROMPTING)
+
+
 def comparability(
     a: res.Run,
     b: res.Run,
     recs_a: list[dict] | None = None,
     recs_b: list[dict] | None = None,
+    *,
+    allow_different_prompting: bool = False,
 ) -> list[str]:
-    """Why `a` and `b` cannot be paired sample by sample; [] when they can."""
-    problems = _differences(a, b, CHECKS)
+    """Why `a` and `b` cannot be paired sample by sample; [] when they can. With
+    `allow_different_prompting`, another thinking mode or chat template is no reason."""
+    problems = [] if allow_different_prompting else prompting_problems(a, b)
+    problems += _differences(a, b, CHECKS)
     recs_a = res.records(a) if recs_a is None else recs_a
     recs_b = res.records(b) if recs_b is None else recs_b
     if not recs_a or not recs_b:
@@ -204,12 +220,16 @@ def paired(
     b: res.Run,
     resamples: int = RESAMPLES,
     seed: int = 0,
+    *,
+    allow_different_prompting: bool = False,
 ) -> Paired:
     """B against A over the samples both scored: tau and every DDTree budget both have,
     over all of them and within each group (`group_deltas`: categories, lengths)."""
     recs_a, recs_b = res.records(a), res.records(b)
     out = Paired(a=a.run_id, b=b.run_id, comparable=False, resamples=resamples, seed=seed)
-    out.problems = comparability(a, b, recs_a, recs_b)
+    out.problems = comparability(
+        a, b, recs_a, recs_b, allow_different_prompting=allow_different_prompting
+    )
     ids_a = {str(r.get("id")) for r in recs_a}
     ids_b = {str(r.get("id")) for r in recs_b}
     out.samples, out.only_a, out.only_b = len(ids_a & ids_b), len(ids_a - ids_b), len(ids_b - ids_a)

@@ -13,7 +13,7 @@ figure code as the PNGs, `orchestrator.results.plots`), the styles inline. Secti
 3. per run: the acceptance histogram, per-position acceptance with attempt counts, tau
    by category and completion length (`breakdown`) with each group's paired delta against
    the run's baseline, and environment and provenance (drafter sha256 and step, trainer,
-   target, ground truth).
+   target, ground truth, thinking mode and chat template).
 
 Every name is escaped as text (`printable`, then HTML), and a plot that cannot be drawn
 leaves a note in its place: one bad run never costs the page.
@@ -252,6 +252,8 @@ def provenance(run: res.Run) -> list[tuple[str, Any]]:
             f"{' (cached on host)' if gt.get('cached') else ''}",
         ),
         ("ground truth sha256", inputs.get("ground_truth_sha256")),
+        ("thinking mode", res.thinking(run)),
+        ("chat template sha256", res.chat_template(run)),
         (
             "python / torch / transformers",
             f"{env.get('python')} / {env.get('torch')} / {env.get('transformers')}",

@@ -210,6 +210,17 @@ def render_prompt(tokenizer, text: str, thinking: bool) -> tuple[str, list[int]]
     return rendered, list(ids)
 
 
+def chat_template_sha256(tokenizer) -> str | None:
+    """sha256 of the chat template `render_prompt` applies (None: there is none, the text
+    goes as it is), recorded with the ground truth so runs under another template are
+    told apart."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 # ---- identity and cache -----------------------------------------------------------------
 
 
@@ -1185,7 +1196,13 @@ def prepare(
     cache_dir = workdir / "groundtruth"
     cache_dir.mkdir(parents=True, exist_ok=True)
     path, meta_path = cache_dir / f"{key}.jsonl", cache_dir / f"{key}.json"
-    info.update(cache_key=key, file=str(path), thinking=thinking, samples=len(prompts))
+    info.update(
+        cache_key=key,
+        file=str(path),
+        thinking=thinking,
+        chat_template_sha256=chat_template_sha256(tokenizer),
+        samples=len(prompts),
+    )
     if gt.get("fresh") is True:  # asked for: whatever the entry holds, it is made again
         _evict(path)
         info["fresh"] = True

@@ -70,6 +70,9 @@ def render_summary(run: res.Run) -> None:
     if gt.get("cached"):
         src += " (cached on host)"
     rows.append(("ground truth", src))
+    rows.append(
+        ("thinking / chat template", f"{fmt(s['thinking'])} / {fmt(s['chat_template_sha256'])}")
+    )
     if s["retokenisation_mismatch"] is not None:
         rows.append(
             ("retokenisation mismatch", styled(pct(s["retokenisation_mismatch"]), "yellow"))
