@@ -157,3 +157,25 @@ def test_compare_refuses_runs_prompted_differently(tmp_path, a_kw, b_kw, line):
     # Runs that recorded neither (older results) are paired as before.
     make_run(root, "run-c", "step-600", 600)
     assert compare.prompting_problems(a, res.load_run(root / "run-c")) == []
+
+
+def test_a_runs_plots_and_its_report_draw_tau_per_category(runs, tmp_path):
+    from orchestrator.results import plots
+    from tests.helpers.images import png_size
+
+    run = res.load_run(runs / "run-b")
+    drawn = plots.plot_run(run)
+    assert run.path / "tau_by_category.png" in drawn
+    w, h = png_size(run.path / "tau_by_category.png")
+    assert w >= 300 and h >= 150
+    svg = plots.svg(plots.breakdown_figure(run), "t")
+    assert sorted(re.findall(r'id="data-category-(\d+)"', svg)) == ["0", "1", "2"]
+    # An axis of one group is the run's line again: no figure for it.
+    make_run(runs, "run-c", "step-600", 600, samples=4)
+    assert plots.breakdown_figure(res.load_run(runs / "run-c")) is None
+    page = tmp_path / "r.html"
+    made = dflash(
+        "results", "report", "run-a", "run-b", "-o", str(page), "--results-dir", str(runs)
+    )
+    assert made.returncode == 0, made.stderr
+    assert page.read_text().count('data-plot="cat') == 2

@@ -767,6 +767,7 @@ def test_remote_eval_on_spec_bench_gives_tau_per_category_in_every_view(
     made = dflash("results", "report", run_id, "-o", str(page), "-i", str(inventory))
     assert made.returncode == 0, made.stderr
     assert "<h3>tau by category</h3>" in page.read_text()
+    assert (run_dir / "tau_by_category.png").is_file()
     compared = dflash(
         "results", "compare", outs[0]["run_id"], run_id, "-i", str(inventory), "--json"
     )

@@ -352,6 +352,16 @@ def run_section(
             f"acceptance per draft position, n = rounds that reached it ({run.run_id})",
             failed,
         )
+        + (
+            _figure(
+                lambda: plots.breakdown_figure(run),
+                f"cat{index}",
+                f"tau by category and completion length ({run.run_id})",
+                failed,
+            )
+            if breakdown.worth_showing(breakdown.of_run(run))
+            else ""
+        )
         + "</div>"
         + (
             _table(
