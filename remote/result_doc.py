@@ -129,7 +129,18 @@ RESULT = {
         "target_vocab_size": INT,
     },
     "environment": {"dtype": STR},
-    "timings": {"eval_s": NUM, "total_s": NUM, "tokens_per_s": NUM},
+    "timings": {
+        "eval_s": NUM,
+        "total_s": NUM,
+        "tokens_per_s": NUM,
+        "round_costs": {
+            "context_tokens": INT,
+            "target_step_s": NUM,
+            "target_verify_s": map_of(NUM, WHOLE_NUMBER_KEYS),
+            "drafter_round_s": NUM,
+            "error": STR,
+        },
+    },
     "job": {"job_id": STR, "host": STR, "created": NUM},
     "shards": {"hosts": list_of(STR), "ground_truth": {"obtained_on": STR}},
     "reassigned": list_of(

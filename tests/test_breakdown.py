@@ -179,3 +179,43 @@ def test_a_runs_plots_and_its_report_draw_tau_per_category(runs, tmp_path):
     )
     assert made.returncode == 0, made.stderr
     assert page.read_text().count('data-plot="cat') == 2
+
+
+def test_the_speedup_estimate_is_the_stated_formula_over_the_hosts_round_costs(runs):
+    from orchestrator.results import speedup
+    from tests.helpers.runs import edit_result
+
+    costs = {
+        "context_tokens": 30,
+        "target_step_s": 0.010,
+        "target_verify_s": {"4": 0.012, "3": 0.011, "5": 0.013},
+        "drafter_round_s": 0.003,
+    }
+    edit_result(runs / "run-b", lambda d: d["timings"].update(round_costs=costs))
+    edit_result(runs / "run-b", lambda d: d["inputs"].update(block_size=4))
+    run = res.load_run(runs / "run-b")
+    m = run.metrics
+    est = speedup.estimate(run)
+    assert est["chain"] == pytest.approx(m["tau_token_weighted"] * 0.010 / (0.012 + 0.003))
+    dd = m["ddtree"]
+    assert est["ddtree"] == pytest.approx(
+        {
+            "2": dd["2"]["tau_token_weighted"] * 0.010 / (0.011 + 0.003),
+            "4": dd["4"]["tau_token_weighted"] * 0.010 / (0.013 + 0.003),
+        }
+    )
+    assert res.summary(run)["speedup_estimate"] == est["chain"]
+    shown = dflash("results", "show", "run-b", "--results-dir", str(runs))
+    row = next(ln for ln in shown.stdout.splitlines() if "speedup estimate" in ln)
+    assert f"{est['chain']:.2f}x" in row and f"DDTree-4 {est['ddtree']['4']:.2f}x" in row
+    exported = dflash("results", "export", "-f", "csv", "--results-dir", str(runs))
+    rows = {r["run_id"]: r for r in csv.DictReader(io.StringIO(exported.stdout))}
+    assert float(rows["run-b"]["speedup_estimate"]) == pytest.approx(est["chain"])
+    assert rows["run-a"]["speedup_estimate"] == ""  # no costs recorded: no estimate
+    # A host that could not measure says why; no estimate, the run stands.
+    edit_result(runs / "run-b", lambda d: d["timings"].update(round_costs={"error": "x: y"}))
+    assert speedup.estimate(res.load_run(runs / "run-b")) == {}
+    # A host's costs are checked as every field is.
+    edit_result(runs / "run-b", lambda d: d["timings"].update(round_costs={"target_step_s": "1"}))
+    with pytest.raises(res.BadRun, match="timings.round_costs.target_step_s"):
+        res.load_run(runs / "run-b")

@@ -768,6 +768,13 @@ def test_remote_eval_on_spec_bench_gives_tau_per_category_in_every_view(
     assert made.returncode == 0, made.stderr
     assert "<h3>tau by category</h3>" in page.read_text()
     assert (run_dir / "tau_by_category.png").is_file()
+    # One round's costs, measured on the host after the walk, give the speedup estimate.
+    result = json.loads((run_dir / "result.json").read_text())
+    costs = result["timings"]["round_costs"]
+    block = result["inputs"]["block_size"]
+    assert set(costs["target_verify_s"]) == {str(block), "5"}, costs  # the chain, DDTree-4
+    assert costs["target_step_s"] > 0 and costs["drafter_round_s"] > 0
+    assert out["summary"]["speedup_estimate"] > 0
     compared = dflash(
         "results", "compare", outs[0]["run_id"], run_id, "-i", str(inventory), "--json"
     )

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 from orchestrator.errors import DflashError
 from orchestrator.printable import printable
-from orchestrator.results import breakdown
+from orchestrator.results import breakdown, speedup
 from orchestrator.results import store as res
 from remote.atomic import write_atomic
 
@@ -69,6 +69,8 @@ def row(run: res.Run) -> dict[str, Any]:
     out = {k: v for k, v in s.items()}
     for b, v in ddtree.items():
         out[f"ddtree_tau_{b}"] = v
+    for b, v in speedup.estimate(run).get("ddtree", {}).items():
+        out[f"speedup_estimate_ddtree_{b}"] = v
     out.update(breakdown.flat(run))
     return out
 

@@ -340,6 +340,7 @@ def summary(run: Run) -> dict:
         "ground_truth_cached": gt.get("cached"),
         "retokenisation_mismatch": retok.get("mismatch_rate"),
         "dtype": env.get("dtype") or run.spec.get("dtype"),
+        "speedup_estimate": speedup_estimate(run),
         "thinking": thinking(run),
         "chat_template_sha256": chat_template(run),
         "engine": engine(run),
@@ -350,6 +351,13 @@ def summary(run: Run) -> dict:
         "created": run.created,
         "created_time": format_time(run.created),
     }
+
+
+def speedup_estimate(run: Run) -> float | None:
+    """The chain's speedup estimate from the host's round costs (`speedup.estimate`)."""
+    from orchestrator.results import speedup
+
+    return speedup.estimate(run).get("chain")
 
 
 def thinking(run: Run) -> str | None:

@@ -28,6 +28,8 @@ empty completions, memory) runs BEFORE any weights are loaded. Progress goes to 
 lines: ``{"event": "start", ...}``, one ``{"event": "sample", ..., "record": {...}}`` per
 sample (the record is its samples.jsonl line) and
 ``{"event": "done", "result": path, ...}``. Results are written atomically (temp + rename).
+After the walk, one round's costs on this host (a target step, a verify, a drafter block:
+`remote.eval.costs`) go into ``timings.round_costs``, for the controller's speedup estimate.
 """
 
 from __future__ import annotations
@@ -197,6 +199,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
     generated with it), used instead of loading it again."""
     import torch
 
+    from remote.eval import costs
     from remote.eval import device as device_mod
     from remote.eval import drafter as drafter_mod
     from remote.eval import target as target_mod
@@ -292,6 +295,8 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
             }
         )
     eval_s = time.perf_counter() - t_eval
+    with device_mod.default_device(device):
+        round_costs = costs.measure(target, drafter, rows, list(spec.budgets), device)
 
     metrics = summarize(records, dcfg.block_size, list(spec.budgets), spec.topk, tinfo.vocab_size)
     tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)
@@ -334,6 +339,8 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
             "total_s": time.perf_counter() - t_all,
             "tokens": tokens,
             "tokens_per_s": tokens / eval_s if eval_s > 0 else None,
+            # one round's costs, measured after the walk (remote.eval.costs)
+            "round_costs": round_costs,
         },
         "samples_file": "samples.jsonl",
     }

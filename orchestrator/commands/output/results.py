@@ -26,7 +26,7 @@ from orchestrator.commands.output.breakdown import render_breakdown, render_grou
 from orchestrator.commands.output.parity import render_parity
 from orchestrator.commands.output.tables import Col, Grid, kv, styled
 from orchestrator.eval import follow as follow_lib
-from orchestrator.results import breakdown, catalog, parity_view
+from orchestrator.results import breakdown, catalog, parity_view, speedup
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
 
@@ -51,6 +51,7 @@ def render_summary(run: res.Run) -> None:
         ("tau (token-weighted: tokens / rounds)", fmt(s["tau_tokens"])),
         *[(f"DDTree-{b} tau", fmt(v)) for b, v in s["ddtree"].items()],
         ("target agreement", pct(s["target_agreement"])),
+        ("speedup estimate (chain; see docs/results.md)", _speedup(run)),
         (
             "training run",
             f"{run.training_run.name} ({run.training_run.host}:{run.training_run.folder})",
@@ -80,6 +81,16 @@ def render_summary(run: res.Run) -> None:
     show(kv(f"{s['checkpoint']}  ({s['run_id']})", rows))
     for w in gt.get("warnings") or []:
         console.print(f"[bold yellow]warning:[/] {plain(w)}", soft_wrap=True)
+
+
+def _speedup(run: res.Run) -> str:
+    """The speedup estimates: the chain's, then each DDTree budget's."""
+    est = speedup.estimate(run)
+    if not est:
+        return "- (no round costs recorded)"
+    parts = [f"{fmt(est['chain'], 2)}x"]
+    parts += [f"DDTree-{b} {fmt(v, 2)}x" for b, v in est["ddtree"].items()]
+    return "; ".join(parts)
 
 
 def eval_run_json(run: res.Run) -> dict:
