@@ -42,6 +42,7 @@ from remote.result_doc import check_record as check_record
 from remote.result_doc import check_result as check_result
 from remote.result_doc import check_spec as check_spec
 from remote.result_doc import metrics_of as metrics_of
+from remote.result_doc import sample_labels as sample_labels
 
 # ---- relay ------------------------------------------------------------------------------
 

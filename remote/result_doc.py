@@ -17,6 +17,7 @@ Standard library only: both sides import it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,6 +91,8 @@ GROUND_TRUTH = {
     "cache_key": STR,
     "warnings": list_of(STR),
     "retokenisation": {"mismatch_rate": NUM},
+    "thinking": BOOL,
+    "chat_template_sha256": STR,
 }
 PROMPTS = {"name": STR, "sha256": STR, "path": STR}
 TAU = {
@@ -126,7 +129,18 @@ RESULT = {
         "target_vocab_size": INT,
     },
     "environment": {"dtype": STR},
-    "timings": {"eval_s": NUM, "total_s": NUM, "tokens_per_s": NUM},
+    "timings": {
+        "eval_s": NUM,
+        "total_s": NUM,
+        "tokens_per_s": NUM,
+        "round_costs": {
+            "context_tokens": INT,
+            "target_step_s": NUM,
+            "target_verify_s": map_of(NUM, WHOLE_NUMBER_KEYS),
+            "drafter_round_s": NUM,
+            "error": STR,
+        },
+    },
     "job": {"job_id": STR, "host": STR, "created": NUM},
     "shards": {"hosts": list_of(STR), "ground_truth": {"obtained_on": STR}},
     "reassigned": list_of(
@@ -140,9 +154,50 @@ SPEC = {
     "drafter": STR,
     "dtype": STR,
     "prompts": PROMPTS,
+    "thinking": BOOL,
 }
+# What a prompt record may say about the prompt, carried unchanged from the prompts file
+# into its ground-truth line and its sample record (`sample_labels`): the category a
+# published prompt set groups it by (Spec-Bench's ``mt_bench``, ``translation``, ...) and,
+# where the set has one, its sub-category (MT-Bench's ``writing``, ``coding``, ...).
+SAMPLE_LABELS = ("category", "subcategory")
+# A label names a table row, a CSV column and a tracker tag: letters, digits and a few
+# marks, starting with a letter or digit (so never a spreadsheet formula or markup).
+LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._+-]{0,63}")
+
+
+def label_problem(value: Any) -> str | None:
+    """Why `value` cannot be a sample label (`SAMPLE_LABELS`), or None: up to 64 letters,
+    digits, spaces and ``. _ + -``, starting with a letter or digit (`LABEL_RE`)."""
+    if not isinstance(value, str):
+        return f"is {_shown(value)} ({_kind(value)}), expected a string"
+    if not LABEL_RE.fullmatch(value):
+        return (
+            f"is {_shown(value)}, expected up to 64 letters, digits, spaces or . _ + -, "
+            "starting with a letter or digit"
+        )
+    return None
+
+
+def sample_labels(obj: Mapping) -> dict[str, str]:
+    """The labels (`SAMPLE_LABELS`) `obj` carries, each checked (`label_problem`); a bad one
+    is a `ResultError` naming it."""
+    out = {}
+    for key in SAMPLE_LABELS:
+        value = obj.get(key)
+        if value is None:
+            continue
+        why = label_problem(value)
+        if why:
+            raise ResultError(f"{key} {why}")
+        out[key] = value
+    return out
+
+
 RECORD = {
     "id": SCALAR,
+    "category": STR,
+    "subcategory": STR,
     "tau": NUM,
     "rounds": list_of(INT),
     "ddtree": map_of(list_of(INT)),
@@ -239,6 +294,7 @@ def check_record(rec: Any) -> None:
     if not isinstance(rec, dict):
         raise ResultError(f"the record is {_kind(rec)}, expected an object")
     _check(rec, RECORD, "")
+    sample_labels(rec)
 
 
 CHECKS = {

@@ -5,7 +5,9 @@ ground-truth HTTP server answering with the target's greedy ids."""
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -710,3 +712,77 @@ def test_a_host_answer_without_end_is_refused_at_the_limit():
         assert lines.line() == b'{"ok": 1}\n'
         assert lines.line() == b"later"  # what follows the line stays for the watcher
         lines.wait()
+
+
+def test_remote_eval_on_spec_bench_gives_tau_per_category_in_every_view(
+    inventory, server, tmp_path
+):
+    """`--prompts spec-bench --samples 6`: one prompt per Spec-Bench category (seeded),
+    each sample record labelled, tau per category in the JSON, the tables, the CSV and the
+    report, and a paired delta with its interval per category from `results compare`."""
+    categories = {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
+    outs = []
+    for checkpoint in ("step-0", "step-12"):
+        proc = dflash(
+            "remote-eval",
+            "--checkpoint",
+            checkpoint,
+            "--prompts",
+            "spec-bench",
+            "--samples",
+            "6",
+            "--max-new-tokens",
+            "8",
+            "--budgets",
+            "4",
+            "-i",
+            str(inventory),
+            "--json",
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr
+        outs.append(json.loads(proc.stdout))
+    out = outs[1]
+    groups = out["breakdown"]["category"]
+    assert {g["name"] for g in groups} == categories and all(g["samples"] == 1 for g in groups)
+    run_dir = Path(out["run_dir"])
+    recs = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert {r["category"] for r in recs} == categories
+    assert [r["subcategory"] for r in recs if r["category"] == "mt_bench"][0]
+    by_cat = {r["category"]: r["tau"] for r in recs}
+    assert {g["name"]: g["tau"] for g in groups} == by_cat  # one sample each: its own tau
+    gt = json.loads((run_dir / "ground_truth.json").read_text())
+    assert gt["thinking"] is False and len(gt["chat_template_sha256"]) == 64
+    assert out["summary"]["thinking"] == "off"
+
+    run_id = out["run_id"]
+    shown = dflash("results", "show", run_id, "-i", str(inventory))
+    assert "tau by category" in shown.stdout
+    assert [g["samples"] for g in out["breakdown"]["subcategory"]] == [1]  # JSON has it all
+    assert all(c in shown.stdout for c in categories)
+    exported = dflash("results", "export", run_id, "-f", "csv", "-i", str(inventory))
+    row = next(csv.DictReader(io.StringIO(exported.stdout)))
+    assert float(row["tau_category_translation"]) == pytest.approx(by_cat["translation"])
+    page = tmp_path / "report.html"
+    made = dflash("results", "report", run_id, "-o", str(page), "-i", str(inventory))
+    assert made.returncode == 0, made.stderr
+    assert "<h3>tau by category</h3>" in page.read_text()
+    assert (run_dir / "tau_by_category.png").is_file()
+    # One round's costs, measured on the host after the walk, give the speedup estimate.
+    result = json.loads((run_dir / "result.json").read_text())
+    costs = result["timings"]["round_costs"]
+    block = result["inputs"]["block_size"]
+    assert set(costs["target_verify_s"]) == {str(block), "5"}, costs  # the chain, DDTree-4
+    assert costs["target_step_s"] > 0 and costs["drafter_round_s"] > 0
+    assert out["summary"]["speedup_estimate"] > 0
+    compared = dflash(
+        "results", "compare", outs[0]["run_id"], run_id, "-i", str(inventory), "--json"
+    )
+    assert compared.returncode == 0, compared.stderr
+    paired = json.loads(compared.stdout)["paired"][0]
+    assert paired["comparable"] is True, paired["problems"]
+    per_cat = [g for g in paired["groups"] if g["axis"] == "category"]
+    assert {g["name"] for g in per_cat} == categories
+    for g in per_cat:
+        tau = next(d for d in g["deltas"] if d["metric"] == "tau")
+        assert tau["low"] <= tau["delta"] <= tau["high"]

@@ -79,6 +79,13 @@ def compare_cmd(
         int, typer.Option(min=100, help="Bootstrap resamples for the interval.")
     ] = RESAMPLES,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    allow_different_prompting: Annotated[
+        bool,
+        typer.Option(
+            "--allow-different-prompting",
+            help="Pair runs whose thinking mode or chat template differ (refused otherwise).",
+        ),
+    ] = False,
     results_dir: ResultsDirOption = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
@@ -86,10 +93,17 @@ def compare_cmd(
     """Runs side by side, and each against the first, paired sample by sample.
 
     Reports the mean delta tau with a bootstrap 95% interval and the share of samples that
-    improved. Runs over different prompts, ground truth, target or dtype are reported as
-    not comparable."""
+    improved, over all samples and per category and completion length. Runs over different
+    prompts, ground truth, target or dtype are reported as not comparable; runs with
+    another thinking mode or chat template are refused (exit 1)."""
     comparison = catalog.compare(
-        run_ids, results_dir, inventory_path, plot=plot, resamples=resamples, seed=seed
+        run_ids,
+        results_dir,
+        inventory_path,
+        plot=plot,
+        resamples=resamples,
+        seed=seed,
+        allow_different_prompting=allow_different_prompting,
     )
     output.emit(
         comparison, json_out, human=output.render_comparison, as_json=catalog.Comparison.to_json

@@ -22,7 +22,7 @@ from orchestrator.eval.job import JobError, JobRef
 from orchestrator.eval.spec import EvalOptions, build_spec, carry_or_push
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport.hosts import Host
-from remote.protocol import GT_DEFERRED_FILE
+from remote.protocol import GT_DEFERRED_FILE, sample_labels
 
 # How long a shard job started early waits for its slice of the ground truth before it
 # gives up (a controller that went away must not leave it holding its target for ever).
@@ -80,6 +80,7 @@ def gt_lines(records: list[dict], indices: list[int]) -> bytes:
         json.dumps(
             {
                 "id": records[i]["id"],
+                **sample_labels(records[i]),
                 "prompt_ids": records[i]["prompt_ids"],
                 "completion_ids": records[i]["completion_ids"],
             }

@@ -133,15 +133,35 @@ def compare(
     plot: Path | None = None,
     resamples: int = cmp.RESAMPLES,
     seed: int = 0,
+    allow_different_prompting: bool = False,
 ) -> Comparison:
     """Compare two or more runs, the first the baseline; with `plot`, also draw their tau
-    by training step there (none when no run carries a step)."""
+    by training step there (none when no run carries a step). A run prompted otherwise
+    than the first (thinking mode, chat template: `compare.prompting_problems`) is refused
+    in one line unless `allow_different_prompting`."""
     if len(run_ids) < 2:
         raise DflashError("compare needs at least two runs")
     root = results_root(results_dir, inventory_path)
     runs = [res.load_run(r, root) for r in run_ids]
+    for r in runs[1:]:
+        problems = [] if allow_different_prompting else cmp.prompting_problems(runs[0], r)
+        if problems:
+            raise DflashError(
+                f"{r.run_id} vs {runs[0].run_id}: {'; '.join(problems)}: no delta between "
+                "runs that put their prompts to the target differently (tau moves with it); "
+                "compare runs of one mode, or pass --allow-different-prompting"
+            )
     rows = res.compare_rows(runs)
-    pairs = [cmp.paired(runs[0], r, resamples=resamples, seed=seed) for r in runs[1:]]
+    pairs = [
+        cmp.paired(
+            runs[0],
+            r,
+            resamples=resamples,
+            seed=seed,
+            allow_different_prompting=allow_different_prompting,
+        )
+        for r in runs[1:]
+    ]
     png = None
     if plot:
         from orchestrator.results import plots

@@ -39,6 +39,17 @@ class Delta:
 
 
 @dataclass
+class GroupDeltas:
+    """The paired deltas of one group of samples (a category, a completion-length bucket:
+    `breakdown.AXES`), over the pairs in it."""
+
+    axis: str
+    name: str
+    samples: int
+    deltas: list[Delta] = field(default_factory=list)
+
+
+@dataclass
 class Paired:
     """A paired comparison of run B against run A."""
 
@@ -50,6 +61,7 @@ class Paired:
     only_a: int = 0
     only_b: int = 0
     deltas: list[Delta] = field(default_factory=list)
+    groups: list[GroupDeltas] = field(default_factory=list)
     resamples: int = RESAMPLES
     confidence: float = CONFIDENCE
     seed: int = 0
@@ -86,6 +98,12 @@ def _dtype(run: res.Run) -> Any:
     return (run.result.get("environment") or {}).get("dtype") or run.spec.get("dtype")
 
 
+# How the prompts were put to the target: another thinking mode or chat template is
+# another eval (z-lab/dflash#133: acceptance 25% -> 60% with thinking off), said first.
+PROMPTING = (
+    ("thinking mode", res.thinking),
+    ("chat template", res.chat_template),
+)
 CHECKS = (
     ("prompts", _prompts),
     ("ground truth", _ground_truth),
@@ -94,15 +112,33 @@ CHECKS = (
 )
 
 
-def comparability(
-    a: res.Run, b: res.Run, recs_a: list[dict] | None = None, recs_b: list[dict] | None = None
-) -> list[str]:
-    """Why `a` and `b` cannot be paired sample by sample; [] when they can."""
+def _differences(a: res.Run, b: res.Run, checks: tuple) -> list[str]:
     problems = []
-    for what, key in CHECKS:
+    for what, key in checks:
         ka, kb = key(a), key(b)
         if ka is not None and kb is not None and ka != kb:
             problems.append(f"different {what}: {_show(ka)} vs {_show(kb)}")
+    return problems
+
+
+def prompting_problems(a: res.Run, b: res.Run) -> list[str]:
+    """How `a` and `b` put their prompts to the target differently (`PROMPTING`: thinking
+    mode, chat template), one line each; [] when alike or not recorded."""
+    return _differences(a, b, PROMPTING)
+
+
+def comparability(
+    a: res.Run,
+    b: res.Run,
+    recs_a: list[dict] | None = None,
+    recs_b: list[dict] | None = None,
+    *,
+    allow_different_prompting: bool = False,
+) -> list[str]:
+    """Why `a` and `b` cannot be paired sample by sample; [] when they can. With
+    `allow_different_prompting`, another thinking mode or chat template is no reason."""
+    problems = [] if allow_different_prompting else prompting_problems(a, b)
+    problems += _differences(a, b, CHECKS)
     recs_a = res.records(a) if recs_a is None else recs_a
     recs_b = res.records(b) if recs_b is None else recs_b
     if not recs_a or not recs_b:
@@ -125,7 +161,17 @@ def comparability(
             f"different ground truth for {len(differ)} shared sample ids "
             f"(e.g. {differ[0]}): prompt or completion lengths differ"
         )
+    relabelled = [str(ra.get("id")) for ra, rb in shared if _labels(ra) != _labels(rb)]
+    if relabelled:
+        problems.append(
+            f"different categories for {len(relabelled)} shared sample ids "
+            f"(e.g. {relabelled[0]}): another labelling of the prompts"
+        )
     return problems
+
+
+def _labels(rec: dict) -> tuple:
+    return rec.get("category"), rec.get("subcategory")
 
 
 def _show(v: Any) -> str:
@@ -169,11 +215,21 @@ def bootstrap_interval(
     return float(lo), float(hi)
 
 
-def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) -> Paired:
-    """B against A over the samples both scored: tau and every DDTree budget both have."""
+def paired(
+    a: res.Run,
+    b: res.Run,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    *,
+    allow_different_prompting: bool = False,
+) -> Paired:
+    """B against A over the samples both scored: tau and every DDTree budget both have,
+    over all of them and within each group (`group_deltas`: categories, lengths)."""
     recs_a, recs_b = res.records(a), res.records(b)
     out = Paired(a=a.run_id, b=b.run_id, comparable=False, resamples=resamples, seed=seed)
-    out.problems = comparability(a, b, recs_a, recs_b)
+    out.problems = comparability(
+        a, b, recs_a, recs_b, allow_different_prompting=allow_different_prompting
+    )
     ids_a = {str(r.get("id")) for r in recs_a}
     ids_b = {str(r.get("id")) for r in recs_b}
     out.samples, out.only_a, out.only_b = len(ids_a & ids_b), len(ids_a - ids_b), len(ids_b - ids_a)
@@ -186,6 +242,17 @@ def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) ->
         set.intersection(*[set(r.get("ddtree") or {}) for pair in pairs for r in pair]),
         key=res.budget_key,
     )
+    out.deltas = deltas(pairs, budgets, resamples, seed)
+    out.groups = group_deltas(pairs, budgets, resamples, seed)
+    return out
+
+
+def deltas(
+    pairs: list[tuple[dict, dict]], budgets: list[str], resamples: int, seed: int
+) -> list[Delta]:
+    """B minus A over `pairs` (records of A, records of B) for tau and each DDTree budget
+    both have, each with its bootstrap interval."""
+    out = []
     for budget in [None, *budgets]:
         vals = [(sample_values(ra, budget), sample_values(rb, budget)) for ra, rb in pairs]
         vals = [(x, y) for x, y in vals if x is not None and y is not None]
@@ -194,7 +261,7 @@ def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) ->
         diffs = [y - x for x, y in vals]
         n = len(diffs)
         lo, hi = bootstrap_interval(diffs, resamples, CONFIDENCE, seed)
-        out.deltas.append(
+        out.append(
             Delta(
                 metric="tau" if budget is None else f"DDTree-{budget} tau",
                 mean_a=sum(x for x, _ in vals) / n,
@@ -207,4 +274,22 @@ def paired(a: res.Run, b: res.Run, resamples: int = RESAMPLES, seed: int = 0) ->
                 tied=sum(d == 0 for d in diffs) / n,
             )
         )
+    return out
+
+
+def group_deltas(
+    pairs: list[tuple[dict, dict]], budgets: list[str], resamples: int, seed: int
+) -> list[GroupDeltas]:
+    """`deltas` within each group of the pairs (by A's record: the labels and lengths of
+    a comparable pair are the same), axis by axis (`breakdown.groups`)."""
+    from orchestrator.results import breakdown
+
+    by_id = {id(ra): (ra, rb) for ra, rb in pairs}
+    out = []
+    for axis in breakdown.AXES:
+        for name, recs in breakdown.groups([ra for ra, _ in pairs], axis):
+            inside = [by_id[id(ra)] for ra in recs]
+            out.append(
+                GroupDeltas(axis, name, len(inside), deltas(inside, budgets, resamples, seed))
+            )
     return out

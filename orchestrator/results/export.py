@@ -7,6 +7,12 @@ checkpoint's training step (`scalars`):
     tau/token_weighted      accepted tokens / rounds over the whole set
     ddtree_tau/budget_<N>   per-sample tau of the DDTree walk with an N-node tree
     target_agreement        share of ground-truth tokens equal to the host's argmax
+    tau_<axis>/<group>      per-sample tau of a category, sub-category or completion-length
+                            bucket (`orchestrator.results.breakdown`)
+
+CSV and JSON lines carry the groups as columns of the run's row (``tau_category_qa``,
+``samples_category_qa``, ``tau_completion_length_65-128``, ...): one row per run, as the
+DDTree budgets are.
 
 Trackers get one run per series (`results.series_key`: training run, prompts, ground
 truth), so two training runs never share a line:
@@ -38,6 +44,7 @@ from typing import Any, Protocol
 
 from orchestrator.errors import DflashError
 from orchestrator.printable import printable
+from orchestrator.results import breakdown, speedup
 from orchestrator.results import store as res
 from remote.atomic import write_atomic
 
@@ -55,12 +62,16 @@ class TrackerUnavailable(DflashError):
 
 
 def row(run: res.Run) -> dict[str, Any]:
-    """One run as a flat dict (DDTree budgets as ``ddtree_tau_<N>`` columns)."""
+    """One run as a flat dict (DDTree budgets as ``ddtree_tau_<N>`` columns; its groups as
+    ``tau_<axis>_<group>`` and ``samples_<axis>_<group>`` columns, `breakdown.flat`)."""
     s = res.summary(run)
     ddtree = s.pop("ddtree")
     out = {k: v for k, v in s.items()}
     for b, v in ddtree.items():
         out[f"ddtree_tau_{b}"] = v
+    for b, v in speedup.estimate(run).get("ddtree", {}).items():
+        out[f"speedup_estimate_ddtree_{b}"] = v
+    out.update(breakdown.flat(run))
     return out
 
 
@@ -74,6 +85,9 @@ def scalars(run: res.Run) -> dict[str, float]:
     }
     for b, v in s["ddtree"].items():
         out[f"ddtree_tau/budget_{b}"] = v
+    for axis, groups in breakdown.of_run(run).items():
+        for g in groups:
+            out[f"tau_{axis}/{g['name']}"] = g["tau"]
     return {k: float(v) for k, v in out.items() if v is not None}
 
 

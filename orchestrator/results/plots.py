@@ -1,9 +1,9 @@
 """Plots of results, drawn with matplotlib's Agg backend (no display needed).
 
 Each plot is built once, as a figure (`histogram_figure`, `per_position_figure`,
-`tau_by_step_figure`), and rendered either to a PNG file (`plot_run`, `plot_tau_by_step`) or
-to an SVG string for the HTML report (`svg`). The lines and bars that carry data get SVG ids
-starting ``data-`` so a browser test can find them.
+`breakdown_figure`, `tau_by_step_figure`), and rendered either to a PNG file (`plot_run`,
+`plot_tau_by_step`) or to an SVG string for the HTML report (`svg`). The lines and bars
+that carry data get SVG ids starting ``data-`` so a browser test can find them.
 
 The tau-by-step plot has one colour per series: runs of the same training run (trainer
 host and checkpoints folder, see `results.series_key`), prompts and ground truth. Per
@@ -134,6 +134,47 @@ def per_position_figure(run: res.Run) -> Any | None:
     return fig
 
 
+def breakdown_figure(run: res.Run) -> Any | None:
+    """tau (per-sample mean) per group, one panel of horizontal bars per axis that has two
+    groups or more (`breakdown.worth_showing`: category, sub-category, completion length),
+    each bar labelled with its tau and samples. None when the run has no such axis."""
+    from orchestrator.results import breakdown
+
+    groups = breakdown.worth_showing(breakdown.of_run(run))
+    axes = [a for a in breakdown.AXES if a in groups]
+    if not axes:
+        return None
+    plt = pyplot()
+    if plt is None:
+        return None
+    tallest = max(len(groups[a]) for a in axes)
+    fig, panels = plt.subplots(
+        1, len(axes), figsize=(4.2 * len(axes), 1.6 + 0.32 * tallest), layout="constrained"
+    )
+    for ax, axis in zip(panels if len(axes) > 1 else [panels], axes, strict=True):
+        rows = groups[axis]
+        ys = list(range(len(rows)))[::-1]  # the first group on top
+        taus = [g["tau"] or 0.0 for g in rows]
+        bars = ax.barh(ys, taus, color="#4C72B0")
+        for i, (bar, g) in enumerate(zip(bars, rows, strict=True)):
+            bar.set_gid(f"data-{axis}-{i}")
+            label = "-" if g["tau"] is None else f"{g['tau']:.2f}"
+            ax.annotate(
+                f"{label} (n={g['samples']})",
+                (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+            )
+        ax.set_yticks(ys, [text(g["name"]) for g in rows], fontsize=7)
+        ax.set_xlim(0, max(taus) * 1.35 or 1)
+        ax.set_xlabel("tau (per-sample mean)")
+        ax.set_title(text(breakdown.TITLES[axis]), fontsize=9)
+    fig.suptitle(_title(run), fontsize=9)
+    return fig
+
+
 def _series(runs: list[res.Run]) -> dict[tuple, list[res.Run]]:
     out: dict[tuple, list[res.Run]] = {}
     for r in runs:
@@ -238,12 +279,14 @@ def svg(fig: Any, salt: str = "") -> str:
 
 
 def plot_run(run: res.Run, out_dir: str | Path | None = None) -> list[Path]:
-    """Acceptance histogram and per-position acceptance of one run; returns the files."""
+    """Acceptance histogram, per-position acceptance and tau by category and completion
+    length (when the run has groups to show) of one run; returns the files."""
     out = Path(out_dir or run.path)
     written = []
     for make, name in (
         (histogram_figure, "acceptance_histogram.png"),
         (per_position_figure, "per_position_acceptance.png"),
+        (breakdown_figure, "tau_by_category.png"),
     ):
         fig = make(run)
         if fig is not None:

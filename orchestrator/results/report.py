@@ -10,8 +10,10 @@ figure code as the PNGs, `orchestrator.results.plots`), the styles inline. Secti
    ``--baseline``, else the earliest training step of the run's series (same training
    run, prompts and ground truth: `store.series_key`), whenever it was evaluated; the page
    names it;
-3. per run: the acceptance histogram, per-position acceptance with attempt counts, and
-   environment and provenance (drafter sha256 and step, trainer, target, ground truth).
+3. per run: the acceptance histogram, per-position acceptance with attempt counts, tau
+   by category and completion length (`breakdown`) with each group's paired delta against
+   the run's baseline, and environment and provenance (drafter sha256 and step, trainer,
+   target, ground truth, thinking mode and chat template).
 
 Every name is escaped as text (`printable`, then HTML), and a plot that cannot be drawn
 leaves a note in its place: one bad run never costs the page.
@@ -28,7 +30,7 @@ from typing import Any
 
 from orchestrator.errors import DflashError
 from orchestrator.printable import printable
-from orchestrator.results import compare, plots
+from orchestrator.results import breakdown, compare, plots
 from orchestrator.results import store as res
 from remote.atomic import write_atomic
 
@@ -131,10 +133,26 @@ def baseline_notes(runs: list[res.Run], named: res.Run | None = None) -> list[st
     ]
 
 
-def comparison_section(runs: list[res.Run], named: res.Run | None = None) -> str:
-    """Headline numbers per run and the paired delta against its baseline (`baselines`)."""
-    sums = [res.summary(r) for r in runs]
+def pairings(runs: list[res.Run], named: res.Run | None = None) -> dict[str, compare.Paired]:
+    """Each run paired against its baseline (`baselines`), by run id; none for a baseline
+    itself. Made once per page: the comparison table and each run's groups read it."""
     base_of = baselines(runs, named)
+    return {
+        r.run_id: compare.paired(base_of[r.run_id], r)
+        for r in runs
+        if base_of[r.run_id].run_id != r.run_id
+    }
+
+
+def comparison_section(
+    runs: list[res.Run],
+    named: res.Run | None = None,
+    paired: dict[str, compare.Paired] | None = None,
+) -> str:
+    """Headline numbers per run and the paired delta against its baseline (`baselines`;
+    `paired`: the pairings when made already, `pairings`)."""
+    sums = [res.summary(r) for r in runs]
+    paired = pairings(runs, named) if paired is None else paired
     budgets = sorted({b for s in sums for b in s["ddtree"]}, key=res.budget_key)
     head = [
         "run",
@@ -161,11 +179,10 @@ def comparison_section(runs: list[res.Run], named: res.Run | None = None) -> str
             *[_f(s["ddtree"].get(b)) for b in budgets],
             _pct(s["target_agreement"]),
         ]
-        base = base_of[run.run_id]
-        if base.run_id == run.run_id:
+        p = paired.get(run.run_id)
+        if p is None:
             cells += ["baseline", "", ""]
         else:
-            p = compare.paired(base, run)
             d = next((d for d in p.deltas if d.metric == "tau"), None)
             if not p.comparable or d is None:
                 cells += [
@@ -235,6 +252,8 @@ def provenance(run: res.Run) -> list[tuple[str, Any]]:
             f"{' (cached on host)' if gt.get('cached') else ''}",
         ),
         ("ground truth sha256", inputs.get("ground_truth_sha256")),
+        ("thinking mode", res.thinking(run)),
+        ("chat template sha256", res.chat_template(run)),
         (
             "python / torch / transformers",
             f"{env.get('python')} / {env.get('torch')} / {env.get('transformers')}",
@@ -248,7 +267,51 @@ def provenance(run: res.Run) -> list[tuple[str, Any]]:
     ]
 
 
-def run_section(run: res.Run, index: int, open_: bool, failed: list[str]) -> str:
+def breakdown_tables(run: res.Run, paired: compare.Paired | None) -> str:
+    """tau by category, sub-category and completion length (`breakdown`; axes of two groups
+    or more), with each group's paired delta against the run's baseline and its interval
+    (`paired`, when the two are comparable)."""
+    groups = breakdown.worth_showing(breakdown.of_run(run))
+    if not groups:
+        return ""
+    by_group = {(g.axis, g.name): g for g in paired.groups} if paired and paired.comparable else {}
+    out = []
+    for axis in breakdown.AXES:
+        rows = groups.get(axis) or []
+        if not rows:
+            continue
+        budgets = list(dict.fromkeys(b for g in rows for b in g["ddtree"]))
+        head = ["group", "samples", "tau", "tau (tokens)", *[f"DDTree-{_e(b)}" for b in budgets]]
+        if by_group:
+            head += ["Δ tau vs baseline", "95% interval"]
+        cells = []
+        for g in rows:
+            row = [_e(g["name"]), _e(g["samples"]), _f(g["tau"]), _f(g["tau_tokens"])]
+            row += [_f(g["ddtree"].get(b)) for b in budgets]
+            if by_group:
+                found = by_group.get((axis, g["name"]))
+                d = next((d for d in found.deltas if d.metric == "tau"), None) if found else None
+                cls = "" if d is None else "up" if d.low > 0 else "down" if d.high < 0 else ""
+                row += (
+                    ["-", ""]
+                    if d is None
+                    else [
+                        f'<span class="{cls}">{d.delta:+.3f}</span>',
+                        f"[{d.low:+.3f}, {d.high:+.3f}]",
+                    ]
+                )
+            cells.append(row)
+        out.append(f"<h3>{_e(breakdown.TITLES[axis])}</h3>" + _table(head, cells))
+    return "".join(out)
+
+
+def run_section(
+    run: res.Run,
+    index: int,
+    open_: bool,
+    failed: list[str],
+    paired: compare.Paired | None = None,
+) -> str:
     s = res.summary(run)
     m = run.metrics
     dd = m.get("ddtree") or {}
@@ -289,6 +352,16 @@ def run_section(run: res.Run, index: int, open_: bool, failed: list[str]) -> str
             f"acceptance per draft position, n = rounds that reached it ({run.run_id})",
             failed,
         )
+        + (
+            _figure(
+                lambda: plots.breakdown_figure(run),
+                f"cat{index}",
+                f"tau by category and completion length ({run.run_id})",
+                failed,
+            )
+            if breakdown.worth_showing(breakdown.of_run(run))
+            else ""
+        )
         + "</div>"
         + (
             _table(
@@ -298,6 +371,7 @@ def run_section(run: res.Run, index: int, open_: bool, failed: list[str]) -> str
             if dd_rows
             else ""
         )
+        + breakdown_tables(run, paired)
         + "<h3>environment and provenance</h3>"
         + prov
         + "</details>"
@@ -323,6 +397,7 @@ def render(
     if baseline is not None and baseline.run_id not in {r.run_id for r in runs}:
         runs = [baseline, *runs]
     runs = order(runs)
+    paired = pairings(runs, baseline)
     failed: list[str] = []
     by_step = [r for r in runs if r.step is not None]
     parts = [
@@ -341,9 +416,12 @@ def render(
         if by_step
         else '<p class="note">no run carries a training step</p>',
         "<h2>comparison</h2>",
-        comparison_section(runs, baseline),
+        comparison_section(runs, baseline, paired),
         "<h2>runs</h2>",
-        *[run_section(r, i, (i == len(runs) - 1), failed) for i, r in enumerate(runs)],
+        *[
+            run_section(r, i, (i == len(runs) - 1), failed, paired.get(r.run_id))
+            for i, r in enumerate(runs)
+        ],
         "</body></html>\n",
     ]
     notes = baseline_notes(runs, baseline) + [f"plot failed: {f}" for f in failed]

@@ -340,6 +340,9 @@ def summary(run: Run) -> dict:
         "ground_truth_cached": gt.get("cached"),
         "retokenisation_mismatch": retok.get("mismatch_rate"),
         "dtype": env.get("dtype") or run.spec.get("dtype"),
+        "speedup_estimate": speedup_estimate(run),
+        "thinking": thinking(run),
+        "chat_template_sha256": chat_template(run),
         "engine": engine(run),
         "drafter_sha256": run.drafter.get("sha256"),
         "training_run": run.training_run.name,
@@ -348,6 +351,28 @@ def summary(run: Run) -> dict:
         "created": run.created,
         "created_time": format_time(run.created),
     }
+
+
+def speedup_estimate(run: Run) -> float | None:
+    """The chain's speedup estimate from the host's round costs (`speedup.estimate`)."""
+    from orchestrator.results import speedup
+
+    return speedup.estimate(run).get("chain")
+
+
+def thinking(run: Run) -> str | None:
+    """``on`` or ``off``: whether the prompts were rendered with thinking on (the job's
+    flag, else the one its ground truth recorded); None when neither says."""
+    for doc in (run.spec, ground_truth_source(run)):
+        if isinstance(doc.get("thinking"), bool):
+            return "on" if doc["thinking"] else "off"
+    return None
+
+
+def chat_template(run: Run) -> str | None:
+    """sha256 of the chat template the prompts were rendered with (the ground truth
+    records it); None when there was none or it was not recorded."""
+    return ground_truth_source(run).get("chat_template_sha256")
 
 
 def engine(run: Run) -> str | None:

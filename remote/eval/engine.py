@@ -8,6 +8,8 @@ never silently changes a run):
     target            path of the target model folder (HF layout, safetensors)      required
     drafter           path of the drafter folder or weights file                     required
     ground_truth      JSONL, lines {"id", "prompt_ids": [...], "completion_ids": [...]} required
+                      (and the prompt's "category", "subcategory" where it has them:
+                      carried into its sample record)
     output_dir        where result.json and samples.jsonl go                         required
     dtype             "bfloat16" (default) or "float32" ("bf16"/"fp32" accepted)
     threads           torch threads (default: torch's choice)
@@ -26,6 +28,8 @@ empty completions, memory) runs BEFORE any weights are loaded. Progress goes to 
 lines: ``{"event": "start", ...}``, one ``{"event": "sample", ..., "record": {...}}`` per
 sample (the record is its samples.jsonl line) and
 ``{"event": "done", "result": path, ...}``. Results are written atomically (temp + rename).
+After the walk, one round's costs on this host (a target step, a verify, a drafter block:
+`remote.eval.costs`) go into ``timings.round_costs``, for the controller's speedup estimate.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import Any
 from remote.atomic import write_atomic
 from remote.errors import UserError
 from remote.probe.facts import meminfo, package_version
-from remote.protocol import RESULT_SCHEMA, EvalSpec, SpecError
+from remote.protocol import RESULT_SCHEMA, EvalSpec, ResultError, SpecError, sample_labels
 
 SCHEMA = RESULT_SCHEMA
 
@@ -92,7 +96,11 @@ def read_ground_truth(path: str, vocab: int, max_samples: int | None) -> list[di
                         f"{path} line {n} (id {sid}) has token id {bad!r} outside the target "
                         f"vocabulary (0..{vocab - 1}); was it made with another tokenizer?"
                     )
-            rows.append({"id": sid, "prompt_ids": prompt, "completion_ids": completion})
+            try:
+                labels = sample_labels(row)
+            except ResultError as exc:
+                raise UserError(f"{path} line {n} (id {sid}): {exc}") from None
+            rows.append({"id": sid, **labels, "prompt_ids": prompt, "completion_ids": completion})
             if max_samples and len(rows) >= max_samples:
                 break
     if not rows:
@@ -191,6 +199,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
     generated with it), used instead of loading it again."""
     import torch
 
+    from remote.eval import costs
     from remote.eval import device as device_mod
     from remote.eval import drafter as drafter_mod
     from remote.eval import target as target_mod
@@ -262,7 +271,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
     for i, row in enumerate(rows, 1):
         with device_mod.default_device(device):
             rec = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], opts)
-        rec = {"id": row["id"], **rec}
+        rec = {"id": row["id"], **sample_labels(row), **rec}
         records.append(rec)
         lines.append(json.dumps(rec))
         taus = [r["tau"] for r in records if r["tau"] is not None]
@@ -286,6 +295,8 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
             }
         )
     eval_s = time.perf_counter() - t_eval
+    with device_mod.default_device(device):
+        round_costs = costs.measure(target, drafter, rows, list(spec.budgets), device)
 
     metrics = summarize(records, dcfg.block_size, list(spec.budgets), spec.topk, tinfo.vocab_size)
     tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)
@@ -328,6 +339,8 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
             "total_s": time.perf_counter() - t_all,
             "tokens": tokens,
             "tokens_per_s": tokens / eval_s if eval_s > 0 else None,
+            # one round's costs, measured after the walk (remote.eval.costs)
+            "round_costs": round_costs,
         },
         "samples_file": "samples.jsonl",
     }

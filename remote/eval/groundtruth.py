@@ -84,9 +84,11 @@ from remote.protocol import (
 from remote.protocol import (
     EvalSpec,
     GTLimits,
+    ResultError,
     SpecError,
     agreement_suspect,
     flag_suspect,
+    sample_labels,
 )
 
 SERVER_KINDS = ("sglang", "openai", "openai-text")
@@ -131,20 +133,49 @@ def load_prompts(path: str, samples: int | None = None, seed: int = 0) -> list[d
             text = obj["prompt"]
         else:
             raise UserError(f'{path}:{n}: expected {{"turns": ["..."]}} or {{"prompt": "..."}}')
-        records.append({"id": str(obj.get("id", f"{stem}-{len(records)}")), "text": text})
+        try:
+            labels = sample_labels(obj)
+        except ResultError as exc:
+            raise UserError(f"{path}:{n}: {exc}") from None
+        records.append({"id": str(obj.get("id", f"{stem}-{len(records)}")), "text": text, **labels})
     if not records:
         raise UserError(f"prompts file {path} holds no prompts")
     return select(records, samples, seed)
 
 
 def select(records: list, samples: int | None, seed: int) -> list:
-    """`samples` records chosen with a fixed seed, kept in their original order."""
+    """`samples` records chosen with a fixed seed, kept in their original order. Records
+    of several categories (``category``) are chosen per category (`stratified`), so a
+    small N still covers each; otherwise `samples` of them at random."""
     if samples is None or samples >= len(records):
         return list(records)
     if samples < 1:
         raise UserError(f"--samples must be at least 1, got {samples}")
-    keep = sorted(random.Random(seed).sample(range(len(records)), samples))
-    return [records[i] for i in keep]
+    rng = random.Random(seed)
+    groups: dict = {}
+    for i, r in enumerate(records):
+        groups.setdefault(r.get("category"), []).append(i)
+    if len(groups) == 1:
+        keep = rng.sample(range(len(records)), samples)
+    else:
+        keep = stratified(list(groups.values()), samples, rng)
+    return [records[i] for i in sorted(keep)]
+
+
+def stratified(groups: list[list[int]], samples: int, rng: random.Random) -> list[int]:
+    """`samples` indices drawn from `groups` (each a category's indices): one from each
+    group first (from `samples` groups drawn at random when there are fewer samples than
+    groups), the rest shared in proportion to the groups' sizes (largest remainders, ties
+    in the seeded order), each group's own drawn at random."""
+    if samples < len(groups):
+        return [rng.choice(groups[g]) for g in rng.sample(range(len(groups)), samples)]
+    rest, spare = samples - len(groups), sum(len(g) - 1 for g in groups)
+    quotas = [rest * (len(g) - 1) / spare if spare else 0.0 for g in groups]
+    take = [1 + int(q) for q in quotas]
+    order = sorted(range(len(groups)), key=lambda g: (int(quotas[g]) - quotas[g], rng.random()))
+    for g in order[: samples - sum(take)]:
+        take[g] += 1
+    return [i for g, n in zip(groups, take, strict=True) for i in rng.sample(g, n)]
 
 
 def load_tokenizer(target: str):
@@ -179,6 +210,17 @@ def render_prompt(tokenizer, text: str, thinking: bool) -> tuple[str, list[int]]
     return rendered, list(ids)
 
 
+def chat_template_sha256(tokenizer) -> str | None:
+    """sha256 of the chat template `render_prompt` applies (None: there is none, the text
+    goes as it is), recorded with the ground truth so runs under another template are
+    told apart."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 # ---- identity and cache -----------------------------------------------------------------
 
 
@@ -202,10 +244,11 @@ def cache_key(
     sampling: dict,
     kind: str,
     source: dict | None = None,
+    labels: list[dict] | None = None,
 ) -> str:
     """The cache entry's name: a hash of the target's identity, the sampling parameters, the
-    kind of source, the source's own identity (URL and served model, `served_model`) and
-    every prompt's exact ids."""
+    kind of source, the source's own identity (URL and served model, `served_model`),
+    every prompt's exact ids and, when any prompt has one, the prompts' labels."""
     h = hashlib.sha256()
     h.update(
         json.dumps(
@@ -221,6 +264,8 @@ def cache_key(
     )
     for ids in prompt_ids:
         h.update(json.dumps(ids).encode() + b"\n")
+    if labels and any(labels):  # unlabelled sets keep the names they always had
+        h.update(json.dumps(labels, sort_keys=True).encode())
     return h.hexdigest()[:24]
 
 
@@ -967,9 +1012,14 @@ def read_ground_truth_file(path: str) -> list[dict]:
                 f'{path}:{n}: expected {{"id", "prompt_ids": [...], '
                 '"completion_ids": [...]}} with token ids'
             )
+        try:
+            labels = sample_labels(obj)
+        except ResultError as exc:
+            raise UserError(f"{path}:{n}: {exc}") from None
         out.append(
             {
                 "id": str(obj.get("id", n)),
+                **labels,
                 "prompt_ids": obj["prompt_ids"],
                 "completion_ids": obj["completion_ids"],
             }
@@ -977,6 +1027,12 @@ def read_ground_truth_file(path: str) -> list[dict]:
     if not out:
         raise UserError(f"ground truth file {path} holds no records")
     return out
+
+
+def labelled(prompt: dict) -> dict:
+    """A prompt's id and labels (category, sub-category: `remote.protocol.sample_labels`),
+    as its ground-truth line and then its sample record carry them."""
+    return {"id": prompt["id"], **sample_labels(prompt)}
 
 
 def _jsonl(records: list[dict]) -> str:
@@ -1134,11 +1190,19 @@ def prepare(
             ids, vocab=vocab, max_new=limit, prompt_id=prompt_id, source=where, target=target
         )
 
-    key = cache_key(identity, prompt_ids, sampling, kind, source)
+    # The labels are in the entry (its lines carry them): another labelling, another entry.
+    labels = [sample_labels(p) for p in prompts]
+    key = cache_key(identity, prompt_ids, sampling, kind, source, labels)
     cache_dir = workdir / "groundtruth"
     cache_dir.mkdir(parents=True, exist_ok=True)
     path, meta_path = cache_dir / f"{key}.jsonl", cache_dir / f"{key}.json"
-    info.update(cache_key=key, file=str(path), thinking=thinking, samples=len(prompts))
+    info.update(
+        cache_key=key,
+        file=str(path),
+        thinking=thinking,
+        chat_template_sha256=chat_template_sha256(tokenizer),
+        samples=len(prompts),
+    )
     if gt.get("fresh") is True:  # asked for: whatever the entry holds, it is made again
         _evict(path)
         info["fresh"] = True
@@ -1213,7 +1277,7 @@ def prepare(
             # Checked as it arrives, and all before the cache is written: a bad answer is
             # refused here and never reused by a later run.
             check(completion, prompt["id"])
-            records.append({"id": prompt["id"], "prompt_ids": ids, "completion_ids": completion})
+            records.append({**labelled(prompt), "prompt_ids": ids, "completion_ids": completion})
             emit(
                 "ground_truth", done=i + 1, total=len(prompts), cached=False, tokens=len(completion)
             )

@@ -64,11 +64,20 @@ def make_run(
     samples: int = 4,
     host: str = "evalbox",
     trainer_folder: str = "/data/team-run/checkpoints",
+    categories: tuple[str, ...] = (),
+    thinking: bool | None = None,
+    chat_template: str | None = None,
 ) -> Path:
-    """One run folder ``root/run_id`` for `checkpoint` at training `step`; returns it."""
+    """One run folder ``root/run_id`` for `checkpoint` at training `step`; returns it.
+    `categories`: the samples' categories, in turn (sample i gets ``categories[i % n]``);
+    `thinking`, `chat_template`: the thinking flag of its job spec and the chat template's
+    sha256 its ground truth recorded (None: not recorded, as in older results)."""
     recs = records(
         samples, skill, seed=zlib.crc32(f"{checkpoint}/{step}".encode("utf-8", "surrogatepass"))
     )
+    for i, rec in enumerate(recs):
+        if categories:
+            rec["category"] = categories[i % len(categories)]
     folder = root / run_id
     folder.mkdir(parents=True)
     metrics = summarize(recs, BLOCK, list(BUDGETS), None, 64)
@@ -110,7 +119,11 @@ def make_run(
         "checkpoint": checkpoint,
         "prompts": {"name": "chat", "sha256": "a" * 64},
     }
+    if thinking is not None:
+        spec["thinking"] = thinking
     gt = {"kind": "sglang", "url": "http://127.0.0.1:1/", "cached": False}
+    if chat_template is not None:
+        gt["chat_template_sha256"] = chat_template
     (folder / "result.json").write_text(json.dumps(result, indent=2))
     (folder / "spec.json").write_text(json.dumps(spec, indent=2))
     (folder / "ground_truth.json").write_text(json.dumps(gt, indent=2))

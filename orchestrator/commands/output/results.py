@@ -22,10 +22,11 @@ from orchestrator.commands.output.base import (
     plain,
     show,
 )
+from orchestrator.commands.output.breakdown import render_breakdown, render_group_deltas
 from orchestrator.commands.output.parity import render_parity
 from orchestrator.commands.output.tables import Col, Grid, kv, styled
 from orchestrator.eval import follow as follow_lib
-from orchestrator.results import catalog, parity_view
+from orchestrator.results import breakdown, catalog, parity_view, speedup
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
 
@@ -50,6 +51,7 @@ def render_summary(run: res.Run) -> None:
         ("tau (token-weighted: tokens / rounds)", fmt(s["tau_tokens"])),
         *[(f"DDTree-{b} tau", fmt(v)) for b, v in s["ddtree"].items()],
         ("target agreement", pct(s["target_agreement"])),
+        ("speedup estimate (chain; see docs/results.md)", _speedup(run)),
         (
             "training run",
             f"{run.training_run.name} ({run.training_run.host}:{run.training_run.folder})",
@@ -69,6 +71,9 @@ def render_summary(run: res.Run) -> None:
     if gt.get("cached"):
         src += " (cached on host)"
     rows.append(("ground truth", src))
+    rows.append(
+        ("thinking / chat template", f"{fmt(s['thinking'])} / {fmt(s['chat_template_sha256'])}")
+    )
     if s["retokenisation_mismatch"] is not None:
         rows.append(
             ("retokenisation mismatch", styled(pct(s["retokenisation_mismatch"]), "yellow"))
@@ -78,10 +83,25 @@ def render_summary(run: res.Run) -> None:
         console.print(f"[bold yellow]warning:[/] {plain(w)}", soft_wrap=True)
 
 
+def _speedup(run: res.Run) -> str:
+    """The speedup estimates: the chain's, then each DDTree budget's."""
+    est = speedup.estimate(run)
+    if not est:
+        return "- (no round costs recorded)"
+    parts = [f"{fmt(est['chain'], 2)}x"]
+    parts += [f"DDTree-{b} {fmt(v, 2)}x" for b, v in est["ddtree"].items()]
+    return "; ".join(parts)
+
+
 def eval_run_json(run: res.Run) -> dict:
     """What `remote-eval` prints with --json: where the run is, and its summary (with the
     hosts and reassignments of a sharded eval)."""
-    out = {"run_dir": str(run.path), "run_id": run.run_id, "summary": res.summary(run)}
+    out = {
+        "run_dir": str(run.path),
+        "run_id": run.run_id,
+        "summary": res.summary(run),
+        "breakdown": breakdown.of_run(run),
+    }
     shards = run.result.get("shards")
     if shards:
         out["hosts"] = shards["hosts"]
@@ -90,8 +110,10 @@ def eval_run_json(run: res.Run) -> dict:
 
 
 def render_eval_run(run: res.Run) -> None:
-    """The end of `remote-eval`: the summary, how a sharded eval was split, the folder."""
+    """The end of `remote-eval`: the summary, tau by category and completion length, how a
+    sharded eval was split, the folder."""
     render_summary(run)
+    render_breakdown(breakdown.of_run(run))
     shards = run.result.get("shards")
     if shards:
         _line(
@@ -132,9 +154,11 @@ def _flatten(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def render_run(run: res.Run) -> None:
-    """One run in full (`results show`): summary, DDTree budgets, acceptance histogram,
-    per-position acceptance, target agreement, timings, environment, ground truth."""
+    """One run in full (`results show`): summary, tau by category and completion length,
+    DDTree budgets, acceptance histogram, per-position acceptance, target agreement,
+    timings, environment, ground truth."""
     render_summary(run)
+    render_breakdown(breakdown.of_run(run))
     m = run.metrics
     dd = m.get("ddtree") or {}
     if dd:
@@ -216,8 +240,11 @@ def render_found(found: res.Run | catalog.ParityRun) -> None:
 
 
 def found_json(found: res.Run | catalog.ParityRun) -> dict:
-    """`results show --json`: the run's result document."""
-    return found.result
+    """`results show --json`: the run's result document; an eval run's with ``breakdown``
+    (tau by category and completion length, derived from its samples) added."""
+    if isinstance(found, catalog.ParityRun):
+        return found.result
+    return {**found.result, "breakdown": breakdown.of_run(found)}
 
 
 # ---- the results folder ----------------------------------------------------------------------
@@ -346,6 +373,7 @@ def render_paired(p: cmp.Paired, b: str, a: str) -> None:
             pct(d.worse),
         )
     show(t)
+    render_group_deltas(p, b, a)
     if p.only_a or p.only_b:
         console.print(f"not paired: {p.only_a} samples only in {a}, {p.only_b} only in {b}")
 

@@ -1,0 +1,137 @@
+"""tau by category and by completion length, derived here from a run's per-sample records.
+
+The host computes no breakdown: each sample record carries its prompt's labels
+(``category``, ``subcategory``: `remote.protocol.sample_labels`) and its completion length,
+and the controller groups the records it validated (`store.records`) and sums each group
+with the engine's own `remote.eval.metrics.tau_stats`. So a group's tau is computed the way
+the run's is, and a sharded run's groups are those of the records it merged.
+
+Three axes (`AXES`), each a list of groups in a fixed order:
+
+- ``category``: the prompt set's categories, in the order the records first show them
+  (samples without a category form ``(none)``); only when some sample has one;
+- ``subcategory``: ``category/subcategory`` (MT-Bench's eight), only where present;
+- ``completion_length``: the ground-truth completion's tokens, in the fixed buckets of
+  `LENGTH_EDGES` (the same for every run, so two runs' buckets pair).
+
+Each group: ``samples``, ``tau`` (mean of per-sample means, z-lab's), ``tau_tokens``
+(tokens / rounds), ``rounds``, ``tokens`` and ``ddtree`` (per-sample tau per budget).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from orchestrator.results import store as res
+from remote.eval.metrics import tau_stats
+
+AXES = ("category", "subcategory", "completion_length")
+TITLES = {
+    "category": "tau by category",
+    "subcategory": "tau by sub-category",
+    "completion_length": "tau by completion length (ground-truth tokens)",
+}
+NO_CATEGORY = "(none)"
+# Upper bounds (completion tokens, inclusive) of the length buckets; the last is open.
+LENGTH_EDGES = (64, 128, 256, 512, 1024)
+
+
+def length_bucket(tokens: int) -> str:
+    """The bucket of a completion of `tokens` tokens: ``1-64``, ``65-128``, ..., ``1025+``."""
+    low = 1
+    for edge in LENGTH_EDGES:
+        if tokens <= edge:
+            return f"{low}-{edge}"
+        low = edge + 1
+    return f"{low}+"
+
+
+def _category(rec: dict) -> str | None:
+    return rec.get("category")
+
+
+def _subcategory(rec: dict) -> str | None:
+    sub = rec.get("subcategory")
+    return f"{rec.get('category') or NO_CATEGORY}/{sub}" if sub else None
+
+
+def _length(rec: dict) -> str | None:
+    n = rec.get("completion_tokens")
+    return length_bucket(n) if isinstance(n, int) and n > 0 else None
+
+
+KEYS: dict[str, Callable[[dict], str | None]] = {
+    "category": _category,
+    "subcategory": _subcategory,
+    "completion_length": _length,
+}
+
+
+def groups(records: list[dict], axis: str) -> list[tuple[str, list[dict]]]:
+    """(group name, its records) along `axis`, in the axis's order (see the module); []
+    when no record has a value there. Records keep their ground-truth order."""
+    key = KEYS[axis]
+    if not any(key(r) is not None for r in records):
+        return []
+    out: dict[str, list[dict]] = {}
+    for r in records:
+        name = key(r)
+        if name is None and axis == "subcategory":
+            continue
+        out.setdefault(NO_CATEGORY if name is None else name, []).append(r)
+    if axis == "completion_length":
+        order = {length_bucket(e): i for i, e in enumerate((*LENGTH_EDGES, LENGTH_EDGES[-1] + 1))}
+        return sorted(out.items(), key=lambda kv: order.get(kv[0], len(order)))
+    return list(out.items())
+
+
+def group_stats(records: list[dict]) -> dict:
+    """One group's numbers (see the module), summed as the engine sums a run's."""
+    stats = tau_stats([r.get("rounds") or [] for r in records])
+    budgets = sorted({b for r in records for b in (r.get("ddtree") or {})}, key=res.budget_key)
+    return {
+        "samples": len(records),
+        "tau": stats["tau_per_sample_mean"],
+        "tau_tokens": stats["tau_token_weighted"],
+        "rounds": stats["rounds"],
+        "tokens": stats["tokens"],
+        "ddtree": {
+            b: tau_stats([(r.get("ddtree") or {}).get(b) or [] for r in records])[
+                "tau_per_sample_mean"
+            ]
+            for b in budgets
+        },
+    }
+
+
+def breakdown(records: list[dict]) -> dict[str, list[dict]]:
+    """Every axis that has groups: ``{axis: [{"name", **group_stats}]}``."""
+    out = {}
+    for axis in AXES:
+        found = groups(records, axis)
+        if found:
+            out[axis] = [{"name": name, **group_stats(recs)} for name, recs in found]
+    return out
+
+
+def worth_showing(groups: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The axes a table or a page shows: those with two groups or more (one group holds
+    every sample: it is the run's own line again). JSON and CSV keep every axis."""
+    return {axis: rows for axis, rows in groups.items() if len(rows) > 1}
+
+
+def of_run(run: res.Run) -> dict[str, list[dict]]:
+    """The breakdown of `run`'s validated per-sample records ({} without samples.jsonl)."""
+    return breakdown(res.records(run))
+
+
+def flat(run: res.Run) -> dict[str, float | int | None]:
+    """The breakdown as flat columns for CSV and trackers: ``tau_<axis>_<group>`` and
+    ``samples_<axis>_<group>`` (a length bucket's name as it is: ``tau_completion_length_
+    65-128``)."""
+    out: dict[str, float | int | None] = {}
+    for axis, rows in of_run(run).items():
+        for g in rows:
+            out[f"tau_{axis}_{g['name']}"] = g["tau"]
+            out[f"samples_{axis}_{g['name']}"] = g["samples"]
+    return out
