@@ -459,7 +459,9 @@ class EvalSpec:
     by the job there; ``budgets`` are the DDTree node budgets (none: chain walk only),
     ``topk`` the per-depth candidates (None: the budget), ``max_samples`` the first N
     ground-truth samples (None: all), ``block_chunk`` blocks per batched drafter call
-    (None: sized to memory), ``positions`` ``all`` or ``walk``. Values are normalised and
+    (None: sized to memory), ``positions`` ``walk`` (blocks only where rounds start) or
+    ``all`` (also every completion position, for per-position acceptance over all of
+    them; about tau times the drafter work, the same rounds). Values are normalised and
     checked on construction, so every EvalSpec is a valid one.
     """
 
@@ -473,7 +475,7 @@ class EvalSpec:
     topk: int | None = None
     max_samples: int | None = None
     block_chunk: int | None = None
-    positions: str = "all"
+    positions: str = "walk"
     device: str = "cpu"
 
     def __post_init__(self) -> None:

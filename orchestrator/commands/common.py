@@ -102,9 +102,10 @@ PositionsOption = Annotated[
     str | None,
     typer.Option(
         callback=_positions,
-        help="Draft at 'all' completion positions (default; exact per-position acceptance) "
-        "or only at the 'walk' positions (tau times fewer blocks, one at a time: pays for "
-        "drafters with several layers).",
+        help="Draft blocks only where the walks start rounds, the samples in lockstep "
+        "('walk', the default; per-position acceptance over those round starts), or also "
+        "at 'all' completion positions (per-position acceptance over every one; about tau "
+        "times the drafter work, the same rounds).",
     ),
 ]
 DeviceOption = Annotated[

@@ -41,6 +41,8 @@ from remote.model.drafter_format import weight_shapes as weight_shapes
 # target embedding / head and derived rotary buffers. They are skipped, and reported.
 IGNORABLE_KEYS = ("embed_tokens.weight", "lm_head.weight", "rotary_emb.inv_freq")
 
+ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # one sequence's (K, V) of each layer
+
 
 @dataclass
 class DrafterConfig:
@@ -293,6 +295,22 @@ class Attention(nn.Module):
         are float32; the cost is ``R x (C + B)`` per block, never the ``(nb*B)^2`` of one
         masked sequence holding every block. Returns ``o_proj`` of the result [nb, R, hidden].
         """
+        return self.o_proj(self.mix(q, q_pos, starts, ctx_k, ctx_v, blk_k, blk_v, blk_pos))
+
+    def mix(
+        self,
+        q: torch.Tensor,
+        q_pos: torch.Tensor,
+        starts: torch.Tensor,
+        ctx_k: torch.Tensor,
+        ctx_v: torch.Tensor,
+        blk_k: torch.Tensor,
+        blk_v: torch.Tensor,
+        blk_pos: torch.Tensor,
+    ) -> torch.Tensor:
+        """`attend` before its output projection: the heads' mixed values [nb, R, heads*d]
+        (so blocks of several sequences, mixed one sequence at a time, share one
+        ``o_proj``)."""
         nb, R, H, d = q.shape
         C, kvh = ctx_k.shape[1], self.num_kv_heads
         qf = q.float().view(nb, R, kvh, H // kvh, d) * d**-0.5
@@ -315,7 +333,7 @@ class Attention(nn.Module):
         out = torch.einsum("nrkgc,kcd->nrkgd", p[..., :C], ctx_v.float()) + torch.einsum(
             "nrkgb,nbkd->nrkgd", p[..., C:], blk_v.float()
         )
-        return self.o_proj(out.reshape(nb, R, H * d).to(q.dtype))
+        return out.reshape(nb, R, H * d).to(q.dtype)
 
 
 class MLP(nn.Module):
@@ -395,7 +413,7 @@ class DFlashDrafter(nn.Module):
         """``hidden_norm(fc(features))``: [T, n_layers*hidden] -> [T, hidden]."""
         return self.hidden_norm(self.fc(features))
 
-    def context_kv(self, features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context_kv(self, features: torch.Tensor) -> ContextKV:
         """Context K/V of every layer for positions ``0..T-1`` (features [T, F]). They depend
         only on the target features and positions, never on a block: compute once per
         sequence, share with every block."""
@@ -425,18 +443,37 @@ class DFlashDrafter(nn.Module):
 
     def blocks(
         self,
-        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        kv: ContextKV | list[ContextKV],
         starts: torch.Tensor,
         first_tokens: torch.Tensor,
         embed: torch.Tensor,
+        seq: torch.Tensor | None = None,
     ) -> Blocks:
         """The blocks ``[first_tokens[b], mask, ..., mask]`` at ``starts``, ready for
-        `Blocks.hidden` of any rows (their mask rows are projected once in the first layer)."""
-        return Blocks(self, kv, starts, self.block_inputs(embed, first_tokens), shared_tail=True)
+        `Blocks.hidden` of any rows (their mask rows are projected once in the first layer).
+        ``kv``: one sequence's context K/V (from `context_kv`); with ``seq`` (block b's
+        sequence, non-decreasing), one context K/V per sequence, indexed by ``seq``."""
+        inputs = self.block_inputs(embed, first_tokens)
+        return Blocks(self, kv, starts, inputs, shared_tail=True, seq=seq)
+
+
+def _runs(seq: torch.Tensor) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:
+    """(the permutation that sorts ``seq``, None when sorted already; its runs of equal
+    values in sorted order as ``(value, first, end)``)."""
+    order = None
+    if len(seq) > 1 and bool((seq[1:] < seq[:-1]).any()):
+        order = torch.argsort(seq, stable=True)
+        seq = seq[order]
+    values, counts = torch.unique_consecutive(seq, return_counts=True)
+    runs, at = [], 0
+    for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+        runs.append((v, at, at + c))
+        at += c
+    return order, runs
 
 
 class Blocks:
-    """Drafted blocks against shared context K/V, the last layer evaluated row by row on demand.
+    """Drafted blocks against context K/V, the last layer evaluated row by row on demand.
 
     Every layer but the last runs on all rows: rows of a block attend to each other, so none
     can be skipped there. The last layer's keys and values are computed for every row too,
@@ -447,23 +484,38 @@ class Blocks:
     ``shared_tail``: rows ``1..B-1`` of every block hold the same (mask) embedding, as
     `DFlashDrafter.block_inputs` builds them; the first layer then normalises and projects
     that row once rather than once per block (RoPE, applied after, still makes them differ).
+
+    ``seq``: the blocks come from several sequences (block b from sequence ``seq[b]``,
+    non-decreasing) and ``kv`` holds each one's context K/V. Projections and MLPs run on
+    every block at once; attention runs one sequence at a time against that sequence's
+    own context, so no block pays for another sequence's context and the result equals
+    drafting each sequence's blocks alone.
     """
 
     def __init__(
         self,
         drafter: DFlashDrafter,
-        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        kv: ContextKV | list[ContextKV],
         starts: torch.Tensor,
         blocks: torch.Tensor,
         shared_tail: bool = False,
+        seq: torch.Tensor | None = None,
     ):
         nb, B, H = blocks.shape
         self.drafter, self.starts, self.B = drafter, starts, B
         self.pos = starts[:, None] + torch.arange(B)[None, :]  # [nb, B]
         cos, sin = drafter.rotary(self.pos.reshape(-1), blocks.dtype)
         self.cos, self.sin = cos.view(nb, B, 1, -1), sin.view(nb, B, 1, -1)
-        n_ctx = int(starts.max()) if nb else 0
-        self.kv = [(k[:, :n_ctx], v[:, :n_ctx]) for k, v in kv]
+        if seq is None:
+            kv, seq = [kv], torch.zeros(nb, dtype=torch.long)
+        self.seq = seq
+        self.runs = _runs(seq)
+        runs = self.runs[1]
+        # each sequence's context K/V up to the last start any of its blocks has here
+        self.kv: dict[int, ContextKV] = {}
+        for v, a, b in runs:
+            n_ctx = int(starts[a:b].max())
+            self.kv[v] = [(k[:, :n_ctx], vv[:, :n_ctx]) for k, vv in kv[v]]
         # The last layer's queries before RoPE, when they come for free (a shared-tail first
         # layer projects every row's anyway); otherwise `hidden` projects the rows it needs.
         self.q_raw: torch.Tensor | None = None
@@ -486,9 +538,30 @@ class Blocks:
                 self.h, self.k, self.v, self.q_raw = h, k, v, q_raw  # the last layer's inputs
                 break
             q = apply_rope(q_raw, self.cos, self.sin)
-            ck, cv = self.kv[i]
-            h = h + attn.attend(q, self.pos, starts, ck, cv, k, v, self.pos)
+            h = h + self._attend(i, self.runs, q, self.pos, starts, k, v, self.pos)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def _attend(self, i, seq_runs, q, q_pos, starts, k, v, k_pos) -> torch.Tensor:
+        """Layer ``i``'s attention (`Attention.attend`) of query blocks ``n``, each
+        sequence's against its own context (``seq_runs``: `_runs` of the blocks'
+        sequences), with one ``o_proj`` for all."""
+        attn = self.drafter.layers[i].self_attn
+        order, runs = seq_runs
+        if len(runs) == 1:
+            ck, cv = self.kv[runs[0][0]][i]
+            return attn.attend(q, q_pos, starts, ck, cv, k, v, k_pos)
+        if order is not None:
+            q, q_pos, starts, k, v, k_pos = (t[order] for t in (q, q_pos, starts, k, v, k_pos))
+        parts = []
+        for s, a, b in runs:
+            ck, cv = self.kv[s][i]
+            parts.append(
+                attn.mix(q[a:b], q_pos[a:b], starts[a:b], ck, cv, k[a:b], v[a:b], k_pos[a:b])
+            )
+        mixed = torch.cat(parts)
+        if order is not None:
+            mixed = mixed[torch.argsort(order)]
+        return attn.o_proj(mixed)
 
     def hidden(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Final normed hidden states: of every row as [nb, B, hidden] (``rows`` None), or of
@@ -496,10 +569,9 @@ class Blocks:
         d = self.drafter
         layer = d.layers[-1]
         attn = layer.self_attn
-        ck, cv = self.kv[-1]
         if rows is None:  # every row: R = B query rows per block
             h, q_raw, cos, sin, q_pos = self.h, self.q_raw, self.cos, self.sin, self.pos
-            starts, k, v, k_pos = self.starts, self.k, self.v, self.pos
+            starts, k, v, k_pos, runs = self.starts, self.k, self.v, self.pos, self.runs
         else:  # one query row per asked row, against its own block's keys
             blk, at = rows // self.B, rows % self.B
             h = self.h[blk, at][:, None]
@@ -507,9 +579,11 @@ class Blocks:
             cos, sin = self.cos[blk, at][:, None], self.sin[blk, at][:, None]
             q_pos = self.pos[blk, at][:, None]
             starts, k, v, k_pos = self.starts[blk], self.k[blk], self.v[blk], self.pos[blk]
+            runs = _runs(self.seq[blk]) if len(self.kv) > 1 else self.runs
         if q_raw is None:
             q_raw = attn.queries(layer.input_layernorm(h))
-        h = h + attn.attend(apply_rope(q_raw, cos, sin), q_pos, starts, ck, cv, k, v, k_pos)
+        q = apply_rope(q_raw, cos, sin)
+        h = h + self._attend(len(d.layers) - 1, runs, q, q_pos, starts, k, v, k_pos)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         out = d.norm(h)
         return out if rows is None else out[:, 0]
