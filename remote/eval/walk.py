@@ -153,7 +153,7 @@ class Drafts:
         self.offset = torch.tensor([0] + [len(q.g) for q in seqs[:-1]]).cumsum(0)
         self.last = torch.tensor([q.L for q in seqs])
         self.accept: dict[Key, int] = {}
-        self.rows: dict[Key, list[tuple[list[float], list[int]]]] = {}
+        self.rows: dict[Key, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.search: dict[Key, TreeSearch] = {}
         self.kept_from = [q.P for q in seqs]  # `forget` dropped every start before these
         self.built = [0] * len(seqs)
@@ -177,7 +177,8 @@ class Drafts:
                 v, i = torch.topk(logp, self.k, dim=-1)
                 del logp
                 at = slice(c, c + self.head_rows)
-                got = zip(keys[at], depths[at], v.tolist(), i.tolist(), strict=True)
+                # rows stay tensors (a few bytes per candidate, not a Python object each)
+                got = zip(keys[at], depths[at], v.unbind(), i.unbind(), strict=True)
                 for key, d, vr, ir in got:
                     have = self.rows.setdefault(key, [])
                     if len(have) == d - 1:
@@ -254,7 +255,7 @@ class Drafts:
                 for key, search in list(pending.items()):
                     have = self.rows.setdefault(key, [])
                     while (d := search.need()) is not None and d <= len(have):
-                        search.feed(*have[d - 1])
+                        search.feed(*(t.tolist() for t in have[d - 1]))
                     if d is None:
                         del pending[key]
                     else:
