@@ -4,8 +4,8 @@ Data: random prompts drawn from the target's tokenizer vocabulary, completed gre
 target itself (so ground truth and target agree by construction). Training: the drafter sees
 the target's features at the chosen layers for positions ``< s`` and the block
 ``[g[s], mask, ...]``, and learns ``g[s+1..s+B-1]`` with cross-entropy, exactly the inference
-forward (`remote.eval.drafter.DFlashDrafter.forward_blocks`). The target's embedding and head are
-borrowed and frozen. Checkpoints are written in z-lab format (``config.json`` with
+forward (`remote.eval.drafter_model.DFlashDrafter.forward_blocks`). The target's embedding
+and head are borrowed and frozen. Checkpoints are written in z-lab format (``config.json`` with
 ``dflash_config`` + ``model.safetensors``) at the requested steps, so acceptance visibly rises
 with the step. Seconds on 2 cores for the tiny models of `orchestrator.demo.models`.
 """
