@@ -15,7 +15,7 @@ never silently changes a run):
     topk              per-depth candidates for DDTree (default null = the budget)
     max_samples       evaluate only the first N samples (default all)
     block_chunk       blocks per batched drafter call (default: sized to the memory the
-                      attention scores may take, see remote.eval.walk.auto_chunk)
+                      attention scores may take, see remote.eval.drafts.auto_chunk)
     positions         "walk" (default): draft blocks only where the walks start rounds,
                       samples in lockstep (one block per sample per drafter call);
                       per-position acceptance then covers the chain walk's round starts.
@@ -158,14 +158,8 @@ def estimate_bytes(
     attention scores, one head call's logits with their float32 log-softmax); with
     ``positions="walk"``, the context K/V of the samples walking in lockstep
     (`remote.eval.walk.lockstep_batches`)."""
-    from remote.eval.walk import (
-        LOCKSTEP_BYTES,
-        LOCKSTEP_SAMPLES,
-        SCORES_BYTES,
-        Drafts,
-        auto_chunk,
-        context_kv_bytes,
-    )
+    from remote.eval.drafts import SCORES_BYTES, Drafts, auto_chunk
+    from remote.eval.walk import LOCKSTEP_BYTES, LOCKSTEP_SAMPLES, context_kv_bytes
 
     h, B, k = dcfg.hidden_size, dcfg.block_size, len(dcfg.target_layer_ids)
     per_layer = (
