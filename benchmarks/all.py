@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "eval-ddtree": ["benchmarks/eval.py", "--ddtree-only"],
     "eval-growth": ["benchmarks/eval.py", "--completion", "128,256,512,1024", "--samples", "1"],
     "eval-e2e": ["benchmarks/eval.py", "--e2e", "--samples", "8"],
+    "eval-drafter-share": ["benchmarks/eval_drafter_share.py"],
     "scale": ["benchmarks/scale.py"],
     "probe": ["benchmarks/probe.py"],
 }

@@ -1,7 +1,7 @@
 """What the eval benchmarks share: the random-weight targets and drafters they build
 (`build`, `build_moe`), random ground truth (`random_seqs`), the walk modes they time
-(`MODES`), a fresh child's peak RSS (`peak_rss_of`) and the LM head's share of a target's
-weights (`head_share`)."""
+(`MODES`), a fresh child's peak RSS (`peak_rss_of`), the LM head's share of a target's
+weights (`head_share`) and the machine's load average as printed (`load_avg`)."""
 
 from __future__ import annotations
 
@@ -158,8 +158,8 @@ def peak_rss_of(args: list[str]) -> int:
 
 
 MODES = {  # label -> WalkOptions arguments
-    "all": {},
-    "all+DDTree": {"budgets": [8, 16, 32, 64]},
+    "all": {"positions": "all"},
+    "all+DDTree": {"budgets": [8, 16, 32, 64], "positions": "all"},
     "walk": {"positions": "walk"},
 }
 
@@ -183,3 +183,8 @@ def head_share(target_dir: str) -> float:
     _c, meta, info = describe(target_dir)
     head = meta.get_submodule(info.head_path).weight.numel() * 2
     return head / text_weight_bytes(meta, info, torch.bfloat16)
+
+
+def load_avg() -> str:
+    """The 1, 5 and 15-minute load averages, as a benchmark prints them."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -25,7 +25,10 @@ def ddtree_ratios(target_dir: str, drafter_dir: str, prompts, seqs, repeats: int
     hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
     target = load_target(target_dir, torch.bfloat16)
     drafter, _ = load_drafter(drafter_dir, torch.bfloat16)
-    modes = {"all": WalkOptions(), "all+DDTree": WalkOptions(budgets=list(DEFAULT_BUDGETS))}
+    modes = {
+        "all": WalkOptions(positions="all"),
+        "all+DDTree": WalkOptions(budgets=list(DEFAULT_BUDGETS), positions="all"),
+    }
     best = {k: 0.0 for k in ("bare", *modes)}
     with torch.inference_mode():
         hf(input_ids=torch.tensor([seqs[0][:32]]))  # warm-up

@@ -460,8 +460,11 @@ class EvalSpec:
     by the job there; ``budgets`` are the DDTree node budgets (none: chain walk only),
     ``topk`` the per-depth candidates (None: the budget), ``max_samples`` the first N
     ground-truth samples (None: all), ``block_chunk`` blocks per batched drafter call
-    (None: sized to memory), ``positions`` ``all`` or ``walk``. Values are normalised and
-    checked on construction, so every EvalSpec is a valid one.
+    (None: sized to memory), ``positions`` ``all`` (a block at every completion position,
+    for per-position acceptance over all of them) or ``walk`` (blocks only where rounds
+    start, the samples in lockstep; the same rounds, fewer rows, but more and smaller
+    drafter calls: benchmarks/eval_drafter_share.py found it no cheaper yet). Values are
+    normalised and checked on construction, so every EvalSpec is a valid one.
     """
 
     target: str = ""

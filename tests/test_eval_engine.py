@@ -25,7 +25,7 @@ from remote.eval.target import load_target
 from remote.eval.walk import WalkOptions, eval_sequence, summarize
 from remote.protocol import EvalSpec
 from tests.helpers.evalkit import kit
-from tests.helpers.oracle import hf_model, online_rounds
+from tests.helpers.oracle import hf_model, online_rounds, plain_ddtree_rounds
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "qwen35"])
@@ -81,38 +81,6 @@ def test_ddtree_chain_limit_and_budget_bound():
         assert sum(wide["ddtree"]["64"]) == sum(wide["rounds"]) == len(row["completion_ids"]) - 1
 
 
-def reference_ddtree(target, drafter, prompt, completion, budgets, topk) -> dict:
-    """DDTree rounds the plain way: every position's whole block through `forward_block`,
-    every depth's top-k from the full head, one `ddtree_accept` per budget and round."""
-    from remote.eval.ddtree import ddtree_accept
-    from remote.eval.metrics import ddtree_k
-
-    g = list(prompt) + list(completion)
-    P, L, B = len(prompt), len(g) - 1, drafter.block_size
-    vocab = target.info.vocab_size
-    feats, _ = target.forward(g, drafter.cfg.target_layer_ids)
-    k_max = ddtree_k(max(budgets), topk, vocab)
-    tables = {}
-    for s in range(P, L):
-        h = drafter.forward_block(
-            feats[:s], drafter.block_inputs(target.embed, torch.tensor([g[s]]))[0], s
-        )
-        logp = torch.log_softmax(drafter.logits(h[1:], target.lm_head).float(), dim=-1)
-        v, i = torch.topk(logp, k_max, dim=-1)
-        depth = min(B - 1, L - s)
-        tables[s] = (v[:depth].tolist(), i[:depth].tolist())
-    out = {}
-    for n in budgets:
-        k, s, rounds = ddtree_k(n, topk, vocab), P, []
-        while s < L:
-            v, i = tables[s]
-            a = ddtree_accept([r[:k] for r in v], [r[:k] for r in i], g[s + 1 : s + 1 + len(v)], n)
-            rounds.append(min(a + 1, L - s))
-            s += rounds[-1]
-        out[str(n)] = rounds
-    return out
-
-
 def test_ddtree_walks_equal_the_plain_per_position_trees():
     """The engine's lazy, batched tree search gives the very rounds of building every
     budget's whole tree at every position from a separately drafted block."""
@@ -124,21 +92,25 @@ def test_ddtree_walks_equal_the_plain_per_position_trees():
     for topk in (None, 2):
         for row in k.rows[:3]:
             p, c = row["prompt_ids"], row["completion_ids"]
-            want = reference_ddtree(target, drafter, p, c, budgets, topk)
-            for extra in ({}, {"positions": "walk", "block_chunk": 2}):
+            want = plain_ddtree_rounds(target, drafter, p, c, budgets, topk)
+            for extra in ({"positions": "all"}, {}, {"block_chunk": 2}):
                 opts = WalkOptions(budgets=budgets, topk=topk, **extra)
                 assert eval_sequence(target, drafter, p, c, opts)["ddtree"] == want
             deep += max(max(r) for r in want.values()) >= 3
     assert deep >= 2  # the trees accepted paths past depth 1, not only first tokens
 
 
-def test_walk_mode_gives_the_same_walks_with_less_drafting():
+def test_walk_positions_give_the_walks_of_all_positions_with_less_drafting():
     k = kit("qwen3")
     drafter, _ = load_drafter(k.steps[-1], torch.float32)
     target = load_target(k.target, torch.float32)
     for row in k.rows[:3]:
         full = eval_sequence(
-            target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(budgets=[3, 8])
+            target,
+            drafter,
+            row["prompt_ids"],
+            row["completion_ids"],
+            WalkOptions(budgets=[3, 8], positions="all"),
         )
         lazy = eval_sequence(
             target,
@@ -157,7 +129,9 @@ def test_per_position_over_all_positions_and_summary():
     drafter, _ = load_drafter(k.steps[-1], torch.float32)
     target = load_target(k.target, torch.float32)
     row = k.rows[0]
-    rec = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions())
+    rec = eval_sequence(
+        target, drafter, row["prompt_ids"], row["completion_ids"], WalkOptions(positions="all")
+    )
     C = len(row["completion_ids"])
     assert rec["position_attempts"][0] == C - 1  # every completion position is drafted
     # brute force a_s for every s with single-block drafting

@@ -63,7 +63,7 @@ def test_the_job_carries_the_spec_whole_and_the_host_reads_it_back_unchanged(tmp
         threads=2,
         budgets=(8, 16),
         topk=3,
-        positions="walk",
+        positions="all",
         device="cuda:1",
     )
     job = {"kind": "eval", "samples": 4, "eval": engine.to_json()}

@@ -394,7 +394,7 @@ def test_killed_cli_leaves_job_running_and_attach_pulls_it(inventory, eval_sshd,
             "--prompts",
             "code",
             "--positions",
-            "walk",
+            "all",
             "-i",
             str(inventory),
         ],
@@ -420,7 +420,7 @@ def test_killed_cli_leaves_job_running_and_attach_pulls_it(inventory, eval_sshd,
     assert out["run_id"] == job
     result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
     assert result["metrics"]["samples"] == 8
-    assert result["inputs"]["positions"] == "walk"
+    assert result["inputs"]["positions"] == "all"
     events = [e["event"] for e in _events(eval_sshd, job)]
     assert events.count("sample") == 8 and events[-1] == "end"
     state = json.loads((workdir(eval_sshd) / "jobs" / job / "exit.json").read_text())

@@ -102,9 +102,10 @@ PositionsOption = Annotated[
     str | None,
     typer.Option(
         callback=_positions,
-        help="Draft at 'all' completion positions (default; exact per-position acceptance) "
-        "or only at the 'walk' positions (tau times fewer blocks, one at a time: pays for "
-        "drafters with several layers).",
+        help="Draft a block at 'all' completion positions (the default; per-position "
+        "acceptance over every one), or only where the walks start rounds, the samples in "
+        "lockstep ('walk'; per-position acceptance over those round starts; the same "
+        "rounds, fewer drafted rows in more, smaller drafter calls).",
     ),
 ]
 DeviceOption = Annotated[

@@ -85,8 +85,9 @@ def version() -> str:
     h = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode())
     for name in ("build.py", "models.py", "train.py", "gtserver.py"):
         h.update((here / name).read_bytes())
-    drafter = here.parent.parent / "remote" / "eval" / "drafter.py"
-    h.update(drafter.read_bytes())
+    # the drafter's code: its checkpoint reader and writer, config, layers and forward
+    for drafter in sorted((here.parent.parent / "remote" / "eval").glob("drafter*.py")):
+        h.update(drafter.read_bytes())
     h.update(f"{torch.__version__} {transformers.__version__}".encode())
     return h.hexdigest()[:16]
 

@@ -4,8 +4,8 @@ Data: random prompts drawn from the target's tokenizer vocabulary, completed gre
 target itself (so ground truth and target agree by construction). Training: the drafter sees
 the target's features at the chosen layers for positions ``< s`` and the block
 ``[g[s], mask, ...]``, and learns ``g[s+1..s+B-1]`` with cross-entropy, exactly the inference
-forward (`remote.eval.drafter.DFlashDrafter.forward_blocks`). The target's embedding and head are
-borrowed and frozen. Checkpoints are written in z-lab format (``config.json`` with
+forward (`remote.eval.drafter_model.DFlashDrafter.forward_blocks`). The target's embedding
+and head are borrowed and frozen. Checkpoints are written in z-lab format (``config.json`` with
 ``dflash_config`` + ``model.safetensors``) at the requested steps, so acceptance visibly rises
 with the step. Seconds on 2 cores for the tiny models of `orchestrator.demo.models`.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 
@@ -115,12 +116,16 @@ def train_drafter(
     seed: int = 0,
     rows: list[dict[str, Any]] | None = None,
     head_dim: int = 16,
+    intermediate_size: int | None = None,
+    until: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """Train and save checkpoints ``out_dir/step-{N}`` for each N in ``save_steps``; returns
     their paths in step order. ``target_layer_ids`` default: ``[1, n-2]`` of an ``n``-layer
     target (two middle layers, leaving the final-normed last layer out). ``rows``: training
     samples (as from `make_ground_truth`) instead of ``samples`` freshly generated ones.
-    ``head_dim``: the drafter's attention head size (`drafter_config`)."""
+    ``head_dim``: the drafter's attention head size and ``intermediate_size`` its MLP width
+    (`drafter_config`). ``until``: called with each checkpoint saved; training stops at the
+    first one it accepts."""
     import torch
     import torch.nn.functional as F
 
@@ -140,6 +145,7 @@ def train_drafter(
             num_layers=num_layers,
             target_layer_ids=layer_ids,
             head_dim=head_dim,
+            intermediate_size=intermediate_size,
         )
     )
     if rows is None:
@@ -161,6 +167,8 @@ def train_drafter(
             path = os.path.join(out_dir, f"step-{step}")
             save_zlab(model, path)
             paths.append(path)
+            if until is not None and until(path):
+                break
         if step == last:
             break
         loss = 0.0

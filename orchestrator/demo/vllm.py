@@ -90,9 +90,10 @@ def _version() -> str:
         "orchestrator/demo/train.py",
         "orchestrator/demo/models.py",
         "orchestrator/demo/architectures.py",
-        "remote/eval/drafter.py",
     ):
         h.update((ROOT / rel).read_bytes())
+    for drafter in sorted((ROOT / "remote" / "eval").glob("drafter*.py")):  # config, forward, ...
+        h.update(drafter.read_bytes())
     h.update(f"{torch.__version__} {transformers.__version__}".encode())
     return h.hexdigest()[:16]
 

@@ -17,11 +17,12 @@ never silently changes a run):
     topk              per-depth candidates for DDTree (default null = the budget)
     max_samples       evaluate only the first N samples (default all)
     block_chunk       blocks per batched drafter call (default: sized to the memory the
-                      attention scores may take, see remote.eval.walk.auto_chunk)
-    positions         "all" (default): draft at every completion position, so per-position
-                      acceptance covers all of them; "walk": draft only where the walks go
-                      (about tau times fewer blocks, drafted one at a time: pays only for
-                      drafters with several layers; per-position covers walk positions)
+                      attention scores may take, see remote.eval.drafts.auto_chunk)
+    positions         "all" (default): draft at every completion position, so
+                      per-position acceptance covers all of them. "walk": draft blocks only
+                      where the walks start rounds, samples in lockstep (one block per
+                      sample per drafter call); per-position acceptance then covers the
+                      chain walk's round starts; the same rounds
 
 Every check that can fail on the inputs (paths, drafter vs target compatibility, token ids,
 empty completions, memory) runs BEFORE any weights are loaded. Progress goes to stdout as JSON
@@ -152,18 +153,30 @@ def fc_width(path: str) -> int | None:
     return None
 
 
-def estimate_bytes(tbytes: int, dcfg, max_len: int, itemsize: int, block_chunk: int | None) -> int:
+def estimate_bytes(
+    tbytes: int,
+    dcfg,
+    max_len: int,
+    itemsize: int,
+    block_chunk: int | None,
+    positions: str = "all",
+) -> int:
     """Peak bytes: target text weights + drafter weights + the largest sequence's working set
     (hidden states, kept features, drafter context K/V, one batch of blocks with its
-    attention scores, one head call's logits with their float32 log-softmax)."""
-    from remote.eval.walk import SCORES_BYTES, Drafts, auto_chunk
+    attention scores, one head call's logits with their float32 log-softmax); with
+    ``positions="walk"``, the context K/V of the samples walking in lockstep
+    (`remote.eval.walk.lockstep_batches`)."""
+    from remote.eval.drafts import SCORES_BYTES, Drafts, auto_chunk
+    from remote.eval.walk import LOCKSTEP_BYTES, LOCKSTEP_SAMPLES, context_kv_bytes
 
     h, B, k = dcfg.hidden_size, dcfg.block_size, len(dcfg.target_layer_ids)
     per_layer = (
         4 * dcfg.hidden_size * dcfg.hidden_size + 3 * dcfg.hidden_size * dcfg.intermediate_size
     )
     drafter = (dcfg.num_layers * per_layer + k * h * h) * itemsize
-    kv = dcfg.num_layers * 2 * max_len * dcfg.num_kv_heads * dcfg.head_dim * itemsize
+    kv = context_kv_bytes(dcfg, max_len, itemsize)
+    if positions == "walk":  # a batch holds LOCKSTEP_BYTES of them, or one sample's at least
+        kv = max(kv, min(LOCKSTEP_BYTES, LOCKSTEP_SAMPLES * kv))
     chunk = block_chunk or auto_chunk(dcfg, max_len)
     blocks = chunk * B * (h + 2 * dcfg.num_kv_heads * dcfg.head_dim) * itemsize * 4
     head = 10 * dcfg.vocab_size * Drafts.rows_per_head(dcfg.vocab_size)  # bf16 + 2 x float32
@@ -192,6 +205,29 @@ def emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
 
+def sample_event(records: list[dict[str, Any]], total: int) -> dict[str, Any]:
+    """The progress event of the last of ``records`` (those done so far, in order)."""
+    rec = records[-1]
+    taus = [r["tau"] for r in records if r["tau"] is not None]
+    total_rounds = sum(len(r["rounds"]) for r in records)
+    return {
+        "event": "sample",
+        "done": len(records),
+        "total": total,
+        "id": rec["id"],
+        "tokens": rec["completion_tokens"],
+        "sample_tau": rec["tau"],
+        "tau": (sum(taus) / len(taus)) if taus else None,
+        "tau_token_weighted": (sum(sum(r["rounds"]) for r in records) / total_rounds)
+        if total_rounds
+        else None,
+        "seconds": rec["seconds"]["total"],
+        # The whole record travels with the event, so a watcher keeps the samples a host
+        # finished even if that host is lost before it writes samples.jsonl.
+        "record": rec,
+    }
+
+
 def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
     """Run an evaluation from a validated spec (see `read_spec`); returns the result dict
     and writes ``result.json`` + ``samples.jsonl`` in ``output_dir``. `target`: the spec's
@@ -204,7 +240,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
     from remote.eval import drafter as drafter_mod
     from remote.eval import target as target_mod
     from remote.eval.metrics import summarize
-    from remote.eval.walk import WalkOptions, eval_sequence
+    from remote.eval.walk import WalkOptions, eval_batch, lockstep_batches
 
     t_all = time.perf_counter()
     if spec.threads:
@@ -227,9 +263,10 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
     tbytes = target_mod.text_weight_bytes(meta_model, tinfo, dtype)
     del meta_model
     max_len = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
-    need = estimate_bytes(
-        tbytes, dcfg, max_len, torch.empty(0, dtype=dtype).element_size(), spec.block_chunk
-    ) - (0 if target is None else tbytes)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    need = estimate_bytes(tbytes, dcfg, max_len, itemsize, spec.block_chunk, spec.positions) - (
+        0 if target is None else tbytes
+    )
     avail = meminfo()["available"]
     if avail and need > avail:
         raise UserError(
@@ -268,32 +305,16 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
     )
     records, lines = [], []
     t_eval = time.perf_counter()
-    for i, row in enumerate(rows, 1):
+    lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows]
+    for batch in lockstep_batches(lengths, dcfg, itemsize, spec.positions):
+        part = [(rows[i]["prompt_ids"], rows[i]["completion_ids"]) for i in batch]
         with device_mod.default_device(device):
-            rec = eval_sequence(target, drafter, row["prompt_ids"], row["completion_ids"], opts)
-        rec = {"id": row["id"], **sample_labels(row), **rec}
-        records.append(rec)
-        lines.append(json.dumps(rec))
-        taus = [r["tau"] for r in records if r["tau"] is not None]
-        total_rounds = sum(len(r["rounds"]) for r in records)
-        on_event(
-            {
-                "event": "sample",
-                "done": i,
-                "total": len(rows),
-                "id": row["id"],
-                "tokens": rec["completion_tokens"],
-                "sample_tau": rec["tau"],
-                "tau": (sum(taus) / len(taus)) if taus else None,
-                "tau_token_weighted": (sum(sum(r["rounds"]) for r in records) / total_rounds)
-                if total_rounds
-                else None,
-                "seconds": rec["seconds"]["total"],
-                # The whole record travels with the event, so a watcher keeps the samples a
-                # host finished even if that host is lost before it writes samples.jsonl.
-                "record": rec,
-            }
-        )
+            recs = eval_batch(target, drafter, part, opts)
+        for i, rec in zip(batch, recs, strict=True):
+            rec = {"id": rows[i]["id"], **sample_labels(rows[i]), **rec}
+            records.append(rec)
+            lines.append(json.dumps(rec))
+            on_event(sample_event(records, len(rows)))
     eval_s = time.perf_counter() - t_eval
     with device_mod.default_device(device):
         round_costs = costs.measure(target, drafter, rows, list(spec.budgets), device)

@@ -3,56 +3,63 @@
 Per sequence ``g = prompt + completion`` (``P`` prompt tokens, last index ``L``):
 
 1. ONE target forward over ``g``: context features of every position (hooks) and the
-   target's own greedy argmax (for the agreement rate).
-2. Drafter context K/V once; then a drafted block at EVERY completion position
-   ``s = P..L-1`` (blocks batched; or, with ``positions="walk"``, only where the walks go),
-   giving ``a_s`` = leading draft tokens equal to ``g[s+1..]`` (capped at ``L``). The last
-   drafter layer and the head run depth by depth, only for blocks still matching: about
-   tau rows per block instead of ``B`` (`remote.eval.drafter.Blocks`).
-3. The walk, exactly as greedy online decoding: ``s = P``; round length
+   target's own greedy argmax (for the agreement rate). Then the drafter's context K/V
+   once, and the features are dropped.
+2. The walk, exactly as greedy online decoding: ``s = P``; draft the block at ``s``,
+   ``a_s`` = leading draft tokens equal to ``g[s+1..]`` (capped at ``L``); round length
    ``min(a_s + 1, L - s)``; ``s += length``; stop at ``L``. (The first completion token
    comes from the target's prefill, as in z-lab's loop, and is not a round.) Blocks are
-   always ``B`` long, as in a generation that ends on EOS.
-4. DDTree-N walks the same way with tree acceptance, from per-depth top-k log-probs of the
+   always ``B`` long, as in a generation that ends on EOS. The samples of a batch walk in
+   lockstep: each step drafts, in ONE drafter call, the block where every unfinished walk
+   stands (`chain_rounds`), so the drafter's rows are about rounds x ``B``, not
+   positions x ``B``. The last drafter layer and the head run depth by depth, only for
+   blocks still matching: about tau rows per block instead of ``B``
+   (`remote.eval.drafter_model.Blocks`). With ``positions="all"`` every completion position's
+   block is drafted first (batched), for per-position acceptance over all of them.
+3. DDTree-N walks the same way with tree acceptance, from per-depth top-k log-probs of the
    drafter at the positions that walk visits. One `remote.eval.ddtree.TreeSearch` per
    visited position answers every budget at once (a smaller budget's tree is the first
    nodes of the largest one's), and asks for a depth's row only when the best-first order
    reaches it or the ground truth is still in the tree: the rows step 2 computed are
    reused, and a drafter that misses at depth 1 costs no more rows. The walks of all
-   budgets advance in lockstep, computing what they need in shared batches.
+   budgets and samples advance in lockstep, computing what they need in shared batches
+   (`ddtree_rounds`).
 
 Memory stays flat in the sequence length: drafter blocks, attention scores and head logits
-go in batches of bounded bytes, DDTree keeps top-k rows (not logits) only for positions a
-walk can still visit, and large buffers go back to the OS when freed (`bound_heap`).
+go in batches of bounded bytes (`remote.eval.drafts`, which drafts and keeps the blocks),
+the samples walking together are bounded by their context K/V's bytes
+(`lockstep_batches`), DDTree keeps top-k rows (not logits) only for positions a walk can
+still visit, and large buffers go back to the OS when freed (`bound_heap`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from remote.eval.ddtree import TreeSearch
+from remote.eval.drafts import Drafts, Seq
 
 # The metrics live in a torch-free module shared with the orchestrator's shard merge;
 # re-exported here for callers that know them from this module.
 from remote.eval.metrics import ddtree_k, summarize  # noqa: F401
-from remote.eval.target import greedy_tokens
 
 
 @dataclass
 class WalkOptions:
     """``budgets``: DDTree node budgets; ``topk``: per-depth candidates (None = the budget);
     ``block_chunk``: blocks per batched drafter call (memory vs speed; None = as many as
-    `auto_chunk` allows); ``positions``:
-    ``"all"`` drafts a block at every completion position (per-position acceptance over all
-    of them, as docs/dflash-eval.md asks) or ``"walk"`` drafts only where the walks go
-    (per-position acceptance then covers walk positions only). "walk" drafts about tau
-    times fewer blocks but one at a time; it pays only for drafters with several layers,
-    whose layers before the last run on every row of every block."""
+    `remote.eval.drafts.auto_chunk` allows); ``positions``: ``"walk"``
+    drafts blocks only where the walks start rounds, the chain walk's and each DDTree
+    budget's (and, after a short round, the few positions its next rounds likely start at:
+    `ahead`), the samples of a batch in lockstep, each step's blocks in one drafter call
+    (per-position acceptance then covers the chain walk's round starts); ``"all"`` (the
+    default) also drafts a block at every completion position first, so per-position
+    acceptance covers all of them, as docs/dflash-eval.md describes it (the same rounds)."""
 
     budgets: list[int] = field(default_factory=list)
     topk: int | None = None
@@ -60,172 +67,119 @@ class WalkOptions:
     positions: str = "all"
 
 
-SCORES_BYTES = 16 * 2**20  # attention scores of one batched drafter call, at most
+LOCKSTEP_SAMPLES = 16  # samples walked in lockstep at most (one batch of `eval_batch`)
+LOCKSTEP_BYTES = 256 * 2**20  # their drafter context K/V together, at most
 
 
-def auto_chunk(cfg, context: int, budget: int = SCORES_BYTES) -> int:
-    """Blocks per batched drafter call: as many as keep the float32 attention scores (with
-    their softmax temporaries) under ``budget`` bytes, 16..1024. Larger batches read the
-    weights fewer times; layers before the last hold ``B`` query rows per block, the last
-    one a single row per block and depth. The bound keeps the working set flat as the
-    context grows (a long completion takes more calls, not more memory)."""
-    rows = cfg.block_size if cfg.num_layers > 1 else 1
-    per_block = 3 * 4 * rows * cfg.num_heads * (context + cfg.block_size)
-    return max(16, min(1024, budget // per_block))
+def context_kv_bytes(cfg, tokens: int, itemsize: int) -> int:
+    """Bytes of the drafter's context K/V (every layer) for a sequence of ``tokens``."""
+    return cfg.num_layers * 2 * tokens * cfg.num_kv_heads * cfg.head_dim * itemsize
 
 
-class Drafts:
-    """Drafted blocks of one sequence, computed on demand in batches and kept by start.
-
-    ``accept[s]``: leading draft tokens of the block at ``s`` equal to ``g[s+1..]`` (capped
-    at ``L``); only the rows that number needs are computed (`remote.eval.drafter.Blocks`).
-    ``rows[s]``: with ``k`` > 0 (DDTree), the top-``k`` (log-probs, tokens) of the block at
-    ``s``'s depths ``1, 2, ...`` computed so far: every row the acceptance walk computes is
-    kept, and `trees` adds deeper ones only where a tree search asks for them.
-    ``search[s]``: the finished `TreeSearch` at ``s`` (acceptance of every budget).
-    """
-
-    HEAD_BYTES = 8 * 2**20  # float32 logits of one head call, at most (HEAD_ROWS at least)
-    HEAD_ROWS = 64  # rows per head call at least: a huge vocabulary still reuses its weights
-
-    def __init__(self, drafter, target, kv, g: torch.Tensor, P: int, chunk: int | None, k: int = 0):
-        self.drafter, self.target, self.kv, self.g = drafter, target, kv, g
-        self.P, self.L, self.B = P, len(g) - 1, drafter.block_size
-        self.chunk = chunk or auto_chunk(drafter.cfg, self.L)
-        self.k = k
-        self.head_rows = self.rows_per_head(target.lm_head.shape[0])
-        self.accept: dict[int, int] = {}
-        self.rows: dict[int, list[tuple[list[float], list[int]]]] = {}
-        self.search: dict[int, TreeSearch] = {}
-        self.kept_from = P  # `forget` dropped every start before this one
-
-    @classmethod
-    def rows_per_head(cls, vocab: int) -> int:
-        """Rows per head call: float32 logits within HEAD_BYTES, HEAD_ROWS at least."""
-        return max(cls.HEAD_ROWS, cls.HEAD_BYTES // (4 * vocab))
-
-    def head(self, h: torch.Tensor, starts: list[int], depths: list[int]) -> torch.Tensor:
-        """Greedy tokens of final hidden rows ``h`` (row ``i``: depth ``depths[i]`` of the
-        block at ``starts[i]``), the head run ``head_rows`` rows at a time; with ``k``, each
-        row's top-k log-probs become ``rows[s][depth - 1]`` (unless known already)."""
-        preds = []
-        for c in range(0, h.shape[0], self.head_rows):
-            logits = self.drafter.logits(h[c : c + self.head_rows], self.target.lm_head)
-            preds.append(greedy_tokens(logits))
-            if self.k:
-                logp = torch.log_softmax(logits.float(), dim=-1)
-                del logits
-                v, i = torch.topk(logp, self.k, dim=-1)
-                del logp
-                at = slice(c, c + self.head_rows)
-                got = zip(starts[at], depths[at], v.tolist(), i.tolist(), strict=True)
-                for s, d, vr, ir in got:
-                    have = self.rows.setdefault(s, [])
-                    if len(have) == d - 1:
-                        have.append((vr, ir))
-        return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)
-
-    def ensure(self, starts: list[int]) -> None:
-        """Compute ``accept`` for ``starts`` (those not known yet), ``chunk`` blocks at a time."""
-        todo = [s for s in starts if s not in self.accept]
-        for c in range(0, len(todo), self.chunk):
-            st = torch.tensor(todo[c : c + self.chunk])
-            blocks = self.drafter.blocks(self.kv, st, self.g[st], self.target.embed)
-            acc = torch.zeros(len(st), dtype=torch.long)
-            alive = torch.arange(len(st))
-            for j in range(1, self.B):  # rows (and head rows) only for blocks still matching
-                alive = alive[st[alive] + j <= self.L]
-                if len(alive) == 0:
-                    break
-                pred = self.head(
-                    blocks.hidden(alive * self.B + j), st[alive].tolist(), [j] * len(alive)
-                )
-                alive = alive[pred == self.g[st[alive] + j]]
-                acc[alive] += 1
-            for i, s in enumerate(st.tolist()):
-                self.accept[s] = int(acc[i])
-
-    def trees(self, starts: list[int], budget: int) -> None:
-        """Run the `TreeSearch` of ``budget`` at ``starts`` (those not searched yet), ``chunk``
-        blocks at a time: each round computes, in one batch, the next depth row of every
-        search that asks for one beyond ``rows``."""
-        todo = [s for s in starts if s not in self.search]
-        for c in range(0, len(todo), self.chunk):
-            group = todo[c : c + self.chunk]
-            pending = {
-                s: TreeSearch(self.g[s + 1 : s + 1 + min(self.B - 1, self.L - s)].tolist(), budget)
-                for s in group
-            }
-            self.search.update(pending)
-            built: dict[int, tuple[object, int]] = {}  # start -> (its Blocks, index there)
-            while pending:
-                asks = []
-                for s, search in list(pending.items()):
-                    have = self.rows.setdefault(s, [])
-                    while (d := search.need()) is not None and d <= len(have):
-                        search.feed(*have[d - 1])
-                    if d is None:
-                        del pending[s]
-                    else:
-                        asks.append(s)
-                if asks:
-                    self._next_rows(asks, built)
-
-    def _next_rows(self, starts: list[int], built: dict) -> None:
-        """Append the next depth row to ``rows[s]`` for each of ``starts``, building the
-        blocks not built yet (kept in ``built`` for the search's later rounds)."""
-        new = [s for s in starts if s not in built]
-        if new:
-            st = torch.tensor(new)
-            blocks = self.drafter.blocks(self.kv, st, self.g[st], self.target.embed)
-            built.update((s, (blocks, b)) for b, s in enumerate(new))
-        by_blocks: dict[int, tuple[object, list[int]]] = {}
-        for s in starts:
-            blocks, _b = built[s]
-            by_blocks.setdefault(id(blocks), (blocks, []))[1].append(s)
-        for blocks, group in by_blocks.values():
-            depths = [len(self.rows[s]) + 1 for s in group]
-            index = [built[s][1] for s in group]
-            flat = torch.tensor(index) * self.B + torch.tensor(depths)
-            self.head(blocks.hidden(flat), group, depths)
-
-    def forget(self, below: int) -> None:
-        """Drop the rows and searches of starts before ``below`` (no walk returns there)."""
-        for s in range(self.kept_from, below):
-            self.rows.pop(s, None)
-            self.search.pop(s, None)
-        self.kept_from = max(self.kept_from, below)
+def lockstep_batches(lengths: list[int], cfg, itemsize: int, positions: str) -> list[range]:
+    """Consecutive samples (by index) to evaluate together with `eval_batch`: with
+    ``positions="walk"`` up to LOCKSTEP_SAMPLES whose context K/V stay within
+    LOCKSTEP_BYTES (one sample at least), so each drafter call holds a block of every
+    sample still walking; with ``"all"`` one sample each, whose every position already
+    fills large calls."""
+    cap = LOCKSTEP_SAMPLES if positions == "walk" else 1
+    out, first, held = [], 0, 0
+    for i, n in enumerate(lengths):
+        size = context_kv_bytes(cfg, n, itemsize)
+        if i > first and (i - first >= cap or held + size > LOCKSTEP_BYTES):
+            out.append(range(first, i))
+            first, held = i, 0
+        held += size
+    if lengths:
+        out.append(range(first, len(lengths)))
+    return out
 
 
-def ddtree_rounds(drafts: Drafts, budgets: list[int]) -> dict[str, list[int]]:
-    """DDTree-N round lengths for every budget, the walks advanced in lockstep.
+def _share(seconds: float, weights: list[int], into: list[float]) -> None:
+    """Add ``seconds`` of a batched step to ``into``, split by each sequence's ``weights``
+    (its blocks or walks in that step)."""
+    total = sum(weights)
+    for i, w in enumerate(weights):
+        if w:
+            into[i] += seconds * w / total
+
+
+def ahead(s: int, last: int | None, L: int, B: int) -> range:
+    """The positions a walk standing at ``s`` asks to have drafted: ``s``, and after a short
+    last round (1-2 tokens, or none yet) the ``B/2`` positions from ``s``, where its next
+    rounds likely start. A run of short rounds then takes one drafter call for several of
+    them (the drafter's weights read once, not once per round) for a few blocks no round
+    uses; a walk making long rounds would skip most of them, so it asks for ``s`` only."""
+    short = last is None or last <= 2
+    return range(s, min(s + (max(1, B // 2) if short else 1), L))
+
+
+def chain_rounds(drafts: Drafts) -> tuple[list[list[int]], list[float]]:
+    """Every sequence's greedy walk, in lockstep: each step drafts, in one batch, what
+    every unfinished walk asks for (`ahead`), then moves each through every round whose
+    start is drafted, by its length ``min(a_s + 1, L - s)``. Returns (round lengths,
+    seconds) per sequence, a step's time shared by the blocks it drafted for each."""
+    seqs, B = drafts.seqs, drafts.B
+    at = [q.P for q in seqs]
+    rounds: list[list[int]] = [[] for _ in seqs]
+    spent = [0.0] * len(seqs)
+    while live := [i for i, q in enumerate(seqs) if at[i] < q.L]:
+        t, built = time.perf_counter(), list(drafts.built)
+        want = []
+        for i in live:
+            last = rounds[i][-1] if rounds[i] else None
+            want += [(i, p) for p in ahead(at[i], last, seqs[i].L, B)]
+        drafts.ensure(want)
+        for i in live:
+            while at[i] < seqs[i].L and (i, at[i]) in drafts.accept:
+                n = min(drafts.accept[(i, at[i])] + 1, seqs[i].L - at[i])
+                rounds[i].append(n)
+                at[i] += n
+        new = [b - a for a, b in zip(built, drafts.built, strict=True)]
+        _share(
+            time.perf_counter() - t,
+            new if any(new) else [int(i in live) for i in range(len(seqs))],
+            spent,
+        )
+    return rounds, spent
+
+
+def ddtree_rounds(
+    drafts: Drafts, budgets: list[int]
+) -> tuple[list[dict[str, list[int]]], list[float]]:
+    """DDTree-N round lengths of every sequence and budget, all walks advanced in lockstep.
 
     One `TreeSearch` per visited position answers every budget (`Drafts.trees`). Each step
-    searches, in shared batches, the positions every unfinished walk needs next. A walk
-    whose last round was short (1-2 tokens) also asks for the ``B/2`` positions after it,
-    where its next rounds will likely land; a walk making long rounds would skip most of
-    them, so it asks for its next position only.
+    searches, in shared batches, the positions every unfinished walk asks for (`ahead`).
+    Returns ({str(budget): round lengths}, seconds) per sequence, a step's time shared
+    among the walks it served.
     """
-    P, L, B = drafts.P, drafts.L, drafts.B
+    seqs, B = drafts.seqs, drafts.B
     top = max(budgets)
-    at = {n: P for n in budgets}
-    out: dict[str, list[int]] = {str(n): [] for n in budgets}
-    while True:
-        live = [n for n in budgets if at[n] < L]
-        if not live:
-            return out
-        if any(at[n] not in drafts.search for n in live):
+    at = {(i, n): q.P for i, q in enumerate(seqs) for n in budgets}
+    out = [{str(n): [] for n in budgets} for _ in seqs]
+    spent = [0.0] * len(seqs)
+    while live := [(i, n) for (i, n), s in at.items() if s < seqs[i].L]:
+        t = time.perf_counter()
+        if any((i, at[(i, n)]) not in drafts.search for i, n in live):
             want = set()
-            for n in live:
-                short = not out[str(n)] or out[str(n)][-1] <= 2
-                want.update(range(at[n], min(at[n] + (max(1, B // 2) if short else 1), L)))
+            for i, n in live:
+                last = out[i][str(n)][-1] if out[i][str(n)] else None
+                want.update((i, p) for p in ahead(at[(i, n)], last, seqs[i].L, B))
             drafts.trees(sorted(want), top)
-        for n in live:
-            s = at[n]
-            a = drafts.search[s].accepted(n)
-            out[str(n)].append(min(a + 1, L - s))
-            at[n] += out[str(n)][-1]
-        drafts.forget(min(at.values()))
+        for i, n in live:
+            s = at[(i, n)]
+            a = drafts.search[(i, s)].accepted(n)
+            out[i][str(n)].append(min(a + 1, seqs[i].L - s))
+            at[(i, n)] += out[i][str(n)][-1]
+        for i in {i for i, _n in live}:
+            drafts.forget(i, min(at[(i, n)] for n in budgets))
+        _share(
+            time.perf_counter() - t,
+            [sum(i == j for j, _n in live) for i in range(len(seqs))],
+            spent,
+        )
+    return out, spent
 
 
 def _libc():
@@ -262,67 +216,103 @@ def eval_sequence(
     opts: WalkOptions,
     given: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict:
-    """Evaluate one sample; returns its record (rounds, per-position counts, DDTree rounds,
-    agreement, timings). See the module docstring for the procedure.
+    """Evaluate one sample: `eval_batch` of that sample alone."""
+    return eval_batch(
+        target, drafter, [(prompt, completion)], opts, None if given is None else [given]
+    )[0]
 
-    ``given``: (features [T, len(target_layer_ids)*hidden], greedy argmax from position
-    P-1) computed elsewhere (another host's target, `remote.eval.parity`) instead of step 1's
-    forward; the target then lends only its embedding and head."""
+
+@torch.inference_mode()
+def eval_batch(
+    target,
+    drafter,
+    samples: list[tuple[list[int], list[int]]],
+    opts: WalkOptions,
+    given: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> list[dict]:
+    """Evaluate ``samples`` (prompt, completion) together; returns one record per sample
+    (rounds, per-position counts, DDTree rounds, agreement, timings). See the module
+    docstring for the procedure. Samples walk in lockstep, so each drafter call holds a
+    block of every sample still walking; a record's drafter and DDTree seconds are its
+    share of those calls.
+
+    ``given``: per sample (features [T, len(target_layer_ids)*hidden], greedy argmax from
+    position P-1) computed elsewhere (another host's target, `remote.eval.parity`) instead
+    of step 1's forward; the target then lends only its embedding and head."""
     bound_heap()
-    t0 = time.perf_counter()
-    g = list(prompt) + list(completion)
-    P, L, B = len(prompt), len(g) - 1, drafter.block_size
-    gt = torch.tensor(g, dtype=torch.long)
-    if given is None:
-        feats, greedy = target.forward(g, drafter.cfg.target_layer_ids, argmax_from=P - 1)
-    else:
-        feats, greedy = given
-    t_target = time.perf_counter() - t0
+    seqs, base = [], []
+    for n, (prompt, completion) in enumerate(samples):
+        t0 = time.perf_counter()
+        g = list(prompt) + list(completion)
+        P, L = len(prompt), len(g) - 1
+        gt = torch.tensor(g, dtype=torch.long)
+        if given is None:
+            feats, greedy = target.forward(g, drafter.cfg.target_layer_ids, argmax_from=P - 1)
+        else:
+            feats, greedy = given[n]
+        t_target = time.perf_counter() - t0
+        # Agreement: target argmax at t predicts g[t+1], for every completion token.
+        agree = int((greedy[: L - P + 1] == gt[P:]).sum())
+        t1 = time.perf_counter()
+        kv = drafter.context_kv(feats.to(drafter.fc.weight.dtype))
+        del feats, greedy
+        seqs.append(Seq(gt, P, kv))
+        base.append({"target": t_target, "drafter": time.perf_counter() - t1, "agree": agree})
 
-    # Agreement: target argmax at t predicts g[t+1], for every completion token.
-    agree = int((greedy[: L - P + 1] == gt[P:]).sum())
-
-    t1 = time.perf_counter()
-    kv = drafter.context_kv(feats.to(drafter.fc.weight.dtype))
-    del feats
     k = ddtree_k(max(opts.budgets), opts.topk, target.info.vocab_size) if opts.budgets else 0
-    drafts = Drafts(drafter, target, kv, gt, P, opts.block_chunk, k)
+    drafts = Drafts(drafter, target, seqs, opts.block_chunk, k)
     if opts.positions == "all":
-        drafts.ensure(list(range(P, L)))
+        for i, q in enumerate(seqs):
+            t = time.perf_counter()
+            drafts.ensure([(i, s) for s in range(q.P, q.L)])
+            base[i]["drafter"] += time.perf_counter() - t
+    rounds, chain_s = chain_rounds(drafts)
+    if opts.budgets:
+        ddtree, tree_s = ddtree_rounds(drafts, opts.budgets)
+    else:
+        ddtree, tree_s = [{} for _ in seqs], [0.0] * len(seqs)
 
-    rounds, s = [], P
-    while s < L:
-        drafts.ensure([s])
-        n = min(drafts.accept[s] + 1, L - s)
-        rounds.append(n)
-        s += n
-    t_draft = time.perf_counter() - t1
-
-    t2 = time.perf_counter()
-    ddtree = ddtree_rounds(drafts, opts.budgets) if opts.budgets else {}
-    t_tree = time.perf_counter() - t2
-
+    B = drafter.block_size
+    attempts = [[0] * (B - 1) for _ in seqs]
+    hits = [[0] * (B - 1) for _ in seqs]
+    drafted = [0] * len(seqs)
+    for i, _s in drafts.accept:
+        drafted[i] += 1
+    if opts.positions == "all":  # every completion position
+        counted = list(drafts.accept)
+    else:  # the chain walk's round starts
+        counted = [
+            (i, s)
+            for i, q in enumerate(seqs)
+            for s in itertools.accumulate(rounds[i][:-1], initial=q.P)
+            if rounds[i]
+        ]
     # Per-position: depth j attempted at s when the first j-1 were right and s+j <= L.
-    attempts, hits = [0] * (B - 1), [0] * (B - 1)
-    for s, a in drafts.accept.items():
-        for j in range(1, min(a + 1, B - 1, L - s) + 1):
-            attempts[j - 1] += 1
-            hits[j - 1] += j <= a
-
-    return {
-        "prompt_tokens": P,
-        "completion_tokens": len(completion),
-        "rounds": rounds,
-        "tau": (sum(rounds) / len(rounds)) if rounds else None,
-        "position_attempts": attempts,
-        "position_hits": hits,
-        "positions_drafted": len(drafts.accept),
-        "agreement": {"match": agree, "total": L - P + 1},
-        "ddtree": ddtree,
-        "seconds": {
-            "target": t_target,
-            "drafter": t_draft,
-            "ddtree": t_tree,
-            "total": time.perf_counter() - t0,
-        },
-    }
+    for i, s in counted:
+        a = drafts.accept[(i, s)]
+        for j in range(1, min(a + 1, B - 1, seqs[i].L - s) + 1):
+            attempts[i][j - 1] += 1
+            hits[i][j - 1] += j <= a
+    records = []
+    for i, ((_prompt, completion), q) in enumerate(zip(samples, seqs, strict=True)):
+        sec = {
+            "target": base[i]["target"],
+            "drafter": base[i]["drafter"] + chain_s[i],
+            "ddtree": tree_s[i],
+        }
+        records.append(
+            {
+                "prompt_tokens": q.P,
+                "completion_tokens": len(completion),
+                "rounds": rounds[i],
+                "tau": (sum(rounds[i]) / len(rounds[i])) if rounds[i] else None,
+                "position_attempts": attempts[i],
+                "position_hits": hits[i],
+                "positions_drafted": drafted[i],
+                "blocks_drafted": drafts.built[i],
+                "agreement": {"match": base[i]["agree"], "total": q.L - q.P + 1},
+                "ddtree": ddtree[i],
+                "seconds": {**sec, "total": sum(sec.values())},
+            }
+        )
+    return records

@@ -1,0 +1,349 @@
+"""The eval's drafter part at a 27B's proportions: round starts vs every completion position.
+
+Setup, a Qwen3.6-27B's shape ratios scaled down: a random-weight Qwen3 target of 20 layers,
+hidden 256, MLP 3.4x hidden (17408 / 5120), grouped-query attention, its LM head ~5% of
+its weights (vocab 4096; the 27B's is 4.7%), 39 MB in bf16; and a 5-layer block-16 DFlash
+drafter (layers of the target's shape, features of 5 target layers) of about 1/4-1/5 of its
+weights, trained for real with `orchestrator.demo.train.train_drafter` on the target's own
+greedy completions of random prompts until its token-weighted tau on the evaluation samples
+(``--samples`` of the training samples: a random target's completions are loops of its own,
+which a drafter learns sample by sample) reaches ``--tau`` (3). Target, samples and the
+trained drafter are cached under ``--workdir`` (default
+``~/.cache/dflash/bench-drafter-share``), so a rerun measures without retraining.
+
+Measured in ONE run, rounds interleaved (median of ``--repeats``), on the same samples:
+
+* ``all``: the engine drafting a block at every completion position, one sample at a time
+  (``positions="all"``, the engine before round-starts-only drafting; opt-in now);
+* ``walk``: the default, blocks only where the chain walk and each DDTree budget's walk
+  start rounds, the samples in lockstep (`remote.eval.walk.lockstep_batches`);
+* a bare transformers forward of the target over each sample (full logits).
+
+Prints each part (target, drafter, DDTree, total) of both, the drafter's share of each
+eval, the ratio of the drafter parts (goal <= 1.3 / tau, token-weighted), eval / bare
+target forward before and after, the blocks drafted, and the machine's load average (the
+ratios move with it on a shared box). Both modes must give the very same rounds and DDTree
+rounds; the script stops if not.
+
+    python benchmarks/eval_drafter_share.py [--repeats 5] [--threads 2] [--budgets 8,16,32,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common import head_share, load_avg  # noqa: E402 (benchmarks/ is on the path)
+
+from remote.protocol import DEFAULT_BUDGETS  # noqa: E402 (after the path fix above)
+
+# A 27B's shape ratios (Qwen3.6-27B: MLP 3.4x hidden, grouped-query attention, head ~5% of
+# the weights, a 5-layer drafter of the target's layer shape) at hidden 256, small enough
+# to train the drafter on two cores in minutes.
+TARGET = dict(
+    hidden_size=256,
+    num_layers=20,
+    num_heads=4,
+    num_kv_heads=1,
+    intermediate_size=864,
+    model_vocab_size=4096,
+)
+DRAFTER = dict(num_layers=5, block_size=16, head_dim=64, intermediate_size=864)
+LAYER_IDS = [1, 5, 9, 13, 17]  # spread over the target, the last layers left out
+
+
+def greedy_rows(target_dir: str, n: int, prompt: int, completion: int, seed: int) -> list[dict]:
+    """``n`` samples of random-token prompts and the target's greedy completions (float32,
+    transformers' own generate with its KV cache, the prompts batched: they are all
+    ``prompt`` tokens long, so nothing is padded)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    vocab = hf.config.vocab_size
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(8, vocab) for _ in range(prompt)] for _ in range(n)]
+    x = torch.tensor(prompts)
+    with torch.inference_mode():
+        out = hf.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            do_sample=False,
+            max_new_tokens=completion,
+            min_new_tokens=completion,
+        )
+    return [
+        {"id": f"{seed}-{i}", "prompt_ids": p, "completion_ids": out[i, prompt:].tolist()}
+        for i, p in enumerate(prompts)
+    ]
+
+
+def cached_rows(path: str, make) -> list[dict]:
+    if os.path.isfile(path):
+        return [json.loads(line) for line in open(path)]
+    rows = make()
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    os.replace(tmp, path)
+    return rows
+
+
+def walk_tau(target_dir: str, drafter_dir: str, rows: list[dict]) -> float:
+    """Token-weighted tau of the drafter at ``drafter_dir`` on ``rows`` (bf16, the default
+    eval)."""
+    import torch
+
+    from remote.eval.drafter import load_drafter
+    from remote.eval.target import load_target
+    from remote.eval.walk import WalkOptions, eval_batch
+
+    target = load_target(target_dir, torch.bfloat16)
+    drafter, _ = load_drafter(drafter_dir, torch.bfloat16)
+    samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
+    rounds = [r["rounds"] for r in eval_batch(target, drafter, samples, WalkOptions())]
+    return sum(map(sum, rounds)) / sum(map(len, rounds))
+
+
+def setup(args) -> tuple[str, str, list[dict], dict]:
+    """(target dir, trained drafter dir, evaluation samples, training facts), cached.
+
+    The drafter trains on ``--train-samples`` greedy completions, the first ``--samples``
+    of which are the evaluation samples, with a checkpoint every 50 steps, and stops at
+    the first whose token-weighted tau on them reaches ``--tau`` (or at ``--train-steps`` or
+    after ``--train-minutes``: that checkpoint is measured, but not cached as the choice).
+    ``--drafter``: that checkpoint (of a training here) instead of the chosen one.
+    """
+    import torch
+
+    from orchestrator.demo.models import build_qwen3_target
+    from orchestrator.demo.train import train_drafter
+
+    # every cached thing is named for the shapes it depends on, so a changed shape rebuilds
+    shape = "t{num_layers}x{hidden_size}v{model_vocab_size}".format(**TARGET)
+    work = os.path.join(args.workdir, shape)
+    os.makedirs(work, exist_ok=True)
+    target = os.path.join(work, "target")
+    if not os.path.isfile(os.path.join(target, "model.safetensors")):
+        build_qwen3_target(target, dtype="bfloat16", **TARGET)
+    length = f"p{args.prompt}c{args.completion}"
+    train = cached_rows(
+        os.path.join(work, f"train-{length}-n{args.train_samples}.jsonl"),
+        lambda: greedy_rows(target, args.train_samples, args.prompt, args.completion, seed=1),
+    )
+    evals = train[: args.samples]
+    d = "d{num_layers}b{block_size}".format(**DRAFTER)
+    name = f"drafter-{d}-{length}-n{args.train_samples}-lr{args.lr}-tau{args.tau}"
+    folder = os.path.join(work, name)
+    chosen = os.path.join(folder, "chosen.json")
+    if args.drafter:  # e.g. a checkpoint of a training stopped before its goal
+        return target, args.drafter, evals, {"drafter": args.drafter, "train_s": None}
+    if not os.path.isfile(chosen):
+        t = time.perf_counter()
+        torch.set_num_threads(args.threads)
+        taus: dict[str, float] = {}
+
+        def reached(path: str) -> bool:
+            taus[path] = walk_tau(target, path, evals)
+            print(f"  {os.path.basename(path)}: tau {taus[path]:.2f}", flush=True)
+            late = time.perf_counter() - t > 60 * args.train_minutes
+            return taus[path] >= args.tau or late
+
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"training the drafter (until tau {args.tau} on the evaluation samples) ...")
+        paths = train_drafter(
+            target,
+            folder,
+            save_steps=tuple(range(50, args.train_steps + 1, 50)),
+            target_layer_ids=LAYER_IDS,
+            rows=train,
+            blocks_per_sample=16,
+            batch_samples=2,
+            lr=args.lr,
+            until=reached,
+            **DRAFTER,
+        )
+        facts = {"drafter": paths[-1], "tau": taus[paths[-1]], "train_s": time.perf_counter() - t}
+        if facts["tau"] < args.tau:  # stopped by --train-minutes: used once, never cached
+            print(f"training stopped before tau {args.tau}; measuring {paths[-1]}")
+            return target, paths[-1], evals, facts
+        with open(chosen + ".tmp", "w") as fh:
+            json.dump(facts, fh)
+        os.replace(chosen + ".tmp", chosen)
+    facts = json.load(open(chosen))
+    return target, facts["drafter"], evals, facts
+
+
+def timed_modes(target, drafter, hf, samples, budgets, repeats: int) -> dict:
+    """Per mode, the median over interleaved rounds of its wall time and parts; the records
+    of the last round."""
+    import torch
+
+    from remote.eval.walk import WalkOptions, eval_batch, lockstep_batches
+
+    itemsize = drafter.fc.weight.element_size()
+    lengths = [len(p) + len(c) for p, c in samples]
+
+    def engine(positions: str) -> list[dict]:
+        """What `remote.eval.engine.run_eval` runs for these samples."""
+        opts = WalkOptions(budgets=budgets, positions=positions)
+        recs = []
+        for batch in lockstep_batches(lengths, drafter.cfg, itemsize, positions):
+            recs += eval_batch(target, drafter, [samples[i] for i in batch], opts)
+        return recs
+
+    def bare() -> None:
+        for p, c in samples:
+            hf(input_ids=torch.tensor([p + c]))
+
+    times: dict[str, dict[str, list[float]]] = {m: {} for m in ("bare", "all", "walk")}
+    recs: dict[str, list[dict]] = {}
+    with torch.inference_mode():
+        bare()  # warm-up of both
+        engine("walk")
+        for r in range(repeats):
+            order = ("bare", "all", "walk") if r % 2 == 0 else ("walk", "all", "bare")
+            for mode in order:
+                t, cpu = time.perf_counter(), time.process_time()
+                if mode == "bare":
+                    bare()
+                else:
+                    recs[mode] = engine(mode)
+                times[mode].setdefault("wall", []).append(time.perf_counter() - t)
+                times[mode].setdefault("cpu", []).append(time.process_time() - cpu)
+                for part in ("target", "drafter", "ddtree"):
+                    if mode != "bare":
+                        spent = sum(rec["seconds"][part] for rec in recs[mode])
+                        times[mode].setdefault(part, []).append(spent)
+    med = {m: {k: statistics.median(v) for k, v in parts.items()} for m, parts in times.items()}
+    return {"median": med, "records": recs}
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--workdir", default=os.path.expanduser("~/.cache/dflash/bench-drafter-share"))
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--completion", type=int, default=320)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)))
+    ap.add_argument("--train-samples", type=int, default=8)
+    ap.add_argument("--train-steps", type=int, default=1500, help="at most")
+    ap.add_argument("--tau", type=float, default=3.0, help="train until this tau, at least")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument(
+        "--train-minutes", type=float, default=60, help="stop training after this, at most"
+    )
+    ap.add_argument("--drafter", help="measure this checkpoint of a training here instead")
+    return ap.parse_args()
+
+
+def print_setup(args, target_dir: str, drafter, report, samples, budgets, facts) -> None:
+    """What was measured: the two models' shapes and sizes, the samples, the drafter's
+    training."""
+    import torch
+
+    from remote.eval.target import describe, text_weight_bytes
+
+    _c, meta, info = describe(target_dir)
+    t_bytes = text_weight_bytes(meta, info, torch.bfloat16)
+    d_bytes = report.parameters * 2
+    tokens = sum(len(p) + len(c) for p, c in samples)
+    print(
+        f"setup: target Qwen3 {info.num_layers} layers, hidden {info.hidden_size}, vocab "
+        f"{info.vocab_size} (head {100 * head_share(target_dir):.1f}% of its weights): "
+        f"{t_bytes / 2**20:.0f} MiB bf16; drafter {drafter.cfg.num_layers} layers, block "
+        f"{drafter.block_size}: {d_bytes / 2**20:.1f} MiB = 1/{t_bytes / d_bytes:.1f} of the "
+        f"target; {len(samples)} samples x ({args.prompt} prompt + {args.completion} "
+        f"completion) = {tokens} tokens; threads {args.threads}; DDTree budgets "
+        f"{','.join(map(str, budgets)) or 'none'}"
+    )
+    took = "" if facts["train_s"] is None else f", in {facts['train_s']:.0f} s"
+    print(
+        f"drafter: {facts['drafter']}, trained on {args.train_samples} samples, these "
+        f"{len(samples)} among them{took}"
+    )
+
+
+def print_parts(med: dict, recs: dict) -> None:
+    """Each mode's parts, its drafter's share of its eval, and the new / old ratios."""
+    rounds = [r["rounds"] for r in recs["walk"]]
+    tau = sum(map(sum, rounds)) / sum(map(len, rounds))
+    per_sample = statistics.mean(sum(r) / len(r) for r in rounds)
+    print(
+        f"tau {tau:.2f} token-weighted, {per_sample:.2f} per-sample mean; "
+        f"{sum(map(len, rounds))} rounds"
+    )
+    blocks = {m: sum(r["blocks_drafted"] for r in recs[m]) for m in ("all", "walk")}
+    chain = {m: sum(r["positions_drafted"] for r in recs[m]) for m in ("all", "walk")}
+    print(
+        "  seconds (median)       target  drafter   DDTree     wall  (CPU s)  drafter share  blocks"
+    )
+    for m, label in (("all", "all positions (old)"), ("walk", "round starts (new)")):
+        t = med[m]
+        print(
+            f"  {label:<21} {t['target']:7.2f}  {t['drafter']:7.2f}  {t['ddtree']:7.2f}  "
+            f"{t['wall']:7.2f}  ({t['cpu']:5.1f})  {t['drafter'] / t['wall']:13.3f}  "
+            f"{blocks[m]:6d}"
+        )
+    bare = med["bare"]["wall"]
+    print(f"  bare target forward   {bare:7.2f}   (transformers, full logits)")
+    share = med["walk"]["drafter"] / med["all"]["drafter"]
+    print(
+        f"new drafter part / old drafter part = {share:.3f}   (goal <= 1.3 / tau = "
+        f"{1.3 / tau:.3f}; blocks {blocks['walk'] / blocks['all']:.3f}, chain walk's round "
+        f"starts / positions {chain['walk'] / chain['all']:.3f})"
+    )
+    if med["all"]["ddtree"]:
+        tree = med["walk"]["ddtree"] / med["all"]["ddtree"]
+        print(f"new DDTree part / old DDTree part   = {tree:.3f}")
+    print(
+        f"eval / bare target forward: before {med['all']['wall'] / bare:.2f}, "
+        f"after {med['walk']['wall'] / bare:.2f}   "
+        f"(new eval / old eval = {med['walk']['wall'] / med['all']['wall']:.3f})"
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from remote.eval.drafter import load_drafter
+    from remote.eval.target import load_target
+
+    budgets = [int(b) for b in args.budgets.split(",") if b]
+    target_dir, drafter_dir, rows, facts = setup(args)
+    torch.set_num_threads(args.threads)
+    target = load_target(target_dir, torch.bfloat16)
+    drafter, report = load_drafter(drafter_dir, torch.bfloat16)
+    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
+    samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
+    print_setup(args, target_dir, drafter, report, samples, budgets, facts)
+
+    before = load_avg()
+    got = timed_modes(target, drafter, hf, samples, budgets, args.repeats)
+    print(
+        f"load average (1, 5, 15 min): {before} before, {load_avg()} after; median of "
+        f"{args.repeats} interleaved rounds"
+    )
+    med, recs = got["median"], got["records"]
+    for old, new in zip(recs["all"], recs["walk"], strict=True):
+        if old["rounds"] != new["rounds"] or old["ddtree"] != new["ddtree"]:
+            raise SystemExit("the default eval's rounds differ from the all-positions engine's")
+    print_parts(med, recs)
+
+
+if __name__ == "__main__":
+    main()

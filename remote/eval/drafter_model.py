@@ -1,0 +1,258 @@
+"""The DFlash drafter's forward in plain PyTorch (config: `remote.eval.drafter_config`, layers:
+`remote.eval.drafter_layers`, checkpoints: `remote.eval.drafter`).
+
+Readable top to bottom. A drafter has no embedding and no LM head: it borrows the target's.
+For a block starting at position ``s`` (the last verified token ``g[s]`` followed by ``B-1``
+mask tokens) every drafter layer attends from the block to
+``concat(context, block)`` where context = ``hidden_norm(fc(target features at < s))``, with
+the SAME k/v projections for both; attention is not causal (unless the config says so for a
+sliding layer, as z-lab does). The reference is z-lab's own implementation,
+https://github.com/z-lab/dflash/blob/main/dflash/model.py.
+
+Two forwards are offered and must agree:
+
+* `DFlashDrafter.forward_block`: one block, context K/V recomputed - the straightforward
+  online form (used by the tests' online oracle).
+* `DFlashDrafter.context_kv` + `DFlashDrafter.forward_blocks`: context K/V of every layer
+  computed ONCE per sequence, then any number of blocks batched in one SDPA call per layer
+  with an explicit mask (block b sees context positions < s_b and only its own block). This
+  is what the offline eval uses.
+
+torch and transformers are imported at module import: import this module lazily.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from remote.eval.drafter_config import DrafterConfig
+from remote.eval.drafter_layers import Layer, RMSNorm, Rotary, apply_rope
+
+ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # one sequence's (K, V) of each layer
+
+
+class DFlashDrafter(nn.Module):
+    """A z-lab DFlash drafter. Weight names match z-lab's checkpoints exactly."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.num_layers))
+        self.fc = nn.Linear(
+            len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False
+        )
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg)
+
+    @property
+    def block_size(self) -> int:
+        return self.cfg.block_size
+
+    @property
+    def mask_token_id(self) -> int:
+        return int(self.cfg.mask_token_id)
+
+    def block_inputs(self, embed: torch.Tensor, first_tokens: torch.Tensor) -> torch.Tensor:
+        """Block input embeddings [nb, B, hidden]: ``[token, mask, ..., mask]`` per block,
+        looked up in the target's embedding matrix ``embed`` [vocab, hidden]."""
+        ids = torch.full(
+            (first_tokens.shape[0], self.block_size), self.mask_token_id, dtype=torch.long
+        )
+        ids[:, 0] = first_tokens
+        out = F.embedding(ids, embed)
+        if self.cfg.input_embedding_scale != 1.0:
+            out = out * self.cfg.input_embedding_scale
+        return out
+
+    def logits(self, hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
+        """Drafter logits from final hidden rows through the target's head weight."""
+        # A strided (sliced) input sends a bf16 linear down a path ~40x slower on CPU.
+        out = F.linear(hidden.contiguous(), lm_head)
+        if self.cfg.output_multiplier != 1.0:
+            out = out * self.cfg.output_multiplier
+        cap = self.cfg.final_logit_softcapping
+        if cap is not None and float(cap) > 0:
+            out = torch.tanh(out / float(cap)) * float(cap)
+        return out
+
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """``hidden_norm(fc(features))``: [T, n_layers*hidden] -> [T, hidden]."""
+        return self.hidden_norm(self.fc(features))
+
+    def context_kv(self, features: torch.Tensor) -> ContextKV:
+        """Context K/V of every layer for positions ``0..T-1`` (features [T, F]). They depend
+        only on the target features and positions, never on a block: compute once per
+        sequence, share with every block."""
+        ctx = self.context(features)
+        cos, sin = self.rotary(torch.arange(ctx.shape[0]), ctx.dtype)
+        return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self.layers]
+
+    def forward_block(
+        self, features: torch.Tensor, block: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        """One block, the plain online way: ``features`` [s, F] are the context positions
+        ``0..s-1`` (``s = start``), ``block`` [B, hidden] the block's input embeddings.
+        Returns the final normed hidden states [B, hidden]."""
+        return self.forward_blocks(self.context_kv(features), torch.tensor([start]), block[None])[0]
+
+    def forward_blocks(
+        self,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        starts: torch.Tensor,
+        blocks: torch.Tensor,
+    ) -> torch.Tensor:
+        """Many blocks at once against shared context K/V (from `context_kv`): ``starts``
+        [nb] block start positions, ``blocks`` [nb, B, hidden] input embeddings. Block b
+        sees context positions ``< starts[b]`` and its own B rows only, so the result equals
+        `forward_block` per block. Returns final hidden [nb, B, hidden]."""
+        return Blocks(self, kv, starts, blocks).hidden()
+
+    def blocks(
+        self,
+        kv: ContextKV | list[ContextKV],
+        starts: torch.Tensor,
+        first_tokens: torch.Tensor,
+        embed: torch.Tensor,
+        seq: torch.Tensor | None = None,
+    ) -> Blocks:
+        """The blocks ``[first_tokens[b], mask, ..., mask]`` at ``starts``, ready for
+        `Blocks.hidden` of any rows (their mask rows are projected once in the first layer).
+        ``kv``: one sequence's context K/V (from `context_kv`); with ``seq`` (block b's
+        sequence, non-decreasing), one context K/V per sequence, indexed by ``seq``."""
+        inputs = self.block_inputs(embed, first_tokens)
+        return Blocks(self, kv, starts, inputs, shared_tail=True, seq=seq)
+
+
+def _runs(seq: torch.Tensor) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:
+    """(the permutation that sorts ``seq``, None when sorted already; its runs of equal
+    values in sorted order as ``(value, first, end)``)."""
+    order = None
+    if len(seq) > 1 and bool((seq[1:] < seq[:-1]).any()):
+        order = torch.argsort(seq, stable=True)
+        seq = seq[order]
+    values, counts = torch.unique_consecutive(seq, return_counts=True)
+    runs, at = [], 0
+    for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+        runs.append((v, at, at + c))
+        at += c
+    return order, runs
+
+
+class Blocks:
+    """Drafted blocks against context K/V, the last layer evaluated row by row on demand.
+
+    Every layer but the last runs on all rows: rows of a block attend to each other, so none
+    can be skipped there. The last layer's keys and values are computed for every row too,
+    but its queries, output projection, MLP and final norm only for the rows `hidden` is
+    asked for. Acceptance needs block position ``j`` only where positions ``1..j-1`` were
+    right, so an evaluation asks for few rows: about tau per block instead of ``B``.
+
+    ``shared_tail``: rows ``1..B-1`` of every block hold the same (mask) embedding, as
+    `DFlashDrafter.block_inputs` builds them; the first layer then normalises and projects
+    that row once rather than once per block (RoPE, applied after, still makes them differ).
+
+    ``seq``: the blocks come from several sequences (block b from sequence ``seq[b]``,
+    non-decreasing) and ``kv`` holds each one's context K/V. Projections and MLPs run on
+    every block at once; attention runs one sequence at a time against that sequence's
+    own context, so no block pays for another sequence's context and the result equals
+    drafting each sequence's blocks alone.
+    """
+
+    def __init__(
+        self,
+        drafter: DFlashDrafter,
+        kv: ContextKV | list[ContextKV],
+        starts: torch.Tensor,
+        blocks: torch.Tensor,
+        shared_tail: bool = False,
+        seq: torch.Tensor | None = None,
+    ):
+        nb, B, H = blocks.shape
+        self.drafter, self.starts, self.B = drafter, starts, B
+        self.pos = starts[:, None] + torch.arange(B)[None, :]  # [nb, B]
+        cos, sin = drafter.rotary(self.pos.reshape(-1), blocks.dtype)
+        self.cos, self.sin = cos.view(nb, B, 1, -1), sin.view(nb, B, 1, -1)
+        if seq is None:
+            kv, seq = [kv], torch.zeros(nb, dtype=torch.long)
+        self.seq = seq
+        self.runs = _runs(seq)
+        runs = self.runs[1]
+        # each sequence's context K/V up to the last start any of its blocks has here
+        self.kv: dict[int, ContextKV] = {}
+        for v, a, b in runs:
+            n_ctx = int(starts[a:b].max())
+            self.kv[v] = [(k[:, :n_ctx], vv[:, :n_ctx]) for k, vv in kv[v]]
+        # The last layer's queries before RoPE, when they come for free (a shared-tail first
+        # layer projects every row's anyway); otherwise `hidden` projects the rows it needs.
+        self.q_raw: torch.Tensor | None = None
+        h = blocks
+        last = len(drafter.layers) - 1
+        for i, layer in enumerate(drafter.layers):
+            attn = layer.self_attn
+            if i == 0 and shared_tail:
+                # one normalised row per block start, plus the mask row once
+                x = layer.input_layernorm(torch.cat((blocks[:, 0], blocks[:1, 1])))
+                pick = torch.where(torch.arange(B)[None, :] == 0, torch.arange(nb)[:, None], nb)
+                q_raw = attn.queries(x)[pick]
+                k_raw, v = (t[pick] for t in attn.raw_keys_values(x))
+            else:
+                x = layer.input_layernorm(h)
+                q_raw = attn.queries(x) if i < last else None
+                k_raw, v = attn.raw_keys_values(x)
+            k = apply_rope(k_raw, self.cos, self.sin)
+            if i == last:
+                self.h, self.k, self.v, self.q_raw = h, k, v, q_raw  # the last layer's inputs
+                break
+            q = apply_rope(q_raw, self.cos, self.sin)
+            h = h + self._attend(i, self.runs, q, self.pos, starts, k, v, self.pos)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def _attend(self, i, seq_runs, q, q_pos, starts, k, v, k_pos) -> torch.Tensor:
+        """Layer ``i``'s attention (`Attention.attend`) of query blocks ``n``, each
+        sequence's against its own context (``seq_runs``: `_runs` of the blocks'
+        sequences), with one ``o_proj`` for all."""
+        attn = self.drafter.layers[i].self_attn
+        order, runs = seq_runs
+        if len(runs) == 1:
+            ck, cv = self.kv[runs[0][0]][i]
+            return attn.attend(q, q_pos, starts, ck, cv, k, v, k_pos)
+        if order is not None:
+            q, q_pos, starts, k, v, k_pos = (t[order] for t in (q, q_pos, starts, k, v, k_pos))
+        parts = []
+        for s, a, b in runs:
+            ck, cv = self.kv[s][i]
+            parts.append(
+                attn.mix(q[a:b], q_pos[a:b], starts[a:b], ck, cv, k[a:b], v[a:b], k_pos[a:b])
+            )
+        mixed = torch.cat(parts)
+        if order is not None:
+            mixed = mixed[torch.argsort(order)]
+        return attn.o_proj(mixed)
+
+    def hidden(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Final normed hidden states: of every row as [nb, B, hidden] (``rows`` None), or of
+        the flat rows ``rows`` (block b, position j = ``b * B + j``) as [len(rows), hidden]."""
+        d = self.drafter
+        layer = d.layers[-1]
+        attn = layer.self_attn
+        if rows is None:  # every row: R = B query rows per block
+            h, q_raw, cos, sin, q_pos = self.h, self.q_raw, self.cos, self.sin, self.pos
+            starts, k, v, k_pos, runs = self.starts, self.k, self.v, self.pos, self.runs
+        else:  # one query row per asked row, against its own block's keys
+            blk, at = rows // self.B, rows % self.B
+            h = self.h[blk, at][:, None]
+            q_raw = None if self.q_raw is None else self.q_raw[blk, at][:, None]
+            cos, sin = self.cos[blk, at][:, None], self.sin[blk, at][:, None]
+            q_pos = self.pos[blk, at][:, None]
+            starts, k, v, k_pos = self.starts[blk], self.k[blk], self.v[blk], self.pos[blk]
+            runs = _runs(self.seq[blk]) if len(self.kv) > 1 else self.runs
+        if q_raw is None:
+            q_raw = attn.queries(layer.input_layernorm(h))
+        q = apply_rope(q_raw, cos, sin)
+        h = h + self._attend(len(d.layers) - 1, runs, q, q_pos, starts, k, v, k_pos)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        out = d.norm(h)
+        return out if rows is None else out[:, 0]

@@ -1,0 +1,214 @@
+"""Drafted blocks of the samples walking together (`Drafts`), computed on demand in
+batches of bounded bytes (`auto_chunk`) and kept by ``(sample, block start)``: what the
+walks of `remote.eval.walk` ask for, each step's blocks of every sample in one drafter call.
+
+torch is imported at module import: import this module lazily.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from remote.eval.ddtree import TreeSearch
+from remote.eval.target import greedy_tokens
+
+SCORES_BYTES = 16 * 2**20  # attention scores of one batched drafter call, at most
+
+
+def auto_chunk(cfg, context: int, budget: int = SCORES_BYTES) -> int:
+    """Blocks per batched drafter call: as many as keep the float32 attention scores (with
+    their softmax temporaries) under ``budget`` bytes, 16..1024. Larger batches read the
+    weights fewer times; layers before the last hold ``B`` query rows per block, the last
+    one a single row per block and depth. The bound keeps the working set flat as the
+    context grows (a long completion takes more calls, not more memory)."""
+    rows = cfg.block_size if cfg.num_layers > 1 else 1
+    per_block = 3 * 4 * rows * cfg.num_heads * (context + cfg.block_size)
+    return max(16, min(1024, budget // per_block))
+
+
+@dataclass
+class Seq:
+    """One sample as the drafter sees it: ``g`` = prompt + completion token ids, ``P`` the
+    prompt's length, ``kv`` the drafter's context K/V over ``g``'s target features."""
+
+    g: torch.Tensor
+    P: int
+    kv: list
+
+    @property
+    def L(self) -> int:  # the walk's own name for the last index
+        return len(self.g) - 1
+
+
+Key = tuple[int, int]  # (sequence index, block start)
+
+
+class Drafts:
+    """Drafted blocks of one or more sequences, computed on demand in batches and kept by
+    ``(sequence, start)``; blocks of several sequences share each drafter call.
+
+    ``accept[key]``: leading draft tokens of the block at ``key`` equal to ``g[s+1..]``
+    (capped at ``L``); only the rows that number needs are computed
+    (`remote.eval.drafter_model.Blocks`). ``rows[key]``: with ``k`` > 0 (DDTree), the top-``k``
+    (log-probs, tokens) of the block's depths ``1, 2, ...`` computed so far: every row the
+    acceptance walk computes is kept, and `trees` adds deeper ones only where a tree
+    search asks for them. ``search[key]``: the finished `TreeSearch` there (acceptance of
+    every budget). ``built[i]``: blocks drafted for sequence ``i`` so far.
+    """
+
+    HEAD_BYTES = 8 * 2**20  # float32 logits of one head call, at most (HEAD_ROWS at least)
+    HEAD_ROWS = 64  # rows per head call at least: a huge vocabulary still reuses its weights
+
+    def __init__(self, drafter, target, seqs: list[Seq], chunk: int | None, k: int = 0):
+        self.drafter, self.target, self.seqs = drafter, target, seqs
+        self.B = drafter.block_size
+        self.chunk = chunk or auto_chunk(drafter.cfg, max(q.L for q in seqs))
+        self.k = k
+        self.head_rows = self.rows_per_head(target.lm_head.shape[0])
+        # every sequence's tokens end to end, so a batch's ground truth is one gather
+        self.flat = torch.cat([q.g for q in seqs])
+        self.offset = torch.tensor([0] + [len(q.g) for q in seqs[:-1]]).cumsum(0)
+        self.last = torch.tensor([q.L for q in seqs])
+        self.accept: dict[Key, int] = {}
+        self.rows: dict[Key, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.search: dict[Key, TreeSearch] = {}
+        self.kept_from = [q.P for q in seqs]  # `forget` dropped every start before these
+        self.built = [0] * len(seqs)
+
+    @classmethod
+    def rows_per_head(cls, vocab: int) -> int:
+        """Rows per head call: float32 logits within HEAD_BYTES, HEAD_ROWS at least."""
+        return max(cls.HEAD_ROWS, cls.HEAD_BYTES // (4 * vocab))
+
+    def head(self, h: torch.Tensor, keys: list[Key], depths: list[int]) -> torch.Tensor:
+        """Greedy tokens of final hidden rows ``h`` (row ``i``: depth ``depths[i]`` of the
+        block at ``keys[i]``), the head run ``head_rows`` rows at a time; with ``k``, each
+        row's top-k log-probs become ``rows[key][depth - 1]`` (unless known already)."""
+        preds = []
+        for c in range(0, h.shape[0], self.head_rows):
+            logits = self.drafter.logits(h[c : c + self.head_rows], self.target.lm_head)
+            preds.append(greedy_tokens(logits))
+            if self.k:
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                del logits
+                v, i = torch.topk(logp, self.k, dim=-1)
+                del logp
+                at = slice(c, c + self.head_rows)
+                # rows stay tensors (a few bytes per candidate, not a Python object each)
+                got = zip(keys[at], depths[at], v.unbind(), i.unbind(), strict=True)
+                for key, d, vr, ir in got:
+                    have = self.rows.setdefault(key, [])
+                    if len(have) == d - 1:
+                        have.append((vr, ir))
+        return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)
+
+    def _build(self, keys: list[Key]):
+        """The drafter's blocks at ``keys`` (sorted), in one call: (Blocks, sequence of each
+        block, starts)."""
+        seq = torch.tensor([i for i, _s in keys])
+        st = torch.tensor([s for _i, s in keys])
+        first = self.flat[self.offset[seq] + st]
+        kvs = [q.kv for q in self.seqs]
+        blocks = self.drafter.blocks(kvs, st, first, self.target.embed, seq=seq)
+        for i, _s in keys:
+            self.built[i] += 1
+        return blocks, seq, st
+
+    def _truth(self, seq: torch.Tensor, st: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``g[s+j]`` of the blocks at (seq, st) for ``j = 0..B-1``, whether ``s+j <= L``)."""
+        at = st[:, None] + torch.arange(self.B)[None, :]
+        ok = at <= self.last[seq][:, None]
+        index = self.offset[seq][:, None] + torch.minimum(at, self.last[seq][:, None])
+        return self.flat[index], ok
+
+    def ensure(self, keys: list[Key]) -> None:
+        """Compute ``accept`` for ``keys`` (those not known yet), ``chunk`` blocks at a time."""
+        todo = sorted({key for key in keys if key not in self.accept})
+        for c in range(0, len(todo), self.chunk):
+            part = todo[c : c + self.chunk]
+            blocks, seq, st = self._build(part)
+            truth, ok = self._truth(seq, st)
+            acc = torch.zeros(len(part), dtype=torch.long)
+            alive, j, width = torch.arange(len(part)), 1, 1
+            while j < self.B and len(alive):  # rows only for blocks still matching
+                # Each pass reads the last layer's and the head's weights again: blocks that
+                # keep matching take twice the depths in each next pass (1, 2, 4, ...), at
+                # most as many rows again as they need.
+                w, width = min(self.B - j, width), 2 * width
+                blk = alive[:, None].expand(-1, w)
+                depth = torch.arange(j, j + w)[None, :].expand(len(alive), -1)
+                have = ok[blk, depth]  # s + depth <= L
+                pred = torch.full(have.shape, -1, dtype=torch.long)
+                if not bool(have.any()):  # every block still matching reached L
+                    break
+                pred[have] = self.head(
+                    blocks.hidden((blk * self.B + depth)[have]),
+                    [part[b] for b in blk[have].tolist()],
+                    depth[have].tolist(),
+                )
+                right = (pred == truth[blk, depth]) & have
+                run = right.long().cumprod(1).sum(1)  # leading right depths in the window
+                acc[alive] += run
+                alive, j = alive[run == w], j + w
+            self.accept.update(zip(part, acc.tolist(), strict=True))
+
+    def trees(self, keys: list[Key], budget: int) -> None:
+        """Run the `TreeSearch` of ``budget`` at ``keys`` (those not searched yet), ``chunk``
+        blocks at a time: each round computes, in one batch, the next depth row of every
+        search that asks for one beyond ``rows``."""
+        todo = sorted({key for key in keys if key not in self.search})
+        for c in range(0, len(todo), self.chunk):
+            group = todo[c : c + self.chunk]
+            pending = {}
+            for i, s in group:
+                g, L = self.seqs[i].g, self.seqs[i].L
+                pending[(i, s)] = TreeSearch(
+                    g[s + 1 : s + 1 + min(self.B - 1, L - s)].tolist(), budget
+                )
+            self.search.update(pending)
+            built: dict[Key, tuple[object, int]] = {}  # key -> (its Blocks, index there)
+            while pending:
+                asks = []
+                for key, search in list(pending.items()):
+                    have = self.rows.setdefault(key, [])
+                    while (d := search.need()) is not None and d <= len(have):
+                        search.feed(*(t.tolist() for t in have[d - 1]))
+                    if d is None:
+                        del pending[key]
+                    else:
+                        asks.append(key)
+                if asks:
+                    self._next_rows(asks, built)
+
+    def _next_rows(self, keys: list[Key], built: dict) -> None:
+        """Append the next depth rows to ``rows[key]`` for each of ``keys``, building the
+        blocks not built yet (kept in ``built`` for the search's later rounds)."""
+        new = sorted(key for key in keys if key not in built)
+        if new:
+            blocks, _seq, _st = self._build(new)
+            built.update((key, (blocks, b)) for b, key in enumerate(new))
+        by_blocks: dict[int, tuple[object, list[Key]]] = {}
+        for key in keys:
+            blocks, _b = built[key]
+            by_blocks.setdefault(id(blocks), (blocks, []))[1].append(key)
+        for blocks, group in by_blocks.values():
+            rows, keys_of, depths = [], [], []
+            for key in group:
+                # as `ensure`: as many next depths as the block has rows (1, 2, 4, ...)
+                first, i, s = len(self.rows[key]) + 1, *key
+                last = min(2 * first - 1, self.B - 1, self.seqs[i].L - s) + 1
+                for d in range(first, last):
+                    rows.append(built[key][1] * self.B + d)
+                    keys_of.append(key)
+                    depths.append(d)
+            self.head(blocks.hidden(torch.tensor(rows)), keys_of, depths)
+
+    def forget(self, i: int, below: int) -> None:
+        """Drop sequence ``i``'s rows and searches of starts before ``below`` (no walk
+        returns there)."""
+        for s in range(self.kept_from[i], below):
+            self.rows.pop((i, s), None)
+            self.search.pop((i, s), None)
+        self.kept_from[i] = max(self.kept_from[i], below)

@@ -1,0 +1,266 @@
+"""The default eval drafts blocks only where rounds start, samples in lockstep, and gives the
+rounds of drafting at every position and of online decoding, sample by sample, round by round.
+
+Each architecture gets a tiny target and a 2-layer drafter trained on it for real (so the
+layers before the last, where blocks of several samples share projections but attend to
+their own contexts, matter), plus a copy of that drafter whose first layer is a causal
+sliding-window layer. A batch holds samples of different prompt and completion lengths,
+down to a completion of one token (no rounds at all). References: the online speculative
+loop (`tests/helpers/oracle.online_rounds`, transformers' own model), the engine drafting
+every position one sample at a time (``positions="all"``) and, for DDTree, every budget's
+whole tree built at every position (`tests/helpers/oracle.plain_ddtree_rounds`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchestrator.demo.architectures import Dims, save_tiny
+from remote.eval.drafter import load_drafter, read_config
+from remote.eval.engine import run_eval
+from remote.eval.target import load_target
+from remote.eval.walk import (
+    LOCKSTEP_SAMPLES,
+    WalkOptions,
+    context_kv_bytes,
+    eval_batch,
+    eval_sequence,
+    lockstep_batches,
+)
+from remote.protocol import EvalSpec
+from tests.helpers.drafters import build_drafter
+from tests.helpers.oracle import hf_model, online_rounds, plain_ddtree_rounds
+
+torch.set_num_threads(1)
+
+# (architecture, whether its cache cannot be cropped back: recurrent state, sliding windows)
+KINDS = [("qwen3", False), ("qwen3_5", True), ("gemma3_text", True)]
+DIMS = Dims(hidden=64, layers=4, vocab=160, max_positions=256, window=8)
+BLOCK = 6
+BUDGETS = [2, 5, 16]
+# (prompt length, completion length) of the batch's samples: long and short, one token
+LENGTHS = [(10, 30), (6, 9), (10, 21), (6, 2), (10, 1), (6, 30)]
+
+
+def sliding_copy(src: str, dst: Path) -> str:
+    """The drafter at ``src`` with its first layer made a sliding-window (so causal,
+    z-lab's rule) layer of window 4."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    n = cfg["num_hidden_layers"]
+    cfg.update(layer_types=["sliding_attention"] + ["full_attention"] * (n - 1), sliding_window=4)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
+def build_setup(kind: str, recompute: bool, root: Path) -> dict:
+    """The target of architecture ``kind``, its two drafters, and the batch's samples."""
+    from orchestrator.demo.train import make_ground_truth, train_drafter
+
+    target = str(save_tiny(kind, root / "target", DIMS))
+    rows = make_ground_truth(target, 8, prompt_len=10, completion_len=30, seed=1)
+    trained = train_drafter(
+        target,
+        str(root / "drafters"),
+        save_steps=(150,),
+        block_size=BLOCK,
+        num_layers=2,
+        rows=rows,
+        batch_samples=4,
+    )[0]
+    short = iter(make_ground_truth(target, 3, prompt_len=6, completion_len=30, seed=2))
+    long = iter(rows[:3])
+    samples = []
+    for p, c in LENGTHS:
+        row = next(long if p == 10 else short)
+        samples.append((row["prompt_ids"], row["completion_ids"][:c]))
+    return {
+        "target": target,
+        "drafters": [trained, sliding_copy(trained, root / "sliding")],
+        "samples": samples,
+        "recompute": recompute,
+    }
+
+
+@pytest.fixture(scope="module")
+def setups(tmp_path_factory):
+    """``setups(kind)``: `build_setup` of that architecture, built once, when first asked."""
+    built: dict[str, dict] = {}
+
+    def get(kind: str) -> dict:
+        if kind not in built:
+            built[kind] = build_setup(kind, dict(KINDS)[kind], tmp_path_factory.mktemp(kind))
+        return built[kind]
+
+    return get
+
+
+def drafted_bound(rounds: list[int]) -> int:
+    """The most blocks a walk of these rounds asks for (`remote.eval.walk.ahead`): each
+    round's start, and B/2 - 1 more in a step after a short round (or before the first)."""
+    short = sum(n <= 2 for n in rounds)
+    return len(rounds) + (BLOCK // 2 - 1) * (short + 1) if rounds else 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", [k for k, _ in KINDS])
+def test_walk_rounds_equal_all_positions_and_online_decoding(setups, kind):
+    s = setups(kind)
+    model = hf_model(s["target"])
+    target = load_target(s["target"], torch.float32)
+    long_rounds = 0
+    for path in s["drafters"]:
+        drafter, _ = load_drafter(path, torch.float32)
+        batch = eval_batch(
+            target, drafter, s["samples"], WalkOptions(budgets=BUDGETS, positions="walk")
+        )
+        assert len(batch) == len(s["samples"])
+        for (prompt, completion), rec in zip(s["samples"], batch, strict=True):
+            online, produced = online_rounds(
+                model, drafter, prompt, len(completion), recompute=s["recompute"]
+            )
+            assert produced == completion  # the ground truth is the target's greedy output
+            every = eval_sequence(
+                target, drafter, prompt, completion, WalkOptions(budgets=BUDGETS, positions="all")
+            )
+            assert rec["rounds"] == every["rounds"] == online
+            assert rec["ddtree"] == every["ddtree"]
+            if len(completion) > 1:
+                plain = plain_ddtree_rounds(target, drafter, prompt, completion, BUDGETS, None)
+                assert rec["ddtree"] == plain
+            assert rec["agreement"] == every["agreement"]
+            # blocks where walks start rounds, and after a short round the next B/2
+            chain = drafted_bound(rec["rounds"])
+            assert len(rec["rounds"]) <= rec["positions_drafted"] <= chain
+            trees = sum(drafted_bound(r) for r in rec["ddtree"].values())
+            assert rec["positions_drafted"] <= rec["blocks_drafted"] <= chain + trees
+            assert every["positions_drafted"] == len(completion) - 1
+            # per-position acceptance over the round starts (all of them: over every position)
+            assert rec["position_attempts"][0] == len(rec["rounds"])
+            assert every["position_attempts"][0] == len(completion) - 1
+            long_rounds += sum(r >= 3 for r in online)
+        assert batch[4]["rounds"] == [] and batch[4]["tau"] is None  # a one-token completion
+    assert long_rounds >= 10, "the drafters accept too little for the comparison to mean much"
+
+
+def test_blocks_of_several_sequences_equal_each_drafted_alone(tmp_path):
+    """One drafter call over blocks of three sequences (different lengths, a causal sliding
+    layer first) gives every row of every block as drafting each sequence alone; rows asked
+    in any order come back in that order."""
+    folder = build_drafter(
+        tmp_path / "d",
+        [0, 2],
+        layers=3,
+        block_size=5,
+        extra_config={
+            "layer_types": ["sliding_attention", "full_attention", "full_attention"],
+            "sliding_window": 3,
+        },
+    )
+    drafter, _ = load_drafter(str(folder), torch.float32)
+    cfg = read_config(str(folder))
+    g = torch.Generator().manual_seed(0)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)
+    kvs, tokens = [], []
+    for n in (9, 23, 15):
+        feats = torch.randn(n, 2 * cfg.hidden_size, generator=g)
+        kvs.append(drafter.context_kv(feats))
+        tokens.append(torch.randint(0, cfg.vocab_size, (n,), generator=g))
+    keys = [(0, 3), (0, 8), (1, 1), (1, 12), (1, 22), (2, 7)]
+    seq = torch.tensor([i for i, _ in keys])
+    st = torch.tensor([s for _, s in keys])
+    first = torch.stack([tokens[i][s] for i, s in keys])
+    with torch.inference_mode():
+        mixed = drafter.blocks(kvs, st, first, embed, seq=seq)
+        alone = [
+            drafter.blocks(kvs[i], st[[b]], first[[b]], embed) for b, (i, _) in enumerate(keys)
+        ]
+        want = torch.cat([a.hidden() for a in alone])
+        torch.testing.assert_close(mixed.hidden(), want, rtol=1e-5, atol=1e-5)
+        rows = torch.tensor([5 * 4 + 2, 0 * 5 + 1, 5 * 2 + 4, 5 * 5 + 3, 5 * 1 + 1, 5 * 3 + 2])
+        torch.testing.assert_close(
+            mixed.hidden(rows), want.reshape(-1, cfg.hidden_size)[rows], rtol=1e-5, atol=1e-5
+        )
+
+
+def test_lockstep_batches_bound_samples_and_context_bytes(tmp_path):
+    cfg = read_config(str(build_drafter(tmp_path / "d", [0])))
+    item = 2
+    one = context_kv_bytes(cfg, 100, item)
+    assert one == cfg.num_layers * 2 * 100 * cfg.num_kv_heads * cfg.head_dim * item
+    lengths = [100] * (LOCKSTEP_SAMPLES + 3)
+    walk = lockstep_batches(lengths, cfg, item, "walk")
+    assert [len(b) for b in walk] == [LOCKSTEP_SAMPLES, 3]
+    assert [i for b in walk for i in b] == list(range(len(lengths)))
+    assert [len(b) for b in lockstep_batches([100] * 3, cfg, item, "all")] == [1, 1, 1]
+    # a sample larger than the byte bound alone is a batch of its own, never dropped
+    huge = 10**9 // context_kv_bytes(cfg, 1, item)
+    got = lockstep_batches([100, huge, 100, 100], cfg, item, "walk")
+    assert [list(b) for b in got] == [[0], [1], [2, 3]]
+
+
+@pytest.mark.slow
+def test_engine_walk_equals_all_positions_in_its_results(setups, tmp_path, monkeypatch):
+    """`run_eval` with positions=walk walks samples in lockstep batches (made small here,
+    so there are several), and its records equal the all-positions run's in rounds, DDTree and
+    agreement; events come in ground-truth order; the result says which positions the
+    per-position acceptance covers."""
+    import remote.eval.walk as walk
+
+    monkeypatch.setattr(walk, "LOCKSTEP_SAMPLES", 4)
+    s = setups("qwen3")
+    gt = tmp_path / "gt.jsonl"
+    gt.write_text(
+        "".join(
+            json.dumps({"id": f"x{i}", "prompt_ids": p, "completion_ids": c}) + "\n"
+            for i, (p, c) in enumerate(s["samples"])
+        )
+    )
+    results, events = {}, {}
+    for positions in ("walk", "all"):
+        out = tmp_path / positions
+        spec = EvalSpec(
+            target=s["target"],
+            drafter=s["drafters"][0],
+            ground_truth=str(gt),
+            output_dir=str(out),
+            dtype="float32",
+            budgets=(4, 16),
+            positions=positions,
+        )
+        events[positions] = []
+        results[positions] = run_eval(spec, on_event=events[positions].append)
+        lines = (out / "samples.jsonl").read_text().splitlines()
+        results[positions]["records"] = [json.loads(line) for line in lines]
+    walk_res, all_res = results["walk"], results["all"]
+    assert walk_res["inputs"]["positions"] == "walk" and all_res["inputs"]["positions"] == "all"
+    ids = [f"x{i}" for i in range(len(s["samples"]))]
+    for name in ("walk", "all"):
+        samples = [e for e in events[name] if e["event"] == "sample"]
+        assert [e["id"] for e in samples] == ids and [e["done"] for e in samples] == [
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+        ]
+        assert [r["id"] for r in results[name]["records"]] == ids
+    for a, b in zip(walk_res["records"], all_res["records"], strict=True):
+        assert (a["rounds"], a["ddtree"], a["agreement"]) == (
+            b["rounds"],
+            b["ddtree"],
+            b["agreement"],
+        )
+    wm, am = walk_res["metrics"], all_res["metrics"]
+    for key in ("tau_per_sample_mean", "tau_token_weighted", "acceptance_histogram", "ddtree"):
+        assert wm[key] == am[key]
+    rounds = sum(len(r["rounds"]) for r in walk_res["records"])
+    assert wm["per_position_acceptance"][0]["attempts"] == rounds
+    assert am["per_position_acceptance"][0]["attempts"] == sum(len(c) - 1 for _p, c in s["samples"])
+    assert walk_res["timings"]["drafter_s"] > 0 and walk_res["timings"]["ddtree_s"] > 0
