@@ -10,9 +10,9 @@ it as `remote.protocol`; its modules hold the parts:
   defined in `remote.relay.wire` and re-exported here;
 - `schemas`: the schema names of the documents that cross (`JOB_SPEC_SCHEMA`,
   `RESULT_SCHEMA`, `PROBE_SCHEMA`, `MANIFEST_FORMAT`) and the files a job sends back;
-- the JSON types of an eval's result files (``result.json``, ``spec.json``,
-  ``ground_truth.json``, ``samples.jsonl``), defined in `remote.result_doc` and re-exported
-  here: `check_files` on what a host sends, the others on what a run folder holds;
+- `results`: the JSON types of an eval's result files (``result.json``, ``spec.json``,
+  ``ground_truth.json``, ``samples.jsonl``): `check_files` on what a host sends, the
+  others on what a run folder holds;
 - `jobs`: job ids, states and kinds, carried files, the JSON types of a host's answers;
 - `ground_truth`: its source kinds and bounds (`GTLimits`), the suspect-agreement rule;
 - `eval_spec`: `EvalSpec`, what the eval engine evaluates and how, with ONE dtype
@@ -66,6 +66,14 @@ from remote.protocol.jobs import AnswerError as AnswerError
 from remote.protocol.jobs import carried_name_problem as carried_name_problem
 from remote.protocol.jobs import check_job_answer as check_job_answer
 from remote.protocol.jobs import check_job_id as check_job_id
+from remote.protocol.results import ResultError as ResultError
+from remote.protocol.results import check_files as check_files
+from remote.protocol.results import check_ground_truth as check_ground_truth
+from remote.protocol.results import check_record as check_record
+from remote.protocol.results import check_result as check_result
+from remote.protocol.results import check_spec as check_spec
+from remote.protocol.results import metrics_of as metrics_of
+from remote.protocol.results import sample_labels as sample_labels
 from remote.protocol.schemas import JOB_EVAL_KEY as JOB_EVAL_KEY
 from remote.protocol.schemas import JOB_SPEC_SCHEMA as JOB_SPEC_SCHEMA
 from remote.protocol.schemas import MANIFEST_FORMAT as MANIFEST_FORMAT
@@ -87,11 +95,3 @@ from remote.relay.wire import FRAME_HEADER as FRAME_HEADER
 from remote.relay.wire import MANIFEST as MANIFEST
 from remote.relay.wire import PARTIAL_PREFIX as PARTIAL_PREFIX
 from remote.relay.wire import REPAIR_PREFIX as REPAIR_PREFIX
-from remote.result_doc import ResultError as ResultError
-from remote.result_doc import check_files as check_files
-from remote.result_doc import check_ground_truth as check_ground_truth
-from remote.result_doc import check_record as check_record
-from remote.result_doc import check_result as check_result
-from remote.result_doc import check_spec as check_spec
-from remote.result_doc import metrics_of as metrics_of
-from remote.result_doc import sample_labels as sample_labels
