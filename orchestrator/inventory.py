@@ -30,6 +30,8 @@ from remote.protocol import (
     GT_KINDS,
     GT_MAX_SECONDS,
     gt_seconds_problem,
+    is_int,
+    is_number,
 )
 from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
@@ -183,7 +185,7 @@ def _str(v: Any) -> bool:
 
 
 def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return is_int(v)
 
 
 def _count(v: Any) -> bool:
@@ -195,7 +197,7 @@ def _port(v: Any) -> bool:
 
 
 def _pos_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    return is_number(v) and v > 0
 
 
 def _bool(v: Any) -> bool:

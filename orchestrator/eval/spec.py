@@ -34,6 +34,7 @@ from remote.protocol import (
     GTLimits,
     SpecError,
     carried_name_problem,
+    is_int,
 )
 from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
@@ -99,7 +100,7 @@ class EvalOptions:
         unknown ground-truth kind or a missing local prompts file never reaches a host."""
         for name in ("samples", "max_new_tokens"):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
+            if value is not None and (not is_int(value) or value < 1):
                 raise DflashError(
                     f"--{name.replace('_', '-')} must be a whole number of at "
                     f"least 1, got {value!r}"
@@ -119,7 +120,7 @@ class EvalOptions:
         if self.prompts is not None and not self.prompts.startswith("host:"):
             local_prompts(self.prompts)
         concurrency = self.ground_truth_concurrency
-        if concurrency is not None and (not _is_int(concurrency) or concurrency < 1):
+        if concurrency is not None and (not is_int(concurrency) or concurrency < 1):
             raise DflashError(
                 f"--gt-concurrency must be a whole number of at least 1, got {concurrency!r}"
             )
@@ -155,10 +156,6 @@ class EvalOptions:
             return self.engine
         keys = [k for k in EvalRole.ENGINE_KEYS if k not in chosen]
         return replace(self.engine, **{k: getattr(role, k) for k in keys})
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # ---- prompts ----------------------------------------------------------------------------

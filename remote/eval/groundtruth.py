@@ -89,6 +89,8 @@ from remote.protocol import (
     agreement_suspect,
     flag_suspect,
     sample_labels,
+    is_int,
+    is_number,
 )
 
 SERVER_KINDS = ("sglang", "openai", "openai-text")
@@ -280,7 +282,7 @@ def non_greedy(params: dict) -> str | None:
         greedy = float(0.0 if temperature is None else temperature) == 0.0
     except (TypeError, ValueError):
         greedy = False
-    if top_k == 1 and not isinstance(top_k, bool):
+    if top_k == 1 and is_number(top_k):
         greedy = True
     if params.get("do_sample") is True:
         greedy = False
@@ -656,9 +658,7 @@ def reachable(url: str, timeout: float = 5.0) -> str | None:
 
 
 def _int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    )
+    return isinstance(value, list) and all(is_int(v) for v in value)
 
 
 def reported_sampling(answer: Any) -> dict:
@@ -1117,7 +1117,7 @@ def prepare(
     except SpecError as exc:
         raise UserError(f"job spec: {exc}") from None
     concurrency = gt.get("concurrency", DEFAULT_CONCURRENCY)
-    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+    if not is_int(concurrency) or concurrency < 1:
         raise UserError(
             f"the ground-truth concurrency must be a whole number of at least 1, "
             f"got {concurrency!r}"

@@ -27,7 +27,7 @@ from pathlib import Path
 from remote.errors import UserError
 from remote.model.files import require_tokenizer
 from remote.probe.facts import meminfo, package_version
-from remote.protocol import EvalSpec, GTLimits, SpecError
+from remote.protocol import EvalSpec, GTLimits, SpecError, is_int
 
 MIN_PYTHON = (3, 10)
 REQUIRED = {"torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",)}
@@ -113,9 +113,7 @@ def check_target(spec: dict, engine: EvalSpec | None = None) -> tuple[dict, Eval
         except (SpecError, TypeError) as exc:
             raise UserError(str(exc)) from None
     samples = spec.get("samples")
-    if samples is not None and (
-        not isinstance(samples, int) or isinstance(samples, bool) or samples < 1
-    ):
+    if samples is not None and (not is_int(samples) or samples < 1):
         raise UserError(f"samples must be a whole number of at least 1, got {samples!r}")
     if engine.device != "cpu":  # a GPU asked of a host without one: now
         from remote.eval.device import resolve

@@ -19,7 +19,8 @@ it as `remote.protocol`; its modules hold the parts:
   vocabulary (``bfloat16``/``float32``; ``bf16``/``fp32`` are accepted once, at parse) and
   one set of defaults. A bad value is a `SpecError` (a ValueError with one line saying what
   to do); each side turns it into its own user error;
-- `values`: what a whole number is, how a bad value is shown.
+- `values`: what a whole number is, the checks a setting passes on either side (`Check`:
+  `COUNT`, `one_of`, ...), how a bad value is shown.
 """
 
 from __future__ import annotations
@@ -82,10 +83,17 @@ from remote.protocol.schemas import PARITY_SCHEMA as PARITY_SCHEMA
 from remote.protocol.schemas import PROBE_SCHEMA as PROBE_SCHEMA
 from remote.protocol.schemas import RESULT_FILES as RESULT_FILES
 from remote.protocol.schemas import RESULT_SCHEMA as RESULT_SCHEMA
+from remote.protocol.values import COUNT as COUNT
+from remote.protocol.values import FLAG as FLAG
+from remote.protocol.values import TEXT as TEXT
+from remote.protocol.values import WHOLE as WHOLE
+from remote.protocol.values import Check as Check
 from remote.protocol.values import SpecError as SpecError
 from remote.protocol.values import finite as finite
 from remote.protocol.values import is_int as is_int
+from remote.protocol.values import is_number as is_number
 from remote.protocol.values import json_type as json_type
+from remote.protocol.values import one_of as one_of
 from remote.protocol.values import shown as shown
 
 # The relay's names on a host and its frame header live in remote.relay.wire (os and

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from remote.protocol.schemas import JOB_EVAL_KEY
-from remote.protocol.values import SpecError, is_int
+from remote.protocol.values import COUNT, SpecError, is_int
 
 DTYPES = ("bfloat16", "float32")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -55,8 +55,8 @@ def parse_budgets(
 
 
 def _positive_or_none(name: str, value: Any) -> None:
-    if value is not None and (not is_int(value) or value < 1):
-        raise SpecError(f"{name} must be a whole number of at least 1, got {value!r}")
+    if value is not None:
+        COUNT.require(name, value)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from remote.protocol.values import SpecError
+from remote.protocol.values import SpecError, is_number
 
 GT_KINDS = ("sglang", "openai", "openai-text", "file", "local")
 # A ``file`` ground truth may be DEFERRED (``{"kind": "file", "deferred": seconds}``): the
@@ -91,11 +91,7 @@ def _set_seconds(limits: GTLimits, name: str, value: Any) -> None:
 def agreement_suspect(rate: Any) -> bool:
     """Whether a target agreement rate says the ground truth is wrong wholesale (see
     `GT_SUSPECT_AGREEMENT`); a missing rate (no tokens) says nothing."""
-    return (
-        isinstance(rate, (int, float))
-        and not isinstance(rate, bool)
-        and rate < GT_SUSPECT_AGREEMENT
-    )
+    return is_number(rate) and rate < GT_SUSPECT_AGREEMENT
 
 
 def flag_suspect(info: dict, rate: float, evicted: bool) -> dict:

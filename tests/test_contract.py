@@ -1,0 +1,64 @@
+"""The contract is written once (`remote.protocol`): no product module restates a value test,
+a vocabulary or a default that lives there, and each typed block of the job document is
+checked by the same function on the controller and on the host."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from remote.protocol import COUNT, Check, is_int, one_of
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = ("orchestrator", "remote", "benchmarks")
+CONTRACT = ROOT / "remote" / "protocol"
+
+
+def _modules(outside_contract: bool = True) -> list[Path]:
+    out = []
+    for top in PRODUCT:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if outside_contract and CONTRACT in path.parents:
+                continue
+            out.append(path)
+    return out
+
+
+def _is_bool_exclusion(node: ast.AST) -> bool:
+    """``isinstance(x, bool)`` (under a ``not`` or not): half of a hand-written int test."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "isinstance"
+        and len(node.args) == 2
+        and isinstance(node.args[1], ast.Name)
+        and node.args[1].id == "bool"
+    )
+
+
+def test_a_whole_number_is_tested_in_one_place():
+    """`is_int` (and `is_number`) are the contract's; no product module spells the test
+    again (``isinstance(v, int) and not isinstance(v, bool)``) or defines its own."""
+    found = []
+    for path in _modules():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name in ("_is_int", "_is_num"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} def {node.name}")
+            if isinstance(node, ast.BoolOp) and any(
+                _is_bool_exclusion(v.operand if isinstance(v, ast.UnaryOp) else v)
+                for v in node.values
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == [], found
+    assert is_int(3) and not is_int(True) and not is_int(3.0)
+
+
+def test_a_check_names_the_setting_as_each_side_does():
+    assert COUNT.message("--gt-concurrency", 0) == (
+        "--gt-concurrency must be a whole number of at least 1, got 0"
+    )
+    kinds = one_of("a", "b")
+    assert kinds("a") and not kinds("c") and not kinds(["a"])
+    assert kinds.message("--kind", "c") == "unknown --kind 'c' (one of a, b)"
+    assert isinstance(kinds, Check) and kinds.expected == "one of a, b"
