@@ -62,3 +62,17 @@ def test_a_check_names_the_setting_as_each_side_does():
     assert kinds("a") and not kinds("c") and not kinds(["a"])
     assert kinds.message("--kind", "c") == "unknown --kind 'c' (one of a, b)"
     assert isinstance(kinds, Check) and kinds.expected == "one of a, b"
+
+
+def test_a_dtypes_size_comes_from_the_one_dtype_table():
+    """The byte size preflight counts a weight at, for every dtype of the eval vocabulary,
+    is the one `ST_DTYPES` gives (and torch agrees)."""
+    import torch
+
+    from remote.eval import preflight
+    from remote.model.files import dtype_bytes
+    from remote.protocol import DTYPES
+
+    for name in DTYPES:
+        assert dtype_bytes(name) == torch.empty(0, dtype=getattr(torch, name)).element_size()
+    assert not hasattr(preflight, "DTYPE_BYTES")

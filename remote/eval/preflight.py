@@ -31,7 +31,6 @@ from remote.protocol import EvalSpec, GTLimits, SpecError, is_int
 
 MIN_PYTHON = (3, 10)
 REQUIRED = {"torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",)}
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # what the eval engine runs in
 # Activations, the one-sequence forward, tokenizer and python itself.
 OVERHEAD_FRACTION = 0.10
 OVERHEAD_BYTES = 512 * 1024 * 1024
@@ -51,9 +50,9 @@ def describe_target(folder: Path, dtype: str):
 def drafter_bytes(folder: Path, dtype: str) -> int:
     """Bytes the drafter's weights take in `dtype`, found as its loader finds them."""
     from remote.eval.drafter import weight_shapes
-    from remote.model.files import ST_DTYPES
+    from remote.model.files import ST_DTYPES, dtype_bytes
 
-    per = DTYPE_BYTES[dtype]
+    per = dtype_bytes(dtype)
     total = 0
     for _file, kind, shape in weight_shapes(str(folder))[0].values():
         n = 1
