@@ -76,3 +76,41 @@ def test_a_dtypes_size_comes_from_the_one_dtype_table():
     for name in DTYPES:
         assert dtype_bytes(name) == torch.empty(0, dtype=getattr(torch, name)).element_size()
     assert not hasattr(preflight, "DTYPE_BYTES")
+
+
+def _constants(tree: ast.AST):
+    """String constants that are values (not docstrings)."""
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            yield node
+
+
+def test_job_kinds_and_states_are_named_once():
+    """The job kinds are `JobKind`'s and the states `JobState`'s: no product module outside
+    the contract spells a parity kind, or lists job states (a tuple, set or table keyed by
+    them, of job states only: Slurm's verdicts and progress counters are other words)."""
+    from remote.protocol import JOB_KINDS, JOB_STATES
+
+    states = set(JOB_STATES)
+    found = []
+    for path in _modules():
+        tree = ast.parse(path.read_text())
+        where = path.relative_to(ROOT)
+        for node in _constants(tree):
+            if node.value in JOB_KINDS[1:]:
+                found.append(f"{where}:{node.lineno} {node.value!r}")
+        for node in ast.walk(tree):
+            items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else []
+            items = node.keys if isinstance(node, ast.Dict) else items
+            named = {i.value if isinstance(i, ast.Constant) else None for i in items}
+            if len(named) >= 2 and named <= states:  # a list of job states, nothing else
+                found.append(f"{where}:{node.lineno} {sorted(named)}")
+    assert found == [], found

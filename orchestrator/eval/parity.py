@@ -48,7 +48,14 @@ from orchestrator.results import parity_view
 from orchestrator.results.store import results_dir
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
-from remote.protocol import JOB_EVAL_KEY, PARTIAL_PREFIX, TERMINAL_STATES, EvalSpec
+from remote.protocol import (
+    JOB_EVAL_KEY,
+    PARTIAL_PREFIX,
+    TERMINAL_STATES,
+    EvalSpec,
+    JobKind,
+    JobState,
+)
 
 INBOX = PARTIAL_PREFIX + "parity-a"  # relay-recv writes only under a partial folder
 CAPTURE_MAX = 64 << 20  # a capture's result.json: its settings, file list and sample list
@@ -80,7 +87,7 @@ def _capture_spec(
     eo = opts.eval_options(side)
     job = build_spec(host, spec, f"parity-{side}", eo, engine=engine, exact_file=ground_truth_file)
     job.update(
-        kind="parity-capture",
+        kind=JobKind.CAPTURE,
         layers=opts.layers,
         topk=opts.topk,
         attn=opts.attn_a if side == "a" else opts.attn_b,
@@ -100,7 +107,7 @@ def _run_job(
     if on_start:
         on_start(stage, ref)
     end = remote_job.watch(host, ref.job_id, (lambda ev: on_event(stage, ev)) if on_event else None)
-    if end["state"] != "done":
+    if end["state"] != JobState.DONE:
         err = (end.get("exit") or {}).get("error")
         raise remote_job.JobError(
             f"{stage} job {ref.job_id} on {host.name} {end['state']}{': ' + err if err else ''}"
@@ -177,7 +184,7 @@ def run_parity(
         )
         stream_s = time.time() - t0
         compare = {
-            "kind": "parity-compare",
+            "kind": JobKind.COMPARE,
             "created": time.time(),
             "host": host_b,
             "checkpoint": "parity",
@@ -213,7 +220,7 @@ def attach(
         with open_host(inventory.host(host_name), inventory) as host:
             return attach(inventory, host_name, job_id, on_event=on_event, dest=dest, host=host)
     status = status or remote_job.job_status(host, job_id)
-    if status.get("kind") != "parity-compare":
+    if status.get("kind") != JobKind.COMPARE:
         raise DflashError(
             f"job {job_id} on {host_name} is a {status.get('kind') or 'eval'}"
             " job, not a parity compare; run dflash parity again"
@@ -222,7 +229,7 @@ def attach(
         status = remote_job.watch(
             host, job_id, (lambda ev: on_event("compare", ev)) if on_event else None
         )
-    if status["state"] != "done":
+    if status["state"] != JobState.DONE:
         err = (status.get("exit") or {}).get("error")
         raise remote_job.JobError(
             f"job {job_id} on {host_name} {status['state']}{': ' + err if err else ''}"

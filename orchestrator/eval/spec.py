@@ -32,6 +32,7 @@ from remote.protocol import (
     JOB_SPEC_SCHEMA,
     EvalSpec,
     GTLimits,
+    JobKind,
     SpecError,
     carried_name_problem,
     is_int,
@@ -340,7 +341,7 @@ def build_spec(
         )
     job = {
         "schema": JOB_SPEC_SCHEMA,
-        "kind": "eval",
+        "kind": JobKind.EVAL,
         "created": time.time(),
         "host": spec.name,
         "checkpoint": Path(checkpoint.rstrip("/")).name,
@@ -390,7 +391,7 @@ def eval_identity(job: dict) -> dict:
     prompts = part("prompts")
     gt = {k: v for k, v in part("ground_truth").items() if k not in GT_SPEED_KEYS}
     return {
-        "kind": job.get("kind", "eval"),
+        "kind": job.get("kind", JobKind.EVAL),
         "host": job.get("host"),
         "checkpoint": job.get("checkpoint"),
         "samples": job.get("samples"),

@@ -32,7 +32,7 @@ from typing import Any
 
 from remote.atomic import write_json_atomic
 from remote.errors import UserError
-from remote.protocol import PARITY_CAPTURE_SCHEMA, PARITY_SCHEMA, EvalSpec
+from remote.protocol import PARITY_CAPTURE_SCHEMA, PARITY_SCHEMA, EvalSpec, JobKind
 
 CAPTURE_DIR = "capture"
 ATTN = ("sdpa", "eager")
@@ -428,8 +428,8 @@ def run_job(path: Path, spec: dict, events, *, preflight: bool = False) -> int:
 
     kind = spec.get("kind")
     engine = job_engine(spec)
-    if kind == "parity-capture":
+    if kind == JobKind.CAPTURE:
         return run_capture(path, spec, events, engine)
-    if kind == "parity-compare":
+    if kind == JobKind.COMPARE:
         return run_compare(path, spec, events, engine)
     raise UserError(f"unknown job kind {kind!r}")

@@ -27,7 +27,7 @@ from pathlib import Path
 from remote.errors import UserError
 from remote.model.files import require_tokenizer
 from remote.probe.facts import meminfo, package_version
-from remote.protocol import EvalSpec, GTLimits, SpecError, is_int
+from remote.protocol import EvalSpec, GTLimits, JobKind, SpecError, is_int
 
 MIN_PYTHON = (3, 10)
 REQUIRED = {"torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",)}
@@ -139,7 +139,7 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
     began = time.perf_counter()
     report, engine, target = check_target(spec, engine)
     dtype = engine.dtype
-    parity = str(spec.get("kind", "eval")).startswith("parity")
+    parity = spec.get("kind") in (JobKind.CAPTURE, JobKind.COMPARE)
     # A parity capture reads the drafter's config for its layers, when it has one.
     drafter = (
         _model_folder(engine.drafter, "drafter checkpoint")

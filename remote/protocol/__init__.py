@@ -64,6 +64,8 @@ from remote.protocol.jobs import TERMINAL_STATES as TERMINAL_STATES
 from remote.protocol.jobs import WATCH_END_EVENT as WATCH_END_EVENT
 from remote.protocol.jobs import WATCH_HEARTBEAT_SECONDS as WATCH_HEARTBEAT_SECONDS
 from remote.protocol.jobs import AnswerError as AnswerError
+from remote.protocol.jobs import JobKind as JobKind
+from remote.protocol.jobs import JobState as JobState
 from remote.protocol.jobs import carried_name_problem as carried_name_problem
 from remote.protocol.jobs import check_job_answer as check_job_answer
 from remote.protocol.jobs import check_job_id as check_job_id

@@ -43,9 +43,42 @@ def carried_name_problem(name: Any) -> str | None:
 # A job's id names its folder on the host AND the run folder it is pulled into on the
 # workstation: one path component (never "." or ".."), checked by `check_job_id` on both.
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-JOB_STATES = ("starting", "running", "done", "failed", "cancelled", "lost")
-TERMINAL_STATES = ("done", "failed", "cancelled", "lost")
-JOB_KINDS = ("eval", "parity-capture", "parity-compare")
+
+
+class JobState:
+    """A job's states, by name: ``starting`` (its folder exists, its runner not yet),
+    ``running`` (the recorded runner is alive), then one of the `TERMINAL_STATES`: ``done``,
+    ``failed``, ``cancelled``, or ``lost`` (the runner died without saying how it ended)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+
+JOB_STATES = (
+    JobState.STARTING,
+    JobState.RUNNING,
+    JobState.DONE,
+    JobState.FAILED,
+    JobState.CANCELLED,
+    JobState.LOST,
+)
+TERMINAL_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.LOST)
+
+
+class JobKind:
+    """What a job does, by name: an eval, or one half of a parity check (a host's capture,
+    the comparison of two captures)."""
+
+    EVAL = "eval"
+    CAPTURE = "parity-capture"
+    COMPARE = "parity-compare"
+
+
+JOB_KINDS = (JobKind.EVAL, JobKind.CAPTURE, JobKind.COMPARE)
 # ``job watch`` sends a heartbeat line at least this often, so a watcher can tell a quiet
 # job from a host that went silent; its last line is a WATCH_END_EVENT (with --pull:
 # carrying the result files).
