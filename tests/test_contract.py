@@ -114,3 +114,33 @@ def test_job_kinds_and_states_are_named_once():
             if len(named) >= 2 and named <= states:  # a list of job states, nothing else
                 found.append(f"{where}:{node.lineno} {sorted(named)}")
     assert found == [], found
+
+
+def test_attention_implementations_and_the_parity_inbox_are_the_contracts():
+    """The attention implementations are listed once (`ATTN_IMPLEMENTATIONS`), both sides
+    refuse another with the same check, and parity's inbox on B is a relay partial folder
+    by the relay's own prefix, not a copy of it."""
+    from orchestrator.eval import parity
+    from remote.protocol import ATTN, ATTN_IMPLEMENTATIONS, PARTIAL_PREFIX
+
+    found = []
+    for path in _modules():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                named = {i.value for i in node.elts if isinstance(i, ast.Constant)}
+                if named >= set(ATTN_IMPLEMENTATIONS):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        for node in ast.walk(tree):  # a name in a relay folder, written out (not a temp)
+            value = node.value if isinstance(node, ast.Assign) else None
+            if (
+                isinstance(value, ast.Constant)
+                and str(value.value).startswith(PARTIAL_PREFIX)
+                and path.name != "wire.py"  # where PARTIAL_PREFIX itself is defined
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {value.value!r}")
+    assert found == [], found
+    assert parity.INBOX.startswith(PARTIAL_PREFIX)
+    assert ATTN("sdpa") and not ATTN("flash")
+    with __import__("pytest").raises(Exception, match=r"unknown --attn-a 'flash' \(one of sdpa"):
+        parity.ParityOptions(attn_a="flash")

@@ -32,10 +32,16 @@ from typing import Any
 
 from remote.atomic import write_json_atomic
 from remote.errors import UserError
-from remote.protocol import PARITY_CAPTURE_SCHEMA, PARITY_SCHEMA, EvalSpec, JobKind
+from remote.protocol import (
+    ATTN,
+    CAPTURE_TOPK,
+    PARITY_CAPTURE_SCHEMA,
+    PARITY_SCHEMA,
+    EvalSpec,
+    JobKind,
+)
 
 CAPTURE_DIR = "capture"
-ATTN = ("sdpa", "eager")
 PERCENTILES = (50, 90, 99)
 
 
@@ -88,17 +94,15 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
 
     device = device_mod.resolve(engine.device)  # before anything slow
     attn = spec.get("attn")
-    if attn is not None and attn not in ATTN:
-        raise UserError(
-            f"attention implementation {attn!r} is not supported; use {' or '.join(ATTN)}"
-        )
+    if attn is not None and not ATTN(attn):
+        raise UserError(ATTN.message("attention implementation", attn))
     dtype_name = engine.dtype
     if not os.path.isdir(engine.target):
         raise UserError(f"target folder {engine.target or None} does not exist on this host")
     _cfg, _meta, info = describe(engine.target)
     del _meta
     layers = capture_layers(spec, info.num_layers, engine.drafter)
-    topk = int(spec.get("topk") or 8)
+    topk = int(spec.get("topk") or CAPTURE_TOPK)
 
     events.emit("phase", phase="ground_truth", source=(spec.get("ground_truth") or {}).get("kind"))
     gt_path, gt_info = groundtruth.prepare(spec, emit=events.emit, engine=engine)

@@ -13,6 +13,7 @@ it as `remote.protocol`; its modules hold the parts:
 - `results`: the JSON types of an eval's result files (``result.json``, ``spec.json``,
   ``ground_truth.json``, ``samples.jsonl``): `check_files` on what a host sends, the
   others on what a run folder holds;
+- `job_spec`: the job document's settings beyond the engine's (a parity capture's);
 - `jobs`: job ids, states and kinds, carried files, the JSON types of a host's answers;
 - `ground_truth`: its source kinds and bounds (`GTLimits`), the suspect-agreement rule;
 - `eval_spec`: `EvalSpec`, what the eval engine evaluates and how, with ONE dtype
@@ -49,6 +50,9 @@ from remote.protocol.ground_truth import GTLimits as GTLimits
 from remote.protocol.ground_truth import agreement_suspect as agreement_suspect
 from remote.protocol.ground_truth import flag_suspect as flag_suspect
 from remote.protocol.ground_truth import gt_seconds_problem as gt_seconds_problem
+from remote.protocol.job_spec import ATTN as ATTN
+from remote.protocol.job_spec import ATTN_IMPLEMENTATIONS as ATTN_IMPLEMENTATIONS
+from remote.protocol.job_spec import CAPTURE_TOPK as CAPTURE_TOPK
 from remote.protocol.jobs import CARRY_DIRS as CARRY_DIRS
 from remote.protocol.jobs import CARRY_MAX_BYTES as CARRY_MAX_BYTES
 from remote.protocol.jobs import JOB_ANSWER_FIELDS as JOB_ANSWER_FIELDS
