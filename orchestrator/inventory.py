@@ -23,6 +23,7 @@ from orchestrator.sizes import parse_size
 from orchestrator.slurm.role import SlurmError, SlurmRole
 from remote.protocol import (
     DEFAULT_DTYPE,
+    DEFAULT_GT_KIND,
     DTYPES,
     GT_DEFAULT_DEADLINE,
     GT_DEFAULT_PHASE_DEADLINE,
@@ -64,7 +65,7 @@ class EvalRole:
     drafters: str
     target_model: str | None = None
     ground_truth: str | None = None  # URL of an SGLang/OpenAI server, "local", or a file
-    ground_truth_kind: str = "sglang"  # sglang | openai | openai-text | file | local
+    ground_truth_kind: str = DEFAULT_GT_KIND  # one of GT_KINDS
     prompts: str | None = None
     threads: int | None = None
     dtype: str = DEFAULT_DTYPE

@@ -144,3 +144,35 @@ def test_attention_implementations_and_the_parity_inbox_are_the_contracts():
     assert ATTN("sdpa") and not ATTN("flash")
     with __import__("pytest").raises(Exception, match=r"unknown --attn-a 'flash' \(one of sdpa"):
         parity.ParityOptions(attn_a="flash")
+
+
+def test_the_ground_truth_kinds_and_their_default_are_written_once():
+    """`GT_KINDS`, `SERVER_KINDS` and `DEFAULT_GT_KIND` are the contract's: no product
+    module lists server kinds or writes the default kind as a fallback of its own."""
+    from remote.protocol import DEFAULT_GT_KIND, GT_KINDS, SERVER_KINDS
+
+    assert DEFAULT_GT_KIND in SERVER_KINDS and set(SERVER_KINDS) < set(GT_KINDS)
+    found = []
+    for path in _modules():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                named = {i.value for i in node.elts if isinstance(i, ast.Constant)}
+                if len(named & set(GT_KINDS)) >= 2:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            # ``.get("kind", "sglang")``, ``x or "sglang"``, ``kind: str = "sglang"``
+            fallback = (
+                node.args[1]
+                if isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "get"
+                and len(node.args) == 2
+                else node.values[-1]
+                if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or)
+                else node.value
+                if isinstance(node, ast.AnnAssign)
+                else None
+            )
+            if isinstance(fallback, ast.Constant) and fallback.value == DEFAULT_GT_KIND:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {DEFAULT_GT_KIND!r}")
+    assert found == [], found

@@ -25,11 +25,13 @@ from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
 from remote.protocol import (
     CARRY_MAX_BYTES,
+    DEFAULT_GT_KIND,
     GT_KINDS,
     JOB_CARRY_KEY,
     JOB_ENGINE_DEFAULT,
     JOB_EVAL_KEY,
     JOB_SPEC_SCHEMA,
+    SERVER_KINDS,
     EvalSpec,
     GTLimits,
     JobKind,
@@ -285,9 +287,11 @@ def ground_truth_source(host: Host, spec: HostSpec, options: EvalOptions) -> dic
     """The job's ``ground_truth`` entry: kind, server URL or file, the bounds on waiting
     for it (`EvalOptions.ground_truth_limits`), concurrency, ``fresh`` when asked."""
     role = spec.eval
-    kind = options.ground_truth_kind or (role.ground_truth_kind if role else None) or "sglang"
+    kind = (
+        options.ground_truth_kind or (role.ground_truth_kind if role else None) or DEFAULT_GT_KIND
+    )
     source = options.ground_truth or (role.ground_truth if role else None)
-    if kind in ("sglang", "openai", "openai-text") and not source:
+    if kind in SERVER_KINDS and not source:
         raise DflashError(
             f"ground truth kind {kind!r} needs a server URL: set "
             "roles.eval.ground_truth in the inventory or pass --ground-truth"

@@ -72,6 +72,19 @@ from typing import Any
 
 from remote.atomic import write_atomic, write_json_atomic
 from remote.errors import UserError
+from remote.protocol import (
+    DEFAULT_GT_KIND,
+    SERVER_KINDS,
+    EvalSpec,
+    GTLimits,
+    ResultError,
+    SpecError,
+    agreement_suspect,
+    flag_suspect,
+    is_int,
+    is_number,
+    sample_labels,
+)
 from remote.protocol import (  # the ground-truth settings both sides agree on
     GT_DEFAULT_CONCURRENCY as DEFAULT_CONCURRENCY,
 )
@@ -81,19 +94,7 @@ from remote.protocol import (
 from remote.protocol import (
     GT_KINDS as KINDS,
 )
-from remote.protocol import (
-    EvalSpec,
-    GTLimits,
-    ResultError,
-    SpecError,
-    agreement_suspect,
-    flag_suspect,
-    sample_labels,
-    is_int,
-    is_number,
-)
 
-SERVER_KINDS = ("sglang", "openai", "openai-text")
 # Bumped when what a cache entry means changes, so older entries are never hit.
 CACHE_VERSION = 2
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -1108,7 +1109,7 @@ def prepare(
     """
     began = time.monotonic()
     gt = dict(spec.get("ground_truth") or {})
-    kind = gt.get("kind", "sglang")
+    kind = gt.get("kind", DEFAULT_GT_KIND)
     if kind not in KINDS:
         raise UserError(f"unknown ground truth kind {kind!r} (one of {', '.join(KINDS)})")
     sampling = check_greedy(spec.get("sampling") or {})

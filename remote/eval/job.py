@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from remote.atomic import write_json_atomic
 from remote.entry import self_command
 from remote.errors import UserError
-from remote.protocol import GT_DEFERRED_FILE, EvalSpec, SpecError
+from remote.protocol import GT_DEFERRED_FILE, SERVER_KINDS, EvalSpec, SpecError
 
 
 class Events(Protocol):
@@ -99,7 +99,7 @@ def run_eval_job(
         arrived = await_file(path / GT_DEFERRED_FILE, float(gt["deferred"]))
         spec = dict(spec, ground_truth=dict(gt, path=str(arrived)))
     loading = None
-    if gt.get("kind") in groundtruth.SERVER_KINDS and spec.get("stop_after") != "ground_truth":
+    if gt.get("kind") in SERVER_KINDS and spec.get("stop_after") != "ground_truth":
         # A server makes the ground truth: the target loads here meanwhile (this process
         # only waits for answers), not after it.
         loading = _in_background(load_model)

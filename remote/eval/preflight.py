@@ -27,7 +27,15 @@ from pathlib import Path
 from remote.errors import UserError
 from remote.model.files import require_tokenizer
 from remote.probe.facts import meminfo, package_version
-from remote.protocol import EvalSpec, GTLimits, JobKind, SpecError, is_int
+from remote.protocol import (
+    DEFAULT_GT_KIND,
+    SERVER_KINDS,
+    EvalSpec,
+    GTLimits,
+    JobKind,
+    SpecError,
+    is_int,
+)
 
 MIN_PYTHON = (3, 10)
 REQUIRED = {"torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",)}
@@ -119,7 +127,7 @@ def check_target(spec: dict, engine: EvalSpec | None = None) -> tuple[dict, Eval
 
         report["device"] = str(resolve(engine.device))
     target = _model_folder(engine.target, "target model")
-    kind = (spec.get("ground_truth") or {}).get("kind", "sglang")
+    kind = (spec.get("ground_truth") or {}).get("kind", DEFAULT_GT_KIND)
     if kind not in groundtruth.KINDS:
         raise UserError(
             f"unknown ground truth kind {kind!r} (one of {', '.join(groundtruth.KINDS)})"
@@ -147,7 +155,7 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
         else None
     )
     gt = spec.get("ground_truth") or {}
-    kind = gt.get("kind", "sglang")
+    kind = gt.get("kind", DEFAULT_GT_KIND)
     groundtruth.check_greedy(spec.get("sampling") or {})
     try:
         GTLimits.of(gt)
@@ -216,7 +224,7 @@ def _reachable(kind: str, gt: dict, report: dict) -> dict:
     """The last check: a ground-truth server reachable from this host; the report, ok."""
     from remote.eval import groundtruth
 
-    if kind in ("sglang", "openai", "openai-text"):
+    if kind in SERVER_KINDS:
         if not gt.get("url"):
             raise UserError(
                 f"ground truth kind {kind!r} needs a server URL (inventory "

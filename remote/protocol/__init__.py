@@ -36,6 +36,7 @@ from remote.protocol.eval_spec import POSITIONS as POSITIONS
 from remote.protocol.eval_spec import EvalSpec as EvalSpec
 from remote.protocol.eval_spec import parse_budgets as parse_budgets
 from remote.protocol.eval_spec import parse_dtype as parse_dtype
+from remote.protocol.ground_truth import DEFAULT_GT_KIND as DEFAULT_GT_KIND
 from remote.protocol.ground_truth import GT_CACHE_KEY_RE as GT_CACHE_KEY_RE
 from remote.protocol.ground_truth import GT_DEFAULT_CONCURRENCY as GT_DEFAULT_CONCURRENCY
 from remote.protocol.ground_truth import GT_DEFAULT_DEADLINE as GT_DEFAULT_DEADLINE
@@ -46,6 +47,7 @@ from remote.protocol.ground_truth import GT_DEFERRED_FILE as GT_DEFERRED_FILE
 from remote.protocol.ground_truth import GT_KINDS as GT_KINDS
 from remote.protocol.ground_truth import GT_MAX_SECONDS as GT_MAX_SECONDS
 from remote.protocol.ground_truth import GT_SUSPECT_AGREEMENT as GT_SUSPECT_AGREEMENT
+from remote.protocol.ground_truth import SERVER_KINDS as SERVER_KINDS
 from remote.protocol.ground_truth import GTLimits as GTLimits
 from remote.protocol.ground_truth import agreement_suspect as agreement_suspect
 from remote.protocol.ground_truth import flag_suspect as flag_suspect

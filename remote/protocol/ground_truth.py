@@ -9,7 +9,11 @@ from typing import Any, ClassVar
 
 from remote.protocol.values import SpecError, is_number
 
-GT_KINDS = ("sglang", "openai", "openai-text", "file", "local")
+# Where ground truth comes from: a serving engine (SGLang's native API, an OpenAI-compatible
+# one with token ids, one with text only), a file of ids on the host, or the target itself.
+SERVER_KINDS = ("sglang", "openai", "openai-text")
+GT_KINDS = (*SERVER_KINDS, "file", "local")
+DEFAULT_GT_KIND = "sglang"  # when neither the job nor the inventory names one
 # A ``file`` ground truth may be DEFERRED (``{"kind": "file", "deferred": seconds}``): the
 # job starts (imports, checks, loads its target) before its file exists, and waits up to
 # that many seconds for it to arrive in its own folder under this name. A sharded eval
