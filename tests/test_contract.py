@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from remote.protocol import COUNT, Check, is_int, one_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,3 +178,71 @@ def test_the_ground_truth_kinds_and_their_default_are_written_once():
             if isinstance(fallback, ast.Constant) and fallback.value == DEFAULT_GT_KIND:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {DEFAULT_GT_KIND!r}")
     assert found == [], found
+
+
+# The same bad value of a job setting, as the command line (an EvalOptions field), the
+# inventory (a key of roles.eval) and a job document sent to a host carry it.
+BAD_SETTINGS = {
+    "concurrency": ("ground_truth_concurrency", 0, {"ground_truth": {"concurrency": 0}}),
+    "kind": ("ground_truth_kind", "vllm", {"ground_truth": {"kind": "vllm"}}),
+    "samples": ("samples", 0, {"samples": 0}),
+    "max_new_tokens": ("max_new_tokens", -3, {"sampling": {"max_new_tokens": -3}}),
+}
+
+
+def _inventory_line(key: str, value: object) -> str:
+    from orchestrator.inventory import InventoryError, parse_inventory
+
+    text = f"hosts:\n  h:\n    roles:\n      eval: {{drafters: /d, {key}: {value}}}\n"
+    try:
+        parse_inventory(text, Path("inv.yaml"))
+    except InventoryError as exc:
+        return str(exc)
+    raise AssertionError(f"the inventory took {key}: {value}")
+
+
+@pytest.mark.parametrize("name", list(BAD_SETTINGS))
+def test_a_bad_job_setting_is_refused_by_one_check_on_every_side(name):
+    """A ground-truth concurrency, kind, sample count or completion length no job can run
+    with is refused by the command line, the inventory and the host reading a job document,
+    each naming the setting its own way, by the one `Check` the contract defines for it:
+    the same object on every side, so the same words."""
+    from orchestrator.errors import DflashError
+    from orchestrator.eval.spec import OPTION_CHECKS, EvalOptions
+    from orchestrator.inventory import ROLE_KEYS
+    from remote.protocol import GroundTruthSpec, JobSpec, Sampling, SpecError
+
+    field, value, doc = BAD_SETTINGS[name]
+    contract = {
+        "concurrency": GroundTruthSpec.CHECKS["concurrency"],
+        "kind": GroundTruthSpec.CHECKS["kind"],
+        "samples": JobSpec.CHECKS["samples"],
+        "max_new_tokens": Sampling.CHECKS["max_new_tokens"],
+    }[name]
+    assert OPTION_CHECKS[field][1] is contract
+    assert ROLE_KEYS["eval"][1][field] is contract
+    with pytest.raises(DflashError) as cli:
+        EvalOptions(**{field: value})
+    with pytest.raises(SpecError) as host:
+        JobSpec.from_json(doc)
+    lines = {
+        "cli": str(cli.value),
+        "inventory": _inventory_line(field, value),
+        "host": str(host.value),
+    }
+    for side, line in lines.items():
+        assert contract.expected in line and str(value) in line, (side, line)
+        assert "\n" not in line, (side, line)
+
+
+def test_the_default_server_kind_and_a_missing_url_read_the_same_on_both_sides():
+    """No kind given: both sides take the contract's default (a server kind), and a server
+    kind without a URL is refused by the same words on the controller and the host."""
+    from remote.protocol import DEFAULT_GT_KIND, SERVER_KINDS, GroundTruthSpec, JobSpec
+
+    job = JobSpec.from_json({"ground_truth": {}})
+    assert job.ground_truth.kind == DEFAULT_GT_KIND == GroundTruthSpec().kind
+    assert DEFAULT_GT_KIND in SERVER_KINDS
+    assert "needs a server URL" in job.ground_truth.missing_source()
+    back = GroundTruthSpec.from_json(GroundTruthSpec(url="http://127.0.0.1:1").to_json())
+    assert back == GroundTruthSpec(url="http://127.0.0.1:1") and back.missing_source() is None

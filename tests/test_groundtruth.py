@@ -226,7 +226,7 @@ def test_a_bad_concurrency_is_one_line(tmp_path, tiny_target, prompts_file, serv
     spec["ground_truth"]["concurrency"] = 0
     with pytest.raises(
         UserError,
-        match=r"^the ground-truth concurrency must be a whole "
+        match=r"^job spec: the ground-truth concurrency must be a whole "
         r"number of at least 1, got 0$",
     ):
         groundtruth.prepare(spec)

@@ -73,26 +73,17 @@ from typing import Any
 from remote.atomic import write_atomic, write_json_atomic
 from remote.errors import UserError
 from remote.protocol import (
-    DEFAULT_GT_KIND,
     SERVER_KINDS,
     EvalSpec,
     GTLimits,
+    JobSpec,
     ResultError,
     SpecError,
     agreement_suspect,
     flag_suspect,
     is_int,
-    is_number,
+    non_greedy,
     sample_labels,
-)
-from remote.protocol import (  # the ground-truth settings both sides agree on
-    GT_DEFAULT_CONCURRENCY as DEFAULT_CONCURRENCY,
-)
-from remote.protocol import (
-    GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS,
-)
-from remote.protocol import (
-    GT_KINDS as KINDS,
 )
 
 # Bumped when what a cache entry means changes, so older entries are never hit.
@@ -270,52 +261,6 @@ def cache_key(
     if labels and any(labels):  # unlabelled sets keep the names they always had
         h.update(json.dumps(labels, sort_keys=True).encode())
     return h.hexdigest()[:24]
-
-
-def non_greedy(params: dict) -> str | None:
-    """None when `params` (sampling parameters a job asks for, or that a server reports it
-    used) mean greedy decoding, else the offending values as text. Temperature 0 is greedy
-    whatever top_p/top_k say (servers ignore them then), and so is top_k 1; ``do_sample``
-    true is sampling. A missing temperature counts as 0."""
-    temperature = params.get("temperature", 0.0)
-    top_k, top_p = params.get("top_k"), params.get("top_p")
-    try:
-        greedy = float(0.0 if temperature is None else temperature) == 0.0
-    except (TypeError, ValueError):
-        greedy = False
-    if top_k == 1 and is_number(top_k):
-        greedy = True
-    if params.get("do_sample") is True:
-        greedy = False
-    if greedy:
-        return None
-    shown = {
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "do_sample": params.get("do_sample"),
-    }
-    return ", ".join(f"{k}={v}" for k, v in shown.items() if v is not None)
-
-
-def check_greedy(sampling: dict) -> dict:
-    """The sampling parameters, normalised; anything but greedy decoding is refused."""
-    problem = non_greedy(sampling)
-    if problem:
-        raise UserError(
-            f"ground truth must be greedy (temperature 0); got {problem}. "
-            "Acceptance under greedy verification is only defined against greedy "
-            "completions"
-        )
-    try:
-        max_new = int(sampling.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
-    except (TypeError, ValueError):
-        raise UserError(
-            f"max_new_tokens must be an integer, got {sampling.get('max_new_tokens')!r}"
-        ) from None
-    if max_new < 1:
-        raise UserError(f"max_new_tokens must be at least 1, got {max_new}")
-    return {"temperature": 0.0, "max_new_tokens": max_new}
 
 
 def target_vocab_size(target: str, tokenizer) -> int:
@@ -689,8 +634,9 @@ def check_answer_greedy(answer: Any, url: str) -> None:
     """Refuse an answer whose server reports it sampled instead of decoding greedily."""
     problem = non_greedy(reported_sampling(answer))
     if problem:
+        shown = ", ".join(f"{k}={v}" for k, v in problem.items())
         raise UserError(
-            f"ground truth server {url} reports non-greedy sampling ({problem}) "
+            f"ground truth server {url} reports non-greedy sampling ({shown}) "
             "although temperature 0 was asked; tau must be measured against "
             "greedy completions, so its answer is refused: serve the target "
             "without sampling overrides"
@@ -1086,15 +1032,27 @@ def _read_cache(
     return records, meta
 
 
+def read_job(spec: dict | JobSpec) -> JobSpec:
+    """The job `spec` typed (`remote.protocol.JobSpec`), each value checked; a bad one is
+    one line (``job spec: ...``)."""
+    if isinstance(spec, JobSpec):
+        return spec
+    try:
+        return JobSpec.from_json(spec)
+    except SpecError as exc:
+        raise UserError(f"job spec: {exc}") from None
+
+
 def prepare(
-    spec: dict,
+    spec: dict | JobSpec,
     emit: Emit = lambda *a, **k: None,
     engine: EvalSpec | None = None,
     load_model: Callable[[], Any] | None = None,
 ) -> tuple[str, dict]:
     """Make (or reuse) the ground truth the job asks for. The target (its tokenizer, and for
-    kind ``local`` its dtype and threads) is the job's EvalSpec's (``eval``); `engine`: that
-    spec when the caller has read it already. `load_model`: gives the target's loaded model
+    kind ``local`` its dtype and threads) is the job's EvalSpec's (``eval``); `spec`: the
+    job document, or the `JobSpec` the caller read from it; `engine`: the job's EvalSpec
+    when the caller has read it already. `load_model`: gives the target's loaded model
     for local generation (called only when generation is needed), so a job that evaluates
     next loads it once; without it local generation loads its own.
 
@@ -1108,65 +1066,51 @@ def prepare(
     this call on).
     """
     began = time.monotonic()
-    gt = dict(spec.get("ground_truth") or {})
-    kind = gt.get("kind", DEFAULT_GT_KIND)
-    if kind not in KINDS:
-        raise UserError(f"unknown ground truth kind {kind!r} (one of {', '.join(KINDS)})")
-    sampling = check_greedy(spec.get("sampling") or {})
-    try:
-        waits = Waits(GTLimits.of(gt), started=began)
-    except SpecError as exc:
-        raise UserError(f"job spec: {exc}") from None
-    concurrency = gt.get("concurrency", DEFAULT_CONCURRENCY)
-    if not is_int(concurrency) or concurrency < 1:
-        raise UserError(
-            f"the ground-truth concurrency must be a whole number of at least 1, "
-            f"got {concurrency!r}"
-        )
-    workdir = Path(os.path.expanduser(spec.get("workdir", "~/.dflash")))
+    job = read_job(spec)
+    gt = job.ground_truth
+    kind = gt.kind
+    problem = gt.missing_source()
+    if problem:
+        raise UserError(problem)
+    sampling = job.sampling.to_json()
+    waits = Waits(gt.limits, started=began)
+    concurrency = gt.concurrency
+    workdir = Path(os.path.expanduser(job.workdir))
     info: dict[str, Any] = {
         "kind": kind,
-        "url": gt.get("url"),
-        "path": gt.get("path"),
+        "url": gt.url,
+        "path": gt.path,
         "sampling": sampling,
         "warnings": [],
     }
 
     if kind == "file":
-        if not gt.get("path"):
-            raise UserError("ground truth kind 'file' needs a path")
-        records = select(
-            read_ground_truth_file(gt["path"]), spec.get("samples"), int(spec.get("seed", 0))
-        )
+        records = select(read_ground_truth_file(gt.path), job.samples, job.seed)
         # The selection belongs to this job: keep it in the job's folder.
-        out = workdir / "jobs" / str(spec.get("job_id", "adhoc")) / "ground_truth.jsonl"
+        out = workdir / "jobs" / (job.job_id or "adhoc") / "ground_truth.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(out, _jsonl(records))
         info.update(
             cached=False,
             samples=len(records),
             file=str(out),
-            source={"kind": "file", "path": gt["path"], "made": time.time()},
+            source={"kind": "file", "path": gt.path, "made": time.time()},
         )
         emit("ground_truth", done=len(records), total=len(records), cached=False)
         return str(out), info
 
-    if engine is None:
-        try:
-            engine = EvalSpec.of_job(spec)
-        except (SpecError, TypeError) as exc:
-            raise UserError(f"job spec: {exc}") from None
+    engine = engine or job.engine
     target = engine.target
+    if not job.prompts:
+        raise UserError("the job names no prompts file (its prompts.path)")
     tokenizer = load_tokenizer(target)
-    thinking = bool(spec.get("thinking", False))
-    prompts = load_prompts(spec["prompts"]["path"], spec.get("samples"), int(spec.get("seed", 0)))
+    thinking = job.thinking
+    prompts = load_prompts(job.prompts, job.samples, job.seed)
     rendered = [render_prompt(tokenizer, p["text"], thinking) for p in prompts]
     prompt_ids = [ids for _, ids in rendered]
     identity = target_identity(target)
-    url = gt.get("url")
+    url = gt.url
     if kind in SERVER_KINDS:
-        if not url:
-            raise UserError(f"ground truth kind {kind!r} needs a server URL")
         problem = reachable(url, min(waits.limits.timeout, 10.0))
         if problem:
             raise UserError(problem)
@@ -1175,7 +1119,7 @@ def prepare(
         source = {
             "kind": kind,
             "url": endpoint(url, kind),
-            **served_model(kind, url, gt.get("model"), waits),
+            **served_model(kind, url, gt.model, waits),
         }
         where = f"server {source['url']}" + (f" ({source['model']})" if source["model"] else "")
     else:  # local: the target itself, on this host
@@ -1204,7 +1148,7 @@ def prepare(
         chat_template_sha256=chat_template_sha256(tokenizer),
         samples=len(prompts),
     )
-    if gt.get("fresh") is True:  # asked for: whatever the entry holds, it is made again
+    if gt.fresh:  # asked for: whatever the entry holds, it is made again
         _evict(path)
         info["fresh"] = True
     hit = (

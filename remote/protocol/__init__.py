@@ -13,9 +13,11 @@ it as `remote.protocol`; its modules hold the parts:
 - `results`: the JSON types of an eval's result files (``result.json``, ``spec.json``,
   ``ground_truth.json``, ``samples.jsonl``): `check_files` on what a host sends, the
   others on what a run folder holds;
-- `job_spec`: the job document's settings beyond the engine's (a parity capture's);
+- `job_spec`: the job document, typed (`JobSpec`: its blocks and settings, each checked
+  by the contract's own `Check`);
 - `jobs`: job ids, states and kinds, carried files, the JSON types of a host's answers;
-- `ground_truth`: its source kinds and bounds (`GTLimits`), the suspect-agreement rule;
+- `ground_truth`: its source kinds, the job's `GroundTruthSpec` (with its bounds,
+  `GTLimits`) and `Sampling` (greedy only), the suspect-agreement rule;
 - `eval_spec`: `EvalSpec`, what the eval engine evaluates and how, with ONE dtype
   vocabulary (``bfloat16``/``float32``; ``bf16``/``fp32`` are accepted once, at parse) and
   one set of defaults. A bad value is a `SpecError` (a ValueError with one line saying what
@@ -47,14 +49,23 @@ from remote.protocol.ground_truth import GT_DEFERRED_FILE as GT_DEFERRED_FILE
 from remote.protocol.ground_truth import GT_KINDS as GT_KINDS
 from remote.protocol.ground_truth import GT_MAX_SECONDS as GT_MAX_SECONDS
 from remote.protocol.ground_truth import GT_SUSPECT_AGREEMENT as GT_SUSPECT_AGREEMENT
+from remote.protocol.ground_truth import SAMPLING_KNOBS as SAMPLING_KNOBS
+from remote.protocol.ground_truth import SECONDS as SECONDS
 from remote.protocol.ground_truth import SERVER_KINDS as SERVER_KINDS
+from remote.protocol.ground_truth import GroundTruthSpec as GroundTruthSpec
 from remote.protocol.ground_truth import GTLimits as GTLimits
+from remote.protocol.ground_truth import Sampling as Sampling
 from remote.protocol.ground_truth import agreement_suspect as agreement_suspect
 from remote.protocol.ground_truth import flag_suspect as flag_suspect
-from remote.protocol.ground_truth import gt_seconds_problem as gt_seconds_problem
+from remote.protocol.ground_truth import greedy_refusal as greedy_refusal
+from remote.protocol.ground_truth import non_greedy as non_greedy
 from remote.protocol.job_spec import ATTN as ATTN
 from remote.protocol.job_spec import ATTN_IMPLEMENTATIONS as ATTN_IMPLEMENTATIONS
 from remote.protocol.job_spec import CAPTURE_TOPK as CAPTURE_TOPK
+from remote.protocol.job_spec import DEFAULT_WORKDIR as DEFAULT_WORKDIR
+from remote.protocol.job_spec import LAYERS as LAYERS
+from remote.protocol.job_spec import STOP_AFTER as STOP_AFTER
+from remote.protocol.job_spec import JobSpec as JobSpec
 from remote.protocol.jobs import CARRY_DIRS as CARRY_DIRS
 from remote.protocol.jobs import CARRY_MAX_BYTES as CARRY_MAX_BYTES
 from remote.protocol.jobs import JOB_ANSWER_FIELDS as JOB_ANSWER_FIELDS
