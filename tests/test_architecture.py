@@ -25,11 +25,8 @@ LEFT_FOR_OTHERS = {
     "long": {
         "remote/eval/drafter.py",
         "remote/eval/groundtruth.py",
-        "remote/protocol.py",
     },
-    "cycles": {
-        frozenset({"remote.protocol", "remote.result_doc"}),
-    },
+    "cycles": set(),
 }
 
 # (importer prefix, imported prefix, why not): a module whose name starts with the first

@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from remote.protocol.schemas import RESULT_SCHEMA
 from remote.protocol.values import is_int, is_number
 
 
@@ -303,8 +304,6 @@ def check_files(files: Mapping[str, bytes]) -> None:
     ``result.json`` of the eval schema; another kind of job's is its reader's to check):
     each must parse and have the expected types. `ResultError` names the file and the
     field."""
-    from remote.protocol import RESULT_SCHEMA  # the schema names live there
-
     docs = {}
     for name in CHECKS:
         if name in files:
