@@ -24,7 +24,6 @@ MAX_LINES = 500
 LEFT_FOR_OTHERS = {
     "long": {
         "remote/eval/drafter.py",
-        "remote/eval/groundtruth.py",
     },
     "cycles": set(),
 }
