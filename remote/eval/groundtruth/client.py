@@ -13,6 +13,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,21 +254,31 @@ def _exchange(
             body=data,
             headers={"Content-Type": "application/json", "Accept": "application/json"},
         )
-        resp = conn.getresponse()
-        location = resp.getheader("Location")
-        if 300 <= resp.status < 400:
-            return resp.status, resp.reason, location, b""
-        if resp.status >= 400:
-            return resp.status, resp.reason, location, resp.read(ERROR_DETAIL_BYTES)
-        declared = resp.getheader("Content-Length")
-        if declared and declared.strip().isdigit() and int(declared) > max_bytes:
-            raise UserError(_too_big(role, url, f"announces {int(declared)} bytes", max_bytes))
-        body = resp.read(max_bytes + 1)
-        if len(body) > max_bytes:
-            raise UserError(_too_big(role, url, f"sent more than {max_bytes} bytes", max_bytes))
-        return resp.status, resp.reason, location, body
+        # Closed whatever happens: an answer that ends with its connection hands the
+        # socket to the response, which a refusal's traceback would otherwise keep open
+        # (and the server writing into it) for as long as the error lives.
+        with closing(conn.getresponse()) as resp:
+            return _answer(resp, url, max_bytes, role)
     finally:
         conn.close()
+
+
+def _answer(
+    resp: http.client.HTTPResponse, url: str, max_bytes: int, role: str
+) -> tuple[int, str, str | None, bytes]:
+    """(status, reason, Location, body) of `resp`, the body read up to `max_bytes`."""
+    location = resp.getheader("Location")
+    if 300 <= resp.status < 400:
+        return resp.status, resp.reason, location, b""
+    if resp.status >= 400:
+        return resp.status, resp.reason, location, resp.read(ERROR_DETAIL_BYTES)
+    declared = resp.getheader("Content-Length")
+    if declared and declared.strip().isdigit() and int(declared) > max_bytes:
+        raise UserError(_too_big(role, url, f"announces {int(declared)} bytes", max_bytes))
+    body = resp.read(max_bytes + 1)
+    if len(body) > max_bytes:
+        raise UserError(_too_big(role, url, f"sent more than {max_bytes} bytes", max_bytes))
+    return resp.status, resp.reason, location, body
 
 
 def _not_http(role: str, url: str) -> str:
