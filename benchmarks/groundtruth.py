@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from orchestrator.demo.models import build_qwen3_target  # noqa: E402
 from orchestrator.demo.servers import BatchedReply, ScriptedServer, ids_reply  # noqa: E402
 from remote.eval import groundtruth  # noqa: E402
+from remote.protocol import GT_DEFAULT_CONCURRENCY  # noqa: E402
 
 
 def answer(path: str, body: dict) -> dict:
@@ -58,7 +59,7 @@ def main() -> None:
     ap.add_argument(
         "--latency", type=float, default=0.25, help="seconds a batch takes on the modelled server"
     )
-    ap.add_argument("--concurrency", type=int, default=groundtruth.DEFAULT_CONCURRENCY)
+    ap.add_argument("--concurrency", type=int, default=GT_DEFAULT_CONCURRENCY)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,17 +21,25 @@ from orchestrator.errors import DflashError
 from orchestrator.sizes import parse_size
 from orchestrator.slurm.role import SlurmError, SlurmRole
 from remote.protocol import (
+    COUNT,
     DEFAULT_DTYPE,
+    DEFAULT_GT_KIND,
     DTYPES,
+    FLAG,
+    GT_DEFAULT_CONCURRENCY,
     GT_DEFAULT_DEADLINE,
+    GT_DEFAULT_MAX_NEW_TOKENS,
     GT_DEFAULT_PHASE_DEADLINE,
     GT_DEFAULT_TIMEOUT,
-    GT_KINDS,
-    GT_MAX_SECONDS,
-    gt_seconds_problem,
+    TEXT,
+    Check,
+    GroundTruthSpec,
+    JobSpec,
+    Sampling,
+    is_int,
+    is_number,
+    one_of,
 )
-from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
-from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 
 ENV_VAR = "DFLASH_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
@@ -62,13 +69,13 @@ class EvalRole:
     drafters: str
     target_model: str | None = None
     ground_truth: str | None = None  # URL of an SGLang/OpenAI server, "local", or a file
-    ground_truth_kind: str = "sglang"  # sglang | openai | openai-text | file | local
+    ground_truth_kind: str = DEFAULT_GT_KIND  # one of GT_KINDS
     prompts: str | None = None
     threads: int | None = None
     dtype: str = DEFAULT_DTYPE
     ground_truth_model: str | None = None  # served model name for OpenAI-compatible servers
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # ground-truth completion length
-    ground_truth_concurrency: int = GT_CONCURRENCY  # requests in flight at once
+    max_new_tokens: int = GT_DEFAULT_MAX_NEW_TOKENS  # ground-truth completion length
+    ground_truth_concurrency: int = GT_DEFAULT_CONCURRENCY  # requests in flight at once
     # Bounds on waiting for the ground truth, in seconds (`remote.protocol.GTLimits`):
     # silence on one read, one request, the whole phase.
     ground_truth_timeout: float = GT_DEFAULT_TIMEOUT
@@ -178,115 +185,77 @@ class Inventory:
 # ---- schema ---------------------------------------------------------------------------
 
 
-def _str(v: Any) -> bool:
-    return isinstance(v, str) and v != ""
+# What each key takes: the contract's checks for what a job carries (a value the
+# inventory accepts is one the host accepts), and the inventory's own for the rest.
+_POSITIVE = Check("a positive number", lambda v: is_number(v) and v > 0)
+_PORT = Check("a port number (1-65535)", lambda v: is_int(v) and 1 <= v <= 65535)
 
 
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _count(v: Any) -> bool:
-    return _int(v) and v >= 1
-
-
-def _port(v: Any) -> bool:
-    return _int(v) and 1 <= v <= 65535
-
-
-def _pos_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-
-
-def _bool(v: Any) -> bool:
-    return isinstance(v, bool)
-
-
-def _gt_seconds(v: Any) -> bool:
-    return gt_seconds_problem(v) is None
-
-
-def _one_of(*choices: str) -> Callable[[Any], bool]:
-    def check(v: Any) -> bool:
-        return v in choices
-
-    check.__doc__ = "one of " + ", ".join(choices)
-    return check
-
-
-_str.__doc__ = "a non-empty string"
-_int.__doc__ = "an integer"
-_count.__doc__ = "a whole number of at least 1"
-_port.__doc__ = "a port number (1-65535)"
-_pos_number.__doc__ = "a positive number"
-_bool.__doc__ = "true or false"
-_gt_seconds.__doc__ = f"a number of seconds above 0, at most {GT_MAX_SECONDS:.0f} (30 days)"
-
-
-def _size(v: Any) -> bool:
+def _is_size(v: Any) -> bool:
     if isinstance(v, str):
         try:
             parse_size(v)
         except DflashError:
             return False
         return True
-    return _int(v) and v >= 0
+    return is_int(v) and v >= 0
 
 
-_size.__doc__ = "a size in bytes or like 500M, 10G, 1.5TiB"
+_SIZE = Check("a size in bytes or like 500M, 10G, 1.5TiB", _is_size)
+_GT = GroundTruthSpec.CHECKS
 
-HOST_KEYS: dict[str, Callable[[Any], bool]] = {
-    "transport": _one_of("ssh", "local"),
-    "hostname": _str,
-    "user": _str,
-    "port": _port,
-    "jump": _str,
-    "python": _str,
-    "workdir": _str,
-    "identity_file": _str,
-    "known_hosts": _str,
-    "accept_new_host_key": _bool,
-    "connect_timeout": _pos_number,
+HOST_KEYS: dict[str, Check] = {
+    "transport": one_of("ssh", "local"),
+    "hostname": TEXT,
+    "user": TEXT,
+    "port": _PORT,
+    "jump": TEXT,
+    "python": TEXT,
+    "workdir": TEXT,
+    "identity_file": TEXT,
+    "known_hosts": TEXT,
+    "accept_new_host_key": FLAG,
+    "connect_timeout": _POSITIVE,
 }
-ROLE_KEYS: dict[str, tuple[type, dict[str, Callable[[Any], bool]], tuple[str, ...]]] = {
+ROLE_KEYS: dict[str, tuple[type, dict[str, Check], tuple[str, ...]]] = {
     "trainer": (
         TrainerRole,
         {
-            "checkpoints": _str,
-            "complete_rule": _one_of("auto", "marker", "stable"),
-            "marker": _str,
-            "stable_seconds": _pos_number,
+            "checkpoints": TEXT,
+            "complete_rule": one_of("auto", "marker", "stable"),
+            "marker": TEXT,
+            "stable_seconds": _POSITIVE,
         },
         ("checkpoints",),
     ),
     "eval": (
         EvalRole,
         {
-            "drafters": _str,
-            "target_model": _str,
-            "ground_truth": _str,
-            "ground_truth_kind": _one_of(*GT_KINDS),
-            "prompts": _str,
-            "threads": _count,
-            "dtype": _one_of(*DTYPES),
-            "ground_truth_model": _str,
-            "max_new_tokens": _count,
-            "ground_truth_concurrency": _count,
-            "ground_truth_timeout": _gt_seconds,
-            "ground_truth_deadline": _gt_seconds,
-            "ground_truth_phase_deadline": _gt_seconds,
-            "samples": _count,
-            "reserve": _size,
+            "drafters": TEXT,
+            "target_model": TEXT,
+            "ground_truth": TEXT,  # the URL or the file
+            "ground_truth_kind": _GT["kind"],
+            "prompts": TEXT,
+            "threads": COUNT,  # as EvalSpec checks it
+            "dtype": one_of(*DTYPES),
+            "ground_truth_model": _GT["model"],
+            "max_new_tokens": Sampling.CHECKS["max_new_tokens"],
+            "ground_truth_concurrency": _GT["concurrency"],
+            "ground_truth_timeout": _GT["timeout"],
+            "ground_truth_deadline": _GT["deadline"],
+            "ground_truth_phase_deadline": _GT["phase_deadline"],
+            "samples": JobSpec.CHECKS["samples"],
+            "reserve": _SIZE,
         },
         ("drafters",),
     ),
 }
-DEFAULT_KEYS: dict[str, Callable[[Any], bool]] = {
-    "relay_from": _str,
-    "relay_to": _str,
-    "eval_host": _str,
-    "keep": _count,
-    "results_dir": _str,
+DEFAULT_KEYS: dict[str, Check] = {
+    "relay_from": TEXT,
+    "relay_to": TEXT,
+    "eval_host": TEXT,
+    "keep": COUNT,
+    "results_dir": TEXT,
 }
 HOST_REFERENCES = ("relay_from", "relay_to", "eval_host")
 
@@ -366,7 +335,7 @@ class _Validator:
         self,
         node: yaml.Node,
         what: str,
-        schema: dict[str, Callable[[Any], bool]],
+        schema: dict[str, Check],
         skip: tuple[str, ...] = (),
     ) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -382,7 +351,7 @@ class _Validator:
             if not isinstance(value, yaml.ScalarNode) or not check(parsed):
                 raise self.fail(
                     value,
-                    f"{what}.{name}: expected {check.__doc__}, got {_describe(value, parsed)}",
+                    f"{what}.{name}: expected {check.expected}, got {_describe(value, parsed)}",
                 )
             out[name] = parsed
         return out

@@ -3,8 +3,7 @@
 Every import is read with `ast`, lazy ones inside functions and those under
 ``TYPE_CHECKING`` included, and resolved to the module it names. The graph has no cycle,
 no arrow a room's rule forbids (`FORBIDDEN`), and no module of more than `MAX_LINES`
-lines. `LEFT_FOR_OTHERS` lists what other rooms are being rebuilt right now; it only
-shrinks, and is emptied once they are merged.
+lines. No exceptions: a module that outgrows the limit is split where it is.
 """
 
 from __future__ import annotations
@@ -18,18 +17,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("orchestrator", "remote")
 MAX_LINES = 500
-
-# Being split or untangled by other helpers of issue 26 as this is written: the lead
-# empties these after merging them.
-LEFT_FOR_OTHERS = {
-    "long": {
-        "remote/eval/groundtruth.py",
-        "remote/protocol.py",
-    },
-    "cycles": {
-        frozenset({"remote.protocol", "remote.result_doc"}),
-    },
-}
 
 # (importer prefix, imported prefix, why not): a module whose name starts with the first
 # never imports one whose name starts with the second. Prefixes end at a dot or the name.
@@ -172,10 +159,8 @@ def test_the_graph_is_read_whole(graph):
 
 
 def test_no_module_imports_itself_round_a_circle(graph):
-    found = set(cycles(graph))
-    new = sorted(sorted(c) for c in found - LEFT_FOR_OTHERS["cycles"])
-    assert not new, f"import cycles: {new}"
-    assert LEFT_FOR_OTHERS["cycles"] <= found, "a circle left for others is gone: drop it"
+    found = sorted(sorted(c) for c in cycles(graph))
+    assert not found, f"import cycles: {found}"
 
 
 def test_no_arrow_goes_against_the_rooms(graph):
@@ -215,8 +200,7 @@ def test_no_module_is_longer_than_the_limit():
         for path in modules().values()
         if len(path.read_text().splitlines()) > MAX_LINES
     }
-    assert not long - LEFT_FOR_OTHERS["long"], f"over {MAX_LINES} lines: {sorted(long)}"
-    assert LEFT_FOR_OTHERS["long"] <= long, "a module left for others is short now: drop it"
+    assert not long, f"over {MAX_LINES} lines: {sorted(long)}"
 
 
 def test_benchmarks_import_no_test_module():

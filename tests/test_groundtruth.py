@@ -226,7 +226,7 @@ def test_a_bad_concurrency_is_one_line(tmp_path, tiny_target, prompts_file, serv
     spec["ground_truth"]["concurrency"] = 0
     with pytest.raises(
         UserError,
-        match=r"^the ground-truth concurrency must be a whole "
+        match=r"^job spec: the ground-truth concurrency must be a whole "
         r"number of at least 1, got 0$",
     ):
         groundtruth.prepare(spec)
@@ -662,10 +662,26 @@ def test_an_answer_bigger_than_any_valid_one_is_refused_before_it_is_read_whole(
     with ScriptedServer(lambda path, req: Raw(body, length=length)) as huge:
         spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", huge.url)
         line = refused(spec)
+        sent = huge.wait_sent(1)  # its handler notices the hang-up after the refusal
     assert f"ground truth server {huge.url}/generate" in line
     assert "bytes" in line and "larger than any answer" in line
-    assert huge.sent and max(huge.sent) < PAD // 4
+    assert sent and max(sent) < PAD // 4
     assert _cache_files(spec) == []
+
+
+def test_a_scripted_server_says_what_it_sent_once_its_handler_is_done():
+    """`ScriptedServer.wait_sent` returns once the handler has stopped writing: a client
+    that hangs up after a few bytes of a trickled answer finds them counted, however late
+    the handler notices."""
+    import socket
+
+    body = b"x" * 4096
+    with ScriptedServer(lambda path, req: Raw(body, chunk=256, pause=0.05)) as slow:
+        with socket.create_connection(("127.0.0.1", slow.port)) as sock:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+            assert sock.recv(16)
+        sent = slow.wait_sent(1)
+    assert len(sent) == 1 and 0 < sent[0] < len(Raw(body).wire())
 
 
 def test_a_deeply_nested_answer_is_malformed_json_not_a_traceback(

@@ -274,7 +274,7 @@ def test_every_result_records_the_drafter_sha256_step_and_training_run(followed)
             "team-a-run",
         )
         run = res.load_run(followed.results / h["run_id"])
-        # What a real eval leaves has the contract's types (remote.result_doc), as pulled.
+        # What a real eval leaves has the contract's types (remote.protocol.results), as pulled.
         check_files({p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()})
         assert run.drafter["hashed_by"] == "relay manifest"
         assert run.drafter["step_from"] == "relay manifest"

@@ -19,6 +19,7 @@ from remote.protocol import (
     GT_DEFAULT_DEADLINE,
     GT_DEFAULT_PHASE_DEADLINE,
     GT_DEFAULT_TIMEOUT,
+    GT_KINDS,
     POSITIONS,
     SpecError,
     parse_budgets,
@@ -141,9 +142,7 @@ GroundTruthOption = Annotated[
         "kind 'file' (default: the inventory's)."
     ),
 ]
-GroundTruthKindOption = Annotated[
-    str | None, typer.Option(help="sglang | openai | openai-text | file | local.")
-]
+GroundTruthKindOption = Annotated[str | None, typer.Option(help=" | ".join(GT_KINDS) + ".")]
 # The bounds on waiting for ground truth (`remote.protocol.GTLimits`), checked there: a bad
 # value is one line before anything connects. None: the inventory's, else the default.
 GtTimeoutOption = Annotated[

@@ -25,6 +25,7 @@ from orchestrator.commands.common import (
     inventory,
 )
 from orchestrator.eval import parity
+from remote.protocol import ATTN_IMPLEMENTATIONS, CAPTURE_TOPK
 
 
 def parity_cmd(
@@ -85,10 +86,13 @@ def parity_cmd(
     device_b: Annotated[str, typer.Option(help="cpu | cuda | cuda:N on B.")] = "cpu",
     attn_a: Annotated[
         str | None,
-        typer.Option(help="Attention implementation on A: sdpa | eager (default: transformers')."),
+        typer.Option(
+            help=f"Attention implementation on A: {' | '.join(ATTN_IMPLEMENTATIONS)} "
+            "(default: transformers')."
+        ),
     ] = None,
     attn_b: Annotated[str | None, typer.Option(help="Same, on B.")] = None,
-    topk: Annotated[int, typer.Option(min=1, help="Logits' top-k kept per token.")] = 8,
+    topk: Annotated[int, typer.Option(min=1, help="Logits' top-k kept per token.")] = CAPTURE_TOPK,
     allow_different_targets: Annotated[
         bool,
         typer.Option(

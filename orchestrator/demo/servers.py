@@ -73,7 +73,8 @@ class ScriptedServer(LoopbackServer):
     `get_reply(path)` may answer a GET the same way (None: the default answers below);
     `model_path` is the model the server reports (None: it reports none, 404).
     ``requests`` logs the POSTs, ``gets`` the GET paths, ``sent`` the bytes of each `Raw`
-    answer that went out."""
+    answer that went out, once its handler is done writing it (`wait_sent` waits for
+    that: a client may refuse an answer and return before the handler notices)."""
 
     def __init__(
         self,
@@ -87,7 +88,21 @@ class ScriptedServer(LoopbackServer):
         self.requests: list[tuple[str, dict]] = []
         self.gets: list[str] = []
         self.sent: list[int] = []
+        self._sent_changed = threading.Condition()
         super().__init__(self._handler())
+
+    def wait_sent(self, count: int = 1, timeout: float = 30.0) -> list[int]:
+        """``sent`` once `count` `Raw` answers have been written to their end (or to the
+        client's hang-up), waiting up to `timeout` seconds for their handlers; fewer after
+        that, as they are."""
+        with self._sent_changed:
+            self._sent_changed.wait_for(lambda: len(self.sent) >= count, timeout)
+            return list(self.sent)
+
+    def _record_sent(self, done: int) -> None:
+        with self._sent_changed:
+            self.sent.append(done)
+            self._sent_changed.notify_all()
 
     def _handler(self):
         server = self
@@ -108,7 +123,7 @@ class ScriptedServer(LoopbackServer):
                 except OSError:  # the client hung up: what it refused stays unsent
                     pass
                 finally:
-                    server.sent.append(done)
+                    server._record_sent(done)
                     self.close_connection = True
 
             def do_GET(self):

@@ -37,7 +37,7 @@ from orchestrator.results import export
 from orchestrator.results import store as results
 from orchestrator.results.store import results_dir
 from orchestrator.transport.hosts import HostError, open_host
-from remote.protocol import JOB_EVAL_KEY
+from remote.protocol import JOB_EVAL_KEY, JobKind, JobState
 
 # ---- one checkpoint ------------------------------------------------------------------------
 
@@ -53,7 +53,7 @@ def _entry(
     return {
         "step": step,
         "checkpoint": name,
-        "state": "done",
+        "state": JobState.DONE,
         "tau": s["tau"],
         "tau_tokens": s["tau_tokens"],
         "ddtree": s["ddtree"],
@@ -79,7 +79,7 @@ def _failed(
     return {
         "step": step,
         "checkpoint": name,
-        "state": "failed",
+        "state": JobState.FAILED,
         "error": error,
         "job_id": job_id,
         "host": host,
@@ -101,7 +101,7 @@ def check_target(inventory: Inventory, dest: str, options: EvalOptions) -> None:
                 options.engine_for(spec.eval), target=host.expand(target_model(spec, options))
             )
             job = {
-                "kind": "eval",
+                "kind": JobKind.EVAL,
                 "host": dest,
                 JOB_EVAL_KEY: engine.to_json(),
                 "ground_truth": ground_truth_source(host, spec, options),
@@ -162,7 +162,7 @@ class CheckpointFollower:
             state = _saved_job_state(self.inv, self.dest, saved["job_id"])
             # running/done: attach or pull; failed: attach records the failure (a failed
             # eval is not retried); never started, cancelled or lost: evaluate afresh.
-            if state in ("running", "done", "failed"):
+            if state in (JobState.RUNNING, JobState.DONE, JobState.FAILED):
                 self.events.message(
                     f"{name}: job {saved['job_id']} from an earlier follow "
                     f"is {state}; attaching to it"

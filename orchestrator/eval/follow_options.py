@@ -12,6 +12,7 @@ from orchestrator.errors import DflashError
 from orchestrator.eval.spec import EvalOptions
 from orchestrator.inventory import Inventory
 from orchestrator.relay import run as relay
+from remote.protocol import COUNT
 
 
 @dataclass
@@ -30,10 +31,8 @@ class FollowOptions:
     def __post_init__(self) -> None:
         """Refuse a count no follow can run with before anything connects (the eval's own
         options check themselves)."""
-        if self.keep is not None and (
-            isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1
-        ):
-            raise DflashError(f"--keep must be a whole number of at least 1, got {self.keep!r}")
+        if self.keep is not None and not COUNT(self.keep):
+            raise DflashError(COUNT.message("--keep", self.keep))
         if not self.interval > 0:
             raise DflashError(f"--interval must be more than 0 seconds, got {self.interval!r}")
 

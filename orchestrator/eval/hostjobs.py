@@ -17,6 +17,7 @@ from orchestrator.eval import jobwire, parity
 from orchestrator.eval import run as remote_eval
 from orchestrator.inventory import Inventory
 from orchestrator.transport.hosts import open_host
+from remote.protocol import JobKind
 
 
 def jobs_on(inventory: Inventory, names: list[str] | None = None) -> list[dict]:
@@ -82,12 +83,12 @@ def attach_on(
     name = remote_eval.eval_host_name(inventory, host_name)
     with open_host(inventory.host(name), inventory) as host:
         status = remote_job.job_status(host, job_id)
-        kind = status.get("kind") or "eval"
-        if kind == "eval":
+        kind = status.get("kind") or JobKind.EVAL
+        if kind == JobKind.EVAL:
             run_dir = remote_eval.attach(
                 inventory, name, job_id, on_event=on_event, dest=dest, host=host, status=status
             )
-        elif kind == "parity-compare":
+        elif kind == JobKind.COMPARE:
             run_dir = parity.attach(
                 inventory,
                 name,

@@ -42,13 +42,21 @@ from orchestrator.eval.parity_options import ParityOptions, same_dtype
 from orchestrator.eval.parity_options import parity_request as parity_request
 from orchestrator.eval.parity_options import parse_layers as parse_layers
 from orchestrator.eval.parity_stream import capture_files, copy_ground_truth, stream_folder
+from orchestrator.eval.shard_job import EARLY_WAIT_SECONDS
 from orchestrator.eval.spec import build_spec, new_job_id, resolve_checkpoint, target_model
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.results import parity_view
 from orchestrator.results.store import results_dir
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, open_host
-from remote.protocol import JOB_EVAL_KEY, PARTIAL_PREFIX, TERMINAL_STATES, EvalSpec
+from remote.protocol import (
+    JOB_EVAL_KEY,
+    PARTIAL_PREFIX,
+    TERMINAL_STATES,
+    EvalSpec,
+    JobKind,
+    JobState,
+)
 
 INBOX = PARTIAL_PREFIX + "parity-a"  # relay-recv writes only under a partial folder
 CAPTURE_MAX = 64 << 20  # a capture's result.json: its settings, file list and sample list
@@ -80,7 +88,7 @@ def _capture_spec(
     eo = opts.eval_options(side)
     job = build_spec(host, spec, f"parity-{side}", eo, engine=engine, exact_file=ground_truth_file)
     job.update(
-        kind="parity-capture",
+        kind=JobKind.CAPTURE,
         layers=opts.layers,
         topk=opts.topk,
         attn=opts.attn_a if side == "a" else opts.attn_b,
@@ -100,7 +108,7 @@ def _run_job(
     if on_start:
         on_start(stage, ref)
     end = remote_job.watch(host, ref.job_id, (lambda ev: on_event(stage, ev)) if on_event else None)
-    if end["state"] != "done":
+    if end["state"] != JobState.DONE:
         err = (end.get("exit") or {}).get("error")
         raise remote_job.JobError(
             f"{stage} job {ref.job_id} on {host.name} {end['state']}{': ' + err if err else ''}"
@@ -148,7 +156,8 @@ def run_parity(
         engine_b = replace(engine_b, drafter=drafter or "")
         job_b = _capture_spec(b, spec_b, opts, "b", engine_b)
         pre_a = _capture_spec(a, spec_a, opts, "a", engine_a, ground_truth_file=FROM_B)
-        pre_a["ground_truth"]["deferred"] = True  # B's selection, copied after its capture
+        # B's selection, copied after its capture: A's preflight looks for no file yet
+        pre_a["ground_truth"]["deferred"] = EARLY_WAIT_SECONDS
         check_hosts(a, pre_a, b, job_b, opts)
         st_b = _run_job(b, job_b, f"capture {host_b}", on_event, on_start)
         cap_b = _result(b, st_b["dir"])
@@ -177,7 +186,7 @@ def run_parity(
         )
         stream_s = time.time() - t0
         compare = {
-            "kind": "parity-compare",
+            "kind": JobKind.COMPARE,
             "created": time.time(),
             "host": host_b,
             "checkpoint": "parity",
@@ -213,7 +222,7 @@ def attach(
         with open_host(inventory.host(host_name), inventory) as host:
             return attach(inventory, host_name, job_id, on_event=on_event, dest=dest, host=host)
     status = status or remote_job.job_status(host, job_id)
-    if status.get("kind") != "parity-compare":
+    if status.get("kind") != JobKind.COMPARE:
         raise DflashError(
             f"job {job_id} on {host_name} is a {status.get('kind') or 'eval'}"
             " job, not a parity compare; run dflash parity again"
@@ -222,7 +231,7 @@ def attach(
         status = remote_job.watch(
             host, job_id, (lambda ev: on_event("compare", ev)) if on_event else None
         )
-    if status["state"] != "done":
+    if status["state"] != JobState.DONE:
         err = (status.get("exit") or {}).get("error")
         raise remote_job.JobError(
             f"job {job_id} on {host_name} {status['state']}{': ' + err if err else ''}"

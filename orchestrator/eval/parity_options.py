@@ -10,9 +10,7 @@ from dataclasses import dataclass, replace
 from orchestrator.errors import DflashError
 from orchestrator.eval.spec import EvalOptions, engine_spec
 from orchestrator.inventory import HostSpec, Inventory
-from remote.protocol import JOB_ENGINE_DEFAULT, EvalSpec
-
-ATTN = ("sdpa", "eager")
+from remote.protocol import ATTN, CAPTURE_TOPK, JOB_ENGINE_DEFAULT, EvalSpec
 
 
 @dataclass
@@ -45,7 +43,7 @@ class ParityOptions:
     device_b: str = "cpu"
     attn_a: str | None = None
     attn_b: str | None = None
-    topk: int = 8
+    topk: int = CAPTURE_TOPK
     threads: int | None = None
     dtype: str | None = None
     allow_different_targets: bool = False
@@ -59,8 +57,8 @@ class ParityOptions:
         self.dtype = engine_spec(dtype=self.dtype)[0].dtype if self.dtype is not None else None
         for name in ("attn_a", "attn_b"):
             v = getattr(self, name)
-            if v is not None and v not in ATTN:
-                raise DflashError(f"--{name.replace('_', '-')} must be sdpa or eager, got {v!r}")
+            if v is not None and not ATTN(v):
+                raise DflashError(ATTN.message("--" + name.replace("_", "-"), v))
         if self.layers is not None and (
             not self.layers or any(not isinstance(i, int) or i < 0 for i in self.layers)
         ):

@@ -39,7 +39,7 @@ from orchestrator.eval.spec import (
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.results.store import results_dir
 from orchestrator.transport.hosts import Host, open_host
-from remote.protocol import TERMINAL_STATES
+from remote.protocol import TERMINAL_STATES, JobState
 
 
 def eval_host_name(inventory: Inventory, host_name: str | None) -> str:
@@ -87,10 +87,10 @@ def attach(
             status = status or job_status(host, job_id)
             end = (
                 status
-                if status["state"] in TERMINAL_STATES and status["state"] != "done"
+                if status["state"] in TERMINAL_STATES and status["state"] != JobState.DONE
                 else watch(host, job_id, on_event, pull=True)
             )
-        if end["state"] != "done":
+        if end["state"] != JobState.DONE:
             err = (end.get("exit") or {}).get("error")
             raise JobError(
                 f"job {job_id} on {name} {end['state']}"

@@ -62,6 +62,7 @@ from orchestrator.inventory import Inventory
 from orchestrator.results.store import results_dir
 from orchestrator.transport.hosts import open_host
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
+from remote.protocol import JobState
 
 
 def _run(run: ShardRun) -> Path:
@@ -169,7 +170,7 @@ def _run(run: ShardRun) -> Path:
             {
                 "host": o.host,
                 "job_id": o.job_id,
-                "state": "done" if o.ok else "failed",
+                "state": JobState.DONE if o.ok else JobState.FAILED,
                 "error": o.error,
                 "samples": len(o.indices),
                 "records_received": len(o.records),

@@ -22,7 +22,7 @@ from orchestrator.eval.job import JobError, JobRef
 from orchestrator.eval.spec import EvalOptions, build_spec, carry_or_push
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport.hosts import Host
-from remote.protocol import GT_DEFERRED_FILE, sample_labels
+from remote.protocol import GT_DEFERRED_FILE, JobState, sample_labels
 
 # How long a shard job started early waits for its slice of the ground truth before it
 # gives up (a controller that went away must not leave it holding its target for ever).
@@ -160,13 +160,13 @@ def run_shard(
             run.emit(spec.name, ev)
 
         end = remote_job.watch(host, ref.job_id, on_event, stream=ref.stream)
-        if end["state"] != "done" and early is not None and not out.records:
+        if end["state"] != JobState.DONE and early is not None and not out.records:
             # The early job ended before it evaluated anything (its wait ran out, or it
             # failed on its own): once more, started the ordinary way.
             ref = _start_with(run, host, spec, indices, data)
             out.job_id = ref.job_id
             end = remote_job.watch(host, ref.job_id, on_event, stream=ref.stream)
-        if end["state"] != "done":
+        if end["state"] != JobState.DONE:
             err = (end.get("exit") or {}).get("error")
             raise JobError(f"job {ref.job_id} {end['state']}{': ' + err if err else ''}")
         run_dir = pull.pull_results(host, ref.job_id, run.stage / "shards", end)

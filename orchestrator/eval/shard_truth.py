@@ -17,7 +17,7 @@ from orchestrator.eval.job import JobError, JobRef
 from orchestrator.eval.shard_job import ShardRun
 from orchestrator.eval.spec import build_spec
 from orchestrator.transport.hosts import Host, open_host
-from remote.protocol import GT_CACHE_KEY_RE, agreement_suspect, flag_suspect
+from remote.protocol import GT_CACHE_KEY_RE, JobState, agreement_suspect, flag_suspect
 
 # The ground truth file the first host makes, pulled here to be sliced: 10,000 samples of
 # 2048 + 2048 tokens are about 300 MB of JSON.
@@ -72,7 +72,7 @@ def fetch_ground_truth(run: ShardRun, ref: JobRef, job: dict) -> tuple[list[dict
     spec = run.specs[0]
     host = run.hosts[spec.name]
     end = remote_job.watch(host, ref.job_id, lambda ev: run.emit(spec.name, ev), stream=ref.stream)
-    if end["state"] != "done":
+    if end["state"] != JobState.DONE:
         err = (end.get("exit") or {}).get("error")
         raise JobError(
             f"ground truth job {ref.job_id} on {spec.name} {end['state']}"

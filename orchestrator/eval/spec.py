@@ -25,18 +25,23 @@ from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
 from remote.protocol import (
     CARRY_MAX_BYTES,
-    GT_KINDS,
+    DEFAULT_GT_KIND,
+    GT_DEFAULT_CONCURRENCY,
+    GT_DEFAULT_MAX_NEW_TOKENS,
     JOB_CARRY_KEY,
     JOB_ENGINE_DEFAULT,
     JOB_EVAL_KEY,
     JOB_SPEC_SCHEMA,
+    SERVER_KINDS,
     EvalSpec,
+    GroundTruthSpec,
     GTLimits,
+    JobKind,
+    JobSpec,
+    Sampling,
     SpecError,
     carried_name_problem,
 )
-from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
-from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"
@@ -94,39 +99,24 @@ class EvalOptions:
     chosen: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
-        """Refuse values no eval can run with, before anything connects: a zero or negative
-        count is never replaced by the inventory's value, and a non-greedy temperature, an
-        unknown ground-truth kind or a missing local prompts file never reaches a host."""
-        for name in ("samples", "max_new_tokens"):
+        """Refuse values no eval can run with, before anything connects, with the checks
+        the host applies to the job (`OPTION_CHECKS`, named by their flags): a zero or
+        negative count is never replaced by the inventory's value, and a non-greedy
+        temperature, an unknown ground-truth kind, a bad bound or a missing local prompts
+        file never reaches a host."""
+        for name, (flag, check) in OPTION_CHECKS.items():
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                raise DflashError(
-                    f"--{name.replace('_', '-')} must be a whole number of at "
-                    f"least 1, got {value!r}"
-                )
+            if value is not None and not check(value):
+                raise DflashError(check.message(flag, value))
         if not isinstance(self.engine, EvalSpec):
             raise DflashError("EvalOptions.engine must be an EvalSpec (see engine_spec)")
-        if self.temperature != 0.0:
-            raise DflashError(
-                f"temperature {self.temperature} refused: ground truth must be "
-                "greedy (temperature 0) for acceptance to mean anything"
-            )
-        if self.ground_truth_kind is not None and self.ground_truth_kind not in GT_KINDS:
-            raise DflashError(
-                f"unknown --ground-truth-kind {self.ground_truth_kind!r} (one "
-                f"of {', '.join(GT_KINDS)})"
-            )
-        if self.prompts is not None and not self.prompts.startswith("host:"):
-            local_prompts(self.prompts)
-        concurrency = self.ground_truth_concurrency
-        if concurrency is not None and (not _is_int(concurrency) or concurrency < 1):
-            raise DflashError(
-                f"--gt-concurrency must be a whole number of at least 1, got {concurrency!r}"
-            )
         try:
+            Sampling(temperature=self.temperature)
             self.ground_truth_limits(None)
         except SpecError as exc:
             raise DflashError(str(exc)) from None
+        if self.prompts is not None and not self.prompts.startswith("host:"):
+            local_prompts(self.prompts)
 
     def ground_truth_limits(self, role: EvalRole | None) -> GTLimits:
         """The bounds on waiting for ground truth on a host with inventory role `role`:
@@ -157,8 +147,14 @@ class EvalOptions:
         return replace(self.engine, **{k: getattr(role, k) for k in keys})
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+# The options the host checks again in the job (the same `Check`s), by the flag that sets
+# each.
+OPTION_CHECKS = {
+    "samples": ("--samples", JobSpec.CHECKS["samples"]),
+    "max_new_tokens": ("--max-new-tokens", Sampling.CHECKS["max_new_tokens"]),
+    "ground_truth_kind": ("--ground-truth-kind", GroundTruthSpec.CHECKS["kind"]),
+    "ground_truth_concurrency": ("--gt-concurrency", GroundTruthSpec.CHECKS["concurrency"]),
+}
 
 
 # ---- prompts ----------------------------------------------------------------------------
@@ -283,35 +279,39 @@ def _given(value, default):
     return default if value is None else value
 
 
-def ground_truth_source(host: Host, spec: HostSpec, options: EvalOptions) -> dict:
-    """The job's ``ground_truth`` entry: kind, server URL or file, the bounds on waiting
-    for it (`EvalOptions.ground_truth_limits`), concurrency, ``fresh`` when asked."""
+def ground_truth_spec(host: Host, spec: HostSpec, options: EvalOptions) -> GroundTruthSpec:
+    """Where the job's ground truth comes from (`remote.protocol.GroundTruthSpec`): kind,
+    server URL or file (on the host), the served model, the bounds on waiting for it
+    (`EvalOptions.ground_truth_limits`), concurrency, ``fresh`` when asked; each the
+    option's, else the host's inventory role's, else the contract's default. A source the
+    kind needs and nobody gave is one line."""
     role = spec.eval
-    kind = options.ground_truth_kind or (role.ground_truth_kind if role else None) or "sglang"
+    kind = options.ground_truth_kind or (role.ground_truth_kind if role else DEFAULT_GT_KIND)
     source = options.ground_truth or (role.ground_truth if role else None)
-    if kind in ("sglang", "openai", "openai-text") and not source:
-        raise DflashError(
-            f"ground truth kind {kind!r} needs a server URL: set "
-            "roles.eval.ground_truth in the inventory or pass --ground-truth"
+    try:
+        gt = GroundTruthSpec(
+            kind=kind,
+            url=source if kind in SERVER_KINDS else None,
+            path=host.expand(source) if kind == "file" and source else None,
+            model=options.ground_truth_model or (role.ground_truth_model if role else None),
+            limits=options.ground_truth_limits(role),
+            concurrency=_given(
+                options.ground_truth_concurrency,
+                role.ground_truth_concurrency if role else GT_DEFAULT_CONCURRENCY,
+            ),
+            fresh=options.fresh_ground_truth,
         )
-    if kind == "file" and not source:
-        raise DflashError("ground truth kind 'file' needs --ground-truth PATH (on the host)")
-    gt = {
-        "kind": kind,
-        **options.ground_truth_limits(role).to_json(),
-        "concurrency": _given(
-            options.ground_truth_concurrency,
-            role.ground_truth_concurrency if role else GT_CONCURRENCY,
-        ),
-        "model": options.ground_truth_model or (role.ground_truth_model if role else None),
-    }
-    if options.fresh_ground_truth:
-        gt["fresh"] = True
-    if kind == "file":
-        gt["path"] = host.expand(source)
-    elif kind != "local":
-        gt["url"] = source
+    except SpecError as exc:
+        raise DflashError(str(exc)) from None
+    problem = gt.missing_source()
+    if problem:
+        raise DflashError(problem)
     return gt
+
+
+def ground_truth_source(host: Host, spec: HostSpec, options: EvalOptions) -> dict:
+    """The job's ``ground_truth`` entry: `ground_truth_spec` in its wire form."""
+    return ground_truth_spec(host, spec, options).to_json()
 
 
 def build_spec(
@@ -343,7 +343,7 @@ def build_spec(
         )
     job = {
         "schema": JOB_SPEC_SCHEMA,
-        "kind": "eval",
+        "kind": JobKind.EVAL,
         "created": time.time(),
         "host": spec.name,
         "checkpoint": Path(checkpoint.rstrip("/")).name,
@@ -353,12 +353,12 @@ def build_spec(
         else _given(options.samples, (role.samples if role else None)),
         "seed": options.seed,
         "thinking": options.thinking,
-        "sampling": {
-            "temperature": 0.0,
-            "max_new_tokens": _given(
-                options.max_new_tokens, role.max_new_tokens if role else DEFAULT_MAX_NEW_TOKENS
-            ),
-        },
+        "sampling": Sampling(
+            max_new_tokens=_given(
+                options.max_new_tokens,
+                role.max_new_tokens if role else GT_DEFAULT_MAX_NEW_TOKENS,
+            )
+        ).to_json(),
         "ground_truth": ground_truth_source(host, spec, options),
         JOB_EVAL_KEY: engine.to_json(),
         "stop_after": options.stop_after,
@@ -393,7 +393,7 @@ def eval_identity(job: dict) -> dict:
     prompts = part("prompts")
     gt = {k: v for k, v in part("ground_truth").items() if k not in GT_SPEED_KEYS}
     return {
-        "kind": job.get("kind", "eval"),
+        "kind": job.get("kind", JobKind.EVAL),
         "host": job.get("host"),
         "checkpoint": job.get("checkpoint"),
         "samples": job.get("samples"),

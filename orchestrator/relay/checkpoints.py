@@ -27,6 +27,7 @@ from orchestrator.errors import DflashError
 from orchestrator.inventory import TrainerRole
 from orchestrator.transport.bundle import run_remote_json
 from orchestrator.transport.hosts import Host
+from remote.protocol import is_int
 from remote.relay.sha256state import GRID
 from remote.relay.wire import PARTIAL_PREFIX, name_problem, path_problem
 
@@ -158,20 +159,10 @@ def parse_scan(root: str, data: Any, host: str = "host") -> Scan:
             why = path_problem(path)
             if why is not None:
                 raise refuse(f"the path {str(path)[:80]!r} in {where} {why}")
-            if (
-                not isinstance(size, int)
-                or isinstance(size, bool)
-                or size < 0
-                or not isinstance(mtime, (int, float))
-            ):
+            if not is_int(size) or size < 0 or not isinstance(mtime, (int, float)):
                 raise refuse(f"the size or mtime of {where}/{path} is not a number")
             resume = f.get("resume", 0)
-            if (
-                not isinstance(resume, int)
-                or isinstance(resume, bool)
-                or not 0 <= resume <= size
-                or resume % GRID
-            ):
+            if not is_int(resume) or not 0 <= resume <= size or resume % GRID:
                 raise refuse(f"the resume offset of {where}/{path} is not a grid point in it")
             out.append(SourceFile(path, size, float(mtime), bool(f.get("link")), resume))
         return out

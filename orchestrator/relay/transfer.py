@@ -31,6 +31,7 @@ from orchestrator.relay.stream import STALL, Stream, file_lines, pump, send_requ
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
 from orchestrator.transport.master import Multiplexer
+from remote.protocol import is_int
 from remote.relay.fdfiles import write_all
 
 Outcome = tuple[FileTask, Target, str, "str | None"]  # task, target, outcome, sha256
@@ -58,8 +59,7 @@ def batches(tasks: list[FileTask] | tuple[FileTask, ...], jobs: int) -> list[lis
 def _int(record: dict | None, key: str) -> int:
     """A count from a host's per-file line; anything but a non-negative int counts 0."""
     value = (record or {}).get(key)
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-    return value if ok else 0
+    return value if is_int(value) and value >= 0 else 0
 
 
 def _first(where: dict[tuple[int, int], object], i: int) -> int:

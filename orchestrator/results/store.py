@@ -26,6 +26,7 @@ from remote.protocol import (
     check_record,
     check_result,
     check_spec,
+    is_int,
 )
 from remote.protocol import metrics_of as metrics_of
 
@@ -75,7 +76,7 @@ class Run:
         """The training step: the one recorded with the drafter (the trainer's own, or the
         relay's), else the one its name carries (``step_12000`` -> 12000)."""
         step = self.drafter.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
+        if is_int(step):
             return step
         return parse_step(self.checkpoint)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from orchestrator.slurm.role import SlurmError, SlurmRole
 from orchestrator.transport.hosts import quote
+from remote.protocol import is_int
 
 # The job's name and its folder's name: one path component, one word for sbatch.
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -44,7 +45,7 @@ class ArrayPlan:
                 f"name: {self.name!r} is not a job name (letters, digits, '.', '_', '-'; "
                 "at most 100, starting with a letter or digit)"
             )
-        if isinstance(self.tasks, bool) or not isinstance(self.tasks, int):
+        if not is_int(self.tasks):
             raise SlurmError(f"tasks: {self.tasks!r} is not a whole number")
         if not 1 <= self.tasks <= MAX_TASKS:
             raise SlurmError(f"tasks: {self.tasks} is not between 1 and {MAX_TASKS}")

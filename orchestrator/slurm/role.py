@@ -16,6 +16,7 @@ from typing import Any
 
 from orchestrator.errors import DflashError
 from orchestrator.sizes import parse_size
+from remote.protocol import is_int, is_number
 
 
 class SlurmError(DflashError):
@@ -37,7 +38,7 @@ _TIME = re.compile(
 def parse_time_limit(value: int | str) -> int:
     """Minutes (rounded up) from whole minutes or one of sbatch's forms: ``90``, ``"90"``,
     ``"1:30:00"``, ``"2-00"``, ``"0-12:00:00"``. Raises `SlurmError` otherwise."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         if value < 1:
             raise SlurmError(f"a time limit of {value} minutes is not at least 1")
         return value
@@ -117,11 +118,7 @@ class SlurmRole:
             _whole(name, getattr(self, name), least)
         if self.mem_per_task_mib is not None:
             _whole("mem_per_task_mib", self.mem_per_task_mib, 1)
-        if (
-            not isinstance(self.poll_seconds, (int, float))
-            or isinstance(self.poll_seconds, bool)
-            or not 0 < self.poll_seconds <= 600
-        ):
+        if not is_number(self.poll_seconds) or not 0 < self.poll_seconds <= 600:
             raise SlurmError(f"poll_seconds: {self.poll_seconds!r} is not between 0 and 600")
 
     @classmethod
@@ -155,7 +152,7 @@ class SlurmRole:
 
 
 def _mib(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    if not (is_int(value) or isinstance(value, str)):
         raise SlurmError(f"{value!r} is not a size (use e.g. 512M, 4G)")
     size = parse_size(value)
     if size < 1:
@@ -164,5 +161,5 @@ def _mib(value: Any) -> int:
 
 
 def _whole(name: str, value: Any, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if not is_int(value) or value < least:
         raise SlurmError(f"{name}: {value!r} is not a whole number of at least {least}")

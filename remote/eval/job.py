@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from remote.atomic import write_json_atomic
 from remote.entry import self_command
 from remote.errors import UserError
-from remote.protocol import GT_DEFERRED_FILE, EvalSpec, SpecError
+from remote.protocol import GT_DEFERRED_FILE, SERVER_KINDS, EvalSpec, SpecError
 
 
 class Events(Protocol):
@@ -91,24 +91,26 @@ def run_eval_job(
             loaded.append(target_mod.load_target(engine.target, dtype, plan))
         return loaded[0].model
 
-    gt = spec.get("ground_truth") or {}
-    if gt.get("kind") == "file" and gt.get("deferred"):
+    job = groundtruth.read_job(spec)  # every block and setting checked, once
+    gt = job.ground_truth
+    if gt.kind == "file" and gt.deferred is not None:
         # Its target is loaded while the ground truth is still on its way.
         load_model()
         events.emit("phase", phase="await_ground_truth")
-        arrived = await_file(path / GT_DEFERRED_FILE, float(gt["deferred"]))
-        spec = dict(spec, ground_truth=dict(gt, path=str(arrived)))
+        arrived = await_file(path / GT_DEFERRED_FILE, gt.deferred)
+        gt = replace(gt, path=str(arrived))
+        job = replace(job, ground_truth=gt)
     loading = None
-    if gt.get("kind") in groundtruth.SERVER_KINDS and spec.get("stop_after") != "ground_truth":
+    if gt.kind in SERVER_KINDS and job.stop_after != "ground_truth":
         # A server makes the ground truth: the target loads here meanwhile (this process
         # only waits for answers), not after it.
         loading = _in_background(load_model)
-    events.emit("phase", phase="ground_truth", source=gt.get("kind"))
+    events.emit("phase", phase="ground_truth", source=gt.kind)
     gt_path, gt_info = groundtruth.prepare(
-        spec, emit=events.emit, engine=engine, load_model=load_model
+        job, emit=events.emit, engine=engine, load_model=load_model
     )
     write_json_atomic(path / "ground_truth.json", gt_info)
-    if spec.get("stop_after") == "ground_truth":
+    if job.stop_after == "ground_truth":
         return 0
     if loading is not None:
         loading()  # its error, if any, is the job's

@@ -32,10 +32,15 @@ from typing import Any
 
 from remote.atomic import write_json_atomic
 from remote.errors import UserError
-from remote.protocol import PARITY_CAPTURE_SCHEMA, PARITY_SCHEMA, EvalSpec
+from remote.protocol import (
+    PARITY_CAPTURE_SCHEMA,
+    PARITY_SCHEMA,
+    EvalSpec,
+    JobKind,
+    is_int,
+)
 
 CAPTURE_DIR = "capture"
-ATTN = ("sdpa", "eager")
 PERCENTILES = (50, 90, 99)
 
 
@@ -57,16 +62,16 @@ def kernels() -> dict[str, Any]:
     return out
 
 
-def capture_layers(spec: dict, num_layers: int, drafter: str = "") -> list[int]:
-    """The layers to capture: the spec's, else the drafter's target layers, else all."""
-    layers = spec.get("layers")
+def capture_layers(layers: tuple[int, ...] | None, num_layers: int, drafter: str = "") -> list[int]:
+    """The layers to capture: the job's `layers`, else the drafter's target layers, else
+    all, each inside the target's `num_layers`."""
     if layers is None and drafter:
         from remote.eval.drafter import read_config
 
         layers = list(read_config(drafter, num_layers).target_layer_ids)
     if layers is None:
         layers = list(range(num_layers))
-    bad = [i for i in layers if not isinstance(i, int) or not 0 <= i < num_layers]
+    bad = [i for i in layers if not is_int(i) or not 0 <= i < num_layers]
     if bad or not layers:
         raise UserError(
             f"layers {bad or layers} are outside the target's {num_layers} layers "
@@ -86,22 +91,19 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
     from remote.eval.engine import environment, read_ground_truth
     from remote.eval.target import describe, load_target
 
+    job = groundtruth.read_job(spec)  # attn, layers, topk: checked there
     device = device_mod.resolve(engine.device)  # before anything slow
-    attn = spec.get("attn")
-    if attn is not None and attn not in ATTN:
-        raise UserError(
-            f"attention implementation {attn!r} is not supported; use {' or '.join(ATTN)}"
-        )
+    attn = job.attn
     dtype_name = engine.dtype
     if not os.path.isdir(engine.target):
         raise UserError(f"target folder {engine.target or None} does not exist on this host")
     _cfg, _meta, info = describe(engine.target)
     del _meta
-    layers = capture_layers(spec, info.num_layers, engine.drafter)
-    topk = int(spec.get("topk") or 8)
+    layers = capture_layers(job.layers, info.num_layers, engine.drafter)
+    topk = job.topk
 
-    events.emit("phase", phase="ground_truth", source=(spec.get("ground_truth") or {}).get("kind"))
-    gt_path, gt_info = groundtruth.prepare(spec, emit=events.emit, engine=engine)
+    events.emit("phase", phase="ground_truth", source=job.ground_truth.kind)
+    gt_path, gt_info = groundtruth.prepare(job, emit=events.emit, engine=engine)
     (path / "ground_truth.json").write_text(json.dumps(gt_info, indent=2, default=str))
     rows = read_ground_truth(gt_path, info.vocab_size, None)
 
@@ -428,8 +430,8 @@ def run_job(path: Path, spec: dict, events, *, preflight: bool = False) -> int:
 
     kind = spec.get("kind")
     engine = job_engine(spec)
-    if kind == "parity-capture":
+    if kind == JobKind.CAPTURE:
         return run_capture(path, spec, events, engine)
-    if kind == "parity-compare":
+    if kind == JobKind.COMPARE:
         return run_compare(path, spec, events, engine)
     raise UserError(f"unknown job kind {kind!r}")

@@ -22,16 +22,23 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from remote.errors import UserError
 from remote.model.files import require_tokenizer
 from remote.probe.facts import meminfo, package_version
-from remote.protocol import EvalSpec, GTLimits, SpecError
+from remote.protocol import (
+    SERVER_KINDS,
+    EvalSpec,
+    GroundTruthSpec,
+    JobKind,
+    JobSpec,
+    SpecError,
+)
 
 MIN_PYTHON = (3, 10)
 REQUIRED = {"torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",)}
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # what the eval engine runs in
 # Activations, the one-sequence forward, tokenizer and python itself.
 OVERHEAD_FRACTION = 0.10
 OVERHEAD_BYTES = 512 * 1024 * 1024
@@ -51,9 +58,9 @@ def describe_target(folder: Path, dtype: str):
 def drafter_bytes(folder: Path, dtype: str) -> int:
     """Bytes the drafter's weights take in `dtype`, found as its loader finds them."""
     from remote.eval.drafter import weight_shapes
-    from remote.model.files import ST_DTYPES
+    from remote.model.files import ST_DTYPES, dtype_bytes
 
-    per = DTYPE_BYTES[dtype]
+    per = dtype_bytes(dtype)
     total = 0
     for _file, kind, shape in weight_shapes(str(folder))[0].values():
         n = 1
@@ -81,12 +88,24 @@ def _model_folder(path: str | None, what: str) -> Path:
     return folder
 
 
-def check_target(spec: dict, engine: EvalSpec | None = None) -> tuple[dict, EvalSpec, Path]:
-    """The checks of the host and the target alone (python, packages, the job's engine
-    settings, the target folder, its tokenizer when the ground truth is made from text
-    prompts); the report so far, the job's EvalSpec and the target folder."""
-    from remote.eval import groundtruth
+def read_job(spec: dict | JobSpec, engine: EvalSpec | None = None) -> JobSpec:
+    """The job `spec` typed (`remote.protocol.JobSpec`: every setting and block checked,
+    so a value the job would only trip over after the ground-truth phase is refused now;
+    one line each); `engine`: its EvalSpec when the caller has read it already."""
+    if not isinstance(spec, JobSpec):
+        try:
+            spec = JobSpec.from_json(spec)
+        except SpecError as exc:
+            raise UserError(str(exc)) from None
+    return spec if engine is None else replace(spec, engine=engine)
 
+
+def check_target(
+    spec: dict | JobSpec, engine: EvalSpec | None = None
+) -> tuple[dict, JobSpec, Path]:
+    """The checks of the host and the target alone (python, packages, the job's settings,
+    the target folder, its tokenizer when the ground truth is made from text prompts); the
+    report so far, the job (`read_job`) and the target folder."""
     report: dict = {
         "python": ".".join(map(str, sys.version_info[:3])),
         "python_executable": sys.executable,
@@ -105,71 +124,49 @@ def check_target(spec: dict, engine: EvalSpec | None = None) -> tuple[dict, Eval
             "the right environment"
         )
     report["packages"] = versions
-    if engine is None:
-        # The engine's settings (counts, dtype, device) are checked by the EvalSpec itself:
-        # a value the job would only trip over after the ground-truth phase is refused now.
-        try:
-            engine = EvalSpec.of_job(spec)
-        except (SpecError, TypeError) as exc:
-            raise UserError(str(exc)) from None
-    samples = spec.get("samples")
-    if samples is not None and (
-        not isinstance(samples, int) or isinstance(samples, bool) or samples < 1
-    ):
-        raise UserError(f"samples must be a whole number of at least 1, got {samples!r}")
+    job = read_job(spec, engine)
+    engine = job.engine
     if engine.device != "cpu":  # a GPU asked of a host without one: now
         from remote.eval.device import resolve
 
         report["device"] = str(resolve(engine.device))
     target = _model_folder(engine.target, "target model")
-    kind = (spec.get("ground_truth") or {}).get("kind", "sglang")
-    if kind not in groundtruth.KINDS:
-        raise UserError(
-            f"unknown ground truth kind {kind!r} (one of {', '.join(groundtruth.KINDS)})"
-        )
-    if kind != "file":  # prompts are text: the target's tokenizer makes their ids
+    if job.ground_truth.kind != "file":  # prompts are text: the target's tokenizer makes ids
         require_tokenizer(target)
-    return report, engine, target
+    return report, job, target
 
 
-def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) -> dict:
-    """Run every check on job `spec`; raise the first failure, else return what was found.
-    `engine`: the job's EvalSpec (its ``eval``) when the caller has read it already.
+def check(spec: dict | JobSpec, engine: EvalSpec | None = None, keep: dict | None = None) -> dict:
+    """Run every check on job `spec` (its document, or the `JobSpec` read from it); raise
+    the first failure, else return what was found. `engine`: the job's EvalSpec (its
+    ``eval``) when the caller has read it already.
     `keep`: given, receives ``plan`` (`remote.model.load.plan_text`'s answer for the target
     in the job's dtype) so the job loads the target without describing it again."""
-    from remote.eval import groundtruth
-
     began = time.perf_counter()
-    report, engine, target = check_target(spec, engine)
+    report, job, target = check_target(spec, engine)
+    engine, gt = job.engine, job.ground_truth
     dtype = engine.dtype
-    parity = str(spec.get("kind", "eval")).startswith("parity")
+    parity = job.kind in (JobKind.CAPTURE, JobKind.COMPARE)
     # A parity capture reads the drafter's config for its layers, when it has one.
     drafter = (
         _model_folder(engine.drafter, "drafter checkpoint")
         if engine.drafter or not parity
         else None
     )
-    gt = spec.get("ground_truth") or {}
-    kind = gt.get("kind", "sglang")
-    groundtruth.check_greedy(spec.get("sampling") or {})
-    try:
-        GTLimits.of(gt)
-    except SpecError as exc:
-        raise UserError(f"job spec: {exc}") from None
+    kind = gt.kind
     if kind == "file":
-        if gt.get("deferred"):  # arrives in the job's folder after the start
+        if gt.deferred is not None:  # arrives in the job's folder after the start
             pass
-        elif not gt.get("path") or not Path(gt["path"]).is_file():
-            raise UserError(f"ground truth file {gt.get('path')} does not exist on this host")
+        elif not gt.path or not Path(gt.path).is_file():
+            raise UserError(f"ground truth file {gt.path} does not exist on this host")
     else:
-        prompts = (spec.get("prompts") or {}).get("path")
-        if not prompts or not Path(prompts).is_file():
-            raise UserError(f"prompts file {prompts} does not exist on this host")
-    if spec.get("stop_after") == "ground_truth" and kind != "local":
+        if not job.prompts or not Path(job.prompts).is_file():
+            raise UserError(f"prompts file {job.prompts} does not exist on this host")
+    if job.stop_after == "ground_truth" and kind != "local":
         # Nothing is loaded by a job that only fetches ground truth (a sharded eval's first
         # job): no torch import and no memory check here; each shard's job checks its own.
-        report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
-        return _reachable(kind, gt, report)
+        report["ground_truth"] = {"kind": kind, "url": gt.url, "path": gt.path}
+        return _reachable(gt, report)
     # Where a job's start-up goes (`seconds`): torch + transformers, then the target's
     # modeling code and its meta-device model, then the checks that follow.
     marks = {"before_s": time.perf_counter() - began}
@@ -208,26 +205,22 @@ def check(spec: dict, engine: EvalSpec | None = None, keep: dict | None = None) 
         from remote.probe.identity import target_identity
 
         report["target_identity"] = target_identity(*plan)
-    report["ground_truth"] = {"kind": kind, "url": gt.get("url"), "path": gt.get("path")}
-    report = _reachable(kind, gt, report)
+    report["ground_truth"] = {"kind": kind, "url": gt.url, "path": gt.path}
+    report = _reachable(gt, report)
     marks["after_s"] = time.perf_counter() - t
     report["seconds"] = {k: round(v, 3) for k, v in marks.items()}
     return report
 
 
-def _reachable(kind: str, gt: dict, report: dict) -> dict:
+def _reachable(gt: GroundTruthSpec, report: dict) -> dict:
     """The last check: a ground-truth server reachable from this host; the report, ok."""
     from remote.eval import groundtruth
 
-    if kind in ("sglang", "openai", "openai-text"):
-        if not gt.get("url"):
-            raise UserError(
-                f"ground truth kind {kind!r} needs a server URL (inventory "
-                "'ground_truth:' or --ground-truth)"
-            )
-        problem = groundtruth.reachable(gt["url"], 5.0)
-        if problem:
-            raise UserError(problem)
+    problem = gt.missing_source()
+    if problem is None and gt.kind in SERVER_KINDS:
+        problem = groundtruth.reachable(gt.url, 5.0)
+    if problem:
+        raise UserError(problem)
     report["ok"] = True
     return report
 

@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any
 
-from remote.protocol import MANIFEST
+from remote.protocol import MANIFEST, is_int
 
 CHUNK = 4 * 1024 * 1024
 
@@ -102,7 +102,7 @@ def trainer_step(path: str) -> int | None:
             step = json.load(fh).get("global_step")
     except (OSError, ValueError, AttributeError):
         return None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    return step if is_int(step) else None
 
 
 def drafter_identity(path: str) -> dict[str, Any]:

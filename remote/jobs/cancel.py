@@ -9,7 +9,7 @@ from pathlib import Path
 
 from remote.errors import UserError
 from remote.jobs.folder import group_members, job_state, read_json, runner_alive, write_exit
-from remote.protocol import TERMINAL_STATES
+from remote.protocol import TERMINAL_STATES, JobState
 
 CANCEL_GRACE_SECONDS = 10.0
 KILL_WAIT_SECONDS = 10.0  # after SIGKILL: only a process stuck in the kernel outlives it
@@ -65,7 +65,7 @@ def cancel(path: Path) -> dict:
 
 def _cancelled() -> dict:
     return {
-        "state": "cancelled",
+        "state": JobState.CANCELLED,
         "code": -signal.SIGKILL,
         "error": "cancelled by request",
         "finished": time.time(),

@@ -19,7 +19,7 @@ from typing import Any
 
 from remote.atomic import write_atomic
 from remote.errors import UserError
-from remote.protocol import JOB_KINDS, RESULT_FILES, SpecError, check_job_id
+from remote.protocol import JOB_KINDS, RESULT_FILES, JobState, SpecError, check_job_id
 from remote.relay.fdfiles import write_all
 
 # ---- where ----------------------------------------------------------------------------
@@ -108,13 +108,13 @@ def job_state(path: Path) -> dict:
     pid_info = read_json(path / "pid.json")
     exit_info = read_json(path / "exit.json")
     if exit_info:
-        state = exit_info.get("state", "failed")
+        state = exit_info.get("state", JobState.FAILED)
     elif pid_info is None:
-        state = "starting"
+        state = JobState.STARTING
     elif runner_alive(pid_info):
-        state = "running"
+        state = JobState.RUNNING
     else:
-        state = "lost"
+        state = JobState.LOST
     out = {
         "job_id": path.name,
         "state": state,

@@ -20,6 +20,7 @@ from remote.jobs.folder import (
     write_error,
     write_exit,
 )
+from remote.protocol import JobKind, JobState
 
 
 def run(path: Path, preflight: bool = False) -> int:
@@ -34,12 +35,12 @@ def run(path: Path, preflight: bool = False) -> int:
         # `job cancel` signals the whole group; children get the same signal. Record the
         # cancellation here so the state is exact even if nobody waits for us.
         cancelled["flag"] = True
-        finish(path, events, "cancelled", 128 + signum, "cancelled by request")
+        finish(path, events, JobState.CANCELLED, 128 + signum, "cancelled by request")
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal; never die with a session
-    events.emit("job", state="running", job_id=path.name, pid=os.getpid())
+    events.emit("job", state=JobState.RUNNING, job_id=path.name, pid=os.getpid())
     try:
         if spec is None:
             raise UserError(f"{path}/spec.json is missing or not JSON")
@@ -47,19 +48,19 @@ def run(path: Path, preflight: bool = False) -> int:
         finish(
             path,
             events,
-            "done" if code == 0 else "failed",
+            JobState.DONE if code == 0 else JobState.FAILED,
             code,
             None if code == 0 else f"the job ended with code {code}",
         )
         return code
     except UserError as exc:
-        finish(path, events, "failed", 3, str(exc))
+        finish(path, events, JobState.FAILED, 3, str(exc))
         return 3
     except OSError as exc:
         if exc.errno not in STORAGE_ERRNOS:
             return _failed_by_bug(path, events, exc)
         # the host's storage refused a write (a full disk): not a bug, said as the OS says
-        finish(path, events, "failed", 3, write_error(exc, path))
+        finish(path, events, JobState.FAILED, 3, write_error(exc, path))
         return 3
     except Exception as exc:
         return _failed_by_bug(path, events, exc)
@@ -68,7 +69,7 @@ def run(path: Path, preflight: bool = False) -> int:
 def kind_runner(kind: str):
     """The function that runs a job of `kind` (`job_kind`): ``(path, spec,
     events, preflight=...) -> exit code``, imported only when a job of that kind runs."""
-    if kind == "eval":
+    if kind == JobKind.EVAL:
         from remote.eval.job import run_job
     else:  # parity-capture, parity-compare
         from remote.eval.parity import run_job
@@ -83,7 +84,7 @@ def _failed_by_bug(path: Path, events: EventLog, exc: Exception) -> int:
         sys.stdout.flush()
     except OSError:
         pass
-    finish(path, events, "failed", 1, f"{type(exc).__name__}: {exc}")
+    finish(path, events, JobState.FAILED, 1, f"{type(exc).__name__}: {exc}")
     return 1
 
 

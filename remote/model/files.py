@@ -37,6 +37,17 @@ ST_DTYPES = {
     "U8": ("uint8", 1),
     "BOOL": ("bool", 1),
 }
+
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of the dtype torch calls `name` (``bfloat16``: 2), from
+    `ST_DTYPES`, the one table of dtypes and their sizes."""
+    for torch_name, size in ST_DTYPES.values():
+        if torch_name == name:
+            return size
+    raise KeyError(name)
+
+
 OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".gguf")
 # Files a tokenizer is read from (fast, sentencepiece, BPE/WordPiece vocabularies, Mistral's
 # tekken; a byte-level tokenizer needs its config only). Without any of them transformers 5

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from remote.errors import UserError
+from remote.protocol import is_int
 
 METRIC = "vllm:spec_decode_"
 COUNTER_NAMES = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
@@ -89,12 +90,8 @@ def fetch_json(url: str, payload: dict | None, timeout: float) -> Any:
 # ---- one completion -----------------------------------------------------------------------
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _int_list(v: Any) -> bool:
-    return isinstance(v, list) and all(_is_int(x) for x in v)
+    return isinstance(v, list) and all(is_int(x) for x in v)
 
 
 @dataclass(frozen=True)
@@ -139,7 +136,7 @@ def spec_decoding(obj: Any, where: str) -> SpecDecoding:
     if missing:
         raise UserError(f"{f} lacks {', '.join(missing)}; is this vLLM 0.32 or later?")
     k, hist = obj["num_spec_tokens"], obj["acceptance_histogram"]
-    if not _is_int(k) or k < 1:
+    if not is_int(k) or k < 1:
         raise UserError(f"{f}.num_spec_tokens is {k!r}, not a positive integer")
     if not _int_list(hist) or len(hist) != k + 1 or min(hist) < 0:
         raise UserError(
@@ -147,10 +144,10 @@ def spec_decoding(obj: Any, where: str) -> SpecDecoding:
         )
     steps, accepted = sum(hist), sum(j * n for j, n in enumerate(hist))
     for name, want in (("num_spec_steps", steps), ("num_accepted_draft_tokens", accepted)):
-        if obj[name] != want or not _is_int(obj[name]):
+        if obj[name] != want or not is_int(obj[name]):
             raise UserError(f"{f}.{name} is {obj[name]!r} but its histogram says {want}")
     drafts = obj["num_draft_tokens"]
-    if not _is_int(drafts) or not accepted <= drafts <= k * steps:
+    if not is_int(drafts) or not accepted <= drafts <= k * steps:
         raise UserError(
             f"{f}.num_draft_tokens is {drafts!r}, outside {accepted}..{k * steps} "
             "(accepted..k x steps)"

@@ -41,7 +41,7 @@ from remote.model.layout import (
 from remote.probe.drafter_check import check_drafter, rope_summary
 from remote.probe.facts import disk_free, meminfo
 from remote.probe.load_check import load_and_verify
-from remote.protocol import PROBE_SCHEMA
+from remote.protocol import PROBE_SCHEMA, is_int
 
 SCHEMA = PROBE_SCHEMA
 
@@ -86,9 +86,7 @@ def _head_counts(text_cfg) -> dict:
     return {
         k: v
         for k, v in sorted(vars(text_cfg).items())
-        if isinstance(v, int)
-        and not isinstance(v, bool)
-        and ("heads" in k or k.endswith("head_dim") or k == "head_dim")
+        if is_int(v) and ("heads" in k or k.endswith("head_dim") or k == "head_dim")
     }
 
 

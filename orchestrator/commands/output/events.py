@@ -8,6 +8,7 @@ import time
 from orchestrator.commands.output.base import err_console, num, plain
 from orchestrator.commands.output.progress import LiveProgress, RelayProgress
 from orchestrator.eval import follow as follow_lib
+from remote.protocol import JobState
 
 
 class RichEvents(follow_lib.FollowEvents):
@@ -51,7 +52,7 @@ class RichEvents(follow_lib.FollowEvents):
         self._close()
         if not self.enabled:
             return
-        if entry["state"] != "done":
+        if entry["state"] != JobState.DONE:
             err_console.print(
                 f"[red]{plain(entry['checkpoint'])}: failed[/]: {plain(entry.get('error'))}",
                 soft_wrap=True,

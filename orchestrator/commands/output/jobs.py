@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from orchestrator.commands.output.base import console, plain, show
 from orchestrator.commands.output.tables import Col, Grid, styled
+from remote.protocol import JobKind, JobState
 
 JOB_COLOURS = {
-    "running": "cyan",
-    "done": "green",
-    "failed": "red",
-    "cancelled": "yellow",
-    "lost": "red",
+    JobState.STARTING: "white",
+    JobState.RUNNING: "cyan",
+    JobState.DONE: "green",
+    JobState.FAILED: "red",
+    JobState.CANCELLED: "yellow",
+    JobState.LOST: "red",
 }
 
 
@@ -30,7 +32,7 @@ def render_jobs(rows: list[dict]) -> None:
     )
     for r in rows:
         p = r.get("progress") or {}
-        if r["state"] == "done":
+        if r["state"] == JobState.DONE:
             prog = "result ready" if r.get("has_result") else "finished"
         elif p.get("event") == "sample":
             prog = f"eval {p.get('done')}/{p.get('total')}"
@@ -75,7 +77,7 @@ def render_started(ref) -> None:
 def render_attached(attached) -> None:
     """`jobs attach`: the pulled run, as its kind shows it (an eval's summary, a parity
     table)."""
-    if attached.kind == "parity-compare":
+    if attached.kind == JobKind.COMPARE:
         from orchestrator.commands.output.parity import render_parity_run
 
         render_parity_run(attached.run_dir)
@@ -89,7 +91,7 @@ def render_attached(attached) -> None:
 def attached_json(attached) -> dict:
     """`jobs attach --json`: an eval's run as `remote-eval --json` gives it, a parity
     compare's as `parity_attach_json`."""
-    if attached.kind == "parity-compare":
+    if attached.kind == JobKind.COMPARE:
         from orchestrator.commands.output.parity import parity_attach_json
 
         return parity_attach_json(attached.run_dir)

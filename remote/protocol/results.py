@@ -21,6 +21,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from remote.protocol.schemas import RESULT_SCHEMA
+from remote.protocol.values import is_int, is_number
+
 
 class ResultError(ValueError):
     """A result file whose JSON does not have the expected types; the message names the
@@ -36,19 +39,11 @@ class _Type:
         self.what, self.accepts, self.inner, self.keys = what, accepts, inner, keys
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 STR = _Type("a string", lambda v: isinstance(v, str))
-INT = _Type("an integer", _is_int)
-NUM = _Type("a number", _is_num)
+INT = _Type("an integer", is_int)
+NUM = _Type("a number", is_number)
 BOOL = _Type("true or false", lambda v: isinstance(v, bool))
-SCALAR = _Type("a string or a number", lambda v: isinstance(v, str) or _is_num(v))
+SCALAR = _Type("a string or a number", lambda v: isinstance(v, str) or is_number(v))
 ANY = _Type("anything", lambda v: True)
 
 
@@ -309,8 +304,6 @@ def check_files(files: Mapping[str, bytes]) -> None:
     ``result.json`` of the eval schema; another kind of job's is its reader's to check):
     each must parse and have the expected types. `ResultError` names the file and the
     field."""
-    from remote.protocol import RESULT_SCHEMA  # the schema names live there
-
     docs = {}
     for name in CHECKS:
         if name in files:

@@ -1,0 +1,140 @@
+"""The prompts a ground truth is made for: read from JSONL (z-lab's ``{"turns": [...]}`` or
+``{"prompt": "..."}``), a seeded selection of them, and each rendered with the target's
+chat template into the ids a server or the target completes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from remote.errors import UserError
+from remote.protocol import ResultError, sample_labels
+
+
+def read_jsonl(path: str, what: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for each non-blank line; one-line UserErrors otherwise."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except ValueError:
+            raise UserError(f"{path}:{n}: not valid JSON") from None
+
+
+def load_prompts(path: str, samples: int | None = None, seed: int = 0) -> list[dict]:
+    """Prompt records ``{"id", "text"}`` from a JSONL file, optionally a seeded subset."""
+    records = []
+    stem = Path(path).stem
+    for n, obj in read_jsonl(path, "prompts file"):
+        if (
+            isinstance(obj, dict)
+            and isinstance(obj.get("turns"), list)
+            and obj["turns"]
+            and isinstance(obj["turns"][0], str)
+        ):
+            text = obj["turns"][0]
+        elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+            text = obj["prompt"]
+        else:
+            raise UserError(f'{path}:{n}: expected {{"turns": ["..."]}} or {{"prompt": "..."}}')
+        try:
+            labels = sample_labels(obj)
+        except ResultError as exc:
+            raise UserError(f"{path}:{n}: {exc}") from None
+        records.append({"id": str(obj.get("id", f"{stem}-{len(records)}")), "text": text, **labels})
+    if not records:
+        raise UserError(f"prompts file {path} holds no prompts")
+    return select(records, samples, seed)
+
+
+def select(records: list, samples: int | None, seed: int) -> list:
+    """`samples` records chosen with a fixed seed, kept in their original order. Records
+    of several categories (``category``) are chosen per category (`stratified`), so a
+    small N still covers each; otherwise `samples` of them at random."""
+    if samples is None or samples >= len(records):
+        return list(records)
+    if samples < 1:
+        raise UserError(f"--samples must be at least 1, got {samples}")
+    rng = random.Random(seed)
+    groups: dict = {}
+    for i, r in enumerate(records):
+        groups.setdefault(r.get("category"), []).append(i)
+    if len(groups) == 1:
+        keep = rng.sample(range(len(records)), samples)
+    else:
+        keep = stratified(list(groups.values()), samples, rng)
+    return [records[i] for i in sorted(keep)]
+
+
+def stratified(groups: list[list[int]], samples: int, rng: random.Random) -> list[int]:
+    """`samples` indices drawn from `groups` (each a category's indices): one from each
+    group first (from `samples` groups drawn at random when there are fewer samples than
+    groups), the rest shared in proportion to the groups' sizes (largest remainders, ties
+    in the seeded order), each group's own drawn at random."""
+    if samples < len(groups):
+        return [rng.choice(groups[g]) for g in rng.sample(range(len(groups)), samples)]
+    rest, spare = samples - len(groups), sum(len(g) - 1 for g in groups)
+    quotas = [rest * (len(g) - 1) / spare if spare else 0.0 for g in groups]
+    take = [1 + int(q) for q in quotas]
+    order = sorted(range(len(groups)), key=lambda g: (int(quotas[g]) - quotas[g], rng.random()))
+    for g in order[: samples - sum(take)]:
+        take[g] += 1
+    return [i for g, n in zip(groups, take, strict=True) for i in rng.sample(g, n)]
+
+
+def load_tokenizer(target: str):
+    from transformers import AutoTokenizer
+
+    from remote.model.files import no_tokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target)
+    except Exception as exc:
+        raise UserError(
+            f"cannot load the target's tokenizer from {target}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
+    if len(tokenizer) <= 1:  # transformers 5 builds an empty one from config.json alone
+        raise UserError(no_tokenizer(target))
+    return tokenizer
+
+
+def render_prompt(tokenizer, text: str, thinking: bool) -> tuple[str, list[int]]:
+    """(prompt text, prompt ids) with the chat template applied, generation prompt added."""
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}],
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=thinking,
+        )
+    else:
+        rendered = text
+    ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    return rendered, list(ids)
+
+
+def chat_template_sha256(tokenizer) -> str | None:
+    """sha256 of the chat template `render_prompt` applies (None: there is none, the text
+    goes as it is), recorded with the ground truth so runs under another template are
+    told apart."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def labelled(prompt: dict) -> dict:
+    """A prompt's id and labels (category, sub-category: `remote.protocol.sample_labels`),
+    as its ground-truth line and then its sample record carry them."""
+    return {"id": prompt["id"], **sample_labels(prompt)}

@@ -1,0 +1,109 @@
+"""The job document (``dflash.job/1``), typed: `JobSpec` reads it once, checking every part
+with the contract's own checks: its kind, the engine's `EvalSpec` (``eval``), the
+`GroundTruthSpec` and `Sampling` blocks, the selection (``samples``, ``seed``,
+``thinking``), where to stop, and what a parity capture sets (the attention
+implementation, the layers, the logits' top-k).
+
+The controller builds the blocks from the same types (their ``to_json`` is the wire form)
+and the inventory checks its settings with the same `Check`s (`JobSpec.CHECKS`,
+`GroundTruthSpec.CHECKS`, `Sampling.CHECKS`), so a value one side accepts the other does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from remote.protocol.eval_spec import EvalSpec
+from remote.protocol.ground_truth import GroundTruthSpec, Sampling
+from remote.protocol.jobs import JOB_KINDS, JobKind, check_job_id
+from remote.protocol.values import COUNT, FLAG, TEXT, WHOLE, Check, SpecError, is_int, one_of
+
+# The attention implementations a parity capture may run the target with (None:
+# transformers' default for the architecture).
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+ATTN = one_of(*ATTN_IMPLEMENTATIONS)
+CAPTURE_TOPK = 8  # logits kept per token by a parity capture
+# Where a job may stop early: after its ground truth (a sharded eval's first job).
+STOP_AFTER = ("ground_truth",)
+DEFAULT_WORKDIR = "~/.dflash"
+LAYERS = Check(
+    "a non-empty list of layer numbers from 0",
+    lambda v: isinstance(v, list) and bool(v) and all(is_int(i) and i >= 0 for i in v),
+)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job document as the host runs it. `kind` (`JOB_KINDS`); `engine`: its
+    ``eval``; `ground_truth`, `sampling`; `samples` prompts chosen with `seed` (None:
+    all), the chat template's `thinking`; `stop_after` (`STOP_AFTER`, None: the whole
+    job); `prompts`: the prompts file on the host (its ``prompts.path``); `workdir`,
+    `job_id` (set by ``job start``); a parity capture's `attn`, `layers` (None: the
+    drafter's target layers) and `topk`. `doc`: the document as it came, for what the
+    host only records (host, checkpoint, created, the prompts entry, a compare job's
+    folders). Built by `from_json`; every value is checked there."""
+
+    kind: str = JobKind.EVAL
+    engine: EvalSpec = EvalSpec()
+    ground_truth: GroundTruthSpec = GroundTruthSpec()
+    sampling: Sampling = Sampling()
+    samples: int | None = None
+    seed: int = 0
+    thinking: bool = False
+    stop_after: str | None = None
+    prompts: str | None = None
+    workdir: str = DEFAULT_WORKDIR
+    job_id: str | None = None
+    attn: str | None = None
+    layers: tuple[int, ...] | None = None
+    topk: int = CAPTURE_TOPK
+    doc: dict = field(default_factory=dict, compare=False, repr=False)
+
+    # The document's own settings (the blocks check theirs), by key, in the order checked.
+    CHECKS: ClassVar[dict[str, Check]] = {
+        "kind": one_of(*JOB_KINDS),
+        "samples": COUNT,
+        "seed": WHOLE,
+        "thinking": FLAG,
+        "stop_after": one_of(*STOP_AFTER),
+        "workdir": TEXT,
+        "attn": ATTN,
+        "layers": LAYERS,
+        "topk": COUNT,
+    }
+    LABELS: ClassVar[dict[str, str]] = {
+        "kind": "job kind",
+        "attn": "attention implementation",
+    }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> JobSpec:
+        """The job from its document; a bad value is a `SpecError` naming it (the host
+        adds where it read it). Keys the host does not act on pass as they are."""
+        if not isinstance(doc, dict):
+            raise SpecError("a job spec must be a JSON object")
+        try:
+            engine = EvalSpec.of_job(doc)
+        except TypeError as exc:  # a value of a type no setting takes
+            raise SpecError(f"eval spec: {exc}") from None
+        given = {}
+        for name, check in cls.CHECKS.items():
+            value = doc.get(name)
+            if value is not None:
+                given[name] = check.require(cls.LABELS.get(name, name), value)
+        prompts = doc.get("prompts")
+        if prompts is not None and not (isinstance(prompts, dict) and TEXT(prompts.get("path"))):
+            raise SpecError("the job's prompts must be a JSON object with a path")
+        if doc.get("job_id") is not None:
+            given["job_id"] = check_job_id(doc["job_id"])
+        if "layers" in given:
+            given["layers"] = tuple(given["layers"])
+        return cls(
+            **given,
+            engine=engine,
+            ground_truth=GroundTruthSpec.from_json(doc.get("ground_truth")),
+            sampling=Sampling.from_json(doc.get("sampling")),
+            prompts=prompts["path"] if prompts else None,
+            doc=doc,
+        )

@@ -1,0 +1,228 @@
+"""Jobs on a host: their ids, states and kinds, the files a job start carries, and the JSON
+types of every answer the controller reads (`check_job_answer`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from remote.protocol.values import SpecError, finite, is_int, json_type, shown
+from remote.relay.wire import name_problem
+
+# Small input files a job start carries inside its spec (under JOB_CARRY_KEY: a list of
+# ``{"path", "sha256", "data"}``, data base64), so that pushing them costs no round trip of
+# its own: ``job start`` writes each one, content-addressed, before it spawns the runner,
+# and drops the list from the spec it keeps. Only under these folders of the host's
+# workdir, and only files up to CARRY_MAX_BYTES (bigger ones are pushed on their own).
+JOB_CARRY_KEY = "carry"
+CARRY_DIRS = ("prompts", "groundtruth/shards")
+CARRY_MAX_BYTES = 4 * 1024 * 1024
+NAME_MAX_BYTES = 255  # one path component on Linux and macOS filesystems
+
+
+def carried_name_problem(name: Any) -> str | None:
+    """Why `name` cannot be a carried file's name (one component inside a `CARRY_DIRS`
+    folder), or None. The relay's rule for a checkpoint name (`remote.relay.wire.
+    name_problem`: not empty, no '/', no '.' or '..', no NUL or line break), and, because it
+    is named after a user's own file and becomes a file the job reads: no control character
+    or lone surrogate anywhere, at most `NAME_MAX_BYTES` bytes in UTF-8. Spaces,
+    parentheses and any other printable character (``mt bench (v2).jsonl``) are fine."""
+    why = name_problem(name)
+    if why:
+        return why
+    bad = next(
+        (c for c in name if c < " " or "\x7f" <= c < "\xa0" or "\ud800" <= c <= "\udfff"), None
+    )
+    if bad is not None:
+        return f"holds a control character or a lone surrogate (U+{ord(bad):04X})"
+    if len(name.encode()) > NAME_MAX_BYTES:
+        return f"is longer than {NAME_MAX_BYTES} bytes"
+    return None
+
+
+# A job's id names its folder on the host AND the run folder it is pulled into on the
+# workstation: one path component (never "." or ".."), checked by `check_job_id` on both.
+JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class JobState:
+    """A job's states, by name: ``starting`` (its folder exists, its runner not yet),
+    ``running`` (the recorded runner is alive), then one of the `TERMINAL_STATES`: ``done``,
+    ``failed``, ``cancelled``, or ``lost`` (the runner died without saying how it ended)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+
+JOB_STATES = (
+    JobState.STARTING,
+    JobState.RUNNING,
+    JobState.DONE,
+    JobState.FAILED,
+    JobState.CANCELLED,
+    JobState.LOST,
+)
+TERMINAL_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.LOST)
+
+
+class JobKind:
+    """What a job does, by name: an eval, or one half of a parity check (a host's capture,
+    the comparison of two captures)."""
+
+    EVAL = "eval"
+    CAPTURE = "parity-capture"
+    COMPARE = "parity-compare"
+
+
+JOB_KINDS = (JobKind.EVAL, JobKind.CAPTURE, JobKind.COMPARE)
+# ``job watch`` sends a heartbeat line at least this often, so a watcher can tell a quiet
+# job from a host that went silent; its last line is a WATCH_END_EVENT (with --pull:
+# carrying the result files).
+WATCH_HEARTBEAT_SECONDS = 5.0
+WATCH_END_EVENT = "watch_end"
+
+
+class AnswerError(ValueError):
+    """A host's job answer that is not what the contract says; the message names the field
+    (the controller adds the host)."""
+
+
+def check_job_id(value: object) -> str:
+    """`value` if it is a job id (`JOB_ID_RE`, whole), else a SpecError saying why."""
+    if not isinstance(value, str) or not JOB_ID_RE.fullmatch(value):
+        raise SpecError(
+            f"invalid job id {shown(value)} (up to 128 letters, digits, '.', '_', '-', "
+            "starting with a letter or digit)"
+        )
+    return value
+
+
+# What each field type of a job answer accepts, and how a message names it.
+_FIELD_TYPES = {
+    "id": (lambda v: isinstance(v, str) and bool(JOB_ID_RE.fullmatch(v)), "a job id"),
+    "state": (lambda v: isinstance(v, str) and v in JOB_STATES, "one of " + ", ".join(JOB_STATES)),
+    "kind": (lambda v: isinstance(v, str) and v in JOB_KINDS, "one of " + ", ".join(JOB_KINDS)),
+    "text": (lambda v: isinstance(v, str), "text"),
+    "count": (lambda v: is_int(v) and v >= 0, "a whole number of at least 0"),
+    "int": (lambda v: is_int(v), "a whole number"),
+    "number": (finite, "a finite number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "object": (lambda v: isinstance(v, dict), "a JSON object"),
+}
+# The fields of each job answer the controller reads, by type ("?": may be absent or null).
+# Other fields pass as they are.
+JOB_EXIT_FIELDS = {"state": "state", "code": "int?", "error": "text?", "finished": "number?"}
+JOB_EVENT_FIELDS = {
+    "event": "text",
+    "time": "number?",
+    "done": "count?",
+    "total": "count?",
+    "samples": "count?",
+    "tokens": "count?",
+    "offset": "count?",
+    "tau": "number?",
+    "sample_tau": "number?",
+    "tau_token_weighted": "number?",
+    "seconds": "number?",
+    "phase": "text?",
+    "source": "text?",
+    "message": "text?",
+    "error": "text?",
+    "cached": "bool?",
+    "record": "object?",
+    "state": "state?",
+    "code": "int?",
+}
+JOB_STATUS_FIELDS = {
+    "job_id": "id",
+    "state": "state",
+    "dir": "text",
+    "kind": "kind?",
+    "created": "number?",
+    "checkpoint": "text?",
+    "drafter": "text?",
+    "pid": "count?",
+    "pgid": "count?",
+    "exit": "object?",
+    "progress": "object?",
+    "has_result": "bool",
+}
+JOB_ANSWER_FIELDS = {
+    "start": {
+        "job_id": "id",
+        "dir": "text",
+        "pid": "count",
+        "pgid": "count",
+        "starttime": "int?",
+        "started": "number?",
+        "preflight": "object?",
+    },
+    "status": JOB_STATUS_FIELDS,
+    "pull": {**JOB_STATUS_FIELDS, "files": "object"},
+    "cancel": {
+        "job_id": "id",
+        "state": "state",
+        "was": "state",
+        "killed": "count",
+        "pgid": "count?",
+    },
+    "event": JOB_EVENT_FIELDS,
+    "watch_end": {
+        "event": "text",
+        "state": "state",
+        "offset": "count",
+        "exit": "object?",
+        "has_result": "bool",
+        "dir": "text",
+        "files": "object?",
+    },
+}
+
+
+def _check_fields(doc: object, fields: dict[str, str], path: str = "") -> dict:
+    """`doc` if it is an object whose `fields` have their types; `path`: where it sits in
+    the answer (``exit.``), for the message."""
+    if not isinstance(doc, dict):
+        where = f"{path.rstrip('.')!r}" if path else "the answer"
+        raise AnswerError(f"{where} is {json_type(doc)}, not a JSON object")
+    for name, spec in fields.items():
+        value = doc.get(name)
+        if value is None:
+            if spec.endswith("?"):
+                continue
+            raise AnswerError(f"{path + name!r} is missing")
+        test, expected = _FIELD_TYPES[spec.rstrip("?")]
+        if not test(value):
+            raise AnswerError(
+                f"{path + name!r} is {json_type(value)} ({shown(value)}), expected {expected}"
+            )
+    return doc
+
+
+def check_job_answer(action: str, doc: object) -> Any:
+    """`doc`, a host's answer to ``job <action>`` (``start``, ``status``, ``pull``,
+    ``cancel``, ``list``) or one line of ``job watch`` (``event``, ``watch_end``), if every
+    field the controller reads has its type (`JOB_ANSWER_FIELDS`; an exit record's
+    `JOB_EXIT_FIELDS`, a progress event's `JOB_EVENT_FIELDS`); else an AnswerError naming
+    the field (``row 3: 'state' is a list ...``)."""
+    if action == "list":
+        if not isinstance(doc, list):
+            raise AnswerError(f"the answer is {json_type(doc)}, not a list of jobs")
+        for i, row in enumerate(doc, 1):
+            if not isinstance(row, dict):
+                raise AnswerError(f"row {i} is {json_type(row)}, not a JSON object")
+            try:
+                check_job_answer("status", row)
+            except AnswerError as exc:
+                raise AnswerError(f"row {i}: {exc}") from None
+        return doc
+    _check_fields(doc, JOB_ANSWER_FIELDS[action])
+    if doc.get("exit") is not None:
+        _check_fields(doc["exit"], JOB_EXIT_FIELDS, "exit.")
+    if doc.get("progress") is not None:
+        _check_fields(doc["progress"], JOB_EVENT_FIELDS, "progress.")
+    return doc
