@@ -450,6 +450,7 @@ def measure(
                 "finish_reason": c.finish_reason,
                 "num_spec_tokens": None if s is None else s.num_spec_tokens,
                 "mean_acceptance_length": None if s is None else s.mean_acceptance_length,
+                "num_spec_steps": None if s is None else s.steps,
                 "acceptance_histogram": None if s is None else s.histogram,
                 "per_step_accepted": None if s is None else s.accepted,
                 "per_step_drafted": None if s is None else s.drafted,
