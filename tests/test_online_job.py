@@ -5,7 +5,8 @@ verdict says online == offline round by round, lossless; a cancelled job, and on
 fails while its server runs, leave no server process behind.
 
 Skipped, with the command that makes it, when the vLLM venv is missing. Each vLLM start
-costs a minute on a 2-core box: two here (the measurement, the cancel).
+costs a minute on a 2-core box: two here (the measurement, the cancel); the SGLang path
+runs against a scripted server answering its documented fields.
 """
 
 from __future__ import annotations
@@ -185,3 +186,67 @@ def test_an_online_job_that_fails_while_serving_stops_its_server(
     assert line.startswith("error: online job") and "without exactly one choice" in line, line
     assert not servers(str(script))
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+def test_online_reads_an_sglang_servers_documented_fields(
+    make_inventory, eval_sshd, ssh_base, tmp_path
+):
+    """``--server URL --engine sglang`` over the loopback sshd host, against a scripted
+    server answering SGLang's ``/generate`` with the ground truth's ids and the
+    ``meta_info`` fields SGLang documents (no real SGLang runs DFlash on a CPU): lossless,
+    its own mean beside the offline tau, and the verdict says why not round by round."""
+    from orchestrator.demo.servers import ScriptedServer
+
+    models = vllm_models()  # the models only: nothing here needs vLLM
+    truth = {tuple(r["prompt_ids"]): r["completion_ids"] for r in models.rows()}
+
+    def generate(path: str, body: dict) -> dict:
+        ids = truth[tuple(body["input_ids"])]
+        steps = (len(ids) + 1) // 2  # two tokens a verify step
+        return {
+            "text": "",
+            "output_ids": ids[: body["sampling_params"]["max_new_tokens"]],
+            "meta_info": {
+                "completion_tokens": len(ids),
+                "spec_verify_ct": steps,
+                "spec_accept_length": len(ids) / steps,
+                "spec_accept_histogram": [len(ids) % 2, steps - len(ids) % 2, 0, 0],
+            },
+        }
+
+    server = ScriptedServer(generate)
+    try:
+        inv = online_inventory(
+            make_inventory, eval_sshd, ssh_base, models, tmp_path / "res", "/not/used/python"
+        )
+        drafter = models.drafters["one-layer"][-1]
+        run = dflash(
+            "online",
+            "-c",
+            drafter.name,
+            "--server",
+            server.url,
+            "--engine",
+            "sglang",
+            "-i",
+            str(inv),
+            "--json",
+            timeout=600,
+        )
+    finally:
+        server.stop()
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    v = out["verdict"]
+    assert v["verdict"] == "no_per_step_metrics" and v["lossless"]["ok"]
+    assert v["online"] is None and v["num_spec_tokens"] is None
+    assert 1.9 < v["online_uncut_tau"] < 2.1 and v["offline"]["tau_token_weighted"] > 2.0
+    assert v["server"] == {**v["server"], "engine": "sglang", "started_here": False}
+    posts = [(p, b) for p, b in server.requests]
+    assert len(posts) == 24 and all(p == "/generate" for p, _ in posts)
+    assert all(b["sampling_params"]["temperature"] == 0.0 for _, b in posts)
+    # the finished job again, as jobs attach pulls it: the same verdict, shown as one
+    again = dflash("jobs", "attach", out["run_id"], "-i", str(inv))
+    assert again.returncode == 0, again.stderr
+    assert "online vs offline (sglang already running" in again.stdout
+    assert "no_per_step_metrics" in again.stdout
