@@ -83,19 +83,19 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
     box: dict[str, Any] = {}
 
     def start_server(gt_path: str) -> None:
-        box["gt_path"] = gt_path
+        box["rows"] = _rows(gt_path, engine)
         if serve.python is not None:
-            box["server"] = _start_vllm(path, serve, engine, gt_path, block - 1, events)
+            box["server"] = _start_vllm(path, serve, engine, box["rows"], block - 1, events)
 
     try:
         run_eval_job(
             path, spec, events, engine, checked.get("plan"), after_ground_truth=start_server
         )
-        measured = _measure(path, serve, engine, box, events)
+        measured = _measure(path, serve, box, events)
     finally:
         if "server" in box:
             box["server"].stop()
-    result = _verdict(path, serve, engine, box["gt_path"], measured, block)
+    result = _verdict(path, serve, engine, box["rows"], measured, block)
     events.emit(
         "verdict",
         verdict=result["verdict"],
@@ -115,11 +115,10 @@ def _rows(gt_path: str, engine: EvalSpec) -> list[dict]:
 
 
 def _start_vllm(
-    path: Path, serve: ServeSpec, engine: EvalSpec, gt_path: str, k: int, events: Events
+    path: Path, serve: ServeSpec, engine: EvalSpec, rows: list[dict], k: int, events: Events
 ) -> Server:
     """vLLM serving the target with the checkpoint as its DFlash drafter, on a free
     loopback port, long enough for the longest sample and a last verify step past it."""
-    rows = _rows(gt_path, engine)
     longest = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
     port = free_port()
     argv = vllm_command(
@@ -140,11 +139,9 @@ def _start_vllm(
     )
 
 
-def _measure(
-    path: Path, serve: ServeSpec, engine: EvalSpec, box: dict, events: Events
-) -> dict[str, Any]:
+def _measure(path: Path, serve: ServeSpec, box: dict, events: Events) -> dict[str, Any]:
     """Every ground-truth prompt through the serving engine (once it answers)."""
-    rows = _rows(box["gt_path"], engine)
+    rows = box["rows"]
     vocab = _vocab(path)
     server = box.get("server")
     url = server.url if server is not None else str(serve.url)
@@ -181,9 +178,8 @@ def _vocab(path: Path) -> int:
 
 
 def _verdict(
-    path: Path, serve: ServeSpec, engine: EvalSpec, gt_path: str, measured: dict, block: int
+    path: Path, serve: ServeSpec, engine: EvalSpec, rows: list[dict], measured: dict, block: int
 ) -> dict:
-    rows = _rows(gt_path, engine)
     offline = [
         json.loads(line)
         for line in (path / "samples.jsonl").read_text().splitlines()
