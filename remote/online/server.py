@@ -90,13 +90,13 @@ def vllm_command(
     return argv
 
 
-def vllm_env(kv_cache_gib: float, threads: int | None = None) -> dict[str, str]:
+def vllm_env(kv_cache_gib: int, threads: int | None = None) -> dict[str, str]:
     """The server's environment: this one's, with vLLM's in-process engine, its KV cache,
     no usage reports and no hub lookups; `threads`: OpenMP threads (default: vLLM's)."""
     env = {
         **os.environ,
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",

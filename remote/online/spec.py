@@ -20,7 +20,7 @@ ENGINES = ("vllm", "sglang")
 STARTABLE = ("vllm",)
 DEFAULT_START_TIMEOUT = 900.0  # vLLM imports in ~15 s idle, 80 s+ on a loaded 2-core box
 DEFAULT_REQUEST_TIMEOUT = 600.0
-DEFAULT_KV_CACHE_GIB = 4.0
+DEFAULT_KV_CACHE_GIB = 4  # whole GiB: vLLM reads VLLM_CPU_KVCACHE_SPACE with int()
 
 
 class ServeError(ValueError):
@@ -66,7 +66,7 @@ class ServeSpec:
     python: str | None = None
     url: str | None = None
     model: str | None = None
-    kv_cache_gib: float = DEFAULT_KV_CACHE_GIB
+    kv_cache_gib: int = DEFAULT_KV_CACHE_GIB
     start_timeout: float = DEFAULT_START_TIMEOUT
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
@@ -91,8 +91,8 @@ class ServeSpec:
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise ServeError("serve.model must be a served model name")
         kv = self.kv_cache_gib
-        if isinstance(kv, bool) or not isinstance(kv, (int, float)) or not 0 < kv <= 4096:
-            raise ServeError(f"serve.kv_cache_gib must be a number of GiB above 0, got {kv!r}")
+        if isinstance(kv, bool) or not isinstance(kv, int) or not 0 < kv <= 4096:
+            raise ServeError(f"serve.kv_cache_gib must be a whole number of GiB, got {kv!r}")
         for name in ("start_timeout", "request_timeout"):
             object.__setattr__(self, name, _seconds(name, getattr(self, name)))
 
