@@ -245,6 +245,8 @@ def test_online_reads_an_sglang_servers_documented_fields(
     posts = [(p, b) for p, b in server.requests]
     assert len(posts) == 24 and all(p == "/generate" for p, _ in posts)
     assert all(b["sampling_params"]["temperature"] == 0.0 for _, b in posts)
+    answered = [e for e in job_events(eval_sshd, out["run_id"]) if e["event"] == "online_sample"]
+    assert [(e["done"], e["total"]) for e in answered] == [(n, 24) for n in range(1, 25)]
     # the finished job again, as jobs attach pulls it: the same verdict, shown as one
     again = dflash("jobs", "attach", out["run_id"], "-i", str(inv))
     assert again.returncode == 0, again.stderr

@@ -154,7 +154,14 @@ def _measure(path: Path, serve: ServeSpec, box: dict, events: Events) -> dict[st
         from remote.online import sglang as client
     else:
         from remote.online import vllm as client
-    out = client.measure(url, rows, vocab, model=serve.model, timeout=serve.request_timeout)
+    out = client.measure(
+        url,
+        rows,
+        vocab,
+        model=serve.model,
+        timeout=serve.request_timeout,
+        on_done=lambda done, total: events.emit("online_sample", done=done, total=total),
+    )
     out["server"] = {
         "engine": serve.engine,
         "started_here": server is not None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from remote.errors import UserError
@@ -77,10 +78,12 @@ def measure(
     *,
     model: str | None = None,
     timeout: float = 300.0,
+    on_done: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Each ground-truth prompt through ``/generate``, one at a time, for exactly its
     completion's length; the records `remote.online.verdict.compare` reads (no per-step
-    arrays), as `remote.online.vllm.measure` returns them."""
+    arrays), as `remote.online.vllm.measure` returns them; `on_done(done, total)` after
+    each answer."""
     where = generate_url(url)
     del model  # SGLang serves one model per server
     t0 = time.perf_counter()
@@ -103,6 +106,8 @@ def measure(
                 "finish_reason": None,
             }
         )
+        if on_done:
+            on_done(len(samples), len(rows))
     return {
         "samples": samples,
         "counters": None,

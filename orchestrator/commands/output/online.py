@@ -80,7 +80,8 @@ def render_verdict(v: dict) -> None:
 
 
 class OnlineProgress(LiveProgress):
-    """An eval's bars, and a line for each phase of the serving engine."""
+    """An eval's bars, a line for each phase of the serving engine, and a bar of the
+    prompts it answered."""
 
     PHASES = {
         "serve": "starting the serving engine",
@@ -88,7 +89,13 @@ class OnlineProgress(LiveProgress):
         "online": "sending the prompts to the serving engine",
     }
 
+    online_task = None
+
     def __call__(self, ev: dict) -> None:
         super().__call__(ev)
         if ev.get("event") == "phase" and ev.get("phase") in self.PHASES:
             self.progress.console.print(plain(self.PHASES[ev["phase"]]), soft_wrap=True)
+        elif ev.get("event") == "online_sample":
+            if self.online_task is None:
+                self.online_task = self.progress.add_task("online", total=ev.get("total"), info="")
+            self.progress.update(self.online_task, completed=ev.get("done", 0))
