@@ -102,6 +102,9 @@ def test_a_server_url_overrides_the_inventory_and_keeps_its_engine():
     assert got == ServeSpec(engine="sglang", url="http://127.0.0.1:8000")
     with pytest.raises(DflashError, match="no serving engine"):
         OnlineOptions().serve_spec(None, "ev")
+    started = ServeSpec(engine="vllm", python="/opt/v/bin/python")
+    with pytest.raises(DflashError, match="--engine sglang says what --server URL is"):
+        OnlineOptions(engine="sglang").serve_spec(started, "ev")
 
 
 # ---- the verdict a host sends ----------------------------------------------------------------

@@ -70,6 +70,11 @@ class OnlineOptions:
                 return ServeSpec(engine=engine, url=self.server, model=self.model)
             if role is None:
                 raise DflashError(f"no serving engine for host {host}: {SETUP_HINT}")
+            if self.engine not in (None, role.engine):
+                raise DflashError(
+                    f"--engine {self.engine} says what --server URL is; host {host}'s "
+                    f"inventory serves with {role.engine} (roles.eval.serve.engine)"
+                )
             return replace(role, model=self.model or role.model)
         except ServeError as exc:
             raise DflashError(str(exc).replace("serve.url", "--server", 1)) from None
