@@ -252,3 +252,21 @@ def test_online_reads_an_sglang_servers_documented_fields(
     assert again.returncode == 0, again.stderr
     assert "online vs offline (sglang already running" in again.stdout
     assert "no_per_step_metrics" in again.stdout
+
+
+def test_a_serving_engine_python_missing_on_the_host_is_one_line(
+    make_inventory, eval_sshd, ssh_base, tmp_path
+):
+    """The host's checks refuse it before anything starts, and no job is left behind."""
+    models = vllm_models()
+    jobs = eval_sshd.root / "dflash" / "jobs"
+    before = set(jobs.iterdir()) if jobs.is_dir() else set()
+    inv = online_inventory(
+        make_inventory, eval_sshd, ssh_base, models, tmp_path / "res", "/nowhere/bin/python"
+    )
+    run = dflash("online", "-c", models.drafters["one-layer"][-1].name, "-i", str(inv))
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    line = run.stderr.strip().splitlines()[-1]
+    assert "serving engine python /nowhere/bin/python is not an executable file" in line, line
+    assert "roles.eval.serve.python" in line
+    assert (set(jobs.iterdir()) if jobs.is_dir() else set()) == before
