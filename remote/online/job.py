@@ -77,7 +77,7 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
             write_json_atomic(path / "preflight.json", {"ok": False, "error": str(exc)})
             raise
         run_preflight(path, spec, engine, checked)
-    from remote.eval.drafter import read_config
+    from remote.eval.drafter_config import read_config
 
     block = read_config(engine.drafter).block_size
     box: dict[str, Any] = {}
