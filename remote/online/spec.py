@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
 
+from remote.protocol.values import is_int
+
 ENGINES = ("vllm", "sglang")
 # The engines a job can start itself (SGLang's CPU DFlash is not released yet).
 STARTABLE = ("vllm",)
@@ -91,7 +93,7 @@ class ServeSpec:
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise ServeError("serve.model must be a served model name")
         kv = self.kv_cache_gib
-        if isinstance(kv, bool) or not isinstance(kv, int) or not 0 < kv <= 4096:
+        if not is_int(kv) or not 0 < kv <= 4096:
             raise ServeError(f"serve.kv_cache_gib must be a whole number of GiB, got {kv!r}")
         for name in ("start_timeout", "request_timeout"):
             object.__setattr__(self, name, _seconds(name, getattr(self, name)))
