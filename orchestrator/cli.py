@@ -27,6 +27,7 @@ COMMAND_ORDER = (
     "results",
     "follow",
     "parity",
+    "online",
     "env",
     "demo",
 )
@@ -136,6 +137,7 @@ COMMAND_MODULES = (
     "orchestrator.commands.hosts",
     "orchestrator.commands.probe",
     "orchestrator.commands.remote_eval",
+    "orchestrator.commands.online",
     "orchestrator.commands.jobs",
     "orchestrator.commands.results",
     "orchestrator.commands.relay",

@@ -20,6 +20,7 @@ import yaml
 from orchestrator.errors import DflashError
 from orchestrator.sizes import parse_size
 from orchestrator.slurm.role import SlurmError, SlurmRole
+from remote.online.spec import ServeError, ServeSpec
 from remote.protocol import (
     COUNT,
     DEFAULT_DTYPE,
@@ -84,6 +85,8 @@ class EvalRole:
     samples: int | None = None  # prompts per eval (seeded choice); None = all
     # Bytes the relay leaves free on the drafters' filesystem: an int or "50G", "1.5TiB".
     reserve: int | str | None = None
+    # The serving engine `dflash online` measures with (``serve: {engine, python}``).
+    serve: ServeSpec | None = None
 
 
 @dataclass
@@ -413,22 +416,32 @@ class _Validator:
             allowed = ", ".join([*ROLE_KEYS, "slurm"])
             raise self.fail(key, f"{what}: unknown role (allowed: {allowed})")
         cls, schema, required = ROLE_KEYS[key.value]
-        values = self.fields(node, what, schema)
+        values = self.fields(node, what, schema, skip=("serve",) if cls is EvalRole else ())
         for req in required:
             if req not in values:
                 raise self.fail(node, f"{what}: missing required key {req!r}")
+        for sub, sub_node in self.mapping(node, what):
+            if sub.value == "serve":  # the eval role's serving engine: its own checks
+                try:
+                    values["serve"] = ServeSpec.from_json(self.scalars(sub_node, f"{what}.serve"))
+                except ServeError as exc:
+                    raise self.fail(sub_node, f"{what}.{exc}") from None
         setattr(spec, key.value, cls(**values))
 
-    def slurm_role(self, spec: HostSpec, what: str, node: yaml.Node) -> None:
-        """The role's own checks (`SlurmRole.from_mapping`) on its scalar values, with the
-        file and line of the role in the message."""
+    def scalars(self, node: yaml.Node, what: str) -> dict[str, Any]:
+        """A mapping of single values, as parsed (one line naming a key whose value is not)."""
         values: dict[str, Any] = {}
         for key, value in self.mapping(node, what):
             if not isinstance(value, yaml.ScalarNode):
                 raise self.fail(value, f"{what}.{key.value}: expected a single value")
             values[str(key.value)] = self.scalar(value)
+        return values
+
+    def slurm_role(self, spec: HostSpec, what: str, node: yaml.Node) -> None:
+        """The role's own checks (`SlurmRole.from_mapping`) on its scalar values, with the
+        file and line of the role in the message."""
         try:
-            spec.slurm = SlurmRole.from_mapping(values, what)
+            spec.slurm = SlurmRole.from_mapping(self.scalars(node, what), what)
         except SlurmError as exc:
             raise self.fail(node, str(exc)) from None
 

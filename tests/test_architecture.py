@@ -31,6 +31,7 @@ FORBIDDEN = [
     ("remote.probe", "remote.eval", "the probe reads models through remote.model"),
     ("remote.probe", "remote.jobs", "the probe knows nothing of jobs"),
     ("remote.eval", "remote.jobs", "a job kind knows nothing of the runner that runs it"),
+    ("remote.online", "remote.jobs", "a job kind knows nothing of the runner that runs it"),
     ("remote.relay", "remote.eval", "the relay's host side is stdlib only"),
     ("remote.relay", "remote.jobs", "the relay's host side is stdlib only"),
     ("remote.relay", "remote.probe", "the relay's host side is stdlib only"),

@@ -44,6 +44,7 @@ WORKFLOW = [
     "results",
     "follow",
     "parity",
+    "online",
     "env",
     "demo",
 ]

@@ -3,6 +3,7 @@ with our own trained DFlash drafters, beside our offline engine on the same chec
 prompts and ground truth (the target's greedy completions):
 
 - vLLM as a ground-truth server for ``ground_truth_kind: openai`` (token ids in and out);
+- ``dflash online --server URL`` reading that running server over a loopback sshd host;
 - a one-layer drafter: online rounds equal offline rounds on every sample, cut the same
   way, and the outputs are lossless;
 - a two-layer drafter: vLLM 0.32 normalises every drafter layer's context keys with layer
@@ -26,6 +27,8 @@ import pytest
 from remote.eval import groundtruth
 from remote.online import verdict
 from remote.online.vllm import measure
+from tests.helpers.cli import dflash
+from tests.helpers.sshd import ssh_host_entry
 from tests.helpers.vllm import VllmServer, vllm_models, vllm_python
 
 pytestmark = pytest.mark.slow
@@ -150,6 +153,42 @@ class TestOneLayer:
         assert v["per_position"]["online"] == v["per_position"]["offline"]
         # vLLM's own mean counts its last steps uncut: never below the cut one
         assert v["online_uncut_tau"] > v["online"]["tau_token_weighted"]
+
+    def test_dflash_online_reads_a_running_server_without_starting_one(
+        self, models, server, make_inventory, eval_sshd, ssh_base, tmp_path
+    ):
+        """``dflash online --server URL`` over a loopback sshd eval host: the same verdict
+        from the server already running, and nothing started (no server log)."""
+        drafter = models.drafters["one-layer"][-1]
+        role = {
+            "drafters": str(drafter.parent),
+            "target_model": str(models.target),
+            "ground_truth": str(models.ground_truth),
+            "ground_truth_kind": "file",
+            "dtype": "float32",
+            "threads": 1,
+        }
+        inv = make_inventory(
+            hosts={"ev": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": role})},
+            defaults={"eval_host": "ev", "results_dir": str(tmp_path / "res")},
+        )
+        run = dflash(
+            "online",
+            "-c",
+            drafter.name,
+            "--server",
+            server.url,
+            "-i",
+            str(inv),
+            "--json",
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stderr
+        v = json.loads(run.stdout)["verdict"]
+        assert v["verdict"] == "agree" and v["rounds_equal"]["samples"] == 24
+        assert v["server"]["started_here"] is False and v["server"]["url"] == server.url
+        assert v["server"]["counters_agree"] is True  # this run's counts, read around it
+        assert not (Path(json.loads(run.stdout)["run_dir"]) / "server.log").exists()
 
 
 def test_two_layer_drafter_shows_vllms_layer0_k_norm(models, tmp_path):

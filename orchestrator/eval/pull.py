@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from orchestrator.errors import RemoteCommandError
@@ -28,12 +28,22 @@ from remote.relay.fdfiles import write_new
 REQUIRED_RESULT_FILES = ("result.json",)
 
 
-def pull_results(host: Host, job_id: str, dest: str | os.PathLike, end: dict | None = None) -> Path:
+def pull_results(
+    host: Host,
+    job_id: str,
+    dest: str | os.PathLike,
+    end: dict | None = None,
+    *,
+    required: Sequence[str] = REQUIRED_RESULT_FILES,
+    check: Callable[[dict[str, bytes]], None] | None = None,
+) -> Path:
     """Copy the job's result files into ``dest/<job-id>/`` (replaced as a whole, through a
     hidden partial folder, so a reader never sees half a run). Returns that folder. The
     files come from `end` (a `watch` end that carries them) or else in one SSH command
     (``job pull``: the state and every file at once). The job id is checked as the host
-    checks it before it names a folder here, and no write follows a symlink."""
+    checks it before it names a folder here, and no write follows a symlink. `required`,
+    `check`: the files a job of its kind must bring, and its kind's own check of them
+    (a `ResultError` refuses the pull, see `decode_files`)."""
     job_id = jobwire.local_job_id(job_id)
     status = end if end is not None and "files" in end else None
     if status is None:
@@ -44,7 +54,7 @@ def pull_results(host: Host, job_id: str, dest: str | os.PathLike, end: dict | N
             f"job {job_id} on {host.name} has no result to pull (state "
             f"{status.get('state')}{': ' + error if error else ''})"
         )
-    files = decode_files(host, job_id, status.get("files"))
+    files = decode_files(host, job_id, status.get("files"), required, check)
     pulled = {
         "host": host.name,
         "job_id": job_id,
@@ -82,11 +92,15 @@ def _remove(path: Path) -> None:
 
 
 def decode_files(
-    host: Host, job_id: str, files: object, required: Sequence[str] = REQUIRED_RESULT_FILES
+    host: Host,
+    job_id: str,
+    files: object,
+    required: Sequence[str] = REQUIRED_RESULT_FILES,
+    check: Callable[[dict[str, bytes]], None] | None = None,
 ) -> dict[str, bytes]:
     """The host's ``{name: base64}`` (a watch's end with ``--pull``), checked: only known
     result file names (a host cannot name a path), valid base64, every `required` file
-    there, and the JSON types inside them (`remote.protocol.check_files`)."""
+    there, and the JSON types inside them (`remote.protocol.check_files`, then `check`)."""
     if not isinstance(files, dict):
         raise RemoteCommandError(f"{host.name}: job {job_id}: the pull carried no files")
     out = {}
@@ -104,6 +118,8 @@ def decode_files(
             raise HostError(f"{host.name}: could not read {name} of job {job_id}")
     try:
         check_files(out)
+        if check is not None:
+            check(out)
     except ResultError as exc:
         raise RemoteCommandError(f"{host.name}: job {job_id}: {exc}; nothing was pulled") from None
     return out

@@ -45,11 +45,11 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
     engine = job_engine(spec)  # the job's EvalSpec, read once for every phase
     checked: dict = {}
     if preflight:
-        _run_preflight(path, spec, engine, checked)
+        run_preflight(path, spec, engine, checked)
     return run_eval_job(path, spec, events, engine, checked.get("plan"))
 
 
-def _run_preflight(path: Path, spec: dict, engine: EvalSpec, keep: dict) -> None:
+def run_preflight(path: Path, spec: dict, engine: EvalSpec, keep: dict) -> None:
     from remote.eval import preflight
 
     try:
@@ -66,6 +66,7 @@ def run_eval_job(
     events: Events,
     engine: EvalSpec | None = None,
     plan: tuple | None = None,
+    after_ground_truth: Callable[[str], None] | None = None,
 ) -> int:
     """Phase 1: ground truth (cached on the host). Phase 2: the eval engine, IN this process
     (one python start and one torch import per job, not two), its events appended to
@@ -74,7 +75,8 @@ def run_eval_job(
     target is loaded once (`remote.eval.target`), before the engine, from `plan` (the host
     checks' description of it) when given: a local ground truth generates with the target
     the engine then evaluates with, and a server's or a deferred file's ground truth is
-    made or awaited while it loads."""
+    made or awaited while it loads. `after_ground_truth`: called with the ground-truth
+    file once it is there, before the engine runs (an online job starts its server)."""
     from remote.eval import engine as evaluate
     from remote.eval import groundtruth
 
@@ -112,6 +114,8 @@ def run_eval_job(
     write_json_atomic(path / "ground_truth.json", gt_info)
     if job.stop_after == "ground_truth":
         return 0
+    if after_ground_truth is not None:
+        after_ground_truth(gt_path)
     if loading is not None:
         loading()  # its error, if any, is the job's
     # The job's spec with this host's paths: passed to the engine as it is (and kept).

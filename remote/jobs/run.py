@@ -71,6 +71,8 @@ def kind_runner(kind: str):
     events, preflight=...) -> exit code``, imported only when a job of that kind runs."""
     if kind == JobKind.EVAL:
         from remote.eval.job import run_job
+    elif kind == JobKind.ONLINE:
+        from remote.online.job import run_job
     else:  # parity-capture, parity-compare
         from remote.eval.parity import run_job
     return run_job

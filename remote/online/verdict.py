@@ -117,10 +117,10 @@ def compare(
     missing = [g["id"] for g in ground_truth if g["id"] not in off_by or g["id"] not in on_by]
     if missing:
         raise ValueError(f"samples {missing[:5]} lack an offline or an online record")
-    ks = {r["num_spec_tokens"] for r in online}
+    ks = {r.get("num_spec_tokens") for r in online}
     if len(ks) != 1:
-        raise ValueError(f"online records disagree on num_spec_tokens: {sorted(ks)}")
-    k = ks.pop()
+        raise ValueError(f"online records disagree on num_spec_tokens: {sorted(ks, key=str)}")
+    k = ks.pop()  # None: the engine did not say (SGLang without a histogram)
     detailed = all(r.get("per_step_accepted") is not None for r in online)
     per_sample, off_rounds, on_rounds = [], [], []
     uncut_steps = uncut_tokens = 0
@@ -145,6 +145,11 @@ def compare(
                 online_rounds=cut,
             )
             on_rounds.append(cut)
+        else:  # the engine's own (uncut) mean over its steps, where it gives one
+            steps = on.get("num_spec_steps") or sum(on.get("acceptance_histogram") or [])
+            if steps and on.get("mean_acceptance_length") is not None:
+                uncut_steps += steps
+                uncut_tokens += on["mean_acceptance_length"] * steps
         off_rounds.append(off)
         per_sample.append(row)
     result: dict[str, Any] = {
@@ -158,7 +163,7 @@ def compare(
         "online_uncut_tau": uncut_tokens / uncut_steps if uncut_steps else None,
         "per_position": {
             "offline": position_acceptance(off_rounds, block_size - 1),
-            "online": position_acceptance(on_rounds, k) if detailed else None,
+            "online": position_acceptance(on_rounds, k) if detailed and k else None,
         },
         "lossless": {
             "samples": sum(r["lossless"] for r in per_sample),
@@ -193,6 +198,10 @@ def _first_position(result: dict) -> int | None:
     return None
 
 
+def _shown(tau: float | None) -> str:
+    return "-" if tau is None else f"{tau:.3f}"
+
+
 def diagnose(result: dict) -> list[dict[str, str]]:
     """Causes, most telling first, each ``{"cause", "detail"}`` (one line); ``agree``
     alone when the engine reproduces the walk on every sample and is lossless."""
@@ -212,10 +221,13 @@ def diagnose(result: dict) -> list[dict[str, str]]:
             }
         )
     if on is None:
+        uncut = result.get("online_uncut_tau")
+        said = f" (its own uncut mean: tau {uncut:.3f})" if uncut is not None else ""
         out.append(
             {
                 "cause": "no_per_step_metrics",
-                "detail": "the engine reported no per-step acceptance; start it with "
+                "detail": f"the engine reported no per-step acceptance{said}, offline tau "
+                f"{_shown(off['tau_token_weighted'])}; start vLLM with "
                 "--per-request-spec-decode-metrics detailed to compare round by round",
             }
         )
@@ -232,7 +244,7 @@ def diagnose(result: dict) -> list[dict[str, str]]:
                     "lm_head/embed_tokens used instead of the target's)",
                 }
             )
-    if k != block - 1:
+    if k is not None and k != block - 1:
         out.append(
             {
                 "cause": "num_speculative_tokens",

@@ -32,6 +32,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -426,13 +427,14 @@ def measure(
     *,
     model: str | None = None,
     timeout: float = 300.0,
+    on_done: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Send each ground-truth row's prompt (one request at a time, so the engine's batching
     never mixes samples), asking for exactly as many tokens as its completion; read the
     server's counters before and after. Returns ``samples`` (records for
     `remote.online.verdict.compare`), ``counters`` (their growth during the run),
     ``counters_expected`` (what the per-step arrays say it should be; None without them),
-    ``counters_agree`` and ``seconds``."""
+    ``counters_agree`` and ``seconds``. `on_done(done, total)` after each answer."""
     before = read_counters(url, model)
     t0 = time.perf_counter()
     done: list[Completion] = []
@@ -450,11 +452,14 @@ def measure(
                 "finish_reason": c.finish_reason,
                 "num_spec_tokens": None if s is None else s.num_spec_tokens,
                 "mean_acceptance_length": None if s is None else s.mean_acceptance_length,
+                "num_spec_steps": None if s is None else s.steps,
                 "acceptance_histogram": None if s is None else s.histogram,
                 "per_step_accepted": None if s is None else s.accepted,
                 "per_step_drafted": None if s is None else s.drafted,
             }
         )
+        if on_done:
+            on_done(len(samples), len(rows))
     seconds = time.perf_counter() - t0
     want = expected_counters(done)
     got = settled_counters(url, before, want, model)

@@ -70,15 +70,16 @@ TERMINAL_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.
 
 
 class JobKind:
-    """What a job does, by name: an eval, or one half of a parity check (a host's capture,
-    the comparison of two captures)."""
+    """What a job does, by name: an eval, one half of a parity check (a host's capture,
+    the comparison of two captures), or an online measurement (`remote.online.job`)."""
 
     EVAL = "eval"
     CAPTURE = "parity-capture"
     COMPARE = "parity-compare"
+    ONLINE = "online"
 
 
-JOB_KINDS = (JobKind.EVAL, JobKind.CAPTURE, JobKind.COMPARE)
+JOB_KINDS = (JobKind.EVAL, JobKind.CAPTURE, JobKind.COMPARE, JobKind.ONLINE)
 # ``job watch`` sends a heartbeat line at least this often, so a watcher can tell a quiet
 # job from a host that went silent; its last line is a WATCH_END_EVENT (with --pull:
 # carrying the result files).

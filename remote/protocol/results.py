@@ -241,6 +241,13 @@ def _check(value: Any, expected: Any, where: str) -> None:
             _check(item, inner, f"{where}.{key}")
 
 
+def check_doc(doc: Any, table: Any, where: str = "") -> None:
+    """Raise `ResultError` unless `doc` has the types `table` describes (a dict of fields
+    built from this module's types): another kind of result's own table (an online
+    verdict's, `remote.online.verdict_doc`)."""
+    _check(doc, table, where)
+
+
 def metrics_of(result: Mapping) -> dict:
     """The dataset metrics of a result: flat, or nested per dataset (then the one named
     ``all``, else the first)."""

@@ -21,6 +21,8 @@ RESULT_FILES = (
     "exit.json",
     "events.jsonl",
     "log.txt",
+    "verdict.json",  # an online job's: offline beside online (remote.online.verdict)
+    "server.log",  # an online job's: the serving engine's own log
 )
 
 # Small input files a job start carries inside its spec (under JOB_CARRY_KEY: a list of

@@ -1,7 +1,7 @@
 """Everything the CLI shows, in one package: the consoles and ``--json`` (`base`), the live
 progress views the commands hand to the library (`progress`, opened only when shown by
 `live`; follow's `events`), and one module of renderers per kind of result (`hosts`,
-`relay`, `results`, `parity`, `jobs`), all drawing their tables as `tables.Grid` (ids and
+`relay`, `results`, `online`, `parity`, `jobs`), all drawing their tables as `tables.Grid` (ids and
 numbers never cut, names never markup). A command makes its one library call and hands
 the result to `emit` with its renderer; commands never print themselves and never import
 one another.
@@ -18,6 +18,7 @@ from typing import Any
 # name -> the module of this package that defines it
 _WHERE = {
     "LiveProgress": "progress",
+    "OnlineProgress": "online",
     "ParityLines": "progress",
     "RelayProgress": "progress",
     "RichEvents": "events",
@@ -40,6 +41,7 @@ _WHERE = {
     "job_started": "progress",
     "mark": "base",
     "num": "base",
+    "online_json": "online",
     "parity_attach_json": "parity",
     "parity_json": "parity",
     "pct": "base",
@@ -61,6 +63,8 @@ _WHERE = {
     "render_hosts": "hosts",
     "render_jobs": "jobs",
     "render_listing": "results",
+    "render_online_run": "online",
+    "render_verdict": "online",
     "render_parity": "parity",
     "render_parity_run": "parity",
     "render_paths": "results",

@@ -81,6 +81,10 @@ def render_attached(attached) -> None:
         from orchestrator.commands.output.parity import render_parity_run
 
         render_parity_run(attached.run_dir)
+    elif attached.kind == "online":
+        from orchestrator.commands.output.online import render_online_run
+
+        render_online_run(attached.run_dir)
     else:
         from orchestrator.commands.output.results import render_eval_run
         from orchestrator.results.store import load_run
@@ -95,6 +99,10 @@ def attached_json(attached) -> dict:
         from orchestrator.commands.output.parity import parity_attach_json
 
         return parity_attach_json(attached.run_dir)
+    if attached.kind == "online":
+        from orchestrator.commands.output.online import online_json
+
+        return online_json(attached.run_dir)
     from orchestrator.commands.output.results import eval_run_json
     from orchestrator.results.store import load_run
 

@@ -26,7 +26,7 @@ from orchestrator.commands.output.breakdown import render_breakdown, render_grou
 from orchestrator.commands.output.parity import render_parity
 from orchestrator.commands.output.tables import Col, Grid, kv, styled
 from orchestrator.eval import follow as follow_lib
-from orchestrator.results import breakdown, catalog, parity_view, speedup
+from orchestrator.results import breakdown, catalog, online_view, parity_view, speedup
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
 
@@ -158,6 +158,11 @@ def render_run(run: res.Run) -> None:
     DDTree budgets, acceptance histogram, per-position acceptance, target agreement,
     timings, environment, ground truth."""
     render_summary(run)
+    verdict = online_view.load_verdict(run.path)
+    if verdict is not None:  # an online measurement: offline beside online
+        from orchestrator.commands.output.online import render_verdict
+
+        render_verdict(verdict)
     render_breakdown(breakdown.of_run(run))
     m = run.metrics
     dd = m.get("ddtree") or {}

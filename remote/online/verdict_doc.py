@@ -1,0 +1,146 @@
+"""The JSON types of an online job's ``verdict.json`` (`remote.online.verdict.compare`
+plus what served it), checked by the controller before it is written to a run folder and
+again when a run folder is read: a host's verdict is its word, so every field somebody
+reads is checked here (types, the cause names, and the counts' own agreement). Stdlib
+only, built on `remote.protocol.results`' types."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from remote.online.verdict import SCHEMA
+from remote.protocol.results import (
+    BOOL,
+    INT,
+    NUM,
+    SCALAR,
+    STR,
+    ResultError,
+    check_doc,
+    list_of,
+)
+
+CAUSES = (
+    "agree",
+    "not_lossless",
+    "no_per_step_metrics",
+    "drafter_not_loaded",
+    "num_speculative_tokens",
+    "dtype",
+    "steps_without_draft",
+    "engine_disagrees",
+)
+TAU = {"tau_per_sample_mean": NUM, "tau_token_weighted": NUM, "rounds": INT, "tokens": INT}
+POSITIONS = list_of({"position": INT, "attempts": INT, "accepted": INT, "rate": NUM})
+COUNTERS = {
+    "drafts": INT,
+    "draft_tokens": INT,
+    "accepted": INT,
+    "accepted_per_position": list_of(INT),
+    "mean_acceptance_length": NUM,
+}
+VERDICT = {
+    "schema": STR,
+    "verdict": STR,
+    "samples": INT,
+    "block_size": INT,
+    "num_spec_tokens": INT,
+    "dtype": {"offline": STR, "online": STR},
+    "offline": TAU,
+    "online": TAU,
+    "online_uncut_tau": NUM,
+    "per_position": {"offline": POSITIONS, "online": POSITIONS},
+    "lossless": {"samples": INT, "total": INT, "ok": BOOL},
+    "rounds_equal": {"samples": INT, "total": INT},
+    "per_sample": list_of(
+        {
+            "id": SCALAR,
+            "lossless": BOOL,
+            "first_wrong_token": INT,
+            "rounds_equal": BOOL,
+            "first_divergence": {"round": INT, "token": INT, "offline": INT, "online": INT},
+            "covered": BOOL,
+            "offline_tau": NUM,
+            "online_tau": NUM,
+            "online_rounds": list_of(INT),
+        }
+    ),
+    "diagnosis": list_of({"cause": STR, "detail": STR}),
+    "server": {
+        "engine": STR,
+        "started_here": BOOL,
+        "url": STR,
+        "startup_s": NUM,
+        "seconds": NUM,
+        "tokens": INT,
+        "counters": COUNTERS,
+        "counters_expected": COUNTERS,
+        "counters_agree": BOOL,
+    },
+    "online_samples": list_of(
+        {
+            "id": SCALAR,
+            "num_spec_tokens": INT,
+            "num_spec_steps": INT,
+            "mean_acceptance_length": NUM,
+            "acceptance_histogram": list_of(INT),
+            "per_step_accepted": list_of(INT),
+            "per_step_drafted": list_of(INT),
+            "finish_reason": STR,
+        }
+    ),
+    "created": NUM,
+}
+REQUIRED = ("schema", "verdict", "samples", "block_size", "offline", "lossless", "diagnosis")
+
+
+def check_verdict(doc: Any) -> dict:
+    """`doc` if it is an online verdict (`VERDICT`'s types, every `REQUIRED` field, this
+    schema, known causes, and counts that agree: one row per sample, the lossless and
+    equal-rounds counts within them, the verdict the first diagnosis); else a
+    `ResultError` naming the field."""
+    if not isinstance(doc, dict):
+        raise ResultError("the verdict is not a JSON object")
+    missing = [k for k in REQUIRED if doc.get(k) is None]
+    if missing:
+        raise ResultError(f"{', '.join(missing)} missing")
+    check_doc(doc, VERDICT)
+    if doc["schema"] != SCHEMA:
+        raise ResultError(f"schema is {doc['schema']!r}, expected {SCHEMA}")
+    causes = [d.get("cause") for d in doc["diagnosis"]]
+    unknown = [c for c in causes if c not in CAUSES]
+    if not causes or unknown or doc["verdict"] != causes[0]:
+        raise ResultError(
+            f"verdict {doc['verdict']!r} / diagnosis {causes!r} is not a known cause "
+            f"({', '.join(CAUSES)}) leading the diagnosis"
+        )
+    n = doc["samples"]
+    rows = doc.get("per_sample") or []
+    lossless, equal = doc["lossless"], doc.get("rounds_equal") or {}
+    counts = [
+        ("per_sample", len(rows), n),
+        ("lossless.total", lossless.get("total"), n),
+        ("lossless.samples", lossless.get("samples"), sum(bool(r.get("lossless")) for r in rows)),
+    ]
+    if equal.get("samples") is not None:
+        same = sum(bool(r.get("rounds_equal")) for r in rows)
+        counts.append(("rounds_equal.samples", equal["samples"], same))
+    for name, got, want in counts:
+        if got != want:
+            raise ResultError(f"{name} is {got!r} but the verdict's samples say {want}")
+    if lossless.get("ok") is not (lossless.get("samples") == n):
+        raise ResultError("lossless.ok disagrees with its counts")
+    return doc
+
+
+def check_verdict_bytes(data: bytes) -> dict:
+    """`check_verdict` on a ``verdict.json`` as pulled."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise ResultError("verdict.json is not valid JSON") from None
+    try:
+        return check_verdict(doc)
+    except ResultError as exc:
+        raise ResultError(f"verdict.json: {exc}") from None
