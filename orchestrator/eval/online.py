@@ -23,17 +23,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchestrator.errors import DflashError
-from orchestrator.eval import jobwire
-from orchestrator.eval.job import EventHandler, JobError, JobRef, job_status, start_job, watch
-from orchestrator.eval.pull import finish_local, pull_results, warm_plots
+from orchestrator.eval import run
+from orchestrator.eval.job import EventHandler, JobRef, start_job
+from orchestrator.eval.pull import warm_plots
 from orchestrator.eval.run import eval_host_name
 from orchestrator.eval.spec import EvalOptions, build_spec
 from orchestrator.inventory import HostSpec, Inventory
-from orchestrator.results.store import results_dir
 from orchestrator.transport.hosts import Host, open_host
 from remote.online.spec import ENGINES, ServeError, ServeSpec
 from remote.online.verdict_doc import check_verdict_bytes
-from remote.protocol import TERMINAL_STATES, JobKind, ResultError
+from remote.protocol import JobKind, ResultError
 
 ONLINE_FILES = ("result.json", "verdict.json")
 SETUP_HINT = (
@@ -137,26 +136,18 @@ def attach(
     ref: JobRef | None = None,
     status: dict | None = None,
 ) -> Path:
-    """Watch an online job to its end and pull its run folder (its verdict checked before
-    anything is written); `ref`: just started here, its stream is read."""
-    job_id = jobwire.local_job_id(job_id)
-    name = eval_host_name(inventory, host_name)
-    if host is None:
-        with open_host(inventory.host(name), inventory) as own:
-            return attach(inventory, name, job_id, on_event=on_event, dest=dest, host=own)
-    warm_plots()
-    if ref is not None and ref.stream is not None:
-        end = watch(host, job_id, on_event, stream=ref.stream)
-    else:
-        status = status or job_status(host, job_id)
-        done = status["state"] in TERMINAL_STATES and status["state"] != "done"
-        end = status if done else watch(host, job_id, on_event, pull=True)
-    if end["state"] != "done":
-        err = (end.get("exit") or {}).get("error")
-        raise JobError(
-            f"online job {job_id} on {name} {end['state']}"
-            f"{': ' + err if err else ''} (log: dflash jobs list --host {name})"
-        )
-    dest = results_dir(inventory, dest)
-    run_dir = pull_results(host, job_id, dest, end, required=ONLINE_FILES, check=check_online_files)
-    return finish_local(run_dir)
+    """Watch an online job to its end and pull its run folder (`run.attach`), its verdict
+    checked before anything is written; `ref`: just started here, its stream is read."""
+    return run.attach(
+        inventory,
+        host_name,
+        job_id,
+        on_event=on_event,
+        dest=dest,
+        host=host,
+        ref=ref,
+        status=status,
+        what="online job",
+        required=ONLINE_FILES,
+        check=check_online_files,
+    )

@@ -23,13 +23,13 @@ hosts) can reuse them: one job's calls (`preflight`, `start_job`, `watch`, `job_
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import jobwire
 from orchestrator.eval.job import EventHandler, JobError, JobRef, job_status, start_job, watch
-from orchestrator.eval.pull import finish_local, pull_results, warm_plots
+from orchestrator.eval.pull import REQUIRED_RESULT_FILES, finish_local, pull_results, warm_plots
 from orchestrator.eval.spec import (
     EvalOptions,
     build_spec,
@@ -71,10 +71,15 @@ def attach(
     host: Host | None = None,
     ref: JobRef | None = None,
     status: dict | None = None,
+    what: str = "job",
+    required: Sequence[str] = REQUIRED_RESULT_FILES,
+    check: Callable[[dict[str, bytes]], None] | None = None,
 ) -> Path:
     """Watch an existing job to its end, then pull its results; returns the local folder.
     `ref`: the job was just started here (`start_job(follow=True)`): its stream is read,
-    with no separate state check or pull. `status`: its state, read already on `host`."""
+    with no separate state check or pull. `status`: its state, read already on `host`.
+    `what` names the job in a failure; `required` and `check` are the pull's
+    (`pull.pull_results`: a kind's own files, checked before anything is written)."""
     job_id = jobwire.local_job_id(job_id)  # it names a folder here: checked before connecting
     name = eval_host_name(inventory, host_name)
     own = host is None
@@ -93,10 +98,11 @@ def attach(
         if end["state"] != JobState.DONE:
             err = (end.get("exit") or {}).get("error")
             raise JobError(
-                f"job {job_id} on {name} {end['state']}"
+                f"{what} {job_id} on {name} {end['state']}"
                 f"{': ' + err if err else ''} (log: dflash jobs list --host {name})"
             )
-        return finish_local(pull_results(host, job_id, results_dir(inventory, dest), end))
+        dest = results_dir(inventory, dest)
+        return finish_local(pull_results(host, job_id, dest, end, required=required, check=check))
     finally:
         if own:
             host.close()
