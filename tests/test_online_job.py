@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from remote.online.server import MODULE
+from remote.protocol import JobKind
 from tests.helpers.cli import dflash
 from tests.helpers.sshd import ssh_host_entry
 from tests.helpers.vllm import vllm_models, vllm_python
@@ -139,7 +140,7 @@ def test_a_cancelled_online_job_leaves_no_server(
     assert not vllm_on(port)
     status = dflash("jobs", "list", "--host", "evalhost", "-i", str(inv_path), "--json")
     row = next(r for r in json.loads(status.stdout) if r["job_id"] == ref.job_id)
-    assert row["state"] == "cancelled" and row["kind"] == "online"
+    assert row["state"] == "cancelled" and row["kind"] == JobKind.ONLINE
 
 
 STAND_IN = """\

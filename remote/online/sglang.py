@@ -12,14 +12,13 @@ real SGLang server has answered this code yet. Stdlib only.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from remote.errors import UserError
 from remote.online.vllm import _int_list, fetch_json
-from remote.protocol import is_int
+from remote.protocol.values import finite, is_int
 
 
 def generate_url(url: str) -> str:
@@ -50,12 +49,7 @@ def parse_generate(answer: Any, where: str, max_tokens: int, vocab: int) -> dict
             f"{where} meta_info.spec_verify_ct is {steps!r}, not a count of verify steps "
             f"(0..{max_tokens}); is speculative decoding on?"
         )
-    if (
-        isinstance(length, bool)
-        or not isinstance(length, (int, float))
-        or not math.isfinite(length)
-        or (steps and not 1 <= length <= max_tokens + 1)
-    ):
+    if not finite(length) or (steps and not 1 <= length <= max_tokens + 1):
         raise UserError(f"{where} meta_info.spec_accept_length is {length!r}, not 1..{max_tokens}")
     hist = meta.get("spec_accept_histogram")
     if hist is not None and (not _int_list(hist) or min(hist, default=0) < 0 or sum(hist) != steps):

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
 
-from remote.protocol.values import is_int
+from remote.protocol.values import is_int, is_number
 
 ENGINES = ("vllm", "sglang")
 # The engines a job can start itself (SGLang's CPU DFlash is not released yet).
@@ -30,7 +30,7 @@ class ServeError(ValueError):
 
 
 def _seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise ServeError(f"serve.{name} must be a number of seconds, got {value!r}")
     if not (0 < value <= 86400 and math.isfinite(value)):
         raise ServeError(f"serve.{name} must be above 0 and at most 86400, got {value!r}")

@@ -76,7 +76,7 @@ class JobKind:
     EVAL = "eval"
     CAPTURE = "parity-capture"
     COMPARE = "parity-compare"
-    ONLINE = "online"
+    ONLINE = "online-measure"
 
 
 JOB_KINDS = (JobKind.EVAL, JobKind.CAPTURE, JobKind.COMPARE, JobKind.ONLINE)

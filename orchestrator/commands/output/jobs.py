@@ -81,7 +81,7 @@ def render_attached(attached) -> None:
         from orchestrator.commands.output.parity import render_parity_run
 
         render_parity_run(attached.run_dir)
-    elif attached.kind == "online":
+    elif attached.kind == JobKind.ONLINE:
         from orchestrator.commands.output.online import render_online_run
 
         render_online_run(attached.run_dir)
@@ -99,7 +99,7 @@ def attached_json(attached) -> dict:
         from orchestrator.commands.output.parity import parity_attach_json
 
         return parity_attach_json(attached.run_dir)
-    if attached.kind == "online":
+    if attached.kind == JobKind.ONLINE:
         from orchestrator.commands.output.online import online_json
 
         return online_json(attached.run_dir)
