@@ -13,16 +13,21 @@ executor): one vLLM import instead of three, and one process to stop. Its KV cac
 
 A job's server stays in the job's process group (``job cancel`` signals the group and
 waits until none of it is left); the tests' and benchmarks' own servers get a session of
-their own (`new_session`). Stdlib only.
+their own (`new_session`). On Linux the kernel also TERMs the server when the thread that
+started it dies, so a runner killed outright (the OOM killer, ``kill -9``) leaves no
+engine holding the host's memory and port. Stdlib only.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -106,6 +111,26 @@ def vllm_env(kv_cache_gib: int, threads: int | None = None) -> dict[str, str]:
     return env
 
 
+def _parent_death_signal():
+    """A function for `Popen(preexec_fn=...)` that asks Linux to TERM the child when its
+    parent dies (``prctl(PR_SET_PDEATHSIG)``), or None where there is no such call. libc is
+    looked up here, in the parent: the child between fork and exec only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig, parent = 1, os.getpid()
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call: no signal will come
+            os._exit(1)
+
+    return preexec
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below `pid` (from /proc's parent links), children first."""
     parents: dict[int, int] = {}
@@ -147,6 +172,7 @@ class Server:
                 env=env,
                 start_new_session=new_session,
                 close_fds=True,
+                preexec_fn=_parent_death_signal(),
             )
         except OSError as exc:
             self._log.close()
