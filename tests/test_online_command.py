@@ -22,6 +22,7 @@ from remote.online.spec import ServeSpec
 from remote.online.verdict_doc import check_verdict
 from remote.protocol import ResultError
 from tests.helpers.cli import dflash, one_error_line
+from tests.helpers.servers import Raw, ScriptedServer, redirect
 
 HOST = """\
 hosts:
@@ -263,3 +264,27 @@ def test_without_per_step_arrays_the_verdict_compares_the_engines_own_mean():
     assert v["online_uncut_tau"] == 2.5 and v["lossless"]["ok"]
     assert "its own uncut mean: tau 2.500" in v["diagnosis"][0]["detail"]
     check_verdict(v)
+
+
+# ---- the engine's answers go through the host side's one HTTP client --------------------
+
+
+def test_an_engine_that_redirects_is_refused_not_followed():
+    from remote.online.vllm import complete
+
+    with ScriptedServer(lambda path, req: {"choices": []}) as elsewhere:
+        with ScriptedServer(lambda path, req: redirect(elsewhere.url + path)) as engine:
+            with pytest.raises(UserError) as err:
+                complete(engine.url, [1, 2], 4, vocab=100, timeout=10)
+    assert "serving engine" in str(err.value) and "redirect" in str(err.value)
+    assert elsewhere.requests == []
+
+
+def test_a_metrics_page_past_its_bound_is_refused_before_parsing():
+    from remote.online.vllm import METRICS_BYTES, read_counters
+
+    page = b"# " + b"x" * (METRICS_BYTES + 16)
+    with ScriptedServer(get_reply=lambda path: Raw(page, length=False)) as engine:
+        with pytest.raises(UserError) as err:
+            read_counters(engine.url, timeout=30)
+    assert "serving engine" in str(err.value) and str(METRICS_BYTES) in str(err.value)

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from remote.errors import UserError
-from remote.online.vllm import _int_list, fetch_json
+from remote.httpclient import answer_bytes, http_json
+from remote.online.vllm import ROLE, _int_list
 from remote.protocol.values import finite, is_int
 
 
@@ -88,7 +89,9 @@ def measure(
             "input_ids": row["prompt_ids"],
             "sampling_params": {"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True},
         }
-        got = parse_generate(fetch_json(where, payload, timeout), where, n, vocab)
+        bound = answer_bytes(len(row["prompt_ids"]), n)
+        answer = http_json(where, payload, timeout, max_bytes=bound, role=ROLE)
+        got = parse_generate(answer, where, n, vocab)
         samples.append(
             {
                 "id": row["id"],

@@ -21,24 +21,25 @@ vLLM counts a verify step's accepted tokens even past ``max_tokens`` (they are d
 the output, not from the counts): `remote.online.verdict` cuts the steps the way the offline
 walk cuts its rounds before comparing.
 
-Stdlib only (`urllib`): the server listens on a host's loopback, so this runs there.
+Stdlib only, through the host side's one HTTP client (`remote.httpclient`: answers bounded,
+redirects refused): the server listens on a host's loopback, so this runs there.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from remote.errors import UserError
+from remote.httpclient import answer_bytes, http_body, http_json
 from remote.protocol import is_int
 
+ROLE = "serving engine"  # as every error line names it
+METRICS_BYTES = 16 << 20  # a /metrics page: vLLM's is tens of KiB, histograms included
 METRIC = "vllm:spec_decode_"
 COUNTER_NAMES = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 PER_POSITION = "num_accepted_tokens_per_pos"
@@ -50,42 +51,6 @@ SPEC_FIELDS = (
     "num_spec_tokens",
     "mean_acceptance_length",
 )
-
-
-# ---- HTTP ---------------------------------------------------------------------------------
-
-
-def fetch(url: str, payload: dict | None, timeout: float) -> bytes:
-    """POST JSON (GET when `payload` is None); the body, or one UserError line naming `url`."""
-    data = None if payload is None else json.dumps(payload).encode()
-    headers = {"Content-Type": "application/json"} if data is not None else {}
-    req = urllib.request.Request(url, data=data, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.read()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read()[:300].decode(errors="replace").strip().replace("\n", " ")
-        raise UserError(
-            f"serving engine {url} answered HTTP {exc.code} {exc.reason}"
-            f"{': ' + detail if detail else ''}"
-        ) from None
-    except TimeoutError:
-        raise UserError(f"serving engine {url} did not answer within {timeout:g}s") from None
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, TimeoutError):
-            raise UserError(f"serving engine {url} did not answer within {timeout:g}s") from None
-        raise UserError(f"serving engine {url} is unreachable: {exc.reason}") from None
-    except OSError as exc:
-        raise UserError(f"serving engine {url} dropped the connection: {exc}") from None
-
-
-def fetch_json(url: str, payload: dict | None, timeout: float) -> Any:
-    body = fetch(url, payload, timeout)
-    try:
-        return json.loads(body)
-    except ValueError:
-        snippet = body[:80].decode(errors="replace").replace("\n", " ")
-        raise UserError(f"serving engine {url} returned malformed JSON: {snippet!r}") from None
 
 
 # ---- one completion -----------------------------------------------------------------------
@@ -249,7 +214,8 @@ def complete(
     }
     if model:
         payload["model"] = model
-    answer = fetch_json(where, payload, timeout)
+    bound = answer_bytes(len(prompt_ids), max_tokens)
+    answer = http_json(where, payload, timeout, max_bytes=bound, role=ROLE)
     return parse_completion(answer, where, prompt_ids, max_tokens, vocab)
 
 
@@ -380,7 +346,8 @@ def metrics_url(url: str) -> str:
 
 def read_counters(url: str, model: str | None = None, timeout: float = 30.0) -> Counters:
     where = metrics_url(url)
-    return spec_counters(fetch(where, None, timeout).decode(errors="replace"), where, model)
+    text = http_body(where, None, timeout, max_bytes=METRICS_BYTES, role=ROLE)
+    return spec_counters(text.decode(errors="replace"), where, model)
 
 
 def expected_counters(completions: list[Completion]) -> Counters | None:

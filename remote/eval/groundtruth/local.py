@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from remote.errors import UserError
-from remote.eval.groundtruth.client import Waits
+from remote.httpclient import Waits
 
 
 class LocalGenerator:

@@ -23,7 +23,6 @@ from remote.eval.groundtruth.checks import (
     retokenisation_check,
     target_vocab_size,
 )
-from remote.eval.groundtruth.client import Waits, reachable
 from remote.eval.groundtruth.local import LocalGenerator
 from remote.eval.groundtruth.prompts import (
     chat_template_sha256,
@@ -41,6 +40,7 @@ from remote.eval.groundtruth.servers import (
     served_model,
     sglang_generate,
 )
+from remote.httpclient import Waits, reachable
 from remote.protocol import SERVER_KINDS, EvalSpec, JobSpec, SpecError, sample_labels
 
 # What a cache entry's meta keeps of the phase's info (and the target's identity).

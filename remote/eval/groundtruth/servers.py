@@ -1,7 +1,8 @@
-"""Asking a serving engine for greedy completions, through the one client (`client.http_json`):
-SGLang's native ``/generate``, an OpenAI-compatible ``/v1/completions`` with token ids or
-with text only, the model a server says it serves, and up to ``concurrency`` requests in
-flight at once with the answers taken in prompt order."""
+"""Asking a serving engine for greedy completions, through the host side's one HTTP client
+(`remote.httpclient.http_json`): SGLang's native ``/generate``, an OpenAI-compatible
+``/v1/completions`` with token ids or with text only, the model a server says it serves,
+and up to ``concurrency`` requests in flight at once with the answers taken in prompt
+order."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 from remote.errors import UserError
 from remote.eval.groundtruth.checks import check_answer_greedy, int_list
-from remote.eval.groundtruth.client import Redirected, Waits, answer_bytes, http_json
+from remote.httpclient import Redirected, Waits, answer_bytes, http_json
 
 
 def endpoint(url: str, kind: str) -> str:

@@ -1,8 +1,8 @@
-"""The one HTTP client of the ground-truth phase: JSON over a connection of its own, every
-wait bounded (`Waits`: silence per read, a deadline per request and per phase), an answer
-read only up to what a valid one can take, a redirect refused. Every failure is one line
-that names the server's role and the exact URL asked (``ground truth server
-http://host:30000/generate answered HTTP 500 ...``)."""
+"""The one HTTP client of the host side (the ground-truth phase, the online job's serving
+engine): JSON over a connection of its own, every wait bounded (`Waits`: silence per read,
+a deadline per request and per phase), an answer read only up to what a valid one can
+take, a redirect refused. Every failure is one line that names the server's role and the
+exact URL asked (``ground truth server http://host:30000/generate answered HTTP 500 ...``)."""
 
 from __future__ import annotations
 
@@ -166,12 +166,34 @@ def http_json(
     max_bytes: int = INFO_ANSWER_BYTES,
     role: str = ROLE,
 ) -> Any:
-    """POST (or GET when `payload` is None) JSON and parse the answer; every failure is one
+    """POST (or GET when `payload` is None) JSON and parse the answer (`http_body`, whose
+    arguments these are); malformed JSON is one UserError naming `role` and `url`."""
+    body = http_body(
+        url, payload, timeout, deadline=deadline, waits=waits, max_bytes=max_bytes, role=role
+    )
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        snippet = body[:80].decode(errors="replace").replace("\n", " ")
+        raise UserError(f"{role} {url} returned malformed JSON: {snippet!r}") from None
+
+
+def http_body(
+    url: str,
+    payload: dict | None,
+    timeout: float,
+    *,
+    deadline: Deadline | None = None,
+    waits: Waits | None = None,
+    max_bytes: int = INFO_ANSWER_BYTES,
+    role: str = ROLE,
+) -> bytes:
+    """POST (or GET when `payload` is None) JSON; the answer's body. Every failure is one
     clear UserError naming `url`. `timeout`: seconds of silence on one read; `deadline`:
     when the whole exchange must have ended (connect to the answer's last byte; default:
     `timeout` from now), watched through `waits` when given (`Waits.abort` ends it too).
     `max_bytes`: the answer's bound, checked against its Content-Length and as it is read,
-    before it is parsed. A redirect is refused, never followed: the ground truth is what
+    before anyone parses it. A redirect is refused, never followed: the ground truth is what
     THIS server answers, the cache is keyed by its URL, and following one would let any
     server make this host send requests elsewhere. Every line names `role` and `url`."""
     deadline = deadline or Deadline(time.monotonic() + timeout, f"its timeout of {timeout:g}s")
@@ -199,18 +221,14 @@ def http_json(
         raise Redirected(
             f"{role} {url} redirected (HTTP {status} {reason}) to "
             f"{_printable(location or '(no Location)')}; redirects are not followed: point "
-            "the ground truth at the server that answers"
+            "dflash at the server that answers"
         )
     if status >= 400:
         detail = _printable(body.decode(errors="replace").strip(), ERROR_DETAIL_BYTES)
         raise UserError(
             f"{role} {url} answered HTTP {status} {reason}{': ' + detail if detail else ''}"
         )
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
-        snippet = body[:80].decode(errors="replace").replace("\n", " ")
-        raise UserError(f"{role} {url} returned malformed JSON: {snippet!r}") from None
+    return body
 
 
 def _exchange(
@@ -288,8 +306,8 @@ def _not_http(role: str, url: str) -> str:
 def _too_big(role: str, url: str, what: str, max_bytes: int) -> str:
     return (
         f"{role} {url} {what}, larger than any answer to this request can be "
-        f"({max_bytes} bytes for its prompt and max_new_tokens); refused before it was "
-        "parsed, nothing was cached"
+        f"({max_bytes} bytes for this request); refused before it was parsed, nothing "
+        "was kept"
     )
 
 
