@@ -231,7 +231,10 @@ def test_host_preflight_refuses_bad_counts(key, value):
     assert proc.returncode == EXIT_USER_ERROR, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0] == f"{ERROR_PREFIX}{key} must be a whole number of at least 1, got {value!r}"
+    assert (
+        lines[0]
+        == f"{ERROR_PREFIX}job spec: {key} must be a whole number of at least 1, got {value!r}"
+    )
     assert proc.stdout == ""
 
 

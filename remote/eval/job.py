@@ -79,6 +79,7 @@ def run_eval_job(
     file once it is there, before the engine runs (an online job starts its server)."""
     from remote.eval import engine as evaluate
     from remote.eval import groundtruth
+    from remote.eval.preflight import read_job
 
     engine = engine or job_engine(spec)
     loaded: list = []
@@ -93,7 +94,7 @@ def run_eval_job(
             loaded.append(target_mod.load_target(engine.target, dtype, plan))
         return loaded[0].model
 
-    job = groundtruth.read_job(spec)  # every block and setting checked, once
+    job = read_job(spec)  # every block and setting checked, once
     gt = job.ground_truth
     if gt.kind == "file" and gt.deferred is not None:
         # Its target is loaded while the ground truth is still on its way.

@@ -89,9 +89,10 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
     from remote.eval import device as device_mod
     from remote.eval import groundtruth
     from remote.eval.engine import environment, read_ground_truth
+    from remote.eval.preflight import read_job
     from remote.eval.target import describe, load_target
 
-    job = groundtruth.read_job(spec)  # attn, layers, topk: checked there
+    job = read_job(spec)  # attn, layers, topk: checked there
     device = device_mod.resolve(engine.device)  # before anything slow
     attn = job.attn
     dtype_name = engine.dtype

@@ -91,12 +91,13 @@ def _model_folder(path: str | None, what: str) -> Path:
 def read_job(spec: dict | JobSpec, engine: EvalSpec | None = None) -> JobSpec:
     """The job `spec` typed (`remote.protocol.JobSpec`: every setting and block checked,
     so a value the job would only trip over after the ground-truth phase is refused now;
-    one line each); `engine`: its EvalSpec when the caller has read it already."""
+    one line each, ``job spec: ...``); `engine`: its EvalSpec when the caller has read it
+    already. Every job kind reads its spec through this one function."""
     if not isinstance(spec, JobSpec):
         try:
             spec = JobSpec.from_json(spec)
         except SpecError as exc:
-            raise UserError(str(exc)) from None
+            raise UserError(f"job spec: {exc}") from None
     return spec if engine is None else replace(spec, engine=engine)
 
 
@@ -214,11 +215,11 @@ def check(spec: dict | JobSpec, engine: EvalSpec | None = None, keep: dict | Non
 
 def _reachable(gt: GroundTruthSpec, report: dict) -> dict:
     """The last check: a ground-truth server reachable from this host; the report, ok."""
-    from remote.eval import groundtruth
+    from remote.httpclient import reachable
 
     problem = gt.missing_source()
     if problem is None and gt.kind in SERVER_KINDS:
-        problem = groundtruth.reachable(gt.url, 5.0)
+        problem = reachable(gt.url, 5.0)
     if problem:
         raise UserError(problem)
     report["ok"] = True

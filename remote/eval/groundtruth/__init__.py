@@ -63,7 +63,6 @@ from remote.eval.groundtruth.cache import target_identity as target_identity
 from remote.eval.groundtruth.checks import read_ground_truth_file as read_ground_truth_file
 from remote.eval.groundtruth.checks import retokenisation_check as retokenisation_check
 from remote.eval.groundtruth.phase import prepare as prepare
-from remote.eval.groundtruth.phase import read_job as read_job
 from remote.eval.groundtruth.prompts import load_prompts as load_prompts
 from remote.eval.groundtruth.prompts import load_tokenizer as load_tokenizer
 from remote.eval.groundtruth.prompts import render_prompt as render_prompt

@@ -1,4 +1,5 @@
-"""The ground-truth phase of a job (`prepare`): read the job once (`read_job`), then one
+"""The ground-truth phase of a job (`prepare`): read the job once
+(`remote.eval.preflight.read_job`), then one
 function per source kind: a host's file (`from_file`), a serving engine (`from_server`), the
 target itself (`from_local`). Both of the last two make completions of the job's rendered
 prompts (`Prompts`), reuse a cache entry that still passes every check, and check every
@@ -40,8 +41,9 @@ from remote.eval.groundtruth.servers import (
     served_model,
     sglang_generate,
 )
+from remote.eval.preflight import read_job
 from remote.httpclient import Waits, reachable
-from remote.protocol import SERVER_KINDS, EvalSpec, JobSpec, SpecError, sample_labels
+from remote.protocol import SERVER_KINDS, EvalSpec, JobSpec, sample_labels
 
 # What a cache entry's meta keeps of the phase's info (and the target's identity).
 META_KEYS = (
@@ -56,17 +58,6 @@ META_KEYS = (
     "generated",
     "source",
 )
-
-
-def read_job(spec: dict | JobSpec) -> JobSpec:
-    """The job `spec` typed (`remote.protocol.JobSpec`), each value checked; a bad one is
-    one line (``job spec: ...``)."""
-    if isinstance(spec, JobSpec):
-        return spec
-    try:
-        return JobSpec.from_json(spec)
-    except SpecError as exc:
-        raise UserError(f"job spec: {exc}") from None
 
 
 def prepare(
