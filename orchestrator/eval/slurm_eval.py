@@ -39,18 +39,13 @@ from dataclasses import dataclass
 from orchestrator.errors import DflashError
 from orchestrator.eval import jobwire, pull
 from orchestrator.eval.job import JobError
+from orchestrator.eval.prompt_sets import carried_prompts_name, prompts_data
 from orchestrator.eval.shard_job import ShardRun, gt_lines, read_jsonl
 from orchestrator.eval.shard_plan import plan_shards
 from orchestrator.eval.shard_truth import read_ground_truth
 from orchestrator.eval.shard_write import write_merged
 from orchestrator.eval.slurm_progress import EventTail
-from orchestrator.eval.spec import (
-    EvalOptions,
-    build_spec,
-    carried_prompts_name,
-    ground_truth_source,
-    local_prompts,
-)
+from orchestrator.eval.spec import EvalOptions, build_spec, ground_truth_source
 from orchestrator.inventory import HostSpec
 from orchestrator.slurm import states
 from orchestrator.slurm.array import ArrayRun, ArrayStatus
@@ -136,12 +131,11 @@ def _shared_prompts(cluster: Cluster, options: EvalOptions) -> tuple[EvalOptions
     gt_kind = ground_truth_source(cluster.host, cluster.spec, options)["kind"]
     if prompts is None or prompts.startswith("host:") or gt_kind == "file":
         return options, None
-    local = local_prompts(prompts)
-    data = local.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    path = posixpath.join(cluster.work, "prompts", carried_prompts_name(local, digest))
-    _push_if_missing(cluster.host, path, data)
-    entry = {"path": path, "name": local.stem, "sha256": digest, "source": str(local)}
+    given = prompts_data(prompts)
+    digest = hashlib.sha256(given.data).hexdigest()
+    path = posixpath.join(cluster.work, "prompts", carried_prompts_name(given.name, digest))
+    _push_if_missing(cluster.host, path, given.data)
+    entry = {"path": path, "name": given.name, "sha256": digest, "source": given.source}
     return dataclasses.replace(options, prompts="host:" + path), entry
 
 
