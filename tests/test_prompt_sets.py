@@ -167,6 +167,12 @@ def test_an_unknown_set_is_one_line_naming_the_built_in_sets():
     message = str(err.value)
     assert "\n" not in message and "neither a built-in set" in message
     assert all(name in message for name in ("gsm8k", "math500", "mt-bench", "zlab"))
+    # The options refuse it the same way before anything connects; a built-in name passes.
+    from orchestrator.eval.spec import EvalOptions
+
+    with pytest.raises(DflashError, match="neither a built-in set"):
+        EvalOptions(prompts="gsm9k")
+    assert EvalOptions(prompts="zlab").prompts == "zlab"
 
 
 def test_a_small_seeded_choice_covers_every_category():

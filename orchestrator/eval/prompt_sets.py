@@ -68,15 +68,27 @@ def composed_set(name: str) -> bytes:
     return "".join(lines).encode()
 
 
+def check_prompts(prompts: str) -> None:
+    """Refuse, in one line (`DflashError`), what `prompts_data` would refuse, without
+    reading a file: said before anything connects."""
+    if prompts not in COMPOSED_SETS:
+        _local_file(prompts)
+
+
 def prompts_data(prompts: str) -> PromptsData:
-    """A built-in set by name, or a local JSONL file; one-line `DflashError` otherwise (a
-    name the host would refuse included: said before anything connects)."""
+    """A built-in set by name, or a local JSONL file; one-line `DflashError` otherwise."""
     if prompts in COMPOSED_SETS:
         parts = " + ".join(
             f"{part}.jsonl" + (f" ({category})" if category else "")
             for part, category in COMPOSED_SETS[prompts]
         )
         return PromptsData(prompts, composed_set(prompts), f"built-in {prompts}: {parts}")
+    local = _local_file(prompts)
+    return PromptsData(local.stem, local.read_bytes(), str(local))
+
+
+def _local_file(prompts: str) -> Path:
+    """The file of a built-in file set or a local path, its name one the host accepts."""
     local = builtin_prompt_sets().get(prompts) or Path(prompts).expanduser()
     if not local.is_file():
         raise DflashError(
@@ -87,7 +99,7 @@ def prompts_data(prompts: str) -> PromptsData:
     why = carried_name_problem(carried_prompts_name(local.stem))
     if why:  # the host refuses it by the same rule
         raise DflashError(f"prompts file {str(local)!r}: its name {why}; rename it")
-    return PromptsData(local.stem, local.read_bytes(), str(local))
+    return local
 
 
 def carried_prompts_name(name: str, digest: str = "0" * 64) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from orchestrator.errors import DflashError
-from orchestrator.eval.prompt_sets import carried_prompts_name, prompts_data
+from orchestrator.eval.prompt_sets import carried_prompts_name, check_prompts, prompts_data
 from orchestrator.inventory import EvalRole, HostSpec
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
@@ -113,7 +113,7 @@ class EvalOptions:
         except SpecError as exc:
             raise DflashError(str(exc)) from None
         if self.prompts is not None and not self.prompts.startswith("host:"):
-            prompts_data(self.prompts)
+            check_prompts(self.prompts)
 
     def ground_truth_limits(self, role: EvalRole | None) -> GTLimits:
         """The bounds on waiting for ground truth on a host with inventory role `role`:
