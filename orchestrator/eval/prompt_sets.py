@@ -11,8 +11,10 @@ in order), so its content address on a host, and the ground-truth cache, are sta
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from orchestrator.errors import DflashError
@@ -43,6 +45,19 @@ class PromptsData:
     name: str
     data: bytes
     source: str
+
+    @cached_property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def carried_name(self) -> str:
+        """Its content-addressed name on a host (`carried_prompts_name`)."""
+        return carried_prompts_name(self.name, self.sha256)
+
+    def entry(self, path: str) -> dict:
+        """The job spec's ``prompts`` entry for it, put at `path` on the host."""
+        return {"path": path, "name": self.name, "sha256": self.sha256, "source": self.source}
 
 
 def builtin_prompt_sets() -> dict[str, Path]:

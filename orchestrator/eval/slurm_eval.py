@@ -28,7 +28,6 @@ phases are those of the SSH-hosts sharder (`shard`), on the scheduler:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import json
 import posixpath
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 from orchestrator.errors import DflashError
 from orchestrator.eval import jobwire, pull
 from orchestrator.eval.job import JobError
-from orchestrator.eval.prompt_sets import carried_prompts_name, prompts_data
+from orchestrator.eval.prompt_sets import prompts_data
 from orchestrator.eval.shard_job import ShardRun, gt_lines, read_jsonl
 from orchestrator.eval.shard_plan import plan_shards
 from orchestrator.eval.shard_truth import read_ground_truth
@@ -132,11 +131,9 @@ def _shared_prompts(cluster: Cluster, options: EvalOptions) -> tuple[EvalOptions
     if prompts is None or prompts.startswith("host:") or gt_kind == "file":
         return options, None
     given = prompts_data(prompts)
-    digest = hashlib.sha256(given.data).hexdigest()
-    path = posixpath.join(cluster.work, "prompts", carried_prompts_name(given.name, digest))
+    path = posixpath.join(cluster.work, "prompts", given.carried_name)
     _push_if_missing(cluster.host, path, given.data)
-    entry = {"path": path, "name": given.name, "sha256": digest, "source": given.source}
-    return dataclasses.replace(options, prompts="host:" + path), entry
+    return dataclasses.replace(options, prompts="host:" + path), given.entry(path)
 
 
 def _job_spec(cluster: Cluster, run: ShardRun, options: EvalOptions, **kw) -> dict:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from orchestrator.errors import DflashError
-from orchestrator.eval.prompt_sets import carried_prompts_name, check_prompts, prompts_data
+from orchestrator.eval.prompt_sets import check_prompts, prompts_data
 from orchestrator.inventory import EvalRole, HostSpec
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
@@ -189,11 +189,9 @@ def push_prompts(host: Host, prompts: str, carry: list | None = None) -> dict:
     """Put a built-in set or a local file on the host (content-addressed: `carry_or_push`);
     returns the spec's ``prompts`` entry."""
     given = prompts_data(prompts)
-    data = given.data
-    digest = hashlib.sha256(data).hexdigest()
-    remote = f"{workdir_for(host, carry, data)}/prompts/{carried_prompts_name(given.name, digest)}"
-    carry_or_push(host, data, remote, carry)
-    return {"path": remote, "name": given.name, "sha256": digest, "source": given.source}
+    remote = f"{workdir_for(host, carry, given.data)}/prompts/{given.carried_name}"
+    carry_or_push(host, given.data, remote, carry)
+    return given.entry(remote)
 
 
 def resolve_prompts(
