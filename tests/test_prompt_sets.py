@@ -1,6 +1,7 @@
-"""Built-in prompt sets that match what is published (Spec-Bench), the labels a prompt
-record carries (category, sub-category) on their way into every sample record, and the
-seeded, per-category choice of `--samples N`."""
+"""Built-in prompt sets that match what is published (Spec-Bench; z-lab/dflash's gsm8k,
+math500, humaneval, mbpp and mt-bench, and all five as `zlab`), the labels a prompt record
+carries (category, sub-category) on their way into every sample record, and the seeded,
+per-category choice of `--samples N`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.eval.spec import PROMPTS_DIR, builtin_prompt_sets
+from orchestrator.errors import DflashError
+from orchestrator.eval.prompt_sets import (
+    COMPOSED_SETS,
+    PROMPTS_DIR,
+    builtin_prompt_sets,
+    prompts_data,
+)
 from remote.errors import UserError
 from remote.eval import groundtruth
 from remote.eval.engine import read_ground_truth
@@ -55,6 +62,117 @@ def test_spec_bench_ships_its_480_questions_with_categories_source_and_license()
     assert shipped and shipped.group(1) == hashlib.sha256(path.read_bytes()).hexdigest()
     assert "fd2c1cd7d2201ef71db4c5f4e455008f017967bf" in sources and "Apache-2.0" in sources
     assert "Apache License" in (PROMPTS_DIR / "spec-bench.LICENSE").read_text()
+
+
+# z-lab/dflash's benchmark sets: how many prompts it runs of each, and its instruction.
+ZLAB = {"gsm8k": 128, "math500": 128, "humaneval": 164, "mbpp": 128}
+BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+MATH_SUBJECTS = {
+    "algebra",
+    "counting_and_probability",
+    "geometry",
+    "intermediate_algebra",
+    "number_theory",
+    "prealgebra",
+    "precalculus",
+}
+
+
+def _shipped_digest(sources: str, name: str) -> str | None:
+    found = re.search(
+        rf"Shipped file: `{re.escape(name)}.jsonl`, sha256\s+`([0-9a-f]{{64}})`", sources
+    )
+    return found.group(1) if found else None
+
+
+@pytest.mark.parametrize("name", sorted(ZLAB))
+def test_a_zlab_set_ships_what_zlab_evaluates_with_its_source_and_license(name):
+    path = builtin_prompt_sets()[name]
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == ZLAB[name] and len({r["id"] for r in rows}) == len(rows)
+    assert all(r["category"] == name and r["id"].startswith(f"{name}-") for r in rows)
+    assert all(set(r) <= {"id", "category", "subcategory", "prompt"} for r in rows)  # small
+    loaded = groundtruth.load_prompts(str(path))  # the host's reader takes every line
+    assert [p["text"] for p in loaded] == [r["prompt"] for r in rows]
+    if name in ("gsm8k", "math500"):
+        assert all(r["prompt"].endswith(BOXED) for r in rows)
+    if name == "math500":
+        assert {r["subcategory"] for r in rows} == MATH_SUBJECTS
+    else:
+        assert not any("subcategory" in r for r in rows)
+    if name == "humaneval":  # all of them, in task order, inside z-lab's instruction
+        assert [r["id"] for r in rows] == [f"humaneval-{n}" for n in range(164)]
+        assert all(r["prompt"].startswith("Write a solution to the following") for r in rows)
+        assert all(r["prompt"].endswith("\n```") for r in rows)
+    # The digest SOURCES.md records is the shipped file's; the license ships beside it.
+    sources = (PROMPTS_DIR / "SOURCES.md").read_text()
+    assert _shipped_digest(sources, name) == hashlib.sha256(path.read_bytes()).hexdigest()
+    license_text = (PROMPTS_DIR / f"{name}.LICENSE").read_text()
+    assert ("Attribution 4.0" if name == "mbpp" else "MIT License") in license_text
+    assert f"### {name}" in sources
+
+
+def test_mt_bench_is_spec_benchs_80_questions_not_a_second_copy():
+    """`--prompts mt-bench` is the `mt_bench` lines of `spec-bench.jsonl`, byte for byte:
+    no file of its own, and its labels are Spec-Bench's."""
+    assert "mt-bench" not in builtin_prompt_sets()
+    spec_bench = builtin_prompt_sets()["spec-bench"].read_text().splitlines()
+    given = prompts_data("mt-bench")
+    assert given.name == "mt-bench"
+    assert given.data.decode().splitlines() == [line for line in spec_bench if '"mt_bench"' in line]
+    rows = [json.loads(line) for line in given.data.decode().splitlines()]
+    assert len(rows) == 80 and len({r["id"] for r in rows}) == 80
+    assert Counter(r["subcategory"] for r in rows) == {c: 10 for c in MT_BENCH}
+    assert [r["id"] for r in rows] == [f"spec-bench-{n}" for n in range(81, 161)]
+
+
+def test_zlab_is_the_five_sets_in_one_each_prompt_labelled_with_its_set(tmp_path):
+    given = prompts_data("zlab")
+    assert given.data == prompts_data("zlab").data  # the same bytes: one cache entry
+    path = tmp_path / "zlab.jsonl"
+    path.write_bytes(given.data)
+    loaded = groundtruth.load_prompts(str(path))
+    assert Counter(p["category"] for p in loaded) == {**ZLAB, "mt_bench": 80}
+    assert len({p["id"] for p in loaded}) == len(loaded) == 628
+    five = groundtruth.load_prompts(str(path), samples=5, seed=0)  # one per z-lab set
+    assert Counter(p["category"] for p in five) == {c: 1 for c in [*ZLAB, "mt_bench"]}
+    assert all(
+        part in builtin_prompt_sets() for parts in COMPOSED_SETS.values() for part, _ in parts
+    )
+
+
+def test_a_composed_set_travels_to_the_host_as_one_content_addressed_file(tmp_path):
+    """The job carries the composed set's bytes under its own name, and the host reads
+    them as any prompts file."""
+    import base64
+
+    from orchestrator.eval.spec import push_prompts
+    from orchestrator.inventory import HostSpec
+    from orchestrator.transport.hosts import open_host
+
+    carry: list = []
+    with open_host(HostSpec(name="here", transport="local", workdir=str(tmp_path))) as host:
+        entry = push_prompts(host, "zlab", carry)
+    data = prompts_data("zlab").data
+    assert entry["name"] == "zlab" and entry["sha256"] == hashlib.sha256(data).hexdigest()
+    assert entry["path"].endswith(f"/prompts/{entry['sha256'][:16]}-zlab.jsonl")
+    assert "gsm8k.jsonl" in entry["source"] and "spec-bench.jsonl (mt_bench)" in entry["source"]
+    (carried,) = carry
+    assert carried["path"] == entry["path"] and base64.b64decode(carried["data"]) == data
+
+
+def test_an_unknown_set_is_one_line_naming_the_built_in_sets():
+    with pytest.raises(DflashError) as err:
+        prompts_data("gsm9k")
+    message = str(err.value)
+    assert "\n" not in message and "neither a built-in set" in message
+    assert all(name in message for name in ("gsm8k", "math500", "mt-bench", "zlab"))
+    # The options refuse it the same way before anything connects; a built-in name passes.
+    from orchestrator.eval.spec import EvalOptions
+
+    with pytest.raises(DflashError, match="neither a built-in set"):
+        EvalOptions(prompts="gsm9k")
+    assert EvalOptions(prompts="zlab").prompts == "zlab"
 
 
 def test_a_small_seeded_choice_covers_every_category():

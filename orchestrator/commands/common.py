@@ -13,6 +13,7 @@ import typer
 
 from orchestrator.commands import output
 from orchestrator.errors import DflashError
+from orchestrator.eval.prompt_sets import builtin_set_names
 from orchestrator.inventory import Inventory, load_inventory
 from remote.protocol import (
     DEFAULT_BUDGETS,
@@ -116,8 +117,8 @@ DeviceOption = Annotated[
 PromptsOption = Annotated[
     str | None,
     typer.Option(
-        help="Built-in set (math, code, chat), a local JSONL file, or host:/path on the "
-        "(comparing) eval host (default: the inventory's)."
+        help=f"Built-in set ({', '.join(builtin_set_names())}; docs/eval.md), a local JSONL "
+        "file, or host:/path on the (comparing) eval host (default: the inventory's)."
     ),
 ]
 SamplesOption = Annotated[

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.eval.spec import builtin_prompt_sets
+from orchestrator.eval.prompt_sets import builtin_prompt_sets
 
 # The recipe. Three checkpoints: each costs the demo a relay, a probe and an eval (Python
 # start-ups dominate on 2 cores); at these steps tau visibly rises (about 1.0, 1.6-2.0, 2.6

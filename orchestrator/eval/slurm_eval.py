@@ -28,7 +28,6 @@ phases are those of the SSH-hosts sharder (`shard`), on the scheduler:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import json
 import posixpath
@@ -39,18 +38,13 @@ from dataclasses import dataclass
 from orchestrator.errors import DflashError
 from orchestrator.eval import jobwire, pull
 from orchestrator.eval.job import JobError
+from orchestrator.eval.prompt_sets import prompts_data
 from orchestrator.eval.shard_job import ShardRun, gt_lines, read_jsonl
 from orchestrator.eval.shard_plan import plan_shards
 from orchestrator.eval.shard_truth import read_ground_truth
 from orchestrator.eval.shard_write import write_merged
 from orchestrator.eval.slurm_progress import EventTail
-from orchestrator.eval.spec import (
-    EvalOptions,
-    build_spec,
-    carried_prompts_name,
-    ground_truth_source,
-    local_prompts,
-)
+from orchestrator.eval.spec import EvalOptions, build_spec, ground_truth_source
 from orchestrator.inventory import HostSpec
 from orchestrator.slurm import states
 from orchestrator.slurm.array import ArrayRun, ArrayStatus
@@ -136,13 +130,10 @@ def _shared_prompts(cluster: Cluster, options: EvalOptions) -> tuple[EvalOptions
     gt_kind = ground_truth_source(cluster.host, cluster.spec, options)["kind"]
     if prompts is None or prompts.startswith("host:") or gt_kind == "file":
         return options, None
-    local = local_prompts(prompts)
-    data = local.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    path = posixpath.join(cluster.work, "prompts", carried_prompts_name(local, digest))
-    _push_if_missing(cluster.host, path, data)
-    entry = {"path": path, "name": local.stem, "sha256": digest, "source": str(local)}
-    return dataclasses.replace(options, prompts="host:" + path), entry
+    given = prompts_data(prompts)
+    path = posixpath.join(cluster.work, "prompts", given.carried_name)
+    _push_if_missing(cluster.host, path, given.data)
+    return dataclasses.replace(options, prompts="host:" + path), given.entry(path)
 
 
 def _job_spec(cluster: Cluster, run: ShardRun, options: EvalOptions, **kw) -> dict:

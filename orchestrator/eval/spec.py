@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from orchestrator.errors import DflashError
+from orchestrator.eval.prompt_sets import check_prompts, prompts_data
 from orchestrator.inventory import EvalRole, HostSpec
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
@@ -40,11 +41,7 @@ from remote.protocol import (
     JobSpec,
     Sampling,
     SpecError,
-    carried_name_problem,
 )
-
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-PROMPTS_DIR = DATA_DIR / "prompts"
 
 
 def engine_spec(**given: object) -> tuple[EvalSpec, frozenset[str]]:
@@ -64,7 +61,7 @@ def engine_spec(**given: object) -> tuple[EvalSpec, frozenset[str]]:
 class EvalOptions:
     """Everything about one evaluation that is not the host or the checkpoint.
 
-    `prompts`: a built-in set name (see `builtin_prompt_sets`), a local JSONL file (pushed
+    `prompts`: a built-in set name (`orchestrator.eval.prompt_sets`), a local JSONL file (pushed
     with the job) or ``host:/path`` for a file already on the host; None = the inventory's
     ``prompts`` (a path on the host) or the built-in ``chat`` set. `ground_truth` is a server
     URL or (kind ``file``) a path on the host; None = the inventory's.
@@ -116,7 +113,7 @@ class EvalOptions:
         except SpecError as exc:
             raise DflashError(str(exc)) from None
         if self.prompts is not None and not self.prompts.startswith("host:"):
-            local_prompts(self.prompts)
+            check_prompts(self.prompts)
 
     def ground_truth_limits(self, role: EvalRole | None) -> GTLimits:
         """The bounds on waiting for ground truth on a host with inventory role `role`:
@@ -160,36 +157,6 @@ OPTION_CHECKS = {
 # ---- prompts ----------------------------------------------------------------------------
 
 
-def builtin_prompt_sets() -> dict[str, Path]:
-    """Name -> file of the prompt sets shipped with dflash."""
-    return {p.stem: p for p in sorted(PROMPTS_DIR.glob("*.jsonl"))}
-
-
-def local_prompts(prompts: str) -> Path:
-    """The file of a built-in set name or a local JSONL path; a one-line error otherwise."""
-    sets = builtin_prompt_sets()
-    if prompts in sets:
-        return sets[prompts]
-    local = Path(prompts).expanduser()
-    if not local.is_file():
-        raise DflashError(
-            f"prompts {prompts!r} is neither a built-in set "
-            f"({', '.join(sets)}) nor a local file; for a file on the host "
-            "write host:/path"
-        )
-    why = carried_name_problem(carried_prompts_name(local))
-    if why:  # the host refuses it by the same rule: said before anything connects
-        raise DflashError(f"prompts file {str(local)!r}: its name {why}; rename it")
-    return local
-
-
-def carried_prompts_name(local: Path, digest: str = "0" * 64) -> str:
-    """The name a local prompts file has on the host: content-addressed (the first 16 hex
-    digits of its sha256), then its own name (`remote.protocol.carried_name_problem`
-    judges it the same whatever the digits)."""
-    return f"{digest[:16]}-{local.stem}.jsonl"
-
-
 def carry_or_push(host: Host, data: bytes, remote: str, carry: list | None) -> None:
     """Get `data` to the file `remote` on the host (content-addressed by its caller). With a
     `carry` list and a small file, it travels inside the job start (appended there, see
@@ -221,12 +188,10 @@ def workdir_for(host: Host, carry: list | None = None, data: bytes = b"") -> str
 def push_prompts(host: Host, prompts: str, carry: list | None = None) -> dict:
     """Put a built-in set or a local file on the host (content-addressed: `carry_or_push`);
     returns the spec's ``prompts`` entry."""
-    local = local_prompts(prompts)
-    data = local.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    remote = f"{workdir_for(host, carry, data)}/prompts/{carried_prompts_name(local, digest)}"
-    carry_or_push(host, data, remote, carry)
-    return {"path": remote, "name": local.stem, "sha256": digest, "source": str(local)}
+    given = prompts_data(prompts)
+    remote = f"{workdir_for(host, carry, given.data)}/prompts/{given.carried_name}"
+    carry_or_push(host, given.data, remote, carry)
+    return given.entry(remote)
 
 
 def resolve_prompts(

@@ -1,0 +1,124 @@
+"""The prompt sets an eval can be given: the built-in ones and a local JSONL file.
+
+Built-in sets are JSONL files shipped in ``orchestrator/data/prompts/`` (their sources,
+licenses and digests in ``SOURCES.md`` there) and sets made of those files' lines
+(`COMPOSED_SETS`), so a prompt two sets share is shipped once: ``mt-bench`` is
+Spec-Bench's 80 MT-Bench questions (the same 80 as FastChat's), ``zlab`` is z-lab/dflash's
+benchmark suite (gsm8k, math500, humaneval, mbpp, mt-bench) in one set, each prompt's
+category naming its set. A composed set's bytes are the same every time (its parts' lines,
+in order), so its content address on a host, and the ground-truth cache, are stable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from orchestrator.errors import DflashError
+from remote.protocol import carried_name_problem
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+PROMPTS_DIR = DATA_DIR / "prompts"
+
+# A set made of built-in files' lines: name -> its parts, in order, each (file's set name,
+# the category its lines are taken from, or None for all of them).
+COMPOSED_SETS: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "mt-bench": (("spec-bench", "mt_bench"),),
+    "zlab": (
+        ("gsm8k", None),
+        ("math500", None),
+        ("humaneval", None),
+        ("mbpp", None),
+        ("spec-bench", "mt_bench"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class PromptsData:
+    """A prompts file as it travels to a host: `name` (the stem of its name there), its
+    bytes, and `source` (where it came from, recorded in the job spec)."""
+
+    name: str
+    data: bytes
+    source: str
+
+    @cached_property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def carried_name(self) -> str:
+        """Its content-addressed name on a host (`carried_prompts_name`)."""
+        return carried_prompts_name(self.name, self.sha256)
+
+    def entry(self, path: str) -> dict:
+        """The job spec's ``prompts`` entry for it, put at `path` on the host."""
+        return {"path": path, "name": self.name, "sha256": self.sha256, "source": self.source}
+
+
+def builtin_prompt_sets() -> dict[str, Path]:
+    """Name -> file of the prompt sets shipped with dflash as files (the composed ones,
+    `COMPOSED_SETS`, are made of these files' lines)."""
+    return {p.stem: p for p in sorted(PROMPTS_DIR.glob("*.jsonl"))}
+
+
+def builtin_set_names() -> list[str]:
+    """Every built-in set's name, files and composed sets together, sorted."""
+    return sorted({*builtin_prompt_sets(), *COMPOSED_SETS})
+
+
+def composed_set(name: str) -> bytes:
+    """The bytes of composed set `name`: each part's lines (those of its category, or all),
+    unchanged, in `COMPOSED_SETS` order."""
+    files = builtin_prompt_sets()
+    lines = []
+    for part, category in COMPOSED_SETS[name]:
+        for line in files[part].read_text().splitlines():
+            if line.strip() and (category is None or json.loads(line).get("category") == category):
+                lines.append(line + "\n")
+    return "".join(lines).encode()
+
+
+def check_prompts(prompts: str) -> None:
+    """Refuse, in one line (`DflashError`), what `prompts_data` would refuse, without
+    reading a file: said before anything connects."""
+    if prompts not in COMPOSED_SETS:
+        _local_file(prompts)
+
+
+def prompts_data(prompts: str) -> PromptsData:
+    """A built-in set by name, or a local JSONL file; one-line `DflashError` otherwise."""
+    if prompts in COMPOSED_SETS:
+        parts = " + ".join(
+            f"{part}.jsonl" + (f" ({category})" if category else "")
+            for part, category in COMPOSED_SETS[prompts]
+        )
+        return PromptsData(prompts, composed_set(prompts), f"built-in {prompts}: {parts}")
+    local = _local_file(prompts)
+    return PromptsData(local.stem, local.read_bytes(), str(local))
+
+
+def _local_file(prompts: str) -> Path:
+    """The file of a built-in file set or a local path, its name one the host accepts."""
+    local = builtin_prompt_sets().get(prompts) or Path(prompts).expanduser()
+    if not local.is_file():
+        raise DflashError(
+            f"prompts {prompts!r} is neither a built-in set "
+            f"({', '.join(builtin_set_names())}) nor a local file; for a file on the host "
+            "write host:/path"
+        )
+    why = carried_name_problem(carried_prompts_name(local.stem))
+    if why:  # the host refuses it by the same rule
+        raise DflashError(f"prompts file {str(local)!r}: its name {why}; rename it")
+    return local
+
+
+def carried_prompts_name(name: str, digest: str = "0" * 64) -> str:
+    """The name a prompts file has on the host: content-addressed (the first 16 hex digits
+    of its sha256), then its own name (`remote.protocol.carried_name_problem` judges it the
+    same whatever the digits)."""
+    return f"{digest[:16]}-{name}.jsonl"
