@@ -93,6 +93,55 @@ def _speedup(run: res.Run) -> str:
     return "; ".join(parts)
 
 
+def _ms(seconds: Any) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.3f}"
+
+
+def _tradeoff_table(run: res.Run, trade: dict) -> Grid:
+    """The DDTree budgets (`speedup.tradeoff`): tau, verify cost and speedup estimate per
+    node budget, and the chain walk's as the last row."""
+    dd = run.metrics.get("ddtree") or {}
+    t = Grid(
+        f"DDTree budgets: tau and speedup estimate ({trade['formula']}; "
+        f"t_step {_ms(trade['target_step_s'])} ms, t_draft {_ms(trade['drafter_round_s'])} ms)",
+        [
+            Col("budget (nodes)", "num", justify="right"),
+            Col("per-depth top-k", "num", justify="right", drop=3),
+            Col("tau", "num", justify="right"),
+            Col("tau (tokens)", "num", justify="right"),
+            Col("rounds", "num", justify="right", drop=2),
+            Col("verify (ms)", "num", justify="right"),
+            Col("verify mask", "id", drop=1),
+            Col("speedup est.", "num", justify="right"),
+        ],
+        compact=False,
+    )
+    for r in trade["budgets"]:
+        v = dd.get(str(r["budget"])) or {}
+        t.row(
+            str(r["budget"]),
+            fmt(v.get("topk")),
+            fmt(r["tau"]),
+            fmt(r["tau_tokens"]),
+            fmt(v.get("rounds")),
+            _ms(r["verify_s"]),
+            fmt(r["verify_mask"]),
+            "-" if r["speedup_estimate"] is None else f"{r['speedup_estimate']:.2f}x",
+        )
+    c = trade["chain"]
+    t.row(
+        f"chain ({fmt(c['draft_tokens'])} drafts)",
+        "-",
+        fmt(c["tau"]),
+        fmt(c["tau_tokens"]),
+        fmt(run.metrics.get("rounds")),
+        _ms(c["verify_s"]),
+        "causal" if c["verify_s"] is not None else "-",
+        "-" if c["speedup_estimate"] is None else f"{c['speedup_estimate']:.2f}x",
+    )
+    return t
+
+
 def eval_run_json(run: res.Run) -> dict:
     """What `remote-eval` prints with --json: where the run is, and its summary (with the
     hosts and reassignments of a sharded eval)."""
@@ -101,6 +150,7 @@ def eval_run_json(run: res.Run) -> dict:
         "run_id": run.run_id,
         "summary": res.summary(run),
         "breakdown": breakdown.of_run(run),
+        "ddtree_tradeoff": speedup.tradeoff(run),
     }
     shards = run.result.get("shards")
     if shards:
@@ -165,28 +215,9 @@ def render_run(run: res.Run) -> None:
         render_verdict(verdict)
     render_breakdown(breakdown.of_run(run))
     m = run.metrics
-    dd = m.get("ddtree") or {}
-    if dd:
-        t = Grid(
-            "DDTree budgets",
-            [
-                Col("budget (nodes)", "num", justify="right"),
-                Col("per-depth top-k", "num", justify="right", drop=2),
-                Col("tau", "num", justify="right"),
-                Col("tau (tokens)", "num", justify="right"),
-                Col("rounds", "num", justify="right", drop=1),
-            ],
-            compact=False,
-        )
-        for b, v in sorted(dd.items(), key=lambda kv: res.budget_key(kv[0])):
-            t.row(
-                str(v.get("budget", b)),
-                fmt(v.get("topk")),
-                fmt(v.get("tau_per_sample_mean")),
-                fmt(v.get("tau_token_weighted")),
-                fmt(v.get("rounds")),
-            )
-        show(t)
+    trade = speedup.tradeoff(run)
+    if trade:
+        show(_tradeoff_table(run, trade))
     hist = res.histogram(run)
     if hist:
         total = sum(c for _, c in hist) or 1
@@ -246,10 +277,16 @@ def render_found(found: res.Run | catalog.ParityRun) -> None:
 
 def found_json(found: res.Run | catalog.ParityRun) -> dict:
     """`results show --json`: the run's result document; an eval run's with ``breakdown``
-    (tau by category and completion length, derived from its samples) added."""
+    (tau by category and completion length, derived from its samples) and
+    ``ddtree_tradeoff`` (`speedup.tradeoff`: tau, verify cost and speedup estimate per
+    DDTree budget, the chain's beside) added."""
     if isinstance(found, catalog.ParityRun):
         return found.result
-    return {**found.result, "breakdown": breakdown.of_run(found)}
+    return {
+        **found.result,
+        "breakdown": breakdown.of_run(found),
+        "ddtree_tradeoff": speedup.tradeoff(found),
+    }
 
 
 # ---- the results folder ----------------------------------------------------------------------
