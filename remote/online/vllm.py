@@ -15,7 +15,10 @@ Two sources, both validated before use (one line naming the server and the field
 - For the whole server, ``GET /metrics`` (Prometheus text): the counters
   ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
   ``..._num_accepted_tokens_total`` and ``..._num_accepted_tokens_per_pos_total{position}``
-  (0-based), read as differences around a run (`Counters.minus`).
+  (0-based), read as differences around a run (`Counters.minus`); and the engine's own
+  timing, the histogram ``vllm:request_decode_time_seconds`` (per finished request, its
+  last token's time minus its first's: the decode steps after the prefill), whose
+  ``_sum`` and ``_count`` give the decode seconds of the run's requests (`DecodeTime`).
 
 vLLM counts a verify step's accepted tokens even past ``max_tokens`` (they are dropped from
 the output, not from the counts): `remote.online.verdict` cuts the steps the way the offline
@@ -336,6 +339,75 @@ def spec_counters(text: str, where: str, model: str | None = None) -> Counters:
     return c
 
 
+DECODE_TIME = "vllm:request_decode_time_seconds"
+
+
+@dataclass(frozen=True)
+class DecodeTime:
+    """vLLM's decode-time histogram (`DECODE_TIME`) summed over engines: the seconds its
+    finished requests spent decoding, and how many requests."""
+
+    seconds: float
+    requests: int
+
+    def minus(self, before: DecodeTime, where: str) -> DecodeTime:
+        """The time and requests between `before` and this reading (one error line when
+        either went down: the server restarted)."""
+        if self.seconds < before.seconds or self.requests < before.requests:
+            raise UserError(f"{where} {DECODE_TIME} went down: did the server restart?")
+        return DecodeTime(self.seconds - before.seconds, self.requests - before.requests)
+
+
+def decode_time(text: str, where: str, model: str | None = None) -> DecodeTime | None:
+    """The decode-time histogram's ``_sum`` and ``_count`` in a ``/metrics`` text (only
+    samples whose ``model_name`` is `model`, when given), checked: finite seconds >= 0 and
+    a whole count. None when the server has no such histogram (an older vLLM)."""
+    total, count, seen = 0.0, 0.0, False
+    for name, labels, value in parse_prometheus(text, where):
+        if name not in (DECODE_TIME + "_sum", DECODE_TIME + "_count"):
+            continue
+        if model is not None and labels.get("model_name", model) != model:
+            continue
+        if not (math.isfinite(value) and value >= 0):
+            raise UserError(f"{where} {name} is {value!r}, not seconds or a count >= 0")
+        seen = True
+        if name.endswith("_sum"):
+            total += value
+        elif float(value).is_integer():
+            count += value
+        else:
+            raise UserError(f"{where} {name} is {value!r}, not a whole count")
+    return DecodeTime(total, int(count)) if seen else None
+
+
+def read_decode_time(url: str, model: str | None = None, timeout: float = 30.0):
+    """`decode_time` of the server's ``/metrics`` now."""
+    where = metrics_url(url)
+    text = http_body(where, None, timeout, max_bytes=METRICS_BYTES, role=ROLE)
+    return decode_time(text.decode(errors="replace"), where, model)
+
+
+def settled_decode_time(
+    url: str,
+    before: DecodeTime | None,
+    requests: int,
+    model: str | None = None,
+    deadline_s: float = 10.0,
+) -> DecodeTime | None:
+    """The decode time since `before`, read again until it counts `requests` requests
+    (vLLM records a request's times once it finishes) or `deadline_s` passed; None when
+    the server keeps no such histogram."""
+    if before is None:
+        return None
+    end = time.monotonic() + deadline_s
+    while True:
+        now = read_decode_time(url, model)
+        delta = now.minus(before, metrics_url(url)) if now is not None else None
+        if delta is None or delta.requests >= requests or time.monotonic() >= end:
+            return delta
+        time.sleep(0.2)
+
+
 def metrics_url(url: str) -> str:
     url = url.rstrip("/")
     for tail in ("/v1/completions", "/v1"):
@@ -401,8 +473,11 @@ def measure(
     server's counters before and after. Returns ``samples`` (records for
     `remote.online.verdict.compare`), ``counters`` (their growth during the run),
     ``counters_expected`` (what the per-step arrays say it should be; None without them),
-    ``counters_agree`` and ``seconds``. `on_done(done, total)` after each answer."""
+    ``counters_agree``, ``seconds`` and ``decode`` (the engine's own decode seconds of
+    these requests, `DecodeTime`; None without its histogram). `on_done(done, total)`
+    after each answer."""
     before = read_counters(url, model)
+    before_time = read_decode_time(url, model)
     t0 = time.perf_counter()
     done: list[Completion] = []
     samples = []
@@ -430,6 +505,7 @@ def measure(
     seconds = time.perf_counter() - t0
     want = expected_counters(done)
     got = settled_counters(url, before, want, model)
+    spent = settled_decode_time(url, before_time, len(rows), model)
     return {
         "samples": samples,
         "counters": _counters_json(got),
@@ -437,6 +513,9 @@ def measure(
         "counters_agree": None if want is None else got == want,
         "seconds": seconds,
         "tokens": sum(len(c.token_ids) for c in done),
+        "decode": None
+        if spent is None
+        else {"seconds": spent.seconds, "requests": spent.requests, "source": DECODE_TIME},
     }
 
 

@@ -212,7 +212,7 @@ def render_run(run: res.Run) -> None:
     if verdict is not None:  # an online measurement: offline beside online
         from orchestrator.commands.output.online import render_verdict
 
-        render_verdict(verdict)
+        render_verdict(verdict, run)
     render_breakdown(breakdown.of_run(run))
     m = run.metrics
     trade = speedup.tradeoff(run)
