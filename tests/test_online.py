@@ -319,7 +319,7 @@ class ScriptedVllm:
 
 
 def test_the_engines_decode_time_is_read_around_the_run_from_its_metrics():
-    from remote.online import vllm
+    from remote.online import engine_time, vllm
 
     server = ScriptedVllm()
     try:
@@ -329,7 +329,7 @@ def test_the_engines_decode_time_is_read_around_the_run_from_its_metrics():
     finally:
         server.close()
     assert out["counters_agree"] is True
-    assert out["decode"] == {"seconds": 0.5, "requests": 2, "source": vllm.DECODE_TIME}
+    assert out["decode"] == {"seconds": 0.5, "requests": 2, "source": engine_time.DECODE_TIME}
     costs = verdict.engine_costs(out["decode"], rows, out["counters"])
     assert costs == {
         "source": "vllm:request_decode_time_seconds",
@@ -342,7 +342,7 @@ def test_the_engines_decode_time_is_read_around_the_run_from_its_metrics():
     }
     # A histogram that did not count every request is not these requests' time.
     assert verdict.engine_costs({**out["decode"], "requests": 1}, rows, out["counters"]) is None
-    assert vllm.decode_time(METRICS, "m") is None  # an older vLLM: no histogram, no time
+    assert engine_time.decode_time(METRICS, "m") is None  # older vLLM: no histogram, no time
 
 
 @pytest.mark.parametrize(
@@ -353,8 +353,8 @@ def test_the_engines_decode_time_is_read_around_the_run_from_its_metrics():
     ],
 )
 def test_a_bad_decode_time_is_one_line(line, message):
-    from remote.online import vllm
+    from remote.online import engine_time
 
     with pytest.raises(UserError) as err:
-        vllm.decode_time(METRICS + line + "\n", "http://h/metrics")
+        engine_time.decode_time(METRICS + line + "\n", "http://h/metrics")
     assert str(err.value).startswith("http://h/metrics") and message in str(err.value)

@@ -18,7 +18,8 @@ Two sources, both validated before use (one line naming the server and the field
   (0-based), read as differences around a run (`Counters.minus`); and the engine's own
   timing, the histogram ``vllm:request_decode_time_seconds`` (per finished request, its
   last token's time minus its first's: the decode steps after the prefill), whose
-  ``_sum`` and ``_count`` give the decode seconds of the run's requests (`DecodeTime`).
+  ``_sum`` and ``_count`` give the decode seconds of the run's requests
+  (`remote.online.engine_time`).
 
 vLLM counts a verify step's accepted tokens even past ``max_tokens`` (they are dropped from
 the output, not from the counts): `remote.online.verdict` cuts the steps the way the offline
@@ -31,7 +32,6 @@ redirects refused): the server listens on a host's loopback, so this runs there.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +39,7 @@ from typing import Any
 
 from remote.errors import UserError
 from remote.httpclient import answer_bytes, http_body, http_json
+from remote.online.prometheus import parse_prometheus
 from remote.protocol import is_int
 
 ROLE = "serving engine"  # as every error line names it
@@ -224,40 +225,6 @@ def complete(
 
 # ---- /metrics -----------------------------------------------------------------------------
 
-_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_SAMPLE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(,|$)')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
-def parse_prometheus(text: str, where: str) -> list[tuple[str, dict[str, str], float]]:
-    """The samples of a Prometheus text exposition (version 0.0.4) as (name, labels,
-    value); comments and ``# HELP``/``# TYPE`` lines skipped. Strict: a line that is not a
-    sample, a malformed label set, or a value that is not a number is one error line."""
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            raise UserError(f"{where} line {n} is not a Prometheus sample: {line[:80]!r}")
-        name, body, raw = m.group(1), m.group(2), m.group(3)
-        labels: dict[str, str] = {}
-        pos = 0
-        while body and pos < len(body):
-            lm = _LABEL.match(body, pos)
-            if not lm:
-                raise UserError(f"{where} line {n} has a malformed label set: {line[:80]!r}")
-            value = re.sub(r"\\[\\\"n]", lambda e: _UNESCAPE[e.group(0)], lm.group(2))
-            labels[lm.group(1)] = value
-            pos = lm.end()
-        try:
-            value = float(raw)
-        except ValueError:
-            raise UserError(f"{where} line {n} has value {raw!r}, not a number") from None
-        out.append((name, labels, value))
-    return out
-
 
 @dataclass(frozen=True)
 class Counters:
@@ -339,75 +306,6 @@ def spec_counters(text: str, where: str, model: str | None = None) -> Counters:
     return c
 
 
-DECODE_TIME = "vllm:request_decode_time_seconds"
-
-
-@dataclass(frozen=True)
-class DecodeTime:
-    """vLLM's decode-time histogram (`DECODE_TIME`) summed over engines: the seconds its
-    finished requests spent decoding, and how many requests."""
-
-    seconds: float
-    requests: int
-
-    def minus(self, before: DecodeTime, where: str) -> DecodeTime:
-        """The time and requests between `before` and this reading (one error line when
-        either went down: the server restarted)."""
-        if self.seconds < before.seconds or self.requests < before.requests:
-            raise UserError(f"{where} {DECODE_TIME} went down: did the server restart?")
-        return DecodeTime(self.seconds - before.seconds, self.requests - before.requests)
-
-
-def decode_time(text: str, where: str, model: str | None = None) -> DecodeTime | None:
-    """The decode-time histogram's ``_sum`` and ``_count`` in a ``/metrics`` text (only
-    samples whose ``model_name`` is `model`, when given), checked: finite seconds >= 0 and
-    a whole count. None when the server has no such histogram (an older vLLM)."""
-    total, count, seen = 0.0, 0.0, False
-    for name, labels, value in parse_prometheus(text, where):
-        if name not in (DECODE_TIME + "_sum", DECODE_TIME + "_count"):
-            continue
-        if model is not None and labels.get("model_name", model) != model:
-            continue
-        if not (math.isfinite(value) and value >= 0):
-            raise UserError(f"{where} {name} is {value!r}, not seconds or a count >= 0")
-        seen = True
-        if name.endswith("_sum"):
-            total += value
-        elif float(value).is_integer():
-            count += value
-        else:
-            raise UserError(f"{where} {name} is {value!r}, not a whole count")
-    return DecodeTime(total, int(count)) if seen else None
-
-
-def read_decode_time(url: str, model: str | None = None, timeout: float = 30.0):
-    """`decode_time` of the server's ``/metrics`` now."""
-    where = metrics_url(url)
-    text = http_body(where, None, timeout, max_bytes=METRICS_BYTES, role=ROLE)
-    return decode_time(text.decode(errors="replace"), where, model)
-
-
-def settled_decode_time(
-    url: str,
-    before: DecodeTime | None,
-    requests: int,
-    model: str | None = None,
-    deadline_s: float = 10.0,
-) -> DecodeTime | None:
-    """The decode time since `before`, read again until it counts `requests` requests
-    (vLLM records a request's times once it finishes) or `deadline_s` passed; None when
-    the server keeps no such histogram."""
-    if before is None:
-        return None
-    end = time.monotonic() + deadline_s
-    while True:
-        now = read_decode_time(url, model)
-        delta = now.minus(before, metrics_url(url)) if now is not None else None
-        if delta is None or delta.requests >= requests or time.monotonic() >= end:
-            return delta
-        time.sleep(0.2)
-
-
 def metrics_url(url: str) -> str:
     url = url.rstrip("/")
     for tail in ("/v1/completions", "/v1"):
@@ -476,8 +374,17 @@ def measure(
     ``counters_agree``, ``seconds`` and ``decode`` (the engine's own decode seconds of
     these requests, `DecodeTime`; None without its histogram). `on_done(done, total)`
     after each answer."""
+    from remote.online import engine_time
+
+    def read_time() -> engine_time.DecodeTime | None:
+        where = metrics_url(url)
+        text = http_body(where, None, 30.0, max_bytes=METRICS_BYTES, role=ROLE).decode(
+            errors="replace"
+        )
+        return engine_time.decode_time(text, where, model)
+
     before = read_counters(url, model)
-    before_time = read_decode_time(url, model)
+    before_time = read_time()
     t0 = time.perf_counter()
     done: list[Completion] = []
     samples = []
@@ -505,7 +412,7 @@ def measure(
     seconds = time.perf_counter() - t0
     want = expected_counters(done)
     got = settled_counters(url, before, want, model)
-    spent = settled_decode_time(url, before_time, len(rows), model)
+    spent = engine_time.settled(read_time, before_time, len(rows), metrics_url(url))
     return {
         "samples": samples,
         "counters": _counters_json(got),
@@ -515,7 +422,11 @@ def measure(
         "tokens": sum(len(c.token_ids) for c in done),
         "decode": None
         if spent is None
-        else {"seconds": spent.seconds, "requests": spent.requests, "source": DECODE_TIME},
+        else {
+            "seconds": spent.seconds,
+            "requests": spent.requests,
+            "source": engine_time.DECODE_TIME,
+        },
     }
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from orchestrator.commands.output.base import console, fmt, pct, plain, show
 from orchestrator.commands.output.progress import LiveProgress
+from orchestrator.commands.output.speedup import ms
 from orchestrator.commands.output.tables import Col, Grid, kv
 from orchestrator.results import online_view
 from orchestrator.results import store as res
@@ -31,10 +32,6 @@ def render_online_run(run_dir: Path) -> None:
     if v is not None:
         render_verdict(v, res.load_run(run_dir))
     console.print(plain(f"results: {run_dir}"), soft_wrap=True)
-
-
-def _ms(seconds: object) -> str:
-    return "-" if seconds is None else f"{1e3 * seconds:.3f}"
 
 
 def render_verdict(v: dict, run: res.Run | None = None) -> None:
@@ -118,15 +115,15 @@ def _speed_table(sp: dict) -> object:
         [
             (
                 f"engine: decode time per output token (ms; {e.get('source') or 'not read'})",
-                _ms(e.get("time_per_output_token_s")),
+                ms(e.get("time_per_output_token_s")),
             ),
-            ("engine: decode time per verify step (ms)", _ms(e.get("time_per_verify_step_s"))),
+            ("engine: decode time per verify step (ms)", ms(e.get("time_per_verify_step_s"))),
             ("engine: tokens per verify step", fmt(e.get("tokens_per_verify_step"))),
             (
                 "eval host: time per output token, estimated (ms; (t_verify + t_draft) / tau)",
-                _ms(off["time_per_output_token_s"]),
+                ms(off["time_per_output_token_s"]),
             ),
-            ("eval host: plain decode step t_step (ms)", _ms(off["target_step_s"])),
+            ("eval host: plain decode step t_step (ms)", ms(off["target_step_s"])),
             (
                 f"speedup estimate, eval host's costs ({off['formula']})",
                 "-" if est is None else f"{est:.2f}x",

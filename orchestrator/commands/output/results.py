@@ -24,6 +24,7 @@ from orchestrator.commands.output.base import (
 )
 from orchestrator.commands.output.breakdown import render_breakdown, render_group_deltas
 from orchestrator.commands.output.parity import render_parity
+from orchestrator.commands.output.speedup import speedup_line, tradeoff_table
 from orchestrator.commands.output.tables import Col, Grid, kv, styled
 from orchestrator.eval import follow as follow_lib
 from orchestrator.results import breakdown, catalog, online_view, parity_view, speedup
@@ -51,7 +52,7 @@ def render_summary(run: res.Run) -> None:
         ("tau (token-weighted: tokens / rounds)", fmt(s["tau_tokens"])),
         *[(f"DDTree-{b} tau", fmt(v)) for b, v in s["ddtree"].items()],
         ("target agreement", pct(s["target_agreement"])),
-        ("speedup estimate (chain; see docs/results.md)", _speedup(run)),
+        ("speedup estimate (chain; see docs/results.md)", speedup_line(run)),
         (
             "training run",
             f"{run.training_run.name} ({run.training_run.host}:{run.training_run.folder})",
@@ -81,65 +82,6 @@ def render_summary(run: res.Run) -> None:
     show(kv(f"{s['checkpoint']}  ({s['run_id']})", rows))
     for w in gt.get("warnings") or []:
         console.print(f"[bold yellow]warning:[/] {plain(w)}", soft_wrap=True)
-
-
-def _speedup(run: res.Run) -> str:
-    """The speedup estimates: the chain's, then each DDTree budget's."""
-    est = speedup.estimate(run)
-    if not est:
-        return "- (no round costs recorded)"
-    parts = [f"{fmt(est['chain'], 2)}x"]
-    parts += [f"DDTree-{b} {fmt(v, 2)}x" for b, v in est["ddtree"].items()]
-    return "; ".join(parts)
-
-
-def _ms(seconds: Any) -> str:
-    return "-" if seconds is None else f"{1e3 * seconds:.3f}"
-
-
-def _tradeoff_table(run: res.Run, trade: dict) -> Grid:
-    """The DDTree budgets (`speedup.tradeoff`): tau, verify cost and speedup estimate per
-    node budget, and the chain walk's as the last row."""
-    dd = run.metrics.get("ddtree") or {}
-    t = Grid(
-        f"DDTree budgets: tau and speedup estimate ({trade['formula']}; "
-        f"t_step {_ms(trade['target_step_s'])} ms, t_draft {_ms(trade['drafter_round_s'])} ms)",
-        [
-            Col("budget (nodes)", "num", justify="right"),
-            Col("per-depth top-k", "num", justify="right", drop=3),
-            Col("tau", "num", justify="right"),
-            Col("tau (tokens)", "num", justify="right"),
-            Col("rounds", "num", justify="right", drop=2),
-            Col("verify (ms)", "num", justify="right"),
-            Col("verify mask", "id", drop=1),
-            Col("speedup est.", "num", justify="right"),
-        ],
-        compact=False,
-    )
-    for r in trade["budgets"]:
-        v = dd.get(str(r["budget"])) or {}
-        t.row(
-            str(r["budget"]),
-            fmt(v.get("topk")),
-            fmt(r["tau"]),
-            fmt(r["tau_tokens"]),
-            fmt(v.get("rounds")),
-            _ms(r["verify_s"]),
-            fmt(r["verify_mask"]),
-            "-" if r["speedup_estimate"] is None else f"{r['speedup_estimate']:.2f}x",
-        )
-    c = trade["chain"]
-    t.row(
-        f"chain ({fmt(c['draft_tokens'])} drafts)",
-        "-",
-        fmt(c["tau"]),
-        fmt(c["tau_tokens"]),
-        fmt(run.metrics.get("rounds")),
-        _ms(c["verify_s"]),
-        "causal" if c["verify_s"] is not None else "-",
-        "-" if c["speedup_estimate"] is None else f"{c['speedup_estimate']:.2f}x",
-    )
-    return t
 
 
 def eval_run_json(run: res.Run) -> dict:
@@ -217,7 +159,7 @@ def render_run(run: res.Run) -> None:
     m = run.metrics
     trade = speedup.tradeoff(run)
     if trade:
-        show(_tradeoff_table(run, trade))
+        show(tradeoff_table(run, trade))
     hist = res.histogram(run)
     if hist:
         total = sum(c for _, c in hist) or 1
