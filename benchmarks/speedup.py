@@ -7,13 +7,17 @@ own greedy completions (`orchestrator.demo.train`), then on the same prompts tim
   model, as the reference loop uses it);
 - the reference online loop (`orchestrator.demo.oracle.online_rounds`): the drafter
   drafts a block, the target verifies it over its cropped KV cache;
+- with ``--budgets``, per DDTree node budget, the tree-verifying loop
+  (`orchestrator.demo.oracle.ddtree_rounds`): the drafter's block as a best-first tree,
+  verified in one target forward under the tree mask, the cache kept to the accepted path;
 
-and compares their ratio (the measured speedup) with the estimate the results show
-(`orchestrator.results.speedup.formula`) from the round costs the eval host records
-(`remote.eval.costs.round_costs`) and the loop's own token-weighted tau. Prints both, their
-ratio and the load average (this box is shared: compare ratios from one run).
+and compares each one's ratio to plain decoding (the measured speedup) with the estimate
+the results show (`orchestrator.results.speedup.formula`) from the round costs the eval
+host records (`remote.eval.costs.round_costs`: the chain's verify, each budget's tree
+verify) and the loop's own token-weighted tau. Prints both, their ratio and the load
+average (this box is shared: compare ratios from one run).
 
-    python benchmarks/speedup.py [--hidden 256] [--layers 4] [--new-tokens 40]
+    python benchmarks/speedup.py [--hidden 256] [--layers 4] [--new-tokens 40] [--budgets 4 16]
 """
 
 from __future__ import annotations
@@ -58,12 +62,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=40)
     ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--budgets", type=int, nargs="*", default=[])
     args = ap.parse_args()
 
     import torch
 
     from orchestrator.demo.models import build_qwen3_target
-    from orchestrator.demo.oracle import hf_model, online_rounds
+    from orchestrator.demo.oracle import ddtree_rounds, hf_model, online_rounds
     from orchestrator.demo.train import make_ground_truth, train_drafter
     from orchestrator.results.speedup import formula
     from remote.eval import drafter as drafter_mod
@@ -95,8 +100,9 @@ def main() -> None:
         measured = plain / spec
         tau_tokens = sum(rounds) / len(rounds)
         p = prompts[0]
-        ids = p + completion[: args.new_tokens // 2] + [completion[-1]] * drafter.block_size
-        c = round_costs(target, drafter, ids, [drafter.block_size], torch.device("cpu"))
+        sizes = [drafter.block_size, *[b + 1 for b in args.budgets]]
+        ids = p + completion[: args.new_tokens // 2] + [completion[-1]] * max(sizes)
+        c = round_costs(target, drafter, ids, sizes, torch.device("cpu"), args.budgets)
         est = formula(
             tau_tokens,
             c["target_step_s"],
@@ -114,6 +120,22 @@ def main() -> None:
             f"speedup: measured {measured:.2f}x (greedy {plain:.2f} s, reference loop {spec:.2f} s)"
             f", estimated {est:.2f}x; estimate / measured {est / measured:.2f}  (load {load()})"
         )
+        for budget in args.budgets:
+            tree, rounds = 0.0, []
+            for p in prompts:
+                t = time.perf_counter()
+                r, _ = ddtree_rounds(model, drafter, p, args.new_tokens, budget)
+                tree += time.perf_counter() - t
+                rounds += r
+            tau_tree = sum(rounds) / len(rounds)
+            verify = c["tree_verify_s"][str(budget)]
+            est = formula(tau_tree, c["target_step_s"], verify, c["drafter_round_s"])
+            measured = plain / tree
+            print(
+                f"DDTree-{budget}: tau (token-weighted) {tau_tree:.2f}, tree verify "
+                f"{1e3 * verify:.2f} ms; measured {measured:.2f}x (loop {tree:.2f} s), "
+                f"estimated {est:.2f}x; estimate / measured {est / measured:.2f}  (load {load()})"
+            )
 
 
 if __name__ == "__main__":

@@ -219,3 +219,67 @@ def test_the_speedup_estimate_is_the_stated_formula_over_the_hosts_round_costs(r
     edit_result(runs / "run-b", lambda d: d["timings"].update(round_costs={"target_step_s": "1"}))
     with pytest.raises(res.BadRun, match="timings.round_costs.target_step_s"):
         res.load_run(runs / "run-b")
+
+
+def test_ddtrees_budget_trade_off_is_in_json_table_plot_and_report(runs, tmp_path):
+    from orchestrator.results import plots, speedup
+    from tests.helpers.images import png_size
+    from tests.helpers.runs import edit_result
+
+    costs = {
+        "context_tokens": 30,
+        "target_step_s": 0.010,
+        "target_verify_s": {"4": 0.012, "3": 0.011, "5": 0.013},
+        "tree_verify_s": {"2": 0.0115},  # DDTree-4's tree mask not timed: its causal 5
+        "drafter_round_s": 0.003,
+    }
+    edit_result(runs / "run-b", lambda d: d["timings"].update(round_costs=costs))
+    edit_result(runs / "run-b", lambda d: d["inputs"].update(block_size=4))
+    run = res.load_run(runs / "run-b")
+    dd, m = run.metrics["ddtree"], run.metrics
+    trade = speedup.tradeoff(run)
+    assert trade["formula"] == "speedup = tau_tokens * t_step / (t_verify + t_draft)"
+    assert [
+        (r["budget"], r["tokens_verified"], r["verify_s"], r["verify_mask"])
+        for r in trade["budgets"]
+    ] == [(2, 3, 0.0115, "tree"), (4, 5, 0.013, "causal")]
+    two, four = trade["budgets"]
+    assert two["tau"] == dd["2"]["tau_per_sample_mean"]
+    assert two["speedup_estimate"] == pytest.approx(
+        dd["2"]["tau_token_weighted"] * 0.010 / (0.0115 + 0.003)
+    )
+    assert speedup.estimate(run)["ddtree"] == {
+        "2": two["speedup_estimate"],
+        "4": four["speedup_estimate"],
+    }
+    chain = trade["chain"]
+    assert (chain["draft_tokens"], chain["verify_s"]) == (3, 0.012)
+    assert chain["speedup_estimate"] == pytest.approx(m["tau_token_weighted"] * 0.010 / 0.015)
+
+    shown = dflash("results", "show", "run-b", "--json", "--results-dir", str(runs))
+    assert json.loads(shown.stdout)["ddtree_tradeoff"] == json.loads(json.dumps(trade))
+    table = dflash("results", "show", "run-b", "--results-dir", str(runs), env={"COLUMNS": "60"})
+    table = table.stdout
+    assert "DDTree budgets: tau and speedup estimate" in table
+    cells = [[c.strip() for c in ln.split("│")[1:-1]] for ln in table.splitlines()]
+    row = next(c for c in cells if c and c[0] == "2")  # at 60 columns: top-k, rounds left out
+    assert row[-2:] == ["11.500", f"{two['speedup_estimate']:.2f}x"]
+    assert "chain (3 drafts)" in table and f"{chain['speedup_estimate']:.2f}x" in table
+
+    drawn = plots.plot_run(run)
+    assert run.path / "ddtree_tradeoff.png" in drawn
+    assert png_size(run.path / "ddtree_tradeoff.png")[0] >= 300
+    svg = plots.svg(plots.tradeoff_figure(run), "t")
+    for gid in ("tradeoff-tau", "tradeoff-speedup", "chain-tau", "chain-speedup"):
+        assert f'id="data-{gid}' in svg, gid
+    page = tmp_path / "r.html"
+    made = dflash("results", "report", "run-b", "-o", str(page), "--results-dir", str(runs))
+    assert made.returncode == 0, made.stderr
+    html = page.read_text()
+    assert 'data-plot="trade' in html and "speedup est." in html and "chain (3 drafts)" in html
+
+    # Without round costs: tau per budget still, no estimate, no speedup line.
+    bare = res.load_run(runs / "run-a")
+    assert [r["speedup_estimate"] for r in speedup.tradeoff(bare)["budgets"]] == [None, None]
+    svg = plots.svg(plots.tradeoff_figure(bare), "u")
+    assert 'id="data-tradeoff-tau' in svg and "data-tradeoff-speedup" not in svg

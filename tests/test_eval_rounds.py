@@ -108,6 +108,28 @@ def drafted_bound(rounds: list[int]) -> int:
 
 
 @pytest.mark.slow
+def test_a_tree_verifying_online_loop_gives_the_walks_ddtree_rounds(setups):
+    """`orchestrator.demo.oracle.ddtree_rounds`, a serving loop that verifies each round's
+    tree in one target forward under the tree mask (the one `remote.eval.costs` times),
+    decodes the target's greedy output and accepts what the walk's DDTree accepts."""
+    from orchestrator.demo.oracle import ddtree_rounds
+
+    s = setups("qwen3")
+    model = hf_model(s["target"])
+    target = load_target(s["target"], torch.float32)
+    drafter, _ = load_drafter(s["drafters"][0], torch.float32)
+    samples = [(p, c) for p, c in s["samples"] if len(c) > 1]
+    walked = eval_batch(target, drafter, samples, WalkOptions(budgets=BUDGETS, positions="walk"))
+    longest = 0
+    for (prompt, completion), rec in zip(samples, walked, strict=True):
+        for budget in BUDGETS:
+            rounds, produced = ddtree_rounds(model, drafter, prompt, len(completion), budget)
+            assert produced == completion
+            assert rounds == rec["ddtree"][str(budget)], (budget, prompt)
+            longest = max(longest, *rounds)
+    assert longest >= 2  # some tree node was accepted (deeper paths: test_round_costs)
+
+
 @pytest.mark.parametrize("kind", [k for k, _ in KINDS])
 def test_walk_rounds_equal_all_positions_and_online_decoding(setups, kind):
     s = setups(kind)

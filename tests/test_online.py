@@ -254,3 +254,107 @@ def test_the_trainer_makes_drafters_with_heads_vllm_cpu_takes():
         info, mask_token_id=3, block_size=4, num_layers=2, target_layer_ids=[1], head_dim=32
     )
     assert (cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (32, 4, 2)
+
+
+# ---- the engine's own time -------------------------------------------------------------
+
+
+class ScriptedVllm:
+    """A loopback HTTP server answering as vLLM does: each completion is `ANSWER`, and it
+    adds that answer's verify steps to the spec-decode counters and `PER_REQUEST` seconds
+    to the decode-time histogram of ``/metrics`` (which starts with earlier requests')."""
+
+    PER_REQUEST = 0.25
+
+    def __init__(self):
+        import http.server
+        import json
+        import threading
+
+        self.requests, self.seconds = 3, 1.0  # before this run
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, body: bytes, kind: str):
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._send(server.metrics().encode(), "text/plain")
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                server.requests += 1
+                server.seconds += server.PER_REQUEST
+                self._send(json.dumps(ANSWER).encode(), "application/json")
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def metrics(self) -> str:
+        n = self.requests - 3  # this run's: 2 steps each, 3 + 0 accepted of 3 + 3 drafted
+        counts = {"53.0": 53 + 2 * n, "159.0": 159 + 6 * n, "66.0": 66 + 3 * n}
+        text = METRICS
+        for old, new in counts.items():
+            text = text.replace(f"}} {old}\n", f"}} {new}.0\n", 1)
+        for pos, old in (("0", 33), ("1", 17), ("2", 16)):
+            text = text.replace(f'position="{pos}"}} {old}.0', f'position="{pos}"}} {old + n}.0')
+        labels = 'engine="0",model_name="/m"'
+        return text + (
+            f'vllm:request_decode_time_seconds_bucket{{{labels},le="+Inf"}} {self.requests}.0\n'
+            f"vllm:request_decode_time_seconds_count{{{labels}}} {self.requests}.0\n"
+            f"vllm:request_decode_time_seconds_sum{{{labels}}} {self.seconds}\n"
+        )
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_the_engines_decode_time_is_read_around_the_run_from_its_metrics():
+    from remote.online import engine_time, vllm
+
+    server = ScriptedVllm()
+    try:
+        prompt = ANSWER["choices"][0]["prompt_token_ids"]
+        rows = [{"id": i, "prompt_ids": prompt, "completion_ids": [1] * 6} for i in "ab"]
+        out = vllm.measure(server.url, rows, 320, model="/m")
+    finally:
+        server.close()
+    assert out["counters_agree"] is True
+    assert out["decode"] == {"seconds": 0.5, "requests": 2, "source": engine_time.DECODE_TIME}
+    costs = verdict.engine_costs(out["decode"], rows, out["counters"])
+    assert costs == {
+        "source": "vllm:request_decode_time_seconds",
+        "decode_s": 0.5,
+        "decode_tokens": 10,  # each request's tokens after its first (the prefill's)
+        "verify_steps": 4,
+        "time_per_output_token_s": 0.05,
+        "time_per_verify_step_s": 0.125,
+        "tokens_per_verify_step": 2.5,
+    }
+    # A histogram that did not count every request is not these requests' time.
+    assert verdict.engine_costs({**out["decode"], "requests": 1}, rows, out["counters"]) is None
+    assert engine_time.decode_time(METRICS, "m") is None  # older vLLM: no histogram, no time
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("vllm:request_decode_time_seconds_sum 1e999", "not seconds or a count >= 0"),
+        ("vllm:request_decode_time_seconds_count 2.5", "not a whole count"),
+    ],
+)
+def test_a_bad_decode_time_is_one_line(line, message):
+    from remote.online import engine_time
+
+    with pytest.raises(UserError) as err:
+        engine_time.decode_time(METRICS + line + "\n", "http://h/metrics")
+    assert str(err.value).startswith("http://h/metrics") and message in str(err.value)

@@ -129,6 +129,8 @@ def _verdict() -> dict:
         )
     v = verdict.compare(gt, off, on, block_size=4, offline_dtype="float32")
     v["server"] = {"engine": "vllm", "started_here": True, "url": "http://127.0.0.1:9"}
+    decode = {"seconds": 0.36, "requests": 2, "source": "vllm:request_decode_time_seconds"}
+    v["engine_costs"] = verdict.engine_costs(decode, gt, {"drafts": 5})
     return v
 
 
@@ -153,6 +155,10 @@ def test_a_verdict_made_by_compare_passes_its_check():
         (("server", "url"), 9, "server.url"),
         (("schema",), "dflash.eval/1", "expected dflash.online-verdict/1"),
         (("diagnosis",), None, "diagnosis missing"),
+        (("engine_costs", "decode_s"), -0.36, "engine_costs.decode_s is -0.36"),
+        (("engine_costs", "time_per_output_token_s"), 9.0, "not decode_s / decode_tokens"),
+        (("engine_costs", "time_per_verify_step_s"), 0.1, "not decode_s / verify_steps"),
+        (("engine_costs", "verify_steps"), "5", "engine_costs.verify_steps"),
     ],
 )
 def test_every_bad_verdict_field_is_named(path, value, words):
@@ -288,3 +294,39 @@ def test_a_metrics_page_past_its_bound_is_refused_before_parsing():
         with pytest.raises(UserError) as err:
             read_counters(engine.url, timeout=30)
     assert "serving engine" in str(err.value) and str(METRICS_BYTES) in str(err.value)
+
+
+def test_an_online_runs_view_puts_the_engines_times_beside_the_hosts_estimate(tmp_path):
+    from orchestrator.results import online_view, speedup
+    from orchestrator.results import store as res
+    from tests.helpers.runs import edit_result, make_run
+
+    root = tmp_path / "results"
+    run_dir = make_run(root, "run-on", "step-300", 300, skill=0.7, samples=4)
+    costs = {
+        "target_step_s": 0.010,
+        "target_verify_s": {"4": 0.012},
+        "drafter_round_s": 0.003,
+    }
+    edit_result(run_dir, lambda d: d["timings"].update(round_costs=costs))
+    edit_result(run_dir, lambda d: d["inputs"].update(block_size=4))
+    v = _verdict()
+    (run_dir / "verdict.json").write_text(json.dumps(v))
+    run = res.load_run(run_dir)
+    sp = online_view.speed(v, run)
+    assert sp["engine"]["decode_tokens"] == 14  # 7 after each sample's first token
+    assert sp["engine"]["time_per_output_token_s"] == pytest.approx(0.36 / 14)
+    assert sp["engine"]["time_per_verify_step_s"] == pytest.approx(0.36 / 5)
+    est = speedup.estimate(run)["chain"]
+    assert sp["offline"]["speedup_estimate"] == est
+    tau = run.metrics["tau_token_weighted"]
+    assert sp["offline"]["time_per_output_token_s"] == pytest.approx(0.015 / tau)
+    assert (
+        sp["engine_speedup_estimate"] is None and "plain decode step" in sp["engine_speedup_note"]
+    )
+    shown = dflash("results", "show", "run-on", "--results-dir", str(root), env={"COLUMNS": "70"})
+    assert shown.returncode == 0, shown.stderr
+    out = " ".join(shown.stdout.split())
+    assert "the serving engine's own times beside the eval host's estimate" in out
+    assert f"{1e3 * 0.36 / 14:.3f}" in out and f"{1e3 * 0.36 / 5:.3f}" in out
+    assert f"{est:.2f}x" in out

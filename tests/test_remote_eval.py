@@ -773,6 +773,7 @@ def test_remote_eval_on_spec_bench_gives_tau_per_category_in_every_view(
     costs = result["timings"]["round_costs"]
     block = result["inputs"]["block_size"]
     assert set(costs["target_verify_s"]) == {str(block), "5"}, costs  # the chain, DDTree-4
+    assert set(costs["tree_verify_s"]) == {"4"}, costs  # DDTree-4's tree, its tree mask
     assert costs["target_step_s"] > 0 and costs["drafter_round_s"] > 0
     assert out["summary"]["speedup_estimate"] > 0
     compared = dflash(

@@ -108,3 +108,75 @@ def _context_rows(drafter, feats, first: int):
     c = drafter.context(feats)
     cos, sin = drafter.rotary(torch.arange(first, first + feats.shape[0]), c.dtype)
     return [layer.self_attn.keys_values(c, cos, sin) for layer in drafter.layers]
+
+
+@torch.inference_mode()
+def ddtree_rounds(
+    model, drafter, prompt: list[int], new_tokens: int, budget: int, topk: int | None = None
+) -> tuple[list[int], list[int]]:
+    """Greedy DDTree speculative decoding, as a tree-verifying server runs it; returns
+    (acceptance length per round, completion). Each round: the drafter's block, its
+    best-first tree of `budget` nodes (`remote.eval.ddtree.build_tree`, per-depth top-k
+    as the eval's, depths cut at the completion's end as the walk cuts them), one target
+    forward over the root and the nodes under the tree mask over the KV cache
+    (`remote.eval.costs.tree_inputs`), the walk down the target's greedy tokens, and the
+    cache and the drafter's context kept to the accepted path. Full-attention targets
+    only (the accepted rows are gathered out of each layer's cache)."""
+    from transformers import DynamicCache
+
+    from remote.eval.costs import additive_mask, tree_inputs
+    from remote.eval.ddtree import build_tree
+    from remote.eval.metrics import ddtree_k
+
+    ids = drafter.cfg.target_layer_ids
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=torch.tensor([prompt]),
+        **cache_kwarg(model, cache),
+        use_cache=True,
+        output_hidden_states=True,
+        logits_to_keep=1,
+    )
+    g = list(prompt) + [int(out.logits[0, -1].argmax())]
+    kv = drafter.context_kv(features(out.hidden_states, ids))
+    end = len(prompt) + new_tokens - 1
+    s, rounds = len(prompt), []
+    k = ddtree_k(budget, topk, head.shape[0])
+    while s < end:
+        block_in = drafter.block_inputs(embed, torch.tensor([g[s]]))
+        h = drafter.forward_blocks(kv, torch.tensor([s]), block_in)[0]
+        depth = min(drafter.block_size - 1, end - s)
+        logp = torch.log_softmax(drafter.logits(h[1 : 1 + depth], head).float(), dim=-1)
+        top = logp.topk(k, dim=-1)
+        nodes = build_tree(top.values.tolist(), top.indices.tolist(), budget)
+        tokens, positions, allowed = tree_inputs(nodes, g[s], s)
+        full = model(
+            input_ids=torch.tensor([tokens]),
+            **cache_kwarg(model, cache),
+            use_cache=True,
+            output_hidden_states=True,
+            attention_mask=additive_mask(allowed, positions, s, None, torch.float32),
+            position_ids=torch.tensor([positions]),
+        )
+        post = full.logits[0].argmax(-1).tolist()
+        children: dict[int, dict[int, int]] = {}
+        for row, (parent, _d, tok) in enumerate(nodes, 1):
+            children.setdefault(parent + 1, {})[tok] = row
+        path = [0]  # tree rows walked: the root, then each accepted node
+        while post[path[-1]] in children.get(path[-1], {}):
+            path.append(children[path[-1]][post[path[-1]]])
+        produced = min(len(path), end - s)
+        g += ([tokens[r] for r in path[1:]] + [post[path[-1]]])[:produced]
+        keep = torch.tensor(list(range(s)) + [s + r for r in path[:produced]])
+        for layer in cache.layers:  # the context and the accepted path's rows only
+            layer.keys, layer.values = layer.keys[:, :, keep], layer.values[:, :, keep]
+        new = features(full.hidden_states, ids)[torch.tensor(path[:produced])]
+        kv = [
+            (torch.cat([k_, nk], 1), torch.cat([v_, nv], 1))
+            for (k_, v_), (nk, nv) in zip(kv, _context_rows(drafter, new, s), strict=True)
+        ]
+        rounds.append(produced)
+        s += produced
+    return rounds, g[len(prompt) :]

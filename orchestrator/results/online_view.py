@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from orchestrator.results import speedup
 from orchestrator.results.store import BadRun
 from remote.online.verdict_doc import check_verdict_bytes
 from remote.protocol import ResultError
@@ -50,6 +51,37 @@ def summary(v: dict) -> dict[str, Any]:
         "lossless": v["lossless"]["samples"],
         "server_start_s": server.get("startup_s"),
         "measure_s": server.get("seconds"),
+    }
+
+
+ENGINE_SPEEDUP_UNMEASURED = (
+    "not measured: the formula needs the engine's plain decode step, which only the engine "
+    "serving the target without the drafter gives"
+)
+
+
+def speed(v: dict, run: Any) -> dict[str, Any]:
+    """The serving engine's own times (the verdict's ``engine_costs``: its decode seconds
+    per output token and per verify step, from its /metrics) beside the eval host's round
+    costs and the speedup estimate they give (`speedup`): the same per-token figure from
+    both, and why the engine's own estimate is not there."""
+    c = speedup.costs(run)
+    block = (run.result.get("inputs") or {}).get("block_size")
+    step, draft = c.get("target_step_s"), c.get("drafter_round_s")
+    verify = (c.get("target_verify_s") or {}).get(str(block))
+    tau = run.metrics.get("tau_token_weighted")
+    round_s = verify + draft if verify is not None and draft is not None else None
+    return {
+        "engine": v.get("engine_costs"),
+        "engine_speedup_estimate": None,
+        "engine_speedup_note": ENGINE_SPEEDUP_UNMEASURED,
+        "offline": {
+            "speedup_estimate": speedup.estimate(run).get("chain"),
+            "formula": speedup.FORMULA,
+            "target_step_s": step,
+            "round_s": round_s,
+            "time_per_output_token_s": round_s / tau if round_s and tau else None,
+        },
     }
 
 

@@ -1,9 +1,10 @@
 """Plots of results, drawn with matplotlib's Agg backend (no display needed).
 
 Each plot is built once, as a figure (`histogram_figure`, `per_position_figure`,
-`breakdown_figure`, `tau_by_step_figure`), and rendered either to a PNG file (`plot_run`,
-`plot_tau_by_step`) or to an SVG string for the HTML report (`svg`). The lines and bars
-that carry data get SVG ids starting ``data-`` so a browser test can find them.
+`breakdown_figure`, `tradeoff_figure`, `tau_by_step_figure`), and rendered either to a
+PNG file (`plot_run`, `plot_tau_by_step`) or to an SVG string for the HTML report
+(`svg`). The lines and bars that carry data get SVG ids starting ``data-`` so a browser
+test can find them.
 
 The tau-by-step plot has one colour per series: runs of the same training run (trainer
 host and checkpoints folder, see `results.series_key`), prompts and ground truth. Per
@@ -175,6 +176,60 @@ def breakdown_figure(run: res.Run) -> Any | None:
     return fig
 
 
+def tradeoff_figure(run: res.Run) -> Any | None:
+    """DDTree's budget trade-off (`speedup.tradeoff`): tau (per-sample mean, solid;
+    token-weighted, dashed) on the left axis and the speedup estimate on the right, one
+    point per node budget, the chain walk as a dotted reference line on each (its marker
+    at x = its B - 1 draft tokens). None when the run has no DDTree budgets."""
+    from orchestrator.results import speedup
+
+    t = speedup.tradeoff(run)
+    if not t:
+        return None
+    plt = pyplot()
+    if plt is None:
+        return None
+    rows, chain = t["budgets"], t["chain"]
+    xs = [r["budget"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
+    right = ax.twinx()
+    for gid, axis, key, style, colour, label in (
+        ("tau", ax, "tau", {"marker": "o", "linestyle": "-"}, "C0", "DDTree tau"),
+        ("tau-tokens", ax, "tau_tokens", {"linestyle": "--"}, "C0", "DDTree tau (tokens)"),
+        ("speedup", right, "speedup_estimate", {"marker": "s"}, "C1", "DDTree speedup est."),
+    ):
+        xy = [(x, r[key]) for x, r in zip(xs, rows, strict=True) if r[key] is not None]
+        if xy:
+            (line,) = axis.plot(*zip(*xy, strict=True), color=colour, label=label, **style)
+            line.set_gid(f"data-tradeoff-{gid}")
+        ref = chain.get(key)
+        if ref is not None and key != "tau_tokens":
+            axis.axhline(
+                ref,
+                color=colour,
+                linestyle=":",
+                alpha=0.7,
+                gid=f"data-chain-{gid}",
+                label=label.replace("DDTree", "chain"),
+            )
+            if chain.get("draft_tokens") is not None:
+                axis.plot([chain["draft_tokens"]], [ref], marker="*", color=colour, ms=9)
+    ax.set_xlabel("DDTree node budget N (verifies N + 1 tokens; the chain: B - 1 drafts, *)")
+    ax.set_ylabel("tau (mean acceptance length)", color="C0")
+    right.set_ylabel("estimated speedup (x)", color="C1")
+    ax.set_xticks(sorted(set(xs) | ({chain["draft_tokens"]} - {None})))
+    ax.grid(alpha=0.3)
+    handles = ax.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    ax.legend(handles[0] + more[0], handles[1] + more[1], fontsize=7, loc="best")
+    note = "" if rows and rows[0]["speedup_estimate"] is not None else " (no round costs)"
+    ax.set_title(
+        f"DDTree budget trade-off{note}, chain dotted: {_title(run)}\n{text(t['formula'])}",
+        fontsize=9,
+    )
+    return fig
+
+
 def _series(runs: list[res.Run]) -> dict[tuple, list[res.Run]]:
     out: dict[tuple, list[res.Run]] = {}
     for r in runs:
@@ -279,14 +334,16 @@ def svg(fig: Any, salt: str = "") -> str:
 
 
 def plot_run(run: res.Run, out_dir: str | Path | None = None) -> list[Path]:
-    """Acceptance histogram, per-position acceptance and tau by category and completion
-    length (when the run has groups to show) of one run; returns the files."""
+    """Acceptance histogram, per-position acceptance, tau by category and completion
+    length (when the run has groups to show) and DDTree's budget trade-off (when it has
+    budgets) of one run; returns the files."""
     out = Path(out_dir or run.path)
     written = []
     for make, name in (
         (histogram_figure, "acceptance_histogram.png"),
         (per_position_figure, "per_position_acceptance.png"),
         (breakdown_figure, "tau_by_category.png"),
+        (tradeoff_figure, "ddtree_tradeoff.png"),
     ):
         fig = make(run)
         if fig is not None:

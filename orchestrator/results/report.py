@@ -30,7 +30,7 @@ from typing import Any
 
 from orchestrator.errors import DflashError
 from orchestrator.printable import printable
-from orchestrator.results import breakdown, compare, plots
+from orchestrator.results import breakdown, compare, plots, speedup
 from orchestrator.results import store as res
 from remote.atomic import write_atomic
 
@@ -305,6 +305,68 @@ def breakdown_tables(run: res.Run, paired: compare.Paired | None) -> str:
     return "".join(out)
 
 
+def _ms(seconds: Any) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.3f}"
+
+
+def _x(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def tradeoff_table(run: res.Run) -> str:
+    """DDTree's budgets (`speedup.tradeoff`): tau, verify cost and speedup estimate per
+    node budget, the chain walk's as the last row, and the formula with its costs."""
+    trade = speedup.tradeoff(run)
+    if not trade:
+        return ""
+    dd = run.metrics.get("ddtree") or {}
+    head = [
+        "DDTree budget (nodes)",
+        "per-depth top-k",
+        "tau",
+        "tau (tokens)",
+        "rounds",
+        "verify (ms)",
+        "verify mask",
+        "speedup est.",
+    ]
+    cells = []
+    for r in trade["budgets"]:
+        v = dd.get(str(r["budget"])) or {}
+        cells.append(
+            [
+                _e(r["budget"]),
+                _e(v.get("topk")),
+                _f(r["tau"]),
+                _f(r["tau_tokens"]),
+                _e(v.get("rounds")),
+                _ms(r["verify_s"]),
+                _e(r["verify_mask"] or "-"),
+                _x(r["speedup_estimate"]),
+            ]
+        )
+    c = trade["chain"]
+    cells.append(
+        [
+            f"chain ({_e(c['draft_tokens'])} drafts)",
+            "-",
+            _f(c["tau"]),
+            _f(c["tau_tokens"]),
+            _e(run.metrics.get("rounds")),
+            _ms(c["verify_s"]),
+            "causal" if c["verify_s"] is not None else "-",
+            _x(c["speedup_estimate"]),
+        ]
+    )
+    why = trade["costs_error"] or trade["tree_verify_error"]
+    note = (
+        f'<p class="note">{_e(trade["formula"])}; t_step {_ms(trade["target_step_s"])} ms, '
+        f"t_draft {_ms(trade['drafter_round_s'])} ms (measured on the eval host, "
+        f"docs/results.md){'; ' + _e(why) if why else ''}</p>"
+    )
+    return _table(head, cells) + note
+
+
 def run_section(
     run: res.Run,
     index: int,
@@ -314,17 +376,6 @@ def run_section(
 ) -> str:
     s = res.summary(run)
     m = run.metrics
-    dd = m.get("ddtree") or {}
-    dd_rows = [
-        [
-            _e(v.get("budget", b)),
-            _e(v.get("topk")),
-            _f(v.get("tau_per_sample_mean")),
-            _f(v.get("tau_token_weighted")),
-            _e(v.get("rounds")),
-        ]
-        for b, v in sorted(dd.items(), key=lambda kv: res.budget_key(kv[0]))
-    ]
     prov = _table(
         ["", "value"],
         [[_e(k), f'<span class="mono">{_e(v)}</span>'] for k, v in provenance(run)],
@@ -362,15 +413,19 @@ def run_section(
             if breakdown.worth_showing(breakdown.of_run(run))
             else ""
         )
-        + "</div>"
         + (
-            _table(
-                ["DDTree budget (nodes)", "per-depth top-k", "tau", "tau (tokens)", "rounds"],
-                dd_rows,
+            _figure(
+                lambda: plots.tradeoff_figure(run),
+                f"trade{index}",
+                f"DDTree budget trade-off: tau and estimated speedup per node budget, the "
+                f"chain dotted ({run.run_id})",
+                failed,
             )
-            if dd_rows
+            if m.get("ddtree")
             else ""
         )
+        + "</div>"
+        + tradeoff_table(run)
         + breakdown_tables(run, paired)
         + "<h3>environment and provenance</h3>"
         + prov

@@ -2,17 +2,21 @@
 
 The eval host times one round's parts once per eval (`remote.eval.costs`, recorded as
 ``timings.round_costs``): a target decode step ``t_step`` (1 token over a KV cache), a
-target verify ``t_verify(n)`` (n tokens over the same cache) and a drafter block
-``t_draft``. Plain greedy decoding pays ``t_step`` per token; speculative decoding pays
-``t_verify(n) + t_draft`` per round and gets tau tokens from it, so
+target verify ``t_verify`` over the same cache and a drafter block ``t_draft``. Plain
+greedy decoding pays ``t_step`` per token; speculative decoding pays
+``t_verify + t_draft`` per round and gets tau tokens from it, so
 
-    speedup = tau_tokens * t_step / (t_verify(n) + t_draft)
+    speedup = tau_tokens * t_step / (t_verify + t_draft)
 
-with tau_tokens the token-weighted tau (tokens / rounds: what a decoding's speed follows),
-n = the drafter's block size for the chain and N + 1 for DDTree-N (the tree's nodes and its
-root). What it leaves out: the per-round bookkeeping (sampling, cache crop, the drafter's
-context update) and DDTree's tree building, so it is an upper bound that a lean serving
-loop approaches; `benchmarks/speedup.py` measures how close on the reference loop.
+with tau_tokens the token-weighted tau (tokens / rounds: what a decoding's speed follows).
+``t_verify`` is, for the chain, one causal forward over the block (B tokens: the last
+accepted one and B - 1 drafts); for DDTree-N, one forward over the tree's N + 1 tokens
+(its root and N nodes) with the tree attention mask (``round_costs.tree_verify_s``), or,
+where the host could not run a tree mask or did not time one, a causal forward over N + 1
+tokens (``target_verify_s``; `tradeoff` says which, as ``verify_mask``). What it leaves
+out: the per-round bookkeeping (sampling, cache crop, the drafter's context update) and
+DDTree's tree building, so it is an upper bound that a lean serving loop approaches;
+`benchmarks/speedup.py` measures how close on the reference loop.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any
 
 # Reads a run (`store.Run`) through its ``result`` and ``metrics`` only: `store.summary`
 # imports this module, so this one imports no store.
+
+FORMULA = "speedup = tau_tokens * t_step / (t_verify + t_draft)"
 
 
 def costs(run: Any) -> dict[str, Any]:
@@ -37,26 +43,85 @@ def formula(tau_tokens: float | None, step: Any, verify: Any, draft: Any) -> flo
     return tau_tokens * step / (verify + draft)
 
 
+def tree_verify(c: dict, budget: int) -> tuple[float | None, str | None]:
+    """DDTree-`budget`'s verify seconds in the round costs `c` and how they were timed:
+    ``tree`` (its N + 1 tokens under the tree mask), else ``causal`` (N + 1 tokens, the
+    causal mask: older results, or a target that takes no tree mask); (None, None)."""
+    tree = (c.get("tree_verify_s") or {}).get(str(budget))
+    if tree is not None:
+        return tree, "tree"
+    causal = (c.get("target_verify_s") or {}).get(str(budget + 1))
+    return (causal, "causal") if causal is not None else (None, None)
+
+
+def _budgets(run: Any) -> list[tuple[int, dict]]:
+    dd = run.metrics.get("ddtree") or {}
+    return sorted(((int(b), v or {}) for b, v in dd.items() if str(b).isdecimal()))
+
+
+def tradeoff(run: Any) -> dict[str, Any]:
+    """DDTree's budget trade-off: per node budget its tau, verify cost and speedup
+    estimate, beside the chain walk's (the reference); {} for a run without budgets.
+
+    ``{"formula", "target_step_s", "drafter_round_s", "costs_error", "chain": {...},
+    "budgets": [{"budget", "tokens_verified", "tau", "tau_tokens", "verify_s",
+    "verify_mask", "speedup_estimate"}, ...]}``; the costs and estimates are None where
+    the host measured none (``costs_error`` then says why, when it said)."""
+    budgets = _budgets(run)
+    if not budgets:
+        return {}
+    c, m = costs(run), run.metrics
+    step, draft = c.get("target_step_s"), c.get("drafter_round_s")
+    block = (run.result.get("inputs") or {}).get("block_size")
+    chain_verify = (c.get("target_verify_s") or {}).get(str(block))
+    rows = []
+    for b, v in budgets:
+        verify, mask = tree_verify(c, b)
+        rows.append(
+            {
+                "budget": b,
+                "tokens_verified": b + 1,
+                "tau": v.get("tau_per_sample_mean"),
+                "tau_tokens": v.get("tau_token_weighted"),
+                "verify_s": verify,
+                "verify_mask": mask,
+                "speedup_estimate": formula(v.get("tau_token_weighted"), step, verify, draft),
+            }
+        )
+    raw = (run.result.get("timings") or {}).get("round_costs")
+    return {
+        "formula": FORMULA,
+        "target_step_s": step,
+        "drafter_round_s": draft,
+        "costs_error": raw.get("error") if isinstance(raw, dict) else None,
+        "tree_verify_error": c.get("tree_verify_error"),
+        "chain": {
+            "block_size": block,
+            "draft_tokens": block - 1 if isinstance(block, int) else None,
+            "tokens_verified": block,
+            "tau": m.get("tau_per_sample_mean"),
+            "tau_tokens": m.get("tau_token_weighted"),
+            "verify_s": chain_verify,
+            "speedup_estimate": formula(m.get("tau_token_weighted"), step, chain_verify, draft),
+        },
+        "budgets": rows,
+    }
+
+
 def estimate(run: Any) -> dict[str, Any]:
     """``{"chain": speedup, "ddtree": {budget: speedup}}`` of `run` (see the module), each
     None where its costs were not measured; {} when the run has no round costs."""
     c = costs(run)
     if not c:
         return {}
-    verify = c.get("target_verify_s") or {}
     block = (run.result.get("inputs") or {}).get("block_size")
     m = run.metrics
     step, draft = c.get("target_step_s"), c.get("drafter_round_s")
-    budgets = sorted(
-        ((b, v) for b, v in (m.get("ddtree") or {}).items() if str(b).isdecimal()),
-        key=lambda kv: int(kv[0]),
-    )
+    chain_verify = (c.get("target_verify_s") or {}).get(str(block))
     return {
-        "chain": formula(m.get("tau_token_weighted"), step, verify.get(str(block)), draft),
+        "chain": formula(m.get("tau_token_weighted"), step, chain_verify, draft),
         "ddtree": {
-            str(b): formula(
-                (v or {}).get("tau_token_weighted"), step, verify.get(str(int(b) + 1)), draft
-            )
-            for b, v in budgets
+            str(b): formula(v.get("tau_token_weighted"), step, tree_verify(c, b)[0], draft)
+            for b, v in _budgets(run)
         },
     }

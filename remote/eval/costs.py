@@ -8,25 +8,36 @@ one sample's context (its prompt and the first half of its completion), with the
 and drafter the eval just used, on the eval's device:
 
 - ``target_step_s``: one target forward of 1 token (an autoregressive decode step);
-- ``target_verify_s``: one target forward of n tokens, for n = the block size (the chain)
-  and each DDTree budget + 1 (the tree's nodes and its root), keyed by n;
+- ``target_verify_s``: one target forward of n tokens (causal), for n = the block size
+  (the chain) and each DDTree budget + 1, keyed by n;
+- ``tree_verify_s``: per DDTree budget N, one target forward over the tree's N + 1 tokens
+  (its root, the last accepted token, and N drafted nodes) with a tree attention mask
+  (each node sees the context, its ancestors and itself) and each node at position
+  context + its depth: the tree the drafter's own block at that context gives
+  (`remote.eval.ddtree.build_tree`, per-depth top-k as the walk's). Keyed by N. Where the
+  target cannot run a tree mask (linear-attention layers take no attention mask), one
+  line in ``tree_verify_error`` and the estimate falls back to ``target_verify_s[N+1]``;
 - ``drafter_round_s``: one drafter block (its forward and its head over the block).
 
-Each is the fastest of `REPEATS` after one untimed warm-up (the cache cropped back to the
-context after each). The
-controller turns them and the run's tau into a speedup estimate (docs/results.md). A
-target whose cache cannot be cropped (linear-attention layers) or any other failure is
-recorded as ``error`` and the eval goes on: the numbers are an estimate beside tau, never a
-reason to lose it.
+Each is the fastest of `REPEATS` after one untimed warm-up, each trial on its own copy of
+the context's KV cache (copied untimed), so no cache is ever cropped: targets whose cache
+cannot be cropped back (recurrent state, sliding windows) are timed as any other. The
+controller turns them and the run's tau into a speedup estimate (docs/results.md). Any
+failure is recorded as ``error`` and the eval goes on: the numbers are an estimate beside
+tau, never a reason to lose it.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import time
 from typing import Any
 
 import torch
+
+from remote.eval.ddtree import build_tree
+from remote.eval.metrics import ddtree_k
 
 REPEATS = 5
 
@@ -43,12 +54,85 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _error(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def tree_inputs(
+    nodes: list[tuple[int, int, int]], root: int, base: int
+) -> tuple[list[int], list[int], torch.Tensor]:
+    """The verify forward of a DDTree (`build_tree`'s nodes below the root token `root`,
+    over a cache of `base` tokens): its tokens, their positions (`base` + depth) and which
+    tree token may look at which ([N+1, N+1] booleans: its ancestors and itself)."""
+    n = len(nodes) + 1
+    tokens = [root] + [tok for _p, _d, tok in nodes]
+    positions = [base] + [base + d for _p, d, _t in nodes]
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    allowed[0, 0] = True
+    for i, (parent, _d, _t) in enumerate(nodes, 1):
+        allowed[i] = allowed[parent + 1]  # the root is row 0, node k is row k + 1
+        allowed[i, i] = True
+    return tokens, positions, allowed
+
+
+def additive_mask(
+    allowed: torch.Tensor,
+    positions: list[int],
+    kept: int,
+    window: int | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """[1, 1, N+1, kept+N+1] additive mask (0: may look; the dtype's minimum: may not) of
+    tree tokens at `positions` over the last `kept` context tokens (positions ``base -
+    kept .. base - 1``) and the tree (`allowed`); a sliding `window` also hides every key
+    ``window`` or more positions back, as transformers' sliding layers do."""
+    base = positions[0]
+    keys = torch.tensor(list(range(base - kept, base)) + positions)
+    see = torch.cat([torch.ones(len(positions), kept, dtype=torch.bool), allowed], dim=1)
+    if window is not None:
+        see &= torch.tensor(positions)[:, None] - keys[None, :] < window
+    mask = torch.where(see, 0.0, torch.finfo(dtype).min).to(dtype)
+    return mask[None, None]
+
+
+def tree_mask(target, cache, allowed, positions, dtype):
+    """The tree's attention mask as the target's backbone takes it: one 4D mask, or, for a
+    target with sliding-window layers, one per layer type (a sliding layer's cache keeps
+    only its window). Linear-attention layers take no mask (transformers gives them none
+    for a 4D one): they run the tree's tokens as a sequence, the same work as a tree-aware
+    kernel's. Another layer type is an error (the estimate then uses a causal verify)."""
+    base = positions[0]
+    cfg = target.model.config.get_text_config()
+    types = list(getattr(cfg, "layer_types", None) or [])
+    full = additive_mask(allowed, positions, base, None, dtype)
+    if set(types) <= {"full_attention", "linear_attention"}:
+        return full
+    out = {}
+    for kind in dict.fromkeys(types):
+        if kind in ("full_attention", "linear_attention"):
+            out[kind] = full if kind == "full_attention" else None
+        elif kind == "sliding_attention":
+            kept = cache.layers[types.index(kind)].keys.shape[-2]
+            out[kind] = additive_mask(allowed, positions, kept, cfg.sliding_window, dtype)
+        else:
+            raise ValueError(f"no tree mask for the target's {kind} layers")
+    return out
+
+
 @torch.inference_mode()
 def round_costs(
-    target, drafter, ids: list[int], sizes: list[int], device: torch.device
+    target,
+    drafter,
+    ids: list[int],
+    sizes: list[int],
+    device: torch.device,
+    budgets: list[int] = (),
+    topk: int | None = None,
 ) -> dict[str, Any]:
-    """Seconds of a target step, a target verify of each of `sizes` tokens and a drafter
-    block, over a KV cache of `ids[:-max(sizes)]` (see the module)."""
+    """Seconds of a target step, a target verify of each of `sizes` tokens, a tree verify
+    of each DDTree budget and a drafter block, over a KV cache of `ids[:-max(sizes)]`
+    (see the module)."""
     from transformers import DynamicCache
 
     longest = max(sizes)
@@ -57,23 +141,24 @@ def round_costs(
     cache = DynamicCache(config=target.model.config)
     ctx = torch.tensor([context], device=device)
     backbone(input_ids=ctx, **{key: cache}, use_cache=True)
-    base = cache.get_seq_length()
+    base = len(context)
 
-    def target_forward(n: int) -> float:
+    def target_forward(tokens: list[int], **extra) -> float:
         best = float("inf")
-        block = torch.tensor([tail[:n]], device=device)
+        block = torch.tensor([tokens], device=device)
         for i in range(REPEATS + 1):  # the first one warms up, untimed
+            trial = copy.deepcopy(cache)  # a fresh context each time: nothing to crop
             _sync(device)
             t = time.perf_counter()
-            out = backbone(input_ids=block, **{key: cache}, use_cache=True)
+            out = backbone(input_ids=block, **{key: trial}, use_cache=True, **extra)
             target.head(out.last_hidden_state[0]).argmax(-1).tolist()
             _sync(device)
             best = min(best, time.perf_counter() - t) if i else best
-            cache.crop(base - cache.get_seq_length())  # transformers 5: a negative count
+            del trial
         return best
 
-    step = target_forward(1)
-    verify = {str(n): target_forward(n) for n in sorted(set(sizes))}
+    step = target_forward(tail[:1])
+    verify = {str(n): target_forward(tail[:n]) for n in sorted(set(sizes))}
     feats, _ = target.hidden(context, drafter.cfg.target_layer_ids)
     kv = drafter.context_kv(feats.to(drafter.fc.weight.dtype))
     first = torch.tensor([tail[0]], device=device)
@@ -82,25 +167,65 @@ def round_costs(
         _sync(device)
         t = time.perf_counter()
         block_in = drafter.block_inputs(target.embed, first)
-        h = drafter.forward_blocks(kv, torch.tensor([len(context)], device=device), block_in)[0]
-        drafter.logits(h[1:], target.lm_head).argmax(-1).tolist()
+        h = drafter.forward_blocks(kv, torch.tensor([base], device=device), block_in)[0]
+        logits = drafter.logits(h[1:], target.lm_head)
+        logits.argmax(-1).tolist()
         _sync(device)
         best = min(best, time.perf_counter() - t) if i else best
-    return {
-        "context_tokens": len(context),
+    out = {
+        "context_tokens": base,
         "target_step_s": step,
         "target_verify_s": verify,
         "drafter_round_s": best,
         "repeats": REPEATS,
     }
+    if budgets:
+        try:
+            out["tree_verify_s"] = _tree_costs(
+                target_forward, target, cache, logits, tail[0], base, budgets, topk, device
+            )
+        except Exception as exc:  # the chain's costs stand; the estimate says which it used
+            out["tree_verify_error"] = _error(exc)
+    return out
+
+
+def _tree_costs(
+    forward, target, cache, logits, root, base, budgets, topk, device
+) -> dict[str, float]:
+    """`forward`'s seconds over each budget's tree, built from the drafter's block
+    `logits` [depths, vocab] with the walk's per-depth top-k (`ddtree_k`), its mask
+    (`tree_mask`) in the target's dtype over the context's `cache`."""
+    dtype = target.dtype
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    out = {}
+    for n in sorted(set(budgets)):
+        k = ddtree_k(n, topk, logp.shape[-1])
+        top = logp.topk(k, dim=-1)
+        nodes = build_tree(top.values.tolist(), top.indices.tolist(), n)
+        tokens, positions, allowed = tree_inputs(nodes, root, base)
+        mask = tree_mask(target, cache, allowed, positions, dtype)
+        moved = (
+            {k: None if v is None else v.to(device) for k, v in mask.items()}
+            if isinstance(mask, dict)
+            else mask.to(device)
+        )
+        out[str(n)] = forward(
+            tokens, attention_mask=moved, position_ids=torch.tensor([positions], device=device)
+        )
+    return out
 
 
 def measure(
-    target, drafter, rows: list[dict], budgets: list[int], device: torch.device
+    target,
+    drafter,
+    rows: list[dict],
+    budgets: list[int],
+    device: torch.device,
+    topk: int | None = None,
 ) -> dict[str, Any]:
     """`round_costs` on the sample of median length (its prompt and half its completion:
-    a typical round's context), for the drafter's block and each DDTree budget; a failure
-    is ``{"error": one line}``, never the eval's."""
+    a typical round's context), for the drafter's block and each DDTree budget (per-depth
+    `topk` as the walk's); a failure is ``{"error": one line}``, never the eval's."""
     try:
         row = sorted(rows, key=lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]))[
             len(rows) // 2
@@ -110,7 +235,6 @@ def measure(
         ids = list(row["prompt_ids"]) + list(half)
         if len(ids) <= max(sizes):  # too short for a context and a tree: pad the tail
             ids = ids + [ids[-1]] * (max(sizes) + 1 - len(ids))
-        return round_costs(target, drafter, ids, sizes, device)
+        return round_costs(target, drafter, ids, sizes, device, budgets, topk)
     except Exception as exc:  # an estimate beside tau: never the eval's failure
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return {"error": f"{type(exc).__name__}: {text}"[:300]}
+        return {"error": _error(exc)}

@@ -317,7 +317,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
             on_event(sample_event(records, len(rows)))
     eval_s = time.perf_counter() - t_eval
     with device_mod.default_device(device):
-        round_costs = costs.measure(target, drafter, rows, list(spec.budgets), device)
+        round_costs = costs.measure(target, drafter, rows, list(spec.budgets), device, spec.topk)
 
     metrics = summarize(records, dcfg.block_size, list(spec.budgets), spec.topk, tinfo.vocab_size)
     tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)

@@ -208,6 +208,9 @@ def _verdict(
         "counters_expected": measured.get("counters_expected"),
         "counters_agree": measured.get("counters_agree"),
     }
+    result["engine_costs"] = verdict.engine_costs(
+        measured.get("decode"), rows, measured.get("counters")
+    )
     # what the engine said per sample, less the ids (`per_sample` says whether they matched)
     result["online_samples"] = [
         {k: v for k, v in r.items() if k != "token_ids"} for r in measured["samples"]

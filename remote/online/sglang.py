@@ -112,4 +112,5 @@ def measure(
         "counters_agree": None,
         "seconds": time.perf_counter() - t0,
         "tokens": sum(len(s["token_ids"]) for s in samples),
+        "decode": None,  # SGLang's own timing is not read (no documented per-request field)
     }

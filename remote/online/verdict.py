@@ -181,6 +181,30 @@ def compare(
     return result
 
 
+def engine_costs(
+    decode: dict[str, Any] | None, rows: list[dict], counters: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The serving engine's own time over the run's requests, from its decode-time
+    histogram (`remote.online.vllm.DecodeTime`: per request, its last token's time minus
+    its first's): per output token after each request's first (the prefill makes that
+    one) and per verify step (its spec-decode counters' steps). None without the
+    histogram, or when it did not count every request (its times are then not these)."""
+    if not decode or decode.get("requests") != len(rows):
+        return None
+    seconds = decode["seconds"]
+    tokens = sum(max(len(r["completion_ids"]) - 1, 0) for r in rows)
+    steps = (counters or {}).get("drafts") or None
+    return {
+        "source": decode.get("source"),
+        "decode_s": seconds,
+        "decode_tokens": tokens,
+        "verify_steps": steps,
+        "time_per_output_token_s": seconds / tokens if tokens else None,
+        "time_per_verify_step_s": seconds / steps if steps else None,
+        "tokens_per_verify_step": tokens / steps if steps else None,
+    }
+
+
 def _first_divergence(result: dict) -> tuple[dict, dict] | None:
     """The sample (and its divergence) whose walks part earliest in the completion."""
     found = [(r, r["first_divergence"]) for r in result["per_sample"] if r.get("first_divergence")]

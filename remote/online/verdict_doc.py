@@ -78,6 +78,15 @@ VERDICT = {
         "counters_expected": COUNTERS,
         "counters_agree": BOOL,
     },
+    "engine_costs": {
+        "source": STR,
+        "decode_s": NUM,
+        "decode_tokens": INT,
+        "verify_steps": INT,
+        "time_per_output_token_s": NUM,
+        "time_per_verify_step_s": NUM,
+        "tokens_per_verify_step": NUM,
+    },
     "online_samples": list_of(
         {
             "id": SCALAR,
@@ -131,7 +140,28 @@ def check_verdict(doc: Any) -> dict:
             raise ResultError(f"{name} is {got!r} but the verdict's samples say {want}")
     if lossless.get("ok") is not (lossless.get("samples") == n):
         raise ResultError("lossless.ok disagrees with its counts")
+    _check_engine_costs(doc.get("engine_costs") or {})
     return doc
+
+
+def _check_engine_costs(costs: dict) -> None:
+    """The engine's times are seconds >= 0, and its per-token and per-step times are its
+    decode seconds over its tokens and steps."""
+    for key in ("decode_s", "time_per_output_token_s", "time_per_verify_step_s"):
+        if costs.get(key) is not None and costs[key] < 0:
+            raise ResultError(f"engine_costs.{key} is {costs[key]!r}, not seconds >= 0")
+    seconds = costs.get("decode_s")
+    for key, over in (
+        ("time_per_output_token_s", "decode_tokens"),
+        ("time_per_verify_step_s", "verify_steps"),
+    ):
+        got, n = costs.get(key), costs.get(over)
+        if got is not None and not (seconds is not None and n and _close(got, seconds / n)):
+            raise ResultError(f"engine_costs.{key} is {got!r}, not decode_s / {over}")
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 + 1e-6 * abs(b)
 
 
 def check_verdict_bytes(data: bytes) -> dict:

@@ -15,7 +15,11 @@ Two sources, both validated before use (one line naming the server and the field
 - For the whole server, ``GET /metrics`` (Prometheus text): the counters
   ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
   ``..._num_accepted_tokens_total`` and ``..._num_accepted_tokens_per_pos_total{position}``
-  (0-based), read as differences around a run (`Counters.minus`).
+  (0-based), read as differences around a run (`Counters.minus`); and the engine's own
+  timing, the histogram ``vllm:request_decode_time_seconds`` (per finished request, its
+  last token's time minus its first's: the decode steps after the prefill), whose
+  ``_sum`` and ``_count`` give the decode seconds of the run's requests
+  (`remote.online.engine_time`).
 
 vLLM counts a verify step's accepted tokens even past ``max_tokens`` (they are dropped from
 the output, not from the counts): `remote.online.verdict` cuts the steps the way the offline
@@ -28,7 +32,6 @@ redirects refused): the server listens on a host's loopback, so this runs there.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ from typing import Any
 
 from remote.errors import UserError
 from remote.httpclient import answer_bytes, http_body, http_json
+from remote.online.prometheus import parse_prometheus
 from remote.protocol import is_int
 
 ROLE = "serving engine"  # as every error line names it
@@ -221,40 +225,6 @@ def complete(
 
 # ---- /metrics -----------------------------------------------------------------------------
 
-_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_SAMPLE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(,|$)')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
-def parse_prometheus(text: str, where: str) -> list[tuple[str, dict[str, str], float]]:
-    """The samples of a Prometheus text exposition (version 0.0.4) as (name, labels,
-    value); comments and ``# HELP``/``# TYPE`` lines skipped. Strict: a line that is not a
-    sample, a malformed label set, or a value that is not a number is one error line."""
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            raise UserError(f"{where} line {n} is not a Prometheus sample: {line[:80]!r}")
-        name, body, raw = m.group(1), m.group(2), m.group(3)
-        labels: dict[str, str] = {}
-        pos = 0
-        while body and pos < len(body):
-            lm = _LABEL.match(body, pos)
-            if not lm:
-                raise UserError(f"{where} line {n} has a malformed label set: {line[:80]!r}")
-            value = re.sub(r"\\[\\\"n]", lambda e: _UNESCAPE[e.group(0)], lm.group(2))
-            labels[lm.group(1)] = value
-            pos = lm.end()
-        try:
-            value = float(raw)
-        except ValueError:
-            raise UserError(f"{where} line {n} has value {raw!r}, not a number") from None
-        out.append((name, labels, value))
-    return out
-
 
 @dataclass(frozen=True)
 class Counters:
@@ -401,8 +371,20 @@ def measure(
     server's counters before and after. Returns ``samples`` (records for
     `remote.online.verdict.compare`), ``counters`` (their growth during the run),
     ``counters_expected`` (what the per-step arrays say it should be; None without them),
-    ``counters_agree`` and ``seconds``. `on_done(done, total)` after each answer."""
+    ``counters_agree``, ``seconds`` and ``decode`` (the engine's own decode seconds of
+    these requests, `DecodeTime`; None without its histogram). `on_done(done, total)`
+    after each answer."""
+    from remote.online import engine_time
+
+    def read_time() -> engine_time.DecodeTime | None:
+        where = metrics_url(url)
+        text = http_body(where, None, 30.0, max_bytes=METRICS_BYTES, role=ROLE).decode(
+            errors="replace"
+        )
+        return engine_time.decode_time(text, where, model)
+
     before = read_counters(url, model)
+    before_time = read_time()
     t0 = time.perf_counter()
     done: list[Completion] = []
     samples = []
@@ -430,6 +412,7 @@ def measure(
     seconds = time.perf_counter() - t0
     want = expected_counters(done)
     got = settled_counters(url, before, want, model)
+    spent = engine_time.settled(read_time, before_time, len(rows), metrics_url(url))
     return {
         "samples": samples,
         "counters": _counters_json(got),
@@ -437,6 +420,13 @@ def measure(
         "counters_agree": None if want is None else got == want,
         "seconds": seconds,
         "tokens": sum(len(c.token_ids) for c in done),
+        "decode": None
+        if spent is None
+        else {
+            "seconds": spent.seconds,
+            "requests": spent.requests,
+            "source": engine_time.DECODE_TIME,
+        },
     }
 
 

@@ -132,6 +132,8 @@ RESULT = {
             "context_tokens": INT,
             "target_step_s": NUM,
             "target_verify_s": map_of(NUM, WHOLE_NUMBER_KEYS),
+            "tree_verify_s": map_of(NUM, WHOLE_NUMBER_KEYS),
+            "tree_verify_error": STR,
             "drafter_round_s": NUM,
             "error": STR,
         },

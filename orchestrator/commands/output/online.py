@@ -7,6 +7,7 @@ from pathlib import Path
 
 from orchestrator.commands.output.base import console, fmt, pct, plain, show
 from orchestrator.commands.output.progress import LiveProgress
+from orchestrator.commands.output.speedup import ms
 from orchestrator.commands.output.tables import Col, Grid, kv
 from orchestrator.results import online_view
 from orchestrator.results import store as res
@@ -20,6 +21,7 @@ def online_json(run_dir: Path) -> dict:
         "run_id": run_dir.name,
         "summary": res.summary(res.load_run(run_dir)),
         "online": online_view.summary(v) if v else None,
+        "speed": online_view.speed(v, res.load_run(run_dir)) if v else None,
         "verdict": v,
     }
 
@@ -28,12 +30,13 @@ def render_online_run(run_dir: Path) -> None:
     """The verdict of the run in `run_dir`, then where it lies."""
     v = online_view.load_verdict(run_dir)
     if v is not None:
-        render_verdict(v)
+        render_verdict(v, res.load_run(run_dir))
     console.print(plain(f"results: {run_dir}"), soft_wrap=True)
 
 
-def render_verdict(v: dict) -> None:
-    """Offline beside online: tau, rounds, per position; lossless; every cause found."""
+def render_verdict(v: dict, run: res.Run | None = None) -> None:
+    """Offline beside online: tau, rounds, per position; lossless; every cause found; and,
+    with the eval `run`, the engine's own times beside the eval host's estimate."""
     s = online_view.summary(v)
     where = "started here" if s["started_here"] else "already running"
     show(
@@ -55,6 +58,8 @@ def render_verdict(v: dict) -> None:
             ],
         )
     )
+    if run is not None:
+        show(_speed_table(online_view.speed(v, run)))
     rows = online_view.position_rows(v)
     if rows:
         t = Grid(
@@ -99,3 +104,30 @@ class OnlineProgress(LiveProgress):
             if self.online_task is None:
                 self.online_task = self.progress.add_task("online", total=ev.get("total"), info="")
             self.progress.update(self.online_task, completed=ev.get("done", 0))
+
+
+def _speed_table(sp: dict) -> object:
+    """The engine's decode times beside the eval host's round costs and estimate."""
+    e, off = sp["engine"] or {}, sp["offline"]
+    est = off["speedup_estimate"]
+    return kv(
+        "speed: the serving engine's own times beside the eval host's estimate",
+        [
+            (
+                f"engine: decode time per output token (ms; {e.get('source') or 'not read'})",
+                ms(e.get("time_per_output_token_s")),
+            ),
+            ("engine: decode time per verify step (ms)", ms(e.get("time_per_verify_step_s"))),
+            ("engine: tokens per verify step", fmt(e.get("tokens_per_verify_step"))),
+            (
+                "eval host: time per output token, estimated (ms; (t_verify + t_draft) / tau)",
+                ms(off["time_per_output_token_s"]),
+            ),
+            ("eval host: plain decode step t_step (ms)", ms(off["target_step_s"])),
+            (
+                f"speedup estimate, eval host's costs ({off['formula']})",
+                "-" if est is None else f"{est:.2f}x",
+            ),
+            ("speedup estimate, engine's costs", sp["engine_speedup_note"]),
+        ],
+    )

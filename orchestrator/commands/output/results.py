@@ -24,6 +24,7 @@ from orchestrator.commands.output.base import (
 )
 from orchestrator.commands.output.breakdown import render_breakdown, render_group_deltas
 from orchestrator.commands.output.parity import render_parity
+from orchestrator.commands.output.speedup import speedup_line, tradeoff_table
 from orchestrator.commands.output.tables import Col, Grid, kv, styled
 from orchestrator.eval import follow as follow_lib
 from orchestrator.results import breakdown, catalog, online_view, parity_view, speedup
@@ -51,7 +52,7 @@ def render_summary(run: res.Run) -> None:
         ("tau (token-weighted: tokens / rounds)", fmt(s["tau_tokens"])),
         *[(f"DDTree-{b} tau", fmt(v)) for b, v in s["ddtree"].items()],
         ("target agreement", pct(s["target_agreement"])),
-        ("speedup estimate (chain; see docs/results.md)", _speedup(run)),
+        ("speedup estimate (chain; see docs/results.md)", speedup_line(run)),
         (
             "training run",
             f"{run.training_run.name} ({run.training_run.host}:{run.training_run.folder})",
@@ -83,16 +84,6 @@ def render_summary(run: res.Run) -> None:
         console.print(f"[bold yellow]warning:[/] {plain(w)}", soft_wrap=True)
 
 
-def _speedup(run: res.Run) -> str:
-    """The speedup estimates: the chain's, then each DDTree budget's."""
-    est = speedup.estimate(run)
-    if not est:
-        return "- (no round costs recorded)"
-    parts = [f"{fmt(est['chain'], 2)}x"]
-    parts += [f"DDTree-{b} {fmt(v, 2)}x" for b, v in est["ddtree"].items()]
-    return "; ".join(parts)
-
-
 def eval_run_json(run: res.Run) -> dict:
     """What `remote-eval` prints with --json: where the run is, and its summary (with the
     hosts and reassignments of a sharded eval)."""
@@ -101,6 +92,7 @@ def eval_run_json(run: res.Run) -> dict:
         "run_id": run.run_id,
         "summary": res.summary(run),
         "breakdown": breakdown.of_run(run),
+        "ddtree_tradeoff": speedup.tradeoff(run),
     }
     shards = run.result.get("shards")
     if shards:
@@ -162,31 +154,12 @@ def render_run(run: res.Run) -> None:
     if verdict is not None:  # an online measurement: offline beside online
         from orchestrator.commands.output.online import render_verdict
 
-        render_verdict(verdict)
+        render_verdict(verdict, run)
     render_breakdown(breakdown.of_run(run))
     m = run.metrics
-    dd = m.get("ddtree") or {}
-    if dd:
-        t = Grid(
-            "DDTree budgets",
-            [
-                Col("budget (nodes)", "num", justify="right"),
-                Col("per-depth top-k", "num", justify="right", drop=2),
-                Col("tau", "num", justify="right"),
-                Col("tau (tokens)", "num", justify="right"),
-                Col("rounds", "num", justify="right", drop=1),
-            ],
-            compact=False,
-        )
-        for b, v in sorted(dd.items(), key=lambda kv: res.budget_key(kv[0])):
-            t.row(
-                str(v.get("budget", b)),
-                fmt(v.get("topk")),
-                fmt(v.get("tau_per_sample_mean")),
-                fmt(v.get("tau_token_weighted")),
-                fmt(v.get("rounds")),
-            )
-        show(t)
+    trade = speedup.tradeoff(run)
+    if trade:
+        show(tradeoff_table(run, trade))
     hist = res.histogram(run)
     if hist:
         total = sum(c for _, c in hist) or 1
@@ -246,10 +219,16 @@ def render_found(found: res.Run | catalog.ParityRun) -> None:
 
 def found_json(found: res.Run | catalog.ParityRun) -> dict:
     """`results show --json`: the run's result document; an eval run's with ``breakdown``
-    (tau by category and completion length, derived from its samples) added."""
+    (tau by category and completion length, derived from its samples) and
+    ``ddtree_tradeoff`` (`speedup.tradeoff`: tau, verify cost and speedup estimate per
+    DDTree budget, the chain's beside) added."""
     if isinstance(found, catalog.ParityRun):
         return found.result
-    return {**found.result, "breakdown": breakdown.of_run(found)}
+    return {
+        **found.result,
+        "breakdown": breakdown.of_run(found),
+        "ddtree_tradeoff": speedup.tradeoff(found),
+    }
 
 
 # ---- the results folder ----------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""The serving engine's own time, read from vLLM's ``GET /metrics`` around a run as its
+spec-decode counters are (`remote.online.vllm`): the histogram `DECODE_TIME`, per finished
+request its last token's time minus its first's (the decode steps after the prefill),
+whose ``_sum`` and ``_count`` give the seconds the run's requests spent decoding. Checked
+before use (one line naming the server and the field). Stdlib only."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from remote.errors import UserError
+from remote.online.prometheus import parse_prometheus
+
+DECODE_TIME = "vllm:request_decode_time_seconds"
+
+
+@dataclass(frozen=True)
+class DecodeTime:
+    """vLLM's decode-time histogram (`DECODE_TIME`) summed over engines: the seconds its
+    finished requests spent decoding, and how many requests."""
+
+    seconds: float
+    requests: int
+
+    def minus(self, before: DecodeTime, where: str) -> DecodeTime:
+        """The time and requests between `before` and this reading (one error line when
+        either went down: the server restarted)."""
+        if self.seconds < before.seconds or self.requests < before.requests:
+            raise UserError(f"{where} {DECODE_TIME} went down: did the server restart?")
+        return DecodeTime(self.seconds - before.seconds, self.requests - before.requests)
+
+
+def decode_time(text: str, where: str, model: str | None = None) -> DecodeTime | None:
+    """The decode-time histogram's ``_sum`` and ``_count`` in a ``/metrics`` text (only
+    samples whose ``model_name`` is `model`, when given), checked: finite seconds >= 0 and
+    a whole count. None when the server has no such histogram (an older vLLM)."""
+    total, count, seen = 0.0, 0.0, False
+    for name, labels, value in parse_prometheus(text, where):
+        if name not in (DECODE_TIME + "_sum", DECODE_TIME + "_count"):
+            continue
+        if model is not None and labels.get("model_name", model) != model:
+            continue
+        if not (math.isfinite(value) and value >= 0):
+            raise UserError(f"{where} {name} is {value!r}, not seconds or a count >= 0")
+        seen = True
+        if name.endswith("_sum"):
+            total += value
+        elif float(value).is_integer():
+            count += value
+        else:
+            raise UserError(f"{where} {name} is {value!r}, not a whole count")
+    return DecodeTime(total, int(count)) if seen else None
+
+
+def settled(
+    read: Callable[[], DecodeTime | None],
+    before: DecodeTime | None,
+    requests: int,
+    where: str,
+    deadline_s: float = 10.0,
+) -> DecodeTime | None:
+    """The decode time since `before` (`read` gives the server's now), read again until
+    it counts `requests` requests (vLLM records a request's times once it finishes) or
+    `deadline_s` passed; None when the server keeps no such histogram."""
+    if before is None:
+        return None
+    end = time.monotonic() + deadline_s
+    while True:
+        now = read()
+        delta = now.minus(before, where) if now is not None else None
+        if delta is None or delta.requests >= requests or time.monotonic() >= end:
+            return delta
+        time.sleep(0.2)
