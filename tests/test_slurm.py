@@ -24,7 +24,7 @@ from orchestrator.slurm.client import SlurmClient
 from orchestrator.slurm.plan import ArrayPlan, array_spec
 from orchestrator.slurm.role import SlurmError, SlurmRole
 from orchestrator.transport.hosts import open_host
-from tests.helpers.slurm import SlurmCluster, require_slurm
+from tests.helpers.slurm import SlurmCluster
 from tests.helpers.sshd import start_sshd
 
 TASK = """#!/bin/sh
@@ -41,22 +41,6 @@ echo "task $t job $SLURM_ARRAY_JOB_ID node $SLURMD_NODENAME" > "$d/out/$t"
 """
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    require_slurm()
-    c = SlurmCluster.start(nodes=2, cpus=2, memory_mb=2048)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def login(cluster, ssh_base, user_key):
-    """The cluster's login node: an sshd whose sessions have the cluster's SLURM_CONF."""
-    server = start_sshd(ssh_base, "slurm-login", cluster.login_sshd_config())
-    yield server
-    server.stop()
-
-
 def _spec(server, ssh_base: Path, name: str) -> HostSpec:
     return HostSpec(
         name=name,
@@ -70,12 +54,10 @@ def _spec(server, ssh_base: Path, name: str) -> HostSpec:
 
 
 @pytest.fixture
-def client(cluster, login, ssh_base):
-    with open_host(_spec(login, ssh_base, "login")) as host:
+def client(cluster, slurm_login, ssh_base):
+    """The Slurm commands on the login node; `cluster` leaves the cluster as found."""
+    with open_host(_spec(slurm_login, ssh_base, "login")) as host:
         yield SlurmClient(host)
-    # Leave the cluster as found for the next test, whatever this one did.
-    cluster.drain_queue()
-    cluster.resume_nodes()
 
 
 class Work:
