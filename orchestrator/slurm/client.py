@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 from orchestrator.slurm import answers
 from orchestrator.slurm.answers import Accounted, TaskRecord
-from orchestrator.slurm.plan import ArrayPlan
+from orchestrator.slurm.plan import RUN_NAME, ArrayPlan
 from orchestrator.slurm.role import SlurmError
 from orchestrator.transport.hosts import Host, last_line, quote
 
@@ -148,3 +148,16 @@ class SlurmClient:
             raise SlurmError(f"{self.name}: not a job or task id to cancel: {bad[0]!r}")
         result = self.host.run(["scancel", *ids], check=False, timeout=self.timeout)
         return "" if result.ok else last_line(result.stderr) or f"exit {result.exit_code}"
+
+    def cancel_named(self, names: Iterable[str]) -> str:
+        """``scancel --name`` every job of these array names (a run's arrays, left by a
+        controller that died): what is queued or running of them is cancelled. Returns
+        scancel's complaints ("" when none)."""
+        said = []
+        for name in sorted(set(names)):
+            if not RUN_NAME.fullmatch(name):
+                raise SlurmError(f"{self.name}: not an array name to cancel: {name!r}")
+            result = self.host.run(["scancel", f"--name={name}"], check=False, timeout=self.timeout)
+            if not result.ok:
+                said.append(last_line(result.stderr) or f"exit {result.exit_code}")
+        return "; ".join(said)
