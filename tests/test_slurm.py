@@ -345,6 +345,39 @@ def test_sacct_gives_each_tasks_end_elapsed_and_peak_rss_or_is_off_once(odd_logi
     assert (odd_login.bin_dir / "asked").read_text() == "x\n"
 
 
+@pytest.fixture(scope="module")
+def accounted_login(ssh_base, user_key, tmp_path_factory):
+    """A login node of a cluster with accounting whose squeue has forgotten job 57 (its
+    MinJobAge passed) and whose sacct remembers it (`SACCT_ANSWER`)."""
+    bin_dir = tmp_path_factory.mktemp("accounted-slurm-bin")
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "sbatch").write_text("#!/bin/sh\ncat >/dev/null\necho 57\n")
+    (bin_dir / "sacct").write_text(FAKE_SACCT)
+    for tool in ("squeue", "sbatch", "sacct"):
+        (bin_dir / tool).chmod(0o755)
+    server = start_sshd(ssh_base, "accounted-login", (f"SetEnv PATH={bin_dir}:/usr/bin:/bin",))
+    yield server
+    server.stop()
+
+
+def test_tasks_squeue_forgot_end_as_sacct_says_with_elapsed_and_rss(
+    accounted_login, ssh_base, tmp_path
+):
+    """Without sacct these would be LOST (no exit record either); with it each ends in its
+    real state, not retried where that state is final, and carries sacct's record."""
+    plan = ArrayPlan(SlurmRole(shared=str(tmp_path), max_retries=1), "acct", 3, ("true",))
+    with open_host(_spec(accounted_login, ssh_base, "acct")) as host:
+        status = run_array(SlurmClient(host), plan, timeout=60)
+    assert [t.last.state for t in status.tasks] == ["COMPLETED", "CANCELLED", "OUT_OF_MEMORY"]
+    assert status.done == (0,) and status.failed == (1, 2) and status.job_ids == (57,)
+    assert "by sacct" in status.tasks[1].last.reason
+    assert status.accounting == {"source": "sacct"}
+    attempts = [t["attempts"] for t in status.to_json()["tasks"]]
+    assert [len(a) for a in attempts] == [1, 1, 1]  # final states: no second attempt
+    assert [a[0]["accounting"]["elapsed_s"] for a in attempts] == [12, 7, 30]
+    assert attempts[2][0]["accounting"]["max_rss_bytes"] == 3 * 1024**3 // 2
+
+
 @pytest.mark.parametrize(
     ("line", "field"),
     [
