@@ -136,7 +136,7 @@ def _shard_started(shared: Path) -> bool:
     )
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
 def test_a_stopped_follow_cancels_its_arrays_and_a_crashed_ones_are_cancelled_next(
     make_setup, cluster, sig
 ):
