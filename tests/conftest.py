@@ -148,3 +148,72 @@ def prompts_file(tmp_path_factory) -> Path:
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+# ---- eval hosts' drafters and role; the loopback Slurm cluster (tests/helpers/slurm.py) ----
+
+
+@pytest.fixture(scope="session")
+def trained_drafters(tiny_target, tmp_path_factory) -> Path:
+    """A tiny drafter trained for real, checkpoints ``step-6`` and ``step-12``; every host
+    (and every compute node of the loopback cluster) reads the same folder: one machine."""
+    from orchestrator.demo.train import train_drafter
+
+    out = tmp_path_factory.mktemp("drafters")
+    train_drafter(
+        str(tiny_target),
+        str(out),
+        save_steps=(6, 12),
+        samples=6,
+        batch_samples=3,
+        completion_len=24,
+    )
+    return out
+
+
+@pytest.fixture
+def eval_role(trained_drafters, tiny_target, gt_server):
+    """``eval_role(**over)``: an eval role over the tiny target, the trained drafters and
+    the ground-truth server, float32 on one thread; `over` replaces or adds keys."""
+
+    def role(**over) -> dict:
+        return {
+            "drafters": str(trained_drafters),
+            "target_model": str(tiny_target),
+            "ground_truth": gt_server.url,
+            "ground_truth_kind": "sglang",
+            "dtype": "float32",
+            "threads": 1,
+            **over,
+        }
+
+    return role
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """One loopback Slurm cluster (munged, slurmctld, two slurmd) for the whole session:
+    every Slurm test module runs on it (`cluster` leaves it as found after each test)."""
+    from tests.helpers.slurm import SlurmCluster, require_slurm
+
+    require_slurm()
+    c = SlurmCluster.start(nodes=2, cpus=2, memory_mb=2048)
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def cluster(slurm_cluster):
+    """The session's Slurm cluster, left as found after the test: nothing queued, every
+    node up again, whatever the test cancelled or put down."""
+    yield slurm_cluster
+    slurm_cluster.drain_queue()
+    slurm_cluster.resume_nodes()
+
+
+@pytest.fixture(scope="session")
+def slurm_login(slurm_cluster, ssh_base, user_key):
+    """The cluster's login node: an sshd whose sessions have the cluster's SLURM_CONF."""
+    server = start_sshd(ssh_base, "slurm-login", slurm_cluster.login_sshd_config())
+    yield server
+    server.stop()

@@ -124,37 +124,10 @@ def three_sshd(ssh_base, user_key):
         s.stop()
 
 
-@pytest.fixture(scope="module")
-def drafters(tiny_target, tmp_path_factory):
-    """A tiny drafter trained for real; every host reads the same folder (one machine)."""
-    from orchestrator.demo.train import train_drafter
-
-    out = tmp_path_factory.mktemp("shard-drafters")
-    train_drafter(
-        str(tiny_target), str(out), save_steps=(12,), samples=6, batch_samples=3, completion_len=24
-    )
-    return out
-
-
 @pytest.fixture
-def inventory_path(
-    three_sshd, ssh_base, make_inventory, drafters, tiny_target, gt_server, tmp_path
-):
+def inventory_path(three_sshd, ssh_base, make_inventory, eval_role, tmp_path):
     hosts = {
-        name: ssh_host_entry(
-            srv,
-            ssh_base,
-            roles={
-                "eval": {
-                    "drafters": str(drafters),
-                    "target_model": str(tiny_target),
-                    "ground_truth": gt_server.url,
-                    "ground_truth_kind": "sglang",
-                    "dtype": "float32",
-                    "threads": 1,
-                }
-            },
-        )
+        name: ssh_host_entry(srv, ssh_base, roles={"eval": eval_role()})
         for name, srv in three_sshd.items()
     }
     return make_inventory(

@@ -24,7 +24,7 @@ from orchestrator.slurm.client import SlurmClient
 from orchestrator.slurm.plan import ArrayPlan, array_spec
 from orchestrator.slurm.role import SlurmError, SlurmRole
 from orchestrator.transport.hosts import open_host
-from tests.helpers.slurm import SlurmCluster, require_slurm
+from tests.helpers.slurm import SlurmCluster
 from tests.helpers.sshd import start_sshd
 
 TASK = """#!/bin/sh
@@ -41,22 +41,6 @@ echo "task $t job $SLURM_ARRAY_JOB_ID node $SLURMD_NODENAME" > "$d/out/$t"
 """
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    require_slurm()
-    c = SlurmCluster.start(nodes=2, cpus=2, memory_mb=2048)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def login(cluster, ssh_base, user_key):
-    """The cluster's login node: an sshd whose sessions have the cluster's SLURM_CONF."""
-    server = start_sshd(ssh_base, "slurm-login", cluster.login_sshd_config())
-    yield server
-    server.stop()
-
-
 def _spec(server, ssh_base: Path, name: str) -> HostSpec:
     return HostSpec(
         name=name,
@@ -70,12 +54,10 @@ def _spec(server, ssh_base: Path, name: str) -> HostSpec:
 
 
 @pytest.fixture
-def client(cluster, login, ssh_base):
-    with open_host(_spec(login, ssh_base, "login")) as host:
+def client(cluster, slurm_login, ssh_base):
+    """The Slurm commands on the login node; `cluster` leaves the cluster as found."""
+    with open_host(_spec(slurm_login, ssh_base, "login")) as host:
         yield SlurmClient(host)
-    # Leave the cluster as found for the next test, whatever this one did.
-    cluster.drain_queue()
-    cluster.resume_nodes()
 
 
 class Work:
@@ -251,6 +233,14 @@ def test_tasks_the_scheduler_forgot_are_read_from_the_job_folder(cluster, client
     assert status.done == (0, 1, 2)
     assert _states(status, 2) == ["LOST", "COMPLETED"]  # lost is worth a second attempt
     assert cluster.queue() == []
+    # This cluster keeps no accounting: sacct's refusal is recorded, and the run went on
+    # with squeue and the job folder; sacct was asked once, not at every look.
+    fallback = {
+        "source": "squeue and the job folder's exit records",
+        "sacct": "sacct: Slurm accounting storage is disabled",
+    }
+    assert looked.accounting == fallback and status.to_json()["accounting"] == fallback
+    assert all("accounting" not in a for t in status.to_json()["tasks"] for a in t["attempts"])
 
 
 def test_job_folder_of_an_earlier_run_is_refused(cluster, client):
@@ -276,17 +266,138 @@ esac
 """
 
 
+# sacct as a cluster with accounting answers (``--parsable2 --noheader``, ACCOUNT_FORMAT):
+# each task's allocation line, then its steps; the queued rest of an array as a range.
+SACCT_ANSWER = """\
+57_0|COMPLETED|0:0|12|
+57_0.batch|COMPLETED|0:0|12|10244K
+57_0.extern|COMPLETED|0:0|12|1084K
+57_1|CANCELLED by 0|0:15|7|
+57_1.batch|CANCELLED|0:15|7|2.50M
+57_1.extern|COMPLETED|0:0|7|0
+57_2|OUT_OF_MEMORY|0:125|30|
+57_2.batch|OUT_OF_MEMORY|0:125|30|1.5G
+57_[3-5%2]|PENDING|0:0|0|
+"""
+
+# Job 57: the answer above. Job 58: no accounting storage (counts how often it is asked).
+FAKE_SACCT = f"""#!/bin/sh
+case "$*" in
+  *"-j 57 "*) printf '%s' '{SACCT_ANSWER}' ;;
+  *"-j 58 "*)
+    echo x >> "$(dirname "$0")/asked"
+    echo 'Slurm accounting storage is disabled' >&2
+    exit 1 ;;
+esac
+"""
+
+
 @pytest.fixture(scope="module")
 def odd_login(ssh_base, user_key, tmp_path_factory):
-    """A login node whose sbatch and squeue print what no Slurm does."""
+    """A login node whose sbatch and squeue print what no Slurm does (and whose sacct
+    answers as a cluster with accounting, or without)."""
     bin_dir = tmp_path_factory.mktemp("odd-slurm-bin")
     (bin_dir / "squeue").write_text(FAKE_SQUEUE)
     (bin_dir / "sbatch").write_text("#!/bin/sh\ncat >/dev/null\necho '57;x y'\n")
-    for tool in ("squeue", "sbatch"):
+    (bin_dir / "sacct").write_text(FAKE_SACCT)
+    for tool in ("squeue", "sbatch", "sacct"):
         (bin_dir / tool).chmod(0o755)
     server = start_sshd(ssh_base, "odd-login", (f"SetEnv PATH={bin_dir}:/usr/bin:/bin",))
+    server.bin_dir = bin_dir
     yield server
     server.stop()
+
+
+def test_sacct_gives_each_tasks_end_elapsed_and_peak_rss_or_is_off_once(odd_login, ssh_base):
+    with open_host(_spec(odd_login, ssh_base, "odd")) as host:
+        client = SlurmClient(host)
+        found = client.accounting({57: frozenset(range(6))})
+        assert client.accounting_off is None
+        assert {k: r.to_json() for k, r in found.items()} == {
+            (57, 0): {
+                "state": "COMPLETED",
+                "exit_code": 0,
+                "signal": 0,
+                "elapsed_s": 12,
+                "max_rss_bytes": 10244 * 1024,  # the largest of its steps
+            },
+            (57, 1): {
+                "state": "CANCELLED",  # "by <uid>" is who, not what
+                "exit_code": 0,
+                "signal": 15,
+                "elapsed_s": 7,
+                "max_rss_bytes": int(2.5 * 1024 * 1024),
+            },
+            (57, 2): {
+                "state": "OUT_OF_MEMORY",
+                "exit_code": 0,
+                "signal": 125,
+                "elapsed_s": 30,
+                "max_rss_bytes": 3 * 1024**3 // 2,
+            },
+        }  # tasks 3-5 are still queued: no record of their own
+        with pytest.raises(SlurmError, match=r"^odd: sacct line 1: task 57_0 is not one asked"):
+            client.accounting({57: frozenset({1, 2})})
+        # A cluster without accounting: asked once, then the client stops asking.
+        assert client.accounting({58: frozenset({0})}) is None
+        assert client.accounting_off == "sacct: Slurm accounting storage is disabled"
+        assert client.accounting({57: frozenset(range(6))}) is None
+    assert (odd_login.bin_dir / "asked").read_text() == "x\n"
+
+
+@pytest.fixture(scope="module")
+def accounted_login(ssh_base, user_key, tmp_path_factory):
+    """A login node of a cluster with accounting whose squeue has forgotten job 57 (its
+    MinJobAge passed) and whose sacct remembers it (`SACCT_ANSWER`)."""
+    bin_dir = tmp_path_factory.mktemp("accounted-slurm-bin")
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "sbatch").write_text("#!/bin/sh\ncat >/dev/null\necho 57\n")
+    (bin_dir / "sacct").write_text(FAKE_SACCT)
+    for tool in ("squeue", "sbatch", "sacct"):
+        (bin_dir / tool).chmod(0o755)
+    server = start_sshd(ssh_base, "accounted-login", (f"SetEnv PATH={bin_dir}:/usr/bin:/bin",))
+    yield server
+    server.stop()
+
+
+def test_tasks_squeue_forgot_end_as_sacct_says_with_elapsed_and_rss(
+    accounted_login, ssh_base, tmp_path
+):
+    """Without sacct these would be LOST (no exit record either); with it each ends in its
+    real state, not retried where that state is final, and carries sacct's record."""
+    plan = ArrayPlan(SlurmRole(shared=str(tmp_path), max_retries=1), "acct", 3, ("true",))
+    with open_host(_spec(accounted_login, ssh_base, "acct")) as host:
+        status = run_array(SlurmClient(host), plan, timeout=60)
+    assert [t.last.state for t in status.tasks] == ["COMPLETED", "CANCELLED", "OUT_OF_MEMORY"]
+    assert status.done == (0,) and status.failed == (1, 2) and status.job_ids == (57,)
+    assert "by sacct" in status.tasks[1].last.reason
+    assert status.accounting == {"source": "sacct"}
+    attempts = [t["attempts"] for t in status.to_json()["tasks"]]
+    assert [len(a) for a in attempts] == [1, 1, 1]  # final states: no second attempt
+    assert [a[0]["accounting"]["elapsed_s"] for a in attempts] == [12, 7, 30]
+    assert attempts[2][0]["accounting"]["max_rss_bytes"] == 3 * 1024**3 // 2
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("57_0|COMPLETED|0:0|12", "has 4 fields, not 5"),
+        ("57_0;x|COMPLETED|0:0|12|", "job id '57_0;x' is not an array task"),
+        ("58_0|COMPLETED|0:0|12|", "task 58_0 is not one asked"),
+        ("57_0|COMPLETE|0:0|12|", "state 'COMPLETE' of task 57_0"),
+        ("57_0|COMPLETED|0:999|12|", "exit code '0:999' of task 57_0"),
+        ("57_0|COMPLETED|0:0|00:00:12|", "elapsed '00:00:12' of task 57_0"),
+        ("57_0.batch|COMPLETED|0:0|12|10X", "MaxRSS '10X' is not a size"),
+        ("57_0|COMPLETED|0:0|12|\n57_0|FAILED|1:0|12|", "sacct listed task 57_0 twice"),
+    ],
+)
+def test_odd_sacct_answers_are_refused_naming_host_and_field(line, field):
+    with pytest.raises(SlurmError) as err:
+        answers.accounting("h", line + "\n", {57: frozenset({0})})
+    assert str(err.value).startswith("h: sacct") and field in str(err.value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(SlurmError, match="more than"):
+        answers.accounting("h", "x" * (answers.ACCOUNT_MAX_BYTES + 1), {57: frozenset({0})})
 
 
 @pytest.mark.parametrize(

@@ -30,72 +30,25 @@ from orchestrator.results.store import results_dir
 from orchestrator.slurm.role import SlurmError, SlurmRole
 from remote.protocol import EvalSpec
 from tests.helpers.cli import ROOT, dflash
-from tests.helpers.slurm import SlurmCluster, require_slurm
-from tests.helpers.sshd import ssh_host_entry, start_sshd
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    require_slurm()
-    c = SlurmCluster.start(nodes=2, cpus=2, memory_mb=2048)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def login(cluster, ssh_base, user_key):
-    """The cluster's login node: an sshd whose sessions have the cluster's SLURM_CONF."""
-    server = start_sshd(ssh_base, "slurm-eval-login", cluster.login_sshd_config())
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def drafters(tiny_target, tmp_path_factory):
-    """A tiny drafter trained for real; the compute nodes read the same folder."""
-    from orchestrator.demo.train import train_drafter
-
-    out = tmp_path_factory.mktemp("slurm-drafters")
-    train_drafter(
-        str(tiny_target), str(out), save_steps=(12,), samples=6, batch_samples=3, completion_len=24
-    )
-    return out
+from tests.helpers.sshd import ssh_host_entry
 
 
 @pytest.fixture
-def make_login(
-    cluster, login, ssh_base, make_inventory, drafters, tiny_target, gt_server, tmp_path
-):
+def make_login(cluster, slurm_login, ssh_base, make_inventory, eval_role, tmp_path):
     """An inventory whose host ``login`` is the cluster's login node (its slurm role with
     `slurm` on top) and, with the same eval role, an ordinary eval host."""
 
     def write(**slurm):
         shared = cluster.shared / tmp_path.name
         role = {"shared": str(shared), "mem_per_task": "256M", "poll_seconds": 0.3, **slurm}
-        entry = ssh_host_entry(
-            login,
-            ssh_base,
-            roles={
-                "slurm": role,
-                "eval": {
-                    "drafters": str(drafters),
-                    "target_model": str(tiny_target),
-                    "ground_truth": gt_server.url,
-                    "ground_truth_kind": "sglang",
-                    "dtype": "float32",
-                    "threads": 1,
-                },
-            },
-        )
+        entry = ssh_host_entry(slurm_login, ssh_base, roles={"slurm": role, "eval": eval_role()})
         path = make_inventory(
             hosts={"login": entry},
             defaults={"eval_host": "login", "results_dir": str(tmp_path / "results")},
         )
         return path, shared
 
-    yield write
-    cluster.drain_queue()
-    cluster.resume_nodes()
+    return write
 
 
 def _without_timings(records: list[dict]) -> list[dict]:

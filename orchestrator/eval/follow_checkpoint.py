@@ -8,6 +8,13 @@ same eval spec (`orchestrator.eval.spec.eval_identity`) and relayed from this tr
 drafter's provenance says so), is recorded from that run instead of being evaluated again:
 ``remote-eval`` and ``follow`` share one results folder. The loop over checkpoints and
 passes is `orchestrator.eval.follow`.
+
+When the eval host is a Slurm login node (a ``slurm`` role), each checkpoint is evaluated
+as ONE job array on its cluster, exactly as ``remote-eval --hosts <login>`` does
+(`shard.run_sharded`, so `slurm_eval.run_slurm_eval`), the follower's job id naming the
+arrays. Ctrl-C or SIGTERM cancels them on the way out (`orchestrator.slurm.array`); an
+evaluation a crashed follower left in flight is not attached to (its arrays have no job
+to attach to): its arrays are ``scancel``'ed by name and the checkpoint evaluated afresh.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from pathlib import Path
 from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.eval import job as remote_job
 from orchestrator.eval import run as remote_eval
+from orchestrator.eval import shard, slurm_eval
 from orchestrator.eval.follow_options import FollowEvents, FollowOptions
 from orchestrator.eval.follow_state import FollowError, FollowState, redraw
 from orchestrator.eval.spec import (
@@ -114,8 +122,14 @@ def check_target(inventory: Inventory, dest: str, options: EvalOptions) -> None:
 
 
 def _saved_job_state(inventory: Inventory, dest: str, job_id: str) -> str | None:
-    """The state of a saved job on the eval host; None when the host has no such job."""
-    with open_host(inventory.host(dest), inventory) as host:
+    """The state of a saved job on the eval host; None when the host has no such job. On a
+    Slurm login node a saved evaluation is never resumed: its arrays are cancelled (a
+    crashed follower left them queued or running) and None says to evaluate afresh."""
+    spec = inventory.host(dest)
+    if spec.slurm is not None:
+        slurm_eval.cancel_run(spec, inventory, job_id)
+        return None
+    with open_host(spec, inventory) as host:
         try:
             return remote_job.job_status(host, job_id)["state"]
         except RemoteCommandError as exc:
@@ -262,17 +276,30 @@ class CheckpointFollower:
     def _evaluate(
         self, st: FollowState, name: str, step: int | None, job_id: str, probe: dict | None
     ) -> dict:
-        self.events.message(f"{name}: evaluating on {self.dest} (job {job_id})")
+        slurm = self.inv.host(self.dest).slurm is not None
+        how = "as a Slurm job array" if slurm else "job"
+        self.events.message(f"{name}: evaluating on {self.dest} ({how} {job_id})")
         try:
-            run_dir = remote_eval.run_eval(
-                self.inv,
-                self.dest,
-                name,
-                self.opts.eval,
-                dest=self.results,
-                job_id=job_id,
-                on_event=lambda ev: self.events.eval_event(name, ev),
-            )
+            if slurm:  # the arrays are named by the job id, cancelled on any way out
+                run_dir = shard.run_sharded(
+                    self.inv,
+                    [self.dest],
+                    name,
+                    self.opts.eval,
+                    dest=self.results,
+                    run_id=job_id,
+                    on_event=lambda host, ev: self.events.shard_event(name, host, ev),
+                )
+            else:
+                run_dir = remote_eval.run_eval(
+                    self.inv,
+                    self.dest,
+                    name,
+                    self.opts.eval,
+                    dest=self.results,
+                    job_id=job_id,
+                    on_event=lambda ev: self.events.eval_event(name, ev),
+                )
         except KeyboardInterrupt:
             self._interrupted(st, name, job_id)
             raise
@@ -319,8 +346,11 @@ class CheckpointFollower:
                 self.events.message(f"{type(tracker).__name__} could not log {run_dir.name}: {exc}")
 
     def _interrupted(self, st: FollowState, name: str, job_id: str) -> None:
-        self.events.message(f"{name}: interrupted; cancelling job {job_id} on {self.dest}")
-        _cancel(self.inv, self.dest, job_id)
+        if self.inv.host(self.dest).slurm is not None:  # the array stopped itself already
+            self.events.message(f"{name}: interrupted; Slurm arrays of {job_id} cancelled")
+        else:
+            self.events.message(f"{name}: interrupted; cancelling job {job_id} on {self.dest}")
+            _cancel(self.inv, self.dest, job_id)
         st.inflight.pop(name, None)
         st.save_state()
 

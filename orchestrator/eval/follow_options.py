@@ -49,6 +49,10 @@ class FollowEvents:
     def eval_event(self, checkpoint: str, event: dict) -> None:
         pass
 
+    def shard_event(self, checkpoint: str, host: str, event: dict) -> None:
+        """An event of a checkpoint evaluated as shards (a Slurm array's tasks), by the
+        shard's label (``login#0``; the ground truth's ``login#gt``)."""
+
     def recorded(self, entry: dict) -> None:
         pass
 

@@ -230,7 +230,7 @@ def _ground_truth(cluster: Cluster, run: ShardRun, options: EvalOptions, timeout
     job = _job_spec(cluster, run, dataclasses.replace(options, stop_after="ground_truth"))
     if prompts is not None:
         job["prompts"] = prompts
-    name = f"{run.run_id}-gt"
+    name = array_names(run.run_id)[0]
     status = _array(cluster, run, name, {"specs/0.json": json.dumps(job).encode()}, 1, timeout)
     if status.failed:
         raise _failed(cluster, name, status)
@@ -290,6 +290,19 @@ def _collect(cluster: Cluster, run: ShardRun, gt: list[dict], plan: list, status
             }
         )
     return records, results, jobs
+
+
+def array_names(run_id: str) -> tuple[str, str]:
+    """The names of a run's two arrays (its ground truth's, its shards'): their job
+    names on the cluster and their job folders under the shared folder."""
+    return f"{run_id}-gt", run_id
+
+
+def cancel_run(spec: HostSpec, inventory, run_id: str) -> None:
+    """``scancel`` whatever of run `run_id`'s arrays is still queued or running on `spec`'s
+    cluster (a controller that died left it there); nothing when none is."""
+    with open_host(spec, inventory) as host:
+        SlurmClient(host).cancel_named(array_names(run_id))
 
 
 def run_slurm_eval(run: ShardRun, *, timeout: float = RUN_TIMEOUT) -> None:

@@ -110,3 +110,109 @@ def exit_codes(host: str, stdout: str, asked: set[tuple[int, int]]) -> dict[tupl
             )
         codes[key] = int(m.group(3))
     return codes
+
+
+# sacct's format (``--parsable2 --noheader``): job id (``<array job>_<task>`` for a task,
+# ``.batch``/``.extern``/``.0`` for its steps), state, exit code, elapsed seconds, peak RSS.
+ACCOUNT_FORMAT = "JobID,State,ExitCode,ElapsedRaw,MaxRSS"
+# At most this much of sacct's answer is read (about 40 bytes a line, a few lines a task).
+ACCOUNT_MAX_BYTES = 4 * 1024 * 1024
+_ACCT_JOB = re.compile(
+    rf"({_JOB_ID.pattern})_(?:({_TASK_ID.pattern})|\[[0-9,%-]{{1,1024}}\])"
+    r"(?:\.([A-Za-z0-9_+-]{1,32}))?"
+)
+_ACCT_STATE = re.compile(r"([A-Z_]{1,32})(?: by (?:0|[1-9][0-9]{0,9}))?")
+_ACCT_EXIT = re.compile(r"(0|[1-9][0-9]{0,2}):(0|[1-9][0-9]{0,2})")
+_ELAPSED = re.compile(r"0|[1-9][0-9]{0,9}")
+# sacct's sizes: a count with an optional fraction and a binary unit; empty where the
+# line (the allocation's own) has no step to measure.
+_RSS = re.compile(r"(?:(0|[1-9][0-9]{0,14})(?:\.([0-9]{1,6}))?([KMGTP]?))?")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+
+
+@dataclass(frozen=True)
+class Accounted:
+    """One array task as the accounting database has it: its allocation's state, exit code
+    and signal, elapsed seconds, and the largest peak RSS of its steps (None if none)."""
+
+    job_id: int
+    task_id: int
+    state: str
+    exit_code: int
+    signal: int
+    elapsed_s: int
+    max_rss_bytes: int | None
+
+    def to_json(self) -> dict:
+        return {
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "elapsed_s": self.elapsed_s,
+            "max_rss_bytes": self.max_rss_bytes,
+        }
+
+
+def _rss(host: str, n: int, text: str) -> int | None:
+    m = _RSS.fullmatch(text)
+    if not m:
+        raise SlurmError(f"{host}: sacct line {n}: MaxRSS {_shown(text)} is not a size")
+    if not m.group(1):
+        return None
+    whole, frac, unit = m.group(1), m.group(2) or "", m.group(3)
+    return (int(whole + frac) * _UNITS[unit]) // (10 ** len(frac))
+
+
+def accounting(
+    host: str, stdout: str, asked: dict[int, frozenset[int]]
+) -> dict[tuple[int, int], Accounted]:
+    """``sacct --parsable2 --noheader -j <ids> --format=ACCOUNT_FORMAT`` lines as records
+    by (job, task). `asked` maps each array job id to the task ids submitted in it; a line
+    about anything else, a task's allocation listed twice, or a field out of shape is
+    refused. A pending array's remainder (``57_[2-5]``) names no task and is skipped; a
+    task's steps only give its peak RSS (the largest), its allocation line the rest."""
+    if len(stdout) > ACCOUNT_MAX_BYTES:
+        raise SlurmError(f"{host}: sacct answered more than {ACCOUNT_MAX_BYTES} bytes")
+    tasks: dict[tuple[int, int], list] = {}
+    rss: dict[tuple[int, int], int] = {}
+    for n, line in enumerate(stdout.splitlines(), 1):
+        parts = line.split("|")
+        if len(parts) != 5:
+            raise SlurmError(
+                f"{host}: sacct line {n} has {len(parts)} fields, not 5 "
+                f"({ACCOUNT_FORMAT}): {_shown(line)}"
+            )
+        job, state, code, elapsed, max_rss = parts
+        m = _ACCT_JOB.fullmatch(job)
+        if not m:
+            raise SlurmError(f"{host}: sacct line {n}: job id {_shown(job)} is not an array task")
+        if m.group(2) is None:  # the queued rest of an array: no task of its own yet
+            continue
+        key = (int(m.group(1)), int(m.group(2)))
+        if key[0] not in asked or key[1] not in asked[key[0]]:
+            raise SlurmError(f"{host}: sacct line {n}: task {key[0]}_{key[1]} is not one asked")
+        size = _rss(host, n, max_rss)
+        if size is not None:
+            rss[key] = max(rss.get(key, 0), size)
+        if m.group(3) is not None:  # a step: its peak RSS is all it adds
+            continue
+        sm, em = _ACCT_STATE.fullmatch(state), _ACCT_EXIT.fullmatch(code)
+        if not sm or not states.is_known(sm.group(1)) or sm.group(1) == states.LOST:
+            raise SlurmError(
+                f"{host}: sacct line {n}: state {_shown(state)} of task {job} is not a Slurm "
+                "job state"
+            )
+        if not em or int(em.group(1)) > 255 or int(em.group(2)) > 255:
+            raise SlurmError(
+                f"{host}: sacct line {n}: exit code {_shown(code)} of task {job} is not "
+                "<code>:<signal>"
+            )
+        if not _ELAPSED.fullmatch(elapsed):
+            raise SlurmError(
+                f"{host}: sacct line {n}: elapsed {_shown(elapsed)} of task {job} is not "
+                "whole seconds"
+            )
+        if key in tasks:
+            raise SlurmError(f"{host}: sacct listed task {job} twice")
+        tasks[key] = [sm.group(1), int(em.group(1)), int(em.group(2)), int(elapsed)]
+    return {k: Accounted(*k, *v, rss.get(k)) for k, v in tasks.items()}

@@ -11,8 +11,14 @@ Ctrl-C, an `on_update` callback that raises) the tasks still queued or running a
 cancelled with ``scancel`` and watched until ``squeue`` shows none of them active, so
 nothing is left behind on the cluster; if that does not happen in time, the error says so.
 
+Where the cluster keeps accounting, ``sacct`` is the word on an attempt the scheduler no
+longer lists (its final state, not just its exit code), and once the array has ended it
+gives every attempt's elapsed seconds and peak RSS (``accounting`` of each attempt). Where
+``sacct`` does not work (no accounting storage), the job folder's exit records stand in and
+the status says so (``ArrayStatus.accounting``).
+
 The status is frozen (`ArrayStatus`): each task with its attempts (array job id, Slurm
-state, nodes, reason), JSON-ready.
+state, nodes, reason, accounting), JSON-ready.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from orchestrator.errors import DflashError
 from orchestrator.slurm import states
-from orchestrator.slurm.answers import TaskRecord
+from orchestrator.slurm.answers import Accounted, TaskRecord
 from orchestrator.slurm.client import SlurmClient
 from orchestrator.slurm.plan import ArrayPlan
 from orchestrator.slurm.role import SlurmError
@@ -43,6 +49,7 @@ class Attempt:
     state: str = "PENDING"
     nodes: str = ""
     reason: str = ""
+    accounting: dict | None = None  # sacct's record (`answers.Accounted.to_json`), if any
 
     @property
     def verdict(self) -> Verdict:
@@ -59,13 +66,16 @@ class Attempt:
         return f"{self.ref} {self.state}{where}{why}"
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "job": self.ref,
             "state": self.state,
             "verdict": self.verdict,
             "nodes": self.nodes,
             "reason": self.reason,
         }
+        if self.accounting is not None:
+            out["accounting"] = self.accounting
+        return out
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,8 @@ class ArrayStatus:
     name: str
     folder: str
     tasks: tuple[TaskStatus, ...]
+    # Where the attempts' ends were read: {"source": "sacct"}, or the fallback and why.
+    accounting: dict | None = None
 
     @property
     def finished(self) -> bool:
@@ -145,6 +157,7 @@ class ArrayStatus:
             "jobs": list(self.job_ids),
             "done": list(self.done),
             "failed": list(self.failed),
+            "accounting": self.accounting,
             "tasks": [t.to_json() for t in self.tasks],
         }
 
@@ -162,6 +175,7 @@ class ArrayRun:
         self.plan = plan
         self.retry = retry
         self._tasks: dict[int, tuple[Attempt, ...]] = {}
+        self._accounted = False  # sacct answered at least once
 
     @property
     def status(self) -> ArrayStatus:
@@ -170,7 +184,14 @@ class ArrayRun:
             name=self.plan.name,
             folder=self.plan.folder,
             tasks=tuple(TaskStatus(i, a) for i, a in sorted(self._tasks.items())),
+            accounting=self._accounting_source(),
         )
+
+    def _accounting_source(self) -> dict | None:
+        off = self.client.accounting_off
+        if off is not None:
+            return {"source": "squeue and the job folder's exit records", "sacct": off}
+        return {"source": "sacct"} if self._accounted else None
 
     def start(self) -> ArrayStatus:
         """Make the job folder and submit every task as one array."""
@@ -207,10 +228,15 @@ class ArrayRun:
                     submitted.setdefault(a.job_id, set()).add(i)
         records = self.client.queue({j: frozenset(t) for j, t in submitted.items()})
         gone = [a for a in active if (a.job_id, a.task_id) not in records]
-        codes = self.client.exit_codes(self.plan, [(a.job_id, a.task_id) for a in gone])
+        ended = self._ended_by_sacct(gone, submitted)
+        rest = [(a.job_id, a.task_id) for a in gone if (a.job_id, a.task_id) not in ended]
+        codes = self.client.exit_codes(self.plan, rest)
         for a in active:
             key = (a.job_id, a.task_id)
-            self._replace(a, _updated(a, records.get(key), codes.get(key)))
+            if key in ended:
+                self._replace(a, _accounted(a, ended[key]))
+            else:
+                self._replace(a, _updated(a, records.get(key), codes.get(key)))
         if resubmit:
             retry = [
                 t.task_id
@@ -221,6 +247,44 @@ class ArrayRun:
             ]
             if retry:
                 self._submit(retry)
+        return self.status
+
+    def _ended_by_sacct(
+        self, gone: list[Attempt], submitted: dict[int, set[int]]
+    ) -> dict[tuple[int, int], Accounted]:
+        """sacct's records of the attempts squeue no longer lists that have ended (none
+        where the cluster keeps no accounting)."""
+        if not gone:
+            return {}
+        jobs = {a.job_id for a in gone}
+        found = self.client.accounting({j: frozenset(submitted[j]) for j in jobs})
+        if found is None:
+            return {}
+        self._accounted = True
+        keys = {(a.job_id, a.task_id) for a in gone}
+        return {
+            k: r
+            for k, r in found.items()
+            if k in keys and states.verdict(r.state) not in states.ACTIVE
+        }
+
+    def account(self) -> ArrayStatus:
+        """Every attempt's accounting record from sacct (elapsed seconds, peak RSS, exit
+        code), where the cluster has one; the status either way."""
+        asked: dict[int, set[int]] = {}
+        for i, attempts in self._tasks.items():
+            for a in attempts:
+                asked.setdefault(a.job_id, set()).add(i)
+        found = self.client.accounting({j: frozenset(t) for j, t in asked.items()})
+        if found is not None:
+            self._accounted = True
+            for i, attempts in self._tasks.items():
+                self._tasks[i] = tuple(
+                    replace(a, accounting=found[(a.job_id, i)].to_json())
+                    if (a.job_id, i) in found
+                    else a
+                    for a in attempts
+                )
         return self.status
 
     def _replace(self, old: Attempt, new: Attempt) -> None:
@@ -275,7 +339,7 @@ class ArrayRun:
             if on_update is not None:
                 on_update(status)
             if status.finished:
-                return status
+                return self.account()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 left = ", ".join(f"task {a.task_id} {a.describe()}" for a in status.active)
@@ -290,6 +354,16 @@ class ArrayRun:
             self.stop()
         except DflashError as stop_exc:
             raise SlurmError(f"{exc}; and stopping the array failed: {stop_exc}") from exc
+
+
+def _accounted(attempt: Attempt, record: Accounted) -> Attempt:
+    """The attempt as sacct says it ended (squeue no longer lists it)."""
+    return replace(
+        attempt,
+        state=record.state,
+        reason=f"exit {record.exit_code}:{record.signal} by sacct; squeue no longer lists it",
+        accounting=record.to_json(),
+    )
 
 
 def _updated(attempt: Attempt, record: TaskRecord | None, code: int | None) -> Attempt:

@@ -1,5 +1,11 @@
 """Slurm's commands on a login node, run over the host's transport with every argument
-quoted: make the job folder, ``sbatch``, ``squeue``, read exit records, ``scancel``.
+quoted: make the job folder, ``sbatch``, ``squeue``, ``sacct``, read exit records,
+``scancel``.
+
+``sacct`` answers only where the cluster keeps accounting (``AccountingStorageType`` other
+than ``accounting_storage/none``). The first time it fails the client says why in
+`SlurmClient.accounting_off` and asks no more: the run goes on with what ``squeue`` and the
+job folder say, and records which of the two it used.
 
 Each command has a timeout (`COMMAND_TIMEOUT`), so a hung login node is an error, not a
 wait; each answer goes through `orchestrator.slurm.answers` before it is returned.
@@ -12,8 +18,8 @@ import re
 from collections.abc import Iterable
 
 from orchestrator.slurm import answers
-from orchestrator.slurm.answers import TaskRecord
-from orchestrator.slurm.plan import ArrayPlan
+from orchestrator.slurm.answers import Accounted, TaskRecord
+from orchestrator.slurm.plan import RUN_NAME, ArrayPlan
 from orchestrator.slurm.role import SlurmError
 from orchestrator.transport.hosts import Host, last_line, quote
 
@@ -29,6 +35,8 @@ class SlurmClient:
     def __init__(self, host: Host, *, command_timeout: float = COMMAND_TIMEOUT):
         self.host = host
         self.timeout = command_timeout
+        # Why sacct is not used on this cluster (its own last line); None: not asked yet or works.
+        self.accounting_off: str | None = None
 
     @property
     def name(self) -> str:
@@ -82,6 +90,31 @@ class SlurmClient:
             )
         return answers.queue(self.name, result.stdout, asked)
 
+    def accounting(
+        self, asked: dict[int, frozenset[int]]
+    ) -> dict[tuple[int, int], Accounted] | None:
+        """What ``sacct`` has of the array jobs in `asked` (job id -> its submitted task
+        ids), by (job, task), checked (`answers.accounting`); None where sacct does not work
+        on this cluster (`accounting_off` says why, and it is not asked again)."""
+        if self.accounting_off is not None:
+            return None
+        if not asked:
+            return {}
+        ids = ",".join(str(j) for j in sorted(asked))
+        argv = ["sacct", "--parsable2", "--noheader", "-j", ids]
+        argv.append(f"--format={answers.ACCOUNT_FORMAT}")
+        # Read at most a bound of the answer; sacct's own exit code is the command's.
+        cmd = " ".join(quote(a) for a in argv)
+        line = (
+            f'out=$({cmd}) || exit $?; printf "%s\\n" "$out" | '
+            f"head -c {answers.ACCOUNT_MAX_BYTES + 1}"
+        )
+        result = self.host.run(line, check=False, timeout=self.timeout)
+        if not result.ok:
+            self.accounting_off = f"sacct: {last_line(result.stderr) or f'exit {result.exit_code}'}"
+            return None
+        return answers.accounting(self.name, result.stdout, asked)
+
     def exit_codes(
         self, plan: ArrayPlan, attempts: Iterable[tuple[int, int]]
     ) -> dict[tuple[int, int], int]:
@@ -115,3 +148,16 @@ class SlurmClient:
             raise SlurmError(f"{self.name}: not a job or task id to cancel: {bad[0]!r}")
         result = self.host.run(["scancel", *ids], check=False, timeout=self.timeout)
         return "" if result.ok else last_line(result.stderr) or f"exit {result.exit_code}"
+
+    def cancel_named(self, names: Iterable[str]) -> str:
+        """``scancel --name`` every job of these array names (a run's arrays, left by a
+        controller that died): what is queued or running of them is cancelled. Returns
+        scancel's complaints ("" when none)."""
+        said = []
+        for name in sorted(set(names)):
+            if not RUN_NAME.fullmatch(name):
+                raise SlurmError(f"{self.name}: not an array name to cancel: {name!r}")
+            result = self.host.run(["scancel", f"--name={name}"], check=False, timeout=self.timeout)
+            if not result.ok:
+                said.append(last_line(result.stderr) or f"exit {result.exit_code}")
+        return "; ".join(said)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from orchestrator.commands.output.base import err_console, num, plain
-from orchestrator.commands.output.progress import LiveProgress, RelayProgress
+from orchestrator.commands.output.progress import LiveProgress, RelayProgress, ShardProgress
 from orchestrator.eval import follow as follow_lib
 from remote.protocol import JobState
 
@@ -17,7 +17,7 @@ class RichEvents(follow_lib.FollowEvents):
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self.relay_bar: RelayProgress | None = None
-        self.live: LiveProgress | None = None
+        self.live: LiveProgress | ShardProgress | None = None
         self.live_for: str | None = None
 
     def _close(self) -> None:
@@ -43,10 +43,19 @@ class RichEvents(follow_lib.FollowEvents):
     def eval_event(self, checkpoint: str, event: dict) -> None:
         if not self.enabled:
             return
-        if self.live is None or self.live_for != checkpoint:
+        if not isinstance(self.live, LiveProgress) or self.live_for != checkpoint:
             self._close()
             self.live, self.live_for = LiveProgress(True).__enter__(), checkpoint
         self.live(event)
+
+    def shard_event(self, checkpoint: str, host: str, event: dict) -> None:
+        """A Slurm array's tasks: one row per task, as ``remote-eval --hosts`` shows."""
+        if not self.enabled:
+            return
+        if not isinstance(self.live, ShardProgress) or self.live_for != checkpoint:
+            self._close()
+            self.live, self.live_for = ShardProgress(True).__enter__(), checkpoint
+        self.live(host, event)
 
     def recorded(self, entry: dict) -> None:
         self._close()
