@@ -236,7 +236,8 @@ def test_remote_eval_reads_features_another_checkpoint_kept(
 ):
     """Over a loopback sshd: a checkpoint's eval keeps its features in the host's workdir
     (bounded by the role's ``feature_cache_gib``); the next checkpoint's reads them all
-    back; ``--no-feature-cache`` computes them afresh, with the same rounds."""
+    back; ``--no-feature-cache`` computes them afresh, with the same rounds. The run's
+    summary and ``results show`` say where the features came from."""
     from orchestrator.demo.train import train_drafter
 
     drafters = eval_sshd.root / "fc-drafters"
@@ -259,22 +260,29 @@ def test_remote_eval_reads_features_another_checkpoint_kept(
         defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
     )
 
-    def remote_eval(checkpoint: str, *more: str) -> tuple[dict, list[dict]]:
+    def remote_eval(checkpoint: str, *more: str) -> tuple[dict, list[dict], dict]:
         got = dflash(
             "remote-eval", "-c", checkpoint, "--samples", "3", "--max-new-tokens", "16",
             "--budgets", "4", "-i", str(inv), "--json", *more, timeout=300,
         )  # fmt: skip
         assert got.returncode == 0, got.stderr
-        run_dir = Path(json.loads(got.stdout)["run_dir"])
+        out = json.loads(got.stdout)
+        run_dir = Path(out["run_dir"])
         result = json.loads((run_dir / "result.json").read_text())
         lines = (run_dir / "samples.jsonl").read_text().splitlines()
-        return result["inputs"]["target_features"], [comparable(json.loads(x)) for x in lines]
+        features = result["inputs"]["target_features"]
+        return features, [comparable(json.loads(x)) for x in lines], out["summary"]
 
-    first, _ = remote_eval("step-0")
+    first, _, summary = remote_eval("step-0")
     assert (first["cached"], first["samples_stored"]) == (False, 3)
+    assert summary["features_cached"] is False
     assert len(list((workdir / "features").glob("*" + SUFFIX))) == 3
-    second, cached_records = remote_eval("step-12")
+    second, cached_records, summary = remote_eval("step-12")
     assert (second["cached"], second["samples_cached"]) == (True, 3)
-    fresh, fresh_records = remote_eval("step-12", "--no-feature-cache")
-    assert fresh == {"cached": False, "cache": "off"}
+    assert summary["features_cached"] is True
+    show = dflash("results", "show", summary["run_id"], "-i", str(inv))
+    row = next(line for line in show.stdout.splitlines() if "target features" in line)
+    assert "cached on host" in row
+    fresh, fresh_records, summary = remote_eval("step-12", "--no-feature-cache")
+    assert fresh == {"cached": False, "cache": "off"} and summary["features_cached"] is False
     assert cached_records == fresh_records

@@ -8,13 +8,13 @@ reads them back instead of running the target.
 
 An entry's name hashes its key: the target's identity (`groundtruth.target_identity`,
 plus its weight files' modification times), the drafter's layer ids, the dtype, the
-device (and its card), the attention implementation, torch's threads on a CPU, the torch
-and transformers versions, and the sample's exact prompt and completion ids. The file holds
-the two tensors (``features`` [T, layers x hidden] in the engine's dtype, ``greedy``
-[T - P + 1]) and, in its safetensors metadata, the whole key and a sha256 of the tensors'
-bytes. An entry is used only when its key, shapes, dtypes and digest all match; anything
-else (a torn, corrupt, foreign or mismatched file) is a miss, recomputed and replaced,
-never trusted.
+device (and its card), the attention implementation, on a CPU torch's threads, kernel
+instruction set and the CPU model, the torch and transformers versions, and the sample's
+exact prompt and completion ids. The file holds the two tensors (``features``
+[T, layers x hidden] in the engine's dtype, ``greedy`` [T - P + 1]) and, in its
+safetensors metadata, the whole key and a sha256 of the tensors' bytes. An entry is used
+only when its key, shapes, dtypes and digest all match; anything else (a torn, corrupt,
+foreign or mismatched file) is a miss, recomputed and replaced, never trusted.
 
 Writes go to a unique temp name (``O_EXCL | O_NOFOLLOW``, in the folder held open as a
 descriptor) and are renamed into place, so a reader sees a whole entry or none, and two
@@ -88,12 +88,32 @@ def run_context(target, target_dir: str, layer_ids: list[int], dtype, device) ->
         "dtype": str(dtype).removeprefix("torch."),
         "device": device_mod.describe(device),
         "attn_implementation": attn,
-        # CPU kernels may split their sums by thread: the count is part of the numerics
-        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        # CPU kernels may split their sums by thread, and pick their code by the CPU: the
+        # count, the kernels' instruction set and the CPU's model are part of the numerics
+        "cpu": cpu_numerics() if device.type == "cpu" else None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
     return json.loads(json.dumps(context))  # as an entry's metadata reads back: lists, not tuples
+
+
+def cpu_numerics() -> dict:
+    """What a CPU's results depend on beyond the inputs: torch's threads, the instruction
+    set its kernels dispatch to, the CPU's model name (a shared folder may be read by
+    other machines, a Slurm array's nodes)."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None
+            )
+    except OSError:
+        pass
+    return {
+        "threads": torch.get_num_threads(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "model": model,
+    }
 
 
 def context_key(context: dict) -> str:
@@ -106,6 +126,9 @@ class FeatureCache:
 
     root: Path
     limit: int
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
 
     @classmethod
     def for_job(cls, workdir: str, limit: int) -> FeatureCache | None:
