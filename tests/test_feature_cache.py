@@ -205,6 +205,29 @@ def test_a_symlinked_cache_folder_is_not_used(tmp_path):
     assert list((tmp_path / "real").iterdir()) == []
 
 
+def test_a_sharded_run_says_its_features_were_cached_only_when_every_shard_s_were():
+    """The merged result of a sharded eval sums its shards' counts; one shard that computed
+    its features makes the run's not cached, whatever the first shard says."""
+    from orchestrator.eval.shard_plan import merge_result
+
+    def shard(cached: bool, hits: int, stored: int) -> dict:
+        feats = {"cached": cached, "cache": "on", "samples_cached": hits, "samples_stored": stored}
+        inputs = {"block_size": 4, "target_vocab_size": 32, "target_features": feats}
+        return {"inputs": inputs, "timings": {}}
+
+    def merged(*shards: dict) -> dict:
+        got = merge_result(list(shards), [], ground_truth_source={}, shards={}, job={}, wall_s=1)
+        return got["inputs"]["target_features"]
+
+    assert merged(shard(True, 3, 0), shard(False, 0, 2)) == {
+        "cached": False,
+        "cache": "on",
+        "samples_cached": 3,
+        "samples_stored": 2,
+    }
+    assert merged(shard(True, 3, 0), shard(True, 2, 0))["cached"] is True
+
+
 def test_the_setting_is_checked_once_by_the_contract(tmp_path):
     """``feature_cache_gib`` in the eval role and in a job: the contract's one check on
     both sides; 0 or absent is the default bound; ``feature_cache: false`` turns it off."""
