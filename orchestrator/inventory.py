@@ -87,6 +87,9 @@ class EvalRole:
     reserve: int | str | None = None
     # The serving engine `dflash online` measures with (``serve: {engine, python}``).
     serve: ServeSpec | None = None
+    # The host's cache of target features, in GiB (`remote.protocol.FEATURE_CACHE_GIB`):
+    # 0 = the default, `remote.protocol.FEATURE_CACHE_DEFAULT_GIB`.
+    feature_cache_gib: float = 0
 
 
 @dataclass
@@ -249,6 +252,7 @@ ROLE_KEYS: dict[str, tuple[type, dict[str, Check], tuple[str, ...]]] = {
             "ground_truth_phase_deadline": _GT["phase_deadline"],
             "samples": JobSpec.CHECKS["samples"],
             "reserve": _SIZE,
+            "feature_cache_gib": JobSpec.CHECKS["feature_cache_gib"],
         },
         ("drafters",),
     ),

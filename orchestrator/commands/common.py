@@ -181,6 +181,16 @@ FreshGroundTruthOption = Annotated[
         "(which the new one replaces).",
     ),
 ]
+FeatureCacheOption = Annotated[
+    bool,
+    typer.Option(
+        "--feature-cache/--no-feature-cache",
+        help="Reuse the target's features (and greedy tokens) an earlier eval on this host "
+        "kept for the same target, ground truth and settings, and keep this eval's "
+        "(bounded by roles.eval.feature_cache_gib); --no-feature-cache computes them "
+        "afresh and keeps nothing.",
+    ),
+]
 ResultsDirOption = Annotated[
     str | None,
     typer.Option("--results-dir", help="Local results folder (default: defaults.results_dir)."),

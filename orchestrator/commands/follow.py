@@ -10,6 +10,7 @@ from orchestrator.commands import output
 from orchestrator.commands.common import (
     BudgetsOption,
     DtypeOption,
+    FeatureCacheOption,
     GtDeadlineOption,
     GtPhaseDeadlineOption,
     GtTimeoutOption,
@@ -74,6 +75,7 @@ def follow_cmd(
             "instead of reusing the eval host's cached entry; later ones reuse the new one.",
         ),
     ] = False,
+    feature_cache: FeatureCacheOption = True,
     results: ResultsDirOption = None,
     state: Annotated[
         str | None,
@@ -132,6 +134,7 @@ def follow_cmd(
             ground_truth_deadline=gt_deadline,
             ground_truth_phase_deadline=gt_phase_deadline,
             fresh_ground_truth=fresh_ground_truth,
+            feature_cache=feature_cache,
             engine=engine,
             chosen=chosen,
         ),

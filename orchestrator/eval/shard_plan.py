@@ -87,6 +87,20 @@ def plan_shards(
 # ---- merge ------------------------------------------------------------------------------
 
 
+def merged_features(shard_results: list[dict]) -> dict | None:
+    """The shards' ``inputs.target_features`` as one run's: ``cached`` only when every
+    shard's were, the counts summed; None when no shard says."""
+    parts = [(r.get("inputs") or {}).get("target_features") for r in shard_results]
+    said = [p for p in parts if isinstance(p, dict)]
+    if not said:
+        return None
+    return {
+        "cached": len(said) == len(parts) and all(p.get("cached") for p in said),
+        "cache": "on" if any(p.get("cache") == "on" for p in said) else "off",
+        **{k: sum(p.get(k) or 0 for p in said) for k in ("samples_cached", "samples_stored")},
+    }
+
+
 def merge_result(
     shard_results: list[dict],
     records: list[dict],
@@ -131,6 +145,7 @@ def merge_result(
         max_samples=None,
         ground_truth=None,
         ground_truth_source=ground_truth_source,
+        target_features=merged_features(shard_results),
     )
     result["metrics"] = metrics
     result["timings"] = {

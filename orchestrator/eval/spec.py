@@ -69,6 +69,8 @@ class EvalOptions:
     ``ground_truth_timeout``/``_deadline``/``_phase_deadline``: the bounds on waiting for
     it (`remote.protocol.GTLimits`; None = the inventory's, else the defaults);
     `fresh_ground_truth`: make it again instead of reusing the host's cached entry.
+    `feature_cache`: reuse and keep the target's features in the host's cache (bounded by
+    the role's ``feature_cache_gib``); False computes them afresh and keeps nothing.
 
     `engine`: the engine's settings (`engine_spec` builds it from command-line values);
     its paths are filled per host by `build_spec`. `chosen`: the names of the settings the
@@ -90,6 +92,7 @@ class EvalOptions:
     ground_truth_phase_deadline: float | None = None
     ground_truth_concurrency: int | None = None
     fresh_ground_truth: bool = False
+    feature_cache: bool = True
     target: str | None = None
     stop_after: str | None = None
     engine: EvalSpec = JOB_ENGINE_DEFAULT
@@ -327,6 +330,8 @@ def build_spec(
         "ground_truth": ground_truth_source(host, spec, options),
         JOB_EVAL_KEY: engine.to_json(),
         "stop_after": options.stop_after,
+        "feature_cache": options.feature_cache,
+        "feature_cache_gib": role.feature_cache_gib if role else 0,
         "workdir": workdir_for(host, carry),  # the host records its own, expanded
     }
     if job["ground_truth"]["kind"] != "file":

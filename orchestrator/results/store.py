@@ -313,6 +313,14 @@ def ground_truth_source(run: Run) -> dict:
     return run.ground_truth or inputs.get("ground_truth_source") or {}
 
 
+def target_features(run: Run) -> dict:
+    """Where the run's target features came from (``inputs.target_features``: the host's
+    cache or the target's forward); {} for a run that does not say."""
+    inputs = run.result.get("inputs") or {}
+    got = inputs.get("target_features")
+    return got if isinstance(got, dict) else {}
+
+
 def summary(run: Run) -> dict:
     """The headline numbers of a run, flat, for tables and scripts."""
     m = run.metrics
@@ -339,6 +347,7 @@ def summary(run: Run) -> dict:
         "target_agreement": agreement,
         "ground_truth": gt.get("kind"),
         "ground_truth_cached": gt.get("cached"),
+        "features_cached": target_features(run).get("cached"),
         "retokenisation_mismatch": retok.get("mismatch_rate"),
         "dtype": env.get("dtype") or run.spec.get("dtype"),
         "speedup_estimate": speedup_estimate(run),

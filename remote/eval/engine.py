@@ -228,14 +228,16 @@ def sample_event(records: list[dict[str, Any]], total: int) -> dict[str, Any]:
     }
 
 
-def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
+def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[str, Any]:
     """Run an evaluation from a validated spec (see `read_spec`); returns the result dict
     and writes ``result.json`` + ``samples.jsonl`` in ``output_dir``. `target`: the spec's
     target already loaded in its dtype (`target.load_target`; a job whose local ground truth
-    generated with it), used instead of loading it again."""
+    generated with it), used instead of loading it again. `features`: the host's
+    `remote.eval.feature_cache.FeatureCache` (None: the target computes every sample's
+    features); ``inputs.target_features`` records whether they came from it."""
     import torch
 
-    from remote.eval import costs
+    from remote.eval import costs, feature_cache
     from remote.eval import device as device_mod
     from remote.eval import drafter as drafter_mod
     from remote.eval import target as target_mod
@@ -303,19 +305,29 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
         block_chunk=spec.block_chunk,
         positions=spec.positions,
     )
+    cache = open_cache(features, target, spec, dcfg, dtype, device, on_event)
     records, lines = [], []
     t_eval = time.perf_counter()
     lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows]
     for batch in lockstep_batches(lengths, dcfg, itemsize, spec.positions):
         part = [(rows[i]["prompt_ids"], rows[i]["completion_ids"]) for i in batch]
+        given = None
+        if cache is not None:
+            given = feature_cache.Features(cache, target, dcfg.target_layer_ids, part, device)
         with device_mod.default_device(device):
-            recs = eval_batch(target, drafter, part, opts)
+            recs = eval_batch(target, drafter, part, opts, given)
         for i, rec in zip(batch, recs, strict=True):
             rec = {"id": rows[i]["id"], **sample_labels(rows[i]), **rec}
             records.append(rec)
             lines.append(json.dumps(rec))
             on_event(sample_event(records, len(rows)))
     eval_s = time.perf_counter() - t_eval
+    target_features = {"cached": False, "cache": "off"}
+    if cache is not None:
+        cache.close()
+        target_features = {**cache.summary(len(records)), "cache": "on"}
+        for warning in cache.warnings:
+            on_event({"event": "warning", "message": warning})
     with device_mod.default_device(device):
         round_costs = costs.measure(target, drafter, rows, list(spec.budgets), device, spec.topk)
 
@@ -344,6 +356,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
             "target_backbone": tinfo.backbone_path,
             "target_layers": tinfo.num_layers,
             "target_layer_types": tinfo.layer_types,
+            "target_features": target_features,
         },
         "environment": {
             **environment(spec.dtype, torch.get_num_threads()),
@@ -380,6 +393,21 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None) -> dict[str, Any]:
         }
     )
     return result
+
+
+def open_cache(features, target, spec: EvalSpec, dcfg, dtype, device, on_event):
+    """This run's `feature_cache.RunCache` (None without a cache, or with a warning
+    event when its folder cannot be used)."""
+    from remote.eval import feature_cache
+
+    if features is None:
+        return None
+    context = feature_cache.run_context(target, spec.target, dcfg.target_layer_ids, dtype, device)
+    cache = features.open(context, len(dcfg.target_layer_ids) * dcfg.hidden_size)
+    if isinstance(cache, str):
+        on_event({"event": "warning", "message": cache})
+        return None
+    return cache
 
 
 def run(args) -> int:

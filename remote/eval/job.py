@@ -76,7 +76,9 @@ def run_eval_job(
     checks' description of it) when given: a local ground truth generates with the target
     the engine then evaluates with, and a server's or a deferred file's ground truth is
     made or awaited while it loads. `after_ground_truth`: called with the ground-truth
-    file once it is there, before the engine runs (an online job starts its server)."""
+    file once it is there, before the engine runs (an online job starts its server). The
+    target's features come from the host's cache when an eval before this one kept them
+    (`remote.eval.feature_cache`, in the job's workdir, unless the job turns it off)."""
     from remote.eval import engine as evaluate
     from remote.eval import groundtruth
     from remote.eval.preflight import read_job
@@ -123,10 +125,13 @@ def run_eval_job(
     engine = build_eval_spec(path, engine, gt_path)
     write_json_atomic(path / "eval_spec.json", engine.to_json())
     events.emit("phase", phase="eval")
+    from remote.eval.feature_cache import FeatureCache
+
     evaluate.run_eval(
         engine,
         on_event=lambda ev: events.write({**ev, "time": round(time.time(), 3)}),
         target=loaded[0] if loaded else None,
+        features=FeatureCache.for_job(job.workdir, job.feature_cache_bytes()),
     )
     # A ground truth the target disagrees with wholesale is flagged and leaves the cache.
     gt_info = groundtruth.judge_job(gt_info, path, emit=events.emit)

@@ -63,6 +63,8 @@ from remote.protocol.job_spec import ATTN as ATTN
 from remote.protocol.job_spec import ATTN_IMPLEMENTATIONS as ATTN_IMPLEMENTATIONS
 from remote.protocol.job_spec import CAPTURE_TOPK as CAPTURE_TOPK
 from remote.protocol.job_spec import DEFAULT_WORKDIR as DEFAULT_WORKDIR
+from remote.protocol.job_spec import FEATURE_CACHE_DEFAULT_GIB as FEATURE_CACHE_DEFAULT_GIB
+from remote.protocol.job_spec import FEATURE_CACHE_GIB as FEATURE_CACHE_GIB
 from remote.protocol.job_spec import LAYERS as LAYERS
 from remote.protocol.job_spec import STOP_AFTER as STOP_AFTER
 from remote.protocol.job_spec import JobSpec as JobSpec

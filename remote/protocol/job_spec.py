@@ -1,8 +1,9 @@
 """The job document (``dflash.job/1``), typed: `JobSpec` reads it once, checking every part
 with the contract's own checks: its kind, the engine's `EvalSpec` (``eval``), the
 `GroundTruthSpec` and `Sampling` blocks, the selection (``samples``, ``seed``,
-``thinking``), where to stop, and what a parity capture sets (the attention
-implementation, the layers, the logits' top-k).
+``thinking``), where to stop, the host's target-feature cache (``feature_cache``,
+``feature_cache_gib``), and what a parity capture sets (the attention implementation, the
+layers, the logits' top-k).
 
 The controller builds the blocks from the same types (their ``to_json`` is the wire form)
 and the inventory checks its settings with the same `Check`s (`JobSpec.CHECKS`,
@@ -17,7 +18,17 @@ from typing import Any, ClassVar
 from remote.protocol.eval_spec import EvalSpec
 from remote.protocol.ground_truth import GroundTruthSpec, Sampling
 from remote.protocol.jobs import JOB_KINDS, JobKind, check_job_id
-from remote.protocol.values import COUNT, FLAG, TEXT, WHOLE, Check, SpecError, is_int, one_of
+from remote.protocol.values import (
+    COUNT,
+    FLAG,
+    TEXT,
+    WHOLE,
+    Check,
+    SpecError,
+    finite,
+    is_int,
+    one_of,
+)
 
 # The attention implementations a parity capture may run the target with (None:
 # transformers' default for the architecture).
@@ -27,6 +38,16 @@ CAPTURE_TOPK = 8  # logits kept per token by a parity capture
 # Where a job may stop early: after its ground truth (a sharded eval's first job).
 STOP_AFTER = ("ground_truth",)
 DEFAULT_WORKDIR = "~/.dflash"
+# The eval host's cache of target features (`remote.eval.feature_cache`): its bound in GiB,
+# 0 meaning this default, sized for a few evals' samples of a mid-size target (an 8B's
+# five layers x 4096 wide x 2048 tokens in bf16: 84 MB a sample).
+FEATURE_CACHE_DEFAULT_GIB = 16
+FEATURE_CACHE_MAX_GIB = 2**20  # a PiB: beyond it a bound is not one
+FEATURE_CACHE_GIB = Check(
+    f"a number of GiB from 0 to {FEATURE_CACHE_MAX_GIB} "
+    f"(0: the default, {FEATURE_CACHE_DEFAULT_GIB})",
+    lambda v: finite(v) and 0 <= v <= FEATURE_CACHE_MAX_GIB,
+)
 LAYERS = Check(
     "a non-empty list of layer numbers from 0",
     lambda v: isinstance(v, list) and bool(v) and all(is_int(i) and i >= 0 for i in v),
@@ -39,10 +60,12 @@ class JobSpec:
     ``eval``; `ground_truth`, `sampling`; `samples` prompts chosen with `seed` (None:
     all), the chat template's `thinking`; `stop_after` (`STOP_AFTER`, None: the whole
     job); `prompts`: the prompts file on the host (its ``prompts.path``); `workdir`,
-    `job_id` (set by ``job start``); a parity capture's `attn`, `layers` (None: the
-    drafter's target layers) and `topk`. `doc`: the document as it came, for what the
-    host only records (host, checkpoint, created, the prompts entry, a compare job's
-    folders). Built by `from_json`; every value is checked there."""
+    `job_id` (set by ``job start``); `feature_cache`: whether the eval reuses and keeps
+    the target's features in the host's cache, bounded by `feature_cache_gib` (0: the
+    default, `FEATURE_CACHE_DEFAULT_GIB`; see `feature_cache_bytes`); a parity capture's
+    `attn`, `layers` (None: the drafter's target layers) and `topk`. `doc`: the document
+    as it came, for what the host only records (host, checkpoint, created, the prompts
+    entry, a compare job's folders). Built by `from_json`; every value is checked there."""
 
     kind: str = JobKind.EVAL
     engine: EvalSpec = EvalSpec()
@@ -55,6 +78,8 @@ class JobSpec:
     prompts: str | None = None
     workdir: str = DEFAULT_WORKDIR
     job_id: str | None = None
+    feature_cache: bool = True
+    feature_cache_gib: float = 0
     attn: str | None = None
     layers: tuple[int, ...] | None = None
     topk: int = CAPTURE_TOPK
@@ -68,6 +93,8 @@ class JobSpec:
         "thinking": FLAG,
         "stop_after": one_of(*STOP_AFTER),
         "workdir": TEXT,
+        "feature_cache": FLAG,
+        "feature_cache_gib": FEATURE_CACHE_GIB,
         "attn": ATTN,
         "layers": LAYERS,
         "topk": COUNT,
@@ -75,6 +102,8 @@ class JobSpec:
     LABELS: ClassVar[dict[str, str]] = {
         "kind": "job kind",
         "attn": "attention implementation",
+        "feature_cache": "the feature cache switch",
+        "feature_cache_gib": "the feature cache's size (feature_cache_gib)",
     }
 
     @classmethod
@@ -107,3 +136,9 @@ class JobSpec:
             prompts=prompts["path"] if prompts else None,
             doc=doc,
         )
+
+    def feature_cache_bytes(self) -> int:
+        """The feature cache's bound in bytes: 0 when this job does not use the cache."""
+        if not self.feature_cache:
+            return 0
+        return int((self.feature_cache_gib or FEATURE_CACHE_DEFAULT_GIB) * 2**30)

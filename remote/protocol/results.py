@@ -122,6 +122,13 @@ RESULT = {
         "target_architecture": STR,
         "target_layers": INT,
         "target_vocab_size": INT,
+        "target_features": {
+            "cached": BOOL,
+            "cache": STR,
+            "cache_key": STR,
+            "samples_cached": INT,
+            "samples_stored": INT,
+        },
     },
     "environment": {"dtype": STR},
     "timings": {

@@ -72,6 +72,10 @@ def render_summary(run: res.Run) -> None:
     if gt.get("cached"):
         src += " (cached on host)"
     rows.append(("ground truth", src))
+    feats = res.target_features(run)  # from the host's cache, or the target's forward
+    if feats:
+        got = f"{fmt(feats.get('samples_cached') or 0)} of {fmt(s['samples'])} cached on host"
+        rows.append(("target features", "cache off" if feats.get("cache") == "off" else got))
     rows.append(
         ("thinking / chat template", f"{fmt(s['thinking'])} / {fmt(s['chat_template_sha256'])}")
     )

@@ -1,0 +1,182 @@
+"""The eval host's target-feature cache: what a checkpoint's eval costs once another kept them.
+
+Setup: `eval_drafter_share.py`'s, cached there (a random Qwen3 target of 20 layers, hidden
+256, at a 27B's shape ratios; a 5-layer block-16 drafter of about 1/4-1/5 its weights,
+trained to a token-weighted tau of 3; its checkpoints every 50 steps), with the same
+options. Each eval is `remote.eval.engine.run_eval`, the library function an eval job
+runs, with the job's default engine settings (DDTree at the default budgets) and its
+``--threads``; ``eval`` is the engine's walk over the samples (its ``timings.eval_s``:
+target features, drafter, DDTree), a checkpoint's ``drafter part`` its drafter and DDTree
+seconds (what depends on the checkpoint).
+
+Measured in ONE run, ``--repeats`` rounds (medians), each round with an empty cache:
+
+* ``follow`` over three checkpoints A, B, C (the training's last three), measured as what
+  each follow step's job runs: three consecutive evals through the library function on
+  one empty cache (not over SSH: a job's python start, imports and target load are the
+  same with or without the cache and would only dilute the ratio). A runs cold (the
+  target's forward, its features kept), B and C warm (read back). Goals: B warm's eval
+  <= 1.1 x its own drafter part; the three evals together <= (one target forward + their
+  three drafter parts) x 1.1;
+* B again without the cache: the reference (after one untimed warm-up eval). Its rounds
+  must equal the warm eval's, sample by sample, or the script stops; its target part is
+  the "one target forward".
+
+Prints each eval's parts, the ratios and the load average (the ratios move with it on a
+shared box).
+
+    python benchmarks/feature_cache.py [--repeats 3] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import eval_drafter_share as share  # noqa: E402 (benchmarks/ is on the path)
+from common import load_avg  # noqa: E402
+
+from remote.protocol import JOB_ENGINE_DEFAULT  # noqa: E402
+
+
+def checkpoints(chosen: str, n: int) -> list[str]:
+    """The last `n` checkpoints (by step) of the training that made `chosen`, up to it."""
+    folder = os.path.dirname(chosen)
+    steps = sorted(
+        (int(name.split("-")[1]), os.path.join(folder, name))
+        for name in os.listdir(folder)
+        if name.startswith("step-")
+    )
+    upto = [path for step, path in steps if step <= int(os.path.basename(chosen).split("-")[1])]
+    if len(upto) < n:
+        raise SystemExit(f"{folder} has {len(upto)} checkpoints, {n} needed")
+    return upto[-n:]
+
+
+def one_eval(spec, drafter: str, out: str, cache) -> dict:
+    """One `run_eval` of `drafter`: its parts (s), wall (s), target_features and records."""
+    from remote.eval.engine import run_eval
+
+    t = time.perf_counter()
+    result = run_eval(
+        replace(spec, drafter=drafter, output_dir=out), on_event=lambda e: None, features=cache
+    )
+    wall = time.perf_counter() - t
+    tm = result["timings"]
+    with open(os.path.join(out, "samples.jsonl")) as fh:
+        records = [json.loads(line) for line in fh]
+    return {
+        "eval": tm["eval_s"],
+        "target": tm["target_forward_s"],
+        "drafter": tm["drafter_s"] + tm["ddtree_s"],
+        "wall": wall,
+        "features": result["inputs"]["target_features"],
+        "records": records,
+    }
+
+
+def same_rounds(a: list[dict], b: list[dict]) -> bool:
+    keys = ("rounds", "ddtree", "agreement", "position_attempts", "position_hits")
+    return [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
+
+
+def one_round(spec, ckpts: list[str], work: str) -> dict:
+    """``follow`` over the three checkpoints on an empty cache (the first is A cold, the
+    second B warm), then B without the cache."""
+    from remote.eval.feature_cache import FeatureCache
+
+    cache = FeatureCache(os.path.join(work, "features"), 2**30)
+    got = {}
+    for n, ckpt in enumerate(ckpts):
+        label = ("A cold", "B warm", "C warm")[n]
+        got[label] = one_eval(spec, ckpt, os.path.join(work, f"f{n}"), cache)
+    got["B no cache"] = one_eval(spec, ckpts[1], os.path.join(work, "b-none"), None)
+    if not same_rounds(got["B warm"]["records"], got["B no cache"]["records"]):
+        raise SystemExit("the eval from cached features gives other rounds than without")
+    assert not got["A cold"]["features"]["cached"]
+    assert got["B warm"]["features"]["cached"] and got["C warm"]["features"]["cached"]
+    return got
+
+
+def main() -> None:
+    args = share.parse_args()
+    import torch
+
+    target_dir, chosen, rows, facts = share.setup(args)
+    ckpts = checkpoints(chosen, 3)
+    torch.set_num_threads(args.threads)
+    budgets = tuple(int(b) for b in args.budgets.split(",") if b)
+    work = tempfile.mkdtemp(prefix="dflash-bench-feature-cache-")
+    gt = os.path.join(work, "gt.jsonl")
+    with open(gt, "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    spec = replace(
+        JOB_ENGINE_DEFAULT,
+        target=target_dir,
+        ground_truth=gt,
+        dtype="bfloat16",
+        threads=args.threads,
+        budgets=budgets,
+    )
+    tokens = sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
+    print(
+        f"setup: eval_drafter_share's (target 20 layers x hidden 256, 5-layer block-16 "
+        f"drafter trained to tau {facts.get('tau') or float('nan'):.2f}); {len(rows)} samples, "
+        f"{tokens} tokens; positions {spec.positions}; DDTree budgets "
+        f"{','.join(map(str, budgets)) or 'none'}; threads {args.threads}"
+    )
+    print("checkpoints A, B, C: " + ", ".join(os.path.basename(c) for c in ckpts))
+
+    t = time.perf_counter()  # first calls pay one-off costs (kernels, allocator): not counted
+    one_eval(replace(spec, max_samples=1), ckpts[0], os.path.join(work, "warm-up"), None)
+    print(f"warm-up eval (1 sample, not counted): {time.perf_counter() - t:.1f} s")
+    before = load_avg()
+    rounds = []
+    for r in range(args.repeats):
+        t = time.perf_counter()
+        rounds.append(one_round(spec, ckpts, os.path.join(work, f"r{r}")))
+        print(f"  round {r + 1}: {time.perf_counter() - t:.1f} s (load {load_avg()})", flush=True)
+    print(f"load average (1, 5, 15 min): {before} before, {load_avg()} after")
+    for name, ckpt in zip(("A cold", "B warm", "C warm"), ckpts, strict=True):
+        recs = rounds[0][name]["records"]
+        tau = sum(sum(r["rounds"]) for r in recs) / sum(len(r["rounds"]) for r in recs)
+        print(f"  {os.path.basename(ckpt)}: tau {tau:.2f} token-weighted")
+
+    def med(name: str, part: str) -> float:
+        return statistics.median(rd[name][part] for rd in rounds)
+
+    print(f"  seconds (median of {args.repeats})   target  drafter part     eval   run_eval wall")
+    for name in rounds[0]:
+        print(
+            f"  {name:<26} {med(name, 'target'):7.3f}  {med(name, 'drafter'):12.3f}  "
+            f"{med(name, 'eval'):7.3f}  {med(name, 'wall'):14.3f}"
+        )
+    warm = statistics.median(rd["B warm"]["eval"] / rd["B warm"]["drafter"] for rd in rounds)
+    print(f"B warm: eval / its drafter part = {warm:.3f}   (goal <= 1.1)")
+
+    def follow_ratio(rd: dict) -> float:
+        steps = [rd[name] for name in ("A cold", "B warm", "C warm")]
+        bound = rd["B no cache"]["target"] + sum(s["drafter"] for s in steps)
+        return sum(s["eval"] for s in steps) / bound
+
+    ratio = statistics.median(follow_ratio(rd) for rd in rounds)
+    print(
+        f"follow over 3: evals / (one target forward + 3 drafter parts) = {ratio:.3f}   "
+        f"(goal <= 1.1)"
+    )
+    cold = statistics.median(rd["A cold"]["target"] / rd["B no cache"]["target"] for rd in rounds)
+    print(
+        f"A cold's target part (features computed and kept) / a target part without the "
+        f"cache = {cold:.3f}   (what keeping them costs)"
+    )
+
+
+if __name__ == "__main__":
+    main()

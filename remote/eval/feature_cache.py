@@ -1,0 +1,384 @@
+"""The eval host's cache of target features: ``<workdir>/features/<key>.safetensors``.
+
+What step 1 of the walk computes (`remote.eval.walk`: the target's features at the
+drafter's layers and its greedy tokens) depends on the target, not on the drafter: every
+checkpoint of a training run evaluated on the same ground truth asks for the same tensors.
+An eval job keeps them here, one file per sample, and the next eval of another checkpoint
+reads them back instead of running the target.
+
+An entry's name hashes its key: the target's identity (`groundtruth.target_identity`,
+plus its weight files' modification times), the drafter's layer ids, the dtype, the
+device (and its card), the attention implementation, on a CPU torch's threads, kernel
+instruction set and the CPU model, the torch and transformers versions, and the sample's
+exact prompt and completion ids. The file holds the two tensors (``features``
+[T, layers x hidden] in the engine's dtype, ``greedy`` [T - P + 1]) and, in its
+safetensors metadata, the whole key and a sha256 of the tensors' bytes. An entry is used
+only when its key, shapes, dtypes and digest all match; anything else (a torn, corrupt,
+foreign or mismatched file) is a miss, recomputed and replaced, never trusted.
+
+Writes go to a unique temp name (``O_EXCL | O_NOFOLLOW``, in the folder held open as a
+descriptor) and are renamed into place, so a reader sees a whole entry or none, and two
+evals on one host at once never share a temp file; reads open with ``O_NOFOLLOW``, so a
+symlink planted in the folder is a miss, and a symlinked folder disables the cache for
+the run (one warning). The folder is bounded by the job's ``feature_cache_gib``
+(`remote.protocol.JobSpec.feature_cache_bytes`): before an entry is renamed in, the least
+recently used entries (by modification time, refreshed on every hit) are removed under a
+``flock`` until it fits. Entries this run used or wrote are never evicted for its own
+(an eval larger than the bound keeps the first samples that fit, instead of evicting its
+own and missing everything next time). A cache that cannot be written (a full disk) only
+costs the run its reuse: the eval goes on.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from remote.relay.fdfiles import write_all
+
+# Bumped when what an entry means changes, so older entries are never hit.
+CACHE_VERSION = 1
+FOLDER = "features"
+SUFFIX = ".safetensors"
+META_KEY = "dflash.feature_cache"
+LOCK_NAME = ".lock"
+TMP_PREFIX = ".tmp-"
+STALE_TMP_SECONDS = 3600  # a temp file this old is a killed writer's: removed by a scan
+RESERVE_BYTES = 2**30  # free disk an entry never takes
+
+
+def _sha256_ids(ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
+
+
+def tensor_digest(*tensors: torch.Tensor) -> str:
+    """sha256 of the tensors' bytes, in order (CPU, contiguous)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def run_context(target, target_dir: str, layer_ids: list[int], dtype, device) -> dict:
+    """What every entry of one eval shares in its key (see the module docstring)."""
+    import transformers
+
+    from remote.eval import device as device_mod
+    from remote.eval.groundtruth import target_identity
+
+    identity = target_identity(target_dir)
+    root = Path(target_dir)
+    identity["mtimes_ns"] = [(n, (root / n).stat().st_mtime_ns) for n, _size in identity["weights"]]
+    attn = getattr(getattr(target.model, "config", None), "_attn_implementation", None)
+    context = {
+        "v": CACHE_VERSION,
+        "target": identity,
+        "layer_ids": list(layer_ids),
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": device_mod.describe(device),
+        "attn_implementation": attn,
+        # CPU kernels may split their sums by thread, and pick their code by the CPU: the
+        # count, the kernels' instruction set and the CPU's model are part of the numerics
+        "cpu": cpu_numerics() if device.type == "cpu" else None,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    return json.loads(json.dumps(context))  # as an entry's metadata reads back: lists, not tuples
+
+
+def cpu_numerics() -> dict:
+    """What a CPU's results depend on beyond the inputs: torch's threads, the instruction
+    set its kernels dispatch to, the CPU's model name (a shared folder may be read by
+    other machines, a Slurm array's nodes)."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None
+            )
+    except OSError:
+        pass
+    return {
+        "threads": torch.get_num_threads(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "model": model,
+    }
+
+
+def context_key(context: dict) -> str:
+    return hashlib.sha256(json.dumps(context, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@dataclass
+class FeatureCache:
+    """The cache folder `root` (created when missing) bounded by `limit` bytes."""
+
+    root: Path
+    limit: int
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+
+    @classmethod
+    def for_job(cls, workdir: str, limit: int) -> FeatureCache | None:
+        """The cache of a job in `workdir` bounded by `limit` bytes (0: none, the job
+        turned it off)."""
+        if limit <= 0:
+            return None
+        return cls(Path(os.path.expanduser(workdir)) / FOLDER, limit)
+
+    def open(self, context: dict, width: int) -> RunCache | str:
+        """This run's view of the cache (`RunCache`) for entries of `context` whose
+        features are `width` wide; a warning line instead when the folder cannot be used."""
+        try:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mkdir(self.root, 0o755)
+            except FileExistsError:
+                pass
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            why = (
+                "it is a symlink"
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and self.root.is_symlink()
+                else (exc.strerror or str(exc)).lower()
+            )
+            return f"the feature cache {self.root} is not used for this eval: {why}"
+        return RunCache(fd, str(self.root), self.limit, context, context_key(context), width)
+
+
+@dataclass
+class RunCache:
+    """One eval's use of the cache folder (held open as `fd`): `lookup`, `store`, and the
+    counts the result records (`summary`). Close with `close`."""
+
+    fd: int
+    where: str
+    limit: int
+    context: dict
+    key: str
+    width: int
+    mine: set[str] = field(default_factory=set)  # entries this run used or wrote
+    hits: int = 0
+    stored: int = 0
+    not_stored: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    # ---- entries ------------------------------------------------------------------------
+
+    def entry_meta(self, prompt: list[int], completion: list[int]) -> dict:
+        return {
+            "context": self.context,
+            "prompt_tokens": len(prompt),
+            "tokens": len(prompt) + len(completion),
+            "prompt_sha256": _sha256_ids(prompt),
+            "completion_sha256": _sha256_ids(completion),
+        }
+
+    def name(self, meta: dict) -> str:
+        digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+        return digest[:40] + SUFFIX
+
+    def lookup(
+        self, prompt: list[int], completion: list[int], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The sample's (features, greedy) from its entry, on the CPU, when the entry is
+        whole and its key matches; None otherwise (its LRU time refreshed on a hit)."""
+        meta = self.entry_meta(prompt, completion)
+        name = self.name(meta)
+        got = self._read(name, meta, dtype)
+        if got is None:
+            return None
+        try:  # the most recently used now
+            os.utime(name, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            pass
+        self.mine.add(name)
+        self.hits += 1
+        return got
+
+    def _read(
+        self, name: str, meta: dict, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        from safetensors.torch import load
+
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            return None
+        try:
+            (n,) = struct.unpack("<Q", data[:8])
+            header = json.loads(data[8 : 8 + n])
+            stored = json.loads(header["__metadata__"][META_KEY])
+            if stored.get("key") != meta or not isinstance(stored.get("sha256"), str):
+                return None
+            tensors = load(data)
+            feats, greedy = tensors["features"], tensors["greedy"]
+        except Exception:  # any torn or foreign file: a miss, never the eval's failure
+            return None
+        T, P = meta["tokens"], meta["prompt_tokens"]
+        if (
+            feats.dtype != dtype
+            or tuple(feats.shape) != (T, self.width)
+            or greedy.dtype != torch.long
+            or tuple(greedy.shape) != (T - P + 1,)
+            or tensor_digest(feats, greedy) != stored["sha256"]
+        ):
+            return None
+        return feats, greedy
+
+    def store(
+        self, prompt: list[int], completion: list[int], feats: torch.Tensor, greedy: torch.Tensor
+    ) -> None:
+        """Keep the sample's (features, greedy) as its entry, if it fits the bound once
+        entries older than this run are evicted; a write that fails is a warning."""
+        from safetensors.torch import save
+
+        meta = self.entry_meta(prompt, completion)
+        feats, greedy = feats.detach().cpu().contiguous(), greedy.detach().cpu().contiguous()
+        doc = {"key": meta, "sha256": tensor_digest(feats, greedy)}
+        data = save({"features": feats, "greedy": greedy}, metadata={META_KEY: json.dumps(doc)})
+        tmp = f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+        try:
+            wfd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=self.fd
+            )
+            try:
+                write_all(wfd, data)
+            finally:
+                os.close(wfd)
+            with self._locked():
+                if not self._make_room(len(data)):
+                    self.not_stored += 1
+                    return
+                os.replace(tmp, self.name(meta), src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            self.mine.add(self.name(meta))
+            self.stored += 1
+        except OSError as exc:
+            self.not_stored += 1
+            if not self.warnings:
+                self.warnings.append(
+                    f"the feature cache {self.where} could not keep an entry "
+                    f"({(exc.strerror or str(exc)).lower()}); the eval goes on without it"
+                )
+        finally:
+            try:
+                os.unlink(tmp, dir_fd=self.fd)
+            except OSError:
+                pass
+
+    # ---- the bound ----------------------------------------------------------------------
+
+    class _Lock:
+        def __init__(self, fd: int):
+            self.fd = fd
+
+        def __enter__(self):
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+        def __exit__(self, *exc):
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+
+    def _locked(self) -> RunCache._Lock:
+        fd = os.open(
+            LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.fd
+        )
+        return RunCache._Lock(fd)
+
+    def entries(self) -> list[tuple[int, int, str]]:
+        """(mtime_ns, bytes, name) of every entry, oldest first; temp files a killed
+        writer left are removed on the way."""
+        out = []
+        now = time.time_ns()
+        for name in os.listdir(self.fd):
+            try:
+                st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if name.startswith(TMP_PREFIX):
+                if now - st.st_mtime_ns > STALE_TMP_SECONDS * 10**9:
+                    _unlink(self.fd, name)
+                continue
+            if name.endswith(SUFFIX):
+                out.append((st.st_mtime_ns, st.st_size, name))
+        return sorted(out)
+
+    def _make_room(self, size: int) -> bool:
+        """Evict the least recently used entries this run did not use or write until `size`
+        more bytes fit the bound and leave `RESERVE_BYTES` of the disk free; False when
+        they cannot."""
+        entries = self.entries()
+        held = sum(s for _t, s, _n in entries)
+        for _mtime, s, name in entries:
+            if held + size <= self.limit:
+                break
+            if name not in self.mine:  # this run's own are kept: the new one is dropped
+                _unlink(self.fd, name)
+                held -= s
+        if held + size > self.limit:
+            return False
+        vfs = os.statvfs(self.fd)
+        return vfs.f_bavail * vfs.f_frsize >= size + RESERVE_BYTES
+
+    def summary(self, samples: int) -> dict[str, Any]:
+        """What the result records (``inputs.target_features``)."""
+        return {
+            "cached": self.hits == samples > 0,
+            "cache_key": self.key,
+            "samples_cached": self.hits,
+            "samples_stored": self.stored,
+            "samples_not_stored": self.not_stored,
+        }
+
+
+def _unlink(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+class Features:
+    """The ``given`` of `remote.eval.walk.eval_batch` for one batch of samples: sample `n`'s
+    (features, greedy) from the cache when it holds them, else from the target's forward
+    (then kept in the cache). One sample's tensors at a time, when the walk asks for them,
+    so memory stays what the walk's own forward takes."""
+
+    def __init__(self, cache: RunCache, target, layer_ids: list[int], samples, device):
+        self.cache, self.target, self.layer_ids = cache, target, layer_ids
+        self.samples, self.device = samples, device
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        prompt, completion = self.samples[n]
+        hit = self.cache.lookup(prompt, completion, self.target.dtype)
+        if hit is not None:
+            return hit[0].to(self.device), hit[1].to(self.device)
+        g = list(prompt) + list(completion)
+        feats, greedy = self.target.forward(g, self.layer_ids, argmax_from=len(prompt) - 1)
+        self.cache.store(prompt, completion, feats, greedy)
+        return feats, greedy

@@ -1,0 +1,311 @@
+"""The eval host's target-feature cache (`remote.eval.feature_cache`): a second eval reads
+the target's features back and gives the same rounds, sample by sample; an entry is used
+only when its key and bytes match; the folder stays inside its bound, least recently used
+first; two evals writing at once leave only whole entries; the setting travels from the
+inventory and the command line to the host, checked by the contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchestrator.inventory import InventoryError, parse_inventory
+from remote.eval.engine import run_eval
+from remote.eval.feature_cache import SUFFIX, FeatureCache, RunCache
+from remote.protocol import FEATURE_CACHE_DEFAULT_GIB, EvalSpec, JobSpec, SpecError
+from tests.helpers import evalkit
+from tests.helpers.cli import dflash
+from tests.helpers.sshd import ssh_host_entry
+
+WIDTH = 12
+CONTEXT = {"v": 1, "target": {"path": "/t", "config_sha256": "c"}, "layer_ids": [1, 2]}
+
+
+def sample(n: int, prompt: int = 5, completion: int = 7) -> tuple[list[int], list[int]]:
+    return [n] * prompt, list(range(n, n + completion))
+
+
+def tensors(n: int, prompt: int = 5, completion: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(n)
+    T = prompt + completion
+    feats = torch.randn(T, WIDTH, generator=g).to(torch.bfloat16)
+    return feats, torch.randint(0, 100, (T - prompt + 1,), generator=g)
+
+
+def run_cache(root: Path, limit: int = 2**30, context: dict = CONTEXT) -> RunCache:
+    cache = FeatureCache(root, limit).open(context, WIDTH)
+    assert isinstance(cache, RunCache), cache
+    return cache
+
+
+def comparable(record: dict) -> dict:
+    """A sample record without its timings (the only part a cache may change)."""
+    return {k: v for k, v in record.items() if k != "seconds"}
+
+
+@pytest.fixture(scope="module")
+def kit_gt(tmp_path_factory):
+    """The evalkit's tiny Qwen3 target, two checkpoints of its drafter's training, and a
+    ground-truth file of six of its greedy samples."""
+    kit = evalkit.kit("qwen3")
+    gt = tmp_path_factory.mktemp("gt") / "gt.jsonl"
+    lines = [
+        {"id": f"s{i}", "prompt_ids": r["prompt_ids"], "completion_ids": r["completion_ids"]}
+        for i, r in enumerate(kit.rows[:6])
+    ]
+    gt.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return kit, gt
+
+
+def evaluate(kit, gt: Path, drafter: str, out: Path, features) -> tuple[dict, list[dict]]:
+    spec = EvalSpec(
+        target=kit.target,
+        drafter=drafter,
+        ground_truth=str(gt),
+        output_dir=str(out),
+        dtype="bfloat16",
+        budgets=(4, 8),
+        positions="walk",
+    )
+    result = run_eval(spec, on_event=lambda ev: None, features=features)
+    lines = (out / "samples.jsonl").read_text().splitlines()
+    return result, [json.loads(line) for line in lines]
+
+
+@pytest.mark.slow
+def test_a_second_eval_from_the_cache_gives_the_same_rounds(kit_gt, tmp_path, monkeypatch):
+    """Checkpoint A twice and checkpoint B once with the cache, each against the eval
+    without it: the same records sample by sample (rounds, DDTree rounds, per-position
+    counts, agreement) and the same metrics; the first eval computes and keeps every
+    sample's features, the next two read them all back, and each result says so."""
+    import remote.eval.walk as walk
+
+    monkeypatch.setattr(walk, "LOCKSTEP_SAMPLES", 4)  # several lockstep batches
+    kit, gt = kit_gt
+    a, b = kit.steps[0], kit.steps[-1]
+    cache = FeatureCache(tmp_path / "features", 2**30)
+    ref = {d: evaluate(kit, gt, d, tmp_path / f"ref-{i}", None) for i, d in enumerate((a, b))}
+    runs = [
+        (a, evaluate(kit, gt, a, tmp_path / "a-cold", cache)),
+        (a, evaluate(kit, gt, a, tmp_path / "a-warm", cache)),
+        (b, evaluate(kit, gt, b, tmp_path / "b-warm", cache)),
+    ]
+    for drafter, (result, records) in runs:
+        want_result, want_records = ref[drafter]
+        assert [comparable(r) for r in records] == [comparable(r) for r in want_records]
+        assert result["metrics"] == want_result["metrics"]
+    assert ref[a][0]["inputs"]["target_features"] == {"cached": False, "cache": "off"}
+    cold, warm, other = (r[1][0]["inputs"]["target_features"] for r in runs)
+    assert (cold["cached"], cold["samples_cached"], cold["samples_stored"]) == (False, 0, 6)
+    for got in (warm, other):
+        assert (got["cached"], got["samples_cached"], got["samples_stored"]) == (True, 6, 0)
+    assert cold["cache_key"] == warm["cache_key"] == other["cache_key"]
+    assert len(list((tmp_path / "features").glob("*" + SUFFIX))) == 6
+
+
+def test_an_entry_is_used_only_when_its_key_and_bytes_match(tmp_path):
+    """A kept sample reads back equal; another sample, another context or dtype, a file
+    renamed to another sample's name, a flipped byte, a torn file and a symlink each read
+    as a miss, never as data."""
+    root = tmp_path / "features"
+    cache = run_cache(root)
+    for n in range(6):
+        cache.store(*sample(n), *tensors(n))
+    assert cache.stored == 6
+    feats, greedy = cache.lookup(*sample(0), torch.bfloat16)
+    want = tensors(0)
+    assert torch.equal(feats, want[0]) and torch.equal(greedy, want[1])
+    assert cache.lookup(*sample(9), torch.bfloat16) is None
+    assert cache.lookup(*sample(0), torch.float32) is None
+    other = run_cache(root, context={**CONTEXT, "layer_ids": [1, 3]})
+    assert other.lookup(*sample(0), torch.bfloat16) is None
+    # a whole entry, but another sample's, under this one's name
+    name = {n: cache.name(cache.entry_meta(*sample(n))) for n in range(6)}
+    os.replace(root / name[2], root / name[1])
+    # a byte of the features flipped (its header still whole)
+    data = bytearray((root / name[3]).read_bytes())
+    data[-20] ^= 0xFF
+    (root / name[3]).write_bytes(bytes(data))
+    # torn mid-write (what a rename never shows, but a disk may)
+    (root / name[4]).write_bytes((root / name[5]).read_bytes()[:100])
+    # a symlink planted in the folder, to a whole entry elsewhere
+    elsewhere = tmp_path / "elsewhere"
+    os.replace(root / name[5], elsewhere)
+    (root / name[5]).symlink_to(elsewhere)
+    for n in (1, 3, 4, 5):
+        assert cache.lookup(*sample(n), torch.bfloat16) is None, n
+    # stored again, each is whole: the symlink replaced, not followed
+    for n in (1, 3, 4, 5):
+        cache.store(*sample(n), *tensors(n))
+        got = cache.lookup(*sample(n), torch.bfloat16)
+        assert got is not None and torch.equal(got[0], tensors(n)[0])
+    assert not (root / name[5]).is_symlink() and elsewhere.is_file()
+
+
+def test_the_folder_stays_in_its_bound_least_recently_used_first(tmp_path):
+    """Bounded at three entries: a run keeps the first three of five (never evicting its
+    own); the next run's hit makes that entry the most recent, and the two it stores
+    evict the two least recently used others."""
+    root = tmp_path / "features"
+    probe = run_cache(tmp_path / "probe")
+    probe.store(*sample(0), *tensors(0))
+    size = next(iter(probe.entries()))[1]
+    first = run_cache(root, limit=3 * size)
+    for n in range(5):
+        first.store(*sample(n), *tensors(n))
+    assert (first.stored, first.not_stored) == (3, 2)
+    names = {n: first.name(first.entry_meta(*sample(n))) for n in range(5)}
+    assert sorted(p.name for p in root.glob("*" + SUFFIX)) == sorted(names[n] for n in range(3))
+    for age, n in enumerate((0, 1, 2)):  # oldest first: 0, 1, 2
+        os.utime(root / names[n], ns=(10**18 + age * 10**9,) * 2)
+    second = run_cache(root, limit=3 * size)
+    assert second.lookup(*sample(0), torch.bfloat16) is not None
+    second.store(*sample(3), *tensors(3))
+    second.store(*sample(4), *tensors(4))
+    kept = sorted(p.name for p in root.glob("*" + SUFFIX))
+    assert kept == sorted(names[n] for n in (0, 3, 4))
+    assert sum(p.stat().st_size for p in root.glob("*" + SUFFIX)) <= 3 * size
+
+
+def test_two_evals_writing_at_once_leave_only_whole_entries(tmp_path):
+    """Two runs storing the same samples at the same time: every entry reads back whole
+    and equal, and no temp file is left."""
+    root = tmp_path / "features"
+    caches = [run_cache(root), run_cache(root)]
+
+    def write(cache: RunCache) -> None:
+        for n in range(12):
+            cache.store(*sample(n), *tensors(n))
+
+    threads = [threading.Thread(target=write, args=(c,)) for c in caches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [c.stored for c in caches] == [12, 12]
+    reader = run_cache(root)
+    for n in range(12):
+        got = reader.lookup(*sample(n), torch.bfloat16)
+        assert got is not None and torch.equal(got[0], tensors(n)[0]), n
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == [".lock"]
+
+
+def test_a_symlinked_cache_folder_is_not_used(tmp_path):
+    """A cache folder that is a symlink is refused in one warning line; nothing is written
+    through it."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "features").symlink_to(tmp_path / "real")
+    got = FeatureCache(tmp_path / "features", 2**30).open(CONTEXT, WIDTH)
+    assert isinstance(got, str) and "symlink" in got and "\n" not in got
+    assert list((tmp_path / "real").iterdir()) == []
+
+
+def test_a_sharded_run_says_its_features_were_cached_only_when_every_shard_s_were():
+    """The merged result of a sharded eval sums its shards' counts; one shard that computed
+    its features makes the run's not cached, whatever the first shard says."""
+    from orchestrator.eval.shard_plan import merge_result
+
+    def shard(cached: bool, hits: int, stored: int) -> dict:
+        feats = {"cached": cached, "cache": "on", "samples_cached": hits, "samples_stored": stored}
+        inputs = {"block_size": 4, "target_vocab_size": 32, "target_features": feats}
+        return {"inputs": inputs, "timings": {}}
+
+    def merged(*shards: dict) -> dict:
+        got = merge_result(list(shards), [], ground_truth_source={}, shards={}, job={}, wall_s=1)
+        return got["inputs"]["target_features"]
+
+    assert merged(shard(True, 3, 0), shard(False, 0, 2)) == {
+        "cached": False,
+        "cache": "on",
+        "samples_cached": 3,
+        "samples_stored": 2,
+    }
+    assert merged(shard(True, 3, 0), shard(True, 2, 0))["cached"] is True
+
+
+def test_the_setting_is_checked_once_by_the_contract(tmp_path):
+    """``feature_cache_gib`` in the eval role and in a job: the contract's one check on
+    both sides; 0 or absent is the default bound; ``feature_cache: false`` turns it off."""
+    assert JobSpec.from_json({}).feature_cache_bytes() == FEATURE_CACHE_DEFAULT_GIB * 2**30
+    assert JobSpec.from_json({"feature_cache_gib": 0}).feature_cache_bytes() == (
+        FEATURE_CACHE_DEFAULT_GIB * 2**30
+    )
+    assert JobSpec.from_json({"feature_cache_gib": 0.5}).feature_cache_bytes() == 2**29
+    off = JobSpec.from_json({"feature_cache": False, "feature_cache_gib": 4})
+    assert off.feature_cache_bytes() == 0
+    assert FeatureCache.for_job(str(tmp_path), off.feature_cache_bytes()) is None
+    for bad in (-1, "10G", float("nan"), True):
+        with pytest.raises(SpecError, match="feature_cache_gib"):
+            JobSpec.from_json({"feature_cache_gib": bad})
+    with pytest.raises(SpecError, match="feature cache switch"):
+        JobSpec.from_json({"feature_cache": "no"})
+    head = "hosts:\n  h:\n    roles:\n      eval: {drafters: /d, feature_cache_gib: %s}\n"
+    inv = parse_inventory(head % "2.5", Path("inv.yaml"))
+    assert inv.hosts["h"].eval.feature_cache_gib == 2.5
+    with pytest.raises(InventoryError) as err:
+        parse_inventory(head % "-3", Path("inv.yaml"))
+    assert str(err.value).startswith("inv.yaml:4: hosts.h.roles.eval.feature_cache_gib")
+    assert "number of GiB" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_remote_eval_reads_features_another_checkpoint_kept(
+    eval_sshd, ssh_base, make_inventory, tiny_target, gt_server, server, tmp_path
+):
+    """Over a loopback sshd: a checkpoint's eval keeps its features in the host's workdir
+    (bounded by the role's ``feature_cache_gib``); the next checkpoint's reads them all
+    back; ``--no-feature-cache`` computes them afresh, with the same rounds. The run's
+    summary and ``results show`` say where the features came from."""
+    from orchestrator.demo.train import train_drafter
+
+    drafters = eval_sshd.root / "fc-drafters"
+    train_drafter(str(tiny_target), str(drafters), save_steps=(0, 12), samples=6, batch_samples=3)
+    workdir = eval_sshd.root / "fc-dflash"
+    role = {
+        "drafters": str(drafters),
+        "target_model": str(tiny_target),
+        "ground_truth": gt_server.url,
+        "ground_truth_kind": "sglang",
+        "dtype": "float32",
+        "feature_cache_gib": 1,
+    }
+    inv = make_inventory(
+        hosts={
+            "evalhost": ssh_host_entry(
+                eval_sshd, ssh_base, roles={"eval": role}, workdir=str(workdir)
+            )
+        },
+        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    )
+
+    def remote_eval(checkpoint: str, *more: str) -> tuple[dict, list[dict], dict]:
+        got = dflash(
+            "remote-eval", "-c", checkpoint, "--samples", "3", "--max-new-tokens", "16",
+            "--budgets", "4", "-i", str(inv), "--json", *more, timeout=300,
+        )  # fmt: skip
+        assert got.returncode == 0, got.stderr
+        out = json.loads(got.stdout)
+        run_dir = Path(out["run_dir"])
+        result = json.loads((run_dir / "result.json").read_text())
+        lines = (run_dir / "samples.jsonl").read_text().splitlines()
+        features = result["inputs"]["target_features"]
+        return features, [comparable(json.loads(x)) for x in lines], out["summary"]
+
+    first, _, summary = remote_eval("step-0")
+    assert (first["cached"], first["samples_stored"]) == (False, 3)
+    assert summary["features_cached"] is False
+    assert len(list((workdir / "features").glob("*" + SUFFIX))) == 3
+    second, cached_records, summary = remote_eval("step-12")
+    assert (second["cached"], second["samples_cached"]) == (True, 3)
+    assert summary["features_cached"] is True
+    show = dflash("results", "show", summary["run_id"], "-i", str(inv))
+    row = next(line for line in show.stdout.splitlines() if "target features" in line)
+    assert "cached on host" in row
+    fresh, fresh_records, summary = remote_eval("step-12", "--no-feature-cache")
+    assert fresh == {"cached": False, "cache": "off"} and summary["features_cached"] is False
+    assert cached_records == fresh_records
