@@ -232,6 +232,12 @@ class Blocks:
             mixed = mixed[torch.argsort(order)]
         return attn.o_proj(mixed)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of what these blocks hold for `hidden` (the context K/V are views)."""
+        held = (self.h, self.k, self.v, self.q_raw, self.cos, self.sin, self.pos)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
     def hidden(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Final normed hidden states: of every row as [nb, B, hidden] (``rows`` None), or of
         the flat rows ``rows`` (block b, position j = ``b * B + j``) as [len(rows), hidden]."""

@@ -163,10 +163,11 @@ def estimate_bytes(
 ) -> int:
     """Peak bytes: target text weights + drafter weights + the largest sequence's working set
     (hidden states, kept features, drafter context K/V, one batch of blocks with its
-    attention scores, one head call's logits with their float32 log-softmax); with
+    attention scores, one head call's logits with their float32 log-softmax, the blocks
+    kept for tree searches); with
     ``positions="walk"``, the context K/V of the samples walking in lockstep
     (`remote.eval.walk.lockstep_batches`)."""
-    from remote.eval.drafts import SCORES_BYTES, Drafts, auto_chunk
+    from remote.eval.drafts import KEPT_BYTES, SCORES_BYTES, Drafts, auto_chunk
     from remote.eval.walk import LOCKSTEP_BYTES, LOCKSTEP_SAMPLES, context_kv_bytes
 
     h, B, k = dcfg.hidden_size, dcfg.block_size, len(dcfg.target_layer_ids)
@@ -180,7 +181,7 @@ def estimate_bytes(
     chunk = block_chunk or auto_chunk(dcfg, max_len)
     blocks = chunk * B * (h + 2 * dcfg.num_kv_heads * dcfg.head_dim) * itemsize * 4
     head = 10 * dcfg.vocab_size * Drafts.rows_per_head(dcfg.vocab_size)  # bf16 + 2 x float32
-    acts = max_len * h * (k + 8) * 4 + kv + SCORES_BYTES + blocks + head
+    acts = max_len * h * (k + 8) * 4 + kv + SCORES_BYTES + blocks + head + KEPT_BYTES
     return tbytes + drafter + acts
 
 
