@@ -11,13 +11,21 @@ which a drafter learns sample by sample) reaches ``--tau`` (3). Target, samples 
 trained drafter are cached under ``--workdir`` (default
 ``~/.cache/dflash/bench-drafter-share``), so a rerun measures without retraining.
 
-Measured in ONE run, rounds interleaved (median of ``--repeats``), on the same samples:
+Measured in ONE run, rounds interleaved (median of ``--repeats``), on the same samples,
+with the DDTree budgets (``--budgets``) and again without (the chain walk only):
 
 * ``all``: the engine drafting a block at every completion position, one sample at a time
   (``positions="all"``, the engine before round-starts-only drafting; opt-in now);
 * ``walk``: the default, blocks only where the chain walk and each DDTree budget's walk
-  start rounds, the samples in lockstep (`remote.eval.walk.lockstep_batches`);
+  start rounds, all walks of the samples in lockstep (`remote.eval.walk.walk_rounds`,
+  `remote.eval.walk.lockstep_batches`);
 * a bare transformers forward of the target over each sample (full logits).
+
+The parts are timed in process CPU seconds (``--clock cpu``, the default: on a shared
+machine wall time moves with the other processes' load) or wall seconds (``--clock wall``);
+wall and CPU totals are printed either way. With more than one thread the CPU clock counts
+the threads' spinning too, which small drafter calls pay for more: ``--threads 1`` is the
+cleanest comparison of the work done.
 
 Prints each part (target, drafter, DDTree, total) of both, the drafter's share of each
 eval, the ratio of the drafter parts (goal <= 1.3 / tau, token-weighted), eval / bare
@@ -26,6 +34,7 @@ ratios move with it on a shared box). Both modes must give the very same rounds 
 rounds; the script stops if not.
 
     python benchmarks/eval_drafter_share.py [--repeats 5] [--threads 2] [--budgets 8,16,32,64]
+        [--clock cpu|wall]
 """
 
 from __future__ import annotations
