@@ -124,6 +124,23 @@ def test_walk_positions_give_the_walks_of_all_positions_with_less_drafting():
         assert lazy["positions_drafted"] < full["positions_drafted"]
 
 
+def test_the_default_eval_drafts_where_rounds_start():
+    """The default (spec and options) drafts blocks only where the walks start rounds; its
+    per-position acceptance covers the chain walk's round starts, and `--positions all`
+    (opt-in) every completion position."""
+    assert EvalSpec().positions == WalkOptions().positions == "walk"
+    k = kit("qwen3")
+    drafter, _ = load_drafter(k.steps[-1], torch.float32)
+    target = load_target(k.target, torch.float32)
+    row = k.rows[0]
+    p, c = row["prompt_ids"], row["completion_ids"]
+    rec = eval_sequence(target, drafter, p, c, WalkOptions(budgets=[4]))
+    every = eval_sequence(target, drafter, p, c, WalkOptions(budgets=[4], positions="all"))
+    assert rec["rounds"] == every["rounds"] and rec["ddtree"] == every["ddtree"]
+    assert rec["position_attempts"][0] == len(rec["rounds"]) < len(c) - 1
+    assert every["position_attempts"][0] == len(c) - 1
+
+
 def test_walks_draft_each_block_once_and_evicted_blocks_give_the_same_rounds(monkeypatch):
     """The greedy and DDTree walks share what they draft: a block the chain walk drafted
     is not drafted again for a tree search there, nor the reverse (its last layer's inputs

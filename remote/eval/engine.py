@@ -18,11 +18,11 @@ never silently changes a run):
     max_samples       evaluate only the first N samples (default all)
     block_chunk       blocks per batched drafter call (default: sized to the memory the
                       attention scores may take, see remote.eval.drafts.auto_chunk)
-    positions         "all" (default): draft at every completion position, so
-                      per-position acceptance covers all of them. "walk": draft blocks only
-                      where the walks start rounds, samples in lockstep (one block per
-                      sample per drafter call); per-position acceptance then covers the
-                      chain walk's round starts; the same rounds
+    positions         "walk" (default): draft blocks only where the walks start rounds,
+                      samples in lockstep (their blocks of a step in shared drafter
+                      calls); per-position acceptance covers the chain walk's round
+                      starts. "all": draft at every completion position too, so
+                      per-position acceptance covers all of them; the same rounds
 
 Every check that can fail on the inputs (paths, drafter vs target compatibility, token ids,
 empty completions, memory) runs BEFORE any weights are loaded. Progress goes to stdout as JSON
@@ -159,7 +159,7 @@ def estimate_bytes(
     max_len: int,
     itemsize: int,
     block_chunk: int | None,
-    positions: str = "all",
+    positions: str = "walk",
 ) -> int:
     """Peak bytes: target text weights + drafter weights + the largest sequence's working set
     (hidden states, kept features, drafter context K/V, one batch of blocks with its

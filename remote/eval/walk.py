@@ -56,18 +56,19 @@ from remote.eval.metrics import ddtree_k, summarize  # noqa: F401
 class WalkOptions:
     """``budgets``: DDTree node budgets; ``topk``: per-depth candidates (None = the budget);
     ``block_chunk``: blocks per batched drafter call (memory vs speed; None = as many as
-    `remote.eval.drafts.auto_chunk` allows); ``positions``: ``"walk"``
-    drafts blocks only where the walks start rounds, the chain walk's and each DDTree
-    budget's (and, after a short round, the few positions its next rounds likely start at:
-    `ahead`), the samples of a batch in lockstep, each step's blocks in one drafter call
-    (per-position acceptance then covers the chain walk's round starts); ``"all"`` (the
-    default) also drafts a block at every completion position first, so per-position
-    acceptance covers all of them, as docs/dflash-eval.md describes it (the same rounds)."""
+    `remote.eval.drafts.auto_chunk` allows); ``positions``: ``"walk"`` (the
+    default) drafts blocks only where the walks start rounds, the chain walk's and each
+    DDTree budget's (and, after a short round, the few positions its next rounds likely
+    start at: `ahead`), the samples of a batch in lockstep, each step's blocks in shared
+    drafter calls (per-position acceptance then covers the chain walk's round starts);
+    ``"all"`` (opt-in) also drafts a block at every completion position first, so
+    per-position acceptance covers all of them, as docs/dflash-eval.md describes it (the
+    same rounds)."""
 
     budgets: list[int] = field(default_factory=list)
     topk: int | None = None
     block_chunk: int | None = None
-    positions: str = "all"
+    positions: str = "walk"
 
 
 LOCKSTEP_SAMPLES = 16  # samples walked in lockstep at most (one batch of `eval_batch`)
