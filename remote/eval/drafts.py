@@ -64,9 +64,10 @@ class Drafts:
 
     With ``k`` > 0 a drafted block's last-layer inputs stay (``kept``, `_build`) until
     `forget` passes its start or newer ones push it out (the batches kept keys hold stay
-    within KEPT_BYTES), so a tree search at a
-    block the chain walk drafted (or a chain walk at a block a tree search drafted) asks the
-    last layer for more rows instead of drafting the block again.
+    within KEPT_BYTES), so a tree search at a block the chain walk drafted (or a chain walk
+    at a block a tree search drafted) asks the last layer for more rows instead of drafting
+    the block again. Rows of blocks drafted in different calls go through the last layer
+    and the head together (`remote.eval.drafter_model.Blocks.joined`).
     """
 
     HEAD_BYTES = 8 * 2**20  # float32 logits of one head call, at most (HEAD_ROWS at least)
@@ -168,12 +169,8 @@ class Drafts:
         todo = sorted({key for key in chain if key not in self.accept})
         search = sorted({key for key in trees if key not in self.search})
         where = self._located(sorted(set(todo) | set(search)))
-        by_blocks: dict[int, tuple[object, list[Key]]] = {}
-        for key in todo:
-            blocks, _b = where[key]
-            by_blocks.setdefault(id(blocks), (blocks, []))[1].append(key)
-        for blocks, part in by_blocks.values():
-            self._accept(blocks, part, torch.tensor([where[key][1] for key in part]))
+        if todo:
+            self._accept(*self._joined(todo, where), todo)
         t = CLOCK()
         if search:
             self._search(search, budget, where)
@@ -192,9 +189,27 @@ class Drafts:
         for c in range(0, len(todo), self.chunk):
             part = todo[c : c + self.chunk]
             blocks, _seq, _st = self._build(part)
-            self._accept(blocks, part, torch.arange(len(part)))
+            self._accept(blocks, torch.arange(len(part)), part)
 
-    def _accept(self, blocks, part: list[Key], index: torch.Tensor) -> None:
+    @staticmethod
+    def _joined(keys: list[Key], where: dict) -> tuple[object, torch.Tensor]:
+        """(one Blocks holding the blocks at ``keys``, which `where` locates, the index of
+        each there): blocks drafted in different calls answer one `Blocks.hidden` call."""
+        from remote.eval.drafter_model import Blocks  # transformers: only when drafting
+
+        parts: dict[int, tuple[object, dict[int, int]]] = {}
+        for key in keys:
+            blocks, b = where[key]
+            parts.setdefault(id(blocks), (blocks, {}))[1].setdefault(b, 0)
+        at, index = 0, {}
+        for pid, (_blocks, picks) in parts.items():
+            for b in picks:
+                index[(pid, b)] = at
+                at += 1
+        joined = Blocks.joined([(blocks, list(picks)) for blocks, picks in parts.values()])
+        return joined, torch.tensor([index[(id(where[key][0]), where[key][1])] for key in keys])
+
+    def _accept(self, blocks, index: torch.Tensor, part: list[Key]) -> None:
         """``accept`` of the blocks at ``part``, block ``index[b]`` of ``blocks`` each."""
         seq = torch.tensor([i for i, _s in part])
         st = torch.tensor([s for _i, s in part])
@@ -257,21 +272,17 @@ class Drafts:
         in ``where`` (or kept), drafting the others (added to ``where`` for the search's
         later rounds)."""
         where.update(self._located(sorted(key for key in keys if key not in where)))
-        by_blocks: dict[int, tuple[object, list[Key]]] = {}
-        for key in keys:
-            blocks, _b = where[key]
-            by_blocks.setdefault(id(blocks), (blocks, []))[1].append(key)
-        for blocks, group in by_blocks.values():
-            rows, keys_of, depths = [], [], []
-            for key in group:
-                # as `_accept`: as many next depths as the block has rows (1, 2, 4, ...)
-                first, i, s = len(self.rows[key]) + 1, *key
-                last = min(2 * first - 1, self.B - 1, self.seqs[i].L - s) + 1
-                for d in range(first, last):
-                    rows.append(where[key][1] * self.B + d)
-                    keys_of.append(key)
-                    depths.append(d)
-            self.head(blocks.hidden(torch.tensor(rows)), keys_of, depths)
+        blocks, index = self._joined(keys, where)
+        rows, keys_of, depths = [], [], []
+        for key, b in zip(keys, index.tolist(), strict=True):
+            # as `_accept`: as many next depths as the block has rows (1, 2, 4, ...)
+            first, i, s = len(self.rows[key]) + 1, *key
+            last = min(2 * first - 1, self.B - 1, self.seqs[i].L - s) + 1
+            for d in range(first, last):
+                rows.append(b * self.B + d)
+                keys_of.append(key)
+                depths.append(d)
+        self.head(blocks.hidden(torch.tensor(rows)), keys_of, depths)
 
     def forget(self, i: int, below: int) -> None:
         """Drop sequence ``i``'s rows, searches and kept blocks of starts before ``below``
