@@ -11,13 +11,21 @@ which a drafter learns sample by sample) reaches ``--tau`` (3). Target, samples 
 trained drafter are cached under ``--workdir`` (default
 ``~/.cache/dflash/bench-drafter-share``), so a rerun measures without retraining.
 
-Measured in ONE run, rounds interleaved (median of ``--repeats``), on the same samples:
+Measured in ONE run, rounds interleaved (median of ``--repeats``), on the same samples,
+with the DDTree budgets (``--budgets``) and again without (the chain walk only):
 
 * ``all``: the engine drafting a block at every completion position, one sample at a time
   (``positions="all"``, the engine before round-starts-only drafting; opt-in now);
 * ``walk``: the default, blocks only where the chain walk and each DDTree budget's walk
-  start rounds, the samples in lockstep (`remote.eval.walk.lockstep_batches`);
+  start rounds, all walks of the samples in lockstep (`remote.eval.walk.walk_rounds`,
+  `remote.eval.walk.lockstep_batches`);
 * a bare transformers forward of the target over each sample (full logits).
+
+The parts are timed in process CPU seconds (``--clock cpu``, the default: on a shared
+machine wall time moves with the other processes' load) or wall seconds (``--clock wall``);
+wall and CPU totals are printed either way. With more than one thread the CPU clock counts
+the threads' spinning too, which small drafter calls pay for more: ``--threads 1`` is the
+cleanest comparison of the work done.
 
 Prints each part (target, drafter, DDTree, total) of both, the drafter's share of each
 eval, the ratio of the drafter parts (goal <= 1.3 / tau, token-weighted), eval / bare
@@ -26,6 +34,7 @@ ratios move with it on a shared box). Both modes must give the very same rounds 
 rounds; the script stops if not.
 
     python benchmarks/eval_drafter_share.py [--repeats 5] [--threads 2] [--budgets 8,16,32,64]
+        [--clock cpu|wall]
 """
 
 from __future__ import annotations
@@ -182,9 +191,9 @@ def setup(args) -> tuple[str, str, list[dict], dict]:
     return target, facts["drafter"], evals, facts
 
 
-def timed_modes(target, drafter, hf, samples, budgets, repeats: int) -> dict:
-    """Per mode, the median over interleaved rounds of its wall time and parts; the records
-    of the last round."""
+def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int) -> dict:
+    """Per mode (``all`` or ``walk``, with each of ``budget_sets``), the median over
+    interleaved rounds of its wall and CPU time and parts; the records of the last round."""
     import torch
 
     from remote.eval.walk import WalkOptions, eval_batch, lockstep_batches
@@ -192,7 +201,7 @@ def timed_modes(target, drafter, hf, samples, budgets, repeats: int) -> dict:
     itemsize = drafter.fc.weight.element_size()
     lengths = [len(p) + len(c) for p, c in samples]
 
-    def engine(positions: str) -> list[dict]:
+    def engine(positions: str, budgets: list[int]) -> list[dict]:
         """What `remote.eval.engine.run_eval` runs for these samples."""
         opts = WalkOptions(budgets=budgets, positions=positions)
         recs = []
@@ -204,19 +213,19 @@ def timed_modes(target, drafter, hf, samples, budgets, repeats: int) -> dict:
         for p, c in samples:
             hf(input_ids=torch.tensor([p + c]))
 
-    times: dict[str, dict[str, list[float]]] = {m: {} for m in ("bare", "all", "walk")}
-    recs: dict[str, list[dict]] = {}
+    modes = ["bare"] + [(m, tuple(b)) for b in budget_sets for m in ("all", "walk")]
+    times: dict = {m: {} for m in modes}
+    recs: dict = {}
     with torch.inference_mode():
         bare()  # warm-up of both
-        engine("walk")
+        engine("walk", budget_sets[0])
         for r in range(repeats):
-            order = ("bare", "all", "walk") if r % 2 == 0 else ("walk", "all", "bare")
-            for mode in order:
+            for mode in modes if r % 2 == 0 else modes[::-1]:
                 t, cpu = time.perf_counter(), time.process_time()
                 if mode == "bare":
                     bare()
                 else:
-                    recs[mode] = engine(mode)
+                    recs[mode] = engine(mode[0], list(mode[1]))
                 times[mode].setdefault("wall", []).append(time.perf_counter() - t)
                 times[mode].setdefault("cpu", []).append(time.process_time() - cpu)
                 for part in ("target", "drafter", "ddtree"):
@@ -246,6 +255,13 @@ def parse_args() -> argparse.Namespace:
         "--train-minutes", type=float, default=60, help="stop training after this, at most"
     )
     ap.add_argument("--drafter", help="measure this checkpoint of a training here instead")
+    ap.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="the parts' clock: process CPU time (default; wall time on a shared machine "
+        "moves with the other processes' load) or wall time",
+    )
     return ap.parse_args()
 
 
@@ -276,42 +292,53 @@ def print_setup(args, target_dir: str, drafter, report, samples, budgets, facts)
     )
 
 
-def print_parts(med: dict, recs: dict) -> None:
-    """Each mode's parts, its drafter's share of its eval, and the new / old ratios."""
-    rounds = [r["rounds"] for r in recs["walk"]]
+def print_parts(med: dict, recs: dict, budgets: tuple, clock: str) -> None:
+    """The parts of both modes with ``budgets``, the drafter's share of each eval, and the
+    new / old ratios."""
+    old, new = ("all", budgets), ("walk", budgets)
+    rounds = [r["rounds"] for r in recs[new]]
     tau = sum(map(sum, rounds)) / sum(map(len, rounds))
     per_sample = statistics.mean(sum(r) / len(r) for r in rounds)
     print(
-        f"tau {tau:.2f} token-weighted, {per_sample:.2f} per-sample mean; "
+        f"DDTree budgets {','.join(map(str, budgets)) or 'none (the chain walk only)'}: tau "
+        f"{tau:.2f} token-weighted, {per_sample:.2f} per-sample mean; "
         f"{sum(map(len, rounds))} rounds"
     )
-    blocks = {m: sum(r["blocks_drafted"] for r in recs[m]) for m in ("all", "walk")}
-    chain = {m: sum(r["positions_drafted"] for r in recs[m]) for m in ("all", "walk")}
+    blocks = {m: sum(r["blocks_drafted"] for r in recs[m]) for m in (old, new)}
+    chain = {m: sum(r["positions_drafted"] for r in recs[m]) for m in (old, new)}
     print(
-        "  seconds (median)       target  drafter   DDTree     wall  (CPU s)  drafter share  blocks"
+        f"  seconds (median, parts {clock})  target  drafter   DDTree     wall  (CPU s)  "
+        "drafter share  blocks"
     )
-    for m, label in (("all", "all positions (old)"), ("walk", "round starts (new)")):
+    for m, label in ((old, "all positions (old)"), (new, "round starts (new)")):
         t = med[m]
+        parts = t["target"] + t["drafter"] + t["ddtree"]
         print(
-            f"  {label:<21} {t['target']:7.2f}  {t['drafter']:7.2f}  {t['ddtree']:7.2f}  "
-            f"{t['wall']:7.2f}  ({t['cpu']:5.1f})  {t['drafter'] / t['wall']:13.3f}  "
+            f"  {label:<29} {t['target']:7.2f}  {t['drafter']:7.2f}  {t['ddtree']:7.2f}  "
+            f"{t['wall']:7.2f}  ({t['cpu']:5.1f})  {t['drafter'] / parts:13.3f}  "
             f"{blocks[m]:6d}"
         )
-    bare = med["bare"]["wall"]
-    print(f"  bare target forward   {bare:7.2f}   (transformers, full logits)")
-    share = med["walk"]["drafter"] / med["all"]["drafter"]
+    bare = med["bare"]
+    print(f"  bare target forward           {bare['wall']:7.2f} wall, {bare['cpu']:.2f} CPU s")
+    share = med[new]["drafter"] / med[old]["drafter"]
+    met = "met" if share <= 1.3 / tau else "NOT met"
     print(
-        f"new drafter part / old drafter part = {share:.3f}   (goal <= 1.3 / tau = "
-        f"{1.3 / tau:.3f}; blocks {blocks['walk'] / blocks['all']:.3f}, chain walk's round "
-        f"starts / positions {chain['walk'] / chain['all']:.3f})"
+        f"  new drafter part / old drafter part = {share:.3f}   (goal <= 1.3 / tau = "
+        f"{1.3 / tau:.3f}: {met}; blocks {blocks[new] / blocks[old]:.3f}, chain walk's "
+        f"round starts / positions {chain[new] / chain[old]:.3f})"
     )
-    if med["all"]["ddtree"]:
-        tree = med["walk"]["ddtree"] / med["all"]["ddtree"]
-        print(f"new DDTree part / old DDTree part   = {tree:.3f}")
+    if med[old]["ddtree"]:
+        tree = med[new]["ddtree"] / med[old]["ddtree"]
+        both = (med[new]["drafter"] + med[new]["ddtree"]) / (
+            med[old]["drafter"] + med[old]["ddtree"]
+        )
+        print(f"  new DDTree part / old DDTree part   = {tree:.3f}; drafter + DDTree {both:.3f}")
+    key = "cpu" if clock == "cpu" else "wall"
     print(
-        f"eval / bare target forward: before {med['all']['wall'] / bare:.2f}, "
-        f"after {med['walk']['wall'] / bare:.2f}   "
-        f"(new eval / old eval = {med['walk']['wall'] / med['all']['wall']:.3f})"
+        f"  eval / bare target forward ({key}): before {med[old][key] / bare[key]:.2f}, "
+        f"after {med[new][key] / bare[key]:.2f}   "
+        f"(new eval / old eval = {med[new][key] / med[old][key]:.3f}; wall "
+        f"{med[new]['wall'] / med[old]['wall']:.3f})"
     )
 
 
@@ -332,17 +359,24 @@ def main() -> None:
     samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
     print_setup(args, target_dir, drafter, report, samples, budgets, facts)
 
+    budget_sets = [tuple(budgets), ()] if budgets else [()]
+    if args.clock == "cpu":
+        from remote.eval import drafts
+
+        drafts.CLOCK = time.process_time
     before = load_avg()
-    got = timed_modes(target, drafter, hf, samples, budgets, args.repeats)
+    got = timed_modes(target, drafter, hf, samples, budget_sets, args.repeats)
     print(
         f"load average (1, 5, 15 min): {before} before, {load_avg()} after; median of "
         f"{args.repeats} interleaved rounds"
     )
     med, recs = got["median"], got["records"]
-    for old, new in zip(recs["all"], recs["walk"], strict=True):
-        if old["rounds"] != new["rounds"] or old["ddtree"] != new["ddtree"]:
-            raise SystemExit("the default eval's rounds differ from the all-positions engine's")
-    print_parts(med, recs)
+    for b in budget_sets:
+        for old, new in zip(recs[("all", b)], recs[("walk", b)], strict=True):
+            if old["rounds"] != new["rounds"] or old["ddtree"] != new["ddtree"]:
+                raise SystemExit("the walk's rounds differ from the all-positions engine's")
+    for b in budget_sets:
+        print_parts(med, recs, b, args.clock)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from remote.errors import UserError
 from remote.eval.drafter import load_drafter
 from remote.eval.engine import read_spec, run_eval
 from remote.eval.target import load_target
-from remote.eval.walk import WalkOptions, eval_sequence, summarize
+from remote.eval.walk import WalkOptions, eval_batch, eval_sequence, summarize
 from remote.protocol import EvalSpec
 from tests.helpers.evalkit import kit
 from tests.helpers.oracle import hf_model, online_rounds, plain_ddtree_rounds
@@ -122,6 +122,59 @@ def test_walk_positions_give_the_walks_of_all_positions_with_less_drafting():
         assert lazy["rounds"] == full["rounds"] and lazy["ddtree"] == full["ddtree"]
         assert full["positions_drafted"] == len(row["completion_ids"]) - 1
         assert lazy["positions_drafted"] < full["positions_drafted"]
+
+
+def test_the_default_eval_drafts_where_rounds_start():
+    """The default (spec and options) drafts blocks only where the walks start rounds; its
+    per-position acceptance covers the chain walk's round starts, and `--positions all`
+    (opt-in) every completion position."""
+    assert EvalSpec().positions == WalkOptions().positions == "walk"
+    k = kit("qwen3")
+    drafter, _ = load_drafter(k.steps[-1], torch.float32)
+    target = load_target(k.target, torch.float32)
+    row = k.rows[0]
+    p, c = row["prompt_ids"], row["completion_ids"]
+    rec = eval_sequence(target, drafter, p, c, WalkOptions(budgets=[4]))
+    every = eval_sequence(target, drafter, p, c, WalkOptions(budgets=[4], positions="all"))
+    assert rec["rounds"] == every["rounds"] and rec["ddtree"] == every["ddtree"]
+    assert rec["position_attempts"][0] == len(rec["rounds"]) < len(c) - 1
+    assert every["position_attempts"][0] == len(c) - 1
+
+
+def test_walks_draft_each_block_once_and_evicted_blocks_give_the_same_rounds(monkeypatch):
+    """The greedy and DDTree walks share what they draft: a block the chain walk drafted
+    is not drafted again for a tree search there, nor the reverse (its last layer's inputs
+    are kept), in either positions mode; with no room to keep blocks they are drafted again
+    and every round is the same."""
+    import remote.eval.drafts as drafts
+
+    k = kit("qwen3")
+    drafter, _ = load_drafter(k.steps[-1], torch.float32)
+    target = load_target(k.target, torch.float32)
+    samples = [(r["prompt_ids"], r["completion_ids"]) for r in k.rows[:3]]
+    built: list = []
+    build = drafts.Drafts._build
+
+    def counted(self, keys):
+        built.extend(keys)
+        return build(self, keys)
+
+    monkeypatch.setattr(drafts.Drafts, "_build", counted)
+    got = {}
+    for positions in ("walk", "all"):
+        built.clear()
+        opts = WalkOptions(budgets=[3, 8, 32], positions=positions)
+        got[positions] = eval_batch(target, drafter, samples, opts)
+        assert built and len(built) == len(set(built))  # no block drafted twice
+        assert sum(r["blocks_drafted"] for r in got[positions]) == len(built)
+    monkeypatch.setattr(drafts, "KEPT_BYTES", 0)
+    built.clear()
+    again = eval_batch(target, drafter, samples, WalkOptions(budgets=[3, 8, 32], positions="walk"))
+    assert len(built) > len(set(built))  # the searches drafted blocks again
+    for a, b, c in zip(got["walk"], got["all"], again, strict=True):
+        assert a["rounds"] == b["rounds"] == c["rounds"] and a["rounds"]
+        assert a["ddtree"] == b["ddtree"] == c["ddtree"]
+    assert any(max(r) >= 2 for rec in again for r in rec["ddtree"].values())
 
 
 def test_per_position_over_all_positions_and_summary():

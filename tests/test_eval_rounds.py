@@ -22,6 +22,7 @@ import torch
 
 from orchestrator.demo.architectures import Dims, save_tiny
 from remote.eval.drafter import load_drafter, read_config
+from remote.eval.drafter_model import Blocks
 from remote.eval.engine import run_eval
 from remote.eval.target import load_target
 from remote.eval.walk import (
@@ -207,6 +208,17 @@ def test_blocks_of_several_sequences_equal_each_drafted_alone(tmp_path):
         rows = torch.tensor([5 * 4 + 2, 0 * 5 + 1, 5 * 2 + 4, 5 * 5 + 3, 5 * 1 + 1, 5 * 3 + 2])
         torch.testing.assert_close(
             mixed.hidden(rows), want.reshape(-1, cfg.hidden_size)[rows], rtol=1e-5, atol=1e-5
+        )
+        # blocks drafted in two calls, joined in another order, answer one call the same
+        a = drafter.blocks(kvs, st[:3], first[:3], embed, seq=seq[:3])
+        b = drafter.blocks(kvs, st[3:], first[3:], embed, seq=seq[3:])
+        joined = Blocks.joined([(b, [2, 0]), (a, [1])])
+        torch.testing.assert_close(joined.hidden(), want[[5, 3, 1]], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            joined.hidden(torch.tensor([2 * 5 + 3, 0 * 5 + 1])),
+            want[[1, 5], [3, 1]],
+            rtol=1e-5,
+            atol=1e-5,
         )
 
 

@@ -104,10 +104,10 @@ PositionsOption = Annotated[
     str | None,
     typer.Option(
         callback=_positions,
-        help="Draft a block at 'all' completion positions (the default; per-position "
-        "acceptance over every one), or only where the walks start rounds, the samples in "
-        "lockstep ('walk'; per-position acceptance over those round starts; the same "
-        "rounds, fewer drafted rows in more, smaller drafter calls).",
+        help="Draft blocks only where the walks start rounds, the samples in lockstep "
+        "('walk', the default; per-position acceptance over the chain walk's round "
+        "starts), or at 'all' completion positions too (per-position acceptance over "
+        "every one; the same rounds, more drafting).",
     ),
 ]
 DeviceOption = Annotated[

@@ -232,6 +232,39 @@ class Blocks:
             mixed = mixed[torch.argsort(order)]
         return attn.o_proj(mixed)
 
+    @classmethod
+    def joined(cls, parts: list[tuple[Blocks, list[int]]]) -> Blocks:
+        """Blocks ``parts[p][1]`` of each ``parts[p][0]`` (of one drafter and one set of
+        sequences), in that order, as one `Blocks`, so one `hidden` call serves rows of
+        blocks drafted in different calls. A sequence's context K/V is its longest slice
+        among the parts (the rest is masked by each block's start)."""
+        if len(parts) == 1 and parts[0][1] == list(range(len(parts[0][0].starts))):
+            return parts[0][0]
+        out = cls.__new__(cls)
+        out.drafter, out.B = parts[0][0].drafter, parts[0][0].B
+        picks = [(b, torch.tensor(i, dtype=torch.long)) for b, i in parts]
+        for name in ("starts", "pos", "cos", "sin", "seq", "h", "k", "v"):
+            setattr(out, name, torch.cat([getattr(b, name)[i] for b, i in picks]))
+        raw = [b.q_raw for b, _i in picks]
+        out.q_raw = (
+            None
+            if any(q is None for q in raw)
+            else torch.cat([q[i] for q, (_b, i) in zip(raw, picks, strict=True)])
+        )
+        out.kv = {}
+        for b, _i in picks:
+            for s, layers in b.kv.items():
+                if s not in out.kv or layers[0][0].shape[1] > out.kv[s][0][0].shape[1]:
+                    out.kv[s] = layers
+        out.runs = _runs(out.seq)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of what these blocks hold for `hidden` (the context K/V are views)."""
+        held = (self.h, self.k, self.v, self.q_raw, self.cos, self.sin, self.pos)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
     def hidden(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Final normed hidden states: of every row as [nb, B, hidden] (``rows`` None), or of
         the flat rows ``rows`` (block b, position j = ``b * B + j``) as [len(rows), hidden]."""

@@ -7,6 +7,7 @@ torch is imported at module import: import this module lazily.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,10 @@ from remote.eval.ddtree import TreeSearch
 from remote.eval.target import greedy_tokens
 
 SCORES_BYTES = 16 * 2**20  # attention scores of one batched drafter call, at most
+# The clock of the records' drafter and DDTree seconds (a benchmark on a shared machine
+# may set time.process_time: wall time there moves with other processes' load).
+CLOCK = time.perf_counter
+KEPT_BYTES = 64 * 2**20  # drafted blocks' last-layer inputs kept for later tree searches, at most
 
 
 def auto_chunk(cfg, context: int, budget: int = SCORES_BYTES) -> int:
@@ -56,6 +61,13 @@ class Drafts:
     acceptance walk computes is kept, and `trees` adds deeper ones only where a tree
     search asks for them. ``search[key]``: the finished `TreeSearch` there (acceptance of
     every budget). ``built[i]``: blocks drafted for sequence ``i`` so far.
+
+    With ``k`` > 0 a drafted block's last-layer inputs stay (``kept``, `_build`) until
+    `forget` passes its start or newer ones push it out (the batches kept keys hold stay
+    within KEPT_BYTES), so a tree search at a block the chain walk drafted (or a chain walk
+    at a block a tree search drafted) asks the last layer for more rows instead of drafting
+    the block again. Rows of blocks drafted in different calls go through the last layer
+    and the head together (`remote.eval.drafter_model.Blocks.joined`).
     """
 
     HEAD_BYTES = 8 * 2**20  # float32 logits of one head call, at most (HEAD_ROWS at least)
@@ -76,6 +88,9 @@ class Drafts:
         self.search: dict[Key, TreeSearch] = {}
         self.kept_from = [q.P for q in seqs]  # `forget` dropped every start before these
         self.built = [0] * len(seqs)
+        self.kept: dict[Key, tuple[object, int]] = {}  # key -> (its Blocks, index there)
+        self.held: dict[int, list[int]] = {}  # id(Blocks) -> [its bytes, keys kept of it]
+        self.kept_bytes = 0  # of the Blocks that kept keys hold
 
     @classmethod
     def rows_per_head(cls, vocab: int) -> int:
@@ -112,9 +127,54 @@ class Drafts:
         first = self.flat[self.offset[seq] + st]
         kvs = [q.kv for q in self.seqs]
         blocks = self.drafter.blocks(kvs, st, first, self.target.embed, seq=seq)
-        for i, _s in keys:
+        for b, (i, s) in enumerate(keys):
             self.built[i] += 1
+            if self.k and s >= self.kept_from[i]:
+                self._keep((i, s), blocks, b)
+        while self.kept_bytes > KEPT_BYTES:  # the oldest go; drafting again is exact
+            self._drop(next(iter(self.kept)))
         return blocks, seq, st
+
+    def _keep(self, key: Key, blocks, b: int) -> None:
+        self._drop(key)
+        held = self.held.setdefault(id(blocks), [blocks.nbytes, 0])
+        self.kept_bytes += held[0] if held[1] == 0 else 0
+        held[1] += 1
+        self.kept[key] = (blocks, b)
+
+    def _drop(self, key: Key) -> None:
+        if (got := self.kept.pop(key, None)) is not None:
+            held = self.held[id(got[0])]
+            held[1] -= 1
+            if held[1] == 0:  # no key holds that batch any more: its memory goes
+                self.kept_bytes -= held[0]
+                del self.held[id(got[0])]
+
+    def _located(self, keys: list[Key]) -> dict[Key, tuple[object, int]]:
+        """(Blocks, index there) of each of ``keys`` (sorted, unique): the kept ones as they
+        are, the others drafted now, ``chunk`` blocks per drafter call."""
+        where = {key: self.kept[key] for key in keys if key in self.kept}
+        new = [key for key in keys if key not in where]
+        for c in range(0, len(new), self.chunk):
+            part = new[c : c + self.chunk]
+            blocks, _seq, _st = self._build(part)
+            where.update((key, (blocks, b)) for b, key in enumerate(part))
+        return where
+
+    def draft(self, chain: list[Key], trees: list[Key], budget: int) -> float:
+        """One lockstep step of every walk: ``accept`` at ``chain`` and the `TreeSearch` of
+        ``budget`` at ``trees`` (those not known yet), the blocks of both that are not kept
+        drafted together, ``chunk`` blocks per drafter call. Returns the seconds the tree
+        searches took (their rows beyond the blocks' drafting)."""
+        todo = sorted({key for key in chain if key not in self.accept})
+        search = sorted({key for key in trees if key not in self.search})
+        where = self._located(sorted(set(todo) | set(search)))
+        if todo:
+            self._accept(*self._joined(todo, where), todo)
+        t = CLOCK()
+        if search:
+            self._search(search, budget, where)
+        return CLOCK() - t
 
     def _truth(self, seq: torch.Tensor, st: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(``g[s+j]`` of the blocks at (seq, st) for ``j = 0..B-1``, whether ``s+j <= L``)."""
@@ -128,31 +188,55 @@ class Drafts:
         todo = sorted({key for key in keys if key not in self.accept})
         for c in range(0, len(todo), self.chunk):
             part = todo[c : c + self.chunk]
-            blocks, seq, st = self._build(part)
-            truth, ok = self._truth(seq, st)
-            acc = torch.zeros(len(part), dtype=torch.long)
-            alive, j, width = torch.arange(len(part)), 1, 1
-            while j < self.B and len(alive):  # rows only for blocks still matching
-                # Each pass reads the last layer's and the head's weights again: blocks that
-                # keep matching take twice the depths in each next pass (1, 2, 4, ...), at
-                # most as many rows again as they need.
-                w, width = min(self.B - j, width), 2 * width
-                blk = alive[:, None].expand(-1, w)
-                depth = torch.arange(j, j + w)[None, :].expand(len(alive), -1)
-                have = ok[blk, depth]  # s + depth <= L
-                pred = torch.full(have.shape, -1, dtype=torch.long)
-                if not bool(have.any()):  # every block still matching reached L
-                    break
-                pred[have] = self.head(
-                    blocks.hidden((blk * self.B + depth)[have]),
-                    [part[b] for b in blk[have].tolist()],
-                    depth[have].tolist(),
-                )
-                right = (pred == truth[blk, depth]) & have
-                run = right.long().cumprod(1).sum(1)  # leading right depths in the window
-                acc[alive] += run
-                alive, j = alive[run == w], j + w
-            self.accept.update(zip(part, acc.tolist(), strict=True))
+            blocks, _seq, _st = self._build(part)
+            self._accept(blocks, torch.arange(len(part)), part)
+
+    @staticmethod
+    def _joined(keys: list[Key], where: dict) -> tuple[object, torch.Tensor]:
+        """(one Blocks holding the blocks at ``keys``, which `where` locates, the index of
+        each there): blocks drafted in different calls answer one `Blocks.hidden` call."""
+        from remote.eval.drafter_model import Blocks  # transformers: only when drafting
+
+        parts: dict[int, tuple[object, dict[int, int]]] = {}
+        for key in keys:
+            blocks, b = where[key]
+            parts.setdefault(id(blocks), (blocks, {}))[1].setdefault(b, 0)
+        at, index = 0, {}
+        for pid, (_blocks, picks) in parts.items():
+            for b in picks:
+                index[(pid, b)] = at
+                at += 1
+        joined = Blocks.joined([(blocks, list(picks)) for blocks, picks in parts.values()])
+        return joined, torch.tensor([index[(id(where[key][0]), where[key][1])] for key in keys])
+
+    def _accept(self, blocks, index: torch.Tensor, part: list[Key]) -> None:
+        """``accept`` of the blocks at ``part``, block ``index[b]`` of ``blocks`` each."""
+        seq = torch.tensor([i for i, _s in part])
+        st = torch.tensor([s for _i, s in part])
+        truth, ok = self._truth(seq, st)
+        acc = torch.zeros(len(part), dtype=torch.long)
+        alive, j, width = torch.arange(len(part)), 1, 1
+        while j < self.B and len(alive):  # rows only for blocks still matching
+            # Each pass reads the last layer's and the head's weights again: blocks that
+            # keep matching take twice the depths in each next pass (1, 2, 4, ...), at
+            # most as many rows again as they need.
+            w, width = min(self.B - j, width), 2 * width
+            blk = alive[:, None].expand(-1, w)
+            depth = torch.arange(j, j + w)[None, :].expand(len(alive), -1)
+            have = ok[blk, depth]  # s + depth <= L
+            pred = torch.full(have.shape, -1, dtype=torch.long)
+            if not bool(have.any()):  # every block still matching reached L
+                break
+            pred[have] = self.head(
+                blocks.hidden((index[blk] * self.B + depth)[have]),
+                [part[b] for b in blk[have].tolist()],
+                depth[have].tolist(),
+            )
+            right = (pred == truth[blk, depth]) & have
+            run = right.long().cumprod(1).sum(1)  # leading right depths in the window
+            acc[alive] += run
+            alive, j = alive[run == w], j + w
+        self.accept.update(zip(part, acc.tolist(), strict=True))
 
     def trees(self, keys: list[Key], budget: int) -> None:
         """Run the `TreeSearch` of ``budget`` at ``keys`` (those not searched yet), ``chunk``
@@ -160,55 +244,51 @@ class Drafts:
         search that asks for one beyond ``rows``."""
         todo = sorted({key for key in keys if key not in self.search})
         for c in range(0, len(todo), self.chunk):
-            group = todo[c : c + self.chunk]
-            pending = {}
-            for i, s in group:
-                g, L = self.seqs[i].g, self.seqs[i].L
-                pending[(i, s)] = TreeSearch(
-                    g[s + 1 : s + 1 + min(self.B - 1, L - s)].tolist(), budget
-                )
-            self.search.update(pending)
-            built: dict[Key, tuple[object, int]] = {}  # key -> (its Blocks, index there)
-            while pending:
-                asks = []
-                for key, search in list(pending.items()):
-                    have = self.rows.setdefault(key, [])
-                    while (d := search.need()) is not None and d <= len(have):
-                        search.feed(*(t.tolist() for t in have[d - 1]))
-                    if d is None:
-                        del pending[key]
-                    else:
-                        asks.append(key)
-                if asks:
-                    self._next_rows(asks, built)
+            self._search(todo[c : c + self.chunk], budget, {})
 
-    def _next_rows(self, keys: list[Key], built: dict) -> None:
-        """Append the next depth rows to ``rows[key]`` for each of ``keys``, building the
-        blocks not built yet (kept in ``built`` for the search's later rounds)."""
-        new = sorted(key for key in keys if key not in built)
-        if new:
-            blocks, _seq, _st = self._build(new)
-            built.update((key, (blocks, b)) for b, key in enumerate(new))
-        by_blocks: dict[int, tuple[object, list[Key]]] = {}
-        for key in keys:
-            blocks, _b = built[key]
-            by_blocks.setdefault(id(blocks), (blocks, []))[1].append(key)
-        for blocks, group in by_blocks.values():
-            rows, keys_of, depths = [], [], []
-            for key in group:
-                # as `ensure`: as many next depths as the block has rows (1, 2, 4, ...)
-                first, i, s = len(self.rows[key]) + 1, *key
-                last = min(2 * first - 1, self.B - 1, self.seqs[i].L - s) + 1
-                for d in range(first, last):
-                    rows.append(built[key][1] * self.B + d)
-                    keys_of.append(key)
-                    depths.append(d)
-            self.head(blocks.hidden(torch.tensor(rows)), keys_of, depths)
+    def _search(self, group: list[Key], budget: int, where: dict) -> None:
+        """The searches at ``group`` (not searched yet); ``where``: (Blocks, index) of
+        blocks at hand (`_located`), the kept ones and those drafted on demand besides."""
+        pending = {}
+        for i, s in group:
+            g, L = self.seqs[i].g, self.seqs[i].L
+            pending[(i, s)] = TreeSearch(g[s + 1 : s + 1 + min(self.B - 1, L - s)].tolist(), budget)
+        self.search.update(pending)
+        while pending:
+            asks = []
+            for key, search in list(pending.items()):
+                have = self.rows.setdefault(key, [])
+                while (d := search.need()) is not None and d <= len(have):
+                    search.feed(*(t.tolist() for t in have[d - 1]))
+                if d is None:
+                    del pending[key]
+                else:
+                    asks.append(key)
+            if asks:
+                self._next_rows(asks, where)
+
+    def _next_rows(self, keys: list[Key], where: dict) -> None:
+        """Append the next depth rows to ``rows[key]`` for each of ``keys``, from the blocks
+        in ``where`` (or kept), drafting the others (added to ``where`` for the search's
+        later rounds)."""
+        where.update(self._located(sorted(key for key in keys if key not in where)))
+        blocks, index = self._joined(keys, where)
+        rows, keys_of, depths = [], [], []
+        for key, b in zip(keys, index.tolist(), strict=True):
+            # as `_accept`: as many next depths as the block has rows (1, 2, 4, ...)
+            first, i, s = len(self.rows[key]) + 1, *key
+            last = min(2 * first - 1, self.B - 1, self.seqs[i].L - s) + 1
+            for d in range(first, last):
+                rows.append(b * self.B + d)
+                keys_of.append(key)
+                depths.append(d)
+        self.head(blocks.hidden(torch.tensor(rows)), keys_of, depths)
 
     def forget(self, i: int, below: int) -> None:
-        """Drop sequence ``i``'s rows and searches of starts before ``below`` (no walk
-        returns there)."""
+        """Drop sequence ``i``'s rows, searches and kept blocks of starts before ``below``
+        (no walk returns there)."""
         for s in range(self.kept_from[i], below):
             self.rows.pop((i, s), None)
             self.search.pop((i, s), None)
+            self._drop((i, s))
         self.kept_from[i] = max(self.kept_from[i], below)

@@ -18,11 +18,11 @@ never silently changes a run):
     max_samples       evaluate only the first N samples (default all)
     block_chunk       blocks per batched drafter call (default: sized to the memory the
                       attention scores may take, see remote.eval.drafts.auto_chunk)
-    positions         "all" (default): draft at every completion position, so
-                      per-position acceptance covers all of them. "walk": draft blocks only
-                      where the walks start rounds, samples in lockstep (one block per
-                      sample per drafter call); per-position acceptance then covers the
-                      chain walk's round starts; the same rounds
+    positions         "walk" (default): draft blocks only where the walks start rounds,
+                      samples in lockstep (their blocks of a step in shared drafter
+                      calls); per-position acceptance covers the chain walk's round
+                      starts. "all": draft at every completion position too, so
+                      per-position acceptance covers all of them; the same rounds
 
 Every check that can fail on the inputs (paths, drafter vs target compatibility, token ids,
 empty completions, memory) runs BEFORE any weights are loaded. Progress goes to stdout as JSON
@@ -159,14 +159,15 @@ def estimate_bytes(
     max_len: int,
     itemsize: int,
     block_chunk: int | None,
-    positions: str = "all",
+    positions: str = "walk",
 ) -> int:
     """Peak bytes: target text weights + drafter weights + the largest sequence's working set
     (hidden states, kept features, drafter context K/V, one batch of blocks with its
-    attention scores, one head call's logits with their float32 log-softmax); with
+    attention scores, one head call's logits with their float32 log-softmax, the blocks
+    kept for tree searches); with
     ``positions="walk"``, the context K/V of the samples walking in lockstep
     (`remote.eval.walk.lockstep_batches`)."""
-    from remote.eval.drafts import SCORES_BYTES, Drafts, auto_chunk
+    from remote.eval.drafts import KEPT_BYTES, SCORES_BYTES, Drafts, auto_chunk
     from remote.eval.walk import LOCKSTEP_BYTES, LOCKSTEP_SAMPLES, context_kv_bytes
 
     h, B, k = dcfg.hidden_size, dcfg.block_size, len(dcfg.target_layer_ids)
@@ -180,7 +181,7 @@ def estimate_bytes(
     chunk = block_chunk or auto_chunk(dcfg, max_len)
     blocks = chunk * B * (h + 2 * dcfg.num_kv_heads * dcfg.head_dim) * itemsize * 4
     head = 10 * dcfg.vocab_size * Drafts.rows_per_head(dcfg.vocab_size)  # bf16 + 2 x float32
-    acts = max_len * h * (k + 8) * 4 + kv + SCORES_BYTES + blocks + head
+    acts = max_len * h * (k + 8) * 4 + kv + SCORES_BYTES + blocks + head + KEPT_BYTES
     return tbytes + drafter + acts
 
 

@@ -10,10 +10,12 @@ Per sequence ``g = prompt + completion`` (``P`` prompt tokens, last index ``L``)
    ``min(a_s + 1, L - s)``; ``s += length``; stop at ``L``. (The first completion token
    comes from the target's prefill, as in z-lab's loop, and is not a round.) Blocks are
    always ``B`` long, as in a generation that ends on EOS. The samples of a batch walk in
-   lockstep: each step drafts, in ONE drafter call, the block where every unfinished walk
-   stands (`chain_rounds`), so the drafter's rows are about rounds x ``B``, not
-   positions x ``B``. The last drafter layer and the head run depth by depth, only for
-   blocks still matching: about tau rows per block instead of ``B``
+   lockstep, and with them the DDTree walks of step 3 (`walk_rounds`): each step drafts,
+   in ONE drafter call, the blocks every unfinished walk asks for and no earlier step
+   drafted, so the drafter's rows are about rounds x ``B``, not positions x ``B``, and a
+   block is drafted once for all the walks that start rounds there. The last drafter
+   layer and the head run depth by depth, only for blocks still matching: about tau rows
+   per block instead of ``B``
    (`remote.eval.drafter_model.Blocks`). With ``positions="all"`` every completion position's
    block is drafted first (batched), for per-position acceptance over all of them.
 3. DDTree-N walks the same way with tree acceptance, from per-depth top-k log-probs of the
@@ -21,9 +23,10 @@ Per sequence ``g = prompt + completion`` (``P`` prompt tokens, last index ``L``)
    visited position answers every budget at once (a smaller budget's tree is the first
    nodes of the largest one's), and asks for a depth's row only when the best-first order
    reaches it or the ground truth is still in the tree: the rows step 2 computed are
-   reused, and a drafter that misses at depth 1 costs no more rows. The walks of all
-   budgets and samples advance in lockstep, computing what they need in shared batches
-   (`ddtree_rounds`).
+   reused, and so are the blocks (their last layer's inputs, `remote.eval.drafts.Drafts`
+   keeps them), so a deeper row costs the last layer and the head only; a drafter that
+   misses at depth 1 costs no more rows. The walks of all budgets and samples advance with
+   the greedy ones, computing what they need in shared batches (`walk_rounds`).
 
 Memory stays flat in the sequence length: drafter blocks, attention scores and head logits
 go in batches of bounded bytes (`remote.eval.drafts`, which drafts and keeps the blocks),
@@ -37,11 +40,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import itertools
-import time
 from dataclasses import dataclass, field
 
 import torch
 
+from remote.eval import drafts as _drafts
 from remote.eval.drafts import Drafts, Seq
 
 # The metrics live in a torch-free module shared with the orchestrator's shard merge;
@@ -53,18 +56,19 @@ from remote.eval.metrics import ddtree_k, summarize  # noqa: F401
 class WalkOptions:
     """``budgets``: DDTree node budgets; ``topk``: per-depth candidates (None = the budget);
     ``block_chunk``: blocks per batched drafter call (memory vs speed; None = as many as
-    `remote.eval.drafts.auto_chunk` allows); ``positions``: ``"walk"``
-    drafts blocks only where the walks start rounds, the chain walk's and each DDTree
-    budget's (and, after a short round, the few positions its next rounds likely start at:
-    `ahead`), the samples of a batch in lockstep, each step's blocks in one drafter call
-    (per-position acceptance then covers the chain walk's round starts); ``"all"`` (the
-    default) also drafts a block at every completion position first, so per-position
-    acceptance covers all of them, as docs/dflash-eval.md describes it (the same rounds)."""
+    `remote.eval.drafts.auto_chunk` allows); ``positions``: ``"walk"`` (the
+    default) drafts blocks only where the walks start rounds, the chain walk's and each
+    DDTree budget's (and, after a short round, the few positions its next rounds likely
+    start at: `ahead`), the samples of a batch in lockstep, each step's blocks in shared
+    drafter calls (per-position acceptance then covers the chain walk's round starts);
+    ``"all"`` (opt-in) also drafts a block at every completion position first, so
+    per-position acceptance covers all of them, as docs/dflash-eval.md describes it (the
+    same rounds)."""
 
     budgets: list[int] = field(default_factory=list)
     topk: int | None = None
     block_chunk: int | None = None
-    positions: str = "all"
+    positions: str = "walk"
 
 
 LOCKSTEP_SAMPLES = 16  # samples walked in lockstep at most (one batch of `eval_batch`)
@@ -114,72 +118,53 @@ def ahead(s: int, last: int | None, L: int, B: int) -> range:
     return range(s, min(s + (max(1, B // 2) if short else 1), L))
 
 
-def chain_rounds(drafts: Drafts) -> tuple[list[list[int]], list[float]]:
-    """Every sequence's greedy walk, in lockstep: each step drafts, in one batch, what
-    every unfinished walk asks for (`ahead`), then moves each through every round whose
-    start is drafted, by its length ``min(a_s + 1, L - s)``. Returns (round lengths,
-    seconds) per sequence, a step's time shared by the blocks it drafted for each."""
-    seqs, B = drafts.seqs, drafts.B
-    at = [q.P for q in seqs]
-    rounds: list[list[int]] = [[] for _ in seqs]
-    spent = [0.0] * len(seqs)
-    while live := [i for i, q in enumerate(seqs) if at[i] < q.L]:
-        t, built = time.perf_counter(), list(drafts.built)
-        want = []
-        for i in live:
-            last = rounds[i][-1] if rounds[i] else None
-            want += [(i, p) for p in ahead(at[i], last, seqs[i].L, B)]
-        drafts.ensure(want)
-        for i in live:
-            while at[i] < seqs[i].L and (i, at[i]) in drafts.accept:
-                n = min(drafts.accept[(i, at[i])] + 1, seqs[i].L - at[i])
-                rounds[i].append(n)
-                at[i] += n
-        new = [b - a for a, b in zip(built, drafts.built, strict=True)]
-        _share(
-            time.perf_counter() - t,
-            new if any(new) else [int(i in live) for i in range(len(seqs))],
-            spent,
-        )
-    return rounds, spent
-
-
-def ddtree_rounds(
+def walk_rounds(
     drafts: Drafts, budgets: list[int]
-) -> tuple[list[dict[str, list[int]]], list[float]]:
-    """DDTree-N round lengths of every sequence and budget, all walks advanced in lockstep.
+) -> tuple[list[list[int]], list[dict[str, list[int]]], list[float], list[float]]:
+    """Every sequence's greedy walk and DDTree-N walks, all advanced in lockstep.
 
-    One `TreeSearch` per visited position answers every budget (`Drafts.trees`). Each step
-    searches, in shared batches, the positions every unfinished walk asks for (`ahead`).
-    Returns ({str(budget): round lengths}, seconds) per sequence, a step's time shared
-    among the walks it served.
+    Each step asks, for every unfinished walk, for the positions it wants (`ahead`): the
+    greedy walk their acceptance, a DDTree walk their `TreeSearch` (one per position answers
+    every budget, `Drafts.trees`). `Drafts.draft` drafts the blocks of both that it does not
+    hold yet in shared drafter calls, then every walk moves through each round whose start
+    is known, by its length ``min(a + 1, L - s)``. Returns (round lengths, {str(budget):
+    round lengths}, drafter seconds, DDTree seconds) per sequence: a step's drafting
+    shared by the blocks it drafted for each, its tree searches by the DDTree walks served.
     """
     seqs, B = drafts.seqs, drafts.B
-    top = max(budgets)
-    at = {(i, n): q.P for i, q in enumerate(seqs) for n in budgets}
-    out = [{str(n): [] for n in budgets} for _ in seqs]
-    spent = [0.0] * len(seqs)
+    top = max(budgets, default=0)
+    at = {(i, n): q.P for i, q in enumerate(seqs) for n in (0, *budgets)}  # walk 0: greedy
+    out = [{n: [] for n in (0, *budgets)} for _ in seqs]
+    chain_s, tree_s = [0.0] * len(seqs), [0.0] * len(seqs)
     while live := [(i, n) for (i, n), s in at.items() if s < seqs[i].L]:
-        t = time.perf_counter()
-        if any((i, at[(i, n)]) not in drafts.search for i, n in live):
-            want = set()
-            for i, n in live:
-                last = out[i][str(n)][-1] if out[i][str(n)] else None
-                want.update((i, p) for p in ahead(at[(i, n)], last, seqs[i].L, B))
-            drafts.trees(sorted(want), top)
+        t, built = _drafts.CLOCK(), list(drafts.built)
+        want: dict[int, set] = {0: set(), top: set()}
         for i, n in live:
-            s = at[(i, n)]
-            a = drafts.search[(i, s)].accepted(n)
-            out[i][str(n)].append(min(a + 1, seqs[i].L - s))
-            at[(i, n)] += out[i][str(n)][-1]
+            known = drafts.accept if n == 0 else drafts.search
+            if (i, at[(i, n)]) not in known:
+                last = out[i][n][-1] if out[i][n] else None
+                want[0 if n == 0 else top].update(
+                    (i, p) for p in ahead(at[(i, n)], last, seqs[i].L, B)
+                )
+        searched = drafts.draft(sorted(want[0]), sorted(want[top]), top)
+        for i, n in live:
+            known = drafts.accept if n == 0 else drafts.search
+            while at[(i, n)] < seqs[i].L and (i, at[(i, n)]) in known:
+                s = at[(i, n)]
+                a = drafts.accept[(i, s)] if n == 0 else drafts.search[(i, s)].accepted(n)
+                out[i][n].append(min(a + 1, seqs[i].L - s))
+                at[(i, n)] += out[i][n][-1]
         for i in {i for i, _n in live}:
-            drafts.forget(i, min(at[(i, n)] for n in budgets))
-        _share(
-            time.perf_counter() - t,
-            [sum(i == j for j, _n in live) for i in range(len(seqs))],
-            spent,
-        )
-    return out, spent
+            drafts.forget(i, min(at[(i, n)] for n in (0, *budgets)))
+        spent = _drafts.CLOCK() - t
+        new = [b - a for a, b in zip(built, drafts.built, strict=True)]
+        trees = [sum(i == j and n > 0 for j, n in live) for i in range(len(seqs))]
+        walking = [int(any(i == j for j, _n in live)) for i in range(len(seqs))]
+        _share(spent - searched, new if any(new) else walking, chain_s)
+        if any(trees):
+            _share(searched, trees, tree_s)
+    rounds = [o.pop(0) for o in out]
+    return rounds, [{str(n): r for n, r in o.items()} for o in out], chain_s, tree_s
 
 
 def _libc():
@@ -242,7 +227,7 @@ def eval_batch(
     bound_heap()
     seqs, base = [], []
     for n, (prompt, completion) in enumerate(samples):
-        t0 = time.perf_counter()
+        t0 = _drafts.CLOCK()
         g = list(prompt) + list(completion)
         P, L = len(prompt), len(g) - 1
         gt = torch.tensor(g, dtype=torch.long)
@@ -250,27 +235,23 @@ def eval_batch(
             feats, greedy = target.forward(g, drafter.cfg.target_layer_ids, argmax_from=P - 1)
         else:
             feats, greedy = given[n]
-        t_target = time.perf_counter() - t0
+        t_target = _drafts.CLOCK() - t0
         # Agreement: target argmax at t predicts g[t+1], for every completion token.
         agree = int((greedy[: L - P + 1] == gt[P:]).sum())
-        t1 = time.perf_counter()
+        t1 = _drafts.CLOCK()
         kv = drafter.context_kv(feats.to(drafter.fc.weight.dtype))
         del feats, greedy
         seqs.append(Seq(gt, P, kv))
-        base.append({"target": t_target, "drafter": time.perf_counter() - t1, "agree": agree})
+        base.append({"target": t_target, "drafter": _drafts.CLOCK() - t1, "agree": agree})
 
     k = ddtree_k(max(opts.budgets), opts.topk, target.info.vocab_size) if opts.budgets else 0
     drafts = Drafts(drafter, target, seqs, opts.block_chunk, k)
     if opts.positions == "all":
         for i, q in enumerate(seqs):
-            t = time.perf_counter()
+            t = _drafts.CLOCK()
             drafts.ensure([(i, s) for s in range(q.P, q.L)])
-            base[i]["drafter"] += time.perf_counter() - t
-    rounds, chain_s = chain_rounds(drafts)
-    if opts.budgets:
-        ddtree, tree_s = ddtree_rounds(drafts, opts.budgets)
-    else:
-        ddtree, tree_s = [{} for _ in seqs], [0.0] * len(seqs)
+            base[i]["drafter"] += _drafts.CLOCK() - t
+    rounds, ddtree, chain_s, tree_s = walk_rounds(drafts, opts.budgets)
 
     B = drafter.block_size
     attempts = [[0] * (B - 1) for _ in seqs]

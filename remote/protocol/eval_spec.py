@@ -67,10 +67,11 @@ class EvalSpec:
     by the job there; ``budgets`` are the DDTree node budgets (none: chain walk only),
     ``topk`` the per-depth candidates (None: the budget), ``max_samples`` the first N
     ground-truth samples (None: all), ``block_chunk`` blocks per batched drafter call
-    (None: sized to memory), ``positions`` ``all`` (a block at every completion position,
-    for per-position acceptance over all of them) or ``walk`` (blocks only where rounds
-    start, the samples in lockstep; the same rounds, fewer rows, but more and smaller
-    drafter calls: benchmarks/eval_drafter_share.py found it no cheaper yet). Values are
+    (None: sized to memory), ``positions`` ``walk`` (the default: blocks only where
+    rounds start, the samples in lockstep, per-position acceptance over the chain walk's
+    round starts) or ``all`` (a block at every completion position too, for per-position
+    acceptance over all of them; the same rounds, more drafting:
+    benchmarks/eval_drafter_share.py). Values are
     normalised and checked on construction, so every EvalSpec is a valid one.
     """
 
@@ -84,7 +85,7 @@ class EvalSpec:
     topk: int | None = None
     max_samples: int | None = None
     block_chunk: int | None = None
-    positions: str = "all"
+    positions: str = "walk"
     device: str = "cpu"
 
     def __post_init__(self) -> None:
