@@ -272,8 +272,12 @@ def test_killed_host_has_its_unfinished_samples_rerun_elsewhere(inventory_path, 
     _ground_truth_file(gt, [60, 2980, 3000, 3000])
     records = [json.loads(x) for x in gt.read_text().splitlines()]
     assert [s.indices for s in shard_plan.plan_shards(records, list(HOSTS))] == [[2], [3], [0, 1]]
+    # positions="all" walks one sample at a time; the default walks a shard's samples in
+    # lockstep, and they end together, leaving no sample between them for the kill to cut.
     options = remote_eval.EvalOptions(
-        ground_truth=str(gt), ground_truth_kind="file", engine=EvalSpec(budgets=(4,))
+        ground_truth=str(gt),
+        ground_truth_kind="file",
+        engine=EvalSpec(budgets=(4,), positions="all"),
     )
     victim = "sc"
     seen: dict = {"in_shard": False, "pid": None, "killed": False}
