@@ -255,6 +255,12 @@ def test_ddtrees_budget_trade_off_is_in_json_table_plot_and_report(runs, tmp_pat
     chain = trade["chain"]
     assert (chain["draft_tokens"], chain["verify_s"]) == (3, 0.012)
     assert chain["speedup_estimate"] == pytest.approx(m["tau_token_weighted"] * 0.010 / 0.015)
+    # One row projection feeds the terminal and the HTML table.
+    rows = speedup.tradeoff_rows(trade)
+    assert [len(r) for r in rows] == [len(speedup.TRADEOFF_COLUMNS)] * 3  # 2 budgets, chain
+    assert rows[0][:5] == (2, dd["2"].get("topk"), two["tau"], two["tau_tokens"], dd["2"]["rounds"])
+    assert rows[-1][0] == "chain (3 drafts)"
+    assert (rows[-1][4], rows[-1][6]) == (m["rounds"], "causal")
 
     shown = dflash("results", "show", "run-b", "--json", "--results-dir", str(runs))
     assert json.loads(shown.stdout)["ddtree_tradeoff"] == json.loads(json.dumps(trade))

@@ -319,52 +319,17 @@ def tradeoff_table(run: res.Run) -> str:
     trade = speedup.tradeoff(run)
     if not trade:
         return ""
-    dd = run.metrics.get("ddtree") or {}
-    head = [
-        "DDTree budget (nodes)",
-        "per-depth top-k",
-        "tau",
-        "tau (tokens)",
-        "rounds",
-        "verify (ms)",
-        "verify mask",
-        "speedup est.",
+    look = (_e, _e, _f, _f, _e, _ms, _e, _x)  # each of speedup.TRADEOFF_COLUMNS
+    cells = [
+        [cell(v) for cell, v in zip(look, row, strict=True)] for row in speedup.tradeoff_rows(trade)
     ]
-    cells = []
-    for r in trade["budgets"]:
-        v = dd.get(str(r["budget"])) or {}
-        cells.append(
-            [
-                _e(r["budget"]),
-                _e(v.get("topk")),
-                _f(r["tau"]),
-                _f(r["tau_tokens"]),
-                _e(v.get("rounds")),
-                _ms(r["verify_s"]),
-                _e(r["verify_mask"] or "-"),
-                _x(r["speedup_estimate"]),
-            ]
-        )
-    c = trade["chain"]
-    cells.append(
-        [
-            f"chain ({_e(c['draft_tokens'])} drafts)",
-            "-",
-            _f(c["tau"]),
-            _f(c["tau_tokens"]),
-            _e(run.metrics.get("rounds")),
-            _ms(c["verify_s"]),
-            "causal" if c["verify_s"] is not None else "-",
-            _x(c["speedup_estimate"]),
-        ]
-    )
     why = trade["costs_error"] or trade["tree_verify_error"]
     note = (
         f'<p class="note">{_e(trade["formula"])}; t_step {_ms(trade["target_step_s"])} ms, '
         f"t_draft {_ms(trade['drafter_round_s'])} ms (measured on the eval host, "
         f"docs/results.md){'; ' + _e(why) if why else ''}</p>"
     )
-    return _table(head, cells) + note
+    return _table(speedup.TRADEOFF_COLUMNS, cells) + note
 
 
 def run_section(

@@ -28,6 +28,19 @@ from typing import Any
 
 FORMULA = "speedup = tau_tokens * t_step / (t_verify + t_draft)"
 
+# The trade-off table's columns, in the order of `tradeoff_rows`' values (every view of
+# the table, terminal and HTML, shows these).
+TRADEOFF_COLUMNS = (
+    "budget (nodes)",
+    "per-depth top-k",
+    "tau",
+    "tau (tokens)",
+    "rounds",
+    "verify (ms)",
+    "verify mask",
+    "speedup est.",
+)
+
 
 def costs(run: Any) -> dict[str, Any]:
     """The round costs the host recorded ({} when none, or when it could not measure)."""
@@ -64,9 +77,9 @@ def tradeoff(run: Any) -> dict[str, Any]:
     estimate, beside the chain walk's (the reference); {} for a run without budgets.
 
     ``{"formula", "target_step_s", "drafter_round_s", "costs_error", "chain": {...},
-    "budgets": [{"budget", "tokens_verified", "tau", "tau_tokens", "verify_s",
-    "verify_mask", "speedup_estimate"}, ...]}``; the costs and estimates are None where
-    the host measured none (``costs_error`` then says why, when it said)."""
+    "budgets": [{"budget", "topk", "tokens_verified", "tau", "tau_tokens", "rounds",
+    "verify_s", "verify_mask", "speedup_estimate"}, ...]}``; the costs and estimates are
+    None where the host measured none (``costs_error`` then says why, when it said)."""
     budgets = _budgets(run)
     if not budgets:
         return {}
@@ -80,9 +93,11 @@ def tradeoff(run: Any) -> dict[str, Any]:
         rows.append(
             {
                 "budget": b,
+                "topk": v.get("topk"),
                 "tokens_verified": b + 1,
                 "tau": v.get("tau_per_sample_mean"),
                 "tau_tokens": v.get("tau_token_weighted"),
+                "rounds": v.get("rounds"),
                 "verify_s": verify,
                 "verify_mask": mask,
                 "speedup_estimate": formula(v.get("tau_token_weighted"), step, verify, draft),
@@ -101,11 +116,24 @@ def tradeoff(run: Any) -> dict[str, Any]:
             "tokens_verified": block,
             "tau": m.get("tau_per_sample_mean"),
             "tau_tokens": m.get("tau_token_weighted"),
+            "rounds": m.get("rounds"),
             "verify_s": chain_verify,
+            "verify_mask": None if chain_verify is None else "causal",
             "speedup_estimate": formula(m.get("tau_token_weighted"), step, chain_verify, draft),
         },
         "budgets": rows,
     }
+
+
+def tradeoff_rows(trade: dict[str, Any]) -> list[tuple]:
+    """`tradeoff`'s table as raw values in TRADEOFF_COLUMNS' order: a row per node budget,
+    then the chain walk's, labelled with its draft tokens. Each view formats the values."""
+    keys = ("topk", "tau", "tau_tokens", "rounds", "verify_s", "verify_mask", "speedup_estimate")
+    rows = [(r["budget"], *(r[k] for k in keys)) for r in trade["budgets"]]
+    c = trade["chain"]
+    drafts = "-" if c["draft_tokens"] is None else c["draft_tokens"]
+    rows.append((f"chain ({drafts} drafts)", *(c.get(k) for k in keys)))
+    return rows
 
 
 def estimate(run: Any) -> dict[str, Any]:

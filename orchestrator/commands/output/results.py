@@ -163,7 +163,7 @@ def render_run(run: res.Run) -> None:
     m = run.metrics
     trade = speedup.tradeoff(run)
     if trade:
-        show(tradeoff_table(run, trade))
+        show(tradeoff_table(trade))
     hist = res.histogram(run)
     if hist:
         total = sum(c for _, c in hist) or 1

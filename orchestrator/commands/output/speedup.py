@@ -25,46 +25,36 @@ def ms(seconds: Any) -> str:
     return "-" if seconds is None else f"{1e3 * seconds:.3f}"
 
 
-def tradeoff_table(run: res.Run, trade: dict) -> Grid:
+def speedup_x(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+# How each of `speedup.TRADEOFF_COLUMNS` looks here: its kind, rank for leaving it out
+# when the table is too wide, and its cell format.
+LOOK = (
+    ("num", 0, fmt),
+    ("num", 3, fmt),
+    ("num", 0, fmt),
+    ("num", 0, fmt),
+    ("num", 2, fmt),
+    ("num", 0, ms),
+    ("id", 1, fmt),
+    ("num", 0, speedup_x),
+)
+
+
+def tradeoff_table(trade: dict) -> Grid:
     """The DDTree budgets (`speedup.tradeoff`): tau, verify cost and speedup estimate per
     node budget, and the chain walk's as the last row."""
-    dd = run.metrics.get("ddtree") or {}
     t = Grid(
         f"DDTree budgets: tau and speedup estimate ({trade['formula']}; "
         f"t_step {ms(trade['target_step_s'])} ms, t_draft {ms(trade['drafter_round_s'])} ms)",
         [
-            Col("budget (nodes)", "num", justify="right"),
-            Col("per-depth top-k", "num", justify="right", drop=3),
-            Col("tau", "num", justify="right"),
-            Col("tau (tokens)", "num", justify="right"),
-            Col("rounds", "num", justify="right", drop=2),
-            Col("verify (ms)", "num", justify="right"),
-            Col("verify mask", "id", drop=1),
-            Col("speedup est.", "num", justify="right"),
+            Col(name, kind, justify="right" if kind == "num" else "left", drop=drop)
+            for name, (kind, drop, _cell) in zip(speedup.TRADEOFF_COLUMNS, LOOK, strict=True)
         ],
         compact=False,
     )
-    for r in trade["budgets"]:
-        v = dd.get(str(r["budget"])) or {}
-        t.row(
-            str(r["budget"]),
-            fmt(v.get("topk")),
-            fmt(r["tau"]),
-            fmt(r["tau_tokens"]),
-            fmt(v.get("rounds")),
-            ms(r["verify_s"]),
-            fmt(r["verify_mask"]),
-            "-" if r["speedup_estimate"] is None else f"{r['speedup_estimate']:.2f}x",
-        )
-    c = trade["chain"]
-    t.row(
-        f"chain ({fmt(c['draft_tokens'])} drafts)",
-        "-",
-        fmt(c["tau"]),
-        fmt(c["tau_tokens"]),
-        fmt(run.metrics.get("rounds")),
-        ms(c["verify_s"]),
-        "causal" if c["verify_s"] is not None else "-",
-        "-" if c["speedup_estimate"] is None else f"{c['speedup_estimate']:.2f}x",
-    )
+    for row in speedup.tradeoff_rows(trade):
+        t.row(*(cell(v) for (_k, _d, cell), v in zip(LOOK, row, strict=True)))
     return t
