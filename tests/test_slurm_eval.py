@@ -13,8 +13,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,7 +27,8 @@ from orchestrator.inventory import load_inventory
 from orchestrator.results.store import results_dir
 from orchestrator.slurm.role import SlurmError, SlurmRole
 from remote.protocol import EvalSpec
-from tests.helpers.cli import ROOT, dflash
+from tests.helpers.cli import dflash
+from tests.helpers.slurm import signal_mid_shard
 from tests.helpers.sshd import ssh_host_entry
 
 
@@ -260,14 +259,6 @@ def test_a_task_cancelled_past_its_retries_is_one_line_and_nothing_is_queued(mak
     assert not (results_dir(inv) / run_id).exists()  # nothing half-written
 
 
-def _shard_started(shared: Path) -> bool:
-    """Whether task 0 of the shards' array (not the ground truth's) has started its job."""
-    jobs = shared / "work" / "jobs"
-    return jobs.is_dir() and any(
-        (f / "pid.json").exists() for f in jobs.glob("*-0-*") if "-gt-" not in f.name
-    )
-
-
 def test_sigterm_of_the_cli_cancels_the_array_and_leaves_nothing_queued(make_login, cluster):
     """A polite stop (SIGTERM, as Ctrl-C) of ``dflash remote-eval`` while a task runs:
     every active attempt is scancel'ed and watched out of the queue before it exits."""
@@ -277,23 +268,9 @@ def test_sigterm_of_the_cli_cancels_the_array_and_leaves_nothing_queued(make_log
     _long_ground_truth(gt)
     argv = ["remote-eval", "--hosts", "login", "--checkpoint", "step-12", "--ground-truth"]
     argv += [str(gt), "--ground-truth-kind", "file", "--budgets", "4", "-i", str(inventory_path)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
-    try:
-        cluster.wait_until(lambda: _shard_started(shared), 600, "no shard task started")
-        assert cluster.queue()  # the array is there, running
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=180)
-    finally:
-        proc.kill()
-    assert proc.returncode == 143, stderr
+    done = signal_mid_shard(cluster, shared, argv, signal.SIGTERM, tasks="*-0-*")
+    stderr = done.stderr
+    assert done.returncode == 143, stderr
     assert "terminated" in stderr and "Traceback" not in stderr
     assert cluster.queue() == []  # cancelled before the command ended
 

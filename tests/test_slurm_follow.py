@@ -12,11 +12,8 @@ before it evaluates afresh.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +23,7 @@ from orchestrator.eval.follow_checkpoint import _saved_job_state
 from orchestrator.eval.spec import EvalOptions
 from orchestrator.inventory import load_inventory
 from remote.protocol import EvalSpec
-from tests.helpers.cli import ROOT
+from tests.helpers.slurm import signal_mid_shard
 from tests.helpers.sshd import ssh_host_entry
 
 pytestmark = pytest.mark.slow
@@ -128,14 +125,6 @@ def test_follow_through_slurm_equals_follow_on_an_ssh_host(make_setup, cluster, 
     assert cluster.queue() == []
 
 
-def _shard_started(shared: Path) -> bool:
-    """Whether a task of a shards' array (not a ground truth's) has started its job."""
-    jobs = shared / "work" / "jobs"
-    return jobs.is_dir() and any(
-        (f / "pid.json").exists() for f in jobs.iterdir() if "-gt-" not in f.name
-    )
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
 def test_a_stopped_follow_cancels_its_arrays_and_a_crashed_ones_are_cancelled_next(
     make_setup, cluster, sig
@@ -153,32 +142,18 @@ def test_a_stopped_follow_cancels_its_arrays_and_a_crashed_ones_are_cancelled_ne
     )
     inventory_path, shared = make_setup(ground_truth=str(gt), ground_truth_kind="file")
     argv = ["follow", "--from", "trainer", "--to", "login", "--once", "--budgets", "4"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", *argv, "-i", str(inventory_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
-    try:
-        cluster.wait_until(lambda: _shard_started(shared), 600, "no shard task started")
-        assert cluster.queue()  # the first checkpoint's array is there, running
-        proc.send_signal(sig)
-        _, stderr = proc.communicate(timeout=180)
-    finally:
-        proc.kill()
+    done = signal_mid_shard(cluster, shared, [*argv, "-i", str(inventory_path)], sig)
+    stderr = done.stderr
     inv = load_inventory(inventory_path)
     folder = follow.state_dir(inv, "trainer", "login")
     inflight = json.loads((folder / "state.json").read_text())["inflight"]
     if sig == signal.SIGTERM:
-        assert proc.returncode == 143, stderr
+        assert done.returncode == 143, stderr
         assert "Traceback" not in stderr and "terminated" in stderr
         assert cluster.queue() == []  # cancelled before the command ended
         assert inflight == {} and follow.read_history(folder) == []
         return
-    assert proc.returncode == -signal.SIGKILL
+    assert done.returncode == -signal.SIGKILL
     assert cluster.queue()  # a crash cancels nothing
     [(name, saved)] = inflight.items()
     assert name == STEPS[0]
