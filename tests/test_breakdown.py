@@ -212,6 +212,15 @@ def test_the_speedup_estimate_is_the_stated_formula_over_the_hosts_round_costs(r
     rows = {r["run_id"]: r for r in csv.DictReader(io.StringIO(exported.stdout))}
     assert float(rows["run-b"]["speedup_estimate"]) == pytest.approx(est["chain"])
     assert rows["run-a"]["speedup_estimate"] == ""  # no costs recorded: no estimate
+    # The costs behind the estimates are columns too, in seconds.
+    b = rows["run-b"]
+    assert [float(b[k]) for k in ("target_step_s", "drafter_round_s", "verify_s_chain")] == [
+        0.010,
+        0.003,
+        0.012,
+    ]
+    assert (float(b["verify_s_ddtree_2"]), b["verify_mask_ddtree_2"]) == (0.011, "causal")
+    assert rows["run-a"]["verify_s_chain"] == ""
     # A host that could not measure says why; no estimate, the run stands.
     edit_result(runs / "run-b", lambda d: d["timings"].update(round_costs={"error": "x: y"}))
     assert speedup.estimate(res.load_run(runs / "run-b")) == {}

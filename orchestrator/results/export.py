@@ -62,7 +62,8 @@ class TrackerUnavailable(DflashError):
 
 
 def row(run: res.Run) -> dict[str, Any]:
-    """One run as a flat dict (DDTree budgets as ``ddtree_tau_<N>`` columns; its groups as
+    """One run as a flat dict (DDTree budgets as ``ddtree_tau_<N>`` columns; the round
+    costs behind the speedup estimates, `speedup.cost_columns`; its groups as
     ``tau_<axis>_<group>`` and ``samples_<axis>_<group>`` columns, `breakdown.flat`)."""
     s = res.summary(run)
     ddtree = s.pop("ddtree")
@@ -71,6 +72,7 @@ def row(run: res.Run) -> dict[str, Any]:
         out[f"ddtree_tau_{b}"] = v
     for b, v in speedup.estimate(run).get("ddtree", {}).items():
         out[f"speedup_estimate_ddtree_{b}"] = v
+    out.update(speedup.cost_columns(run))
     out.update(breakdown.flat(run))
     return out
 

@@ -67,6 +67,12 @@ def tree_verify(c: dict, budget: int) -> tuple[float | None, str | None]:
     return (causal, "causal") if causal is not None else (None, None)
 
 
+def _chain_verify(run: Any, c: dict) -> Any:
+    """The chain's verify seconds in the round costs `c`: a causal forward over its block."""
+    block = (run.result.get("inputs") or {}).get("block_size")
+    return (c.get("target_verify_s") or {}).get(str(block))
+
+
 def _budgets(run: Any) -> list[tuple[int, dict]]:
     dd = run.metrics.get("ddtree") or {}
     return sorted(((int(b), v or {}) for b, v in dd.items() if str(b).isdecimal()))
@@ -86,7 +92,7 @@ def tradeoff(run: Any) -> dict[str, Any]:
     c, m = costs(run), run.metrics
     step, draft = c.get("target_step_s"), c.get("drafter_round_s")
     block = (run.result.get("inputs") or {}).get("block_size")
-    chain_verify = (c.get("target_verify_s") or {}).get(str(block))
+    chain_verify = _chain_verify(run, c)
     rows = []
     for b, v in budgets:
         verify, mask = tree_verify(c, b)
@@ -142,14 +148,29 @@ def estimate(run: Any) -> dict[str, Any]:
     c = costs(run)
     if not c:
         return {}
-    block = (run.result.get("inputs") or {}).get("block_size")
     m = run.metrics
     step, draft = c.get("target_step_s"), c.get("drafter_round_s")
-    chain_verify = (c.get("target_verify_s") or {}).get(str(block))
     return {
-        "chain": formula(m.get("tau_token_weighted"), step, chain_verify, draft),
+        "chain": formula(m.get("tau_token_weighted"), step, _chain_verify(run, c), draft),
         "ddtree": {
             str(b): formula(v.get("tau_token_weighted"), step, tree_verify(c, b)[0], draft)
             for b, v in _budgets(run)
         },
     }
+
+
+def cost_columns(run: Any) -> dict[str, Any]:
+    """The round costs behind the estimates as flat columns, in seconds: ``target_step_s``,
+    ``drafter_round_s``, ``verify_s_chain`` and per DDTree budget ``verify_s_ddtree_<N>``
+    with its ``verify_mask_ddtree_<N>`` (`tree_verify`); {} when the run has none."""
+    c = costs(run)
+    if not c:
+        return {}
+    out = {
+        "target_step_s": c.get("target_step_s"),
+        "drafter_round_s": c.get("drafter_round_s"),
+        "verify_s_chain": _chain_verify(run, c),
+    }
+    for b, _v in _budgets(run):
+        out[f"verify_s_ddtree_{b}"], out[f"verify_mask_ddtree_{b}"] = tree_verify(c, b)
+    return out
