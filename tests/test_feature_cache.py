@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from orchestrator.inventory import InventoryError, parse_inventory
+from remote.eval import feature_cache
 from remote.eval.engine import run_eval
-from remote.eval.feature_cache import SUFFIX, FeatureCache, RunCache
+from remote.eval.feature_cache import SUFFIX, TMP_PREFIX, FeatureCache, RunCache
 from remote.protocol import FEATURE_CACHE_DEFAULT_GIB, EvalSpec, JobSpec, SpecError
 from tests.helpers import evalkit
 from tests.helpers.cli import dflash
@@ -193,6 +194,38 @@ def test_two_evals_writing_at_once_leave_only_whole_entries(tmp_path):
         got = reader.lookup(*sample(n), torch.bfloat16)
         assert got is not None and torch.equal(got[0], tensors(n)[0]), n
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == [".lock"]
+
+
+def test_a_full_disk_keeps_nothing_half_written_and_says_so_once(tmp_path, monkeypatch):
+    """On a real filesystem with no byte left, every store fails in the write: counted as
+    not stored, one warning line for the run (the eval goes on), no entry and no temp file
+    left. A disk with room but under the reserve is left alone without a write; with room
+    again and no reserve asked, the same sample is kept whole."""
+    from tests.helpers.diskfull import fill, tiny_filesystem
+
+    with tiny_filesystem(tmp_path / "tiny", "1m") as disk:
+        cache = run_cache(disk / "features")
+        long = {"completion": 4000}  # 96 KiB of features a sample
+        filler = fill(disk)
+        for n in range(3):
+            cache.store(*sample(n, **long), *tensors(n, **long))
+        assert (cache.stored, cache.not_stored) == (0, 3)
+        [warning] = cache.warnings
+        assert warning.startswith(f"the feature cache {disk / 'features'} could not keep ")
+        assert "(no space left on device); the eval goes on without it" in warning
+        left = [p.name for p in (disk / "features").iterdir()]
+        assert not [n for n in left if n.startswith(TMP_PREFIX) or n.endswith(SUFFIX)], left
+        assert cache.lookup(*sample(0, **long), torch.bfloat16) is None
+        filler.unlink()
+        cache.store(*sample(0, **long), *tensors(0, **long))  # 1 MiB free, under the reserve
+        assert (cache.stored, cache.not_stored, len(cache.warnings)) == (0, 4, 1)
+        assert not list((disk / "features").glob("*" + SUFFIX))
+        monkeypatch.setattr(feature_cache, "RESERVE_BYTES", 0)
+        cache.store(*sample(0, **long), *tensors(0, **long))
+        got = cache.lookup(*sample(0, **long), torch.bfloat16)
+        assert cache.stored == 1 and got is not None
+        assert torch.equal(got[0], tensors(0, **long)[0])
+        cache.close()
 
 
 def test_a_symlinked_cache_folder_is_not_used(tmp_path):
