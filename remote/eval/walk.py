@@ -175,21 +175,27 @@ def _libc():
 
 
 _LIBC = _libc()
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD = 2**20
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+MMAP_THRESHOLD = 16 * 2**20
 
 
 def bound_heap() -> None:
-    """Serve every buffer of 1 MiB or more from its own mapping, returned to the OS on free.
+    """Serve every buffer of 16 MiB or more from its own mapping, returned to the OS on
+    free, and the smaller ones from the heap, kept for reuse.
 
     glibc otherwise raises that threshold to the largest buffer freed so far and serves
     later ones from its heap, where the target forward's, the drafter batches' and the
     head's differently sized buffers fragment it: the phases' working sets then stack up
-    in the peak RSS, more so the longer the sequence, instead of taking turns. A no-op
+    in the peak RSS, more so the longer the sequence, instead of taking turns. A lower
+    threshold maps (and page-faults in) the walk's many small per-call buffers afresh
+    on every call, which costs the drafter more CPU than its arithmetic in small calls
+    (`benchmarks/eval_heap.py`). The heap's top is trimmed only past twice the
+    threshold, so it is not given back and faulted in again between two calls. A no-op
     where the C library has no ``mallopt`` (musl, macOS)."""
     mallopt = getattr(_LIBC, "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
 
 
 @torch.inference_mode()
