@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "eval-growth": ["benchmarks/eval.py", "--completion", "128,256,512,1024", "--samples", "1"],
     "eval-e2e": ["benchmarks/eval.py", "--e2e", "--samples", "8"],
     "eval-drafter-share": ["benchmarks/eval_drafter_share.py"],
+    "eval-heap": ["benchmarks/eval_heap.py"],
     "feature-cache": ["benchmarks/feature_cache.py"],
     "scale": ["benchmarks/scale.py"],
     "probe": ["benchmarks/probe.py"],
