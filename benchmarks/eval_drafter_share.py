@@ -192,23 +192,24 @@ def setup(args) -> tuple[str, str, list[dict], dict]:
     return target, facts["drafter"], evals, facts
 
 
-def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int) -> dict:
-    """Per mode (``all`` or ``walk``, with each of ``budget_sets``), the median over
-    interleaved rounds of its wall and CPU time and parts; the records of the last round."""
-    import torch
-
+def engine(target, drafter, samples, positions: str, budgets: list[int]) -> list[dict]:
+    """What `remote.eval.engine.run_eval` runs for ``samples`` (prompt, completion): their
+    records, in its lockstep batches."""
     from remote.eval.walk import WalkOptions, eval_batch, lockstep_batches
 
     itemsize = drafter.fc.weight.element_size()
     lengths = [len(p) + len(c) for p, c in samples]
+    opts = WalkOptions(budgets=budgets, positions=positions)
+    recs = []
+    for batch in lockstep_batches(lengths, drafter.cfg, itemsize, positions):
+        recs += eval_batch(target, drafter, [samples[i] for i in batch], opts)
+    return recs
 
-    def engine(positions: str, budgets: list[int]) -> list[dict]:
-        """What `remote.eval.engine.run_eval` runs for these samples."""
-        opts = WalkOptions(budgets=budgets, positions=positions)
-        recs = []
-        for batch in lockstep_batches(lengths, drafter.cfg, itemsize, positions):
-            recs += eval_batch(target, drafter, [samples[i] for i in batch], opts)
-        return recs
+
+def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int) -> dict:
+    """Per mode (``all`` or ``walk``, with each of ``budget_sets``), the median over
+    interleaved rounds of its wall and CPU time and parts; the records of the last round."""
+    import torch
 
     def bare() -> None:
         for p, c in samples:
@@ -219,14 +220,14 @@ def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int) -> dict
     recs: dict = {}
     with torch.inference_mode():
         bare()  # warm-up of both
-        engine("walk", budget_sets[0])
+        engine(target, drafter, samples, "walk", list(budget_sets[0]))
         for r in range(repeats):
             for mode in modes if r % 2 == 0 else modes[::-1]:
                 t, cpu = time.perf_counter(), time.process_time()
                 if mode == "bare":
                     bare()
                 else:
-                    recs[mode] = engine(mode[0], list(mode[1]))
+                    recs[mode] = engine(target, drafter, samples, mode[0], list(mode[1]))
                 times[mode].setdefault("wall", []).append(time.perf_counter() - t)
                 times[mode].setdefault("cpu", []).append(time.process_time() - cpu)
                 for part in ("target", "drafter", "ddtree"):

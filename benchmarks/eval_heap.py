@@ -43,7 +43,6 @@ def child(args) -> None:
     from remote.eval import drafts, walk
     from remote.eval.drafter import load_drafter
     from remote.eval.target import load_target
-    from remote.eval.walk import WalkOptions, eval_batch, lockstep_batches
     from remote.protocol import DEFAULT_BUDGETS
 
     walk.MMAP_THRESHOLD = args.child * 2**20
@@ -55,23 +54,13 @@ def child(args) -> None:
     target = load_target(target_dir, torch.bfloat16)
     drafter, _ = load_drafter(drafter_dir, torch.bfloat16)
     samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
-    lengths = [len(p) + len(c) for p, c in samples]
-    itemsize = drafter.fc.weight.element_size()
-
-    def engine(positions: str) -> list[dict]:
-        opts = WalkOptions(budgets=list(DEFAULT_BUDGETS), positions=positions)
-        recs = []
-        for batch in lockstep_batches(lengths, drafter.cfg, itemsize, positions):
-            recs += eval_batch(target, drafter, [samples[i] for i in batch], opts)
-        return recs
-
     out = {}
     with torch.inference_mode():
         for mode in MODES:
-            engine(mode)  # warm-up
+            share.engine(target, drafter, samples, mode, list(DEFAULT_BUDGETS))  # warm-up
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             cpu = time.process_time()
-            recs = engine(mode)
+            recs = share.engine(target, drafter, samples, mode, list(DEFAULT_BUDGETS))
             out[mode] = {
                 "cpu": time.process_time() - cpu,
                 "drafter": sum(r["seconds"]["drafter"] for r in recs),
