@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from remote.atomic import write_json_atomic
 from remote.entry import self_command
 from remote.errors import UserError
-from remote.protocol import GT_DEFERRED_FILE, SERVER_KINDS, EvalSpec, SpecError
+from remote.protocol import GT_DEFERRED_FILE, EvalSpec, SpecError
 
 
 class Events(Protocol):
@@ -105,22 +105,26 @@ def run_eval_job(
         arrived = await_file(path / GT_DEFERRED_FILE, gt.deferred)
         gt = replace(gt, path=str(arrived))
         job = replace(job, ground_truth=gt)
-    loading = None
-    if gt.kind in SERVER_KINDS and job.stop_after != "ground_truth":
+    loading: list[Callable[[], None]] = []
+
+    def asking() -> None:
         # A server makes the ground truth: the target loads here meanwhile (this process
-        # only waits for answers), not after it.
-        loading = _in_background(load_model)
+        # only waits for answers), not after it. A cached ground truth asks nobody: the
+        # engine then loads what it needs (only the target's ends, its features cached).
+        if job.stop_after != "ground_truth":
+            loading.append(_in_background(load_model))
+
     events.emit("phase", phase="ground_truth", source=gt.kind)
     gt_path, gt_info = groundtruth.prepare(
-        job, emit=events.emit, engine=engine, load_model=load_model
+        job, emit=events.emit, engine=engine, load_model=load_model, asking=asking
     )
     write_json_atomic(path / "ground_truth.json", gt_info)
     if job.stop_after == "ground_truth":
         return 0
     if after_ground_truth is not None:
         after_ground_truth(gt_path)
-    if loading is not None:
-        loading()  # its error, if any, is the job's
+    for wait in loading:
+        wait()  # its error, if any, is the job's
     # The job's spec with this host's paths: passed to the engine as it is (and kept).
     engine = build_eval_spec(path, engine, gt_path)
     write_json_atomic(path / "eval_spec.json", engine.to_json())

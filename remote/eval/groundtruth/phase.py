@@ -65,13 +65,16 @@ def prepare(
     emit: Emit = lambda *a, **k: None,
     engine: EvalSpec | None = None,
     load_model: Callable[[], Any] | None = None,
+    asking: Callable[[], None] | None = None,
 ) -> tuple[str, dict]:
     """Make (or reuse) the ground truth the job asks for. The target (its tokenizer, and for
     kind ``local`` its dtype and threads) is the job's EvalSpec's (``eval``); `spec`: the
     job document, or the `JobSpec` the caller read from it; `engine`: the job's EvalSpec
     when the caller has read it already. `load_model`: gives the target's loaded model
     for local generation (called only when generation is needed), so a job that evaluates
-    next loads it once; without it local generation loads its own.
+    next loads it once; without it local generation loads its own. `asking`: called when
+    a server is about to be asked for completions (not when the cache holds them), so a
+    job can load its target while the server answers.
 
     Returns (path of a JSONL file of ``{"id", "prompt_ids", "completion_ids"}``, info for
     the result: kind, url, model, cache key, ``cached`` (whether it came from the cache),
@@ -88,7 +91,7 @@ def prepare(
     if job.ground_truth.kind == "file":
         return from_file(job, emit)
     if job.ground_truth.kind in SERVER_KINDS:
-        return from_server(job, engine or job.engine, waits, emit)
+        return from_server(job, engine or job.engine, waits, emit, asking)
     return from_local(job, engine or job.engine, waits, emit, load_model)
 
 
@@ -131,11 +134,18 @@ def from_file(job: JobSpec, emit: Emit) -> tuple[str, dict]:
     return str(out), info
 
 
-def from_server(job: JobSpec, engine: EvalSpec, waits: Waits, emit: Emit) -> tuple[str, dict]:
+def from_server(
+    job: JobSpec,
+    engine: EvalSpec,
+    waits: Waits,
+    emit: Emit,
+    asking: Callable[[], None] | None = None,
+) -> tuple[str, dict]:
     """Kinds ``sglang``, ``openai``, ``openai-text``: the server is reached and asked what
     it serves (who answers is part of what the ground truth is: another URL or served
     model is another cache entry), then, unless the cache holds the entry, asked for each
-    prompt's completion, up to ``concurrency`` requests in flight."""
+    prompt's completion, up to ``concurrency`` requests in flight (`asking` called
+    first)."""
     gt = job.ground_truth
     prompts = Prompts.of(job, engine)
     _require_source(job)
@@ -151,6 +161,8 @@ def from_server(job: JobSpec, engine: EvalSpec, waits: Waits, emit: Emit) -> tup
     hit = prompts.open_entry(source, where).cached(emit)
     if hit is not None:
         return hit
+    if asking is not None:
+        asking()
     if gt.kind == "openai-text":
         prompts.warn(
             f"ground truth from a TEXT-only server ({gt.url}): completions are "
