@@ -89,6 +89,27 @@ def test_engine_equals_transformers_and_agrees_with_the_probe(name, tmp_path):
     assert greedy.tolist() == out.logits[0].float().argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_the_ends_alone_are_the_whole_target_s_embedding_and_head(name, tmp_path):
+    """`ends_only` (an eval whose features are all cached): the embedding and head equal
+    the whole load's, nothing else is read, the target refuses a forward, and
+    `load_layers` makes it the whole target."""
+    folder = save_tiny(name, tmp_path / name)
+    whole = load_target(str(folder), torch.float32)
+    ends = load_target(str(folder), torch.float32, ends_only=True)
+    assert not ends.whole and whole.whole
+    assert torch.equal(ends.embed, whole.embed) and torch.equal(ends.lm_head, whole.lm_head)
+    loaded = [k for k, p in ends.model.named_parameters() if not p.is_meta]
+    assert loaded and all(ends.info.in_ends(k) for k in loaded), loaded
+    assert any(p.is_meta for p in ends.layers.parameters())
+    with pytest.raises(RuntimeError, match="without its layers"):
+        ends.forward([3, 4, 5], [0])
+    ends.load_layers()
+    ids = list(range(3, 20))
+    got, want = ends.forward(ids, [0]), whole.forward(ids, [0])
+    assert ends.whole and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_a_model_transformers_cannot_build_here_is_one_line_naming_it(tmp_path):
     """Gemma3n's full model builds its vision tower with timm; without timm on the host the
     eval says so in one line naming the architecture, before reading any weight."""

@@ -17,8 +17,14 @@ import torch
 from orchestrator.inventory import InventoryError, parse_inventory
 from remote.eval import feature_cache
 from remote.eval.engine import run_eval
-from remote.eval.feature_cache import SUFFIX, TMP_PREFIX, FeatureCache, RunCache
-from remote.protocol import FEATURE_CACHE_DEFAULT_GIB, EvalSpec, JobSpec, SpecError
+from remote.eval.feature_cache import COSTS_SUFFIX, SUFFIX, TMP_PREFIX, FeatureCache, RunCache
+from remote.protocol import (
+    FEATURE_CACHE_DEFAULT_GIB,
+    TARGET_COSTS,
+    EvalSpec,
+    JobSpec,
+    SpecError,
+)
 from tests.helpers import evalkit
 from tests.helpers.cli import dflash
 from tests.helpers.sshd import ssh_host_entry
@@ -100,13 +106,62 @@ def test_a_second_eval_from_the_cache_gives_the_same_rounds(kit_gt, tmp_path, mo
         want_result, want_records = ref[drafter]
         assert [comparable(r) for r in records] == [comparable(r) for r in want_records]
         assert result["metrics"] == want_result["metrics"]
-    assert ref[a][0]["inputs"]["target_features"] == {"cached": False, "cache": "off"}
+    off = {"cached": False, "cache": "off", "target_loaded": "whole"}
+    assert ref[a][0]["inputs"]["target_features"] == off
     cold, warm, other = (r[1][0]["inputs"]["target_features"] for r in runs)
     assert (cold["cached"], cold["samples_cached"], cold["samples_stored"]) == (False, 0, 6)
+    assert cold["target_loaded"] == "whole"
     for got in (warm, other):
         assert (got["cached"], got["samples_cached"], got["samples_stored"]) == (True, 6, 0)
+        assert got["target_loaded"] == "embedding_and_head"
     assert cold["cache_key"] == warm["cache_key"] == other["cache_key"]
     assert len(list((tmp_path / "features").glob("*" + SUFFIX))) == 6
+    # The target's round costs: measured once, read back by the warm evals; the drafter's
+    # timed in each.
+    cold_costs, warm_costs, other_costs = (r[1][0]["timings"]["round_costs"] for r in runs)
+    assert (cold_costs["target_costs"], warm_costs["target_costs"]) == ("measured", "cached")
+    target_part = {k: cold_costs[k] for k in TARGET_COSTS if k in cold_costs}
+    assert set(target_part) >= {"target_step_s", "target_verify_s", "tree_verify_s"}
+    for got in (warm_costs, other_costs):
+        assert {k: got[k] for k in TARGET_COSTS if k in got} == target_part
+        assert got["drafter_round_s"] > 0
+    assert len(list((tmp_path / "features").glob("*" + COSTS_SUFFIX))) == 1
+
+
+def test_an_entry_torn_after_the_eval_began_loads_the_target_s_layers(kit_gt, tmp_path):
+    """The entries' headers say every sample is cached, so the eval loads the target's
+    embedding and head alone; one entry's tensors are torn: that sample's features are
+    computed after all (the layers loaded then, one warning), and the rounds are the
+    eval's without the cache."""
+    kit, gt = kit_gt
+    cache = FeatureCache(tmp_path / "features", 2**30)
+    ref, want = evaluate(kit, gt, kit.steps[0], tmp_path / "ref", None)
+    evaluate(kit, gt, kit.steps[0], tmp_path / "cold", cache)
+    entry = sorted((tmp_path / "features").glob("*" + SUFFIX))[2]
+    data = bytearray(entry.read_bytes())
+    data[-4:] = b"\x00\xff\x00\xff"  # the tensors' last bytes: the header is intact
+    entry.write_bytes(bytes(data))
+    events: list[dict] = []
+    spec = EvalSpec(
+        target=kit.target,
+        drafter=kit.steps[0],
+        ground_truth=str(gt),
+        output_dir=str(tmp_path / "torn"),
+        dtype="bfloat16",
+        budgets=(4, 8),
+        positions="walk",
+    )
+    result = run_eval(spec, on_event=events.append, features=cache)
+    lines = (tmp_path / "torn" / "samples.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines]
+    assert [comparable(r) for r in records] == [comparable(r) for r in want]
+    assert result["metrics"] == ref["metrics"]
+    start = next(e for e in events if e["event"] == "start")
+    assert start["target_loaded"] == "embedding_and_head"
+    got = result["inputs"]["target_features"]
+    assert (got["samples_cached"], got["samples_stored"], got["target_loaded"]) == (5, 1, "whole")
+    warnings = [e["message"] for e in events if e["event"] == "warning"]
+    assert len(warnings) == 1 and "failed its check" in warnings[0], warnings
 
 
 def test_an_entry_is_used_only_when_its_key_and_bytes_match(tmp_path):
@@ -146,6 +201,33 @@ def test_an_entry_is_used_only_when_its_key_and_bytes_match(tmp_path):
         got = cache.lookup(*sample(n), torch.bfloat16)
         assert got is not None and torch.equal(got[0], tensors(n)[0])
     assert not (root / name[5]).is_symlink() and elsewhere.is_file()
+
+
+def test_the_target_s_costs_are_read_back_only_whole_and_for_their_own_key(tmp_path):
+    """A costs entry is used for the same context and inputs only, and only when every
+    figure is a positive number; a file edited to say otherwise is a miss."""
+    costs = {
+        "context_tokens": 40,
+        "target_step_s": 0.01,
+        "target_verify_s": {"16": 0.02},
+        "tree_verify_s": {"8": 0.015},
+        "repeats": 5,
+    }
+    inputs = {"ids_sha256": "a" * 64, "tokens": 56, "sizes": [16, 9], "budgets": [8]}
+    cache = run_cache(tmp_path)
+    assert cache.lookup_costs(inputs) is None
+    cache.store_costs(inputs, costs)
+    assert cache.lookup_costs(inputs) == costs
+    assert cache.lookup_costs({**inputs, "budgets": [16]}) is None
+    other = run_cache(tmp_path, context={**CONTEXT, "layer_ids": [1, 3]})
+    assert other.lookup_costs(inputs) is None
+    entry = tmp_path / cache.costs_name(inputs)
+    doc = json.loads(entry.read_text())
+    for bad in ({"target_step_s": -1.0}, {"target_verify_s": {}}, {"tree_verify_s": {"x": 1}}):
+        entry.write_text(json.dumps({**doc, "costs": {**costs, **bad}}))
+        assert cache.lookup_costs(inputs) is None, bad
+    entry.write_text(json.dumps(doc)[:-9])
+    assert cache.lookup_costs(inputs) is None
 
 
 def test_the_folder_stays_in_its_bound_least_recently_used_first(tmp_path):
@@ -338,7 +420,9 @@ def test_remote_eval_reads_features_another_checkpoint_kept(
     assert summary["features_cached"] is True
     show = dflash("results", "show", summary["run_id"], "-i", str(inv))
     row = next(line for line in show.stdout.splitlines() if "target features" in line)
-    assert "cached on host" in row
+    assert "cached on host" in row and "layers not loaded" in row
+    assert second["target_loaded"] == "embedding_and_head"  # the ground truth cached too
     fresh, fresh_records, summary = remote_eval("step-12", "--no-feature-cache")
-    assert fresh == {"cached": False, "cache": "off"} and summary["features_cached"] is False
+    assert fresh == {"cached": False, "cache": "off", "target_loaded": "whole"}
+    assert summary["features_cached"] is False
     assert cached_records == fresh_records

@@ -72,7 +72,8 @@ def test_every_target_kind_gets_its_round_costs_and_tree_verifies(model, tmp_pat
     )
     drafter, _ = load_drafter(str(drafter_dir), torch.float32, DIMS.layers)
     rows = [{"prompt_ids": CONTEXT, "completion_ids": list(range(30, 50))}]
-    got = costs.measure(target, drafter, rows, [2, 5], torch.device("cpu"), topk=3)
+    inputs = costs.CostInputs.of(rows, drafter.block_size, [2, 5], topk=3)
+    got = costs.measure(target, drafter, inputs, torch.device("cpu"))
     assert "error" not in got and "tree_verify_error" not in got, got
     assert set(got["target_verify_s"]) == {"6", "3"} and set(got["tree_verify_s"]) == {"2", "5"}
     assert all(v > 0 for v in [got["target_step_s"], got["drafter_round_s"]])

@@ -30,14 +30,20 @@ tau, never a reason to lose it.
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
+import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from remote.eval.ddtree import build_tree
 from remote.eval.metrics import ddtree_k
+from remote.protocol import TARGET_COSTS, ResultError
+from remote.protocol.results import check_doc
+from remote.protocol.values import finite
 
 REPEATS = 5
 
@@ -129,14 +135,44 @@ def round_costs(
     device: torch.device,
     budgets: list[int] = (),
     topk: int | None = None,
+    cached: dict | None = None,
+    context_features: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """Seconds of a target step, a target verify of each of `sizes` tokens, a tree verify
     of each DDTree budget and a drafter block, over a KV cache of `ids[:-max(sizes)]`
-    (see the module)."""
-    from transformers import DynamicCache
-
+    (see the module). `cached`: the target's part (`remote.protocol.TARGET_COSTS`) an
+    earlier eval on this host measured on the same inputs; only the drafter is timed then,
+    over `context_features` (the context's target features) when the target was loaded
+    without its layers."""
     longest = max(sizes)
     context, tail = ids[:-longest], ids[-longest:]
+    base = len(context)
+    if context_features is None:
+        context_features, _ = target.hidden(context, drafter.cfg.target_layer_ids)
+    kv = drafter.context_kv(context_features.to(drafter.fc.weight.dtype))
+    first = torch.tensor([tail[0]], device=device)
+    best = float("inf")
+    for i in range(REPEATS + 1):
+        _sync(device)
+        t = time.perf_counter()
+        block_in = drafter.block_inputs(target.embed, first)
+        h = drafter.forward_blocks(kv, torch.tensor([base], device=device), block_in)[0]
+        logits = drafter.logits(h[1:], target.lm_head)
+        logits.argmax(-1).tolist()
+        _sync(device)
+        best = min(best, time.perf_counter() - t) if i else best
+    if cached is not None:
+        return {**cached, "drafter_round_s": best, "target_costs": "cached"}
+    out = time_target(target, logits, context, tail, sizes, device, budgets, topk)
+    return {**out, "drafter_round_s": best, "target_costs": "measured"}
+
+
+def time_target(target, logits, context, tail, sizes, device, budgets, topk) -> dict[str, Any]:
+    """The target's part of `round_costs`: a step, a verify of each of `sizes` tokens of
+    `tail` and each budget's tree (built from the drafter block's `logits`), over a KV
+    cache of `context`."""
+    from transformers import DynamicCache
+
     backbone, key = target.backbone, _cache_kwarg(target.backbone)
     cache = DynamicCache(config=target.model.config)
     ctx = torch.tensor([context], device=device)
@@ -159,24 +195,10 @@ def round_costs(
 
     step = target_forward(tail[:1])
     verify = {str(n): target_forward(tail[:n]) for n in sorted(set(sizes))}
-    feats, _ = target.hidden(context, drafter.cfg.target_layer_ids)
-    kv = drafter.context_kv(feats.to(drafter.fc.weight.dtype))
-    first = torch.tensor([tail[0]], device=device)
-    best = float("inf")
-    for i in range(REPEATS + 1):
-        _sync(device)
-        t = time.perf_counter()
-        block_in = drafter.block_inputs(target.embed, first)
-        h = drafter.forward_blocks(kv, torch.tensor([base], device=device), block_in)[0]
-        logits = drafter.logits(h[1:], target.lm_head)
-        logits.argmax(-1).tolist()
-        _sync(device)
-        best = min(best, time.perf_counter() - t) if i else best
     out = {
         "context_tokens": base,
         "target_step_s": step,
         "target_verify_s": verify,
-        "drafter_round_s": best,
         "repeats": REPEATS,
     }
     if budgets:
@@ -215,26 +237,85 @@ def _tree_costs(
     return out
 
 
-def measure(
-    target,
-    drafter,
-    rows: list[dict],
-    budgets: list[int],
-    device: torch.device,
-    topk: int | None = None,
-) -> dict[str, Any]:
-    """`round_costs` on the sample of median length (its prompt and half its completion:
-    a typical round's context), for the drafter's block and each DDTree budget (per-depth
-    `topk` as the walk's); a failure is ``{"error": one line}``, never the eval's."""
-    try:
+@dataclass(frozen=True)
+class CostInputs:
+    """What `measure` times on: the sample of median length (`row`), its prompt and half
+    its completion (`ids`: a typical round's context and the tokens a round verifies),
+    the verify sizes (the drafter's block and each DDTree budget + 1)."""
+
+    row: dict
+    ids: list[int]
+    sizes: list[int]
+    budgets: list[int]
+    topk: int | None
+
+    @classmethod
+    def of(
+        cls, rows: list[dict], block_size: int, budgets: list[int], topk: int | None
+    ) -> CostInputs:
         row = sorted(rows, key=lambda r: len(r["prompt_ids"]) + len(r["completion_ids"]))[
             len(rows) // 2
         ]
-        sizes = [drafter.block_size, *[b + 1 for b in budgets]]
+        sizes = [block_size, *[b + 1 for b in budgets]]
         half = row["completion_ids"][: max(len(row["completion_ids"]) // 2, 1)]
         ids = list(row["prompt_ids"]) + list(half)
         if len(ids) <= max(sizes):  # too short for a context and a tree: pad the tail
             ids = ids + [ids[-1]] * (max(sizes) + 1 - len(ids))
-        return round_costs(target, drafter, ids, sizes, device, budgets, topk)
+        return cls(row, ids, sizes, list(budgets), topk)
+
+    def key(self) -> dict:
+        """What the target's costs depend on beyond the host and the target (a feature
+        cache's context): the tokens and the sizes, the budgets and their top-k."""
+        digest = hashlib.sha256(json.dumps(self.ids).encode()).hexdigest()
+        return {
+            "ids_sha256": digest,
+            "tokens": len(self.ids),
+            "sizes": self.sizes,
+            "budgets": self.budgets,
+            "topk": self.topk,
+            "repeats": REPEATS,
+        }
+
+
+def valid_target_costs(doc: Any) -> dict | None:
+    """`doc` when it is the target's part of a round's costs (`remote.protocol.TARGET_COSTS`)
+    with a step and a verify, every second a positive finite number; else None."""
+    try:
+        check_doc(doc, TARGET_COSTS)
+    except ResultError:
+        return None
+    if not isinstance(doc, dict) or not doc.get("target_verify_s"):
+        return None
+    seconds = [doc.get("target_step_s"), *doc["target_verify_s"].values()]
+    seconds += list((doc.get("tree_verify_s") or {}).values())
+    if not all(finite(v) and v > 0 for v in seconds):
+        return None
+    return {k: doc[k] for k in TARGET_COSTS if k in doc}
+
+
+def measure(
+    target,
+    drafter,
+    inputs: CostInputs,
+    device: torch.device,
+    cached: dict | None = None,
+    context_features: torch.Tensor | None = None,
+) -> dict[str, Any]:
+    """`round_costs` on `inputs` (`CostInputs.of` the eval's rows), for the drafter's
+    block and each DDTree budget (per-depth top-k as the walk's); `cached`,
+    `context_features`: as `round_costs` takes them. A failure is ``{"error": one
+    line}``, never the eval's."""
+    try:
+        return round_costs(
+            target,
+            drafter,
+            inputs.ids,
+            inputs.sizes,
+            device,
+            inputs.budgets,
+            inputs.topk,
+            cached=cached,
+            context_features=context_features,
+        )
     except Exception as exc:  # an estimate beside tau: never the eval's failure
         return {"error": _error(exc)}

@@ -77,10 +77,12 @@ def default_device(device) -> Iterator[None]:
 
 def place(target, drafter, device) -> None:
     """Move the target's text part (backbone, embedding, head: the only materialised
-    modules) and the drafter (if any) to `device`."""
+    modules; the embedding and head alone of a target that is not ``whole``) and the
+    drafter (if any) to `device`."""
     if device.type == "cpu":
         return
-    for module in (target.backbone, target.embedding, target.head):
+    parts = (target.backbone,) if target.whole else ()
+    for module in (*parts, target.embedding, target.head):
         module.to(device)
     if drafter is not None:
         drafter.to(device)

@@ -31,6 +31,8 @@ sample (the record is its samples.jsonl line) and
 ``{"event": "done", "result": path, ...}``. Results are written atomically (temp + rename).
 After the walk, one round's costs on this host (a target step, a verify, a drafter block:
 `remote.eval.costs`) go into ``timings.round_costs``, for the controller's speedup estimate.
+With the host's feature cache holding every sample's features and the target's costs, the
+target is loaded without its decoder layers (`remote.eval.feature_cache`).
 """
 
 from __future__ import annotations
@@ -244,6 +246,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     from remote.eval import target as target_mod
     from remote.eval.metrics import summarize
     from remote.eval.walk import WalkOptions, eval_batch, lockstep_batches
+    from remote.model.load import attention_implementation
 
     t_all = time.perf_counter()
     if spec.threads:
@@ -264,6 +267,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     check_compatible(dcfg, tinfo, fc_width(spec.drafter))
     rows = read_ground_truth(spec.ground_truth, tinfo.vocab_size, spec.max_samples)
     tbytes = target_mod.text_weight_bytes(meta_model, tinfo, dtype)
+    attn = attention_implementation(meta_model, tinfo)
     del meta_model
     max_len = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -277,6 +281,15 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
             "GiB is available; free memory or use a bigger host"
         )
     os.makedirs(spec.output_dir, exist_ok=True)
+    cache = open_cache(features, attn, spec, dcfg, dtype, device, on_event)
+    cost_inputs = costs.CostInputs.of(rows, dcfg.block_size, list(spec.budgets), spec.topk)
+    cached_costs = cache.lookup_costs(cost_inputs.key()) if cache is not None else None
+    # Every feature and the target's round costs cached: the target's layers are never run.
+    ends_only = (
+        target is None
+        and cached_costs is not None
+        and all(cache.holds(r["prompt_ids"], r["completion_ids"]) for r in rows)
+    )
 
     on_event(
         {
@@ -289,11 +302,12 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
             "block_size": dcfg.block_size,
             "budgets": list(spec.budgets),
             "estimated_bytes": need,
+            "target_loaded": "embedding_and_head" if ends_only else "whole",
         }
     )
     t0 = time.perf_counter()
     if target is None:
-        target = target_mod.load_target(spec.target, dtype)
+        target = target_mod.load_target(spec.target, dtype, ends_only=ends_only)
     t_target_load = time.perf_counter() - t0
     t0 = time.perf_counter()
     drafter, report = drafter_mod.load_drafter(spec.drafter, dtype, tinfo.num_layers)
@@ -306,7 +320,6 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
         block_chunk=spec.block_chunk,
         positions=spec.positions,
     )
-    cache = open_cache(features, target, spec, dcfg, dtype, device, on_event)
     records, lines = [], []
     t_eval = time.perf_counter()
     lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows]
@@ -325,12 +338,14 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     eval_s = time.perf_counter() - t_eval
     target_features = {"cached": False, "cache": "off"}
     if cache is not None:
-        cache.close()
         target_features = {**cache.summary(len(records)), "cache": "on"}
+    with device_mod.default_device(device):
+        round_costs = measure_costs(target, drafter, cost_inputs, cached_costs, cache, device)
+    target_features["target_loaded"] = "whole" if target.whole else "embedding_and_head"
+    if cache is not None:
+        cache.close()
         for warning in cache.warnings:
             on_event({"event": "warning", "message": warning})
-    with device_mod.default_device(device):
-        round_costs = costs.measure(target, drafter, rows, list(spec.budgets), device, spec.topk)
 
     metrics = summarize(records, dcfg.block_size, list(spec.budgets), spec.topk, tinfo.vocab_size)
     tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in records)
@@ -396,14 +411,36 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     return result
 
 
-def open_cache(features, target, spec: EvalSpec, dcfg, dtype, device, on_event):
+def measure_costs(target, drafter, inputs, cached: dict | None, cache, device) -> dict[str, Any]:
+    """One round's costs (`remote.eval.costs.measure`): the target's part from the cache
+    when it holds it (and kept there when it did not), the drafter's timed. A target
+    loaded without its layers times the drafter over the cached features of the costs'
+    sample (`feature_cache.Features`, which loads the layers should that entry fail)."""
+    from remote.eval import costs, feature_cache
+    from remote.protocol import TARGET_COSTS
+
+    context = None
+    if not target.whole:
+        row, layers = inputs.row, drafter.cfg.target_layer_ids
+        given = feature_cache.Features(
+            cache, target, layers, [(row["prompt_ids"], row["completion_ids"])], device
+        )
+        context = given[0][0][: len(inputs.ids) - max(inputs.sizes)]
+    got = costs.measure(target, drafter, inputs, device, cached, context)
+    if cache is not None and cached is None and "target_step_s" in got:
+        cache.store_costs(inputs.key(), {k: got[k] for k in TARGET_COSTS if k in got})
+    return got
+
+
+def open_cache(features, attn, spec: EvalSpec, dcfg, dtype, device, on_event):
     """This run's `feature_cache.RunCache` (None without a cache, or with a warning
-    event when its folder cannot be used)."""
+    event when its folder cannot be used); `attn`: the target's attention
+    implementation."""
     from remote.eval import feature_cache
 
     if features is None:
         return None
-    context = feature_cache.run_context(target, spec.target, dcfg.target_layer_ids, dtype, device)
+    context = feature_cache.run_context(attn, spec.target, dcfg.target_layer_ids, dtype, device)
     cache = features.open(context, len(dcfg.target_layer_ids) * dcfg.hidden_size)
     if isinstance(cache, str):
         on_event({"event": "warning", "message": cache})

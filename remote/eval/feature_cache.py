@@ -4,7 +4,10 @@ What step 1 of the walk computes (`remote.eval.walk`: the target's features at t
 drafter's layers and its greedy tokens) depends on the target, not on the drafter: every
 checkpoint of a training run evaluated on the same ground truth asks for the same tensors.
 An eval job keeps them here, one file per sample, and the next eval of another checkpoint
-reads them back instead of running the target.
+reads them back instead of running the target. Beside them, ``<key>.costs.json`` keeps the
+target's part of one round's costs (`remote.eval.costs`), which depends on the target and
+the host alone: an eval that finds every sample's entry (`RunCache.holds`, headers only)
+and those costs loads the target's embedding and head, never its layers.
 
 An entry's name hashes its key: the target's identity (`groundtruth.target_identity`,
 plus its weight files' modification times), the drafter's layer ids, the dtype, the
@@ -51,6 +54,8 @@ from remote.relay.fdfiles import write_all
 CACHE_VERSION = 1
 FOLDER = "features"
 SUFFIX = ".safetensors"
+COSTS_SUFFIX = ".costs.json"  # the target's round costs (`RunCache.lookup_costs`)
+COSTS_MOST_BYTES = 2**16  # a costs entry is a few hundred bytes: a larger file is no entry
 META_KEY = "dflash.feature_cache"
 LOCK_NAME = ".lock"
 TMP_PREFIX = ".tmp-"
@@ -70,8 +75,10 @@ def tensor_digest(*tensors: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def run_context(target, target_dir: str, layer_ids: list[int], dtype, device) -> dict:
-    """What every entry of one eval shares in its key (see the module docstring)."""
+def run_context(attn: str | None, target_dir: str, layer_ids: list[int], dtype, device) -> dict:
+    """What every entry of one eval shares in its key (see the module docstring); `attn`:
+    the attention implementation the target runs with
+    (`remote.model.load.attention_implementation`)."""
     import transformers
 
     from remote.eval import device as device_mod
@@ -80,7 +87,6 @@ def run_context(target, target_dir: str, layer_ids: list[int], dtype, device) ->
     identity = target_identity(target_dir)
     root = Path(target_dir)
     identity["mtimes_ns"] = [(n, (root / n).stat().st_mtime_ns) for n, _size in identity["weights"]]
-    attn = getattr(getattr(target.model, "config", None), "_attn_implementation", None)
     context = {
         "v": CACHE_VERSION,
         "target": identity,
@@ -213,25 +219,44 @@ class RunCache:
         self.hits += 1
         return got
 
-    def _read(
-        self, name: str, meta: dict, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        from safetensors.torch import load
+    def holds(self, prompt: list[int], completion: list[int]) -> bool:
+        """Whether the sample's entry is there with its key: its header only, read before
+        the target is loaded (`lookup` still checks the whole entry when it is used)."""
+        meta = self.entry_meta(prompt, completion)
+        data = self._bytes(self.name(meta), header_only=True)
+        return data is not None and _stored_doc(data, meta) is not None
 
+    def _bytes(self, name: str, header_only: bool = False, most: int = -1) -> bytes | None:
+        """The entry `name`'s bytes (its safetensors header alone: `header_only`; no more
+        than `most`, when given), opened without following a symlink; None when it cannot
+        be read."""
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
         except OSError:
             return None
         try:
             with os.fdopen(fd, "rb") as fh:
-                data = fh.read()
+                if not header_only:
+                    return fh.read(most)
+                head = fh.read(8)
+                if len(head) < 8:
+                    return None
+                (n,) = struct.unpack("<Q", head)
+                return head + fh.read(min(n, 2**20))  # a header longer than that is no entry
         except OSError:
             return None
+
+    def _read(
+        self, name: str, meta: dict, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        from safetensors.torch import load
+
+        data = self._bytes(name)
+        if data is None:
+            return None
         try:
-            (n,) = struct.unpack("<Q", data[:8])
-            header = json.loads(data[8 : 8 + n])
-            stored = json.loads(header["__metadata__"][META_KEY])
-            if stored.get("key") != meta or not isinstance(stored.get("sha256"), str):
+            stored = _stored_doc(data, meta)
+            if stored is None:
                 return None
             tensors = load(data)
             feats, greedy = tensors["features"], tensors["greedy"]
@@ -259,6 +284,47 @@ class RunCache:
         feats, greedy = feats.detach().cpu().contiguous(), greedy.detach().cpu().contiguous()
         doc = {"key": meta, "sha256": tensor_digest(feats, greedy)}
         data = save({"features": feats, "greedy": greedy}, metadata={META_KEY: json.dumps(doc)})
+        self._put(self.name(meta), data)
+
+    # ---- the target's round costs -------------------------------------------------------
+
+    def costs_key(self, inputs: dict) -> dict:
+        return {"context": self.context, "round_costs": inputs}
+
+    def costs_name(self, inputs: dict) -> str:
+        digest = hashlib.sha256(json.dumps(self.costs_key(inputs), sort_keys=True).encode())
+        return digest.hexdigest()[:40] + COSTS_SUFFIX
+
+    def lookup_costs(self, inputs: dict) -> dict | None:
+        """The target's round costs (`remote.protocol.TARGET_COSTS`) an eval of this
+        context measured on `inputs` (`remote.eval.costs.CostInputs.key`), when its entry
+        is there with its key and every figure is a positive number; None otherwise."""
+        from remote.eval.costs import valid_target_costs
+
+        name = self.costs_name(inputs)
+        data = self._bytes(name, most=COSTS_MOST_BYTES)
+        try:
+            doc = json.loads(data) if data is not None else None
+        except ValueError:
+            return None
+        if not isinstance(doc, dict) or doc.get("key") != self.costs_key(inputs):
+            return None
+        got = valid_target_costs(doc.get("costs"))
+        if got is not None:
+            self.mine.add(name)
+        return got
+
+    def store_costs(self, inputs: dict, target_costs: dict) -> None:
+        """Keep the target's round costs measured on `inputs`, beside the features."""
+        data = json.dumps({"key": self.costs_key(inputs), "costs": target_costs}).encode()
+        self._put(self.costs_name(inputs), data, counted=False)
+
+    # ---- writing an entry ---------------------------------------------------------------
+
+    def _put(self, name: str, data: bytes, counted: bool = True) -> None:
+        """Write `data` as the entry `name`: to a temp file, then renamed in once it fits
+        the bound (`_make_room`); an entry that does not fit, or a write that fails (one
+        warning), is counted as not stored when `counted`."""
         tmp = f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
         try:
             wfd = os.open(
@@ -270,13 +336,13 @@ class RunCache:
                 os.close(wfd)
             with self._locked():
                 if not self._make_room(len(data)):
-                    self.not_stored += 1
+                    self.not_stored += counted
                     return
-                os.replace(tmp, self.name(meta), src_dir_fd=self.fd, dst_dir_fd=self.fd)
-            self.mine.add(self.name(meta))
-            self.stored += 1
+                os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            self.mine.add(name)
+            self.stored += counted
         except OSError as exc:
-            self.not_stored += 1
+            self.not_stored += counted
             if not self.warnings:
                 self.warnings.append(
                     f"the feature cache {self.where} could not keep an entry "
@@ -321,7 +387,7 @@ class RunCache:
                 if now - st.st_mtime_ns > STALE_TMP_SECONDS * 10**9:
                     _unlink(self.fd, name)
                 continue
-            if name.endswith(SUFFIX):
+            if name.endswith((SUFFIX, COSTS_SUFFIX)):
                 out.append((st.st_mtime_ns, st.st_size, name))
         return sorted(out)
 
@@ -343,7 +409,8 @@ class RunCache:
         return vfs.f_bavail * vfs.f_frsize >= size + RESERVE_BYTES
 
     def summary(self, samples: int) -> dict[str, Any]:
-        """What the result records (``inputs.target_features``)."""
+        """What the result records (``inputs.target_features``; the engine adds
+        ``target_loaded``)."""
         return {
             "cached": self.hits == samples > 0,
             "cache_key": self.key,
@@ -351,6 +418,20 @@ class RunCache:
             "samples_stored": self.stored,
             "samples_not_stored": self.not_stored,
         }
+
+
+def _stored_doc(data: bytes, meta: dict) -> dict | None:
+    """The entry's own record (its key and digest) from its safetensors header in `data`,
+    when the key is `meta`; None for any other, torn or foreign file."""
+    try:
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + n])
+        stored = json.loads(header["__metadata__"][META_KEY])
+    except Exception:
+        return None
+    if not isinstance(stored, dict) or stored.get("key") != meta:
+        return None
+    return stored if isinstance(stored.get("sha256"), str) else None
 
 
 def _unlink(dir_fd: int, name: str) -> None:
@@ -374,10 +455,19 @@ class Features:
         return len(self.samples)
 
     def __getitem__(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from remote.eval import device as device_mod
+
         prompt, completion = self.samples[n]
         hit = self.cache.lookup(prompt, completion, self.target.dtype)
         if hit is not None:
             return hit[0].to(self.device), hit[1].to(self.device)
+        if not self.target.whole:  # its entry was there before the load, and is no longer whole
+            self.cache.warnings.append(
+                f"a feature cache entry in {self.cache.where} failed its check after the "
+                "eval began; the target's layers were loaded to compute it"
+            )
+            self.target.load_layers()
+            device_mod.place(self.target, None, self.device)
         g = list(prompt) + list(completion)
         feats, greedy = self.target.forward(g, self.layer_ids, argmax_from=len(prompt) - 1)
         self.cache.store(prompt, completion, feats, greedy)

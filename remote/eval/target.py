@@ -47,16 +47,37 @@ class Target:
     """The text part of a target model, ready for one forward per sequence.
 
     ``embed`` and ``lm_head`` are weight matrices [vocab, hidden] (the drafter borrows them).
+    ``whole`` is False for a target loaded with ``ends_only`` (its embedding and head
+    alone): it cannot run a forward, and says so.
     """
 
-    def __init__(self, model: nn.Module, info: TextLayout, dtype: torch.dtype):
-        self.model = model  # full tree; only backbone + head are materialised
+    def __init__(
+        self,
+        model: nn.Module,
+        info: TextLayout,
+        dtype: torch.dtype,
+        whole: bool = True,
+        folder: str | None = None,
+    ):
         self.info = info
         self.dtype = dtype
+        self.folder = folder
+        self._bind(model, whole)
+
+    def _bind(self, model: nn.Module, whole: bool) -> None:
+        self.model = model  # full tree; only backbone + head are materialised
+        self.whole = whole
+        info = self.info
         self.backbone = model.get_submodule(info.backbone_path) if info.backbone_path else model
         self.layers = model.get_submodule(info.layers_path)
         self.head = model.get_submodule(info.head_path)
         self.embedding = model.get_submodule(info.embed_path)
+
+    def load_layers(self) -> None:
+        """Load the whole text part in place of a target that is not ``whole`` (an eval
+        whose cached features turned out not all usable: it needs the target's forward)."""
+        if not self.whole:
+            self._bind(load_text(self.folder, self.dtype).model, True)
 
     @property
     def embed(self) -> torch.Tensor:
@@ -91,6 +112,8 @@ class Target:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The backbone's pass of `forward`: (features [T, len(layer_ids)*hidden], the final
         (normed) hidden state [T, hidden] that the head reads)."""
+        if not self.whole:  # the caller loads the whole target first (a cache miss)
+            raise RuntimeError("a target loaded without its layers cannot run a forward")
         ids_t = torch.as_tensor(ids, dtype=torch.long, device=self.embed.device)[None]
         keep: dict[int, torch.Tensor] = {}
         hooks = []
@@ -128,9 +151,13 @@ def describe(path: str, dtype: torch.dtype | None = None) -> tuple[Any, nn.Modul
 
 
 def load_target(
-    path: str, dtype: torch.dtype = torch.bfloat16, plan: tuple | None = None
+    path: str,
+    dtype: torch.dtype = torch.bfloat16,
+    plan: tuple | None = None,
+    ends_only: bool = False,
 ) -> Target:
     """Load only the text backbone + head of the target in ``path``, in ``dtype``; `plan`:
-    `remote.model.load.plan_text`'s answer for it in that dtype, when made already."""
-    d = load_text(path, dtype, plan)
-    return Target(d.model, d.layout, dtype)
+    `remote.model.load.plan_text`'s answer for it in that dtype, when made already;
+    `ends_only`: its embedding and head alone (a `Target` that is not ``whole``)."""
+    d = load_text(path, dtype, plan, ends_only=ends_only)
+    return Target(d.model, d.layout, dtype, whole=not ends_only, folder=str(path))

@@ -65,6 +65,13 @@ class TextLayout:
             self.head_path is not None and _under(key, self.head_path)
         )
 
+    def in_ends(self, key: str) -> bool:
+        """Whether a module key belongs to the token embedding or the LM head: what a
+        drafter borrows of its target (the ends of the text part, without its layers)."""
+        return _under(key, self.embed_path) or (
+            self.head_path is not None and _under(key, self.head_path)
+        )
+
 
 def _under(key: str, path: str) -> bool:
     return not path or key == path or key.startswith(path + ".")

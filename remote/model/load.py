@@ -95,13 +95,17 @@ def _sequential_reads():
             os.environ[key] = before
 
 
-def load_text(folder: str | Path, dtype, plan: tuple | None = None) -> Described:
+def load_text(
+    folder: str | Path, dtype, plan: tuple | None = None, ends_only: bool = False
+) -> Described:
     """Describe the model in `folder` and load its text part in `dtype` (None: the config's).
 
     Returns the `Described` whose ``model`` has the backbone and head materialised on the
     CPU (everything else stays on meta), in eval mode, without gradients. `plan`: what
     `plan_text` gave for this folder in this dtype (a job's host checks made it), so the
-    model is not described and planned twice.
+    model is not described and planned twice. `ends_only`: the token embedding and the
+    LM head alone (`TextLayout.in_ends`), the decoder layers left on meta: what an eval
+    needs of its target when every target feature it reads is cached.
     """
     import torch
     from transformers.core_model_loading import convert_and_load_state_dict_in_model
@@ -109,6 +113,8 @@ def load_text(folder: str | Path, dtype, plan: tuple | None = None) -> Described
 
     d, scan, wanted = plan or plan_text(folder, dtype)
     model, layout, dtype = d.model, d.layout, d.dtype
+    part = layout.in_ends if ends_only else layout.in_text
+    wanted = {ck: mk for ck, mk in wanted.items() if part(mk)}
     tensors = lazy_tensors(d.folder, scan)
     state = {ck: tensors[ck] for ck in wanted}
     config = LoadStateDictConfig(
@@ -131,7 +137,7 @@ def load_text(folder: str | Path, dtype, plan: tuple | None = None) -> Described
     bad = [
         f"{k}: checkpoint {tuple(a)} vs model {tuple(b)}"
         for k, a, b in sorted(info.mismatched_keys)
-        if layout.in_text(k)
+        if part(k)
     ]
     bad += [f"{k}: {v}" for k, v in sorted((info.conversion_errors or {}).items())]
     if bad:
@@ -140,13 +146,13 @@ def load_text(folder: str | Path, dtype, plan: tuple | None = None) -> Described
             + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
         )
     with torch.no_grad():
-        _allocate_unloaded(model, layout)
-        _init_text_buffers(model, layout)
+        _allocate_unloaded(model, part)
+        _init_text_buffers(model, layout, part)
         model.tie_weights(missing_keys=set(info.missing_keys), recompute_mapping=False)
     left = [
         k
         for k, t in list(model.named_parameters()) + list(model.named_buffers())
-        if layout.in_text(k) and t.is_meta
+        if part(k) and t.is_meta
     ]
     if left:
         raise UserError(
@@ -157,29 +163,36 @@ def load_text(folder: str | Path, dtype, plan: tuple | None = None) -> Described
     for sub in (backbone, model.get_submodule(layout.head_path)):
         sub.eval().requires_grad_(False)
     cfg = getattr(backbone, "config", None)
-    if cfg is not None and getattr(cfg, "_attn_implementation", None) in (
-        None,
-        "flex_attention",
-        "flash_attention_2",
-    ):
-        cfg._attn_implementation = "sdpa"  # the kernels a CPU host always has
+    if cfg is not None:
+        cfg._attn_implementation = attention_implementation(model, layout)
     return d
 
 
-def _allocate_unloaded(model, layout) -> None:
-    """Give every text buffer the checkpoint does not hold (non-persistent ones) CPU memory,
-    as transformers' ``_move_missing_keys_from_meta_to_device`` does, for the text part."""
+def attention_implementation(model, layout) -> str | None:
+    """The attention implementation `load_text` runs the backbone of `model` (its meta
+    model will do) with: the config's, unless it names kernels a CPU host may lack
+    (``sdpa`` then, which it always has). Known before any weight is read: a feature
+    cache's key holds it."""
+    backbone = model.get_submodule(layout.backbone_path) if layout.backbone_path else model
+    got = getattr(getattr(backbone, "config", None), "_attn_implementation", None)
+    return "sdpa" if got in (None, "flex_attention", "flash_attention_2") else got
+
+
+def _allocate_unloaded(model, part) -> None:
+    """Give every buffer of the loaded `part` (a key predicate) that the checkpoint does
+    not hold (non-persistent ones) CPU memory, as transformers'
+    ``_move_missing_keys_from_meta_to_device`` does."""
     import torch
     from transformers.modeling_utils import _load_parameter_into_model
 
     tied = getattr(model, "all_tied_weights_keys", None) or {}
     for key, buf in list(model.named_buffers()):
-        if layout.in_text(key) and buf.is_meta and key not in tied:
+        if part(key) and buf.is_meta and key not in tied:
             _load_parameter_into_model(model, key, torch.empty_like(buf, device="cpu"))
 
 
-def _init_text_buffers(model, layout) -> None:
-    """Run the model's own ``_initialize_weights`` over the text modules only.
+def _init_text_buffers(model, layout, part) -> None:
+    """Run the model's own ``_initialize_weights`` over the loaded `part`'s modules only.
 
     This is ``PreTrainedModel.initialize_weights`` (``smart_apply``: each module is
     initialised by its nearest enclosing PreTrainedModel) restricted to the text part.
@@ -196,7 +209,7 @@ def _init_text_buffers(model, layout) -> None:
                 f"{path}.{name}" if path else name,
                 child if isinstance(child, PreTrainedModel) else owner,
             )
-        if layout.in_text(path) and (path or not layout.backbone_path):
+        if part(path) and (path or not layout.backbone_path):
             owner._initialize_weights(module, owner.is_custom_code())
 
     with init.guard_torch_init_functions():

@@ -106,6 +106,18 @@ METRICS = {
     "target_agreement": {"match": INT, "total": INT, "rate": NUM},
     "ddtree": map_of({"budget": INT, "topk": INT, **TAU}),
 }
+# One round's costs on the eval host (`remote.eval.costs`). The target's part depends on
+# the target and the host alone: a feature cache keeps it beside the features, and a
+# later eval whose features are all cached reads it back (``target_costs: "cached"``).
+TARGET_COSTS = {
+    "context_tokens": INT,
+    "target_step_s": NUM,
+    "target_verify_s": map_of(NUM, WHOLE_NUMBER_KEYS),
+    "tree_verify_s": map_of(NUM, WHOLE_NUMBER_KEYS),
+    "tree_verify_error": STR,
+    "repeats": INT,
+}
+ROUND_COSTS = {**TARGET_COSTS, "drafter_round_s": NUM, "target_costs": STR, "error": STR}
 RESULT = {
     "schema": STR,
     "samples_file": STR,
@@ -128,6 +140,7 @@ RESULT = {
             "cache_key": STR,
             "samples_cached": INT,
             "samples_stored": INT,
+            "target_loaded": STR,
         },
     },
     "environment": {"dtype": STR},
@@ -135,15 +148,7 @@ RESULT = {
         "eval_s": NUM,
         "total_s": NUM,
         "tokens_per_s": NUM,
-        "round_costs": {
-            "context_tokens": INT,
-            "target_step_s": NUM,
-            "target_verify_s": map_of(NUM, WHOLE_NUMBER_KEYS),
-            "tree_verify_s": map_of(NUM, WHOLE_NUMBER_KEYS),
-            "tree_verify_error": STR,
-            "drafter_round_s": NUM,
-            "error": STR,
-        },
+        "round_costs": ROUND_COSTS,
     },
     "job": {"job_id": STR, "host": STR, "created": NUM},
     "shards": {"hosts": list_of(STR), "ground_truth": {"obtained_on": STR}},

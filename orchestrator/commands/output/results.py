@@ -75,6 +75,8 @@ def render_summary(run: res.Run) -> None:
     feats = res.target_features(run)  # from the host's cache, or the target's forward
     if feats:
         got = f"{fmt(feats.get('samples_cached') or 0)} of {fmt(s['samples'])} cached on host"
+        if feats.get("target_loaded") == "embedding_and_head":
+            got += " (target's layers not loaded)"
         rows.append(("target features", "cache off" if feats.get("cache") == "off" else got))
     rows.append(
         ("thinking / chat template", f"{fmt(s['thinking'])} / {fmt(s['chat_template_sha256'])}")
