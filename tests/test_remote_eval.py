@@ -358,6 +358,26 @@ def test_a_deferred_ground_truth_is_awaited_and_its_absence_is_one_line(tmp_path
     assert jobs.await_file(target, 10.0) == target
 
 
+def test_a_late_ground_truth_has_the_target_load_meanwhile_and_a_prompt_one_not(tmp_path):
+    """The job's load starts once the deferred ground truth is later than `after` (it is
+    being made), and never for one that comes sooner (it was cached: the engine then loads
+    only what it needs)."""
+    import threading
+
+    from remote.eval import job as jobs
+
+    calls: list[float] = []
+    began = time.monotonic()
+    late = tmp_path / "late.jsonl"
+    threading.Timer(0.6, lambda: late.write_text("{}\n")).start()
+    got = jobs.await_file(late, 10.0, meanwhile=lambda: calls.append(time.monotonic()), after=0.2)
+    assert got == late and len(calls) == 1 and 0.2 <= calls[0] - began < 0.6
+    prompt = tmp_path / "prompt.jsonl"
+    threading.Timer(0.05, lambda: prompt.write_text("{}\n")).start()
+    assert jobs.await_file(prompt, 10.0, meanwhile=lambda: calls.append(0.0), after=2.0) == prompt
+    assert len(calls) == 1
+
+
 def _wait_for(predicate, what: str, limit: float = 240.0):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:

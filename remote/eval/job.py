@@ -75,7 +75,8 @@ def run_eval_job(
     target is loaded once (`remote.eval.target`), before the engine, from `plan` (the host
     checks' description of it) when given: a local ground truth generates with the target
     the engine then evaluates with, and a server's or a deferred file's ground truth is
-    made or awaited while it loads. `after_ground_truth`: called with the ground-truth
+    made or awaited while it loads (when the server is asked; when the file is not there
+    within `PRELOAD_AFTER_SECONDS`). `after_ground_truth`: called with the ground-truth
     file once it is there, before the engine runs (an online job starts its server). The
     target's features come from the host's cache when an eval before this one kept them
     (`remote.eval.feature_cache`, in the job's workdir, unless the job turns it off)."""
@@ -98,21 +99,23 @@ def run_eval_job(
 
     job = read_job(spec)  # every block and setting checked, once
     gt = job.ground_truth
-    if gt.kind == "file" and gt.deferred is not None:
-        # Its target is loaded while the ground truth is still on its way.
-        load_model()
-        events.emit("phase", phase="await_ground_truth")
-        arrived = await_file(path / GT_DEFERRED_FILE, gt.deferred)
-        gt = replace(gt, path=str(arrived))
-        job = replace(job, ground_truth=gt)
     loading: list[Callable[[], None]] = []
 
     def asking() -> None:
-        # A server makes the ground truth: the target loads here meanwhile (this process
-        # only waits for answers), not after it. A cached ground truth asks nobody: the
-        # engine then loads what it needs (only the target's ends, its features cached).
+        # A server makes the ground truth (or another host does): the target loads here
+        # meanwhile (this process only waits), not after it. A ground truth that was
+        # cached comes at once: the engine then loads what it needs (only the target's
+        # ends when every feature is cached too).
         if job.stop_after != "ground_truth":
             loading.append(_in_background(load_model))
+
+    if gt.kind == "file" and gt.deferred is not None:
+        events.emit("phase", phase="await_ground_truth")
+        arrived = await_file(
+            path / GT_DEFERRED_FILE, gt.deferred, meanwhile=asking, after=PRELOAD_AFTER_SECONDS
+        )
+        gt = replace(gt, path=str(arrived))
+        job = replace(job, ground_truth=gt)
 
     events.emit("phase", phase="ground_truth", source=gt.kind)
     gt_path, gt_info = groundtruth.prepare(
@@ -170,11 +173,26 @@ def _in_background(work: Callable[[], Any]) -> Callable[[], Any]:
 AWAIT_POLL_SECONDS = 0.02
 
 
-def await_file(file: Path, limit: float) -> Path:
+# A deferred ground truth that comes sooner than this was cached where it was made; later,
+# it is being made, and the job's target loads while the wait goes on.
+PRELOAD_AFTER_SECONDS = 10.0
+
+
+def await_file(
+    file: Path,
+    limit: float,
+    meanwhile: Callable[[], None] | None = None,
+    after: float = 0.0,
+) -> Path:
     """`file` once it exists (a deferred ground truth: pushed whole, by a rename); a one-line
-    error after `limit` seconds without it."""
-    deadline = time.monotonic() + limit
+    error after `limit` seconds without it. `meanwhile`: called once when the file has not
+    come in `after` seconds (it starts work in the background; the wait goes on)."""
+    began = time.monotonic()
+    deadline = began + limit
     while not file.is_file():
+        if meanwhile is not None and time.monotonic() - began >= after:
+            meanwhile()
+            meanwhile = None
         if time.monotonic() > deadline:
             raise UserError(
                 f"the ground truth for this job did not arrive in {limit:g}s "
