@@ -108,8 +108,13 @@ def main() -> int:
             yaml.safe_dump({"hosts": hosts, "defaults": {"results_dir": str(base / "results")}})
         )
         inv = load_inventory(inv_path)
+        # Without the feature cache: the 1-host run would leave h1 the features of its
+        # shard, and the sharded run would measure the cache, not scaling out.
         options = remote_eval.EvalOptions(
-            ground_truth=str(gt), ground_truth_kind="file", engine=EvalSpec(budgets=(8,))
+            ground_truth=str(gt),
+            ground_truth_kind="file",
+            engine=EvalSpec(budgets=(8,)),
+            feature_cache=False,
         )
         tokens = sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
 
@@ -175,8 +180,9 @@ def main() -> int:
                 f"  sharded: {job['host']} job {_job_span(host_root):.1f} s, of which "
                 f"start-up (runner start to first sample) {_startup(host_root):.1f} s"
                 + (
-                    f", {waited:.1f} s of it loaded and waiting for its slice (started beside "
-                    "the ground-truth job)"
+                    f", {waited:.1f} s of it waiting for its slice (started beside the "
+                    "ground-truth job; the target loads meanwhile once the wait passes "
+                    "PRELOAD_AFTER_SECONDS)"
                     if waited is not None
                     else ""
                 )
