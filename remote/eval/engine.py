@@ -46,7 +46,15 @@ from typing import Any
 from remote.atomic import write_atomic
 from remote.errors import UserError
 from remote.probe.facts import meminfo, package_version
-from remote.protocol import RESULT_SCHEMA, EvalSpec, ResultError, SpecError, sample_labels
+from remote.protocol import (
+    RESULT_SCHEMA,
+    TARGET_LOADED_ENDS,
+    TARGET_LOADED_WHOLE,
+    EvalSpec,
+    ResultError,
+    SpecError,
+    sample_labels,
+)
 
 SCHEMA = RESULT_SCHEMA
 
@@ -302,7 +310,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
             "block_size": dcfg.block_size,
             "budgets": list(spec.budgets),
             "estimated_bytes": need,
-            "target_loaded": "embedding_and_head" if ends_only else "whole",
+            "target_loaded": target_loaded(not ends_only),
         }
     )
     t0 = time.perf_counter()
@@ -341,7 +349,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
         target_features = {**cache.summary(len(records)), "cache": "on"}
     with device_mod.default_device(device):
         round_costs = measure_costs(target, drafter, cost_inputs, cached_costs, cache, device)
-    target_features["target_loaded"] = "whole" if target.whole else "embedding_and_head"
+    target_features["target_loaded"] = target_loaded(target.whole)
     if cache is not None:
         cache.close()
         for warning in cache.warnings:
@@ -409,6 +417,11 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
         }
     )
     return result
+
+
+def target_loaded(whole: bool) -> str:
+    """What the result says of the target's load (`remote.protocol.TARGET_LOADED_WHOLE`)."""
+    return TARGET_LOADED_WHOLE if whole else TARGET_LOADED_ENDS
 
 
 def measure_costs(target, drafter, inputs, cached: dict | None, cache, device) -> dict[str, Any]:

@@ -89,6 +89,8 @@ from remote.protocol.jobs import carried_name_problem as carried_name_problem
 from remote.protocol.jobs import check_job_answer as check_job_answer
 from remote.protocol.jobs import check_job_id as check_job_id
 from remote.protocol.results import TARGET_COSTS as TARGET_COSTS
+from remote.protocol.results import TARGET_LOADED_ENDS as TARGET_LOADED_ENDS
+from remote.protocol.results import TARGET_LOADED_WHOLE as TARGET_LOADED_WHOLE
 from remote.protocol.results import ResultError as ResultError
 from remote.protocol.results import check_files as check_files
 from remote.protocol.results import check_ground_truth as check_ground_truth

@@ -118,6 +118,10 @@ TARGET_COSTS = {
     "repeats": INT,
 }
 ROUND_COSTS = {**TARGET_COSTS, "drafter_round_s": NUM, "target_costs": STR, "error": STR}
+# What of the target an eval loaded (``inputs.target_features.target_loaded``): all of its
+# text part, or its embedding and head alone (every feature and the costs cached).
+TARGET_LOADED_WHOLE = "whole"
+TARGET_LOADED_ENDS = "embedding_and_head"
 RESULT = {
     "schema": STR,
     "samples_file": STR,

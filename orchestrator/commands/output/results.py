@@ -30,6 +30,7 @@ from orchestrator.eval import follow as follow_lib
 from orchestrator.results import breakdown, catalog, online_view, parity_view, speedup
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
+from remote.protocol import TARGET_LOADED_ENDS
 
 # Keys whose numbers are Unix times: shown as dates.
 TIME_KEYS = {"generated", "created", "pulled", "time", "started", "finished", "made"}
@@ -75,7 +76,7 @@ def render_summary(run: res.Run) -> None:
     feats = res.target_features(run)  # from the host's cache, or the target's forward
     if feats:
         got = f"{fmt(feats.get('samples_cached') or 0)} of {fmt(s['samples'])} cached on host"
-        if feats.get("target_loaded") == "embedding_and_head":
+        if feats.get("target_loaded") == TARGET_LOADED_ENDS:
             got += " (target's layers not loaded)"
         rows.append(("target features", "cache off" if feats.get("cache") == "off" else got))
     rows.append(
