@@ -1,6 +1,7 @@
 """The layers a DFlash drafter is built of, in plain PyTorch: Qwen3's RMSNorm and RoPE, the
-drafter's attention (block queries against context and block keys, one sequence's context
-at a time: `Attention.attend`), its MLP and decoder layer. Weight names match z-lab's.
+drafter's attention (block queries against context and block keys, each block against its
+own sequence's context: `Attention.mix`), its MLP and decoder layer. Weight names match
+z-lab's.
 
 torch and transformers are imported at module import: import this module lazily.
 """
@@ -125,63 +126,62 @@ class Attention(nn.Module):
                 ok &= (kp - qp) < self.sliding_window
         return ok
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        q_pos: torch.Tensor,
-        starts: torch.Tensor,
-        ctx_k: torch.Tensor,
-        ctx_v: torch.Tensor,
-        blk_k: torch.Tensor,
-        blk_v: torch.Tensor,
-        blk_pos: torch.Tensor,
-    ) -> torch.Tensor:
-        """Attention of ``R`` query rows per block to that block's context and its own rows.
-
-        ``q`` [nb, R, heads, d] (roped), ``q_pos`` [nb, R]; block ``n`` sees context
-        positions ``< starts[n]`` of ``ctx_k``/``ctx_v`` [kv_heads, C, d] and its own keys
-        ``blk_k``/``blk_v`` [nb, B, kv_heads, d] at ``blk_pos`` [nb, B]. Scores and softmax
-        are float32; the cost is ``R x (C + B)`` per block, never the ``(nb*B)^2`` of one
-        masked sequence holding every block. Returns ``o_proj`` of the result [nb, R, hidden].
-        """
-        return self.o_proj(self.mix(q, q_pos, starts, ctx_k, ctx_v, blk_k, blk_v, blk_pos))
-
     def mix(
         self,
         q: torch.Tensor,
         q_pos: torch.Tensor,
         starts: torch.Tensor,
-        ctx_k: torch.Tensor,
-        ctx_v: torch.Tensor,
+        contexts: list[tuple[torch.Tensor, torch.Tensor]],
+        bounds: list[tuple[int, int]],
         blk_k: torch.Tensor,
         blk_v: torch.Tensor,
         blk_pos: torch.Tensor,
     ) -> torch.Tensor:
-        """`attend` before its output projection: the heads' mixed values [nb, R, heads*d]
-        (so blocks of several sequences, mixed one sequence at a time, share one
-        ``o_proj``)."""
+        """The heads' mixed values [nb, R, heads*d] of ``R`` query rows per block, attending
+        to that block's context and its own rows (the caller applies ``o_proj``, once for
+        the blocks of every sequence).
+
+        ``q`` [nb, R, heads, d] (roped), ``q_pos`` [nb, R]; blocks ``bounds[i] = (a, b)``
+        (consecutive, covering ``0..nb``) belong to one sequence whose context is
+        ``contexts[i]`` = (K, V) [kv_heads, C_i, d]; block ``n`` sees context positions
+        ``< starts[n]`` and its own keys ``blk_k``/``blk_v`` [nb, B, kv_heads, d] at
+        ``blk_pos`` [nb, B]. Scores and softmax are float32. The products with a context run
+        per sequence, ``R x C_i`` per block, never against another sequence's context nor
+        the ``(nb*B)^2`` of one masked sequence holding every block; the rest (block scores,
+        masks, softmax over the call's longest context) runs once over every block, so a
+        call holding blocks of many sequences costs few more operations than one holding a
+        single sequence's."""
         nb, R, H, d = q.shape
-        C, kvh = ctx_k.shape[1], self.num_kv_heads
-        qf = q.float().view(nb, R, kvh, H // kvh, d) * d**-0.5
-        s_ctx = torch.einsum("nrkgd,kcd->nrkgc", qf, ctx_k.float())
-        s_blk = torch.einsum("nrkgd,nbkd->nrkgb", qf, blk_k.float())
+        kvh = self.num_kv_heads
+        g, B = H // kvh, blk_k.shape[1]
+        M, C = R * g, max(ck.shape[1] for ck, _cv in contexts)
+        # [kv_heads, nb, R * group, d]: one sequence's blocks are one slice of dim 1, its
+        # rows one matrix per kv head
+        qt = (q.float() * d**-0.5).view(nb, R, kvh, g, d).permute(2, 0, 1, 3, 4)
+        qt = qt.reshape(kvh, nb, M, d)
+        scores = qt.new_empty(kvh, nb, M, C + B)
+        for (ck, _cv), (a, b) in zip(contexts, bounds, strict=True):
+            c, rows = ck.shape[1], (b - a) * M
+            part = torch.matmul(qt[:, a:b].reshape(kvh, rows, d), ck.float().transpose(1, 2))
+            scores[:, a:b, :, :c] = part.view(kvh, b - a, M, c)
+        scores[..., C:] = torch.matmul(qt, blk_k.float().permute(2, 0, 3, 1))
+        # per block: context positions from its start on are hidden (and the columns past
+        # a shorter context, never written, with them)
         ctx_ok = torch.arange(C)[None, None, :] < starts[:, None, None]  # [nb, 1, C]
         vis = self.visible(q_pos, torch.arange(C))
         ctx_ok = ctx_ok if vis is None else ctx_ok & vis
+        by_row = scores.view(kvh, nb, R, g, C + B)
+        by_row[..., :C].masked_fill_(~ctx_ok[None, :, :, None, :], float("-inf"))
         blk_ok = self.visible(q_pos, blk_pos)
-        scores = torch.cat(
-            (
-                s_ctx.masked_fill(~ctx_ok[:, :, None, None, :], float("-inf")),
-                s_blk
-                if blk_ok is None
-                else s_blk.masked_fill(~blk_ok[:, :, None, None, :], float("-inf")),
-            ),
-            -1,
-        )
+        if blk_ok is not None:
+            by_row[..., C:].masked_fill_(~blk_ok[None, :, :, None, :], float("-inf"))
         p = torch.softmax(scores, dim=-1)
-        out = torch.einsum("nrkgc,kcd->nrkgd", p[..., :C], ctx_v.float()) + torch.einsum(
-            "nrkgb,nbkd->nrkgd", p[..., C:], blk_v.float()
-        )
+        out = torch.matmul(p[..., C:], blk_v.float().permute(2, 0, 1, 3))  # [kvh, nb, M, d]
+        for (ck, cv), (a, b) in zip(contexts, bounds, strict=True):
+            c, rows = ck.shape[1], (b - a) * M
+            part = torch.matmul(p[:, a:b, :, :c].reshape(kvh, rows, c), cv.float())
+            out[:, a:b] += part.view(kvh, b - a, M, d)
+        out = out.view(kvh, nb, R, g, d).permute(1, 2, 0, 3, 4)
         return out.reshape(nb, R, H * d).to(q.dtype)
 
 

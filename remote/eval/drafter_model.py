@@ -156,9 +156,10 @@ class Blocks:
 
     ``seq``: the blocks come from several sequences (block b from sequence ``seq[b]``,
     non-decreasing) and ``kv`` holds each one's context K/V. Projections and MLPs run on
-    every block at once; attention runs one sequence at a time against that sequence's
-    own context, so no block pays for another sequence's context and the result equals
-    drafting each sequence's blocks alone.
+    every block at once, and so does attention but for its two products with a context,
+    taken per sequence (`remote.eval.drafter_layers.Attention.mix`): no block pays for
+    another sequence's context and the result equals drafting each sequence's blocks
+    alone.
     """
 
     def __init__(
@@ -211,23 +212,17 @@ class Blocks:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
 
     def _attend(self, i, seq_runs, q, q_pos, starts, k, v, k_pos) -> torch.Tensor:
-        """Layer ``i``'s attention (`Attention.attend`) of query blocks ``n``, each
+        """Layer ``i``'s attention (`Attention.mix`, then ``o_proj``) of query blocks ``n``, each
         sequence's against its own context (``seq_runs``: `_runs` of the blocks'
-        sequences), with one ``o_proj`` for all."""
+        sequences)."""
         attn = self.drafter.layers[i].self_attn
         order, runs = seq_runs
-        if len(runs) == 1:
-            ck, cv = self.kv[runs[0][0]][i]
-            return attn.attend(q, q_pos, starts, ck, cv, k, v, k_pos)
         if order is not None:
             q, q_pos, starts, k, v, k_pos = (t[order] for t in (q, q_pos, starts, k, v, k_pos))
-        parts = []
-        for s, a, b in runs:
-            ck, cv = self.kv[s][i]
-            parts.append(
-                attn.mix(q[a:b], q_pos[a:b], starts[a:b], ck, cv, k[a:b], v[a:b], k_pos[a:b])
-            )
-        mixed = torch.cat(parts)
+        contexts = [self.kv[s][i] for s, _a, _b in runs]
+        # one sequence's runs may count other rows than ``q``'s (`hidden` of some rows)
+        bounds = [(0, len(q))] if len(runs) == 1 else [(a, b) for _s, a, b in runs]
+        mixed = attn.mix(q, q_pos, starts, contexts, bounds, k, v, k_pos)
         if order is not None:
             mixed = mixed[torch.argsort(order)]
         return attn.o_proj(mixed)
