@@ -220,9 +220,7 @@ class Blocks:
         if order is not None:
             q, q_pos, starts, k, v, k_pos = (t[order] for t in (q, q_pos, starts, k, v, k_pos))
         contexts = [self.kv[s][i] for s, _a, _b in runs]
-        # one sequence's runs may count other rows than ``q``'s (`hidden` of some rows)
-        bounds = [(0, len(q))] if len(runs) == 1 else [(a, b) for _s, a, b in runs]
-        mixed = attn.mix(q, q_pos, starts, contexts, bounds, k, v, k_pos)
+        mixed = attn.mix(q, q_pos, starts, contexts, [(a, b) for _s, a, b in runs], k, v, k_pos)
         if order is not None:
             mixed = mixed[torch.argsort(order)]
         return attn.o_proj(mixed)
@@ -276,7 +274,9 @@ class Blocks:
             cos, sin = self.cos[blk, at][:, None], self.sin[blk, at][:, None]
             q_pos = self.pos[blk, at][:, None]
             starts, k, v, k_pos = self.starts[blk], self.k[blk], self.v[blk], self.pos[blk]
-            runs = _runs(self.seq[blk]) if len(self.kv) > 1 else self.runs
+            # the asked rows' runs (one sequence: all of them, without sorting anything)
+            one = self.runs[1][0][0]
+            runs = _runs(self.seq[blk]) if len(self.kv) > 1 else (None, [(one, 0, len(rows))])
         if q_raw is None:
             q_raw = attn.queries(layer.input_layernorm(h))
         q = apply_rope(q_raw, cos, sin)
