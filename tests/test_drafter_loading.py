@@ -248,8 +248,9 @@ def test_batched_blocks_equal_single_block_forward(layer_types, window, rope):
     ],
 )
 def test_lazy_rows_equal_the_full_forward(layers, layer_types, window):
-    """The eval asks `Blocks.hidden` for a few rows (mask rows projected once in layer 0,
-    last layer per row): those rows equal the plain forward of whole blocks."""
+    """The eval asks `Blocks.hidden` for a few rows and `Blocks.depths` for windows of them
+    (mask rows projected once in layer 0, last layer per row): those rows equal the plain
+    forward of whole blocks."""
     torch.manual_seed(1)
     cfg = DrafterConfig.from_dict(
         {
@@ -287,3 +288,6 @@ def test_lazy_rows_equal_the_full_forward(layers, layer_types, window):
         torch.testing.assert_close(
             lazy.hidden(rows), full.reshape(-1, 32)[rows], rtol=1e-5, atol=1e-5
         )
+        # a window of depths of some blocks, as the acceptance passes ask for them
+        some = torch.tensor([4, 1, 3])
+        torch.testing.assert_close(lazy.depths(some, 2, 3), full[some, 2:5], rtol=1e-5, atol=1e-5)

@@ -146,9 +146,10 @@ class Blocks:
 
     Every layer but the last runs on all rows: rows of a block attend to each other, so none
     can be skipped there. The last layer's keys and values are computed for every row too,
-    but its queries, output projection, MLP and final norm only for the rows `hidden` is
-    asked for. Acceptance needs block position ``j`` only where positions ``1..j-1`` were
-    right, so an evaluation asks for few rows: about tau per block instead of ``B``.
+    but its queries, output projection, MLP and final norm only for the rows `hidden` (or
+    `depths`) is asked for. Acceptance needs block position ``j`` only where positions
+    ``1..j-1`` were right, so an evaluation asks for few rows: about tau per block instead
+    of ``B``.
 
     ``shared_tail``: rows ``1..B-1`` of every block hold the same (mask) embedding, as
     `DFlashDrafter.block_inputs` builds them; the first layer then normalises and projects
@@ -261,26 +262,43 @@ class Blocks:
     def hidden(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Final normed hidden states: of every row as [nb, B, hidden] (``rows`` None), or of
         the flat rows ``rows`` (block b, position j = ``b * B + j``) as [len(rows), hidden]."""
+        if rows is None:  # every row: R = B query rows per block
+            every = (self.h, self.q_raw, self.cos, self.sin, self.pos)
+            return self._last_layer(*every, self.starts, self.k, self.v, self.pos, self.runs)
+        # one query row per asked row, against its own block's keys
+        blk, at = rows // self.B, rows % self.B
+        q_raw = None if self.q_raw is None else self.q_raw[blk, at][:, None]
+        asked = (self.h[blk, at][:, None], q_raw, self.cos[blk, at][:, None])
+        asked += (self.sin[blk, at][:, None], self.pos[blk, at][:, None])
+        own = (self.starts[blk], self.k[blk], self.v[blk], self.pos[blk])
+        return self._last_layer(*asked, *own, self._runs_of(blk))[:, 0]
+
+    def depths(self, blocks: torch.Tensor, first: int, width: int) -> torch.Tensor:
+        """Final normed hidden states of depths ``first .. first+width-1`` of each of
+        ``blocks`` (indices here) as [len(blocks), width, hidden]: the same rows as `hidden`
+        gives them, with a block's keys gathered once for its ``width`` query rows rather
+        than once per row."""
+        at = slice(first, first + width)
+        q_raw = None if self.q_raw is None else self.q_raw[blocks, at]
+        asked = (self.h[blocks, at], q_raw, self.cos[blocks, at], self.sin[blocks, at])
+        own = (self.starts[blocks], self.k[blocks], self.v[blocks], self.pos[blocks])
+        return self._last_layer(*asked, self.pos[blocks, at], *own, self._runs_of(blocks))
+
+    def _runs_of(self, blocks: torch.Tensor) -> tuple[torch.Tensor | None, list]:
+        """`_runs` of ``blocks`` (indices here); of one sequence's blocks without sorting."""
+        if len(self.kv) > 1:
+            return _runs(self.seq[blocks])
+        return None, [(self.runs[1][0][0], 0, len(blocks))]
+
+    def _last_layer(self, h, q_raw, cos, sin, q_pos, starts, k, v, k_pos, runs) -> torch.Tensor:
+        """The last layer and the final norm of query rows ``h`` [n, R, hidden] (``q_raw``
+        their queries before RoPE, or None) of blocks with keys ``k``/``v`` [n, B,
+        kv_heads, d] at ``k_pos``."""
         d = self.drafter
         layer = d.layers[-1]
-        attn = layer.self_attn
-        if rows is None:  # every row: R = B query rows per block
-            h, q_raw, cos, sin, q_pos = self.h, self.q_raw, self.cos, self.sin, self.pos
-            starts, k, v, k_pos, runs = self.starts, self.k, self.v, self.pos, self.runs
-        else:  # one query row per asked row, against its own block's keys
-            blk, at = rows // self.B, rows % self.B
-            h = self.h[blk, at][:, None]
-            q_raw = None if self.q_raw is None else self.q_raw[blk, at][:, None]
-            cos, sin = self.cos[blk, at][:, None], self.sin[blk, at][:, None]
-            q_pos = self.pos[blk, at][:, None]
-            starts, k, v, k_pos = self.starts[blk], self.k[blk], self.v[blk], self.pos[blk]
-            # the asked rows' runs (one sequence: all of them, without sorting anything)
-            one = self.runs[1][0][0]
-            runs = _runs(self.seq[blk]) if len(self.kv) > 1 else (None, [(one, 0, len(rows))])
         if q_raw is None:
-            q_raw = attn.queries(layer.input_layernorm(h))
+            q_raw = layer.self_attn.queries(layer.input_layernorm(h))
         q = apply_rope(q_raw, cos, sin)
         h = h + self._attend(len(d.layers) - 1, runs, q, q_pos, starts, k, v, k_pos)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-        out = d.norm(h)
-        return out if rows is None else out[:, 0]
+        return d.norm(h)

@@ -227,10 +227,9 @@ class Drafts:
             pred = torch.full(have.shape, -1, dtype=torch.long)
             if not bool(have.any()):  # every block still matching reached L
                 break
+            hid = blocks.depths(index[alive], j, w)  # [alive, w, hidden]
             pred[have] = self.head(
-                blocks.hidden((index[blk] * self.B + depth)[have]),
-                [part[b] for b in blk[have].tolist()],
-                depth[have].tolist(),
+                hid[have], [part[b] for b in blk[have].tolist()], depth[have].tolist()
             )
             right = (pred == truth[blk, depth]) & have
             run = right.long().cumprod(1).sum(1)  # leading right depths in the window
