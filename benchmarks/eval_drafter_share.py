@@ -2,7 +2,8 @@
 
 Setup, a Qwen3.6-27B's shape ratios scaled down: a random-weight Qwen3 target of 20 layers,
 hidden 256, MLP 3.4x hidden (17408 / 5120), grouped-query attention, its LM head ~5% of
-its weights (vocab 4096; the 27B's is 4.7%), 39 MB in bf16; and a 5-layer block-16 DFlash
+its weights (vocab 4096; the 27B's is 4.7%), 39 MB in bf16 (``--hidden`` scales every
+width and the vocabulary with it, the ratios kept); and a 5-layer block-16 DFlash
 drafter (layers of the target's shape, features of 5 target layers) of about 1/4-1/5 of its
 weights, trained for real with `orchestrator.demo.train.train_drafter` on the target's own
 greedy completions of random prompts until its token-weighted tau on the evaluation samples
@@ -35,7 +36,7 @@ same DDTree rounds but where bf16 near-ties move them in the all-positions engin
 (`check_rounds`); the script stops if not.
 
     python benchmarks/eval_drafter_share.py [--repeats 5] [--threads 2] [--budgets 8,16,32,64]
-        [--clock cpu|wall]
+        [--clock cpu|wall] [--hidden 256]
 """
 
 from __future__ import annotations
@@ -55,18 +56,25 @@ from common import head_share, load_avg  # noqa: E402 (benchmarks/ is on the pat
 
 from remote.protocol import DEFAULT_BUDGETS  # noqa: E402 (after the path fix above)
 
+
 # A 27B's shape ratios (Qwen3.6-27B: MLP 3.4x hidden, grouped-query attention, head ~5% of
-# the weights, a 5-layer drafter of the target's layer shape) at hidden 256, small enough
-# to train the drafter on two cores in minutes.
-TARGET = dict(
-    hidden_size=256,
-    num_layers=20,
-    num_heads=4,
-    num_kv_heads=1,
-    intermediate_size=864,
-    model_vocab_size=4096,
-)
-DRAFTER = dict(num_layers=5, block_size=16, head_dim=64, intermediate_size=864)
+# the weights, a 5-layer drafter of the target's layer shape) at ``--hidden`` (256 by
+# default: small enough to train the drafter on two cores in minutes).
+def shapes(hidden: int) -> tuple[dict, dict]:
+    """(target, drafter) settings at ``hidden``: heads of 64, one kv head per 4, the MLP
+    3.375x hidden and the vocabulary 16x hidden, so every ratio stays as at 256."""
+    mlp = hidden * 27 // 8
+    target = dict(
+        hidden_size=hidden,
+        num_layers=20,
+        num_heads=hidden // 64,
+        num_kv_heads=max(1, hidden // 256),
+        intermediate_size=mlp,
+        model_vocab_size=16 * hidden,
+    )
+    return target, dict(num_layers=5, block_size=16, head_dim=64, intermediate_size=mlp)
+
+
 LAYER_IDS = [1, 5, 9, 13, 17]  # spread over the target, the last layers left out
 
 
@@ -138,19 +146,20 @@ def setup(args) -> tuple[str, str, list[dict], dict]:
     from orchestrator.demo.train import train_drafter
 
     # every cached thing is named for the shapes it depends on, so a changed shape rebuilds
-    shape = "t{num_layers}x{hidden_size}v{model_vocab_size}".format(**TARGET)
+    target_shape, drafter_shape = shapes(args.hidden)
+    shape = "t{num_layers}x{hidden_size}v{model_vocab_size}".format(**target_shape)
     work = os.path.join(args.workdir, shape)
     os.makedirs(work, exist_ok=True)
     target = os.path.join(work, "target")
     if not os.path.isfile(os.path.join(target, "model.safetensors")):
-        build_qwen3_target(target, dtype="bfloat16", **TARGET)
+        build_qwen3_target(target, dtype="bfloat16", **target_shape)
     length = f"p{args.prompt}c{args.completion}"
     train = cached_rows(
         os.path.join(work, f"train-{length}-n{args.train_samples}.jsonl"),
         lambda: greedy_rows(target, args.train_samples, args.prompt, args.completion, seed=1),
     )
     evals = train[: args.samples]
-    d = "d{num_layers}b{block_size}".format(**DRAFTER)
+    d = "d{num_layers}b{block_size}".format(**drafter_shape)
     name = f"drafter-{d}-{length}-n{args.train_samples}-lr{args.lr}-tau{args.tau}"
     folder = os.path.join(work, name)
     chosen = os.path.join(folder, "chosen.json")
@@ -179,7 +188,7 @@ def setup(args) -> tuple[str, str, list[dict], dict]:
             batch_samples=2,
             lr=args.lr,
             until=reached,
-            **DRAFTER,
+            **drafter_shape,
         )
         facts = {"drafter": paths[-1], "tau": taus[paths[-1]], "train_s": time.perf_counter() - t}
         if facts["tau"] < args.tau:  # stopped by --train-minutes: used once, never cached
@@ -273,6 +282,7 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument("--workdir", default=os.path.expanduser("~/.cache/dflash/bench-drafter-share"))
     ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=256, help="target and drafter hidden size")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--completion", type=int, default=320)
     ap.add_argument("--threads", type=int, default=2)

@@ -155,7 +155,7 @@ def main() -> None:
     )
     tokens = sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
     print(
-        f"setup: eval_drafter_share's (target 20 layers x hidden 256, 5-layer block-16 "
+        f"setup: eval_drafter_share's (target 20 layers x hidden {args.hidden}, 5-layer block-16 "
         f"drafter trained to tau {facts.get('tau') or float('nan'):.2f}); {len(rows)} samples, "
         f"{tokens} tokens; positions {spec.positions}; DDTree budgets "
         f"{','.join(map(str, budgets)) or 'none'}; threads {args.threads}"
