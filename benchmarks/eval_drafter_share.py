@@ -276,13 +276,23 @@ def check_rounds(target, drafter, samples, budgets, old: list, new: list) -> Non
         )
 
 
+def hidden_size(text: str) -> int:
+    """``--hidden``: a positive multiple of 256, so the heads (of 64) split evenly into kv
+    groups of 4 as at 256."""
+    if not text.isdigit() or int(text) == 0 or int(text) % 256:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive multiple of 256 (e.g. 512)")
+    return int(text)
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--workdir", default=os.path.expanduser("~/.cache/dflash/bench-drafter-share"))
     ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=256, help="target and drafter hidden size")
+    ap.add_argument(
+        "--hidden", type=hidden_size, default=256, help="target and drafter hidden size"
+    )
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--completion", type=int, default=320)
     ap.add_argument("--threads", type=int, default=2)
