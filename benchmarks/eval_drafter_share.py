@@ -68,7 +68,7 @@ def shapes(hidden: int) -> tuple[dict, dict]:
         hidden_size=hidden,
         num_layers=20,
         num_heads=hidden // 64,
-        num_kv_heads=max(1, hidden // 256),
+        num_kv_heads=hidden // 256,
         intermediate_size=mlp,
         model_vocab_size=16 * hidden,
     )
