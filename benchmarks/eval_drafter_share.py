@@ -18,8 +18,8 @@ with the DDTree budgets (``--budgets``) and again without (the chain walk only):
 * ``all``: the engine drafting a block at every completion position, one sample at a time
   (``positions="all"``, the engine before round-starts-only drafting; opt-in now);
 * ``walk``: the default, blocks only where the chain walk and each DDTree budget's walk
-  start rounds, all walks of the samples in lockstep (`remote.eval.walk.walk_rounds`,
-  `remote.eval.walk.lockstep_batches`);
+  start rounds, all walks of the samples in lockstep (`remote.eval.walk.Lockstep`,
+  `remote.eval.walk.eval_stream`);
 * a bare transformers forward of the target over each sample (full logits).
 
 The parts are timed in process CPU seconds (``--clock cpu``, the default: on a shared
@@ -203,16 +203,10 @@ def setup(args) -> tuple[str, str, list[dict], dict]:
 
 def engine(target, drafter, samples, positions: str, budgets: list[int]) -> list[dict]:
     """What `remote.eval.engine.run_eval` runs for ``samples`` (prompt, completion): their
-    records, in its lockstep batches."""
-    from remote.eval.walk import WalkOptions, eval_batch, lockstep_batches
+    records, the samples walking in its pool (`remote.eval.walk.eval_stream`)."""
+    from remote.eval.walk import WalkOptions, eval_batch
 
-    itemsize = drafter.fc.weight.element_size()
-    lengths = [len(p) + len(c) for p, c in samples]
-    opts = WalkOptions(budgets=budgets, positions=positions)
-    recs = []
-    for batch in lockstep_batches(lengths, drafter.cfg, itemsize, positions):
-        recs += eval_batch(target, drafter, [samples[i] for i in batch], opts)
-    return recs
+    return eval_batch(target, drafter, samples, WalkOptions(budgets=budgets, positions=positions))
 
 
 def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int) -> dict:
@@ -313,7 +307,7 @@ def parse_args() -> argparse.Namespace:
         help="the parts' clock: process CPU time (default; wall time on a shared machine "
         "moves with the other processes' load) or wall time",
     )
-    return ap.parse_args()
+    return ap
 
 
 def print_setup(args, target_dir: str, drafter, report, samples, budgets, facts) -> None:

@@ -31,7 +31,6 @@ from remote.eval.walk import (
     context_kv_bytes,
     eval_batch,
     eval_sequence,
-    lockstep_batches,
 )
 from remote.protocol import EvalSpec
 from tests.helpers.drafters import build_drafter
@@ -222,20 +221,73 @@ def test_blocks_of_several_sequences_equal_each_drafted_alone(tmp_path):
         )
 
 
-def test_lockstep_batches_bound_samples_and_context_bytes(tmp_path):
-    cfg = read_config(str(build_drafter(tmp_path / "d", [0])))
-    item = 2
-    one = context_kv_bytes(cfg, 100, item)
-    assert one == cfg.num_layers * 2 * 100 * cfg.num_kv_heads * cfg.head_dim * item
-    lengths = [100] * (LOCKSTEP_SAMPLES + 3)
-    walk = lockstep_batches(lengths, cfg, item, "walk")
-    assert [len(b) for b in walk] == [LOCKSTEP_SAMPLES, 3]
-    assert [i for b in walk for i in b] == list(range(len(lengths)))
-    assert [len(b) for b in lockstep_batches([100] * 3, cfg, item, "all")] == [1, 1, 1]
-    # a sample larger than the byte bound alone is a batch of its own, never dropped
-    huge = 10**9 // context_kv_bytes(cfg, 1, item)
-    got = lockstep_batches([100, huge, 100, 100], cfg, item, "walk")
-    assert [list(b) for b in got] == [[0], [1], [2, 3]]
+class Given:
+    """The ``given`` of `eval_stream` (each sample's features and greedy argmax, computed
+    beforehand), noting the order the samples are asked for in ``asked``."""
+
+    def __init__(self, target, drafter, samples):
+        self.rows = [
+            target.forward(p + c, drafter.cfg.target_layer_ids, argmax_from=len(p) - 1)
+            for p, c in samples
+        ]
+        self.asked: list[int] = []
+
+    def __getitem__(self, n: int):
+        self.asked.append(n)
+        return self.rows[n]
+
+
+def test_the_pool_streams_records_and_bounds_who_walks(setups, monkeypatch):
+    """With a pool of 2 samples, a sample joins when another's walks end: records come in
+    sample order, the first before the last sample has joined, no drafter call holds
+    blocks of more than 2 samples, and every record equals the one-batch eval's. A byte
+    bound below two samples' context K/V lets one sample walk at a time, never none."""
+    import remote.eval.drafts as drafts
+    import remote.eval.walk as walk
+
+    s = setups("qwen3")
+    target = load_target(s["target"], torch.float32)
+    drafter, _ = load_drafter(s["drafters"][0], torch.float32)
+    samples = s["samples"] * 2
+    opts = WalkOptions(budgets=BUDGETS, positions="walk")
+    with torch.inference_mode():
+        given = Given(target, drafter, samples)
+    whole = eval_batch(target, drafter, samples, opts, given)
+    assert len(samples) <= LOCKSTEP_SAMPLES and given.asked == list(range(len(samples)))
+
+    walking, build = [], drafts.Drafts._build
+
+    def counted(self, keys):
+        walking.append((len(self.live), len({i for i, _s in keys})))
+        return build(self, keys)
+
+    monkeypatch.setattr(drafts.Drafts, "_build", counted)
+    monkeypatch.setattr(walk, "LOCKSTEP_SAMPLES", 2)
+    given.asked.clear()
+    order, asked_then = [], []
+    for n, rec in walk.eval_stream(target, drafter, samples, opts, given):
+        order.append(n)
+        asked_then.append(len(given.asked))
+        assert comparable(rec) == comparable(whole[n])
+    assert order == list(range(len(samples)))
+    assert given.asked == list(range(len(samples)))  # each sample asked for once, in order
+    assert asked_then[0] < len(samples)  # streamed: the first record before the last joined
+    assert max(live for live, _ in walking) == 2
+    assert max(seqs for _, seqs in walking) == 2  # a call held blocks of both
+
+    monkeypatch.setattr(walk, "LOCKSTEP_SAMPLES", 16)
+    itemsize = drafter.fc.weight.element_size()
+    least = min(context_kv_bytes(drafter.cfg, len(p) + len(c), itemsize) for p, c in samples)
+    monkeypatch.setattr(walk, "LOCKSTEP_BYTES", least)  # no two fit together
+    walking.clear()
+    alone = eval_batch(target, drafter, samples, opts, given)
+    assert {live for live, _ in walking} == {1}
+    assert [comparable(r) for r in alone] == [comparable(r) for r in whole]
+
+
+def comparable(rec: dict) -> dict:
+    """A record but its timings."""
+    return {k: v for k, v in rec.items() if k != "seconds"}
 
 
 @pytest.mark.slow

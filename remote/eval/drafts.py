@@ -68,29 +68,73 @@ class Drafts:
     at a block a tree search drafted) asks the last layer for more rows instead of drafting
     the block again. Rows of blocks drafted in different calls go through the last layer
     and the head together (`remote.eval.drafter_model.Blocks.joined`).
+
+    Sequences join with `add` while others walk and leave with `release` once their
+    record is made, dropping their context K/V and everything kept of theirs.
     """
 
     HEAD_BYTES = 8 * 2**20  # float32 logits of one head call, at most (HEAD_ROWS at least)
     HEAD_ROWS = 64  # rows per head call at least: a huge vocabulary still reuses its weights
 
-    def __init__(self, drafter, target, seqs: list[Seq], chunk: int | None, k: int = 0):
-        self.drafter, self.target, self.seqs = drafter, target, seqs
+    def __init__(
+        self,
+        drafter,
+        target,
+        seqs: list[Seq],
+        chunk: int | None,
+        k: int = 0,
+        longest: int | None = None,
+    ):
+        self.drafter, self.target = drafter, target
         self.B = drafter.block_size
-        self.chunk = chunk or auto_chunk(drafter.cfg, max(q.L for q in seqs))
+        # ``longest``: the last index of the longest sequence to come (`add`), when the
+        # sequences join while others walk
+        self.chunk = chunk or auto_chunk(drafter.cfg, longest or max(q.L for q in seqs))
         self.k = k
         self.head_rows = self.rows_per_head(target.lm_head.shape[0])
-        # every sequence's tokens end to end, so a batch's ground truth is one gather
-        self.flat = torch.cat([q.g for q in seqs])
-        self.offset = torch.tensor([0] + [len(q.g) for q in seqs[:-1]]).cumsum(0)
-        self.last = torch.tensor([q.L for q in seqs])
+        self.seqs: list[Seq | None] = []  # by index; None once `release` dropped it
+        self.live: dict[int, Seq] = {}
+        self.last = torch.zeros(0, dtype=torch.long)
         self.accept: dict[Key, int] = {}
         self.rows: dict[Key, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.search: dict[Key, TreeSearch] = {}
-        self.kept_from = [q.P for q in seqs]  # `forget` dropped every start before these
-        self.built = [0] * len(seqs)
+        self.kept_from: list[int] = []  # `forget` dropped every start before these
+        self.built: list[int] = []
         self.kept: dict[Key, tuple[object, int]] = {}  # key -> (its Blocks, index there)
         self.held: dict[int, list[int]] = {}  # id(Blocks) -> [its bytes, keys kept of it]
         self.kept_bytes = 0  # of the Blocks that kept keys hold
+        for q in seqs:
+            self.add(q)
+
+    def add(self, q: Seq) -> int:
+        """Take sequence ``q`` in (its blocks then share the calls of the others'); returns
+        its index, the first of the keys ``(index, start)`` of its blocks."""
+        i = len(self.seqs)
+        self.seqs.append(q)
+        self.live[i] = q
+        self.kept_from.append(q.P)
+        self.built.append(0)
+        self.last = torch.cat((self.last, torch.tensor([q.L])))
+        self._index()
+        return i
+
+    def release(self, i: int) -> None:
+        """Drop everything sequence ``i`` holds, its context K/V and ``accept`` with the
+        rest (its walks have ended and its record is made)."""
+        self.forget(i, self.seqs[i].L + 1)
+        for key in [key for key in self.accept if key[0] == i]:
+            del self.accept[key]
+        self.seqs[i] = None
+        del self.live[i]
+        self._index()
+
+    def _index(self) -> None:
+        # the live sequences' tokens end to end, so a batch's ground truth is one gather
+        ids = torch.tensor(list(self.live), dtype=torch.long)
+        lens = torch.tensor([len(q.g) for q in self.live.values()], dtype=torch.long)
+        self.flat = torch.cat([q.g for q in self.live.values()]) if self.live else self.last[:0]
+        self.offset = torch.zeros(len(self.seqs), dtype=torch.long)
+        self.offset[ids] = lens.cumsum(0) - lens
 
     @classmethod
     def rows_per_head(cls, vocab: int) -> int:
@@ -125,7 +169,7 @@ class Drafts:
         seq = torch.tensor([i for i, _s in keys])
         st = torch.tensor([s for _i, s in keys])
         first = self.flat[self.offset[seq] + st]
-        kvs = [q.kv for q in self.seqs]
+        kvs = [None if q is None else q.kv for q in self.seqs]
         blocks = self.drafter.blocks(kvs, st, first, self.target.embed, seq=seq)
         for b, (i, s) in enumerate(keys):
             self.built[i] += 1

@@ -176,7 +176,7 @@ def estimate_bytes(
     attention scores, one head call's logits with their float32 log-softmax, the blocks
     kept for tree searches); with
     ``positions="walk"``, the context K/V of the samples walking in lockstep
-    (`remote.eval.walk.lockstep_batches`)."""
+    (`remote.eval.walk.eval_stream`)."""
     from remote.eval.drafts import KEPT_BYTES, SCORES_BYTES, Drafts, auto_chunk
     from remote.eval.walk import LOCKSTEP_BYTES, LOCKSTEP_SAMPLES, context_kv_bytes
 
@@ -253,7 +253,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     from remote.eval import drafter as drafter_mod
     from remote.eval import target as target_mod
     from remote.eval.metrics import summarize
-    from remote.eval.walk import WalkOptions, eval_batch, lockstep_batches
+    from remote.eval.walk import WalkOptions, eval_stream
     from remote.model.load import attention_implementation
 
     t_all = time.perf_counter()
@@ -330,15 +330,12 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     )
     records, lines = [], []
     t_eval = time.perf_counter()
-    lengths = [len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows]
-    for batch in lockstep_batches(lengths, dcfg, itemsize, spec.positions):
-        part = [(rows[i]["prompt_ids"], rows[i]["completion_ids"]) for i in batch]
-        given = None
-        if cache is not None:
-            given = feature_cache.Features(cache, target, dcfg.target_layer_ids, part, device)
-        with device_mod.default_device(device):
-            recs = eval_batch(target, drafter, part, opts, given)
-        for i, rec in zip(batch, recs, strict=True):
+    samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
+    given = None
+    if cache is not None:
+        given = feature_cache.Features(cache, target, dcfg.target_layer_ids, samples, device)
+    with device_mod.default_device(device):
+        for i, rec in eval_stream(target, drafter, samples, opts, given):
             rec = {"id": rows[i]["id"], **sample_labels(rows[i]), **rec}
             records.append(rec)
             lines.append(json.dumps(rec))

@@ -442,9 +442,9 @@ def _unlink(dir_fd: int, name: str) -> None:
 
 
 class Features:
-    """The ``given`` of `remote.eval.walk.eval_batch` for one batch of samples: sample `n`'s
+    """The ``given`` of `remote.eval.walk.eval_stream` for ``samples``: sample `n`'s
     (features, greedy) from the cache when it holds them, else from the target's forward
-    (then kept in the cache). One sample's tensors at a time, when the walk asks for them,
+    (then kept in the cache). One sample's tensors at a time, when it joins the walk,
     so memory stays what the walk's own forward takes."""
 
     def __init__(self, cache: RunCache, target, layer_ids: list[int], samples, device):

@@ -9,15 +9,16 @@ Per sequence ``g = prompt + completion`` (``P`` prompt tokens, last index ``L``)
    ``a_s`` = leading draft tokens equal to ``g[s+1..]`` (capped at ``L``); round length
    ``min(a_s + 1, L - s)``; ``s += length``; stop at ``L``. (The first completion token
    comes from the target's prefill, as in z-lab's loop, and is not a round.) Blocks are
-   always ``B`` long, as in a generation that ends on EOS. The samples of a batch walk in
-   lockstep, and with them the DDTree walks of step 3 (`walk_rounds`): each step drafts,
-   in ONE drafter call, the blocks every unfinished walk asks for and no earlier step
-   drafted, so the drafter's rows are about rounds x ``B``, not positions x ``B``, and a
-   block is drafted once for all the walks that start rounds there. The last drafter
-   layer and the head run depth by depth, only for blocks still matching: about tau rows
-   per block instead of ``B``
-   (`remote.eval.drafter_model.Blocks`). With ``positions="all"`` every completion position's
-   block is drafted first (batched), for per-position acceptance over all of them.
+   always ``B`` long, as in a generation that ends on EOS. The samples of a pool walk in
+   lockstep (a sample joins when another's walks end, `eval_stream`), and with them the
+   DDTree walks of step 3 (`Lockstep`): each step drafts, in ONE drafter call, the blocks
+   every unfinished walk asks for and no earlier step drafted, so the drafter's rows are
+   about rounds x ``B``, not positions x ``B``, and a block is drafted once for all the
+   walks that start rounds there. The last drafter layer and the head run depth by depth,
+   only for blocks still matching: about tau rows per block instead of ``B``
+   (`remote.eval.drafter_model.Blocks`). With ``positions="all"`` every completion
+   position's block is drafted first (batched), for per-position acceptance over all of
+   them.
 3. DDTree-N walks the same way with tree acceptance, from per-depth top-k log-probs of the
    drafter at the positions that walk visits. One `remote.eval.ddtree.TreeSearch` per
    visited position answers every budget at once (a smaller budget's tree is the first
@@ -26,12 +27,12 @@ Per sequence ``g = prompt + completion`` (``P`` prompt tokens, last index ``L``)
    reused, and so are the blocks (their last layer's inputs, `remote.eval.drafts.Drafts`
    keeps them), so a deeper row costs the last layer and the head only; a drafter that
    misses at depth 1 costs no more rows. The walks of all budgets and samples advance with
-   the greedy ones, computing what they need in shared batches (`walk_rounds`).
+   the greedy ones, computing what they need in shared batches (`Lockstep`).
 
 Memory stays flat in the sequence length: drafter blocks, attention scores and head logits
 go in batches of bounded bytes (`remote.eval.drafts`, which drafts and keeps the blocks),
 the samples walking together are bounded by their context K/V's bytes
-(`lockstep_batches`), DDTree keeps top-k rows (not logits) only for positions a walk can
+(`eval_stream`), DDTree keeps top-k rows (not logits) only for positions a walk can
 still visit, and large buffers go back to the OS when freed (`bound_heap`).
 """
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -71,7 +73,7 @@ class WalkOptions:
     positions: str = "walk"
 
 
-LOCKSTEP_SAMPLES = 16  # samples walked in lockstep at most (one batch of `eval_batch`)
+LOCKSTEP_SAMPLES = 16  # samples walking together at most (`eval_stream`)
 LOCKSTEP_BYTES = 256 * 2**20  # their drafter context K/V together, at most
 
 
@@ -80,30 +82,11 @@ def context_kv_bytes(cfg, tokens: int, itemsize: int) -> int:
     return cfg.num_layers * 2 * tokens * cfg.num_kv_heads * cfg.head_dim * itemsize
 
 
-def lockstep_batches(lengths: list[int], cfg, itemsize: int, positions: str) -> list[range]:
-    """Consecutive samples (by index) to evaluate together with `eval_batch`: with
-    ``positions="walk"`` up to LOCKSTEP_SAMPLES whose context K/V stay within
-    LOCKSTEP_BYTES (one sample at least), so each drafter call holds a block of every
-    sample still walking; with ``"all"`` one sample each, whose every position already
-    fills large calls."""
-    cap = LOCKSTEP_SAMPLES if positions == "walk" else 1
-    out, first, held = [], 0, 0
-    for i, n in enumerate(lengths):
-        size = context_kv_bytes(cfg, n, itemsize)
-        if i > first and (i - first >= cap or held + size > LOCKSTEP_BYTES):
-            out.append(range(first, i))
-            first, held = i, 0
-        held += size
-    if lengths:
-        out.append(range(first, len(lengths)))
-    return out
-
-
-def _share(seconds: float, weights: list[int], into: list[float]) -> None:
+def _share(seconds: float, weights: dict[int, int], into: dict[int, float]) -> None:
     """Add ``seconds`` of a batched step to ``into``, split by each sequence's ``weights``
     (its blocks or walks in that step)."""
-    total = sum(weights)
-    for i, w in enumerate(weights):
+    total = sum(weights.values())
+    for i, w in weights.items():
         if w:
             into[i] += seconds * w / total
 
@@ -118,53 +101,91 @@ def ahead(s: int, last: int | None, L: int, B: int) -> range:
     return range(s, min(s + (max(1, B // 2) if short else 1), L))
 
 
-def walk_rounds(
-    drafts: Drafts, budgets: list[int]
-) -> tuple[list[list[int]], list[dict[str, list[int]]], list[float], list[float]]:
-    """Every sequence's greedy walk and DDTree-N walks, all advanced in lockstep.
+@dataclass
+class Walked:
+    """One sequence's walks once they all ended: the greedy walk's and each DDTree
+    budget's round lengths, and its shares of the steps' drafter and DDTree seconds."""
+
+    rounds: list[int]
+    ddtree: dict[str, list[int]]
+    drafter_s: float
+    ddtree_s: float
+
+
+class Lockstep:
+    """The greedy walk and the DDTree-N walks of every sequence `admit` took in, all
+    advanced together, one `step` at a time; sequences join and leave between steps.
 
     Each step asks, for every unfinished walk, for the positions it wants (`ahead`): the
     greedy walk their acceptance, a DDTree walk their `TreeSearch` (one per position answers
     every budget, `Drafts.trees`). `Drafts.draft` drafts the blocks of both that it does not
     hold yet in shared drafter calls, then every walk moves through each round whose start
-    is known, by its length ``min(a + 1, L - s)``. Returns (round lengths, {str(budget):
-    round lengths}, drafter seconds, DDTree seconds) per sequence: a step's drafting
-    shared by the blocks it drafted for each, its tree searches by the DDTree walks served.
-    """
-    seqs, B = drafts.seqs, drafts.B
-    top = max(budgets, default=0)
-    at = {(i, n): q.P for i, q in enumerate(seqs) for n in (0, *budgets)}  # walk 0: greedy
-    out = [{n: [] for n in (0, *budgets)} for _ in seqs]
-    chain_s, tree_s = [0.0] * len(seqs), [0.0] * len(seqs)
-    while live := [(i, n) for (i, n), s in at.items() if s < seqs[i].L]:
-        t, built = _drafts.CLOCK(), list(drafts.built)
-        want: dict[int, set] = {0: set(), top: set()}
-        for i, n in live:
-            known = drafts.accept if n == 0 else drafts.search
-            if (i, at[(i, n)]) not in known:
-                last = out[i][n][-1] if out[i][n] else None
-                want[0 if n == 0 else top].update(
-                    (i, p) for p in ahead(at[(i, n)], last, seqs[i].L, B)
-                )
-        searched = drafts.draft(sorted(want[0]), sorted(want[top]), top)
-        for i, n in live:
-            known = drafts.accept if n == 0 else drafts.search
-            while at[(i, n)] < seqs[i].L and (i, at[(i, n)]) in known:
-                s = at[(i, n)]
-                a = drafts.accept[(i, s)] if n == 0 else drafts.search[(i, s)].accepted(n)
-                out[i][n].append(min(a + 1, seqs[i].L - s))
-                at[(i, n)] += out[i][n][-1]
-        for i in {i for i, _n in live}:
-            drafts.forget(i, min(at[(i, n)] for n in (0, *budgets)))
-        spent = _drafts.CLOCK() - t
-        new = [b - a for a, b in zip(built, drafts.built, strict=True)]
-        trees = [sum(i == j and n > 0 for j, n in live) for i in range(len(seqs))]
-        walking = [int(any(i == j for j, _n in live)) for i in range(len(seqs))]
-        _share(spent - searched, new if any(new) else walking, chain_s)
-        if any(trees):
-            _share(searched, trees, tree_s)
-    rounds = [o.pop(0) for o in out]
-    return rounds, [{str(n): r for n, r in o.items()} for o in out], chain_s, tree_s
+    is known, by its length ``min(a + 1, L - s)``. A step's drafting is shared among the
+    sequences by the blocks it drafted for each, its tree searches by the DDTree walks
+    served."""
+
+    def __init__(self, drafts: Drafts, budgets: list[int]):
+        self.drafts, self.budgets = drafts, budgets
+        self.walks = (0, *budgets)  # walk 0: greedy
+        self.top = max(budgets, default=0)
+        self.at: dict[tuple[int, int], int] = {}
+        self.out: dict[int, dict[int, list[int]]] = {}
+        self.chain_s: dict[int, float] = {}
+        self.tree_s: dict[int, float] = {}
+
+    def admit(self, i: int) -> None:
+        """Start the walks of sequence ``i`` of `drafts` at its prompt's end."""
+        for n in self.walks:
+            self.at[(i, n)] = self.drafts.seqs[i].P
+        self.out[i] = {n: [] for n in self.walks}
+        self.chain_s[i] = self.tree_s[i] = 0.0
+
+    def __len__(self) -> int:  # sequences walking
+        return len(self.out)
+
+    def step(self) -> dict[int, Walked]:
+        """One step of every walk; returns the sequences whose walks have all ended."""
+        drafts, seqs, B = self.drafts, self.drafts.seqs, self.drafts.B
+        live = [(i, n) for (i, n), s in self.at.items() if s < seqs[i].L]
+        if live:
+            t = _drafts.CLOCK()
+            built = {i: drafts.built[i] for i in self.out}
+            want: dict[int, set] = {0: set(), self.top: set()}
+            for i, n in live:
+                known = drafts.accept if n == 0 else drafts.search
+                if (i, self.at[(i, n)]) not in known:
+                    last = self.out[i][n][-1] if self.out[i][n] else None
+                    want[0 if n == 0 else self.top].update(
+                        (i, p) for p in ahead(self.at[(i, n)], last, seqs[i].L, B)
+                    )
+            searched = drafts.draft(sorted(want[0]), sorted(want[self.top]), self.top)
+            for i, n in live:
+                known = drafts.accept if n == 0 else drafts.search
+                while self.at[(i, n)] < seqs[i].L and (i, self.at[(i, n)]) in known:
+                    s = self.at[(i, n)]
+                    a = drafts.accept[(i, s)] if n == 0 else drafts.search[(i, s)].accepted(n)
+                    self.out[i][n].append(min(a + 1, seqs[i].L - s))
+                    self.at[(i, n)] += self.out[i][n][-1]
+            for i in {i for i, _n in live}:
+                drafts.forget(i, min(self.at[(i, n)] for n in self.walks))
+            spent = _drafts.CLOCK() - t
+            new = {i: drafts.built[i] - b for i, b in built.items()}
+            walking = {i: 1 for i, _n in live}
+            _share(spent - searched, new if any(new.values()) else walking, self.chain_s)
+            trees = {i: 0 for i in walking}
+            for i, n in live:
+                trees[i] += n > 0
+            if any(trees.values()):
+                _share(searched, trees, self.tree_s)
+        ended = [i for i in self.out if all(self.at[(i, n)] >= seqs[i].L for n in self.walks)]
+        done = {}
+        for i in ended:
+            out = self.out.pop(i)
+            for n in self.walks:
+                del self.at[(i, n)]
+            ddtree = {str(n): out[n] for n in self.budgets}
+            done[i] = Walked(out[0], ddtree, self.chain_s.pop(i), self.tree_s.pop(i))
+        return done
 
 
 def _libc():
@@ -221,85 +242,123 @@ def eval_batch(
     opts: WalkOptions,
     given: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> list[dict]:
-    """Evaluate ``samples`` (prompt, completion) together; returns one record per sample
-    (rounds, per-position counts, DDTree rounds, agreement, timings). See the module
-    docstring for the procedure. Samples walk in lockstep, so each drafter call holds a
-    block of every sample still walking; a record's drafter and DDTree seconds are its
-    share of those calls.
+    """Every record of `eval_stream`, in sample order."""
+    return [rec for _n, rec in eval_stream(target, drafter, samples, opts, given)]
+
+
+@torch.inference_mode()  # entered around each step of the generator, not between them
+def eval_stream(
+    target,
+    drafter,
+    samples: list[tuple[list[int], list[int]]],
+    opts: WalkOptions,
+    given=None,
+) -> Iterator[tuple[int, dict]]:
+    """Evaluate ``samples`` (prompt, completion); yields ``(index, record)`` per sample
+    (rounds, per-position counts, DDTree rounds, agreement, timings) in sample order, each
+    as soon as its walks and those of every earlier sample have ended. See the module
+    docstring for the procedure.
+
+    Up to LOCKSTEP_SAMPLES samples walk together (with ``positions="all"`` one, whose every
+    position already fills large calls), their context K/V within LOCKSTEP_BYTES (one
+    sample at least), so each drafter call holds a block of every sample still walking;
+    whenever a sample's walks end, the next samples join (target forward, context K/V)
+    until the pool is full again, so the calls stay full to the end and no batch waits
+    for its slowest sample. A record's drafter and DDTree seconds are its share of those
+    calls.
 
     ``given``: per sample (features [T, len(target_layer_ids)*hidden], greedy argmax from
-    position P-1) computed elsewhere (another host's target, `remote.eval.parity`) instead
-    of step 1's forward; the target then lends only its embedding and head."""
+    position P-1) computed elsewhere (another host's target, `remote.eval.parity`; a
+    feature cache, `remote.eval.feature_cache.Features`), asked for when the sample joins,
+    instead of step 1's forward; the target then lends only its embedding and head."""
     bound_heap()
-    seqs, base = [], []
-    for n, (prompt, completion) in enumerate(samples):
-        t0 = _drafts.CLOCK()
-        g = list(prompt) + list(completion)
-        P, L = len(prompt), len(g) - 1
-        gt = torch.tensor(g, dtype=torch.long)
-        if given is None:
-            feats, greedy = target.forward(g, drafter.cfg.target_layer_ids, argmax_from=P - 1)
-        else:
-            feats, greedy = given[n]
-        t_target = _drafts.CLOCK() - t0
-        # Agreement: target argmax at t predicts g[t+1], for every completion token.
-        agree = int((greedy[: L - P + 1] == gt[P:]).sum())
-        t1 = _drafts.CLOCK()
-        kv = drafter.context_kv(feats.to(drafter.fc.weight.dtype))
-        del feats, greedy
-        seqs.append(Seq(gt, P, kv))
-        base.append({"target": t_target, "drafter": _drafts.CLOCK() - t1, "agree": agree})
-
+    cfg = drafter.cfg
+    cap = LOCKSTEP_SAMPLES if opts.positions == "walk" else 1
+    itemsize = drafter.fc.weight.element_size()
+    sizes = [context_kv_bytes(cfg, len(p) + len(c), itemsize) for p, c in samples]
     k = ddtree_k(max(opts.budgets), opts.topk, target.info.vocab_size) if opts.budgets else 0
-    drafts = Drafts(drafter, target, seqs, opts.block_chunk, k)
-    if opts.positions == "all":
-        for i, q in enumerate(seqs):
-            t = _drafts.CLOCK()
-            drafts.ensure([(i, s) for s in range(q.P, q.L)])
-            base[i]["drafter"] += _drafts.CLOCK() - t
-    rounds, ddtree, chain_s, tree_s = walk_rounds(drafts, opts.budgets)
+    longest = max((len(p) + len(c) - 1 for p, c in samples), default=1)
+    drafts = Drafts(drafter, target, [], opts.block_chunk, k, longest=longest)
+    pool = Lockstep(drafts, opts.budgets)
+    base: dict[int, dict] = {}
+    done: dict[int, dict] = {}
+    nxt, emitted, held = 0, 0, 0
+    while emitted < len(samples):
+        while nxt < len(samples) and (
+            not len(pool) or (len(pool) < cap and held + sizes[nxt] <= LOCKSTEP_BYTES)
+        ):
+            i = drafts.add(_joined_seq(target, drafter, samples[nxt], given, nxt, base))
+            assert i == nxt
+            if opts.positions == "all":
+                t = _drafts.CLOCK()
+                drafts.ensure([(i, s) for s in range(drafts.seqs[i].P, drafts.seqs[i].L)])
+                base[i]["drafter"] += _drafts.CLOCK() - t
+            pool.admit(i)
+            held += sizes[i]
+            nxt += 1
+        for i, walked in pool.step().items():
+            done[i] = _record(drafts, i, samples[i], base.pop(i), walked, opts.positions)
+            drafts.release(i)
+            held -= sizes[i]
+        while emitted in done:
+            yield emitted, done.pop(emitted)
+            emitted += 1
 
-    B = drafter.block_size
-    attempts = [[0] * (B - 1) for _ in seqs]
-    hits = [[0] * (B - 1) for _ in seqs]
-    drafted = [0] * len(seqs)
-    for i, _s in drafts.accept:
-        drafted[i] += 1
-    if opts.positions == "all":  # every completion position
-        counted = list(drafts.accept)
+
+def _joined_seq(target, drafter, sample, given, n: int, base: dict[int, dict]) -> Seq:
+    """Sample ``n`` as the drafter sees it (step 1: its target forward, or ``given[n]``,
+    then its drafter context K/V); its target and drafter seconds and its agreement go
+    in ``base[n]``."""
+    prompt, completion = sample
+    t0 = _drafts.CLOCK()
+    g = list(prompt) + list(completion)
+    P, L = len(prompt), len(g) - 1
+    gt = torch.tensor(g, dtype=torch.long)
+    if given is None:
+        feats, greedy = target.forward(g, drafter.cfg.target_layer_ids, argmax_from=P - 1)
+    else:
+        feats, greedy = given[n]
+    t_target = _drafts.CLOCK() - t0
+    # Agreement: target argmax at t predicts g[t+1], for every completion token.
+    agree = int((greedy[: L - P + 1] == gt[P:]).sum())
+    t1 = _drafts.CLOCK()
+    kv = drafter.context_kv(feats.to(drafter.fc.weight.dtype))
+    del feats, greedy
+    base[n] = {"target": t_target, "drafter": _drafts.CLOCK() - t1, "agree": agree}
+    return Seq(gt, P, kv)
+
+
+def _record(drafts: Drafts, i: int, sample, base: dict, walked: Walked, positions: str) -> dict:
+    """Sample ``i``'s record, from its walks and the acceptance `drafts` holds for it."""
+    q, B = drafts.seqs[i], drafts.B
+    attempts, hits = [0] * (B - 1), [0] * (B - 1)
+    mine = {s: a for (j, s), a in drafts.accept.items() if j == i}
+    if positions == "all":  # every completion position
+        counted = sorted(mine)
     else:  # the chain walk's round starts
-        counted = [
-            (i, s)
-            for i, q in enumerate(seqs)
-            for s in itertools.accumulate(rounds[i][:-1], initial=q.P)
-            if rounds[i]
-        ]
+        counted = list(itertools.accumulate(walked.rounds[:-1], initial=q.P))
+        counted = counted if walked.rounds else []
     # Per-position: depth j attempted at s when the first j-1 were right and s+j <= L.
-    for i, s in counted:
-        a = drafts.accept[(i, s)]
-        for j in range(1, min(a + 1, B - 1, seqs[i].L - s) + 1):
-            attempts[i][j - 1] += 1
-            hits[i][j - 1] += j <= a
-    records = []
-    for i, ((_prompt, completion), q) in enumerate(zip(samples, seqs, strict=True)):
-        sec = {
-            "target": base[i]["target"],
-            "drafter": base[i]["drafter"] + chain_s[i],
-            "ddtree": tree_s[i],
-        }
-        records.append(
-            {
-                "prompt_tokens": q.P,
-                "completion_tokens": len(completion),
-                "rounds": rounds[i],
-                "tau": (sum(rounds[i]) / len(rounds[i])) if rounds[i] else None,
-                "position_attempts": attempts[i],
-                "position_hits": hits[i],
-                "positions_drafted": drafted[i],
-                "blocks_drafted": drafts.built[i],
-                "agreement": {"match": base[i]["agree"], "total": q.L - q.P + 1},
-                "ddtree": ddtree[i],
-                "seconds": {**sec, "total": sum(sec.values())},
-            }
-        )
-    return records
+    for s in counted:
+        a = mine[s]
+        for j in range(1, min(a + 1, B - 1, q.L - s) + 1):
+            attempts[j - 1] += 1
+            hits[j - 1] += j <= a
+    sec = {
+        "target": base["target"],
+        "drafter": base["drafter"] + walked.drafter_s,
+        "ddtree": walked.ddtree_s,
+    }
+    return {
+        "prompt_tokens": q.P,
+        "completion_tokens": len(sample[1]),
+        "rounds": walked.rounds,
+        "tau": (sum(walked.rounds) / len(walked.rounds)) if walked.rounds else None,
+        "position_attempts": attempts,
+        "position_hits": hits,
+        "positions_drafted": len(mine),
+        "blocks_drafted": drafts.built[i],
+        "agreement": {"match": base["agree"], "total": q.L - q.P + 1},
+        "ddtree": walked.ddtree,
+        "seconds": {**sec, "total": sum(sec.values())},
+    }
