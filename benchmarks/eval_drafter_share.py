@@ -32,8 +32,8 @@ Prints each part (target, drafter, DDTree, total) of both, the drafter's share o
 eval, the ratio of the drafter parts (goal <= 1.3 / tau, token-weighted), eval / bare
 target forward before and after, the blocks drafted, and the machine's load average (the
 ratios move with it on a shared box). Both modes must give the very same rounds, and the
-same DDTree rounds but where bf16 near-ties move them in the all-positions engine too
-(`check_rounds`); the script stops if not.
+same DDTree rounds but where bf16 near-ties move them (in the all-positions engine too,
+or not in float32: `check_rounds`); the script stops if not.
 
     python benchmarks/eval_drafter_share.py [--repeats 5] [--threads 2] [--budgets 8,16,32,64]
         [--clock cpu|wall] [--hidden 256]
@@ -244,29 +244,48 @@ def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int) -> dict
 OTHER_CHUNK = 7  # blocks per drafter call unlike any default (`auto_chunk` gives 16 or more)
 
 
-def check_rounds(target, drafter, samples, budgets, old: list, new: list) -> None:
+def check_rounds(dirs, target, drafter, samples, budgets, old: list, new: list) -> None:
     """Stop unless both modes gave the same rounds. The chain walk's must be identical. In
     bf16 a DDTree walk may not be: its best-first order ranks sums of top-k log-probs,
     whose near-ties move with a batch's shape (the all-positions engine itself, drafting
-    in other chunks, gives other DDTree rounds there; float32 gives identical ones). Such
-    samples are printed, and each must also differ between the all-positions engine at
-    its default chunk and at `OTHER_CHUNK`, or the difference is the walk's and the run
-    stops. (This script measures bf16 only.)"""
+    in other chunks, gives other DDTree rounds there). Such samples are printed, and each
+    must also differ between the all-positions engine at its default chunk and at
+    `OTHER_CHUNK`, or else have the same DDTree rounds in both modes in float32 (``dirs``:
+    the target's and the drafter's folders, loaded in float32 for it; the walk over every
+    sample, as it ran, so the samples walking beside each are the same): otherwise the
+    difference is the walk's and the run stops. (This script measures bf16 only.)"""
     from remote.eval.walk import WalkOptions, eval_batch
 
-    moved = []
+    moved, unexplained = [], []
     for i, (a, w) in enumerate(zip(old, new, strict=True)):
         if a["rounds"] != w["rounds"]:
             raise SystemExit(f"sample {i}: the walk's rounds differ from the engine's")
         if a["ddtree"] != w["ddtree"]:
             other = WalkOptions(budgets=list(budgets), positions="all", block_chunk=OTHER_CHUNK)
-            if eval_batch(target, drafter, [samples[i]], other)[0]["ddtree"] == a["ddtree"]:
-                raise SystemExit(f"sample {i}: the walk's DDTree rounds differ from the engine's")
             moved.append(i)
+            if eval_batch(target, drafter, [samples[i]], other)[0]["ddtree"] == a["ddtree"]:
+                unexplained.append(i)
+    if unexplained:
+        import torch
+
+        from remote.eval.drafter import load_drafter
+        from remote.eval.target import load_target
+
+        target32 = load_target(dirs[0], torch.float32)
+        drafter32, _ = load_drafter(dirs[1], torch.float32)
+        walked = eval_batch(target32, drafter32, samples, WalkOptions(budgets=list(budgets)))
+        every = WalkOptions(budgets=list(budgets), positions="all")
+        for i in unexplained:
+            if (
+                eval_batch(target32, drafter32, [samples[i]], every)[0]["ddtree"]
+                != walked[i]["ddtree"]
+            ):
+                raise SystemExit(f"sample {i}: the walk's DDTree rounds differ from the engine's")
     if moved:
         print(
             f"DDTree {','.join(map(str, budgets))}: samples {moved} have other DDTree rounds "
-            "in the two modes, as in the all-positions engine at another chunk (bf16 near-ties)"
+            "in the two modes in bf16 (near-ties: as in the all-positions engine at another "
+            f"chunk{'' if not unexplained else f', or the same in float32 for {unexplained}'})"
         )
 
 
@@ -279,8 +298,14 @@ def hidden_size(text: str) -> int:
 
 
 def parse_args() -> argparse.Namespace:
+    return parser(__doc__).parse_args()
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The set-up's and the measurement's options (`setup`), for this script and those that
+    take its set-up; ``doc``: the script's description."""
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--workdir", default=os.path.expanduser("~/.cache/dflash/bench-drafter-share"))
     ap.add_argument("--samples", type=int, default=4)
@@ -417,7 +442,8 @@ def main() -> None:
     )
     med, recs = got["median"], got["records"]
     for b in budget_sets:
-        check_rounds(target, drafter, samples, b, recs[("all", b)], recs[("walk", b)])
+        dirs = (target_dir, drafter_dir)
+        check_rounds(dirs, target, drafter, samples, b, recs[("all", b)], recs[("walk", b)])
     for b in budget_sets:
         print_parts(med, recs, b, args.clock)
 
