@@ -35,6 +35,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "eval-e2e": ["benchmarks/eval.py", "--e2e", "--samples", "8"],
     "eval-drafter-share": ["benchmarks/eval_drafter_share.py"],
     "eval-heap": ["benchmarks/eval_heap.py"],
+    "eval-pool": ["benchmarks/eval_pool.py", "--samples", "8", "--pool", "2"],
     "feature-cache": ["benchmarks/feature_cache.py"],
     "scale": ["benchmarks/scale.py"],
     "probe": ["benchmarks/probe.py"],
