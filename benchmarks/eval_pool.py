@@ -16,8 +16,8 @@ default DDTree budgets (``--budgets``), the target computing every sample's feat
 Prints each one's drafter and DDTree parts (process CPU seconds, ``--clock``), its wall,
 the wall until its first record (a batch's records come when the batch ends, the pool's
 as each sample and every earlier one are done) and the pool / batches ratios. Both must
-give the very same records but their timings (DDTree rounds may move with bf16 near-ties,
-and must then be identical in float32), or the script stops.
+give the very same records but their timings and blocks drafted (DDTree rounds may move
+with bf16 near-ties, and must then be identical in float32), or the script stops.
 
     python benchmarks/eval_pool.py [--samples 16] [--pool 4] [--repeats 3] [--threads 1]
 """
@@ -58,12 +58,15 @@ def streamed(target, drafter, samples, opts) -> tuple[list[dict], float]:
 
 
 def plain(rec: dict, ddtree: bool = True) -> dict:
-    """A record but its timings (and its DDTree rounds, unless ``ddtree``)."""
-    return {k: v for k, v in rec.items() if k != "seconds" and (ddtree or k != "ddtree")}
+    """A record but the work it took (seconds, blocks drafted: a block a tree search needs
+    again after the blocks kept were full is drafted again, and how full they are depends
+    on the samples walking beside it), and its DDTree rounds unless ``ddtree``."""
+    skip = {"seconds", "blocks_drafted"} | (set() if ddtree else {"ddtree"})
+    return {k: v for k, v in rec.items() if k not in skip}
 
 
 def check_records(old: list, new: list, dirs, samples, opts, pool: int) -> list[int]:
-    """Stop unless both ways gave the same records but their timings; returns the samples
+    """Stop unless both ways gave the same records (`plain`); returns the samples
     whose DDTree rounds alone differ. In bf16 those may: a DDTree walk ranks sums of top-k
     log-probs, whose near-ties move with the other samples in a drafter call. Then both
     ways run again in float32 (``dirs``: the target's and the drafter's folders; ``pool``
