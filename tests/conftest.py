@@ -10,6 +10,7 @@ live in `tests/helpers/`, which test modules import directly.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,15 @@ import yaml
 
 from tests.helpers.relay import TEnv
 from tests.helpers.sshd import clear_stale_pyenv_lock, keygen, ssh_host_entry, start_sshd
+
+
+def pytest_configure(config) -> None:
+    """Take SIGINT back if it came in ignored: a shell without job control starts background
+    commands so (``bash .ci/run &``), every child would inherit it, and the tests that stop
+    a relay or follow with Ctrl-C would wait out their timeouts. A handler, unlike an
+    ignore, resets to the default in the children."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
