@@ -29,9 +29,11 @@ the threads' spinning too, which small drafter calls pay for more: ``--threads 1
 cleanest comparison of the work done.
 
 Prints each part (target, drafter, DDTree, total) of both, the drafter's share of each
-eval, the ratio of the drafter parts (goal <= 1.3 / tau, token-weighted), eval / bare
-target forward before and after, the blocks drafted, and the machine's load average (the
-ratios move with it on a shared box). Both modes must give the very same rounds, and the
+eval, the ratio of the drafter parts (goal <= 1.3 / tau, token-weighted), the floor
+under it (the union of the walks' round starts, which any exact walk drafts, and the
+cost of a walk block against an all-positions block that the goal then asks for), eval /
+bare target forward before and after, the blocks drafted, and the machine's load average
+(the ratios move with it on a shared box). Both modes must give the very same rounds, and the
 same DDTree rounds but where bf16 near-ties move them (in the all-positions engine too,
 or not in float32: `check_rounds`); the script stops if not.
 
@@ -42,6 +44,7 @@ or not in float32: `check_rounds`); the script stops if not.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -362,6 +365,13 @@ def print_setup(args, target_dir: str, drafter, report, samples, budgets, facts)
     )
 
 
+def round_starts(rec: dict) -> set[int]:
+    """Where the chain walk and each DDTree budget's walk of one record start rounds: the
+    blocks any exact walk must draft."""
+    walks = [rec["rounds"], *rec["ddtree"].values()]
+    return {s for r in walks for s in itertools.accumulate(r[:-1], initial=rec["prompt_tokens"])}
+
+
 def print_parts(med: dict, recs: dict, budgets: tuple, clock: str) -> None:
     """The parts of both modes with ``budgets``, the drafter's share of each eval, and the
     new / old ratios."""
@@ -394,8 +404,16 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str) -> None:
     met = "met" if share <= 1.3 / tau else "NOT met"
     print(
         f"  new drafter part / old drafter part = {share:.3f}   (goal <= 1.3 / tau = "
-        f"{1.3 / tau:.3f}: {met}; blocks {blocks[new] / blocks[old]:.3f}, chain walk's "
-        f"round starts / positions {chain[new] / chain[old]:.3f})"
+        f"{1.3 / tau:.3f}: {met}; blocks {blocks[new] / blocks[old]:.3f}, chain "
+        f"acceptances drafted (look-ahead included) / positions {chain[new] / chain[old]:.3f})"
+    )
+    # Rounds start where the previous round's acceptance says, so no exact walk drafts
+    # fewer blocks than the union of its walks' round starts.
+    floor = sum(len(round_starts(r)) for r in recs[new]) / blocks[old]
+    print(
+        f"  floor: every walk's round starts / positions = {floor:.3f}; the goal needs a "
+        f"walk block at <= {1.3 / tau / floor:.2f}x an all-positions block's cost (measured "
+        f"{share / (blocks[new] / blocks[old]):.2f}x)"
     )
     if med[old]["ddtree"]:
         tree = med[new]["ddtree"] / med[old]["ddtree"]
