@@ -15,7 +15,7 @@ default DDTree budgets (``--budgets``), the target computing every sample's feat
 
 Prints each one's drafter and DDTree parts (process CPU seconds, ``--clock``), its wall,
 the wall until its first record (a batch's records come when the batch ends, the pool's
-as each sample and every earlier one are done) and the pool / batches ratios. Both must
+as each sample's walks end) and the pool / batches ratios. Both must
 give the very same records but their timings and blocks drafted (DDTree rounds may move
 with bf16 near-ties, and must then be identical in float32), or the script stops.
 
@@ -50,11 +50,11 @@ def streamed(target, drafter, samples, opts) -> tuple[list[dict], float]:
     """(records, wall seconds until the first) of `eval_stream`."""
     from remote.eval.walk import eval_stream
 
-    t, first, recs = time.perf_counter(), None, []
-    for _n, rec in eval_stream(target, drafter, samples, opts):
-        recs.append(rec)
+    t, first, got = time.perf_counter(), None, {}
+    for n, rec in eval_stream(target, drafter, samples, opts):
+        got[n] = rec
         first = first or time.perf_counter() - t
-    return recs, first
+    return [got[n] for n in range(len(samples))], first
 
 
 def plain(rec: dict, ddtree: bool = True) -> dict:

@@ -238,18 +238,27 @@ class Given:
 
 
 def test_the_pool_streams_records_and_bounds_who_walks(setups, monkeypatch):
-    """With a pool of 2 samples, a sample joins when another's walks end: records come in
-    sample order, the first before the last sample has joined, no drafter call holds
-    blocks of more than 2 samples, and every record equals the one-batch eval's. A byte
-    bound below two samples' context K/V lets one sample walk at a time, never none."""
+    """With a pool of 2 samples, a sample joins when another's walks end: each record comes
+    as its walks end (the slowest sample, first in line, holds back none of the others'),
+    the first before the last sample has joined, no drafter call holds blocks of more than
+    2 samples, and every record equals the one-batch eval's. A byte bound below two
+    samples' context K/V lets one sample walk at a time, never none."""
     import remote.eval.drafts as drafts
     import remote.eval.walk as walk
 
     s = setups("qwen3")
     target = load_target(s["target"], torch.float32)
     drafter, _ = load_drafter(s["drafters"][0], torch.float32)
-    samples = s["samples"] * 2
     opts = WalkOptions(budgets=BUDGETS, positions="walk")
+    with torch.inference_mode():
+        first = eval_batch(
+            target, drafter, s["samples"], opts, Given(target, drafter, s["samples"])
+        )
+    # the sample of the longest walk first, so the pool's other sample ends before it
+    steps = [max(len(w) for w in (r["rounds"], *r["ddtree"].values())) for r in first]
+    by_steps = sorted(range(len(steps)), key=lambda n: -steps[n])
+    assert steps[by_steps[0]] > steps[by_steps[1]]
+    samples = [s["samples"][n] for n in by_steps] * 2
     with torch.inference_mode():
         given = Given(target, drafter, samples)
     whole = eval_batch(target, drafter, samples, opts, given)
@@ -269,7 +278,8 @@ def test_the_pool_streams_records_and_bounds_who_walks(setups, monkeypatch):
         order.append(n)
         asked_then.append(len(given.asked))
         assert comparable(rec) == comparable(whole[n])
-    assert order == list(range(len(samples)))
+    assert sorted(order) == list(range(len(samples)))
+    assert order[0] == 1  # the slowest sample's record holds back no other's
     assert given.asked == list(range(len(samples)))  # each sample asked for once, in order
     assert asked_then[0] < len(samples)  # streamed: the first record before the last joined
     assert max(live for live, _ in walking) == 2
@@ -294,8 +304,9 @@ def comparable(rec: dict) -> dict:
 def test_engine_walk_equals_all_positions_in_its_results(setups, tmp_path, monkeypatch):
     """`run_eval` with positions=walk walks samples in lockstep batches (made small here,
     so there are several), and its records equal the all-positions run's in rounds, DDTree and
-    agreement; events come in ground-truth order; the result says which positions the
-    per-position acceptance covers."""
+    agreement; each sample's event says its place in the ground truth, and samples.jsonl
+    keeps that order; the result says which positions the per-position acceptance
+    covers."""
     import remote.eval.walk as walk
 
     monkeypatch.setattr(walk, "LOCKSTEP_SAMPLES", 4)
@@ -328,14 +339,8 @@ def test_engine_walk_equals_all_positions_in_its_results(setups, tmp_path, monke
     ids = [f"x{i}" for i in range(len(s["samples"]))]
     for name in ("walk", "all"):
         samples = [e for e in events[name] if e["event"] == "sample"]
-        assert [e["id"] for e in samples] == ids and [e["done"] for e in samples] == [
-            1,
-            2,
-            3,
-            4,
-            5,
-            6,
-        ]
+        assert [e["done"] for e in samples] == [1, 2, 3, 4, 5, 6]
+        assert sorted((e["index"], e["id"]) for e in samples) == list(enumerate(ids))
         assert [r["id"] for r in results[name]["records"]] == ids
     for a, b in zip(walk_res["records"], all_res["records"], strict=True):
         assert (a["rounds"], a["ddtree"], a["agreement"]) == (

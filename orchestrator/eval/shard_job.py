@@ -148,13 +148,9 @@ def run_shard(
         )
 
         def on_event(ev: dict) -> None:
-            done = ev.get("done")  # a count, checked by `watch`; a host's, so in range?
-            if (
-                ev.get("event") == "sample"
-                and ev.get("record")
-                and done in range(1, len(indices) + 1)
-            ):
-                i = indices[done - 1]
+            at = ev.get("index")  # a count, checked by `watch`; a host's, so in range?
+            if ev.get("event") == "sample" and ev.get("record") and at in range(len(indices)):
+                i = indices[at]
                 if ev["record"].get("id") == gt[i]["id"]:
                     out.records[i] = ev["record"]
             run.emit(spec.name, ev)

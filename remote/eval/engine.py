@@ -26,8 +26,9 @@ never silently changes a run):
 
 Every check that can fail on the inputs (paths, drafter vs target compatibility, token ids,
 empty completions, memory) runs BEFORE any weights are loaded. Progress goes to stdout as JSON
-lines: ``{"event": "start", ...}``, one ``{"event": "sample", ..., "record": {...}}`` per
-sample (the record is its samples.jsonl line) and
+lines: ``{"event": "start", ...}``, one ``{"event": "sample", "index": i, ..., "record":
+{...}}`` per sample as its walks end, in any order (the record is its samples.jsonl line,
+``i`` its place in the job's samples) and
 ``{"event": "done", "result": path, ...}``. Results are written atomically (temp + rename).
 After the walk, one round's costs on this host (a target step, a verify, a drafter block:
 `remote.eval.costs`) go into ``timings.round_costs``, for the controller's speedup estimate.
@@ -216,15 +217,17 @@ def emit(event: dict[str, Any]) -> None:
     print(json.dumps(event), flush=True)
 
 
-def sample_event(records: list[dict[str, Any]], total: int) -> dict[str, Any]:
-    """The progress event of the last of ``records`` (those done so far, in order)."""
-    rec = records[-1]
+def sample_event(done: dict[int, dict[str, Any]], index: int, total: int) -> dict[str, Any]:
+    """The progress event of sample ``index`` of the job's, just done; ``done``: the records
+    done so far by index (the walks end in any order, `remote.eval.walk.eval_stream`)."""
+    rec, records = done[index], list(done.values())
     taus = [r["tau"] for r in records if r["tau"] is not None]
     total_rounds = sum(len(r["rounds"]) for r in records)
     return {
         "event": "sample",
         "done": len(records),
         "total": total,
+        "index": index,
         "id": rec["id"],
         "tokens": rec["completion_tokens"],
         "sample_tau": rec["tau"],
@@ -328,7 +331,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
         block_chunk=spec.block_chunk,
         positions=spec.positions,
     )
-    records, lines = [], []
+    done: dict[int, dict[str, Any]] = {}
     t_eval = time.perf_counter()
     samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
     given = None
@@ -336,11 +339,10 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
         given = feature_cache.Features(cache, target, dcfg.target_layer_ids, samples, device)
     with device_mod.default_device(device):
         for i, rec in eval_stream(target, drafter, samples, opts, given):
-            rec = {"id": rows[i]["id"], **sample_labels(rows[i]), **rec}
-            records.append(rec)
-            lines.append(json.dumps(rec))
-            on_event(sample_event(records, len(rows)))
+            done[i] = {"id": rows[i]["id"], **sample_labels(rows[i]), **rec}
+            on_event(sample_event(done, i, len(rows)))
     eval_s = time.perf_counter() - t_eval
+    records = [done[i] for i in range(len(rows))]  # samples.jsonl is in the samples' order
     target_features = {"cached": False, "cache": "off"}
     if cache is not None:
         target_features = {**cache.summary(len(records)), "cache": "on"}
@@ -400,9 +402,8 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
         "samples_file": "samples.jsonl",
     }
     out = spec.output_dir
-    write_atomic(
-        os.path.join(out, "samples.jsonl"), "".join(line + "\n" for line in lines), fsync=True
-    )
+    lines = "".join(json.dumps(rec) + "\n" for rec in records)
+    write_atomic(os.path.join(out, "samples.jsonl"), lines, fsync=True)
     result_path = os.path.join(out, "result.json")
     write_atomic(result_path, json.dumps(result, indent=2), fsync=True)
     on_event(

@@ -243,7 +243,8 @@ def eval_batch(
     given: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> list[dict]:
     """Every record of `eval_stream`, in sample order."""
-    return [rec for _n, rec in eval_stream(target, drafter, samples, opts, given)]
+    got = dict(eval_stream(target, drafter, samples, opts, given))
+    return [got[n] for n in range(len(samples))]
 
 
 @torch.inference_mode()  # entered around each step of the generator, not between them
@@ -255,9 +256,10 @@ def eval_stream(
     given=None,
 ) -> Iterator[tuple[int, dict]]:
     """Evaluate ``samples`` (prompt, completion); yields ``(index, record)`` per sample
-    (rounds, per-position counts, DDTree rounds, agreement, timings) in sample order, each
-    as soon as its walks and those of every earlier sample have ended. See the module
-    docstring for the procedure.
+    (rounds, per-position counts, DDTree rounds, agreement, timings) as soon as its walks
+    have ended: in the order the walks end, not the samples' (a step's in index order), so
+    a slow sample holds back no other's record. See the module docstring for the
+    procedure.
 
     Up to LOCKSTEP_SAMPLES samples walk together (with ``positions="all"`` one, whose every
     position already fills large calls), their context K/V within LOCKSTEP_BYTES (one
@@ -281,7 +283,6 @@ def eval_stream(
     drafts = Drafts(drafter, target, [], opts.block_chunk, k, longest=longest)
     pool = Lockstep(drafts, opts.budgets)
     base: dict[int, dict] = {}
-    done: dict[int, dict] = {}
     nxt, emitted, held = 0, 0, 0
     while emitted < len(samples):
         while nxt < len(samples) and (
@@ -296,13 +297,12 @@ def eval_stream(
             pool.admit(i)
             held += sizes[i]
             nxt += 1
-        for i, walked in pool.step().items():
-            done[i] = _record(drafts, i, samples[i], base.pop(i), walked, opts.positions)
+        for i, walked in sorted(pool.step().items()):
+            rec = _record(drafts, i, samples[i], base.pop(i), walked, opts.positions)
             drafts.release(i)
             held -= sizes[i]
-        while emitted in done:
-            yield emitted, done.pop(emitted)
             emitted += 1
+            yield i, rec
 
 
 def _joined_seq(target, drafter, sample, given, n: int, base: dict[int, dict]) -> Seq:

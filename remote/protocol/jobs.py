@@ -122,6 +122,7 @@ JOB_EVENT_FIELDS = {
     "time": "number?",
     "done": "count?",
     "total": "count?",
+    "index": "count?",
     "samples": "count?",
     "tokens": "count?",
     "offset": "count?",
