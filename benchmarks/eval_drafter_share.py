@@ -44,7 +44,6 @@ or not in float32: `check_rounds`); the script stops if not.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import random
@@ -57,7 +56,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import head_share, load_avg  # noqa: E402 (benchmarks/ is on the path)
 
-from remote.protocol import DEFAULT_BUDGETS  # noqa: E402 (after the path fix above)
+from remote.eval.metrics import round_starts  # noqa: E402 (after the path fix above)
+from remote.protocol import DEFAULT_BUDGETS  # noqa: E402
 
 
 # A 27B's shape ratios (Qwen3.6-27B: MLP 3.4x hidden, grouped-query attention, head ~5% of
@@ -365,11 +365,11 @@ def print_setup(args, target_dir: str, drafter, report, samples, budgets, facts)
     )
 
 
-def round_starts(rec: dict) -> set[int]:
+def walks_starts(rec: dict) -> set[int]:
     """Where the chain walk and each DDTree budget's walk of one record start rounds: the
     blocks any exact walk must draft."""
     walks = [rec["rounds"], *rec["ddtree"].values()]
-    return {s for r in walks for s in itertools.accumulate(r[:-1], initial=rec["prompt_tokens"])}
+    return {s for r in walks for s in round_starts(rec["prompt_tokens"], r)}
 
 
 def print_parts(med: dict, recs: dict, budgets: tuple, clock: str) -> None:
@@ -409,7 +409,7 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str) -> None:
     )
     # Rounds start where the previous round's acceptance says, so no exact walk drafts
     # fewer blocks than the union of its walks' round starts.
-    floor = sum(len(round_starts(r)) for r in recs[new]) / blocks[old]
+    floor = sum(len(walks_starts(r)) for r in recs[new]) / blocks[old]
     print(
         f"  floor: every walk's round starts / positions = {floor:.3f}; the goal needs a "
         f"walk block at <= {1.3 / tau / floor:.2f}x an all-positions block's cost (measured "

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -51,7 +50,7 @@ from remote.eval.drafts import Drafts, Seq
 
 # The metrics live in a torch-free module shared with the orchestrator's shard merge;
 # re-exported here for callers that know them from this module.
-from remote.eval.metrics import ddtree_k, summarize  # noqa: F401
+from remote.eval.metrics import ddtree_k, round_starts, summarize  # noqa: F401
 
 
 @dataclass
@@ -336,8 +335,7 @@ def _record(drafts: Drafts, i: int, sample, base: dict, walked: Walked, position
     if positions == "all":  # every completion position
         counted = sorted(mine)
     else:  # the chain walk's round starts
-        counted = list(itertools.accumulate(walked.rounds[:-1], initial=q.P))
-        counted = counted if walked.rounds else []
+        counted = round_starts(q.P, walked.rounds)
     # Per-position: depth j attempted at s when the first j-1 were right and s+j <= L.
     for s in counted:
         a = mine[s]
