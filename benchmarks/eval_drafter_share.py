@@ -31,7 +31,8 @@ cleanest comparison of the work done.
 Prints each part (target, drafter, DDTree, total) of both, the drafter's share of each
 eval, the ratio of the drafter parts (goal <= 1.3 / tau, token-weighted), the floor
 under it (the union of the walks' round starts, which any exact walk drafts, and the
-cost of a walk block against an all-positions block that the goal then asks for), eval /
+cost of a walk block against an all-positions block that the goal then asks for; and,
+per number of DDTree budgets kept, the subset of them with the lowest floor), eval /
 bare target forward before and after, the blocks drafted, and the machine's load average
 (the ratios move with it on a shared box). Both modes must give the very same rounds, and the
 same DDTree rounds but where bf16 near-ties move them (in the all-positions engine too,
@@ -44,6 +45,7 @@ or not in float32: `check_rounds`); the script stops if not.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -365,11 +367,27 @@ def print_setup(args, target_dir: str, drafter, report, samples, budgets, facts)
     )
 
 
-def walks_starts(rec: dict) -> set[int]:
-    """Where the chain walk and each DDTree budget's walk of one record start rounds: the
-    blocks any exact walk must draft."""
-    walks = [rec["rounds"], *rec["ddtree"].values()]
-    return {s for r in walks for s in round_starts(rec["prompt_tokens"], r)}
+def walks_starts(rec: dict, budgets: tuple | None = None) -> set[int]:
+    """Where the chain walk and each DDTree budget's walk of one record (of ``budgets``
+    only, when given) start rounds: the blocks any exact walk must draft."""
+    trees = [r for n, r in rec["ddtree"].items() if budgets is None or int(n) in budgets]
+    return {s for r in (rec["rounds"], *trees) for s in round_starts(rec["prompt_tokens"], r)}
+
+
+def print_floors(recs: list[dict], budgets: tuple, positions: int, goal: float) -> None:
+    """Per number of DDTree budgets kept, the subset of ``budgets`` with the lowest floor
+    (its walks' round starts / ``positions``) and the walk block's cost the goal then asks
+    for: which default budget sets the goal admits."""
+    best = []
+    for n in range(len(budgets) + 1):
+        floors = {
+            kept: sum(len(walks_starts(r, kept)) for r in recs) / positions
+            for kept in itertools.combinations(budgets, n)
+        }
+        kept = min(floors, key=floors.get)
+        name = ",".join(map(str, kept)) or "chain only"
+        best.append(f"{name} {floors[kept]:.3f} (<= {goal / floors[kept]:.2f}x)")
+    print(f"  floor by budgets kept, the lowest of each count: {'; '.join(best)}")
 
 
 def print_parts(med: dict, recs: dict, budgets: tuple, clock: str) -> None:
@@ -415,6 +433,8 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str) -> None:
         f"walk block at <= {1.3 / tau / floor:.2f}x an all-positions block's cost (measured "
         f"{share / (blocks[new] / blocks[old]):.2f}x)"
     )
+    if budgets:
+        print_floors(recs[new], budgets, blocks[old], 1.3 / tau)
     if med[old]["ddtree"]:
         tree = med[new]["ddtree"] / med[old]["ddtree"]
         both = (med[new]["drafter"] + med[new]["ddtree"]) / (
