@@ -20,6 +20,10 @@ with the DDTree budgets (``--budgets``) and again without (the chain walk only):
 * ``walk``: the default, blocks only where the chain walk and each DDTree budget's walk
   start rounds, all walks of the samples in lockstep (`remote.eval.walk.Lockstep`,
   `remote.eval.walk.eval_stream`);
+* ``before``: the engine as #29 found it (``--before``, default b4dc523, the parent of the
+  first commit drafting only where rounds start), in a child process importing that
+  commit's ``remote/`` (`engine_before.py`): a block at every completion position, one
+  sample at a time; its chain rounds must be today's;
 * a bare transformers forward of the target over each sample (full logits).
 
 The parts are timed in process CPU seconds (``--clock cpu``, the default: on a shared
@@ -28,8 +32,9 @@ wall and CPU totals are printed either way. With more than one thread the CPU cl
 the threads' spinning too, which small drafter calls pay for more: ``--threads 1`` is the
 cleanest comparison of the work done.
 
-Prints each part (target, drafter, DDTree, total) of both, the drafter's share of each
-eval, the ratio of the drafter parts (goal <= 1.3 / tau, token-weighted), the floor
+Prints each part (target, drafter, DDTree, total) of each, the drafter's share of each
+eval, the ratio of the drafter parts (goal <= 1.3 / tau, token-weighted: against
+``before`` and against ``all``, which has since had the walk's other speed-ups), the floor
 under it (the union of the walks' round starts, which any exact walk drafts, and the
 cost of a walk block against an all-positions block that the goal then asks for; and,
 per number of DDTree budgets kept, the subset of them with the lowest floor), eval /
@@ -39,7 +44,7 @@ same DDTree rounds but where bf16 near-ties move them (in the all-positions engi
 or not in float32: `check_rounds`); the script stops if not.
 
     python benchmarks/eval_drafter_share.py [--repeats 5] [--threads 2] [--budgets 8,16,32,64]
-        [--clock cpu|wall] [--hidden 256]
+        [--clock cpu|wall] [--hidden 256] [--before REV|none]
 """
 
 from __future__ import annotations
@@ -51,7 +56,9 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -214,16 +221,54 @@ def engine(target, drafter, samples, positions: str, budgets: list[int]) -> list
     return eval_batch(target, drafter, samples, WalkOptions(budgets=budgets, positions=positions))
 
 
-def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int) -> dict:
-    """Per mode (``all`` or ``walk``, with each of ``budget_sets``), the median over
-    interleaved rounds of its wall and CPU time and parts; the records of the last round."""
+# The engine as #29 found it: the parent of e21d99a, the first commit drafting blocks only
+# where rounds start (it drafts a block at every completion position, one sample at a time).
+BEFORE = "b4dc5237137d183244e61f9f6c09452118f50708"
+
+
+def before_tree(rev: str, into: str) -> str | None:
+    """``rev``'s ``remote/`` extracted under ``into`` (`engine_before.py` imports it), or
+    None, said in one line, where this is no git checkout holding ``rev``."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tree = os.path.join(into, "before")
+    os.makedirs(tree)
+    archive = subprocess.run(
+        ["git", "-C", repo, "archive", "--format=tar", rev, "remote"],
+        capture_output=True,
+    )
+    if archive.returncode != 0:
+        why = archive.stderr.decode(errors="replace").strip().splitlines()[-1:]
+        print(f"before: no engine of {rev} to measure ({' '.join(why) or 'git failed'})")
+        return None
+    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+    return tree
+
+
+def run_before(tree: str, dirs, samples_file: str, budgets: tuple, threads: int, clock: str):
+    """One timed pass of the engine in ``tree`` over the samples, in a child process
+    (`engine_before.py`): its records and the pass's wall and CPU seconds."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, os.path.join(here, "engine_before.py"), tree, *dirs, samples_file]
+    cmd += ["--budgets", ",".join(map(str, budgets)), "--threads", str(threads)]
+    out = subprocess.run([*cmd, "--clock", clock], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"before: the engine of {BEFORE[:12]} failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int, before=None) -> dict:
+    """Per mode (``all`` or ``walk``, with each of ``budget_sets``; and ``before``, the
+    earlier engine, where ``before`` = (`run_before`'s arguments but the budgets) is
+    given), the median over interleaved rounds of its wall and CPU time and parts; the
+    records of the last round."""
     import torch
 
     def bare() -> None:
         for p, c in samples:
             hf(input_ids=torch.tensor([p + c]))
 
-    modes = ["bare"] + [(m, tuple(b)) for b in budget_sets for m in ("all", "walk")]
+    names = ("all", "walk") if before is None else ("before", "all", "walk")
+    modes = ["bare"] + [(m, tuple(b)) for b in budget_sets for m in names]
     times: dict = {m: {} for m in modes}
     recs: dict = {}
     with torch.inference_mode():
@@ -232,16 +277,23 @@ def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int) -> dict
         for r in range(repeats):
             for mode in modes if r % 2 == 0 else modes[::-1]:
                 t, cpu = time.perf_counter(), time.process_time()
+                got = None
                 if mode == "bare":
                     bare()
+                elif mode[0] == "before":
+                    got = run_before(*before[:3], mode[1], *before[3:])
+                    recs[mode] = got["records"]
                 else:
                     recs[mode] = engine(target, drafter, samples, mode[0], list(mode[1]))
-                times[mode].setdefault("wall", []).append(time.perf_counter() - t)
-                times[mode].setdefault("cpu", []).append(time.process_time() - cpu)
+                spent = {"wall": time.perf_counter() - t, "cpu": time.process_time() - cpu}
+                if got is not None:  # its child's timed pass, not its start and loads
+                    spent = {k: got[k] for k in spent}
+                for k, v in spent.items():
+                    times[mode].setdefault(k, []).append(v)
                 for part in ("target", "drafter", "ddtree"):
                     if mode != "bare":
-                        spent = sum(rec["seconds"][part] for rec in recs[mode])
-                        times[mode].setdefault(part, []).append(spent)
+                        part_s = sum(rec["seconds"][part] for rec in recs[mode])
+                        times[mode].setdefault(part, []).append(part_s)
     med = {m: {k: statistics.median(v) for k, v in parts.items()} for m, parts in times.items()}
     return {"median": med, "records": recs}
 
@@ -331,6 +383,12 @@ def parser(doc: str) -> argparse.ArgumentParser:
     )
     ap.add_argument("--drafter", help="measure this checkpoint of a training here instead")
     ap.add_argument(
+        "--before",
+        default=BEFORE,
+        help="also measure this commit's engine (default: the engine as #29 found it); "
+        "'none': do not",
+    )
+    ap.add_argument(
         "--clock",
         choices=("cpu", "wall"),
         default="cpu",
@@ -338,6 +396,20 @@ def parser(doc: str) -> argparse.ArgumentParser:
         "moves with the other processes' load) or wall time",
     )
     return ap
+
+
+def check_before(before: list, new: list, budgets: tuple) -> None:
+    """Stop unless the earlier engine's chain rounds are today's; say on how many samples
+    its DDTree rounds are (bf16 near-ties move them, as `check_rounds` says)."""
+    for i, (b, w) in enumerate(zip(before, new, strict=True)):
+        if b["rounds"] != w["rounds"]:
+            raise SystemExit(f"sample {i}: the earlier engine's rounds differ from the walk's")
+    same = sum(b["ddtree"] == w["ddtree"] for b, w in zip(before, new, strict=True))
+    if budgets and same < len(new):
+        print(
+            f"DDTree {','.join(map(str, budgets))}: the earlier engine's DDTree rounds are "
+            f"the walk's on {same} of {len(new)} samples (bf16 near-ties)"
+        )
 
 
 def print_setup(args, target_dir: str, drafter, report, samples, budgets, facts) -> None:
@@ -390,10 +462,10 @@ def print_floors(recs: list[dict], budgets: tuple, positions: int, goal: float) 
     print(f"  floor by budgets kept, the lowest of each count: {'; '.join(best)}")
 
 
-def print_parts(med: dict, recs: dict, budgets: tuple, clock: str) -> None:
-    """The parts of both modes with ``budgets``, the drafter's share of each eval, and the
-    new / old ratios."""
-    old, new = ("all", budgets), ("walk", budgets)
+def print_parts(med: dict, recs: dict, budgets: tuple, clock: str, rev: str | None) -> None:
+    """The parts of both modes (and of ``rev``'s engine, where measured) with ``budgets``,
+    the drafter's share of each eval, and the new / old ratios."""
+    old, new, first = ("all", budgets), ("walk", budgets), ("before", budgets)
     rounds = [r["rounds"] for r in recs[new]]
     tau = sum(map(sum, rounds)) / sum(map(len, rounds))
     per_sample = statistics.mean(sum(r) / len(r) for r in rounds)
@@ -408,7 +480,11 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str) -> None:
         f"  seconds (median, parts {clock})  target  drafter   DDTree     wall  (CPU s)  "
         "drafter share  blocks"
     )
-    for m, label in ((old, "all positions (old)"), (new, "round starts (new)")):
+    rows = [(old, "all positions (old)"), (new, "round starts (new)")]
+    if rev is not None:  # it counts no blocks; it drafts one at every position
+        blocks[first] = blocks[old]
+        rows.insert(0, (first, f"#29's engine ({rev[:7]})"))
+    for m, label in rows:
         t = med[m]
         parts = t["target"] + t["drafter"] + t["ddtree"]
         print(
@@ -418,6 +494,14 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str) -> None:
         )
     bare = med["bare"]
     print(f"  bare target forward           {bare['wall']:7.2f} wall, {bare['cpu']:.2f} CPU s")
+    if rev is not None:
+        then = med[new]["drafter"] / med[first]["drafter"]
+        print(
+            f"  new drafter part / #29's engine's = {then:.3f}   (goal <= 1.3 / tau = "
+            f"{1.3 / tau:.3f}: {'met' if then <= 1.3 / tau else 'NOT met'}; the all-positions "
+            f"mode of today / #29's engine's = "
+            f"{med[old]['drafter'] / med[first]['drafter']:.3f})"
+        )
     share = med[new]["drafter"] / med[old]["drafter"]
     met = "met" if share <= 1.3 / tau else "NOT met"
     print(
@@ -442,6 +526,12 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str) -> None:
         )
         print(f"  new DDTree part / old DDTree part   = {tree:.3f}; drafter + DDTree {both:.3f}")
     key = "cpu" if clock == "cpu" else "wall"
+    if rev is not None:
+        print(
+            f"  eval / bare target forward ({key}), #29's engine: "
+            f"{med[first][key] / bare[key]:.2f}   (new eval / its = "
+            f"{med[new][key] / med[first][key]:.3f})"
+        )
     print(
         f"  eval / bare target forward ({key}): before {med[old][key] / bare[key]:.2f}, "
         f"after {med[new][key] / bare[key]:.2f}   "
@@ -472,18 +562,26 @@ def main() -> None:
         from remote.eval import drafts
 
         drafts.CLOCK = time.process_time
-    before = load_avg()
-    got = timed_modes(target, drafter, hf, samples, budget_sets, args.repeats)
+    dirs = (target_dir, drafter_dir)
+    with tempfile.TemporaryDirectory(prefix="bench-before-") as tmp:
+        tree = None if args.before == "none" else before_tree(args.before, tmp)
+        before = None
+        if tree is not None:
+            json.dump(samples, open(os.path.join(tmp, "samples.json"), "w"))
+            before = (tree, dirs, os.path.join(tmp, "samples.json"), args.threads, args.clock)
+        load = load_avg()
+        got = timed_modes(target, drafter, hf, samples, budget_sets, args.repeats, before)
     print(
-        f"load average (1, 5, 15 min): {before} before, {load_avg()} after; median of "
+        f"load average (1, 5, 15 min): {load} before, {load_avg()} after; median of "
         f"{args.repeats} interleaved rounds"
     )
     med, recs = got["median"], got["records"]
     for b in budget_sets:
-        dirs = (target_dir, drafter_dir)
         check_rounds(dirs, target, drafter, samples, b, recs[("all", b)], recs[("walk", b)])
+        if before is not None:
+            check_before(recs[("before", b)], recs[("walk", b)], b)
     for b in budget_sets:
-        print_parts(med, recs, b, args.clock)
+        print_parts(med, recs, b, args.clock, None if before is None else args.before)
 
 
 if __name__ == "__main__":
