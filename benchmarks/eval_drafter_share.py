@@ -50,6 +50,7 @@ or not in float32: `check_rounds`); the script stops if not.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -244,7 +245,7 @@ def before_tree(rev: str, into: str) -> str | None:
     return tree
 
 
-def run_before(tree: str, dirs, samples_file: str, budgets: tuple, threads: int, clock: str):
+def run_before(tree: str, dirs, samples_file: str, threads: int, clock: str, budgets: tuple):
     """One timed pass of the engine in ``tree`` over the samples, in a child process
     (`engine_before.py`): its records and the pass's wall and CPU seconds."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -252,15 +253,15 @@ def run_before(tree: str, dirs, samples_file: str, budgets: tuple, threads: int,
     cmd += ["--budgets", ",".join(map(str, budgets)), "--threads", str(threads)]
     out = subprocess.run([*cmd, "--clock", clock], capture_output=True, text=True)
     if out.returncode != 0:
-        raise SystemExit(f"before: the engine of {BEFORE[:12]} failed: {out.stderr[-2000:]}")
+        raise SystemExit(f"before: the earlier engine failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout)
 
 
 def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int, before=None) -> dict:
     """Per mode (``all`` or ``walk``, with each of ``budget_sets``; and ``before``, the
-    earlier engine, where ``before`` = (`run_before`'s arguments but the budgets) is
-    given), the median over interleaved rounds of its wall and CPU time and parts; the
-    records of the last round."""
+    earlier engine, where ``before`` (`run_before` but for the budgets) is given), the
+    median over interleaved rounds of its wall and CPU time and parts; the records of the
+    last round."""
     import torch
 
     def bare() -> None:
@@ -281,7 +282,7 @@ def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int, before=
                 if mode == "bare":
                     bare()
                 elif mode[0] == "before":
-                    got = run_before(*before[:3], mode[1], *before[3:])
+                    got = before(mode[1])
                     recs[mode] = got["records"]
                 else:
                     recs[mode] = engine(target, drafter, samples, mode[0], list(mode[1]))
@@ -466,6 +467,7 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str, rev: str | No
     """The parts of both modes (and of ``rev``'s engine, where measured) with ``budgets``,
     the drafter's share of each eval, and the new / old ratios."""
     old, new, first = ("all", budgets), ("walk", budgets), ("before", budgets)
+    who = "#29's engine" if rev == BEFORE else f"{rev}'s engine"
     rounds = [r["rounds"] for r in recs[new]]
     tau = sum(map(sum, rounds)) / sum(map(len, rounds))
     per_sample = statistics.mean(sum(r) / len(r) for r in rounds)
@@ -483,7 +485,7 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str, rev: str | No
     rows = [(old, "all positions (old)"), (new, "round starts (new)")]
     if rev is not None:  # it counts no blocks; it drafts one at every position
         blocks[first] = blocks[old]
-        rows.insert(0, (first, f"#29's engine ({rev[:7]})"))
+        rows.insert(0, (first, f"{who} ({rev[:7]})"))
     for m, label in rows:
         t = med[m]
         parts = t["target"] + t["drafter"] + t["ddtree"]
@@ -497,9 +499,9 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str, rev: str | No
     if rev is not None:
         then = med[new]["drafter"] / med[first]["drafter"]
         print(
-            f"  new drafter part / #29's engine's = {then:.3f}   (goal <= 1.3 / tau = "
+            f"  new drafter part / {who}'s = {then:.3f}   (goal <= 1.3 / tau = "
             f"{1.3 / tau:.3f}: {'met' if then <= 1.3 / tau else 'NOT met'}; the all-positions "
-            f"mode of today / #29's engine's = "
+            f"mode of today / {who}'s = "
             f"{med[old]['drafter'] / med[first]['drafter']:.3f})"
         )
     share = med[new]["drafter"] / med[old]["drafter"]
@@ -528,7 +530,7 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str, rev: str | No
     key = "cpu" if clock == "cpu" else "wall"
     if rev is not None:
         print(
-            f"  eval / bare target forward ({key}), #29's engine: "
+            f"  eval / bare target forward ({key}), {who}: "
             f"{med[first][key] / bare[key]:.2f}   (new eval / its = "
             f"{med[new][key] / med[first][key]:.3f})"
         )
@@ -568,7 +570,8 @@ def main() -> None:
         before = None
         if tree is not None:
             json.dump(samples, open(os.path.join(tmp, "samples.json"), "w"))
-            before = (tree, dirs, os.path.join(tmp, "samples.json"), args.threads, args.clock)
+            path = os.path.join(tmp, "samples.json")
+            before = functools.partial(run_before, tree, dirs, path, args.threads, args.clock)
         load = load_avg()
         got = timed_modes(target, drafter, hf, samples, budget_sets, args.repeats, before)
     print(
