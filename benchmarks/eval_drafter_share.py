@@ -356,7 +356,14 @@ def hidden_size(text: str) -> int:
 
 
 def parse_args() -> argparse.Namespace:
-    return parser(__doc__).parse_args()
+    ap = parser(__doc__)
+    ap.add_argument(  # this script's own: the set-up's takers measure no earlier engine
+        "--before",
+        default=BEFORE,
+        help="also measure this commit's engine (default: the engine as #29 found it); "
+        "'none': do not",
+    )
+    return ap.parse_args()
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -383,12 +390,6 @@ def parser(doc: str) -> argparse.ArgumentParser:
         "--train-minutes", type=float, default=60, help="stop training after this, at most"
     )
     ap.add_argument("--drafter", help="measure this checkpoint of a training here instead")
-    ap.add_argument(
-        "--before",
-        default=BEFORE,
-        help="also measure this commit's engine (default: the engine as #29 found it); "
-        "'none': do not",
-    )
     ap.add_argument(
         "--clock",
         choices=("cpu", "wall"),
@@ -569,8 +570,9 @@ def main() -> None:
         tree = None if args.before == "none" else before_tree(args.before, tmp)
         before = None
         if tree is not None:
-            json.dump(samples, open(os.path.join(tmp, "samples.json"), "w"))
             path = os.path.join(tmp, "samples.json")
+            with open(path, "w") as fh:
+                json.dump(samples, fh)
             before = functools.partial(run_before, tree, dirs, path, args.threads, args.clock)
         load = load_avg()
         got = timed_modes(target, drafter, hf, samples, budget_sets, args.repeats, before)
