@@ -157,26 +157,6 @@ def test_demo_sh_prints_tau_per_step(demo_cache):
         assert noise not in proc.stderr + proc.stdout, noise
 
 
-def test_transformers_quiet_gives_back_what_it_found():
-    from transformers.utils import logging as hf_logging
-
-    from orchestrator.demo.run import transformers_quiet
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_info()
-    hf_logging.enable_progress_bar()
-    try:
-        with transformers_quiet():
-            assert hf_logging.get_verbosity() == hf_logging.ERROR
-            assert not hf_logging.is_progress_bar_enabled()
-        assert hf_logging.get_verbosity() == hf_logging.INFO
-        assert hf_logging.is_progress_bar_enabled()
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if not bars:
-            hf_logging.disable_progress_bar()
-
-
 def test_models_are_cached_by_version_and_rebuilt_only_when_fresh(demo_cache):
     from orchestrator.demo import build
 

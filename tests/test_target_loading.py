@@ -79,3 +79,42 @@ def test_tied_head_target(tmp_path):
     _f, greedy = t.forward(ids, [0])
     with torch.inference_mode():
         assert greedy.tolist() == hf(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
+
+
+def test_transformers_quiet_gives_back_what_it_found():
+    from transformers.utils import logging as hf_logging
+
+    from remote.model.quiet import transformers_quiet
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_info()
+    hf_logging.enable_progress_bar()
+    try:
+        with transformers_quiet():
+            assert hf_logging.get_verbosity() == hf_logging.ERROR
+            assert not hf_logging.is_progress_bar_enabled()
+        assert hf_logging.get_verbosity() == hf_logging.INFO
+        assert hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if not bars:
+            hf_logging.disable_progress_bar()
+
+
+def test_describing_a_model_leaves_transformers_logging_as_it_was(tmp_path):
+    # A library call must not silence transformers for the rest of the process: an eval
+    # host's job log keeps the warnings of what runs after (a kernel's slow fallback).
+    from transformers.utils import logging as hf_logging
+
+    from orchestrator.demo.architectures import save_tiny
+    from remote.model.layout import describe
+
+    folder = save_tiny("qwen3", tmp_path / "target")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
+    try:
+        d = describe(folder)
+        assert d.layout.layers_path
+        assert hf_logging.get_verbosity() == hf_logging.WARNING
+    finally:
+        hf_logging.set_verbosity(verbosity)

@@ -19,13 +19,11 @@ joined, and any process still naming the demo folder is waited for.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +34,7 @@ from orchestrator.errors import DflashError
 from orchestrator.eval import follow
 from orchestrator.eval import run as remote_eval
 from orchestrator.inventory import load_inventory
+from remote.model.quiet import transformers_quiet
 from remote.protocol import EvalSpec
 
 TRAINER = "demo-trainer"
@@ -164,29 +163,12 @@ def _wait_for_processes(folder: Path, timeout: float = 20.0) -> None:
             pass
 
 
-@contextlib.contextmanager
-def transformers_quiet() -> Iterator[None]:
-    """transformers' own progress bars and notices off (errors still show), as they were
-    after: the demo builds, trains and serves its tiny models in this process, and their
-    lines (weights loaded, shards written, reference kernels used on a CPU) tell the
-    demo's user nothing its own lines do not, between its progress bars."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
 def run_demo(
     options: DemoOptions | None = None, events: follow.FollowEvents | None = None
 ) -> DemoResult:
     """Build (once) and run the demo; returns the follow history and the plot's path."""
+    # It builds, trains and serves its tiny models in this process: transformers' lines
+    # there (weights loaded, shards written) tell its user nothing between its own bars.
     with transformers_quiet():
         return _run_demo(options or DemoOptions(), events or follow.FollowEvents())
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from remote.errors import UserError
 from remote.model.files import build_config, one_line, read_model_config
+from remote.model.quiet import transformers_quiet
 
 AUTO_CLASSES = ("AutoModel", "AutoModelForCausalLM", "AutoModelForImageTextToText")
 
@@ -256,18 +257,16 @@ def describe(folder: str | Path, dtype=None) -> Described:
     folder = Path(folder)
     raw = read_model_config(folder)
     config = build_config(folder, raw)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    cls = checkpoint_class(config)
-    dtype = dtype or config_dtype(config)
-    try:
-        model = build_on_meta(cls, config, dtype)
-    except Exception as exc:
-        raise UserError(
-            f"cannot build {cls.__name__} from {folder}/config.json on the meta "
-            f"device: {one_line(exc)}"
-        ) from None
+    with transformers_quiet():
+        cls = checkpoint_class(config)
+        dtype = dtype or config_dtype(config)
+        try:
+            model = build_on_meta(cls, config, dtype)
+        except Exception as exc:
+            raise UserError(
+                f"cannot build {cls.__name__} from {folder}/config.json on the meta "
+                f"device: {one_line(exc)}"
+            ) from None
     layout = find_text(model, getattr(config.get_text_config(), "vocab_size", None))
     return Described(folder, raw, config, cls, dtype, model, layout)
 
