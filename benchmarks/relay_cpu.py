@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -277,8 +278,9 @@ def main() -> None:
                 random_file(h.ckpts / small, args.fixed_mib * MiB)
                 (h.ckpts / f"{small}.COMPLETE").write_bytes(b"")
             h.relay("--dry-run", name)  # installs the host bundle: untimed
-            machines: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-            fixed: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+            # per tool, one {machine: CPU-s} per round: the big relay's and the small one's
+            big: dict[str, list[dict[str, float]]] = defaultdict(list)
+            small_cpu: dict[str, list[dict[str, float]]] = defaultdict(list)
             for rnd in range(args.rounds):
                 for tool in args.tools.split(","):
                     _clear(h)
@@ -301,12 +303,10 @@ def main() -> None:
                                 f"    {role:26s} {cpu / total:6.2f} CPU-s/GiB"
                                 + (f"  {calls:7.1f}k read/write calls/GiB" if calls else "")
                             )
-                    for where, cpu in per_machine(s).items():
-                        machines[tool][where] += cpu / total / args.rounds
+                    big[tool].append(per_machine(s))
                     if args.fixed_mib and not tool.startswith("dflash resume"):
                         _clear(h)
-                        for where, cpu in per_machine(measure(h, tool, small, args.cipher)).items():
-                            fixed[tool][where] += cpu / args.rounds
+                        small_cpu[tool].append(per_machine(measure(h, tool, small, args.cipher)))
                     tracked = sum(s.roles.values())
                     print(
                         f"    {'= tracked':26s} {tracked / total:6.2f} CPU-s/GiB; whole box busy "
@@ -314,14 +314,17 @@ def main() -> None:
                         f"{s.box['softirq+irq'] / total:.2f}), iowait "
                         f"{s.box['iowait'] / total:.2f}, wall {s.wall / total:.2f} s/GiB"
                     )
+            whole = {t: [{m: c[m] / total for m in MACHINES} for c in rs] for t, rs in big.items()}
             print("per machine, CPU-s/GiB (mean over rounds):")
-            print_machines(machines)
-            if fixed:
+            print_machines(whole)
+            if small_cpu:
                 gib, small_gib = total, args.fixed_mib / 1024
                 beyond = {
-                    tool: {m: (cpu[m] * gib - fixed[tool][m]) / (gib - small_gib) for m in MACHINES}
-                    for tool, cpu in machines.items()
-                    if tool in fixed
+                    tool: [
+                        {m: (b[m] - f[m]) / (gib - small_gib) for m in MACHINES}
+                        for b, f in zip(big[tool], small_cpu[tool], strict=True)
+                    ]
+                    for tool in small_cpu
                 }
                 print(
                     f"per machine, CPU-s per GiB beyond start-up (a {args.fixed_mib} MiB "
@@ -341,22 +344,37 @@ def _clear(h: RelayHosts) -> None:
     os.sync()
 
 
-def print_machines(machines: dict[str, dict[str, float]]) -> None:
-    """CPU-s per GiB per machine and each tool against `scp -3 -O`: the workstation's and
-    the busiest machine's."""
-    for tool, cpu in machines.items():
+def print_machines(rounds: dict[str, list[dict[str, float]]]) -> None:
+    """CPU-s per GiB per machine (mean over rounds) and each tool against `scp -3 -O`: the
+    workstation's and the busiest machine's, of the means and round by round (each round
+    against scp's of the same round), since scp's own figure moves from round to round."""
+    means = {
+        t: {m: statistics.fmean(r[m] for r in rs) for m in MACHINES} for t, rs in rounds.items()
+    }
+    for tool, cpu in means.items():
         cells = "  ".join(f"{m} {cpu[m]:.2f}" for m in MACHINES)
         print(f"    {tool:22s} {cells}  busiest {max(cpu.values()):.2f}")
-    base = machines.get("scp -3 -O")
+    base = means.get("scp -3 -O")
     if not base:
         return
-    for tool, cpu in machines.items():
-        if tool.startswith("dflash"):
-            print(
-                f"    {tool} / scp -3 -O: workstation "
-                f"{cpu['workstation'] / base['workstation']:.2f}x, busiest machine "
-                f"{max(cpu.values()) / max(base.values()):.2f}x"
-            )
+    for tool, cpu in means.items():
+        if not tool.startswith("dflash"):
+            continue
+        print(
+            f"    {tool} / scp -3 -O: workstation "
+            f"{cpu['workstation'] / base['workstation']:.2f}x, busiest machine "
+            f"{max(cpu.values()) / max(base.values()):.2f}x"
+        )
+        pairs = list(zip(rounds[tool], rounds["scp -3 -O"], strict=True))
+        if len(pairs) > 1:
+            ws = [a["workstation"] / b["workstation"] for a, b in pairs]
+            busiest = [max(a.values()) / max(b.values()) for a, b in pairs]
+            spread = f"workstation {_spread(ws)}, busiest machine {_spread(busiest)}"
+            print(f"      round by round: {spread}")
+
+
+def _spread(xs: list[float]) -> str:
+    return f"{min(xs):.2f}-{max(xs):.2f}x (median {statistics.median(xs):.2f}x)"
 
 
 if __name__ == "__main__":
