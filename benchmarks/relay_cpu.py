@@ -14,16 +14,22 @@ before and after; ``/proc/stat`` gives the whole box's busy, softirq and iowait 
 process ending between two samples loses at most its last 20 ms.
 
 Prints per tool a table of CPU seconds per GiB moved, wall time and the load average.
-Two more tools measure a relay resumed at 50% of a single-file checkpoint (per GiB of the
-whole file, so the two compare): ``dflash resume``, after a relay cut there (its saved hash
-states used: no kept prefix hashed again), and ``dflash resume-copied``, after the
-first half was copied into the partial folder by hand (both hosts hash the prefix).
+Besides dflash and scp, two references run in the same rounds over plain ssh connections,
+their clients joined by one 1 MiB pipe: ``ceiling``, ``cat`` on both hosts (no hash, no
+write), and ``floor``, the least a relay that hashes on both ends and writes durably must do
+(`relay_floor`; one file only). Two more tools measure a relay resumed at 50% of a
+single-file checkpoint (per GiB of the whole file, so the two compare): ``dflash resume``,
+after a relay cut there (its saved hash states used: no kept prefix hashed again), and
+``dflash resume-copied``, after the first half was copied into the partial folder by hand
+(both hosts hash the prefix).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -40,6 +46,8 @@ from relay import half_partial, killed_at_half  # noqa: E402
 from relay_hosts import MiB, RelayHosts, load_average, random_file, relay_hosts  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+FLOOR = Path(__file__).resolve().parent / "relay_floor.py"
+F_SETPIPE_SZ = 1031
 
 
 def _stat(pid: int) -> tuple[int, str, float] | None:
@@ -169,6 +177,8 @@ def classifier(h: RelayHosts):
                 return "relay-recv"  # the lock holder receives a destination's first batch
             if comm in ("scp", "cat"):
                 return f"{comm} remote {side}"
+            if FLOOR.name in cmd:
+                return f"floor remote {side}"
             return f"other {side} ({comm})"
         if pid == os.getpid():
             return None
@@ -213,6 +223,21 @@ def per_machine(s: Sampler) -> dict[str, float]:
     return out
 
 
+def ssh_pair(h: RelayHosts, cipher: str, send: str, recv: str) -> tuple[str, str]:
+    """``ssh trainer SEND | ssh evalhost RECV`` over plain connections, the two clients joined
+    by one 1 MiB pipe (as dflash's pump joins its two); returns their stderr texts."""
+    r, w = os.pipe()
+    fcntl.fcntl(w, F_SETPIPE_SZ, 1 << 20)
+    a = subprocess.Popen(h.ssh_argv(h.trainer, cipher) + [send], stdout=w, stderr=subprocess.PIPE)
+    b = subprocess.Popen(h.ssh_argv(h.evalhost, cipher) + [recv], stdin=r, stderr=subprocess.PIPE)
+    os.close(r)
+    os.close(w)
+    out = a.stderr.read().decode().strip(), b.stderr.read().decode().strip()
+    if b.wait() or a.wait():
+        raise SystemExit(f"ssh {send!r} | ssh {recv!r} failed: {out[0][-200:]} {out[1][-200:]}")
+    return out
+
+
 def measure(h: RelayHosts, tool: str, name: str, cipher: str) -> Sampler:
     roots = {os.getpid(): "local", h.trainer.proc.pid: "src", h.evalhost.proc.pid: "dst"}
     src = h.ckpts / name
@@ -221,17 +246,20 @@ def measure(h: RelayHosts, tool: str, name: str, cipher: str) -> Sampler:
             proc = subprocess.run(h.cli(name), capture_output=True, text=True, env=h.env)
             if proc.returncode:
                 raise SystemExit(proc.stderr[-400:])
+        elif tool == "floor":
+            py = f"{shlex.quote(sys.executable)} {shlex.quote(str(FLOOR))}"
+            # into the scp folder: emptied before each round like dflash's drafters folder
+            dst = h.evalhost.root / "scp" / name
+            sent, got = ssh_pair(
+                h,
+                cipher,
+                f"{py} send {shlex.quote(str(src))}",
+                f"{py} recv {shlex.quote(str(dst))}",
+            )
+            if not sent or sent != got:
+                raise SystemExit(f"the floor's two sha256 differ: {sent!r} {got!r}")
         elif tool == "ceiling":
-            a = subprocess.Popen(
-                h.ssh_argv(h.trainer, cipher) + [f"cat {src}/*" if src.is_dir() else f"cat {src}"],
-                stdout=subprocess.PIPE,
-            )
-            b = subprocess.Popen(
-                h.ssh_argv(h.evalhost, cipher) + ["cat > /dev/null"], stdin=a.stdout
-            )
-            a.stdout.close()
-            if b.wait() or a.wait():
-                raise SystemExit("ssh cat | ssh cat failed")
+            ssh_pair(h, cipher, f"cat {src}/*" if src.is_dir() else f"cat {src}", "cat > /dev/null")
         else:
             subprocess.run(
                 h.scp_argv(cipher, True)
@@ -250,7 +278,7 @@ def main() -> None:
     ap.add_argument("--size-mib", type=int, default=1024, help="MiB per file")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--cipher", default="aes128-gcm@openssh.com")
-    ap.add_argument("--tools", default="dflash,scp -3 -O,ceiling")
+    ap.add_argument("--tools", default="dflash,scp -3 -O,floor,ceiling")
     ap.add_argument(
         "--fixed-mib",
         type=int,
@@ -259,6 +287,10 @@ def main() -> None:
         "one's, leaves the cost per GiB beyond start-up (0: off)",
     )
     args = ap.parse_args()
+    tools = args.tools.split(",")
+    if args.files > 1 and "floor" in tools:
+        print("(the floor moves one file: left out of this run)")
+        tools.remove("floor")
     base = Path(tempfile.mkdtemp(prefix="dflash-relay-cpu-"))
     try:
         with relay_hosts(base, {"complete_rule": "marker"}) as h:
@@ -282,7 +314,7 @@ def main() -> None:
             big: dict[str, list[dict[str, float]]] = defaultdict(list)
             small_cpu: dict[str, list[dict[str, float]]] = defaultdict(list)
             for rnd in range(args.rounds):
-                for tool in args.tools.split(","):
+                for tool in tools:
                     _clear(h)
                     if tool == "dflash resume":
                         killed_at_half(h, name, size)
@@ -354,23 +386,29 @@ def print_machines(rounds: dict[str, list[dict[str, float]]]) -> None:
     for tool, cpu in means.items():
         cells = "  ".join(f"{m} {cpu[m]:.2f}" for m in MACHINES)
         print(f"    {tool:22s} {cells}  busiest {max(cpu.values()):.2f}")
-    base = means.get("scp -3 -O")
-    if not base:
-        return
-    for tool, cpu in means.items():
-        if not tool.startswith("dflash"):
+    for base in ("scp -3 -O", "floor"):
+        if base not in means:
             continue
+        for tool in means:
+            if tool != base and (base == "scp -3 -O" or tool.startswith("dflash")):
+                _against(rounds, means, tool, base)
+
+
+def _against(rounds: dict, means: dict, tool: str, base: str) -> None:
+    """`tool`'s workstation and busiest machine against `base`'s: of the means, and the
+    range of the rounds' own ratios where there are several."""
+    a, b = means[tool], means[base]
+    print(
+        f"    {tool} / {base}: workstation {a['workstation'] / b['workstation']:.2f}x, "
+        f"busiest machine {max(a.values()) / max(b.values()):.2f}x"
+    )
+    pairs = list(zip(rounds[tool], rounds[base], strict=True))
+    if len(pairs) > 1:
+        ws = [x["workstation"] / y["workstation"] for x, y in pairs]
+        busiest = [max(x.values()) / max(y.values()) for x, y in pairs]
         print(
-            f"    {tool} / scp -3 -O: workstation "
-            f"{cpu['workstation'] / base['workstation']:.2f}x, busiest machine "
-            f"{max(cpu.values()) / max(base.values()):.2f}x"
+            f"      round by round: workstation {_spread(ws)}, busiest machine {_spread(busiest)}"
         )
-        pairs = list(zip(rounds[tool], rounds["scp -3 -O"], strict=True))
-        if len(pairs) > 1:
-            ws = [a["workstation"] / b["workstation"] for a, b in pairs]
-            busiest = [max(a.values()) / max(b.values()) for a, b in pairs]
-            spread = f"workstation {_spread(ws)}, busiest machine {_spread(busiest)}"
-            print(f"      round by round: {spread}")
 
 
 def _spread(xs: list[float]) -> str:
