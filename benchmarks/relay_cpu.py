@@ -377,9 +377,10 @@ def _clear(h: RelayHosts) -> None:
 
 
 def print_machines(rounds: dict[str, list[dict[str, float]]]) -> None:
-    """CPU-s per GiB per machine (mean over rounds) and each tool against `scp -3 -O`: the
-    workstation's and the busiest machine's, of the means and round by round (each round
-    against scp's of the same round), since scp's own figure moves from round to round."""
+    """CPU-s per GiB per machine (mean over rounds), each tool against `scp -3 -O` and
+    dflash against the floor: the workstation's and the busiest machine's, of the means and
+    round by round (each round against the same round's), since scp's own figure moves
+    from round to round."""
     means = {
         t: {m: statistics.fmean(r[m] for r in rs) for m in MACHINES} for t, rs in rounds.items()
     }
