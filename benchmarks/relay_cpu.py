@@ -108,7 +108,8 @@ class Sampler:
 
     def __init__(self, roots: dict[int, str], classify):
         self.roots, self.classify = roots, classify
-        self.seen: dict[int, tuple[str | None, float, str]] = {}
+        # pid -> (role, CPU seconds, name, whether its command line was there to classify)
+        self.seen: dict[int, tuple[str | None, float, str, bool]] = {}
         self.start: dict[int, float] = {}
         self.calls: dict[int, int] = {}  # last seen read/write system calls
         self.stop = threading.Event()
@@ -122,9 +123,15 @@ class Sampler:
                 if st is None:
                     continue
                 old = self.seen.get(pid)
-                # classified again when its name changes (a wrapper that exec'd ssh)
-                role = old[0] if old and old[2] == st[1] else self.classify(pid, side, st[1])
-                self.seen[pid] = (role, st[2], st[1])
+                # classified again when its name changes (a wrapper that exec'd ssh), and
+                # until its command line was there: mid-exec, /proc shows the new name
+                # with an empty command line
+                if old and old[2] == st[1] and old[3]:
+                    role, named = old[0], True
+                else:
+                    named = bool(_cmdline(pid))
+                    role = self.classify(pid, side, st[1])
+                self.seen[pid] = (role, st[2], st[1], named)
                 self.calls[pid] = _syscalls(pid) or self.calls.get(pid, 0)
                 todo += [(c, side) for c in _children(pid) if c not in self.roots]
 
@@ -134,7 +141,7 @@ class Sampler:
 
     def __enter__(self) -> Sampler:
         self._walk()
-        self.start = {pid: cpu for pid, (_, cpu, _) in self.seen.items()}
+        self.start = {pid: cpu for pid, (_, cpu, _, _) in self.seen.items()}
         self.calls0 = dict(self.calls)
         self.k0, self.s0, self.t0 = _kernel_threads(), _proc_stat(), time.perf_counter()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -149,7 +156,7 @@ class Sampler:
         k1, s1 = _kernel_threads(), _proc_stat()
         self.roles: dict[str, float] = defaultdict(float)
         self.role_calls: dict[str, int] = defaultdict(int)
-        for pid, (role, cpu, _) in self.seen.items():
+        for pid, (role, cpu, _, _) in self.seen.items():
             if role is not None:
                 self.roles[role] += cpu - self.start.get(pid, 0.0)
                 self.role_calls[role] += self.calls.get(pid, 0) - self.calls0.get(pid, 0)
