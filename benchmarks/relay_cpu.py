@@ -27,7 +27,6 @@ after a relay cut there (its saved hash states used: no kept prefix hashed again
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import shlex
 import shutil
@@ -45,9 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relay import half_partial, killed_at_half  # noqa: E402
 from relay_hosts import MiB, RelayHosts, load_average, random_file, relay_hosts  # noqa: E402
 
+from remote.relay.pipes import widen_pipe  # noqa: E402
+
 TICK = os.sysconf("SC_CLK_TCK")
 FLOOR = Path(__file__).resolve().parent / "relay_floor.py"
-F_SETPIPE_SZ = 1031
 
 
 def _stat(pid: int) -> tuple[int, str, float] | None:
@@ -234,7 +234,7 @@ def ssh_pair(h: RelayHosts, cipher: str, send: str, recv: str) -> tuple[str, str
     """``ssh trainer SEND | ssh evalhost RECV`` over plain connections, the two clients joined
     by one 1 MiB pipe (as dflash's pump joins its two); returns their stderr texts."""
     r, w = os.pipe()
-    fcntl.fcntl(w, F_SETPIPE_SZ, 1 << 20)
+    widen_pipe(w)
     a = subprocess.Popen(h.ssh_argv(h.trainer, cipher) + [send], stdout=w, stderr=subprocess.PIPE)
     b = subprocess.Popen(h.ssh_argv(h.evalhost, cipher) + [recv], stdin=r, stderr=subprocess.PIPE)
     os.close(r)

@@ -20,21 +20,18 @@ import hashlib
 import mmap
 import os
 import sys
+from pathlib import Path
 
-CHUNK = 4 << 20
-ALIGN = 4096
-F_SETPIPE_SZ = 1031
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def widen(fd: int) -> None:
-    try:
-        fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
-    except OSError:
-        pass  # not a pipe, or over this host's pipe-max-size
+# the relay's own primitives, as its host commands use them
+from remote.relay.direct import ALIGN  # noqa: E402
+from remote.relay.fdfiles import write_all  # noqa: E402
+from remote.relay.pipes import CHUNK, fill, widen_pipe  # noqa: E402
 
 
 def send(path: str) -> str:
-    widen(1)
+    widen_pipe(1)
     h = hashlib.sha256()
     buf = memoryview(mmap.mmap(-1, CHUNK))
     fd = os.open(path, os.O_RDONLY)
@@ -50,22 +47,15 @@ def send(path: str) -> str:
 
 
 def recv(path: str) -> str:
-    widen(0)
+    widen_pipe(0)
     h = hashlib.sha256()
     buf = memoryview(mmap.mmap(-1, CHUNK))  # page-aligned, as O_DIRECT wants
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
-    while True:
-        n = 0
-        while n < CHUNK and (k := os.readv(0, [buf[n:]])):
-            n += k
-        if not n:
-            break
+    while n := fill(0, buf):
         h.update(buf[:n])
         if n % ALIGN:  # the file's unaligned tail: written through the page cache
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-        done = 0
-        while done < n:
-            done += os.write(fd, buf[done:n])
+        write_all(fd, buf[:n])
         if n < CHUNK:
             break
     os.fsync(fd)
