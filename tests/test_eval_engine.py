@@ -467,3 +467,35 @@ def test_bf16_default_runs_in_process_and_reports_agreement(tmp_path):
     assert agreement["total"] == sum(len(r["completion_ids"]) for r in k.rows[:2])
     assert 0.5 <= agreement["rate"] <= 1.0  # bf16 may flip the odd near-tie, not most tokens
     assert events[0]["event"] == "start" and events[-1]["event"] == "done"
+
+
+def test_bf16_rounds_do_not_depend_on_how_the_cpu_multiplies(tmp_path, monkeypatch):
+    """On a CPU without bfloat16 kernels the engine widens bfloat16 products to float32
+    (`remote.eval.cpu_bf16`); the rounds are torch's own bfloat16 kernels', sample by
+    sample, and the result says which way it went."""
+    from remote.eval import cpu_bf16
+
+    k = kit("qwen3")
+    gt = write_gt(k.rows[:4], tmp_path / "gt.jsonl")
+    records = {}
+    for chosen in cpu_bf16.POLICIES:
+        monkeypatch.setenv(cpu_bf16.ENV, chosen)
+        out = tmp_path / chosen
+        result = run_eval(
+            spec_of(
+                {
+                    "target": k.target,
+                    "drafter": k.steps[-1],
+                    "ground_truth": gt,
+                    "output_dir": str(out),
+                    "budgets": [4, 8],
+                },
+                tmp_path,
+            ),
+            on_event=lambda e: None,
+        )
+        assert result["environment"]["bf16_products"] == chosen
+        records[chosen] = [json.loads(line) for line in (out / "samples.jsonl").open()]
+    assert any(max(r["rounds"]) > 1 for r in records["native"])  # the drafter is accepted
+    for a, b in zip(records["native"], records["float32"], strict=True):
+        assert (a["rounds"], a["ddtree"]) == (b["rounds"], b["ddtree"]), a["id"]

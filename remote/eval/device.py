@@ -5,7 +5,8 @@ name means the same thing, and fails the same way, everywhere.
 The engine loads weights on the CPU (the model reader materialises them there), moves the
 target and drafter to the device, then makes the device torch's default for the rest of
 the run, so every index and mask the walk builds lands beside the weights without a
-device argument threaded through each call.
+device argument threaded through each call (`computing`, which on a CPU also picks how
+bfloat16 products are computed: `remote.eval.cpu_bf16`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ def check_name(name: str | None) -> str:
 
 def resolve(name: str | None):
     """The `torch.device` for `name`; one clear line when cuda is asked and torch sees no
-    GPU (a CPU-only torch build, no driver, or an index past the last GPU)."""
+    GPU (a CPU-only torch build, no driver, or an index past the last GPU), or when
+    ``DFLASH_CPU_BF16`` names no policy (`remote.eval.cpu_bf16`)."""
     import torch
 
     name = check_name(name)
     if name == "cpu":
+        from remote.eval import cpu_bf16
+
+        cpu_bf16.policy()  # a bad DFLASH_CPU_BF16 fails here, before any weight is read
         return torch.device("cpu")
     if not torch.cuda.is_available():
         build = torch.version.cuda or "none (a CPU-only build)"
@@ -60,12 +65,17 @@ def describe(device) -> dict:
 
 
 @contextlib.contextmanager
-def default_device(device) -> Iterator[None]:
-    """Make `device` torch's default for the block (nothing changes for the CPU)."""
+def computing(device) -> Iterator[None]:
+    """Compute the block on `device`: torch's default device for a GPU; on the CPU, its
+    bfloat16 matrix products as `remote.eval.cpu_bf16.policy` says (in float32 where the
+    CPU has no bfloat16 kernels). Enter it in the thread that computes."""
     import torch
 
     if device.type == "cpu":
-        yield
+        from remote.eval import cpu_bf16
+
+        with cpu_bf16.widened():
+            yield
         return
     before = torch.get_default_device()
     torch.set_default_device(device)
@@ -73,6 +83,16 @@ def default_device(device) -> Iterator[None]:
         yield
     finally:
         torch.set_default_device(before)
+
+
+def bf16_products(device, dtype: str) -> str | None:
+    """What a result records of how its bfloat16 products were computed: the CPU's
+    policy (`remote.eval.cpu_bf16`), None on a GPU or in float32."""
+    if device.type != "cpu" or dtype != "bfloat16":
+        return None
+    from remote.eval import cpu_bf16
+
+    return cpu_bf16.policy()
 
 
 def place(target, drafter, device) -> None:

@@ -196,9 +196,13 @@ def estimate_bytes(
     return tbytes + drafter + acts
 
 
-def environment(dtype: str, threads: int) -> dict[str, Any]:
+def environment(dtype: str, threads: int, device) -> dict[str, Any]:
+    """The host's software and settings a result's numbers depend on; `device`'s name (and
+    card), and how its bfloat16 products were computed (`device.bf16_products`)."""
     import torch
     import transformers
+
+    from remote.eval import device as device_mod
 
     return {
         "python": platform.python_version(),
@@ -210,6 +214,8 @@ def environment(dtype: str, threads: int) -> dict[str, Any]:
         "causal_conv1d": package_version("causal_conv1d", ("causal-conv1d", "causal_conv1d")),
         "dtype": dtype,
         "threads": threads,
+        **device_mod.describe(device),
+        "bf16_products": device_mod.bf16_products(device, dtype),
     }
 
 
@@ -337,7 +343,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     given = None
     if cache is not None:
         given = feature_cache.Features(cache, target, dcfg.target_layer_ids, samples, device)
-    with device_mod.default_device(device):
+    with device_mod.computing(device):
         for i, rec in eval_stream(target, drafter, samples, opts, given):
             done[i] = {"id": rows[i]["id"], **sample_labels(rows[i]), **rec}
             on_event(sample_event(done, i, len(rows)))
@@ -346,7 +352,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     target_features = {"cached": False, "cache": "off"}
     if cache is not None:
         target_features = {**cache.summary(len(records)), "cache": "on"}
-    with device_mod.default_device(device):
+    with device_mod.computing(device):
         round_costs = measure_costs(target, drafter, cost_inputs, cached_costs, cache, device)
     target_features["target_loaded"] = target_loaded(target.whole)
     if cache is not None:
@@ -381,10 +387,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
             "target_layer_types": tinfo.layer_types,
             "target_features": target_features,
         },
-        "environment": {
-            **environment(spec.dtype, torch.get_num_threads()),
-            **device_mod.describe(device),
-        },
+        "environment": environment(spec.dtype, torch.get_num_threads(), device),
         "metrics": metrics,
         "timings": {
             "load_target_s": t_target_load,

@@ -106,7 +106,8 @@ def run_context(attn: str | None, target_dir: str, layer_ids: list[int], dtype, 
 def cpu_numerics() -> dict:
     """What a CPU's results depend on beyond the inputs: torch's threads, the instruction
     set its kernels dispatch to, the CPU's model name (a shared folder may be read by
-    other machines, a Slurm array's nodes)."""
+    other machines, a Slurm array's nodes), how bfloat16 products are computed
+    (`remote.eval.cpu_bf16`)."""
     model = None
     try:
         with open("/proc/cpuinfo") as fh:
@@ -115,10 +116,13 @@ def cpu_numerics() -> dict:
             )
     except OSError:
         pass
+    from remote.eval import cpu_bf16
+
     return {
         "threads": torch.get_num_threads(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "model": model,
+        "bf16_products": cpu_bf16.policy(),
     }
 
 

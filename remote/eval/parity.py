@@ -125,7 +125,7 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
     t1 = time.perf_counter()
     for n, row in enumerate(rows):
         g = row["prompt_ids"] + row["completion_ids"]
-        with device_mod.default_device(device):
+        with device_mod.computing(device):
             feats, last = target.hidden(g, layers)
             logits = torch.cat(
                 [target.head(last[a : a + 256]).float() for a in range(0, last.shape[0], 256)]
@@ -171,7 +171,7 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
         "attn": attn or "default",
         "device": device_mod.describe(device),
         "kernels": kernels(),
-        "environment": environment(dtype_name, torch.get_num_threads()),
+        "environment": environment(dtype_name, torch.get_num_threads(), device),
         "samples": samples,
         "files": files,
         "ground_truth": {
@@ -398,7 +398,7 @@ def _walks(target, drafter, dcfg, ta: dict, tb: dict, P: int, sid, device) -> di
     for side, t in (("a", ta), ("b", tb)):
         feats = torch.cat([t[f"layer.{i}"] for i in dcfg.target_layer_ids], dim=-1)
         greedy = t["topk.ids"][P - 1 :, 0]
-        with device_mod.default_device(device):
+        with device_mod.computing(device):
             recs[side] = eval_sequence(
                 target,
                 drafter,

@@ -60,6 +60,8 @@ class LocalGenerator:
         engine batches concurrent requests: left-padded, the padding masked out. Each
         completion ends at its first end-of-text id, as alone it would. `max_time`:
         seconds after which ``generate`` stops early (its completions then cut short)."""
+        from remote.eval import cpu_bf16
+
         torch = self.torch
         width = max(len(ids) for ids in prompts)
         config = self.model.generation_config
@@ -68,7 +70,7 @@ class LocalGenerator:
         pad = config.pad_token_id if config.pad_token_id is not None else min(eos, default=0)
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        with torch.inference_mode():
+        with torch.inference_mode(), cpu_bf16.widened():
             out = self.model.generate(
                 ids,
                 attention_mask=mask,
