@@ -11,6 +11,8 @@ time, with its own defaults but for the budgets; prints one JSON object: each sa
 record (rounds, DDTree rounds, seconds by part on ``--clock``) and the whole pass's wall
 and CPU seconds. Written against the engine before round-start drafting (e21d99a^), whose
 `remote.eval.walk.eval_sequence` takes (target, drafter, prompt, completion, options).
+``--bf16-products``: how its bfloat16 products are computed, with this checkout's
+`remote.eval.cpu_bf16` (which that commit lacks), so both engines multiply alike.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="8,16,32,64")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    ap.add_argument("--bf16-products", choices=("native", "float32"), default="native")
     args = ap.parse_args()
     sys.path.insert(0, args.tree)  # that commit's `remote`, not this checkout's
 
@@ -48,11 +51,25 @@ def main() -> None:
     samples = json.load(open(args.samples))
     budgets = [int(b) for b in args.budgets.split(",") if b]
     opts = walk.WalkOptions(budgets=budgets)
-    walk.eval_sequence(target, drafter, *samples[0], opts)
-    wall, cpu = time.perf_counter(), time.process_time()
-    records = [walk.eval_sequence(target, drafter, p, c, opts) for p, c in samples]
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    with todays_cpu_bf16().widened(args.bf16_products):
+        walk.eval_sequence(target, drafter, *samples[0], opts)
+        wall, cpu = time.perf_counter(), time.process_time()
+        records = [walk.eval_sequence(target, drafter, p, c, opts) for p, c in samples]
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     print(json.dumps({"records": records, "wall": wall, "cpu": cpu}))
+
+
+def todays_cpu_bf16() -> types.ModuleType:
+    """This checkout's `remote.eval.cpu_bf16`, loaded by path beside the tree's `remote`
+    (its one import, ``remote.errors``, is the tree's)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "remote" / "eval" / "cpu_bf16.py"
+    spec = importlib.util.spec_from_file_location("todays_cpu_bf16", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":

@@ -248,9 +248,12 @@ def before_tree(rev: str, into: str) -> str | None:
 def run_before(tree: str, dirs, samples_file: str, threads: int, clock: str, budgets: tuple):
     """One timed pass of the engine in ``tree`` over the samples, in a child process
     (`engine_before.py`): its records and the pass's wall and CPU seconds."""
+    from remote.eval import cpu_bf16
+
     here = os.path.dirname(os.path.abspath(__file__))
     cmd = [sys.executable, os.path.join(here, "engine_before.py"), tree, *dirs, samples_file]
     cmd += ["--budgets", ",".join(map(str, budgets)), "--threads", str(threads)]
+    cmd += ["--bf16-products", cpu_bf16.policy()]  # its products computed as today's are
     out = subprocess.run([*cmd, "--clock", clock], capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"before: the earlier engine failed: {out.stderr[-2000:]}")
@@ -261,8 +264,11 @@ def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int, before=
     """Per mode (``all`` or ``walk``, with each of ``budget_sets``; and ``before``, the
     earlier engine, where ``before`` (`run_before` but for the budgets) is given), the
     median over interleaved rounds of its wall and CPU time and parts; the records of the
-    last round."""
+    last round. Every mode computes its bfloat16 products as the eval does on this CPU
+    (`remote.eval.device.computing`)."""
     import torch
+
+    from remote.eval.device import computing
 
     def bare() -> None:
         for p, c in samples:
@@ -272,7 +278,7 @@ def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int, before=
     modes = ["bare"] + [(m, tuple(b)) for b in budget_sets for m in names]
     times: dict = {m: {} for m in modes}
     recs: dict = {}
-    with torch.inference_mode():
+    with torch.inference_mode(), computing(torch.device("cpu")):
         bare()  # warm-up of both
         engine(target, drafter, samples, "walk", list(budget_sets[0]))
         for r in range(repeats):
