@@ -53,6 +53,8 @@ from eval_e2e import e2e_row  # noqa: E402
 from eval_growth import growth_rows  # noqa: E402
 from eval_rss import print_rss, rss_rows  # noqa: E402
 
+from remote.eval.device import computing  # noqa: E402
+
 
 def rows_sensitivity(target, drafter, prompts, seqs, repeats: int) -> dict[int, float]:
     """Seconds of the engine's target forward + drafter work if every position needed ``m``
@@ -62,7 +64,7 @@ def rows_sensitivity(target, drafter, prompts, seqs, repeats: int) -> dict[int, 
     import torch
 
     out: dict[int, float] = {}
-    with torch.inference_mode():
+    with torch.inference_mode(), computing(torch.device("cpu")):
         for m in (1, 3, 6):
             total = 0.0
             for p, g in zip(prompts, seqs, strict=False):
@@ -220,7 +222,7 @@ def time_online(args, target_dir: str, drafter_dir: str) -> dict:
     prompts = [
         [rng.randrange(10, args.vocab) for _ in range(args.prompt)] for _ in range(args.samples)
     ]
-    with torch.inference_mode():
+    with torch.inference_mode(), computing(torch.device("cpu")):
         online_rounds(hf, drafter, prompts[0][:16], 4)  # warm-up
         t = time.perf_counter()
         runs = [online_rounds(hf, drafter, p, args.completion) for p in prompts]
@@ -253,7 +255,7 @@ def time_offline(args, target_dir: str, drafter_dir: str, online: dict) -> dict:
     target = load_target(target_dir, torch.bfloat16)
     best = {k: 0.0 for k in ("bare", "engine_target", *MODES)}
     recs_all = []
-    with torch.inference_mode():
+    with torch.inference_mode(), computing(torch.device("cpu")):
         hf(input_ids=torch.tensor([seqs[0][:32]]))  # warm-up
         eval_sequence(target, drafter, prompts[0][:16], seqs[0][16:40], WalkOptions(budgets=[8]))
         for p, g in zip(prompts, seqs, strict=False):

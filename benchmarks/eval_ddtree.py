@@ -9,6 +9,7 @@ import time
 
 from common import build, head_share, random_seqs  # noqa: E402 (benchmarks/ is on the path)
 
+from remote.eval.device import computing
 from remote.protocol import DEFAULT_BUDGETS
 
 
@@ -30,7 +31,7 @@ def ddtree_ratios(target_dir: str, drafter_dir: str, prompts, seqs, repeats: int
         "all+DDTree": WalkOptions(budgets=list(DEFAULT_BUDGETS), positions="all"),
     }
     best = {k: 0.0 for k in ("bare", *modes)}
-    with torch.inference_mode():
+    with torch.inference_mode(), computing(torch.device("cpu")):
         hf(input_ids=torch.tensor([seqs[0][:32]]))  # warm-up
         eval_sequence(target, drafter, prompts[0][:16], seqs[0][16:40], modes["all+DDTree"])
         for p, g in zip(prompts, seqs, strict=True):

@@ -130,9 +130,10 @@ def cached_rows(path: str, make) -> list[dict]:
 
 def walk_tau(target_dir: str, drafter_dir: str, rows: list[dict]) -> float:
     """Token-weighted tau of the drafter at ``drafter_dir`` on ``rows`` (bf16, the default
-    eval)."""
+    eval, its products computed as the eval does here)."""
     import torch
 
+    from remote.eval.device import computing
     from remote.eval.drafter import load_drafter
     from remote.eval.target import load_target
     from remote.eval.walk import WalkOptions, eval_batch
@@ -140,7 +141,8 @@ def walk_tau(target_dir: str, drafter_dir: str, rows: list[dict]) -> float:
     target = load_target(target_dir, torch.bfloat16)
     drafter, _ = load_drafter(drafter_dir, torch.bfloat16)
     samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
-    rounds = [r["rounds"] for r in eval_batch(target, drafter, samples, WalkOptions())]
+    with computing(torch.device("cpu")):
+        rounds = [r["rounds"] for r in eval_batch(target, drafter, samples, WalkOptions())]
     return sum(map(sum, rounds)) / sum(map(len, rounds))
 
 
@@ -554,6 +556,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from remote.eval.device import computing
     from remote.eval.drafter import load_drafter
     from remote.eval.target import load_target
 
@@ -588,7 +591,8 @@ def main() -> None:
     )
     med, recs = got["median"], got["records"]
     for b in budget_sets:
-        check_rounds(dirs, target, drafter, samples, b, recs[("all", b)], recs[("walk", b)])
+        with computing(torch.device("cpu")):  # as the rounds were walked
+            check_rounds(dirs, target, drafter, samples, b, recs[("all", b)], recs[("walk", b)])
         if before is not None:
             check_before(recs[("before", b)], recs[("walk", b)], b)
     for b in budget_sets:

@@ -32,6 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import load_avg  # noqa: E402 (benchmarks/ is on the path)
 
+from remote.eval.device import computing  # noqa: E402
+
 MODES = ("walk", "all")
 
 
@@ -55,7 +57,7 @@ def child(args) -> None:
     drafter, _ = load_drafter(drafter_dir, torch.bfloat16)
     samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
     out = {}
-    with torch.inference_mode():
+    with torch.inference_mode(), computing(torch.device("cpu")):
         for mode in MODES:
             share.engine(target, drafter, samples, mode, list(DEFAULT_BUDGETS))  # warm-up
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -98,6 +98,7 @@ def main() -> None:
     import torch
 
     from remote.eval import drafts, walk
+    from remote.eval.device import computing
     from remote.eval.drafter import load_drafter
     from remote.eval.target import load_target
 
@@ -124,24 +125,25 @@ def main() -> None:
         "batches": lambda: batches(target, drafter, samples, opts, pool),
         "pool": lambda: streamed(target, drafter, samples, opts),
     }
-    streamed(target, drafter, samples[:pool], opts)  # warm-up: one-off costs not counted
     before = load_avg()
     times: dict = {name: {} for name in runs}
     recs: dict = {}
-    for r in range(args.repeats):
-        for name in runs if r % 2 == 0 else list(runs)[::-1]:
-            t = time.perf_counter()
-            recs[name], first = runs[name]()
-            got = times[name]
-            got.setdefault("wall", []).append(time.perf_counter() - t)
-            got.setdefault("first", []).append(first)
-            for part in ("drafter", "ddtree"):
-                got.setdefault(part, []).append(sum(x["seconds"][part] for x in recs[name]))
+    with computing(torch.device("cpu")):  # bf16 products as the eval computes them here
+        streamed(target, drafter, samples[:pool], opts)  # warm-up: one-off costs not counted
+        for r in range(args.repeats):
+            for name in runs if r % 2 == 0 else list(runs)[::-1]:
+                t = time.perf_counter()
+                recs[name], first = runs[name]()
+                got = times[name]
+                got.setdefault("wall", []).append(time.perf_counter() - t)
+                got.setdefault("first", []).append(first)
+                for part in ("drafter", "ddtree"):
+                    got.setdefault(part, []).append(sum(x["seconds"][part] for x in recs[name]))
+        moved = check_records(
+            recs["batches"], recs["pool"], (target_dir, drafter_dir), samples, opts, pool
+        )
     print(f"load average (1, 5, 15 min): {before} before, {load_avg()} after")
 
-    moved = check_records(
-        recs["batches"], recs["pool"], (target_dir, drafter_dir), samples, opts, pool
-    )
     med = {n: {k: statistics.median(v) for k, v in got.items()} for n, got in times.items()}
     same = "identical" if not moved else f"identical but DDTree rounds of samples {moved}"
     print(f"median of {args.repeats} interleaved rounds; records {same}")
