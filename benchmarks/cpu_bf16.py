@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from eval_drafter_share import engine, load_avg, parser, setup  # noqa: E402
+from eval_drafter_share import engine, load_avg, loaded, parser  # noqa: E402
 
 
 def main() -> None:
@@ -30,19 +30,12 @@ def main() -> None:
     ap.set_defaults(repeats=3, threads=1)
     args = ap.parse_args()
     import torch
-    from transformers import AutoModelForCausalLM
 
     from remote.eval import cpu_bf16
-    from remote.eval.drafter import load_drafter
-    from remote.eval.target import load_target
 
     budgets = [int(b) for b in args.budgets.split(",") if b]
-    target_dir, drafter_dir, rows, facts = setup(args)
-    torch.set_num_threads(args.threads)
-    target = load_target(target_dir, torch.bfloat16)
-    drafter, _ = load_drafter(drafter_dir, torch.bfloat16)
-    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
-    samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
+    m = loaded(args)
+    target, drafter, hf, samples, facts = m.target, m.drafter, m.hf, m.samples, m.facts
     tokens = sum(len(p) + len(c) for p, c in samples)
     print(
         f"setup: eval_drafter_share's; drafter {facts['drafter']}; {len(samples)} samples, "

@@ -61,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -214,6 +215,32 @@ def setup(args) -> tuple[str, str, list[dict], dict]:
         os.replace(chosen + ".tmp", chosen)
     facts = json.load(open(chosen))
     return target, facts["drafter"], evals, facts
+
+
+def loaded(args) -> types.SimpleNamespace:
+    """The set-up (`setup`) loaded for measuring, in bfloat16 with ``--threads``: its
+    ``target_dir``, ``drafter_dir`` and training ``facts``; the engine's ``target`` and
+    ``drafter`` (with its load ``report``); ``hf``, the target as a transformers model
+    (the bare forward); ``samples``, (prompt ids, completion ids) each."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from remote.eval.drafter import load_drafter
+    from remote.eval.target import load_target
+
+    target_dir, drafter_dir, rows, facts = setup(args)
+    torch.set_num_threads(args.threads)
+    drafter, report = load_drafter(drafter_dir, torch.bfloat16)
+    return types.SimpleNamespace(
+        target_dir=target_dir,
+        drafter_dir=drafter_dir,
+        facts=facts,
+        target=load_target(target_dir, torch.bfloat16),
+        drafter=drafter,
+        report=report,
+        hf=AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval(),
+        samples=[(r["prompt_ids"], r["completion_ids"]) for r in rows],
+    )
 
 
 def engine(target, drafter, samples, positions: str, budgets: list[int]) -> list[dict]:
@@ -554,19 +581,13 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str, rev: str | No
 def main() -> None:
     args = parse_args()
     import torch
-    from transformers import AutoModelForCausalLM
 
     from remote.eval.device import computing
-    from remote.eval.drafter import load_drafter
-    from remote.eval.target import load_target
 
     budgets = [int(b) for b in args.budgets.split(",") if b]
-    target_dir, drafter_dir, rows, facts = setup(args)
-    torch.set_num_threads(args.threads)
-    target = load_target(target_dir, torch.bfloat16)
-    drafter, report = load_drafter(drafter_dir, torch.bfloat16)
-    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
-    samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
+    m = loaded(args)
+    target_dir, drafter_dir, facts = m.target_dir, m.drafter_dir, m.facts
+    target, drafter, report, hf, samples = m.target, m.drafter, m.report, m.hf, m.samples
     print_setup(args, target_dir, drafter, report, samples, budgets, facts)
 
     budget_sets = [tuple(budgets), ()] if budgets else [()]
