@@ -403,6 +403,24 @@ def test_server_failures_are_one_line(tmp_path, tiny_target, prompts_file, serve
     assert not list((tmp_path / "wd" / "groundtruth").glob("*.json*"))  # nothing half-written
 
 
+def test_a_client_that_gave_up_leaves_the_server_quiet(capfd):
+    """Before: the late answer met a closed socket and socketserver printed a traceback,
+    into whichever test (or the demo's terminal) was running by then."""
+    answered = threading.Event()
+
+    def late(path: str, body: dict) -> dict:
+        time.sleep(0.5)
+        answered.set()
+        return ids_reply([5, 6, 7])(path, body)
+
+    with ScriptedServer(late) as slow:
+        with pytest.raises(UserError, match="timeout"):
+            groundtruth.http_json(slow.url + "/generate", {"input_ids": [1]}, 0.1)
+        assert answered.wait(10)
+        time.sleep(0.5)  # the handler writes its answer to the closed connection
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_server_down_is_one_line(tmp_path, tiny_target, prompts_file):
     url = f"http://127.0.0.1:{_free_port()}"
     with pytest.raises(UserError, match=r"refused the connection.*is it running") as err:
