@@ -807,3 +807,42 @@ def test_remote_eval_on_spec_bench_gives_tau_per_category_in_every_view(
     for g in per_cat:
         tau = next(d for d in g["deltas"] if d["metric"] == "tau")
         assert tau["low"] <= tau["delta"] <= tau["high"]
+
+
+def test_a_prompts_upload_killed_midway_is_never_used_and_the_next_run_succeeds(
+    inventory, eval_sshd, tmp_path
+):
+    """The fault run's case: `--prompts big.jsonl` killed while its bytes were on the way
+    left them under the content-addressed name, and the next run read the cut copy."""
+    big = tmp_path / "mid.jsonl"
+    pad = "x" * 4000
+    big.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "prompt": f"Say {i}. {pad}"}) + "\n" for i in range(10000)
+        )
+    )
+    prompts = workdir(eval_sshd) / "prompts"
+    final = prompts / f"{hashlib.sha256(big.read_bytes()).hexdigest()[:16]}-mid.jsonl"
+    argv = ["remote-eval", "--checkpoint", "step-12", "--prompts", str(big), "--samples", "2"]
+    argv += ["--max-new-tokens", "8", "--budgets", "4", "-i", str(inventory)]
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *argv],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_for(
+        lambda: any(p.stat().st_size > (1 << 20) for p in prompts.glob("*.partial-*")),
+        "a part of the prompts on the host",
+    )
+    cli.send_signal(signal.SIGKILL)
+    cli.wait()
+    _wait_for(lambda: not list(prompts.glob("*.partial-*")), "the cut copy removed", 30)
+    assert not final.exists()
+
+    again = dflash(*argv, "--json", timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert final.read_bytes() == big.read_bytes()
+    result = json.loads((Path(json.loads(again.stdout)["run_dir"]) / "result.json").read_text())
+    assert result["metrics"]["samples"] == 2

@@ -29,8 +29,9 @@ def copy_ground_truth(b: Host, b_dir: str, a: Host) -> str:
     if not isinstance(info, dict) or not isinstance(info.get("file"), str):
         raise DflashError(f"{b.name}: its capture job names no ground truth file")
     data = jobwire.fetch(b, info["file"], "the ground truth", GROUND_TRUTH_MAX)
-    path = f"{a.workdir}/parity/{hashlib.sha256(data).hexdigest()[:16]}-ground_truth.jsonl"
-    if not a.exists(path):
+    sha = hashlib.sha256(data).hexdigest()
+    path = f"{a.workdir}/parity/{sha[:16]}-ground_truth.jsonl"
+    if not a.has_file(path, sha):
         a.put_bytes(data, path)
     return path
 

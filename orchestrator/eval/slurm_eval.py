@@ -28,6 +28,7 @@ phases are those of the SSH-hosts sharder (`shard`), on the scheduler:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import posixpath
@@ -99,8 +100,8 @@ class Cluster:
 
 
 def _push_if_missing(host: Host, path: str, data: bytes) -> None:
-    """`data` to `path` on the shared folder unless a file is there (content-addressed)."""
-    if not host.run(["test", "-f", path], check=False, timeout=60).ok:
+    """`data` to `path` on the shared folder unless it is there already (content-addressed)."""
+    if not host.has_file(path, hashlib.sha256(data).hexdigest()):
         host.put_bytes(data, path)
 
 

@@ -164,16 +164,11 @@ def carry_or_push(host: Host, data: bytes, remote: str, carry: list | None) -> N
     """Get `data` to the file `remote` on the host (content-addressed by its caller). With a
     `carry` list and a small file, it travels inside the job start (appended there, see
     `remote.protocol.JOB_CARRY_KEY`): no round trip of its own. Otherwise one round trip
-    looks for it (and for the bundle) and it is pushed only when missing."""
+    looks for it (and for the bundle) and it is pushed unless there with this content."""
+    sha = hashlib.sha256(data).hexdigest()
     if carry is not None and len(data) <= CARRY_MAX_BYTES:
-        carry.append(
-            {
-                "path": remote,
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "data": base64.b64encode(data).decode("ascii"),
-            }
-        )
-    elif bundle.ensure_and_find(host, [remote]).missing:
+        carry.append({"path": remote, "sha256": sha, "data": base64.b64encode(data).decode()})
+    elif bundle.ensure_and_find(host, {remote: sha}).missing:
         host.put_bytes(data, remote)
 
 

@@ -17,14 +17,22 @@ import marshal
 import threading
 import weakref
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from importlib.util import MAGIC_NUMBER, source_hash
 from pathlib import Path
 from typing import NamedTuple
 
 from orchestrator.errors import RemoteCommandError
-from orchestrator.transport.hosts import Host, HostError, Result, command_line, last_line, quote
+from orchestrator.transport.hosts import (
+    SHA256_FUNCTION,
+    Host,
+    HostError,
+    Result,
+    command_line,
+    last_line,
+    quote,
+)
 
 REMOTE_PACKAGE = Path(__file__).resolve().parents[2] / "remote"
 ERROR_PREFIX = "dflash-remote: error: "
@@ -122,29 +130,38 @@ class Found(NamedTuple):
 
 def ensure(host: Host) -> tuple[str, bool]:
     """Make sure `host` has the current bundle; returns (remote path, whether pushed now)."""
-    found = ensure_and_find(host, ())
+    found = ensure_and_find(host, {})
     return found.path, found.pushed
 
 
-def ensure_and_find(host: Host, paths: Sequence[str]) -> Found:
-    """`ensure`, and which of `paths` (files on the host) are missing there, in ONE round
-    trip: the bundle is looked for in the same shell command unless this process already
-    saw it on `host`. Nothing at all is sent when the bundle is known and `paths` is empty."""
+def ensure_and_find(host: Host, files: Mapping[str, str]) -> Found:
+    """`ensure`, and which of `files` (path on the host -> sha256) the host lacks, in ONE
+    round trip: the bundle is looked for in the same shell command unless this process
+    already saw it on `host`. A file whose content differs from its sha256 (an upload cut
+    by an older dflash) counts as missing. Nothing at all is sent when the bundle is known
+    and `files` is empty."""
     name = bundle_name()
     path = f"{host.workdir}/bundles/{name}"
-    look = ([] if _known(host, name) else [path]) + list(paths)
+    # The bundle is looked for by name alone: its name is its sources' hash, and only
+    # `put_bytes`, which checks what arrived, ever gives a file that name.
+    look = ([] if _known(host, name) else [(path, "")]) + list(files.items())
     missing: set[str] = set()
     if look:
         # NUL-separated: a path may hold any character but NUL.
-        script = 'for p in "$@"; do [ -e "$p" ] || printf \'%s\\0\' "$p"; done'
-        out = host.run(["sh", "-c", script, "sh", *look], check=True, timeout=60).stdout
+        script = (
+            f"{SHA256_FUNCTION}; while [ $# -gt 0 ]; do "
+            '{ [ -f "$1" ] && { [ -z "$2" ] || [ "$(dflash_sha256 "$1")" = "$2" ]; }; } '
+            "|| printf '%s\\0' \"$1\"; shift 2; done"
+        )
+        argv = [a for pair in look for a in pair]
+        out = host.run(["sh", "-c", script, "sh", *argv], check=True, timeout=120).stdout
         missing = {p for p in out.split("\0") if p}
     pushed = path in missing
     if pushed:
         host.put_bytes(build()[1], path)
-    if path in look:
+    if not _known(host, name):
         _remember(host, name, pushed)
-    return Found(path, pushed, frozenset(missing & set(paths)))
+    return Found(path, pushed, frozenset(missing & set(files)))
 
 
 def remote_command(host: Host, argv: Sequence[str], python_flags: Sequence[str] = ()) -> str:

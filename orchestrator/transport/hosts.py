@@ -18,6 +18,7 @@ SSH specifics:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import subprocess
@@ -39,6 +40,12 @@ from orchestrator.transport.ssh_settings import SSHSettings
 WINDOW_SIZE = 2 * 1024 * 1024
 MAX_PACKET_SIZE = 256 * 1024
 
+# A host's sha256 of a file as 64 hex digits: coreutils' sha256sum, else BSD's shasum;
+# nothing (and so no match) when the file cannot be read.
+SHA256_FUNCTION = (
+    'dflash_sha256() { { sha256sum || shasum -a 256; } < "$1" 2>/dev/null | cut -c1-64; }'
+)
+
 
 def quote(arg: str | os.PathLike) -> str:
     """Shell-quote one argument for a remote POSIX shell."""
@@ -50,6 +57,23 @@ def command_line(command: str | Sequence[str]) -> str:
     if isinstance(command, str):
         return command
     return " ".join(quote(a) for a in command)
+
+
+def upload_line(path: str, sha256: str, size: int, mode: int = 0o644) -> str:
+    """The shell line `Host.put_bytes` runs: its standard input into a new hidden file
+    beside `path`, renamed to `path` only when it has `size` bytes and this sha256. The
+    hidden file is removed however the line ends (a lost connection: HUP or PIPE)."""
+    tmp = quote(f"{path}.partial-{os.getpid()}-{threading.get_ident()}")
+    # noclobber: the file is created here, never reached through a planted link
+    return (
+        f"{SHA256_FUNCTION}; t={tmp}; trap 'rm -f \"$t\"' EXIT; trap 'exit 1' HUP INT TERM PIPE; "
+        f'set -C; mkdir -p {quote(os.path.dirname(path) or ".")} && cat > "$t" && '
+        f'n=$(wc -c < "$t") && if [ $n -ne {size} ]; then '
+        f'echo "only $n of {size} bytes arrived" >&2; exit 1; '
+        f'elif [ "$(dflash_sha256 "$t")" != {sha256} ]; then '
+        "echo 'what arrived differs from what was sent (sha256)' >&2; exit 1; "
+        f'else chmod {mode:o} "$t" && mv -f "$t" {quote(path)}; fi'
+    )
 
 
 @dataclass
@@ -128,18 +152,27 @@ class Host:
 
     # -- files ------------------------------------------------------------------------
     def put_bytes(self, data: bytes, path: str, mode: int = 0o644) -> None:
-        """Write `data` to `path` atomically: a hidden temp file, then a rename."""
-        tmp = f"{path}.partial-{os.getpid()}-{threading.get_ident()}"
-        parent = os.path.dirname(path) or "."
-        proc = self.popen(
-            f"mkdir -p {quote(parent)} && cat > {quote(tmp)} && "
-            f"chmod {mode:o} {quote(tmp)} && mv -f {quote(tmp)} {quote(path)}"
-        )
-        proc.write(data)
+        """Write `data` to `path`: into a new hidden file beside it, checked there (size and
+        sha256 against what was sent), then renamed into place. A cut upload (its sender
+        killed, its connection lost) never gets the final name."""
+        proc = self.popen(upload_line(path, hashlib.sha256(data).hexdigest(), len(data), mode))
+        try:
+            proc.write(data)
+        except OSError:
+            pass  # the command ended early: its exit status and stderr say why
         proc.close_stdin()
         if proc.wait() != 0:
-            self.run(["rm", "-f", tmp], check=False)
-            raise HostError(f"{self.name}: could not write {path}: {last_line(proc.stderr())}")
+            raise HostError(
+                f"{self.name}: could not write {path}: "
+                f"{last_line(proc.stderr()) or 'the upload was cut'}; nothing was put there"
+            )
+
+    def has_file(self, path: str, sha256: str) -> bool:
+        """Whether `path` is a regular file on the host whose content has this sha256 (a
+        content-addressed name is reused only then)."""
+        p = quote(path)
+        line = f'{SHA256_FUNCTION}; [ -f {p} ] && [ "$(dflash_sha256 {p})" = {quote(sha256)} ]'
+        return self.run(line, check=False, timeout=120).ok
 
     def get_bytes(self, path: str) -> bytes:
         """The contents of a file on the host."""
