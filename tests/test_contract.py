@@ -246,3 +246,14 @@ def test_the_default_server_kind_and_a_missing_url_read_the_same_on_both_sides()
     assert "needs a server URL" in job.ground_truth.missing_source()
     back = GroundTruthSpec.from_json(GroundTruthSpec(url="http://127.0.0.1:1").to_json())
     assert back == GroundTruthSpec(url="http://127.0.0.1:1") and back.missing_source() is None
+
+
+def test_the_prompts_sha256_a_job_carries_is_checked_where_the_job_is_read():
+    from remote.protocol import JobSpec, SpecError
+
+    sha = "ab" * 32
+    doc = {"prompts": {"path": "/w/prompts/x.jsonl", "sha256": sha}}
+    assert JobSpec.from_json(doc).prompts_sha256 == sha
+    assert JobSpec.from_json({"prompts": {"path": "/p.jsonl"}}).prompts_sha256 is None
+    with pytest.raises(SpecError, match=r"the prompts' sha256 .*64 lowercase hex digits"):
+        JobSpec.from_json({"prompts": {"path": "/p.jsonl", "sha256": "AB" * 32}})

@@ -286,3 +286,36 @@ def test_a_shards_ground_truth_slice_keeps_the_labels():
     ]
     lines = [json.loads(line) for line in gt_lines(records, [1, 2]).splitlines()]
     assert lines == records[1:]
+
+
+@pytest.mark.parametrize(
+    "lines, pattern",
+    [
+        (['{"id": "a", "prompt": "x"}', '{"id": "a", "prompt": "y"}'], r":2: id 'a' is line 1's"),
+        (['{"prompt": "x"}', '{"id": "p-0", "prompt": "y"}'], r":2: id 'p-0' is line 1's"),
+        (['{"prompt": "' + "x" * (4 * 2**20 + 1) + '"}'], r":1: the line is over 4 MiB"),
+        (['{"prompt": "ok"}', "{not json"], r":2: not valid JSON"),
+        (["", "  "], r"holds no prompts"),
+    ],
+)
+def test_a_bad_prompts_file_is_one_line_on_both_sides_before_it_travels(tmp_path, lines, pattern):
+    """The controller refuses what the host would, by the same rule
+    (`remote.protocol.parse_prompts`), before anything is sent: duplicate ids gave two
+    records with one id; a 100 MB line ran for minutes on the host."""
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DflashError, match=pattern) as local:
+        prompts_data(str(path))
+    with pytest.raises(UserError, match=pattern) as host:
+        groundtruth.load_prompts(str(path))
+    assert str(local.value) == str(host.value) and "\n" not in str(local.value)
+
+
+def test_the_host_refuses_a_prompts_file_other_than_the_one_sent(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "one"}\n{"prompt": "two"}\n')
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert len(groundtruth.load_prompts(str(path), sha256=sha)) == 2
+    path.write_text('{"prompt": "one"}\n')  # cut at a line: it would have run on fewer
+    with pytest.raises(UserError, match=r"not the file the controller sent"):
+        groundtruth.load_prompts(str(path), sha256=sha)

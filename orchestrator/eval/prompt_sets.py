@@ -12,13 +12,14 @@ in order), so its content address on a host, and the ground-truth cache, are sta
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 from orchestrator.errors import DflashError
-from remote.protocol import carried_name_problem
+from remote.protocol import SpecError, carried_name_problem, parse_prompts, prompt_lines
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"
@@ -99,7 +100,12 @@ def prompts_data(prompts: str) -> PromptsData:
         )
         return PromptsData(prompts, composed_set(prompts), f"built-in {prompts}: {parts}")
     local = _local_file(prompts)
-    return PromptsData(local.stem, local.read_bytes(), str(local))
+    data = local.read_bytes()
+    try:  # the host reads it by the same rules: refused here, before anything is sent
+        parse_prompts(prompt_lines(io.BytesIO(data), str(local)), str(local), local.stem)
+    except SpecError as exc:
+        raise DflashError(str(exc)) from None
+    return PromptsData(local.stem, data, str(local))
 
 
 def _local_file(prompts: str) -> Path:

@@ -22,6 +22,7 @@ it as `remote.protocol`; its modules hold the parts:
   vocabulary (``bfloat16``/``float32``; ``bf16``/``fp32`` are accepted once, at parse) and
   one set of defaults. A bad value is a `SpecError` (a ValueError with one line saying what
   to do); each side turns it into its own user error;
+- `prompts`: a prompts file (JSONL) as both sides read it (`parse_prompts`);
 - `values`: what a whole number is, the checks a setting passes on either side (`Check`:
   `COUNT`, `one_of`, ...), how a bad value is shown.
 """
@@ -88,6 +89,9 @@ from remote.protocol.jobs import JobState as JobState
 from remote.protocol.jobs import carried_name_problem as carried_name_problem
 from remote.protocol.jobs import check_job_answer as check_job_answer
 from remote.protocol.jobs import check_job_id as check_job_id
+from remote.protocol.prompts import PROMPT_LINE_MAX_BYTES as PROMPT_LINE_MAX_BYTES
+from remote.protocol.prompts import parse_prompts as parse_prompts
+from remote.protocol.prompts import prompt_lines as prompt_lines
 from remote.protocol.results import TARGET_COSTS as TARGET_COSTS
 from remote.protocol.results import TARGET_LOADED_ENDS as TARGET_LOADED_ENDS
 from remote.protocol.results import TARGET_LOADED_WHOLE as TARGET_LOADED_WHOLE
@@ -109,6 +113,7 @@ from remote.protocol.schemas import RESULT_FILES as RESULT_FILES
 from remote.protocol.schemas import RESULT_SCHEMA as RESULT_SCHEMA
 from remote.protocol.values import COUNT as COUNT
 from remote.protocol.values import FLAG as FLAG
+from remote.protocol.values import SHA256 as SHA256
 from remote.protocol.values import TEXT as TEXT
 from remote.protocol.values import WHOLE as WHOLE
 from remote.protocol.values import Check as Check

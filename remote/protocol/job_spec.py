@@ -21,6 +21,7 @@ from remote.protocol.jobs import JOB_KINDS, JobKind, check_job_id
 from remote.protocol.values import (
     COUNT,
     FLAG,
+    SHA256,
     TEXT,
     WHOLE,
     Check,
@@ -59,7 +60,8 @@ class JobSpec:
     """One job document as the host runs it. `kind` (`JOB_KINDS`); `engine`: its
     ``eval``; `ground_truth`, `sampling`; `samples` prompts chosen with `seed` (None:
     all), the chat template's `thinking`; `stop_after` (`STOP_AFTER`, None: the whole
-    job); `prompts`: the prompts file on the host (its ``prompts.path``); `workdir`,
+    job); `prompts`: the prompts file on the host (its ``prompts.path``) and the sha256
+    it must have (`prompts_sha256`, None: the host's own file, not checked); `workdir`,
     `job_id` (set by ``job start``); `feature_cache`: whether the eval reuses and keeps
     the target's features in the host's cache, bounded by `feature_cache_gib` (0: the
     default, `FEATURE_CACHE_DEFAULT_GIB`; see `feature_cache_bytes`); a parity capture's
@@ -76,6 +78,7 @@ class JobSpec:
     thinking: bool = False
     stop_after: str | None = None
     prompts: str | None = None
+    prompts_sha256: str | None = None
     workdir: str = DEFAULT_WORKDIR
     job_id: str | None = None
     feature_cache: bool = True
@@ -124,6 +127,8 @@ class JobSpec:
         prompts = doc.get("prompts")
         if prompts is not None and not (isinstance(prompts, dict) and TEXT(prompts.get("path"))):
             raise SpecError("the job's prompts must be a JSON object with a path")
+        if prompts and prompts.get("sha256") is not None:
+            given["prompts_sha256"] = SHA256.require("the prompts' sha256", prompts["sha256"])
         if doc.get("job_id") is not None:
             given["job_id"] = check_job_id(doc["job_id"])
         if "layers" in given:

@@ -92,3 +92,7 @@ COUNT = Check("a whole number of at least 1", lambda v: is_int(v) and v >= 1)
 WHOLE = Check("a whole number", is_int)
 TEXT = Check("a non-empty string", lambda v: isinstance(v, str) and v != "")
 FLAG = Check("true or false", lambda v: isinstance(v, bool))
+SHA256 = Check(
+    "a sha256 (64 lowercase hex digits)",
+    lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
+)

@@ -235,7 +235,7 @@ class Prompts:
         tokenizer = load_tokenizer(engine.target)
         if not job.prompts:
             raise UserError("the job names no prompts file (its prompts.path)")
-        records = load_prompts(job.prompts, job.samples, job.seed)
+        records = load_prompts(job.prompts, job.samples, job.seed, job.prompts_sha256)
         rendered = [render_prompt(tokenizer, p["text"], job.thinking) for p in records]
         identity = target_identity(engine.target)
         vocab = target_vocab_size(engine.target, tokenizer)

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from remote.errors import UserError
-from remote.protocol import ResultError, sample_labels
+from remote.eval.provenance import file_sha256
+from remote.protocol import SpecError, parse_prompts, prompt_lines, sample_labels
 
 
 def read_jsonl(path: str, what: str) -> Iterator[tuple[int, Any]]:
@@ -30,29 +31,24 @@ def read_jsonl(path: str, what: str) -> Iterator[tuple[int, Any]]:
             raise UserError(f"{path}:{n}: not valid JSON") from None
 
 
-def load_prompts(path: str, samples: int | None = None, seed: int = 0) -> list[dict]:
-    """Prompt records ``{"id", "text"}`` from a JSONL file, optionally a seeded subset."""
-    records = []
-    stem = Path(path).stem
-    for n, obj in read_jsonl(path, "prompts file"):
-        if (
-            isinstance(obj, dict)
-            and isinstance(obj.get("turns"), list)
-            and obj["turns"]
-            and isinstance(obj["turns"][0], str)
-        ):
-            text = obj["turns"][0]
-        elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
-            text = obj["prompt"]
-        else:
-            raise UserError(f'{path}:{n}: expected {{"turns": ["..."]}} or {{"prompt": "..."}}')
-        try:
-            labels = sample_labels(obj)
-        except ResultError as exc:
-            raise UserError(f"{path}:{n}: {exc}") from None
-        records.append({"id": str(obj.get("id", f"{stem}-{len(records)}")), "text": text, **labels})
-    if not records:
-        raise UserError(f"prompts file {path} holds no prompts")
+def load_prompts(
+    path: str, samples: int | None = None, seed: int = 0, sha256: str | None = None
+) -> list[dict]:
+    """Prompt records ``{"id", "text"}`` from a JSONL file (`remote.protocol.parse_prompts`),
+    optionally a seeded subset. With `sha256`, a file of other content (a copy cut short)
+    is refused before it is read."""
+    try:
+        if sha256 is not None and file_sha256(path) != sha256:
+            raise UserError(
+                f"prompts file {path} is not the file the controller sent (its sha256 "
+                "differs); run the eval again to send it anew"
+            )
+        with open(path, "rb") as fh:
+            records = parse_prompts(prompt_lines(fh, path), path, Path(path).stem)
+    except OSError as exc:
+        raise UserError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
     return select(records, samples, seed)
 
 

@@ -1,0 +1,72 @@
+"""A prompts file (JSONL) as both sides read it: one prompt a line, z-lab's
+``{"turns": [...]}`` or ``{"prompt": "..."}``, with an optional ``id`` and labels.
+
+The controller checks a local file with `parse_prompts` before it pushes it; the host reads
+it with the same function, so a file one side takes the other takes too."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from remote.protocol.results import ResultError, sample_labels
+from remote.protocol.values import SpecError
+
+# One prompt's line, in bytes: a 262k-token context is about 1 MiB of text; far beyond
+# that a line is a mistake whose parse and tokenisation would run for minutes.
+PROMPT_LINE_MAX_BYTES = 4 * 1024 * 1024
+
+
+def prompt_lines(fh, where: str) -> Iterable[tuple[int, bytes]]:
+    """(line number, line) of a binary file, no line read past `PROMPT_LINE_MAX_BYTES`."""
+    n = 0
+    while line := fh.readline(PROMPT_LINE_MAX_BYTES + 2):
+        n += 1
+        if len(line.rstrip(b"\r\n")) > PROMPT_LINE_MAX_BYTES:
+            raise SpecError(
+                f"{where}:{n}: the line is over {PROMPT_LINE_MAX_BYTES // 2**20} MiB; "
+                "one prompt a line, each under that"
+            )
+        yield n, line
+
+
+def parse_prompts(lines: Iterable[tuple[int, bytes]], where: str, stem: str) -> list[dict]:
+    """Prompt records ``{"id", "text", labels...}`` from numbered JSONL lines; a
+    `SpecError` naming the line otherwise. Ids are unique (an absent one is
+    ``<stem>-<index>``): two records with one id would be one sample twice."""
+    records: list[dict] = []
+    seen: dict[str, int] = {}
+    for n, line in lines:
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise SpecError(f"{where}:{n}: not valid JSON") from None
+        record = _record(obj, f"{where}:{n}", f"{stem}-{len(records)}")
+        if record["id"] in seen:
+            raise SpecError(
+                f"{where}:{n}: id {record['id']!r} is line {seen[record['id']]}'s too; "
+                "give each prompt its own id"
+            )
+        seen[record["id"]] = n
+        records.append(record)
+    if not records:
+        raise SpecError(f"prompts file {where} holds no prompts")
+    return records
+
+
+def _record(obj: Any, where: str, default_id: str) -> dict:
+    turns = obj.get("turns") if isinstance(obj, dict) else None
+    if isinstance(turns, list) and turns and isinstance(turns[0], str):
+        text = turns[0]
+    elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+        text = obj["prompt"]
+    else:
+        raise SpecError(f'{where}: expected {{"turns": ["..."]}} or {{"prompt": "..."}}')
+    try:
+        labels = sample_labels(obj)
+    except ResultError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    return {"id": str(obj.get("id", default_id)), "text": text, **labels}
