@@ -203,6 +203,45 @@ def test_an_entry_is_used_only_when_its_key_and_bytes_match(tmp_path):
     assert not (root / name[5]).is_symlink() and elsewhere.is_file()
 
 
+_GROWN_ENTRY = """
+import json, resource, sys, torch
+from remote.eval.feature_cache import FeatureCache
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+root, context, width, prompt, completion = json.loads(sys.argv[1])
+cache = FeatureCache(root, 2**30).open(context, width)
+print(cache.lookup(prompt, completion, torch.bfloat16))
+"""
+
+
+def test_an_entry_grown_past_what_its_key_allows_is_a_miss_never_read_whole(tmp_path):
+    """The fault run's case: an entry grown to 20 GiB was read whole (the runner
+    OOM-killed). Its key fixes its size: a larger file is no entry, and is not read."""
+    import subprocess
+    import sys
+
+    from tests.helpers.cli import ROOT
+
+    root = tmp_path / "features"
+    cache = run_cache(root)
+    cache.store(*sample(0), *tensors(0))
+    entry = root / cache.name(cache.entry_meta(*sample(0)))
+    size = entry.stat().st_size
+    with open(entry, "r+b") as fh:
+        fh.truncate(8 << 30)  # sparse: 8 GiB the reader must not take, in a 2 GiB process
+    proc = subprocess.run(
+        [sys.executable, "-c", _GROWN_ENTRY, json.dumps([str(root), CONTEXT, WIDTH, *sample(0)])],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "None", proc.stderr[-2000:]
+    with open(entry, "r+b") as fh:  # back to its own size: whole again, and read
+        fh.truncate(size)
+    assert cache.lookup(*sample(0), torch.bfloat16) is not None
+
+
 def test_the_target_s_costs_are_read_back_only_whole_and_for_their_own_key(tmp_path):
     """A costs entry is used for the same context and inputs only, and only when every
     figure is a positive number; a file edited to say otherwise is a miss."""

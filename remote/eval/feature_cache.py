@@ -56,6 +56,7 @@ FOLDER = "features"
 SUFFIX = ".safetensors"
 COSTS_SUFFIX = ".costs.json"  # the target's round costs (`RunCache.lookup_costs`)
 COSTS_MOST_BYTES = 2**16  # a costs entry is a few hundred bytes: a larger file is no entry
+HEADER_MOST_BYTES = 2**20  # an entry's safetensors header is a few hundred bytes
 META_KEY = "dflash.feature_cache"
 LOCK_NAME = ".lock"
 TMP_PREFIX = ".tmp-"
@@ -230,10 +231,10 @@ class RunCache:
         data = self._bytes(self.name(meta), header_only=True)
         return data is not None and _stored_doc(data, meta) is not None
 
-    def _bytes(self, name: str, header_only: bool = False, most: int = -1) -> bytes | None:
-        """The entry `name`'s bytes (its safetensors header alone: `header_only`; no more
-        than `most`, when given), opened without following a symlink; None when it cannot
-        be read."""
+    def _bytes(self, name: str, header_only: bool = False, most: int = 0) -> bytes | None:
+        """The entry `name`'s bytes (its safetensors header alone: `header_only`),
+        opened without following a symlink; None when it cannot be read or is larger than
+        `most` bytes (a file grown past what its key allows is no entry: never read)."""
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
         except OSError:
@@ -241,12 +242,12 @@ class RunCache:
         try:
             with os.fdopen(fd, "rb") as fh:
                 if not header_only:
-                    return fh.read(most)
+                    return fh.read(most) if os.fstat(fh.fileno()).st_size <= most else None
                 head = fh.read(8)
                 if len(head) < 8:
                     return None
                 (n,) = struct.unpack("<Q", head)
-                return head + fh.read(min(n, 2**20))  # a header longer than that is no entry
+                return head + fh.read(min(n, HEADER_MOST_BYTES))
         except OSError:
             return None
 
@@ -255,7 +256,9 @@ class RunCache:
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         from safetensors.torch import load
 
-        data = self._bytes(name)
+        T, P = meta["tokens"], meta["prompt_tokens"]
+        size = T * self.width * dtype.itemsize + (T - P + 1) * 8
+        data = self._bytes(name, most=8 + HEADER_MOST_BYTES + size)
         if data is None:
             return None
         try:
@@ -266,7 +269,6 @@ class RunCache:
             feats, greedy = tensors["features"], tensors["greedy"]
         except Exception:  # any torn or foreign file: a miss, never the eval's failure
             return None
-        T, P = meta["tokens"], meta["prompt_tokens"]
         if (
             feats.dtype != dtype
             or tuple(feats.shape) != (T, self.width)
