@@ -34,7 +34,7 @@ import yaml  # noqa: E402
 
 from orchestrator.demo.sshd import SSHServer, keygen  # noqa: E402
 from orchestrator.eval import run as remote_eval  # noqa: E402
-from orchestrator.eval import shard  # noqa: E402
+from orchestrator.eval.shards import run as shard  # noqa: E402
 from orchestrator.inventory import load_inventory  # noqa: E402
 from remote.protocol import EvalSpec  # noqa: E402
 

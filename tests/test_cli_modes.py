@@ -1,5 +1,5 @@
 """The CLI's modes as its users expect them: a job's lifecycle is `dflash jobs list |
-attach | cancel` (one library call each, `orchestrator.eval.hostjobs`), the forms that
+attach | cancel` (one library call each, `orchestrator.jobs`), the forms that
 moved (`remote-eval --attach/--cancel`, `parity --attach/--cancel`) still run for one
 release with one line saying what to write instead, and what a command line asks for is
 resolved by a library request builder (`eval_request`, `parity_request`, `follow_request`),
@@ -15,8 +15,8 @@ import pytest
 
 from orchestrator.cli import rewrite
 from orchestrator.errors import DflashError
-from orchestrator.eval.follow_options import follow_request
-from orchestrator.eval.parity_options import ParityOptions, parity_request
+from orchestrator.eval.follow.options import follow_request
+from orchestrator.eval.parity.options import ParityOptions, parity_request
 from orchestrator.eval.request import eval_request
 from orchestrator.eval.spec import EvalOptions
 from orchestrator.inventory import parse_inventory

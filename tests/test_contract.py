@@ -122,7 +122,7 @@ def test_attention_implementations_and_the_parity_inbox_are_the_contracts():
     """The attention implementations are listed once (`ATTN_IMPLEMENTATIONS`), both sides
     refuse another with the same check, and parity's inbox on B is a relay partial folder
     by the relay's own prefix, not a copy of it."""
-    from orchestrator.eval import parity
+    from orchestrator.eval.parity import run as parity
     from remote.protocol import ATTN, ATTN_IMPLEMENTATIONS, PARTIAL_PREFIX
 
     found = []

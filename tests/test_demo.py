@@ -55,7 +55,7 @@ class Recorder:
     """FollowEvents that keeps what the demo reports."""
 
     def __init__(self):
-        from orchestrator.eval.follow import FollowEvents
+        from orchestrator.eval.follow.loop import FollowEvents
 
         class _E(FollowEvents):
             def message(inner, text):

@@ -362,7 +362,7 @@ def test_a_symlinked_cache_folder_is_not_used(tmp_path):
 def test_a_sharded_run_says_its_features_were_cached_only_when_every_shard_s_were():
     """The merged result of a sharded eval sums its shards' counts; one shard that computed
     its features makes the run's not cached, whatever the first shard says."""
-    from orchestrator.eval.shard_plan import merge_result
+    from orchestrator.eval.shards.plan import merge_result
 
     def shard(cached: bool, hits: int, stored: int) -> dict:
         feats = {"cached": cached, "cache": "on", "samples_cached": hits, "samples_stored": stored}

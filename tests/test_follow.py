@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator.eval.follow import FollowEvents
+from orchestrator.eval.follow.loop import FollowEvents
 from tests.helpers.checkpoints import without_tokenizer
 from tests.helpers.cli import ROOT, dflash, one_error_line
 from tests.helpers.sshd import ssh_host_entry
@@ -265,7 +265,7 @@ def test_follow_evaluates_each_new_checkpoint_once_across_a_restart(setup):
 
 
 def test_follow_killed_mid_eval_attaches_to_its_job_after_restart(setup, gt_server):
-    from orchestrator.eval import follow
+    from orchestrator.eval.follow import loop as follow
     from orchestrator.inventory import load_inventory
 
     gt_server.mode, gt_server.delay = "slow", 4.0  # keeps the job in its first phase a while
@@ -331,7 +331,7 @@ def test_ctrl_c_cancels_the_running_job_and_a_restart_evaluates_afresh(setup, gt
 
 
 def test_a_second_follower_on_the_same_folder_is_refused(setup):
-    from orchestrator.eval import follow
+    from orchestrator.eval.follow import loop as follow
     from orchestrator.inventory import load_inventory
 
     inv = load_inventory(setup.inventory)
@@ -396,7 +396,7 @@ class Said(FollowEvents):
 def test_follow_says_waiting_once_not_every_pass(setup):
     """Issue 24.8: `follow --interval 5` printed a waiting line every pass (~100 lines in
     10 minutes). The status lines are said once, and again only when they change."""
-    from orchestrator.eval import follow
+    from orchestrator.eval.follow import loop as follow
     from orchestrator.inventory import load_inventory
 
     setup.write("step-60", complete=False)  # on the trainer, not complete: said once too

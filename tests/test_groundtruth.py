@@ -1077,7 +1077,7 @@ def test_parity_flags_wrong_ground_truth_and_drops_it_from_the_cache(
 ):
     """`parity` makes its ground truth on B like an eval (the same cache): B's capture
     judges it by its own target's argmax, flags it and drops the entry."""
-    from orchestrator.eval import parity
+    from orchestrator.eval.parity import run as parity
     from orchestrator.inventory import load_inventory
 
     events = []

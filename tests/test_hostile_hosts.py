@@ -132,7 +132,7 @@ def test_a_pull_never_writes_through_a_link_at_the_run_folder(env, tmp_path):
 
 
 def test_a_run_id_that_is_not_a_job_id_is_refused_before_anything(env):
-    from orchestrator.eval.shard import run_sharded
+    from orchestrator.eval.shards.run import run_sharded
 
     with pytest.raises(DflashError, match=r"invalid job id '\.\./x'"):
         run_sharded(load_inventory(env.inventory), ["evalhost"], "step-1", run_id="../x")
@@ -248,7 +248,8 @@ def test_a_start_answer_without_its_pid_is_one_line(env):
 
 def test_honest_answers_pass_the_contract(env):
     """The checks accept what the real bundle answers, for every action."""
-    from orchestrator.eval import hostjobs, job
+    from orchestrator import jobs as hostjobs
+    from orchestrator.eval import job
 
     with env.host() as host:
         status = job.job_status(host, env.job)
@@ -285,7 +286,7 @@ def lower(monkeypatch, name: str, value) -> None:
 def test_a_job_list_line_without_end_is_refused_at_its_cap(env, monkeypatch):
     """Before: the whole answer was buffered (887 MiB for a 300 MB line) and then called
     "printed no JSON"."""
-    from orchestrator.eval import hostjobs
+    from orchestrator import jobs as hostjobs
 
     lower(monkeypatch, "LIST_MAX", 1 * MiB)
     env.hostile.play(list={"print": "(b'x' * MiB for _ in range(64))"})
@@ -392,7 +393,8 @@ def test_a_job_command_whose_host_never_finishes_ends_at_its_deadline(
 ):
     """Before: `job start --follow`'s answer, attach's status and a cancel waited as long
     as the host kept the channel open."""
-    from orchestrator.eval import hostjobs, job, run
+    from orchestrator import jobs as hostjobs
+    from orchestrator.eval import job, run
 
     lower(monkeypatch, "DEADLINES", {action: 2.0})
     env.hostile.play(**{action: rule})

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import DflashError
-from orchestrator.eval.online import OnlineOptions, check_online_files
+from orchestrator.eval.online.run import OnlineOptions, check_online_files
 from orchestrator.inventory import InventoryError, parse_inventory
 from remote.errors import UserError
 from remote.online import verdict

@@ -111,7 +111,7 @@ def test_a_cancelled_online_job_leaves_no_server(
     models, make_inventory, eval_sshd, ssh_base, tmp_path
 ):
     from orchestrator.eval.job import start_job
-    from orchestrator.eval.online import OnlineOptions, online_job
+    from orchestrator.eval.online.run import OnlineOptions, online_job
     from orchestrator.inventory import load_inventory
     from orchestrator.transport.hosts import open_host
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from orchestrator.errors import DflashError
-from orchestrator.eval import parity
+from orchestrator.eval.parity import run as parity
 from orchestrator.inventory import load_inventory
 from orchestrator.results import parity_view
 from tests.helpers.checkpoints import without_tokenizer

@@ -271,7 +271,7 @@ def test_labels_travel_from_the_prompt_to_the_ground_truth_and_the_engines_rows(
 def test_a_shards_ground_truth_slice_keeps_the_labels():
     """A sharded eval slices the ground truth it made once: each slice's lines keep their
     prompt's labels, so the shard's sample records carry them as one host's would."""
-    from orchestrator.eval.shard_job import gt_lines
+    from orchestrator.eval.shards.job import gt_lines
 
     records = [
         {"id": "a", "category": "qa", "prompt_ids": [1], "completion_ids": [2]},

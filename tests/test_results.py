@@ -147,8 +147,8 @@ def drafter_ckpts(demo) -> dict[str, Path]:
 def followed(trainer_sshd, eval_sshd, ssh_base, demo, drafter_ckpts, tmp_path_factory):
     """One follow pass over three checkpoints with TensorBoard and W&B (offline) logging.
     The inventory names its results folder RELATIVELY: it lives beside the inventory."""
-    from orchestrator.eval import follow
     from orchestrator.eval import run as remote_eval
+    from orchestrator.eval.follow import loop as follow
     from orchestrator.inventory import load_inventory
     from remote.protocol import EvalSpec
 

@@ -14,7 +14,8 @@ import pytest
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import run as remote_eval
-from orchestrator.eval import shard, shard_plan
+from orchestrator.eval.shards import plan as shard_plan
+from orchestrator.eval.shards import run as shard
 from orchestrator.inventory import load_inventory
 from remote.eval.metrics import summarize
 from remote.protocol import EvalSpec

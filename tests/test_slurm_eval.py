@@ -21,8 +21,9 @@ import pytest
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import run as remote_eval
-from orchestrator.eval import shard, shard_plan
 from orchestrator.eval.job import JobError
+from orchestrator.eval.shards import plan as shard_plan
+from orchestrator.eval.shards import run as shard
 from orchestrator.inventory import load_inventory
 from orchestrator.results.store import results_dir
 from orchestrator.slurm.role import SlurmError, SlurmRole

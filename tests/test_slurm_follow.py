@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.eval import follow
-from orchestrator.eval.follow_checkpoint import _saved_job_state
+from orchestrator.eval.follow import loop as follow
+from orchestrator.eval.follow.checkpoint import _saved_job_state
 from orchestrator.eval.spec import EvalOptions
 from orchestrator.inventory import load_inventory
 from remote.protocol import EvalSpec

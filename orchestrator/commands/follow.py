@@ -24,7 +24,7 @@ from orchestrator.commands.common import (
     positive,
     stopped_by_signal,
 )
-from orchestrator.eval import follow as follow_lib
+from orchestrator.eval.follow import loop as follow_lib
 from orchestrator.eval.spec import EvalOptions, engine_spec
 
 

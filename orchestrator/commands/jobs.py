@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from orchestrator import jobs as hostjobs
 from orchestrator.commands import output
 from orchestrator.commands.common import (
     InventoryOption,
@@ -15,7 +16,6 @@ from orchestrator.commands.common import (
     inventory,
     moved_notice,
 )
-from orchestrator.eval import hostjobs
 
 jobs_app = typer.Typer(
     help="The detached jobs on the hosts: list them, attach to one, cancel one "

@@ -23,7 +23,7 @@ from orchestrator.commands.common import (
     ThreadsOption,
     inventory,
 )
-from orchestrator.eval import online
+from orchestrator.eval.online import run as online
 from orchestrator.eval.spec import EvalOptions, engine_spec
 
 

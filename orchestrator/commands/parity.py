@@ -24,7 +24,7 @@ from orchestrator.commands.common import (
     ThreadsOption,
     inventory,
 )
-from orchestrator.eval import parity
+from orchestrator.eval.parity import run as parity
 from remote.protocol import ATTN_IMPLEMENTATIONS, CAPTURE_TOPK
 
 

@@ -33,9 +33,9 @@ from orchestrator.commands.common import (
     stopped_by_signal,
 )
 from orchestrator.eval import run as remote_eval
-from orchestrator.eval import shard
 from orchestrator.eval.job import JobRef
 from orchestrator.eval.request import eval_request
+from orchestrator.eval.shards import run as shard
 from orchestrator.eval.spec import EvalOptions, engine_spec
 from orchestrator.results import store as res
 from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY

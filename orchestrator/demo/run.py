@@ -31,8 +31,8 @@ import yaml
 
 from orchestrator.demo import build
 from orchestrator.errors import DflashError
-from orchestrator.eval import follow
 from orchestrator.eval import run as remote_eval
+from orchestrator.eval.follow import loop as follow
 from orchestrator.inventory import load_inventory
 from remote.model.quiet import transformers_quiet
 from remote.protocol import EvalSpec

@@ -40,6 +40,12 @@ ANSWER_MAX = 4 * MiB
 LIST_MAX = 64 * MiB
 EVENT_MAX = 16 * MiB
 RESULT_MAX = 512 * MiB
+# A ground truth file a host made, pulled to be sliced or copied: 10,000 samples of
+# 2048 + 2048 tokens are about 300 MB of JSON.
+GROUND_TRUTH_MAX = 1 << 30
+# How long a job started before its ground truth is there waits for it (a controller that
+# went away must not leave it holding its target for ever).
+EARLY_WAIT_SECONDS = 3600.0
 # How long each command may take in all (seconds). A start waits for the host checks,
 # which the host gives up on after `remote.jobs.start.PREFLIGHT_WAIT_SECONDS` (110 s); a cancel
 # for the job's processes to end (a grace period, then KILL); a pull moves the files.

@@ -1,7 +1,7 @@
 """Dataset metrics from per-sample records: ONE pure function, stdlib only.
 
 The eval engine (`remote.eval.engine`) calls `summarize` on the records of the samples it
-evaluated; the orchestrator's shard merge (`orchestrator.eval.shard`) calls the very same
+evaluated; the orchestrator's shard merge (`orchestrator.eval.shards.run`) calls the very same
 function on the records gathered from several hosts. So a merged result's aggregates are
 computed by exactly the code that computes a single host's, and are equal to them whenever
 the per-sample records are. No torch here: the workstation imports this module too.

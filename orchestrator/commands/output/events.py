@@ -7,7 +7,7 @@ import time
 
 from orchestrator.commands.output.base import err_console, num, plain
 from orchestrator.commands.output.progress import LiveProgress, RelayProgress, ShardProgress
-from orchestrator.eval import follow as follow_lib
+from orchestrator.eval.follow import loop as follow_lib
 from remote.protocol import JobState
 
 

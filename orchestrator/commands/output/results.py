@@ -26,7 +26,7 @@ from orchestrator.commands.output.breakdown import render_breakdown, render_grou
 from orchestrator.commands.output.parity import render_parity
 from orchestrator.commands.output.speedup import speedup_line, tradeoff_table
 from orchestrator.commands.output.tables import Col, Grid, kv, styled
-from orchestrator.eval import follow as follow_lib
+from orchestrator.eval.follow import loop as follow_lib
 from orchestrator.results import breakdown, catalog, online_view, parity_view, speedup
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res

@@ -45,7 +45,7 @@ from pathlib import Path
 from orchestrator.errors import DflashError
 from orchestrator.eval import jobwire, pull
 from orchestrator.eval.job import JobError
-from orchestrator.eval.shard_job import (
+from orchestrator.eval.shards.job import (
     HostEventHandler,
     Outcome,
     ShardRun,
@@ -53,10 +53,10 @@ from orchestrator.eval.shard_job import (
     run_shard,
     start_early,
 )
-from orchestrator.eval.shard_plan import plan_shards
-from orchestrator.eval.shard_truth import fetch_ground_truth, start_ground_truth
-from orchestrator.eval.shard_write import write_merged
-from orchestrator.eval.slurm_eval import run_slurm_eval
+from orchestrator.eval.shards.plan import plan_shards
+from orchestrator.eval.shards.slurm import run_slurm_eval
+from orchestrator.eval.shards.truth import fetch_ground_truth, start_ground_truth
+from orchestrator.eval.shards.write import write_merged
 from orchestrator.eval.spec import EvalOptions, new_job_id
 from orchestrator.inventory import Inventory
 from orchestrator.results.store import results_dir

@@ -4,7 +4,7 @@
 evaluations in flight: checkpoint, job id, step, probe), ``tau_by_step.png`` and a lock
 file: one follower per folder (`FollowState` holds it). History is written before state,
 so a checkpoint in the history is never evaluated again. The loop that uses it is
-`orchestrator.eval.follow`.
+`orchestrator.eval.follow.loop`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ import json
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import jobwire
-from orchestrator.eval.shard_truth import GROUND_TRUTH_MAX
 from orchestrator.inventory import Inventory
 from orchestrator.relay.run import RELAY_PYTHON_FLAGS
 from orchestrator.relay.stream import Stream, describe_failure, file_lines, pump, send_request
@@ -28,7 +27,7 @@ def copy_ground_truth(b: Host, b_dir: str, a: Host) -> str:
         info = None
     if not isinstance(info, dict) or not isinstance(info.get("file"), str):
         raise DflashError(f"{b.name}: its capture job names no ground truth file")
-    data = jobwire.fetch(b, info["file"], "the ground truth", GROUND_TRUTH_MAX)
+    data = jobwire.fetch(b, info["file"], "the ground truth", jobwire.GROUND_TRUTH_MAX)
     sha = hashlib.sha256(data).hexdigest()
     path = f"{a.workdir}/parity/{sha[:16]}-ground_truth.jsonl"
     if not a.has_file(path, sha):

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import job as remote_job
-from orchestrator.eval import jobwire, online, parity
+from orchestrator.eval import jobwire
 from orchestrator.eval import run as remote_eval
+from orchestrator.eval.online import run as online
+from orchestrator.eval.parity import run as parity
 from orchestrator.inventory import Inventory
 from orchestrator.transport.hosts import open_host
 from remote.protocol import JobKind

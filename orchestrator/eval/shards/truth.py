@@ -14,14 +14,10 @@ from orchestrator.errors import DflashError
 from orchestrator.eval import job as remote_job
 from orchestrator.eval import jobwire, pull
 from orchestrator.eval.job import JobError, JobRef
-from orchestrator.eval.shard_job import ShardRun
+from orchestrator.eval.shards.job import ShardRun
 from orchestrator.eval.spec import build_spec
 from orchestrator.transport.hosts import Host, open_host
 from remote.protocol import GT_CACHE_KEY_RE, JobState, agreement_suspect, flag_suspect
-
-# The ground truth file the first host makes, pulled here to be sliced: 10,000 samples of
-# 2048 + 2048 tokens are about 300 MB of JSON.
-GROUND_TRUTH_MAX = 1 << 30
 
 # Dropping a ground truth judged wrong from the first host's cache: one rm, or given up.
 EVICT_SECONDS = 60.0
@@ -88,7 +84,7 @@ def fetch_ground_truth(run: ShardRun, ref: JobRef, job: dict) -> tuple[list[dict
 def read_ground_truth(host: Host, name: str, job_id: str, raw: bytes) -> tuple[list[dict], dict]:
     """The records and ``ground_truth.json`` (`raw`, as the job `job_id` on host `name`
     wrote it) of a ground-truth job: the file it names fetched from `host` (at most
-    `GROUND_TRUTH_MAX`) and checked as a host checks one, its sha256 and the job's id
+    `jobwire.GROUND_TRUTH_MAX`) and checked as a host checks one, its sha256 and the job's id
     added to the info."""
     try:
         info = json.loads(raw)
@@ -96,7 +92,7 @@ def read_ground_truth(host: Host, name: str, job_id: str, raw: bytes) -> tuple[l
         info = None
     if not isinstance(info, dict) or not isinstance(info.get("file"), str):
         raise JobError(f"{name}: ground truth job {job_id} names no ground truth file")
-    data = jobwire.fetch(host, info["file"], "the ground truth", GROUND_TRUTH_MAX)
+    data = jobwire.fetch(host, info["file"], "the ground truth", jobwire.GROUND_TRUTH_MAX)
     records = _ground_truth_records(name, data)
     info["sha256"] = hashlib.sha256(data).hexdigest()
     info["job_id"] = job_id

@@ -1,6 +1,6 @@
 """Sharding's pure parts: which samples each host evaluates (`plan_shards`), and one
 result from the shards' results (`merge_result`). No host is touched here; the run that
-uses them is `orchestrator.eval.shard`.
+uses them is `orchestrator.eval.shards.run`.
 
 - **Plan.** Balanced by expected tokens (prompt + completion length, known once the ground
   truth is; prompt + ``max_new_tokens`` for a record without a completion), not by sample

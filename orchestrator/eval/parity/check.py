@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.eval import job as remote_job
-from orchestrator.eval.parity_options import ParityOptions
+from orchestrator.eval.parity.options import ParityOptions
 from orchestrator.transport.hosts import Host
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import time
 
-from orchestrator.eval.shard_job import ShardRun
-from orchestrator.eval.shard_plan import merge_result
-from orchestrator.eval.shard_truth import judge_ground_truth
+from orchestrator.eval.shards.job import ShardRun
+from orchestrator.eval.shards.plan import merge_result
+from orchestrator.eval.shards.truth import judge_ground_truth
 
 
 def write_merged(

@@ -17,16 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.eval import job as remote_job
-from orchestrator.eval import pull
+from orchestrator.eval import jobwire, pull
 from orchestrator.eval.job import JobError, JobRef
 from orchestrator.eval.spec import EvalOptions, build_spec, carry_or_push
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport.hosts import Host
 from remote.protocol import GT_DEFERRED_FILE, JobState, sample_labels
-
-# How long a shard job started early waits for its slice of the ground truth before it
-# gives up (a controller that went away must not leave it holding its target for ever).
-EARLY_WAIT_SECONDS = 3600.0
 
 HostEventHandler = Callable[[str, dict], None]
 
@@ -103,7 +99,7 @@ def start_early(run: ShardRun, spec: HostSpec) -> JobRef:
     job = build_spec(host, spec, run.checkpoint, run.options, exact_file="(deferred)")
     job["ground_truth"] = {
         **{k: v for k, v in job["ground_truth"].items() if k != "path"},
-        "deferred": EARLY_WAIT_SECONDS,
+        "deferred": jobwire.EARLY_WAIT_SECONDS,
     }
     job["shard"] = {"run_id": run.run_id, "indices": None, "started_early": True}
     return remote_job.start_job(host, job, run.job_id(spec), preflight=True, follow=True)

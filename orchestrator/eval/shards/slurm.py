@@ -40,11 +40,11 @@ from orchestrator.errors import DflashError
 from orchestrator.eval import jobwire, pull
 from orchestrator.eval.job import JobError
 from orchestrator.eval.prompt_sets import prompts_data
-from orchestrator.eval.shard_job import ShardRun, gt_lines, read_jsonl
-from orchestrator.eval.shard_plan import plan_shards
-from orchestrator.eval.shard_truth import read_ground_truth
-from orchestrator.eval.shard_write import write_merged
-from orchestrator.eval.slurm_progress import EventTail
+from orchestrator.eval.shards.job import ShardRun, gt_lines, read_jsonl
+from orchestrator.eval.shards.plan import plan_shards
+from orchestrator.eval.shards.slurm_progress import EventTail
+from orchestrator.eval.shards.truth import read_ground_truth
+from orchestrator.eval.shards.write import write_merged
 from orchestrator.eval.spec import EvalOptions, build_spec, ground_truth_source
 from orchestrator.inventory import HostSpec
 from orchestrator.slurm import states

@@ -49,10 +49,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import DflashError
-from orchestrator.eval.follow_checkpoint import CheckpointFollower, check_target
-from orchestrator.eval.follow_options import FollowEvents, FollowOptions
-from orchestrator.eval.follow_options import follow_request as follow_request
-from orchestrator.eval.follow_state import (
+from orchestrator.eval.follow.checkpoint import CheckpointFollower, check_target
+from orchestrator.eval.follow.options import FollowEvents, FollowOptions
+from orchestrator.eval.follow.options import follow_request as follow_request
+from orchestrator.eval.follow.state import (
     HISTORY,
     PLOT,
     FollowError,

@@ -36,13 +36,12 @@ from pathlib import Path
 from orchestrator.errors import DflashError
 from orchestrator.eval import job as remote_job
 from orchestrator.eval import jobwire, pull
-from orchestrator.eval.parity_check import check_hosts
-from orchestrator.eval.parity_check import target_difference as target_difference
-from orchestrator.eval.parity_options import ParityOptions, same_dtype
-from orchestrator.eval.parity_options import parity_request as parity_request
-from orchestrator.eval.parity_options import parse_layers as parse_layers
-from orchestrator.eval.parity_stream import capture_files, copy_ground_truth, stream_folder
-from orchestrator.eval.shard_job import EARLY_WAIT_SECONDS
+from orchestrator.eval.parity.check import check_hosts
+from orchestrator.eval.parity.check import target_difference as target_difference
+from orchestrator.eval.parity.options import ParityOptions, same_dtype
+from orchestrator.eval.parity.options import parity_request as parity_request
+from orchestrator.eval.parity.options import parse_layers as parse_layers
+from orchestrator.eval.parity.stream import capture_files, copy_ground_truth, stream_folder
 from orchestrator.eval.spec import build_spec, new_job_id, resolve_checkpoint, target_model
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.results import parity_view
@@ -157,7 +156,7 @@ def run_parity(
         job_b = _capture_spec(b, spec_b, opts, "b", engine_b)
         pre_a = _capture_spec(a, spec_a, opts, "a", engine_a, ground_truth_file=FROM_B)
         # B's selection, copied after its capture: A's preflight looks for no file yet
-        pre_a["ground_truth"]["deferred"] = EARLY_WAIT_SECONDS
+        pre_a["ground_truth"]["deferred"] = jobwire.EARLY_WAIT_SECONDS
         check_hosts(a, pre_a, b, job_b, opts)
         st_b = _run_job(b, job_b, f"capture {host_b}", on_event, on_start)
         cap_b = _result(b, st_b["dir"])

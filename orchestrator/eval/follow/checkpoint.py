@@ -2,12 +2,12 @@
 
 `CheckpointFollower.process` does the steps for one checkpoint with the follower's
 `FollowOptions` (the same evaluation options, so the same eval spec, for every checkpoint),
-resuming an evaluation an earlier follower left in flight (see `orchestrator.eval.follow`
+resuming an evaluation an earlier follower left in flight (see `orchestrator.eval.follow.loop`
 for the crash cases). A checkpoint the results folder already holds a run of, with the
 same eval spec (`orchestrator.eval.spec.eval_identity`) and relayed from this trainer (the
 drafter's provenance says so), is recorded from that run instead of being evaluated again:
 ``remote-eval`` and ``follow`` share one results folder. The loop over checkpoints and
-passes is `orchestrator.eval.follow`.
+passes is `orchestrator.eval.follow.loop`.
 
 When the eval host is a Slurm login node (a ``slurm`` role), each checkpoint is evaluated
 as ONE job array on its cluster, exactly as ``remote-eval --hosts <login>`` does
@@ -26,9 +26,10 @@ from pathlib import Path
 from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.eval import job as remote_job
 from orchestrator.eval import run as remote_eval
-from orchestrator.eval import shard, slurm_eval
-from orchestrator.eval.follow_options import FollowEvents, FollowOptions
-from orchestrator.eval.follow_state import FollowError, FollowState, redraw
+from orchestrator.eval.follow.options import FollowEvents, FollowOptions
+from orchestrator.eval.follow.state import FollowError, FollowState, redraw
+from orchestrator.eval.shards import run as shard
+from orchestrator.eval.shards import slurm as slurm_eval
 from orchestrator.eval.spec import (
     EvalOptions,
     build_spec,
