@@ -53,7 +53,22 @@ FORBIDDEN = [
     ("orchestrator.results", "orchestrator.transport", "results never reach a host"),
     ("orchestrator.relay", "orchestrator.eval", "the relay moves files; it knows no eval"),
     ("orchestrator.relay", "orchestrator.results", "the relay moves files; it knows no run"),
+    ("orchestrator.results", "orchestrator.jobs", "results are read-only over run folders"),
+    ("orchestrator.eval", "orchestrator.jobs", "a job's kind knows nothing of the lifecycle"),
+    ("orchestrator.eval.shards", "orchestrator.eval.follow", "shards know no follower"),
+    ("orchestrator.eval.shards", "orchestrator.eval.parity", "shards know no parity"),
+    ("orchestrator.eval.shards", "orchestrator.eval.online", "shards know no online run"),
+    ("orchestrator.eval.follow", "orchestrator.eval.parity", "a follower evaluates, no more"),
+    ("orchestrator.eval.follow", "orchestrator.eval.online", "a follower evaluates, no more"),
+    ("orchestrator.eval.parity", "orchestrator.eval.shards", "parity is one pair of jobs"),
+    ("orchestrator.eval.parity", "orchestrator.eval.follow", "parity is one pair of jobs"),
+    ("orchestrator.eval.parity", "orchestrator.eval.online", "parity is one pair of jobs"),
+    ("orchestrator.eval.online", "orchestrator.eval.shards", "an online run is one job"),
+    ("orchestrator.eval.online", "orchestrator.eval.follow", "an online run is one job"),
+    ("orchestrator.eval.online", "orchestrator.eval.parity", "an online run is one job"),
 ]
+# orchestrator/eval/'s own modules are one eval, the floor its sub-rooms stand on.
+EVAL_SUBROOMS = ("shards", "follow", "parity", "online")
 # Imported only by these (the CLI layer above everything; the demo's catalogue of tiny
 # models, with torch, only by the demo command; tests and benchmarks are outside the graph).
 ONLY_FROM = {
@@ -175,6 +190,22 @@ def test_no_arrow_goes_against_the_rooms(graph):
                 if _under(target, guarded) and not any(_under(importer, a) for a in allowed):
                     wrong.append(f"{importer} imports {target}, which only {allowed} may")
     assert not wrong, "\n".join(wrong)
+
+
+def test_one_eval_imports_none_of_the_rooms_built_on_it(graph):
+    """A module directly in orchestrator/eval (one eval: spec, job, wire, pull, run) never
+    imports a sub-room (shards, follow, parity, online)."""
+    subrooms = [f"orchestrator.eval.{room}" for room in EVAL_SUBROOMS]
+    assert all(room in graph for room in subrooms)
+    base = [n for n in graph if n.startswith("orchestrator.eval.") and n.count(".") == 2]
+    wrong = [
+        f"{name} imports {target}"
+        for name in base
+        if name not in subrooms
+        for target in graph[name]
+        if any(_under(target, room) for room in subrooms)
+    ]
+    assert base and not wrong, wrong
 
 
 def test_remote_imports_only_the_hosts_packages(graph):
