@@ -33,60 +33,30 @@ COMMAND_ORDER = (
 )
 
 
-# Forms that moved to a command of their own, kept working for one release: (command,
-# option) -> the new command's words; the option's value becomes its argument, the other
-# options go along (``remote-eval --attach JOB -i F`` runs ``jobs attach JOB -i F``).
-MOVED = {
-    ("remote-eval", "--attach"): ("jobs", "attach"),
-    ("remote-eval", "--cancel"): ("jobs", "cancel"),
-    ("parity", "--attach"): ("jobs", "attach"),
-    ("parity", "--cancel"): ("jobs", "cancel"),
-}
 # A group's subcommand when none is named: ``dflash jobs [--host H]`` lists the jobs.
 DEFAULT_SUBCOMMANDS = {"jobs": "list"}
-# Where the root context keeps the notice of a moved form (click shares ``meta`` with
-# every context under it), for the command to print and a usage error to add.
-MOVED_KEY = "dflash.moved"
 
 
-def rewrite(args: list[str]) -> tuple[list[str], str | None]:
-    """`args` with a moved form (`MOVED`) in its new words, and the one-line notice saying
-    so; or with a group's default subcommand (`DEFAULT_SUBCOMMANDS`) when none is named;
-    else as they are (notice None)."""
+def with_default_subcommand(args: list[str]) -> list[str]:
+    """`args` with a group's default subcommand (`DEFAULT_SUBCOMMANDS`) put in when none is
+    named (``dflash jobs -H a`` runs ``dflash jobs list -H a``; its help stays its own)."""
     at = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
     if at is None:
-        return args, None
+        return args
     command, rest = args[at], args[at + 1 :]
-    for i, word in enumerate(rest):
-        option, eq, value = word.partition("=")
-        new = MOVED.get((command, option))
-        if new is None:
-            continue
-        if not eq and i + 1 == len(rest):
-            break  # no value: the old command's parser says so
-        tail = rest[:i] + rest[i + (1 if eq else 2) :]
-        value = value if eq else rest[i + 1]
-        notice = (
-            f"dflash {command} {option} JOB is deprecated and goes in the next release: "
-            f"use dflash {' '.join(new)} JOB"
-        )
-        return [*args[:at], *new, value, *tail], notice
     default = DEFAULT_SUBCOMMANDS.get(command)
     if default and (not rest or (rest[0].startswith("-") and rest[0] not in ("-h", "--help"))):
-        return [*args[:at], command, default, *rest], None
-    return args, None
+        return [*args[:at], command, default, *rest]
+    return args
 
 
 class _Group(TyperGroup):
-    """The root command: its commands in `COMMAND_ORDER`, moved forms rewritten into their
-    new ones (`rewrite`), and every help page under it tidied (`_tidy`) before it is
-    drawn."""
+    """The root command: its commands in `COMMAND_ORDER`, a group's default subcommand put
+    in (`with_default_subcommand`), and every help page under it tidied (`_tidy`) before
+    it is drawn."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        args, notice = rewrite(args)
-        if notice:
-            ctx.meta[MOVED_KEY] = notice
-        return super().parse_args(ctx, args)
+        return super().parse_args(ctx, with_default_subcommand(args))
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
@@ -206,9 +176,8 @@ def _root(
         help="Print dflash's version and exit.",
     ),
 ) -> None:
-    # Passed down to every inventory a command loads (`commands.common.inventory`), and the
-    # notice of a moved form to the command it now runs (`commands.common.moved_notice`).
-    ctx.obj = {"accept_new_host_keys": accept_new_host_keys, "moved": ctx.meta.get(MOVED_KEY)}
+    # Passed down to every inventory a command loads (`commands.common.inventory`).
+    ctx.obj = {"accept_new_host_keys": accept_new_host_keys}
 
 
 def _usage_error(exc: BaseException) -> bool:
@@ -221,7 +190,7 @@ def _usage_error(exc: BaseException) -> bool:
 def _run_app() -> int:
     """Run the app; a parse error (``--samples 0``, ``--bogus``) is one line on stderr and
     exit 2 instead of click's usage block. Returns the exit code."""
-    app = _load(_modules_for(rewrite(sys.argv[1:])[0]))
+    app = _load(_modules_for(with_default_subcommand(sys.argv[1:])))
     try:
         code = app(standalone_mode=False, prog_name="dflash")  # also names completion scripts
     except typer.Abort:
@@ -237,8 +206,6 @@ def _run_app() -> int:
             return exc.exit_code
         ctx = getattr(exc, "ctx", None)
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-        if ctx is not None and ctx.meta.get(MOVED_KEY):  # the old form was the cause
-            hint += f"; {ctx.meta[MOVED_KEY]}"
         output.err_console.print(output.error_line(message + hint), soft_wrap=True)
         return exc.exit_code
     return code if isinstance(code, int) else 0

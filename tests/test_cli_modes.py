@@ -1,9 +1,8 @@
 """The CLI's modes as its users expect them: a job's lifecycle is `dflash jobs list |
-attach | cancel` (one library call each, `orchestrator.jobs`), the forms that
-moved (`remote-eval --attach/--cancel`, `parity --attach/--cancel`) still run for one
-release with one line saying what to write instead, and what a command line asks for is
-resolved by a library request builder (`eval_request`, `parity_request`, `follow_request`),
-so no command checks combinations of options itself."""
+attach | cancel` (one library call each, `orchestrator.jobs`; `dflash jobs` alone lists),
+and what a command line asks for is resolved by a library request builder
+(`eval_request`, `parity_request`, `follow_request`), so no command checks combinations of
+options itself."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import rewrite
+from orchestrator.cli import with_default_subcommand
 from orchestrator.errors import DflashError
 from orchestrator.eval.follow.options import follow_request
 from orchestrator.eval.parity.options import ParityOptions, parity_request
@@ -52,28 +51,22 @@ def inv(tmp_path):
     return parse_inventory(INVENTORY, path)
 
 
-def test_moved_forms_become_their_new_command_and_say_so():
-    new, notice = rewrite(["remote-eval", "--attach", "J1", "-i", "f.yaml", "--json"])
-    assert new == ["jobs", "attach", "J1", "-i", "f.yaml", "--json"]
-    assert notice == (
-        "dflash remote-eval --attach JOB is deprecated and goes in the next release: "
-        "use dflash jobs attach JOB"
-    )
-    new, notice = rewrite(["--accept-new-host-keys", "parity", "--host", "b", "--cancel=J2"])
-    assert new == ["--accept-new-host-keys", "jobs", "cancel", "J2", "--host", "b"]
-    assert "use dflash jobs cancel JOB" in notice
-    # what did not move stays as it is
-    same = ["remote-eval", "--checkpoint", "s", "--detach"]
-    assert rewrite(same) == (same, None)
-    assert rewrite(["remote-eval", "--attach"]) == (["remote-eval", "--attach"], None)
-    # `dflash jobs` alone lists; its help stays its own
-    assert rewrite(["jobs"]) == (["jobs", "list"], None)
-    assert rewrite(["jobs", "-H", "a", "--json"]) == (["jobs", "list", "-H", "a", "--json"], None)
-    assert rewrite(["jobs", "--help"]) == (["jobs", "--help"], None)
-    assert rewrite(["jobs", "cancel", "J"]) == (["jobs", "cancel", "J"], None)
+def test_jobs_alone_lists_and_other_words_stay_as_they_are():
+    assert with_default_subcommand(["jobs"]) == ["jobs", "list"]
+    assert with_default_subcommand(["jobs", "-H", "a", "--json"]) == [
+        "jobs",
+        "list",
+        "-H",
+        "a",
+        "--json",
+    ]
+    for same in (["jobs", "--help"], ["jobs", "cancel", "J"], ["remote-eval", "--detach"]):
+        assert with_default_subcommand(same) == same
 
 
-def test_a_moved_form_runs_the_new_command_after_one_notice(tmp_path, make_inventory):
+def test_a_job_s_lifecycle_is_the_jobs_command(tmp_path, make_inventory):
+    """`jobs attach` and `jobs cancel` are the only forms: nothing was released with the
+    old `remote-eval --attach/--cancel`, which are unknown options like any other."""
     wd = tmp_path / "wd"
     inv = make_inventory(
         hosts={
@@ -85,28 +78,18 @@ def test_a_moved_form_runs_the_new_command_after_one_notice(tmp_path, make_inven
         },
         defaults={"eval_host": "ev"},
     )
-    for args, new in (
-        (("remote-eval", "--cancel", "nope"), "jobs cancel"),
-        (("parity", "--attach", "nope", "--host", "ev"), "jobs attach"),
-    ):
+    for args in (("jobs", "cancel", "nope"), ("jobs", "attach", "nope", "--host", "ev")):
         proc = dflash(*args, "-i", str(inv))
         assert proc.returncode != 0
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        assert len(lines) == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert lines[0] == f"note: dflash {args[0]} {args[1]} JOB is deprecated and goes in " + (
-            f"the next release: use dflash {new} JOB"
-        )
-        assert lines[1].startswith("error: ") and "no job 'nope'" in lines[1], lines
-    listed = dflash("jobs", "-i", str(inv), "--json")  # `jobs` alone: the list, no notice
+        assert "no job 'nope'" in one_error_line(proc)
+    for old in (("remote-eval", "--cancel", "J"), ("parity", "--attach", "J")):
+        proc = dflash(*old, "-i", str(inv))
+        assert proc.returncode == 2
+        line = one_error_line(proc)
+        assert f"No such option: {old[1]}" in line and "deprecated" not in line, line
+    listed = dflash("jobs", "-i", str(inv), "--json")  # `jobs` alone: the list
     assert listed.returncode == 0 and listed.stderr == "", listed.stderr
     assert json.loads(listed.stdout) == []
-
-
-def test_a_moved_form_with_an_option_of_its_old_command_is_one_line(inv):
-    proc = dflash("remote-eval", "--checkpoint", "s1", "--cancel", "J", "-i", str(inv.path))
-    assert proc.returncode == 2
-    line = one_error_line(proc)
-    assert "No such option: --checkpoint" in line and "use dflash jobs cancel JOB" in line
 
 
 def test_eval_request_picks_the_host_or_the_shards(inv):

@@ -81,7 +81,7 @@ def env(eval_sshd, ssh_base, make_inventory, tmp_path):
 
 
 def test_a_host_that_accepts_dotdot_cannot_make_attach_delete_folders(env):
-    """Before: `remote-eval --attach ..` (now `jobs attach ..`) on a host that accepts `..`
+    """Before: `jobs attach ..` (then `remote-eval --attach ..`) on a host that accepts `..`
     (played here: it answers for a real done-looking job) pulled into results/.. and
     deleted the folder holding results/, ending in a FileNotFoundError traceback."""
     real = f"--job-id={env.job}"

@@ -432,10 +432,8 @@ def test_killed_cli_leaves_job_running_and_attach_pulls_it(inventory, eval_sshd,
     cli.wait()
     assert not (workdir(eval_sshd) / "jobs" / job / "exit.json").exists()  # killed mid-run
 
-    # the form that moved to `jobs attach` still works, with a one-line notice
-    attached = dflash("remote-eval", "--attach", job, "-i", str(inventory), "--json", timeout=300)
+    attached = dflash("jobs", "attach", job, "-i", str(inventory), "--json", timeout=300)
     assert attached.returncode == 0, attached.stderr
-    assert "use dflash jobs attach JOB" in attached.stderr.splitlines()[0]
     out = json.loads(attached.stdout)
     assert out["run_id"] == job
     result = json.loads((Path(out["run_dir"]) / "result.json").read_text())

@@ -107,11 +107,11 @@ def test_merged_metrics_of_sharded_records_equal_the_summary_of_the_whole():
     assert lost != whole and lost["samples"] == 7 - len(plan[0].indices)
 
 
-def test_hosts_refuses_attach_in_one_line(tmp_path, make_inventory):
+def test_hosts_refuses_detach_in_one_line(tmp_path, make_inventory):
     inv = make_inventory(hosts={"a": {"transport": "local"}, "b": {"transport": "local"}})
-    out = dflash("remote-eval", "--hosts", "a,b", "--attach", "job-1", "-i", str(inv))
-    assert out.returncode == 2
-    assert "--hosts" in one_error_line(out) and "--attach" in one_error_line(out)
+    out = dflash("remote-eval", "--hosts", "a,b", "--detach", "--checkpoint", "s", "-i", str(inv))
+    assert out.returncode != 0
+    assert "--hosts" in one_error_line(out) and "--detach" in one_error_line(out)
 
 
 # ---- end to end -------------------------------------------------------------------------

@@ -197,14 +197,6 @@ ResultsDirOption = Annotated[
 ]
 
 
-def moved_notice(ctx: typer.Context) -> None:
-    """When this command runs a moved form (``remote-eval --attach JOB``, rewritten by
-    `orchestrator.cli`), the one line on stderr saying what to write instead."""
-    notice = (ctx.find_root().obj or {}).get("moved")
-    if notice:
-        output.err_console.print(f"[yellow]note:[/] {output.plain(notice)}", soft_wrap=True)
-
-
 def inventory(ctx: typer.Context, path: Path | None) -> Inventory:
     """The inventory, with the root option ``--accept-new-host-keys`` (kept in the root
     context's ``obj`` by `orchestrator.cli`) passed down to it."""

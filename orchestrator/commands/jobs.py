@@ -14,7 +14,6 @@ from orchestrator.commands.common import (
     JsonOption,
     ResultsDirOption,
     inventory,
-    moved_notice,
 )
 
 jobs_app = typer.Typer(
@@ -65,7 +64,6 @@ def attach_cmd(
 ) -> None:
     """Watch job JOB to its end (after a dropped connection or a --detach), then pull its
     result: an eval's run, or a parity compare's."""
-    moved_notice(ctx)
     inv = inventory(ctx, inventory_path)
     with output.LiveProgress(not json_out) as live:
         attached = hostjobs.attach_on(inv, host, job, on_event=live, dest=results)
@@ -81,7 +79,6 @@ def cancel_cmd(
     json_out: JsonOption = False,
 ) -> None:
     """Stop job JOB and every process it started."""
-    moved_notice(ctx)
     cancelled = hostjobs.cancel_on(inventory(ctx, inventory_path), host, job)
     output.emit(
         cancelled, json_out, human=output.render_cancelled, as_json=hostjobs.Cancelled.to_json
