@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import typer
@@ -37,6 +38,16 @@ COMMAND_ORDER = (
 DEFAULT_SUBCOMMANDS = {"jobs": "list"}
 
 
+def hoist(args: list[str], flags: Collection[str]) -> list[str]:
+    """`args` with the root's `flags` moved before the command wherever they were given:
+    ``dflash relay --accept-new-host-keys`` runs as ``dflash --accept-new-host-keys relay``
+    (a message saying "rerun with --accept-new-host-keys" is followed at the end of the
+    line). Words after ``--`` stay where they are."""
+    end = args.index("--") if "--" in args else len(args)
+    head = args[:end]
+    return [a for a in head if a in flags] + [a for a in head if a not in flags] + args[end:]
+
+
 def with_default_subcommand(args: list[str]) -> list[str]:
     """`args` with a group's default subcommand (`DEFAULT_SUBCOMMANDS`) put in when none is
     named (``dflash jobs -H a`` runs ``dflash jobs list -H a``; its help stays its own)."""
@@ -51,12 +62,22 @@ def with_default_subcommand(args: list[str]) -> list[str]:
 
 
 class _Group(TyperGroup):
-    """The root command: its commands in `COMMAND_ORDER`, a group's default subcommand put
-    in (`with_default_subcommand`), and every help page under it tidied (`_tidy`) before
-    it is drawn."""
+    """The root command: its commands in `COMMAND_ORDER`, its own flags taken wherever they
+    are given (`hoist`), a group's default subcommand put in (`with_default_subcommand`),
+    and every help page under it tidied (`_tidy`) before it is drawn."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        return super().parse_args(ctx, with_default_subcommand(args))
+        return super().parse_args(ctx, with_default_subcommand(hoist(args, self.flags(ctx))))
+
+    def flags(self, ctx: typer.Context) -> set[str]:
+        """The root's own flags that may follow the command (``--accept-new-host-keys``):
+        every flag but the eager ones (help, version, completion), which act at once."""
+        return {
+            name
+            for p in self.get_params(ctx)
+            if getattr(p, "is_flag", False) and not p.is_eager
+            for name in p.opts
+        }
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
@@ -166,7 +187,7 @@ def _root(
         False,
         "--accept-new-host-keys",
         help="Trust and remember SSH host keys seen for the first time (like OpenSSH's "
-        "accept-new). Changed keys are always refused.",
+        "accept-new). Changed keys are always refused. Also taken after the command.",
     ),
     version: bool = typer.Option(
         False,

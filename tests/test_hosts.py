@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli import hoist
 from orchestrator.inventory import load_inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import HostError, open_host
@@ -82,6 +83,32 @@ def test_unknown_host_key_is_refused_then_accepted_on_opt_in(
     assert f"[127.0.0.1]:{trainer_sshd.port}" in empty_known.read_text()
     # Now known: accepted without the flag.
     assert dflash("hosts", "check", "t", "--inventory", str(inv)).returncode == 0
+
+
+def test_accept_new_host_keys_works_after_the_command_too(
+    trainer_sshd, ssh_base, make_inventory, tmp_path
+):
+    """Issue 48.7: told to "rerun with --accept-new-host-keys", a user appends it to the
+    command; that was `No such option`. The root's flag is taken where it is given, by
+    commands and by a group's subcommands alike."""
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    inv = make_inventory({"t": ssh_host_entry(trainer_sshd, ssh_base, known_hosts=str(known))})
+    refused = dflash("jobs", "list", "-H", "t", "-i", str(inv))
+    assert "rerun with --accept-new-host-keys" in one_error_line(refused)
+    ok = dflash("jobs", "list", "-H", "t", "-i", str(inv), "--json", "--accept-new-host-keys")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == [] and f"[127.0.0.1]:{trainer_sshd.port}" in known.read_text()
+    known.write_text("")
+    ok = dflash("hosts", "check", "t", "--accept-new-host-keys", "-i", str(inv), "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)[0]["reachable"] is True and known.read_text()
+    # after `--`, a word is an argument, never the root's flag
+    assert hoist(["relay", "--", "--accept-new-host-keys"], {"--accept-new-host-keys"}) == [
+        "relay",
+        "--",
+        "--accept-new-host-keys",
+    ]
 
 
 def test_changed_host_key_is_always_refused(
