@@ -1,6 +1,7 @@
 """The inventory: which hosts exist, how to reach them, and what each is for.
 
-Found via ``--inventory``, then ``$DFLASH_INVENTORY``, then ``./inventory.yaml``. Validation
+Found via ``--inventory``, then ``$DFLASH_INVENTORY``, then ``./inventory.yaml`` (a clone
+ships ``inventory.example.yaml`` to copy there; git ignores ``inventory.yaml``). Validation
 reports the file, the line, the key and what was expected, so a typo costs one read.
 
 The schema is a set of small tables (`HOST_KEYS`, `ROLE_KEYS`, `DEFAULT_KEYS`): adding a
@@ -44,6 +45,7 @@ from remote.protocol import (
 
 ENV_VAR = "DFLASH_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
+EXAMPLE_FILE = "inventory.example.yaml"  # the clone's template, README's two hosts
 
 
 class InventoryError(DflashError):
@@ -283,11 +285,17 @@ def locate_inventory(explicit: str | os.PathLike | None = None) -> tuple[Path, s
 def find_inventory_path(explicit: str | os.PathLike | None = None) -> Path:
     """``--inventory``, then ``$DFLASH_INVENTORY``, then ``./inventory.yaml``."""
     path, source = locate_inventory(explicit)
-    if not path.is_file():
+    if path.is_file():
+        return path
+    if path == Path(DEFAULT_FILE) and Path(EXAMPLE_FILE).is_file():  # in a clone
         raise InventoryError(
-            f"no inventory at {path} (from {source}); pass --inventory FILE or set ${ENV_VAR}"
+            f"no {DEFAULT_FILE} here: copy {EXAMPLE_FILE} to {DEFAULT_FILE} and put your "
+            f"hosts in it (or pass --inventory FILE, or set ${ENV_VAR})"
         )
-    return path
+    raise InventoryError(
+        f"no inventory at {path} (from {source}); pass --inventory FILE or set ${ENV_VAR} "
+        f"(to write one: {EXAMPLE_FILE} in dflash's repository, docs/inventory.md)"
+    )
 
 
 def load_inventory(

@@ -16,7 +16,7 @@ import orchestrator
 from orchestrator.results.plots import MISSING
 from tests.helpers.cli import ROOT, dflash
 
-INVENTORY = ROOT / "inventory.yaml"
+INVENTORY = ROOT / "inventory.example.yaml"
 
 
 def test_version():
@@ -211,4 +211,4 @@ def test_controller_runs_without_matplotlib_and_torch():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [MISSING]
-    assert {h["name"] for h in json.loads(proc.stdout)["hosts"]} == {"kpro6", "ct129"}
+    assert {h["name"] for h in json.loads(proc.stdout)["hosts"]} == {"trainer", "evalbox"}

@@ -1,11 +1,14 @@
 """Inventory validation: each malformed file gives one line naming file, line and key."""
 
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrator.inventory import HostSpec, InventoryError, load_inventory, parse_inventory
+from tests.helpers.cli import dflash, one_error_line
 
 GOOD = """\
 defaults:
@@ -140,8 +143,21 @@ def test_inventory_search_order(tmp_path, monkeypatch):
         load_inventory(None)
 
 
-def test_shipped_inventory_is_valid():
-    inv = load_inventory(Path(__file__).resolve().parent.parent / "inventory.yaml")
-    assert inv.hosts["kpro6"].trainer is not None
-    assert inv.hosts["ct129"].eval is not None
-    assert inv.defaults.relay_from == "kpro6" and inv.defaults.relay_to == "ct129"
+def test_a_clone_ships_an_example_and_says_to_copy_it(tmp_path):
+    """Issue 48.8: the clone's tracked inventory.yaml (the project's own hosts) was what a
+    user running from the clone picked up (``kpro6 does not resolve``). The clone ships
+    inventory.example.yaml instead, valid as it is; with no inventory.yaml beside it,
+    dflash says in one line to copy it, before anything connects."""
+    root = Path(__file__).resolve().parent.parent
+    example = root / "inventory.example.yaml"
+    inv = load_inventory(example)
+    assert inv.hosts["trainer"].trainer is not None and inv.hosts["evalbox"].eval is not None
+    tracked = subprocess.run(
+        ["git", "ls-files", "inventory.yaml"], cwd=root, capture_output=True, text=True
+    )
+    assert tracked.returncode == 0 and tracked.stdout == ""  # nothing of the project's own
+    shutil.copy(example, tmp_path / example.name)
+    proc = dflash("hosts", "check", cwd=tmp_path, env={"DFLASH_INVENTORY": ""})
+    assert proc.returncode != 0
+    line = one_error_line(proc)
+    assert "copy inventory.example.yaml to inventory.yaml" in line, line

@@ -89,6 +89,12 @@ def test_readme_is_a_front_door_and_every_link_leads_somewhere():
                 assert (page.parent / target).exists(), f"{page.name} links to {target}"
 
 
+def test_the_clone_s_example_inventory_is_readme_s():
+    """What README says to save as inventory.yaml is what the clone ships to copy there."""
+    shipped = yaml.safe_load((ROOT / "inventory.example.yaml").read_text())
+    assert shipped == yaml.safe_load(readme_inventory(README.read_text()))
+
+
 def test_every_inventory_the_docs_show_is_valid():
     """README's inventory and each one in docs/ parse as they are written."""
     shown = [(README, readme_inventory(README.read_text()))]

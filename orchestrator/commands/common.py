@@ -33,7 +33,8 @@ InventoryOption = Annotated[
     typer.Option(
         "--inventory",
         "-i",
-        help="Inventory file (default: $DFLASH_INVENTORY, then ./inventory.yaml).",
+        help="Inventory file (default: $DFLASH_INVENTORY, then ./inventory.yaml; a clone "
+        "ships inventory.example.yaml to copy there).",
         show_default=False,
     ),
 ]
