@@ -89,6 +89,26 @@ def test_an_unknown_host_key_on_the_relay_path_gets_the_opt_in_advice(tenv):
     assert "--accept-new-host-keys" in line and "CHANGED" not in line
 
 
+def test_a_host_name_that_does_not_resolve_is_one_line_on_the_relay_path_too(tenv):
+    """Issue 48.14: `relay` said only ssh's 'Could not resolve hostname evalbx', where
+    `hosts check` says what to fix; now both say the same line."""
+    inv = _inventory(tenv, {})
+    doc = yaml.safe_load(open(inv).read())
+    doc["hosts"]["evalhost"]["hostname"] = "evalbx.invalid"  # RFC 2606: never resolves
+    with open(inv, "w") as fh:
+        yaml.safe_dump(doc, fh)
+    make_checkpoint(tenv.ckpt, "step_1", {"w.bin": KiB})
+    proc = dflash("relay", "--inventory", inv)
+    assert proc.returncode == 2
+    line = one_error_line(proc)
+    assert line == (
+        "error: evalhost: host name 'evalbx.invalid' does not resolve; fix 'hostname' in "
+        "the inventory or your ~/.ssh/config"
+    ), line
+    assert one_error_line(dflash("hosts", "check", "evalhost", "--inventory", inv)) == line
+    assert published(tenv.dst) == []
+
+
 def test_a_quote_in_a_known_hosts_path_is_refused_naming_the_setting_and_host(tenv):
     """Before: 'trainer: cannot connect over ssh: command-line line 0: invalid quotes'."""
     folder = tenv.tmp / 'keys "quoted"'

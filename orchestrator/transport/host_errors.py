@@ -34,6 +34,15 @@ def host_key_unknown(where: str) -> HostError:
     )
 
 
+def host_unresolved(name: str, hostname: str) -> HostError:
+    """The one line for a host whose name does not resolve, on every path (paramiko's
+    connection, OpenSSH's commands and the relay's streams)."""
+    return HostError(
+        f"{name}: host name {hostname!r} does not resolve; fix "
+        "'hostname' in the inventory or your ~/.ssh/config"
+    )
+
+
 def last_line(text: str) -> str:
     """The last non-blank line of `text` (a command's stderr: what it said last), stripped."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]

@@ -22,6 +22,7 @@ from orchestrator.transport.host_errors import (
     HostError,
     host_key_changed,
     host_key_unknown,
+    host_unresolved,
     last_line,
 )
 from orchestrator.transport.hosts import Host
@@ -98,11 +99,18 @@ def host_key_error(host: Host, stderr: str) -> HostError | None:
     return None
 
 
+# What ssh says of a name it cannot resolve (the host's, or a jump host's).
+_UNRESOLVED = re.compile(r"Could not resolve hostname (\S+?):")
+
+
 def connection_error(host: Host, stderr: str) -> HostError:
     """The one line for an ssh that could not reach `host` (exit status 255)."""
     refused = host_key_error(host, stderr)
     if refused is not None:
         return refused
+    unresolved = _UNRESOLVED.search(stderr)
+    if unresolved:
+        return host_unresolved(host.name, unresolved.group(1))
     why = last_line(stderr) or "ssh exit 255"
     hint = ""
     if "Permission denied" in stderr:

@@ -17,7 +17,12 @@ import os
 import socket
 from pathlib import Path
 
-from orchestrator.transport.host_errors import HostError, host_key_changed, host_key_unknown
+from orchestrator.transport.host_errors import (
+    HostError,
+    host_key_changed,
+    host_key_unknown,
+    host_unresolved,
+)
 from orchestrator.transport.ssh_settings import ALIVE_COUNT, ALIVE_INTERVAL, SSHSettings
 
 # Paramiko logs transport failures to stderr on its own; we report them as one line instead.
@@ -74,10 +79,7 @@ def _explain(exc: Exception, conn, name: str, timeout: float) -> HostError:
 
     where = f"{name} ({conn.user}@{conn.host}:{conn.port})"
     if isinstance(exc, socket.gaierror):
-        return HostError(
-            f"{name}: host name {conn.host!r} does not resolve; fix "
-            "'hostname' in the inventory or your ~/.ssh/config"
-        )
+        return host_unresolved(name, conn.host)
     if isinstance(exc, paramiko.BadHostKeyException):
         return host_key_changed(where, fingerprint(exc.key))
     if isinstance(exc, paramiko.AuthenticationException):
