@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import struct
@@ -659,6 +660,46 @@ def test_preflight_failures_are_one_line_and_start_nothing(
     assert "not enough free RAM" in line and "GiB is available" in line
 
     assert job_dirs(eval_sshd) == before
+
+
+def test_a_checkpoint_not_relayed_yet_says_the_relay_to_run(
+    trainer_sshd, eval_sshd, ssh_base, make_inventory, eval_models, gt_server, tmp_path
+):
+    """Issue 48.9: a checkpoint not on the eval host yet was 'drafter checkpoint folder ...
+    does not exist on this host', after an empty line. Now it is one line ending with the
+    relay to run, and that relay, run as written, puts it there."""
+    ckpts = trainer_sshd.root / f"unrelayed-{tmp_path.name}"
+    shutil.copytree(eval_models["drafters"] / "step-12", ckpts / "step-77")
+    drafters = eval_sshd.root / f"unrelayed-{tmp_path.name}-drafters"
+    drafters.mkdir()
+    inv = make_inventory(
+        hosts={
+            "trainer": ssh_host_entry(
+                trainer_sshd, ssh_base, roles={"trainer": {"checkpoints": str(ckpts)}}
+            ),
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                roles={
+                    "eval": {
+                        "drafters": str(drafters),
+                        "target_model": str(eval_models["target"]),
+                        "ground_truth": gt_server.url,
+                    }
+                },
+            ),
+        },
+        defaults={"relay_from": "trainer", "eval_host": "evalhost"},
+    )
+    proc = dflash("remote-eval", "--checkpoint", "step-77", "-i", str(inv))
+    assert proc.returncode != 0
+    [line] = proc.stderr.splitlines()  # one line, no empty one before it
+    assert line.startswith("error: evalhost: drafter checkpoint folder ") and line.endswith(
+        "does not exist on this host; relay it here first: dflash relay step-77 --to evalhost"
+    ), line
+    relay = dflash(*shlex.split(line.split("first: dflash ")[1]), "-i", str(inv))
+    assert relay.returncode == 0, relay.stderr
+    assert (drafters / "step-77" / "config.json").is_file()
 
 
 def test_a_target_without_tokenizer_is_refused_before_anything_loads(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from dataclasses import replace
@@ -75,17 +76,28 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def _model_folder(path: str | None, what: str) -> Path:
+def _model_folder(path: str | None, what: str, missing: str = "") -> Path:
+    """The model folder at `path`, if it has a config and weights; else one line (with
+    `missing` after it where the folder is not there at all)."""
     if not path:
         raise UserError(f"no {what} given; set it in the inventory's eval role or pass it")
     folder = Path(path)
     if not folder.is_dir():
-        raise UserError(f"{what} folder {path} does not exist on this host")
+        raise UserError(f"{what} folder {path} does not exist on this host{missing}")
     if not (folder / "config.json").is_file():
         raise UserError(f"{what} folder {path} has no config.json")
     if not any(f.suffix in (".safetensors", ".bin", ".pt", ".pth") for f in folder.iterdir()):
         raise UserError(f"{what} folder {path} holds no weight files (*.safetensors, *.bin, *.pt)")
     return folder
+
+
+def _relay_first(job: JobSpec) -> str:
+    """What to do about a drafter not on this host yet, as the controller says it: relay the
+    checkpoint the job names (the controller records its name and this host's) here."""
+    name, host = job.doc.get("checkpoint"), job.doc.get("host")
+    if not (isinstance(name, str) and isinstance(host, str) and name and host):
+        return ""
+    return f"; relay it here first: dflash relay {shlex.quote(name)} --to {shlex.quote(host)}"
 
 
 def read_job(spec: dict | JobSpec, engine: EvalSpec | None = None) -> JobSpec:
@@ -150,7 +162,7 @@ def check(spec: dict | JobSpec, engine: EvalSpec | None = None, keep: dict | Non
     parity = job.kind in (JobKind.CAPTURE, JobKind.COMPARE)
     # A parity capture reads the drafter's config for its layers, when it has one.
     drafter = (
-        _model_folder(engine.drafter, "drafter checkpoint")
+        _model_folder(engine.drafter, "drafter checkpoint", _relay_first(job))
         if engine.drafter or not parity
         else None
     )

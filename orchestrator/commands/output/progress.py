@@ -30,11 +30,22 @@ from orchestrator.printable import printable
 from orchestrator.relay import run as relay_lib
 
 
+class _Bars(Progress):
+    """rich's `Progress`, less the empty line it prints when it stops off a terminal with
+    no row drawn (it came before the error line of a job that never started)."""
+
+    def stop(self) -> None:
+        if self.tasks or self.disable:
+            super().stop()
+        else:
+            self.live.stop()
+
+
 def eval_bars(enabled: bool = True, label: str = "{task.description}") -> Progress:
     """The bars of an eval: a label, the bar, done/total, a free ``info`` field (rate, tau)
     and the elapsed time, on stderr. `label` formats the description (a sharded eval
     right-aligns its host names)."""
-    return Progress(
+    return _Bars(
         TextColumn(label, style="bold", markup=False),  # host and stage names: never markup
         BarColumn(),
         MofNCompleteColumn(),
