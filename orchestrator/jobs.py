@@ -17,8 +17,9 @@ from orchestrator.eval import jobwire
 from orchestrator.eval import run as remote_eval
 from orchestrator.eval.online import run as online
 from orchestrator.eval.parity import run as parity
+from orchestrator.ids import resolve_id
 from orchestrator.inventory import Inventory
-from orchestrator.transport.hosts import open_host
+from orchestrator.transport.hosts import Host, open_host
 from remote.protocol import JobKind
 
 
@@ -52,12 +53,21 @@ class Cancelled:
         return self.answer
 
 
+def job_on(host: Host, name: str, job_id: str) -> str:
+    """The id of the job on `host` that `job_id` names: its whole id, or a part of it that
+    names one job only (`orchestrator.ids.resolve_id`, as for result runs)."""
+    jobs = [row["job_id"] for row in remote_job.list_jobs(host)]
+    where, listed_by = f"on {name}", f"dflash jobs list --host {name}"
+    return resolve_id(job_id, jobs, what="job", where=where, listed_by=listed_by)
+
+
 def cancel_on(inventory: Inventory, host_name: str | None, job_id: str) -> Cancelled:
-    """Stop job `job_id` on host `host_name` (default: the eval host) and every process it
-    started."""
+    """Stop job `job_id` (its id, or a part of it naming one job: `job_on`) on host
+    `host_name` (default: the eval host) and every process it started."""
     job_id = jobwire.local_job_id(job_id)
     name = remote_eval.eval_host_name(inventory, host_name)
     with open_host(inventory.host(name), inventory) as h:
+        job_id = job_on(h, name, job_id)
         return Cancelled(name, job_id, remote_job.cancel(h, job_id))
 
 
@@ -77,7 +87,8 @@ def attach_on(
     on_event: Callable[[dict], None] | None = None,
     dest: str | os.PathLike | None = None,
 ) -> Attached:
-    """Watch job `job_id` on `host_name` (default: the eval host) to its end, its events to
+    """Watch job `job_id` (its id, or a part of it naming one job: `job_on`) on `host_name`
+    (default: the eval host) to its end, its events to
     `on_event`, then pull its result into the results folder (`dest`: another one), as
     its kind does: an eval's run (`run.attach`), an online measurement's (`online.attach`)
     or a parity compare's (`parity.attach`).
@@ -85,6 +96,7 @@ def attach_on(
     job_id = jobwire.local_job_id(job_id)  # it names a folder here: checked before connecting
     name = remote_eval.eval_host_name(inventory, host_name)
     with open_host(inventory.host(name), inventory) as host:
+        job_id = job_on(host, name, job_id)
         status = remote_job.job_status(host, job_id)
         kind = status.get("kind") or JobKind.EVAL
         if kind == JobKind.EVAL:

@@ -702,6 +702,37 @@ def test_a_checkpoint_not_relayed_yet_says_the_relay_to_run(
     assert (drafters / "step-77" / "config.json").is_file()
 
 
+def test_jobs_attach_and_cancel_take_a_part_of_the_id(inventory, eval_sshd):
+    """Issue 48.15: `jobs attach` and `jobs cancel` took whole ids only, where `results`
+    commands take a unique prefix. Now one resolver serves both: a part naming one job is
+    that job; one naming several is one line listing them; none is one line."""
+    small = ("--samples", "1", "--max-new-tokens", "8", "--detach", "--json", "-i")
+    ids = []
+    for step in ("step-0", "step-12"):
+        proc = dflash("remote-eval", "--checkpoint", step, *small, str(inventory))
+        assert proc.returncode == 0, proc.stderr
+        ids.append(json.loads(proc.stdout)["job_id"])
+    common = os.path.commonprefix(ids)
+    both = [j for j in job_dirs(eval_sshd) if j.startswith(common)]
+    assert len(both) >= 2 and set(ids) <= set(both)
+    ambiguous = dflash("jobs", "cancel", common, "-i", str(inventory))
+    assert ambiguous.returncode != 0
+    [line] = ambiguous.stderr.splitlines()
+    assert f"{common!r} matches {len(both)} jobs on evalhost: {', '.join(sorted(both))}" in line
+    attached = dflash("jobs", "attach", ids[1][:-1], "-i", str(inventory), "--json")
+    assert attached.returncode == 0, attached.stderr
+    assert json.loads(attached.stdout)["run_id"] == ids[1]
+    cancelled = dflash("jobs", "cancel", ids[0][:-2], "-i", str(inventory), "--json")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["job_id"] == ids[0]
+    for command in ("attach", "cancel"):  # one line, no empty one before it
+        none = dflash("jobs", command, "nope", "-i", str(inventory))
+        assert none.returncode != 0
+        assert none.stderr.splitlines() == [
+            "error: no job 'nope' on evalhost (dflash jobs list --host evalhost shows them)"
+        ]
+
+
 def test_a_target_without_tokenizer_is_refused_before_anything_loads(
     inventory, eval_sshd, tiny_target, server
 ):

@@ -24,7 +24,12 @@ jobs_app = typer.Typer(
 )
 
 JobArgument = Annotated[
-    str, typer.Argument(metavar="JOB", help="The job's id (dflash jobs list shows them).")
+    str,
+    typer.Argument(
+        metavar="JOB",
+        help="The job's id, or a part of it that names one job, as for results (dflash jobs "
+        "list shows them).",
+    ),
 ]
 HostOption = Annotated[
     str | None,

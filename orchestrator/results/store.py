@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from orchestrator.errors import DflashError
+from orchestrator.ids import resolve_id
 from orchestrator.inventory import Inventory
 from orchestrator.relay.checkpoints import parse_step
 from remote.protocol import (
@@ -225,16 +226,8 @@ def _find(ident: str, root: Path) -> Path:
     if not root.is_dir():
         raise DflashError(f"no results folder {root}")
     names = [p.name for p in root.iterdir() if (p / "result.json").is_file()]
-    if ident in names:
-        return root / ident
-    hits = [n for n in names if n.startswith(ident)] or [n for n in names if ident in n]
-    if len(hits) == 1:
-        return root / hits[0]
-    if not hits:
-        raise DflashError(f"no run {ident!r} in {root} (dflash results list shows them)")
-    raise DflashError(
-        f"{ident!r} matches {len(hits)} runs in {root}: "
-        f"{', '.join(sorted(hits)[:5])}; give more of the id"
+    return root / resolve_id(
+        ident, names, what="run", where=f"in {root}", listed_by="dflash results list"
     )
 
 
