@@ -205,6 +205,12 @@ def inventory(ctx: typer.Context, path: Path | None) -> Inventory:
     return load_inventory(path, accept_new_host_keys=bool(obj.get("accept_new_host_keys")))
 
 
+# How a stopped command exits, as a shell reports a command killed by the signal: 128 + 2
+# (SIGINT, Ctrl-C), 128 + 15 (SIGTERM).
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, delivered like Ctrl-C so the library ends its streams, masters and jobs."""
 
@@ -232,11 +238,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def stopped_by_signal(note: str = "") -> Iterator[None]:
     """`sigterm_as_interrupt`, and Ctrl-C or SIGTERM end the command with one yellow line
     (``interrupted`` or ``terminated``, then `note`: what was kept, how to resume) and exit
-    130 or 143, instead of click swallowing it silently."""
+    `EXIT_INTERRUPTED` or `EXIT_TERMINATED`, instead of click swallowing it silently."""
     with sigterm_as_interrupt():
         try:
             yield
         except KeyboardInterrupt as exc:
             term = isinstance(exc, Terminated)
             word = "terminated" if term else "interrupted"
-            output.exit_with(143 if term else 130, f"[yellow]{word}[/]{note}")
+            code = EXIT_TERMINATED if term else EXIT_INTERRUPTED
+            output.exit_with(code, f"[yellow]{word}[/]{note}")
