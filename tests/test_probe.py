@@ -525,6 +525,32 @@ def test_probe_over_sshd_equals_local(ckpts, eval_sshd, ssh_base, make_inventory
     assert "model folder not found" in cli_error_line(bad)
 
 
+def test_an_architecture_transformers_lacks_is_said_in_one_line(
+    ckpts, loaded_reports, eval_sshd, ssh_base, make_inventory, tmp_path
+):
+    """Issue 48.13: a config whose `architectures` names a class transformers lacks, with a
+    model_type it knows, was probed as that type's class without a word. Now one warning
+    line says so, what it was built as, and what to do; the report carries it too."""
+    assert all(r["warnings"] == [] for r in loaded_reports.values())
+    model = tmp_path / "renamed"
+    shutil.copytree(ckpts["qwen3"], model)
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = ["Qwen3NovaForCausalLM"]
+    (model / "config.json").write_text(json.dumps(config))
+    inv = make_inventory(hosts={"evalhost": ssh_host_entry(eval_sshd, ssh_base)})
+    args = ("probe-structure", "--host", "evalhost", "--model", str(model), "-i", str(inv))
+    tree = dflash(*args, timeout=300)
+    assert tree.returncode == 0, tree.stderr
+    [line] = tree.stderr.splitlines()
+    assert line.startswith(
+        "warning: config.json's architectures names Qwen3NovaForCausalLM, which transformers "
+    ), line
+    assert "as Qwen3ForCausalLM, its class for model_type 'qwen3'" in line
+    assert "install a transformers that has the class" in line
+    doc = json.loads(dflash(*args, "--json", timeout=300).stdout)
+    assert doc["built_class"] == "Qwen3ForCausalLM" and doc["warnings"] == [line[9:]]
+
+
 def yaml_hosts(path: Path) -> dict:
     """The hosts of an inventory file."""
     import yaml

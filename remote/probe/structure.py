@@ -116,6 +116,24 @@ def _text_part_entry(auto_name: str, acls, d, choices: dict, vocab) -> dict:
     return entry
 
 
+def unknown_architectures(config, built: type) -> str | None:
+    """The one line for a config whose ``architectures`` names no class this transformers
+    has: the model was built (here and by the eval, `remote.model.layout.checkpoint_class`)
+    as `built`, the class for its ``model_type``, which may not be what it was saved from."""
+    import transformers
+
+    named = [a for a in getattr(config, "architectures", None) or [] if isinstance(a, str)]
+    if not named or any(isinstance(getattr(transformers, a, None), type) for a in named):
+        return None
+    return (
+        f"config.json's architectures names {', '.join(named)}, which transformers "
+        f"{transformers.__version__} does not have: probed (and evaluated) as "
+        f"{built.__name__}, its class for model_type {config.model_type!r}; if the keys "
+        "below are missing or unexpected, install a transformers that has the class or "
+        "correct architectures in config.json"
+    )
+
+
 def probe(model: str, drafter: str | None = None, load: bool = False, depth: int = 4) -> dict:
     """The whole probe as a dict (schema ``dflash.probe/1``). See the module docstring."""
     t0 = time.monotonic()
@@ -156,6 +174,7 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
         "model_type": config.model_type,
         "text_model_type": getattr(text_cfg, "model_type", None),
         "architectures": list(getattr(config, "architectures", None) or []),
+        "warnings": [w for w in (unknown_architectures(config, d.cls),) if w],
         "is_vlm": is_vlm,
         "built_class": d.cls.__name__,
         "auto_classes": auto_report,

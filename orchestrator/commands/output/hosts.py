@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 from rich.tree import Tree
 
-from orchestrator.commands.output.base import console, flag, mark, plain, show
+from orchestrator.commands.output.base import console, err_console, flag, mark, plain, show
 from orchestrator.commands.output.tables import Col, Grid
 from orchestrator.printable import printable
 from orchestrator.probe.facts import HostFacts
@@ -126,7 +126,9 @@ def render_env(info: dict) -> None:
 
 
 def render_probe(report: dict, host: str) -> None:
-    """`probe-structure`: the report as a tree."""
+    """`probe-structure`: the report's warnings, one line each on stderr, then its tree."""
+    for warning in report.get("warnings") or []:
+        err_console.print(f"[yellow]warning:[/] {plain(warning)}", soft_wrap=True)
     show(probe_tree(report, host))
 
 
