@@ -38,7 +38,47 @@ def test_hosts_check_reports_facts_for_both_hosts(two_hosts):
     # Fits 100 columns without cutting a value: full versions, fla reported missing.
     assert max(len(line) for line in table.stdout.splitlines()) <= 100
     assert f"torch {rows[0]['packages']['torch']}" in table.stdout
-    assert "fla missing" in table.stdout and "…" not in table.stdout
+    assert "fla - *" in table.stdout and "…" not in table.stdout
+
+
+def test_hosts_check_shows_what_each_role_needs(
+    trainer_sshd, eval_sshd, ssh_base, make_inventory, tmp_path
+):
+    """Issue 48.11: a trainer whose python had no torch showed `torch missing` three times,
+    though its relay needs python3's standard library only, and `fla missing` was never
+    explained. Now a package no role needs is `-`, fla is marked optional and explained
+    under the table, and an eval host whose python lacks torch is one line saying what
+    to set (exit 1)."""
+    bare = tmp_path / "bare-python"  # a real python without site-packages: no torch
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    roles = {"trainer": {"checkpoints": str(tmp_path)}, "eval": {"drafters": str(tmp_path)}}
+    inv = make_inventory(
+        hosts={
+            name: ssh_host_entry(server, ssh_base, python=str(bare), roles={role: roles[role]})
+            for name, server, role in (
+                ("trainer", trainer_sshd, "trainer"),
+                ("evalbox", eval_sshd, "eval"),
+            )
+        }
+    )
+    trainer = dflash("hosts", "check", "trainer", "-i", str(inv), env={"COLUMNS": "100"})
+    assert trainer.returncode == 0 and trainer.stderr == "", trainer.stderr
+    assert "torch -" in trainer.stdout and "fla - *" in trainer.stdout
+    assert "missing" not in trainer.stdout
+    prose = " ".join(trainer.stdout.split())
+    assert "a trainer's relay needs python3's standard library only" in prose
+    assert "fla (flash-linear-attention): linear-attention kernels; without them" in prose
+    assert max(len(line) for line in trainer.stdout.splitlines()) <= 100
+    evalbox = dflash("hosts", "check", "evalbox", "-i", str(inv), "--json")
+    assert evalbox.returncode == 1
+    assert one_error_line(evalbox) == (
+        "error: evalbox: the eval role needs torch, transformers, safetensors, missing from "
+        f"{sys.executable}; set 'python:' for evalbox in the inventory to a python that has them"
+    )
+    [row] = json.loads(evalbox.stdout)
+    assert row["roles"] == ["eval"] and row["packages_missing"] == row["packages_needed"]
+    assert row["packages_needed"] == ["torch", "transformers", "safetensors"]
 
 
 def test_a_local_host_without_python_runs_dflash_s_own_whatever_path_says(make_inventory, tmp_path):

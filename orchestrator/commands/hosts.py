@@ -37,10 +37,12 @@ def check(
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Reach each host in parallel and report OS, CPUs, memory, disk, python and ML packages."""
+    """Reach each host in parallel and report OS, CPUs, memory, disk, python and the packages
+    its roles need (an eval host: torch, transformers, safetensors; a trainer's relay:
+    python3's standard library only); a host that lacks one is an error line."""
     results = check_hosts(inventory(ctx, inventory_path), names)
     output.emit(results, json_out, human=output.render_check, as_json=output.check_json)
-    failed = [output.error_line(r.error) for r in results if not r.ok]
+    failed = [output.error_line(r.problem) for r in results if r.problem]
     if failed:
         output.exit_with(1, *failed)
 

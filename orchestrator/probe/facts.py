@@ -1,40 +1,89 @@
-"""`dflash hosts check`: what each host is, gathered in parallel over SSH (or locally)."""
+"""`dflash hosts check`: what each host is, gathered in parallel over SSH (or locally), and
+what its roles need of its python."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.errors import DflashError
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import open_host
+from remote.protocol import ENGINE_PACKAGES
+
+# What each role needs of its host's python beyond the standard library: the relay's host
+# side (a trainer's) is stdlib only; an eval runs the engine.
+ROLE_PACKAGES: dict[str, tuple[str, ...]] = {"trainer": (), "eval": ENGINE_PACKAGES}
+
+
+def roles_of(spec: HostSpec) -> list[str]:
+    return [role for role in ROLE_PACKAGES if getattr(spec, role)]
+
+
+def needed_packages(spec: HostSpec) -> list[str]:
+    """The packages `spec`'s roles need, in `ENGINE_PACKAGES`' order (none: stdlib only)."""
+    needed = {p for role in roles_of(spec) for p in ROLE_PACKAGES[role]}
+    return [p for p in ENGINE_PACKAGES if p in needed]
 
 
 @dataclass
 class HostFacts:
-    """One host's facts, or the one-line reason it could not be asked."""
+    """One host's facts, or the one-line reason it could not be asked; its roles and the
+    packages they need (`needed`)."""
 
     host: str
     facts: dict | None = None
     error: str | None = None
+    roles: list[str] = field(default_factory=list)
+    needed: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def missing(self) -> list[str]:
+        """Needed packages the host's python lacks."""
+        found = (self.facts or {}).get("packages") or {}
+        return [p for p in self.needed if self.ok and not found.get(p)]
+
+    @property
+    def problem(self) -> str | None:
+        """Why the host cannot serve its roles, in one line: unreachable, or a needed
+        package missing from its python (with what to do); None when it can."""
+        if not self.ok:
+            return self.error
+        if not self.missing:
+            return None
+        python = (self.facts or {}).get("python_executable") or "its python"
+        roles = " and ".join(r for r in self.roles if ROLE_PACKAGES[r])
+        return (
+            f"{self.host}: the {roles} role needs {', '.join(self.missing)}, missing from "
+            f"{python}; set 'python:' for {self.host} in the inventory to a python that has them"
+        )
+
     def to_json(self) -> dict:
-        return {"host": self.host, "reachable": self.ok, "error": self.error, **(self.facts or {})}
+        return {
+            "host": self.host,
+            "reachable": self.ok,
+            "error": self.error,
+            "roles": self.roles,
+            "packages_needed": self.needed,
+            "packages_missing": self.missing,
+            **(self.facts or {}),
+        }
 
 
 def host_facts(spec: HostSpec, inventory: Inventory | None = None) -> HostFacts:
     """Ask one host for its facts through the remote bundle."""
+    own = {"roles": roles_of(spec), "needed": needed_packages(spec)}
     try:
         with open_host(spec, inventory) as host:
             facts = bundle.run_remote_json(host, ["facts", "--workdir", host.workdir], timeout=120)
-        return HostFacts(spec.name, facts=facts)
+        return HostFacts(spec.name, facts=facts, **own)
     except DflashError as exc:
-        return HostFacts(spec.name, error=str(exc))
+        return HostFacts(spec.name, error=str(exc), **own)
 
 
 def check_hosts(inventory: Inventory, names: list[str] | None = None) -> list[HostFacts]:

@@ -30,6 +30,7 @@ from remote.errors import UserError
 from remote.model.files import require_tokenizer
 from remote.probe.facts import meminfo, package_version
 from remote.protocol import (
+    ENGINE_PACKAGES,
     SERVER_KINDS,
     EvalSpec,
     GroundTruthSpec,
@@ -39,7 +40,7 @@ from remote.protocol import (
 )
 
 MIN_PYTHON = (3, 10)
-REQUIRED = {"torch": ("torch",), "transformers": ("transformers",), "safetensors": ("safetensors",)}
+REQUIRED = {name: (name,) for name in ENGINE_PACKAGES}
 # Activations, the one-sequence forward, tokenizer and python itself.
 OVERHEAD_FRACTION = 0.10
 OVERHEAD_BYTES = 512 * 1024 * 1024

@@ -34,6 +34,7 @@ from remote.protocol.eval_spec import DEFAULT_DTYPE as DEFAULT_DTYPE
 from remote.protocol.eval_spec import DEVICE_RE as DEVICE_RE
 from remote.protocol.eval_spec import DTYPE_ALIASES as DTYPE_ALIASES
 from remote.protocol.eval_spec import DTYPES as DTYPES
+from remote.protocol.eval_spec import ENGINE_PACKAGES as ENGINE_PACKAGES
 from remote.protocol.eval_spec import JOB_ENGINE_DEFAULT as JOB_ENGINE_DEFAULT
 from remote.protocol.eval_spec import POSITIONS as POSITIONS
 from remote.protocol.eval_spec import EvalSpec as EvalSpec

@@ -17,6 +17,9 @@ DEFAULT_DTYPE = "bfloat16"
 DEFAULT_BUDGETS = (8, 16, 32, 64)
 POSITIONS = ("all", "walk")
 # Where the engine computes (remote.eval.device resolves it against what torch sees).
+# What a host's python needs to run the engine (an eval, a parity capture): the eval host's
+# preflight checks them, `hosts check` shows them missing where a role needs them.
+ENGINE_PACKAGES = ("torch", "transformers", "safetensors")
 DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 

@@ -41,53 +41,77 @@ def render_hosts(listing: dict) -> None:
 
 
 def render_check(results: list[HostFacts]) -> None:
-    """`hosts check`: the table of facts."""
+    """`hosts check`: the table of facts, then what its optional packages are for."""
     show(check_table(results))
+    if any(r.ok for r in results):
+        for line in PACKAGES_NOTE:
+            console.print(f"[dim]{line}[/]")  # wrapped at the console's width
 
 
 def check_json(results: list[HostFacts]) -> list[dict]:
     return [r.to_json() for r in results]
 
 
-PACKAGES = ("torch", "transformers", "safetensors", "fla")
+ENGINE_PACKAGES = ("torch", "transformers", "safetensors")
+OPTIONAL = ("fla",)  # no role needs them; the note below says what they give
+# What the packages column's marks mean, under the table.
+PACKAGES_NOTE = (
+    "-: not installed, not needed: the eval role needs torch, transformers and safetensors; "
+    "a trainer's relay needs python3's standard library only (the three: for parity only).",
+    "*: optional. fla (flash-linear-attention): linear-attention kernels; without them "
+    "transformers runs linear-attention layers (Qwen3.5's Gated DeltaNet) on a slower "
+    "torch path.",
+)
+
+
+def _packages(r: HostFacts) -> Text:
+    """One line per package: its version, else ``missing`` (red: a role needs it), ``-``
+    (no role needs it) or ``- *`` (optional); `PACKAGES_NOTE` explains the marks."""
+    found = r.facts["packages"]
+    cell = Text()
+    for i, name in enumerate((*ENGINE_PACKAGES, *OPTIONAL)):
+        cell.append(("\n" if i else "") + f"{name} ")
+        if found.get(name):
+            cell.append(printable(found[name]))
+        elif name in r.needed:
+            cell.append("missing", "bold red")
+        else:
+            cell.append("- *" if name in OPTIONAL else "-", "dim")
+    return cell
 
 
 def check_table(results: list[HostFacts]) -> Grid:
-    """One row per host: the ML packages share one column, one line each."""
+    """One row per host: its roles, and the packages in one column, one line each."""
     table = Grid(
         "host check",
         [
             Col("host", "id"),
             Col("ok", "id"),
-            Col("os", drop=2),
+            Col("os", drop=3),
             Col("cpus", "num", justify="right"),
             Col("ram avail/total", "num"),
             Col("disk free", "num", justify="right"),
-            Col("python", drop=1),
-            Col("packages"),
+            Col("python", drop=2),
+            Col("roles", drop=1),
+            Col("packages", "id"),
         ],
     )
     for r in results:
+        roles = ", ".join(r.roles) or "-"
         if not r.ok:
-            table.row(r.host, flag(False), *["-"] * 6)
+            table.row(r.host, flag(False), *["-"] * 5, roles, "-")
             continue
         f = r.facts
-        pk = f["packages"]
-        packages = Text()
-        for i, k in enumerate(PACKAGES):
-            packages.append(("\n" if i else "") + f"{k} ")
-            packages.append(
-                printable(pk[k]) if pk.get(k) else "missing", None if pk.get(k) else "yellow"
-            )
         table.row(
             r.host,
-            flag(True),
+            flag(not r.missing),
             f["os"],
             str(f["cpus"]),
             f"{human_bytes(f['memory']['available'])} / {human_bytes(f['memory']['total'])}",
             human_bytes(f["disk_free"]),
             f["python"],
-            packages,
+            roles,
+            _packages(r),
         )
     return table
 
