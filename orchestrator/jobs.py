@@ -1,6 +1,7 @@
 """The jobs of the inventory's hosts, by host name, whatever their kind: list them across
-hosts, attach to one (watch it to its end and pull its result), cancel one (``dflash jobs
-list|attach|cancel``). A job's kind (`remote.protocol.JOB_KINDS`) says how it is attached
+hosts, attach to one (watch it to its end and pull its result), cancel one, prune the
+finished ones and the caches from the hosts' workdirs (``dflash jobs
+list|attach|cancel|prune``). A job's kind (`remote.protocol.JOB_KINDS`) says how it is attached
 to: an eval's run, a parity compare's run; a parity capture is one half of a parity run
 and cannot be resumed alone."""
 
@@ -19,6 +20,7 @@ from orchestrator.eval.online import run as online
 from orchestrator.eval.parity import run as parity
 from orchestrator.ids import resolve_id
 from orchestrator.inventory import Inventory
+from orchestrator.sizes import parse_age
 from orchestrator.transport.hosts import Host, open_host
 from remote.protocol import JobKind
 
@@ -124,3 +126,39 @@ def attach_on(
                 "from its cache)"
             )
     return Attached(kind, run_dir)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What a prune removed from one host's workdir, or would (``dry_run``): the host's
+    answer (``workdir``, ``entries``: path, area, bytes, age, a job's state; ``skipped``:
+    path and why)."""
+
+    host: str
+    answer: dict
+
+    def to_json(self) -> dict:
+        return {"host": self.host, **self.answer}
+
+
+def prune_on(
+    inventory: Inventory,
+    names: list[str] | None = None,
+    older_than: str | float = "7d",
+    *,
+    ground_truth: bool = False,
+    features: bool = False,
+    dry_run: bool = False,
+) -> list[Pruned]:
+    """Prune the workdirs of the named hosts or groups (default: every host, as `jobs_on`):
+    finished job folders not written for `older_than` (``7d``, ``12h``, seconds), and with
+    `ground_truth` / `features` those caches' entries as old. A running job, and the
+    caches while one runs, are never touched (`remote.jobs.prune`)."""
+    seconds = parse_age(older_than)
+    caches = [c for c, on in (("ground-truth", ground_truth), ("features", features)) if on]
+    specs = inventory.expand(names) if names else list(inventory.hosts.values())
+    out = []
+    for spec in specs:
+        with open_host(spec, inventory) as h:
+            out.append(Pruned(spec.name, remote_job.prune(h, seconds, caches, dry_run)))
+    return out

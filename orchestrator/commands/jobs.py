@@ -1,5 +1,5 @@
-"""`dflash jobs list | attach | cancel`: the detached jobs on the inventory's hosts (evals,
-parity captures and compares), whatever started them."""
+"""`dflash jobs list | attach | cancel | prune`: the detached jobs on the inventory's hosts
+(evals, parity captures and compares), whatever started them, and their hosts' workdirs."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from orchestrator.commands.common import (
 )
 
 jobs_app = typer.Typer(
-    help="The detached jobs on the hosts: list them, attach to one, cancel one "
-    "(dflash jobs alone: jobs list).",
+    help="The detached jobs on the hosts: list them, attach to one, cancel one, prune the "
+    "finished ones and the caches (dflash jobs alone: jobs list).",
     no_args_is_help=True,
     rich_markup_mode=None,  # plain help, as the root's (orchestrator.cli): never cut
 )
@@ -31,6 +31,15 @@ JobArgument = Annotated[
         "list shows them).",
     ),
 ]
+HostsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--host",
+        "-H",
+        help="Host(s) or group(s) to ask (default: every host in the inventory: evals run "
+        "on eval hosts, parity captures on either host, a trainer included).",
+    ),
+]
 HostOption = Annotated[
     str | None,
     typer.Option("--host", "-H", help="Host the job runs on (default: defaults.eval_host)."),
@@ -40,15 +49,7 @@ HostOption = Annotated[
 @jobs_app.command("list")
 def list_cmd(
     ctx: typer.Context,
-    host: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--host",
-            "-H",
-            help="Host(s) or group(s) to ask (default: every host in the inventory: evals run "
-            "on eval hosts, parity captures on either host, a trainer included).",
-        ),
-    ] = None,
+    host: HostsOption = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -88,6 +89,52 @@ def cancel_cmd(
     output.emit(
         cancelled, json_out, human=output.render_cancelled, as_json=hostjobs.Cancelled.to_json
     )
+
+
+@jobs_app.command("prune")
+def prune_cmd(
+    ctx: typer.Context,
+    host: HostsOption = None,
+    older_than: Annotated[
+        str,
+        typer.Option(
+            "--older-than",
+            help="Remove what was last written longer ago than this: 7d, 12h, 30m, 90s, 0.",
+        ),
+    ] = "7d",
+    ground_truth: Annotated[
+        bool,
+        typer.Option(
+            "--ground-truth", help="Also the ground-truth cache's entries (<workdir>/groundtruth)."
+        ),
+    ] = False,
+    features: Annotated[
+        bool,
+        typer.Option(
+            "--features",
+            help="Also the target-feature cache's entries (<workdir>/features, up to "
+            "feature_cache_gib: 16 GiB by default).",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would go and its size; remove nothing.")
+    ] = False,
+    inventory_path: InventoryOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Make room in the hosts' workdirs (~/.dflash): remove finished job folders older than
+    --older-than and, when asked, the ground-truth and feature caches' entries as old.
+    A running job is never touched, nor a cache while a job runs; nothing outside the
+    workdir, and no symlink is followed."""
+    pruned = hostjobs.prune_on(
+        inventory(ctx, inventory_path),
+        host,
+        older_than,
+        ground_truth=ground_truth,
+        features=features,
+        dry_run=dry_run,
+    )
+    output.emit(pruned, json_out, human=output.render_pruned, as_json=output.pruned_json)
 
 
 def register(app: typer.Typer) -> None:

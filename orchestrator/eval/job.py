@@ -9,7 +9,7 @@ another. Pulling the results into a run folder: `orchestrator.eval.pull`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.errors import DflashError
@@ -113,6 +113,19 @@ def list_jobs(host: Host) -> list[dict]:
 def cancel(host: Host, job_id: str) -> dict:
     """Stop the job and all its processes (its process group), waiting until none is left."""
     return jobwire.call(host, "cancel", jobwire.local_job_id(job_id))[1]
+
+
+def prune(host: Host, older_than: float, caches: Sequence[str] = (), dry_run: bool = False) -> dict:
+    """Remove the host's finished job folders (and, named in `caches`, ``ground-truth`` and
+    ``features`` cache entries) not written for `older_than` seconds; running jobs stay
+    (`remote.jobs.prune`). `dry_run`: the same answer, nothing removed."""
+    argv = [
+        *jobwire.job_argv(host, "prune"),
+        f"--older-than={older_than!r}",
+        *(f"--cache={c}" for c in caches),
+        *(["--dry-run"] if dry_run else []),
+    ]
+    return jobwire.call(host, "prune", argv=argv)[1]
 
 
 def reattach_hint(host: Host, job_id: str) -> str:

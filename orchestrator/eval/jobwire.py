@@ -49,14 +49,22 @@ EARLY_WAIT_SECONDS = 3600.0
 # How long each command may take in all (seconds). A start waits for the host checks,
 # which the host gives up on after `remote.jobs.start.PREFLIGHT_WAIT_SECONDS` (110 s); a cancel
 # for the job's processes to end (a grace period, then KILL); a pull moves the files.
-DEADLINES = {"start": 170.0, "status": 60.0, "list": 120.0, "cancel": 120.0, "pull": 1800.0}
+# A prune measures and removes up to a feature cache's many files.
+DEADLINES = {
+    "start": 170.0,
+    "status": 60.0,
+    "list": 120.0,
+    "cancel": 120.0,
+    "pull": 1800.0,
+    "prune": 600.0,
+}
 # A watch has no deadline (a job takes as long as it takes) but the host's watch sends a
 # heartbeat every WATCH_HEARTBEAT_SECONDS; this long without a byte, the host is gone.
 WATCH_SILENCE_SECONDS = 12 * WATCH_HEARTBEAT_SECONDS
 
 
 def _limit(action: str) -> int:
-    return {"list": LIST_MAX, "pull": RESULT_MAX}.get(action, ANSWER_MAX)
+    return {"list": LIST_MAX, "prune": LIST_MAX, "pull": RESULT_MAX}.get(action, ANSWER_MAX)
 
 
 def local_job_id(job_id: object) -> str:

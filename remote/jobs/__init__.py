@@ -25,7 +25,8 @@ per attempt (`array`); ``job cancel`` signals the whole process group (TERM, the
 and waits until no member is left; ``job list`` and ``job status`` report state:
 ``running`` (the recorded runner is alive: same pid AND same start time, so a reused pid
 is not mistaken for it), ``done``, ``failed``, ``cancelled`` or ``lost`` (the runner died
-without writing ``exit.json``).
+without writing ``exit.json``); ``job prune`` removes finished job folders and, when
+asked, cache entries older than an age (`prune`).
 
 The runner is generic; what a job does is its kind's (`remote.protocol.JOB_KINDS`):
 ``eval`` runs `remote.eval.job`, ``parity-capture`` and ``parity-compare`` run

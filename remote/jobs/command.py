@@ -1,5 +1,5 @@
-"""The ``job`` command line: ``job start|run|array|watch|status|pull|cancel|list``. Each action
-imports only the room that runs it (a ``job status`` never loads the runner)."""
+"""The ``job`` command line: ``job start|run|array|watch|status|pull|cancel|list|prune``.
+Each action imports only the room that runs it (a ``job status`` never loads the runner)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,10 @@ def _cmd(args: argparse.Namespace) -> int:
         _print(json.dumps(cancel(folder.existing_job_dir(args.workdir, args.job_id))))
     elif action == "list":
         _print(json.dumps(folder.list_jobs(args.workdir)))
+    elif action == "prune":
+        from remote.jobs.prune import prune
+
+        _print(json.dumps(prune(args.workdir, args.older_than, args.cache, args.dry_run)))
     return 0
 
 
@@ -72,7 +76,8 @@ def _watch(path: Path, offset: int, pull: bool) -> None:
 def register(sub) -> None:
     p = sub.add_parser("job", help="start, watch, cancel and list detached jobs")
     p.add_argument(
-        "action", choices=["start", "run", "array", "watch", "status", "pull", "cancel", "list"]
+        "action",
+        choices=["start", "run", "array", "watch", "status", "pull", "cancel", "list", "prune"],
     )
     p.add_argument("--workdir", default="~/.dflash")
     p.add_argument("--job-id")
@@ -90,4 +95,15 @@ def register(sub) -> None:
         action="store_true",
         help="end the watch with the result files, base64 (watch, start --follow)",
     )
+    p.add_argument(
+        "--older-than", type=float, default=0.0, help="seconds since a folder's last write (prune)"
+    )
+    p.add_argument(
+        "--cache",
+        action="append",
+        default=[],
+        choices=["ground-truth", "features"],
+        help="also prune this cache (prune; repeatable)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
     p.set_defaults(func=_cmd)

@@ -113,6 +113,7 @@ _FIELD_TYPES = {
     "number": (finite, "a finite number"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
     "object": (lambda v: isinstance(v, dict), "a JSON object"),
+    "list": (lambda v: isinstance(v, list), "a list"),
 }
 # The fields of each job answer the controller reads, by type ("?": may be absent or null).
 # Other fields pass as they are.
@@ -173,6 +174,13 @@ JOB_ANSWER_FIELDS = {
         "pgid": "count?",
     },
     "event": JOB_EVENT_FIELDS,
+    "prune": {
+        "workdir": "text",
+        "dry_run": "bool",
+        "older_than": "number",
+        "entries": "list",
+        "skipped": "list",
+    },
     "watch_end": {
         "event": "text",
         "state": "state",
@@ -182,6 +190,19 @@ JOB_ANSWER_FIELDS = {
         "dir": "text",
         "files": "object?",
     },
+}
+
+
+# The rows of a prune's answer: what goes (or went), and what stayed and why.
+PRUNE_ROW_FIELDS = {
+    "entries": {
+        "path": "text",
+        "area": "text",
+        "bytes": "count",
+        "age": "number",
+        "state": "state?",
+    },
+    "skipped": {"path": "text", "why": "text"},
 }
 
 
@@ -207,8 +228,9 @@ def _check_fields(doc: object, fields: dict[str, str], path: str = "") -> dict:
 
 def check_job_answer(action: str, doc: object) -> Any:
     """`doc`, a host's answer to ``job <action>`` (``start``, ``status``, ``pull``,
-    ``cancel``, ``list``) or one line of ``job watch`` (``event``, ``watch_end``), if every
-    field the controller reads has its type (`JOB_ANSWER_FIELDS`; an exit record's
+    ``cancel``, ``list``, ``prune``: its rows `PRUNE_ROW_FIELDS`) or one line of ``job
+    watch`` (``event``, ``watch_end``), if every field the controller reads has its type
+    (`JOB_ANSWER_FIELDS`; an exit record's
     `JOB_EXIT_FIELDS`, a progress event's `JOB_EVENT_FIELDS`); else an AnswerError naming
     the field (``row 3: 'state' is a list ...``)."""
     if action == "list":
@@ -223,6 +245,9 @@ def check_job_answer(action: str, doc: object) -> Any:
                 raise AnswerError(f"row {i}: {exc}") from None
         return doc
     _check_fields(doc, JOB_ANSWER_FIELDS[action])
+    for rows, fields in (PRUNE_ROW_FIELDS if action == "prune" else {}).items():
+        for i, row in enumerate(doc[rows], 1):
+            _check_fields(row, fields, f"{rows}[{i}].")
     if doc.get("exit") is not None:
         _check_fields(doc["exit"], JOB_EXIT_FIELDS, "exit.")
     if doc.get("progress") is not None:

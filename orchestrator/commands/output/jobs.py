@@ -1,10 +1,11 @@
 """How jobs look to people: the jobs on the hosts, a job cancelled, a job started
-detached, a job attached to and pulled."""
+detached, a job attached to and pulled, the workdirs pruned."""
 
 from __future__ import annotations
 
 from orchestrator.commands.output.base import console, plain, show
 from orchestrator.commands.output.tables import Col, Grid, styled
+from orchestrator.sizes import human_age, human_bytes
 from remote.protocol import JobKind, JobState
 
 JOB_COLOURS = {
@@ -107,3 +108,48 @@ def attached_json(attached) -> dict:
     from orchestrator.results.store import load_run
 
     return eval_run_json(load_run(attached.run_dir))
+
+
+def render_pruned(pruned: list) -> None:
+    """`jobs prune`: what went (or would, with --dry-run), with its size and age, then per
+    host what stayed and why, and the total."""
+    dry = any(p.answer["dry_run"] for p in pruned)
+    table = Grid(
+        "would remove" if dry else "removed",
+        [
+            Col("host", "id"),
+            Col("what", "id"),
+            Col("size", "num", justify="right"),
+            Col("age", "num", justify="right"),
+            Col("state", "id", drop=1),
+            Col("path"),
+        ],
+    )
+    for p in pruned:
+        for e in p.answer["entries"]:
+            state = e.get("state")
+            table.row(
+                p.host,
+                e["area"],
+                human_bytes(e["bytes"]),
+                human_age(e["age"]),
+                styled(state, JOB_COLOURS.get(state, "white")) if state else "-",
+                e["path"],
+            )
+    if table.rows:
+        show(table)
+    for p in pruned:
+        for s in p.answer["skipped"]:
+            kept = f"{p.host}: {s['path']}: {s['why']}"
+            console.print(f"[yellow]kept:[/] {plain(kept)}", soft_wrap=True)
+        entries = p.answer["entries"]
+        total = human_bytes(sum(e["bytes"] for e in entries))
+        verb = "would remove" if p.answer["dry_run"] else "removed"
+        console.print(
+            plain(f"{p.host}: {verb} {len(entries)} item(s), {total} ({p.answer['workdir']})"),
+            soft_wrap=True,
+        )
+
+
+def pruned_json(pruned: list) -> list[dict]:
+    return [p.to_json() for p in pruned]
