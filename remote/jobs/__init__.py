@@ -12,6 +12,7 @@ A job lives in ``<workdir>/jobs/<job-id>/``::
     result.json      the engine's result (schema dflash.eval/1), when it finished
     samples.jsonl    the engine's per-sample records
     exit.json        {state: done|failed|cancelled, code, error, finished}: written last
+    slurm.json       how the scheduler ended a Slurm array task's attempt (``job array-end``)
 
 ``job start`` creates the folder, spawns ``job run`` in a NEW SESSION (``setsid``: its own
 process group, no controlling terminal, stdin from /dev/null, output to ``log.txt``) and
@@ -21,7 +22,8 @@ less). ``job watch`` follows ``events.jsonl`` from a byte offset and ends with o
 ``watch_end`` event (``--pull``: carrying the result files, so no further round trip);
 ``job pull`` prints the state and the result files;
 ``job array`` runs one Slurm array task's job in the foreground, in a folder of its own
-per attempt (`array`); ``job cancel`` signals the whole process group (TERM, then KILL)
+per attempt (`array`), and ``job array-end`` records how the scheduler ended one
+(`slurm_end`); ``job cancel`` signals the whole process group (TERM, then KILL)
 and waits until no member is left; ``job list`` and ``job status`` report state:
 ``running`` (the recorded runner is alive: same pid AND same start time, so a reused pid
 is not mistaken for it), ``done``, ``failed``, ``cancelled`` or ``lost`` (the runner died

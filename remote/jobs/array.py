@@ -7,6 +7,8 @@ never reads an earlier attempt's files), from the spec the controller left in
 ``<specs>/<task>.json`` on the shared folder, and runs it as ``job run`` does
 (`remote.jobs.run.run`, host checks first) in this process. The folder is an ordinary job
 folder: ``job pull`` and ``job status`` read it as any other.
+How the scheduler ended an attempt the controller writes there afterwards (``job
+array-end``, `remote.jobs.slurm_end`).
 """
 
 from __future__ import annotations

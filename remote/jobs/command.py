@@ -1,5 +1,6 @@
-"""The ``job`` command line: ``job start|run|array|watch|status|pull|cancel|list|prune``.
-Each action imports only the room that runs it (a ``job status`` never loads the runner)."""
+"""The ``job`` command line: ``job start|run|array|array-end|watch|status|pull|cancel|list|
+prune``. Each action imports only the room that runs it (a ``job status`` never loads the
+runner)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,16 @@ def _cmd(args: argparse.Namespace) -> int:
         if not args.job_id or not args.dir:
             raise UserError("job array needs --job-id (the prefix) and --dir (the specs)")
         return run_task(args.workdir, args.job_id, args.dir)
+    if action == "array-end":
+        from remote.jobs.slurm_end import record_end
+
+        data = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+        try:
+            end = json.loads(data)
+        except ValueError as exc:
+            raise UserError(f"job array-end: the attempt's end is not JSON: {exc}") from None
+        _print(json.dumps(record_end(args.workdir, args.job_id, end)))
+        return 0
     from remote.jobs import folder
 
     if action == "watch":
@@ -77,11 +88,24 @@ def register(sub) -> None:
     p = sub.add_parser("job", help="start, watch, cancel and list detached jobs")
     p.add_argument(
         "action",
-        choices=["start", "run", "array", "watch", "status", "pull", "cancel", "list", "prune"],
+        choices=[
+            "start",
+            "run",
+            "array",
+            "array-end",
+            "watch",
+            "status",
+            "pull",
+            "cancel",
+            "list",
+            "prune",
+        ],
     )
     p.add_argument("--workdir", default="~/.dflash")
     p.add_argument("--job-id")
-    p.add_argument("--spec", default="-", help="job spec JSON file, or - for stdin")
+    p.add_argument(
+        "--spec", default="-", help="job spec JSON file, or - for stdin (array-end: the end)"
+    )
     p.add_argument("--dir", help="job folder (run); the tasks' specs folder (array)")
     p.add_argument("--offset", type=int, default=0, help="byte offset into events (watch)")
     p.add_argument(

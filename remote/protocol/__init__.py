@@ -15,7 +15,8 @@ it as `remote.protocol`; its modules hold the parts:
   others on what a run folder holds;
 - `job_spec`: the job document, typed (`JobSpec`: its blocks and settings, each checked
   by the contract's own `Check`);
-- `jobs`: job ids, states and kinds, carried files, the JSON types of a host's answers;
+- `jobs`: job ids, states and kinds, carried files, the JSON types of a host's answers,
+  how the scheduler ended a Slurm task's attempt (`check_slurm_end`);
 - `ground_truth`: its source kinds, the job's `GroundTruthSpec` (with its bounds,
   `GTLimits`) and `Sampling` (greedy only), the suspect-agreement rule;
 - `eval_spec`: `EvalSpec`, what the eval engine evaluates and how, with ONE dtype
@@ -90,6 +91,7 @@ from remote.protocol.jobs import JobState as JobState
 from remote.protocol.jobs import carried_name_problem as carried_name_problem
 from remote.protocol.jobs import check_job_answer as check_job_answer
 from remote.protocol.jobs import check_job_id as check_job_id
+from remote.protocol.jobs import check_slurm_end as check_slurm_end
 from remote.protocol.prompts import PROMPT_LINE_MAX_BYTES as PROMPT_LINE_MAX_BYTES
 from remote.protocol.prompts import parse_prompts as parse_prompts
 from remote.protocol.prompts import prompt_lines as prompt_lines

@@ -253,3 +253,29 @@ def check_job_answer(action: str, doc: object) -> Any:
     if doc.get("progress") is not None:
         _check_fields(doc["progress"], JOB_EVENT_FIELDS, "progress.")
     return doc
+
+
+# How the scheduler ended one attempt of a Slurm array task, as the controller tells the
+# attempt's job folder (``job array-end``, `remote.jobs.array.record_end`): its task
+# (``<array job>_<task>``), Slurm's state, its nodes, why in words, its exit code if known.
+_SLURM_END = {
+    "job": re.compile(r"[1-9][0-9]{0,9}_(0|[1-9][0-9]{0,6})"),
+    "state": re.compile(r"[A-Z_]{1,32}"),
+    "nodes": re.compile(r"[A-Za-z0-9_.\[\],-]{0,1024}"),
+    "why": re.compile(r"[\x20-\x7e]{1,512}"),
+}
+
+
+def check_slurm_end(doc: object) -> dict:
+    """`doc` if it is a scheduler's end of an attempt (`_SLURM_END`, ``exit_code`` a whole
+    number 0-255 or absent); else a SpecError naming the field."""
+    if not isinstance(doc, dict):
+        raise SpecError(f"the attempt's end is {json_type(doc)}, not a JSON object")
+    for name, pattern in _SLURM_END.items():
+        value = doc.get(name)
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            raise SpecError(f"the attempt's end: {name} {shown(value)} is not in its shape")
+    code = doc.get("exit_code")
+    if code is not None and not (is_int(code) and 0 <= code <= 255):
+        raise SpecError(f"the attempt's end: exit_code {shown(code)} is not 0-255")
+    return doc
