@@ -12,85 +12,25 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 from pathlib import Path
 
 import pytest
 
-from orchestrator.inventory import HostSpec
 from orchestrator.slurm import answers
 from orchestrator.slurm.array import ArrayRun, ArrayStatus, run_array
 from orchestrator.slurm.client import SlurmClient
 from orchestrator.slurm.plan import ArrayPlan, array_spec
 from orchestrator.slurm.role import SlurmError, SlurmRole
 from orchestrator.transport.hosts import open_host
-from tests.helpers.slurm import SlurmCluster
+from tests.helpers.slurm import Work, login_spec
 from tests.helpers.sshd import start_sshd
-
-TASK = """#!/bin/sh
-# A test task: out/<task> names its task, array job and node. With hold/<task> there, the
-# attempt that takes it records its pid and waits (short sleeps: nothing outlives a kill)
-# until release/<task> appears or 60 s pass.
-d=$1; t=$SLURM_ARRAY_TASK_ID
-if mv "$d/hold/$t" "$d/held.$t" 2>/dev/null; then
-  echo $$ > "$d/pid/$t.partial" && mv "$d/pid/$t.partial" "$d/pid/$t"
-  i=0
-  while [ ! -e "$d/release/$t" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
-fi
-echo "task $t job $SLURM_ARRAY_JOB_ID node $SLURMD_NODENAME" > "$d/out/$t"
-"""
-
-
-def _spec(server, ssh_base: Path, name: str) -> HostSpec:
-    return HostSpec(
-        name=name,
-        hostname="127.0.0.1",
-        port=server.port,
-        user=os.environ.get("USER") or "root",
-        identity_file=str(ssh_base / "id_test"),
-        known_hosts=str(ssh_base / "known_hosts"),
-        connect_timeout=5,
-    )
 
 
 @pytest.fixture
 def client(cluster, slurm_login, ssh_base):
     """The Slurm commands on the login node; `cluster` leaves the cluster as found."""
-    with open_host(_spec(slurm_login, ssh_base, "login")) as host:
+    with open_host(login_spec(slurm_login, ssh_base, "login")) as host:
         yield SlurmClient(host)
-
-
-class Work:
-    """One test's folder in the shared filesystem: the task script and its files."""
-
-    def __init__(self, cluster: SlurmCluster, name: str):
-        # A space and a '$' in the path: every argument must reach the login node quoted.
-        self.root = cluster.shared / f"{name} $x"
-        for sub in ("out", "hold", "pid", "release"):
-            (self.root / "t" / sub).mkdir(parents=True)
-        self.task = self.root / "task.sh"
-        self.task.write_text(TASK)
-        self.task.chmod(self.task.stat().st_mode | stat.S_IXUSR)
-
-    @property
-    def dir(self) -> Path:
-        return self.root / "t"
-
-    def plan(self, name: str, tasks: int = 3, **role) -> ArrayPlan:
-        role = SlurmRole(
-            shared=str(self.root / "jobs"), mem_per_task_mib=64, poll_seconds=0.2, **role
-        )
-        return ArrayPlan(role, name, tasks, ("/bin/sh", str(self.task), str(self.dir)))
-
-    def hold(self, task: int) -> None:
-        (self.dir / "hold" / str(task)).touch()
-
-    def pid(self, task: int) -> int | None:
-        path = self.dir / "pid" / str(task)
-        return int(path.read_text()) if path.exists() else None
-
-    def out(self, task: int) -> str:
-        return (self.dir / "out" / str(task)).read_text().strip()
 
 
 def _states(status: ArrayStatus, task: int) -> list[str]:
@@ -309,7 +249,7 @@ def odd_login(ssh_base, user_key, tmp_path_factory):
 
 
 def test_sacct_gives_each_tasks_end_elapsed_and_peak_rss_or_is_off_once(odd_login, ssh_base):
-    with open_host(_spec(odd_login, ssh_base, "odd")) as host:
+    with open_host(login_spec(odd_login, ssh_base, "odd")) as host:
         client = SlurmClient(host)
         found = client.accounting({57: frozenset(range(6))})
         assert client.accounting_off is None
@@ -336,12 +276,17 @@ def test_sacct_gives_each_tasks_end_elapsed_and_peak_rss_or_is_off_once(odd_logi
                 "max_rss_bytes": 3 * 1024**3 // 2,
             },
         }  # tasks 3-5 are still queued: no record of their own
-        with pytest.raises(SlurmError, match=r"^odd: sacct line 1: task 57_0 is not one asked"):
-            client.accounting({57: frozenset({1, 2})})
         # A cluster without accounting: asked once, then the client stops asking.
         assert client.accounting({58: frozenset({0})}) is None
         assert client.accounting_off == "sacct: Slurm accounting storage is disabled"
+        assert not client.accounting_unreadable
         assert client.accounting({57: frozenset(range(6))}) is None
+        # An answer out of shape: accounting is optional, so it is off too, saying why.
+        unread = SlurmClient(host)
+        assert unread.accounting({57: frozenset({1, 2})}) is None
+        assert unread.accounting_unreadable and unread.accounting_off == (
+            "sacct's answer was unreadable: odd: sacct line 1: task 57_0 is not one asked"
+        )
     assert (odd_login.bin_dir / "asked").read_text() == "x\n"
 
 
@@ -366,7 +311,7 @@ def test_tasks_squeue_forgot_end_as_sacct_says_with_elapsed_and_rss(
     """Without sacct these would be LOST (no exit record either); with it each ends in its
     real state, not retried where that state is final, and carries sacct's record."""
     plan = ArrayPlan(SlurmRole(shared=str(tmp_path), max_retries=1), "acct", 3, ("true",))
-    with open_host(_spec(accounted_login, ssh_base, "acct")) as host:
+    with open_host(login_spec(accounted_login, ssh_base, "acct")) as host:
         status = run_array(SlurmClient(host), plan, timeout=60)
     assert [t.last.state for t in status.tasks] == ["COMPLETED", "CANCELLED", "OUT_OF_MEMORY"]
     assert status.done == (0,) and status.failed == (1, 2) and status.job_ids == (57,)
@@ -410,7 +355,7 @@ def test_odd_sacct_answers_are_refused_naming_host_and_field(line, field):
     ],
 )
 def test_odd_squeue_answers_are_refused_naming_host_and_field(odd_login, ssh_base, job, field):
-    with open_host(_spec(odd_login, ssh_base, "odd")) as host:
+    with open_host(login_spec(odd_login, ssh_base, "odd")) as host:
         with pytest.raises(SlurmError) as err:
             SlurmClient(host).queue({job: frozenset({0})})
     assert str(err.value).startswith("odd: squeue")
@@ -419,7 +364,7 @@ def test_odd_squeue_answers_are_refused_naming_host_and_field(odd_login, ssh_bas
 
 def test_odd_sbatch_job_id_is_refused(odd_login, ssh_base, tmp_path):
     plan = ArrayPlan(SlurmRole(shared=str(tmp_path)), "odd", 2, ("true",))
-    with open_host(_spec(odd_login, ssh_base, "odd")) as host:
+    with open_host(login_spec(odd_login, ssh_base, "odd")) as host:
         with pytest.raises(SlurmError, match=r"^odd: sbatch answered a job id that is not a"):
             SlurmClient(host).submit(plan, plan.task_ids)
 

@@ -237,8 +237,9 @@ def sigterm_as_interrupt() -> Iterator[None]:
 @contextmanager
 def stopped_by_signal(note: str = "") -> Iterator[None]:
     """`sigterm_as_interrupt`, and Ctrl-C or SIGTERM end the command with one yellow line
-    (``interrupted`` or ``terminated``, then `note`: what was kept, how to resume) and exit
-    `EXIT_INTERRUPTED` or `EXIT_TERMINATED`, instead of click swallowing it silently."""
+    (``interrupted`` or ``terminated``, then what the library said it could not finish on
+    the way out, then `note`: what was kept, how to resume) and exit `EXIT_INTERRUPTED` or
+    `EXIT_TERMINATED`, instead of click swallowing it silently."""
     with sigterm_as_interrupt():
         try:
             yield
@@ -246,4 +247,6 @@ def stopped_by_signal(note: str = "") -> Iterator[None]:
             term = isinstance(exc, Terminated)
             word = "terminated" if term else "interrupted"
             code = EXIT_TERMINATED if term else EXIT_INTERRUPTED
-            output.exit_with(code, f"[yellow]{word}[/]{note}")
+            # what the way out could not finish (a Slurm array left to cancel by hand)
+            left = f": {output.plain(str(exc))}" if str(exc) else ""
+            output.exit_with(code, f"[yellow]{word}[/]{left}{note}")

@@ -2,30 +2,35 @@
 
 `run_array` submits every task of an `ArrayPlan` as ONE array, looks at it every
 `SlurmRole.poll_seconds` (one ``squeue`` for all attempts still active; the job folder's
-exit records only for attempts the scheduler no longer lists), resubmits the failures worth
-retrying (`states.RETRYABLE`) as one new array of just those task ids, at most
-`SlurmRole.max_retries` times per task, and returns when every task is done or failed.
+exit records for attempts the scheduler no longer lists or lists as failed), resubmits the
+failures worth retrying (`states.RETRYABLE`) as one new array of just those task ids, at
+most `SlurmRole.max_retries` times per task, and returns when every task is done or failed.
 
 Every wait has a deadline. On any way out before the end (the deadline, an error, a
 Ctrl-C, an `on_update` callback that raises) the tasks still queued or running are
 cancelled with ``scancel`` and watched until ``squeue`` shows none of them active, so
-nothing is left behind on the cluster; if that does not happen in time, the error says so.
+nothing is left behind on the cluster; if that does not happen in time, or ``scancel``
+does not answer, the error says so and names the array jobs to cancel by hand. Two
+answers are not waited on for ever either: an attempt ``squeue`` keeps listing as running
+`EXIT_GRACE` seconds after the job folder recorded its end is taken as the record says
+and cancelled; one ``squeue`` no longer lists that recorded no end is LOST, and cancelled
+in case it still runs. Each is said in the status (its reason, `ArrayStatus.notes`).
 
 Where the cluster keeps accounting, ``sacct`` is the word on an attempt the scheduler no
 longer lists (its final state, not just its exit code), and once the array has ended it
 gives every attempt's elapsed seconds and peak RSS (``accounting`` of each attempt). Where
-``sacct`` does not work (no accounting storage), the job folder's exit records stand in and
-the status says so (``ArrayStatus.accounting``).
+``sacct`` does not work (no accounting storage) or answers what cannot be read, the job
+folder's exit records stand in and the status says so (``ArrayStatus.accounting``).
 
-The status is frozen (`ArrayStatus`): each task with its attempts (array job id, Slurm
-state, nodes, reason, accounting), JSON-ready.
+The status is frozen (`orchestrator.slurm.status.ArrayStatus`): each task with its
+attempts, JSON-ready.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from orchestrator.errors import DflashError
 from orchestrator.slurm import states
@@ -33,149 +38,45 @@ from orchestrator.slurm.answers import Accounted, TaskRecord
 from orchestrator.slurm.client import SlurmClient
 from orchestrator.slurm.plan import ArrayPlan
 from orchestrator.slurm.role import SlurmError
-from orchestrator.slurm.states import Verdict
+from orchestrator.slurm.status import ArrayStatus as ArrayStatus
+from orchestrator.slurm.status import Attempt, TaskStatus, accounted, recorded_end, updated
 
 # How long `stop` waits for scancel'ed tasks to leave the queue (Slurm's KillWait, 30 s by
 # default, is how long a task may take to die after its SIGTERM).
 CANCEL_TIMEOUT = 90.0
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One submission of one task: its array job, and what the scheduler last said."""
-
-    job_id: int
-    task_id: int
-    state: str = "PENDING"
-    nodes: str = ""
-    reason: str = ""
-    accounting: dict | None = None  # sacct's record (`answers.Accounted.to_json`), if any
-
-    @property
-    def verdict(self) -> Verdict:
-        return states.verdict(self.state)
-
-    @property
-    def ref(self) -> str:
-        """Slurm's name for it, ``<array job id>_<task id>``."""
-        return f"{self.job_id}_{self.task_id}"
-
-    def describe(self) -> str:
-        where = f" on {self.nodes}" if self.nodes else ""
-        why = f" ({self.reason})" if self.reason and self.reason != "None" else ""
-        return f"{self.ref} {self.state}{where}{why}"
-
-    def to_json(self) -> dict:
-        out = {
-            "job": self.ref,
-            "state": self.state,
-            "verdict": self.verdict,
-            "nodes": self.nodes,
-            "reason": self.reason,
-        }
-        if self.accounting is not None:
-            out["accounting"] = self.accounting
-        return out
-
-
-@dataclass(frozen=True)
-class TaskStatus:
-    """One array task: its attempts, oldest first; the last one is the task's verdict."""
-
-    task_id: int
-    attempts: tuple[Attempt, ...]
-
-    @property
-    def last(self) -> Attempt:
-        return self.attempts[-1]
-
-    @property
-    def verdict(self) -> Verdict:
-        return self.last.verdict
-
-    def to_json(self) -> dict:
-        return {
-            "task": self.task_id,
-            "verdict": self.verdict,
-            "attempts": [a.to_json() for a in self.attempts],
-        }
-
-
-@dataclass(frozen=True)
-class ArrayStatus:
-    """Where every task of one array stands."""
-
-    host: str
-    name: str
-    folder: str
-    tasks: tuple[TaskStatus, ...]
-    # Where the attempts' ends were read: {"source": "sacct"}, or the fallback and why.
-    accounting: dict | None = None
-
-    @property
-    def finished(self) -> bool:
-        return all(t.verdict not in states.ACTIVE for t in self.tasks)
-
-    @property
-    def done(self) -> tuple[int, ...]:
-        return tuple(t.task_id for t in self.tasks if t.verdict == "done")
-
-    @property
-    def failed(self) -> tuple[int, ...]:
-        return tuple(t.task_id for t in self.tasks if t.verdict == "failed")
-
-    @property
-    def active(self) -> tuple[Attempt, ...]:
-        """The attempts still queued or running (the last of each unfinished task)."""
-        return tuple(t.last for t in self.tasks if t.verdict in states.ACTIVE)
-
-    @property
-    def job_ids(self) -> tuple[int, ...]:
-        """Every array job submitted for this array, in submission order."""
-        return tuple(sorted({a.job_id for t in self.tasks for a in t.attempts}))
-
-    def failure_line(self) -> str:
-        """One line naming each failed task's last attempt; "" when none failed."""
-        failed = [t for t in self.tasks if t.verdict == "failed"]
-        if not failed:
-            return ""
-        return (
-            f"{self.host}: {len(failed)} of {len(self.tasks)} tasks of array {self.name} "
-            f"failed: "
-            + "; ".join(
-                f"task {t.task_id} {t.last.describe()} after {len(t.attempts)} attempt"
-                f"{'s' if len(t.attempts) > 1 else ''}"
-                for t in failed
-            )
-        )
-
-    def to_json(self) -> dict:
-        return {
-            "host": self.host,
-            "name": self.name,
-            "folder": self.folder,
-            "jobs": list(self.job_ids),
-            "done": list(self.done),
-            "failed": list(self.failed),
-            "accounting": self.accounting,
-            "tasks": [t.to_json() for t in self.tasks],
-        }
+# On the way out each login-node command gets this long (not the usual 60 s): a hung
+# scancel must not hold a Ctrl-C or a SIGTERM for a minute.
+STOP_COMMAND_TIMEOUT = 15.0
+# How long squeue may go on listing as running an attempt whose end the job folder
+# recorded (its epilog, a slow controller) before the record is trusted.
+EXIT_GRACE = 30.0
 
 
 class ArrayRun:
     """The mutable side of one array: submits, looks, resubmits, cancels. `status` is
     its frozen picture after the last look. `retry`: the states of a failed attempt worth
     resubmitting (`states.RETRYABLE`; a caller whose tasks someone may cancel one by one
-    to have them run elsewhere adds CANCELLED)."""
+    to have them run elsewhere adds CANCELLED). `exit_grace`: how long squeue may list
+    as running an attempt whose end the job folder recorded (None: `EXIT_GRACE`)."""
 
     def __init__(
-        self, client: SlurmClient, plan: ArrayPlan, *, retry: frozenset[str] = states.RETRYABLE
+        self,
+        client: SlurmClient,
+        plan: ArrayPlan,
+        *,
+        retry: frozenset[str] = states.RETRYABLE,
+        exit_grace: float | None = None,
     ):
         self.client = client
         self.plan = plan
         self.retry = retry
+        self.exit_grace = EXIT_GRACE if exit_grace is None else exit_grace
         self._tasks: dict[int, tuple[Attempt, ...]] = {}
         self._accounted = False  # sacct answered at least once
+        self._notes: list[str] = []
+        # (job, task) -> when its exit record was first seen while squeue listed it running
+        self._recorded: dict[tuple[int, int], float] = {}
+        self._next_record_look = 0.0  # when the running attempts' exit records are read next
 
     @property
     def status(self) -> ArrayStatus:
@@ -185,7 +86,12 @@ class ArrayRun:
             folder=self.plan.folder,
             tasks=tuple(TaskStatus(i, a) for i, a in sorted(self._tasks.items())),
             accounting=self._accounting_source(),
+            notes=tuple(self._notes),
         )
+
+    def note(self, line: str) -> None:
+        """Say `line` (one line) in the status: a fallback or a decision taken on the way."""
+        self._notes.append(line)
 
     def _accounting_source(self) -> dict | None:
         off = self.client.accounting_off
@@ -229,14 +135,26 @@ class ArrayRun:
         records = self.client.queue({j: frozenset(t) for j, t in submitted.items()})
         gone = [a for a in active if (a.job_id, a.task_id) not in records]
         ended = self._ended_by_sacct(gone, submitted)
-        rest = [(a.job_id, a.task_id) for a in gone if (a.job_id, a.task_id) not in ended]
-        codes = self.client.exit_codes(self.plan, rest)
+        now = time.monotonic()
+        codes = self.client.exit_codes(self.plan, self._records_to_read(active, records, ended))
+        stale, lost = [], []
         for a in active:
             key = (a.job_id, a.task_id)
             if key in ended:
-                self._replace(a, _accounted(a, ended[key]))
+                new = accounted(a, ended[key])
             else:
-                self._replace(a, _updated(a, records.get(key), codes.get(key)))
+                new = updated(a, records.get(key), codes.get(key))
+                if new.verdict == "running" and key in codes:
+                    # squeue says running, the job folder says it ended: trust the
+                    # record once squeue has had its grace
+                    since = self._recorded.setdefault(key, now)
+                    if now - since >= self.exit_grace:
+                        new = recorded_end(new, codes[key], self.exit_grace)
+                        stale.append(new)
+                elif new.state == states.LOST:
+                    lost.append(new)
+            self._replace(a, new)
+        self._cancel_ended(stale, lost)
         if resubmit:
             retry = [
                 t.task_id
@@ -249,6 +167,48 @@ class ArrayRun:
                 self._submit(retry)
         return self.status
 
+    def _records_to_read(
+        self, active: Iterable[Attempt], records: dict[tuple[int, int], TaskRecord], ended
+    ) -> list[tuple[int, int]]:
+        """The attempts whose exit records this look reads: those squeue no longer lists
+        (and sacct did not settle) or lists as failed (the code says how: a signal, an
+        exit code), and, every half grace, those it lists as running."""
+        now = time.monotonic()
+        running = now >= self._next_record_look
+        if running:
+            self._next_record_look = now + self.exit_grace / 2
+        keys = []
+        for a in active:
+            key = (a.job_id, a.task_id)
+            record = records.get(key)
+            verdict = states.verdict(record.state) if record else None
+            if key not in ended and (
+                verdict in (None, "failed") or (running and verdict == "running")
+            ):
+                keys.append(key)
+        return keys
+
+    def _cancel_ended(self, stale: list[Attempt], lost: list[Attempt]) -> None:
+        """``scancel`` what squeue may still run: the attempts it listed as running long
+        after their recorded end (said in a note), and the lost ones (said in their
+        reason)."""
+        if stale:
+            refs = [a.ref for a in stale]
+            said = self.client.cancel(refs)
+            one = len(refs) == 1
+            self.note(
+                f"{self.client.name}: squeue still listed {', '.join(refs)} as running "
+                f"{self.exit_grace:g}s after the job folder recorded {'its' if one else 'their'} "
+                f"end; trusted the record and cancelled {'it' if one else 'them'}"
+                + (f" (scancel said: {said})" if said else "")
+            )
+        if lost:
+            said = self.client.cancel([a.ref for a in lost])
+            for a in lost:
+                more = f"; scancel said: {said}" if said else ""
+                why = f"{a.reason}; cancelled in case it still runs{more}"
+                self._replace(a, replace(a, reason=why))
+
     def _ended_by_sacct(
         self, gone: list[Attempt], submitted: dict[int, set[int]]
     ) -> dict[tuple[int, int], Accounted]:
@@ -257,10 +217,9 @@ class ArrayRun:
         if not gone:
             return {}
         jobs = {a.job_id for a in gone}
-        found = self.client.accounting({j: frozenset(submitted[j]) for j in jobs})
+        found = self._sacct({j: frozenset(submitted[j]) for j in jobs})
         if found is None:
             return {}
-        self._accounted = True
         keys = {(a.job_id, a.task_id) for a in gone}
         return {
             k: r
@@ -275,9 +234,8 @@ class ArrayRun:
         for i, attempts in self._tasks.items():
             for a in attempts:
                 asked.setdefault(a.job_id, set()).add(i)
-        found = self.client.accounting({j: frozenset(t) for j, t in asked.items()})
+        found = self._sacct({j: frozenset(t) for j, t in asked.items()})
         if found is not None:
-            self._accounted = True
             for i, attempts in self._tasks.items():
                 self._tasks[i] = tuple(
                     replace(a, accounting=found[(a.job_id, i)].to_json())
@@ -287,23 +245,52 @@ class ArrayRun:
                 )
         return self.status
 
+    def _sacct(self, asked: dict[int, frozenset[int]]) -> dict[tuple[int, int], Accounted] | None:
+        """`SlurmClient.accounting`, with a note the first time its answer was unreadable
+        (where the cluster has no accounting storage its refusal is no news)."""
+        before = self.client.accounting_off
+        found = self.client.accounting(asked)
+        if found is not None:
+            self._accounted = True
+        elif before is None and self.client.accounting_unreadable:
+            self.note(
+                f"{self.client.accounting_off}; the tasks' ends are read from squeue and the "
+                "job folder's exit records"
+            )
+        return found
+
     def _replace(self, old: Attempt, new: Attempt) -> None:
         attempts = self._tasks[old.task_id]
         self._tasks[old.task_id] = (*attempts[:-1], new)
 
-    def cancel(self, task_ids: Iterable[int] | None = None) -> str:
+    def cancel(self, task_ids: Iterable[int] | None = None, timeout: float | None = None) -> str:
         """``scancel`` the active attempts of `task_ids` (all tasks when None); their
         verdicts change when a look sees it. Returns scancel's complaint, if any."""
         wanted = None if task_ids is None else set(task_ids)
         refs = [a.ref for a in self.status.active if wanted is None or a.task_id in wanted]
-        return self.client.cancel(refs)
+        return self.client.cancel(refs, timeout=timeout)
 
     def stop(self, timeout: float = CANCEL_TIMEOUT) -> ArrayStatus:
-        """Cancel every active attempt and look until none is queued or running;
-        `SlurmError` if some still are after `timeout` seconds."""
+        """Cancel every active attempt and look until none is queued or running, each
+        command bounded by `STOP_COMMAND_TIMEOUT`; `SlurmError` naming the array jobs to
+        cancel by hand if scancel does not answer or some are still active after
+        `timeout` seconds."""
         if not self.status.active:
             return self.status
-        complaint = self.cancel()
+        usual, self.client.timeout = (
+            self.client.timeout,
+            min(self.client.timeout, STOP_COMMAND_TIMEOUT),
+        )
+        try:
+            return self._stop(timeout)
+        finally:
+            self.client.timeout = usual
+
+    def _stop(self, timeout: float) -> ArrayStatus:
+        try:
+            complaint = self.cancel()
+        except DflashError as exc:
+            raise SlurmError(self._by_hand(f"scancel did not answer: {exc}")) from None
         deadline = time.monotonic() + timeout
         while True:
             status = self.poll(resubmit=False)
@@ -312,11 +299,18 @@ class ArrayRun:
             if time.monotonic() >= deadline:
                 left = ", ".join(a.describe() for a in status.active)
                 said = f"; scancel said: {complaint}" if complaint else ""
-                raise SlurmError(
-                    f"{self.client.name}: still queued or running {timeout:g}s after scancel: "
-                    f"{left}{said}"
-                )
+                what = f"still queued or running {timeout:g}s after scancel: {left}{said}"
+                raise SlurmError(self._by_hand(what))
             time.sleep(min(1.0, self.plan.role.poll_seconds, max(0.0, deadline - time.monotonic())))
+
+    def _by_hand(self, what: str) -> str:
+        """One line: array `name` may still hold the cluster (`what`), and the scancel
+        that ends it, for a person to run on the login node."""
+        jobs = " ".join(str(j) for j in sorted({a.job_id for a in self.status.active}))
+        return (
+            f"{self.client.name}: array {self.plan.name} may still be queued or running "
+            f"({what}); cancel it by hand on {self.client.name}: scancel {jobs}"
+        )
 
     def wait(
         self,
@@ -324,8 +318,9 @@ class ArrayRun:
         on_update: Callable[[ArrayStatus], None] | None = None,
     ) -> ArrayStatus:
         """Look every `poll_seconds` until every task is done or failed, calling
-        `on_update` with each new status. Past `timeout` seconds, or on any error, the
-        array is stopped (`stop`) and the error raised."""
+        `on_update` with each new status (and the final one where the accounting added a
+        note). Past `timeout` seconds, or on any error, the array is stopped (`stop`) and
+        the error raised."""
         try:
             return self._wait(timeout, on_update)
         except BaseException as exc:
@@ -339,7 +334,10 @@ class ArrayRun:
             if on_update is not None:
                 on_update(status)
             if status.finished:
-                return self.account()
+                final = self.account()
+                if on_update is not None and final.notes != status.notes:
+                    on_update(final)  # what the accounting said (sacct unreadable)
+                return final
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 left = ", ".join(f"task {a.task_id} {a.describe()}" for a in status.active)
@@ -353,40 +351,11 @@ class ArrayRun:
         try:
             self.stop()
         except DflashError as stop_exc:
+            if isinstance(exc, KeyboardInterrupt):
+                # the interrupt goes on (exit 130/143), saying what is left to cancel
+                exc.args = (str(stop_exc),)
+                return
             raise SlurmError(f"{exc}; and stopping the array failed: {stop_exc}") from exc
-
-
-def _accounted(attempt: Attempt, record: Accounted) -> Attempt:
-    """The attempt as sacct says it ended (squeue no longer lists it)."""
-    return replace(
-        attempt,
-        state=record.state,
-        reason=f"exit {record.exit_code}:{record.signal} by sacct; squeue no longer lists it",
-        accounting=record.to_json(),
-    )
-
-
-def _updated(attempt: Attempt, record: TaskRecord | None, code: int | None) -> Attempt:
-    """The attempt after one look: as squeue lists it; else as the job folder's exit record
-    says it ended; else lost (listed nowhere, and it never recorded an end)."""
-    if record is not None:
-        return replace(
-            attempt,
-            state=record.state,
-            nodes=record.nodes or attempt.nodes,
-            reason=record.reason,
-        )
-    if code is not None:
-        return replace(
-            attempt,
-            state="COMPLETED" if code == 0 else "FAILED",
-            reason=f"exit {code} by the job folder's record; squeue no longer lists it",
-        )
-    return replace(
-        attempt,
-        state=states.LOST,
-        reason="squeue no longer lists it and it left no exit record",
-    )
 
 
 def run_array(

@@ -3,9 +3,10 @@ quoted: make the job folder, ``sbatch``, ``squeue``, ``sacct``, read exit record
 ``scancel``.
 
 ``sacct`` answers only where the cluster keeps accounting (``AccountingStorageType`` other
-than ``accounting_storage/none``). The first time it fails the client says why in
-`SlurmClient.accounting_off` and asks no more: the run goes on with what ``squeue`` and the
-job folder say, and records which of the two it used.
+than ``accounting_storage/none``), and accounting is optional: the first time it fails,
+hangs or answers what cannot be read, the client says why in `SlurmClient.accounting_off`
+and asks no more: the run goes on with what ``squeue`` and the job folder say, and records
+which of the two it used.
 
 Each command has a timeout (`COMMAND_TIMEOUT`), so a hung login node is an error, not a
 wait; each answer goes through `orchestrator.slurm.answers` before it is returned.
@@ -17,6 +18,7 @@ import posixpath
 import re
 from collections.abc import Iterable
 
+from orchestrator.errors import DflashError
 from orchestrator.slurm import answers
 from orchestrator.slurm.answers import Accounted, TaskRecord
 from orchestrator.slurm.plan import RUN_NAME, ArrayPlan
@@ -37,6 +39,8 @@ class SlurmClient:
         self.timeout = command_timeout
         # Why sacct is not used on this cluster (its own last line); None: not asked yet or works.
         self.accounting_off: str | None = None
+        # sacct answered, but nothing dflash can read (not a cluster without accounting)
+        self.accounting_unreadable = False
 
     @property
     def name(self) -> str:
@@ -100,6 +104,16 @@ class SlurmClient:
             return None
         if not asked:
             return {}
+        try:
+            return self._accounting(asked)
+        except DflashError as exc:  # a hang, or an answer out of shape
+            self.accounting_unreadable = True
+            self.accounting_off = f"sacct's answer was unreadable: {exc}"
+            return None
+
+    def _accounting(
+        self, asked: dict[int, frozenset[int]]
+    ) -> dict[tuple[int, int], Accounted] | None:
         ids = ",".join(str(j) for j in sorted(asked))
         argv = ["sacct", "--parsable2", "--noheader", "-j", ids]
         argv.append(f"--format={answers.ACCOUNT_FORMAT}")
@@ -136,17 +150,18 @@ class SlurmClient:
             )
         return answers.exit_codes(self.name, result.stdout, asked)
 
-    def cancel(self, targets: Iterable[str]) -> str:
-        """``scancel`` array jobs (``57``) or tasks (``57_3``). Returns scancel's complaint
-        ("" when none): one about a job that ended meanwhile is no failure, so the caller
-        judges by what ``squeue`` says afterwards."""
+    def cancel(self, targets: Iterable[str], timeout: float | None = None) -> str:
+        """``scancel`` array jobs (``57``) or tasks (``57_3``) within `timeout` seconds (the
+        client's when None). Returns scancel's complaint ("" when none): one about a job
+        that ended meanwhile is no failure, so the caller judges by what ``squeue`` says
+        afterwards."""
         ids = sorted(set(targets))
         if not ids:
             return ""
         bad = [t for t in ids if not _TARGET.fullmatch(t)]
         if bad:
             raise SlurmError(f"{self.name}: not a job or task id to cancel: {bad[0]!r}")
-        result = self.host.run(["scancel", *ids], check=False, timeout=self.timeout)
+        result = self.host.run(["scancel", *ids], check=False, timeout=timeout or self.timeout)
         return "" if result.ok else last_line(result.stderr) or f"exit {result.exit_code}"
 
     def cancel_named(self, names: Iterable[str]) -> str:
