@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
+import re
 import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -28,8 +26,8 @@ from orchestrator.inventory import load_inventory
 from orchestrator.results.store import results_dir
 from orchestrator.slurm.role import SlurmError, SlurmRole
 from remote.protocol import EvalSpec
-from tests.helpers.cli import dflash
-from tests.helpers.slurm import signal_mid_shard
+from tests.helpers.cli import dflash, one_error_line
+from tests.helpers.slurm import MidRun, long_ground_truth, signal_mid_shard
 from tests.helpers.sshd import ssh_host_entry
 
 
@@ -127,53 +125,6 @@ def test_a_slurm_array_eval_equals_the_one_host_eval(make_login, cluster, server
     assert result["metrics"] == _result(single)["metrics"]
 
 
-def _long_ground_truth(path: Path) -> None:
-    """Planned over 2 tasks by tokens: g1, g2 -> task 0; g0 (short), g3 -> task 1, whose
-    long second sample is seconds of work after its first one's event."""
-    rng = random.Random(5)
-    with open(path, "w") as fh:
-        for i, n in enumerate([40, 2980, 3000, 3000]):
-            fh.write(
-                json.dumps(
-                    {
-                        "id": f"g{i}",
-                        "prompt_ids": [rng.randrange(8, 300) for _ in range(12)],
-                        "completion_ids": [rng.randrange(8, 300) for _ in range(n)],
-                    }
-                )
-                + "\n"
-            )
-
-
-class MidRun:
-    """Waits (in a thread) until task 1's first attempt has evaluated a sample, then does
-    `act(array job id, the job's runner pid)` to it once."""
-
-    def __init__(self, shared: Path, run_id: str, act):
-        self.jobs = shared / "work" / "jobs"
-        self.run_id, self.act = run_id, act
-        self.done: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        deadline = time.monotonic() + 600
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            for folder in sorted(self.jobs.glob(f"{self.run_id}-1-*")):
-                events = folder / "events.jsonl"
-                pid = folder / "pid.json"
-                if events.exists() and pid.exists() and '"sample"' in events.read_text():
-                    self.act(folder.name.rsplit("-", 1)[1], json.loads(pid.read_text())["pid"])
-                    self.done.append(folder.name)
-                    return
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
 def _run(inventory_path: Path, gt: Path, run_id: str):
     inv = load_inventory(inventory_path)
     options = remote_eval.EvalOptions(
@@ -193,13 +144,17 @@ def _assert_whole(merged: Path, gt: Path) -> None:
 
 
 @pytest.mark.parametrize("how", ["scancel", "kill", "down"])
-def test_a_task_cancelled_killed_or_lost_mid_run_is_resubmitted_and_merged(
+def test_a_task_cancelled_killed_or_lost_mid_run_is_told_retried_and_counted_once(
     make_login, cluster, how
 ):
+    """Through the CLI, off a terminal: ONE line when task 1's attempt fails (which, why),
+    ONE when its retry starts; the rows' final counts exact (the failed attempt's samples
+    are not counted again); the failure in the attempt's job folder as the scheduler saw
+    it. With --json (the kill) the lines are on stderr and stdout is the JSON alone."""
     inventory_path, shared = make_login(shards=2, max_retries=1)
     shared.mkdir(parents=True)
     gt = shared / "long-gt.jsonl"
-    _long_ground_truth(gt)
+    long_ground_truth(gt)
     records = [json.loads(x) for x in gt.read_text().splitlines()]
     plan = shard_plan.plan_shards(records, ["a", "b"])
     assert [s.indices for s in plan] == [[1, 2], [0, 3]]
@@ -216,19 +171,31 @@ def test_a_task_cancelled_killed_or_lost_mid_run_is_resubmitted_and_merged(
             cluster.set_node(node, "DOWN", "test")
             downed.append(node)
 
-    run_id = f"mid-{how}"
-    _, _, go = _run(inventory_path, gt, run_id)
-    watcher = MidRun(shared, run_id, act)
+    as_json = ["--json"] if how == "kill" else []
+    argv = ["remote-eval", "--hosts", "login", "--checkpoint", "step-12", "--ground-truth"]
+    argv += [str(gt), "--ground-truth-kind", "file", "--budgets", "4", "-i", str(inventory_path)]
+    watcher = MidRun(shared, act)
     try:
-        merged = go()
+        cli = dflash(*argv, *as_json, timeout=900)
     finally:
         watcher.stop()
+    assert cli.returncode == 0, cli.stderr
     assert len(watcher.done) == 1
     assert cluster.queue() == []
+    if as_json:
+        merged = Path(json.loads(cli.stdout)["run_dir"])  # stdout: the JSON, nothing else
+    else:
+        merged = Path(cli.stdout.split("results:")[-1].strip())
     result = _result(merged)
     attempts = result["shards"]["slurm"]["tasks"][1]["attempts"]
     first = {"scancel": "CANCELLED", "kill": "FAILED", "down": "NODE_FAIL"}[how]
     assert [a["state"] for a in attempts] == [first, "COMPLETED"]
+    why = {
+        "scancel": "cancelled on the cluster (scancel)",
+        "kill": "killed by signal 9 (SIGKILL)",
+        "down": f"node failure on {downed[0] if downed else '?'}",
+    }[how]
+    assert attempts[0]["why"] == why
     if how == "down":
         assert attempts[0]["nodes"] == downed[0] != attempts[1]["nodes"]
     tasks = result["shards"]["slurm"]["tasks"]
@@ -238,15 +205,36 @@ def test_a_task_cancelled_killed_or_lost_mid_run_is_resubmitted_and_merged(
     assert result["shards"]["jobs"][1]["job_id"] != watcher.done[0]  # a fresh attempt's folder
     _assert_whole(merged, gt)
 
+    # Told as it happened: one line for the failure, one for the retry's start.
+    told = [ln for ln in cli.stderr.splitlines() if ln.startswith("login#1: ")]
+    failed, retry = attempts[0]["job"], attempts[1]["job"]
+    assert told[0] == f"login#1: attempt 1 of 2 ({failed}) failed: {why}; retrying as {retry}"
+    assert told[1].startswith(f"login#1: retry {retry} (attempt 2 of 2) started on n")
+    assert len(told) == 2, cli.stderr
+    if not as_json:  # off a terminal, the view's last frame: every sample counted once
+        rows = {ln.split()[0]: ln for ln in cli.stderr.splitlines() if ln.strip()}
+        assert re.search(r" 2/2 ", rows["login#1"]), cli.stderr
+        assert re.search(r" 2/2 ", rows["login#0"]), cli.stderr
+        assert re.search(r" 4/4 ", rows["total"]), cli.stderr
+    # The attempt's job folder says how it ended, as the scheduler saw it.
+    folder = shared / "work" / "jobs" / watcher.done[0]
+    ended = json.loads((folder / "exit.json").read_text())
+    if how == "scancel":
+        assert ended["state"] == "cancelled" and ended["error"] == "cancelled by request"
+    else:
+        assert ended["state"] == "failed" and ended["error"].startswith(why), ended
+        assert json.loads((folder / "slurm.json").read_text())["state"] == first
+
 
 def test_a_task_cancelled_past_its_retries_is_one_line_and_nothing_is_queued(make_login, cluster):
     inventory_path, shared = make_login(shards=2, max_retries=0)
     shared.mkdir(parents=True)
     gt = shared / "long-gt.jsonl"
-    _long_ground_truth(gt)
+    long_ground_truth(gt)
     run_id = "mid-exhausted"
     inv, _, go = _run(inventory_path, gt, run_id)
-    watcher = MidRun(shared, run_id, lambda job, _pid: cluster.command("scancel", f"{job}_1"))
+    cancel = lambda job, _pid: cluster.command("scancel", f"{job}_1")  # noqa: E731
+    watcher = MidRun(shared, cancel, run_id=run_id)
     try:
         with pytest.raises(JobError) as err:
             go()
@@ -266,7 +254,7 @@ def test_sigterm_of_the_cli_cancels_the_array_and_leaves_nothing_queued(make_log
     inventory_path, shared = make_login(shards=2)
     shared.mkdir(parents=True)
     gt = shared / "long-gt.jsonl"
-    _long_ground_truth(gt)
+    long_ground_truth(gt)
     argv = ["remote-eval", "--hosts", "login", "--checkpoint", "step-12", "--ground-truth"]
     argv += [str(gt), "--ground-truth-kind", "file", "--budgets", "4", "-i", str(inventory_path)]
     done = signal_mid_shard(cluster, shared, argv, signal.SIGTERM, tasks="*-0-*")
@@ -294,3 +282,22 @@ def test_a_slurm_role_checks_its_shards_and_a_login_node_is_named_alone(make_inv
     assert str(err.value) == (
         "--hosts: login is a Slurm login node: name it alone (its array tasks are the shards)"
     )
+
+
+def test_a_prompts_file_with_duplicate_ids_is_refused_before_anything_is_submitted(
+    make_login, cluster, tmp_path
+):
+    inventory_path, shared = make_login(shards=2)
+    prompts = tmp_path / "twice.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"id": "p1", "prompt": t}) + "\n" for t in ("Hi.", "Hello."))
+    )
+    argv = ["remote-eval", "--hosts", "login", "--checkpoint", "step-12", "--prompts"]
+    cli = dflash(*argv, str(prompts), "-i", str(inventory_path), timeout=300)
+    assert cli.returncode != 0
+    assert one_error_line(cli) == (
+        f"error: {prompts}:2: id 'p1' is line 1's too; give each prompt its own id"
+    )
+    assert cluster.queue() == []
+    # nothing submitted: no array's job folder (and no prompts pushed) on the shared folder
+    assert not shared.exists() or not [p.name for p in shared.iterdir() if p.name != "bundles"]

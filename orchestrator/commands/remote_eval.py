@@ -151,7 +151,7 @@ def remote_eval_cmd(
     show = not json_out
     if request.hosts:
         # SIGTERM as Ctrl-C: a Slurm array is cancelled on the way out, nothing left queued
-        with stopped_by_signal(), output.ShardProgress(show) as live:
+        with stopped_by_signal(), output.SlurmShardProgress(show) as live:
             run_dir = shard.run_sharded(
                 inv, request.hosts, checkpoint, options, on_event=live, dest=results
             )

@@ -1,10 +1,10 @@
 """Everything the CLI shows, in one package: the consoles and ``--json`` (`base`), the live
 progress views the commands hand to the library (`progress`, opened only when shown by
-`live`; follow's `events`), and one module of renderers per kind of result (`hosts`,
-`relay`, `results`, `online`, `parity`, `jobs`), all drawing their tables as `tables.Grid` (ids and
-numbers never cut, names never markup). A command makes its one library call and hands
-the result to `emit` with its renderer; commands never print themselves and never import
-one another.
+`live`; follow's `events`; a Slurm eval's task lines, `slurm`), and one module of
+renderers per kind of result (`hosts`, `relay`, `results`, `online`, `parity`, `jobs`),
+all drawing their tables as `tables.Grid` (ids and numbers never cut, names never
+markup). A command makes its one library call and hands the result to `emit` with its
+renderer; commands never print themselves and never import one another.
 
 Names resolve lazily (PEP 562): ``output.emit`` imports `base` alone, so a command such as
 ``relay`` does not import the eval, probe and results renderers and their libraries to
@@ -23,6 +23,7 @@ _WHERE = {
     "RelayProgress": "progress",
     "RichEvents": "events",
     "ShardProgress": "progress",
+    "SlurmShardProgress": "slurm",
     "attached_json": "jobs",
     "check_json": "hosts",
     "check_table": "hosts",

@@ -7,6 +7,7 @@ import time
 
 from orchestrator.commands.output.base import err_console, num, plain
 from orchestrator.commands.output.progress import LiveProgress, RelayProgress, ShardProgress
+from orchestrator.commands.output.slurm import SlurmShardProgress
 from orchestrator.eval.follow import loop as follow_lib
 from remote.protocol import JobState
 
@@ -49,12 +50,13 @@ class RichEvents(follow_lib.FollowEvents):
         self.live(event)
 
     def shard_event(self, checkpoint: str, host: str, event: dict) -> None:
-        """A Slurm array's tasks: one row per task, as ``remote-eval --hosts`` shows."""
+        """A Slurm array's tasks: one row per task and a line per failure and retry, as
+        ``remote-eval --hosts`` shows."""
         if not self.enabled:
             return
         if not isinstance(self.live, ShardProgress) or self.live_for != checkpoint:
             self._close()
-            self.live, self.live_for = ShardProgress(True).__enter__(), checkpoint
+            self.live, self.live_for = SlurmShardProgress(True).__enter__(), checkpoint
         self.live(host, event)
 
     def recorded(self, entry: dict) -> None:

@@ -28,6 +28,7 @@ phases are those of the SSH-hosts sharder (`shard`), on the scheduler:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -42,7 +43,7 @@ from orchestrator.eval.job import JobError
 from orchestrator.eval.prompt_sets import prompts_data
 from orchestrator.eval.shards.job import ShardRun, gt_lines, read_jsonl
 from orchestrator.eval.shards.plan import plan_shards
-from orchestrator.eval.shards.slurm_progress import EventTail
+from orchestrator.eval.shards.slurm_progress import EventTail, TaskReporter
 from orchestrator.eval.shards.truth import read_ground_truth
 from orchestrator.eval.shards.write import write_merged
 from orchestrator.eval.spec import EvalOptions, build_spec, ground_truth_source
@@ -52,10 +53,11 @@ from orchestrator.slurm.array import ArrayRun, ArrayStatus
 from orchestrator.slurm.client import SlurmClient
 from orchestrator.slurm.plan import ArrayPlan
 from orchestrator.slurm.role import SlurmRole
+from orchestrator.slurm.status import Attempt
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, last_line, open_host, quote
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
-from remote.protocol import JOB_CARRY_KEY
+from remote.protocol import JOB_CARRY_KEY, SpecError, check_slurm_end
 
 # How long the whole run may take, queue waits included (each array is bounded by it).
 RUN_TIMEOUT = 86400.0
@@ -73,8 +75,9 @@ class Cluster:
     spec: HostSpec
     role: SlurmRole
 
-    @property
+    @functools.cached_property
     def client(self) -> SlurmClient:
+        """One client for the run: what it learnt of sacct holds for both arrays."""
         return SlurmClient(self.host)
 
     @property
@@ -155,35 +158,39 @@ def _array(
     timeout: float,
 ) -> ArrayStatus:
     """Make the job folder ``<shared>/<name>``, put `inputs` there, submit `tasks` tasks
-    as one array and watch it to its end; every task's progress to ``run.emit``."""
+    as one array and watch it to its end; every task's progress, failures and retries to
+    ``run.emit`` (`TaskReporter`), each failure also into its attempt's job folder."""
     folder = posixpath.join(cluster.role.shared, name)
     plan = ArrayPlan(cluster.role, name, tasks, cluster.command(name, folder))
     array = ArrayRun(cluster.client, plan, retry=RETRY)
     cluster.client.make_folder(plan)
     _push_tree(cluster.host, plan.folder, inputs)
-    seen: dict[int, tuple[str, str]] = {}
-    tail, ended = EventTail(cluster.host, cluster.work), set()
 
-    def on_update(status: ArrayStatus) -> None:
-        read: dict[str, str] = {}  # job id -> its task's label
-        for t in status.tasks:
-            label = _label(cluster, name, t.task_id)
-            now = (t.last.ref, t.last.state)
-            if seen.get(t.task_id) != now:
-                seen[t.task_id] = now
-                run.emit(label, {"event": "slurm_task", "task": t.task_id, **t.last.to_json()})
-            for a in t.attempts:  # while it runs, and once after it ended
-                job_id = f"{name}-{t.task_id}-{a.job_id}"
-                if a.verdict != "queued" and job_id not in ended:
-                    read[job_id] = label
-                    if a.verdict not in states.ACTIVE:
-                        ended.add(job_id)
-        for job_id, events in tail.read(read).items():
-            for event in events:
-                run.emit(read[job_id], event)
+    def label(task: int | None) -> str:
+        return cluster.spec.name if task is None else _label(cluster, name, task)
 
+    def failed(task: int, attempt: Attempt, ran: bool) -> None:
+        if ran and attempt.state != states.LOST:
+            _record_end(cluster, run, label(task), f"{name}-{task}-{attempt.job_id}", attempt)
+
+    tail = EventTail(cluster.host, cluster.work)
+    attempts = cluster.role.max_retries + 1
     array.submit_all()
-    return array.wait(timeout, on_update)
+    return array.wait(timeout, TaskReporter(run.emit, tail, name, label, attempts, failed))
+
+
+def _record_end(cluster: Cluster, run: ShardRun, label: str, job_id: str, attempt: Attempt):
+    """How the scheduler ended `attempt`, into its job folder (``job array-end``, run by
+    the login node's bundle): there a node failure reads as one, not as the cancellation
+    its SIGTERM looked like. Failing to write it is a warning, not the run's end."""
+    end = {"job": attempt.ref, "state": attempt.state, "nodes": attempt.nodes}
+    end.update(why=attempt.why, exit_code=attempt.exit_code)
+    argv = ["job", "array-end", f"--workdir={cluster.work}", f"--job-id={job_id}"]
+    try:
+        jobwire.call(cluster.host, "status", job_id, argv=argv, payload=check_slurm_end(end))
+    except (DflashError, SpecError) as exc:
+        message = f"could not record how {attempt.ref} ended in its job folder: {exc}"
+        run.emit(label, {"event": "warning", "message": message})
 
 
 def _label(cluster: Cluster, name: str, task: int) -> str:

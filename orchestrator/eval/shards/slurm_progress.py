@@ -63,3 +63,67 @@ class EventTail:
         except ValueError:
             raise RemoteCommandError(f"{self.host.name}: a task's event is not JSON") from None
         return jobwire.checked(self.host, "event", event)
+
+
+class TaskReporter:
+    """What a Slurm eval's view hears after each look at one array, in the order it
+    happened: per task and attempt, the job's new events, then the attempt's change of
+    state (a ``slurm_task`` event: `slurm_task`); then the array's new notes (``warning``).
+
+    An attempt's events are read while it runs and once after it ended, so all that it
+    will ever report comes before its failure and before its retry's first event: a view
+    that starts a row afresh at a retry counts every sample once. `on_failed(task, attempt,
+    ran)` is called for each attempt as its failure is seen (`ran`: its job wrote events,
+    so its folder exists), before that is reported."""
+
+    def __init__(self, emit, tail: EventTail, name: str, label, max_attempts: int, on_failed):
+        self.emit, self.tail, self.name, self.label = emit, tail, name, label
+        self.max_attempts, self.on_failed = max_attempts, on_failed
+        self.seen: dict[str, str] = {}  # attempt (Slurm's ref) -> the state last reported
+        self.ended: set[str] = set()  # job ids read once after their attempt ended
+        self.said = 0  # notes reported
+
+    def job_id(self, task: int, job: int) -> str:
+        """The job id `remote.jobs.array` gives the attempt of `task` in array job `job`."""
+        return f"{self.name}-{task}-{job}"
+
+    def __call__(self, status) -> None:
+        read: dict[str, int] = {}
+        for t in status.tasks:
+            for a in t.attempts:  # while it runs, and once after it ended
+                job_id = self.job_id(t.task_id, a.job_id)
+                if a.verdict != "queued" and job_id not in self.ended:
+                    read[job_id] = t.task_id
+                    if a.verdict not in ("queued", "running"):
+                        self.ended.add(job_id)
+        events = self.tail.read(read)
+        for t in status.tasks:
+            label = self.label(t.task_id)
+            for n, a in enumerate(t.attempts, 1):
+                job_id = self.job_id(t.task_id, a.job_id)
+                for event in events.get(job_id, ()):
+                    self.emit(label, event)
+                if self.seen.get(a.ref) == a.state:
+                    continue
+                self.seen[a.ref] = a.state
+                if a.verdict == "failed":
+                    self.on_failed(t.task_id, a, self.tail.offsets.get(job_id, 0) > 0)
+                self.emit(label, slurm_task(t, n, self.max_attempts))
+        for line in status.notes[self.said :]:
+            self.emit(self.label(None), {"event": "warning", "message": line})
+        self.said = len(status.notes)
+
+
+def slurm_task(task, n: int, max_attempts: int) -> dict:
+    """The ``slurm_task`` event of attempt `n` (from 1) of `task` (`status.TaskStatus`):
+    the attempt (`status.Attempt.to_json`: job, state, verdict, nodes, reason, why), its
+    number, the most a task gets, and the attempt that retries it if there is one."""
+    attempt = task.attempts[n - 1]
+    return {
+        "event": "slurm_task",
+        "task": task.task_id,
+        "attempt": n,
+        "max_attempts": max_attempts,
+        **attempt.to_json(),
+        "retry": task.attempts[n].ref if n < len(task.attempts) else None,
+    }
