@@ -1,28 +1,23 @@
-"""bfloat16 products on this CPU: torch's own kernels (``native``) against the engine's
-widened float32 products (``float32``, `remote.eval.cpu_bf16`), at a 27B's proportions.
+"""Which way are bfloat16 products faster on this CPU: torch's own kernels (``native``) or
+the engine's widened float32 products (``float32``, `remote.eval.cpu_bf16`)?
 
     python benchmarks/cpu_bf16.py [--repeats 3] [--threads 1] [--drafter DIR]
 
-The set-up is eval_drafter_share's (its options; its target, samples and trained drafter,
-cached under ``--workdir``; ``--drafter`` measures a checkpoint of a training there
-instead of training one). Measured in ONE run, rounds interleaved, process CPU seconds
-(median of ``--repeats``), each way: a bare transformers forward of the target over each
-sample, and the default eval (`remote.eval.walk.eval_batch`, DDTree ``--budgets``).
-Prints whether this CPU has bfloat16 kernels (which way the engine goes here), each time,
-float32 / native for each, eval / bare each way, on how many samples the two ways give the
-same rounds, and the token-weighted tau each way.
+Setup: the trained 27B-shaped pair (`common.pair`, its options; ``--drafter`` measures a
+checkpoint of a training there instead of training one). Measured in ONE run, rounds
+interleaved, process CPU seconds (median of ``--repeats``), each way: a bare transformers
+forward of the target over each sample, and the default eval (`remote.eval.walk.eval_batch`,
+DDTree ``--budgets``). Prints whether this CPU has bfloat16 kernels (which way the engine
+goes here), each time, float32 / native for each, eval / bare each way, on how many samples
+the two ways give the same rounds, and the token-weighted tau each way.
 """
 
 from __future__ import annotations
 
-import statistics
-import sys
-import time
-from pathlib import Path
+from functools import partial
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from eval_drafter_share import engine, load_avg, loaded, parser  # noqa: E402
+from common.measure import interleave, load_avg, loads
+from common.pair import bare, budget_list, engine, loaded, parser, tau
 
 
 def main() -> None:
@@ -33,12 +28,11 @@ def main() -> None:
 
     from remote.eval import cpu_bf16
 
-    budgets = [int(b) for b in args.budgets.split(",") if b]
+    budgets = budget_list(args)
     m = loaded(args)
-    target, drafter, hf, samples, facts = m.target, m.drafter, m.hf, m.samples, m.facts
-    tokens = sum(len(p) + len(c) for p, c in samples)
+    tokens = sum(len(p) + len(c) for p, c in m.samples)
     print(
-        f"setup: eval_drafter_share's; drafter {facts['drafter']}; {len(samples)} samples, "
+        f"setup: the 27B-shaped pair; drafter {m.facts['drafter']}; {len(m.samples)} samples, "
         f"{tokens} tokens; DDTree {args.budgets or 'none'}; threads {args.threads}; torch "
         f"{torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}"
     )
@@ -47,39 +41,29 @@ def main() -> None:
         f"here: {cpu_bf16.policy()})"
     )
 
-    def bare() -> None:
-        for p, c in samples:
-            hf(input_ids=torch.tensor([p + c]))
-
-    def walk() -> list[dict]:
-        return engine(target, drafter, samples, "walk", budgets)
-
-    times: dict[tuple[str, str], list[float]] = {}
     recs: dict[str, list[dict]] = {}
+
+    def way(name: str, what: str) -> None:
+        with cpu_bf16.widened(name):
+            if what == "bare":
+                bare(m.hf, m.samples)
+            else:
+                recs[name] = engine(m.target, m.drafter, m.samples, "walk", budgets)
+
+    runs = {
+        (w, what): partial(way, w, what) for w in cpu_bf16.POLICIES for what in ("bare", "eval")
+    }
     load = load_avg()
     with torch.inference_mode():
-        for way in cpu_bf16.POLICIES:  # warm-up, untimed
-            with cpu_bf16.widened(way):
-                bare()
-                walk()
-        for r in range(args.repeats):
-            for way in cpu_bf16.POLICIES if r % 2 == 0 else cpu_bf16.POLICIES[::-1]:
-                with cpu_bf16.widened(way):
-                    for what, run in (("bare", bare), ("eval", walk)):
-                        t = time.process_time()
-                        got = run()
-                        times.setdefault((way, what), []).append(time.process_time() - t)
-                        if got is not None:
-                            recs[way] = got
-    print(f"load average (1, 5, 15 min): {load} before, {load_avg()} after")
-    med = {k: statistics.median(v) for k, v in times.items()}
-    for way in cpu_bf16.POLICIES:
-        b, e = med[(way, "bare")], med[(way, "eval")]
-        print(
-            f"  {way:8s} bare forward {b:8.2f} CPU-s  eval {e:8.2f} CPU-s  eval / bare {e / b:.2f}"
-        )
+        for run in runs.values():  # warm-up, untimed
+            run()
+        med = interleave(runs, args.repeats).medians()
+    print(loads(load))
+    for w in cpu_bf16.POLICIES:
+        b, e = med[(w, "bare")]["cpu"], med[(w, "eval")]["cpu"]
+        print(f"  {w:8s} bare forward {b:8.2f} CPU-s  eval {e:8.2f} CPU-s  eval / bare {e / b:.2f}")
     for what in ("bare", "eval"):
-        ratio = med[("float32", what)] / med[("native", what)]
+        ratio = med[("float32", what)]["cpu"] / med[("native", what)]["cpu"]
         print(f"float32 / native, {what}: {ratio:.3f}")
     pairs = list(zip(recs["native"], recs["float32"], strict=True))
     chain = sum(a["rounds"] == b["rounds"] for a, b in pairs)
@@ -88,10 +72,8 @@ def main() -> None:
         f"same rounds: chain {chain} of {len(pairs)} samples, DDTree {trees} of {len(pairs)} "
         "(elsewhere a bfloat16 near-tie fell the other way, as between two CPUs' kernels)"
     )
-    for way in cpu_bf16.POLICIES:
-        rounds = [r["rounds"] for r in recs[way]]
-        tau = sum(map(sum, rounds)) / sum(map(len, rounds))
-        print(f"  {way:8s} tau {tau:.3f} token-weighted")
+    for w in cpu_bf16.POLICIES:
+        print(f"  {w:8s} tau {tau(recs[w]):.3f} token-weighted")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,9 @@
-"""The eval's drafter part at a 27B's proportions: round starts vs every completion position.
+"""What does the eval's drafter part cost at a 27B's proportions, drafting only where rounds
+start, against drafting at every completion position?
 
-Setup, a Qwen3.6-27B's shape ratios scaled down: a random-weight Qwen3 target of 20 layers,
-hidden 256, MLP 3.4x hidden (17408 / 5120), grouped-query attention, its LM head ~5% of
-its weights (vocab 4096; the 27B's is 4.7%), 39 MB in bf16 (``--hidden`` scales every
-width and the vocabulary with it, the ratios kept); and a 5-layer block-16 DFlash
-drafter (layers of the target's shape, features of 5 target layers) of about 1/4-1/5 of its
-weights, trained for real with `orchestrator.demo.train.train_drafter` on the target's own
-greedy completions of random prompts until its token-weighted tau on the evaluation samples
-(``--samples`` of the training samples: a random target's completions are loops of its own,
-which a drafter learns sample by sample) reaches ``--tau`` (3). Target, samples and the
-trained drafter are cached under ``--workdir`` (default
+Setup: the trained 27B-shaped pair (`common.pair`: a 20-layer hidden-256 Qwen3 target at
+Qwen3.6-27B's shape ratios, 39 MB in bf16; a 5-layer block-16 drafter trained on it to a
+token-weighted tau of ``--tau``, 3), cached under ``--workdir`` (default
 ``~/.cache/dflash/bench-drafter-share``), so a rerun measures without retraining.
 
 Measured in ONE run, rounds interleaved (median of ``--repeats``), on the same samples,
@@ -21,9 +15,9 @@ with the DDTree budgets (``--budgets``) and again without (the chain walk only):
   start rounds, all walks of the samples in lockstep (`remote.eval.walk.Lockstep`,
   `remote.eval.walk.eval_stream`);
 * ``before``: the engine as #29 found it (``--before``, default b4dc523, the parent of the
-  first commit drafting only where rounds start), in a child process importing that
-  commit's ``remote/`` (`engine_before.py`): a block at every completion position, one
-  sample at a time; its chain rounds must be today's;
+  first commit drafting only where rounds start), checked out as a git worktree and run in
+  a child process importing its ``remote/`` (`common.baseline`): a block at every
+  completion position, one sample at a time; its chain rounds must be today's;
 * a bare transformers forward of the target over each sample (full logits).
 
 The parts are timed in process CPU seconds (``--clock cpu``, the default: on a shared
@@ -49,289 +43,53 @@ or not in float32: `check_rounds`); the script stops if not.
 
 from __future__ import annotations
 
-import argparse
-import functools
 import itertools
 import json
 import os
-import random
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import types
+from contextlib import ExitStack
+from functools import partial
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common.baseline import ENGINE_29, NoRevision, earlier_engine, worktree
+from common.measure import interleave, load_avg, loads
+from common.models import head_share
+from common.pair import bare, budget_list, engine, loaded, parser
 
-from common import head_share, load_avg  # noqa: E402 (benchmarks/ is on the path)
-
-from remote.eval.metrics import round_starts  # noqa: E402 (after the path fix above)
-from remote.protocol import DEFAULT_BUDGETS  # noqa: E402
-
-
-# A 27B's shape ratios (Qwen3.6-27B: MLP 3.4x hidden, grouped-query attention, head ~5% of
-# the weights, a 5-layer drafter of the target's layer shape) at ``--hidden`` (256 by
-# default: small enough to train the drafter on two cores in minutes).
-def shapes(hidden: int) -> tuple[dict, dict]:
-    """(target, drafter) settings at ``hidden``: heads of 64, one kv head per 4, the MLP
-    3.375x hidden and the vocabulary 16x hidden, so every ratio stays as at 256."""
-    mlp = hidden * 27 // 8
-    target = dict(
-        hidden_size=hidden,
-        num_layers=20,
-        num_heads=hidden // 64,
-        num_kv_heads=hidden // 256,
-        intermediate_size=mlp,
-        model_vocab_size=16 * hidden,
-    )
-    return target, dict(num_layers=5, block_size=16, head_dim=64, intermediate_size=mlp)
+from remote.eval.metrics import round_starts
 
 
-LAYER_IDS = [1, 5, 9, 13, 17]  # spread over the target, the last layers left out
-
-
-def greedy_rows(target_dir: str, n: int, prompt: int, completion: int, seed: int) -> list[dict]:
-    """``n`` samples of random-token prompts and the target's greedy completions (float32,
-    transformers' own generate with its KV cache, the prompts batched: they are all
-    ``prompt`` tokens long, so nothing is padded)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    vocab = hf.config.vocab_size
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(8, vocab) for _ in range(prompt)] for _ in range(n)]
-    x = torch.tensor(prompts)
-    with torch.inference_mode():
-        out = hf.generate(
-            x,
-            attention_mask=torch.ones_like(x),
-            do_sample=False,
-            max_new_tokens=completion,
-            min_new_tokens=completion,
-        )
-    return [
-        {"id": f"{seed}-{i}", "prompt_ids": p, "completion_ids": out[i, prompt:].tolist()}
-        for i, p in enumerate(prompts)
-    ]
-
-
-def cached_rows(path: str, make) -> list[dict]:
-    if os.path.isfile(path):
-        return [json.loads(line) for line in open(path)]
-    rows = make()
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in rows)
-    os.replace(tmp, path)
-    return rows
-
-
-def walk_tau(target_dir: str, drafter_dir: str, rows: list[dict]) -> float:
-    """Token-weighted tau of the drafter at ``drafter_dir`` on ``rows`` (bf16, the default
-    eval, its products computed as the eval does here)."""
-    import torch
-
-    from remote.eval.device import computing
-    from remote.eval.drafter import load_drafter
-    from remote.eval.target import load_target
-    from remote.eval.walk import WalkOptions, eval_batch
-
-    target = load_target(target_dir, torch.bfloat16)
-    drafter, _ = load_drafter(drafter_dir, torch.bfloat16)
-    samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
-    with computing(torch.device("cpu")):
-        rounds = [r["rounds"] for r in eval_batch(target, drafter, samples, WalkOptions())]
-    return sum(map(sum, rounds)) / sum(map(len, rounds))
-
-
-def setup(args) -> tuple[str, str, list[dict], dict]:
-    """(target dir, trained drafter dir, evaluation samples, training facts), cached.
-
-    The drafter trains on ``--train-samples`` greedy completions, the first ``--samples``
-    of which are the evaluation samples, with a checkpoint every 50 steps, and stops at
-    the first whose token-weighted tau on them reaches ``--tau`` (or at ``--train-steps`` or
-    after ``--train-minutes``: that checkpoint is measured, but not cached as the choice).
-    ``--drafter``: that checkpoint (of a training here) instead of the chosen one.
-    """
-    import torch
-
-    from orchestrator.demo.models import build_qwen3_target
-    from orchestrator.demo.train import train_drafter
-
-    # every cached thing is named for the shapes it depends on, so a changed shape rebuilds
-    target_shape, drafter_shape = shapes(args.hidden)
-    shape = "t{num_layers}x{hidden_size}v{model_vocab_size}".format(**target_shape)
-    work = os.path.join(args.workdir, shape)
-    os.makedirs(work, exist_ok=True)
-    target = os.path.join(work, "target")
-    if not os.path.isfile(os.path.join(target, "model.safetensors")):
-        build_qwen3_target(target, dtype="bfloat16", **target_shape)
-    length = f"p{args.prompt}c{args.completion}"
-    train = cached_rows(
-        os.path.join(work, f"train-{length}-n{args.train_samples}.jsonl"),
-        lambda: greedy_rows(target, args.train_samples, args.prompt, args.completion, seed=1),
-    )
-    evals = train[: args.samples]
-    d = "d{num_layers}b{block_size}".format(**drafter_shape)
-    name = f"drafter-{d}-{length}-n{args.train_samples}-lr{args.lr}-tau{args.tau}"
-    folder = os.path.join(work, name)
-    chosen = os.path.join(folder, "chosen.json")
-    if args.drafter:  # e.g. a checkpoint of a training stopped before its goal
-        return target, args.drafter, evals, {"drafter": args.drafter, "train_s": None}
-    if not os.path.isfile(chosen):
-        t = time.perf_counter()
-        torch.set_num_threads(args.threads)
-        taus: dict[str, float] = {}
-
-        def reached(path: str) -> bool:
-            taus[path] = walk_tau(target, path, evals)
-            print(f"  {os.path.basename(path)}: tau {taus[path]:.2f}", flush=True)
-            late = time.perf_counter() - t > 60 * args.train_minutes
-            return taus[path] >= args.tau or late
-
-        shutil.rmtree(folder, ignore_errors=True)
-        print(f"training the drafter (until tau {args.tau} on the evaluation samples) ...")
-        paths = train_drafter(
-            target,
-            folder,
-            save_steps=tuple(range(50, args.train_steps + 1, 50)),
-            target_layer_ids=LAYER_IDS,
-            rows=train,
-            blocks_per_sample=16,
-            batch_samples=2,
-            lr=args.lr,
-            until=reached,
-            **drafter_shape,
-        )
-        facts = {"drafter": paths[-1], "tau": taus[paths[-1]], "train_s": time.perf_counter() - t}
-        if facts["tau"] < args.tau:  # stopped by --train-minutes: used once, never cached
-            print(f"training stopped before tau {args.tau}; measuring {paths[-1]}")
-            return target, paths[-1], evals, facts
-        with open(chosen + ".tmp", "w") as fh:
-            json.dump(facts, fh)
-        os.replace(chosen + ".tmp", chosen)
-    facts = json.load(open(chosen))
-    return target, facts["drafter"], evals, facts
-
-
-def loaded(args) -> types.SimpleNamespace:
-    """The set-up (`setup`) loaded for measuring, in bfloat16 with ``--threads``: its
-    ``target_dir``, ``drafter_dir`` and training ``facts``; the engine's ``target`` and
-    ``drafter`` (with its load ``report``); ``hf``, the target as a transformers model
-    (the bare forward); ``samples``, (prompt ids, completion ids) each."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from remote.eval.drafter import load_drafter
-    from remote.eval.target import load_target
-
-    target_dir, drafter_dir, rows, facts = setup(args)
-    torch.set_num_threads(args.threads)
-    drafter, report = load_drafter(drafter_dir, torch.bfloat16)
-    return types.SimpleNamespace(
-        target_dir=target_dir,
-        drafter_dir=drafter_dir,
-        facts=facts,
-        target=load_target(target_dir, torch.bfloat16),
-        drafter=drafter,
-        report=report,
-        hf=AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval(),
-        samples=[(r["prompt_ids"], r["completion_ids"]) for r in rows],
-    )
-
-
-def engine(target, drafter, samples, positions: str, budgets: list[int]) -> list[dict]:
-    """What `remote.eval.engine.run_eval` runs for ``samples`` (prompt, completion): their
-    records, the samples walking in its pool (`remote.eval.walk.eval_stream`)."""
-    from remote.eval.walk import WalkOptions, eval_batch
-
-    return eval_batch(target, drafter, samples, WalkOptions(budgets=budgets, positions=positions))
-
-
-# The engine as #29 found it: the parent of e21d99a, the first commit drafting blocks only
-# where rounds start (it drafts a block at every completion position, one sample at a time).
-BEFORE = "b4dc5237137d183244e61f9f6c09452118f50708"
-
-
-def before_tree(rev: str, into: str) -> str | None:
-    """``rev``'s ``remote/`` extracted under ``into`` (`engine_before.py` imports it), or
-    None, said in one line, where this is no git checkout holding ``rev``."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    tree = os.path.join(into, "before")
-    os.makedirs(tree)
-    archive = subprocess.run(
-        ["git", "-C", repo, "archive", "--format=tar", rev, "remote"],
-        capture_output=True,
-    )
-    if archive.returncode != 0:
-        why = archive.stderr.decode(errors="replace").strip().splitlines()[-1:]
-        print(f"before: no engine of {rev} to measure ({' '.join(why) or 'git failed'})")
-        return None
-    subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
-    return tree
-
-
-def run_before(tree: str, dirs, samples_file: str, threads: int, clock: str, budgets: tuple):
-    """One timed pass of the engine in ``tree`` over the samples, in a child process
-    (`engine_before.py`): its records and the pass's wall and CPU seconds."""
-    from remote.eval import cpu_bf16
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    cmd = [sys.executable, os.path.join(here, "engine_before.py"), tree, *dirs, samples_file]
-    cmd += ["--budgets", ",".join(map(str, budgets)), "--threads", str(threads)]
-    cmd += ["--bf16-products", cpu_bf16.policy()]  # its products computed as today's are
-    out = subprocess.run([*cmd, "--clock", clock], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"before: the earlier engine failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout)
-
-
-def timed_modes(target, drafter, hf, samples, budget_sets, repeats: int, before=None) -> dict:
-    """Per mode (``all`` or ``walk``, with each of ``budget_sets``; and ``before``, the
-    earlier engine, where ``before`` (`run_before` but for the budgets) is given), the
-    median over interleaved rounds of its wall and CPU time and parts; the records of the
-    last round. Every mode computes its bfloat16 products as the eval does on this CPU
-    (`remote.eval.device.computing`)."""
+def timed_modes(m, budget_sets, repeats: int, before=None):
+    """Per mode (``all`` and ``walk`` with each of ``budget_sets``; and ``before``, the
+    earlier engine, where ``before`` (`earlier_engine` but for the budgets) is given) and
+    the bare forward, interleaved rounds of wall and CPU time and parts; the records of the
+    last round. Every mode computes its bf16 products as the eval does on this CPU."""
     import torch
 
     from remote.eval.device import computing
 
-    def bare() -> None:
-        for p, c in samples:
-            hf(input_ids=torch.tensor([p + c]))
+    recs: dict = {}
+
+    def run(mode: str, budgets: tuple) -> dict:
+        if mode == "before":
+            got = before(budgets)  # its child's timed pass, not its start and loads
+            recs[(mode, budgets)] = got["records"]
+            spent = {"wall": got["wall"], "cpu": got["cpu"]}
+        else:
+            recs[(mode, budgets)] = engine(m.target, m.drafter, m.samples, mode, list(budgets))
+            spent = {}
+        parts = ("target", "drafter", "ddtree")
+        return spent | {k: sum(r["seconds"][k] for r in recs[(mode, budgets)]) for k in parts}
 
     names = ("all", "walk") if before is None else ("before", "all", "walk")
-    modes = ["bare"] + [(m, tuple(b)) for b in budget_sets for m in names]
-    times: dict = {m: {} for m in modes}
-    recs: dict = {}
+    modes = {"bare": partial(bare, m.hf, m.samples)}
+    modes |= {(n, tuple(b)): partial(run, n, tuple(b)) for b in budget_sets for n in names}
     with torch.inference_mode(), computing(torch.device("cpu")):
-        bare()  # warm-up of both
-        engine(target, drafter, samples, "walk", list(budget_sets[0]))
-        for r in range(repeats):
-            for mode in modes if r % 2 == 0 else modes[::-1]:
-                t, cpu = time.perf_counter(), time.process_time()
-                got = None
-                if mode == "bare":
-                    bare()
-                elif mode[0] == "before":
-                    got = before(mode[1])
-                    recs[mode] = got["records"]
-                else:
-                    recs[mode] = engine(target, drafter, samples, mode[0], list(mode[1]))
-                spent = {"wall": time.perf_counter() - t, "cpu": time.process_time() - cpu}
-                if got is not None:  # its child's timed pass, not its start and loads
-                    spent = {k: got[k] for k in spent}
-                for k, v in spent.items():
-                    times[mode].setdefault(k, []).append(v)
-                for part in ("target", "drafter", "ddtree"):
-                    if mode != "bare":
-                        part_s = sum(rec["seconds"][part] for rec in recs[mode])
-                        times[mode].setdefault(part, []).append(part_s)
-    med = {m: {k: statistics.median(v) for k, v in parts.items()} for m, parts in times.items()}
-    return {"median": med, "records": recs}
+        bare(m.hf, m.samples)  # warm-up of both
+        engine(m.target, m.drafter, m.samples, "walk", list(budget_sets[0]))
+        got = interleave(modes, repeats)
+    return got.medians(), recs
 
 
 OTHER_CHUNK = 7  # blocks per drafter call unlike any default (`auto_chunk` gives 16 or more)
@@ -380,59 +138,6 @@ def check_rounds(dirs, target, drafter, samples, budgets, old: list, new: list) 
             "in the two modes in bf16 (near-ties: as in the all-positions engine at another "
             f"chunk{'' if not unexplained else f', or the same in float32 for {unexplained}'})"
         )
-
-
-def hidden_size(text: str) -> int:
-    """``--hidden``: a positive multiple of 256, so the heads (of 64) split evenly into kv
-    groups of 4 as at 256."""
-    if not text.isdigit() or int(text) == 0 or int(text) % 256:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive multiple of 256 (e.g. 512)")
-    return int(text)
-
-
-def parse_args() -> argparse.Namespace:
-    ap = parser(__doc__)
-    ap.add_argument(  # this script's own: the set-up's takers measure no earlier engine
-        "--before",
-        default=BEFORE,
-        help="also measure this commit's engine (default: the engine as #29 found it); "
-        "'none': do not",
-    )
-    return ap.parse_args()
-
-
-def parser(doc: str) -> argparse.ArgumentParser:
-    """The set-up's and the measurement's options (`setup`), for this script and those that
-    take its set-up; ``doc``: the script's description."""
-    ap = argparse.ArgumentParser(
-        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--workdir", default=os.path.expanduser("~/.cache/dflash/bench-drafter-share"))
-    ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument(
-        "--hidden", type=hidden_size, default=256, help="target and drafter hidden size"
-    )
-    ap.add_argument("--prompt", type=int, default=64)
-    ap.add_argument("--completion", type=int, default=320)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--budgets", default=",".join(map(str, DEFAULT_BUDGETS)))
-    ap.add_argument("--train-samples", type=int, default=8)
-    ap.add_argument("--train-steps", type=int, default=1500, help="at most")
-    ap.add_argument("--tau", type=float, default=3.0, help="train until this tau, at least")
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument(
-        "--train-minutes", type=float, default=60, help="stop training after this, at most"
-    )
-    ap.add_argument("--drafter", help="measure this checkpoint of a training here instead")
-    ap.add_argument(
-        "--clock",
-        choices=("cpu", "wall"),
-        default="cpu",
-        help="the parts' clock: process CPU time (default; wall time on a shared machine "
-        "moves with the other processes' load) or wall time",
-    )
-    return ap
 
 
 def check_before(before: list, new: list, budgets: tuple) -> None:
@@ -503,7 +208,7 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str, rev: str | No
     """The parts of both modes (and of ``rev``'s engine, where measured) with ``budgets``,
     the drafter's share of each eval, and the new / old ratios."""
     old, new, first = ("all", budgets), ("walk", budgets), ("before", budgets)
-    who = "#29's engine" if rev == BEFORE else f"{rev}'s engine"
+    who = "#29's engine" if rev == ENGINE_29 else f"{rev}'s engine"
     rounds = [r["rounds"] for r in recs[new]]
     tau = sum(map(sum, rounds)) / sum(map(len, rounds))
     per_sample = statistics.mean(sum(r) / len(r) for r in rounds)
@@ -579,41 +284,47 @@ def print_parts(med: dict, recs: dict, budgets: tuple, clock: str, rev: str | No
 
 
 def main() -> None:
-    args = parse_args()
+    ap = parser(__doc__)
+    ap.add_argument(
+        "--before",
+        default=ENGINE_29,
+        help="also measure this commit's engine (default: the engine as #29 found it); "
+        "'none': do not",
+    )
+    args = ap.parse_args()
     import torch
 
     from remote.eval.device import computing
 
-    budgets = [int(b) for b in args.budgets.split(",") if b]
+    budgets = budget_list(args)
     m = loaded(args)
-    target_dir, drafter_dir, facts = m.target_dir, m.drafter_dir, m.facts
-    target, drafter, report, hf, samples = m.target, m.drafter, m.report, m.hf, m.samples
-    print_setup(args, target_dir, drafter, report, samples, budgets, facts)
-
+    print_setup(args, m.target_dir, m.drafter, m.report, m.samples, budgets, m.facts)
     budget_sets = [tuple(budgets), ()] if budgets else [()]
     if args.clock == "cpu":
         from remote.eval import drafts
 
         drafts.CLOCK = time.process_time
-    dirs = (target_dir, drafter_dir)
-    with tempfile.TemporaryDirectory(prefix="bench-before-") as tmp:
-        tree = None if args.before == "none" else before_tree(args.before, tmp)
+    dirs = (m.target_dir, m.drafter_dir)
+    with ExitStack() as stack:
         before = None
+        try:
+            tree = None if args.before == "none" else stack.enter_context(worktree(args.before))
+        except NoRevision as e:  # e.g. a shallow clone: measure today's modes alone
+            print(e)
+            tree = None
         if tree is not None:
-            path = os.path.join(tmp, "samples.json")
+            path = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "s.json")
             with open(path, "w") as fh:
-                json.dump(samples, fh)
-            before = functools.partial(run_before, tree, dirs, path, args.threads, args.clock)
+                json.dump(m.samples, fh)
+            before = partial(earlier_engine, tree, dirs, path, args.threads, args.clock)
         load = load_avg()
-        got = timed_modes(target, drafter, hf, samples, budget_sets, args.repeats, before)
-    print(
-        f"load average (1, 5, 15 min): {load} before, {load_avg()} after; median of "
-        f"{args.repeats} interleaved rounds"
-    )
-    med, recs = got["median"], got["records"]
+        med, recs = timed_modes(m, budget_sets, args.repeats, before)
+    print(f"{loads(load)}; median of {args.repeats} interleaved rounds")
     for b in budget_sets:
         with computing(torch.device("cpu")):  # as the rounds were walked
-            check_rounds(dirs, target, drafter, samples, b, recs[("all", b)], recs[("walk", b)])
+            check_rounds(
+                dirs, m.target, m.drafter, m.samples, b, recs[("all", b)], recs[("walk", b)]
+            )
         if before is not None:
             check_before(recs[("before", b)], recs[("walk", b)], b)
     for b in budget_sets:

@@ -1,13 +1,12 @@
-"""The eval host's target-feature cache: what a checkpoint's eval costs once another kept them.
+"""What does a checkpoint's eval cost once another's kept the target's features?
 
-Setup: `eval_drafter_share.py`'s, cached there (a random Qwen3 target of 20 layers, hidden
-256, at a 27B's shape ratios; a 5-layer block-16 drafter of about 1/4-1/5 its weights,
-trained to a token-weighted tau of 3; its checkpoints every 50 steps), with the same
-options. Each eval is `remote.eval.engine.run_eval`, the library function an eval job
-runs, with the job's default engine settings (DDTree at the default budgets) and its
-``--threads``; ``eval`` is the engine's walk over the samples (its ``timings.eval_s``:
-target features, drafter, DDTree), a checkpoint's ``drafter part`` its drafter and DDTree
-seconds (what depends on the checkpoint).
+Setup: the trained 27B-shaped pair (`common.pair`, as `eval_drafter_share.py` uses it, with
+the same options; its drafter's checkpoints every ``--save-every`` steps). Each eval is
+`remote.eval.engine.run_eval`, the library function an eval job runs, with the job's default
+engine settings (DDTree at the default budgets) and its ``--threads``; ``eval`` is the
+engine's walk over the samples (its ``timings.eval_s``: target features, drafter, DDTree), a
+checkpoint's ``drafter part`` its drafter and DDTree seconds (what depends on the
+checkpoint).
 
 Measured in ONE run, ``--repeats`` rounds (medians), each round with an empty cache:
 
@@ -37,17 +36,14 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common.measure import goal, load_avg, loads
+from common.pair import budget_list, parser, setup
 
-import eval_drafter_share as share  # noqa: E402 (benchmarks/ is on the path)
-from common import load_avg  # noqa: E402
-
-from remote.protocol import JOB_ENGINE_DEFAULT  # noqa: E402
+from remote.protocol import JOB_ENGINE_DEFAULT
 
 
 def checkpoints(chosen: str, n: int) -> list[str]:
@@ -133,14 +129,14 @@ def weight_bytes(target_dir: str) -> tuple[int, int]:
 
 
 def main() -> None:
-    args = share.parse_args()
+    args = parser(__doc__).parse_args()
     import torch
 
-    target_dir, chosen, rows, facts = share.setup(args)
+    target_dir, chosen, rows, facts = setup(args)
     ckpts = checkpoints(chosen, 3)
     torch.set_num_threads(args.threads)
     whole_bytes, ends_bytes = weight_bytes(target_dir)
-    budgets = tuple(int(b) for b in args.budgets.split(",") if b)
+    budgets = tuple(budget_list(args))
     work = tempfile.mkdtemp(prefix="dflash-bench-feature-cache-")
     gt = os.path.join(work, "gt.jsonl")
     with open(gt, "w") as fh:
@@ -155,7 +151,7 @@ def main() -> None:
     )
     tokens = sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
     print(
-        f"setup: eval_drafter_share's (target 20 layers x hidden {args.hidden}, 5-layer block-16 "
+        f"setup: the 27B-shaped pair (target 20 layers x hidden {args.hidden}, 5-layer block-16 "
         f"drafter trained to tau {facts.get('tau') or float('nan'):.2f}); {len(rows)} samples, "
         f"{tokens} tokens; positions {spec.positions}; DDTree budgets "
         f"{','.join(map(str, budgets)) or 'none'}; threads {args.threads}"
@@ -171,7 +167,7 @@ def main() -> None:
         t = time.perf_counter()
         rounds.append(one_round(spec, ckpts, os.path.join(work, f"r{r}")))
         print(f"  round {r + 1}: {time.perf_counter() - t:.1f} s (load {load_avg()})", flush=True)
-    print(f"load average (1, 5, 15 min): {before} before, {load_avg()} after")
+    print(loads(before))
     for name, ckpt in zip(("A cold", "B warm", "C warm"), ckpts, strict=True):
         recs = rounds[0][name]["records"]
         tau = sum(sum(r["rounds"]) for r in recs) / sum(len(r["rounds"]) for r in recs)
@@ -191,7 +187,7 @@ def main() -> None:
             f"  {rounds[0][name]['features']['target_loaded']}"
         )
     warm = statistics.median(rd["B warm"]["eval"] / rd["B warm"]["drafter"] for rd in rounds)
-    print(f"B warm: eval / its drafter part = {warm:.3f}   (goal <= 1.1)")
+    goal("B warm: eval / its drafter part", warm, "<=", 1.1, digits=3)
     whole = statistics.median(rd["B warm"]["wall"] / rd["B warm"]["drafter"] for rd in rounds)
     none = statistics.median(
         rd["B no cache"]["wall"] / rd["B no cache"]["drafter"] for rd in rounds
@@ -213,9 +209,8 @@ def main() -> None:
         return sum(s["eval"] for s in steps) / bound
 
     ratio = statistics.median(follow_ratio(rd) for rd in rounds)
-    print(
-        f"follow over 3: evals / (one target forward + 3 drafter parts) = {ratio:.3f}   "
-        f"(goal <= 1.1)"
+    goal(
+        "follow over 3: evals / (one target forward + 3 drafter parts)", ratio, "<=", 1.1, digits=3
     )
 
     def follow_walls(rd: dict) -> float:
@@ -225,10 +220,8 @@ def main() -> None:
         return sum(rd[name]["wall"] for name in ("A cold", "B warm", "C warm")) / bound
 
     walls = statistics.median(follow_walls(rd) for rd in rounds)
-    print(
-        f"follow over 3, whole run_evals: walls / (one eval without the cache + 2 more "
-        f"drafter parts) = {walls:.3f}   (goal <= 1.1)"
-    )
+    label = "follow over 3, whole run_evals: walls / (one eval without the cache + 2 drafter parts)"
+    goal(label, walls, "<=", 1.1, digits=3)
     cold = statistics.median(rd["A cold"]["target"] / rd["B no cache"]["target"] for rd in rounds)
     print(
         f"A cold's target part (features computed and kept) / a target part without the "

@@ -1,4 +1,4 @@
-"""Benchmark the ground-truth phase: requests in flight together against one at a time.
+"""How much faster is the ground-truth phase with requests in flight together than one at a time?
 
 The server models a GPU serving engine (SGLang): requests arriving together are answered as
 one batch, `--latency` seconds after the batch closes (a batched generation costs about what
@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common.measure import goal, interleave, load_avg
 
-from orchestrator.demo.models import build_qwen3_target  # noqa: E402
-from orchestrator.demo.servers import BatchedReply, ScriptedServer, ids_reply  # noqa: E402
-from remote.eval import groundtruth  # noqa: E402
-from remote.protocol import GT_DEFAULT_CONCURRENCY  # noqa: E402
+from orchestrator.demo.models import build_qwen3_target
+from orchestrator.demo.servers import BatchedReply, ScriptedServer, ids_reply
+from remote.eval import groundtruth
+from remote.protocol import GT_DEFAULT_CONCURRENCY
 
 
 def answer(path: str, body: dict) -> dict:
@@ -35,12 +32,12 @@ def answer(path: str, body: dict) -> dict:
     return ids_reply([len(prompt) % 300, prompt[-1]] * 8)(path, body)
 
 
-def phase(
-    tmp: Path, target: str, prompts: Path, url: str, concurrency: int, run: int
-) -> tuple[float, str]:
+def phase(tmp: Path, target: str, prompts: Path, url: str, concurrency: int) -> tuple[float, str]:
+    """(seconds, records) of the whole phase with ``concurrency`` requests in flight, on a
+    fresh cache."""
     spec = {
         "eval": {"target": target},  # the job's EvalSpec (remote.protocol.JOB_EVAL_KEY)
-        "workdir": str(tmp / f"wd-{concurrency}-{run}"),
+        "workdir": tempfile.mkdtemp(prefix=f"wd-{concurrency}-", dir=tmp),
         "prompts": {"path": str(prompts)},
         "seed": 0,
         "sampling": {"temperature": 0, "max_new_tokens": 16},
@@ -73,30 +70,27 @@ def main() -> None:
             )
         )
         reply = BatchedReply(answer, latency=args.latency)
-        times: dict[int, list[float]] = {1: [], args.concurrency: []}
+        outputs: dict[int, str] = {}
+
+        def run(c: int) -> dict:
+            took, outputs[c] = phase(tmp, target, prompts, server.url, c)
+            return {"wall": took}
+
         with ScriptedServer(reply) as server:
-            for run in range(args.rounds):
-                outputs = {}
-                for c in times:  # interleaved: serial, then concurrent, each round
-                    took, outputs[c] = phase(tmp, target, prompts, server.url, c, run)
-                    times[c].append(took)
-                assert outputs[1] == outputs[args.concurrency], "records differ"
-    serial = statistics.median(times[1])
-    together = statistics.median(times[args.concurrency])
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+            ways = {"serial": lambda: run(1), "together": lambda: run(args.concurrency)}
+            got = interleave(ways, args.rounds)
+        assert outputs[1] == outputs[args.concurrency], "records differ"
+    serial, together = got.median("serial"), got.median("together")
     print(
         f"ground truth, {args.prompts} prompts, server batch latency {args.latency:g}s, "
-        f"{args.rounds} interleaved rounds, load avg {load}"
+        f"{args.rounds} interleaved rounds, load avg {load_avg()}"
     )
     print(f"  serial (concurrency 1):        {serial:6.2f} s")
     print(
         f"  {'concurrency ' + str(args.concurrency) + ':':31}{together:6.2f} s  "
         f"(batches seen: {max(reply.batches)} requests at most)"
     )
-    print(
-        f"  serial / concurrent:           {serial / together:6.2f}x  (goal >= 5); "
-        "records identical"
-    )
+    goal("  serial / concurrent", serial / together, ">=", 5, "records identical")
 
 
 if __name__ == "__main__":

@@ -1,83 +1,148 @@
-"""Benchmark the online measurement against the offline engine, same checkpoint and prompts.
+"""What does the online measurement (a vLLM server) cost against the offline engine?
 
-On the tiny Qwen3 target and the one-layer DFlash drafter of `orchestrator.demo.vllm` (built
-and cached on first use): vLLM's server start-up (the online measurement's fixed cost), its
-measurement of the 24 ground-truth samples (`remote.online.vllm.measure`: per-token cost),
-and our offline engine (`remote.eval.engine.run_eval`, float32) on the same samples. Prints
-the times, the ratios online / offline and the load average beside them (this box is
-shared: ratios measured in the same run are what to compare).
+    python benchmarks/online.py [--drafter one-layer|two-layer] [--only measure,job]
 
-    python benchmarks/online.py [--drafter one-layer|two-layer]
+On the tiny Qwen3 target and the DFlash drafters of `orchestrator.demo.vllm` (built and
+cached on first use), its 24 ground-truth samples x 40 tokens, float32, one thread (as
+vLLM runs here: one OpenMP thread):
+
+* ``measure``: vLLM's start-up (the online measurement's fixed cost) and its measurement
+  of the samples (`remote.online.vllm.measure`: the per-token cost), against the offline
+  engine (`remote.eval.engine.run_eval`) on the same samples;
+* ``job``: ``dflash online`` end to end (the chain walk, plus vLLM started on the host's
+  loopback and every prompt through it) against ``dflash remote-eval`` (the chain walk
+  only), over a loopback sshd eval host, each from the command's start to its end, after
+  one untimed remote-eval (it pushes the bundle).
+
+Prints the times, the ratios and the load average beside them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import ROOT
+from common.hosts import inventory, loopback
+from common.measure import load_avg
 
-from orchestrator.demo.vllm import VllmServer, vllm_models  # noqa: E402
-from remote.online.vllm import measure  # noqa: E402
-
-
-def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+from orchestrator.demo.vllm import VllmServer, vllm_models, vllm_python
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--drafter", default="one-layer")
-    args = ap.parse_args()
-    models = vllm_models()
-    drafter = models.drafters[args.drafter][-1]
+def measure_rows(models, drafter: Path) -> None:
+    """vLLM's start-up and measurement against the offline engine's eval."""
+    from remote.eval.engine import run_eval
+    from remote.online.vllm import measure
+    from remote.protocol import EvalSpec
+
     rows = models.rows()
     tokens = sum(len(r["completion_ids"]) for r in rows)
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"load before: {load()}")
-        from remote.eval.engine import run_eval
-        from remote.protocol import EvalSpec
-
+        spec = {
+            "target": str(models.target),
+            "drafter": str(drafter),
+            "ground_truth": str(models.ground_truth),
+            "output_dir": str(Path(tmp) / "off"),
+            "dtype": "float32",
+            "threads": 1,
+        }
         t0 = time.perf_counter()
-        result = run_eval(
-            EvalSpec.from_json(
-                {
-                    "target": str(models.target),
-                    "drafter": str(drafter),
-                    "ground_truth": str(models.ground_truth),
-                    "output_dir": str(Path(tmp) / "off"),
-                    "dtype": "float32",
-                    "threads": 1,  # as vLLM runs here: one OpenMP thread
-                }
-            ),
-            on_event=lambda _e: None,
-        )
+        result = run_eval(EvalSpec.from_json(spec), on_event=lambda _e: None)
         offline_total = time.perf_counter() - t0
         offline_eval = result["timings"]["eval_s"]
         print(
             f"offline engine: {offline_total:.2f} s in all, {offline_eval:.3f} s walking "
-            f"{len(rows)} samples ({tokens} tokens)  (load {load()})"
+            f"{len(rows)} samples ({tokens} tokens)  (load {load_avg()})"
         )
         t0 = time.perf_counter()
         with VllmServer(models.target, Path(tmp), drafter) as server:
             startup = time.perf_counter() - t0
             run = measure(server.url, rows, 320)
         online_total = time.perf_counter() - t0
-        per_token = run["seconds"] / run["tokens"]
-        print(
-            f"vLLM: start-up {startup:.1f} s, measurement {run['seconds']:.2f} s for "
-            f"{run['tokens']} tokens = {1000 * per_token:.2f} ms/token, "
-            f"{online_total:.1f} s in all  (load {load()})"
-        )
-        print(
-            f"ratios: online measurement / offline walk {run['seconds'] / offline_eval:.1f}x, "
-            f"online in all / offline in all {online_total / offline_total:.1f}x, "
-            f"start-up / measurement {startup / run['seconds']:.1f}x"
-        )
+    print(
+        f"vLLM: start-up {startup:.1f} s, measurement {run['seconds']:.2f} s for "
+        f"{run['tokens']} tokens = {1000 * run['seconds'] / run['tokens']:.2f} ms/token, "
+        f"{online_total:.1f} s in all  (load {load_avg()})"
+    )
+    print(
+        f"ratios: online measurement / offline walk {run['seconds'] / offline_eval:.1f}x, "
+        f"online in all / offline in all {online_total / offline_total:.1f}x, "
+        f"start-up / measurement {startup / run['seconds']:.1f}x"
+    )
+
+
+def timed(*args: str) -> tuple[float, dict]:
+    """Run ``dflash ARGS --json``; its wall time and its JSON answer."""
+    t0 = time.perf_counter()
+    run = subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=1800,
+    )
+    seconds = time.perf_counter() - t0
+    if run.returncode != 0:
+        sys.exit(f"dflash {' '.join(args)} failed: {run.stderr.strip().splitlines()[-1:]}")
+    return seconds, json.loads(run.stdout)
+
+
+def job_rows(models, drafter: Path) -> None:
+    """``dflash online`` end to end against ``dflash remote-eval``."""
+    with tempfile.TemporaryDirectory(prefix="dflash-online-") as tmp:
+        base = Path(tmp)
+        with loopback(base, ("evalhost",)) as servers:
+            role = {
+                "drafters": str(drafter.parent),
+                "target_model": str(models.target),
+                "ground_truth": str(models.ground_truth),
+                "ground_truth_kind": "file",
+                "dtype": "float32",
+                "threads": 1,
+                "serve": {"engine": "vllm", "python": str(vllm_python()), "kv_cache_gib": 1},
+            }
+            defaults = {"eval_host": "evalhost", "results_dir": str(base / "r")}
+            inv = inventory(base, servers, {"evalhost": {"eval": role}}, defaults)
+            which = ("-c", drafter.name, "-i", str(inv))
+            timed("remote-eval", *which, "--budgets", "", "--samples", "1")  # pushes the bundle
+            offline_s, _ = timed("remote-eval", *which, "--budgets", "")
+            print(f"remote-eval (chain walk): {offline_s:.1f} s  (load {load_avg()})")
+            online_s, out = timed("online", *which)
+    v = out["verdict"]
+    srv = v["server"]
+    print(
+        f"online: {online_s:.1f} s, verdict {v['verdict']}; server start-up "
+        f"{srv['startup_s']:.1f} s, measurement {srv['seconds']:.2f} s for {srv['tokens']} "
+        f"tokens = {1000 * srv['seconds'] / srv['tokens']:.2f} ms/token  (load {load_avg()})"
+    )
+    print(
+        f"ratios: online / remote-eval {online_s / offline_s:.1f}x; start-up / measurement "
+        f"{srv['startup_s'] / srv['seconds']:.1f}x; start-up / the whole online run "
+        f"{srv['startup_s'] / online_s:.0%}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--drafter", default="one-layer")
+    ap.add_argument("--only", default="measure,job", help="some of: measure, job")
+    args = ap.parse_args()
+    models = vllm_models()
+    drafter = models.drafters[args.drafter][-1]
+    print(f"load before: {load_avg()}")
+    if "measure" in args.only.split(","):
+        measure_rows(models, drafter)
+    if "job" in args.only.split(","):
+        job_rows(models, drafter)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Where the relay's CPU goes: CPU seconds per process for one ``dflash relay`` and one
-``scp -3 -O`` of the same checkpoint, between the benchmark's two loopback sshd hosts.
+"""Where does a relay's CPU go? CPU seconds per process and per machine for ``dflash relay``
+and ``scp -3 -O`` of the same checkpoint, between the relay benchmarks' two loopback hosts.
 
     python benchmarks/relay_cpu.py                    # one 1 GiB file
     python benchmarks/relay_cpu.py --files 8 --size-mib 128 --rounds 2
@@ -17,7 +17,7 @@ Prints per tool a table of CPU seconds per GiB moved, wall time and the load ave
 Besides dflash and scp, two references run in the same rounds over plain ssh connections,
 their clients joined by one 1 MiB pipe: ``ceiling``, ``cat`` on both hosts (no hash, no
 write), and ``floor``, the least a relay that hashes on both ends and writes durably must do
-(`relay_floor`; one file only). Two more tools measure a relay resumed at 50% of a
+(`common/relay_floor.py`; one file only). Two more tools measure a relay resumed at 50% of a
 single-file checkpoint (per GiB of the whole file, so the two compare): ``dflash resume``,
 after a relay cut there (its saved hash states used: no kept prefix hashed again), and
 ``dflash resume-copied``, after the first half was copied into the partial folder by hand
@@ -39,15 +39,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import BENCHMARKS
+from common.measure import load_now, spread
+from common.relay import MiB, RelayHosts, half_partial, killed_at_half, random_file, relay_hosts
 
-from relay import half_partial, killed_at_half  # noqa: E402
-from relay_hosts import MiB, RelayHosts, load_average, random_file, relay_hosts  # noqa: E402
-
-from remote.relay.pipes import widen_pipe  # noqa: E402
+from remote.relay.pipes import widen_pipe
 
 TICK = os.sysconf("SC_CLK_TCK")
-FLOOR = Path(__file__).resolve().parent / "relay_floor.py"
+FLOOR = BENCHMARKS / "common" / "relay_floor.py"
 
 
 def _stat(pid: int) -> tuple[int, str, float] | None:
@@ -331,8 +330,7 @@ def main() -> None:
                     s = measure(h, tool, name, args.cipher)
                     mib_s = total * 1024 / s.wall
                     print(
-                        f"round {rnd + 1} {tool}: {s.wall:.2f} s, {mib_s:.1f} MiB/s "
-                        f"({load_average()})"
+                        f"round {rnd + 1} {tool}: {s.wall:.2f} s, {mib_s:.1f} MiB/s ({load_now()})"
                     )
                     rows = sorted(s.roles.items(), key=lambda kv: -kv[1])
                     for role, cpu in rows:
@@ -414,13 +412,7 @@ def _against(rounds: dict, means: dict, tool: str, base: str) -> None:
     if len(pairs) > 1:
         ws = [x["workstation"] / y["workstation"] for x, y in pairs]
         busiest = [max(x.values()) / max(y.values()) for x, y in pairs]
-        print(
-            f"      round by round: workstation {_spread(ws)}, busiest machine {_spread(busiest)}"
-        )
-
-
-def _spread(xs: list[float]) -> str:
-    return f"{min(xs):.2f}-{max(xs):.2f}x (median {statistics.median(xs):.2f}x)"
+        print(f"      round by round: workstation {spread(ws)}, busiest machine {spread(busiest)}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""Kill ``dflash relay`` at random offsets, resume, and check byte identity each time.
+"""Does a relay stopped at any byte resume to an identical checkpoint, leaving nothing behind?
 
     python benchmarks/relay_kill_resume.py                  # 24 kills, 3-file 48 MiB checkpoint
     python benchmarks/relay_kill_resume.py --kills 40 --size-scale 4 --seed 7
 
-Starts two loopback sshd servers (`orchestrator.demo.sshd`) as trainer and eval host and makes one
-multi-file checkpoint of random bytes. Each round starts the real CLI (``python -m
+Starts the relay benchmarks' two loopback hosts (`common.relay`) and makes one multi-file
+checkpoint of random bytes. Each round starts the real CLI (``python -m
 orchestrator relay``), waits until the destination's partial folder holds a random number of
 bytes (uniform over the checkpoint's size), then stops it one of four ways, in turn:
 ``kill -9`` of the controller, SIGTERM, SIGINT, or killing the eval host's sshd sessions
@@ -27,20 +27,20 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import psutil  # noqa: E402
-from relay_hosts import ROOT, MiB, load_average, relay_hosts  # noqa: E402
+import psutil
+from common import ROOT
+from common.measure import load_now
+from common.relay import MiB, relay_hosts, settle
 
 MODES = ("kill -9", "SIGTERM", "SIGINT", "link drop")
 
 
 def partial_bytes(folder: Path) -> int:
+    """Bytes in every file under ``folder`` (0 while it is not there)."""
     try:
         return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     except OSError:
@@ -56,16 +56,13 @@ def masters_of(pid: int) -> list[psutil.Process]:
     return out
 
 
-def settle(folder: Path) -> None:
-    """Wait until the host-side writer of a dropped connection has drained its pipe."""
-    last = -1
-    while (now := partial_bytes(folder)) != last:
-        last = now
-        time.sleep(0.3)
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder`` but dflash's manifest, by relative path."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in (folder.rglob("*") if folder.exists() else ())
+        if p.is_file() and p.name != ".dflash-manifest.json"
+    }
 
 
 def main() -> None:
@@ -101,7 +98,7 @@ def run_rounds(h, args, rng: random.Random, failures: list[str]) -> None:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(os.urandom(int(mib * MiB * args.size_scale)))
     (src / "COMPLETE").write_bytes(b"")
-    want = {str(p.relative_to(src)): digest(p) for p in src.rglob("*") if p.is_file()}
+    want = digests(src)
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
     cmd = h.cli("step_5")
     subprocess.run(cmd + ["--dry-run"], env=env, cwd=ROOT, capture_output=True)  # push
@@ -138,15 +135,10 @@ def run_rounds(h, args, rng: random.Random, failures: list[str]) -> None:
         if masters_of(proc.pid):
             problems.append("ssh masters left running")
         if final.exists():
-            got = {
-                str(p.relative_to(final)): digest(p)
-                for p in final.rglob("*")
-                if p.is_file() and p.name != ".dflash-manifest.json"
-            }
-            if got != want:
+            if digests(final) != want:
                 problems.append("published checkpoint differs from the source")
         else:
-            settle(partial)
+            settle(partial, partial_bytes)
             for p in partial.rglob("*") if partial.exists() else []:
                 if p.is_file() and not p.name.startswith(".dflash-"):
                     data = p.read_bytes()
@@ -165,16 +157,7 @@ def run_rounds(h, args, rng: random.Random, failures: list[str]) -> None:
             )
         except (ValueError, KeyError, IndexError):
             pass
-        got = (
-            {
-                str(p.relative_to(final)): digest(p)
-                for p in final.rglob("*")
-                if p.is_file() and p.name != ".dflash-manifest.json"
-            }
-            if final.exists()
-            else {}
-        )
-        if got != want:
+        if digests(final) != want:
             problems.append("resumed checkpoint differs from the source")
         print(
             f"round {rnd + 1:2d}: {mode:9s} at {at / MiB:6.1f}/{total / MiB:.1f} MiB "
@@ -186,7 +169,7 @@ def run_rounds(h, args, rng: random.Random, failures: list[str]) -> None:
         shutil.rmtree(partial, ignore_errors=True)
     print(
         f"\n{args.kills} stops at random offsets, {len(failures)} failed checks, "
-        f"{time.monotonic() - t0:.0f} s ({load_average()})"
+        f"{time.monotonic() - t0:.0f} s ({load_now()})"
     )
 
 

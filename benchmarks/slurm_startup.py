@@ -1,4 +1,4 @@
-"""Slurm array start-up on the loopback cluster: what the scheduler adds per array and per task.
+"""What does Slurm add per array and per task, on the loopback cluster?
 
 Starts the tests' loopback cluster (`orchestrator.demo.slurm`: munged, slurmctld, two
 slurmd nodes declared with enough CPUs that every task runs at once) and a loopback sshd as
@@ -23,29 +23,23 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common.measure import load_avg
 
-from orchestrator.demo.slurm import SlurmCluster, missing_programs  # noqa: E402
-from orchestrator.demo.sshd import SSHServer, keygen  # noqa: E402
-from orchestrator.inventory import HostSpec  # noqa: E402
-from orchestrator.slurm.array import ArrayRun, ArrayStatus  # noqa: E402
-from orchestrator.slurm.client import SlurmClient  # noqa: E402
-from orchestrator.slurm.plan import ArrayPlan  # noqa: E402
-from orchestrator.slurm.role import SlurmRole  # noqa: E402
-from orchestrator.transport.hosts import open_host  # noqa: E402
+from orchestrator.demo.slurm import SlurmCluster, missing_programs
+from orchestrator.demo.sshd import SSHServer, keygen
+from orchestrator.inventory import HostSpec
+from orchestrator.slurm.array import ArrayRun, ArrayStatus
+from orchestrator.slurm.client import SlurmClient
+from orchestrator.slurm.plan import ArrayPlan
+from orchestrator.slurm.role import SlurmRole
+from orchestrator.transport.hosts import open_host
 
 TASK = 'date +%s.%N > "$1/start.$SLURM_ARRAY_TASK_ID"\n'
-
-
-def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def median_time(fn, n: int) -> float:
@@ -108,7 +102,7 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="dflash-slurm-bench-"))
     key = keygen(base / "id")
     (base / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
-    print(f"load avg before: {load()}")
+    print(f"load avg before: {load_avg()}")
     cpus = max(1, -(-max(sizes) // 2))
     settings = {"SchedulerParameters": args.sched_params} if args.sched_params else {}
 
@@ -192,7 +186,7 @@ def main() -> int:
             login.stop()
         cluster.stop()
         shutil.rmtree(base, ignore_errors=True)
-    print(f"load avg after: {load()}")
+    print(f"load avg after: {load_avg()}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The speedup estimate against a measured speculative loop, same target, drafter, prompts.
+"""How close is the speedup the results estimate to a measured speculative loop's?
 
 Builds a small Qwen3 target (`orchestrator.demo.models`), trains a DFlash drafter on its
 own greedy completions (`orchestrator.demo.train`), then on the same prompts times:
@@ -23,17 +23,11 @@ average (this box is shared: compare ratios from one run).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+from common.measure import load_avg
 
 
 def greedy_seconds(model, prompt: list[int], new_tokens: int) -> float:
@@ -88,7 +82,7 @@ def main() -> None:
         # accepts there, as the demo's drafters do on what they learned.
         rows = make_ground_truth(target_dir, args.prompts, completion_len=1, seed=1)
         prompts = [r["prompt_ids"] for r in rows]
-        print(f"load before: {load()}")
+        print(f"load before: {load_avg()}")
         plain = spec = 0.0
         rounds: list[int] = []
         for p in prompts:
@@ -118,7 +112,7 @@ def main() -> None:
         )
         print(
             f"speedup: measured {measured:.2f}x (greedy {plain:.2f} s, reference loop {spec:.2f} s)"
-            f", estimated {est:.2f}x; estimate / measured {est / measured:.2f}  (load {load()})"
+            f", estimated {est:.2f}x; estimate / measured {est / measured:.2f}  (load {load_avg()})"
         )
         for budget in args.budgets:
             tree, rounds = 0.0, []
@@ -134,7 +128,8 @@ def main() -> None:
             print(
                 f"DDTree-{budget}: tau (token-weighted) {tau_tree:.2f}, tree verify "
                 f"{1e3 * verify:.2f} ms; measured {measured:.2f}x (loop {tree:.2f} s), "
-                f"estimated {est:.2f}x; estimate / measured {est / measured:.2f}  (load {load()})"
+                f"estimated {est:.2f}x; estimate / measured {est / measured:.2f}  "
+                f"(load {load_avg()})"
             )
 
 

@@ -1,8 +1,8 @@
-"""The least a hashing, durable relay must do on each host, with nothing else: relay_cpu's
-``floor`` tool runs it as the remote command of ``ssh trainer | ssh evalhost``.
+"""The least a hashing, durable relay must do on each host, with nothing else:
+`relay_cpu.py`'s ``floor`` tool runs it as the remote command of ``ssh trainer | ssh evalhost``.
 
-    python relay_floor.py send FILE   # FILE to stdout, sha256 of it on stderr
-    python relay_floor.py recv FILE   # stdin into FILE (O_DIRECT, fsync), sha256 on stderr
+    python benchmarks/common/relay_floor.py send FILE   # FILE to stdout, its sha256 on stderr
+    python benchmarks/common/relay_floor.py recv FILE   # stdin into FILE (O_DIRECT, fsync)
 
 Each does what a dflash relay's host command cannot skip, the way ``relay-send`` and
 ``relay-recv`` do it: the sender hashes the file's pages read into one buffer and sends them
@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # the relay's own primitives, as its host commands use them
 from remote.relay.direct import ALIGN  # noqa: E402
