@@ -9,6 +9,7 @@ lines. No exceptions: a module that outgrows the limit is split where it is.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -238,9 +239,28 @@ def test_no_module_is_longer_than_the_limit():
 def test_benchmarks_import_no_test_module():
     """What the tests and the benchmarks share lives on the product side
     (`orchestrator.demo`: tiny models, loopback hosts and servers, the reference loop);
-    a benchmark never imports the test suite."""
-    paths = sorted((ROOT / "benchmarks").glob("*.py"))
-    assert paths
+    a benchmark, or the set-up they share (`benchmarks/common/`), never imports the tests."""
+    bench = ROOT / "benchmarks"
+    paths = sorted(bench.rglob("*.py"))
+    assert bench / "common" / "measure.py" in paths
     for path in paths:
-        found = imports(path.stem, path, {})
-        assert not any(_under(name, "tests") for name in found), (path.name, sorted(found))
+        parts = path.relative_to(bench).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found = imports(name, path, {})
+        assert not any(_under(n, "tests") for n in found), (str(path), sorted(found))
+
+
+def test_every_benchmark_is_in_the_suite_and_every_named_one_exists():
+    """Each script in `benchmarks/` is run by `all.py` and listed in its README; every
+    `benchmarks/NAME.py` the docs name is there (results.md keeps removed ones' figures)."""
+    bench = ROOT / "benchmarks"
+    scripts = {p.name for p in bench.glob("*.py")} - {"all.py"}
+    runner = re.findall(r'"([a-z_0-9]+\.py)', (bench / "all.py").read_text())
+    assert set(runner) == scripts
+    readme = (bench / "README.md").read_text()
+    assert [s for s in sorted(scripts) if f"`{s}`" not in readme] == []
+    docs = sorted(ROOT.glob("*.md")) + sorted((ROOT / "docs").glob("*.md")) + [bench / "README.md"]
+    named = {
+        (p.name, m) for p in docs for m in re.findall(r"benchmarks/([\w/]+\.py)", p.read_text())
+    }
+    assert [(doc, m) for doc, m in sorted(named) if not (bench / m).is_file()] == []
