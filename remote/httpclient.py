@@ -27,7 +27,7 @@ ROLE = "ground truth server"
 # ids, and in ``text`` the token's piece, which real vocabularies keep under ~256 bytes,
 # JSON-escaped up to 6x) and a fixed part (meta_info, usage, ids of the request). An answer
 # past its bound is refused before it is parsed: unbounded, 16 hostile answers of 286 MiB
-# in flight took 13 GiB here (benchmarks/groundtruth_memory.py).
+# in flight took 13 GiB here (benchmarks/memory.py --only groundtruth).
 ANSWER_BASE_BYTES = 1 << 20
 
 ANSWER_BYTES_PER_TOKEN = 2048

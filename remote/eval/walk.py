@@ -209,7 +209,7 @@ def bound_heap() -> None:
     in the peak RSS, more so the longer the sequence, instead of taking turns. A lower
     threshold maps (and page-faults in) the walk's many small per-call buffers afresh
     on every call, which costs the drafter more CPU than its arithmetic in small calls
-    (`benchmarks/eval_heap.py`). The heap's top is trimmed only past twice the
+    (benchmarks/results.md, eval-heap). The heap's top is trimmed only past twice the
     threshold, so it is not given back and faulted in again between two calls. A no-op
     where the C library has no ``mallopt`` (musl, macOS)."""
     mallopt = getattr(_LIBC, "mallopt", None)
