@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.results import breakdown, compare
+from orchestrator.results import breakdown, compare, summary
 from orchestrator.results import store as res
 from tests.helpers.cli import dflash, one_error_line
 from tests.helpers.runs import make_run
@@ -48,7 +48,8 @@ def test_each_group_is_summed_as_the_run_is():
         ("(none)", 1),
     ]
     qa = out["category"][0]
-    assert (qa["tau"], qa["tau_tokens"], qa["rounds"], qa["tokens"]) == (2.5, 13 / 5, 5, 13)
+    got = (qa["tau_per_sample_mean"], qa["tau_token_weighted"], qa["rounds"], qa["tokens"])
+    assert got == (2.5, 13 / 5, 5, 13)
     assert [g["name"] for g in out["subcategory"]] == ["mt_bench/coding"]
     assert out["category"][1]["ddtree"] == {"8": 4.0}
     assert [g["name"] for g in out["completion_length"]] == ["1-64", "65-128", "257-512", "1025+"]
@@ -63,7 +64,7 @@ def test_show_json_csv_and_report_carry_tau_per_category(runs, tmp_path):
     run = res.load_run(runs / "run-b")
     recs = res.records(run)
     want = {c: _tau([r for r in recs if r["category"] == c]) for c in CATS}
-    got = {g["name"]: g["tau"] for g in breakdown.of_run(run)["category"]}
+    got = {g["name"]: g["tau_per_sample_mean"] for g in breakdown.of_run(run)["category"]}
     assert got == pytest.approx(want) and len(set(want.values())) > 1
 
     shown = dflash("results", "show", "run-b", "--results-dir", str(runs))
@@ -77,13 +78,14 @@ def test_show_json_csv_and_report_carry_tau_per_category(runs, tmp_path):
     doc = json.loads(
         dflash("results", "show", "run-b", "--results-dir", str(runs), "--json").stdout
     )
-    assert {g["name"]: g["tau"] for g in doc["breakdown"]["category"]} == pytest.approx(want)
+    got = {g["name"]: g["tau_per_sample_mean"] for g in doc["breakdown"]["category"]}
+    assert got == pytest.approx(want)
     assert doc["metrics"] == run.result["metrics"]  # the document itself, plus the breakdown
 
     exported = dflash("results", "export", "-f", "csv", "--results-dir", str(runs))
     rows = {r["run_id"]: r for r in csv.DictReader(io.StringIO(exported.stdout))}
     for c in CATS:
-        assert float(rows["run-b"][f"tau_category_{c}"]) == pytest.approx(want[c])
+        assert float(rows["run-b"][f"tau_per_sample_mean_category_{c}"]) == pytest.approx(want[c])
         assert rows["run-b"][f"samples_category_{c}"] == "3"
     assert rows["run-b"]["samples_completion_length_1-64"] == "9"
 
@@ -108,10 +110,13 @@ def test_compare_gives_a_paired_delta_and_interval_per_category(runs):
     for c in CATS:
         g = groups[("category", c)]
         diffs = [y["tau"] - x["tau"] for x, y in zip(ra, rb, strict=True) if x["category"] == c]
-        tau = next(d for d in g.deltas if d.metric == "tau")
+        tau = next(d for d in g.deltas if d.metric == "tau_per_sample_mean" and d.budget is None)
         assert g.samples == 3 and tau.delta == pytest.approx(sum(diffs) / 3)
         assert tau.low <= tau.delta <= tau.high
-        assert {d.metric for d in g.deltas} == {"tau", "DDTree-2 tau", "DDTree-4 tau"}
+        assert {(d.metric, d.budget) for d in g.deltas} == {
+            ("tau_per_sample_mean", b) for b in (None, "2", "4")
+        }
+        assert {d.label for d in g.deltas} == {"tau", "DDTree-2 tau", "DDTree-4 tau"}
     whole = groups[("completion_length", "1-64")].deltas
     assert [(d.delta, d.low, d.high) for d in whole] == [(d.delta, d.low, d.high) for d in p.deltas]
 
@@ -120,7 +125,7 @@ def test_compare_gives_a_paired_delta_and_interval_per_category(runs):
     assert "B vs A, tau by category: paired tau delta" in proc.stdout
     assert "tau by completion length" not in proc.stdout  # one bucket: the run's line
     for c in CATS:
-        d = next(d for d in groups[("category", c)].deltas if d.metric == "tau")
+        d = compare.headline(groups[("category", c)].deltas)
         row = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith(c + " "))
         assert f"{d.delta:+.3f}" in row and f"[{d.low:+.3f}, {d.high:+.3f}]" in row, row
     doc = json.loads(
@@ -204,7 +209,7 @@ def test_the_speedup_estimate_is_the_stated_formula_over_the_hosts_round_costs(r
             "4": dd["4"]["tau_token_weighted"] * 0.010 / (0.013 + 0.003),
         }
     )
-    assert res.summary(run)["speedup_estimate"] == est["chain"]
+    assert summary.summary(run)["speedup_estimate"] == est["chain"]
     shown = dflash("results", "show", "run-b", "--results-dir", str(runs))
     row = next(ln for ln in shown.stdout.splitlines() if "speedup estimate" in ln)
     assert f"{est['chain']:.2f}x" in row and f"DDTree-4 {est['ddtree']['4']:.2f}x" in row
@@ -247,13 +252,13 @@ def test_ddtrees_budget_trade_off_is_in_json_table_plot_and_report(runs, tmp_pat
     run = res.load_run(runs / "run-b")
     dd, m = run.metrics["ddtree"], run.metrics
     trade = speedup.tradeoff(run)
-    assert trade["formula"] == "speedup = tau_tokens * t_step / (t_verify + t_draft)"
+    assert trade["formula"] == "speedup = tau_token_weighted * t_step / (t_verify + t_draft)"
     assert [
         (r["budget"], r["tokens_verified"], r["verify_s"], r["verify_mask"])
         for r in trade["budgets"]
     ] == [(2, 3, 0.0115, "tree"), (4, 5, 0.013, "causal")]
     two, four = trade["budgets"]
-    assert two["tau"] == dd["2"]["tau_per_sample_mean"]
+    assert two["tau_per_sample_mean"] == dd["2"]["tau_per_sample_mean"]
     assert two["speedup_estimate"] == pytest.approx(
         dd["2"]["tau_token_weighted"] * 0.010 / (0.0115 + 0.003)
     )
@@ -267,7 +272,8 @@ def test_ddtrees_budget_trade_off_is_in_json_table_plot_and_report(runs, tmp_pat
     # One row projection feeds the terminal and the HTML table.
     rows = speedup.tradeoff_rows(trade)
     assert [len(r) for r in rows] == [len(speedup.TRADEOFF_COLUMNS)] * 3  # 2 budgets, chain
-    assert rows[0][:5] == (2, dd["2"].get("topk"), two["tau"], two["tau_tokens"], dd["2"]["rounds"])
+    taus = (two["tau_per_sample_mean"], two["tau_token_weighted"])
+    assert rows[0][:5] == (2, dd["2"].get("topk"), *taus, dd["2"]["rounds"])
     assert rows[-1][0] == "chain (3 drafts)"
     assert (rows[-1][4], rows[-1][6]) == (m["rounds"], "causal")
 

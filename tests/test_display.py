@@ -68,15 +68,15 @@ def screen():
 
 @pytest.mark.parametrize("columns", WIDTHS)
 def test_results_list_and_show_never_cut_ids_or_numbers(runs, columns):
-    from orchestrator.results import store
+    from orchestrator.results import store, summary
 
     proc = dflash("results", "list", "--results-dir", str(runs), columns=columns)
     assert proc.returncode == 0, proc.stderr
     assert CUT not in proc.stdout, proc.stdout
     for run in store.list_runs(runs):
-        s = store.summary(run)
+        s = summary.summary(run)
         row = next(ln for ln in proc.stdout.splitlines() if ln.startswith(run.run_id))
-        assert f"{s['tau']:.3f}" in row.split(), row
+        assert f"{s['tau_per_sample_mean']:.3f}" in row.split(), row
     one = store.list_runs(runs)[0]
     show = dflash("results", "show", one.run_id, "--results-dir", str(runs), columns=columns)
     assert show.returncode == 0, show.stderr
@@ -114,8 +114,8 @@ def test_jobs_follow_and_parity_tables_never_cut_ids_or_numbers(screen, columns)
             "step": s,
             "checkpoint": f"step_{s}",
             "state": "done",
-            "tau": 1.23456 + s / 1000,
-            "tau_tokens": 1.5,
+            "tau_per_sample_mean": 1.23456 + s / 1000,
+            "tau_token_weighted": 1.5,
             "ddtree": {str(b): 2.0 + b / 100 for b in (8, 16, 32, 64)},
             "target_agreement": 0.875,
         }
@@ -126,7 +126,8 @@ def test_jobs_follow_and_parity_tables_never_cut_ids_or_numbers(screen, columns)
     shown = re.findall(r"DDTree-(\d*)", text)  # a cut header leaves no digits
     assert shown and all(b in ("8", "16", "32", "64") for b in shown), text
     for h in history:
-        assert re.search(rf"\b{h['step']}\s+step_{h['step']}\s+{h['tau']:.3f}\b", text), text
+        tau = h["tau_per_sample_mean"]
+        assert re.search(rf"\b{h['step']}\s+step_{h['step']}\s+{tau:.3f}\b", text), text
 
     layers = [
         {
@@ -257,7 +258,7 @@ def test_csv_cells_that_a_spreadsheet_would_run_are_neutralised(tmp_path):
     rows = list(csv.DictReader(io.StringIO(proc.stdout)))
     assert sorted(r["checkpoint"] for r in rows) == sorted("'" + n for n in hostile)
     assert {r["host"] for r in rows} == {"'\\tevalbox"}
-    assert all(re.fullmatch(r"\d\.\d+", r["tau"]) for r in rows)  # numbers stay numbers
+    assert all(re.fullmatch(r"\d\.\d+", r["tau_per_sample_mean"]) for r in rows)  # numbers
     assert csv_cell(-0.905) == -0.905 and csv_cell("-0.905") == "-0.905"
     assert csv_cell("\rx") == "'\\rx" and csv_cell("step-1") == "step-1"
 
@@ -266,7 +267,7 @@ def test_export_writes_csv_to_stdout_by_default_and_trackers_need_a_place(runs):
     proc = dflash("results", "export", "--results-dir", str(runs))
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader(io.StringIO(proc.stdout)))
-    assert len(rows) == 3 and {"run_id", "tau", "step"} <= set(rows[0])
+    assert len(rows) == 3 and {"run_id", "tau_per_sample_mean", "step"} <= set(rows[0])
     jl = dflash("results", "export", "-f", "jsonl", "-o", "-", "--results-dir", str(runs))
     assert [json.loads(ln)["step"] for ln in jl.stdout.splitlines()] == [150, 0, 300]
     tb = dflash("results", "export", "-f", "tensorboard", "--results-dir", str(runs))
@@ -450,13 +451,14 @@ with output.LiveProgress() as live:
     live({"event": "phase", "phase": "ground_truth", "source": "sglang[x]"})
     live({"event": "ground_truth", "done": 8, "total": 8})
     for i in range(1, 9):
-        live({"event": "sample", "done": i, "total": 8, "tokens": 4, "tau": 2.5, "time": i})
+        ev = {"event": "sample", "done": i, "total": 8, "tokens": 4, "time": i}
+        live({**ev, "tau_per_sample_mean": 2.5})
 with output.ShardProgress() as shards:
     shards.set_total(8)
     for host in ("east[b]", "west"):
         shards(host, {"event": "shard", "samples": 4})
         for i in range(4):
-            shards(host, {"event": "sample", "tokens": 3, "tau": 2.0, "time": i})
+            shards(host, {"event": "sample", "tokens": 3, "tau_per_sample_mean": 2.0, "time": i})
 bar = output.RelayProgress()
 bar.start(4096, 2)
 for _ in range(2):
@@ -480,3 +482,4 @@ bar.stop()
     assert "capture evalbox: job j-evalbox on evalbox" in err
     assert re.search(r"capture trainer .* 8/8", err), err
     assert "ground truth (sglang[x])" in err and "east[b]" in err
+    assert "tau 2.500" in err and "tau 2.000" in err  # the events' running headline

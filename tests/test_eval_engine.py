@@ -281,7 +281,7 @@ def test_eval_command_end_to_end_and_acceptance_rises_with_step(tmp_path):
         assert len(m["per_position_acceptance"]) == 3 and len(m["acceptance_histogram"]) == 4
         samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
         assert len(samples) == 4 and all(s["rounds"] for s in samples)
-        assert events[-2]["tau"] == pytest.approx(m["tau_per_sample_mean"])
+        assert events[-2]["tau_per_sample_mean"] == pytest.approx(m["tau_per_sample_mean"])
         assert not [p for p in os.listdir(out) if ".tmp" in p]
         taus.append(m["tau_per_sample_mean"])
     assert taus[1] > taus[0] + 0.3

@@ -168,7 +168,7 @@ def test_remote_eval_pulls_results_second_run_reuses_bundle_and_ground_truth(
     assert compare.returncode == 0, compare.stderr
     assert a in compare.stdout and b in compare.stdout
     tau_row = next(ln for ln in compare.stdout.splitlines() if "tau (z-lab" in ln)
-    assert f"{runs[0]['tau']:.3f}" in tau_row and f"{runs[1]['tau']:.3f}" in tau_row
+    assert all(f"{r['tau_per_sample_mean']:.3f}" in tau_row for r in runs), tau_row
     assert "DDTree-8 tau" in compare.stdout
     assert not (run_dir.parent / "compare_tau_by_step.png").exists()  # only where asked
     plot = run_dir.parent.parent / "compare.png"
@@ -840,7 +840,8 @@ def test_remote_eval_on_spec_bench_gives_tau_per_category_in_every_view(
     assert {r["category"] for r in recs} == categories
     assert [r["subcategory"] for r in recs if r["category"] == "mt_bench"][0]
     by_cat = {r["category"]: r["tau"] for r in recs}
-    assert {g["name"]: g["tau"] for g in groups} == by_cat  # one sample each: its own tau
+    got = {g["name"]: g["tau_per_sample_mean"] for g in groups}
+    assert got == by_cat  # one sample each: its own tau
     gt = json.loads((run_dir / "ground_truth.json").read_text())
     assert gt["thinking"] is False and len(gt["chat_template_sha256"]) == 64
     assert out["summary"]["thinking"] == "off"
@@ -852,7 +853,8 @@ def test_remote_eval_on_spec_bench_gives_tau_per_category_in_every_view(
     assert all(c in shown.stdout for c in categories)
     exported = dflash("results", "export", run_id, "-f", "csv", "-i", str(inventory))
     row = next(csv.DictReader(io.StringIO(exported.stdout)))
-    assert float(row["tau_category_translation"]) == pytest.approx(by_cat["translation"])
+    tau = float(row["tau_per_sample_mean_category_translation"])
+    assert tau == pytest.approx(by_cat["translation"])
     page = tmp_path / "report.html"
     made = dflash("results", "report", run_id, "-o", str(page), "-i", str(inventory))
     assert made.returncode == 0, made.stderr
@@ -875,7 +877,7 @@ def test_remote_eval_on_spec_bench_gives_tau_per_category_in_every_view(
     per_cat = [g for g in paired["groups"] if g["axis"] == "category"]
     assert {g["name"] for g in per_cat} == categories
     for g in per_cat:
-        tau = next(d for d in g["deltas"] if d["metric"] == "tau")
+        tau = next(d for d in g["deltas"] if d["label"] == "tau")
         assert tau["low"] <= tau["delta"] <= tau["high"]
 
 

@@ -226,16 +226,13 @@ def test_follow_shows_up_in_tensorboard_with_tau_per_step(followed):
     ((name, tags),) = series.items()
     assert name.startswith("team-a-run-trainer-chat-sglang-")
     by_step = {h["step"]: h for h in followed.history}
-    assert [s for s, _ in tags["tau/per_sample"]] == sorted(by_step)
-    for tag, key in (
-        ("tau/per_sample", "tau"),
-        ("tau/token_weighted", "tau_tokens"),
-        ("target_agreement", "target_agreement"),
-    ):
+    assert [s for s, _ in tags["tau_per_sample_mean"]] == sorted(by_step)
+    for tag in ("tau_per_sample_mean", "tau_token_weighted", "target_agreement"):
+        key = tag  # one name everywhere: the tracker's tag is the history's key
         for step, value in tags[tag]:
             assert value == pytest.approx(by_step[step][key], rel=1e-6), (tag, step)
     for budget in ("2", "4"):
-        got = dict(tags[f"ddtree_tau/budget_{budget}"])
+        got = dict(tags[f"tau_per_sample_mean/ddtree_{budget}"])
         assert got == {s: pytest.approx(h["ddtree"][budget], rel=1e-6) for s, h in by_step.items()}
 
 
@@ -246,9 +243,9 @@ def test_follow_shows_up_in_an_offline_wandb_run_with_tau_per_step(followed):
     assert sorted(r["train/step"] for r in rows) == sorted(by_step)
     for r in rows:
         h = by_step[r["train/step"]]
-        assert r["tau/per_sample"] == pytest.approx(h["tau"])
-        assert r["tau/token_weighted"] == pytest.approx(h["tau_tokens"])
-        assert r["ddtree_tau/budget_4"] == pytest.approx(h["ddtree"]["4"])
+        assert r["tau_per_sample_mean"] == pytest.approx(h["tau_per_sample_mean"])
+        assert r["tau_token_weighted"] == pytest.approx(h["tau_token_weighted"])
+        assert r["tau_per_sample_mean/ddtree_4"] == pytest.approx(h["ddtree"]["4"])
         assert r["target_agreement"] == pytest.approx(h["target_agreement"])
 
 
@@ -313,13 +310,14 @@ def test_compare_prints_a_paired_delta_with_its_interval(followed):
     out = json.loads(proc.stdout)
     (p,) = out["paired"]
     assert p["comparable"] is True and p["problems"] == [] and p["samples"] == 4
-    tau = next(d for d in p["deltas"] if d["metric"] == "tau")
+    tau = next(d for d in p["deltas"] if d["label"] == "tau")
+    assert (tau["metric"], tau["budget"]) == ("tau_per_sample_mean", None)
     assert tau["low"] <= tau["delta"] <= tau["high"]
     assert tau["delta"] == pytest.approx(tau["mean_b"] - tau["mean_a"])
     assert tau["improved"] + tau["worse"] + tau["tied"] == pytest.approx(1.0)
     # The demo's drafter really improves from step 0 to its last step.
     assert tau["delta"] > 0.3 and tau["low"] > 0 and tau["improved"] >= 0.75
-    assert {d["metric"] for d in p["deltas"]} == {"tau", "DDTree-2 tau", "DDTree-4 tau"}
+    assert {d["label"] for d in p["deltas"]} == {"tau", "DDTree-2 tau", "DDTree-4 tau"}
     again = json.loads(
         dflash(
             "results", "compare", first, last, "-i", str(followed.inventory), "--json", cwd="/"
@@ -429,9 +427,9 @@ def test_export_csv_jsonl_tensorboard_and_wandb(followed, tmp_path):
     with open(tmp_path / "r.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert [r["run_id"] for r in rows] == ids
-    assert {"tau", "tau_tokens", "ddtree_tau_2", "ddtree_tau_4", "drafter_sha256", "step"} <= set(
-        rows[0]
-    )
+    tau = ("tau_per_sample_mean", "tau_token_weighted")
+    dd = ("tau_per_sample_mean_ddtree_2", "tau_per_sample_mean_ddtree_4")
+    assert {*tau, *dd, "drafter_sha256", "step"} <= set(rows[0])
     assert (
         dflash(
             "results",
@@ -451,7 +449,8 @@ def test_export_csv_jsonl_tensorboard_and_wandb(followed, tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [x["run_id"] for x in lines] == [ids[0], ids[2]]
     by_step = {h["step"]: h for h in followed.history}
-    assert lines[1]["tau"] == pytest.approx(by_step[lines[1]["step"]]["tau"])
+    tau = lines[1]["tau_per_sample_mean"]
+    assert tau == pytest.approx(by_step[lines[1]["step"]]["tau_per_sample_mean"])
 
     proc = dflash(
         "results",
@@ -466,7 +465,7 @@ def test_export_csv_jsonl_tensorboard_and_wandb(followed, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     (tags,) = tensorboard_scalars(tmp_path / "tb").values()
-    assert [s for s, _ in tags["tau/per_sample"]] == sorted(by_step)
+    assert [s for s, _ in tags["tau_per_sample_mean"]] == sorted(by_step)
 
     proc = dflash(
         "results",

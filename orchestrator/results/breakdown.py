@@ -3,8 +3,8 @@
 The host computes no breakdown: each sample record carries its prompt's labels
 (``category``, ``subcategory``: `remote.protocol.sample_labels`) and its completion length,
 and the controller groups the records it validated (`store.records`) and sums each group
-with the engine's own `remote.eval.metrics.tau_stats`. So a group's tau is computed the way
-the run's is, and a sharded run's groups are those of the records it merged.
+with the metric registry (`remote.protocol.metrics`), as the engine sums a run. A sharded
+run's groups are those of the records it merged.
 
 Three axes (`AXES`), each a list of groups in a fixed order:
 
@@ -14,8 +14,8 @@ Three axes (`AXES`), each a list of groups in a fixed order:
 - ``completion_length``: the ground-truth completion's tokens, in the fixed buckets of
   `LENGTH_EDGES` (the same for every run, so two runs' buckets pair).
 
-Each group: ``samples``, ``tau`` (mean of per-sample means, z-lab's), ``tau_tokens``
-(tokens / rounds), ``rounds``, ``tokens`` and ``ddtree`` (per-sample tau per budget).
+Each group: every scalar metric of the registry by its name, and ``ddtree`` (the
+headline per DDTree budget).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from orchestrator.results import store as res
-from remote.eval.metrics import tau_stats
+from orchestrator.results.summary import budget_key, columns
+from remote.protocol import metrics as registry
 
 AXES = ("category", "subcategory", "completion_length")
 TITLES = {
@@ -86,21 +87,13 @@ def groups(records: list[dict], axis: str) -> list[tuple[str, list[dict]]]:
 
 
 def group_stats(records: list[dict]) -> dict:
-    """One group's numbers (see the module), summed as the engine sums a run's."""
-    stats = tau_stats([r.get("rounds") or [] for r in records])
-    budgets = sorted({b for r in records for b in (r.get("ddtree") or {})}, key=res.budget_key)
+    """One group's numbers: every scalar metric of the registry over its records, and
+    the headline per DDTree budget (``ddtree``), summed as the engine sums a run's."""
+    head = registry.headline()
+    budgets = sorted({b for r in records for b in (r.get("ddtree") or {})}, key=budget_key)
     return {
-        "samples": len(records),
-        "tau": stats["tau_per_sample_mean"],
-        "tau_tokens": stats["tau_token_weighted"],
-        "rounds": stats["rounds"],
-        "tokens": stats["tokens"],
-        "ddtree": {
-            b: tau_stats([(r.get("ddtree") or {}).get(b) or [] for r in records])[
-                "tau_per_sample_mean"
-            ]
-            for b in budgets
-        },
+        **{m.name: m.value(records) for m in registry.scalars()},
+        "ddtree": {b: head.value(records, b) for b in budgets},
     }
 
 
@@ -126,12 +119,23 @@ def of_run(run: res.Run) -> dict[str, list[dict]]:
 
 
 def flat(run: res.Run) -> dict[str, float | int | None]:
-    """The breakdown as flat columns for CSV and trackers: ``tau_<axis>_<group>`` and
-    ``samples_<axis>_<group>`` (a length bucket's name as it is: ``tau_completion_length_
-    65-128``)."""
+    """The breakdown as flat columns for CSV and JSON lines: ``<metric>_<axis>_<group>``
+    for each metric a table shows (`summary.columns`; a length bucket's name as it is:
+    ``tau_per_sample_mean_completion_length_65-128``)."""
     out: dict[str, float | int | None] = {}
     for axis, rows in of_run(run).items():
         for g in rows:
-            out[f"tau_{axis}_{g['name']}"] = g["tau"]
-            out[f"samples_{axis}_{g['name']}"] = g["samples"]
+            out.update({f"{m.name}_{axis}_{g['name']}": g[m.name] for m in columns()})
+    return out
+
+
+def tracked(run: res.Run) -> dict[str, float | int | None]:
+    """The breakdown as tracker scalars: ``<metric>/<axis>_<group>`` for each metric a
+    table shows but the counts."""
+    out: dict[str, float | int | None] = {}
+    for axis, rows in of_run(run).items():
+        for g in rows:
+            out.update(
+                {f"{m.name}/{axis}_{g['name']}": g[m.name] for m in columns() if m.style != "count"}
+            )
     return out

@@ -13,6 +13,7 @@ from orchestrator.errors import DflashError
 from orchestrator.inventory import InventoryError, load_inventory
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
+from orchestrator.results import summary
 
 
 def results_root(results_dir: Path | None, inventory_path: Path | None) -> Path:
@@ -69,7 +70,7 @@ class Listing:
     def to_json(self) -> list[dict]:
         from orchestrator.results import parity_view
 
-        return [res.summary(r) for r in self.runs] + [
+        return [summary.summary(r) for r in self.runs] + [
             parity_view.summary(r, p.name) for p, r in self.parity_runs
         ]
 
@@ -109,10 +110,10 @@ def find(run_id: str, results_dir: Path | None, inventory_path: Path | None) -> 
 
 @dataclass
 class Comparison:
-    """Runs side by side (`store.compare_rows`) and each paired against the first."""
+    """Runs side by side (`summary.compare_rows`) and each paired against the first."""
 
     runs: list[res.Run]
-    rows: list[tuple[str, list]]
+    rows: list[dict]
     paired: list[cmp.Paired]
     plot_asked: bool
     plot: Path | None
@@ -120,7 +121,9 @@ class Comparison:
     def to_json(self) -> dict:
         return {
             "runs": [r.run_id for r in self.runs],
-            "rows": [{"metric": k, "values": v} for k, v in self.rows],
+            "rows": [
+                {"metric": r["name"], "label": r["label"], "values": r["values"]} for r in self.rows
+            ],
             "paired": [p.to_json() for p in self.paired],
             "plot": str(self.plot) if self.plot else None,
         }
@@ -151,7 +154,7 @@ def compare(
                 "runs that put their prompts to the target differently (tau moves with it); "
                 "compare runs of one mode, or pass --allow-different-prompting"
             )
-    rows = res.compare_rows(runs)
+    rows = summary.compare_rows(runs)
     pairs = [
         cmp.paired(
             runs[0],

@@ -17,7 +17,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.results import settings
 from orchestrator.results import store as res
+from orchestrator.results.summary import budget_key, budget_label
+from remote.protocol import metrics as registry
+from remote.protocol.metrics import Metric
 
 RESAMPLES = 5000
 CONFIDENCE = 0.95
@@ -27,7 +31,9 @@ CONFIDENCE = 0.95
 class Delta:
     """B minus A for one metric over the paired samples."""
 
-    metric: str  # "tau" or "DDTree-<budget> tau"
+    metric: str  # a metric's name in the registry
+    budget: str | None  # its DDTree budget (None: the chain walk)
+    label: str  # how a table names it (``tau``, ``DDTree-8 tau``)
     mean_a: float
     mean_b: float
     delta: float
@@ -91,24 +97,20 @@ def _prompts(run: res.Run) -> Any:
 
 def _ground_truth(run: res.Run) -> Any:
     inputs = run.result.get("inputs") or {}
-    return inputs.get("ground_truth_sha256") or res.ground_truth_source(run).get("cache_key")
-
-
-def _dtype(run: res.Run) -> Any:
-    return (run.result.get("environment") or {}).get("dtype") or run.spec.get("dtype")
+    return inputs.get("ground_truth_sha256") or settings.ground_truth_source(run).get("cache_key")
 
 
 # How the prompts were put to the target: another thinking mode or chat template is
 # another eval (z-lab/dflash#133: acceptance 25% -> 60% with thinking off), said first.
 PROMPTING = (
-    ("thinking mode", res.thinking),
-    ("chat template", res.chat_template),
+    ("thinking mode", settings.thinking),
+    ("chat template", settings.chat_template),
 )
 CHECKS = (
     ("prompts", _prompts),
     ("ground truth", _ground_truth),
     ("target", _target),
-    ("dtype", _dtype),
+    ("dtype", settings.dtype),
 )
 
 
@@ -179,15 +181,11 @@ def _show(v: Any) -> str:
     return text[:12] + "…" if len(text) > 16 else text
 
 
-def _tau(rounds: list[int] | None) -> float | None:
-    return (sum(rounds) / len(rounds)) if rounds else None
-
-
-def sample_values(rec: dict, budget: str | None) -> float | None:
-    """A sample's tau (its mean acceptance length) for the chain walk or a DDTree budget."""
-    if budget is None:
-        return rec.get("tau") if rec.get("tau") is not None else _tau(rec.get("rounds"))
-    return _tau((rec.get("ddtree") or {}).get(budget))
+def paired_metrics() -> list[Metric]:
+    """The metrics a comparison pairs: each mean of per-sample values (its paired delta is
+    then the difference of the two runs' values); `deltas` adds each DDTree budget where
+    the registry shows one (`Metric.budgets`)."""
+    return [m for m in registry.scalars() if m.reduce == registry.MEAN]
 
 
 def bootstrap_interval(
@@ -240,7 +238,7 @@ def paired(
     pairs = [(by_id[str(r.get("id"))], r) for r in recs_b if str(r.get("id")) in by_id]
     budgets = sorted(
         set.intersection(*[set(r.get("ddtree") or {}) for pair in pairs for r in pair]),
-        key=res.budget_key,
+        key=budget_key,
     )
     out.deltas = deltas(pairs, budgets, resamples, seed)
     out.groups = group_deltas(pairs, budgets, resamples, seed)
@@ -250,31 +248,43 @@ def paired(
 def deltas(
     pairs: list[tuple[dict, dict]], budgets: list[str], resamples: int, seed: int
 ) -> list[Delta]:
-    """B minus A over `pairs` (records of A, records of B) for tau and each DDTree budget
-    both have, each with its bootstrap interval."""
+    """B minus A over `pairs` (records of A, records of B) for each paired metric
+    (`paired_metrics`), and per DDTree budget both have, each with its bootstrap
+    interval."""
     out = []
-    for budget in [None, *budgets]:
-        vals = [(sample_values(ra, budget), sample_values(rb, budget)) for ra, rb in pairs]
-        vals = [(x, y) for x, y in vals if x is not None and y is not None]
-        if not vals:
-            continue
-        diffs = [y - x for x, y in vals]
-        n = len(diffs)
-        lo, hi = bootstrap_interval(diffs, resamples, CONFIDENCE, seed)
-        out.append(
-            Delta(
-                metric="tau" if budget is None else f"DDTree-{budget} tau",
-                mean_a=sum(x for x, _ in vals) / n,
-                mean_b=sum(y for _, y in vals) / n,
-                delta=sum(diffs) / n,
-                low=lo,
-                high=hi,
-                improved=sum(d > 0 for d in diffs) / n,
-                worse=sum(d < 0 for d in diffs) / n,
-                tied=sum(d == 0 for d in diffs) / n,
-            )
-        )
+    for m in paired_metrics():
+        for budget in [None, *(budgets if m.budgets else [])]:
+            vals = [(m.per_sample(ra, budget), m.per_sample(rb, budget)) for ra, rb in pairs]
+            vals = [(x, y) for x, y in vals if x is not None and y is not None]
+            if vals:
+                out.append(delta(m, budget, vals, resamples, seed))
     return out
+
+
+def delta(
+    m: Metric, budget: str | None, vals: list[tuple[float, float]], resamples: int, seed: int
+) -> Delta:
+    diffs = [y - x for x, y in vals]
+    n = len(diffs)
+    lo, hi = bootstrap_interval(diffs, resamples, CONFIDENCE, seed)
+    return Delta(
+        metric=m.name,
+        budget=budget,
+        label=m.header if budget is None else budget_label(m, budget),
+        mean_a=sum(x for x, _ in vals) / n,
+        mean_b=sum(y for _, y in vals) / n,
+        delta=sum(diffs) / n,
+        low=lo,
+        high=hi,
+        improved=sum(d > 0 for d in diffs) / n,
+        worse=sum(d < 0 for d in diffs) / n,
+        tied=sum(d == 0 for d in diffs) / n,
+    )
+
+
+def headline(deltas: list[Delta], name: str = registry.HEADLINE) -> Delta | None:
+    """The chain walk's delta of metric `name` (the headline's by default)."""
+    return next((d for d in deltas if d.metric == name and d.budget is None), None)
 
 
 def group_deltas(

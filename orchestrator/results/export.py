@@ -1,18 +1,11 @@
 """Results where drafter teams already look: CSV, JSON lines, TensorBoard, Weights & Biases.
 
 One flat row per run (`row`), and per run the scalars a tracker plots against the
-checkpoint's training step (`scalars`):
-
-    tau/per_sample          mean over samples of each sample's mean acceptance length
-    tau/token_weighted      accepted tokens / rounds over the whole set
-    ddtree_tau/budget_<N>   per-sample tau of the DDTree walk with an N-node tree
-    target_agreement        share of ground-truth tokens equal to the host's argmax
-    tau_<axis>/<group>      per-sample tau of a category, sub-category or completion-length
-                            bucket (`orchestrator.results.breakdown`)
-
-CSV and JSON lines carry the groups as columns of the run's row (``tau_category_qa``,
-``samples_category_qa``, ``tau_completion_length_65-128``, ...): one row per run, as the
-DDTree budgets are.
+checkpoint's training step (`scalars`), both named by the metric registry
+(`remote.protocol.metrics`; docs/results.md): each metric by its name, per DDTree budget
+``<name>_ddtree_<N>`` (a tracker: ``<name>/ddtree_<N>``), per category, sub-category or
+completion-length group ``<name>_<axis>_<group>`` (``<name>/<axis>_<group>``): one row
+per run, as the DDTree budgets are.
 
 Trackers get one run per series (`results.series_key`: training run, prompts, ground
 truth), so two training runs never share a line:
@@ -44,7 +37,7 @@ from typing import Any, Protocol
 
 from orchestrator.errors import DflashError
 from orchestrator.printable import printable
-from orchestrator.results import breakdown, speedup
+from orchestrator.results import breakdown, speedup, summary
 from orchestrator.results import store as res
 from remote.atomic import write_atomic
 
@@ -62,14 +55,11 @@ class TrackerUnavailable(DflashError):
 
 
 def row(run: res.Run) -> dict[str, Any]:
-    """One run as a flat dict (DDTree budgets as ``ddtree_tau_<N>`` columns; the round
-    costs behind the speedup estimates, `speedup.cost_columns`; its groups as
-    ``tau_<axis>_<group>`` and ``samples_<axis>_<group>`` columns, `breakdown.flat`)."""
-    s = res.summary(run)
-    ddtree = s.pop("ddtree")
-    out = {k: v for k, v in s.items()}
-    for b, v in ddtree.items():
-        out[f"ddtree_tau_{b}"] = v
+    """One run as a flat dict: its summary, every metric per DDTree budget
+    (`summary.flat`), the round costs behind the speedup estimates
+    (`speedup.cost_columns`) and its groups (`breakdown.flat`)."""
+    out = {k: v for k, v in summary.summary(run).items() if k != "ddtree"}
+    out.update(summary.flat(run))
     for b, v in speedup.estimate(run).get("ddtree", {}).items():
         out[f"speedup_estimate_ddtree_{b}"] = v
     out.update(speedup.cost_columns(run))
@@ -78,18 +68,9 @@ def row(run: res.Run) -> dict[str, Any]:
 
 
 def scalars(run: res.Run) -> dict[str, float]:
-    """The tracker scalars of a run (None values left out)."""
-    s = res.summary(run)
-    out = {
-        "tau/per_sample": s["tau"],
-        "tau/token_weighted": s["tau_tokens"],
-        "target_agreement": s["target_agreement"],
-    }
-    for b, v in s["ddtree"].items():
-        out[f"ddtree_tau/budget_{b}"] = v
-    for axis, groups in breakdown.of_run(run).items():
-        for g in groups:
-            out[f"tau_{axis}/{g['name']}"] = g["tau"]
+    """The tracker scalars of a run (None values left out): `summary.tracked` and
+    `breakdown.tracked`."""
+    out = {**summary.tracked(run), **breakdown.tracked(run)}
     return {k: float(v) for k, v in out.items() if v is not None}
 
 

@@ -25,7 +25,10 @@ from typing import Any
 
 from orchestrator.errors import DflashError
 from orchestrator.printable import printable
+from orchestrator.results import speedup, summary
 from orchestrator.results import store as res
+from remote.protocol import metrics as registry
+from remote.protocol.metrics import HEADLINE
 
 DDTREE_MARKERS = ("s", "^", "v", "D", "P", "X")
 
@@ -76,7 +79,7 @@ def _title(run: res.Run) -> str:
 def histogram_figure(run: res.Run) -> Any | None:
     """Share of rounds per acceptance length; the title leads with per-sample tau, like
     the tables. None when the run has no histogram."""
-    hist = res.histogram(run)
+    hist = [(r["key"], r["num"] or 0) for r in summary.keyed_rows(run, "acceptance_histogram")]
     if not hist:
         return None
     plt = pyplot()
@@ -87,8 +90,7 @@ def histogram_figure(run: res.Run) -> Any | None:
     bars = ax.bar([k for k, _ in hist], [c / total for _, c in hist], color="#4C72B0")
     for k, bar in zip([k for k, _ in hist], bars, strict=False):
         bar.set_gid(f"data-histogram-{k}")
-    m = run.metrics
-    tau, tau_tok = m.get("tau_per_sample_mean"), m.get("tau_token_weighted")
+    tau, tau_tok = (summary.values(run).get(k) for k in (speedup.TAU, speedup.TOKENS))
     ax.set_xlabel("acceptance length (accepted draft tokens + 1)")
     ax.set_ylabel("share of rounds")
     ax.set_xticks([k for k, _ in hist])
@@ -104,21 +106,21 @@ def histogram_figure(run: res.Run) -> Any | None:
 def per_position_figure(run: res.Run) -> Any | None:
     """Acceptance rate per draft position (integer ticks), each point labelled with its
     attempt count (how many rounds reached that position). None without data."""
-    pos = [p for p in res.per_position(run) if p.get("rate") is not None]
+    pos = [p for p in summary.keyed_rows(run, "per_position_acceptance") if p["value"] is not None]
     if not pos:
         return None
     plt = pyplot()
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
-    xs = [int(p["position"]) for p in pos]
-    ys = [p["rate"] for p in pos]
+    xs = [int(p["key"]) for p in pos]
+    ys = [p["value"] for p in pos]
     (line,) = ax.plot(xs, ys, marker="o")
     line.set_gid("data-per-position")
     for x, y, p in zip(xs, ys, pos, strict=False):
-        if p.get("attempts") is not None:
+        if p["den"] is not None:
             ax.annotate(
-                f"n={p['attempts']}",
+                f"n={p['den']}",
                 (x, y),
                 textcoords="offset points",
                 xytext=(0, 7),
@@ -155,11 +157,11 @@ def breakdown_figure(run: res.Run) -> Any | None:
     for ax, axis in zip(panels if len(axes) > 1 else [panels], axes, strict=True):
         rows = groups[axis]
         ys = list(range(len(rows)))[::-1]  # the first group on top
-        taus = [g["tau"] or 0.0 for g in rows]
+        taus = [g[HEADLINE] or 0.0 for g in rows]
         bars = ax.barh(ys, taus, color="#4C72B0")
         for i, (bar, g) in enumerate(zip(bars, rows, strict=True)):
             bar.set_gid(f"data-{axis}-{i}")
-            label = "-" if g["tau"] is None else f"{g['tau']:.2f}"
+            label = "-" if g[HEADLINE] is None else f"{g[HEADLINE]:.2f}"
             ax.annotate(
                 f"{label} (n={g['samples']})",
                 (bar.get_width(), bar.get_y() + bar.get_height() / 2),
@@ -181,8 +183,6 @@ def tradeoff_figure(run: res.Run) -> Any | None:
     token-weighted, dashed) on the left axis and the speedup estimate on the right, one
     point per node budget, the chain walk as a dotted reference line on each (its marker
     at x = its B - 1 draft tokens). None when the run has no DDTree budgets."""
-    from orchestrator.results import speedup
-
     t = speedup.tradeoff(run)
     if not t:
         return None
@@ -194,8 +194,8 @@ def tradeoff_figure(run: res.Run) -> Any | None:
     fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
     right = ax.twinx()
     for gid, axis, key, style, colour, label in (
-        ("tau", ax, "tau", {"marker": "o", "linestyle": "-"}, "C0", "DDTree tau"),
-        ("tau-tokens", ax, "tau_tokens", {"linestyle": "--"}, "C0", "DDTree tau (tokens)"),
+        ("tau", ax, speedup.TAU, {"marker": "o", "linestyle": "-"}, "C0", "DDTree tau"),
+        ("tau-tokens", ax, speedup.TOKENS, {"linestyle": "--"}, "C0", "DDTree tau (tokens)"),
         ("speedup", right, "speedup_estimate", {"marker": "s"}, "C1", "DDTree speedup est."),
     ):
         xy = [(x, r[key]) for x, r in zip(xs, rows, strict=True) if r[key] is not None]
@@ -203,7 +203,7 @@ def tradeoff_figure(run: res.Run) -> Any | None:
             (line,) = axis.plot(*zip(*xy, strict=True), color=colour, label=label, **style)
             line.set_gid(f"data-tradeoff-{gid}")
         ref = chain.get(key)
-        if ref is not None and key != "tau_tokens":
+        if ref is not None and key != speedup.TOKENS:
             axis.axhline(
                 ref,
                 color=colour,
@@ -233,7 +233,7 @@ def tradeoff_figure(run: res.Run) -> Any | None:
 def _series(runs: list[res.Run]) -> dict[tuple, list[res.Run]]:
     out: dict[tuple, list[res.Run]] = {}
     for r in runs:
-        if r.step is None or r.metrics.get("tau_per_sample_mean") is None:
+        if r.step is None or r.metrics.get(HEADLINE) is None:
             continue
         out.setdefault(res.series_key(r), []).append(r)
     for pts in out.values():
@@ -257,34 +257,27 @@ def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
         prefix = f"{text(res.series_label(key))}: " if many else ""
         lines: list[tuple[str, list, dict]] = [
             (
-                "tau",
-                [r.metrics.get("tau_per_sample_mean") for r in pts],
-                {"marker": "o", "linestyle": "-"},
-            ),
-            (
-                "tau token-weighted",
-                [r.metrics.get("tau_token_weighted") for r in pts],
-                {"linestyle": "--", "alpha": 0.7},
-            ),
-        ]
-        budgets = sorted(
-            {b for r in pts for b in (r.metrics.get("ddtree") or {})}, key=res.budget_key
-        )
-        for j, b in enumerate(budgets):
-            lines.append(
-                (
-                    f"DDTree-{text(b)} tau",
-                    [
-                        ((r.metrics.get("ddtree") or {}).get(b) or {}).get("tau_per_sample_mean")
-                        for r in pts
-                    ],
-                    {
-                        "marker": DDTREE_MARKERS[j % len(DDTREE_MARKERS)],
-                        "linestyle": ":",
-                        "markersize": 4,
-                    },
-                )
+                m.header if m.name == HEADLINE else m.label,
+                [m.read(r.metrics) for r in pts],
+                {
+                    "linestyle": m.plot,
+                    **({"marker": "o"} if m.name == HEADLINE else {"alpha": 0.7}),
+                },
             )
+            for m in registry.scalars()
+            if m.plot
+        ]
+        for m in summary.per_budget():
+            per = [summary.budget_values(r, m) for r in pts]
+            for j, b in enumerate(sorted({b for p in per for b in p}, key=summary.budget_key)):
+                style = {"marker": DDTREE_MARKERS[j % len(DDTREE_MARKERS)], "markersize": 4}
+                lines.append(
+                    (
+                        text(summary.budget_label(m, b)),
+                        [p.get(b) for p in per],
+                        {"linestyle": ":", **style},
+                    )
+                )
         for j, (name, ys, style) in enumerate(lines):
             xy = [(x, y) for x, y in zip(steps, ys, strict=False) if y is not None]
             if not xy:

@@ -6,9 +6,9 @@ target verify ``t_verify`` over the same cache and a drafter block ``t_draft``. 
 greedy decoding pays ``t_step`` per token; speculative decoding pays
 ``t_verify + t_draft`` per round and gets tau tokens from it, so
 
-    speedup = tau_tokens * t_step / (t_verify + t_draft)
+    speedup = tau_token_weighted * t_step / (t_verify + t_draft)
 
-with tau_tokens the token-weighted tau (tokens / rounds: what a decoding's speed follows).
+with tau_token_weighted the token-weighted tau (tokens / rounds: what a decoding's speed follows).
 ``t_verify`` is, for the chain, one causal forward over the block (B tokens: the last
 accepted one and B - 1 drafts); for DDTree-N, one forward over the tree's N + 1 tokens
 (its root and N nodes) with the tree attention mask (``round_costs.tree_verify_s``), or,
@@ -23,18 +23,21 @@ from __future__ import annotations
 
 from typing import Any
 
-# Reads a run (`store.Run`) through its ``result`` and ``metrics`` only: `store.summary`
+from remote.protocol.metrics import HEADLINE, find
+
+# Reads a run (`store.Run`) through its ``result`` and ``metrics`` only: `summary.summary`
 # imports this module, so this one imports no store.
 
-FORMULA = "speedup = tau_tokens * t_step / (t_verify + t_draft)"
+TAU, TOKENS = HEADLINE, "tau_token_weighted"  # the registry's names of both taus
+FORMULA = f"speedup = {TOKENS} * t_step / (t_verify + t_draft)"
 
 # The trade-off table's columns, in the order of `tradeoff_rows`' values (every view of
 # the table, terminal and HTML, shows these).
 TRADEOFF_COLUMNS = (
     "budget (nodes)",
     "per-depth top-k",
-    "tau",
-    "tau (tokens)",
+    find(TAU).header,
+    find(TOKENS).header,
     "rounds",
     "verify (ms)",
     "verify mask",
@@ -48,12 +51,13 @@ def costs(run: Any) -> dict[str, Any]:
     return c if isinstance(c, dict) and not c.get("error") else {}
 
 
-def formula(tau_tokens: float | None, step: Any, verify: Any, draft: Any) -> float | None:
-    """``tau_tokens * step / (verify + draft)``; None when a part is missing or not > 0."""
-    parts = (tau_tokens, step, verify, draft)
+def formula(tau: float | None, step: Any, verify: Any, draft: Any) -> float | None:
+    """``tau * step / (verify + draft)`` (tau token-weighted); None when a part is missing
+    or not > 0."""
+    parts = (tau, step, verify, draft)
     if not all(isinstance(v, (int, float)) and v > 0 for v in parts):
         return None
-    return tau_tokens * step / (verify + draft)
+    return tau * step / (verify + draft)
 
 
 def tree_verify(c: dict, budget: int) -> tuple[float | None, str | None]:
@@ -83,7 +87,7 @@ def tradeoff(run: Any) -> dict[str, Any]:
     estimate, beside the chain walk's (the reference); {} for a run without budgets.
 
     ``{"formula", "target_step_s", "drafter_round_s", "costs_error", "chain": {...},
-    "budgets": [{"budget", "topk", "tokens_verified", "tau", "tau_tokens", "rounds",
+    "budgets": [{"budget", "topk", "tokens_verified", TAU, TOKENS, "rounds",
     "verify_s", "verify_mask", "speedup_estimate"}, ...]}``; the costs and estimates are
     None where the host measured none (``costs_error`` then says why, when it said)."""
     budgets = _budgets(run)
@@ -101,12 +105,12 @@ def tradeoff(run: Any) -> dict[str, Any]:
                 "budget": b,
                 "topk": v.get("topk"),
                 "tokens_verified": b + 1,
-                "tau": v.get("tau_per_sample_mean"),
-                "tau_tokens": v.get("tau_token_weighted"),
+                TAU: v.get(TAU),
+                TOKENS: v.get(TOKENS),
                 "rounds": v.get("rounds"),
                 "verify_s": verify,
                 "verify_mask": mask,
-                "speedup_estimate": formula(v.get("tau_token_weighted"), step, verify, draft),
+                "speedup_estimate": formula(v.get(TOKENS), step, verify, draft),
             }
         )
     raw = (run.result.get("timings") or {}).get("round_costs")
@@ -120,12 +124,12 @@ def tradeoff(run: Any) -> dict[str, Any]:
             "block_size": block,
             "draft_tokens": block - 1 if isinstance(block, int) else None,
             "tokens_verified": block,
-            "tau": m.get("tau_per_sample_mean"),
-            "tau_tokens": m.get("tau_token_weighted"),
+            TAU: m.get(TAU),
+            TOKENS: m.get(TOKENS),
             "rounds": m.get("rounds"),
             "verify_s": chain_verify,
             "verify_mask": None if chain_verify is None else "causal",
-            "speedup_estimate": formula(m.get("tau_token_weighted"), step, chain_verify, draft),
+            "speedup_estimate": formula(m.get(TOKENS), step, chain_verify, draft),
         },
         "budgets": rows,
     }
@@ -134,7 +138,7 @@ def tradeoff(run: Any) -> dict[str, Any]:
 def tradeoff_rows(trade: dict[str, Any]) -> list[tuple]:
     """`tradeoff`'s table as raw values in TRADEOFF_COLUMNS' order: a row per node budget,
     then the chain walk's, labelled with its draft tokens. Each view formats the values."""
-    keys = ("topk", "tau", "tau_tokens", "rounds", "verify_s", "verify_mask", "speedup_estimate")
+    keys = ("topk", TAU, TOKENS, "rounds", "verify_s", "verify_mask", "speedup_estimate")
     rows = [(r["budget"], *(r[k] for k in keys)) for r in trade["budgets"]]
     c = trade["chain"]
     drafts = "-" if c["draft_tokens"] is None else c["draft_tokens"]
@@ -151,9 +155,9 @@ def estimate(run: Any) -> dict[str, Any]:
     m = run.metrics
     step, draft = c.get("target_step_s"), c.get("drafter_round_s")
     return {
-        "chain": formula(m.get("tau_token_weighted"), step, _chain_verify(run, c), draft),
+        "chain": formula(m.get(TOKENS), step, _chain_verify(run, c), draft),
         "ddtree": {
-            str(b): formula(v.get("tau_token_weighted"), step, tree_verify(c, b)[0], draft)
+            str(b): formula(v.get(TOKENS), step, tree_verify(c, b)[0], draft)
             for b, v in _budgets(run)
         },
     }

@@ -56,6 +56,7 @@ from remote.protocol import (
     SpecError,
     sample_labels,
 )
+from remote.protocol import metrics as registry
 
 SCHEMA = RESULT_SCHEMA
 
@@ -227,8 +228,6 @@ def sample_event(done: dict[int, dict[str, Any]], index: int, total: int) -> dic
     """The progress event of sample ``index`` of the job's, just done; ``done``: the records
     done so far by index (the walks end in any order, `remote.eval.walk.eval_stream`)."""
     rec, records = done[index], list(done.values())
-    taus = [r["tau"] for r in records if r["tau"] is not None]
-    total_rounds = sum(len(r["rounds"]) for r in records)
     return {
         "event": "sample",
         "done": len(records),
@@ -237,10 +236,7 @@ def sample_event(done: dict[int, dict[str, Any]], index: int, total: int) -> dic
         "id": rec["id"],
         "tokens": rec["completion_tokens"],
         "sample_tau": rec["tau"],
-        "tau": (sum(taus) / len(taus)) if taus else None,
-        "tau_token_weighted": (sum(sum(r["rounds"]) for r in records) / total_rounds)
-        if total_rounds
-        else None,
+        **registry.live_values(records),  # the registry's running values (Metric.live)
         "seconds": rec["seconds"]["total"],
         # The whole record travels with the event, so a watcher keeps the samples a host
         # finished even if that host is lost before it writes samples.jsonl.
@@ -413,8 +409,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
         {
             "event": "done",
             "result": os.path.abspath(result_path),
-            "tau": metrics["tau_per_sample_mean"],
-            "tau_token_weighted": metrics["tau_token_weighted"],
+            **{m.name: m.read(metrics) for m in registry.live()},
         }
     )
     return result

@@ -237,7 +237,7 @@ def run_compare(path: Path, spec: dict, events, engine: EvalSpec) -> int:
     from safetensors.torch import load_file
 
     from remote.eval import device as device_mod
-    from remote.eval.metrics import tau_stats
+    from remote.protocol.metrics import walk_stats
 
     folder_a, folder_b = Path(spec["capture_a"]), Path(spec["capture_b"])
     cap_a, cap_b = _load_capture(folder_a), _load_capture(folder_b)
@@ -339,8 +339,8 @@ def run_compare(path: Path, spec: dict, events, engine: EvalSpec) -> int:
         "identical": all(r["identical"] for r in layer_rows) and top1_match == top1_total,
     }
     if drafter is not None:
-        sa_ = tau_stats([w["rounds_a"] for w in walks])
-        sb_ = tau_stats([w["rounds_b"] for w in walks])
+        sa_ = walk_stats([w["rounds_a"] for w in walks])
+        sb_ = walk_stats([w["rounds_b"] for w in walks])
         result["drafter"] = {
             "path": os.path.abspath(engine.drafter),
             "target_layer_ids": dcfg.target_layer_ids,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from remote.eval.metrics import tau_stats
+from remote.protocol.metrics import walk_stats
 
 SCHEMA = "dflash.online-verdict/1"
 # Online tau at most this while the offline one is at least OFFLINE_HIGH: the drafter the
@@ -158,8 +158,8 @@ def compare(
         "block_size": block_size,
         "num_spec_tokens": k,
         "dtype": {"offline": offline_dtype, "online": online_dtype},
-        "offline": tau_stats(off_rounds),
-        "online": tau_stats(on_rounds) if detailed else None,
+        "offline": walk_stats(off_rounds),
+        "online": walk_stats(on_rounds) if detailed else None,
         "online_uncut_tau": uncut_tokens / uncut_steps if uncut_steps else None,
         "per_position": {
             "offline": position_acceptance(off_rounds, block_size - 1),

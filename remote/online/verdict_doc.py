@@ -19,6 +19,7 @@ from remote.protocol.results import (
     ResultError,
     check_doc,
     list_of,
+    tau_types,
 )
 
 CAUSES = (
@@ -31,7 +32,7 @@ CAUSES = (
     "steps_without_draft",
     "engine_disagrees",
 )
-TAU = {"tau_per_sample_mean": NUM, "tau_token_weighted": NUM, "rounds": INT, "tokens": INT}
+TAU = tau_types()
 POSITIONS = list_of({"position": INT, "attempts": INT, "accepted": INT, "rate": NUM})
 COUNTERS = {
     "drafts": INT,

@@ -24,6 +24,8 @@ it as `remote.protocol`; its modules hold the parts:
   one set of defaults. A bad value is a `SpecError` (a ValueError with one line saying what
   to do); each side turns it into its own user error;
 - `prompts`: a prompts file (JSONL) as both sides read it (`parse_prompts`);
+- `metrics`: the metric registry, every number an eval reports defined once (its name,
+  how samples combine, how it prints), imported as `remote.protocol.metrics`;
 - `values`: what a whole number is, the checks a setting passes on either side (`Check`:
   `COUNT`, `one_of`, ...), how a bad value is shown.
 """

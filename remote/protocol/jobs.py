@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from remote.protocol.metrics import live
 from remote.protocol.values import SpecError, finite, is_int, json_type, shown
 from remote.relay.wire import name_problem
 
@@ -127,9 +128,8 @@ JOB_EVENT_FIELDS = {
     "samples": "count?",
     "tokens": "count?",
     "offset": "count?",
-    "tau": "number?",
     "sample_tau": "number?",
-    "tau_token_weighted": "number?",
+    **{m.name: "number?" for m in live()},  # the registry's running values
     "seconds": "number?",
     "phase": "text?",
     "source": "text?",

@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from remote.protocol.metrics import METRICS, SUM, WALK, Keyed, Metric, scalars
 from remote.protocol.schemas import RESULT_SCHEMA
 from remote.protocol.values import is_int, is_number
 
@@ -90,22 +91,33 @@ GROUND_TRUTH = {
     "chat_template_sha256": STR,
 }
 PROMPTS = {"name": STR, "sha256": STR, "path": STR}
-TAU = {
-    "tau_per_sample_mean": NUM,
-    "tau_token_weighted": NUM,
-    "rounds": INT,
-    "tokens": INT,
-}
-METRICS = {
-    "samples": INT,
-    **TAU,
-    "acceptance_histogram": one_of(map_of(INT, WHOLE_NUMBER_KEYS), list_of(INT)),
-    "per_position_acceptance": list_of(
-        one_of({"position": INT, "attempts": INT, "accepted": INT, "rate": NUM}, NUM)
-    ),
-    "target_agreement": {"match": INT, "total": INT, "rate": NUM},
-    "ddtree": map_of({"budget": INT, "topk": INT, **TAU}),
-}
+
+
+def _scalar_type(m: Metric) -> Any:
+    if m.stored is not None:
+        return {m.stored[0]: INT, m.stored[1]: INT, "rate": NUM}
+    return INT if m.style == "count" else NUM
+
+
+def _keyed_type(m: Keyed) -> Any:
+    if m.reduce == SUM:
+        return one_of(map_of(INT, WHOLE_NUMBER_KEYS), list_of(INT))
+    row = {m.key_name: INT, m.num_name: INT, m.den_name: INT, "rate": NUM}
+    return list_of(one_of(row, NUM))
+
+
+def tau_types() -> dict:
+    """The types of the walk metrics (a chain's or a DDTree budget's), by name."""
+    return {m.name: _scalar_type(m) for m in scalars(WALK)}
+
+
+def metrics_types() -> dict:
+    """The types of a result's ``metrics``, from the metric registry."""
+    out = {m.name: _keyed_type(m) if isinstance(m, Keyed) else _scalar_type(m) for m in METRICS}
+    out["ddtree"] = map_of({"budget": INT, "topk": INT, **tau_types()})
+    return out
+
+
 # One round's costs on the eval host (`remote.eval.costs`). The target's part depends on
 # the target and the host alone: a feature cache keeps it beside the features, and a
 # later eval whose features are all cached reads it back (``target_costs: "cached"``).
@@ -272,7 +284,7 @@ def metrics_of(result: Mapping) -> dict:
     m = result.get("metrics") or {}
     if not isinstance(m, dict):
         return m
-    if "tau_token_weighted" in m or "tau_per_sample_mean" in m:
+    if any(k.name in m for k in scalars(WALK)):
         return m
     if m:
         if isinstance(m.get("all"), dict):
@@ -294,7 +306,7 @@ def check_result(doc: Any) -> None:
     metrics = doc.get("metrics")
     if metrics is not None and not isinstance(metrics, dict):
         raise ResultError(f"metrics is {_shown(metrics)} ({_kind(metrics)}), expected an object")
-    _check(metrics_of(doc), METRICS, "metrics")
+    _check(metrics_of(doc), metrics_types(), "metrics")
 
 
 def check_spec(doc: Any) -> None:

@@ -1,10 +1,10 @@
 """Everything the CLI shows, in one package: the consoles and ``--json`` (`base`), the live
 progress views the commands hand to the library (`progress`, opened only when shown by
 `live`; follow's `events`; a Slurm eval's task lines, `slurm`), and one module of
-renderers per kind of result (`hosts`, `relay`, `results`, `online`, `parity`, `jobs`),
-all drawing their tables as `tables.Grid` (ids and numbers never cut, names never
-markup). A command makes its one library call and hands the result to `emit` with its
-renderer; commands never print themselves and never import one another.
+renderers per kind of result (`hosts`, `relay`, `results`, `listing`, `history`, `online`,
+`parity`, `jobs`), all drawing their tables as `tables.Grid` (ids and numbers never cut,
+names never markup). A command makes its one library call and hands the result to `emit`
+with its renderer; commands never print themselves and never import one another.
 
 Names resolve lazily (PEP 562): ``output.emit`` imports `base` alone, so a command such as
 ``relay`` does not import the eval, probe and results renderers and their libraries to
@@ -36,9 +36,9 @@ _WHERE = {
     "exit_with": "base",
     "flag": "base",
     "fmt": "base",
-    "follow_json": "results",
+    "follow_json": "history",
     "found_json": "results",
-    "history_table": "results",
+    "history_table": "history",
     "job_started": "progress",
     "mark": "base",
     "num": "base",
@@ -55,26 +55,26 @@ _WHERE = {
     "render_cancelled": "jobs",
     "render_check": "hosts",
     "render_checkpoints": "relay",
-    "render_comparison": "results",
-    "render_demo": "results",
+    "render_comparison": "listing",
+    "render_demo": "history",
     "render_env": "hosts",
     "render_eval_run": "results",
-    "render_export": "results",
-    "render_follow": "results",
+    "render_export": "listing",
+    "render_follow": "history",
     "render_found": "results",
     "render_hosts": "hosts",
     "render_jobs": "jobs",
-    "render_listing": "results",
+    "render_listing": "listing",
     "render_online_run": "online",
     "render_verdict": "online",
     "render_parity": "parity",
     "render_parity_run": "parity",
-    "render_paths": "results",
+    "render_paths": "listing",
     "render_probe": "hosts",
     "render_pruned": "jobs",
     "render_relay_report": "relay",
-    "render_report": "results",
-    "render_skipped": "results",
+    "render_report": "listing",
+    "render_skipped": "listing",
     "render_run": "results",
     "render_started": "jobs",
     "render_summary": "results",

@@ -7,29 +7,33 @@ from rich.text import Text
 
 from orchestrator.commands.output.base import fmt, show
 from orchestrator.commands.output.tables import Col, Grid
-from orchestrator.results import breakdown
+from orchestrator.results import breakdown, summary
 from orchestrator.results import compare as cmp
+from remote.protocol import metrics as registry
 
 
 def render_breakdown(groups: dict[str, list[dict]]) -> None:
     """One table per axis of a run's breakdown (`breakdown.breakdown`) that has two groups
-    or more (`breakdown.worth_showing`): samples, tau both ways and DDTree tau per budget,
-    per group."""
+    or more (`breakdown.worth_showing`): each table metric of the registry
+    (`summary.columns`) and the headline per DDTree budget, per group."""
     groups = breakdown.worth_showing(groups)
+    cols, head = summary.columns(), registry.headline()
     for axis in breakdown.AXES:
         rows = groups.get(axis) or []
         if not rows:
             continue
         budgets = list(dict.fromkeys(b for g in rows for b in g["ddtree"]))
+        n = len(budgets)
         t = Grid(
             breakdown.TITLES[axis],
             [
                 Col("group", "id"),
-                Col("samples", "num", justify="right"),
-                Col("tau", "num", justify="right"),
-                Col("tau (tokens)", "num", justify="right", drop=len(budgets) + 1),
                 *[
-                    Col(f"DDTree-{b}", "num", justify="right", drop=len(budgets) + 1 - i)
+                    Col(m.header, "num", justify="right", drop=m.rank + n if m.rank else 0)
+                    for m in cols
+                ],
+                *[
+                    Col(summary.budget_label(head, b), "num", justify="right", drop=n - i)
                     for i, b in enumerate(budgets)
                 ],
             ],
@@ -38,10 +42,8 @@ def render_breakdown(groups: dict[str, list[dict]]) -> None:
         for g in rows:
             t.row(
                 g["name"],
-                fmt(g["samples"]),
-                fmt(g["tau"]),
-                fmt(g["tau_tokens"]),
-                *[fmt(g["ddtree"].get(b)) for b in budgets],
+                *[summary.shown(m, g[m.name]) for m in cols],
+                *[summary.shown(head, g["ddtree"].get(b)) for b in budgets],
             )
         show(t)
 
@@ -67,7 +69,7 @@ def render_group_deltas(p: cmp.Paired, b: str, a: str) -> None:
             ],
         )
         for g in groups:
-            d = next((d for d in g.deltas if d.metric == "tau"), None)
+            d = cmp.headline(g.deltas)
             if d is None:
                 t.row(g.name, fmt(g.samples), "-", "-", "-", "-")
                 continue

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 
-from orchestrator.commands.output.base import err_console, num, plain
+from orchestrator.commands.output.base import err_console, plain
 from orchestrator.commands.output.progress import LiveProgress, RelayProgress, ShardProgress
 from orchestrator.commands.output.slurm import SlurmShardProgress
 from orchestrator.eval.follow import loop as follow_lib
+from orchestrator.results import summary
 from remote.protocol import JobState
+from remote.protocol import metrics as registry
 
 
 class RichEvents(follow_lib.FollowEvents):
@@ -69,13 +71,20 @@ class RichEvents(follow_lib.FollowEvents):
                 soft_wrap=True,
             )
             return
-        trees = ", ".join(
-            f"DDTree-{plain(b)} {v:.3f}" for b, v in entry["ddtree"].items() if v is not None
-        )
+        head = registry.headline()
+        said = [
+            f"{m.header} {summary.shown(m, entry.get(m.name))}"
+            for m in summary.columns()
+            if m.style != "count"
+        ]
+        said += [
+            f"{summary.budget_label(head, b)} {summary.shown(head, v)}"
+            for b, v in entry["ddtree"].items()
+            if v is not None
+        ]
         err_console.print(
             f"[bold green]{plain(entry['checkpoint'])}[/] (step {plain(entry['step'])}): "
-            f"tau {num(entry['tau'])} (token-weighted {num(entry['tau_tokens'])})"
-            + (f", {trees}" if trees else ""),
+            + plain(", ".join(said)),
             soft_wrap=True,
         )
 

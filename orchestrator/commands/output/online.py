@@ -9,7 +9,7 @@ from orchestrator.commands.output.base import console, fmt, pct, plain, show
 from orchestrator.commands.output.progress import LiveProgress
 from orchestrator.commands.output.speedup import ms
 from orchestrator.commands.output.tables import Col, Grid, kv
-from orchestrator.results import online_view
+from orchestrator.results import online_view, summary
 from orchestrator.results import store as res
 
 
@@ -19,7 +19,7 @@ def online_json(run_dir: Path) -> dict:
     return {
         "run_dir": str(run_dir),
         "run_id": run_dir.name,
-        "summary": res.summary(res.load_run(run_dir)),
+        "summary": summary.summary(res.load_run(run_dir)),
         "online": online_view.summary(v) if v else None,
         "speed": online_view.speed(v, res.load_run(run_dir)) if v else None,
         "verdict": v,

@@ -28,6 +28,7 @@ from rich.progress import (
 from orchestrator.commands.output.base import err_console, plain
 from orchestrator.printable import printable
 from orchestrator.relay import run as relay_lib
+from remote.protocol.metrics import HEADLINE
 
 
 class _Bars(Progress):
@@ -157,7 +158,7 @@ class LiveProgress:
                 # events that happened while nobody was watching.
                 now = ev.get("time") or time.time()
                 elapsed = max(1e-3, now - (self.eval_started or now))
-                tau = ev.get("tau")
+                tau = ev.get(HEADLINE)  # the running headline metric
                 info = f"{self.tokens / elapsed:,.0f} tok/s"
                 if isinstance(tau, (int, float)):
                     info += f"  tau {tau:.3f}"
@@ -255,8 +256,8 @@ class ShardProgress:
             h["tokens"] += int(ev.get("tokens") or 0)
             h["last"] = ev.get("time") or time.time()
             h["started"] = h["started"] or h["last"]
-            if isinstance(ev.get("tau"), (int, float)):
-                h["tau"] = ev["tau"]
+            if isinstance(ev.get(HEADLINE), (int, float)):
+                h["tau"] = ev[HEADLINE]
             self._render(task, h)
             self._total()
         elif kind == "shard_failed":

@@ -1,36 +1,22 @@
-"""How eval results look to people: a run's summary and full view, the list of runs, a
-comparison, tau per checkpoint step (follow, demo), parity, and the jobs on eval hosts.
-Each ``render_*`` prints one command's result; each ``*_json`` is its ``--json`` form
-when that is not the result itself."""
+"""How one eval run looks to people: its summary (the end of `remote-eval`) and its full
+view (`results show`), every metric as the registry prints it. Each ``render_*`` prints
+one command's result; each ``*_json`` is its ``--json`` form. The results folder's other
+views: `listing`; tau per checkpoint step: `history`."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
-from rich.text import Text
-
-from orchestrator.commands.output.base import (
-    console,
-    err_console,
-    exit_with,
-    fmt,
-    num,
-    pct,
-    plain,
-    show,
-)
-from orchestrator.commands.output.breakdown import render_breakdown, render_group_deltas
+from orchestrator.commands.output.base import console, fmt, pct, plain, show
+from orchestrator.commands.output.breakdown import render_breakdown
 from orchestrator.commands.output.parity import render_parity
 from orchestrator.commands.output.speedup import speedup_line, tradeoff_table
 from orchestrator.commands.output.tables import Col, Grid, kv, styled
-from orchestrator.eval.follow import loop as follow_lib
-from orchestrator.results import breakdown, catalog, online_view, parity_view, speedup
-from orchestrator.results import compare as cmp
+from orchestrator.results import breakdown, catalog, online_view, settings, speedup, summary
 from orchestrator.results import store as res
 from remote.protocol import TARGET_LOADED_ENDS
+from remote.protocol import metrics as registry
 
 # Keys whose numbers are Unix times: shown as dates.
 TIME_KEYS = {"generated", "created", "pulled", "time", "started", "finished", "made"}
@@ -45,14 +31,33 @@ def _line(text: str, soft_wrap: bool = True) -> None:
 # ---- one eval run ---------------------------------------------------------------------------
 
 
+def metric_rows(run: res.Run) -> list[tuple[str, str]]:
+    """Every scalar metric of the registry by its label, as it prints: the walk's, then
+    each per DDTree budget, then the sample's; the counts together in the last row."""
+    got = summary.values(run)
+    walk, sample = registry.scalars(registry.WALK), registry.scalars(registry.SAMPLE)
+    counts = [m for m in registry.scalars() if m.style == "count"]
+    rows = [(m.label, summary.shown(m, got[m.name])) for m in walk if m not in counts]
+    for m in summary.per_budget():
+        rows += [
+            (summary.budget_label(m, b), summary.shown(m, v))
+            for b, v in summary.budget_values(run, m).items()
+        ]
+    rows += [(m.label, summary.shown(m, got[m.name])) for m in sample if m not in counts]
+    rows.append(
+        (
+            " / ".join(m.label for m in counts),
+            " / ".join(summary.shown(m, got[m.name]) for m in counts),
+        )
+    )
+    return rows
+
+
 def render_summary(run: res.Run) -> None:
     """The headline table of one run (also printed at the end of `remote-eval`)."""
-    s = res.summary(run)
+    s = summary.summary(run)
     rows: list[tuple[str, object]] = [
-        ("tau (z-lab: mean of per-sample means)", fmt(s["tau"])),
-        ("tau (token-weighted: tokens / rounds)", fmt(s["tau_tokens"])),
-        *[(f"DDTree-{b} tau", fmt(v)) for b, v in s["ddtree"].items()],
-        ("target agreement", pct(s["target_agreement"])),
+        *metric_rows(run),
         ("speedup estimate (chain; see docs/results.md)", speedup_line(run)),
         (
             "training run",
@@ -61,19 +66,15 @@ def render_summary(run: res.Run) -> None:
         ("step", fmt(s["step"])),
         ("drafter sha256", fmt(s["drafter_sha256"])),  # a sha256 wraps, never cut
         ("evaluated", s["created_time"]),
-        (
-            "samples / tokens / rounds",
-            f"{fmt(s['samples'])} / {fmt(s['tokens'])} / {fmt(s['rounds'])}",
-        ),
     ]
-    gt = res.ground_truth_source(run)
+    gt = settings.ground_truth_source(run)
     src = gt.get("kind") or "-"
     if gt.get("url"):
         src += f" {gt['url']}"
     if gt.get("cached"):
         src += " (cached on host)"
     rows.append(("ground truth", src))
-    feats = res.target_features(run)  # from the host's cache, or the target's forward
+    feats = settings.target_features(run)  # from the host's cache, or the target's forward
     if feats:
         got = f"{fmt(feats.get('samples_cached') or 0)} of {fmt(s['samples'])} cached on host"
         if feats.get("target_loaded") == TARGET_LOADED_ENDS:
@@ -97,7 +98,7 @@ def eval_run_json(run: res.Run) -> dict:
     out = {
         "run_dir": str(run.path),
         "run_id": run.run_id,
-        "summary": res.summary(run),
+        "summary": summary.summary(run),
         "breakdown": breakdown.of_run(run),
         "ddtree_tradeoff": speedup.tradeoff(run),
     }
@@ -163,57 +164,39 @@ def render_run(run: res.Run) -> None:
 
         render_verdict(verdict, run)
     render_breakdown(breakdown.of_run(run))
-    m = run.metrics
     trade = speedup.tradeoff(run)
     if trade:
         show(tradeoff_table(trade))
-    hist = res.histogram(run)
-    if hist:
-        total = sum(c for _, c in hist) or 1
-        t = Grid(
-            "acceptance histogram",
-            [
-                Col("length", "num", justify="right"),
-                Col("rounds", "num", justify="right"),
-                Col("share", "num", justify="right"),
-                Col("", "id", drop=1),
-            ],
-            compact=False,
-        )
-        for k, c in hist:
-            t.row(str(k), str(c), pct(c / total), "#" * round(40 * c / total))
-        show(t)
-    pos = res.per_position(run)
-    if pos:
-        t = Grid(
-            "per-position acceptance (position j correct given 1..j-1 correct)",
-            [
-                Col("position", "num", justify="right"),
-                Col("attempts", "num", justify="right"),
-                Col("accepted", "num", justify="right"),
-                Col("rate", "num", justify="right"),
-            ],
-            compact=False,
-        )
-        for p in pos:
-            t.row(
-                str(p.get("position")),
-                fmt(p.get("attempts")),
-                fmt(p.get("accepted")),
-                pct(p.get("rate")),
-            )
-        show(t)
-    agreement = m.get("target_agreement")
+    for m in registry.keyed():
+        render_keyed(run, m)
+    agreement = run.metrics.get("target_agreement")
     if agreement:
         show(_kv_table("target agreement (host argmax = ground truth)", agreement))
     for key, title in (("timings", "timings"), ("environment", "environment")):
         if run.result.get(key):
             show(_kv_table(title, run.result[key]))
-    gt = res.ground_truth_source(run)
+    gt = settings.ground_truth_source(run)
     if gt:
         show(_kv_table("ground truth source", {k: v for k, v in gt.items() if k != "warnings"}))
     pngs = sorted(p.name for p in run.path.glob("*.png"))
     _line(f"folder: {run.path}" + (f"  plots: {', '.join(pngs)}" if pngs else ""), soft_wrap=False)
+
+
+def render_keyed(run: res.Run, m: registry.Keyed) -> None:
+    """A per-key metric as a table (`summary.keyed_table`); a count's share as a bar."""
+    head, rows = summary.keyed_table(run, m.name)
+    if not rows:
+        return
+    cols = [Col(h, "num", justify="right") for h in head]
+    bars = []
+    if m.reduce == registry.SUM:
+        counts = [r["num"] or 0 for r in summary.keyed_rows(run, m.name)]
+        bars = ["#" * round(40 * c / (sum(counts) or 1)) for c in counts]
+        cols.append(Col("", "id", drop=1))
+    t = Grid(m.label, cols, compact=False)
+    for i, r in enumerate(rows):
+        t.row(*r, *bars[i : i + 1])
+    show(t)
 
 
 def render_found(found: res.Run | catalog.ParityRun) -> None:
@@ -236,243 +219,3 @@ def found_json(found: res.Run | catalog.ParityRun) -> dict:
         "breakdown": breakdown.of_run(found),
         "ddtree_tradeoff": speedup.tradeoff(found),
     }
-
-
-# ---- the results folder ----------------------------------------------------------------------
-
-
-def render_listing(listing: catalog.Listing) -> None:
-    """`results list`: parity runs, then eval runs oldest first, every id whole (the run
-    folders that could not be read: `render_skipped`)."""
-    if listing.parity_runs:
-        t = Grid(
-            "parity runs",
-            [
-                Col("run", "id"),
-                Col("A"),
-                Col("B"),
-                Col("worst relL2 p99", "num", justify="right"),
-                Col("top-1", "num", justify="right", drop=1),
-                Col("delta tau", "num", justify="right"),
-            ],
-        )
-        for p, r in listing.parity_runs:
-            s = parity_view.summary(r, p.name)
-            t.row(
-                p.name,
-                s["a"],
-                s["b"],
-                fmt(s["worst_rel_l2_p99"]),
-                pct(s["top1_agreement"]),
-                fmt(s["delta_tau"]),
-            )
-        show(t)
-    if not listing.runs:
-        _line(f"no runs in {listing.root}")
-        return
-    table = Grid(
-        f"runs in {listing.root}",
-        [
-            Col("run", "id"),
-            Col("step", "num", justify="right"),
-            Col("tau", "num", justify="right"),
-            Col("tau tok", "num", justify="right", drop=2),
-            Col("DDTree max", "num", justify="right", drop=3),
-            Col("agree", "num", justify="right", drop=1),
-            Col("evaluated", "num", justify="right", drop=4),
-        ],
-    )
-    for r in listing.runs:
-        s = res.summary(r)
-        dd = list(s["ddtree"].items())
-        table.row(
-            s["run_id"],
-            fmt(s["step"]),
-            fmt(s["tau"]),
-            fmt(s["tau_tokens"]),
-            f"{dd[-1][0]}: {fmt(dd[-1][1])}" if dd else "-",
-            pct(s["target_agreement"]),
-            s["created_time"][5:16],
-        )
-    show(table)
-
-
-def render_skipped(skipped: list[str]) -> None:
-    """Run folders left out because they could not be read: one yellow line each, on
-    stderr (with or without --json), so the runs that could be read are still shown."""
-    for line in skipped:
-        err_console.print(f"[yellow]skipped:[/] {plain(line)}", soft_wrap=True)
-
-
-def render_comparison(c: catalog.Comparison) -> None:
-    """`results compare`: the runs side by side, then each paired against the first."""
-    for i, r in enumerate(c.runs):
-        _line(f"{_label(i)}: {r.run_id}")
-    t = Grid(
-        "side by side",
-        [
-            Col("metric", style="bold"),
-            *[Col(_label(i), "id", justify="right") for i in range(len(c.runs))],
-        ],
-    )
-    for metric, values in c.rows:
-        is_share = metric.startswith(("share", "target", "retok"))
-        t.row(metric, *[pct(v) if is_share and isinstance(v, float) else fmt(v) for v in values])
-    show(t)
-    for i, p in enumerate(c.paired, 1):
-        render_paired(p, _label(i), _label(0))
-    if c.plot_asked and c.plot is None:
-        console.print("no plot: none of these runs carries a training step")
-    elif c.plot:
-        _line(f"plot: {c.plot}")
-
-
-def _label(i: int) -> str:
-    return chr(ord("A") + i) if i < 26 else f"R{i}"
-
-
-def render_paired(p: cmp.Paired, b: str, a: str) -> None:
-    """The paired comparison of run `b` against run `a`."""
-    if not p.comparable:
-        console.print(
-            f"[bold yellow]{b} vs {a}: not comparable[/]: {plain('; '.join(p.problems))}",
-            soft_wrap=True,
-        )
-        return
-    t = Grid(
-        f"{b} vs {a}: paired over {p.samples} samples "
-        f"({p.confidence:.0%} bootstrap interval, {p.resamples} resamples)",
-        [
-            Col("metric"),
-            Col(a, "num", justify="right"),
-            Col(b, "num", justify="right"),
-            Col("delta", "num", justify="right"),
-            Col("interval", "num", justify="right"),
-            Col("improved", "num", justify="right", drop=1),
-            Col("worse", "num", justify="right", drop=2),
-        ],
-    )
-    for d in p.deltas:
-        colour = "green" if d.low > 0 else "red" if d.high < 0 else ""
-        t.row(
-            d.metric,
-            fmt(d.mean_a),
-            fmt(d.mean_b),
-            Text(f"{d.delta:+.3f}", style=colour),
-            f"[{d.low:+.3f}, {d.high:+.3f}]",
-            pct(d.improved),
-            pct(d.worse),
-        )
-    show(t)
-    render_group_deltas(p, b, a)
-    if p.only_a or p.only_b:
-        console.print(f"not paired: {p.only_a} samples only in {a}, {p.only_b} only in {b}")
-
-
-def render_paths(drawn: catalog.Drawn) -> None:
-    """`results plot`: the files written, one a line; then each plot that failed, on
-    stderr, and exit 1 (the others were drawn all the same)."""
-    for p in drawn.paths:
-        _line(str(p))
-    render_skipped(drawn.skipped)
-    if drawn.failed:
-        exit_with(1, *[f"[red]plot failed:[/] {plain(line)}" for line in drawn.failed])
-
-
-def render_export(w: catalog.Written) -> None:
-    """`results export`: the data itself when it went to stdout, else where it went."""
-    render_skipped(w.skipped)
-    if w.text is not None:
-        sys.stdout.write(w.text)
-        return
-    _line(f"exported {w.runs} run(s) as {w.format}: {w.path}")
-    if w.format == "tensorboard":
-        _line(f"view: tensorboard --logdir {w.path}")
-
-
-def render_report(w: catalog.Written) -> None:
-    render_skipped(w.skipped)
-    _line(f"report of {w.runs} run(s): {w.path}")
-    for line in w.notes:
-        _line(line)
-
-
-# ---- tau per checkpoint step (follow, demo) ----------------------------------------------------
-
-
-def history_table(history: list[dict], title: str = "tau per checkpoint step") -> Grid:
-    """Step, checkpoint, tau (z-lab per-sample mean and token-weighted), DDTree tau per node
-    budget and the target agreement rate, and why a checkpoint failed; run ids are in the
-    history JSON. At a narrow width the smaller DDTree budgets are left out first."""
-    budgets = sorted({b for h in history for b in (h.get("ddtree") or {})}, key=int)
-    failed = any(h.get("state") != "done" for h in history)
-    table = Grid(
-        title,
-        [
-            Col("step", "num", justify="right"),
-            Col("checkpoint"),
-            Col("tau", "num", justify="right"),
-            Col("tau tok", "num", justify="right", drop=len(budgets) + 2),
-            *[
-                Col(f"DDTree-{b}", "num", justify="right", drop=len(budgets) + 2 - i)
-                for i, b in enumerate(budgets, 1)
-            ],
-            Col("agree", "num", justify="right", drop=len(budgets) + 3),
-            *([Col("error")] if failed else []),
-        ],
-    )
-    for h in sorted(history, key=lambda h: (h.get("step") is None, h.get("step") or 0)):
-        if h.get("state") != "done":
-            table.row(
-                str(h.get("step")),
-                h["checkpoint"],
-                styled("failed", "red"),
-                "",
-                *[""] * len(budgets),
-                "",
-                h.get("error") or "",
-            )
-            continue
-        table.row(
-            str(h.get("step")),
-            h["checkpoint"],
-            num(h.get("tau")),
-            num(h.get("tau_tokens")),
-            *[num((h.get("ddtree") or {}).get(b)) for b in budgets],
-            num(h.get("target_agreement")),
-            *([""] if failed else []),
-        )
-    return table
-
-
-def follow_json(folder: Path) -> dict:
-    """`follow --json`: the follow folder, its history and its plot."""
-    return {
-        "state_dir": str(folder),
-        "history": follow_lib.read_history(folder),
-        "plot": str(folder / follow_lib.PLOT),
-    }
-
-
-def render_follow(folder: Path) -> None:
-    """The end of `follow`: tau per step of the history, the plot, the history file."""
-    show(history_table(follow_lib.read_history(folder)))
-    plot = folder / follow_lib.PLOT
-    if plot.is_file():
-        _line(f"plot: {plot}")
-    _line(f"history: {folder / follow_lib.HISTORY}")
-
-
-def render_demo(result) -> None:
-    """The end of `demo`: tau per step, where everything is, and how long each part took."""
-    show(history_table(result.history, "demo: tau per checkpoint step"))
-    secs = result.seconds
-    _line(f"plot: {result.plot}")
-    _line(f"results: {result.results_dir}")
-    if result.folder:
-        _line(f"demo folder (kept): {result.folder}")
-    _line(
-        f"models: {result.models} ({'built now' if result.built_now else 'cached'})"
-        f"; {secs['total']:.0f}s in all: models {secs['models']:.0f}s, setup "
-        f"{secs['setup']:.0f}s, relay+probe+eval {secs['relay_probe_eval']:.0f}s"
-    )

@@ -42,11 +42,12 @@ from orchestrator.eval.spec import (
 from orchestrator.inventory import Inventory
 from orchestrator.probe.structure import probe_structure
 from orchestrator.relay import run as relay
-from orchestrator.results import export
+from orchestrator.results import export, summary
 from orchestrator.results import store as results
 from orchestrator.results.store import results_dir
 from orchestrator.transport.hosts import HostError, open_host
 from remote.protocol import JOB_EVAL_KEY, JobKind, JobState
+from remote.protocol import metrics as registry
 
 # ---- one checkpoint ------------------------------------------------------------------------
 
@@ -58,16 +59,13 @@ def _now() -> str:
 def _entry(
     name: str, step: int | None, host: str, job_id: str, run_dir: Path, probe: dict | None
 ) -> dict:
-    s = results.summary(results.load_run(run_dir))
+    s = summary.summary(results.load_run(run_dir))
     return {
         "step": step,
         "checkpoint": name,
         "state": JobState.DONE,
-        "tau": s["tau"],
-        "tau_tokens": s["tau_tokens"],
+        **{m.name: s[m.name] for m in registry.scalars()},
         "ddtree": s["ddtree"],
-        "target_agreement": s["target_agreement"],
-        "samples": s["samples"],
         "run_id": s["run_id"],
         "run_dir": str(run_dir),
         "job_id": job_id,

@@ -21,6 +21,7 @@ from orchestrator.results import plots
 from orchestrator.results import store as results
 from orchestrator.results.store import results_dir
 from remote.atomic import write_json_atomic
+from remote.protocol.metrics import upgrade
 
 STATE_FORMAT = "dflash-follow/1"
 HISTORY = "history.json"
@@ -54,8 +55,11 @@ def state_dir(inventory: Inventory, source: str, dest: str, options: Any = None)
 
 
 def read_history(folder: str | os.PathLike) -> list[dict]:
-    """The entries recorded in a follow folder, in the order they were evaluated."""
-    return _read_json(Path(folder) / HISTORY, [])
+    """The entries recorded in a follow folder, in the order they were evaluated; an
+    entry written before the metric registry named its metrics reads as one that did
+    (`remote.protocol.metrics.upgrade`)."""
+    entries = _read_json(Path(folder) / HISTORY, [])
+    return [upgrade(e) if isinstance(e, dict) else e for e in entries]
 
 
 class FollowState:

@@ -1,0 +1,181 @@
+"""A run's numbers as every view reads them, from the metric registry
+(`remote.protocol.metrics`): the values of each metric, per DDTree budget and as flat
+columns, how a value prints, the flat summary of a run and the rows of a comparison.
+A metric added to the registry reaches every view through here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.results import settings
+from orchestrator.results import store as res
+from remote.protocol import metrics as registry
+from remote.protocol.metrics import Metric
+
+
+def budget_key(text: Any) -> float:
+    """Sort key of a DDTree budget given as text (``"8"`` before ``"16"``); others last."""
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return float("inf")
+
+
+def shown(m: Metric | str, value: Any) -> str:
+    """`value` as metric `m` (or a style) prints (`remote.protocol.metrics.shown`)."""
+    return registry.shown(m if isinstance(m, str) else m.style, value)
+
+
+def columns() -> list[Metric]:
+    """The metrics a table shows as columns, in `Metric.rank` order."""
+    return sorted((m for m in registry.scalars() if m.rank is not None), key=lambda m: m.rank)
+
+
+def per_budget() -> list[Metric]:
+    """The metrics shown per DDTree budget (`Metric.budgets`)."""
+    return [m for m in registry.scalars(registry.WALK) if m.budgets]
+
+
+def budget_label(m: Metric, budget: str) -> str:
+    return f"DDTree-{budget} {m.header}"
+
+
+def values(run: res.Run) -> dict[str, Any]:
+    """Each scalar metric's value in the run's result."""
+    return {m.name: m.read(run.metrics) for m in registry.scalars()}
+
+
+def budgets(run: res.Run) -> list[str]:
+    return sorted((run.metrics.get("ddtree") or {}), key=budget_key)
+
+
+def budget_values(run: res.Run, m: Metric) -> dict[str, Any]:
+    """A walk metric per DDTree budget of the run."""
+    dd = run.metrics.get("ddtree") or {}
+    return {b: m.read(dd[b] or {}) for b in budgets(run)}
+
+
+def flat(run: res.Run) -> dict[str, Any]:
+    """Every metric of the run as flat columns: its name, and ``<name>_ddtree_<budget>``
+    per DDTree budget (CSV, JSON lines)."""
+    out = values(run)
+    for m in per_budget():
+        out.update({f"{m.name}_ddtree_{b}": v for b, v in budget_values(run, m).items()})
+    return out
+
+
+def tracked(run: res.Run) -> dict[str, float]:
+    """The scalars a tracker plots: every metric but the counts by its name, and
+    ``<name>/ddtree_<budget>`` per budget."""
+    out: dict[str, Any] = {m.name: m.read(run.metrics) for m in registry.scalars()}
+    out = {k: v for k, v in out.items() if registry.find(k).style != "count"}
+    for m in per_budget():
+        out.update({f"{m.name}/ddtree_{b}": v for b, v in budget_values(run, m).items()})
+    return out
+
+
+def keyed_rows(run: res.Run, name: str) -> list[dict]:
+    """A per-key metric's rows in the run (`Keyed.rows`)."""
+    m = registry.find(name)
+    return m.rows(run.metrics) if isinstance(m, registry.Keyed) else []
+
+
+def keyed_table(run: res.Run, name: str) -> tuple[list[str], list[list[str]]]:
+    """A per-key metric as every view prints it: headers and rows of text, a SUM's
+    ``key, count, share`` and a RATIO's ``key, den, num, value``."""
+    m = registry.find(name)
+    rows = keyed_rows(run, name)
+    if m.reduce == registry.SUM:
+        total = sum(r["num"] or 0 for r in rows)
+        share = [(r["num"] or 0) / total if total else None for r in rows]
+        return [m.key_name, m.num_name, "share"], [
+            [str(r["key"]), shown("count", r["num"]), shown("share", s)]
+            for r, s in zip(rows, share, strict=True)
+        ]
+    return [m.key_name, m.den_name, m.num_name, "rate" if m.style == "share" else "value"], [
+        [
+            str(r["key"]),
+            shown("count", r["den"]),
+            shown("count", r["num"]),
+            shown(m.style, r["value"]),
+        ]
+        for r in rows
+    ]
+
+
+def summary(run: res.Run) -> dict:
+    """The headline numbers of a run, flat, for tables and scripts: every scalar metric
+    by its name, the headline per DDTree budget (``ddtree``), and how it was made."""
+    gt = settings.ground_truth_source(run)
+    head = registry.headline()
+    return {
+        "run_id": run.run_id,
+        "checkpoint": run.checkpoint,
+        "step": run.step,
+        "host": run.spec.get("host") or (run.result.get("job") or {}).get("host"),
+        "prompts": (run.spec.get("prompts") or {}).get("name"),
+        **values(run),
+        "ddtree": budget_values(run, head),
+        "ground_truth": gt.get("kind"),
+        "ground_truth_cached": gt.get("cached"),
+        "features_cached": settings.target_features(run).get("cached"),
+        "retokenisation_mismatch": (gt.get("retokenisation") or {}).get("mismatch_rate"),
+        "dtype": settings.dtype(run),
+        "speedup_estimate": speedup_estimate(run),
+        "thinking": settings.thinking(run),
+        "chat_template_sha256": settings.chat_template(run),
+        "engine": settings.engine(run),
+        "drafter_sha256": run.drafter.get("sha256"),
+        "training_run": run.training_run.name,
+        "trainer": run.training_run.host,
+        "checkpoints_folder": run.training_run.folder,
+        "created": run.created,
+        "created_time": res.format_time(run.created),
+    }
+
+
+def speedup_estimate(run: res.Run) -> float | None:
+    """The chain's speedup estimate from the host's round costs (`speedup.estimate`)."""
+    from orchestrator.results import speedup
+
+    return speedup.estimate(run).get("chain")
+
+
+def compare_rows(runs: list[res.Run]) -> list[dict]:
+    """Rows for a side-by-side comparison: ``{name, label, style, values}`` with a value
+    per run; every metric of the registry, per DDTree budget and per key too."""
+    sums = [summary(r) for r in runs]
+
+    def row(name: str, label: str, vals: list, style: str = "text") -> dict:
+        return {"name": name, "label": label, "style": style, "values": vals}
+
+    rows = [row(k, k, [s[k] for s in sums]) for k in ("checkpoint", "step", "host", "prompts")]
+    rows += [row(m.name, m.label, [s[m.name] for s in sums], m.style) for m in registry.scalars()]
+    for m in per_budget():
+        per = [budget_values(r, m) for r in runs]
+        for b in sorted({b for p in per for b in p}, key=budget_key):
+            rows.append(row(f"{m.name}_ddtree_{b}", budget_label(m, b), [p.get(b) for p in per]))
+    rows += [
+        row("ground_truth", "ground truth", [s["ground_truth"] for s in sums]),
+        row(
+            "retokenisation_mismatch",
+            "retokenisation mismatch",
+            [s["retokenisation_mismatch"] for s in sums],
+            "share",
+        ),
+        row("dtype", "dtype", [s["dtype"] for s in sums]),
+    ]
+    for m in registry.keyed():
+        per = [{r["key"]: r for r in keyed_rows(run, m.name)} for run in runs]
+        totals = [sum(r["num"] or 0 for r in p.values()) for p in per]
+        for k in sorted({k for p in per for k in p if k is not None}):
+            if m.reduce == registry.SUM:
+                vals = [
+                    (p[k]["num"] or 0) / t if k in p and t else None
+                    for p, t in zip(per, totals, strict=True)
+                ]
+                rows.append(row(f"{m.name}_{k}", f"{m.header} {k}", vals, "share"))
+            else:
+                vals = [p[k]["value"] if k in p else None for p in per]
+                rows.append(row(f"{m.name}_{k}", f"{m.header} {k}", vals, m.style))
+    return rows
