@@ -12,6 +12,7 @@ from orchestrator.commands import output
 from orchestrator.commands.common import InventoryOption, JsonOption
 from orchestrator.results import catalog
 from orchestrator.results.compare import RESAMPLES
+from orchestrator.results.gate import gate_request
 
 results_app = typer.Typer(
     help="Read pulled eval results: list, show, compare, plot, export, report.",
@@ -86,6 +87,39 @@ def compare_cmd(
             help="Pair runs whose thinking mode or chat template differ (refused otherwise).",
         ),
     ] = False,
+    fail_below: Annotated[
+        float | None,
+        typer.Option(
+            "--fail-below",
+            help="CI gate: exit 1 when a run's tau is below this fraction of the first's "
+            "(0.95: under 95%), paired sample by sample.",
+            show_default=False,
+        ),
+    ] = None,
+    fail_if_worse: Annotated[
+        bool,
+        typer.Option(
+            "--fail-if-worse",
+            help="CI gate: exit 1 when a run's paired interval of tau minus the first's "
+            "lies wholly below 0 (a drop beyond noise).",
+        ),
+    ] = False,
+    gate_metric: Annotated[
+        str | None,
+        typer.Option(
+            "--gate-metric",
+            help="The metric the gate checks (default tau_per_sample_mean).",
+            show_default=False,
+        ),
+    ] = None,
+    gate_by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--gate-by",
+            help="Also gate each group of: category, subcategory, completion_length (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
     results_dir: ResultsDirOption = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
@@ -95,7 +129,10 @@ def compare_cmd(
     Reports the mean delta tau with a bootstrap 95% interval and the share of samples that
     improved, over all samples and per category and completion length. Runs over different
     prompts, ground truth, target or dtype are reported as not comparable; runs with
-    another thinking mode or chat template are refused (exit 1)."""
+    another thinking mode or chat template are refused (exit 1). With --fail-below or
+    --fail-if-worse it is a CI gate: one line says pass (exit 0) or which metric and group
+    failed and by how much (exit 1); docs/results.md."""
+    gate_options = gate_request(fail_below, fail_if_worse, gate_metric, gate_by)
     comparison = catalog.compare(
         run_ids,
         results_dir,
@@ -104,10 +141,12 @@ def compare_cmd(
         resamples=resamples,
         seed=seed,
         allow_different_prompting=allow_different_prompting,
+        gate_options=gate_options,
     )
     output.emit(
         comparison, json_out, human=output.render_comparison, as_json=catalog.Comparison.to_json
     )
+    output.gate_exit(comparison)
 
 
 @results_app.command("plot")

@@ -14,6 +14,7 @@ from orchestrator.inventory import InventoryError, load_inventory
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
 from orchestrator.results import summary
+from orchestrator.results.gate import Gate, GateOptions, gate
 
 
 def results_root(results_dir: Path | None, inventory_path: Path | None) -> Path:
@@ -117,6 +118,7 @@ class Comparison:
     paired: list[cmp.Paired]
     plot_asked: bool
     plot: Path | None
+    gate: Gate | None = None  # the CI gate's outcome, where asked (`gate.gate`)
 
     def to_json(self) -> dict:
         return {
@@ -126,6 +128,7 @@ class Comparison:
             ],
             "paired": [p.to_json() for p in self.paired],
             "plot": str(self.plot) if self.plot else None,
+            "gate": self.gate.to_json() if self.gate else None,
         }
 
 
@@ -137,11 +140,14 @@ def compare(
     resamples: int = cmp.RESAMPLES,
     seed: int = 0,
     allow_different_prompting: bool = False,
+    gate_options: GateOptions | None = None,
 ) -> Comparison:
     """Compare two or more runs, the first the baseline; with `plot`, also draw their tau
-    by training step there (none when no run carries a step). A run prompted otherwise
-    than the first (thinking mode, chat template: `compare.prompting_problems`) is refused
-    in one line unless `allow_different_prompting`."""
+    by training step there (none when no run carries a step); with `gate_options`, put
+    each run through the CI gate against the first (`gate.gate`). A run prompted
+    otherwise than the first (thinking mode, chat template:
+    `compare.prompting_problems`) is refused in one line unless
+    `allow_different_prompting`."""
     if len(run_ids) < 2:
         raise DflashError("compare needs at least two runs")
     root = results_root(results_dir, inventory_path)
@@ -170,7 +176,8 @@ def compare(
         from orchestrator.results import plots
 
         png = plots.plot_tau_by_step(runs, plot)
-    return Comparison(runs, rows, pairs, plot is not None, png)
+    verdict = gate(pairs, gate_options) if gate_options is not None else None
+    return Comparison(runs, rows, pairs, plot is not None, png, verdict)
 
 
 @dataclass

@@ -37,6 +37,7 @@ _WHERE = {
     "flag": "base",
     "fmt": "base",
     "follow_json": "history",
+    "gate_exit": "listing",
     "found_json": "results",
     "history_table": "history",
     "job_started": "progress",

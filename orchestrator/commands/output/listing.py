@@ -1,6 +1,6 @@
 """How the results folder looks to people: the list of runs (`results list`), a comparison
-with its paired deltas (`results compare`), and what plot, export and report wrote.
-Every metric column comes from the registry."""
+with its paired deltas and the CI gate's verdict (`results compare`), and what plot,
+export and report wrote. Every metric column comes from the registry."""
 
 from __future__ import annotations
 
@@ -103,6 +103,14 @@ def render_comparison(c: catalog.Comparison) -> None:
         console.print("no plot: none of these runs carries a training step")
     elif c.plot:
         _line(f"plot: {c.plot}")
+    if c.gate is not None and c.gate.passed:
+        console.print(f"[bold green]{plain(c.gate.line)}[/]", soft_wrap=True)
+
+
+def gate_exit(c: catalog.Comparison) -> None:
+    """A failed CI gate: its one line on stderr and exit 1 (with or without --json)."""
+    if c.gate is not None and not c.gate.passed:
+        exit_with(1, f"[bold red]{plain(c.gate.line)}[/]")
 
 
 def _label(i: int) -> str:
