@@ -59,7 +59,11 @@ def show_cmd(
     json_out: JsonOption = False,
 ) -> None:
     """One run in full: tau, DDTree budgets, histogram, per-position acceptance, target
-    agreement, timings, environment."""
+    agreement, timings, environment.
+
+    When the results folder holds another run of the same checkpoint, one line says how
+    their settings differ (samples, prompts, max tokens, dtype, ground truth, budgets,
+    thinking, positions, target), or that they match."""
     found = catalog.find(run_id, results_dir, inventory_path)
     output.emit(found, json_out, human=output.render_found, as_json=output.found_json)
 

@@ -158,6 +158,9 @@ def render_run(run: res.Run) -> None:
     DDTree budgets, acceptance histogram, per-position acceptance, target agreement,
     timings, environment, ground truth."""
     render_summary(run)
+    other = settings.beside(run)
+    if other is not None:  # another run of this checkpoint: what sets the two apart
+        console.print(styled(settings.beside_line(run, other), "yellow"), soft_wrap=True)
     verdict = online_view.load_verdict(run.path)
     if verdict is not None:  # an online measurement: offline beside online
         from orchestrator.commands.output.online import render_verdict
@@ -211,11 +214,13 @@ def found_json(found: res.Run | catalog.ParityRun) -> dict:
     """`results show --json`: the run's result document; an eval run's with ``breakdown``
     (tau by category and completion length, derived from its samples) and
     ``ddtree_tradeoff`` (`speedup.tradeoff`: tau, verify cost and speedup estimate per
-    DDTree budget, the chain's beside) added."""
+    DDTree budget, the chain's beside) and ``beside`` (another run of the checkpoint and
+    how its settings differ: `settings.beside`) added."""
     if isinstance(found, catalog.ParityRun):
         return found.result
     return {
         **found.result,
         "breakdown": breakdown.of_run(found),
         "ddtree_tradeoff": speedup.tradeoff(found),
+        "beside": settings.beside(found),
     }
