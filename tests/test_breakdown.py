@@ -282,9 +282,10 @@ def test_ddtrees_budget_trade_off_is_in_json_table_plot_and_report(runs, tmp_pat
     table = dflash("results", "show", "run-b", "--results-dir", str(runs), env={"COLUMNS": "60"})
     table = table.stdout
     assert "DDTree budgets: tau and speedup estimate" in table
-    cells = [[c.strip() for c in ln.split("│")[1:-1]] for ln in table.splitlines()]
-    row = next(c for c in cells if c and c[0] == "2")  # at 60 columns: top-k, rounds left out
-    assert row[-2:] == ["11.500", f"{two['speedup_estimate']:.2f}x"]
+    trade_table = table.split("DDTree budgets")[1].split("acceptance histogram")[0]
+    row = next(ln.split() for ln in trade_table.splitlines() if ln.split()[:1] == ["2"])
+    assert "11.500" in row and row[-1] == f"{two['speedup_estimate']:.2f}x"  # at 60 too
+    assert all(len(ln) <= 60 for ln in trade_table.splitlines()), trade_table
     assert "chain (3 drafts)" in table and f"{chain['speedup_estimate']:.2f}x" in table
 
     drawn = plots.plot_run(run)

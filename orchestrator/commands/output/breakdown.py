@@ -62,8 +62,8 @@ def render_group_deltas(p: cmp.Paired, b: str, a: str) -> None:
             [
                 Col("group", "id"),
                 Col("paired", "num", justify="right"),
-                Col(a, "num", justify="right"),
-                Col(b, "num", justify="right"),
+                Col(a, "num", justify="right", drop=2),  # the delta and interval stay
+                Col(b, "num", justify="right", drop=1),
                 Col("delta", "num", justify="right"),
                 Col("interval", "num", justify="right"),
             ],

@@ -2,10 +2,11 @@
 
 A `Grid` declares each column's kind: an ``id`` (run, job, host or checkpoint name) or a
 ``num`` is never wrapped and never cut; ``text`` (a path, an error, a description) wraps.
-When the table does not fit the console, the columns with a ``drop`` rank are left out,
-highest rank first, and a caption names them (``--json`` always has everything); when even
-the columns that stay do not fit, the table is printed wider than the console (the
-terminal wraps its lines) rather than cut. Cells are text, never markup: a name such as
+When the table does not fit the console it is drawn compact with its headers wrapped,
+then the columns with a ``drop`` rank are left out, highest rank first, and a caption
+names them (``--json`` always has everything), then its wrapping columns are narrowed;
+when even that does not fit, the table is printed wider than the console (the terminal
+wraps its lines) rather than cut. Cells are text, never markup: a name such as
 ``step_1[a]`` shows as it is, and a control character or lone surrogate in it is escaped
 visibly (`orchestrator.printable`). A cell that carries a style is a `rich.text.Text`
 (`styled`).
@@ -13,8 +14,9 @@ visibly (`orchestrator.printable`). A cell that carries a style is a `rich.text.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from rich import box as boxes
@@ -28,8 +30,19 @@ from orchestrator.printable import printable
 Kind = Literal["id", "num", "text"]
 
 # Below this many cells a wrapping column is not narrowed to make room: columns are left
-# out first (a path folded into a 3-cell column is unreadable).
+# out first (a path folded into a 3-cell column is unreadable); then down to TEXT_FLOOR.
 TEXT_MIN = 12
+TEXT_FLOOR = 6
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How a table is drawn to fit: compact (no box), headers wrapped at spaces, wrapping
+    columns measured at most `text` cells wide (None: their natural width)."""
+
+    compact: bool = False
+    headers: bool = False
+    text: int | None = None
 
 
 def styled(value: Any, style: str) -> Text:
@@ -82,9 +95,21 @@ class Grid:
 
     # ---- rendering ----------------------------------------------------------------------
 
-    def _table(self, keep: list[int], capped: bool, caption: str | None = None) -> Table:
-        """The rich table of the columns `keep`; `capped`: wrapping columns measured at
-        most `TEXT_MIN` wide (what they can be narrowed to), for the fitting."""
+    def _header(self, i: int, wrap: bool) -> Text:
+        """Column `i`'s header; with `wrap`, broken at spaces to its cells' width (never
+        narrower than its longest word): a header never holds a column wider than its
+        values need."""
+        header = printable(self.columns[i].header)
+        if not wrap:
+            return Text(header)
+        widest = max((ln for r in self.rows for ln in map(len, r[i].plain.split("\n"))), default=1)
+        words = header.split()
+        width = max([widest, *map(len, words)]) if words else widest
+        return Text(textwrap.fill(header, width) if words else header)
+
+    def _table(self, keep: list[int], fit: Fit, caption: str | None = None) -> Table:
+        """The rich table of the columns `keep` as `fit` says: boxed or `compact`, headers
+        wrapped, wrapping columns narrowed to `fit.text` cells (for the fitting)."""
         style: dict[str, Any] = (
             {
                 "box": boxes.SIMPLE_HEAD,
@@ -93,7 +118,7 @@ class Grid:
                 "pad_edge": False,
                 "show_edge": False,
             }
-            if self.compact
+            if self.compact or fit.compact
             else {}
         )
         table = Table(
@@ -106,43 +131,52 @@ class Grid:
             c = self.columns[i]
             wraps = c.kind == "text"
             table.add_column(
-                Text(printable(c.header)),
+                self._header(i, fit.headers),
                 justify=c.justify,
                 style=c.style,
                 no_wrap=not wraps,
                 overflow="fold",  # a wrapping cell folds; nothing is ever replaced by "…"
-                max_width=TEXT_MIN if (capped and wraps) else None,
+                max_width=fit.text if (fit.text and wraps) else None,
             )
         for r in self.rows:
             table.add_row(*[r[i] for i in keep])
         return table
 
-    def _needed(self, console: Console, options: ConsoleOptions, keep: list[int]) -> int:
+    def _needed(self, console: Console, options: ConsoleOptions, keep: list[int], fit: Fit) -> int:
         """The narrowest width the columns `keep` fit in without cutting an id or number."""
-        probe = self._table(keep, capped=True)
+        probe = self._table(keep, fit)
         return Measurement.get(console, options.update_width(1 << 16), probe).maximum
 
     def fit(self, console: Console, options: ConsoleOptions) -> tuple[Table, int]:
-        """The table to draw at `options.max_width` and the width to draw it at."""
+        """The table to draw at `options.max_width` and the width to draw it at: as
+        declared when it fits; else, in turn, compact with wrapped headers, then without
+        the columns of a `drop` rank (highest first, named in a caption), then wrapping
+        columns narrowed to `TEXT_FLOOR`; else wider than the console (never cut)."""
         keep = list(range(len(self.columns)))
         width = options.max_width
+        for fit in (Fit(text=TEXT_MIN), Fit(compact=True, headers=True, text=TEXT_MIN)):
+            needed = self._needed(console, options, keep, fit)
+            if needed <= width:
+                return self._table(keep, replace(fit, text=None)), width
         ranked = sorted(
             (i for i, c in enumerate(self.columns) if c.drop),
             key=lambda i: (-self.columns[i].drop, -i),
         )
-        needed = self._needed(console, options, keep)
         dropped: list[int] = []
         for i in ranked:
             if needed <= width:
                 break
             keep.remove(i)
             dropped.append(i)
-            needed = self._needed(console, options, keep)
+            needed = self._needed(console, options, keep, fit)
+        if needed > width:
+            fit = Fit(compact=True, headers=True, text=TEXT_FLOOR)
+            needed = self._needed(console, options, keep, fit)
         caption = None
         if dropped:
             names = ", ".join(self.columns[i].header for i in sorted(dropped))
             caption = f"left out at this width: {names} (a wider terminal or --json shows them)"
-        return self._table(keep, capped=False, caption=caption), max(width, needed)
+        return self._table(keep, replace(fit, text=None), caption), max(width, needed)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         table, width = self.fit(console, options)
