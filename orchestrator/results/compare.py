@@ -97,7 +97,7 @@ def _prompts(run: res.Run) -> Any:
 
 def _ground_truth(run: res.Run) -> Any:
     inputs = run.result.get("inputs") or {}
-    return inputs.get("ground_truth_sha256") or settings.ground_truth_source(run).get("cache_key")
+    return inputs.get("ground_truth_sha256") or res.ground_truth_source(run).get("cache_key")
 
 
 # How the prompts were put to the target: another thinking mode or chat template is

@@ -20,10 +20,6 @@ def _part(run: res.Run, key: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def ground_truth_source(run: res.Run) -> dict:
-    return res.ground_truth_source(run)
-
-
 def target_features(run: res.Run) -> dict:
     """Where the run's target features came from (``inputs.target_features``: the host's
     cache or the target's forward); {} for a run that does not say."""
@@ -38,7 +34,7 @@ def dtype(run: res.Run) -> Any:
 def thinking(run: res.Run) -> str | None:
     """``on`` or ``off``: whether the prompts were rendered with thinking on (the job's
     flag, else the one its ground truth recorded); None when neither says."""
-    for doc in (run.spec, ground_truth_source(run)):
+    for doc in (run.spec, res.ground_truth_source(run)):
         if isinstance(doc.get("thinking"), bool):
             return "on" if doc["thinking"] else "off"
     return None
@@ -47,7 +43,7 @@ def thinking(run: res.Run) -> str | None:
 def chat_template(run: res.Run) -> str | None:
     """sha256 of the chat template the prompts were rendered with (the ground truth
     records it); None when there was none or it was not recorded."""
-    return ground_truth_source(run).get("chat_template_sha256")
+    return res.ground_truth_source(run).get("chat_template_sha256")
 
 
 def engine(run: res.Run) -> str | None:
@@ -59,7 +55,7 @@ def engine(run: res.Run) -> str | None:
 
 
 def _ground_truth(run: res.Run) -> str | None:
-    gt = ground_truth_source(run)
+    gt = res.ground_truth_source(run)
     where = gt.get("url") or (gt.get("path") if gt.get("kind") == "file" else None)
     return " ".join(str(v) for v in (gt.get("kind"), where) if v) or None
 

@@ -67,8 +67,7 @@ def flat(run: res.Run) -> dict[str, Any]:
 def tracked(run: res.Run) -> dict[str, float]:
     """The scalars a tracker plots: every metric but the counts by its name, and
     ``<name>/ddtree_<budget>`` per budget."""
-    out: dict[str, Any] = {m.name: m.read(run.metrics) for m in registry.scalars()}
-    out = {k: v for k, v in out.items() if registry.find(k).style != "count"}
+    out = {m.name: m.read(run.metrics) for m in registry.scalars() if m.style != "count"}
     for m in per_budget():
         out.update({f"{m.name}/ddtree_{b}": v for b, v in budget_values(run, m).items()})
     return out
@@ -106,7 +105,7 @@ def keyed_table(run: res.Run, name: str) -> tuple[list[str], list[list[str]]]:
 def summary(run: res.Run) -> dict:
     """The headline numbers of a run, flat, for tables and scripts: every scalar metric
     by its name, the headline per DDTree budget (``ddtree``), and how it was made."""
-    gt = settings.ground_truth_source(run)
+    gt = res.ground_truth_source(run)
     head = registry.headline()
     return {
         "run_id": run.run_id,

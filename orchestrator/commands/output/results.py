@@ -67,7 +67,7 @@ def render_summary(run: res.Run) -> None:
         ("drafter sha256", fmt(s["drafter_sha256"])),  # a sha256 wraps, never cut
         ("evaluated", s["created_time"]),
     ]
-    gt = settings.ground_truth_source(run)
+    gt = res.ground_truth_source(run)
     src = gt.get("kind") or "-"
     if gt.get("url"):
         src += f" {gt['url']}"
@@ -178,7 +178,7 @@ def render_run(run: res.Run) -> None:
     for key, title in (("timings", "timings"), ("environment", "environment")):
         if run.result.get(key):
             show(_kv_table(title, run.result[key]))
-    gt = settings.ground_truth_source(run)
+    gt = res.ground_truth_source(run)
     if gt:
         show(_kv_table("ground truth source", {k: v for k, v in gt.items() if k != "warnings"}))
     pngs = sorted(p.name for p in run.path.glob("*.png"))
