@@ -236,7 +236,7 @@ def test_one_runs_failing_plot_never_breaks_the_folders_report_or_plots(tmp_path
     report = dflash("results", "report", "-o", str(tmp_path / "r.html"), "--results-dir", str(root))
     assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr
     assert "plot failed" in report.stdout and "run-unplottable" in report.stdout
-    assert 'data-plot="hist0"' in (tmp_path / "r.html").read_text()
+    assert 'data-plot="acceptance_histogram0"' in (tmp_path / "r.html").read_text()
     plot = dflash("results", "plot", "--results-dir", str(root))
     assert plot.returncode == 1 and "Traceback" not in plot.stderr, plot.stderr
     assert (root / "run-good" / "per_position_acceptance.png").is_file()

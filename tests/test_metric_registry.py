@@ -15,10 +15,10 @@ import pytest
 
 from orchestrator.results import catalog, export, report, summary
 from orchestrator.results import store as res
-from remote.eval.metrics import summarize
+from remote.eval.metrics import round_starts, summarize
 from remote.protocol import ResultError, check_result
 from remote.protocol import metrics as registry
-from remote.protocol.metrics import Metric
+from remote.protocol.metrics import Finding, Keyed, Metric
 from tests.helpers.runs import make_run
 
 NAME = "first_round_length"
@@ -36,6 +36,7 @@ def first_round():
         definition="the first round's acceptance length, averaged over samples",
         parts=lambda rounds: (rounds[0], 1) if rounds else None,
         rank=4,
+        interval=True,
     )
     registry.METRICS.append(m)
     yield m
@@ -95,7 +96,8 @@ def test_a_registered_metric_appears_in_show_list_compare_csv_and_the_report(
 
     shown = screen(output.render_run, b)
     row = next(ln for ln in shown.splitlines() if LABEL in ln)
-    assert want_b in row, shown
+    low, high = map(float, re.search(rf"{want_b} \[(\d\.\d+), (\d\.\d+)\]", row).groups())
+    assert low <= first_rounds(b) <= high and low < high, row  # its bootstrap interval
     by_group = [ln for ln in shown.splitlines() if re.match(r"\W*(qa|math)\b", ln)]
     assert by_group and all(re.search(r"\d\.\d{3}", ln) for ln in by_group)
 
@@ -114,6 +116,8 @@ def test_a_registered_metric_appears_in_show_list_compare_csv_and_the_report(
 
     rows = {r["run_id"]: r for r in csv.DictReader(io.StringIO(export.render_csv([a, b])))}
     assert float(rows["run-b"][NAME]) == pytest.approx(first_rounds(b))
+    assert f"{float(rows['run-b'][f'{NAME}_low']):.3f}" == f"{low:.3f}"
+    assert float(rows["run-b"][f"{NAME}_high"]) == pytest.approx(high, abs=5e-4)
     qa = [r for r in res.records(b) if r["category"] == "qa"]
     got = float(rows["run-b"][f"{NAME}_category_qa"])
     assert got == pytest.approx(sum(r["rounds"][0] for r in qa) / len(qa))
@@ -150,6 +154,90 @@ def test_a_metric_left_out_of_tables_still_reaches_show_compare_and_csv(tmp_path
         assert f"{want:.3f}" in next(ln for ln in shown.splitlines() if "longest round" in ln)
     finally:
         registry.METRICS.remove(m)
+
+
+def test_a_per_key_metric_reaches_show_compare_csv_plots_and_the_report(tmp_path, screen):
+    """A `Keyed` entry (tau per round-start bucket, as #51's context buckets would be):
+    one table in show and the report, rows in compare, columns in CSV, one figure."""
+    from orchestrator.commands import output
+    from orchestrator.results import plots
+
+    def parts(rec, block):
+        out = {}
+        starts = round_starts(rec["prompt_tokens"], rec["rounds"])
+        for start, n in zip(starts, rec["rounds"], strict=True):
+            key = 1 if start < rec["prompt_tokens"] + 8 else 2
+            tokens, rounds = out.get(key, (0, 0))
+            out[key] = (tokens + n, rounds + 1)
+        return out
+
+    m = Keyed(
+        name="tau_by_start",
+        label="tau by where a round starts",
+        definition="tokens over rounds of the rounds starting in each bucket",
+        parts=parts,
+        keys=lambda block: range(1, 3),
+        reduce=registry.RATIO,
+        key_name="bucket",
+        num_name="tokens",
+        den_name="rounds",
+        header="tau from bucket",
+        style="number",
+    )
+    registry.METRICS.append(m)
+    try:
+        make_run(tmp_path, "r1", "step-1", 1, skill=0.3)
+        make_run(tmp_path, "r2", "step-2", 2, skill=0.8)
+        run = res.load_run(tmp_path / "r2")
+        early = [p.get(1, (0, 0)) for p in (parts(r, 4) for r in res.records(run))]
+        want = f"{sum(t for t, _ in early) / sum(n for _, n in early):.3f}"
+        assert run.metrics["tau_by_start"][0]["bucket"] == 1
+        shown = screen(output.render_run, run)
+        assert "tau by where a round starts" in shown
+        assert re.search(rf"^\W*1\W+\d+\W+\d+\W+{want}\W*$", shown, re.M), shown
+        c = catalog.compare(["r1", "r2"], tmp_path, None)
+        row = next(r for r in c.rows if r["name"] == "tau_by_start_1")
+        assert row["label"] == "tau from bucket 1" and f"{row['values'][1]:.3f}" == want
+        csv_row = next(csv.DictReader(io.StringIO(export.render_csv([run]))))
+        assert f"{float(csv_row['tau_by_start_1']):.3f}" == want
+        assert export.scalars(run)["tau_by_start/1"] == pytest.approx(float(want), abs=5e-4)
+        page, _ = report.render([run])
+        assert "<h3>tau by where a round starts</h3>" in page
+        assert 'data-plot="tau_by_start0"' in page
+        assert tmp_path / "r2" / "tau_by_start.png" in plots.plot_run(run)
+    finally:
+        registry.METRICS.remove(m)
+
+
+def test_a_finding_is_judged_with_the_metrics_and_shown_by_every_view(tmp_path, screen):
+    """A `Finding` entry (one line over the samples, as #51's cliff finder would be):
+    judged where the metrics are summed, stored in result.json, in every view."""
+    from orchestrator.commands import output
+
+    def lowest(records, metrics):
+        worst = min(records, key=lambda r: sum(r["rounds"]) / len(r["rounds"]))
+        if worst["tau"] >= metrics["tau_per_sample_mean"]:
+            return None
+        return f"sample {worst['id']} is the lowest, tau {worst['tau']:.3f}"
+
+    f = Finding("lowest_sample", "lowest sample", "the sample with the lowest tau", lowest)
+    registry.METRICS.append(f)
+    try:
+        make_run(tmp_path, "r1", "step-1", 1, skill=0.3, samples=6)
+        make_run(tmp_path, "r2", "step-2", 2, skill=0.8, samples=6)
+        run = res.load_run(tmp_path / "r2")  # its result.json passed the schema's check
+        recs = res.records(run)
+        worst = min(recs, key=lambda r: r["tau"])
+        line = f"sample {worst['id']} is the lowest, tau {worst['tau']:.3f}"
+        assert run.metrics["lowest_sample"] == line
+        shown = " ".join(screen(output.render_run, run).replace("│", " ").split())
+        assert f"lowest sample {line}" in shown
+        c = catalog.compare(["r1", "r2"], tmp_path, None)
+        assert next(r for r in c.rows if r["name"] == "lowest_sample")["values"][1] == line
+        assert next(csv.DictReader(io.StringIO(export.render_csv([run]))))["lowest_sample"] == line
+        assert f"lowest sample: {line}</p>" in report.render([run])[0]
+    finally:
+        registry.METRICS.remove(f)
 
 
 def test_the_registry_sums_as_the_engine_always_did():

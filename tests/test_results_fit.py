@@ -59,8 +59,9 @@ def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fit") / "results"
     cats = ("mt_bench", "translation", "summarization")
     for i, (run, skill) in enumerate(zip(RUNS, (0.4, 0.8), strict=True)):
-        folder = make_run(root, run, f"step-{150 * (i + 1)}", 150 * (i + 1), skill=skill,
-                          created=1e9 + i, samples=9, categories=cats)  # fmt: skip
+        step = 150 * (i + 1)
+        kw = {"skill": skill, "created": 1e9 + i, "samples": 9, "categories": cats}
+        folder = make_run(root, run, f"step-{step}", step, **kw)
         edit_result(folder, _costs)
     _parity(root)
     return root

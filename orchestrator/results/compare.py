@@ -19,12 +19,12 @@ from typing import Any
 
 from orchestrator.results import settings
 from orchestrator.results import store as res
+from orchestrator.results.bootstrap import CONFIDENCE as CONFIDENCE
+from orchestrator.results.bootstrap import RESAMPLES as RESAMPLES
+from orchestrator.results.bootstrap import bootstrap_interval as bootstrap_interval
 from orchestrator.results.summary import budget_key, budget_label
 from remote.protocol import metrics as registry
 from remote.protocol.metrics import Metric
-
-RESAMPLES = 5000
-CONFIDENCE = 0.95
 
 
 @dataclass
@@ -186,31 +186,6 @@ def paired_metrics() -> list[Metric]:
     then the difference of the two runs' values); `deltas` adds each DDTree budget where
     the registry shows one (`Metric.budgets`)."""
     return [m for m in registry.scalars() if m.reduce == registry.MEAN]
-
-
-def bootstrap_interval(
-    diffs: list[float], resamples: int = RESAMPLES, confidence: float = CONFIDENCE, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of `diffs` (seeded: reproducible).
-    numpy draws the resamples in blocks: 1000 samples x 5000 resamples take milliseconds
-    (a pure-Python loop took 3 s per metric)."""
-    import numpy as np
-
-    n = len(diffs)
-    if n == 1:
-        return diffs[0], diffs[0]
-    values = np.asarray(diffs, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    block = max(1, 2_000_000 // n)  # indices per block <= 2M (16 MB)
-    means = np.concatenate(
-        [
-            values[rng.integers(0, n, size=(min(block, resamples - start), n))].mean(axis=1)
-            for start in range(0, resamples, block)
-        ]
-    )
-    tail = (1 - confidence) / 2
-    lo, hi = np.quantile(means, [tail, 1 - tail])
-    return float(lo), float(hi)
 
 
 def paired(

@@ -1,7 +1,7 @@
 """Plots of results, drawn with matplotlib's Agg backend (no display needed).
 
-Each plot is built once, as a figure (`histogram_figure`, `per_position_figure`,
-`breakdown_figure`, `tradeoff_figure`, `tau_by_step_figure`), and rendered either to a
+Each plot is built once, as a figure (`keyed_figure` for each per-key metric of the
+registry, `breakdown_figure`, `tradeoff_figure`, `tau_by_step_figure`), and rendered either to a
 PNG file (`plot_run`, `plot_tau_by_step`) or to an SVG string for the HTML report
 (`svg`). The lines and bars that carry data get SVG ids starting ``data-`` so a browser
 test can find them.
@@ -76,64 +76,42 @@ def _title(run: res.Run) -> str:
     return text(f"{run.checkpoint} ({run.run_id})")
 
 
-def histogram_figure(run: res.Run) -> Any | None:
-    """Share of rounds per acceptance length; the title leads with per-sample tau, like
-    the tables. None when the run has no histogram."""
-    hist = [(r["key"], r["num"] or 0) for r in summary.keyed_rows(run, "acceptance_histogram")]
-    if not hist:
-        return None
-    plt = pyplot()
-    if plt is None:
-        return None
-    total = sum(c for _, c in hist) or 1
-    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
-    bars = ax.bar([k for k, _ in hist], [c / total for _, c in hist], color="#4C72B0")
-    for k, bar in zip([k for k, _ in hist], bars, strict=False):
-        bar.set_gid(f"data-histogram-{k}")
-    tau, tau_tok = (summary.values(run).get(k) for k in (speedup.TAU, speedup.TOKENS))
-    ax.set_xlabel("acceptance length (accepted draft tokens + 1)")
-    ax.set_ylabel("share of rounds")
-    ax.set_xticks([k for k, _ in hist])
-    stats = ""
-    if tau is not None:
-        stats = f"\ntau {tau:.3f}" + (
-            f" (token-weighted {tau_tok:.3f})" if tau_tok is not None else ""
-        )
-    ax.set_title(f"acceptance histogram: {_title(run)}{stats}", fontsize=9)
-    return fig
-
-
-def per_position_figure(run: res.Run) -> Any | None:
-    """Acceptance rate per draft position (integer ticks), each point labelled with its
-    attempt count (how many rounds reached that position). None without data."""
-    pos = [p for p in summary.keyed_rows(run, "per_position_acceptance") if p["value"] is not None]
-    if not pos:
-        return None
-    plt = pyplot()
+def keyed_figure(run: res.Run, name: str) -> Any | None:
+    """A per-key metric of the registry (`Keyed`) against its key: a count's share of all
+    as bars, a rate as a line with each point's count (``n=``, how many reached it); the
+    title leads with the run's table metrics, like the tables. None without data."""
+    m = registry.find(name)
+    rows = [r for r in summary.keyed_rows(run, name) if r["value"] is not None]
+    plt = pyplot() if rows else None
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
-    xs = [int(p["key"]) for p in pos]
-    ys = [p["value"] for p in pos]
-    (line,) = ax.plot(xs, ys, marker="o")
-    line.set_gid("data-per-position")
-    for x, y, p in zip(xs, ys, pos, strict=False):
-        if p["den"] is not None:
-            ax.annotate(
-                f"n={p['den']}",
-                (x, y),
-                textcoords="offset points",
-                xytext=(0, 7),
-                ha="center",
-                fontsize=7,
-                color="#555555",
-            )
+    xs = [int(r["key"]) for r in rows]
+    if m.reduce == registry.SUM:
+        total = sum(r["num"] or 0 for r in rows) or 1
+        bars = ax.bar(xs, [(r["num"] or 0) / total for r in rows], color="#4C72B0")
+        for x, bar in zip(xs, bars, strict=True):
+            bar.set_gid(f"data-{name}-{x}")
+        ax.set_ylabel(f"share of {m.num_name}")
+    else:
+        ys = [r["value"] for r in rows]
+        (line,) = ax.plot(xs, ys, marker="o")
+        line.set_gid(f"data-{name}")
+        for x, y, r in zip(xs, ys, rows, strict=True):
+            if r["den"] is not None:
+                where = {"textcoords": "offset points", "xytext": (0, 7), "ha": "center"}
+                ax.annotate(f"n={r['den']}", (x, y), fontsize=7, color="#555555", **where)
+        if m.style == "share":
+            ax.set_ylim(0, 1.12)
+        ax.set_ylabel(f"{m.num_name} / {m.den_name}")
+        ax.grid(alpha=0.3)
     ax.set_xticks(xs)
-    ax.set_ylim(0, 1.12)
-    ax.set_xlabel("draft position j")
-    ax.set_ylabel("P(position j correct | 1..j-1 correct)")
-    ax.set_title(f"per-position acceptance (n = attempts): {_title(run)}", fontsize=9)
-    ax.grid(alpha=0.3)
+    ax.set_xlabel(m.key_name)
+    got = summary.values(run)
+    stats = ", ".join(
+        f"{m2.header} {m2.text(got[m2.name])}" for m2 in summary.columns() if m2.style != "count"
+    )
+    ax.set_title(f"{text(m.label)}: {_title(run)}\n{text(stats)}", fontsize=9)
     return fig
 
 
@@ -327,17 +305,15 @@ def svg(fig: Any, salt: str = "") -> str:
 
 
 def plot_run(run: res.Run, out_dir: str | Path | None = None) -> list[Path]:
-    """Acceptance histogram, per-position acceptance, tau by category and completion
-    length (when the run has groups to show) and DDTree's budget trade-off (when it has
-    budgets) of one run; returns the files."""
+    """Each per-key metric of the registry (``<name>.png``: the acceptance histogram,
+    per-position acceptance), tau by category and completion length (when the run has
+    groups to show) and DDTree's budget trade-off (when it has budgets) of one run;
+    returns the files."""
     out = Path(out_dir or run.path)
     written = []
-    for make, name in (
-        (histogram_figure, "acceptance_histogram.png"),
-        (per_position_figure, "per_position_acceptance.png"),
-        (breakdown_figure, "tau_by_category.png"),
-        (tradeoff_figure, "ddtree_tradeoff.png"),
-    ):
+    figures = [(lambda r, n=m.name: keyed_figure(r, n), f"{m.name}.png") for m in registry.keyed()]
+    figures += [(breakdown_figure, "tau_by_category.png"), (tradeoff_figure, "ddtree_tradeoff.png")]
+    for make, name in figures:
         fig = make(run)
         if fig is not None:
             written.append(save_png(fig, out / name))

@@ -170,17 +170,14 @@ def run_section(
         f'<span class="note">{esc(run.run_id)}</span></summary>'
         f"{warnings}"
         '<div class="plots">'
-        + figure(
-            lambda: plots.histogram_figure(run),
-            f"hist{index}",
-            f"share of rounds per acceptance length ({run.run_id})",
-            failed,
-        )
-        + figure(
-            lambda: plots.per_position_figure(run),
-            f"pos{index}",
-            f"acceptance per draft position, n = rounds that reached it ({run.run_id})",
-            failed,
+        + "".join(
+            figure(
+                lambda n=m.name: plots.keyed_figure(run, n),
+                f"{m.name}{index}",
+                f"{m.definition} ({run.run_id})",
+                failed,
+            )
+            for m in registry.keyed()
         )
         + (
             figure(
@@ -205,6 +202,10 @@ def run_section(
         )
         + "</div>"
         + tradeoff_table(run)
+        + "".join(
+            f'<p class="note">{esc(f.label)}: {esc(line)}</p>'
+            for f, line in zip(registry.findings(), summary.found(run).values(), strict=True)
+        )
         + keyed_tables(run)
         + breakdown_tables(run, paired)
         + "<h3>environment and provenance</h3>"

@@ -9,6 +9,7 @@ from typing import Any
 
 from orchestrator.results import settings
 from orchestrator.results import store as res
+from orchestrator.results.bootstrap import bootstrap_interval
 from remote.protocol import metrics as registry
 from remote.protocol.metrics import Metric
 
@@ -45,6 +46,33 @@ def values(run: res.Run) -> dict[str, Any]:
     return {m.name: m.read(run.metrics) for m in registry.scalars()}
 
 
+def found(run: res.Run) -> dict[str, str | None]:
+    """Each finding of the registry (`Finding`) as the run's result holds it: one line,
+    or None (none found, or not judged when the run was made)."""
+    return {f.name: run.metrics.get(f.name) for f in registry.findings()}
+
+
+def intervals(run: res.Run) -> dict[str, tuple[float, float]]:
+    """The bootstrap interval over the run's samples (`bootstrap.bootstrap_interval`) of
+    each metric the registry asks one for (`Metric.interval`, a mean of per-sample
+    values); {} without sample records."""
+    wanted = [m for m in registry.scalars() if m.interval and m.reduce == registry.MEAN]
+    recs = res.records(run) if wanted else []
+    out = {}
+    for m in wanted:
+        per = [v for v in (m.per_sample(r) for r in recs) if v is not None]
+        if per:
+            out[m.name] = bootstrap_interval(per)
+    return out
+
+
+def with_interval(m: Metric, value: Any, interval: tuple[float, float] | None) -> str:
+    """A value as it prints, its interval beside it where it has one."""
+    if interval is None:
+        return m.text(value)
+    return f"{m.text(value)} [{m.text(interval[0])}, {m.text(interval[1])}]"
+
+
 def budgets(run: res.Run) -> list[str]:
     return sorted((run.metrics.get("ddtree") or {}), key=budget_key)
 
@@ -56,20 +84,30 @@ def budget_values(run: res.Run, m: Metric) -> dict[str, Any]:
 
 
 def flat(run: res.Run) -> dict[str, Any]:
-    """Every metric of the run as flat columns: its name, and ``<name>_ddtree_<budget>``
-    per DDTree budget (CSV, JSON lines)."""
-    out = values(run)
+    """Every metric of the run as flat columns (CSV, JSON lines): its name (and
+    ``<name>_low``, ``<name>_high``: `intervals`), ``<name>_ddtree_<budget>`` per DDTree
+    budget, ``<name>_<key>`` per key."""
+    out = {**values(run), **found(run)}
+    for name, (low, high) in intervals(run).items():
+        out.update({f"{name}_low": low, f"{name}_high": high})
     for m in per_budget():
         out.update({f"{m.name}_ddtree_{b}": v for b, v in budget_values(run, m).items()})
+    for k in registry.keyed():
+        rows = [r for r in keyed_rows(run, k.name) if r["key"] is not None]
+        out.update({f"{k.name}_{r['key']}": r["value"] for r in rows})
     return out
 
 
-def tracked(run: res.Run) -> dict[str, float]:
-    """The scalars a tracker plots: every metric but the counts by its name, and
-    ``<name>/ddtree_<budget>`` per budget."""
+def tracked(run: res.Run) -> dict[str, Any]:
+    """The scalars a tracker plots: every metric but the counts by its name,
+    ``<name>/ddtree_<budget>`` per budget and a per-key rate's ``<name>/<key>``."""
     out = {m.name: m.read(run.metrics) for m in registry.scalars() if m.style != "count"}
     for m in per_budget():
         out.update({f"{m.name}/ddtree_{b}": v for b, v in budget_values(run, m).items()})
+    for k in registry.keyed():
+        rows = [r for r in keyed_rows(run, k.name) if r["key"] is not None]
+        if k.reduce == registry.RATIO:
+            out.update({f"{k.name}/{r['key']}": r["value"] for r in rows})
     return out
 
 
@@ -114,6 +152,8 @@ def summary(run: res.Run) -> dict:
         "host": run.spec.get("host") or (run.result.get("job") or {}).get("host"),
         "prompts": (run.spec.get("prompts") or {}).get("name"),
         **values(run),
+        **{f"{k}_interval": list(v) for k, v in intervals(run).items()},
+        **found(run),
         "ddtree": budget_values(run, head),
         "ground_truth": gt.get("kind"),
         "ground_truth_cached": gt.get("cached"),
@@ -150,6 +190,7 @@ def compare_rows(runs: list[res.Run]) -> list[dict]:
 
     rows = [row(k, k, [s[k] for s in sums]) for k in ("checkpoint", "step", "host", "prompts")]
     rows += [row(m.name, m.label, [s[m.name] for s in sums], m.style) for m in registry.scalars()]
+    rows += [row(f.name, f.label, [s[f.name] for s in sums]) for f in registry.findings()]
     for m in per_budget():
         per = [budget_values(r, m) for r in runs]
         for b in sorted({b for p in per for b in p}, key=budget_key):

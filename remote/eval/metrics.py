@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 
-from remote.protocol.metrics import METRICS, WALK, Keyed, scalars
+from remote.protocol.metrics import METRICS, WALK, Finding, Keyed, scalars
 
 
 def ddtree_k(budget: int, topk: int | None, vocab: int) -> int:
@@ -37,6 +37,8 @@ def summarize(
     for m in METRICS:
         if isinstance(m, Keyed):
             out[m.name] = m.stored_value(records, block_size)
+        elif isinstance(m, Finding):
+            out[m.name] = m.find(records, out)
         else:
             out[m.name] = m.stored_value(records)
     out["ddtree"] = {

@@ -33,7 +33,8 @@ class Metric:
     two names (else the bare value); `rank`: a table column, in rank order, 0 always
     shown, higher left out first at a narrow width (None: not a column); `budgets`:
     shown per DDTree budget too; `plot`: its line style on the tau-by-step plot; `live`:
-    its running value travels in each sample's progress event."""
+    its running value travels in each sample's progress event; `interval`: views give a
+    mean of per-sample values its bootstrap interval over the samples."""
 
     name: str
     label: str
@@ -48,6 +49,7 @@ class Metric:
     budgets: bool = False
     plot: str | None = None
     live: bool = False
+    interval: bool = False
 
     def _input(self, rec: Mapping, budget: str | None) -> Any:
         if self.of == SAMPLE:
@@ -155,6 +157,19 @@ class Keyed:
         return out
 
 
+@dataclass(frozen=True)
+class Finding:
+    """A judgement over a run's samples, one line or None (a cliff in tau by context: the
+    first bucket below the first by more than its interval). `find(records, metrics)`
+    runs where the metrics are summed (the engine, the shard merge), after the metrics
+    before it; stored under `name` as text; printed as ``<label>: <line>``."""
+
+    name: str
+    label: str
+    definition: str
+    find: Callable[[list[Mapping], Mapping], str | None]
+
+
 def _tokens(rounds: list[int]) -> Parts:
     return (sum(rounds), len(rounds)) if rounds else None
 
@@ -176,7 +191,7 @@ def _agreement(rec: Mapping) -> Parts:
     return (a["match"], a["total"]) if isinstance(a, dict) and "total" in a else None
 
 
-METRICS: list[Metric | Keyed] = [
+METRICS: list[Metric | Keyed | Finding] = [
     Metric(
         name="samples",
         label="samples",
@@ -289,7 +304,11 @@ def keyed() -> list[Keyed]:
     return [m for m in METRICS if isinstance(m, Keyed)]
 
 
-def find(name: str) -> Metric | Keyed | None:
+def findings() -> list[Finding]:
+    return [m for m in METRICS if isinstance(m, Finding)]
+
+
+def find(name: str) -> Metric | Keyed | Finding | None:
     return next((m for m in METRICS if m.name == name), None)
 
 

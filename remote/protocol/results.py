@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from remote.protocol.metrics import METRICS, SUM, WALK, Keyed, Metric, scalars
+from remote.protocol.metrics import METRICS, SUM, WALK, Finding, Keyed, Metric, scalars
 from remote.protocol.schemas import RESULT_SCHEMA
 from remote.protocol.values import is_int, is_number
 
@@ -106,6 +106,12 @@ def _keyed_type(m: Keyed) -> Any:
     return list_of(one_of(row, NUM))
 
 
+def _type(m: Any) -> Any:
+    if isinstance(m, Keyed):
+        return _keyed_type(m)
+    return STR if isinstance(m, Finding) else _scalar_type(m)
+
+
 def tau_types() -> dict:
     """The types of the walk metrics (a chain's or a DDTree budget's), by name."""
     return {m.name: _scalar_type(m) for m in scalars(WALK)}
@@ -113,7 +119,7 @@ def tau_types() -> dict:
 
 def metrics_types() -> dict:
     """The types of a result's ``metrics``, from the metric registry."""
-    out = {m.name: _keyed_type(m) if isinstance(m, Keyed) else _scalar_type(m) for m in METRICS}
+    out = {m.name: _type(m) for m in METRICS}
     out["ddtree"] = map_of({"budget": INT, "topk": INT, **tau_types()})
     return out
 

@@ -34,16 +34,28 @@ def _line(text: str, soft_wrap: bool = True) -> None:
 def metric_rows(run: res.Run) -> list[tuple[str, str]]:
     """Every scalar metric of the registry by its label, as it prints: the walk's, then
     each per DDTree budget, then the sample's; the counts together in the last row."""
-    got = summary.values(run)
+    got, spread = summary.values(run), summary.intervals(run)
     walk, sample = registry.scalars(registry.WALK), registry.scalars(registry.SAMPLE)
     counts = [m for m in registry.scalars() if m.style == "count"]
-    rows = [(m.label, summary.shown(m, got[m.name])) for m in walk if m not in counts]
+    rows = [
+        (m.label, summary.with_interval(m, got[m.name], spread.get(m.name)))
+        for m in walk
+        if m not in counts
+    ]
     for m in summary.per_budget():
         rows += [
             (summary.budget_label(m, b), summary.shown(m, v))
             for b, v in summary.budget_values(run, m).items()
         ]
-    rows += [(m.label, summary.shown(m, got[m.name])) for m in sample if m not in counts]
+    rows += [
+        (m.label, summary.with_interval(m, got[m.name], spread.get(m.name)))
+        for m in sample
+        if m not in counts
+    ]
+    rows += [
+        (f.label, fmt(line))
+        for f, line in zip(registry.findings(), summary.found(run).values(), strict=True)
+    ]
     rows.append(
         (
             " / ".join(m.label for m in counts),
