@@ -68,11 +68,11 @@ class _Server(ThreadingHTTPServer):
 
 
 class LoopbackServer:
-    """Serves a request handler class on 127.0.0.1 (a free port), in a daemon thread, from
-    construction until `stop` (or the end of a ``with`` block)."""
+    """Serves a request handler class on 127.0.0.1 (`port`, default a free one), in a daemon
+    thread, from construction until `stop` (or the end of a ``with`` block)."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler]):
-        self.httpd = _Server(("127.0.0.1", 0), handler)
+    def __init__(self, handler: type[BaseHTTPRequestHandler], port: int = 0):
+        self.httpd = _Server(("127.0.0.1", port), handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"

@@ -71,7 +71,8 @@ def as_json(obj: Any, **raw: Any) -> Raw:
 class ScriptedServer(LoopbackServer):
     """`reply(path, body)` makes each POST's answer: a JSON document, or a `Raw` one;
     `get_reply(path)` may answer a GET the same way (None: the default answers below);
-    `model_path` is the model the server reports (None: it reports none, 404).
+    `model_path` is the model the server reports (None: it reports none, 404); `port`: the
+    loopback port to listen on (0: a free one).
     ``requests`` logs the POSTs, ``gets`` the GET paths, ``sent`` the bytes of each `Raw`
     answer that went out, once its handler is done writing it (`wait_sent` waits for
     that: a client may refuse an answer and return before the handler notices)."""
@@ -81,6 +82,7 @@ class ScriptedServer(LoopbackServer):
         reply: Reply | None = None,
         model_path: str | None = "/models/a",
         get_reply: Callable[[str], Any] | None = None,
+        port: int = 0,
     ):
         self.reply = reply or ids_reply([5, 6, 7])
         self.get_reply = get_reply
@@ -89,7 +91,7 @@ class ScriptedServer(LoopbackServer):
         self.gets: list[str] = []
         self.sent: list[int] = []
         self._sent_changed = threading.Condition()
-        super().__init__(self._handler())
+        super().__init__(self._handler(), port)
 
     def wait_sent(self, count: int = 1, timeout: float = 30.0) -> list[int]:
         """``sent`` once `count` `Raw` answers have been written to their end (or to the

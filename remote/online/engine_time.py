@@ -2,7 +2,7 @@
 spec-decode counters are (`remote.online.vllm`): the histogram `DECODE_TIME`, per finished
 request its last token's time minus its first's (the decode steps after the prefill),
 whose ``_sum`` and ``_count`` give the seconds the run's requests spent decoding. Checked
-before use (one line naming the server and the field). Stdlib only."""
+before use: a value that cannot be true is `InvalidAnswer`, naming the field. Stdlib only."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from remote.errors import UserError
+from remote.online.invalid import InvalidAnswer
 from remote.online.prometheus import parse_prometheus
 
 DECODE_TIME = "vllm:request_decode_time_seconds"
@@ -26,10 +26,12 @@ class DecodeTime:
     requests: int
 
     def minus(self, before: DecodeTime, where: str) -> DecodeTime:
-        """The time and requests between `before` and this reading (one error line when
-        either went down: the server restarted)."""
+        """The time and requests between `before` and this reading (`InvalidAnswer` when
+        either went backwards: the server restarted)."""
         if self.seconds < before.seconds or self.requests < before.requests:
-            raise UserError(f"{where} {DECODE_TIME} went down: did the server restart?")
+            raise InvalidAnswer(
+                DECODE_TIME, f"{where} {DECODE_TIME} went backwards: did the server restart?"
+            )
         return DecodeTime(self.seconds - before.seconds, self.requests - before.requests)
 
 
@@ -44,14 +46,14 @@ def decode_time(text: str, where: str, model: str | None = None) -> DecodeTime |
         if model is not None and labels.get("model_name", model) != model:
             continue
         if not (math.isfinite(value) and value >= 0):
-            raise UserError(f"{where} {name} is {value!r}, not seconds or a count >= 0")
+            raise InvalidAnswer(name, f"{where} {name} is {value!r}, not seconds or a count >= 0")
         seen = True
         if name.endswith("_sum"):
             total += value
         elif float(value).is_integer():
             count += value
         else:
-            raise UserError(f"{where} {name} is {value!r}, not a whole count")
+            raise InvalidAnswer(name, f"{where} {name} is {value!r}, not a whole count")
     return DecodeTime(total, int(count)) if seen else None
 
 

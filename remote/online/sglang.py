@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from remote.errors import UserError
@@ -73,17 +74,17 @@ def measure(
     *,
     model: str | None = None,
     timeout: float = 300.0,
+    concurrency: int = 1,
     on_done: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Each ground-truth prompt through ``/generate``, one at a time, for exactly its
-    completion's length; the records `remote.online.verdict.compare` reads (no per-step
-    arrays), as `remote.online.vllm.measure` returns them; `on_done(done, total)` after
-    each answer."""
+    """Each ground-truth prompt through ``/generate``, `concurrency` requests in flight,
+    for exactly its completion's length; the records `remote.online.verdict.compare` reads
+    (no per-step arrays), as `remote.online.vllm.measure` returns them; `on_done(done,
+    total)` after each answer."""
     where = generate_url(url)
     del model  # SGLang serves one model per server
-    t0 = time.perf_counter()
-    samples = []
-    for row in rows:
+
+    def one(row: dict) -> dict[str, Any]:
         n = len(row["completion_ids"])
         payload = {
             "input_ids": row["prompt_ids"],
@@ -91,20 +92,23 @@ def measure(
         }
         bound = answer_bytes(len(row["prompt_ids"]), n)
         answer = http_json(where, payload, timeout, max_bytes=bound, role=ROLE)
-        got = parse_generate(answer, where, n, vocab)
-        samples.append(
-            {
-                "id": row["id"],
-                **got,
-                # its histogram's length is not documented to be k + 1: k stays unknown
-                "num_spec_tokens": None,
-                "per_step_accepted": None,
-                "per_step_drafted": None,
-                "finish_reason": None,
-            }
-        )
-        if on_done:
-            on_done(len(samples), len(rows))
+        return {
+            "id": row["id"],
+            **parse_generate(answer, where, n, vocab),
+            # its histogram's length is not documented to be k + 1: k stays unknown
+            "num_spec_tokens": None,
+            "per_step_accepted": None,
+            "per_step_drafted": None,
+            "finish_reason": None,
+        }
+
+    t0 = time.perf_counter()
+    samples: list[dict] = []
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="online") as pool:
+        for got in pool.map(one, rows):
+            samples.append(got)
+            if on_done:
+                on_done(len(samples), len(rows))
     return {
         "samples": samples,
         "counters": None,
@@ -113,4 +117,5 @@ def measure(
         "seconds": time.perf_counter() - t0,
         "tokens": sum(len(s["token_ids"]) for s in samples),
         "decode": None,  # SGLang's own timing is not read (no documented per-request field)
+        "invalid": [],
     }

@@ -114,3 +114,77 @@ class ServeSpec:
                 f"serve has unknown keys {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
             )
         return cls(**{k: v for k, v in obj.items() if v is not None})
+
+
+MAX_CONCURRENCY = 256  # requests in flight at one level, at most
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """How an online job measures, the job spec's ``measure`` entry (defaults when
+    absent). ``concurrency``: requests in flight at each level, ascending, the same
+    prompts at every level against the same server (the first level is compared with the
+    offline walk round by round; the others with the first: greedy acceptance must not
+    change with the batch). A baseline, the target served without the drafter decoding
+    the same prompts at each level (the engine's own speedup): ``baseline_python``, the
+    python a second server is started with once the first is stopped, or
+    ``baseline_url``, such a server already running."""
+
+    concurrency: tuple[int, ...] = (1,)
+    baseline_python: str | None = None
+    baseline_url: str | None = None
+
+    def __post_init__(self) -> None:
+        levels = self.concurrency
+        if (
+            not isinstance(levels, (list, tuple))
+            or not levels
+            or not all(is_int(c) and 1 <= c <= MAX_CONCURRENCY for c in levels)
+            or list(levels) != sorted(set(levels))
+        ):
+            raise ServeError(
+                f"concurrency must be ascending whole numbers 1..{MAX_CONCURRENCY} "
+                f"(e.g. 1,4,16), got {levels!r}"
+            )
+        object.__setattr__(self, "concurrency", tuple(levels))
+        if self.baseline_python is not None and self.baseline_url is not None:
+            raise ServeError("a baseline is started (python) or already running (url), not both")
+        py = self.baseline_python
+        if py is not None and (not isinstance(py, str) or not py.startswith(("/", "~"))):
+            raise ServeError(f"baseline python {py!r} must be an absolute path on the host")
+        if self.baseline_url is not None and url_problem(self.baseline_url):
+            raise ServeError(f"baseline url {self.baseline_url!r} {url_problem(self.baseline_url)}")
+
+    @property
+    def baseline(self) -> bool:
+        return self.baseline_python is not None or self.baseline_url is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "concurrency": list(self.concurrency)}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> MeasureSpec:
+        """The entry from its JSON object (None: the defaults); unknown keys are an error."""
+        if obj is None:
+            return cls()
+        if not isinstance(obj, dict):
+            raise ServeError("an online job's 'measure' must be an object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise ServeError(f"measure has unknown keys {', '.join(unknown)}")
+        return cls(**{k: v for k, v in obj.items() if v is not None})
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """``"1,4,16"`` as concurrency levels, ascending and each once; one line when not."""
+    try:
+        levels = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise ServeError(
+            f"--concurrency {text!r} is not a list of whole numbers (e.g. 1,4,16)"
+        ) from None
+    try:
+        return MeasureSpec(concurrency=tuple(levels)).concurrency
+    except ServeError as exc:
+        raise ServeError(f"--concurrency {text!r}: {exc}") from None

@@ -29,13 +29,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from remote.online.diagnosis import diagnose
 from remote.protocol.metrics import walk_stats
 
 SCHEMA = "dflash.online-verdict/1"
-# Online tau at most this while the offline one is at least OFFLINE_HIGH: the drafter the
-# engine runs is not the one evaluated (weights not loaded, re-initialised, another file).
-NOT_LOADED_TAU = 1.15
-OFFLINE_HIGH = 1.5
 
 
 def cut_rounds(accepted: list[int], total: int) -> tuple[list[int], int]:
@@ -107,11 +104,13 @@ def compare(
     block_size: int,
     offline_dtype: str | None = None,
     online_dtype: str | None = None,
+    invalid: list[dict] | None = None,
 ) -> dict[str, Any]:
     """The verdict: tau both ways (cut the same way, and the engine's own uncut mean),
     per-position acceptance both ways, per sample the rounds' equality and first
-    divergence and the lossless check, and a diagnosis (`diagnose`). Samples are matched
-    by id; the ground truth's order is the result's order."""
+    divergence and the lossless check, and a diagnosis (`conclude`). Samples are matched
+    by id; the ground truth's order is the result's order. `invalid`: the impossible
+    counts the engine answered (`remote.online.invalid`): no online tau then."""
     off_by = {r["id"]: r for r in offline}
     on_by = {r["id"]: r for r in online}
     missing = [g["id"] for g in ground_truth if g["id"] not in off_by or g["id"] not in on_by]
@@ -121,7 +120,7 @@ def compare(
     if len(ks) != 1:
         raise ValueError(f"online records disagree on num_spec_tokens: {sorted(ks, key=str)}")
     k = ks.pop()  # None: the engine did not say (SGLang without a histogram)
-    detailed = all(r.get("per_step_accepted") is not None for r in online)
+    detailed = not invalid and all(r.get("per_step_accepted") is not None for r in online)
     per_sample, off_rounds, on_rounds = [], [], []
     uncut_steps = uncut_tokens = 0
     for g in ground_truth:
@@ -145,7 +144,7 @@ def compare(
                 online_rounds=cut,
             )
             on_rounds.append(cut)
-        else:  # the engine's own (uncut) mean over its steps, where it gives one
+        elif not invalid:  # the engine's own (uncut) mean over its steps, where it gives one
             steps = on.get("num_spec_steps") or sum(on.get("acceptance_histogram") or [])
             if steps and on.get("mean_acceptance_length") is not None:
                 uncut_steps += steps
@@ -175,10 +174,52 @@ def compare(
             "total": len(per_sample),
         },
         "per_sample": per_sample,
+        "invalid": list(invalid or []),
     }
+    return conclude(result)
+
+
+def conclude(result: dict[str, Any]) -> dict[str, Any]:
+    """`result` with its diagnosis (`remote.online.diagnosis.diagnose`) and its verdict, the
+    first cause; again after the job adds what it learnt (levels, deviations tested)."""
     result["diagnosis"] = diagnose(result)
     result["verdict"] = result["diagnosis"][0]["cause"]
     return result
+
+
+def disagreeing(result: dict[str, Any]) -> dict[Any, list[int]]:
+    """The samples whose cut online rounds differ from the offline walk's: their online
+    rounds by sample id (what a simulated engine deviation must reproduce)."""
+    return {
+        r["id"]: r["online_rounds"] for r in result["per_sample"] if r.get("rounds_equal") is False
+    }
+
+
+def level(
+    concurrency: int, measured: dict[str, Any], cut: dict[str, Any], first: dict | None
+) -> dict[str, Any]:
+    """One concurrency level of a run: `measured` (`remote.online.vllm.measure`) and
+    `cut`, its `compare` with the offline walk; `first`, the first level's `cut` (None for
+    the first itself): how many samples' rounds it repeats (greedy: all of them)."""
+    on = cut["online"] or {}
+    same = None
+    if first is not None and first["online"] is not None and cut["online"] is not None:
+        pairs = zip(first["per_sample"], cut["per_sample"], strict=True)
+        same = sum(a["online_rounds"] == b["online_rounds"] for a, b in pairs)
+    seconds, tokens = measured["seconds"], measured["tokens"]
+    return {
+        "concurrency": concurrency,
+        "seconds": seconds,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds > 0 else None,
+        "tau_token_weighted": on.get("tau_token_weighted"),
+        "tau_per_sample_mean": on.get("tau_per_sample_mean"),
+        "rounds_equal": cut["rounds_equal"]["samples"],
+        "same_rounds_as_first": same,
+        "lossless": cut["lossless"]["samples"],
+        "counters_agree": measured.get("counters_agree"),
+        "invalid": bool(measured.get("invalid")),
+    }
 
 
 def engine_costs(
@@ -203,118 +244,3 @@ def engine_costs(
         "time_per_verify_step_s": seconds / steps if steps else None,
         "tokens_per_verify_step": tokens / steps if steps else None,
     }
-
-
-def _first_divergence(result: dict) -> tuple[dict, dict] | None:
-    """The sample (and its divergence) whose walks part earliest in the completion."""
-    found = [(r, r["first_divergence"]) for r in result["per_sample"] if r.get("first_divergence")]
-    return min(found, key=lambda x: x[1]["token"]) if found else None
-
-
-def _first_position(result: dict) -> int | None:
-    """The first draft position whose accepted count differs between the two walks."""
-    pp = result["per_position"]
-    if pp["online"] is None:
-        return None
-    for a, b in zip(pp["offline"], pp["online"], strict=False):
-        if (a["attempts"], a["accepted"]) != (b["attempts"], b["accepted"]):
-            return a["position"]
-    return None
-
-
-def _shown(tau: float | None) -> str:
-    return "-" if tau is None else f"{tau:.3f}"
-
-
-def diagnose(result: dict) -> list[dict[str, str]]:
-    """Causes, most telling first, each ``{"cause", "detail"}`` (one line); ``agree``
-    alone when the engine reproduces the walk on every sample and is lossless."""
-    out: list[dict[str, str]] = []
-    off, on = result["offline"], result["online"]
-    k, block = result["num_spec_tokens"], result["block_size"]
-    if not result["lossless"]["ok"]:
-        bad = next(r for r in result["per_sample"] if not r["lossless"])
-        out.append(
-            {
-                "cause": "not_lossless",
-                "detail": f"{result['lossless']['total'] - result['lossless']['samples']} of "
-                f"{result['lossless']['total']} outputs differ from the greedy ground truth "
-                f"(first: sample {bad['id']} at token {bad['first_wrong_token']}): the engine "
-                "serves another target (revision, dtype) or does not decode greedily; its "
-                "acceptance is not comparable until that is fixed",
-            }
-        )
-    if on is None:
-        uncut = result.get("online_uncut_tau")
-        said = f" (its own uncut mean: tau {uncut:.3f})" if uncut is not None else ""
-        out.append(
-            {
-                "cause": "no_per_step_metrics",
-                "detail": f"the engine reported no per-step acceptance{said}, offline tau "
-                f"{_shown(off['tau_token_weighted'])}; start vLLM with "
-                "--per-request-spec-decode-metrics detailed to compare round by round",
-            }
-        )
-        return out
-    off_tau, on_tau = off["tau_token_weighted"], on["tau_token_weighted"]
-    if off_tau is not None and on_tau is not None and off_tau >= OFFLINE_HIGH:
-        if on_tau <= NOT_LOADED_TAU:
-            out.append(
-                {
-                    "cause": "drafter_not_loaded",
-                    "detail": f"online tau {on_tau:.3f} while offline tau is {off_tau:.3f}: "
-                    "the engine's drafter does not predict like the checkpoint evaluated "
-                    "(weights not loaded, re-initialised, or other weights such as its own "
-                    "lm_head/embed_tokens used instead of the target's)",
-                }
-            )
-    if k is not None and k != block - 1:
-        out.append(
-            {
-                "cause": "num_speculative_tokens",
-                "detail": f"the engine drafts {k} tokens per step but the drafter's block "
-                f"size is {block} (num_speculative_tokens must be {block - 1})",
-            }
-        )
-    dt = result["dtype"]
-    if dt["offline"] and dt["online"] and dt["offline"] != dt["online"]:
-        out.append(
-            {
-                "cause": "dtype",
-                "detail": f"offline ran in {dt['offline']}, the engine in {dt['online']}: "
-                "near-ties between draft tokens can flip",
-            }
-        )
-    if any(not r["covered"] for r in result["per_sample"]):
-        short = sum(not r["covered"] for r in result["per_sample"])
-        out.append(
-            {
-                "cause": "steps_without_draft",
-                "detail": f"on {short} samples the engine's verify steps cover fewer tokens "
-                "than the completion: some steps ran without a draft",
-            }
-        )
-    first = _first_divergence(result)
-    if first is not None:
-        row, div = first
-        eq = result["rounds_equal"]
-        pos = _first_position(result)
-        out.append(
-            {
-                "cause": "engine_disagrees",
-                "detail": f"rounds differ on {eq['total'] - eq['samples']} of {eq['total']} "
-                f"samples (tau offline {off_tau:.3f}, online {on_tau:.3f}); earliest: sample "
-                f"{row['id']} round {div['round']} at token {div['token']} "
-                f"(offline {div['offline']}, online {div['online']})"
-                + (f"; per-position counts first differ at position {pos}" if pos else ""),
-            }
-        )
-    if not out:
-        out.append(
-            {
-                "cause": "agree",
-                "detail": f"the engine reproduces the offline walk round by round on all "
-                f"{result['samples']} samples (tau {off_tau:.3f}) and is lossless",
-            }
-        )
-    return out

@@ -24,14 +24,19 @@ from remote.protocol.results import (
 
 CAUSES = (
     "agree",
+    "engine_answer_invalid",
     "not_lossless",
     "no_per_step_metrics",
     "drafter_not_loaded",
     "num_speculative_tokens",
     "dtype",
     "steps_without_draft",
+    "engine_deviation",
     "engine_disagrees",
+    "batch_changes_acceptance",
+    "baseline_not_lossless",
 )
+DEVIATION_STATUS = ("confirmed", "not_reproduced", "not_applicable")
 TAU = tau_types()
 POSITIONS = list_of({"position": INT, "attempts": INT, "accepted": INT, "rate": NUM})
 COUNTERS = {
@@ -41,6 +46,16 @@ COUNTERS = {
     "accepted_per_position": list_of(INT),
     "mean_acceptance_length": NUM,
 }
+ENGINE_COSTS = {
+    "source": STR,
+    "decode_s": NUM,
+    "decode_tokens": INT,
+    "verify_steps": INT,
+    "time_per_output_token_s": NUM,
+    "time_per_verify_step_s": NUM,
+    "tokens_per_verify_step": NUM,
+}
+SPEED = {"concurrency": INT, "seconds": NUM, "tokens": INT, "tokens_per_s": NUM, "lossless": INT}
 VERDICT = {
     "schema": STR,
     "verdict": STR,
@@ -78,16 +93,46 @@ VERDICT = {
         "counters": COUNTERS,
         "counters_expected": COUNTERS,
         "counters_agree": BOOL,
+        "version": STR,
+        "platform": STR,
+        "threads": INT,
+        "threads_from": STR,
     },
-    "engine_costs": {
-        "source": STR,
-        "decode_s": NUM,
-        "decode_tokens": INT,
-        "verify_steps": INT,
-        "time_per_output_token_s": NUM,
-        "time_per_verify_step_s": NUM,
-        "tokens_per_verify_step": NUM,
+    "engine_costs": ENGINE_COSTS,
+    "invalid": list_of({"field": STR, "detail": STR}),
+    "levels": list_of(
+        {
+            **SPEED,
+            "tau_token_weighted": NUM,
+            "tau_per_sample_mean": NUM,
+            "rounds_equal": INT,
+            "same_rounds_as_first": INT,
+            "counters_agree": BOOL,
+            "invalid": BOOL,
+            "baseline_tokens_per_s": NUM,
+            "speedup": NUM,
+        }
+    ),
+    "baseline": {
+        "started_here": BOOL,
+        "url": STR,
+        "startup_s": NUM,
+        "levels": list_of(SPEED),
+        "engine_costs": ENGINE_COSTS,
+        "decode_speedup": NUM,
     },
+    "deviations": list_of(
+        {
+            "name": STR,
+            "engine": STR,
+            "does": STR,
+            "todo": STR,
+            "status": STR,
+            "why": STR,
+            "tested": INT,
+            "reproduced": INT,
+        }
+    ),
     "online_samples": list_of(
         {
             "id": SCALAR,
@@ -141,16 +186,57 @@ def check_verdict(doc: Any) -> dict:
             raise ResultError(f"{name} is {got!r} but the verdict's samples say {want}")
     if lossless.get("ok") is not (lossless.get("samples") == n):
         raise ResultError("lossless.ok disagrees with its counts")
-    _check_engine_costs(doc.get("engine_costs") or {})
+    if doc.get("invalid") and (doc.get("online") or doc.get("online_uncut_tau")) is not None:
+        raise ResultError("an engine's invalid answer gives no online tau, yet this one has one")
+    _check_engine_costs(doc.get("engine_costs") or {}, "engine_costs")
+    _check_engine_costs(
+        (doc.get("baseline") or {}).get("engine_costs") or {}, "baseline.engine_costs"
+    )
+    _check_levels(doc)
+    for i, d in enumerate(doc.get("deviations") or []):
+        status, tested, same = d.get("status"), d.get("tested") or 0, d.get("reproduced") or 0
+        if status not in DEVIATION_STATUS or not 0 <= same <= tested:
+            raise ResultError(f"deviations[{i}] is {status!r}, {same} of {tested}: not a result")
+        if (status == "confirmed") != (tested > 0 and same == tested):
+            raise ResultError(f"deviations[{i}] is {status} but reproduces {same} of {tested}")
     return doc
 
 
-def _check_engine_costs(costs: dict) -> None:
+def _check_levels(doc: dict) -> None:
+    """Each level's (and the baseline's) tokens per second is its tokens over its seconds,
+    its speedup its over the baseline's; levels ascend; every count within the samples."""
+    n = doc["samples"]
+    levels = doc.get("levels") or []
+    base = (doc.get("baseline") or {}).get("levels") or []
+    for where, rows in (("levels", levels), ("baseline.levels", base)):
+        conc = [lv.get("concurrency") for lv in rows]
+        if conc != sorted(set(conc)) or any((c or 0) < 1 for c in conc):
+            raise ResultError(f"{where} concurrency {conc} is not ascending levels >= 1")
+        for i, lv in enumerate(rows):
+            tps, tokens, seconds = lv.get("tokens_per_s"), lv.get("tokens"), lv.get("seconds")
+            if tps is not None and not (
+                seconds and tokens is not None and _close(tps, tokens / seconds)
+            ):
+                raise ResultError(f"{where}[{i}].tokens_per_s is {tps!r}, not tokens / seconds")
+            for key in ("lossless", "rounds_equal", "same_rounds_as_first"):
+                if lv.get(key) is not None and not 0 <= lv[key] <= n:
+                    raise ResultError(f"{where}[{i}].{key} is {lv[key]!r}, not 0..{n}")
+    if base and [b.get("concurrency") for b in base] != [lv.get("concurrency") for lv in levels]:
+        raise ResultError("baseline.levels are not the levels measured")
+    for i, lv in enumerate(levels):
+        sp, b = lv.get("speedup"), lv.get("baseline_tokens_per_s")
+        if sp is not None and not (
+            b and lv.get("tokens_per_s") and _close(sp, lv["tokens_per_s"] / b)
+        ):
+            raise ResultError(f"levels[{i}].speedup is {sp!r}, not tokens_per_s / baseline's")
+
+
+def _check_engine_costs(costs: dict, where: str) -> None:
     """The engine's times are seconds >= 0, and its per-token and per-step times are its
     decode seconds over its tokens and steps."""
     for key in ("decode_s", "time_per_output_token_s", "time_per_verify_step_s"):
         if costs.get(key) is not None and costs[key] < 0:
-            raise ResultError(f"engine_costs.{key} is {costs[key]!r}, not seconds >= 0")
+            raise ResultError(f"{where}.{key} is {costs[key]!r}, not seconds >= 0")
     seconds = costs.get("decode_s")
     for key, over in (
         ("time_per_output_token_s", "decode_tokens"),
@@ -158,7 +244,7 @@ def _check_engine_costs(costs: dict) -> None:
     ):
         got, n = costs.get(key), costs.get(over)
         if got is not None and not (seconds is not None and n and _close(got, seconds / n)):
-            raise ResultError(f"engine_costs.{key} is {got!r}, not decode_s / {over}")
+            raise ResultError(f"{where}.{key} is {got!r}, not decode_s / {over}")
 
 
 def _close(a: float, b: float) -> bool:

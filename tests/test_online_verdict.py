@@ -1,0 +1,93 @@
+"""The verdict without a server (`remote.online.verdict`, `remote.online.diagnosis`): the
+engine's steps cut as the walk cuts its rounds, per-position counts, where two walks part,
+each cause the diagnosis names."""
+
+from __future__ import annotations
+
+from remote.online import verdict
+
+
+def test_vllms_uncut_last_step_is_cut_like_the_walk():
+    # 8 tokens after the prefill's; the last step accepted 3 of which 1 fits
+    assert verdict.cut_rounds([3, 0, 2, 3], 8) == ([4, 1, 3], 8)
+    assert verdict.cut_rounds([3, 0, 2, 3], 10) == ([4, 1, 3, 2], 10)
+    assert verdict.cut_rounds([0, 0], 5) == ([1, 1], 2)  # steps without a draft are missing
+
+
+def test_position_acceptance_from_rounds():
+    # k = 3: [4] all accepted; [1] refused at 1; [2] accepted 1, refused at 2; [1] cut by
+    # the end (says nothing about position 1)
+    pp = verdict.position_acceptance([[4, 1, 2, 1]], 3)
+    assert [(p["attempts"], p["accepted"]) for p in pp] == [(3, 2), (2, 1), (1, 1)]
+
+
+def test_first_divergence_names_round_and_token():
+    assert verdict.first_divergence([2, 1, 3], [2, 1, 3]) is None
+    assert verdict.first_divergence([2, 1, 3], [2, 2, 2]) == {
+        "round": 1,
+        "token": 3,
+        "offline": 1,
+        "online": 2,
+    }
+
+
+def _records(rounds: list[list[int]], k: int = 3, accepted=None, wrong: int | None = None):
+    gt, off, on = [], [], []
+    for i, r in enumerate(rounds):
+        completion = list(range(10, 11 + sum(r)))
+        gt.append({"id": f"s{i}", "prompt_ids": [1, 2], "completion_ids": completion})
+        off.append({"id": f"s{i}", "rounds": r})
+        ids = list(completion)
+        if wrong is not None and i == 0:
+            ids[wrong] = 999
+        acc = accepted[i] if accepted else [n - 1 for n in r]
+        on.append(
+            {
+                "id": f"s{i}",
+                "token_ids": ids,
+                "per_step_accepted": acc,
+                "per_step_drafted": [k] * len(acc),
+                "num_spec_tokens": k,
+            }
+        )
+    return gt, off, on
+
+
+def test_equal_walks_agree():
+    gt, off, on = _records([[4, 1, 2], [3, 4]])
+    on[0]["per_step_accepted"][-1] = 3  # vLLM's uncut last step: still the same once cut
+    v = verdict.compare(gt, off, on, block_size=4)
+    assert v["verdict"] == "agree" and v["rounds_equal"]["samples"] == 2
+    assert v["offline"] == v["online"] and v["lossless"]["ok"]
+    assert v["online_uncut_tau"] > v["online"]["tau_token_weighted"]
+
+
+def test_a_drafter_the_engine_does_not_run_is_named():
+    gt, off, on = _records([[4, 4, 2], [3, 4]], accepted=[[0] * 10, [0] * 7])
+    v = verdict.compare(gt, off, on, block_size=4)
+    assert v["verdict"] == "drafter_not_loaded"
+    assert v["online"]["tau_token_weighted"] == 1.0
+    causes = [d["cause"] for d in v["diagnosis"]]
+    assert causes[-1] == "engine_disagrees" and v["lossless"]["ok"]
+
+
+def test_a_disagreement_says_where_it_starts():
+    gt, off, on = _records([[4, 1, 2], [3, 4]], accepted=[[3, 0, 1], [2, 1, 2]])
+    v = verdict.compare(gt, off, on, block_size=4)
+    assert v["verdict"] == "engine_disagrees"
+    assert v["per_sample"][1]["first_divergence"] == {
+        "round": 1,
+        "token": 4,
+        "offline": 4,
+        "online": 2,
+    }
+    assert "sample s1 round 1 at token 4" in v["diagnosis"][0]["detail"]
+
+
+def test_lossy_output_block_size_and_dtype_are_named():
+    gt, off, on = _records([[4, 1, 2]], k=7, wrong=3)
+    v = verdict.compare(gt, off, on, block_size=4, offline_dtype="float32", online_dtype="bf16")
+    causes = [d["cause"] for d in v["diagnosis"]]
+    assert causes[:3] == ["not_lossless", "num_speculative_tokens", "dtype"]
+    assert v["per_sample"][0]["first_wrong_token"] == 3
+    assert "block size is 4 (num_speculative_tokens must be 3)" in v["diagnosis"][1]["detail"]
