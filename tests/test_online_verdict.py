@@ -1,6 +1,7 @@
 """The verdict without a server (`remote.online.verdict`, `remote.online.diagnosis`): the
 engine's steps cut as the walk cuts its rounds, per-position counts, where two walks part,
-each cause the diagnosis names."""
+each cause the diagnosis names, and known engine deviations (`remote.online.deviations`)
+confirmed or ruled out against the rounds that differ."""
 
 from __future__ import annotations
 
@@ -91,3 +92,62 @@ def test_lossy_output_block_size_and_dtype_are_named():
     assert causes[:3] == ["not_lossless", "num_speculative_tokens", "dtype"]
     assert v["per_sample"][0]["first_wrong_token"] == 3
     assert "block size is 4 (num_speculative_tokens must be 3)" in v["diagnosis"][1]["detail"]
+
+
+# ---- known engine deviations ---------------------------------------------------------------
+
+
+def test_which_deviations_a_server_can_have():
+    from remote.online.deviations import DEVIATIONS, Engine, applies
+
+    k_norm = next(d for d in DEVIATIONS if d.name == "vllm_cpu_shared_k_norm")
+    assert applies(k_norm, Engine("vllm", "0.32.0", "cpu"), 2) is None
+    assert applies(k_norm, Engine("vllm"), 3) is None  # unknown version and platform: tested
+    assert "known in vllm 0.32 only" in applies(k_norm, Engine("vllm", "0.40.1", "cpu"), 2)
+    assert "known on cpu only" in applies(k_norm, Engine("vllm", "0.32.0", "cuda"), 2)
+    assert "this one has 1" in applies(k_norm, Engine("vllm", "0.32.0", "cpu"), 1)
+    assert applies(k_norm, Engine("sglang"), 2) == "not vllm"
+
+
+def test_a_deviation_is_confirmed_only_when_it_reproduces_every_differing_sample():
+    from remote.online import deviations
+
+    gt, off, on = _records(
+        [[4, 1, 2], [3, 4], [2, 2, 2, 1]], accepted=[[1, 3, 3], [3, 2], [1, 1, 1, 0]]
+    )
+    v = verdict.compare(gt, off, on, block_size=4, offline_dtype="float32", online_dtype="float32")
+    differing = verdict.disagreeing(v)
+    assert list(differing) == ["s0", "s1"] and v["verdict"] == "engine_disagrees"
+    engine = deviations.Engine("vllm", "0.32.0", "cpu")
+    asked = []
+
+    def reproduces(d, ids):
+        asked.append((d.name, ids))
+        return {sid: differing[sid] for sid in ids}
+
+    v["deviations"] = deviations.test(differing, engine, 2, reproduces)
+    verdict.conclude(v)
+    assert asked == [("vllm_cpu_shared_k_norm", ["s0", "s1"])]
+    assert v["verdict"] == "engine_deviation"
+    line = v["diagnosis"][0]["detail"]
+    assert line.startswith("rounds differ on 2 of 3 samples") and "on all 2 differing" in line
+    assert "To do: " in line and "1-layer drafter" in line
+    # one sample it does not reproduce: ruled out, and today's line says where to look
+    v["deviations"] = deviations.test(differing, engine, 2, lambda d, ids: {"s0": differing["s0"]})
+    verdict.conclude(v)
+    assert v["verdict"] == "engine_disagrees"
+    line = v["diagnosis"][0]["detail"]
+    assert "earliest: sample s0 round 0 at token 1" in line
+    assert (
+        "ruled out: the output (lossless), num_speculative_tokens (3), the dtype (both float32)"
+        in line
+    )
+    assert "vllm_cpu_shared_k_norm (simulated, it reproduces 1 of 2 differing samples)" in line
+    # a one-layer drafter: not tested, and said so
+    v["deviations"] = deviations.test(differing, engine, 1, reproduces)
+    verdict.conclude(v)
+    assert v["deviations"][0]["status"] == "not_applicable" and len(asked) == 1
+    assert (
+        "vllm_cpu_shared_k_norm (touches drafters of 2+ layers; this one has 1)"
+        in (v["diagnosis"][0]["detail"])
+    )

