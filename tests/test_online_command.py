@@ -87,6 +87,11 @@ def test_no_serving_engine_says_how_to_set_it(tmp_path):
         (["--server", "localhost:8000"], "--server 'localhost:8000' needs http://"),
         (["--server", "http://u@h:1"], "may not carry a user"),
         (["--server", "http://h:1", "--engine", "tgi"], "--engine 'tgi' is not one of"),
+        (["--concurrency", "1,x"], "--concurrency '1,x' is not a list of whole numbers"),
+        (["--concurrency", "0,4"], "ascending whole numbers 1..256"),
+        (["--baseline", "--baseline-server", "http://h:1"], "--baseline starts a server"),
+        (["--baseline-server", "h:1"], "--baseline-server 'h:1' needs http://"),
+        (["--server", "http://h:1", "--baseline"], "--baseline starts vLLM without the drafter"),
     ],
 )
 def test_bad_server_options_are_one_line_before_connecting(tmp_path, args, words):
@@ -131,6 +136,25 @@ def _verdict() -> dict:
     v["server"] = {"engine": "vllm", "started_here": True, "url": "http://127.0.0.1:9"}
     decode = {"seconds": 0.36, "requests": 2, "source": "vllm:request_decode_time_seconds"}
     v["engine_costs"] = verdict.engine_costs(decode, gt, {"drafts": 5})
+    v["levels"] = [
+        {
+            "concurrency": 1,
+            "seconds": 0.5,
+            "tokens": 16,
+            "tokens_per_s": 32.0,
+            "lossless": 2,
+            "baseline_tokens_per_s": 16.0,
+            "speedup": 2.0,
+        },
+    ]
+    v["baseline"] = {
+        "levels": [
+            {"concurrency": 1, "seconds": 1.0, "tokens": 16, "tokens_per_s": 16.0, "lossless": 2}
+        ]
+    }
+    v["deviations"] = [
+        {"name": "vllm_cpu_shared_k_norm", "status": "confirmed", "tested": 2, "reproduced": 2}
+    ]
     return v
 
 
@@ -159,6 +183,15 @@ def test_a_verdict_made_by_compare_passes_its_check():
         (("engine_costs", "time_per_output_token_s"), 9.0, "not decode_s / decode_tokens"),
         (("engine_costs", "time_per_verify_step_s"), 0.1, "not decode_s / verify_steps"),
         (("engine_costs", "verify_steps"), "5", "engine_costs.verify_steps"),
+        (("levels", 0, "tokens_per_s"), 1.0, "levels[0].tokens_per_s is 1.0, not tokens"),
+        (("levels", 0, "concurrency"), 0, "is not ascending levels >= 1"),
+        (("levels", 0, "speedup"), 9.0, "levels[0].speedup is 9.0"),
+        (("levels", 0, "lossless"), 3, "levels[0].lossless is 3, not 0..2"),
+        (("baseline", "levels", 0, "concurrency"), 2, "baseline.levels are not the levels"),
+        (("deviations", 0, "reproduced"), 1, "is confirmed but reproduces 1 of 2"),
+        (("deviations", 0, "status"), "maybe", "deviations[0] is 'maybe'"),
+        (("invalid",), [{"field": "f", "detail": "d"}], "gives no online tau, yet this one"),
+        (("server", "threads"), "1", "server.threads"),
     ],
 )
 def test_every_bad_verdict_field_is_named(path, value, words):
@@ -287,7 +320,7 @@ def test_an_engine_that_redirects_is_refused_not_followed():
 
 
 def test_a_metrics_page_past_its_bound_is_refused_before_parsing():
-    from remote.online.vllm import METRICS_BYTES, read_counters
+    from remote.online.counters import METRICS_BYTES, read_counters
 
     page = b"# " + b"x" * (METRICS_BYTES + 16)
     with ScriptedServer(get_reply=lambda path: Raw(page, length=False)) as engine:
@@ -299,6 +332,7 @@ def test_a_metrics_page_past_its_bound_is_refused_before_parsing():
 def test_an_online_runs_view_puts_the_engines_times_beside_the_hosts_estimate(tmp_path):
     from orchestrator.results import online_view, speedup
     from orchestrator.results import store as res
+    from remote.protocol import metrics as registry
     from tests.helpers.runs import edit_result, make_run
 
     root = tmp_path / "results"
@@ -321,12 +355,27 @@ def test_an_online_runs_view_puts_the_engines_times_beside_the_hosts_estimate(tm
     assert sp["offline"]["speedup_estimate"] == est
     tau = run.metrics["tau_token_weighted"]
     assert sp["offline"]["time_per_output_token_s"] == pytest.approx(0.015 / tau)
-    assert (
-        sp["engine_speedup_estimate"] is None and "plain decode step" in sp["engine_speedup_note"]
-    )
+    # measured against the baseline (the target served alone): tokens/s with and without
+    assert sp["engine_speedup_measured"] == 2.0 and sp["engine_speedup_note"] is None
+    assert (sp["engine_tokens_per_s"], sp["engine_plain_tokens_per_s"]) == (32.0, 16.0)
     shown = dflash("results", "show", "run-on", "--results-dir", str(root), env={"COLUMNS": "70"})
     assert shown.returncode == 0, shown.stderr
     out = " ".join(shown.stdout.split())
     assert "the serving engine's own times beside the eval host's estimate" in out
     assert f"{1e3 * 0.36 / 14:.3f}" in out and f"{1e3 * 0.36 / 5:.3f}" in out
-    assert f"{est:.2f}x" in out
+    assert f"{est:.2f}x" in out and "32.0 / 16.0" in out and "2.00x" in out
+    # both taus for both sides: the per-sample one results show headlines, and the
+    # token-weighted one (main showed only the latter, and never the engine's per-sample)
+    for name in ("tau_per_sample_mean", "tau_token_weighted"):
+        off, on = v["offline"][name], v["online"][name]
+        label = registry.find(name).label
+        assert online_view.tau_rows(v)[0 if name == "tau_per_sample_mean" else 1] == (
+            label,
+            f"{off:.3f}",
+            f"{on:.3f}",
+        )
+        assert f"{off:.3f} / {on:.3f}" in out
+    # without a baseline, why the engine's speedup is not measured
+    del v["baseline"], v["levels"]
+    sp = online_view.speed(v, run)
+    assert sp["engine_speedup_measured"] is None and "--baseline" in sp["engine_speedup_note"]

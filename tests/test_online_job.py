@@ -34,26 +34,29 @@ def models():
     return vllm_models()
 
 
-def online_inventory(make_inventory, eval_sshd, ssh_base, models, results: Path, python: str):
-    drafter = models.drafters["one-layer"][-1]
+def online_inventory(
+    make_inventory,
+    eval_sshd,
+    ssh_base,
+    models,
+    results: Path,
+    python: str,
+    threads: int | None = 1,  # tiny models: one thread is fastest on a shared box
+    drafters: str = "one-layer",
+):
+    drafter = models.drafters[drafters][-1]
+    role = {
+        "drafters": str(drafter.parent),
+        "target_model": str(models.target),
+        "ground_truth": str(models.ground_truth),
+        "ground_truth_kind": "file",
+        "dtype": "float32",
+        "serve": {"engine": "vllm", "python": python, "kv_cache_gib": 1},
+    }
+    if threads is not None:
+        role["threads"] = threads
     return make_inventory(
-        hosts={
-            "evalhost": ssh_host_entry(
-                eval_sshd,
-                ssh_base,
-                roles={
-                    "eval": {
-                        "drafters": str(drafter.parent),
-                        "target_model": str(models.target),
-                        "ground_truth": str(models.ground_truth),
-                        "ground_truth_kind": "file",
-                        "dtype": "float32",
-                        "threads": 1,  # tiny models: one thread is fastest on a shared box
-                        "serve": {"engine": "vllm", "python": python, "kv_cache_gib": 1},
-                    }
-                },
-            )
-        },
+        hosts={"evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": role})},
         defaults={"eval_host": "evalhost", "results_dir": str(results)},
     )
 
@@ -90,7 +93,18 @@ def test_online_job_agrees_round_by_round_and_stops_its_server(
         make_inventory, eval_sshd, ssh_base, models, tmp_path / "res", str(vllm_python())
     )
     drafter = models.drafters["one-layer"][-1]
-    run = dflash("online", "--checkpoint", drafter.name, "-i", str(inv), "--json", timeout=900)
+    run = dflash(
+        "online",
+        "--checkpoint",
+        drafter.name,
+        "-i",
+        str(inv),
+        "--concurrency",
+        "1,4,16",
+        "--baseline",
+        "--json",
+        timeout=1200,
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     v = out["verdict"]
@@ -99,9 +113,20 @@ def test_online_job_agrees_round_by_round_and_stops_its_server(
     assert v["online"] == v["offline"] and v["offline"]["tau_token_weighted"] > 2.0
     assert v["num_spec_tokens"] == v["block_size"] - 1 == 3
     assert v["server"]["started_here"] and v["server"]["counters_agree"] is True
+    # greedy acceptance equal at every batch size, and a tokens/s figure per level
+    assert [lv["concurrency"] for lv in v["levels"]] == [1, 4, 16]
+    assert all(lv["same_rounds_as_first"] == 24 for lv in v["levels"][1:])
+    assert all(lv["counters_agree"] and lv["lossless"] == 24 for lv in v["levels"])
+    assert all(lv["tokens_per_s"] > 0 and lv["speedup"] > 0 for lv in v["levels"])
+    # the engine's own speedup, measured against vLLM serving the target alone
+    assert [b["lossless"] for b in v["baseline"]["levels"]] == [24, 24, 24]
+    assert v["baseline"]["started_here"] and v["baseline"]["engine_costs"]["decode_s"] > 0
+    assert out["speed"]["engine_speedup_measured"] == v["levels"][0]["speedup"]
     run_dir = Path(out["run_dir"])
     assert (run_dir / "server.log").is_file() and (run_dir / "samples.jsonl").is_file()
+    assert (run_dir / "baseline.log").is_file()
     assert not vllm_on(v["server"]["url"].rsplit(":", 1)[1])
+    assert not vllm_on(v["baseline"]["url"].rsplit(":", 1)[1])
     shown = dflash("results", "show", run_dir.name, "-i", str(inv))
     assert shown.returncode == 0, shown.stderr
     assert "online vs offline" in shown.stdout and "agree" in shown.stdout
@@ -271,3 +296,70 @@ def test_a_serving_engine_python_missing_on_the_host_is_one_line(
     assert "serving engine python /nowhere/bin/python is not an executable file" in line, line
     assert "roles.eval.serve.python" in line
     assert (set(jobs.iterdir()) if jobs.is_dir() else set()) == before
+
+
+def test_an_online_job_gives_its_server_threads_levels_and_a_baseline(
+    make_inventory, eval_sshd, ssh_base, tmp_path
+):
+    """No --threads anywhere: the started server gets this host's cores less one as its
+    OpenMP threads, and says so (main started it with none: OpenMP took every core and
+    fought vLLM's busy loop, 200x slower). A stand-in answers as vLLM 0.32 on CPU does
+    (`tests/helpers/scripted_vllm.py`), at two concurrency levels, then again without the
+    drafter (--baseline). Its rounds are not the two-layer drafter's: the k_norm deviation
+    is simulated, does not reproduce them, and the verdict says it was ruled out."""
+    from remote.online.server import host_cores
+    from tests.helpers.scripted_vllm import stand_in
+
+    models = vllm_models()  # the models only: nothing here needs vLLM
+    python = stand_in(tmp_path / "stand-in-python", models.ground_truth)
+    inv = online_inventory(
+        make_inventory,
+        eval_sshd,
+        ssh_base,
+        models,
+        tmp_path / "res",
+        str(python),
+        threads=None,
+        drafters="two-layer",
+    )
+    drafter = models.drafters["two-layer"][-1]
+    run = dflash(
+        "online",
+        "-c",
+        drafter.name,
+        "-i",
+        str(inv),
+        "--concurrency",
+        "4,1",
+        "--baseline",
+        "--json",
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    v, run_dir = out["verdict"], Path(out["run_dir"])
+    want = max(1, host_cores() - 1)
+    assert f"OMP_NUM_THREADS={want}" in (run_dir / "server.log").read_text()
+    assert f"OMP_NUM_THREADS={want}" in (run_dir / "baseline.log").read_text()
+    assert v["server"]["threads"] == want and "cores less one" in v["server"]["threads_from"]
+    assert (v["server"]["version"], v["server"]["platform"]) == ("0.32.0", "cpu")
+    # the same prompts at each level, in ascending order, and the baseline's speed beside
+    assert [lv["concurrency"] for lv in v["levels"]] == [1, 4]
+    assert v["levels"][1]["same_rounds_as_first"] == 24
+    assert all(lv["speedup"] > 0 and lv["tokens_per_s"] > 0 for lv in v["levels"])
+    assert [b["lossless"] for b in v["baseline"]["levels"]] == [24, 24]
+    assert out["speed"]["engine_speedup_measured"] == v["levels"][0]["speedup"]
+    # an unexplained disagreement: where to look first, and what was ruled out
+    dev = next(d for d in v["deviations"] if d["name"] == "vllm_cpu_shared_k_norm")
+    assert dev["status"] == "not_reproduced" and dev["reproduced"] < dev["tested"]
+    assert v["verdict"] == "engine_disagrees", v["diagnosis"]
+    line = v["diagnosis"][0]["detail"]
+    assert "earliest: sample" in line and "ruled out:" in line
+    assert f"vllm_cpu_shared_k_norm (simulated, it reproduces {dev['reproduced']} of" in line
+    assert not servers(str(python))
+    shown = dflash("results", "show", run_dir.name, "-i", str(inv), env={"COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "engine threads (OMP_NUM_THREADS)" in text and f"{want}: this host's" in text
+    assert "tau (z-lab: mean of per-sample means): offline / online" in text
+    assert "by concurrency" in text and "speedup measured, the engine's tokens/s" in text

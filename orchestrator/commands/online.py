@@ -60,6 +60,29 @@ def online_cmd(
     model: Annotated[
         str | None, typer.Option(help="Served model name to ask for (default: the server's).")
     ] = None,
+    concurrency: Annotated[
+        str,
+        typer.Option(
+            help="Requests in flight, one level or several (1,4,16): the same prompts at each "
+            "level against the same server; acceptance and tokens/s per level.",
+        ),
+    ] = "1",
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            "--baseline",
+            help="Also start vLLM without the drafter and decode the same prompts: the "
+            "engine's own speedup, measured (a second server start).",
+        ),
+    ] = False,
+    baseline_server: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline-server",
+            help="URL of a server already running the target without the drafter, as the "
+            "eval host reaches it: the baseline, nothing started.",
+        ),
+    ] = None,
     prompts: PromptsOption = None,
     samples: SamplesOption = None,
     seed: SeedOption = 0,
@@ -76,7 +99,9 @@ def online_cmd(
     """Is the tau my serving engine delivers the tau dflash measures? Serve the checkpoint
     with vLLM on the eval host (or read a running server), walk it offline on the same
     prompts and ground truth, and compare round by round: tau both ways, per position,
-    lossless, and the cause when they differ.
+    lossless, and the cause when they differ: known engine deviations are tested by
+    simulating them. --concurrency 1,4,16 repeats the prompts at each batch size;
+    --baseline measures the engine's own speedup against the target served alone.
 
     A detached job like remote-eval's: dflash jobs attach|cancel work on it, and the
     server it starts is stopped however it ends."""
@@ -97,6 +122,9 @@ def online_cmd(
         server=server,
         engine=engine,
         model=model,
+        concurrency=concurrency,
+        baseline=baseline,
+        baseline_server=baseline_server,
     )
     with output.OnlineProgress(not json_out) as live:
         run_dir = online.run_online(

@@ -11,8 +11,11 @@ from orchestrator.results import speedup
 from orchestrator.results.store import BadRun
 from remote.online.verdict_doc import check_verdict_bytes
 from remote.protocol import ResultError
+from remote.protocol import metrics as registry
 
 VERDICT_FILE = "verdict.json"
+# The walk metrics shown for both sides, the registry's headline first (results show's).
+TAUS = ("tau_per_sample_mean", "tau_token_weighted")
 
 
 def load_verdict(run_dir: str | Path) -> dict | None:
@@ -32,13 +35,20 @@ def load_verdict(run_dir: str | Path) -> dict | None:
 
 
 def summary(v: dict) -> dict[str, Any]:
-    """The verdict's headline numbers, flat."""
+    """The verdict's headline numbers, flat: each of `TAUS` offline and online (by the
+    registry's names: ``offline_tau_per_sample_mean``, ...), the server's, the levels'."""
     server = v.get("server") or {}
     on = v.get("online") or {}
+    taus = {f"{side}_{m}": (v[side] or {}).get(m) for side in ("offline", "online") for m in TAUS}
+    base = v.get("baseline") or {}
     return {
         "verdict": v["verdict"],
         "detail": v["diagnosis"][0]["detail"],
         "engine": server.get("engine"),
+        "engine_version": server.get("version"),
+        "platform": server.get("platform"),
+        "threads": server.get("threads"),
+        "threads_from": server.get("threads_from"),
         "server": server.get("url"),
         "started_here": server.get("started_here"),
         "samples": v["samples"],
@@ -46,17 +56,51 @@ def summary(v: dict) -> dict[str, Any]:
         "num_speculative_tokens": v.get("num_spec_tokens"),
         "offline_tau": v["offline"].get("tau_token_weighted"),
         "online_tau": on.get("tau_token_weighted"),
+        **taus,
         "online_uncut_tau": v.get("online_uncut_tau"),
         "rounds_equal": (v.get("rounds_equal") or {}).get("samples"),
         "lossless": v["lossless"]["samples"],
         "server_start_s": server.get("startup_s"),
         "measure_s": server.get("seconds"),
+        "baseline_start_s": base.get("startup_s"),
+        "speedup_measured": ((v.get("levels") or [{}])[0]).get("speedup"),
+        "confirmed_deviations": [
+            d["name"] for d in v.get("deviations") or [] if d["status"] == "confirmed"
+        ],
     }
+
+
+def tau_rows(v: dict) -> list[tuple[str, str, str]]:
+    """(the registry's label, offline, online) for each of `TAUS`, as the registry prints."""
+    rows = []
+    for name in TAUS:
+        m = registry.find(name)
+        rows.append(
+            (m.label, m.text(v["offline"].get(name)), m.text((v["online"] or {}).get(name)))
+        )
+    return rows
+
+
+def level_rows(v: dict) -> list[dict[str, Any]]:
+    """Each concurrency level: its acceptance (the registry's taus), rounds repeated from
+    the first level, lossless, tokens per second, and the baseline's beside it."""
+    return [
+        {
+            "concurrency": lv["concurrency"],
+            **{name: lv.get(name) for name in TAUS},
+            "same_rounds_as_first": lv.get("same_rounds_as_first"),
+            "lossless": lv.get("lossless"),
+            "tokens_per_s": lv.get("tokens_per_s"),
+            "baseline_tokens_per_s": lv.get("baseline_tokens_per_s"),
+            "speedup": lv.get("speedup"),
+        }
+        for lv in v.get("levels") or []
+    ]
 
 
 ENGINE_SPEEDUP_UNMEASURED = (
     "not measured: the formula needs the engine's plain decode step, which only the engine "
-    "serving the target without the drafter gives"
+    "serving the target without the drafter gives (dflash online --baseline)"
 )
 
 
@@ -64,17 +108,27 @@ def speed(v: dict, run: Any) -> dict[str, Any]:
     """The serving engine's own times (the verdict's ``engine_costs``: its decode seconds
     per output token and per verify step, from its /metrics) beside the eval host's round
     costs and the speedup estimate they give (`speedup`): the same per-token figure from
-    both, and why the engine's own estimate is not there."""
+    both. With a baseline (the target served without the drafter), the engine's speedup
+    measured: tokens per second with and without the drafter at the first level, and its
+    plain decode time per token over its speculative one (the formula's
+    ``t_step / ((t_verify + t_draft) / tau)`` from the engine's own times); without one,
+    why not."""
     c = speedup.costs(run)
     block = (run.result.get("inputs") or {}).get("block_size")
     step, draft = c.get("target_step_s"), c.get("drafter_round_s")
     verify = (c.get("target_verify_s") or {}).get(str(block))
     tau = run.metrics.get("tau_token_weighted")
     round_s = verify + draft if verify is not None and draft is not None else None
+    base = v.get("baseline") or {}
+    first = (v.get("levels") or [{}])[0]
     return {
         "engine": v.get("engine_costs"),
-        "engine_speedup_estimate": None,
-        "engine_speedup_note": ENGINE_SPEEDUP_UNMEASURED,
+        "engine_plain": base.get("engine_costs"),
+        "engine_speedup_measured": first.get("speedup"),
+        "engine_tokens_per_s": first.get("tokens_per_s"),
+        "engine_plain_tokens_per_s": first.get("baseline_tokens_per_s"),
+        "engine_speedup_estimate": base.get("decode_speedup"),
+        "engine_speedup_note": None if base else ENGINE_SPEEDUP_UNMEASURED,
         "offline": {
             "speedup_estimate": speedup.estimate(run).get("chain"),
             "formula": speedup.FORMULA,

@@ -32,9 +32,9 @@ asked, cache entries older than an age (`prune`).
 
 The runner is generic; what a job does is its kind's (`remote.protocol.JOB_KINDS`):
 ``eval`` runs `remote.eval.job`, ``parity-capture`` and ``parity-compare`` run
-`remote.eval.parity`, ``online`` runs `remote.online.job` (its ``verdict.json`` and
-``server.log`` travel back with the result). The rooms: the folder and its state
-(`folder`), ``job start`` (`start`), the runner (`run`), ``job watch`` (`watch`), ``job
-cancel`` (`cancel`), and the command line (`command`), which imports only the room its
-action runs.
+`remote.eval.parity`, ``online`` runs `remote.online.job` (its ``verdict.json``,
+``server.log`` and ``baseline.log`` travel back with the result). The rooms: the folder
+and its state (`folder`), ``job start`` (`start`), the runner (`run`), ``job watch``
+(`watch`), ``job cancel`` (`cancel`), and the command line (`command`), which imports
+only the room its action runs.
 """

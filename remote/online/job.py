@@ -6,96 +6,145 @@ truth, and one verdict.
 2. The ground truth, as an eval makes it (`remote.eval.job.run_eval_job`); once it is
    there, the server starts (``serve.python``: vLLM on a free loopback port of this host,
    the target with the checkpoint as its DFlash drafter, ``num_speculative_tokens`` =
-   block size - 1) while the offline engine walks the same samples (chain only).
+   block size - 1, OpenMP threads the eval's or this host's cores less one) while the
+   offline engine walks the same samples (chain only).
 3. Each ground-truth prompt is sent as token ids, greedy, for exactly its completion's
-   length (`remote.online.vllm` or `remote.online.sglang`), one request at a time.
-4. ``verdict.json`` (`remote.online.verdict`): tau both ways, cut the same way, per
-   position and per sample, lossless, and a diagnosis; with what served it.
+   length (`remote.online.vllm` or `remote.online.sglang`), at each concurrency level in
+   turn (``measure.concurrency``, default one request at a time), against the same server.
+4. With a baseline (``measure.baseline_*``), the first server stopped, the target served
+   without the drafter decodes the same prompts at the same levels.
+5. ``verdict.json`` (`remote.online.report`): tau both ways, cut the same way, per
+   position and per sample, lossless, per level, the speedup measured, and a diagnosis;
+   where the rounds differ, the known engine deviations tested by simulating them
+   (`remote.online.deviations`).
 
-The server is stopped however the job ends: here on success or error (TERM, then KILL,
+Every server is stopped however the job ends: here on success or error (TERM, then KILL,
 every process below it), and by ``job cancel`` with the job's process group, which it
-stays in. Its log is ``server.log``.
+stays in. Their logs are ``server.log`` and ``baseline.log``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from remote.atomic import write_json_atomic
 from remote.errors import UserError
 from remote.eval.job import Events, job_engine, run_eval_job, run_preflight
-from remote.online import verdict
-from remote.online.server import Server, free_port, vllm_command, vllm_env
-from remote.online.spec import ServeError, ServeSpec
+from remote.online import report, verdict
+from remote.online.server import (
+    Server,
+    engine_version,
+    free_port,
+    serve_threads,
+    vllm_command,
+    vllm_env,
+)
+from remote.online.spec import MeasureSpec, ServeError, ServeSpec
 from remote.protocol import EvalSpec
 
 VERDICT_FILE = "verdict.json"
 SERVER_LOG = "server.log"
+BASELINE_LOG = "baseline.log"
+MIN_NUM_SEQS = 8  # a started server's --max-num-seqs, raised to the highest concurrency
 
 
-def serve_of(spec: dict) -> ServeSpec:
-    """The job's ``serve`` entry, checked as the controller checked it."""
+def serve_of(spec: dict) -> tuple[ServeSpec, MeasureSpec]:
+    """The job's ``serve`` and ``measure`` entries, checked as the controller checked them."""
     try:
-        return ServeSpec.from_json(spec.get("serve"))
+        return ServeSpec.from_json(spec.get("serve")), MeasureSpec.from_json(spec.get("measure"))
     except ServeError as exc:
         raise UserError(f"job spec: {exc}") from None
 
 
-def check_serve(serve: ServeSpec) -> dict[str, Any]:
-    """The serving engine's host check: its python is an executable file here, or its
-    server accepts connections from here. One line when not."""
-    if serve.python is not None:
-        py = os.path.expanduser(serve.python)
-        if not (os.path.isfile(py) and os.access(py, os.X_OK)):
-            raise UserError(
-                f"serving engine python {serve.python} is not an executable file on this host; "
-                "set roles.eval.serve.python in the inventory to the python of a venv with "
-                f"{serve.engine} (scripts/setup-vllm.sh builds one)"
-            )
-        return {"engine": serve.engine, "python": py}
+def check_python(python: str, engine: str) -> str:
+    """`python` (a serving engine's interpreter) as a path here, if it is an executable
+    file; else one line saying what to set."""
+    py = os.path.expanduser(python)
+    if not (os.path.isfile(py) and os.access(py, os.X_OK)):
+        raise UserError(
+            f"serving engine python {python} is not an executable file on this host; "
+            "set roles.eval.serve.python in the inventory to the python of a venv with "
+            f"{engine} (scripts/setup-vllm.sh builds one)"
+        )
+    return py
+
+
+def check_serve(serve: ServeSpec, measure: MeasureSpec | None = None) -> dict[str, Any]:
+    """The serving engine's host check: its python (and a baseline's) is an executable
+    file here, or its server (and a baseline's) accepts connections from here. One line
+    when not."""
     from remote.eval.groundtruth import reachable
 
-    problem = reachable(serve.url, role="serving engine")
-    if problem:
-        raise UserError(problem)
+    measure = measure or MeasureSpec()
+    if measure.baseline_python is not None:
+        check_python(measure.baseline_python, serve.engine)
+    for url, role in ((measure.baseline_url, "baseline server"), (serve.url, "serving engine")):
+        problem = reachable(url, role=role) if url is not None else None
+        if problem:
+            raise UserError(problem)
+    if serve.python is not None:
+        return {"engine": serve.engine, "python": check_python(serve.python, serve.engine)}
     return {"engine": serve.engine, "url": serve.url}
 
 
 def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) -> int:
     """The online job in the folder `path` (see the module docstring)."""
-    serve = serve_of(spec)
+    serve, measure = serve_of(spec)
     engine = job_engine(spec)
     checked: dict = {}
     if preflight:
         try:
-            check_serve(serve)
+            check_serve(serve, measure)
         except UserError as exc:
             write_json_atomic(path / "preflight.json", {"ok": False, "error": str(exc)})
             raise
         run_preflight(path, spec, engine, checked)
     from remote.eval.drafter_config import read_config
 
-    block = read_config(engine.drafter).block_size
+    drafter = read_config(engine.drafter)
+    threads = serve_threads(engine.threads)
     box: dict[str, Any] = {}
 
     def start_server(gt_path: str) -> None:
         box["rows"] = _rows(gt_path, engine)
         if serve.python is not None:
-            box["server"] = _start_vllm(path, serve, engine, box["rows"], block - 1, events)
+            box["server"] = _start_vllm(
+                path / SERVER_LOG,
+                serve.python,
+                serve,
+                engine,
+                box["rows"],
+                measure,
+                threads,
+                events,
+                k=drafter.block_size - 1,
+            )
 
     try:
         run_eval_job(
             path, spec, events, engine, checked.get("plan"), after_ground_truth=start_server
         )
-        measured = _measure(path, serve, box, events)
+        measured = _measure(path, serve, measure, box, events)
     finally:
         if "server" in box:
             box["server"].stop()
-    result = _verdict(path, serve, engine, box["rows"], measured, block)
+    baseline = _baseline(path, serve, measure, engine, box, threads, events)
+    if serve.python is not None:
+        measured["server"].update(threads=threads[0], threads_from=threads[1])
+    result = report.build(
+        box["rows"],
+        _offline(path),
+        measured,
+        baseline,
+        block_size=drafter.block_size,
+        offline_dtype=engine.dtype,
+        online_dtype=engine.dtype if serve.python is not None else None,
+    )
+    _test_deviations(result, serve, engine, drafter.num_layers, box["rows"], events)
+    write_json_atomic(path / VERDICT_FILE, result)
     events.emit(
         "verdict",
         verdict=result["verdict"],
@@ -114,61 +163,163 @@ def _rows(gt_path: str, engine: EvalSpec) -> list[dict]:
     return read_ground_truth(gt_path, 1 << 62, engine.max_samples)
 
 
+def _offline(path: Path) -> list[dict]:
+    text = (path / "samples.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def _start_vllm(
-    path: Path, serve: ServeSpec, engine: EvalSpec, rows: list[dict], k: int, events: Events
+    log: Path,
+    python: str,
+    serve: ServeSpec,
+    engine: EvalSpec,
+    rows: list[dict],
+    measure: MeasureSpec,
+    threads: tuple[int, str],
+    events: Events,
+    *,
+    k: int | None,
+    phase: str = "serve",
 ) -> Server:
-    """vLLM serving the target with the checkpoint as its DFlash drafter, on a free
-    loopback port, long enough for the longest sample and a last verify step past it."""
+    """vLLM serving the target, with the checkpoint as its DFlash drafter drafting `k`
+    tokens a step (`k` None: without it, the baseline), on a free loopback port, long
+    enough for the longest sample and a last verify step past it."""
     longest = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
     port = free_port()
     argv = vllm_command(
-        os.path.expanduser(serve.python or ""),
+        os.path.expanduser(python),
         engine.target,
         port,
-        drafter=engine.drafter,
+        drafter=None if k is None else engine.drafter,
         num_speculative_tokens=k,
         dtype=engine.dtype,
-        max_model_len=longest + k + 16,
+        max_model_len=longest + (k or 0) + 16,
+        max_num_seqs=max(MIN_NUM_SEQS, *measure.concurrency),
     )
-    events.emit("phase", phase="serve", source=serve.engine, port=port)
-    return Server(
-        argv,
-        vllm_env(serve.kv_cache_gib, engine.threads),
-        path / SERVER_LOG,
-        f"http://127.0.0.1:{port}",
+    events.emit(
+        "phase",
+        phase=phase,
+        source=serve.engine,
+        port=port,
+        threads=threads[0],
+        threads_from=threads[1],
     )
+    return Server(argv, vllm_env(serve.kv_cache_gib, threads[0]), log, f"http://127.0.0.1:{port}")
 
 
-def _measure(path: Path, serve: ServeSpec, box: dict, events: Events) -> dict[str, Any]:
-    """Every ground-truth prompt through the serving engine (once it answers)."""
-    rows = box["rows"]
-    vocab = _vocab(path)
+def _levels(
+    url: str,
+    serve: ServeSpec,
+    measure: MeasureSpec,
+    rows: list[dict],
+    vocab: int,
+    events: Events,
+    phase: str,
+) -> list[dict[str, Any]]:
+    """Every prompt through the server at each concurrency level in turn."""
+    if serve.engine == "sglang":
+        from remote.online import sglang as client
+    else:
+        from remote.online import vllm as client
+    out = []
+    for c in measure.concurrency:
+        events.emit("phase", phase=phase, source=serve.engine, concurrency=c)
+
+        def done(n: int, total: int, c: int = c) -> None:
+            events.emit("online_sample", done=n, total=total, concurrency=c, phase=phase)
+
+        got = client.measure(
+            url,
+            rows,
+            vocab,
+            model=serve.model,
+            timeout=serve.request_timeout,
+            concurrency=c,
+            on_done=done,
+        )
+        out.append({"concurrency": c, **got})
+    return out
+
+
+def _measure(
+    path: Path, serve: ServeSpec, measure: MeasureSpec, box: dict, events: Events
+) -> dict[str, Any]:
+    """Every ground-truth prompt through the serving engine (once it answers), at each
+    concurrency level."""
     server = box.get("server")
     url = server.url if server is not None else str(serve.url)
     startup = None
     if server is not None:
         events.emit("phase", phase="serve_wait")
         startup = server.wait_ready(serve.start_timeout)
-    events.emit("phase", phase="online", source=serve.engine)
-    if serve.engine == "sglang":
-        from remote.online import sglang as client
-    else:
-        from remote.online import vllm as client
-    out = client.measure(
-        url,
-        rows,
-        vocab,
-        model=serve.model,
-        timeout=serve.request_timeout,
-        on_done=lambda done, total: events.emit("online_sample", done=done, total=total),
-    )
-    out["server"] = {
-        "engine": serve.engine,
-        "started_here": server is not None,
-        "url": url,
-        "startup_s": startup,
+    levels = _levels(url, serve, measure, box["rows"], _vocab(path), events, "online")
+    return {
+        "levels": levels,
+        "server": {
+            "engine": serve.engine,
+            "started_here": server is not None,
+            "url": url,
+            "startup_s": startup,
+            "version": engine_version(url) if serve.engine == "vllm" else None,
+            "platform": server.platform() if server is not None else None,
+        },
     }
-    return out
+
+
+def _baseline(
+    path: Path,
+    serve: ServeSpec,
+    measure: MeasureSpec,
+    engine: EvalSpec,
+    box: dict,
+    threads: tuple[int, str],
+    events: Events,
+) -> dict[str, Any] | None:
+    """The same prompts at the same levels through the target served without the drafter:
+    a server started here once the first is stopped (and stopped after), or a running one."""
+    if not measure.baseline:
+        return None
+    server = None
+    if measure.baseline_python is not None:
+        server = _start_vllm(
+            path / BASELINE_LOG,
+            measure.baseline_python,
+            serve,
+            engine,
+            box["rows"],
+            measure,
+            threads,
+            events,
+            k=None,
+            phase="baseline_serve",
+        )
+    try:
+        startup = None
+        if server is not None:
+            events.emit("phase", phase="baseline_wait")
+            startup = server.wait_ready(serve.start_timeout)
+        url = server.url if server is not None else str(measure.baseline_url)
+        levels = _levels(url, serve, measure, box["rows"], _vocab(path), events, "baseline")
+    finally:
+        if server is not None:
+            server.stop()
+    return {"levels": levels, "started_here": server is not None, "url": url, "startup_s": startup}
+
+
+def _test_deviations(
+    result: dict,
+    serve: ServeSpec,
+    engine: EvalSpec,
+    layers: int,
+    rows: list[dict],
+    events: Events,
+) -> None:
+    """Where rounds differ, the known engine deviations tested (torch: imported here)."""
+    if not verdict.disagreeing(result):
+        return
+    from remote.online.simulate import check_deviations
+
+    check_deviations(result, serve.engine, engine, layers, rows, emit=events.emit)
 
 
 def _vocab(path: Path) -> int:
@@ -182,39 +333,3 @@ def _vocab(path: Path) -> int:
     if not isinstance(vocab, int) or vocab < 1:
         raise UserError(f"result.json names a target vocabulary of {vocab!r}")
     return vocab
-
-
-def _verdict(
-    path: Path, serve: ServeSpec, engine: EvalSpec, rows: list[dict], measured: dict, block: int
-) -> dict:
-    offline = [
-        json.loads(line)
-        for line in (path / "samples.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
-    result = verdict.compare(
-        rows,
-        offline,
-        measured["samples"],
-        block_size=block,
-        offline_dtype=engine.dtype,
-        online_dtype=engine.dtype if serve.python is not None else None,
-    )
-    result["server"] = {
-        **measured["server"],
-        "seconds": measured["seconds"],
-        "tokens": measured["tokens"],
-        "counters": measured.get("counters"),
-        "counters_expected": measured.get("counters_expected"),
-        "counters_agree": measured.get("counters_agree"),
-    }
-    result["engine_costs"] = verdict.engine_costs(
-        measured.get("decode"), rows, measured.get("counters")
-    )
-    # what the engine said per sample, less the ids (`per_sample` says whether they matched)
-    result["online_samples"] = [
-        {k: v for k, v in r.items() if k != "token_ids"} for r in measured["samples"]
-    ]
-    result["created"] = time.time()
-    write_json_atomic(path / VERDICT_FILE, result)
-    return result

@@ -24,6 +24,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -36,6 +37,11 @@ from remote.errors import UserError
 
 MODULE = "vllm.entrypoints.openai.api_server"
 STOP_GRACE_SECONDS = 20.0
+# How a started vLLM's log says where it runs: its worker module's name in each line.
+PLATFORM_LOG_LINES = (
+    ("cpu", r"\[cpu_(?:worker|model_runner)\.py:\d+\]"),
+    ("cuda", r"\[gpu_(?:worker|model_runner)\.py:\d+\]"),
+)
 
 
 def free_port() -> int:
@@ -93,6 +99,28 @@ def vllm_command(
             "detailed",
         ]
     return argv
+
+
+def host_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def serve_threads(chosen: int | None, cores: int | None = None) -> tuple[int, str]:
+    """The OpenMP threads a started server computes with, and why in a phrase: the eval's
+    (`chosen`: ``--threads`` or the inventory's), else this host's cores less one, left to
+    the API server and the engine's busy loop (without a bound OpenMP takes every core and
+    fights that loop: 200x slower per token, docs/online.md)."""
+    if chosen:
+        return chosen, "the eval's threads (--threads or the inventory's)"
+    cores = cores or host_cores()
+    threads = max(1, cores - 1)
+    return threads, (
+        f"this host's {cores} cores less one, left to the API server (--threads N to choose)"
+    )
 
 
 def vllm_env(kv_cache_gib: int, threads: int | None = None) -> dict[str, str]:
@@ -199,6 +227,18 @@ class Server:
             f"{self.last_line()}"
         )
 
+    def platform(self) -> str | None:
+        """Where vLLM runs, from its log: ``cpu`` (its CPU worker logged) or ``cuda``
+        (its GPU worker); None when the log says neither."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return None
+        for name, pattern in PLATFORM_LOG_LINES:
+            if re.search(pattern, text):
+                return name
+        return None
+
     def last_line(self) -> str:
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
@@ -230,6 +270,18 @@ class Server:
         except subprocess.TimeoutExpired:
             pass
         self._log.close()
+
+
+def engine_version(url: str, timeout: float = 10.0) -> str | None:
+    """The server's own version (vLLM's ``GET /version``), or None when it does not say."""
+    from remote.httpclient import http_json
+
+    try:
+        answer = http_json(url.rstrip("/") + "/version", None, timeout, role="serving engine")
+    except UserError:
+        return None
+    version = answer.get("version") if isinstance(answer, dict) else None
+    return version if isinstance(version, str) and 0 < len(version) <= 64 else None
 
 
 def _signal(pid: int, sig: int) -> None:

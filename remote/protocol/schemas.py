@@ -23,6 +23,7 @@ RESULT_FILES = (
     "log.txt",
     "verdict.json",  # an online job's: offline beside online (remote.online.verdict)
     "server.log",  # an online job's: the serving engine's own log
+    "baseline.log",  # an online job's with a baseline: that server's own log
 )
 
 # Small input files a job start carries inside its spec (under JOB_CARRY_KEY: a list of

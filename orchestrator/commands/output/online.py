@@ -1,5 +1,6 @@
-"""How `dflash online` looks to people: offline beside online (tau both ways, per
-position), lossless, the diagnosis; and its ``--json`` form."""
+"""How `dflash online` looks to people: offline beside online (both taus both ways, per
+position), lossless, the engine and its threads, each concurrency level and the speedup
+measured, the diagnosis; and its ``--json`` form."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from pathlib import Path
 
 from orchestrator.commands.output.base import console, fmt, pct, plain, show
 from orchestrator.commands.output.progress import LiveProgress
-from orchestrator.commands.output.speedup import ms
+from orchestrator.commands.output.speedup import ms, speedup_x
 from orchestrator.commands.output.tables import Col, Grid, kv
 from orchestrator.results import online_view, summary
 from orchestrator.results import store as res
+from remote.protocol import metrics as registry
 
 
 def online_json(run_dir: Path) -> dict:
@@ -34,34 +36,45 @@ def render_online_run(run_dir: Path) -> None:
     console.print(plain(f"results: {run_dir}"), soft_wrap=True)
 
 
+def _engine(s: dict) -> str:
+    said = " ".join(x for x in (s["engine"], s["engine_version"]) if x)
+    return said + (f" on {s['platform']}" if s["platform"] else "")
+
+
 def render_verdict(v: dict, run: res.Run | None = None) -> None:
-    """Offline beside online: tau, rounds, per position; lossless; every cause found; and,
-    with the eval `run`, the engine's own times beside the eval host's estimate."""
+    """Offline beside online: tau, rounds, per position; lossless; the levels; every cause
+    found; and, with the eval `run`, the engine's own times beside the eval host's
+    estimate."""
     s = online_view.summary(v)
+    rows = [("verdict", s["verdict"]), ("engine", _engine(s))]
+    if s["threads"] is not None:
+        rows.append(("engine threads (OMP_NUM_THREADS)", f"{s['threads']}: {s['threads_from']}"))
+    rows += [
+        (f"{label}: offline / online", f"{off} / {on}")
+        for label, off, on in online_view.tau_rows(v)
+    ]
+    rows += [
+        ("tau online, the engine's own (uncut)", fmt(s["online_uncut_tau"])),
+        ("rounds equal", f"{fmt(s['rounds_equal'])} of {s['samples']}"),
+        ("lossless", f"{s['lossless']} of {s['samples']}"),
+        (
+            "block size / num_speculative_tokens",
+            f"{s['block_size']} / {fmt(s['num_speculative_tokens'])}",
+        ),
+        ("server start (s)", fmt(s["server_start_s"])),
+        ("measurement (s)", fmt(s["measure_s"])),
+    ]
+    if s["baseline_start_s"] is not None:
+        rows.append(("baseline server start (s)", fmt(s["baseline_start_s"])))
     where = "started here" if s["started_here"] else "already running"
-    show(
-        kv(
-            f"online vs offline ({s['engine']} {where}, {s['samples']} samples)",
-            [
-                ("verdict", s["verdict"]),
-                ("tau offline (tokens)", fmt(s["offline_tau"])),
-                ("tau online (cut the same way)", fmt(s["online_tau"])),
-                ("tau online (engine's own, uncut)", fmt(s["online_uncut_tau"])),
-                ("rounds equal", f"{fmt(s['rounds_equal'])} of {s['samples']}"),
-                ("lossless", f"{s['lossless']} of {s['samples']}"),
-                (
-                    "block size / num_speculative_tokens",
-                    f"{s['block_size']} / {fmt(s['num_speculative_tokens'])}",
-                ),
-                ("server start (s)", fmt(s["server_start_s"])),
-                ("measurement (s)", fmt(s["measure_s"])),
-            ],
-        )
-    )
+    show(kv(f"online vs offline ({s['engine']} {where}, {s['samples']} samples)", rows))
+    levels = online_view.level_rows(v)
+    if len(levels) > 1 or (levels and levels[0]["speedup"] is not None):
+        show(_levels_table(levels, s["samples"]))
     if run is not None:
         show(_speed_table(online_view.speed(v, run)))
-    rows = online_view.position_rows(v)
-    if rows:
+    positions = online_view.position_rows(v)
+    if positions:
         t = Grid(
             "per-position acceptance, offline | online",
             [
@@ -72,7 +85,7 @@ def render_verdict(v: dict, run: res.Run | None = None) -> None:
             ],
             compact=False,
         )
-        for pos, off, on in rows:
+        for pos, off, on in positions:
             t.row(
                 str(pos),
                 pct(off.get("rate")),
@@ -84,50 +97,115 @@ def render_verdict(v: dict, run: res.Run | None = None) -> None:
         console.print(plain(f"{d['cause']}: {d['detail']}"), soft_wrap=True)
 
 
+def _levels_table(levels: list[dict], samples: int) -> Grid:
+    """Acceptance and tokens per second at each concurrency level (and the baseline's)."""
+    taus = [registry.find(name) for name in online_view.TAUS]
+    t = Grid(
+        "by concurrency: the same prompts, requests in flight",
+        [
+            Col("concurrency", "num", justify="right"),
+            *[Col(m.header, "num", justify="right") for m in taus],
+            Col("rounds as first", "num", justify="right", drop=2),
+            Col("lossless", "num", justify="right", drop=3),
+            Col("tokens/s", "num", justify="right"),
+            Col("baseline tokens/s", "num", justify="right", drop=1),
+            Col("speedup", "num", justify="right"),
+        ],
+        compact=False,
+    )
+    for lv in levels:
+        same = lv["same_rounds_as_first"]
+        t.row(
+            str(lv["concurrency"]),
+            *[m.text(lv[m.name]) for m in taus],
+            "-" if same is None else f"{same}/{samples}",
+            f"{lv['lossless']}/{samples}",
+            fmt(lv["tokens_per_s"], 1),
+            fmt(lv["baseline_tokens_per_s"], 1),
+            speedup_x(lv["speedup"]),
+        )
+    return t
+
+
 class OnlineProgress(LiveProgress):
-    """An eval's bars, a line for each phase of the serving engine, and a bar of the
-    prompts it answered."""
+    """An eval's bars, a line for each phase of the serving engine (its threads, each
+    concurrency level, the baseline, a deviation simulated), and a bar of the prompts it
+    answered at each level."""
 
     PHASES = {
         "serve": "starting the serving engine",
         "serve_wait": "waiting for the serving engine to answer",
         "online": "sending the prompts to the serving engine",
+        "baseline_serve": "starting the baseline server (the target without the drafter)",
+        "baseline_wait": "waiting for the baseline server to answer",
+        "baseline": "sending the prompts to the baseline server",
+        "deviation": "simulating a known engine deviation offline",
     }
 
-    online_task = None
+    online_tasks: dict | None = None
 
     def __call__(self, ev: dict) -> None:
         super().__call__(ev)
         if ev.get("event") == "phase" and ev.get("phase") in self.PHASES:
-            self.progress.console.print(plain(self.PHASES[ev["phase"]]), soft_wrap=True)
+            said = [
+                f"OMP threads {ev['threads']}: {ev.get('threads_from')}"
+                if ev.get("threads")
+                else None,
+                f"concurrency {ev['concurrency']}" if ev.get("concurrency") else None,
+                f"{ev['name']} on {ev.get('samples')} samples" if ev.get("name") else None,
+            ]
+            extra = "; ".join(x for x in said if x)
+            line = self.PHASES[ev["phase"]] + (f" ({extra})" if extra else "")
+            self.progress.console.print(plain(line), soft_wrap=True)
         elif ev.get("event") == "online_sample":
-            if self.online_task is None:
-                self.online_task = self.progress.add_task("online", total=ev.get("total"), info="")
-            self.progress.update(self.online_task, completed=ev.get("done", 0))
+            self.online_tasks = self.online_tasks or {}
+            key = (ev.get("phase") or "online", ev.get("concurrency") or 1)
+            if key not in self.online_tasks:
+                name = f"{key[0]} x{key[1]}"
+                self.online_tasks[key] = self.progress.add_task(
+                    name, total=ev.get("total"), info=""
+                )
+            self.progress.update(self.online_tasks[key], completed=ev.get("done", 0))
 
 
 def _speed_table(sp: dict) -> object:
-    """The engine's decode times beside the eval host's round costs and estimate."""
+    """The engine's decode times (and, with a baseline, its speedup measured) beside the
+    eval host's round costs and estimate."""
     e, off = sp["engine"] or {}, sp["offline"]
+    plain_costs = sp.get("engine_plain") or {}
     est = off["speedup_estimate"]
-    return kv(
-        "speed: the serving engine's own times beside the eval host's estimate",
-        [
+    rows = [
+        (
+            f"engine: decode time per output token (ms; {e.get('source') or 'not read'})",
+            ms(e.get("time_per_output_token_s")),
+        ),
+        ("engine: decode time per verify step (ms)", ms(e.get("time_per_verify_step_s"))),
+        ("engine: tokens per verify step", fmt(e.get("tokens_per_verify_step"))),
+    ]
+    if sp.get("engine_plain") is not None or sp.get("engine_plain_tokens_per_s") is not None:
+        rows += [
             (
-                f"engine: decode time per output token (ms; {e.get('source') or 'not read'})",
-                ms(e.get("time_per_output_token_s")),
+                "engine without the drafter: decode time per output token (ms; its t_step)",
+                ms(plain_costs.get("time_per_output_token_s")),
             ),
-            ("engine: decode time per verify step (ms)", ms(e.get("time_per_verify_step_s"))),
-            ("engine: tokens per verify step", fmt(e.get("tokens_per_verify_step"))),
             (
-                "eval host: time per output token, estimated (ms; (t_verify + t_draft) / tau)",
-                ms(off["time_per_output_token_s"]),
+                "engine: tokens/s with / without the drafter (first level)",
+                f"{fmt(sp['engine_tokens_per_s'], 1)} / {fmt(sp['engine_plain_tokens_per_s'], 1)}",
             ),
-            ("eval host: plain decode step t_step (ms)", ms(off["target_step_s"])),
-            (
-                f"speedup estimate, eval host's costs ({off['formula']})",
-                "-" if est is None else f"{est:.2f}x",
-            ),
-            ("speedup estimate, engine's costs", sp["engine_speedup_note"]),
-        ],
-    )
+            ("speedup measured, the engine's tokens/s", speedup_x(sp["engine_speedup_measured"])),
+        ]
+    rows += [
+        (
+            "eval host: time per output token, estimated (ms; (t_verify + t_draft) / tau)",
+            ms(off["time_per_output_token_s"]),
+        ),
+        ("eval host: plain decode step t_step (ms)", ms(off["target_step_s"])),
+        (f"speedup estimate, eval host's costs ({off['formula']})", speedup_x(est)),
+        (
+            "speedup estimate, engine's costs (its t_step / its time per token)",
+            speedup_x(sp["engine_speedup_estimate"])
+            if sp["engine_speedup_note"] is None
+            else sp["engine_speedup_note"],
+        ),
+    ]
+    return kv("speed: the serving engine's own times beside the eval host's estimate", rows)

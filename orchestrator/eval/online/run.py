@@ -30,7 +30,7 @@ from orchestrator.eval.run import eval_host_name
 from orchestrator.eval.spec import EvalOptions, build_spec
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport.hosts import Host, open_host
-from remote.online.spec import ENGINES, ServeError, ServeSpec
+from remote.online.spec import ENGINES, MeasureSpec, ServeError, ServeSpec, parse_concurrency
 from remote.online.verdict_doc import check_verdict_bytes
 from remote.protocol import JobKind, ResultError
 
@@ -47,18 +47,51 @@ class OnlineOptions:
     """One online measurement: the eval's options (prompts, samples, ground truth, dtype,
     threads; DDTree is never run), and the serving engine: `server` (a running server's
     URL, read as `engine` says: vllm or sglang) or, without it, the inventory's
-    ``roles.eval.serve``. `model`: the served model name to ask for."""
+    ``roles.eval.serve``. `model`: the served model name to ask for. `concurrency`:
+    requests in flight at each level (``"1,4,16"`` or a tuple); `baseline`: a second
+    server started without the drafter decodes the same prompts (the engine's own
+    speedup), or `baseline_server`, the URL of one already running."""
 
     eval: EvalOptions = field(default_factory=EvalOptions)
     server: str | None = None
     engine: str | None = None
     model: str | None = None
+    concurrency: tuple[int, ...] | str = (1,)
+    baseline: bool = False
+    baseline_server: str | None = None
 
     def __post_init__(self) -> None:
         if self.engine is not None and self.engine not in ENGINES:
             raise DflashError(f"--engine {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.server is not None:
             self.serve_spec(None)  # a bad URL is refused before anything connects
+        try:
+            if isinstance(self.concurrency, str):
+                self.concurrency = parse_concurrency(self.concurrency)
+            if self.baseline_server is not None:
+                MeasureSpec(baseline_url=self.baseline_server)
+        except ServeError as exc:
+            raise DflashError(str(exc).replace("baseline url", "--baseline-server", 1)) from None
+        if self.baseline and self.baseline_server is not None:
+            raise DflashError("--baseline starts a server; --baseline-server names a running one")
+
+    def measure_spec(self, role: ServeSpec | None, host: str = "the eval host") -> MeasureSpec:
+        """How the job measures: the levels, and the baseline (`baseline`: started with
+        the inventory's ``serve.python``; none there is one line saying what to set)."""
+        python = None
+        if self.baseline:
+            python = role.python if role is not None else None
+            if python is None:
+                raise DflashError(
+                    f"--baseline starts vLLM without the drafter with host {host}'s "
+                    "roles.eval.serve.python, which the inventory does not set; set it, or "
+                    "pass --baseline-server URL of a server already running without the drafter"
+                )
+        return MeasureSpec(
+            concurrency=tuple(self.concurrency),
+            baseline_python=python,
+            baseline_url=self.baseline_server,
+        )
 
     def serve_spec(self, role: ServeSpec | None, host: str = "the eval host") -> ServeSpec:
         """The serving engine on a host whose inventory says `role`: `server` when given,
@@ -82,12 +115,14 @@ class OnlineOptions:
 def online_job(host: Host, spec: HostSpec, checkpoint: str, options: OnlineOptions) -> dict:
     """The ``online`` job spec: an eval's (`build_spec`, chain walk only, its small inputs
     carried in the start) with the serving engine under ``serve``."""
-    serve = options.serve_spec(spec.eval.serve if spec.eval else None, spec.name)
+    role = spec.eval.serve if spec.eval else None
+    serve = options.serve_spec(role, spec.name)
     eo = options.eval
     eo = replace(eo, engine=replace(eo.engine, budgets=()))
     job = build_spec(host, spec, checkpoint, eo, carry=[])
     job["kind"] = JobKind.ONLINE
     job["serve"] = serve.to_json()
+    job["measure"] = options.measure_spec(role, spec.name).to_json()
     return job
 
 
@@ -106,8 +141,9 @@ def run_online(
     options = options or OnlineOptions()
     name = eval_host_name(inventory, host_name)
     spec = inventory.host(name)
-    # no serving engine: said before connecting
+    # no serving engine (or none to start a baseline with): said before connecting
     options.serve_spec(spec.eval.serve if spec.eval else None, name)
+    options.measure_spec(spec.eval.serve if spec.eval else None, name)
     with open_host(spec, inventory) as host:
         host.connect()
         warm_plots()
