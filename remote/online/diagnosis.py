@@ -127,11 +127,14 @@ def _differing(result: dict) -> str:
 def deviation(result: dict) -> Lines:
     """A known engine deviation whose simulated walk reproduced the engine's rounds."""
     out: Lines = []
+    server = result.get("server") or {}
+    said = [server.get("version"), f"on {server['platform']}" if server.get("platform") else None]
     for d in result.get("deviations") or []:
         if d["status"] == "confirmed":
+            engine = " ".join([d["engine"], *[x for x in said if x]])
             out += _line(
                 "engine_deviation",
-                f"{_differing(result)}: {d['engine']} {d['does']}; the offline walk with "
+                f"{_differing(result)}: {engine} {d['does']}; the offline walk with "
                 f"that simulated equals the engine's rounds on all {d['tested']} differing "
                 f"samples ({d['name']}). To do: {d['todo']}",
             )
