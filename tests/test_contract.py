@@ -66,6 +66,44 @@ def test_a_check_names_the_setting_as_each_side_does():
     assert isinstance(kinds, Check) and kinds.expected == "one of a, b"
 
 
+def test_value_types_are_worded_once_for_documents_result_files_and_answers():
+    """One vocabulary of value types (`remote.protocol.values`): the words of each `Check`
+    there are written nowhere else in the product, and a true/false field reads the same in
+    a job document, a result file and a job answer."""
+    from remote.protocol import (
+        FLAG,
+        AnswerError,
+        JobSpec,
+        ResultError,
+        SpecError,
+        check_job_answer,
+        check_spec,
+        values,
+    )
+
+    words = {v.expected for v in vars(values).values() if isinstance(v, Check)}
+    words = {w for w in words if " " in w}  # "text" is also an everyday constant
+    again = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}"
+        for path in _modules(outside_contract=False)
+        if path != CONTRACT / "values.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in words
+    ]
+    assert again == [], again
+    with pytest.raises(SpecError) as doc:
+        JobSpec.from_json({"thinking": "yes"})
+    with pytest.raises(ResultError) as result:
+        check_spec({"thinking": "yes"})
+    status = {"job_id": "j1", "state": "done", "dir": "/w/jobs/j1", "has_result": "yes"}
+    with pytest.raises(AnswerError) as answer:
+        check_job_answer("status", status)
+    for line in (doc.value, result.value, answer.value):
+        assert str(line).endswith(f"{FLAG.expected}, got 'yes'") or (
+            f"expected {FLAG.expected}" in str(line)
+        ), line
+
+
 def test_a_dtypes_size_comes_from_the_one_dtype_table():
     """The byte size preflight counts a weight at, for every dtype of the eval vocabulary,
     is the one `ST_DTYPES` gives (and torch agrees)."""

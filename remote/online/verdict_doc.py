@@ -2,7 +2,7 @@
 plus what served it), checked by the controller before it is written to a run folder and
 again when a run folder is read: a host's verdict is its word, so every field somebody
 reads is checked here (types, the cause names, and the counts' own agreement). Stdlib
-only, built on `remote.protocol.results`' types."""
+only, built on the contract's types (`remote.protocol.values`)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,8 @@ import json
 from typing import Any
 
 from remote.online.verdict import SCHEMA
-from remote.protocol.results import (
-    BOOL,
-    INT,
-    NUM,
-    SCALAR,
-    STR,
-    ResultError,
-    check_doc,
-    list_of,
-    tau_types,
-)
+from remote.protocol.results import ResultError, check_doc, tau_types
+from remote.protocol.values import FLAG, INT, NUM, SCALAR, STR, list_of
 
 CAUSES = (
     "agree",
@@ -67,16 +58,16 @@ VERDICT = {
     "online": TAU,
     "online_uncut_tau": NUM,
     "per_position": {"offline": POSITIONS, "online": POSITIONS},
-    "lossless": {"samples": INT, "total": INT, "ok": BOOL},
+    "lossless": {"samples": INT, "total": INT, "ok": FLAG},
     "rounds_equal": {"samples": INT, "total": INT},
     "per_sample": list_of(
         {
             "id": SCALAR,
-            "lossless": BOOL,
+            "lossless": FLAG,
             "first_wrong_token": INT,
-            "rounds_equal": BOOL,
+            "rounds_equal": FLAG,
             "first_divergence": {"round": INT, "token": INT, "offline": INT, "online": INT},
-            "covered": BOOL,
+            "covered": FLAG,
             "offline_tau": NUM,
             "online_tau": NUM,
             "online_rounds": list_of(INT),
@@ -85,14 +76,14 @@ VERDICT = {
     "diagnosis": list_of({"cause": STR, "detail": STR}),
     "server": {
         "engine": STR,
-        "started_here": BOOL,
+        "started_here": FLAG,
         "url": STR,
         "startup_s": NUM,
         "seconds": NUM,
         "tokens": INT,
         "counters": COUNTERS,
         "counters_expected": COUNTERS,
-        "counters_agree": BOOL,
+        "counters_agree": FLAG,
         "version": STR,
         "platform": STR,
         "threads": INT,
@@ -107,14 +98,14 @@ VERDICT = {
             "tau_per_sample_mean": NUM,
             "rounds_equal": INT,
             "same_rounds_as_first": INT,
-            "counters_agree": BOOL,
-            "invalid": BOOL,
+            "counters_agree": FLAG,
+            "invalid": FLAG,
             "baseline_tokens_per_s": NUM,
             "speedup": NUM,
         }
     ),
     "baseline": {
-        "started_here": BOOL,
+        "started_here": FLAG,
         "url": STR,
         "startup_s": NUM,
         "levels": list_of(SPEED),

@@ -26,8 +26,9 @@ it as `remote.protocol`; its modules hold the parts:
 - `prompts`: a prompts file (JSONL) as both sides read it (`parse_prompts`);
 - `metrics`: the metric registry, every number an eval reports defined once (its name,
   how samples combine, how it prints), imported as `remote.protocol.metrics`;
-- `values`: what a whole number is, the checks a setting passes on either side (`Check`:
-  `COUNT`, `one_of`, ...), how a bad value is shown.
+- `values`: the one vocabulary of value types (`Check`: `COUNT`, `FLAG`, `one_of`,
+  `list_of`, ...) that the job document, the result files and the job answers are checked
+  with, what a whole number is, how a bad value is shown.
 """
 
 from __future__ import annotations

@@ -7,7 +7,22 @@ import re
 from typing import Any
 
 from remote.protocol.metrics import live
-from remote.protocol.values import SpecError, finite, is_int, json_type, shown
+from remote.protocol.values import (
+    ANY,
+    ANY_TEXT,
+    COUNT_FROM_0,
+    FINITE,
+    FLAG,
+    OBJECT,
+    WHOLE,
+    Check,
+    SpecError,
+    is_int,
+    json_type,
+    list_of,
+    one_of,
+    shown,
+)
 from remote.relay.wire import name_problem
 
 # Small input files a job start carries inside its spec (under JOB_CARRY_KEY: a list of
@@ -103,18 +118,18 @@ def check_job_id(value: object) -> str:
     return value
 
 
-# What each field type of a job answer accepts, and how a message names it.
+# The contract's types (`remote.protocol.values`) by the short names the answer tables use.
 _FIELD_TYPES = {
-    "id": (lambda v: isinstance(v, str) and bool(JOB_ID_RE.fullmatch(v)), "a job id"),
-    "state": (lambda v: isinstance(v, str) and v in JOB_STATES, "one of " + ", ".join(JOB_STATES)),
-    "kind": (lambda v: isinstance(v, str) and v in JOB_KINDS, "one of " + ", ".join(JOB_KINDS)),
-    "text": (lambda v: isinstance(v, str), "text"),
-    "count": (lambda v: is_int(v) and v >= 0, "a whole number of at least 0"),
-    "int": (lambda v: is_int(v), "a whole number"),
-    "number": (finite, "a finite number"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "object": (lambda v: isinstance(v, dict), "a JSON object"),
-    "list": (lambda v: isinstance(v, list), "a list"),
+    "id": Check("a job id", lambda v: isinstance(v, str) and bool(JOB_ID_RE.fullmatch(v))),
+    "state": one_of(*JOB_STATES),
+    "kind": one_of(*JOB_KINDS),
+    "text": ANY_TEXT,
+    "count": COUNT_FROM_0,
+    "int": WHOLE,
+    "number": FINITE,
+    "bool": FLAG,
+    "object": OBJECT,
+    "list": list_of(ANY),
 }
 # The fields of each job answer the controller reads, by type ("?": may be absent or null).
 # Other fields pass as they are.
@@ -218,10 +233,10 @@ def _check_fields(doc: object, fields: dict[str, str], path: str = "") -> dict:
             if spec.endswith("?"):
                 continue
             raise AnswerError(f"{path + name!r} is missing")
-        test, expected = _FIELD_TYPES[spec.rstrip("?")]
-        if not test(value):
+        check = _FIELD_TYPES[spec.rstrip("?")]
+        if not check(value):
             raise AnswerError(
-                f"{path + name!r} is {json_type(value)} ({shown(value)}), expected {expected}"
+                f"{path + name!r} is {json_type(value)} ({shown(value)}), expected {check.expected}"
             )
     return doc
 

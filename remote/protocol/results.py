@@ -23,50 +23,25 @@ from typing import Any
 
 from remote.protocol.metrics import METRICS, SUM, WALK, Finding, Keyed, Metric, scalars
 from remote.protocol.schemas import RESULT_SCHEMA
-from remote.protocol.values import is_int, is_number
+from remote.protocol.values import (
+    ANY,
+    FLAG,
+    INT,
+    NUM,
+    SCALAR,
+    STR,
+    WHOLE_NUMBER_KEYS,
+    accepts,
+    any_of,
+    list_of,
+    map_of,
+    type_words,
+)
 
 
 class ResultError(ValueError):
     """A result file whose JSON does not have the expected types; the message names the
     file's field and says what it holds and what was expected."""
-
-
-class _Type:
-    """A JSON type: `accepts` says whether a value is one, `what` names it for errors,
-    `inner` is the type of its items (a list) or values (an object; `keys` then says what
-    its keys must be, as a (description, predicate) pair)."""
-
-    def __init__(self, what: str, accepts: Any, inner: Any = None, keys: Any = None):
-        self.what, self.accepts, self.inner, self.keys = what, accepts, inner, keys
-
-
-STR = _Type("a string", lambda v: isinstance(v, str))
-INT = _Type("an integer", is_int)
-NUM = _Type("a number", is_number)
-BOOL = _Type("true or false", lambda v: isinstance(v, bool))
-SCALAR = _Type("a string or a number", lambda v: isinstance(v, str) or is_number(v))
-ANY = _Type("anything", lambda v: True)
-
-
-def list_of(item: Any) -> _Type:
-    return _Type("a list", lambda v: isinstance(v, list), item)
-
-
-def map_of(value: Any, keys: Any = None) -> _Type:
-    """An object whose keys are data (budgets, lengths, names), each value of one type."""
-    return _Type("an object", lambda v: isinstance(v, dict), value, keys)
-
-
-WHOLE_NUMBER_KEYS = ("a whole number", lambda k: k.isdecimal())
-
-
-def one_of(*types: Any) -> _Type:
-    what = " or ".join(t.what if isinstance(t, _Type) else "an object" for t in types)
-    return _Type(what, lambda v: any(_accepts(t, v) for t in types), types)
-
-
-def _accepts(t: Any, v: Any) -> bool:
-    return isinstance(v, dict) if isinstance(t, dict) else t.accepts(v)
 
 
 SOURCE = {"host": STR, "path": STR}
@@ -83,11 +58,11 @@ GROUND_TRUTH = {
     "url": STR,
     "path": STR,
     "file": STR,
-    "cached": BOOL,
+    "cached": FLAG,
     "cache_key": STR,
     "warnings": list_of(STR),
     "retokenisation": {"mismatch_rate": NUM},
-    "thinking": BOOL,
+    "thinking": FLAG,
     "chat_template_sha256": STR,
 }
 PROMPTS = {"name": STR, "sha256": STR, "path": STR}
@@ -101,9 +76,9 @@ def _scalar_type(m: Metric) -> Any:
 
 def _keyed_type(m: Keyed) -> Any:
     if m.reduce == SUM:
-        return one_of(map_of(INT, WHOLE_NUMBER_KEYS), list_of(INT))
+        return any_of(map_of(INT, WHOLE_NUMBER_KEYS), list_of(INT))
     row = {m.key_name: INT, m.num_name: INT, m.den_name: INT, "rate": NUM}
-    return list_of(one_of(row, NUM))
+    return list_of(any_of(row, NUM))
 
 
 def _type(m: Any) -> Any:
@@ -145,19 +120,19 @@ RESULT = {
     "samples_file": STR,
     "inputs": {
         "checkpoint": STR,
-        "drafter": one_of(STR, {"path": STR}),
+        "drafter": any_of(STR, {"path": STR}),
         "drafter_identity": DRAFTER_IDENTITY,
         "target_identity": {"config_sha256": STR, "weights": list_of(list_of(SCALAR))},
         "ground_truth_source": GROUND_TRUTH,
         "ground_truth_sha256": STR,
-        "eval_engine": one_of(STR, {"name": STR}),
+        "eval_engine": any_of(STR, {"name": STR}),
         "prompts": PROMPTS,
         "target": STR,
         "target_architecture": STR,
         "target_layers": INT,
         "target_vocab_size": INT,
         "target_features": {
-            "cached": BOOL,
+            "cached": FLAG,
             "cache": STR,
             "cache_key": STR,
             "samples_cached": INT,
@@ -185,7 +160,7 @@ SPEC = {
     "drafter": STR,
     "dtype": STR,
     "prompts": PROMPTS,
-    "thinking": BOOL,
+    "thinking": FLAG,
 }
 # What a prompt record may say about the prompt, carried unchanged from the prompts file
 # into its ground-truth line and its sample record (`sample_labels`): the category a
@@ -201,7 +176,7 @@ def label_problem(value: Any) -> str | None:
     """Why `value` cannot be a sample label (`SAMPLE_LABELS`), or None: up to 64 letters,
     digits, spaces and ``. _ + -``, starting with a letter or digit (`LABEL_RE`)."""
     if not isinstance(value, str):
-        return f"is {_shown(value)} ({_kind(value)}), expected a string"
+        return f"is {_shown(value)} ({type_words(value)}), expected a string"
     if not LABEL_RE.fullmatch(value):
         return (
             f"is {_shown(value)}, expected up to 64 letters, digits, spaces or . _ + -, "
@@ -243,44 +218,43 @@ def _shown(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _kind(v: Any) -> str:
-    for t in (BOOL, STR, INT, NUM):
-        if t.accepts(v):
-            return t.what
-    return {dict: "an object", list: "a list"}.get(type(v), type(v).__name__)
-
-
 def _check(value: Any, expected: Any, where: str) -> None:
     """Raise `ResultError` unless `value` (at `where`, a dotted path) is `expected`: a dict
-    of described fields, or a `_Type` (its items or values checked against its inner type;
-    a ``one_of`` against the alternative the value is). None passes: fields are optional."""
+    of described fields, or a `Check` (its items or values checked against its inner type;
+    an ``any_of`` against the alternative the value is). None passes: fields are optional."""
     if value is None:
         return
     if isinstance(expected, dict):
         if not isinstance(value, dict):
-            raise ResultError(f"{where} is {_shown(value)} ({_kind(value)}), expected an object")
+            raise ResultError(
+                f"{where} is {_shown(value)} ({type_words(value)}), expected an object"
+            )
         for key, inner in expected.items():
             _check(value.get(key), inner, f"{where}.{key}" if where else key)
         return
-    if not expected.accepts(value):
-        raise ResultError(f"{where} is {_shown(value)} ({_kind(value)}), expected {expected.what}")
+    if not expected(value):
+        raise ResultError(
+            f"{where} is {_shown(value)} ({type_words(value)}), expected {expected.expected}"
+        )
     inner = expected.inner
     if isinstance(inner, tuple):
-        _check(value, next(alt for alt in inner if _accepts(alt, value)), where)
+        _check(value, next(alt for alt in inner if accepts(alt, value)), where)
     elif inner is not None and isinstance(value, list):
         for i, item in enumerate(value):
             _check(item, inner, f"{where}[{i}]")
     elif inner is not None and isinstance(value, dict):
         for key, item in value.items():
-            if expected.keys is not None and not expected.keys[1](key):
-                raise ResultError(f"{where} has key {_shown(key)}, expected {expected.keys[0]}")
+            if expected.keys is not None and not expected.keys(key):
+                raise ResultError(
+                    f"{where} has key {_shown(key)}, expected {expected.keys.expected}"
+                )
             _check(item, inner, f"{where}.{key}")
 
 
 def check_doc(doc: Any, table: Any, where: str = "") -> None:
     """Raise `ResultError` unless `doc` has the types `table` describes (a dict of fields
-    built from this module's types): another kind of result's own table (an online
-    verdict's, `remote.online.verdict_doc`)."""
+    of the contract's types, `remote.protocol.values`): another kind of result's own table
+    (an online verdict's, `remote.online.verdict_doc`)."""
     _check(doc, table, where)
 
 
@@ -304,14 +278,16 @@ def metrics_of(result: Mapping) -> dict:
 def check_result(doc: Any) -> None:
     """Raise `ResultError` unless `doc` (a parsed ``result.json``) has the expected types."""
     if not isinstance(doc, dict):
-        raise ResultError(f"the document is {_kind(doc)}, expected an object")
+        raise ResultError(f"the document is {type_words(doc)}, expected an object")
     for key in REQUIRED["result.json"]:
         if key not in doc:
             raise ResultError(f"{key} is missing")
     _check(doc, RESULT, "")
     metrics = doc.get("metrics")
     if metrics is not None and not isinstance(metrics, dict):
-        raise ResultError(f"metrics is {_shown(metrics)} ({_kind(metrics)}), expected an object")
+        raise ResultError(
+            f"metrics is {_shown(metrics)} ({type_words(metrics)}), expected an object"
+        )
     _check(metrics_of(doc), metrics_types(), "metrics")
 
 
@@ -330,7 +306,7 @@ def check_record(rec: Any) -> None:
     """Raise `ResultError` unless `rec` (one line of ``samples.jsonl``) has the expected
     types."""
     if not isinstance(rec, dict):
-        raise ResultError(f"the record is {_kind(rec)}, expected an object")
+        raise ResultError(f"the record is {type_words(rec)}, expected an object")
     _check(rec, RECORD, "")
     sample_labels(rec)
 

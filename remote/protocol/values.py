@@ -1,11 +1,10 @@
-"""The value vocabulary of the contract: what counts as a whole number, the checks a setting
-passes on either side (`Check`), how a bad value is shown in a message, and the one error a
-bad spec value raises (`SpecError`).
+"""The contract's one vocabulary of value types: `Check` (a test and its words), the checks
+the job document, the result files and the job answers use, how a bad value is shown, and
+the error a bad spec value raises (`SpecError`).
 
-A `Check` says whether a value passes and, in words, what it expects; each side names the
-setting its own way (the host ``the ground-truth concurrency``, the command line
-``--gt-concurrency``, the inventory ``roles.eval.ground_truth_concurrency``) around the
-same test and the same words.
+Each side names a setting its own way (the host ``the ground-truth concurrency``, the
+command line ``--gt-concurrency``, the inventory ``roles.eval.ground_truth_concurrency``)
+around the same test and the same words.
 """
 
 from __future__ import annotations
@@ -52,17 +51,25 @@ def json_type(value: object) -> str:
 
 
 class Check:
-    """One setting's test: `check(value)` says whether `value` passes, `expected` what it
-    must be, in words; `message(label, value)` is the line for a value that fails, naming
-    the setting as `label` (a choice: ``unknown <label> 'x' (one of a, b)``; otherwise
-    ``<label> must be <expected>, got 'x'``)."""
+    """One value type: `check(value)` says whether `value` passes, `expected` what it must
+    be, in words; `message(label, value)` is the line for a value that fails, naming the
+    setting as `label` (a choice: ``unknown <label> 'x' (one of a, b)``; otherwise
+    ``<label> must be <expected>, got 'x'``). A container's `inner` is the type of its
+    items (a list) or values (an object, its keys passing `keys`), a field table (a dict),
+    or the alternatives of `any_of`."""
 
-    __slots__ = ("expected", "test", "choices")
+    __slots__ = ("expected", "test", "choices", "inner", "keys")
 
     def __init__(
-        self, expected: str, test: Callable[[Any], bool], choices: tuple[str, ...] = ()
+        self,
+        expected: str,
+        test: Callable[[Any], bool],
+        choices: tuple[str, ...] = (),
+        inner: Any = None,
+        keys: Check | None = None,
     ) -> None:
         self.expected, self.test, self.choices = expected, test, choices
+        self.inner, self.keys = inner, keys
 
     def __call__(self, value: Any) -> bool:
         return bool(self.test(value))
@@ -88,6 +95,28 @@ def one_of(*choices: str) -> Check:
     )
 
 
+def accepts(t: Check | dict, value: Any) -> bool:
+    """Whether `value` is of type `t`: a `Check`, or a field table (any JSON object)."""
+    return isinstance(value, dict) if isinstance(t, dict) else t(value)
+
+
+def any_of(*types: Check | dict) -> Check:
+    """A value of any of `types` (a field table counts as ``an object``)."""
+    what = " or ".join(t.expected if isinstance(t, Check) else "an object" for t in types)
+    return Check(what, lambda v: any(accepts(t, v) for t in types), inner=types)
+
+
+def list_of(item: Check | dict) -> Check:
+    """A list whose items are each of type `item`."""
+    return Check("a list", lambda v: isinstance(v, list), inner=item)
+
+
+def map_of(value: Check | dict, keys: Check | None = None) -> Check:
+    """An object whose keys are data (budgets, lengths, names), each value of one type."""
+    return Check("an object", lambda v: isinstance(v, dict), inner=value, keys=keys)
+
+
+# What the job document's settings take.
 COUNT = Check("a whole number of at least 1", lambda v: is_int(v) and v >= 1)
 WHOLE = Check("a whole number", is_int)
 TEXT = Check("a non-empty string", lambda v: isinstance(v, str) and v != "")
@@ -96,3 +125,23 @@ SHA256 = Check(
     "a sha256 (64 lowercase hex digits)",
     lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
 )
+# What the result files' fields take (with `FLAG`), in the words their messages use.
+STR = Check("a string", lambda v: isinstance(v, str))
+INT = Check("an integer", is_int)
+NUM = Check("a number", is_number)
+SCALAR = Check("a string or a number", lambda v: isinstance(v, str) or is_number(v))
+ANY = Check("anything", lambda v: True)
+WHOLE_NUMBER_KEYS = Check("a whole number", lambda k: isinstance(k, str) and k.isdecimal())
+# What the job answers' fields take (with `WHOLE` and `FLAG`), in their words.
+ANY_TEXT = Check("text", lambda v: isinstance(v, str))
+COUNT_FROM_0 = Check("a whole number of at least 0", lambda v: is_int(v) and v >= 0)
+FINITE = Check("a finite number", finite)
+OBJECT = Check("a JSON object", lambda v: isinstance(v, dict))
+
+
+def type_words(value: object) -> str:
+    """What `value` is, in the result files' words (``an integer``, ``a string``)."""
+    for t in (FLAG, STR, INT, NUM):
+        if t(value):
+            return t.expected
+    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
