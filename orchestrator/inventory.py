@@ -5,14 +5,15 @@ ships ``inventory.example.yaml`` to copy there; git ignores ``inventory.yaml``).
 reports the file, the line, the key and what was expected, so a typo costs one read.
 
 The schema is a set of small tables (`HOST_KEYS`, `ROLE_KEYS`, `DEFAULT_KEYS`): adding a
-setting is one line there and one field on the dataclass.
+setting is one line there and one field on the dataclass; a job setting an eval role sets
+is declared in the contract alone (`remote.protocol.job_spec.setting`, ``role=True``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -64,7 +65,7 @@ class TrainerRole:
 
 
 @dataclass
-class EvalRole:
+class _EvalRoleOwn:
     # The settings of the engine's `remote.protocol.EvalSpec` this role sets for its host,
     # where an evaluation's options do not choose them (`orchestrator.eval.spec`).
     ENGINE_KEYS: ClassVar[tuple[str, ...]] = ("dtype", "threads")
@@ -89,9 +90,15 @@ class EvalRole:
     reserve: int | str | None = None
     # The serving engine `dflash online` measures with (``serve: {engine, python}``).
     serve: ServeSpec | None = None
-    # The host's cache of target features, in GiB (`remote.protocol.FEATURE_CACHE_GIB`):
-    # 0 = the default, `remote.protocol.FEATURE_CACHE_DEFAULT_GIB`.
-    feature_cache_gib: float = 0
+
+
+# The eval role: its own settings above, and the job settings a role sets, declared once in
+# the contract (`JobSpec.ROLE_SETTINGS`: the feature cache's size, ...), with their defaults.
+EvalRole = make_dataclass(
+    "EvalRole",
+    [(name, Any, field(default=default)) for name, default in JobSpec.ROLE_SETTINGS.items()],
+    bases=(_EvalRoleOwn,),
+)
 
 
 @dataclass
@@ -254,7 +261,7 @@ ROLE_KEYS: dict[str, tuple[type, dict[str, Check], tuple[str, ...]]] = {
             "ground_truth_phase_deadline": _GT["phase_deadline"],
             "samples": JobSpec.CHECKS["samples"],
             "reserve": _SIZE,
-            "feature_cache_gib": JobSpec.CHECKS["feature_cache_gib"],
+            **{name: JobSpec.CHECKS[name] for name in JobSpec.ROLE_SETTINGS},
         },
         ("drafters",),
     ),

@@ -125,3 +125,48 @@ def test_eval_identity_is_what_changes_a_result_not_its_speed():
         assert eval_identity(other) != eval_identity(job)
     junk = {"eval": [1], "prompts": "x", "ground_truth": 3}
     assert eval_identity(junk) != eval_identity(job)
+
+
+# A valid value, other than the default, of each job setting an eval role sets.
+ROLE_VALUES = {"feature_cache_gib": 2.5}
+
+
+def test_a_job_setting_an_eval_role_sets_is_declared_once_and_carried(tmp_path):
+    """A job setting the contract marks as an eval role's (`JobSpec.ROLE_SETTINGS`) is read
+    from ``roles.eval`` with the contract's own check and reaches the job document built
+    for that host, and the host's reading of it; without the role it is the default."""
+    from orchestrator.eval.spec import build_spec
+    from orchestrator.inventory import InventoryError, parse_inventory
+    from orchestrator.transport.hosts import open_host
+    from remote.protocol import JobSpec
+
+    assert set(ROLE_VALUES) == set(JobSpec.ROLE_SETTINGS)
+
+    def inventory(role: dict):
+        settings = "".join(f", {k}: {v}" for k, v in role.items())
+        text = (
+            f"hosts:\n  h:\n    transport: local\n    workdir: {tmp_path}\n    roles:\n"
+            f"      eval: {{drafters: /d, target_model: /t, ground_truth: 'http://x:1'"
+            f"{settings}}}\n"
+        )
+        return parse_inventory(text, tmp_path / "inv.yaml")
+
+    def job(inv, **options):
+        spec = inv.hosts["h"]
+        with open_host(spec, inv) as host:
+            return build_spec(host, spec, "/d/step-1", EvalOptions(**options), carry=[])
+
+    inv = inventory(ROLE_VALUES)
+    built = job(inv)
+    assert {k: built[k] for k in ROLE_VALUES} == ROLE_VALUES
+    read = JobSpec.from_json(built)
+    assert {k: getattr(read, k) for k in ROLE_VALUES} == ROLE_VALUES
+    bare = inventory({})
+    bare.hosts["h"].eval = None
+    built = job(bare, target="/t", ground_truth="http://x:1")
+    assert {k: built[k] for k in ROLE_VALUES} == JobSpec.ROLE_SETTINGS
+    for name in ROLE_VALUES:
+        with pytest.raises(InventoryError) as bad:
+            inventory({name: "[1]"})
+        expected = JobSpec.CHECKS[name].expected
+        assert f"hosts.h.roles.eval.{name}: expected {expected}" in str(bad.value)

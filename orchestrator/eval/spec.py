@@ -326,7 +326,8 @@ def build_spec(
         JOB_EVAL_KEY: engine.to_json(),
         "stop_after": options.stop_after,
         "feature_cache": options.feature_cache,
-        "feature_cache_gib": role.feature_cache_gib if role else 0,
+        # the job settings the host's eval role sets (the contract's defaults without one)
+        **{k: getattr(role, k) if role else d for k, d in JobSpec.ROLE_SETTINGS.items()},
         "workdir": workdir_for(host, carry),  # the host records its own, expanded
     }
     if job["ground_truth"]["kind"] != "file":

@@ -8,11 +8,13 @@ layers, the logits' top-k).
 The controller builds the blocks from the same types (their ``to_json`` is the wire form)
 and the inventory checks its settings with the same `Check`s (`JobSpec.CHECKS`,
 `GroundTruthSpec.CHECKS`, `Sampling.CHECKS`), so a value one side accepts the other does.
+A document setting is declared once (`setting`); one that a host's inventory eval role
+sets is marked so, and the inventory and the job builder take it from here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from remote.protocol.eval_spec import EvalSpec
@@ -55,6 +57,14 @@ LAYERS = Check(
 )
 
 
+def setting(default: Any, check: Check, label: str | None = None, role: bool = False) -> Any:
+    """A setting of the job document, declared once: its `default`, its `check`, its name in
+    a message (`label`, else its key) and whether a host's inventory eval role sets it
+    (`role`: ``roles.eval.<key>``, checked by the same `check` and carried into every job
+    built for that host)."""
+    return field(default=default, metadata={"check": check, "label": label, "role": role})
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One job document as the host runs it. `kind` (`JOB_KINDS`); `engine`: its
@@ -69,45 +79,33 @@ class JobSpec:
     as it came, for what the host only records (host, checkpoint, created, the prompts
     entry, a compare job's folders). Built by `from_json`; every value is checked there."""
 
-    kind: str = JobKind.EVAL
+    kind: str = setting(JobKind.EVAL, one_of(*JOB_KINDS), "job kind")
     engine: EvalSpec = EvalSpec()
     ground_truth: GroundTruthSpec = GroundTruthSpec()
     sampling: Sampling = Sampling()
-    samples: int | None = None
-    seed: int = 0
-    thinking: bool = False
-    stop_after: str | None = None
+    samples: int | None = setting(None, COUNT)
+    seed: int = setting(0, WHOLE)
+    thinking: bool = setting(False, FLAG)
+    stop_after: str | None = setting(None, one_of(*STOP_AFTER))
     prompts: str | None = None
     prompts_sha256: str | None = None
-    workdir: str = DEFAULT_WORKDIR
+    workdir: str = setting(DEFAULT_WORKDIR, TEXT)
     job_id: str | None = None
-    feature_cache: bool = True
-    feature_cache_gib: float = 0
-    attn: str | None = None
-    layers: tuple[int, ...] | None = None
-    topk: int = CAPTURE_TOPK
+    feature_cache: bool = setting(True, FLAG, "the feature cache switch")
+    feature_cache_gib: float = setting(
+        0, FEATURE_CACHE_GIB, "the feature cache's size (feature_cache_gib)", role=True
+    )
+    attn: str | None = setting(None, ATTN, "attention implementation")
+    layers: tuple[int, ...] | None = setting(None, LAYERS)
+    topk: int = setting(CAPTURE_TOPK, COUNT)
     doc: dict = field(default_factory=dict, compare=False, repr=False)
 
-    # The document's own settings (the blocks check theirs), by key, in the order checked.
-    CHECKS: ClassVar[dict[str, Check]] = {
-        "kind": one_of(*JOB_KINDS),
-        "samples": COUNT,
-        "seed": WHOLE,
-        "thinking": FLAG,
-        "stop_after": one_of(*STOP_AFTER),
-        "workdir": TEXT,
-        "feature_cache": FLAG,
-        "feature_cache_gib": FEATURE_CACHE_GIB,
-        "attn": ATTN,
-        "layers": LAYERS,
-        "topk": COUNT,
-    }
-    LABELS: ClassVar[dict[str, str]] = {
-        "kind": "job kind",
-        "attn": "attention implementation",
-        "feature_cache": "the feature cache switch",
-        "feature_cache_gib": "the feature cache's size (feature_cache_gib)",
-    }
+    # Made from the `setting`s, below the class: the document's own settings (the blocks
+    # check theirs) by key in the order checked, their names in a message, and those a
+    # host's inventory eval role sets, with their defaults.
+    CHECKS: ClassVar[dict[str, Check]]
+    LABELS: ClassVar[dict[str, str]]
+    ROLE_SETTINGS: ClassVar[dict[str, Any]]
 
     @classmethod
     def from_json(cls, doc: Any) -> JobSpec:
@@ -119,11 +117,7 @@ class JobSpec:
             engine = EvalSpec.of_job(doc)
         except TypeError as exc:  # a value of a type no setting takes
             raise SpecError(f"eval spec: {exc}") from None
-        given = {}
-        for name, check in cls.CHECKS.items():
-            value = doc.get(name)
-            if value is not None:
-                given[name] = check.require(cls.LABELS.get(name, name), value)
+        given = {n: cls.setting_in(doc, n) for n in cls.CHECKS if doc.get(n) is not None}
         prompts = doc.get("prompts")
         if prompts is not None and not (isinstance(prompts, dict) and TEXT(prompts.get("path"))):
             raise SpecError("the job's prompts must be a JSON object with a path")
@@ -142,8 +136,23 @@ class JobSpec:
             doc=doc,
         )
 
+    @classmethod
+    def setting_in(cls, doc: dict, name: str) -> Any:
+        """Setting `name` of the document `doc`, checked (absent or null: its default), for
+        a step that needs it before the job is read whole (``job start``)."""
+        value = doc.get(name)
+        if value is None:
+            return cls.__dataclass_fields__[name].default
+        return cls.CHECKS[name].require(cls.LABELS[name], value)
+
     def feature_cache_bytes(self) -> int:
         """The feature cache's bound in bytes: 0 when this job does not use the cache."""
         if not self.feature_cache:
             return 0
         return int((self.feature_cache_gib or FEATURE_CACHE_DEFAULT_GIB) * 2**30)
+
+
+_SETTINGS = [f for f in fields(JobSpec) if "check" in f.metadata]
+JobSpec.CHECKS = {f.name: f.metadata["check"] for f in _SETTINGS}
+JobSpec.LABELS = {f.name: f.metadata["label"] or f.name for f in _SETTINGS}
+JobSpec.ROLE_SETTINGS = {f.name: f.default for f in _SETTINGS if f.metadata["role"]}
