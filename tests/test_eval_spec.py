@@ -4,6 +4,8 @@ connects) -> the job document (`to_json`, under ``eval``) -> the host (`from_jso
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from orchestrator.errors import DflashError
@@ -128,7 +130,7 @@ def test_eval_identity_is_what_changes_a_result_not_its_speed():
 
 
 # A valid value, other than the default, of each job setting an eval role sets.
-ROLE_VALUES = {"feature_cache_gib": 2.5}
+ROLE_VALUES = {"feature_cache_gib": 2.5, "nice": 5}
 
 
 def test_a_job_setting_an_eval_role_sets_is_declared_once_and_carried(tmp_path):
@@ -170,3 +172,37 @@ def test_a_job_setting_an_eval_role_sets_is_declared_once_and_carried(tmp_path):
             inventory({name: "[1]"})
         expected = JobSpec.CHECKS[name].expected
         assert f"hosts.h.roles.eval.{name}: expected {expected}" in str(bad.value)
+
+
+def test_an_eval_roles_nice_runs_the_job_runner_nicer(tmp_path):
+    """``roles.eval.nice: 5``: the host's job runner (a detached ``job run``) starts with 5
+    added to its niceness, as the kernel reports it; a bad value is one line at the job's
+    start and nothing is made."""
+    import json
+    import os
+    import time
+
+    from orchestrator.eval.job import start_job
+    from orchestrator.eval.spec import build_spec
+    from orchestrator.inventory import parse_inventory
+    from orchestrator.transport.hosts import open_host
+    from remote.jobs import start as jobs
+
+    text = (
+        f"hosts:\n  h:\n    transport: local\n    workdir: {tmp_path}\n    roles:\n"
+        "      eval: {drafters: /nowhere, target_model: /nowhere, ground_truth_kind: local,"
+        " nice: 5}\n"
+    )
+    inv = parse_inventory(text, tmp_path / "inv.yaml")
+    spec = inv.hosts["h"]
+    with open_host(spec, inv) as host:
+        ref = start_job(host, build_spec(host, spec, "step-1", EvalOptions()))
+    ran = json.loads((Path(ref.dir) / "pid.json").read_text())
+    assert ran["nice"] == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
+    for _ in range(600):  # the runner fails (no target there): let it end before cleanup
+        if (Path(ref.dir) / "exit.json").is_file():
+            break
+        time.sleep(0.1)
+    with pytest.raises(UserError, match=r"^job spec: nice must be a whole number from 0 to"):
+        jobs.start(str(tmp_path), "j2", {"kind": "eval", "nice": -5})
+    assert not (tmp_path / "jobs" / "j2").exists()

@@ -34,6 +34,8 @@ from remote.protocol import (
     CARRY_DIRS,
     CARRY_MAX_BYTES,
     JOB_CARRY_KEY,
+    JobSpec,
+    SpecError,
     carried_name_problem,
 )
 
@@ -50,6 +52,10 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
     # a bad kind or engine spec is refused here, before a folder or a process exists
     job_kind(spec)
     threads = job_engine(spec).threads if "eval" in spec else None
+    try:
+        nice = JobSpec.setting_in(spec, "nice")
+    except SpecError as exc:
+        raise UserError(f"job spec: {exc}") from None
     spec = dict(spec)
     try:
         write_carried(workdir, spec.pop(JOB_CARRY_KEY, None) or [])
@@ -62,16 +68,23 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
     except OSError as exc:  # e.g. a full disk: said as the OS says it, with where
         raise UserError(f"cannot start the job: {write_error(exc, path.parent)}") from None
     try:
-        return _spawn(path, workdir, job_id, spec, threads, preflight)
+        return _spawn(path, workdir, job_id, spec, threads, nice, preflight)
     except OSError as exc:  # no room for the job's first files: nothing is left started
         shutil.rmtree(path, ignore_errors=True)
         raise UserError(f"cannot start the job: {write_error(exc, path)}") from None
 
 
 def _spawn(
-    path: Path, workdir: str, job_id: str, spec: dict, threads: int | None, preflight: bool
+    path: Path,
+    workdir: str,
+    job_id: str,
+    spec: dict,
+    threads: int | None,
+    nice: int,
+    preflight: bool,
 ) -> dict:
-    """`start`'s second half, in the job's new folder `path`: its files, its runner."""
+    """`start`'s second half, in the job's new folder `path`: its files, its runner (with
+    `nice` added to its niceness)."""
     reserve_exit(path)
     spec = dict(spec, job_id=job_id, workdir=str(Path(os.path.expanduser(workdir))))
     prompts = spec.get("prompts")
@@ -101,6 +114,7 @@ def _spawn(
         close_fds=True,
         cwd=str(path),
         env=env,
+        preexec_fn=(lambda: os.nice(nice)) if nice else None,
     )
     log.close()
     starttime = None
@@ -110,6 +124,7 @@ def _spawn(
             break
         time.sleep(0.01)
     info = {"pid": proc.pid, "pgid": proc.pid, "starttime": starttime, "started": time.time()}
+    info["nice"] = os.getpriority(os.PRIO_PROCESS, proc.pid)  # unreaped: there until waited
     try:
         write_json_atomic(path / "pid.json", info)
     except OSError:  # a runner nobody could find again is not left running

@@ -51,6 +51,9 @@ FEATURE_CACHE_GIB = Check(
     f"(0: the default, {FEATURE_CACHE_DEFAULT_GIB})",
     lambda v: finite(v) and 0 <= v <= FEATURE_CACHE_MAX_GIB,
 )
+# What ``job start`` adds to its runner's niceness, as ``nice -n`` does (a host whose eval
+# shares the CPUs with a serving engine); a runner is never made less nice.
+NICE = Check("a whole number from 0 to 19", lambda v: is_int(v) and 0 <= v <= 19)
 LAYERS = Check(
     "a non-empty list of layer numbers from 0",
     lambda v: isinstance(v, list) and bool(v) and all(is_int(i) and i >= 0 for i in v),
@@ -95,6 +98,7 @@ class JobSpec:
     feature_cache_gib: float = setting(
         0, FEATURE_CACHE_GIB, "the feature cache's size (feature_cache_gib)", role=True
     )
+    nice: int = setting(0, NICE, role=True)
     attn: str | None = setting(None, ATTN, "attention implementation")
     layers: tuple[int, ...] | None = setting(None, LAYERS)
     topk: int = setting(CAPTURE_TOPK, COUNT)
