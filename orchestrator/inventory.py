@@ -26,7 +26,7 @@ from remote.online.spec import ServeError, ServeSpec
 from remote.protocol import (
     COUNT,
     DEFAULT_DTYPE,
-    DEFAULT_GT_KIND,
+    DEFAULT_SERVER_KIND,
     DTYPES,
     FLAG,
     GT_DEFAULT_CONCURRENCY,
@@ -72,8 +72,8 @@ class _EvalRoleOwn:
 
     drafters: str
     target_model: str | None = None
-    ground_truth: str | None = None  # URL of an SGLang/OpenAI server, "local", or a file
-    ground_truth_kind: str = DEFAULT_GT_KIND  # one of GT_KINDS
+    ground_truth: str | None = None  # a server's URL, or a file for kind "file"
+    ground_truth_kind: str = DEFAULT_SERVER_KIND  # one of GT_KINDS
     prompts: str | None = None
     threads: int | None = None
     dtype: str = DEFAULT_DTYPE

@@ -187,11 +187,11 @@ def test_attention_implementations_and_the_parity_inbox_are_the_contracts():
 
 
 def test_the_ground_truth_kinds_and_their_default_are_written_once():
-    """`GT_KINDS`, `SERVER_KINDS` and `DEFAULT_GT_KIND` are the contract's: no product
+    """`GT_KINDS`, `SERVER_KINDS` and `DEFAULT_SERVER_KIND` are the contract's: no product
     module lists server kinds or writes the default kind as a fallback of its own."""
-    from remote.protocol import DEFAULT_GT_KIND, GT_KINDS, SERVER_KINDS
+    from remote.protocol import DEFAULT_SERVER_KIND, GT_KINDS, SERVER_KINDS
 
-    assert DEFAULT_GT_KIND in SERVER_KINDS and set(SERVER_KINDS) < set(GT_KINDS)
+    assert DEFAULT_SERVER_KIND in SERVER_KINDS and set(SERVER_KINDS) < set(GT_KINDS)
     found = []
     for path in _modules():
         tree = ast.parse(path.read_text())
@@ -213,8 +213,8 @@ def test_the_ground_truth_kinds_and_their_default_are_written_once():
                 if isinstance(node, ast.AnnAssign)
                 else None
             )
-            if isinstance(fallback, ast.Constant) and fallback.value == DEFAULT_GT_KIND:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {DEFAULT_GT_KIND!r}")
+            if isinstance(fallback, ast.Constant) and fallback.value == DEFAULT_SERVER_KIND:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {DEFAULT_SERVER_KIND!r}")
     assert found == [], found
 
 
@@ -276,14 +276,42 @@ def test_a_bad_job_setting_is_refused_by_one_check_on_every_side(name):
 def test_the_default_server_kind_and_a_missing_url_read_the_same_on_both_sides():
     """No kind given: both sides take the contract's default (a server kind), and a server
     kind without a URL is refused by the same words on the controller and the host."""
-    from remote.protocol import DEFAULT_GT_KIND, SERVER_KINDS, GroundTruthSpec, JobSpec
+    from remote.protocol import DEFAULT_SERVER_KIND, SERVER_KINDS, GroundTruthSpec, JobSpec
 
     job = JobSpec.from_json({"ground_truth": {}})
-    assert job.ground_truth.kind == DEFAULT_GT_KIND == GroundTruthSpec().kind
-    assert DEFAULT_GT_KIND in SERVER_KINDS
+    assert job.ground_truth.kind == DEFAULT_SERVER_KIND == GroundTruthSpec().kind
+    assert DEFAULT_SERVER_KIND in SERVER_KINDS
     assert "needs a server URL" in job.ground_truth.missing_source()
     back = GroundTruthSpec.from_json(GroundTruthSpec(url="http://127.0.0.1:1").to_json())
     assert back == GroundTruthSpec(url="http://127.0.0.1:1") and back.missing_source() is None
+
+
+def test_every_ground_truth_kind_is_one_entry_with_a_host_source_and_no_chains():
+    """Each kind of the contract (`GT_SOURCES`) has exactly one source on the host that
+    makes it; no product module compares a kind with a name (``if kind == "file"``), and
+    the ground truth's own modules write no kind's name: what differs between kinds is an
+    entry's attribute or its source's method."""
+    from remote.eval.groundtruth.phase import SOURCES
+    from remote.protocol import GT_SOURCES
+
+    assert set(SOURCES) == set(GT_SOURCES)
+    assert all(SOURCES[name].kind is kind for name, kind in GT_SOURCES.items())
+    own = [ROOT / "remote/eval/groundtruth", ROOT / "orchestrator/eval/shards"]
+    own += [ROOT / f for f in ("remote/eval/preflight.py", "orchestrator/eval/spec.py")]
+    found = []
+    for path in _modules(outside_contract=False):
+        if "relay" in path.parts:  # a checkpoint's kind there: a folder or a single file
+            continue
+        ground_truths = path in own or any(d in path.parents for d in own)
+        for node in ast.walk(ast.parse(path.read_text())):
+            sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+            names = [c for c in sides if isinstance(c, ast.Constant) and c.value in GT_SOURCES]
+            if names and any("kind" in ast.unparse(c) for c in sides if c not in names):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+            if ground_truths and isinstance(node, ast.Constant) and node.value in GT_SOURCES:
+                if node.value != "file":  # also the name of a file, in a ground truth's info
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+    assert found == [], found
 
 
 def test_the_prompts_sha256_a_job_carries_is_checked_where_the_job_is_read():

@@ -26,16 +26,17 @@ from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
 from remote.protocol import (
     CARRY_MAX_BYTES,
-    DEFAULT_GT_KIND,
+    DEFAULT_SERVER_KIND,
     GT_DEFAULT_CONCURRENCY,
     GT_DEFAULT_MAX_NEW_TOKENS,
+    GT_SOURCES,
     JOB_CARRY_KEY,
     JOB_ENGINE_DEFAULT,
     JOB_EVAL_KEY,
     JOB_SPEC_SCHEMA,
-    SERVER_KINDS,
     EvalSpec,
     GroundTruthSpec,
+    GTKind,
     GTLimits,
     JobKind,
     JobSpec,
@@ -249,13 +250,14 @@ def ground_truth_spec(host: Host, spec: HostSpec, options: EvalOptions) -> Groun
     option's, else the host's inventory role's, else the contract's default. A source the
     kind needs and nobody gave is one line."""
     role = spec.eval
-    kind = options.ground_truth_kind or (role.ground_truth_kind if role else DEFAULT_GT_KIND)
+    kind = options.ground_truth_kind or (role.ground_truth_kind if role else DEFAULT_SERVER_KIND)
     source = options.ground_truth or (role.ground_truth if role else None)
+    needs = getattr(GT_SOURCES.get(kind), "needs", "url")  # an unknown kind: refused below
+    named = {needs: host.expand(source) if needs == "path" else source} if source else {}
     try:
         gt = GroundTruthSpec(
             kind=kind,
-            url=source if kind in SERVER_KINDS else None,
-            path=host.expand(source) if kind == "file" and source else None,
+            **(named if needs else {}),
             model=options.ground_truth_model or (role.ground_truth_model if role else None),
             limits=options.ground_truth_limits(role),
             concurrency=_given(
@@ -297,7 +299,8 @@ def build_spec(
     carried under ``carry`` (`carry_or_push`); only for a spec that `start_job` sends."""
     role = spec.eval
     if exact_file is not None:
-        options = replace(options, ground_truth=exact_file, ground_truth_kind="file", prompts=None)
+        file = GTKind.FILE.name
+        options = replace(options, ground_truth=exact_file, ground_truth_kind=file, prompts=None)
     if engine is None:
         engine = replace(
             options.engine_for(role),
@@ -330,7 +333,7 @@ def build_spec(
         **{k: getattr(role, k) if role else d for k, d in JobSpec.ROLE_SETTINGS.items()},
         "workdir": workdir_for(host, carry),  # the host records its own, expanded
     }
-    if job["ground_truth"]["kind"] != "file":
+    if GT_SOURCES[job["ground_truth"]["kind"]].reads_prompts:
         job["prompts"] = resolve_prompts(host, spec, options.prompts, carry)
     if carry:
         job[JOB_CARRY_KEY] = carry

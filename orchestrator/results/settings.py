@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestrator.printable import printable
 from orchestrator.results import store as res
-from remote.protocol import JOB_EVAL_KEY
+from remote.protocol import GT_SOURCES, JOB_EVAL_KEY
 from remote.protocol import metrics as registry
 
 
@@ -56,7 +56,8 @@ def engine(run: res.Run) -> str | None:
 
 def _ground_truth(run: res.Run) -> str | None:
     gt = res.ground_truth_source(run)
-    where = gt.get("url") or (gt.get("path") if gt.get("kind") == "file" else None)
+    named = getattr(GT_SOURCES.get(str(gt.get("kind"))), "needs", None) == "path"
+    where = gt.get("url") or (gt.get("path") if named else None)
     return " ".join(str(v) for v in (gt.get("kind"), where) if v) or None
 
 

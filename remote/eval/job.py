@@ -109,7 +109,7 @@ def run_eval_job(
         if job.stop_after != "ground_truth":
             loading.append(_in_background(load_model))
 
-    if gt.kind == "file" and gt.deferred is not None:
+    if gt.awaits_file():
         events.emit("phase", phase="await_ground_truth")
         arrived = await_file(
             path / GT_DEFERRED_FILE, gt.deferred, meanwhile=asking, after=PRELOAD_AFTER_SECONDS

@@ -31,7 +31,6 @@ from remote.model.files import require_tokenizer
 from remote.probe.facts import meminfo, package_version
 from remote.protocol import (
     ENGINE_PACKAGES,
-    SERVER_KINDS,
     EvalSpec,
     GroundTruthSpec,
     JobKind,
@@ -145,7 +144,7 @@ def check_target(
 
         report["device"] = str(resolve(engine.device))
     target = _model_folder(engine.target, "target model")
-    if job.ground_truth.kind != "file":  # prompts are text: the target's tokenizer makes ids
+    if job.ground_truth.source.reads_prompts:  # text: the target's tokenizer makes ids
         require_tokenizer(target)
     return report, job, target
 
@@ -168,15 +167,14 @@ def check(spec: dict | JobSpec, engine: EvalSpec | None = None, keep: dict | Non
         else None
     )
     kind = gt.kind
-    if kind == "file":
-        if gt.deferred is not None:  # arrives in the job's folder after the start
-            pass
-        elif not gt.path or not Path(gt.path).is_file():
-            raise UserError(f"ground truth file {gt.path} does not exist on this host")
-    else:
+    if gt.source.reads_prompts:
         if not job.prompts or not Path(job.prompts).is_file():
             raise UserError(f"prompts file {job.prompts} does not exist on this host")
-    if job.stop_after == "ground_truth" and kind != "local":
+    elif gt.awaits_file():  # arrives in the job's folder after the start
+        pass
+    elif not gt.path or not Path(gt.path).is_file():
+        raise UserError(f"ground truth file {gt.path} does not exist on this host")
+    if job.stop_after == "ground_truth" and not gt.source.on_target:
         # Nothing is loaded by a job that only fetches ground truth (a sharded eval's first
         # job): no torch import and no memory check here; each shard's job checks its own.
         report["ground_truth"] = {"kind": kind, "url": gt.url, "path": gt.path}
@@ -231,7 +229,7 @@ def _reachable(gt: GroundTruthSpec, report: dict) -> dict:
     from remote.httpclient import reachable
 
     problem = gt.missing_source()
-    if problem is None and gt.kind in SERVER_KINDS:
+    if problem is None and gt.source.server:
         problem = reachable(gt.url, 5.0)
     if problem:
         raise UserError(problem)

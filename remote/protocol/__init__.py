@@ -17,8 +17,10 @@ it as `remote.protocol`; its modules hold the parts:
   by the contract's own `Check`);
 - `jobs`: job ids, states and kinds, carried files, the JSON types of a host's answers,
   how the scheduler ended a Slurm task's attempt (`check_slurm_end`);
-- `ground_truth`: its source kinds, the job's `GroundTruthSpec` (with its bounds,
-  `GTLimits`) and `Sampling` (greedy only), the suspect-agreement rule;
+- `gt_sources`: the ground truth's source kinds, each once (`GTKind`, `GT_SOURCES`: what
+  a job names for it, what it does with the prompts);
+- `ground_truth`: the job's `GroundTruthSpec` (with its bounds, `GTLimits`) and `Sampling`
+  (greedy only), the suspect-agreement rule;
 - `eval_spec`: `EvalSpec`, what the eval engine evaluates and how, with ONE dtype
   vocabulary (``bfloat16``/``float32``; ``bf16``/``fp32`` are accepted once, at parse) and
   one set of defaults. A bad value is a `SpecError` (a ValueError with one line saying what
@@ -44,7 +46,6 @@ from remote.protocol.eval_spec import POSITIONS as POSITIONS
 from remote.protocol.eval_spec import EvalSpec as EvalSpec
 from remote.protocol.eval_spec import parse_budgets as parse_budgets
 from remote.protocol.eval_spec import parse_dtype as parse_dtype
-from remote.protocol.ground_truth import DEFAULT_GT_KIND as DEFAULT_GT_KIND
 from remote.protocol.ground_truth import GT_CACHE_KEY_RE as GT_CACHE_KEY_RE
 from remote.protocol.ground_truth import GT_DEFAULT_CONCURRENCY as GT_DEFAULT_CONCURRENCY
 from remote.protocol.ground_truth import GT_DEFAULT_DEADLINE as GT_DEFAULT_DEADLINE
@@ -52,12 +53,10 @@ from remote.protocol.ground_truth import GT_DEFAULT_MAX_NEW_TOKENS as GT_DEFAULT
 from remote.protocol.ground_truth import GT_DEFAULT_PHASE_DEADLINE as GT_DEFAULT_PHASE_DEADLINE
 from remote.protocol.ground_truth import GT_DEFAULT_TIMEOUT as GT_DEFAULT_TIMEOUT
 from remote.protocol.ground_truth import GT_DEFERRED_FILE as GT_DEFERRED_FILE
-from remote.protocol.ground_truth import GT_KINDS as GT_KINDS
 from remote.protocol.ground_truth import GT_MAX_SECONDS as GT_MAX_SECONDS
 from remote.protocol.ground_truth import GT_SUSPECT_AGREEMENT as GT_SUSPECT_AGREEMENT
 from remote.protocol.ground_truth import SAMPLING_KNOBS as SAMPLING_KNOBS
 from remote.protocol.ground_truth import SECONDS as SECONDS
-from remote.protocol.ground_truth import SERVER_KINDS as SERVER_KINDS
 from remote.protocol.ground_truth import GroundTruthSpec as GroundTruthSpec
 from remote.protocol.ground_truth import GTLimits as GTLimits
 from remote.protocol.ground_truth import Sampling as Sampling
@@ -65,6 +64,12 @@ from remote.protocol.ground_truth import agreement_suspect as agreement_suspect
 from remote.protocol.ground_truth import flag_suspect as flag_suspect
 from remote.protocol.ground_truth import greedy_refusal as greedy_refusal
 from remote.protocol.ground_truth import non_greedy as non_greedy
+from remote.protocol.gt_sources import DEFAULT_SERVER_KIND as DEFAULT_SERVER_KIND
+from remote.protocol.gt_sources import GT_KINDS as GT_KINDS
+from remote.protocol.gt_sources import GT_SOURCES as GT_SOURCES
+from remote.protocol.gt_sources import SERVER_KINDS as SERVER_KINDS
+from remote.protocol.gt_sources import GTKind as GTKind
+from remote.protocol.gt_sources import SourceKind as SourceKind
 from remote.protocol.job_spec import ATTN as ATTN
 from remote.protocol.job_spec import ATTN_IMPLEMENTATIONS as ATTN_IMPLEMENTATIONS
 from remote.protocol.job_spec import CAPTURE_TOPK as CAPTURE_TOPK

@@ -1,5 +1,6 @@
-"""Ground truth: its source kinds, the bounds on waiting for it (`GTLimits`), and the
-judgement that a ground truth is wrong wholesale (`agreement_suspect`, `flag_suspect`)."""
+"""Ground truth: where a job's comes from (`GroundTruthSpec`, its kinds in `gt_sources`),
+the bounds on waiting for it (`GTLimits`), how it is decoded (`Sampling`), and the judgement
+that a ground truth is wrong wholesale (`agreement_suspect`, `flag_suspect`)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,9 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+from remote.protocol.gt_sources import DEFAULT_SERVER_KIND, GT_KINDS, GT_SOURCES, SourceKind
 from remote.protocol.values import COUNT, FLAG, TEXT, Check, SpecError, is_number, one_of
 
-# Where ground truth comes from: a serving engine (SGLang's native API, an OpenAI-compatible
-# one with token ids, one with text only), a file of ids on the host, or the target itself.
-SERVER_KINDS = ("sglang", "openai", "openai-text")
-GT_KINDS = (*SERVER_KINDS, "file", "local")
-DEFAULT_GT_KIND = "sglang"  # when neither the job nor the inventory names one
 # A ``file`` ground truth may be DEFERRED (``{"kind": "file", "deferred": seconds}``): the
 # job starts (imports, checks, loads its target) before its file exists, and waits up to
 # that many seconds for it to arrive in its own folder under this name. A sharded eval
@@ -93,7 +90,7 @@ class GroundTruthSpec:
     own way). Whether the source is there (`missing_source`) is asked where it is needed:
     a job that makes no ground truth needs none."""
 
-    kind: str = DEFAULT_GT_KIND
+    kind: str = DEFAULT_SERVER_KIND
     url: str | None = None
     path: str | None = None
     model: str | None = None
@@ -132,17 +129,26 @@ class GroundTruthSpec:
         if not isinstance(self.limits, GTLimits):
             raise SpecError("the ground-truth limits must be a GTLimits")
 
+    @property
+    def source(self) -> SourceKind:
+        """The kind, as the contract describes it (`gt_sources`)."""
+        return GT_SOURCES[self.kind]
+
     def missing_source(self) -> str | None:
         """Why this ground truth cannot be made (a server kind without a URL, a file
         without a path that is not deferred), or None."""
-        if self.kind in SERVER_KINDS and not self.url:
+        if self.source.server and not self.url:
             return (
                 f"ground truth kind {self.kind!r} needs a server URL: set "
                 "roles.eval.ground_truth in the inventory or pass --ground-truth"
             )
-        if self.kind == "file" and not self.path and self.deferred is None:
-            return "ground truth kind 'file' needs --ground-truth PATH (on the host)"
+        if self.source.needs == "path" and not self.path and self.deferred is None:
+            return f"ground truth kind {self.kind!r} needs --ground-truth PATH (on the host)"
         return None
+
+    def awaits_file(self) -> bool:
+        """Whether the job waits for its ground-truth file to arrive (`GT_DEFERRED_FILE`)."""
+        return self.source.needs == "path" and self.deferred is not None
 
     def to_json(self) -> dict[str, Any]:
         """The job document's ``ground_truth`` entry (what `from_json` reads back): the
@@ -275,7 +281,7 @@ def flag_suspect(info: dict, rate: float, evicted: bool) -> dict:
     where = info.get("url") or info.get("path") or f"{info.get('kind')} generation"
     if evicted:
         fate = "dropped from the host's cache (the next eval makes it again)"
-    elif info.get("kind") == "file":
+    elif not getattr(GT_SOURCES.get(str(info.get("kind"))), "cached", True):
         fate = "it is a file given to the eval: make it again"
     else:
         fate = "its cache entry could not be dropped: remake it with --fresh-ground-truth"

@@ -57,7 +57,7 @@ from orchestrator.slurm.status import Attempt
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, last_line, open_host, quote
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
-from remote.protocol import JOB_CARRY_KEY, SpecError, check_slurm_end
+from remote.protocol import GT_SOURCES, JOB_CARRY_KEY, SpecError, check_slurm_end
 
 # How long the whole run may take, queue waits included (each array is bounded by it).
 RUN_TIMEOUT = 86400.0
@@ -132,7 +132,7 @@ def _shared_prompts(cluster: Cluster, options: EvalOptions) -> tuple[EvalOptions
     role = cluster.spec.eval
     prompts = options.prompts or (None if role and role.prompts else "chat")
     gt_kind = ground_truth_source(cluster.host, cluster.spec, options)["kind"]
-    if prompts is None or prompts.startswith("host:") or gt_kind == "file":
+    if prompts is None or prompts.startswith("host:") or not GT_SOURCES[gt_kind].reads_prompts:
         return options, None
     given = prompts_data(prompts)
     path = posixpath.join(cluster.work, "prompts", given.carried_name)

@@ -69,8 +69,8 @@ class Prompts:
     """A job's prompts as a source completes them: `records` (id, text) and `rendered`
     (text, ids) with the target's chat template; the target's `tokenizer`, `vocab` and
     `identity`; once `open_entry` named them, the `source` that answers, `where` (its words
-    in an error) and the cache entry they make (`path`, its meta beside it); `info`, the
-    phase's record so far."""
+    in an error), whether it answers in `text`, and the cache entry they make (`path`, its
+    meta beside it); `info`, the phase's record so far."""
 
     job: JobSpec
     engine: EvalSpec
@@ -84,6 +84,7 @@ class Prompts:
     where: str = ""
     path: Path = Path()
     started: float = 0.0
+    text: bool = False
 
     @classmethod
     def of(cls, job: JobSpec, engine: EvalSpec) -> Prompts:
@@ -97,10 +98,11 @@ class Prompts:
         vocab = target_vocab_size(engine.target, tokenizer)
         return cls(job, engine, records, rendered, tokenizer, vocab, identity, job_info(job))
 
-    def open_entry(self, source: dict, where: str) -> Prompts:
-        """Name the `source` that completes the prompts and the cache entry that makes
-        (dropped first when the job asks for a ``fresh`` one); itself."""
-        self.source, self.where = source, where
+    def open_entry(self, source: dict, where: str, text: bool = False) -> Prompts:
+        """Name the `source` that completes the prompts (`text`: in text, retokenised
+        here) and the cache entry that makes (dropped first when the job asks for a
+        ``fresh`` one); itself."""
+        self.source, self.where, self.text = source, where, text
         # The labels are in the entry (its lines carry them): another labelling, another
         # entry.
         labels = [sample_labels(p) for p in self.records]
@@ -130,7 +132,7 @@ class Prompts:
     def check(self, ids: Any, prompt_id: str) -> list[int]:
         """`ids` if they can be the target's completion of prompt `prompt_id`
         (`check_completion`); retokenised text may take more ids than the server made."""
-        limit = None if self.source["kind"] == "openai-text" else self.sampling["max_new_tokens"]
+        limit = None if self.text else self.sampling["max_new_tokens"]
         return check_completion(
             ids,
             vocab=self.vocab,
@@ -198,14 +200,13 @@ def collect(prompts: Prompts, answers: Iterable[Any], waits: Waits, emit: Emit) 
     never reused by a later run. `answers` is closed on the way out, also when a check
     refuses one: no more requests go out, and those in flight are ended (`Waits.abort`)."""
     prompts.started = time.time()
-    text_only = prompts.source["kind"] == "openai-text"
     records, mismatched, total = [], 0, len(prompts.records)
     with closing(iter(answers)) as answers_in_order, _aborting(waits):
         for i, (prompt, (text, ids), answer) in enumerate(
             zip(prompts.records, prompts.rendered, answers_in_order, strict=False)
         ):
             completion = answer
-            if text_only:
+            if prompts.text:
                 ctext, count = answer
                 completion = list(prompts.tokenizer(ctext, add_special_tokens=False)["input_ids"])
                 if not retokenisation_check(prompts.tokenizer, text, ids, ctext, completion, count):
@@ -213,7 +214,7 @@ def collect(prompts: Prompts, answers: Iterable[Any], waits: Waits, emit: Emit) 
             prompts.check(completion, prompt["id"])
             records.append({**labelled(prompt), "prompt_ids": ids, "completion_ids": completion})
             emit("ground_truth", done=i + 1, total=total, cached=False, tokens=len(completion))
-    if text_only:
+    if prompts.text:
         _retokenisation(prompts, len(records), mismatched, emit)
     return records
 

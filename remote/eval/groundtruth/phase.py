@@ -1,9 +1,7 @@
 """The ground-truth phase of a job (`prepare`): read the job once
-(`remote.eval.preflight.read_job`), then one
-function per source kind: a host's file (`from_file`), a serving engine (`from_server`), the
-target itself (`from_local`). Both of the last two make completions of the job's rendered
-prompts (`completions.Prompts`), reuse a cache entry that still passes every check, and
-check every completion before anything is cached (`completions.collect`)."""
+(`remote.eval.preflight.read_job`), then its kind's source makes the ground truth: a
+host's file (`FileSource`), the target itself (`LocalSource`) or a server (`servers`).
+Each kind of the contract (`remote.protocol.GT_SOURCES`) has one source here (`SOURCES`)."""
 
 from __future__ import annotations
 
@@ -14,27 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from remote.atomic import write_atomic
-from remote.errors import UserError
 from remote.eval.groundtruth.cache import Emit, jsonl
-from remote.eval.groundtruth.checks import (
-    read_ground_truth_file,
-)
+from remote.eval.groundtruth.checks import read_ground_truth_file
 from remote.eval.groundtruth.completions import Prompts, collect, job_info, require_source
 from remote.eval.groundtruth.local import LocalGenerator
-from remote.eval.groundtruth.prompts import (
-    select,
-)
-from remote.eval.groundtruth.servers import (
-    endpoint,
-    in_order,
-    openai_completion_ids,
-    openai_completion_text,
-    served_model,
-    sglang_generate,
-)
+from remote.eval.groundtruth.prompts import select
+from remote.eval.groundtruth.servers import SERVERS
 from remote.eval.preflight import read_job
-from remote.httpclient import Waits, reachable
-from remote.protocol import SERVER_KINDS, EvalSpec, JobSpec
+from remote.httpclient import Waits
+from remote.protocol import EvalSpec, GTKind, JobSpec
 
 
 def prepare(
@@ -56,112 +42,71 @@ def prepare(
     Returns (path of a JSONL file of ``{"id", "prompt_ids", "completion_ids"}``, info for
     the result: kind, url, model, cache key, ``cached`` (whether it came from the cache),
     ``source`` (kind, url, model, model_root, ``made``: when it was generated), warnings,
-    retokenisation). A server is asked which model it serves before the cache is looked
-    at; every completion is checked before anything is written. ``ground_truth.fresh``:
-    the cache entry is dropped and made again. Every wait is bounded
-    (`remote.protocol.GTLimits`: ``timeout``, ``deadline``, ``phase_deadline``, from
-    this call on).
-    """
+    retokenisation). Every completion is checked before anything is written;
+    ``ground_truth.fresh``: the cache entry is dropped and made again. Every wait is
+    bounded (`remote.protocol.GTLimits`, from this call on)."""
     began = time.monotonic()
     job = read_job(spec)
     waits = Waits(job.ground_truth.limits, started=began)
-    if job.ground_truth.kind == "file":
-        return from_file(job, emit)
-    if job.ground_truth.kind in SERVER_KINDS:
-        return from_server(job, engine or job.engine, waits, emit, asking)
-    return from_local(job, engine or job.engine, waits, emit, load_model)
+    source = SOURCES[job.ground_truth.kind]
+    return source.make(job, engine or job.engine, waits, emit, load_model=load_model, asking=asking)
 
 
-def from_file(job: JobSpec, emit: Emit) -> tuple[str, dict]:
-    """Kind ``file``: the job's selection of a ground-truth file on this host, each record
-    checked, written to the job's own folder (it belongs to this job, not to the cache)."""
-    gt = job.ground_truth
-    require_source(job)
-    records = select(read_ground_truth_file(gt.path), job.samples, job.seed)
-    out = Path(os.path.expanduser(job.workdir)) / "jobs" / (job.job_id or "adhoc")
-    out = out / "ground_truth.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, jsonl(records))
-    info = job_info(job)
-    info.update(
-        cached=False,
-        samples=len(records),
-        file=str(out),
-        source={"kind": "file", "path": gt.path, "made": time.time()},
-    )
-    emit("ground_truth", done=len(records), total=len(records), cached=False)
-    return str(out), info
+class FileSource:
+    """A ground-truth file on this host: the job's selection of it, each record checked,
+    written to the job's own folder (it belongs to this job, not to the cache)."""
 
+    kind = GTKind.FILE
 
-def from_server(
-    job: JobSpec,
-    engine: EvalSpec,
-    waits: Waits,
-    emit: Emit,
-    asking: Callable[[], None] | None = None,
-) -> tuple[str, dict]:
-    """Kinds ``sglang``, ``openai``, ``openai-text``: the server is reached and asked what
-    it serves (who answers is part of what the ground truth is: another URL or served
-    model is another cache entry), then, unless the cache holds the entry, asked for each
-    prompt's completion, up to ``concurrency`` requests in flight (`asking` called
-    first)."""
-    gt = job.ground_truth
-    prompts = Prompts.of(job, engine)
-    require_source(job)
-    problem = reachable(gt.url, min(waits.limits.timeout, 10.0))
-    if problem:
-        raise UserError(problem)
-    source = {
-        "kind": gt.kind,
-        "url": endpoint(gt.url, gt.kind),
-        **served_model(gt.kind, gt.url, gt.model, waits),
-    }
-    where = f"server {source['url']}" + (f" ({source['model']})" if source["model"] else "")
-    hit = prompts.open_entry(source, where).cached(emit)
-    if hit is not None:
-        return hit
-    if asking is not None:
-        asking()
-    if gt.kind == "openai-text":
-        prompts.warn(
-            f"ground truth from a TEXT-only server ({gt.url}): completions are "
-            "retokenised with the target's tokenizer, which does not always give the "
-            "ids the server generated; see the retokenisation mismatch rate",
-            emit,
+    def make(self, job: JobSpec, engine: EvalSpec, waits: Waits, emit: Emit, **_) -> tuple:
+        gt = job.ground_truth
+        require_source(job)
+        records = select(read_ground_truth_file(gt.path), job.samples, job.seed)
+        out = Path(os.path.expanduser(job.workdir)) / "jobs" / (job.job_id or "adhoc")
+        out = out / "ground_truth.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(out, jsonl(records))
+        info = job_info(job)
+        info.update(
+            cached=False,
+            samples=len(records),
+            file=str(out),
+            source={"kind": gt.kind, "path": gt.path, "made": time.time()},
         )
-    sampling, model = prompts.sampling, source.get("model")
-
-    def ask(text: str, ids: list[int]) -> Any:
-        # Only the request runs in the pool: tokenising, checking and emitting stay on the
-        # phase's thread, in prompt order.
-        if gt.kind == "sglang":
-            return sglang_generate(gt.url, ids, sampling, waits)
-        if gt.kind == "openai":
-            return openai_completion_ids(gt.url, model, ids, sampling, waits)
-        return openai_completion_text(gt.url, model, text, sampling, waits, len(ids))
-
-    return prompts.store(
-        collect(prompts, in_order(ask, prompts.rendered, gt.concurrency), waits, emit)
-    )
+        emit("ground_truth", done=len(records), total=len(records), cached=False)
+        return str(out), info
 
 
-def from_local(
-    job: JobSpec,
-    engine: EvalSpec,
-    waits: Waits,
-    emit: Emit,
-    load_model: Callable[[], Any] | None = None,
-) -> tuple[str, dict]:
-    """Kind ``local``: the target on this host completes the prompts greedily, unless the
-    cache holds them; ``concurrency`` prompts per ``generate`` call, as a server batches
-    them. `load_model`: the job's loaded target (else the generator loads its own)."""
-    prompts = Prompts.of(job, engine)
-    source = {"kind": "local", "url": None, "model": prompts.identity["path"]}
-    hit = prompts.open_entry(source, f"local generation with {engine.target}").cached(emit)
-    if hit is not None:
-        return hit
-    generator = LocalGenerator(
-        engine.target, engine.dtype, engine.threads, model=load_model() if load_model else None
-    )
-    answers = generator.in_order(prompts.ids, prompts.sampling, job.ground_truth.concurrency, waits)
-    return prompts.store(collect(prompts, answers, waits, emit))
+class LocalSource:
+    """The target on this host completes the prompts greedily, unless the cache holds
+    them; ``concurrency`` prompts per ``generate`` call, as a server batches them. Its
+    cache identity is the target itself. `load_model`: the job's loaded target (else the
+    generator loads its own)."""
+
+    kind = GTKind.LOCAL
+
+    def make(
+        self,
+        job: JobSpec,
+        engine: EvalSpec,
+        waits: Waits,
+        emit: Emit,
+        *,
+        load_model: Callable[[], Any] | None = None,
+        **_,
+    ) -> tuple[str, dict]:
+        prompts = Prompts.of(job, engine)
+        source = {"kind": self.kind.name, "url": None, "model": prompts.identity["path"]}
+        hit = prompts.open_entry(source, f"local generation with {engine.target}").cached(emit)
+        if hit is not None:
+            return hit
+        generator = LocalGenerator(
+            engine.target, engine.dtype, engine.threads, model=load_model() if load_model else None
+        )
+        concurrency = job.ground_truth.concurrency
+        answers = generator.in_order(prompts.ids, prompts.sampling, concurrency, waits)
+        return prompts.store(collect(prompts, answers, waits, emit))
+
+
+# How this host makes each kind of ground truth the contract names, by name.
+SOURCES = {s.kind.name: s for s in (FileSource(), LocalSource(), *SERVERS)}

@@ -1,183 +1,247 @@
-"""Asking a serving engine for greedy completions, through the host side's one HTTP client
-(`remote.httpclient.http_json`): SGLang's native ``/generate``, an OpenAI-compatible
-``/v1/completions`` with token ids or with text only, the model a server says it serves,
-and up to ``concurrency`` requests in flight at once with the answers taken in prompt
-order."""
+"""The ground-truth servers: each kind one class (`Server`) saying how it is asked, what
+its answer must hold and what it says it serves; `Server.make` is the phase with any of
+them, through the host side's one HTTP client (`remote.httpclient.http_json`), up to
+``concurrency`` requests in flight and the answers taken in prompt order (`in_order`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, ClassVar
 
 from remote.errors import UserError
+from remote.eval.groundtruth.cache import Emit
 from remote.eval.groundtruth.checks import check_answer_greedy, int_list
-from remote.httpclient import Redirected, Waits, answer_bytes, http_json
+from remote.eval.groundtruth.completions import Prompts, collect, require_source
+from remote.httpclient import Redirected, Waits, answer_bytes, http_json, reachable
+from remote.protocol import EvalSpec, GTKind, JobSpec, SourceKind
+
+# One prompt as a server is asked for it: its text and its ids (the target's chat template).
+Prompt = tuple[str, list[int]]
 
 
-def endpoint(url: str, kind: str) -> str:
-    """The request URL for a base server URL (a full endpoint URL is used as given)."""
-    url = url.rstrip("/")
-    if kind == "sglang":
-        return url if url.endswith("/generate") else url + "/generate"
-    if url.endswith("/v1/completions"):
-        return url
-    return url + "/completions" if url.endswith("/v1") else url + "/v1/completions"
+class Server:
+    """How one server kind (`kind`, from the contract) is asked: at `path` under its base
+    URL, with `request` for one prompt, the job's sampling settings in its own words
+    (`knobs`: the contract's name -> the server's); what its answer must hold
+    (`completion`: the ids, unchecked, or for a `text` server the text and its token count)
+    and the model it says it serves (`served`, part of the cache entry's key). A `warning`
+    is recorded whenever it makes a ground truth."""
 
+    kind: ClassVar[SourceKind]
+    path: ClassVar[str]
+    knobs: ClassVar[dict[str, str]]
+    text: ClassVar[bool] = False
+    warning: ClassVar[str | None] = None
 
-def _ask(url: str, payload: dict, prompt_tokens: int, sampling: dict, waits: Waits) -> Any:
-    """One completion request within `waits`' bounds, its answer bounded in size."""
-    return http_json(
-        url,
-        payload,
-        waits.limits.timeout,
-        deadline=waits.request(),
-        waits=waits,
-        max_bytes=answer_bytes(prompt_tokens, sampling["max_new_tokens"]),
-    )
+    def request(self, prompt: Prompt, sampling: dict, model: str | None) -> dict:
+        raise NotImplementedError
 
+    def completion(self, answer: Any, endpoint: str, prompt: Prompt) -> Any:
+        raise NotImplementedError
 
-def sglang_generate(url: str, prompt_ids: list[int], sampling: dict, waits: Waits) -> Any:
-    """SGLang's ``output_ids`` for one prompt, unchecked (see `check_completion`)."""
-    ep = endpoint(url, "sglang")
-    answer = _ask(
-        ep,
-        {
-            "input_ids": prompt_ids,
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": sampling["max_new_tokens"]},
-        },
-        len(prompt_ids),
-        sampling,
-        waits,
-    )
-    if isinstance(answer, list) and len(answer) == 1:  # a batch of one
-        answer = answer[0]
-    ids = answer.get("output_ids") if isinstance(answer, dict) else None
-    if not isinstance(ids, list):
-        raise UserError(
-            f"ground truth server {ep} answered without an 'output_ids' list of "
-            "token ids; is it SGLang's native server?"
+    def served(self, url: str, model: str | None, waits: Waits) -> dict:
+        raise NotImplementedError
+
+    def endpoint(self, url: str) -> str:
+        """The request URL for a base URL, which may end with a leading part of `path`
+        (``.../v1``) or all of it (a full endpoint URL is used as given)."""
+        url, parts = url.rstrip("/"), self.path.split("/")
+        for cut in range(len(parts) - 1, 0, -1):
+            if url.endswith("/".join(parts[:cut])):
+                return url + "/" + "/".join(parts[cut:])
+        return url + self.path
+
+    def wire(self, sampling: dict) -> dict:
+        """The job's sampling settings in this server's words (`knobs`)."""
+        return {self.knobs[k]: v for k, v in sampling.items() if k in self.knobs}
+
+    def answer(self, url: str, model: str | None, prompt: Prompt, sampling: dict, waits: Waits):
+        """The completion of one prompt: asked within `waits`' bounds, the answer bounded in
+        size, its shape checked (`completion`) and its sampling what was asked."""
+        endpoint = self.endpoint(url)
+        answer = http_json(
+            endpoint,
+            self.request(prompt, sampling, model),
+            waits.limits.timeout,
+            deadline=waits.request(),
+            waits=waits,
+            max_bytes=answer_bytes(len(prompt[1]), sampling["max_new_tokens"]),
         )
-    check_answer_greedy(answer, ep)
-    return ids
+        completion = self.completion(answer, endpoint, prompt)
+        check_answer_greedy(answer, endpoint)
+        return completion
+
+    def make(
+        self,
+        job: JobSpec,
+        engine: EvalSpec,
+        waits: Waits,
+        emit: Emit,
+        *,
+        load_model: Callable[[], Any] | None = None,
+        asking: Callable[[], None] | None = None,
+    ) -> tuple[str, dict]:
+        """The server is reached and asked what it serves (who answers is part of what the
+        ground truth is: another URL or served model is another cache entry), then, unless
+        the cache holds the entry, asked for each prompt's completion (`asking` called
+        first)."""
+        gt = job.ground_truth
+        prompts = Prompts.of(job, engine)
+        require_source(job)
+        problem = reachable(gt.url, min(waits.limits.timeout, 10.0))
+        if problem:
+            raise UserError(problem)
+        source = {"kind": gt.kind, "url": self.endpoint(gt.url)}
+        source.update(self.served(gt.url, gt.model, waits))
+        where = f"server {source['url']}" + (f" ({source['model']})" if source["model"] else "")
+        hit = prompts.open_entry(source, where, self.text).cached(emit)
+        if hit is not None:
+            return hit
+        if asking is not None:
+            asking()
+        if self.warning:
+            prompts.warn(self.warning.format(url=gt.url), emit)
+        sampling, model = prompts.sampling, source.get("model")
+
+        def ask(text: str, ids: list[int]) -> Any:
+            # Only the request runs in the pool: tokenising, checking and emitting stay on
+            # the phase's thread, in prompt order.
+            return self.answer(gt.url, model, (text, ids), sampling, waits)
+
+        answers = in_order(ask, prompts.rendered, gt.concurrency)
+        return prompts.store(collect(prompts, answers, waits, emit))
 
 
-def served_model(kind: str, url: str, model: str | None, waits: Waits) -> dict:
-    """The model a server says it serves, for the cache key and the result's provenance:
-    SGLang's ``GET /get_model_info`` ``model_path``; for OpenAI-compatible servers the name
-    used (given, else the first ``GET /v1/models`` lists) and that entry's ``root`` (the
-    weights' path, as vLLM and SGLang report it). A value the server does not report is
-    None (the request then names no model and a single-model server uses its own). A
-    redirect is refused here too (`Redirected`); any other failure counts as no answer."""
+def _get(url: str, waits: Waits) -> Any:
+    """A server's answer to ``GET url`` for what it serves; no answer (any failure but a
+    refused redirect, `Redirected`) is None."""
+    try:
+        return http_json(
+            url, None, min(waits.limits.timeout, 30.0), deadline=waits.request(), waits=waits
+        )
+    except Redirected:
+        raise
+    except UserError:
+        return None
 
-    def ask(path: str) -> Any:
-        try:
-            return http_json(
-                path, None, min(waits.limits.timeout, 30.0), deadline=waits.request(), waits=waits
+
+class SGLang(Server):
+    """SGLang's native ``POST /generate``: ``input_ids`` in, ``output_ids`` out; it serves
+    what ``GET /get_model_info`` calls ``model_path``."""
+
+    kind = GTKind.SGLANG
+    path = "/generate"
+    knobs = {"temperature": "temperature", "max_new_tokens": "max_new_tokens"}
+
+    def request(self, prompt: Prompt, sampling: dict, model: str | None) -> dict:
+        return {"input_ids": prompt[1], "sampling_params": self.wire(sampling)}
+
+    def completion(self, answer: Any, endpoint: str, prompt: Prompt) -> Any:
+        if isinstance(answer, list) and len(answer) == 1:  # a batch of one
+            answer = answer[0]
+        ids = answer.get("output_ids") if isinstance(answer, dict) else None
+        if not isinstance(ids, list):
+            raise UserError(
+                f"ground truth server {endpoint} answered without an 'output_ids' list of "
+                "token ids; is it SGLang's native server?"
             )
-        except Redirected:
-            raise
-        except UserError:
-            return None
+        return ids
 
-    if kind == "sglang":
-        info = ask(endpoint(url, "sglang")[: -len("/generate")] + "/get_model_info")
+    def served(self, url: str, model: str | None, waits: Waits) -> dict:
+        info = _get(self.endpoint(url)[: -len(self.path)] + "/get_model_info", waits)
         path = info.get("model_path") if isinstance(info, dict) else None
         return {"model": path if isinstance(path, str) and path else None}
-    listing = ask(endpoint(url, "openai").rsplit("/completions", 1)[0] + "/models")
-    entries = listing.get("data") if isinstance(listing, dict) else None
-    entries = (
-        [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
-        if isinstance(entries, list)
-        else []
-    )
-    name = model or (entries[0]["id"] if entries else None)
-    entry = next((e for e in entries if e["id"] == name), {})
-    root = entry.get("root")
-    return {"model": name, "model_root": root if isinstance(root, str) and root else None}
 
 
-def _with_model(payload: dict, model: str | None) -> dict:
-    return {"model": model, **payload} if model else payload
+class OpenAI(Server):
+    """An OpenAI-compatible ``POST /v1/completions`` whose ``prompt`` is the token ids and
+    which returns ids when asked (``return_token_ids``: vLLM >= 0.10.2, SGLang); it serves
+    the model named (else the first ``GET /v1/models`` lists), the weights its ``root``."""
 
+    kind = GTKind.OPENAI
+    path = "/v1/completions"
+    knobs = {"temperature": "temperature", "max_new_tokens": "max_tokens"}
 
-def openai_completion_ids(
-    url: str, model: str | None, prompt_ids: list[int], sampling: dict, waits: Waits
-) -> Any:
-    """``choices[0].token_ids`` for one prompt, unchecked (see `check_completion`)."""
-    ep = endpoint(url, "openai")
-    answer = _ask(
-        ep,
-        _with_model(
-            {
-                "prompt": prompt_ids,
-                "max_tokens": sampling["max_new_tokens"],
-                "temperature": 0.0,
-                "return_token_ids": True,
-            },
-            model,
-        ),
-        len(prompt_ids),
-        sampling,
-        waits,
-    )
-    try:
-        choice = answer["choices"][0]
-    except (KeyError, IndexError, TypeError):
-        raise UserError(
-            f"ground truth server {ep} answered without 'choices'; is it an "
-            "OpenAI-compatible completions endpoint?"
-        ) from None
-    ids = choice.get("token_ids") if isinstance(choice, dict) else None
-    if not isinstance(ids, list):
-        raise UserError(
-            f"ground truth server {ep} returned no token ids (choices[0].token_ids);"
-            " it needs return_token_ids support (vLLM >= 0.10.2, recent SGLang), "
-            "or use ground_truth_kind openai-text (text only, retokenised)"
+    def request(self, prompt: Prompt, sampling: dict, model: str | None) -> dict:
+        ask = {"prompt": prompt[1], **self.wire(sampling), "return_token_ids": True}
+        return {"model": model, **ask} if model else ask
+
+    def completion(self, answer: Any, endpoint: str, prompt: Prompt) -> Any:
+        try:
+            choice = answer["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise UserError(
+                f"ground truth server {endpoint} answered without 'choices'; is it an "
+                "OpenAI-compatible completions endpoint?"
+            ) from None
+        ids = choice.get("token_ids") if isinstance(choice, dict) else None
+        if not isinstance(ids, list):
+            raise UserError(
+                f"ground truth server {endpoint} returned no token ids (choices[0].token_ids);"
+                " it needs return_token_ids support (vLLM >= 0.10.2, recent SGLang), "
+                f"or use ground_truth_kind {OpenAIText.kind.name} (text only, retokenised)"
+            )
+        echoed = choice.get("prompt_token_ids", answer.get("prompt_token_ids"))
+        if int_list(echoed) and echoed and echoed != prompt[1]:
+            raise UserError(
+                f"ground truth server {endpoint} tokenised the prompt differently "
+                f"({len(echoed)} ids back for {len(prompt[1])} sent); it does not "
+                "take token-id prompts as given"
+            )
+        return ids
+
+    def served(self, url: str, model: str | None, waits: Waits) -> dict:
+        listing = _get(self.endpoint(url).rsplit("/completions", 1)[0] + "/models", waits)
+        entries = listing.get("data") if isinstance(listing, dict) else None
+        entries = (
+            [e for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
+            if isinstance(entries, list)
+            else []
         )
-    check_answer_greedy(answer, ep)
-    echoed = choice.get("prompt_token_ids", answer.get("prompt_token_ids"))
-    if int_list(echoed) and echoed and echoed != prompt_ids:
-        raise UserError(
-            f"ground truth server {ep} tokenised the prompt differently "
-            f"({len(echoed)} ids back for {len(prompt_ids)} sent); it does not "
-            "take token-id prompts as given"
-        )
-    return ids
+        name = model or (entries[0]["id"] if entries else None)
+        entry = next((e for e in entries if e["id"] == name), {})
+        root = entry.get("root")
+        return {"model": name, "model_root": root if isinstance(root, str) and root else None}
 
 
-def openai_completion_text(
-    url: str, model: str | None, prompt_text: str, sampling: dict, waits: Waits, prompt_tokens: int
-) -> tuple[str, int | None]:
-    """(completion text, the server's own count of completion tokens if it reports one);
-    `prompt_tokens`: the prompt's length in the target's ids (for the answer's bound)."""
-    ep = endpoint(url, "openai")
-    answer = _ask(
-        ep,
-        _with_model(
-            {"prompt": prompt_text, "max_tokens": sampling["max_new_tokens"], "temperature": 0.0},
-            model,
-        ),
-        prompt_tokens,
-        sampling,
-        waits,
+class OpenAIText(OpenAI):
+    """A text-only OpenAI-compatible server (``transformers serve``, ...): the prompt's text
+    in, ``choices[0].text`` out (with the server's own token count where it gives one),
+    retokenised with the target's tokenizer and every sample checked, with a warning."""
+
+    kind = GTKind.OPENAI_TEXT
+    text = True
+    warning = (
+        "ground truth from a TEXT-only server ({url}): completions are retokenised with "
+        "the target's tokenizer, which does not always give the ids the server generated; "
+        "see the retokenisation mismatch rate"
     )
-    try:
-        text = answer["choices"][0]["text"]
-    except (KeyError, IndexError, TypeError):
-        text = None
-    if not isinstance(text, str):
-        raise UserError(
-            f"ground truth server {ep} answered without choices[0].text; is it "
-            "an OpenAI-compatible completions endpoint?"
-        )
-    check_answer_greedy(answer, ep)
-    count = (answer.get("usage") or {}).get("completion_tokens")
-    return text, count if isinstance(count, int) else None
+
+    def request(self, prompt: Prompt, sampling: dict, model: str | None) -> dict:
+        ask = {"prompt": prompt[0], **self.wire(sampling)}
+        return {"model": model, **ask} if model else ask
+
+    def completion(self, answer: Any, endpoint: str, prompt: Prompt) -> Any:
+        try:
+            text = answer["choices"][0]["text"]
+        except (KeyError, IndexError, TypeError):
+            text = None
+        if not isinstance(text, str):
+            raise UserError(
+                f"ground truth server {endpoint} answered without choices[0].text; is it "
+                "an OpenAI-compatible completions endpoint?"
+            )
+        count = (answer.get("usage") or {}).get("completion_tokens")
+        return text, count if isinstance(count, int) else None
+
+
+# Every server kind this host can ask.
+SERVERS = (SGLang(), OpenAI(), OpenAIText())
 
 
 def in_order(
-    ask: Callable[[str, list[int]], Any], rendered: list[tuple[str, list[int]]], concurrency: int
+    ask: Callable[[str, list[int]], Any], rendered: list[Prompt], concurrency: int
 ) -> Iterator[Any]:
     """`ask(text, ids)` for every rendered prompt, yielded in prompt order. With
     `concurrency` > 1 up to that many requests are in flight at once (a serving engine
