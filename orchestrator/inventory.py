@@ -26,7 +26,6 @@ from remote.online.spec import ServeError, ServeSpec
 from remote.protocol import (
     COUNT,
     DEFAULT_DTYPE,
-    DEFAULT_SERVER_KIND,
     DTYPES,
     FLAG,
     GT_DEFAULT_CONCURRENCY,
@@ -73,7 +72,9 @@ class _EvalRoleOwn:
     drafters: str
     target_model: str | None = None
     ground_truth: str | None = None  # a server's URL, or a file for kind "file"
-    ground_truth_kind: str = DEFAULT_SERVER_KIND  # one of GT_KINDS
+    # One of GT_KINDS; None: a server URL is asked as the default server kind, and with no
+    # URL either the target makes the ground truth on the host.
+    ground_truth_kind: str | None = None
     prompts: str | None = None
     threads: int | None = None
     dtype: str = DEFAULT_DTYPE

@@ -273,15 +273,22 @@ def test_a_bad_job_setting_is_refused_by_one_check_on_every_side(name):
         assert "\n" not in line, (side, line)
 
 
-def test_the_default_server_kind_and_a_missing_url_read_the_same_on_both_sides():
-    """No kind given: both sides take the contract's default (a server kind), and a server
-    kind without a URL is refused by the same words on the controller and the host."""
+def test_the_default_kind_and_a_missing_url_read_the_same_on_both_sides():
+    """No kind given: both sides take the contract's default, a URL alone is asked as the
+    default server kind and nothing at all is made by the target on the host; a server kind
+    without a URL is refused by the same words on the controller and the host, naming the
+    target's own ground truth as the other way."""
     from remote.protocol import DEFAULT_SERVER_KIND, SERVER_KINDS, GroundTruthSpec, JobSpec
 
     job = JobSpec.from_json({"ground_truth": {}})
-    assert job.ground_truth.kind == DEFAULT_SERVER_KIND == GroundTruthSpec().kind
+    assert job.ground_truth.kind == GroundTruthSpec().kind == "local"
+    assert job.ground_truth.source.on_target and job.ground_truth.missing_source() is None
     assert DEFAULT_SERVER_KIND in SERVER_KINDS
-    assert "needs a server URL" in job.ground_truth.missing_source()
+    url = JobSpec.from_json({"ground_truth": {"url": "http://127.0.0.1:1"}}).ground_truth
+    assert url.kind == DEFAULT_SERVER_KIND == GroundTruthSpec(url="http://127.0.0.1:1").kind
+    asked = JobSpec.from_json({"ground_truth": {"kind": "openai"}}).ground_truth
+    assert "needs a server URL" in asked.missing_source()
+    assert "ground_truth_kind local" in asked.missing_source()
     back = GroundTruthSpec.from_json(GroundTruthSpec(url="http://127.0.0.1:1").to_json())
     assert back == GroundTruthSpec(url="http://127.0.0.1:1") and back.missing_source() is None
 

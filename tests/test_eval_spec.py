@@ -206,3 +206,44 @@ def test_an_eval_roles_nice_runs_the_job_runner_nicer(tmp_path):
     with pytest.raises(UserError, match=r"^job spec: nice must be a whole number from 0 to"):
         jobs.start(str(tmp_path), "j2", {"kind": "eval", "nice": -5})
     assert not (tmp_path / "jobs" / "j2").exists()
+
+
+def test_no_ground_truth_configured_the_target_makes_it_and_a_note_says_so(tmp_path):
+    """No ground truth configured (no server, no kind; #48): before, the eval stopped with
+    "ground truth kind 'sglang' needs a server URL", a kind nobody chose. The target now
+    makes it on the eval host (kind local) and the request carries one note saying so and
+    how to use a server; a server URL alone is asked as the default server kind, and a
+    server kind chosen without a URL is one line naming the other way."""
+    from orchestrator.eval.request import eval_request
+    from orchestrator.eval.spec import build_spec
+    from orchestrator.inventory import parse_inventory
+    from orchestrator.transport.hosts import open_host
+    from remote.protocol import DEFAULT_SERVER_KIND
+
+    def inventory(role: str):
+        text = (
+            f"hosts:\n  box:\n    transport: local\n    workdir: {tmp_path}\n    roles:\n"
+            f"      eval: {{drafters: /d, target_model: /t{role}}}\n"
+        )
+        return parse_inventory(text, tmp_path / "inv.yaml")
+
+    def kind(inv, **options) -> str:
+        spec = inv.hosts["box"]
+        with open_host(spec, inv) as host:
+            job = build_spec(host, spec, "step-1", EvalOptions(**options), carry=[])
+        return job["ground_truth"]["kind"]
+
+    bare = inventory("")
+    (note,) = eval_request(bare, "step-1").notes
+    assert "\n" not in note and note.startswith("no ground truth configured for box:")
+    assert "ground_truth_kind local" in note and "roles.eval.ground_truth to a server URL" in note
+    assert eval_request(bare, "step-1", hosts="box").notes == [note]
+    assert kind(bare) == "local"
+    assert kind(bare, ground_truth="http://127.0.0.1:1") == DEFAULT_SERVER_KIND
+    assert eval_request(bare, "step-1", EvalOptions(ground_truth_kind="local")).notes == []
+    served = inventory(", ground_truth: 'http://127.0.0.1:1'")
+    assert eval_request(served, "step-1").notes == [] and kind(served) == DEFAULT_SERVER_KIND
+    with pytest.raises(DflashError) as chosen:
+        kind(bare, ground_truth_kind="openai")
+    line = str(chosen.value)
+    assert "kind 'openai' needs a server URL" in line and "ground_truth_kind local" in line

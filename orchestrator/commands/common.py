@@ -17,12 +17,14 @@ from orchestrator.eval.prompt_sets import builtin_set_names
 from orchestrator.inventory import Inventory, load_inventory
 from remote.protocol import (
     DEFAULT_BUDGETS,
+    DEFAULT_SERVER_KIND,
     GT_DEFAULT_DEADLINE,
     GT_DEFAULT_PHASE_DEADLINE,
     GT_DEFAULT_TIMEOUT,
     GT_KINDS,
     POSITIONS,
     SpecError,
+    kind_for,
     parse_budgets,
     parse_dtype,
 )
@@ -141,10 +143,17 @@ GroundTruthOption = Annotated[
     str | None,
     typer.Option(
         help="Ground-truth server URL (as seen from the eval host), or a file there for "
-        "kind 'file' (default: the inventory's)."
+        "kind 'file' (default: the inventory's; none: the target makes it on the host)."
     ),
 ]
-GroundTruthKindOption = Annotated[str | None, typer.Option(help=" | ".join(GT_KINDS) + ".")]
+GroundTruthKindOption = Annotated[
+    str | None,
+    typer.Option(
+        help=" | ".join(GT_KINDS) + f" (default: the inventory's; else {DEFAULT_SERVER_KIND} "
+        f"for a --ground-truth URL, {kind_for({}).name} without one: the target makes it on "
+        "the eval host, said in a note).",
+    ),
+]
 # The bounds on waiting for ground truth (`remote.protocol.GTLimits`), checked there: a bad
 # value is one line before anything connects. None: the inventory's, else the default.
 GtTimeoutOption = Annotated[

@@ -141,6 +141,7 @@ def follow_cmd(
     )
     # A polite stop (kill, systemd) behaves like Ctrl-C: the running job is cancelled, and
     # the command ends with one line and the shell's exit code for that signal.
+    output.notes(request.notes)
     note = "; the history is kept: run dflash follow again to go on"
     with stopped_by_signal(note), output.RichEvents(enabled=not json_out) as events:
         run = follow_lib.follow_pass if once else follow_lib.follow

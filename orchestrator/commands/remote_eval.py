@@ -148,6 +148,7 @@ def remote_eval_cmd(
         chosen=chosen,
     )
     request = eval_request(inv, checkpoint, options, host=host, hosts=hosts, detach=detach)
+    output.notes(request.notes)
     show = not json_out
     if request.hosts:
         # SIGTERM as Ctrl-C: a Slurm array is cancelled on the way out, nothing left queued

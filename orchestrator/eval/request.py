@@ -9,14 +9,15 @@ from dataclasses import dataclass, field
 
 from orchestrator.errors import DflashError
 from orchestrator.eval.run import eval_host_name
-from orchestrator.eval.spec import EvalOptions
-from orchestrator.inventory import Inventory
+from orchestrator.eval.spec import EvalOptions, ground_truth_note
+from orchestrator.inventory import HostSpec, Inventory
 
 
 @dataclass
 class EvalRequest:
     """One eval: on `host` (then `detach`: start it and return), or sharded across `hosts`
-    (names or groups; then `host` is None)."""
+    (names or groups; then `host` is None); `notes`: lines saying a default it will take
+    (the ground truth made by the target where nothing names its source)."""
 
     inventory: Inventory
     checkpoint: str
@@ -24,6 +25,7 @@ class EvalRequest:
     host: str | None = None
     hosts: list[str] = field(default_factory=list)
     detach: bool = False
+    notes: list[str] = field(default_factory=list)
 
 
 def eval_request(
@@ -37,7 +39,8 @@ def eval_request(
 ) -> EvalRequest:
     """The request: `hosts` (comma-separated names or groups) shards the eval, which runs to
     its end on no host in particular; otherwise it runs on `host`, default the inventory's
-    eval host (`run.eval_host_name`)."""
+    eval host (`run.eval_host_name`). The note of a ground truth nothing names
+    (`spec.ground_truth_note`) is the host's that makes it."""
     options = options or EvalOptions()
     if hosts:
         if host or detach:
@@ -46,6 +49,14 @@ def eval_request(
                 "with --host or --detach"
             )
         names = [n.strip() for n in hosts.split(",") if n.strip()]
-        return EvalRequest(inventory, checkpoint, options, hosts=names)
+        first = inventory.expand(names)[:1]  # where a sharded eval makes its ground truth
+        return EvalRequest(
+            inventory, checkpoint, options, hosts=names, notes=_notes(first, options)
+        )
     name = eval_host_name(inventory, host)
-    return EvalRequest(inventory, checkpoint, options, host=name, detach=detach)
+    notes = _notes([inventory.host(name)], options)
+    return EvalRequest(inventory, checkpoint, options, host=name, detach=detach, notes=notes)
+
+
+def _notes(specs: list[HostSpec], options: EvalOptions) -> list[str]:
+    return [n for n in (ground_truth_note(s, options) for s in specs) if n]

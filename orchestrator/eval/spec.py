@@ -26,7 +26,6 @@ from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host
 from remote.protocol import (
     CARRY_MAX_BYTES,
-    DEFAULT_SERVER_KIND,
     GT_DEFAULT_CONCURRENCY,
     GT_DEFAULT_MAX_NEW_TOKENS,
     GT_SOURCES,
@@ -247,12 +246,13 @@ def ground_truth_spec(host: Host, spec: HostSpec, options: EvalOptions) -> Groun
     """Where the job's ground truth comes from (`remote.protocol.GroundTruthSpec`): kind,
     server URL or file (on the host), the served model, the bounds on waiting for it
     (`EvalOptions.ground_truth_limits`), concurrency, ``fresh`` when asked; each the
-    option's, else the host's inventory role's, else the contract's default. A source the
-    kind needs and nobody gave is one line."""
+    option's, else the host's inventory role's, else the contract's default (no kind: a
+    source given is a server's URL; nothing given, the target makes it on the host). A
+    source the kind needs and nobody gave is one line."""
     role = spec.eval
-    kind = options.ground_truth_kind or (role.ground_truth_kind if role else DEFAULT_SERVER_KIND)
-    source = options.ground_truth or (role.ground_truth if role else None)
-    needs = getattr(GT_SOURCES.get(kind), "needs", "url")  # an unknown kind: refused below
+    kind, source = _kind_and_source(spec, options)
+    # a source alone is a server's URL; an unknown kind is refused below
+    needs = getattr(GT_SOURCES.get(kind), "needs", "url") if kind else "url"
     named = {needs: host.expand(source) if needs == "path" else source} if source else {}
     try:
         gt = GroundTruthSpec(
@@ -272,6 +272,25 @@ def ground_truth_spec(host: Host, spec: HostSpec, options: EvalOptions) -> Groun
     if problem:
         raise DflashError(problem)
     return gt
+
+
+def _kind_and_source(spec: HostSpec, options: EvalOptions) -> tuple[str | None, str | None]:
+    """The ground-truth kind and source the options, else the host's eval role, name."""
+    role = spec.eval
+    kind = options.ground_truth_kind or (role.ground_truth_kind if role else None)
+    return kind, options.ground_truth or (role.ground_truth if role else None)
+
+
+def ground_truth_note(spec: HostSpec, options: EvalOptions) -> str | None:
+    """The line saying that the target makes the ground truth on host `spec` because
+    nothing names another source (no kind chosen, no server), else None."""
+    if _kind_and_source(spec, options) != (None, None):
+        return None
+    return (
+        f"no ground truth configured for {spec.name}: its target makes it there "
+        f"(ground_truth_kind {GTKind.LOCAL.name}, slow for a large target); set "
+        "roles.eval.ground_truth_kind, or roles.eval.ground_truth to a server URL"
+    )
 
 
 def ground_truth_source(host: Host, spec: HostSpec, options: EvalOptions) -> dict:

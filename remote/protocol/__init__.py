@@ -70,6 +70,7 @@ from remote.protocol.gt_sources import GT_SOURCES as GT_SOURCES
 from remote.protocol.gt_sources import SERVER_KINDS as SERVER_KINDS
 from remote.protocol.gt_sources import GTKind as GTKind
 from remote.protocol.gt_sources import SourceKind as SourceKind
+from remote.protocol.gt_sources import kind_for as kind_for
 from remote.protocol.job_spec import ATTN as ATTN
 from remote.protocol.job_spec import ATTN_IMPLEMENTATIONS as ATTN_IMPLEMENTATIONS
 from remote.protocol.job_spec import CAPTURE_TOPK as CAPTURE_TOPK

@@ -8,7 +8,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from remote.protocol.gt_sources import DEFAULT_SERVER_KIND, GT_KINDS, GT_SOURCES, SourceKind
+from remote.protocol.gt_sources import GT_KINDS, GT_SOURCES, SourceKind, kind_for
 from remote.protocol.values import COUNT, FLAG, TEXT, Check, SpecError, is_number, one_of
 
 # A ``file`` ground truth may be DEFERRED (``{"kind": "file", "deferred": seconds}``): the
@@ -79,7 +79,9 @@ class GTLimits:
 @dataclass(frozen=True)
 class GroundTruthSpec:
     """Where a job's ground truth comes from (the job document's ``ground_truth``): its
-    `kind` (`GT_KINDS`), the server's `url` or the host's file `path`, the served `model`
+    `kind` (`GT_KINDS`; none given: `kind_for` what it names, so a server URL alone is
+    asked as the default server kind and nothing at all is made by the target on the
+    host), the server's `url` or the host's file `path`, the served `model`
     to ask for (None: the server's own), the bounds on waiting for it (`limits`), requests
     in flight at once (`concurrency`), `fresh` (make it again instead of reusing the host's
     cached entry) and, for a ``file`` that arrives after the job starts, how many seconds
@@ -90,7 +92,7 @@ class GroundTruthSpec:
     own way). Whether the source is there (`missing_source`) is asked where it is needed:
     a job that makes no ground truth needs none."""
 
-    kind: str = DEFAULT_SERVER_KIND
+    kind: str | None = None
     url: str | None = None
     path: str | None = None
     model: str | None = None
@@ -121,6 +123,8 @@ class GroundTruthSpec:
     }
 
     def __post_init__(self) -> None:
+        if self.kind is None:
+            object.__setattr__(self, "kind", kind_for({"url": self.url, "path": self.path}).name)
         for name in ("kind", "concurrency", "fresh"):
             self.CHECKS[name].require(self.LABELS[name], getattr(self, name))
         for name in ("url", "path", "model", "deferred"):
@@ -140,7 +144,8 @@ class GroundTruthSpec:
         if self.source.server and not self.url:
             return (
                 f"ground truth kind {self.kind!r} needs a server URL: set "
-                "roles.eval.ground_truth in the inventory or pass --ground-truth"
+                "roles.eval.ground_truth in the inventory or pass --ground-truth (or "
+                "use ground_truth_kind local: the target makes it on the eval host)"
             )
         if self.source.needs == "path" and not self.path and self.deferred is None:
             return f"ground truth kind {self.kind!r} needs --ground-truth PATH (on the host)"

@@ -30,7 +30,8 @@ class SourceKind:
 
 
 class GTKind:
-    """The source kinds, each written once; the first server kind is the default."""
+    """The source kinds, each written once; the first server kind is the one a server URL
+    is asked as when no kind is chosen."""
 
     SGLANG = SourceKind("sglang", "SGLang's native /generate (token ids in and out)")
     OPENAI = SourceKind("openai", "an OpenAI-compatible /v1/completions returning token ids")
@@ -45,3 +46,13 @@ GT_SOURCES = {k.name: k for k in vars(GTKind).values() if isinstance(k, SourceKi
 GT_KINDS = tuple(GT_SOURCES)
 SERVER_KINDS = tuple(name for name, k in GT_SOURCES.items() if k.server)
 DEFAULT_SERVER_KIND = SERVER_KINDS[0]
+
+
+def kind_for(given: dict) -> SourceKind:
+    """The kind of a ground truth that names none, from what it names (`given`: ``url``,
+    ``path``): the first kind needing a given one (a URL: `DEFAULT_SERVER_KIND`), else the
+    kind that needs nothing (the target makes it on the host)."""
+    return next(
+        (k for k in GT_SOURCES.values() if k.needs and given.get(k.needs)),
+        next(k for k in GT_SOURCES.values() if k.needs is None),
+    )

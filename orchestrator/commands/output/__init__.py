@@ -42,6 +42,7 @@ _WHERE = {
     "history_table": "history",
     "job_started": "progress",
     "mark": "base",
+    "notes": "base",
     "num": "base",
     "online_json": "online",
     "parity_attach_json": "parity",

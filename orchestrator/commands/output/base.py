@@ -68,6 +68,13 @@ def error_line(message: str) -> str:
     return f"[bold red]error:[/] {plain(message)}"
 
 
+def notes(lines: list[str]) -> None:
+    """What the library says about how it will run (a default it took), one yellow
+    ``note:`` line each on stderr, so ``--json`` output stays clean."""
+    for line in lines:
+        _console("err_console").print(f"[yellow]note:[/] {plain(line)}", soft_wrap=True)
+
+
 def exit_with(code: int, *lines: str) -> NoReturn:
     """End the command with exit `code` after printing `lines` (rich markup) on stderr: for
     outcomes already shown on stdout (a host that did not answer, a probe that found a

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from orchestrator.errors import DflashError
-from orchestrator.eval.spec import EvalOptions
+from orchestrator.eval.spec import EvalOptions, ground_truth_note
 from orchestrator.inventory import Inventory
 from orchestrator.relay import run as relay
 from remote.protocol import COUNT
@@ -59,12 +59,14 @@ class FollowEvents:
 
 @dataclass
 class FollowRequest:
-    """Where from, where to and how: what `follow.follow` and `follow.follow_pass` take."""
+    """Where from, where to and how: what `follow.follow` and `follow.follow_pass` take;
+    `notes`: lines saying a default it will take (`spec.ground_truth_note`)."""
 
     inventory: Inventory
     source: str
     dest: str
     options: FollowOptions
+    notes: list[str] = field(default_factory=list)
 
 
 def follow_request(
@@ -101,4 +103,5 @@ def follow_request(
         tensorboard=tensorboard,
         wandb=wandb,
     )
-    return FollowRequest(inventory, src, dst, options)
+    notes = [ground_truth_note(spec, options.eval) for spec in inventory.expand([dst])[:1]]
+    return FollowRequest(inventory, src, dst, options, [n for n in notes if n])
