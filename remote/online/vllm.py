@@ -42,7 +42,7 @@ from remote.errors import UserError
 from remote.httpclient import answer_bytes, http_json
 from remote.online import counters as server_counters
 from remote.online.invalid import SPEC, InvalidAnswer, steps_fit, totals_fit
-from remote.protocol import is_int
+from remote.protocol import is_int, is_number
 
 ROLE = server_counters.ROLE
 SPEC_FIELDS = (
@@ -117,7 +117,7 @@ def spec_decoding(obj: Any, where: str) -> SpecDecoding:
         if not is_int(obj[name]):
             raise UserError(f"{f}.{name} is {obj[name]!r}, not an integer")
     mean = obj["mean_acceptance_length"]
-    if not isinstance(mean, (int, float)) or isinstance(mean, bool):
+    if not is_number(mean):
         raise UserError(f"{f}.mean_acceptance_length is {mean!r}, not a number")
     per_acc, per_drafted = obj.get("per_step_accepted"), obj.get("per_step_drafted")
     if (per_acc is None) != (per_drafted is None):
