@@ -115,3 +115,20 @@ def test_results_compare_and_its_gate_fit(root, columns):
     assert f"A: {RUNS[0]}" in out and f"B: {RUNS[1]}" in out
     assert re.search(r"^tau\s+\d\.\d{3}\s+\d\.\d{3}\s+\+\d\.\d{3}\s+\[", out, re.M), out
     assert out.splitlines()[-1].startswith("gate passed: tau ")
+
+
+def test_each_command_in_one_process_fits_its_own_width(root):
+    """Consoles outlive a command in one process (tests, a notebook): the second command's
+    COLUMNS holds, not the first's (CI saw a parity table drawn at an earlier test's width)."""
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    runner = CliRunner()
+    argv = ["results", "show", RUNS[1], "--results-dir", str(root)]
+    narrow = runner.invoke(app, argv, env={"COLUMNS": "60"})
+    wide = runner.invoke(app, argv, env={"COLUMNS": "200"})
+    assert narrow.exit_code == 0 and wide.exit_code == 0, narrow.output + wide.output
+    assert max(map(len, narrow.stdout.splitlines())) <= 60, narrow.stdout
+    assert "left out at this width" in narrow.stdout, narrow.stdout
+    assert "left out" not in wide.stdout and "12.100" in wide.stdout, wide.stdout

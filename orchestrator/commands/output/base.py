@@ -31,8 +31,12 @@ def _console(name: str) -> Console:
         if not _consoles:
             from rich.console import Console
 
-            _consoles["console"] = Console(highlight=False)
-            _consoles["err_console"] = Console(stderr=True, highlight=False)
+            for key, stderr in (("console", False), ("err_console", True)):
+                made = Console(stderr=stderr, highlight=False)
+                # Unpinned, the width follows COLUMNS and the terminal at each print, so
+                # commands invoked in one process (tests, a notebook) each get their own.
+                made.width = None  # type: ignore[assignment]
+                _consoles[key] = made
         return _consoles[name]
 
 
