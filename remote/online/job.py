@@ -41,6 +41,7 @@ from remote.online.server import (
     serve_threads,
     vllm_command,
     vllm_env,
+    wait_answering,
 )
 from remote.online.spec import MeasureSpec, ServeError, ServeSpec
 from remote.protocol import EvalSpec
@@ -248,10 +249,12 @@ def _measure(
     concurrency level."""
     server = box.get("server")
     url = server.url if server is not None else str(serve.url)
-    startup = None
+    events.emit("phase", phase="serve_wait")
     if server is not None:
-        events.emit("phase", phase="serve_wait")
         startup = server.wait_ready(serve.start_timeout)
+    else:  # a running server: the same bound on its first answer
+        wait_answering(url, serve.start_timeout)
+        startup = None
     levels = _levels(url, serve, measure, box["rows"], _vocab(path), events, "online")
     return {
         "levels": levels,
@@ -299,6 +302,8 @@ def _baseline(
             events.emit("phase", phase="baseline_wait")
             startup = server.wait_ready(serve.start_timeout)
         url = server.url if server is not None else str(measure.baseline_url)
+        if server is None:  # a running one: bounded as the measured server is
+            wait_answering(url, serve.start_timeout)
         levels = _levels(url, serve, measure, box["rows"], _vocab(path), events, "baseline")
     finally:
         if server is not None:

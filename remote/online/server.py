@@ -284,6 +284,38 @@ def engine_version(url: str, timeout: float = 10.0) -> str | None:
     return version if isinstance(version, str) and 0 < len(version) <= 64 else None
 
 
+def wait_answering(url: str, timeout: float) -> float:
+    """Wait until a server someone else runs answers HTTP at all (any status to ``GET
+    /health``: vLLM and SGLang answer 200 once they serve); the seconds it took. A server
+    that accepts connections but never answers is one line once `timeout` has passed
+    (``serve.start_timeout``), not waited on for ever. Plain http.client: no proxy, no
+    redirect followed."""
+    import http.client
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    https = parts.scheme == "https"
+    conn_class = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    started = time.monotonic()
+    deadline = started + timeout
+    problem = "no answer"
+    while (left := deadline - time.monotonic()) > 0:
+        conn = conn_class(parts.hostname, parts.port or (443 if https else 80), timeout=left)
+        try:
+            conn.request("GET", "/health")
+            conn.getresponse().close()
+            return time.monotonic() - started
+        except (OSError, http.client.HTTPException) as exc:
+            problem = str(exc) or type(exc).__name__
+        finally:
+            conn.close()
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    raise UserError(
+        f"the serving engine {url} did not answer within {timeout:g}s ({problem}); is it "
+        "up and serving? roles.eval.serve.start_timeout bounds this wait"
+    )
+
+
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)

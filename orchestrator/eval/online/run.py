@@ -94,12 +94,19 @@ class OnlineOptions:
         )
 
     def serve_spec(self, role: ServeSpec | None, host: str = "the eval host") -> ServeSpec:
-        """The serving engine on a host whose inventory says `role`: `server` when given,
-        else the role's; none is one line saying how to set it."""
+        """The serving engine on a host whose inventory says `role`: `server` when given
+        (with the role's `start_timeout` and `request_timeout`: the bounds the team set
+        hold for any server), else the role's; none is one line saying how to set it."""
         try:
             if self.server is not None:
                 engine = self.engine or (role.engine if role else "vllm")
-                return ServeSpec(engine=engine, url=self.server, model=self.model)
+                bounds = {}
+                if role is not None:
+                    bounds = {
+                        "start_timeout": role.start_timeout,
+                        "request_timeout": role.request_timeout,
+                    }
+                return ServeSpec(engine=engine, url=self.server, model=self.model, **bounds)
             if role is None:
                 raise DflashError(f"no serving engine for host {host}: {SETUP_HINT}")
             if self.engine not in (None, role.engine):
