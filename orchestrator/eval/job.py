@@ -128,6 +128,12 @@ def prune(host: Host, older_than: float, caches: Sequence[str] = (), dry_run: bo
     return jobwire.call(host, "prune", argv=argv)[1]
 
 
+def failure(what: str, job_id: str, host: str, end: dict) -> JobError:
+    """The one line for job `job_id` on `host` that ended in `end` other than done: its
+    state, why, and where its log is on the host (`jobwire.failure_line`)."""
+    return JobError(jobwire.failure_line(what, job_id, host, end))
+
+
 def reattach_hint(host: Host, job_id: str) -> str:
     """What to run to watch job `job_id` on `host` again, after a watch here ended."""
     return f"it keeps running: dflash jobs attach {job_id} --host {host.name}"
@@ -196,10 +202,9 @@ def watch(
         raise
     lines.close()
     if end is None:
-        if code not in (0, -1):  # the remote command itself failed (e.g. no such job)
-            bundle.check_result(host, Result("", lines.proc.stderr(), code), ["job watch"])
-        raise HostError(
-            f"{host.name}: lost the connection while watching job {job_id}; "
-            f"{reattach_hint(host, job_id)}"
-        )
+        stderr = lines.proc.stderr()
+        if code not in (0, -1) and jobwire.said_why(stderr):  # e.g. no such job
+            bundle.check_result(host, Result("", stderr, code), ["job watch"])
+        # Killed, or its connection cut: what the host says of the job now, in one line
+        raise jobwire.unanswered(host, "watch", job_id, code, stderr)
     return end

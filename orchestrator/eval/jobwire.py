@@ -12,17 +12,19 @@ folder here, as the host checks it before it names one there.
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.errors import DflashError, RemoteCommandError
 from orchestrator.eval.spec import workdir_for
 from orchestrator.transport import bundle
-from orchestrator.transport.hosts import Host, Result, last_line
+from orchestrator.transport.hosts import Host, HostError, Result, last_line
 from orchestrator.transport.lines import HostLines, MiB
 from remote.protocol import (
     WATCH_HEARTBEAT_SECONDS,
     AnswerError,
+    JobState,
     SpecError,
     check_job_answer,
     check_job_id,
@@ -129,7 +131,7 @@ def call(
         except OSError:  # a guarded line that found no bundle may be gone already
             pass
         try:
-            doc = _first_json(host, lines, argv, guarded, _limit(action))
+            doc = _first_json(host, lines, argv, guarded, _limit(action), action, job_id)
         except _BundleMissing:
             line, guarded = bundle.remote_command(host, argv), False
             continue
@@ -147,11 +149,82 @@ def call(
     return (lines if keep else None), checked(host, action, doc, job_id)
 
 
+def exit_words(code: int | None) -> str:
+    """How a host command ended, in words: the signal that killed it (a local command's
+    negative status, or 128 + n), or its exit status; -1: the channel closed without one
+    (an SSH command killed by a signal, or a connection cut)."""
+    if code is None or code == -1:
+        return "its channel closed without an exit status: killed, or the connection cut"
+    if code < 0 or 128 < code < 128 + 65:
+        signum = -code if code < 0 else code - 128
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return f"killed by {name}" if code < 0 else f"exit {code}: killed by {name}?"
+    return f"exit {code}"
+
+
+def unanswered(host: Host, action: str, job_id: str | None, code: int, stderr: str):
+    """The one-line error for a job command that ended before its answer without saying
+    why (its process killed, its connection cut): how it ended and, for a job, what the
+    host's ``job status`` says of it now (failed, and why; still running; or gone)."""
+    said = last_line(stderr)
+    how = f"{host.name}: job {action}{f' of {job_id}' if job_id else ''} ended before it "
+    how += f"answered ({exit_words(code)}{f': {said}' if said else ''})"
+    if job_id is None:
+        return RemoteCommandError(how)
+    try:
+        status = call(host, "status", job_id)[1]
+    except DflashError as exc:
+        return HostError(
+            f"{how}; its status could not be read either ({exc}); if it runs, watch it "
+            f"again with dflash jobs attach {job_id} --host {host.name}"
+        )
+    state = status["state"]
+    if state in (JobState.RUNNING, JobState.STARTING):
+        return HostError(
+            f"{how}; the job keeps running: dflash jobs attach {job_id} --host {host.name}"
+        )
+    if state == JobState.DONE:
+        return HostError(
+            f"{how}; the job is done: dflash jobs attach {job_id} --host {host.name} "
+            "pulls its result"
+        )
+    return RemoteCommandError(f"{how}; {failure_line('the job', job_id, host.name, status)}")
+
+
+def failure_line(what: str, job_id: str, host: str, end: dict) -> str:
+    """The line for job `job_id` on `host` that ended in `end` (a watch's end or a
+    status) other than done: its state, why (its exit record's words, a lost job's
+    included) and where its log is on the host."""
+    record = end.get("exit") if isinstance(end.get("exit"), dict) else {}
+    err = record.get("error")
+    line = f"{what} {job_id} on {host} {end['state']}: {err or 'it recorded no reason'}"
+    log = record.get("log") or (f"{end['dir']}/log.txt" if end.get("dir") else None)
+    if log and str(log) not in line:
+        line += f" (log on {host}: {log})"
+    return line
+
+
+def said_why(stderr: str) -> bool:
+    """Whether a failed bundle command's `stderr` holds its own one-line error."""
+    return any(ln.startswith(bundle.ERROR_PREFIX) for ln in stderr.splitlines())
+
+
 class _BundleMissing(Exception):
     """A guarded command (`bundle.first_line`) found no bundle on the host."""
 
 
-def _first_json(host: Host, lines: HostLines, argv: Sequence[str], guarded: bool, limit: int):
+def _first_json(
+    host: Host,
+    lines: HostLines,
+    argv: Sequence[str],
+    guarded: bool,
+    limit: int,
+    action: str,
+    job_id: str | None,
+):
     """The JSON document on the command's first line (any JSON value); the command's own
     one-line error if it ended without one (`_BundleMissing` where a `guarded` line
     found no bundle)."""
@@ -168,6 +241,8 @@ def _first_json(host: Host, lines: HostLines, argv: Sequence[str], guarded: bool
     stderr = lines.proc.stderr()
     if guarded and bundle.was_missing(host, code, stderr):
         raise _BundleMissing()
+    if code not in (0, 126, 127) and not said_why(stderr):  # killed, cut: never an empty line
+        raise unanswered(host, action, job_id, code, stderr)
     bundle.check_result(host, Result("", stderr, code or 1), argv)
     raise RemoteCommandError(f"{host.name}: remote {argv[0]} printed no JSON ({raw[:200]!r})")
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from orchestrator.errors import DflashError
 from orchestrator.eval import jobwire
-from orchestrator.eval.job import EventHandler, JobError, JobRef, job_status, start_job, watch
+from orchestrator.eval.job import EventHandler, JobRef, failure, job_status, start_job, watch
 from orchestrator.eval.pull import REQUIRED_RESULT_FILES, finish_local, pull_results, warm_plots
 from orchestrator.eval.spec import (
     EvalOptions,
@@ -96,11 +96,7 @@ def attach(
                 else watch(host, job_id, on_event, pull=True)
             )
         if end["state"] != JobState.DONE:
-            err = (end.get("exit") or {}).get("error")
-            raise JobError(
-                f"{what} {job_id} on {name} {end['state']}"
-                f"{': ' + err if err else ''} (log: dflash jobs list --host {name})"
-            )
+            raise failure(what, job_id, name, end)
         dest = results_dir(inventory, dest)
         return finish_local(pull_results(host, job_id, dest, end, required=required, check=check))
     finally:

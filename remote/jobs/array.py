@@ -5,8 +5,8 @@ node, signals it on ``scancel`` and records its end. The task makes its job fold
 ``<workdir>/jobs/<prefix>-<task>-<array job>``, a fresh one per attempt (a resubmitted task
 never reads an earlier attempt's files), from the spec the controller left in
 ``<specs>/<task>.json`` on the shared folder, and runs it as ``job run`` does
-(`remote.jobs.run.run`, host checks first) in this process. The folder is an ordinary job
-folder: ``job pull`` and ``job status`` read it as any other.
+(`remote.jobs.supervise.supervise`, host checks first) from this process. The folder is an
+ordinary job folder: ``job pull`` and ``job status`` read it as any other.
 How the scheduler ended an attempt the controller writes there afterwards (``job
 array-end``, `remote.jobs.slurm_end`).
 """
@@ -23,7 +23,7 @@ from remote.atomic import write_json_atomic
 from remote.errors import UserError
 from remote.eval.job import job_engine
 from remote.jobs.folder import job_dir, job_kind, proc_starttime, read_json, reserve_exit
-from remote.jobs.run import run
+from remote.jobs.supervise import supervise
 
 _ID = re.compile(r"0|[1-9][0-9]{0,9}")
 
@@ -44,7 +44,7 @@ def task_job_id(prefix: str, environ: Mapping[str, str] = os.environ) -> tuple[s
 
 def run_task(workdir: str, prefix: str, specs: str, environ: Mapping[str, str] = os.environ) -> int:
     """Make this attempt's job folder from its task's spec and run the job in it; the
-    job's exit code (`remote.jobs.run.run`)."""
+    job's exit code (`remote.jobs.supervise.supervise`)."""
     task, job_id = task_job_id(prefix, environ)
     path = job_dir(workdir, job_id)
     spec = read_json(Path(specs) / f"{task}.json")
@@ -73,4 +73,4 @@ def run_task(workdir: str, prefix: str, specs: str, environ: Mapping[str, str] =
     if threads:  # before torch is imported, as `job start` sets them for its runner
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(threads)
-    return run(path, preflight=True)
+    return supervise(path, preflight=True)

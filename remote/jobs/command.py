@@ -34,9 +34,9 @@ def _cmd(args: argparse.Namespace) -> int:
             _watch(Path(info["dir"]), 0, args.pull)
         return 0
     if action == "run":
-        from remote.jobs.run import run
+        from remote.jobs.supervise import supervise
 
-        return run(Path(args.dir), args.preflight)
+        return supervise(Path(args.dir), args.preflight)
     if action == "array":
         from remote.jobs.array import run_task
 

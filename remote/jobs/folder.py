@@ -96,25 +96,50 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def runner_alive(pid_info: dict | None) -> bool:
-    if not pid_info:
-        return False
-    return proc_starttime(int(pid_info["pid"])) == pid_info.get("starttime")
+def runner_alive(pid_info: dict | None, runner: dict | None = None) -> bool:
+    """Whether the job's supervisor (`pid_info`, pid.json) or its runner (`runner`,
+    runner.json) is the very process recorded (pid AND start time) and alive."""
+    return any(
+        isinstance(info, dict)
+        and isinstance(info.get("pid"), int)
+        and proc_starttime(info["pid"]) == info.get("starttime")
+        for info in (pid_info, runner)
+    )
+
+
+# The supervisor's record of the runner it forked (`remote.jobs.supervise`): its pid and
+# start time, and the kernel's OOM kill counters when it started.
+RUNNER_FILE = "runner.json"
+
+
+def lost_exit(path: Path, pid_info: object, runner: dict | None) -> dict:
+    """The exit record a lost job would have written: state ``lost`` and one line of why
+    (`remote.jobs.ending.why_lost`). Said, never written: the job folder is left as is."""
+    from remote.jobs import ending
+
+    pid = pid_info.get("pid") if isinstance(pid_info, dict) else None
+    pids = [p for p in ((runner or {}).get("pid"), pid) if isinstance(p, int)]
+    before = (runner or {}).get("oom_before")
+    why = ending.why_lost(pids, before if isinstance(before, dict) else None, path / "log.txt")
+    return {"state": JobState.LOST, "code": None, "error": why, "finished": None}
 
 
 def job_state(path: Path) -> dict:
-    """State of the job in `path` (see `remote.jobs`) plus its last progress."""
+    """State of the job in `path` (see `remote.jobs`) plus its last progress; a lost
+    job's ``exit`` says why (`lost_exit`)."""
     spec = read_json(path / "spec.json") or {}
     pid_info = read_json(path / "pid.json")
     exit_info = read_json(path / "exit.json")
+    runner = read_json(path / RUNNER_FILE)
     if exit_info:
         state = exit_info.get("state", JobState.FAILED)
     elif pid_info is None:
         state = JobState.STARTING
-    elif runner_alive(pid_info):
+    elif runner_alive(pid_info, runner):
         state = JobState.RUNNING
     else:
         state = JobState.LOST
+        exit_info = lost_exit(path, pid_info, runner if isinstance(runner, dict) else None)
     out = {
         "job_id": path.name,
         "state": state,

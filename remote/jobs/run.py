@@ -33,7 +33,10 @@ def run(path: Path, preflight: bool = False) -> int:
 
     def on_term(signum, _frame):
         # `job cancel` signals the whole group; children get the same signal. Record the
-        # cancellation here so the state is exact even if nobody waits for us.
+        # cancellation here so the state is exact even if nobody waits for us. Once: the
+        # supervisor passes the same TERM on.
+        if cancelled["flag"]:
+            return
         cancelled["flag"] = True
         finish(path, events, JobState.CANCELLED, 128 + signum, "cancelled by request")
         os._exit(128 + signum)
@@ -90,15 +93,19 @@ def _failed_by_bug(path: Path, events: EventLog, exc: Exception) -> int:
     return 1
 
 
-def finish(path: Path, events: EventLog, state: str, code: int, error: str | None) -> None:
+def finish(
+    path: Path, events: EventLog | None, state: str, code: int, error: str | None, **more
+) -> None:
     """Record how the job ended: an ``end`` event (when the disk takes it) and exit.json
-    (always: `write_exit`)."""
+    (always: `write_exit`); `more`: what else the record says (a killed runner's
+    ``signal``, ``oom``, ``log``)."""
     if (path / "exit.json").exists():
         return
     error = error if error is None or len(error) <= 4000 else error[:3997] + "..."
-    info = {"state": state, "code": code, "error": error, "finished": time.time()}
+    info = {"state": state, "code": code, "error": error, "finished": time.time(), **more}
     try:
-        events.emit("end", **info)
+        if events is not None:
+            events.emit("end", **info)
     except OSError:  # a full disk: exit.json has room kept for it, and says the same
         pass
     write_exit(path, info)

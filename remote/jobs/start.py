@@ -214,6 +214,7 @@ def _preflight_outcome(path: Path, proc: subprocess.Popen) -> dict:
     if timed_out:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    ended = read_json(path / "exit.json") or {}
     if timed_out:
         error = (
             f"the host checks (python, torch import, the target's config) took more than "
@@ -221,8 +222,10 @@ def _preflight_outcome(path: Path, proc: subprocess.Popen) -> dict:
         )
     elif isinstance(outcome, dict) and outcome.get("error"):
         error = str(outcome["error"])
-    elif (read_json(path / "exit.json") or {}).get("error"):  # e.g. its disk was full
-        error = str(read_json(path / "exit.json")["error"])
+    elif isinstance(ended, dict) and ended.get("error"):  # a full disk, a killed runner
+        error = str(ended["error"])
+        if ended.get("log"):  # its record names the log: the job stays for people to read
+            raise UserError(f"during its host checks, {error}")
     else:
         tail = (path / "log.txt").read_text(errors="replace").strip().splitlines()[-1:]
         error = (

@@ -108,10 +108,7 @@ def _run_job(
         on_start(stage, ref)
     end = remote_job.watch(host, ref.job_id, (lambda ev: on_event(stage, ev)) if on_event else None)
     if end["state"] != JobState.DONE:
-        err = (end.get("exit") or {}).get("error")
-        raise remote_job.JobError(
-            f"{stage} job {ref.job_id} on {host.name} {end['state']}{': ' + err if err else ''}"
-        )
+        raise remote_job.failure(f"{stage} job", ref.job_id, host.name, end)
     return remote_job.job_status(host, ref.job_id)
 
 
@@ -231,10 +228,7 @@ def attach(
             host, job_id, (lambda ev: on_event("compare", ev)) if on_event else None
         )
     if status["state"] != JobState.DONE:
-        err = (status.get("exit") or {}).get("error")
-        raise remote_job.JobError(
-            f"job {job_id} on {host_name} {status['state']}{': ' + err if err else ''}"
-        )
+        raise remote_job.failure("job", job_id, host_name, status)
     run_dir = pull.pull_results(host, job_id, results_dir(inventory, dest))
     return finish_local(run_dir)
 

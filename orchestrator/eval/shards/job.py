@@ -159,8 +159,7 @@ def run_shard(
             out.job_id = ref.job_id
             end = remote_job.watch(host, ref.job_id, on_event, stream=ref.stream)
         if end["state"] != JobState.DONE:
-            err = (end.get("exit") or {}).get("error")
-            raise JobError(f"job {ref.job_id} {end['state']}{': ' + err if err else ''}")
+            raise remote_job.failure("job", ref.job_id, host.name, end)
         run_dir = pull.pull_results(host, ref.job_id, run.stage / "shards", end)
         pulled = read_jsonl((run_dir / "samples.jsonl").read_bytes())
         if [r.get("id") for r in pulled] != [gt[i]["id"] for i in indices]:

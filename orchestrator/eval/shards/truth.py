@@ -69,11 +69,7 @@ def fetch_ground_truth(run: ShardRun, ref: JobRef, job: dict) -> tuple[list[dict
     host = run.hosts[spec.name]
     end = remote_job.watch(host, ref.job_id, lambda ev: run.emit(spec.name, ev), stream=ref.stream)
     if end["state"] != JobState.DONE:
-        err = (end.get("exit") or {}).get("error")
-        raise JobError(
-            f"ground truth job {ref.job_id} on {spec.name} {end['state']}"
-            f"{': ' + err if err else ''}"
-        )
+        raise remote_job.failure("ground truth job", ref.job_id, spec.name, end)
     raw = _carried(host, ref.job_id, end, "ground_truth.json") or jobwire.fetch(
         host, f"{ref.dir}/ground_truth.json", "ground_truth.json", jobwire.ANSWER_MAX
     )
