@@ -170,7 +170,7 @@ def test_the_graph_is_read_whole(graph):
     below would pass on a graph with holes)."""
     assert "remote.eval.job" in graph["remote.jobs.run"]  # inside kind_runner
     assert "remote.eval.parity" in graph["remote.jobs.run"]
-    assert "orchestrator.commands.output.progress" in graph["orchestrator.commands.output.live"]
+    assert "orchestrator.commands.output.relaybar" in graph["orchestrator.commands.output.live"]
     assert "torch" in graph["remote.eval.drafter"]
     assert len(graph) > 100
 

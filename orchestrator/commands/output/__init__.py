@@ -20,7 +20,7 @@ _WHERE = {
     "LiveProgress": "progress",
     "OnlineProgress": "online",
     "ParityLines": "progress",
-    "RelayProgress": "progress",
+    "RelayProgress": "relaybar",
     "RichEvents": "events",
     "ShardProgress": "progress",
     "SlurmShardProgress": "slurm",

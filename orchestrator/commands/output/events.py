@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from orchestrator.commands.output.base import err_console, plain
-from orchestrator.commands.output.progress import LiveProgress, RelayProgress, ShardProgress
+from orchestrator.commands.output.progress import LiveProgress, ShardProgress
+from orchestrator.commands.output.relaybar import RelayProgress
 from orchestrator.commands.output.slurm import SlurmShardProgress
 from orchestrator.eval.follow import loop as follow_lib
 from orchestrator.results import summary

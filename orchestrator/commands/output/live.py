@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orchestrator.commands.output.progress import RelayProgress
+    from orchestrator.commands.output.relaybar import RelayProgress
 
 
 @contextmanager
@@ -18,7 +18,7 @@ def relay_bar(enabled: bool = True) -> Iterator[RelayProgress | None]:
     if not enabled:
         yield None
         return
-    from orchestrator.commands.output.progress import RelayProgress
+    from orchestrator.commands.output.relaybar import RelayProgress
 
     with RelayProgress() as bar:
         yield bar

@@ -1,6 +1,6 @@
-"""The live progress views the commands hand to the library: the relay's byte bar, the
-eval's sample bars (one job, or one row per host of a sharded eval), follow's lines and
-parity's stages (follow's lines: `events`). All on stderr, so stdout stays for ``--json``.
+"""The live progress views the commands hand to the library: the eval's sample bars (one
+job, or one row per host of a sharded eval) and parity's stages (follow's lines:
+`events`; the relay's byte bar: `relaybar`). All on stderr, so stdout stays for ``--json``.
 
 One rule for all of them: every live view is a rich `Progress` (`eval_bars`, or the
 relay's bytes), which redraws itself in place on a terminal and, off one (a pipe, a log
@@ -10,24 +10,19 @@ line. Names in descriptions and messages are text, never markup."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 from rich.progress import (
     BarColumn,
-    DownloadColumn,
     MofNCompleteColumn,
     Progress,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
 )
 
 from orchestrator.commands.output.base import err_console, plain
 from orchestrator.printable import printable
-from orchestrator.relay import run as relay_lib
 from remote.protocol.metrics import HEADLINE
 
 
@@ -56,56 +51,6 @@ def eval_bars(enabled: bool = True, label: str = "{task.description}") -> Progre
         disable=not enabled,
         transient=False,
     )
-
-
-class RelayProgress(relay_lib.Progress):
-    """A rich bar: bytes, rate, time left, files done (on stderr, stdout stays for --json)."""
-
-    def __init__(self) -> None:
-        self.bar = Progress(
-            TextColumn("[bold]relay"),
-            BarColumn(),
-            DownloadColumn(binary_units=True),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[files]}"),
-            console=err_console,
-            transient=False,
-        )
-        self.task = None
-        self.files = 0
-        self.total_files = 0
-        self.lock = threading.Lock()
-
-    def start(self, total_bytes: int, total_files: int) -> None:
-        if total_files == 0:
-            return
-        self.total_files = total_files
-        self.bar.start()
-        self.task = self.bar.add_task("relay", total=total_bytes, files=f"0/{total_files} files")
-
-    def advance(self, nbytes: int) -> None:
-        if self.task is not None:
-            self.bar.update(self.task, advance=nbytes)
-
-    def file_done(self, checkpoint: str, path: str) -> None:
-        with self.lock:
-            self.files += 1
-        if self.task is not None:
-            self.bar.update(self.task, files=f"{self.files}/{self.total_files} files")
-
-    def message(self, text: str) -> None:
-        self.bar.console.print(f"[yellow]{plain(text)}[/]", soft_wrap=True)
-
-    def stop(self) -> None:
-        if self.task is not None:
-            self.bar.stop()
-
-    def __enter__(self) -> RelayProgress:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 class LiveProgress:
