@@ -98,7 +98,12 @@ BudgetsOption = Annotated[
     ),
 ]
 ThreadsOption = Annotated[
-    int | None, typer.Option(min=1, help="CPU threads per host (default: the inventory's).")
+    int | None,
+    typer.Option(
+        min=1,
+        help="CPU threads per host (default: the inventory's, else the host's choice: one "
+        "for a target under 64 MiB, torch's own count otherwise; the run says which).",
+    ),
 ]
 TopkOption = Annotated[
     int | None, typer.Option(min=1, help="DDTree per-depth candidates (default: the budget).")
@@ -127,7 +132,9 @@ PromptsOption = Annotated[
 SamplesOption = Annotated[
     int | None,
     typer.Option(
-        min=1, help="Evaluate this many prompts (seeded choice; default: the inventory's)."
+        min=1,
+        help="Evaluate this many prompts (seeded choice; default: the inventory's, else "
+        "every prompt of the set; 8 is a quick first look).",
     ),
 ]
 SeedOption = Annotated[int, typer.Option(help="Seed of the prompt choice.")]

@@ -12,6 +12,7 @@ bfloat16 products are computed: `remote.eval.cpu_bf16`).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 from remote.errors import UserError
@@ -106,3 +107,42 @@ def place(target, drafter, device) -> None:
         module.to(device)
     if drafter is not None:
         drafter.to(device)
+
+
+# A target whose weight files are smaller than this (a test's or the demo's tiny model)
+# runs fastest on one CPU thread: its matrices are too small to share out, and on a busy
+# host torch's threads mostly wait for each other (benchmarks/eval_threads.py).
+SMALL_TARGET_BYTES = 64 * 2**20
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def weight_bytes(folder: str) -> int:
+    """Bytes of the weight files directly in the model `folder` (0 if none is readable)."""
+    total = 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            if entry.name.endswith(WEIGHT_SUFFIXES) and entry.is_file():
+                total += entry.stat().st_size
+        except OSError:
+            continue
+    return total
+
+
+def auto_threads(target: str, device: str | None) -> tuple[int | None, str | None]:
+    """The CPU threads a job that names none computes with, and why in a line: one for a
+    target under `SMALL_TARGET_BYTES`; torch's own choice (None, no line) otherwise and
+    on a GPU. The same folder always gets the same answer, so two runs of one eval
+    compute alike (threads are a speed setting: the rounds do not depend on them)."""
+    if check_name(device) != "cpu":
+        return None, None
+    size = weight_bytes(target)
+    if not 0 < size < SMALL_TARGET_BYTES:
+        return None, None
+    return 1, (
+        f"threads: 1, the target's weights being {size / 2**20:.1f} MiB (a model this small "
+        "runs fastest on one thread; --threads N or the inventory's threads to choose)"
+    )

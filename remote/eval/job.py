@@ -8,6 +8,8 @@ checks and engine, and the target loaded once for the ground truth and the engin
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -84,7 +86,7 @@ def run_eval_job(
     from remote.eval import groundtruth
     from remote.eval.preflight import read_job
 
-    engine = engine or job_engine(spec)
+    engine = with_threads(engine or job_engine(spec), events)
     loaded: list = []
 
     def load_model():
@@ -145,6 +147,25 @@ def run_eval_job(
     write_json_atomic(path / "ground_truth.json", gt_info)
     annotate_result(path / "result.json", gt_info, spec, engine)
     return 0
+
+
+def with_threads(engine: EvalSpec, events: Events) -> EvalSpec:
+    """`engine` with the CPU threads it computes with: its own, else the host's choice for
+    its target (`remote.eval.device.auto_threads`, said in a ``note`` event), set before
+    the ground truth or the engine computes anything."""
+    from remote.eval.device import auto_threads
+
+    if engine.threads:
+        return engine
+    threads, why = auto_threads(engine.target, engine.device)
+    if threads is None:
+        return engine
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    else:  # read when torch is imported (a job that imports it only later)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    events.emit("note", message=why)
+    return replace(engine, threads=threads)
 
 
 def _in_background(work: Callable[[], Any]) -> Callable[[], Any]:
