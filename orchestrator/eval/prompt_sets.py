@@ -57,8 +57,16 @@ class PromptsData:
         return carried_prompts_name(self.name, self.sha256)
 
     def entry(self, path: str) -> dict:
-        """The job spec's ``prompts`` entry for it, put at `path` on the host."""
-        return {"path": path, "name": self.name, "sha256": self.sha256, "source": self.source}
+        """The job spec's ``prompts`` entry for it, put at `path` on the host; ``count``:
+        its prompts (a line each), for the eval's outline (the host counts its own)."""
+        count = sum(1 for line in self.data.splitlines() if line.strip())
+        return {
+            "path": path,
+            "name": self.name,
+            "sha256": self.sha256,
+            "source": self.source,
+            "count": count,
+        }
 
 
 def builtin_prompt_sets() -> dict[str, Path]:

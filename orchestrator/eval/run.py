@@ -29,6 +29,7 @@ from pathlib import Path
 from orchestrator.errors import DflashError
 from orchestrator.eval import jobwire
 from orchestrator.eval.job import EventHandler, JobRef, failure, job_status, start_job, watch
+from orchestrator.eval.outline import outline_event
 from orchestrator.eval.pull import REQUIRED_RESULT_FILES, finish_local, pull_results, warm_plots
 from orchestrator.eval.spec import (
     EvalOptions,
@@ -129,6 +130,8 @@ def run_eval(
         ref = _start(host, spec, checkpoint, options, job_id, follow=True)
         if on_start:
             on_start(ref)
+        if on_event:
+            on_event(outline_event(ref.spec, f"job {ref.job_id} on {name}"))
         return attach(inventory, name, ref.job_id, on_event=on_event, dest=dest, host=host, ref=ref)
 
 

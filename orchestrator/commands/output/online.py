@@ -10,6 +10,7 @@ from orchestrator.commands.output.base import console, fmt, pct, plain, show
 from orchestrator.commands.output.progress import LiveProgress
 from orchestrator.commands.output.speedup import ms, speedup_x
 from orchestrator.commands.output.tables import Col, Grid, kv
+from orchestrator.commands.output.ticker import Pace
 from orchestrator.results import online_view, summary
 from orchestrator.results import store as res
 from remote.protocol import metrics as registry
@@ -143,6 +144,8 @@ class OnlineProgress(LiveProgress):
     }
 
     online_tasks: dict | None = None
+    paces: dict | None = None  # (phase, concurrency) -> its `Pace`
+    current: tuple | None = None
 
     def __call__(self, ev: dict) -> None:
         super().__call__(ev)
@@ -156,16 +159,34 @@ class OnlineProgress(LiveProgress):
             ]
             extra = "; ".join(x for x in said if x)
             line = self.PHASES[ev["phase"]] + (f" ({extra})" if extra else "")
+            self.doing = line
             self.progress.console.print(plain(line), soft_wrap=True)
         elif ev.get("event") == "online_sample":
             self.online_tasks = self.online_tasks or {}
+            self.paces = self.paces or {}
             key = (ev.get("phase") or "online", ev.get("concurrency") or 1)
             if key not in self.online_tasks:
                 name = f"{key[0]} x{key[1]}"
                 self.online_tasks[key] = self.progress.add_task(
                     name, total=ev.get("total"), info=""
                 )
-            self.progress.update(self.online_tasks[key], completed=ev.get("done", 0))
+                self.paces[key] = Pace()
+            pace, self.current = self.paces[key], key
+            pace.update(ev.get("time"), ev.get("done") or 0, ev.get("total"))
+            self.progress.update(
+                self.online_tasks[key], completed=ev.get("done", 0), info=pace.eta()
+            )
+
+    def tick_line(self) -> str | None:
+        """The level being measured (its prompts answered, time left), the serving
+        engine's phase before that, else the eval's line (`Ticker`)."""
+        if self.current is not None and self.paces:
+            pace = self.paces[self.current]
+            line = f"{self.current[0]} x{self.current[1]}: {pace.count('prompts answered')}"
+            return ", ".join(x for x in (line, pace.eta()) if x)
+        if self.last.get("event") == "phase" and self.last.get("phase") in self.PHASES:
+            return f"online: {self.doing}"
+        return super().tick_line()
 
 
 def _speed_table(sp: dict) -> object:

@@ -4,9 +4,12 @@ job, or one row per host of a sharded eval) and parity's stages (follow's lines:
 
 One rule for all of them: every live view is a rich `Progress` (`eval_bars`, or the
 relay's bytes), which redraws itself in place on a terminal and, off one (a pipe, a log
-file, CI), prints nothing while it runs and its final rows once, as whole lines, when it
-stops. Nothing here writes a carriage return of its own, so a log never gets one endless
-line. Names in descriptions and messages are text, never markup."""
+file, CI), prints its final rows once, as whole lines, when it stops, and meanwhile one
+timestamped line every 30 s (`ticker`: done of total, tokens/s, time left). An eval says
+what it will do before it starts (the library's ``outline`` event) and, once its first
+samples are done, about how long the rest will take. Nothing here writes a carriage
+return of its own, so a log never gets one endless line. Names in descriptions and
+messages are text, never markup."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from rich.progress import (
 )
 
 from orchestrator.commands.output.base import err_console, plain
+from orchestrator.commands.output.ticker import Pace, Ticker, first_estimate
 from orchestrator.printable import printable
 from remote.protocol.metrics import HEADLINE
 
@@ -55,22 +59,56 @@ def eval_bars(enabled: bool = True, label: str = "{task.description}") -> Progre
 
 class LiveProgress:
     """Turns job events into rich progress bars: ground truth, then the eval with samples,
-    tokens/s and the running tau. Warnings are printed above the bars as they come."""
+    tokens/s, the running tau and the time left. The eval's outline, its first estimate
+    and warnings are printed above the bars as they come; off a terminal, a line every
+    30 s (`Ticker`)."""
+
+    PHASES = {
+        "await_ground_truth": "waiting for its ground truth",
+        "ground_truth": "making or reading the ground truth",
+        "eval": "loading the models",
+    }
 
     def __init__(self, enabled: bool = True):
         self.progress = eval_bars(enabled)
         self.gt_task: TaskID | None = None
         self.eval_task: TaskID | None = None
-        self.tokens = 0
-        self.eval_started: float | None = None  # the job's clock (event times), not ours
+        self.gt = Pace()
+        self.eval = Pace()
+        self.tau: float | None = None
+        self.doing = "starting"
+        self.estimated = False
         self.last: dict = {}
+        self.ticker = Ticker(self.tick_line, enabled)
 
     def __enter__(self) -> LiveProgress:
         self.progress.__enter__()
+        self.ticker.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.ticker.stop()
         self.progress.__exit__(*exc)
+
+    def say(self, text: str) -> None:
+        self.progress.console.print(plain(text), soft_wrap=True)
+
+    def tick_line(self) -> str | None:
+        """What the job is doing now, in one line (`Ticker`); nothing before its first event
+        (a job that fails its host checks ends in its one error line alone)."""
+        if not self.last:
+            return None
+        if self.eval.done:
+            line = f"eval: {self.eval.count('samples')}"
+            extra = [self.eval.rate(), f"tau {self.tau:.3f}" if self.tau else ""]
+            if self.eval.done == self.eval.total:
+                extra.append("timing one round's costs, then the results")
+            else:
+                extra.append(self.eval.eta())
+            return ", ".join([line, *[e for e in extra if e]])
+        if self.gt.total and self.doing == self.PHASES["ground_truth"]:
+            return ", ".join(x for x in (f"ground truth: {self.gt.count('')}", self.gt.eta()) if x)
+        return f"eval: {self.doing}"
 
     def __call__(self, ev: dict) -> None:
         kind = ev.get("event")
@@ -79,43 +117,55 @@ class LiveProgress:
             self.progress.console.print(
                 f"[bold yellow]warning:[/] {plain(ev.get('message'))}", soft_wrap=True
             )
-        elif kind == "phase" and ev.get("phase") == "ground_truth" and self.gt_task is None:
+        elif kind in ("outline", "note"):  # what it will do; the host's choices
+            self.say(str(ev.get("text") or ev.get("message")))
+        elif kind == "phase" and ev.get("phase") in self.PHASES:
+            self.doing = self.PHASES[ev["phase"]]
+        if kind == "phase" and ev.get("phase") == "ground_truth" and self.gt_task is None:
             self.gt_task = self.progress.add_task(
                 f"ground truth ({printable(str(ev.get('source')))})", total=None, info=""
             )
         elif kind == "ground_truth":
             if self.gt_task is None:
                 self.gt_task = self.progress.add_task("ground truth", total=None, info="")
+            self.gt.update(ev.get("time"), ev.get("done") or 0, ev.get("total"))
             self.progress.update(
                 self.gt_task,
                 completed=ev.get("done", 0),
                 total=ev.get("total"),
-                info="cached on host" if ev.get("cached") else "",
+                info="cached on host" if ev.get("cached") else self.gt.eta(),
             )
         elif kind in ("start", "sample"):
             total = ev.get("total") or ev.get("samples")
             if self.eval_task is None:
-                self.eval_started = ev.get("time") or time.time()
+                self.eval.update(ev.get("time"), 0, total)
                 self.eval_task = self.progress.add_task("eval", total=total, info="")
+                self.doing = "loading the models"
             if kind == "sample":
-                self.tokens += int(ev.get("tokens") or 0)
-                # Rates from the job's own timestamps: right even when --attach replays
-                # events that happened while nobody was watching.
-                now = ev.get("time") or time.time()
-                elapsed = max(1e-3, now - (self.eval_started or now))
-                tau = ev.get(HEADLINE)  # the running headline metric
-                info = f"{self.tokens / elapsed:,.0f} tok/s"
-                if isinstance(tau, (int, float)):
-                    info += f"  tau {tau:.3f}"
-                self.progress.update(
-                    self.eval_task, completed=ev.get("done", 0), total=total, info=info
-                )
+                self._sample(ev, total)
             elif total:
                 self.progress.update(self.eval_task, total=total)
         elif kind == "done" and self.eval_task is not None:
             task = self.progress.tasks[self.eval_task]
             if task.total:
                 self.progress.update(self.eval_task, completed=task.total)
+
+    def _sample(self, ev: dict, total: int | None) -> None:
+        # Rates from the job's own timestamps: right even when an attach replays events
+        # that happened while nobody was watching.
+        self.eval.update(ev.get("time"), ev.get("done") or 0, total, int(ev.get("tokens") or 0))
+        tau = ev.get(HEADLINE)  # the running headline metric
+        self.tau = tau if isinstance(tau, (int, float)) else self.tau
+        info = "  ".join(
+            x
+            for x in (self.eval.rate(), f"tau {tau:.3f}" if self.tau else "", self.eval.eta())
+            if x
+        )
+        self.progress.update(self.eval_task, completed=ev.get("done", 0), total=total, info=info)
+        estimate = None if self.estimated else first_estimate(self.eval)
+        if estimate:
+            self.estimated = True
+            self.say(estimate)
 
 
 class ShardProgress:
@@ -131,13 +181,30 @@ class ShardProgress:
         self.rows: dict[str, TaskID] = {}
         self.hosts: dict[str, dict] = {}  # host -> {total, done, tokens, started, tau, failed}
         self.planned = False
+        self.pace = Pace()  # the whole run's: the total row's numbers and its time left
+        self.estimated = False
+        self.noted: set = set()
+        self.ticker = Ticker(self.tick_line, enabled)
 
     def __enter__(self) -> ShardProgress:
         self.progress.__enter__()
+        self.ticker.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.ticker.stop()
         self.progress.__exit__(*exc)
+
+    def tick_line(self) -> str | None:
+        """The run's samples, tokens/s and time left, and each host's count (`Ticker`)."""
+        if not self.hosts:  # the ground truth is made first: how far it is, once it began
+            if self.gt_task is None:
+                return None
+            gt = self.progress.tasks[self.gt_task]
+            return f"ground truth: {gt.completed:.0f}/{gt.total or '?'}"
+        rows = ", ".join(f"{host} {h['done']}/{h['total']}" for host, h in self.hosts.items())
+        head = [f"eval: {self.pace.count('samples')}", self.pace.rate(), self.pace.eta()]
+        return ", ".join(x for x in head if x) + f" ({rows})"
 
     def _row(self, host: str) -> tuple[TaskID, dict]:
         if host not in self.rows:
@@ -163,7 +230,16 @@ class ShardProgress:
             info = f"{tokens / max(1e-3, max(lasts) - min(starts)):,.0f} tok/s"
         if self.total_task is None:
             self.total_task = self.progress.add_task("total", total=None, info="")
+        total = self.progress.tasks[self.total_task].total
+        if lasts:
+            self.pace.started, self.pace.last = min(starts or lasts), max(lasts)
+            self.pace.done, self.pace.total, self.pace.tokens = done, total, tokens
+            info += f"  {self.pace.eta()}" if self.pace.eta() else ""
         self.progress.update(self.total_task, completed=done, info=info)
+        estimate = None if self.estimated else first_estimate(self.pace)
+        if estimate:
+            self.estimated = True
+            self.progress.console.print(plain(estimate), soft_wrap=True)
 
     def set_total(self, n: int) -> None:
         self._total()
@@ -176,6 +252,10 @@ class ShardProgress:
                 f"[bold yellow]warning ({plain(host)}):[/] {plain(ev.get('message'))}",
                 soft_wrap=True,
             )
+        elif kind == "outline" or (kind == "note" and ev.get("message") not in self.noted):
+            self.noted.add(ev.get("message"))  # every host's job says the same: once
+            text = ev.get("text") or f"{host}: {ev.get('message')}"
+            self.progress.console.print(plain(str(text)), soft_wrap=True)
         elif kind == "plan":
             self.planned = True
             self.set_total(int(ev.get("samples") or 0))
@@ -249,13 +329,22 @@ class ParityLines:
         self.enabled = enabled
         self.progress = eval_bars(enabled)
         self.tasks: dict[str, TaskID] = {}
+        self.ticker = Ticker(self.tick_line, enabled)
 
     def __enter__(self) -> ParityLines:
         self.progress.__enter__()
+        self.ticker.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.ticker.stop()
         self.progress.__exit__(*exc)
+
+    def tick_line(self) -> str | None:
+        """Each stage's samples so far (`Ticker`)."""
+        tasks = [self.progress.tasks[t] for t in self.tasks.values()]
+        shown = [f"{t.description} {t.completed:.0f}/{t.total or '?'}" for t in tasks]
+        return ("parity: " + ", ".join(shown)) if shown else None
 
     def started(self, stage: str, ref) -> None:
         if self.enabled:

@@ -25,6 +25,7 @@ from pathlib import Path
 from orchestrator.errors import DflashError
 from orchestrator.eval import run
 from orchestrator.eval.job import EventHandler, JobRef, start_job
+from orchestrator.eval.outline import outline_event
 from orchestrator.eval.pull import warm_plots
 from orchestrator.eval.run import eval_host_name
 from orchestrator.eval.spec import EvalOptions, build_spec
@@ -158,6 +159,8 @@ def run_online(
         ref = start_job(host, job, preflight=True, follow=True)
         if on_start:
             on_start(ref)
+        if on_event:
+            on_event(outline_event(ref.spec, f"online job {ref.job_id} on {name}"))
         return attach(inventory, name, ref.job_id, on_event=on_event, dest=dest, host=host, ref=ref)
 
 

@@ -14,6 +14,7 @@ from orchestrator.errors import DflashError
 from orchestrator.eval import job as remote_job
 from orchestrator.eval import jobwire, pull
 from orchestrator.eval.job import JobError, JobRef
+from orchestrator.eval.outline import outline_event
 from orchestrator.eval.shards.job import ShardRun
 from orchestrator.eval.spec import build_spec
 from orchestrator.transport.hosts import Host, open_host
@@ -59,6 +60,8 @@ def start_ground_truth(run: ShardRun) -> tuple[JobRef, dict]:
     job = build_spec(host, spec, run.checkpoint, options)
     ref = remote_job.start_job(host, job, f"{run.run_id}-gt", preflight=True, follow=True)
     run.emit(spec.name, {"event": "ground_truth_job", "job_id": ref.job_id})
+    hosts = ", ".join(s.name for s in run.specs)
+    run.emit(spec.name, outline_event(job, f"sharded eval {run.run_id} across {hosts}"))
     return ref, job
 
 
