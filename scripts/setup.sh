@@ -28,6 +28,27 @@ VENV=${DFLASH_VENV:-.venv}
 BASE=${PYTHON:-python3}
 
 say() { echo "setup: $*"; }
+# pip runs quiet (-q): its own bars are noise in a log. `working WHAT CMD...` runs CMD and
+# says every HEARTBEAT seconds that WHAT is still going, then how long it took.
+HEARTBEAT=${DFLASH_SETUP_HEARTBEAT:-20}
+working() {
+  local what=$1 started=$SECONDS pid n=0 rc=0
+  shift
+  "$@" &
+  pid=$!
+  trap 'kill "$pid" 2>/dev/null' EXIT  # a Ctrl-C of this script ends pip too
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    n=$((n + 1))
+    if [ $((n % HEARTBEAT)) -eq 0 ] && kill -0 "$pid" 2>/dev/null; then
+      say "still $what ($((SECONDS - started)) s)"
+    fi
+  done
+  wait "$pid" || rc=$?
+  trap - EXIT
+  [ "$rc" -eq 0 ] || return "$rc"
+  say "done $what in $((SECONDS - started)) s"
+}
 die() { echo "setup: error: $*" >&2; exit 1; }
 usage() { echo "setup: error: $*; usage: setup.sh [--for demo|tests] [--list]" >&2; exit 2; }
 
@@ -130,8 +151,7 @@ PIP=("$PY" -m pip -q --disable-pip-version-check)
 # pip 22.2+ for `install --dry-run --report` below (Ubuntu 22.04's venv brings 22.0).
 if ! "$PY" -c 'import sys, pip; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (22, 2))'
 then
-  say "upgrading pip in $VENV"
-  "${PIP[@]}" install --upgrade "pip>=23"
+  working "upgrading pip in $VENV" "${PIP[@]}" install --upgrade "pip>=23"
 fi
 
 # -- torch, CPU build, first and pinned ------------------------------------------------------
@@ -156,8 +176,10 @@ EOF
 }
 if ! torch_ok; then
   if index_reachable "$TORCH_INDEX"; then
-    say "installing torch $TORCH_VERSION (CPU) from $TORCH_INDEX"
-    "${PIP[@]}" install --index-url "$TORCH_INDEX" "torch==$TORCH_VERSION"
+    say "installing torch $TORCH_VERSION (CPU) from $TORCH_INDEX: about 200 MB to" \
+        "download and unpack, a minute or more; pip is quiet meanwhile"
+    working "installing torch" "${PIP[@]}" install --index-url "$TORCH_INDEX" \
+      "torch==$TORCH_VERSION"
   else
     # Without the CPU index: only a wheel this machine's pip finds (a mirror, find-links)
     # that is a CPU build. Ask pip which one it would take before it downloads anything.
@@ -174,7 +196,7 @@ print(urllib.parse.unquote(items[0]["download_info"]["url"]) if items else "")' 
       *) die "$TORCH_INDEX is unreachable and pip would install a CUDA torch" \
              "(${chosen##*/}); make the index reachable or set DFLASH_TORCH_INDEX";;
     esac
-    "${PIP[@]}" install "torch==$TORCH_VERSION"
+    working "installing torch" "${PIP[@]}" install "torch==$TORCH_VERSION"
   fi
   torch_ok || die "torch in $VENV is not the CPU build of $TORCH_VERSION"
 fi
@@ -206,8 +228,9 @@ EOF
   fi
   rm -rf dflash.egg-info
   extras=${EXTRAS// /,}
-  say "installing dflash (this checkout) with its extras ${extras//,/, } into $VENV"
-  "${PIP[@]}" install -e ".[$extras]"
+  say "installing dflash (this checkout) with its extras ${extras//,/, } into $VENV:" \
+      "transformers, matplotlib and the rest, about a minute; pip is quiet meanwhile"
+  working "installing dflash and its extras" "${PIP[@]}" install -e ".[$extras]"
   printf '%s\n%s\n' "$stamp" "$EXTRAS" > "$VENV/.dflash-installed"
 fi
 if [ "$FOR" = tests ]; then

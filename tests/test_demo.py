@@ -158,6 +158,42 @@ def test_demo_sh_prints_tau_per_step(demo_cache):
     # transformers' own bars and notices (the server's model load) stay out of its output
     for noise in ("Loading weights", "Writing model shards", "[transformers]"):
         assert noise not in proc.stderr + proc.stdout, noise
+    # nothing silent between the relay and the eval: the probe says it runs
+    assert re.search(r"step-0: probe-structure on demo-eval: does the drafter fit", proc.stderr)
+    assert re.search(r"; \d+s in all: set-up \d+s, models \d+s, hosts and server", proc.stdout)
+
+
+def test_demo_sh_json_is_json_alone_on_stdout_and_counts_the_setup(demo_cache):
+    """`bash scripts/demo.sh --json`: the set-up's lines go to stderr, so stdout parses as
+    the demo's JSON (before: `setup: ready for the demo: ...` came first on stdout), and
+    its times count the set-up `demo.sh` ran (before: a `setup 1s` that was not it)."""
+    from orchestrator.demo import build
+
+    env = {
+        **os.environ,
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "DFLASH_VENV": sys.prefix,
+        "DFLASH_CACHE_DIR": str(demo_cache),
+    }
+    env.pop("PYTHONPATH", None)
+    env.pop("VIRTUAL_ENV", None)
+    proc = subprocess.run(
+        [*shlex.split(DEMO_SH), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert [h["step"] for h in out["history"]] == list(build.STEPS)
+    first, last = out["history"][0], out["history"][-1]
+    assert last["tau_per_sample_mean"] > first["tau_per_sample_mean"]
+    assert "setup: ready for the demo: " in proc.stderr
+    seconds = out["seconds"]
+    assert set(seconds) == {"setup", "models", "hosts", "relay_probe_eval", "total"}
+    assert seconds["total"] >= seconds["setup"] + seconds["relay_probe_eval"]
 
 
 def test_models_are_cached_by_version_and_rebuilt_only_when_fresh(demo_cache):

@@ -23,6 +23,15 @@ def demo_cmd(
             "inventory, both hosts' folders, jobs, results.",
         ),
     ] = None,
+    setup_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--setup-seconds",
+            hidden=True,
+            min=0,
+            help="How long scripts/demo.sh's set-up took, printed with the demo's times.",
+        ),
+    ] = None,
     json_out: JsonOption = False,
 ) -> None:
     """The whole loop on this machine with tiny models (about 1-3 minutes).
@@ -33,7 +42,8 @@ def demo_cmd(
     from orchestrator.demo.run import DemoOptions, DemoResult, run_demo
 
     with output.RichEvents(enabled=not json_out) as events:
-        result = run_demo(DemoOptions(fresh=fresh, keep_dir=keep_dir), events)
+        options = DemoOptions(fresh=fresh, keep_dir=keep_dir, setup_seconds=setup_seconds)
+        result = run_demo(options, events)
     output.emit(result, json_out, human=output.render_demo, as_json=DemoResult.to_json)
 
 

@@ -83,8 +83,9 @@ def render_demo(result) -> None:
     _line(f"results: {result.results_dir}")
     if result.folder:
         _line(f"demo folder (kept): {result.folder}")
+    setup = f"set-up {secs['setup']:.0f}s, " if "setup" in secs else ""
     _line(
         f"models: {result.models} ({'built now' if result.built_now else 'cached'})"
-        f"; {secs['total']:.0f}s in all: models {secs['models']:.0f}s, setup "
-        f"{secs['setup']:.0f}s, relay+probe+eval {secs['relay_probe_eval']:.0f}s"
+        f"; {secs['total']:.0f}s in all: {setup}models {secs['models']:.0f}s, hosts and "
+        f"server {secs['hosts']:.0f}s, relay+probe+eval {secs['relay_probe_eval']:.0f}s"
     )

@@ -212,6 +212,8 @@ class CheckpointFollower:
         if not report.ok:
             _, host, error = report.failures[0]
             raise DflashError(f"relay of {name} to {host} failed: {error}")
+        sent = f"{report.files_sent} files, {report.bytes_sent / 2**20:.1f} MiB"
+        self.events.message(f"{name}: relayed ({sent} in {report.seconds:.1f}s)")
         probe = self._probe(name) if self.opts.probe else None
         job_id = new_job_id(name)
         if probe is not None and not probe["ok"]:
@@ -255,6 +257,10 @@ class CheckpointFollower:
         return source.get("host") == self.source and path.rstrip("/").rsplit("/", 1)[-1] == name
 
     def _probe(self, name: str) -> dict:
+        self.events.message(
+            f"{name}: probe-structure on {self.dest}: does the drafter fit the target? (its "
+            "python and transformers start first; no weights are loaded)"
+        )
         spec = self.inv.host(self.dest)
         target = target_model(spec, self.opts.eval)
         with open_host(spec, self.inv) as host:
