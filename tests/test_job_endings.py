@@ -193,3 +193,17 @@ def test_a_runner_the_oom_killer_ends_says_out_of_memory(host, tmp_path):
     record = json.loads((job / "exit.json").read_text())
     assert record["oom"] is True and record["signal"] == "SIGKILL" and record["error"] in line
     assert f"log: {job}/log.txt" in line
+
+
+def test_a_supervisor_killed_alone_takes_its_runner_along(host):
+    """No runner works on unwatched: the supervisor killed outright, its runner dies with it
+    (Linux's parent-death signal) and the job is lost, its line saying how it may have been."""
+    cli = _eval(host())
+    job = _running_job(host.jobs, cli)
+    runner = psutil.Process(_runner_pid(job))
+    os.kill(json.loads((job / "pid.json").read_text())["pid"], signal.SIGKILL)
+    runner.wait(timeout=60)
+    code, line = _ended(cli)
+    assert code != 0
+    assert line.startswith(f"error: job {job.name} on here lost: the job's runner (pid "), line
+    assert f"log: {job}/log.txt" in line

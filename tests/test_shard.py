@@ -289,7 +289,7 @@ def test_killed_host_has_its_unfinished_samples_rerun_elsewhere(inventory_path, 
         if ev.get("event") == "shard":
             seen["in_shard"] = True
         elif ev.get("event") == "job" and seen["in_shard"]:
-            seen["pid"] = ev["pid"]  # the runner leads the job's process group
+            seen["pid"] = ev["pgid"]  # the job's process group: supervisor and runner
         elif ev.get("event") == "sample" and seen["pid"]:
             os.killpg(seen["pid"], signal.SIGKILL)  # the job dies mid-run, no exit.json
             seen["killed"] = ev["done"]

@@ -43,7 +43,9 @@ def run(path: Path, preflight: bool = False) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal; never die with a session
-    events.emit("job", state=JobState.RUNNING, job_id=path.name, pid=os.getpid())
+    events.emit(
+        "job", state=JobState.RUNNING, job_id=path.name, pid=os.getpid(), pgid=os.getpgid(0)
+    )
     try:
         if spec is None:
             raise UserError(f"{path}/spec.json is missing or not JSON")

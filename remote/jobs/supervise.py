@@ -7,8 +7,8 @@ The supervisor forks before anything heavy is imported (it stays a few MiB, so t
 killer picks the runner, not it), records the runner in ``runner.json`` with the kernel's
 OOM counters at the start, passes a TERM on to the runner (a cancel, as the runner's own
 handler records it), and returns the runner's exit status (128 + the signal for a
-signal). Both are in the job's process group: ``job cancel`` reaches them together.
-"""
+signal). Both are in the job's process group: ``job cancel`` reaches them together; a
+supervisor killed alone takes the runner along (``PR_SET_PDEATHSIG``)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from remote.atomic import write_json_atomic
 from remote.jobs import ending
 from remote.jobs.folder import RUNNER_FILE, EventLog, proc_starttime
 from remote.jobs.run import finish, run
+from remote.parent_death import parent_death_signal
 from remote.protocol import JobState
 
 
@@ -31,10 +32,15 @@ def supervise(path: Path, preflight: bool = False) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     sys.stdout.flush()
     sys.stderr.flush()
+    # A supervisor killed outright takes its runner along (then the job is lost, and its
+    # status says so): never a runner left working unwatched.
+    with_parent = parent_death_signal(signal.SIGKILL)
     child = os.fork()
     if child == 0:  # the runner
         code = 1
         try:
+            if with_parent is not None:
+                with_parent()
             code = run(path, preflight)
         finally:
             try:

@@ -20,20 +20,18 @@ engine holding the host's memory and port. Stdlib only.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import os
 import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 from remote.errors import UserError
+from remote.parent_death import parent_death_signal
 
 MODULE = "vllm.entrypoints.openai.api_server"
 STOP_GRACE_SECONDS = 20.0
@@ -139,26 +137,6 @@ def vllm_env(kv_cache_gib: int, threads: int | None = None) -> dict[str, str]:
     return env
 
 
-def _parent_death_signal():
-    """A function for `Popen(preexec_fn=...)` that asks Linux to TERM the child when its
-    parent dies (``prctl(PR_SET_PDEATHSIG)``), or None where there is no such call. libc is
-    looked up here, in the parent: the child between fork and exec only calls it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig, parent = 1, os.getpid()
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the call: no signal will come
-            os._exit(1)
-
-    return preexec
-
-
 def descendants(pid: int) -> list[int]:
     """Every live process below `pid` (from /proc's parent links), children first."""
     parents: dict[int, int] = {}
@@ -200,7 +178,7 @@ class Server:
                 env=env,
                 start_new_session=new_session,
                 close_fds=True,
-                preexec_fn=_parent_death_signal(),
+                preexec_fn=parent_death_signal(signal.SIGTERM),
             )
         except OSError as exc:
             self._log.close()

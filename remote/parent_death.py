@@ -1,0 +1,33 @@
+"""A child process that ends with its parent: Linux's ``prctl(PR_SET_PDEATHSIG)``, as a
+function to call in the child (a `Popen` ``preexec_fn``, or right after ``os.fork``), so a
+parent killed outright (``kill -9``, the OOM killer) leaves no child running on. Stdlib
+only; None where there is no such call."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+
+def parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A function for the child that asks Linux to send it `sig` when its parent dies, or
+    None where there is no such call. libc is looked up here, in the parent: the child
+    between fork and exec only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig, parent = 1, os.getpid()
+
+    def in_child() -> None:
+        prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call: no signal will come
+            os._exit(1)
+
+    return in_child
