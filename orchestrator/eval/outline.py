@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from remote.protocol import JOB_EVAL_KEY
+from remote.protocol import GT_SOURCES, JOB_EVAL_KEY
 
 # How many samples the outline suggests for a first look at a checkpoint, when the run
 # takes every prompt of a larger set (what the demo evaluates).
@@ -37,15 +37,15 @@ def selection(job: dict) -> str:
 
 
 def ground_truth_words(gt: dict) -> str:
-    """Where the ground truth comes from, in words."""
-    kind = gt.get("kind")
-    if kind == "local":
+    """Where the ground truth comes from, in words, from its kind's entry (`GT_SOURCES`)."""
+    kind = GT_SOURCES.get(gt.get("kind"))
+    if kind is None or kind.server:
+        words = f"{gt.get('kind')} server {gt.get('url')}"
+    elif kind.on_target:
         words = "the target's own greedy completions, made on the host"
-    elif kind == "file":
-        words = "from another host" if gt.get("deferred") else f"file {gt.get('path')}"
     else:
-        words = f"{kind} server {gt.get('url')}"
-    if kind != "file":
+        words = "from another host" if gt.get("deferred") else f"file {gt.get('path')}"
+    if kind is None or kind.cached:
         words += " (made afresh)" if gt.get("fresh") else " (reused where cached on the host)"
     return words
 
