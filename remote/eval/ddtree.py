@@ -1,16 +1,4 @@
-"""DDTree: best-first draft trees over a DFlash drafter's per-depth distributions.
-
-Pure Python over small tensors/lists, no model here. The tree rule (docs/dflash-eval.md):
-each depth ``d = 1..D`` offers its top-``k`` tokens sorted by log-probability; candidates are
-(depth, rank, parent) with score = parent's score + logp[d][rank]; start with depth 1 rank 0;
-every popped node adds its next sibling (same parent, rank+1) and its first child
-(depth+1, rank 0); stop at ``budget`` nodes. Verification walks from the root while the
-target's greedy next token is a child of the current node.
-
-`build_tree` / `ddtree_accept` build one budget's whole tree from every depth's top-k. The
-engine uses `TreeSearch`, which gives the same acceptances for every budget at once while
-asking only for the depths it needs (see its docstring for why that is exact).
-"""
+"""DDTree's best-first draft trees (docs/dflash-eval.md); `TreeSearch` serves every budget."""
 
 from __future__ import annotations
 
@@ -21,17 +9,14 @@ from collections.abc import Sequence
 def build_tree(
     logp: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]], budget: int
 ) -> list[tuple[int, int, int]]:
-    """The tree's nodes in pop order as ``(parent_index, depth, token)``; parent -1 = root.
-
-    ``logp[d][r]`` / ``tokens[d][r]``: depth ``d+1``'s rank-``r`` log-probability and token,
-    ranks sorted by descending log-probability.
-    """
+    """Nodes in pop order as ``(parent_index, depth, token)`` (parent -1: the root), from
+    each depth's top-k ``logp``/``tokens``, ranks descending."""
     depth_max = len(logp)
     if depth_max == 0 or budget <= 0:
         return []
     k = len(logp[0])
     nodes: list[tuple[int, int, int]] = []
-    # heap entries: (-score, tiebreak, depth (1-based), rank, parent index, parent score)
+    # (-score, tiebreak, depth (1-based), rank, parent index, parent score)
     heap = [(-float(logp[0][0]), 0, 1, 0, -1, 0.0)]
     tick = 1
     while heap and len(nodes) < budget:
@@ -39,7 +24,7 @@ def build_tree(
         score = -neg
         nodes.append((parent, d, int(tokens[d - 1][r])))
         me = len(nodes) - 1
-        if r + 1 < k:  # next sibling: same parent, next rank at this depth
+        if r + 1 < k:  # next sibling
             heapq.heappush(
                 heap, (-(pscore + float(logp[d - 1][r + 1])), tick, d, r + 1, parent, pscore)
             )
@@ -51,8 +36,7 @@ def build_tree(
 
 
 def tree_accept(nodes: list[tuple[int, int, int]], truth: Sequence[int]) -> int:
-    """Accepted draft tokens: nodes walked from the root while ``truth[i]`` (the target's
-    greedy token at depth ``i+1``) is a child of the current node."""
+    """Accepted draft tokens: nodes walked from the root along ``truth`` (greedy tokens)."""
     children: dict[int, dict[int, int]] = {}
     for i, (parent, _d, tok) in enumerate(nodes):
         children.setdefault(parent, {})[tok] = i
@@ -71,25 +55,8 @@ def ddtree_accept(logp, tokens, truth: Sequence[int], budget: int) -> int:
 
 
 class TreeSearch:
-    """DDTree acceptance of every budget up to ``budget`` at one position, depth rows on demand.
-
-    The best-first pop sequence of `build_tree` for ``budget`` (with its per-depth ``k``) has
-    the tree of every smaller budget ``n`` (per-depth ``min(n, k)``) as its first ``n`` pops:
-    a node of rank ``>= n`` pops only after its ``n`` higher-ranked siblings, and nodes pushed
-    only by the wider process never pop before them, so the narrower process pops the same
-    nodes in the same order. Acceptance of budget ``n`` is then the number of ground-truth
-    path nodes among the first ``n`` pops (`accepted`).
-
-    The search runs that one process and asks for depth ``d``'s row (top-k log-probs and
-    tokens, ranks descending) only when it needs it: to start (depth 1), or to push the
-    first child of a depth ``d - 1`` node about to be popped. It stops as soon as the answer
-    is known: the budget is spent, or the next ground-truth token is not among its depth's
-    top-k (no budget can accept it). A drafter that misses depth 1 costs one row, not ``B-1``.
-
-        search = TreeSearch(truth, budget)
-        while (d := search.need()) is not None:
-            search.feed(*row_of_depth(d))
-    """
+    """DDTree acceptance of every budget up to ``budget`` at one position, each depth's row
+    fed (`feed`) only when `need` asks for it; exact: docs/dflash-eval.md."""
 
     def __init__(self, truth: Sequence[int], budget: int):
         self.truth = [int(t) for t in truth]  # greedy tokens at depths 1..len(truth)
@@ -99,7 +66,7 @@ class TreeSearch:
         self.tick = 0
         self.pops = 0
         self.truth_pops: list[int] = []  # pop index of the truth node at depth 1, 2, ...
-        self.checked = 0  # truth depths already found among their depth's top-k
+        self.checked = 0  # truth depths found among their depth's top-k
         self.done = budget <= 0 or not self.truth
 
     def feed(self, logp: Sequence[float], tokens: Sequence[int]) -> None:
@@ -110,7 +77,7 @@ class TreeSearch:
         """The depth (1-based) whose row the search needs next, or None when it is done."""
         depth_max, rows, heap, truth = len(self.truth), self.rows, self.heap, self.truth
         while not self.done:
-            nd = len(self.truth_pops) + 1  # the next ground-truth depth to find
+            nd = len(self.truth_pops) + 1
             if nd > depth_max or self.pops >= self.budget:
                 self.done = True
                 break
@@ -121,7 +88,7 @@ class TreeSearch:
                     self.done = True  # no budget's tree holds it
                     break
                 self.checked = nd
-            if self.tick == 0:  # the root's first child: depth 1, rank 0
+            if self.tick == 0:  # the root's first child
                 heap.append((-float(rows[0][0][0]), 0, 1, 0, -1, 0.0))
                 self.tick = 1
             if not heap:
@@ -138,12 +105,12 @@ class TreeSearch:
             parent_truth = self.truth_pops[-1] if self.truth_pops else -1
             if d == nd and parent == parent_truth and toks[r] == truth[d - 1]:
                 self.truth_pops.append(me)
-            if r + 1 < len(logp):  # next sibling, as `build_tree`
+            if r + 1 < len(logp):
                 heapq.heappush(
                     heap, (-(pscore + float(logp[r + 1])), self.tick, d, r + 1, parent, pscore)
                 )
                 self.tick += 1
-            if d < depth_max:  # first child
+            if d < depth_max:
                 child = -(score + float(rows[d][0][0]))
                 heapq.heappush(heap, (child, self.tick, d + 1, 0, me, score))
                 self.tick += 1

@@ -1,13 +1,4 @@
-"""Where the remote engine computes: ``cpu`` (the default) or ``cuda[:i]`` where torch sees
-a GPU. One resolution for every engine entry point (``eval`` and ``parity``), so a device
-name means the same thing, and fails the same way, everywhere.
-
-The engine loads weights on the CPU (the model reader materialises them there), moves the
-target and drafter to the device, then makes the device torch's default for the rest of
-the run, so every index and mask the walk builds lands beside the weights without a
-device argument threaded through each call (`computing`, which on a CPU also picks how
-bfloat16 products are computed: `remote.eval.cpu_bf16`).
-"""
+"""Where the engine computes (``cpu`` or ``cuda[:i]``), resolved once for eval and parity."""
 
 from __future__ import annotations
 
@@ -20,8 +11,7 @@ from remote.protocol import DEVICE_RE
 
 
 def check_name(name: str | None) -> str:
-    """The device name, validated by form only (no torch import): ``cpu``, ``cuda``,
-    ``cuda:N``; None is ``cpu``."""
+    """The device name (None: ``cpu``), checked by form only, without importing torch."""
     name = (name or "cpu").strip().lower()
     if not DEVICE_RE.match(name):
         raise UserError(f"device {name!r} is not supported; use cpu, cuda or cuda:N")
@@ -29,16 +19,14 @@ def check_name(name: str | None) -> str:
 
 
 def resolve(name: str | None):
-    """The `torch.device` for `name`; one clear line when cuda is asked and torch sees no
-    GPU (a CPU-only torch build, no driver, or an index past the last GPU), or when
-    ``DFLASH_CPU_BF16`` names no policy (`remote.eval.cpu_bf16`)."""
+    """The `torch.device` for `name`; one line when there is no such GPU or CPU policy."""
     import torch
 
     name = check_name(name)
     if name == "cpu":
         from remote.eval import cpu_bf16
 
-        cpu_bf16.policy()  # a bad DFLASH_CPU_BF16 fails here, before any weight is read
+        cpu_bf16.policy()  # fails before any weight is read
         return torch.device("cpu")
     if not torch.cuda.is_available():
         build = torch.version.cuda or "none (a CPU-only build)"
@@ -67,9 +55,9 @@ def describe(device) -> dict:
 
 @contextlib.contextmanager
 def computing(device) -> Iterator[None]:
-    """Compute the block on `device`: torch's default device for a GPU; on the CPU, its
-    bfloat16 matrix products as `remote.eval.cpu_bf16.policy` says (in float32 where the
-    CPU has no bfloat16 kernels). Enter it in the thread that computes."""
+    """Compute the block on `device` (a GPU made torch's default, so no device argument is
+    threaded through the walk; a CPU's bfloat16 products as `cpu_bf16.policy` says). Enter
+    it in the thread that computes."""
     import torch
 
     if device.type == "cpu":
@@ -87,8 +75,7 @@ def computing(device) -> Iterator[None]:
 
 
 def bf16_products(device, dtype: str) -> str | None:
-    """What a result records of how its bfloat16 products were computed: the CPU's
-    policy (`remote.eval.cpu_bf16`), None on a GPU or in float32."""
+    """How a result's bfloat16 products were computed: the CPU's policy, else None."""
     if device.type != "cpu" or dtype != "bfloat16":
         return None
     from remote.eval import cpu_bf16
@@ -97,9 +84,7 @@ def bf16_products(device, dtype: str) -> str | None:
 
 
 def place(target, drafter, device) -> None:
-    """Move the target's text part (backbone, embedding, head: the only materialised
-    modules; the embedding and head alone of a target that is not ``whole``) and the
-    drafter (if any) to `device`."""
+    """Move the target's materialised text modules and the drafter (if any) to `device`."""
     if device.type == "cpu":
         return
     parts = (target.backbone,) if target.whole else ()
@@ -109,9 +94,7 @@ def place(target, drafter, device) -> None:
         drafter.to(device)
 
 
-# A target whose weight files are smaller than this (a test's or the demo's tiny model)
-# runs fastest on one CPU thread: its matrices are too small to share out, and on a busy
-# host torch's threads mostly wait for each other (benchmarks/eval_threads.py).
+# A smaller target runs fastest on one CPU thread (docs/eval.md, "Threads").
 SMALL_TARGET_BYTES = 64 * 2**20
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -133,10 +116,8 @@ def weight_bytes(folder: str) -> int:
 
 
 def auto_threads(target: str, device: str | None) -> tuple[int | None, str | None]:
-    """The CPU threads a job that names none computes with, and why in a line: one for a
-    target under `SMALL_TARGET_BYTES`; torch's own choice (None, no line) otherwise and
-    on a GPU. The same folder always gets the same answer, so two runs of one eval
-    compute alike (threads are a speed setting: the rounds do not depend on them)."""
+    """The CPU threads for a job that names none, and why in a line (None: torch's choice);
+    the same folder always gets the same answer, so two runs of one eval compute alike."""
     if check_name(device) != "cpu":
         return None, None
     size = weight_bytes(target)

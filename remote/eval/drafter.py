@@ -1,11 +1,5 @@
-"""The DFlash drafter loaded from, and saved as, a checkpoint; and the names the engine and
-tests import from here: the config (`remote.eval.drafter_config`), the layers
-(`remote.eval.drafter_layers`) and the forward (`remote.eval.drafter_model`, which says how
-blocks are drafted). The checkpoint format itself (weight files, key names, shapes) is
-`remote.model.drafter_format`, shared with the probe.
-
-torch and transformers are imported at module import: import this module lazily.
-"""
+"""The DFlash drafter loaded from and saved as a checkpoint (format: `remote.model.
+drafter_format`), and the drafter names the engine imports. Imports torch: import it lazily."""
 
 from __future__ import annotations
 
@@ -29,8 +23,7 @@ from remote.model.drafter_format import read_state as _read_state
 from remote.model.drafter_format import weight_files as _weight_files
 from remote.model.drafter_format import weight_shapes as weight_shapes
 
-# Keys some trainers save beside the drafter that are not drafter weights: the borrowed
-# target embedding / head and derived rotary buffers. They are skipped, and reported.
+# Saved beside the drafter by some trainers but not its weights: skipped, and reported.
 IGNORABLE_KEYS = ("embed_tokens.weight", "lm_head.weight", "rotary_emb.inv_freq")
 
 
@@ -47,13 +40,8 @@ def load_drafter(
     dtype: torch.dtype = torch.bfloat16,
     num_target_layers: int | None = None,
 ) -> tuple[DFlashDrafter, LoadReport]:
-    """Load a drafter from a z-lab folder or training-format weights, cast to ``dtype``.
-
-    Accepts z-lab checkpoints, sharded safetensors with an index, ``.pt``/``.bin`` state dicts
-    (``torch.load(weights_only=True)``), wrapper prefixes (``model.``, ``module.``,
-    ``_orig_mod.``, ``draft_model.``) and fp32 masters. Raises `UserError` naming any key that
-    does not map, any missing key, and an ``fc`` width that disagrees with the layer ids.
-    """
+    """Load a drafter in any form docs/dflash-eval.md lists, cast to ``dtype``; a `UserError`
+    names any key that does not map, a missing key, or a wrong ``fc`` width."""
     cfg = read_config(path, num_target_layers)
     with torch.device("meta"):
         model = DFlashDrafter(cfg)

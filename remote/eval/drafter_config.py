@@ -1,5 +1,4 @@
-"""A z-lab DFlash drafter's ``config.json``: the fields the forward needs, checked
-(`DrafterConfig`, `read_config`). torch-free."""
+"""A z-lab DFlash drafter's ``config.json``: the fields the forward needs, checked; torch-free."""
 
 from __future__ import annotations
 
@@ -126,6 +125,3 @@ def read_config(path: str, num_target_layers: int | None = None) -> DrafterConfi
         )
     with open(cfg_path) as fh:
         return DrafterConfig.from_dict(json.load(fh), num_target_layers)
-
-
-# ---------------------------------------------------------------------------------------------

@@ -1,25 +1,8 @@
-"""The DFlash drafter's forward in plain PyTorch (config: `remote.eval.drafter_config`, layers:
-`remote.eval.drafter_layers`, checkpoints: `remote.eval.drafter`).
+"""The DFlash drafter's forward in plain PyTorch, as docs/dflash-eval.md describes it.
 
-Readable top to bottom. A drafter has no embedding and no LM head: it borrows the target's.
-For a block starting at position ``s`` (the last verified token ``g[s]`` followed by ``B-1``
-mask tokens) every drafter layer attends from the block to
-``concat(context, block)`` where context = ``hidden_norm(fc(target features at < s))``, with
-the SAME k/v projections for both; attention is not causal (unless the config says so for a
-sliding layer, as z-lab does). The reference is z-lab's own implementation,
-https://github.com/z-lab/dflash/blob/main/dflash/model.py.
-
-Two forwards are offered and must agree:
-
-* `DFlashDrafter.forward_block`: one block, context K/V recomputed - the straightforward
-  online form (used by the tests' online oracle).
-* `DFlashDrafter.context_kv` + `DFlashDrafter.forward_blocks`: context K/V of every layer
-  computed ONCE per sequence, then any number of blocks batched in one SDPA call per layer
-  with an explicit mask (block b sees context positions < s_b and only its own block). This
-  is what the offline eval uses.
-
-torch and transformers are imported at module import: import this module lazily.
-"""
+`forward_block` (context K/V recomputed: the tests' online oracle) and `context_kv` +
+`forward_blocks` (context K/V once per sequence, blocks batched: the offline eval) must agree.
+Imports torch at import: import it lazily."""
 
 from __future__ import annotations
 
@@ -56,8 +39,7 @@ class DFlashDrafter(nn.Module):
         return int(self.cfg.mask_token_id)
 
     def block_inputs(self, embed: torch.Tensor, first_tokens: torch.Tensor) -> torch.Tensor:
-        """Block input embeddings [nb, B, hidden]: ``[token, mask, ..., mask]`` per block,
-        looked up in the target's embedding matrix ``embed`` [vocab, hidden]."""
+        """Block inputs [nb, B, hidden]: ``[token, mask, ...]`` in the target's ``embed``."""
         ids = torch.full(
             (first_tokens.shape[0], self.block_size), self.mask_token_id, dtype=torch.long
         )
@@ -69,7 +51,7 @@ class DFlashDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
         """Drafter logits from final hidden rows through the target's head weight."""
-        # A strided (sliced) input sends a bf16 linear down a path ~40x slower on CPU.
+        # A strided (sliced) input sends a bf16 linear down a far slower CPU path.
         out = F.linear(hidden.contiguous(), lm_head)
         if self.cfg.output_multiplier != 1.0:
             out = out * self.cfg.output_multiplier
@@ -83,9 +65,7 @@ class DFlashDrafter(nn.Module):
         return self.hidden_norm(self.fc(features))
 
     def context_kv(self, features: torch.Tensor) -> ContextKV:
-        """Context K/V of every layer for positions ``0..T-1`` (features [T, F]). They depend
-        only on the target features and positions, never on a block: compute once per
-        sequence, share with every block."""
+        """Context K/V of every layer for positions ``0..T-1``: once per sequence, any block."""
         ctx = self.context(features)
         cos, sin = self.rotary(torch.arange(ctx.shape[0]), ctx.dtype)
         return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self.layers]
@@ -93,9 +73,7 @@ class DFlashDrafter(nn.Module):
     def forward_block(
         self, features: torch.Tensor, block: torch.Tensor, start: int
     ) -> torch.Tensor:
-        """One block, the plain online way: ``features`` [s, F] are the context positions
-        ``0..s-1`` (``s = start``), ``block`` [B, hidden] the block's input embeddings.
-        Returns the final normed hidden states [B, hidden]."""
+        """Final hidden [B, hidden] of one block at ``start``, context ``features`` [start, F]."""
         return self.forward_blocks(self.context_kv(features), torch.tensor([start]), block[None])[0]
 
     def forward_blocks(
@@ -104,10 +82,8 @@ class DFlashDrafter(nn.Module):
         starts: torch.Tensor,
         blocks: torch.Tensor,
     ) -> torch.Tensor:
-        """Many blocks at once against shared context K/V (from `context_kv`): ``starts``
-        [nb] block start positions, ``blocks`` [nb, B, hidden] input embeddings. Block b
-        sees context positions ``< starts[b]`` and its own B rows only, so the result equals
-        `forward_block` per block. Returns final hidden [nb, B, hidden]."""
+        """Final hidden [nb, B, hidden] of blocks at ``starts`` against shared context K/V;
+        equal to `forward_block` per block."""
         return Blocks(self, kv, starts, blocks).hidden()
 
     def blocks(
@@ -118,17 +94,14 @@ class DFlashDrafter(nn.Module):
         embed: torch.Tensor,
         seq: torch.Tensor | None = None,
     ) -> Blocks:
-        """The blocks ``[first_tokens[b], mask, ..., mask]`` at ``starts``, ready for
-        `Blocks.hidden` of any rows (their mask rows are projected once in the first layer).
-        ``kv``: one sequence's context K/V (from `context_kv`); with ``seq`` (block b's
-        sequence, non-decreasing), one context K/V per sequence, indexed by ``seq``."""
+        """The blocks ``[first_tokens[b], mask, ...]`` at ``starts``, ready for `Blocks.hidden`;
+        with ``seq`` (non-decreasing), ``kv`` holds one context K/V per sequence."""
         inputs = self.block_inputs(embed, first_tokens)
         return Blocks(self, kv, starts, inputs, shared_tail=True, seq=seq)
 
 
 def _runs(seq: torch.Tensor) -> tuple[torch.Tensor | None, list[tuple[int, int, int]]]:
-    """(the permutation that sorts ``seq``, None when sorted already; its runs of equal
-    values in sorted order as ``(value, first, end)``)."""
+    """(sorting permutation of ``seq`` or None, its runs ``(value, first, end)`` once sorted)."""
     order = None
     if len(seq) > 1 and bool((seq[1:] < seq[:-1]).any()):
         order = torch.argsort(seq, stable=True)
@@ -142,26 +115,10 @@ def _runs(seq: torch.Tensor) -> tuple[torch.Tensor | None, list[tuple[int, int, 
 
 
 class Blocks:
-    """Drafted blocks against context K/V, the last layer evaluated row by row on demand.
-
-    Every layer but the last runs on all rows: rows of a block attend to each other, so none
-    can be skipped there. The last layer's keys and values are computed for every row too,
-    but its queries, output projection, MLP and final norm only for the rows `hidden` (or
-    `depths`) is asked for. Acceptance needs block position ``j`` only where positions
-    ``1..j-1`` were right, so an evaluation asks for few rows: about tau per block instead
-    of ``B``.
-
-    ``shared_tail``: rows ``1..B-1`` of every block hold the same (mask) embedding, as
-    `DFlashDrafter.block_inputs` builds them; the first layer then normalises and projects
-    that row once rather than once per block (RoPE, applied after, still makes them differ).
-
-    ``seq``: the blocks come from several sequences (block b from sequence ``seq[b]``,
-    non-decreasing) and ``kv`` holds each one's context K/V. Projections and MLPs run on
-    every block at once, and so does attention but for its two products with a context,
-    taken per sequence (`remote.eval.drafter_layers.Attention.mix`): no block pays for
-    another sequence's context and the result equals drafting each sequence's blocks
-    alone.
-    """
+    """Drafted blocks against context K/V; the last layer runs only for the rows asked for,
+    since acceptance needs about tau rows per block, not B. ``shared_tail``: the mask rows
+    are projected once in the first layer; ``seq``: blocks of several sequences, attention
+    to each one's own context (`Attention.mix`), as if drafted alone."""
 
     def __init__(
         self,
@@ -182,20 +139,17 @@ class Blocks:
         self.seq = seq
         self.runs = _runs(seq)
         runs = self.runs[1]
-        # each sequence's context K/V up to the last start any of its blocks has here
         self.kv: dict[int, ContextKV] = {}
         for v, a, b in runs:
             n_ctx = int(starts[a:b].max())
             self.kv[v] = [(k[:, :n_ctx], vv[:, :n_ctx]) for k, vv in kv[v]]
-        # The last layer's queries before RoPE, when they come for free (a shared-tail first
-        # layer projects every row's anyway); otherwise `hidden` projects the rows it needs.
+        # last layer's queries before RoPE when a shared-tail first layer projects them anyway
         self.q_raw: torch.Tensor | None = None
         h = blocks
         last = len(drafter.layers) - 1
         for i, layer in enumerate(drafter.layers):
             attn = layer.self_attn
             if i == 0 and shared_tail:
-                # one normalised row per block start, plus the mask row once
                 x = layer.input_layernorm(torch.cat((blocks[:, 0], blocks[:1, 1])))
                 pick = torch.where(torch.arange(B)[None, :] == 0, torch.arange(nb)[:, None], nb)
                 q_raw = attn.queries(x)[pick]
@@ -213,9 +167,7 @@ class Blocks:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
 
     def _attend(self, i, seq_runs, q, q_pos, starts, k, v, k_pos) -> torch.Tensor:
-        """Layer ``i``'s attention (`Attention.mix`, then ``o_proj``) of query blocks ``n``, each
-        sequence's against its own context (``seq_runs``: `_runs` of the blocks'
-        sequences)."""
+        """Layer ``i``'s attention, each sequence's blocks against its own context."""
         attn = self.drafter.layers[i].self_attn
         order, runs = seq_runs
         if order is not None:
@@ -228,10 +180,8 @@ class Blocks:
 
     @classmethod
     def joined(cls, parts: list[tuple[Blocks, list[int]]]) -> Blocks:
-        """Blocks ``parts[p][1]`` of each ``parts[p][0]`` (of one drafter and one set of
-        sequences), in that order, as one `Blocks`, so one `hidden` call serves rows of
-        blocks drafted in different calls. A sequence's context K/V is its longest slice
-        among the parts (the rest is masked by each block's start)."""
+        """Blocks ``i`` of each ``(blocks, i)`` in ``parts`` as one `Blocks`, so one `hidden`
+        call serves blocks drafted in different calls; a sequence keeps its longest context."""
         if len(parts) == 1 and parts[0][1] == list(range(len(parts[0][0].starts))):
             return parts[0][0]
         out = cls.__new__(cls)
@@ -260,12 +210,10 @@ class Blocks:
         return sum(t.numel() * t.element_size() for t in held if t is not None)
 
     def hidden(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Final normed hidden states: of every row as [nb, B, hidden] (``rows`` None), or of
-        the flat rows ``rows`` (block b, position j = ``b * B + j``) as [len(rows), hidden]."""
-        if rows is None:  # every row: R = B query rows per block
+        """Final normed hidden [nb, B, hidden], or of flat ``rows`` (``b * B + j``) only."""
+        if rows is None:
             every = (self.h, self.q_raw, self.cos, self.sin, self.pos)
             return self._last_layer(*every, self.starts, self.k, self.v, self.pos, self.runs)
-        # one query row per asked row, against its own block's keys
         blk, at = rows // self.B, rows % self.B
         q_raw = None if self.q_raw is None else self.q_raw[blk, at][:, None]
         asked = (self.h[blk, at][:, None], q_raw, self.cos[blk, at][:, None])
@@ -274,10 +222,7 @@ class Blocks:
         return self._last_layer(*asked, *own, self._runs_of(blk))[:, 0]
 
     def depths(self, blocks: torch.Tensor, first: int, width: int) -> torch.Tensor:
-        """Final normed hidden states of depths ``first .. first+width-1`` of each of
-        ``blocks`` (indices here) as [len(blocks), width, hidden]: the same rows as `hidden`
-        gives them, with a block's keys gathered once for its ``width`` query rows rather
-        than once per row."""
+        """`hidden` of depths ``first .. first+width-1`` of ``blocks``, keys gathered once."""
         at = slice(first, first + width)
         q_raw = None if self.q_raw is None else self.q_raw[blocks, at]
         asked = (self.h[blocks, at], q_raw, self.cos[blocks, at], self.sin[blocks, at])
@@ -285,15 +230,13 @@ class Blocks:
         return self._last_layer(*asked, self.pos[blocks, at], *own, self._runs_of(blocks))
 
     def _runs_of(self, blocks: torch.Tensor) -> tuple[torch.Tensor | None, list]:
-        """`_runs` of ``blocks`` (indices here); of one sequence's blocks without sorting."""
+        """`_runs` of ``blocks``; without sorting for one sequence."""
         if len(self.kv) > 1:
             return _runs(self.seq[blocks])
         return None, [(self.runs[1][0][0], 0, len(blocks))]
 
     def _last_layer(self, h, q_raw, cos, sin, q_pos, starts, k, v, k_pos, runs) -> torch.Tensor:
-        """The last layer and the final norm of query rows ``h`` [n, R, hidden] (``q_raw``
-        their queries before RoPE, or None) of blocks with keys ``k``/``v`` [n, B,
-        kv_heads, d] at ``k_pos``."""
+        """The last layer and final norm of query rows ``h`` [n, R, hidden] of their blocks."""
         d = self.drafter
         layer = d.layers[-1]
         if q_raw is None:

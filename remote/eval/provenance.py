@@ -1,20 +1,5 @@
-"""What exactly was evaluated: the drafter's sha256 and training step, the ground truth's
-and the target's identity, recorded in every result by the job (stdlib only).
-
-The drafter's **sha256** is one digest for the whole checkpoint: the sha256 of its
-``sha256sum``-style listing (``"<sha256>  <path>\\n"`` per file, sorted by path, hidden
-``.dflash-*`` files left out), so a single-file checkpoint and a folder are named alike and
-the value can be checked by hand::
-
-    cd step_12000 && find . -type f ! -name '.dflash-*' -printf '%P\\n' | sort \\
-        | xargs sha256sum | sha256sum
-
-When the relay left its manifest (``.dflash-manifest.json``, hashes taken on this host as
-the files arrived) the per-file hashes come from it, after checking every listed file is
-still there with its size; otherwise the files are hashed here. The **step** is the one the
-trainer wrote (``trainer_state.json``'s ``global_step``), else the relay manifest's (parsed
-from the checkpoint name on the trainer), else None.
-"""
+"""What exactly was evaluated: the drafter's sha256 and training step, recorded in every
+result (stdlib only); how the digest and step are made: docs/results.md."""
 
 from __future__ import annotations
 
@@ -77,8 +62,8 @@ def _read_manifest(path: str) -> dict | None:
 
 
 def _manifest_files(path: str, manifest: dict) -> list[dict] | None:
-    """The manifest's {path, sha256} list when every listed file is still there with its
-    size and the checkpoint has no file the manifest lacks; else None (hash afresh)."""
+    """The manifest's {path, sha256} list when it still matches the files and sizes on disk,
+    else None (hash afresh)."""
     on_disk = dict(_files(path))
     files = []
     for f in manifest["files"]:

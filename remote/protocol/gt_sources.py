@@ -1,7 +1,5 @@
-"""Where a job's ground truth comes from, as both sides know it: each source kind once
-(`GTKind`, `GT_SOURCES`), with what a job must name for it and what it does with the
-job's prompts. How a host asks each kind is `remote.eval.groundtruth` (its `sources` and
-`servers`); the kinds in words: docs/eval.md."""
+"""The ground truth's source kinds as both sides know them, each written once (`GTKind`);
+how a host asks each: `remote.eval.groundtruth`; in words: docs/eval.md."""
 
 from __future__ import annotations
 
@@ -10,12 +8,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SourceKind:
-    """One kind of ground-truth source: its `name` (``ground_truth_kind``), one line
-    `about` it (for ``--help``), what a job names for it (`needs`: ``url``, a server;
-    ``path``, a file on the host; None), whether it completes the job's prompts
-    (`reads_prompts`; a file is its own selection), whether the job's target makes it on
-    the host (`on_target`) and whether the host keeps what it makes in its ground-truth
-    cache (`cached`)."""
+    """One source kind: `about` for ``--help``; `needs` ``url``, ``path`` or nothing;
+    `reads_prompts` (a file is its own selection); `on_target`: made by the job's target."""
 
     name: str
     about: str
@@ -30,8 +24,7 @@ class SourceKind:
 
 
 class GTKind:
-    """The source kinds, each written once; the first server kind is the one a server URL
-    is asked as when no kind is chosen."""
+    """The source kinds; a URL with no kind is asked as the first server kind."""
 
     SGLANG = SourceKind("sglang", "SGLang's native /generate (token ids in and out)")
     OPENAI = SourceKind("openai", "an OpenAI-compatible /v1/completions returning token ids")
@@ -49,9 +42,8 @@ DEFAULT_SERVER_KIND = SERVER_KINDS[0]
 
 
 def kind_for(given: dict) -> SourceKind:
-    """The kind of a ground truth that names none, from what it names (`given`: ``url``,
-    ``path``): the first kind needing a given one (a URL: `DEFAULT_SERVER_KIND`), else the
-    kind that needs nothing (the target makes it on the host)."""
+    """The kind of a ground truth naming none: the first needing what `given` names, else
+    the kind that needs nothing."""
     return next(
         (k for k in GT_SOURCES.values() if k.needs and given.get(k.needs)),
         next(k for k in GT_SOURCES.values() if k.needs is None),

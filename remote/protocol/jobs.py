@@ -1,5 +1,4 @@
-"""Jobs on a host: their ids, states and kinds, the files a job start carries, and the JSON
-types of every answer the controller reads (`check_job_answer`)."""
+"""Jobs on a host: ids, states, kinds, carried files, and the answers' JSON types."""
 
 from __future__ import annotations
 
@@ -25,11 +24,7 @@ from remote.protocol.values import (
 )
 from remote.relay.wire import name_problem
 
-# Small input files a job start carries inside its spec (under JOB_CARRY_KEY: a list of
-# ``{"path", "sha256", "data"}``, data base64), so that pushing them costs no round trip of
-# its own: ``job start`` writes each one, content-addressed, before it spawns the runner,
-# and drops the list from the spec it keeps. Only under these folders of the host's
-# workdir, and only files up to CARRY_MAX_BYTES (bigger ones are pushed on their own).
+# Small files a job start carries in its spec, saving a round trip (docs/eval.md).
 JOB_CARRY_KEY = "carry"
 CARRY_DIRS = ("prompts", "groundtruth/shards")
 CARRY_MAX_BYTES = 4 * 1024 * 1024
@@ -37,12 +32,8 @@ NAME_MAX_BYTES = 255  # one path component on Linux and macOS filesystems
 
 
 def carried_name_problem(name: Any) -> str | None:
-    """Why `name` cannot be a carried file's name (one component inside a `CARRY_DIRS`
-    folder), or None. The relay's rule for a checkpoint name (`remote.relay.wire.
-    name_problem`: not empty, no '/', no '.' or '..', no NUL or line break), and, because it
-    is named after a user's own file and becomes a file the job reads: no control character
-    or lone surrogate anywhere, at most `NAME_MAX_BYTES` bytes in UTF-8. Spaces,
-    parentheses and any other printable character (``mt bench (v2).jsonl``) are fine."""
+    """Why `name` cannot be a carried file's name, or None: the relay's `name_problem`, no
+    control character or lone surrogate, at most `NAME_MAX_BYTES`; spaces are fine."""
     why = name_problem(name)
     if why:
         return why
@@ -56,15 +47,13 @@ def carried_name_problem(name: Any) -> str | None:
     return None
 
 
-# A job's id names its folder on the host AND the run folder it is pulled into on the
-# workstation: one path component (never "." or ".."), checked by `check_job_id` on both.
+# Names the host's job folder AND the workstation's run folder: one path component.
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class JobState:
-    """A job's states, by name: ``starting`` (its folder exists, its runner not yet),
-    ``running`` (the recorded runner is alive), then one of the `TERMINAL_STATES`: ``done``,
-    ``failed``, ``cancelled``, or ``lost`` (the runner died without saying how it ended)."""
+    """A job's states: ``starting`` (folder, no runner yet), ``running``, then a terminal one
+    (``lost``: the runner died without saying how it ended)."""
 
     STARTING = "starting"
     RUNNING = "running"
@@ -86,8 +75,7 @@ TERMINAL_STATES = (JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.
 
 
 class JobKind:
-    """What a job does, by name: an eval, one half of a parity check (a host's capture,
-    the comparison of two captures), or an online measurement (`remote.online.job`)."""
+    """What a job does: an eval, a parity capture or compare, an online measurement."""
 
     EVAL = "eval"
     CAPTURE = "parity-capture"
@@ -96,16 +84,13 @@ class JobKind:
 
 
 JOB_KINDS = (JobKind.EVAL, JobKind.CAPTURE, JobKind.COMPARE, JobKind.ONLINE)
-# ``job watch`` sends a heartbeat line at least this often, so a watcher can tell a quiet
-# job from a host that went silent; its last line is a WATCH_END_EVENT (with --pull:
-# carrying the result files).
+# The heartbeat tells a quiet job from a silent host.
 WATCH_HEARTBEAT_SECONDS = 5.0
 WATCH_END_EVENT = "watch_end"
 
 
 class AnswerError(ValueError):
-    """A host's job answer that is not what the contract says; the message names the field
-    (the controller adds the host)."""
+    """A host's job answer off the contract; names the field (the controller adds the host)."""
 
 
 def check_job_id(value: object) -> str:
@@ -118,7 +103,6 @@ def check_job_id(value: object) -> str:
     return value
 
 
-# The contract's types (`remote.protocol.values`) by the short names the answer tables use.
 _FIELD_TYPES = {
     "id": Check("a job id", lambda v: isinstance(v, str) and bool(JOB_ID_RE.fullmatch(v))),
     "state": one_of(*JOB_STATES),
@@ -131,8 +115,7 @@ _FIELD_TYPES = {
     "object": OBJECT,
     "list": list_of(ANY),
 }
-# The fields of each job answer the controller reads, by type ("?": may be absent or null).
-# Other fields pass as they are.
+# Fields the controller reads ("?": may be absent or null); others pass as they are.
 JOB_EXIT_FIELDS = {"state": "state", "code": "int?", "error": "text?", "finished": "number?"}
 JOB_EVENT_FIELDS = {
     "event": "text",
@@ -208,7 +191,6 @@ JOB_ANSWER_FIELDS = {
 }
 
 
-# The rows of a prune's answer: what goes (or went), and what stayed and why.
 PRUNE_ROW_FIELDS = {
     "entries": {
         "path": "text",
@@ -222,8 +204,7 @@ PRUNE_ROW_FIELDS = {
 
 
 def _check_fields(doc: object, fields: dict[str, str], path: str = "") -> dict:
-    """`doc` if it is an object whose `fields` have their types; `path`: where it sits in
-    the answer (``exit.``), for the message."""
+    """`doc` if its `fields` have their types; `path` (``exit.``) prefixes the message."""
     if not isinstance(doc, dict):
         where = f"{path.rstrip('.')!r}" if path else "the answer"
         raise AnswerError(f"{where} is {json_type(doc)}, not a JSON object")
@@ -242,12 +223,8 @@ def _check_fields(doc: object, fields: dict[str, str], path: str = "") -> dict:
 
 
 def check_job_answer(action: str, doc: object) -> Any:
-    """`doc`, a host's answer to ``job <action>`` (``start``, ``status``, ``pull``,
-    ``cancel``, ``list``, ``prune``: its rows `PRUNE_ROW_FIELDS`) or one line of ``job
-    watch`` (``event``, ``watch_end``), if every field the controller reads has its type
-    (`JOB_ANSWER_FIELDS`; an exit record's
-    `JOB_EXIT_FIELDS`, a progress event's `JOB_EVENT_FIELDS`); else an AnswerError naming
-    the field (``row 3: 'state' is a list ...``)."""
+    """`doc`, a host's answer to ``job <action>`` or a ``job watch`` line (``event``,
+    ``watch_end``), if each field read has its type; else an AnswerError naming it."""
     if action == "list":
         if not isinstance(doc, list):
             raise AnswerError(f"the answer is {json_type(doc)}, not a list of jobs")
@@ -270,9 +247,7 @@ def check_job_answer(action: str, doc: object) -> Any:
     return doc
 
 
-# How the scheduler ended one attempt of a Slurm array task, as the controller tells the
-# attempt's job folder (``job array-end``, `remote.jobs.array.record_end`): its task
-# (``<array job>_<task>``), Slurm's state, its nodes, why in words, its exit code if known.
+# How Slurm ended an array task's attempt, as ``job array-end`` tells its job folder.
 _SLURM_END = {
     "job": re.compile(r"[1-9][0-9]{0,9}_(0|[1-9][0-9]{0,6})"),
     "state": re.compile(r"[A-Z_]{1,32}"),
@@ -282,8 +257,7 @@ _SLURM_END = {
 
 
 def check_slurm_end(doc: object) -> dict:
-    """`doc` if it is a scheduler's end of an attempt (`_SLURM_END`, ``exit_code`` a whole
-    number 0-255 or absent); else a SpecError naming the field."""
+    """`doc` if it is a scheduler's end of an attempt, else a SpecError naming the field."""
     if not isinstance(doc, dict):
         raise SpecError(f"the attempt's end is {json_type(doc)}, not a JSON object")
     for name, pattern in _SLURM_END.items():

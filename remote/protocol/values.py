@@ -1,11 +1,4 @@
-"""The contract's one vocabulary of value types: `Check` (a test and its words), the checks
-the job document, the result files and the job answers use, how a bad value is shown, and
-the error a bad spec value raises (`SpecError`).
-
-Each side names a setting its own way (the host ``the ground-truth concurrency``, the
-command line ``--gt-concurrency``, the inventory ``roles.eval.ground_truth_concurrency``)
-around the same test and the same words.
-"""
+"""The contract's one vocabulary of value types (`Check`: a test and its words)."""
 
 from __future__ import annotations
 
@@ -34,7 +27,7 @@ def finite(v: object) -> bool:
 
 
 def shown(value: object) -> str:
-    return reprlib.repr(value)  # bounded however big the value is
+    return reprlib.repr(value)  # bounded
 
 
 def json_type(value: object) -> str:
@@ -51,12 +44,9 @@ def json_type(value: object) -> str:
 
 
 class Check:
-    """One value type: `check(value)` says whether `value` passes, `expected` what it must
-    be, in words; `message(label, value)` is the line for a value that fails, naming the
-    setting as `label` (a choice: ``unknown <label> 'x' (one of a, b)``; otherwise
-    ``<label> must be <expected>, got 'x'``). A container's `inner` is the type of its
-    items (a list) or values (an object, its keys passing `keys`), a field table (a dict),
-    or the alternatives of `any_of`."""
+    """One value type: `check(value)` passes it, `expected` says it in words, `message` is
+    the failing line naming the setting; `inner`: a container's item type, field table or
+    `any_of`'s alternatives."""
 
     __slots__ = ("expected", "test", "choices", "inner", "keys")
 
@@ -125,14 +115,14 @@ SHA256 = Check(
     "a sha256 (64 lowercase hex digits)",
     lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
 )
-# What the result files' fields take (with `FLAG`), in the words their messages use.
+# The result files' fields (with `FLAG`).
 STR = Check("a string", lambda v: isinstance(v, str))
 INT = Check("an integer", is_int)
 NUM = Check("a number", is_number)
 SCALAR = Check("a string or a number", lambda v: isinstance(v, str) or is_number(v))
 ANY = Check("anything", lambda v: True)
 WHOLE_NUMBER_KEYS = Check("a whole number", lambda k: isinstance(k, str) and k.isdecimal())
-# What the job answers' fields take (with `WHOLE` and `FLAG`), in their words.
+# The job answers' fields (with `WHOLE` and `FLAG`).
 ANY_TEXT = Check("text", lambda v: isinstance(v, str))
 COUNT_FROM_0 = Check("a whole number of at least 0", lambda v: is_int(v) and v >= 0)
 FINITE = Check("a finite number", finite)

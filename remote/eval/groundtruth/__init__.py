@@ -1,14 +1,5 @@
-"""Ground truth for the offline walk: each prompt's greedy completion by the target, as
-token ids, made on the eval host as a job's first phase (`prepare`) and cached there. Its
-sources, cache key, checks and bounds are described in docs/eval.md.
-
-The modules: `prompts` (reading, selecting, rendering), `servers` (each server kind: how
-it is asked, what its answer must hold, what it serves), `local` (generation with the
-target), `checks` (what a completion, a file or an answer must be), `completions` (a job's
-prompts as a source completes them, answers taken in prompt order), `cache` (the entries,
-their key, `judge` after the eval) and `phase` (`prepare`, and each kind's source:
-`SOURCES`). The names other modules use are re-exported here.
-"""
+"""Ground truth for the offline walk, made on the eval host as a job's first phase and cached
+(docs/eval.md; its modules: ARCHITECTURE.md). Re-exports the names other modules use."""
 
 from remote.eval.groundtruth.cache import judge as judge
 from remote.eval.groundtruth.cache import judge_job as judge_job
