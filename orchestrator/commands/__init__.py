@@ -1,2 +1,1 @@
-"""One module per command group; each exposes ``register(app)`` and stays a thin layer
-that parses options, calls a library function and prints its result."""
+"""One thin module per command group (parse, call the library, print), each ``register(app)``."""

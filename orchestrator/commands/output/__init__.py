@@ -1,21 +1,12 @@
-"""Everything the CLI shows, in one package: the consoles and ``--json`` (`base`), the live
-progress views the commands hand to the library (`progress`, opened only when shown by
-`live`; follow's `events`; a Slurm eval's task lines, `slurm`), and one module of
-renderers per kind of result (`hosts`, `relay`, `results`, `listing`, `history`, `online`,
-`parity`, `jobs`), all drawing their tables as `tables.Grid` (ids and numbers never cut,
-names never markup). A command makes its one library call and hands the result to `emit`
-with its renderer; commands never print themselves and never import one another.
-
-Names resolve lazily (PEP 562): ``output.emit`` imports `base` alone, so a command such as
-``relay`` does not import the eval, probe and results renderers and their libraries to
-start (a third of a second of an unchanged relay here)."""
+"""Everything the CLI shows: consoles and ``--json`` (`base`), live views, one renderer module
+per kind of result, tables as `tables.Grid` (rules: ARCHITECTURE.md). Names resolve lazily
+(PEP 562), so a command imports only the renderers it uses and their libraries."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-# name -> the module of this package that defines it
 _WHERE = {
     "LiveProgress": "progress",
     "OnlineProgress": "online",
@@ -89,7 +80,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # once: later lookups skip this function
+    globals()[name] = value  # later lookups skip this function
     return value
 
 

@@ -1,6 +1,4 @@
-"""The consoles, JSON for scripts, the one choice between JSON and the human view, the one
-way a command ends on a failure it has explained, `show` (what prints tables, never
-cropped), and the small cell helpers (tables themselves: `tables`)."""
+"""The consoles, JSON or the human view (`emit`), `exit_with`, `show` and cell helpers."""
 
 from __future__ import annotations
 
@@ -19,9 +17,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# `console` (stdout) and `err_console` (stderr) are made on first use (PEP 562), and rich
-# imported then: about 30 ms of every CLI start on the 2-core test box, which a --json
-# run that prints no markup (an unchanged relay, a script's follow loop) never needs.
+# Made on first use (PEP 562): a --json run printing no markup never pays rich's import.
 _consoles: dict[str, Console] = {}
 _consoles_lock = threading.Lock()
 
@@ -33,8 +29,7 @@ def _console(name: str) -> Console:
 
             for key, stderr in (("console", False), ("err_console", True)):
                 made = Console(stderr=stderr, highlight=False)
-                # Unpinned, the width follows COLUMNS and the terminal at each print, so
-                # commands invoked in one process (tests, a notebook) each get their own.
+                # Unpinned: each command in one process (tests, a notebook) gets its width.
                 made.width = None  # type: ignore[assignment]
                 _consoles[key] = made
         return _consoles[name]
@@ -57,9 +52,8 @@ def emit(
     human: Callable[[T], None],
     as_json: Callable[[T], Any] | None = None,
 ) -> None:
-    """Show a command's `result`: with ``--json`` as JSON on stdout (``as_json(result)``,
-    else `result` itself), otherwise through the `human` renderer. The one place that
-    decides between the two, so no command branches on ``--json``."""
+    """Show `result` as JSON (``as_json(result)`` or itself) or through `human`: the one
+    place that decides, so no command branches on ``--json``."""
     if json_out:
         print_json(as_json(result) if as_json is not None else result)
     else:
@@ -67,38 +61,31 @@ def emit(
 
 
 def error_line(message: str) -> str:
-    """A failure as the CLI words it everywhere: a red ``error:`` and the message, as
-    literal text (it may hold names with brackets, line breaks or undecodable bytes)."""
+    """A failure as the CLI words it: a red ``error:`` and the message as literal text."""
     return f"[bold red]error:[/] {plain(message)}"
 
 
 def notes(lines: list[str]) -> None:
-    """What the library says about how it will run (a default it took), one yellow
-    ``note:`` line each on stderr, so ``--json`` output stays clean."""
+    """The library's notes on how it will run, one ``note:`` line each on stderr."""
     for line in lines:
         _console("err_console").print(f"[yellow]note:[/] {plain(line)}", soft_wrap=True)
 
 
 def exit_with(code: int, *lines: str) -> NoReturn:
-    """End the command with exit `code` after printing `lines` (rich markup) on stderr: for
-    outcomes already shown on stdout (a host that did not answer, a probe that found a
-    problem, an interrupted relay). Errors that stop a command before it shows anything are
-    raised as `DflashError` instead and printed by `orchestrator.cli.main`."""
+    """Exit `code` after `lines` (markup) on stderr, for outcomes already shown on stdout;
+    an error before anything is shown is a `DflashError`, printed by `orchestrator.cli`."""
     for line in lines:
         _console("err_console").print(line, soft_wrap=True)
     raise typer.Exit(code)
 
 
 def show(*renderables: Any, err: bool = False) -> None:
-    """Print tables (`tables.Grid`) and lines on stdout (stderr with `err`), never cropped
-    to the console's width: a table whose ids and numbers cannot fit is printed whole,
-    wider than the terminal, rather than cut."""
+    """Print tables and lines on stdout (stderr with `err`), never cropped to the console."""
     _console("err_console" if err else "console").print(*renderables, crop=False)
 
 
 def plain(value: Any) -> str:
-    """A value (a name, a path, a host's words) as literal text inside a line of markup:
-    brackets escaped, control characters and lone surrogates shown (`printable`)."""
+    """A value as literal text inside markup: brackets escaped, controls shown (`printable`)."""
     from rich.markup import escape
 
     return escape(printable(str(value)))

@@ -1,5 +1,4 @@
-"""Follow's view (`RichEvents`): timestamped lines, the relay's byte bar and the eval's live
-bar, on stderr. Apart from `progress` so that a relay does not import the follow loop."""
+"""Follow's view (`RichEvents`), apart from `progress` so a relay imports no follow loop."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ class RichEvents(follow_lib.FollowEvents):
         self.live(event)
 
     def shard_event(self, checkpoint: str, host: str, event: dict) -> None:
-        """A Slurm array's tasks: one row per task and a line per failure and retry, as
-        ``remote-eval --hosts`` shows."""
+        """A Slurm array's tasks, as ``remote-eval --hosts`` shows them."""
         if not self.enabled:
             return
         if not isinstance(self.live, ShardProgress) or self.live_for != checkpoint:

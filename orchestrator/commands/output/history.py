@@ -1,5 +1,4 @@
-"""How tau per checkpoint step looks to people: the table of a follow history or the
-demo's, and where their files are. The metric columns come from the registry."""
+"""How tau per checkpoint step looks to people (follow's or the demo's), from the registry."""
 
 from __future__ import annotations
 
@@ -17,10 +16,8 @@ def _line(text: str) -> None:
 
 
 def history_table(history: list[dict], title: str = "tau per checkpoint step") -> Grid:
-    """Step, checkpoint, each table metric of the registry (`summary.columns`), the
-    headline per DDTree budget, and why a checkpoint failed; run ids are in the history
-    JSON. At a narrow width the metrics other than the headline are left out first, then
-    the smaller DDTree budgets."""
+    """Step, checkpoint, the registry's table metrics, the headline per DDTree budget, why a
+    checkpoint failed; narrow, the non-headline metrics go first, then small budgets."""
     budgets = sorted({b for h in history for b in (h.get("ddtree") or {})}, key=int)
     failed = any(h.get("state") != "done" for h in history)
     cols, head = summary.columns(), registry.headline()

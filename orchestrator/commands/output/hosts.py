@@ -1,5 +1,4 @@
-"""How hosts look to people: the inventory's hosts, what `hosts check` found, a model's
-structure from `probe-structure`, and `env`'s versions."""
+"""How hosts look to people: `hosts`, `hosts check`, `probe-structure` and `env`."""
 
 from __future__ import annotations
 
@@ -45,7 +44,7 @@ def render_check(results: list[HostFacts]) -> None:
     show(check_table(results))
     if any(r.ok for r in results):
         for line in PACKAGES_NOTE:
-            console.print(f"[dim]{line}[/]")  # wrapped at the console's width
+            console.print(f"[dim]{line}[/]")
 
 
 def check_json(results: list[HostFacts]) -> list[dict]:
@@ -53,8 +52,7 @@ def check_json(results: list[HostFacts]) -> list[dict]:
 
 
 ENGINE_PACKAGES = ("torch", "transformers", "safetensors")
-OPTIONAL = ("fla",)  # no role needs them; the note below says what they give
-# What the packages column's marks mean, under the table.
+OPTIONAL = ("fla",)  # no role needs them
 PACKAGES_NOTE = (
     "-: not installed, not needed: the eval role needs torch, transformers and safetensors; "
     "a trainer's relay needs python3's standard library only (the three: for parity only).",
@@ -65,8 +63,7 @@ PACKAGES_NOTE = (
 
 
 def _packages(r: HostFacts) -> Text:
-    """One line per package: its version, else ``missing`` (red: a role needs it), ``-``
-    (no role needs it) or ``- *`` (optional); `PACKAGES_NOTE` explains the marks."""
+    """One line per package: its version or a mark `PACKAGES_NOTE` explains."""
     found = r.facts["packages"]
     cell = Text()
     for i, name in enumerate((*ENGINE_PACKAGES, *OPTIONAL)):
@@ -168,7 +165,7 @@ def _literal(value: Any) -> Any:
 
 
 def probe_tree(r: dict, host: str) -> Tree:
-    """A probe report as a rich tree for people (the host's names are text, not markup)."""
+    """A probe report as a rich tree, the host's names as text."""
     r, host = _literal(r), plain(host)
     t = r["text"]
     root = Tree(

@@ -1,5 +1,4 @@
-"""How jobs look to people: the jobs on the hosts, a job cancelled, a job started
-detached, a job attached to and pulled, the workdirs pruned."""
+"""How jobs look to people: listed, cancelled, started detached, attached, pruned."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ def render_started(ref) -> None:
 
 
 def render_attached(attached) -> None:
-    """`jobs attach`: the pulled run, as its kind shows it (an eval's summary, a parity
-    table)."""
+    """`jobs attach`: the pulled run, as its kind shows it."""
     if attached.kind == JobKind.COMPARE:
         from orchestrator.commands.output.parity import render_parity_run
 
@@ -94,8 +92,7 @@ def render_attached(attached) -> None:
 
 
 def attached_json(attached) -> dict:
-    """`jobs attach --json`: an eval's run as `remote-eval --json` gives it, a parity
-    compare's as `parity_attach_json`."""
+    """`jobs attach --json`: as `remote-eval --json` or `parity_attach_json` gives it."""
     if attached.kind == JobKind.COMPARE:
         from orchestrator.commands.output.parity import parity_attach_json
 
@@ -111,8 +108,7 @@ def attached_json(attached) -> dict:
 
 
 def render_pruned(pruned: list) -> None:
-    """`jobs prune`: what went (or would, with --dry-run), with its size and age, then per
-    host what stayed and why, and the total."""
+    """`jobs prune`: what went (or would), per host what stayed and why, the total."""
     dry = any(p.answer["dry_run"] for p in pruned)
     table = Grid(
         "would remove" if dry else "removed",

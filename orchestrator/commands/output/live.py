@@ -1,5 +1,4 @@
-"""Live views a command opens only when it shows them: with ``--json`` none is made, and
-the progress views' module (and rich.progress with it) is not even imported."""
+"""Live views opened only when shown: with ``--json`` their modules are not even imported."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ if TYPE_CHECKING:
 
 @contextmanager
 def relay_bar(enabled: bool = True) -> Iterator[RelayProgress | None]:
-    """A `RelayProgress` stopped on the way out (None when not `enabled`, as with --json:
-    then the progress views and rich.progress are not even imported)."""
+    """A `RelayProgress` stopped on the way out; None when not `enabled`."""
     if not enabled:
         yield None
         return

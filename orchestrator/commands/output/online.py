@@ -1,6 +1,5 @@
-"""How `dflash online` looks to people: offline beside online (both taus both ways, per
-position), lossless, the engine and its threads, each concurrency level and the speedup
-measured, the diagnosis; and its ``--json`` form."""
+"""How `dflash online` looks to people (offline beside online, levels, the diagnosis) and
+its ``--json`` form."""
 
 from __future__ import annotations
 
@@ -43,9 +42,8 @@ def _engine(s: dict) -> str:
 
 
 def render_verdict(v: dict, run: res.Run | None = None) -> None:
-    """Offline beside online: tau, rounds, per position; lossless; the levels; every cause
-    found; and, with the eval `run`, the engine's own times beside the eval host's
-    estimate."""
+    """Offline beside online, lossless, the levels, every cause found; with the eval `run`,
+    the engine's own times beside the eval host's estimate."""
     s = online_view.summary(v)
     rows = [("verdict", s["verdict"]), ("engine", _engine(s))]
     if s["threads"] is not None:
@@ -129,9 +127,7 @@ def _levels_table(levels: list[dict], samples: int) -> Grid:
 
 
 class OnlineProgress(LiveProgress):
-    """An eval's bars, a line for each phase of the serving engine (its threads, each
-    concurrency level, the baseline, a deviation simulated), and a bar of the prompts it
-    answered at each level."""
+    """An eval's bars, a line per serving-engine phase and a bar per concurrency level."""
 
     PHASES = {
         "serve": "starting the serving engine",
@@ -178,8 +174,7 @@ class OnlineProgress(LiveProgress):
             )
 
     def tick_line(self) -> str | None:
-        """The level being measured (its prompts answered, time left), the serving
-        engine's phase before that, else the eval's line (`Ticker`)."""
+        """The level being measured, else the engine's phase, else the eval's (`Ticker`)."""
         if self.current is not None and self.paces:
             pace = self.paces[self.current]
             line = f"{self.current[0]} x{self.current[1]}: {pace.count('prompts answered')}"
@@ -190,8 +185,7 @@ class OnlineProgress(LiveProgress):
 
 
 def _speed_table(sp: dict) -> object:
-    """The engine's decode times (and, with a baseline, its speedup measured) beside the
-    eval host's round costs and estimate."""
+    """The engine's decode times (and baseline speedup) beside the eval host's estimate."""
     e, off = sp["engine"] or {}, sp["offline"]
     plain_costs = sp.get("engine_plain") or {}
     est = off["speedup_estimate"]

@@ -1,5 +1,4 @@
-"""How `dflash parity` looks to people: the sides, per-layer errors, top-1 agreement and
-tau A/B; and its ``--json`` forms."""
+"""How `dflash parity` looks to people, and its ``--json`` forms."""
 
 from __future__ import annotations
 

@@ -1,15 +1,4 @@
-"""The live progress views the commands hand to the library: the eval's sample bars (one
-job, or one row per host of a sharded eval) and parity's stages (follow's lines:
-`events`; the relay's byte bar: `relaybar`). All on stderr, so stdout stays for ``--json``.
-
-One rule for all of them: every live view is a rich `Progress` (`eval_bars`, or the
-relay's bytes), which redraws itself in place on a terminal and, off one (a pipe, a log
-file, CI), prints its final rows once, as whole lines, when it stops, and meanwhile one
-timestamped line every 30 s (`ticker`: done of total, tokens/s, time left). An eval says
-what it will do before it starts (the library's ``outline`` event) and, once its first
-samples are done, about how long the rest will take. Nothing here writes a carriage
-return of its own, so a log never gets one endless line. Names in descriptions and
-messages are text, never markup."""
+"""Live progress views on stderr, names never markup; off a terminal: docs/eval.md."""
 
 from __future__ import annotations
 
@@ -31,8 +20,7 @@ from remote.protocol.metrics import HEADLINE
 
 
 class _Bars(Progress):
-    """rich's `Progress`, less the empty line it prints when it stops off a terminal with
-    no row drawn (it came before the error line of a job that never started)."""
+    """rich's `Progress` less its empty line before a never-started job's error line."""
 
     def stop(self) -> None:
         if self.tasks or self.disable:
@@ -42,11 +30,9 @@ class _Bars(Progress):
 
 
 def eval_bars(enabled: bool = True, label: str = "{task.description}") -> Progress:
-    """The bars of an eval: a label, the bar, done/total, a free ``info`` field (rate, tau)
-    and the elapsed time, on stderr. `label` formats the description (a sharded eval
-    right-aligns its host names)."""
+    """An eval's bars: `label`, bar, done/total, a free ``info`` field, elapsed time."""
     return _Bars(
-        TextColumn(label, style="bold", markup=False),  # host and stage names: never markup
+        TextColumn(label, style="bold", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[info]}"),
@@ -58,10 +44,7 @@ def eval_bars(enabled: bool = True, label: str = "{task.description}") -> Progre
 
 
 class LiveProgress:
-    """Turns job events into rich progress bars: ground truth, then the eval with samples,
-    tokens/s, the running tau and the time left. The eval's outline, its first estimate
-    and warnings are printed above the bars as they come; off a terminal, a line every
-    30 s (`Ticker`)."""
+    """A job's events as bars, its outline, first estimate and warnings above them."""
 
     PHASES = {
         "await_ground_truth": "waiting for its ground truth",
@@ -94,8 +77,8 @@ class LiveProgress:
         self.progress.console.print(plain(text), soft_wrap=True)
 
     def tick_line(self) -> str | None:
-        """What the job is doing now, in one line (`Ticker`); nothing before its first event
-        (a job that fails its host checks ends in its one error line alone)."""
+        """What the job is doing now (`Ticker`); nothing before its first event, so a job
+        failing its host checks ends in its one error line alone."""
         if not self.last:
             return None
         if self.eval.done:
@@ -117,7 +100,7 @@ class LiveProgress:
             self.progress.console.print(
                 f"[bold yellow]warning:[/] {plain(ev.get('message'))}", soft_wrap=True
             )
-        elif kind in ("outline", "note"):  # what it will do; the host's choices
+        elif kind in ("outline", "note"):
             self.say(str(ev.get("text") or ev.get("message")))
         elif kind == "phase" and ev.get("phase") in self.PHASES:
             self.doing = self.PHASES[ev["phase"]]
@@ -151,10 +134,9 @@ class LiveProgress:
                 self.progress.update(self.eval_task, completed=task.total)
 
     def _sample(self, ev: dict, total: int | None) -> None:
-        # Rates from the job's own timestamps: right even when an attach replays events
-        # that happened while nobody was watching.
+        # the job's own timestamps: right when an attach replays old events
         self.eval.update(ev.get("time"), ev.get("done") or 0, total, int(ev.get("tokens") or 0))
-        tau = ev.get(HEADLINE)  # the running headline metric
+        tau = ev.get(HEADLINE)
         self.tau = tau if isinstance(tau, (int, float)) else self.tau
         info = "  ".join(
             x
@@ -169,10 +151,8 @@ class LiveProgress:
 
 
 class ShardProgress:
-    """One progress view for a sharded eval: the ground-truth row (first host), a row per
-    host (samples, tokens/s from that host's own event times, running tau, failures) and a
-    total row. Called as ``view(host, event)`` from several watcher threads (the library
-    serialises the calls)."""
+    """A sharded eval's view: ground truth, a row per host, a total; called as ``view(host,
+    event)`` from several watcher threads (the library serialises the calls)."""
 
     def __init__(self, enabled: bool = True):
         self.progress = eval_bars(enabled, label="{task.description:>14}")
@@ -181,7 +161,7 @@ class ShardProgress:
         self.rows: dict[str, TaskID] = {}
         self.hosts: dict[str, dict] = {}  # host -> {total, done, tokens, started, tau, failed}
         self.planned = False
-        self.pace = Pace()  # the whole run's: the total row's numbers and its time left
+        self.pace = Pace()  # the whole run's, for the total row
         self.estimated = False
         self.noted: set = set()
         self.ticker = Ticker(self.tick_line, enabled)
@@ -196,8 +176,8 @@ class ShardProgress:
         self.progress.__exit__(*exc)
 
     def tick_line(self) -> str | None:
-        """The run's samples, tokens/s and time left, and each host's count (`Ticker`)."""
-        if not self.hosts:  # the ground truth is made first: how far it is, once it began
+        """The run's samples, rate and time left, and each host's count (`Ticker`)."""
+        if not self.hosts:  # the ground truth is made first
             if self.gt_task is None:
                 return None
             gt = self.progress.tasks[self.gt_task]
@@ -310,8 +290,7 @@ class ShardProgress:
 
 
 def job_started(host: str):
-    """The ``on_start`` of a watched eval: the job id at once (flushed, on stderr, with or
-    without ``--json``), so it is known even if dflash dies later."""
+    """A watched eval's ``on_start``: the job id on stderr at once, known if dflash dies."""
 
     def started(ref) -> None:
         pushed = " (bundle pushed)" if ref.bundle_pushed else ""
@@ -322,8 +301,7 @@ def job_started(host: str):
 
 
 class ParityLines:
-    """Parity's stage view: a line per started job, a bar per stage (its samples) and the
-    warnings, like the eval's (see the module docstring for what it does off a terminal)."""
+    """Parity's view: a line per started job, a bar per stage, the warnings."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled

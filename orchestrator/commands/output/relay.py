@@ -1,9 +1,5 @@
-"""How the relay looks to people: the source's checkpoints (`relay --list`) and a relay's
-report. ``--json`` prints the listing as it is and the report's ``to_json()``.
-
-Two different things are never called by one word: a checkpoint the relay leaves out
-because it is not complete is "not complete"; bytes a destination already holds (resumed
-or unchanged) are "already there"."""
+"""How `relay --list` and a relay's report look to people. Words kept apart: a checkpoint
+left out is "not complete"; bytes a destination holds are "already there"."""
 
 from __future__ import annotations
 
@@ -47,10 +43,8 @@ def render_checkpoints(listing: dict) -> None:
 
 
 def render_relay_report(report: relay_lib.RelayReport) -> None:
-    """`relay`: the checkpoints left out as not complete, a row per checkpoint and
-    destination, the totals, and what was pruned. When nothing was relayed because every
-    checkpoint asked for by name or step is not complete, nothing is printed: the error
-    line that follows says it."""
+    """`relay`: what was left out, a row per checkpoint and destination, totals, pruned;
+    nothing when every checkpoint asked for is not complete (the error line says it)."""
     data = report.to_json()
     if not data["checkpoints"] and report.skipped_named:
         return

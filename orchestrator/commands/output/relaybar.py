@@ -1,6 +1,4 @@
-"""The relay's live view: a rich byte bar (bytes, rate, time left, files done) on stderr,
-so stdout stays for ``--json``; what it does off a terminal: `progress`'s module
-docstring. Apart from the eval's views, so a relay imports none of them."""
+"""The relay's byte bar on stderr, apart from the eval's views so a relay imports none."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""A Slurm eval's view: the sharded eval's rows (`progress.ShardProgress`, one per array
-task) and the story of its tasks, told as it happens from the library's ``slurm_task``
-events (`orchestrator.eval.shards.slurm_progress.slurm_task`): one line when an attempt
-fails (which task, why: cancelled, killed by a signal, a node failure, a time limit...)
-and one when its retry starts. A retry evaluates the task's whole slice again, so its row
-starts afresh: every sample is counted once. The lines are printed whether the bars are
-shown or not (``--json``: on stderr, stdout stays the JSON), each once, as whole lines.
-"""
+"""A Slurm eval's view: a row per array task, and a line when an attempt fails or its retry
+starts (docs/slurm.md, "Told as it happens"), bars shown or not."""
 
 from __future__ import annotations
 
@@ -32,12 +26,11 @@ def retry_line(label: str, ev: dict) -> str:
 
 
 class SlurmShardProgress(ShardProgress):
-    """`ShardProgress` that also reads ``slurm_task`` events (see the module docstring);
-    every other event is the sharded view's."""
+    """`ShardProgress` that also tells ``slurm_task`` events."""
 
     def __init__(self, enabled: bool = True):
         super().__init__(enabled)
-        self.started: set[str] = set()  # retries whose start was told
+        self.started: set[str] = set()  # retries told
 
     def __call__(self, host: str, ev: dict) -> None:
         if ev.get("event") != "slurm_task":

@@ -1,16 +1,4 @@
-"""Every table the CLI prints, under one rule: ids and numbers are never cut, at any width.
-
-A `Grid` declares each column's kind: an ``id`` (run, job, host or checkpoint name) or a
-``num`` is never wrapped and never cut; ``text`` (a path, an error, a description) wraps.
-When the table does not fit the console it is drawn compact with its headers wrapped,
-then the columns with a ``drop`` rank are left out, highest rank first, and a caption
-names them (``--json`` always has everything), then its wrapping columns are narrowed;
-when even that does not fit, the table is printed wider than the console (the terminal
-wraps its lines) rather than cut. Cells are text, never markup: a name such as
-``step_1[a]`` shows as it is, and a control character or lone surrogate in it is escaped
-visibly (`orchestrator.printable`). A cell that carries a style is a `rich.text.Text`
-(`styled`).
-"""
+"""Every table the CLI prints: ids and numbers never cut (docs/results.md, "Any name")."""
 
 from __future__ import annotations
 
@@ -29,16 +17,14 @@ from orchestrator.printable import printable
 
 Kind = Literal["id", "num", "text"]
 
-# Below this many cells a wrapping column is not narrowed to make room: columns are left
-# out first (a path folded into a 3-cell column is unreadable); then down to TEXT_FLOOR.
+# Columns go before a text column is narrowed below TEXT_MIN: a folded path is unreadable.
 TEXT_MIN = 12
 TEXT_FLOOR = 6
 
 
 @dataclass(frozen=True)
 class Fit:
-    """How a table is drawn to fit: compact (no box), headers wrapped at spaces, wrapping
-    columns measured at most `text` cells wide (None: their natural width)."""
+    """How a table is drawn to fit: compact, headers wrapped, text columns' width."""
 
     compact: bool = False
     headers: bool = False
@@ -59,9 +45,8 @@ def cell(value: Any) -> Text:
 
 @dataclass(frozen=True)
 class Col:
-    """One column: its header, kind (``id``/``num`` never cut, ``text`` wraps), alignment,
-    rank for leaving it out when the table is too wide (0: always shown; higher goes
-    first) and an optional style."""
+    """One column: ``id``/``num`` never cut, ``text`` wraps; ``drop``: rank for leaving it
+    out when too wide (0: always shown; higher goes first)."""
 
     header: str
     kind: Kind = "text"
@@ -71,8 +56,7 @@ class Col:
 
 
 class Grid:
-    """A table that fits itself to the console at render time (see the module docstring).
-    Print it with `orchestrator.commands.output.base.show`, which never crops it."""
+    """A table that fits itself to the console at render time; print it with `base.show`."""
 
     def __init__(
         self,
@@ -93,12 +77,8 @@ class Grid:
             raise ValueError(f"{len(cells)} cells for {len(self.columns)} columns")
         self.rows.append([cell(c) for c in cells])
 
-    # ---- rendering ----------------------------------------------------------------------
-
     def _header(self, i: int, wrap: bool) -> Text:
-        """Column `i`'s header; with `wrap`, broken at spaces to its cells' width (never
-        narrower than its longest word): a header never holds a column wider than its
-        values need."""
+        """Column `i`'s header; with `wrap`, broken at spaces to its values' width."""
         header = printable(self.columns[i].header)
         if not wrap:
             return Text(header)
@@ -108,8 +88,7 @@ class Grid:
         return Text(textwrap.fill(header, width) if words else header)
 
     def _table(self, keep: list[int], fit: Fit, caption: str | None = None) -> Table:
-        """The rich table of the columns `keep` as `fit` says: boxed or `compact`, headers
-        wrapped, wrapping columns narrowed to `fit.text` cells (for the fitting)."""
+        """The rich table of the columns `keep`, drawn as `fit` says."""
         style: dict[str, Any] = (
             {
                 "box": boxes.SIMPLE_HEAD,
@@ -135,7 +114,7 @@ class Grid:
                 justify=c.justify,
                 style=c.style,
                 no_wrap=not wraps,
-                overflow="fold",  # a wrapping cell folds; nothing is ever replaced by "…"
+                overflow="fold",  # never replaced by "…"
                 max_width=fit.text if (fit.text and wraps) else None,
             )
         for r in self.rows:
@@ -148,10 +127,7 @@ class Grid:
         return Measurement.get(console, options.update_width(1 << 16), probe).maximum
 
     def fit(self, console: Console, options: ConsoleOptions) -> tuple[Table, int]:
-        """The table to draw at `options.max_width` and the width to draw it at: as
-        declared when it fits; else, in turn, compact with wrapped headers, then without
-        the columns of a `drop` rank (highest first, named in a caption), then wrapping
-        columns narrowed to `TEXT_FLOOR`; else wider than the console (never cut)."""
+        """The table and the width to draw it at, fitted as docs/results.md says."""
         keep = list(range(len(self.columns)))
         width = options.max_width
         for fit in (Fit(text=TEXT_MIN), Fit(compact=True, headers=True, text=TEXT_MIN)):

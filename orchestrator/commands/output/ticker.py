@@ -1,11 +1,5 @@
-"""Progress off a terminal: a line at a steady interval, and the pace behind its ETA.
-
-On a terminal the rich bars redraw in place; off one (a pipe, a log file, CI) they print
-nothing until they stop, so a long command would say nothing for minutes. `Ticker` prints
-one timestamped line every `tick_seconds()` (30 s; ``DFLASH_PROGRESS_SECONDS`` sets
-another) from what a view knows then: samples done of total, tokens/s, the time left.
-`Pace` is that arithmetic, from the job's own event times (right when an attach replays
-events that happened while nobody watched)."""
+"""Progress off a terminal, where bars print nothing until they stop: a timestamped line at a
+steady interval (`Ticker`), and the pace behind its ETA (`Pace`, on the job's own clock)."""
 
 from __future__ import annotations
 
@@ -21,8 +15,7 @@ TICK_SECONDS = 30.0
 
 
 def tick_seconds() -> float:
-    """How often a progress line prints off a terminal: ``$DFLASH_PROGRESS_SECONDS`` when it
-    is a number above 0, else `TICK_SECONDS`."""
+    """Seconds between lines: ``$DFLASH_PROGRESS_SECONDS`` when above 0, else `TICK_SECONDS`."""
     try:
         value = float(os.environ.get("DFLASH_PROGRESS_SECONDS", ""))
     except ValueError:
@@ -41,11 +34,11 @@ def duration(seconds: float) -> str:
 
 
 class Pace:
-    """Done of total over the job's own clock: the rate and the time left."""
+    """Done of total over the job's own clock (right when an attach replays old events)."""
 
     def __init__(self) -> None:
-        self.started: float | None = None  # the job's time of its first event here
-        self.last: float | None = None  # its time of the latest one
+        self.started: float | None = None
+        self.last: float | None = None
         self.done = 0
         self.total: int | None = None
         self.tokens = 0
@@ -63,8 +56,7 @@ class Pace:
         return max(1e-3, self.last - self.started)
 
     def left(self) -> float | None:
-        """Seconds left at the pace so far (None before the first one is done, and once
-        the last one is)."""
+        """Seconds left at the pace so far; None before the first is done or after the last."""
         if not self.done or not self.total or self.done >= self.total or self.started is None:
             return None
         return self.elapsed() / self.done * max(0, self.total - self.done)
@@ -81,13 +73,12 @@ class Pace:
 
 
 def first_estimate(pace: Pace, what: str = "samples") -> str | None:
-    """The one line an eval prints once its first samples are done: how long they took and
-    about how long the rest will (None until enough are done to say: a tenth, at least 2
-    where there are 2)."""
+    """The one line an eval prints once a tenth of its samples are done (docs/eval.md): how
+    long they took and the rest will; None until then."""
     if not pace.total or pace.done < min(pace.total, max(2, math.ceil(pace.total / 10))):
         return None
     left = pace.left()
-    if left is None or pace.elapsed() < 1:  # all done at once: nothing to estimate
+    if left is None or pace.elapsed() < 1:  # all done at once
         return None
     ends = time.strftime("%H:%M", time.localtime(time.time() + left))
     return (
@@ -97,8 +88,8 @@ def first_estimate(pace: Pace, what: str = "samples") -> str | None:
 
 
 class Ticker:
-    """Prints `line()` (when not None) on stderr every `interval` seconds while started,
-    only when stderr is not a terminal and `enabled`; a daemon thread, stopped by `stop`."""
+    """Prints `line()` on stderr every `interval` seconds from a daemon thread, only off a
+    terminal."""
 
     def __init__(
         self, line: Callable[[], str | None], enabled: bool = True, interval: float | None = None
