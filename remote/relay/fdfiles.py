@@ -1,11 +1,4 @@
-"""Writes inside a folder held open as a descriptor (``dir_fd``), for the relay's hosts.
-
-A name is resolved against the open folder, never a path walked again, and the temp file
-is created with O_EXCL | O_NOFOLLOW: a symlink planted at its name is removed, not
-followed. A received file's folders are opened the same way, part by part
-(`open_dirs`, `open_leaf`): a symlink on the way is refused by name. Stdlib ``os`` only:
-a relay host command imports no more than it needs.
-"""
+"""Writes inside a folder held open as a descriptor, never through a symlink (stdlib only)."""
 
 from __future__ import annotations
 
@@ -33,8 +26,7 @@ def write_new(
     mode: int = 0o644,
     fsync: bool = True,
 ) -> None:
-    """Replace `name` in `dir_fd` by a temp file (`tmp`, default ``name.tmp``) and a
-    rename; `fsync` makes it durable first. Errors are the caller's."""
+    """Replace `name` in `dir_fd` by a temp file and a rename (`fsync`: durable first)."""
     tmp = tmp or name + ".tmp"
     try:
         os.unlink(tmp, dir_fd=dir_fd)
@@ -51,8 +43,7 @@ def write_new(
 
 
 def open_root(root: str) -> int:
-    """A descriptor of folder `root`, the one every name of a request is resolved against;
-    a folder that cannot be opened is one `UserError` line."""
+    """A descriptor of folder `root`; one `UserError` line when it cannot be opened."""
     try:
         return os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
@@ -60,8 +51,7 @@ def open_root(root: str) -> int:
 
 
 def open_dirs(root_fd: int, parts: list[str], create: bool, rel: str) -> int:
-    """A descriptor of the folder `parts` under `root_fd`, every part opened with
-    O_NOFOLLOW (a symlink on the way is refused, naming it); created when `create`."""
+    """A descriptor of folder `parts` under `root_fd`, no symlink followed; made if `create`."""
     skip = len(rel.split("/")) - 1 - len(parts)  # leading parts of `rel` already opened
     fd = os.dup(root_fd)
     try:
@@ -101,8 +91,7 @@ def open_leaf(dir_fd: int, name: str, flags: int, rel: str) -> int:
 
 
 def message_name(rel: str) -> str:
-    """How a received file is named in messages: ``step_8/model.safetensors``, not the
-    partial folder or repair temp file it is written to."""
+    """A received file as messages name it, without its partial or repair prefix."""
     parts = rel.split("/")
     if parts[0].startswith(PARTIAL_PREFIX):
         parts[0] = parts[0][len(PARTIAL_PREFIX) :]

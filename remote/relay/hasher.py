@@ -1,10 +1,5 @@
-"""A file's sha256 from offset 0, computed in a thread beside the stream (`Hasher`): the
-fallback of ``relay-send`` and ``relay-recv`` for a resumed file without a saved hash state.
-
-Hashing is done on the hosts, with Python's hashlib (OpenSSL: uses the CPU's SHA
-instructions). coreutils ``sha256sum`` does not on common distributions and was 4-5x
-slower, enough to halve the relay's throughput.
-"""
+"""A file's sha256 from offset 0 in a thread beside the stream: the sender's hash, and the
+fallback for a resumed file without saved hash states (docs/relay.md, "Resume")."""
 
 from __future__ import annotations
 
@@ -18,26 +13,8 @@ from remote.relay.pipes import CHUNK
 
 
 class Hasher:
-    """sha256 of a file from offset 0, computed in a thread, so hashing overlaps with the
-    stream instead of delaying it.
-
-    The thread hashes bytes ``[0, limit)``; the owner raises `limit` as more of the file
-    becomes valid (a receiver after each write), then calls `result(size)`: the thread
-    hashes up to `size` and the sha256 of the first `size` bytes is returned (the error
-    the thread met, if any, is raised).
-
-    The sender hashes every file this way, reading from the page cache while ``sendfile``
-    moves the same pages into the stream (`remote.relay.send`); a resumed file is hashed once,
-    whole, on each host. The receiver of a resumed file reads the kept prefix with
-    O_DIRECT (`direct`): it was written with O_DIRECT, so it is not cached, and a cold
-    buffered read costs about ten times the kernel CPU (page cache fill and copy). The
-    bytes that arrive meanwhile are handed over in memory (`advance` with a piece, up to
-    `keep` bytes queued): the thread hashes them from there once it gets to them, and
-    reads from the disk only what did not fit.
-
-    Resumes at an offset whose hash state both hosts saved (`remote.relay.states`) skip
-    this class: it is the fallback that reads the kept prefix again.
-    """
+    """sha256 of bytes ``[0, limit)`` of a file, hashed in a thread beside the stream; the
+    owner raises `limit` (`advance`), then `result(size)`."""
 
     prefix_read: int | None = None  # the sender's: bytes of a kept prefix hashed again
 
@@ -48,7 +25,7 @@ class Hasher:
         self.fd, self.limit, self.pos, self.keep = fd, limit, 0, keep
         self.direct = reopen_direct(fd) if direct else None
         self.pieces: collections.deque = collections.deque()  # (offset, bytes), in order
-        self.queued = 0  # bytes in `pieces`
+        self.queued = 0
         self.h = hashlib.sha256()
         self.error: BaseException | None = None
         self.final: int | None = None
@@ -57,8 +34,7 @@ class Hasher:
         self.thread.start()
 
     def advance(self, limit: int, piece: memoryview | None = None) -> None:
-        """Bytes up to `limit` are valid now; `piece`, when given, holds the last of them
-        (a copy is queued if `keep` allows, else the thread reads them from the file)."""
+        """Bytes up to `limit` are valid now; `piece`, the last of them, is queued if it fits."""
         with self.cond:
             if piece is not None and self.queued + len(piece) <= self.keep:
                 start = limit - len(piece)
@@ -69,8 +45,7 @@ class Hasher:
             self.cond.notify()
 
     def _next(self) -> tuple[int, bytes | None]:
-        """(bytes to read from the file, or 0; the queued piece to hash instead, or None)
-        for the thread's position, waiting until there is something; (0, None): done."""
+        """(bytes to read, or the queued piece to hash) at the thread's position; (0, None): end."""
         with self.cond:
             while self.pos >= self.limit and self.final is None:
                 self.cond.wait()
@@ -78,7 +53,7 @@ class Hasher:
             if self.pos >= end:
                 return 0, None
             while self.pieces and self.pieces[0][0] + len(self.pieces[0][1]) <= self.pos:
-                self.queued -= len(self.pieces.popleft()[1])  # passed by a read
+                self.queued -= len(self.pieces.popleft()[1])
             if self.pieces and self.pieces[0][0] <= self.pos:
                 start, data = self.pieces.popleft()
                 self.queued -= len(data)
@@ -87,11 +62,8 @@ class Hasher:
             return min(CHUNK, stop - self.pos), None
 
     def _run(self) -> None:
-        """Read (or take from the queue) and hash. With O_DIRECT the hash runs in a second
-        thread, so that a read from the disk (O_DIRECT reads get no read-ahead) overlaps
-        the previous block's hash; page-cache reads have the kernel's read-ahead, and one
-        thread (no hand-overs between threads) does. `pos` counts the bytes handed to
-        the hash."""
+        """Read (or take from the queue) and hash; with O_DIRECT (no read-ahead) the hash
+        runs in a second thread."""
         import queue
         import threading
 
@@ -141,8 +113,7 @@ class Hasher:
                 self.direct = None
 
     def _read(self, buf: memoryview, want: int) -> int:
-        """Read up to `want` bytes at the thread's position: whole aligned blocks by
-        O_DIRECT when it is on, the rest (a tail, or everything) through the page cache."""
+        """Up to `want` bytes at the thread's position, aligned blocks by O_DIRECT."""
         aligned = want - want % ALIGN
         if self.direct is not None and aligned and self.pos % ALIGN == 0:
             try:
@@ -155,17 +126,15 @@ class Hasher:
         return os.preadv(self.fd, [buf[:want]], self.pos)
 
     def done(self, size: int) -> bool:
-        """Whether `result(size)` would answer at once (hashed that far, or failed)."""
         return self.pos >= size or not self.thread.is_alive()
 
     def wait(self, pos: int, start: int = 0) -> None:
-        """Wait until the thread has hashed up to `pos` (or ended); with `start`, only
-        once it has passed `start` (a sender's stream starts there)."""
+        """Wait until the thread has hashed up to `pos` (or ended), once past `start`."""
         while self.pos < pos and pos > start and self.thread.is_alive():
             self.thread.join(0.005)
 
     def stop(self) -> None:
-        """End the thread without a result (the file failed): nothing reads `fd` after."""
+        """End the thread without a result: nothing reads `fd` after."""
         with self.cond:
             self.final = 0
             self.cond.notify()

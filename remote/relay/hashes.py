@@ -11,7 +11,6 @@ from remote.relay.pipes import CHUNK
 
 
 def _hash_prefix(fd: int, length: int, h) -> int:
-    """Feed the first `length` bytes of `fd` (from its current offset) to `h`; bytes read."""
     done = 0
     while done < length:
         block = os.read(fd, min(CHUNK, length - done))
@@ -29,8 +28,7 @@ def hash_files(args) -> int:
 
 
 def hash_requests(requests: list) -> list[dict]:
-    """Per request ``{"path": P, "length": L or None}``: ``{"path", "length" (bytes
-    hashed), "sha256", "complete" (all L bytes were there)}`` or ``{"path", "error"}``."""
+    """Per request ``{"path", "length"}``: its sha256 (``complete``: all there) or error."""
     out = []
     for req in requests:
         path, length = req["path"], req.get("length")

@@ -1,6 +1,5 @@
 """``relay-lock``: a relay folder's lock, held while the controller's channel is open, and
-the questions the holder answers on it (scan, hash, publish, a batch to receive).
-"""
+the questions the holder answers on it."""
 
 from __future__ import annotations
 
@@ -16,22 +15,12 @@ from remote.relay.pipes import PATIENCE_HELP, emit, patience_of
 from remote.relay.scan import read_json, scan_root
 from remote.relay.wire import PATIENCE, unbounded
 
-LOCK = ".dflash-relay.lock"  # who holds the lock, while it is held
+LOCK = ".dflash-relay.lock"  # names the holder while the lock is held
 
 
 def hold_lock(args) -> int:
-    """Take `root`'s relay lock, print its scan, and hold the lock until stdin closes.
-
-    One relay at a time may write into a drafters folder: two would share the partial
-    folders, and the slower one could publish a checkpoint whose files the faster one had
-    already moved into place. The lock is an flock of the folder itself by this process,
-    so it ends with the relay's connection (stdin at EOF, or this process killed) and is
-    never left behind; ``.dflash-relay.lock`` beside it names the holder while it is held.
-    A filesystem without flock gets no lock. Prints one JSON line: ``{"locked": true,
-    "scan": {...}}`` (the `scan_root` of `root`, taken under the lock) or
-    ``{"locked": false, "holder": {...}}`` when another relay still holds it after
-    `wait` seconds.
-    """
+    """Take `root`'s relay lock (an flock that ends with the connection), print its scan,
+    and answer requests until stdin closes (docs/relay.md, "Atomicity")."""
     root = args.root
     info = os.path.join(root, LOCK)
     try:
@@ -43,7 +32,7 @@ def hold_lock(args) -> int:
         print(json.dumps({"locked": False, "holder": read_json(info) or {}}), flush=True)
         return 0
     try:
-        # Ours while we hold the lock: replace whatever is there, never write through a link.
+        # Never write through a link.
         try:
             os.unlink(info)
         except FileNotFoundError:
@@ -62,9 +51,7 @@ def hold_lock(args) -> int:
 
 
 def _flock_within(fd: int, seconds: float) -> bool:
-    """Lock `fd` exclusively, waiting at most `seconds` for another holder to let go; the
-    lock is taken the moment it does (a blocking flock cut short by a timer, not polls).
-    True also where the filesystem has no flock (some network filesystems): unguarded."""
+    """Lock `fd`, waiting at most `seconds`; True also where the filesystem has no flock."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
@@ -92,38 +79,13 @@ def _flock_within(fd: int, seconds: float) -> bool:
 
 
 def serve(root: str, requests, answers, patience=None) -> None:
-    """Answer the controller's requests about `root`, one JSON line each, until EOF.
-
-    The lock holder serves them on its open channel, so each costs a line each way instead
-    of a new SSH session, shell and interpreter (a tenth of a second or more per command
-    on a host whose shell start-up is slow). A request is ``{"op": "publish", "name": N,
-    "kind": K, "manifest": {...}}`` (see `publish_checkpoint`), ``{"op": "hash",
-    "requests": [...]}`` (see `hash_requests`), ``{"op": "scan"}`` or ``{"op": "recv"}``;
-    the folder is always `root`, never one the request names. The answer is the
-    command's JSON document, or ``{"error": "one line"}``.
-
-    ``{"op": "ping"}`` is answered ``{"pong": true}``: with `patience` (a deadline on the
-    controller's silence, `remote.relay.patience`), the controller pings an idle holder,
-    and a holder that hears nothing for that long (the controller vanished without
-    closing its connection) ends, and its lock with it.
-
-    ``recv`` receives one batch of files on this channel, exactly as ``relay-recv ROOT``
-    does (`recv`: its ``{"ready": true}`` line, then the request frame and one frame per
-    file on stdin, a line per file once durable), then ``{"done": true}``: a
-    destination's first stream needs no SSH session or interpreter of its own, and an
-    unchanged relay runs ONE command there. The controller sends the frames only after
-    that ready line, so no frame byte sits in this reader's buffer. A batch that fails
-    ends with ``{"done": true, "error": "one line"}`` and ends this holder, and so the
-    lock: its stream may have stopped inside a frame, where no later line could be told
-    from payload.
-    """
+    """Answer the controller's requests about `root`, one JSON line each, until EOF. A
+    failed batch ends the holder and its lock: its stream may have stopped inside a frame."""
     call = patience.call if patience is not None else unbounded
     while line := call(requests.readline):
         try:
             req = json.loads(line)
             op = req.get("op") if isinstance(req, dict) else None
-            # Each op's module is imported at its first request: the lock's answer, the scan,
-            # waits for none of them, and an unchanged relay asks for none.
             if op == "recv":
                 from remote.relay.receive import recv
 
@@ -168,17 +130,13 @@ def serve(root: str, requests, answers, patience=None) -> None:
 
 
 class _RecvArgs:
-    """What `recv` reads of its arguments, for a batch received by `serve` (with the
-    holder's own `Patience`, if any)."""
-
     def __init__(self, root: str, waiter=None):
         self.root = root
         self.waiter = waiter
 
 
 def register(sub) -> None:
-    # The controller puts every positional argument after "--": a checkpoint or folder
-    # name starting with "-" is then a name, not an option.
+    # Positional arguments come after "--": a name starting with "-" is a name.
     p = sub.add_parser("relay-lock", help="hold the relay lock of a folder until stdin closes")
     p.add_argument("root")
     p.add_argument("--by", default="", help="who holds it, for the message another relay shows")

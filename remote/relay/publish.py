@@ -15,23 +15,13 @@ from remote.relay.wire import MANIFEST, PARTIAL_PREFIX, name_problem, path_probl
 
 
 def publish(args) -> int:
-    """Publish a verified partial checkpoint with one rename; JSON manifest read on stdin.
-
-    A folder checkpoint: the manifest goes inside the partial folder, which is then renamed
-    to its final name. A single-file checkpoint: the manifest is written beside it as
-    ``.<name>.dflash-manifest.json``, then the file is renamed into place. A checkpoint
-    that already exists (the source changed) is moved aside first and removed after.
-    Every file of the manifest must be in the partial folder at its full size, as a
-    regular file reached without a symlink; each gets the source's mtime, and the mtime
-    this filesystem then reports is recorded in the manifest (``stored_mtime``), so the
-    next relay sees a file changed or truncated since without hashing it.
-    """
+    """Publish a verified partial checkpoint with one rename; JSON manifest on stdin."""
     print(json.dumps(publish_checkpoint(args.root, args.name, args.kind, json.load(sys.stdin))))
     return 0
 
 
 def publish_checkpoint(root: str, name, kind, manifest) -> dict:
-    """Publish partial checkpoint `name` under `root` (see `publish`); ``{"published": path}``."""
+    """Publish partial checkpoint `name` under `root`; ``{"published": path}``."""
     if kind not in ("dir", "file") or not isinstance(manifest, dict):
         raise UserError(f"refusing to publish {name!r}: malformed request")
     why = name_problem(name)
@@ -48,7 +38,7 @@ def publish_checkpoint(root: str, name, kind, manifest) -> dict:
         try:
             for f in manifest.get("files", []):
                 _settle(pfd, f, name, partial)
-            states.remove_sidecars(pfd)  # hash states of partial files: not published
+            states.remove_sidecars(pfd)
             data = json.dumps(manifest, indent=2).encode()
             if kind == "dir":
                 write_new(pfd, MANIFEST, data)
@@ -84,8 +74,7 @@ def publish_checkpoint(root: str, name, kind, manifest) -> dict:
 
 
 def _settle(pfd: int, f: dict, name: str, partial: str) -> None:
-    """Check one manifest file in the partial folder (a regular file of its full size,
-    no symlink on the way), give it its mtime and record the mtime it then has."""
+    """Check one manifest file at full size, set its mtime and record the one it then has."""
     rel = f.get("path")
     why = path_problem(rel)
     if why is not None:
@@ -113,8 +102,7 @@ def _settle(pfd: int, f: dict, name: str, partial: str) -> None:
             pass
         finally:
             os.close(dfd)
-    # The last guard of "never half a checkpoint": every file of the manifest is there at
-    # its full size, whatever happened to the partial folder since it was verified.
+    # The last guard of "never half a checkpoint", whatever happened since verification.
     if size != f.get("size"):
         raise UserError(
             f"{name} is not published: {rel} holds "
@@ -124,8 +112,7 @@ def _settle(pfd: int, f: dict, name: str, partial: str) -> None:
 
 
 def register(sub) -> None:
-    # The controller puts every positional argument after "--": a checkpoint or folder
-    # name starting with "-" is then a name, not an option.
+    # Positional arguments come after "--": a name starting with "-" is a name.
     p = sub.add_parser("relay-publish", help="publish a partial checkpoint by rename")
     p.add_argument("root")
     p.add_argument("name")

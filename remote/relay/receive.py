@@ -1,10 +1,5 @@
-"""``relay-recv``: frames on stdin written into files under a folder, each hashed whole and
-made durable before its line is printed (stdlib only).
-
-The controller never parses human output: a JSON line per file (sha256 of the whole
-resulting file, size) on stdout once that file is fsynced. The lock holder receives a
-batch on its own channel the same way (`remote.relay.lock.serve`).
-"""
+"""``relay-recv``: frames on stdin written into files under a folder, each hashed whole,
+its JSON line printed once fsynced (stdlib only)."""
 
 from __future__ import annotations
 
@@ -41,27 +36,8 @@ def _write_error(exc: OSError, rel: str) -> UserError:
 
 
 def recv(args) -> int:
-    """Write the frames on stdin into files under `root`; print each file's summary once it
-    is durable.
-
-    stdin starts with a frame holding the JSON request ``[{"path": P, "offset": N,
-    "mtime": T, "state": S}, ...]``, then one frame per file in that order. P is relative to `root`
-    and must lie in a partial folder (``.partial-<name>/...``) or be a repair temp file
-    (``.../.dflash-repair-<file>``); no part of it may be a symlink (each folder is
-    opened with O_NOFOLLOW, and so is the file), so nothing the request says can write
-    outside `root`. With offset 0 a file is created or truncated; otherwise its first N
-    bytes are kept and the frame appended after them, and the file's sha256 is still the
-    whole file's, so a resumed file is checked end to end, not just its new tail: from
-    the hash state saved at N in its sidecar (`states`, saved every GRID bytes once they
-    are durable) where S is true and there is a valid one, else by hashing the kept bytes again
-    (``prefix_read`` in its line says which). T, when given, becomes the file's mtime.
-    A file's JSON line on stdout (index, sha256 and size of the whole file) comes only
-    after its fsync, so the controller publishes nothing that a crash of the host could
-    lose. A write error ends the command with one line naming the file and the OS error.
-    Its first line, printed before the request is read, is ``{"ready": true}`` (see
-    `remote.relay.send.send`: started ahead, used once ready); stdin closed before any
-    request ends it quietly.
-    """
+    """Write the frames on stdin (a request frame, then one per file) into files under
+    `root`, only in partial folders or repair files (docs/relay.md, "Trust")."""
     widen_pipe(0)
     waiter = getattr(args, "waiter", None) or patience_of(args)
     call = waiter.call if waiter is not None else unbounded
@@ -91,10 +67,7 @@ def recv(args) -> int:
 
 
 def _recv_file(i: int, req: dict, total: int, root_fd: int, syncer: Syncer, spool: _Spool):
-    """Receive file `i` of a ``relay-recv`` request (see `recv`): this thread reads its
-    frame from stdin into the spool's buffers and hashes them, the spool's thread writes
-    them (and feeds a resumed file's hasher); the fsync and the file's line follow in the
-    syncer's thread."""
+    """Receive file `i`: read and hash here, write in the spool's thread, fsync in the syncer's."""
     rel = req["path"]
     head = read_exact(0, FRAME_HEADER.size, spool.call)
     if len(head) < FRAME_HEADER.size:
@@ -106,15 +79,13 @@ def _recv_file(i: int, req: dict, total: int, root_fd: int, syncer: Syncer, spoo
         raise _write_error(exc, rel) from None
     fd, direct, size = t.fd, t.direct, t.size
     out = Writer(fd, direct, size)
-    # A resumed file without a saved state at its offset: its kept prefix is hashed in a
-    # thread (read with O_DIRECT, as it was written) while the rest arrives; the new bytes
-    # follow, from memory as far as KEEP allows, not before the first byte is read.
+    # Without a saved state, a resumed file's prefix is hashed in a thread.
     h = t.h if t.h is not None else None if size else hashlib.sha256()
     hasher = Hasher(fd, size, direct=direct is not None, keep=KEEP) if h is None else None
-    record_states = t.saved is not None  # blocks end on the GRID, whose states are saved
+    record_states = t.saved is not None
     written = [size]
 
-    def store(block: memoryview, state: bytes | None = None) -> None:  # spool's thread
+    def store(block: memoryview, state: bytes | None = None) -> None:
         syncer.wrote(fd, out.write(block), rel)
         written[0] += len(block)
         if hasher is not None:
@@ -125,7 +96,6 @@ def _recv_file(i: int, req: dict, total: int, root_fd: int, syncer: Syncer, spoo
 
     try:
         while left:
-            # until the file offset is aligned, read only up to the boundary
             boundary = (-size) % ALIGN if direct is not None else 0
             want = min(left, boundary or CHUNK)
             if record_states:
@@ -141,11 +111,11 @@ def _recv_file(i: int, req: dict, total: int, root_fd: int, syncer: Syncer, spoo
                 spool.put(store, block)
             size += len(block)
             left -= len(block)
-        spool.drain()  # every block written (or the first error raised)
+        spool.drain()
         if req.get("mtime") is not None:
             os.utime(fd, (float(req["mtime"]), float(req["mtime"])))
         record = {"i": i, "sha256": h.hexdigest() if hasher is None else None, "size": size}
-        if t.size:  # a resumed file: its kept prefix, read again (fallback) or not
+        if t.size:
             record["prefix_read"] = t.size if hasher is not None else 0
         hashing, hasher = hasher, None
     except OSError as exc:
@@ -156,38 +126,27 @@ def _recv_file(i: int, req: dict, total: int, root_fd: int, syncer: Syncer, spoo
         raise
     out.close()
 
-    def finish(r=record, hs=hashing, n=size) -> None:  # in the syncer's thread
+    def finish(r=record, hs=hashing, n=size) -> None:
         r["sha256"] = hs.result(n)
 
     syncer.file_done(fd, lambda r=record: emit(sys.stdout, r), rel, finish if hashing else None)
 
 
 class _Spool:
-    """Blocks read from stdin, written to disk by a second thread.
-
-    An O_DIRECT write waits for the disk (about 1 s per GiB on the test box), while the
-    1 MiB pipe from sshd holds only milliseconds of the stream: written inline, every
-    write stalled sshd and the ssh chain behind it. Here the reading thread reads and
-    hashes (a fresh file's hash stays there, so the pipe fills meanwhile and each read
-    takes more at once: draining it after every 32 KiB packet cost more CPU than it
-    saved), and this thread writes. On the test box that took a 1 GiB receive from
-    about 4 s to about 2.7 s of wall time at the same CPU. `SPOOL` page-aligned buffers
-    (O_DIRECT needs aligned addresses) go round: `read` fills a free one, `put` queues
-    it with the function that consumes it, the thread gives it back. A consumer's error
-    is raised by the next `read` or `drain`; the blocks after it are skipped.
-    """
+    """Blocks read from stdin, written by a second thread so sshd's pipe keeps draining
+    while an O_DIRECT write waits; a consumer's error is raised by the next `read`."""
 
     def __init__(self, call=unbounded):
         import queue
         import threading
 
-        self.call = call  # how a read from stdin is made (`fill`)
+        self.call = call
         self.free: queue.Queue = queue.Queue()
         for _ in range(SPOOL):
             self.free.put(memoryview(mmap.mmap(-1, CHUNK)))
         self.jobs: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
-        self.current: memoryview | None = None  # the buffer `read` filled last
+        self.current: memoryview | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -197,19 +156,18 @@ class _Spool:
             try:
                 if self.error is None:
                     fn(block)
-            except BaseException as exc:  # raised in the reading thread
+            except BaseException as exc:
                 self.error = exc
             finally:
                 self.free.put(buf)
                 self.jobs.task_done()
 
     def _raise(self) -> None:
-        if self.error is not None:  # stays: the blocks queued after it are not written
+        if self.error is not None:
             raise self.error
 
     def read(self, limit: int) -> memoryview:
-        """Up to `limit` bytes (at most CHUNK) from stdin in a free buffer; fewer only at
-        the end of the stream."""
+        """Up to `limit` bytes from stdin in a free buffer; fewer only at the end."""
         buf = self.free.get()
         try:
             self._raise()
@@ -223,11 +181,10 @@ class _Spool:
         return buf[:n]
 
     def put(self, fn, block: memoryview) -> None:
-        """Queue `fn(block)` for the thread; `block` is what `read` returned last."""
         self.jobs.put((fn, block, self.current))
 
     def drain(self) -> None:
-        """Wait until every queued block is consumed; raise the first error met."""
+        """Wait until every queued block is consumed; raise the first error."""
         self.jobs.join()
         self._raise()
 
@@ -236,19 +193,17 @@ class _Spool:
         self.thread.join()
 
 
-SPOOL = 4  # buffers of CHUNK bytes between the reading thread and the writing one
+SPOOL = 4
 
 
 KEEP = 128 * 1024 * 1024  # new bytes of a resumed file queued in memory for its hash
 
 
 def _abandon(spool: _Spool, syncer: Syncer, out: Writer, hasher: Hasher | None, fd: int) -> None:
-    """Close a file whose receive failed (its queued writes, syncs and hashing thread end
-    first)."""
     try:
         spool.drain()
     except BaseException:
-        pass  # the error being handled is the one reported
+        pass
     syncer.settle()
     out.close()
     if hasher is not None:
@@ -269,19 +224,17 @@ def _check_target(rel) -> None:
 
 
 class _Target:
-    """A file being received: its descriptors, the hash of its first `size` bytes when
-    known without reading them (fresh, or resumed from a saved state), and its saved
-    states (`states`), recorded in its sidecar as the bytes become durable."""
+    """A file being received: descriptors, the hash of its first `size` bytes when known,
+    its saved `states`."""
 
     def __init__(self, fd: int, direct: int | None, size: int):
         self.fd, self.direct, self.size = fd, direct, size
-        self.h = None  # hash of the first `size` bytes, or None: the fallback hashes them
-        self.saved: dict[int, bytes] | None = None  # None: no states kept for this file
+        self.h = None
+        self.saved: dict[int, bytes] | None = None
         self.stat: os.stat_result | None = None
 
     def save(self, root_fd: int, rel: str, offset: int, state: bytes) -> None:
-        """Record the state at `offset` in the sidecar (in the syncer's thread, after the
-        fdatasync); a sidecar that cannot be written only costs a later prefix hash."""
+        """Record the state at `offset` in the sidecar; failing costs only a prefix hash."""
         parts = rel.split("/")
         try:
             dfd = open_dirs(root_fd, parts[:-1], False, rel)
@@ -297,12 +250,8 @@ class _Target:
 
 
 def _open_for_write(root_fd: int, rel: str, offset: int, use_state: bool = False) -> _Target:
-    """`rel` under `root_fd` opened to append after `offset` (its first `offset` bytes
-    kept), never through a symlink. A file in a partial folder keeps hash states in a
-    sidecar (`states`): resumed at an offset it holds one for, and asked to use it
-    (`use_state`: the controller chose the offset from this host's scan; ``--verify``
-    does not), the hash goes on from there; its states past `offset` are dropped before
-    the file is truncated."""
+    """`rel` under `root_fd` opened to append after `offset`, never through a symlink; the
+    hash continues from a sidecar state when `use_state`."""
     parts = rel.split("/")
     dfd = open_dirs(root_fd, parts[:-1], True, rel)
     try:
@@ -312,11 +261,10 @@ def _open_for_write(root_fd: int, rel: str, offset: int, use_state: bool = False
             try:
                 direct = open_leaf(dfd, parts[-1], os.O_WRONLY | flag, rel)
             except OSError:
-                pass  # not supported here: buffered writes only
+                pass
         t = _Target(fd, direct, offset)
         try:
-            # A writer from a dropped connection may still be draining its pipe into this
-            # file: wait for it, so the truncate below cannot be overtaken by its late bytes.
+            # A writer from a dropped connection may still drain into it: wait for it.
             fcntl.flock(fd, fcntl.LOCK_EX)
             t.stat = os.fstat(fd)
             got = t.stat.st_size
@@ -333,7 +281,7 @@ def _open_for_write(root_fd: int, rel: str, offset: int, use_state: bool = False
                 try:
                     states.write_sidecar(dfd, parts[-1], t.stat, t.saved or {})
                 except OSError:
-                    t.saved = None  # cannot be written here: no states for this file
+                    t.saved = None
             os.ftruncate(fd, offset)
             os.lseek(fd, offset, os.SEEK_SET)
         except BaseException:
@@ -347,8 +295,7 @@ def _open_for_write(root_fd: int, rel: str, offset: int, use_state: bool = False
 
 
 def register(sub) -> None:
-    # The controller puts every positional argument after "--": a checkpoint or folder
-    # name starting with "-" is then a name, not an option.
+    # Positional arguments come after "--": a name starting with "-" is a name.
     p = sub.add_parser("relay-recv", help="write frames on stdin into files under ROOT")
     p.add_argument("root")
     p.add_argument("--patience", type=float, default=PATIENCE, help=PATIENCE_HELP)

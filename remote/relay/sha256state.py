@@ -1,20 +1,5 @@
-"""A sha256 whose running state can be saved and restored (stdlib only: ctypes).
-
-A resumed relay must still publish the sha256 of the WHOLE file, and hashlib cannot save
-a hash mid-stream, so each host used to hash the kept prefix again on every resume. This
-module drives the same OpenSSL that Python's own ``_hashlib`` links (its SHA256_Init /
-SHA256_Update / SHA256_Final, the same SHA-NI code hashlib runs) on a ``SHA256_CTX``
-buffer whose 112 bytes are the state: `Sha256.state` saves them, `Sha256.resume` restores
-them. ctypes releases the GIL during each call, so other threads go on meanwhile.
-
-`available()` says whether this works here: the library is found (the one ``_hashlib``
-loaded, read from /proc/self/maps, else by its usual names), its symbols exist, and a
-self-test (a digest split and restored mid-stream equals hashlib's) passes. Where it does
-not, callers keep the old path (hash the prefix again); nothing fails.
-
-`GRID` is where the relay records states: every GRID bytes of a file, on both hosts, so a
-resume offset chosen on the grid has a state on each side.
-"""
+"""A sha256 whose running state can be saved and restored (OpenSSL's, through ctypes), so
+a resumed relay hashes no kept prefix again; `available()` says whether it works here."""
 
 from __future__ import annotations
 
@@ -22,15 +7,14 @@ import hashlib
 import os
 import struct
 
-GRID = 16 * 1024 * 1024  # a relay records a file's hash state every GRID bytes
-STATE_SIZE = 112  # sizeof(SHA256_CTX) in OpenSSL 1.1 and 3.x: h[8], Nl, Nh, data[16], num, md_len
-_BUFFER = 256  # room for the struct (larger than it, so a bigger one fails the self-test)
+GRID = 16 * 1024 * 1024  # both hosts record a file's hash state every GRID bytes
+STATE_SIZE = 112  # sizeof(SHA256_CTX) in OpenSSL 1.1 and 3.x
+_BUFFER = 256  # larger than the struct, so a bigger one fails the self-test
 
-_lib: object = None  # the loaded functions, False when unavailable, None before the first look
+_lib: object = None  # the functions; False: unavailable; None: not looked up
 
 
 def _candidates() -> list[str]:
-    """Paths or names of libcrypto to try: first the one ``_hashlib`` has loaded."""
     out: list[str] = []
     try:
         import _hashlib  # noqa: F401  (loads libcrypto into this process)
@@ -47,7 +31,7 @@ def _candidates() -> list[str]:
 
 
 def _load():
-    import ctypes  # here, not at import: 10-15 ms that host commands without hashing skip
+    import ctypes  # here: host commands without hashing skip its import
 
     for name in _candidates():
         try:
@@ -88,7 +72,6 @@ def _self_test(funcs) -> bool:
 
 
 def available() -> bool:
-    """Whether resumable hashing works on this host (looked up once)."""
     global _lib
     if _lib is None:
         _lib = _load()
@@ -96,9 +79,7 @@ def available() -> bool:
 
 
 def state_problem(state: bytes, length: int) -> str | None:
-    """Why `state` cannot be the state after `length` bytes, or None. Checks what the
-    struct says about itself: the bit count, the bytes in its block buffer, the digest
-    length; a state copied from another offset or made up is refused."""
+    """Why `state` is not the state after `length` bytes (its own counts), or None."""
     if not isinstance(state, bytes) or len(state) != STATE_SIZE:
         return "is not a sha256 state"
     nl, nh = struct.unpack_from("=II", state, 32)
@@ -109,8 +90,7 @@ def state_problem(state: bytes, length: int) -> str | None:
 
 
 class Sha256:
-    """A sha256 like hashlib's (`update`, `hexdigest`) plus `state` / `resume`; only
-    where `available()`."""
+    """hashlib's sha256 plus `state` / `resume`."""
 
     def __init__(self):
         if not available():
@@ -123,8 +103,7 @@ class Sha256:
 
     @classmethod
     def resume(cls, state: bytes, length: int) -> Sha256 | None:
-        """The hash after `length` bytes whose state is `state`; None when `state` is not
-        one (`state_problem`) or this host cannot resume hashes."""
+        """The hash after `length` bytes from `state`, or None."""
         if not available() or state_problem(state, length) is not None:
             return None
         import ctypes
@@ -150,15 +129,13 @@ class Sha256:
             try:
                 _lib[1](self._ctx, block, n)
             finally:
-                del block  # releases the export of `data`'s buffer at once
+                del block  # releases `data`'s buffer at once
         self.length += n
 
     def state(self) -> bytes:
-        """The state after `length` bytes (`STATE_SIZE` bytes), for `resume`."""
         return self._ctx.raw[:STATE_SIZE]
 
     def hexdigest(self) -> str:
-        """The digest of everything so far; the hash can go on after."""
         import ctypes
 
         ctx = ctypes.create_string_buffer(self._ctx.raw, _BUFFER)
@@ -168,8 +145,7 @@ class Sha256:
 
 
 def new(state: bytes | None = None, length: int = 0):
-    """A resumable sha256 where this host has one (from `state` after `length` bytes when
-    given; None if that state is refused), else hashlib's (only without `state`)."""
+    """A resumable sha256 (from `state` when given, None if refused), else hashlib's."""
     if state is not None:
         return Sha256.resume(state, length)
     return Sha256() if available() else hashlib.sha256()

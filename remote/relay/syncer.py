@@ -6,15 +6,8 @@ import os
 
 
 class Syncer:
-    """Makes received files durable in one background thread, overlapping the stream.
-
-    While a file is written, `wrote` asks for an fdatasync every SYNC_EVERY bytes, so the
-    final fsync has little left to flush and the stream never stalls on the disk at once.
-    `file_done` queues the file's fsync and close; only after that fsync does the thread
-    call the file's `on_durable` (which prints its summary), so a file the controller
-    hears of is on disk before it publishes. The fsync of file i overlaps the receive of
-    file i+1. Jobs run in order on one thread, so a datasync never meets a closed fd.
-    """
+    """Makes received files durable in one background thread, overlapping the stream; a
+    file's `on_durable` runs only after its fsync."""
 
     SYNC_EVERY = 64 * 1024 * 1024
 
@@ -24,7 +17,7 @@ class Syncer:
 
         self.jobs: queue.Queue = queue.Queue()
         self.pending = 0
-        self.error: tuple[OSError, str] | None = None  # (error, file)
+        self.error: tuple[OSError, str] | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -35,14 +28,12 @@ class Syncer:
             self.jobs.put((fd, (None, label, None)))
 
     def durable(self, fd: int, then) -> None:
-        """Queue an fdatasync of `fd`, then `then()` once it succeeded (a hash state is
-        recorded only for bytes that are on disk)."""
+        """Queue an fdatasync of `fd`, then `then()`."""
         self.pending = 0
         self.jobs.put((fd, (None, "", then)))
 
     def settle(self) -> None:
-        """Wait until every job queued so far has run (before a failed file's fd closes:
-        no queued datasync may meet that number reused)."""
+        """Wait until every job queued so far has run."""
         import threading
 
         done = threading.Event()
@@ -51,9 +42,7 @@ class Syncer:
             pass
 
     def file_done(self, fd: int, on_durable, label: str = "", before=None) -> None:
-        """Queue the file's fsync and close, then `on_durable`; `before` (finishing a
-        resumed file's hash, which still reads `fd`) runs first, here, so the receive
-        of the next file does not wait for it."""
+        """Queue the file's fsync and close (`before` first), then `on_durable`."""
         self.pending = 0
         self.jobs.put((fd, (on_durable, label, before)))
 
@@ -66,7 +55,7 @@ class Syncer:
             try:
                 if done is None:
                     if fd < 0:
-                        before()  # `settle`
+                        before()
                     elif self.error is None:
                         os.fdatasync(fd)
                         if before is not None:
@@ -79,10 +68,9 @@ class Syncer:
                 finally:
                     os.close(fd)
                 done()
-            except OSError as exc:  # reported by `close`: the file gets no summary
+            except OSError as exc:  # reported by `close`
                 self.error = self.error or (exc, label)
 
     def close(self) -> None:
-        """Wait until every queued file is fsynced (and announced)."""
         self.jobs.put(None)
         self.thread.join()
