@@ -1,20 +1,5 @@
-"""Checkpoints on a trainer: what exists, which step, and whether the trainer is done with it.
-
-A checkpoint is a folder (``step_12000/``, ``checkpoint-8000/``) or a single file
-(``step_500.pt``) directly under the trainer's checkpoint folder; hidden names are not
-checkpoints. Its step is the last number in its name.
-
-Completeness (trainer role ``complete_rule``):
-
-- ``marker``: the folder holds the marker file (``COMPLETE`` by default). A single-file
-  checkpoint is complete when ``<name>.<marker>`` sits beside it.
-- ``stable``: no file in it changed during the last ``stable_seconds`` (by the trainer's own
-  clock). When something did, the relay looks again ``stable_seconds`` later and accepts it
-  only if no size or mtime moved in between.
-- ``auto`` (the default): ``marker`` as soon as any checkpoint in the folder carries the
-  marker (that trainer writes markers, so one without it is unfinished), ``stable``
-  otherwise.
-"""
+"""Checkpoints on a trainer (folders or single files under its folder): what exists, which
+step, whether the trainer is done with it (docs/relay.md, "Completeness")."""
 
 from __future__ import annotations
 
@@ -36,9 +21,8 @@ _NAMED = re.compile(r"(?:step|checkpoint|ckpt|iter|global_step)[-_ ]?(\d+)", re.
 
 
 def parse_step(name: str) -> int | None:
-    """The step number of a checkpoint name: the number after ``step``/``checkpoint``/
-    ``ckpt``/``iter`` (``step_12000`` -> 12000, ``checkpoint-8000`` -> 8000,
-    ``step_500.pt`` -> 500), else the last run of digits; None without digits."""
+    """The step of a checkpoint name: the number after ``step``/``checkpoint``/``ckpt``/
+    ``iter``, else the last run of digits; None without digits."""
     stem = re.sub(r"\.(pt|pth|bin|safetensors|ckpt|tar|gz|zip)$", "", name)
     named = _NAMED.findall(stem)
     if named:
@@ -49,11 +33,11 @@ def parse_step(name: str) -> int | None:
 
 @dataclass
 class SourceFile:
-    path: str  # relative to the checkpoint folder; the name itself for a single file
+    path: str  # the name itself for a single file
     size: int
     mtime: float
-    link: bool = False  # a symlink to a regular file: its content is relayed
-    resume: int = 0  # a partial file: the largest offset its host saved a hash state for
+    link: bool = False
+    resume: int = 0  # a partial file: the largest offset with a saved hash state
 
 
 @dataclass
@@ -64,7 +48,7 @@ class Checkpoint:
     step: int | None = None
     complete: bool = False
     reason: str = ""  # why it is not complete
-    odd: list[dict] = field(default_factory=list)  # links that cannot be relayed, and why
+    odd: list[dict] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -75,13 +59,13 @@ class Checkpoint:
 
 
 def by_step(c: Checkpoint) -> tuple[int, str]:
-    """Sort key: oldest first by step (no step counts as oldest), then by name."""
+    """Sort key: oldest step first (none counts oldest), then name."""
     return (c.step if c.step is not None else -1, c.name)
 
 
 @dataclass
 class Scan:
-    """One look at a folder on a host (relay-scan)."""
+    """One look at a folder on a host."""
 
     root: str
     now: float
@@ -90,20 +74,16 @@ class Scan:
     checkpoints: dict[str, Checkpoint] = field(default_factory=dict)
     partials: dict[str, list[SourceFile]] = field(default_factory=dict)
     manifests: dict[str, Any] = field(default_factory=dict)
-    partial_odd: dict[str, list[dict]] = field(default_factory=dict)  # links in partials
-    # entries whose name holds a line break, by their shown name: never relayable, but
-    # listed (refused, with the reason) rather than silently missing
+    partial_odd: dict[str, list[dict]] = field(default_factory=dict)
+    # names with a line break: listed as refused rather than missing
     unnamed: dict[str, Checkpoint] = field(default_factory=dict)
 
     @property
     def everything(self) -> list[Checkpoint]:
-        """Every checkpoint there, relayable or not (`unnamed` too), oldest first."""
         return sorted([*self.checkpoints.values(), *self.unnamed.values()], key=by_step)
 
 
 def scan(host: Host, root: str) -> Scan:
-    """List `root` on `host`: checkpoints with file sizes and mtimes, partial folders,
-    manifests of relayed checkpoints, and free bytes on its filesystem."""
     return parse_scan(
         root,
         run_remote_json(host, ["relay-scan", "--", root], python_flags=("-I", "-S")),
@@ -116,13 +96,8 @@ class ScanRefused(DflashError):
 
 
 def parse_scan(root: str, data: Any, host: str = "host") -> Scan:
-    """A `Scan` from the JSON that ``relay-scan`` (or ``relay-lock``) printed for `root`.
-
-    The answer is the host's word, and every host is its own trust domain: each name and
-    path in it is checked before use (one path component per checkpoint name; file paths
-    relative and normalised, with no ``..``, NUL or line break; sizes whole and not
-    negative). Anything else refuses the whole scan with one line naming `host`.
-    """
+    """A `Scan` from a host's scan JSON for `root`; anything that could leave the folder
+    refuses the whole scan, naming `host` (docs/relay.md, "Trust")."""
 
     def refuse(what: str) -> ScanRefused:
         return ScanRefused(
@@ -137,7 +112,6 @@ def parse_scan(root: str, data: Any, host: str = "host") -> Scan:
         return n
 
     def odd_entries(items: Any, where: str) -> list[dict]:
-        """What cannot be relayed in `where` (``{"path", "why", "link"}``), each checked."""
         out = []
         for o in items or []:
             files([{"path": o.get("path"), "size": 0, "mtime": 0}], where)
@@ -213,9 +187,7 @@ def _has_marker(ckpt: Checkpoint, marker: str, siblings: set[str]) -> bool:
 def judge_complete(
     host: Host, root: str, role: TrainerRole, sleep=time.sleep, first: Scan | None = None
 ) -> Scan:
-    """Scan the trainer's checkpoint folder and mark each checkpoint complete or not
-    (see the module docstring for the rules). Takes a second look only when needed.
-    `first`: the folder's scan when it came already (with ``relay-send``'s ready frame)."""
+    """Scan the trainer's folder (`first`: a scan that came already) and judge completeness."""
     first = first if first is not None else scan(host, root)
     if not first.exists:
         raise DflashError(
@@ -231,12 +203,11 @@ def judge_complete(
             if any(_has_marker(c, role.marker, names) for c in first.checkpoints.values())
             else "stable"
         )
-    # Marker files of single-file checkpoints are not checkpoints themselves.
     for name in [n for n in names if n.endswith("." + role.marker)]:
         first.checkpoints.pop(name, None)
     young: list[Checkpoint] = []
     for ckpt in first.checkpoints.values():
-        if ckpt.odd:  # published without the file it would have lost it: refuse it
+        if ckpt.odd:  # published without that file, it would be incomplete
             o = ckpt.odd[0]
             what = f"{ckpt.name}/{o['path']} {o['why']}"
             ckpt.reason = (

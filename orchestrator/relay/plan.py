@@ -1,34 +1,5 @@
-"""What to send where: scans in, typed tasks out (pure: no I/O, no host calls).
-
-Planning has two halves with at most one round of hashing on the destinations between:
-
-1. `draft` looks at the chosen checkpoints against each destination's scan:
-
-   - published with a manifest that lists the same files, sizes and mtimes: unchanged,
-     0 payload bytes. A file of it missing or changed since publication (size, link, or
-     the mtime its host reported then) is sent again (*repair*); with ``verify`` every
-     other file's sha256 is asked of the destination, to compare with the manifest;
-   - published without a manifest: refused (dflash did not relay it, so it is not
-     overwritten);
-   - otherwise every file goes to the partial folder. A partial file holding L bytes of
-     a file of at least L bytes is *resumed* at L: only bytes L.. are sent, and both
-     hosts hash the WHOLE file beside the stream (the kept prefix in a thread while the
-     rest moves). Equal whole-file hashes prove the kept prefix; a prefix that differs
-     shows up as a mismatch and the file is sent again from 0 (`transfer`). No prefix is
-     hashed before the stream, so a resumed file costs one hash per host, not two, and no
-     round trip. Where the destination's scan says it saved a hash state (`resume`, on
-     the grid of `remote.relay.sha256state`), the file resumes there instead: the bytes
-     after it are sent again, and neither host hashes the prefix (the source continues
-     from its own saved state, or falls back to hashing it). ``verify`` ignores saved
-     states. Partial files the source no longer has are *stale* (removed before sending,
-     or they would be published with the checkpoint).
-
-   Its `Draft` lists the hash requests per destination (``relay-hash`` documents: verify).
-2. `decide` takes the answers and settles each file on each destination: skip it
-   (verified), resume it at L, or send it from 0. The `Plan` holds one `FileTask` per
-   file to send, each with one `Target` per destination that needs it, plus the bytes
-   each destination still needs, which `check_space` compares with its free space.
-"""
+"""What to send where: scans in, typed tasks out (pure: no I/O). `draft` sorts the files,
+`decide` settles them with the destinations' hashes (docs/relay.md, "Resume")."""
 
 from __future__ import annotations
 
@@ -41,15 +12,12 @@ from orchestrator.relay.selection import manifest_matches
 from orchestrator.sizes import human_bytes
 from remote.protocol import PARTIAL_PREFIX, REPAIR_PREFIX
 
-HashKey = tuple[str, "int | None"]  # (path, prefix length or None for the whole file)
+HashKey = tuple[str, "int | None"]  # (path, prefix length or None)
 
 
 @dataclass(frozen=True, eq=False)
 class Dest:
-    """A destination as the planner sees it: host name, drafters folder, scan, reserve.
-
-    Compared by identity: one object per destination for the whole relay.
-    """
+    """A destination as the planner sees it; compared by identity."""
 
     name: str
     root: str
@@ -59,17 +27,14 @@ class Dest:
 
 @dataclass(frozen=True)
 class Target:
-    """One file to write on one destination."""
-
     dest: Dest
-    write_path: str  # where the bytes go (in the partial folder, or a repair temp)
-    offset: int  # bytes already there, kept (proved by the whole file's hash after)
-    rename_to: str | None = None  # repair: rename over the damaged published file
-    saved_state: bool = False  # offset: where the destination saved a hash state (scan)
+    write_path: str
+    offset: int  # bytes kept, proved by the whole file's hash after
+    rename_to: str | None = None  # repair: rename over the damaged file
+    saved_state: bool = False
 
     @property
     def relative(self) -> str:
-        """`write_path` relative to the destination's folder (what ``relay-recv`` takes)."""
         return self.write_path[len(self.dest.root.rstrip("/")) + 1 :]
 
 
@@ -84,19 +49,15 @@ class FileTask:
 
     @property
     def start(self) -> int:
-        """Where reading starts: the smallest offset among the targets."""
         return min(t.offset for t in self.targets)
 
     @property
     def to_send(self) -> int:
-        """Payload bytes read from the source for this file."""
         return self.file.size - self.start
 
 
 @dataclass(frozen=True)
 class CheckpointPlan:
-    """One checkpoint: its report (statuses per destination) and the files to send."""
-
     ckpt: Checkpoint
     report: CheckpointReport
     tasks: tuple[FileTask, ...]
@@ -107,7 +68,7 @@ class Plan:
     """Everything a relay will send, and what each destination needs for it."""
 
     checkpoints: tuple[CheckpointPlan, ...]
-    need: dict[str, int]  # destination -> payload bytes still to write there
+    need: dict[str, int]  # destination -> payload bytes
     stale: dict[str, tuple[str, ...]]  # destination -> partial files to remove first
 
     @property
@@ -121,32 +82,32 @@ class Plan:
 
 @dataclass(frozen=True)
 class Check:
-    """A file on a destination whose fate waits for hashes (or needs none: ``send``)."""
+    """A file on a destination whose fate may wait for hashes."""
 
     ckpt: Checkpoint
     dest: Dest
     kind: str  # send | resume | verify | repair
     file: SourceFile
-    have: int = 0  # resume: the bytes of the partial file kept
-    dest_key: HashKey | None = None  # verify: what the destination hashes
-    want: str | None = None  # verify: the sha256 the manifest lists
-    saved_state: bool = False  # resume: `have` is where the destination saved a hash state
+    have: int = 0
+    dest_key: HashKey | None = None
+    want: str | None = None  # verify: the manifest's sha256
+    saved_state: bool = False
 
 
 @dataclass(frozen=True)
 class Draft:
-    """The first half of a plan (`draft`): checks and the hash requests they need."""
+    """The first half of a plan: checks and the hash requests they need."""
 
     ckpts: tuple[Checkpoint, ...]
     dests: tuple[Dest, ...]
-    unchanged: frozenset[tuple[str, str]]  # (checkpoint, destination) published as is
+    unchanged: frozenset[tuple[str, str]]
     checks: tuple[Check, ...]
-    dest_requests: dict[str, tuple[dict, ...]]  # relay-hash documents per destination
+    dest_requests: dict[str, tuple[dict, ...]]
     stale: dict[str, tuple[str, ...]]
 
 
 def src_path(root: str, ckpt: Checkpoint, f: SourceFile) -> str:
-    """Where `f` is under `root` (also its final place in a destination's folder)."""
+    """Where `f` is under `root`."""
     return f"{root}/{ckpt.name}" if ckpt.kind == "file" else f"{root}/{ckpt.name}/{f.path}"
 
 
@@ -155,14 +116,12 @@ def partial_path(root: str, ckpt: Checkpoint, f: SourceFile) -> str:
 
 
 def repair_path(final: str) -> str:
-    """The hidden temp file beside a damaged published file, renamed over it when sent."""
     head, tail = os.path.split(final)
     return f"{head}/{REPAIR_PREFIX}{tail}"
 
 
 def damaged(manifest: dict, published: Checkpoint) -> set[str]:
-    """Files of a published checkpoint missing, or differing in size or mtime from what
-    its manifest says (``stored_mtime``: the mtime its host reported at publication)."""
+    """Files of a published checkpoint missing, linked, or not as its manifest says."""
     there = {f.path: f for f in published.files}
     out = set()
     for f in manifest["files"]:
@@ -179,8 +138,7 @@ def damaged(manifest: dict, published: Checkpoint) -> set[str]:
 
 
 def refuse_links(d: Dest, name: str) -> None:
-    """A partial folder holds only files the relay wrote: a symlink there (or a name it
-    cannot carry) is refused before anything is written through it."""
+    """Refuse a symlink (or an odd name) in a partial folder before writing through it."""
     odd = [(o.get("path"), o.get("why")) for o in d.scan.partial_odd.get(name, [])]
     odd += [(f.path, "is a symlink") for f in d.scan.partials.get(name, []) if f.link]
     if odd:
@@ -198,9 +156,7 @@ def draft(
     *,
     verify: bool = False,
 ) -> Draft:
-    """The first half of planning (module docstring): per checkpoint and destination, the
-    checks to settle and the hashes they need. Raises `RelayError` for a published folder
-    without a manifest or a symlink in a partial folder."""
+    """The checks to settle per checkpoint and destination, and the hashes they need."""
     dest_req: dict[str, dict[HashKey, dict]] = {d.name: {} for d in dests}
     stale: dict[str, list[str]] = {d.name: [] for d in dests}
     checks: list[Check] = []
@@ -214,7 +170,7 @@ def draft(
                 broken = damaged(manifest, d.scan.checkpoints[ckpt.name])
                 hashes = {f["path"]: f.get("sha256") for f in manifest["files"]}
                 for f in ckpt.files:
-                    if f.path in broken:  # gone or changed since: no hash needed
+                    if f.path in broken:
                         checks.append(Check(ckpt, d, "repair", f))
                     elif verify:
                         key = (src_path(d.root, ckpt, f), None)
@@ -238,7 +194,7 @@ def draft(
                 have = pf.size if pf is not None else 0
                 saved = 0 < have <= f.size and pf.resume > 0 and not verify
                 if saved:
-                    have = pf.resume  # a saved state there: no prefix hashed again
+                    have = pf.resume
                 if 0 < have <= f.size:
                     checks.append(Check(ckpt, d, "resume", f, have, saved_state=saved))
                 else:
@@ -258,8 +214,7 @@ def decide(
     src_dir: str,
     dest_hashes: dict[str, dict[HashKey, dict]] | None = None,
 ) -> Plan:
-    """The second half of planning: settle every check of `dr` with the destinations'
-    answers to its requests (``{(path, None): {"sha256": ...}}``, per destination name)."""
+    """Settle every check of `dr` with the destinations' hash answers."""
     dest_hashes = dest_hashes or {}
     reports: dict[str, CheckpointReport] = {}
     for ckpt in dr.ckpts:
@@ -285,8 +240,7 @@ def decide(
             target = Target(d, repair_path(final), 0, rename_to=final)
             st.bytes_skipped -= f.size
         else:
-            # A resumed file at full size still goes through a stream (an empty frame):
-            # both hosts hash it whole there, which is what proves it.
+            # A resumed file at full size still streams (an empty frame): that proves it.
             offset = c.have if c.kind == "resume" else 0
             st.bytes_skipped += offset
             target = Target(d, partial_path(d.root, c.ckpt, f), offset, None, c.saved_state)
@@ -310,8 +264,7 @@ def decide(
 
 
 def check_space(plan: Plan, dests: tuple[Dest, ...] | list[Dest]) -> None:
-    """Refuse, before a byte moves, a plan that needs more on a destination than its free
-    space minus its reserve; the line gives the numbers and what to do."""
+    """Refuse, before a byte moves, a plan that does not fit a destination's reserve."""
     for d in dests:
         need = plan.need.get(d.name, 0)
         room = d.scan.free - d.reserve

@@ -1,17 +1,4 @@
-"""Finishing on the destinations: publish a checkpoint, put a repaired file in place, prune.
-
-- **Publish**: when every file of a checkpoint is verified on a destination, its manifest
-  (files, sizes, mtimes, sha256, where it came from) is written into the partial folder
-  and the folder renamed to its final name by the destination's lock holder (the
-  ``relay-publish`` step, asked on its open channel: no new session): ONE rename, so an eval
-  never sees half a checkpoint (the host refuses to publish if any file of the manifest
-  is missing or short). A failed destination keeps its partial folder (the next relay
-  resumes it) and does not stop the others.
-- **Repair**: a damaged file of a published checkpoint was sent into a hidden temp file
-  beside it, renamed over it once verified.
-- **Keep**: only the newest K relayed checkpoints (by step) stay on each destination;
-  folders not relayed by dflash (no manifest) are never touched.
-"""
+"""Finishing on the destinations: publish, repair, keep (docs/relay.md, "Atomicity")."""
 
 from __future__ import annotations
 
@@ -24,12 +11,11 @@ from orchestrator.relay.plan import CheckpointPlan, Dest, Target
 from orchestrator.transport.hosts import Host
 from remote.protocol import MANIFEST, MANIFEST_FORMAT
 
-Ask = Callable[[str, dict], dict]  # (destination, request) -> its lock holder's answer
+Ask = Callable[[str, dict], dict]  # (destination, request) -> answer
 
 
 def manifest(ckpt: Checkpoint, source: str, src_dir: str, hashes: dict[str, str]) -> dict:
-    """The manifest of `ckpt` as relayed from `source`:`src_dir`, with the sha256 of each
-    file as verified on the destination (`hashes`, by path)."""
+    """The manifest of `ckpt` with each file's sha256 as verified on the destination."""
     return {
         "format": MANIFEST_FORMAT,
         "checkpoint": ckpt.name,
@@ -61,10 +47,7 @@ def finish_checkpoint(
     sent: dict[tuple[str, str], dict[str, str]],
     verify: bool = False,
 ) -> None:
-    """Settle one checkpoint on every destination not failed: an unchanged one becomes
-    ``repaired`` or ``verified`` (when so), a sent one is published (``relayed``).
-    `sent`: the sha256 of the files the transfer verified, by (checkpoint, host); `ask`
-    puts a request to a destination's lock holder (`Session.ask`)."""
+    """Settle one checkpoint on every destination not failed; a failure fails only that one."""
     ckpt = cp.ckpt
     for d in dests:
         st = cp.report.destinations[d.name]
@@ -88,20 +71,18 @@ def finish_checkpoint(
                 },
             )
             st.status = "relayed"
-        except Exception as exc:  # one destination failing must not stop the others
+        except Exception as exc:
             st.status = "failed"
             st.error = f"publish {ckpt.name}: {exc}"
 
 
 def put_repaired(host: Host, t: Target) -> None:
-    """Rename a verified repair temp file over the damaged published file."""
-    # -T: a symlink (to a folder) planted at the final name is replaced, never moved into
+    # -T: a symlink planted at the final name is replaced, never moved into
     host.run(["mv", "-f", "-T", "--", t.write_path, t.rename_to])
 
 
 def prune(dests: list[Dest], hosts: dict[str, Host], ask: Ask, keep: int) -> dict[str, list[Any]]:
-    """Keep the newest `keep` relayed checkpoints on each destination, remove the older
-    ones; returns what went per destination (or one line why it was not pruned)."""
+    """Keep the newest `keep` relayed checkpoints per destination; what went, by host."""
     pruned: dict[str, list[Any]] = {}
     for d in dests:
         host = hosts[d.name]

@@ -1,10 +1,4 @@
-"""What a relay tells: live progress while it runs, its errors, and the report at the end.
-
-`RelayReport` holds one `CheckpointReport` per checkpoint relayed, each with one
-`DestStatus` per destination; the planner creates them (status ``unchanged`` or
-``planned``), the transfer and publication fill them in (``relayed``, ``verified``,
-``repaired`` or ``failed``, bytes and files sent). ``to_json`` is what ``--json`` prints.
-"""
+"""What a relay tells: live progress, its errors, and the report ``--json`` prints."""
 
 from __future__ import annotations
 
@@ -25,7 +19,7 @@ class RelayIncomplete(RelayError):
 
 
 class Progress:
-    """Receives progress; the CLI draws a rich bar from it, tests hook into it."""
+    """Receives progress: the CLI draws a bar from it."""
 
     def start(self, total_bytes: int, total_files: int) -> None:
         pass
@@ -42,16 +36,13 @@ class Progress:
 
 @dataclass
 class DestStatus:
-    """One checkpoint on one destination: what happened and what it cost."""
-
     host: str
     status: str = "pending"  # relayed | unchanged | verified | repaired | failed | planned
-    bytes_planned: int = 0  # payload this relay means to send (what --dry-run reports)
+    bytes_planned: int = 0
     bytes_sent: int = 0
     bytes_skipped: int = 0
     files_sent: int = 0
-    # bytes of kept prefixes hashed again (source and this destination) because a saved
-    # hash state was missing at the resume offset: 0 when every resume used saved states
+    # kept-prefix bytes hashed again (no saved hash state)
     prefix_hashed: int = 0
     repaired: list[str] = field(default_factory=list)
     error: str | None = None
@@ -59,8 +50,6 @@ class DestStatus:
 
 @dataclass
 class CheckpointReport:
-    """One checkpoint of the source, with its status per destination host."""
-
     name: str
     step: int | None
     size: int
@@ -74,7 +63,7 @@ class RelayReport:
 
     source: str
     source_dir: str
-    destinations: dict[str, str]  # host -> folder
+    destinations: dict[str, str]
     dry_run: bool = False
     checkpoints: list[CheckpointReport] = field(default_factory=list)
     incomplete: list[dict] = field(default_factory=list)
@@ -105,7 +94,6 @@ class RelayReport:
 
     @property
     def skipped_named(self) -> list[dict]:
-        """Checkpoints asked for by name or step that were not relayed (incomplete)."""
         return [i for i in self.incomplete if i.get("named")]
 
     @property

@@ -1,6 +1,4 @@
-"""A relay as the command line asks for it: the source and destinations, with the
-inventory's defaults filled in and the selection checked, and the one error a finished
-relay ends with when it did not do all it was asked."""
+"""A relay as the command line asks for it, with the inventory's defaults filled in."""
 
 from __future__ import annotations
 
@@ -14,8 +12,6 @@ from orchestrator.sizes import parse_size
 
 @dataclass
 class RelayRequest:
-    """Where from, where to and how: what `relay.run.relay` and `list_checkpoints` take."""
-
     inventory: Inventory
     source: str
     dests: list[str]
@@ -23,7 +19,6 @@ class RelayRequest:
 
 
 def _split(values: list[str] | None) -> list[str]:
-    """Host names given comma-separated, repeated, or both."""
     return [v for item in values or [] for v in item.split(",") if v]
 
 
@@ -44,9 +39,8 @@ def relay_request(
     jobs: int | None = None,
     reserve: str | None = None,
 ) -> RelayRequest:
-    """The request, source and destinations defaulting to the inventory's
-    ``defaults.relay_from`` / ``relay_to`` and `keep` to ``defaults.keep``; `reserve` is a
-    size such as ``20G``. At most one selection (names, step, latest, all) may be given."""
+    """The request, with the inventory's ``relay_from``, ``relay_to`` and ``keep`` as
+    defaults; at most one selection."""
     src = source or inventory.defaults.relay_from
     to = _split(dests) or _split([inventory.defaults.relay_to or ""])
     if not src:
@@ -70,8 +64,7 @@ def relay_request(
 
 
 def raise_if_incomplete(report: RelayReport) -> None:
-    """After the report is shown: `RelayIncomplete` when a named checkpoint was skipped or
-    a transfer failed (the first, and how many more), so the exit code says so."""
+    """`RelayIncomplete` when a named checkpoint was skipped or a transfer failed."""
     if report.skipped_named and not report.failures:
         first = report.skipped_named[0]
         more = (

@@ -1,25 +1,4 @@
-"""``dflash relay``: checkpoints from a trainer to eval hosts through this machine.
-
-`relay` walks the rooms of the relay in order, per checkpoint and destination:
-
-1. **Look** (`session`, no payload): the trainer's folder is scanned and each checkpoint
-   judged complete or not (`checkpoints`); each destination's folder is locked for this
-   relay (a second relay into it is refused, naming the holder) and scanned for published
-   checkpoints (their ``.dflash-manifest.json``), partial folders and free space.
-2. **Select** (`selection`): the checkpoints asked for, or the newest complete one.
-3. **Plan** (`plan`, pure): skip what is already there (a published checkpoint whose
-   manifest lists the same files, sizes and mtimes costs 0 payload bytes; with ``verify``
-   its files are re-hashed ON the destination and a damaged one is sent again), resume
-   partial files where they end (the whole file's hash on both hosts proves the kept
-   prefix; a mismatch is sent again from 0), and refuse before moving a
-   byte when a destination lacks the space still needed (free bytes minus its reserve).
-4. **Send** (`transfer`): batches of files, one stream per host per batch, each file read
-   once and written to every destination, sha256 checked on both ends.
-5. **Publish** (`publish`): manifest and ONE rename per checkpoint and destination; with
-   ``keep``, only the newest K relayed checkpoints stay on each destination.
-
-`report` holds what it tells: `RelayReport` at the end, `Progress` while it runs.
-"""
+"""``dflash relay``: look (`session`), select, plan, send (`transfer`), publish, in order."""
 
 from __future__ import annotations
 
@@ -45,8 +24,7 @@ from orchestrator.transport.hosts import quote
 
 
 def _mux_wanted() -> bool:
-    """Commands and streams share one ssh master per host unless ``DFLASH_RELAY_MUX=0``
-    (a fallback for an ssh without ControlMaster)."""
+    """Commands and streams share one ssh master per host unless ``DFLASH_RELAY_MUX=0``."""
     return os.environ.get("DFLASH_RELAY_MUX", "1") != "0"
 
 
@@ -57,13 +35,8 @@ def relay(
     options: RelayOptions | None = None,
     progress: Progress | None = None,
 ) -> RelayReport:
-    """Relay checkpoints from `source` to every host in `destinations` (see module doc).
-
-    Returns a report; destinations that failed are marked in it (``report.ok`` is False)
-    and keep their partial folders for the next run. Raises `RelayError` before moving a
-    byte when the selection is empty or a destination lacks space. On Ctrl-C, every stream
-    is ended and the partial data stays for the next relay to resume.
-    """
+    """Relay checkpoints from `source` to every destination; `RelayError` before a byte
+    moves when nothing is selected or space lacks; failures are in the report."""
     options = options or RelayOptions()
     progress = progress or Progress()
     t0 = time.monotonic()
@@ -117,9 +90,7 @@ def relay(
 def list_checkpoints(
     inventory: Inventory, source: str, destinations: list[str], options: RelayOptions | None = None
 ) -> dict[str, Any]:
-    """What exists on the source, whether complete, and where it is already relayed:
-    ``relayed`` (manifest matches the source), ``stale`` (relayed, source changed since),
-    ``partial`` (bytes there of the total) or ``no``."""
+    """What the source holds, whether complete, and where it is already relayed."""
     options = options or RelayOptions()
     with Session(
         inventory, source, destinations, options, lock=not options.dry_run, mux=_mux_wanted()

@@ -1,15 +1,5 @@
-"""Which checkpoints a relay takes, and what ``--list`` says about each (pure: no I/O).
-
-Selection, from the source's judged scan (`orchestrator.relay.checkpoints.judge_complete`):
-
-- names: exactly those (a name the source lacks refuses the relay, listing what it has);
-- ``--step N``: every checkpoint of that step (none refuses the relay);
-- ``--all``: every checkpoint, oldest first;
-- otherwise (``--latest``, the default): the newest complete checkpoint (none refuses).
-
-A chosen checkpoint that is not complete is not relayed but skipped with its reason; a
-skip of one asked for by name or step is ``named`` and makes the relay incomplete.
-"""
+"""Which checkpoints a relay takes (names, a step, all, else the newest complete one), and
+what ``--list`` says of each (pure: no I/O)."""
 
 from __future__ import annotations
 
@@ -23,16 +13,14 @@ from remote.protocol import MANIFEST_FORMAT
 
 @dataclass(frozen=True)
 class Selection:
-    """The checkpoints to relay, and those chosen but skipped (report ``incomplete`` rows)."""
+    """The checkpoints to relay, and those chosen but skipped (incomplete)."""
 
     checkpoints: tuple[Checkpoint, ...]
     skipped: tuple[dict, ...] = ()
 
 
 def select(src_scan: Scan, where: str, options: RelayOptions) -> Selection:
-    """Choose from `src_scan` (of the source folder `where`, ``host:dir``, named in errors)
-    what `options` asks for; see the module docstring. Raises `RelayError` when nothing
-    matches the selection."""
+    """Choose from `src_scan` (of `where`) what `options` asks for, or `RelayError`."""
     ckpts = src_scan.checkpoints
     o = options
     if o.names:
@@ -75,8 +63,7 @@ def select(src_scan: Scan, where: str, options: RelayOptions) -> Selection:
 
 
 def manifest_matches(manifest: dict | None, ckpt: Checkpoint) -> bool:
-    """Whether a destination's manifest lists exactly `ckpt`'s files, sizes and mtimes
-    (then the published copy is this checkpoint, unchanged since it was relayed)."""
+    """Whether a destination's manifest lists exactly `ckpt`'s files, sizes and mtimes."""
     if not manifest or manifest.get("format") != MANIFEST_FORMAT:
         return False
     try:
@@ -89,9 +76,7 @@ def manifest_matches(manifest: dict | None, ckpt: Checkpoint) -> bool:
 
 
 def destination_state(ckpt: Checkpoint, dest: Scan) -> str:
-    """Where `ckpt` stands on a destination (``--list``): ``relayed`` (its manifest matches
-    the source), ``stale`` (relayed, the source changed since), ``partial H/T`` (H bytes
-    of T in its partial folder) or ``no``."""
+    """``relayed``, ``stale``, ``partial H/T`` or ``no``: `ckpt` on a destination."""
     if ckpt.name in dest.checkpoints and ckpt.name in dest.manifests:
         return "relayed" if manifest_matches(dest.manifests[ckpt.name], ckpt) else "stale"
     if ckpt.name in dest.partials:

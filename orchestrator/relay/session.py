@@ -1,17 +1,5 @@
-"""The hosts of one relay: where it reads and writes, the connections, and the locks.
-
-`Session` resolves the folders (flags, else the inventory's trainer and eval roles),
-connects to the source and every destination, and, all at once: judges the source's
-checkpoints (`orchestrator.relay.checkpoints.judge_complete`) and takes each
-destination's relay lock, scanning it under the lock. It holds those connections,
-locks and the ssh masters of the streams until `close` (or the end of its ``with``).
-`hash_all` is the one round of hashing that planning needs (``--verify`` only).
-
-A destination's lock holder also serves the relay's other questions for that folder on
-its open channel (`ask`: hash, publish, scan; see ``remote.relay.lock.serve``) and
-receives the transfer's first batch there (`receivers`), so a destination costs one SSH
-session, shell and interpreter per relay, not one per step.
-"""
+"""The hosts of one relay: folders, connections, ssh masters and the destinations' locks,
+opened at once and held until `close`."""
 
 from __future__ import annotations
 
@@ -39,7 +27,6 @@ from orchestrator.transport.openssh_host import control_host
 
 
 def parallel(calls: list) -> list:
-    """Run zero-argument callables in threads; results in order; first error re-raised."""
     if len(calls) <= 1:
         return [c() for c in calls]
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
@@ -47,7 +34,7 @@ def parallel(calls: list) -> list:
 
 
 def hash_many(host: Host, requests: list[dict] | tuple[dict, ...]) -> dict[HashKey, dict]:
-    """sha256 of files or prefixes on a host, one remote call: {(path, length): result}."""
+    """sha256 of files or prefixes on a host, one command: {(path, length): result}."""
     if not requests:
         return {}
     result = bundle.run_remote(
@@ -97,16 +84,8 @@ def _expand(host: Host, folder: str) -> str:
 
 
 class Session:
-    """Connected and locked hosts of one relay (module docstring); use it with ``with``.
-
-    `lock`: take the destinations' relay locks (else only scan them, as ``--dry-run``
-    does). `mux`: start an ssh master per host for the commands and streams to share.
-    `ahead` (with `mux`): start the first batch's ``relay-send`` while the hosts are
-    scanned (`spares`, by host name; its ready frame carries the source's scan), so the
-    bytes can flow as soon as the plan is made; the transfer uses it once it says it
-    runs, and `close` ends it when not needed. A destination's first receiver is its
-    lock holder (`receivers`, `orchestrator.relay.holder`): one command per host.
-    """
+    """Connected and locked hosts of one relay; `lock`: take the destinations' locks,
+    `mux`: one ssh master per host, `ahead`: start the first ``relay-send`` while scanning."""
 
     def __init__(
         self,
@@ -134,11 +113,10 @@ class Session:
         self.src: Host | None = None
         self.src_dir = src_cfg
         self.src_scan: Scan | None = None
-        self.hosts: dict[str, Host] = {}  # destination name -> its connection
+        self.hosts: dict[str, Host] = {}
         self.dests: list[Dest] = []
         self.mux: Multiplexer | None = None
-        self._locks: list[LockHolder] = []  # every relay-lock started, to end at `close`
-        # destination -> its lock holder: answers questions, receives the first batch
+        self._locks: list[LockHolder] = []
         self.receivers: dict[str, LockHolder] = {}
         self._guard = threading.Lock()
         self.spares: dict[str, Stream] = {}
@@ -147,11 +125,7 @@ class Session:
         try:
             if mux:
                 self.mux = Multiplexer(inventory)
-            # Every command goes through OpenSSH and the host's master (one connection per
-            # host, shared with the streams; see orchestrator.transport.openssh_host). Each
-            # host's settings come from an `ssh -G` of its own: all at once.
-            # The local client's ciphers (``ssh -Q cipher``, every ssh line offers them) are
-            # asked beside those, not after them on the way to the masters.
+            # Every host's `ssh -G` and the local `ssh -Q cipher` at once.
             specs = [self.src_spec, *(spec for spec, _ in dest_cfg)]
             *now, _ = parallel(
                 [lambda s=s: control_host(open_host(s, inventory), self.mux) for s in specs]
@@ -187,62 +161,55 @@ class Session:
 
     @property
     def roots(self) -> dict[str, str]:
-        """Destination host -> its drafters folder."""
         return {d.name: d.root for d in self.dests}
 
     @property
     def where(self) -> str:
-        """The source folder as ``host:dir``, for messages."""
         return f"{self.src.name}:{self.src_dir}"
 
     def _look(self, folder: str) -> tuple[str, Scan]:
-        """Expand the source folder on its host and judge its checkpoints there: with the
-        scan in the ready frame of the ``relay-send`` started ahead (one command on the
-        source), else (no spare, or it failed to start) by a ``relay-scan`` of its own."""
+        """Expand the source folder and judge its checkpoints, scanned by the ``relay-send``
+        started ahead, else by ``relay-scan``."""
         src_dir = _expand(self.src, folder)
         spare = self._spare(self.src, ["relay-send"], ("--scan", src_dir))
         first = None
         if spare is not None and spare.wait_ready():
-            bundle.seen(self.src)  # it answered: later commands there need no bundle check
+            bundle.seen(self.src)
             try:
                 first = parse_scan(src_dir, json.loads(spare.hello), self.src.name)
             except ValueError:
-                first = None  # not JSON: ask again the usual way (which says what is wrong)
+                first = None  # the usual way says what is wrong
         role = self.src_spec.trainer or TrainerRole(checkpoints=src_dir)
         return src_dir, judge_complete(self.src, src_dir, role, first=first)
 
     def _open_dest(self, host: Host, folder: str, lock: bool) -> tuple[str, Scan]:
-        # No relay-recv started ahead: the lock holder receives the first batch itself.
+        # The lock holder receives the first batch: no relay-recv ahead.
         root = _expand(host, folder)
         return root, self._lock_root(host, root) if lock else scan(host, root)
 
     def _spare(self, host: Host, argv: list[str], extra: tuple[str, ...] = ()) -> Stream | None:
-        """Start `argv` (with `extra` arguments for its start only) on `host` ahead of
-        need (see the class docstring); the stream, or None when not started. Its line is
-        guarded like every first command: without the bundle it ends before its ready
-        signal, and the transfer starts a new one."""
+        """Start `argv` on `host` ahead of need, or None."""
         if not self._ahead:
             return None
         line, _ = bundle.first_line(host, [*argv, *extra], RELAY_PYTHON_FLAGS)
         s = Stream(host, line, self.inv, stdin=True, stdout=True, mux=self.mux)
-        s.argv = argv  # what the transfer may use it for
+        s.argv = argv
         with self._guard:
             self.spares[host.name] = s
         return s
 
     def _start_lock(self, host: Host, argv: list[str], root: str) -> tuple[LockHolder, dict | None]:
-        """Start ``relay-lock`` (pushing the bundle first only where it is missing: no
-        separate check); (holder, its first answer or None when it gave none)."""
+        """Start ``relay-lock`` (the bundle pushed only if missing); (holder, first answer)."""
         line, guarded = bundle.first_line(host, argv, RELAY_PYTHON_FLAGS)
         holder = LockHolder(host, line, self.inv, mux=self.mux, root=root)
         with self._guard:
             self._locks.append(holder)
         answer = holder.first()
         if answer is not None:
-            bundle.seen(host)  # it answered: the streams there need no bundle check
+            bundle.seen(host)
             return holder, answer
         code, _, err = holder.finish()
-        if code == 255:  # ssh could not reach the host (a refused host key among others)
+        if code == 255:  # ssh could not reach the host
             raise connection_error(host, err)
         if guarded and bundle.was_missing(host, code, err):
             bundle.ensure(host)  # pushed now: the retry is not guarded
@@ -251,15 +218,10 @@ class Session:
         return holder, None
 
     def _lock_root(self, host: Host, root: str) -> Scan:
-        """Take `root`'s relay lock on `host` (held until `close`) and scan it under the lock.
-
-        Two relays writing into one drafters folder would share its partial folders; the
-        second is refused with who holds the lock. The lock lives in a host-side process
-        fed by this connection, so it ends with this relay, however that ends.
-        """
+        """Take `root`'s relay lock on `host` until `close`, and scan under it."""
         try:
             user = getpass.getuser()
-        except (OSError, KeyError):  # no login name in this environment
+        except (OSError, KeyError):
             user = "?"
         by = f"{user}@{socket.gethostname()} pid {os.getpid()}"
         argv = ["relay-lock", f"--by={by}", f"--wait={self.opts.lock_wait}"]
@@ -282,25 +244,22 @@ class Session:
                 "then run this again"
             )
         found = parse_scan(root, data.get("scan"), host.name)
-        holder.keep_alive(self.opts.patience / 4)  # its patience with us never runs out
+        holder.keep_alive(self.opts.patience / 4)
         with self._guard:
             self.receivers[host.name] = holder
         return found
 
     def ask(self, dest: str, request: dict) -> dict:
-        """One request to destination `dest`'s lock holder (``remote.relay.lock.serve``),
-        its answer; an ``error`` answer, a lost channel or a non-object answer raise
-        `RelayError` naming the host (`LockHolder.ask`)."""
+        """One request to `dest`'s lock holder, its answer."""
         return self.receivers[dest].ask(request)
 
     def hash_all(self, dr: Draft) -> dict[str, dict[HashKey, dict]]:
-        """Ask every destination for the hashes `dr` needs, all at once; answers by name."""
         names = [n for n, reqs in dr.dest_requests.items() if reqs]
         answers = parallel([lambda n=n: self._hash(n, dr.dest_requests[n]) for n in names])
         return dict(zip(names, answers, strict=True))
 
     def _hash(self, dest: str, requests: tuple[dict, ...]) -> dict[HashKey, dict]:
-        if dest not in self.receivers:  # not locked (a dry run): a command of its own
+        if dest not in self.receivers:  # a dry run: a command of its own
             return hash_many(self.hosts[dest], requests)
         answers = self.ask(dest, {"op": "hash", "requests": list(requests)}).get("hashes")
         if not isinstance(answers, list) or len(answers) != len(requests):
@@ -318,12 +277,11 @@ class Session:
         with self._guard:
             spares, self.spares = list(self.spares.values()), {}
         for s in spares:
-            # EOF, then the local ssh ends: the host-side command ends by itself when it
-            # reads that EOF (no signal reaches it mid-login), and nobody waits for it.
+            # The host command ends on EOF; nobody waits for it.
             s.close_stdin()
             s.kill()
             s.finish()
-        for holder in self._locks:  # EOF ends the host-side holder, which drops the lock
+        for holder in self._locks:  # EOF: the holder drops the lock
             try:
                 holder.finish()
             except Exception:
@@ -335,5 +293,5 @@ class Session:
             if h is not None:
                 try:
                     h.close()
-                except Exception:  # closing a dead connection must not mask the real error
+                except Exception:  # must not mask the real error
                     pass

@@ -1,21 +1,5 @@
-"""The relay's data path: OpenSSH clients on both ends, bytes pumped through this machine.
-
-Measured on loopback (2 shared cores, benchmarks/relay.py and A/B runs of 1 GiB streams):
-paramiko channels reached about ``scp -3`` only without host-side hashing, while OpenSSH
-clients piped through this process run like ``ssh A cat | ssh B 'cat >'``; one OpenSSH
-master per host (ControlMaster) beat one connection per file (about +15% on one stream,
-and no handshake per file). So bulk bytes travel through ``ssh`` channels (``relay-send``
-on the source, ``relay-recv`` on each destination, both hashing on their host) and this
-process only moves them between 1 MiB pipes: with one destination by ``splice(2)`` (no
-copy into Python), with several by large reads written to every destination (read once,
-fan out). One channel carries a batch of files as frames (8-byte length, then the bytes):
-a process and channel per file cost ~0.25 s of start-up each. Nothing touches this
-machine's disk.
-
-How a stream reaches its host is the transport's: the ``ssh`` command line and its
-ciphers (`orchestrator.transport.openssh`, `orchestrator.transport.openssh_host.
-stream_argv`) and the master it shares (`orchestrator.transport.master.Multiplexer`).
-"""
+"""The relay's data path: frames pumped between OpenSSH clients through this machine's
+pipes, never its disk (docs/relay.md, "Data path")."""
 
 from __future__ import annotations
 
@@ -41,15 +25,11 @@ from remote.relay.pipes import PIPE_SIZE, widen_pipe
 from remote.relay.wire import FRAME_HEADER, PATIENCE, read_exact
 
 CHUNK = 4 * 1024 * 1024
-# An ssh client writes its channel's data in pieces of tens of KiB; moving each piece as it
-# comes costs the pump a wake-up and a system call apiece. After a move shorter than
-# `BATCH`, the pump naps `NAP` seconds so that the (1 MiB) pipe fills: fewer, larger moves,
-# with the writer never blocked on a full pipe (benchmarks/relay_cpu.py measures both).
+# After a move shorter than BATCH the pump naps so the pipe fills: fewer, larger moves.
 BATCH = 256 * 1024
 NAP = 0.002
-MAX_HELLO = 256 * 1024 * 1024  # the largest ready frame (a source's scan) accepted
-# Seconds a pump waits with no byte moving before it ends the stream it waits on: half
-# the hosts' patience with us (`PATIENCE`), so this side notices first and says who.
+MAX_HELLO = 256 * 1024 * 1024  # the largest ready frame (a scan) accepted
+# Half the hosts' patience, so this side notices a stall first and says who.
 STALL = PATIENCE / 2
 
 
@@ -77,25 +57,22 @@ class Stream:
             start_new_session=True,
         )  # Ctrl-C reaches us; we end them ourselves
         self.failed: str | None = None
-        self.stalled: str | None = None  # why a pump ended it: no bytes moved (`pump`)
+        self.stalled: str | None = None
         self.line = line
-        self.argv: list[str] | None = None  # the bundle command it runs, when known
+        self.argv: list[str] | None = None
         self._ready: bool | None = None
-        self.hello = b""  # what relay-send's ready frame held (`wait_ready`)
+        self.hello = b""
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 widen_pipe(pipe.fileno())
 
     def wait_ready(self) -> bool:
-        """Read the command's ready signal once (``relay-send``: a frame, whose bytes, a
-        scan when asked for, are kept as `hello`; ``relay-recv``: a ``{"ready": true}``
-        line): whether it came, i.e. the host-side command runs. A command that failed to
-        start (no python, no bundle) ends without it."""
+        """Read the command's ready frame or line once: whether the host command runs."""
         if self._ready is None:
             if "relay-send" in self.line:
                 head = read_exact(self.stdout_fd, FRAME_HEADER.size)
                 n = FRAME_HEADER.unpack(head)[0] if len(head) == FRAME_HEADER.size else -1
-                n = n if n <= MAX_HELLO else -1  # no scan is that big: a confused host
+                n = n if n <= MAX_HELLO else -1
                 self.hello = read_exact(self.stdout_fd, n) if n > 0 else b""
                 self._ready = n >= 0 and len(self.hello) == n
             else:
@@ -124,7 +101,7 @@ class Stream:
                 pass
 
     def finish(self) -> tuple[int, bytes, str]:
-        """Wait; (exit code, rest of stdout, stderr). ssh's 255 means the link failed."""
+        """Wait; (exit code, rest of stdout, stderr)."""
         self.close_stdin()
         out = b""
         if self.proc.stdout:
@@ -137,19 +114,14 @@ class Stream:
         return code, out, err
 
     def end_frames(self, whole: bool = True) -> None:
-        """A batch's frames are written (`whole`: every one in full; else the source's
-        stream ended early): a receiver of its own gets EOF either way (a lock holder,
-        `orchestrator.relay.holder`, keeps its channel for whole batches: EOF would drop
-        the lock)."""
+        """A batch's frames are written: a receiver of its own gets EOF."""
         self.close_stdin()
 
     def end_batch(self) -> tuple[int, bytes, str]:
-        """A batch's outcome, as `finish` gives it: a receiver of its own ends with it."""
         return self.finish()
 
     def describe(self, code: int, err: str) -> str:
-        """One line naming the host for this command's failure (`describe_failure`), or
-        the stall that ended it."""
+        """One line naming the host for this command's failure or stall."""
         if self.stalled:
             return f"{self.host.name}: {self.stalled}"
         return describe_failure(self.host, code, err)
@@ -163,8 +135,7 @@ class Stream:
 
 
 def file_lines(text: str) -> dict[int, dict]:
-    """The per-file JSON lines of ``relay-send`` / ``relay-recv`` output, by file index;
-    other lines (messages) are ignored."""
+    """The per-file JSON lines of a relay command's output, by index."""
     out = {}
     for line in text.splitlines():
         line = line.strip()
@@ -179,10 +150,7 @@ def file_lines(text: str) -> dict[int, dict]:
 
 
 def describe_failure(host: Host, code: int, err: str) -> str:
-    """One line naming `host` and what failed there: its command's own error line (e.g.
-    ``ct129: no space left on device while writing step_8/model.safetensors``), a lost
-    connection, or the exit status and last line of its stderr."""
-    # the per-file JSON lines of relay-send's stderr are no message
+    """One line naming `host` and what failed there."""
     said = last_line("\n".join(ln for ln in err.splitlines() if not ln.lstrip().startswith("{")))
     if code == 255:
         refused = host_key_error(host, err)
@@ -196,15 +164,13 @@ def describe_failure(host: Host, code: int, err: str) -> str:
 
 
 def send_request(dest: Stream, request: list[dict]) -> None:
-    """Give a ``relay-recv`` its request (the first frame on its stdin)."""
+    """Give a ``relay-recv`` its request frame."""
     data = json.dumps(request).encode()
     _write(dest, FRAME_HEADER.pack(len(data)) + data)
 
 
 class Pumped(NamedTuple):
-    """What `pump` moved: bytes read per file, and per destination whether it got every
-    frame meant for it in full (False: the source's stream ended early, or its own pipe
-    broke or stalled, so the receiver waits inside or before a frame that never comes)."""
+    """Bytes read per file, and per destination whether it got all its frames whole."""
 
     read: list[int]
     whole: list[bool]
@@ -218,32 +184,18 @@ def pump(
     cancelled: threading.Event | None = None,
     stall: float = STALL,
 ) -> Pumped:
-    """Move the source's frames (one per file) to the destinations (see `Pumped`).
-
-    ``routes[i][d]`` says what destination d gets of file i: None, nothing (it needs no
-    copy); otherwise the number of bytes at the start of the frame it skips (it already
-    holds them: fan-out with different resume offsets reads the source once). Each
-    destination gets a frame of its own length. With one receiver and nothing to skip the
-    bytes go by ``splice(2)`` (no copy into Python); else by large reads written to every
-    receiver. A destination whose pipe breaks is marked failed and dropped; the others go
-    on. `on_bytes` gets the bytes delivered per step (counted once, however many
-    destinations). Stops early when the source's stream ends early. The source's ready
-    frame (`Stream.wait_ready`) is read first, if not already.
-
-    Bytes moving are the hosts' sign of life: when none moved for `stall` seconds, a
-    watchdog ends the stream the pump waits on (the source, or each destination that
-    takes nothing), marking it `Stream.stalled`, and the pump goes on as if it broke.
-    """
+    """Move the source's frames to the destinations: ``routes[i][d]`` is None or the bytes
+    of file i destination d holds already. A broken or stalled destination is dropped."""
     read: list[int] = []
     lengths: list[int] = []
     src_fd = src.stdout_fd
     splice_ok = hasattr(os, "splice")
     watch = _Watch(src, dests, stall)
     try:
-        src.wait_ready()  # relay-send's first frame is empty, "ready"; without it, it failed
+        src.wait_ready()
         for route in routes:
             if all(d.failed is not None for d in dests):
-                break  # nobody left to read for
+                break
             head = read_exact(src_fd, FRAME_HEADER.size)
             if len(head) < FRAME_HEADER.size:
                 break  # the source stopped; its exit status says why
@@ -264,7 +216,7 @@ def pump(
                     and dests[takers[0]].failed is not None
                     and any(d.failed is None for d in dests)
                 ):
-                    # its receiver broke mid-frame: read past the rest for the others' files
+                    # its receiver broke mid-frame: read past the rest for the others
                     got += _fan_out(src_fd, [], length - got, None, cancelled, watch)
             else:
                 got = _fan_out(
@@ -280,7 +232,7 @@ def pump(
                 break
     finally:
         watch.stop()
-    # The first frame not read in full; a destination owed any frame from there on waits.
+    # From the first frame not read in full, a destination owed a frame waits.
     short = [i for i, (n, got) in enumerate(zip(lengths, read, strict=True)) if got < n]
     cut = short[0] if short else len(read)
     whole = [
@@ -291,10 +243,7 @@ def pump(
 
 
 class _Watch:
-    """A pump's watchdog (`pump`): `moved` marks bytes moving; a thread checks, and after
-    `stall` seconds without, ends what the pump waits on. It tells which by asking the
-    pipes: a source with nothing to read is silent; else the destinations whose pipe is
-    full take nothing."""
+    """Ends the silent source, else each destination taking nothing, after `stall` s."""
 
     def __init__(self, src: Stream, dests: Sequence[Stream], stall: float):
         self.src, self.dests, self.stall = src, dests, stall
@@ -307,7 +256,6 @@ class _Watch:
         self.stamp = time.monotonic()
 
     def stop(self) -> None:
-        """End the watch before the pump returns (its pipes close after)."""
         self.done.set()
         self.thread.join()
 
@@ -330,12 +278,11 @@ class _Watch:
         for s, why in victims:
             s.stalled = s.stalled or why
             s.failed = s.failed or why
-            s.kill()  # the pump's read sees the end, its write a broken pipe
+            s.kill()
 
 
 def _ready(fd: int, event: int) -> bool:
-    """Whether pipe `fd` is ready for `event` now (a closed or broken one counts ready:
-    the pump is not waiting on it)."""
+    """Whether pipe `fd` is ready for `event` now (closed or broken counts as ready)."""
     try:
         poller = select.poll()
         poller.register(fd, event)
@@ -352,8 +299,7 @@ def _write(dest: Stream, data: bytes | memoryview) -> None:
 
 
 def _batch(*fds: int) -> int:
-    """The move below which the pump naps (`BATCH`), or 0 (never) when a pipe is narrower
-    than `PIPE_SIZE`: a nap per 64 KiB would cap the stream at 32 MiB/s."""
+    """`BATCH`, or 0 (never nap) when a pipe is narrower than `PIPE_SIZE`."""
     for fd in fds:
         try:
             if fcntl.fcntl(fd, getattr(fcntl, "F_GETPIPE_SZ", 1032)) < PIPE_SIZE:
@@ -386,7 +332,7 @@ def _splice(
             dest.failed = f"write failed ({exc.strerror})"
             break
         if n == 0:
-            break  # the source ended early
+            break
         done += n
         watch.moved()
         if on_bytes:
@@ -399,7 +345,7 @@ def _splice(
 def _fan_out(
     src_fd: int, dests: list[tuple[Stream, int]], length: int, on_bytes, cancelled, watch: _Watch
 ) -> int:
-    """Copy one frame of `length` bytes to each (receiver, bytes it skips); bytes read."""
+    """Copy one frame to each (receiver, bytes it skips); bytes read."""
     pos, batch = 0, _batch(src_fd, *(d.stdin_fd for d, _ in dests))
     while pos < length:
         _check(cancelled)

@@ -1,18 +1,5 @@
-"""Moving the bytes of a plan: batches of files, one stream per host per batch.
-
-The files of a checkpoint go in up to ``jobs`` batches at once (`batches`); a batch is
-ONE ``relay-send`` on the source and one receiver per destination that needs any of
-its files (the destination's lock holder when it is free, `orchestrator.relay.holder`;
-else a ``relay-recv`` of its own), joined here by `orchestrator.relay.stream.pump` (each
-file read once, written to every destination). sha256 is computed on the hosts beside
-the stream: the source hashes what it reads, each destination what it writes; a resumed
-file's hash is still the whole file's on both hosts, continued from a saved hash state
-(`remote.relay.states`) or, without one, its kept prefix hashed in a thread while the
-rest moves (counted in the report's ``prefix_hashed``). A mismatch is sent again from 0,
-as a batch of its own: a resumed file whose kept prefix differed (nothing was hashed
-before, so that is how it shows) gets that for free, and any file one more try from 0;
-then it is a failure of that destination, which does not stop the others.
-"""
+"""Moving the bytes of a plan: batches of files, one ``relay-send`` and one receiver per
+destination each, a mismatch sent again (docs/relay.md, "Data path", "Integrity")."""
 
 from __future__ import annotations
 
@@ -38,13 +25,7 @@ Outcome = tuple[FileTask, Target, str, "str | None"]  # task, target, outcome, s
 
 
 def batches(tasks: list[FileTask] | tuple[FileTask, ...], jobs: int) -> list[list[FileTask]]:
-    """Split the files into at most `jobs` batches of about equal bytes to send (largest
-    file first into the lightest batch); each batch keeps the checkpoint's file order.
-
-    A batch is one stream per host, however many files it holds: per file we measured
-    ~0.25 s of process and channel start-up on each host, which made an 8 x 64 MiB
-    checkpoint take 1.8x as long as one 512 MiB file.
-    """
+    """At most `jobs` batches of about equal bytes, each in the checkpoint's order."""
     jobs = max(1, min(jobs, len(tasks)))
     load = [0] * jobs
     out: list[list[FileTask]] = [[] for _ in range(jobs)]
@@ -57,23 +38,18 @@ def batches(tasks: list[FileTask] | tuple[FileTask, ...], jobs: int) -> list[lis
 
 
 def _int(record: dict | None, key: str) -> int:
-    """A count from a host's per-file line; anything but a non-negative int counts 0."""
+    """A count from a host's per-file line; anything but a non-negative int is 0."""
     value = (record or {}).get(key)
     return value if is_int(value) and value >= 0 else 0
 
 
 def _first(where: dict[tuple[int, int], object], i: int) -> int:
-    """The first destination (index) file `i` goes to: the source's counts go there once."""
+    """The first destination of file `i`: the source's counts go there once."""
     return min(j for (k, j) in where if k == i)
 
 
 class Transfer:
-    """Sends the tasks of a plan from `src` to the destinations' `hosts` (by name).
-
-    Keeps the streams it started (to end them all on Ctrl-C: `cancel`), the payload read
-    from the source (`bytes_read`), and the sha256 of every file verified on a
-    destination (`hashes`), which its manifest lists.
-    """
+    """Sends the tasks of a plan from `src` to the destinations' `hosts`."""
 
     def __init__(
         self,
@@ -89,7 +65,7 @@ class Transfer:
         stall: float = STALL,
     ):
         self.inv = inventory
-        self.stall = stall  # seconds without a byte moving before a stream is ended
+        self.stall = stall
         self.src = src
         self.hosts = hosts
         self.mux = mux
@@ -100,11 +76,7 @@ class Transfer:
         self.hashes: dict[tuple[str, str], dict[str, str]] = {}  # (ckpt, host) -> path -> sha
         self._streams: set[Stream] = set()
         self._lock = threading.Lock()
-        # Streams started ahead, while the hosts were scanned (`Session`), by host name:
-        # the first batch uses them instead of waiting for new ones to start.
         self.spares = spares if spares is not None else {}
-        # Each destination's lock holder (`Session.receivers`): a batch borrows it as its
-        # receiver there when it is free, instead of starting a relay-recv of its own.
         self.receivers = receivers if receivers is not None else {}
 
     def clear_stale(self, stale: dict[str, tuple[str, ...]]) -> None:
@@ -114,7 +86,7 @@ class Transfer:
                 self.hosts[name].run(["rm", "-f", "--", *paths])
 
     def cancel(self) -> None:
-        """End every stream now (Ctrl-C): the partial data stays for the next relay."""
+        """End every stream now (Ctrl-C)."""
         self.cancelled.set()
         with self._lock:
             streams = list(self._streams)
@@ -122,15 +94,14 @@ class Transfer:
             s.kill()
 
     def run(self, cp: CheckpointPlan) -> None:
-        """Send the files of one checkpoint, `jobs` batches at once; the statuses in its
-        report say per destination what arrived and what failed."""
+        """Send one checkpoint's files, `jobs` batches at once."""
         if not cp.tasks:
             return
         statuses = cp.report.destinations
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="relay")
         futures = [pool.submit(self.run_batch, b, statuses) for b in batches(cp.tasks, self.jobs)]
         try:
-            # Poll, so that Ctrl-C reaches this (main) thread while the batches run.
+            # Poll, so that Ctrl-C reaches this (main) thread.
             while True:
                 done, not_done = wait(futures, timeout=0.2, return_when=FIRST_EXCEPTION)
                 for f in done:
@@ -145,11 +116,9 @@ class Transfer:
         pool.shutdown(wait=True)
 
     def run_batch(self, tasks: list[FileTask], statuses: dict[str, DestStatus]) -> None:
-        """Send a batch of files through one stream per host, re-sending a hash mismatch
-        from 0 as a batch of its own: once for a file sent from 0, and once more for a
-        resumed one (its kept prefix may simply have differed)."""
+        """Send a batch, re-sending a mismatch from 0 once (a resumed file twice)."""
         items = [(task, list(task.targets)) for task in tasks]
-        resent: set[tuple[int, str]] = set()  # (task, destination) sent again from 0
+        resent: set[tuple[int, str]] = set()
         for _ in range(3):
             retry: dict[int, tuple[FileTask, list[Target]]] = {}
             for task, t, outcome, _ in self._send(items, statuses):
@@ -161,7 +130,7 @@ class Transfer:
                     if t.offset == 0:
                         resent.add(key)
                     with self._lock:
-                        st.bytes_skipped -= t.offset  # the kept prefix was not kept
+                        st.bytes_skipped -= t.offset
                     retry.setdefault(id(task), (task, []))[1].append(replace(t, offset=0))
                     continue
                 with self._lock:
@@ -186,7 +155,7 @@ class Transfer:
         if spare is not None and spare.argv == argv and spare.wait_ready():
             s = spare
         else:
-            if spare is not None:  # another command, or it did not start: not used
+            if spare is not None:
                 spare.close_stdin()
                 spare.finish()
             s = Stream(host, line, self.inv, stdin=stdin, stdout=stdout, mux=self.mux)
@@ -195,9 +164,8 @@ class Transfer:
         return s
 
     def _receiver(self, d: Dest) -> Stream:
-        """The batch's receiver on `d`: its lock holder when free (`LockHolder.borrow`),
-        else a ``relay-recv`` of its own; a holder found ended (the lock gone) is
-        returned as it is, so the batch fails there instead of writing without the lock."""
+        """The batch's receiver on `d`: its lock holder, unless busy; a lost one is
+        returned so the batch fails there."""
         holder = self.receivers.get(d.name)
         if holder is not None and holder.root == d.root:
             if holder.borrow() or holder.lost:
@@ -210,9 +178,7 @@ class Transfer:
     def _unlocked(
         self, items: list[tuple[FileTask, list[Target]]]
     ) -> tuple[list[Outcome], list[tuple[FileTask, list[Target]]]]:
-        """(failures, the rest of `items`): a destination whose lock holder has ended (a
-        batch it received failed, or its channel broke) gets no more files in this relay,
-        so nothing is written there without the lock."""
+        """(failures, rest of `items`): a destination whose lock holder ended gets no more."""
         failed: list[Outcome] = []
         rest = []
         for task, targets in items:
@@ -236,9 +202,7 @@ class Transfer:
     def _send(
         self, items: list[tuple[FileTask, list[Target]]], statuses: dict[str, DestStatus]
     ) -> list[Outcome]:
-        """One ``relay-send`` for all the files of `items`, one ``relay-recv`` per
-        destination for the files it needs; outcome per (file, target): "ok", "mismatch"
-        or what failed, with the sha256 the destination wrote when "ok"."""
+        """One batch: outcome per (file, target): "ok" (with sha256), "mismatch" or why not."""
         results, items = self._unlocked(items)
         if not items:
             return results
@@ -257,7 +221,7 @@ class Transfer:
                 where[(i, j)] = (t, len(requests[j]))
                 req = {"path": t.relative, "offset": t.offset, "mtime": task.file.mtime}
                 if t.saved_state and t.offset:
-                    req["state"] = True  # continue the hash from the state saved there
+                    req["state"] = True
                 requests[j].append(req)
             routes.append(route)
         src = self._start(self.src, ["relay-send"], stdin=True, stdout=True)
@@ -275,7 +239,7 @@ class Transfer:
                     ).encode(),
                 )
             except OSError:
-                pass  # the source is gone: its exit status says why
+                pass  # its exit status says why
             src.close_stdin()
             for s, req in zip(outs, requests, strict=False):
                 send_request(s, req)
@@ -286,12 +250,12 @@ class Transfer:
             raise
         finally:
             for j, s in enumerate(outs):
-                # a receiver left inside (or before) a frame that never comes must be told
+                # a receiver waiting on a frame that never comes must be told
                 s.end_frames(pumped is not None and pumped.whole[j])
         read = pumped.read
         src_killed = all(s.failed for s in outs)
         if src_killed:
-            src.kill()  # nobody left to read for: do not drain the rest of the files
+            src.kill()  # nobody left to read for
         with self._lock:
             self.bytes_read += sum(read)
         scode, _, serr = src.finish()
@@ -305,9 +269,7 @@ class Transfer:
                 t, slot = where[(i, j)]
                 a, b = src_sums.get(i), got.get(slot)
                 sha = None
-                # Blame the side that failed: the source only when it failed on its own
-                # (not killed by us because every destination had gone), and then first,
-                # since a destination's "stream ended" follows from it.
+                # The source is blamed only when it failed on its own, and then first.
                 src_failed = a is None and scode != 0 and not src_killed
                 with self._lock:
                     statuses[d.name].prefix_hashed += _int(b, "prefix_read") + (
@@ -342,8 +304,7 @@ class Transfer:
     def _account(
         self, task: FileTask, t: Target, sent: int, sha: str | None, st: DestStatus
     ) -> None:
-        """Count what was sent to a destination; a file that arrived whole (`sha`) is put
-        in place (a repair renamed over the damaged file) and its hash recorded."""
+        """Count what was sent; put a whole file in place and record its hash."""
         with self._lock:
             st.bytes_sent += sent
         if sha is None:
