@@ -1,12 +1,5 @@
-"""The remote bundle: `remote/` packed as ONE zipapp named by its content hash.
-
-A host gets ``<workdir>/bundles/dflash-remote-<hash>.pyz`` only when it lacks that exact
-file, so an unchanged bundle costs one ``test -f``, and none once this process has seen it
-there; `ensure_and_find` looks for other files (a job's inputs) in that same round trip.
-The host's own python runs it: ``python bundle.pyz COMMAND ...``. The name is a hash of
-the files that go into it (paths and bytes), so the same source always has the same name;
-the archive (sorted entries, fixed timestamps) is only built when a host lacks it.
-"""
+"""The remote bundle: `remote/` as ONE zipapp named by its sources' hash, pushed only to a
+host that lacks that exact file."""
 
 from __future__ import annotations
 
@@ -41,7 +34,6 @@ MAIN = b"import sys\nfrom remote.cli import main\nsys.exit(main())\n"
 
 
 def _sources() -> list[tuple[str, bytes]]:
-    """(name in the archive, content) of every file of the bundle, in archive order."""
     files = sorted(
         p
         for p in REMOTE_PACKAGE.rglob("*")
@@ -53,10 +45,8 @@ def _sources() -> list[tuple[str, bytes]]:
 
 @lru_cache(maxsize=1)
 def bundle_name() -> str:
-    """The bundle's file name, named by the content of what goes into it (no archive is
-    built for it: compressing it cost every command's start about 15 ms, and is needed
-    only to push it)."""
-    digest = hashlib.sha256(MAGIC_NUMBER)  # the bytecode's version is in it too (`build`)
+    """The bundle's file name, from its sources (no archive is built for it)."""
+    digest = hashlib.sha256(MAGIC_NUMBER)  # the bytecode's version is in it too
     for arc, data in _sources():
         digest.update(f"{arc}\0{len(data)}\0".encode())
         digest.update(data)
@@ -65,8 +55,7 @@ def bundle_name() -> str:
 
 @lru_cache(maxsize=1)
 def build() -> tuple[str, bytes]:
-    """(file name, zipapp bytes) for the current `remote/` sources, each module with its
-    bytecode beside it (`_pyc`)."""
+    """(file name, zipapp bytes) of the current `remote/`, each module with its bytecode."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for arc, data in _sources():
@@ -77,12 +66,9 @@ def build() -> tuple[str, bytes]:
 
 
 def _pyc(arc: str, source: bytes) -> bytes:
-    """The bytecode of one module as zipimport reads it beside its source (PEP 552,
-    unchecked hash: no timestamps). A module in a zip is otherwise compiled at every
-    import, about 20 ms of every host-side command's start; a host whose python is
-    another version finds the magic number wrong and compiles the source as before."""
+    """A module's bytecode beside its source (PEP 552, unchecked hash): no compile per import."""
     code = compile(source, arc, "exec", dont_inherit=True)
-    flags = (0b01).to_bytes(4, "little")  # hash-based, not checked against the source
+    flags = (0b01).to_bytes(4, "little")  # hash-based, unchecked
     return MAGIC_NUMBER + flags + source_hash(source) + marshal.dumps(code)
 
 
@@ -93,10 +79,7 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes) -> None:
     zf.writestr(info, data)
 
 
-# (id(host), bundle name) -> (that host, whether this process pushed it). The host itself
-# is kept (weakly) and compared: an id is reused once its object is gone, and a stale entry
-# made a later host look as if it had the bundle (python then failed on the missing file,
-# seen as a flaky relay test).
+# (id(host), bundle name) -> (host, pushed by us); the host is compared: ids are reused.
 _pushed: dict[tuple[int, str], tuple[weakref.ref, bool]] = {}
 _push_lock = threading.Lock()
 
@@ -113,7 +96,6 @@ def _remember(host: Host, name: str, pushed: bool = False) -> None:
 
 
 def was_pushed(host: Host) -> bool:
-    """Whether this process pushed the current bundle to `host` (for a one-line notice)."""
     name = bundle_name()
     with _push_lock:
         ref, pushed = _pushed.get((id(host), name), (None, False))
@@ -121,33 +103,25 @@ def was_pushed(host: Host) -> bool:
 
 
 class Found(NamedTuple):
-    """`ensure_and_find`'s answer."""
-
-    path: str  # the bundle on the host
-    pushed: bool  # whether it was pushed by this call
-    missing: frozenset[str]  # those of the asked paths the host lacks
+    path: str
+    pushed: bool
+    missing: frozenset[str]
 
 
 def ensure(host: Host) -> tuple[str, bool]:
-    """Make sure `host` has the current bundle; returns (remote path, whether pushed now)."""
+    """Make sure `host` has the current bundle; (remote path, whether pushed now)."""
     found = ensure_and_find(host, {})
     return found.path, found.pushed
 
 
 def ensure_and_find(host: Host, files: Mapping[str, str]) -> Found:
-    """`ensure`, and which of `files` (path on the host -> sha256) the host lacks, in ONE
-    round trip: the bundle is looked for in the same shell command unless this process
-    already saw it on `host`. A file whose content differs from its sha256 (an upload cut
-    by an older dflash) counts as missing. Nothing at all is sent when the bundle is known
-    and `files` is empty."""
+    """`ensure`, and which of `files` (host path -> sha256) the host lacks, in ONE round trip."""
     name = bundle_name()
     path = f"{host.workdir}/bundles/{name}"
-    # The bundle is looked for by name alone: its name is its sources' hash, and only
-    # `put_bytes`, which checks what arrived, ever gives a file that name.
+    # By name alone: only `put_bytes`, which checks what arrived, gives a file that name.
     look = ([] if _known(host, name) else [(path, "")]) + list(files.items())
     missing: set[str] = set()
     if look:
-        # NUL-separated: a path may hold any character but NUL.
         script = (
             f"{SHA256_FUNCTION}; while [ $# -gt 0 ]; do "
             '{ [ -f "$1" ] && { [ -z "$2" ] || [ "$(dflash_sha256 "$1")" = "$2" ]; }; } '
@@ -165,8 +139,7 @@ def ensure_and_find(host: Host, files: Mapping[str, str]) -> Found:
 
 
 def remote_command(host: Host, argv: Sequence[str], python_flags: Sequence[str] = ()) -> str:
-    """The shell line that runs the bundle with `argv` on `host` (pushing it if needed);
-    `python_flags` go to the interpreter (``-I -S`` for stdlib-only commands)."""
+    """The shell line running the bundle with `argv` on `host`, pushing it if needed."""
     name = bundle_name()
     if not _known(host, name):
         ensure(host)
@@ -174,9 +147,7 @@ def remote_command(host: Host, argv: Sequence[str], python_flags: Sequence[str] 
 
 
 def _shell_path(host: Host, name: str) -> str:
-    """The bundle's path on `host` as one shell word; a home-relative workdir (the default
-    ``~/.dflash``) stays for the host's shell to expand (`Host.shell_word`): asking the
-    host for its home first cost a whole command per host, before its first real one."""
+    """The bundle's path as one shell word (a ``~/`` workdir left for the host to expand)."""
     return host.shell_word(f"{host.spec.workdir.rstrip('/')}/bundles/{name}")
 
 
@@ -192,10 +163,8 @@ _EXIT_MISSING = 97
 def first_line(
     host: Host, argv: Sequence[str], python_flags: Sequence[str] = ()
 ) -> tuple[str, bool]:
-    """(shell line, guarded): runs bundle command `argv` on `host` with no round trip to
-    check for the bundle first. Until this process has seen the bundle there, the line is
-    guarded: where the bundle is absent it runs nothing and exits saying so (`was_missing`
-    tells), and the caller pushes it with `remote_command` and runs that line instead."""
+    """(shell line, guarded): runs `argv` on `host`, guarded until the bundle is seen there:
+    where it is absent the line exits saying so."""
     name = bundle_name()
     line = _line(host, name, argv, python_flags)
     if _known(host, name):
@@ -208,8 +177,7 @@ def first_line(
 
 
 def was_missing(host: Host, code: int, stderr: str) -> bool:
-    """Whether a guarded line (`first_line`) that ended with `code` and `stderr` found no
-    bundle; else the bundle is known to be on `host` from now on."""
+    """Whether a guarded line found no bundle; else it is known on `host` from now on."""
     if code == _EXIT_MISSING and _MISSING in stderr:
         return True
     seen(host)
@@ -217,8 +185,7 @@ def was_missing(host: Host, code: int, stderr: str) -> bool:
 
 
 def seen(host: Host) -> None:
-    """A guarded line (`first_line`) answered from the bundle: it is on `host`, and later
-    commands there need no guard (nor a check)."""
+    """The bundle answered on `host`: later commands there need no guard."""
     _remember(host, bundle_name())
 
 
@@ -230,14 +197,10 @@ def run_remote(
     stdin: bytes | None = None,
     python_flags: Sequence[str] = (),
 ) -> Result:
-    """Run a bundle command; a remote user error or a missing python becomes one line.
-
-    The first call on a host runs the command only if the bundle is there and pushes it
-    otherwise, so a host that has it costs no separate check (one round trip, not two).
-    """
+    """Run a bundle command, pushing the bundle when missing; failures are one line."""
     line, guarded = first_line(host, argv, python_flags)
     result = host.run(line, check=False, timeout=timeout, stdin=stdin)
-    if guarded and was_missing(host, result.exit_code, result.stderr):  # push it, then run
+    if guarded and was_missing(host, result.exit_code, result.stderr):
         result = host.run(
             remote_command(host, argv, python_flags), check=False, timeout=timeout, stdin=stdin
         )
@@ -246,7 +209,6 @@ def run_remote(
 
 
 def check_result(host: Host, result: Result, argv: Sequence[str]) -> None:
-    """Raise the one-line error a failed bundle command deserves."""
     if result.ok:
         return
     if result.exit_code == 127 or (result.exit_code == 126 and "python" in result.stderr):
@@ -271,8 +233,7 @@ def run_remote_json(
     python_flags: Sequence[str] = (),
     payload: dict | None = None,
 ) -> dict:
-    """Run a bundle command that prints one JSON document and return it parsed; `payload`,
-    when given, goes to its stdin as JSON (``--spec -``)."""
+    """Run a bundle command that prints one JSON document (`payload`: its stdin); parsed."""
     stdin = None if payload is None else json.dumps(payload).encode()
     result = run_remote(host, argv, timeout=timeout, python_flags=python_flags, stdin=stdin)
     try:

@@ -1,20 +1,5 @@
-"""One interface over the machines dflash drives: SSH hosts (Fabric) and the local machine.
-
-`open_host(spec)` returns a `Host`. Every command is given either as an argument list, which
-is shell-quoted here (so a path like ``a b;$(rm -rf ~)`` is one literal argument), or as a
-string the caller has built with `quote`. The local transport runs the same command strings
-through ``bash -c``, so the embedded demo exercises the same code path as a real host.
-
-SSH specifics:
-- Connections honour ``~/.ssh/config`` as OpenSSH reads it (``ssh -G``, see
-  `orchestrator.transport.ssh_settings`, shared with the relay's ssh streams): Include, Match,
-  keys, IdentityAgent, IdentitiesOnly, ProxyJump/ProxyCommand, known-hosts files.
-- Unknown host keys are REFUSED unless the user opts in (`accept_new_host_key`, or
-  ``--accept-new-host-keys``); an accepted key is saved like OpenSSH's ``accept-new``.
-  A changed key is always refused. Fabric's default would trust any key silently.
-- Connection failures become one-line `HostError`s: name does not resolve, connection
-  refused, timeout, authentication failed, host key unknown or changed.
-"""
+"""One interface over the machines dflash drives: SSH hosts (Fabric) and this machine
+(the same command strings through ``bash -c``); argument lists are shell-quoted here."""
 
 from __future__ import annotations
 
@@ -30,18 +15,16 @@ from dataclasses import dataclass
 from orchestrator.inventory import HostSpec
 from orchestrator.transport import paramiko_login, ssh_settings
 
-# HostError and last_line belong to a Host's interface too: re-exported, the same objects
+# Re-exported: part of a Host's interface.
 from orchestrator.transport.host_errors import HostError as HostError
 from orchestrator.transport.host_errors import last_line as last_line
 from orchestrator.transport.ssh_settings import SSHSettings
 
-# Large windows and packets keep a single channel near line rate; far beyond 2 MiB
-# paramiko gets slower (its channel buffer's recv cost grows with what is buffered).
+# Large windows and packets keep one channel near line rate.
 WINDOW_SIZE = 2 * 1024 * 1024
 MAX_PACKET_SIZE = 256 * 1024
 
-# A host's sha256 of a file as 64 hex digits: coreutils' sha256sum, else BSD's shasum;
-# nothing (and so no match) when the file cannot be read.
+# sha256 of a file as 64 hex digits (sha256sum, else shasum); nothing if unreadable.
 SHA256_FUNCTION = (
     'dflash_sha256() { { sha256sum || shasum -a 256; } < "$1" 2>/dev/null | cut -c1-64; }'
 )
@@ -53,18 +36,16 @@ def quote(arg: str | os.PathLike) -> str:
 
 
 def command_line(command: str | Sequence[str]) -> str:
-    """A shell command line: argument lists are quoted, strings are used as given."""
     if isinstance(command, str):
         return command
     return " ".join(quote(a) for a in command)
 
 
 def upload_line(path: str, sha256: str, size: int, mode: int = 0o644) -> str:
-    """The shell line `Host.put_bytes` runs: its standard input into a new hidden file
-    beside `path`, renamed to `path` only when it has `size` bytes and this sha256. The
-    hidden file is removed however the line ends (a lost connection: HUP or PIPE)."""
+    """The shell line `Host.put_bytes` runs: stdin into a hidden file, renamed to `path`
+    only with `size` bytes and this sha256."""
     tmp = quote(f"{path}.partial-{os.getpid()}-{threading.get_ident()}")
-    # noclobber: the file is created here, never reached through a planted link
+    # noclobber: never reached through a planted link
     return (
         f"{SHA256_FUNCTION}; t={tmp}; trap 'rm -f \"$t\"' EXIT; trap 'exit 1' HUP INT TERM PIPE; "
         f'set -C; mkdir -p {quote(os.path.dirname(path) or ".")} && cat > "$t" && '
@@ -88,11 +69,7 @@ class Result:
 
 
 class Process:
-    """A running remote (or local) command with binary pipes, for streaming bulk data.
-
-    `read` returns b"" at end of output; `write` and `close_stdin` feed its input;
-    `wait` returns the exit code. Standard error is collected, never left to block.
-    """
+    """A running command with binary pipes; stderr is collected, never left to block."""
 
     def read(self, n: int) -> bytes:
         raise NotImplementedError
@@ -114,14 +91,13 @@ class Process:
 
 
 class Host:
-    """A machine we run commands on. Subclasses: `SSHHost`, `LocalHost`."""
+    """A machine we run commands on."""
 
     def __init__(self, spec: HostSpec):
         self.spec = spec
         self.name = spec.name
         self._home: str | None = None
 
-    # -- commands ---------------------------------------------------------------------
     def run(
         self,
         command: str | Sequence[str],
@@ -130,11 +106,7 @@ class Host:
         timeout: float | None = None,
         stdin: bytes | None = None,
     ) -> Result:
-        """Run a command to completion and capture its output (text).
-
-        With `check`, a non-zero exit raises `HostError` carrying the command's last
-        stderr line.
-        """
+        """Run a command to completion (text output); `check`: non-zero exit is `HostError`."""
         result = self._run(command_line(command), timeout=timeout, stdin=stdin)
         if check and not result.ok:
             raise HostError(
@@ -147,19 +119,15 @@ class Host:
         raise NotImplementedError
 
     def popen(self, command: str | Sequence[str]) -> Process:
-        """Start a command with binary stdin/stdout pipes (see `Process`)."""
         raise NotImplementedError
 
-    # -- files ------------------------------------------------------------------------
     def put_bytes(self, data: bytes, path: str, mode: int = 0o644) -> None:
-        """Write `data` to `path`: into a new hidden file beside it, checked there (size and
-        sha256 against what was sent), then renamed into place. A cut upload (its sender
-        killed, its connection lost) never gets the final name."""
+        """Write `data` to `path` through a hidden file checked there and renamed into place."""
         proc = self.popen(upload_line(path, hashlib.sha256(data).hexdigest(), len(data), mode))
         try:
             proc.write(data)
         except OSError:
-            pass  # the command ended early: its exit status and stderr say why
+            pass  # its exit status and stderr say why
         proc.close_stdin()
         if proc.wait() != 0:
             raise HostError(
@@ -168,14 +136,11 @@ class Host:
             )
 
     def has_file(self, path: str, sha256: str) -> bool:
-        """Whether `path` is a regular file on the host whose content has this sha256 (a
-        content-addressed name is reused only then)."""
         p = quote(path)
         line = f'{SHA256_FUNCTION}; [ -f {p} ] && [ "$(dflash_sha256 {p})" = {quote(sha256)} ]'
         return self.run(line, check=False, timeout=120).ok
 
     def get_bytes(self, path: str) -> bytes:
-        """The contents of a file on the host."""
         proc = self.popen(["cat", "--", path])
         proc.close_stdin()
         chunks = []
@@ -192,8 +157,7 @@ class Host:
     def home(self) -> str:
         if self._home is None:
             home = self.run('printf %s "$HOME"').stdout
-            # The host's answer becomes part of every path dflash sends back to it: one that
-            # is not an absolute path on one line would place files somewhere else.
+            # Part of every path sent back: it must be absolute and one line.
             if not home.startswith("/") or any(c in home for c in "\n\r\0"):
                 raise HostError(
                     f"{self.name}: its $HOME is not an absolute path ({home[:80]!r}); "
@@ -203,7 +167,6 @@ class Host:
         return self._home
 
     def expand(self, path: str) -> str:
-        """Expand a leading ``~`` with the HOST's home (quoting would stop the shell doing it)."""
         if path == "~":
             return self.home
         if path.startswith("~/"):
@@ -211,9 +174,7 @@ class Host:
         return path
 
     def shell_word(self, path: str) -> str:
-        """`path` quoted as one word for this host's shell. A leading ``~/`` stays
-        unquoted for that shell to expand when this process has not looked up the home
-        (`home` costs a command on the host): ``~/.dflash`` -> ``~/.dflash``."""
+        """`path` as one shell word; a ``~/`` stays for the shell while home is unknown."""
         if self._home is None and path.startswith("~/") and len(path) > 2:
             return "~/" + quote(path[2:])
         return quote(self.expand(path))
@@ -223,7 +184,7 @@ class Host:
         return self.expand(self.spec.workdir)
 
     def connect(self) -> None:
-        """Open the way to the host now rather than at the first command (SSH: log in)."""
+        """Open the way to the host now rather than at the first command."""
 
     def close(self) -> None:
         pass
@@ -238,13 +199,8 @@ class Host:
         return f"<{type(self).__name__} {self.name}>"
 
 
-# ---- local ------------------------------------------------------------------------------
-
-
 class PipeProcess(Process):
-    """A local process (`argv`) with binary stdin/stdout pipes and stderr collected in a
-    file: a `LocalHost` command (``bash -c LINE``) or an OpenSSH ``ssh`` client. It runs in
-    its own session, so a Ctrl-C reaches dflash, which ends it."""
+    """A local process with binary pipes, stderr in a file, in its own session."""
 
     def __init__(self, argv: Sequence[str]):
         self._err = tempfile.TemporaryFile()
@@ -261,7 +217,7 @@ class PipeProcess(Process):
 
     def write(self, data: bytes) -> None:
         self._proc.stdin.write(data)
-        self._proc.stdin.flush()  # delivered now: a request/answer dialogue waits on it
+        self._proc.stdin.flush()  # a request/answer dialogue waits on it
 
     def close_stdin(self) -> None:
         if not self._proc.stdin.closed:
@@ -286,8 +242,6 @@ class PipeProcess(Process):
 
 
 class LocalHost(Host):
-    """This machine, through the same command strings an SSH host would run."""
-
     def _run(self, line: str, *, timeout: float | None, stdin: bytes | None) -> Result:
         try:
             proc = subprocess.run(
@@ -307,9 +261,6 @@ class LocalHost(Host):
     @property
     def home(self) -> str:
         return os.path.expanduser("~")
-
-
-# ---- ssh --------------------------------------------------------------------------------
 
 
 class _ChannelProcess(Process):
@@ -349,10 +300,7 @@ class _ChannelProcess(Process):
 
 
 class SSHHost(Host):
-    """A host reached over SSH through a Fabric `Connection` (opened lazily, reused).
-
-    `settings` (`ssh_settings.resolve`) says how: the same values the relay's OpenSSH
-    streams get. A jump host is another `SSHHost` whose connection carries this one."""
+    """A host reached through a Fabric `Connection` (lazily) under its `settings`."""
 
     def __init__(self, spec: HostSpec, settings: SSHSettings):
         super().__init__(spec)
@@ -363,7 +311,6 @@ class SSHHost(Host):
 
     @property
     def connection(self):
-        """The open Fabric connection (connecting on first use)."""
         with self._lock:
             if self._conn is None:
                 self._conn = self._connect()
@@ -410,18 +357,13 @@ class SSHHost(Host):
 
 
 def open_host(spec: HostSpec, inventory=None) -> Host:
-    """A `Host` for an inventory entry. The connection opens on first use.
-
-    For SSH hosts the settings are resolved here, once (`ssh_settings.resolve`: ssh_config
-    as ``ssh -G`` sees it, under the inventory's values); `jump` names another inventory
-    host or an OpenSSH ProxyJump list (``[user@]host[:port],...``)."""
+    """A `Host` for an inventory entry, its SSH settings resolved once."""
     if spec.transport == "local":
         return LocalHost(spec)
     return SSHHost(spec, ssh_settings.resolve(spec, inventory))
 
 
 def _hop_spec(settings: SSHSettings) -> HostSpec:
-    """A HostSpec naming a jump hop (its connection comes from `settings`)."""
     return HostSpec(
         name=settings.name,
         hostname=settings.hostname,

@@ -1,17 +1,5 @@
-"""Bounded reads of what a host sends: whole lines of at most a size, and an end to waiting
-on a host that stopped sending.
-
-- `LineReader` takes lines from any ``read(n)`` (a channel, a pipe: a job's answers, the
-  relay lock holder's). A line longer than its limit is refused with `LineTooLong` (an
-  OSError, as a broken channel is) instead of being buffered until the workstation runs
-  out of memory; one kind of line may be allowed more (`line(longer=...)`: a watch's end
-  line carries the result files). Each read searches only the new bytes for the newline.
-- `Watchdog` ends a command (calls its ``kill``) once `silence` seconds pass without a
-  byte, or `deadline` seconds in all; the reader then sees the end of the stream, and
-  `expired` says which bound it was.
-- `HostLines` is both over one `Process`, every bound passed being one `HostError` line
-  naming the host and what it was sending.
-"""
+"""Bounded reads of what a host sends: lines of at most a size, and an end to waiting on
+a silent or slow host."""
 
 from __future__ import annotations
 
@@ -29,10 +17,9 @@ class LineTooLong(OSError):
 
 
 class LineReader:
-    """Whole lines from a ``read(n)`` function, `chunk` bytes asked at a time; what arrives
-    after a line is kept for the next one."""
+    """Whole lines from a ``read(n)`` function, each at most `limit` bytes."""
 
-    LIMIT = 64 * MiB  # a scan of a very large checkpoint folder is a few MiB
+    LIMIT = 64 * MiB
 
     def __init__(self, read: Callable[[int], bytes], limit: int = LIMIT, chunk: int = 64 * KiB):
         self.read = read
@@ -41,12 +28,9 @@ class LineReader:
         self.buf = bytearray()
 
     def line(self, limit: int | None = None, *, longer: tuple[bytes, int] | None = None) -> bytes:
-        """The next line with its newline; at the end of the stream what is left (maybe
-        b""). Over `limit` bytes (default: the reader's) without a newline is `LineTooLong`;
-        `longer` = (prefix, bigger limit): a line that starts with that prefix may be up
-        to the bigger one."""
+        """The next line; at the end what is left. `longer`: (prefix, a bigger limit for it)."""
         limit = self.limit if limit is None else limit
-        seen = 0  # the buffer up to here holds no newline: search only what is new
+        seen = 0  # no newline up to here
         while (end := self.buf.find(b"\n", seen)) < 0:
             if len(self.buf) > limit:
                 allowed = limit
@@ -66,7 +50,7 @@ class LineReader:
         return out
 
     def read_all(self, limit: int) -> bytes:
-        """Everything to the end of the stream; more than `limit` bytes is `LineTooLong`."""
+        """Everything to the end of the stream, at most `limit` bytes."""
         chunks, size = [bytes(self.buf)], len(self.buf)
         self.buf = bytearray()
         while chunk := self.read(self.chunk):
@@ -82,9 +66,7 @@ def _size(n: int) -> str:
 
 
 class Watchdog:
-    """Calls `kill` once `silence` seconds pass without `touch` (or `deadline` seconds in
-    all, from the last `bound`); `expired` is then ``"silence"`` or ``"deadline"``. A
-    daemon thread while a bound is set, ended by `stop`."""
+    """Calls `kill` once `silence` seconds pass without `touch`, or `deadline` in all."""
 
     def __init__(self, kill: Callable[[], None]):
         self.kill = kill
@@ -97,8 +79,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     def bound(self, *, silence: float | None = None, deadline: float | None = None) -> None:
-        """From now on: at most `silence` seconds between bytes and `deadline` in all
-        (None: no such bound; neither: the thread ends)."""
+        """From now on: at most `silence` s between bytes, `deadline` s in all (None: none)."""
         with self._lock:
             self.silence, self.deadline = silence, deadline
             self._last = self._since = time.monotonic()
@@ -113,7 +94,7 @@ class Watchdog:
         while not self._stop.wait(0.1):
             with self._lock:
                 if self.silence is None and self.deadline is None:
-                    self._thread = None  # a later `bound` starts another
+                    self._thread = None
                     return
             now = time.monotonic()
             if self.deadline is not None and now - self._since > self.deadline:
@@ -132,14 +113,12 @@ class Watchdog:
 
 
 class HostLines:
-    """The lines a command on `host` prints (its `Process`), bounded (module docstring).
-    `what` names the command in messages (``job watch``); `hint` ends every message (what
-    the user can do next)."""
+    """The lines a command on `host` prints, bounded; a bound passed is one `HostError`."""
 
     def __init__(self, host: str, proc: Process, what: str, *, limit: int, hint: str = ""):
         self.host, self.proc, self.what, self.hint = host, proc, what, hint
         self.watchdog = Watchdog(proc.kill)
-        self.reader = LineReader(self._read, limit, chunk=MiB)  # lines of up to many MiB
+        self.reader = LineReader(self._read, limit, chunk=MiB)
 
     def _read(self, n: int) -> bytes:
         chunk = self.proc.read(n)
@@ -147,12 +126,10 @@ class HostLines:
         return chunk
 
     def bound(self, *, silence: float | None = None, deadline: float | None = None) -> None:
-        """See `Watchdog.bound`."""
         self.watchdog.bound(silence=silence, deadline=deadline)
 
     def line(self, limit: int | None = None, *, longer: tuple[bytes, int] | None = None) -> bytes:
-        """The next line (`LineReader.line`); a line over its limit, or a host that passed
-        a bound, is a `HostError` (the command is killed)."""
+        """The next line; over its limit, or a bound passed, is a `HostError`."""
         try:
             line = self.reader.line(limit, longer=longer)
         except LineTooLong as exc:
@@ -163,7 +140,6 @@ class HostLines:
         return line
 
     def read_all(self, limit: int) -> bytes:
-        """All the rest of the output (`LineReader.read_all`), bounded as `line` is."""
         try:
             data = self.reader.read_all(limit)
         except LineTooLong as exc:
@@ -173,7 +149,6 @@ class HostLines:
         return data
 
     def check_bounds(self) -> None:
-        """The `HostError` of a bound passed (the stream then ended), if one was."""
         dog = self.watchdog
         if dog.expired == "silence":
             raise self.error(f"sent nothing for {dog.silence:g}s")
@@ -181,7 +156,6 @@ class HostLines:
             raise self.error(f"did not finish within {dog.deadline:g}s")
 
     def wait(self) -> int:
-        """The command's exit code (a bound still applies while it ends)."""
         code = self.proc.wait()
         self.check_bounds()
         return code
@@ -190,13 +164,11 @@ class HostLines:
         return HostError(f"{self.host}: {self.what} {what}{'; ' + self.hint if self.hint else ''}")
 
     def kill(self) -> None:
-        """End the command now (the host's end of it sees its channel close)."""
         self.watchdog.stop()
         try:
             self.proc.kill()
-        except (OSError, EOFError):  # its connection is gone already
+        except (OSError, EOFError):
             pass
 
     def close(self) -> None:
-        """Stop watching (the command goes on, or has ended)."""
         self.watchdog.stop()

@@ -1,20 +1,5 @@
-"""A `Host` whose commands run through OpenSSH ``ssh`` processes: the relay's control path.
-
-The relay's bulk streams already go through OpenSSH clients sharing one master connection
-per host (`orchestrator.transport.master.Multiplexer`). Its few short commands (scan, lock,
-bundle push) go the same way: through that master, not through a second, paramiko,
-connection per host. One SSH connection per host instead of two, no paramiko import or
-Python-side key exchange at the start of every relay (together about a third of an
-unchanged relay's wall time on the 2-core test box), and the same trust settings: the
-argv is rendered from the host's `SSHSettings` like the streams' (known hosts,
-StrictHostKeyChecking=yes unless opted in, keys, agent, jump hosts).
-
-A command started before the host's master is up waits for it (`Multiplexer.wait`); a
-master that failed or is switched off (``DFLASH_RELAY_MUX=0``) leaves each command to
-connect on its own, so the master only ever saves time. A connection failure (ssh's exit
-status 255) is one `HostError` line naming the host, as `orchestrator.transport.openssh`
-reads ssh's stderr. `stream_argv` is the argv of such a command, for the relay's streams.
-"""
+"""A `Host` whose commands run through ``ssh`` and the host's master: the relay's control
+path, sharing one connection with its streams."""
 
 from __future__ import annotations
 
@@ -39,13 +24,11 @@ from orchestrator.transport.openssh import connection_error, openssh_options
 def stream_argv(
     host: Host, line: str, inventory: Inventory | None, mux: Multiplexer | None = None
 ) -> list[str]:
-    """The local argv that runs shell command `line` on `host` with binary pipes: ``bash
-    -c`` on this machine, else ``ssh`` through `mux`'s master (waiting for it to be up).
-    The relay's streams and `OpenSSHHost`'s commands both run it."""
+    """The argv running shell `line` on `host`: ``bash -c`` here, else ``ssh`` via `mux`."""
     if isinstance(host, LocalHost):
         return ["bash", "-c", line]
     if mux is not None:
-        mux.wait(host)  # share the master once it is up, rather than connect anew
+        mux.wait(host)
     extra = mux.options(host) if mux is not None else []
     return ["ssh", *openssh_options(host), *extra, host.settings.alias, line]
 
@@ -82,6 +65,4 @@ class OpenSSHHost(Host):
 
 
 def control_host(host: Host, mux) -> Host:
-    """The host the relay's commands use: an `OpenSSHHost` for an SSH host (through
-    `mux`'s master when there is one), the host itself otherwise (local)."""
     return OpenSSHHost(host, mux) if isinstance(host, SSHHost) else host

@@ -1,12 +1,4 @@
-"""Logging in with paramiko (through Fabric) under a host's resolved `SSHSettings`.
-
-What ssh would do, done by paramiko: the keys of the settings only, the agent ssh would ask
-(IdentityAgent, narrowed by IdentitiesOnly: `agent`), every known-hosts file, unknown keys
-refused unless opted in (then saved, as OpenSSH's ``accept-new``; a changed key always
-refused), keepalives and a kernel timeout that end a connection whose host died, no rekey
-stalls on multi-GB streams. Every failure is one `HostError` line (`connect`). paramiko and
-Fabric are imported only when a connection is made: the relay does without them.
-"""
+"""Logging in with paramiko (through Fabric) as ssh would, under a host's `SSHSettings`."""
 
 from __future__ import annotations
 
@@ -25,22 +17,20 @@ from orchestrator.transport.host_errors import (
 )
 from orchestrator.transport.ssh_settings import ALIVE_COUNT, ALIVE_INTERVAL, SSHSettings
 
-# Paramiko logs transport failures to stderr on its own; we report them as one line instead.
+# We report transport failures as one line instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 
-# Paramiko rekeys every ~1 GB by default, which visibly stalls multi-GB streams.
+# Paramiko's default rekey every ~1 GB stalls multi-GB streams.
 REKEY_BYTES = 2**40
 
 
 def connect(s: SSHSettings, gateway, name: str, timeout: float):
-    """An open Fabric connection under settings `s` through `gateway` (a jump host's
-    connection, a ProxyCommand line, or None); a failure is one `HostError` line naming
-    host `name` (`timeout`: its connect timeout, for the message)."""
-    import paramiko  # here, not at import: the relay reaches hosts through OpenSSH only
+    """An open Fabric connection under `s` through `gateway`; failure is one `HostError`."""
+    import paramiko  # the relay does without it
     from fabric import Config, Connection
 
-    # An empty ssh_config: everything ssh_config says is already in `settings`.
+    # An empty ssh_config: `s` holds what it says.
     conn = Connection(
         host=s.hostname,
         user=s.user,
@@ -59,12 +49,11 @@ def connect(s: SSHSettings, gateway, name: str, timeout: float):
         client.set_missing_host_key_policy(_accept_new_policy(Path(save_to).expanduser()))
     else:
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    # paramiko's SSHClient asks $SSH_AUTH_SOCK's agent; IdentityAgent may name another
-    # socket and IdentitiesOnly may narrow its keys, so hand it the agent ssh would use.
+    # IdentityAgent may differ from $SSH_AUTH_SOCK's.
     client._agent = agent(s)
     try:
         conn.open()
-    except Exception as exc:  # translated into one actionable line
+    except Exception as exc:
         raise _explain(exc, conn, name, timeout) from None
     transport = conn.client.get_transport()
     transport.packetizer.REKEY_BYTES = REKEY_BYTES
@@ -99,7 +88,7 @@ def _explain(exc: Exception, conn, name: str, timeout: float) -> HostError:
             " check the network, the port, or 'connect_timeout'"
         )
     if isinstance(exc, (ConnectionResetError, ConnectionAbortedError)):
-        # A port that closes at once can reset our banner's write instead (a busy box)
+        # A busy box may reset our banner's write instead
         return HostError(
             f"{where}: closed the connection during the SSH handshake (reset); "
             "is that port really sshd, and does it accept this machine?"
@@ -107,7 +96,7 @@ def _explain(exc: Exception, conn, name: str, timeout: float) -> HostError:
     if isinstance(exc, paramiko.SSHException) and (
         "banner" in str(exc) or "No existing session" in str(exc)
     ):
-        # closed at once (an EOF, or a reset on a busy box): no waiting involved
+        # closed at once: no waiting involved
         if isinstance(exc.__context__, (EOFError, ConnectionError)):
             return HostError(
                 f"{where}: closed the connection before any SSH greeting; "
@@ -124,18 +113,12 @@ def _explain(exc: Exception, conn, name: str, timeout: float) -> HostError:
 
 
 def fingerprint(key) -> str:
-    """A paramiko key's fingerprint as OpenSSH shows it (``SHA256:<base64>``)."""
     digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
     return f"SHA256:{digest}"
 
 
 def _end_when_unacknowledged(sock, seconds: float) -> None:
-    """A dead peer ends the connection, and every wait on it, within `seconds`: what the
-    socket sent (a keepalive at least, every ALIVE_INTERVAL s) unacknowledged that long
-    makes the kernel drop it (Linux TCP_USER_TIMEOUT), and paramiko's reads then end,
-    where otherwise TCP retransmits for a quarter of an hour or more. A connection that
-    is no plain socket (a jump host's channel: that hop's own socket has the timeout; a
-    ProxyCommand's pipe) or a system without the option keeps TCP's own limits."""
+    """Drop the connection once what it sent is unacknowledged `seconds` (TCP_USER_TIMEOUT)."""
     option = getattr(socket, "TCP_USER_TIMEOUT", None)
     if option is None or not isinstance(sock, socket.socket):
         return
@@ -146,12 +129,7 @@ def _end_when_unacknowledged(sock, seconds: float) -> None:
 
 
 def _accept_new_policy(save_to: Path):
-    """OpenSSH's ``StrictHostKeyChecking=accept-new`` as a paramiko policy: trust and save
-    an UNKNOWN key.
-
-    A key that differs from a known one never reaches a policy: paramiko raises
-    BadHostKeyException first, so changed keys stay refused.
-    """
+    """``accept-new`` as a paramiko policy: trust and save an UNKNOWN key."""
     import paramiko
 
     class AcceptNew(paramiko.MissingHostKeyPolicy):
@@ -165,9 +143,7 @@ def _accept_new_policy(save_to: Path):
 
 
 def agent(settings: SSHSettings):
-    """A paramiko agent client for `settings.identity_agent` offering only what ssh would offer
-    (with IdentitiesOnly, the keys whose ``.pub`` files are among the identities),
-    or None."""
+    """An agent client for `settings.identity_agent` with the keys ssh would offer, or None."""
     if settings.identity_agent is None:
         return None
     only = None
@@ -177,7 +153,6 @@ def agent(settings: SSHSettings):
 
 
 def _pub_blob(key_file: str) -> bytes | None:
-    """The public key blob of ``KEY.pub`` (or ``KEY-cert.pub``), or None."""
     for pub in (key_file + ".pub", key_file + "-cert.pub"):
         try:
             with open(pub) as fh:
@@ -188,9 +163,7 @@ def _pub_blob(key_file: str) -> bytes | None:
 
 
 def _socket_agent(path: str, only: set[bytes] | None):
-    """paramiko's agent client for a socket of our choosing (IdentityAgent), offering only
-    `only` (public key blobs) when given. paramiko's own `Agent` reads $SSH_AUTH_SOCK.
-    (paramiko is imported here, not with this module: the relay does without it.)"""
+    """paramiko's agent client for socket `path`, offering only `only` when given."""
     import paramiko.agent
 
     class SocketAgent(paramiko.agent.AgentSSH):

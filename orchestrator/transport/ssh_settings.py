@@ -1,34 +1,5 @@
-"""How to reach a host over SSH, resolved ONCE and used by both SSH stacks.
-
-dflash talks SSH two ways: paramiko (through Fabric) for commands (hosts check, probe, eval)
-and OpenSSH ``ssh`` processes for the relay's bulk streams. Both must reach a host exactly
-as the user's own ``ssh HOST`` would, so the settings come from OpenSSH itself: ``ssh -G
-ALIAS`` prints the configuration ssh would use after ``Include``, ``Match host``, ``Host``
-patterns and defaults. The inventory's values (port, user, identity_file, jump,
-known_hosts, connect_timeout) override ssh_config as ssh's command-line options do: they
-are given to ``ssh -G`` as such. The result, `SSHSettings`, is rendered for paramiko
-(`SSHSettings.paramiko_kwargs`, `SSHSettings.proxy_command_line`; the login and its agent:
-`orchestrator.transport.paramiko_login`) and for ``ssh`` (`SSHSettings.openssh_options`),
-so both stacks see one answer.
-
-What it carries: HostName, Port, User, IdentityFile (existing files), IdentitiesOnly,
-IdentityAgent, ProxyJump (every hop resolved by ``ssh -G`` too) or ProxyCommand, and the
-known-hosts files: the inventory's first (accepted keys are saved there), then
-UserKnownHostsFile, then GlobalKnownHostsFile. The host-key policy is dflash's, never the
-config's: unknown keys are refused unless the user opted in, changed keys always are.
-
-Connection sharing: when ssh_config gives the host ``ControlMaster auto`` (or ``autoask``),
-a ``ControlPath`` and a ``ControlPersist`` other than ``no``, `SSHSettings.shared_master`
-is that socket path (as ``ssh -G`` expanded it) and that persist time: the relay then uses
-(or starts) the user's persisted master there, as the user's own ``ssh`` would, instead of
-a private master that ends with the relay (`orchestrator.transport.master.Multiplexer`).
-
-The config file: ssh reads ``~/.ssh/config`` of the account (its passwd home), not of
-``$HOME``. When ``$HOME`` points elsewhere (a sandbox, a test) dflash means that home's
-config, so it passes ``-F $HOME/.ssh/config`` (or ``-F /dev/null`` when there is none) to
-``ssh -G`` and to every ``ssh`` it starts alike. Without an ``ssh`` binary, paramiko's own
-parser reads the same file (no ``Include`` or ``Match`` there); the relay needs ssh anyway.
-"""
+"""How to reach a host over SSH, resolved ONCE by ``ssh -G`` under the inventory's values,
+for both stacks (docs/ssh-and-security.md)."""
 
 from __future__ import annotations
 
@@ -48,10 +19,8 @@ from orchestrator.transport.host_errors import last_line
 if TYPE_CHECKING:
     from orchestrator.inventory import HostSpec, Inventory
 
-MAX_HOPS = 8  # jump hosts reaching jump hosts: deeper than this is a loop in the config
-# A dead peer ends every wait on its connection: a keepalive every ALIVE_INTERVAL s, and
-# ALIVE_COUNT of them unanswered (OpenSSH: ServerAliveInterval/CountMax) or unacknowledged
-# (paramiko: TCP_USER_TIMEOUT) end the connection, so about a minute.
+MAX_HOPS = 8  # deeper is a jump loop
+# Keepalives that end a connection whose host died.
 ALIVE_INTERVAL = 15
 ALIVE_COUNT = 4
 
@@ -64,39 +33,34 @@ class SSHConfigError(DflashError):
 class SSHSettings:
     """Everything needed to open one SSH connection, as OpenSSH resolved it."""
 
-    name: str  # the inventory host or jump target these are for
-    alias: str  # what is looked up in ssh_config and given to ssh
+    name: str  # the inventory host or jump target
+    alias: str  # looked up in ssh_config and given to ssh
     hostname: str
     port: int
     user: str
-    identity_files: tuple[str, ...]  # absolute paths of keys that exist, in ssh's order
+    identity_files: tuple[str, ...]
     identities_only: bool
-    identity_agent: str | None  # the agent's socket, or None for no agent
-    proxy_command: str | None  # ssh_config's ProxyCommand, tokens unexpanded
-    jump: SSHSettings | None  # the hop before this host (its own .jump before it)
-    user_known_hosts: tuple[str, ...]  # the inventory's file first: new keys go there
+    identity_agent: str | None
+    proxy_command: str | None
+    jump: SSHSettings | None  # the hop before this host
+    user_known_hosts: tuple[str, ...]  # the inventory's first: new keys go there
     global_known_hosts: tuple[str, ...]
     accept_new: bool
     connect_timeout: float
-    config_file: str | None  # -F for every ssh; None: ssh's own default files
-    # ssh_config's persisted master for this host: (ControlPath, ControlPersist), or None
+    config_file: str | None  # -F for every ssh
+    # (ControlPath, ControlPersist) of ssh_config's persisted master
     shared_master: tuple[str, str] | None = None
 
     @property
     def known_hosts(self) -> tuple[str, ...]:
-        """Every known-hosts file, in the order they are consulted."""
         return self.user_known_hosts + self.global_known_hosts
 
     @property
     def address(self) -> str:
         return f"{self.user}@{self.hostname}:{self.port}"
 
-    # -- OpenSSH ------------------------------------------------------------------------
     def openssh_options(self, ciphers: str = "") -> list[str]:
-        """``ssh`` options (no destination) that reach this host; pair with `alias`.
-
-        Every resolved value is given explicitly, so the ssh process cannot read anything
-        else from a config file than what `resolve` already saw."""
+        """``ssh`` options (no destination), every value explicit: ssh reads nothing else."""
         opts = ["-F", self.config_file] if self.config_file else []
         opts += [
             "-T",
@@ -139,9 +103,7 @@ class SSHSettings:
         for key in self.identity_files:
             opts += ["-i", key.replace("%", "%%")]
         if self.jump is not None:
-            # Each hop with ITS settings (known hosts, policy, keys): an inner ssh as the
-            # ProxyCommand. ssh runs it through a shell after %-expansion: quote, then
-            # escape '%' everywhere except the %h:%p we want expanded.
+            # Each hop with its own settings; ssh runs it through a shell after %-expansion.
             inner = ["ssh", *self.jump.openssh_options(ciphers), "-W", "%h:%p", self.jump.alias]
             line = " ".join(shlex.quote(a) for a in inner)
             line = line.replace("%", "%%").replace("%%h:%%p", "%h:%p")
@@ -152,11 +114,8 @@ class SSHSettings:
             opts += ["-o", "ProxyJump=none"]
         return opts
 
-    # -- paramiko / Fabric --------------------------------------------------------------
     def paramiko_kwargs(self) -> dict:
-        """``connect_kwargs`` for Fabric (paramiko's ``SSHClient.connect``): the keys
-        files and whether the agent is asked (`paramiko_login.agent`); never keys of
-        paramiko's own choosing, so it tries what ssh tries."""
+        """Fabric's ``connect_kwargs``: the settings' keys and agent only."""
         return {
             "key_filename": list(self.identity_files),
             "look_for_keys": False,
@@ -188,9 +147,7 @@ class SSHSettings:
 
 
 def resolve(spec: HostSpec, inventory: Inventory | None = None) -> SSHSettings:
-    """The settings that reach inventory host `spec`: its inventory values over what
-    ``ssh -G`` says for its ``hostname`` (or name). A `jump` that names an inventory host
-    uses that host's settings; any other jump is an OpenSSH ProxyJump spec."""
+    """The settings that reach inventory host `spec` (its values over ``ssh -G``)."""
     return _resolve(spec, inventory, 0)
 
 
@@ -220,10 +177,8 @@ def _resolve(spec: HostSpec, inventory: Inventory | None, depth: int) -> SSHSett
 
 
 def _hops(chain: str, base: HostSpec, depth: int) -> SSHSettings:
-    """The last hop of an OpenSSH ProxyJump list (``[user@]host[:port],...``), each hop
-    resolved by ``ssh -G`` and reached through the one before it (the first through its
-    own ssh_config). Hops inherit the inventory host's identity_file, known_hosts,
-    host-key policy and connect timeout, so a hop's key is checked like the host's."""
+    """The last hop of a ProxyJump list, each through the one before, inheriting `base`'s key,
+    known_hosts, policy and timeout."""
     from orchestrator.inventory import HostSpec
 
     jump = None
@@ -318,9 +273,7 @@ def _settings(
 
 
 def _shared_master(conf: dict[str, list[str]]) -> tuple[str, str] | None:
-    """(ControlPath, ControlPersist) when ssh_config asks for a persisted, shared master
-    (ControlMaster auto/autoask, a ControlPath, ControlPersist not ``no``), else None.
-    ``ssh -G`` prints the path with its %-tokens already expanded for this host."""
+    """(ControlPath, ControlPersist) of ssh_config's persisted, shared master, or None."""
     master = (_first(conf, "controlmaster") or "").lower()
     path = _first(conf, "controlpath") or ""
     persist = (_first(conf, "controlpersist") or "no").lower()
@@ -331,12 +284,8 @@ def _shared_master(conf: dict[str, list[str]]) -> tuple[str, str] | None:
     return _expand(path), "yes" if persist == "true" else persist
 
 
-# ---- asking OpenSSH ----------------------------------------------------------------------
-
-
 def config_file() -> str | None:
-    """The ``-F`` argument every ssh gets: None when ``$HOME`` is the account's home (ssh
-    reads its usual files), else ``$HOME/.ssh/config`` or ``/dev/null``."""
+    """``-F`` for every ssh: None when ``$HOME`` is the account's home, else its config."""
     home = os.path.expanduser("~")
     try:
         account_home = pwd.getpwuid(os.getuid()).pw_dir
@@ -351,8 +300,7 @@ def config_file() -> str | None:
 def query(
     alias: str, *, port: int | None = None, user: str | None = None, identity: str | None = None
 ) -> dict[str, list[str]]:
-    """What ``ssh -G`` says for `alias` with these command-line values: keyword (lower
-    case) -> the values of its lines, in order."""
+    """What ``ssh -G`` says for `alias`: lower-case keyword -> its values."""
     identity = identity and _expand(identity)
     config = config_file()
     if alias.startswith("-"):
@@ -393,7 +341,7 @@ def query(
 def _paramiko_query(
     alias: str, port: int | None, user: str | None, identity: str | None
 ) -> dict[str, list[str]]:
-    """The same answer from paramiko's parser, for machines without an ssh client."""
+    """The same answer from paramiko's parser, without an ssh client."""
     import paramiko
 
     path = config_file() or os.path.expanduser("~/.ssh/config")
@@ -413,16 +361,13 @@ def _paramiko_query(
     return out
 
 
-# ---- helpers -----------------------------------------------------------------------------
-
-
 def _first(conf: dict[str, list[str]], key: str) -> str | None:
     values = conf.get(key)
     return values[0] if values else None
 
 
 def _words(conf: dict[str, list[str]], key: str) -> list[str]:
-    # ssh -G prints a list of files space-separated and unquoted; "none" means no file.
+    # space-separated and unquoted; "none" means no file.
     return [w for value in conf.get(key, []) for w in value.split() if w.lower() != "none"]
 
 
@@ -431,20 +376,16 @@ def _expand(path: str) -> str:
 
 
 def _config_value(value: str) -> str:
-    # ssh_config values with spaces must be double-quoted; '%' would be a token there.
+    # '%' would be a token there.
     return '"' + value.replace("%", "%%") + '"'
 
 
-# What a double-quoted ssh_config value cannot hold as it is: a '"', or a backslash that
-# OpenSSH 8.7+ reads as an escape (before a quote or backslash, or at the end) and older
-# versions do not, so no quoting means the same path to both.
+# What a double-quoted value cannot hold: '"', or a backslash OpenSSH 8.7+ reads as escape.
 _UNCARRIED = re.compile(r'"|\\(?=["\'\\]|$)')
 
 
 def _carried(name: str, setting: str, values: list[str]) -> None:
-    """Refuse a value that `_config_value` cannot hand to ``ssh`` intact (`_UNCARRIED`),
-    with one line naming the host and the setting: else ssh says only ``command-line
-    line 0: invalid quotes``, or reads another file than the one named."""
+    """Refuse, naming host and setting, a value ``ssh`` could not get intact."""
     for value in values:
         found = _UNCARRIED.search(value)
         if found:
