@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.inventory import load_inventory
-from orchestrator.transport import ssh_settings
+from orchestrator.transport import ssh_config, ssh_settings
 from orchestrator.transport.hosts import HostError, open_host
 from orchestrator.transport.openssh_host import stream_argv
 from tests.helpers.cli import dflash
@@ -208,7 +208,7 @@ def test_without_an_ssh_client_paramiko_reads_the_same_file(
     )
     inv = load_inventory(make_inventory({"plain-ct": {"python": sys.executable}}))
     with_ssh = ssh_settings.resolve(inv.hosts["plain-ct"], inv)
-    monkeypatch.setattr(ssh_settings.shutil, "which", lambda name: None)
+    monkeypatch.setattr(ssh_config.shutil, "which", lambda name: None)
     without = ssh_settings.resolve(inv.hosts["plain-ct"], inv)
     for field in ("hostname", "port", "identity_files", "identities_only"):
         assert getattr(without, field) == getattr(with_ssh, field), field

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import getpass
 import os
-import pwd
 import re
 import shlex
-import shutil
-import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import DflashError
-from orchestrator.transport.host_errors import last_line
+from orchestrator.transport.ssh_config import SSHConfigError, config_file, expand, query
 
 if TYPE_CHECKING:
     from orchestrator.inventory import HostSpec, Inventory
@@ -23,10 +19,6 @@ MAX_HOPS = 8  # deeper is a jump loop
 # Keepalives that end a connection whose host died.
 ALIVE_INTERVAL = 15
 ALIVE_COUNT = 4
-
-
-class SSHConfigError(DflashError):
-    """ssh_config or a jump target could not be resolved; the message says which and why."""
 
 
 @dataclass(frozen=True)
@@ -224,15 +216,15 @@ def _settings(
 ) -> SSHSettings:
     identities = []
     for entry in conf.get("identityfile", []):
-        path = _expand(entry)
+        path = expand(entry)
         if os.path.isfile(path) and path not in identities:
             identities.append(path)
-    user_known = [_expand(spec.known_hosts)] if spec.known_hosts else []
+    user_known = [expand(spec.known_hosts)] if spec.known_hosts else []
     _carried(name, "the inventory's known_hosts", user_known)
-    ssh_known = [_expand(e) for e in _words(conf, "userknownhostsfile")]
+    ssh_known = [expand(e) for e in _words(conf, "userknownhostsfile")]
     _carried(name, "ssh_config's UserKnownHostsFile", ssh_known)
     user_known += [p for p in dict.fromkeys(ssh_known) if p not in user_known]
-    global_known = [_expand(e) for e in _words(conf, "globalknownhostsfile")]
+    global_known = [expand(e) for e in _words(conf, "globalknownhostsfile")]
     _carried(name, "ssh_config's GlobalKnownHostsFile", global_known)
     agent = _first(conf, "identityagent")
     if agent is None or agent == "SSH_AUTH_SOCK":
@@ -242,7 +234,7 @@ def _settings(
     elif agent.startswith("$"):
         agent = os.environ.get(agent[1:].strip("{}")) or None
     else:
-        agent = _expand(agent)
+        agent = expand(agent)
     _carried(name, "the IdentityAgent", [agent] if agent else [])
     hostname = _first(conf, "hostname") or alias
     _carried(name, "the hostname", [hostname])
@@ -281,84 +273,7 @@ def _shared_master(conf: dict[str, list[str]]) -> tuple[str, str] | None:
         return None
     if persist in ("no", "false", "0") or "%" in path:  # %: not expanded (no ssh -G)
         return None
-    return _expand(path), "yes" if persist == "true" else persist
-
-
-def config_file() -> str | None:
-    """``-F`` for every ssh: None when ``$HOME`` is the account's home, else its config."""
-    home = os.path.expanduser("~")
-    try:
-        account_home = pwd.getpwuid(os.getuid()).pw_dir
-    except KeyError:
-        account_home = home
-    if os.path.realpath(home) == os.path.realpath(account_home):
-        return None
-    path = os.path.join(home, ".ssh", "config")
-    return path if os.path.isfile(path) else os.devnull
-
-
-def query(
-    alias: str, *, port: int | None = None, user: str | None = None, identity: str | None = None
-) -> dict[str, list[str]]:
-    """What ``ssh -G`` says for `alias`: lower-case keyword -> its values."""
-    identity = identity and _expand(identity)
-    config = config_file()
-    if alias.startswith("-"):
-        raise SSHConfigError(f"host name {alias!r} starts with '-'; refusing it")
-    if shutil.which("ssh") is None:
-        return _paramiko_query(alias, port, user, identity)
-    argv = ["ssh", "-G"]
-    if config:
-        argv += ["-F", config]
-    if port:
-        argv += ["-p", str(port)]
-    if user:
-        argv += ["-l", user]
-    if identity:
-        argv += ["-i", identity.replace("%", "%%")]
-    try:
-        proc = subprocess.run(
-            [*argv, "--", alias],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=15,
-        )
-    except subprocess.TimeoutExpired:
-        raise SSHConfigError(f"'ssh -G {alias}' did not answer in 15 s") from None
-    if proc.returncode != 0:
-        raise SSHConfigError(
-            f"{alias}: ssh cannot read its configuration: "
-            f"{last_line(proc.stderr) or f'ssh -G exit {proc.returncode}'}"
-        )
-    out: dict[str, list[str]] = {}
-    for line in proc.stdout.splitlines():
-        key, _, value = line.partition(" ")
-        out.setdefault(key.lower(), []).append(value.strip())
-    return out
-
-
-def _paramiko_query(
-    alias: str, port: int | None, user: str | None, identity: str | None
-) -> dict[str, list[str]]:
-    """The same answer from paramiko's parser, without an ssh client."""
-    import paramiko
-
-    path = config_file() or os.path.expanduser("~/.ssh/config")
-    config = paramiko.SSHConfig.from_path(path) if os.path.isfile(path) else paramiko.SSHConfig()
-    found = config.lookup(alias)
-    out: dict[str, list[str]] = {
-        k: (v if isinstance(v, list) else [str(v)]) for k, v in found.items()
-    }
-    if port:
-        out["port"] = [str(port)]
-    if user:
-        out["user"] = [user]
-    keys = out.get("identityfile") or [f"~/.ssh/id_{k}" for k in ("rsa", "ecdsa", "ed25519")]
-    out["identityfile"] = ([identity] if identity else []) + keys
-    out.setdefault("userknownhostsfile", ["~/.ssh/known_hosts ~/.ssh/known_hosts2"])
-    out.setdefault("globalknownhostsfile", ["/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"])
-    return out
+    return expand(path), "yes" if persist == "true" else persist
 
 
 def _first(conf: dict[str, list[str]], key: str) -> str | None:
@@ -369,10 +284,6 @@ def _first(conf: dict[str, list[str]], key: str) -> str | None:
 def _words(conf: dict[str, list[str]], key: str) -> list[str]:
     # space-separated and unquoted; "none" means no file.
     return [w for value in conf.get(key, []) for w in value.split() if w.lower() != "none"]
-
-
-def _expand(path: str) -> str:
-    return os.path.abspath(os.path.expanduser(path))
 
 
 def _config_value(value: str) -> str:
