@@ -1,10 +1,4 @@
-"""One job on one host, from the workstation: check, start, watch, status, list, cancel.
-
-Every call goes through `orchestrator.eval.jobwire` (bounded, checked answers). A job
-started with `start_job(follow=True)` keeps the SSH command that started it, which then
-streams its events and, at its end, its result files: `watch` reads it instead of opening
-another. Pulling the results into a run folder: `orchestrator.eval.pull`.
-"""
+"""One job on one host, from the workstation: check, start, watch, status, list, cancel."""
 
 from __future__ import annotations
 
@@ -38,8 +32,7 @@ class JobRef:
     pgid: int
     bundle_pushed: bool
     spec: dict
-    # `start_job(follow=True)`: the SSH command that started the job and now streams its
-    # events; `watch` reads it instead of opening another.
+    # follow=True: the starting command streams on; `watch` reads it, opening no other
     stream: HostLines | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
@@ -53,12 +46,8 @@ class JobRef:
         }
 
 
-# ---- remote calls -----------------------------------------------------------------------
-
-
 def preflight(host: Host, spec: dict, *, target_only: bool = False) -> dict:
-    """Run the host-side checks for `spec` (nothing is loaded); the first failure raises
-    one line. `target_only`: python, packages, the target and its tokenizer alone."""
+    """The host-side checks for `spec`, nothing loaded; the first failure raises one line."""
     argv = ["preflight", "--spec", "-", *(["--target-only"] if target_only else [])]
     return bundle.run_remote_json(host, argv, payload=spec, timeout=120)
 
@@ -71,13 +60,8 @@ def start_job(
     *,
     follow: bool = False,
 ) -> JobRef:
-    """Push the bundle if needed and start the job detached; returns at once. With
-    `preflight`, the job's runner first runs the host-side checks (see `preflight`) and this
-    returns when they passed: one process and one torch import for checks and job, and a
-    failed check raises its one line with no job left on the host. With `follow`, the same
-    SSH command then streams the job's events and, at its end, its result files
-    (``ref.stream``, read by `watch`): no second command to start. No line of the host's
-    answer is bigger, and no wait longer, than `jobwire` allows."""
+    """Start the job detached (the bundle pushed if needed); with `preflight` once the host's
+    checks passed (one runner, one torch import), with `follow` streaming on (docs/eval.md)."""
     job_id = jobwire.local_job_id(job_id or new_job_id(spec.get("checkpoint") or "job"))
     argv = [
         *jobwire.job_argv(host, "start", job_id),
@@ -85,8 +69,6 @@ def start_job(
         *(["--preflight"] if preflight else []),
         *(["--follow", "--pull"] if follow else []),
     ]
-    # No round trip to look for the bundle first: the line runs it where it is there and
-    # says so where it is not (`bundle.first_line`); then it is pushed and run again.
     stream, info = jobwire.call(host, "start", job_id, argv=argv, payload=spec, keep=follow)
     return JobRef(
         host=host.name,
@@ -116,9 +98,8 @@ def cancel(host: Host, job_id: str) -> dict:
 
 
 def prune(host: Host, older_than: float, caches: Sequence[str] = (), dry_run: bool = False) -> dict:
-    """Remove the host's finished job folders (and, named in `caches`, ``ground-truth`` and
-    ``features`` cache entries) not written for `older_than` seconds; running jobs stay
-    (`remote.jobs.prune`). `dry_run`: the same answer, nothing removed."""
+    """Remove the host's finished job folders (and `caches` entries) older than `older_than`
+    seconds (docs/eval.md, "making room")."""
     argv = [
         *jobwire.job_argv(host, "prune"),
         f"--older-than={older_than!r}",
@@ -129,8 +110,7 @@ def prune(host: Host, older_than: float, caches: Sequence[str] = (), dry_run: bo
 
 
 def failure(what: str, job_id: str, host: str, end: dict) -> JobError:
-    """The one line for job `job_id` on `host` that ended in `end` other than done: its
-    state, why, and where its log is on the host (`jobwire.failure_line`)."""
+    """`jobwire.failure_line` as a `JobError`."""
     return JobError(jobwire.failure_line(what, job_id, host, end))
 
 
@@ -139,8 +119,7 @@ def reattach_hint(host: Host, job_id: str) -> str:
     return f"it keeps running: dflash jobs attach {job_id} --host {host.name}"
 
 
-# How a watch's end line begins (`remote.jobs.watch.watch` writes it with json.dumps): that one
-# line may be as long as the result files it carries.
+# The watch's end line may be as long as the result files it carries.
 _END_PREFIX = json.dumps({"event": WATCH_END_EVENT})[:-1].encode()
 
 
@@ -153,15 +132,8 @@ def watch(
     stream: HostLines | None = None,
     pull: bool = False,
 ) -> dict:
-    """Stream the job's progress events (from byte `offset`) to `on_event` until it ends.
-
-    Returns the final ``watch_end`` event: ``{"state", "exit", "has_result", "offset",
-    "dir"}``, with `pull` (and always from a `start_job(follow=True)` stream, passed as
-    `stream`) also ``"files"``, the result files for `pull_results`. Each event is checked
-    (`remote.protocol.JOB_EVENT_FIELDS`) before `on_event` sees it. A dropped connection,
-    or a host silent for `jobwire.WATCH_SILENCE_SECONDS` (its watch sends a heartbeat every
-    few seconds), raises `HostError` saying how to re-attach; the job goes on.
-    """
+    """Stream the job's checked events from byte `offset` to `on_event`; the ``watch_end``
+    event (``files`` with `pull` or a follow `stream`). A lost host says how to re-attach."""
     job_id = jobwire.local_job_id(job_id)
     lines = stream
     if lines is None:
@@ -205,6 +177,5 @@ def watch(
         stderr = lines.proc.stderr()
         if code not in (0, -1) and jobwire.said_why(stderr):  # e.g. no such job
             bundle.check_result(host, Result("", stderr, code), ["job watch"])
-        # Killed, or its connection cut: what the host says of the job now, in one line
         raise jobwire.unanswered(host, "watch", job_id, code, stderr)
     return end

@@ -1,13 +1,5 @@
-"""The ``job`` commands on one host, bounded and checked: what the controller sends, how
-long it waits, how much it reads, and what it accepts back.
-
-Every answer is read through `orchestrator.transport.lines` (a size cap per line, a
-deadline, and for a watch a silence bound against the host's heartbeat) and checked
-against the contract (`remote.protocol.check_job_answer`) before anything uses it: a
-host that answers too much, too slowly or the wrong shape ends the command with one line
-naming the host and the field. A job id is checked by `local_job_id` before it names a
-folder here, as the host checks it before it names one there.
-"""
+"""The ``job`` commands on one host, bounded (ARCHITECTURE.md, "What bounds a wait") and
+checked against the contract before use: one line naming the host and the field."""
 
 from __future__ import annotations
 
@@ -30,28 +22,15 @@ from remote.protocol import (
     check_job_id,
 )
 
-# How much one answer line may hold. A start's answer (with its preflight report), a
-# status or a cancel is a few KiB; a list is a row per job (each at most one progress
-# event); a watch event carries one sample's record (tens of KiB). The end of a watch with
-# --pull, and a pull, carry the result files base64, each sample's record twice (in
-# samples.jsonl and events.jsonl): about 28 bytes a completion token at 2 budgets when the
-# drafter accepts one token a round (a record's most: every round listed), so 1000 samples
-# of 2048 tokens at 4 budgets are about 250 MiB of base64; trained drafters' records are
-# a fifth of that.
+# How much one answer line may hold; sized in docs/eval.md ("Answer sizes").
 ANSWER_MAX = 4 * MiB
 LIST_MAX = 64 * MiB
 EVENT_MAX = 16 * MiB
 RESULT_MAX = 512 * MiB
-# A ground truth file a host made, pulled to be sliced or copied: 10,000 samples of
-# 2048 + 2048 tokens are about 300 MB of JSON.
 GROUND_TRUTH_MAX = 1 << 30
-# How long a job started before its ground truth is there waits for it (a controller that
-# went away must not leave it holding its target for ever).
+# A controller that went away must not leave a deferred job holding its target for ever.
 EARLY_WAIT_SECONDS = 3600.0
-# How long each command may take in all (seconds). A start waits for the host checks,
-# which the host gives up on after `remote.jobs.start.PREFLIGHT_WAIT_SECONDS` (110 s); a cancel
-# for the job's processes to end (a grace period, then KILL); a pull moves the files.
-# A prune measures and removes up to a feature cache's many files.
+# Each command's whole deadline; a start outlasts the host's own preflight wait.
 DEADLINES = {
     "start": 170.0,
     "status": 60.0,
@@ -60,8 +39,7 @@ DEADLINES = {
     "pull": 1800.0,
     "prune": 600.0,
 }
-# A watch has no deadline (a job takes as long as it takes) but the host's watch sends a
-# heartbeat every WATCH_HEARTBEAT_SECONDS; this long without a byte, the host is gone.
+# A watch has no deadline; silence this long against the host's heartbeat means it is gone.
 WATCH_SILENCE_SECONDS = 12 * WATCH_HEARTBEAT_SECONDS
 
 
@@ -70,8 +48,7 @@ def _limit(action: str) -> int:
 
 
 def local_job_id(job_id: object) -> str:
-    """`job_id` (the user's or a host's word) if it may name a folder here: the check the
-    host makes (`remote.protocol.check_job_id`), as one line."""
+    """`job_id` if it may name a folder here (the host's own check), else one line."""
     try:
         return check_job_id(job_id)
     except SpecError as exc:
@@ -82,8 +59,8 @@ _WHAT = {"event": "event from job watch", "watch_end": "end line from job watch"
 
 
 def checked(host: Host, action: str, doc: object, job_id: str | None = None) -> Any:
-    """`doc`, the host's answer to ``job <action>``, if it has the contract's shape and,
-    given `job_id`, is about that job; else one line naming the host and the field."""
+    """`doc`, the answer to ``job <action>``, if it has the contract's shape (and is about
+    `job_id`); else one line naming the host and the field."""
     try:
         check_job_answer(action, doc)
     except AnswerError as exc:
@@ -99,8 +76,7 @@ def checked(host: Host, action: str, doc: object, job_id: str | None = None) -> 
 
 def job_argv(host: Host, action: str, job_id: str | None = None) -> list[str]:
     """A ``job <action>`` command line for `host`'s bundle."""
-    # option=value: a value starting with "-" (a job named after such a checkpoint) is
-    # then a value, not an option
+    # option=value: a job id starting with "-" stays a value
     argv = ["job", action, f"--workdir={workdir_for(host, [])}"]  # `~`: the host expands it
     return argv + ([f"--job-id={job_id}"] if job_id else [])
 
@@ -114,10 +90,8 @@ def call(
     payload: dict | None = None,
     keep: bool = False,
 ) -> tuple[HostLines | None, Any]:
-    """Run ``job <action>`` (or `argv`) on `host` with `payload` as JSON on its stdin;
-    (its output's lines, kept open only with `keep`, else None; its first line, checked).
-    Where this process has not seen the bundle on `host` yet, the command is guarded: a
-    host without it runs nothing, and the bundle is pushed and the command sent again."""
+    """Run ``job <action>`` (or `argv`) on `host`, `payload` as JSON on stdin: (its lines if
+    `keep`, else None; its first line, checked). A host lacking the bundle gets it pushed."""
     argv = list(argv or job_argv(host, action, job_id))
     data = json.dumps(payload).encode() if payload is not None else None
     line, guarded = bundle.first_line(host, argv)
@@ -150,9 +124,7 @@ def call(
 
 
 def exit_words(code: int | None) -> str:
-    """How a host command ended, in words: the signal that killed it (a local command's
-    negative status, or 128 + n), or its exit status; -1: the channel closed without one
-    (an SSH command killed by a signal, or a connection cut)."""
+    """How a host command ended, in words: the signal that killed it, or its exit status."""
     if code is None or code == -1:
         return "its channel closed without an exit status: killed, or the connection cut"
     if code < 0 or 128 < code < 128 + 65:
@@ -166,9 +138,8 @@ def exit_words(code: int | None) -> str:
 
 
 def unanswered(host: Host, action: str, job_id: str | None, code: int, stderr: str):
-    """The one-line error for a job command that ended before its answer without saying
-    why (its process killed, its connection cut): how it ended and, for a job, what the
-    host's ``job status`` says of it now (failed, and why; still running; or gone)."""
+    """The one-line error for a job command cut off before its answer: how it ended and
+    what ``job status`` says of the job now."""
     said = last_line(stderr)
     how = f"{host.name}: job {action}{f' of {job_id}' if job_id else ''} ended before it "
     how += f"answered ({exit_words(code)}{f': {said}' if said else ''})"
@@ -195,9 +166,7 @@ def unanswered(host: Host, action: str, job_id: str | None, code: int, stderr: s
 
 
 def failure_line(what: str, job_id: str, host: str, end: dict) -> str:
-    """The line for job `job_id` on `host` that ended in `end` (a watch's end or a
-    status) other than done: its state, why (its exit record's words, a lost job's
-    included) and where its log is on the host."""
+    """The line for a job that ended in `end` other than done: state, why, where its log is."""
     record = end.get("exit") if isinstance(end.get("exit"), dict) else {}
     err = record.get("error")
     line = f"{what} {job_id} on {host} {end['state']}: {err or 'it recorded no reason'}"
@@ -225,9 +194,7 @@ def _first_json(
     action: str,
     job_id: str | None,
 ):
-    """The JSON document on the command's first line (any JSON value); the command's own
-    one-line error if it ended without one (`_BundleMissing` where a `guarded` line
-    found no bundle)."""
+    """The JSON on the command's first line, else the command's own one-line error."""
     raw = lines.line(limit)
     try:
         doc = json.loads(raw)
@@ -248,8 +215,7 @@ def _first_json(
 
 
 def fetch(host: Host, path: str, what: str, limit: int) -> bytes:
-    """The bytes of file `path` on `host` (`what` names it in messages), at most `limit`
-    of them, the host silent no longer than a watch may be."""
+    """The bytes of file `path` on `host`, at most `limit`, silent no longer than a watch."""
     lines = HostLines(host.name, host.popen(["cat", "--", path]), f"{what} {path}", limit=limit)
     lines.bound(silence=WATCH_SILENCE_SECONDS)
     lines.proc.close_stdin()

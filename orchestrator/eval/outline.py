@@ -1,7 +1,5 @@
-"""What an eval job will do, in one line, before it runs: its samples x the new tokens of
-each, the dtype, the DDTree budgets and where its ground truth comes from. The library
-hands it to the watching view as an ``outline`` event (``{"event": "outline", "text"}``),
-which prints it above the bars, with or without a terminal."""
+"""What an eval job will do, in one line before it runs, as an ``outline`` event the view
+prints (docs/eval.md, "What a run says while it runs")."""
 
 from __future__ import annotations
 
@@ -9,8 +7,7 @@ from typing import Any
 
 from remote.protocol import GT_SOURCES, JOB_EVAL_KEY
 
-# How many samples the outline suggests for a first look at a checkpoint, when the run
-# takes every prompt of a larger set (what the demo evaluates).
+# Suggested for a first look when a run takes every prompt of a larger set.
 FIRST_LOOK = 8
 
 
@@ -20,8 +17,7 @@ def _part(job: dict, key: str) -> dict:
 
 
 def selection(job: dict) -> str:
-    """``25 samples (all of chat)``, ``8 samples (of chat's 25, seed 0)``, or where the
-    count is not known here (a prompts file on the host, a ground-truth file)."""
+    """Which samples, in words (``8 samples (of chat's 25, seed 0)``)."""
     prompts, samples = _part(job, "prompts"), job.get("samples")
     name = prompts.get("name") or "the prompts"
     count = prompts.get("count")
@@ -51,8 +47,7 @@ def ground_truth_words(gt: dict) -> str:
 
 
 def outline(job: dict, where: str) -> str:
-    """One line: what the eval job `job` (`spec.build_spec`'s) will do `where` (``job J on
-    evalbox``, ``sharded eval R across a, b``)."""
+    """One line: what eval job `job` will do `where` (``job J on evalbox``)."""
     engine = _part(job, JOB_EVAL_KEY)
     max_new = _part(job, "sampling").get("max_new_tokens")
     budgets = engine.get("budgets") or []

@@ -1,13 +1,5 @@
-"""The prompt sets an eval can be given: the built-in ones and a local JSONL file.
-
-Built-in sets are JSONL files shipped in ``orchestrator/data/prompts/`` (their sources,
-licenses and digests in ``SOURCES.md`` there) and sets made of those files' lines
-(`COMPOSED_SETS`), so a prompt two sets share is shipped once: ``mt-bench`` is
-Spec-Bench's 80 MT-Bench questions (the same 80 as FastChat's), ``zlab`` is z-lab/dflash's
-benchmark suite (gsm8k, math500, humaneval, mbpp, mt-bench) in one set, each prompt's
-category naming its set. A composed set's bytes are the same every time (its parts' lines,
-in order), so its content address on a host, and the ground-truth cache, are stable.
-"""
+"""The prompt sets an eval can be given: built-in ones (docs/eval.md, "Prompt sets that
+match what is published") and a local JSONL file."""
 
 from __future__ import annotations
 
@@ -24,8 +16,8 @@ from remote.protocol import SpecError, carried_name_problem, parse_prompts, prom
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"
 
-# A set made of built-in files' lines: name -> its parts, in order, each (file's set name,
-# the category its lines are taken from, or None for all of them).
+# Shipped once, composed by line: name -> (file's set, category or None for all), in order;
+# the same bytes every time keep its content address and ground-truth cache stable.
 COMPOSED_SETS: dict[str, tuple[tuple[str, str | None], ...]] = {
     "mt-bench": (("spec-bench", "mt_bench"),),
     "zlab": (
@@ -40,8 +32,7 @@ COMPOSED_SETS: dict[str, tuple[tuple[str, str | None], ...]] = {
 
 @dataclass(frozen=True)
 class PromptsData:
-    """A prompts file as it travels to a host: `name` (the stem of its name there), its
-    bytes, and `source` (where it came from, recorded in the job spec)."""
+    """A prompts file as it travels to a host: its name, bytes and source (for the spec)."""
 
     name: str
     data: bytes
@@ -57,8 +48,7 @@ class PromptsData:
         return carried_prompts_name(self.name, self.sha256)
 
     def entry(self, path: str) -> dict:
-        """The job spec's ``prompts`` entry for it, put at `path` on the host; ``count``:
-        its prompts (a line each), for the eval's outline (the host counts its own)."""
+        """The job spec's ``prompts`` entry for it at `path` on the host."""
         count = sum(1 for line in self.data.splitlines() if line.strip())
         return {
             "path": path,
@@ -70,8 +60,7 @@ class PromptsData:
 
 
 def builtin_prompt_sets() -> dict[str, Path]:
-    """Name -> file of the prompt sets shipped with dflash as files (the composed ones,
-    `COMPOSED_SETS`, are made of these files' lines)."""
+    """Name -> file of the prompt sets shipped as files."""
     return {p.stem: p for p in sorted(PROMPTS_DIR.glob("*.jsonl"))}
 
 
@@ -81,8 +70,7 @@ def builtin_set_names() -> list[str]:
 
 
 def composed_set(name: str) -> bytes:
-    """The bytes of composed set `name`: each part's lines (those of its category, or all),
-    unchanged, in `COMPOSED_SETS` order."""
+    """The bytes of composed set `name`: its parts' lines, unchanged, in order."""
     files = builtin_prompt_sets()
     lines = []
     for part, category in COMPOSED_SETS[name]:
@@ -93,8 +81,7 @@ def composed_set(name: str) -> bytes:
 
 
 def check_prompts(prompts: str) -> None:
-    """Refuse, in one line (`DflashError`), what `prompts_data` would refuse, without
-    reading a file: said before anything connects."""
+    """Refuse in one line what `prompts_data` would, before anything connects."""
     if prompts not in COMPOSED_SETS:
         _local_file(prompts)
 
@@ -132,7 +119,5 @@ def _local_file(prompts: str) -> Path:
 
 
 def carried_prompts_name(name: str, digest: str = "0" * 64) -> str:
-    """The name a prompts file has on the host: content-addressed (the first 16 hex digits
-    of its sha256), then its own name (`remote.protocol.carried_name_problem` judges it the
-    same whatever the digits)."""
+    """A prompts file's content-addressed name on the host."""
     return f"{digest[:16]}-{name}.jsonl"

@@ -1,10 +1,5 @@
-"""A finished job's result files, from its host into a local run folder, and the plots
-drawn beside them.
-
-The files come from a watch's end line (``--pull``) or one ``job pull`` command; only
-known result file names are written, each checked (`remote.protocol.check_files`), into a
-hidden partial folder renamed into place, never through a symlink.
-"""
+"""A finished job's result files, checked, into a local run folder renamed into place, and
+the plots drawn beside them."""
 
 from __future__ import annotations
 
@@ -37,13 +32,8 @@ def pull_results(
     required: Sequence[str] = REQUIRED_RESULT_FILES,
     check: Callable[[dict[str, bytes]], None] | None = None,
 ) -> Path:
-    """Copy the job's result files into ``dest/<job-id>/`` (replaced as a whole, through a
-    hidden partial folder, so a reader never sees half a run). Returns that folder. The
-    files come from `end` (a `watch` end that carries them) or else in one SSH command
-    (``job pull``: the state and every file at once). The job id is checked as the host
-    checks it before it names a folder here, and no write follows a symlink. `required`,
-    `check`: the files a job of its kind must bring, and its kind's own check of them
-    (a `ResultError` refuses the pull, see `decode_files`)."""
+    """The job's result files (from `end`, else ``job pull``) into ``dest/<job-id>/``, whole,
+    never through a symlink; that folder. `required`, `check`: see `decode_files`."""
     job_id = jobwire.local_job_id(job_id)
     status = end if end is not None and "files" in end else None
     if status is None:
@@ -83,8 +73,7 @@ def pull_results(
 
 
 def _remove(path: Path) -> None:
-    """Remove `path` if anything is there: a link itself (never what it points to), or a
-    folder with what it holds."""
+    """Remove whatever is at `path`; a link itself, never its target."""
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         path.unlink()
     elif path.exists():
@@ -98,9 +87,8 @@ def decode_files(
     required: Sequence[str] = REQUIRED_RESULT_FILES,
     check: Callable[[dict[str, bytes]], None] | None = None,
 ) -> dict[str, bytes]:
-    """The host's ``{name: base64}`` (a watch's end with ``--pull``), checked: only known
-    result file names (a host cannot name a path), valid base64, every `required` file
-    there, and the JSON types inside them (`remote.protocol.check_files`, then `check`)."""
+    """The host's ``{name: base64}``, checked: known names only, every `required` one, their
+    JSON types (then the kind's own `check`)."""
     if not isinstance(files, dict):
         raise RemoteCommandError(f"{host.name}: job {job_id}: the pull carried no files")
     out = {}
@@ -126,8 +114,7 @@ def decode_files(
 
 
 def finish_local(run_dir: Path) -> Path:
-    """After a pull: draw the plots beside the JSON (best effort: a plotting problem never
-    loses a result)."""
+    """Draw the plots beside a pulled run (best effort: plotting never loses a result)."""
     try:
         from orchestrator.results import plots
         from orchestrator.results import store as results
@@ -147,9 +134,7 @@ _warming_lock = threading.Lock()
 
 
 def warm_plots() -> threading.Thread:
-    """Import matplotlib in the background while a job runs, so `finish_local` does not
-    wait for it at the end (the watcher is idle until then). Once per process: a later call
-    returns the same (daemon) thread."""
+    """Import matplotlib in the background while a job runs, once per process."""
     global _warming
 
     def work() -> None:
@@ -157,7 +142,7 @@ def warm_plots() -> threading.Thread:
             from orchestrator.results import plots
 
             plots.warm()
-        except Exception:  # finish_local reports plotting problems; nothing to do here
+        except Exception:  # finish_local reports plotting problems
             pass
 
     with _warming_lock:

@@ -1,7 +1,5 @@
-"""A remote eval as the command line asks for it: the checkpoint, where (the eval host, or
-several hosts to shard across), how, and whether to wait for its end. What `run.run_eval`,
-`run.start_eval` and `shard.run_sharded` take, with the inventory's default host filled in
-and the combinations no eval can run refused in one line, before anything connects."""
+"""A remote eval as the command line asks for it, with the default host filled in and what
+no eval can run refused in one line, before anything connects."""
 
 from __future__ import annotations
 
@@ -15,9 +13,7 @@ from orchestrator.inventory import HostSpec, Inventory
 
 @dataclass
 class EvalRequest:
-    """One eval: on `host` (then `detach`: start it and return), or sharded across `hosts`
-    (names or groups; then `host` is None); `notes`: lines saying a default it will take
-    (the ground truth made by the target where nothing names its source)."""
+    """One eval on `host` (maybe `detach`ed) or across `hosts`; `notes`: defaults it takes."""
 
     inventory: Inventory
     checkpoint: str
@@ -37,10 +33,7 @@ def eval_request(
     hosts: str | None = None,
     detach: bool = False,
 ) -> EvalRequest:
-    """The request: `hosts` (comma-separated names or groups) shards the eval, which runs to
-    its end on no host in particular; otherwise it runs on `host`, default the inventory's
-    eval host (`run.eval_host_name`). The note of a ground truth nothing names
-    (`spec.ground_truth_note`) is the host's that makes it."""
+    """The request: sharded across `hosts` (comma-separated), else on `host` or the default."""
     options = options or EvalOptions()
     if hosts:
         if host or detach:
@@ -49,7 +42,7 @@ def eval_request(
                 "with --host or --detach"
             )
         names = [n.strip() for n in hosts.split(",") if n.strip()]
-        first = inventory.expand(names)[:1]  # where a sharded eval makes its ground truth
+        first = inventory.expand(names)[:1]  # it makes the ground truth
         return EvalRequest(
             inventory, checkpoint, options, hosts=names, notes=_notes(first, options)
         )

@@ -1,24 +1,5 @@
-"""Remote eval from the workstation: push, preflight, start detached, watch, cancel, pull.
-
-The everyday path is one call::
-
-    run_eval(inventory, "ct129", "step_12000", EvalOptions(samples=20), on_event=print)
-
-which pushes the remote bundle and the prompt set (only when the host lacks that exact
-file; one round trip looks for both), starts the job detached from the SSH session
-(``remote/jobs/``) whose runner first runs the host-side checks (versions, RAM, the
-ground-truth server reachable FROM the host: each failure one line), streams its progress
-events to `on_event` over that same SSH command, receives the job's result files at its end
-on that stream too, writes them to ``<results_dir>/<job-id>/`` and draws the plots there
-(matplotlib is imported while the job runs). After connecting: two SSH commands in all.
-
-The pieces are separate so other commands (the demo, ``dflash follow``, sharding across
-hosts) can reuse them: one job's calls (`preflight`, `start_job`, `watch`, `job_status`,
-`list_jobs`, `cancel`) are in `orchestrator.eval.job`, the pull and the plots
-(`pull_results`, `finish_local`) in `orchestrator.eval.pull`. What to evaluate
-(`EvalOptions`, the job spec with its typed `EvalSpec`) is built in
-`orchestrator.eval.spec`; this module passes it through untouched.
-"""
+"""Remote eval from the workstation, the everyday path: start detached (preflight first),
+watch and pull over one SSH command (docs/eval.md); one job's calls live in `job`."""
 
 from __future__ import annotations
 
@@ -76,12 +57,9 @@ def attach(
     required: Sequence[str] = REQUIRED_RESULT_FILES,
     check: Callable[[dict[str, bytes]], None] | None = None,
 ) -> Path:
-    """Watch an existing job to its end, then pull its results; returns the local folder.
-    `ref`: the job was just started here (`start_job(follow=True)`): its stream is read,
-    with no separate state check or pull. `status`: its state, read already on `host`.
-    `what` names the job in a failure; `required` and `check` are the pull's
-    (`pull.pull_results`: a kind's own files, checked before anything is written)."""
-    job_id = jobwire.local_job_id(job_id)  # it names a folder here: checked before connecting
+    """Watch a job to its end and pull its results (`ref`: its follow stream is read); the
+    local folder. `required` and `check` are `pull.pull_results`'s."""
+    job_id = jobwire.local_job_id(job_id)
     name = eval_host_name(inventory, host_name)
     own = host is None
     host = host or open_host(inventory.host(name), inventory)
@@ -116,15 +94,13 @@ def run_eval(
     job_id: str | None = None,
     on_start: Callable[[JobRef], None] | None = None,
 ) -> Path:
-    """Evaluate `checkpoint` on the eval host in one call: push, preflight, start detached,
-    watch, pull. Returns the local results folder ``<results_dir>/<job-id>``."""
+    """Evaluate `checkpoint` on the eval host in one call; the folder ``<results_dir>/<job-id>``."""
     options = options or EvalOptions()
     name = eval_host_name(inventory, host_name)
     spec = inventory.host(name)
     with open_host(spec, inventory) as host:
-        # matplotlib is imported while the host's runner imports torch (seconds of one
-        # core's work), not after the pull; but only once logged in: its import holds the
-        # GIL that paramiko's handshake needs (a 0.2 s login took 0.6 s beside it).
+        # matplotlib loads during the host's torch import, after login: it holds the GIL
+        # paramiko's handshake needs
         host.connect()
         warm_plots()
         ref = _start(host, spec, checkpoint, options, job_id, follow=True)
@@ -143,8 +119,7 @@ def start_eval(
     *,
     job_id: str | None = None,
 ) -> JobRef:
-    """The first half of `run_eval`: push, preflight and start the job detached, then
-    return; watch it later with `attach` (``dflash remote-eval --detach``)."""
+    """`run_eval` up to the detached start (``--detach``); `attach` watches it later."""
     options = options or EvalOptions()
     name = eval_host_name(inventory, host_name)
     spec = inventory.host(name)
@@ -160,13 +135,12 @@ def _start(
     job_id: str | None,
     follow: bool = False,
 ) -> JobRef:
-    # Small inputs (the prompts) travel inside the job start: one SSH command in all.
     job = build_spec(host, spec, checkpoint, options, carry=[])
     return start_job(host, job, job_id, preflight=True, follow=follow)
 
 
 __all__ = [
-    "EvalOptions",  # built in orchestrator.eval.spec; callers of run_eval find it here too
+    "EvalOptions",
     "attach",
     "build_spec",
     "eval_host_name",

@@ -1,0 +1,1 @@
+"""Following a training run: the loop, one checkpoint, its folder (docs/follow.md)."""

@@ -1,21 +1,5 @@
-"""One checkpoint of ``dflash follow``: relay it, optionally probe it, evaluate it, record it.
-
-`CheckpointFollower.process` does the steps for one checkpoint with the follower's
-`FollowOptions` (the same evaluation options, so the same eval spec, for every checkpoint),
-resuming an evaluation an earlier follower left in flight (see `orchestrator.eval.follow.loop`
-for the crash cases). A checkpoint the results folder already holds a run of, with the
-same eval spec (`orchestrator.eval.spec.eval_identity`) and relayed from this trainer (the
-drafter's provenance says so), is recorded from that run instead of being evaluated again:
-``remote-eval`` and ``follow`` share one results folder. The loop over checkpoints and
-passes is `orchestrator.eval.follow.loop`.
-
-When the eval host is a Slurm login node (a ``slurm`` role), each checkpoint is evaluated
-as ONE job array on its cluster, exactly as ``remote-eval --hosts <login>`` does
-(`shard.run_sharded`, so `slurm_eval.run_slurm_eval`), the follower's job id naming the
-arrays. Ctrl-C or SIGTERM cancels them on the way out (`orchestrator.slurm.array`); an
-evaluation a crashed follower left in flight is not attached to (its arrays have no job
-to attach to): its arrays are ``scancel``'ed by name and the checkpoint evaluated afresh.
-"""
+"""One checkpoint of ``dflash follow``: relay it, optionally probe it, evaluate it (on a
+Slurm login node as one job array), record it; docs/follow.md, docs/slurm.md."""
 
 from __future__ import annotations
 
@@ -48,8 +32,6 @@ from orchestrator.results.store import results_dir
 from orchestrator.transport.hosts import HostError, open_host
 from remote.protocol import JOB_EVAL_KEY, JobKind, JobState
 from remote.protocol import metrics as registry
-
-# ---- one checkpoint ------------------------------------------------------------------------
 
 
 def _now() -> str:
@@ -96,11 +78,8 @@ def _failed(
 
 
 def check_target(inventory: Inventory, dest: str, options: EvalOptions) -> None:
-    """Ask the eval host once, before follow's first checkpoint, whether it can evaluate at
-    all: its python and packages, the target folder, and the target's tokenizer where the
-    ground truth is made from text prompts. A refusal (or a setting no job could run with)
-    is a `FollowError`: no later pass would fare better, so follow stops with that line. A
-    host that cannot be reached raises its own error, which the loop retries."""
+    """Ask the eval host once whether it can evaluate at all; a refusal is a `FollowError`
+    (no later pass would fare better), an unreachable host is retried."""
     spec = inventory.host(dest)
     with open_host(spec, inventory) as host:
         try:
@@ -115,15 +94,14 @@ def check_target(inventory: Inventory, dest: str, options: EvalOptions) -> None:
             }
             remote_job.preflight(host, job, target_only=True)
         except HostError:
-            raise  # not reachable now: the loop tries again
-        except DflashError as exc:  # refused, or no job could run with these settings
+            raise
+        except DflashError as exc:
             raise FollowError(str(exc)) from None
 
 
 def _saved_job_state(inventory: Inventory, dest: str, job_id: str) -> str | None:
-    """The state of a saved job on the eval host; None when the host has no such job. On a
-    Slurm login node a saved evaluation is never resumed: its arrays are cancelled (a
-    crashed follower left them queued or running) and None says to evaluate afresh."""
+    """A saved job's state on the eval host, None when gone; on a Slurm login node its arrays
+    are cancelled and None says to evaluate afresh."""
     spec = inventory.host(dest)
     if spec.slurm is not None:
         slurm_eval.cancel_run(spec, inventory, job_id)
@@ -147,8 +125,7 @@ def _cancel(inventory: Inventory, dest: str, job_id: str) -> None:
 
 
 class CheckpointFollower:
-    """Relays, probes, evaluates and records one checkpoint at a time for a follower; the
-    same `FollowOptions` (and so the same eval spec) for every checkpoint."""
+    """Relays, probes, evaluates and records one checkpoint at a time, the same eval spec each."""
 
     def __init__(
         self,
@@ -167,14 +144,10 @@ class CheckpointFollower:
     def process(
         self, st: FollowState, name: str, step: int | None, on_trainer: bool = True
     ) -> dict | None:
-        """Relay, (probe,) evaluate and record one checkpoint; returns its history entry
-        (None when a saved evaluation cannot be resumed and the trainer no longer has the
-        checkpoint)."""
+        """One checkpoint's history entry (None: a saved evaluation the trainer's gone from)."""
         saved = st.inflight.get(name)
         if saved:
             state = _saved_job_state(self.inv, self.dest, saved["job_id"])
-            # running/done: attach or pull; failed: attach records the failure (a failed
-            # eval is not retried); never started, cancelled or lost: evaluate afresh.
             if state in (JobState.RUNNING, JobState.DONE, JobState.FAILED):
                 self.events.message(
                     f"{name}: job {saved['job_id']} from an earlier follow "
@@ -232,8 +205,7 @@ class CheckpointFollower:
         return self._evaluate(st, name, step, job_id, probe)
 
     def _evaluated_before(self, name: str) -> results.Run | None:
-        """The newest run in the results folder of checkpoint `name` of this trainer on
-        this eval host with the very eval spec this follower would send; None if none."""
+        """The newest run of this trainer's `name` on this host with this eval spec, or None."""
         runs = [
             r
             for r in results.list_runs(self.results)
@@ -248,8 +220,7 @@ class CheckpointFollower:
         return same[-1] if same else None
 
     def _ours(self, run: results.Run, name: str) -> bool:
-        """Whether the run's drafter was relayed from this trainer's checkpoint `name`
-        (a drafter put there by other means may be another checkpoint of that name)."""
+        """Whether the run's drafter was relayed from this trainer's `name`, not another one."""
         source = run.drafter.get("source")
         if not isinstance(source, dict):
             return False
@@ -317,8 +288,7 @@ class CheckpointFollower:
         return self._record(st, name, step, job_id, run_dir, probe)
 
     def _fresh_once(self) -> None:
-        """--fresh-ground-truth remakes the ground truth for this run's first eval only: the
-        checkpoints after it reuse what that one made."""
+        """--fresh-ground-truth holds for the first eval only; later ones reuse what it made."""
         if self.opts.eval.fresh_ground_truth:
             self.opts.eval = replace(self.opts.eval, fresh_ground_truth=False)
 
@@ -373,7 +343,7 @@ class CheckpointFollower:
         redraw(st.dir, st.history)
         self._track(run_dir)
         if self.opts.keep is not None:
-            # Nothing left to send: the relay only prunes the eval host to the newest K.
+            # nothing left to send: the relay only prunes to the newest K
             try:
                 report = relay.relay(
                     self.inv,

@@ -1,45 +1,5 @@
-"""``dflash follow``: evaluate every new checkpoint a training run writes, exactly once.
-
-One pass (`follow_pass`):
-
-1. Ask the trainer which checkpoints are complete (`relay.list_checkpoints`, the relay's own
-   completeness rules) and keep those not yet in the history, oldest step first.
-2. Per checkpoint: relay it (`relay.relay`, verified, atomically published; a re-run skips
-   what already arrived), optionally check it fits the target (`probe.probe_structure`),
-   then evaluate it (`remote_eval.run_eval`) with the inventory's defaults, and append one
-   entry to the history and redraw the tau-per-step plot. With ``keep``, a second relay
-   call (nothing left to send) lets the relay prune the eval host to the newest K. A
-   checkpoint the results folder already holds a run of with the same eval spec is
-   recorded from that run instead (`follow_checkpoint`).
-
-Before the first pass, the eval host is asked once whether it can evaluate at all
-(`follow_checkpoint.check_target`: python, packages, the target and its tokenizer): a
-refusal stops follow with that one line, before anything is relayed.
-
-`follow` repeats passes every ``interval`` seconds until stopped. Its status lines (waiting,
-not complete yet, a failed pass) are said once and again only when they change: a loop that
-finds nothing new says so once, not every pass.
-
-State lives on disk in the follow folder (default ``<results_dir>/follow/<from>-to-<to>/``):
-``history.json`` (one entry per evaluated checkpoint), ``state.json`` (the evaluation in
-flight: checkpoint and job id), ``tau_by_step.png`` and a lock file (one follower per
-folder). With ``tensorboard``/``wandb`` set, each recorded run is also logged there at its
-training step (`orchestrator.results.export`; W&B's offline files go under ``<folder>/wandb``).
-The job id is chosen and saved BEFORE the job starts, so a restart after any crash knows
-what happened:
-
-- crash during the relay: nothing was published (the relay publishes by one rename); the
-  next pass relays again, resuming the partial files;
-- crash after the job started (or while it ran): the saved job is still on the host; the
-  next pass attaches to it (or pulls it, if it finished) instead of starting another;
-- crash after the eval, before the history was written: the job is ``done``; the next pass
-  pulls its results again and records them;
-- saved job that never started, failed, was cancelled or was lost: it is started afresh.
-
-History is written before state, so a checkpoint in the history is never evaluated again.
-Ctrl-C (`KeyboardInterrupt`) stops the relay's streams (partial data stays hidden for the
-next resume) or cancels the running job on the eval host, then re-raises.
-"""
+"""``dflash follow``: evaluate every new checkpoint a training run writes, exactly once;
+the pass, the crash cases and the folder: docs/follow.md."""
 
 from __future__ import annotations
 
@@ -65,8 +25,6 @@ from orchestrator.inventory import Inventory
 from orchestrator.relay import run as relay
 from orchestrator.results import export
 
-# ---- entry points --------------------------------------------------------------------------
-
 
 def _check_hosts(inventory: Inventory, source: str, dest: str) -> None:
     if inventory.host(source).trainer is None:
@@ -89,8 +47,7 @@ def follow_pass(
     events: FollowEvents | None = None,
     stop: threading.Event | None = None,
 ) -> list[dict]:
-    """One pass: evaluate every complete checkpoint not yet in the history (an evaluation
-    left in flight by an earlier follower first). Returns the entries recorded."""
+    """One pass over the checkpoints not yet in the history, in-flight first; the entries."""
     options = options or FollowOptions()
     events = events or FollowEvents()
     _check_hosts(inventory, source, dest)
@@ -106,8 +63,7 @@ def follow_pass(
 
 
 def open_trackers(options: FollowOptions, folder: Path) -> list[export.Tracker]:
-    """The trackers `options` asks for (a missing library is one clear error, raised
-    before any checkpoint is touched)."""
+    """The trackers `options` asks for, opened before any checkpoint is touched."""
     out: list[export.Tracker] = []
     try:
         if options.tensorboard:
@@ -126,9 +82,7 @@ def _close(trackers: list[export.Tracker]) -> None:
 
 
 class StatusLines:
-    """The follow loop's status lines, each said once: a line of a kind (``key``) is said
-    when its text differs from the last one of that kind, so the same news every few
-    seconds is said once. `forget` makes a kind speak again (after something changed)."""
+    """Status lines said once per kind until their text changes; `forget` lets a kind speak."""
 
     def __init__(self, events: FollowEvents):
         self.events = events
@@ -175,7 +129,6 @@ def _pass(
     ]
     if waiting:
         status.say("incomplete", f"not complete yet: {', '.join(waiting)}")
-    # In-flight first (its job may be running now), then oldest step first.
     todo.sort(key=lambda sn: (sn[1] not in st.inflight, sn[0] if sn[0] is not None else -1, sn[1]))
     follower = CheckpointFollower(inventory, source, dest, options, events, trackers)
     recorded = []
@@ -198,8 +151,7 @@ def follow(
     stop: threading.Event | None = None,
     sleep: Callable[[float], Any] | None = None,
 ) -> None:
-    """Run passes every ``options.interval`` seconds until `stop` is set (or Ctrl-C). The
-    follow folder stays locked throughout, so a second follower is refused."""
+    """Passes every ``options.interval`` seconds until `stop` or Ctrl-C, the folder locked."""
     options = options or FollowOptions()
     events = events or FollowEvents()
     stop = stop or threading.Event()

@@ -1,7 +1,5 @@
-"""What a follow is asked to do (`FollowOptions`; from the command line with the
-inventory's defaults: `follow_request`) and what it reports while it works
-(`FollowEvents`): shared by the loop (`follow`) and each checkpoint's work
-(`follow_checkpoint`)."""
+"""What a follow is asked to do and what it reports while it works, shared by the loop and
+each checkpoint's work."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ class FollowOptions:
     wandb: str | None = None  # project
 
     def __post_init__(self) -> None:
-        """Refuse a count no follow can run with before anything connects (the eval's own
-        options check themselves)."""
+        """Refuse a count no follow can run with, before anything connects."""
         if self.keep is not None and not COUNT(self.keep):
             raise DflashError(COUNT.message("--keep", self.keep))
         if not self.interval > 0:
@@ -50,8 +47,7 @@ class FollowEvents:
         pass
 
     def shard_event(self, checkpoint: str, host: str, event: dict) -> None:
-        """An event of a checkpoint evaluated as shards (a Slurm array's tasks), by the
-        shard's label (``login#0``; the ground truth's ``login#gt``)."""
+        """An event of a sharded checkpoint's task, by label (``login#0``, ``login#gt``)."""
 
     def recorded(self, entry: dict) -> None:
         pass
@@ -59,8 +55,7 @@ class FollowEvents:
 
 @dataclass
 class FollowRequest:
-    """Where from, where to and how: what `follow.follow` and `follow.follow_pass` take;
-    `notes`: lines saying a default it will take (`spec.ground_truth_note`)."""
+    """Where from, where to and how; `notes`: defaults it will take."""
 
     inventory: Inventory
     source: str
@@ -83,9 +78,7 @@ def follow_request(
     tensorboard: str | os.PathLike | None = None,
     wandb: str | None = None,
 ) -> FollowRequest:
-    """The request, the trainer and the eval host defaulting to the inventory's
-    ``defaults.relay_from`` / ``relay_to`` and `keep` to ``defaults.keep``; no trainer or
-    no eval host is one line."""
+    """The request, hosts and `keep` defaulting to the inventory's; none is one line."""
     src = source or inventory.defaults.relay_from
     dst = dest or inventory.defaults.relay_to
     if not src or not dst:

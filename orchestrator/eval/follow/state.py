@@ -1,11 +1,5 @@
-"""The follow folder: what ``dflash follow`` remembers between passes and restarts.
-
-``history.json`` (one entry per evaluated checkpoint, in order), ``state.json`` (the
-evaluations in flight: checkpoint, job id, step, probe), ``tau_by_step.png`` and a lock
-file: one follower per folder (`FollowState` holds it). History is written before state,
-so a checkpoint in the history is never evaluated again. The loop that uses it is
-`orchestrator.eval.follow.loop`.
-"""
+"""The follow folder: what ``dflash follow`` remembers between passes and restarts
+(docs/follow.md)."""
 
 from __future__ import annotations
 
@@ -33,9 +27,6 @@ class FollowError(DflashError):
     """Follow cannot run (another follower holds the folder, bad hosts)."""
 
 
-# ---- state on disk -------------------------------------------------------------------------
-
-
 def _read_json(path: Path, default: Any) -> Any:
     try:
         return json.loads(path.read_text())
@@ -46,8 +37,7 @@ def _read_json(path: Path, default: Any) -> Any:
 
 
 def state_dir(inventory: Inventory, source: str, dest: str, options: Any = None) -> Path:
-    """The follow folder of a source/destination pair (`options`: a `FollowOptions`, for
-    its ``state_dir`` and ``results_dir``)."""
+    """The follow folder of a source/destination pair (`options`: a `FollowOptions`)."""
     if options is not None and options.state_dir:
         return Path(options.state_dir)
     where = options.results_dir if options is not None else None
@@ -55,9 +45,7 @@ def state_dir(inventory: Inventory, source: str, dest: str, options: Any = None)
 
 
 def read_history(folder: str | os.PathLike) -> list[dict]:
-    """The entries recorded in a follow folder, in the order they were evaluated; an
-    entry written before the metric registry named its metrics reads as one that did
-    (`remote.protocol.metrics.upgrade`)."""
+    """A follow folder's entries in order, old metric names read as the registry's."""
     entries = _read_json(Path(folder) / HISTORY, [])
     return [upgrade(e) if isinstance(e, dict) else e for e in entries]
 
@@ -113,8 +101,7 @@ class FollowState:
         )
 
     def record(self, entry: dict) -> None:
-        # History first: once a checkpoint is there it is never evaluated again, whatever
-        # happens before the in-flight note is cleared.
+        # history first: a recorded checkpoint is never evaluated again
         self.history.append(entry)
         write_json_atomic(self.dir / HISTORY, self.history, fsync=True)
         self.inflight.pop(entry["checkpoint"], None)

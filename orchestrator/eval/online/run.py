@@ -1,19 +1,5 @@
-"""``dflash online``: the tau a serving engine delivers for a checkpoint, beside dflash's
-offline tau on the same prompts and ground truth, and one verdict.
-
-    run_online(inventory, None, "step_1200", OnlineOptions())
-
-On the eval host, one detached job of kind ``online`` (`remote.online.job`): the ground
-truth as an eval makes it; vLLM started on a free loopback port of that host with the
-target and the checkpoint as its DFlash drafter (the python the inventory names:
-``roles.eval.serve: {engine: vllm, python: PATH}``), or a server the team already runs
-(``--server URL``, vLLM or SGLang: nothing started); the offline walk; each prompt sent as
-token ids; ``verdict.json``. Started, watched and pulled like an eval (`orchestrator.eval.
-job`, `orchestrator.eval.pull`), into ``<results_dir>/<job-id>/``: an eval run folder
-(``results show`` reads it) with the verdict beside it, checked here before anything is
-written (`remote.online.verdict_doc`). ``dflash jobs attach|cancel`` work on it; a
-cancelled job leaves no server behind (it is in the job's process group).
-"""
+"""``dflash online``: the tau a serving engine delivers for a checkpoint, beside the offline
+tau, and one verdict; one detached job of kind ``online`` (docs/online.md)."""
 
 from __future__ import annotations
 
@@ -45,13 +31,8 @@ SETUP_HINT = (
 
 @dataclass
 class OnlineOptions:
-    """One online measurement: the eval's options (prompts, samples, ground truth, dtype,
-    threads; DDTree is never run), and the serving engine: `server` (a running server's
-    URL, read as `engine` says: vllm or sglang) or, without it, the inventory's
-    ``roles.eval.serve``. `model`: the served model name to ask for. `concurrency`:
-    requests in flight at each level (``"1,4,16"`` or a tuple); `baseline`: a second
-    server started without the drafter decodes the same prompts (the engine's own
-    speedup), or `baseline_server`, the URL of one already running."""
+    """One online measurement: the eval's options (no DDTree) and the serving engine, a
+    running `server` or the inventory's; the options' meanings: docs/online.md."""
 
     eval: EvalOptions = field(default_factory=EvalOptions)
     server: str | None = None
@@ -77,8 +58,7 @@ class OnlineOptions:
             raise DflashError("--baseline starts a server; --baseline-server names a running one")
 
     def measure_spec(self, role: ServeSpec | None, host: str = "the eval host") -> MeasureSpec:
-        """How the job measures: the levels, and the baseline (`baseline`: started with
-        the inventory's ``serve.python``; none there is one line saying what to set)."""
+        """How the job measures: the concurrency levels and the baseline."""
         python = None
         if self.baseline:
             python = role.python if role is not None else None
@@ -95,9 +75,8 @@ class OnlineOptions:
         )
 
     def serve_spec(self, role: ServeSpec | None, host: str = "the eval host") -> ServeSpec:
-        """The serving engine on a host whose inventory says `role`: `server` when given
-        (with the role's `start_timeout` and `request_timeout`: the bounds the team set
-        hold for any server), else the role's; none is one line saying how to set it."""
+        """The serving engine: `server` (under the role's timeouts, which hold for any server),
+        else the inventory's `role`."""
         try:
             if self.server is not None:
                 engine = self.engine or (role.engine if role else "vllm")
@@ -121,8 +100,7 @@ class OnlineOptions:
 
 
 def online_job(host: Host, spec: HostSpec, checkpoint: str, options: OnlineOptions) -> dict:
-    """The ``online`` job spec: an eval's (`build_spec`, chain walk only, its small inputs
-    carried in the start) with the serving engine under ``serve``."""
+    """The ``online`` job spec: an eval's, chain walk only, the engine under ``serve``."""
     role = spec.eval.serve if spec.eval else None
     serve = options.serve_spec(role, spec.name)
     eo = options.eval
@@ -144,12 +122,10 @@ def run_online(
     dest: str | os.PathLike | None = None,
     on_start: Callable[[JobRef], None] | None = None,
 ) -> Path:
-    """Measure `checkpoint` online on the eval host: start the job (the host's checks
-    first), watch it, pull its run folder. Returns ``<results_dir>/<job-id>``."""
+    """Measure `checkpoint` online on the eval host; its run folder ``<results_dir>/<job-id>``."""
     options = options or OnlineOptions()
     name = eval_host_name(inventory, host_name)
     spec = inventory.host(name)
-    # no serving engine (or none to start a baseline with): said before connecting
     options.serve_spec(spec.eval.serve if spec.eval else None, name)
     options.measure_spec(spec.eval.serve if spec.eval else None, name)
     with open_host(spec, inventory) as host:
@@ -182,8 +158,7 @@ def attach(
     ref: JobRef | None = None,
     status: dict | None = None,
 ) -> Path:
-    """Watch an online job to its end and pull its run folder (`run.attach`), its verdict
-    checked before anything is written; `ref`: just started here, its stream is read."""
+    """`run.attach` for an online job, its verdict checked before anything is written."""
     return run.attach(
         inventory,
         host_name,

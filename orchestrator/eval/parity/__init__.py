@@ -1,0 +1,1 @@
+"""``dflash parity``: two hosts' target features compared (docs/parity.md)."""

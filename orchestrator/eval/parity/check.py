@@ -1,5 +1,5 @@
-"""Before ``dflash parity`` captures anything: both hosts checked at once (each one's
-preflight of its capture job), then their targets compared (`target_difference`)."""
+"""Before ``dflash parity`` captures anything: both hosts' preflights at once, then their
+targets compared."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from orchestrator.transport.hosts import Host
 
 
 def target_difference(a: dict | None, b: dict | None) -> str | None:
-    """How the targets of two preflight identities (`remote.probe.identity`) differ, in a
-    phrase; None when they are copies of one checkpoint (text config, text weights' names
-    and shapes) or a side said nothing to compare."""
+    """How two preflight target identities differ, in a phrase; None for copies of one
+    checkpoint or nothing to compare."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return None
 
@@ -52,10 +51,8 @@ def target_difference(a: dict | None, b: dict | None) -> str | None:
 
 
 def check_hosts(a: Host, job_a: dict, b: Host, job_b: dict, opts: ParityOptions) -> dict:
-    """Both hosts' preflight of their capture jobs, run at once (`job_a`: A's, its ground
-    truth deferred: B's selection arrives after B's capture), then the targets' identities
-    compared; the first problem raises one line naming its host. Returns the reports by
-    side."""
+    """Both hosts' capture preflights at once, then their targets compared; the first problem
+    is one line naming its host. The reports by side."""
     with ThreadPoolExecutor(2, thread_name_prefix="parity-preflight") as pool:
         futures = {
             "a": pool.submit(remote_job.preflight, a, job_a),

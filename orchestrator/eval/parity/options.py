@@ -1,7 +1,5 @@
-"""What ``dflash parity`` compares: `ParityOptions` (each side's engine settings one
-checked `EvalSpec`), the one dtype both sides compute in (`same_dtype`), the layers asked
-for (`parse_layers`), and the two hosts as the command line names them
-(`parity_request`)."""
+"""What ``dflash parity`` compares: its options, the one dtype both sides compute in, the
+layers, and the two hosts as the command line names them."""
 
 from __future__ import annotations
 
@@ -15,12 +13,8 @@ from remote.protocol import ATTN, CAPTURE_TOPK, JOB_ENGINE_DEFAULT, EvalSpec
 
 @dataclass
 class ParityOptions:
-    """What to compare. ``model_a``/``model_b``: target folders on each host (default: the
-    host's ``roles.eval.target_model``); ``layers``: None = the drafter's target layers
-    (all layers without a drafter); ``dtype``: both sides' dtype, ``dtype_a``/``dtype_b``
-    one side's (see `same_dtype` for the default); ``attn_*``: the attention
-    implementation (sdpa, eager; None = transformers' default);
-    ``allow_different_targets``: compare targets that are not copies of one checkpoint."""
+    """What to compare, the command line's options (docs/parity.md); ``layers`` None: the
+    drafter's target layers, or all without a drafter."""
 
     model_a: str | None = None
     model_b: str | None = None
@@ -30,7 +24,6 @@ class ParityOptions:
     max_new_tokens: int | None = None
     ground_truth: str | None = None
     ground_truth_kind: str | None = None
-    # the bounds on waiting for B's ground truth, and whether to make it again (EvalOptions)
     ground_truth_timeout: float | None = None
     ground_truth_deadline: float | None = None
     ground_truth_phase_deadline: float | None = None
@@ -49,7 +42,6 @@ class ParityOptions:
     allow_different_targets: bool = False
 
     def __post_init__(self) -> None:
-        # each side's engine settings are one EvalSpec, checked (and normalised) here
         a, b = self.engine("a")[0], self.engine("b")[0]
         self.device_a, self.device_b = a.device, b.device
         self.dtype_a = a.dtype if self.dtype_a is not None else None
@@ -65,7 +57,6 @@ class ParityOptions:
             raise DflashError(f"--layers must be layer numbers from 0, got {self.layers!r}")
         if self.topk < 1:
             raise DflashError(f"--topk must be at least 1, got {self.topk}")
-        # EvalOptions checks samples, prompts, ground truth the one way eval does
         self.eval_options()
 
     def engine(self, side: str) -> tuple[EvalSpec, frozenset[str]]:
@@ -97,10 +88,8 @@ class ParityOptions:
 
 
 def same_dtype(opts: ParityOptions, spec_b: HostSpec) -> ParityOptions:
-    """`opts` with both sides' dtype chosen: a side's own (``dtype_a``/``dtype_b``), else
-    ``dtype``, else B's inventory dtype (what its evals compute in), else the job default.
-    So both hosts compute in one dtype unless the caller asks for two; each host's own
-    inventory dtype never silently makes them differ."""
+    """`opts` with both sides' dtype chosen: a side's own, else ``dtype``, else B's inventory
+    dtype, so each host's own inventory never silently makes them differ."""
     role = spec_b.eval
     base = opts.dtype or (role.dtype if role is not None else JOB_ENGINE_DEFAULT.dtype)
     return replace(opts, dtype_a=opts.dtype_a or base, dtype_b=opts.dtype_b or base)

@@ -1,29 +1,5 @@
 """``dflash parity``: do two hosts compute the same target features, and what does the
-difference cost in tau?
-
-    run_parity(inventory, "trainer", "evalhost", ParityOptions(drafter="step_800"))
-
-0. Both hosts are checked before either captures, at once: each host's python and
-   packages, its target (resolved as an eval's; on B with its tokenizer where prompts are
-   text) and the memory a capture takes, by the host's own ``preflight``; then the two
-   targets' identities (`remote.probe.identity`) are compared, and targets that are not
-   copies of one checkpoint are refused in one line (``allow_different_targets`` compares
-   them anyway). Both sides compute in one dtype unless asked otherwise (`same_dtype`).
-1. Host B (the comparing host, usually the eval host) runs a ``parity-capture`` job: the
-   eval's ground truth (its cache, or made once), then one forward of its target over
-   prompt + completion ids, keeping the chosen layers' raw outputs and the logits' top-k.
-2. That ground-truth file goes to host A (through this machine), whose own capture job runs
-   over the very same ids.
-3. A's capture files stream to B through this machine on the relay's verified data path
-   (``relay-send`` on A, ``relay-recv`` on B, sha256 on both ends compared here): the
-   hosts never need to reach each other.
-4. B runs a ``parity-compare`` job (`remote.eval.parity`) and the result is pulled into
-   ``<results_dir>/<job-id>/`` like an eval's, with a PNG of error per layer.
-
-Every job is a detached `remote.jobs` job: ``dflash jobs list`` lists them, ``dflash jobs
-cancel`` stops one, ``dflash jobs attach`` watches a compare job again; a dropped
-connection leaves them running.
-"""
+difference cost in tau? Capture on B then A, stream A's to B, compare (docs/parity.md)."""
 
 from __future__ import annotations
 
@@ -67,8 +43,7 @@ EventHandler = Callable[[str, dict], None]  # (stage, event)
 def _capture_engine(
     host: Host, spec: HostSpec, opts: ParityOptions, side: str, drafter: str | None
 ) -> EvalSpec:
-    """Side `side`'s EvalSpec: its target, the drafter (on B; none on A), its dtype,
-    device and threads over the host's inventory role, as an eval resolves them."""
+    """Side `side`'s EvalSpec, resolved over the host's role as an eval's (a drafter on B only)."""
     eo = opts.eval_options(side)
     target = host.expand(target_model(spec, eo, f"--model-{side}"))
     return replace(eo.engine_for(spec.eval), target=target, drafter=drafter or "")
@@ -82,8 +57,7 @@ def _capture_spec(
     engine: EvalSpec,
     ground_truth_file: str | None = None,
 ) -> dict:
-    """A ``parity-capture`` job spec; ground truth, prompts and sampling resolved as an eval
-    does (`ground_truth_file`: the other host's selection, used whole)."""
+    """A ``parity-capture`` job spec resolved as an eval's (`ground_truth_file`: B's, whole)."""
     eo = opts.eval_options(side)
     job = build_spec(host, spec, f"parity-{side}", eo, engine=engine, exact_file=ground_truth_file)
     job.update(
@@ -133,15 +107,13 @@ def run_parity(
     dest: str | Path | None = None,
     on_start: Callable[[str, remote_job.JobRef], None] | None = None,
 ) -> Path:
-    """Capture on B, then on A over B's ids, stream A's capture to B, compare on B, pull.
-    Returns the local run folder (``result.json`` schema ``dflash.parity/1``)."""
+    """Capture on B, then on A over B's ids, stream A's to B, compare on B; the run folder."""
     opts = options or ParityOptions()
     if host_a == host_b:
         raise DflashError("parity compares two hosts; name two different ones")
     spec_a, spec_b = inventory.host(host_a), inventory.host(host_b)
     opts = same_dtype(opts, spec_b)
     with open_host(spec_a, inventory) as a, open_host(spec_b, inventory) as b:
-        # Both targets resolved (one line for a host with none) before either host is asked.
         engine_b = _capture_engine(b, spec_b, opts, "b", None)
         engine_a = _capture_engine(a, spec_a, opts, "a", None)
         bundle.ensure(a)
@@ -152,12 +124,10 @@ def run_parity(
         engine_b = replace(engine_b, drafter=drafter or "")
         job_b = _capture_spec(b, spec_b, opts, "b", engine_b)
         pre_a = _capture_spec(a, spec_a, opts, "a", engine_a, ground_truth_file=FROM_B)
-        # B's selection, copied after its capture: A's preflight looks for no file yet
         pre_a["ground_truth"]["deferred"] = jobwire.EARLY_WAIT_SECONDS
         check_hosts(a, pre_a, b, job_b, opts)
         st_b = _run_job(b, job_b, f"capture {host_b}", on_event, on_start)
         cap_b = _result(b, st_b["dir"])
-        # A captures the layers B chose (the drafter lives on B), over B's very ids
         if not isinstance(cap_b.get("layers"), list):
             raise DflashError(f"{host_b}: its capture's result.json names no layers")
         opts_a = ParityOptions(**{**opts.__dict__, "layers": cap_b["layers"]})
@@ -189,7 +159,6 @@ def run_parity(
             "workdir": b.workdir,
             "capture_a": f"{st_b['dir']}/{INBOX}",
             "capture_b": st_b["dir"],
-            # B's engine settings: the drafter walks on B's target, in B's dtype and device
             JOB_EVAL_KEY: replace(engine_b, threads=None).to_json(),
             "host_a": host_a,
             "jobs": {"a": st_a["job_id"], "b": st_b["job_id"]},
@@ -210,10 +179,8 @@ def attach(
     host: Host | None = None,
     status: dict | None = None,
 ) -> Path:
-    """Watch a parity compare job (after a dropped connection) to its end and pull its
-    result; a capture job cannot be resumed on its own (its partner host's part would be
-    missing): run parity again, B's ground truth comes from its cache. `host`: a session
-    to `host_name` already open; `status`: the job's state, read already on it."""
+    """Watch a parity compare job to its end and pull its result; a capture job is not
+    resumed alone (its partner's part would be missing)."""
     if host is None:
         with open_host(inventory.host(host_name), inventory) as host:
             return attach(inventory, host_name, job_id, on_event=on_event, dest=dest, host=host)

@@ -1,6 +1,5 @@
-"""What ``dflash parity`` moves between its two hosts, through this machine: B's ground
-truth to A (`copy_ground_truth`) and A's capture to B on the relay's verified data path
-(`stream_folder`, the files a capture names: `capture_files`)."""
+"""What ``dflash parity`` moves between its hosts through this machine: B's ground truth to
+A, and A's capture to B on the relay's verified data path."""
 
 from __future__ import annotations
 
@@ -60,10 +59,8 @@ def stream_folder(
     dest_root: str,
     dest_rel: str,
 ) -> dict[str, str]:
-    """Stream ``src_dir/<file>`` for each of `files` to ``dest_root/dest_rel/<file>`` on the
-    relay's data path (one ``relay-send`` on `src`, one ``relay-recv`` on `dest`, bytes
-    pumped through this machine, never touching its disk). Each file's sha256 is computed
-    on both hosts and compared here; returns file -> sha256, or raises one line."""
+    """Stream `files` from `src_dir` to ``dest_root/dest_rel`` through this machine (never its
+    disk), sha256 compared on both ends; file -> sha256, or one line."""
 
     def start(host: Host, argv: list[str]) -> Stream:
         line = bundle.remote_command(host, argv, python_flags=RELAY_PYTHON_FLAGS)

@@ -1,10 +1,5 @@
-"""One shard of a sharded eval: its job on one host, started early (its ground truth
-deferred) or with its slice, watched, pulled; what it gave back (`Outcome`). Never
-raises for a host's failure: the outcome records it with the records received until then.
-
-`ShardRun` is the state a sharded run shares between its phases (`shard_truth`, this
-module, `shard`): the inventory, hosts, options and the events' one lock.
-"""
+"""One shard of a sharded eval: its job on one host, started early or with its slice,
+watched, pulled; a host's failure is recorded in its `Outcome`, never raised."""
 
 from __future__ import annotations
 
@@ -29,8 +24,7 @@ HostEventHandler = Callable[[str, dict], None]
 
 @dataclass
 class ShardRun:
-    """State of one sharded run. Worker threads only fill their own `Outcome` and emit
-    events; the scheduling decisions happen in the calling thread."""
+    """State a sharded run's phases share; workers only fill their `Outcome` and emit."""
 
     inventory: Inventory
     specs: list[HostSpec]
@@ -55,8 +49,7 @@ class ShardRun:
 
 @dataclass
 class Outcome:
-    """What one shard job gave back: the records received (index -> record), and either
-    its pulled result or why it failed."""
+    """What one shard job gave back: records received, and its result or why it failed."""
 
     host: str
     indices: list[int]
@@ -91,10 +84,8 @@ def read_jsonl(data: bytes) -> list[dict]:
 
 
 def start_early(run: ShardRun, spec: HostSpec) -> JobRef:
-    """Start a shard's job before its samples are known, while the ground truth is
-    still being made: its ground truth is a DEFERRED file (`remote.protocol.
-    GT_DEFERRED_FILE`), so it imports, runs its checks and loads its target now and
-    waits for its slice, which `run_shard` pushes into its folder."""
+    """Start a shard's job on a deferred ground truth, so its start-up overlaps the ground
+    truth's making; `run_shard` pushes its slice later."""
     host = run.hosts[spec.name]
     job = build_spec(host, spec, run.checkpoint, run.options, exact_file="(deferred)")
     job["ground_truth"] = {
@@ -113,10 +104,8 @@ def run_shard(
     out: Outcome,
     early: Future | None = None,
 ) -> Outcome:
-    """Push the slice, start the job, watch it, pull it. Never raises: a failure is
-    recorded in `out` with the records received until then. `early`: the job
-    `start_early` started on this host (its slice goes into its folder); one that
-    failed to start, or ended without its slice, is replaced by a fresh start."""
+    """Push the slice (into `early`'s job, else a fresh one), watch, pull; never raises, a
+    failure is recorded in `out`."""
     host = run.hosts[spec.name]
     try:
         data = gt_lines(gt, indices)
@@ -153,8 +142,7 @@ def run_shard(
 
         end = remote_job.watch(host, ref.job_id, on_event, stream=ref.stream)
         if end["state"] != JobState.DONE and early is not None and not out.records:
-            # The early job ended before it evaluated anything (its wait ran out, or it
-            # failed on its own): once more, started the ordinary way.
+            # the early job ended before evaluating anything: start it the ordinary way
             ref = _start_with(run, host, spec, indices, data)
             out.job_id = ref.job_id
             end = remote_job.watch(host, ref.job_id, on_event, stream=ref.stream)
@@ -196,8 +184,6 @@ def _start_with(
     path = f"{host.workdir}/groundtruth/shards/{hashlib.sha256(data).hexdigest()[:16]}.jsonl"
     carry: list = []  # a small slice travels inside the job start: no round trip
     carry_or_push(host, data, path, carry)
-    # a shard: the same options (so the same EvalSpec over this host's role) and
-    # its slice of the ground truth, evaluated whole
     job = build_spec(host, spec, run.checkpoint, run.options, exact_file=path, carry=carry)
     job["shard"] = {"run_id": run.run_id, "indices": indices}
     return remote_job.start_job(host, job, run.job_id(spec), preflight=True, follow=True)

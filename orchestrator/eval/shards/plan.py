@@ -1,14 +1,5 @@
-"""Sharding's pure parts: which samples each host evaluates (`plan_shards`), and one
-result from the shards' results (`merge_result`). No host is touched here; the run that
-uses them is `orchestrator.eval.shards.run`.
-
-- **Plan.** Balanced by expected tokens (prompt + completion length, known once the ground
-  truth is; prompt + ``max_new_tokens`` for a record without a completion), not by sample
-  count: largest first onto the least-loaded host. Each shard keeps ground-truth order.
-- **Merge.** Records in ground-truth order; aggregates recomputed by
-  `remote.eval.metrics.summarize`, the function the engine itself uses, so the merged result
-  equals what one host would produce for the same samples.
-"""
+"""Sharding's pure parts: which samples each host evaluates, balanced by expected tokens,
+and one result from the shards' (recomputed by the engine's own `summarize`)."""
 
 from __future__ import annotations
 
@@ -19,7 +10,6 @@ from orchestrator.errors import DflashError
 from remote.eval.metrics import summarize
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 
-# What every shard's result must agree on for the records to be merged into one result.
 MUST_AGREE = (
     "dtype",
     "positions",
@@ -32,9 +22,6 @@ MUST_AGREE = (
     "drafter_parameters",
     "target_layers",
 )
-
-
-# ---- plan -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -54,8 +41,7 @@ class Shard:
 
 
 def expected_tokens(record: dict, max_new_tokens: int) -> int:
-    """What one sample costs: prompt + completion tokens when the completion is known,
-    else prompt + `max_new_tokens` (the most it can be)."""
+    """What one sample costs: prompt + completion (or `max_new_tokens`, its most) tokens."""
     completion = record.get("completion_ids")
     tail = len(completion) if completion is not None else max_new_tokens
     return len(record["prompt_ids"]) + tail
@@ -67,9 +53,8 @@ def plan_shards(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     indices: list[int] | None = None,
 ) -> list[Shard]:
-    """Split `indices` (default: all of `records`) across `hosts`, balanced by expected
-    tokens: longest first, each onto the host with the least so far (ties: earlier host).
-    Deterministic; one shard per host (possibly empty), in `hosts` order."""
+    """Split `indices` (default all) across `hosts`: longest first onto the least-loaded
+    host; deterministic, one shard per host (maybe empty) in `hosts` order."""
     if not hosts:
         raise DflashError("no eval hosts to shard across")
     todo = list(range(len(records))) if indices is None else list(indices)
@@ -84,12 +69,8 @@ def plan_shards(
     return shards
 
 
-# ---- merge ------------------------------------------------------------------------------
-
-
 def merged_features(shard_results: list[dict]) -> dict | None:
-    """The shards' ``inputs.target_features`` as one run's: ``cached`` only when every
-    shard's were, the counts summed; None when no shard says."""
+    """The shards' ``inputs.target_features`` as one run's (``cached`` only if all were)."""
     parts = [(r.get("inputs") or {}).get("target_features") for r in shard_results]
     said = [p for p in parts if isinstance(p, dict)]
     if not said:
@@ -110,10 +91,8 @@ def merge_result(
     job: dict,
     wall_s: float,
 ) -> dict:
-    """One ``dflash.eval/1`` result from the shards' results and all per-sample records
-    (in ground-truth order): metrics recomputed from the records by the engine's own
-    `summarize`; inputs from the shards (which must agree on everything that changes the
-    numbers); hosts, plan, jobs and reassignments under ``shards``."""
+    """One ``dflash.eval/1`` result from the shards' results (agreeing on `MUST_AGREE`) and
+    every record in ground-truth order, the metrics recomputed."""
     if not shard_results:
         raise DflashError("no shard finished; nothing to merge")
     base = shard_results[0]

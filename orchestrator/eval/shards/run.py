@@ -1,38 +1,5 @@
-"""Evaluate one checkpoint across several eval hosts: plan, run the shards, merge.
-
-The everyday path is one call::
-
-    run_sharded(inventory, ["ct129", "ct130"], "step_12000", EvalOptions(samples=200),
-                on_event=lambda host, ev: print(host, ev))
-
-1. **Ground truth, once.** A ground-truth-only job (``stop_after="ground_truth"``) runs on
-   the first host, exactly as a single-host eval's first phase would (server, file, local
-   generation; cached on that host). Its JSONL is pulled here. Every shard then gets ITS
-   SLICE of that very file, pushed to its host as a ``file`` ground truth. Why not let every
-   host ask the server for its ids: N hosts would each need the server reachable and
-   their own cache, a server whose answer changed between requests would give shards
-   different ground truth, and a ``local`` source would pay generation N times. One file,
-   sliced, is identical across shards by construction. (`shard_truth`)
-2. **Plan.** `shard_plan.plan_shards`: balanced by expected tokens, not by sample count
-   (see there). Each shard keeps ground-truth order.
-3. **Run.** One detached job per host (`shard_job.run_shard`), all watched at once in a
-   `concurrent.futures` thread pool over our `Host` objects; events go to ``on_event(host,
-   event)`` (the CLI draws one progress row per host and a total). Besides the jobs' own
-   events: ``plan`` (samples, shards), ``shard`` (a job started: job_id, samples, tokens)
-   and ``shard_failed`` (error, kept, unfinished). The engine's sample
-   events carry each sample's record, so the records a host finished are here even if the
-   host is lost afterwards.
-4. **Failures.** A shard whose job fails, is lost, or whose connection drops keeps the
-   records already received; its unfinished samples are re-planned across the hosts that
-   are free (as soon as one is), and the result lists that under ``"reassigned"``.
-5. **Merge.** (`shard_plan.merge_result`) Records in ground-truth order; aggregates recomputed by
-   `remote.eval.metrics.summarize`, the function the engine itself uses, so the merged result
-   equals what one host would produce for the same samples. ``result["shards"]`` records
-   the hosts, the plan, the jobs and how ground truth was shared.
-
-This module schedules the shards and writes the merged run; the state its phases share
-is a `shard_job.ShardRun`.
-"""
+"""Evaluate one checkpoint across several eval hosts: ground truth once, plan, shards,
+failures re-planned, merge (docs/eval.md, "Several eval hosts")."""
 
 from __future__ import annotations
 
@@ -66,7 +33,7 @@ from remote.protocol import JobState
 
 
 def _run(run: ShardRun) -> Path:
-    """The whole run (see the module docstring): ground truth, plan, shards, merge."""
+    """The whole SSH run: ground truth, plan, shards, merge."""
     t0 = time.time()
     names = [s.name for s in run.specs]
     by_name = {s.name: s for s in run.specs}
@@ -80,11 +47,7 @@ def _run(run: ShardRun) -> Path:
         ):
             run.hosts[spec.name] = host
         try:
-            # No separate look for the bundles: each job start runs it where it is and
-            # pushes it where it is not (`remote_job.start_job`), once per host.
-            # Every host's shard job starts once the ground-truth job has passed its
-            # checks (quick: it loads nothing), beside it: their start-up (imports,
-            # checks, the target's load) overlaps that phase.
+            # Shard jobs start beside the ground-truth job, so their start-up overlaps it.
             gt_ref, gt_job = start_ground_truth(run)
             early = {s.name: starter.submit(start_early, run, s) for s in run.specs}
             gt, gt_info, gt_job = fetch_ground_truth(run, gt_ref, gt_job)
@@ -114,8 +77,7 @@ def _run(run: ShardRun) -> Path:
                     submit(shard.host, shard.indices)
                 else:
                     idle.append(shard.host)
-            # hosts the plan left idle: their early jobs stop (in the background: a
-            # start may still be under way)
+            # in the background: an idle host's early start may still be under way
             starter.submit(cancel_early, run, {h: early.pop(h) for h in idle if h in early})
             pending: list[int] = []
             while running:
@@ -140,7 +102,6 @@ def _run(run: ShardRun) -> Path:
                     entry_of.update((i, entry) for i in lost)
                     pending.extend(lost)
                 if pending and idle:
-                    # Re-plan what failed hosts left across every host free right now.
                     for shard in plan_shards(gt, idle, max_new, pending):
                         if not shard.indices:
                             continue
@@ -212,19 +173,14 @@ def run_sharded(
     dest: str | os.PathLike | None = None,
     run_id: str | None = None,
 ) -> Path:
-    """Evaluate `checkpoint` across the hosts (names or inventory groups) and merge into one
-    local run folder ``<results_dir>/<run-id>`` (the shards' pulled folders under
-    ``shards/``). Returns that folder. See the module docstring for the procedure. A host
-    with a ``slurm`` role, named alone, runs the shards as one job array on its cluster
-    instead (`slurm_eval.run_slurm_eval`), merged by the same code."""
+    """Evaluate `checkpoint` across the hosts (a Slurm login node alone: one job array) into
+    one run folder ``<results_dir>/<run-id>``, returned."""
     options = options or EvalOptions()
     specs = inventory.expand(host_names)
     if not specs:
         raise DflashError("--hosts names no host")
-    # matplotlib is imported while the shards run, as a single-host eval does, not after
-    # the merge on the way to the plots.
     pull.warm_plots()
-    # it names a folder here and starts the shard jobs' ids: checked as a job id is
+    # it names a folder here and prefixes the shard jobs' ids
     run_id = jobwire.local_job_id(run_id or new_job_id(checkpoint))
     root = results_dir(inventory, dest)
     final = root / run_id

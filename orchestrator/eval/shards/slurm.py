@@ -1,29 +1,5 @@
-"""Evaluate one checkpoint as ONE Slurm job array, through a cluster's login node.
-
-`run_slurm_eval` is what ``remote-eval --hosts <login>`` runs (through
-`shard.run_sharded`) when that host has a ``slurm`` role (`orchestrator.slurm.role`). Its
-phases are those of the SSH-hosts sharder (`shard`), on the scheduler:
-
-1. **Inputs, once.** The bundle goes to ``<shared>/bundles/`` when it is not there yet;
-   the prompts (a built-in set or a local file) to ``<shared>/work/prompts/``,
-   content-addressed. ``<shared>/work`` is every task's workdir: its ground-truth cache
-   serves later runs as an eval host's does.
-2. **Ground truth, once.** A one-task array runs the ground-truth-only job
-   (``stop_after="ground_truth"``) on a compute node; its file is read back through the
-   login node and checked as a host checks one (`shard_truth.read_ground_truth`).
-3. **Plan.** `shard_plan.plan_shards` over ``SlurmRole.shards`` tasks (fewer when there
-   are fewer samples), balanced by expected tokens.
-4. **Run.** Each task's spec and its slice of the ground truth (a ``file`` ground truth)
-   go to the array's job folder in ONE command (a tar stream), then ONE ``sbatch`` submits
-   the array. Each task runs ``job array`` (`remote.jobs.array`) from the shared bundle:
-   the host-side eval job, unchanged, in a job folder of its own per attempt. The array
-   is watched, failed tasks resubmitted and cancelled on any way out by
-   `orchestrator.slurm.array`; a task someone cancelled on the cluster is resubmitted too
-   (within ``max_retries``): the way to stop the eval is to stop this controller.
-5. **Merge.** Each task's result is pulled through the login node (``job pull``, checked
-   as every pull is), its samples checked to be its slice's, and everything merged by
-   `shard_write.write_merged`, the code the SSH shards merge with.
-"""
+"""Evaluate one checkpoint as ONE Slurm job array through a login node: the SSH sharder's
+phases on the scheduler (docs/slurm.md, "An eval as one array")."""
 
 from __future__ import annotations
 
@@ -59,11 +35,10 @@ from orchestrator.transport.hosts import Host, last_line, open_host, quote
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 from remote.protocol import GT_SOURCES, JOB_CARRY_KEY, SpecError, check_slurm_end
 
-# How long the whole run may take, queue waits included (each array is bounded by it).
+# Each array's bound, queue waits included.
 RUN_TIMEOUT = 86400.0
-# A task cancelled on the cluster is resubmitted like a failed one (see the docstring).
+# Stopping the controller, not a task's scancel, stops the eval.
 RETRY = states.RETRYABLE | {"CANCELLED"}
-# The pushed inputs, in one command: the tasks' specs and slices, a tar stream.
 PUSH_TIMEOUT = 600.0
 
 
@@ -126,9 +101,8 @@ def _push_tree(host: Host, folder: str, files: dict[str, bytes]) -> None:
 
 
 def _shared_prompts(cluster: Cluster, options: EvalOptions) -> tuple[EvalOptions, dict | None]:
-    """`options` with a built-in set or a local prompts file pushed to the shared folder
-    (named there as ``host:``), and the spec's ``prompts`` entry for it; unchanged where
-    the prompts are the host's already or the ground truth is a file."""
+    """`options` with local prompts pushed to the shared folder as ``host:``, and the spec's
+    ``prompts`` entry (None where nothing needs pushing)."""
     role = cluster.spec.eval
     prompts = options.prompts or (None if role and role.prompts else "chat")
     gt_kind = ground_truth_source(cluster.host, cluster.spec, options)["kind"]
@@ -141,8 +115,7 @@ def _shared_prompts(cluster: Cluster, options: EvalOptions) -> tuple[EvalOptions
 
 
 def _job_spec(cluster: Cluster, run: ShardRun, options: EvalOptions, **kw) -> dict:
-    """An eval job spec for a task (`spec.build_spec` over the login node's roles), its
-    workdir the tasks' own."""
+    """An eval job spec for a task, in the tasks' workdir."""
     job = build_spec(cluster.host, cluster.spec, run.checkpoint, options, **kw)
     job.pop(JOB_CARRY_KEY, None)
     job["workdir"] = cluster.work
@@ -157,9 +130,8 @@ def _array(
     tasks: int,
     timeout: float,
 ) -> ArrayStatus:
-    """Make the job folder ``<shared>/<name>``, put `inputs` there, submit `tasks` tasks
-    as one array and watch it to its end; every task's progress, failures and retries to
-    ``run.emit`` (`TaskReporter`), each failure also into its attempt's job folder."""
+    """Put `inputs` in ``<shared>/<name>``, submit `tasks` tasks as one array and watch it to
+    its end, told through `TaskReporter`."""
     folder = posixpath.join(cluster.role.shared, name)
     plan = ArrayPlan(cluster.role, name, tasks, cluster.command(name, folder))
     array = ArrayRun(cluster.client, plan, retry=RETRY)
@@ -180,9 +152,8 @@ def _array(
 
 
 def _record_end(cluster: Cluster, run: ShardRun, label: str, job_id: str, attempt: Attempt):
-    """How the scheduler ended `attempt`, into its job folder (``job array-end``, run by
-    the login node's bundle): there a node failure reads as one, not as the cancellation
-    its SIGTERM looked like. Failing to write it is a warning, not the run's end."""
+    """Record how the scheduler ended `attempt` in its job folder (a node failure is not the
+    cancellation its SIGTERM looked like); failing is a warning."""
     end = {"job": attempt.ref, "state": attempt.state, "nodes": attempt.nodes}
     end.update(why=attempt.why, exit_code=attempt.exit_code)
     argv = ["job", "array-end", f"--workdir={cluster.work}", f"--job-id={job_id}"]
@@ -198,8 +169,7 @@ def _label(cluster: Cluster, name: str, task: int) -> str:
 
 
 def _job_call(cluster: Cluster, action: str, job_id: str) -> dict:
-    """``job <action>`` (status, pull) of the task job `job_id` in the tasks' workdir, run
-    on the login node by its own bundle; the answer checked (`jobwire.call`)."""
+    """``job <action>`` of task job `job_id`, run on the login node; the answer checked."""
     argv = ["job", action, f"--workdir={cluster.work}", f"--job-id={job_id}"]
     return jobwire.call(cluster.host, action, job_id, argv=argv)[1]
 
@@ -210,8 +180,7 @@ def _task_job_id(name: str, status: ArrayStatus, task: int) -> str:
 
 
 def _failed(cluster: Cluster, name: str, status: ArrayStatus) -> JobError:
-    """One line for an array that ended with failed tasks: the scheduler's word on each,
-    and the first failed job's own error where its folder has one."""
+    """One line for failed tasks: the scheduler's word, and the first job's own error."""
     line = status.failure_line()
     for task in status.failed:
         try:
@@ -226,7 +195,7 @@ def _failed(cluster: Cluster, name: str, status: ArrayStatus) -> JobError:
 
 
 def _pull(cluster: Cluster, run: ShardRun, name: str, status: ArrayStatus, task: int):
-    """The task's result pulled into ``run.stage/shards/`` (checked as every pull is)."""
+    """The task's result pulled into ``run.stage/shards/``."""
     job_id = _task_job_id(name, status, task)
     answer = _job_call(cluster, "pull", job_id)
     return job_id, pull.pull_results(cluster.host, job_id, run.stage / "shards", answer)
@@ -254,8 +223,7 @@ def _ground_truth(cluster: Cluster, run: ShardRun, options: EvalOptions, timeout
 
 
 def _task_inputs(cluster: Cluster, run: ShardRun, gt: list[dict], plan: list) -> dict:
-    """Each task's job spec and its slice of the ground truth, by name in the job folder;
-    the ``shard`` event of each (its row in the progress view)."""
+    """Each task's job spec and ground-truth slice by name, each told as a ``shard`` event."""
     inputs: dict[str, bytes] = {}
     for task, shard in enumerate(plan):
         path = posixpath.join(cluster.role.shared, run.run_id, "gt", f"{task}.jsonl")
@@ -301,22 +269,19 @@ def _collect(cluster: Cluster, run: ShardRun, gt: list[dict], plan: list, status
 
 
 def array_names(run_id: str) -> tuple[str, str]:
-    """The names of a run's two arrays (its ground truth's, its shards'): their job
-    names on the cluster and their job folders under the shared folder."""
+    """A run's two arrays' names (ground truth, shards), also their folders."""
     return f"{run_id}-gt", run_id
 
 
 def cancel_run(spec: HostSpec, inventory, run_id: str) -> None:
-    """``scancel`` whatever of run `run_id`'s arrays is still queued or running on `spec`'s
-    cluster (a controller that died left it there); nothing when none is."""
+    """``scancel`` what a dead controller left of run `run_id`'s arrays on the cluster."""
     with open_host(spec, inventory) as host:
         SlurmClient(host).cancel_named(array_names(run_id))
 
 
 def run_slurm_eval(run: ShardRun, *, timeout: float = RUN_TIMEOUT) -> None:
-    """The whole run (see the module docstring) on the one host of `run`, a login node;
-    the merged run written into ``run.stage``. A failed task (after its retries) is one
-    line (`JobError`), with nothing left queued."""
+    """The whole run on `run`'s login node, merged into ``run.stage``; a task failed after
+    its retries is one line, nothing left queued."""
     t0 = time.time()
     [spec] = run.specs
     if spec.slurm is None:

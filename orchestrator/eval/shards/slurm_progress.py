@@ -1,10 +1,5 @@
-"""Live progress of a Slurm eval's tasks: the lines each attempt's job appended to its
-``events.jsonl`` on the shared folder since the last look, for every attempt at once in
-ONE login-node command, each event checked as a watch's is (`jobwire.checked`).
-
-Read only while an attempt runs and once after it ended; at most `TAIL_MAX` bytes of one
-file per look (the rest comes at the next), and only whole lines are taken.
-"""
+"""Live progress of a Slurm eval's tasks, read in one login-node command a look and told in
+order (docs/slurm.md, "An eval as one array", step 5)."""
 
 from __future__ import annotations
 
@@ -18,8 +13,7 @@ from orchestrator.transport.lines import MiB
 
 TAIL_MAX = 4 * MiB
 TAIL_TIMEOUT = 60.0
-# For each "<offset>:<path>" argument: the path, NUL, the file's bytes from that offset
-# (at most TAIL_MAX), NUL. Events are JSON lines (ASCII): no NUL inside.
+# Per "<offset>:<path>": path NUL bytes-from-offset NUL (JSON lines hold no NUL).
 _SCRIPT = (
     'for a in "$@"; do f=${a#*:}; o=${a%%:*}; printf \'%s\\0\' "$f"; '
     f"tail -c +$((o+1)) -- \"$f\" 2>/dev/null | head -c {TAIL_MAX}; printf '\\0'; done"
@@ -27,8 +21,7 @@ _SCRIPT = (
 
 
 class EventTail:
-    """The events of the jobs in one workdir (``<work>/jobs/<job id>/events.jsonl``), read
-    from where the last look left each."""
+    """The jobs' ``events.jsonl`` in one workdir, each read on from where the last look left it."""
 
     def __init__(self, host: Host, work: str):
         self.host = host
@@ -66,15 +59,9 @@ class EventTail:
 
 
 class TaskReporter:
-    """What a Slurm eval's view hears after each look at one array, in the order it
-    happened: per task and attempt, the job's new events, then the attempt's change of
-    state (a ``slurm_task`` event: `slurm_task`); then the array's new notes (``warning``).
-
-    An attempt's events are read while it runs and once after it ended, so all that it
-    will ever report comes before its failure and before its retry's first event: a view
-    that starts a row afresh at a retry counts every sample once. `on_failed(task, attempt,
-    ran)` is called for each attempt as its failure is seen (`ran`: its job wrote events,
-    so its folder exists), before that is reported."""
+    """After each look at an array, per attempt its new events then its change of state,
+    then the array's notes; a retry's events come after its failure, so samples count once.
+    `on_failed(task, attempt, ran)` sees each failure before it is told."""
 
     def __init__(self, emit, tail: EventTail, name: str, label, max_attempts: int, on_failed):
         self.emit, self.tail, self.name, self.label = emit, tail, name, label
@@ -115,9 +102,7 @@ class TaskReporter:
 
 
 def slurm_task(task, n: int, max_attempts: int) -> dict:
-    """The ``slurm_task`` event of attempt `n` (from 1) of `task` (`status.TaskStatus`):
-    the attempt (`status.Attempt.to_json`: job, state, verdict, nodes, reason, why), its
-    number, the most a task gets, and the attempt that retries it if there is one."""
+    """The ``slurm_task`` event of attempt `n` (from 1) of `task`, with the retry's ref."""
     attempt = task.attempts[n - 1]
     return {
         "event": "slurm_task",

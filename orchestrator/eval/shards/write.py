@@ -1,10 +1,5 @@
-"""The merged run of a sharded eval, written into its staging folder: one code for the
-SSH-hosts sharder (`shard`) and a Slurm array (`slurm_eval`), so both merge alike.
-
-`write_merged` merges the shards' results (`shard_plan.merge_result`), judges the ground
-truth by the merged agreement (`shard_truth.judge_ground_truth`), and writes
-``samples.jsonl``, ``result.json``, ``spec.json`` and ``ground_truth.json``.
-"""
+"""The merged run of a sharded eval, written into its staging folder: one code for SSH hosts
+and a Slurm array, so both merge alike."""
 
 from __future__ import annotations
 
@@ -28,9 +23,8 @@ def write_merged(
     t0: float,
     gt_workdir: str | None = None,
 ) -> dict:
-    """Merge `results` (the shards' ``result.json``) with every record, `ordered` as the
-    ground truth is, into ``run.stage``; returns the merged result. `gt_job`: the spec of
-    the ground-truth job (the run's inputs); `gt_workdir`: where that job's cache is."""
+    """Merge the shards' `results` and every record (in ground-truth order) into ``run.stage``,
+    the ground truth judged by the merged agreement; the merged result."""
     result = merge_result(
         results,
         ordered,
