@@ -1,22 +1,4 @@
-"""tau by category and by completion length, derived here from a run's per-sample records.
-
-The host computes no breakdown: each sample record carries its prompt's labels
-(``category``, ``subcategory``: `remote.protocol.sample_labels`) and its completion length,
-and the controller groups the records it validated (`store.records`) and sums each group
-with the metric registry (`remote.protocol.metrics`), as the engine sums a run. A sharded
-run's groups are those of the records it merged.
-
-Three axes (`AXES`), each a list of groups in a fixed order:
-
-- ``category``: the prompt set's categories, in the order the records first show them
-  (samples without a category form ``(none)``); only when some sample has one;
-- ``subcategory``: ``category/subcategory`` (MT-Bench's eight), only where present;
-- ``completion_length``: the ground-truth completion's tokens, in the fixed buckets of
-  `LENGTH_EDGES` (the same for every run, so two runs' buckets pair).
-
-Each group: every scalar metric of the registry by its name, and ``ddtree`` (the
-headline per DDTree budget).
-"""
+"""tau by category, sub-category and completion length, from a run's sample records."""
 
 from __future__ import annotations
 
@@ -33,7 +15,7 @@ TITLES = {
     "completion_length": "tau by completion length (ground-truth tokens)",
 }
 NO_CATEGORY = "(none)"
-# Upper bounds (completion tokens, inclusive) of the length buckets; the last is open.
+# Inclusive upper bounds; the same for every run, so two runs' buckets pair.
 LENGTH_EDGES = (64, 128, 256, 512, 1024)
 
 
@@ -69,8 +51,7 @@ KEYS: dict[str, Callable[[dict], str | None]] = {
 
 
 def groups(records: list[dict], axis: str) -> list[tuple[str, list[dict]]]:
-    """(group name, its records) along `axis`, in the axis's order (see the module); []
-    when no record has a value there. Records keep their ground-truth order."""
+    """(group name, its records) along `axis`, in the axis's order; [] when none has one."""
     key = KEYS[axis]
     if not any(key(r) is not None for r in records):
         return []
@@ -87,8 +68,7 @@ def groups(records: list[dict], axis: str) -> list[tuple[str, list[dict]]]:
 
 
 def group_stats(records: list[dict]) -> dict:
-    """One group's numbers: every scalar metric of the registry over its records, and
-    the headline per DDTree budget (``ddtree``), summed as the engine sums a run's."""
+    """One group's registry metrics and headline per DDTree budget, summed as a run's."""
     head = registry.headline()
     budgets = sorted({b for r in records for b in (r.get("ddtree") or {})}, key=budget_key)
     return {
@@ -108,8 +88,7 @@ def breakdown(records: list[dict]) -> dict[str, list[dict]]:
 
 
 def worth_showing(groups: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """The axes a table or a page shows: those with two groups or more (one group holds
-    every sample: it is the run's own line again). JSON and CSV keep every axis."""
+    """The axes with two groups or more (one group is the run's own line again)."""
     return {axis: rows for axis, rows in groups.items() if len(rows) > 1}
 
 
@@ -119,9 +98,7 @@ def of_run(run: res.Run) -> dict[str, list[dict]]:
 
 
 def flat(run: res.Run) -> dict[str, float | int | None]:
-    """The breakdown as flat columns for CSV and JSON lines: ``<metric>_<axis>_<group>``
-    for each metric a table shows (`summary.columns`; a length bucket's name as it is:
-    ``tau_per_sample_mean_completion_length_65-128``)."""
+    """The breakdown as ``<metric>_<axis>_<group>`` columns for CSV and JSON lines."""
     out: dict[str, float | int | None] = {}
     for axis, rows in of_run(run).items():
         for g in rows:
@@ -130,8 +107,7 @@ def flat(run: res.Run) -> dict[str, float | int | None]:
 
 
 def tracked(run: res.Run) -> dict[str, float | int | None]:
-    """The breakdown as tracker scalars: ``<metric>/<axis>_<group>`` for each metric a
-    table shows but the counts."""
+    """The breakdown as ``<metric>/<axis>_<group>`` tracker scalars, counts left out."""
     out: dict[str, float | int | None] = {}
     for axis, rows in of_run(run).items():
         for g in rows:

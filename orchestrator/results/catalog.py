@@ -1,8 +1,4 @@
-"""The results folder as `dflash results` sees it: which folder, which runs, and one call per
-subcommand (list, find, compare, plot, export, report) returning what the CLI shows.
-
-Eval runs come from `store`; parity runs (``dflash parity``) live in the same folder and are
-listed and shown beside them."""
+"""The results folder as `dflash results` sees it: one call per subcommand."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ from orchestrator.results.gate import Gate, GateOptions, gate
 
 
 def results_root(results_dir: Path | None, inventory_path: Path | None) -> Path:
-    """The results folder: `results_dir`, else the inventory's ``defaults.results_dir``,
-    else ``./results`` when there is no inventory (unless one was named: then its error)."""
+    """`results_dir`, else the inventory's, else ``./results`` when no inventory was named."""
     if results_dir:
         return results_dir
     try:
@@ -32,17 +27,14 @@ def results_root(results_dir: Path | None, inventory_path: Path | None) -> Path:
 
 @dataclass
 class Selected:
-    """The runs a command works on, and the run folders left out because they could not
-    be read (one line each: which run, which file and field)."""
+    """The runs a command works on, and a line for each unreadable run folder left out."""
 
     runs: list[res.Run]
     skipped: list[str]
 
 
 def select_runs(run_ids: list[str] | None, root: Path) -> Selected:
-    """The named runs (ids, unique prefixes or folders: one that cannot be read is an
-    error), else every readable run of `root` (the others skipped with a line each); no
-    run at all is an error."""
+    """The named runs (each must read), else every readable run of `root`; none is an error."""
     if run_ids:
         selected = Selected([res.load_run(r, root) for r in run_ids], [])
     else:
@@ -66,7 +58,7 @@ class Listing:
     root: Path
     runs: list[res.Run]
     parity_runs: list[tuple[Path, dict]]
-    skipped: list[str]  # run folders that could not be read, one line each
+    skipped: list[str]
 
     def to_json(self) -> list[dict]:
         from orchestrator.results import parity_view
@@ -94,8 +86,7 @@ class ParityRun:
 
 
 def find(run_id: str, results_dir: Path | None, inventory_path: Path | None) -> res.Run | ParityRun:
-    """One run by id, unique prefix or folder: a parity run when it is one, else an eval run
-    (`store.load_run`'s errors when there is none)."""
+    """One run by id, unique prefix or folder: a parity run, else an eval run."""
     from orchestrator.results import parity_view
 
     root = results_root(results_dir, inventory_path)
@@ -118,7 +109,7 @@ class Comparison:
     paired: list[cmp.Paired]
     plot_asked: bool
     plot: Path | None
-    gate: Gate | None = None  # the CI gate's outcome, where asked (`gate.gate`)
+    gate: Gate | None = None
 
     def to_json(self) -> dict:
         return {
@@ -142,12 +133,8 @@ def compare(
     allow_different_prompting: bool = False,
     gate_options: GateOptions | None = None,
 ) -> Comparison:
-    """Compare two or more runs, the first the baseline; with `plot`, also draw their tau
-    by training step there (none when no run carries a step); with `gate_options`, put
-    each run through the CI gate against the first (`gate.gate`). A run prompted
-    otherwise than the first (thinking mode, chat template:
-    `compare.prompting_problems`) is refused in one line unless
-    `allow_different_prompting`."""
+    """Compare two or more runs against the first, maybe plotted and gated; a run prompted
+    otherwise is refused unless `allow_different_prompting` (docs/results.md)."""
     if len(run_ids) < 2:
         raise DflashError("compare needs at least two runs")
     root = results_root(results_dir, inventory_path)
@@ -182,8 +169,7 @@ def compare(
 
 @dataclass
 class Drawn:
-    """What `draw_plots` wrote, the plots that failed (one line each: which run, what
-    went wrong) and the run folders it could not read."""
+    """What `draw_plots` wrote, the plots that failed and the folders it could not read."""
 
     paths: list[Path]
     failed: list[str]
@@ -193,8 +179,7 @@ class Drawn:
 def draw_plots(
     run_ids: list[str] | None, results_dir: Path | None, inventory_path: Path | None
 ) -> Drawn:
-    """(Re)draw each run's plots and the tau-per-step plot of the runs. A plot that fails
-    is reported and the others are drawn all the same."""
+    """(Re)draw each run's plots and the tau-per-step plot; a failed plot never stops others."""
     from orchestrator.results import plots
 
     root = results_root(results_dir, inventory_path)
@@ -204,7 +189,7 @@ def draw_plots(
     for r in selected.runs:
         try:
             drawn += plots.plot_run(r)
-        except Exception as exc:  # one run's plot never stops the others'
+        except Exception as exc:
             failed.append(f"{r.run_id}: {type(exc).__name__}: {exc}")
     try:
         png = plots.plot_tau_by_step(selected.runs, root / "tau_by_step.png")
@@ -216,9 +201,7 @@ def draw_plots(
 
 @dataclass
 class Written:
-    """What an export or a report wrote: how many runs, in which format, where (`text`:
-    the export itself, when it goes to stdout), the run folders left out as unreadable,
-    and notes for the reader (which run is the report's baseline)."""
+    """What an export or report wrote: runs, format, where (or stdout's `text`), notes."""
 
     runs: int
     format: str
@@ -238,9 +221,8 @@ def export(
     results_dir: Path | None,
     inventory_path: Path | None,
 ) -> Written:
-    """Export the runs (default: all) in `fmt` to `out` (see `export.export`); ``-`` (the
-    default) is stdout for csv and jsonl (the text is returned, for the CLI to print); a
-    bad format, or a tracker without a place to write, is refused before any run is read."""
+    """Export the runs (default all) in `fmt` to `out` (``-``: the text returned for stdout);
+    a bad format or place is refused before any run is read."""
     from orchestrator.results import export as exp
 
     if fmt not in exp.FORMATS:
@@ -264,9 +246,7 @@ def report(
     inventory_path: Path | None,
     baseline: str | None = None,
 ) -> Written:
-    """Write the HTML report of the runs (default: all) to `out`. Each run is compared with
-    its baseline: the run named by `baseline` (an id, unique prefix or folder), else the
-    earliest training step of its series (`report.baselines`)."""
+    """Write the HTML report of the runs (default all) to `out`, against `baseline` if named."""
     from orchestrator.results import report as rep
 
     root = results_root(results_dir, inventory_path)

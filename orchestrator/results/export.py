@@ -1,27 +1,4 @@
-"""Results where drafter teams already look: CSV, JSON lines, TensorBoard, Weights & Biases.
-
-One flat row per run (`row`), and per run the scalars a tracker plots against the
-checkpoint's training step (`scalars`), both named by the metric registry
-(`remote.protocol.metrics`; docs/results.md): each metric by its name, per DDTree budget
-``<name>_ddtree_<N>`` (a tracker: ``<name>/ddtree_<N>``), per category, sub-category or
-completion-length group ``<name>_<axis>_<group>`` (``<name>/<axis>_<group>``): one row
-per run, as the DDTree budgets are.
-
-Trackers get one run per series (`results.series_key`: training run, prompts, ground
-truth), so two training runs never share a line:
-
-- TensorBoard: ``<DIR>/<series name>/`` event files, written with TensorBoard's own event
-  file writer (the one ``torch.utils.tensorboard`` uses), fed scalar ``Summary`` protos.
-  Not tensorboardX: its writer imports torch whenever torch is installed (4 s here, and the
-  controller stays torch-free); TensorBoard's writer needs neither torch nor TensorFlow,
-  and it is the package that reads the files back (``tensorboard --logdir DIR``).
-- W&B: one wandb run per series in PROJECT, ``mode`` offline by default (``$WANDB_MODE``
-  wins), so it works without network; ``wandb sync`` uploads it later. The training step
-  is logged as the ``train/step`` metric that every other metric is plotted against, so
-  steps may arrive in any order.
-
-Both are optional (the ``trackers`` extra); a missing one is one clear line.
-"""
+"""Results as CSV, JSON lines, TensorBoard and W&B, named by the registry (docs/results.md)."""
 
 from __future__ import annotations
 
@@ -45,7 +22,7 @@ FORMATS = ("csv", "jsonl", "tensorboard", "wandb")
 TEXT_FORMATS = ("csv", "jsonl")  # the formats that can go to stdout
 STEP_METRIC = "train/step"
 
-# A cell a spreadsheet would read as a formula (OWASP, "CSV Injection"): quoted as text.
+# A cell a spreadsheet would run as a formula is quoted as text (docs/results.md).
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
@@ -55,9 +32,7 @@ class TrackerUnavailable(DflashError):
 
 
 def row(run: res.Run) -> dict[str, Any]:
-    """One run as a flat dict: its summary, every metric per DDTree budget
-    (`summary.flat`), the round costs behind the speedup estimates
-    (`speedup.cost_columns`) and its groups (`breakdown.flat`)."""
+    """One run as a flat dict: summary, metrics per budget, speedup costs, its groups."""
     out = {k: v for k, v in summary.summary(run).items() if k != "ddtree"}
     out.update(summary.flat(run))
     for b, v in speedup.estimate(run).get("ddtree", {}).items():
@@ -68,8 +43,7 @@ def row(run: res.Run) -> dict[str, Any]:
 
 
 def scalars(run: res.Run) -> dict[str, float]:
-    """The tracker scalars of a run (None values left out): `summary.tracked` and
-    `breakdown.tracked`."""
+    """The tracker scalars of a run, None values left out."""
     out = {**summary.tracked(run), **breakdown.tracked(run)}
     return {k: float(v) for k, v in out.items() if v is not None}
 
@@ -83,10 +57,7 @@ def series_name(key: tuple) -> str:
 
 
 def csv_cell(value: Any) -> Any:
-    """A value as a CSV cell that no spreadsheet runs: a string starting with ``= + - @``,
-    a tab or a carriage return gets a leading ``'`` (OWASP's advice), unless it is a plain
-    number (``-0.905``); numbers stay numbers; names are `printable` (a lone surrogate or
-    a line break shown as an escape, never an encoding error or a broken record)."""
+    """A value as a CSV cell no spreadsheet runs, its text `printable`."""
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -98,7 +69,7 @@ def csv_cell(value: Any) -> Any:
 
 
 def render_csv(runs: list[res.Run]) -> str:
-    """The CSV of `runs`: a header, then one `row` per run (see `csv_cell`)."""
+    """The CSV of `runs`: a header, then one `row` per run."""
     rows = [row(r) for r in runs]
     columns: list[str] = []
     for r in rows:
@@ -138,9 +109,6 @@ def _atomic(path: Path, text: str) -> Path:
     if path.is_dir():
         raise DflashError(f"{path} is a folder; give a file name for the export")
     return write_atomic(path, text)
-
-
-# ---- trackers ------------------------------------------------------------------------------
 
 
 class Tracker(Protocol):
@@ -189,9 +157,8 @@ class TensorBoardTracker:
 
 
 class WandbTracker:
-    """One wandb run per series in `project`; offline unless ``$WANDB_MODE`` says
-    otherwise. Run ids derive from the series, so a later export or follow resumes the same
-    run (online) or writes beside it (offline: ``wandb sync`` merges them)."""
+    """One wandb run per series in `project`, offline unless ``$WANDB_MODE``; ids derive from
+    the series, so a later export resumes it (or, offline, ``wandb sync`` merges)."""
 
     def __init__(self, project: str, directory: str | Path, mode: str | None = None):
         try:
@@ -246,10 +213,8 @@ class WandbTracker:
 
 
 def export(runs: Iterable[res.Run], fmt: str, out: str | Path) -> Path:
-    """Write `runs` to `out` in `fmt` (csv, jsonl: a file, see `render_text` for stdout;
-    tensorboard: a log folder;
-    wandb: ``out`` is ``PROJECT`` or ``DIR/PROJECT``: the project, its offline files
-    under DIR, default ``./wandb``). Returns the file or folder written."""
+    """Write `runs` to `out` in `fmt` (a file, a log folder, or wandb's ``[DIR/]PROJECT``);
+    the file or folder written."""
     runs = [r for r in runs]
     if fmt == "csv":
         return write_csv(runs, out)

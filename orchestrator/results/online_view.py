@@ -1,6 +1,4 @@
-"""An online measurement's verdict in a run folder (``verdict.json`` beside an eval's
-files, `dflash online`): read and checked (`remote.online.verdict_doc`), and boiled down to
-the numbers people read (`summary`)."""
+"""An online run's ``verdict.json``, read, checked and boiled down to the numbers people read."""
 
 from __future__ import annotations
 
@@ -14,13 +12,12 @@ from remote.protocol import ResultError
 from remote.protocol import metrics as registry
 
 VERDICT_FILE = "verdict.json"
-# The walk metrics shown for both sides, the registry's headline first (results show's).
+# Shown for both sides, the registry's headline first.
 TAUS = ("tau_per_sample_mean", "tau_token_weighted")
 
 
 def load_verdict(run_dir: str | Path) -> dict | None:
-    """The run's verdict, checked; None when the run has none (an eval run). A damaged
-    one is a `BadRun` naming the run and the field."""
+    """The run's verdict, checked (a `BadRun` if damaged); None for an eval run."""
     path = Path(run_dir) / VERDICT_FILE
     try:
         data = path.read_bytes()
@@ -35,8 +32,7 @@ def load_verdict(run_dir: str | Path) -> dict | None:
 
 
 def summary(v: dict) -> dict[str, Any]:
-    """The verdict's headline numbers, flat: each of `TAUS` offline and online (by the
-    registry's names: ``offline_tau_per_sample_mean``, ...), the server's, the levels'."""
+    """The verdict's headline numbers, flat; `TAUS` as ``offline_<name>``, ``online_<name>``."""
     server = v.get("server") or {}
     on = v.get("online") or {}
     taus = {f"{side}_{m}": (v[side] or {}).get(m) for side in ("offline", "online") for m in TAUS}
@@ -82,8 +78,7 @@ def tau_rows(v: dict) -> list[tuple[str, str, str]]:
 
 
 def level_rows(v: dict) -> list[dict[str, Any]]:
-    """Each concurrency level: its acceptance (the registry's taus), rounds repeated from
-    the first level, lossless, tokens per second, and the baseline's beside it."""
+    """Each concurrency level's acceptance, rounds, losslessness and speed, baseline beside."""
     return [
         {
             "concurrency": lv["concurrency"],
@@ -105,14 +100,8 @@ ENGINE_SPEEDUP_UNMEASURED = (
 
 
 def speed(v: dict, run: Any) -> dict[str, Any]:
-    """The serving engine's own times (the verdict's ``engine_costs``: its decode seconds
-    per output token and per verify step, from its /metrics) beside the eval host's round
-    costs and the speedup estimate they give (`speedup`): the same per-token figure from
-    both. With a baseline (the target served without the drafter), the engine's speedup
-    measured: tokens per second with and without the drafter at the first level, and its
-    plain decode time per token over its speculative one (the formula's
-    ``t_step / ((t_verify + t_draft) / tau)`` from the engine's own times); without one,
-    why not."""
+    """The serving engine's own times and measured speedup beside the eval host's round costs
+    and estimate, the same per-token figure from both (docs/online.md)."""
     c = speedup.costs(run)
     block = (run.result.get("inputs") or {}).get("block_size")
     step, draft = c.get("target_step_s"), c.get("drafter_round_s")

@@ -1,6 +1,4 @@
-"""Parity runs (``dflash parity``) in the results folder: finding and reading them, their
-summary numbers, the per-layer table rows and the PNG of error per layer (matplotlib
-optional, imported lazily as in `orchestrator.plots`)."""
+"""Parity runs in the results folder: read, summed up, per-layer rows and plot."""
 
 from __future__ import annotations
 

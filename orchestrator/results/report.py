@@ -1,23 +1,4 @@
-"""One self-contained HTML page of results: ``dflash results report [RUN...] -o report.html``.
-
-No script, no external file, no network: the plots are inline SVG (drawn by the same
-figure code as the PNGs, `orchestrator.results.plots`), the styles inline. Sections:
-
-1. tau by training step, with token-weighted and DDTree lines, per series;
-2. the comparison table: every run's headline numbers, and its paired delta tau against
-   its baseline (bootstrap 95% interval, share of samples improved), or why it cannot be
-   paired (`orchestrator.results.compare`). The baseline is the run named by
-   ``--baseline``, else the earliest training step of the run's series (same training
-   run, prompts and ground truth: `store.series_key`), whenever it was evaluated; the page
-   names it;
-3. per run: the acceptance histogram, per-position acceptance with attempt counts, tau
-   by category and completion length (`breakdown`) with each group's paired delta against
-   the run's baseline, and environment and provenance (drafter sha256 and step, trainer,
-   target, ground truth, thinking mode and chat template).
-
-Every name is escaped as text (`printable`, then HTML), and a plot that cannot be drawn
-leaves a note in its place: one bad run never costs the page.
-"""
+"""One self-contained HTML page of results: ``dflash results report`` (docs/results.md)."""
 
 from __future__ import annotations
 
@@ -35,8 +16,7 @@ from remote.protocol import metrics as registry
 
 
 def order(runs: list[res.Run]) -> list[res.Run]:
-    """Runs as the report lists them: by series, then training step (runs without a step
-    last), then when evaluated."""
+    """Runs as the report lists them: by series, step (none last), then when evaluated."""
     return sorted(
         runs,
         key=lambda r: (res.series_key(r), r.step is None, r.step or 0, r.created, r.run_id),
@@ -44,9 +24,7 @@ def order(runs: list[res.Run]) -> list[res.Run]:
 
 
 def baselines(runs: list[res.Run], named: res.Run | None = None) -> dict[str, res.Run]:
-    """Each run's baseline, by run id: `named` for all, else the earliest training step of
-    the run's series (ties: the first evaluated; a series without steps: its first
-    evaluated run)."""
+    """Each run's baseline by run id: `named`, else its series' earliest step (`order`)."""
     if named is not None:
         return {r.run_id: named for r in runs}
     first: dict[tuple, res.Run] = {}
@@ -71,8 +49,7 @@ def baseline_notes(runs: list[res.Run], named: res.Run | None = None) -> list[st
 
 
 def pairings(runs: list[res.Run], named: res.Run | None = None) -> dict[str, compare.Paired]:
-    """Each run paired against its baseline (`baselines`), by run id; none for a baseline
-    itself. Made once per page: the comparison table and each run's groups read it."""
+    """Each run paired against its baseline, by run id; made once, read by table and groups."""
     base_of = baselines(runs, named)
     return {
         r.run_id: compare.paired(base_of[r.run_id], r)
@@ -86,9 +63,8 @@ def comparison_section(
     named: res.Run | None = None,
     paired: dict[str, compare.Paired] | None = None,
 ) -> str:
-    """Every table metric of the registry per run (`summary.columns`, then per DDTree
-    budget) and the headline's paired delta against the run's baseline (`baselines`;
-    `paired`: the pairings when made already, `pairings`)."""
+    """Every table metric per run (and per DDTree budget) and the headline's paired delta
+    against the run's baseline."""
     paired = pairings(runs, named) if paired is None else paired
     cols = summary.columns()
     per = [(m, [summary.budget_values(r, m) for r in runs]) for m in summary.per_budget()]
@@ -140,8 +116,7 @@ def comparison_section(
 
 @dataclass
 class Page:
-    """A report written: where, and what its reader should know (its baselines, the plots
-    that could not be drawn)."""
+    """A report written: where, and its notes (baselines, plots not drawn)."""
 
     path: Path
     notes: list[str] = field(default_factory=list)
@@ -150,8 +125,7 @@ class Page:
 def render(
     runs: list[res.Run], title: str = "dflash results", baseline: res.Run | None = None
 ) -> tuple[str, list[str]]:
-    """The whole page for `runs` (each compared with its baseline, see `baselines`) and
-    its notes (the baselines, and any plot that failed)."""
+    """The whole page for `runs` and its notes (the baselines, any plot that failed)."""
     if not runs:
         raise DflashError("no runs to report")
     if baseline is not None and baseline.run_id not in {r.run_id for r in runs}:
@@ -194,7 +168,7 @@ def write_report(
     title: str = "dflash results",
     baseline: res.Run | None = None,
 ) -> Page:
-    """Render and write the page atomically (a reader never sees half a page)."""
+    """Render and write the page atomically."""
     path = Path(path)
     if path.is_dir():
         raise DflashError(f"{path} is a folder; give a file name such as {path}/report.html")

@@ -1,5 +1,4 @@
-"""The HTML report's parts: its styles, escaped cells, tables and inline figures (a figure
-that cannot be drawn leaves a note in its place)."""
+"""The HTML report's parts: styles, escaped cells, tables and inline figures."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Local results: one folder per run, ``<results_dir>/<run-id>/``, JSON first.
-
-A run folder holds what `remote_eval.pull_results` copied from the host's job folder
-(``result.json`` in schema ``dflash.eval/1``, ``samples.jsonl``, ``spec.json``,
-``ground_truth.json``, the event log) plus the PNG plots drawn here. This module finds and
-reads them, checked against the contract's result types; `summary` gives their numbers
-as the views read them, `settings` how each run was made.
-"""
+"""Local results: one folder per run, ``<results_dir>/<run-id>/``, read and checked."""
 
 from __future__ import annotations
 
@@ -31,7 +24,7 @@ from remote.protocol import (
 )
 from remote.protocol import metrics_of as metrics_of
 
-RESULT_SCHEMA_PREFIX = RESULT_SCHEMA.split("/")[0] + "/"  # any version of the eval schema
+RESULT_SCHEMA_PREFIX = RESULT_SCHEMA.split("/")[0] + "/"
 
 
 @dataclass
@@ -67,15 +60,13 @@ class Run:
 
     @property
     def drafter(self) -> dict:
-        """The drafter's identity the job recorded: sha256, step, relay source (see
-        ``remote/eval/provenance.py``); {} for results made before it was recorded."""
+        """The drafter's recorded identity (docs/results.md); {} for older results."""
         ident = (self.result.get("inputs") or {}).get("drafter_identity")
         return ident if isinstance(ident, dict) else {}
 
     @property
     def step(self) -> int | None:
-        """The training step: the one recorded with the drafter (the trainer's own, or the
-        relay's), else the one its name carries (``step_12000`` -> 12000)."""
+        """The training step recorded with the drafter, else the one its name carries."""
         step = self.drafter.get("step")
         if is_int(step):
             return step
@@ -88,10 +79,8 @@ class Run:
 
 @dataclass(frozen=True)
 class TrainingRun:
-    """Which training run a checkpoint came from: the trainer host, its checkpoints folder
-    and the run's name (that folder's name, or its parent's when the folder has a generic
-    name such as ``checkpoints``). Without a relay record (a drafter evaluated where it
-    lay) the eval host and the drafter's folder stand in for them."""
+    """Which training run a checkpoint came from (docs/results.md); without a relay record
+    the eval host and the drafter's folder stand in."""
 
     host: str
     folder: str
@@ -119,9 +108,8 @@ GENERIC_FOLDERS = {
 
 
 def results_dir(inventory: Inventory, override: str | os.PathLike | None = None) -> Path:
-    """The local results folder: `override` (a command-line path: relative to the current
-    folder) or the inventory's ``defaults.results_dir``, relative to the inventory file's
-    folder, so every command finds the same folder wherever it is started."""
+    """`override`, else the inventory's ``results_dir`` relative to the inventory's folder, so
+    every command finds it wherever it is started."""
     if override:
         return Path(override)
     path = Path(inventory.defaults.results_dir or "results").expanduser()
@@ -149,8 +137,7 @@ def training_run(run: Run) -> TrainingRun:
 
 
 def series_key(run: Run) -> tuple[str, str, str, str, str]:
-    """Runs that belong on one line of a tau-by-step plot or in one tracker run: same
-    training run (trainer host, checkpoints folder), same prompts and ground truth."""
+    """What puts runs on one plot line or tracker run: training run, prompts, ground truth."""
     t = run.training_run
     prompts = (run.spec.get("prompts") or {}).get("name") or "-"
     gt = ground_truth_source(run).get("kind") or "-"
@@ -182,9 +169,7 @@ class BadRun(DflashError):
 
 
 def load_run(path_or_id: str | Path, root: str | Path | None = None) -> Run:
-    """A run from its folder, or from its id (or a unique prefix of it) under `root`. Its
-    files are checked against the result types of the contract (`remote.protocol`): a
-    wrong type is a `BadRun` naming the run, the file and the field."""
+    """A run from its folder, or its id or unique prefix under `root`, checked (`BadRun`)."""
     path = Path(path_or_id)
     if not (path / "result.json").is_file() and root is not None:
         path = _find(str(path_or_id), Path(root))
@@ -213,7 +198,7 @@ def load_run(path_or_id: str | Path, root: str | Path | None = None) -> Run:
 
 
 def _read(path: Path) -> dict:
-    """An optional JSON object of a run folder; {} when it is missing or not an object."""
+    """An optional JSON object of a run folder, else {}."""
     try:
         data = json.loads(path.read_text(errors="surrogateescape"))
         return data if isinstance(data, dict) else {}
@@ -232,9 +217,8 @@ def _find(ident: str, root: Path) -> Path:
 
 
 def scan_runs(root: str | Path) -> tuple[list[Run], list[str]]:
-    """Every readable eval run under `root`, oldest first, and one line per run folder that
-    could not be read (which run, which file and field): a bad run never hides the others.
-    Folders of another kind of result (parity runs) are not eval runs and not reported."""
+    """Every readable eval run under `root`, oldest first, and a line per unreadable one
+    (other result kinds left unsaid)."""
     root = Path(root)
     if not root.is_dir():
         return [], []
@@ -271,9 +255,7 @@ def list_runs(root: str | Path) -> list[Run]:
 
 
 def records(run: Run) -> list[dict]:
-    """The per-sample records (``samples.jsonl``), in ground-truth order; [] when absent.
-    A line that is not a JSON object of the record's types (`remote.protocol`) is a
-    `BadRun` naming the file, the line and the field."""
+    """The checked per-sample records in ground-truth order ([] when absent; `BadRun`)."""
     path = run.path / (run.result.get("samples_file") or "samples.jsonl")
     if PurePosixPath(str(run.result.get("samples_file") or "")).name != str(
         run.result.get("samples_file") or ""
