@@ -1,5 +1,4 @@
-"""The ``job`` commands on one host, bounded (ARCHITECTURE.md, "What bounds a wait") and
-checked against the contract before use: one line naming the host and the field."""
+"""The ``job`` commands on one host, bounded and their answers checked before use."""
 
 from __future__ import annotations
 

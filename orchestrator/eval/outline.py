@@ -1,5 +1,4 @@
-"""What an eval job will do, in one line before it runs, as an ``outline`` event the view
-prints (docs/eval.md, "What a run says while it runs")."""
+"""What an eval job will do, in one line before it runs (an ``outline`` event)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The prompt sets an eval can be given: built-in ones (docs/eval.md, "Prompt sets that
-match what is published") and a local JSONL file."""
+"""The prompt sets an eval can be given: built-in ones (docs/eval.md) and a local JSONL file."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A finished job's result files, checked, into a local run folder renamed into place, and
-the plots drawn beside them."""
+"""A finished job's result files, checked, into a local run folder; the plots beside them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A remote eval as the command line asks for it, with the default host filled in and what
-no eval can run refused in one line, before anything connects."""
+"""A remote eval as the command line asks for it, checked before anything connects."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Remote eval from the workstation, the everyday path: start detached (preflight first),
-watch and pull over one SSH command (docs/eval.md); one job's calls live in `job`."""
+"""Remote eval from the workstation, the everyday path: start, watch, pull (docs/eval.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One checkpoint of ``dflash follow``: relay it, optionally probe it, evaluate it (on a
-Slurm login node as one job array), record it; docs/follow.md, docs/slurm.md."""
+"""One checkpoint of ``dflash follow``: relay, probe, evaluate, record (docs/follow.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``dflash follow``: evaluate every new checkpoint a training run writes, exactly once;
-the pass, the crash cases and the folder: docs/follow.md."""
+"""``dflash follow``: evaluate each new checkpoint of a training run once (docs/follow.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What a follow is asked to do and what it reports while it works, shared by the loop and
-each checkpoint's work."""
+"""What a follow is asked to do and what it reports while it works."""
 
 from __future__ import annotations
 

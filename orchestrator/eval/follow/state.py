@@ -1,5 +1,4 @@
-"""The follow folder: what ``dflash follow`` remembers between passes and restarts
-(docs/follow.md)."""
+"""The follow folder: what ``dflash follow`` remembers across passes (docs/follow.md)."""
 
 from __future__ import annotations
 

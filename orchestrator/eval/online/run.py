@@ -1,5 +1,4 @@
-"""``dflash online``: the tau a serving engine delivers for a checkpoint, beside the offline
-tau, and one verdict; one detached job of kind ``online`` (docs/online.md)."""
+"""``dflash online``: a serving engine's tau beside the offline one, a verdict (docs/online.md)."""
 
 from __future__ import annotations
 

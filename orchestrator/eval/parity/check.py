@@ -1,5 +1,4 @@
-"""Before ``dflash parity`` captures anything: both hosts' preflights at once, then their
-targets compared."""
+"""Before ``dflash parity`` captures: both hosts' preflights at once, their targets compared."""
 
 from __future__ import annotations
 

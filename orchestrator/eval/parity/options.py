@@ -1,5 +1,4 @@
-"""What ``dflash parity`` compares: its options, the one dtype both sides compute in, the
-layers, and the two hosts as the command line names them."""
+"""What ``dflash parity`` compares: options, one dtype for both sides, layers, the two hosts."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``dflash parity``: do two hosts compute the same target features, and what does the
-difference cost in tau? Capture on B then A, stream A's to B, compare (docs/parity.md)."""
+"""``dflash parity``: capture on B then A, stream A's to B, compare on B (docs/parity.md)."""
 
 from __future__ import annotations
 

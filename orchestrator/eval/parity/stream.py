@@ -1,5 +1,4 @@
-"""What ``dflash parity`` moves between its hosts through this machine: B's ground truth to
-A, and A's capture to B on the relay's verified data path."""
+"""What ``dflash parity`` moves between its hosts through this machine, verified."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One shard of a sharded eval: its job on one host, started early or with its slice,
-watched, pulled; a host's failure is recorded in its `Outcome`, never raised."""
+"""One shard's job on one host; a host's failure is recorded in its `Outcome`, never raised."""
 
 from __future__ import annotations
 

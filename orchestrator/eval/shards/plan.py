@@ -1,5 +1,4 @@
-"""Sharding's pure parts: which samples each host evaluates, balanced by expected tokens,
-and one result from the shards' (recomputed by the engine's own `summarize`)."""
+"""Sharding's pure parts: samples per host by expected tokens, and the merged result."""
 
 from __future__ import annotations
 

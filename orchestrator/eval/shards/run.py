@@ -1,5 +1,4 @@
-"""Evaluate one checkpoint across several eval hosts: ground truth once, plan, shards,
-failures re-planned, merge (docs/eval.md, "Several eval hosts")."""
+"""One checkpoint evaluated across several SSH eval hosts (docs/eval.md, "Several eval hosts")."""
 
 from __future__ import annotations
 

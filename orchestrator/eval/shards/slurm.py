@@ -1,5 +1,4 @@
-"""Evaluate one checkpoint as ONE Slurm job array through a login node: the SSH sharder's
-phases on the scheduler (docs/slurm.md, "An eval as one array")."""
+"""One checkpoint evaluated as ONE Slurm job array through a login node (docs/slurm.md)."""
 
 from __future__ import annotations
 

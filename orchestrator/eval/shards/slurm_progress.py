@@ -1,5 +1,4 @@
-"""Live progress of a Slurm eval's tasks, read in one login-node command a look and told in
-order (docs/slurm.md, "An eval as one array", step 5)."""
+"""Live progress of a Slurm eval's tasks, read in one login-node command a look."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The merged run of a sharded eval, written into its staging folder: one code for SSH hosts
-and a Slurm array, so both merge alike."""
+"""The merged run of a sharded eval, one code for SSH hosts and a Slurm array."""
 
 from __future__ import annotations
 
