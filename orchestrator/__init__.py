@@ -1,10 +1,5 @@
-"""The local controller: inventory, SSH hosts, relay, remote jobs, results.
-
-Never imports torch: `dflash --help`, `relay` and `hosts` work on a laptop without it.
-"""
+"""The local controller; never imports torch, so it works on a laptop without it."""
 
 __version__ = "0.1.0"
-# The distribution's name (pyproject's [project] name). Not "dflash": on PyPI that is z-lab's
-# DFlash reference package, which drafter teams install for its model code. The command
-# stays `dflash`.
+# Not "dflash": on PyPI that is z-lab's DFlash reference package (its model code).
 DISTRIBUTION = "dflash-orchestrator"

@@ -1,3 +1,5 @@
+"""`python -m orchestrator`: the `dflash` command."""
+
 from orchestrator.cli import main
 
 main()

@@ -14,11 +14,10 @@ from typer.core import TyperGroup
 from orchestrator.commands import output  # its consoles (and rich) load on first use
 from orchestrator.errors import DflashError
 
-if TYPE_CHECKING:  # Typer's own copy of click (it has no click dependency)
+if TYPE_CHECKING:  # Typer's own copy of click
     from typer._click import Command, HelpFormatter
 
-# `dflash --help` lists the commands in the order a newcomer uses them: reach the hosts,
-# move a checkpoint, look at the model, evaluate, read results; then the loop and the rest.
+# `dflash --help` lists the commands in the order a newcomer uses them.
 COMMAND_ORDER = (
     "hosts",
     "relay",
@@ -34,23 +33,19 @@ COMMAND_ORDER = (
 )
 
 
-# A group's subcommand when none is named: ``dflash jobs [--host H]`` lists the jobs.
 DEFAULT_SUBCOMMANDS = {"jobs": "list"}
 
 
 def hoist(args: list[str], flags: Collection[str]) -> list[str]:
-    """`args` with the root's `flags` moved before the command wherever they were given:
-    ``dflash relay --accept-new-host-keys`` runs as ``dflash --accept-new-host-keys relay``
-    (a message saying "rerun with --accept-new-host-keys" is followed at the end of the
-    line). Words after ``--`` stay where they are."""
+    """`args` with the root's `flags` moved before the command, so "rerun with
+    --accept-new-host-keys" can be followed at the end of the line (not after ``--``)."""
     end = args.index("--") if "--" in args else len(args)
     head = args[:end]
     return [a for a in head if a in flags] + [a for a in head if a not in flags] + args[end:]
 
 
 def with_default_subcommand(args: list[str]) -> list[str]:
-    """`args` with a group's default subcommand (`DEFAULT_SUBCOMMANDS`) put in when none is
-    named (``dflash jobs -H a`` runs ``dflash jobs list -H a``; its help stays its own)."""
+    """`args` with a group's default subcommand put in when none is named."""
     at = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
     if at is None:
         return args
@@ -62,16 +57,13 @@ def with_default_subcommand(args: list[str]) -> list[str]:
 
 
 class _Group(TyperGroup):
-    """The root command: its commands in `COMMAND_ORDER`, its own flags taken wherever they
-    are given (`hoist`), a group's default subcommand put in (`with_default_subcommand`),
-    and every help page under it tidied (`_tidy`) before it is drawn."""
+    """The root command: ordered commands, hoisted flags, default subcommands, tidy help."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, with_default_subcommand(hoist(args, self.flags(ctx))))
 
     def flags(self, ctx: typer.Context) -> set[str]:
-        """The root's own flags that may follow the command (``--accept-new-host-keys``):
-        every flag but the eager ones (help, version, completion), which act at once."""
+        """The root's flags that may follow the command: all but the eager ones."""
         return {
             name
             for p in self.get_params(ctx)
@@ -95,10 +87,8 @@ class _Group(TyperGroup):
 
 
 def _tidy(command: Command, ctx: typer.Context) -> None:
-    """Make the help of `command` and everything under it read as written: a flag shows no
-    type after it (Typer prints ``<bool>``; a flag takes no value), and a docstring's line
-    breaks inside a paragraph are spaces (Typer's rich help keeps them, breaking lines
-    mid-sentence). Idempotent; `ctx` names the help options (-h, --help)."""
+    """Make the help of `command` and below read as written: no ``<bool>`` after a flag,
+    no line breaks inside a paragraph (Typer keeps a docstring's). Idempotent."""
     for param in command.get_params(ctx):
         if getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""
@@ -115,12 +105,10 @@ _app = typer.Typer(
     help="Relay, probe and evaluate DFlash drafters across a trainer and eval hosts over SSH.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    # Plain help (click's formatter), here and in every sub-app: it wraps option names and
-    # help text at any width, where rich's help panels cut them ("--ground-truth-k…").
+    # click's formatter wraps option names at any width, where rich's panels cut them.
     rich_markup_mode=None,
-    # --install-completion / --show-completion for bash, zsh, fish and PowerShell.
     add_completion=True,
-    # -h everywhere: click hands help option names down to every subcommand's context.
+    # click hands help option names down to every subcommand's context.
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -151,11 +139,8 @@ def _load(modules: tuple[str, ...]) -> typer.Typer:
 
 
 def _modules_for(argv: list[str]) -> tuple[str, ...]:
-    """The command modules a run with `argv` needs: only the module named like the command
-    (``relay`` -> orchestrator.commands.relay, ``remote-eval`` -> ...remote_eval), so a
-    command does not import every other command's libraries first (a quarter second of
-    an unchanged relay's wall time); all of them for help, completion, or a command whose
-    module has another name."""
+    """The command modules a run with `argv` needs: the one named like the command, so a
+    command does not import every other's libraries first; else all of them."""
     words = [a for a in argv if not a.startswith("-")]
     completing = any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
     if words and not completing:
@@ -202,15 +187,13 @@ def _root(
 
 
 def _usage_error(exc: BaseException) -> bool:
-    """Whether `exc` is click's parse error (a bad option value, an unknown option). Typer
-    raises click's own classes or, in recent versions, those of its vendored copy of click,
-    so the class is recognised by its name rather than imported from one place."""
+    """Whether `exc` is click's parse error, by class name: Typer raises click's classes or
+    its vendored copy's."""
     return any(c.__name__ == "ClickException" for c in type(exc).__mro__)
 
 
 def _run_app() -> int:
-    """Run the app; a parse error (``--samples 0``, ``--bogus``) is one line on stderr and
-    exit 2 instead of click's usage block. Returns the exit code."""
+    """Run the app; a parse error is one line on stderr, not click's usage block."""
     app = _load(_modules_for(with_default_subcommand(sys.argv[1:])))
     try:
         code = app(standalone_mode=False, prog_name="dflash")  # also names completion scripts

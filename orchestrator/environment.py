@@ -1,8 +1,5 @@
-"""What this machine runs dflash with, for bug reports: `dflash env`.
-
-Versions are read from installed package metadata, never by importing the package (the
-controller stays torch-free: asking about torch must not load it).
-"""
+"""`dflash env`: what this machine runs dflash with, for bug reports; versions come from
+package metadata (asking about torch must not load it)."""
 
 from __future__ import annotations
 
@@ -16,8 +13,6 @@ import orchestrator
 from orchestrator.inventory import locate_inventory
 
 PACKAGES = ("torch", "transformers", "paramiko", "fabric", "typer", "matplotlib")
-# z-lab's DFlash reference package (its model code) is the distribution named "dflash";
-# drafter teams install it, often beside this tool (`orchestrator.DISTRIBUTION`).
 ZLAB_DFLASH = "dflash"
 
 
@@ -30,8 +25,7 @@ def package_version(name: str) -> str | None:
 
 
 def zlab_dflash_version() -> str | None:
-    """The version of z-lab's ``dflash`` when installed, or None; also None for this tool
-    installed under that name before it was renamed (its `dflash` command is ours)."""
+    """z-lab's ``dflash`` version, or None (also for this tool installed under that name)."""
     try:
         dist = metadata.distribution(ZLAB_DFLASH)
     except metadata.PackageNotFoundError:
@@ -42,7 +36,7 @@ def zlab_dflash_version() -> str | None:
 
 
 def openssh_version() -> str | None:
-    """``ssh -V`` (it prints to stderr), or None without an ssh client."""
+    """``ssh -V``, or None without an ssh client."""
     if shutil.which("ssh") is None:
         return None
     try:
@@ -53,10 +47,8 @@ def openssh_version() -> str | None:
 
 
 def environment(inventory: str | None = None) -> dict:
-    """dflash (the code's version, its folder, and the installed distribution's name and
-    version: None when run from a checkout without installing), python, package (z-lab's
-    ``dflash`` among them) and OpenSSH versions, and which inventory is used, from where
-    (``--inventory``, ``$DFLASH_INVENTORY`` or the current folder) and whether it exists."""
+    """dflash's, python's, the packages' and OpenSSH's versions, and which inventory is
+    used, from where, and whether it exists."""
     path, source = locate_inventory(inventory)
     packages = {name: package_version(name) for name in PACKAGES}
     return {

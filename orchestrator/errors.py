@@ -2,11 +2,7 @@
 
 
 class DflashError(Exception):
-    """A problem the user can fix: bad input, an unreachable host, a refused key.
-
-    The message is one line that says what is wrong and what to do; the CLI prints it
-    without a traceback and exits with `exit_code`.
-    """
+    """A problem the user can fix; its one-line message says what is wrong and what to do."""
 
     exit_code = 2
 

@@ -9,9 +9,8 @@ from orchestrator.errors import DflashError
 
 
 def resolve_id(ident: str, ids: Iterable[str], *, what: str, where: str, listed_by: str) -> str:
-    """`ident` if it is one of `ids`; else the one id it begins; else the one id holding
-    it. No match is one line naming `where` and the command that lists them (`listed_by`);
-    several are one line listing every candidate, whole."""
+    """`ident` if it is one of `ids`; else the one id it begins, else the one holding it;
+    none or several is a one-line error."""
     ids = sorted(set(ids))
     if ident in ids:
         return ident

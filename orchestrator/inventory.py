@@ -1,12 +1,7 @@
-"""The inventory: which hosts exist, how to reach them, and what each is for.
+"""The inventory: which hosts exist, how to reach them, and what each is for (docs/inventory.md).
 
-Found via ``--inventory``, then ``$DFLASH_INVENTORY``, then ``./inventory.yaml`` (a clone
-ships ``inventory.example.yaml`` to copy there; git ignores ``inventory.yaml``). Validation
-reports the file, the line, the key and what was expected, so a typo costs one read.
-
-The schema is a set of small tables (`HOST_KEYS`, `ROLE_KEYS`, `DEFAULT_KEYS`): adding a
-setting is one line there and one field on the dataclass; a job setting an eval role sets
-is declared in the contract alone (`remote.protocol.job_spec.setting`, ``role=True``).
+A setting is one line in a key table and one field on its dataclass; a job setting an eval
+role sets is declared in the contract alone (`remote.protocol.job_spec.setting`).
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ from remote.protocol import (
 
 ENV_VAR = "DFLASH_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
-EXAMPLE_FILE = "inventory.example.yaml"  # the clone's template, README's two hosts
+EXAMPLE_FILE = "inventory.example.yaml"
 
 
 class InventoryError(DflashError):
@@ -55,9 +50,6 @@ class InventoryError(DflashError):
 @dataclass
 class TrainerRole:
     checkpoints: str
-    # How to tell that the trainer finished writing a checkpoint: "marker" (a file named
-    # `marker` inside it), "stable" (sizes unchanged across two looks `stable_seconds`
-    # apart) or "auto" (marker when present, otherwise stable sizes).
     complete_rule: str = "auto"
     marker: str = "COMPLETE"
     stable_seconds: float = 2.0
@@ -65,36 +57,28 @@ class TrainerRole:
 
 @dataclass
 class _EvalRoleOwn:
-    # The settings of the engine's `remote.protocol.EvalSpec` this role sets for its host,
-    # where an evaluation's options do not choose them (`orchestrator.eval.spec`).
+    # The engine's `EvalSpec` settings this role sets where an eval's options do not.
     ENGINE_KEYS: ClassVar[tuple[str, ...]] = ("dtype", "threads")
 
     drafters: str
     target_model: str | None = None
-    ground_truth: str | None = None  # a server's URL, or a file for kind "file"
-    # One of GT_KINDS; None: a server URL is asked as the default server kind, and with no
-    # URL either the target makes the ground truth on the host.
+    ground_truth: str | None = None
     ground_truth_kind: str | None = None
     prompts: str | None = None
     threads: int | None = None
     dtype: str = DEFAULT_DTYPE
-    ground_truth_model: str | None = None  # served model name for OpenAI-compatible servers
-    max_new_tokens: int = GT_DEFAULT_MAX_NEW_TOKENS  # ground-truth completion length
-    ground_truth_concurrency: int = GT_DEFAULT_CONCURRENCY  # requests in flight at once
-    # Bounds on waiting for the ground truth, in seconds (`remote.protocol.GTLimits`):
-    # silence on one read, one request, the whole phase.
+    ground_truth_model: str | None = None
+    max_new_tokens: int = GT_DEFAULT_MAX_NEW_TOKENS
+    ground_truth_concurrency: int = GT_DEFAULT_CONCURRENCY
     ground_truth_timeout: float = GT_DEFAULT_TIMEOUT
     ground_truth_deadline: float = GT_DEFAULT_DEADLINE
     ground_truth_phase_deadline: float = GT_DEFAULT_PHASE_DEADLINE
-    samples: int | None = None  # prompts per eval (seeded choice); None = all
-    # Bytes the relay leaves free on the drafters' filesystem: an int or "50G", "1.5TiB".
+    samples: int | None = None
     reserve: int | str | None = None
-    # The serving engine `dflash online` measures with (``serve: {engine, python}``).
     serve: ServeSpec | None = None
 
 
-# The eval role: its own settings above, and the job settings a role sets, declared once in
-# the contract (`JobSpec.ROLE_SETTINGS`: the feature cache's size, ...), with their defaults.
+# Its own settings and the job settings a role sets, declared once in the contract.
 EvalRole = make_dataclass(
     "EvalRole",
     [(name, Any, field(default=default)) for name, default in JobSpec.ROLE_SETTINGS.items()],
@@ -110,8 +94,7 @@ class HostSpec:
     user: str | None = None
     port: int | None = None
     jump: str | None = None
-    # None: filled in by __post_init__ (`default_python`).
-    python: str | None = None
+    python: str | None = None  # None: `default_python`
     workdir: str = "~/.dflash"
     identity_file: str | None = None
     known_hosts: str | None = None
@@ -119,7 +102,7 @@ class HostSpec:
     connect_timeout: float = 10.0
     trainer: TrainerRole | None = None
     eval: EvalRole | None = None
-    slurm: SlurmRole | None = None  # a cluster's login node (docs/slurm.md)
+    slurm: SlurmRole | None = None
 
     def __post_init__(self) -> None:
         if self.python is None:
@@ -127,10 +110,8 @@ class HostSpec:
 
 
 def default_python(transport: str) -> str:
-    """The interpreter a host runs when its inventory entry names none: over SSH the host's
-    ``python3``; on this machine (``transport: local``) the one running dflash, which has
-    what dflash was installed with (a venv's torch), where PATH's ``python3`` may be the
-    system's without it."""
+    """A host's python when its entry names none: ``python3``, or on a local host the one
+    running dflash, which has what dflash was installed with (a venv's torch)."""
     if transport == "local" and sys.executable:
         return sys.executable
     return "python3"
@@ -171,9 +152,7 @@ class Inventory:
         return out
 
     def listing(self) -> dict:
-        """The hosts as ``dflash hosts`` shows them: per host its transport, address
-        (``user@host:port``, or ``local``), jump host, roles, python and workdir; and the
-        groups."""
+        """The hosts and groups as ``dflash hosts`` shows them."""
         rows = []
         for spec in self.hosts.values():
             address = (
@@ -198,11 +177,8 @@ class Inventory:
         return {"inventory": str(self.path), "hosts": rows, "groups": self.groups}
 
 
-# ---- schema ---------------------------------------------------------------------------
-
-
-# What each key takes: the contract's checks for what a job carries (a value the
-# inventory accepts is one the host accepts), and the inventory's own for the rest.
+# The contract's checks for what a job carries, so a value accepted here is one the host
+# accepts; the inventory's own for the rest.
 _POSITIVE = Check("a positive number", lambda v: is_number(v) and v > 0)
 _PORT = Check("a port number (1-65535)", lambda v: is_int(v) and 1 <= v <= 65535)
 
@@ -249,10 +225,10 @@ ROLE_KEYS: dict[str, tuple[type, dict[str, Check], tuple[str, ...]]] = {
         {
             "drafters": TEXT,
             "target_model": TEXT,
-            "ground_truth": TEXT,  # the URL or the file
+            "ground_truth": TEXT,
             "ground_truth_kind": _GT["kind"],
             "prompts": TEXT,
-            "threads": COUNT,  # as EvalSpec checks it
+            "threads": COUNT,
             "dtype": one_of(*DTYPES),
             "ground_truth_model": _GT["model"],
             "max_new_tokens": Sampling.CHECKS["max_new_tokens"],
@@ -277,12 +253,8 @@ DEFAULT_KEYS: dict[str, Check] = {
 HOST_REFERENCES = ("relay_from", "relay_to", "eval_host")
 
 
-# ---- loading --------------------------------------------------------------------------
-
-
 def locate_inventory(explicit: str | os.PathLike | None = None) -> tuple[Path, str]:
-    """Where the inventory is looked for and why there: ``--inventory``, then
-    ``$DFLASH_INVENTORY``, then ``./inventory.yaml``. The file may not exist."""
+    """Where the inventory is looked for, and why there; the file may not exist."""
     if explicit:
         return Path(explicit), "--inventory"
     if os.environ.get(ENV_VAR):
@@ -291,7 +263,7 @@ def locate_inventory(explicit: str | os.PathLike | None = None) -> tuple[Path, s
 
 
 def find_inventory_path(explicit: str | os.PathLike | None = None) -> Path:
-    """``--inventory``, then ``$DFLASH_INVENTORY``, then ``./inventory.yaml``."""
+    """The inventory's path, or one line saying how to make or name one."""
     path, source = locate_inventory(explicit)
     if path.is_file():
         return path
@@ -309,9 +281,8 @@ def find_inventory_path(explicit: str | os.PathLike | None = None) -> Path:
 def load_inventory(
     explicit: str | os.PathLike | None = None, *, accept_new_host_keys: bool = False
 ) -> Inventory:
-    """Find, parse and validate the inventory. `accept_new_host_keys` opts every host in
-    to trusting a key seen for the first time (``--accept-new-host-keys``), as the
-    per-host ``accept_new_host_key: true`` does; a changed key is always refused."""
+    """Find, parse and validate the inventory; `accept_new_host_keys` sets every host's
+    ``accept_new_host_key``."""
     path = find_inventory_path(explicit)
     inv = parse_inventory(path.read_text(), path)
     if accept_new_host_keys:
@@ -441,7 +412,7 @@ class _Validator:
             if req not in values:
                 raise self.fail(node, f"{what}: missing required key {req!r}")
         for sub, sub_node in self.mapping(node, what):
-            if sub.value == "serve":  # the eval role's serving engine: its own checks
+            if sub.value == "serve":  # its own checks
                 try:
                     values["serve"] = ServeSpec.from_json(self.scalars(sub_node, f"{what}.serve"))
                 except ServeError as exc:
@@ -449,7 +420,7 @@ class _Validator:
         setattr(spec, key.value, cls(**values))
 
     def scalars(self, node: yaml.Node, what: str) -> dict[str, Any]:
-        """A mapping of single values, as parsed (one line naming a key whose value is not)."""
+        """A mapping of single values, as parsed."""
         values: dict[str, Any] = {}
         for key, value in self.mapping(node, what):
             if not isinstance(value, yaml.ScalarNode):
@@ -458,8 +429,7 @@ class _Validator:
         return values
 
     def slurm_role(self, spec: HostSpec, what: str, node: yaml.Node) -> None:
-        """The role's own checks (`SlurmRole.from_mapping`) on its scalar values, with the
-        file and line of the role in the message."""
+        """The role's own checks, with the role's file and line in the message."""
         try:
             spec.slurm = SlurmRole.from_mapping(self.scalars(node, what), what)
         except SlurmError as exc:

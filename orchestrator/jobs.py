@@ -1,9 +1,4 @@
-"""The jobs of the inventory's hosts, by host name, whatever their kind: list them across
-hosts, attach to one (watch it to its end and pull its result), cancel one, prune the
-finished ones and the caches from the hosts' workdirs (``dflash jobs
-list|attach|cancel|prune``). A job's kind (`remote.protocol.JOB_KINDS`) says how it is attached
-to: an eval's run, a parity compare's run; a parity capture is one half of a parity run
-and cannot be resumed alone."""
+"""``dflash jobs list|attach|cancel|prune``: the hosts' jobs, whatever their kind."""
 
 from __future__ import annotations
 
@@ -26,15 +21,13 @@ from remote.protocol import JobKind
 
 
 def jobs_on(inventory: Inventory, names: list[str] | None = None) -> list[dict]:
-    """Every job on the named hosts or groups, one dict per job with its ``host`` first, hosts
-    in order and each host's jobs oldest first. Default: every host in the inventory, since
-    any host can run jobs (an eval host its evals, either host of ``parity`` its captures,
-    a trainer included)."""
+    """Every job on the named hosts or groups (default: all; any host can run jobs), one
+    dict per job with its ``host`` first, each host's oldest first."""
     specs = inventory.expand(names) if names else list(inventory.hosts.values())
     rows = []
     for spec in specs:
         with open_host(spec, inventory) as h:
-            # the host's name as the inventory says it, whatever a row claims
+            # The inventory's name for the host, whatever a row claims.
             rows += [
                 {"host": spec.name, **{k: v for k, v in job.items() if k != "host"}}
                 for job in remote_job.list_jobs(h)
@@ -44,8 +37,7 @@ def jobs_on(inventory: Inventory, names: list[str] | None = None) -> list[dict]:
 
 @dataclass(frozen=True)
 class Cancelled:
-    """A job stopped on `host`: the host's answer (``job_id``, ``state``, ``was``,
-    ``killed``)."""
+    """A job stopped on `host`, with the host's answer."""
 
     host: str
     job_id: str
@@ -56,16 +48,14 @@ class Cancelled:
 
 
 def job_on(host: Host, name: str, job_id: str) -> str:
-    """The id of the job on `host` that `job_id` names: its whole id, or a part of it that
-    names one job only (`orchestrator.ids.resolve_id`, as for result runs)."""
+    """The whole id of the job on `host` that `job_id` names (`resolve_id`)."""
     jobs = [row["job_id"] for row in remote_job.list_jobs(host)]
     where, listed_by = f"on {name}", f"dflash jobs list --host {name}"
     return resolve_id(job_id, jobs, what="job", where=where, listed_by=listed_by)
 
 
 def cancel_on(inventory: Inventory, host_name: str | None, job_id: str) -> Cancelled:
-    """Stop job `job_id` (its id, or a part of it naming one job: `job_on`) on host
-    `host_name` (default: the eval host) and every process it started."""
+    """Stop job `job_id` on `host_name` (default: the eval host) and all it started."""
     job_id = jobwire.local_job_id(job_id)
     name = remote_eval.eval_host_name(inventory, host_name)
     with open_host(inventory.host(name), inventory) as h:
@@ -89,12 +79,8 @@ def attach_on(
     on_event: Callable[[dict], None] | None = None,
     dest: str | os.PathLike | None = None,
 ) -> Attached:
-    """Watch job `job_id` (its id, or a part of it naming one job: `job_on`) on `host_name`
-    (default: the eval host) to its end, its events to
-    `on_event`, then pull its result into the results folder (`dest`: another one), as
-    its kind does: an eval's run (`run.attach`), an online measurement's (`online.attach`)
-    or a parity compare's (`parity.attach`).
-    One state check tells which; a parity capture is refused in one line."""
+    """Watch job `job_id` to its end and pull its result as its kind does; a parity
+    capture, half a run, is refused in one line."""
     job_id = jobwire.local_job_id(job_id)  # it names a folder here: checked before connecting
     name = remote_eval.eval_host_name(inventory, host_name)
     with open_host(inventory.host(name), inventory) as host:
@@ -130,9 +116,7 @@ def attach_on(
 
 @dataclass(frozen=True)
 class Pruned:
-    """What a prune removed from one host's workdir, or would (``dry_run``): the host's
-    answer (``workdir``, ``entries``: path, area, bytes, age, a job's state; ``skipped``:
-    path and why)."""
+    """What a prune removed from one host's workdir, or would (``dry_run``)."""
 
     host: str
     answer: dict
@@ -150,10 +134,8 @@ def prune_on(
     features: bool = False,
     dry_run: bool = False,
 ) -> list[Pruned]:
-    """Prune the workdirs of the named hosts or groups (default: every host, as `jobs_on`):
-    finished job folders not written for `older_than` (``7d``, ``12h``, seconds), and with
-    `ground_truth` / `features` those caches' entries as old. A running job, and the
-    caches while one runs, are never touched (`remote.jobs.prune`)."""
+    """Prune finished job folders, and with `ground_truth` / `features` those caches, older
+    than `older_than` from the hosts' workdirs; never a running job's (`remote.jobs.prune`)."""
     seconds = parse_age(older_than)
     caches = [c for c, on in (("ground-truth", ground_truth), ("features", features)) if on]
     specs = inventory.expand(names) if names else list(inventory.hosts.values())

@@ -1,20 +1,12 @@
-"""Names as people are shown them: any string a host, a file system or a result file gave
-(a checkpoint, run, host or file name) made safe to print, with nothing hidden.
-
-A line break, a tab or another control character in a name would break a table row, a
-log line or a CSV record, and a lone surrogate (``os.fsdecode`` of a file name that is not
-UTF-8) cannot be encoded at all: `printable` writes each as a visible escape (``\\n``,
-``\\t``, ``\\x1b``, ``\\udcff``), leaving every other character, non-ASCII letters
-included, as it is. The tables, trees, progress lines and errors of the CLI, the CSV
-export, the HTML report and the plots all show names through it.
-"""
+"""Any name a host, file system or result file gave, made safe to print with nothing
+hidden: every view shows names through it (docs/results.md, "Any name, any width")."""
 
 from __future__ import annotations
 
 import unicodedata
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-# control, surrogate, format (bidi overrides, zero-width), line and paragraph separators
+# A control character breaks a row, a lone surrogate (a non-UTF-8 file name) cannot encode.
 _ESCAPED = {"Cc", "Cs", "Cf", "Zl", "Zp"}
 
 

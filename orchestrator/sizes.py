@@ -1,5 +1,4 @@
-"""Byte counts and ages for people: ``10G`` in (`parse_size`), ``1.5 GiB`` out
-(`human_bytes`); ``7d`` in (`parse_age`), ``3.5 d`` out (`human_age`)."""
+"""Byte counts and ages for people: ``10G`` and ``7d`` in, ``1.5 GiB`` and ``3.5 d`` out."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""Tiny random-weight models of real transformers architectures, built from their real
-config classes (no download), for the demo, the tests and the benchmarks: the one place a
-tiny model's shape is written.
-
-`tiny_model(name, dims)` builds architecture `name` (a key of `ARCHITECTURES`) with seeded
-random weights; `save_tiny(name, folder, dims)` saves it with ``save_pretrained`` as a real
-safetensors checkpoint, exactly as a user's checkpoint is written (including transformers'
-reverse key mapping on save, so a Llava checkpoint stores the legacy
-``language_model.model.layers.*`` keys). `Dims` holds the text stack's sizes; what it leaves
-out (vision towers, experts, linear-attention heads) is derived from it, the same for every
-architecture, so a checkpoint's shape follows from its name and its `Dims`.
+"""Tiny random-weight models of real transformers architectures (their real config
+classes, no download): the one place a tiny model's shape is written (docs/probe.md).
 
 torch and transformers are imported when a model is built, never at import.
 """
@@ -24,8 +15,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Dims:
-    """The sizes of a tiny text stack. ``None``: ``layers`` the architecture's own tiny
-    depth (`ARCHITECTURES`), ``head_dim`` hidden // heads, ``intermediate`` 2 x hidden."""
+    """The sizes of a tiny text stack; the rest of a model is derived from them."""
 
     hidden: int = 32
     layers: int | None = None
@@ -35,7 +25,7 @@ class Dims:
     intermediate: int | None = None
     vocab: int = 160
     max_positions: int = 256
-    window: int = 16  # sliding-window attention span, where the architecture has one
+    window: int = 16
 
     @property
     def dim(self) -> int:
@@ -46,8 +36,7 @@ class Dims:
         return self.intermediate or 2 * self.hidden
 
     def text(self, **extra: Any) -> dict[str, Any]:
-        """The text config's keyword arguments every architecture shares, updated with
-        `extra` (which may replace any of them)."""
+        """The text config's shared keyword arguments, updated with `extra`."""
         shared = dict(
             hidden_size=self.hidden,
             intermediate_size=self.mlp,
@@ -61,12 +50,10 @@ class Dims:
         return {**shared, **extra}
 
     def moe(self) -> dict[str, Any]:
-        """Four experts, two per token, each a quarter of the dense MLP."""
         return dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=self.mlp // 4)
 
     def linear_attention(self) -> dict[str, Any]:
-        """Gated DeltaNet heads (Qwen3.5, Qwen3-Next) with the attention's head size, and
-        their 3 linear : 1 full layer pattern."""
+        """Gated DeltaNet heads (Qwen3.5, Qwen3-Next) and their layer pattern."""
         return dict(
             linear_conv_kernel_dim=4,
             linear_key_head_dim=self.dim,
@@ -77,22 +64,20 @@ class Dims:
         )
 
     def sliding(self, every: int) -> dict[str, Any]:
-        """Sliding-window layers with every `every`-th one full attention (at most the
-        last, so a tiny stack still has one)."""
+        """Sliding-window layers; every `every`-th, and at least the last, full attention."""
         return dict(
             sliding_window=self.window,
             layer_types=pattern(self.layers, "sliding_attention", every=min(every, self.layers)),
         )
 
     def mrope(self, **extra: Any) -> dict[str, Any]:
-        """Multimodal RoPE of the Qwen-VL text stacks: the rotary half of a head split
-        into time, height and width sections (2, 1, 1 for heads of 8)."""
+        """Qwen-VL's multimodal RoPE: the rotary half split into time, height, width."""
         half, eighth = self.dim // 2, self.dim // 8
         sections = [half - 2 * eighth, eighth, eighth]
         return {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections, **extra}
 
     def image_token(self) -> int:
-        return self.vocab - 1  # the top of the vocabulary, which no prompt here uses
+        return self.vocab - 1  # no prompt here uses the top of the vocabulary
 
 
 def pattern(layers: int, local: str, every: int) -> list[str]:
@@ -101,8 +86,7 @@ def pattern(layers: int, local: str, every: int) -> list[str]:
 
 
 def small_vision(**extra: Any) -> dict[str, Any]:
-    """A one-layer ViT config (CLIP, SigLIP, Pixtral, Idefics3, Llama4 keyword names),
-    updated with `extra`."""
+    """A one-layer ViT config (CLIP, SigLIP, Pixtral, Idefics3, Llama4 names)."""
     vit = dict(
         hidden_size=32,
         intermediate_size=64,
@@ -250,8 +234,7 @@ def _llama4(d: Dims, **over: Any):
 
 
 def gemma3_text_config(d: Dims, **over: Any):
-    """Gemma3's text config: 5 sliding-window layers to 1 full, a head tied to the
-    embedding (a Gemma checkpoint has no ``lm_head``)."""
+    """Gemma3's text config (a Gemma checkpoint has no ``lm_head``: the head is tied)."""
     from transformers import Gemma3TextConfig
 
     return Gemma3TextConfig(**d.text(**d.sliding(every=6), **over))
@@ -293,8 +276,7 @@ def gemma3n_text_config(d: Dims, **over: Any) -> dict[str, Any]:
 
 
 def _gemma3n(d: Dims, **over: Any):
-    # The text-only class: Gemma3n's full model builds its vision tower with timm, which an
-    # eval host need not have (tests/test_architectures.py covers that case).
+    # The text-only class: the full model's vision tower needs timm (docs/probe.md).
     from transformers import Gemma3nForCausalLM, Gemma3nTextConfig
 
     return Gemma3nForCausalLM(Gemma3nTextConfig(**gemma3n_text_config(d, **over)))
@@ -314,7 +296,7 @@ def _paligemma(d: Dims, **over: Any):
 
 
 def _idefics(family: str, d: Dims, **over: Any):
-    """Idefics3 or SmolVLM (its successor, the same layout): `family` names the classes."""
+    """Idefics3 or SmolVLM (the same layout): `family` names the classes."""
     import transformers
 
     config = getattr(transformers, f"{family}Config")
@@ -358,8 +340,7 @@ def _gpt_oss(d: Dims, **over: Any):
 
 @dataclass(frozen=True)
 class Architecture:
-    """How to build one architecture: `build(dims, **config_overrides)` and the depth a
-    tiny model of it has unless `Dims.layers` says otherwise."""
+    """`build(dims, **config_overrides)` and the default depth of a tiny model."""
 
     build: Callable[..., Any]
     layers: int
@@ -395,9 +376,10 @@ def resolve(name: str, dims: Dims = Dims()) -> Dims:
 
 
 def tiny_model(name: str, dims: Dims = Dims(), seed: int = 0, **config_overrides: Any):
-    """A random-weight model of architecture `name` in eval mode, seeded with `seed`.
-    `config_overrides` go into the text config (token ids, for instance), before the
-    weights are made: a pad token id zeroes its embedding row."""
+    """A seeded random-weight model of architecture `name` in eval mode.
+
+    `config_overrides` go into the text config before the weights are made (a pad token
+    id zeroes its embedding row)."""
     import torch
 
     torch.manual_seed(seed)
@@ -411,8 +393,7 @@ def save_tiny(
     seed: int = 0,
     max_shard_size: str | None = None,
 ) -> Path:
-    """Build `tiny_model(name, dims, seed)` and save it under `folder` (safetensors,
-    sharded at `max_shard_size` when given); returns `folder`."""
+    """Save `tiny_model(name, dims, seed)` under `folder` as ``save_pretrained`` does."""
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     tiny_model(name, dims, seed).save_pretrained(folder, **kwargs)
     return folder

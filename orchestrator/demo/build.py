@@ -1,14 +1,6 @@
-"""The demo's models, built once and cached: a tiny Qwen3.5-style vision-language target with
-its tokenizer, and DFlash drafter checkpoints at several training steps.
+"""The demo's models, built once and cached: a tiny VLM target and drafter checkpoints.
 
-The drafter is trained for real on CPU on the target's OWN greedy completions (random-token
-prompts, and the built-in ``math`` and ``code`` prompt sets through the chat template); the
-demo then evaluates it on the ``chat`` set, prompts it never saw, so tau rising with the step
-is learning, not recall. Everything lands in ``<cache>/<version>/`` where the version hashes
-this recipe, the code that builds it and the torch/transformers versions: a change to any of
-them builds afresh, nothing else does. A build goes into a hidden folder renamed into place
-at the end (an interrupted build leaves no half cache) under a file lock (two demos started
-together build once).
+What is built and how it is cached: docs/demo.md.
 """
 
 from __future__ import annotations
@@ -25,9 +17,7 @@ from pathlib import Path
 
 from orchestrator.eval.prompt_sets import builtin_prompt_sets
 
-# The recipe. Three checkpoints: each costs the demo a relay, a probe and an eval (Python
-# start-ups dominate on 2 cores); at these steps tau visibly rises (about 1.0, 1.6-2.0, 2.6
-# on the chat set). Training all 600 steps takes seconds on one core.
+# Few checkpoints: each costs a relay, a probe and an eval; at these steps tau visibly rises.
 STEPS = (0, 150, 600)
 BLOCK_SIZE = 4
 RANDOM_PROMPTS = 48
@@ -48,7 +38,7 @@ RECIPE = {
     "batch_samples": 4,
     "blocks_per_sample": 16,
 }
-MARKER = "COMPLETE"  # what the demo trainer writes when a checkpoint is finished
+MARKER = "COMPLETE"
 
 Status = Callable[[str], None]
 
@@ -59,7 +49,7 @@ class DemoAssets:
 
     root: Path
     target: Path
-    checkpoints: list[Path]  # drafter checkpoint folders, ascending step
+    checkpoints: list[Path]  # ascending step
     built_now: bool = False
 
     @classmethod
@@ -85,7 +75,6 @@ def version() -> str:
     h = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode())
     for name in ("build.py", "models.py", "train.py", "gtserver.py"):
         h.update((here / name).read_bytes())
-    # the drafter's code: its checkpoint reader and writer, config, layers and forward
     for drafter in sorted((here.parent.parent / "remote" / "eval").glob("drafter*.py")):
         h.update(drafter.read_bytes())
     h.update(f"{torch.__version__} {transformers.__version__}".encode())
@@ -101,7 +90,7 @@ def ensure_assets(
     base.mkdir(parents=True, exist_ok=True)
     root = base / version()
     with open(base / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second demo waits for the first one's build
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two demos started together build once
         if fresh and root.exists():
             shutil.rmtree(root)
         if (root / "demo.json").is_file():
@@ -127,8 +116,7 @@ def _build(out: Path, status: Status) -> None:
     from orchestrator.demo.train import train_drafter
     from remote.eval.groundtruth import load_prompts, render_prompt
 
-    # Tiny models: one thread is fastest, and on a shared 2-core box more threads only
-    # contend (measured: training 150 steps took 2 s on one thread, 90 s on two under load).
+    # Tiny models: more threads only contend on a shared machine (docs/demo.md).
     torch.set_num_threads(1)
     status("building the tiny Qwen3.5-VL target and its tokenizer")
     target = out / "target"

@@ -1,15 +1,5 @@
-"""A small ground-truth server for the demo and the tests, following the documented
-request/response shapes of SGLang's native ``/generate`` and of OpenAI-compatible
-``/v1/completions`` (token-id prompts and ``return_token_ids`` as vLLM >= 0.10.2 and SGLang
-answer them, and plain text).
-
-It answers with REAL greedy generation of a tiny transformers model (KV cache, float32).
-``mode`` switches on the failures a real server shows: ``"500"`` (an internal error),
-``"malformed"`` (a body that is not JSON), ``"slow"`` (answers after `delay` seconds),
-``"text_only"`` (ignores ``return_token_ids``, as a server without that extension does).
-stdlib ``http.server`` with threads; binds 127.0.0.1 on a free port. `Greedy` is the model
-side alone (the demo also uses it to make the drafter's training data). `LoopbackServer` and
-`JSONHandler` are the serving half alone; the tests' scripted server is built on them too.
+"""A loopback ground-truth server (SGLang ``/generate``, OpenAI ``/v1/completions``) that
+answers with real greedy generation; ``mode`` switches on a real server's failures.
 """
 
 from __future__ import annotations
@@ -38,8 +28,7 @@ class Greedy:
         return self.batch([prompt_ids], max_new_tokens)[0]
 
     def batch(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        """Greedy continuations of prompts that all have the SAME length (no padding, so each
-        row equals its unbatched generation)."""
+        """Greedy continuations of equal-length prompts (no padding: each row as unbatched)."""
         torch = self.torch
         if len({len(p) for p in prompts}) != 1:
             raise ValueError("batched prompts must have equal lengths")
@@ -55,21 +44,18 @@ class Greedy:
 
 
 class _Server(ThreadingHTTPServer):
-    # socketserver's listen backlog is 5: 16 ground-truth requests opened at once overflowed
-    # it now and then and the kernel reset one (seen as a dropped connection by the eval).
-    # Serving engines listen with a deep backlog (uvicorn: 2048); so does this one.
+    # socketserver's shallow default backlog overflowed under concurrent ground-truth
+    # requests and the kernel reset one; serving engines listen deep, so does this.
     request_queue_size = 128
 
     def handle_error(self, request, client_address) -> None:
-        # A client that gave up (its timeout) before the answer was written is the client's
-        # business: socketserver would print a traceback for the broken pipe, mid-test.
+        # A client that gave up is its own business: no broken-pipe traceback mid-test.
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
 
 
 class LoopbackServer:
-    """Serves a request handler class on 127.0.0.1 (`port`, default a free one), in a daemon
-    thread, from construction until `stop` (or the end of a ``with`` block)."""
+    """Serves a handler class on 127.0.0.1 in a daemon thread until `stop` (or ``with``)."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler], port: int = 0):
         self.httpd = _Server(("127.0.0.1", port), handler)
@@ -93,9 +79,9 @@ class LoopbackServer:
 
 
 class JSONHandler(BaseHTTPRequestHandler):
-    """A quiet handler with one way to answer: bytes or a JSON document, with its length."""
+    """A quiet handler answering bytes or a JSON document, with its length."""
 
-    def log_message(self, *args) -> None:  # keep test and demo output quiet
+    def log_message(self, *args) -> None:
         pass
 
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
@@ -120,7 +106,6 @@ class GroundTruthServer(LoopbackServer):
         self.model = self.greedy_model.model
         self.tokenizer = self.greedy_model.tokenizer
         self.model_name = model_name
-        # What it reports serving (SGLang's /get_model_info model_path, /v1/models root).
         self.model_path = self.greedy_model.model_dir
         self.mode = "ok"
         self.delay = 5.0
@@ -185,7 +170,6 @@ class GroundTruthServer(LoopbackServer):
                     self._send(404, b'{"detail": "Not Found"}')
 
             def _generate(self, body):
-                # SGLang native: input_ids in, output_ids (+ text, meta_info) out.
                 params = body.get("sampling_params") or {}
                 ids = body["input_ids"]
                 out = server.greedy(ids, int(params.get("max_new_tokens", 128)))

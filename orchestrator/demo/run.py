@@ -1,21 +1,5 @@
-"""``dflash demo``: the whole loop on this machine, through the commands' own library calls.
-
-1. The demo models come from the cache (`orchestrator.demo.build`, built on first use).
-2. A demo folder gets two LOCAL hosts: ``demo-trainer`` (its checkpoint folder holds the
-   drafter checkpoints, each finished with a ``COMPLETE`` marker, as a trainer writes them)
-   and ``demo-eval`` (drafters folder, the target model, the ground-truth URL), and an
-   ``inventory.yaml`` naming them.
-3. A ground-truth server (`orchestrator.demo.gtserver`: SGLang-shaped ``/generate``, real
-   greedy generation of the target) starts on 127.0.0.1 at a free port.
-4. One `follow.follow_pass` from the trainer to the eval host: per checkpoint
-   `relay.relay`, `probe.probe_structure` (does the drafter fit the target?) and
-   `remote_eval.run_eval`, recorded in the follow history with the tau-per-step plot.
-5. The server stops and the demo's host folders are removed (unless kept); the results stay
-   (``<cache>/demo/last-run/`` or the kept folder).
-
-Nothing is left running: the eval jobs have ended when follow returns, the server thread is
-joined, and any process still naming the demo folder is waited for.
-"""
+"""``dflash demo``: the whole loop on this machine, through the commands' own library
+calls (docs/demo.md)."""
 
 from __future__ import annotations
 
@@ -47,11 +31,7 @@ BUDGETS = (4, 8, 16)
 
 @dataclass
 class DemoOptions:
-    """`fresh`: rebuild the cached models. `keep_dir`: build the demo there and leave it
-    (hosts, jobs, results) for inspection; otherwise the host folders are temporary and the
-    results go to ``<cache>/demo/last-run/``. `cache_dir`: the cache's base folder.
-    `setup_seconds`: how long the set-up before it took (``scripts/demo.sh``'s), counted in
-    its times."""
+    """The demo's options (``--fresh``, ``--keep-dir``; docs/demo.md)."""
 
     fresh: bool = False
     keep_dir: str | os.PathLike | None = None
@@ -64,7 +44,7 @@ class DemoResult:
     history: list[dict]
     plot: Path | None
     results_dir: Path
-    folder: Path | None  # the demo folder when kept
+    folder: Path | None  # when kept
     models: Path
     built_now: bool
     seconds: dict[str, float] = field(default_factory=dict)
@@ -93,8 +73,7 @@ def write_inventory(folder: Path, assets: build.DemoAssets, gt_url: str) -> Path
         "hosts": {
             TRAINER: {
                 "transport": "local",
-                # Named, not left to the default: whichever dflash reads the kept
-                # inventory, its hosts run this venv's python, the one with torch.
+                # Whichever dflash reads a kept inventory, its hosts run the python with torch.
                 "python": sys.executable,
                 "workdir": str(folder / "trainer" / "dflash"),
                 "roles": {
@@ -138,12 +117,12 @@ def _lay_out(folder: Path, assets: build.DemoAssets) -> None:
     for src in assets.checkpoints:
         dst = ckpts / src.name
         shutil.copytree(src, dst)
-        (dst / build.MARKER).write_text("")  # the trainer's "finished writing" marker
+        (dst / build.MARKER).write_text("")
 
 
 def _wait_for_processes(folder: Path, timeout: float = 20.0) -> None:
-    """Wait until no process names the demo folder (a job runner may still be exiting
-    after writing its result); then stop any that remain: they are the demo's own."""
+    """Wait for the processes naming the demo folder (a job runner may still be exiting),
+    then stop any left: they are the demo's own."""
     import psutil
 
     def ours() -> list[psutil.Process]:
@@ -170,8 +149,7 @@ def run_demo(
     options: DemoOptions | None = None, events: follow.FollowEvents | None = None
 ) -> DemoResult:
     """Build (once) and run the demo; returns the follow history and the plot's path."""
-    # It builds, trains and serves its tiny models in this process: transformers' lines
-    # there (weights loaded, shards written) tell its user nothing between its own bars.
+    # transformers' lines about its in-process tiny models tell the user nothing.
     with transformers_quiet():
         return _run_demo(options or DemoOptions(), events or follow.FollowEvents())
 
@@ -198,7 +176,7 @@ def _run_demo(options: DemoOptions, events: follow.FollowEvents) -> DemoResult:
     try:
         import torch
 
-        torch.set_num_threads(1)  # the in-process server's tiny model: see build._build
+        torch.set_num_threads(1)  # as build._build
         _lay_out(folder, assets)
         events.message("starting the ground-truth server (SGLang-shaped /generate)")
         with GroundTruthServer(str(assets.target), model_name="demo-target") as server:

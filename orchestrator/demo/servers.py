@@ -1,10 +1,5 @@
-"""A real HTTP server on loopback that answers what a test tells it to: SGLang's native
-``POST /generate`` and ``GET /get_model_info``, OpenAI-compatible ``POST /v1/completions``
-and ``GET /v1/models``. For the failures a real engine rarely shows on demand (ids outside
-the vocabulary, a sampled answer, another model behind the same URL), where the demo's
-`GroundTruthServer` always answers correctly; and for servers that lie about HTTP itself
-(`Raw`: a redirect, an answer trickled a byte at a time, an answer far bigger than any
-completion), written byte for byte as the test says."""
+"""A loopback HTTP server answering what a test scripts, in SGLang's and OpenAI's dialects:
+the failures a real engine rarely shows on demand, and servers that lie about HTTP (`Raw`)."""
 
 from __future__ import annotations
 
@@ -37,11 +32,8 @@ def ids_reply(ids: list) -> Reply:
 
 @dataclass
 class Raw:
-    """An answer written as it is, status line and headers included, `chunk` bytes at a
-    time with `pause` seconds before each write (``chunk=1, pause=1``: one byte a second).
-    `length`: send a ``Content-Length`` (False: the body ends when the connection closes).
-    The server keeps how many bytes of it went out (`ScriptedServer.sent`); a client that
-    hangs up ends the writing."""
+    """An answer written byte for byte, `chunk` bytes after each `pause`; without `length`
+    the body ends when the connection closes."""
 
     body: bytes = b""
     status: int = 200
@@ -59,23 +51,18 @@ class Raw:
 
 
 def redirect(location: str, status: int = 302) -> Raw:
-    """A redirect to `location` (what a proxy or a hostile server may answer)."""
+    """A redirect to `location`, as a proxy or a hostile server may answer."""
     return Raw(status=status, headers={"Location": location})
 
 
 def as_json(obj: Any, **raw: Any) -> Raw:
-    """`obj` as a JSON answer written the `Raw` way (e.g. trickled: ``chunk=1, pause=1``)."""
+    """`obj` as a JSON answer written the `Raw` way."""
     return Raw(json.dumps(obj).encode(), headers={"Content-Type": "application/json"}, **raw)
 
 
 class ScriptedServer(LoopbackServer):
-    """`reply(path, body)` makes each POST's answer: a JSON document, or a `Raw` one;
-    `get_reply(path)` may answer a GET the same way (None: the default answers below);
-    `model_path` is the model the server reports (None: it reports none, 404); `port`: the
-    loopback port to listen on (0: a free one).
-    ``requests`` logs the POSTs, ``gets`` the GET paths, ``sent`` the bytes of each `Raw`
-    answer that went out, once its handler is done writing it (`wait_sent` waits for
-    that: a client may refuse an answer and return before the handler notices)."""
+    """Answers each POST with `reply(path, body)` (JSON or `Raw`), a GET with `get_reply`
+    or the defaults; logs ``requests``, ``gets`` and the bytes ``sent`` of each `Raw`."""
 
     def __init__(
         self,
@@ -94,9 +81,8 @@ class ScriptedServer(LoopbackServer):
         super().__init__(self._handler(), port)
 
     def wait_sent(self, count: int = 1, timeout: float = 30.0) -> list[int]:
-        """``sent`` once `count` `Raw` answers have been written to their end (or to the
-        client's hang-up), waiting up to `timeout` seconds for their handlers; fewer after
-        that, as they are."""
+        """``sent`` once `count` `Raw` answers are written (a client may return before its
+        handler is done), or as it is after `timeout`."""
         with self._sent_changed:
             self._sent_changed.wait_for(lambda: len(self.sent) >= count, timeout)
             return list(self.sent)
@@ -122,7 +108,7 @@ class ScriptedServer(LoopbackServer):
                         self.wfile.write(data[done : done + answer.chunk])
                         self.wfile.flush()
                         done = min(len(data), done + answer.chunk)
-                except OSError:  # the client hung up: what it refused stays unsent
+                except OSError:  # the client hung up
                     pass
                 finally:
                     server._record_sent(done)
@@ -156,11 +142,8 @@ class ScriptedServer(LoopbackServer):
 
 
 class BatchedReply:
-    """A reply that answers concurrent requests in batches, as a GPU serving engine does:
-    the first request opens a batch, requests arriving within `window` seconds join it, and
-    the whole batch answers `latency` seconds after it closes (one batched forward costs
-    about what one request's does). `inner(path, body)` makes each answer. ``batches``
-    holds each batch's size; ``peak`` the most requests in flight at once."""
+    """Answers concurrent requests in batches, as a GPU serving engine does: those within
+    `window` of the first answer together, `latency` after; ``batches`` and ``peak`` count."""
 
     def __init__(self, inner: Reply, latency: float, window: float = 0.01):
         self.inner, self.latency, self.window = inner, latency, window
@@ -189,7 +172,7 @@ class BatchedReply:
     def _run(self, batch: dict) -> None:
         time.sleep(self.window)
         with self._lock:
-            self._open = None  # later arrivals open the next batch
+            self._open = None
             self.batches.append(batch["size"])
         time.sleep(self.latency)
         batch["done"].set()

@@ -1,21 +1,5 @@
-"""A real Slurm cluster on loopback: munged, slurmctld and slurmd nodes in one folder.
-
-`SlurmCluster.start(nodes=2)` makes a folder of its own (a munge key and socket, a
-slurm.conf on free ports, state, spool and log folders), starts ``munged``, ``slurmctld``
-and one ``slurmd`` per node in the foreground as children of this process, and waits until
-every node is idle. Debian's slurm-wlm build runs several slurmd on one machine, each with
-``-N <node>`` and its own ``Port``. No cgroups (``proctrack/linuxproc``, ``task/none``), no
-accounting database (``accounting_storage/none``; finished jobs are in ``jobcomp.txt``, and
-``squeue -t all`` lists them for ``MinJobAge`` seconds). Everything runs as root
-(``SlurmUser=root``), as the tests and CI do.
-
-Clients reach it with ``SLURM_CONF=<folder>/slurm.conf`` in their environment (`env`;
-a login node's sshd gets it with ``SetEnv``, `login_sshd_config`). `stop` cancels every
-job, waits for the queue to empty, ends the daemons it started, then any process still
-carrying this cluster's ``SLURM_CONF`` (a job step Slurm lost track of), and removes the
-folder. `missing_programs` says which of slurm-wlm's and munge's programs this machine lacks
-(the tests skip, with the reason, where it names one).
-"""
+"""A real Slurm cluster on loopback: munged, slurmctld and slurmd nodes in one folder
+(docs/slurm.md, "The loopback cluster")."""
 
 from __future__ import annotations
 
@@ -53,7 +37,7 @@ class SlurmCluster:
     nodes: tuple[str, ...]
     settings: dict[str, str]
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
-    started_in: float = 0.0  # seconds from start() to every node idle
+    started_in: float = 0.0  # until every node is idle
 
     @classmethod
     def start(
@@ -64,12 +48,9 @@ class SlurmCluster:
         timeout: float = 60.0,
         **settings: str,
     ) -> SlurmCluster:
-        """Start a cluster of `nodes` nodes of `cpus` CPUs and `memory_mb` each (declared:
-        ``config_overrides`` lets them exceed this machine). `settings` override
-        slurm.conf lines (``MinJobAge="2"``)."""
+        """Start a cluster of `nodes` declared nodes; `settings` override slurm.conf lines."""
         t0 = time.monotonic()
-        # Its own folder, world-searchable (munged insists on it for its socket's folder),
-        # not under pytest's 0700 tmp tree.
+        # Not under pytest's 0700 tmp tree: munged insists on a world-searchable folder.
         base = Path(tempfile.mkdtemp(prefix="dflash-slurm-"))
         base.chmod(0o755)
         names = tuple(f"n{i + 1}" for i in range(nodes))
@@ -120,7 +101,6 @@ class SlurmCluster:
             "SelectType": "select/cons_tres",
             "SelectTypeParameters": "CR_CPU_Memory",
             "SlurmdParameters": "config_overrides",
-            # A node an admin set DOWN stays down until RESUME (tests put nodes down).
             "ReturnToService": "1",
             "KillWait": "5",
             "MinJobAge": "300",
@@ -165,7 +145,7 @@ class SlurmCluster:
 
     @property
     def shared(self) -> Path:
-        """A folder every node (and the login node) sees: the loopback 'shared filesystem'."""
+        """The loopback 'shared filesystem' every node and the login node see."""
         return self.base / "shared"
 
     def login_sshd_config(self) -> tuple[str, ...]:
@@ -212,7 +192,7 @@ class SlurmCluster:
             time.sleep(0.1)
 
     def log(self, name: str, lines: int = 5) -> str:
-        """The last lines a daemon wrote (its stderr file, else its log file)."""
+        """The last lines a daemon wrote."""
         for path in (self.base / "log" / f"{name}.stderr", self.base / "log" / f"{name}.log"):
             if path.exists() and path.stat().st_size:
                 return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -231,7 +211,7 @@ class SlurmCluster:
         return self.command("scontrol", *args)
 
     def node_states(self) -> dict[str, str]:
-        """Each node's state as sinfo says it (``idle``, ``alloc``, ``down``...)."""
+        """Each node's state as sinfo says it."""
         out = self.command("sinfo", "-h", "-N", "-o", "%N %t", check=False)
         states = {}
         for line in out.splitlines():
@@ -253,8 +233,7 @@ class SlurmCluster:
         self.scontrol("update", *args)
 
     def queue(self) -> list[str]:
-        """Every job the controller has that is not finished: ``<job id> <state>`` lines
-        (``squeue``'s default states: pending, running, completing...)."""
+        """``<job id> <state>`` of every unfinished job."""
         return self.command("squeue", "-h", "-r", "-o", "%i %T").splitlines()
 
     def drain_queue(self, timeout: float = 30.0) -> None:
@@ -264,7 +243,7 @@ class SlurmCluster:
             self.wait_until(lambda: not self.queue(), timeout, f"jobs still queued: {self.queue()}")
 
     def resume_nodes(self) -> None:
-        """Bring nodes an admin (a test) set down back, and wait until all are usable."""
+        """Resume nodes a test set down and wait until all are idle."""
         for node, state in self.node_states().items():
             if state in ("down", "drain", "drng"):
                 self.set_node(node, "RESUME")
@@ -291,9 +270,8 @@ class SlurmCluster:
         shutil.rmtree(self.base, ignore_errors=True)
 
     def strays(self) -> list[psutil.Process]:
-        """Processes of this cluster that are none of its daemons: what a job ran (it
-        carries this cluster's SLURM_CONF) and job steps (``slurmstepd`` clears its
-        environment but keeps its node's log open), left when a slurmd ended first."""
+        """Processes of this cluster that are none of its daemons: a job's (by its
+        SLURM_CONF) and job steps' (``slurmstepd`` keeps its node's log open)."""
         mine, base = str(self.conf), str(self.base) + os.sep
         daemons = {p.pid for p in self.procs.values()} | {os.getpid()}
         found = []

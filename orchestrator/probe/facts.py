@@ -1,5 +1,4 @@
-"""`dflash hosts check`: what each host is, gathered in parallel over SSH (or locally), and
-what its roles need of its python."""
+"""`dflash hosts check`: each host's facts, asked in parallel, and what its roles need."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from orchestrator.transport import bundle
 from orchestrator.transport.hosts import open_host
 from remote.protocol import ENGINE_PACKAGES
 
-# What each role needs of its host's python beyond the standard library: the relay's host
-# side (a trainer's) is stdlib only; an eval runs the engine.
+# Beyond the standard library: the relay's host side is stdlib only; an eval runs the engine.
 ROLE_PACKAGES: dict[str, tuple[str, ...]] = {"trainer": (), "eval": ENGINE_PACKAGES}
 
 
@@ -22,15 +20,14 @@ def roles_of(spec: HostSpec) -> list[str]:
 
 
 def needed_packages(spec: HostSpec) -> list[str]:
-    """The packages `spec`'s roles need, in `ENGINE_PACKAGES`' order (none: stdlib only)."""
+    """The packages `spec`'s roles need, in `ENGINE_PACKAGES`' order."""
     needed = {p for role in roles_of(spec) for p in ROLE_PACKAGES[role]}
     return [p for p in ENGINE_PACKAGES if p in needed]
 
 
 @dataclass
 class HostFacts:
-    """One host's facts, or the one-line reason it could not be asked; its roles and the
-    packages they need (`needed`)."""
+    """One host's facts or why it could not be asked; its roles and what they need."""
 
     host: str
     facts: dict | None = None
@@ -44,14 +41,12 @@ class HostFacts:
 
     @property
     def missing(self) -> list[str]:
-        """Needed packages the host's python lacks."""
         found = (self.facts or {}).get("packages") or {}
         return [p for p in self.needed if self.ok and not found.get(p)]
 
     @property
     def problem(self) -> str | None:
-        """Why the host cannot serve its roles, in one line: unreachable, or a needed
-        package missing from its python (with what to do); None when it can."""
+        """Why the host cannot serve its roles, in one line; None when it can."""
         if not self.ok:
             return self.error
         if not self.missing:

@@ -1,12 +1,4 @@
-"""`probe_structure`: ask a host what a model really is (the remote ``probe`` command).
-
-The controller never imports torch: the remote bundle builds the model on the host's meta
-device and answers with one JSON document (schema ``dflash.probe/1``), returned here as a
-dict. `probe_on` finds the host, the model and the drafter as ``remote-eval`` does: the
-host by `orchestrator.eval.run.eval_host_name` (``defaults.eval_host``, the one eval host, a
-group of one), the target by `orchestrator.eval.spec.target_model`, and a drafter name under
-the host's ``drafters`` folder by `orchestrator.eval.spec.resolve_checkpoint`.
-"""
+"""`probe_structure`: ask a host what a model really is (the remote ``probe`` command)."""
 
 from __future__ import annotations
 
@@ -23,8 +15,7 @@ DEFAULT_DEPTH = 4
 
 
 def resolve_model(spec: HostSpec, model_path: str | None) -> str:
-    """The model to probe: `model_path`, else the host's eval-role ``target_model`` (the
-    one resolution an eval's target gets)."""
+    """`model_path`, else the host's ``target_model``, resolved as an eval's target is."""
     return target_model(spec, EvalOptions(target=model_path), "--model")
 
 
@@ -36,12 +27,7 @@ def probe_structure(
     depth: int = DEFAULT_DEPTH,
     timeout: float | None = None,
 ) -> dict:
-    """Run ``probe`` on `host` and return its report.
-
-    A remote user error (missing folder, unknown model_type, truncated shard) arrives as a
-    one-line `RemoteCommandError`; a report in another schema is refused rather than
-    misread.
-    """
+    """Run ``probe`` on `host` and return its report; one in another schema is refused."""
     # option=value: a path starting with "-" is then a value, not an option
     argv = ["probe", f"--model={model_path}", f"--depth={depth}"]
     if drafter:
@@ -65,10 +51,8 @@ def probe_on(
     load: bool = False,
     depth: int = DEFAULT_DEPTH,
 ) -> dict:
-    """`probe_structure` (``dflash probe-structure``) on the eval host `host_name` (None:
-    the inventory's, as ``remote-eval`` picks it), of `model_path` or else the host's
-    eval-role ``target_model``; `drafter`: a checkpoint name under the host's ``drafters``
-    folder, or a path there, resolved as ``remote-eval --checkpoint`` resolves it."""
+    """``dflash probe-structure``: the host, model and drafter resolved as ``remote-eval``
+    resolves them."""
     spec = inventory.host(eval_host_name(inventory, host_name))
     model = resolve_model(spec, model_path)
     with open_host(spec, inventory) as host:
@@ -77,8 +61,7 @@ def probe_on(
 
 
 def probe_failed(report: dict) -> bool:
-    """Whether the report found a problem: a drafter that does not fit, or a load whose
-    hidden states were wrong."""
+    """Whether the drafter does not fit or the load's hidden states were wrong."""
     drafter_bad = report.get("drafter") and not report["drafter"]["ok"]
     load_bad = report.get("load") and not report["load"]["ok"]
     return bool(drafter_bad or load_bad)

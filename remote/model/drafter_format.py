@@ -1,10 +1,5 @@
-"""The DFlash drafter checkpoint format: its key names, its default target layers, the
-files that hold its weights and their shapes.
-
-Shared by the eval engine (`remote.eval.drafter`) and the probe (`remote.probe`) so that
-what the probe says will load is exactly what the engine loads. torch is imported only to
-read a ``.pt``/``.bin`` file (`read_state`).
-"""
+"""The DFlash drafter checkpoint format, shared by the engine and the probe so that what
+the probe says will load is what the engine loads; torch only for ``.pt``/``.bin``."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ KEY_PREFIXES = ("module.", "_orig_mod.", "model.", "draft_model.", "drafter.")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """The layer ids z-lab uses when a config names none (their ``build_target_layer_ids``,
-    https://github.com/z-lab/dflash)."""
+    """z-lab's layer ids when a config names none (``build_target_layer_ids``)."""
     n, k = num_target_layers, num_draft_layers
     if k == 1:
         return [n // 2]
@@ -43,9 +37,8 @@ def normalise_key(key: str) -> str:
 
 
 def weight_files(path: str) -> list[str]:
-    """The files holding a drafter's weights: `path` itself, the shards its index names, or
-    the weight files of one kind in its folder (optimizer, scheduler and RNG states left
-    out)."""
+    """The files holding a drafter's weights: `path`, its index's shards, or its folder's
+    weight files of one kind (no optimizer, scheduler or RNG states)."""
     if os.path.isfile(path):
         return [path]
     if not os.path.isdir(path):
@@ -68,9 +61,7 @@ def weight_files(path: str) -> list[str]:
 
 
 def read_state(file: str) -> dict[str, torch.Tensor]:
-    """The tensors of one weight file: safetensors as they are, ``.pt``/``.bin``/``.pth``
-    through ``torch.load(weights_only=True)`` (a trainer's nesting one level down undone);
-    anything else is one line."""
+    """The tensors of one weight file (``.pt`` and kin weights-only); else one line."""
     import torch
 
     if file.endswith(".safetensors"):
@@ -84,7 +75,6 @@ def read_state(file: str) -> dict[str, torch.Tensor]:
             f"{file} is not a weights-only state dict ({type(exc).__name__}); "
             "save it with torch.save(model.state_dict())"
         ) from None
-    # Trainer checkpoints often nest the weights one level down.
     for nest in ("state_dict", "model", "module", "draft_model", "model_state_dict"):
         if (
             isinstance(obj, dict)
@@ -101,11 +91,8 @@ def read_state(file: str) -> dict[str, torch.Tensor]:
 
 
 def weight_shapes(path: str) -> tuple[dict[str, tuple[str, str, list[int]]], list[str]]:
-    """(raw key -> (file, dtype, shape), problems) of the drafter weights, found the way
-    `remote.eval.drafter.load_drafter` finds and reads them: the same files
-    (`weight_files`), safetensors from their headers, ``.pt``/``.bin`` through the same
-    ``torch.load(weights_only=True)`` (`read_state`).
-    Missing or truncated shards are problems (one line each), not exceptions."""
+    """(raw key -> (file, dtype, shape), problems) of the drafter weights, found as the
+    engine finds them; a missing or truncated shard is a problem, not an exception."""
     keys: dict[str, tuple[str, str, list[int]]] = {}
     problems: list[str] = []
     for f in weight_files(path):

@@ -1,14 +1,5 @@
-"""Checkpoint keys <-> module keys, through transformers' own load-time conversion mapping.
-
-``from_pretrained`` renames every checkpoint key with the model's registered
-``WeightRenaming``s (legacy VLM layouts: ``language_model.model.*`` ->
-``model.language_model.*``), then at most one ``WeightConverter`` (per-expert MoE weights
-``mlp.experts.3.gate_proj.weight`` fused into ``mlp.experts.gate_up_proj``), then adds or
-strips the base-model prefix. `map_checkpoint_keys` calls those same functions
-(``transformers.conversion_mapping.get_model_conversion_mapping`` and
-``transformers.core_model_loading.rename_source_key``) in the same key order, so the key
-report and the loader can never disagree with transformers about where a tensor goes.
-"""
+"""Checkpoint keys <-> module keys through transformers' own load-time conversion mapping,
+in its key order, so the report and loader never disagree with it (docs/probe.md)."""
 
 from __future__ import annotations
 
@@ -17,8 +8,7 @@ from collections import Counter
 
 from remote.model.layout import TextLayout
 
-# How many names a list in the report shows before it says "and N more": a 27B checkpoint
-# with no weights on disk would otherwise print thousands of missing keys.
+# A big checkpoint with no weights on disk would otherwise list every missing key.
 LIST_LIMIT = 40
 
 
@@ -32,12 +22,8 @@ def conversion_mapping(model) -> list:
 def map_checkpoint_keys(
     model, ckpt_keys, meta_sd: dict | None = None
 ) -> tuple[dict[str, str], set[str]]:
-    """Map each checkpoint key to the module key transformers would load it into.
-
-    Returns (mapping, keys that need a tensor conversion beyond a rename, e.g. the per-expert
-    weights fused into one tensor). Keys are visited in transformers' own order, because some
-    renamings decide on the first key they see (``GroupWeightRename``).
-    """
+    """(checkpoint key -> module key transformers loads it into, keys needing a conversion
+    beyond a rename); in transformers' order, as some renamings decide on the first key."""
     from transformers.core_model_loading import (
         WeightConverter,
         WeightRenaming,
@@ -64,13 +50,10 @@ def map_checkpoint_keys(
 
 
 def key_prefix(key: str) -> str:
-    """A key's family: the dotted path before the first layer index, at most 3 parts.
-
-    ``model.language_model.layers.7.mlp.up_proj.weight`` -> ``model.language_model.layers``.
-    """
+    """A key's family: the dotted path before the first layer index, at most 3 parts."""
     parts = key.split(".")
     if len(parts) > 1:
-        parts = parts[:-1]  # the leaf (weight, bias)
+        parts = parts[:-1]
     out = []
     for p in parts:
         if p.isdigit():

@@ -1,12 +1,5 @@
-"""A model's shape, found by inspection on the meta device: the class the checkpoint was saved
-from, where the text decoder's layers, embedding, final norm and head live, and which
-parameters are text, vision or other.
-
-There is no table of architectures here. The decoder is the ``ModuleList`` that sits beside
-the model's input embedding (vocabulary-sized) in the module tree, the head is the model's
-output embedding, and everything under the decoder's owner (the text backbone) plus the head
-is "text". The rest of a VLM (vision tower, projector) is never loaded for an evaluation.
-"""
+"""A model's shape, found by inspecting its module tree on the meta device, with no table
+of architectures: its class, its text part and what is vision (docs/probe.md)."""
 
 from __future__ import annotations
 
@@ -23,8 +16,7 @@ from remote.model.quiet import transformers_quiet
 
 AUTO_CLASSES = ("AutoModel", "AutoModelForCausalLM", "AutoModelForImageTextToText")
 
-# Names that mark a non-text part as vision. Used only to split the parameters OUTSIDE the
-# text backbone into vision vs other for reports; what is text is decided by the tree.
+# Splits the parameters outside the text part for reports only; the tree decides what is text.
 VISION_NAME = re.compile(r"vis|image|img|multi_modal|mm_|patch|projector|merger|audio", re.I)
 
 
@@ -32,7 +24,7 @@ VISION_NAME = re.compile(r"vis|image|img|multi_modal|mm_|patch|projector|merger|
 class TextLayout:
     """Where the text part of a model lives (module paths in the built class)."""
 
-    architecture: str  # the built class, e.g. Qwen3_5ForConditionalGeneration
+    architecture: str  # the built class
     backbone_path: str  # "" when the model itself is the backbone
     backbone_class: str
     layers_path: str
@@ -61,14 +53,13 @@ class TextLayout:
         return asdict(self)
 
     def in_text(self, key: str) -> bool:
-        """Whether a module key (parameter, buffer or module path) belongs to the text part."""
+        """Whether a module key belongs to the text part."""
         return _under(key, self.backbone_path) or (
             self.head_path is not None and _under(key, self.head_path)
         )
 
     def in_ends(self, key: str) -> bool:
-        """Whether a module key belongs to the token embedding or the LM head: what a
-        drafter borrows of its target (the ends of the text part, without its layers)."""
+        """Whether a module key belongs to the embedding or head, what a drafter borrows."""
         return _under(key, self.embed_path) or (
             self.head_path is not None and _under(key, self.head_path)
         )
@@ -76,9 +67,6 @@ class TextLayout:
 
 def _under(key: str, path: str) -> bool:
     return not path or key == path or key.startswith(path + ".")
-
-
-# ---- classes and building --------------------------------------------------------------
 
 
 def auto_class_choices(config) -> dict[str, Any]:
@@ -94,11 +82,8 @@ def auto_class_choices(config) -> dict[str, Any]:
 
 
 def checkpoint_class(config, auto: dict[str, Any] | None = None):
-    """The class the checkpoint was saved from (``architectures``), else the richest auto class.
-
-    The checkpoint's own class is the one its keys match; the auto fallbacks are for configs
-    that name a class this transformers lacks.
-    """
+    """The class the checkpoint was saved from, whose keys it matches, else (a class this
+    transformers lacks) the richest auto class."""
     import transformers
 
     for arch in getattr(config, "architectures", None) or []:
@@ -113,7 +98,7 @@ def checkpoint_class(config, auto: dict[str, Any] | None = None):
 
 
 def config_dtype(config):
-    """The dtype the config declares for its weights (float32 when it declares none)."""
+    """The dtype the config declares for its weights, else float32."""
     import torch
 
     for cfg in (config, config.get_text_config()):
@@ -126,29 +111,17 @@ def config_dtype(config):
 
 
 def build_on_meta(cls, config, dtype):
-    """Instantiate `cls` on the meta device: shapes and structure, no memory, no init.
-
-    ``post_init`` skips weight init on meta, so no module is marked initialised and
-    transformers' own ``_init_weights`` can later fill the buffers of the part we load.
-    """
+    """Instantiate `cls` on the meta device; uninitialised, so ``_init_weights`` can later
+    fill the buffers of the part we load."""
     import torch
 
     with torch.device("meta"):
         return cls._from_config(copy.deepcopy(config), dtype=dtype)
 
 
-# ---- finding the text decoder ------------------------------------------------------------
-
-
 def find_text(model, vocab_size: int | None) -> TextLayout:
-    """Find the text decoder in `model`'s module tree.
-
-    Candidates are ModuleLists whose parent also directly holds an nn.Embedding. Ranked by:
-    the parent holds the model's input embedding; that embedding is vocabulary-sized; more
-    parameters; more layers. The final norm is the backbone's last norm child; the head is
-    the model's output embedding (else a vocabulary-wide Linear outside the backbone).
-    Raises UserError when no candidate exists.
-    """
+    """Find the text decoder: the ModuleList beside the input (else a vocabulary-sized)
+    embedding, the largest; the head is the output embedding or a vocabulary-wide Linear."""
     from torch import nn
 
     names = {id(m): n for n, m in model.named_modules()}
@@ -185,8 +158,7 @@ def find_text(model, vocab_size: int | None) -> TextLayout:
 
     norm_name = None
     for name, child in parent.named_children():
-        # The final norm is the backbone's own norm child; the last one registered wins
-        # (rotary embeddings and layer lists are not norms).
+        # The last norm child registered is the final norm.
         if "norm" in type(child).__name__.lower() or name in ("norm", "final_layernorm", "ln_f"):
             norm_name = name
     try:
@@ -225,7 +197,7 @@ def find_text(model, vocab_size: int | None) -> TextLayout:
 
 
 def layers_path_for(cls, config, dtype, vocab: int | None) -> dict:
-    """Layer path a given class would have, or the reason it cannot be built."""
+    """Layer path a given class would have, or why it cannot be built."""
     try:
         m = build_on_meta(cls, config, dtype)
     except Exception as exc:
@@ -244,16 +216,13 @@ class Described:
     raw: dict
     config: Any
     cls: type
-    dtype: Any  # the config's declared dtype (what the meta model is built in)
-    model: Any  # the whole model on the meta device
+    dtype: Any  # what the meta model is built in
+    model: Any  # on the meta device
     layout: TextLayout
 
 
 def describe(folder: str | Path, dtype=None) -> Described:
-    """Config, class, meta model and text layout of the model in `folder`.
-
-    `dtype` builds the meta model in that dtype (the eval's), else the config's own.
-    """
+    """Config, class, meta model (in `dtype`, else the config's) and text layout."""
     folder = Path(folder)
     raw = read_model_config(folder)
     config = build_config(folder, raw)
@@ -282,9 +251,6 @@ def text_weight_bytes(model, layout: TextLayout, dtype) -> int:
             seen.add(id(p))
             n += p.numel() * (size if p.is_floating_point() else p.element_size())
     return n
-
-
-# ---- reports -----------------------------------------------------------------------------
 
 
 def parameter_split(model, layout: TextLayout) -> dict:
@@ -319,12 +285,7 @@ def _top_outside(path: str, backbone: str) -> str:
 
 
 def layer_signature(layer) -> str:
-    """A layer's kind from its children: e.g. ``linear_attn:Qwen3_5GatedDeltaNet``.
-
-    Children that differ between layers of one model (the attention or mixer module) are
-    what tell full from linear attention, so the signature is the list of its direct
-    children's names and classes, shortened to the ones that are not norms.
-    """
+    """A layer's kind from its non-norm children, which tell full from linear attention."""
     parts = [
         f"{n}:{type(c).__name__}"
         for n, c in layer.named_children()
@@ -358,11 +319,7 @@ def layer_groups(layers) -> list[dict]:
 
 
 def collapsed_tree(module, name: str = "", depth: int = 4) -> dict:
-    """The module tree to `depth` levels, ModuleList entries grouped by signature.
-
-    ``layers.0..63`` becomes one node per kind (``0..2,4..6,...``), so a 64-layer model
-    prints as a handful of lines.
-    """
+    """The module tree to `depth` levels, a ModuleList's entries grouped by signature."""
     from torch import nn
 
     node: dict[str, Any] = {

@@ -1,9 +1,5 @@
-"""transformers' own notices and progress bars, off for a stretch of work and back after.
-
-Kept to the stretches whose notices say nothing to the user: building a model on the meta
-device (no weights, so no load report worth reading) and the demo's in-process tiny
-models. Errors still show. Outside them transformers logs as the process set it.
-"""
+"""transformers' notices and progress bars off for a stretch that tells the user nothing
+(a meta-device build, the demo's tiny models); errors still show."""
 
 from __future__ import annotations
 

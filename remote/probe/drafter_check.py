@@ -1,15 +1,5 @@
-"""Does a DFlash drafter fit a target? Hard problems (layer ids, widths, vocabulary, mask
-token, block size) and warnings for what silently ruins acceptance (context length, sliding
-windows, layer ids shifted by one). Reads the drafter's weights the way the eval does
-(`remote.model.drafter_format.weight_shapes`): safetensors headers only, ``.pt``/``.bin`` through
-``torch.load(weights_only=True)``.
-
-RoPE is reported for both, never compared: a DFlash drafter rotates its own queries and
-keys (the context keys are its own ``k_proj`` of the fused target features) with its own
-rotary embedding, built from its own config (z-lab's ``DFlashDraftModel.rotary_emb =
-Qwen3RotaryEmbedding(config)``; `remote.eval.drafter.Rotary` likewise). The target's RoPE
-never enters the drafter's attention, so a drafter trained with another theta than its
-target's is evaluated exactly as it was trained."""
+"""Does a DFlash drafter fit a target? Problems, and warnings for what silently ruins
+acceptance; RoPE is reported, never compared (docs/probe.md)."""
 
 from __future__ import annotations
 
@@ -95,7 +85,6 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
     block = raw.get("block_size")
     if not isinstance(block, int) or block < 2:
         problems.append(f"block_size must be an integer >= 2, got {block!r}")
-    # Weights: found and read as the eval's loader finds and reads them.
     weights: dict[str, Any] = {}
     try:
         keys, shard_problems = weight_shapes(str(folder))
@@ -141,8 +130,7 @@ def check_drafter(folder: Path, target: dict, target_text_raw: dict) -> dict:
                 "drafter checkpoint carries its own embed_tokens/lm_head; DFlash uses the target's"
             )
     problems.extend(shard_problems)
-    # Warnings about settings that run but give different numbers. (RoPE is the drafter's
-    # own: see the module docstring.)
+    # Settings that run but give different numbers.
     dr, tr = rope_summary(raw), rope_summary(target_text_raw)
     d_max, t_max = (
         raw.get("max_position_embeddings"),

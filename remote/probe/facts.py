@@ -1,7 +1,6 @@
 """``facts``: what a host is, as JSON: OS, CPUs, memory, disk, python and ML packages.
 
-Package versions come from installed metadata plus an import-spec check, not from importing
-torch, so the answer takes milliseconds even on a host where importing torch takes seconds.
+Versions come from metadata, not imports: importing torch would take seconds.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import shutil
 import sys
 
 PACKAGES = {
-    # import name -> distribution names to try for the version
     "torch": ("torch",),
     "transformers": ("transformers",),
     "safetensors": ("safetensors",),
@@ -25,7 +23,7 @@ PACKAGES = {
 
 
 def package_version(module: str, dists: tuple[str, ...]) -> str | None:
-    """The installed version of an importable module, or None when it cannot be imported."""
+    """The installed version of an importable module, or None."""
     try:
         if importlib.util.find_spec(module) is None:
             return None
@@ -40,7 +38,7 @@ def package_version(module: str, dists: tuple[str, ...]) -> str | None:
 
 
 def meminfo() -> dict[str, int]:
-    """Total and available RAM in bytes (Linux /proc/meminfo; zeros where unknown)."""
+    """Total and available RAM in bytes (zeros where unknown)."""
     out = {"total": 0, "available": 0}
     try:
         with open("/proc/meminfo") as fh:

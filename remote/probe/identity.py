@@ -1,19 +1,5 @@
-"""Which model a target folder holds, as a few comparable facts (for ``parity``: are two
-hosts' targets copies of one checkpoint?).
-
-Built from what the model reader already found (`remote.model.layout.describe` and the
-shard scan of `remote.model.load.plan_text`): nothing more is read. The text part only,
-since that is what a capture computes: a VLM and its text-only export have one identity.
-
-- ``architecture``, ``model_type``, ``text`` (layers, hidden size, vocabulary): the built
-  class, the config's type and the text part's size, to show (a VLM and its text-only
-  export are built by two classes);
-- ``config``: the text config without what copies of one checkpoint may differ in (names,
-  versions, storage dtype, token ids);
-- ``weights``: the text weights' count, elements and one sha256 over their names (relative
-  to the text backbone) and shapes, sorted; their storage dtypes apart (a bf16 copy of an
-  fp32 checkpoint is the same checkpoint, and parity measures what that costs).
-"""
+"""Which model a target folder holds, as comparable facts: are two hosts' targets copies
+of one checkpoint? (docs/parity.md). Nothing is read beyond what the model reader found."""
 
 from __future__ import annotations
 
@@ -22,7 +8,6 @@ import json
 from collections import Counter
 from typing import Any
 
-# Config keys two copies of one checkpoint may differ in without being other models.
 VOLATILE_KEYS = {
     "_name_or_path",
     "transformers_version",
@@ -46,8 +31,7 @@ def _stable(cfg: dict) -> dict:
 
 
 def _text_name(key: str, layout) -> str:
-    """A text weight's module key relative to the text part (``backbone.<rest>``,
-    ``head.<rest>``), however deep its class nests the text model."""
+    """A text weight's module key relative to the text part, however deep it nests."""
     if layout.head_path and (key == layout.head_path or key.startswith(layout.head_path + ".")):
         return "head" + key[len(layout.head_path) :]
     if layout.backbone_path:
@@ -56,9 +40,7 @@ def _text_name(key: str, layout) -> str:
 
 
 def target_identity(described, scan: dict, wanted: dict[str, str]) -> dict:
-    """The identity of the described target (see the module docstring). `scan`: its shard
-    scan; `wanted`: checkpoint key -> module key of its text weights, both as
-    `remote.model.load.plan_text` answers them."""
+    """The identity of the described target, from `remote.model.load.plan_text`'s answers."""
     layout = described.layout
     raw = described.raw
     text_raw = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw

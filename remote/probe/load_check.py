@@ -1,6 +1,5 @@
-"""``probe --load``: load the text part exactly as the eval engine does (`remote.model.load`),
-run a short forward of the backbone, and check that each hooked decoder-layer output equals
-``hidden_states[i+1]``."""
+"""``probe --load``: load the text part as the eval does and check the hooked layer outputs
+against ``hidden_states`` (docs/probe.md)."""
 
 from __future__ import annotations
 
@@ -16,12 +15,8 @@ from remote.model.load import load_text
 
 
 def load_and_verify(folder: Path, layout: TextLayout, scan: dict) -> dict:
-    """Load the text part (never the vision tower), run 8 random tokens through the backbone,
-    compare the hooked layer outputs with ``output_hidden_states``.
-
-    The model is loaded in the dtype its config declares, by the loader the engine uses, so
-    a probe that passes here means the eval will load the same tensors.
-    """
+    """Load the text part with the engine's loader, in its config's dtype, so a pass here
+    means the eval loads the same tensors; run random tokens and compare."""
     import torch
 
     t0 = time.monotonic()

@@ -1,19 +1,5 @@
-"""``probe``: what a model really is on this host, as one JSON document (``dflash.probe/1``).
-
-Default mode reads ``config.json`` and the safetensors index/headers only and builds the
-model on the meta device, so no weight is read and a 27B config answers in seconds. The text
-decoder is found by inspecting the module tree, not from a table of architectures: the
-candidate layer lists are the ``ModuleList`` children of modules that also hold an
-``nn.Embedding``; the one beside the model's input embedding (vocabulary-sized) wins, largest
-first. Checkpoint keys are mapped to module keys with transformers' own load-time renaming
-rules (``get_model_conversion_mapping``), so a checkpoint storing
-``language_model.model.layers.*`` is matched to the module at ``model.language_model.layers``
-and both forms are reported.
-
-``--drafter`` checks a z-lab DFlash drafter against the target; ``--load`` loads the text
-backbone only (never the vision tower), runs a short forward and checks the hidden states
-against forward hooks on the reported layer path.
-"""
+"""``probe``: what a model really is on this host, as one JSON document (``dflash.probe/1``),
+from its config and safetensors headers on the meta device (docs/probe.md)."""
 
 from __future__ import annotations
 
@@ -46,11 +32,8 @@ from remote.protocol import PROBE_SCHEMA, is_int
 SCHEMA = PROBE_SCHEMA
 
 
-# ---- the host ---------------------------------------------------------------------------
-
-
 def kernel_status(name: str) -> dict:
-    """Whether an optional fast-kernel package imports here, and why not when it does not."""
+    """Whether an optional fast-kernel package imports here, and why not."""
     try:
         mod = importlib.import_module(name)
         return {"importable": True, "version": getattr(mod, "__version__", None)}
@@ -77,11 +60,6 @@ def host_report(folder: Path, text_bytes: int) -> dict:
     }
 
 
-# ---- drafter --------------------------------------------------------------------------
-
-# ---- the command ------------------------------------------------------------------------
-
-
 def _head_counts(text_cfg) -> dict:
     return {
         k: v
@@ -91,18 +69,14 @@ def _head_counts(text_cfg) -> dict:
 
 
 def text_part_class(acls, config) -> bool:
-    """Whether `acls` is the text-only model of the composite (VLM) `config`: its
-    ``config_class`` is the config's ``text_config`` class. transformers' auto classes then
-    build it from ``config.get_text_config()`` and load the language model's weights alone
-    (``AutoModelForCausalLM`` on a Qwen3.5 VLM gives ``Qwen3_5ForCausalLM``)."""
+    """Whether `acls` is the text-only model of the VLM `config` (its ``config_class`` is
+    the ``text_config``'s): the auto classes build it from the text config alone."""
     text_class = (getattr(config, "sub_configs", None) or {}).get("text_config")
     return text_class is not None and getattr(acls, "config_class", None) is text_class
 
 
 def _text_part_entry(auto_name: str, acls, d, choices: dict, vocab) -> dict:
-    """An auto class's entry for the text-only model of a VLM: built as transformers
-    builds it, from the text config, with a ``note`` saying it is the text part only and
-    which class loads the whole model."""
+    """An auto class's entry for a VLM's text-only model, built from the text config."""
     text_cfg = d.config.get_text_config()
     entry = layers_path_for(acls, text_cfg, d.dtype, vocab)
     whole = choices.get("AutoModelForImageTextToText") or d.cls
@@ -117,9 +91,8 @@ def _text_part_entry(auto_name: str, acls, d, choices: dict, vocab) -> dict:
 
 
 def unknown_architectures(config, built: type) -> str | None:
-    """The one line for a config whose ``architectures`` names no class this transformers
-    has: the model was built (here and by the eval, `remote.model.layout.checkpoint_class`)
-    as `built`, the class for its ``model_type``, which may not be what it was saved from."""
+    """The warning for ``architectures`` naming no class this transformers has: `built`
+    is its ``model_type``'s class, as the eval builds it."""
     import transformers
 
     named = [a for a in getattr(config, "architectures", None) or [] if isinstance(a, str)]
@@ -135,13 +108,13 @@ def unknown_architectures(config, built: type) -> str | None:
 
 
 def probe(model: str, drafter: str | None = None, load: bool = False, depth: int = 4) -> dict:
-    """The whole probe as a dict (schema ``dflash.probe/1``). See the module docstring."""
+    """The whole probe as a dict (schema ``dflash.probe/1``)."""
     t0 = time.monotonic()
     folder = Path(os.path.expanduser(model)).resolve()
     read_model_config(folder)  # a bad path fails in milliseconds, before torch is imported
     drafter_folder = Path(os.path.expanduser(drafter)).resolve() if drafter else None
     if drafter_folder is not None:
-        read_model_config(drafter_folder, "drafter")  # the same for the drafter's
+        read_model_config(drafter_folder, "drafter")
     scan = scan_checkpoint(folder)
     d = describe(folder)
     meta_model, layout, config = d.model, d.layout, d.config
@@ -222,7 +195,7 @@ def probe(model: str, drafter: str | None = None, load: bool = False, depth: int
 
 
 def incomplete(report: dict) -> str | None:
-    """Why a probed checkpoint cannot be used as it is (missing/truncated shards), or None."""
+    """Why a probed checkpoint's shards make it unusable, or None."""
     reason = incomplete_reason(report["checkpoint"])
     return (
         f"checkpoint in {report['model_path']} is incomplete: {reason}; copy it again"
@@ -232,8 +205,7 @@ def incomplete(report: dict) -> str | None:
 
 
 def run(args) -> int:
-    """Print the report; a checkpoint with a missing or truncated shard is an error (exit 3,
-    one line naming the shards), never a report that looks usable."""
+    """Print the report; an incomplete checkpoint is an error, never a usable-looking report."""
     report = probe(args.model, args.drafter, args.load, args.depth)
     problem = incomplete(report)
     if problem:
