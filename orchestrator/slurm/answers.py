@@ -1,10 +1,5 @@
-"""What the login node answers, checked before anything uses it.
-
-The scheduler is another trust domain: its job ids, task ids, states and node names become
-command arguments and decisions here. Each parser accepts exactly the shape dflash asked
-for (``sbatch --parsable``; ``squeue -o`` with `QUEUE_FORMAT`; the job folder's exit
-records) and refuses anything else with one line naming the host and the field.
-"""
+"""What the login node answers, parsed strictly: exactly the shape asked for, else one line
+naming the host and the field (the scheduler is another trust domain)."""
 
 from __future__ import annotations
 
@@ -14,13 +9,11 @@ from dataclasses import dataclass
 from orchestrator.slurm import states
 from orchestrator.slurm.role import SlurmError
 
-# squeue's format: array job id, array task id, state (long form), nodes, reason. Without
-# widths squeue prints each field whole; the reason, last, is the only free text.
+# Without widths squeue prints each field whole; the reason, last, is the only free text.
 QUEUE_FORMAT = "%F|%K|%T|%N|%r"
 _JOB_ID = re.compile(r"[1-9][0-9]{0,9}")
 _TASK_ID = re.compile(r"0|[1-9][0-9]{0,6}")
 _PARSABLE = re.compile(rf"({_JOB_ID.pattern})(?:;[A-Za-z0-9_.-]{{1,64}})?")
-# A Slurm host list as squeue prints it (``n1``, ``gpu[01-04,07]``), or empty when pending.
 _NODES = re.compile(r"[A-Za-z0-9_.\[\],-]{0,1024}")
 _REASON = re.compile(r"[\x20-\x7e]{0,512}")
 _EXIT_LINE = re.compile(rf"({_TASK_ID.pattern})\.({_JOB_ID.pattern})\.exit (0|[1-9][0-9]{{0,2}})")
@@ -52,10 +45,8 @@ def job_id(host: str, stdout: str) -> int:
 def queue(
     host: str, stdout: str, asked: dict[int, frozenset[int]]
 ) -> dict[tuple[int, int], TaskRecord]:
-    """``squeue -h -r -t all -j <ids> -o QUEUE_FORMAT`` lines as records by (job, task).
-
-    `asked` maps each array job id asked about to the task ids submitted in it: a line for
-    any other job or task, a repeated one, or a field out of shape is refused."""
+    """``squeue`` lines as records by (job, task); a line about a task not in `asked` (job
+    id -> its submitted task ids), a repeat or a field out of shape is refused."""
     records: dict[tuple[int, int], TaskRecord] = {}
     for n, line in enumerate(stdout.splitlines(), 1):
         parts = line.split("|", 4)
@@ -98,8 +89,7 @@ def queue(
 
 
 def exit_codes(host: str, stdout: str, asked: set[tuple[int, int]]) -> dict[tuple[int, int], int]:
-    """The job folder's exit records, ``<task>.<job>.exit <code>`` per line, by (job, task);
-    only the attempts asked about, each once, codes 0-255."""
+    """The job folder's exit records (``<task>.<job>.exit <code>`` lines) by (job, task)."""
     codes: dict[tuple[int, int], int] = {}
     for line in stdout.splitlines():
         m = _EXIT_LINE.fullmatch(line)
@@ -112,10 +102,7 @@ def exit_codes(host: str, stdout: str, asked: set[tuple[int, int]]) -> dict[tupl
     return codes
 
 
-# sacct's format (``--parsable2 --noheader``): job id (``<array job>_<task>`` for a task,
-# ``.batch``/``.extern``/``.0`` for its steps), state, exit code, elapsed seconds, peak RSS.
 ACCOUNT_FORMAT = "JobID,State,ExitCode,ElapsedRaw,MaxRSS"
-# At most this much of sacct's answer is read (about 40 bytes a line, a few lines a task).
 ACCOUNT_MAX_BYTES = 4 * 1024 * 1024
 _ACCT_JOB = re.compile(
     rf"({_JOB_ID.pattern})_(?:({_TASK_ID.pattern})|\[[0-9,%-]{{1,1024}}\])"
@@ -124,16 +111,14 @@ _ACCT_JOB = re.compile(
 _ACCT_STATE = re.compile(r"([A-Z_]{1,32})(?: by (?:0|[1-9][0-9]{0,9}))?")
 _ACCT_EXIT = re.compile(r"(0|[1-9][0-9]{0,2}):(0|[1-9][0-9]{0,2})")
 _ELAPSED = re.compile(r"0|[1-9][0-9]{0,9}")
-# sacct's sizes: a count with an optional fraction and a binary unit; empty where the
-# line (the allocation's own) has no step to measure.
+# empty on the allocation's own line, which has no step to measure
 _RSS = re.compile(r"(?:(0|[1-9][0-9]{0,14})(?:\.([0-9]{1,6}))?([KMGTP]?))?")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 
 
 @dataclass(frozen=True)
 class Accounted:
-    """One array task as the accounting database has it: its allocation's state, exit code
-    and signal, elapsed seconds, and the largest peak RSS of its steps (None if none)."""
+    """One array task as sacct has it; `max_rss_bytes`: the largest of its steps'."""
 
     job_id: int
     task_id: int
@@ -166,11 +151,8 @@ def _rss(host: str, n: int, text: str) -> int | None:
 def accounting(
     host: str, stdout: str, asked: dict[int, frozenset[int]]
 ) -> dict[tuple[int, int], Accounted]:
-    """``sacct --parsable2 --noheader -j <ids> --format=ACCOUNT_FORMAT`` lines as records
-    by (job, task). `asked` maps each array job id to the task ids submitted in it; a line
-    about anything else, a task's allocation listed twice, or a field out of shape is
-    refused. A pending array's remainder (``57_[2-5]``) names no task and is skipped; a
-    task's steps only give its peak RSS (the largest), its allocation line the rest."""
+    """``sacct`` lines as records by (job, task), checked as strictly as `queue`; a pending
+    remainder (``57_[2-5]``) is skipped, a step adds only its peak RSS."""
     if len(stdout) > ACCOUNT_MAX_BYTES:
         raise SlurmError(f"{host}: sacct answered more than {ACCOUNT_MAX_BYTES} bytes")
     tasks: dict[tuple[int, int], list] = {}
@@ -186,7 +168,7 @@ def accounting(
         m = _ACCT_JOB.fullmatch(job)
         if not m:
             raise SlurmError(f"{host}: sacct line {n}: job id {_shown(job)} is not an array task")
-        if m.group(2) is None:  # the queued rest of an array: no task of its own yet
+        if m.group(2) is None:
             continue
         key = (int(m.group(1)), int(m.group(2)))
         if key[0] not in asked or key[1] not in asked[key[0]]:
@@ -194,7 +176,7 @@ def accounting(
         size = _rss(host, n, max_rss)
         if size is not None:
             rss[key] = max(rss.get(key, 0), size)
-        if m.group(3) is not None:  # a step: its peak RSS is all it adds
+        if m.group(3) is not None:
             continue
         sm, em = _ACCT_STATE.fullmatch(state), _ACCT_EXIT.fullmatch(code)
         if not sm or not states.is_known(sm.group(1)) or sm.group(1) == states.LOST:

@@ -1,29 +1,6 @@
-"""One job array on a cluster, from submission to its last task's end.
+"""One job array, submitted, watched, retried and cancelled on any way out.
 
-`run_array` submits every task of an `ArrayPlan` as ONE array, looks at it every
-`SlurmRole.poll_seconds` (one ``squeue`` for all attempts still active; the job folder's
-exit records for attempts the scheduler no longer lists or lists as failed), resubmits the
-failures worth retrying (`states.RETRYABLE`) as one new array of just those task ids, at
-most `SlurmRole.max_retries` times per task, and returns when every task is done or failed.
-
-Every wait has a deadline. On any way out before the end (the deadline, an error, a
-Ctrl-C, an `on_update` callback that raises) the tasks still queued or running are
-cancelled with ``scancel`` and watched until ``squeue`` shows none of them active, so
-nothing is left behind on the cluster; if that does not happen in time, or ``scancel``
-does not answer, the error says so and names the array jobs to cancel by hand. Two
-answers are not waited on for ever either: an attempt ``squeue`` keeps listing as running
-`EXIT_GRACE` seconds after the job folder recorded its end is taken as the record says
-and cancelled; one ``squeue`` no longer lists that recorded no end is LOST, and cancelled
-in case it still runs. Each is said in the status (its reason, `ArrayStatus.notes`).
-
-Where the cluster keeps accounting, ``sacct`` is the word on an attempt the scheduler no
-longer lists (its final state, not just its exit code), and once the array has ended it
-gives every attempt's elapsed seconds and peak RSS (``accounting`` of each attempt). Where
-``sacct`` does not work (no accounting storage) or answers what cannot be read, the job
-folder's exit records stand in and the status says so (``ArrayStatus.accounting``).
-
-The status is frozen (`orchestrator.slurm.status.ArrayStatus`): each task with its
-attempts, JSON-ready.
+What a look reads, what is retried, the deadlines and the sacct fallback: docs/slurm.md.
 """
 
 from __future__ import annotations
@@ -41,23 +18,17 @@ from orchestrator.slurm.role import SlurmError
 from orchestrator.slurm.status import ArrayStatus as ArrayStatus
 from orchestrator.slurm.status import Attempt, TaskStatus, accounted, recorded_end, updated
 
-# How long `stop` waits for scancel'ed tasks to leave the queue (Slurm's KillWait, 30 s by
-# default, is how long a task may take to die after its SIGTERM).
+# Longer than Slurm's KillWait: how long a task may take to die after its SIGTERM.
 CANCEL_TIMEOUT = 90.0
-# On the way out each login-node command gets this long (not the usual 60 s): a hung
-# scancel must not hold a Ctrl-C or a SIGTERM for a minute.
+# On the way out a hung scancel must not hold a Ctrl-C or a SIGTERM for a minute.
 STOP_COMMAND_TIMEOUT = 15.0
-# How long squeue may go on listing as running an attempt whose end the job folder
-# recorded (its epilog, a slow controller) before the record is trusted.
+# How long squeue may list as running an attempt whose exit record is written.
 EXIT_GRACE = 30.0
 
 
 class ArrayRun:
-    """The mutable side of one array: submits, looks, resubmits, cancels. `status` is
-    its frozen picture after the last look. `retry`: the states of a failed attempt worth
-    resubmitting (`states.RETRYABLE`; a caller whose tasks someone may cancel one by one
-    to have them run elsewhere adds CANCELLED). `exit_grace`: how long squeue may list
-    as running an attempt whose end the job folder recorded (None: `EXIT_GRACE`)."""
+    """The mutable side of one array; `status` is its frozen picture after the last look.
+    `retry`: the failed states worth resubmitting (a caller may add CANCELLED)."""
 
     def __init__(
         self,
@@ -74,9 +45,8 @@ class ArrayRun:
         self._tasks: dict[int, tuple[Attempt, ...]] = {}
         self._accounted = False  # sacct answered at least once
         self._notes: list[str] = []
-        # (job, task) -> when its exit record was first seen while squeue listed it running
         self._recorded: dict[tuple[int, int], float] = {}
-        self._next_record_look = 0.0  # when the running attempts' exit records are read next
+        self._next_record_look = 0.0
 
     @property
     def status(self) -> ArrayStatus:
@@ -90,7 +60,7 @@ class ArrayRun:
         )
 
     def note(self, line: str) -> None:
-        """Say `line` (one line) in the status: a fallback or a decision taken on the way."""
+        """Say `line` in the status: a fallback or a decision taken on the way."""
         self._notes.append(line)
 
     def _accounting_source(self) -> dict | None:
@@ -105,8 +75,7 @@ class ArrayRun:
         return self.submit_all()
 
     def submit_all(self) -> ArrayStatus:
-        """Submit every task as one array, into the job folder made already (`start`
-        without its folder: the caller put the tasks' inputs there first)."""
+        """`start` into a job folder the caller made (and put the tasks' inputs in)."""
         if self._tasks:
             raise SlurmError(f"{self.client.name}: array {self.plan.name} is started already")
         self._submit(self.plan.task_ids)
@@ -119,14 +88,12 @@ class ArrayRun:
             self._tasks[i] = (*self._tasks.get(i, ()), Attempt(job, i))
 
     def poll(self, *, resubmit: bool = True) -> ArrayStatus:
-        """Look once: update every active attempt, then (with `resubmit`) submit the
-        tasks that failed in a way worth retrying, and have retries left, as one array."""
+        """Look once; with `resubmit`, resubmit the retryable failures as one array."""
         active = self.status.active
         asked: dict[int, set[int]] = {}
         for a in active:
             asked.setdefault(a.job_id, set()).add(a.task_id)
-        # A job's tasks are validated against all of its tasks: one that ended is still
-        # listed (for MinJobAge) and is an answer about a task dflash did submit.
+        # squeue lists ended tasks too (MinJobAge): validate against every submitted one.
         submitted: dict[int, set[int]] = {}
         for i, attempts in self._tasks.items():
             for a in attempts:
@@ -145,8 +112,7 @@ class ArrayRun:
             else:
                 new = updated(a, records.get(key), codes.get(key))
                 if new.verdict == "running" and key in codes:
-                    # squeue says running, the job folder says it ended: trust the
-                    # record once squeue has had its grace
+                    # the record is trusted once squeue has had its grace
                     since = self._recorded.setdefault(key, now)
                     if now - since >= self.exit_grace:
                         new = recorded_end(new, codes[key], self.exit_grace)
@@ -170,9 +136,8 @@ class ArrayRun:
     def _records_to_read(
         self, active: Iterable[Attempt], records: dict[tuple[int, int], TaskRecord], ended
     ) -> list[tuple[int, int]]:
-        """The attempts whose exit records this look reads: those squeue no longer lists
-        (and sacct did not settle) or lists as failed (the code says how: a signal, an
-        exit code), and, every half grace, those it lists as running."""
+        """The attempts whose exit records this look reads: gone from squeue (and not
+        settled by sacct) or failed, and every half grace the running ones."""
         now = time.monotonic()
         running = now >= self._next_record_look
         if running:
@@ -189,9 +154,7 @@ class ArrayRun:
         return keys
 
     def _cancel_ended(self, stale: list[Attempt], lost: list[Attempt]) -> None:
-        """``scancel`` what squeue may still run: the attempts it listed as running long
-        after their recorded end (said in a note), and the lost ones (said in their
-        reason)."""
+        """``scancel`` the stale running attempts (a note) and the lost ones (their reason)."""
         if stale:
             refs = [a.ref for a in stale]
             said = self.client.cancel(refs)
@@ -212,8 +175,7 @@ class ArrayRun:
     def _ended_by_sacct(
         self, gone: list[Attempt], submitted: dict[int, set[int]]
     ) -> dict[tuple[int, int], Accounted]:
-        """sacct's records of the attempts squeue no longer lists that have ended (none
-        where the cluster keeps no accounting)."""
+        """sacct's records of the ended attempts squeue no longer lists."""
         if not gone:
             return {}
         jobs = {a.job_id for a in gone}
@@ -228,8 +190,7 @@ class ArrayRun:
         }
 
     def account(self) -> ArrayStatus:
-        """Every attempt's accounting record from sacct (elapsed seconds, peak RSS, exit
-        code), where the cluster has one; the status either way."""
+        """Every attempt's sacct record, where the cluster keeps accounting; the status."""
         asked: dict[int, set[int]] = {}
         for i, attempts in self._tasks.items():
             for a in attempts:
@@ -246,8 +207,7 @@ class ArrayRun:
         return self.status
 
     def _sacct(self, asked: dict[int, frozenset[int]]) -> dict[tuple[int, int], Accounted] | None:
-        """`SlurmClient.accounting`, with a note the first time its answer was unreadable
-        (where the cluster has no accounting storage its refusal is no news)."""
+        """`SlurmClient.accounting`, noting the first unreadable answer (not a refusal)."""
         before = self.client.accounting_off
         found = self.client.accounting(asked)
         if found is not None:
@@ -264,17 +224,14 @@ class ArrayRun:
         self._tasks[old.task_id] = (*attempts[:-1], new)
 
     def cancel(self, task_ids: Iterable[int] | None = None, timeout: float | None = None) -> str:
-        """``scancel`` the active attempts of `task_ids` (all tasks when None); their
-        verdicts change when a look sees it. Returns scancel's complaint, if any."""
+        """``scancel`` the active attempts of `task_ids` (None: all); scancel's complaint."""
         wanted = None if task_ids is None else set(task_ids)
         refs = [a.ref for a in self.status.active if wanted is None or a.task_id in wanted]
         return self.client.cancel(refs, timeout=timeout)
 
     def stop(self, timeout: float = CANCEL_TIMEOUT) -> ArrayStatus:
-        """Cancel every active attempt and look until none is queued or running, each
-        command bounded by `STOP_COMMAND_TIMEOUT`; `SlurmError` naming the array jobs to
-        cancel by hand if scancel does not answer or some are still active after
-        `timeout` seconds."""
+        """Cancel every active attempt and look until none is active; `SlurmError` naming
+        the array jobs to cancel by hand when that fails."""
         if not self.status.active:
             return self.status
         usual, self.client.timeout = (
@@ -304,8 +261,7 @@ class ArrayRun:
             time.sleep(min(1.0, self.plan.role.poll_seconds, max(0.0, deadline - time.monotonic())))
 
     def _by_hand(self, what: str) -> str:
-        """One line: array `name` may still hold the cluster (`what`), and the scancel
-        that ends it, for a person to run on the login node."""
+        """One line: the array may still hold the cluster (`what`), and the scancel to run."""
         jobs = " ".join(str(j) for j in sorted({a.job_id for a in self.status.active}))
         return (
             f"{self.client.name}: array {self.plan.name} may still be queued or running "
@@ -317,10 +273,8 @@ class ArrayRun:
         timeout: float,
         on_update: Callable[[ArrayStatus], None] | None = None,
     ) -> ArrayStatus:
-        """Look every `poll_seconds` until every task is done or failed, calling
-        `on_update` with each new status (and the final one where the accounting added a
-        note). Past `timeout` seconds, or on any error, the array is stopped (`stop`) and
-        the error raised."""
+        """Look every `poll_seconds` until every task ended, calling `on_update` each time;
+        past `timeout` or on any error, `stop` and raise."""
         try:
             return self._wait(timeout, on_update)
         except BaseException as exc:
@@ -336,7 +290,7 @@ class ArrayRun:
             if status.finished:
                 final = self.account()
                 if on_update is not None and final.notes != status.notes:
-                    on_update(final)  # what the accounting said (sacct unreadable)
+                    on_update(final)
                 return final
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -352,7 +306,7 @@ class ArrayRun:
             self.stop()
         except DflashError as stop_exc:
             if isinstance(exc, KeyboardInterrupt):
-                # the interrupt goes on (exit 130/143), saying what is left to cancel
+                # the interrupt goes on, saying what is left to cancel
                 exc.args = (str(stop_exc),)
                 return
             raise SlurmError(f"{exc}; and stopping the array failed: {stop_exc}") from exc
@@ -365,9 +319,8 @@ def run_array(
     timeout: float,
     on_update: Callable[[ArrayStatus], None] | None = None,
 ) -> ArrayStatus:
-    """Submit `plan` as one array on `client`'s login node and watch it to the end
-    (`ArrayRun.wait`): the final status, failed tasks included (`ArrayStatus.failed`,
-    `ArrayStatus.failure_line`). Nothing is left queued on any way out."""
+    """Submit `plan` as one array and watch it to the end; the final status, failed tasks
+    included. Nothing is left queued on any way out."""
     run = ArrayRun(client, plan)
     run.start()
     return run.wait(timeout, on_update)

@@ -1,16 +1,5 @@
-"""Slurm's commands on a login node, run over the host's transport with every argument
-quoted: make the job folder, ``sbatch``, ``squeue``, ``sacct``, read exit records,
-``scancel``.
-
-``sacct`` answers only where the cluster keeps accounting (``AccountingStorageType`` other
-than ``accounting_storage/none``), and accounting is optional: the first time it fails,
-hangs or answers what cannot be read, the client says why in `SlurmClient.accounting_off`
-and asks no more: the run goes on with what ``squeue`` and the job folder say, and records
-which of the two it used.
-
-Each command has a timeout (`COMMAND_TIMEOUT`), so a hung login node is an error, not a
-wait; each answer goes through `orchestrator.slurm.answers` before it is returned.
-"""
+"""Slurm's commands on a login node over the host's transport, every argument quoted and
+every answer parsed by `answers`; sacct is optional (docs/slurm.md, "Accounting")."""
 
 from __future__ import annotations
 
@@ -37,9 +26,8 @@ class SlurmClient:
     def __init__(self, host: Host, *, command_timeout: float = COMMAND_TIMEOUT):
         self.host = host
         self.timeout = command_timeout
-        # Why sacct is not used on this cluster (its own last line); None: not asked yet or works.
+        # why sacct is not used on this cluster; None: not asked yet, or it works
         self.accounting_off: str | None = None
-        # sacct answered, but nothing dflash can read (not a cluster without accounting)
         self.accounting_unreadable = False
 
     @property
@@ -47,8 +35,8 @@ class SlurmClient:
         return self.host.name
 
     def make_folder(self, plan: ArrayPlan) -> None:
-        """Create the plan's job folder with its ``logs`` and ``tasks``; a folder of that
-        name already there is refused (its exit records would be read as this run's)."""
+        """Create the job folder; one already there is refused (its exit records would be
+        read as this run's)."""
         folder = plan.folder
         subs = " ".join(quote(posixpath.join(folder, d)) for d in ("logs", "tasks"))
         line = (
@@ -79,8 +67,7 @@ class SlurmClient:
         return answers.job_id(self.name, result.stdout)
 
     def queue(self, asked: dict[int, frozenset[int]]) -> dict[tuple[int, int], TaskRecord]:
-        """What ``squeue`` lists (any state it still remembers) for the array jobs in
-        `asked` (job id -> the task ids submitted in it), by (job, task)."""
+        """What ``squeue`` lists for the array jobs in `asked`, by (job, task)."""
         if not asked:
             return {}
         ids = ",".join(str(j) for j in sorted(asked))
@@ -97,16 +84,15 @@ class SlurmClient:
     def accounting(
         self, asked: dict[int, frozenset[int]]
     ) -> dict[tuple[int, int], Accounted] | None:
-        """What ``sacct`` has of the array jobs in `asked` (job id -> its submitted task
-        ids), by (job, task), checked (`answers.accounting`); None where sacct does not work
-        on this cluster (`accounting_off` says why, and it is not asked again)."""
+        """What ``sacct`` has of `asked`, by (job, task); None where it does not work here
+        (`accounting_off` says why; it is not asked again)."""
         if self.accounting_off is not None:
             return None
         if not asked:
             return {}
         try:
             return self._accounting(asked)
-        except DflashError as exc:  # a hang, or an answer out of shape
+        except DflashError as exc:
             self.accounting_unreadable = True
             self.accounting_off = f"sacct's answer was unreadable: {exc}"
             return None
@@ -117,7 +103,7 @@ class SlurmClient:
         ids = ",".join(str(j) for j in sorted(asked))
         argv = ["sacct", "--parsable2", "--noheader", "-j", ids]
         argv.append(f"--format={answers.ACCOUNT_FORMAT}")
-        # Read at most a bound of the answer; sacct's own exit code is the command's.
+        # sacct's own exit code is the command's
         cmd = " ".join(quote(a) for a in argv)
         line = (
             f'out=$({cmd}) || exit $?; printf "%s\\n" "$out" | '
@@ -132,8 +118,8 @@ class SlurmClient:
     def exit_codes(
         self, plan: ArrayPlan, attempts: Iterable[tuple[int, int]]
     ) -> dict[tuple[int, int], int]:
-        """The exit codes the job folder recorded for (job, task) `attempts`; an attempt
-        without a record (it never ended on its own) is absent."""
+        """The exit codes the job folder recorded for `attempts`; one without a record is
+        absent."""
         asked = set(attempts)
         if not asked:
             return {}
@@ -151,10 +137,8 @@ class SlurmClient:
         return answers.exit_codes(self.name, result.stdout, asked)
 
     def cancel(self, targets: Iterable[str], timeout: float | None = None) -> str:
-        """``scancel`` array jobs (``57``) or tasks (``57_3``) within `timeout` seconds (the
-        client's when None). Returns scancel's complaint ("" when none): one about a job
-        that ended meanwhile is no failure, so the caller judges by what ``squeue`` says
-        afterwards."""
+        """``scancel`` array jobs (``57``) or tasks (``57_3``); scancel's complaint, which the
+        caller judges by ``squeue`` afterwards (a job may have ended meanwhile)."""
         ids = sorted(set(targets))
         if not ids:
             return ""
@@ -165,9 +149,7 @@ class SlurmClient:
         return "" if result.ok else last_line(result.stderr) or f"exit {result.exit_code}"
 
     def cancel_named(self, names: Iterable[str]) -> str:
-        """``scancel --name`` every job of these array names (a run's arrays, left by a
-        controller that died): what is queued or running of them is cancelled. Returns
-        scancel's complaints ("" when none)."""
+        """``scancel --name`` a run's arrays, left by a controller that died; the complaints."""
         said = []
         for name in sorted(set(names)):
             if not RUN_NAME.fullmatch(name):

@@ -1,16 +1,5 @@
-"""One job array, planned: its job folder, its batch script, and the ``sbatch`` argv.
-
-Pure: nothing here touches a host. The batch script goes to ``sbatch`` on its standard
-input, so the same script is submitted again, unchanged, for the tasks that are retried.
-
-Job folder (``<shared>/<name>/``, made by `orchestrator.slurm.client`):
-
-    logs/<array job id>_<task id>.out       the task's stdout and stderr
-    tasks/<task id>.<array job id>.exit     its command's exit code, written last
-
-The exit record is the job folder's own word on an attempt, read when the scheduler no
-longer lists it (Slurm forgets finished jobs ``MinJobAge`` seconds after they end).
-"""
+"""One job array, planned (pure): its job folder, its batch script (the same one again for
+the retried tasks) and the ``sbatch`` argv; the folder's layout: docs/slurm.md."""
 
 from __future__ import annotations
 
@@ -23,16 +12,16 @@ from orchestrator.slurm.role import SlurmError, SlurmRole
 from orchestrator.transport.hosts import quote
 from remote.protocol import is_int
 
-# The job's name and its folder's name: one path component, one word for sbatch.
+# one path component, one word for sbatch
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-# Slurm's own default ceiling on array indices (MaxArraySize=1001).
+# under Slurm's default MaxArraySize
 MAX_TASKS = 1000
 
 
 @dataclass(frozen=True)
 class ArrayPlan:
-    """`tasks` array tasks, ids ``0..tasks-1``, each running `command` (an argv, run in
-    the job folder with ``SLURM_ARRAY_TASK_ID`` naming its task) under `role`'s limits."""
+    """`tasks` array tasks, each running the argv `command` in the job folder with
+    ``SLURM_ARRAY_TASK_ID`` set, under `role`'s limits."""
 
     role: SlurmRole
     name: str
@@ -69,8 +58,7 @@ class ArrayPlan:
         return posixpath.join(self.folder, "tasks", f"{task_id}.{job_id}.exit")
 
     def script(self) -> str:
-        """The batch script: the command, then its exit code recorded atomically for this
-        attempt, then that exit code as the task's own. Runs under ``/bin/sh``."""
+        """The ``/bin/sh`` batch script: the command, its exit code recorded atomically."""
         tasks = quote(posixpath.join(self.folder, "tasks"))
         return "\n".join(
             [
@@ -87,9 +75,8 @@ class ArrayPlan:
         )
 
     def sbatch_argv(self, task_ids: Iterable[int]) -> list[str]:
-        """``sbatch`` for `task_ids` of this array (all of them, or the ones retried),
-        the script on its standard input. ``--no-requeue``: a failed task comes back here,
-        counted against `SlurmRole.max_retries`, not silently into Slurm's queue again."""
+        """``sbatch`` for `task_ids` (all, or the retried), the script on its stdin;
+        ``--no-requeue`` so a retry is counted here, not done silently by Slurm."""
         ids = sorted(set(task_ids))
         if not ids or any(i not in range(self.tasks) for i in ids):
             raise SlurmError(f"task ids {ids} are not a non-empty subset of 0..{self.tasks - 1}")

@@ -1,11 +1,5 @@
-"""A Slurm login node's settings: where the array runs, with what, and how it is watched.
-
-`SlurmRole` is what an inventory host's ``roles: {slurm: ...}`` holds
-(`orchestrator.inventory` reads it with `from_mapping`). It is frozen and checked at
-construction, one line per problem naming the field; `SlurmRole.from_mapping` takes the
-values as a person writes them (``time_limit: "1:30:00"``, ``mem_per_task: 4G``) and names
-the key path in its errors.
-"""
+"""A Slurm login node's settings (an inventory host's ``roles: {slurm: ...}``), checked at
+construction; the keys: docs/slurm.md, "The inventory role"."""
 
 from __future__ import annotations
 
@@ -20,15 +14,12 @@ from remote.protocol import is_int, is_number
 
 
 class SlurmError(DflashError):
-    """A Slurm role, plan or scheduler answer is unusable; the message is one line naming
-    the host (or key) and the field."""
+    """A Slurm role, plan or scheduler answer is unusable (one line naming the field)."""
 
 
-# Partition lists (``a,b``), account and QOS names: what Slurm itself accepts, and nothing
-# a shell or sbatch's own option parser would read as more than one word.
+# what Slurm accepts, and nothing a shell or sbatch would read as more than one word
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 PARTITIONS = re.compile(rf"{NAME.pattern}(,{NAME.pattern})*")
-# sbatch's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 _TIME = re.compile(
     r"(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
     r"|(?P<h>\d+):(?P<hm>\d+):(?P<hs>\d+)|(?P<m>\d+)(?::(?P<ms>\d+))?)"
@@ -36,8 +27,8 @@ _TIME = re.compile(
 
 
 def parse_time_limit(value: int | str) -> int:
-    """Minutes (rounded up) from whole minutes or one of sbatch's forms: ``90``, ``"90"``,
-    ``"1:30:00"``, ``"2-00"``, ``"0-12:00:00"``. Raises `SlurmError` otherwise."""
+    """Minutes (rounded up) from whole minutes or one of sbatch's forms (``"1:30:00"``,
+    ``"2-00"``)."""
     if is_int(value):
         if value < 1:
             raise SlurmError(f"a time limit of {value} minutes is not at least 1")
@@ -61,8 +52,8 @@ def parse_time_limit(value: int | str) -> int:
 
 
 def check_shared_folder(path: str) -> str:
-    """The shared folder as given, when it is one absolute, normalised path that Slurm's
-    output patterns (``%``, ``\\``) and a remote shell read literally; else `SlurmError`."""
+    """The shared folder, if absolute, normalised and read literally by Slurm's output
+    patterns and a shell; else `SlurmError`."""
     if (
         not isinstance(path, str)
         or not path.startswith("/")
@@ -79,14 +70,7 @@ def check_shared_folder(path: str) -> str:
 
 @dataclass(frozen=True)
 class SlurmRole:
-    """How dflash runs on one cluster through its login node.
-
-    `shared` is a folder the login node and every compute node see at the same path (the
-    job folders live under it). None for `partition`, `account`, `qos` or `mem_per_task_mib`
-    means the cluster's default. `max_retries` bounds how often one task is resubmitted
-    after a failure worth retrying; `poll_seconds` is the pause between two looks.
-    `shards`: how many array tasks one eval is split into (fewer when it has fewer samples).
-    """
+    """How dflash runs on one cluster through its login node; None: the cluster's default."""
 
     shared: str
     partition: str | None = None
@@ -123,9 +107,8 @@ class SlurmRole:
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], what: str = "slurm") -> SlurmRole:
-        """A role from the keys a person writes: those of the fields, except
-        ``time_limit`` (minutes or sbatch's forms) and ``mem_per_task`` (a size such as
-        ``4G``, rounded up to MiB). Errors name ``what.key``."""
+        """A role from the keys a person writes (``time_limit``, ``mem_per_task: 4G``);
+        errors name ``what.key``."""
         allowed = {f.name for f in fields(cls)} - {"time_limit_minutes", "mem_per_task_mib"}
         allowed |= {"time_limit", "mem_per_task"}
         unknown = sorted(set(values) - allowed)
@@ -147,7 +130,7 @@ class SlurmRole:
                     raise SlurmError(f"{what}.{key}: {exc}") from None
         try:
             return cls(**kwargs)
-        except SlurmError as exc:  # its message starts with the field's name
+        except SlurmError as exc:
             raise SlurmError(f"{what}.{exc}") from None
 
 

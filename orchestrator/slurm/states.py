@@ -1,13 +1,4 @@
-"""Slurm's job states (``squeue -o %T``) and what each means for one array task here.
-
-A task is queued, running, done or failed. Every state Slurm prints (its
-``job_state_string``: the base states and the flag states it shows instead of them) is
-listed, so an answer outside this vocabulary is refused rather than guessed at.
-
-Failures split by whether a second attempt can succeed without anyone changing anything:
-a lost node, a preemption or a crashed process can; a limit that was hit (time, memory,
-deadline) or a cancellation someone chose will fail, or be cancelled, the same way again.
-"""
+"""Slurm's job states and what each means for one array task (docs/slurm.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +6,7 @@ from typing import Literal
 
 Verdict = Literal["queued", "running", "done", "failed"]
 
-# Ours, not Slurm's: neither the scheduler nor the job folder knows the task any more.
+# ours, not Slurm's: neither the scheduler nor the job folder knows the task any more
 LOST = "LOST"
 
 VERDICTS: dict[str, Verdict] = {
@@ -28,7 +19,7 @@ VERDICTS: dict[str, Verdict] = {
     "RESV_DEL_HOLD": "queued",
     "SPECIAL_EXIT": "queued",
     "RUNNING": "running",
-    "COMPLETING": "running",  # the end is not known until the epilog is through
+    "COMPLETING": "running",
     "RESIZING": "running",
     "SIGNALING": "running",
     "STAGE_OUT": "running",
@@ -47,7 +38,7 @@ VERDICTS: dict[str, Verdict] = {
     LOST: "failed",
 }
 
-# Failures worth resubmitting: the same task can succeed on another node or a second try.
+# a second attempt can pass without anyone changing anything
 RETRYABLE = frozenset({"BOOT_FAIL", "FAILED", "NODE_FAIL", "PREEMPTED", LOST})
 
 ACTIVE: frozenset[Verdict] = frozenset({"queued", "running"})

@@ -1,11 +1,5 @@
-"""Where one job array stands, frozen and JSON-ready: each task with its attempts (array
-job id, Slurm state, nodes, reason, exit code, accounting), and the notes the run said
-on the way (a scheduler that kept listing a finished task, an unreadable ``sacct``).
-
-`Attempt.why` is the one wording of why an attempt failed (cancelled, killed by a signal,
-a node failure, a time limit...): the CLI's line when it happens, the failure line when
-the retries are spent.
-"""
+"""Where one job array stands, frozen and JSON-ready; `Attempt.why` is the one wording of
+why an attempt failed."""
 
 from __future__ import annotations
 
@@ -16,7 +10,6 @@ from orchestrator.slurm import states
 from orchestrator.slurm.answers import Accounted, TaskRecord
 from orchestrator.slurm.states import Verdict
 
-# Why an attempt in this state failed, in a few words (FAILED and NODE_FAIL say more).
 _WHY = {
     "BOOT_FAIL": "its node failed to boot",
     "CANCELLED": "cancelled on the cluster (scancel)",
@@ -29,7 +22,7 @@ _WHY = {
 
 
 def signal_name(number: int) -> str:
-    """``SIGKILL`` for 9; ``signal 70`` for a number this system has no name for."""
+    """``SIGKILL`` for 9; ``signal 70`` for a number without a name here."""
     try:
         return signal.Signals(number).name
     except ValueError:
@@ -45,8 +38,8 @@ class Attempt:
     state: str = "PENDING"
     nodes: str = ""
     reason: str = ""
-    accounting: dict | None = None  # sacct's record (`answers.Accounted.to_json`), if any
-    exit_code: int | None = None  # what the job folder's exit record says, once read
+    accounting: dict | None = None
+    exit_code: int | None = None
 
     @property
     def verdict(self) -> Verdict:
@@ -59,8 +52,7 @@ class Attempt:
 
     @property
     def why(self) -> str:
-        """Why it failed, in a few words ("" unless it failed): ``killed by signal 9
-        (SIGKILL)``, ``node failure on n2``, ``time limit reached``..."""
+        """Why it failed, in a few words ("" unless it failed)."""
         if self.verdict != "failed":
             return ""
         if self.state == "NODE_FAIL":
@@ -70,7 +62,7 @@ class Attempt:
         if self.state == "FAILED":
             sig = (self.accounting or {}).get("signal") or 0
             if not sig and self.exit_code is not None and self.exit_code > 128:
-                sig = self.exit_code - 128  # the shell's code for a child a signal ended
+                sig = self.exit_code - 128  # the shell's code for a signalled child
             if sig:
                 return f"killed by signal {sig} ({signal_name(sig)})"
             return f"exit code {self.exit_code}" if self.exit_code is not None else "failed"
@@ -129,9 +121,7 @@ class ArrayStatus:
     name: str
     folder: str
     tasks: tuple[TaskStatus, ...]
-    # Where the attempts' ends were read: {"source": "sacct"}, or the fallback and why.
     accounting: dict | None = None
-    # What the run said on the way, one line each, oldest first (`ArrayRun.note`).
     notes: tuple[str, ...] = ()
 
     @property
@@ -148,12 +138,12 @@ class ArrayStatus:
 
     @property
     def active(self) -> tuple[Attempt, ...]:
-        """The attempts still queued or running (the last of each unfinished task)."""
+        """The attempts still queued or running."""
         return tuple(t.last for t in self.tasks if t.verdict in states.ACTIVE)
 
     @property
     def job_ids(self) -> tuple[int, ...]:
-        """Every array job submitted for this array, in submission order."""
+        """Every array job submitted for this array."""
         return tuple(sorted({a.job_id for t in self.tasks for a in t.attempts}))
 
     def failure_line(self) -> str:
@@ -196,9 +186,8 @@ def accounted(attempt: Attempt, record: Accounted) -> Attempt:
 
 
 def updated(attempt: Attempt, record: TaskRecord | None, code: int | None) -> Attempt:
-    """The attempt after one look: as squeue lists it (with the job folder's exit code
-    once it ended); else as the job folder's exit record says it ended; else lost
-    (listed nowhere, and it never recorded an end)."""
+    """The attempt after one look: as squeue lists it, else as its exit record says,
+    else lost."""
     if record is not None:
         ended = states.verdict(record.state) not in states.ACTIVE
         return replace(
