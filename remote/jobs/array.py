@@ -1,15 +1,5 @@
-"""``job array``: one task of a Slurm job array, run in the foreground under the scheduler.
-
-Slurm, not a detached runner, supervises it here: the scheduler starts it on a compute
-node, signals it on ``scancel`` and records its end. The task makes its job folder,
-``<workdir>/jobs/<prefix>-<task>-<array job>``, a fresh one per attempt (a resubmitted task
-never reads an earlier attempt's files), from the spec the controller left in
-``<specs>/<task>.json`` on the shared folder, and runs it as ``job run`` does
-(`remote.jobs.supervise.supervise`, host checks first) from this process. The folder is an
-ordinary job folder: ``job pull`` and ``job status`` read it as any other.
-How the scheduler ended an attempt the controller writes there afterwards (``job
-array-end``, `remote.jobs.slurm_end`).
-"""
+"""``job array``: one Slurm array task's job, in the foreground, Slurm its supervisor; an
+ordinary job folder, a fresh one per attempt (docs/slurm.md, "An eval as one array")."""
 
 from __future__ import annotations
 
@@ -43,8 +33,7 @@ def task_job_id(prefix: str, environ: Mapping[str, str] = os.environ) -> tuple[s
 
 
 def run_task(workdir: str, prefix: str, specs: str, environ: Mapping[str, str] = os.environ) -> int:
-    """Make this attempt's job folder from its task's spec and run the job in it; the
-    job's exit code (`remote.jobs.supervise.supervise`)."""
+    """Make this attempt's job folder from its task's spec, run the job; its exit code."""
     task, job_id = task_job_id(prefix, environ)
     path = job_dir(workdir, job_id)
     spec = read_json(Path(specs) / f"{task}.json")
@@ -70,7 +59,7 @@ def run_task(workdir: str, prefix: str, specs: str, environ: Mapping[str, str] =
             "started": time.time(),
         },
     )
-    if threads:  # before torch is imported, as `job start` sets them for its runner
+    if threads:  # before torch is imported, as `job start` does
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(threads)
     return supervise(path, preflight=True)

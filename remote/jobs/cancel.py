@@ -12,17 +12,16 @@ from remote.jobs.folder import group_members, job_state, read_json, runner_alive
 from remote.protocol import TERMINAL_STATES, JobState
 
 CANCEL_GRACE_SECONDS = 10.0
-KILL_WAIT_SECONDS = 10.0  # after SIGKILL: only a process stuck in the kernel outlives it
+KILL_WAIT_SECONDS = 10.0  # only a process stuck in the kernel outlives a SIGKILL
 
 
 def cancel(path: Path) -> dict:
-    """Stop the job and every process in its group: TERM, a grace period, then KILL; a
-    process still there `KILL_WAIT_SECONDS` after KILL is one line (never a wait without
-    end)."""
+    """Stop the job's whole process group (TERM, a grace, KILL); one line if a process
+    outlives that."""
     state = job_state(path)
     pid_info = read_json(path / "pid.json")
     if not pid_info or (state["state"] in TERMINAL_STATES and not group_members(pid_info["pgid"])):
-        # nothing runs (a job still "starting" has no runner yet: it is marked, not killed)
+        # a job still "starting" has no runner yet: it is marked, not killed
         if state["state"] not in TERMINAL_STATES:
             write_exit(path, _cancelled())
         now = job_state(path)["state"]

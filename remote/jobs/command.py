@@ -1,6 +1,4 @@
-"""The ``job`` command line: ``job start|run|array|array-end|watch|status|pull|cancel|list|
-prune``. Each action imports only the room that runs it (a ``job status`` never loads the
-runner)."""
+"""The ``job`` command line; each action imports only the room that runs it."""
 
 from __future__ import annotations
 
@@ -80,7 +78,7 @@ def _watch(path: Path, offset: int, pull: bool) -> None:
 
     try:
         watch(path, offset, _print, pull=pull)
-    except BrokenPipeError:  # the controller went away; the job is unaffected
+    except BrokenPipeError:  # the controller went away, not the job
         os._exit(0)
 
 

@@ -1,14 +1,5 @@
-"""Why a job's runner ended without saying so itself: the signal that killed it, and
-whether the kernel's OOM killer did it, as far as the kernel tells a process.
-
-Three witnesses, each read where this host lets us: the OOM kill counters of the
-runner's memory cgroup (v2 ``memory.events``, v1 ``memory.oom_control``) and of the
-system (``/proc/vmstat``), read when the job starts and again when its runner is gone
-(a counter that rose is an OOM kill in that time), and the kernel log (``/dev/kmsg``,
-readable by root or where ``kernel.dmesg_restrict`` is 0), whose OOM line names the
-pid it killed. Stdlib only; every read is bounded and any failure only means one
-witness less.
-"""
+"""Why a job's runner ended without saying so: the signal, and whether the OOM killer did it
+(the witnesses: docs/eval.md); every read bounded, a failed one is one witness less."""
 
 from __future__ import annotations
 
@@ -17,13 +8,12 @@ import os
 import signal
 from pathlib import Path
 
-# The kernel log is a ring of at most a few MiB; more records than this are not read.
 KMSG_MAX_RECORDS = 20000
 KMSG_RECORD_BYTES = 8192
 
 
 def _cgroup_memory_files() -> dict[str, Path]:
-    """{name: file} holding this process's memory cgroup's OOM kill counter."""
+    """{name: file} holding this process's memory cgroup's OOM kill counter (v1 or v2)."""
     try:
         groups = Path("/proc/self/cgroup").read_text().splitlines()
         mounts = Path("/proc/self/mounts").read_text().splitlines()
@@ -59,8 +49,7 @@ def _counter(path: Path, name: str = "oom_kill") -> int | None:
 
 
 def oom_counters() -> dict[str, int]:
-    """The OOM kill counters this process can read now, by where they are:
-    ``{"/sys/fs/cgroup/.../memory.events": 0, "/proc/vmstat": 3}``."""
+    """The OOM kill counters this process can read now, by file."""
     out = {}
     for path in [*_cgroup_memory_files().values(), Path("/proc/vmstat")]:
         value = _counter(path)
@@ -70,8 +59,7 @@ def oom_counters() -> dict[str, int]:
 
 
 def kernel_oom_line(pids: list[int]) -> str | None:
-    """The kernel log's line saying its OOM killer killed one of `pids`; "" where the log
-    holds none, None where it cannot be read here."""
+    """The kernel log's OOM line naming one of `pids`; "" if none, None if unreadable."""
     try:
         fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
@@ -83,9 +71,9 @@ def kernel_oom_line(pids: list[int]) -> str | None:
             try:
                 record = os.read(fd, KMSG_RECORD_BYTES)
             except OSError as exc:
-                if exc.errno == errno.EPIPE:  # a record overwritten while read: go on
+                if exc.errno == errno.EPIPE:  # a record overwritten while read
                     continue
-                break  # EAGAIN: the end of the log
+                break
             if not record:
                 break
             text = record.decode(errors="replace").split(";", 1)[-1].splitlines()[0]
@@ -97,10 +85,8 @@ def kernel_oom_line(pids: list[int]) -> str | None:
 
 
 def oom_cause(pids: list[int], before: dict[str, int] | None) -> str:
-    """What the kernel says of an OOM kill of one of `pids` since the counters were
-    `before` (`oom_counters`), as words for the cause of its death: its log line or its
-    cgroup's counter (certain), the system's counter (an OOM kill on this host meanwhile:
-    likely), or that none is on record (or that nothing here could tell)."""
+    """Words for what the kernel says of an OOM kill of `pids` since `before`: certain
+    (its log line, its cgroup's counter), likely (the system's) or none on record."""
     line = kernel_oom_line(pids)
     if line:
         return f'out of memory: the kernel\'s OOM killer ended it (kernel log: "{line}")'
@@ -129,9 +115,8 @@ def signal_name(signum: int) -> str:
 
 
 def killed(pid: int, signum: int, before: dict[str, int] | None, log: Path) -> dict:
-    """The exit record's words for a runner that signal `signum` killed: ``error`` (one
-    line: the signal, OOM where the kernel says so, where its log is), ``signal`` (its
-    name), ``oom`` (whether the kernel says it ran out of memory) and ``log``."""
+    """The exit record's ``error``, ``signal``, ``oom`` and ``log`` for a runner `signum`
+    killed."""
     cause = f"signal {signum}, exit status {128 + signum}"
     oom = False
     if signum == signal.SIGKILL:
@@ -157,8 +142,7 @@ def why_exited(pid: int, code: int, log: Path) -> str:
 
 
 def why_lost(pids: list[int], before: dict[str, int] | None, log: Path) -> str:
-    """One line for a job whose runner and its supervisor are gone without a word: both
-    killed at once (the whole process group, a cgroup's OOM kill, the host's restart)."""
+    """One line for a job whose runner and supervisor both died without a word."""
     cause = oom_cause(pids, before)
     if not cause.startswith(("out of memory", "probably")):
         cause = (

@@ -1,9 +1,5 @@
-"""A job's folder and what it says: where it is, its state, its events, its exit.
-
-`job_state` reads a job's state from its files (see `remote.jobs`); `EventLog` appends its
-progress events; `write_exit` records how it ended, even on a full disk (`reserve_exit`
-keeps room for it from the start).
-"""
+"""A job's folder and what it says: where it is, its state, its events, its exit (written
+even on a full disk)."""
 
 from __future__ import annotations
 
@@ -56,8 +52,7 @@ def existing_job_dir(workdir: str, job_id: str) -> Path:
 
 
 def job_kind(spec: object) -> str:
-    """The kind of the job `spec` describes (``eval`` when it names none), one of
-    `JOB_KINDS`; anything else is one line."""
+    """The kind of the job `spec` describes (``eval`` when it names none)."""
     kind = spec.get("kind", "eval") if isinstance(spec, dict) else spec
     if kind not in JOB_KINDS:
         raise UserError(f"unknown job kind {kind!r}; one of {', '.join(JOB_KINDS)}")
@@ -65,18 +60,15 @@ def job_kind(spec: object) -> str:
 
 
 def proc_starttime(pid: int) -> int | None:
-    """The kernel's start time of `pid` (clock ticks since boot), or None if it is gone.
-
-    Together with the pid it identifies one process for good: a recycled pid has a
-    different start time.
-    """
+    """The kernel's start time of `pid`, or None if it is gone; with the pid it names one
+    process for good."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    # Field 2 (comm) may contain spaces and parentheses; fields after the last ')' are fixed.
+    # comm may hold spaces and parentheses; the fields after the last ')' are fixed
     fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # a zombie has finished; only its parent has not reaped it yet
+    if fields[0] == "Z":
         return None
     return int(fields[19])
 
@@ -97,8 +89,7 @@ def group_members(pgid: int) -> list[int]:
 
 
 def runner_alive(pid_info: dict | None, runner: dict | None = None) -> bool:
-    """Whether the job's supervisor (`pid_info`, pid.json) or its runner (`runner`,
-    runner.json) is the very process recorded (pid AND start time) and alive."""
+    """Whether the recorded supervisor (pid.json) or runner (runner.json) is alive."""
     return any(
         isinstance(info, dict)
         and isinstance(info.get("pid"), int)
@@ -107,14 +98,11 @@ def runner_alive(pid_info: dict | None, runner: dict | None = None) -> bool:
     )
 
 
-# The supervisor's record of the runner it forked (`remote.jobs.supervise`): its pid and
-# start time, and the kernel's OOM kill counters when it started.
 RUNNER_FILE = "runner.json"
 
 
 def lost_exit(path: Path, pid_info: object, runner: dict | None) -> dict:
-    """The exit record a lost job would have written: state ``lost`` and one line of why
-    (`remote.jobs.ending.why_lost`). Said, never written: the job folder is left as is."""
+    """The exit record a lost job would have written; said, never written."""
     from remote.jobs import ending
 
     pid = pid_info.get("pid") if isinstance(pid_info, dict) else None
@@ -125,8 +113,7 @@ def lost_exit(path: Path, pid_info: object, runner: dict | None) -> dict:
 
 
 def job_state(path: Path) -> dict:
-    """State of the job in `path` (see `remote.jobs`) plus its last progress; a lost
-    job's ``exit`` says why (`lost_exit`)."""
+    """State of the job in `path` plus its last progress; a lost job's ``exit`` says why."""
     spec = read_json(path / "spec.json") or {}
     pid_info = read_json(path / "pid.json")
     exit_info = read_json(path / "exit.json")
@@ -192,8 +179,7 @@ def list_jobs(workdir: str) -> list[dict]:
 
 
 def result_files(path: Path) -> dict[str, str]:
-    """The `RESULT_FILES` present in the job folder `path`, base64, by name. Only regular
-    files, opened without following a symlink: a link planted there is never read."""
+    """The `RESULT_FILES` in `path`, base64, by name; a link planted there is never read."""
     files = {}
     for name in RESULT_FILES:
         try:
@@ -210,14 +196,13 @@ def result_files(path: Path) -> dict[str, str]:
 
 
 class EventLog:
-    """Appends JSON events to ``events.jsonl``, one line each, written as they happen. A
-    write the disk refuses raises its OSError (naming the file) and leaves no part of its
-    line behind: the file stays whole lines, and a later event may still fit."""
+    """Appends JSON events to ``events.jsonl``; a refused write raises and leaves no part
+    of its line behind."""
 
     def __init__(self, path: Path):
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
-        self._lock = threading.Lock()  # a line at a time, whichever thread emits it
+        self._lock = threading.Lock()
 
     def emit(self, event: str, **fields: Any) -> None:
         self.write({"event": event, "time": round(time.time(), 3), **fields})
@@ -229,33 +214,29 @@ class EventLog:
             try:
                 write_all(self._fd, line)
             except OSError as exc:
-                os.ftruncate(self._fd, size)  # the part of the line that fitted
+                os.ftruncate(self._fd, size)
                 exc.filename = exc.filename or str(self.path)
                 raise
 
 
 # ---- writes that can fail: a full disk is said, never lost ----------------------------
 
-# Errors of a write the host's storage refused: the job says so in the OS's words and
-# where, instead of dying without exit.json ("lost").
+# said in the OS's words, instead of dying without exit.json ("lost")
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
-# Room kept in a job's folder from its start for its exit.json: a job that fills its disk
-# still records how it ended (overwriting blocks it already holds needs no new ones).
+# overwriting blocks a file already holds needs no new ones
 EXIT_RESERVE = ".exit.reserve"
 EXIT_RESERVE_BYTES = 64 * 1024
 
 
 def write_error(exc: OSError, where: Path) -> str:
-    """One line for an OSError writing in `where` on this host: the OS's words, the
-    errno's name and the file (``no space left on device (ENOSPC) while writing
-    /data/.dflash/jobs/J/samples.jsonl``)."""
+    """One line for an OSError writing in `where`: the OS's words, the errno, the file."""
     name = errno.errorcode.get(exc.errno or 0)
     what = (exc.strerror or str(exc)).lower()
     return f"{what}{f' ({name})' if name else ''} while writing {exc.filename or where}"
 
 
 def reserve_exit(path: Path) -> None:
-    """Keep `EXIT_RESERVE_BYTES` in the job folder `path` for its exit.json (`write_exit`)."""
+    """Keep room in the job folder `path` for its exit.json (`write_exit`)."""
     fd = os.open(path / EXIT_RESERVE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         write_all(fd, b" " * EXIT_RESERVE_BYTES)
@@ -264,9 +245,8 @@ def reserve_exit(path: Path) -> None:
 
 
 def write_exit(path: Path, info: dict) -> None:
-    """Write exit.json into the job folder `path`: into the space `reserve_exit` kept,
-    then renamed into place (a reader never sees half of it), so it is written even when
-    the disk is full; a folder without a reserve gets it the ordinary way."""
+    """Write exit.json into `path` through the reserve, renamed into place, so a full disk
+    cannot stop it."""
     data = (json.dumps(info, indent=2, default=str) + "\n").encode()
     try:
         fd = os.open(path / EXIT_RESERVE, os.O_WRONLY | os.O_NOFOLLOW)
@@ -280,5 +260,5 @@ def write_exit(path: Path, info: dict) -> None:
         os.close(fd)
     try:
         os.replace(path / EXIT_RESERVE, path / "exit.json")
-    except FileNotFoundError:  # another writer (a cancel, the runner's TERM) just did
+    except FileNotFoundError:  # another writer (a cancel) just did
         pass

@@ -1,9 +1,5 @@
-"""``job prune``: make room in a host's workdir. Finished job folders whose newest file is
-older than an age go, and, when asked, the ground-truth and feature caches' entries as
-old. A running or starting job is never touched, nor (while one runs) a cache it may be
-reading; nothing outside the workdir's ``jobs``, ``groundtruth`` and ``features``
-folders is; no symlink is followed (one there is removed as a link, never its target).
-``--dry-run`` answers the same list and removes nothing."""
+"""``job prune``: old finished job folders and cache entries removed, never following a link
+nor touching a running job (docs/eval.md, "The host's workdir, and making room")."""
 
 from __future__ import annotations
 
@@ -18,11 +14,9 @@ from contextlib import contextmanager
 from remote.jobs.folder import job_state, jobs_root
 from remote.protocol import JobState
 
-# The workdir's folders a prune may empty, by the name the command line gives them.
 CACHES = {"ground-truth": "groundtruth", "features": "features"}
-CACHE_LOCKS = {"features": ".lock"}  # the feature cache's flock (`remote.eval.feature_cache`)
-# A job without an exit record is `lost`; on a Slurm login node a task still running on a
-# compute node looks so too: such a folder is left a day at least, whatever the age.
+CACHE_LOCKS = {"features": ".lock"}  # `remote.eval.feature_cache`'s flock
+# on a Slurm login node a task still running on a compute node looks lost too
 LOST_GRACE_SECONDS = 86400.0
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
@@ -51,8 +45,7 @@ def _measure(dir_fd: int, name: str) -> tuple[int, float]:
 
 
 def _remove(dir_fd: int, name: str) -> None:
-    """Remove `name` and all under it through descriptors: a link is unlinked, never
-    followed, and a folder swapped for a link meanwhile fails its no-follow open."""
+    """Remove `name` and all under it through descriptors, never following a link."""
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=dir_fd)
@@ -68,7 +61,7 @@ def _remove(dir_fd: int, name: str) -> None:
 
 @contextmanager
 def _locked(dir_fd: int, lock: str | None) -> Iterator[None]:
-    """The cache's own lock held while its entries go (none: nothing to hold)."""
+    """The cache's own lock, if it has one, held while its entries go."""
     if lock is None:
         yield
         return
@@ -88,7 +81,7 @@ class _Pruning:
         self.older_than, self.now = older_than, now
         self.entries: list[dict] = []
         self.skipped: list[dict] = []
-        self.busy = False  # a job runs (or may): the caches stay
+        self.busy = False  # a job may run: the caches stay
 
     def area(self, folder: str) -> int | None:
         """The workdir's `folder` opened (None: absent, or a link, said in `skipped`)."""
@@ -163,8 +156,7 @@ class _Pruning:
             os.close(fd)
 
     def remove(self) -> None:
-        """Remove every entry, each area through its folder's descriptor (a cache under
-        its lock); one that cannot go moves to `skipped` with the OS's reason."""
+        """Remove every entry; one that cannot go moves to `skipped` with the OS's reason."""
         for area in ("jobs", *CACHES):
             mine = [e for e in self.entries if e["area"] == area]
             fd = self.area(CACHES.get(area, area)) if mine else None
@@ -190,7 +182,7 @@ class _Pruning:
 def prune(
     workdir: str, older_than: float, caches: list[str], dry_run: bool, now: float | None = None
 ) -> dict:
-    """What goes from `workdir` (see the module docstring), removed unless `dry_run`."""
+    """What goes from `workdir`, removed unless `dry_run`."""
     run = _Pruning(workdir, older_than, time.time() if now is None else now)
     run.jobs()
     for area in caches:

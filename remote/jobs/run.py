@@ -1,6 +1,5 @@
-"""``job run``: the detached runner. It runs the job's kind and always ends with
-``exit.json`` (done, failed or cancelled), whatever happens: a one-line error, a full
-disk, a bug (its traceback in ``log.txt``) or a TERM from ``job cancel``."""
+"""``job run``: the detached runner; it runs the job's kind and always ends with
+``exit.json``, whatever happens."""
 
 from __future__ import annotations
 
@@ -24,17 +23,15 @@ from remote.protocol import JobKind, JobState
 
 
 def run(path: Path, preflight: bool = False) -> int:
-    """The job itself: its kind's work (`kind_runner`); always ends with ``exit.json``.
-    With `preflight`, the host-side checks first, their outcome in ``preflight.json`` (the
-    starting ``job start`` waits for it)."""
+    """The job: its kind's work; with `preflight`, the host checks first, into
+    ``preflight.json`` (``job start`` waits for it)."""
     spec = read_json(path / "spec.json")
     events = EventLog(path / "events.jsonl")
     cancelled = {"flag": False}
 
     def on_term(signum, _frame):
-        # `job cancel` signals the whole group; children get the same signal. Record the
-        # cancellation here so the state is exact even if nobody waits for us. Once: the
-        # supervisor passes the same TERM on.
+        # recorded here, so the state is exact even if nobody waits; once, as the
+        # supervisor passes the group's TERM on too
         if cancelled["flag"]:
             return
         cancelled["flag"] = True
@@ -42,7 +39,7 @@ def run(path: Path, preflight: bool = False) -> int:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal; never die with a session
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # never die with a session
     events.emit(
         "job", state=JobState.RUNNING, job_id=path.name, pid=os.getpid(), pgid=os.getpgid(0)
     )
@@ -64,7 +61,7 @@ def run(path: Path, preflight: bool = False) -> int:
     except OSError as exc:
         if exc.errno not in STORAGE_ERRNOS:
             return _failed_by_bug(path, events, exc)
-        # the host's storage refused a write (a full disk): not a bug, said as the OS says
+        # a full disk is not a bug
         finish(path, events, JobState.FAILED, 3, write_error(exc, path))
         return 3
     except Exception as exc:
@@ -72,8 +69,7 @@ def run(path: Path, preflight: bool = False) -> int:
 
 
 def kind_runner(kind: str):
-    """The function that runs a job of `kind` (`job_kind`): ``(path, spec,
-    events, preflight=...) -> exit code``, imported only when a job of that kind runs."""
+    """The function that runs a job of `kind`, imported only when one runs."""
     if kind == JobKind.EVAL:
         from remote.eval.job import run_job
     elif kind == JobKind.ONLINE:
@@ -84,8 +80,7 @@ def kind_runner(kind: str):
 
 
 def _failed_by_bug(path: Path, events: EventLog, exc: Exception) -> int:
-    """A bug: its traceback in the log (when the log can still be written), one line in
-    exit.json."""
+    """A bug: its traceback in the log, one line in exit.json."""
     try:
         traceback.print_exc()
         sys.stdout.flush()
@@ -98,9 +93,7 @@ def _failed_by_bug(path: Path, events: EventLog, exc: Exception) -> int:
 def finish(
     path: Path, events: EventLog | None, state: str, code: int, error: str | None, **more
 ) -> None:
-    """Record how the job ended: an ``end`` event (when the disk takes it) and exit.json
-    (always: `write_exit`); `more`: what else the record says (a killed runner's
-    ``signal``, ``oom``, ``log``)."""
+    """Record how the job ended: an ``end`` event if the disk takes it, and exit.json."""
     if (path / "exit.json").exists():
         return
     error = error if error is None or len(error) <= 4000 else error[:3997] + "..."
@@ -108,6 +101,6 @@ def finish(
     try:
         if events is not None:
             events.emit("end", **info)
-    except OSError:  # a full disk: exit.json has room kept for it, and says the same
+    except OSError:  # exit.json has room kept for it
         pass
     write_exit(path, info)

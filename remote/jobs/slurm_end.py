@@ -1,13 +1,5 @@
-"""``job array-end``: the controller's word on how the scheduler ended one attempt of a
-Slurm array task, written into the attempt's job folder.
-
-The job itself cannot tell: a node failure, a time limit or a preemption reaches it as the
-SIGTERM a ``scancel`` sends (it records ``cancelled by request``), and a SIGKILL, an
-out-of-memory kill or a dead node leave no record at all. The controller knows from the
-scheduler and says it here, so ``job status`` on the login node (and whoever reads the
-folder) sees a node failure as a node failure. Standard library only: it runs on the
-login node.
-"""
+"""``job array-end``: how the scheduler ended a Slurm task's attempt, which the job cannot
+tell, written into its folder (docs/slurm.md); stdlib only, for the login node."""
 
 from __future__ import annotations
 
@@ -20,11 +12,8 @@ from remote.protocol import JobState, SpecError, check_slurm_end
 
 
 def record_end(workdir: str, job_id: str, end: object) -> dict:
-    """The scheduler's end of attempt `job_id` (`remote.protocol.check_slurm_end`) into its
-    job folder: always as ``slurm.json``; as ``exit.json`` too (state ``failed``, the
-    scheduler's why as its error, the job's own record kept under ``runner``) where the job
-    recorded no end, or recorded the cancellation that a scheduler's signal other than
-    ``scancel`` looks like. The job's state afterwards (`job_state`)."""
+    """The scheduler's end of attempt `job_id` as ``slurm.json``, and as a failed
+    ``exit.json`` where the job's own says nothing or a mistaken cancel; its state."""
     try:
         end = check_slurm_end(end)
     except SpecError as exc:
@@ -44,6 +33,6 @@ def record_end(workdir: str, job_id: str, end: object) -> dict:
             "finished": time.time(),
             "runner": own,
         }
-        (path / "exit.json").unlink(missing_ok=True)  # write_exit: the reserve, or a new file
+        (path / "exit.json").unlink(missing_ok=True)
         write_exit(path, info)
     return job_state(path)

@@ -1,10 +1,5 @@
-"""``job start``: the job's folder, its carried input files, its detached runner.
-
-`start` refuses a bad spec before anything exists, writes the files the start carries,
-makes the folder (with room kept for its exit record), and spawns ``job run`` in a new
-session; with ``--preflight`` it waits for the runner's host checks and, when they fail,
-leaves no job behind.
-"""
+"""``job start``: the job's folder, its carried input files, its detached runner; a bad
+spec or a failed preflight leaves no job behind."""
 
 from __future__ import annotations
 
@@ -41,15 +36,9 @@ from remote.protocol import (
 
 
 def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dict:
-    """Create the job folder, spawn the detached runner, return {job_id, dir, pid, pgid}.
-
-    With `preflight`, the runner first runs the host-side checks (`remote.eval.preflight.check`)
-    and this call waits for their outcome: a failure is raised as its one line and the job
-    folder is removed (no job was started), a success is in the answer (``preflight``). The
-    checks then share the runner's python and torch import instead of paying for their own.
-    """
+    """Create the job folder, spawn the detached runner, return {job_id, dir, pid, pgid};
+    with `preflight`, wait for the runner's host checks (sharing its torch import)."""
     path = job_dir(workdir, job_id)
-    # a bad kind or engine spec is refused here, before a folder or a process exists
     job_kind(spec)
     threads = job_engine(spec).threads if "eval" in spec else None
     try:
@@ -65,11 +54,11 @@ def start(workdir: str, job_id: str, spec: dict, preflight: bool = False) -> dic
         raise UserError(
             f"job {job_id!r} already exists in {path.parent}; pick another id"
         ) from None
-    except OSError as exc:  # e.g. a full disk: said as the OS says it, with where
+    except OSError as exc:
         raise UserError(f"cannot start the job: {write_error(exc, path.parent)}") from None
     try:
         return _spawn(path, workdir, job_id, spec, threads, nice, preflight)
-    except OSError as exc:  # no room for the job's first files: nothing is left started
+    except OSError as exc:  # nothing is left started
         shutil.rmtree(path, ignore_errors=True)
         raise UserError(f"cannot start the job: {write_error(exc, path)}") from None
 
@@ -83,19 +72,17 @@ def _spawn(
     nice: int,
     preflight: bool,
 ) -> dict:
-    """`start`'s second half, in the job's new folder `path`: its files, its runner (with
-    `nice` added to its niceness)."""
+    """`start`'s second half, in the new folder `path`: its files, its runner."""
     reserve_exit(path)
     spec = dict(spec, job_id=job_id, workdir=str(Path(os.path.expanduser(workdir))))
     prompts = spec.get("prompts")
     if isinstance(prompts, dict) and isinstance(prompts.get("path"), str):
-        # The controller names a carried file under the workdir as its inventory does
-        # (``~/.dflash/...``: no home lookup there); the job records the real path.
+        # the controller writes ``~/...`` (no home lookup); the job records the real path
         spec["prompts"] = dict(prompts, path=os.path.expanduser(prompts["path"]))
     write_json_atomic(path / "spec.json", spec)
     log = open(path / "log.txt", "ab")
     env = source_env()
-    if threads:  # the runner imports torch and runs the engine itself
+    if threads:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env[var] = str(threads)
     proc = subprocess.Popen(
@@ -118,23 +105,23 @@ def _spawn(
     )
     log.close()
     starttime = None
-    for _ in range(100):  # /proc entry appears with the fork; a few ms at most
+    for _ in range(100):
         starttime = proc_starttime(proc.pid)
         if starttime is not None or proc.poll() is not None:
             break
         time.sleep(0.01)
     info = {"pid": proc.pid, "pgid": proc.pid, "starttime": starttime, "started": time.time()}
-    info["nice"] = os.getpriority(os.PRIO_PROCESS, proc.pid)  # unreaped: there until waited
+    info["nice"] = os.getpriority(os.PRIO_PROCESS, proc.pid)  # unreaped, so still there
     try:
         write_json_atomic(path / "pid.json", info)
     except OSError:  # a runner nobody could find again is not left running
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         raise
-    if preflight:  # waits for the runner's checks, and notices a runner that died first
+    if preflight:
         info["preflight"] = _preflight_outcome(path, proc)
         return {"job_id": job_id, "dir": str(path), **info}
-    # The runner may have died already (bad python, import error): say so now.
+    # a runner that died already (bad python, import error) is said now
     time.sleep(0.05)
     if proc.poll() not in (None, 0) and not (path / "exit.json").exists():
         tail = (path / "log.txt").read_text(errors="replace").strip().splitlines()[-1:]
@@ -146,13 +133,8 @@ def _spawn(
 
 
 def write_carried(workdir: str, carried: list) -> list[Path]:
-    """Write the input files a job start carries (`remote.protocol.JOB_CARRY_KEY`): each
-    ``{"path", "sha256", "data"}`` (data base64) goes to its path when no file is there yet.
-
-    The controller names the paths; this host checks them: a plain name directly inside
-    one of `CARRY_DIRS` under `workdir`, the data no bigger than `CARRY_MAX_BYTES` and
-    hashing to its ``sha256``. Written through a temp file and a rename (never through a
-    link planted at the name). A bad entry is one line and nothing of the job is made."""
+    """Write the input files a job start carries where none is yet, after checking each:
+    a plain name in one of `CARRY_DIRS`, its size and sha256; never through a link."""
     if not isinstance(carried, list):
         raise UserError("job spec: carried files must be a list")
     if not carried:
@@ -187,19 +169,18 @@ def write_carried(workdir: str, carried: list) -> list[Path]:
             )
         checked.append((where / path.name, data))
     for target, data in checked:
-        if not target.is_file() or target.is_symlink():  # content-addressed: there is done
+        if not target.is_file() or target.is_symlink():  # content-addressed
             write_atomic(target, data)
     return [t for t, _ in checked]
 
 
-# Under the controller's 120 s limit on `job start`, as the separate preflight had.
+# under the controller's limit on `job start`
 PREFLIGHT_WAIT_SECONDS = 110.0
 
 
 def _preflight_outcome(path: Path, proc: subprocess.Popen) -> dict:
-    """The runner's preflight report (``preflight.json``), once it is written. A failed
-    check (or a runner that died first) is raised as one line after the runner has exited
-    and the job folder is gone."""
+    """The runner's ``preflight.json`` once written; a failure is one line, the runner
+    ended and its folder gone."""
     deadline = time.monotonic() + PREFLIGHT_WAIT_SECONDS
     outcome = None
     while time.monotonic() < deadline:
@@ -222,9 +203,9 @@ def _preflight_outcome(path: Path, proc: subprocess.Popen) -> dict:
         )
     elif isinstance(outcome, dict) and outcome.get("error"):
         error = str(outcome["error"])
-    elif isinstance(ended, dict) and ended.get("error"):  # a full disk, a killed runner
+    elif isinstance(ended, dict) and ended.get("error"):
         error = str(ended["error"])
-        if ended.get("log"):  # its record names the log: the job stays for people to read
+        if ended.get("log"):  # the job stays for people to read its log
             raise UserError(f"during its host checks, {error}")
     else:
         tail = (path / "log.txt").read_text(errors="replace").strip().splitlines()[-1:]
@@ -232,5 +213,5 @@ def _preflight_outcome(path: Path, proc: subprocess.Popen) -> dict:
             f"job runner exited with code {proc.returncode} during its host checks: "
             f"{tail[0] if tail else 'no output'}"
         )
-    shutil.rmtree(path, ignore_errors=True)  # nothing was started: leave no job behind
+    shutil.rmtree(path, ignore_errors=True)
     raise UserError(error)

@@ -1,14 +1,5 @@
-"""``job run``'s two processes: a small supervisor that forks the runner (`remote.jobs.run`)
-and waits for it, so that a runner killed outright (SIGKILL, the OOM killer, a crash in
-native code) still leaves an ``exit.json`` saying by which signal, whether the kernel
-says it was out of memory, and where its log is (`remote.jobs.ending`).
-
-The supervisor forks before anything heavy is imported (it stays a few MiB, so the OOM
-killer picks the runner, not it), records the runner in ``runner.json`` with the kernel's
-OOM counters at the start, passes a TERM on to the runner (a cancel, as the runner's own
-handler records it), and returns the runner's exit status (128 + the signal for a
-signal). Both are in the job's process group: ``job cancel`` reaches them together; a
-supervisor killed alone takes the runner along (``PR_SET_PDEATHSIG``)."""
+"""``job run``'s supervisor: it forks the runner and waits, so a runner killed outright
+still gets an ``exit.json`` saying why (docs/eval.md)."""
 
 from __future__ import annotations
 
@@ -26,14 +17,14 @@ from remote.protocol import JobState
 
 
 def supervise(path: Path, preflight: bool = False) -> int:
-    """Run the job in `path` in a forked runner and record how it ended if it could not
-    (see the module docstring); its exit status."""
+    """Run the job in `path` in a forked runner, record how it ended if it could not;
+    its exit status (128 + the signal for a signal)."""
     before = ending.oom_counters()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     sys.stdout.flush()
     sys.stderr.flush()
-    # A supervisor killed outright takes its runner along (then the job is lost, and its
-    # status says so): never a runner left working unwatched.
+    # forked before anything heavy is imported, so the OOM killer picks the runner; a
+    # supervisor killed outright takes it along: never a runner left unwatched
     with_parent = parent_death_signal(signal.SIGKILL)
     child = os.fork()
     if child == 0:  # the runner
@@ -52,7 +43,7 @@ def supervise(path: Path, preflight: bool = False) -> int:
     runner = {"pid": child, "starttime": proc_starttime(child), "oom_before": before}
     try:
         write_json_atomic(path / RUNNER_FILE, runner)
-    except OSError:  # a full disk: the runner says so itself; its pid is in the log below
+    except OSError:  # a full disk: the runner says so itself
         print(f"job runner pid {child}", flush=True)
     _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)
@@ -63,7 +54,7 @@ def supervise(path: Path, preflight: bool = False) -> int:
         words, code = ending.killed(child, -code, before, log), 128 - code
     else:
         words = {"error": ending.why_exited(child, code, log), "log": str(log)}
-    print(f"dflash job supervisor: {words['error']}", flush=True)  # into log.txt, for people
+    print(f"dflash job supervisor: {words['error']}", flush=True)  # into log.txt
     try:
         events = EventLog(path / "events.jsonl")
     except OSError:

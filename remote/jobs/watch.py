@@ -11,8 +11,7 @@ from remote.jobs.folder import job_state, result_files
 from remote.protocol import TERMINAL_STATES, WATCH_END_EVENT, WATCH_HEARTBEAT_SECONDS
 
 HEARTBEAT_SECONDS = WATCH_HEARTBEAT_SECONDS
-# A watcher reads new events this often (a stat and a read: cheap), and the job's full state
-# (pid, start time, exit) at least this often, to notice a runner that died silently.
+# the full state at least this often notices a runner that died silently
 WATCH_POLL_SECONDS = 0.05
 STATE_POLL_SECONDS = 1.0
 
@@ -24,12 +23,8 @@ def watch(
     poll: float = WATCH_POLL_SECONDS,
     pull: bool = False,
 ) -> dict:
-    """Print events from byte `offset` on as they are appended; end with a ``watch_end``
-    event carrying the final state (and with `pull`, the result files: `result_files`).
-    New events are looked for every `poll` seconds; the job's full state is read when
-    the runner's ``end`` event or ``exit.json`` appears, and every few polls otherwise.
-    A heartbeat every few seconds makes a watcher whose controller went away die on the
-    broken pipe instead of lingering."""
+    """Print events from byte `offset` on as appended; end with a ``watch_end`` event (with
+    `pull`, the result files). A heartbeat ends a watcher whose controller went away."""
     events = path / "events.jsonl"
     buf = b""
     last_beat = last_state = time.monotonic()
