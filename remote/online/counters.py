@@ -1,14 +1,5 @@
-"""vLLM's server-wide spec-decode counters, read from ``GET /metrics`` (Prometheus text):
-``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
-``..._num_accepted_tokens_total`` and ``..._num_accepted_tokens_per_pos_total{position}``
-(0-based), summed over engines and read as differences around a run (`Counters.minus`).
-
-A reading is checked before use. A page that is not Prometheus text is a `UserError`; a
-counter that cannot be true (negative, fractional, accepted beyond drafted, per-position
-counts that do not add up, a counter that went backwards, or one that did not move while
-the run's answers say it must have) is `InvalidAnswer`: the verdict is then
-``engine_answer_invalid``, naming the counter. Stdlib only.
-"""
+"""vLLM's spec-decode counters from ``GET /metrics``, summed over engines, read as
+differences around a run; an impossible one is `InvalidAnswer` (docs/online.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +13,7 @@ from remote.online.invalid import InvalidAnswer
 from remote.online.prometheus import parse_prometheus
 
 ROLE = "serving engine"  # as every error line names it
-METRICS_BYTES = 16 << 20  # a /metrics page: vLLM's is tens of KiB, histograms included
+METRICS_BYTES = 16 << 20
 METRIC = "vllm:spec_decode_"
 COUNTER_NAMES = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 PER_POSITION = "num_accepted_tokens_per_pos"
@@ -31,8 +22,7 @@ SETTLE_SECONDS = 10.0  # vLLM updates /metrics a moment after it answers
 
 @dataclass(frozen=True)
 class Counters:
-    """vLLM's spec-decode counters, summed over engines: drafts (verify steps), draft
-    tokens, accepted tokens, and accepted tokens per draft position (0-based)."""
+    """vLLM's spec-decode counters, summed over engines; `drafts`: verify steps."""
 
     drafts: int
     draft_tokens: int
@@ -47,8 +37,7 @@ class Counters:
         return out + [(f'{pos}{{position="{j}"}}', v) for j, v in enumerate(self.per_position)]
 
     def minus(self, before: Counters, where: str) -> Counters:
-        """The counts made between `before` and this reading; a counter that went down
-        (the server restarted, or its counters are not counts) is `InvalidAnswer`."""
+        """The counts made since `before`; a counter that went down is `InvalidAnswer`."""
         if len(before.per_position) not in (0, len(self.per_position)):
             raise InvalidAnswer(
                 f"{METRIC}{PER_POSITION}_total",
@@ -86,11 +75,8 @@ class Counters:
 
 
 def spec_counters(text: str, where: str, model: str | None = None) -> Counters:
-    """The spec-decode counters of a ``/metrics`` text (only samples whose ``model_name`` is
-    `model`, when given), checked: whole non-negative numbers, positions 0..k-1 each
-    once per engine, accepted <= draft tokens, per-position sums equal to the accepted
-    total and non-increasing with the position. A server without speculative decoding has
-    none of them: zeros and no positions."""
+    """The spec-decode counters of a ``/metrics`` text (of `model`, when given), checked;
+    zeros and no positions for a server without speculative decoding."""
     totals = dict.fromkeys(COUNTER_NAMES, 0.0)
     per_pos: dict[tuple[str, int], float] = {}
     for name, labels, value in parse_prometheus(text, where):
@@ -158,9 +144,8 @@ def read_counters(url: str, model: str | None = None, timeout: float = 30.0) -> 
 
 
 def expected(specs: list[Any]) -> Counters | None:
-    """What the server's counters must have grown by for these requests' acceptance
-    (`remote.online.vllm.SpecDecoding`, each with its per-step arrays); None when some
-    request reported none."""
+    """What the counters must have grown by for these `SpecDecoding`s; None when one
+    lacks per-step arrays."""
     if not specs or any(s is None or s.accepted is None for s in specs):
         return None
     k = max(s.num_spec_tokens for s in specs)
@@ -181,10 +166,8 @@ def settled(
     model: str | None = None,
     deadline_s: float = SETTLE_SECONDS,
 ) -> Counters:
-    """The counters' growth since `before`, read again until it covers `want` (vLLM updates
-    /metrics from its engine's stats a moment after it answers) or `deadline_s` passed.
-    Growth still short of `want` then is `InvalidAnswer` naming the counter: the
-    `requests` answers count steps the server's counters never saw."""
+    """The counters' growth since `before`, re-read until it covers `want` or
+    `deadline_s` passed; still short is `InvalidAnswer`."""
     where = metrics_url(url)
     end = time.monotonic() + deadline_s
     while True:

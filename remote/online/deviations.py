@@ -1,14 +1,5 @@
-"""Known ways a serving engine runs a DFlash drafter differently from the checkpoint, and
-how the verdict checks one: the offline walk re-run with the engine's behaviour simulated
-(`remote.online.simulate`) on the samples whose rounds differ, compared round by round with
-the engine's rounds. Equal on every such sample: the deviation is confirmed and the verdict
-says what to do; otherwise it is ruled out, and the verdict says so.
-
-`DEVIATIONS` is the table (docs/online.md lists it): which engine, the versions and
-platforms it is known in, the drafters it touches, what it does, what to do, and the
-simulation that reproduces it. A new one is one more entry here and its simulation in
-`remote.online.simulate.SIMULATIONS`. Stdlib only.
-"""
+"""Known engine deviations, each confirmed or ruled out by simulating it in the offline walk
+(docs/online.md, "Known engine deviations"); a new one is one `DEVIATIONS` entry."""
 
 from __future__ import annotations
 
@@ -19,11 +10,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Deviation:
-    """One known engine deviation. `versions`: version prefixes it is known in (an engine
-    that says another version is not tested; one that says none is); `platforms`: where
-    (``cpu``, ``cuda``; a server whose platform is unknown is tested); `min_layers`: the
-    drafters it touches have at least this many layers; `does`: what the engine does, a
-    phrase after its name; `todo`: what to do; `simulation`: its name in
+    """One known engine deviation; `versions` are prefixes, `simulation` a name in
     `remote.online.simulate.SIMULATIONS`."""
 
     name: str
@@ -57,8 +44,7 @@ DEVIATIONS: tuple[Deviation, ...] = (
 
 @dataclass(frozen=True)
 class Engine:
-    """What is known of the serving engine: its name, version (its ``/version``) and
-    platform (``cpu`` from a started vLLM's log); None where unknown."""
+    """What is known of the serving engine; None where unknown."""
 
     name: str
     version: str | None = None
@@ -84,10 +70,8 @@ Simulate = Callable[[Deviation, list[Any]], dict[Any, list[int]]]
 def test(
     differing: dict[Any, list[int]], engine: Engine, layers: int, simulate: Simulate
 ) -> list[dict[str, Any]]:
-    """Each deviation of the table for `engine` and a drafter of `layers` layers, judged
-    against the `differing` samples (sample id -> the engine's cut rounds): not applicable
-    (`applies`), or simulated on those samples (`simulate(deviation, ids)` -> rounds by id)
-    and confirmed when it reproduces the engine's rounds on every one."""
+    """Each deviation judged against the `differing` samples (id -> the engine's cut
+    rounds): not applicable, or confirmed when simulated it reproduces every one."""
     out = []
     for d in DEVIATIONS:
         row: dict[str, Any] = {

@@ -1,17 +1,12 @@
-"""The verdict's causes, most telling first: each check reads the verdict
-(`remote.online.verdict.compare`, with what the job added: the server, the concurrency
-levels, the engine deviations tested) and gives its lines, ``{"cause", "detail"}``, one
-line each. `CHECKS` is the order; a new cause is one more function there (and its name
-in `remote.online.verdict_doc.CAUSES`). ``agree`` alone when none has anything to say.
-Stdlib only."""
+"""The verdict's causes, most telling first: a new cause is one function in `CHECKS` and
+its name in `remote.online.verdict_doc.CAUSES` (the table: docs/online.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-# Online tau at most this while the offline one is at least OFFLINE_HIGH: the drafter the
-# engine runs is not the one evaluated (weights not loaded, re-initialised, another file).
+# the engine runs another drafter than the one evaluated (not loaded, re-initialised)
 NOT_LOADED_TAU = 1.15
 OFFLINE_HIGH = 1.5
 
@@ -256,8 +251,7 @@ CHECKS: tuple[Callable[[dict], Lines], ...] = (
 
 
 def diagnose(result: dict[str, Any]) -> Lines:
-    """Every check's lines in `CHECKS` order; ``agree`` alone when none has any: the
-    engine reproduces the walk on every sample and is lossless."""
+    """Every check's ``{"cause", "detail"}`` lines in order; ``agree`` alone when none."""
     out = [line for check in CHECKS for line in check(result)]
     if out:
         return out

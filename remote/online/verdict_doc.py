@@ -1,8 +1,5 @@
-"""The JSON types of an online job's ``verdict.json`` (`remote.online.verdict.compare`
-plus what served it), checked by the controller before it is written to a run folder and
-again when a run folder is read: a host's verdict is its word, so every field somebody
-reads is checked here (types, the cause names, and the counts' own agreement). Stdlib
-only, built on the contract's types (`remote.protocol.values`)."""
+"""The JSON types of ``verdict.json``, checked by the controller on pull and on read: a
+host's verdict is its word, so every field read is checked here."""
 
 from __future__ import annotations
 
@@ -142,9 +139,7 @@ REQUIRED = ("schema", "verdict", "samples", "block_size", "offline", "lossless",
 
 
 def check_verdict(doc: Any) -> dict:
-    """`doc` if it is an online verdict (`VERDICT`'s types, every `REQUIRED` field, this
-    schema, known causes, and counts that agree: one row per sample, the lossless and
-    equal-rounds counts within them, the verdict the first diagnosis); else a
+    """`doc` if it is an online verdict (types, fields, causes, counts that agree); else a
     `ResultError` naming the field."""
     if not isinstance(doc, dict):
         raise ResultError("the verdict is not a JSON object")

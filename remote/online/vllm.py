@@ -1,33 +1,5 @@
-"""vLLM's speculative-decoding acceptance, read from its OpenAI-compatible server.
-
-Two sources, both checked before use (one line naming the server and the field):
-
-- Per request, ``POST /v1/completions`` with the prompt as token ids, greedy, ``ignore_eos``
-  (so the output is exactly ``max_tokens`` long, like the ground truth it is compared with)
-  and ``return_token_ids``; with the server started with
-  ``--per-request-spec-decode-metrics detailed`` the answer's
-  ``metrics.speculative_decoding`` holds ``acceptance_histogram`` (index ``j``: verify steps
-  that accepted ``j`` draft tokens), ``num_spec_steps``, ``num_accepted_draft_tokens``,
-  ``num_draft_tokens``, ``num_spec_tokens``, ``mean_acceptance_length`` (1 + accepted /
-  steps) and the ordered ``per_step_accepted`` / ``per_step_drafted`` (``summary``: all but
-  the per-step arrays). vLLM marks the field experimental; a shape this module does not
-  know is refused, never guessed at.
-- For the whole server, ``GET /metrics``: the spec-decode counters
-  (`remote.online.counters`) and the engine's own decode time
-  (`remote.online.engine_time`), read around a run.
-
-A malformed answer (a missing field, a wrong type) fails the run (`UserError`); counts
-that cannot be true (totals that disagree with their parts, steps the output cannot hold,
-counters that go backwards or do not move) are `InvalidAnswer`s, kept with the run: its
-verdict is ``engine_answer_invalid``.
-
-vLLM counts a verify step's accepted tokens even past ``max_tokens`` (they are dropped from
-the output, not from the counts): `remote.online.verdict` cuts the steps the way the offline
-walk cuts its rounds before comparing.
-
-Stdlib only, through the host side's one HTTP client (`remote.httpclient`: answers bounded,
-redirects refused): the server listens on a host's loopback, so this runs there.
-"""
+"""vLLM's speculative-decoding acceptance per request and around a run, each answer checked
+before use (docs/online.md, "What vLLM reports"); an unknown shape is refused."""
 
 from __future__ import annotations
 
@@ -64,8 +36,8 @@ def _int_list(v: Any) -> bool:
 
 @dataclass(frozen=True)
 class SpecDecoding:
-    """One request's acceptance as the server reports it (validated by `spec_decoding`).
-    ``accepted``/``drafted``: per verify step, in order (None at the ``summary`` level)."""
+    """One request's acceptance as the server reports it; per-step arrays None at the
+    ``summary`` level."""
 
     num_spec_tokens: int
     histogram: list[int]
@@ -85,8 +57,7 @@ class SpecDecoding:
 
 @dataclass(frozen=True)
 class Completion:
-    """One greedy completion: its ids, and its acceptance when the server reports it;
-    `invalid`: the acceptance it reported could not be true (then `spec` is None)."""
+    """One greedy completion: its ids, its acceptance, or why that could not be true."""
 
     token_ids: list[int]
     finish_reason: str | None
@@ -95,11 +66,8 @@ class Completion:
 
 
 def spec_decoding(obj: Any, where: str) -> SpecDecoding:
-    """Validate ``metrics.speculative_decoding``: types and shapes (`UserError`), then the
-    counts' own consistency (`InvalidAnswer`): histogram counts >= 0, steps and accepted
-    tokens equal to the histogram's, per-step arrays as long as the steps, each ``0 <=
-    accepted <= drafted <= k``, their sums and histogram equal to the totals, the mean equal
-    to 1 + accepted / steps."""
+    """Validate ``metrics.speculative_decoding``: shapes (`UserError`), then the counts'
+    agreement with each other (`InvalidAnswer`)."""
     f = f"{where} metrics.speculative_decoding"
     if not isinstance(obj, dict):
         raise UserError(f"{f} is {type(obj).__name__}, not an object")
@@ -166,11 +134,8 @@ def spec_decoding(obj: Any, where: str) -> SpecDecoding:
 def parse_completion(
     answer: Any, where: str, prompt_ids: list[int], max_tokens: int, vocab: int
 ) -> Completion:
-    """Validate a ``/v1/completions`` answer for one token-id prompt: one choice whose
-    ``token_ids`` are exactly ``max_tokens`` ids inside ``0..vocab-1``, the echoed prompt
-    (when echoed) equal to the one sent, and its speculative-decoding metrics (when given:
-    `spec_decoding`, and verify steps the output can hold). Counts that cannot be true
-    are kept as the completion's `invalid`, its ids still read."""
+    """Validate a ``/v1/completions`` answer for one token-id prompt; impossible counts
+    become the completion's `invalid`, its ids still read."""
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         raise UserError(f"{where} answered without exactly one choice in 'choices'")
@@ -231,8 +196,7 @@ def complete(
     model: str | None = None,
     timeout: float = 300.0,
 ) -> Completion:
-    """One greedy completion of exactly ``max_tokens`` tokens (``ignore_eos``), validated
-    (`parse_completion`)."""
+    """One greedy completion of exactly ``max_tokens`` tokens, validated."""
     where = completions_url(url)
     payload = {
         "prompt": prompt_ids,
@@ -279,17 +243,9 @@ def measure(
     on_done: Callable[[int, int], None] | None = None,
     settle_s: float = server_counters.SETTLE_SECONDS,
 ) -> dict[str, Any]:
-    """Send each ground-truth row's prompt, `concurrency` requests in flight (1: one at a
-    time, so the engine's batching never mixes samples), asking for exactly as many tokens
-    as its completion; read the server's counters and decode time before and after.
-
-    Returns ``samples`` (records for `remote.online.verdict.compare`), ``counters`` (their
-    growth during the run), ``counters_expected`` (what the per-step arrays say it should
-    be; None without them), ``counters_agree``, ``seconds`` (wall clock, first request to
-    last answer), ``tokens``, ``decode`` (the engine's own decode seconds of these
-    requests; None without its histogram) and ``invalid`` (every impossible count found,
-    ``{"field", "detail"}``: the run is then not a measurement). `on_done(done, total)`
-    after each answer; `settle_s`: how long the counters may lag the answers."""
+    """Each ground-truth prompt, `concurrency` in flight, for exactly its completion's
+    length, with the server's counters and decode time read around the run; ``invalid``:
+    each impossible count found (the run is then not a measurement)."""
     from remote.online import engine_time
 
     where = server_counters.metrics_url(url)
@@ -315,7 +271,7 @@ def measure(
     done: list[Completion] = []
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="online") as pool:
-        for c in pool.map(one, rows):  # in the rows' order; answers come as they come
+        for c in pool.map(one, rows):
             done.append(c)
             if on_done:
                 on_done(len(done), len(rows))
@@ -347,7 +303,7 @@ def measure(
 
 
 def _first_per_field(found: list[InvalidAnswer]) -> list[dict[str, str]]:
-    """Each field's first impossible count (a broken counter is said once, not per request)."""
+    """Each field's first impossible count, so a broken counter is said once."""
     seen: dict[str, dict[str, str]] = {}
     for exc in found:
         seen.setdefault(exc.field, exc.to_json())
