@@ -1,9 +1,5 @@
-"""Atomic file writes, the one helper both sides use (stdlib only).
-
-A file is written beside its final name as ``.<name>.tmp-<pid>`` and renamed into place,
-so a reader sees the old document or the new one, never half of one; a failed write leaves
-no temporary file behind.
-"""
+"""Atomic file writes, the one helper both sides use: a reader sees the old document or the
+new one, never half; a failed write leaves no temporary file."""
 
 from __future__ import annotations
 
@@ -14,8 +10,7 @@ from typing import Any
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes, *, fsync: bool = False) -> Path:
-    """Write `data` (text as UTF-8, or bytes) to `path` through a temp file and a rename;
-    `fsync` flushes it to disk first (state that must survive a crash)."""
+    """Write `data` to `path` through a temp file and a rename; `fsync` for crash safety."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -29,7 +24,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, fsync: bool = Fa
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except OSError as exc:  # say which file could not be written (a full disk), not its temp
+    except OSError as exc:  # name the file, not its temp
         exc.filename = str(path)
         raise
     finally:
@@ -38,5 +33,5 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, fsync: bool = Fa
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any, *, fsync: bool = False) -> Path:
-    """`obj` as indented JSON (values JSON lacks, as text) with a final newline."""
+    """`obj` as indented JSON with a final newline."""
     return write_atomic(path, json.dumps(obj, indent=2, default=str) + "\n", fsync=fsync)

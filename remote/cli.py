@@ -1,10 +1,5 @@
-"""Entry point of the remote bundle: ``python dflash-remote-<hash>.pyz COMMAND ...``.
-
-Each command lives in its own module exposing ``register(subparsers)``; the module is
-imported only when listed here, and heavy imports (torch) happen inside the command.
-Commands print JSON on stdout (one document, or JSON lines for progress events) so the
-controller never scrapes human text.
-"""
+"""Entry point of the remote bundle: ``python dflash-remote-<hash>.pyz COMMAND ...``; each
+command a module with ``register(subparsers)`` (docs/development.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import sys
 
 from remote.errors import ERROR_PREFIX, EXIT_USER_ERROR, UserError
 
-RELAY_MODULES = {  # the relay's host commands, one module each
+RELAY_MODULES = {
     "relay-scan": "remote.relay.scan",
     "relay-lock": "remote.relay.lock",
     "relay-send": "remote.relay.send",
@@ -32,16 +27,12 @@ COMMAND_MODULES = (
 )
 
 
-# Commands known by their name's prefix: a relay runs several short host-side processes
-# (scan, lock, send, receive, hash, publish) and each skipped the probe and eval modules'
-# imports (~45 ms of a ~150 ms start on the 2-core test box) and the other relay
-# commands'; so does every `job` command (start, watch, pull, ...), on each eval's path.
+# known by their name's prefix, so a short host-side process imports only its module
 PREFIX_MODULES = {**RELAY_MODULES, "job": "remote.jobs.command"}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser; given the command's name, only with the module that provides it when
-    the name says which (otherwise with every command)."""
+    """The parser, with only `command`'s module where its name says which."""
     parser = argparse.ArgumentParser(prog="dflash-remote", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     names = COMMAND_MODULES

@@ -8,11 +8,7 @@ from pathlib import Path
 
 
 def self_command() -> list[str]:
-    """The argv prefix that runs this very bundle again with the same python.
-
-    Inside a zipapp ``remote`` lives at ``<bundle>.pyz/remote``; run from a source tree it
-    is a package importable with ``-m remote``.
-    """
+    """The argv prefix that runs this bundle (or source tree) again with the same python."""
     pkg = Path(__file__).resolve().parent
     bundle = pkg.parent
     if bundle.is_file():

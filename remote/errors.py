@@ -2,11 +2,7 @@
 
 
 class UserError(Exception):
-    """A problem with the input (a path, a config, a flag), not a bug.
-
-    The remote CLI prints it as one line on stderr, prefixed ``dflash-remote: error:``, and
-    exits with `EXIT_USER_ERROR`, so the controller can show it verbatim.
-    """
+    """A problem with the input, not a bug: one line the controller shows verbatim."""
 
 
 EXIT_USER_ERROR = 3

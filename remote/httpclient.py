@@ -1,8 +1,5 @@
-"""The one HTTP client of the host side (the ground-truth phase, the online job's serving
-engine): JSON over a connection of its own, every wait bounded (`Waits`: silence per read,
-a deadline per request and per phase), an answer read only up to what a valid one can
-take, a redirect refused. Every failure is one line that names the server's role and the
-exact URL asked (``ground truth server http://host:30000/generate answered HTTP 500 ...``)."""
+"""The host side's one HTTP client: every wait and answer bounded, redirects refused, each
+failure one line naming the server's role and URL (docs/eval.md)."""
 
 from __future__ import annotations
 
@@ -20,46 +17,39 @@ from typing import Any
 from remote.errors import UserError
 from remote.protocol import GTLimits
 
-# Who answers, as every error line names it (before the URL asked).
 ROLE = "ground truth server"
 
-# What a valid answer can take: per token (prompt ids an OpenAI server echoes, completion
-# ids, and in ``text`` the token's piece, which real vocabularies keep under ~256 bytes,
-# JSON-escaped up to 6x) and a fixed part (meta_info, usage, ids of the request). An answer
-# past its bound is refused before it is parsed: unbounded, 16 hostile answers of 286 MiB
-# in flight took 13 GiB here (benchmarks/memory.py --only groundtruth).
+# what a valid answer can take, a fixed part and per token (docs/eval.md)
 ANSWER_BASE_BYTES = 1 << 20
 
 ANSWER_BYTES_PER_TOKEN = 2048
 
 INFO_ANSWER_BYTES = 1 << 20  # GET /get_model_info, /v1/models
 
-ERROR_DETAIL_BYTES = 300  # of an error answer's body, shown in its line
+ERROR_DETAIL_BYTES = 300
 
 
 def answer_bytes(prompt_tokens: int, max_new: int) -> int:
-    """The most bytes a valid answer to a request of `prompt_tokens` ids for at most
-    `max_new` new ones can take (see ANSWER_BASE_BYTES)."""
+    """The most bytes a valid answer for `prompt_tokens` ids and `max_new` new ones takes."""
     return ANSWER_BASE_BYTES + ANSWER_BYTES_PER_TOKEN * (prompt_tokens + max_new)
 
 
 class Redirected(UserError):
-    """A server answered a redirect (refused, never followed: see `http_json`)."""
+    """A server answered a redirect (refused, never followed)."""
 
 
 @dataclass(frozen=True)
 class Deadline:
-    """When (``time.monotonic()``) a request must have ended, and the words for that bound
-    in the line that says it passed (which setting to raise)."""
+    """When (monotonic) a request must have ended, and the words saying which setting to
+    raise."""
 
     at: float
     words: str
 
 
 class Waits:
-    """The bounds on one ground-truth phase's waits (`remote.protocol.GTLimits`): each
-    request ends at its own deadline or the phase's, whichever comes first; `abort` ends
-    every request still in flight (the phase failed: nothing waits for them)."""
+    """One ground-truth phase's waits: each request ends at its deadline or the phase's;
+    `abort` ends every request in flight."""
 
     def __init__(self, limits: GTLimits, started: float | None = None):
         self.limits = limits
@@ -107,9 +97,8 @@ class Waits:
 
 
 class _Watchdog:
-    """Shuts one connection down at its deadline, however the server trickles: a timer
-    thread shuts the socket (a duplicate of its descriptor, so it works under TLS too), and
-    the blocked read returns at once. `expired` tells the reader why its read ended."""
+    """Shuts one connection down at its deadline however the server trickles (through a
+    dup of its socket, so under TLS too); `expired` says why a read ended."""
 
     def __init__(self, at: float):
         self.at = at
@@ -150,8 +139,7 @@ class _Watchdog:
 
 
 def _printable(text: str, limit: int = 200) -> str:
-    """A server's words (a Location, an error body) fit for one line: control characters
-    and lone surrogates escaped, cut at `limit` characters."""
+    """A server's words fit for one line: control characters escaped, cut at `limit`."""
     shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
     return shown + ("..." if len(text) > limit else "")
 
@@ -166,8 +154,7 @@ def http_json(
     max_bytes: int = INFO_ANSWER_BYTES,
     role: str = ROLE,
 ) -> Any:
-    """POST (or GET when `payload` is None) JSON and parse the answer (`http_body`, whose
-    arguments these are); malformed JSON is one UserError naming `role` and `url`."""
+    """`http_body`'s answer parsed as JSON; malformed JSON is one `UserError`."""
     body = http_body(
         url, payload, timeout, deadline=deadline, waits=waits, max_bytes=max_bytes, role=role
     )
@@ -188,14 +175,8 @@ def http_body(
     max_bytes: int = INFO_ANSWER_BYTES,
     role: str = ROLE,
 ) -> bytes:
-    """POST (or GET when `payload` is None) JSON; the answer's body. Every failure is one
-    clear UserError naming `url`. `timeout`: seconds of silence on one read; `deadline`:
-    when the whole exchange must have ended (connect to the answer's last byte; default:
-    `timeout` from now), watched through `waits` when given (`Waits.abort` ends it too).
-    `max_bytes`: the answer's bound, checked against its Content-Length and as it is read,
-    before anyone parses it. A redirect is refused, never followed: the ground truth is what
-    THIS server answers, the cache is keyed by its URL, and following one would let any
-    server make this host send requests elsewhere. Every line names `role` and `url`."""
+    """POST (GET when `payload` is None) JSON; the answer's body, at most `max_bytes`.
+    `timeout`: silence per read; `deadline`: the whole exchange (default `timeout`)."""
     deadline = deadline or Deadline(time.monotonic() + timeout, f"its timeout of {timeout:g}s")
     dog = waits.watch(deadline) if waits else _Watchdog(deadline.at)
     try:
@@ -215,7 +196,7 @@ def http_body(
             waits.release(dog)
         else:
             dog.close()
-    if dog.expired:  # a body cut short by the shutdown can still look whole
+    if dog.expired:  # a body cut short can still look whole
         raise UserError(f"{role} {url} had not finished answering at {deadline.words}")
     if 300 <= status < 400:
         raise Redirected(
@@ -240,9 +221,8 @@ def _exchange(
     max_bytes: int,
     role: str,
 ) -> tuple[int, str, str | None, bytes]:
-    """(status, reason, Location, body) of one request over its own connection (plain
-    http.client: no redirect is followed, no proxy from the environment is used), the
-    socket watched by `dog` from the moment it connects."""
+    """(status, reason, Location, body) of one request over its own connection (no proxy,
+    no redirect), watched by `dog` from the connect."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UserError(_not_http(role, url))
@@ -272,9 +252,7 @@ def _exchange(
             body=data,
             headers={"Content-Type": "application/json", "Accept": "application/json"},
         )
-        # Closed whatever happens: an answer that ends with its connection hands the
-        # socket to the response, which a refusal's traceback would otherwise keep open
-        # (and the server writing into it) for as long as the error lives.
+        # closed whatever happens: a refusal's traceback would keep the socket open
         with closing(conn.getresponse()) as resp:
             return _answer(resp, url, max_bytes, role)
     finally:
@@ -328,8 +306,7 @@ def _connection_problem(role: str, url: str, exc: BaseException, timeout: float)
 
 
 def reachable(url: str, timeout: float = 5.0, role: str = ROLE) -> str | None:
-    """None when something accepts TCP connections at the URL's host and port, else why
-    (one line naming `role` and `url`)."""
+    """None when something accepts TCP connections at the URL, else why in one line."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return _not_http(role, url)

@@ -1,7 +1,5 @@
-"""A child process that ends with its parent: Linux's ``prctl(PR_SET_PDEATHSIG)``, as a
-function to call in the child (a `Popen` ``preexec_fn``, or right after ``os.fork``), so a
-parent killed outright (``kill -9``, the OOM killer) leaves no child running on. Stdlib
-only; None where there is no such call."""
+"""A child process that ends with its parent (Linux's ``PR_SET_PDEATHSIG``), so a parent
+killed outright leaves no child running on."""
 
 from __future__ import annotations
 
@@ -14,9 +12,8 @@ from collections.abc import Callable
 
 
 def parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A function for the child that asks Linux to send it `sig` when its parent dies, or
-    None where there is no such call. libc is looked up here, in the parent: the child
-    between fork and exec only calls it."""
+    """A function for the child (a ``preexec_fn``, or after ``os.fork``) asking for `sig`
+    when its parent dies; None where there is no such call. libc is looked up here."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -27,7 +24,7 @@ def parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
 
     def in_child() -> None:
         prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the call: no signal will come
+        if os.getppid() != parent:  # died before the call: no signal will come
             os._exit(1)
 
     return in_child
