@@ -1,0 +1,173 @@
+"""The kinds of entry of the metric registry (`remote.protocol.metrics`): a number over
+a run's samples (`Metric`), a number per key (`Keyed`), a judgement in one line
+(`Finding`), and how a value of each style prints (`shown`). Standard library only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# How samples combine: the mean of per-sample values, a ratio of summed parts, a sum.
+MEAN, RATIO, SUM = "mean", "ratio", "sum"
+# What `parts` reads: one walk's rounds (the chain's, and each DDTree budget's), or the
+# whole sample record.
+WALK, SAMPLE = "walk", "sample"
+
+Parts = tuple[float, float] | None
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One number over a set of samples. `parts(x)`: x is a walk's rounds (`of` WALK) or
+    a record (SAMPLE); `stored`: kept in result.json as ``{num, den, rate}`` under these
+    two names (else the bare value); `rank`: a table column, in rank order, 0 always
+    shown, higher left out first at a narrow width (None: not a column); `budgets`:
+    shown per DDTree budget too; `plot`: its line style on the tau-by-step plot; `live`:
+    its running value travels in each sample's progress event; `interval`: views give a
+    mean of per-sample values its bootstrap interval over the samples."""
+
+    name: str
+    label: str
+    header: str
+    definition: str
+    parts: Callable[[Any], Parts]
+    reduce: str = MEAN
+    of: str = WALK
+    style: str = "number"  # number (3 places), share (a percentage) or count
+    stored: tuple[str, str] | None = None
+    rank: int | None = None
+    budgets: bool = False
+    plot: str | None = None
+    live: bool = False
+    interval: bool = False
+
+    def _input(self, rec: Mapping, budget: str | None) -> Any:
+        if self.of == SAMPLE:
+            return rec if budget is None else None
+        rounds = rec.get("rounds") if budget is None else (rec.get("ddtree") or {}).get(budget)
+        return rounds or []
+
+    def sample_parts(self, rec: Mapping, budget: str | None = None) -> Parts:
+        got = self._input(rec, budget)
+        return None if got is None else self.parts(got)
+
+    def per_sample(self, rec: Mapping, budget: str | None = None) -> float | None:
+        """One sample's value (what a paired comparison pairs)."""
+        p = self.sample_parts(rec, budget)
+        if p is None:
+            return None
+        return p[0] if self.reduce == SUM else (p[0] / p[1] if p[1] else None)
+
+    def sums(self, records: Iterable[Mapping], budget: str | None = None) -> tuple:
+        got = [p for p in (self.sample_parts(r, budget) for r in records) if p is not None]
+        return sum(n for n, _ in got), sum(d for _, d in got), got
+
+    def value(self, records: Iterable[Mapping], budget: str | None = None) -> Any:
+        """The metric over `records` (None where nothing contributes)."""
+        num, den, got = self.sums(records, budget)
+        if self.reduce == SUM:
+            return num
+        if self.reduce == RATIO:
+            return num / den if den else None
+        values = [n / d for n, d in got if d]
+        return sum(values) / len(values) if values else None
+
+    def stored_value(self, records: list[Mapping], budget: str | None = None) -> Any:
+        """The metric as result.json keeps it."""
+        if self.stored is None:
+            return self.value(records, budget)
+        num, den, _ = self.sums(records, budget)
+        return {self.stored[0]: num, self.stored[1]: den, "rate": num / den if den else None}
+
+    def text(self, value: Any) -> str:
+        """`value` as this metric prints (`shown`)."""
+        return shown(self.style, value)
+
+    def read(self, metrics: Mapping) -> Any:
+        """The value in a result's metrics (or a DDTree budget's entry)."""
+        got = metrics.get(self.name)
+        if self.stored is not None:
+            return got.get("rate") if isinstance(got, dict) else None
+        return got
+
+
+@dataclass(frozen=True)
+class Keyed:
+    """A number per key (a draft position, an acceptance length): each sample gives
+    `parts(record, block_size)`, ``{key: (num, den)}``, summed per key over samples;
+    the keys every result lists are `keys(block_size)`. Stored as ``{key: num}``
+    (`reduce` SUM) or as rows ``{key_name: key, den_name: den, num_name: num, "rate"}``
+    (RATIO). Printed as a table of its rows (`key_name`, `den_name`, `num_name`, the
+    value in `style`; a SUM's share of all)."""
+
+    name: str
+    label: str
+    definition: str
+    parts: Callable[[Mapping, int], dict[int, tuple[int, int]]]
+    keys: Callable[[int], range]
+    reduce: str
+    key_name: str
+    num_name: str
+    den_name: str | None = None
+    header: str = ""  # a row of a comparison: "<header> <key>"
+    style: str = "share"  # how a RATIO's value prints (SUM: its share of all)
+
+    def stored_value(self, records: list[Mapping], block_size: int) -> Any:
+        num = dict.fromkeys(self.keys(block_size), 0)
+        den = dict.fromkeys(num, 0)
+        for rec in records:
+            for k, (n, d) in self.parts(rec, block_size).items():
+                num[k], den[k] = num[k] + n, den[k] + d
+        if self.reduce == SUM:
+            return {str(k): num[k] for k in num}
+        return [
+            {
+                self.key_name: k,
+                self.den_name: den[k],
+                self.num_name: num[k],
+                "rate": num[k] / den[k] if den[k] else None,
+            }
+            for k in num
+        ]
+
+    def rows(self, metrics: Mapping) -> list[dict]:
+        """``[{key, num, den, value}]`` from a result's metrics, in key order; older
+        shapes (a bare list of counts or rates) read too."""
+        got = metrics.get(self.name) or []
+        if isinstance(got, dict):
+            pairs = sorted(((int(k), v) for k, v in got.items()), key=lambda kv: kv[0])
+            got = [{self.key_name: k, self.num_name: v} for k, v in pairs]
+        out = []
+        for i, row in enumerate(got):
+            if not isinstance(row, dict):  # the oldest results: bare values in key order
+                row = {self.key_name: i + 1, ("rate" if self.den_name else self.num_name): row}
+            num, den = row.get(self.num_name), row.get(self.den_name)
+            value = num if self.reduce == SUM else row.get("rate")
+            out.append({"key": row.get(self.key_name), "num": num, "den": den, "value": value})
+        return out
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A judgement over a run's samples, one line or None (a cliff in tau by context: the
+    first bucket below the first by more than its interval). `find(records, metrics)`
+    runs where the metrics are summed (the engine, the shard merge), after the metrics
+    before it; stored under `name` as text; printed as ``<label>: <line>``."""
+
+    name: str
+    label: str
+    definition: str
+    find: Callable[[list[Mapping], Mapping], str | None]
+
+
+def shown(style: str, value: Any) -> str:
+    """A value as a metric of `style` prints: ``-`` for none, a share as a percentage, a
+    count whole, a number to 3 places."""
+    if value is None:
+        return "-"
+    if style == "share" and isinstance(value, (int, float)):
+        return f"{100 * value:.1f}%"
+    if isinstance(value, float) and style != "count":
+        return f"{value:.3f}"
+    return str(value)
