@@ -105,7 +105,10 @@ def test_compare_gives_a_paired_delta_and_interval_per_category(runs):
     p = compare.paired(a, b)
     assert p.comparable
     groups = {(g.axis, g.name): g for g in p.groups}
-    assert set(groups) == {("category", c) for c in CATS} | {("completion_length", "1-64")}
+    assert set(groups) == {("category", c) for c in CATS} | {
+        ("completion_length", "1-64"),
+        ("context", "0"),  # every round of these short samples starts before position 512
+    }
     ra, rb = res.records(a), res.records(b)
     for c in CATS:
         g = groups[("category", c)]

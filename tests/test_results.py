@@ -589,8 +589,9 @@ def test_report_renders_in_chromium_with_data_in_every_plot(followed, tmp_path):
     plots = json.loads(found.group(1).replace("&quot;", '"'))
     names = [p["plot"] for p in plots]
     assert names[0] == "tau" and names.count("tau") == 1
-    assert sum(n.startswith("acceptance_histogram") for n in names) == 3
-    assert sum(n.startswith("per_position_acceptance") for n in names) == 3
+    for name in ("acceptance_histogram", "per_position_acceptance", "tau_by_context"):
+        assert sum(bool(re.fullmatch(rf"{name}\d+", n)) for n in names) == 3, names
+    assert sum(n.startswith("per_position_acceptance_by_context") for n in names) == 3
     for p in plots:
         assert p["width"] > 200, p
         assert p["data"] > 0 and p["drawn"] == p["data"], p

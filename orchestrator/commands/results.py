@@ -120,7 +120,8 @@ def compare_cmd(
         list[str] | None,
         typer.Option(
             "--gate-by",
-            help="Also gate each group of: category, subcategory, completion_length (repeatable).",
+            help="Also gate each group of: category, subcategory, completion_length, context "
+            "(each context bucket's paired tau; repeatable).",
             show_default=False,
         ),
     ] = None,

@@ -197,7 +197,8 @@ def paired(
     allow_different_prompting: bool = False,
 ) -> Paired:
     """B against A over the samples both scored: tau and every DDTree budget both have,
-    over all of them and within each group (`group_deltas`: categories, lengths)."""
+    over all of them and within each group (`group_deltas`: categories, lengths; and
+    `keyed_deltas`: each context bucket)."""
     recs_a, recs_b = res.records(a), res.records(b)
     out = Paired(a=a.run_id, b=b.run_id, comparable=False, resamples=resamples, seed=seed)
     out.problems = comparability(
@@ -217,6 +218,7 @@ def paired(
     )
     out.deltas = deltas(pairs, budgets, resamples, seed)
     out.groups = group_deltas(pairs, budgets, resamples, seed)
+    out.groups += keyed_deltas(pairs, resamples, seed)
     return out
 
 
@@ -237,7 +239,12 @@ def deltas(
 
 
 def delta(
-    m: Metric, budget: str | None, vals: list[tuple[float, float]], resamples: int, seed: int
+    m: Metric | registry.Keyed,
+    budget: str | None,
+    vals: list[tuple[float, float]],
+    resamples: int,
+    seed: int,
+    label: str | None = None,
 ) -> Delta:
     diffs = [y - x for x, y in vals]
     n = len(diffs)
@@ -245,7 +252,7 @@ def delta(
     return Delta(
         metric=m.name,
         budget=budget,
-        label=m.header if budget is None else budget_label(m, budget),
+        label=label or (m.header if budget is None else budget_label(m, budget)),
         mean_a=sum(x for x, _ in vals) / n,
         mean_b=sum(y for _, y in vals) / n,
         delta=sum(diffs) / n,
@@ -278,3 +285,35 @@ def group_deltas(
                 GroupDeltas(axis, name, len(inside), deltas(inside, budgets, resamples, seed))
             )
     return out
+
+
+def keyed_deltas(pairs: list[tuple[dict, dict]], resamples: int, seed: int) -> list[GroupDeltas]:
+    """Each per-key metric the registry pairs (`Keyed.paired`: tau by context), B minus A
+    of each key's per-sample values (`Keyed.per_key`) over the pairs with one on both
+    sides, as a group of the axis `Keyed.key_name` (``context``) named by its key."""
+    out = []
+    for m in registry.keyed():
+        if not m.paired:
+            continue
+        per = [(m.per_key(ra), m.per_key(rb)) for ra, rb in pairs]
+        for k in sorted({k for a, b in per for k in a.keys() & b.keys()}):
+            vals = [(a[k], b[k]) for a, b in per if k in a and k in b]
+            found = delta(m, None, vals, resamples, seed, f"{m.header} {k}")
+            out.append(GroupDeltas(m.key_name, str(k), len(vals), [found]))
+    return out
+
+
+def axes() -> list[tuple[str, str]]:
+    """(axis, title) of every axis a comparison's groups fall on: the breakdown's
+    (`breakdown.AXES`), then each paired per-key metric's (`keyed_deltas`)."""
+    from orchestrator.results import breakdown
+
+    out = [(axis, breakdown.TITLES[axis]) for axis in breakdown.AXES]
+    return out + [(m.key_name, m.label) for m in registry.keyed() if m.paired]
+
+
+def group_lead(g: GroupDeltas, name: str = registry.HEADLINE) -> Delta | None:
+    """A group's delta of metric `name` (`headline`); a paired per-key group's own."""
+    found = headline(g.deltas, name)
+    keyed = {m.key_name for m in registry.keyed() if m.paired}
+    return found or (g.deltas[0] if g.axis in keyed and g.deltas else None)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from orchestrator.errors import DflashError
-from orchestrator.results import breakdown
 from orchestrator.results import compare as cmp
 from remote.protocol import metrics as registry
 
@@ -19,7 +18,7 @@ from remote.protocol import metrics as registry
 class GateOptions:
     """What fails NEW: below `fail_below` times BASE (None: no such bound), or an interval
     wholly below 0 (`fail_if_worse`); of `metric`, over all samples and per group of
-    each axis in `by` (`breakdown.AXES`)."""
+    each axis in `by` (`compare.axes`: a context bucket's is its paired tau)."""
 
     fail_below: float | None = None
     fail_if_worse: bool = False
@@ -40,9 +39,10 @@ def gate_request(
     names = [m.name for m in cmp.paired_metrics()]
     if metric and metric not in names:
         raise DflashError(f"--gate-metric {metric!r} is not paired; use one of {', '.join(names)}")
-    bad = [a for a in by or () if a not in breakdown.AXES]
+    known = [axis for axis, _title in cmp.axes()]
+    bad = [a for a in by or () if a not in known]
     if bad:
-        raise DflashError(f"--gate-by {bad[0]!r} is unknown; use {', '.join(breakdown.AXES)}")
+        raise DflashError(f"--gate-by {bad[0]!r} is unknown; use {', '.join(known)}")
     return GateOptions(fail_below, fail_if_worse, metric or registry.HEADLINE, tuple(by or ()))
 
 
@@ -103,7 +103,7 @@ def gate(pairs: list[cmp.Paired], o: GateOptions) -> Gate:
             return Gate(o, checks, False, f"gate failed: no paired {label} for {p.b}")
         checks.append(_check(p.b, None, None, p.samples, d, o))
         for g in p.groups:
-            gd = cmp.headline(g.deltas, o.metric)
+            gd = cmp.group_lead(g, o.metric)
             if g.axis in o.by and gd is not None:
                 checks.append(_check(p.b, g.axis, g.name, g.samples, gd, o))
     failed = [c for c in checks if c.failed]

@@ -78,34 +78,35 @@ def _title(run: res.Run) -> str:
 
 def keyed_figure(run: res.Run, name: str) -> Any | None:
     """A per-key metric of the registry (`Keyed`) against its key: a count's share of all
-    as bars, a rate as a line with each point's count (``n=``, how many reached it); the
-    title leads with the run's table metrics, like the tables. None without data."""
+    as bars, a rate as a line with each point's count (``n=``, how many reached it); a
+    grouped metric as one line per group (a count's share of its group's); keys that are
+    positions (`Keyed.span`) on a base-2 axis. The title leads with the run's table
+    metrics, like the tables. None without data."""
     m = registry.find(name)
     rows = [r for r in summary.keyed_rows(run, name) if r["value"] is not None]
     plt = pyplot() if rows else None
     if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
-    xs = [int(r["key"]) for r in rows]
-    if m.reduce == registry.SUM:
-        total = sum(r["num"] or 0 for r in rows) or 1
-        bars = ax.bar(xs, [(r["num"] or 0) / total for r in rows], color="#4C72B0")
+    if m.group_name:
+        _grouped_lines(ax, m, summary.keyed_rows(run, name))
+    elif m.reduce == registry.SUM:
+        xs = [int(r["key"]) for r in rows]
+        bars = ax.bar(xs, [s or 0 for s in summary.shares(rows)], color="#4C72B0")
         for x, bar in zip(xs, bars, strict=True):
             bar.set_gid(f"data-{name}-{x}")
         ax.set_ylabel(f"share of {m.num_name}")
     else:
-        ys = [r["value"] for r in rows]
-        (line,) = ax.plot(xs, ys, marker="o")
-        line.set_gid(f"data-{name}")
-        for x, y, r in zip(xs, ys, rows, strict=True):
-            if r["den"] is not None:
-                where = {"textcoords": "offset points", "xytext": (0, 7), "ha": "center"}
-                ax.annotate(f"n={r['den']}", (x, y), fontsize=7, color="#555555", **where)
-        if m.style == "share":
-            ax.set_ylim(0, 1.12)
-        ax.set_ylabel(f"{m.num_name} / {m.den_name}")
-        ax.grid(alpha=0.3)
+        _rate_line(ax, m, rows)
+    xs = sorted({int(r["key"]) for r in rows})
+    if m.span is not None and not m.group_name:  # positions: each doubling the same width
+        from remote.protocol.context import FIRST, bucket
+
+        ax.set_xscale("symlog", base=2, linthresh=FIRST)
+        doublings = [0, *(FIRST << i for i in range(max(xs).bit_length()))]
+        xs = [x for x in doublings if bucket(min(xs)) <= x <= max(xs)]
     ax.set_xticks(xs)
+    ax.set_xticklabels([str(x) for x in xs])
     ax.set_xlabel(m.key_name)
     got = summary.values(run)
     stats = ", ".join(
@@ -113,6 +114,39 @@ def keyed_figure(run: res.Run, name: str) -> Any | None:
     )
     ax.set_title(f"{text(m.label)}: {_title(run)}\n{text(stats)}", fontsize=9)
     return fig
+
+
+def _rate_line(ax: Any, m: registry.Keyed, rows: list[dict]) -> None:
+    xs, ys = [int(r["key"]) for r in rows], [r["value"] for r in rows]
+    (line,) = ax.plot(xs, ys, marker="o")
+    line.set_gid(f"data-{m.name}")
+    for x, y, r in zip(xs, ys, rows, strict=True):
+        if r["den"] is not None:
+            where = {"textcoords": "offset points", "xytext": (0, 7), "ha": "center"}
+            ax.annotate(f"n={r['den']}", (x, y), fontsize=7, color="#555555", **where)
+    if m.style == "share":
+        ax.set_ylim(0, 1.12)
+    ax.set_ylabel(f"{m.num_name} / {m.den_name}")
+    ax.grid(alpha=0.3)
+
+
+def _grouped_lines(ax: Any, m: registry.Keyed, rows: list[dict]) -> None:
+    """One line per group of a grouped metric: its rate, or its count's share of the
+    group's."""
+    value = summary.shares(rows) if m.reduce == registry.SUM else [r["value"] for r in rows]
+    lines: dict = {}
+    for r, v in zip(rows, value, strict=True):
+        if v is not None:
+            lines.setdefault(r["group"], []).append((int(r["key"]), v))
+    for i, (group, xy) in enumerate(sorted(lines.items())):
+        (line,) = ax.plot(*zip(*xy, strict=True), marker="o", color=f"C{i % 10}")
+        line.set_label(f"{m.group_name} {group}")
+        line.set_gid(f"data-{m.name}-{group}")
+    if m.reduce == registry.SUM or m.style == "share":
+        ax.set_ylim(0, 1.05)
+    ax.set_ylabel(f"share of {m.num_name}" if m.reduce == registry.SUM else m.header)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
 
 
 def breakdown_figure(run: res.Run) -> Any | None:

@@ -104,14 +104,24 @@ def breakdown_tables(run: res.Run, paired: compare.Paired | None) -> str:
     return "".join(out)
 
 
-def keyed_tables(run: res.Run) -> str:
-    """Each per-key metric of the registry (`Keyed`) as a table of its rows."""
+def keyed_tables(run: res.Run, paired: compare.Paired | None = None) -> str:
+    """Each per-key metric of the registry (`Keyed`) as a table of its rows; a paired one
+    (tau by context) with each key's paired delta against the run's baseline and its
+    interval (`paired`, when the two are comparable)."""
+    by_group = {(g.axis, g.name): g for g in paired.groups} if paired and paired.comparable else {}
     out = []
     for m in registry.keyed():
         head, rows = summary.keyed_table(run, m.name)
-        if rows:
-            cells = [[esc(c) for c in r] for r in rows]
-            out.append(f"<h3>{esc(m.label)}</h3>" + table([esc(h) for h in head], cells))
+        if not rows:
+            continue
+        cells = [[esc(c) for c in r] for r in rows]
+        if m.paired and by_group:
+            head = [*head, "Δ vs baseline", "95% interval"]
+            for c, r in zip(cells, summary.keyed_rows(run, m.name), strict=True):
+                g = by_group.get((m.key_name, str(r["key"])))
+                d = compare.group_lead(g) if g else None
+                c += ["-", ""] if d is None else delta_cells(d)
+        out.append(f"<h3>{esc(m.label)}</h3>" + table([esc(h) for h in head], cells))
     return "".join(out)
 
 
@@ -206,7 +216,7 @@ def run_section(
             f'<p class="note">{esc(f.label)}: {esc(line)}</p>'
             for f, line in zip(registry.findings(), summary.found(run).values(), strict=True)
         )
-        + keyed_tables(run)
+        + keyed_tables(run, paired)
         + breakdown_tables(run, paired)
         + "<h3>environment and provenance</h3>"
         + prov

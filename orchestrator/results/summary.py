@@ -94,7 +94,7 @@ def flat(run: res.Run) -> dict[str, Any]:
         out.update({f"{m.name}_ddtree_{b}": v for b, v in budget_values(run, m).items()})
     for k in registry.keyed():
         rows = [r for r in keyed_rows(run, k.name) if r["key"] is not None]
-        out.update({f"{k.name}_{r['key']}": r["value"] for r in rows})
+        out.update({f"{k.name}_{key_text(r)}": r["value"] for r in rows})
     return out
 
 
@@ -107,8 +107,20 @@ def tracked(run: res.Run) -> dict[str, Any]:
     for k in registry.keyed():
         rows = [r for r in keyed_rows(run, k.name) if r["key"] is not None]
         if k.reduce == registry.RATIO:
-            out.update({f"{k.name}/{r['key']}": r["value"] for r in rows})
+            out.update({f"{k.name}/{key_text(r)}": r["value"] for r in rows})
     return out
+
+
+def key_text(row: dict) -> str:
+    """A per-key row's key in a column or tag name: ``<key>``, or ``<group>_<key>``."""
+    return f"{row['group']}_{row['key']}" if "group" in row else str(row["key"])
+
+
+def key_label(m: registry.Keyed, row: dict) -> str:
+    """A per-key row as a comparison names it: ``<header> <key>`` (``at <group_name>
+    <group>`` after it for a grouped metric)."""
+    group = f" at {m.group_name} {row['group']}" if "group" in row else ""
+    return f"{m.header} {row['key']}{group}"
 
 
 def keyed_rows(run: res.Run, name: str) -> list[dict]:
@@ -117,26 +129,39 @@ def keyed_rows(run: res.Run, name: str) -> list[dict]:
     return m.rows(run.metrics) if isinstance(m, registry.Keyed) else []
 
 
+def shares(rows: list[dict]) -> list[float | None]:
+    """Each row's count as a share of its group's (of all, ungrouped)."""
+    totals: dict = {}
+    for r in rows:
+        totals[r.get("group")] = totals.get(r.get("group"), 0) + (r["num"] or 0)
+    return [
+        (r["num"] or 0) / totals[r.get("group")] if totals[r.get("group")] else None for r in rows
+    ]
+
+
 def keyed_table(run: res.Run, name: str) -> tuple[list[str], list[list[str]]]:
     """A per-key metric as every view prints it: headers and rows of text, a SUM's
-    ``key, count, share`` and a RATIO's ``key, den, num, value``."""
+    ``key, count, share`` (of its group's) and a RATIO's ``key, den, num, value``; a
+    grouped metric's group first."""
     m = registry.find(name)
     rows = keyed_rows(run, name)
+    group = [m.group_name] if m.group_name else []
+    first = [[str(r["group"])] if m.group_name else [] for r in rows]
     if m.reduce == registry.SUM:
-        total = sum(r["num"] or 0 for r in rows)
-        share = [(r["num"] or 0) / total if total else None for r in rows]
-        return [m.key_name, m.num_name, "share"], [
-            [str(r["key"]), shown("count", r["num"]), shown("share", s)]
-            for r, s in zip(rows, share, strict=True)
+        return [*group, m.key_name, m.num_name, "share"], [
+            [*g, str(r["key"]), shown("count", r["num"]), shown("share", s)]
+            for g, r, s in zip(first, rows, shares(rows), strict=True)
         ]
-    return [m.key_name, m.den_name, m.num_name, "rate" if m.style == "share" else "value"], [
+    head = [*group, m.key_name, m.den_name, m.num_name, "rate" if m.style == "share" else "value"]
+    return head, [
         [
+            *g,
             str(r["key"]),
             shown("count", r["den"]),
             shown("count", r["num"]),
             shown(m.style, r["value"]),
         ]
-        for r in rows
+        for g, r in zip(first, rows, strict=True)
     ]
 
 
@@ -206,16 +231,14 @@ def compare_rows(runs: list[res.Run]) -> list[dict]:
         row("dtype", "dtype", [s["dtype"] for s in sums]),
     ]
     for m in registry.keyed():
-        per = [{r["key"]: r for r in keyed_rows(run, m.name)} for run in runs]
-        totals = [sum(r["num"] or 0 for r in p.values()) for p in per]
-        for k in sorted({k for p in per for k in p if k is not None}):
-            if m.reduce == registry.SUM:
-                vals = [
-                    (p[k]["num"] or 0) / t if k in p and t else None
-                    for p, t in zip(per, totals, strict=True)
-                ]
-                rows.append(row(f"{m.name}_{k}", f"{m.header} {k}", vals, "share"))
-            else:
-                vals = [p[k]["value"] if k in p else None for p in per]
-                rows.append(row(f"{m.name}_{k}", f"{m.header} {k}", vals, m.style))
+        per = []
+        for run in runs:
+            got = [r for r in keyed_rows(run, m.name) if r["key"] is not None]
+            value = shares(got) if m.reduce == registry.SUM else [r["value"] for r in got]
+            per.append({key_text(r): (r, v) for r, v in zip(got, value, strict=True)})
+        style = "share" if m.reduce == registry.SUM else m.style
+        keys = {k: r for p in per for k, (r, _v) in p.items()}
+        for k, r in sorted(keys.items(), key=lambda kv: (kv[1].get("group") or 0, kv[1]["key"])):
+            vals = [p[k][1] if k in p else None for p in per]
+            rows.append(row(f"{m.name}_{k}", key_label(m, r), vals, style))
     return rows

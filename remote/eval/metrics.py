@@ -11,20 +11,13 @@ What each metric is and how samples combine: the registry, `remote.protocol.metr
 
 from __future__ import annotations
 
-import itertools
-
+from remote.protocol.context import round_starts  # noqa: F401 (its callers know it here)
 from remote.protocol.metrics import METRICS, WALK, Finding, Keyed, scalars
 
 
 def ddtree_k(budget: int, topk: int | None, vocab: int) -> int:
     """Per-depth candidates actually used by DDTree-``budget``."""
     return max(1, min(budget, vocab, topk if topk else budget))
-
-
-def round_starts(prompt_tokens: int, rounds: list[int]) -> list[int]:
-    """The positions a walk of these round lengths started its rounds at: the first at the
-    prompt's end, each next one where the last round's tokens end."""
-    return list(itertools.accumulate(rounds[:-1], initial=prompt_tokens)) if rounds else []
 
 
 def summarize(

@@ -4,7 +4,7 @@ a run's samples (`Metric`), a number per key (`Keyed`), a judgement in one line
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,12 +94,16 @@ class Metric:
 
 @dataclass(frozen=True)
 class Keyed:
-    """A number per key (a draft position, an acceptance length): each sample gives
-    `parts(record, block_size)`, ``{key: (num, den)}``, summed per key over samples;
-    the keys every result lists are `keys(block_size)`. Stored as ``{key: num}``
-    (`reduce` SUM) or as rows ``{key_name: key, den_name: den, num_name: num, "rate"}``
-    (RATIO). Printed as a table of its rows (`key_name`, `den_name`, `num_name`, the
-    value in `style`; a SUM's share of all)."""
+    """A number per key (a draft position, an acceptance length, a context bucket): each
+    sample gives `parts(record, block_size)`, ``{key: (num, den)}``, summed per key over
+    samples; the keys every result lists are `keys(block_size)`, or `span(records)` (keys
+    that depend on the run: its context buckets). Stored as ``{key: num}`` (`reduce`
+    SUM) or as rows ``{key_name: key, den_name: den, num_name: num, "rate"}`` (RATIO).
+    Printed as a table of its rows (`key_name`, `den_name`, `num_name`, the value in
+    `style`; a SUM's share of all). With `group_name` the keys are ``(group, key)``
+    pairs, the groups `span(records)`, each row names its group too (`group_name`), and
+    a SUM's share is of its group's. `paired`: a comparison pairs each key's per-sample
+    values (``num / den``) with a bootstrap interval, as it pairs a category's."""
 
     name: str
     label: str
@@ -112,28 +116,40 @@ class Keyed:
     den_name: str | None = None
     header: str = ""  # a row of a comparison: "<header> <key>"
     style: str = "share"  # how a RATIO's value prints (SUM: its share of all)
+    span: Callable[[Sequence[Mapping]], list[int]] | None = None
+    group_name: str | None = None
+    paired: bool = False
+
+    def all_keys(self, records: Sequence[Mapping], block_size: int) -> list:
+        """The keys a result lists (each ``(group, key)`` of a grouped metric)."""
+        if self.group_name is None:
+            return list(self.span(records) if self.span else self.keys(block_size))
+        return [(g, k) for g in self.span(records) for k in self.keys(block_size)]
 
     def stored_value(self, records: list[Mapping], block_size: int) -> Any:
-        num = dict.fromkeys(self.keys(block_size), 0)
+        num = dict.fromkeys(self.all_keys(records, block_size), 0)
         den = dict.fromkeys(num, 0)
         for rec in records:
             for k, (n, d) in self.parts(rec, block_size).items():
-                num[k], den[k] = num[k] + n, den[k] + d
-        if self.reduce == SUM:
+                if k in num:
+                    num[k], den[k] = num[k] + n, den[k] + d
+        if self.reduce == SUM and self.group_name is None:
             return {str(k): num[k] for k in num}
-        return [
-            {
-                self.key_name: k,
-                self.den_name: den[k],
-                self.num_name: num[k],
-                "rate": num[k] / den[k] if den[k] else None,
-            }
-            for k in num
-        ]
+        out = []
+        for k in num:
+            row = {self.group_name: k[0], self.key_name: k[1]} if self.group_name else {}
+            row = row or {self.key_name: k}
+            if self.reduce == SUM:
+                out.append({**row, self.num_name: num[k]})
+            else:
+                rate = num[k] / den[k] if den[k] else None
+                out.append({**row, self.den_name: den[k], self.num_name: num[k], "rate": rate})
+        return out
 
     def rows(self, metrics: Mapping) -> list[dict]:
-        """``[{key, num, den, value}]`` from a result's metrics, in key order; older
-        shapes (a bare list of counts or rates) read too."""
+        """``[{key, num, den, value}]`` (and ``group``, of a grouped metric) from a
+        result's metrics, in key order; older shapes (a bare list of counts or rates) read
+        too."""
         got = metrics.get(self.name) or []
         if isinstance(got, dict):
             pairs = sorted(((int(k), v) for k, v in got.items()), key=lambda kv: kv[0])
@@ -144,8 +160,17 @@ class Keyed:
                 row = {self.key_name: i + 1, ("rate" if self.den_name else self.num_name): row}
             num, den = row.get(self.num_name), row.get(self.den_name)
             value = num if self.reduce == SUM else row.get("rate")
-            out.append({"key": row.get(self.key_name), "num": num, "den": den, "value": value})
+            group = row.get(self.group_name) if self.group_name else None
+            out.append(
+                {"key": row.get(self.key_name), "num": num, "den": den, "value": value}
+                | ({"group": group} if self.group_name else {})
+            )
         return out
+
+    def per_key(self, rec: Mapping, block_size: int = 0) -> dict:
+        """One sample's value per key (``num / den`` where it has a denominator): what a
+        paired comparison pairs (`paired`)."""
+        return {k: n / d for k, (n, d) in self.parts(rec, block_size).items() if d}
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import remote.protocol.context as context
 from remote.protocol.metric_kinds import (  # noqa: F401 (the registry's own names)
     MEAN,
     RATIO,
@@ -128,6 +129,71 @@ METRICS: list[Metric | Keyed | Finding] = [
         num_name="accepted",
         den_name="attempts",
         header="acceptance at position",
+    ),
+    Keyed(
+        name="tau_by_context",
+        label="tau by context (tokens / rounds of the rounds starting in each bucket)",
+        definition="the chain walk's rounds placed by where they start (prompt + completion "
+        "so far), in power-of-two buckets: bucket k holds positions k to 2k-1",
+        parts=context.tau_parts,
+        keys=lambda block: range(0),
+        span=context.spanned(context.buckets),
+        reduce=RATIO,
+        key_name="context",
+        num_name="tokens",
+        den_name="rounds",
+        header="tau at context",
+        style="number",
+        paired=True,
+    ),
+    Keyed(
+        name="tau_by_position",
+        label="acceptance against position (tau of the rounds starting at each point)",
+        definition="the chain walk's tau against where its rounds start, eight points per "
+        "doubling of the position",
+        parts=context.curve_parts,
+        keys=lambda block: range(0),
+        span=context.occupied(context.point),
+        reduce=RATIO,
+        key_name="position",
+        num_name="tokens",
+        den_name="rounds",
+        header="tau at position",
+        style="number",
+    ),
+    Keyed(
+        name="acceptance_histogram_by_context",
+        label="acceptance histogram by context",
+        definition="rounds per acceptance length 1..B, per context bucket",
+        parts=context.histogram_parts,
+        keys=lambda block: range(1, block + 1),
+        span=context.spanned(context.buckets),
+        group_name="context",
+        reduce=SUM,
+        key_name="length",
+        num_name="rounds",
+        header="share of rounds accepting",
+    ),
+    Keyed(
+        name="per_position_acceptance_by_context",
+        label="per-position acceptance by context (from the chain walk's rounds)",
+        definition="draft position j accepted over the rounds that reached it, per context bucket",
+        parts=context.position_parts,
+        keys=lambda block: range(1, block),
+        span=context.spanned(context.buckets),
+        group_name="context",
+        reduce=RATIO,
+        key_name="position",
+        num_name="accepted",
+        den_name="attempts",
+        header="acceptance at position",
+    ),
+    Finding(
+        name="context_cliff",
+        label="cliff in tau by context",
+        definition="the first context bucket whose tau is below the first bucket's by more "
+        "than the bootstrap interval of the difference allows",
+        find=context.cliff,
     ),
     Metric(
         name="target_agreement",

@@ -75,9 +75,12 @@ def _scalar_type(m: Metric) -> Any:
 
 
 def _keyed_type(m: Keyed) -> Any:
+    group = {m.group_name: INT} if m.group_name else {}
+    if m.reduce == SUM and group:
+        return list_of({**group, m.key_name: INT, m.num_name: INT})
     if m.reduce == SUM:
         return any_of(map_of(INT, WHOLE_NUMBER_KEYS), list_of(INT))
-    row = {m.key_name: INT, m.num_name: INT, m.den_name: INT, "rate": NUM}
+    row = {**group, m.key_name: INT, m.num_name: INT, m.den_name: INT, "rate": NUM}
     return list_of(any_of(row, NUM))
 
 

@@ -20,13 +20,24 @@ BLOCK = 4
 BUDGETS = (2, 4)
 
 
-def records(samples: int, skill: float, seed: int) -> list[dict]:
+def records(
+    samples: int,
+    skill: float,
+    seed: int,
+    contexts: tuple[int, ...] = (),
+    context_skill=None,
+) -> list[dict]:
     """Per-sample records of a drafter that accepts each draft position with probability
-    `skill`: rounds, per-position attempts and hits, agreement, DDTree rounds."""
+    `skill`: rounds, per-position attempts and hits, agreement, DDTree rounds. `contexts`:
+    the samples' prompt lengths in turn (default ``10 + i``); `context_skill(prompt
+    tokens)`: the skill at that context, instead of `skill`."""
     rng = random.Random(seed)
     out = []
     for i in range(samples):
         completion = 12 + i  # the ground truth's length: the same whoever drafts
+        prompt = contexts[i % len(contexts)] if contexts else 10 + i
+        if context_skill is not None:
+            skill = context_skill(prompt)
         rounds, att, hit = [], [0] * (BLOCK - 1), [0] * (BLOCK - 1)
         while sum(rounds) < completion:
             n = 1
@@ -40,7 +51,7 @@ def records(samples: int, skill: float, seed: int) -> list[dict]:
         out.append(
             {
                 "id": f"s{i}",
-                "prompt_tokens": 10 + i,
+                "prompt_tokens": prompt,
                 "completion_tokens": completion,
                 "rounds": rounds,
                 "tau": sum(rounds) / len(rounds),
@@ -67,14 +78,16 @@ def make_run(
     categories: tuple[str, ...] = (),
     thinking: bool | None = None,
     chat_template: str | None = None,
+    contexts: tuple[int, ...] = (),
+    context_skill=None,
 ) -> Path:
     """One run folder ``root/run_id`` for `checkpoint` at training `step`; returns it.
     `categories`: the samples' categories, in turn (sample i gets ``categories[i % n]``);
     `thinking`, `chat_template`: the thinking flag of its job spec and the chat template's
-    sha256 its ground truth recorded (None: not recorded, as in older results)."""
-    recs = records(
-        samples, skill, seed=zlib.crc32(f"{checkpoint}/{step}".encode("utf-8", "surrogatepass"))
-    )
+    sha256 its ground truth recorded (None: not recorded, as in older results); `contexts`,
+    `context_skill`: the samples' prompt lengths and the skill at each (`records`)."""
+    seed = zlib.crc32(f"{checkpoint}/{step}".encode("utf-8", "surrogatepass"))
+    recs = records(samples, skill, seed, contexts, context_skill)
     for i, rec in enumerate(recs):
         if categories:
             rec["category"] = categories[i % len(categories)]

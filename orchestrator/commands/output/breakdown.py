@@ -50,15 +50,14 @@ def render_breakdown(groups: dict[str, list[dict]]) -> None:
 
 def render_group_deltas(p: cmp.Paired, b: str, a: str) -> None:
     """A paired comparison's tau delta per group (`compare.group_deltas`), with its
-    interval, one table per axis of two groups or more (the DDTree budgets per group, and
-    every axis: ``--json``)."""
-    for axis in breakdown.AXES:
+    interval, one table per axis of two groups or more (`compare.axes`: categories,
+    lengths, context buckets; the DDTree budgets per group, and every axis: ``--json``)."""
+    for axis, title in cmp.axes():
         groups = [g for g in p.groups if g.axis == axis]
         if len(groups) < 2:
             continue
         t = Grid(
-            f"{b} vs {a}, {breakdown.TITLES[axis]}: paired tau delta "
-            f"({p.confidence:.0%} bootstrap interval)",
+            f"{b} vs {a}, {title}: paired tau delta ({p.confidence:.0%} bootstrap interval)",
             [
                 Col("group", "id"),
                 Col("paired", "num", justify="right"),
@@ -69,7 +68,7 @@ def render_group_deltas(p: cmp.Paired, b: str, a: str) -> None:
             ],
         )
         for g in groups:
-            d = cmp.headline(g.deltas)
+            d = cmp.group_lead(g)
             if d is None:
                 t.row(g.name, fmt(g.samples), "-", "-", "-", "-")
                 continue

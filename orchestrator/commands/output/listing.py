@@ -94,9 +94,16 @@ def render_comparison(c: catalog.Comparison) -> None:
             *[Col(_label(i), "id", justify="right") for i in range(len(c.runs))],
         ],
     )
+    found = {f.name for f in registry.findings()}
     for row in c.rows:
-        t.row(row["label"], *[summary.shown(row["style"], v) for v in row["values"]])
+        if row["name"] not in found:
+            t.row(row["label"], *[summary.shown(row["style"], v) for v in row["values"]])
     show(t)
+    for row in c.rows:  # a finding is a sentence: a line per run, wrapped, never a cell
+        if row["name"] in found:
+            for i, line in enumerate(row["values"]):
+                shown = line if line is not None else "-"
+                _line(f"{row['label']} ({_label(i)}): {shown}", soft_wrap=False)
     for i, p in enumerate(c.paired, 1):
         render_paired(p, _label(i), _label(0))
     if c.plot_asked and c.plot is None:

@@ -198,15 +198,15 @@ def render_run(run: res.Run) -> None:
 
 
 def render_keyed(run: res.Run, m: registry.Keyed) -> None:
-    """A per-key metric as a table (`summary.keyed_table`); a count's share as a bar."""
+    """A per-key metric as a table (`summary.keyed_table`); a count's share (of its
+    group's) as a bar."""
     head, rows = summary.keyed_table(run, m.name)
     if not rows:
         return
     cols = [Col(h, "num", justify="right") for h in head]
     bars = []
     if m.reduce == registry.SUM:
-        counts = [r["num"] or 0 for r in summary.keyed_rows(run, m.name)]
-        bars = ["#" * round(40 * c / (sum(counts) or 1)) for c in counts]
+        bars = ["#" * round(40 * (s or 0)) for s in summary.shares(summary.keyed_rows(run, m.name))]
         cols.append(Col("", "id", drop=1))
     t = Grid(m.label, cols, compact=False)
     for i, r in enumerate(rows):
