@@ -221,6 +221,59 @@ def test_blocks_of_several_sequences_equal_each_drafted_alone(tmp_path):
         )
 
 
+@pytest.mark.parametrize("kind", ["qwen3", "gemma3_text"])
+def test_context_taken_in_chunks_gives_the_online_rounds(setups, kind, monkeypatch):
+    """With the drafter's context attention taken 8 positions at a time (`Attention.mix`
+    past `CONTEXT_CHUNK`; 2048 otherwise), the walk's rounds are still online decoding's,
+    for the full-attention drafter and the one with a sliding-window first layer."""
+    from remote.eval import drafter_layers
+
+    s = setups(kind)
+    model = hf_model(s["target"])
+    target = load_target(s["target"], torch.float32)
+    for path in s["drafters"]:
+        drafter, _ = load_drafter(path, torch.float32)
+        want = [
+            online_rounds(model, drafter, p, len(c), recompute=s["recompute"])[0]
+            for p, c in s["samples"]
+        ]
+        monkeypatch.setattr(drafter_layers, "CONTEXT_CHUNK", 8)
+        batch = eval_batch(target, drafter, s["samples"], WalkOptions(budgets=BUDGETS))
+        monkeypatch.undo()
+        assert [rec["rounds"] for rec in batch] == want
+        assert max(len(p) + len(c) for p, c in s["samples"]) > 4 * 8  # several chunks
+
+
+def test_chunked_context_attention_equals_one_pass(tmp_path, monkeypatch):
+    """Blocks against a 300-position context, the context taken 32 positions at a time,
+    equal one softmax over all of it (a causal sliding layer first, window 40)."""
+    from remote.eval import drafter_layers
+
+    folder = build_drafter(
+        tmp_path / "d",
+        [0, 2],
+        layers=3,
+        block_size=5,
+        extra_config={
+            "layer_types": ["sliding_attention", "full_attention", "full_attention"],
+            "sliding_window": 40,
+        },
+    )
+    drafter, _ = load_drafter(str(folder), torch.float32)
+    cfg = read_config(str(folder))
+    g = torch.Generator().manual_seed(0)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)
+    kv = drafter.context_kv(torch.randn(300, 2 * cfg.hidden_size, generator=g))
+    st = torch.tensor([20, 31, 95, 200, 299])
+    first = torch.randint(0, cfg.vocab_size, (5,), generator=g)
+    with torch.inference_mode():
+        whole = drafter.blocks(kv, st, first, embed).hidden()
+        monkeypatch.setattr(drafter_layers, "CONTEXT_CHUNK", 32)
+        chunked = drafter.blocks(kv, st, first, embed).hidden()
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(chunked[2:], whole[2:])  # taken otherwise indeed
+
+
 class Given:
     """The ``given`` of `eval_stream` (each sample's features and greedy argmax, computed
     beforehand), noting the order the samples are asked for in ``asked``."""

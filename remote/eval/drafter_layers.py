@@ -14,6 +14,10 @@ from torch import nn
 from remote.errors import UserError
 from remote.eval.drafter_config import DrafterConfig
 
+# Context positions one attention pass takes at a time (`Attention.mix`): past them the
+# scores go a chunk at a time, so their bytes stay bounded however long the context.
+CONTEXT_CHUNK = 2048
+
 
 class RMSNorm(nn.Module):
     """Qwen3's RMSNorm: normalise in float32, cast back, then scale (same op order as HF)."""
@@ -150,17 +154,24 @@ class Attention(nn.Module):
         the ``(nb*B)^2`` of one masked sequence holding every block; the rest (block scores,
         masks, softmax over the call's longest context) runs once over every block, so a
         call holding blocks of many sequences costs few more operations than one holding a
-        single sequence's."""
+        single sequence's.
+
+        A context longer than `CONTEXT_CHUNK` is taken in that many positions at a time
+        past the first ones (`_rest`: a running maximum and sum, as flash attention
+        keeps them), so the scores a call holds stay bounded however long the context;
+        up to `CONTEXT_CHUNK` positions it is the one-pass softmax, as it always was."""
         nb, R, H, d = q.shape
         kvh = self.num_kv_heads
         g, B = H // kvh, blk_k.shape[1]
-        M, C = R * g, max(ck.shape[1] for ck, _cv in contexts)
+        longest = max(ck.shape[1] for ck, _cv in contexts)
+        M, C = R * g, min(longest, CONTEXT_CHUNK)
+        first = [(ck[:, :C], cv[:, :C]) for ck, cv in contexts]
         # [kv_heads, nb, R * group, d]: one sequence's blocks are one slice of dim 1, its
         # rows one matrix per kv head
         qt = (q.float() * d**-0.5).view(nb, R, kvh, g, d).permute(2, 0, 1, 3, 4)
         qt = qt.reshape(kvh, nb, M, d)
         scores = qt.new_empty(kvh, nb, M, C + B)
-        for (ck, _cv), (a, b) in zip(contexts, bounds, strict=True):
+        for (ck, _cv), (a, b) in zip(first, bounds, strict=True):
             c, rows = ck.shape[1], (b - a) * M
             part = torch.matmul(qt[:, a:b].reshape(kvh, rows, d), ck.float().transpose(1, 2))
             scores[:, a:b, :, :c] = part.view(kvh, b - a, M, c)
@@ -177,12 +188,52 @@ class Attention(nn.Module):
             by_row[..., C:].masked_fill_(~blk_ok[None, :, :, None, :], float("-inf"))
         p = torch.softmax(scores, dim=-1)
         out = torch.matmul(p[..., C:], blk_v.float().permute(2, 0, 1, 3))  # [kvh, nb, M, d]
-        for (ck, cv), (a, b) in zip(contexts, bounds, strict=True):
+        for (ck, cv), (a, b) in zip(first, bounds, strict=True):
             c, rows = ck.shape[1], (b - a) * M
             part = torch.matmul(p[:, a:b, :, :c].reshape(kvh, rows, c), cv.float())
             out[:, a:b] += part.view(kvh, b - a, M, d)
+        del p
+        if longest > C:
+            out = self._rest(qt, out, scores, contexts, bounds, starts, q_pos, R)
         out = out.view(kvh, nb, R, g, d).permute(1, 2, 0, 3, 4)
         return out.reshape(nb, R, H * d).to(q.dtype)
+
+    def _rest(self, qt, out, scores, contexts, bounds, starts, q_pos, R: int) -> torch.Tensor:
+        """`mix`'s output with the context past its first `CONTEXT_CHUNK` positions in:
+        each further chunk's scores, masked as `mix` masks them, folded into the first
+        pass's normalised ``out`` through its running maximum ``m`` and sum ``l``. A row
+        no later position is visible to keeps ``out`` as it was, bit for bit (a sliding
+        window's chunks wholly out of reach are skipped)."""
+        kvh, nb, M, d = out.shape
+        g = M // R
+        m = scores.amax(-1, keepdim=True)
+        l = torch.exp(scores - m).sum(-1, keepdim=True)  # noqa: E741 (flash attention's l)
+        acc, touched = out * l, torch.zeros(nb, R, 1, dtype=torch.bool)
+        for (ck, cv), (a, b) in zip(contexts, bounds, strict=True):
+            low = 0 if self.sliding_window is None else int(starts[a:b].min()) - self.sliding_window
+            for c0 in range(
+                max(CONTEXT_CHUNK, low - low % CONTEXT_CHUNK), ck.shape[1], CONTEXT_CHUNK
+            ):
+                cols = torch.arange(c0, min(c0 + CONTEXT_CHUNK, ck.shape[1]))
+                ok = cols[None, None, :] < starts[a:b, None, None]
+                vis = self.visible(q_pos[a:b], cols)
+                ok = ok if vis is None else ok & vis  # [n, R or 1, w]
+                if not bool(ok.any()):
+                    continue
+                rows, w = (b - a) * M, len(cols)
+                kc = ck[:, c0 : c0 + w].float().transpose(1, 2)
+                s = torch.matmul(qt[:, a:b].reshape(kvh, rows, d), kc).view(kvh, b - a, M, w)
+                s.view(kvh, b - a, R, g, w).masked_fill_(~ok[None, :, :, None, :], float("-inf"))
+                m_new = torch.maximum(m[:, a:b], s.amax(-1, keepdim=True))
+                scale, pc = torch.exp(m[:, a:b] - m_new), torch.exp(s - m_new)
+                l[:, a:b] = l[:, a:b] * scale + pc.sum(-1, keepdim=True)
+                vc = cv[:, c0 : c0 + w].float()
+                got = torch.matmul(pc.reshape(kvh, rows, w), vc).view(kvh, b - a, M, d)
+                acc[:, a:b] = acc[:, a:b] * scale + got
+                m[:, a:b] = m_new
+                touched[a:b] |= ok.any(-1, keepdim=True)
+        rows = touched.expand(nb, R, g).reshape(1, nb, M, 1)
+        return torch.where(rows, acc / l, out)
 
 
 class MLP(nn.Module):

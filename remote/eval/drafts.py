@@ -27,9 +27,12 @@ def auto_chunk(cfg, context: int, budget: int = SCORES_BYTES) -> int:
     their softmax temporaries) under ``budget`` bytes, 16..1024. Larger batches read the
     weights fewer times; layers before the last hold ``B`` query rows per block, the last
     one a single row per block and depth. The bound keeps the working set flat as the
-    context grows (a long completion takes more calls, not more memory)."""
+    context grows (a long completion takes more calls, not more memory); past
+    `CONTEXT_CHUNK` positions the attention takes the context a chunk at a time."""
+    from remote.eval.drafter_layers import CONTEXT_CHUNK
+
     rows = cfg.block_size if cfg.num_layers > 1 else 1
-    per_block = 3 * 4 * rows * cfg.num_heads * (context + cfg.block_size)
+    per_block = 3 * 4 * rows * cfg.num_heads * (min(context, CONTEXT_CHUNK) + cfg.block_size)
     return max(16, min(1024, budget // per_block))
 
 
