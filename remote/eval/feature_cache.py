@@ -15,7 +15,9 @@ device (and its card), the attention implementation, on a CPU torch's threads, k
 instruction set and the CPU model, the torch and transformers versions, and the sample's
 exact prompt and completion ids. The file holds the two tensors (``features``
 [T, layers x hidden] in the engine's dtype, ``greedy`` [T - P + 1]) and, in its
-safetensors metadata, the whole key and a sha256 of the tensors' bytes. An entry is used
+safetensors metadata, the whole key and a sha256 of the tensors' bytes; it is written
+from the tensors' memory and read straight into new tensors (`feature_file`), so a long
+sample's features are never held twice. An entry is used
 only when its key, shapes, dtypes and digest all match; anything else (a torn, corrupt,
 foreign or mismatched file) is a miss, recomputed and replaced, never trusted.
 
@@ -34,13 +36,13 @@ costs the run its reuse: the eval goes on.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
 import json
 import os
 import secrets
-import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +50,8 @@ from typing import Any
 
 import torch
 
+from remote.eval import feature_file
+from remote.eval.feature_file import HEADER_MOST_BYTES, tensor_digest  # noqa: F401
 from remote.relay.fdfiles import write_all
 
 # Bumped when what an entry means changes, so older entries are never hit.
@@ -56,7 +60,6 @@ FOLDER = "features"
 SUFFIX = ".safetensors"
 COSTS_SUFFIX = ".costs.json"  # the target's round costs (`RunCache.lookup_costs`)
 COSTS_MOST_BYTES = 2**16  # a costs entry is a few hundred bytes: a larger file is no entry
-HEADER_MOST_BYTES = 2**20  # an entry's safetensors header is a few hundred bytes
 META_KEY = "dflash.feature_cache"
 LOCK_NAME = ".lock"
 TMP_PREFIX = ".tmp-"
@@ -66,14 +69,6 @@ RESERVE_BYTES = 2**30  # free disk an entry never takes
 
 def _sha256_ids(ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
-
-
-def tensor_digest(*tensors: torch.Tensor) -> str:
-    """sha256 of the tensors' bytes, in order (CPU, contiguous)."""
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
 
 
 def run_context(attn: str | None, target_dir: str, layer_ids: list[int], dtype, device) -> dict:
@@ -228,69 +223,61 @@ class RunCache:
         """Whether the sample's entry is there with its key: its header only, read before
         the target is loaded (`lookup` still checks the whole entry when it is used)."""
         meta = self.entry_meta(prompt, completion)
-        data = self._bytes(self.name(meta), header_only=True)
-        return data is not None and _stored_doc(data, meta) is not None
+        with self._open(self.name(meta)) as fh:
+            head = feature_file.header(fh) if fh is not None else None
+        return head is not None and _stored_doc(head, meta) is not None
 
-    def _bytes(self, name: str, header_only: bool = False, most: int = 0) -> bytes | None:
-        """The entry `name`'s bytes (its safetensors header alone: `header_only`),
-        opened without following a symlink; None when it cannot be read or is larger than
-        `most` bytes (a file grown past what its key allows is no entry: never read)."""
+    def _open(self, name: str):
+        """The entry `name` opened for reading without following a symlink (a context
+        manager; its file is None when it cannot be opened)."""
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
         except OSError:
-            return None
+            return contextlib.nullcontext(None)
+        return os.fdopen(fd, "rb")
+
+    def _bytes(self, name: str, most: int) -> bytes | None:
+        """The entry `name`'s bytes; None when it cannot be read or is larger than `most`
+        bytes (a file grown past what its key allows is no entry: never read)."""
         try:
-            with os.fdopen(fd, "rb") as fh:
-                if not header_only:
-                    return fh.read(most) if os.fstat(fh.fileno()).st_size <= most else None
-                head = fh.read(8)
-                if len(head) < 8:
+            with self._open(name) as fh:
+                if fh is None or os.fstat(fh.fileno()).st_size > most:
                     return None
-                (n,) = struct.unpack("<Q", head)
-                return head + fh.read(min(n, HEADER_MOST_BYTES))
+                return fh.read(most)
         except OSError:
             return None
 
     def _read(
         self, name: str, meta: dict, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        from safetensors.torch import load
-
+        """The entry's tensors (`feature_file.read`: each read into its own memory, the
+        file exactly the size its key allows) when its key and digest match."""
         T, P = meta["tokens"], meta["prompt_tokens"]
-        size = T * self.width * dtype.itemsize + (T - P + 1) * 8
-        data = self._bytes(name, most=8 + HEADER_MOST_BYTES + size)
-        if data is None:
-            return None
+        shapes = {"features": ((T, self.width), dtype), "greedy": ((T - P + 1,), torch.long)}
         try:
-            stored = _stored_doc(data, meta)
-            if stored is None:
-                return None
-            tensors = load(data)
-            feats, greedy = tensors["features"], tensors["greedy"]
-        except Exception:  # any torn or foreign file: a miss, never the eval's failure
+            with self._open(name) as fh:
+                head = feature_file.header(fh) if fh is not None else None
+                stored = _stored_doc(head, meta) if head is not None else None
+                if stored is None:
+                    return None
+                got = feature_file.read(fh, head, shapes, os.fstat(fh.fileno()).st_size)
+        except OSError:  # a torn or vanished file: a miss, never the eval's failure
             return None
-        if (
-            feats.dtype != dtype
-            or tuple(feats.shape) != (T, self.width)
-            or greedy.dtype != torch.long
-            or tuple(greedy.shape) != (T - P + 1,)
-            or tensor_digest(feats, greedy) != stored["sha256"]
-        ):
+        if got is None or tensor_digest(got["features"], got["greedy"]) != stored["sha256"]:
             return None
-        return feats, greedy
+        return got["features"], got["greedy"]
 
     def store(
         self, prompt: list[int], completion: list[int], feats: torch.Tensor, greedy: torch.Tensor
     ) -> None:
         """Keep the sample's (features, greedy) as its entry, if it fits the bound once
-        entries older than this run are evicted; a write that fails is a warning."""
-        from safetensors.torch import save
-
+        entries older than this run are evicted; a write that fails is a warning. The
+        tensors' bytes go to the file from their own memory (`feature_file.parts`)."""
         meta = self.entry_meta(prompt, completion)
         feats, greedy = feats.detach().cpu().contiguous(), greedy.detach().cpu().contiguous()
-        doc = {"key": meta, "sha256": tensor_digest(feats, greedy)}
-        data = save({"features": feats, "greedy": greedy}, metadata={META_KEY: json.dumps(doc)})
-        self._put(self.name(meta), data)
+        doc = json.dumps({"key": meta, "sha256": tensor_digest(feats, greedy)})
+        tensors = {"features": feats, "greedy": greedy}
+        self._put(self.name(meta), feature_file.parts(tensors, {META_KEY: doc}))
 
     # ---- the target's round costs -------------------------------------------------------
 
@@ -327,21 +314,24 @@ class RunCache:
 
     # ---- writing an entry ---------------------------------------------------------------
 
-    def _put(self, name: str, data: bytes, counted: bool = True) -> None:
-        """Write `data` as the entry `name`: to a temp file, then renamed in once it fits
-        the bound (`_make_room`); an entry that does not fit, or a write that fails (one
-        warning), is counted as not stored when `counted`."""
+    def _put(self, name: str, data: bytes | list, counted: bool = True) -> None:
+        """Write `data` (bytes, or buffers written in turn) as the entry `name`: to a temp
+        file, then renamed in once it fits the bound (`_make_room`); an entry that does
+        not fit, or a write that fails (one warning), is counted as not stored when
+        `counted`."""
         tmp = f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+        parts = [data] if isinstance(data, bytes) else data
         try:
             wfd = os.open(
                 tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=self.fd
             )
             try:
-                write_all(wfd, data)
+                for part in parts:
+                    write_all(wfd, part)
             finally:
                 os.close(wfd)
             with self._locked():
-                if not self._make_room(len(data)):
+                if not self._make_room(sum(memoryview(p).nbytes for p in parts)):
                     self.not_stored += counted
                     return
                 os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
@@ -426,16 +416,11 @@ class RunCache:
         }
 
 
-def _stored_doc(data: bytes, meta: dict) -> dict | None:
-    """The entry's own record (its key and digest) from its safetensors header in `data`,
+def _stored_doc(head: bytes, meta: dict) -> dict | None:
+    """The entry's own record (its key and digest) from its safetensors header `head`,
     when the key is `meta`; None for any other, torn or foreign file."""
-    try:
-        (n,) = struct.unpack("<Q", data[:8])
-        header = json.loads(data[8 : 8 + n])
-        stored = json.loads(header["__metadata__"][META_KEY])
-    except Exception:
-        return None
-    if not isinstance(stored, dict) or stored.get("key") != meta:
+    stored = feature_file.metadata(head, META_KEY)
+    if stored is None or stored.get("key") != meta:
         return None
     return stored if isinstance(stored.get("sha256"), str) else None
 

@@ -115,12 +115,20 @@ class Target:
         if not self.whole:  # the caller loads the whole target first (a cache miss)
             raise RuntimeError("a target loaded without its layers cannot run a forward")
         ids_t = torch.as_tensor(ids, dtype=torch.long, device=self.embed.device)[None]
-        keep: dict[int, torch.Tensor] = {}
+        # Each hooked layer's output is copied into its columns as it comes (the layer's
+        # own tensor is then freed with the forward's): the features are held once, not
+        # as the layers' outputs and then their concatenation.
+        h, feats = self.info.hidden_size, None
         hooks = []
         for i in sorted(set(layer_ids)):
 
             def hook(_m, _args, out, i=i):
-                keep[i] = first_row(out)
+                nonlocal feats
+                row = first_row(out)
+                if feats is None:
+                    feats = row.new_empty(row.shape[0], len(layer_ids) * h)
+                for j in (j for j, layer in enumerate(layer_ids) if layer == i):
+                    feats[:, j * h : (j + 1) * h] = row
 
             hooks.append(self.layers[i].register_forward_hook(hook))
         try:
@@ -133,10 +141,7 @@ class Target:
         finally:
             for h in hooks:
                 h.remove()
-        last = out.last_hidden_state[0]
-        feats = torch.cat([keep[i] for i in layer_ids], dim=-1)
-        keep.clear()  # the layer outputs are in feats now; free them early
-        return feats, last
+        return feats, out.last_hidden_state[0]
 
 
 def describe(path: str, dtype: torch.dtype | None = None) -> tuple[Any, nn.Module, TextLayout]:
