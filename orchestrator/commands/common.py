@@ -29,6 +29,7 @@ from remote.protocol import (
     parse_dtype,
 )
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
+from remote.protocol.ladder import parse_rungs
 
 InventoryOption = Annotated[
     Path | None,
@@ -73,6 +74,15 @@ def _positions(value: str | None) -> str | None:
     if value is not None and value not in POSITIONS:
         raise DflashError(f"--positions must be 'all' or 'walk', got {value!r}")
     return value
+
+
+def _ladder(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return parse_rungs(value)
+    except SpecError as exc:
+        raise DflashError(f"--context-ladder: {exc}") from None
 
 
 # ---- the options of an evaluation, shared by remote-eval, follow and parity --------------
@@ -138,6 +148,17 @@ SamplesOption = Annotated[
     ),
 ]
 SeedOption = Annotated[int, typer.Option(help="Seed of the prompt choice.")]
+ContextLadderOption = Annotated[
+    str | None,
+    typer.Option(
+        "--context-ladder",
+        callback=_ladder,
+        help="Put each chosen prompt at these context lengths (e.g. 1k,2k,4k,8k; k = 1024 "
+        "tokens) after a history of the set's other questions with the target's answers, "
+        "for tau by context (docs/eval.md).",
+        show_default=False,
+    ),
+]
 MaxNewTokensOption = Annotated[
     int | None,
     typer.Option(

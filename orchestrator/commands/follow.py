@@ -9,6 +9,7 @@ import typer
 from orchestrator.commands import output
 from orchestrator.commands.common import (
     BudgetsOption,
+    ContextLadderOption,
     DtypeOption,
     FeatureCacheOption,
     GtDeadlineOption,
@@ -61,6 +62,7 @@ def follow_cmd(
     ] = False,
     prompts: PromptsOption = None,
     samples: SamplesOption = None,
+    context_ladder: ContextLadderOption = None,
     max_new_tokens: MaxNewTokensOption = None,
     budgets: BudgetsOption = None,
     dtype: DtypeOption = None,
@@ -129,6 +131,7 @@ def follow_cmd(
         eval=EvalOptions(
             prompts=prompts,
             samples=samples,
+            context_ladder=context_ladder,
             max_new_tokens=max_new_tokens,
             ground_truth_timeout=gt_timeout,
             ground_truth_deadline=gt_deadline,

@@ -9,6 +9,7 @@ import typer
 
 from orchestrator.commands import output
 from orchestrator.commands.common import (
+    ContextLadderOption,
     DtypeOption,
     FreshGroundTruthOption,
     GroundTruthKindOption,
@@ -85,6 +86,7 @@ def online_cmd(
     ] = None,
     prompts: PromptsOption = None,
     samples: SamplesOption = None,
+    context_ladder: ContextLadderOption = None,
     seed: SeedOption = 0,
     max_new_tokens: MaxNewTokensOption = None,
     ground_truth: GroundTruthOption = None,
@@ -111,6 +113,7 @@ def online_cmd(
         eval=EvalOptions(
             prompts=prompts,
             samples=samples,
+            context_ladder=context_ladder,
             seed=seed,
             max_new_tokens=max_new_tokens,
             ground_truth=ground_truth,

@@ -10,6 +10,7 @@ import typer
 from orchestrator.commands import output
 from orchestrator.commands.common import (
     BudgetsOption,
+    ContextLadderOption,
     DeviceOption,
     DtypeOption,
     FeatureCacheOption,
@@ -73,6 +74,7 @@ def remote_eval_cmd(
     ] = False,
     prompts: PromptsOption = None,
     samples: SamplesOption = None,
+    context_ladder: ContextLadderOption = None,
     seed: SeedOption = 0,
     max_new_tokens: MaxNewTokensOption = None,
     thinking: Annotated[
@@ -130,6 +132,7 @@ def remote_eval_cmd(
     options = EvalOptions(
         prompts=prompts,
         samples=samples,
+        context_ladder=context_ladder,
         seed=seed,
         max_new_tokens=max_new_tokens,
         thinking=thinking,

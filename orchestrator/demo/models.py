@@ -92,12 +92,13 @@ def build_target(
     seed: int = 0,
     dtype: str = "float32",
     model_vocab_size: int | None = None,
+    max_positions: int = 4096,
 ) -> str:
     """Save a tiny random target of architecture `kind` (`architectures.ARCHITECTURES`)
     with a tokenizer in ``out_dir``; returns the path. ``vocab_size`` is the tokenizer's BPE
     size; the model's vocabulary matches the tokenizer unless ``model_vocab_size`` pads it
     (as real models pad theirs; benchmarks use that to get a realistic embedding/head
-    size)."""
+    size); ``max_positions``: its ``max_position_embeddings`` (its window)."""
     tok = build_tokenizer(vocab_size)
     dims = Dims(
         hidden=hidden_size,
@@ -106,7 +107,7 @@ def build_target(
         kv_heads=num_kv_heads,
         intermediate=intermediate_size,
         vocab=max(len(tok), model_vocab_size or 0),
-        max_positions=4096,
+        max_positions=max_positions,
     )
     ids = {"pad_token_id": tok.pad_token_id}
     if kind == "qwen3":  # its config names a bos token too: the pad token here

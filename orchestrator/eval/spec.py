@@ -42,6 +42,7 @@ from remote.protocol import (
     Sampling,
     SpecError,
 )
+from remote.protocol.ladder import RUNGS
 
 
 def engine_spec(**given: object) -> tuple[EvalSpec, frozenset[str]]:
@@ -71,6 +72,8 @@ class EvalOptions:
     `fresh_ground_truth`: make it again instead of reusing the host's cached entry.
     `feature_cache`: reuse and keep the target's features in the host's cache (bounded by
     the role's ``feature_cache_gib``); False computes them afresh and keeps nothing.
+    `context_ladder`: the context lengths (tokens) each chosen prompt is put at after a
+    conversation history (`remote.protocol.ladder`; None: the prompts as they are).
 
     `engine`: the engine's settings (`engine_spec` builds it from command-line values);
     its paths are filled per host by `build_spec`. `chosen`: the names of the settings the
@@ -93,6 +96,7 @@ class EvalOptions:
     ground_truth_concurrency: int | None = None
     fresh_ground_truth: bool = False
     feature_cache: bool = True
+    context_ladder: tuple[int, ...] | None = None
     target: str | None = None
     stop_after: str | None = None
     engine: EvalSpec = JOB_ENGINE_DEFAULT
@@ -117,6 +121,12 @@ class EvalOptions:
             raise DflashError(str(exc)) from None
         if self.prompts is not None and not self.prompts.startswith("host:"):
             check_prompts(self.prompts)
+        if self.context_ladder is not None:
+            try:
+                rungs = RUNGS.require("--context-ladder", list(self.context_ladder))
+            except SpecError as exc:
+                raise DflashError(str(exc)) from None
+            self.context_ladder = tuple(rungs)
 
     def ground_truth_limits(self, role: EvalRole | None) -> GTLimits:
         """The bounds on waiting for ground truth on a host with inventory role `role`:
@@ -350,6 +360,10 @@ def build_spec(
         "feature_cache": options.feature_cache,
         # the job settings the host's eval role sets (the contract's defaults without one)
         **{k: getattr(role, k) if role else d for k, d in JobSpec.ROLE_SETTINGS.items()},
+        # the ladder makes the prompts its ground truth is made for: an exact file has them
+        "context_ladder": list(options.context_ladder)
+        if options.context_ladder and exact_file is None
+        else None,
         "workdir": workdir_for(host, carry),  # the host records its own, expanded
     }
     if GT_SOURCES[job["ground_truth"]["kind"]].reads_prompts:
@@ -391,5 +405,6 @@ def eval_identity(job: dict) -> dict:
         "ground_truth": gt,
         "prompts": prompts.get("sha256") or prompts.get("path"),
         "stop_after": job.get("stop_after"),
+        "context_ladder": job.get("context_ladder"),
         JOB_EVAL_KEY: engine,
     }

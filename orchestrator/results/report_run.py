@@ -172,7 +172,10 @@ def run_section(
     )
     warnings = "".join(
         f'<p class="warn">warning: {esc(w)}</p>'
-        for w in res.ground_truth_source(run).get("warnings") or []
+        for w in [
+            *(res.ground_truth_source(run).get("warnings") or []),
+            *settings.window_warnings(run),
+        ]
     )
     return (
         f'<details id="run-{index}"{" open" if open_ else ""}><summary>'

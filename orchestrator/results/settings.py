@@ -27,6 +27,21 @@ def target_features(run: res.Run) -> dict:
     return got if isinstance(got, dict) else {}
 
 
+def window_warnings(run: res.Run) -> list[str]:
+    """The drafter's window check the engine recorded (``inputs.drafter_window``: the run's
+    longest context past the drafter's window), as its one warning line; [] otherwise."""
+    got = (run.result.get("inputs") or {}).get("drafter_window")
+    line = got.get("warning") if isinstance(got, dict) else None
+    return [line] if isinstance(line, str) else []
+
+
+def context_ladder(run: res.Run) -> list[int] | None:
+    """The rungs of the context ladder the run's prompts were put at (its job's
+    ``context_ladder``); None for prompts as they were."""
+    rungs = run.spec.get("context_ladder")
+    return rungs if isinstance(rungs, list) else None
+
+
 def dtype(run: res.Run) -> Any:
     return (run.result.get("environment") or {}).get("dtype") or run.spec.get("dtype")
 
@@ -79,6 +94,7 @@ def _target(run: res.Run) -> str | None:
 SETTINGS: tuple[tuple[str, Callable[[res.Run], Any]], ...] = (
     ("samples", lambda run: run.metrics.get("samples")),
     ("prompts", lambda run: (run.spec.get("prompts") or {}).get("name")),
+    ("context ladder", context_ladder),
     ("max tokens", lambda run: _part(run, "sampling").get("max_new_tokens")),
     ("dtype", dtype),
     ("ground truth", _ground_truth),

@@ -222,7 +222,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     features); ``inputs.target_features`` records whether they came from it."""
     import torch
 
-    from remote.eval import costs, feature_cache
+    from remote.eval import context_check, costs, feature_cache
     from remote.eval import device as device_mod
     from remote.eval import drafter as drafter_mod
     from remote.eval import target as target_mod
@@ -252,6 +252,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     attn = attention_implementation(meta_model, tinfo)
     del meta_model
     max_len = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
+    window = context_check.exact(dcfg.raw, max_len)  # the preflight warned on its bound
     itemsize = torch.empty(0, dtype=dtype).element_size()
     need = estimate_bytes(tbytes, dcfg, max_len, itemsize, spec.block_chunk, spec.positions) - (
         0 if target is None else tbytes
@@ -351,6 +352,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
             "target_layers": tinfo.num_layers,
             "target_layer_types": tinfo.layer_types,
             "target_features": target_features,
+            "drafter_window": window,
         },
         "environment": environment(spec.dtype, torch.get_num_threads(), device),
         "metrics": metrics,

@@ -47,11 +47,16 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
     engine = job_engine(spec)  # the job's EvalSpec, read once for every phase
     checked: dict = {}
     if preflight:
-        run_preflight(path, spec, engine, checked)
+        run_preflight(path, spec, engine, checked, events)
     return run_eval_job(path, spec, events, engine, checked.get("plan"))
 
 
-def run_preflight(path: Path, spec: dict, engine: EvalSpec, keep: dict) -> None:
+def run_preflight(
+    path: Path, spec: dict, engine: EvalSpec, keep: dict, events: Events | None = None
+) -> dict:
+    """The host checks (`remote.eval.preflight.check`), their report in
+    ``preflight.json``; each warning line they give (the drafter's window against the
+    run's longest context) an event, before anything is loaded."""
     from remote.eval import preflight
 
     try:
@@ -60,6 +65,9 @@ def run_preflight(path: Path, spec: dict, engine: EvalSpec, keep: dict) -> None:
         write_json_atomic(path / "preflight.json", {"ok": False, "error": str(exc)})
         raise
     write_json_atomic(path / "preflight.json", report)
+    for line in report.get("warnings", []) if events is not None else []:
+        events.emit("warning", message=line)
+    return report
 
 
 def run_eval_job(
@@ -108,7 +116,7 @@ def run_eval_job(
         # meanwhile (this process only waits), not after it. A ground truth that was
         # cached comes at once: the engine then loads what it needs (only the target's
         # ends when every feature is cached too).
-        if job.stop_after != "ground_truth":
+        if job.stop_after != "ground_truth" and not loading:  # once: a ladder asks twice
             loading.append(_in_background(load_model))
 
     if gt.awaits_file():
@@ -119,10 +127,21 @@ def run_eval_job(
         gt = replace(gt, path=str(arrived))
         job = replace(job, ground_truth=gt)
 
+    def prepare(job):
+        return groundtruth.prepare(
+            job, emit=events.emit, engine=engine, load_model=load_model, asking=asking
+        )
+
+    ladder = None
+    if job.context_ladder:  # its prompts made first: each at every rung, after a history
+        from remote.eval.groundtruth import ladder as ladders
+
+        events.emit("phase", phase="ladder", rungs=list(job.context_ladder))
+        job, ladder = ladders.build(job, path, prepare, events.emit)
     events.emit("phase", phase="ground_truth", source=gt.kind)
-    gt_path, gt_info = groundtruth.prepare(
-        job, emit=events.emit, engine=engine, load_model=load_model, asking=asking
-    )
+    gt_path, gt_info = prepare(job)
+    if ladder is not None:
+        gt_info["ladder"] = ladder
     write_json_atomic(path / "ground_truth.json", gt_info)
     if job.stop_after == "ground_truth":
         return 0

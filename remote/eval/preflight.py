@@ -193,10 +193,13 @@ def check(spec: dict | JobSpec, engine: EvalSpec | None = None, keep: dict | Non
     t = time.perf_counter()
     need_drafter = drafter_bytes(drafter, dtype) if drafter is not None else 0
     need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
+    if drafter is not None and not parity:  # the drafter's window, the longest context
+        need += _contexts(job, drafter, report)
     mem = meminfo()
     report["memory"] = {
         "target_bytes": need_target,
         "drafter_bytes": need_drafter,
+        "context_bytes": (report.get("drafter_window") or {}).get("context_bytes", 0),
         "needed_bytes": need,
         "available_bytes": mem["available"],
         "total_bytes": mem["total"],
@@ -222,6 +225,29 @@ def check(spec: dict | JobSpec, engine: EvalSpec | None = None, keep: dict | Non
     marks["after_s"] = time.perf_counter() - t
     report["seconds"] = {k: round(v, 3) for k, v in marks.items()}
     return report
+
+
+def _contexts(job: JobSpec, drafter: Path, report: dict) -> int:
+    """The drafter's window against the longest context the job will reach
+    (`remote.eval.context_check`), in the report (``drafter_window``; its warning line
+    in ``warnings``), and the bytes that context's working set takes (0 when it is not
+    known yet: a deferred ground truth)."""
+    from remote.eval.context_check import window_report
+    from remote.eval.drafter_config import read_config
+    from remote.eval.memory import context_bytes
+    from remote.model.files import dtype_bytes
+
+    got = window_report(job, drafter)
+    if got["warning"]:
+        report.setdefault("warnings", []).append(got["warning"])
+    longest, dtype = got["longest_context"], job.engine.dtype
+    if longest:
+        cfg = read_config(str(drafter))
+        got["context_bytes"] = context_bytes(
+            cfg, longest, dtype_bytes(dtype), job.engine.block_chunk
+        )
+    report["drafter_window"] = got
+    return got.get("context_bytes", 0)
 
 
 def _reachable(gt: GroundTruthSpec, report: dict) -> dict:

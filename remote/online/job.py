@@ -102,7 +102,7 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
         except UserError as exc:
             write_json_atomic(path / "preflight.json", {"ok": False, "error": str(exc)})
             raise
-        run_preflight(path, spec, engine, checked)
+        run_preflight(path, spec, engine, checked, events)
     from remote.eval.drafter_config import read_config
 
     drafter = read_config(engine.drafter)

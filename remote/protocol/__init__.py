@@ -26,6 +26,8 @@ it as `remote.protocol`; its modules hold the parts:
   one set of defaults. A bad value is a `SpecError` (a ValueError with one line saying what
   to do); each side turns it into its own user error;
 - `prompts`: a prompts file (JSONL) as both sides read it (`parse_prompts`);
+- `ladder`: a context ladder's rungs (``context_ladder``), parsed and bounded once;
+- `context`: rounds placed by context position, the buckets and the cliff finder;
 - `metrics`: the metric registry, every number an eval reports defined once (its name,
   how samples combine, how it prints), imported as `remote.protocol.metrics`;
 - `values`: the one vocabulary of value types (`Check`: `COUNT`, `FLAG`, `one_of`,

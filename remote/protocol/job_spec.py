@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from remote.protocol.eval_spec import EvalSpec
 from remote.protocol.ground_truth import GroundTruthSpec, Sampling
 from remote.protocol.jobs import JOB_KINDS, JobKind, check_job_id
+from remote.protocol.ladder import RUNGS
 from remote.protocol.values import (
     COUNT,
     FLAG,
@@ -78,7 +79,9 @@ class JobSpec:
     `job_id` (set by ``job start``); `feature_cache`: whether the eval reuses and keeps
     the target's features in the host's cache, bounded by `feature_cache_gib` (0: the
     default, `FEATURE_CACHE_DEFAULT_GIB`; see `feature_cache_bytes`); a parity capture's
-    `attn`, `layers` (None: the drafter's target layers) and `topk`. `doc`: the document
+    `attn`, `layers` (None: the drafter's target layers) and `topk`; `context_ladder`:
+    the context lengths a ladder puts each prompt at (`remote.protocol.ladder`; None:
+    the prompts as they are). `doc`: the document
     as it came, for what the host only records (host, checkpoint, created, the prompts
     entry, a compare job's folders). Built by `from_json`; every value is checked there."""
 
@@ -102,6 +105,7 @@ class JobSpec:
     attn: str | None = setting(None, ATTN, "attention implementation")
     layers: tuple[int, ...] | None = setting(None, LAYERS)
     topk: int = setting(CAPTURE_TOPK, COUNT)
+    context_ladder: tuple[int, ...] | None = setting(None, RUNGS)
     doc: dict = field(default_factory=dict, compare=False, repr=False)
 
     # Made from the `setting`s, below the class: the document's own settings (the blocks
@@ -129,8 +133,9 @@ class JobSpec:
             given["prompts_sha256"] = SHA256.require("the prompts' sha256", prompts["sha256"])
         if doc.get("job_id") is not None:
             given["job_id"] = check_job_id(doc["job_id"])
-        if "layers" in given:
-            given["layers"] = tuple(given["layers"])
+        for name in ("layers", "context_ladder"):
+            if name in given:
+                given[name] = tuple(given[name])
         return cls(
             **given,
             engine=engine,

@@ -1,5 +1,8 @@
 """A prompts file (JSONL) as both sides read it: one prompt a line, z-lab's
-``{"turns": [...]}`` or ``{"prompt": "..."}``, with an optional ``id`` and labels.
+``{"turns": [...]}`` (its first turn) or ``{"prompt": "..."}``, or a whole conversation
+``{"messages": [{"role", "content"}, ...]}`` ending with the user's turn (earlier turns
+with their answers: a long context of your own, rendered with the target's chat
+template), with an optional ``id`` and labels.
 
 The controller checks a local file with `parse_prompts` before it pushes it; the host reads
 it with the same function, so a file one side takes the other takes too."""
@@ -57,16 +60,53 @@ def parse_prompts(lines: Iterable[tuple[int, bytes]], where: str, stem: str) -> 
     return records
 
 
+ROLES = ("system", "user", "assistant")
+
+
 def _record(obj: Any, where: str, default_id: str) -> dict:
     turns = obj.get("turns") if isinstance(obj, dict) else None
-    if isinstance(turns, list) and turns and isinstance(turns[0], str):
+    messages = None
+    if isinstance(obj, dict) and "messages" in obj:
+        messages = conversation(obj["messages"], where)
+        text = messages[-1]["content"]
+    elif isinstance(turns, list) and turns and isinstance(turns[0], str):
         text = turns[0]
     elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
         text = obj["prompt"]
     else:
-        raise SpecError(f'{where}: expected {{"turns": ["..."]}} or {{"prompt": "..."}}')
+        raise SpecError(
+            f'{where}: expected {{"turns": ["..."]}}, {{"prompt": "..."}} or '
+            '{"messages": [{"role": "user", "content": "..."}, ...]}'
+        )
     try:
         labels = sample_labels(obj)
     except ResultError as exc:
         raise SpecError(f"{where}: {exc}") from None
-    return {"id": str(obj.get("id", default_id)), "text": text, **labels}
+    out = {"id": str(obj.get("id", default_id)), "text": text, **labels}
+    return out | ({"messages": messages} if messages else {})
+
+
+def conversation(messages: Any, where: str) -> list[dict]:
+    """A conversation's messages, checked: each ``{"role", "content"}`` (roles `ROLES`, a
+    system message only first), the user and the assistant taking turns, the user's the
+    last (the turn whose completion is the ground truth)."""
+    if not isinstance(messages, list) or not messages:
+        raise SpecError(f"{where}: messages must be a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        if not (
+            isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)
+        ):
+            raise SpecError(
+                f'{where}: message {i + 1} is not {{"role": "user"|"assistant"|"system", '
+                '"content": "..."}'
+            )
+        out.append({"role": m["role"], "content": m["content"]})
+    if any(m["role"] == "system" for m in out[1:]):
+        raise SpecError(f"{where}: a system message may only come first")
+    talk = [m["role"] for m in out if m["role"] != "system"]
+    if talk[-1:] != ["user"] or any(a == b for a, b in zip(talk, talk[1:], strict=False)):
+        raise SpecError(
+            f"{where}: the user and the assistant take turns in messages, and the user's comes last"
+        )
+    return out

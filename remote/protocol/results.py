@@ -134,6 +134,7 @@ RESULT = {
         "target_architecture": STR,
         "target_layers": INT,
         "target_vocab_size": INT,
+        "drafter_window": {"longest_context": INT, "warning": STR, "window": {"reach": INT}},
         "target_features": {
             "cached": FLAG,
             "cache": STR,

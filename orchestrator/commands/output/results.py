@@ -100,7 +100,7 @@ def render_summary(run: res.Run) -> None:
             ("retokenisation mismatch", styled(pct(s["retokenisation_mismatch"]), "yellow"))
         )
     show(kv(f"{s['checkpoint']}  ({s['run_id']})", rows))
-    for w in gt.get("warnings") or []:
+    for w in [*(gt.get("warnings") or []), *settings.window_warnings(run)]:
         console.print(f"[bold yellow]warning:[/] {plain(w)}", soft_wrap=True)
 
 

@@ -93,7 +93,7 @@ class Prompts:
         if not job.prompts:
             raise UserError("the job names no prompts file (its prompts.path)")
         records = load_prompts(job.prompts, job.samples, job.seed, job.prompts_sha256)
-        rendered = [render_prompt(tokenizer, p["text"], job.thinking) for p in records]
+        rendered = [render_prompt(tokenizer, p, job.thinking) for p in records]
         identity = target_identity(engine.target)
         vocab = target_vocab_size(engine.target, tokenizer)
         return cls(job, engine, records, rendered, tokenizer, vocab, identity, job_info(job))

@@ -104,17 +104,20 @@ def load_tokenizer(target: str):
     return tokenizer
 
 
-def render_prompt(tokenizer, text: str, thinking: bool) -> tuple[str, list[int]]:
-    """(prompt text, prompt ids) with the chat template applied, generation prompt added."""
+def render_prompt(tokenizer, prompt: str | dict, thinking: bool) -> tuple[str, list[int]]:
+    """(prompt text, prompt ids) with the chat template applied, generation prompt added.
+    `prompt`: a user message's text, or a prompt record (`remote.protocol.parse_prompts`:
+    its ``messages``, a whole conversation, where it has them; else its ``text``)."""
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages = prompt.get("messages") or [{"role": "user", "content": prompt["text"]}]
     if getattr(tokenizer, "chat_template", None):
         rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}],
-            tokenize=False,
-            add_generation_prompt=True,
-            enable_thinking=thinking,
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
         )
-    else:
-        rendered = text
+    else:  # no template: the turns' texts one after another
+        rendered = "\n\n".join(m["content"] for m in messages)
     ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
     return rendered, list(ids)
 

@@ -1,0 +1,108 @@
+"""The contexts a job will reach, known before anything is loaded: the longest one
+(`longest_context`) and the drafter's window against it (`window_report`: one warning
+line naming both numbers, docs/eval.md "The drafter's window"). The job's preflight asks
+both (`remote.eval.preflight`), and counts the longest context's working set in the
+memory it needs; the engine records the exact check in the result (`exact`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from remote.errors import UserError
+from remote.model.window import check, text_config, window
+from remote.protocol import JobSpec
+from remote.protocol.ladder import longest as ladder_longest
+
+# The tokens a chat template adds around a prompt's text, at most: a prompt of N bytes is
+# at most N + this many tokens once rendered (a byte-level tokenizer makes no more tokens
+# than bytes), so the preflight tokenises only when that bound passes the window.
+TEMPLATE_SLACK = 256
+
+
+def longest_context(job: JobSpec, target: str, reach: int | None) -> tuple[int, str] | None:
+    """(the longest context, prompt and completion, the job's samples will reach; how it
+    was found), or None when it cannot be known before the ground truth (a deferred
+    file). A prompts file's is a bound from its bytes unless that passes `reach`; then
+    its prompts are rendered with the target's tokenizer and counted."""
+    new = job.sampling.max_new_tokens
+    if job.context_ladder:
+        return ladder_longest(job.context_ladder, new), "the ladder's top rung and completion"
+    gt = job.ground_truth
+    if gt.kind == "file":
+        if gt.deferred is not None or not gt.path:
+            return None
+        return _file_longest(gt.path), "the ground-truth file's longest sample"
+    from remote.eval.groundtruth.prompts import load_prompts
+
+    records = load_prompts(job.prompts, job.samples, job.seed, job.prompts_sha256)
+    bound = max(len(_text(r).encode()) for r in records) + TEMPLATE_SLACK + new
+    if reach is None or bound <= reach:
+        return bound, "at most: the longest prompt's bytes and max_new_tokens"
+    from remote.eval.groundtruth.prompts import load_tokenizer, render_prompt
+
+    tokenizer = load_tokenizer(target)
+    ids = [render_prompt(tokenizer, r, job.thinking)[1] for r in records]
+    return max(map(len, ids)) + new, "the longest rendered prompt and max_new_tokens"
+
+
+def _text(record: dict) -> str:
+    """All of a prompt record's text (a conversation's every message)."""
+    if record.get("messages"):
+        return "".join(m["content"] for m in record["messages"])
+    return record["text"]
+
+
+def _file_longest(path: str) -> int:
+    longest = 0
+    with open(path, "rb") as fh:
+        for line in fh:
+            if line.strip():
+                row = json.loads(line)
+                longest = max(longest, len(row["prompt_ids"]) + len(row["completion_ids"]))
+    return longest
+
+
+def window_report(job: JobSpec, drafter: Path) -> dict[str, Any]:
+    """The drafter's window (`remote.model.window`) against the longest context the job
+    will reach: ``{window, longest_context, longest_from, warning}`` (``warning``: one
+    line naming both numbers, or None)."""
+    try:
+        cfg = json.loads((drafter / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}  # the engine's own checks say what is wrong with it
+    w = window(cfg)
+    if job.context_ladder:
+        target_reaches(
+            job.engine.target, ladder_longest(job.context_ladder, job.sampling.max_new_tokens)
+        )
+    found = longest_context(job, job.engine.target, w.reach)
+    out: dict[str, Any] = {"window": w.to_json(), "longest_context": None, "warning": None}
+    if found is not None:
+        out.update(longest_context=found[0], longest_from=found[1], warning=check(cfg, found[0]))
+    return out
+
+
+def target_reaches(target: str, longest: int) -> None:
+    """Refuse, in one line, a ladder whose contexts pass the target's own window: its
+    completions there mean nothing (the preflight asks, and the ladder again)."""
+    try:
+        cfg = text_config(json.loads((Path(target) / "config.json").read_text()))
+    except (OSError, ValueError):
+        return  # the preflight and the engine say what is wrong with the folder
+    w = window(cfg)
+    if w.reach is not None and longest > w.reach:
+        raise UserError(
+            f"the context ladder reaches {longest} tokens but the target's window is "
+            f"{w.reach} ({w.describe()}); lower the ladder's top rung"
+        )
+
+
+def exact(raw: dict, longest: int) -> dict[str, Any]:
+    """The check on the contexts the run did reach (the engine's, in the result)."""
+    return {
+        "window": window(raw).to_json(),
+        "longest_context": longest,
+        "warning": check(raw, longest),
+    }
