@@ -50,6 +50,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         f"eval.py {SMALL} --repeats 1 --completion 32,64",
     ),
     "eval-e2e": ("eval_e2e.py --samples 8", "eval_e2e.py --samples 2 --repeats 1 --new 8"),
+    "context": ("context.py", "context.py --shapes tiny --contexts 1k,4k --completion 16"),
     "memory": (
         "memory.py",
         f"memory.py {SMALL} --rss-hidden 0 --moe-hidden 256 --moe-layers 2 --moe-experts 8 --mib 8",
