@@ -408,3 +408,31 @@ def test_engine_walk_equals_all_positions_in_its_results(setups, tmp_path, monke
     assert wm["per_position_acceptance"][0]["attempts"] == rounds
     assert am["per_position_acceptance"][0]["attempts"] == sum(len(c) - 1 for _p, c in s["samples"])
     assert walk_res["timings"]["drafter_s"] > 0 and walk_res["timings"]["ddtree_s"] > 0
+
+
+def test_training_takes_its_gradient_through_a_chunked_context(tmp_path, monkeypatch):
+    """The demo's trainer runs the same attention with gradients: with the context taken
+    32 positions at a time, the loss's gradient is one pass's (nothing updated in place)."""
+    from remote.eval import drafter_layers
+
+    folder = build_drafter(tmp_path / "d", [0, 2], layers=2, block_size=5)
+    drafter, _ = load_drafter(str(folder), torch.float32)
+    drafter.requires_grad_(True)  # loaded for inference
+    cfg = read_config(str(folder))
+    g = torch.Generator().manual_seed(0)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g)
+    feats = torch.randn(200, 2 * cfg.hidden_size, generator=g)
+    st = torch.tensor([20, 95, 150, 199])
+    blocks = drafter.block_inputs(embed, torch.randint(0, cfg.vocab_size, (4,), generator=g))
+
+    def grads() -> list[torch.Tensor]:
+        drafter.zero_grad()
+        drafter.forward_blocks(drafter.context_kv(feats), st, blocks).square().sum().backward()
+        return [p.grad.clone() for p in drafter.parameters() if p.grad is not None]
+
+    whole = grads()
+    monkeypatch.setattr(drafter_layers, "CONTEXT_CHUNK", 32)
+    chunked = grads()
+    assert len(chunked) == len(whole) > 0
+    for a, b in zip(chunked, whole, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

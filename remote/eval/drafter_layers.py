@@ -203,13 +203,16 @@ class Attention(nn.Module):
         each further chunk's scores, masked as `mix` masks them, folded into the first
         pass's normalised ``out`` through its running maximum ``m`` and sum ``l``. A row
         no later position is visible to keeps ``out`` as it was, bit for bit (a sliding
-        window's chunks wholly out of reach are skipped)."""
+        window's chunks wholly out of reach are skipped). Nothing is updated in place, so
+        training (the demo's trainer) takes its gradient through long contexts too."""
         kvh, nb, M, d = out.shape
         g = M // R
-        m = scores.amax(-1, keepdim=True)
-        l = torch.exp(scores - m).sum(-1, keepdim=True)  # noqa: E741 (flash attention's l)
-        acc, touched = out * l, torch.zeros(nb, R, 1, dtype=torch.bool)
+        m_all = scores.amax(-1, keepdim=True)
+        l_all = torch.exp(scores - m_all).sum(-1, keepdim=True)
+        parts, seen = [], []
         for (ck, cv), (a, b) in zip(contexts, bounds, strict=True):
+            m, l, acc = m_all[:, a:b], l_all[:, a:b], out[:, a:b] * l_all[:, a:b]  # noqa: E741
+            touched = torch.zeros(b - a, R, 1, dtype=torch.bool)
             low = 0 if self.sliding_window is None else int(starts[a:b].min()) - self.sliding_window
             for c0 in range(
                 max(CONTEXT_CHUNK, low - low % CONTEXT_CHUNK), ck.shape[1], CONTEXT_CHUNK
@@ -224,16 +227,17 @@ class Attention(nn.Module):
                 kc = ck[:, c0 : c0 + w].float().transpose(1, 2)
                 s = torch.matmul(qt[:, a:b].reshape(kvh, rows, d), kc).view(kvh, b - a, M, w)
                 s.view(kvh, b - a, R, g, w).masked_fill_(~ok[None, :, :, None, :], float("-inf"))
-                m_new = torch.maximum(m[:, a:b], s.amax(-1, keepdim=True))
-                scale, pc = torch.exp(m[:, a:b] - m_new), torch.exp(s - m_new)
-                l[:, a:b] = l[:, a:b] * scale + pc.sum(-1, keepdim=True)
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                scale, pc = torch.exp(m - m_new), torch.exp(s - m_new)
+                l = l * scale + pc.sum(-1, keepdim=True)  # noqa: E741 (flash attention's l)
                 vc = cv[:, c0 : c0 + w].float()
                 got = torch.matmul(pc.reshape(kvh, rows, w), vc).view(kvh, b - a, M, d)
-                acc[:, a:b] = acc[:, a:b] * scale + got
-                m[:, a:b] = m_new
-                touched[a:b] |= ok.any(-1, keepdim=True)
-        rows = touched.expand(nb, R, g).reshape(1, nb, M, 1)
-        return torch.where(rows, acc / l, out)
+                acc, m = acc * scale + got, m_new
+                touched = touched | ok.any(-1, keepdim=True)
+            parts.append(acc / l)
+            seen.append(touched)
+        rows = torch.cat(seen).expand(nb, R, g).reshape(1, nb, M, 1)
+        return torch.where(rows, torch.cat(parts, dim=1), out)
 
 
 class MLP(nn.Module):
