@@ -1,0 +1,119 @@
+"""A context ladder end to end (#51): `dflash remote-eval --context-ladder` over a real
+loopback sshd eval host, the tiny real target's ground truth made by a real ground-truth
+server, two drafter checkpoints trained for real; tau per context bucket in every view
+(the result's JSON, `results show`, the CSV export, `results compare`), and the drafter's
+window warned about, before anything loads, for the one checkpoint whose window the
+ladder passes."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from remote.protocol.ladder import RUNG_OVER
+from tests.helpers.cli import dflash
+from tests.helpers.sshd import ssh_host_entry
+
+pytestmark = pytest.mark.slow
+
+RUNGS = "1k,2k"  # buckets 1024 and 2048; the tiny target's window is 4096
+NEW = 8
+
+
+@pytest.fixture(scope="module")
+def drafters(eval_sshd, tiny_target):
+    """Two checkpoints of a tiny drafter trained for real; the second's window narrowed to
+    2048 positions, which the ladder's top rung passes."""
+    from orchestrator.demo.train import train_drafter
+
+    folder = eval_sshd.root / "ladder-drafters"
+    train_drafter(str(tiny_target), str(folder), save_steps=(0, 12), samples=6, batch_samples=3)
+    cfg = folder / "step-12" / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "max_position_embeddings": 2048}))
+    return folder
+
+
+def test_a_ladder_runs_end_to_end_with_tau_per_bucket_in_every_view(
+    eval_sshd, ssh_base, make_inventory, tiny_target, drafters, server, tmp_path
+):
+    inv = make_inventory(
+        hosts={
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                roles={
+                    "eval": {
+                        "drafters": str(drafters),
+                        "target_model": str(tiny_target),
+                        "ground_truth": server.url,
+                        "ground_truth_kind": "sglang",
+                        "dtype": "float32",
+                    }
+                },
+            )
+        },
+        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    )
+    runs = {}
+    for step in ("step-0", "step-12"):
+        got = dflash(
+            "remote-eval", "--checkpoint", step, "--prompts", "gsm8k", "--samples", "2",
+            "--max-new-tokens", str(NEW), "--context-ladder", RUNGS, "-i", str(inv), "--json",
+            timeout=600,
+        )  # fmt: skip
+        assert got.returncode == 0, got.stderr
+        runs[step] = json.loads(got.stdout)
+        warned = [ln for ln in got.stderr.splitlines() if "drafter's window" in ln]
+        if step == "step-0":
+            assert warned == [], got.stderr  # its window, 4096, covers the ladder
+        else:  # one line, before the ground truth and any weights, naming both numbers
+            (line,) = warned
+            assert "window is 2048 positions" in line
+            assert f"reach {2 * 1024 + RUNG_OVER + NEW} tokens" in line
+            assert got.stderr.splitlines().index(line) == 1, got.stderr  # after "started"
+    asked = len(server.requests)
+    assert asked > 6  # the history's answers and the ladder's completions, made once
+
+    results = {}
+    for step, out in runs.items():
+        result = json.loads((Path(out["run_dir"]) / "result.json").read_text())
+        results[step] = result
+        rows = {r["context"]: r for r in result["metrics"]["tau_by_context"]}
+        assert [c for c, r in rows.items() if r["rounds"]] == [1024, 2048]
+        assert result["metrics"]["context_cliff"]
+        window = result["inputs"]["drafter_window"]
+        assert (window["warning"] is None) == (step == "step-0"), window
+    ids = [json.loads(ln)["id"] for ln in (Path(runs["step-12"]["run_dir"]) / "samples.jsonl")
+           .read_text().splitlines()]  # fmt: skip
+    assert sorted(i.split("@")[1] for i in ids) == ["1k", "1k", "2k", "2k"]
+
+    a, b = (runs[s]["summary"]["run_id"] for s in ("step-0", "step-12"))
+    want = {r["context"]: r["rate"] for r in results["step-12"]["metrics"]["tau_by_context"]}
+    show = dflash("results", "show", b, "-i", str(inv))
+    assert show.returncode == 0, show.stderr
+    assert "tau by context" in show.stdout and "window is 2048" in show.stdout
+    for c in (1024, 2048):
+        assert re.search(rf"^\W*{c}\W+\d+\W+\d+\W+{want[c]:.3f}\W*$", show.stdout, re.M), c
+    shown = json.loads(dflash("results", "show", b, "-i", str(inv), "--json").stdout)
+    assert shown["metrics"]["tau_by_context"] == results["step-12"]["metrics"]["tau_by_context"]
+    assert shown["inputs"]["drafter_window"]["warning"]
+
+    exported = dflash("results", "export", "-f", "csv", b, "-i", str(inv))
+    assert exported.returncode == 0, exported.stderr
+    (row,) = csv.DictReader(io.StringIO(exported.stdout))
+    for c in (1024, 2048):
+        assert float(row[f"tau_by_context_{c}"]) == pytest.approx(want[c], abs=1e-6)
+
+    compared = dflash("results", "compare", a, b, "-i", str(inv), "--json")
+    assert compared.returncode == 0, compared.stderr
+    (paired,) = json.loads(compared.stdout)["paired"]
+    per = {g["name"] for g in paired["groups"] if g["axis"] == "context"}
+    assert per == {"1024", "2048"}
+    table = dflash("results", "compare", a, b, "-i", str(inv))
+    assert "tau by context" in table.stdout and re.search(r"^\W*2048\s", table.stdout, re.M)
+    assert len(server.requests) == asked  # views read what was pulled
