@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 
 from common.measure import goal, load_avg, load_now, run_child
@@ -97,6 +98,12 @@ def shape(name: str, contexts: list[int], args) -> None:
         for r in range(args.repeats):
             for c in contexts if r % 2 == 0 else contexts[::-1]:
                 got = one(target, drafter, vocab, c, args, work)
+                print(
+                    f"  {name} {c}: {1e3 * got['eval']:.2f} ms/token, peak "
+                    f"{got['peak'] / 2**20:.0f} MiB",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 keep = best.setdefault(c, got)
                 best[c] = {k: min(keep[k], got[k]) for k in got}
     base = best[contexts[0]]
