@@ -5,6 +5,8 @@ confirmed or ruled out against the rounds that differ."""
 
 from __future__ import annotations
 
+import re
+
 from remote.online import verdict
 
 
@@ -79,10 +81,45 @@ def test_a_disagreement_says_where_it_starts():
     assert v["per_sample"][1]["first_divergence"] == {
         "round": 1,
         "token": 4,
+        "context": 5,  # its round starts after the prompt's 2 tokens and 3 of the completion
         "offline": 4,
         "online": 2,
     }
     assert "sample s1 round 1 at token 4" in v["diagnosis"][0]["detail"]
+
+
+def test_disagreements_are_placed_by_context_position():
+    """Each side's rounds by where they start, per context bucket, and the bucket where
+    the walks first part: a sample at 600 tokens that agrees, one at 1020 whose walks
+    part at position 1024."""
+    from remote.online.verdict_doc import check_verdict
+
+    gt, off, on = _records([[4, 4, 4], [4, 4, 4]], accepted=[[3, 3, 3], [3, 1, 2, 3]])
+    gt[0]["prompt_ids"], gt[1]["prompt_ids"] = [1] * 600, [1] * 1020
+    v = verdict.compare(gt, off, on, block_size=4)
+    assert v["per_sample"][1]["first_divergence"]["context"] == 1024
+    row = {"offline_rounds": 4, "offline_tau": 4.0, "online_rounds": 4, "online_tau": 4.0}
+    assert v["by_context"] == [
+        {"context": 512, "diverged": 0, **row},  # both samples' first rounds
+        {"context": 1024, "diverged": 1, "offline_rounds": 2, "offline_tau": 4.0,
+         "online_rounds": 3, "online_tau": 8 / 3},
+    ]  # fmt: skip
+    check_verdict(v)  # the controller's types take it
+
+    from orchestrator.commands.output import base
+    from orchestrator.commands.output.online import render_verdict
+
+    v["server"] = {"engine": "vllm", "started_here": True, "url": "http://127.0.0.1:9"}
+    con, before = base.console, base.console.width
+    con.width = 160
+    try:
+        with con.capture() as cap:
+            render_verdict(v)
+    finally:
+        con.width = before
+    shown = cap.get()
+    assert "tau by context, offline | online" in shown, shown
+    assert re.search(r"^\W*1024\W+4\.000?\W+2\.667\W+2/3\W+1\W*$", shown, re.M), shown
 
 
 def test_lossy_output_block_size_and_dtype_are_named():

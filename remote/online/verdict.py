@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from remote.online.diagnosis import diagnose
+from remote.protocol import context
 from remote.protocol.metrics import walk_stats
 
 SCHEMA = "dflash.online-verdict/1"
@@ -61,6 +62,32 @@ def first_divergence(offline: list[int], online: list[int]) -> dict[str, Any] | 
     return None
 
 
+def by_context(records: list[dict]) -> list[dict[str, Any]]:
+    """Offline beside online per context bucket (`remote.protocol.context`): each side's
+    rounds placed by where they start, tau there, and the samples whose walks first part
+    there. `records`: per sample ``{"prompt_tokens", "offline", "online", "divergence"}``
+    (the online rounds cut as the walk's; ``divergence``: where they part, or None)."""
+    sums: dict[int, dict[str, Any]] = {}
+    for rec in records:
+        for side in ("offline", "online"):
+            got = context.tau_parts({"prompt_tokens": rec["prompt_tokens"], "rounds": rec[side]}, 0)
+            for b, (tokens, rounds) in got.items():
+                row = sums.setdefault(b, {"context": b, "diverged": 0})
+                row[f"{side}_tokens"] = row.get(f"{side}_tokens", 0) + tokens
+                row[f"{side}_rounds"] = row.get(f"{side}_rounds", 0) + rounds
+        if rec["divergence"] is not None:
+            b = context.bucket(rec["divergence"])
+            sums.setdefault(b, {"context": b, "diverged": 0})["diverged"] += 1
+    out = []
+    for b in sorted(sums):
+        row = sums[b]
+        for side in ("offline", "online"):
+            n, t = row.pop(f"{side}_rounds", 0), row.pop(f"{side}_tokens", 0)
+            row[f"{side}_rounds"], row[f"{side}_tau"] = n, (t / n if n else None)
+        out.append(row)
+    return out
+
+
 def first_difference(truth: list[int], output: list[int]) -> int | None:
     """The first index where the output differs from the ground truth; None if equal."""
     for i, (a, b) in enumerate(zip(truth, output, strict=False)):
@@ -91,7 +118,7 @@ def compare(
         raise ValueError(f"online records disagree on num_spec_tokens: {sorted(ks, key=str)}")
     k = ks.pop()  # None: SGLang without a histogram
     detailed = not invalid and all(r.get("per_step_accepted") is not None for r in online)
-    per_sample, off_rounds, on_rounds = [], [], []
+    per_sample, off_rounds, on_rounds, placed = [], [], [], []
     uncut_steps = uncut_tokens = 0
     for g in ground_truth:
         sid, truth = g["id"], g["completion_ids"]
@@ -105,6 +132,17 @@ def compare(
             uncut_steps += len(acc)
             uncut_tokens += sum(a + 1 for a in acc)
             div = first_divergence(off, cut)
+            prompt = len(g.get("prompt_ids") or [])
+            if div is not None:  # the round's start: prompt + completion so far
+                div["context"] = prompt + div["token"] - 1
+            placed.append(
+                {
+                    "prompt_tokens": prompt,
+                    "offline": off,
+                    "online": cut,
+                    "divergence": div and div["context"],
+                }
+            )
             row.update(
                 rounds_equal=div is None,
                 first_divergence=div,
@@ -145,6 +183,7 @@ def compare(
         },
         "per_sample": per_sample,
         "invalid": list(invalid or []),
+        "by_context": by_context(placed) if detailed else None,
     }
     return conclude(result)
 

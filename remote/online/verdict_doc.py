@@ -63,11 +63,27 @@ VERDICT = {
             "lossless": FLAG,
             "first_wrong_token": INT,
             "rounds_equal": FLAG,
-            "first_divergence": {"round": INT, "token": INT, "offline": INT, "online": INT},
+            "first_divergence": {
+                "round": INT,
+                "token": INT,
+                "context": INT,
+                "offline": INT,
+                "online": INT,
+            },
             "covered": FLAG,
             "offline_tau": NUM,
             "online_tau": NUM,
             "online_rounds": list_of(INT),
+        }
+    ),
+    "by_context": list_of(
+        {
+            "context": INT,
+            "diverged": INT,
+            "offline_rounds": INT,
+            "offline_tau": NUM,
+            "online_rounds": INT,
+            "online_tau": NUM,
         }
     ),
     "diagnosis": list_of({"cause": STR, "detail": STR}),

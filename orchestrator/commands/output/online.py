@@ -92,6 +92,28 @@ def render_verdict(v: dict, run: res.Run | None = None) -> None:
                 f"{off.get('attempts')}/{on.get('attempts') if on else '-'}",
             )
         show(t)
+    by = v.get("by_context") or []
+    if len(by) > 1:  # one bucket says no more than the summary above
+        t = Grid(
+            "tau by context, offline | online (rounds placed by where they start)",
+            [
+                Col("context", "num", justify="right"),
+                Col("offline", "num", justify="right"),
+                Col("online", "num", justify="right"),
+                Col("rounds off/on", "num", justify="right", drop=1),
+                Col("walks part here", "num", justify="right"),
+            ],
+            compact=False,
+        )
+        for r in by:
+            t.row(
+                str(r["context"]),
+                fmt(r["offline_tau"]),
+                fmt(r["online_tau"]),
+                f"{r['offline_rounds']}/{r['online_rounds']}",
+                str(r["diverged"]),
+            )
+        show(t)
     for d in v["diagnosis"]:
         console.print(plain(f"{d['cause']}: {d['detail']}"), soft_wrap=True)
 
