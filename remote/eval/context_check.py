@@ -12,7 +12,7 @@ from typing import Any
 
 from remote.errors import UserError
 from remote.model.window import check, text_config, window
-from remote.protocol import JobSpec
+from remote.protocol import GT_SOURCES, JobSpec
 from remote.protocol.ladder import longest as ladder_longest
 
 # The tokens a chat template adds around a prompt's text, at most: a prompt of N bytes is
@@ -30,7 +30,7 @@ def longest_context(job: JobSpec, target: str, reach: int | None) -> tuple[int, 
     if job.context_ladder:
         return ladder_longest(job.context_ladder, new), "the ladder's top rung and completion"
     gt = job.ground_truth
-    if gt.kind == "file":
+    if not GT_SOURCES[gt.kind].reads_prompts:  # a file: its own samples
         if gt.deferred is not None or not gt.path:
             return None
         return _file_longest(gt.path), "the ground-truth file's longest sample"

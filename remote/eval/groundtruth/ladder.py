@@ -25,7 +25,7 @@ from remote.atomic import write_atomic
 from remote.errors import UserError
 from remote.eval.context_check import target_reaches
 from remote.eval.groundtruth.prompts import load_prompts, load_tokenizer, render_prompt, select
-from remote.protocol import EvalSpec, JobSpec, sample_labels
+from remote.protocol import GT_SOURCES, EvalSpec, JobSpec, sample_labels
 from remote.protocol.ladder import longest, rung_name
 
 Prepare = Callable[[JobSpec], tuple[str, dict]]  # the job's ground-truth phase
@@ -35,7 +35,7 @@ def build(job: JobSpec, folder: Path, prepare: Prepare, emit: Callable) -> tuple
     """The job with its prompts replaced by its ladder's (a prompts file in `folder`), and
     what the result records of the ladder. `prepare` makes a job's ground truth (the
     history's answers here)."""
-    if job.ground_truth.kind == "file":
+    if not GT_SOURCES[job.ground_truth.kind].reads_prompts:
         raise UserError(
             "a context ladder is built from prompts; a ground-truth file already holds its "
             "prompt ids (give --prompts, or put your own long prompts in the file)"
