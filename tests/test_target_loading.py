@@ -118,3 +118,48 @@ def test_describing_a_model_leaves_transformers_logging_as_it_was(tmp_path):
         assert hf_logging.get_verbosity() == hf_logging.WARNING
     finally:
         hf_logging.set_verbosity(verbosity)
+
+
+def _mapped_ranges(path) -> list[tuple[int, int]]:
+    """The address ranges of this process's mappings of the file at `path`."""
+    out = []
+    for line in open("/proc/self/maps"):
+        if line.rstrip().endswith(str(path)):
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            out.append((start, end))
+    return out
+
+
+def test_weights_kept_as_stored_are_the_files_mapped_never_written(tmp_path):
+    import hashlib
+
+    from orchestrator.demo.architectures import tiny_model
+    from remote.eval.target import load_target
+
+    name = tmp_path / "m"
+    tiny_model("qwen3_5_moe", seed=0).to(torch.bfloat16).save_pretrained(name)
+    shard = name / "model.safetensors"
+    before = hashlib.sha256(shard.read_bytes()).hexdigest()
+    target = load_target(str(name), torch.bfloat16)
+    ranges = _mapped_ranges(shard)
+    assert ranges
+
+    def mapped(t: torch.Tensor) -> bool:
+        return any(a <= t.data_ptr() < b for a, b in ranges)
+
+    loaded = {k: p for k, p in target.model.named_parameters() if not p.is_meta}
+    views = {k for k, p in loaded.items() if mapped(p)}
+    # every weight but the experts, which transformers fuses from per-expert keys (read)
+    assert views and all("experts" in k for k in set(loaded) - views), set(loaded) - views
+    assert target.forward(list(range(12)), [0])[1].numel() == 12
+    with torch.no_grad():  # a write stays in this process (copy on write)
+        next(iter(loaded[k] for k in views)).add_(1)
+    assert hashlib.sha256(shard.read_bytes()).hexdigest() == before
+    # another dtype converts every weight: nothing stays mapped
+    del target, loaded
+    target = load_target(str(name), torch.float32)
+    assert not any(
+        any(a <= p.data_ptr() < b for a, b in _mapped_ranges(shard))
+        for p in target.model.parameters()
+        if not p.is_meta
+    )

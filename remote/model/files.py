@@ -3,8 +3,8 @@ and shard headers, and what they say about missing or truncated shards.
 
 This is the one place that parses a safetensors header (`read_header`) and the one table of
 safetensors dtypes (`ST_DTYPES`). Tensors are read later, one at a time, by `LazyTensor`:
-``os.pread`` straight into the tensor's final buffer, so no file page stays mapped into the
-process and the resident set grows by the loaded tensors only.
+views of the file mapped read-only (`Mapped`), or ``os.pread`` straight into the tensor's
+final buffer.
 """
 
 from __future__ import annotations
@@ -290,18 +290,56 @@ def require_complete(folder: Path, scan: dict, what: str = "checkpoint") -> None
         raise UserError(f"{what} in {folder} is incomplete: {reason}; copy it again")
 
 
+class Mapped:
+    """One safetensors file mapped into memory read-only and copy-on-write (``mmap``
+    ``ACCESS_COPY`` over a descriptor opened read-only: nothing ever reaches the file), as
+    one byte tensor its tensors are views of. Pages come in from the page cache when first
+    read (a forward), not when loaded, and stay shared with every other process that maps
+    the same file; the mapping lives as long as any tensor viewing it."""
+
+    def __init__(self, path: Path):
+        import mmap
+
+        import torch
+
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
+        finally:
+            os.close(fd)
+        self.bytes = (
+            torch.frombuffer(self._map, dtype=torch.uint8)
+            if self._map is not None
+            else torch.empty(0, dtype=torch.uint8)
+        )
+
+    def view(self, start: int, nbytes: int, dtype, shape: list[int]):
+        """The tensor of `dtype` and `shape` at bytes ``start .. start + nbytes``; None where
+        the file does not hold it whole or its offset does not suit the dtype's alignment."""
+        import torch
+
+        item = torch.empty(0, dtype=dtype).element_size()
+        if start % item or start + nbytes > self.bytes.numel():
+            return None
+        return self.bytes[start : start + nbytes].view(dtype).view(shape)
+
+
 class LazyTensor:
     """One tensor of a safetensors file, read only when indexed (``t[...]``).
 
     This is the shape transformers' loader expects of a checkpoint value (it slices
     ``get_slice`` objects the same way), so the same loader that ``from_pretrained`` runs
-    can be handed a dict of these, restricted to the keys we want. Reading uses
-    ``os.pread`` into the tensor's own buffer: thread-safe (the loader reads from a thread
-    pool) and without a mapped copy of the file.
+    can be handed a dict of these, restricted to the keys we want. With its file's
+    `Mapped`, indexing gives a view of the mapping: a weight the loader keeps in its dtype
+    is never copied (transformers' own load maps its files the same way); without one,
+    or where the view cannot be made, ``os.pread`` reads it into the tensor's own buffer.
     """
 
-    def __init__(self, path: Path, key: str, info: dict, data_start: int):
-        self.path, self.key = Path(path), key
+    def __init__(
+        self, path: Path, key: str, info: dict, data_start: int, mapped: Mapped | None = None
+    ):
+        self.path, self.key, self.mapped = Path(path), key, mapped
         self.dtype_name = info["dtype"]
         self.shape = [int(d) for d in info["shape"]]
         self.start = data_start + int(info["data_offsets"][0])
@@ -315,12 +353,18 @@ class LazyTensor:
 
         if index is not Ellipsis:
             return self[...][index]
-        t = torch.empty(self.shape, dtype=getattr(torch, ST_DTYPES[self.dtype_name][0]))
+        dtype = getattr(torch, ST_DTYPES[self.dtype_name][0])
+        t = torch.empty(self.shape, dtype=dtype, device="meta")
         if self.nbytes != t.numel() * t.element_size():
             raise UserError(
                 f"{self.path}: tensor {self.key} has {self.nbytes} bytes for shape "
                 f"{self.shape}; the shard is corrupt, copy it again"
             )
+        if self.mapped is not None:
+            view = self.mapped.view(self.start, self.nbytes, dtype, self.shape)
+            if view is not None:
+                return view
+        t = torch.empty(self.shape, dtype=dtype)
         if self.nbytes:
             view = memoryview(t.view(-1).view(torch.uint8).numpy())
             fd = os.open(self.path, os.O_RDONLY)
@@ -339,12 +383,17 @@ class LazyTensor:
         return t
 
 
-def lazy_tensors(folder: Path, scan: dict) -> dict[str, LazyTensor]:
-    """Checkpoint key -> `LazyTensor` for every tensor of a complete checkpoint."""
+def lazy_tensors(
+    folder: Path, scan: dict, mapped: set[str] | frozenset = frozenset()
+) -> dict[str, LazyTensor]:
+    """Checkpoint key -> `LazyTensor` for every tensor of a complete checkpoint; those of
+    `mapped` are views of their file, mapped once (`Mapped`), the others read."""
     require_complete(folder, scan)
     out: dict[str, LazyTensor] = {}
     for name in scan["files"]:
         header = read_header(Path(folder) / name)
+        mapping = Mapped(header.path) if mapped & header.tensors.keys() else None
         for key, info in header.tensors.items():
-            out[key] = LazyTensor(header.path, key, info, header.data_start)
+            own = mapping if key in mapped else None
+            out[key] = LazyTensor(header.path, key, info, header.data_start, own)
     return out

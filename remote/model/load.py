@@ -2,11 +2,14 @@
 
 The whole model is built on the meta device (`layout.describe`), so the vision tower never
 takes memory. Of the checkpoint, only the keys that `keys.map_checkpoint_keys` sends into
-the text part are handed, as `files.LazyTensor`s (read on demand with ``pread``), to
+the text part are handed, as `files.LazyTensor`s (views of the files mapped read-only,
+or read with ``pread``: `kept_as_stored`), to
 transformers' own loader ``convert_and_load_state_dict_in_model``: the same function
 ``from_pretrained`` runs, so renamings, per-expert MoE fusion, dtype plans
-(``_keep_in_fp32_modules``) all apply exactly as transformers applies them. Tensors are read
-one at a time, when their target is built, so peak memory stays near the text weights.
+(``_keep_in_fp32_modules``) all apply exactly as transformers applies them. A weight kept
+as stored is never copied: its pages come in when the first forward reads them, as with
+``from_pretrained``'s own mapping. Others are read one at a time, when their target is
+built, so peak memory stays near the text weights.
 
 Non-persistent buffers (rotary ``inv_freq``, Gemma's ``embed_scale``, ...) are then
 allocated and filled by the model's own ``_init_weights``, module by module over the text
@@ -75,6 +78,25 @@ def plan_text(
     return d, scan, wanted
 
 
+def kept_as_stored(model, scan: dict, wanted: dict[str, str], dtype) -> set[str]:
+    """The checkpoint keys of `wanted` that the model keeps as stored: in `dtype`, and
+    renamed at most (not fused with others, as per-expert MoE weights are). They are
+    mapped rather than read (`files.Mapped`): no copy, and no read before the first
+    forward touches them. A key converted on load is read instead, so its stored bytes
+    do not stay mapped beside the converted copy while the load runs."""
+    import torch
+
+    from remote.model.files import ST_DTYPES
+
+    _mapping, converted = map_checkpoint_keys(model, scan["keys"], model.state_dict())
+    name = str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else None
+    return {
+        key
+        for key in wanted
+        if key not in converted and ST_DTYPES.get(scan["keys"][key][1], ("",))[0] == name
+    }
+
+
 @contextmanager
 def _sequential_reads():
     """transformers' switch for reading tensors one at a time, as their targets are built.
@@ -115,7 +137,7 @@ def load_text(
     model, layout, dtype = d.model, d.layout, d.dtype
     part = layout.in_ends if ends_only else layout.in_text
     wanted = {ck: mk for ck, mk in wanted.items() if part(mk)}
-    tensors = lazy_tensors(d.folder, scan)
+    tensors = lazy_tensors(d.folder, scan, kept_as_stored(model, scan, wanted, dtype))
     state = {ck: tensors[ck] for ck in wanted}
     config = LoadStateDictConfig(
         pretrained_model_name_or_path=str(d.folder),
