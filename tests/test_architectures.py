@@ -40,6 +40,8 @@ REFERENCE_PART = {"llama4": "language_model"}
 # Wrappers whose own text-only forward differs from their own text model by float32
 # rounding (PaliGemma passes an explicit prefix mask, which takes another SDPA path: up to
 # 1.5e-8 here). The engine equals the text model exactly; against the wrapper, to 1e-6.
+# Targets with linear-attention layers differ by float32 rounding too: the engine runs its
+# own chunked kernel there (`remote.eval.gated_delta`), transformers its reference one.
 WRAPPER_ROUNDING = {"paligemma"}
 
 
@@ -78,7 +80,7 @@ def test_engine_equals_transformers_and_agrees_with_the_probe(name, tmp_path):
     H = info.hidden_size
     for i in range(count - 1):
         got, want = feats[:, i * H : (i + 1) * H], first_row(out.hidden_states[i + 1])
-        if name in WRAPPER_ROUNDING:
+        if name in WRAPPER_ROUNDING or target.linear_attention == "cpu-chunked":
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
         else:
             assert torch.equal(got, want), i

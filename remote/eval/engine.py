@@ -166,9 +166,10 @@ def fc_width(path: str) -> int | None:
     return None
 
 
-def environment(dtype: str, threads: int, device) -> dict[str, Any]:
+def environment(dtype: str, threads: int, device, target=None) -> dict[str, Any]:
     """The host's software and settings a result's numbers depend on; `device`'s name (and
-    card), and how its bfloat16 products were computed (`device.bf16_products`)."""
+    card), how its bfloat16 products were computed (`device.bf16_products`) and, for a
+    `target` with linear-attention layers, which kernels ran them (`Target.linear_attention`)."""
     import torch
     import transformers
 
@@ -186,6 +187,7 @@ def environment(dtype: str, threads: int, device) -> dict[str, Any]:
         "threads": threads,
         **device_mod.describe(device),
         "bf16_products": device_mod.bf16_products(device, dtype),
+        "linear_attention": getattr(target, "linear_attention", None),
     }
 
 
@@ -354,7 +356,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
             "target_features": target_features,
             "drafter_window": window,
         },
-        "environment": environment(spec.dtype, torch.get_num_threads(), device),
+        "environment": environment(spec.dtype, torch.get_num_threads(), device, target),
         "metrics": metrics,
         "timings": {
             "load_target_s": t_target_load,

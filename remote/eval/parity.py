@@ -171,7 +171,7 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
         "attn": attn or "default",
         "device": device_mod.describe(device),
         "kernels": kernels(),
-        "environment": environment(dtype_name, torch.get_num_threads(), device),
+        "environment": environment(dtype_name, torch.get_num_threads(), device, target),
         "samples": samples,
         "files": files,
         "ground_truth": {

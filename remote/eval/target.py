@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from remote.errors import UserError
+from remote.eval import linear_attention
 from remote.model.files import one_line
 from remote.model.layout import TextLayout, text_weight_bytes  # noqa: F401 (re-exported)
 from remote.model.layout import describe as describe_model
@@ -48,7 +49,8 @@ class Target:
 
     ``embed`` and ``lm_head`` are weight matrices [vocab, hidden] (the drafter borrows them).
     ``whole`` is False for a target loaded with ``ends_only`` (its embedding and head
-    alone): it cannot run a forward, and says so.
+    alone): it cannot run a forward, and says so. ``linear_attention``: which kernels its
+    linear-attention layers run (`remote.eval.linear_attention.kind`; None: it has none).
     """
 
     def __init__(
@@ -72,6 +74,8 @@ class Target:
         self.layers = model.get_submodule(info.layers_path)
         self.head = model.get_submodule(info.head_path)
         self.embedding = model.get_submodule(info.embed_path)
+        # linear-attention layers run this engine's CPU kernels (`remote.eval.linear_attention`)
+        self.linear_attention = linear_attention.install(self.backbone) if whole else None
 
     def load_layers(self) -> None:
         """Load the whole text part in place of a target that is not ``whole`` (an eval
