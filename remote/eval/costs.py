@@ -4,8 +4,9 @@ The walk measures acceptance, not speed: its target pass is one teacher-forced f
 over a whole sequence and its drafter batches every position. A serving engine's round is
 different: one target forward over the block being verified, on top of a KV cache of the
 context, and one drafter call for the next block. `round_costs` times exactly those, on
-one sample's context (its prompt and the first half of its completion), with the target
-and drafter the eval just used, on the eval's device:
+one sample's context (its prompt and completion: the KV cache the walk's forward over it
+left, `remote.eval.round_timing.Capture`), with the target and drafter the eval just
+used, on the eval's device:
 
 - ``target_step_s``: one target forward of 1 token (an autoregressive decode step);
 - ``target_verify_s``: one target forward of n tokens (causal), for n = the block size
@@ -19,21 +20,23 @@ and drafter the eval just used, on the eval's device:
   line in ``tree_verify_error`` and the estimate falls back to ``target_verify_s[N+1]``;
 - ``drafter_round_s``: one drafter block (its forward and its head over the block).
 
-Each is the fastest of `REPEATS` after one untimed warm-up, each trial on its own copy of
-the context's KV cache (copied untimed), so no cache is ever cropped: targets whose cache
-cannot be cropped back (recurrent state, sliding windows) are timed as any other. The
-controller turns them and the run's tau into a speedup estimate (docs/results.md). Any
-failure is recorded as ``error`` and the eval goes on: the numbers are an estimate beside
-tau, never a reason to lose it.
+Each is the fastest of up to `REPEATS` after one untimed warm-up, each trial on its own
+copy of the context's KV cache (copied untimed), so no cache is ever cropped: targets
+whose cache cannot be cropped back (recurrent state, sliding windows) are timed as any
+other. Within the eval's budget (`remote.eval.round_timing`: a share of the walk's
+seconds) a part whose trials cost seconds gets two, and a verify size or a tree the
+budget leaves no room for is read off the timed sizes (no tree: the estimate then takes
+the causal verify); ``spread`` keeps each timed part's fastest and slowest trial. The
+controller turns them and the run's tau into a speedup estimate with its spread
+(docs/results.md). Any failure is recorded as ``error`` and the eval goes on: the numbers
+are an estimate beside tau, never a reason to lose it.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-import inspect
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,23 +44,11 @@ import torch
 
 from remote.eval.ddtree import build_tree
 from remote.eval.metrics import ddtree_k
+from remote.eval.round_timing import REPEATS, Trials, interpolate
+from remote.eval.target import cache_kwarg
 from remote.protocol import TARGET_COSTS, ResultError
 from remote.protocol.results import check_doc
 from remote.protocol.values import finite
-
-REPEATS = 5
-
-
-def _cache_kwarg(backbone) -> str:
-    """The keyword `backbone.forward` takes its cache by (``cache`` where transformers
-    renamed it, else ``past_key_values``)."""
-    params = inspect.signature(backbone.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _error(exc: BaseException) -> str:
@@ -137,64 +128,90 @@ def round_costs(
     topk: int | None = None,
     cached: dict | None = None,
     context_features: torch.Tensor | None = None,
+    walked: dict | None = None,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
     """Seconds of a target step, a target verify of each of `sizes` tokens, a tree verify
     of each DDTree budget and a drafter block, over a KV cache of `ids[:-max(sizes)]`
     (see the module). `cached`: the target's part (`remote.protocol.TARGET_COSTS`) an
     earlier eval on this host measured on the same inputs; only the drafter is timed then,
     over `context_features` (the context's target features) when the target was loaded
-    without its layers."""
+    without its layers. `walked`: the walk's cache, features and seconds over that context
+    (`remote.eval.round_timing.Capture`), reused; `budget_s`: the seconds the timing may
+    take (`round_timing.Trials`; None: every part, every trial)."""
     longest = max(sizes)
     context, tail = ids[:-longest], ids[-longest:]
     base = len(context)
+    if walked is not None:
+        context_features = walked["features"]
     if context_features is None:
         context_features, _ = target.hidden(context, drafter.cfg.target_layer_ids)
     kv = drafter.context_kv(context_features.to(drafter.fc.weight.dtype))
     first = torch.tensor([tail[0]], device=device)
-    best = float("inf")
-    for i in range(REPEATS + 1):
-        _sync(device)
-        t = time.perf_counter()
+    trials = Trials(device, budget_s)
+    got: dict[str, Any] = {}
+
+    def draft() -> None:
         block_in = drafter.block_inputs(target.embed, first)
         h = drafter.forward_blocks(kv, torch.tensor([base], device=device), block_in)[0]
-        logits = drafter.logits(h[1:], target.lm_head)
-        logits.argmax(-1).tolist()
-        _sync(device)
-        best = min(best, time.perf_counter() - t) if i else best
+        got["logits"] = drafter.logits(h[1:], target.lm_head)
+        got["logits"].argmax(-1).tolist()
+
+    best = trials.best("drafter_round_s", draft)
     if cached is not None:
-        return {**cached, "drafter_round_s": best, "target_costs": "cached"}
-    out = time_target(target, logits, context, tail, sizes, device, budgets, topk)
-    return {**out, "drafter_round_s": best, "target_costs": "measured"}
+        spread = {**cached.get("spread", {}), "drafter_round_s": trials.spread["drafter_round_s"]}
+        return {**cached, "drafter_round_s": best, "target_costs": "cached", "spread": spread}
+    out = time_target(target, got["logits"], context, tail, sizes, trials, budgets, topk, walked)
+    out["spread"] = {k: v for k, v in trials.spread.items() if k != "drafter_round_s"}
+    spread = {**out["spread"], "drafter_round_s": trials.spread["drafter_round_s"]}
+    return {**out, "drafter_round_s": best, "target_costs": "measured", "spread": spread}
 
 
-def time_target(target, logits, context, tail, sizes, device, budgets, topk) -> dict[str, Any]:
+def time_target(
+    target, logits, context, tail, sizes, trials, budgets, topk, walked=None
+) -> dict[str, Any]:
     """The target's part of `round_costs`: a step, a verify of each of `sizes` tokens of
     `tail` and each budget's tree (built from the drafter block's `logits`), over a KV
-    cache of `context`."""
+    cache of `context` (the walk's, in `walked`, or made here), timed by `trials`. The
+    step and the chain's verify are always timed; another size or a tree only while the
+    budget allows, a size left out read off the timed ones (`round_timing.interpolate`)."""
     from transformers import DynamicCache
 
-    backbone, key = target.backbone, _cache_kwarg(target.backbone)
-    cache = DynamicCache(config=target.model.config)
-    ctx = torch.tensor([context], device=device)
-    backbone(input_ids=ctx, **{key: cache}, use_cache=True)
+    device = trials.device
+    backbone, key = target.backbone, cache_kwarg(target.backbone)
+    if walked is not None:
+        cache = walked["cache"]
+    else:
+        cache = DynamicCache(config=target.model.config)
+        ctx = torch.tensor([context], device=device)
+        backbone(input_ids=ctx, **{key: cache}, use_cache=True)
     base = len(context)
+    trial: dict[str, Any] = {}
 
-    def target_forward(tokens: list[int], **extra) -> float:
-        best = float("inf")
+    def target_forward(name: str, tokens: list[int], **extra) -> float:
         block = torch.tensor([tokens], device=device)
-        for i in range(REPEATS + 1):  # the first one warms up, untimed
-            trial = copy.deepcopy(cache)  # a fresh context each time: nothing to crop
-            _sync(device)
-            t = time.perf_counter()
-            out = backbone(input_ids=block, **{key: trial}, use_cache=True, **extra)
-            target.head(out.last_hidden_state[0]).argmax(-1).tolist()
-            _sync(device)
-            best = min(best, time.perf_counter() - t) if i else best
-            del trial
-        return best
 
-    step = target_forward(tail[:1])
-    verify = {str(n): target_forward(tail[:n]) for n in sorted(set(sizes))}
+        def fresh() -> None:  # a fresh context each time: nothing to crop (untimed)
+            trial["cache"] = copy.deepcopy(cache)
+
+        def run() -> None:
+            out = backbone(input_ids=block, **{key: trial.pop("cache")}, use_cache=True, **extra)
+            target.head(out.last_hidden_state[0]).argmax(-1).tolist()
+
+        return trials.best(name, run, fresh)
+
+    step = target_forward("target_step_s", tail[:1])
+    chain, *others = sorted(set(sizes), key=lambda n: (n != sizes[0], n))
+    points = {1: step, chain: target_forward(f"target_verify_s/{chain}", tail[:chain])}
+    if walked is not None and walked.get("forward_s"):  # the walk's forward: all of them
+        points.setdefault(base, walked["forward_s"])
+    verify = {str(chain): points[chain]}
+    for n in others:
+        guess = interpolate(points, n)
+        if trials.fits(guess):
+            verify[str(n)] = points[n] = target_forward(f"target_verify_s/{n}", tail[:n])
+        else:
+            verify[str(n)] = guess
     out = {
         "context_tokens": base,
         "target_step_s": step,
@@ -204,7 +221,16 @@ def time_target(target, logits, context, tail, sizes, device, budgets, topk) -> 
     if budgets:
         try:
             out["tree_verify_s"] = _tree_costs(
-                target_forward, target, cache, logits, tail[0], base, budgets, topk, device
+                target_forward,
+                trials,
+                points,
+                target,
+                cache,
+                logits,
+                tail[0],
+                base,
+                budgets,
+                topk,
             )
         except Exception as exc:  # the chain's costs stand; the estimate says which it used
             out["tree_verify_error"] = _error(exc)
@@ -212,15 +238,19 @@ def time_target(target, logits, context, tail, sizes, device, budgets, topk) -> 
 
 
 def _tree_costs(
-    forward, target, cache, logits, root, base, budgets, topk, device
+    forward, trials, points, target, cache, logits, root, base, budgets, topk
 ) -> dict[str, float]:
     """`forward`'s seconds over each budget's tree, built from the drafter's block
     `logits` [depths, vocab] with the walk's per-depth top-k (`ddtree_k`), its mask
-    (`tree_mask`) in the target's dtype over the context's `cache`."""
-    dtype = target.dtype
+    (`tree_mask`) in the target's dtype over the context's `cache`; the trees the budget
+    of `trials` leaves no room for are left out (the estimate then reads the causal
+    verify of as many tokens)."""
+    dtype, device = target.dtype, trials.device
     logp = torch.log_softmax(logits.float(), dim=-1)
     out = {}
     for n in sorted(set(budgets)):
+        if not trials.fits(interpolate(points, n + 1)):
+            continue
         k = ddtree_k(n, topk, logp.shape[-1])
         top = logp.topk(k, dim=-1)
         nodes = build_tree(top.values.tolist(), top.indices.tolist(), n)
@@ -232,16 +262,20 @@ def _tree_costs(
             else mask.to(device)
         )
         out[str(n)] = forward(
-            tokens, attention_mask=moved, position_ids=torch.tensor([positions], device=device)
+            f"tree_verify_s/{n}",
+            tokens,
+            attention_mask=moved,
+            position_ids=torch.tensor([positions], device=device),
         )
     return out
 
 
 @dataclass(frozen=True)
 class CostInputs:
-    """What `measure` times on: the sample of median length (`row`), its prompt and half
-    its completion (`ids`: a typical round's context and the tokens a round verifies),
-    the verify sizes (the drafter's block and each DDTree budget + 1)."""
+    """What `measure` times on: the sample of median length (`row`), the whole of it and
+    then its own last tokens again (`ids`: a round's context, its prompt and completion,
+    which the walk's forward over it leaves cached, and the tokens a round verifies), the
+    verify sizes (the drafter's block and each DDTree budget + 1)."""
 
     row: dict
     ids: list[int]
@@ -257,11 +291,14 @@ class CostInputs:
             len(rows) // 2
         ]
         sizes = [block_size, *[b + 1 for b in budgets]]
-        half = row["completion_ids"][: max(len(row["completion_ids"]) // 2, 1)]
-        ids = list(row["prompt_ids"]) + list(half)
-        if len(ids) <= max(sizes):  # too short for a context and a tree: pad the tail
-            ids = ids + [ids[-1]] * (max(sizes) + 1 - len(ids))
-        return cls(row, ids, sizes, list(budgets), topk)
+        context = list(row["prompt_ids"]) + list(row["completion_ids"])
+        tail = (context * (max(sizes) // len(context) + 1))[-max(sizes) :]
+        return cls(row, context + tail, sizes, list(budgets), topk)
+
+    @property
+    def context(self) -> list[int]:
+        """The round's context: the sample, prompt and completion."""
+        return self.ids[: -max(self.sizes)]
 
     def key(self) -> dict:
         """What the target's costs depend on beyond the host and the target (a feature
@@ -300,11 +337,13 @@ def measure(
     device: torch.device,
     cached: dict | None = None,
     context_features: torch.Tensor | None = None,
+    walked: dict | None = None,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
     """`round_costs` on `inputs` (`CostInputs.of` the eval's rows), for the drafter's
     block and each DDTree budget (per-depth top-k as the walk's); `cached`,
-    `context_features`: as `round_costs` takes them. A failure is ``{"error": one
-    line}``, never the eval's."""
+    `context_features`, `walked`, `budget_s`: as `round_costs` takes them. A failure is
+    ``{"error": one line}``, never the eval's."""
     try:
         return round_costs(
             target,
@@ -316,6 +355,8 @@ def measure(
             inputs.topk,
             cached=cached,
             context_features=context_features,
+            walked=walked,
+            budget_s=budget_s,
         )
     except Exception as exc:  # an estimate beside tau: never the eval's failure
         return {"error": _error(exc)}

@@ -229,6 +229,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     from remote.eval import drafter as drafter_mod
     from remote.eval import target as target_mod
     from remote.eval.metrics import summarize
+    from remote.eval.round_timing import SHARE, Capture
     from remote.eval.walk import WalkOptions, eval_stream
     from remote.model.load import attention_implementation
 
@@ -311,8 +312,10 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     given = None
     if cache is not None:
         given = feature_cache.Features(cache, target, dcfg.target_layer_ids, samples, device)
+    # the walk's forward over the costs' sample keeps its cache for them (round_timing)
+    walker = target if cached_costs is not None else Capture(target, cost_inputs.context)
     with device_mod.computing(device):
-        for i, rec in eval_stream(target, drafter, samples, opts, given):
+        for i, rec in eval_stream(walker, drafter, samples, opts, given):
             done[i] = {"id": rows[i]["id"], **sample_labels(rows[i]), **rec}
             on_event(sample_event(done, i, len(rows)))
     eval_s = time.perf_counter() - t_eval
@@ -320,8 +323,15 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     target_features = {"cached": False, "cache": "off"}
     if cache is not None:
         target_features = {**cache.summary(len(records)), "cache": "on"}
+    t_costs = time.perf_counter()
+    walked = walker.context() if isinstance(walker, Capture) else None
+    del walker
     with device_mod.computing(device):
-        round_costs = measure_costs(target, drafter, cost_inputs, cached_costs, cache, device)
+        round_costs = measure_costs(
+            target, drafter, cost_inputs, cached_costs, cache, device, walked, SHARE * eval_s
+        )
+    del walked
+    costs_s = time.perf_counter() - t_costs
     target_features["target_loaded"] = target_loaded(target.whole)
     if cache is not None:
         cache.close()
@@ -368,8 +378,10 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
             "total_s": time.perf_counter() - t_all,
             "tokens": tokens,
             "tokens_per_s": tokens / eval_s if eval_s > 0 else None,
-            # one round's costs, measured after the walk (remote.eval.costs)
+            # one round's costs, measured after the walk (remote.eval.costs), and the
+            # seconds measuring them took
             "round_costs": round_costs,
+            "round_costs_s": costs_s,
         },
         "samples_file": "samples.jsonl",
     }
@@ -393,11 +405,15 @@ def target_loaded(whole: bool) -> str:
     return TARGET_LOADED_WHOLE if whole else TARGET_LOADED_ENDS
 
 
-def measure_costs(target, drafter, inputs, cached: dict | None, cache, device) -> dict[str, Any]:
+def measure_costs(
+    target, drafter, inputs, cached: dict | None, cache, device, walked=None, budget_s=None
+) -> dict[str, Any]:
     """One round's costs (`remote.eval.costs.measure`): the target's part from the cache
     when it holds it (and kept there when it did not), the drafter's timed. A target
     loaded without its layers times the drafter over the cached features of the costs'
-    sample (`feature_cache.Features`, which loads the layers should that entry fail)."""
+    sample (`feature_cache.Features`, which loads the layers should that entry fail).
+    `walked`: what the walk's forward over the costs' sample left (`round_timing.Capture`);
+    `budget_s`: the seconds the timing may take."""
     from remote.eval import costs, feature_cache
     from remote.protocol import TARGET_COSTS
 
@@ -408,7 +424,7 @@ def measure_costs(target, drafter, inputs, cached: dict | None, cache, device) -
             cache, target, layers, [(row["prompt_ids"], row["completion_ids"])], device
         )
         context = given[0][0][: len(inputs.ids) - max(inputs.sizes)]
-    got = costs.measure(target, drafter, inputs, device, cached, context)
+    got = costs.measure(target, drafter, inputs, device, cached, context, walked, budget_s)
     if cache is not None and cached is None and "target_step_s" in got:
         cache.store_costs(inputs.key(), {k: got[k] for k in TARGET_COSTS if k in got})
     return got

@@ -98,12 +98,14 @@ class Target:
         layer_ids: list[int],
         argmax_from: int = 0,
         chunk: int = 256,
+        cache=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward over ``ids``. Returns (features [T, len(layer_ids)*hidden] = raw outputs
         of the named decoder layers concatenated in order, greedy argmax [T - argmax_from] of
         the head at positions ``argmax_from..T-1``). The head runs in chunks of positions so a
-        large vocabulary never materialises [T, vocab] logits. The argmax is `greedy_tokens`."""
-        feats, last = self.hidden(ids, layer_ids)
+        large vocabulary never materialises [T, vocab] logits. The argmax is `greedy_tokens`.
+        ``cache``: an empty transformers cache the forward fills (the same numbers)."""
+        feats, last = self.hidden(ids, layer_ids, cache)
         arg = []
         for a in range(argmax_from, last.shape[0], chunk):
             arg.append(greedy_tokens(self.head(last[a : a + chunk])))
@@ -112,10 +114,10 @@ class Target:
 
     @torch.inference_mode()
     def hidden(
-        self, ids: list[int] | torch.Tensor, layer_ids: list[int]
+        self, ids: list[int] | torch.Tensor, layer_ids: list[int], cache=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The backbone's pass of `forward`: (features [T, len(layer_ids)*hidden], the final
-        (normed) hidden state [T, hidden] that the head reads)."""
+        (normed) hidden state [T, hidden] that the head reads); ``cache`` as `forward`'s."""
         if not self.whole:  # the caller loads the whole target first (a cache miss)
             raise RuntimeError("a target loaded without its layers cannot run a forward")
         ids_t = torch.as_tensor(ids, dtype=torch.long, device=self.embed.device)[None]
@@ -136,7 +138,8 @@ class Target:
 
             hooks.append(self.layers[i].register_forward_hook(hook))
         try:
-            out = self.backbone(input_ids=ids_t, use_cache=False)
+            kept = {} if cache is None else {cache_kwarg(self.backbone): cache}
+            out = self.backbone(input_ids=ids_t, use_cache=cache is not None, **kept)
         except Exception as exc:
             raise UserError(
                 f"transformers cannot run the text part of {self.info.architecture} "
@@ -146,6 +149,15 @@ class Target:
             for h in hooks:
                 h.remove()
         return feats, out.last_hidden_state[0]
+
+
+def cache_kwarg(backbone) -> str:
+    """The keyword `backbone.forward` takes its cache by (``cache`` where transformers
+    renamed it, else ``past_key_values``)."""
+    import inspect
+
+    params = inspect.signature(backbone.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def describe(path: str, dtype: torch.dtype | None = None) -> tuple[Any, nn.Module, TextLayout]:

@@ -112,6 +112,9 @@ TARGET_COSTS = {
     "tree_verify_s": map_of(NUM, WHOLE_NUMBER_KEYS),
     "tree_verify_error": STR,
     "repeats": INT,
+    # each timed part's fastest and slowest trial, by name ("target_verify_s/16"); a part
+    # without one was read off the others (`remote.eval.round_timing`)
+    "spread": map_of(list_of(NUM)),
 }
 ROUND_COSTS = {**TARGET_COSTS, "drafter_round_s": NUM, "target_costs": STR, "error": STR}
 # What of the target an eval loaded (``inputs.target_features.target_loaded``): all of its

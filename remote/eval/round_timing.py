@@ -1,0 +1,111 @@
+"""How the round costs (`remote.eval.costs`) time their parts within a budget, and what
+the walk leaves them, so that measuring a round costs a small share of the eval.
+
+- `Trials`: each part is timed up to REPEATS times after a warm-up, but a part whose
+  trials cost more than its share of the budget stops at MIN_TRIALS (a 27B target's
+  forward costs seconds on a CPU); every part keeps its trials' spread (fastest, slowest),
+  which the controller's speedup estimate carries (`orchestrator.results.speedup`).
+- `interpolate`: a verify size the budget leaves untimed is read off the timed ones (a
+  target forward's seconds grow about linearly with its tokens), beside the walk's own
+  forward over the whole sample; it then has no spread, which says it was not timed.
+- `Capture`: the eval's target as the walk sees it, keeping, for the one sample the costs
+  use, the KV cache and features its forward made anyway (a cache changes no number of it),
+  so the costs run no forward over the context of their own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+REPEATS = 5  # timed trials of a part at most, after a warm-up
+MIN_TRIALS = 2  # at least: a fastest and a slowest
+SHARE = 0.05  # the round costs' budget: this share of the walk's seconds
+
+
+def sync(device) -> None:
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+class Trials:
+    """Times parts of a round on `device`; with `budget_s`, a part stops after MIN_TRIALS
+    once its trials took `share` of the budget, and `fits` says whether another part
+    still does. ``spread[name]``: (fastest, slowest) of the trials kept."""
+
+    def __init__(self, device, budget_s: float | None = None, parts: int = 3):
+        self.device, self.budget = device, budget_s
+        self.share = None if budget_s is None else budget_s / max(1, parts)
+        self.spent = 0.0
+        self.spread: dict[str, list[float]] = {}
+
+    def best(self, name: str, run: Callable[[], Any], before: Callable[[], Any] | None = None):
+        """The fastest of `run`'s timed trials (`before`, untimed, ahead of each)."""
+        times: list[float] = []
+        while len(times) < REPEATS + 1:
+            if before is not None:
+                before()
+            sync(self.device)
+            t = time.perf_counter()
+            run()
+            sync(self.device)
+            times.append(time.perf_counter() - t)
+            if self.share is not None and len(times) >= MIN_TRIALS and sum(times) >= self.share:
+                break
+        self.spent += sum(times)
+        kept = times[1:] if len(times) > MIN_TRIALS else times  # the first warmed up
+        self.spread[name] = [min(kept), max(kept)]
+        return min(kept)
+
+    def fits(self, seconds: float) -> bool:
+        """Whether MIN_TRIALS trials of about `seconds` each stay within the budget."""
+        return self.budget is None or self.spent + MIN_TRIALS * seconds <= self.budget
+
+
+def interpolate(points: dict[int, float], n: int) -> float:
+    """Seconds of a forward over `n` tokens, linear between the nearest of `points`
+    (tokens -> seconds), extended from the last two past the ends."""
+    xs = sorted(points)
+    if n in points or len(xs) == 1:
+        return points.get(n, points[xs[0]])
+    lo = max([x for x in xs if x < n] or xs[:1])
+    hi = min([x for x in xs if x > n] or xs[-1:])
+    if lo == hi:  # beyond an end: the last two
+        lo, hi = (xs[0], xs[1]) if n < xs[0] else (xs[-2], xs[-1])
+    slope = (points[hi] - points[lo]) / (hi - lo)
+    return max(points[lo] + slope * (n - lo), min(points.values()))
+
+
+class Capture:
+    """The eval's target (every attribute its own) whose forward over `ids` (the sample
+    the round costs use) also keeps its KV cache (``cache``), its features (``features``)
+    and its seconds (``forward_s``): the context the costs would otherwise compute again."""
+
+    def __init__(self, target, ids: list[int]):
+        self.target, self.ids = target, list(ids)
+        self.cache = self.features = self.forward_s = None
+
+    def __getattr__(self, name: str):
+        return getattr(self.target, name)
+
+    def forward(self, ids, layer_ids, argmax_from: int = 0, chunk: int = 256):
+        if self.cache is not None or len(ids) != len(self.ids) or list(ids) != self.ids:
+            return self.target.forward(ids, layer_ids, argmax_from, chunk)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.target.model.config)
+        t = time.perf_counter()
+        feats, greedy = self.target.forward(ids, layer_ids, argmax_from, chunk, cache=cache)
+        self.forward_s = time.perf_counter() - t
+        self.cache, self.features = cache, feats
+        return feats, greedy
+
+    def context(self) -> dict | None:
+        """What the costs reuse (`remote.eval.costs.round_costs`'s ``walked``), or None
+        when the walk never ran the forward (its features came from elsewhere)."""
+        if self.cache is None:
+            return None
+        return {"cache": self.cache, "features": self.features, "forward_s": self.forward_s}
