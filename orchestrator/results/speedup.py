@@ -17,6 +17,11 @@ tokens (``target_verify_s``; `tradeoff` says which, as ``verify_mask``). What it
 out: the per-round bookkeeping (sampling, cache crop, the drafter's context update) and
 DDTree's tree building, so it is an upper bound that a lean serving loop approaches;
 `benchmarks/speedup.py` measures how close on the reference loop.
+
+The host keeps each timed part's fastest and slowest trial (``round_costs.spread``): the
+estimate carries the range they give (`estimate_range`), and is withheld, with one line
+saying why (`withheld`), when one part's trials are more than SPREAD_LIMIT apart: a host
+that busy measures its load, not the round.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from remote.protocol.metrics import HEADLINE, find
 
 TAU, TOKENS = HEADLINE, "tau_token_weighted"  # the registry's names of both taus
 FORMULA = f"speedup = {TOKENS} * t_step / (t_verify + t_draft)"
+SPREAD_LIMIT = 1.5  # slowest / fastest trial of one part beyond which no estimate is given
 
 # The trade-off table's columns, in the order of `tradeoff_rows`' values (every view of
 # the table, terminal and HTML, shows these).
@@ -49,6 +55,52 @@ def costs(run: Any) -> dict[str, Any]:
     """The round costs the host recorded ({} when none, or when it could not measure)."""
     c = (run.result.get("timings") or {}).get("round_costs")
     return c if isinstance(c, dict) and not c.get("error") else {}
+
+
+def withheld(run: Any) -> str | None:
+    """One line when a part's trials disagree by more than SPREAD_LIMIT, else None."""
+    spread = costs(run).get("spread") or {}
+    worst = [(hi / lo, name, lo, hi) for name, (lo, hi) in spread.items() if lo > 0]
+    if not worst or max(worst)[0] <= SPREAD_LIMIT:
+        return None
+    ratio, name, lo, hi = max(worst)
+    return (
+        f"withheld: the host's trials of {name} took {1e3 * lo:.1f}-{1e3 * hi:.1f} ms "
+        f"({ratio:.1f}x apart, more than {SPREAD_LIMIT}x: a busy host); evaluate again on "
+        "a quieter one"
+    )
+
+
+def _range(c: dict, name: str, value: Any) -> tuple[Any, Any]:
+    """(fastest, slowest) of part `name` (``target_verify_s/16``), or its value twice."""
+    got = (c.get("spread") or {}).get(name)
+    return (got[0], got[1]) if got else (value, value)
+
+
+def estimate_range(run: Any) -> dict[str, Any]:
+    """`estimate`'s low and high ends from the trials' spread: ``{"chain": (low, high),
+    "ddtree": {budget: (low, high)}}``, the parts' slowest trials against the step's
+    fastest and the other way round; {} when there is no estimate."""
+    c, m = costs(run), run.metrics
+    if not c or withheld(run):
+        return {}
+    step = _range(c, "target_step_s", c.get("target_step_s"))
+    draft = _range(c, "drafter_round_s", c.get("drafter_round_s"))
+
+    def ends(tau, verify: tuple) -> tuple[Any, Any]:
+        return (
+            formula(tau, step[0], verify[1], draft[1]),
+            formula(tau, step[1], verify[0], draft[0]),
+        )
+
+    block = (run.result.get("inputs") or {}).get("block_size")
+    chain = _range(c, f"target_verify_s/{block}", _chain_verify(run, c))
+    trees = {}
+    for b, v in _budgets(run):
+        verify, mask = tree_verify(c, b)
+        name = f"tree_verify_s/{b}" if mask == "tree" else f"target_verify_s/{b + 1}"
+        trees[str(b)] = ends(v.get(TOKENS), _range(c, name, verify))
+    return {"chain": ends(m.get(TOKENS), chain), "ddtree": trees}
 
 
 def formula(tau: float | None, step: Any, verify: Any, draft: Any) -> float | None:
@@ -86,7 +138,8 @@ def tradeoff(run: Any) -> dict[str, Any]:
     """DDTree's budget trade-off: per node budget its tau, verify cost and speedup
     estimate, beside the chain walk's (the reference); {} for a run without budgets.
 
-    ``{"formula", "target_step_s", "drafter_round_s", "costs_error", "chain": {...},
+    ``{"formula", "target_step_s", "drafter_round_s", "costs_error", "tree_verify_error",
+    "estimate_withheld" (`withheld`'s line or None), "chain": {...},
     "budgets": [{"budget", "topk", "tokens_verified", TAU, TOKENS, "rounds",
     "verify_s", "verify_mask", "speedup_estimate"}, ...]}``; the costs and estimates are
     None where the host measured none (``costs_error`` then says why, when it said)."""
@@ -97,6 +150,8 @@ def tradeoff(run: Any) -> dict[str, Any]:
     step, draft = c.get("target_step_s"), c.get("drafter_round_s")
     block = (run.result.get("inputs") or {}).get("block_size")
     chain_verify = _chain_verify(run, c)
+    hold = withheld(run)
+    at = None if hold else step  # the costs stand in the table; no estimate from them
     rows = []
     for b, v in budgets:
         verify, mask = tree_verify(c, b)
@@ -110,7 +165,7 @@ def tradeoff(run: Any) -> dict[str, Any]:
                 "rounds": v.get("rounds"),
                 "verify_s": verify,
                 "verify_mask": mask,
-                "speedup_estimate": formula(v.get(TOKENS), step, verify, draft),
+                "speedup_estimate": formula(v.get(TOKENS), at, verify, draft),
             }
         )
     raw = (run.result.get("timings") or {}).get("round_costs")
@@ -120,6 +175,7 @@ def tradeoff(run: Any) -> dict[str, Any]:
         "drafter_round_s": draft,
         "costs_error": raw.get("error") if isinstance(raw, dict) else None,
         "tree_verify_error": c.get("tree_verify_error"),
+        "estimate_withheld": hold,
         "chain": {
             "block_size": block,
             "draft_tokens": block - 1 if isinstance(block, int) else None,
@@ -129,7 +185,7 @@ def tradeoff(run: Any) -> dict[str, Any]:
             "rounds": m.get("rounds"),
             "verify_s": chain_verify,
             "verify_mask": None if chain_verify is None else "causal",
-            "speedup_estimate": formula(m.get(TOKENS), step, chain_verify, draft),
+            "speedup_estimate": formula(m.get(TOKENS), at, chain_verify, draft),
         },
         "budgets": rows,
     }
@@ -148,10 +204,13 @@ def tradeoff_rows(trade: dict[str, Any]) -> list[tuple]:
 
 def estimate(run: Any) -> dict[str, Any]:
     """``{"chain": speedup, "ddtree": {budget: speedup}}`` of `run` (see the module), each
-    None where its costs were not measured; {} when the run has no round costs."""
+    None where its costs were not measured; {} when the run has no round costs, and
+    ``{"withheld": line}`` when their trials disagree too much (`withheld`)."""
     c = costs(run)
     if not c:
         return {}
+    if (why := withheld(run)) is not None:
+        return {"withheld": why}
     m = run.metrics
     step, draft = c.get("target_step_s"), c.get("drafter_round_s")
     return {

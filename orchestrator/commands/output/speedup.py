@@ -12,12 +12,24 @@ from orchestrator.results import store as res
 
 
 def speedup_line(run: res.Run) -> str:
-    """The speedup estimates: the chain's, then each DDTree budget's."""
+    """The speedup estimates, each with the range its trials' spread gives: the chain's,
+    then each DDTree budget's; the one line saying why where they are withheld."""
     est = speedup.estimate(run)
     if not est:
         return "- (no round costs recorded)"
-    parts = [f"{fmt(est['chain'], 2)}x"]
-    parts += [f"DDTree-{b} {fmt(v, 2)}x" for b, v in est["ddtree"].items()]
+    if "withheld" in est:
+        return est["withheld"]
+    ends = speedup.estimate_range(run)
+
+    def shown(value: Any, span: tuple | None) -> str:
+        if span is None or None in span or span[0] == span[1]:
+            return f"{fmt(value, 2)}x"
+        return f"{fmt(value, 2)}x ({fmt(span[0], 2)}-{fmt(span[1], 2)})"
+
+    parts = [shown(est["chain"], ends.get("chain"))]
+    parts += [
+        f"DDTree-{b} {shown(v, ends.get('ddtree', {}).get(b))}" for b, v in est["ddtree"].items()
+    ]
     return "; ".join(parts)
 
 
