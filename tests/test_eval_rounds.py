@@ -28,9 +28,11 @@ from remote.eval.target import load_target
 from remote.eval.walk import (
     LOCKSTEP_SAMPLES,
     WalkOptions,
+    ahead,
     context_kv_bytes,
     eval_batch,
     eval_sequence,
+    room,
 )
 from remote.protocol import EvalSpec
 from tests.helpers.drafters import build_drafter
@@ -100,11 +102,12 @@ def setups(tmp_path_factory):
     return get
 
 
-def drafted_bound(rounds: list[int]) -> int:
+def drafted_bound(rounds: list[int], samples: int = 1) -> int:
     """The most blocks a walk of these rounds asks for (`remote.eval.walk.ahead`): each
-    round's start, and B/2 - 1 more in a step after a short round (or before the first)."""
+    round's start, and after a short round (or before the first) the rest of a window, as
+    wide as a step with one sample asking allows."""
     short = sum(n <= 2 for n in rounds)
-    return len(rounds) + (BLOCK // 2 - 1) * (short + 1) if rounds else 0
+    return len(rounds) + (room(samples, BLOCK) - 1) * (short + 1) if rounds else 0
 
 
 @pytest.mark.slow
@@ -303,6 +306,9 @@ def test_the_pool_streams_records_and_bounds_who_walks(setups, monkeypatch):
     target = load_target(s["target"], torch.float32)
     drafter, _ = load_drafter(s["drafters"][0], torch.float32)
     opts = WalkOptions(budgets=BUDGETS, positions="walk")
+    # windows of B/2, as in a full pool: a walk's steps then follow its rounds, so the
+    # longest walk ends last, whatever the pool's size
+    monkeypatch.setattr(walk, "WINDOW_BLOCKS", 0)
     with torch.inference_mode():
         first = eval_batch(
             target, drafter, s["samples"], opts, Given(target, drafter, s["samples"])
@@ -436,3 +442,44 @@ def test_training_takes_its_gradient_through_a_chunked_context(tmp_path, monkeyp
     assert len(chunked) == len(whole) > 0
     for a, b in zip(chunked, whole, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_walk_of_short_rounds_widens_its_window_when_few_samples_walk():
+    B = 16
+    assert room(LOCKSTEP_SAMPLES, B) == B // 2  # a full pool drafts as before
+    assert room(1, B) > room(2, B) > B // 2
+    assert ahead(40, [], 500, B, room(1, B)) == range(40, 48)  # no rounds yet: B/2
+    assert ahead(40, [1, 5], 500, B, room(1, B)) == range(40, 41)  # a long last round
+    widths = [len(ahead(0, [1] * k, 500, B, room(1, B))) for k in range(0, 12, 2)]
+    assert widths == sorted(widths) and widths[-1] == room(1, B) > widths[0] == B // 2
+    assert len(ahead(0, [1] * 10, 500, B, B // 2)) == B // 2  # no room: as before
+    assert ahead(490, [1] * 10, 500, B, room(1, B)) == range(490, 500)
+
+
+def test_a_lone_sample_of_short_rounds_drafts_them_in_few_large_calls(tmp_path, monkeypatch):
+    """A sample walking alone through short rounds drafts its round starts a window of
+    them per drafter call, growing up to the room of one sample, with the same rounds."""
+    from remote.eval.drafter_model import DFlashDrafter
+
+    target_dir = save_tiny("qwen3", tmp_path / "target", DIMS)
+    target = load_target(str(target_dir), torch.float32)
+    folder = build_drafter(tmp_path / "d", [1, 2], hidden=64, vocab=160, block_size=BLOCK)
+    drafter, _ = load_drafter(str(folder), torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    prompt, completion = (torch.randint(0, 150, (n,), generator=gen).tolist() for n in (8, 160))
+    calls: list[int] = []
+    real = DFlashDrafter.blocks
+
+    def counted(self, *a, **k):
+        calls.append(len(a[1]))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(DFlashDrafter, "blocks", counted)
+    walked = eval_sequence(target, drafter, prompt, completion, WalkOptions(budgets=[]))
+    monkeypatch.setattr(DFlashDrafter, "blocks", real)
+    every = eval_sequence(target, drafter, prompt, completion, WalkOptions(positions="all"))
+    rounds = walked["rounds"]
+    assert rounds == every["rounds"] and max(rounds) <= 2
+    # windows of B/2 blocks would take a call per B/2 rounds; these grow to room(1, B)
+    assert len(calls) <= len(rounds) / 16
+    assert sum(calls) == walked["blocks_drafted"] <= drafted_bound(rounds)

@@ -59,9 +59,10 @@ class WalkOptions:
     ``block_chunk``: blocks per batched drafter call (memory vs speed; None = as many as
     `remote.eval.drafts.auto_chunk` allows); ``positions``: ``"walk"`` (the
     default) drafts blocks only where the walks start rounds, the chain walk's and each
-    DDTree budget's (and, after a short round, the few positions its next rounds likely
-    start at: `ahead`), the samples of a batch in lockstep, each step's blocks in shared
-    drafter calls (per-position acceptance then covers the chain walk's round starts);
+    DDTree budget's (and, after a short round, the positions its next rounds likely
+    start at: `ahead`, a wider window the fewer samples walk), the samples of a batch in
+    lockstep, each step's blocks in shared drafter calls (per-position acceptance then
+    covers the chain walk's round starts);
     ``"all"`` (opt-in) also drafts a block at every completion position first, so
     per-position acceptance covers all of them, as docs/dflash-eval.md describes it (the
     same rounds)."""
@@ -90,14 +91,30 @@ def _share(seconds: float, weights: dict[int, int], into: dict[int, float]) -> N
             into[i] += seconds * w / total
 
 
-def ahead(s: int, last: int | None, L: int, B: int) -> range:
-    """The positions a walk standing at ``s`` asks to have drafted: ``s``, and after a short
-    last round (1-2 tokens, or none yet) the ``B/2`` positions from ``s``, where its next
-    rounds likely start. A run of short rounds then takes one drafter call for several of
-    them (the drafter's weights read once, not once per round) for a few blocks no round
-    uses; a walk making long rounds would skip most of them, so it asks for ``s`` only."""
-    short = last is None or last <= 2
-    return range(s, min(s + (max(1, B // 2) if short else 1), L))
+WINDOW_BLOCKS = 64  # the blocks a step's windows may reach when few samples walk
+
+
+def ahead(s: int, rounds: list[int], L: int, B: int, room: int | None = None) -> range:
+    """The positions a walk standing at ``s`` asks to have drafted (its ``rounds`` so far):
+    ``s``, and after a short last round (1-2 tokens, or none yet) a window from ``s``,
+    where its next rounds likely start: ``B/2`` positions, twice that after every two more
+    short rounds in a row, up to ``room`` (B/2 when it is not given). A run of short rounds
+    then takes one drafter call for many of them (the drafter's weights read once, not once
+    per round) for a few blocks no round uses; a walk making long rounds would skip most
+    of them, so it asks for ``s`` only."""
+    if rounds and rounds[-1] > 2:
+        return range(s, min(s + 1, L))
+    streak = next((k for k, n in enumerate(reversed(rounds)) if n > 2), len(rounds))
+    half = max(1, B // 2)
+    width = min(max(half, room or half), half << min(streak // 2, 16))
+    return range(s, min(s + width, L))
+
+
+def room(samples: int, B: int) -> int:
+    """The window a walk may grow to when ``samples`` samples ask for blocks in a step:
+    WINDOW_BLOCKS shared among them (B/2 at least), so a step's drafter call stays large
+    when few samples are left, and a pool of many draft as before."""
+    return max(max(1, B // 2), WINDOW_BLOCKS // max(1, samples))
 
 
 @dataclass
@@ -150,13 +167,16 @@ class Lockstep:
             t = _drafts.CLOCK()
             built = {i: drafts.built[i] for i in self.out}
             want: dict[int, set] = {0: set(), self.top: set()}
-            for i, n in live:
-                known = drafts.accept if n == 0 else drafts.search
-                if (i, self.at[(i, n)]) not in known:
-                    last = self.out[i][n][-1] if self.out[i][n] else None
-                    want[0 if n == 0 else self.top].update(
-                        (i, p) for p in ahead(self.at[(i, n)], last, seqs[i].L, B)
-                    )
+            asking = [
+                (i, n)
+                for i, n in live
+                if (i, self.at[(i, n)]) not in (drafts.accept if n == 0 else drafts.search)
+            ]
+            space = room(len({i for i, _n in asking}), B)
+            for i, n in asking:
+                want[0 if n == 0 else self.top].update(
+                    (i, p) for p in ahead(self.at[(i, n)], self.out[i][n], seqs[i].L, B, space)
+                )
             searched = drafts.draft(sorted(want[0]), sorted(want[self.top]), self.top)
             for i, n in live:
                 known = drafts.accept if n == 0 else drafts.search
