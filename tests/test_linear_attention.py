@@ -8,7 +8,9 @@ place by `remote.eval.linear_attention`) against transformers' reference impleme
 - a target loaded by the engine runs them in every linear-attention layer (qwen3_5,
   qwen3_next, qwen3_5_moe), each layer's output within bf16 rounding of the same target
   run by transformers' own kernels (``DFLASH_LINEAR_ATTENTION=transformers``), measured
-  as ``dflash parity`` measures it; a model transformers loads beside it keeps its own.
+  as ``dflash parity`` measures it; a model transformers loads beside it keeps its own;
+- a drafter trained on each of those targets walks the same chain and DDTree rounds in
+  float32 with either kernel.
 """
 
 from __future__ import annotations
@@ -150,3 +152,30 @@ def test_an_unknown_choice_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv(linear_attention.ENV, "fla")
     with pytest.raises(UserError, match="DFLASH_LINEAR_ATTENTION='fla' is not supported"):
         load_target(str(folder), torch.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_next", "qwen3_5_moe"])
+def test_the_rounds_of_a_trained_pair_are_unchanged_in_float32(name, tmp_path, monkeypatch):
+    """A drafter trained on the target makes rounds of several tokens; the walk's chain and
+    DDTree rounds in float32 are the same with either kernel."""
+    from orchestrator.demo.train import make_ground_truth, train_drafter
+    from remote.eval.drafter import load_drafter
+    from remote.eval.walk import WalkOptions, eval_batch
+
+    folder = str(save_tiny(name, tmp_path / name))
+    rows = make_ground_truth(folder, 6, prompt_len=10, completion_len=24, seed=1)
+    step = train_drafter(
+        folder, str(tmp_path / "d"), save_steps=(120,), rows=rows, batch_samples=4
+    )[0]
+    drafter, _ = load_drafter(step, torch.float32)
+    samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
+    got = {}
+    for choice in (linear_attention.OWN, linear_attention.THEIRS):
+        monkeypatch.setenv(linear_attention.ENV, choice)
+        target = load_target(folder, torch.float32)
+        assert target.linear_attention == choice
+        recs = eval_batch(target, drafter, samples, WalkOptions(budgets=[4, 16]))
+        got[choice] = [(r["rounds"], r["ddtree"]) for r in recs]
+    assert got[linear_attention.OWN] == got[linear_attention.THEIRS]
+    assert max(max(rounds) for rounds, _t in got[linear_attention.OWN]) > 2  # not all misses
