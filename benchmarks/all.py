@@ -67,6 +67,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "speedup.py --budgets 4 16",
         "speedup.py --hidden 128 --new-tokens 16 --prompts 2 --budgets 4",
     ),
+    "realscale": (
+        "realscale.py",
+        "realscale.py --layers 2 --samples 1 --prompt 32 --completion 32 --repeats 1 --budgets 8",
+    ),
     "online": ("online.py", "online.py"),
     "slurm-startup": ("slurm_startup.py", "slurm_startup.py --tasks 1,4 --repeats 1"),
 }

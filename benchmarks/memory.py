@@ -34,58 +34,10 @@ from pathlib import Path
 from common import ROOT
 from common.baseline import worktree
 from common.measure import interleave, load_avg, run_child
-from common.models import build, build_moe, eval_rss, random_seqs
+from common.models import QWEN36_27B, build, build_moe, eval_rss, random_seqs
 
 from orchestrator.demo.models import build_qwen3_target
 from orchestrator.demo.servers import Raw, ScriptedServer, ids_reply
-
-PROBED = {  # Qwen3.6-27B's config.json (Qwen/Qwen3.6-27B on the Hugging Face Hub)
-    "architectures": ["Qwen3_5ForConditionalGeneration"],
-    "model_type": "qwen3_5",
-    "dtype": "bfloat16",
-    "image_token_id": 248056,
-    "video_token_id": 248057,
-    "vision_start_token_id": 248053,
-    "vision_end_token_id": 248054,
-    "tie_word_embeddings": False,
-    "text_config": {
-        "model_type": "qwen3_5_text",
-        "vocab_size": 248320,
-        "hidden_size": 5120,
-        "intermediate_size": 17408,
-        "num_hidden_layers": 64,
-        "num_attention_heads": 24,
-        "num_key_value_heads": 4,
-        "head_dim": 256,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 48,
-        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 16,
-        "max_position_embeddings": 262144,
-        "rms_norm_eps": 1e-6,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 10000000.0,
-            "partial_rotary_factor": 0.25,
-            "mrope_section": [11, 11, 10],
-            "mrope_interleaved": True,
-        },
-        "dtype": "bfloat16",
-    },
-    "vision_config": {
-        "depth": 27,
-        "hidden_size": 1152,
-        "intermediate_size": 4304,
-        "num_heads": 16,
-        "patch_size": 16,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "out_hidden_size": 5120,
-        "num_position_embeddings": 2304,
-    },
-}
 
 GT_CHILD = """
 import json, sys
@@ -130,7 +82,7 @@ def probe_rows(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "qwen3.6-27b-config-only"
         folder.mkdir()
-        (folder / "config.json").write_text(json.dumps(PROBED))
+        (folder / "config.json").write_text(json.dumps(QWEN36_27B))
         base = run_child(["-c", "import torch, transformers, safetensors"])
         probe = run_child(["-m", "remote", "probe", "--model", str(folder), "--depth", "3"])
     report = json.loads(probe.stdout)

@@ -2,7 +2,7 @@
 a Qwen3 target (`build`) or a Qwen3.5-MoE VLM target (`build_moe`), each with a random
 1-layer block-16 z-lab drafter over its layers 1, n/2 and n-2; random ground truth
 (`random_seqs`); the walk modes the engine is timed in (`MODES`); the target's weight bytes
-and its LM head's share of them."""
+and its LM head's share of them; Qwen3.6-27B's published config (`QWEN36_27B`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,57 @@ MODES = {  # label -> WalkOptions arguments
     "all": {"positions": "all"},
     "all+DDTree": {"budgets": [8, 16, 32, 64], "positions": "all"},
     "walk": {"positions": "walk"},
+}
+
+# Qwen3.6-27B's config.json as published (https://huggingface.co/Qwen/Qwen3.6-27B,
+# config.json; the text part as in THUDM/slime's scripts/models/qwen3.5-27B.sh): the
+# probe's 27B config (memory.py) and the real-width target's (common.realwidth).
+QWEN36_27B = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "dtype": "bfloat16",
+    "image_token_id": 248056,
+    "video_token_id": 248057,
+    "vision_start_token_id": 248053,
+    "vision_end_token_id": 248054,
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_text",
+        "vocab_size": 248320,
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 16,
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+        "dtype": "bfloat16",
+    },
+    "vision_config": {
+        "depth": 27,
+        "hidden_size": 1152,
+        "intermediate_size": 4304,
+        "num_heads": 16,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 5120,
+        "num_position_embeddings": 2304,
+    },
 }
 
 # what a 1-layer drafter takes from its target's text config

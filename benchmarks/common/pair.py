@@ -142,6 +142,24 @@ def walk_tau(target_dir: str, drafter_dir: str, rows: list[dict]) -> float:
     return sum(map(sum, rounds)) / sum(map(len, rounds))
 
 
+def folders(args) -> tuple[str, str]:
+    """(the target's work folder, the trained drafter's) that `setup` uses for ``args``."""
+    target_shape, drafter_shape = shapes(args.hidden)
+    work = os.path.join(
+        args.workdir, "t{num_layers}x{hidden_size}v{model_vocab_size}".format(**target_shape)
+    )
+    d = "d{num_layers}b{block_size}".format(**drafter_shape)
+    length = f"p{args.prompt}c{args.completion}"
+    every = "" if args.save_every == 50 else f"-e{args.save_every}"
+    name = f"drafter-{d}-{length}-n{args.train_samples}-lr{args.lr}-tau{args.tau}{every}"
+    return work, os.path.join(work, name)
+
+
+def trained(args) -> bool:
+    """Whether `setup` has the drafter for ``args`` trained and chosen already (no training)."""
+    return os.path.isfile(os.path.join(folders(args)[1], "chosen.json"))
+
+
 def setup(args) -> tuple[str, str, list[dict], dict]:
     """(target dir, trained drafter dir, evaluation samples, training facts), cached.
 
@@ -153,10 +171,8 @@ def setup(args) -> tuple[str, str, list[dict], dict]:
     """
     from orchestrator.demo.models import build_qwen3_target
 
+    work, folder = folders(args)
     target_shape, drafter_shape = shapes(args.hidden)
-    work = os.path.join(
-        args.workdir, "t{num_layers}x{hidden_size}v{model_vocab_size}".format(**target_shape)
-    )
     os.makedirs(work, exist_ok=True)
     target = os.path.join(work, "target")
     if not os.path.isfile(os.path.join(target, "model.safetensors")):
@@ -169,11 +185,6 @@ def setup(args) -> tuple[str, str, list[dict], dict]:
     evals = train[: args.samples]
     if args.drafter:  # e.g. a checkpoint of a training stopped before its goal
         return target, args.drafter, evals, {"drafter": args.drafter, "train_s": None}
-    d = "d{num_layers}b{block_size}".format(**drafter_shape)
-    every = "" if args.save_every == 50 else f"-e{args.save_every}"
-    folder = os.path.join(
-        work, f"drafter-{d}-{length}-n{args.train_samples}-lr{args.lr}-tau{args.tau}{every}"
-    )
     chosen = os.path.join(folder, "chosen.json")
     if not os.path.isfile(chosen):
         facts = _train(args, target, folder, train, evals, drafter_shape)
