@@ -808,10 +808,12 @@ def remote_eval(inventory: Path, *args: str):
 
 
 def job_error(proc) -> str:
-    """The one error line a failed job ends `remote-eval` with (after its "started" line)."""
+    """The one error line a failed job ends `remote-eval` with (after its "started" line,
+    its outline and notes)."""
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert lines[-1].startswith("error: ") and len(lines) <= 2, proc.stderr
+    errors = [ln for ln in lines if ln.startswith("error")]
+    assert errors == [lines[-1]] and lines[-1].startswith("error: "), proc.stderr
     return lines[-1]
 
 
