@@ -1,5 +1,5 @@
 """Ground truth for the offline walk, made on the eval host as a job's first phase and cached
-(docs/eval.md; its modules: ARCHITECTURE.md). Re-exports the names other modules use."""
+(docs/eval.md; its modules: docs/architecture.md). Re-exports the names other modules use."""
 
 from remote.eval.groundtruth.cache import judge as judge
 from remote.eval.groundtruth.cache import judge_job as judge_job
