@@ -286,8 +286,8 @@ def test_a_damaged_cache_entry_is_ignored_and_remade(tmp_path, tiny_target, prom
     ids=["sglang-meta-info", "openai-choice"],
 )
 def test_a_server_reporting_sampling_is_refused(tmp_path, tiny_target, prompts_file, kind, answer):
-    """Temperature 0 was asked, the server says it sampled: refused (tau is only defined
-    against greedy completions), in one line naming the server; nothing cached."""
+    """Temperature 0 was asked, the server says it sampled: refused (tau is measured
+    against completions decoded as asked), in one line naming the server; nothing cached."""
     spec = make_spec(tmp_path, tiny_target, prompts_file, kind)
     with ScriptedServer(lambda path, body: answer) as sampled:
         spec["ground_truth"]["url"] = sampled.url
@@ -295,7 +295,7 @@ def test_a_server_reporting_sampling_is_refused(tmp_path, tiny_target, prompts_f
             groundtruth.prepare(spec)
     line = str(err.value)
     assert "\n" not in line and sampled.url in line
-    assert "reports non-greedy sampling (temperature=0.8)" in line and "greedy" in line
+    assert "reports other sampling than asked: temperature=0.8 (asked 0.0)" in line
     assert _cache_files(spec) == []
 
 
@@ -430,12 +430,77 @@ def test_server_down_is_one_line(tmp_path, tiny_target, prompts_file):
         groundtruth.http_json(url + "/generate", {"input_ids": [1]}, 5)
 
 
-def test_non_greedy_is_refused(tmp_path, tiny_target, prompts_file, server):
-    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang", server.url)
-    spec["sampling"]["temperature"] = 0.7
-    with pytest.raises(UserError, match="must be greedy"):
+def test_sampled_ground_truth_asks_each_completion_with_its_seed(
+    tmp_path, tiny_target, prompts_file
+):
+    """At temperature 0.7 with --gt-samples 2 a server is asked each completion with the
+    job's temperature and top-p and its own seed (`request_seed`), every completion its
+    own record (``<prompt>#<index>``); an answer reporting another temperature is refused
+    in one line; the cache key carries the settings (another seed: another entry)."""
+    from remote.protocol import request_seed
+
+    sent = []
+
+    def answer(path, body):
+        sent.append(body["sampling_params"])
+        return {"output_ids": [5, 6], "meta_info": {"sampling_params": {"temperature": 0.7}}}
+
+    spec = make_spec(tmp_path, tiny_target, prompts_file, "sglang")
+    spec["sampling"].update(temperature=0.7, top_p=0.9, seed=3, completions=2)
+    with ScriptedServer(answer) as srv:
+        spec["ground_truth"]["url"] = srv.url
+        path, info = groundtruth.prepare(spec)
+        rows = read(path)
+        assert len(rows) == 6 and [r["index"] for r in rows] == [0, 1] * 3
+        assert all(r["id"] == f"{r['prompt_id']}#{r['index']}" for r in rows)
+        seeds = [b["sampling_seed"] for b in sent]
+        # concurrent requests: compared as sets
+        assert sorted(seeds) == sorted(request_seed(3, r["prompt_id"], r["index"]) for r in rows)
+        assert len(set(seeds)) == 6
+        assert all(b["temperature"] == 0.7 and b["top_p"] == 0.9 for b in sent)
+        assert "top_k" not in sent[0]  # off: not sent
+        assert info["sampling"]["seed"] == 3 and info["sampling"]["completions"] == 2
+        spec["sampling"]["seed"] = 4
+        _, again = groundtruth.prepare(spec)
+        assert again["cached"] is False and len(sent) == 12
+
+    def hotter(path, body):
+        return {"output_ids": [5], "meta_info": {"sampling_params": {"temperature": 1.0}}}
+
+    spec["sampling"]["seed"] = 5
+    with ScriptedServer(hotter) as srv:
+        spec["ground_truth"]["url"] = srv.url
+        with pytest.raises(UserError) as err:
+            groundtruth.prepare(spec)
+    assert "\n" not in str(err.value)
+    assert "temperature=1.0 (asked 0.7)" in str(err.value)
+
+
+def test_local_sampled_ground_truth_is_seeded_per_completion(tmp_path, tiny_target, prompts_file):
+    """Local sampling: a completion depends on its own seed only (batched or alone, the
+    same ids), two completions of one prompt differ, and temperature 0 with top-p is
+    refused in one line (it applies to sampling only)."""
+
+    def spec_at(where: str, concurrency: int) -> dict:
+        spec = make_spec(tmp_path / where, tiny_target, prompts_file, "local")
+        spec["sampling"].update(temperature=1.0, seed=1, completions=2)
+        spec["ground_truth"]["concurrency"] = concurrency
+        return spec
+
+    batched, _ = groundtruth.prepare(spec_at("b", 6))
+    alone, _ = groundtruth.prepare(spec_at("a", 1))
+    assert read(batched) == read(alone)
+    rows = read(batched)
+    assert any(
+        a["completion_ids"] != b["completion_ids"]
+        for a, b in zip(rows[::2], rows[1::2], strict=True)
+    )
+    greedy, _ = groundtruth.prepare(make_spec(tmp_path / "g", tiny_target, prompts_file, "local"))
+    assert [r["completion_ids"] for r in read(greedy)] != [r["completion_ids"] for r in rows[::2]]
+    spec = make_spec(tmp_path / "t", tiny_target, prompts_file, "local")
+    spec["sampling"]["top_p"] = 0.9
+    with pytest.raises(Exception, match="--top-p apply to sampled ground truth only"):
         groundtruth.prepare(spec)
-    assert server.requests == []
 
 
 def test_local_generation_with_the_engines_loaded_target_gives_the_same_ids(

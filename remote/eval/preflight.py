@@ -144,9 +144,23 @@ def check_target(
 
         report["device"] = str(resolve(engine.device))
     target = _model_folder(engine.target, "target model")
-    if job.ground_truth.source.reads_prompts:  # text: the target's tokenizer makes ids
-        require_tokenizer(target)
+    if job.ground_truth.source.reads_prompts and not _token_id_prompts(job):
+        require_tokenizer(target)  # text: the target's tokenizer makes ids
     return report, job, target
+
+
+def _token_id_prompts(job: JobSpec) -> bool:
+    """Whether the job's prompts file is there and gives every prompt as token ids (no
+    tokenizer needed); an unreadable one is the prompts check's to report."""
+    from remote.protocol import parse_prompts, prompt_lines, token_ids_only
+
+    if not job.prompts or not Path(job.prompts).is_file():
+        return False
+    try:
+        with open(job.prompts, "rb") as fh:
+            return token_ids_only(parse_prompts(prompt_lines(fh, job.prompts), job.prompts, "p"))
+    except (OSError, SpecError):
+        return False
 
 
 def check(spec: dict | JobSpec, engine: EvalSpec | None = None, keep: dict | None = None) -> dict:

@@ -19,8 +19,11 @@ it as `remote.protocol`; its modules hold the parts:
   how the scheduler ended a Slurm task's attempt (`check_slurm_end`);
 - `gt_sources`: the ground truth's source kinds, each once (`GTKind`, `GT_SOURCES`: what
   a job names for it, what it does with the prompts);
-- `ground_truth`: the job's `GroundTruthSpec` (with its bounds, `GTLimits`) and `Sampling`
-  (greedy only), the suspect-agreement rule;
+- `ground_truth`: the job's `GroundTruthSpec` (with its bounds, `GTLimits`), the
+  suspect-agreement rule;
+- `sampling`: how the ground truth is decoded (`Sampling`: greedy by default, or sampled
+  at a temperature with top-k, top-p, a seed and completions per prompt), the draft
+  policies, each completion's seed and the check of what a server says it sampled;
 - `eval_spec`: `EvalSpec`, what the eval engine evaluates and how, with ONE dtype
   vocabulary (``bfloat16``/``float32``; ``bf16``/``fp32`` are accepted once, at parse) and
   one set of defaults. A bad value is a `SpecError` (a ValueError with one line saying what
@@ -57,15 +60,11 @@ from remote.protocol.ground_truth import GT_DEFAULT_TIMEOUT as GT_DEFAULT_TIMEOU
 from remote.protocol.ground_truth import GT_DEFERRED_FILE as GT_DEFERRED_FILE
 from remote.protocol.ground_truth import GT_MAX_SECONDS as GT_MAX_SECONDS
 from remote.protocol.ground_truth import GT_SUSPECT_AGREEMENT as GT_SUSPECT_AGREEMENT
-from remote.protocol.ground_truth import SAMPLING_KNOBS as SAMPLING_KNOBS
 from remote.protocol.ground_truth import SECONDS as SECONDS
 from remote.protocol.ground_truth import GroundTruthSpec as GroundTruthSpec
 from remote.protocol.ground_truth import GTLimits as GTLimits
-from remote.protocol.ground_truth import Sampling as Sampling
 from remote.protocol.ground_truth import agreement_suspect as agreement_suspect
 from remote.protocol.ground_truth import flag_suspect as flag_suspect
-from remote.protocol.ground_truth import greedy_refusal as greedy_refusal
-from remote.protocol.ground_truth import non_greedy as non_greedy
 from remote.protocol.gt_sources import DEFAULT_SERVER_KIND as DEFAULT_SERVER_KIND
 from remote.protocol.gt_sources import GT_KINDS as GT_KINDS
 from remote.protocol.gt_sources import GT_SOURCES as GT_SOURCES
@@ -106,6 +105,7 @@ from remote.protocol.jobs import check_slurm_end as check_slurm_end
 from remote.protocol.prompts import PROMPT_LINE_MAX_BYTES as PROMPT_LINE_MAX_BYTES
 from remote.protocol.prompts import parse_prompts as parse_prompts
 from remote.protocol.prompts import prompt_lines as prompt_lines
+from remote.protocol.prompts import token_ids_only as token_ids_only
 from remote.protocol.results import TARGET_COSTS as TARGET_COSTS
 from remote.protocol.results import TARGET_LOADED_ENDS as TARGET_LOADED_ENDS
 from remote.protocol.results import TARGET_LOADED_WHOLE as TARGET_LOADED_WHOLE
@@ -117,6 +117,16 @@ from remote.protocol.results import check_result as check_result
 from remote.protocol.results import check_spec as check_spec
 from remote.protocol.results import metrics_of as metrics_of
 from remote.protocol.results import sample_labels as sample_labels
+from remote.protocol.sampling import COMPLETION_KEYS as COMPLETION_KEYS
+from remote.protocol.sampling import DEFAULT_DRAFT_POLICY as DEFAULT_DRAFT_POLICY
+from remote.protocol.sampling import DRAFT_POLICIES as DRAFT_POLICIES
+from remote.protocol.sampling import SAMPLING_KNOBS as SAMPLING_KNOBS
+from remote.protocol.sampling import Sampling as Sampling
+from remote.protocol.sampling import completion_id as completion_id
+from remote.protocol.sampling import completion_keys as completion_keys
+from remote.protocol.sampling import parse_temperatures as parse_temperatures
+from remote.protocol.sampling import request_seed as request_seed
+from remote.protocol.sampling import sampling_mismatch as sampling_mismatch
 from remote.protocol.schemas import JOB_EVAL_KEY as JOB_EVAL_KEY
 from remote.protocol.schemas import JOB_SPEC_SCHEMA as JOB_SPEC_SCHEMA
 from remote.protocol.schemas import MANIFEST_FORMAT as MANIFEST_FORMAT

@@ -8,8 +8,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from remote.protocol.sampling import DEFAULT_DRAFT_POLICY, DRAFT_POLICIES, SEED, TEMPERATURE, TOP_P
 from remote.protocol.schemas import JOB_EVAL_KEY
-from remote.protocol.values import COUNT, SpecError, is_int
+from remote.protocol.values import COUNT, SpecError, is_int, one_of
 
 DTYPES = ("bfloat16", "float32")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -74,7 +75,10 @@ class EvalSpec:
     rounds start, the samples in lockstep, per-position acceptance over the chain walk's
     round starts) or ``all`` (a block at every completion position too, for per-position
     acceptance over all of them; the same rounds, more drafting:
-    benchmarks/eval_drafter_share.py). Values are
+    benchmarks/eval_drafter_share.py). ``temperature``, ``top_k``, ``top_p``: how the
+    ground truth was sampled and the engine samples (0: greedy; a job fills them from its
+    ``sampling``); ``draft_policy`` (`DRAFT_POLICIES`) how drafts are proposed above 0,
+    and ``seed`` the seed of the walks drawn there (docs/dflash-eval.md). Values are
     normalised and checked on construction, so every EvalSpec is a valid one.
     """
 
@@ -90,6 +94,21 @@ class EvalSpec:
     block_chunk: int | None = None
     positions: str = "walk"
     device: str = "cpu"
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    draft_policy: str = DEFAULT_DRAFT_POLICY
+    seed: int = 0
+
+    # The sampling settings, checked here and left out of the wire form at their defaults
+    # (a greedy spec reads as it always did).
+    SAMPLING = {
+        "temperature": TEMPERATURE,
+        "top_k": COUNT,
+        "top_p": TOP_P,
+        "draft_policy": one_of(*DRAFT_POLICIES),
+        "seed": SEED,
+    }
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -104,11 +123,24 @@ class EvalSpec:
         for name in ("target", "drafter", "ground_truth", "output_dir"):
             if not isinstance(getattr(self, name), str):
                 raise SpecError(f"{name} must be a path")
+        for name, check in self.SAMPLING.items():
+            if getattr(self, name) is not None:
+                check.require(name.replace("_", "-"), getattr(self, name))
+        set_(self, "temperature", float(self.temperature))
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the ground truth is sampled (a temperature above 0)."""
+        return self.temperature > 0
 
     def to_json(self) -> dict[str, Any]:
-        """The spec as a JSON object (the wire form `from_json` reads back)."""
+        """The spec as a JSON object (the wire form `from_json` reads back); the sampling
+        settings only where they differ from their defaults."""
         out = asdict(self)
         out["budgets"] = list(self.budgets)
+        for name in self.SAMPLING:
+            if out[name] == getattr(EvalSpec, name):
+                del out[name]
         return out
 
     @classmethod

@@ -1,6 +1,6 @@
 """Ground truth: where a job's comes from (`GroundTruthSpec`, its kinds in `gt_sources`),
-the bounds on waiting for it (`GTLimits`), how it is decoded (`Sampling`), and the judgement
-that a ground truth is wrong wholesale (`agreement_suspect`, `flag_suspect`)."""
+the bounds on waiting for it (`GTLimits`), and the judgement that a ground truth is wrong
+wholesale (`agreement_suspect`, `flag_suspect`). How it is decoded: `remote.protocol.sampling`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from remote.protocol.gt_sources import GT_KINDS, GT_SOURCES, SourceKind, kind_for
+from remote.protocol.sampling import GT_DEFAULT_MAX_NEW_TOKENS as GT_DEFAULT_MAX_NEW_TOKENS
+from remote.protocol.sampling import Sampling as Sampling
 from remote.protocol.values import COUNT, FLAG, TEXT, Check, SpecError, is_number, one_of
 
 # A ``file`` ground truth may be DEFERRED (``{"kind": "file", "deferred": seconds}``): the
@@ -30,8 +32,6 @@ GT_MAX_SECONDS = 30 * 86400.0  # beyond this a bound is not one (and timers over
 # Requests in flight at once to a ground-truth server: serving engines batch concurrent
 # requests, so 16 prompts cost about what one does.
 GT_DEFAULT_CONCURRENCY = 16
-# Ground-truth completion length when neither the job nor the inventory sets one.
-GT_DEFAULT_MAX_NEW_TOKENS = 256
 # Target agreement (the eval host's argmax equal to the ground-truth token, teacher-forced)
 # below which the ground truth is taken to be wrong wholesale: flagged in the result and
 # dropped from the host's cache. The target's own greedy completion agrees everywhere but
@@ -190,92 +190,11 @@ class GroundTruthSpec:
         return cls(**given, limits=GTLimits(**bounds))
 
 
-# ---- how the ground truth is decoded ------------------------------------------------------
-
-# The keys of a job's ``sampling`` (and of what a server may report it used) that say
-# whether decoding is greedy.
-SAMPLING_KNOBS = ("temperature", "top_p", "top_k", "do_sample")
-
-
-def non_greedy(params: dict) -> dict | None:
-    """None when `params` (sampling parameters a job asks for, or that a server reports it
-    used) mean greedy decoding, else the values that say otherwise (`SAMPLING_KNOBS`, those
-    given). Temperature 0 is greedy whatever top_p/top_k say (servers ignore them then),
-    and so is top_k 1; ``do_sample`` true is sampling. A missing temperature counts as 0."""
-    temperature = params.get("temperature", 0.0)
-    try:
-        greedy = float(0.0 if temperature is None else temperature) == 0.0
-    except (TypeError, ValueError):
-        greedy = False
-    top_k = params.get("top_k")
-    if is_number(top_k) and top_k == 1:
-        greedy = True
-    if params.get("do_sample") is True:
-        greedy = False
-    if greedy:
-        return None
-    shown = {"temperature": temperature, **{k: params.get(k) for k in SAMPLING_KNOBS[1:]}}
-    return {k: v for k, v in shown.items() if v is not None}
-
-
-def greedy_refusal(problem: dict) -> str:
-    """The line refusing a job's non-greedy sampling (`non_greedy`'s values)."""
-    given = ", ".join(f"{k} {v}" for k, v in problem.items())
-    return (
-        f"{given} refused: ground truth must be greedy (temperature 0), acceptance under "
-        "greedy verification is only defined against greedy completions"
-    )
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How the ground truth is decoded (the job document's ``sampling``): greedily, always
-    (`temperature` 0: a completion sampled otherwise is not what speculative decoding with
-    greedy verification reproduces), at most `max_new_tokens` new tokens per prompt.
-    Checked on construction (`CHECKS`, `non_greedy`)."""
-
-    max_new_tokens: int = GT_DEFAULT_MAX_NEW_TOKENS
-    temperature: float = 0.0
-
-    CHECKS: ClassVar[dict[str, Check]] = {"max_new_tokens": COUNT}
-
-    def __post_init__(self) -> None:
-        problem = non_greedy({"temperature": self.temperature})
-        if problem:
-            raise SpecError(greedy_refusal(problem))
-        object.__setattr__(self, "temperature", 0.0)
-        self.CHECKS["max_new_tokens"].require("max_new_tokens", self.max_new_tokens)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens}
-
-    @classmethod
-    def from_json(cls, obj: Any) -> Sampling:
-        """The entry from its JSON object (absent or null: the defaults). Besides
-        ``max_new_tokens`` it may say how to decode (`SAMPLING_KNOBS`), which must mean
-        greedy decoding; other keys are an error."""
-        if obj is None:
-            return cls()
-        if not isinstance(obj, dict):
-            raise SpecError("the job's sampling must be a JSON object")
-        unknown = sorted(set(obj) - {"max_new_tokens", *SAMPLING_KNOBS})
-        if unknown:
-            raise SpecError(
-                f"the job's sampling has unknown keys {', '.join(map(str, unknown))}; "
-                f"allowed: max_new_tokens, {', '.join(SAMPLING_KNOBS)}"
-            )
-        problem = non_greedy(obj)
-        if problem:
-            raise SpecError(greedy_refusal(problem))
-        if obj.get("max_new_tokens") is None:
-            return cls()
-        return cls(max_new_tokens=obj["max_new_tokens"])
-
-
-def agreement_suspect(rate: Any) -> bool:
+def agreement_suspect(rate: Any, sampled: bool = False) -> bool:
     """Whether a target agreement rate says the ground truth is wrong wholesale (see
-    `GT_SUSPECT_AGREEMENT`); a missing rate (no tokens) says nothing."""
-    return is_number(rate) and rate < GT_SUSPECT_AGREEMENT
+    `GT_SUSPECT_AGREEMENT`); a missing rate (no tokens) says nothing, and neither does
+    the rate of a `sampled` ground truth (it leaves the target's argmax by design)."""
+    return not sampled and is_number(rate) and rate < GT_SUSPECT_AGREEMENT
 
 
 def flag_suspect(info: dict, rate: float, evicted: bool) -> dict:

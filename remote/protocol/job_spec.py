@@ -14,7 +14,7 @@ sets is marked so, and the inventory and the job builder take it from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from remote.protocol.eval_spec import EvalSpec
@@ -136,11 +136,12 @@ class JobSpec:
         for name in ("layers", "context_ladder"):
             if name in given:
                 given[name] = tuple(given[name])
+        sampling = Sampling.from_json(doc.get("sampling"))
         return cls(
             **given,
-            engine=engine,
+            engine=engine_sampling(engine, sampling),
             ground_truth=GroundTruthSpec.from_json(doc.get("ground_truth")),
-            sampling=Sampling.from_json(doc.get("sampling")),
+            sampling=sampling,
             prompts=prompts["path"] if prompts else None,
             doc=doc,
         )
@@ -159,6 +160,22 @@ class JobSpec:
         if not self.feature_cache:
             return 0
         return int((self.feature_cache_gib or FEATURE_CACHE_DEFAULT_GIB) * 2**30)
+
+
+def engine_sampling(engine: EvalSpec, sampling: Sampling) -> EvalSpec:
+    """`engine` with the job's sampling (one truth: the ``sampling`` block): its
+    temperature, top-k, top-p and seed; an ``eval`` that names others is a `SpecError`."""
+    wanted = {**sampling.engine(), "seed": sampling.seed}
+    for name, value in wanted.items():
+        given = getattr(engine, name)
+        if given != getattr(EvalSpec, name) and given != value:
+            raise SpecError(
+                f"the job's eval {name} {given} differs from its sampling's {value}: "
+                "give it once, in sampling"
+            )
+    if engine.draft_policy != EvalSpec.draft_policy and not sampling.sampled:
+        raise SpecError("--draft-policy applies above temperature 0 only (0 is greedy)")
+    return replace(engine, **wanted)
 
 
 _SETTINGS = [f for f in fields(JobSpec) if "check" in f.metadata]

@@ -1,8 +1,9 @@
 """A prompts file (JSONL) as both sides read it: one prompt a line, z-lab's
-``{"turns": [...]}`` (its first turn) or ``{"prompt": "..."}``, or a whole conversation
-``{"messages": [{"role", "content"}, ...]}`` ending with the user's turn (earlier turns
-with their answers: a long context of your own, rendered with the target's chat
-template), with an optional ``id`` and labels.
+``{"turns": [...]}`` (its first turn), ``{"prompt": "..."}``, a whole conversation
+``{"messages": [{"role", "content"}, ...]}`` ending with the user's turn (a long context
+of your own, rendered with the target's chat template) or, already as the target's token
+ids, ``{"prompt_ids": [...]}`` (a target without tokenizer files can then be prompted),
+with an optional ``id`` and labels.
 
 The controller checks a local file with `parse_prompts` before it pushes it; the host reads
 it with the same function, so a file one side takes the other takes too."""
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from remote.protocol.results import ResultError, sample_labels
-from remote.protocol.values import SpecError
+from remote.protocol.values import SpecError, is_int
 
 # One prompt's line, in bytes: a 262k-token context is about 1 MiB of text; far beyond
 # that a line is a mistake whose parse and tokenisation would run for minutes.
@@ -35,8 +36,9 @@ def prompt_lines(fh, where: str) -> Iterable[tuple[int, bytes]]:
 
 
 def parse_prompts(lines: Iterable[tuple[int, bytes]], where: str, stem: str) -> list[dict]:
-    """Prompt records ``{"id", "text", labels...}`` from numbered JSONL lines; a
-    `SpecError` naming the line otherwise. Ids are unique (an absent one is
+    """Prompt records ``{"id", "text", labels...}`` (or ``{"id", "ids", labels...}`` for
+    a line of token ids) from numbered JSONL lines; a `SpecError` naming the line
+    otherwise. Ids are unique (an absent one is
     ``<stem>-<index>``): two records with one id would be one sample twice."""
     records: list[dict] = []
     seen: dict[str, int] = {}
@@ -65,25 +67,36 @@ ROLES = ("system", "user", "assistant")
 
 def _record(obj: Any, where: str, default_id: str) -> dict:
     turns = obj.get("turns") if isinstance(obj, dict) else None
+    ids = obj.get("prompt_ids") if isinstance(obj, dict) else None
     messages = None
     if isinstance(obj, dict) and "messages" in obj:
         messages = conversation(obj["messages"], where)
-        text = messages[-1]["content"]
+        body: dict = {"text": messages[-1]["content"]}
     elif isinstance(turns, list) and turns and isinstance(turns[0], str):
-        text = turns[0]
+        body = {"text": turns[0]}
     elif isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
-        text = obj["prompt"]
+        body = {"text": obj["prompt"]}
+    elif isinstance(ids, list) and ids and all(is_int(t) and t >= 0 for t in ids):
+        body = {"ids": ids}
+    elif ids is not None:
+        raise SpecError(f"{where}: prompt_ids must be a non-empty list of token ids (from 0)")
     else:
         raise SpecError(
             f'{where}: expected {{"turns": ["..."]}}, {{"prompt": "..."}} or '
-            '{"messages": [{"role": "user", "content": "..."}, ...]}'
+            '{"messages": [{"role": "user", "content": "..."}, ...]} or '
+            '{"prompt_ids": [token ids]}'
         )
     try:
         labels = sample_labels(obj)
     except ResultError as exc:
         raise SpecError(f"{where}: {exc}") from None
-    out = {"id": str(obj.get("id", default_id)), "text": text, **labels}
+    out = {"id": str(obj.get("id", default_id)), **body, **labels}
     return out | ({"messages": messages} if messages else {})
+
+
+def token_ids_only(records: list[dict]) -> bool:
+    """Whether every prompt record is given as token ids (no tokenizer needed)."""
+    return all("ids" in r for r in records)
 
 
 def conversation(messages: Any, where: str) -> list[dict]:

@@ -107,7 +107,8 @@ def judge_ground_truth(
     over a new connection, by the cache key that host reported, checked to be one).
     `workdir`: the workdir that cache is in (default: the first host's own)."""
     rate = agreement.get("rate") if isinstance(agreement, dict) else None
-    if not agreement_suspect(rate):
+    sampled = bool((gt_info.get("sampling") or {}).get("temperature"))
+    if not agreement_suspect(rate, sampled):
         return gt_info
     key, evicted = gt_info.get("cache_key"), False
     if isinstance(key, str) and GT_CACHE_KEY_RE.match(key):

@@ -123,7 +123,8 @@ def judge(info: dict, agreement: Any, job_dir: Path, emit: Emit = lambda *a, **k
     names), so no later eval reuses it and the answer stays there for a look. Otherwise
     `info` comes back as it was."""
     rate = agreement.get("rate") if isinstance(agreement, dict) else None
-    if not agreement_suspect(rate):
+    sampled = bool((info.get("sampling") or {}).get("temperature"))
+    if not agreement_suspect(rate, sampled):
         return info
     evicted = False
     if info.get("cache_key") and info.get("file"):

@@ -10,7 +10,14 @@ from typing import Any
 
 from remote.errors import UserError
 from remote.eval.groundtruth.prompts import read_jsonl
-from remote.protocol import ResultError, is_int, non_greedy, sample_labels
+from remote.protocol import (
+    ResultError,
+    SpecError,
+    completion_keys,
+    is_int,
+    sample_labels,
+    sampling_mismatch,
+)
 
 
 def int_list(value: Any) -> bool:
@@ -32,7 +39,7 @@ def target_vocab_size(target: str, tokenizer) -> int:
 def check_completion(
     ids: Any, *, vocab: int, max_new: int | None, prompt_id: str, source: str, target: str
 ) -> list[int]:
-    """`ids` if they can be the target's greedy completion: a non-empty list of integer
+    """`ids` if they can be the target's completion: a non-empty list of integer
     ids, each inside the vocabulary, at most `max_new` of them (None: any number, for
     retokenised text). Otherwise one UserError naming the source (a server URL, or the
     local generation) and the bad value."""
@@ -76,8 +83,8 @@ def read_ground_truth_file(path: str) -> list[dict]:
                 '"completion_ids": [...]}} with token ids'
             )
         try:
-            labels = sample_labels(obj)
-        except ResultError as exc:
+            labels = {**sample_labels(obj), **completion_keys(obj)}
+        except (ResultError, SpecError) as exc:
             raise UserError(f"{path}:{n}: {exc}") from None
         out.append(
             {
@@ -115,16 +122,17 @@ def reported_sampling(answer: Any) -> dict:
     return found
 
 
-def check_answer_greedy(answer: Any, url: str) -> None:
-    """Refuse an answer whose server reports it sampled instead of decoding greedily."""
-    problem = non_greedy(reported_sampling(answer))
-    if problem:
-        shown = ", ".join(f"{k}={v}" for k, v in problem.items())
+def check_answer_sampling(answer: Any, url: str, sampling: dict) -> None:
+    """Refuse an answer whose server reports it decoded otherwise than `sampling` (the
+    completion's settings) asked: sampling when greedy was asked, another temperature,
+    top-k or top-p; one line naming each."""
+    differ = sampling_mismatch(reported_sampling(answer), sampling)
+    if differ:
+        shown = ", ".join(f"{k}={got} (asked {want})" for k, (got, want) in differ.items())
         raise UserError(
-            f"ground truth server {url} reports non-greedy sampling ({shown}) "
-            "although temperature 0 was asked; tau must be measured against "
-            "greedy completions, so its answer is refused: serve the target "
-            "without sampling overrides"
+            f"ground truth server {url} reports other sampling than asked: {shown}; its "
+            "answer is refused, since tau is measured against completions decoded as the "
+            "engine decodes: serve the target without sampling overrides"
         )
 
 

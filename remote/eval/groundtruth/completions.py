@@ -28,7 +28,15 @@ from remote.eval.groundtruth.prompts import (
     render_prompt,
 )
 from remote.httpclient import Waits
-from remote.protocol import EvalSpec, JobSpec, sample_labels
+from remote.protocol import (
+    EvalSpec,
+    JobSpec,
+    completion_id,
+    completion_keys,
+    request_seed,
+    sample_labels,
+    token_ids_only,
+)
 
 # What a cache entry's meta keeps of the phase's info (and the target's identity).
 META_KEYS = (
@@ -67,10 +75,12 @@ def job_info(job: JobSpec) -> dict[str, Any]:
 @dataclass
 class Prompts:
     """A job's prompts as a source completes them: `records` (id, text) and `rendered`
-    (text, ids) with the target's chat template; the target's `tokenizer`, `vocab` and
-    `identity`; once `open_entry` named them, the `source` that answers, `where` (its words
-    in an error), whether it answers in `text`, and the cache entry they make (`path`, its
-    meta beside it); `info`, the phase's record so far."""
+    (text, ids) with the target's chat template (prompts given as token ids: as they are,
+    no text), one of each per completion to make (`expand`: several per prompt when the
+    ground truth is sampled); the target's `tokenizer` (None when every prompt is token
+    ids), `vocab` and `identity`; once `open_entry` named them, the `source` that answers,
+    `where` (its words in an error), whether it answers in `text`, and the cache entry they
+    make (`path`, its meta beside it); `info`, the phase's record so far."""
 
     job: JobSpec
     engine: EvalSpec
@@ -88,12 +98,16 @@ class Prompts:
 
     @classmethod
     def of(cls, job: JobSpec, engine: EvalSpec) -> Prompts:
-        """The job's prompts, rendered for its target."""
-        tokenizer = load_tokenizer(engine.target)
+        """The job's prompts, rendered for its target, one per completion to make."""
         if not job.prompts:
             raise UserError("the job names no prompts file (its prompts.path)")
         records = load_prompts(job.prompts, job.samples, job.seed, job.prompts_sha256)
-        rendered = [render_prompt(tokenizer, p, job.thinking) for p in records]
+        tokenizer = None if token_ids_only(records) else load_tokenizer(engine.target)
+        rendered = [
+            ("", p["ids"]) if "ids" in p else render_prompt(tokenizer, p, job.thinking)
+            for p in records
+        ]
+        records, rendered = expand(records, rendered, job.sampling)
         identity = target_identity(engine.target)
         vocab = target_vocab_size(engine.target, tokenizer)
         return cls(job, engine, records, rendered, tokenizer, vocab, identity, job_info(job))
@@ -124,6 +138,19 @@ class Prompts:
     @property
     def sampling(self) -> dict:
         return self.info["sampling"]
+
+    def requests(self) -> list[dict]:
+        """Each completion's own sampling settings (`Sampling.to_json` as the job has
+        them): sampled, with its seed (`request_seed`) instead of the job's and without
+        the count per prompt; greedy, the job's as they are."""
+        base = self.sampling
+        if not base["temperature"]:
+            return [base] * len(self.records)
+        each = {k: v for k, v in base.items() if k not in ("seed", "completions")}
+        return [
+            {**each, "seed": request_seed(base["seed"], r["prompt_id"], r["index"])}
+            for r in self.records
+        ]
 
     @property
     def ids(self) -> list[list[int]]:
@@ -184,6 +211,21 @@ class Prompts:
         return str(self.path), self.info
 
 
+def expand(records: list[dict], rendered: list, sampling) -> tuple[list, list]:
+    """(records, rendered) with one entry per completion: greedy, as they are; sampled,
+    `sampling.completions` of each prompt, their ids naming the prompt and the
+    completion's index (`completion_id`; ``prompt_id`` and ``index`` beside it)."""
+    if not sampling.sampled:
+        return records, rendered
+    out_records, out_rendered = [], []
+    for rec, ren in zip(records, rendered, strict=True):
+        for k in range(sampling.completions):
+            pid = rec["id"]
+            out_records.append({**rec, "id": completion_id(pid, k), "prompt_id": pid, "index": k})
+            out_rendered.append(ren)
+    return out_records, out_rendered
+
+
 @contextmanager
 def _aborting(waits: Waits) -> Iterator[None]:
     """Inside, a failure ends every request still in flight before it is raised."""
@@ -212,7 +254,8 @@ def collect(prompts: Prompts, answers: Iterable[Any], waits: Waits, emit: Emit) 
                 if not retokenisation_check(prompts.tokenizer, text, ids, ctext, completion, count):
                     mismatched += 1
             prompts.check(completion, prompt["id"])
-            records.append({**labelled(prompt), "prompt_ids": ids, "completion_ids": completion})
+            line = {**labelled(prompt), **completion_keys(prompt)}
+            records.append({**line, "prompt_ids": ids, "completion_ids": completion})
             emit("ground_truth", done=i + 1, total=total, cached=False, tokens=len(completion))
     if prompts.text:
         _retokenisation(prompts, len(records), mismatched, emit)

@@ -1,4 +1,5 @@
-"""Greedy generation with the target on this host (ground truth kind ``local``)."""
+"""Generation with the target on this host (ground truth kind ``local``): greedy, or
+sampled with each completion's own seed (`SeededSampler`)."""
 
 from __future__ import annotations
 
@@ -54,12 +55,14 @@ class LocalGenerator:
                 ) from None
 
     def generate_batch(
-        self, prompts: list[list[int]], sampling: dict, max_time: float | None = None
+        self, prompts: list[list[int]], requests: list[dict], max_time: float | None = None
     ) -> list[list[int]]:
-        """Greedy completions of several prompts in ONE ``generate`` call, as a serving
-        engine batches concurrent requests: left-padded, the padding masked out. Each
-        completion ends at its first end-of-text id, as alone it would. `max_time`:
-        seconds after which ``generate`` stops early (its completions then cut short)."""
+        """Completions of several prompts in ONE ``generate`` call, as a serving engine
+        batches concurrent requests: left-padded, the padding masked out; `requests`: each
+        one's sampling settings (`Prompts.requests`: greedy, or sampled with its seed, by
+        `SeededSampler`). Each completion ends at its first end-of-text id, as alone it
+        would. `max_time`: seconds after which ``generate`` stops early (its completions
+        then cut short)."""
         from remote.eval import cpu_bf16
 
         torch = self.torch
@@ -70,14 +73,21 @@ class LocalGenerator:
         pad = config.pad_token_id if config.pad_token_id is not None else min(eos, default=0)
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        first = requests[0]
+        # greedy decoding picks the one token the sampler leaves finite: each row sampled
+        # from its own generator, whatever else shares the batch
+        sampler = (
+            [SeededSampler(first, [r["seed"] for r in requests])] if first["temperature"] else []
+        )
         with torch.inference_mode(), cpu_bf16.widened():
             out = self.model.generate(
                 ids,
                 attention_mask=mask,
                 do_sample=False,
-                max_new_tokens=sampling["max_new_tokens"],
+                max_new_tokens=first["max_new_tokens"],
                 pad_token_id=pad,
                 max_time=max_time,
+                **({"logits_processor": sampler} if sampler else {}),
             )
         completions = []
         for row in out[:, width:].tolist():
@@ -86,7 +96,11 @@ class LocalGenerator:
         return completions
 
     def in_order(
-        self, prompts: list[list[int]], sampling: dict, batch: int, waits: Waits | None = None
+        self,
+        prompts: list[list[int]],
+        requests: list[dict],
+        batch: int,
+        waits: Waits | None = None,
     ) -> Iterator[list[int]]:
         """Completions of `prompts`, yielded in order, generated `batch` prompts at a time;
         within the phase's deadline (`waits`), which ends a ``generate`` early and then
@@ -96,7 +110,8 @@ class LocalGenerator:
             left = None if waits is None else waits.phase_end - time.monotonic()
             if left is not None and left <= 0:
                 raise self._late(waits)
-            out = self.generate_batch(prompts[start : start + step], sampling, left)
+            part = slice(start, start + step)
+            out = self.generate_batch(prompts[part], requests[part], left)
             if waits is not None and time.monotonic() >= waits.phase_end:
                 raise self._late(waits)  # max_time may have cut it short
             yield from out
@@ -105,3 +120,30 @@ class LocalGenerator:
         return UserError(
             f"local generation with {self.target} had not finished at {waits.phase_words()}"
         )
+
+
+class SeededSampler:
+    """A ``generate`` logits processor that samples each row's next token at the
+    request's temperature, top-k and top-p (`remote.eval.logits.Processing`, as the
+    engine processes the target) from that row's own generator (seeded with its
+    completion's seed), and leaves only that token finite: greedy decoding then takes
+    it. A completion is then the same in any batch, and the same as made alone."""
+
+    def __init__(self, sampling: dict, seeds: list[int]):
+        import torch
+
+        from remote.eval.logits import Processing
+
+        self.processing = Processing(sampling["temperature"], sampling["top_k"], sampling["top_p"])
+        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        probs = torch.softmax(self.processing.scaled(scores), dim=-1).cpu()
+        picked = [
+            torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.generators)
+        ]
+        out = torch.full_like(scores, float("-inf"))
+        out[torch.arange(len(picked)), torch.cat(picked).to(scores.device)] = 0.0
+        return out

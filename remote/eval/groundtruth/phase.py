@@ -78,10 +78,10 @@ class FileSource:
 
 
 class LocalSource:
-    """The target on this host completes the prompts greedily, unless the cache holds
-    them; ``concurrency`` prompts per ``generate`` call, as a server batches them. Its
-    cache identity is the target itself. `load_model`: the job's loaded target (else the
-    generator loads its own)."""
+    """The target on this host completes the prompts (greedily, or sampled with each
+    completion's seed), unless the cache holds them; ``concurrency`` prompts per
+    ``generate`` call, as a server batches them. Its cache identity is the target
+    itself. `load_model`: the job's loaded target (else the generator loads its own)."""
 
     kind = GTKind.LOCAL
 
@@ -104,7 +104,7 @@ class LocalSource:
             engine.target, engine.dtype, engine.threads, model=load_model() if load_model else None
         )
         concurrency = job.ground_truth.concurrency
-        answers = generator.in_order(prompts.ids, prompts.sampling, concurrency, waits)
+        answers = generator.in_order(prompts.ids, prompts.requests(), concurrency, waits)
         return prompts.store(collect(prompts, answers, waits, emit))
 
 

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from remote.errors import UserError
 from remote.eval.groundtruth.cache import Emit
-from remote.eval.groundtruth.checks import check_answer_greedy, int_list
+from remote.eval.groundtruth.checks import check_answer_sampling, int_list
 from remote.eval.groundtruth.completions import Prompts, collect, require_source
 from remote.httpclient import Redirected, Waits, answer_bytes, http_json, reachable
 from remote.protocol import EvalSpec, GTKind, JobSpec, SourceKind
@@ -22,8 +22,9 @@ Prompt = tuple[str, list[int]]
 
 class Server:
     """How one server kind (`kind`, from the contract) is asked: at `path` under its base
-    URL, with `request` for one prompt, the job's sampling settings in its own words
-    (`knobs`: the contract's name -> the server's); what its answer must hold
+    URL, with `request` for one prompt, its completion's sampling settings in the server's
+    own words (`knobs`: the contract's name -> the server's; a setting that is off, None,
+    is not sent); what its answer must hold
     (`completion`: the ids, unchecked, or for a `text` server the text and its token count)
     and the model it says it serves (`served`, part of the cache entry's key). A `warning`
     is recorded whenever it makes a ground truth."""
@@ -53,8 +54,8 @@ class Server:
         return url + self.path
 
     def wire(self, sampling: dict) -> dict:
-        """The job's sampling settings in this server's words (`knobs`)."""
-        return {self.knobs[k]: v for k, v in sampling.items() if k in self.knobs}
+        """A completion's sampling settings in this server's words (`knobs`)."""
+        return {self.knobs[k]: v for k, v in sampling.items() if k in self.knobs and v is not None}
 
     def answer(self, url: str, model: str | None, prompt: Prompt, sampling: dict, waits: Waits):
         """The completion of one prompt: asked within `waits`' bounds, the answer bounded in
@@ -69,7 +70,7 @@ class Server:
             max_bytes=answer_bytes(len(prompt[1]), sampling["max_new_tokens"]),
         )
         completion = self.completion(answer, endpoint, prompt)
-        check_answer_greedy(answer, endpoint)
+        check_answer_sampling(answer, endpoint, sampling)
         return completion
 
     def make(
@@ -89,6 +90,11 @@ class Server:
         gt = job.ground_truth
         prompts = Prompts.of(job, engine)
         require_source(job)
+        if self.text and prompts.tokenizer is None:
+            raise UserError(
+                f"ground truth kind {self.kind.name} takes text prompts, and these are "
+                "token ids: use a server that takes ids (sglang, openai) or local"
+            )
         problem = reachable(gt.url, min(waits.limits.timeout, 10.0))
         if problem:
             raise UserError(problem)
@@ -102,14 +108,17 @@ class Server:
             asking()
         if self.warning:
             prompts.warn(self.warning.format(url=gt.url), emit)
-        sampling, model = prompts.sampling, source.get("model")
+        model = source.get("model")
+        asks = [
+            (*ren, each) for ren, each in zip(prompts.rendered, prompts.requests(), strict=True)
+        ]
 
-        def ask(text: str, ids: list[int]) -> Any:
+        def ask(text: str, ids: list[int], sampling: dict) -> Any:
             # Only the request runs in the pool: tokenising, checking and emitting stay on
             # the phase's thread, in prompt order.
             return self.answer(gt.url, model, (text, ids), sampling, waits)
 
-        answers = in_order(ask, prompts.rendered, gt.concurrency)
+        answers = in_order(ask, asks, gt.concurrency)
         return prompts.store(collect(prompts, answers, waits, emit))
 
 
@@ -132,7 +141,13 @@ class SGLang(Server):
 
     kind = GTKind.SGLANG
     path = "/generate"
-    knobs = {"temperature": "temperature", "max_new_tokens": "max_new_tokens"}
+    knobs = {
+        "temperature": "temperature",
+        "max_new_tokens": "max_new_tokens",
+        "top_k": "top_k",
+        "top_p": "top_p",
+        "seed": "sampling_seed",
+    }
 
     def request(self, prompt: Prompt, sampling: dict, model: str | None) -> dict:
         return {"input_ids": prompt[1], "sampling_params": self.wire(sampling)}
@@ -161,7 +176,14 @@ class OpenAI(Server):
 
     kind = GTKind.OPENAI
     path = "/v1/completions"
-    knobs = {"temperature": "temperature", "max_new_tokens": "max_tokens"}
+    # top_k is vLLM's and SGLang's extension of the OpenAI API
+    knobs = {
+        "temperature": "temperature",
+        "max_new_tokens": "max_tokens",
+        "top_k": "top_k",
+        "top_p": "top_p",
+        "seed": "seed",
+    }
 
     def request(self, prompt: Prompt, sampling: dict, model: str | None) -> dict:
         ask = {"prompt": prompt[1], **self.wire(sampling), "return_token_ids": True}
@@ -240,22 +262,21 @@ class OpenAIText(OpenAI):
 SERVERS = (SGLang(), OpenAI(), OpenAIText())
 
 
-def in_order(
-    ask: Callable[[str, list[int]], Any], rendered: list[Prompt], concurrency: int
-) -> Iterator[Any]:
-    """`ask(text, ids)` for every rendered prompt, yielded in prompt order. With
+def in_order(ask: Callable[..., Any], rendered: list[tuple], concurrency: int) -> Iterator[Any]:
+    """`ask(*request)` for every request (a rendered prompt: text, ids, and its sampling),
+    yielded in prompt order. With
     `concurrency` > 1 up to that many requests are in flight at once (a serving engine
     batches them); the first failure in prompt order is raised, and requests not yet sent
     are dropped."""
     if concurrency <= 1 or len(rendered) <= 1:
-        for text, ids in rendered:
-            yield ask(text, ids)
+        for request in rendered:
+            yield ask(*request)
         return
     pool = ThreadPoolExecutor(
         max_workers=min(concurrency, len(rendered)), thread_name_prefix="ground-truth"
     )
     try:
-        futures = [pool.submit(ask, text, ids) for text, ids in rendered]
+        futures = [pool.submit(ask, *request) for request in rendered]
         for future in futures:
             yield future.result()
     finally:
