@@ -121,7 +121,18 @@ CLI_CASES = [
     ),
     ("eval-budgets-negative", (*EVAL, "--budgets", "8,-4"), r"--budgets .* got 8,-4"),
     ("eval-budgets-text", (*EVAL, "--budgets", "8,x"), r"--budgets expects comma-separated"),
-    ("eval-temperature", (*EVAL, "--temperature", "0.7"), r"temperature 0.7 refused.*greedy"),
+    ("eval-temperature", (*EVAL, "--temperature", "-1"), r"temperature must be a number from 0"),
+    ("eval-top-p-greedy", (*EVAL, "--top-p", "0.9"), r"--top-p apply to sampled ground truth"),
+    (
+        "eval-draft-policy-greedy",
+        (*EVAL, "--draft-policy", "sample"),
+        r"--draft-policy applies above temperature 0 only",
+    ),
+    (
+        "eval-draft-policy",
+        (*EVAL, "--temperature", "1", "--draft-policy", "best"),
+        r"unknown draft-policy 'best' \(one of argmax, sample\)",
+    ),
     (
         "eval-gt-kind",
         (*EVAL, "--ground-truth-kind", "vllm"),
@@ -299,19 +310,19 @@ GT_CASES = [
                 "meta_info": {"sampling_params": {"temperature": 0.7, "top_p": 0.9}},
             }
         ),
-        r"reports non-greedy sampling \(temperature=0.7, top_p=0.9\).*greedy",
+        r"reports other sampling than asked: temperature=0.7 \(asked 0.0\), top_p=0.9",
     ),
     (
         "openai-sampled",
         "openai",
         _openai_choice(token_ids=[5, 6], temperature=1.0),
-        r"reports non-greedy sampling \(temperature=1.0\)",
+        r"reports other sampling than asked: temperature=1.0 \(asked 0.0\)",
     ),
     (
         "openai-do-sample",
         "openai",
         _openai_choice(token_ids=[5], sampling_params={"do_sample": True, "temperature": 0.6}),
-        r"non-greedy sampling \(temperature=0.6",
+        r"other sampling than asked: temperature=0.6 \(asked 0.0\), do_sample=True",
     ),
 ]
 

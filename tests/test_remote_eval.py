@@ -630,10 +630,8 @@ def test_preflight_failures_are_one_line_and_start_nothing(
     assert down.returncode != 0
     assert "refused the connection" in one_error_line(down)
 
-    greedy = dflash(
-        "remote-eval", "--checkpoint", "step-0", "--temperature", "0.8", "-i", str(inventory)
-    )
-    assert greedy.returncode != 0 and "greedy" in one_error_line(greedy)
+    greedy = dflash("remote-eval", "--checkpoint", "step-0", "--top-k", "5", "-i", str(inventory))
+    assert greedy.returncode != 0 and "sampled ground truth only" in one_error_line(greedy)
 
     # A target whose weights need far more RAM than any host has: its config (what the
     # engine builds, on the meta device) and a safetensors header exist, which is all

@@ -12,6 +12,7 @@ from orchestrator.commands.common import (
     BudgetsOption,
     ContextLadderOption,
     DeviceOption,
+    DraftPolicyOption,
     DtypeOption,
     FeatureCacheOption,
     FreshGroundTruthOption,
@@ -19,6 +20,7 @@ from orchestrator.commands.common import (
     GroundTruthOption,
     GtDeadlineOption,
     GtPhaseDeadlineOption,
+    GtSamplesOption,
     GtTimeoutOption,
     InventoryOption,
     JsonOption,
@@ -28,8 +30,11 @@ from orchestrator.commands.common import (
     ResultsDirOption,
     SamplesOption,
     SeedOption,
+    TemperatureOption,
     ThreadsOption,
+    TopKOption,
     TopkOption,
+    TopPOption,
     inventory,
     stopped_by_signal,
 )
@@ -84,9 +89,11 @@ def remote_eval_cmd(
             help="Chat template with thinking on or off (enable_thinking).",
         ),
     ] = False,
-    temperature: Annotated[
-        float, typer.Option(help="Must be 0: only greedy ground truth is accepted.")
-    ] = 0.0,
+    temperature: TemperatureOption = 0.0,
+    top_k: TopKOption = None,
+    top_p: TopPOption = None,
+    draft_policy: DraftPolicyOption = None,
+    gt_samples: GtSamplesOption = None,
     ground_truth: GroundTruthOption = None,
     ground_truth_kind: GroundTruthKindOption = None,
     ground_truth_model: Annotated[
@@ -127,7 +134,13 @@ def remote_eval_cmd(
     """
     inv = inventory(ctx, inventory_path)
     engine, chosen = engine_spec(
-        dtype=dtype, threads=threads, budgets=budgets, topk=topk, positions=positions, device=device
+        dtype=dtype,
+        threads=threads,
+        budgets=budgets,
+        topk=topk,
+        positions=positions,
+        device=device,
+        draft_policy=draft_policy,
     )
     options = EvalOptions(
         prompts=prompts,
@@ -137,6 +150,9 @@ def remote_eval_cmd(
         max_new_tokens=max_new_tokens,
         thinking=thinking,
         temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        gt_samples=gt_samples,
         ground_truth=ground_truth,
         ground_truth_kind=ground_truth_kind,
         ground_truth_model=ground_truth_model,

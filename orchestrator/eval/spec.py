@@ -87,6 +87,9 @@ class EvalOptions:
     max_new_tokens: int | None = None
     thinking: bool = False
     temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    gt_samples: int | None = None
     ground_truth: str | None = None
     ground_truth_kind: str | None = None
     ground_truth_model: str | None = None
@@ -115,7 +118,9 @@ class EvalOptions:
         if not isinstance(self.engine, EvalSpec):
             raise DflashError("EvalOptions.engine must be an EvalSpec (see engine_spec)")
         try:
-            Sampling(temperature=self.temperature)
+            sampling = self.sampling(GT_DEFAULT_MAX_NEW_TOKENS)
+            if self.engine.draft_policy != EvalSpec.draft_policy and not sampling.sampled:
+                raise SpecError("--draft-policy applies above temperature 0 only (0 is greedy)")
             self.ground_truth_limits(None)
         except SpecError as exc:
             raise DflashError(str(exc)) from None
@@ -127,6 +132,17 @@ class EvalOptions:
             except SpecError as exc:
                 raise DflashError(str(exc)) from None
             self.context_ladder = tuple(rungs)
+
+    def sampling(self, max_new_tokens: int) -> Sampling:
+        """How the ground truth is decoded (the job's ``sampling``); `seed` seeds it too."""
+        return Sampling(
+            max_new_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed if self.temperature > 0 else 0,
+            completions=self.gt_samples or 1,
+        )
 
     def ground_truth_limits(self, role: EvalRole | None) -> GTLimits:
         """The bounds on waiting for ground truth on a host with inventory role `role`:
@@ -348,8 +364,8 @@ def build_spec(
         else _given(options.samples, (role.samples if role else None)),
         "seed": options.seed,
         "thinking": options.thinking,
-        "sampling": Sampling(
-            max_new_tokens=_given(
+        "sampling": options.sampling(
+            _given(
                 options.max_new_tokens,
                 role.max_new_tokens if role else GT_DEFAULT_MAX_NEW_TOKENS,
             )
