@@ -10,10 +10,12 @@ from orchestrator.commands import output
 from orchestrator.commands.common import (
     BudgetsOption,
     ContextLadderOption,
+    DraftPolicyOption,
     DtypeOption,
     FeatureCacheOption,
     GtDeadlineOption,
     GtPhaseDeadlineOption,
+    GtSamplesOption,
     GtTimeoutOption,
     InventoryOption,
     JsonOption,
@@ -21,6 +23,10 @@ from orchestrator.commands.common import (
     PromptsOption,
     ResultsDirOption,
     SamplesOption,
+    SeedOption,
+    TemperatureOption,
+    TopKOption,
+    TopPOption,
     inventory,
     positive,
     stopped_by_signal,
@@ -64,6 +70,12 @@ def follow_cmd(
     samples: SamplesOption = None,
     context_ladder: ContextLadderOption = None,
     max_new_tokens: MaxNewTokensOption = None,
+    seed: SeedOption = 0,
+    temperature: TemperatureOption = 0.0,
+    top_k: TopKOption = None,
+    top_p: TopPOption = None,
+    draft_policy: DraftPolicyOption = None,
+    gt_samples: GtSamplesOption = None,
     budgets: BudgetsOption = None,
     dtype: DtypeOption = None,
     gt_timeout: GtTimeoutOption = None,
@@ -116,7 +128,7 @@ def follow_cmd(
     cancels the running eval job and ends with one line; the history is kept, and a restart
     attaches to a job a crash left running."""
     inv = inventory(ctx, inventory_path)
-    engine, chosen = engine_spec(dtype=dtype, budgets=budgets)
+    engine, chosen = engine_spec(dtype=dtype, budgets=budgets, draft_policy=draft_policy)
     request = follow_lib.follow_request(
         inv,
         source,
@@ -133,6 +145,11 @@ def follow_cmd(
             samples=samples,
             context_ladder=context_ladder,
             max_new_tokens=max_new_tokens,
+            seed=seed,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            gt_samples=gt_samples,
             ground_truth_timeout=gt_timeout,
             ground_truth_deadline=gt_deadline,
             ground_truth_phase_deadline=gt_phase_deadline,

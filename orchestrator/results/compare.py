@@ -107,6 +107,7 @@ PROMPTING = (
     ("chat template", settings.chat_template),
 )
 CHECKS = (
+    ("sampling", settings.sampling),  # another temperature or draft policy: another tau
     ("prompts", _prompts),
     ("ground truth", _ground_truth),
     ("target", _target),
@@ -178,7 +179,8 @@ def _labels(rec: dict) -> tuple:
 
 def _show(v: Any) -> str:
     text = str(v[1] if isinstance(v, tuple) and len(v) > 1 and v[0] == "config" else v)
-    return text[:12] + "…" if len(text) > 16 else text
+    digest = len(text) > 16 and all(c in "0123456789abcdef" for c in text)
+    return text[:12] + "…" if digest else text  # a sha256 by its start; anything else whole
 
 
 def paired_metrics() -> list[Metric]:

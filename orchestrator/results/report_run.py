@@ -56,6 +56,7 @@ def provenance(run: res.Run) -> list[tuple[str, Any]]:
         ),
         ("ground truth sha256", inputs.get("ground_truth_sha256")),
         ("thinking mode", settings.thinking(run)),
+        ("sampling", settings.sampling(run)),
         ("chat template sha256", settings.chat_template(run)),
         (
             "python / torch / transformers",

@@ -55,6 +55,18 @@ def thinking(run: res.Run) -> str | None:
     return None
 
 
+def sampling(run: res.Run) -> str:
+    """``greedy``, or the temperature (top-k, top-p) and draft policy tau was computed
+    at (docs/dflash-eval.md): runs at different ones are different evals."""
+    given = {**_part(run, "sampling"), **_part(run, JOB_EVAL_KEY)}
+    t = given.get("temperature") or 0
+    if not t:
+        return "greedy"
+    knobs = [f"temperature {t:g}"]
+    knobs += [f"{k.replace('_', '-')} {given[k]}" for k in ("top_k", "top_p") if given.get(k)]
+    return f"{', '.join(knobs)}, {given.get('draft_policy') or 'argmax'} drafts"
+
+
 def chat_template(run: res.Run) -> str | None:
     """sha256 of the chat template the prompts were rendered with (the ground truth
     records it); None when there was none or it was not recorded."""
@@ -100,6 +112,7 @@ SETTINGS: tuple[tuple[str, Callable[[res.Run], Any]], ...] = (
     ("ground truth", _ground_truth),
     ("budgets", _budgets),
     ("thinking", thinking),
+    ("sampling", sampling),
     ("positions", lambda run: _part(run, JOB_EVAL_KEY).get("positions")),
     ("target", lambda run: _target(run)),
 )

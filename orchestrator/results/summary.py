@@ -187,6 +187,8 @@ def summary(run: res.Run) -> dict:
         "dtype": settings.dtype(run),
         "speedup_estimate": speedup_estimate(run),
         "thinking": settings.thinking(run),
+        "sampling": settings.sampling(run),
+        "expected": run.result.get("expected"),
         "chat_template_sha256": settings.chat_template(run),
         "engine": settings.engine(run),
         "drafter_sha256": run.drafter.get("sha256"),

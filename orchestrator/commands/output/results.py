@@ -95,6 +95,16 @@ def render_summary(run: res.Run) -> None:
     rows.append(
         ("thinking / chat template", f"{fmt(s['thinking'])} / {fmt(s['chat_template_sha256'])}")
     )
+    rows.append(("sampling", s["sampling"]))
+    expected = run.result.get("expected")
+    if isinstance(expected, dict):  # speculative sampling's tau in expectation
+        rows.append(
+            (
+                "expected tau / token-weighted",
+                f"{fmt(expected.get('tau'))} ± {fmt(expected.get('tau_se'))} / "
+                f"{fmt(expected.get('tau_token_weighted'))}",
+            )
+        )
     if s["retokenisation_mismatch"] is not None:
         rows.append(
             ("retokenisation mismatch", styled(pct(s["retokenisation_mismatch"]), "yellow"))
