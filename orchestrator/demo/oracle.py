@@ -180,3 +180,111 @@ def ddtree_rounds(
         rounds.append(produced)
         s += produced
     return rounds, g[len(prompt) :]
+
+
+# ---- speculative sampling (temperature above 0) ------------------------------------------
+
+
+def processed_probs(
+    logits, temperature: float, top_k: int | None = None, top_p: float | None = None
+):
+    """The target's sampling distribution over each row of `logits`: over the temperature,
+    the top-k kept, then the smallest set of the top-p mass (the first token always)."""
+    x = logits.float() / temperature
+    if top_k is not None and top_k < x.shape[-1]:
+        x = x.masked_fill(x < torch.topk(x, top_k, dim=-1).values[..., -1:], float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if top_p is not None and top_p < 1:
+        ordered, order = probs.sort(dim=-1, descending=True)
+        cut = ordered.cumsum(-1) - ordered >= top_p
+        probs = probs.scatter(-1, order, ordered.masked_fill(cut, 0.0))
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def _draw(probs, gen) -> int:
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+@torch.inference_mode()
+def sampled_rounds(
+    model,
+    drafter,
+    prompt: list[int],
+    new_tokens: int,
+    temperature: float,
+    *,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    policy: str = "argmax",
+    seed: int = 0,
+    draft_temperature: float | None = None,
+) -> dict:
+    """Speculative sampling as an engine runs it at `temperature` (> 0), seeded: drafts
+    the drafter's argmax (`policy` ``argmax``) or sampled from it at the temperature alone
+    (``sample``), one target verify over the block, depth j accepted with probability
+    p(x) (argmax) or min(1, p(x)/q(x)), the first rejected depth's token from the residual
+    (p - q)+, a full block's bonus token from p. No KV cache (the whole prefix each round).
+    `draft_temperature`: sample drafts at another temperature than q's (z-lab#74's bug,
+    for the test that must catch it). Returns ``rounds``, ``completion`` and per depth
+    ``attempts`` and ``hits``."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = drafter.cfg.target_layer_ids
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    B = drafter.block_size
+
+    def p_of(logits):
+        return processed_probs(logits, temperature, top_k, top_p)
+
+    out = model(input_ids=torch.tensor([prompt]), use_cache=False, output_hidden_states=True)
+    g = list(prompt) + [_draw(p_of(out.logits[0, -1]), gen)]
+    feats = features(out.hidden_states, ids)  # rows 0..len(g)-2
+    end = len(prompt) + new_tokens - 1
+    s, rounds = len(prompt), []
+    attempts, hits = [0] * (B - 1), [0] * (B - 1)
+    while s < end:
+        h = drafter.forward_block(
+            feats[:s], drafter.block_inputs(embed, torch.tensor([g[s]]))[0], s
+        )
+        logits = drafter.logits(h[1:], head).float()
+        q = torch.softmax(logits / temperature, dim=-1)
+        if policy == "argmax":
+            draft = logits.argmax(-1).tolist()
+        else:
+            drawn = torch.softmax(logits / (draft_temperature or temperature), dim=-1)
+            draft = [_draw(row, gen) for row in drawn]
+        full = model(
+            input_ids=torch.tensor([g[: s + 1] + draft]), use_cache=False, output_hidden_states=True
+        )
+        p = p_of(full.logits[0, s:])  # row j: the distribution at depth j + 1
+        top, made = min(B - 1, end - s), []
+        for j in range(top):
+            x = draft[j]
+            attempts[j] += 1
+            ratio = p[j, x] if policy == "argmax" else min(1.0, float(p[j, x] / q[j, x]))
+            if float(torch.rand(1, generator=gen)) < ratio:
+                hits[j] += 1
+                made.append(x)
+                continue
+            if policy == "argmax":
+                left = p[j].clone()
+                left[x] = 0.0
+            else:
+                left = (p[j] - q[j]).clamp(min=0.0)
+            made.append(_draw(left / left.sum(), gen))
+            break
+        else:
+            if top == B - 1:  # every depth accepted: the bonus token
+                made.append(_draw(p[B - 1], gen))
+        made = made[: end - s]
+        g += made
+        feats = features(full.hidden_states, ids)  # rows up to s + len(made) - 1 are g's
+        rounds.append(len(made))
+        s += len(made)
+    return {
+        "rounds": rounds,
+        "completion": g[len(prompt) :],
+        "attempts": attempts,
+        "hits": hits,
+    }

@@ -55,6 +55,7 @@ from remote.protocol import (
     EvalSpec,
     ResultError,
     SpecError,
+    completion_keys,
     sample_labels,
 )
 from remote.protocol import metrics as registry
@@ -111,8 +112,8 @@ def read_ground_truth(path: str, vocab: int, max_samples: int | None) -> list[di
                         f"vocabulary (0..{vocab - 1}); was it made with another tokenizer?"
                     )
             try:
-                labels = sample_labels(row)
-            except ResultError as exc:
+                labels = {**sample_labels(row), **completion_keys(row)}
+            except (ResultError, SpecError) as exc:
                 raise UserError(f"{path} line {n} (id {sid}): {exc}") from None
             rows.append({"id": sid, **labels, "prompt_ids": prompt, "completion_ids": completion})
             if max_samples and len(rows) >= max_samples:
@@ -316,10 +317,21 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     walker = target if cached_costs is not None else Capture(target, cost_inputs.context)
     with device_mod.computing(device):
         for i, rec in eval_stream(walker, drafter, samples, opts, given):
-            done[i] = {"id": rows[i]["id"], **sample_labels(rows[i]), **rec}
+            done[i] = {
+                "id": rows[i]["id"],
+                **sample_labels(rows[i]),
+                **completion_keys(rows[i]),
+                **rec,
+            }
             on_event(sample_event(done, i, len(rows)))
-    eval_s = time.perf_counter() - t_eval
     records = [done[i] for i in range(len(rows))]  # samples.jsonl is in the samples' order
+    expected = None
+    if spec.sampled:  # speculative sampling's acceptance in expectation (docs/dflash-eval.md)
+        from remote.eval import sampled
+
+        with device_mod.computing(device):
+            expected = sampled.annotate(records, samples, target, drafter, spec, given)
+    eval_s = time.perf_counter() - t_eval
     target_features = {"cached": False, "cache": "off"}
     if cache is not None:
         target_features = {**cache.summary(len(records)), "cache": "on"}
@@ -368,6 +380,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
         },
         "environment": environment(spec.dtype, torch.get_num_threads(), device, target),
         "metrics": metrics,
+        **({"expected": expected} if expected is not None else {}),
         "timings": {
             "load_target_s": t_target_load,
             "load_drafter_s": t_drafter_load,
@@ -439,7 +452,8 @@ def open_cache(features, attn, spec: EvalSpec, dcfg, dtype, device, on_event):
     if features is None:
         return None
     context = feature_cache.run_context(attn, spec.target, dcfg.target_layer_ids, dtype, device)
-    cache = features.open(context, len(dcfg.target_layer_ids) * dcfg.hidden_size)
+    hidden = dcfg.hidden_size if spec.sampled else 0  # a sampled eval keeps the final rows
+    cache = features.open(context, len(dcfg.target_layer_ids) * dcfg.hidden_size, hidden)
     if isinstance(cache, str):
         on_event({"event": "warning", "message": cache})
         return None

@@ -15,8 +15,10 @@ device (and its card), the attention implementation, on a CPU torch's threads, k
 instruction set and the CPU model, the torch and transformers versions, and the sample's
 exact prompt and completion ids. The file holds the two tensors (``features``
 [T, layers x hidden] in the engine's dtype, ``greedy`` [T - P + 1]) and, in its
-safetensors metadata, the whole key and a sha256 of the tensors' bytes; it is written
-from the tensors' memory and read straight into new tensors (`feature_file`), so a long
+safetensors metadata, the whole key and a sha256 of the tensors' bytes; a sampled eval's
+entries (``final`` in the key) add the final hidden rows the head reads (``final``
+[T - P + 1, hidden]: the target's distribution at every temperature). It is written from
+the tensors' memory and read straight into new tensors (`feature_file`), so a long
 sample's features are never held twice. An entry is used
 only when its key, shapes, dtypes and digest all match; anything else (a torn, corrupt,
 foreign or mismatched file) is a miss, recomputed and replaced, never trusted.
@@ -44,6 +46,8 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,9 +148,10 @@ class FeatureCache:
             return None
         return cls(Path(os.path.expanduser(workdir)) / FOLDER, limit)
 
-    def open(self, context: dict, width: int) -> RunCache | str:
+    def open(self, context: dict, width: int, hidden: int = 0) -> RunCache | str:
         """This run's view of the cache (`RunCache`) for entries of `context` whose
-        features are `width` wide; a warning line instead when the folder cannot be used."""
+        features are `width` wide (`hidden`: the final rows' width, for entries that keep
+        them: a sampled eval's); a warning line instead when the folder cannot be used."""
         try:
             self.root.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -161,7 +166,8 @@ class FeatureCache:
                 else (exc.strerror or str(exc)).lower()
             )
             return f"the feature cache {self.root} is not used for this eval: {why}"
-        return RunCache(fd, str(self.root), self.limit, context, context_key(context), width)
+        key = context_key(context)
+        return RunCache(fd, str(self.root), self.limit, context, key, width, hidden, hidden > 0)
 
 
 @dataclass
@@ -175,6 +181,8 @@ class RunCache:
     context: dict
     key: str
     width: int
+    hidden: int = 0
+    final: bool = False  # entries also hold the final hidden rows (a sampled eval)
     mine: set[str] = field(default_factory=set)  # entries this run used or wrote
     hits: int = 0
     stored: int = 0
@@ -189,13 +197,16 @@ class RunCache:
     # ---- entries ------------------------------------------------------------------------
 
     def entry_meta(self, prompt: list[int], completion: list[int]) -> dict:
-        return {
+        meta = {
             "context": self.context,
             "prompt_tokens": len(prompt),
             "tokens": len(prompt) + len(completion),
             "prompt_sha256": _sha256_ids(prompt),
             "completion_sha256": _sha256_ids(completion),
         }
+        if self.final:
+            meta["final"] = True
+        return meta
 
     def name(self, meta: dict) -> str:
         digest = hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
@@ -203,8 +214,8 @@ class RunCache:
 
     def lookup(
         self, prompt: list[int], completion: list[int], dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The sample's (features, greedy) from its entry, on the CPU, when the entry is
+    ) -> tuple[torch.Tensor, ...] | None:
+        """The sample's (features, greedy[, final]) from its entry, on the CPU, when it is
         whole and its key matches; None otherwise (its LRU time refreshed on a hit)."""
         meta = self.entry_meta(prompt, completion)
         name = self.name(meta)
@@ -247,13 +258,14 @@ class RunCache:
         except OSError:
             return None
 
-    def _read(
-        self, name: str, meta: dict, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _read(self, name: str, meta: dict, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
         """The entry's tensors (`feature_file.read`: each read into its own memory, the
-        file exactly the size its key allows) when its key and digest match."""
+        file exactly the size its key allows) when its key and digest match: (features,
+        greedy) and, for a sampled eval, the final hidden rows."""
         T, P = meta["tokens"], meta["prompt_tokens"]
         shapes = {"features": ((T, self.width), dtype), "greedy": ((T - P + 1,), torch.long)}
+        if self.final:
+            shapes["final"] = ((T - P + 1, self.hidden), dtype)
         try:
             with self._open(name) as fh:
                 head = feature_file.header(fh) if fh is not None else None
@@ -263,21 +275,20 @@ class RunCache:
                 got = feature_file.read(fh, head, shapes, os.fstat(fh.fileno()).st_size)
         except OSError:  # a torn or vanished file: a miss, never the eval's failure
             return None
-        if got is None or tensor_digest(got["features"], got["greedy"]) != stored["sha256"]:
+        if got is None:
             return None
-        return got["features"], got["greedy"]
+        tensors = tuple(got[k] for k in shapes)
+        return tensors if tensor_digest(*tensors) == stored["sha256"] else None
 
-    def store(
-        self, prompt: list[int], completion: list[int], feats: torch.Tensor, greedy: torch.Tensor
-    ) -> None:
-        """Keep the sample's (features, greedy) as its entry, if it fits the bound once
-        entries older than this run are evicted; a write that fails is a warning. The
+    def store(self, prompt: list[int], completion: list[int], *tensors: torch.Tensor) -> None:
+        """Keep the sample's (features, greedy[, final]) as its entry, if it fits the bound
+        once entries older than this run are evicted; a write that fails is a warning. The
         tensors' bytes go to the file from their own memory (`feature_file.parts`)."""
         meta = self.entry_meta(prompt, completion)
-        feats, greedy = feats.detach().cpu().contiguous(), greedy.detach().cpu().contiguous()
-        doc = json.dumps({"key": meta, "sha256": tensor_digest(feats, greedy)})
-        tensors = {"features": feats, "greedy": greedy}
-        self._put(self.name(meta), feature_file.parts(tensors, {META_KEY: doc}))
+        got = [t.detach().cpu().contiguous() for t in tensors]
+        doc = json.dumps({"key": meta, "sha256": tensor_digest(*got)})
+        named = dict(zip(("features", "greedy", "final"), got, strict=False))
+        self._put(self.name(meta), feature_file.parts(named, {META_KEY: doc}))
 
     # ---- the target's round costs -------------------------------------------------------
 
@@ -352,22 +363,15 @@ class RunCache:
 
     # ---- the bound ----------------------------------------------------------------------
 
-    class _Lock:
-        def __init__(self, fd: int):
-            self.fd = fd
-
-        def __enter__(self):
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-        def __exit__(self, *exc):
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-
-    def _locked(self) -> RunCache._Lock:
-        fd = os.open(
-            LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self.fd
-        )
-        return RunCache._Lock(fd)
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(LOCK_NAME, flags, 0o644, dir_fd=self.fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing drops the lock
 
     def entries(self) -> list[tuple[int, int, str]]:
         """(mtime_ns, bytes, name) of every entry, oldest first; temp files a killed
@@ -435,8 +439,8 @@ def _unlink(dir_fd: int, name: str) -> None:
 class Features:
     """The ``given`` of `remote.eval.walk.eval_stream` for ``samples``: sample `n`'s
     (features, greedy) from the cache when it holds them, else from the target's forward
-    (then kept in the cache). One sample's tensors at a time, when it joins the walk,
-    so memory stays what the walk's own forward takes."""
+    (then kept in the cache; `RunCache.final` entries: the final rows third). One sample's
+    tensors at a time, when it joins the walk, so memory stays what its forward takes."""
 
     def __init__(self, cache: RunCache, target, layer_ids: list[int], samples, device):
         self.cache, self.target, self.layer_ids = cache, target, layer_ids
@@ -451,7 +455,7 @@ class Features:
         prompt, completion = self.samples[n]
         hit = self.cache.lookup(prompt, completion, self.target.dtype)
         if hit is not None:
-            return hit[0].to(self.device), hit[1].to(self.device)
+            return tuple(t.to(self.device) for t in hit)
         if not self.target.whole:  # its entry was there before the load, and is no longer whole
             self.cache.warnings.append(
                 f"a feature cache entry in {self.cache.where} failed its check after the "
@@ -460,6 +464,16 @@ class Features:
             self.target.load_layers()
             device_mod.place(self.target, None, self.device)
         g = list(prompt) + list(completion)
-        feats, greedy = self.target.forward(g, self.layer_ids, argmax_from=len(prompt) - 1)
-        self.cache.store(prompt, completion, feats, greedy)
-        return feats, greedy
+        got = self.target.forward(
+            g, self.layer_ids, argmax_from=len(prompt) - 1, final=self.cache.final
+        )
+        self.cache.store(prompt, completion, *got)
+        return got
+
+    def again(self, n: int) -> tuple[torch.Tensor, ...]:
+        """Sample `n`'s tensors again (a sampled eval's second pass), counting nothing."""
+        counts = (self.cache.hits, self.cache.stored, self.cache.not_stored)
+        try:
+            return self[n]
+        finally:
+            self.cache.hits, self.cache.stored, self.cache.not_stored = counts

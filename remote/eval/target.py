@@ -99,17 +99,21 @@ class Target:
         argmax_from: int = 0,
         chunk: int = 256,
         cache=None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        final: bool = False,
+    ) -> tuple[torch.Tensor, ...]:
         """One forward over ``ids``. Returns (features [T, len(layer_ids)*hidden] = raw outputs
         of the named decoder layers concatenated in order, greedy argmax [T - argmax_from] of
-        the head at positions ``argmax_from..T-1``). The head runs in chunks of positions so a
-        large vocabulary never materialises [T, vocab] logits. The argmax is `greedy_tokens`.
+        the head at positions ``argmax_from..T-1``) and with `final` the final (normed)
+        hidden rows the head read there. The head runs in chunks of positions so a large
+        vocabulary never materialises [T, vocab] logits. The argmax is `greedy_tokens`.
         ``cache``: an empty transformers cache the forward fills (the same numbers)."""
         feats, last = self.hidden(ids, layer_ids, cache)
         arg = []
         for a in range(argmax_from, last.shape[0], chunk):
             arg.append(greedy_tokens(self.head(last[a : a + chunk])))
         greedy = torch.cat(arg) if arg else torch.zeros(0, dtype=torch.long)
+        if final:  # the rows the head read: a sampled eval's target distributions
+            return feats, greedy, last[argmax_from:].clone()
         return feats, greedy
 
     @torch.inference_mode()

@@ -336,7 +336,7 @@ def _joined_seq(target, drafter, sample, given, n: int, base: dict[int, dict]) -
     if given is None:
         feats, greedy = target.forward(g, drafter.cfg.target_layer_ids, argmax_from=P - 1)
     else:
-        feats, greedy = given[n]
+        feats, greedy = given[n][:2]  # a sampled eval's cache gives its final rows too
     t_target = _drafts.CLOCK() - t0
     # Agreement: target argmax at t predicts g[t+1], for every completion token.
     agree = int((greedy[: L - P + 1] == gt[P:]).sum())
