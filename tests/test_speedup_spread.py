@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.results import speedup
+from orchestrator.results import speedup, summary
 from orchestrator.results import store as res
 from tests.helpers.cli import dflash
 from tests.helpers.runs import edit_result, make_run
@@ -53,7 +53,7 @@ def test_trials_too_far_apart_withhold_the_estimate_with_one_line(tmp_path):
     root, run = with_costs(tmp_path, spread)
     assert speedup.estimate(run) == {"withheld": speedup.withheld(run)}
     assert "target_step_s took 10.0-31.0 ms (3.1x apart" in speedup.withheld(run)
-    assert res.summary(run)["speedup_estimate"] is None
+    assert summary.summary(run)["speedup_estimate"] is None
     trade = speedup.tradeoff(run)
     assert trade["estimate_withheld"] == speedup.withheld(run)
     assert trade["chain"]["speedup_estimate"] is None and trade["target_step_s"] == 0.010
