@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from remote.errors import UserError
 from remote.eval import cpu_bf16
 from remote.eval.device import bf16_products, computing, resolve
-from remote.eval.feature_cache import cpu_numerics
+from remote.eval.feature_context import cpu_numerics
 
 BF16 = torch.bfloat16
 

@@ -20,7 +20,8 @@ import torch
 
 from remote.errors import UserError
 from remote.eval.drafter import load_drafter
-from remote.eval.engine import read_spec, run_eval
+from remote.eval.engine import run_eval
+from remote.eval.inputs import read_spec
 from remote.eval.target import load_target
 from remote.eval.walk import WalkOptions, eval_batch, eval_sequence, summarize
 from remote.protocol import EvalSpec
@@ -376,7 +377,7 @@ def spec_of(spec: dict, tmp_path) -> EvalSpec:
 
 def test_memory_check_refuses_before_loading(tmp_path):
     from remote.eval.drafter import read_config
-    from remote.eval.engine import estimate_bytes
+    from remote.eval.memory import estimate_bytes
 
     k = kit("qwen3")
     cfg = read_config(k.steps[-1])

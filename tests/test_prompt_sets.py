@@ -22,7 +22,7 @@ from orchestrator.eval.prompt_sets import (
 )
 from remote.errors import UserError
 from remote.eval import groundtruth
-from remote.eval.engine import read_ground_truth
+from remote.eval.inputs import read_ground_truth
 from remote.protocol import ResultError, check_record
 
 SPEC_BENCH = {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
@@ -146,7 +146,7 @@ def test_a_composed_set_travels_to_the_host_as_one_content_addressed_file(tmp_pa
     them as any prompts file."""
     import base64
 
-    from orchestrator.eval.spec import push_prompts
+    from orchestrator.eval.uploads import push_prompts
     from orchestrator.inventory import HostSpec
     from orchestrator.transport.hosts import open_host
 

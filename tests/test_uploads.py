@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.eval.spec import carry_or_push
+from orchestrator.eval.uploads import carry_or_push
 from orchestrator.inventory import load_inventory
 from orchestrator.transport.hosts import HostError, open_host, upload_line
 from tests.helpers.cli import ROOT

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.errors import DflashError, RemoteCommandError
-from orchestrator.eval.spec import workdir_for
+from orchestrator.eval.uploads import workdir_for
 from orchestrator.transport import bundle
 from orchestrator.transport.hosts import Host, HostError, Result, last_line
 from orchestrator.transport.lines import HostLines, MiB

@@ -1,40 +1,7 @@
-"""``eval``: offline DFlash acceptance of a drafter against a target, on this host.
-
-    python -m remote eval --spec job.json
-
-Spec (`remote.protocol.EvalSpec` as a JSON object; unknown keys are an error, so a typo
-never silently changes a run):
-
-    target            path of the target model folder (HF layout, safetensors)      required
-    drafter           path of the drafter folder or weights file                     required
-    ground_truth      JSONL, lines {"id", "prompt_ids": [...], "completion_ids": [...]} required
-                      (and the prompt's "category", "subcategory" where it has them:
-                      carried into its sample record)
-    output_dir        where result.json and samples.jsonl go                         required
-    dtype             "bfloat16" (default) or "float32" ("bf16"/"fp32" accepted)
-    threads           torch threads (default: torch's choice)
-    budgets           DDTree node budgets to report side by side (default [])
-    topk              per-depth candidates for DDTree (default null = the budget)
-    max_samples       evaluate only the first N samples (default all)
-    block_chunk       blocks per batched drafter call (default: sized to the memory the
-                      attention scores may take, see remote.eval.drafts.auto_chunk)
-    positions         "walk" (default): draft blocks only where the walks start rounds,
-                      samples in lockstep (their blocks of a step in shared drafter
-                      calls); per-position acceptance covers the chain walk's round
-                      starts. "all": draft at every completion position too, so
-                      per-position acceptance covers all of them; the same rounds
-
-Every check that can fail on the inputs (paths, drafter vs target compatibility, token ids,
-empty completions, memory) runs BEFORE any weights are loaded. Progress goes to stdout as JSON
-lines: ``{"event": "start", ...}``, one ``{"event": "sample", "index": i, ..., "record":
-{...}}`` per sample as its walks end, in any order (the record is its samples.jsonl line,
-``i`` its place in the job's samples) and
-``{"event": "done", "result": path, ...}``. Results are written atomically (temp + rename).
-After the walk, one round's costs on this host (a target step, a verify, a drafter block:
-`remote.eval.costs`) go into ``timings.round_costs``, for the controller's speedup estimate.
-With the host's feature cache holding every sample's features and the target's costs, the
-target is loaded without its decoder layers (`remote.eval.feature_cache`).
-"""
+"""``eval``: offline DFlash acceptance of a drafter against a target, on this host
+(``python -m remote eval --spec job.json``; its spec, events and results:
+docs/dflash-eval.md, "The host's eval program"). Every check that can fail runs before
+any weights load."""
 
 from __future__ import annotations
 
@@ -46,6 +13,7 @@ from typing import Any
 
 from remote.atomic import write_atomic
 from remote.errors import UserError
+from remote.eval.inputs import check_compatible, fc_width, read_ground_truth, read_spec
 from remote.eval.memory import estimate_bytes
 from remote.probe.facts import meminfo, package_version
 from remote.protocol import (
@@ -53,118 +21,12 @@ from remote.protocol import (
     TARGET_LOADED_ENDS,
     TARGET_LOADED_WHOLE,
     EvalSpec,
-    ResultError,
-    SpecError,
     completion_keys,
     sample_labels,
 )
 from remote.protocol import metrics as registry
 
 SCHEMA = RESULT_SCHEMA
-
-
-def read_spec(path: str) -> EvalSpec:
-    """The validated spec with defaults filled in; the four paths are required."""
-    try:
-        with open(path) as fh:
-            raw = json.load(fh)
-    except OSError as exc:
-        raise UserError(f"cannot read spec {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"spec {path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
-    try:
-        spec = EvalSpec.from_json(raw)
-    except (SpecError, TypeError) as exc:
-        raise UserError(f"spec {path}: {exc}") from None
-    for key in ("target", "drafter", "ground_truth", "output_dir"):
-        if not getattr(spec, key):
-            raise UserError(f"spec needs {key!r} (a path)")
-    return spec
-
-
-def read_ground_truth(path: str, vocab: int, max_samples: int | None) -> list[dict[str, Any]]:
-    """Samples from the JSONL file, each checked: non-empty prompt and completion, integer
-    ids inside the target's vocabulary."""
-    if not os.path.isfile(path):
-        raise UserError(f"ground truth file {path} does not exist")
-    rows = []
-    with open(path) as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                sid, prompt, completion = row.get("id", n), row["prompt_ids"], row["completion_ids"]
-            except (json.JSONDecodeError, KeyError, AttributeError):
-                raise UserError(
-                    f'{path} line {n} is not {{"id", "prompt_ids", "completion_ids"}} JSON'
-                ) from None
-            for name, ids in (("prompt_ids", prompt), ("completion_ids", completion)):
-                if not isinstance(ids, list) or not ids:
-                    raise UserError(
-                        f"{path} line {n} (id {sid}) has empty "
-                        f"{name}; drop the sample or regenerate it"
-                    )
-                bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab), None)
-                if bad is not None:
-                    raise UserError(
-                        f"{path} line {n} (id {sid}) has token id {bad!r} outside the target "
-                        f"vocabulary (0..{vocab - 1}); was it made with another tokenizer?"
-                    )
-            try:
-                labels = {**sample_labels(row), **completion_keys(row)}
-            except (ResultError, SpecError) as exc:
-                raise UserError(f"{path} line {n} (id {sid}): {exc}") from None
-            rows.append({"id": sid, **labels, "prompt_ids": prompt, "completion_ids": completion})
-            if max_samples and len(rows) >= max_samples:
-                break
-    if not rows:
-        raise UserError(f"ground truth file {path} holds no samples")
-    return rows
-
-
-def check_compatible(dcfg, tinfo, fc_in: int | None) -> None:
-    """Drafter vs target: layer ids in range, hidden width, vocabulary, mask id, fc width."""
-    n = tinfo.num_layers
-    bad = [i for i in dcfg.target_layer_ids if not 0 <= i < n]
-    if bad:
-        raise UserError(
-            f"drafter target_layer_ids {bad} are outside the "
-            f"target's {n} layers (0..{n - 1}); wrong target?"
-        )
-    if dcfg.hidden_size != tinfo.hidden_size:
-        raise UserError(
-            f"drafter hidden_size {dcfg.hidden_size} differs from "
-            f"the target's {tinfo.hidden_size}; wrong target?"
-        )
-    if dcfg.vocab_size != tinfo.vocab_size:
-        raise UserError(
-            f"drafter vocab_size {dcfg.vocab_size} differs from "
-            f"the target's {tinfo.vocab_size}; wrong target?"
-        )
-    if not 0 <= dcfg.mask_token_id < tinfo.vocab_size:
-        raise UserError(
-            f"drafter mask_token_id {dcfg.mask_token_id} is "
-            f"outside the target vocabulary ({tinfo.vocab_size})"
-        )
-    want = len(dcfg.target_layer_ids) * dcfg.hidden_size
-    if fc_in is not None and fc_in != want:
-        raise UserError(
-            f"drafter fc takes {fc_in} features but {len(dcfg.target_layer_ids)} "
-            f"layers x hidden {dcfg.hidden_size} = {want}; fix target_layer_ids"
-        )
-
-
-def fc_width(path: str) -> int | None:
-    """``fc`` input width of the drafter, read as `load_drafter` reads its weights (headers
-    only for safetensors); None when the weights have no ``fc.weight``."""
-    from remote.eval.drafter import normalise_key, weight_shapes
-
-    keys, _problems = weight_shapes(path)
-    for k, (_file, _dtype, shape) in keys.items():
-        if normalise_key(k) == "fc.weight" and len(shape) == 2:
-            return int(shape[1])
-    return None
 
 
 def environment(dtype: str, threads: int, device, target=None) -> dict[str, Any]:
@@ -225,7 +87,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     features); ``inputs.target_features`` records whether they came from it."""
     import torch
 
-    from remote.eval import context_check, costs, feature_cache
+    from remote.eval import cached_features, context_check, costs
     from remote.eval import device as device_mod
     from remote.eval import drafter as drafter_mod
     from remote.eval import target as target_mod
@@ -312,7 +174,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
     given = None
     if cache is not None:
-        given = feature_cache.Features(cache, target, dcfg.target_layer_ids, samples, device)
+        given = cached_features.Features(cache, target, dcfg.target_layer_ids, samples, device)
     # the walk's forward over the costs' sample keeps its cache for them (round_timing)
     walker = target if cached_costs is not None else Capture(target, cost_inputs.context)
     with device_mod.computing(device):
@@ -424,16 +286,16 @@ def measure_costs(
     """One round's costs (`remote.eval.costs.measure`): the target's part from the cache
     when it holds it (and kept there when it did not), the drafter's timed. A target
     loaded without its layers times the drafter over the cached features of the costs'
-    sample (`feature_cache.Features`, which loads the layers should that entry fail).
+    sample (`cached_features.Features`, which loads the layers should that entry fail).
     `walked`: what the walk's forward over the costs' sample left (`round_timing.Capture`);
     `budget_s`: the seconds the timing may take."""
-    from remote.eval import costs, feature_cache
+    from remote.eval import cached_features, costs
     from remote.protocol import TARGET_COSTS
 
     context = None
     if not target.whole:
         row, layers = inputs.row, drafter.cfg.target_layer_ids
-        given = feature_cache.Features(
+        given = cached_features.Features(
             cache, target, layers, [(row["prompt_ids"], row["completion_ids"])], device
         )
         context = given[0][0][: len(inputs.ids) - max(inputs.sizes)]
@@ -447,11 +309,11 @@ def open_cache(features, attn, spec: EvalSpec, dcfg, dtype, device, on_event):
     """This run's `feature_cache.RunCache` (None without a cache, or with a warning
     event when its folder cannot be used); `attn`: the target's attention
     implementation."""
-    from remote.eval import feature_cache
+    from remote.eval import feature_context
 
     if features is None:
         return None
-    context = feature_cache.run_context(attn, spec.target, dcfg.target_layer_ids, dtype, device)
+    context = feature_context.run_context(attn, spec.target, dcfg.target_layer_ids, dtype, device)
     hidden = dcfg.hidden_size if spec.sampled else 0  # a sampled eval keeps the final rows
     cache = features.open(context, len(dcfg.target_layer_ids) * dcfg.hidden_size, hidden)
     if isinstance(cache, str):

@@ -58,8 +58,6 @@ from remote.eval import feature_file
 from remote.eval.feature_file import HEADER_MOST_BYTES, tensor_digest  # noqa: F401
 from remote.relay.fdfiles import write_all
 
-# Bumped when what an entry means changes, so older entries are never hit.
-CACHE_VERSION = 1
 FOLDER = "features"
 SUFFIX = ".safetensors"
 COSTS_SUFFIX = ".costs.json"  # the target's round costs (`RunCache.lookup_costs`)
@@ -73,57 +71,6 @@ RESERVE_BYTES = 2**30  # free disk an entry never takes
 
 def _sha256_ids(ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(list(ids)).encode()).hexdigest()
-
-
-def run_context(attn: str | None, target_dir: str, layer_ids: list[int], dtype, device) -> dict:
-    """What every entry of one eval shares in its key (see the module docstring); `attn`:
-    the attention implementation the target runs with
-    (`remote.model.load.attention_implementation`)."""
-    import transformers
-
-    from remote.eval import device as device_mod
-    from remote.eval.groundtruth import target_identity
-
-    identity = target_identity(target_dir)
-    root = Path(target_dir)
-    identity["mtimes_ns"] = [(n, (root / n).stat().st_mtime_ns) for n, _size in identity["weights"]]
-    context = {
-        "v": CACHE_VERSION,
-        "target": identity,
-        "layer_ids": list(layer_ids),
-        "dtype": str(dtype).removeprefix("torch."),
-        "device": device_mod.describe(device),
-        "attn_implementation": attn,
-        # CPU kernels may split their sums by thread, and pick their code by the CPU: the
-        # count, the kernels' instruction set and the CPU's model are part of the numerics
-        "cpu": cpu_numerics() if device.type == "cpu" else None,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
-    return json.loads(json.dumps(context))  # as an entry's metadata reads back: lists, not tuples
-
-
-def cpu_numerics() -> dict:
-    """What a CPU's results depend on beyond the inputs: torch's threads, the instruction
-    set its kernels dispatch to, the CPU's model name (a shared folder may be read by
-    other machines, a Slurm array's nodes), how bfloat16 products are computed
-    (`remote.eval.cpu_bf16`)."""
-    model = None
-    try:
-        with open("/proc/cpuinfo") as fh:
-            model = next(
-                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), None
-            )
-    except OSError:
-        pass
-    from remote.eval import cpu_bf16
-
-    return {
-        "threads": torch.get_num_threads(),
-        "capability": torch.backends.cpu.get_cpu_capability(),
-        "model": model,
-        "bf16_products": cpu_bf16.policy(),
-    }
 
 
 def context_key(context: dict) -> str:
@@ -434,46 +381,3 @@ def _unlink(dir_fd: int, name: str) -> None:
         os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass
-
-
-class Features:
-    """The ``given`` of `remote.eval.walk.eval_stream` for ``samples``: sample `n`'s
-    (features, greedy) from the cache when it holds them, else from the target's forward
-    (then kept in the cache; `RunCache.final` entries: the final rows third). One sample's
-    tensors at a time, when it joins the walk, so memory stays what its forward takes."""
-
-    def __init__(self, cache: RunCache, target, layer_ids: list[int], samples, device):
-        self.cache, self.target, self.layer_ids = cache, target, layer_ids
-        self.samples, self.device = samples, device
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from remote.eval import device as device_mod
-
-        prompt, completion = self.samples[n]
-        hit = self.cache.lookup(prompt, completion, self.target.dtype)
-        if hit is not None:
-            return tuple(t.to(self.device) for t in hit)
-        if not self.target.whole:  # its entry was there before the load, and is no longer whole
-            self.cache.warnings.append(
-                f"a feature cache entry in {self.cache.where} failed its check after the "
-                "eval began; the target's layers were loaded to compute it"
-            )
-            self.target.load_layers()
-            device_mod.place(self.target, None, self.device)
-        g = list(prompt) + list(completion)
-        got = self.target.forward(
-            g, self.layer_ids, argmax_from=len(prompt) - 1, final=self.cache.final
-        )
-        self.cache.store(prompt, completion, *got)
-        return got
-
-    def again(self, n: int) -> tuple[torch.Tensor, ...]:
-        """Sample `n`'s tensors again (a sampled eval's second pass), counting nothing."""
-        counts = (self.cache.hits, self.cache.stored, self.cache.not_stored)
-        try:
-            return self[n]
-        finally:
-            self.cache.hits, self.cache.stored, self.cache.not_stored = counts

@@ -61,7 +61,8 @@ def run_capture(path: Path, spec: dict, events, engine: EvalSpec) -> int:
 
     from remote.eval import device as device_mod
     from remote.eval import groundtruth
-    from remote.eval.engine import environment, read_ground_truth
+    from remote.eval.engine import environment
+    from remote.eval.inputs import read_ground_truth
     from remote.eval.preflight import read_job
     from remote.eval.target import describe, load_target
 

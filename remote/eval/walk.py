@@ -290,7 +290,7 @@ def eval_stream(
 
     ``given``: per sample (features [T, len(target_layer_ids)*hidden], greedy argmax from
     position P-1) computed elsewhere (another host's target, `remote.eval.parity`; a
-    feature cache, `remote.eval.feature_cache.Features`), asked for when the sample joins,
+    feature cache, `remote.eval.cached_features.Features`), asked for when the sample joins,
     instead of step 1's forward; the target then lends only its embedding and head."""
     bound_heap()
     cfg = drafter.cfg

@@ -157,7 +157,7 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
 
 
 def _rows(gt_path: str, engine: EvalSpec) -> list[dict]:
-    from remote.eval.engine import read_ground_truth
+    from remote.eval.inputs import read_ground_truth
 
     # The ids are checked against the target's vocabulary by the engine; here only the
     # selection and its lengths matter.

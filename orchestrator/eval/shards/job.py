@@ -13,7 +13,8 @@ from pathlib import Path
 from orchestrator.eval import job as remote_job
 from orchestrator.eval import jobwire, pull
 from orchestrator.eval.job import JobError, JobRef
-from orchestrator.eval.spec import EvalOptions, build_spec, carry_or_push
+from orchestrator.eval.spec import EvalOptions, build_spec
+from orchestrator.eval.uploads import carry_or_push
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport.hosts import Host
 from remote.protocol import GT_DEFERRED_FILE, JobState, sample_labels
