@@ -1,8 +1,5 @@
-"""The contexts a job will reach, known before anything is loaded: the longest one
-(`longest_context`) and the drafter's window against it (`window_report`: one warning
-line naming both numbers, docs/eval.md "The drafter's window"). The job's preflight asks
-both (`remote.eval.preflight`), and counts the longest context's working set in the
-memory it needs; the engine records the exact check in the result (`exact`)."""
+"""The contexts a job will reach, known before anything loads (`longest_context`), and the drafter's
+window against them (`window_report`; docs/eval.md, "The drafter's window")."""
 
 from __future__ import annotations
 
@@ -15,22 +12,19 @@ from remote.model.window import check, text_config, window
 from remote.protocol import GT_SOURCES, JobSpec
 from remote.protocol.ladder import longest as ladder_longest
 
-# The tokens a chat template adds around a prompt's text, at most: a prompt of N bytes is
-# at most N + this many tokens once rendered (a byte-level tokenizer makes no more tokens
-# than bytes), so the preflight tokenises only when that bound passes the window.
+# a prompt of N bytes is at most N + this many tokens rendered, so only a passing bound is tokenised
 TEMPLATE_SLACK = 256
 
 
 def longest_context(job: JobSpec, target: str, reach: int | None) -> tuple[int, str] | None:
-    """(the longest context, prompt and completion, the job's samples will reach; how it
-    was found), or None when it cannot be known before the ground truth (a deferred
-    file). A prompts file's is a bound from its bytes unless that passes `reach`; then
-    its prompts are rendered with the target's tokenizer and counted."""
+    """(the longest context the job's samples reach, how it was found), or None before a deferred
+    ground truth; a prompts file's is a byte bound unless that passes `reach`, then rendered and
+    counted."""
     new = job.sampling.max_new_tokens
     if job.context_ladder:
         return ladder_longest(job.context_ladder, new), "the ladder's top rung and completion"
     gt = job.ground_truth
-    if not GT_SOURCES[gt.kind].reads_prompts:  # a file: its own samples
+    if not GT_SOURCES[gt.kind].reads_prompts:
         if gt.deferred is not None or not gt.path:
             return None
         return _file_longest(gt.path), "the ground-truth file's longest sample"
@@ -65,9 +59,8 @@ def _file_longest(path: str) -> int:
 
 
 def window_report(job: JobSpec, drafter: Path) -> dict[str, Any]:
-    """The drafter's window (`remote.model.window`) against the longest context the job
-    will reach: ``{window, longest_context, longest_from, warning}`` (``warning``: one
-    line naming both numbers, or None)."""
+    """The drafter's window against the longest context: ``{window, longest_context, longest_from,
+    warning}``."""
     try:
         cfg = json.loads((drafter / "config.json").read_text())
     except (OSError, ValueError):
@@ -85,8 +78,8 @@ def window_report(job: JobSpec, drafter: Path) -> dict[str, Any]:
 
 
 def target_reaches(target: str, longest: int) -> None:
-    """Refuse, in one line, a ladder whose contexts pass the target's own window: its
-    completions there mean nothing (the preflight asks, and the ladder again)."""
+    """Refuse in one line a ladder whose contexts pass the target's own window (completions there
+    mean nothing)."""
     try:
         cfg = text_config(json.loads((Path(target) / "config.json").read_text()))
     except (OSError, ValueError):

@@ -1,36 +1,6 @@
-"""What one round of speculative decoding costs on this host, measured once per eval.
-
-The walk measures acceptance, not speed: its target pass is one teacher-forced forward
-over a whole sequence and its drafter batches every position. A serving engine's round is
-different: one target forward over the block being verified, on top of a KV cache of the
-context, and one drafter call for the next block. `round_costs` times exactly those, on
-one sample's context (its prompt and completion: the KV cache the walk's forward over it
-left, `remote.eval.round_timing.Capture`), with the target and drafter the eval just
-used, on the eval's device:
-
-- ``target_step_s``: one target forward of 1 token (an autoregressive decode step);
-- ``target_verify_s``: one target forward of n tokens (causal), for n = the block size
-  (the chain) and each DDTree budget + 1, keyed by n;
-- ``tree_verify_s``: per DDTree budget N, one target forward over the tree's N + 1 tokens
-  (its root, the last accepted token, and N drafted nodes) with a tree attention mask
-  (each node sees the context, its ancestors and itself) and each node at position
-  context + its depth: the tree the drafter's own block at that context gives
-  (`remote.eval.ddtree.build_tree`, per-depth top-k as the walk's). Keyed by N. Where the
-  target cannot run a tree mask (linear-attention layers take no attention mask), one
-  line in ``tree_verify_error`` and the estimate falls back to ``target_verify_s[N+1]``;
-- ``drafter_round_s``: one drafter block (its forward and its head over the block).
-
-Each is the fastest of up to `REPEATS` after one untimed warm-up, each trial on its own
-copy of the context's KV cache (copied untimed), so no cache is ever cropped: targets
-whose cache cannot be cropped back (recurrent state, sliding windows) are timed as any
-other. Within the eval's budget (`remote.eval.round_timing`: a share of the walk's
-seconds) a part whose trials cost seconds gets two, and a verify size or a tree the
-budget leaves no room for is read off the timed sizes (no tree: the estimate then takes
-the causal verify); ``spread`` keeps each timed part's fastest and slowest trial. The
-controller turns them and the run's tau into a speedup estimate with its spread
-(docs/results.md). Any failure is recorded as ``error`` and the eval goes on: the numbers
-are an estimate beside tau, never a reason to lose it.
-"""
+"""What one serving round costs on this host (target step, verify, tree verify, drafter block),
+timed once per eval over one sample's cached context; the estimate and its budget:
+docs/results.md (Speedup estimate). A failure is recorded as ``error``, never the eval's."""
 
 from __future__ import annotations
 
@@ -59,16 +29,15 @@ def _error(exc: BaseException) -> str:
 def tree_inputs(
     nodes: list[tuple[int, int, int]], root: int, base: int
 ) -> tuple[list[int], list[int], torch.Tensor]:
-    """The verify forward of a DDTree (`build_tree`'s nodes below the root token `root`,
-    over a cache of `base` tokens): its tokens, their positions (`base` + depth) and which
-    tree token may look at which ([N+1, N+1] booleans: its ancestors and itself)."""
+    """The verify forward of a DDTree below root token `root` over `base` cached tokens: its tokens,
+    positions (`base` + depth) and [N+1, N+1] ancestor-or-self visibility."""
     n = len(nodes) + 1
     tokens = [root] + [tok for _p, _d, tok in nodes]
     positions = [base] + [base + d for _p, d, _t in nodes]
     allowed = torch.zeros(n, n, dtype=torch.bool)
     allowed[0, 0] = True
     for i, (parent, _d, _t) in enumerate(nodes, 1):
-        allowed[i] = allowed[parent + 1]  # the root is row 0, node k is row k + 1
+        allowed[i] = allowed[parent + 1]
         allowed[i, i] = True
     return tokens, positions, allowed
 
@@ -80,10 +49,8 @@ def additive_mask(
     window: int | None,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """[1, 1, N+1, kept+N+1] additive mask (0: may look; the dtype's minimum: may not) of
-    tree tokens at `positions` over the last `kept` context tokens (positions ``base -
-    kept .. base - 1``) and the tree (`allowed`); a sliding `window` also hides every key
-    ``window`` or more positions back, as transformers' sliding layers do."""
+    """[1, 1, N+1, kept+N+1] additive mask of tree tokens over the last `kept` context tokens and
+    the tree; a sliding `window` hides keys as transformers' sliding layers do."""
     base = positions[0]
     keys = torch.tensor(list(range(base - kept, base)) + positions)
     see = torch.cat([torch.ones(len(positions), kept, dtype=torch.bool), allowed], dim=1)
@@ -94,11 +61,8 @@ def additive_mask(
 
 
 def tree_mask(target, cache, allowed, positions, dtype):
-    """The tree's attention mask as the target's backbone takes it: one 4D mask, or, for a
-    target with sliding-window layers, one per layer type (a sliding layer's cache keeps
-    only its window). Linear-attention layers take no mask (transformers gives them none
-    for a 4D one): they run the tree's tokens as a sequence, the same work as a tree-aware
-    kernel's. Another layer type is an error (the estimate then uses a causal verify)."""
+    """The tree's mask as the target's backbone takes it: one 4D mask or one per layer type;
+    linear-attention layers run the tree as a sequence, another layer type is an error."""
     base = positions[0]
     cfg = target.model.config.get_text_config()
     types = list(getattr(cfg, "layer_types", None) or [])
@@ -131,14 +95,9 @@ def round_costs(
     walked: dict | None = None,
     budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """Seconds of a target step, a target verify of each of `sizes` tokens, a tree verify
-    of each DDTree budget and a drafter block, over a KV cache of `ids[:-max(sizes)]`
-    (see the module). `cached`: the target's part (`remote.protocol.TARGET_COSTS`) an
-    earlier eval on this host measured on the same inputs; only the drafter is timed then,
-    over `context_features` (the context's target features) when the target was loaded
-    without its layers. `walked`: the walk's cache, features and seconds over that context
-    (`remote.eval.round_timing.Capture`), reused; `budget_s`: the seconds the timing may
-    take (`round_timing.Trials`; None: every part, every trial)."""
+    """Seconds of a target step, a verify of each of `sizes`, each budget's tree verify and a
+    drafter block over a KV cache of `ids[:-max(sizes)]`; `cached` target parts skip the target,
+    `walked` reuses the walk's cache, `budget_s` bounds the timing (`round_timing.Trials`)."""
     longest = max(sizes)
     context, tail = ids[:-longest], ids[-longest:]
     base = len(context)
@@ -170,11 +129,8 @@ def round_costs(
 def time_target(
     target, logits, context, tail, sizes, trials, budgets, topk, walked=None
 ) -> dict[str, Any]:
-    """The target's part of `round_costs`: a step, a verify of each of `sizes` tokens of
-    `tail` and each budget's tree (built from the drafter block's `logits`), over a KV
-    cache of `context` (the walk's, in `walked`, or made here), timed by `trials`. The
-    step and the chain's verify are always timed; another size or a tree only while the
-    budget allows, a size left out read off the timed ones (`round_timing.interpolate`)."""
+    """The target's part of `round_costs`; sizes and trees the budget leaves out are read off the
+    timed ones (`round_timing.interpolate`) or left to the causal verify."""
     from transformers import DynamicCache
 
     device = trials.device
@@ -240,11 +196,7 @@ def time_target(
 def _tree_costs(
     forward, trials, points, target, cache, logits, root, base, budgets, topk
 ) -> dict[str, float]:
-    """`forward`'s seconds over each budget's tree, built from the drafter's block
-    `logits` [depths, vocab] with the walk's per-depth top-k (`ddtree_k`), its mask
-    (`tree_mask`) in the target's dtype over the context's `cache`; the trees the budget
-    of `trials` leaves no room for are left out (the estimate then reads the causal
-    verify of as many tokens)."""
+    """`forward`'s seconds over each budget's tree built from the drafter block's `logits`."""
     dtype, device = target.dtype, trials.device
     logp = torch.log_softmax(logits.float(), dim=-1)
     out = {}
@@ -272,10 +224,8 @@ def _tree_costs(
 
 @dataclass(frozen=True)
 class CostInputs:
-    """What `measure` times on: the sample of median length (`row`), the whole of it and
-    then its own last tokens again (`ids`: a round's context, its prompt and completion,
-    which the walk's forward over it leaves cached, and the tokens a round verifies), the
-    verify sizes (the drafter's block and each DDTree budget + 1)."""
+    """What `measure` times on: the median-length sample (`row`), its tokens plus a round's tail
+    (`ids`) and the verify sizes (the block and each DDTree budget + 1)."""
 
     row: dict
     ids: list[int]
@@ -297,12 +247,10 @@ class CostInputs:
 
     @property
     def context(self) -> list[int]:
-        """The round's context: the sample, prompt and completion."""
         return self.ids[: -max(self.sizes)]
 
     def key(self) -> dict:
-        """What the target's costs depend on beyond the host and the target (a feature
-        cache's context): the tokens and the sizes, the budgets and their top-k."""
+        """What the target's costs depend on beyond host and target (a feature cache's context)."""
         digest = hashlib.sha256(json.dumps(self.ids).encode()).hexdigest()
         return {
             "ids_sha256": digest,
@@ -315,8 +263,7 @@ class CostInputs:
 
 
 def valid_target_costs(doc: Any) -> dict | None:
-    """`doc` when it is the target's part of a round's costs (`remote.protocol.TARGET_COSTS`)
-    with a step and a verify, every second a positive finite number; else None."""
+    """`doc` when it is a valid target part of a round's costs (`TARGET_COSTS`); else None."""
     try:
         check_doc(doc, TARGET_COSTS)
     except ResultError:
@@ -340,10 +287,8 @@ def measure(
     walked: dict | None = None,
     budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """`round_costs` on `inputs` (`CostInputs.of` the eval's rows), for the drafter's
-    block and each DDTree budget (per-depth top-k as the walk's); `cached`,
-    `context_features`, `walked`, `budget_s`: as `round_costs` takes them. A failure is
-    ``{"error": one line}``, never the eval's."""
+    """`round_costs` on `inputs` for the block and each DDTree budget; a failure is ``{"error":
+    line}``."""
     try:
         return round_costs(
             target,

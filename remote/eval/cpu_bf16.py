@@ -1,5 +1,5 @@
-"""bfloat16 matrix products in float32 on CPUs without bfloat16 kernels (why and how exact:
-docs/eval.md). `policy()` says which way this host goes; `widened()` is where it computes."""
+"""bfloat16 matrix products in float32 on CPUs without bfloat16 kernels (docs/eval.md): `policy()`,
+`widened()`."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def native_supported() -> bool:
 
 
 def policy() -> str:
-    """``native`` or ``float32``: ``DFLASH_CPU_BF16`` when set, else ``native`` exactly
-    where the CPU has bfloat16 kernels."""
+    """``native`` or ``float32``: ``DFLASH_CPU_BF16`` when set, else ``native`` where the CPU has
+    bf16 kernels."""
     chosen = os.environ.get(ENV, "").strip().lower()
     if chosen:
         if chosen not in POLICIES:
@@ -80,8 +80,8 @@ class _Widened(TorchFunctionMode):
 
 @contextlib.contextmanager
 def widened(chosen: str | None = None) -> Iterator[str]:
-    """Compute the block's bfloat16 CPU products as `chosen` (default `policy()`) says;
-    torch's function modes are per thread, so the computing thread enters it."""
+    """Compute the block's bfloat16 CPU products as `chosen` says; entered in the computing thread
+    (modes are per thread)."""
     chosen = chosen or policy()
     if chosen == "native":
         yield chosen

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 def build_tree(
     logp: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]], budget: int
 ) -> list[tuple[int, int, int]]:
-    """Nodes in pop order as ``(parent_index, depth, token)`` (parent -1: the root), from
-    each depth's top-k ``logp``/``tokens``, ranks descending."""
+    """Nodes in pop order as ``(parent_index, depth, token)`` (parent -1: root) from each depth's
+    top-k."""
     depth_max = len(logp)
     if depth_max == 0 or budget <= 0:
         return []
@@ -24,12 +24,12 @@ def build_tree(
         score = -neg
         nodes.append((parent, d, int(tokens[d - 1][r])))
         me = len(nodes) - 1
-        if r + 1 < k:  # next sibling
+        if r + 1 < k:
             heapq.heappush(
                 heap, (-(pscore + float(logp[d - 1][r + 1])), tick, d, r + 1, parent, pscore)
             )
             tick += 1
-        if d < depth_max:  # first child
+        if d < depth_max:
             heapq.heappush(heap, (-(score + float(logp[d][0])), tick, d + 1, 0, me, score))
             tick += 1
     return nodes
@@ -55,11 +55,11 @@ def ddtree_accept(logp, tokens, truth: Sequence[int], budget: int) -> int:
 
 
 class TreeSearch:
-    """DDTree acceptance of every budget up to ``budget`` at one position, each depth's row
-    fed (`feed`) only when `need` asks for it; exact: docs/dflash-eval.md."""
+    """DDTree acceptance of every budget up to ``budget`` at one position, rows fed only as `need`
+    asks."""
 
     def __init__(self, truth: Sequence[int], budget: int):
-        self.truth = [int(t) for t in truth]  # greedy tokens at depths 1..len(truth)
+        self.truth = [int(t) for t in truth]
         self.budget = budget
         self.rows: list[tuple[list[float], list[int]]] = []
         self.heap: list[tuple[float, int, int, int, int, float]] = []
@@ -88,7 +88,7 @@ class TreeSearch:
                     self.done = True  # no budget's tree holds it
                     break
                 self.checked = nd
-            if self.tick == 0:  # the root's first child
+            if self.tick == 0:
                 heap.append((-float(rows[0][0][0]), 0, 1, 0, -1, 0.0))
                 self.tick = 1
             if not heap:

@@ -55,9 +55,8 @@ def describe(device) -> dict:
 
 @contextlib.contextmanager
 def computing(device) -> Iterator[None]:
-    """Compute the block on `device` (a GPU made torch's default, so no device argument is
-    threaded through the walk; a CPU's bfloat16 products as `cpu_bf16.policy` says). Enter
-    it in the thread that computes."""
+    """Compute the block on `device` (a GPU made torch's default; a CPU's bfloat16 products per
+    `cpu_bf16.policy`), entered in the computing thread."""
     import torch
 
     if device.type == "cpu":
@@ -116,8 +115,8 @@ def weight_bytes(folder: str) -> int:
 
 
 def auto_threads(target: str, device: str | None) -> tuple[int | None, str | None]:
-    """The CPU threads for a job that names none, and why in a line (None: torch's choice);
-    the same folder always gets the same answer, so two runs of one eval compute alike."""
+    """The CPU threads for a job that names none and why (None: torch's); the same folder, the same
+    answer."""
     if check_name(device) != "cpu":
         return None, None
     size = weight_bytes(target)

@@ -1,10 +1,4 @@
-"""The layers a DFlash drafter is built of, in plain PyTorch: Qwen3's RMSNorm and RoPE, the
-drafter's attention (block queries against context and block keys, each block against its
-own sequence's context: `Attention.mix`), its MLP and decoder layer. Weight names match
-z-lab's.
-
-torch and transformers are imported at module import: import this module lazily.
-"""
+"""The layers of a DFlash drafter in plain PyTorch, weight names as z-lab's; lazy import (torch)."""
 
 from __future__ import annotations
 
@@ -14,8 +8,7 @@ from torch import nn
 from remote.errors import UserError
 from remote.eval.drafter_config import DrafterConfig
 
-# Context positions one attention pass takes at a time (`Attention.mix`): past them the
-# scores go a chunk at a time, so their bytes stay bounded however long the context.
+# past this many context positions the scores go a chunk at a time
 CONTEXT_CHUNK = 2048
 
 
@@ -49,8 +42,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Rotary(nn.Module):
-    """cos/sin for absolute positions, from transformers' own RoPE helpers (so every
-    ``rope_parameters`` / ``rope_scaling`` variant transformers knows is honoured)."""
+    """cos/sin for absolute positions from transformers' own RoPE helpers (every rope variant it
+    knows)."""
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -101,8 +94,7 @@ class Attention(nn.Module):
         return self.q_norm(self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim)))
 
     def raw_keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k-normed keys and values of rows ``x`` [..., hidden] -> [..., kv_heads, head_dim],
-        before RoPE (so rows with equal inputs can share them)."""
+        """k-normed keys and values of rows ``x`` -> [..., kv_heads, head_dim], before RoPE."""
         k = self.k_norm(self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim)))
         return k, self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
 
@@ -114,8 +106,7 @@ class Attention(nn.Module):
         return apply_rope(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
 
     def visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
-        """Position-only visibility [..., q, k] (causal / sliding window, z-lab's rule) of
-        broadcastable positions ``q_pos`` [..., q] and ``k_pos`` [..., k]; None = all."""
+        """Visibility by position [..., q, k] (causal, sliding: z-lab's rule); None: all."""
         if not self.is_causal and self.sliding_window is None:
             return None
         qp, kp = q_pos[..., :, None], k_pos[..., None, :]
@@ -141,33 +132,15 @@ class Attention(nn.Module):
         blk_v: torch.Tensor,
         blk_pos: torch.Tensor,
     ) -> torch.Tensor:
-        """The heads' mixed values [nb, R, heads*d] of ``R`` query rows per block, attending
-        to that block's context and its own rows (the caller applies ``o_proj``, once for
-        the blocks of every sequence).
-
-        ``q`` [nb, R, heads, d] (roped), ``q_pos`` [nb, R]; blocks ``bounds[i] = (a, b)``
-        (consecutive, covering ``0..nb``) belong to one sequence whose context is
-        ``contexts[i]`` = (K, V) [kv_heads, C_i, d]; block ``n`` sees context positions
-        ``< starts[n]`` and its own keys ``blk_k``/``blk_v`` [nb, B, kv_heads, d] at
-        ``blk_pos`` [nb, B]. Scores and softmax are float32. The products with a context run
-        per sequence, ``R x C_i`` per block, never against another sequence's context nor
-        the ``(nb*B)^2`` of one masked sequence holding every block; the rest (block scores,
-        masks, softmax over the call's longest context) runs once over every block, so a
-        call holding blocks of many sequences costs few more operations than one holding a
-        single sequence's.
-
-        A context longer than `CONTEXT_CHUNK` is taken in that many positions at a time
-        past the first ones (`_rest`: a running maximum and sum, as flash attention
-        keeps them), so the scores a call holds stay bounded however long the context;
-        up to `CONTEXT_CHUNK` positions it is the one-pass softmax, as it always was."""
+        """The heads' mixed values [nb, R, heads*d] of ``R`` query rows per block against its own
+        sequence's context (``contexts[i]`` for blocks ``bounds[i]``, positions ``< starts[n]``) and
+        its own keys; float32 scores. Design and the chunked long context: docs/dflash-eval.md."""
         nb, R, H, d = q.shape
         kvh = self.num_kv_heads
         g, B = H // kvh, blk_k.shape[1]
         longest = max(ck.shape[1] for ck, _cv in contexts)
         M, C = R * g, min(longest, CONTEXT_CHUNK)
         first = [(ck[:, :C], cv[:, :C]) for ck, cv in contexts]
-        # [kv_heads, nb, R * group, d]: one sequence's blocks are one slice of dim 1, its
-        # rows one matrix per kv head
         qt = (q.float() * d**-0.5).view(nb, R, kvh, g, d).permute(2, 0, 1, 3, 4)
         qt = qt.reshape(kvh, nb, M, d)
         scores = qt.new_empty(kvh, nb, M, C + B)
@@ -176,9 +149,8 @@ class Attention(nn.Module):
             part = torch.matmul(qt[:, a:b].reshape(kvh, rows, d), ck.float().transpose(1, 2))
             scores[:, a:b, :, :c] = part.view(kvh, b - a, M, c)
         scores[..., C:] = torch.matmul(qt, blk_k.float().permute(2, 0, 3, 1))
-        # per block: context positions from its start on are hidden (and the columns past
-        # a shorter context, never written, with them)
-        ctx_ok = torch.arange(C)[None, None, :] < starts[:, None, None]  # [nb, 1, C]
+        # unwritten columns past a shorter context are hidden too
+        ctx_ok = torch.arange(C)[None, None, :] < starts[:, None, None]
         vis = self.visible(q_pos, torch.arange(C))
         ctx_ok = ctx_ok if vis is None else ctx_ok & vis
         by_row = scores.view(kvh, nb, R, g, C + B)
@@ -187,7 +159,7 @@ class Attention(nn.Module):
         if blk_ok is not None:
             by_row[..., C:].masked_fill_(~blk_ok[None, :, :, None, :], float("-inf"))
         p = torch.softmax(scores, dim=-1)
-        out = torch.matmul(p[..., C:], blk_v.float().permute(2, 0, 1, 3))  # [kvh, nb, M, d]
+        out = torch.matmul(p[..., C:], blk_v.float().permute(2, 0, 1, 3))
         for (ck, cv), (a, b) in zip(first, bounds, strict=True):
             c, rows = ck.shape[1], (b - a) * M
             part = torch.matmul(p[:, a:b, :, :c].reshape(kvh, rows, c), cv.float())
@@ -199,12 +171,9 @@ class Attention(nn.Module):
         return out.reshape(nb, R, H * d).to(q.dtype)
 
     def _rest(self, qt, out, scores, contexts, bounds, starts, q_pos, R: int) -> torch.Tensor:
-        """`mix`'s output with the context past its first `CONTEXT_CHUNK` positions in:
-        each further chunk's scores, masked as `mix` masks them, folded into the first
-        pass's normalised ``out`` through its running maximum ``m`` and sum ``l``. A row
-        no later position is visible to keeps ``out`` as it was, bit for bit (a sliding
-        window's chunks wholly out of reach are skipped). Nothing is updated in place, so
-        training (the demo's trainer) takes its gradient through long contexts too."""
+        """`mix`'s output with the context past the first `CONTEXT_CHUNK` folded in through the
+        running maximum ``m`` and sum ``l``; nothing in place, so training takes gradients
+        through it."""
         kvh, nb, M, d = out.shape
         g = M // R
         m_all = scores.amax(-1, keepdim=True)
@@ -220,7 +189,7 @@ class Attention(nn.Module):
                 cols = torch.arange(c0, min(c0 + CONTEXT_CHUNK, ck.shape[1]))
                 ok = cols[None, None, :] < starts[a:b, None, None]
                 vis = self.visible(q_pos[a:b], cols)
-                ok = ok if vis is None else ok & vis  # [n, R or 1, w]
+                ok = ok if vis is None else ok & vis
                 if not bool(ok.any()):
                     continue
                 rows, w = (b - a) * M, len(cols)

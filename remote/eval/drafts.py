@@ -1,9 +1,4 @@
-"""Drafted blocks of the samples walking together (`Drafts`), computed on demand in
-batches of bounded bytes (`auto_chunk`) and kept by ``(sample, block start)``: what the
-walks of `remote.eval.walk` ask for, each step's blocks of every sample in one drafter call.
-
-torch is imported at module import: import this module lazily.
-"""
+"""Drafted blocks of the samples walking together, batched in bounded bytes; lazy import (torch)."""
 
 from __future__ import annotations
 
@@ -16,19 +11,14 @@ from remote.eval.ddtree import TreeSearch
 from remote.eval.target import greedy_tokens
 
 SCORES_BYTES = 16 * 2**20  # attention scores of one batched drafter call, at most
-# The clock of the records' drafter and DDTree seconds (a benchmark on a shared machine
-# may set time.process_time: wall time there moves with other processes' load).
+# time.process_time on a shared benchmark machine, where wall time moves with load
 CLOCK = time.perf_counter
 KEPT_BYTES = 64 * 2**20  # drafted blocks' last-layer inputs kept for later tree searches, at most
 
 
 def auto_chunk(cfg, context: int, budget: int = SCORES_BYTES) -> int:
-    """Blocks per batched drafter call: as many as keep the float32 attention scores (with
-    their softmax temporaries) under ``budget`` bytes, 16..1024. Larger batches read the
-    weights fewer times; layers before the last hold ``B`` query rows per block, the last
-    one a single row per block and depth. The bound keeps the working set flat as the
-    context grows (a long completion takes more calls, not more memory); past
-    `CONTEXT_CHUNK` positions the attention takes the context a chunk at a time."""
+    """Blocks per batched drafter call: as many as keep the float32 attention scores under
+    ``budget`` bytes (16..1024), so memory stays flat as the context grows (docs/dflash-eval.md)."""
     from remote.eval.drafter_layers import CONTEXT_CHUNK
 
     rows = cfg.block_size if cfg.num_layers > 1 else 1
@@ -38,8 +28,8 @@ def auto_chunk(cfg, context: int, budget: int = SCORES_BYTES) -> int:
 
 @dataclass
 class Seq:
-    """One sample as the drafter sees it: ``g`` = prompt + completion token ids, ``P`` the
-    prompt's length, ``kv`` the drafter's context K/V over ``g``'s target features."""
+    """One sample as the drafter sees it: ``g`` prompt + completion ids, ``P`` prompt length, ``kv``
+    context K/V."""
 
     g: torch.Tensor
     P: int
@@ -54,27 +44,9 @@ Key = tuple[int, int]  # (sequence index, block start)
 
 
 class Drafts:
-    """Drafted blocks of one or more sequences, computed on demand in batches and kept by
-    ``(sequence, start)``; blocks of several sequences share each drafter call.
-
-    ``accept[key]``: leading draft tokens of the block at ``key`` equal to ``g[s+1..]``
-    (capped at ``L``); only the rows that number needs are computed
-    (`remote.eval.drafter_model.Blocks`). ``rows[key]``: with ``k`` > 0 (DDTree), the top-``k``
-    (log-probs, tokens) of the block's depths ``1, 2, ...`` computed so far: every row the
-    acceptance walk computes is kept, and `trees` adds deeper ones only where a tree
-    search asks for them. ``search[key]``: the finished `TreeSearch` there (acceptance of
-    every budget). ``built[i]``: blocks drafted for sequence ``i`` so far.
-
-    With ``k`` > 0 a drafted block's last-layer inputs stay (``kept``, `_build`) until
-    `forget` passes its start or newer ones push it out (the batches kept keys hold stay
-    within KEPT_BYTES), so a tree search at a block the chain walk drafted (or a chain walk
-    at a block a tree search drafted) asks the last layer for more rows instead of drafting
-    the block again. Rows of blocks drafted in different calls go through the last layer
-    and the head together (`remote.eval.drafter_model.Blocks.joined`).
-
-    Sequences join with `add` while others walk and leave with `release` once their
-    record is made, dropping their context K/V and everything kept of theirs.
-    """
+    """Drafted blocks of the walking sequences, computed on demand in shared drafter calls and kept
+    by ``(sequence, start)``: ``accept``, DDTree ``rows`` and ``search``; reuse of kept blocks is
+    described in docs/dflash-eval.md (Drafted blocks)."""
 
     HEAD_BYTES = 8 * 2**20  # float32 logits of one head call, at most (HEAD_ROWS at least)
     HEAD_ROWS = 64  # rows per head call at least: a huge vocabulary still reuses its weights
@@ -90,8 +62,6 @@ class Drafts:
     ):
         self.drafter, self.target = drafter, target
         self.B = drafter.block_size
-        # ``longest``: the last index of the longest sequence to come (`add`), when the
-        # sequences join while others walk
         self.chunk = chunk or auto_chunk(drafter.cfg, longest or max(q.L for q in seqs))
         self.k = k
         self.head_rows = self.rows_per_head(target.lm_head.shape[0])
@@ -110,8 +80,7 @@ class Drafts:
             self.add(q)
 
     def add(self, q: Seq) -> int:
-        """Take sequence ``q`` in (its blocks then share the calls of the others'); returns
-        its index, the first of the keys ``(index, start)`` of its blocks."""
+        """Take sequence ``q`` in; returns its index (the first element of its blocks' keys)."""
         i = len(self.seqs)
         self.seqs.append(q)
         self.live[i] = q
@@ -122,8 +91,7 @@ class Drafts:
         return i
 
     def release(self, i: int) -> None:
-        """Drop everything sequence ``i`` holds, its context K/V and ``accept`` with the
-        rest (its walks have ended and its record is made)."""
+        """Drop everything sequence ``i`` holds (its walks have ended and its record is made)."""
         self.forget(i, self.seqs[i].L + 1)
         for key in [key for key in self.accept if key[0] == i]:
             del self.accept[key]
@@ -132,7 +100,7 @@ class Drafts:
         self._index()
 
     def _index(self) -> None:
-        # the live sequences' tokens end to end, so a batch's ground truth is one gather
+        # one gather for a batch's ground truth
         ids = torch.tensor(list(self.live), dtype=torch.long)
         lens = torch.tensor([len(q.g) for q in self.live.values()], dtype=torch.long)
         self.flat = torch.cat([q.g for q in self.live.values()]) if self.live else self.last[:0]
@@ -145,9 +113,8 @@ class Drafts:
         return max(cls.HEAD_ROWS, cls.HEAD_BYTES // (4 * vocab))
 
     def head(self, h: torch.Tensor, keys: list[Key], depths: list[int]) -> torch.Tensor:
-        """Greedy tokens of final hidden rows ``h`` (row ``i``: depth ``depths[i]`` of the
-        block at ``keys[i]``), the head run ``head_rows`` rows at a time; with ``k``, each
-        row's top-k log-probs become ``rows[key][depth - 1]`` (unless known already)."""
+        """Greedy tokens of hidden rows ``h`` (depth ``depths[i]`` of block ``keys[i]``); with
+        ``k``, keeps top-k rows."""
         preds = []
         for c in range(0, h.shape[0], self.head_rows):
             logits = self.drafter.logits(h[c : c + self.head_rows], self.target.lm_head)
@@ -158,7 +125,6 @@ class Drafts:
                 v, i = torch.topk(logp, self.k, dim=-1)
                 del logp
                 at = slice(c, c + self.head_rows)
-                # rows stay tensors (a few bytes per candidate, not a Python object each)
                 got = zip(keys[at], depths[at], v.unbind(), i.unbind(), strict=True)
                 for key, d, vr, ir in got:
                     have = self.rows.setdefault(key, [])
@@ -167,8 +133,8 @@ class Drafts:
         return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)
 
     def _build(self, keys: list[Key]):
-        """The drafter's blocks at ``keys`` (sorted), in one call: (Blocks, sequence of each
-        block, starts)."""
+        """The drafter's blocks at ``keys`` (sorted) in one call: (Blocks, sequence of each block,
+        starts)."""
         seq = torch.tensor([i for i, _s in keys])
         st = torch.tensor([s for _i, s in keys])
         first = self.flat[self.offset[seq] + st]
@@ -198,8 +164,7 @@ class Drafts:
                 del self.held[id(got[0])]
 
     def _located(self, keys: list[Key]) -> dict[Key, tuple[object, int]]:
-        """(Blocks, index there) of each of ``keys`` (sorted, unique): the kept ones as they
-        are, the others drafted now, ``chunk`` blocks per drafter call."""
+        """(Blocks, index there) of each of ``keys``: kept, or drafted now."""
         where = {key: self.kept[key] for key in keys if key in self.kept}
         new = [key for key in keys if key not in where]
         for c in range(0, len(new), self.chunk):
@@ -209,10 +174,8 @@ class Drafts:
         return where
 
     def draft(self, chain: list[Key], trees: list[Key], budget: int) -> float:
-        """One lockstep step of every walk: ``accept`` at ``chain`` and the `TreeSearch` of
-        ``budget`` at ``trees`` (those not known yet), the blocks of both that are not kept
-        drafted together, ``chunk`` blocks per drafter call. Returns the seconds the tree
-        searches took (their rows beyond the blocks' drafting)."""
+        """One lockstep step of every walk: ``accept`` at ``chain`` and the tree searches at
+        ``trees``, drafted together; returns the tree searches' seconds."""
         todo = sorted({key for key in chain if key not in self.accept})
         search = sorted({key for key in trees if key not in self.search})
         where = self._located(sorted(set(todo) | set(search)))
@@ -231,7 +194,7 @@ class Drafts:
         return self.flat[index], ok
 
     def ensure(self, keys: list[Key]) -> None:
-        """Compute ``accept`` for ``keys`` (those not known yet), ``chunk`` blocks at a time."""
+        """Compute ``accept`` for ``keys`` not known yet, ``chunk`` blocks at a time."""
         todo = sorted({key for key in keys if key not in self.accept})
         for c in range(0, len(todo), self.chunk):
             part = todo[c : c + self.chunk]
@@ -240,8 +203,8 @@ class Drafts:
 
     @staticmethod
     def _joined(keys: list[Key], where: dict) -> tuple[object, torch.Tensor]:
-        """(one Blocks holding the blocks at ``keys``, which `where` locates, the index of
-        each there): blocks drafted in different calls answer one `Blocks.hidden` call."""
+        """One Blocks holding the blocks at ``keys`` (from several calls) and each one's index
+        there."""
         from remote.eval.drafter_model import Blocks  # transformers: only when drafting
 
         parts: dict[int, tuple[object, dict[int, int]]] = {}
@@ -257,44 +220,38 @@ class Drafts:
         return joined, torch.tensor([index[(id(where[key][0]), where[key][1])] for key in keys])
 
     def _accept(self, blocks, index: torch.Tensor, part: list[Key]) -> None:
-        """``accept`` of the blocks at ``part``, block ``index[b]`` of ``blocks`` each."""
         seq = torch.tensor([i for i, _s in part])
         st = torch.tensor([s for _i, s in part])
         truth, ok = self._truth(seq, st)
         acc = torch.zeros(len(part), dtype=torch.long)
         alive, j, width = torch.arange(len(part)), 1, 1
-        while j < self.B and len(alive):  # rows only for blocks still matching
-            # Each pass reads the last layer's and the head's weights again: blocks that
-            # keep matching take twice the depths in each next pass (1, 2, 4, ...), at
-            # most as many rows again as they need.
+        while j < self.B and len(alive):
+            # doubling windows: fewer passes over the weights, at most twice the rows needed
             w, width = min(self.B - j, width), 2 * width
             blk = alive[:, None].expand(-1, w)
             depth = torch.arange(j, j + w)[None, :].expand(len(alive), -1)
-            have = ok[blk, depth]  # s + depth <= L
+            have = ok[blk, depth]
             pred = torch.full(have.shape, -1, dtype=torch.long)
-            if not bool(have.any()):  # every block still matching reached L
+            if not bool(have.any()):
                 break
-            hid = blocks.depths(index[alive], j, w)  # [alive, w, hidden]
+            hid = blocks.depths(index[alive], j, w)
             pred[have] = self.head(
                 hid[have], [part[b] for b in blk[have].tolist()], depth[have].tolist()
             )
             right = (pred == truth[blk, depth]) & have
-            run = right.long().cumprod(1).sum(1)  # leading right depths in the window
+            run = right.long().cumprod(1).sum(1)
             acc[alive] += run
             alive, j = alive[run == w], j + w
         self.accept.update(zip(part, acc.tolist(), strict=True))
 
     def trees(self, keys: list[Key], budget: int) -> None:
-        """Run the `TreeSearch` of ``budget`` at ``keys`` (those not searched yet), ``chunk``
-        blocks at a time: each round computes, in one batch, the next depth row of every
-        search that asks for one beyond ``rows``."""
+        """Run the `TreeSearch` of ``budget`` at ``keys`` not searched yet, ``chunk`` blocks at a
+        time."""
         todo = sorted({key for key in keys if key not in self.search})
         for c in range(0, len(todo), self.chunk):
             self._search(todo[c : c + self.chunk], budget, {})
 
     def _search(self, group: list[Key], budget: int, where: dict) -> None:
-        """The searches at ``group`` (not searched yet); ``where``: (Blocks, index) of
-        blocks at hand (`_located`), the kept ones and those drafted on demand besides."""
         pending = {}
         for i, s in group:
             g, L = self.seqs[i].g, self.seqs[i].L
@@ -314,14 +271,12 @@ class Drafts:
                 self._next_rows(asks, where)
 
     def _next_rows(self, keys: list[Key], where: dict) -> None:
-        """Append the next depth rows to ``rows[key]`` for each of ``keys``, from the blocks
-        in ``where`` (or kept), drafting the others (added to ``where`` for the search's
-        later rounds)."""
+        """Append the next depth rows to ``rows[key]`` of each key, drafting blocks not in
+        ``where``."""
         where.update(self._located(sorted(key for key in keys if key not in where)))
         blocks, index = self._joined(keys, where)
         rows, keys_of, depths = [], [], []
         for key, b in zip(keys, index.tolist(), strict=True):
-            # as `_accept`: as many next depths as the block has rows (1, 2, 4, ...)
             first, i, s = len(self.rows[key]) + 1, *key
             last = min(2 * first - 1, self.B - 1, self.seqs[i].L - s) + 1
             for d in range(first, last):
@@ -331,8 +286,8 @@ class Drafts:
         self.head(blocks.hidden(torch.tensor(rows)), keys_of, depths)
 
     def forget(self, i: int, below: int) -> None:
-        """Drop sequence ``i``'s rows, searches and kept blocks of starts before ``below``
-        (no walk returns there)."""
+        """Drop sequence ``i``'s rows, searches and kept blocks before ``below`` (no walk returns
+        there)."""
         for s in range(self.kept_from[i], below):
             self.rows.pop((i, s), None)
             self.search.pop((i, s), None)

@@ -1,8 +1,5 @@
-"""A feature-cache entry's file (`remote.eval.feature_cache`): safetensors, its tensors'
-bytes written from their own memory and read straight into new tensors, so a long
-sample's features (a 32k context of a 27B-class target: 1.3 GB) are never held twice.
-The reader takes nothing but the exact file its key allows: a header of the expected
-tensors, end to end, and the file's size to the byte."""
+"""A feature-cache entry's safetensors file, written from and read into the tensors' own memory
+(never held twice); the reader takes only the exact header and size its key allows."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ HEADER_MOST_BYTES = 2**20  # an entry's safetensors header is a few hundred byte
 # safetensors' names of the dtypes an entry holds
 ST_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.long: "I64"}
 
-Shapes = dict[str, tuple[tuple[int, ...], torch.dtype]]  # name -> (shape, dtype)
+Shapes = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
 def tensor_digest(*tensors: torch.Tensor) -> str:
@@ -36,8 +33,8 @@ def nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 
 
 def parts(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list:
-    """A safetensors file of `tensors` (contiguous, on the CPU) as buffers to write in
-    turn: its header, then each tensor's own bytes (views, not copies)."""
+    """A safetensors file of contiguous CPU `tensors` as buffers to write in turn: header, then
+    views of each tensor."""
     header: dict = {"__metadata__": metadata}
     at = 0
     for key, t in tensors.items():
@@ -55,8 +52,8 @@ def parts(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list:
 
 
 def header(fh: BinaryIO) -> bytes | None:
-    """The file's first 8 bytes and its safetensors header (at most `HEADER_MOST_BYTES`),
-    as one buffer; None when it has none."""
+    """The file's first 8 bytes and safetensors header (at most `HEADER_MOST_BYTES`) as one buffer;
+    None without."""
     head = fh.read(8)
     if len(head) < 8:
         return None
@@ -65,14 +62,13 @@ def header(fh: BinaryIO) -> bytes | None:
 
 
 def read(fh: BinaryIO, head: bytes, shapes: Shapes, size: int) -> dict[str, torch.Tensor] | None:
-    """The tensors of `shapes` from the file `fh` whose `header` was read (`header`), when
-    the header holds exactly them, end to end, and the file is `size` bytes with them;
-    else None. Each is read into its own new tensor."""
+    """The tensors of `shapes` from `fh` when its `header` holds exactly them end to end and the
+    file is `size` bytes; else None."""
     offsets = _layout(head[8:], shapes)
     if offsets is None or size != len(head) + sum(nbytes(*s) for s in shapes.values()):
         return None
     out = {}
-    for key in sorted(offsets, key=lambda k: offsets[k]):  # in file order
+    for key in sorted(offsets, key=lambda k: offsets[k]):
         shape, dtype = shapes[key]
         out[key] = torch.empty(shape, dtype=dtype)
         view = memoryview(out[key].view(-1).view(torch.uint8).numpy())
@@ -92,8 +88,8 @@ def metadata(head: bytes, key: str) -> dict | None:
 
 
 def _layout(text: bytes, shapes: Shapes) -> dict[str, int] | None:
-    """Each tensor's offset in the data from a safetensors header `text`, when it holds
-    exactly `shapes`'s tensors end to end; else None."""
+    """Each tensor's data offset from header `text` when it holds exactly `shapes` end to end; else
+    None."""
     try:
         doc = json.loads(text)
         got = {k: v for k, v in doc.items() if k != "__metadata__"}

@@ -1,27 +1,5 @@
-"""The chunked gated delta rule and the short causal convolution of Gated DeltaNet layers
-(Qwen3.5, Qwen3.6, Qwen3-Next), for the CPU: the work of transformers' reference
-implementation (``torch_chunk_gated_delta_rule``, ``causal_conv1d_fn``), arranged so that
-it runs at the speed of matrix products rather than of small elementwise steps.
-
-Same arguments, same results within rounding (the delta rule's products in float32, as
-the reference's; the convolution's are its products summed in another order): what a
-layer's kernel hooks call instead of the reference where flash-linear-attention has no
-kernel for the device (`remote.eval.linear_attention`). The changes that pay on a CPU:
-
-- keys and queries stay per key head: their Gram and query-key products are computed once
-  per key head, not once per value head after a ``repeat_interleave`` (3x the work and the
-  copies on Qwen3.6's 16 key / 48 value heads);
-- each chunk's WY transform is inverted by a few batched products (`unit_lower_inverse`)
-  and applied to values and decayed keys, rather than solved twice per chunk and head;
-- the chunks' sequential scan reads the state once per chunk for its two products
-  (decayed keys and queries stacked), and skips them while the state is still zero;
-- the convolution runs on the projection's time-major output as it is (oneDNN's
-  channels-last kernel), not on a channel-major copy, and hands back a time-major result.
-
-Notation as in the DeltaNet papers: per value head, state ``S`` [dk, dv], per token
-``S <- exp(g) S + k (beta (v - (exp(g) S)^T k))^T``, output ``S^T q``; chunks of ``C``
-tokens solve their inner recurrence with the WY form ``(I + tril(beta K K^T * decay, -1))``.
-"""
+"""The chunked gated delta rule and causal convolution of Gated DeltaNet layers at CPU matrix speed,
+same results within rounding as transformers' reference; why: docs/eval.md."""
 
 from __future__ import annotations
 
@@ -35,11 +13,8 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def unit_lower_inverse(low: torch.Tensor) -> torch.Tensor:
-    """``(I + low)^-1`` of strictly lower triangular matrices ``low`` [..., c, c]: halves
-    inverted together and joined (``[[A, 0], [C, B]]^-1`` has ``-B^-1 C A^-1`` below),
-    blocks of 16 or fewer by the series ``(I - N)(I + N^2)(I + N^4)(I + N^8)``, exact for
-    a nilpotent N of that order. A few batched products instead of a triangular solve per
-    matrix, which LAPACK runs one small matrix at a time."""
+    """``(I + low)^-1`` of strictly lower triangular ``low`` [..., c, c] by a few batched products
+    (halves joined, blocks by the nilpotent series), not a triangular solve per matrix."""
     c = low.shape[-1]
     if c <= 16:
         m = -low
@@ -52,7 +27,7 @@ def unit_lower_inverse(low: torch.Tensor) -> torch.Tensor:
         return x
     h = c // 2
     top, bottom = low[..., :h, :h], low[..., h:, h:]
-    if c == 2 * h:  # both halves in one batch
+    if c == 2 * h:
         top, bottom = unit_lower_inverse(torch.stack((top, bottom))).unbind(0)
     else:
         top, bottom = unit_lower_inverse(top), unit_lower_inverse(bottom)
@@ -75,10 +50,8 @@ def chunk_gated_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     **_kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The gated delta rule over a sequence, chunk by chunk (arguments and results as
-    transformers' ``torch_chunk_gated_delta_rule``: query, key [b, t, hk, dk]; value
-    [b, t, hv, dv]; g, beta [b, t, hv]; state [b, hv, dk, dv]). Returns (output [b, t, hv,
-    dv] in the query's dtype, the final state in float32 or None)."""
+    """The gated delta rule chunk by chunk, arguments and results as transformers'
+    ``torch_chunk_gated_delta_rule``: (output in the query's dtype, float32 final state or None)."""
     out_dtype = query.dtype
     b, t, hk, dk = key.shape
     hv, dv = value.shape[-2:]
@@ -86,7 +59,7 @@ def chunk_gated_delta_rule(
     n = -(-t // c)
     pad = n * c - t
 
-    def heads(x: torch.Tensor) -> torch.Tensor:  # [b, t, h, ...] -> [b, h, t, ...] float32
+    def heads(x: torch.Tensor) -> torch.Tensor:
         x = x.float().transpose(1, 2)
         return F.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
 
@@ -102,15 +75,15 @@ def chunk_gated_delta_rule(
     later = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
     decay = (cum[..., :, None] - cum[..., None, :]).masked_fill_(later, float("-inf")).exp_()
     kt = k.transpose(-1, -2)
-    intra = (q @ kt) * decay  # [b, hk, r, n, c, c], the diagonal included
+    intra = (q @ kt) * decay
     # (I + strictly lower part of beta_i k_i.k_j decay_ij)^-1, the chunk's WY transform
     wy = unit_lower_inverse(((k @ kt) * decay).mul_(bt).tril_(-1))
     gain = cum.exp()[..., None]
     u = wy @ (heads(value).reshape(b, hk, r, n, c, dv) * bt)
-    # what reads the state (decayed keys above, decayed queries below) and what writes it
-    reads = torch.cat((wy @ (k * (bt * gain)), q * gain), dim=-2)  # [b, hk, r, n, 2c, dk]
+    # decayed keys and queries stacked: one read of the state per chunk
+    reads = torch.cat((wy @ (k * (bt * gain)), q * gain), dim=-2)
     writes = (k * (cum[..., -1:, None] - cum[..., None]).exp()).transpose(-1, -2)
-    fade = cum[..., -1].exp()[..., None, None]  # [b, hk, r, n, 1, 1]
+    fade = cum[..., -1].exp()[..., None, None]
 
     state = None if initial_state is None else initial_state.float().reshape(b, hk, r, dk, dv)
     out = torch.empty(b, hk, r, n, c, dv, dtype=torch.float32, device=q.device)
@@ -138,17 +111,12 @@ def causal_conv1d_fn(
     activation: str | None = None,
     **_kwargs,
 ) -> torch.Tensor:
-    """The depthwise causal convolution of ``hidden_states`` [b, channels, t] with
-    ``weight`` [channels, width], then ``activation`` (transformers' name, or none), as
-    transformers' ``causal_conv1d_fn`` computes it: oneDNN's convolution, run as a 2-d one
-    on the time-major view the projection wrote (channels last), so neither the input nor
-    the result is transposed in memory (the same products summed in another order: float32
-    rounding apart, in bf16 nearly always the same bits). The result is a [b, channels, t]
-    view of a time-major tensor, which the layer transposes back for free."""
+    """transformers' ``causal_conv1d_fn`` as oneDNN's channels-last convolution on the time-major
+    view the projection wrote; returns a [b, channels, t] view of a time-major tensor."""
     from transformers.activations import ACT2FN
 
     t, width = hidden_states.shape[-1], weight.shape[-1]
-    x = hidden_states.to(weight.dtype).unsqueeze(2)  # [b, ch, 1, t], strides kept
+    x = hidden_states.to(weight.dtype).unsqueeze(2)
     out = F.conv2d(x, weight[:, None, None, :], bias, padding=(0, width - 1), groups=x.shape[1])
     out = out[..., :t].squeeze(2)
     if activation is not None:

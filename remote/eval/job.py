@@ -1,9 +1,5 @@
-"""An ``eval`` job, as the job runner (`remote.jobs.run`) runs it: the host checks, the
-ground truth, the engine, and the result annotated with what made it.
-
-The phases run in the runner's one process: one python start and one torch import for
-checks and engine, and the target loaded once for the ground truth and the engine.
-"""
+"""An ``eval`` job as the job runner runs it: host checks, ground truth, engine, annotated result,
+in one process."""
 
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ class Events(Protocol):
 
 
 def job_engine(spec: dict) -> EvalSpec:
-    """The engine's `EvalSpec` the job carries (``eval``: target, drafter, dtype, threads,
-    budgets, ...), validated; a bad one fails the job in one line."""
+    """The job's validated engine `EvalSpec`; a bad one fails the job in one line."""
     try:
         return EvalSpec.of_job(spec)
     except (SpecError, TypeError) as exc:
@@ -41,10 +36,9 @@ def job_engine(spec: dict) -> EvalSpec:
 
 
 def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) -> int:
-    """The eval job in the folder `path`: with `preflight`, the host checks first (their
-    report in ``preflight.json``, which ``job start --preflight`` waits for), then
-    `run_eval_job`."""
-    engine = job_engine(spec)  # the job's EvalSpec, read once for every phase
+    """The eval job in folder `path`: with `preflight` the host checks first (``preflight.json``),
+    then `run_eval_job`."""
+    engine = job_engine(spec)
     checked: dict = {}
     if preflight:
         run_preflight(path, spec, engine, checked, events)
@@ -54,9 +48,8 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
 def run_preflight(
     path: Path, spec: dict, engine: EvalSpec, keep: dict, events: Events | None = None
 ) -> dict:
-    """The host checks (`remote.eval.preflight.check`), their report in
-    ``preflight.json``; each warning line they give (the drafter's window against the
-    run's longest context) an event, before anything is loaded."""
+    """The host checks, their report in ``preflight.json`` and each warning line an event, before
+    anything is loaded."""
     from remote.eval import preflight
 
     try:
@@ -78,18 +71,9 @@ def run_eval_job(
     plan: tuple | None = None,
     after_ground_truth: Callable[[str], None] | None = None,
 ) -> int:
-    """Phase 1: ground truth (cached on the host). Phase 2: the eval engine, IN this process
-    (one python start and one torch import per job, not two), its events appended to
-    ``events.jsonl`` with the time they happened. Its one-line errors fail the job as the
-    runner's own do. `engine`: the job's EvalSpec when the caller read it already. The
-    target is loaded once (`remote.eval.target`), before the engine, from `plan` (the host
-    checks' description of it) when given: a local ground truth generates with the target
-    the engine then evaluates with, and a server's or a deferred file's ground truth is
-    made or awaited while it loads (when the server is asked; when the file is not there
-    within `PRELOAD_AFTER_SECONDS`). `after_ground_truth`: called with the ground-truth
-    file once it is there, before the engine runs (an online job starts its server). The
-    target's features come from the host's cache when an eval before this one kept them
-    (`remote.eval.feature_cache`, in the job's workdir, unless the job turns it off)."""
+    """Ground truth, then the engine in this process; the target is loaded once, while a server's or
+    deferred ground truth is made or awaited. `after_ground_truth` runs once the file is there (an
+    online job starts its server); details: docs/dflash-eval.md."""
     from remote.eval import engine as evaluate
     from remote.eval import groundtruth
     from remote.eval.preflight import read_job
@@ -107,16 +91,13 @@ def run_eval_job(
             loaded.append(target_mod.load_target(engine.target, dtype, plan))
         return loaded[0].model
 
-    job = read_job(spec)  # every block and setting checked, once
+    job = read_job(spec)
     gt = job.ground_truth
     loading: list[Callable[[], None]] = []
 
     def asking() -> None:
-        # A server makes the ground truth (or another host does): the target loads here
-        # meanwhile (this process only waits), not after it. A ground truth that was
-        # cached comes at once: the engine then loads what it needs (only the target's
-        # ends when every feature is cached too).
-        if job.stop_after != "ground_truth" and not loading:  # once: a ladder asks twice
+        # the target loads while a server or another host makes the ground truth, not after it
+        if job.stop_after != "ground_truth" and not loading:
             loading.append(_in_background(load_model))
 
     if gt.awaits_file():
@@ -149,7 +130,6 @@ def run_eval_job(
         after_ground_truth(gt_path)
     for wait in loading:
         wait()  # its error, if any, is the job's
-    # The job's spec with this host's paths: passed to the engine as it is (and kept).
     engine = build_eval_spec(path, engine, gt_path)
     write_json_atomic(path / "eval_spec.json", engine.to_json())
     events.emit("phase", phase="eval")
@@ -169,9 +149,8 @@ def run_eval_job(
 
 
 def with_threads(engine: EvalSpec, events: Events) -> EvalSpec:
-    """`engine` with the CPU threads it computes with: its own, else the host's choice for
-    its target (`remote.eval.device.auto_threads`, said in a ``note`` event), set before
-    the ground truth or the engine computes anything."""
+    """`engine` with its CPU threads: its own, else the host's choice (`device.auto_threads`, a
+    ``note`` event)."""
     from remote.eval.device import auto_threads
 
     if engine.threads:
@@ -188,14 +167,13 @@ def with_threads(engine: EvalSpec, events: Events) -> EvalSpec:
 
 
 def _in_background(work: Callable[[], Any]) -> Callable[[], Any]:
-    """Start `work` in a daemon thread; the returned function waits for it and gives its
-    value or raises its exception."""
+    """Start `work` in a daemon thread; the returned function waits for its value or exception."""
     box: dict = {}
 
     def run() -> None:
         try:
             box["value"] = work()
-        except BaseException as exc:  # handed to the waiter, raised there
+        except BaseException as exc:
             box["error"] = exc
 
     thread = threading.Thread(target=run, name="load-target", daemon=True)
@@ -213,8 +191,7 @@ def _in_background(work: Callable[[], Any]) -> Callable[[], Any]:
 AWAIT_POLL_SECONDS = 0.02
 
 
-# A deferred ground truth that comes sooner than this was cached where it was made; later,
-# it is being made, and the job's target loads while the wait goes on.
+# sooner than this, a deferred ground truth was cached where it was made
 PRELOAD_AFTER_SECONDS = 10.0
 
 
@@ -224,9 +201,8 @@ def await_file(
     meanwhile: Callable[[], None] | None = None,
     after: float = 0.0,
 ) -> Path:
-    """`file` once it exists (a deferred ground truth: pushed whole, by a rename); a one-line
-    error after `limit` seconds without it. `meanwhile`: called once when the file has not
-    come in `after` seconds (it starts work in the background; the wait goes on)."""
+    """`file` once it exists (a deferred ground truth, pushed by rename); a one-line error after
+    `limit` seconds; `meanwhile` runs once after `after` seconds."""
     began = time.monotonic()
     deadline = began + limit
     while not file.is_file():
@@ -248,8 +224,7 @@ def build_eval_spec(path: Path, engine: EvalSpec, gt_path: str) -> EvalSpec:
 
 
 def annotate_result(result_path: Path, gt_info: dict, spec: dict, engine: EvalSpec) -> None:
-    """Make sure the result names its ground-truth source and the job that produced it,
-    whatever the engine recorded itself."""
+    """Make sure the result names its ground-truth source and the job that produced it."""
     try:
         result = json.loads(result_path.read_text())
     except (OSError, ValueError):  # the engine wrote none: nothing to annotate
@@ -280,8 +255,8 @@ def annotate_result(result_path: Path, gt_info: dict, spec: dict, engine: EvalSp
 
 
 def _record_identities(inputs: dict, gt_info: dict, engine: EvalSpec) -> None:
-    """What a paired comparison and a tracker need to know the run by: the drafter's
-    sha256 and step, the ground truth file's sha256, the target's identity."""
+    """What a paired comparison and a tracker know the run by: drafter, ground truth and target
+    identities."""
     from remote.eval import groundtruth, provenance
 
     if engine.drafter and "drafter_identity" not in inputs:

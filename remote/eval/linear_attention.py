@@ -1,20 +1,5 @@
-"""The CPU kernels of a target's linear-attention layers (`remote.eval.gated_delta`), put
-where transformers would fall back to its reference PyTorch path.
-
-transformers' Gated DeltaNet layers (Qwen3.5, Qwen3.6, Qwen3-Next and their MoE
-variants) call their kernels through per-layer hooks: each layer instance holds its own
-wrapper of ``torch_chunk_gated_delta_rule`` and ``causal_conv1d_fn`` (``_kernel_funcs``,
-the `kernels` package's ``use_kernelized_func``, which ``kernelize`` uses to swap in a
-Hub kernel). `install` points the wrappers of one model's layers at this engine's CPU
-kernels, leaving every other model in the process as transformers made it. A call with
-its tensors on another device, or with packed sequences (``cu_seqlens``), goes to what
-transformers chose (flash-linear-attention on a GPU where installed).
-
-`kind` says which implementation a target's linear-attention layers run, for the
-result's environment: ``cpu-chunked`` (these kernels), ``transformers`` (its own choice:
-the layers take no hook in this transformers, or ``DFLASH_LINEAR_ATTENTION=transformers``
-asked for it, e.g. to compare the two with ``dflash parity``), or None (no such layers).
-"""
+"""Points a target's Gated DeltaNet kernel hooks at `remote.eval.gated_delta` for that model only;
+other devices and packed sequences go to transformers' choice (docs/eval.md)."""
 
 from __future__ import annotations
 
@@ -26,8 +11,7 @@ from torch import nn
 from remote.errors import UserError
 from remote.eval import gated_delta
 
-# The hooks this engine fills, by the name transformers gives the function, and the
-# parameters the replacement must accept (a renamed argument leaves transformers' own).
+# hooks by transformers' function name, with the parameters a replacement must accept
 KERNELS = {
     "chunk_gated_delta_rule": gated_delta.chunk_gated_delta_rule,
     "causal_conv1d_fn": gated_delta.causal_conv1d_fn,
@@ -68,8 +52,8 @@ def _hooks(model: nn.Module):
 
 
 def install(model: nn.Module) -> str | None:
-    """Point `model`'s linear-attention kernel hooks at this engine's CPU kernels; returns
-    `kind` of it afterwards (unchanged when `chosen` says ``transformers``). Idempotent."""
+    """Point `model`'s linear-attention kernel hooks at the CPU kernels (unless `chosen` says
+    ``transformers``); returns `kind` afterwards. Idempotent."""
     if chosen() == THEIRS:
         return kind(model)
     found = False
@@ -84,8 +68,8 @@ def install(model: nn.Module) -> str | None:
 
 
 def kind(model: nn.Module) -> str | None:
-    """``cpu-chunked`` when every kernel hook of `model` runs ours, ``transformers``
-    when it has linear-attention layers we left to transformers, None when it has none."""
+    """``cpu-chunked`` when every hook of `model` runs ours, ``transformers`` when left to it, None
+    without such layers."""
     hooks = list(_hooks(model))
     if not hooks:
         return _plain(model)
@@ -97,7 +81,5 @@ def kind(model: nn.Module) -> str | None:
 
 
 def _plain(model: nn.Module) -> str | None:
-    """`kind` of a model without hooks: ``transformers`` when some layer is a linear-
-    attention one (its class names a DeltaNet), else None."""
     names = {type(m).__name__ for m in model.modules()}
     return THEIRS if any("DeltaNet" in n for n in names) else None

@@ -1,13 +1,5 @@
-"""Dataset metrics from per-sample records: ONE pure function, stdlib only.
-
-The eval engine (`remote.eval.engine`) calls `summarize` on the records of the samples it
-evaluated; the orchestrator's shard merge (`orchestrator.eval.shards.run`) calls the very same
-function on the records gathered from several hosts. So a merged result's aggregates are
-computed by exactly the code that computes a single host's, and are equal to them whenever
-the per-sample records are. No torch here: the workstation imports this module too.
-
-What each metric is and how samples combine: the registry, `remote.protocol.metrics`.
-"""
+"""Dataset metrics from per-sample records, one pure stdlib function: the engine and the shard merge
+both call `summarize`, so merged aggregates equal a single host's (definitions: the registry)."""
 
 from __future__ import annotations
 
@@ -23,9 +15,8 @@ def ddtree_k(budget: int, topk: int | None, vocab: int) -> int:
 def summarize(
     records: list[dict], block_size: int, budgets: list[int], topk: int | None, vocab: int
 ) -> dict:
-    """Dataset metrics from sample records: each entry of the metric registry, then the
-    walk metrics per DDTree budget. Callers pass records in ground-truth order, so
-    floating-point sums are the same whoever computes them."""
+    """Dataset metrics from sample records: each registry entry, then the walk metrics per DDTree
+    budget; records in ground-truth order, so float sums agree whoever computes them."""
     out: dict = {}
     for m in METRICS:
         if isinstance(m, Keyed):

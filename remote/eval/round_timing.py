@@ -1,17 +1,5 @@
-"""How the round costs (`remote.eval.costs`) time their parts within a budget, and what
-the walk leaves them, so that measuring a round costs a small share of the eval.
-
-- `Trials`: each part is timed up to REPEATS times after a warm-up, but a part whose
-  trials cost more than its share of the budget stops at MIN_TRIALS (a 27B target's
-  forward costs seconds on a CPU); every part keeps its trials' spread (fastest, slowest),
-  which the controller's speedup estimate carries (`orchestrator.results.speedup`).
-- `interpolate`: a verify size the budget leaves untimed is read off the timed ones (a
-  target forward's seconds grow about linearly with its tokens), beside the walk's own
-  forward over the whole sample; it then has no spread, which says it was not timed.
-- `Capture`: the eval's target as the walk sees it, keeping, for the one sample the costs
-  use, the KV cache and features its forward made anyway (a cache changes no number of it),
-  so the costs run no forward over the context of their own.
-"""
+"""How the round costs time their parts within a budget (`Trials`, `interpolate`) and what the walk
+leaves them (`Capture`), so measuring a round costs a small share of the eval (docs/results.md)."""
 
 from __future__ import annotations
 
@@ -32,9 +20,8 @@ def sync(device) -> None:
 
 
 class Trials:
-    """Times parts of a round on `device`; with `budget_s`, a part stops after MIN_TRIALS
-    once its trials took `share` of the budget, and `fits` says whether another part
-    still does. ``spread[name]``: (fastest, slowest) of the trials kept."""
+    """Times parts of a round on `device`; with `budget_s` a part stops at MIN_TRIALS once its
+    trials took `share` of the budget. ``spread[name]``: (fastest, slowest) kept."""
 
     def __init__(self, device, budget_s: float | None = None, parts: int = 3):
         self.device, self.budget = device, budget_s
@@ -56,7 +43,7 @@ class Trials:
             if self.share is not None and len(times) >= MIN_TRIALS and sum(times) >= self.share:
                 break
         self.spent += sum(times)
-        kept = times[1:] if len(times) > MIN_TRIALS else times  # the first warmed up
+        kept = times[1:] if len(times) > MIN_TRIALS else times
         self.spread[name] = [min(kept), max(kept)]
         return min(kept)
 
@@ -66,23 +53,22 @@ class Trials:
 
 
 def interpolate(points: dict[int, float], n: int) -> float:
-    """Seconds of a forward over `n` tokens, linear between the nearest of `points`
-    (tokens -> seconds), extended from the last two past the ends."""
+    """Seconds of a forward over `n` tokens, linear between the nearest `points`, extended past the
+    ends."""
     xs = sorted(points)
     if n in points or len(xs) == 1:
         return points.get(n, points[xs[0]])
     lo = max([x for x in xs if x < n] or xs[:1])
     hi = min([x for x in xs if x > n] or xs[-1:])
-    if lo == hi:  # beyond an end: the last two
+    if lo == hi:
         lo, hi = (xs[0], xs[1]) if n < xs[0] else (xs[-2], xs[-1])
     slope = (points[hi] - points[lo]) / (hi - lo)
     return max(points[lo] + slope * (n - lo), min(points.values()))
 
 
 class Capture:
-    """The eval's target (every attribute its own) whose forward over `ids` (the sample
-    the round costs use) also keeps its KV cache (``cache``), its features (``features``)
-    and its seconds (``forward_s``): the context the costs would otherwise compute again."""
+    """The eval's target whose forward over `ids` also keeps its KV cache, features and seconds, so
+    the round costs compute no context forward of their own."""
 
     def __init__(self, target, ids: list[int]):
         self.target, self.ids = target, list(ids)
@@ -104,8 +90,7 @@ class Capture:
         return feats, greedy
 
     def context(self) -> dict | None:
-        """What the costs reuse (`remote.eval.costs.round_costs`'s ``walked``), or None
-        when the walk never ran the forward (its features came from elsewhere)."""
+        """What the costs reuse (``walked``), or None when the walk never ran the forward."""
         if self.cache is None:
             return None
         return {"cache": self.cache, "features": self.features, "forward_s": self.forward_s}

@@ -18,8 +18,6 @@ from remote.errors import UserError
 from remote.protocol import JOB_KINDS, RESULT_FILES, JobState, SpecError, check_job_id
 from remote.relay.fdfiles import write_all
 
-# ---- where ----------------------------------------------------------------------------
-
 
 def read_json(path: str | os.PathLike) -> Any | None:
     try:
@@ -48,9 +46,6 @@ def existing_job_dir(workdir: str, job_id: str) -> Path:
     return path
 
 
-# ---- its kind and state ---------------------------------------------------------------
-
-
 def job_kind(spec: object) -> str:
     """The kind of the job `spec` describes (``eval`` when it names none)."""
     kind = spec.get("kind", "eval") if isinstance(spec, dict) else spec
@@ -60,8 +55,8 @@ def job_kind(spec: object) -> str:
 
 
 def proc_starttime(pid: int) -> int | None:
-    """The kernel's start time of `pid`, or None if it is gone; with the pid it names one
-    process for good."""
+    """The kernel's start time of `pid`, or None if gone; with the pid it names one process for
+    good."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -192,12 +187,8 @@ def result_files(path: Path) -> dict[str, str]:
     return files
 
 
-# ---- its events -----------------------------------------------------------------------
-
-
 class EventLog:
-    """Appends JSON events to ``events.jsonl``; a refused write raises and leaves no part
-    of its line behind."""
+    """Appends JSON events to ``events.jsonl``; a refused write raises, leaving no partial line."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -218,8 +209,6 @@ class EventLog:
                 exc.filename = exc.filename or str(self.path)
                 raise
 
-
-# ---- writes that can fail: a full disk is said, never lost ----------------------------
 
 # said in the OS's words, instead of dying without exit.json ("lost")
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
@@ -245,8 +234,8 @@ def reserve_exit(path: Path) -> None:
 
 
 def write_exit(path: Path, info: dict) -> None:
-    """Write exit.json into `path` through the reserve, renamed into place, so a full disk
-    cannot stop it."""
+    """Write exit.json into `path` through the reserve, renamed into place, so a full disk cannot
+    stop it."""
     data = (json.dumps(info, indent=2, default=str) + "\n").encode()
     try:
         fd = os.open(path / EXIT_RESERVE, os.O_WRONLY | os.O_NOFOLLOW)
@@ -260,5 +249,5 @@ def write_exit(path: Path, info: dict) -> None:
         os.close(fd)
     try:
         os.replace(path / EXIT_RESERVE, path / "exit.json")
-    except FileNotFoundError:  # another writer (a cancel) just did
+    except FileNotFoundError:
         pass

@@ -1,5 +1,4 @@
-"""``job run``: the detached runner; it runs the job's kind and always ends with
-``exit.json``, whatever happens."""
+"""``job run``: the detached runner; it runs the job's kind and always ends with ``exit.json``."""
 
 from __future__ import annotations
 
@@ -23,15 +22,13 @@ from remote.protocol import JobKind, JobState
 
 
 def run(path: Path, preflight: bool = False) -> int:
-    """The job: its kind's work; with `preflight`, the host checks first, into
-    ``preflight.json`` (``job start`` waits for it)."""
+    """The job's kind's work; with `preflight`, the host checks first into ``preflight.json``."""
     spec = read_json(path / "spec.json")
     events = EventLog(path / "events.jsonl")
     cancelled = {"flag": False}
 
     def on_term(signum, _frame):
-        # recorded here, so the state is exact even if nobody waits; once, as the
-        # supervisor passes the group's TERM on too
+        # recorded here once, so the state is exact even if nobody waits
         if cancelled["flag"]:
             return
         cancelled["flag"] = True
@@ -74,7 +71,7 @@ def kind_runner(kind: str):
         from remote.eval.job import run_job
     elif kind == JobKind.ONLINE:
         from remote.online.job import run_job
-    else:  # parity-capture, parity-compare
+    else:
         from remote.eval.parity import run_job
     return run_job
 

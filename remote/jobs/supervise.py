@@ -1,5 +1,5 @@
-"""``job run``'s supervisor: it forks the runner and waits, so a runner killed outright
-still gets an ``exit.json`` saying why (docs/eval.md)."""
+"""``job run``'s supervisor: forks the runner and waits, so a runner killed outright still gets
+``exit.json``."""
 
 from __future__ import annotations
 
@@ -17,17 +17,16 @@ from remote.protocol import JobState
 
 
 def supervise(path: Path, preflight: bool = False) -> int:
-    """Run the job in `path` in a forked runner, record how it ended if it could not;
-    its exit status (128 + the signal for a signal)."""
+    """Run the job in a forked runner, recording how it ended if it could not; its exit status."""
     before = ending.oom_counters()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     sys.stdout.flush()
     sys.stderr.flush()
-    # forked before anything heavy is imported, so the OOM killer picks the runner; a
-    # supervisor killed outright takes it along: never a runner left unwatched
+    # forked before heavy imports so the OOM killer picks the runner; a supervisor killed
+    # outright takes it along
     with_parent = parent_death_signal(signal.SIGKILL)
     child = os.fork()
-    if child == 0:  # the runner
+    if child == 0:
         code = 1
         try:
             if with_parent is not None:
@@ -54,7 +53,7 @@ def supervise(path: Path, preflight: bool = False) -> int:
         words, code = ending.killed(child, -code, before, log), 128 - code
     else:
         words = {"error": ending.why_exited(child, code, log), "log": str(log)}
-    print(f"dflash job supervisor: {words['error']}", flush=True)  # into log.txt
+    print(f"dflash job supervisor: {words['error']}", flush=True)
     try:
         events = EventLog(path / "events.jsonl")
     except OSError:

@@ -1,11 +1,6 @@
-"""A model folder on disk, read without loading it: ``config.json``, the safetensors index
-and shard headers, and what they say about missing or truncated shards.
-
-This is the one place that parses a safetensors header (`read_header`) and the one table of
-safetensors dtypes (`ST_DTYPES`). Tensors are read later, one at a time, by `LazyTensor`:
-views of the file mapped read-only (`Mapped`), or ``os.pread`` straight into the tensor's
-final buffer.
-"""
+"""A model folder on disk read without loading it: ``config.json``, the safetensors index and
+headers (the one header parser, `read_header`, and dtype table, `ST_DTYPES`), missing or cut
+shards."""
 
 from __future__ import annotations
 
@@ -40,8 +35,7 @@ ST_DTYPES = {
 
 
 def dtype_bytes(name: str) -> int:
-    """Bytes per element of the dtype torch calls `name` (``bfloat16``: 2), from
-    `ST_DTYPES`, the one table of dtypes and their sizes."""
+    """Bytes per element of the dtype torch calls `name`, from `ST_DTYPES`."""
     for torch_name, size in ST_DTYPES.values():
         if torch_name == name:
             return size
@@ -49,9 +43,7 @@ def dtype_bytes(name: str) -> int:
 
 
 OTHER_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".gguf")
-# Files a tokenizer is read from (fast, sentencepiece, BPE/WordPiece vocabularies, Mistral's
-# tekken; a byte-level tokenizer needs its config only). Without any of them transformers 5
-# builds an empty tokenizer from config.json alone (vocabulary 1): every prompt becomes [].
+# without any of these, transformers 5 builds an empty tokenizer from config.json alone
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -110,8 +102,8 @@ def no_tokenizer(folder: str | Path) -> str:
 
 
 def require_tokenizer(folder: str | Path) -> None:
-    """Raise `no_tokenizer` unless `folder` holds a file a tokenizer is read from (checked
-    on the file system alone: nothing is imported or loaded)."""
+    """Raise `no_tokenizer` unless `folder` holds a tokenizer file (file system only, nothing
+    loaded)."""
     if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
         raise UserError(no_tokenizer(folder))
 
@@ -139,7 +131,7 @@ def build_config(folder: Path, raw: dict | None = None):
         )
     try:
         return AutoConfig.from_pretrained(str(folder))
-    except Exception as exc:  # transformers raises many types for a bad config
+    except Exception as exc:
         raise UserError(f"transformers cannot read {folder}/config.json: {one_line(exc)}") from None
 
 
@@ -165,11 +157,8 @@ class Header:
 
 
 def read_header(path: Path) -> Header:
-    """The header of a safetensors file, reading only the header bytes.
-
-    A file too short to hold the header it announces, or whose header is not a JSON object
-    of tensors, is a UserError: nothing in it can be trusted, not even its key list.
-    """
+    """The header of a safetensors file, reading only its bytes; a short file or a header that is
+    not a JSON object of tensors is a UserError (nothing in it can be trusted)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -220,13 +209,8 @@ def tensor_bytes(info: dict, float_bytes: int | None = None) -> int:
 
 
 def scan_checkpoint(folder: Path) -> dict:
-    """Shard files, their keys, dtypes and completeness, from headers only.
-
-    Returns ``{"files", "index", "keys": {key: (file, dtype, shape)}, "missing_shards",
-    "truncated_shards", "bytes_on_disk", "other_weight_files", "complete"}``. A shard listed
-    by the index but absent, or shorter than its header's last data offset, is listed (not
-    raised): the probe's job is to say so; `require_complete` turns it into an error.
-    """
+    """Shard files, keys, dtypes and completeness from headers only; missing or truncated shards are
+    listed, not raised (`require_complete` raises)."""
     folder = Path(folder)
     index_path = folder / INDEX_NAME
     index = None
@@ -291,11 +275,8 @@ def require_complete(folder: Path, scan: dict, what: str = "checkpoint") -> None
 
 
 class Mapped:
-    """One safetensors file mapped into memory read-only and copy-on-write (``mmap``
-    ``ACCESS_COPY`` over a descriptor opened read-only: nothing ever reaches the file), as
-    one byte tensor its tensors are views of. Pages come in from the page cache when first
-    read (a forward), not when loaded, and stay shared with every other process that maps
-    the same file; the mapping lives as long as any tensor viewing it."""
+    """One safetensors file mapped read-only and copy-on-write as one byte tensor its tensors view;
+    pages come in on first read and stay shared with other processes mapping the file."""
 
     def __init__(self, path: Path):
         import mmap
@@ -315,8 +296,8 @@ class Mapped:
         )
 
     def view(self, start: int, nbytes: int, dtype, shape: list[int]):
-        """The tensor of `dtype` and `shape` at bytes ``start .. start + nbytes``; None where
-        the file does not hold it whole or its offset does not suit the dtype's alignment."""
+        """The tensor of `dtype` and `shape` at ``start``; None where not whole in the file or
+        misaligned."""
         import torch
 
         item = torch.empty(0, dtype=dtype).element_size()
@@ -326,15 +307,8 @@ class Mapped:
 
 
 class LazyTensor:
-    """One tensor of a safetensors file, read only when indexed (``t[...]``).
-
-    This is the shape transformers' loader expects of a checkpoint value (it slices
-    ``get_slice`` objects the same way), so the same loader that ``from_pretrained`` runs
-    can be handed a dict of these, restricted to the keys we want. With its file's
-    `Mapped`, indexing gives a view of the mapping: a weight the loader keeps in its dtype
-    is never copied (transformers' own load maps its files the same way); without one,
-    or where the view cannot be made, ``os.pread`` reads it into the tensor's own buffer.
-    """
+    """One tensor of a safetensors file read only when indexed, shaped as transformers' loader
+    expects: a view of its `Mapped` file where possible, else ``os.pread`` into its own buffer."""
 
     def __init__(
         self, path: Path, key: str, info: dict, data_start: int, mapped: Mapped | None = None
@@ -386,8 +360,8 @@ class LazyTensor:
 def lazy_tensors(
     folder: Path, scan: dict, mapped: set[str] | frozenset = frozenset()
 ) -> dict[str, LazyTensor]:
-    """Checkpoint key -> `LazyTensor` for every tensor of a complete checkpoint; those of
-    `mapped` are views of their file, mapped once (`Mapped`), the others read."""
+    """Checkpoint key -> `LazyTensor` of a complete checkpoint; those of `mapped` view their mapped
+    file."""
     require_complete(folder, scan)
     out: dict[str, LazyTensor] = {}
     for name in scan["files"]:

@@ -1,22 +1,4 @@
-"""Load the text part of a model (backbone + head) and nothing else.
-
-The whole model is built on the meta device (`layout.describe`), so the vision tower never
-takes memory. Of the checkpoint, only the keys that `keys.map_checkpoint_keys` sends into
-the text part are handed, as `files.LazyTensor`s (views of the files mapped read-only,
-or read with ``pread``: `kept_as_stored`), to
-transformers' own loader ``convert_and_load_state_dict_in_model``: the same function
-``from_pretrained`` runs, so renamings, per-expert MoE fusion, dtype plans
-(``_keep_in_fp32_modules``) all apply exactly as transformers applies them. A weight kept
-as stored is never copied: its pages come in when the first forward reads them, as with
-``from_pretrained``'s own mapping. Others are read one at a time, when their target is
-built, so peak memory stays near the text weights.
-
-Non-persistent buffers (rotary ``inv_freq``, Gemma's ``embed_scale``, ...) are then
-allocated and filled by the model's own ``_init_weights``, module by module over the text
-part only, the way ``from_pretrained`` initialises what the checkpoint does not hold. Weights
-are tied by the model's ``tie_weights``. Anything of the text part still on meta afterwards
-is an error, never a silent random weight.
-"""
+"""Load the text part of a model (backbone + head) and nothing else; how: docs/probe.md (load)."""
 
 from __future__ import annotations
 
@@ -33,12 +15,9 @@ from remote.model.layout import Described, describe
 def plan_text(
     folder: str | Path, dtype, described: Described | None = None
 ) -> tuple[Described, dict, dict[str, str]]:
-    """Everything `load_text` checks before it reads a tensor: the model has a head, the
-    shards are whole, and every text weight is in the checkpoint.
-
-    Returns (description, shard scan, checkpoint key -> module key of the text keys). The
-    preflight runs this too, so a job that passes it fails on none of these later.
-    """
+    """Everything `load_text` checks before reading a tensor (a head, whole shards, every text
+    weight present), so a job past the preflight fails on none later: (description, scan, key
+    map)."""
     d = described or describe(folder, dtype)
     model, layout = d.model, d.layout
     quant = getattr(d.config, "quantization_config", None)
@@ -79,11 +58,8 @@ def plan_text(
 
 
 def kept_as_stored(model, scan: dict, wanted: dict[str, str], dtype) -> set[str]:
-    """The checkpoint keys of `wanted` that the model keeps as stored: in `dtype`, and
-    renamed at most (not fused with others, as per-expert MoE weights are). They are
-    mapped rather than read (`files.Mapped`): no copy, and no read before the first
-    forward touches them. A key converted on load is read instead, so its stored bytes
-    do not stay mapped beside the converted copy while the load runs."""
+    """The keys of `wanted` kept as stored (in `dtype`, renamed at most): mapped, not read, so their
+    bytes are not duplicated beside converted copies."""
     import torch
 
     from remote.model.files import ST_DTYPES
@@ -99,12 +75,8 @@ def kept_as_stored(model, scan: dict, wanted: dict[str, str], dtype) -> set[str]
 
 @contextmanager
 def _sequential_reads():
-    """transformers' switch for reading tensors one at a time, as their targets are built.
-
-    Its default thread pool reads every tensor up front; a MoE checkpoint's per-expert
-    tensors then all coexist with their fused copies, and the holes they leave once freed
-    keep the resident set near twice the weights (measured: 2.1x vs 1.3x on a 2 GB MoE).
-    """
+    """transformers' switch for reading tensors one at a time as their targets are built (its thread
+    pool keeps MoE weights near twice resident; docs/probe.md)."""
     key = "HF_DEACTIVATE_ASYNC_LOAD"
     before = os.environ.get(key)
     os.environ[key] = "1"
@@ -120,15 +92,8 @@ def _sequential_reads():
 def load_text(
     folder: str | Path, dtype, plan: tuple | None = None, ends_only: bool = False
 ) -> Described:
-    """Describe the model in `folder` and load its text part in `dtype` (None: the config's).
-
-    Returns the `Described` whose ``model`` has the backbone and head materialised on the
-    CPU (everything else stays on meta), in eval mode, without gradients. `plan`: what
-    `plan_text` gave for this folder in this dtype (a job's host checks made it), so the
-    model is not described and planned twice. `ends_only`: the token embedding and the
-    LM head alone (`TextLayout.in_ends`), the decoder layers left on meta: what an eval
-    needs of its target when every target feature it reads is cached.
-    """
+    """Describe the model in `folder` and load its text part in `dtype` on the CPU, eval mode, no
+    gradients; `plan` reuses `plan_text`'s, `ends_only` loads embedding and head alone."""
     import torch
     from transformers.core_model_loading import convert_and_load_state_dict_in_model
     from transformers.modeling_utils import LoadStateDictConfig
@@ -191,19 +156,15 @@ def load_text(
 
 
 def attention_implementation(model, layout) -> str | None:
-    """The attention implementation `load_text` runs the backbone of `model` (its meta
-    model will do) with: the config's, unless it names kernels a CPU host may lack
-    (``sdpa`` then, which it always has). Known before any weight is read: a feature
-    cache's key holds it."""
+    """The config's attention implementation unless it names kernels a CPU host may lack (``sdpa``
+    then); known before any weight is read (a feature cache key holds it)."""
     backbone = model.get_submodule(layout.backbone_path) if layout.backbone_path else model
     got = getattr(getattr(backbone, "config", None), "_attn_implementation", None)
     return "sdpa" if got in (None, "flex_attention", "flash_attention_2") else got
 
 
 def _allocate_unloaded(model, part) -> None:
-    """Give every buffer of the loaded `part` (a key predicate) that the checkpoint does
-    not hold (non-persistent ones) CPU memory, as transformers'
-    ``_move_missing_keys_from_meta_to_device`` does."""
+    """Give CPU memory to buffers of `part` the checkpoint does not hold, as transformers does."""
     import torch
     from transformers.modeling_utils import _load_parameter_into_model
 
@@ -214,13 +175,8 @@ def _allocate_unloaded(model, part) -> None:
 
 
 def _init_text_buffers(model, layout, part) -> None:
-    """Run the model's own ``_initialize_weights`` over the loaded `part`'s modules only.
-
-    This is ``PreTrainedModel.initialize_weights`` (``smart_apply``: each module is
-    initialised by its nearest enclosing PreTrainedModel) restricted to the text part.
-    Loaded tensors carry ``_is_hf_initialized`` and are left alone by transformers' init
-    functions; what is computed rather than stored (``inv_freq``, ``embed_scale``) is filled.
-    """
+    """The model's own ``initialize_weights`` restricted to the text part: loaded tensors are left
+    alone, computed buffers (``inv_freq``, ``embed_scale``) are filled."""
     from transformers import PreTrainedModel
     from transformers import initialization as init
 

@@ -1,13 +1,5 @@
-"""How far back a model's attention was built to reach: its positions window, read from its
-``config.json`` (torch-free). The probe's drafter fit and the eval's preflight both ask it
-(docs/eval.md, "The drafter's window").
-
-The window is ``max_position_embeddings``, extended by a RoPE scaling that stretches the
-positions (linear, dynamic, YaRN, LongRoPE, Llama 3: ``original_max_position_embeddings``,
-or ``max_position_embeddings`` where none is named, times ``factor``). A sliding-window
-layer never looks back further than its window, whatever the context; a model whose
-every layer slides has no window a long context can pass (`Window.reach` is None).
-"""
+"""How far back a model's attention reaches: its positions window from ``config.json`` (torch-free);
+rules: docs/context.md (the drafter's window)."""
 
 from __future__ import annotations
 
@@ -21,9 +13,8 @@ STRETCHING = ("linear", "dynamic", "yarn", "longrope", "llama3")
 
 @dataclass(frozen=True)
 class Window:
-    """A model's positions window: `max_positions` as configured, the RoPE scaling
-    (`rope_type`, `factor`, `original`), the window those give (`positions`), and the
-    sliding-window layers (`sliding`, of `layers`, each looking back `sliding_window`)."""
+    """A model's positions window: as configured, its RoPE scaling, the result (`positions`) and
+    sliding layers."""
 
     max_positions: int | None
     rope_type: str
@@ -36,13 +27,12 @@ class Window:
 
     @property
     def reach(self) -> int | None:
-        """The longest context this model's full-attention layers were built for; None
-        when every layer slides (or the config names no window at all)."""
+        """The longest context the full-attention layers were built for; None when every layer
+        slides."""
         return None if self.layers and len(self.sliding) == self.layers else self.positions
 
     def describe(self) -> str:
-        """The window in words: ``max_position_embeddings 2048``, with its scaling and its
-        sliding layers where it has them."""
+        """The window in words, with its scaling and sliding layers where it has them."""
         text = f"max_position_embeddings {self.max_positions}"
         if self.positions != self.max_positions:
             base = f"{self.original} x " if self.original else ""
@@ -72,9 +62,8 @@ def _number(v: Any) -> float | None:
 
 
 def rope_scaling(cfg: dict) -> dict:
-    """The config's RoPE scaling, whichever spelling it uses (``rope_scaling``, or
-    transformers 5's ``rope_parameters``, per layer type where it is: the full-attention
-    layers')."""
+    """The config's RoPE scaling in either spelling (``rope_scaling`` or ``rope_parameters``,
+    full-attention layers')."""
     params = cfg.get("rope_parameters")
     if (
         isinstance(params, dict)
@@ -133,9 +122,8 @@ def window(cfg: dict) -> Window:
 
 
 def check(cfg: dict, longest: int, what: str = "drafter") -> str | None:
-    """One warning line when the context a run reaches (`longest` tokens) passes the
-    window of `what`'s config `cfg`, naming both numbers; None when it does not (or
-    the config names no window)."""
+    """One warning line when `longest` tokens pass the window of `what`'s config `cfg`; None
+    otherwise."""
     w = window(cfg)
     if w.reach is None or longest <= w.reach:
         return None

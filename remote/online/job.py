@@ -1,27 +1,5 @@
-"""An ``online`` job, as the job runner (`remote.jobs.run`) runs it: the checkpoint served
-by a real serving engine beside dflash's offline walk, on the same prompts and ground
-truth, and one verdict.
-
-1. The host checks (an eval's, and the serving engine's python or URL).
-2. The ground truth, as an eval makes it (`remote.eval.job.run_eval_job`); once it is
-   there, the server starts (``serve.python``: vLLM on a free loopback port of this host,
-   the target with the checkpoint as its DFlash drafter, ``num_speculative_tokens`` =
-   block size - 1, OpenMP threads the eval's or this host's cores less one) while the
-   offline engine walks the same samples (chain only).
-3. Each ground-truth prompt is sent as token ids, greedy, for exactly its completion's
-   length (`remote.online.vllm` or `remote.online.sglang`), at each concurrency level in
-   turn (``measure.concurrency``, default one request at a time), against the same server.
-4. With a baseline (``measure.baseline_*``), the first server stopped, the target served
-   without the drafter decodes the same prompts at the same levels.
-5. ``verdict.json`` (`remote.online.report`): tau both ways, cut the same way, per
-   position and per sample, lossless, per level, the speedup measured, and a diagnosis;
-   where the rounds differ, the known engine deviations tested by simulating them
-   (`remote.online.deviations`).
-
-Every server is stopped however the job ends: here on success or error (TERM, then KILL,
-every process below it), and by ``job cancel`` with the job's process group, which it
-stays in. Their logs are ``server.log`` and ``baseline.log``.
-"""
+"""An ``online`` job: the checkpoint served by a real serving engine beside dflash's offline walk on
+the same prompts and ground truth, and one verdict; phases and server lifetime: docs/online.md."""
 
 from __future__ import annotations
 
@@ -61,8 +39,8 @@ def serve_of(spec: dict) -> tuple[ServeSpec, MeasureSpec]:
 
 
 def check_python(python: str, engine: str) -> str:
-    """`python` (a serving engine's interpreter) as a path here, if it is an executable
-    file; else one line saying what to set."""
+    """`python` (a serving engine's interpreter) if it is an executable file here; else one line
+    saying what to set."""
     py = os.path.expanduser(python)
     if not (os.path.isfile(py) and os.access(py, os.X_OK)):
         raise UserError(
@@ -74,9 +52,8 @@ def check_python(python: str, engine: str) -> str:
 
 
 def check_serve(serve: ServeSpec, measure: MeasureSpec | None = None) -> dict[str, Any]:
-    """The serving engine's host check: its python (and a baseline's) is an executable
-    file here, or its server (and a baseline's) accepts connections from here. One line
-    when not."""
+    """The serving engine's host check: its python (and a baseline's) is executable here, or its
+    server accepts connections from here; one line when not."""
     from remote.eval.groundtruth import reachable
 
     measure = measure or MeasureSpec()
@@ -92,7 +69,7 @@ def check_serve(serve: ServeSpec, measure: MeasureSpec | None = None) -> dict[st
 
 
 def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) -> int:
-    """The online job in the folder `path` (see the module docstring)."""
+    """The online job in the folder `path` (docs/online.md)."""
     serve, measure = serve_of(spec)
     engine = job_engine(spec)
     checked: dict = {}
@@ -159,8 +136,7 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
 def _rows(gt_path: str, engine: EvalSpec) -> list[dict]:
     from remote.eval.inputs import read_ground_truth
 
-    # The ids are checked against the target's vocabulary by the engine; here only the
-    # selection and its lengths matter.
+    # the engine checks the ids against the vocabulary; here only selection and lengths matter
     return read_ground_truth(gt_path, 1 << 62, engine.max_samples)
 
 
@@ -182,9 +158,8 @@ def _start_vllm(
     k: int | None,
     phase: str = "serve",
 ) -> Server:
-    """vLLM serving the target, with the checkpoint as its DFlash drafter drafting `k`
-    tokens a step (`k` None: without it, the baseline), on a free loopback port, long
-    enough for the longest sample and a last verify step past it."""
+    """vLLM serving the target with the checkpoint drafting `k` tokens a step (None: the baseline),
+    on a free loopback port, long enough for the longest sample and a last verify."""
     longest = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
     port = free_port()
     argv = vllm_command(
@@ -245,8 +220,8 @@ def _levels(
 def _measure(
     path: Path, serve: ServeSpec, measure: MeasureSpec, box: dict, events: Events
 ) -> dict[str, Any]:
-    """Every ground-truth prompt through the serving engine (once it answers), at each
-    concurrency level."""
+    """Every ground-truth prompt through the serving engine once it answers, at each concurrency
+    level."""
     server = box.get("server")
     url = server.url if server is not None else str(serve.url)
     events.emit("phase", phase="serve_wait")
@@ -278,8 +253,8 @@ def _baseline(
     threads: tuple[int, str],
     events: Events,
 ) -> dict[str, Any] | None:
-    """The same prompts at the same levels through the target served without the drafter:
-    a server started here once the first is stopped (and stopped after), or a running one."""
+    """The same prompts and levels through the target without the drafter: a server started here
+    once the first stops, or a running one."""
     if not measure.baseline:
         return None
     server = None

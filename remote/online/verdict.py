@@ -1,6 +1,5 @@
-"""Offline beside online, cut the same way, compared sample by sample (docs/online.md, "Cut
-the same way"); pure, called by host and controller. Records: ground truth {id, prompt_ids,
-completion_ids}, offline samples.jsonl lines, online `remote.online.vllm` answers."""
+"""Offline beside online, cut the same way, compared sample by sample; pure, called by host and
+controller (docs/online.md, "Cut the same way")."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ SCHEMA = "dflash.online-verdict/1"
 
 
 def cut_rounds(accepted: list[int], total: int) -> tuple[list[int], int]:
-    """Verify steps' rounds cut at ``total`` tokens as the walk cuts its last, and the
-    tokens they cover (fewer after steps without a draft)."""
+    """Verify steps' rounds cut at ``total`` tokens as the walk cuts its last, and the tokens they
+    cover."""
     rounds, s = [], 0
     for a in accepted:
         if s >= total:
@@ -50,8 +49,8 @@ def position_acceptance(samples_rounds: list[list[int]], k: int) -> list[dict[st
 
 
 def first_divergence(offline: list[int], online: list[int]) -> dict[str, Any] | None:
-    """Where two walks first part: round, the token it starts at (1: the first after the
-    prefill's), both lengths; None when equal."""
+    """Where two walks first part: round, its start token (1: the first after prefill), both
+    lengths; None when equal."""
     token = 1
     for i in range(max(len(offline), len(online))):
         a = offline[i] if i < len(offline) else None
@@ -63,10 +62,8 @@ def first_divergence(offline: list[int], online: list[int]) -> dict[str, Any] | 
 
 
 def by_context(records: list[dict]) -> list[dict[str, Any]]:
-    """Offline beside online per context bucket (`remote.protocol.context`): each side's
-    rounds placed by where they start, tau there, and the samples whose walks first part
-    there. `records`: per sample ``{"prompt_tokens", "offline", "online", "divergence"}``
-    (the online rounds cut as the walk's; ``divergence``: where they part, or None)."""
+    """Offline beside online per context bucket: each side's rounds by start, tau there and the
+    samples whose walks first part there; `records` per sample."""
     sums: dict[int, dict[str, Any]] = {}
     for rec in records:
         for side in ("offline", "online"):
@@ -106,8 +103,8 @@ def compare(
     online_dtype: str | None = None,
     invalid: list[dict] | None = None,
 ) -> dict[str, Any]:
-    """The verdict, samples matched by id in the ground truth's order; with `invalid`
-    (impossible counts) no online tau."""
+    """The verdict, samples matched by id in ground-truth order; with `invalid` (impossible counts)
+    no online tau."""
     off_by = {r["id"]: r for r in offline}
     on_by = {r["id"]: r for r in online}
     missing = [g["id"] for g in ground_truth if g["id"] not in off_by or g["id"] not in on_by]
@@ -133,7 +130,7 @@ def compare(
             uncut_tokens += sum(a + 1 for a in acc)
             div = first_divergence(off, cut)
             prompt = len(g.get("prompt_ids") or [])
-            if div is not None:  # the round's start: prompt + completion so far
+            if div is not None:
                 div["context"] = prompt + div["token"] - 1
             placed.append(
                 {
@@ -205,8 +202,8 @@ def disagreeing(result: dict[str, Any]) -> dict[Any, list[int]]:
 def level(
     concurrency: int, measured: dict[str, Any], cut: dict[str, Any], first: dict | None
 ) -> dict[str, Any]:
-    """One concurrency level's row; against `first` (None: this is it), how many samples'
-    rounds it repeats."""
+    """One concurrency level's row; against `first` (None: this is it), how many samples' rounds it
+    repeats."""
     on = cut["online"] or {}
     same = None
     if first is not None and first["online"] is not None and cut["online"] is not None:
@@ -231,8 +228,8 @@ def level(
 def engine_costs(
     decode: dict[str, Any] | None, rows: list[dict], counters: dict[str, Any] | None
 ) -> dict[str, Any] | None:
-    """The engine's decode time per output token and per verify step; None without the
-    histogram or when it missed a request."""
+    """The engine's decode time per output token and per verify step; None without the histogram or
+    a request."""
     if not decode or decode.get("requests") != len(rows):
         return None
     seconds = decode["seconds"]

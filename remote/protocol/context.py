@@ -1,13 +1,5 @@
-"""Acceptance by context position: where each round of the chain walk starts (its absolute
-position, prompt + completion so far), the context bucket and the curve point it falls
-in, what a sample's rounds give each, and the cliff finder. The metric registry
-(`remote.protocol.metrics`) declares the entries that read these; docs/results.md, "tau
-by context", says how to read them. Standard library only: both sides import it.
-
-Buckets are powers of two: bucket ``k`` holds the rounds starting at positions ``k ..
-2k - 1``, from ``FIRST`` up (``0`` holds those before it). The curve's points split each
-doubling into ``CURVE_STEPS`` equal steps, so it is even on a logarithmic axis.
-"""
+"""Acceptance by context position: round starts, power-of-two context buckets, curve points, each
+sample's parts and the cliff finder; how to read them: docs/context.md. Stdlib only."""
 
 from __future__ import annotations
 
@@ -15,18 +7,18 @@ import itertools
 import random
 from collections.abc import Callable, Mapping, Sequence
 
-FIRST = 512  # the first bucket past 0 (below it: bucket 0, the short prompts)
-CURVE_STEPS = 8  # curve points per doubling of the position
+FIRST = 512
+CURVE_STEPS = 8
 RESAMPLES = 2000  # the cliff finder's bootstrap over samples (seeded)
 CONFIDENCE = 0.95
 MIN_SAMPLES = 2  # samples a bucket needs before the finder judges it
 
-Parts = dict  # {key: (numerator, denominator)} of one sample
+Parts = dict
 
 
 def round_starts(prompt_tokens: int, rounds: list[int]) -> list[int]:
-    """The positions a walk of these round lengths started its rounds at: the first at the
-    prompt's end, each next one where the last round's tokens end."""
+    """The positions a walk of these round lengths started its rounds at, the first at the prompt's
+    end."""
     return list(itertools.accumulate(rounds[:-1], initial=prompt_tokens)) if rounds else []
 
 
@@ -59,8 +51,8 @@ def rounds_of(rec: Mapping) -> list[tuple[int, int, bool]]:
 
 
 def spanned(of: Callable[[int, int], list[int]]) -> Callable[[Sequence[Mapping]], list[int]]:
-    """The keys (`buckets` or `points`) from the earliest round start to the latest of
-    all `records`."""
+    """The keys (`buckets` or `points`) from the earliest round start to the latest of all
+    `records`."""
 
     def keys(records: Sequence[Mapping]) -> list[int]:
         starts = [s for rec in records for s, _n, _last in rounds_of(rec)]
@@ -106,10 +98,8 @@ def histogram_parts(rec: Mapping, block: int) -> Parts:
 
 
 def position_parts(rec: Mapping, block: int) -> Parts:
-    """``{(bucket, j): (accepted, attempts)}``: draft position ``j`` per bucket, from the
-    rounds alone: a round of ``n`` accepted positions ``1..n-1`` and refused ``n`` when it
-    ended before the block did; the last round, cut by the completion's end, says nothing
-    of its ``n`` (as `remote.online.verdict.position_acceptance` counts)."""
+    """``{(bucket, j): (accepted, attempts)}`` from the rounds alone; the last round, cut by the
+    completion's end, says nothing of its refused position (as the online verdict counts)."""
     out: dict = {}
     for s, n, last in rounds_of(rec):
         b = bucket(s)
@@ -140,11 +130,8 @@ def _interval(values: list[float]) -> tuple[float, float]:
 
 
 def cliff(records: list[Mapping], metrics: Mapping) -> str | None:
-    """The first context bucket whose tau (tokens over rounds, as ``tau_by_context`` has
-    it) is below the first bucket's by more than the bootstrap interval of the
-    difference allows (the samples of each resampled, seeded; the interval's top under
-    0), or a line saying there is none; None without rounds. Buckets of fewer than
-    `MIN_SAMPLES` samples are not judged, and say so."""
+    """The first bucket whose tau is below the first bucket's by more than the seeded bootstrap
+    interval allows, or a line saying none; None without rounds (docs/context.md)."""
     per: dict[int, list[tuple[int, int]]] = {}
     for rec in records:
         for k, got in tau_parts(rec, 0).items():

@@ -1,8 +1,5 @@
-"""A context ladder (the job document's ``context_ladder``): the context lengths, in tokens,
-at which each final question is put after a conversation history long enough to reach
-them (`remote.eval.groundtruth.ladder` builds it on the host; docs/eval.md, "Long
-contexts"). Both sides read it here: the controller parses ``--context-ladder 1k,2k,4k``,
-the host checks the list, the preflight bounds the longest context it makes."""
+"""A context ladder's rungs (the job document's ``context_ladder``), read by both sides: parsed by
+the controller, checked by the host, bounded by the preflight (docs/eval.md, "Long contexts")."""
 
 from __future__ import annotations
 
@@ -13,9 +10,7 @@ from remote.protocol.values import Check, SpecError, is_int
 RUNG_MOST = 1 << 22  # 4M tokens: beyond it a rung is a typo, not a context
 RUNG_LEAST = 64
 RUNGS_MOST = 16
-# A rung's prompt is at least its length and at most this many tokens more (the last
-# earlier answer is cut to land there; the chat template's framing of the final
-# question can add a little).
+# a rung's prompt is at least its length and at most this many tokens more
 RUNG_OVER = 64
 
 RUNGS = Check(
@@ -31,8 +26,7 @@ RUNGS = Check(
 
 
 def parse_rungs(text: str) -> list[int]:
-    """``"1k,2k,4k"`` (``k``: 1024 tokens; plain numbers are tokens) as a checked list of
-    rungs; a `SpecError` saying what is wrong otherwise."""
+    """``"1k,2k,4k"`` (``k``: 1024 tokens) as a checked list of rungs; a `SpecError` otherwise."""
     out = []
     for part in (p.strip() for p in text.split(",")):
         m = re.fullmatch(r"(\d+)([kK]?)", part)

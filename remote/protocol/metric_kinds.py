@@ -1,6 +1,5 @@
-"""The kinds of entry of the metric registry (`remote.protocol.metrics`): a number over
-a run's samples (`Metric`), a number per key (`Keyed`), a judgement in one line
-(`Finding`), and how a value of each style prints (`shown`). Standard library only."""
+"""The kinds of metric registry entry (`Metric`, `Keyed`, `Finding`) and how each style prints
+(`shown`). Stdlib only."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from typing import Any
 
 # How samples combine: the mean of per-sample values, a ratio of summed parts, a sum.
 MEAN, RATIO, SUM = "mean", "ratio", "sum"
-# What `parts` reads: one walk's rounds (the chain's, and each DDTree budget's), or the
-# whole sample record.
+# what `parts` reads: one walk's rounds, or the whole sample record
 WALK, SAMPLE = "walk", "sample"
 
 Parts = tuple[float, float] | None
@@ -19,13 +17,8 @@ Parts = tuple[float, float] | None
 
 @dataclass(frozen=True)
 class Metric:
-    """One number over a set of samples. `parts(x)`: x is a walk's rounds (`of` WALK) or
-    a record (SAMPLE); `stored`: kept in result.json as ``{num, den, rate}`` under these
-    two names (else the bare value); `rank`: a table column, in rank order, 0 always
-    shown, higher left out first at a narrow width (None: not a column); `budgets`:
-    shown per DDTree budget too; `plot`: its line style on the tau-by-step plot; `live`:
-    its running value travels in each sample's progress event; `interval`: views give a
-    mean of per-sample values its bootstrap interval over the samples."""
+    """One number over a set of samples; its fields (`parts`, `stored`, `rank`, `budgets`, `plot`,
+    `live`, `interval`): docs/results.md."""
 
     name: str
     label: str
@@ -94,16 +87,9 @@ class Metric:
 
 @dataclass(frozen=True)
 class Keyed:
-    """A number per key (a draft position, an acceptance length, a context bucket): each
-    sample gives `parts(record, block_size)`, ``{key: (num, den)}``, summed per key over
-    samples; the keys every result lists are `keys(block_size)`, or `span(records)` (keys
-    that depend on the run: its context buckets). Stored as ``{key: num}`` (`reduce`
-    SUM) or as rows ``{key_name: key, den_name: den, num_name: num, "rate"}`` (RATIO).
-    Printed as a table of its rows (`key_name`, `den_name`, `num_name`, the value in
-    `style`; a SUM's share of all). With `group_name` the keys are ``(group, key)``
-    pairs, the groups `span(records)`, each row names its group too (`group_name`), and
-    a SUM's share is of its group's. `paired`: a comparison pairs each key's per-sample
-    values (``num / den``) with a bootstrap interval, as it pairs a category's."""
+    """A number per key (draft position, acceptance length, context bucket), summed per key over
+    samples, optionally grouped; its fields (`keys`, `span`, `reduce`, `group_name`, `paired`):
+    docs/results.md."""
 
     name: str
     label: str
@@ -114,7 +100,7 @@ class Keyed:
     key_name: str
     num_name: str
     den_name: str | None = None
-    header: str = ""  # a row of a comparison: "<header> <key>"
+    header: str = ""
     style: str = "share"  # how a RATIO's value prints (SUM: its share of all)
     span: Callable[[Sequence[Mapping]], list[int]] | None = None
     group_name: str | None = None
@@ -147,9 +133,8 @@ class Keyed:
         return out
 
     def rows(self, metrics: Mapping) -> list[dict]:
-        """``[{key, num, den, value}]`` (and ``group``, of a grouped metric) from a
-        result's metrics, in key order; older shapes (a bare list of counts or rates) read
-        too."""
+        """``[{key, num, den, value}]`` (and ``group``) from a result's metrics in key order; older
+        shapes read too."""
         got = metrics.get(self.name) or []
         if isinstance(got, dict):
             pairs = sorted(((int(k), v) for k, v in got.items()), key=lambda kv: kv[0])
@@ -168,17 +153,14 @@ class Keyed:
         return out
 
     def per_key(self, rec: Mapping, block_size: int = 0) -> dict:
-        """One sample's value per key (``num / den`` where it has a denominator): what a
-        paired comparison pairs (`paired`)."""
+        """One sample's value per key (``num / den``): what a paired comparison pairs."""
         return {k: n / d for k, (n, d) in self.parts(rec, block_size).items() if d}
 
 
 @dataclass(frozen=True)
 class Finding:
-    """A judgement over a run's samples, one line or None (a cliff in tau by context: the
-    first bucket below the first by more than its interval). `find(records, metrics)`
-    runs where the metrics are summed (the engine, the shard merge), after the metrics
-    before it; stored under `name` as text; printed as ``<label>: <line>``."""
+    """A one-line judgement over a run's samples or None; `find(records, metrics)` runs where
+    metrics are summed, stored under `name`, printed as ``<label>: <line>``."""
 
     name: str
     label: str
@@ -187,8 +169,8 @@ class Finding:
 
 
 def shown(style: str, value: Any) -> str:
-    """A value as a metric of `style` prints: ``-`` for none, a share as a percentage, a
-    count whole, a number to 3 places."""
+    """A value as a metric of `style` prints: ``-`` for none, a share as a percentage, a count
+    whole, else 3 places."""
     if value is None:
         return "-"
     if style == "share" and isinstance(value, (int, float)):

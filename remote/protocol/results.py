@@ -1,18 +1,6 @@
-"""The JSON types of an eval's result files, defined ONCE (re-exported by `remote.protocol`).
-
-A job's folder holds ``result.json`` (schema ``dflash.eval/1``, written by
-`remote.eval.engine` and completed by `remote.eval.job.annotate_result`), ``spec.json`` (the
-job spec the controller sent), ``ground_truth.json`` (where the ground truth came from)
-and ``samples.jsonl`` (one record per sample). The controller pulls them from a host it
-does not trust and reads them again from run folders on disk, so before it uses a value it
-checks its type here: `check_result`, `check_spec`, `check_ground_truth`, `check_record`,
-and `check_files` for the pulled bytes. A wrong type is a `ResultError` naming the field
-(``metrics.tau_per_sample_mean is 'x' (a string), expected a number``).
-
-Only the fields somebody reads are described; other keys may come and go (a newer host
-may record more). A described field may be absent or null unless `REQUIRED` says so.
-Standard library only: both sides import it.
-"""
+"""The JSON types of an eval's result files (``result.json``, ``spec.json``, ``ground_truth.json``,
+``samples.jsonl``), defined once and checked before the controller uses a pulled value; only fields
+somebody reads are described, all optional unless `REQUIRED`."""
 
 from __future__ import annotations
 
@@ -40,8 +28,8 @@ from remote.protocol.values import (
 
 
 class ResultError(ValueError):
-    """A result file whose JSON does not have the expected types; the message names the
-    file's field and says what it holds and what was expected."""
+    """A result file whose JSON lacks the expected types; the message names the field, its value and
+    the type expected."""
 
 
 SOURCE = {"host": STR, "path": STR}
@@ -102,9 +90,7 @@ def metrics_types() -> dict:
     return out
 
 
-# One round's costs on the eval host (`remote.eval.costs`). The target's part depends on
-# the target and the host alone: a feature cache keeps it beside the features, and a
-# later eval whose features are all cached reads it back (``target_costs: "cached"``).
+# a feature cache keeps the target's part of the round costs and a later eval reads it back
 TARGET_COSTS = {
     "context_tokens": INT,
     "target_step_s": NUM,
@@ -112,13 +98,11 @@ TARGET_COSTS = {
     "tree_verify_s": map_of(NUM, WHOLE_NUMBER_KEYS),
     "tree_verify_error": STR,
     "repeats": INT,
-    # each timed part's fastest and slowest trial, by name ("target_verify_s/16"); a part
-    # without one was read off the others (`remote.eval.round_timing`)
+    # a part without a spread was read off the others (`remote.eval.round_timing`)
     "spread": map_of(list_of(NUM)),
 }
 ROUND_COSTS = {**TARGET_COSTS, "drafter_round_s": NUM, "target_costs": STR, "error": STR}
-# What of the target an eval loaded (``inputs.target_features.target_loaded``): all of its
-# text part, or its embedding and head alone (every feature and the costs cached).
+# all of the text part, or embedding and head alone (every feature and the costs cached)
 TARGET_LOADED_WHOLE = "whole"
 TARGET_LOADED_ENDS = "embedding_and_head"
 RESULT = {
@@ -169,19 +153,15 @@ SPEC = {
     "prompts": PROMPTS,
     "thinking": FLAG,
 }
-# What a prompt record may say about the prompt, carried unchanged from the prompts file
-# into its ground-truth line and its sample record (`sample_labels`): the category a
-# published prompt set groups it by (Spec-Bench's ``mt_bench``, ``translation``, ...) and,
-# where the set has one, its sub-category (MT-Bench's ``writing``, ``coding``, ...).
+# carried from the prompts file into ground truth and sample records: category, sub-category
 SAMPLE_LABELS = ("category", "subcategory")
-# A label names a table row, a CSV column and a tracker tag: letters, digits and a few
-# marks, starting with a letter or digit (so never a spreadsheet formula or markup).
+# a label names a table row, CSV column and tracker tag: never a spreadsheet formula or markup
 LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._+-]{0,63}")
 
 
 def label_problem(value: Any) -> str | None:
-    """Why `value` cannot be a sample label (`SAMPLE_LABELS`), or None: up to 64 letters,
-    digits, spaces and ``. _ + -``, starting with a letter or digit (`LABEL_RE`)."""
+    """Why `value` cannot be a sample label (`LABEL_RE`: up to 64 letters, digits, spaces, ``. _ +
+    -``), or None."""
     if not isinstance(value, str):
         return f"is {_shown(value)} ({type_words(value)}), expected a string"
     if not LABEL_RE.fullmatch(value):
@@ -193,8 +173,7 @@ def label_problem(value: Any) -> str | None:
 
 
 def sample_labels(obj: Mapping) -> dict[str, str]:
-    """The labels (`SAMPLE_LABELS`) `obj` carries, each checked (`label_problem`); a bad one
-    is a `ResultError` naming it."""
+    """The labels `obj` carries, each checked; a bad one is a `ResultError` naming it."""
     out = {}
     for key in SAMPLE_LABELS:
         value = obj.get(key)
@@ -226,9 +205,8 @@ def _shown(v: Any) -> str:
 
 
 def _check(value: Any, expected: Any, where: str) -> None:
-    """Raise `ResultError` unless `value` (at `where`, a dotted path) is `expected`: a dict
-    of described fields, or a `Check` (its items or values checked against its inner type;
-    an ``any_of`` against the alternative the value is). None passes: fields are optional."""
+    """Raise `ResultError` unless `value` at dotted `where` is `expected` (a field dict or a
+    `Check`); None passes."""
     if value is None:
         return
     if isinstance(expected, dict):
@@ -259,15 +237,13 @@ def _check(value: Any, expected: Any, where: str) -> None:
 
 
 def check_doc(doc: Any, table: Any, where: str = "") -> None:
-    """Raise `ResultError` unless `doc` has the types `table` describes (a dict of fields
-    of the contract's types, `remote.protocol.values`): another kind of result's own table
-    (an online verdict's, `remote.online.verdict_doc`)."""
+    """Raise `ResultError` unless `doc` has the types `table` describes (another result kind's own
+    table)."""
     _check(doc, table, where)
 
 
 def metrics_of(result: Mapping) -> dict:
-    """The dataset metrics of a result: flat, or nested per dataset (then the one named
-    ``all``, else the first)."""
+    """The dataset metrics of a result: flat, or per dataset (``all``, else the first)."""
     m = result.get("metrics") or {}
     if not isinstance(m, dict):
         return m
@@ -304,14 +280,12 @@ def check_spec(doc: Any) -> None:
 
 
 def check_ground_truth(doc: Any) -> None:
-    """Raise `ResultError` unless `doc` (a parsed ``ground_truth.json``) has the expected
-    types."""
+    """Raise `ResultError` unless `doc` (a parsed ``ground_truth.json``) has the expected types."""
     _check(doc, GROUND_TRUTH, "")
 
 
 def check_record(rec: Any) -> None:
-    """Raise `ResultError` unless `rec` (one line of ``samples.jsonl``) has the expected
-    types."""
+    """Raise `ResultError` unless `rec` (one line of ``samples.jsonl``) has the expected types."""
     if not isinstance(rec, dict):
         raise ResultError(f"the record is {type_words(rec)}, expected an object")
     _check(rec, RECORD, "")
@@ -326,10 +300,8 @@ CHECKS = {
 
 
 def check_files(files: Mapping[str, bytes]) -> None:
-    """Check the JSON files among `files` (name -> bytes, as pulled) of an eval job (a
-    ``result.json`` of the eval schema; another kind of job's is its reader's to check):
-    each must parse and have the expected types. `ResultError` names the file and the
-    field."""
+    """Check the JSON files among pulled `files` (name -> bytes) of an eval job: each parses and has
+    the expected types; `ResultError` names file and field."""
     docs = {}
     for name in CHECKS:
         if name in files:

@@ -27,7 +27,7 @@ def finite(v: object) -> bool:
 
 
 def shown(value: object) -> str:
-    return reprlib.repr(value)  # bounded
+    return reprlib.repr(value)
 
 
 def json_type(value: object) -> str:
@@ -44,9 +44,8 @@ def json_type(value: object) -> str:
 
 
 class Check:
-    """One value type: `check(value)` passes it, `expected` says it in words, `message` is
-    the failing line naming the setting; `inner`: a container's item type, field table or
-    `any_of`'s alternatives."""
+    """One value type: `check` tests, `expected` says it in words, `message` names the setting;
+    `inner` nests."""
 
     __slots__ = ("expected", "test", "choices", "inner", "keys")
 

@@ -1,5 +1,4 @@
-"""A file's sha256 from offset 0 in a thread beside the stream: the sender's hash, and the
-fallback for a resumed file without saved hash states (docs/relay.md, "Resume")."""
+"""A file's sha256 from offset 0 in a thread beside the stream (docs/relay.md, "Resume")."""
 
 from __future__ import annotations
 
@@ -13,8 +12,8 @@ from remote.relay.pipes import CHUNK
 
 
 class Hasher:
-    """sha256 of bytes ``[0, limit)`` of a file, hashed in a thread beside the stream; the
-    owner raises `limit` (`advance`), then `result(size)`."""
+    """sha256 of bytes ``[0, limit)`` of a file, in a thread; the owner raises `limit` (`advance`),
+    then `result`."""
 
     prefix_read: int | None = None  # the sender's: bytes of a kept prefix hashed again
 
@@ -24,7 +23,7 @@ class Hasher:
 
         self.fd, self.limit, self.pos, self.keep = fd, limit, 0, keep
         self.direct = reopen_direct(fd) if direct else None
-        self.pieces: collections.deque = collections.deque()  # (offset, bytes), in order
+        self.pieces: collections.deque = collections.deque()
         self.queued = 0
         self.h = hashlib.sha256()
         self.error: BaseException | None = None
@@ -62,8 +61,7 @@ class Hasher:
             return min(CHUNK, stop - self.pos), None
 
     def _run(self) -> None:
-        """Read (or take from the queue) and hash; with O_DIRECT (no read-ahead) the hash
-        runs in a second thread."""
+        """Read (or take queued) and hash; with O_DIRECT the hash runs in a second thread."""
         import queue
         import threading
 
@@ -102,7 +100,7 @@ class Hasher:
                     raise OSError(errno.EIO, "the file shrank while it was hashed")
                 hand((buf[:n], buf))
                 self.pos += n
-        except BaseException as exc:  # raised by `result`
+        except BaseException as exc:
             self.error = exc
         finally:
             if pipelined:

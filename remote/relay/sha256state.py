@@ -8,10 +8,10 @@ import os
 import struct
 
 GRID = 16 * 1024 * 1024  # both hosts record a file's hash state every GRID bytes
-STATE_SIZE = 112  # sizeof(SHA256_CTX) in OpenSSL 1.1 and 3.x
+STATE_SIZE = 112
 _BUFFER = 256  # larger than the struct, so a bigger one fails the self-test
 
-_lib: object = None  # the functions; False: unavailable; None: not looked up
+_lib: object = None  # False: unavailable; None: not looked up
 
 
 def _candidates() -> list[str]:

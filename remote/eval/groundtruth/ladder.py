@@ -1,17 +1,5 @@
-"""A context ladder (the job's ``context_ladder``; docs/eval.md, "Long contexts"): every
-prompt the job selects, put at each rung's length after a conversation history, as
-MT-Bench's second turn is put after the first and its answer.
-
-The history is the prompts file's other questions (from the one after the final
-question's, in file order, round to the start), each with the target's own answer to
-it, made once by the job's own ground-truth source and cached as any ground truth is
-(`answers`). Each answer is the question's single-turn completion: one batch for the
-whole ladder, not a sequential conversation whose every answer waits on the last. A
-rung's history is the fewest turns that reach its length, the last answer (or question)
-cut to land a few tokens past it at most (`fit`), rendered with the target's chat
-template. The ladder's prompts go to a prompts file of whole conversations in the job's
-folder; its ground truth is then made from that file, as a user's own long prompts are.
-"""
+"""A context ladder (``context_ladder``): each selected prompt at every rung's length after a
+history of the prompts file's other questions with the target's own answers (docs/eval.md)."""
 
 from __future__ import annotations
 
@@ -32,9 +20,8 @@ Prepare = Callable[[JobSpec], tuple[str, dict]]  # the job's ground-truth phase
 
 
 def build(job: JobSpec, folder: Path, prepare: Prepare, emit: Callable) -> tuple[JobSpec, dict]:
-    """The job with its prompts replaced by its ladder's (a prompts file in `folder`), and
-    what the result records of the ladder. `prepare` makes a job's ground truth (the
-    history's answers here)."""
+    """The job with its prompts replaced by its ladder's (a prompts file in `folder`) and what the
+    result records of the ladder; `prepare` makes the history's answers."""
     if not GT_SOURCES[job.ground_truth.kind].reads_prompts:
         raise UserError(
             "a context ladder is built from prompts; a ground-truth file already holds its "
@@ -71,8 +58,8 @@ def build(job: JobSpec, folder: Path, prepare: Prepare, emit: Callable) -> tuple
 
 
 class Ladder:
-    """One job's ladder being built: the pool of questions, the answers made so far
-    (`answers`, by pool index) and the ground-truth entries that made them."""
+    """One job's ladder being built: the question pool, answers so far by pool index, their
+    ground-truth entries."""
 
     def __init__(self, job: JobSpec, tokenizer, pool: list[dict], folder, prepare, emit):
         self.job, self.tokenizer, self.pool = job, tokenizer, pool
@@ -104,10 +91,8 @@ class Ladder:
         return self.sizes[j]
 
     def fit(self, k: int, final: dict, rung: int) -> list[dict]:
-        """The conversation putting pool question `k` (`final`) after the history that
-        brings its rendered prompt to `rung` tokens, a few past it at most: turns
-        added by their measured sizes, the sum checked by rendering it whole, the
-        crossing turn cut (`cut`)."""
+        """The conversation putting pool question `k` after the history that brings it to `rung`
+        tokens, a few past at most, the crossing turn cut (`cut`)."""
         last = [{"role": "user", "content": final["text"]}]
         if self.length(last) >= rung:
             raise UserError(
@@ -121,7 +106,7 @@ class Ladder:
             chosen.append(j)
             est += self.turn_length(j)
             if est >= rung:
-                est = self.length(self.turns(chosen) + last)  # anchored on the real length
+                est = self.length(self.turns(chosen) + last)
                 if est >= rung:
                     break
         else:
@@ -136,8 +121,8 @@ class Ladder:
         return history + self.cut(history, chosen[-1], last, rung) + last
 
     def cut(self, history: list[dict], j: int, last: list[dict], rung: int) -> list[dict]:
-        """Turn `j` cut so the conversation lands on `rung`: its answer's first tokens, or,
-        when the question alone passes the rung, the question's first tokens."""
+        """Turn `j` cut so the conversation lands on `rung`: its answer's first tokens, else its
+        question's."""
         ids = self.answers[j]
         m = least(lambda m: self.length(history + self.turn(j, ids[:m]) + last), rung, len(ids))
         if m > 0:
@@ -151,9 +136,7 @@ class Ladder:
         return asked(least(lambda n: self.length(history + asked(n) + last), rung, len(q)))
 
     def ensure(self, others: list[int], j: int, rung: int) -> None:
-        """Answers for question `j` and, in one ground-truth request, the next ones the
-        rung will likely need (their questions' tokens plus a full answer each, until
-        the rung's length)."""
+        """Answers for question `j` and, in one request, the next ones the rung will likely need."""
         if j in self.answers:
             return
         want, need = [], rung
@@ -168,8 +151,8 @@ class Ladder:
         self.answer(want)
 
     def answer(self, indices: list[int]) -> None:
-        """The target's answers to pool questions `indices`, from the job's ground-truth
-        source (cached as any ground truth: the next eval asks none of them again)."""
+        """The target's answers to pool questions `indices`, from the job's ground-truth source
+        (cached)."""
         self.rounds += 1
         path = self.folder / f"ladder_history_{self.rounds}.jsonl"
         lines = [{"id": f"h{i}", "prompt": self.pool[i]["text"]} for i in indices]
@@ -186,9 +169,8 @@ class Ladder:
 
 
 def least(length: Callable[[int], int], rung: int, most: int) -> int:
-    """The fewest tokens `m` (0..`most`) whose conversation `length(m)` reaches `rung`
-    (`length` grows with `m`; `length(most)` reaches it): a first guess from the length
-    without any, a step of 8 either side, then halving."""
+    """The fewest tokens `m` (0..`most`) whose conversation `length(m)` reaches `rung`: a guess, a
+    step of 8 either side, then halving."""
     none = length(0)
     if none >= rung:
         return 0

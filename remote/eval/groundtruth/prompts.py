@@ -1,6 +1,5 @@
-"""The prompts a ground truth is made for: read from JSONL (z-lab's ``{"turns": [...]}`` or
-``{"prompt": "..."}``), a seeded selection of them, and each rendered with the target's
-chat template into the ids a server or the target completes."""
+"""The prompts a ground truth is made for: read from JSONL, a seeded selection, each rendered with
+the chat template."""
 
 from __future__ import annotations
 
@@ -34,9 +33,8 @@ def read_jsonl(path: str, what: str) -> Iterator[tuple[int, Any]]:
 def load_prompts(
     path: str, samples: int | None = None, seed: int = 0, sha256: str | None = None
 ) -> list[dict]:
-    """Prompt records ``{"id", "text"}`` from a JSONL file (`remote.protocol.parse_prompts`),
-    optionally a seeded subset. With `sha256`, a file of other content (a copy cut short)
-    is refused before it is read."""
+    """Prompt records ``{"id", "text"}`` from a JSONL file, optionally a seeded subset; `sha256`
+    refuses other content."""
     try:
         if sha256 is not None and file_sha256(path) != sha256:
             raise UserError(
@@ -53,9 +51,8 @@ def load_prompts(
 
 
 def select(records: list, samples: int | None, seed: int) -> list:
-    """`samples` records chosen with a fixed seed, kept in their original order. Records
-    of several categories (``category``) are chosen per category (`stratified`), so a
-    small N still covers each; otherwise `samples` of them at random."""
+    """`samples` records chosen with a fixed seed, in original order; stratified by ``category``
+    when present."""
     if samples is None or samples >= len(records):
         return list(records)
     if samples < 1:
@@ -72,10 +69,8 @@ def select(records: list, samples: int | None, seed: int) -> list:
 
 
 def stratified(groups: list[list[int]], samples: int, rng: random.Random) -> list[int]:
-    """`samples` indices drawn from `groups` (each a category's indices): one from each
-    group first (from `samples` groups drawn at random when there are fewer samples than
-    groups), the rest shared in proportion to the groups' sizes (largest remainders, ties
-    in the seeded order), each group's own drawn at random."""
+    """`samples` indices from `groups` (a category's indices each): one per group first, the rest in
+    proportion to group sizes (largest remainders), seeded."""
     if samples < len(groups):
         return [rng.choice(groups[g]) for g in rng.sample(range(len(groups)), samples)]
     rest, spare = samples - len(groups), sum(len(g) - 1 for g in groups)
@@ -105,9 +100,8 @@ def load_tokenizer(target: str):
 
 
 def render_prompt(tokenizer, prompt: str | dict, thinking: bool) -> tuple[str, list[int]]:
-    """(prompt text, prompt ids) with the chat template applied, generation prompt added.
-    `prompt`: a user message's text, or a prompt record (`remote.protocol.parse_prompts`:
-    its ``messages``, a whole conversation, where it has them; else its ``text``)."""
+    """(prompt text, prompt ids) with the chat template and generation prompt; a record's
+    ``messages`` win over its ``text``."""
     if isinstance(prompt, str):
         messages = [{"role": "user", "content": prompt}]
     else:
@@ -123,9 +117,8 @@ def render_prompt(tokenizer, prompt: str | dict, thinking: bool) -> tuple[str, l
 
 
 def chat_template_sha256(tokenizer) -> str | None:
-    """sha256 of the chat template `render_prompt` applies (None: there is none, the text
-    goes as it is), recorded with the ground truth so runs under another template are
-    told apart."""
+    """sha256 of the chat template `render_prompt` applies (None: none), so runs under another
+    template are told apart."""
     template = getattr(tokenizer, "chat_template", None)
     if not template:
         return None
@@ -134,6 +127,5 @@ def chat_template_sha256(tokenizer) -> str | None:
 
 
 def labelled(prompt: dict) -> dict:
-    """A prompt's id and labels (category, sub-category: `remote.protocol.sample_labels`),
-    as its ground-truth line and then its sample record carry them."""
+    """A prompt's id and labels as its ground-truth line and sample record carry them."""
     return {"id": prompt["id"], **sample_labels(prompt)}
