@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 from typer.core import TyperGroup
 
-from orchestrator.commands import output  # its consoles (and rich) load on first use
+from orchestrator.commands import output
 from orchestrator.errors import DflashError
 
 if TYPE_CHECKING:  # Typer's own copy of click
@@ -37,8 +37,7 @@ DEFAULT_SUBCOMMANDS = {"jobs": "list"}
 
 
 def hoist(args: list[str], flags: Collection[str]) -> list[str]:
-    """`args` with the root's `flags` moved before the command, so "rerun with
-    --accept-new-host-keys" can be followed at the end of the line (not after ``--``)."""
+    """`args` with the root's `flags` moved before the command: a hint's flag may end the line."""
     end = args.index("--") if "--" in args else len(args)
     head = args[:end]
     return [a for a in head if a in flags] + [a for a in head if a not in flags] + args[end:]
@@ -87,8 +86,8 @@ class _Group(TyperGroup):
 
 
 def _tidy(command: Command, ctx: typer.Context) -> None:
-    """Make the help of `command` and below read as written: no ``<bool>`` after a flag,
-    no line breaks inside a paragraph (Typer keeps a docstring's). Idempotent."""
+    """Make help read as written: no ``<bool>`` after a flag, no breaks inside a paragraph.
+    Idempotent."""
     for param in command.get_params(ctx):
         if getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""
@@ -108,7 +107,6 @@ _app = typer.Typer(
     # click's formatter wraps option names at any width, where rich's panels cut them.
     rich_markup_mode=None,
     add_completion=True,
-    # click hands help option names down to every subcommand's context.
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -139,8 +137,8 @@ def _load(modules: tuple[str, ...]) -> typer.Typer:
 
 
 def _modules_for(argv: list[str]) -> tuple[str, ...]:
-    """The command modules a run with `argv` needs: the one named like the command, so a
-    command does not import every other's libraries first; else all of them."""
+    """The command modules `argv` needs: the one named like the command (no other imports), else
+    all."""
     words = [a for a in argv if not a.startswith("-")]
     completing = any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
     if words and not completing:
@@ -187,8 +185,8 @@ def _root(
 
 
 def _usage_error(exc: BaseException) -> bool:
-    """Whether `exc` is click's parse error, by class name: Typer raises click's classes or
-    its vendored copy's."""
+    """Whether `exc` is click's parse error, by class name (click's classes or Typer's vendored
+    copy)."""
     return any(c.__name__ == "ClickException" for c in type(exc).__mro__)
 
 

@@ -21,8 +21,7 @@ from remote.protocol import JobKind
 
 
 def jobs_on(inventory: Inventory, names: list[str] | None = None) -> list[dict]:
-    """Every job on the named hosts or groups (default: all; any host can run jobs), one
-    dict per job with its ``host`` first, each host's oldest first."""
+    """Every job on the named hosts or groups (default: all), one dict each with ``host`` first."""
     specs = inventory.expand(names) if names else list(inventory.hosts.values())
     rows = []
     for spec in specs:
@@ -79,8 +78,7 @@ def attach_on(
     on_event: Callable[[dict], None] | None = None,
     dest: str | os.PathLike | None = None,
 ) -> Attached:
-    """Watch job `job_id` to its end and pull its result as its kind does; a parity
-    capture, half a run, is refused in one line."""
+    """Watch job `job_id` to its end and pull its result; a parity capture is refused."""
     job_id = jobwire.local_job_id(job_id)  # it names a folder here: checked before connecting
     name = remote_eval.eval_host_name(inventory, host_name)
     with open_host(inventory.host(name), inventory) as host:
@@ -134,8 +132,8 @@ def prune_on(
     features: bool = False,
     dry_run: bool = False,
 ) -> list[Pruned]:
-    """Prune finished job folders, and with `ground_truth` / `features` those caches, older
-    than `older_than` from the hosts' workdirs; never a running job's (`remote.jobs.prune`)."""
+    """Prune finished job folders (and caches when asked) older than `older_than`; never a running
+    job's."""
     seconds = parse_age(older_than)
     caches = [c for c, on in (("ground-truth", ground_truth), ("features", features)) if on]
     specs = inventory.expand(names) if names else list(inventory.hosts.values())

@@ -1,12 +1,5 @@
-"""Build and save tiny real targets: safetensors weights, config.json, generation_config.json
-and a tokenizer (BPE trained with `tokenizers` on a built-in corpus, wrapped as a
-``PreTrainedTokenizerFast`` with a simple chat template). The model itself comes from
-`orchestrator.demo.architectures`, the one catalogue of tiny architectures.
-
-Random weights use transformers' default init; such tiny models fall into repetitive greedy
-loops mixed with irregular stretches, which a tiny drafter learns quickly, so acceptance
-rises visibly with training steps.
-"""
+"""Build and save tiny real targets (weights, configs, a trained BPE tokenizer) from
+`orchestrator.demo.architectures`."""
 
 from __future__ import annotations
 
@@ -37,8 +30,8 @@ MASK_TOKEN = "<|mask|>"
 
 
 def build_tokenizer(vocab_size: int = 320):
-    """A byte-level BPE ``PreTrainedTokenizerFast`` trained on `CORPUS`, with specials
-    (``<|endoftext|>`` = eos/pad, ``<|mask|>`` for drafters) and a chat template."""
+    """A byte-level BPE tokenizer trained on `CORPUS` with ``<|endoftext|>``, ``<|mask|>`` and a
+    chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -94,11 +87,9 @@ def build_target(
     model_vocab_size: int | None = None,
     max_positions: int = 4096,
 ) -> str:
-    """Save a tiny random target of architecture `kind` (`architectures.ARCHITECTURES`)
-    with a tokenizer in ``out_dir``; returns the path. ``vocab_size`` is the tokenizer's BPE
-    size; the model's vocabulary matches the tokenizer unless ``model_vocab_size`` pads it
-    (as real models pad theirs; benchmarks use that to get a realistic embedding/head
-    size); ``max_positions``: its ``max_position_embeddings`` (its window)."""
+    """Save a tiny random target of architecture `kind` with its tokenizer in ``out_dir``; returns
+    the path. ``model_vocab_size`` pads the vocabulary as real models do; ``max_positions`` sets
+    its window."""
     tok = build_tokenizer(vocab_size)
     dims = Dims(
         hidden=hidden_size,
@@ -115,8 +106,6 @@ def build_target(
     return _save(tiny_model(kind, dims, seed, **ids), tok, out_dir, dtype)
 
 
-# The demo's two targets: a Qwen3 text model, and a Qwen3.5-style vision-language model
-# (vision tower + hybrid text stack: Gated DeltaNet linear-attention layers, every 4th full
-# attention). Both take `build_target`'s keywords.
+# a Qwen3 text model and a Qwen3.5-style vision-language model (hybrid Gated DeltaNet stack)
 build_qwen3_target = functools.partial(build_target, "qwen3")
 build_qwen35_vl_target = functools.partial(build_target, "qwen3_5")

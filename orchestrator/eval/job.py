@@ -60,8 +60,8 @@ def start_job(
     *,
     follow: bool = False,
 ) -> JobRef:
-    """Start the job detached (the bundle pushed if needed); with `preflight` once the host's
-    checks passed (one runner, one torch import), with `follow` streaming on (docs/eval.md)."""
+    """Start the job detached (bundle pushed if needed), after the host's checks with `preflight`,
+    streaming with `follow`."""
     job_id = jobwire.local_job_id(job_id or new_job_id(spec.get("checkpoint") or "job"))
     argv = [
         *jobwire.job_argv(host, "start", job_id),
@@ -99,7 +99,7 @@ def cancel(host: Host, job_id: str) -> dict:
 
 def prune(host: Host, older_than: float, caches: Sequence[str] = (), dry_run: bool = False) -> dict:
     """Remove the host's finished job folders (and `caches` entries) older than `older_than`
-    seconds (docs/eval.md, "making room")."""
+    seconds."""
     argv = [
         *jobwire.job_argv(host, "prune"),
         f"--older-than={older_than!r}",
@@ -132,8 +132,8 @@ def watch(
     stream: HostLines | None = None,
     pull: bool = False,
 ) -> dict:
-    """Stream the job's checked events from byte `offset` to `on_event`; the ``watch_end``
-    event (``files`` with `pull` or a follow `stream`). A lost host says how to re-attach."""
+    """Stream the job's checked events from byte `offset` to `on_event`; returns the ``watch_end``
+    event."""
     job_id = jobwire.local_job_id(job_id)
     lines = stream
     if lines is None:
@@ -175,7 +175,7 @@ def watch(
     lines.close()
     if end is None:
         stderr = lines.proc.stderr()
-        if code not in (0, -1) and jobwire.said_why(stderr):  # e.g. no such job
+        if code not in (0, -1) and jobwire.said_why(stderr):
             bundle.check_result(host, Result("", stderr, code), ["job watch"])
         raise jobwire.unanswered(host, "watch", job_id, code, stderr)
     return end

@@ -58,8 +58,8 @@ _WHAT = {"event": "event from job watch", "watch_end": "end line from job watch"
 
 
 def checked(host: Host, action: str, doc: object, job_id: str | None = None) -> Any:
-    """`doc`, the answer to ``job <action>``, if it has the contract's shape (and is about
-    `job_id`); else one line naming the host and the field."""
+    """`doc`, the answer to ``job <action>``, if it has the contract's shape for `job_id`; else one
+    line."""
     try:
         check_job_answer(action, doc)
     except AnswerError as exc:
@@ -89,8 +89,8 @@ def call(
     payload: dict | None = None,
     keep: bool = False,
 ) -> tuple[HostLines | None, Any]:
-    """Run ``job <action>`` (or `argv`) on `host`, `payload` as JSON on stdin: (its lines if
-    `keep`, else None; its first line, checked). A host lacking the bundle gets it pushed."""
+    """Run ``job <action>`` on `host` with `payload` on stdin: (its lines if `keep`, its checked
+    first line); a host lacking the bundle gets it pushed."""
     argv = list(argv or job_argv(host, action, job_id))
     data = json.dumps(payload).encode() if payload is not None else None
     line, guarded = bundle.first_line(host, argv)
@@ -113,7 +113,7 @@ def call(
             raise
         break
     if keep:
-        lines.bound()  # what follows is read by `watch`, under its own bound
+        lines.bound()
     else:
         code = lines.wait()
         lines.close()
@@ -137,8 +137,8 @@ def exit_words(code: int | None) -> str:
 
 
 def unanswered(host: Host, action: str, job_id: str | None, code: int, stderr: str):
-    """The one-line error for a job command cut off before its answer: how it ended and
-    what ``job status`` says of the job now."""
+    """The one-line error for a job command cut off before its answer, with what ``job status`` says
+    now."""
     said = last_line(stderr)
     how = f"{host.name}: job {action}{f' of {job_id}' if job_id else ''} ended before it "
     how += f"answered ({exit_words(code)}{f': {said}' if said else ''})"
@@ -207,7 +207,7 @@ def _first_json(
     stderr = lines.proc.stderr()
     if guarded and bundle.was_missing(host, code, stderr):
         raise _BundleMissing()
-    if code not in (0, 126, 127) and not said_why(stderr):  # killed, cut: never an empty line
+    if code not in (0, 126, 127) and not said_why(stderr):
         raise unanswered(host, action, job_id, code, stderr)
     bundle.check_result(host, Result("", stderr, code or 1), argv)
     raise RemoteCommandError(f"{host.name}: remote {argv[0]} printed no JSON ({raw[:200]!r})")

@@ -1,9 +1,5 @@
-"""The CI gate of `dflash results compare BASE NEW`: NEW fails when its metric (the
-headline by default) falls below BASE's, paired sample by sample, by more than a stated
-fraction (``--fail-below 0.95``: NEW under 95% of BASE) or beyond noise
-(``--fail-if-worse``: the paired interval of NEW - BASE wholly below 0); over all samples
-and, where asked, within each category or length bucket. One line says the outcome.
-docs/results.md shows it in CI."""
+"""The CI gate of `dflash results compare BASE NEW`, paired sample by sample; options and use:
+docs/results.md."""
 
 from __future__ import annotations
 
@@ -16,9 +12,8 @@ from remote.protocol import metrics as registry
 
 @dataclass(frozen=True)
 class GateOptions:
-    """What fails NEW: below `fail_below` times BASE (None: no such bound), or an interval
-    wholly below 0 (`fail_if_worse`); of `metric`, over all samples and per group of
-    each axis in `by` (`compare.axes`: a context bucket's is its paired tau)."""
+    """What fails NEW: below `fail_below` times BASE, or an interval wholly below 0
+    (`fail_if_worse`), of `metric` over all samples and per group of each axis in `by`."""
 
     fail_below: float | None = None
     fail_if_worse: bool = False
@@ -48,8 +43,8 @@ def gate_request(
 
 @dataclass
 class Check:
-    """One comparison the gate made: NEW's run against BASE's over all samples (`axis`
-    None) or one group, and why it failed (empty: it passed)."""
+    """One comparison the gate made, over all samples (`axis` None) or one group, and why it failed
+    (empty: passed)."""
 
     run: str
     axis: str | None

@@ -1,19 +1,6 @@
-"""Plots of results, drawn with matplotlib's Agg backend (no display needed).
-
-Each plot is built once, as a figure (`keyed_figure` for each per-key metric of the
-registry, `breakdown_figure`, `tradeoff_figure`, `tau_by_step_figure`), and rendered either to a
-PNG file (`plot_run`, `plot_tau_by_step`) or to an SVG string for the HTML report
-(`svg`). The lines and bars that carry data get SVG ids starting ``data-`` so a browser
-test can find them.
-
-The tau-by-step plot has one colour per series: runs of the same training run (trainer
-host and checkpoints folder, see `results.series_key`), prompts and ground truth. Per
-series: tau (per-sample mean, solid), token-weighted tau (dashed) and DDTree tau per node
-budget (dotted), against the checkpoint's training step.
-
-matplotlib is the optional ``plot`` extra: without it every figure is None, so every plot is
-skipped (the JSON results are complete without them) and one line says so, once per process.
-"""
+"""Plots of results with matplotlib's Agg backend, each built once as a figure and rendered to PNG
+or to SVG for the HTML report (data marks get ``data-`` ids for browser tests); without the
+``plot`` extra every figure is None and one line says so."""
 
 from __future__ import annotations
 
@@ -57,8 +44,7 @@ def pyplot():
 
 
 def warm() -> None:
-    """Import matplotlib now, silently (a caller's background thread, while a job runs);
-    without it nothing happens and the first plot says so as usual."""
+    """Import matplotlib now, silently (from a background thread while a job runs)."""
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is not None:
@@ -66,9 +52,8 @@ def warm() -> None:
 
 
 def text(value: object) -> str:
-    """A name as matplotlib text, never mathtext: ``step_$RUN_$SEED`` is drawn as it is
-    (every ``$`` escaped, so no pair of them starts a formula), and control characters and
-    lone surrogates are shown as escapes (`printable`)."""
+    """A name as matplotlib text, never mathtext: every ``$`` escaped, control characters shown as
+    escapes."""
     return printable(str(value)).replace("$", r"\$")
 
 
@@ -77,11 +62,8 @@ def _title(run: res.Run) -> str:
 
 
 def keyed_figure(run: res.Run, name: str) -> Any | None:
-    """A per-key metric of the registry (`Keyed`) against its key: a count's share of all
-    as bars, a rate as a line with each point's count (``n=``, how many reached it); a
-    grouped metric as one line per group (a count's share of its group's); keys that are
-    positions (`Keyed.span`) on a base-2 axis. The title leads with the run's table
-    metrics, like the tables. None without data."""
+    """A per-key registry metric against its key: a count's share as bars, a rate as a line with
+    ``n=``, one line per group; position keys on a base-2 axis. None without data."""
     m = registry.find(name)
     rows = [r for r in summary.keyed_rows(run, name) if r["value"] is not None]
     plt = pyplot() if rows else None
@@ -99,7 +81,7 @@ def keyed_figure(run: res.Run, name: str) -> Any | None:
     else:
         _rate_line(ax, m, rows)
     xs = sorted({int(r["key"]) for r in rows})
-    if m.span is not None and not m.group_name:  # positions: each doubling the same width
+    if m.span is not None and not m.group_name:
         from remote.protocol.context import FIRST, bucket
 
         ax.set_xscale("symlog", base=2, linthresh=FIRST)
@@ -131,8 +113,6 @@ def _rate_line(ax: Any, m: registry.Keyed, rows: list[dict]) -> None:
 
 
 def _grouped_lines(ax: Any, m: registry.Keyed, rows: list[dict]) -> None:
-    """One line per group of a grouped metric: its rate, or its count's share of the
-    group's."""
     value = summary.shares(rows) if m.reduce == registry.SUM else [r["value"] for r in rows]
     lines: dict = {}
     for r, v in zip(rows, value, strict=True):
@@ -150,9 +130,8 @@ def _grouped_lines(ax: Any, m: registry.Keyed, rows: list[dict]) -> None:
 
 
 def breakdown_figure(run: res.Run) -> Any | None:
-    """tau (per-sample mean) per group, one panel of horizontal bars per axis that has two
-    groups or more (`breakdown.worth_showing`: category, sub-category, completion length),
-    each bar labelled with its tau and samples. None when the run has no such axis."""
+    """tau per group, one panel of bars per axis with two groups or more
+    (`breakdown.worth_showing`); None when the run has no such axis."""
     from orchestrator.results import breakdown
 
     groups = breakdown.worth_showing(breakdown.of_run(run))
@@ -168,7 +147,7 @@ def breakdown_figure(run: res.Run) -> Any | None:
     )
     for ax, axis in zip(panels if len(axes) > 1 else [panels], axes, strict=True):
         rows = groups[axis]
-        ys = list(range(len(rows)))[::-1]  # the first group on top
+        ys = list(range(len(rows)))[::-1]
         taus = [g[HEADLINE] or 0.0 for g in rows]
         bars = ax.barh(ys, taus, color="#4C72B0")
         for i, (bar, g) in enumerate(zip(bars, rows, strict=True)):
@@ -191,10 +170,8 @@ def breakdown_figure(run: res.Run) -> Any | None:
 
 
 def tradeoff_figure(run: res.Run) -> Any | None:
-    """DDTree's budget trade-off (`speedup.tradeoff`): tau (per-sample mean, solid;
-    token-weighted, dashed) on the left axis and the speedup estimate on the right, one
-    point per node budget, the chain walk as a dotted reference line on each (its marker
-    at x = its B - 1 draft tokens). None when the run has no DDTree budgets."""
+    """DDTree's budget trade-off: both taus on the left axis, the speedup estimate on the right, the
+    chain as a dotted reference; None without DDTree budgets."""
     t = speedup.tradeoff(run)
     if not t:
         return None
@@ -254,8 +231,8 @@ def _series(runs: list[res.Run]) -> dict[tuple, list[res.Run]]:
 
 
 def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
-    """Tau, token-weighted tau and DDTree tau per budget against the training step, per
-    series. Runs without a step are left out; None when no run has one."""
+    """Both taus and DDTree tau per budget against the training step, one colour per series
+    (`results.series_key`); None when no run has a step."""
     series = _series(runs)
     if not series:
         return None
@@ -323,8 +300,8 @@ def save_png(fig: Any, path: str | Path) -> Path:
 
 
 def svg(fig: Any, salt: str = "") -> str:
-    """The figure as an ``<svg>`` element to inline in HTML (text kept as text; ids
-    salted per figure so several figures on one page never share an id)."""
+    """The figure as an inline ``<svg>`` element, ids salted per figure so they never clash on a
+    page."""
     import matplotlib
 
     plt = pyplot()
@@ -339,9 +316,7 @@ def svg(fig: Any, salt: str = "") -> str:
 
 
 def plot_run(run: res.Run, out_dir: str | Path | None = None) -> list[Path]:
-    """Each per-key metric of the registry (``<name>.png``: the acceptance histogram,
-    per-position acceptance), tau by category and completion length (when the run has
-    groups to show) and DDTree's budget trade-off (when it has budgets) of one run;
+    """One run's PNGs: each per-key metric, tau by group and DDTree's trade-off where present;
     returns the files."""
     out = Path(out_dir or run.path)
     written = []
@@ -355,7 +330,6 @@ def plot_run(run: res.Run, out_dir: str | Path | None = None) -> list[Path]:
 
 
 def plot_tau_by_step(runs: list[res.Run], path: str | Path) -> Path | None:
-    """`tau_by_step_figure` as a PNG at `path`; None (nothing written) when no run has a
-    step."""
+    """`tau_by_step_figure` as a PNG at `path`; None (nothing written) when no run has a step."""
     fig = tau_by_step_figure(runs)
     return save_png(fig, path) if fig is not None else None

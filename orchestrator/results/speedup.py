@@ -1,28 +1,5 @@
-"""A speedup estimate beside tau, from the round costs the eval host measured.
-
-The eval host times one round's parts once per eval (`remote.eval.costs`, recorded as
-``timings.round_costs``): a target decode step ``t_step`` (1 token over a KV cache), a
-target verify ``t_verify`` over the same cache and a drafter block ``t_draft``. Plain
-greedy decoding pays ``t_step`` per token; speculative decoding pays
-``t_verify + t_draft`` per round and gets tau tokens from it, so
-
-    speedup = tau_token_weighted * t_step / (t_verify + t_draft)
-
-with tau_token_weighted the token-weighted tau (tokens / rounds: what a decoding's speed follows).
-``t_verify`` is, for the chain, one causal forward over the block (B tokens: the last
-accepted one and B - 1 drafts); for DDTree-N, one forward over the tree's N + 1 tokens
-(its root and N nodes) with the tree attention mask (``round_costs.tree_verify_s``), or,
-where the host could not run a tree mask or did not time one, a causal forward over N + 1
-tokens (``target_verify_s``; `tradeoff` says which, as ``verify_mask``). What it leaves
-out: the per-round bookkeeping (sampling, cache crop, the drafter's context update) and
-DDTree's tree building, so it is an upper bound that a lean serving loop approaches;
-`benchmarks/speedup.py` measures how close on the reference loop.
-
-The host keeps each timed part's fastest and slowest trial (``round_costs.spread``): the
-estimate carries the range they give (`estimate_range`), and is withheld, with one line
-saying why (`withheld`), when one part's trials are more than SPREAD_LIMIT apart: a host
-that busy measures its load, not the round.
-"""
+"""A speedup estimate beside tau from the round costs the eval host measured; the formula, its range
+and when it is withheld: docs/results.md (Speedup estimate)."""
 
 from __future__ import annotations
 
@@ -30,15 +7,13 @@ from typing import Any
 
 from remote.protocol.metrics import HEADLINE, find
 
-# Reads a run (`store.Run`) through its ``result`` and ``metrics`` only: `summary.summary`
-# imports this module, so this one imports no store.
+# Reads a run through ``result`` and ``metrics`` only: `summary.summary` imports this module.
 
-TAU, TOKENS = HEADLINE, "tau_token_weighted"  # the registry's names of both taus
+TAU, TOKENS = HEADLINE, "tau_token_weighted"
 FORMULA = f"speedup = {TOKENS} * t_step / (t_verify + t_draft)"
 SPREAD_LIMIT = 1.5  # slowest / fastest trial of one part beyond which no estimate is given
 
-# The trade-off table's columns, in the order of `tradeoff_rows`' values (every view of
-# the table, terminal and HTML, shows these).
+# every view of the trade-off table shows these, in `tradeoff_rows`' order
 TRADEOFF_COLUMNS = (
     "budget (nodes)",
     "per-depth top-k",
@@ -78,9 +53,7 @@ def _range(c: dict, name: str, value: Any) -> tuple[Any, Any]:
 
 
 def estimate_range(run: Any) -> dict[str, Any]:
-    """`estimate`'s low and high ends from the trials' spread: ``{"chain": (low, high),
-    "ddtree": {budget: (low, high)}}``, the parts' slowest trials against the step's
-    fastest and the other way round; {} when there is no estimate."""
+    """`estimate`'s (low, high) ends per walk from the trials' spread; {} without an estimate."""
     c, m = costs(run), run.metrics
     if not c or withheld(run):
         return {}
@@ -104,8 +77,8 @@ def estimate_range(run: Any) -> dict[str, Any]:
 
 
 def formula(tau: float | None, step: Any, verify: Any, draft: Any) -> float | None:
-    """``tau * step / (verify + draft)`` (tau token-weighted); None when a part is missing
-    or not > 0."""
+    """``tau * step / (verify + draft)`` (tau token-weighted); None when a part is missing or not >
+    0."""
     parts = (tau, step, verify, draft)
     if not all(isinstance(v, (int, float)) and v > 0 for v in parts):
         return None
@@ -113,9 +86,8 @@ def formula(tau: float | None, step: Any, verify: Any, draft: Any) -> float | No
 
 
 def tree_verify(c: dict, budget: int) -> tuple[float | None, str | None]:
-    """DDTree-`budget`'s verify seconds in the round costs `c` and how they were timed:
-    ``tree`` (its N + 1 tokens under the tree mask), else ``causal`` (N + 1 tokens, the
-    causal mask: older results, or a target that takes no tree mask); (None, None)."""
+    """DDTree-`budget`'s verify seconds in costs `c` and its mask: ``tree``, else ``causal`` (older
+    results, or a target that takes no tree mask); (None, None) when absent."""
     tree = (c.get("tree_verify_s") or {}).get(str(budget))
     if tree is not None:
         return tree, "tree"
@@ -135,14 +107,8 @@ def _budgets(run: Any) -> list[tuple[int, dict]]:
 
 
 def tradeoff(run: Any) -> dict[str, Any]:
-    """DDTree's budget trade-off: per node budget its tau, verify cost and speedup
-    estimate, beside the chain walk's (the reference); {} for a run without budgets.
-
-    ``{"formula", "target_step_s", "drafter_round_s", "costs_error", "tree_verify_error",
-    "estimate_withheld" (`withheld`'s line or None), "chain": {...},
-    "budgets": [{"budget", "topk", "tokens_verified", TAU, TOKENS, "rounds",
-    "verify_s", "verify_mask", "speedup_estimate"}, ...]}``; the costs and estimates are
-    None where the host measured none (``costs_error`` then says why, when it said)."""
+    """DDTree's budget trade-off: per node budget its tau, verify cost and speedup estimate beside
+    the chain's; {} for a run without budgets (keys: docs/results.md)."""
     budgets = _budgets(run)
     if not budgets:
         return {}
@@ -192,8 +158,7 @@ def tradeoff(run: Any) -> dict[str, Any]:
 
 
 def tradeoff_rows(trade: dict[str, Any]) -> list[tuple]:
-    """`tradeoff`'s table as raw values in TRADEOFF_COLUMNS' order: a row per node budget,
-    then the chain walk's, labelled with its draft tokens. Each view formats the values."""
+    """`tradeoff`'s table as raw values in TRADEOFF_COLUMNS' order, budgets then the chain."""
     keys = ("topk", TAU, TOKENS, "rounds", "verify_s", "verify_mask", "speedup_estimate")
     rows = [(r["budget"], *(r[k] for k in keys)) for r in trade["budgets"]]
     c = trade["chain"]
@@ -203,9 +168,8 @@ def tradeoff_rows(trade: dict[str, Any]) -> list[tuple]:
 
 
 def estimate(run: Any) -> dict[str, Any]:
-    """``{"chain": speedup, "ddtree": {budget: speedup}}`` of `run` (see the module), each
-    None where its costs were not measured; {} when the run has no round costs, and
-    ``{"withheld": line}`` when their trials disagree too much (`withheld`)."""
+    """``{"chain": speedup, "ddtree": {budget: speedup}}`` of `run`, None where unmeasured; {}
+    without round costs, ``{"withheld": line}`` when trials disagree."""
     c = costs(run)
     if not c:
         return {}
@@ -223,9 +187,7 @@ def estimate(run: Any) -> dict[str, Any]:
 
 
 def cost_columns(run: Any) -> dict[str, Any]:
-    """The round costs behind the estimates as flat columns, in seconds: ``target_step_s``,
-    ``drafter_round_s``, ``verify_s_chain`` and per DDTree budget ``verify_s_ddtree_<N>``
-    with its ``verify_mask_ddtree_<N>`` (`tree_verify`); {} when the run has none."""
+    """The round costs behind the estimates as flat columns in seconds; {} when the run has none."""
     c = costs(run)
     if not c:
         return {}

@@ -18,17 +18,17 @@ from orchestrator.slurm.role import SlurmError
 from orchestrator.slurm.status import ArrayStatus as ArrayStatus
 from orchestrator.slurm.status import Attempt, TaskStatus, accounted, recorded_end, updated
 
-# Longer than Slurm's KillWait: how long a task may take to die after its SIGTERM.
+# longer than Slurm's KillWait
 CANCEL_TIMEOUT = 90.0
-# On the way out a hung scancel must not hold a Ctrl-C or a SIGTERM for a minute.
+# a hung scancel must not hold a Ctrl-C for long
 STOP_COMMAND_TIMEOUT = 15.0
-# How long squeue may list as running an attempt whose exit record is written.
+# squeue may list an attempt as running after its exit record is written
 EXIT_GRACE = 30.0
 
 
 class ArrayRun:
-    """The mutable side of one array; `status` is its frozen picture after the last look.
-    `retry`: the failed states worth resubmitting (a caller may add CANCELLED)."""
+    """The mutable side of one array; `status` is its frozen picture; `retry`: failed states worth
+    resubmitting."""
 
     def __init__(
         self,
@@ -43,7 +43,7 @@ class ArrayRun:
         self.retry = retry
         self.exit_grace = EXIT_GRACE if exit_grace is None else exit_grace
         self._tasks: dict[int, tuple[Attempt, ...]] = {}
-        self._accounted = False  # sacct answered at least once
+        self._accounted = False
         self._notes: list[str] = []
         self._recorded: dict[tuple[int, int], float] = {}
         self._next_record_look = 0.0
@@ -112,7 +112,6 @@ class ArrayRun:
             else:
                 new = updated(a, records.get(key), codes.get(key))
                 if new.verdict == "running" and key in codes:
-                    # the record is trusted once squeue has had its grace
                     since = self._recorded.setdefault(key, now)
                     if now - since >= self.exit_grace:
                         new = recorded_end(new, codes[key], self.exit_grace)
@@ -136,8 +135,7 @@ class ArrayRun:
     def _records_to_read(
         self, active: Iterable[Attempt], records: dict[tuple[int, int], TaskRecord], ended
     ) -> list[tuple[int, int]]:
-        """The attempts whose exit records this look reads: gone from squeue (and not
-        settled by sacct) or failed, and every half grace the running ones."""
+        """The attempts whose exit records this look reads (docs/slurm.md)."""
         now = time.monotonic()
         running = now >= self._next_record_look
         if running:
@@ -230,8 +228,8 @@ class ArrayRun:
         return self.client.cancel(refs, timeout=timeout)
 
     def stop(self, timeout: float = CANCEL_TIMEOUT) -> ArrayStatus:
-        """Cancel every active attempt and look until none is active; `SlurmError` naming
-        the array jobs to cancel by hand when that fails."""
+        """Cancel every active attempt until none is; `SlurmError` naming what to cancel by hand on
+        failure."""
         if not self.status.active:
             return self.status
         usual, self.client.timeout = (
@@ -273,8 +271,8 @@ class ArrayRun:
         timeout: float,
         on_update: Callable[[ArrayStatus], None] | None = None,
     ) -> ArrayStatus:
-        """Look every `poll_seconds` until every task ended, calling `on_update` each time;
-        past `timeout` or on any error, `stop` and raise."""
+        """Look every `poll_seconds` until every task ended; past `timeout` or on error, `stop` and
+        raise."""
         try:
             return self._wait(timeout, on_update)
         except BaseException as exc:
@@ -319,8 +317,7 @@ def run_array(
     timeout: float,
     on_update: Callable[[ArrayStatus], None] | None = None,
 ) -> ArrayStatus:
-    """Submit `plan` as one array and watch it to the end; the final status, failed tasks
-    included. Nothing is left queued on any way out."""
+    """Submit `plan` as one array and watch it to the end; nothing is left queued on any way out."""
     run = ArrayRun(client, plan)
     run.start()
     return run.wait(timeout, on_update)

@@ -26,7 +26,6 @@ class SlurmClient:
     def __init__(self, host: Host, *, command_timeout: float = COMMAND_TIMEOUT):
         self.host = host
         self.timeout = command_timeout
-        # why sacct is not used on this cluster; None: not asked yet, or it works
         self.accounting_off: str | None = None
         self.accounting_unreadable = False
 
@@ -35,8 +34,8 @@ class SlurmClient:
         return self.host.name
 
     def make_folder(self, plan: ArrayPlan) -> None:
-        """Create the job folder; one already there is refused (its exit records would be
-        read as this run's)."""
+        """Create the job folder; an existing one is refused (its exit records would be read as this
+        run's)."""
         folder = plan.folder
         subs = " ".join(quote(posixpath.join(folder, d)) for d in ("logs", "tasks"))
         line = (
@@ -84,8 +83,8 @@ class SlurmClient:
     def accounting(
         self, asked: dict[int, frozenset[int]]
     ) -> dict[tuple[int, int], Accounted] | None:
-        """What ``sacct`` has of `asked`, by (job, task); None where it does not work here
-        (`accounting_off` says why; it is not asked again)."""
+        """What ``sacct`` has of `asked`, by (job, task); None where it does not work
+        (`accounting_off`)."""
         if self.accounting_off is not None:
             return None
         if not asked:
@@ -118,8 +117,7 @@ class SlurmClient:
     def exit_codes(
         self, plan: ArrayPlan, attempts: Iterable[tuple[int, int]]
     ) -> dict[tuple[int, int], int]:
-        """The exit codes the job folder recorded for `attempts`; one without a record is
-        absent."""
+        """The exit codes the job folder recorded for `attempts`; one without a record is absent."""
         asked = set(attempts)
         if not asked:
             return {}
@@ -137,8 +135,8 @@ class SlurmClient:
         return answers.exit_codes(self.name, result.stdout, asked)
 
     def cancel(self, targets: Iterable[str], timeout: float | None = None) -> str:
-        """``scancel`` array jobs (``57``) or tasks (``57_3``); scancel's complaint, which the
-        caller judges by ``squeue`` afterwards (a job may have ended meanwhile)."""
+        """``scancel`` array jobs or tasks; scancel's complaint, which the caller judges by
+        ``squeue``."""
         ids = sorted(set(targets))
         if not ids:
             return ""

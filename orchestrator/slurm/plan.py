@@ -1,5 +1,4 @@
-"""One job array, planned (pure): its job folder, its batch script (the same one again for
-the retried tasks) and the ``sbatch`` argv; the folder's layout: docs/slurm.md."""
+"""One job array, planned (pure): folder, batch script and ``sbatch`` argv (docs/slurm.md)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ MAX_TASKS = 1000
 
 @dataclass(frozen=True)
 class ArrayPlan:
-    """`tasks` array tasks, each running the argv `command` in the job folder with
-    ``SLURM_ARRAY_TASK_ID`` set, under `role`'s limits."""
+    """`tasks` array tasks each running argv `command` in the job folder under `role`'s limits."""
 
     role: SlurmRole
     name: str
@@ -75,8 +73,8 @@ class ArrayPlan:
         )
 
     def sbatch_argv(self, task_ids: Iterable[int]) -> list[str]:
-        """``sbatch`` for `task_ids` (all, or the retried), the script on its stdin;
-        ``--no-requeue`` so a retry is counted here, not done silently by Slurm."""
+        """``sbatch`` for `task_ids`, the script on stdin; ``--no-requeue`` so retries are counted
+        here."""
         ids = sorted(set(task_ids))
         if not ids or any(i not in range(self.tasks) for i in ids):
             raise SlurmError(f"task ids {ids} are not a non-empty subset of 0..{self.tasks - 1}")

@@ -18,8 +18,8 @@ from orchestrator.transport.openssh import openssh_options
 
 
 def _tied_to(parent: int) -> Callable[[], None] | None:
-    """Run in a private master's ssh before exec: SIGTERM when its starter thread ends, even
-    by kill -9 (Linux's PR_SET_PDEATHSIG); None elsewhere."""
+    """Run in a private master's ssh before exec: SIGTERM when its starter thread ends (Linux's
+    PR_SET_PDEATHSIG)."""
     try:
         import ctypes
 
@@ -71,14 +71,13 @@ def reap_stale_dirs(base: str | None = None) -> list[str]:
 
 
 class Multiplexer:
-    """One OpenSSH master per host, private (a 0700 folder of its own) or shared where
-    ssh_config persists one; without a master, ssh connects on its own."""
+    """One OpenSSH master per host, private (a 0700 folder) or one ssh_config persists."""
 
     def __init__(self, inventory: Inventory | None):
         self.inventory = inventory
         reap_stale_dirs()
         self.dir: str | None = None
-        self.masters: dict[str, subprocess.Popen | None] = {}  # path -> the ssh we started
+        self.masters: dict[str, subprocess.Popen | None] = {}
         self.paths: dict[int, str] = {}
         self.shared: set[str] = set()
         self._lock = threading.Lock()

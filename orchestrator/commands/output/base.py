@@ -52,8 +52,8 @@ def emit(
     human: Callable[[T], None],
     as_json: Callable[[T], Any] | None = None,
 ) -> None:
-    """Show `result` as JSON (``as_json(result)`` or itself) or through `human`: the one
-    place that decides, so no command branches on ``--json``."""
+    """Show `result` as JSON or through `human`: the one place that decides, so no command branches
+    on ``--json``."""
     if json_out:
         print_json(as_json(result) if as_json is not None else result)
     else:
@@ -72,8 +72,7 @@ def notes(lines: list[str]) -> None:
 
 
 def exit_with(code: int, *lines: str) -> NoReturn:
-    """Exit `code` after `lines` (markup) on stderr, for outcomes already shown on stdout;
-    an error before anything is shown is a `DflashError`, printed by `orchestrator.cli`."""
+    """Exit `code` after markup `lines` on stderr, for outcomes already shown on stdout."""
     for line in lines:
         _console("err_console").print(line, soft_wrap=True)
     raise typer.Exit(code)

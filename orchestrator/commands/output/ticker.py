@@ -1,5 +1,5 @@
-"""Progress off a terminal, where bars print nothing until they stop: a timestamped line at a
-steady interval (`Ticker`), and the pace behind its ETA (`Pace`, on the job's own clock)."""
+"""Progress off a terminal: a timestamped line at a steady interval (`Ticker`) and the pace behind
+its ETA (`Pace`)."""
 
 from __future__ import annotations
 
@@ -73,8 +73,7 @@ class Pace:
 
 
 def first_estimate(pace: Pace, what: str = "samples") -> str | None:
-    """The one line an eval prints once a tenth of its samples are done (docs/eval.md): how
-    long they took and the rest will; None until then."""
+    """The one line an eval prints once a tenth of its samples are done; None until then."""
     if not pace.total or pace.done < min(pace.total, max(2, math.ceil(pace.total / 10))):
         return None
     left = pace.left()
@@ -88,8 +87,7 @@ def first_estimate(pace: Pace, what: str = "samples") -> str | None:
 
 
 class Ticker:
-    """Prints `line()` on stderr every `interval` seconds from a daemon thread, only off a
-    terminal."""
+    """Prints `line()` on stderr every `interval` seconds from a daemon thread, off a terminal."""
 
     def __init__(
         self, line: Callable[[], str | None], enabled: bool = True, interval: float | None = None

@@ -58,16 +58,16 @@ class EventTail:
 
 
 class TaskReporter:
-    """After each look at an array, per attempt its new events then its change of state,
-    then the array's notes; a retry's events come after its failure, so samples count once.
-    `on_failed(task, attempt, ran)` sees each failure before it is told."""
+    """After each look, per attempt its new events then its change of state, then the array's notes;
+    a retry's events follow its failure, so samples count once. `on_failed` sees each failure
+    first."""
 
     def __init__(self, emit, tail: EventTail, name: str, label, max_attempts: int, on_failed):
         self.emit, self.tail, self.name, self.label = emit, tail, name, label
         self.max_attempts, self.on_failed = max_attempts, on_failed
-        self.seen: dict[str, str] = {}  # attempt (Slurm's ref) -> the state last reported
+        self.seen: dict[str, str] = {}
         self.ended: set[str] = set()  # job ids read once after their attempt ended
-        self.said = 0  # notes reported
+        self.said = 0
 
     def job_id(self, task: int, job: int) -> str:
         """The job id `remote.jobs.array` gives the attempt of `task` in array job `job`."""
