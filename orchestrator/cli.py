@@ -14,7 +14,7 @@ from typer.core import TyperGroup
 from orchestrator.commands import output
 from orchestrator.errors import DflashError
 
-if TYPE_CHECKING:  # Typer's own copy of click
+if TYPE_CHECKING:
     from typer._click import Command, HelpFormatter
 
 # `dflash --help` lists the commands in the order a newcomer uses them.
@@ -86,8 +86,7 @@ class _Group(TyperGroup):
 
 
 def _tidy(command: Command, ctx: typer.Context) -> None:
-    """Make help read as written: no ``<bool>`` after a flag, no breaks inside a paragraph.
-    Idempotent."""
+    """Help as written: no ``<bool>`` after a flag, no breaks in a paragraph. Idempotent."""
     for param in command.get_params(ctx):
         if getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""
@@ -137,8 +136,7 @@ def _load(modules: tuple[str, ...]) -> typer.Typer:
 
 
 def _modules_for(argv: list[str]) -> tuple[str, ...]:
-    """The command modules `argv` needs: the one named like the command (no other imports), else
-    all."""
+    """The command modules `argv` needs: the one named like the command, else all."""
     words = [a for a in argv if not a.startswith("-")]
     completing = any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
     if words and not completing:
@@ -185,8 +183,7 @@ def _root(
 
 
 def _usage_error(exc: BaseException) -> bool:
-    """Whether `exc` is click's parse error, by class name (click's classes or Typer's vendored
-    copy)."""
+    """Whether `exc` is click's parse error, by class name (click's or Typer's vendored copy)."""
     return any(c.__name__ == "ClickException" for c in type(exc).__mro__)
 
 
@@ -194,7 +191,7 @@ def _run_app() -> int:
     """Run the app; a parse error is one line on stderr, not click's usage block."""
     app = _load(_modules_for(with_default_subcommand(sys.argv[1:])))
     try:
-        code = app(standalone_mode=False, prog_name="dflash")  # also names completion scripts
+        code = app(standalone_mode=False, prog_name="dflash")
     except typer.Abort:
         output.err_console.print("[yellow]aborted[/]")
         return 1
@@ -202,7 +199,7 @@ def _run_app() -> int:
         if not _usage_error(exc):
             raise
         message = exc.format_message().strip()
-        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `dflash`: the help, as click does
+        if type(exc).__name__ == "NoArgsIsHelpError":
             if message:
                 output.err_console.print(message, markup=False, highlight=False)
             return exc.exit_code

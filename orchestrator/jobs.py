@@ -79,7 +79,7 @@ def attach_on(
     dest: str | os.PathLike | None = None,
 ) -> Attached:
     """Watch job `job_id` to its end and pull its result; a parity capture is refused."""
-    job_id = jobwire.local_job_id(job_id)  # it names a folder here: checked before connecting
+    job_id = jobwire.local_job_id(job_id)
     name = remote_eval.eval_host_name(inventory, host_name)
     with open_host(inventory.host(name), inventory) as host:
         job_id = job_on(host, name, job_id)
@@ -132,8 +132,7 @@ def prune_on(
     features: bool = False,
     dry_run: bool = False,
 ) -> list[Pruned]:
-    """Prune finished job folders (and caches when asked) older than `older_than`; never a running
-    job's."""
+    """Prune finished job folders (and asked caches) older than `older_than`."""
     seconds = parse_age(older_than)
     caches = [c for c, on in (("ground-truth", ground_truth), ("features", features)) if on]
     specs = inventory.expand(names) if names else list(inventory.hosts.values())

@@ -1,5 +1,4 @@
-"""Build and save tiny real targets (weights, configs, a trained BPE tokenizer) from
-`orchestrator.demo.architectures`."""
+"""Build and save tiny real targets (weights, configs, trained BPE tokenizer)."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ MASK_TOKEN = "<|mask|>"
 
 
 def build_tokenizer(vocab_size: int = 320):
-    """A byte-level BPE tokenizer trained on `CORPUS` with ``<|endoftext|>``, ``<|mask|>`` and a
-    chat template."""
+    """A byte-level BPE tokenizer on `CORPUS` with eos/pad, mask and a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -87,9 +85,7 @@ def build_target(
     model_vocab_size: int | None = None,
     max_positions: int = 4096,
 ) -> str:
-    """Save a tiny random target of architecture `kind` with its tokenizer in ``out_dir``; returns
-    the path. ``model_vocab_size`` pads the vocabulary as real models do; ``max_positions`` sets
-    its window."""
+    """Save a tiny random `kind` target and tokenizer in ``out_dir`` (padded vocabulary, window)."""
     tok = build_tokenizer(vocab_size)
     dims = Dims(
         hidden=hidden_size,

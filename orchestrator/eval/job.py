@@ -60,8 +60,7 @@ def start_job(
     *,
     follow: bool = False,
 ) -> JobRef:
-    """Start the job detached (bundle pushed if needed), after the host's checks with `preflight`,
-    streaming with `follow`."""
+    """Start the job detached, after the host's checks with `preflight`, streaming with `follow`."""
     job_id = jobwire.local_job_id(job_id or new_job_id(spec.get("checkpoint") or "job"))
     argv = [
         *jobwire.job_argv(host, "start", job_id),
@@ -98,8 +97,7 @@ def cancel(host: Host, job_id: str) -> dict:
 
 
 def prune(host: Host, older_than: float, caches: Sequence[str] = (), dry_run: bool = False) -> dict:
-    """Remove the host's finished job folders (and `caches` entries) older than `older_than`
-    seconds."""
+    """Remove the host's finished job folders (and `caches`) older than `older_than` s."""
     argv = [
         *jobwire.job_argv(host, "prune"),
         f"--older-than={older_than!r}",
@@ -132,8 +130,7 @@ def watch(
     stream: HostLines | None = None,
     pull: bool = False,
 ) -> dict:
-    """Stream the job's checked events from byte `offset` to `on_event`; returns the ``watch_end``
-    event."""
+    """Stream the job's checked events from `offset` to `on_event`; the ``watch_end`` event."""
     job_id = jobwire.local_job_id(job_id)
     lines = stream
     if lines is None:
@@ -149,7 +146,7 @@ def watch(
         while end is None:
             raw = lines.line(jobwire.EVENT_MAX, longer=(_END_PREFIX, jobwire.RESULT_MAX))
             if not raw.endswith(b"\n"):
-                break  # the stream ended (a line cut short is no event)
+                break
             try:
                 event = json.loads(raw)
             except ValueError:

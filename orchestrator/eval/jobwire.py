@@ -58,8 +58,7 @@ _WHAT = {"event": "event from job watch", "watch_end": "end line from job watch"
 
 
 def checked(host: Host, action: str, doc: object, job_id: str | None = None) -> Any:
-    """`doc`, the answer to ``job <action>``, if it has the contract's shape for `job_id`; else one
-    line."""
+    """`doc`, the answer to ``job <action>``, if it has the contract's shape; else one line."""
     try:
         check_job_answer(action, doc)
     except AnswerError as exc:
@@ -76,7 +75,7 @@ def checked(host: Host, action: str, doc: object, job_id: str | None = None) -> 
 def job_argv(host: Host, action: str, job_id: str | None = None) -> list[str]:
     """A ``job <action>`` command line for `host`'s bundle."""
     # option=value: a job id starting with "-" stays a value
-    argv = ["job", action, f"--workdir={workdir_for(host, [])}"]  # `~`: the host expands it
+    argv = ["job", action, f"--workdir={workdir_for(host, [])}"]
     return argv + ([f"--job-id={job_id}"] if job_id else [])
 
 
@@ -89,8 +88,7 @@ def call(
     payload: dict | None = None,
     keep: bool = False,
 ) -> tuple[HostLines | None, Any]:
-    """Run ``job <action>`` on `host` with `payload` on stdin: (its lines if `keep`, its checked
-    first line); a host lacking the bundle gets it pushed."""
+    """Run ``job <action>`` on `host` (bundle pushed if missing): (lines, checked first line)."""
     argv = list(argv or job_argv(host, action, job_id))
     data = json.dumps(payload).encode() if payload is not None else None
     line, guarded = bundle.first_line(host, argv)
@@ -117,7 +115,7 @@ def call(
     else:
         code = lines.wait()
         lines.close()
-        if code not in (0, -1):  # -1: the channel closed before its status (answered)
+        if code not in (0, -1):
             bundle.check_result(host, Result("", lines.proc.stderr(), code), argv)
     return (lines if keep else None), checked(host, action, doc, job_id)
 
@@ -137,8 +135,7 @@ def exit_words(code: int | None) -> str:
 
 
 def unanswered(host: Host, action: str, job_id: str | None, code: int, stderr: str):
-    """The one-line error for a job command cut off before its answer, with what ``job status`` says
-    now."""
+    """The one-line error for a job command cut off before its answer, with the job's status now."""
     said = last_line(stderr)
     how = f"{host.name}: job {action}{f' of {job_id}' if job_id else ''} ended before it "
     how += f"answered ({exit_words(code)}{f': {said}' if said else ''})"

@@ -1,5 +1,4 @@
-"""The CI gate of `dflash results compare BASE NEW`, paired sample by sample; options and use:
-docs/results.md."""
+"""The CI gate of `dflash results compare BASE NEW`, paired (docs/results.md)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from remote.protocol import metrics as registry
 
 @dataclass(frozen=True)
 class GateOptions:
-    """What fails NEW: below `fail_below` times BASE, or an interval wholly below 0
-    (`fail_if_worse`), of `metric` over all samples and per group of each axis in `by`."""
+    """What fails NEW: `fail_below` or `fail_if_worse`, of `metric`, per group in `by`."""
 
     fail_below: float | None = None
     fail_if_worse: bool = False
@@ -43,8 +41,7 @@ def gate_request(
 
 @dataclass
 class Check:
-    """One comparison the gate made, over all samples (`axis` None) or one group, and why it failed
-    (empty: passed)."""
+    """One comparison the gate made (all samples or a group), and why it failed."""
 
     run: str
     axis: str | None

@@ -1,6 +1,4 @@
-"""Plots of results with matplotlib's Agg backend, each built once as a figure and rendered to PNG
-or to SVG for the HTML report (data marks get ``data-`` ids for browser tests); without the
-``plot`` extra every figure is None and one line says so."""
+"""Plots of results (matplotlib Agg) as PNG or report SVG; none without the ``plot`` extra."""
 
 from __future__ import annotations
 
@@ -52,8 +50,7 @@ def warm() -> None:
 
 
 def text(value: object) -> str:
-    """A name as matplotlib text, never mathtext: every ``$`` escaped, control characters shown as
-    escapes."""
+    """A name as matplotlib text, never mathtext: ``$`` and controls escaped."""
     return printable(str(value)).replace("$", r"\$")
 
 
@@ -62,8 +59,7 @@ def _title(run: res.Run) -> str:
 
 
 def keyed_figure(run: res.Run, name: str) -> Any | None:
-    """A per-key registry metric against its key: a count's share as bars, a rate as a line with
-    ``n=``, one line per group; position keys on a base-2 axis. None without data."""
+    """A per-key registry metric against its key; None without data."""
     m = registry.find(name)
     rows = [r for r in summary.keyed_rows(run, name) if r["value"] is not None]
     plt = pyplot() if rows else None
@@ -130,8 +126,7 @@ def _grouped_lines(ax: Any, m: registry.Keyed, rows: list[dict]) -> None:
 
 
 def breakdown_figure(run: res.Run) -> Any | None:
-    """tau per group, one panel of bars per axis with two groups or more
-    (`breakdown.worth_showing`); None when the run has no such axis."""
+    """tau per group, a panel per axis worth showing; None without one."""
     from orchestrator.results import breakdown
 
     groups = breakdown.worth_showing(breakdown.of_run(run))
@@ -170,8 +165,7 @@ def breakdown_figure(run: res.Run) -> Any | None:
 
 
 def tradeoff_figure(run: res.Run) -> Any | None:
-    """DDTree's budget trade-off: both taus on the left axis, the speedup estimate on the right, the
-    chain as a dotted reference; None without DDTree budgets."""
+    """DDTree's budget trade-off, the chain dotted; None without budgets."""
     t = speedup.tradeoff(run)
     if not t:
         return None
@@ -231,8 +225,7 @@ def _series(runs: list[res.Run]) -> dict[tuple, list[res.Run]]:
 
 
 def tau_by_step_figure(runs: list[res.Run]) -> Any | None:
-    """Both taus and DDTree tau per budget against the training step, one colour per series
-    (`results.series_key`); None when no run has a step."""
+    """Taus per training step, a colour per series; None without steps."""
     series = _series(runs)
     if not series:
         return None
@@ -300,8 +293,7 @@ def save_png(fig: Any, path: str | Path) -> Path:
 
 
 def svg(fig: Any, salt: str = "") -> str:
-    """The figure as an inline ``<svg>`` element, ids salted per figure so they never clash on a
-    page."""
+    """The figure as an inline ``<svg>``, ids salted per figure so they never clash on a page."""
     import matplotlib
 
     plt = pyplot()
@@ -312,12 +304,11 @@ def svg(fig: Any, salt: str = "") -> str:
         fig.savefig(buf, format="svg")
     plt.close(fig)
     text = buf.getvalue()
-    return text[text.index("<svg") :]  # drop the XML prolog and doctype
+    return text[text.index("<svg") :]
 
 
 def plot_run(run: res.Run, out_dir: str | Path | None = None) -> list[Path]:
-    """One run's PNGs: each per-key metric, tau by group and DDTree's trade-off where present;
-    returns the files."""
+    """One run's PNGs (per-key metrics, tau by group, DDTree trade-off where present); the files."""
     out = Path(out_dir or run.path)
     written = []
     figures = [(lambda r, n=m.name: keyed_figure(r, n), f"{m.name}.png") for m in registry.keyed()]

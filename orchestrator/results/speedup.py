@@ -1,5 +1,4 @@
-"""A speedup estimate beside tau from the round costs the eval host measured; the formula, its range
-and when it is withheld: docs/results.md (Speedup estimate)."""
+"""A speedup estimate beside tau from the host's round costs (docs/results.md, Speedup estimate)."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ def estimate_range(run: Any) -> dict[str, Any]:
 
 
 def formula(tau: float | None, step: Any, verify: Any, draft: Any) -> float | None:
-    """``tau * step / (verify + draft)`` (tau token-weighted); None when a part is missing or not >
-    0."""
+    """``tau * step / (verify + draft)``; None when a part is missing or <= 0."""
     parts = (tau, step, verify, draft)
     if not all(isinstance(v, (int, float)) and v > 0 for v in parts):
         return None
@@ -86,8 +84,7 @@ def formula(tau: float | None, step: Any, verify: Any, draft: Any) -> float | No
 
 
 def tree_verify(c: dict, budget: int) -> tuple[float | None, str | None]:
-    """DDTree-`budget`'s verify seconds in costs `c` and its mask: ``tree``, else ``causal`` (older
-    results, or a target that takes no tree mask); (None, None) when absent."""
+    """DDTree-`budget`'s verify seconds and mask (tree, causal); (None, None)."""
     tree = (c.get("tree_verify_s") or {}).get(str(budget))
     if tree is not None:
         return tree, "tree"
@@ -107,8 +104,7 @@ def _budgets(run: Any) -> list[tuple[int, dict]]:
 
 
 def tradeoff(run: Any) -> dict[str, Any]:
-    """DDTree's budget trade-off: per node budget its tau, verify cost and speedup estimate beside
-    the chain's; {} for a run without budgets (keys: docs/results.md)."""
+    """DDTree's budget trade-off beside the chain (keys: docs/results.md); {} without budgets."""
     budgets = _budgets(run)
     if not budgets:
         return {}
@@ -117,7 +113,7 @@ def tradeoff(run: Any) -> dict[str, Any]:
     block = (run.result.get("inputs") or {}).get("block_size")
     chain_verify = _chain_verify(run, c)
     hold = withheld(run)
-    at = None if hold else step  # the costs stand in the table; no estimate from them
+    at = None if hold else step
     rows = []
     for b, v in budgets:
         verify, mask = tree_verify(c, b)
@@ -168,8 +164,7 @@ def tradeoff_rows(trade: dict[str, Any]) -> list[tuple]:
 
 
 def estimate(run: Any) -> dict[str, Any]:
-    """``{"chain": speedup, "ddtree": {budget: speedup}}`` of `run`, None where unmeasured; {}
-    without round costs, ``{"withheld": line}`` when trials disagree."""
+    """Per walk speedup; {} without costs, ``{"withheld": line}`` if trials disagree."""
     c = costs(run)
     if not c:
         return {}

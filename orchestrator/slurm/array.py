@@ -1,7 +1,4 @@
-"""One job array, submitted, watched, retried and cancelled on any way out.
-
-What a look reads, what is retried, the deadlines and the sacct fallback: docs/slurm.md.
-"""
+"""One job array, submitted, watched, retried and cancelled on any way out (docs/slurm.md)."""
 
 from __future__ import annotations
 
@@ -27,8 +24,7 @@ EXIT_GRACE = 30.0
 
 
 class ArrayRun:
-    """The mutable side of one array; `status` is its frozen picture; `retry`: failed states worth
-    resubmitting."""
+    """One array's mutable side; `status` its frozen picture; `retry`: states to resubmit."""
 
     def __init__(
         self,
@@ -152,7 +148,6 @@ class ArrayRun:
         return keys
 
     def _cancel_ended(self, stale: list[Attempt], lost: list[Attempt]) -> None:
-        """``scancel`` the stale running attempts (a note) and the lost ones (their reason)."""
         if stale:
             refs = [a.ref for a in stale]
             said = self.client.cancel(refs)
@@ -173,7 +168,6 @@ class ArrayRun:
     def _ended_by_sacct(
         self, gone: list[Attempt], submitted: dict[int, set[int]]
     ) -> dict[tuple[int, int], Accounted]:
-        """sacct's records of the ended attempts squeue no longer lists."""
         if not gone:
             return {}
         jobs = {a.job_id for a in gone}
@@ -228,8 +222,7 @@ class ArrayRun:
         return self.client.cancel(refs, timeout=timeout)
 
     def stop(self, timeout: float = CANCEL_TIMEOUT) -> ArrayStatus:
-        """Cancel every active attempt until none is; `SlurmError` naming what to cancel by hand on
-        failure."""
+        """Cancel every active attempt; `SlurmError` naming what to cancel by hand."""
         if not self.status.active:
             return self.status
         usual, self.client.timeout = (
@@ -271,8 +264,7 @@ class ArrayRun:
         timeout: float,
         on_update: Callable[[ArrayStatus], None] | None = None,
     ) -> ArrayStatus:
-        """Look every `poll_seconds` until every task ended; past `timeout` or on error, `stop` and
-        raise."""
+        """Look every `poll_seconds` until all ended; on timeout or error `stop`, raise."""
         try:
             return self._wait(timeout, on_update)
         except BaseException as exc:
@@ -304,7 +296,6 @@ class ArrayRun:
             self.stop()
         except DflashError as stop_exc:
             if isinstance(exc, KeyboardInterrupt):
-                # the interrupt goes on, saying what is left to cancel
                 exc.args = (str(stop_exc),)
                 return
             raise SlurmError(f"{exc}; and stopping the array failed: {stop_exc}") from exc

@@ -1,5 +1,4 @@
-"""Slurm's commands on a login node over the host's transport, every argument quoted and
-every answer parsed by `answers`; sacct is optional (docs/slurm.md, "Accounting")."""
+"""Slurm's commands on a login node, arguments quoted, answers parsed (docs/slurm.md)."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ class SlurmClient:
         return self.host.name
 
     def make_folder(self, plan: ArrayPlan) -> None:
-        """Create the job folder; an existing one is refused (its exit records would be read as this
-        run's)."""
+        """Create the job folder; an existing one is refused."""
         folder = plan.folder
         subs = " ".join(quote(posixpath.join(folder, d)) for d in ("logs", "tasks"))
         line = (
@@ -83,8 +81,7 @@ class SlurmClient:
     def accounting(
         self, asked: dict[int, frozenset[int]]
     ) -> dict[tuple[int, int], Accounted] | None:
-        """What ``sacct`` has of `asked`, by (job, task); None where it does not work
-        (`accounting_off`)."""
+        """``sacct``'s records of `asked`; None where it does not work."""
         if self.accounting_off is not None:
             return None
         if not asked:
@@ -102,7 +99,6 @@ class SlurmClient:
         ids = ",".join(str(j) for j in sorted(asked))
         argv = ["sacct", "--parsable2", "--noheader", "-j", ids]
         argv.append(f"--format={answers.ACCOUNT_FORMAT}")
-        # sacct's own exit code is the command's
         cmd = " ".join(quote(a) for a in argv)
         line = (
             f'out=$({cmd}) || exit $?; printf "%s\\n" "$out" | '
@@ -135,8 +131,7 @@ class SlurmClient:
         return answers.exit_codes(self.name, result.stdout, asked)
 
     def cancel(self, targets: Iterable[str], timeout: float | None = None) -> str:
-        """``scancel`` array jobs or tasks; scancel's complaint, which the caller judges by
-        ``squeue``."""
+        """``scancel`` jobs or tasks; its complaint (judged by ``squeue``)."""
         ids = sorted(set(targets))
         if not ids:
             return ""

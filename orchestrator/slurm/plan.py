@@ -11,7 +11,6 @@ from orchestrator.slurm.role import SlurmError, SlurmRole
 from orchestrator.transport.hosts import quote
 from remote.protocol import is_int
 
-# one path component, one word for sbatch
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 # under Slurm's default MaxArraySize
 MAX_TASKS = 1000
@@ -73,8 +72,7 @@ class ArrayPlan:
         )
 
     def sbatch_argv(self, task_ids: Iterable[int]) -> list[str]:
-        """``sbatch`` for `task_ids`, the script on stdin; ``--no-requeue`` so retries are counted
-        here."""
+        """``sbatch`` for `task_ids`, ``--no-requeue``: retries counted here."""
         ids = sorted(set(task_ids))
         if not ids or any(i not in range(self.tasks) for i in ids):
             raise SlurmError(f"task ids {ids} are not a non-empty subset of 0..{self.tasks - 1}")

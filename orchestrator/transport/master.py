@@ -1,5 +1,4 @@
-"""One OpenSSH master connection per host, shared by the commands and streams that reach
-it (docs/relay.md, "Connection reuse")."""
+"""One OpenSSH master connection per host (docs/relay.md, "Connection reuse")."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from orchestrator.transport.openssh import openssh_options
 
 
 def _tied_to(parent: int) -> Callable[[], None] | None:
-    """Run in a private master's ssh before exec: SIGTERM when its starter thread ends (Linux's
-    PR_SET_PDEATHSIG)."""
+    """In a master's ssh: SIGTERM when its starter thread ends (PR_SET_PDEATHSIG)."""
     try:
         import ctypes
 
@@ -28,14 +26,14 @@ def _tied_to(parent: int) -> Callable[[], None] | None:
         return None
 
     def tie() -> None:  # this runs in a forked child: no locks
-        prctl(1, 15)  # 1: PR_SET_PDEATHSIG, 15: SIGTERM
+        prctl(1, 15)
         if os.getppid() != parent:
             os._exit(0)
 
     return tie
 
 
-_SUN_PATH_MAX = 104  # a unix socket's path with its NUL (108 on Linux, 104 on BSDs)
+_SUN_PATH_MAX = 104  # a unix socket's path, its NUL included
 _DIR_PREFIX = "dfr-"
 
 
@@ -122,7 +120,7 @@ class Multiplexer:
                 shared is not None
                 and paths.count(shared[0]) == 1  # two hosts, one socket: keep them apart
                 and os.path.isdir(os.path.dirname(shared[0]))
-                # ssh binds "PATH.<16 random>" first; too long fails the connection
+                # ssh binds the path with a random suffix first; too long fails the connection
                 and len(os.fsencode(shared[0])) + 17 < _SUN_PATH_MAX
             )
             with self._lock:
@@ -135,7 +133,7 @@ class Multiplexer:
         self.shared.add(path)
         self.paths[id(host)] = path
         if os.path.exists(path):
-            self.masters[path] = None  # up already (a dead one: the first ssh replaces it)
+            self.masters[path] = None
             return
         self._spawn(
             host, path, [*_control(path, "auto"), "-o", f"ControlPersist={persist}"], tied=False

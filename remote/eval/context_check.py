@@ -1,5 +1,4 @@
-"""The contexts a job will reach, known before anything loads (`longest_context`), and the drafter's
-window against them (`window_report`; docs/eval.md, "The drafter's window")."""
+"""The contexts a job will reach and the drafter's window against them (docs/eval.md)."""
 
 from __future__ import annotations
 
@@ -17,9 +16,7 @@ TEMPLATE_SLACK = 256
 
 
 def longest_context(job: JobSpec, target: str, reach: int | None) -> tuple[int, str] | None:
-    """(the longest context the job's samples reach, how it was found), or None before a deferred
-    ground truth; a prompts file's is a byte bound unless that passes `reach`, then rendered and
-    counted."""
+    """(longest context, how found), or None before a deferred ground truth."""
     new = job.sampling.max_new_tokens
     if job.context_ladder:
         return ladder_longest(job.context_ladder, new), "the ladder's top rung and completion"
@@ -59,12 +56,11 @@ def _file_longest(path: str) -> int:
 
 
 def window_report(job: JobSpec, drafter: Path) -> dict[str, Any]:
-    """The drafter's window against the longest context: ``{window, longest_context, longest_from,
-    warning}``."""
+    """``{window, longest_context, longest_from, warning}`` of the drafter."""
     try:
         cfg = json.loads((drafter / "config.json").read_text())
     except (OSError, ValueError):
-        cfg = {}  # the engine's own checks say what is wrong with it
+        cfg = {}
     w = window(cfg)
     if job.context_ladder:
         target_reaches(
@@ -78,12 +74,11 @@ def window_report(job: JobSpec, drafter: Path) -> dict[str, Any]:
 
 
 def target_reaches(target: str, longest: int) -> None:
-    """Refuse in one line a ladder whose contexts pass the target's own window (completions there
-    mean nothing)."""
+    """Refuse a ladder whose contexts pass the target's own window."""
     try:
         cfg = text_config(json.loads((Path(target) / "config.json").read_text()))
     except (OSError, ValueError):
-        return  # the preflight and the engine say what is wrong with the folder
+        return
     w = window(cfg)
     if w.reach is not None and longest > w.reach:
         raise UserError(

@@ -1,6 +1,4 @@
-"""What one serving round costs on this host (target step, verify, tree verify, drafter block),
-timed once per eval over one sample's cached context; the estimate and its budget:
-docs/results.md (Speedup estimate). A failure is recorded as ``error``, never the eval's."""
+"""What one serving round costs on this host (docs/results.md, Speedup estimate)."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ def _error(exc: BaseException) -> str:
 def tree_inputs(
     nodes: list[tuple[int, int, int]], root: int, base: int
 ) -> tuple[list[int], list[int], torch.Tensor]:
-    """The verify forward of a DDTree below root token `root` over `base` cached tokens: its tokens,
-    positions (`base` + depth) and [N+1, N+1] ancestor-or-self visibility."""
+    """A DDTree verify's tokens, positions and visibility over `base` tokens."""
     n = len(nodes) + 1
     tokens = [root] + [tok for _p, _d, tok in nodes]
     positions = [base] + [base + d for _p, d, _t in nodes]
@@ -49,8 +46,7 @@ def additive_mask(
     window: int | None,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """[1, 1, N+1, kept+N+1] additive mask of tree tokens over the last `kept` context tokens and
-    the tree; a sliding `window` hides keys as transformers' sliding layers do."""
+    """Additive mask of tree tokens over `kept` context tokens and the tree."""
     base = positions[0]
     keys = torch.tensor(list(range(base - kept, base)) + positions)
     see = torch.cat([torch.ones(len(positions), kept, dtype=torch.bool), allowed], dim=1)
@@ -61,8 +57,7 @@ def additive_mask(
 
 
 def tree_mask(target, cache, allowed, positions, dtype):
-    """The tree's mask as the target's backbone takes it: one 4D mask or one per layer type;
-    linear-attention layers run the tree as a sequence, another layer type is an error."""
+    """The tree's mask as the backbone takes it (4D, or per layer type)."""
     base = positions[0]
     cfg = target.model.config.get_text_config()
     types = list(getattr(cfg, "layer_types", None) or [])
@@ -95,9 +90,7 @@ def round_costs(
     walked: dict | None = None,
     budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """Seconds of a target step, a verify of each of `sizes`, each budget's tree verify and a
-    drafter block over a KV cache of `ids[:-max(sizes)]`; `cached` target parts skip the target,
-    `walked` reuses the walk's cache, `budget_s` bounds the timing (`round_timing.Trials`)."""
+    """Seconds of a step, verifies, tree verifies and a drafter block on a cached context."""
     longest = max(sizes)
     context, tail = ids[:-longest], ids[-longest:]
     base = len(context)
@@ -129,8 +122,7 @@ def round_costs(
 def time_target(
     target, logits, context, tail, sizes, trials, budgets, topk, walked=None
 ) -> dict[str, Any]:
-    """The target's part of `round_costs`; sizes and trees the budget leaves out are read off the
-    timed ones (`round_timing.interpolate`) or left to the causal verify."""
+    """The target's part of `round_costs`, untimed parts interpolated."""
     from transformers import DynamicCache
 
     device = trials.device
@@ -147,7 +139,7 @@ def time_target(
     def target_forward(name: str, tokens: list[int], **extra) -> float:
         block = torch.tensor([tokens], device=device)
 
-        def fresh() -> None:  # a fresh context each time: nothing to crop (untimed)
+        def fresh() -> None:
             trial["cache"] = copy.deepcopy(cache)
 
         def run() -> None:
@@ -159,7 +151,7 @@ def time_target(
     step = target_forward("target_step_s", tail[:1])
     chain, *others = sorted(set(sizes), key=lambda n: (n != sizes[0], n))
     points = {1: step, chain: target_forward(f"target_verify_s/{chain}", tail[:chain])}
-    if walked is not None and walked.get("forward_s"):  # the walk's forward: all of them
+    if walked is not None and walked.get("forward_s"):
         points.setdefault(base, walked["forward_s"])
     verify = {str(chain): points[chain]}
     for n in others:
@@ -188,7 +180,7 @@ def time_target(
                 budgets,
                 topk,
             )
-        except Exception as exc:  # the chain's costs stand; the estimate says which it used
+        except Exception as exc:
             out["tree_verify_error"] = _error(exc)
     return out
 
@@ -224,8 +216,7 @@ def _tree_costs(
 
 @dataclass(frozen=True)
 class CostInputs:
-    """What `measure` times on: the median-length sample (`row`), its tokens plus a round's tail
-    (`ids`) and the verify sizes (the block and each DDTree budget + 1)."""
+    """What `measure` times on: the median-length sample and verify sizes."""
 
     row: dict
     ids: list[int]
@@ -263,7 +254,7 @@ class CostInputs:
 
 
 def valid_target_costs(doc: Any) -> dict | None:
-    """`doc` when it is a valid target part of a round's costs (`TARGET_COSTS`); else None."""
+    """`doc` if it is a valid target part of a round's costs (`TARGET_COSTS`), else None."""
     try:
         check_doc(doc, TARGET_COSTS)
     except ResultError:
@@ -287,8 +278,7 @@ def measure(
     walked: dict | None = None,
     budget_s: float | None = None,
 ) -> dict[str, Any]:
-    """`round_costs` on `inputs` for the block and each DDTree budget; a failure is ``{"error":
-    line}``."""
+    """`round_costs` on `inputs`; a failure is ``{"error": line}``, never the eval's."""
     try:
         return round_costs(
             target,
@@ -303,5 +293,5 @@ def measure(
             walked=walked,
             budget_s=budget_s,
         )
-    except Exception as exc:  # an estimate beside tau: never the eval's failure
+    except Exception as exc:
         return {"error": _error(exc)}

@@ -1,5 +1,4 @@
-"""bfloat16 matrix products in float32 on CPUs without bfloat16 kernels (docs/eval.md): `policy()`,
-`widened()`."""
+"""bfloat16 matrix products in float32 on CPUs without bf16 kernels (docs/eval.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ def native_supported() -> bool:
 
 
 def policy() -> str:
-    """``native`` or ``float32``: ``DFLASH_CPU_BF16`` when set, else ``native`` where the CPU has
-    bf16 kernels."""
+    """``DFLASH_CPU_BF16``, else ``native`` where the CPU has bf16 kernels."""
     chosen = os.environ.get(ENV, "").strip().lower()
     if chosen:
         if chosen not in POLICIES:
@@ -80,8 +78,7 @@ class _Widened(TorchFunctionMode):
 
 @contextlib.contextmanager
 def widened(chosen: str | None = None) -> Iterator[str]:
-    """Compute the block's bfloat16 CPU products as `chosen` says; entered in the computing thread
-    (modes are per thread)."""
+    """Compute bf16 CPU products as `chosen` says, in the computing thread."""
     chosen = chosen or policy()
     if chosen == "native":
         yield chosen

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 def build_tree(
     logp: Sequence[Sequence[float]], tokens: Sequence[Sequence[int]], budget: int
 ) -> list[tuple[int, int, int]]:
-    """Nodes in pop order as ``(parent_index, depth, token)`` (parent -1: root) from each depth's
-    top-k."""
+    """Nodes in pop order ``(parent, depth, token)`` from each depth's top-k."""
     depth_max = len(logp)
     if depth_max == 0 or budget <= 0:
         return []
@@ -55,8 +54,7 @@ def ddtree_accept(logp, tokens, truth: Sequence[int], budget: int) -> int:
 
 
 class TreeSearch:
-    """DDTree acceptance of every budget up to ``budget`` at one position, rows fed only as `need`
-    asks."""
+    """DDTree acceptance of every budget at one position, rows fed on demand."""
 
     def __init__(self, truth: Sequence[int], budget: int):
         self.truth = [int(t) for t in truth]
@@ -65,8 +63,8 @@ class TreeSearch:
         self.heap: list[tuple[float, int, int, int, int, float]] = []
         self.tick = 0
         self.pops = 0
-        self.truth_pops: list[int] = []  # pop index of the truth node at depth 1, 2, ...
-        self.checked = 0  # truth depths found among their depth's top-k
+        self.truth_pops: list[int] = []
+        self.checked = 0
         self.done = budget <= 0 or not self.truth
 
     def feed(self, logp: Sequence[float], tokens: Sequence[int]) -> None:
@@ -85,7 +83,7 @@ class TreeSearch:
                 if len(rows) < nd:
                     return nd  # only depth 1 can be missing here (a popped parent pushed nd)
                 if truth[nd - 1] not in rows[nd - 1][1]:
-                    self.done = True  # no budget's tree holds it
+                    self.done = True
                     break
                 self.checked = nd
             if self.tick == 0:

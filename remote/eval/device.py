@@ -26,7 +26,7 @@ def resolve(name: str | None):
     if name == "cpu":
         from remote.eval import cpu_bf16
 
-        cpu_bf16.policy()  # fails before any weight is read
+        cpu_bf16.policy()
         return torch.device("cpu")
     if not torch.cuda.is_available():
         build = torch.version.cuda or "none (a CPU-only build)"
@@ -55,8 +55,7 @@ def describe(device) -> dict:
 
 @contextlib.contextmanager
 def computing(device) -> Iterator[None]:
-    """Compute the block on `device` (a GPU made torch's default; a CPU's bfloat16 products per
-    `cpu_bf16.policy`), entered in the computing thread."""
+    """Compute the block on `device`, entered in the computing thread."""
     import torch
 
     if device.type == "cpu":
@@ -115,8 +114,7 @@ def weight_bytes(folder: str) -> int:
 
 
 def auto_threads(target: str, device: str | None) -> tuple[int | None, str | None]:
-    """The CPU threads for a job that names none and why (None: torch's); the same folder, the same
-    answer."""
+    """CPU threads for a job naming none, and why; stable per folder."""
     if check_name(device) != "cpu":
         return None, None
     size = weight_bytes(target)

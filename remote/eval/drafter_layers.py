@@ -42,8 +42,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Rotary(nn.Module):
-    """cos/sin for absolute positions from transformers' own RoPE helpers (every rope variant it
-    knows)."""
+    """cos/sin for absolute positions from transformers' RoPE helpers."""
 
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -58,7 +57,7 @@ class Rotary(nn.Module):
         try:
             hf_cfg = Qwen3Config(**keep)
             rope = Qwen3RotaryEmbedding(hf_cfg)
-        except Exception as exc:  # transformers validates rope settings itself
+        except Exception as exc:
             raise UserError(
                 f"drafter rope settings are not understood by transformers: {exc}"
             ) from None
@@ -132,9 +131,7 @@ class Attention(nn.Module):
         blk_v: torch.Tensor,
         blk_pos: torch.Tensor,
     ) -> torch.Tensor:
-        """The heads' mixed values [nb, R, heads*d] of ``R`` query rows per block against its own
-        sequence's context (``contexts[i]`` for blocks ``bounds[i]``, positions ``< starts[n]``) and
-        its own keys; float32 scores. Design and the chunked long context: docs/dflash-eval.md."""
+        """``R`` rows per block against its sequence's context (docs/dflash-eval.md)."""
         nb, R, H, d = q.shape
         kvh = self.num_kv_heads
         g, B = H // kvh, blk_k.shape[1]
@@ -171,9 +168,7 @@ class Attention(nn.Module):
         return out.reshape(nb, R, H * d).to(q.dtype)
 
     def _rest(self, qt, out, scores, contexts, bounds, starts, q_pos, R: int) -> torch.Tensor:
-        """`mix`'s output with the context past the first `CONTEXT_CHUNK` folded in through the
-        running maximum ``m`` and sum ``l``; nothing in place, so training takes gradients
-        through it."""
+        """`mix` with the context past `CONTEXT_CHUNK` folded in; not in place."""
         kvh, nb, M, d = out.shape
         g = M // R
         m_all = scores.amax(-1, keepdim=True)

@@ -1,8 +1,4 @@
-"""The DFlash drafter's forward in plain PyTorch, as docs/dflash-eval.md describes it.
-
-`forward_block` (context K/V recomputed: the tests' online oracle) and `context_kv` +
-`forward_blocks` (context K/V once per sequence, blocks batched: the offline eval) must agree.
-Imports torch at import: import it lazily."""
+"""The DFlash drafter's forward in plain PyTorch (docs/dflash-eval.md); lazy import (torch)."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from torch import nn
 from remote.eval.drafter_config import DrafterConfig
 from remote.eval.drafter_layers import Layer, RMSNorm, Rotary, apply_rope
 
-ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # one sequence's (K, V) of each layer
+ContextKV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class DFlashDrafter(nn.Module):
@@ -82,8 +78,7 @@ class DFlashDrafter(nn.Module):
         starts: torch.Tensor,
         blocks: torch.Tensor,
     ) -> torch.Tensor:
-        """Final hidden [nb, B, hidden] of blocks at ``starts`` against shared context K/V;
-        equal to `forward_block` per block."""
+        """Final hidden of blocks on shared context K/V (= `forward_block`)."""
         return Blocks(self, kv, starts, blocks).hidden()
 
     def blocks(
@@ -94,8 +89,7 @@ class DFlashDrafter(nn.Module):
         embed: torch.Tensor,
         seq: torch.Tensor | None = None,
     ) -> Blocks:
-        """The blocks ``[first_tokens[b], mask, ...]`` at ``starts``, ready for `Blocks.hidden`;
-        with ``seq`` (non-decreasing), ``kv`` holds one context K/V per sequence."""
+        """The blocks at ``starts`` ready for `Blocks.hidden`, per sequence."""
         inputs = self.block_inputs(embed, first_tokens)
         return Blocks(self, kv, starts, inputs, shared_tail=True, seq=seq)
 
@@ -115,10 +109,7 @@ def _runs(seq: torch.Tensor) -> tuple[torch.Tensor | None, list[tuple[int, int, 
 
 
 class Blocks:
-    """Drafted blocks against context K/V; the last layer runs only for the rows asked for,
-    since acceptance needs about tau rows per block, not B. ``shared_tail``: the mask rows
-    are projected once in the first layer; ``seq``: blocks of several sequences, attention
-    to each one's own context (`Attention.mix`), as if drafted alone."""
+    """Drafted blocks; the last layer runs only for rows asked for (about tau per block)."""
 
     def __init__(
         self,
@@ -131,7 +122,7 @@ class Blocks:
     ):
         nb, B, H = blocks.shape
         self.drafter, self.starts, self.B = drafter, starts, B
-        self.pos = starts[:, None] + torch.arange(B)[None, :]  # [nb, B]
+        self.pos = starts[:, None] + torch.arange(B)[None, :]
         cos, sin = drafter.rotary(self.pos.reshape(-1), blocks.dtype)
         self.cos, self.sin = cos.view(nb, B, 1, -1), sin.view(nb, B, 1, -1)
         if seq is None:
@@ -160,7 +151,7 @@ class Blocks:
                 k_raw, v = attn.raw_keys_values(x)
             k = apply_rope(k_raw, self.cos, self.sin)
             if i == last:
-                self.h, self.k, self.v, self.q_raw = h, k, v, q_raw  # the last layer's inputs
+                self.h, self.k, self.v, self.q_raw = h, k, v, q_raw
                 break
             q = apply_rope(q_raw, self.cos, self.sin)
             h = h + self._attend(i, self.runs, q, self.pos, starts, k, v, self.pos)
@@ -180,8 +171,7 @@ class Blocks:
 
     @classmethod
     def joined(cls, parts: list[tuple[Blocks, list[int]]]) -> Blocks:
-        """Blocks ``i`` of each ``(blocks, i)`` in ``parts`` as one `Blocks`, so one `hidden`
-        call serves blocks drafted in different calls; a sequence keeps its longest context."""
+        """Several ``(blocks, i)`` as one `Blocks`, for one `hidden` call."""
         if len(parts) == 1 and parts[0][1] == list(range(len(parts[0][0].starts))):
             return parts[0][0]
         out = cls.__new__(cls)

@@ -17,8 +17,7 @@ KEPT_BYTES = 64 * 2**20  # drafted blocks' last-layer inputs kept for later tree
 
 
 def auto_chunk(cfg, context: int, budget: int = SCORES_BYTES) -> int:
-    """Blocks per batched drafter call: as many as keep the float32 attention scores under
-    ``budget`` bytes (16..1024), so memory stays flat as the context grows (docs/dflash-eval.md)."""
+    """Blocks per drafter call keeping float32 scores under ``budget``."""
     from remote.eval.drafter_layers import CONTEXT_CHUNK
 
     rows = cfg.block_size if cfg.num_layers > 1 else 1
@@ -28,27 +27,24 @@ def auto_chunk(cfg, context: int, budget: int = SCORES_BYTES) -> int:
 
 @dataclass
 class Seq:
-    """One sample as the drafter sees it: ``g`` prompt + completion ids, ``P`` prompt length, ``kv``
-    context K/V."""
+    """One sample as the drafter sees it: ids ``g``, prompt length ``P``, context K/V ``kv``."""
 
     g: torch.Tensor
     P: int
     kv: list
 
     @property
-    def L(self) -> int:  # the walk's own name for the last index
+    def L(self) -> int:
         return len(self.g) - 1
 
 
-Key = tuple[int, int]  # (sequence index, block start)
+Key = tuple[int, int]
 
 
 class Drafts:
-    """Drafted blocks of the walking sequences, computed on demand in shared drafter calls and kept
-    by ``(sequence, start)``: ``accept``, DDTree ``rows`` and ``search``; reuse of kept blocks is
-    described in docs/dflash-eval.md (Drafted blocks)."""
+    """Drafted blocks of walking sequences (docs/dflash-eval.md, Drafted blocks)."""
 
-    HEAD_BYTES = 8 * 2**20  # float32 logits of one head call, at most (HEAD_ROWS at least)
+    HEAD_BYTES = 8 * 2**20
     HEAD_ROWS = 64  # rows per head call at least: a huge vocabulary still reuses its weights
 
     def __init__(
@@ -65,17 +61,17 @@ class Drafts:
         self.chunk = chunk or auto_chunk(drafter.cfg, longest or max(q.L for q in seqs))
         self.k = k
         self.head_rows = self.rows_per_head(target.lm_head.shape[0])
-        self.seqs: list[Seq | None] = []  # by index; None once `release` dropped it
+        self.seqs: list[Seq | None] = []
         self.live: dict[int, Seq] = {}
         self.last = torch.zeros(0, dtype=torch.long)
         self.accept: dict[Key, int] = {}
         self.rows: dict[Key, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.search: dict[Key, TreeSearch] = {}
-        self.kept_from: list[int] = []  # `forget` dropped every start before these
+        self.kept_from: list[int] = []
         self.built: list[int] = []
-        self.kept: dict[Key, tuple[object, int]] = {}  # key -> (its Blocks, index there)
-        self.held: dict[int, list[int]] = {}  # id(Blocks) -> [its bytes, keys kept of it]
-        self.kept_bytes = 0  # of the Blocks that kept keys hold
+        self.kept: dict[Key, tuple[object, int]] = {}
+        self.held: dict[int, list[int]] = {}
+        self.kept_bytes = 0
         for q in seqs:
             self.add(q)
 
@@ -100,7 +96,6 @@ class Drafts:
         self._index()
 
     def _index(self) -> None:
-        # one gather for a batch's ground truth
         ids = torch.tensor(list(self.live), dtype=torch.long)
         lens = torch.tensor([len(q.g) for q in self.live.values()], dtype=torch.long)
         self.flat = torch.cat([q.g for q in self.live.values()]) if self.live else self.last[:0]
@@ -113,8 +108,7 @@ class Drafts:
         return max(cls.HEAD_ROWS, cls.HEAD_BYTES // (4 * vocab))
 
     def head(self, h: torch.Tensor, keys: list[Key], depths: list[int]) -> torch.Tensor:
-        """Greedy tokens of hidden rows ``h`` (depth ``depths[i]`` of block ``keys[i]``); with
-        ``k``, keeps top-k rows."""
+        """Greedy tokens of hidden rows ``h``; with ``k``, top-k rows kept."""
         preds = []
         for c in range(0, h.shape[0], self.head_rows):
             logits = self.drafter.logits(h[c : c + self.head_rows], self.target.lm_head)
@@ -133,8 +127,7 @@ class Drafts:
         return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long)
 
     def _build(self, keys: list[Key]):
-        """The drafter's blocks at ``keys`` (sorted) in one call: (Blocks, sequence of each block,
-        starts)."""
+        """The drafter's blocks at sorted ``keys`` in one call: (Blocks, sequences, starts)."""
         seq = torch.tensor([i for i, _s in keys])
         st = torch.tensor([s for _i, s in keys])
         first = self.flat[self.offset[seq] + st]
@@ -159,7 +152,7 @@ class Drafts:
         if (got := self.kept.pop(key, None)) is not None:
             held = self.held[id(got[0])]
             held[1] -= 1
-            if held[1] == 0:  # no key holds that batch any more: its memory goes
+            if held[1] == 0:
                 self.kept_bytes -= held[0]
                 del self.held[id(got[0])]
 
@@ -174,8 +167,7 @@ class Drafts:
         return where
 
     def draft(self, chain: list[Key], trees: list[Key], budget: int) -> float:
-        """One lockstep step of every walk: ``accept`` at ``chain`` and the tree searches at
-        ``trees``, drafted together; returns the tree searches' seconds."""
+        """One lockstep step of every walk; the tree searches' seconds."""
         todo = sorted({key for key in chain if key not in self.accept})
         search = sorted({key for key in trees if key not in self.search})
         where = self._located(sorted(set(todo) | set(search)))
@@ -187,7 +179,6 @@ class Drafts:
         return CLOCK() - t
 
     def _truth(self, seq: torch.Tensor, st: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``g[s+j]`` of the blocks at (seq, st) for ``j = 0..B-1``, whether ``s+j <= L``)."""
         at = st[:, None] + torch.arange(self.B)[None, :]
         ok = at <= self.last[seq][:, None]
         index = self.offset[seq][:, None] + torch.minimum(at, self.last[seq][:, None])
@@ -203,9 +194,8 @@ class Drafts:
 
     @staticmethod
     def _joined(keys: list[Key], where: dict) -> tuple[object, torch.Tensor]:
-        """One Blocks holding the blocks at ``keys`` (from several calls) and each one's index
-        there."""
-        from remote.eval.drafter_model import Blocks  # transformers: only when drafting
+        """One Blocks of ``keys`` from several calls, each one's index."""
+        from remote.eval.drafter_model import Blocks
 
         parts: dict[int, tuple[object, dict[int, int]]] = {}
         for key in keys:
@@ -245,8 +235,7 @@ class Drafts:
         self.accept.update(zip(part, acc.tolist(), strict=True))
 
     def trees(self, keys: list[Key], budget: int) -> None:
-        """Run the `TreeSearch` of ``budget`` at ``keys`` not searched yet, ``chunk`` blocks at a
-        time."""
+        """Run the `TreeSearch` of ``budget`` at ``keys`` not searched yet, ``chunk`` at a time."""
         todo = sorted({key for key in keys if key not in self.search})
         for c in range(0, len(todo), self.chunk):
             self._search(todo[c : c + self.chunk], budget, {})
@@ -271,8 +260,7 @@ class Drafts:
                 self._next_rows(asks, where)
 
     def _next_rows(self, keys: list[Key], where: dict) -> None:
-        """Append the next depth rows to ``rows[key]`` of each key, drafting blocks not in
-        ``where``."""
+        """Append the next depth rows to ``rows[key]`` of each key, drafting what is not at hand."""
         where.update(self._located(sorted(key for key in keys if key not in where)))
         blocks, index = self._joined(keys, where)
         rows, keys_of, depths = [], [], []
@@ -286,8 +274,7 @@ class Drafts:
         self.head(blocks.hidden(torch.tensor(rows)), keys_of, depths)
 
     def forget(self, i: int, below: int) -> None:
-        """Drop sequence ``i``'s rows, searches and kept blocks before ``below`` (no walk returns
-        there)."""
+        """Drop sequence ``i``'s rows, searches and kept blocks before ``below``."""
         for s in range(self.kept_from[i], below):
             self.rows.pop((i, s), None)
             self.search.pop((i, s), None)

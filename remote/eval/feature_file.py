@@ -1,5 +1,4 @@
-"""A feature-cache entry's safetensors file, written from and read into the tensors' own memory
-(never held twice); the reader takes only the exact header and size its key allows."""
+"""A feature-cache entry's safetensors file, never held twice in memory."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from typing import BinaryIO
 import torch
 
 HEADER_MOST_BYTES = 2**20  # an entry's safetensors header is a few hundred bytes
-# safetensors' names of the dtypes an entry holds
 ST_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.long: "I64"}
 
 Shapes = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -33,8 +31,7 @@ def nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 
 
 def parts(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list:
-    """A safetensors file of contiguous CPU `tensors` as buffers to write in turn: header, then
-    views of each tensor."""
+    """A safetensors file of `tensors` as buffers: header, then views."""
     header: dict = {"__metadata__": metadata}
     at = 0
     for key, t in tensors.items():
@@ -46,14 +43,13 @@ def parts(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list:
         }
         at += n
     text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    text += b" " * (-len(text) % 8)
     views = [memoryview(t.view(-1).view(torch.uint8).numpy()) for t in tensors.values()]
     return [struct.pack("<Q", len(text)) + text, *views]
 
 
 def header(fh: BinaryIO) -> bytes | None:
-    """The file's first 8 bytes and safetensors header (at most `HEADER_MOST_BYTES`) as one buffer;
-    None without."""
+    """The first 8 bytes and header as one buffer; None without."""
     head = fh.read(8)
     if len(head) < 8:
         return None
@@ -62,8 +58,7 @@ def header(fh: BinaryIO) -> bytes | None:
 
 
 def read(fh: BinaryIO, head: bytes, shapes: Shapes, size: int) -> dict[str, torch.Tensor] | None:
-    """The tensors of `shapes` from `fh` when its `header` holds exactly them end to end and the
-    file is `size` bytes; else None."""
+    """The tensors of `shapes` when header and `size` are exact; else None."""
     offsets = _layout(head[8:], shapes)
     if offsets is None or size != len(head) + sum(nbytes(*s) for s in shapes.values()):
         return None
@@ -88,8 +83,7 @@ def metadata(head: bytes, key: str) -> dict | None:
 
 
 def _layout(text: bytes, shapes: Shapes) -> dict[str, int] | None:
-    """Each tensor's data offset from header `text` when it holds exactly `shapes` end to end; else
-    None."""
+    """Each tensor's data offset when `text` holds exactly `shapes`."""
     try:
         doc = json.loads(text)
         got = {k: v for k, v in doc.items() if k != "__metadata__"}

@@ -1,5 +1,4 @@
-"""The chunked gated delta rule and causal convolution of Gated DeltaNet layers at CPU matrix speed,
-same results within rounding as transformers' reference; why: docs/eval.md."""
+"""Gated DeltaNet's delta rule and convolution at CPU matrix speed (docs/eval.md)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def unit_lower_inverse(low: torch.Tensor) -> torch.Tensor:
-    """``(I + low)^-1`` of strictly lower triangular ``low`` [..., c, c] by a few batched products
-    (halves joined, blocks by the nilpotent series), not a triangular solve per matrix."""
+    """``(I + low)^-1`` of strictly lower triangular ``low`` by batched products."""
     c = low.shape[-1]
     if c <= 16:
         m = -low
@@ -50,8 +48,7 @@ def chunk_gated_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     **_kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The gated delta rule chunk by chunk, arguments and results as transformers'
-    ``torch_chunk_gated_delta_rule``: (output in the query's dtype, float32 final state or None)."""
+    """transformers' ``torch_chunk_gated_delta_rule``, chunk by chunk at matrix speed."""
     out_dtype = query.dtype
     b, t, hk, dk = key.shape
     hv, dv = value.shape[-2:]
@@ -88,7 +85,7 @@ def chunk_gated_delta_rule(
     state = None if initial_state is None else initial_state.float().reshape(b, hk, r, dk, dv)
     out = torch.empty(b, hk, r, n, c, dv, dtype=torch.float32, device=q.device)
     for i in range(n):
-        if state is None:  # nothing written yet: nothing to read
+        if state is None:
             fresh, seen = u[..., i, :, :], None
         else:
             got = reads[..., i, :, :] @ state
@@ -111,8 +108,7 @@ def causal_conv1d_fn(
     activation: str | None = None,
     **_kwargs,
 ) -> torch.Tensor:
-    """transformers' ``causal_conv1d_fn`` as oneDNN's channels-last convolution on the time-major
-    view the projection wrote; returns a [b, channels, t] view of a time-major tensor."""
+    """transformers' ``causal_conv1d_fn`` on the time-major view, no transposed copy."""
     from transformers.activations import ACT2FN
 
     t, width = hidden_states.shape[-1], weight.shape[-1]

@@ -1,5 +1,4 @@
-"""An ``eval`` job as the job runner runs it: host checks, ground truth, engine, annotated result,
-in one process."""
+"""An ``eval`` job as the runner runs it: checks, ground truth, engine, in one process."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ def job_engine(spec: dict) -> EvalSpec:
 
 
 def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) -> int:
-    """The eval job in folder `path`: with `preflight` the host checks first (``preflight.json``),
-    then `run_eval_job`."""
+    """The eval job in `path`: with `preflight` the host checks first, then the eval."""
     engine = job_engine(spec)
     checked: dict = {}
     if preflight:
@@ -48,8 +46,7 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
 def run_preflight(
     path: Path, spec: dict, engine: EvalSpec, keep: dict, events: Events | None = None
 ) -> dict:
-    """The host checks, their report in ``preflight.json`` and each warning line an event, before
-    anything is loaded."""
+    """The host checks into ``preflight.json``, warnings as events, nothing loaded."""
     from remote.eval import preflight
 
     try:
@@ -71,9 +68,7 @@ def run_eval_job(
     plan: tuple | None = None,
     after_ground_truth: Callable[[str], None] | None = None,
 ) -> int:
-    """Ground truth, then the engine in this process; the target is loaded once, while a server's or
-    deferred ground truth is made or awaited. `after_ground_truth` runs once the file is there (an
-    online job starts its server); details: docs/dflash-eval.md."""
+    """Ground truth then engine, target loaded once (docs/dflash-eval.md, phases)."""
     from remote.eval import engine as evaluate
     from remote.eval import groundtruth
     from remote.eval.preflight import read_job
@@ -114,7 +109,7 @@ def run_eval_job(
         )
 
     ladder = None
-    if job.context_ladder:  # its prompts made first: each at every rung, after a history
+    if job.context_ladder:
         from remote.eval.groundtruth import ladder as ladders
 
         events.emit("phase", phase="ladder", rungs=list(job.context_ladder))
@@ -129,7 +124,7 @@ def run_eval_job(
     if after_ground_truth is not None:
         after_ground_truth(gt_path)
     for wait in loading:
-        wait()  # its error, if any, is the job's
+        wait()
     engine = build_eval_spec(path, engine, gt_path)
     write_json_atomic(path / "eval_spec.json", engine.to_json())
     events.emit("phase", phase="eval")
@@ -149,8 +144,7 @@ def run_eval_job(
 
 
 def with_threads(engine: EvalSpec, events: Events) -> EvalSpec:
-    """`engine` with its CPU threads: its own, else the host's choice (`device.auto_threads`, a
-    ``note`` event)."""
+    """`engine` with its CPU threads: its own, else the host's choice (a ``note`` event)."""
     from remote.eval.device import auto_threads
 
     if engine.threads:
@@ -160,7 +154,7 @@ def with_threads(engine: EvalSpec, events: Events) -> EvalSpec:
         return engine
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
-    else:  # read when torch is imported (a job that imports it only later)
+    else:
         os.environ["OMP_NUM_THREADS"] = str(threads)
     events.emit("note", message=why)
     return replace(engine, threads=threads)
@@ -201,8 +195,7 @@ def await_file(
     meanwhile: Callable[[], None] | None = None,
     after: float = 0.0,
 ) -> Path:
-    """`file` once it exists (a deferred ground truth, pushed by rename); a one-line error after
-    `limit` seconds; `meanwhile` runs once after `after` seconds."""
+    """`file` once it exists; one line after `limit` s; `meanwhile` after `after` s."""
     began = time.monotonic()
     deadline = began + limit
     while not file.is_file():
@@ -227,7 +220,7 @@ def annotate_result(result_path: Path, gt_info: dict, spec: dict, engine: EvalSp
     """Make sure the result names its ground-truth source and the job that produced it."""
     try:
         result = json.loads(result_path.read_text())
-    except (OSError, ValueError):  # the engine wrote none: nothing to annotate
+    except (OSError, ValueError):
         return
     if not isinstance(result, dict):
         return
@@ -255,14 +248,13 @@ def annotate_result(result_path: Path, gt_info: dict, spec: dict, engine: EvalSp
 
 
 def _record_identities(inputs: dict, gt_info: dict, engine: EvalSpec) -> None:
-    """What a paired comparison and a tracker know the run by: drafter, ground truth and target
-    identities."""
+    """What comparisons and trackers know the run by: drafter, ground truth, target."""
     from remote.eval import groundtruth, provenance
 
     if engine.drafter and "drafter_identity" not in inputs:
         try:
             inputs["drafter_identity"] = provenance.drafter_identity(engine.drafter)
-        except OSError as exc:  # the result stands without it; say why it is missing
+        except OSError as exc:
             inputs["drafter_identity"] = {"sha256": None, "error": str(exc)}
     if gt_info.get("file") and "ground_truth_sha256" not in inputs:
         try:

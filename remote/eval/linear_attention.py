@@ -1,5 +1,4 @@
-"""Points a target's Gated DeltaNet kernel hooks at `remote.eval.gated_delta` for that model only;
-other devices and packed sequences go to transformers' choice (docs/eval.md)."""
+"""Points one target's Gated DeltaNet kernel hooks at the CPU kernels (docs/eval.md)."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ def _hooks(model: nn.Module):
 
 
 def install(model: nn.Module) -> str | None:
-    """Point `model`'s linear-attention kernel hooks at the CPU kernels (unless `chosen` says
-    ``transformers``); returns `kind` afterwards. Idempotent."""
+    """Point `model`'s kernel hooks at the CPU kernels unless `chosen` says not; `kind`."""
     if chosen() == THEIRS:
         return kind(model)
     found = False
@@ -68,8 +66,7 @@ def install(model: nn.Module) -> str | None:
 
 
 def kind(model: nn.Module) -> str | None:
-    """``cpu-chunked`` when every hook of `model` runs ours, ``transformers`` when left to it, None
-    without such layers."""
+    """``cpu-chunked``, ``transformers`` or None (no linear-attention layers)."""
     hooks = list(_hooks(model))
     if not hooks:
         return _plain(model)

@@ -1,5 +1,4 @@
-"""How many bytes an eval will take, estimated before anything loads, for the engine's refusal and
-the preflight."""
+"""An eval's bytes, estimated before anything loads (engine refusal, preflight)."""
 
 from __future__ import annotations
 
@@ -25,9 +24,7 @@ def estimate_bytes(
 def context_bytes(
     dcfg, max_len: int, itemsize: int, block_chunk: int | None = None, positions: str = "walk"
 ) -> int:
-    """The working set of a `max_len`-token sequence, each part linear in the context: target
-    features and activations, drafter context K/V, one drafter call's blocks and scores, head
-    logits, kept blocks."""
+    """The working set of a `max_len`-token sequence, each part linear in it."""
     from remote.eval.drafter_layers import CONTEXT_CHUNK
     from remote.eval.drafts import KEPT_BYTES, Drafts, auto_chunk
     from remote.eval.walk import LOCKSTEP_BYTES, LOCKSTEP_SAMPLES, context_kv_bytes
@@ -36,7 +33,7 @@ def context_bytes(
     features = max_len * k * h * itemsize
     acts = max_len * h * ACTIVATION_ROWS * 4
     kv = context_kv_bytes(dcfg, max_len, itemsize)
-    if positions == "walk":  # a batch holds LOCKSTEP_BYTES of them, or one sample's at least
+    if positions == "walk":
         kv = max(kv, min(LOCKSTEP_BYTES, LOCKSTEP_SAMPLES * kv))
     chunk = block_chunk or auto_chunk(dcfg, max_len)
     rows = B if dcfg.num_layers > 1 else 1

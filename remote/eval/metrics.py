@@ -1,5 +1,4 @@
-"""Dataset metrics from per-sample records, one pure stdlib function: the engine and the shard merge
-both call `summarize`, so merged aggregates equal a single host's (definitions: the registry)."""
+"""Dataset metrics from records: one pure function, so merged results equal a host's."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ def ddtree_k(budget: int, topk: int | None, vocab: int) -> int:
 def summarize(
     records: list[dict], block_size: int, budgets: list[int], topk: int | None, vocab: int
 ) -> dict:
-    """Dataset metrics from sample records: each registry entry, then the walk metrics per DDTree
-    budget; records in ground-truth order, so float sums agree whoever computes them."""
+    """Registry entries and per-budget walk metrics; ground-truth order keeps sums equal."""
     out: dict = {}
     for m in METRICS:
         if isinstance(m, Keyed):

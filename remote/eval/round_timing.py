@@ -1,5 +1,4 @@
-"""How the round costs time their parts within a budget (`Trials`, `interpolate`) and what the walk
-leaves them (`Capture`), so measuring a round costs a small share of the eval (docs/results.md)."""
+"""Timing round costs within a budget, reusing what the walk left (docs/results.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 REPEATS = 5  # timed trials of a part at most, after a warm-up
-MIN_TRIALS = 2  # at least: a fastest and a slowest
+MIN_TRIALS = 2
 SHARE = 0.05  # the round costs' budget: this share of the walk's seconds
 
 
@@ -20,8 +19,7 @@ def sync(device) -> None:
 
 
 class Trials:
-    """Times parts of a round on `device`; with `budget_s` a part stops at MIN_TRIALS once its
-    trials took `share` of the budget. ``spread[name]``: (fastest, slowest) kept."""
+    """Times parts of a round; past `share` of `budget_s` a part stops at MIN_TRIALS."""
 
     def __init__(self, device, budget_s: float | None = None, parts: int = 3):
         self.device, self.budget = device, budget_s
@@ -53,8 +51,7 @@ class Trials:
 
 
 def interpolate(points: dict[int, float], n: int) -> float:
-    """Seconds of a forward over `n` tokens, linear between the nearest `points`, extended past the
-    ends."""
+    """Seconds of a forward over `n` tokens, linear between the nearest `points`."""
     xs = sorted(points)
     if n in points or len(xs) == 1:
         return points.get(n, points[xs[0]])
@@ -67,8 +64,7 @@ def interpolate(points: dict[int, float], n: int) -> float:
 
 
 class Capture:
-    """The eval's target whose forward over `ids` also keeps its KV cache, features and seconds, so
-    the round costs compute no context forward of their own."""
+    """The target, keeping its forward's cache, features and seconds over `ids`."""
 
     def __init__(self, target, ids: list[int]):
         self.target, self.ids = target, list(ids)

@@ -1,5 +1,4 @@
-"""A job's folder and what it says: where it is, its state, its events, its exit (written
-even on a full disk)."""
+"""A job's folder: where, its state, events and exit (written even on a full disk)."""
 
 from __future__ import annotations
 
@@ -55,8 +54,7 @@ def job_kind(spec: object) -> str:
 
 
 def proc_starttime(pid: int) -> int | None:
-    """The kernel's start time of `pid`, or None if gone; with the pid it names one process for
-    good."""
+    """The kernel's start time of `pid` (None if gone): with it, one process for good."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -212,7 +210,6 @@ class EventLog:
 
 # said in the OS's words, instead of dying without exit.json ("lost")
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
-# overwriting blocks a file already holds needs no new ones
 EXIT_RESERVE = ".exit.reserve"
 EXIT_RESERVE_BYTES = 64 * 1024
 
@@ -234,8 +231,7 @@ def reserve_exit(path: Path) -> None:
 
 
 def write_exit(path: Path, info: dict) -> None:
-    """Write exit.json into `path` through the reserve, renamed into place, so a full disk cannot
-    stop it."""
+    """Write exit.json through the reserve, renamed into place: a full disk cannot stop it."""
     data = (json.dumps(info, indent=2, default=str) + "\n").encode()
     try:
         fd = os.open(path / EXIT_RESERVE, os.O_WRONLY | os.O_NOFOLLOW)

@@ -36,7 +36,7 @@ def run(path: Path, preflight: bool = False) -> int:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # never die with a session
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     events.emit(
         "job", state=JobState.RUNNING, job_id=path.name, pid=os.getpid(), pgid=os.getpgid(0)
     )
@@ -58,7 +58,6 @@ def run(path: Path, preflight: bool = False) -> int:
     except OSError as exc:
         if exc.errno not in STORAGE_ERRNOS:
             return _failed_by_bug(path, events, exc)
-        # a full disk is not a bug
         finish(path, events, JobState.FAILED, 3, write_error(exc, path))
         return 3
     except Exception as exc:
@@ -98,6 +97,6 @@ def finish(
     try:
         if events is not None:
             events.emit("end", **info)
-    except OSError:  # exit.json has room kept for it
+    except OSError:
         pass
     write_exit(path, info)

@@ -1,5 +1,4 @@
-"""``job run``'s supervisor: forks the runner and waits, so a runner killed outright still gets
-``exit.json``."""
+"""``job run``'s supervisor: a runner killed outright still gets ``exit.json``."""
 
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ def supervise(path: Path, preflight: bool = False) -> int:
     runner = {"pid": child, "starttime": proc_starttime(child), "oom_before": before}
     try:
         write_json_atomic(path / RUNNER_FILE, runner)
-    except OSError:  # a full disk: the runner says so itself
+    except OSError:
         print(f"job runner pid {child}", flush=True)
     _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)

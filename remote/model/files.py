@@ -1,6 +1,4 @@
-"""A model folder on disk read without loading it: ``config.json``, the safetensors index and
-headers (the one header parser, `read_header`, and dtype table, `ST_DTYPES`), missing or cut
-shards."""
+"""A model folder read without loading it (`read_header`, `ST_DTYPES`: the one copy)."""
 
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ from typing import Any
 from remote.errors import UserError
 
 INDEX_NAME = "model.safetensors.index.json"
-# The largest header we accept: real 1000-shard checkpoints have headers of a few MiB.
+# the largest header accepted: real many-shard checkpoints have headers of a few MiB
 MAX_HEADER_BYTES = 100_000_000
-# safetensors dtype -> (torch dtype name, bytes per element)
 ST_DTYPES = {
     "F64": ("float64", 8),
     "F32": ("float32", 4),
@@ -102,8 +99,7 @@ def no_tokenizer(folder: str | Path) -> str:
 
 
 def require_tokenizer(folder: str | Path) -> None:
-    """Raise `no_tokenizer` unless `folder` holds a tokenizer file (file system only, nothing
-    loaded)."""
+    """Raise `no_tokenizer` unless `folder` holds a tokenizer file (nothing loaded)."""
     if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
         raise UserError(no_tokenizer(folder))
 
@@ -157,8 +153,7 @@ class Header:
 
 
 def read_header(path: Path) -> Header:
-    """The header of a safetensors file, reading only its bytes; a short file or a header that is
-    not a JSON object of tensors is a UserError (nothing in it can be trusted)."""
+    """A safetensors header, only its bytes read; a short or bad one is a UserError."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -209,8 +204,7 @@ def tensor_bytes(info: dict, float_bytes: int | None = None) -> int:
 
 
 def scan_checkpoint(folder: Path) -> dict:
-    """Shard files, keys, dtypes and completeness from headers only; missing or truncated shards are
-    listed, not raised (`require_complete` raises)."""
+    """Shard files, keys, dtypes and completeness from headers; bad shards listed, not raised."""
     folder = Path(folder)
     index_path = folder / INDEX_NAME
     index = None
@@ -241,7 +235,6 @@ def scan_checkpoint(folder: Path) -> dict:
         if header.data_end > header.size:
             truncated.append({"file": name, "size": header.size, "expected": header.data_end})
     if index is not None:
-        # Keys of a missing shard are still known from the index.
         for key, name in index["weight_map"].items():
             keys.setdefault(key, (name, "?", []))
     other = sorted(p.name for p in folder.iterdir() if p.suffix in OTHER_WEIGHT_SUFFIXES)
@@ -275,8 +268,7 @@ def require_complete(folder: Path, scan: dict, what: str = "checkpoint") -> None
 
 
 class Mapped:
-    """One safetensors file mapped read-only and copy-on-write as one byte tensor its tensors view;
-    pages come in on first read and stay shared with other processes mapping the file."""
+    """A safetensors file mapped read-only, copy-on-write, as one byte tensor its tensors view."""
 
     def __init__(self, path: Path):
         import mmap
@@ -296,8 +288,7 @@ class Mapped:
         )
 
     def view(self, start: int, nbytes: int, dtype, shape: list[int]):
-        """The tensor of `dtype` and `shape` at ``start``; None where not whole in the file or
-        misaligned."""
+        """The tensor of `dtype` and `shape` at ``start``; None if not whole or misaligned."""
         import torch
 
         item = torch.empty(0, dtype=dtype).element_size()
@@ -307,8 +298,7 @@ class Mapped:
 
 
 class LazyTensor:
-    """One tensor of a safetensors file read only when indexed, shaped as transformers' loader
-    expects: a view of its `Mapped` file where possible, else ``os.pread`` into its own buffer."""
+    """A safetensors tensor read when indexed: a `Mapped` view, else pread."""
 
     def __init__(
         self, path: Path, key: str, info: dict, data_start: int, mapped: Mapped | None = None
@@ -360,8 +350,7 @@ class LazyTensor:
 def lazy_tensors(
     folder: Path, scan: dict, mapped: set[str] | frozenset = frozenset()
 ) -> dict[str, LazyTensor]:
-    """Checkpoint key -> `LazyTensor` of a complete checkpoint; those of `mapped` view their mapped
-    file."""
+    """Checkpoint key -> `LazyTensor` of a complete checkpoint (views for `mapped` files)."""
     require_complete(folder, scan)
     out: dict[str, LazyTensor] = {}
     for name in scan["files"]:

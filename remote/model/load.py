@@ -15,9 +15,7 @@ from remote.model.layout import Described, describe
 def plan_text(
     folder: str | Path, dtype, described: Described | None = None
 ) -> tuple[Described, dict, dict[str, str]]:
-    """Everything `load_text` checks before reading a tensor (a head, whole shards, every text
-    weight present), so a job past the preflight fails on none later: (description, scan, key
-    map)."""
+    """Everything `load_text` checks before reading a tensor: (description, scan, key map)."""
     d = described or describe(folder, dtype)
     model, layout = d.model, d.layout
     quant = getattr(d.config, "quantization_config", None)
@@ -58,8 +56,7 @@ def plan_text(
 
 
 def kept_as_stored(model, scan: dict, wanted: dict[str, str], dtype) -> set[str]:
-    """The keys of `wanted` kept as stored (in `dtype`, renamed at most): mapped, not read, so their
-    bytes are not duplicated beside converted copies."""
+    """Keys of `wanted` kept as stored (`dtype`, renamed at most): mapped, not read."""
     import torch
 
     from remote.model.files import ST_DTYPES
@@ -75,8 +72,7 @@ def kept_as_stored(model, scan: dict, wanted: dict[str, str], dtype) -> set[str]
 
 @contextmanager
 def _sequential_reads():
-    """transformers' switch for reading tensors one at a time as their targets are built (its thread
-    pool keeps MoE weights near twice resident; docs/probe.md)."""
+    """transformers' switch for reading tensors one at a time (docs/probe.md)."""
     key = "HF_DEACTIVATE_ASYNC_LOAD"
     before = os.environ.get(key)
     os.environ[key] = "1"
@@ -92,8 +88,7 @@ def _sequential_reads():
 def load_text(
     folder: str | Path, dtype, plan: tuple | None = None, ends_only: bool = False
 ) -> Described:
-    """Describe the model in `folder` and load its text part in `dtype` on the CPU, eval mode, no
-    gradients; `plan` reuses `plan_text`'s, `ends_only` loads embedding and head alone."""
+    """Load the text part of `folder` in `dtype` on the CPU (`ends_only`: embedding, head)."""
     import torch
     from transformers.core_model_loading import convert_and_load_state_dict_in_model
     from transformers.modeling_utils import LoadStateDictConfig
@@ -156,8 +151,7 @@ def load_text(
 
 
 def attention_implementation(model, layout) -> str | None:
-    """The config's attention implementation unless it names kernels a CPU host may lack (``sdpa``
-    then); known before any weight is read (a feature cache key holds it)."""
+    """The config's attention kernel, else ``sdpa`` where a CPU host may lack it."""
     backbone = model.get_submodule(layout.backbone_path) if layout.backbone_path else model
     got = getattr(getattr(backbone, "config", None), "_attn_implementation", None)
     return "sdpa" if got in (None, "flex_attention", "flash_attention_2") else got
@@ -175,8 +169,7 @@ def _allocate_unloaded(model, part) -> None:
 
 
 def _init_text_buffers(model, layout, part) -> None:
-    """The model's own ``initialize_weights`` restricted to the text part: loaded tensors are left
-    alone, computed buffers (``inv_freq``, ``embed_scale``) are filled."""
+    """The model's ``initialize_weights`` over the text part: computed buffers filled."""
     from transformers import PreTrainedModel
     from transformers import initialization as init
 

@@ -1,5 +1,4 @@
-"""How far back a model's attention reaches: its positions window from ``config.json`` (torch-free);
-rules: docs/context.md (the drafter's window)."""
+"""A model's positions window from ``config.json``, torch-free (docs/context.md)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ STRETCHING = ("linear", "dynamic", "yarn", "longrope", "llama3")
 
 @dataclass(frozen=True)
 class Window:
-    """A model's positions window: as configured, its RoPE scaling, the result (`positions`) and
-    sliding layers."""
+    """A model's positions window: configured, RoPE-scaled (`positions`), sliding layers."""
 
     max_positions: int | None
     rope_type: str
@@ -27,8 +25,7 @@ class Window:
 
     @property
     def reach(self) -> int | None:
-        """The longest context the full-attention layers were built for; None when every layer
-        slides."""
+        """The longest context full attention was built for; None when all slide."""
         return None if self.layers and len(self.sliding) == self.layers else self.positions
 
     def describe(self) -> str:
@@ -62,8 +59,7 @@ def _number(v: Any) -> float | None:
 
 
 def rope_scaling(cfg: dict) -> dict:
-    """The config's RoPE scaling in either spelling (``rope_scaling`` or ``rope_parameters``,
-    full-attention layers')."""
+    """The config's RoPE scaling, ``rope_scaling`` or ``rope_parameters``."""
     params = cfg.get("rope_parameters")
     if (
         isinstance(params, dict)
@@ -122,8 +118,7 @@ def window(cfg: dict) -> Window:
 
 
 def check(cfg: dict, longest: int, what: str = "drafter") -> str | None:
-    """One warning line when `longest` tokens pass the window of `what`'s config `cfg`; None
-    otherwise."""
+    """A warning line when `longest` tokens pass `cfg`'s window; None otherwise."""
     w = window(cfg)
     if w.reach is None or longest <= w.reach:
         return None

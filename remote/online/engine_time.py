@@ -1,5 +1,4 @@
-"""The serving engine's decode time, from vLLM's ``/metrics`` histogram around a run
-(docs/online.md, "What vLLM reports")."""
+"""The serving engine's decode time from vLLM's ``/metrics`` (docs/online.md)."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ class DecodeTime:
 
 
 def decode_time(text: str, where: str, model: str | None = None) -> DecodeTime | None:
-    """The histogram's ``_sum`` and ``_count`` in a ``/metrics`` text (of `model`, when
-    given), checked; None without one (an older vLLM)."""
+    """The histogram's ``_sum`` and ``_count`` (of `model`), checked; None without."""
     total, count, seen = 0.0, 0.0, False
     for name, labels, value in parse_prometheus(text, where):
         if name not in (DECODE_TIME + "_sum", DECODE_TIME + "_count"):
@@ -58,8 +56,7 @@ def settled(
     where: str,
     deadline_s: float = 10.0,
 ) -> DecodeTime | None:
-    """The decode time since `before`, re-read until it counts `requests` or `deadline_s`
-    passed; None without a histogram."""
+    """Decode time since `before`, re-read until `requests` count or `deadline_s`."""
     if before is None:
         return None
     end = time.monotonic() + deadline_s

@@ -1,11 +1,10 @@
-"""An engine's answer in the right shape that cannot be true: a verdict, never a tau
-(docs/online.md, "Impossible answers"); a malformed one is a `UserError` instead."""
+"""Engine answers that cannot be true: a verdict, never a tau (docs/online.md)."""
 
 from __future__ import annotations
 
 from remote.errors import UserError
 
-SPEC = "metrics.speculative_decoding"  # where vLLM's answer carries its acceptance
+SPEC = "metrics.speculative_decoding"
 
 
 class InvalidAnswer(UserError):
@@ -20,8 +19,7 @@ class InvalidAnswer(UserError):
 
 
 def steps_fit(accepted: list[int], output_tokens: int, where: str) -> None:
-    """Every verify step but the last must start inside the output (each emits ``a + 1``
-    tokens after the prefill's first)."""
+    """Every verify step but the last must start inside the output."""
     after_first = output_tokens - 1
     emitted = 0
     for i, a in enumerate(accepted):
@@ -38,8 +36,7 @@ def steps_fit(accepted: list[int], output_tokens: int, where: str) -> None:
 
 
 def totals_fit(steps: int, accepted: int, k: int, output_tokens: int, where: str) -> None:
-    """`steps_fit` from totals alone: all steps but the last (at most ``k + 1`` tokens)
-    must fit before the output's last token."""
+    """`steps_fit` from totals: all steps but the last fit before the last token."""
     if steps and steps + accepted - (k + 1) >= output_tokens - 1:
         raise InvalidAnswer(
             f"{SPEC}.num_accepted_draft_tokens",

@@ -1,5 +1,4 @@
-"""An ``online`` job: the checkpoint served by a real serving engine beside dflash's offline walk on
-the same prompts and ground truth, and one verdict; phases and server lifetime: docs/online.md."""
+"""An ``online`` job: a real serving engine beside the offline walk (docs/online.md)."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ def serve_of(spec: dict) -> tuple[ServeSpec, MeasureSpec]:
 
 
 def check_python(python: str, engine: str) -> str:
-    """`python` (a serving engine's interpreter) if it is an executable file here; else one line
-    saying what to set."""
+    """`python` if it is an executable file here; else one line saying what to set."""
     py = os.path.expanduser(python)
     if not (os.path.isfile(py) and os.access(py, os.X_OK)):
         raise UserError(
@@ -52,8 +50,7 @@ def check_python(python: str, engine: str) -> str:
 
 
 def check_serve(serve: ServeSpec, measure: MeasureSpec | None = None) -> dict[str, Any]:
-    """The serving engine's host check: its python (and a baseline's) is executable here, or its
-    server accepts connections from here; one line when not."""
+    """The serving engine's host check (python or server); one line when not."""
     from remote.eval.groundtruth import reachable
 
     measure = measure or MeasureSpec()
@@ -158,8 +155,7 @@ def _start_vllm(
     k: int | None,
     phase: str = "serve",
 ) -> Server:
-    """vLLM serving the target with the checkpoint drafting `k` tokens a step (None: the baseline),
-    on a free loopback port, long enough for the longest sample and a last verify."""
+    """vLLM serving the target drafting `k` tokens (None: baseline), long enough for all."""
     longest = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
     port = free_port()
     argv = vllm_command(
@@ -220,14 +216,13 @@ def _levels(
 def _measure(
     path: Path, serve: ServeSpec, measure: MeasureSpec, box: dict, events: Events
 ) -> dict[str, Any]:
-    """Every ground-truth prompt through the serving engine once it answers, at each concurrency
-    level."""
+    """Every ground-truth prompt through the serving engine once it answers, at each level."""
     server = box.get("server")
     url = server.url if server is not None else str(serve.url)
     events.emit("phase", phase="serve_wait")
     if server is not None:
         startup = server.wait_ready(serve.start_timeout)
-    else:  # a running server: the same bound on its first answer
+    else:
         wait_answering(url, serve.start_timeout)
         startup = None
     levels = _levels(url, serve, measure, box["rows"], _vocab(path), events, "online")
@@ -253,8 +248,7 @@ def _baseline(
     threads: tuple[int, str],
     events: Events,
 ) -> dict[str, Any] | None:
-    """The same prompts and levels through the target without the drafter: a server started here
-    once the first stops, or a running one."""
+    """The same prompts and levels without the drafter (started here, or running)."""
     if not measure.baseline:
         return None
     server = None
@@ -277,7 +271,7 @@ def _baseline(
             events.emit("phase", phase="baseline_wait")
             startup = server.wait_ready(serve.start_timeout)
         url = server.url if server is not None else str(measure.baseline_url)
-        if server is None:  # a running one: bounded as the measured server is
+        if server is None:
             wait_answering(url, serve.start_timeout)
         levels = _levels(url, serve, measure, box["rows"], _vocab(path), events, "baseline")
     finally:

@@ -1,5 +1,4 @@
-"""Offline beside online, cut the same way, compared sample by sample; pure, called by host and
-controller (docs/online.md, "Cut the same way")."""
+"""Offline beside online, cut the same way, per sample; pure (docs/online.md)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ SCHEMA = "dflash.online-verdict/1"
 
 
 def cut_rounds(accepted: list[int], total: int) -> tuple[list[int], int]:
-    """Verify steps' rounds cut at ``total`` tokens as the walk cuts its last, and the tokens they
-    cover."""
+    """Verify steps' rounds cut at ``total`` as the walk cuts, and their tokens."""
     rounds, s = [], 0
     for a in accepted:
         if s >= total:
@@ -49,8 +47,7 @@ def position_acceptance(samples_rounds: list[list[int]], k: int) -> list[dict[st
 
 
 def first_divergence(offline: list[int], online: list[int]) -> dict[str, Any] | None:
-    """Where two walks first part: round, its start token (1: the first after prefill), both
-    lengths; None when equal."""
+    """Where two walks first part: round, start token, both lengths; or None."""
     token = 1
     for i in range(max(len(offline), len(online))):
         a = offline[i] if i < len(offline) else None
@@ -62,8 +59,7 @@ def first_divergence(offline: list[int], online: list[int]) -> dict[str, Any] | 
 
 
 def by_context(records: list[dict]) -> list[dict[str, Any]]:
-    """Offline beside online per context bucket: each side's rounds by start, tau there and the
-    samples whose walks first part there; `records` per sample."""
+    """Offline beside online per context bucket: rounds, tau, first divergences."""
     sums: dict[int, dict[str, Any]] = {}
     for rec in records:
         for side in ("offline", "online"):
@@ -103,8 +99,7 @@ def compare(
     online_dtype: str | None = None,
     invalid: list[dict] | None = None,
 ) -> dict[str, Any]:
-    """The verdict, samples matched by id in ground-truth order; with `invalid` (impossible counts)
-    no online tau."""
+    """The verdict by sample id; with `invalid` counts, no online tau."""
     off_by = {r["id"]: r for r in offline}
     on_by = {r["id"]: r for r in online}
     missing = [g["id"] for g in ground_truth if g["id"] not in off_by or g["id"] not in on_by]
@@ -113,7 +108,7 @@ def compare(
     ks = {r.get("num_spec_tokens") for r in online}
     if len(ks) != 1:
         raise ValueError(f"online records disagree on num_spec_tokens: {sorted(ks, key=str)}")
-    k = ks.pop()  # None: SGLang without a histogram
+    k = ks.pop()
     detailed = not invalid and all(r.get("per_step_accepted") is not None for r in online)
     per_sample, off_rounds, on_rounds, placed = [], [], [], []
     uncut_steps = uncut_tokens = 0
@@ -149,7 +144,7 @@ def compare(
                 online_rounds=cut,
             )
             on_rounds.append(cut)
-        elif not invalid:  # the engine's own uncut mean, where it gives one
+        elif not invalid:
             steps = on.get("num_spec_steps") or sum(on.get("acceptance_histogram") or [])
             if steps and on.get("mean_acceptance_length") is not None:
                 uncut_steps += steps
@@ -202,8 +197,7 @@ def disagreeing(result: dict[str, Any]) -> dict[Any, list[int]]:
 def level(
     concurrency: int, measured: dict[str, Any], cut: dict[str, Any], first: dict | None
 ) -> dict[str, Any]:
-    """One concurrency level's row; against `first` (None: this is it), how many samples' rounds it
-    repeats."""
+    """One concurrency level's row, and how many samples repeat `first`'s rounds."""
     on = cut["online"] or {}
     same = None
     if first is not None and first["online"] is not None and cut["online"] is not None:
@@ -228,8 +222,7 @@ def level(
 def engine_costs(
     decode: dict[str, Any] | None, rows: list[dict], counters: dict[str, Any] | None
 ) -> dict[str, Any] | None:
-    """The engine's decode time per output token and per verify step; None without the histogram or
-    a request."""
+    """Decode time per output token and verify step; None without the histogram."""
     if not decode or decode.get("requests") != len(rows):
         return None
     seconds = decode["seconds"]

@@ -1,5 +1,4 @@
-"""Acceptance by context position: round starts, power-of-two context buckets, curve points, each
-sample's parts and the cliff finder; how to read them: docs/context.md. Stdlib only."""
+"""Acceptance by context position: buckets, curve points, cliff (docs/context.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 FIRST = 512
 CURVE_STEPS = 8
-RESAMPLES = 2000  # the cliff finder's bootstrap over samples (seeded)
+RESAMPLES = 2000
 CONFIDENCE = 0.95
 MIN_SAMPLES = 2  # samples a bucket needs before the finder judges it
 
@@ -17,8 +16,7 @@ Parts = dict
 
 
 def round_starts(prompt_tokens: int, rounds: list[int]) -> list[int]:
-    """The positions a walk of these round lengths started its rounds at, the first at the prompt's
-    end."""
+    """Where a walk of these round lengths started its rounds, the first at the prompt's end."""
     return list(itertools.accumulate(rounds[:-1], initial=prompt_tokens)) if rounds else []
 
 
@@ -51,8 +49,7 @@ def rounds_of(rec: Mapping) -> list[tuple[int, int, bool]]:
 
 
 def spanned(of: Callable[[int, int], list[int]]) -> Callable[[Sequence[Mapping]], list[int]]:
-    """The keys (`buckets` or `points`) from the earliest round start to the latest of all
-    `records`."""
+    """The keys (`buckets` or `points`) from the earliest round start to the latest of `records`."""
 
     def keys(records: Sequence[Mapping]) -> list[int]:
         starts = [s for rec in records for s, _n, _last in rounds_of(rec)]
@@ -98,8 +95,7 @@ def histogram_parts(rec: Mapping, block: int) -> Parts:
 
 
 def position_parts(rec: Mapping, block: int) -> Parts:
-    """``{(bucket, j): (accepted, attempts)}`` from the rounds alone; the last round, cut by the
-    completion's end, says nothing of its refused position (as the online verdict counts)."""
+    """``{(bucket, j): (accepted, attempts)}``; a cut last round says no refusal."""
     out: dict = {}
     for s, n, last in rounds_of(rec):
         b = bucket(s)
@@ -108,9 +104,6 @@ def position_parts(rec: Mapping, block: int) -> Parts:
                 hit, att = out.get((b, j), (0, 0))
                 out[(b, j)] = (hit + (j < n), att + 1)
     return out
-
-
-# ---- the cliff finder -----------------------------------------------------------------
 
 
 def _ratio(parts: list[tuple[int, int]]) -> float:
@@ -130,8 +123,7 @@ def _interval(values: list[float]) -> tuple[float, float]:
 
 
 def cliff(records: list[Mapping], metrics: Mapping) -> str | None:
-    """The first bucket whose tau is below the first bucket's by more than the seeded bootstrap
-    interval allows, or a line saying none; None without rounds (docs/context.md)."""
+    """The first bucket whose tau falls off beyond the interval, or a line saying none."""
     per: dict[int, list[tuple[int, int]]] = {}
     for rec in records:
         for k, got in tau_parts(rec, 0).items():

@@ -1,5 +1,4 @@
-"""A context ladder's rungs (the job document's ``context_ladder``), read by both sides: parsed by
-the controller, checked by the host, bounded by the preflight (docs/eval.md, "Long contexts")."""
+"""A context ladder's rungs, read by both sides (docs/eval.md, "Long contexts")."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ import re
 
 from remote.protocol.values import Check, SpecError, is_int
 
-RUNG_MOST = 1 << 22  # 4M tokens: beyond it a rung is a typo, not a context
+RUNG_MOST = 1 << 22  # beyond it a rung is a typo, not a context
 RUNG_LEAST = 64
 RUNGS_MOST = 16
 # a rung's prompt is at least its length and at most this many tokens more

@@ -1,5 +1,4 @@
-"""The kinds of metric registry entry (`Metric`, `Keyed`, `Finding`) and how each style prints
-(`shown`). Stdlib only."""
+"""The metric registry's entry kinds and how each style prints. Stdlib only."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ Parts = tuple[float, float] | None
 
 @dataclass(frozen=True)
 class Metric:
-    """One number over a set of samples; its fields (`parts`, `stored`, `rank`, `budgets`, `plot`,
-    `live`, `interval`): docs/results.md."""
+    """One number over a set of samples; its fields: docs/results.md (an entry's fields)."""
 
     name: str
     label: str
@@ -27,7 +25,7 @@ class Metric:
     parts: Callable[[Any], Parts]
     reduce: str = MEAN
     of: str = WALK
-    style: str = "number"  # number (3 places), share (a percentage) or count
+    style: str = "number"
     stored: tuple[str, str] | None = None
     rank: int | None = None
     budgets: bool = False
@@ -87,9 +85,7 @@ class Metric:
 
 @dataclass(frozen=True)
 class Keyed:
-    """A number per key (draft position, acceptance length, context bucket), summed per key over
-    samples, optionally grouped; its fields (`keys`, `span`, `reduce`, `group_name`, `paired`):
-    docs/results.md."""
+    """A number per key, summed over samples, maybe grouped (docs/results.md)."""
 
     name: str
     label: str
@@ -133,15 +129,14 @@ class Keyed:
         return out
 
     def rows(self, metrics: Mapping) -> list[dict]:
-        """``[{key, num, den, value}]`` (and ``group``) from a result's metrics in key order; older
-        shapes read too."""
+        """``[{key, num, den, value}]`` (and ``group``) in key order; older shapes read too."""
         got = metrics.get(self.name) or []
         if isinstance(got, dict):
             pairs = sorted(((int(k), v) for k, v in got.items()), key=lambda kv: kv[0])
             got = [{self.key_name: k, self.num_name: v} for k, v in pairs]
         out = []
         for i, row in enumerate(got):
-            if not isinstance(row, dict):  # the oldest results: bare values in key order
+            if not isinstance(row, dict):
                 row = {self.key_name: i + 1, ("rate" if self.den_name else self.num_name): row}
             num, den = row.get(self.num_name), row.get(self.den_name)
             value = num if self.reduce == SUM else row.get("rate")
@@ -159,8 +154,7 @@ class Keyed:
 
 @dataclass(frozen=True)
 class Finding:
-    """A one-line judgement over a run's samples or None; `find(records, metrics)` runs where
-    metrics are summed, stored under `name`, printed as ``<label>: <line>``."""
+    """A one-line judgement over a run's samples, or None (docs/results.md)."""
 
     name: str
     label: str
@@ -169,8 +163,7 @@ class Finding:
 
 
 def shown(style: str, value: Any) -> str:
-    """A value as a metric of `style` prints: ``-`` for none, a share as a percentage, a count
-    whole, else 3 places."""
+    """A value in `style`: ``-``, a share as %, a count whole, else 3 places."""
     if value is None:
         return "-"
     if style == "share" and isinstance(value, (int, float)):

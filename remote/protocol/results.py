@@ -1,6 +1,4 @@
-"""The JSON types of an eval's result files (``result.json``, ``spec.json``, ``ground_truth.json``,
-``samples.jsonl``), defined once and checked before the controller uses a pulled value; only fields
-somebody reads are described, all optional unless `REQUIRED`."""
+"""The JSON types of an eval's result files; only fields read, optional unless `REQUIRED`."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ from remote.protocol.values import (
 
 
 class ResultError(ValueError):
-    """A result file whose JSON lacks the expected types; the message names the field, its value and
-    the type expected."""
+    """Result JSON of the wrong type; the message names field, value, type."""
 
 
 SOURCE = {"host": STR, "path": STR}
@@ -160,8 +157,7 @@ LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._+-]{0,63}")
 
 
 def label_problem(value: Any) -> str | None:
-    """Why `value` cannot be a sample label (`LABEL_RE`: up to 64 letters, digits, spaces, ``. _ +
-    -``), or None."""
+    """Why `value` cannot be a sample label (`LABEL_RE`), or None."""
     if not isinstance(value, str):
         return f"is {_shown(value)} ({type_words(value)}), expected a string"
     if not LABEL_RE.fullmatch(value):
@@ -205,8 +201,7 @@ def _shown(v: Any) -> str:
 
 
 def _check(value: Any, expected: Any, where: str) -> None:
-    """Raise `ResultError` unless `value` at dotted `where` is `expected` (a field dict or a
-    `Check`); None passes."""
+    """Raise `ResultError` unless `value` at `where` is `expected`; None passes."""
     if value is None:
         return
     if isinstance(expected, dict):
@@ -237,8 +232,7 @@ def _check(value: Any, expected: Any, where: str) -> None:
 
 
 def check_doc(doc: Any, table: Any, where: str = "") -> None:
-    """Raise `ResultError` unless `doc` has the types `table` describes (another result kind's own
-    table)."""
+    """Raise `ResultError` unless `doc` has the types of `table` (another result kind's)."""
     _check(doc, table, where)
 
 
@@ -280,12 +274,12 @@ def check_spec(doc: Any) -> None:
 
 
 def check_ground_truth(doc: Any) -> None:
-    """Raise `ResultError` unless `doc` (a parsed ``ground_truth.json``) has the expected types."""
+    """Raise `ResultError` unless parsed ``ground_truth.json`` `doc` has the expected types."""
     _check(doc, GROUND_TRUTH, "")
 
 
 def check_record(rec: Any) -> None:
-    """Raise `ResultError` unless `rec` (one line of ``samples.jsonl``) has the expected types."""
+    """Raise `ResultError` unless one ``samples.jsonl`` line `rec` has the expected types."""
     if not isinstance(rec, dict):
         raise ResultError(f"the record is {type_words(rec)}, expected an object")
     _check(rec, RECORD, "")
@@ -300,8 +294,7 @@ CHECKS = {
 
 
 def check_files(files: Mapping[str, bytes]) -> None:
-    """Check the JSON files among pulled `files` (name -> bytes) of an eval job: each parses and has
-    the expected types; `ResultError` names file and field."""
+    """Check the pulled JSON files of an eval job parse and have the expected types."""
     docs = {}
     for name in CHECKS:
         if name in files:

@@ -44,8 +44,7 @@ def json_type(value: object) -> str:
 
 
 class Check:
-    """One value type: `check` tests, `expected` says it in words, `message` names the setting;
-    `inner` nests."""
+    """One value type: `check`, its words `expected`, its failing `message`."""
 
     __slots__ = ("expected", "test", "choices", "inner", "keys")
 

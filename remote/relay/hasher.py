@@ -12,8 +12,7 @@ from remote.relay.pipes import CHUNK
 
 
 class Hasher:
-    """sha256 of bytes ``[0, limit)`` of a file, in a thread; the owner raises `limit` (`advance`),
-    then `result`."""
+    """sha256 of ``[0, limit)`` of a file in a thread; `advance`, then `result`."""
 
     prefix_read: int | None = None  # the sender's: bytes of a kept prefix hashed again
 
@@ -68,7 +67,7 @@ class Hasher:
         pipelined = self.direct is not None
         free: queue.Queue = queue.Queue()
         for _ in range(2 if pipelined else 1):
-            free.put(memoryview(mmap.mmap(-1, CHUNK)))  # page-aligned, as O_DIRECT needs
+            free.put(memoryview(mmap.mmap(-1, CHUNK)))
         todo: queue.Queue = queue.Queue()
 
         def consume(item: tuple) -> None:
@@ -119,7 +118,7 @@ class Hasher:
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                os.close(self.direct)  # refused here: buffered reads from now on
+                os.close(self.direct)
                 self.direct = None
         return os.preadv(self.fd, [buf[:want]], self.pos)
 

@@ -1,5 +1,4 @@
-"""A sha256 whose running state can be saved and restored (OpenSSL's, through ctypes), so
-a resumed relay hashes no kept prefix again; `available()` says whether it works here."""
+"""A sha256 whose state saves and restores (OpenSSL via ctypes), for resume."""
 
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ def _candidates() -> list[str]:
 
 
 def _load():
-    import ctypes  # here: host commands without hashing skip its import
+    import ctypes
 
     for name in _candidates():
         try:
@@ -54,7 +53,7 @@ def _self_test(funcs) -> bool:
     global _lib
     saved, _lib = _lib, funcs
     try:
-        data = bytes(range(256)) * 41 + b"x"  # not a multiple of the 64-byte block
+        data = bytes(range(256)) * 41 + b"x"
         for cut in (0, 1, 63, 64, 65, 4096, len(data)):
             h = Sha256()
             h.update(data[:cut])
@@ -129,7 +128,7 @@ class Sha256:
             try:
                 _lib[1](self._ctx, block, n)
             finally:
-                del block  # releases `data`'s buffer at once
+                del block
         self.length += n
 
     def state(self) -> bytes:

@@ -1,5 +1,4 @@
-"""The relay's names on a host and its frame format, with the validators both sides apply;
-only `os` and `struct`, so host commands start fast."""
+"""The relay's names on a host and frame format, validated; os and struct only."""
 
 from __future__ import annotations
 
@@ -7,9 +6,9 @@ import os
 import struct
 
 MANIFEST = ".dflash-manifest.json"
-PARTIAL_PREFIX = ".partial-"  # a checkpoint still arriving
+PARTIAL_PREFIX = ".partial-"
 REPAIR_PREFIX = ".dflash-repair-"
-FRAME_HEADER = struct.Struct(">Q")  # the payload's length
+FRAME_HEADER = struct.Struct(">Q")
 # A host command blocked this long on a silent controller ends, dropping its lock.
 PATIENCE = 240.0
 

@@ -52,8 +52,7 @@ def emit(
     human: Callable[[T], None],
     as_json: Callable[[T], Any] | None = None,
 ) -> None:
-    """Show `result` as JSON or through `human`: the one place that decides, so no command branches
-    on ``--json``."""
+    """Show `result` as JSON or through `human`: the one place that branches on ``--json``."""
     if json_out:
         print_json(as_json(result) if as_json is not None else result)
     else:

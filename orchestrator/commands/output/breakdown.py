@@ -1,5 +1,4 @@
-"""tau by category and by completion length, as tables: one run's groups
-(`orchestrator.results.breakdown`) and a paired comparison's delta per group."""
+"""tau by category and completion length as tables: a run's groups, a comparison's deltas."""
 
 from __future__ import annotations
 
@@ -13,9 +12,7 @@ from remote.protocol import metrics as registry
 
 
 def render_breakdown(groups: dict[str, list[dict]]) -> None:
-    """One table per axis of a run's breakdown (`breakdown.breakdown`) that has two groups
-    or more (`breakdown.worth_showing`): each table metric of the registry
-    (`summary.columns`) and the headline per DDTree budget, per group."""
+    """A table per breakdown axis worth showing: each table metric and the headline per budget."""
     groups = breakdown.worth_showing(groups)
     cols, head = summary.columns(), registry.headline()
     for axis in breakdown.AXES:
@@ -49,9 +46,7 @@ def render_breakdown(groups: dict[str, list[dict]]) -> None:
 
 
 def render_group_deltas(p: cmp.Paired, b: str, a: str) -> None:
-    """A paired comparison's tau delta per group (`compare.group_deltas`), with its
-    interval, one table per axis of two groups or more (`compare.axes`: categories,
-    lengths, context buckets; the DDTree budgets per group, and every axis: ``--json``)."""
+    """A comparison's paired tau delta per group with its interval, a table per axis."""
     for axis, title in cmp.axes():
         groups = [g for g in p.groups if g.axis == axis]
         if len(groups) < 2:
@@ -61,7 +56,7 @@ def render_group_deltas(p: cmp.Paired, b: str, a: str) -> None:
             [
                 Col("group", "id"),
                 Col("paired", "num", justify="right"),
-                Col(a, "num", justify="right", drop=2),  # the delta and interval stay
+                Col(a, "num", justify="right", drop=2),
                 Col(b, "num", justify="right", drop=1),
                 Col("delta", "num", justify="right"),
                 Col("interval", "num", justify="right"),

@@ -1,5 +1,4 @@
-"""How the speedup estimate looks to people: its line in a run's summary and DDTree's
-budget trade-off table (`orchestrator.results.speedup`), times in milliseconds."""
+"""The speedup estimate for people: its summary line and DDTree's trade-off table (ms)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from orchestrator.results import store as res
 
 
 def speedup_line(run: res.Run) -> str:
-    """The speedup estimates, each with the range its trials' spread gives: the chain's,
-    then each DDTree budget's; the one line saying why where they are withheld."""
+    """The estimates with their spread ranges, chain then budgets; or why withheld."""
     est = speedup.estimate(run)
     if not est:
         return "- (no round costs recorded)"
@@ -56,8 +54,7 @@ LOOK = (
 
 
 def tradeoff_table(trade: dict) -> Grid:
-    """The DDTree budgets (`speedup.tradeoff`): tau, verify cost and speedup estimate per
-    node budget, and the chain walk's as the last row."""
+    """DDTree's trade-off per node budget (`speedup.tradeoff`), the chain last."""
     t = Grid(
         f"DDTree budgets: tau and speedup estimate ({trade['formula']}; "
         f"t_step {ms(trade['target_step_s'])} ms, t_draft {ms(trade['drafter_round_s'])} ms)",

@@ -1,5 +1,4 @@
-"""Progress off a terminal: a timestamped line at a steady interval (`Ticker`) and the pace behind
-its ETA (`Pace`)."""
+"""Progress off a terminal: a timestamped line per interval (`Ticker`), its ETA's pace (`Pace`)."""
 
 from __future__ import annotations
 
@@ -77,7 +76,7 @@ def first_estimate(pace: Pace, what: str = "samples") -> str | None:
     if not pace.total or pace.done < min(pace.total, max(2, math.ceil(pace.total / 10))):
         return None
     left = pace.left()
-    if left is None or pace.elapsed() < 1:  # all done at once
+    if left is None or pace.elapsed() < 1:
         return None
     ends = time.strftime("%H:%M", time.localtime(time.time() + left))
     return (
@@ -108,7 +107,7 @@ class Ticker:
         while not self._stop.wait(self.interval):
             try:
                 text = self.line()
-            except Exception:  # a view mid-update: the next tick says it
+            except Exception:
                 continue
             if text:
                 err_console.print(f"{time.strftime('%H:%M:%S')} {plain(text)}", soft_wrap=True)

@@ -22,8 +22,8 @@ class FollowOptions:
     eval: EvalOptions = field(default_factory=EvalOptions)
     results_dir: str | os.PathLike | None = None
     state_dir: str | os.PathLike | None = None
-    tensorboard: str | os.PathLike | None = None  # log folder
-    wandb: str | None = None  # project
+    tensorboard: str | os.PathLike | None = None
+    wandb: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse a count no follow can run with, before anything connects."""

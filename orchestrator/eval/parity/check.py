@@ -11,16 +11,15 @@ from orchestrator.transport.hosts import Host
 
 
 def target_difference(a: dict | None, b: dict | None) -> str | None:
-    """How two preflight target identities differ, in a phrase; None for copies of one
-    checkpoint or nothing to compare."""
+    """How two preflight target identities differ, in a phrase; None if alike."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return None
 
-    def part(x: dict, key: str) -> dict:  # a host's answer: any JSON at all
+    def part(x: dict, key: str) -> dict:
         v = x.get(key)
         return v if isinstance(v, dict) else {}
 
-    def word(v: object) -> str:  # one line, whatever a host put in it
+    def word(v: object) -> str:
         return " ".join(str(v).split())
 
     def shape(x: dict) -> str:
@@ -50,14 +49,13 @@ def target_difference(a: dict | None, b: dict | None) -> str | None:
 
 
 def check_hosts(a: Host, job_a: dict, b: Host, job_b: dict, opts: ParityOptions) -> dict:
-    """Both hosts' capture preflights at once, then their targets compared; the first problem
-    is one line naming its host. The reports by side."""
+    """Both hosts' capture preflights, targets compared; the first problem names its host."""
     with ThreadPoolExecutor(2, thread_name_prefix="parity-preflight") as pool:
         futures = {
             "a": pool.submit(remote_job.preflight, a, job_a),
             "b": pool.submit(remote_job.preflight, b, job_b),
         }
-        reports = {side: f.result() for side, f in futures.items()}  # A's problem first
+        reports = {side: f.result() for side, f in futures.items()}
     for host, report in ((a, reports["a"]), (b, reports["b"])):
         if not isinstance(report, dict):
             raise RemoteCommandError(

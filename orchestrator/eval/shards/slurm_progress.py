@@ -58,9 +58,7 @@ class EventTail:
 
 
 class TaskReporter:
-    """After each look, per attempt its new events then its change of state, then the array's notes;
-    a retry's events follow its failure, so samples count once. `on_failed` sees each failure
-    first."""
+    """Per look: each attempt's events, then state, then notes (retries after failures)."""
 
     def __init__(self, emit, tail: EventTail, name: str, label, max_attempts: int, on_failed):
         self.emit, self.tail, self.name, self.label = emit, tail, name, label

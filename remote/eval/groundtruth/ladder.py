@@ -1,5 +1,4 @@
-"""A context ladder (``context_ladder``): each selected prompt at every rung's length after a
-history of the prompts file's other questions with the target's own answers (docs/eval.md)."""
+"""A context ladder: each prompt at every rung after a history (docs/eval.md)."""
 
 from __future__ import annotations
 
@@ -16,12 +15,11 @@ from remote.eval.groundtruth.prompts import load_prompts, load_tokenizer, render
 from remote.protocol import GT_SOURCES, EvalSpec, JobSpec, sample_labels
 from remote.protocol.ladder import longest, rung_name
 
-Prepare = Callable[[JobSpec], tuple[str, dict]]  # the job's ground-truth phase
+Prepare = Callable[[JobSpec], tuple[str, dict]]
 
 
 def build(job: JobSpec, folder: Path, prepare: Prepare, emit: Callable) -> tuple[JobSpec, dict]:
-    """The job with its prompts replaced by its ladder's (a prompts file in `folder`) and what the
-    result records of the ladder; `prepare` makes the history's answers."""
+    """The job with its ladder's prompts (a file in `folder`) and what the result records."""
     if not GT_SOURCES[job.ground_truth.kind].reads_prompts:
         raise UserError(
             "a context ladder is built from prompts; a ground-truth file already holds its "
@@ -58,8 +56,7 @@ def build(job: JobSpec, folder: Path, prepare: Prepare, emit: Callable) -> tuple
 
 
 class Ladder:
-    """One job's ladder being built: the question pool, answers so far by pool index, their
-    ground-truth entries."""
+    """One job's ladder being built: question pool, answers so far, their entries."""
 
     def __init__(self, job: JobSpec, tokenizer, pool: list[dict], folder, prepare, emit):
         self.job, self.tokenizer, self.pool = job, tokenizer, pool
@@ -91,8 +88,7 @@ class Ladder:
         return self.sizes[j]
 
     def fit(self, k: int, final: dict, rung: int) -> list[dict]:
-        """The conversation putting pool question `k` after the history that brings it to `rung`
-        tokens, a few past at most, the crossing turn cut (`cut`)."""
+        """Pool question `k` after the history reaching `rung` tokens, the last turn `cut`."""
         last = [{"role": "user", "content": final["text"]}]
         if self.length(last) >= rung:
             raise UserError(
@@ -121,8 +117,7 @@ class Ladder:
         return history + self.cut(history, chosen[-1], last, rung) + last
 
     def cut(self, history: list[dict], j: int, last: list[dict], rung: int) -> list[dict]:
-        """Turn `j` cut so the conversation lands on `rung`: its answer's first tokens, else its
-        question's."""
+        """Turn `j` cut to land on `rung`: its answer's first tokens, else its question's."""
         ids = self.answers[j]
         m = least(lambda m: self.length(history + self.turn(j, ids[:m]) + last), rung, len(ids))
         if m > 0:
@@ -151,8 +146,7 @@ class Ladder:
         self.answer(want)
 
     def answer(self, indices: list[int]) -> None:
-        """The target's answers to pool questions `indices`, from the job's ground-truth source
-        (cached)."""
+        """The target's answers to pool questions `indices` (cached ground truth)."""
         self.rounds += 1
         path = self.folder / f"ladder_history_{self.rounds}.jsonl"
         lines = [{"id": f"h{i}", "prompt": self.pool[i]["text"]} for i in indices]
@@ -169,8 +163,7 @@ class Ladder:
 
 
 def least(length: Callable[[int], int], rung: int, most: int) -> int:
-    """The fewest tokens `m` (0..`most`) whose conversation `length(m)` reaches `rung`: a guess, a
-    step of 8 either side, then halving."""
+    """The fewest tokens `m` whose `length(m)` reaches `rung`: guess, step 8, halve."""
     none = length(0)
     if none >= rung:
         return 0

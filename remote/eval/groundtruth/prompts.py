@@ -1,5 +1,4 @@
-"""The prompts a ground truth is made for: read from JSONL, a seeded selection, each rendered with
-the chat template."""
+"""The prompts of a ground truth: JSONL, a seeded selection, chat-template rendering."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def read_jsonl(path: str, what: str) -> Iterator[tuple[int, Any]]:
 def load_prompts(
     path: str, samples: int | None = None, seed: int = 0, sha256: str | None = None
 ) -> list[dict]:
-    """Prompt records ``{"id", "text"}`` from a JSONL file, optionally a seeded subset; `sha256`
-    refuses other content."""
+    """Prompt records from a JSONL file, a seeded subset; `sha256` refuses other content."""
     try:
         if sha256 is not None and file_sha256(path) != sha256:
             raise UserError(
@@ -51,8 +49,7 @@ def load_prompts(
 
 
 def select(records: list, samples: int | None, seed: int) -> list:
-    """`samples` records chosen with a fixed seed, in original order; stratified by ``category``
-    when present."""
+    """`samples` records by a fixed seed, in order; stratified by ``category``."""
     if samples is None or samples >= len(records):
         return list(records)
     if samples < 1:
@@ -69,8 +66,7 @@ def select(records: list, samples: int | None, seed: int) -> list:
 
 
 def stratified(groups: list[list[int]], samples: int, rng: random.Random) -> list[int]:
-    """`samples` indices from `groups` (a category's indices each): one per group first, the rest in
-    proportion to group sizes (largest remainders), seeded."""
+    """Seeded indices from `groups`: one per group, the rest by size (largest remainders)."""
     if samples < len(groups):
         return [rng.choice(groups[g]) for g in rng.sample(range(len(groups)), samples)]
     rest, spare = samples - len(groups), sum(len(g) - 1 for g in groups)
@@ -100,8 +96,7 @@ def load_tokenizer(target: str):
 
 
 def render_prompt(tokenizer, prompt: str | dict, thinking: bool) -> tuple[str, list[int]]:
-    """(prompt text, prompt ids) with the chat template and generation prompt; a record's
-    ``messages`` win over its ``text``."""
+    """(text, ids) with the chat template; a record's ``messages`` win over ``text``."""
     if isinstance(prompt, str):
         messages = [{"role": "user", "content": prompt}]
     else:
@@ -110,15 +105,14 @@ def render_prompt(tokenizer, prompt: str | dict, thinking: bool) -> tuple[str, l
         rendered = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
         )
-    else:  # no template: the turns' texts one after another
+    else:
         rendered = "\n\n".join(m["content"] for m in messages)
     ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
     return rendered, list(ids)
 
 
 def chat_template_sha256(tokenizer) -> str | None:
-    """sha256 of the chat template `render_prompt` applies (None: none), so runs under another
-    template are told apart."""
+    """sha256 of the chat template applied (None: none), recorded to tell runs apart."""
     template = getattr(tokenizer, "chat_template", None)
     if not template:
         return None
