@@ -381,7 +381,13 @@ def test_report_compares_each_run_with_the_earliest_step_of_its_series(runs, tmp
     )
     assert named.returncode == 0, named.stderr
     assert f"baseline: {by_step[300]} (step 300), named by --baseline" in named.stdout
-    assert page.read_text().count('class="down"') == 2
+    rows = re.findall(
+        r'<tr><td class="l"><span class="mono">([^<]+)</span>(.*?)</tr>', page.read_text()
+    )
+    cells = {run_id: rest for run_id, rest in rows}
+    assert ">baseline<" in cells[by_step[300]]
+    for step in (0, 150):  # below the named baseline, in red (so are their context buckets)
+        assert re.search(r'<span class="down">-\d\.\d{3}</span>', cells[by_step[step]]), cells
     assert "--baseline" in dflash("results", "report", "--help").stdout
 
 

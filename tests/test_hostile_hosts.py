@@ -257,7 +257,7 @@ def test_honest_answers_pass_the_contract(env):
         end = job.watch(host, env.job, pull=True)
         assert end["state"] == "cancelled" and isinstance(end["files"], dict)
         assert job.cancel(host, env.job)["was"] == "cancelled"
-        ref = job.start_job(host, {"kind": "eval", "checkpoint": "x"}, f"{env.job}-c")
+        ref = job.start_job(host, env.hostile.blocking_spec(f"{env.job}-c"), f"{env.job}-c")
         assert ref.pid > 0 and ref.dir.endswith(f"{env.job}-c")
         assert job.cancel(host, ref.job_id)["state"] == "cancelled"
     rows = hostjobs.jobs_on(load_inventory(env.inventory))

@@ -144,7 +144,7 @@ class HostileHost:
         """A real job on the host, started by the real ``job start`` and cancelled by the
         real ``job cancel`` once its runner runs (before its torch import is done): the
         files every job command reads, its events ``job`` and ``end``. Returns its folder."""
-        spec = {"kind": "eval", "checkpoint": "hostile", "created": time.time()}
+        spec = self.blocking_spec(job_id)
         self._job("start", job_id, stdin=json.dumps(spec))
         folder = self.workdir / "jobs" / job_id
         deadline = time.monotonic() + 60
@@ -152,6 +152,20 @@ class HostileHost:
             time.sleep(0.02)
         self._job("cancel", job_id)
         return folder
+
+    def blocking_spec(self, job_id: str) -> dict:
+        """An eval job's spec whose runner blocks until cancelled, however fast the eval's
+        own checks are: its prompts are a FIFO no one writes."""
+        fifo = self.workdir / f"{job_id}-prompts.jsonl"
+        fifo.parent.mkdir(parents=True, exist_ok=True)
+        if not fifo.exists():
+            os.mkfifo(fifo)
+        return {
+            "kind": "eval",
+            "checkpoint": "hostile",
+            "created": time.time(),
+            "prompts": {"path": str(fifo)},
+        }
 
     def cancel(self, job_id: str) -> None:
         """Stop job `job_id` with the real ``job cancel`` (a case that started one)."""
