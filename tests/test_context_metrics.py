@@ -18,6 +18,7 @@ from orchestrator.results import store as res
 from remote.eval.metrics import summarize
 from remote.protocol import check_result, context
 from tests.helpers.runs import make_run
+from tests.helpers.screen import console_at
 
 
 def test_buckets_are_powers_of_two_from_512():
@@ -83,7 +84,6 @@ def test_one_bucket_or_too_few_samples_is_not_judged():
 
 def test_every_view_has_tau_per_bucket(tmp_path):
     from orchestrator.commands import output
-    from orchestrator.commands.output import base
 
     cliff_runs(tmp_path, at=4000)
     a, b = res.load_run(tmp_path / "short"), res.load_run(tmp_path / "long")
@@ -91,9 +91,7 @@ def test_every_view_has_tau_per_bucket(tmp_path):
     want = {r["context"]: r["rate"] for r in b.metrics["tau_by_context"]}
     assert list(want) == [512, 1024, 2048, 4096, 8192]
 
-    con, before = base.console, base.console.width
-    con.width = 200
-    try:
+    with console_at(200) as con:
         with con.capture() as cap:
             output.render_run(b)
         shown = cap.get()
@@ -101,8 +99,6 @@ def test_every_view_has_tau_per_bucket(tmp_path):
         with con.capture() as cap:
             output.render_comparison(c)
         compared = cap.get()
-    finally:
-        con.width = before
     assert re.search(rf"^\W*4096\W+\d+\W+\d+\W+{want[4096]:.3f}\W*$", shown, re.M), shown
     assert "cliff in tau by context" in shown and "at context 4096" in shown
 

@@ -21,6 +21,7 @@ import pytest
 from tests.helpers.cli import ROOT, one_error_line
 from tests.helpers.cli import dflash as run_cli
 from tests.helpers.runs import edit_result, make_run
+from tests.helpers.screen import console_at
 
 WIDTHS = (60, 80)
 CUT = "…"
@@ -48,19 +49,13 @@ def runs(tmp_path) -> Path:
 @pytest.fixture
 def screen():
     """Render with the CLI's own stdout console at a width, capturing what it prints."""
-    from orchestrator.commands.output import base
-
-    con = base.console
-    before = con.width
 
     def render(width: int, fn, *args) -> str:
-        con.width = width
-        with con.capture() as cap:
+        with console_at(width) as con, con.capture() as cap:
             fn(*args)
         return cap.get()
 
-    yield render
-    con.width = before
+    return render
 
 
 # ---- ids and numbers are never cut --------------------------------------------------------

@@ -20,6 +20,7 @@ from remote.protocol import ResultError, check_result
 from remote.protocol import metrics as registry
 from remote.protocol.metrics import Finding, Keyed, Metric
 from tests.helpers.runs import make_run
+from tests.helpers.screen import console_at
 
 NAME = "first_round_length"
 LABEL = "acceptance length of the first round"
@@ -46,18 +47,13 @@ def first_round():
 @pytest.fixture
 def screen():
     """Render with the CLI's own stdout console, wide, capturing what it prints."""
-    from orchestrator.commands.output import base
-
-    con, before = base.console, base.console.width
 
     def render(fn, *args) -> str:
-        con.width = 250
-        with con.capture() as cap:
+        with console_at(250) as con, con.capture() as cap:
             fn(*args)
         return cap.get()
 
-    yield render
-    con.width = before
+    return render
 
 
 def first_rounds(run: res.Run) -> float:

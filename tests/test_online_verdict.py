@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from remote.online import verdict
+from tests.helpers.screen import console_at
 
 
 def test_vllms_uncut_last_step_is_cut_like_the_walk():
@@ -106,17 +107,11 @@ def test_disagreements_are_placed_by_context_position():
     ]  # fmt: skip
     check_verdict(v)  # the controller's types take it
 
-    from orchestrator.commands.output import base
     from orchestrator.commands.output.online import render_verdict
 
     v["server"] = {"engine": "vllm", "started_here": True, "url": "http://127.0.0.1:9"}
-    con, before = base.console, base.console.width
-    con.width = 160
-    try:
-        with con.capture() as cap:
-            render_verdict(v)
-    finally:
-        con.width = before
+    with console_at(160) as con, con.capture() as cap:
+        render_verdict(v)
     shown = cap.get()
     assert "tau by context, offline | online" in shown, shown
     assert re.search(r"^\W*1024\W+4\.000?\W+2\.667\W+2/3\W+1\W*$", shown, re.M), shown
