@@ -11,6 +11,7 @@ from remote.protocol.metrics import HEADLINE, find
 TAU, TOKENS = HEADLINE, "tau_token_weighted"
 FORMULA = f"speedup = {TOKENS} * t_step / (t_verify + t_draft)"
 SPREAD_LIMIT = 1.5  # slowest / fastest trial of one part beyond which no estimate is given
+JITTER_S = 1e-3  # trials closer than this differ by the clock and scheduler, not by load
 
 # every view of the trade-off table shows these, in `tradeoff_rows`' order
 TRADEOFF_COLUMNS = (
@@ -32,9 +33,14 @@ def costs(run: Any) -> dict[str, Any]:
 
 
 def withheld(run: Any) -> str | None:
-    """One line when a part's trials disagree by more than SPREAD_LIMIT, else None."""
+    """One line when a part's trials disagree by more than SPREAD_LIMIT (and JITTER_S),
+    else None."""
     spread = costs(run).get("spread") or {}
-    worst = [(hi / lo, name, lo, hi) for name, (lo, hi) in spread.items() if lo > 0]
+    worst = [
+        (hi / lo, name, lo, hi)
+        for name, (lo, hi) in spread.items()
+        if lo > 0 and hi - lo > JITTER_S
+    ]
     if not worst or max(worst)[0] <= SPREAD_LIMIT:
         return None
     ratio, name, lo, hi = max(worst)

@@ -92,7 +92,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     from remote.eval import drafter as drafter_mod
     from remote.eval import target as target_mod
     from remote.eval.metrics import summarize
-    from remote.eval.round_timing import SHARE, Capture
+    from remote.eval.round_timing import Capture, budget
     from remote.eval.walk import WalkOptions, eval_stream
     from remote.model.load import attention_implementation
 
@@ -202,7 +202,7 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     del walker
     with device_mod.computing(device):
         round_costs = measure_costs(
-            target, drafter, cost_inputs, cached_costs, cache, device, walked, SHARE * eval_s
+            target, drafter, cost_inputs, cached_costs, cache, device, walked, budget(eval_s)
         )
     del walked
     costs_s = time.perf_counter() - t_costs

@@ -9,6 +9,12 @@ from typing import Any
 REPEATS = 5  # timed trials of a part at most, after a warm-up
 MIN_TRIALS = 2
 SHARE = 0.05  # the round costs' budget: this share of the walk's seconds
+FLOOR_S = 1.0  # but never less: a small model's parts take milliseconds, all needed
+
+
+def budget(walk_s: float) -> float:
+    """Seconds the round costs may take after a walk of `walk_s` seconds."""
+    return max(FLOOR_S, SHARE * walk_s)
 
 
 def sync(device) -> None:
