@@ -868,7 +868,12 @@ def test_remote_eval_on_spec_bench_gives_tau_per_category_in_every_view(
     assert set(costs["target_verify_s"]) == {str(block), "5"}, costs  # the chain, DDTree-4
     assert set(costs["tree_verify_s"]) == {"4"}, costs  # DDTree-4's tree, its tree mask
     assert costs["target_step_s"] > 0 and costs["drafter_round_s"] > 0
-    assert out["summary"]["speedup_estimate"] > 0
+    from orchestrator.results import speedup, store
+
+    # a busy host (this suite's other processes) may withhold it, in one line, by design
+    withheld = speedup.withheld(store.load_run(run_dir))
+    estimate = out["summary"]["speedup_estimate"]
+    assert (estimate is None) if withheld else (estimate > 0), (estimate, withheld)
     compared = dflash(
         "results", "compare", outs[0]["run_id"], run_id, "-i", str(inventory), "--json"
     )
