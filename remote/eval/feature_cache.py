@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from remote.eval import feature_file
-from remote.eval.feature_file import HEADER_MOST_BYTES, tensor_digest  # noqa: F401
+from remote.eval.feature_file import tensor_digest
 from remote.relay.fdfiles import write_all
 
 FOLDER = "features"
