@@ -15,7 +15,8 @@ from typing import Any, Protocol
 from remote.atomic import write_json_atomic
 from remote.entry import self_command
 from remote.errors import UserError
-from remote.protocol import GT_DEFERRED_FILE, EvalSpec, SpecError
+from remote.protocol import GT_DEFERRED_FILE, EvalSpec, Sampling, SpecError
+from remote.protocol.job_spec import engine_sampling
 
 
 class Events(Protocol):
@@ -27,9 +28,10 @@ class Events(Protocol):
 
 
 def job_engine(spec: dict) -> EvalSpec:
-    """The job's validated engine `EvalSpec`; a bad one fails the job in one line."""
+    """The job's validated engine `EvalSpec` at its sampling's temperature, top-k, top-p
+    and seed (`engine_sampling`); a bad one fails the job in one line."""
     try:
-        return EvalSpec.of_job(spec)
+        return engine_sampling(EvalSpec.of_job(spec), Sampling.from_json(spec.get("sampling")))
     except (SpecError, TypeError) as exc:
         raise UserError(f"job spec: {exc}") from None
 
