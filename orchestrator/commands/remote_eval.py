@@ -30,7 +30,6 @@ from orchestrator.commands.common import (
     ResultsDirOption,
     SamplesOption,
     SeedOption,
-    TemperatureOption,
     ThreadsOption,
     TopKOption,
     TopkOption,
@@ -39,11 +38,14 @@ from orchestrator.commands.common import (
     stopped_by_signal,
 )
 from orchestrator.eval import run as remote_eval
+from orchestrator.eval import sweep
 from orchestrator.eval.job import JobRef
 from orchestrator.eval.request import eval_request
 from orchestrator.eval.shards import run as shard
 from orchestrator.eval.spec import EvalOptions, engine_spec
+from orchestrator.eval.sweep import first_sampled, run_sweep, temperatures
 from orchestrator.results import store as res
+from orchestrator.results import sweep as sweep_view
 from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
 
 
@@ -89,7 +91,16 @@ def remote_eval_cmd(
             help="Chat template with thinking on or off (enable_thinking).",
         ),
     ] = False,
-    temperature: TemperatureOption = 0.0,
+    temperature: Annotated[
+        str | None,
+        typer.Option(
+            help="Temperature the ground truth is sampled at and tau is computed for (0, the "
+            "default: greedy; above 0: speculative-sampling acceptance in expectation, "
+            "docs/dflash-eval.md); several comma-separated (0,0.6,1.0) sweep them: one run "
+            "per temperature and a table of tau against it (docs/eval.md).",
+            show_default=False,
+        ),
+    ] = None,
     top_k: TopKOption = None,
     top_p: TopPOption = None,
     draft_policy: DraftPolicyOption = None,
@@ -142,6 +153,7 @@ def remote_eval_cmd(
         device=device,
         draft_policy=draft_policy,
     )
+    temps = temperatures(temperature)
     options = EvalOptions(
         prompts=prompts,
         samples=samples,
@@ -149,7 +161,7 @@ def remote_eval_cmd(
         seed=seed,
         max_new_tokens=max_new_tokens,
         thinking=thinking,
-        temperature=temperature,
+        temperature=first_sampled(temps),
         top_k=top_k,
         top_p=top_p,
         gt_samples=gt_samples,
@@ -167,8 +179,13 @@ def remote_eval_cmd(
         chosen=chosen,
     )
     request = eval_request(inv, checkpoint, options, host=host, hosts=hosts, detach=detach)
+    if len(temps) > 1:
+        sweep.check(options, inv.expand(request.hosts or [request.host]), request.detach)
     output.notes(request.notes)
     show = not json_out
+    if len(temps) > 1:
+        _sweep(inv, request, checkpoint, options, temps, results, json_out)
+        return
     if request.hosts:
         # SIGTERM as Ctrl-C: a Slurm array is cancelled on the way out, nothing left queued
         with stopped_by_signal(), output.SlurmShardProgress(show) as live:
@@ -191,6 +208,25 @@ def remote_eval_cmd(
                 on_start=output.job_started(request.host),
             )
     _report(run_dir, json_out)
+
+
+def _sweep(inv, request, checkpoint, options, temps, results, json_out: bool) -> None:
+    """One run per temperature (each as a single eval runs), then the sweep's table."""
+    show = not json_out
+
+    def one(opts: EvalOptions):
+        if request.hosts:
+            with stopped_by_signal(), output.SlurmShardProgress(show) as live:
+                return shard.run_sharded(
+                    inv, request.hosts, checkpoint, opts, on_event=live, dest=results
+                )
+        with output.LiveProgress(show) as live:
+            return remote_eval.run_eval(
+                inv, request.host, checkpoint, opts, on_event=live, dest=results
+            )
+
+    done = run_sweep(one, options, temps, checkpoint)
+    output.emit(done, json_out, human=output.render_sweep, as_json=sweep_view.to_json)
 
 
 def _report(run_dir, json_out: bool) -> None:

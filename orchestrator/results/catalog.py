@@ -9,7 +9,7 @@ from orchestrator.errors import DflashError
 from orchestrator.inventory import InventoryError, load_inventory
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
-from orchestrator.results import summary
+from orchestrator.results import summary, sweep
 from orchestrator.results.gate import Gate, GateOptions, gate
 
 
@@ -59,13 +59,16 @@ class Listing:
     runs: list[res.Run]
     parity_runs: list[tuple[Path, dict]]
     skipped: list[str]
+    sweeps: list[sweep.Sweep] = field(default_factory=list)
 
     def to_json(self) -> list[dict]:
         from orchestrator.results import parity_view
 
-        return [summary.summary(r) for r in self.runs] + [
-            parity_view.summary(r, p.name) for p, r in self.parity_runs
-        ]
+        return (
+            [summary.summary(r) for r in self.runs]
+            + [parity_view.summary(r, p.name) for p, r in self.parity_runs]
+            + [{"kind": "sweep", **sweep.to_json(s)} for s in self.sweeps]
+        )
 
 
 def list_all(results_dir: Path | None, inventory_path: Path | None) -> Listing:
@@ -74,7 +77,7 @@ def list_all(results_dir: Path | None, inventory_path: Path | None) -> Listing:
 
     root = results_root(results_dir, inventory_path)
     runs, skipped = res.scan_runs(root)
-    return Listing(root, runs, parity_view.list_runs(root), skipped)
+    return Listing(root, runs, parity_view.list_runs(root), skipped, sweep.list_sweeps(root))
 
 
 @dataclass
@@ -85,11 +88,16 @@ class ParityRun:
     result: dict
 
 
-def find(run_id: str, results_dir: Path | None, inventory_path: Path | None) -> res.Run | ParityRun:
-    """One run by id, unique prefix or folder: a parity run, else an eval run."""
+def find(
+    run_id: str, results_dir: Path | None, inventory_path: Path | None
+) -> res.Run | ParityRun | sweep.Sweep:
+    """One run by id, unique prefix or folder: a sweep, a parity run, else an eval run."""
     from orchestrator.results import parity_view
 
     root = results_root(results_dir, inventory_path)
+    for folder in (Path(run_id), root / run_id):
+        if sweep.is_sweep(folder):
+            return sweep.load(folder)
     folder = Path(run_id) if (Path(run_id) / "result.json").is_file() else None
     for p, _r in [] if folder else parity_view.list_runs(root):
         if p.name == run_id or (folder is None and p.name.startswith(run_id)):

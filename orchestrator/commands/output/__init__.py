@@ -71,6 +71,8 @@ _WHERE = {
     "render_run": "results",
     "render_started": "jobs",
     "render_summary": "results",
+    "render_sweep": "sweep",
+    "sweep_table": "sweep",
     "show": "base",
 }
 

@@ -48,6 +48,10 @@ def render_listing(listing: catalog.Listing) -> None:
                 fmt(s["delta_tau"]),
             )
         show(t)
+    if listing.sweeps:
+        from orchestrator.commands.output.sweep import sweep_table
+
+        sweep_table(listing.sweeps)
     if not listing.runs:
         _line(f"no runs in {listing.root}")
         return

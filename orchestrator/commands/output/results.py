@@ -13,7 +13,7 @@ from orchestrator.commands.output.breakdown import render_breakdown
 from orchestrator.commands.output.parity import render_parity
 from orchestrator.commands.output.speedup import speedup_line, tradeoff_table
 from orchestrator.commands.output.tables import Col, Grid, kv, styled
-from orchestrator.results import breakdown, catalog, online_view, settings, speedup, summary
+from orchestrator.results import breakdown, catalog, online_view, settings, speedup, summary, sweep
 from orchestrator.results import store as res
 from remote.protocol import TARGET_LOADED_ENDS
 from remote.protocol import metrics as registry
@@ -224,20 +224,26 @@ def render_keyed(run: res.Run, m: registry.Keyed) -> None:
     show(t)
 
 
-def render_found(found: res.Run | catalog.ParityRun) -> None:
-    """`results show`: a parity run as parity's table, an eval run in full."""
-    if isinstance(found, catalog.ParityRun):
+def render_found(found: res.Run | catalog.ParityRun | sweep.Sweep) -> None:
+    """`results show`: a sweep's table, a parity run as parity's table, an eval run in full."""
+    if isinstance(found, sweep.Sweep):
+        from orchestrator.commands.output.sweep import render_sweep
+
+        render_sweep(found)
+    elif isinstance(found, catalog.ParityRun):
         render_parity(found.result, found.path)
     else:
         render_run(found)
 
 
-def found_json(found: res.Run | catalog.ParityRun) -> dict:
+def found_json(found: res.Run | catalog.ParityRun | sweep.Sweep) -> dict:
     """`results show --json`: the run's result document; an eval run's with ``breakdown``
     (tau by category and completion length, derived from its samples) and
     ``ddtree_tradeoff`` (`speedup.tradeoff`: tau, verify cost and speedup estimate per
     DDTree budget, the chain's beside) and ``beside`` (another run of the checkpoint and
     how its settings differ: `settings.beside`) added."""
+    if isinstance(found, sweep.Sweep):
+        return sweep.to_json(found)
     if isinstance(found, catalog.ParityRun):
         return found.result
     return {

@@ -1,0 +1,93 @@
+"""`dflash remote-eval --temperature 0,0.8` over the loopback eval host: one complete run
+per temperature (each over its own ground truth, made on the host by the tiny target),
+the sweep's table equal to each run's tau, the target's features computed once per
+ground truth (the feature cache's counters), and `results list`/`show` finding the sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import dflash, one_error_line
+from tests.helpers.sshd import ssh_host_entry
+
+pytestmark = pytest.mark.slow
+
+COMMON = ("--checkpoint", "step-12", "--samples", "2", "--max-new-tokens", "8")
+
+
+@pytest.fixture
+def inventory(eval_sshd, ssh_base, make_inventory, eval_role, tmp_path) -> Path:
+    role = eval_role(ground_truth_kind="local")
+    del role["ground_truth"]  # the target samples it on the host, at each temperature
+    return make_inventory(
+        hosts={"evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": role})},
+        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    )
+
+
+def features(run_dir: Path) -> dict:
+    return json.loads((run_dir / "result.json").read_text())["inputs"]["target_features"]
+
+
+def test_a_sweep_is_one_run_per_temperature_and_a_table_of_their_tau(inventory, tmp_path):
+    got = dflash(
+        "remote-eval", *COMMON, "--temperature", "0,0.8", "-i", str(inventory), "--json",
+        timeout=600,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    sweep = json.loads(got.stdout)
+    assert [r["temperature"] for r in sweep["runs"]] == [0.0, 0.8]
+    root = tmp_path / "results"
+    assert (root / sweep["sweep_id"] / "sweep.json").is_file()
+    assert (root / sweep["sweep_id"] / "tau_by_temperature.png").is_file()
+    for row in sweep["runs"]:
+        run_dir = root / row["run_id"]
+        result = json.loads((run_dir / "result.json").read_text())
+        spec = json.loads((run_dir / "spec.json").read_text())
+        assert spec["sampling"]["temperature"] == row["temperature"]
+        # above 0 the expectation (the walk's rounds are one draw), at 0 the walk
+        want = result["expected"] if row["temperature"] else result["metrics"]
+        assert ("expected" in result) == (row["temperature"] > 0)
+        assert row["tau"] == want["tau" if row["temperature"] else "tau_per_sample_mean"]
+        assert row["tau_token_weighted"] == want["tau_token_weighted"]
+        lo, hi = row["tau_interval"]
+        assert lo <= row["tau"] <= hi
+        # its own ground truth: computed by the target once, kept for the next eval of it
+        feats = features(run_dir)
+        assert feats["cached"] is False and feats["samples_stored"] == 2
+    hot = dflash(
+        "remote-eval", *COMMON, "--temperature", "0.8", "-i", str(inventory), "--json",
+        timeout=300,
+    )  # fmt: skip
+    assert hot.returncode == 0, hot.stderr
+    again = Path(json.loads(hot.stdout)["run_dir"])
+    assert features(again)["cached"] is True and features(again)["samples_cached"] == 2
+    hot_tau = json.loads((again / "result.json").read_text())["expected"]["tau"]
+    assert hot_tau == pytest.approx(sweep["runs"][1]["tau"])
+
+    listed = json.loads(dflash("results", "list", "-i", str(inventory), "--json").stdout)
+    assert [s["sweep_id"] for s in listed if s.get("kind") == "sweep"] == [sweep["sweep_id"]]
+    shown = dflash("results", "show", sweep["sweep_id"], "-i", str(inventory))
+    assert shown.returncode == 0, shown.stderr
+    assert "tau by temperature" in shown.stdout
+    assert all(r["run_id"] in shown.stdout for r in sweep["runs"])
+
+
+def test_a_sweep_refuses_a_file_ground_truth_and_a_bad_temperature(inventory, tmp_path):
+    gt = tmp_path / "gt.jsonl"
+    gt.write_text('{"id": "a", "prompt_ids": [1, 2], "completion_ids": [3]}\n')
+    for args, want in (
+        (
+            ("--temperature", "0,1", "--ground-truth", str(gt), "--ground-truth-kind", "file"),
+            "a temperature sweep samples",
+        ),
+        (("--temperature", "0,hot"), "temperature 'hot' is not a number"),
+        (("--temperature", "0,1", "--detach"), "drop --detach"),
+    ):
+        got = dflash("remote-eval", *COMMON, *args, "-i", str(inventory))
+        assert got.returncode != 0
+        assert want in one_error_line(got), args
+    assert not (tmp_path / "results").exists()  # nothing started, nothing written
