@@ -43,7 +43,7 @@ def list_cmd(
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Every run in the results folder, oldest first, by its full id.
+    """Every run (and temperature sweep) in the results folder, oldest first, by its full id.
 
     show and compare take that id, or a unique prefix of it."""
     listing = catalog.list_all(results_dir, inventory_path)
@@ -53,7 +53,7 @@ def list_cmd(
 
 @results_app.command("show")
 def show_cmd(
-    run_id: Annotated[str, typer.Argument(help="Run id (or unique part) or folder.")],
+    run_id: Annotated[str, typer.Argument(help="Run id (or unique part), sweep id or folder.")],
     results_dir: ResultsDirOption = None,
     inventory_path: InventoryOption = None,
     json_out: JsonOption = False,
