@@ -215,6 +215,8 @@ def _sweep(inv, request, checkpoint, options, temps, results, json_out: bool) ->
     show = not json_out
 
     def one(opts: EvalOptions):
+        at = temps.index(opts.temperature) + 1
+        output.notes([f"temperature {opts.temperature:g}: run {at} of {len(temps)}"])
         if request.hosts:
             with stopped_by_signal(), output.SlurmShardProgress(show) as live:
                 return shard.run_sharded(

@@ -70,14 +70,8 @@ def run_sweep(
     options: EvalOptions,
     temps: Sequence[float],
     checkpoint: str,
-    on_run: Callable[[float, Path], None] | None = None,
 ) -> view.Sweep:
     """`run_one` at each of `temps` in order (each a complete run folder), then the sweep
     folder beside them: the `Sweep`."""
-    runs = []
-    for t in temps:
-        run_dir = run_one(at(options, t))
-        runs.append(res.load_run(run_dir))
-        if on_run:
-            on_run(t, run_dir)
+    runs = [res.load_run(run_one(at(options, t))) for t in temps]
     return view.write_sweep(runs, runs[0].path.parent, new_sweep_id(checkpoint))
