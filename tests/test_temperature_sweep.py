@@ -13,8 +13,6 @@ import pytest
 from tests.helpers.cli import dflash, one_error_line
 from tests.helpers.sshd import ssh_host_entry
 
-pytestmark = pytest.mark.slow
-
 COMMON = ("--checkpoint", "step-12", "--samples", "2", "--max-new-tokens", "8")
 
 
@@ -32,6 +30,7 @@ def features(run_dir: Path) -> dict:
     return json.loads((run_dir / "result.json").read_text())["inputs"]["target_features"]
 
 
+@pytest.mark.slow
 def test_a_sweep_is_one_run_per_temperature_and_a_table_of_their_tau(inventory, tmp_path):
     got = dflash(
         "remote-eval", *COMMON, "--temperature", "0,0.8", "-i", str(inventory), "--json",
@@ -76,6 +75,7 @@ def test_a_sweep_is_one_run_per_temperature_and_a_table_of_their_tau(inventory, 
     assert all(r["run_id"] in shown.stdout for r in sweep["runs"])
 
 
+@pytest.mark.slow
 def test_a_sweep_refuses_a_file_ground_truth_and_a_bad_temperature(inventory, tmp_path):
     gt = tmp_path / "gt.jsonl"
     gt.write_text('{"id": "a", "prompt_ids": [1, 2], "completion_ids": [3]}\n')
@@ -91,3 +91,58 @@ def test_a_sweep_refuses_a_file_ground_truth_and_a_bad_temperature(inventory, tm
         assert got.returncode != 0
         assert want in one_error_line(got), args
     assert not (tmp_path / "results").exists()  # nothing started, nothing written
+
+
+def test_the_table_takes_the_walk_at_0_and_the_expectation_above(tmp_path):
+    """Rows in temperature order, each from its own run: at 0 the walk's tau, above 0
+    the ``expected`` block's (not the walk's one draw); a damaged sweep.json is one line."""
+    from orchestrator.errors import DflashError
+    from orchestrator.results import store as res
+    from orchestrator.results import sweep as view
+    from tests.helpers.runs import edit_result, make_run
+
+    greedy = make_run(tmp_path, "r-greedy", "step-9", 9, skill=0.8)
+    hot = make_run(tmp_path, "r-hot", "step-9", 9, skill=0.8)
+    spec = json.loads((hot / "spec.json").read_text())
+    (hot / "spec.json").write_text(json.dumps({**spec, "sampling": {"temperature": 0.8}}))
+    recs = [json.loads(line) for line in (hot / "samples.jsonl").read_text().splitlines()]
+    for i, r in enumerate(recs):
+        r["expected"] = {"tau": 1.5 + i / 10}
+    (hot / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    edit_result(hot, lambda d: d.update(expected={"tau": 1.65, "tau_token_weighted": 1.6}))
+    sweep = view.write_sweep([res.load_run(hot), res.load_run(greedy)], tmp_path, "sweep-a")
+    cold, warm = sweep.rows
+    walk = res.load_run(greedy).metrics
+    assert (cold["run_id"], cold["temperature"], cold["tau"]) == (
+        "r-greedy",
+        0.0,
+        walk["tau_per_sample_mean"],
+    )
+    assert cold["tau_token_weighted"] == walk["tau_token_weighted"] != 1.6
+    assert (warm["run_id"], warm["temperature"], warm["tau"]) == ("r-hot", 0.8, 1.65)
+    assert warm["tau_token_weighted"] == 1.6 and warm["sampling"].startswith("temperature 0.8")
+    assert 1.5 <= warm["tau_interval"][0] <= 1.65 <= warm["tau_interval"][1] <= 1.8
+    assert view.load(tmp_path / "sweep-a").rows == sweep.rows
+    (tmp_path / "sweep-a" / "sweep.json").write_text('{"schema": "dflash.sweep/1"}')
+    with pytest.raises(DflashError, match="is not a dflash sweep"):
+        view.load(tmp_path / "sweep-a")
+
+
+def test_each_temperature_takes_only_what_applies_to_it():
+    """At 0 a sweep's run drops top-k, top-p, --gt-samples and --draft-policy (greedy
+    takes none); above 0 it keeps them."""
+    from orchestrator.eval.spec import EvalOptions, engine_spec
+    from orchestrator.eval.sweep import at, first_sampled, temperatures
+
+    temps = temperatures("0, 0.6,1")
+    assert temps == (0.0, 0.6, 1.0) and first_sampled(temps) == 0.6
+    engine, chosen = engine_spec(draft_policy="sample")
+    base = EvalOptions(temperature=0.6, top_p=0.9, gt_samples=2, engine=engine, chosen=chosen)
+    greedy, hot = at(base, 0.0), at(base, 1.0)
+    assert (greedy.top_p, greedy.gt_samples, greedy.engine.draft_policy) == (None, None, "argmax")
+    assert (hot.temperature, hot.top_p, hot.gt_samples, hot.engine.draft_policy) == (
+        1.0,
+        0.9,
+        2,
+        "sample",
+    )
