@@ -123,6 +123,11 @@ def test_the_table_takes_the_walk_at_0_and_the_expectation_above(tmp_path):
     assert warm["tau_token_weighted"] == 1.6 and warm["sampling"].startswith("temperature 0.8")
     assert 1.5 <= warm["tau_interval"][0] <= 1.65 <= warm["tau_interval"][1] <= 1.8
     assert view.load(tmp_path / "sweep-a").rows == sweep.rows
+    from orchestrator.results import catalog
+
+    page = catalog.report(None, tmp_path / "report.html", "t", tmp_path, None).path.read_text()
+    assert "temperature sweeps" in page and 'data-plot="sweep-a"' in page
+    assert "r-hot" in page.split("temperature sweeps")[1]
     (tmp_path / "sweep-a" / "sweep.json").write_text('{"schema": "dflash.sweep/1"}')
     with pytest.raises(DflashError, match="is not a dflash sweep"):
         view.load(tmp_path / "sweep-a")

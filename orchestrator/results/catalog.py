@@ -260,7 +260,9 @@ def report(
     root = results_root(results_dir, inventory_path)
     selected = select_runs(run_ids, root)
     base = res.load_run(baseline, root) if baseline else None
-    page = rep.write_report(selected.runs, out, title, baseline=base)
+    page = rep.write_report(
+        selected.runs, out, title, baseline=base, sweeps=sweep.list_sweeps(root)
+    )
     return Written(
         len(selected.runs), "html", page.path, skipped=selected.skipped, notes=page.notes
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 from orchestrator.errors import DflashError
 from orchestrator.results import compare, plots, summary
 from orchestrator.results import store as res
+from orchestrator.results import sweep as sweep_view
 from orchestrator.results.report_html import STYLE, delta_cells, esc, figure, share, table
 from orchestrator.results.report_run import run_section
 from remote.atomic import write_atomic
@@ -114,6 +115,28 @@ def comparison_section(
     )
 
 
+def sweep_section(sweeps: list[sweep_view.Sweep], failed: list[str]) -> str:
+    """Each temperature sweep: tau against T, plotted and as a table."""
+    out = []
+    for s in sweeps:
+        rows = [
+            [
+                esc(f"{r['temperature']:g}"),
+                esc(summary.shown("num", r["tau"])),
+                esc(" - ".join(f"{v:.3f}" for v in r["tau_interval"] or []) or "-"),
+                esc(summary.shown("num", r["tau_token_weighted"])),
+                f'<span class="mono">{esc(r["run_id"])}</span>',
+            ]
+            for r in s.rows
+        ]
+        out += [
+            f'<h3 class="mono">{esc(s.sweep_id)}</h3>',
+            figure(lambda s=s: sweep_view.figure(s), s.sweep_id, "tau by temperature", failed),
+            table(["T", "tau", "95% interval", "tau tok", "run"], rows),
+        ]
+    return "".join(out)
+
+
 @dataclass
 class Page:
     """A report written: where, and its notes (baselines, plots not drawn)."""
@@ -123,7 +146,10 @@ class Page:
 
 
 def render(
-    runs: list[res.Run], title: str = "dflash results", baseline: res.Run | None = None
+    runs: list[res.Run],
+    title: str = "dflash results",
+    baseline: res.Run | None = None,
+    sweeps: list[sweep_view.Sweep] | None = None,
 ) -> tuple[str, list[str]]:
     """The whole page for `runs` and its notes (the baselines, any plot that failed)."""
     if not runs:
@@ -151,6 +177,7 @@ def render(
         else '<p class="note">no run carries a training step</p>',
         "<h2>comparison</h2>",
         comparison_section(runs, baseline, paired),
+        *(["<h2>temperature sweeps</h2>", sweep_section(sweeps, failed)] if sweeps else []),
         "<h2>runs</h2>",
         *[
             run_section(r, i, (i == len(runs) - 1), failed, paired.get(r.run_id))
@@ -167,11 +194,14 @@ def write_report(
     path: str | Path,
     title: str = "dflash results",
     baseline: res.Run | None = None,
+    sweeps: list[sweep_view.Sweep] | None = None,
 ) -> Page:
-    """Render and write the page atomically."""
+    """Render and write the page atomically; `sweeps`: those whose runs are all in it."""
     path = Path(path)
     if path.is_dir():
         raise DflashError(f"{path} is a folder; give a file name such as {path}/report.html")
-    text, notes = render(runs, title, baseline)
+    ids = {r.run_id for r in runs}
+    sweeps = [s for s in sweeps or [] if all(r["run_id"] in ids for r in s.rows)]
+    text, notes = render(runs, title, baseline, sweeps)
     write_atomic(path, text)
     return Page(path, notes)

@@ -89,8 +89,8 @@ def write_sweep(runs: list[res.Run], root: Path, sweep_id: str) -> Sweep:
     return sweep
 
 
-def plot(sweep: Sweep) -> Path | None:
-    """tau (with its interval) and token-weighted tau against temperature, as a PNG."""
+def figure(sweep: Sweep) -> Any | None:
+    """tau (with its interval) and token-weighted tau against temperature."""
     plt = plots.pyplot()
     if plt is None or not sweep.rows:
         return None
@@ -106,7 +106,13 @@ def plot(sweep: Sweep) -> Path | None:
     ax.set_title(plots.text(f"{sweep.doc.get('checkpoint') or ''}: tau by temperature"))
     ax.legend()
     fig.tight_layout()
-    return plots.save_png(fig, sweep.path / SWEEP_PLOT)
+    return fig
+
+
+def plot(sweep: Sweep) -> Path | None:
+    """`figure` as the sweep folder's PNG."""
+    fig = figure(sweep)
+    return plots.save_png(fig, sweep.path / SWEEP_PLOT) if fig is not None else None
 
 
 def is_sweep(folder: Path) -> bool:
