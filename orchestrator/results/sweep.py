@@ -17,6 +17,7 @@ from orchestrator.results.bootstrap import bootstrap_interval
 from remote.atomic import write_json_atomic
 from remote.protocol import metrics as registry
 from remote.protocol.metrics import HEADLINE
+from remote.protocol.values import is_number
 
 SWEEP_SCHEMA = "dflash.sweep/1"
 SWEEP_FILE = "sweep.json"
@@ -44,7 +45,7 @@ def temperature(run: res.Run) -> float:
     """The temperature the run's ground truth was sampled at and its tau computed for."""
     given = run.spec.get("sampling")  # spec.json is a host's word: any JSON
     t = given.get("temperature") if isinstance(given, dict) else None
-    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) else 0.0
+    return float(t) if is_number(t) else 0.0
 
 
 def row(run: res.Run) -> dict[str, Any]:
@@ -59,7 +60,7 @@ def row(run: res.Run) -> dict[str, Any]:
         got, head = summary.values(run), registry.headline()
         tau, tokens = got.get(HEADLINE), got.get(TOKEN_WEIGHTED)
         per = [head.per_sample(r) for r in recs]
-    per = [v for v in per if isinstance(v, int | float)]
+    per = [v for v in per if is_number(v)]
     return {
         "temperature": temperature(run),
         "run_id": run.run_id,
