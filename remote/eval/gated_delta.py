@@ -57,8 +57,9 @@ def chunk_gated_delta_rule(
     pad = n * c - t
 
     def heads(x: torch.Tensor) -> torch.Tensor:
-        x = x.float().transpose(1, 2)
-        return F.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
+        # one copy: to float32, heads first
+        x = x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+        return F.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad)) if pad else x
 
     q, k = heads(query), heads(key)
     if use_qk_l2norm_in_kernel:
@@ -77,28 +78,30 @@ def chunk_gated_delta_rule(
     wy = unit_lower_inverse(((k @ kt) * decay).mul_(bt).tril_(-1))
     gain = cum.exp()[..., None]
     u = wy @ (heads(value).reshape(b, hk, r, n, c, dv) * bt)
-    # decayed keys and queries stacked: one read of the state per chunk
-    reads = torch.cat((wy @ (k * (bt * gain)), q * gain), dim=-2)
+    # per chunk: decayed keys (WY-mixed) and queries read the state, keys write it
+    rk = (wy @ (k * (bt * gain))).reshape(-1, n, c, dk)
+    rq = (q * gain).reshape(-1, n, c, dk)
     writes = (k * (cum[..., -1:, None] - cum[..., None]).exp()).transpose(-1, -2)
-    fade = cum[..., -1].exp()[..., None, None]
+    writes = writes.reshape(-1, n, dk, c)
+    intra, u = intra.reshape(-1, n, c, c), u.reshape(-1, n, c, dv)
+    fade = cum[..., -1].exp().reshape(-1, n, 1, 1)
 
-    state = None if initial_state is None else initial_state.float().reshape(b, hk, r, dk, dv)
-    out = torch.empty(b, hk, r, n, c, dv, dtype=torch.float32, device=q.device)
+    state = None if initial_state is None else initial_state.float().reshape(-1, dk, dv)
+    out = torch.empty(b * hv, n, c, dv, dtype=torch.float32, device=q.device)
     for i in range(n):
         if state is None:
-            fresh, seen = u[..., i, :, :], None
-        else:
-            got = reads[..., i, :, :] @ state
-            fresh, seen = u[..., i, :, :] - got[..., :c, :], got[..., c:, :]
-        o = intra[..., i, :, :] @ fresh
-        out[..., i, :, :] = o if seen is None else o + seen
-        step = writes[..., i, :, :] @ fresh
-        state = step if state is None else state * fade[..., i, :, :] + step
-    out = out.reshape(b, hv, n * c, dv)[:, :, :t].transpose(1, 2)
+            fresh = u[:, i]
+            torch.bmm(intra[:, i], fresh, out=out[:, i])
+            state = writes[:, i] @ fresh
+            continue
+        fresh = torch.baddbmm(u[:, i], rk[:, i], state, alpha=-1)
+        out[:, i] = torch.baddbmm(rq[:, i] @ state, intra[:, i], fresh)
+        state = torch.baddbmm(state * fade[:, i], writes[:, i], fresh)
+    out = out.reshape(b, hv, n * c, dv).transpose(1, 2)  # [b, n * c, hv, dv]
     final = None
     if output_final_state:
         final = torch.zeros(b, hv, dk, dv) if state is None else state.reshape(b, hv, dk, dv)
-    return out.to(out_dtype, memory_format=torch.contiguous_format), final
+    return out[:, :t].to(out_dtype, memory_format=torch.contiguous_format), final
 
 
 def causal_conv1d_fn(
