@@ -242,8 +242,12 @@ def report(args, kinds, shapes, gemm, hf, engine, result) -> dict:
         f"s, walk {t['eval_s']:.1f} s (target {t['target_forward_s']:.1f}, drafter "
         f"{t['drafter_s']:.1f}, DDTree {t['ddtree_s']:.1f}), round costs {costs:.1f} s"
     )
-    scale = target64 / wall["total"]  # the costs are target forwards, the walk's as well
-    costs64 = costs * scale
+    from remote.eval.round_timing import budget
+
+    # the costs are target forwards, but the product stops them at a share of its walk
+    # (`round_timing.budget`): composed, they grow with the target until that holds them
+    walk64 = target64 + d5 + d2["ddtree"]
+    costs64 = min(costs * target64 / wall["total"], costs / budget(t["eval_s"]) * budget(walk64))
     eval64 = target64 + d5 + d2["ddtree"] + costs64
     goal(
         "round costs / (walk + round costs), composed",
