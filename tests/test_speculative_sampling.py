@@ -197,10 +197,12 @@ def test_offline_expectation_equals_the_loops_mean(sharp_pair, temperature):
 def test_the_engine_at_a_temperature_gives_the_expectation_and_caches_for_every_one(
     sharp_pair, tmp_path
 ):
-    """`run_eval` at T=0.7 (sampled drafts) over a ground truth sampled at 0.7: each
-    record's ``expected`` is the expectation of its completion computed directly, the
-    result's ``expected`` says the settings; the feature cache then serves T=1.0 (argmax
-    drafts) from the same entries; at T=0 no ``expected``."""
+    """`run_eval` at T=0.7 (sampled drafts, ``positions: all``) over a ground truth sampled
+    at 0.7: each record's ``expected`` is the expectation of its completion computed
+    directly, the result's ``expected`` says the settings and the method; the feature cache
+    then serves T=1.0 (argmax drafts, the walk's rounds) and seeded walks at 0.7 from the
+    same entries; at T=0 no ``expected``, and the same DDTree rounds as at 0.7 (the tree
+    walk along the sampled completion)."""
     import json
 
     from remote.eval import sampled
@@ -237,7 +239,9 @@ def test_the_engine_at_a_temperature_gives_the_expectation_and_caches_for_every_
         lines = (tmp_path / out / "samples.jsonl").read_text().splitlines()
         return result, [json.loads(line) for line in lines]
 
-    result, records = evaluate("warm", temperature=0.7, draft_policy="sample")
+    result, records = evaluate(
+        "warm", temperature=0.7, draft_policy="sample", positions="all", budgets=[4]
+    )
     tgt = target_mod.load_target(str(target), torch.float32)
     drafter, _ = load_drafter(str(drafter_path), torch.float32)
     for row, rec in zip(rows, records, strict=True):
@@ -253,13 +257,79 @@ def test_the_engine_at_a_temperature_gives_the_expectation_and_caches_for_every_
     assert result["inputs"]["target_features"]["cached"] is False  # the walk computed them
     exp = result["expected"]
     assert exp["temperature"] == 0.7 and exp["draft_policy"] == "sample"
+    assert exp["method"] == "dp" and exp["exact"] is True
     assert exp["samples"] == 3 and 1 < exp["tau_token_weighted"] < 4
-    hot, _ = evaluate("hot", temperature=1.0)
+    hot, hot_records = evaluate("hot", temperature=1.0)
     assert hot["inputs"]["target_features"]["cached"] is True
     assert hot["expected"]["draft_policy"] == "argmax"
+    assert hot["expected"]["method"] == "walk" and hot["expected"]["exact"] is True
     assert hot["expected"]["tau"] != exp["tau"]
-    greedy, greedy_records = evaluate("greedy")
+    assert [r["expected"]["rounds"] for r in hot_records] == [len(r["rounds"]) for r in records]
+    drawn, _ = evaluate("drawn", temperature=0.7, draft_policy="sample")
+    assert drawn["expected"]["method"] == "seeded" and drawn["expected"]["exact"] is False
+    assert drawn["expected"]["seed"] == 0 and drawn["expected"]["tau_token_weighted_se"] is not None
+    greedy, greedy_records = evaluate("greedy", budgets=[4])
     assert "expected" not in greedy and "expected" not in greedy_records[0]
+    assert [r["ddtree"] for r in greedy_records] == [r["ddtree"] for r in records]
+
+
+def test_seeded_walks_estimate_the_expectation_and_catch_an_inverted_ratio(sharp_pair, monkeypatch):
+    """Along 3 completions sampled at T=0.7, 200 seeded walks each (`remote.eval.seeded`,
+    in the engine's lockstep walk): sampled drafts' mean rounds and tau equal the exact
+    expectation within the 99% interval of the pooled difference; the same check fails
+    with the acceptance ratio inverted (min(1, p/q)). Argmax drafts: the walk's rounds and
+    per-position weights are the exact expectation itself."""
+    from remote.eval import sampled, seeded
+    from remote.eval import target as target_mod
+    from remote.eval.drafter import load_drafter
+    from remote.eval.logits import Processing
+    from remote.eval.walk import WalkOptions, eval_batch
+
+    target, drafter_path = sharp_pair
+    model = hf_model(str(target))
+    tgt = target_mod.load_target(str(target), torch.float32)
+    drafter, _ = load_drafter(str(drafter_path), torch.float32)
+    t, draws, pp = 0.7, 200, Processing(0.7)
+    runs = []
+    for k in range(3):
+        torch.manual_seed(100 + k)
+        ids = model.generate(
+            torch.tensor([PROMPT]), do_sample=True, temperature=t, top_k=0, max_new_tokens=12
+        )[0].tolist()
+        got = tgt.forward(ids, drafter.cfg.target_layer_ids, len(PROMPT) - 1, final=True)
+        exact = {
+            policy: sampled.expectation(tgt, drafter, ids, len(PROMPT), *got[::2], pp, policy)
+            for policy in ("argmax", "sample")
+        }
+        runs.append((ids, got, exact))
+
+    def walked(ids, got, policy: str, n: int) -> list[dict]:
+        names = [f"c{ids[-1]}#{r}" for r in range(n)]
+        walks = seeded.Walks(tgt, pp, policy, 0, names)
+        sample = (ids[: len(PROMPT)], ids[len(PROMPT) :])
+        recs = eval_batch(tgt, drafter, [sample] * n, WalkOptions(sampler=walks), [got] * n)
+        return [r["expected"] for r in recs]
+
+    def pooled_z() -> list[float]:
+        """z of the summed differences, for rounds and for tau."""
+        diff, var = [0.0, 0.0], [0.0, 0.0]
+        for ids, got, exact in runs:
+            drawn = walked(ids, got, "sample", draws)
+            for m, (key, want) in enumerate(
+                (("rounds", exact["sample"].rounds), ("tau", exact["sample"].tau))
+            ):
+                mean, se = mean_se([e[key] for e in drawn])
+                diff[m] += mean - want
+                var[m] += se**2
+        return [d / math.sqrt(v) if v else math.inf * d for d, v in zip(diff, var, strict=True)]
+
+    for ids, got, exact in runs:
+        (mine,) = walked(ids, got, "argmax", 1)
+        assert mine["rounds"] == exact["argmax"].rounds and mine["tau"] == exact["argmax"].tau
+        assert mine["position_hits"] == pytest.approx(exact["argmax"].hits)
+    assert all(abs(z) <= Z99 for z in pooled_z())
+    monkeypatch.setattr(seeded, "accepts", lambda qy, py: sampled.accepts(py, qy))
+    assert any(abs(z) > Z99 for z in pooled_z())
 
 
 def test_the_expectation_is_the_walk_for_certain_rounds_and_the_mean_of_drawn_ones():

@@ -65,6 +65,7 @@ class Drafts:
         self.live: dict[int, Seq] = {}
         self.last = torch.zeros(0, dtype=torch.long)
         self.accept: dict[Key, int] = {}
+        self.preds: dict[Key, list[int]] | None = None  # a dict: argmax drafts kept (T > 0)
         self.rows: dict[Key, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.search: dict[Key, TreeSearch] = {}
         self.kept_from: list[int] = []
@@ -91,6 +92,8 @@ class Drafts:
         self.forget(i, self.seqs[i].L + 1)
         for key in [key for key in self.accept if key[0] == i]:
             del self.accept[key]
+            if self.preds is not None:
+                self.preds.pop(key, None)
         self.seqs[i] = None
         del self.live[i]
         self._index()
@@ -166,13 +169,17 @@ class Drafts:
             where.update((key, (blocks, b)) for b, key in enumerate(part))
         return where
 
-    def draft(self, chain: list[Key], trees: list[Key], budget: int) -> float:
-        """One lockstep step of every walk; the tree searches' seconds."""
+    def draft(self, chain: list[Key], trees: list[Key], budget: int, extra=None) -> float:
+        """One lockstep step of every walk; the tree searches' seconds. `extra`: (keys,
+        fn) drafted in the same calls, then ``fn(blocks, index, keys)``."""
         todo = sorted({key for key in chain if key not in self.accept})
         search = sorted({key for key in trees if key not in self.search})
-        where = self._located(sorted(set(todo) | set(search)))
+        more = sorted(set(extra[0])) if extra else []
+        where = self._located(sorted(set(todo) | set(search) | set(more)))
         if todo:
             self._accept(*self._joined(todo, where), todo)
+        if more:
+            extra[1](*self._joined(more, where), more)
         t = CLOCK()
         if search:
             self._search(search, budget, where)
@@ -214,6 +221,7 @@ class Drafts:
         st = torch.tensor([s for _i, s in part])
         truth, ok = self._truth(seq, st)
         acc = torch.zeros(len(part), dtype=torch.long)
+        drafted = torch.full((len(part), self.B), -1, dtype=torch.long)
         alive, j, width = torch.arange(len(part)), 1, 1
         while j < self.B and len(alive):
             # doubling windows: fewer passes over the weights, at most twice the rows needed
@@ -228,11 +236,14 @@ class Drafts:
             pred[have] = self.head(
                 hid[have], [part[b] for b in blk[have].tolist()], depth[have].tolist()
             )
+            drafted[blk, depth] = pred
             right = (pred == truth[blk, depth]) & have
             run = right.long().cumprod(1).sum(1)
             acc[alive] += run
             alive, j = alive[run == w], j + w
         self.accept.update(zip(part, acc.tolist(), strict=True))
+        if self.preds is not None:
+            self.preds.update(zip(part, drafted.tolist(), strict=True))
 
     def trees(self, keys: list[Key], budget: int) -> None:
         """Run the `TreeSearch` of ``budget`` at ``keys`` not searched yet, ``chunk`` at a time."""

@@ -169,6 +169,14 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
         block_chunk=spec.block_chunk,
         positions=spec.positions,
     )
+    seeded = spec.sampled and spec.positions == "walk"  # else the DP after the walk
+    if seeded:
+        from remote.eval.logits import Processing
+        from remote.eval.seeded import Walks
+
+        processing = Processing(spec.temperature, spec.top_k, spec.top_p)
+        ids = [r["id"] for r in rows]
+        opts.sampler = Walks(target, processing, spec.draft_policy, spec.seed, ids)
     done: dict[int, dict[str, Any]] = {}
     t_eval = time.perf_counter()
     samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
@@ -191,8 +199,12 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     if spec.sampled:  # speculative sampling's acceptance in expectation (docs/dflash-eval.md)
         from remote.eval import sampled
 
-        with device_mod.computing(device):
-            expected = sampled.annotate(records, samples, target, drafter, spec, given)
+        if seeded:
+            method = "seeded" if spec.draft_policy == "sample" else "walk"
+            expected = sampled.summarize(records, spec, method)
+        else:
+            with device_mod.computing(device):
+                expected = sampled.annotate(records, samples, target, drafter, spec, given)
     eval_s = time.perf_counter() - t_eval
     target_features = {"cached": False, "cache": "off"}
     if cache is not None:

@@ -10,7 +10,8 @@ rounds, tau and per-position counts. The per-position counts weigh each attempt 
 acceptance probability over ``y``'s token too (``p(argmax q)``, or the overlap
 ``sum min(p, q)``): the curve without sampling noise. docs/dflash-eval.md derives it.
 
-A block is drafted at every completion position (what ``--positions all`` drafts).
+Here a block is drafted at every completion position (``--positions all``);
+`remote.eval.seeded` does it at the walks' blocks.
 torch is imported at module import: import this module lazily.
 """
 
@@ -22,6 +23,12 @@ from remote.eval.expectation import Expectation
 from remote.eval.logits import Processing
 
 LOGITS_BYTES = 64 * 2**20  # float32 drafter and target rows of one batch of blocks, at most
+METHODS = {"dp": True, "walk": True, "seeded": False}  # ``expected.method``: exact or not
+
+
+def accepts(qy: torch.Tensor, py: torch.Tensor) -> torch.Tensor:
+    """P(a sampled draft is accepted | the target's token is y): min(1, q(y)/p(y))."""
+    return torch.where(py > 0, (qy / py).clamp(max=1.0), torch.ones_like(py)).double()
 
 
 @torch.inference_mode()
@@ -66,7 +73,7 @@ def acceptance(
         else:
             q = torch.softmax(q_logits / processing.temperature, dim=-1)
             qy = q.gather(-1, y[..., None])[..., 0]
-            a_j = torch.where(py > 0, (qy / py).clamp(max=1.0), torch.ones_like(py)).double()
+            a_j = accepts(qy, py)
             w_j = torch.minimum(q, logp.exp()).sum(-1).double()
         acc += a_j.tolist()
         alpha += w_j.tolist()
@@ -110,13 +117,15 @@ def annotate(records: list[dict], samples, target, drafter, spec, given=None) ->
             spec.draft_policy,
         )
         rec["expected"] = got.to_json()
-    return summarize(records, spec)
+    return summarize(records, spec, "dp")
 
 
-def summarize(records: list[dict], spec) -> dict:
-    """The run's expectation: tau per sample (mean of ``E[N/R]``, with its standard
-    error over samples), token-weighted tau (tokens over expected rounds, exact),
-    per-position acceptance and the histogram, beside the settings they hold for."""
+def summarize(records: list[dict], spec, method: str) -> dict:
+    """The run's expectation by `method` (`METHODS`: ``dp`` and ``walk`` exact per
+    completion, ``seeded`` one seeded walk each): tau per sample (mean of ``E[N/R]``, with
+    its standard error over samples), token-weighted tau (tokens over expected rounds, with
+    its standard error where seeded), per-position acceptance and the histogram, beside
+    the settings they hold for."""
     import statistics
 
     got = [r["expected"] for r in records if r["expected"]["tau"] is not None]
@@ -129,7 +138,15 @@ def summarize(records: list[dict], spec) -> dict:
     for e in got:
         for r, v in e["histogram"].items():
             histogram[r] = histogram.get(r, 0.0) + v
+    tw = sum(e["tokens"] for e in got) / rounds if rounds else None
+    tw_se = None
+    if not METHODS[method] and len(got) > 1 and rounds:  # the ratio's delta-method error
+        resid = [e["tokens"] - tw * e["rounds"] for e in got]
+        tw_se = statistics.stdev(resid) / (rounds / len(got) * len(got) ** 0.5)
     return {
+        "method": method,
+        "exact": METHODS[method],
+        **({"seed": spec.seed} if method == "seeded" else {}),
         "temperature": spec.temperature,
         "top_k": spec.top_k,
         "top_p": spec.top_p,
@@ -137,7 +154,8 @@ def summarize(records: list[dict], spec) -> dict:
         "samples": len(got),
         "tau": statistics.fmean(taus) if taus else None,
         "tau_se": statistics.stdev(taus) / len(taus) ** 0.5 if len(taus) > 1 else None,
-        "tau_token_weighted": sum(e["tokens"] for e in got) / rounds if rounds else None,
+        "tau_token_weighted": tw,
+        "tau_token_weighted_se": tw_se,
         "per_position": [h / a if a else None for h, a in zip(hits, attempts, strict=True)],
         "histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
     }

@@ -38,15 +38,15 @@ still visit, and large buffers go back to the OS when freed (`bound_heap`).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
 from remote.eval import drafts as _drafts
 from remote.eval.drafts import Drafts, Seq
+from remote.eval.heap import bound_heap
 
 # The metrics live in a torch-free module shared with the orchestrator's shard merge;
 # re-exported here for callers that know them from this module.
@@ -65,14 +65,17 @@ class WalkOptions:
     covers the chain walk's round starts);
     ``"all"`` (opt-in) also drafts a block at every completion position first, so
     per-position acceptance covers all of them, as docs/dflash-eval.md describes it (the
-    same rounds)."""
+    same rounds). ``sampler``: a sampled eval's `remote.eval.seeded.Walks` (its drawn
+    walk, each record's ``expected``)."""
 
     budgets: list[int] = field(default_factory=list)
     topk: int | None = None
     block_chunk: int | None = None
     positions: str = "walk"
+    sampler: object | None = None
 
 
+DRAWN = -1  # the walk of sampled drafts (`remote.eval.seeded`)
 LOCKSTEP_SAMPLES = 16  # samples walking together at most (`eval_stream`)
 LOCKSTEP_BYTES = 256 * 2**20  # their drafter context K/V together, at most
 
@@ -126,6 +129,7 @@ class Walked:
     ddtree: dict[str, list[int]]
     drafter_s: float
     ddtree_s: float
+    drawn: list[int] | None = None
 
 
 class Lockstep:
@@ -140,9 +144,10 @@ class Lockstep:
     sequences by the blocks it drafted for each, its tree searches by the DDTree walks
     served."""
 
-    def __init__(self, drafts: Drafts, budgets: list[int]):
-        self.drafts, self.budgets = drafts, budgets
-        self.walks = (0, *budgets)  # walk 0: greedy
+    def __init__(self, drafts: Drafts, budgets: list[int], sampler=None):
+        self.drafts, self.budgets, self.sampler = drafts, budgets, sampler
+        drawn = (DRAWN,) if sampler is not None and sampler.draws else ()
+        self.walks = (0, *budgets, *drawn)  # walk 0: greedy
         self.top = max(budgets, default=0)
         self.at: dict[tuple[int, int], int] = {}
         self.out: dict[int, dict[int, list[int]]] = {}
@@ -159,6 +164,9 @@ class Lockstep:
     def __len__(self) -> int:  # sequences walking
         return len(self.out)
 
+    def _known(self, n: int) -> dict:
+        return self.drafts.accept if n == 0 else self.sampler.drawn if n < 0 else self.drafts.search
+
     def step(self) -> dict[int, Walked]:
         """One step of every walk; returns the sequences whose walks have all ended."""
         drafts, seqs, B = self.drafts, self.drafts.seqs, self.drafts.B
@@ -166,23 +174,21 @@ class Lockstep:
         if live:
             t = _drafts.CLOCK()
             built = {i: drafts.built[i] for i in self.out}
-            want: dict[int, set] = {0: set(), self.top: set()}
-            asking = [
-                (i, n)
-                for i, n in live
-                if (i, self.at[(i, n)]) not in (drafts.accept if n == 0 else drafts.search)
-            ]
+            want: dict[int, set] = {0: set(), self.top: set(), DRAWN: set()}
+            asking = [(i, n) for i, n in live if (i, self.at[(i, n)]) not in self._known(n)]
             space = room(len({i for i, _n in asking}), B)
             for i, n in asking:
-                want[0 if n == 0 else self.top].update(
+                want[n if n <= 0 else self.top].update(
                     (i, p) for p in ahead(self.at[(i, n)], self.out[i][n], seqs[i].L, B, space)
                 )
-            searched = drafts.draft(sorted(want[0]), sorted(want[self.top]), self.top)
+            draw = sorted(key for key in want[DRAWN] if key not in self._known(DRAWN))
+            extra = (draw, partial(self.sampler.draw, drafts)) if draw else None
+            searched = drafts.draft(sorted(want[0]), sorted(want[self.top]), self.top, extra)
             for i, n in live:
-                known = drafts.accept if n == 0 else drafts.search
+                known = self._known(n)
                 while self.at[(i, n)] < seqs[i].L and (i, self.at[(i, n)]) in known:
                     s = self.at[(i, n)]
-                    a = drafts.accept[(i, s)] if n == 0 else drafts.search[(i, s)].accepted(n)
+                    a = known[(i, s)] if n <= 0 else known[(i, s)].accepted(n)
                     self.out[i][n].append(min(a + 1, seqs[i].L - s))
                     self.at[(i, n)] += self.out[i][n][-1]
             for i in {i for i, _n in live}:
@@ -203,39 +209,9 @@ class Lockstep:
             for n in self.walks:
                 del self.at[(i, n)]
             ddtree = {str(n): out[n] for n in self.budgets}
-            done[i] = Walked(out[0], ddtree, self.chain_s.pop(i), self.tree_s.pop(i))
+            seconds = self.chain_s.pop(i), self.tree_s.pop(i)
+            done[i] = Walked(out[0], ddtree, *seconds, out.get(DRAWN))
         return done
-
-
-def _libc():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-MMAP_THRESHOLD = 16 * 2**20
-
-
-def bound_heap() -> None:
-    """Serve every buffer of 16 MiB or more from its own mapping, returned to the OS on
-    free, and the smaller ones from the heap, kept for reuse.
-
-    glibc otherwise raises that threshold to the largest buffer freed so far and serves
-    later ones from its heap, where the target forward's, the drafter batches' and the
-    head's differently sized buffers fragment it: the phases' working sets then stack up
-    in the peak RSS, more so the longer the sequence, instead of taking turns. A lower
-    threshold maps (and page-faults in) the walk's many small per-call buffers afresh
-    on every call, which costs the drafter more CPU than its arithmetic in small calls
-    (benchmarks/results.md, eval-heap). The heap's top is trimmed only past twice the
-    threshold, so it is not given back and faulted in again between two calls. A no-op
-    where the C library has no ``mallopt`` (musl, macOS)."""
-    mallopt = getattr(_LIBC, "mallopt", None)
-    if mallopt is not None:
-        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-        mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
 
 
 @torch.inference_mode()
@@ -300,14 +276,17 @@ def eval_stream(
     k = ddtree_k(max(opts.budgets), opts.topk, target.info.vocab_size) if opts.budgets else 0
     longest = max((len(p) + len(c) - 1 for p, c in samples), default=1)
     drafts = Drafts(drafter, target, [], opts.block_chunk, k, longest=longest)
-    pool = Lockstep(drafts, opts.budgets)
+    if opts.sampler is not None:
+        opts.sampler.attach(drafts)
+    pool = Lockstep(drafts, opts.budgets, opts.sampler)
     base: dict[int, dict] = {}
     nxt, emitted, held = 0, 0, 0
     while emitted < len(samples):
         while nxt < len(samples) and (
             not len(pool) or (len(pool) < cap and held + sizes[nxt] <= LOCKSTEP_BYTES)
         ):
-            i = drafts.add(_joined_seq(target, drafter, samples[nxt], given, nxt, base))
+            seq = _joined_seq(target, drafter, samples[nxt], given, nxt, base, opts.sampler)
+            i = drafts.add(seq)
             assert i == nxt
             if opts.positions == "all":
                 t = _drafts.CLOCK()
@@ -318,25 +297,33 @@ def eval_stream(
             nxt += 1
         for i, walked in sorted(pool.step().items()):
             rec = _record(drafts, i, samples[i], base.pop(i), walked, opts.positions)
+            if opts.sampler is not None:
+                t = _drafts.CLOCK()
+                rec["expected"] = opts.sampler.expected(drafts, i, walked)
+                opts.sampler.leave(i)
+                rec["seconds"]["drafter"] += _drafts.CLOCK() - t
+                rec["seconds"]["total"] += _drafts.CLOCK() - t
             drafts.release(i)
             held -= sizes[i]
             emitted += 1
             yield i, rec
 
 
-def _joined_seq(target, drafter, sample, given, n: int, base: dict[int, dict]) -> Seq:
+def _joined_seq(target, drafter, sample, given, n: int, base: dict[int, dict], sampler) -> Seq:
     """Sample ``n`` as the drafter sees it (step 1: its target forward, or ``given[n]``,
     then its drafter context K/V); its target and drafter seconds and its agreement go
-    in ``base[n]``."""
+    in ``base[n]``, its final rows to `sampler`."""
     prompt, completion = sample
     t0 = _drafts.CLOCK()
     g = list(prompt) + list(completion)
     P, L = len(prompt), len(g) - 1
     gt = torch.tensor(g, dtype=torch.long)
-    if given is None:
-        feats, greedy = target.forward(g, drafter.cfg.target_layer_ids, argmax_from=P - 1)
-    else:
-        feats, greedy = given[n][:2]  # a sampled eval's cache gives its final rows too
+    layers, final = drafter.cfg.target_layer_ids, sampler is not None
+    got = target.forward(g, layers, P - 1, final=final) if given is None else given[n]
+    feats, greedy = got[:2]  # a sampled eval's cache gives its final rows too
+    if final:
+        rows = got[2] if len(got) > 2 else target.forward(g, layers, P - 1, final=True)[2]
+        sampler.join(n, rows, L - P, drafter.block_size)
     t_target = _drafts.CLOCK() - t0
     # Agreement: target argmax at t predicts g[t+1], for every completion token.
     agree = int((greedy[: L - P + 1] == gt[P:]).sum())
