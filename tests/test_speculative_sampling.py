@@ -395,3 +395,36 @@ def test_compare_refuses_runs_at_another_temperature_or_draft_policy(tmp_path):
     problems = compare.comparability(greedy, warm)
     assert problems[0] == "different sampling: greedy vs temperature 0.7, argmax drafts"
     assert compare.comparability(warm, drawn)[0].endswith("vs temperature 0.7, sample drafts")
+
+
+def test_results_show_says_how_the_expectation_was_computed(tmp_path):
+    """A seeded estimate shows both taus with their standard errors and says it is one; an
+    exact one says so; the result stays within the contract's types."""
+    import json
+
+    from orchestrator.commands import output
+    from orchestrator.results import store as res
+    from remote.protocol import check_result
+    from tests.helpers.runs import make_run
+    from tests.helpers.screen import console_at
+
+    folder = make_run(tmp_path, "drawn", "step-1", 1)
+    result = json.loads((folder / "result.json").read_text())
+    shown = {}
+    for method, exact, se in (("seeded", False, 0.0421), ("walk", True, None)):
+        result["expected"] = {
+            "method": method,
+            "exact": exact,
+            "tau": 2.3456,
+            "tau_se": 0.1234,
+            "tau_token_weighted": 2.5678,
+            "tau_token_weighted_se": se,
+        }
+        check_result(result)
+        (folder / "result.json").write_text(json.dumps(result))
+        with console_at(200) as con, con.capture() as cap:
+            output.render_run(res.load_run(folder))
+        shown[method] = next(ln for ln in cap.get().splitlines() if "expected tau" in ln)
+    assert "seeded walks, an estimate" in shown["seeded"]
+    assert "2.346 ± 0.123 / 2.568 ± 0.042" in shown["seeded"]
+    assert "exact, the walk's rounds" in shown["walk"] and "2.346 ± 0.123 / 2.568 " in shown["walk"]

@@ -21,6 +21,13 @@ from remote.protocol import metrics as registry
 # Keys whose numbers are Unix times: shown as dates.
 TIME_KEYS = {"generated", "created", "pulled", "time", "started", "finished", "made"}
 
+# How a result's ``expected`` was computed (remote.eval.sampled.METHODS), in a row's words.
+EXPECTED_METHODS = {
+    "dp": "exact, every position",
+    "walk": "exact, the walk's rounds",
+    "seeded": "seeded walks, an estimate",
+}
+
 
 def _line(text: str, soft_wrap: bool = True) -> None:
     """A line of literal text (names, paths), never cut: one logical line that the
@@ -98,11 +105,14 @@ def render_summary(run: res.Run) -> None:
     rows.append(("sampling", s["sampling"]))
     expected = run.result.get("expected")
     if isinstance(expected, dict):  # speculative sampling's tau in expectation
+        weighted = fmt(expected.get("tau_token_weighted"))
+        if expected.get("tau_token_weighted_se") is not None:
+            weighted += f" ± {fmt(expected['tau_token_weighted_se'])}"
+        how = EXPECTED_METHODS.get(expected.get("method"), "exact")
         rows.append(
             (
-                "expected tau / token-weighted",
-                f"{fmt(expected.get('tau'))} ± {fmt(expected.get('tau_se'))} / "
-                f"{fmt(expected.get('tau_token_weighted'))}",
+                f"expected tau / token-weighted ({how})",
+                f"{fmt(expected.get('tau'))} ± {fmt(expected.get('tau_se'))} / {weighted}",
             )
         )
     if s["retokenisation_mismatch"] is not None:
