@@ -86,17 +86,17 @@ class Capture:
     def __getattr__(self, name: str):
         return getattr(self.target, name)
 
-    def forward(self, ids, layer_ids, argmax_from: int = 0, chunk: int = 256):
+    def forward(self, ids, layer_ids, argmax_from: int = 0, chunk: int = 256, final=False):
         if self.cache is not None or len(ids) != len(self.ids) or list(ids) != self.ids:
-            return self.target.forward(ids, layer_ids, argmax_from, chunk)
+            return self.target.forward(ids, layer_ids, argmax_from, chunk, final=final)
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.target.model.config)
         t = time.perf_counter()
-        feats, greedy = self.target.forward(ids, layer_ids, argmax_from, chunk, cache=cache)
+        got = self.target.forward(ids, layer_ids, argmax_from, chunk, cache=cache, final=final)
         self.forward_s = time.perf_counter() - t
-        self.cache, self.features = cache, feats
-        return feats, greedy
+        self.cache, self.features = cache, got[0]
+        return got
 
     def context(self) -> dict | None:
         """What the costs reuse (``walked``), or None when the walk never ran the forward."""

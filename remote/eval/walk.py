@@ -319,7 +319,10 @@ def _joined_seq(target, drafter, sample, given, n: int, base: dict[int, dict], s
     P, L = len(prompt), len(g) - 1
     gt = torch.tensor(g, dtype=torch.long)
     layers, final = drafter.cfg.target_layer_ids, sampler is not None
-    got = target.forward(g, layers, P - 1, final=final) if given is None else given[n]
+    if given is not None:
+        got = given[n]
+    else:  # the final rows only where asked: another target's forward may not take it
+        got = target.forward(g, layers, argmax_from=P - 1, **({"final": True} if final else {}))
     feats, greedy = got[:2]  # a sampled eval's cache gives its final rows too
     if final:
         rows = got[2] if len(got) > 2 else target.forward(g, layers, P - 1, final=True)[2]
