@@ -107,6 +107,37 @@ def test_merged_metrics_of_sharded_records_equal_the_summary_of_the_whole():
     assert lost != whole and lost["samples"] == 7 - len(plan[0].indices)
 
 
+def test_a_sampled_runs_merged_expectation_is_every_shards_samples():
+    """At T > 0 the merged ``expected`` is summed over every shard's records (seeded: with
+    the token-weighted tau's standard error), not copied from the first shard's result."""
+    from remote.eval.metrics import expected
+
+    rng = random.Random(5)
+    recs = []
+    for i in range(6):
+        rounds = [rng.randint(1, 4) for _ in range(rng.randint(2, 9))]
+        drawn = {"tokens": sum(rounds), "rounds": len(rounds), "tau": sum(rounds) / len(rounds)}
+        drawn |= {"histogram": {"1": 1.0}, "position_attempts": [2.0, 1.0, 0.0]}
+        drawn |= {"position_hits": [rng.random(), 0.5, 0.0]}
+        recs.append({**_rec(i, 10, sum(rounds)), "rounds": rounds, "expected": drawn})
+        recs[-1] |= {"prompt_tokens": 5, "completion_tokens": sum(rounds), "ddtree": {}}
+        recs[-1] |= {"seconds": {"target": 0.5, "drafter": 0.25, "ddtree": 0.125}}
+        recs[-1] |= {"position_attempts": [1, 0, 0], "position_hits": [0, 0, 0]}
+        recs[-1] |= {"agreement": {"match": 1, "total": 5}}
+    sampling = {"temperature": 1.0, "top_k": None, "top_p": None, "draft_policy": "sample"}
+    first = expected(recs[:3], {**sampling, "seed": 7}, "seeded")
+    inputs = {"block_size": 4, "target_vocab_size": 320, "ddtree": {"budgets": []}}
+    results = [{"inputs": dict(inputs), "timings": {}, "expected": first} for _ in range(2)]
+    merged = shard_plan.merge_result(
+        results, recs, ground_truth_source={}, shards={}, job={}, wall_s=1.0
+    )["expected"]
+    assert merged == expected(recs, {**sampling, "seed": 7}, "seeded") and merged != first
+    assert merged["samples"] == 6 and merged["seed"] == 7 and merged["exact"] is False
+    tokens, rounds = (sum(r["expected"][k] for r in recs) for k in ("tokens", "rounds"))
+    assert merged["tau_token_weighted"] == tokens / rounds
+    assert merged["tau_token_weighted_se"] > 0
+
+
 def test_hosts_refuses_detach_in_one_line(tmp_path, make_inventory):
     inv = make_inventory(hosts={"a": {"transport": "local"}, "b": {"transport": "local"}})
     out = dflash("remote-eval", "--hosts", "a,b", "--detach", "--checkpoint", "s", "-i", str(inv))

@@ -21,9 +21,9 @@ import torch
 
 from remote.eval.expectation import Expectation
 from remote.eval.logits import Processing
+from remote.eval.metrics import expected
 
 LOGITS_BYTES = 64 * 2**20  # float32 drafter and target rows of one batch of blocks, at most
-METHODS = {"dp": True, "walk": True, "seeded": False}  # ``expected.method``: exact or not
 
 
 def accepts(qy: torch.Tensor, py: torch.Tensor) -> torch.Tensor:
@@ -121,41 +121,6 @@ def annotate(records: list[dict], samples, target, drafter, spec, given=None) ->
 
 
 def summarize(records: list[dict], spec, method: str) -> dict:
-    """The run's expectation by `method` (`METHODS`: ``dp`` and ``walk`` exact per
-    completion, ``seeded`` one seeded walk each): tau per sample (mean of ``E[N/R]``, with
-    its standard error over samples), token-weighted tau (tokens over expected rounds, with
-    its standard error where seeded), per-position acceptance and the histogram, beside
-    the settings they hold for."""
-    import statistics
-
-    got = [r["expected"] for r in records if r["expected"]["tau"] is not None]
-    taus = [e["tau"] for e in got]
-    rounds = sum(e["rounds"] for e in got)
-    depths = len(got[0]["position_attempts"]) if got else 0
-    attempts = [sum(e["position_attempts"][j] for e in got) for j in range(depths)]
-    hits = [sum(e["position_hits"][j] for e in got) for j in range(depths)]
-    histogram: dict[str, float] = {}
-    for e in got:
-        for r, v in e["histogram"].items():
-            histogram[r] = histogram.get(r, 0.0) + v
-    tw = sum(e["tokens"] for e in got) / rounds if rounds else None
-    tw_se = None
-    if not METHODS[method] and len(got) > 1 and rounds:  # the ratio's delta-method error
-        resid = [e["tokens"] - tw * e["rounds"] for e in got]
-        tw_se = statistics.stdev(resid) / (rounds / len(got) * len(got) ** 0.5)
-    return {
-        "method": method,
-        "exact": METHODS[method],
-        **({"seed": spec.seed} if method == "seeded" else {}),
-        "temperature": spec.temperature,
-        "top_k": spec.top_k,
-        "top_p": spec.top_p,
-        "draft_policy": spec.draft_policy,
-        "samples": len(got),
-        "tau": statistics.fmean(taus) if taus else None,
-        "tau_se": statistics.stdev(taus) / len(taus) ** 0.5 if len(taus) > 1 else None,
-        "tau_token_weighted": tw,
-        "tau_token_weighted_se": tw_se,
-        "per_position": [h / a if a else None for h, a in zip(hits, attempts, strict=True)],
-        "histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
-    }
+    """The run's ``expected`` by `method` at the spec's sampling (`metrics.expected`)."""
+    settings = {k: getattr(spec, k) for k in ("temperature", "top_k", "top_p", "draft_policy")}
+    return expected(records, {**settings, "seed": spec.seed}, method)

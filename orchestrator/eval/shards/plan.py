@@ -6,7 +6,7 @@ import copy
 from dataclasses import dataclass, field
 
 from orchestrator.errors import DflashError
-from remote.eval.metrics import summarize
+from remote.eval.metrics import expected, summarize
 from remote.protocol import GT_DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
 
 MUST_AGREE = (
@@ -126,6 +126,9 @@ def merge_result(
         target_features=merged_features(shard_results),
     )
     result["metrics"] = metrics
+    if isinstance(base.get("expected"), dict):  # T > 0: every shard's samples, not one's
+        was = base["expected"]
+        result["expected"] = expected(records, was, was.get("method", "dp"))
     result["timings"] = {
         "load_target_s": max(t.get("load_target_s") or 0.0 for t in timings),
         "load_drafter_s": max(t.get("load_drafter_s") or 0.0 for t in timings),
