@@ -17,8 +17,6 @@ from remote.eval.metrics import round_starts
 from remote.eval.sampled import accepts
 from remote.protocol.sampling import request_seed
 
-DRAWN = -1  # the Lockstep walk of sampled drafts (`remote.eval.walk.Lockstep`)
-
 
 def walk_seed(seed: int, sample_id: str) -> int:
     """The seed of sample `sample_id`'s drawn walk in a job seeded with `seed`: the same for

@@ -28,6 +28,8 @@ Per sequence ``g = prompt + completion`` (``P`` prompt tokens, last index ``L``)
    keeps them), so a deeper row costs the last layer and the head only; a drafter that
    misses at depth 1 costs no more rows. The walks of all budgets and samples advance with
    the greedy ones, computing what they need in shared batches (`Lockstep`).
+4. At a temperature above 0, the expectation at the walked blocks (`remote.eval.seeded`):
+   sampled drafts take one more walk (`DRAWN`), seeded per sample, in the same steps.
 
 Memory stays flat in the sequence length: drafter blocks, attention scores and head logits
 go in batches of bounded bytes (`remote.eval.drafts`, which drafts and keeps the blocks),
