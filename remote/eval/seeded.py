@@ -57,10 +57,19 @@ class Walks:
             del self.drawn[key]
             self.weights.pop(key, None)
 
-    def _logp(self, pairs: list[tuple[int, int]]) -> torch.Tensor:
-        """The target's processed log-probs at final rows ``(sequence, row)``."""
-        h = torch.stack([self.final[i][r] for i, r in pairs])
-        return self.processing.log_probs(self.target.head(h))
+    def _gather(self, drafts, at: list) -> tuple[torch.Tensor, ...]:
+        """(target's log-probs, ``y``, uniforms) at ``(sequence, start, depth)`` rows."""
+        seq, start, depth = torch.tensor(at, dtype=torch.long).reshape(-1, 3).unbind(1)
+        h = self.final[at[0][0]].new_empty((len(at), self.final[at[0][0]].shape[-1]))
+        y = torch.empty(len(at), dtype=torch.long)
+        u = torch.ones(len(at), dtype=torch.float64)
+        for i in seq.unique().tolist():
+            m, q = seq == i, drafts.seqs[i]
+            row = start[m] - q.P + depth[m]
+            h[m], y[m] = self.final[i][row], q.g[q.P + row]
+            if self.draws:
+                u[m] = self.u[i][start[m] - q.P, depth[m]]
+        return self.processing.log_probs(self.target.head(h)), y, u
 
     def draw(self, drafts, blocks, index: torch.Tensor, keys: list[tuple[int, int]]) -> None:
         """The drawn walk's accepted depths at ``keys`` (Drafts.draft's ``extra``): depth by
@@ -107,13 +116,11 @@ class Walks:
         ``(sequence, start, depth)``."""
         q_logits = drafts.drafter.logits(rows, self.target.lm_head).float()
         q = torch.softmax(q_logits / self.processing.temperature, dim=-1)
-        seqs = [drafts.seqs[i] for i, _s, _d in at]
-        p = self._logp([(i, s - seq.P + d) for (i, s, d), seq in zip(at, seqs, strict=True)]).exp()
-        y = torch.tensor([int(seq.g[s + d]) for (_i, s, d), seq in zip(at, seqs, strict=True)])
-        a_j = accepts(q.gather(-1, y[:, None])[:, 0], p.gather(-1, y[:, None])[:, 0]).tolist()
-        u = [float(self.u[i][s - seq.P, d]) for (i, s, d), seq in zip(at, seqs, strict=True)]
-        w_j = torch.minimum(p, q).sum(-1).tolist()
-        return [(x < a, w) for x, a, w in zip(u, a_j, w_j, strict=True)]
+        logp, y, u = self._gather(drafts, at)
+        p = logp.exp()
+        a_j = accepts(q.gather(-1, y[:, None])[:, 0], p.gather(-1, y[:, None])[:, 0])
+        w_j = torch.minimum(p, q).sum(-1)
+        return list(zip((u < a_j).tolist(), w_j.tolist(), strict=True))
 
     def expected(self, drafts, i: int, walked) -> dict:
         """Sequence ``i``'s ``expected`` block (`Expectation.to_json`'s keys) once its walks
@@ -135,7 +142,7 @@ class Walks:
             ]
             for c in range(0, len(tried), drafts.head_rows):
                 part = tried[c : c + drafts.head_rows]
-                logp = self._logp([(i, s - q.P + j) for s, j in part])
+                logp = self._gather(drafts, [(i, s, j) for s, j in part])[0]
                 x = torch.tensor([drafts.preds[(i, s)][j] for s, j in part])
                 for (_s, j), wt in zip(
                     part, logp.gather(-1, x[:, None])[:, 0].exp().tolist(), strict=True
