@@ -100,18 +100,20 @@ def of_run(run: res.Run) -> dict[str, list[dict]]:
 def flat(run: res.Run) -> dict[str, float | int | None]:
     """The breakdown as ``<metric>_<axis>_<group>`` columns for CSV and JSON lines."""
     out: dict[str, float | int | None] = {}
-    for axis, rows in of_run(run).items():
+    found = of_run(run)
+    cols = columns(g for rows in found.values() for g in rows)
+    for axis, rows in found.items():
         for g in rows:
-            out.update({f"{m.name}_{axis}_{g['name']}": g[m.name] for m in columns()})
+            out.update({f"{m.name}_{axis}_{g['name']}": g[m.name] for m in cols})
     return out
 
 
 def tracked(run: res.Run) -> dict[str, float | int | None]:
     """The breakdown as ``<metric>/<axis>_<group>`` tracker scalars, counts left out."""
     out: dict[str, float | int | None] = {}
-    for axis, rows in of_run(run).items():
+    found = of_run(run)
+    cols = [m for m in columns(g for rows in found.values() for g in rows) if m.style != "count"]
+    for axis, rows in found.items():
         for g in rows:
-            out.update(
-                {f"{m.name}/{axis}_{g['name']}": g[m.name] for m in columns() if m.style != "count"}
-            )
+            out.update({f"{m.name}/{axis}_{g['name']}": g[m.name] for m in cols})
     return out

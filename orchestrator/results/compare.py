@@ -9,7 +9,10 @@ the same interval), and the share of samples that improved, got worse or tied.
 
 `comparability` says what makes two runs NOT comparable, one line per reason; `paired`
 then refuses to pair them (``comparable`` False, no delta), since a difference in tau
-between different prompts or ground truths says nothing about the drafter.
+between different prompts or ground truths says nothing about the drafter. Above
+temperature 0 the deltas are of the expected tau, and the interval resamples prompts with
+their completions; ground truths sampled apart are compared by prompt (`PAIRINGS`,
+docs/results.md).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from orchestrator.results import store as res
 from orchestrator.results.bootstrap import CONFIDENCE as CONFIDENCE
 from orchestrator.results.bootstrap import RESAMPLES as RESAMPLES
 from orchestrator.results.bootstrap import bootstrap_interval as bootstrap_interval
+from orchestrator.results.bootstrap import cluster_interval
 from orchestrator.results.summary import budget_key, budget_label
 from remote.protocol import metrics as registry
 from remote.protocol.metrics import Metric
@@ -39,9 +43,9 @@ class Delta:
     delta: float
     low: float  # bootstrap interval of the mean delta
     high: float
-    improved: float  # share of samples where B > A
-    worse: float
-    tied: float
+    improved: float | None  # share of samples where B > A (None: completions not shared)
+    worse: float | None
+    tied: float | None
 
 
 @dataclass
@@ -71,6 +75,7 @@ class Paired:
     resamples: int = RESAMPLES
     confidence: float = CONFIDENCE
     seed: int = 0
+    pairing: str = "samples"  # one of `PAIRINGS`
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -115,6 +120,29 @@ CHECKS = (
 )
 
 
+# How two comparable runs pair: greedy samples; sampled completions both runs walked (the
+# same ground truth: the completions' noise is shared and cancels); or prompts, when each
+# run sampled its own completions (their noise stays in the interval, which widens).
+PAIRINGS = {
+    "samples": "paired by sample",
+    "completions": "paired by sampled completion (one ground truth), prompts resampled",
+    "prompts": "ground truths sampled apart (other seeds): unpaired completions, compared by "
+    "prompt; the interval holds both runs' sampling noise",
+}
+
+
+def pairing(a: res.Run, b: res.Run) -> str:
+    """`PAIRINGS`' key for `a` against `b` (both sampled alike, or not, as compared)."""
+    if settings.sampling(a) == "greedy" or settings.sampling(b) == "greedy":
+        return "samples"
+    ga, gb = _ground_truth(a), _ground_truth(b)
+    return "completions" if ga is not None and ga == gb else "prompts"
+
+
+def _cluster(rec: dict) -> str:
+    return str(rec.get("prompt_id") or rec.get("id"))
+
+
 def _differences(a: res.Run, b: res.Run, checks: tuple) -> list[str]:
     problems = []
     for what, key in checks:
@@ -141,7 +169,8 @@ def comparability(
     """Why `a` and `b` cannot be paired sample by sample; [] when they can. With
     `allow_different_prompting`, another thinking mode or chat template is no reason."""
     problems = [] if allow_different_prompting else prompting_problems(a, b)
-    problems += _differences(a, b, CHECKS)
+    apart = pairing(a, b) == "prompts"
+    problems += _differences(a, b, tuple(c for c in CHECKS if not apart or c[1] != _ground_truth))
     recs_a = res.records(a) if recs_a is None else recs_a
     recs_b = res.records(b) if recs_b is None else recs_b
     if not recs_a or not recs_b:
@@ -153,11 +182,11 @@ def comparability(
     if not shared:
         problems.append("no sample ids in common")
     # The same id must be the same sample: equal prompt and completion lengths at least.
+    length = "prompt_tokens" if apart else "completion_tokens"
     differ = [
         str(ra.get("id"))
         for ra, rb in shared
-        if (ra.get("prompt_tokens"), ra.get("completion_tokens"))
-        != (rb.get("prompt_tokens"), rb.get("completion_tokens"))
+        if (ra.get("prompt_tokens"), ra.get(length)) != (rb.get("prompt_tokens"), rb.get(length))
     ]
     if differ:
         problems.append(
@@ -211,85 +240,110 @@ def paired(
     out.samples, out.only_a, out.only_b = len(ids_a & ids_b), len(ids_a - ids_b), len(ids_b - ids_a)
     if out.problems:
         return out
-    out.comparable = True
+    out.comparable, out.pairing = True, pairing(a, b)
     by_id = {str(r.get("id")): r for r in recs_a}
     pairs = [(by_id[str(r.get("id"))], r) for r in recs_b if str(r.get("id")) in by_id]
     budgets = sorted(
         set.intersection(*[set(r.get("ddtree") or {}) for pair in pairs for r in pair]),
         key=budget_key,
     )
-    out.deltas = deltas(pairs, budgets, resamples, seed)
-    out.groups = group_deltas(pairs, budgets, resamples, seed)
-    out.groups += keyed_deltas(pairs, resamples, seed)
+    out.deltas = deltas(pairs, budgets, resamples, seed, out.pairing)
+    out.groups = group_deltas(pairs, budgets, resamples, seed, out.pairing)
+    out.groups += keyed_deltas(pairs, resamples, seed, out.pairing)
     return out
 
 
 def deltas(
-    pairs: list[tuple[dict, dict]], budgets: list[str], resamples: int, seed: int
+    pairs: list[tuple[dict, dict]],
+    budgets: list[str],
+    resamples: int,
+    seed: int,
+    pairing: str = "samples",
 ) -> list[Delta]:
     """B minus A over `pairs` (records of A, records of B) for each paired metric
     (`paired_metrics`), and per DDTree budget both have, each with its bootstrap
-    interval."""
+    interval (`delta`); sampled, the chain walk's by its expectation alone."""
     out = []
+    sampled = pairing != "samples"
     for m in paired_metrics():
-        for budget in [None, *(budgets if m.budgets else [])]:
-            vals = [(m.per_sample(ra, budget), m.per_sample(rb, budget)) for ra, rb in pairs]
-            vals = [(x, y) for x, y in vals if x is not None and y is not None]
+        chain = [] if sampled and m.of == registry.WALK else [None]
+        for budget in [*chain, *(budgets if m.budgets else [])]:
+            vals = [
+                (m.per_sample(ra, budget), m.per_sample(rb, budget), _cluster(ra))
+                for ra, rb in pairs
+            ]
+            vals = [v for v in vals if v[0] is not None and v[1] is not None]
             if vals:
-                out.append(delta(m, budget, vals, resamples, seed))
+                out.append(delta(m, budget, vals, resamples, seed, pairing=pairing))
     return out
 
 
 def delta(
     m: Metric | registry.Keyed,
     budget: str | None,
-    vals: list[tuple[float, float]],
+    vals: list[tuple],
     resamples: int,
     seed: int,
     label: str | None = None,
+    pairing: str = "samples",
 ) -> Delta:
-    diffs = [y - x for x, y in vals]
+    """`vals`: (A's, B's[, cluster]) per pair; the interval resamples clusters (prompts)."""
+    diffs = [v[1] - v[0] for v in vals]
     n = len(diffs)
-    lo, hi = bootstrap_interval(diffs, resamples, CONFIDENCE, seed)
+    clusters = [v[2] if len(v) > 2 else str(i) for i, v in enumerate(vals)]
+    lo, hi = cluster_interval(diffs, clusters, resamples, CONFIDENCE, seed)
+    shared = pairing != "prompts"
     return Delta(
         metric=m.name,
         budget=budget,
         label=label or (m.header if budget is None else budget_label(m, budget)),
-        mean_a=sum(x for x, _ in vals) / n,
-        mean_b=sum(y for _, y in vals) / n,
+        mean_a=sum(v[0] for v in vals) / n,
+        mean_b=sum(v[1] for v in vals) / n,
         delta=sum(diffs) / n,
         low=lo,
         high=hi,
-        improved=sum(d > 0 for d in diffs) / n,
-        worse=sum(d < 0 for d in diffs) / n,
-        tied=sum(d == 0 for d in diffs) / n,
+        improved=sum(d > 0 for d in diffs) / n if shared else None,
+        worse=sum(d < 0 for d in diffs) / n if shared else None,
+        tied=sum(d == 0 for d in diffs) / n if shared else None,
     )
 
 
 def headline(deltas: list[Delta], name: str = registry.HEADLINE) -> Delta | None:
-    """The chain walk's delta of metric `name` (the headline's by default)."""
-    return next((d for d in deltas if d.metric == name and d.budget is None), None)
+    """The chain walk's delta of metric `name` (the headline's by default: above
+    temperature 0, its expectation's)."""
+    found = next((d for d in deltas if d.metric == name and d.budget is None), None)
+    if found is None and name == registry.HEADLINE:
+        return headline(deltas, registry.EXPECTED)
+    return found
 
 
 def group_deltas(
-    pairs: list[tuple[dict, dict]], budgets: list[str], resamples: int, seed: int
+    pairs: list[tuple[dict, dict]],
+    budgets: list[str],
+    resamples: int,
+    seed: int,
+    pairing: str = "samples",
 ) -> list[GroupDeltas]:
     """`deltas` within each group of the pairs (by A's record: the labels and lengths of
-    a comparable pair are the same), axis by axis (`breakdown.groups`)."""
+    a comparable pair are the same), axis by axis (`breakdown.groups`); completions sampled
+    apart have no shared length, so no length groups."""
     from orchestrator.results import breakdown
 
     by_id = {id(ra): (ra, rb) for ra, rb in pairs}
     out = []
     for axis in breakdown.AXES:
+        if pairing == "prompts" and axis == "completion_length":
+            continue
         for name, recs in breakdown.groups([ra for ra, _ in pairs], axis):
             inside = [by_id[id(ra)] for ra in recs]
-            out.append(
-                GroupDeltas(axis, name, len(inside), deltas(inside, budgets, resamples, seed))
-            )
+            found = deltas(inside, budgets, resamples, seed, pairing)
+            out.append(GroupDeltas(axis, name, len(inside), found))
     return out
 
 
-def keyed_deltas(pairs: list[tuple[dict, dict]], resamples: int, seed: int) -> list[GroupDeltas]:
+def keyed_deltas(
+    pairs: list[tuple[dict, dict]], resamples: int, seed: int, pairing: str = "samples"
+) -> list[GroupDeltas]:
     """Each per-key metric the registry pairs (`Keyed.paired`: tau by context), B minus A
     of each key's per-sample values (`Keyed.per_key`) over the pairs with one on both
     sides, as a group of the axis `Keyed.key_name` (``context``) named by its key."""
@@ -299,8 +353,12 @@ def keyed_deltas(pairs: list[tuple[dict, dict]], resamples: int, seed: int) -> l
             continue
         per = [(m.per_key(ra), m.per_key(rb)) for ra, rb in pairs]
         for k in sorted({k for a, b in per for k in a.keys() & b.keys()}):
-            vals = [(a[k], b[k]) for a, b in per if k in a and k in b]
-            found = delta(m, None, vals, resamples, seed, f"{m.header} {k}")
+            vals = [
+                (a[k], b[k], _cluster(ra))
+                for (a, b), (ra, _) in zip(per, pairs, strict=True)
+                if k in a and k in b
+            ]
+            found = delta(m, None, vals, resamples, seed, f"{m.header} {k}", pairing)
             out.append(GroupDeltas(m.key_name, str(k), len(vals), [found]))
     return out
 

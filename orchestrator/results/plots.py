@@ -88,7 +88,9 @@ def keyed_figure(run: res.Run, name: str) -> Any | None:
     ax.set_xlabel(m.key_name)
     got = summary.values(run)
     stats = ", ".join(
-        f"{m2.header} {m2.text(got[m2.name])}" for m2 in summary.columns() if m2.style != "count"
+        f"{m2.header} {m2.text(got[m2.name])}"
+        for m2 in summary.columns([got])
+        if m2.style != "count"
     )
     ax.set_title(f"{text(m.label)}: {_title(run)}\n{text(stats)}", fontsize=9)
     return fig

@@ -67,7 +67,7 @@ def comparison_section(
     """Every table metric per run (and per DDTree budget) and the headline's paired delta
     against the run's baseline."""
     paired = pairings(runs, named) if paired is None else paired
-    cols = summary.columns()
+    cols = summary.columns(summary.values(r) for r in runs)
     per = [(m, [summary.budget_values(r, m) for r in runs]) for m in summary.per_budget()]
     by_budget = [
         (m, b, [v.get(b) for v in vals])

@@ -81,7 +81,8 @@ def breakdown_tables(run: res.Run, paired: compare.Paired | None) -> str:
     if not groups:
         return ""
     by_group = {(g.axis, g.name): g for g in paired.groups} if paired and paired.comparable else {}
-    cols, head_metric = summary.columns(), registry.headline()
+    every = [g for rows in groups.values() for g in rows]
+    cols, head_metric = summary.columns(every), registry.headline()
     out = []
     for axis in breakdown.AXES:
         rows = groups.get(axis) or []
@@ -163,7 +164,7 @@ def run_section(
     got = summary.values(run)
     headline = ", ".join(
         f"{esc(m.header)} {esc(summary.shown(m, got[m.name]))}"
-        for m in summary.columns()
+        for m in summary.columns([got])
         if m.style != "count"
     )
     prov = table(

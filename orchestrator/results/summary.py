@@ -5,6 +5,7 @@ A metric added to the registry reaches every view through here."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from orchestrator.results import settings
@@ -27,9 +28,18 @@ def shown(m: Metric | str, value: Any) -> str:
     return registry.shown(m if isinstance(m, str) else m.style, value)
 
 
-def columns() -> list[Metric]:
-    """The metrics a table shows as columns, in `Metric.rank` order."""
-    return sorted((m for m in registry.scalars() if m.rank is not None), key=lambda m: m.rank)
+def columns(rows: Iterable[Mapping] = ()) -> list[Metric]:
+    """The metrics a table of `rows` (by metric name) shows as columns, in `Metric.rank`
+    order; a `Metric.sparse` one only where a row has its value."""
+    rows = list(rows)
+    return sorted(
+        (
+            m
+            for m in registry.scalars()
+            if m.rank is not None and (not m.sparse or any(r.get(m.name) is not None for r in rows))
+        ),
+        key=lambda m: m.rank,
+    )
 
 
 def per_budget() -> list[Metric]:

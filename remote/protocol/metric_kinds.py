@@ -32,6 +32,7 @@ class Metric:
     plot: str | None = None
     live: bool = False
     interval: bool = False
+    sparse: bool = False  # a column only where some value is there (`summary.columns`)
 
     def _input(self, rec: Mapping, budget: str | None) -> Any:
         if self.of == SAMPLE:

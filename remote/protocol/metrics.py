@@ -26,8 +26,10 @@ from remote.protocol.metric_kinds import (  # noqa: F401 (the registry's own nam
     shown,
 )
 
-# The metric the headline, the paired delta and the CI gate lead with.
+# The metric the headline, the paired delta and the CI gate lead with; above temperature 0
+# its expectation (`EXPECTED`) leads instead.
 HEADLINE = "tau_per_sample_mean"
+EXPECTED = "expected_tau"
 # Names the views used before they took the registry's (a follow history on disk).
 OLD_NAMES = {"tau": "tau_per_sample_mean", "tau_tokens": "tau_token_weighted"}
 
@@ -46,6 +48,13 @@ def _histogram(rec: Mapping, block: int) -> dict[int, tuple[int, int]]:
 def _positions(rec: Mapping, block: int) -> dict[int, tuple[int, int]]:
     att, hit = rec.get("position_attempts") or [], rec.get("position_hits") or []
     return {j + 1: (hit[j], att[j]) for j in range(min(len(att), len(hit), block - 1))}
+
+
+def _expected(rec: Mapping, num: str, den: str | None) -> Parts:
+    e = rec.get("expected")
+    if not isinstance(e, dict) or e.get(num) is None or (den and not e.get(den)):
+        return None
+    return (e[num], e[den] if den else 1)
 
 
 def _agreement(rec: Mapping) -> Parts:
@@ -206,6 +215,29 @@ METRICS: list[Metric | Keyed | Finding] = [
         style="share",
         stored=("match", "total"),
         rank=2,
+    ),
+    Metric(
+        name="expected_tau",
+        label="expected tau (speculative sampling: mean of per-sample E[N/R])",
+        header="E tau",
+        definition="above temperature 0: each sample's exact expected acceptance length along "
+        "its sampled completion (docs/dflash-eval.md), averaged over samples",
+        parts=lambda rec: _expected(rec, "tau", None),
+        of=SAMPLE,
+        rank=4,
+        sparse=True,
+    ),
+    Metric(
+        name="expected_tau_token_weighted",
+        label="expected tau (token-weighted: tokens / expected rounds)",
+        header="E tau tok",
+        definition="above temperature 0: completion tokens over expected rounds, all samples "
+        "together",
+        parts=lambda rec: _expected(rec, "tokens", "rounds"),
+        reduce=RATIO,
+        of=SAMPLE,
+        rank=5,
+        sparse=True,
     ),
 ]
 

@@ -14,7 +14,8 @@ from remote.protocol import metrics as registry
 def render_breakdown(groups: dict[str, list[dict]]) -> None:
     """A table per breakdown axis worth showing: each table metric and the headline per budget."""
     groups = breakdown.worth_showing(groups)
-    cols, head = summary.columns(), registry.headline()
+    cols = summary.columns(g for rows in groups.values() for g in rows)
+    head = registry.headline()
     for axis in breakdown.AXES:
         rows = groups.get(axis) or []
         if not rows:

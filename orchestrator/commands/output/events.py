@@ -73,7 +73,7 @@ class RichEvents(follow_lib.FollowEvents):
         head = registry.headline()
         said = [
             f"{m.header} {summary.shown(m, entry.get(m.name))}"
-            for m in summary.columns()
+            for m in summary.columns([entry])
             if m.style != "count"
         ]
         said += [

@@ -20,7 +20,7 @@ def history_table(history: list[dict], title: str = "tau per checkpoint step") -
     checkpoint failed; narrow, the non-headline metrics go first, then small budgets."""
     budgets = sorted({b for h in history for b in (h.get("ddtree") or {})}, key=int)
     failed = any(h.get("state") != "done" for h in history)
-    cols, head = summary.columns(), registry.headline()
+    cols, head = summary.columns(history), registry.headline()
     table = Grid(
         title,
         [

@@ -55,7 +55,7 @@ def render_listing(listing: catalog.Listing) -> None:
     if not listing.runs:
         _line(f"no runs in {listing.root}")
         return
-    cols = summary.columns()
+    cols = summary.columns(summary.values(r) for r in listing.runs)
     last = max((m.rank for m in cols), default=0)
     table = Grid(
         f"runs in {listing.root}",
@@ -161,6 +161,8 @@ def render_paired(p: cmp.Paired, b: str, a: str) -> None:
             pct(d.worse),
         )
     show(t)
+    if p.pairing != "samples":
+        console.print(f"{b} vs {a}: {cmp.PAIRINGS[p.pairing]}", soft_wrap=True)
     render_group_deltas(p, b, a)
     if p.only_a or p.only_b:
         console.print(f"not paired: {p.only_a} samples only in {a}, {p.only_b} only in {b}")

@@ -57,7 +57,7 @@ def metric_rows(run: res.Run) -> list[tuple[str, str]]:
     rows += [
         (m.label, summary.with_interval(m, got[m.name], spread.get(m.name)))
         for m in sample
-        if m not in counts
+        if m not in counts and not (m.sparse and got[m.name] is None)
     ]
     rows += [
         (f.label, fmt(line))
