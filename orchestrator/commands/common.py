@@ -151,35 +151,42 @@ SeedOption = Annotated[
     int, typer.Option(help="Seed of the prompt choice (and, above temperature 0, of sampling).")
 ]
 TemperatureOption = Annotated[
-    float,
+    float | None,
     typer.Option(
-        help="Temperature the ground truth is sampled at and tau is computed for (0, the "
-        "default: greedy; above 0: speculative-sampling acceptance in expectation, "
-        "docs/dflash-eval.md)."
+        help="Temperature the ground truth is sampled at and tau is computed for (default: "
+        "the inventory's, else 0: greedy; above 0: speculative-sampling acceptance in "
+        "expectation, docs/dflash-eval.md)."
     ),
 ]
 TopKOption = Annotated[
     int | None,
-    typer.Option("--top-k", help="Top-k of sampling (above temperature 0; default: off)."),
+    typer.Option(
+        "--top-k",
+        help="Top-k of sampling (above temperature 0; default: the inventory's, else off).",
+    ),
 ]
 TopPOption = Annotated[
     float | None,
-    typer.Option("--top-p", help="Top-p of sampling (above temperature 0; default: off)."),
+    typer.Option(
+        "--top-p",
+        help="Top-p of sampling (above temperature 0; default: the inventory's, else off).",
+    ),
 ]
 DraftPolicyOption = Annotated[
     str | None,
     typer.Option(
         "--draft-policy",
-        help="How the engine proposes drafts above temperature 0: 'argmax' (the default, "
-        "vLLM's draft_sample_method greedy) or 'sample' (vLLM's probabilistic: drafts "
-        "sampled at the temperature alone).",
+        help="How the engine proposes drafts above temperature 0: 'argmax' (vLLM's default, "
+        "draft_sample_method greedy) or 'sample' (vLLM's probabilistic: drafts sampled at "
+        "the temperature alone); default: the inventory's, else argmax.",
     ),
 ]
 GtSamplesOption = Annotated[
     int | None,
     typer.Option(
         "--gt-samples",
-        help="Sampled ground-truth completions per prompt (above temperature 0; default 1).",
+        help="Sampled ground-truth completions per prompt (above temperature 0; default: the "
+        "inventory's, else 1).",
     ),
 ]
 ContextLadderOption = Annotated[

@@ -71,7 +71,7 @@ def follow_cmd(
     context_ladder: ContextLadderOption = None,
     max_new_tokens: MaxNewTokensOption = None,
     seed: SeedOption = 0,
-    temperature: TemperatureOption = 0.0,
+    temperature: TemperatureOption = None,
     top_k: TopKOption = None,
     top_p: TopPOption = None,
     draft_policy: DraftPolicyOption = None,

@@ -112,7 +112,8 @@ def parity_cmd(
 
     Both hosts are checked first (python, torch, the target, memory, and that both targets
     are copies of one checkpoint); nothing is captured until both pass. Its jobs are
-    listed, attached to and cancelled with dflash jobs."""
+    listed, attached to and cancelled with dflash jobs. Greedy always: no temperature
+    changes the forwards it compares (docs/parity.md)."""
     inv = inventory(ctx, inventory_path)
     opts = parity.ParityOptions(
         model_a=model_a,

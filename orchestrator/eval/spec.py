@@ -83,7 +83,7 @@ class EvalOptions:
     seed: int = 0
     max_new_tokens: int | None = None
     thinking: bool = False
-    temperature: float = 0.0
+    temperature: float | None = None  # None: the inventory role's (else greedy)
     top_k: int | None = None
     top_p: float | None = None
     gt_samples: int | None = None
@@ -116,8 +116,8 @@ class EvalOptions:
             raise DflashError("EvalOptions.engine must be an EvalSpec (see engine_spec)")
         try:
             sampling = self.sampling(GT_DEFAULT_MAX_NEW_TOKENS)
-            if self.engine.draft_policy != EvalSpec.draft_policy and not sampling.sampled:
-                raise SpecError("--draft-policy applies above temperature 0 only (0 is greedy)")
+            if self.temperature is not None:
+                self.check_policy(sampling)
             self.ground_truth_limits(None)
         except SpecError as exc:
             raise DflashError(str(exc)) from None
@@ -130,16 +130,27 @@ class EvalOptions:
                 raise DflashError(str(exc)) from None
             self.context_ladder = tuple(rungs)
 
-    def sampling(self, max_new_tokens: int) -> Sampling:
-        """How the ground truth is decoded (the job's ``sampling``); `seed` seeds it too."""
+    def sampling(self, max_new_tokens: int, role: EvalRole | None = None) -> Sampling:
+        """How the ground truth is decoded (the job's ``sampling``): each setting given
+        here, else the inventory `role`'s (its top-k, top-p and K only above 0); `seed`
+        seeds it too."""
+        t = _given(self.temperature, role.temperature if role else 0.0)
+        kept = role if role is not None and t > 0 else None
+        knobs = {
+            k: _given(getattr(self, k), getattr(kept, k, None)) for k in EvalRole.SAMPLING_KEYS[1:]
+        }
         return Sampling(
             max_new_tokens=max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            seed=self.seed if self.temperature > 0 else 0,
-            completions=self.gt_samples or 1,
+            temperature=t,
+            top_k=knobs["top_k"],
+            top_p=knobs["top_p"],
+            seed=self.seed if t > 0 else 0,
+            completions=knobs["gt_samples"] or 1,
         )
+
+    def check_policy(self, sampling: Sampling) -> None:
+        if self.engine.draft_policy != EvalSpec.draft_policy and not sampling.sampled:
+            raise SpecError("--draft-policy applies above temperature 0 only (0 is greedy)")
 
     def ground_truth_limits(self, role: EvalRole | None) -> GTLimits:
         """The bounds on waiting for ground truth on a host with inventory role `role`:
@@ -167,6 +178,8 @@ class EvalOptions:
         if role is None:
             return self.engine
         keys = [k for k in EvalRole.ENGINE_KEYS if k not in chosen]
+        if not self.sampling(1, role).sampled:  # a draft policy is for sampling only
+            keys = [k for k in keys if k != "draft_policy"]
         return replace(self.engine, **{k: getattr(role, k) for k in keys})
 
 
@@ -292,6 +305,12 @@ def build_spec(
     input files (the prompts) travel inside the job start, appended to that list and
     carried under ``carry`` (`carry_or_push`); only for a spec that `start_job` sends."""
     role = spec.eval
+    max_new = role.max_new_tokens if role else GT_DEFAULT_MAX_NEW_TOKENS
+    try:
+        sampling = options.sampling(_given(options.max_new_tokens, max_new), role)
+        options.check_policy(sampling)
+    except SpecError as exc:
+        raise DflashError(f"{spec.name}: {exc}") from None
     if exact_file is not None:
         file = GTKind.FILE.name
         options = replace(options, ground_truth=exact_file, ground_truth_kind=file, prompts=None)
@@ -313,12 +332,7 @@ def build_spec(
         else _given(options.samples, (role.samples if role else None)),
         "seed": options.seed,
         "thinking": options.thinking,
-        "sampling": options.sampling(
-            _given(
-                options.max_new_tokens,
-                role.max_new_tokens if role else GT_DEFAULT_MAX_NEW_TOKENS,
-            )
-        ).to_json(),
+        "sampling": sampling.to_json(),
         "ground_truth": ground_truth_source(host, spec, options),
         JOB_EVAL_KEY: engine.to_json(),
         "stop_after": options.stop_after,

@@ -11,6 +11,7 @@ from orchestrator.errors import DflashError
 from orchestrator.slurm.role import SlurmRole
 from remote.online.spec import ServeSpec
 from remote.protocol import (
+    DEFAULT_DRAFT_POLICY,
     DEFAULT_DTYPE,
     GT_DEFAULT_CONCURRENCY,
     GT_DEFAULT_DEADLINE,
@@ -36,7 +37,9 @@ class TrainerRole:
 @dataclass
 class _EvalRoleOwn:
     # The engine's `EvalSpec` settings this role sets where an eval's options do not.
-    ENGINE_KEYS: ClassVar[tuple[str, ...]] = ("dtype", "threads")
+    ENGINE_KEYS: ClassVar[tuple[str, ...]] = ("dtype", "threads", "draft_policy")
+    # The sampling an eval's flags override one by one (docs/inventory.md).
+    SAMPLING_KEYS: ClassVar[tuple[str, ...]] = ("temperature", "top_k", "top_p", "gt_samples")
 
     drafters: str
     target_model: str | None = None
@@ -52,6 +55,11 @@ class _EvalRoleOwn:
     ground_truth_deadline: float = GT_DEFAULT_DEADLINE
     ground_truth_phase_deadline: float = GT_DEFAULT_PHASE_DEADLINE
     samples: int | None = None
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    gt_samples: int | None = None
+    draft_policy: str = DEFAULT_DRAFT_POLICY
     reserve: int | str | None = None
     serve: ServeSpec | None = None
 

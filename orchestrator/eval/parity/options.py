@@ -74,6 +74,7 @@ class ParityOptions:
             samples=self.samples,
             seed=self.seed,
             max_new_tokens=self.max_new_tokens,
+            temperature=0.0,  # greedy whatever the role's sampling: docs/parity.md
             ground_truth=self.ground_truth,
             ground_truth_kind=self.ground_truth_kind,
             ground_truth_timeout=self.ground_truth_timeout,
