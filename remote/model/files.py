@@ -94,7 +94,7 @@ def no_tokenizer(folder: str | Path) -> str:
         f"target folder {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES[:5])}, "
         "...): text prompts cannot be tokenised; add the target's tokenizer files to that "
         "folder, or give token-id ground truth with --ground-truth-kind file "
-        "--ground-truth PATH"
+        '--ground-truth PATH, or token-id prompts ({"id", "prompt_ids"} lines)'
     )
 
 

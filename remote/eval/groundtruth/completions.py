@@ -107,9 +107,17 @@ class Prompts:
             ("", p["ids"]) if "ids" in p else render_prompt(tokenizer, p, job.thinking)
             for p in records
         ]
+        vocab = target_vocab_size(engine.target, tokenizer)
+        for p in records:  # ids given, not tokenised here: another tokenizer's would pass
+            bad = next((t for t in p.get("ids") or [] if t >= vocab), None)
+            if bad is not None:
+                raise UserError(
+                    f"prompt {p['id']} of {job.prompts} holds token id {bad}, outside the "
+                    f"target's vocabulary (0..{vocab - 1}): give ids of {engine.target}'s "
+                    "tokenizer"
+                )
         records, rendered = expand(records, rendered, job.sampling)
         identity = target_identity(engine.target)
-        vocab = target_vocab_size(engine.target, tokenizer)
         return cls(job, engine, records, rendered, tokenizer, vocab, identity, job_info(job))
 
     def open_entry(self, source: dict, where: str, text: bool = False) -> Prompts:
