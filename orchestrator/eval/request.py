@@ -8,6 +8,7 @@ from orchestrator.errors import DflashError
 from orchestrator.eval.run import eval_host_name
 from orchestrator.eval.spec import EvalOptions, ground_truth_note
 from orchestrator.inventory import HostSpec, Inventory
+from remote.protocol import SpecError
 
 
 @dataclass
@@ -41,13 +42,25 @@ def eval_request(
                 "with --host or --detach"
             )
         names = [n.strip() for n in hosts.split(",") if n.strip()]
+        _check_sampling(inventory.expand(names), options)
         first = inventory.expand(names)[:1]  # it makes the ground truth
         return EvalRequest(
             inventory, checkpoint, options, hosts=names, notes=_notes(first, options)
         )
     name = eval_host_name(inventory, host)
+    _check_sampling([inventory.host(name)], options)
     notes = _notes([inventory.host(name)], options)
     return EvalRequest(inventory, checkpoint, options, host=name, detach=detach, notes=notes)
+
+
+def _check_sampling(specs: list[HostSpec], options: EvalOptions) -> None:
+    """The sampling each host's job will take (its role's defaults under the flags),
+    refused in one line before anything connects."""
+    for spec in specs:
+        try:
+            options.check_policy(options.sampling(1, spec.eval))
+        except SpecError as exc:
+            raise DflashError(f"{spec.name}: {exc}") from None
 
 
 def _notes(specs: list[HostSpec], options: EvalOptions) -> list[str]:
