@@ -18,6 +18,7 @@ from orchestrator.eval.uploads import carry_or_push
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport.hosts import Host
 from remote.protocol import GT_DEFERRED_FILE, JobState, sample_labels
+from remote.protocol.sampling import completion_keys
 
 HostEventHandler = Callable[[str, dict], None]
 
@@ -70,6 +71,7 @@ def gt_lines(records: list[dict], indices: list[int]) -> bytes:
             {
                 "id": records[i]["id"],
                 **sample_labels(records[i]),
+                **completion_keys(records[i]),  # a sampled completion's prompt and index
                 "prompt_ids": records[i]["prompt_ids"],
                 "completion_ids": records[i]["completion_ids"],
             }

@@ -123,6 +123,8 @@ def merge_result(
         max_samples=None,
         ground_truth=None,
         ground_truth_source=ground_truth_source,
+        # the whole ground truth's (a shard's is its slice's): runs over it then pair
+        ground_truth_sha256=ground_truth_source.get("sha256"),
         target_features=merged_features(shard_results),
     )
     result["metrics"] = metrics

@@ -1,0 +1,134 @@
+"""A sharded eval above temperature 0 over THREE real loopback sshd hosts whose inventory
+eval role sets the sampling (no flag given): a ground-truth file of sampled completions
+(``--ground-truth-kind file``) is taken as made at that temperature (ground_truth.json
+and the result say so), each shard computes the expectation at it, and the merged result's
+``expected`` and expected tau are those of every sample, equal to one host's run with
+the same sampling given as flags; the two runs pair completion by completion."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from orchestrator.eval import run as remote_eval
+from orchestrator.eval.shards import plan as shard_plan
+from orchestrator.eval.shards import run as shard
+from orchestrator.inventory import load_inventory
+from orchestrator.results import compare as cmp
+from orchestrator.results import store as res
+from remote.protocol import EvalSpec
+from remote.protocol.expected import summary
+from tests.helpers.sshd import ssh_host_entry, start_sshd
+
+HOSTS = ("ta", "tb", "tc")
+
+
+@pytest.fixture(scope="module")
+def three_sshd(ssh_base, user_key):
+    servers = [start_sshd(ssh_base, f"sampled-{name}") for name in HOSTS]
+    yield dict(zip(HOSTS, servers, strict=True))
+    for s in servers:
+        s.stop()
+
+
+def test_the_merged_expectation_is_every_shards_not_the_firsts():
+    """`merge_result` keeps the first shard's result but sums ``expected`` anew from every
+    record, as one host's summary of them all gives it."""
+    rng = random.Random(2)
+    recs = []
+    for i in range(6):
+        tau = rng.uniform(1, 3)
+        recs.append(
+            {
+                "id": f"p{i // 2}#{i % 2}",
+                "rounds": [1] * 6,
+                "prompt_tokens": 5,
+                "completion_tokens": 6,
+                "seconds": {"target": 0.5, "drafter": 0.25, "ddtree": 0.0},
+                "expected": {
+                    "tokens": 6,
+                    "rounds": 6 / tau,
+                    "tau": tau,
+                    "histogram": {"1": 6 / tau},
+                    "position_attempts": [1.0, 0.5, 0.2],
+                    "position_hits": [rng.random() * 0.5, 0.1, 0.05],
+                },
+            }
+        )
+    settings = {"temperature": 0.7, "top_k": None, "top_p": 0.9, "draft_policy": "sample"}
+    inputs = {"block_size": 4, "target_vocab_size": 320, "ddtree": {"budgets": []}}
+    results = [
+        {"inputs": dict(inputs), "timings": {}, "expected": summary(part, settings)}
+        for part in (recs[:2], recs[2:])
+    ]
+    merged = shard_plan.merge_result(
+        results, recs, ground_truth_source={}, shards={}, job={}, wall_s=1.0
+    )
+    assert merged["expected"] == summary(recs, settings) != results[0]["expected"]
+    assert merged["expected"]["samples"] == 6 and merged["expected"]["top_p"] == 0.9
+    assert merged["metrics"]["expected_tau"] == pytest.approx(merged["expected"]["tau"])
+
+
+def test_a_sharded_eval_at_the_inventorys_temperature_merges_the_expectation(
+    three_sshd, ssh_base, make_inventory, eval_role, tmp_path
+):
+    role = eval_role(temperature=0.7, draft_policy="sample", top_k=40)
+    inv_path = make_inventory(
+        hosts={n: ssh_host_entry(s, ssh_base, roles={"eval": role}) for n, s in three_sshd.items()},
+        groups={"evals": list(HOSTS)},
+        defaults={"eval_host": "ta", "results_dir": str(tmp_path / "results")},
+    )
+    inv = load_inventory(inv_path)
+    gt = three_sshd["ta"].root / "sampled-gt.jsonl"
+    rng = random.Random(11)
+    with open(gt, "w") as fh:
+        for p in range(3):
+            prompt = [rng.randrange(8, 300) for _ in range(10)]
+            for k in range(2):
+                completion = [rng.randrange(8, 300) for _ in range(8 + 3 * p + k)]
+                fh.write(
+                    json.dumps(
+                        {
+                            "id": f"q{p}#{k}",
+                            "prompt_id": f"q{p}",
+                            "index": k,
+                            "prompt_ids": prompt,
+                            "completion_ids": completion,
+                        }
+                    )
+                    + "\n"
+                )
+    options = remote_eval.EvalOptions(
+        ground_truth=str(gt), ground_truth_kind="file", engine=EvalSpec(budgets=())
+    )
+    merged = shard.run_sharded(inv, list(HOSTS), "step-12", options)
+    result = json.loads((merged / "result.json").read_text())
+    records = [json.loads(x) for x in (merged / "samples.jsonl").read_text().splitlines()]
+    assert len({j["host"] for j in result["shards"]["jobs"]}) == 3  # every host had a shard
+    assert json.loads((merged / "spec.json").read_text())["sampling"]["temperature"] == 0.7
+    made = json.loads((merged / "ground_truth.json").read_text())
+    assert made["sampling"]["temperature"] == 0.7 and made["sampling"]["top_k"] == 40
+    exp = result["expected"]
+    assert (exp["temperature"], exp["top_k"], exp["draft_policy"]) == (0.7, 40, "sample")
+    taus = [r["expected"]["tau"] for r in records]
+    assert exp["samples"] == len(records) == 6  # every shard's samples, not the first's
+    assert exp["tau"] == pytest.approx(sum(taus) / 6)
+    assert result["metrics"]["expected_tau"] == pytest.approx(exp["tau"])
+    assert [r["prompt_id"] for r in records] == ["q0", "q0", "q1", "q1", "q2", "q2"]
+
+    # one host, the sampling given as flags (--ground-truth-kind file --temperature 0.7
+    # --top-k 40 --draft-policy sample) rather than by the role: the same expectation
+    flags = EvalSpec(budgets=(), draft_policy="sample")
+    given = replace(options, temperature=0.7, top_k=40, engine=flags, chosen=None)
+    single = remote_eval.run_eval(inv, "ta", "step-12", given)
+    assert json.loads((single / "ground_truth.json").read_text())["sampling"]["temperature"] == 0.7
+    one = json.loads((single / "result.json").read_text())
+    assert one["expected"]["tau"] == pytest.approx(exp["tau"])
+    assert one["expected"]["per_position"] == pytest.approx(exp["per_position"])
+    assert result["inputs"]["ground_truth_sha256"] == one["inputs"]["ground_truth_sha256"]
+    same = cmp.paired(res.load_run(single), res.load_run(merged))
+    assert same.comparable and same.pairing == "completions"
+    assert cmp.headline(same.deltas).metric == "expected_tau"
