@@ -10,6 +10,7 @@ import pytest
 
 from orchestrator.eval.parity.options import ParityOptions
 from orchestrator.eval.spec import EvalOptions
+from orchestrator.eval.sweep import requested
 from orchestrator.inventory import InventoryError, parse_inventory
 
 ROLE = """hosts:
@@ -41,6 +42,14 @@ def test_the_roles_sampling_is_taken_where_no_flag_is_given():
     assert EvalOptions().sampling(64, None).sampled is False
     parity = ParityOptions(samples=2).eval_options()
     assert parity.sampling(64, r).sampled is False
+
+
+def test_no_temperature_flag_leaves_the_roles():
+    temps, t = requested(None)
+    assert temps == () and t is None
+    assert EvalOptions(temperature=t).sampling(64, role()).temperature == 0.8
+    assert requested("0,0.6") == ((0.0, 0.6), 0.6)
+    assert requested("0")[1] == 0.0
 
 
 @pytest.mark.parametrize("t", ["-1", "1000", "hot"])

@@ -43,7 +43,7 @@ from orchestrator.eval.job import JobRef
 from orchestrator.eval.request import eval_request
 from orchestrator.eval.shards import run as shard
 from orchestrator.eval.spec import EvalOptions, engine_spec
-from orchestrator.eval.sweep import first_sampled, run_sweep, temperatures
+from orchestrator.eval.sweep import requested, run_sweep
 from orchestrator.results import store as res
 from orchestrator.results import sweep as sweep_view
 from remote.protocol import GT_DEFAULT_CONCURRENCY as GT_CONCURRENCY
@@ -153,7 +153,7 @@ def remote_eval_cmd(
         device=device,
         draft_policy=draft_policy,
     )
-    temps = temperatures(temperature)
+    temps, temperature = requested(temperature)
     options = EvalOptions(
         prompts=prompts,
         samples=samples,
@@ -161,7 +161,7 @@ def remote_eval_cmd(
         seed=seed,
         max_new_tokens=max_new_tokens,
         thinking=thinking,
-        temperature=first_sampled(temps),
+        temperature=temperature,
         top_k=top_k,
         top_p=top_p,
         gt_samples=gt_samples,

@@ -27,6 +27,15 @@ def temperatures(text: str | float | None) -> tuple[float, ...]:
         raise DflashError(str(exc)) from None
 
 
+def requested(text: str | float | None) -> tuple[tuple[float, ...], float | None]:
+    """(the temperatures asked for, the one the options carry); none given: ((), None),
+    so the eval role's temperature applies."""
+    if text is None:
+        return (), None
+    temps = temperatures(text)
+    return temps, first_sampled(temps)
+
+
 def first_sampled(temps: Sequence[float]) -> float:
     """The temperature the sweep's shared options are checked at: the first above 0 (so
     --top-p and --draft-policy are taken), else 0."""
