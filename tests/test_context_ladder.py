@@ -175,7 +175,7 @@ def test_a_ladder_job_puts_each_prompt_at_each_rung_with_the_window_checked(tmp_
 
 def test_a_ladder_past_the_target_s_window_is_refused_before_anything(tmp_path):
     kit = evalkit.kit("qwen3")
-    spec = job_spec(tmp_path, kit.steps[-1], [1024, 8192], "j3")
+    spec = job_spec(tmp_path, kit.steps[-1], [1024, 32768], "j3")  # the window: 32768
     with pytest.raises(UserError, match=r"ladder reaches \d+ tokens but the target's window"):
         run_job(tmp_path, spec)
     assert json.loads((tmp_path / "work/jobs/j3/preflight.json").read_text())["ok"] is False

@@ -118,3 +118,58 @@ def test_a_ladder_runs_end_to_end_with_tau_per_bucket_in_every_view(
     table = dflash("results", "compare", a, b, "-i", str(inv))
     assert "tau by context" in table.stdout and re.search(r"^\W*2048\s", table.stdout, re.M)
     assert len(server.requests) == asked  # views read what was pulled
+
+
+def test_a_ladder_to_16k_runs_end_to_end_on_the_demo_target(
+    eval_sshd, ssh_base, make_inventory, tiny_target, drafters, server, tmp_path
+):
+    """1k to 16k on the demo's tiny target (its window, 32768, covers the ladder), one
+    question a rung: tau in every bucket up to 16384 in the JSON, `results show`, the CSV
+    and the HTML report; the drafter (window 4096, trained on short samples) warned about."""
+    inv = make_inventory(
+        hosts={
+            "evalhost": ssh_host_entry(
+                eval_sshd,
+                ssh_base,
+                roles={
+                    "eval": {
+                        "drafters": str(drafters),
+                        "target_model": str(tiny_target),
+                        "ground_truth": server.url,
+                        "ground_truth_kind": "sglang",
+                        "dtype": "float32",
+                    }
+                },
+            )
+        },
+        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    )
+    got = dflash(
+        "remote-eval", "--checkpoint", "step-0", "--prompts", "gsm8k", "--samples", "1",
+        "--max-new-tokens", "4", "--context-ladder", "1k,2k,4k,8k,16k", "-i", str(inv),
+        "--json", timeout=600,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    (line,) = [ln for ln in got.stderr.splitlines() if "drafter's window" in ln]
+    assert "window is 4096 positions" in line and f"reach {16384 + RUNG_OVER + 4} tokens" in line
+    run_id = json.loads(got.stdout)["summary"]["run_id"]
+    result = json.loads((Path(json.loads(got.stdout)["run_dir"]) / "result.json").read_text())
+    want = {r["context"]: r["rate"] for r in result["metrics"]["tau_by_context"] if r["rounds"]}
+    assert list(want) == [1024, 2048, 4096, 8192, 16384], result["metrics"]["tau_by_context"]
+    assert result["inputs"]["drafter_window"]["longest_context"] > 16384
+
+    show = dflash("results", "show", run_id, "-i", str(inv))
+    assert show.returncode == 0, show.stderr
+    for c, rate in want.items():
+        assert re.search(rf"^\W*{c}\W+\d+\W+\d+\W+{rate:.3f}\W*$", show.stdout, re.M), c
+    (row,) = csv.DictReader(io.StringIO(dflash("results", "export", "-f", "csv", run_id,
+                                                "-i", str(inv)).stdout))  # fmt: skip
+    for c, rate in want.items():
+        assert float(row[f"tau_by_context_{c}"]) == pytest.approx(rate, abs=1e-6)
+    page = tmp_path / "report.html"
+    made = dflash("results", "report", run_id, "-o", str(page), "-i", str(inv))
+    assert made.returncode == 0, made.stderr
+    html = page.read_text()
+    assert "tau by context" in html and "window is 4096 positions" in html
+    for c, rate in want.items():
+        assert re.search(rf"<td[^>]*>{c}</td>.*?<td[^>]*>{rate:.3f}</td>", html), c

@@ -83,7 +83,7 @@ def build_target(
     seed: int = 0,
     dtype: str = "float32",
     model_vocab_size: int | None = None,
-    max_positions: int = 4096,
+    max_positions: int = 32768,  # covers a 16k context ladder (docs/context.md)
 ) -> str:
     """Save a tiny random `kind` target and tokenizer in ``out_dir`` (padded vocabulary, window)."""
     tok = build_tokenizer(vocab_size)
