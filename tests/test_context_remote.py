@@ -3,7 +3,7 @@ loopback sshd eval host, the tiny real target's ground truth made by a real grou
 server, two drafter checkpoints trained for real; tau per context bucket in every view
 (the result's JSON, `results show`, the CSV export, `results compare`), and the drafter's
 window warned about, before anything loads, for the one checkpoint whose window the
-ladder passes."""
+ladder passes; and a ladder of 1k to 16k on the demo's target (window 32768)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.helpers.sshd import ssh_host_entry
 
 pytestmark = pytest.mark.slow
 
-RUNGS = "1k,2k"  # buckets 1024 and 2048; the tiny target's window is 4096
+RUNGS = "1k,2k"  # buckets 1024 and 2048
 NEW = 8
 
 
@@ -173,3 +173,53 @@ def test_a_ladder_to_16k_runs_end_to_end_on_the_demo_target(
     assert "tau by context" in html and "window is 4096 positions" in html
     for c, rate in want.items():
         assert re.search(rf"<td[^>]*>{c}</td>.*?<td[^>]*>{rate:.3f}</td>", html), c
+
+
+def test_online_runs_a_ladder_with_the_engines_window_from_its_longest_context(
+    eval_sshd, ssh_base, make_inventory, tiny_target, drafters, server, tmp_path
+):
+    """`dflash online --context-ladder`: the job builds the ladder as remote-eval does,
+    starts its serving engine (a stand-in answering as vLLM 0.32 does, from the host's
+    ground-truth cache) with --max-model-len from the longest sample, and its verdict places
+    each side's rounds and the walks' disagreements by context bucket."""
+    from tests.helpers.scripted_vllm import stand_in
+
+    python = stand_in(tmp_path / "stand-in-python", eval_sshd.root / "dflash" / "groundtruth")
+    role = {
+        "drafters": str(drafters),
+        "target_model": str(tiny_target),
+        "ground_truth": server.url,
+        "ground_truth_kind": "sglang",
+        "dtype": "float32",
+        "threads": 1,
+        "serve": {"engine": "vllm", "python": str(python), "kv_cache_gib": 1},
+    }
+    inv = make_inventory(
+        hosts={"evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": role})},
+        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    )
+    got = dflash(
+        "online", "-c", "step-0", "--prompts", "gsm8k", "--samples", "2",
+        "--max-new-tokens", str(NEW), "--context-ladder", RUNGS, "-i", str(inv), "--json",
+        timeout=600,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    out = json.loads(got.stdout)
+    v, run_dir = out["verdict"], Path(out["run_dir"])
+    rows = [json.loads(ln) for ln in (run_dir / "samples.jsonl").read_text().splitlines()]
+    longest = max(r["prompt_tokens"] + r["completion_tokens"] for r in rows)
+    assert 2048 < longest <= 2 * 1024 + RUNG_OVER + NEW
+    # the engine's window: the longest sample, the last round's drafts and a margin
+    assert v["server"]["max_model_len"] == longest + 3 + 16
+    argv = json.loads(re.search(r"^argv: (.*)$", (run_dir / "server.log").read_text(), re.M)[1])
+    assert argv[argv.index("--max-model-len") + 1] == str(longest + 3 + 16)
+    by = {r["context"]: r for r in v["by_context"]}
+    assert list(by) == [1024, 2048], v["by_context"]
+    assert all(r["offline_rounds"] and r["online_rounds"] for r in by.values())
+    diverged = [s["first_divergence"]["context"] for s in v["per_sample"]
+                if s.get("first_divergence")]  # fmt: skip
+    assert sum(r["diverged"] for r in by.values()) == len(diverged) > 0
+    shown = dflash("results", "show", run_dir.name, "-i", str(inv))
+    assert shown.returncode == 0, shown.stderr
+    assert "tau by context, offline | online" in shown.stdout
+    assert re.search(rf"engine max_model_len\W+{longest + 19}: ", shown.stdout), shown.stdout

@@ -45,6 +45,7 @@ def summary(v: dict) -> dict[str, Any]:
         "platform": server.get("platform"),
         "threads": server.get("threads"),
         "threads_from": server.get("threads_from"),
+        "max_model_len": server.get("max_model_len"),
         "server": server.get("url"),
         "started_here": server.get("started_here"),
         "samples": v["samples"],

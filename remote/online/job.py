@@ -97,6 +97,7 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
                 events,
                 k=drafter.block_size - 1,
             )
+            box["max_model_len"] = model_len(box["rows"], drafter.block_size - 1)
 
     try:
         run_eval_job(
@@ -142,6 +143,11 @@ def _offline(path: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def model_len(rows: list[dict], k: int | None) -> int:
+    """A started server's max_model_len: the longest sample, its last round's drafts, a margin."""
+    return max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows) + (k or 0) + 16
+
+
 def _start_vllm(
     log: Path,
     python: str,
@@ -156,7 +162,6 @@ def _start_vllm(
     phase: str = "serve",
 ) -> Server:
     """vLLM serving the target drafting `k` tokens (None: baseline), long enough for all."""
-    longest = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
     port = free_port()
     argv = vllm_command(
         os.path.expanduser(python),
@@ -165,7 +170,7 @@ def _start_vllm(
         drafter=None if k is None else engine.drafter,
         num_speculative_tokens=k,
         dtype=engine.dtype,
-        max_model_len=longest + (k or 0) + 16,
+        max_model_len=model_len(rows, k),
         max_num_seqs=max(MIN_NUM_SEQS, *measure.concurrency),
     )
     events.emit(
@@ -235,6 +240,7 @@ def _measure(
             "startup_s": startup,
             "version": engine_version(url) if serve.engine == "vllm" else None,
             "platform": server.platform() if server is not None else None,
+            "max_model_len": box.get("max_model_len"),
         },
     }
 

@@ -99,6 +99,7 @@ VERDICT = {
         "counters_agree": FLAG,
         "version": STR,
         "platform": STR,
+        "max_model_len": INT,
         "threads": INT,
         "threads_from": STR,
     },

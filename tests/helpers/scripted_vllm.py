@@ -152,7 +152,8 @@ serve_as_vllm(sys.argv, {ground_truth!r}, {mode!r})
 
 
 def stand_in(path: Path, ground_truth: Path, mode: str = "ok") -> Path:
-    """An executable at `path` a job can start as its serving engine's python."""
+    """An executable at `path` a job can start as its serving engine's python; `ground_truth`
+    a file, or a folder whose every ``*.jsonl`` it reads when started (a host's cache)."""
     path.write_text(
         STAND_IN.format(
             python=sys.executable, root=str(ROOT), ground_truth=str(ground_truth), mode=mode
@@ -174,7 +175,10 @@ def serve_as_vllm(argv: list[str], ground_truth: str, mode: str) -> None:
         k = json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"]
     print(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}", flush=True)
     print("(EngineCore) INFO [cpu_worker.py:260] scripted stand-in for vLLM", flush=True)
-    rows = [json.loads(line) for line in Path(ground_truth).read_text().splitlines() if line]
+    print(f"argv: {json.dumps(argv[1:])}", flush=True)
+    path = Path(ground_truth)
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    rows = [json.loads(ln) for f in files for ln in f.read_text().splitlines() if ln]
     ScriptedVllm(rows, k, mode, port=port)
     while True:
         time.sleep(3600)

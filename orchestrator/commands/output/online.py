@@ -48,6 +48,8 @@ def render_verdict(v: dict, run: res.Run | None = None) -> None:
     rows = [("verdict", s["verdict"]), ("engine", _engine(s))]
     if s["threads"] is not None:
         rows.append(("engine threads (OMP_NUM_THREADS)", f"{s['threads']}: {s['threads_from']}"))
+    if s["max_model_len"] is not None:
+        rows.append(("engine max_model_len", f"{s['max_model_len']}: the longest sample's, drafts"))
     rows += [
         (f"{label}: offline / online", f"{off} / {on}")
         for label, off, on in online_view.tau_rows(v)
