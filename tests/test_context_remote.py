@@ -70,7 +70,7 @@ def test_a_ladder_runs_end_to_end_with_tau_per_bucket_in_every_view(
         runs[step] = json.loads(got.stdout)
         warned = [ln for ln in got.stderr.splitlines() if "drafter's window" in ln]
         if step == "step-0":
-            assert warned == [], got.stderr  # its window, 4096, covers the ladder
+            assert warned == [], got.stderr  # its window, the target's 32768, covers it
         else:  # one line, before the ground truth and any weights, naming both numbers
             (line,) = warned
             assert "window is 2048 positions" in line
@@ -123,9 +123,9 @@ def test_a_ladder_runs_end_to_end_with_tau_per_bucket_in_every_view(
 def test_a_ladder_to_16k_runs_end_to_end_on_the_demo_target(
     eval_sshd, ssh_base, make_inventory, tiny_target, drafters, server, tmp_path
 ):
-    """1k to 16k on the demo's tiny target (its window, 32768, covers the ladder), one
-    question a rung: tau in every bucket up to 16384 in the JSON, `results show`, the CSV
-    and the HTML report; the drafter (window 4096, trained on short samples) warned about."""
+    """1k to 16k on the demo's tiny target, one question a rung: tau in every bucket up to
+    16384 in the JSON, `results show`, the CSV and the HTML report; the drafter's window
+    (the target's, 32768, though it was trained on short samples) covers it: no warning."""
     inv = make_inventory(
         hosts={
             "evalhost": ssh_host_entry(
@@ -150,13 +150,13 @@ def test_a_ladder_to_16k_runs_end_to_end_on_the_demo_target(
         "--json", timeout=600,
     )  # fmt: skip
     assert got.returncode == 0, got.stderr
-    (line,) = [ln for ln in got.stderr.splitlines() if "drafter's window" in ln]
-    assert "window is 4096 positions" in line and f"reach {16384 + RUNG_OVER + 4} tokens" in line
+    assert "drafter's window" not in got.stderr, got.stderr
     run_id = json.loads(got.stdout)["summary"]["run_id"]
     result = json.loads((Path(json.loads(got.stdout)["run_dir"]) / "result.json").read_text())
     want = {r["context"]: r["rate"] for r in result["metrics"]["tau_by_context"] if r["rounds"]}
     assert list(want) == [1024, 2048, 4096, 8192, 16384], result["metrics"]["tau_by_context"]
-    assert result["inputs"]["drafter_window"]["longest_context"] > 16384
+    window = result["inputs"]["drafter_window"]
+    assert 16384 < window["longest_context"] <= 16384 + RUNG_OVER + 4 and not window["warning"]
 
     show = dflash("results", "show", run_id, "-i", str(inv))
     assert show.returncode == 0, show.stderr
@@ -170,7 +170,7 @@ def test_a_ladder_to_16k_runs_end_to_end_on_the_demo_target(
     made = dflash("results", "report", run_id, "-o", str(page), "-i", str(inv))
     assert made.returncode == 0, made.stderr
     html = page.read_text()
-    assert "tau by context" in html and "window is 4096 positions" in html
+    assert "tau by context" in html
     for c, rate in want.items():
         assert re.search(rf"<td[^>]*>{c}</td>.*?<td[^>]*>{rate:.3f}</td>", html), c
 

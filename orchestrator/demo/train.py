@@ -68,6 +68,7 @@ def drafter_config(
     target_layer_ids: list[int],
     intermediate_size: int | None = None,
     head_dim: int = 16,
+    max_positions: int = 4096,
 ) -> dict[str, Any]:
     """A z-lab drafter config.json sized to the target (vLLM's CPU attention: docs/online.md)."""
     h = target_info.hidden_size
@@ -84,7 +85,7 @@ def drafter_config(
         "rms_norm_eps": 1e-6,
         "vocab_size": target_info.vocab_size,
         "rope_theta": 1000000.0,
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": max_positions,
         "hidden_act": "silu",
         "attention_bias": False,
         "block_size": block_size,
@@ -137,6 +138,7 @@ def train_drafter(
             target_layer_ids=layer_ids,
             head_dim=head_dim,
             intermediate_size=intermediate_size,
+            max_positions=_window(target_dir),
         )
     )
     if rows is None:
@@ -194,3 +196,9 @@ def _mask_token_id(target_dir: str, vocab: int) -> int:
     except (OSError, ValueError):
         pass
     return vocab - 1
+
+
+def _window(target_dir: str) -> int:
+    """The target's max_position_embeddings (its text config's), as z-lab's drafters copy it."""
+    cfg = json.loads(open(os.path.join(target_dir, "config.json")).read())
+    return int(cfg.get("text_config", cfg).get("max_position_embeddings") or 4096)
