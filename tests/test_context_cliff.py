@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.jobs import run_eval_job
+
 pytestmark = pytest.mark.slow
 
 SHORT, LONG = 100, 2100  # the evaluated prompts' lengths: buckets 0 and 2048
@@ -64,21 +66,8 @@ def setup(tmp_path_factory) -> dict:
     return {"root": root, "target": target, "gt": str(gt), "drafters": drafters}
 
 
-class Events:
-    def __init__(self):
-        self.log: list[dict] = []
-
-    def emit(self, event: str, **fields) -> None:
-        self.log.append({"event": event, **fields})
-
-    def write(self, obj: dict) -> None:
-        self.log.append(obj)
-
-
 def run(setup: dict, name: str) -> tuple[dict, list[dict]]:
     """An eval job of drafter `name` over the ground-truth file, preflight first."""
-    from remote.eval.job import run_job
-
     spec = {
         "kind": "eval",
         "eval": {"target": setup["target"], "drafter": setup["drafters"][name], "dtype": "float32"},
@@ -88,10 +77,8 @@ def run(setup: dict, name: str) -> tuple[dict, list[dict]]:
         "feature_cache": False,
     }
     folder = setup["root"] / "work" / "jobs" / name
-    folder.mkdir(parents=True)
-    events = Events()
-    assert run_job(folder, spec, events, preflight=True) == 0
-    return json.loads((folder / "result.json").read_text()), events.log
+    log = run_eval_job(folder, spec)
+    return json.loads((folder / "result.json").read_text()), log
 
 
 def test_a_short_window_drafter_has_a_cliff_a_covering_one_none(setup):

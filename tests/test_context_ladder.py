@@ -18,6 +18,7 @@ from remote.model.window import check, window
 from remote.protocol import SpecError, parse_prompts
 from remote.protocol.ladder import RUNG_OVER, parse_rungs
 from tests.helpers import evalkit
+from tests.helpers.jobs import run_eval_job
 
 
 def test_a_window_counts_rope_scaling_and_sliding_layers():
@@ -72,17 +73,6 @@ def test_a_conversation_record_is_a_prompt_of_its_own():
             parse_prompts([(1, json.dumps({"messages": bad}).encode())], "f", "f")
 
 
-class Events:
-    def __init__(self):
-        self.log: list[dict] = []
-
-    def emit(self, event: str, **fields) -> None:
-        self.log.append({"event": event, **fields})
-
-    def write(self, obj: dict) -> None:
-        self.log.append(obj)
-
-
 def job_spec(tmp_path: Path, drafter: str, rungs: list[int], job_id: str) -> dict:
     return {
         "kind": "eval",
@@ -99,13 +89,8 @@ def job_spec(tmp_path: Path, drafter: str, rungs: list[int], job_id: str) -> dic
 
 
 def run_job(tmp_path: Path, spec: dict) -> tuple[Path, list[dict]]:
-    from remote.eval.job import run_job as run
-
     folder = tmp_path / "work" / "jobs" / spec["job_id"]
-    folder.mkdir(parents=True)
-    events = Events()
-    assert run(folder, spec, events, preflight=True) == 0
-    return folder, events.log
+    return folder, run_eval_job(folder, spec)
 
 
 def narrow(src: str, dst: Path, positions: int) -> str:

@@ -17,7 +17,7 @@ import pytest
 
 from remote.protocol.ladder import RUNG_OVER
 from tests.helpers.cli import dflash
-from tests.helpers.sshd import ssh_host_entry
+from tests.helpers.sshd import eval_host_inventory
 
 pytestmark = pytest.mark.slow
 
@@ -38,26 +38,22 @@ def drafters(eval_sshd, tiny_target):
     return folder
 
 
+def role(drafters: Path, target: Path, server) -> dict:
+    """The eval host's role: these drafters on the tiny target, ground truth from `server`."""
+    return {
+        "drafters": str(drafters),
+        "target_model": str(target),
+        "ground_truth": server.url,
+        "ground_truth_kind": "sglang",
+        "dtype": "float32",
+    }
+
+
 def test_a_ladder_runs_end_to_end_with_tau_per_bucket_in_every_view(
     eval_sshd, ssh_base, make_inventory, tiny_target, drafters, server, tmp_path
 ):
-    inv = make_inventory(
-        hosts={
-            "evalhost": ssh_host_entry(
-                eval_sshd,
-                ssh_base,
-                roles={
-                    "eval": {
-                        "drafters": str(drafters),
-                        "target_model": str(tiny_target),
-                        "ground_truth": server.url,
-                        "ground_truth_kind": "sglang",
-                        "dtype": "float32",
-                    }
-                },
-            )
-        },
-        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    inv = eval_host_inventory(
+        make_inventory, eval_sshd, ssh_base, role(drafters, tiny_target, server), tmp_path / "res"
     )
     runs = {}
     for step in ("step-0", "step-12"):
@@ -126,23 +122,8 @@ def test_a_ladder_to_16k_runs_end_to_end_on_the_demo_target(
     """1k to 16k on the demo's tiny target, one question a rung: tau in every bucket up to
     16384 in the JSON, `results show`, the CSV and the HTML report; the drafter's window
     (the target's, 32768, though it was trained on short samples) covers it: no warning."""
-    inv = make_inventory(
-        hosts={
-            "evalhost": ssh_host_entry(
-                eval_sshd,
-                ssh_base,
-                roles={
-                    "eval": {
-                        "drafters": str(drafters),
-                        "target_model": str(tiny_target),
-                        "ground_truth": server.url,
-                        "ground_truth_kind": "sglang",
-                        "dtype": "float32",
-                    }
-                },
-            )
-        },
-        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
+    inv = eval_host_inventory(
+        make_inventory, eval_sshd, ssh_base, role(drafters, tiny_target, server), tmp_path / "res"
     )
     got = dflash(
         "remote-eval", "--checkpoint", "step-0", "--prompts", "gsm8k", "--samples", "1",
@@ -185,19 +166,9 @@ def test_online_runs_a_ladder_with_the_engines_window_from_its_longest_context(
     from tests.helpers.scripted_vllm import stand_in
 
     python = stand_in(tmp_path / "stand-in-python", eval_sshd.root / "dflash" / "groundtruth")
-    role = {
-        "drafters": str(drafters),
-        "target_model": str(tiny_target),
-        "ground_truth": server.url,
-        "ground_truth_kind": "sglang",
-        "dtype": "float32",
-        "threads": 1,
-        "serve": {"engine": "vllm", "python": str(python), "kv_cache_gib": 1},
-    }
-    inv = make_inventory(
-        hosts={"evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": role})},
-        defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
-    )
+    serve = {"engine": "vllm", "python": str(python), "kv_cache_gib": 1}
+    online = {**role(drafters, tiny_target, server), "threads": 1, "serve": serve}
+    inv = eval_host_inventory(make_inventory, eval_sshd, ssh_base, online, tmp_path / "res")
     got = dflash(
         "online", "-c", "step-0", "--prompts", "gsm8k", "--samples", "2",
         "--max-new-tokens", str(NEW), "--context-ladder", RUNGS, "-i", str(inv), "--json",

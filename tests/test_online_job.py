@@ -22,7 +22,7 @@ import pytest
 from remote.online.server import MODULE
 from remote.protocol import JobKind
 from tests.helpers.cli import dflash
-from tests.helpers.sshd import ssh_host_entry
+from tests.helpers.sshd import eval_host_inventory
 from tests.helpers.vllm import vllm_models, vllm_python
 
 pytestmark = pytest.mark.slow
@@ -55,10 +55,7 @@ def online_inventory(
     }
     if threads is not None:
         role["threads"] = threads
-    return make_inventory(
-        hosts={"evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": role})},
-        defaults={"eval_host": "evalhost", "results_dir": str(results)},
-    )
+    return eval_host_inventory(make_inventory, eval_sshd, ssh_base, role, results)
 
 
 def servers(marker: str) -> list[psutil.Process]:

@@ -17,7 +17,7 @@ from remote.errors import UserError
 from remote.online.server import wait_answering
 from remote.online.spec import ServeSpec
 from tests.helpers.cli import dflash
-from tests.helpers.sshd import ssh_host_entry
+from tests.helpers.sshd import eval_host_inventory
 from tests.helpers.vllm import vllm_models
 
 
@@ -88,32 +88,22 @@ def test_a_server_that_never_answers_is_waited_on_only_as_long_as_configured(
     server = ScriptedServer(never)
     try:
         drafter = models.drafters["one-layer"][-1]
-        inv = make_inventory(
-            hosts={
-                "evalhost": ssh_host_entry(
-                    eval_sshd,
-                    ssh_base,
-                    roles={
-                        "eval": {
-                            "drafters": str(drafter.parent),
-                            "target_model": str(models.target),
-                            "ground_truth": str(models.ground_truth),
-                            "ground_truth_kind": "file",
-                            "dtype": "float32",
-                            "threads": 1,
-                            "samples": 2,
-                            "serve": {
-                                "engine": "sglang",
-                                "url": "http://127.0.0.1:1",
-                                "request_timeout": 2,
-                                "start_timeout": 60,
-                            },
-                        }
-                    },
-                )
+        role = {
+            "drafters": str(drafter.parent),
+            "target_model": str(models.target),
+            "ground_truth": str(models.ground_truth),
+            "ground_truth_kind": "file",
+            "dtype": "float32",
+            "threads": 1,
+            "samples": 2,
+            "serve": {
+                "engine": "sglang",
+                "url": "http://127.0.0.1:1",
+                "request_timeout": 2,
+                "start_timeout": 60,
             },
-            defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "res")},
-        )
+        }
+        inv = eval_host_inventory(make_inventory, eval_sshd, ssh_base, role, tmp_path / "res")
         run = dflash(
             "online", "-c", drafter.name, "--server", server.url, "-i", str(inv), timeout=300
         )

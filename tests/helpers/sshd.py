@@ -9,3 +9,12 @@ from orchestrator.demo.sshd import free_port as free_port
 from orchestrator.demo.sshd import keygen as keygen
 from orchestrator.demo.sshd import ssh_host_entry as ssh_host_entry
 from orchestrator.demo.sshd import start_sshd as start_sshd
+
+
+def eval_host_inventory(make_inventory, sshd: SSHServer, ssh_base, role: dict, results):
+    """An inventory of one loopback eval host, `sshd`, in the eval `role`, its results dir
+    `results` (written by conftest's `make_inventory`; returns its path)."""
+    return make_inventory(
+        hosts={"evalhost": ssh_host_entry(sshd, ssh_base, roles={"eval": role})},
+        defaults={"eval_host": "evalhost", "results_dir": str(results)},
+    )
