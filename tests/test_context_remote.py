@@ -3,7 +3,8 @@ loopback sshd eval host, the tiny real target's ground truth made by a real grou
 server, two drafter checkpoints trained for real; tau per context bucket in every view
 (the result's JSON, `results show`, the CSV export, `results compare`), and the drafter's
 window warned about, before anything loads, for the one checkpoint whose window the
-ladder passes; and a ladder of 1k to 16k on the demo's target (window 32768)."""
+ladder passes; a ladder of 1k to 16k on a target built as the demo's are (window 32768);
+and `dflash online` on a ladder, its engine's max_model_len from the longest context."""
 
 from __future__ import annotations
 
@@ -116,10 +117,10 @@ def test_a_ladder_runs_end_to_end_with_tau_per_bucket_in_every_view(
     assert len(server.requests) == asked  # views read what was pulled
 
 
-def test_a_ladder_to_16k_runs_end_to_end_on_the_demo_target(
+def test_a_ladder_to_16k_runs_end_to_end_on_a_demo_built_target(
     eval_sshd, ssh_base, make_inventory, tiny_target, drafters, server, tmp_path
 ):
-    """1k to 16k on the demo's tiny target, one question a rung: tau in every bucket up to
+    """1k to 16k on the tiny Qwen3 target, one question a rung: tau in every bucket up to
     16384 in the JSON, `results show`, the CSV and the HTML report; the drafter's window
     (the target's, 32768, though it was trained on short samples) covers it: no warning."""
     inv = eval_host_inventory(
