@@ -128,9 +128,11 @@ def test_a_sampled_runs_merged_expectation_is_every_shards_samples():
     first = expected(recs[:3], {**sampling, "seed": 7}, "seeded")
     inputs = {"block_size": 4, "target_vocab_size": 320, "ddtree": {"budgets": []}}
     results = [{"inputs": dict(inputs), "timings": {}, "expected": first} for _ in range(2)]
-    merged = shard_plan.merge_result(
+    result = shard_plan.merge_result(
         results, recs, ground_truth_source={}, shards={}, job={}, wall_s=1.0
-    )["expected"]
+    )
+    merged = result["expected"]
+    assert result["metrics"]["expected_tau"] == pytest.approx(merged["tau"])
     assert merged == expected(recs, {**sampling, "seed": 7}, "seeded") and merged != first
     assert merged["samples"] == 6 and merged["seed"] == 7 and merged["exact"] is False
     tokens, rounds = (sum(r["expected"][k] for r in recs) for k in ("tokens", "rounds"))

@@ -14,13 +14,11 @@ from dataclasses import replace
 import pytest
 
 from orchestrator.eval import run as remote_eval
-from orchestrator.eval.shards import plan as shard_plan
 from orchestrator.eval.shards import run as shard
 from orchestrator.inventory import load_inventory
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
 from remote.protocol import EvalSpec
-from remote.protocol.expected import summary
 from tests.helpers.sshd import ssh_host_entry, start_sshd
 
 HOSTS = ("ta", "tb", "tc")
@@ -32,44 +30,6 @@ def three_sshd(ssh_base, user_key):
     yield dict(zip(HOSTS, servers, strict=True))
     for s in servers:
         s.stop()
-
-
-def test_the_merged_expectation_is_every_shards_not_the_firsts():
-    """`merge_result` keeps the first shard's result but sums ``expected`` anew from every
-    record, as one host's summary of them all gives it."""
-    rng = random.Random(2)
-    recs = []
-    for i in range(6):
-        tau = rng.uniform(1, 3)
-        recs.append(
-            {
-                "id": f"p{i // 2}#{i % 2}",
-                "rounds": [1] * 6,
-                "prompt_tokens": 5,
-                "completion_tokens": 6,
-                "seconds": {"target": 0.5, "drafter": 0.25, "ddtree": 0.0},
-                "expected": {
-                    "tokens": 6,
-                    "rounds": 6 / tau,
-                    "tau": tau,
-                    "histogram": {"1": 6 / tau},
-                    "position_attempts": [1.0, 0.5, 0.2],
-                    "position_hits": [rng.random() * 0.5, 0.1, 0.05],
-                },
-            }
-        )
-    settings = {"temperature": 0.7, "top_k": None, "top_p": 0.9, "draft_policy": "sample"}
-    inputs = {"block_size": 4, "target_vocab_size": 320, "ddtree": {"budgets": []}}
-    results = [
-        {"inputs": dict(inputs), "timings": {}, "expected": summary(part, settings)}
-        for part in (recs[:2], recs[2:])
-    ]
-    merged = shard_plan.merge_result(
-        results, recs, ground_truth_source={}, shards={}, job={}, wall_s=1.0
-    )
-    assert merged["expected"] == summary(recs, settings) != results[0]["expected"]
-    assert merged["expected"]["samples"] == 6 and merged["expected"]["top_p"] == 0.9
-    assert merged["metrics"]["expected_tau"] == pytest.approx(merged["expected"]["tau"])
 
 
 def test_a_sharded_eval_at_the_inventorys_temperature_merges_the_expectation(
