@@ -10,6 +10,7 @@ import typer
 from orchestrator.commands import output
 from orchestrator.commands.common import (
     ContextLadderOption,
+    DraftPolicyOption,
     DtypeOption,
     FreshGroundTruthOption,
     GroundTruthKindOption,
@@ -21,7 +22,10 @@ from orchestrator.commands.common import (
     ResultsDirOption,
     SamplesOption,
     SeedOption,
+    TemperatureOption,
     ThreadsOption,
+    TopKOption,
+    TopPOption,
     inventory,
 )
 from orchestrator.eval.online import run as online
@@ -88,6 +92,10 @@ def online_cmd(
     samples: SamplesOption = None,
     context_ladder: ContextLadderOption = None,
     seed: SeedOption = 0,
+    temperature: TemperatureOption = 0.0,
+    top_k: TopKOption = None,
+    top_p: TopPOption = None,
+    draft_policy: DraftPolicyOption = None,
     max_new_tokens: MaxNewTokensOption = None,
     ground_truth: GroundTruthOption = None,
     ground_truth_kind: GroundTruthKindOption = None,
@@ -102,19 +110,24 @@ def online_cmd(
     with vLLM on the eval host (or read a running server), walk it offline on the same
     prompts and ground truth, and compare round by round: tau both ways, per position,
     lossless, and the cause when they differ: known engine deviations are tested by
-    simulating them. --concurrency 1,4,16 repeats the prompts at each batch size;
-    --baseline measures the engine's own speedup against the target served alone.
+    simulating them. Above --temperature 0 vLLM samples with per-request seeds and its tau
+    is tested against the offline expectation along its own completions. --concurrency
+    1,4,16 repeats the prompts at each batch size; --baseline measures the engine's own
+    speedup against the target served alone.
 
     A detached job like remote-eval's: dflash jobs attach|cancel work on it, and the
     server it starts is stopped however it ends."""
     inv = inventory(ctx, inventory_path)
-    eng, chosen = engine_spec(dtype=dtype, threads=threads)
+    eng, chosen = engine_spec(dtype=dtype, threads=threads, draft_policy=draft_policy)
     options = online.OnlineOptions(
         eval=EvalOptions(
             prompts=prompts,
             samples=samples,
             context_ladder=context_ladder,
             seed=seed,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
             max_new_tokens=max_new_tokens,
             ground_truth=ground_truth,
             ground_truth_kind=ground_truth_kind,

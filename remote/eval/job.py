@@ -68,9 +68,10 @@ def run_eval_job(
     events: Events,
     engine: EvalSpec | None = None,
     plan: tuple | None = None,
-    after_ground_truth: Callable[[str], None] | None = None,
+    after_ground_truth: Callable[[str], str | None] | None = None,
 ) -> int:
-    """Ground truth then engine, target loaded once (docs/dflash-eval.md, phases)."""
+    """Ground truth then engine, target loaded once (docs/dflash-eval.md, phases);
+    `after_ground_truth` may name another file of completions for the engine."""
     from remote.eval import engine as evaluate
     from remote.eval import groundtruth
     from remote.eval.preflight import read_job
@@ -124,7 +125,7 @@ def run_eval_job(
     if job.stop_after == "ground_truth":
         return 0
     if after_ground_truth is not None:
-        after_ground_truth(gt_path)
+        gt_path = after_ground_truth(gt_path) or gt_path
     for wait in loading:
         wait()
     engine = build_eval_spec(path, engine, gt_path)

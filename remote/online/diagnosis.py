@@ -122,6 +122,8 @@ def _differing(result: dict) -> str:
 def deviation(result: dict) -> Lines:
     """A known engine deviation whose simulated walk reproduced the engine's rounds."""
     out: Lines = []
+    if result.get("sampling"):
+        return out  # sampled rounds are judged in distribution
     server = result.get("server") or {}
     said = [server.get("version"), f"on {server['platform']}" if server.get("platform") else None]
     for d in result.get("deviations") or []:
@@ -180,7 +182,7 @@ def ruled_out(result: dict) -> list[str]:
 
 
 def disagrees(result: dict) -> Lines:
-    first = _earliest(result)
+    first = None if result.get("sampling") else _earliest(result)
     if first is None or any(d["status"] == "confirmed" for d in result.get("deviations") or []):
         return []
     row, div = first
@@ -192,6 +194,31 @@ def disagrees(result: dict) -> Lines:
         f"{div['token']} (offline {div['offline']}, online {div['online']})"
         + (f"; per-position counts first differ at position {pos}" if pos else "")
         + (f"; ruled out: {', '.join(excluded)}" if excluded else ""),
+    )
+
+
+def _sampled(result: dict) -> str:
+    s = result["sampling"]
+    cuts = ", ".join(f"{k} {s[k]}" for k in ("top_k", "top_p") if s.get(k))
+    return (
+        f"temperature {s['temperature']:g}{', ' + cuts if cuts else ''}, {s['draft_policy']} drafts"
+    )
+
+
+def in_distribution(result: dict) -> Lines:
+    """Above temperature 0: the engine's rounds against their exact distribution."""
+    d = result.get("distribution")
+    if not d or d["agree"]:
+        return []
+    lo, hi = d["tau_interval"]
+    return _line(
+        "distribution_differs",
+        f"the engine's tau {_shown(d['observed_tau'])} ({d['observed_rounds']} rounds over "
+        f"{d['samples']} samples) is outside the offline expectation's "
+        f"{1 - d['level']:.0%} interval {_shown(lo)}..{_shown(hi)} (expected "
+        f"{_shown(d['expected_tau'])}, p = {d['p_value']:.2g}) along its own completions at "
+        f"{_sampled(result)}: it does not accept as speculative sampling at these settings "
+        "does (check its temperature, top-k/top-p, draft_sample_method and drafter)",
     )
 
 
@@ -245,6 +272,7 @@ CHECKS: tuple[Callable[[dict], Lines], ...] = (
     steps_without_draft,
     deviation,
     disagrees,
+    in_distribution,
     batch,
     baseline_lossy,
 )
@@ -255,6 +283,16 @@ def diagnose(result: dict[str, Any]) -> Lines:
     out = [line for check in CHECKS for line in check(result)]
     if out:
         return out
+    d = result.get("distribution")
+    if d:
+        lo, hi = d["tau_interval"]
+        return _line(
+            "agree",
+            f"the engine's tau {_shown(d['observed_tau'])} is inside the offline "
+            f"expectation's {1 - d['level']:.0%} interval {_shown(lo)}..{_shown(hi)} "
+            f"(expected {_shown(d['expected_tau'])}, p = {d['p_value']:.2g}) over "
+            f"{d['samples']} samples at {_sampled(result)}",
+        )
     return _line(
         "agree",
         f"the engine reproduces the offline walk round by round on all {result['samples']} "

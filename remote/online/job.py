@@ -20,12 +20,15 @@ from remote.online.server import (
     vllm_env,
     wait_answering,
 )
-from remote.online.spec import MeasureSpec, ServeError, ServeSpec
-from remote.protocol import EvalSpec
+from remote.online.spec import MeasureSpec, ServeError, ServeSpec, sampled_problem
+from remote.protocol import EvalSpec, Sampling
 
 VERDICT_FILE = "verdict.json"
+ENGINE_COMPLETIONS = "engine_completions.jsonl"  # above temperature 0: what was walked
 SERVER_LOG = "server.log"
 BASELINE_LOG = "baseline.log"
+# `--draft-policy` in vLLM's speculative config (absent: its default, greedy)
+VLLM_DRAFT_SAMPLE_METHOD = {"sample": "probabilistic"}
 MIN_NUM_SEQS = 8  # a started server's --max-num-seqs, raised to the highest concurrency
 
 
@@ -69,6 +72,10 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
     """The online job in the folder `path` (docs/online.md)."""
     serve, measure = serve_of(spec)
     engine = job_engine(spec)
+    problem = sampled_problem(engine.temperature, serve.engine, measure)
+    if problem:
+        raise UserError(f"job spec: {problem}")
+    sampling = Sampling.from_json(spec.get("sampling")) if engine.sampled else None
     checked: dict = {}
     if preflight:
         try:
@@ -83,7 +90,7 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
     threads = serve_threads(engine.threads)
     box: dict[str, Any] = {}
 
-    def start_server(gt_path: str) -> None:
+    def start_server(gt_path: str) -> str | None:
         box["rows"] = _rows(gt_path, engine)
         if serve.python is not None:
             box["server"] = _start_vllm(
@@ -96,14 +103,23 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
                 threads,
                 events,
                 k=drafter.block_size - 1,
+                policy=engine.draft_policy if sampling else None,
             )
             box["max_model_len"] = model_len(box["rows"], drafter.block_size - 1)
+        if sampling is None:
+            return None
+        # above temperature 0 the engine's own sampled completions are what is walked
+        box["measured"] = _measure(path, serve, measure, box, events, drafter.vocab_size, sampling)
+        box["rows"] = _engine_rows(box["rows"], box["measured"]["levels"][0]["samples"])
+        out = path / ENGINE_COMPLETIONS
+        out.write_text("".join(json.dumps(r) + "\n" for r in box["rows"]))
+        return str(out)
 
     try:
         run_eval_job(
             path, spec, events, engine, checked.get("plan"), after_ground_truth=start_server
         )
-        measured = _measure(path, serve, measure, box, events)
+        measured = box.get("measured") or _measure(path, serve, measure, box, events)
     finally:
         if "server" in box:
             box["server"].stop()
@@ -119,7 +135,15 @@ def run_job(path: Path, spec: dict, events: Events, *, preflight: bool = False) 
         offline_dtype=engine.dtype,
         online_dtype=engine.dtype if serve.python is not None else None,
     )
-    _test_deviations(result, serve, engine, drafter.num_layers, box["rows"], events)
+    if sampling is not None:
+        from remote.online.distribution import judge
+        from remote.online.expected import job_pmfs
+
+        events.emit("phase", phase="expectation", samples=len(box["rows"]))
+        policy = {"seed": sampling.seed, "draft_policy": engine.draft_policy}
+        judge(result, job_pmfs(engine, box["rows"]), {**sampling.engine(), **policy})
+    else:
+        _test_deviations(result, serve, engine, drafter.num_layers, box["rows"], events)
     write_json_atomic(path / VERDICT_FILE, result)
     events.emit(
         "verdict",
@@ -136,6 +160,12 @@ def _rows(gt_path: str, engine: EvalSpec) -> list[dict]:
 
     # the engine checks the ids against the vocabulary; here only selection and lengths matter
     return read_ground_truth(gt_path, 1 << 62, engine.max_samples)
+
+
+def _engine_rows(rows: list[dict], samples: list[dict]) -> list[dict]:
+    """`rows` with the engine's completions in place of theirs."""
+    got = {s["id"]: s["token_ids"] for s in samples}
+    return [{**r, "completion_ids": got[r["id"]]} for r in rows]
 
 
 def _offline(path: Path) -> list[dict]:
@@ -160,6 +190,7 @@ def _start_vllm(
     *,
     k: int | None,
     phase: str = "serve",
+    policy: str | None = None,
 ) -> Server:
     """vLLM serving the target drafting `k` tokens (None: baseline), long enough for all."""
     port = free_port()
@@ -172,6 +203,7 @@ def _start_vllm(
         dtype=engine.dtype,
         max_model_len=model_len(rows, k),
         max_num_seqs=max(MIN_NUM_SEQS, *measure.concurrency),
+        draft_sample_method=VLLM_DRAFT_SAMPLE_METHOD.get(policy),
     )
     events.emit(
         "phase",
@@ -192,6 +224,7 @@ def _levels(
     vocab: int,
     events: Events,
     phase: str,
+    sampling: Sampling | None = None,
 ) -> list[dict[str, Any]]:
     """Every prompt through the server at each concurrency level in turn."""
     if serve.engine == "sglang":
@@ -213,13 +246,20 @@ def _levels(
             timeout=serve.request_timeout,
             concurrency=c,
             on_done=done,
+            **({"sampling": sampling} if sampling is not None else {}),
         )
         out.append({"concurrency": c, **got})
     return out
 
 
 def _measure(
-    path: Path, serve: ServeSpec, measure: MeasureSpec, box: dict, events: Events
+    path: Path,
+    serve: ServeSpec,
+    measure: MeasureSpec,
+    box: dict,
+    events: Events,
+    vocab: int | None = None,
+    sampling: Sampling | None = None,
 ) -> dict[str, Any]:
     """Every ground-truth prompt through the serving engine once it answers, at each level."""
     server = box.get("server")
@@ -230,7 +270,8 @@ def _measure(
     else:
         wait_answering(url, serve.start_timeout)
         startup = None
-    levels = _levels(url, serve, measure, box["rows"], _vocab(path), events, "online")
+    vocab = vocab or _vocab(path)
+    levels = _levels(url, serve, measure, box["rows"], vocab, events, "online", sampling)
     return {
         "levels": levels,
         "server": {

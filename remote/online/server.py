@@ -43,8 +43,10 @@ def vllm_command(
     max_model_len: int = 512,
     max_num_seqs: int = 8,
     tokenizer: bool = False,
+    draft_sample_method: str | None = None,
 ) -> list[str]:
-    """The server's argv; with `drafter`, DFlash speculative decoding."""
+    """The server's argv; with `drafter`, DFlash speculative decoding (drafts sampled
+    with `draft_sample_method`: None is vLLM's default, ``greedy``)."""
     argv = [
         python,
         "-m",
@@ -72,6 +74,8 @@ def vllm_command(
     if drafter is not None:
         k = num_speculative_tokens
         spec = {"method": "dflash", "model": drafter, "num_speculative_tokens": k}
+        if draft_sample_method is not None:
+            spec["draft_sample_method"] = draft_sample_method
         argv += [
             "--speculative-config",
             json.dumps(spec),

@@ -167,3 +167,19 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
         return MeasureSpec(concurrency=tuple(levels)).concurrency
     except ServeError as exc:
         raise ServeError(f"--concurrency {text!r}: {exc}") from None
+
+
+def sampled_problem(temperature: float, engine: str, measure: MeasureSpec) -> str | None:
+    """Why an online measurement at `temperature` cannot run as asked; None when it can."""
+    if temperature <= 0:
+        return None
+    if engine != "vllm":
+        return f"--temperature above 0 is measured on vLLM only; {engine}'s client decodes greedily"
+    if len(measure.concurrency) > 1:
+        return (
+            "--concurrency with several levels compares each level's rounds with the first's, "
+            "at temperature 0 only; give one level"
+        )
+    if measure.baseline:
+        return "--baseline checks the target alone against the ground truth: temperature 0 only"
+    return None

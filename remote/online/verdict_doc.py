@@ -21,6 +21,7 @@ CAUSES = (
     "steps_without_draft",
     "engine_deviation",
     "engine_disagrees",
+    "distribution_differs",
     "batch_changes_acceptance",
     "baseline_not_lossless",
 )
@@ -43,6 +44,35 @@ ENGINE_COSTS = {
     "time_per_verify_step_s": NUM,
     "tokens_per_verify_step": NUM,
 }
+PAIR = list_of(NUM)
+DISTRIBUTION = {
+    "level": NUM,
+    "samples": INT,
+    "tokens": INT,
+    "observed_rounds": INT,
+    "expected_rounds": NUM,
+    "rounds_interval": list_of(INT),
+    "observed_tau": NUM,
+    "expected_tau": NUM,
+    "tau_interval": PAIR,
+    "p_value": NUM,
+    "agree": FLAG,
+    "per_sample_mean": {"observed": NUM, "expected": NUM, "interval": PAIR},
+    "samples_outside": INT,
+    "per_sample": list_of(
+        {
+            "id": SCALAR,
+            "tokens": INT,
+            "observed_rounds": INT,
+            "expected_rounds": NUM,
+            "rounds_interval": list_of(INT),
+            "expected_tau": NUM,
+            "observed_tau": NUM,
+            "p_value": NUM,
+        }
+    ),
+}
+SAMPLING = {"temperature": NUM, "top_k": INT, "top_p": NUM, "seed": INT, "draft_policy": STR}
 SPEED = {"concurrency": INT, "seconds": NUM, "tokens": INT, "tokens_per_s": NUM, "lossless": INT}
 VERDICT = {
     "schema": STR,
@@ -150,6 +180,8 @@ VERDICT = {
             "finish_reason": STR,
         }
     ),
+    "sampling": SAMPLING,
+    "distribution": DISTRIBUTION,
     "created": NUM,
 }
 REQUIRED = ("schema", "verdict", "samples", "block_size", "offline", "lossless", "diagnosis")
@@ -196,6 +228,7 @@ def check_verdict(doc: Any) -> dict:
         (doc.get("baseline") or {}).get("engine_costs") or {}, "baseline.engine_costs"
     )
     _check_levels(doc)
+    _check_distribution(doc)
     for i, d in enumerate(doc.get("deviations") or []):
         status, tested, same = d.get("status"), d.get("tested") or 0, d.get("reproduced") or 0
         if status not in DEVIATION_STATUS or not 0 <= same <= tested:
@@ -203,6 +236,22 @@ def check_verdict(doc: Any) -> dict:
         if (status == "confirmed") != (tested > 0 and same == tested):
             raise ResultError(f"deviations[{i}] is {status} but reproduces {same} of {tested}")
     return doc
+
+
+def _check_distribution(doc: dict) -> None:
+    """A test whose p-value, level and agreement disagree, or a distribution verdict
+    at temperature 0, is not a result."""
+    d = doc.get("distribution")
+    if d is None:
+        return
+    if not (doc.get("sampling") or {}).get("temperature"):
+        raise ResultError("distribution is given without a temperature above 0 in sampling")
+    p, level = d.get("p_value"), d.get("level")
+    if p is None or level is None or not 0 <= p <= 1 or d.get("agree") is not (p > level):
+        raise ResultError(f"distribution.agree is {d.get('agree')!r} for p {p!r}, level {level!r}")
+    named = any(x.get("cause") == "distribution_differs" for x in doc["diagnosis"])
+    if named == d["agree"]:
+        raise ResultError("the diagnosis disagrees with distribution.agree")
 
 
 def _check_levels(doc: dict) -> None:

@@ -14,7 +14,7 @@ from remote.errors import UserError
 from remote.httpclient import answer_bytes, http_json
 from remote.online import counters as server_counters
 from remote.online.invalid import SPEC, InvalidAnswer, steps_fit, totals_fit
-from remote.protocol import is_int, is_number
+from remote.protocol import Sampling, is_int, is_number, request_seed
 
 ROLE = server_counters.ROLE
 SPEC_FIELDS = (
@@ -195,13 +195,15 @@ def complete(
     *,
     model: str | None = None,
     timeout: float = 300.0,
+    params: dict[str, Any] | None = None,
 ) -> Completion:
-    """One greedy completion of exactly ``max_tokens`` tokens, validated."""
+    """One completion of exactly ``max_tokens`` tokens, validated: greedy, or sampled
+    with `params` (`sampling_params`)."""
     where = completions_url(url)
     payload = {
         "prompt": prompt_ids,
         "max_tokens": max_tokens,
-        "temperature": 0.0,
+        **(params or {"temperature": 0.0}),
         "ignore_eos": True,
         "n": 1,
         "return_token_ids": True,
@@ -211,6 +213,16 @@ def complete(
     bound = answer_bytes(len(prompt_ids), max_tokens)
     answer = http_json(where, payload, timeout, max_bytes=bound, role=ROLE)
     return parse_completion(answer, where, prompt_ids, max_tokens, vocab)
+
+
+def sampling_params(sampling: Sampling | None, row: dict) -> dict[str, Any]:
+    """A request's sampling: greedy, or `sampling`'s with the row's own seed."""
+    if sampling is None or not sampling.sampled:
+        return {"temperature": 0.0}
+    seed = request_seed(sampling.seed, row.get("prompt_id", row["id"]), row.get("index", 0))
+    out: dict[str, Any] = {"temperature": sampling.temperature, "seed": seed}
+    out.update({k: v for k, v in (("top_k", sampling.top_k), ("top_p", sampling.top_p)) if v})
+    return out
 
 
 # ---- a run --------------------------------------------------------------------------------
@@ -242,9 +254,11 @@ def measure(
     concurrency: int = 1,
     on_done: Callable[[int, int], None] | None = None,
     settle_s: float = server_counters.SETTLE_SECONDS,
+    sampling: Sampling | None = None,
 ) -> dict[str, Any]:
     """Each ground-truth prompt, `concurrency` in flight, for exactly its completion's
-    length, with the server's counters and decode time read around the run; ``invalid``:
+    length (greedy, or at `sampling` with per-request seeds), with the server's counters
+    and decode time read around the run; ``invalid``:
     each impossible count found (the run is then not a measurement)."""
     from remote.online import engine_time
 
@@ -266,7 +280,10 @@ def measure(
 
     def one(row: dict) -> Completion:
         n = len(row["completion_ids"])
-        return complete(url, row["prompt_ids"], n, vocab, model=model, timeout=timeout)
+        params = sampling_params(sampling, row)
+        return complete(
+            url, row["prompt_ids"], n, vocab, model=model, timeout=timeout, params=params
+        )
 
     done: list[Completion] = []
     t0 = time.perf_counter()

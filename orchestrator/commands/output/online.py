@@ -161,6 +161,7 @@ class OnlineProgress(LiveProgress):
         "baseline_wait": "waiting for the baseline server to answer",
         "baseline": "sending the prompts to the baseline server",
         "deviation": "simulating a known engine deviation offline",
+        "expectation": "the offline expectation along the engine's completions",
     }
 
     online_tasks: dict | None = None

@@ -16,7 +16,14 @@ from orchestrator.eval.run import eval_host_name
 from orchestrator.eval.spec import EvalOptions, build_spec
 from orchestrator.inventory import HostSpec, Inventory
 from orchestrator.transport.hosts import Host, open_host
-from remote.online.spec import ENGINES, MeasureSpec, ServeError, ServeSpec, parse_concurrency
+from remote.online.spec import (
+    ENGINES,
+    MeasureSpec,
+    ServeError,
+    ServeSpec,
+    parse_concurrency,
+    sampled_problem,
+)
 from remote.online.verdict_doc import check_verdict_bytes
 from remote.protocol import JobKind, ResultError
 
@@ -125,8 +132,11 @@ def run_online(
     options = options or OnlineOptions()
     name = eval_host_name(inventory, host_name)
     spec = inventory.host(name)
-    options.serve_spec(spec.eval.serve if spec.eval else None, name)
-    options.measure_spec(spec.eval.serve if spec.eval else None, name)
+    serve = options.serve_spec(spec.eval.serve if spec.eval else None, name)
+    measure = options.measure_spec(spec.eval.serve if spec.eval else None, name)
+    problem = sampled_problem(options.eval.temperature, serve.engine, measure)
+    if problem:
+        raise DflashError(problem)
     with open_host(spec, inventory) as host:
         host.connect()
         warm_plots()
