@@ -10,6 +10,9 @@ prompts and ground truth (the target's greedy completions):
   0's k_norm, so the walks part, outputs stay lossless, and the verdict names that
   deviation as confirmed: our engine with that one change (`remote.online.simulate`)
   reproduces vLLM's rounds on every differing sample;
+- at temperature 1 with per-request seeds (argmax drafts, vLLM's default), the rounds
+  along vLLM's own sampled completions agree with the offline expectation by the
+  verdict's test (`remote.online.distribution`);
 - a checkpoint carrying a re-initialised ``lm_head.weight``: our engine borrows the target's
   head and ignores it, vLLM serves it; online tau is about 1 and the verdict names that.
 
@@ -136,6 +139,16 @@ class TestOneLayer:
         # vLLM's own mean counts its last steps uncut: never below the cut one
         assert v["online_uncut_tau"] > v["online"]["tau_token_weighted"]
 
+    def test_at_temperature_1_vllm_agrees_with_the_expectation(self, models, server):
+        """vLLM's rounds along its own completions sampled at T=1 (per-request seeds,
+        argmax drafts) against the offline expectation along them: argmax drafts make the
+        rounds along a completion certain, so this agreement is exact."""
+        v = sampled_verdict(models, server, models.drafters["one-layer"][-1], "argmax")
+        d = v["distribution"]
+        assert v["verdict"] == "agree", v["diagnosis"]
+        assert d["samples"] == 24 and d["p_value"] == 1.0
+        assert d["observed_rounds"] == d["expected_rounds"]
+
     def test_dflash_online_reads_a_running_server_without_starting_one(
         self, models, server, make_inventory, eval_sshd, ssh_base, tmp_path
     ):
@@ -171,6 +184,36 @@ class TestOneLayer:
         assert v["server"]["started_here"] is False and v["server"]["url"] == server.url
         assert v["server"]["counters_agree"] is True  # this run's counts, read around it
         assert not (Path(json.loads(run.stdout)["run_dir"]) / "server.log").exists()
+
+
+def sampled_verdict(models, server: VllmServer, drafter: Path, policy: str) -> dict:
+    """The verdict an online job writes at temperature 1 (`remote.online.job`)."""
+    import torch
+
+    from remote.eval.drafter import load_drafter
+    from remote.eval.logits import Processing
+    from remote.eval.target import load_target
+    from remote.online.distribution import judge
+    from remote.online.expected import pmfs
+    from remote.protocol import Sampling
+
+    sampling = Sampling(max_new_tokens=40, temperature=1.0, seed=0)
+    run = measure(server.url, models.rows(), VOCAB, sampling=sampling)
+    assert run["invalid"] == [] and run["counters_agree"] is True
+    rows = [
+        {**r, "completion_ids": s["token_ids"]}
+        for r, s in zip(models.rows(), run["samples"], strict=True)
+    ]
+    assert rows != models.rows()  # sampled: not the greedy completions
+    offline = [{"id": r["id"], "rounds": [1] * (len(r["completion_ids"]) - 1)} for r in rows]
+    result = report.build(
+        rows, offline, {"levels": [{"concurrency": 1, **run}], "server": {}}, None, block_size=4
+    )
+    target = load_target(str(models.target), torch.float32)
+    dr, _ = load_drafter(str(drafter), torch.float32, target.info.num_layers)
+    got = pmfs(target, dr, rows, Processing(1.0), policy)
+    settings = {**sampling.engine(), "seed": 0, "draft_policy": policy}
+    return check_verdict(judge(result, got, settings))
 
 
 def test_two_layer_drafter_shows_vllms_layer0_k_norm_confirmed(models, tmp_path):
