@@ -92,6 +92,13 @@ def test_no_serving_engine_says_how_to_set_it(tmp_path):
         (["--baseline", "--baseline-server", "http://h:1"], "--baseline starts a server"),
         (["--baseline-server", "h:1"], "--baseline-server 'h:1' needs http://"),
         (["--server", "http://h:1", "--baseline"], "--baseline starts vLLM without the drafter"),
+        (["--server", "http://h:1", "--temperature", "1", "--concurrency", "1,4"], "one level"),
+        (["--server", "http://h:1", "--engine", "sglang", "--temperature", "1"], "vLLM only"),
+        (["--server", "http://h:1", "--draft-policy", "sample"], "above temperature 0 only"),
+        (
+            ["--server", "http://h:1", "--temperature", "1", "--baseline-server", "http://h:2"],
+            "--baseline checks the target alone",
+        ),
     ],
 )
 def test_bad_server_options_are_one_line_before_connecting(tmp_path, args, words):
