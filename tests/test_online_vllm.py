@@ -149,11 +149,38 @@ class TestOneLayer:
         assert d["samples"] == 24 and d["p_value"] == 1.0
         assert d["observed_rounds"] == d["expected_rounds"]
 
-    def test_dflash_online_reads_a_running_server_without_starting_one(
+    def test_dflash_online_at_temperature_1_against_a_running_server(
         self, models, server, make_inventory, eval_sshd, ssh_base, tmp_path
     ):
-        """``dflash online --server URL`` over a loopback sshd eval host: the same verdict
-        from the server already running, and nothing started (no server log)."""
+        """``dflash online --temperature 1 --server URL``: the job walks vLLM's sampled
+        completions offline and its verdict, checked on pull, agrees in distribution."""
+        inv = self.inventory(models, make_inventory, eval_sshd, ssh_base, tmp_path)
+        drafter = models.drafters["one-layer"][-1]
+        args = ("-c", drafter.name, "--server", server.url, "--temperature", "1", "--seed", "3")
+        run = dflash("online", *args, "-i", str(inv), "--json", timeout=600)
+        assert run.returncode == 0, run.stderr
+        out = json.loads(run.stdout)
+        v = out["verdict"]
+        assert v["verdict"] == "agree", v["diagnosis"]
+        assert v["sampling"] == {
+            "temperature": 1.0,
+            "top_k": None,
+            "top_p": None,
+            "seed": 3,
+            "draft_policy": "argmax",
+        }
+        assert v["distribution"]["p_value"] == 1.0 and v["distribution"]["samples"] == 24
+        walked = Path(out["run_dir"]) / "engine_completions.jsonl"
+        rows = [json.loads(line) for line in walked.read_text().splitlines()]
+        greedy = models.rows()
+        assert [r["prompt_ids"] for r in rows] == [r["prompt_ids"] for r in greedy]
+        assert [r["completion_ids"] for r in rows] != [r["completion_ids"] for r in greedy]
+        shown = dflash("results", "show", walked.parent.name, "-i", str(inv))
+        assert shown.returncode == 0, shown.stderr
+        assert "T 1.0, argmax drafts" in shown.stdout and "p = 1" in shown.stdout
+
+    @staticmethod
+    def inventory(models, make_inventory, eval_sshd, ssh_base, tmp_path) -> Path:
         drafter = models.drafters["one-layer"][-1]
         role = {
             "drafters": str(drafter.parent),
@@ -163,10 +190,18 @@ class TestOneLayer:
             "dtype": "float32",
             "threads": 1,
         }
-        inv = make_inventory(
+        return make_inventory(
             hosts={"ev": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": role})},
             defaults={"eval_host": "ev", "results_dir": str(tmp_path / "res")},
         )
+
+    def test_dflash_online_reads_a_running_server_without_starting_one(
+        self, models, server, make_inventory, eval_sshd, ssh_base, tmp_path
+    ):
+        """``dflash online --server URL`` over a loopback sshd eval host: the same verdict
+        from the server already running, and nothing started (no server log)."""
+        drafter = models.drafters["one-layer"][-1]
+        inv = self.inventory(models, make_inventory, eval_sshd, ssh_base, tmp_path)
         run = dflash(
             "online",
             "-c",

@@ -67,6 +67,17 @@ def render_verdict(v: dict, run: res.Run | None = None) -> None:
     ]
     if s["baseline_start_s"] is not None:
         rows.append(("baseline server start (s)", fmt(s["baseline_start_s"])))
+    d, sampling = v.get("distribution"), v.get("sampling") or {}
+    if d:  # above temperature 0: the engine's tau against the expectation's interval
+        lo, hi = d["tau_interval"]
+        rows.append(
+            (
+                f"T {sampling.get('temperature')}, {sampling.get('draft_policy')} drafts: "
+                f"tau expected [{1 - d['level']:.0%} interval] / engine, p",
+                f"{fmt(d['expected_tau'])} [{fmt(lo)}, {fmt(hi)}] / "
+                f"{fmt(d['observed_tau'])}, p = {d['p_value']:.3g}",
+            )
+        )
     where = "started here" if s["started_here"] else "already running"
     show(kv(f"online vs offline ({s['engine']} {where}, {s['samples']} samples)", rows))
     levels = online_view.level_rows(v)
