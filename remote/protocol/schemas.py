@@ -22,4 +22,5 @@ RESULT_FILES = (
     "verdict.json",  # an online job's, as the next two
     "server.log",
     "baseline.log",
+    "engine_completions.jsonl",  # above temperature 0: the engine's, what was walked
 )
