@@ -13,6 +13,7 @@ about 1.02: an expectation at T=0.7 or 2.0 is within its interval over 24 prompt
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,24 @@ def test_rounds_pmf_is_the_expectations_distribution():
     assert distribution.p_value(certain, 2) == 1.0 and distribution.p_value(certain, 3) == 0.0
     lo, hi = distribution.interval(pmf, 0.01)
     assert sum(pmf[lo : hi + 1]) >= 0.99 and lo >= 1
+
+
+def test_the_total_leaves_out_only_negligible_mass():
+    """`convolve` sums over each distribution's band; it equals the full sum."""
+    rng = random.Random(3)
+    acc = [[rng.uniform(0.2, 0.95) for _ in range(7)] for _ in range(60)]
+    pmfs = [distribution.rounds_pmf(acc[i:], 8) for i in range(0, 30, 3)]
+    total = [1.0]
+    for pmf in pmfs:  # the plain convolution, every pair of counts
+        out = [0.0] * (len(total) + len(pmf) - 1)
+        for a, u in enumerate(total):
+            for b, v in enumerate(pmf):
+                out[a + b] += u * v
+        total = out
+    banded = distribution.convolve(pmfs)
+    assert len(banded) == len(total) and sum(banded) == pytest.approx(1.0, abs=1e-12)
+    assert max(abs(x - y) for x, y in zip(banded, total, strict=True)) < 1e-15
+    assert len(distribution.band(banded)) < len(banded) / 2  # the band does cut
 
 
 @pytest.fixture(scope="module")
