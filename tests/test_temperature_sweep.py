@@ -21,7 +21,12 @@ def inventory(eval_sshd, ssh_base, make_inventory, eval_role, tmp_path) -> Path:
     role = eval_role(ground_truth_kind="local")
     del role["ground_truth"]  # the target samples it on the host, at each temperature
     return make_inventory(
-        hosts={"evalhost": ssh_host_entry(eval_sshd, ssh_base, roles={"eval": role})},
+        # a workdir of its own: its feature cache holds no other test's ground truth
+        hosts={
+            "evalhost": ssh_host_entry(
+                eval_sshd, ssh_base, roles={"eval": role}, workdir=str(tmp_path / "work")
+            )
+        },
         defaults={"eval_host": "evalhost", "results_dir": str(tmp_path / "results")},
     )
 
