@@ -29,11 +29,11 @@ def pmfs(target, drafter, rows: list[dict], processing, policy: str) -> dict[Any
     return out
 
 
-def job_pmfs(engine: EvalSpec, rows: list[dict]) -> dict[Any, list[float]]:
-    """`pmfs` at the job's temperature, top-k, top-p and draft policy."""
+def loaded_pair(engine: EvalSpec):
+    """(target, drafter, device): the job's pair loaded and placed as the eval loads it,
+    for the online job's offline re-walks (`job_pmfs`, `remote.online.simulate`)."""
     from remote.eval import device as device_mod
     from remote.eval.drafter import load_drafter
-    from remote.eval.logits import Processing
     from remote.eval.target import load_target
 
     if engine.threads:
@@ -43,6 +43,15 @@ def job_pmfs(engine: EvalSpec, rows: list[dict]) -> dict[Any, list[float]]:
     target = load_target(engine.target, dtype)
     drafter, _ = load_drafter(engine.drafter, dtype, target.info.num_layers)
     device_mod.place(target, drafter, device)
+    return target, drafter, device
+
+
+def job_pmfs(engine: EvalSpec, rows: list[dict]) -> dict[Any, list[float]]:
+    """`pmfs` at the job's temperature, top-k, top-p and draft policy."""
+    from remote.eval import device as device_mod
+    from remote.eval.logits import Processing
+
+    target, drafter, device = loaded_pair(engine)
     processing = Processing(engine.temperature, engine.top_k, engine.top_p)
     with device_mod.computing(device):
         return pmfs(target, drafter, rows, processing, engine.draft_policy)

@@ -44,17 +44,10 @@ def simulated_rounds(
 ) -> dict[Any, list[int]]:
     """The chain walk's rounds of `rows` by sample id, with `deviation` simulated."""
     from remote.eval import device as device_mod
-    from remote.eval.drafter import load_drafter
-    from remote.eval.target import load_target
     from remote.eval.walk import WalkOptions, eval_stream
+    from remote.online.expected import loaded_pair
 
-    if engine.threads:
-        torch.set_num_threads(engine.threads)
-    dtype = getattr(torch, engine.dtype)
-    device = device_mod.resolve(engine.device)
-    target = load_target(engine.target, dtype)
-    drafter, _ = load_drafter(engine.drafter, dtype, target.info.num_layers)
-    device_mod.place(target, drafter, device)
+    target, drafter, device = loaded_pair(engine)
     SIMULATIONS[deviation.simulation](drafter)
     samples = [(r["prompt_ids"], r["completion_ids"]) for r in rows]
     opts = WalkOptions(block_chunk=engine.block_chunk)
