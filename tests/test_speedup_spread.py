@@ -69,3 +69,24 @@ def test_sub_millisecond_trials_far_apart_in_ratio_still_give_an_estimate(tmp_pa
     _, run = with_costs(tmp_path, spread)
     assert speedup.withheld(run) is None
     assert summary.summary(run)["speedup_estimate"] > 0
+
+
+def test_parts_timed_once_are_named_and_a_malformed_spread_is_ignored(tmp_path):
+    """A 27B's trial can cost seconds: the host times such a part once (`round_timing`),
+    its spread one number, and the line says so; a host's spread of another shape (none,
+    or not positive) gives no range rather than a crash."""
+    spread = {
+        "target_step_s": [0.010],
+        "target_verify_s/4": [0.012, 0.014],
+        "drafter_round_s": [],
+        "target_verify_s/3": [0.011, -1.0],
+    }
+    root, run = with_costs(tmp_path, spread)
+    tau = run.metrics["tau_token_weighted"]
+    assert speedup.timed_once(run) == ["target_step_s"]
+    assert set(speedup.spans(run)) == {"target_step_s", "target_verify_s/4"}
+    ends = speedup.estimate_range(run)
+    assert ends["chain"] == pytest.approx((tau * 0.010 / 0.017, tau * 0.010 / 0.015))
+    shown = dflash("results", "show", "run-a", "--results-dir", str(root))
+    row = next(ln for ln in shown.stdout.splitlines() if "speedup estimate" in ln)
+    assert "timed once, no spread: target_step_s" in row

@@ -32,15 +32,25 @@ def costs(run: Any) -> dict[str, Any]:
     return c if isinstance(c, dict) and not c.get("error") else {}
 
 
+def spans(run: Any) -> dict[str, tuple[float, float]]:
+    """Each timed part's (fastest, slowest) trial; one trial gives its seconds twice."""
+    out = {}
+    for name, times in (costs(run).get("spread") or {}).items():
+        if times and all(isinstance(t, (int, float)) and t > 0 for t in times):
+            out[name] = (min(times), max(times))
+    return out
+
+
+def timed_once(run: Any) -> list[str]:
+    """The parts the host timed once (a trial past its share of the budget): no spread."""
+    spread = costs(run).get("spread") or {}
+    return sorted(name for name, times in spread.items() if len(times or ()) == 1)
+
+
 def withheld(run: Any) -> str | None:
     """One line when a part's trials disagree by more than SPREAD_LIMIT (and JITTER_S),
     else None."""
-    spread = costs(run).get("spread") or {}
-    worst = [
-        (hi / lo, name, lo, hi)
-        for name, (lo, hi) in spread.items()
-        if lo > 0 and hi - lo > JITTER_S
-    ]
+    worst = [(hi / lo, name, lo, hi) for name, (lo, hi) in spans(run).items() if hi - lo > JITTER_S]
     if not worst or max(worst)[0] <= SPREAD_LIMIT:
         return None
     ratio, name, lo, hi = max(worst)
@@ -51,19 +61,18 @@ def withheld(run: Any) -> str | None:
     )
 
 
-def _range(c: dict, name: str, value: Any) -> tuple[Any, Any]:
+def _range(spread: dict, name: str, value: Any) -> tuple[Any, Any]:
     """(fastest, slowest) of part `name` (``target_verify_s/16``), or its value twice."""
-    got = (c.get("spread") or {}).get(name)
-    return (got[0], got[1]) if got else (value, value)
+    return spread.get(name, (value, value))
 
 
 def estimate_range(run: Any) -> dict[str, Any]:
     """`estimate`'s (low, high) ends per walk from the trials' spread; {} without an estimate."""
-    c, m = costs(run), run.metrics
+    c, m, spread = costs(run), run.metrics, spans(run)
     if not c or withheld(run):
         return {}
-    step = _range(c, "target_step_s", c.get("target_step_s"))
-    draft = _range(c, "drafter_round_s", c.get("drafter_round_s"))
+    step = _range(spread, "target_step_s", c.get("target_step_s"))
+    draft = _range(spread, "drafter_round_s", c.get("drafter_round_s"))
 
     def ends(tau, verify: tuple) -> tuple[Any, Any]:
         return (
@@ -72,12 +81,12 @@ def estimate_range(run: Any) -> dict[str, Any]:
         )
 
     block = (run.result.get("inputs") or {}).get("block_size")
-    chain = _range(c, f"target_verify_s/{block}", _chain_verify(run, c))
+    chain = _range(spread, f"target_verify_s/{block}", _chain_verify(run, c))
     trees = {}
     for b, v in _budgets(run):
         verify, mask = tree_verify(c, b)
         name = f"tree_verify_s/{b}" if mask == "tree" else f"target_verify_s/{b + 1}"
-        trees[str(b)] = ends(v.get(TOKENS), _range(c, name, verify))
+        trees[str(b)] = ends(v.get(TOKENS), _range(spread, name, verify))
     return {"chain": ends(m.get(TOKENS), chain), "ddtree": trees}
 
 

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 REPEATS = 5  # timed trials of a part at most, after a warm-up
-MIN_TRIALS = 2
 SHARE = 0.04  # the round costs' budget: this share of the walk's seconds (5% with the rest)
 FLOOR_S = 1.0  # but never less: a small model's parts take milliseconds, all needed
 
@@ -25,7 +24,8 @@ def sync(device) -> None:
 
 
 class Trials:
-    """Times parts of a round; past `share` of `budget_s` a part stops at MIN_TRIALS."""
+    """Times parts of a round, each within its `share` of `budget_s`: a part stops before
+    a trial that would pass it (its first kept alone, its spread then one number)."""
 
     def __init__(self, device, budget_s: float | None = None, parts: int = 3):
         self.device, self.budget = device, budget_s
@@ -45,11 +45,11 @@ class Trials:
             run()
             sync(self.device)
             times.append(time.perf_counter() - t)
-            if len(times) >= MIN_TRIALS and self._enough(time.perf_counter() - start, times[-1]):
+            if self._enough(time.perf_counter() - start, times[-1]):
                 break
         self.spent += time.perf_counter() - start  # the untimed `before` counted too
-        kept = times[1:] if len(times) > MIN_TRIALS else times
-        self.spread[name] = [min(kept), max(kept)]
+        kept = times[1:] if len(times) > 2 else times  # the warm-up, where others were timed
+        self.spread[name] = [min(kept), max(kept)] if len(kept) > 1 else kept
         return min(kept)
 
     def _enough(self, used: float, last: float) -> bool:
@@ -59,8 +59,8 @@ class Trials:
         return used + last > self.share or self.spent + used + last > self.budget
 
     def fits(self, seconds: float) -> bool:
-        """Whether MIN_TRIALS trials of about `seconds` each stay within the budget."""
-        return self.budget is None or self.spent + MIN_TRIALS * seconds <= self.budget
+        """Whether a trial of about `seconds` stays within the budget."""
+        return self.budget is None or self.spent + seconds <= self.budget
 
 
 def interpolate(points: dict[int, float], n: int) -> float:

@@ -28,6 +28,8 @@ def speedup_line(run: res.Run) -> str:
     parts += [
         f"DDTree-{b} {shown(v, ends.get('ddtree', {}).get(b))}" for b, v in est["ddtree"].items()
     ]
+    if once := speedup.timed_once(run):
+        parts.append(f"timed once, no spread: {', '.join(once)}")
     return "; ".join(parts)
 
 
