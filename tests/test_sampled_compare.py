@@ -9,7 +9,7 @@ import json
 import random
 from pathlib import Path
 
-from orchestrator.results import breakdown, summary
+from orchestrator.results import breakdown, report, summary
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
 from orchestrator.results.bootstrap import bootstrap_interval, cluster_interval
@@ -75,6 +75,9 @@ def test_sampled_runs_lead_with_expected_tau_and_pair_their_completions(tmp_path
     assert {g.name for g in by_cat} == {"even", "odd"}
     assert all(cmp.group_lead(g).metric == "expected_tau" for g in by_cat)
     assert any(g.axis == "completion_length" for g in shared.groups)
+    # the report's delta column says whose delta it is: the expected tau's, not the walk's
+    html = report.comparison_section([a, b], a, {"b": shared})
+    assert f"Δ {lead.label} vs baseline" in html and lead.label != "tau"
 
     # another seed: other completions, compared by prompt; the interval widens
     c = sampled_run(tmp_path, "c", taus(rng, prompt, 0.1), "d" * 64)

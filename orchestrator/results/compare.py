@@ -317,6 +317,13 @@ def headline(deltas: list[Delta], name: str = registry.HEADLINE) -> Delta | None
     return found
 
 
+def headline_label(deltas_of) -> str:
+    """The label of the first headline delta among `deltas_of` (lists of deltas): the
+    expected tau's above temperature 0, where a column of those deltas must say so."""
+    found = (headline(list(d)) for d in deltas_of)
+    return next((d.label for d in found if d is not None), registry.headline().header)
+
+
 def group_deltas(
     pairs: list[tuple[dict, dict]],
     budgets: list[str],

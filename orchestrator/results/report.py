@@ -13,7 +13,6 @@ from orchestrator.results import sweep as sweep_view
 from orchestrator.results.report_html import STYLE, delta_cells, esc, figure, share, table
 from orchestrator.results.report_run import run_section
 from remote.atomic import write_atomic
-from remote.protocol import metrics as registry
 
 
 def order(runs: list[res.Run]) -> list[res.Run]:
@@ -74,13 +73,14 @@ def comparison_section(
         for m, vals in per
         for b in sorted({b for v in vals for b in v}, key=summary.budget_key)
     ]
+    lead = compare.headline_label(p.deltas for p in paired.values() if p.comparable)
     head = [
         "run",
         "checkpoint",
         "step",
         *[esc(m.header) for m in cols],
         *[esc(summary.budget_label(m, b)) for m, b, _ in by_budget],
-        f"Δ {esc(registry.headline().header)} vs baseline",
+        f"Δ {esc(lead)} vs baseline",
         "95% interval",
         "improved",
     ]

@@ -92,7 +92,8 @@ def breakdown_tables(run: res.Run, paired: compare.Paired | None) -> str:
         head = ["group", *[esc(m.header) for m in cols]]
         head += [esc(summary.budget_label(head_metric, b)) for b in budgets]
         if by_group:
-            head += [f"Δ {esc(head_metric.header)} vs baseline", "95% interval"]
+            label = compare.headline_label(g.deltas for g in by_group.values())
+            head += [f"Δ {esc(label)} vs baseline", "95% interval"]
         cells = []
         for g in rows:
             row = [esc(g["name"]), *[esc(summary.shown(m, g[m.name])) for m in cols]]
