@@ -133,6 +133,11 @@ def test_the_table_takes_the_walk_at_0_and_the_expectation_above(tmp_path):
     page = catalog.report(None, tmp_path / "report.html", "t", tmp_path, None).path.read_text()
     assert "temperature sweeps" in page and 'data-plot="sweep-a"' in page
     assert "r-hot" in page.split("temperature sweeps")[1]
+    # `results show` takes a sweep as it takes a run: by id, unique prefix or part
+    assert catalog.find("sweep-", tmp_path, None).sweep_id == "sweep-a"
+    assert catalog.find("r-h", tmp_path, None).run_id == "r-hot"
+    with pytest.raises(DflashError, match="matches 2 runs"):
+        catalog.find("r-", tmp_path, None)
     (tmp_path / "sweep-a" / "sweep.json").write_text('{"schema": "dflash.sweep/1"}')
     with pytest.raises(DflashError, match="is not a dflash sweep"):
         view.load(tmp_path / "sweep-a")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import DflashError
+from orchestrator.ids import resolve_id
 from orchestrator.inventory import InventoryError, load_inventory
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
@@ -91,21 +92,30 @@ class ParityRun:
 def find(
     run_id: str, results_dir: Path | None, inventory_path: Path | None
 ) -> res.Run | ParityRun | sweep.Sweep:
-    """One run by id, unique prefix or folder: a sweep, a parity run, else an eval run."""
+    """One run by folder, id, unique prefix or unique part, among every kind the results
+    folder holds: a sweep, a parity run, else an eval run."""
     from orchestrator.results import parity_view
 
     root = results_root(results_dir, inventory_path)
-    for folder in (Path(run_id), root / run_id):
-        if sweep.is_sweep(folder):
-            return sweep.load(folder)
-    folder = Path(run_id) if (Path(run_id) / "result.json").is_file() else None
-    for p, _r in [] if folder else parity_view.list_runs(root):
-        if p.name == run_id or (folder is None and p.name.startswith(run_id)):
-            folder = p
-            break
-    if folder is not None and parity_view.is_parity_run(folder):
+    folder = Path(run_id)
+    if not (sweep.is_sweep(folder) or (folder / "result.json").is_file()):
+        if not root.is_dir():
+            raise DflashError(f"no results folder {root}")
+        names = [p.name for p in root.iterdir() if _held(p)]
+        where, listed_by = f"in {root}", "dflash results list"
+        folder = root / resolve_id(run_id, names, what="run", where=where, listed_by=listed_by)
+    if sweep.is_sweep(folder):
+        return sweep.load(folder)
+    if parity_view.is_parity_run(folder):
         return ParityRun(folder, parity_view.load(folder))
-    return res.load_run(run_id, root)
+    return res.load_run(folder)
+
+
+def _held(folder: Path) -> bool:
+    """Whether `folder` is a run of any kind `find` shows (not a hidden one)."""
+    return not folder.name.startswith(".") and (
+        sweep.is_sweep(folder) or (folder / "result.json").is_file()
+    )
 
 
 @dataclass
