@@ -384,6 +384,9 @@ def test_memory_check_refuses_before_loading(tmp_path):
     small = estimate_bytes(10**6, cfg, 100, 4, 64)
     big = estimate_bytes(10**6, cfg, 100_000, 4, 64)
     assert small > 10**6 and big > small
+    # above temperature 0 the seeded walks keep each sequence's final rows and uniforms
+    hot = estimate_bytes(10**6, cfg, 100_000, 4, 64, sampled=True)
+    assert hot - big >= 100_000 * cfg.hidden_size * 4
     # a target whose text weights cannot fit: scale the config up, keep no weights
     cfg_json = json.loads(open(os.path.join(k.target, "config.json")).read())
     cfg_json.pop("layer_types", None)

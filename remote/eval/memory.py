@@ -13,12 +13,24 @@ def estimate_bytes(
     itemsize: int,
     block_chunk: int | None,
     positions: str = "walk",
+    sampled: bool = False,
 ) -> int:
-    """Peak bytes: target text weights + drafter weights + the longest sequence's working set."""
+    """Peak bytes: target text weights + drafter weights + the longest sequence's working
+    set (`sampled`: above temperature 0, with the rows a seeded walk keeps)."""
     h, k = dcfg.hidden_size, len(dcfg.target_layer_ids)
     per_layer = 4 * h * h + 3 * h * dcfg.intermediate_size
     drafter = (dcfg.num_layers * per_layer + k * h * h) * itemsize
-    return tbytes + drafter + context_bytes(dcfg, max_len, itemsize, block_chunk, positions)
+    working = context_bytes(dcfg, max_len, itemsize, block_chunk, positions)
+    return tbytes + drafter + working + (seeded_bytes(dcfg, max_len, itemsize) if sampled else 0)
+
+
+def seeded_bytes(dcfg, max_len: int, itemsize: int) -> int:
+    """What the seeded walks of a lockstep keep (`remote.eval.seeded.Walks`): each
+    sequence's final target rows and its float64 uniforms, a row per position."""
+    from remote.eval.walk import LOCKSTEP_SAMPLES
+
+    per_position = dcfg.hidden_size * itemsize + (dcfg.block_size + 1) * 8
+    return LOCKSTEP_SAMPLES * max_len * per_position
 
 
 def context_bytes(
