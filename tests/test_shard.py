@@ -20,7 +20,7 @@ from orchestrator.inventory import load_inventory
 from remote.eval.metrics import summarize
 from remote.protocol import EvalSpec
 from tests.helpers.cli import dflash, one_error_line
-from tests.helpers.sshd import ssh_host_entry, start_sshd
+from tests.helpers.sshd import ssh_host_entry, sshd_hosts
 
 HOSTS = ("sa", "sb", "sc")
 
@@ -152,10 +152,8 @@ def test_hosts_refuses_detach_in_one_line(tmp_path, make_inventory):
 
 @pytest.fixture(scope="module")
 def three_sshd(ssh_base, user_key):
-    servers = [start_sshd(ssh_base, f"shard-{name}") for name in HOSTS]
-    yield dict(zip(HOSTS, servers, strict=False))
-    for s in servers:
-        s.stop()
+    with sshd_hosts(ssh_base, "shard", HOSTS) as servers:
+        yield servers
 
 
 @pytest.fixture

@@ -19,17 +19,15 @@ from orchestrator.inventory import load_inventory
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
 from remote.protocol import EvalSpec
-from tests.helpers.sshd import ssh_host_entry, start_sshd
+from tests.helpers.sshd import ssh_host_entry, sshd_hosts
 
 HOSTS = ("ta", "tb", "tc")
 
 
 @pytest.fixture(scope="module")
 def three_sshd(ssh_base, user_key):
-    servers = [start_sshd(ssh_base, f"sampled-{name}") for name in HOSTS]
-    yield dict(zip(HOSTS, servers, strict=True))
-    for s in servers:
-        s.stop()
+    with sshd_hosts(ssh_base, "sampled", HOSTS) as servers:
+        yield servers
 
 
 def test_a_sharded_eval_at_the_inventorys_temperature_merges_the_expectation(
