@@ -22,8 +22,10 @@ same cached pages:
 
 Composed to Qwen3.6-27B's 64 layers (16 x [3 linear + 1 full]) and a 5-layer drafter
 (the 2-layer drafter's part plus 3 times what its first layer adds), and, with the
-trained tiny pair of `common.pair` where it is cached, to that drafter's block counts at
-its trained tau. Prints every ratio, each goal met or not, the load average, and last
+trained tiny pair of `common.pair` where it is cached (``--pair-samples``, 64: what
+``eval_drafter_share.py --samples 64 --train-samples 64`` trains), to that drafter's
+block counts at its trained tau. Prints every ratio, each goal met or not, the load
+average, and last
 ``realscale: target/bound X; linear/full Y; load/transformers Z; round costs W%; ...``.
 
     python benchmarks/realscale.py [--layers 4] [--samples 4] [--prompt 128]
@@ -70,6 +72,13 @@ def parse() -> argparse.Namespace:
         "--pair-workdir",
         default=os.path.expanduser("~/.cache/dflash/bench-drafter-share"),
         help="where common.pair caches its trained tiny pair (its block counts)",
+    )
+    ap.add_argument(
+        "--pair-samples",
+        type=int,
+        default=64,
+        help="the trained pair's samples, trained on and walked (eval_drafter_share's "
+        "--samples N --train-samples N)",
     )
     args = ap.parse_args()
     if not 2 <= args.layers <= 4:
@@ -288,11 +297,16 @@ def trained(args, figures: dict) -> dict:
     parts scaled by its blocks per completion token over the random drafter's."""
     from common import pair
 
-    ns = pair.parser("").parse_args(["--workdir", args.pair_workdir, "--budgets", args.budgets])
+    n = str(args.pair_samples)
+    ns = pair.parser("").parse_args(
+        ["--workdir", args.pair_workdir, "--budgets", args.budgets, "--samples", n]
+        + ["--train-samples", n, "--threads", str(args.threads)]
+    )
     if not pair.trained(ns):
         print(
             f"trained tau: no trained pair under {args.pair_workdir} (run "
-            "benchmarks/eval_drafter_share.py once to train it); figure left out"
+            f"benchmarks/eval_drafter_share.py --samples {n} --train-samples {n} once to "
+            "train it); figure left out"
         )
         return {}
     m = pair.loaded(ns)
