@@ -186,7 +186,11 @@ def report(args, kinds, shapes, gemm, hf, engine, result) -> dict:
     work = work_per_layer(shapes)
     bound = {k: gemm[k]["wall"] for k in (lin, full)} | {"other": gemm["head"]["wall"]}
     bound_cpu = {k: gemm[k]["cpu"] for k in (lin, full)} | {"other": gemm["head"]["cpu"]}
-    print("per layer, summed over the samples (wall s, best of the repeats; CPU s):")
+    products = gemm.get("policy", "native")  # a run kept before the policy was recorded
+    print(
+        f"per layer, summed over the samples (wall s, best of the repeats; CPU s; bf16 "
+        f"products {products}, the bound's as the engine's):"
+    )
     for k in (lin, full):
         print(
             f"  {k:<17} {wall[k]:7.3f} ({cpu[k]:7.3f} CPU)  GEMM bound {bound[k]:7.3f}  "
