@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import DflashError
-from orchestrator.ids import resolve_id
 from orchestrator.inventory import InventoryError, load_inventory
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
@@ -98,12 +97,8 @@ def find(
 
     root = results_root(results_dir, inventory_path)
     folder = Path(run_id)
-    if not (sweep.is_sweep(folder) or (folder / "result.json").is_file()):
-        if not root.is_dir():
-            raise DflashError(f"no results folder {root}")
-        names = [p.name for p in root.iterdir() if _held(p)]
-        where, listed_by = f"in {root}", "dflash results list"
-        folder = root / resolve_id(run_id, names, what="run", where=where, listed_by=listed_by)
+    if not _is_run(folder):
+        folder = res.find_folder(run_id, root, lambda p: not p.name.startswith(".") and _is_run(p))
     if sweep.is_sweep(folder):
         return sweep.load(folder)
     if parity_view.is_parity_run(folder):
@@ -111,11 +106,9 @@ def find(
     return res.load_run(folder)
 
 
-def _held(folder: Path) -> bool:
-    """Whether `folder` is a run of any kind `find` shows (not a hidden one)."""
-    return not folder.name.startswith(".") and (
-        sweep.is_sweep(folder) or (folder / "result.json").is_file()
-    )
+def _is_run(folder: Path) -> bool:
+    """Whether `folder` is a run of any kind `find` shows."""
+    return sweep.is_sweep(folder) or (folder / "result.json").is_file()
 
 
 @dataclass

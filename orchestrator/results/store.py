@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -172,7 +173,7 @@ def load_run(path_or_id: str | Path, root: str | Path | None = None) -> Run:
     """A run from its folder, or its id or unique prefix under `root`, checked (`BadRun`)."""
     path = Path(path_or_id)
     if not (path / "result.json").is_file() and root is not None:
-        path = _find(str(path_or_id), Path(root))
+        path = find_folder(str(path_or_id), Path(root))
     try:
         result = json.loads((path / "result.json").read_text(errors="surrogateescape"))
     except OSError:
@@ -206,11 +207,16 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def _find(ident: str, root: Path) -> Path:
-    """A run by its full id, else by a unique prefix, else by a unique part of it."""
+def _has_result(folder: Path) -> bool:
+    return (folder / "result.json").is_file()
+
+
+def find_folder(ident: str, root: Path, held: Callable[[Path], bool] = _has_result) -> Path:
+    """A run folder under `root` (one of those `held` accepts) by its full id, else by a
+    unique prefix, else by a unique part of it."""
     if not root.is_dir():
         raise DflashError(f"no results folder {root}")
-    names = [p.name for p in root.iterdir() if (p / "result.json").is_file()]
+    names = [p.name for p in root.iterdir() if held(p)]
     return root / resolve_id(
         ident, names, what="run", where=f"in {root}", listed_by="dflash results list"
     )
