@@ -387,6 +387,8 @@ def test_memory_check_refuses_before_loading(tmp_path):
     # above temperature 0 the seeded walks keep each sequence's final rows and uniforms
     hot = estimate_bytes(10**6, cfg, 100_000, 4, 64, sampled=True)
     assert hot - big >= 100_000 * cfg.hidden_size * 4
+    every = estimate_bytes(10**6, cfg, 100_000, 4, 64, "all")  # the DP keeps no walk rows
+    assert estimate_bytes(10**6, cfg, 100_000, 4, 64, "all", sampled=True) == every
     # a target whose text weights cannot fit: scale the config up, keep no weights
     cfg_json = json.loads(open(os.path.join(k.target, "config.json")).read())
     cfg_json.pop("layer_types", None)

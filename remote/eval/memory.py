@@ -16,12 +16,17 @@ def estimate_bytes(
     sampled: bool = False,
 ) -> int:
     """Peak bytes: target text weights + drafter weights + the longest sequence's working
-    set (`sampled`: above temperature 0, with the rows a seeded walk keeps)."""
+    set (`sampled`: above temperature 0, with the rows a seeded walk keeps at ``walk``)."""
     h, k = dcfg.hidden_size, len(dcfg.target_layer_ids)
     per_layer = 4 * h * h + 3 * h * dcfg.intermediate_size
     drafter = (dcfg.num_layers * per_layer + k * h * h) * itemsize
     working = context_bytes(dcfg, max_len, itemsize, block_chunk, positions)
-    return tbytes + drafter + working + (seeded_bytes(dcfg, max_len, itemsize) if sampled else 0)
+    return (
+        tbytes
+        + drafter
+        + working
+        + (seeded_bytes(dcfg, max_len, itemsize) if sampled and positions == "walk" else 0)
+    )
 
 
 def seeded_bytes(dcfg, max_len: int, itemsize: int) -> int:
