@@ -83,6 +83,7 @@ def breakdown_tables(run: res.Run, paired: compare.Paired | None) -> str:
     by_group = {(g.axis, g.name): g for g in paired.groups} if paired and paired.comparable else {}
     every = [g for rows in groups.values() for g in rows]
     cols, head_metric = summary.columns(every), registry.headline()
+    label = compare.headline_label(g.deltas for g in by_group.values())
     out = []
     for axis in breakdown.AXES:
         rows = groups.get(axis) or []
@@ -92,7 +93,6 @@ def breakdown_tables(run: res.Run, paired: compare.Paired | None) -> str:
         head = ["group", *[esc(m.header) for m in cols]]
         head += [esc(summary.budget_label(head_metric, b)) for b in budgets]
         if by_group:
-            label = compare.headline_label(g.deltas for g in by_group.values())
             head += [f"Δ {esc(label)} vs baseline", "95% interval"]
         cells = []
         for g in rows:

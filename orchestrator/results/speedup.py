@@ -43,8 +43,8 @@ def spans(run: Any) -> dict[str, tuple[float, float]]:
 
 def timed_once(run: Any) -> list[str]:
     """The parts the host timed once (a trial past its share of the budget): no spread."""
-    spread = costs(run).get("spread") or {}
-    return sorted(name for name, times in spread.items() if len(times or ()) == 1)
+    spread, valid = costs(run).get("spread") or {}, spans(run)
+    return sorted(name for name in valid if len(spread[name]) == 1)
 
 
 def withheld(run: Any) -> str | None:
