@@ -84,6 +84,25 @@ def test_a_large_weight_is_widened_a_slice_at_a_time(monkeypatch):
     torch.testing.assert_close(sliced, whole, rtol=0, atol=0)
 
 
+def test_without_autograd_weights_are_widened_into_one_reused_buffer(monkeypatch):
+    monkeypatch.setattr(cpu_bf16, "SLICE_ELEMENTS", 30 * 32)
+    x, big, small = rand(4, 32), rand(100, 32), rand(7, 32)
+    want = {"big": cpu_bf16.linear(x, big), "small": cpu_bf16.linear(x, small)}
+    with torch.inference_mode():
+        first = cpu_bf16.linear(x, big)
+        buffer = cpu_bf16._scratch.buf
+        again = {"big": cpu_bf16.linear(x, big), "small": cpu_bf16.linear(x, small)}
+    assert buffer.numel() <= 30 * 32  # a slice's worth, never the whole weight
+    assert cpu_bf16._scratch.buf.data_ptr() == buffer.data_ptr()  # reused, not reallocated
+    for name, value in again.items():
+        assert torch.equal(value, want[name]), name
+    assert torch.equal(first, want["big"])
+    # with autograd on, the product keeps its own copy and gradients reach the weight
+    w = rand(8, 32).requires_grad_()
+    cpu_bf16.linear(x, w).float().sum().backward()
+    assert w.grad is not None and w.grad.abs().sum() > 0
+
+
 def test_computing_on_the_cpu_widens_as_the_policy_says(monkeypatch):
     x, w = rand(2, 64), rand(8, 64)
     seen = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -16,6 +17,7 @@ POLICIES = ("native", "float32")
 ENV = "DFLASH_CPU_BF16"
 # Widened a slice at a time, so a large vocabulary's head never has a float32 copy of its own.
 SLICE_ELEMENTS = 64 << 20
+_scratch = threading.local()
 
 
 def native_supported() -> bool:
@@ -42,18 +44,32 @@ def _both_cpu_bf16(a, b) -> bool:
     )
 
 
+def widen(w: torch.Tensor) -> torch.Tensor:
+    """`w` in float32: without autograd, in this thread's reused buffer, since a fresh
+    float32 copy costs several times the conversion in page faults (docs/eval.md)."""
+    if torch.is_grad_enabled():
+        return w.float()
+    n = w.numel()
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < n:
+        _scratch.buf = None  # the old buffer goes before the larger one comes
+        with torch.inference_mode(False):
+            buf = _scratch.buf = torch.empty(n, dtype=torch.float32)
+    return buf[:n].view(w.shape).copy_(w)
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` of bfloat16 `x` and `w` in float32, rounded to bfloat16 once."""
     bias = None if b is None else b.float()
     if w.numel() <= SLICE_ELEMENTS:
-        return F.linear(x.float(), w.float(), bias).to(torch.bfloat16)
+        return F.linear(x.float(), widen(w), bias).to(torch.bfloat16)
     xf = x.float()
     out = torch.empty((*x.shape[:-1], w.shape[0]), dtype=torch.bfloat16, device=x.device)
     step = max(1, SLICE_ELEMENTS // w.shape[1])
     for start in range(0, w.shape[0], step):
         end = min(start + step, w.shape[0])
         part = None if bias is None else bias[start:end]
-        out[..., start:end] = F.linear(xf, w[start:end].float(), part)
+        out[..., start:end] = F.linear(xf, widen(w[start:end]), part)
     return out
 
 
