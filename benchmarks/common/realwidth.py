@@ -220,7 +220,8 @@ def _gemm(cfg: dict) -> dict:
     from remote.eval.cpu_bf16 import policy
     from remote.eval.device import computing
 
-    with computing(torch.device("cpu")):
+    # without autograd, as the eval runs: the engine's widening reuses its buffer then
+    with computing(torch.device("cpu")), torch.inference_mode():
         return {"policy": policy(), **_gemms(cfg)}
 
 
