@@ -86,6 +86,7 @@ def test_a_large_weight_is_widened_a_slice_at_a_time(monkeypatch):
 
 def test_without_autograd_weights_are_widened_into_one_reused_buffer(monkeypatch):
     monkeypatch.setattr(cpu_bf16, "SLICE_ELEMENTS", 30 * 32)
+    monkeypatch.setattr(cpu_bf16._scratch, "buf", None, raising=False)  # this thread's, afresh
     x, big, small = rand(4, 32), rand(100, 32), rand(7, 32)
     want = {"big": cpu_bf16.linear(x, big), "small": cpu_bf16.linear(x, small)}
     with torch.inference_mode():
