@@ -41,8 +41,14 @@ def test_widened_products_are_float32_products_rounded_once(monkeypatch):
     calls = []
     real_linear = cpu_bf16.linear
     monkeypatch.setattr(cpu_bf16, "linear", lambda *a: calls.append(len(a)) or real_linear(*a))
+    convs, real_conv = [], cpu_bf16.conv
+    monkeypatch.setattr(
+        cpu_bf16, "conv", lambda f, *a, **k: convs.append(f.__name__) or real_conv(f, *a, **k)
+    )
     x, w, b = rand(3, 5, 64), rand(48, 64), rand(48)
     q, k = rand(2, 7, 16), rand(2, 16, 9)
+    # a Gated DeltaNet layer's depthwise causal convolution, as the engine's kernel calls it
+    sig, taps, cb = rand(1, 6, 1, 11), rand(6, 1, 1, 4), rand(6)
     with cpu_bf16.widened("float32") as chosen:
         got = {
             "linear": F.linear(x, w),
@@ -51,8 +57,11 @@ def test_widened_products_are_float32_products_rounded_once(monkeypatch):
             "@": q @ k,
             "bmm": torch.bmm(q, k),
             "float32": F.linear(x.float(), w.float()),
+            "conv2d": F.conv2d(sig, taps, cb, padding=(0, 3), groups=6),
+            "conv1d": F.conv1d(sig[:, :, 0], taps[:, :, 0], bias=cb, padding=3, groups=6),
         }
     assert chosen == "float32" and calls == [2, 3]  # both linear layers went through it
+    assert convs == ["conv2d", "conv1d"]
     want = {
         "linear": F.linear(x.float(), w.float()).to(BF16),
         "linear+bias": F.linear(x.float(), w.float(), b.float()).to(BF16),
@@ -60,6 +69,12 @@ def test_widened_products_are_float32_products_rounded_once(monkeypatch):
         "@": (q.float() @ k.float()).to(BF16),
         "bmm": torch.bmm(q.float(), k.float()).to(BF16),
         "float32": F.linear(x.float(), w.float()),
+        "conv2d": F.conv2d(sig.float(), taps.float(), cb.float(), padding=(0, 3), groups=6).to(
+            BF16
+        ),
+        "conv1d": F.conv1d(
+            sig[:, :, 0].float(), taps[:, :, 0].float(), bias=cb.float(), padding=3, groups=6
+        ).to(BF16),
     }
     for name, value in got.items():
         assert value.dtype == want[name].dtype and torch.equal(value, want[name]), name

@@ -73,13 +73,28 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return out
 
 
+def conv(func, x: torch.Tensor, w: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """`func` (``F.conv1d`` or ``F.conv2d``) of bfloat16 `x` and `w` in float32, rounded
+    to bfloat16 once; a bfloat16 bias is widened too."""
+    args = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+    if isinstance(kwargs.get("bias"), torch.Tensor):
+        kwargs = {**kwargs, "bias": kwargs["bias"].float()}
+    return func(x.float(), w.float(), *args, **kwargs).to(torch.bfloat16)
+
+
 class _Widened(TorchFunctionMode):
-    """Routes bfloat16 CPU matrix products through float32; every other call runs as is."""
+    """Routes bfloat16 CPU matrix products and convolutions through float32; every other
+    call runs as is."""
 
     PRODUCTS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm)
+    # a Gated DeltaNet layer's depthwise causal convolution: torch's bf16 fallback loops
+    # over the channels one group at a time
+    CONVS = (F.conv1d, F.conv2d)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in self.CONVS and len(args) >= 2 and _both_cpu_bf16(args[0], args[1]):
+            return conv(func, *args, **kwargs)
         if func is F.linear and not kwargs and len(args) in (2, 3):
             if _both_cpu_bf16(args[0], args[1]) and (
                 len(args) == 2 or args[2] is None or args[2].dtype == torch.bfloat16
