@@ -58,6 +58,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "eval-drafter-share": ("eval_drafter_share.py", f"eval_drafter_share.py {PAIR}"),
     "feature-cache": ("feature_cache.py", f"feature_cache.py {PAIR}"),
     "cpu-bf16": ("cpu_bf16.py", f"cpu_bf16.py {PAIR}"),
+    "widen-buffer": ("widen_buffer.py", "widen_buffer.py --rows 1,16 --repeats 1"),
     "sampling": (f"sampling.py {PAIR} --repeats 3", f"sampling.py {PAIR}"),
     "eval-threads": ("eval_threads.py", "eval_threads.py --repeats 1 --samples 2 --tokens 16"),
     "scale": (
