@@ -53,7 +53,7 @@ def main() -> None:
             w = torch.randn(o, i).to(torch.bfloat16)
             kept = w.float()
             for m in rows:
-                f, b, k, same = measure(w, kept, torch.randn(m, i).to(torch.bfloat16), args)
+                f, b, k, same = measure(w, kept, torch.randn(m, i).to(torch.bfloat16), args.repeats)
                 ratios.append(f / b)
                 print(
                     f"  {label:22s} rows {m:4d}: fresh {f:7.3f} s  buffer {b:7.3f} s  float32 "
@@ -66,7 +66,7 @@ def main() -> None:
     print(f"widen_buffer: fresh/buffer {min(ratios):.2f}-{max(ratios):.2f}x, {len(ratios)} cases")
 
 
-def measure(w, kept, x, args) -> tuple[float, float, float, bool]:
+def measure(w, kept, x, repeats: int) -> tuple[float, float, float, bool]:
     """Best seconds of the three modes on `x` and whether fresh and buffer agree exactly."""
     import torch
     import torch.nn.functional as F
@@ -82,7 +82,7 @@ def measure(w, kept, x, args) -> tuple[float, float, float, bool]:
     same = torch.equal(products["fresh"](), products["buffer"]())
     for run in modes.values():  # warm-up, untimed
         run()
-    got = interleave(modes, args.repeats)
+    got = interleave(modes, repeats)
     return (*(got.best(name) for name in modes), same)
 
 
