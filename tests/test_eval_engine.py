@@ -425,6 +425,39 @@ def test_memory_check_refuses_before_loading(tmp_path):
     assert events == []
 
 
+def test_memory_counts_the_widening_buffer(monkeypatch):
+    """Where bf16 products run in float32, the estimates count the buffer the weights are
+    widened into (the head, the largest weight, a slice at most), and the buffer a
+    head-sized product really keeps is within it."""
+    from types import SimpleNamespace
+
+    from remote.eval import cpu_bf16
+    from remote.eval.drafter import read_config
+    from remote.eval.memory import estimate_bytes, widening_bytes
+    from remote.eval.preflight import _widening
+
+    cfg = read_config(kit("qwen3").steps[-1])
+    head = cfg.vocab_size * cfg.hidden_size
+    plain = estimate_bytes(10**6, cfg, 100, 2, 64)
+    assert estimate_bytes(10**6, cfg, 100, 2, 64, widens=True) - plain == 4 * head
+    assert widening_bytes(10**12) == 4 * cpu_bf16.SLICE_ELEMENTS  # a 248k-row head's slice
+    cpu_bf16._scratch.buf = None
+    w = torch.randn(cfg.vocab_size, cfg.hidden_size).bfloat16()
+    with torch.inference_mode(), cpu_bf16.widened("float32"):
+        torch.nn.functional.linear(torch.randn(3, cfg.hidden_size).bfloat16(), w)
+    assert 0 < cpu_bf16._scratch.buf.numel() * 4 <= widening_bytes(head)
+    layout = SimpleNamespace(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size)
+    for policy, dtype, device, widened in (
+        ("float32", "bfloat16", "cpu", True),
+        ("native", "bfloat16", "cpu", False),
+        ("float32", "float32", "cpu", False),
+        ("float32", "bfloat16", "cuda", False),
+    ):
+        monkeypatch.setenv(cpu_bf16.ENV, policy)
+        spec = EvalSpec(target="/t", dtype=dtype, device=device)
+        assert _widening(spec, layout) == (4 * head if widened else 0), (policy, dtype, device)
+
+
 def test_spec_errors(tmp_path):
     p = tmp_path / "s.json"
     p.write_text(

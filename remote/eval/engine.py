@@ -120,8 +120,9 @@ def run_eval(spec: EvalSpec, on_event=emit, target=None, features=None) -> dict[
     max_len = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
     window = context_check.exact(dcfg.raw, max_len)  # the preflight warned on its bound
     itemsize = torch.empty(0, dtype=dtype).element_size()
+    widens = device_mod.bf16_products(device, spec.dtype) == "float32"
     need = estimate_bytes(
-        tbytes, dcfg, max_len, itemsize, spec.block_chunk, spec.positions, spec.sampled
+        tbytes, dcfg, max_len, itemsize, spec.block_chunk, spec.positions, spec.sampled, widens
     ) - (0 if target is None else tbytes)
     avail = meminfo()["available"]
     if avail and need > avail:

@@ -14,9 +14,11 @@ def estimate_bytes(
     block_chunk: int | None,
     positions: str = "walk",
     sampled: bool = False,
+    widens: bool = False,
 ) -> int:
     """Peak bytes: target text weights + drafter weights + the longest sequence's working
-    set (`sampled`: above temperature 0, with the rows a seeded walk keeps at ``walk``)."""
+    set (`sampled`: above temperature 0, with the rows a seeded walk keeps at ``walk``;
+    `widens`: bf16 products computed in float32, with `widening_bytes`)."""
     h, k = dcfg.hidden_size, len(dcfg.target_layer_ids)
     per_layer = 4 * h * h + 3 * h * dcfg.intermediate_size
     drafter = (dcfg.num_layers * per_layer + k * h * h) * itemsize
@@ -26,7 +28,17 @@ def estimate_bytes(
         + drafter
         + working
         + (seeded_bytes(dcfg, max_len, itemsize) if sampled and positions == "walk" else 0)
+        + (widening_bytes(h * max(dcfg.vocab_size, dcfg.intermediate_size, k * h)) if widens else 0)
     )
+
+
+def widening_bytes(largest: int) -> int:
+    """The float32 buffer `remote.eval.cpu_bf16.widen` keeps in the computing thread, where
+    bf16 products are computed in float32: the ``largest`` weight's elements (the head, as
+    a rule), a slice at most."""
+    from remote.eval.cpu_bf16 import SLICE_ELEMENTS
+
+    return 4 * min(largest, SLICE_ELEMENTS)
 
 
 def seeded_bytes(dcfg, max_len: int, itemsize: int) -> int:

@@ -209,11 +209,14 @@ def check(spec: dict | JobSpec, engine: EvalSpec | None = None, keep: dict | Non
     need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
     if drafter is not None and not parity:  # the drafter's window, the longest context
         need += _contexts(job, drafter, report)
+    widening = _widening(engine, described.layout)
+    need += widening
     mem = meminfo()
     report["memory"] = {
         "target_bytes": need_target,
         "drafter_bytes": need_drafter,
         "context_bytes": (report.get("drafter_window") or {}).get("context_bytes", 0),
+        "widening_bytes": widening,
         "needed_bytes": need,
         "available_bytes": mem["available"],
         "total_bytes": mem["total"],
@@ -239,6 +242,18 @@ def check(spec: dict | JobSpec, engine: EvalSpec | None = None, keep: dict | Non
     marks["after_s"] = time.perf_counter() - t
     report["seconds"] = {k: round(v, 3) for k, v in marks.items()}
     return report
+
+
+def _widening(engine: EvalSpec, layout) -> int:
+    """The buffer bf16 products take where this host computes them in float32 (the
+    target's head, its largest weight, a slice at most)."""
+    import torch
+
+    from remote.eval.device import bf16_products
+    from remote.eval.memory import widening_bytes
+
+    widens = bf16_products(torch.device(engine.device), engine.dtype) == "float32"
+    return widening_bytes(layout.vocab_size * layout.hidden_size) if widens else 0
 
 
 def _contexts(job: JobSpec, drafter: Path, report: dict) -> int:
