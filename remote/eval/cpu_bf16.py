@@ -15,8 +15,9 @@ from remote.errors import UserError
 
 POLICIES = ("native", "float32")
 ENV = "DFLASH_CPU_BF16"
-# Widened a slice at a time, so a large vocabulary's head never has a float32 copy of its own.
-SLICE_ELEMENTS = 64 << 20
+# Widened a slice at a time, small enough to stay in the CPU's cache from its widening to
+# its product: a slice written to memory and read back costs more than the product.
+SLICE_ELEMENTS = 4 << 20
 _scratch = threading.local()
 
 
@@ -45,8 +46,9 @@ def _both_cpu_bf16(a, b) -> bool:
 
 
 def widen(w: torch.Tensor) -> torch.Tensor:
-    """`w` in float32: without autograd, in this thread's reused buffer, since a fresh
-    float32 copy costs several times the conversion in page faults (docs/eval.md)."""
+    """`w` (a slice at most) in float32: without autograd, in this thread's reused buffer,
+    since a fresh float32 copy costs several times the conversion in page faults
+    (docs/eval.md)."""
     if torch.is_grad_enabled():
         return w.float()
     n = w.numel()
