@@ -8,7 +8,6 @@ the same sampling given as flags; the two runs pair completion by completion."""
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import replace
 
 import pytest
@@ -19,6 +18,7 @@ from orchestrator.inventory import load_inventory
 from orchestrator.results import compare as cmp
 from orchestrator.results import store as res
 from remote.protocol import EvalSpec
+from tests.helpers.slurm import sampled_ground_truth
 from tests.helpers.sshd import ssh_host_entry, sshd_hosts
 
 HOSTS = ("ta", "tb", "tc")
@@ -41,24 +41,7 @@ def test_a_sharded_eval_at_the_inventorys_temperature_merges_the_expectation(
     )
     inv = load_inventory(inv_path)
     gt = three_sshd["ta"].root / "sampled-gt.jsonl"
-    rng = random.Random(11)
-    with open(gt, "w") as fh:
-        for p in range(3):
-            prompt = [rng.randrange(8, 300) for _ in range(10)]
-            for k in range(2):
-                completion = [rng.randrange(8, 300) for _ in range(8 + 3 * p + k)]
-                fh.write(
-                    json.dumps(
-                        {
-                            "id": f"q{p}#{k}",
-                            "prompt_id": f"q{p}",
-                            "index": k,
-                            "prompt_ids": prompt,
-                            "completion_ids": completion,
-                        }
-                    )
-                    + "\n"
-                )
+    sampled_ground_truth(gt)
     options = remote_eval.EvalOptions(
         ground_truth=str(gt), ground_truth_kind="file", engine=EvalSpec(budgets=())
     )

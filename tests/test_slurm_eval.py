@@ -27,19 +27,21 @@ from orchestrator.results.store import results_dir
 from orchestrator.slurm.role import SlurmError, SlurmRole
 from remote.protocol import EvalSpec
 from tests.helpers.cli import dflash, one_error_line
-from tests.helpers.slurm import MidRun, long_ground_truth, signal_mid_shard
+from tests.helpers.slurm import MidRun, long_ground_truth, sampled_ground_truth, signal_mid_shard
 from tests.helpers.sshd import ssh_host_entry
 
 
 @pytest.fixture
 def make_login(cluster, slurm_login, ssh_base, make_inventory, eval_role, tmp_path):
     """An inventory whose host ``login`` is the cluster's login node (its slurm role with
-    `slurm` on top) and, with the same eval role, an ordinary eval host."""
+    `slurm` on top) and, with the same eval role (`sampling` on top), an ordinary eval
+    host."""
 
-    def write(**slurm):
+    def write(sampling: dict | None = None, **slurm):
         shared = cluster.shared / tmp_path.name
         role = {"shared": str(shared), "mem_per_task": "256M", "poll_seconds": 0.3, **slurm}
-        entry = ssh_host_entry(slurm_login, ssh_base, roles={"slurm": role, "eval": eval_role()})
+        roles = {"slurm": role, "eval": eval_role(**(sampling or {}))}
+        entry = ssh_host_entry(slurm_login, ssh_base, roles=roles)
         path = make_inventory(
             hosts={"login": entry},
             defaults={"eval_host": "login", "results_dir": str(tmp_path / "results")},
@@ -123,6 +125,32 @@ def test_a_slurm_array_eval_equals_the_one_host_eval(make_login, cluster, server
     assert [r["id"] for r in a] == [r["id"] for r in b] and len(a) == len(PROMPTS)
     assert _without_timings(a) == _without_timings(b)
     assert result["metrics"] == _result(single)["metrics"]
+
+
+def test_a_slurm_array_eval_at_temperature_merges_every_tasks_expectation(make_login, cluster):
+    """Above temperature 0 (the role's sampling), each array task computes the expectation
+    of its slice; the merged ``expected`` is every sample's, equal to one host's run."""
+    sampling = {"temperature": 0.7, "draft_policy": "sample", "top_k": 40}
+    inventory_path, shared = make_login(sampling, shards=2)
+    shared.mkdir(parents=True)
+    gt = shared / "sampled-gt.jsonl"
+    sampled_ground_truth(gt)
+    inv = load_inventory(inventory_path)
+    options = remote_eval.EvalOptions(
+        ground_truth=str(gt), ground_truth_kind="file", engine=EvalSpec(budgets=())
+    )
+    merged = shard.run_sharded(inv, ["login"], "step-12", options)
+    assert cluster.queue() == []
+    result = _result(merged)
+    assert result["shards"]["slurm"]["done"] == [0, 1]  # ONE array, 2 tasks
+    exp = result["expected"]
+    assert (exp["temperature"], exp["top_k"], exp["draft_policy"]) == (0.7, 40, "sample")
+    records = _samples(merged)
+    assert exp["samples"] == len(records) == 6  # both tasks' samples
+    assert exp["tau"] == pytest.approx(sum(r["expected"]["tau"] for r in records) / 6)
+    single = _result(remote_eval.run_eval(inv, "login", "step-12", options))
+    assert single["expected"]["tau"] == pytest.approx(exp["tau"])
+    assert single["expected"]["per_position"] == pytest.approx(exp["per_position"])
 
 
 def _run(inventory_path: Path, gt: Path, run_id: str):

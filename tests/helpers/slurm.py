@@ -142,6 +142,24 @@ def long_ground_truth(path: Path) -> None:
             fh.write(json.dumps(record) + "\n")
 
 
+def sampled_ground_truth(path: Path) -> None:
+    """Two sampled completions of each of three prompts (``id`` ``q<p>#<k>``, with
+    ``prompt_id`` and ``index``), token ids the tiny target knows, of 8-15 tokens."""
+    rng = random.Random(11)
+    with open(path, "w") as fh:
+        for p in range(3):
+            prompt = [rng.randrange(8, 300) for _ in range(10)]
+            for k in range(2):
+                record = {
+                    "id": f"q{p}#{k}",
+                    "prompt_id": f"q{p}",
+                    "index": k,
+                    "prompt_ids": prompt,
+                    "completion_ids": [rng.randrange(8, 300) for _ in range(8 + 3 * p + k)],
+                }
+                fh.write(json.dumps(record) + "\n")
+
+
 class MidRun:
     """Waits (in a thread) until task 1's first attempt of a shards' array has evaluated a
     sample (its job folder in `shared`, ``<run>-1-<array job>``, or ``run_id``'s), then does
