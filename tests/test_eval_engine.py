@@ -426,9 +426,9 @@ def test_memory_check_refuses_before_loading(tmp_path):
 
 
 def test_memory_counts_the_widening_buffer(monkeypatch):
-    """Where bf16 products run in float32, the estimates count the buffer the weights are
-    widened into (the head, the largest weight, a slice at most), and the buffer a
-    head-sized product really keeps is within it."""
+    """Where bf16 products run in float32, the engine's estimate and the preflight count
+    the same buffer the weights are widened into (the largest weight, the head here, a
+    slice at most), and the buffer a head-sized product really keeps is within it."""
     from types import SimpleNamespace
 
     from remote.eval import cpu_bf16
@@ -436,16 +436,20 @@ def test_memory_counts_the_widening_buffer(monkeypatch):
     from remote.eval.memory import estimate_bytes, widening_bytes
     from remote.eval.preflight import _widening
 
-    cfg = read_config(kit("qwen3").steps[-1])
+    drafter = kit("qwen3").steps[-1]
+    cfg = read_config(drafter)
     head = cfg.vocab_size * cfg.hidden_size
+    assert head > cfg.hidden_size * max(cfg.intermediate_size, 4 * cfg.hidden_size)
     plain = estimate_bytes(10**6, cfg, 100, 2, 64)
     assert estimate_bytes(10**6, cfg, 100, 2, 64, widens=True) - plain == 4 * head
-    assert widening_bytes(10**12) == 4 * cpu_bf16.SLICE_ELEMENTS  # a 248k-row head's slice
+    assert widening_bytes(5120, 248320) == 4 * cpu_bf16.SLICE_ELEMENTS  # a 27B head's slice
+    wide = SimpleNamespace(hidden_size=64, intermediate_size=4096, target_layer_ids=[1])
+    assert widening_bytes(64, 512, wide) == 4 * 64 * 4096  # an MLP wider than the head
     cpu_bf16._scratch.buf = None
     w = torch.randn(cfg.vocab_size, cfg.hidden_size).bfloat16()
     with torch.inference_mode(), cpu_bf16.widened("float32"):
         torch.nn.functional.linear(torch.randn(3, cfg.hidden_size).bfloat16(), w)
-    assert 0 < cpu_bf16._scratch.buf.numel() * 4 <= widening_bytes(head)
+    assert 0 < cpu_bf16._scratch.buf.numel() * 4 <= widening_bytes(cfg.hidden_size, cfg.vocab_size)
     layout = SimpleNamespace(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size)
     for policy, dtype, device, widened in (
         ("float32", "bfloat16", "cpu", True),
@@ -455,7 +459,9 @@ def test_memory_counts_the_widening_buffer(monkeypatch):
     ):
         monkeypatch.setenv(cpu_bf16.ENV, policy)
         spec = EvalSpec(target="/t", dtype=dtype, device=device)
-        assert _widening(spec, layout) == (4 * head if widened else 0), (policy, dtype, device)
+        for folder in (None, drafter):
+            got = _widening(spec, layout, folder)
+            assert got == (4 * head if widened else 0), (policy, dtype, device, folder)
 
 
 def test_spec_errors(tmp_path):

@@ -28,16 +28,21 @@ def estimate_bytes(
         + drafter
         + working
         + (seeded_bytes(dcfg, max_len, itemsize) if sampled and positions == "walk" else 0)
-        + (widening_bytes(h * max(dcfg.vocab_size, dcfg.intermediate_size, k * h)) if widens else 0)
+        + (widening_bytes(h, dcfg.vocab_size, dcfg) if widens else 0)
     )
 
 
-def widening_bytes(largest: int) -> int:
+def widening_bytes(hidden: int, vocab: int, dcfg=None) -> int:
     """The float32 buffer `remote.eval.cpu_bf16.widen` keeps in the computing thread, where
-    bf16 products are computed in float32: the ``largest`` weight's elements (the head, as
-    a rule), a slice at most."""
+    bf16 products are computed in float32: the largest weight's elements, a slice at most.
+    That is the head (``vocab`` x ``hidden``) as a rule; given the drafter's config, its fc
+    and MLP weights count too."""
     from remote.eval.cpu_bf16 import SLICE_ELEMENTS
 
+    largest = vocab * hidden
+    if dcfg is not None:
+        h = dcfg.hidden_size
+        largest = max(largest, h * dcfg.intermediate_size, len(dcfg.target_layer_ids) * h * h)
     return 4 * min(largest, SLICE_ELEMENTS)
 
 

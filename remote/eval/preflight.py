@@ -209,7 +209,7 @@ def check(spec: dict | JobSpec, engine: EvalSpec | None = None, keep: dict | Non
     need = int((need_target + need_drafter) * (1 + OVERHEAD_FRACTION) + OVERHEAD_BYTES)
     if drafter is not None and not parity:  # the drafter's window, the longest context
         need += _contexts(job, drafter, report)
-    widening = _widening(engine, described.layout)
+    widening = _widening(engine, described.layout, None if parity else drafter)
     need += widening
     mem = meminfo()
     report["memory"] = {
@@ -244,16 +244,19 @@ def check(spec: dict | JobSpec, engine: EvalSpec | None = None, keep: dict | Non
     return report
 
 
-def _widening(engine: EvalSpec, layout) -> int:
-    """The buffer bf16 products take where this host computes them in float32 (the
-    target's head, its largest weight, a slice at most)."""
+def _widening(engine: EvalSpec, layout, drafter: Path | None) -> int:
+    """The buffer bf16 products take where this host computes them in float32 (as the
+    engine counts it: `remote.eval.memory.widening_bytes`)."""
     import torch
 
     from remote.eval.device import bf16_products
+    from remote.eval.drafter_config import read_config
     from remote.eval.memory import widening_bytes
 
-    widens = bf16_products(torch.device(engine.device), engine.dtype) == "float32"
-    return widening_bytes(layout.vocab_size * layout.hidden_size) if widens else 0
+    if bf16_products(torch.device(engine.device), engine.dtype) != "float32":
+        return 0
+    dcfg = None if drafter is None else read_config(str(drafter))
+    return widening_bytes(layout.hidden_size, layout.vocab_size, dcfg)
 
 
 def _contexts(job: JobSpec, drafter: Path, report: dict) -> int:
