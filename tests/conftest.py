@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,18 @@ def pytest_configure(config) -> None:
     ignore, resets to the default in the children."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """The files with the most `slow` tests first, each file's tests kept together and in
+    order: the workers of `scripts/test.sh` take a file at a time, and a long file taken
+    last would leave one worker running it alone."""
+
+    def file(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    slow = Counter(file(item) for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[file(item)])
 
 
 @pytest.fixture(autouse=True)
