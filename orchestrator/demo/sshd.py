@@ -149,8 +149,12 @@ class SSHServer:
 def start_sshd(ssh_base: Path, name: str, extra_config: tuple[str, ...] = ()) -> SSHServer:
     """Start a server accepting ``ssh_base``'s user key, its host key in known_hosts."""
     server = SSHServer.start(ssh_base, name, ssh_base / "authorized_keys", extra_config)
-    with open(ssh_base / "known_hosts", "a") as fh:
-        fh.write(server.known_hosts_line())
+    known = ssh_base / "known_hosts"
+    # A line for this port is an earlier server's, since stopped: its key would read as changed.
+    port = f"]:{server.port}"
+    lines = known.read_text().splitlines(keepends=True) if known.exists() else []
+    kept = [ln for ln in lines if not any(h.endswith(port) for h in ln.split(" ")[0].split(","))]
+    known.write_text("".join(kept) + server.known_hosts_line())
     return server
 
 
