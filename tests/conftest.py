@@ -34,12 +34,8 @@ def pytest_collection_modifyitems(items: list) -> None:
     """The files with the most `slow` tests first, each file's tests kept together and in
     order: the workers of `scripts/test.sh` take a file at a time, and a long file taken
     last would leave one worker running it alone."""
-
-    def file(item) -> str:
-        return item.nodeid.split("::")[0]
-
-    slow = Counter(file(item) for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[file(item)])
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
 
 
 @pytest.fixture(autouse=True)
