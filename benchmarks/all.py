@@ -56,6 +56,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         f"memory.py {SMALL} --rss-hidden 0 --moe-hidden 256 --moe-layers 2 --moe-experts 8 --mib 8",
     ),
     "eval-drafter-share": ("eval_drafter_share.py", f"eval_drafter_share.py {PAIR}"),
+    "drafter-share-realwidth": (
+        "drafter_share_realwidth.py",
+        f"drafter_share_realwidth.py {PAIR} --sample-counts 2 --real-layers 1",
+    ),
     "feature-cache": ("feature_cache.py", f"feature_cache.py {PAIR}"),
     "cpu-bf16": ("cpu_bf16.py", f"cpu_bf16.py {PAIR}"),
     "widen-buffer": ("widen_buffer.py", "widen_buffer.py --rows 1,16 --repeats 1"),
