@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -1236,3 +1237,19 @@ def test_follow_fresh_ground_truth_remakes_it_for_the_first_checkpoint_only(
     assert sources[1].get("fresh") is True and sources[2]["source"] == sources[1]["source"]
     assert len(server.requests) == 4  # made twice: once at first, once asked for
     assert len(host_cache(tmp_path)) == 2
+
+
+@pytest.mark.parametrize("body", [b"", b"{cut", b"[1, 2]"], ids=["empty", "cut", "not-object"])
+def test_the_demo_server_answers_a_body_that_is_no_json_object_with_400(server, capfd, body):
+    """The demo's SGLang stand-in answers a request body that is not a JSON object (a
+    client that hung up mid-request, a bad client) with a 400 naming it, as an engine
+    does, and logs nothing: before, its thread printed a traceback into the test run."""
+    req = urllib.request.Request(f"{server.url}/generate", data=body, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 400
+    assert "not a JSON object" in json.loads(err.value.read())["error"]
+    assert server.requests == []
+    with urllib.request.urlopen(f"{server.url}/health", timeout=10) as ok:
+        assert ok.status == 200
+    assert "Traceback" not in capfd.readouterr().err

@@ -94,8 +94,17 @@ class JSONHandler(BaseHTTPRequestHandler):
     def _json(self, obj, code: int = 200) -> None:
         self._send(code, json.dumps(obj).encode())
 
-    def _body(self) -> dict:
-        return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def _body(self) -> dict | None:
+        """The request's JSON object; None once a 400 has answered a body that is not one
+        (as a serving engine does: a cut or empty request is the client's fault)."""
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        except ValueError as exc:
+            body = exc
+        if isinstance(body, dict):
+            return body
+        self._json({"error": f"the request body is not a JSON object: {body}"}, 400)
+        return None
 
 
 class GroundTruthServer(LoopbackServer):
@@ -158,7 +167,8 @@ class GroundTruthServer(LoopbackServer):
                     self._send(404, b'{"detail": "Not Found"}')
 
             def do_POST(self):
-                body = self._body()
+                if (body := self._body()) is None:
+                    return
                 server.requests.append((self.path, body))
                 if self._failure():
                     return

@@ -134,7 +134,8 @@ class ScriptedServer(LoopbackServer):
                     self._json({"detail": "Not Found"}, 404)
 
             def do_POST(self):
-                body = self._body()
+                if (body := self._body()) is None:
+                    return
                 server.requests.append((self.path, body))
                 self._answer(server.reply(self.path, body))
 
