@@ -37,11 +37,11 @@ import time
 import types
 from collections import Counter
 from contextlib import contextmanager
+from functools import partial
 
-from common.measure import goal, load_avg, loads
-from common.models import QWEN36_27B
+from common.measure import goal, interleave, load_avg, loads, median_seconds
 from common.pair import budget_list, loaded, parser, tau
-from common.realwidth import DRAFTER, MASK_ID
+from common.realwidth import drafter_config
 from eval_drafter_share import walks_starts
 
 REAL_LAYERS = 5
@@ -113,13 +113,7 @@ def walk_calls(m, samples, positions: str, budgets: list[int], chunk: int | None
 
 
 def timed(fn, repeats: int) -> float:
-    fn()  # warm: the widening buffer, the allocator
-    spent = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        spent.append(time.perf_counter() - t)
-    return statistics.median(spent)
+    return median_seconds(fn, repeats, warm=True)  # warm: the widening buffer, the allocator
 
 
 def prices(drafter, lm_head, embed, T: int, k: int, repeats: int) -> dict[str, dict[int, float]]:
@@ -207,15 +201,12 @@ def measured(m, samples, budgets: list[int], repeats: int) -> float:
     interleaved: the median of ``repeats`` rounds' ratios."""
     from common.pair import engine
 
-    ratios = []
-    for n in range(repeats):
-        got = {}
-        for mode in ("all", "walk")[:: 1 - 2 * (n % 2)]:  # reversed every other round
-            got[mode] = sum(
-                r["seconds"]["drafter"] for r in engine(m.target, m.drafter, samples, mode, budgets)
-            )
-        ratios.append(got["walk"] / got["all"])
-    return statistics.median(ratios)
+    def drafter(mode: str) -> dict[str, float]:
+        recs = engine(m.target, m.drafter, samples, mode, budgets)
+        return {"drafter": sum(r["seconds"]["drafter"] for r in recs)}
+
+    rounds = interleave({mode: partial(drafter, mode) for mode in ("all", "walk")}, repeats)
+    return statistics.median(rounds.per_round("walk", "all", "drafter"))
 
 
 def real_drafter(layers: int):
@@ -224,15 +215,7 @@ def real_drafter(layers: int):
 
     from remote.eval.drafter import DFlashDrafter, DrafterConfig
 
-    cfg = dict(
-        DRAFTER,
-        architectures=["DFlashDraftModel"],
-        model_type="qwen3",
-        vocab_size=QWEN36_27B["text_config"]["vocab_size"],
-        num_hidden_layers=layers,
-        num_target_layers=64,
-        dflash_config={"target_layer_ids": [1, 16, 31, 46], "mask_token_id": MASK_ID},
-    )
+    cfg = drafter_config(layers, 64, [1, 16, 31, 46])
     torch.manual_seed(0)
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # no float32 copy of 2B weights on the way

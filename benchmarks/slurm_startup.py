@@ -28,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from common.measure import load_avg
+from common.measure import load_avg, median_seconds
 
 from orchestrator.demo.slurm import SlurmCluster, missing_programs
 from orchestrator.demo.sshd import SSHServer, keygen
@@ -40,15 +40,6 @@ from orchestrator.slurm.role import SlurmRole
 from orchestrator.transport.hosts import open_host
 
 TASK = 'date +%s.%N > "$1/start.$SLURM_ARRAY_TASK_ID"\n'
-
-
-def median_time(fn, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def one_array(client: SlurmClient, shared: Path, tasks: int) -> dict:
@@ -130,8 +121,8 @@ def main() -> int:
         with open_host(spec) as host:
             client = SlurmClient(host)
             host.run("true")  # log in once: the round trips below are on an open connection
-            rtt = median_time(lambda: host.run("true"), 20)
-            direct = median_time(
+            rtt = median_seconds(lambda: host.run("true"), 20)
+            direct = median_seconds(
                 lambda: host.run(["/bin/sh", str(cluster.shared / "task.sh"), "/tmp"]), 10
             )
             print(
@@ -173,9 +164,9 @@ def main() -> int:
                 small_job = jobs[1][0]
                 big_job = jobs[big][0]
                 asked = {small_job: frozenset({0})}
-                one_look = median_time(lambda: client.queue(asked), 10)
+                one_look = median_seconds(lambda: client.queue(asked), 10)
                 asked_big = {big_job: jobs[big][1]}
-                big_look = median_time(lambda: client.queue(asked_big), 10)
+                big_look = median_seconds(lambda: client.queue(asked_big), 10)
                 print(
                     f"one squeue look: {big} tasks {big_look * 1000:.1f} ms vs 1 task "
                     f"{one_look * 1000:.1f} ms ({big_look / one_look:.2f}x)"

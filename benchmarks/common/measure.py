@@ -65,6 +65,19 @@ class Rounds:
         return [a / b for a, b in pairs]
 
 
+def median_seconds(fn: Callable[[], object], repeats: int, warm: bool = False) -> float:
+    """The median wall seconds of ``repeats`` calls of ``fn``; after one untimed call where
+    ``warm``."""
+    if warm:
+        fn()
+    spent = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        spent.append(time.perf_counter() - t)
+    return statistics.median(spent)
+
+
 def interleave(
     modes: dict[str, Callable[[], dict[str, float] | None]],
     rounds: int,

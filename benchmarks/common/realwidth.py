@@ -51,6 +51,20 @@ def text_config(layers: int) -> dict:
     return {**text, "num_hidden_layers": layers, "layer_types": kinds, "tie_word_embeddings": False}
 
 
+def drafter_config(layers: int, target_layers: int, layer_ids: list[int]) -> dict:
+    """A z-lab config of the real-width drafter: ``layers`` layers, features of the target's
+    ``layer_ids`` (of its ``target_layers``)."""
+    return dict(
+        DRAFTER,
+        architectures=["DFlashDraftModel"],
+        model_type="qwen3",
+        vocab_size=QWEN36_27B["text_config"]["vocab_size"],
+        num_hidden_layers=layers,
+        num_target_layers=target_layers,
+        dflash_config={"target_layer_ids": layer_ids, "mask_token_id": MASK_ID},
+    )
+
+
 def build(workdir: str, layers: int) -> tuple[str, dict[int, str]]:
     """(target folder, {drafter layers: folder}) under ``workdir``, built once."""
     import torch
@@ -72,15 +86,7 @@ def build(workdir: str, layers: int) -> tuple[str, dict[int, str]]:
         folder = drafters[n] = os.path.join(work, f"drafter-{n}")
         if os.path.isfile(os.path.join(folder, "config.json")):
             continue
-        dcfg = dict(
-            DRAFTER,
-            architectures=["DFlashDraftModel"],
-            model_type="qwen3",
-            vocab_size=QWEN36_27B["text_config"]["vocab_size"],
-            num_hidden_layers=n,
-            num_target_layers=layers,
-            dflash_config={"target_layer_ids": list(range(layers))[-4:], "mask_token_id": MASK_ID},
-        )
+        dcfg = drafter_config(n, layers, list(range(layers))[-4:])
         torch.manual_seed(n)
         save_zlab(DFlashDrafter(DrafterConfig.from_dict(dcfg)).to(torch.bfloat16), folder + ".tmp")
         os.replace(folder + ".tmp", folder)
