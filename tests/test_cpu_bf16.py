@@ -86,7 +86,7 @@ def test_widened_products_are_float32_products_rounded_once(monkeypatch):
 
 
 def test_a_large_weight_is_widened_a_slice_at_a_time(monkeypatch):
-    x, w, b = rand(4, 32), rand(100, 32), rand(100)
+    x, w, b = rand(6, 32), rand(100, 32), rand(100)
     whole = cpu_bf16.linear(x, w, b)
     widened = []
     real_float = torch.Tensor.float
@@ -94,15 +94,33 @@ def test_a_large_weight_is_widened_a_slice_at_a_time(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "float", lambda t: widened.append(t.numel()) or real_float(t))
     sliced = cpu_bf16.linear(x, w, b)
     monkeypatch.undo()
-    assert sliced.dtype == BF16 and sliced.shape == (4, 100)
+    assert sliced.dtype == BF16 and sliced.shape == (6, 100)
     assert max(widened) <= 30 * 32  # no float32 copy of the whole weight
     torch.testing.assert_close(sliced, whole, rtol=0, atol=0)
+
+
+def test_a_few_rows_read_the_bfloat16_weight_without_widening(monkeypatch):
+    """Up to `NATIVE_ROWS` rows torch's own kernel runs, summing in float32: within one
+    bfloat16 step of the exact product; a row more and the weight is widened again."""
+    widened = []
+    real_widen = cpu_bf16.widen
+    monkeypatch.setattr(cpu_bf16, "widen", lambda t: widened.append(t.shape) or real_widen(t))
+    w, b = rand(48, 64), rand(48)
+    for rows in range(1, cpu_bf16.NATIVE_ROWS + 1):
+        x = rand(rows, 64)
+        got = cpu_bf16.linear(x, w, b)
+        exact = F.linear(x.double(), w.double(), b.double())
+        assert got.dtype == BF16 and got.shape == (rows, 48)
+        assert ((got.double() - exact).abs() <= exact.abs() * 2**-7 + 1e-3).all(), rows
+    assert widened == []
+    cpu_bf16.linear(rand(cpu_bf16.NATIVE_ROWS + 1, 64), w, b)
+    assert widened == [(48, 64)]
 
 
 def test_without_autograd_weights_are_widened_into_one_reused_buffer(monkeypatch):
     monkeypatch.setattr(cpu_bf16, "SLICE_ELEMENTS", 30 * 32)
     monkeypatch.setattr(cpu_bf16._scratch, "buf", None, raising=False)  # this thread's, afresh
-    x, big, small = rand(4, 32), rand(100, 32), rand(7, 32)
+    x, big, small = rand(6, 32), rand(100, 32), rand(7, 32)
     want = {"big": cpu_bf16.linear(x, big), "small": cpu_bf16.linear(x, small)}
     with torch.inference_mode():
         first = cpu_bf16.linear(x, big)

@@ -448,7 +448,7 @@ def test_memory_counts_the_widening_buffer(monkeypatch):
     cpu_bf16._scratch.buf = None
     w = torch.randn(cfg.vocab_size, cfg.hidden_size).bfloat16()
     with torch.inference_mode(), cpu_bf16.widened("float32"):
-        torch.nn.functional.linear(torch.randn(3, cfg.hidden_size).bfloat16(), w)
+        torch.nn.functional.linear(torch.randn(5, cfg.hidden_size).bfloat16(), w)
     assert 0 < cpu_bf16._scratch.buf.numel() * 4 <= widening_bytes(cfg.hidden_size, cfg.vocab_size)
     layout = SimpleNamespace(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size)
     for policy, dtype, device, widened in (

@@ -18,6 +18,8 @@ ENV = "DFLASH_CPU_BF16"
 # Widened a slice at a time, small enough to stay in the CPU's cache from its widening to
 # its product: a slice written to memory and read back costs more than the product.
 SLICE_ELEMENTS = 4 << 20
+# at this many rows or fewer a product reads the bfloat16 weight directly
+NATIVE_ROWS = 4
 _scratch = threading.local()
 
 
@@ -61,18 +63,26 @@ def widen(w: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` of bfloat16 `x` and `w` in float32, rounded to bfloat16 once."""
-    bias = None if b is None else b.float()
-    if w.numel() <= SLICE_ELEMENTS:
-        return F.linear(x.float(), widen(w), bias).to(torch.bfloat16)
-    xf = x.float()
-    out = torch.empty((*x.shape[:-1], w.shape[0]), dtype=torch.bfloat16, device=x.device)
-    step = max(1, SLICE_ELEMENTS // w.shape[1])
+    """``F.linear`` of bfloat16 `x` and `w` in float32, rounded to bfloat16 once.
+
+    Up to `NATIVE_ROWS` rows torch's own bfloat16 kernel runs: its matrix-vector loop reads
+    the bfloat16 weight once and sums in float32, faster than any widening. Otherwise each
+    slice's product is taken as ``w @ x.T``, which MKL runs faster at few rows than
+    ``x @ w.T`` (docs/eval.md)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows <= NATIVE_ROWS:
+        return F.linear(x, w, b)
+    xt = x.reshape(rows, x.shape[-1]).float().t()
+    out = torch.empty((rows, w.shape[0]), dtype=torch.bfloat16, device=x.device)
+    step = max(1, SLICE_ELEMENTS // max(1, w.shape[1]))
     for start in range(0, w.shape[0], step):
         end = min(start + step, w.shape[0])
-        part = None if bias is None else bias[start:end]
-        out[..., start:end] = F.linear(xf, widen(w[start:end]), part)
-    return out
+        part = widen(w[start:end])
+        if b is None:
+            out[:, start:end] = torch.mm(part, xt).t()
+        else:
+            out[:, start:end] = torch.addmm(b[start:end, None].float(), part, xt).t()
+    return out.view(*x.shape[:-1], w.shape[0])
 
 
 def conv(func, x: torch.Tensor, w: torch.Tensor, *args, **kwargs) -> torch.Tensor:
