@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections.abc import Iterator
@@ -69,7 +70,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     the bfloat16 weight once and sums in float32, faster than any widening. Otherwise each
     slice's product is taken as ``w @ x.T``, which MKL runs faster at few rows than
     ``x @ w.T`` (docs/eval.md)."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    rows = math.prod(x.shape[:-1])
     if rows <= NATIVE_ROWS:
         return F.linear(x, w, b)
     xt = x.reshape(rows, x.shape[-1]).float().t()
