@@ -185,9 +185,11 @@ def composed(counts: Counter, curves: dict, head_rows: int) -> dict[str, float]:
 
 
 def floor(all_parts: dict[str, float], records: list[dict]) -> float:
-    """The least drafter part of an exact walk / the all-positions one, at the same prices
+    """The drafter part an exact walk needs / the all-positions one, at the same prices
     per block: builds at the union of every walk's round starts, acceptance (last layer
-    and head) at the chain walk's, the context as before."""
+    and head) at the chain walk's, the context as before. The builds are a bound; the
+    acceptance is priced at every depth, where the walk stops at a block's first miss, so
+    a walk can come in a little under it."""
     positions = sum(r["completion_tokens"] - 1 for r in records)  # the blocks of "all"
     union = sum(len(walks_starts(r)) for r in records) / positions
     chain = sum(len(r["rounds"]) for r in records) / positions
